@@ -1,0 +1,117 @@
+"""The root of every error gpumarket raises.
+
+Client errors carry a stable ``code`` (never renamed once shipped), an HTTP status
+and a message that says what to do next. The REST middleware turns them into JSON
+``{"code": ..., "message": ...}``; anything that is not a ``GpumarketError`` is a
+logged 500. Protocol errors additionally carry a websocket close code, mapped in
+one table in ``shared.protocol``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class GpumarketError(Exception):
+    """Base of every error raised on purpose by gpumarket code."""
+
+    code: str = "internal_error"
+    http_status: int = 500
+
+    def __init__(self, message: str, *, code: str | None = None, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        self.details = details or {}
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.details:
+            body["details"] = self.details
+        return body
+
+
+class ClientError(GpumarketError):
+    """The caller's mistake: a 4xx."""
+
+    code = "bad_request"
+    http_status = 400
+
+
+class BadRequest(ClientError, ValueError):
+    code = "bad_request"
+    http_status = 400
+
+
+class ValidationFailed(BadRequest):
+    code = "validation_failed"
+    http_status = 422
+
+
+class Unauthorized(ClientError):
+    code = "unauthorized"
+    http_status = 401
+
+
+class Forbidden(ClientError, PermissionError):
+    code = "forbidden"
+    http_status = 403
+
+
+class NotFound(ClientError, LookupError):
+    code = "not_found"
+    http_status = 404
+
+
+class Conflict(ClientError):
+    code = "conflict"
+    http_status = 409
+
+
+class InsufficientCapacity(ClientError):
+    """Nothing that matches the request can be placed now."""
+
+    code = "insufficient_capacity"
+    http_status = 409
+
+
+class ConfigError(GpumarketError, ValueError):
+    """A setting is missing or invalid; the message names the setting."""
+
+    code = "config_error"
+
+
+class ProtocolError(GpumarketError, ValueError):
+    """A peer sent something the wire protocol does not allow.
+
+    ``close_code`` is the websocket close code the relay uses; see
+    ``shared.protocol.CLOSE_CODES``.
+    """
+
+    code = "protocol_error"
+    close_code = 1008  # policy violation (the generic one)
+
+    def __init__(self, message: str, *, code: str | None = None, close_code: int | None = None) -> None:
+        super().__init__(message, code=code)
+        if close_code is not None:
+            self.close_code = close_code
+
+
+class BusError(GpumarketError):
+    code = "bus_error"
+
+
+class BusTimeout(BusError, TimeoutError):
+    code = "bus_timeout"
+
+
+class GpuBackendUnavailable(GpumarketError, RuntimeError):
+    """The requested GPU backend cannot run on this host (for example no NVIDIA driver)."""
+
+    code = "gpu_backend_unavailable"
+
+
+class EnrollmentError(ClientError):
+    code = "enrollment_refused"
+    http_status = 403
