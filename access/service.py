@@ -1,0 +1,57 @@
+"""``gpumarket access``: one relay process against the Redis bus."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from access.relay import Relay
+from shared.bus import Bus, open_bus
+from shared.crypto import server_ssl_context
+from shared.errors import ConfigError
+from shared.settings import AccessSettings
+
+log = logging.getLogger(__name__)
+
+
+def relay_from_settings(settings: AccessSettings, bus: Bus) -> Relay:
+    missing = [n for n in ("cert_file", "key_file", "ca_file") if getattr(settings, n) is None]
+    if missing:
+        names = ", ".join(f"GPUMARKET_{n.upper()}" for n in missing)
+        raise ConfigError(f"the relay needs its TLS files: set {names} (issue them with `gpumarket admin issue-relay-cert`)")
+    assert settings.cert_file and settings.key_file and settings.ca_file
+    for path in (settings.cert_file, settings.key_file, settings.ca_file):
+        if not path.exists():
+            raise ConfigError(f"{path} does not exist; issue relay files with `gpumarket admin issue-relay-cert`")
+    return Relay(
+        relay_id=settings.relay_id,
+        region=settings.region,
+        bus=bus,
+        ssl_context=server_ssl_context(settings.cert_file, settings.key_file, settings.ca_file),
+        host=settings.host,
+        port=settings.port,
+        open_timeout=settings.open_timeout,
+        ping_interval=settings.ping_interval,
+        ping_timeout=settings.ping_timeout,
+        max_frame=settings.max_frame,
+        max_outbound_queue=settings.max_outbound_queue,
+        max_connections=settings.max_connections,
+        heartbeat_interval=settings.heartbeat_interval,
+        telemetry_interval=settings.telemetry_interval,
+    )
+
+
+async def serve_access(settings: AccessSettings, *, stop: asyncio.Event) -> None:
+    if settings.redis_url is None:
+        raise ConfigError("a standalone relay needs the bus: set GPUMARKET_REDIS_URL")
+    bus = await open_bus(settings.redis_url, prefix=settings.bus_prefix)
+    try:
+        relay = relay_from_settings(settings, bus)
+        await relay.start()
+        print(f"relay {settings.relay_id} listening on {relay.url}", flush=True)
+        try:
+            await stop.wait()
+        finally:
+            await relay.close()
+    finally:
+        await bus.close()

@@ -1,0 +1,329 @@
+"""The simulated GPU backend, for demos and tests, used only when chosen explicitly.
+
+``--gpus sim:4xRTX4090`` (or ``gpus = "sim:2xA100-80GB,1xH100"`` in the config)
+makes an agent report made-up GPUs of real models. Nothing ever falls back to it:
+a host without an NVIDIA driver fails loudly in ``agent.gpu.nvml`` instead, so a
+provider can never list simulated GPUs by accident.
+
+UUIDs and serials derive from the ``seed`` (the host's identity), the GPU's index
+and its model, so a restarted demo agent reports the same GPUs and two demo hosts
+with different seeds never report the same UUID.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal
+
+from agent.gpu.base import GpuInfo, GpuProcess, GpuSample
+from shared.errors import ConfigError, NotFound
+
+SIM_PREFIX = "sim:"
+# A real host rarely has more than 8 GPUs; 16 leaves room for odd demos while keeping
+# a typo such as "sim:400xH100" from flooding the master with fake inventory.
+MAX_SIM_GPUS = 16
+# Longer than any sensible spec; bounds the parsing work on a hostile config value.
+MAX_SIM_SPEC_CHARS = 256
+
+# Blackwell (RTX 5090) needs the R570 driver branch, so the simulated host reports one.
+SIM_DRIVER_VERSION = "570.124.06"
+SIM_CUDA_DRIVER_VERSION = "12.8"
+
+# Fixed namespace of simulated GPU UUIDs; changing it changes every demo GPU's identity.
+_SIM_UUID_NAMESPACE = uuid.UUID("5b0c8a3e-6f1d-4e0b-9a57-2d9c4f1e7a10")
+
+_IDLE_SM_CLOCK_MHZ = 210  # P8 idle clock of recent NVIDIA GPUs
+_IDLE_GDDR_CLOCK_MHZ = 405  # GDDR drops to this at idle; HBM stays at its fixed clock
+_COUNT_RE = re.compile(r"^(?:([+-]?\d+)\s*[xX]\s*)?(.*)$")
+
+
+@dataclass(frozen=True, slots=True)
+class SimModel:
+    """A real GPU model, as NVML reports it."""
+
+    key: str
+    name: str  # what nvmlDeviceGetName returns
+    memory_total_mib: int  # what nvmlDeviceGetMemoryInfo().total reports, in MiB
+    compute_capability: str
+    power_limit_w: float
+    idle_power_w: float
+    max_sm_clock_mhz: int
+    max_mem_clock_mhz: int
+    pcie_gen_max: int
+    pcie_width_max: int
+    has_fan: bool  # passively cooled data-centre cards report no fan speed
+    ecc: bool  # ECC enabled by default (data-centre cards)
+    serial: bool  # GeForce cards report no serial number
+    mig_capable: bool
+    hbm: bool
+
+
+# Which kind of card a model is decides the features NVML reports for it.
+_Kind = Literal["geforce", "workstation", "datacenter", "datacenter-hbm"]
+
+
+def _model(
+    key: str,
+    name: str,
+    memory_total_mib: int,
+    compute_capability: str,
+    power_limit_w: float,
+    idle_power_w: float,
+    max_sm_clock_mhz: int,
+    max_mem_clock_mhz: int,
+    pcie_gen_max: int,
+    kind: _Kind,
+) -> SimModel:
+    geforce = kind == "geforce"
+    hbm = kind == "datacenter-hbm"
+    return SimModel(
+        key=key,
+        name=name,
+        memory_total_mib=memory_total_mib,
+        compute_capability=compute_capability,
+        power_limit_w=power_limit_w,
+        idle_power_w=idle_power_w,
+        max_sm_clock_mhz=max_sm_clock_mhz,
+        max_mem_clock_mhz=max_mem_clock_mhz,
+        pcie_gen_max=pcie_gen_max,
+        pcie_width_max=16,
+        has_fan=kind in ("geforce", "workstation"),
+        ecc=kind in ("datacenter", "datacenter-hbm"),
+        serial=not geforce,
+        mig_capable=hbm,
+        hbm=hbm,
+    )
+
+
+# fmt: off
+_MODELS = (
+    #      key           NVML name                          MiB       CC      limit W  idle W  max SM  max mem  PCIe  kind
+    _model("RTX3060",     "NVIDIA GeForce RTX 3060",         12288,    "8.6",  170.0,   13.0,   2100,   7501,    4,    "geforce"),
+    _model("RTX3090",     "NVIDIA GeForce RTX 3090",         24576,    "8.6",  350.0,   25.0,   2100,   9751,    4,    "geforce"),
+    _model("RTX4090",     "NVIDIA GeForce RTX 4090",         24564,    "8.9",  450.0,   22.0,   3120,   10501,   4,    "geforce"),
+    _model("RTX5090",     "NVIDIA GeForce RTX 5090",         32607,    "12.0", 575.0,   30.0,   3090,   14001,   5,    "geforce"),
+    _model("RTXA4000",    "NVIDIA RTX A4000",                16376,    "8.6",  140.0,   10.0,   2100,   7001,    4,    "workstation"),
+    _model("RTX6000ADA",  "NVIDIA RTX 6000 Ada Generation",  49140,    "8.9",  300.0,   20.0,   3105,   10001,   4,    "workstation"),
+    _model("L4",          "NVIDIA L4",                       23034,    "8.9",  72.0,    16.0,   2040,   6251,    4,    "datacenter"),
+    _model("L40S",        "NVIDIA L40S",                     46068,    "8.9",  350.0,   35.0,   2520,   9001,    4,    "datacenter"),
+    _model("T4",          "Tesla T4",                        15360,    "7.5",  70.0,    10.0,   1590,   5001,    3,    "datacenter"),
+    _model("A10",         "NVIDIA A10",                      23028,    "8.6",  150.0,   18.0,   1695,   6251,    4,    "datacenter"),
+    _model("A100-40GB",   "NVIDIA A100-SXM4-40GB",           40960,    "8.0",  400.0,   55.0,   1410,   1215,    4,    "datacenter-hbm"),
+    _model("A100-80GB",   "NVIDIA A100-SXM4-80GB",           81920,    "8.0",  400.0,   60.0,   1410,   1593,    4,    "datacenter-hbm"),
+    _model("H100",        "NVIDIA H100 80GB HBM3",           81559,    "9.0",  700.0,   70.0,   1980,   2619,    5,    "datacenter-hbm"),
+    _model("H200",        "NVIDIA H200",                     143771,   "9.0",  700.0,   75.0,   1980,   3201,    5,    "datacenter-hbm"),
+)
+# fmt: on
+
+SIM_MODELS: Mapping[str, SimModel] = MappingProxyType({model.key: model for model in _MODELS})
+"""The simulated models by canonical key ("RTX4090", "A100-80GB", ...)."""
+
+
+def _normalize_key(text: str) -> str:
+    # "rtx-4090", "RTX_4090" and "rtx 4090" all name the RTX4090.
+    return re.sub(r"[\s_-]", "", text).upper()
+
+
+_MODELS_BY_NORMALIZED_KEY = {_normalize_key(key): key for key in SIM_MODELS}
+assert len(_MODELS_BY_NORMALIZED_KEY) == len(SIM_MODELS), "two model keys normalize alike"
+
+
+def _spec_error(spec: str, problem: str) -> ConfigError:
+    valid = ", ".join(SIM_MODELS)
+    return ConfigError(
+        f"invalid simulated GPU spec {spec!r}: {problem}. "
+        f"Write it as 'sim:[COUNTx]MODEL[,[COUNTx]MODEL...]', e.g. 'sim:4xRTX4090' or "
+        f"'sim:2xA100-80GB,1xH100', with at most {MAX_SIM_GPUS} GPUs in all. Valid models: {valid}.",
+        details={"setting": "gpus", "valid_models": list(SIM_MODELS)},
+    )
+
+
+def parse_sim_spec(spec: str, *, max_gpus: int = MAX_SIM_GPUS) -> list[tuple[str, int]]:
+    """Parse ``sim:4xRTX4090`` or ``sim:2xA100-80GB,1xH100`` into ``[(model_key, count), ...]``.
+
+    The count defaults to 1 and model keys are case-insensitive (``-``, ``_`` and spaces
+    are ignored); the returned keys are the canonical ``SIM_MODELS`` keys, in spec order.
+    Raises ``ConfigError``, listing the valid model keys, for anything else.
+    """
+    if len(spec) > MAX_SIM_SPEC_CHARS:
+        raise _spec_error(spec[:40] + "...", f"longer than {MAX_SIM_SPEC_CHARS} characters")
+    text = spec.strip()
+    if not text.lower().startswith(SIM_PREFIX):
+        raise _spec_error(spec, f"it must start with {SIM_PREFIX!r}")
+    body = text[len(SIM_PREFIX) :].strip()
+    if not body:
+        raise _spec_error(spec, "no GPU model given")
+    parsed: list[tuple[str, int]] = []
+    total = 0
+    for item in body.split(","):
+        item = item.strip()
+        if not item:
+            raise _spec_error(spec, "empty entry between commas")
+        match = _COUNT_RE.match(item)
+        assert match is not None  # the pattern matches every string
+        count_text, model_text = match.group(1), match.group(2).strip()
+        count = 1 if count_text is None else int(count_text)
+        if count < 1:
+            raise _spec_error(spec, f"count {count} in {item!r} must be at least 1")
+        if not model_text:
+            raise _spec_error(spec, f"no GPU model in {item!r}")
+        key = _MODELS_BY_NORMALIZED_KEY.get(_normalize_key(model_text))
+        if key is None:
+            raise _spec_error(spec, f"unknown GPU model {model_text!r}")
+        total += count
+        if total > max_gpus:
+            raise _spec_error(spec, f"more than {max_gpus} simulated GPUs on one host")
+        parsed.append((key, count))
+    return parsed
+
+
+@dataclass(slots=True)
+class _SimGpu:
+    info: GpuInfo
+    model: SimModel
+    busy: bool = False
+    pid: int | None = None
+
+
+class SimulatedBackend:
+    """Made-up GPUs of real models, with plausible live readings.
+
+    Idle GPUs report low utilization, idle power and about 35 °C; ``set_busy`` makes
+    GPUs look like they run a workload (high utilization and memory use, power near
+    the limit, warmer, one compute process). Readings jitter within fixed bounds using
+    ``rng`` (by default a ``random.Random`` seeded from ``seed``, so runs repeat).
+    """
+
+    name: str = "sim"
+
+    def __init__(
+        self,
+        spec: str,
+        *,
+        seed: str,
+        rng: random.Random | None = None,
+        max_gpus: int = MAX_SIM_GPUS,
+    ) -> None:
+        if not seed:
+            # Every simulated host would otherwise report the same UUIDs, and the
+            # master would see one GPU on several hosts.
+            raise ConfigError(
+                "the simulated GPU backend needs a non-empty seed (the host's identity) "
+                "so that its GPU UUIDs are unique per host",
+                details={"setting": "gpus"},
+            )
+        self.spec = spec
+        self._rng = rng if rng is not None else random.Random(f"gpumarket-sim:{seed}")
+        self._gpus: list[_SimGpu] = []
+        for key, count in parse_sim_spec(spec, max_gpus=max_gpus):
+            for _ in range(count):
+                index = len(self._gpus)
+                model = SIM_MODELS[key]
+                self._gpus.append(_SimGpu(info=_sim_info(model, seed=seed, index=index), model=model))
+        self._by_uuid = {gpu.info.uuid: gpu for gpu in self._gpus}
+
+    def gpus(self) -> list[GpuInfo]:
+        return [gpu.info for gpu in self._gpus]
+
+    def sample(self) -> list[GpuSample]:
+        return [self._sample(gpu) for gpu in self._gpus]
+
+    def set_busy(self, uuids: Iterable[str], busy: bool) -> None:
+        """Make the GPUs with these UUIDs look busy (running a workload) or idle.
+
+        Raises ``NotFound`` and changes nothing if any UUID is not one of this backend's GPUs.
+        """
+        wanted = list(uuids)
+        unknown = [gpu_uuid for gpu_uuid in wanted if gpu_uuid not in self._by_uuid]
+        if unknown:
+            raise NotFound(f"no simulated GPU with UUID {', '.join(unknown)}", code="gpu_not_found")
+        for gpu_uuid in wanted:
+            gpu = self._by_uuid[gpu_uuid]
+            if busy and not gpu.busy:
+                # Linux's default pid_max is 4194304.
+                gpu.pid = self._rng.randint(1000, 4_194_303)
+            elif not busy:
+                gpu.pid = None
+            gpu.busy = busy
+
+    def close(self) -> None:
+        """Nothing to release; present for the ``GpuBackend`` seam."""
+
+    def _sample(self, gpu: _SimGpu) -> GpuSample:
+        model, rng = gpu.model, self._rng
+        idle_memory_mib = max(1, round(model.memory_total_mib * 0.004))
+        processes: tuple[GpuProcess, ...] = ()
+        if gpu.busy:
+            gpu_util = rng.uniform(92.0, 100.0)
+            mem_util = rng.uniform(45.0, 85.0)
+            memory_used = round(model.memory_total_mib * rng.uniform(0.70, 0.92))
+            temperature = rng.uniform(66.0, 79.0)
+            power = model.power_limit_w * rng.uniform(0.85, 0.99)
+            sm_clock = round(model.max_sm_clock_mhz * rng.uniform(0.85, 0.97))
+            mem_clock = model.max_mem_clock_mhz
+            fan = rng.uniform(55.0, 80.0)
+            pcie_tx, pcie_rx = rng.randint(50_000, 2_000_000), rng.randint(50_000, 2_000_000)
+            assert gpu.pid is not None
+            processes = (GpuProcess(pid=gpu.pid, used_memory_mib=memory_used - idle_memory_mib),)
+        else:
+            gpu_util = rng.uniform(0.0, 3.0)
+            mem_util = rng.uniform(0.0, 2.0)
+            memory_used = idle_memory_mib + rng.randint(0, 8)
+            temperature = rng.uniform(32.0, 38.0)
+            power = model.idle_power_w * rng.uniform(0.9, 1.1)
+            sm_clock = _IDLE_SM_CLOCK_MHZ
+            mem_clock = model.max_mem_clock_mhz if model.hbm else _IDLE_GDDR_CLOCK_MHZ
+            fan = rng.uniform(27.0, 33.0)
+            pcie_tx, pcie_rx = rng.randint(0, 500), rng.randint(0, 500)
+        return GpuSample(
+            index=gpu.info.index,
+            uuid=gpu.info.uuid,
+            gpu_util_pct=round(gpu_util, 1),
+            mem_util_pct=round(mem_util, 1),
+            memory_used_mib=memory_used,
+            memory_free_mib=model.memory_total_mib - memory_used,
+            temperature_c=round(temperature, 1),
+            power_draw_w=round(min(power, model.power_limit_w), 1),
+            sm_clock_mhz=sm_clock,
+            mem_clock_mhz=mem_clock,
+            fan_pct=round(fan, 1) if model.has_fan else None,
+            pcie_tx_kbps=pcie_tx,
+            pcie_rx_kbps=pcie_rx,
+            ecc_volatile_uncorrected=0 if model.ecc else None,
+            ecc_aggregate_uncorrected=0 if model.ecc else None,
+            processes=processes,
+        )
+
+
+def sim_gpu_uuid(*, seed: str, index: int, model_key: str) -> str:
+    """The UUID a simulated GPU reports, in NVML's ``GPU-xxxxxxxx-...`` form."""
+    return f"GPU-{uuid.uuid5(_SIM_UUID_NAMESPACE, f'{seed}:{index}:{model_key}')}"
+
+
+def _sim_info(model: SimModel, *, seed: str, index: int) -> GpuInfo:
+    gpu_uuid = sim_gpu_uuid(seed=seed, index=index, model_key=model.key)
+    serial = None
+    if model.serial:
+        serial = f"1{int(gpu_uuid.replace('-', '')[-12:], 16) % 10**12:012d}"
+    return GpuInfo(
+        index=index,
+        uuid=gpu_uuid,
+        name=model.name,
+        pci_bus_id=f"{index // 16:08X}:{0x01 + 0x10 * (index % 16):02X}:00.0",
+        serial=serial,
+        memory_total_mib=model.memory_total_mib,
+        compute_capability=model.compute_capability,
+        driver_version=SIM_DRIVER_VERSION,
+        cuda_driver_version=SIM_CUDA_DRIVER_VERSION,
+        power_limit_w=model.power_limit_w,
+        max_sm_clock_mhz=model.max_sm_clock_mhz,
+        max_mem_clock_mhz=model.max_mem_clock_mhz,
+        pcie_gen_max=model.pcie_gen_max,
+        pcie_width_max=model.pcie_width_max,
+        mig_mode=False if model.mig_capable else None,
+    )

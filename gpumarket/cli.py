@@ -1,0 +1,231 @@
+"""The ``gpumarket`` command line. Each subcommand has ``--help``; services list their settings there."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any
+
+from shared.errors import GpumarketError
+from shared.settings import AccessSettings, AgentSettings, MasterSettings, ServiceSettings
+
+log = logging.getLogger("gpumarket")
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("websockets").setLevel(logging.WARNING)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+def _run_until_signal(main: Callable[[asyncio.Event], Coroutine[Any, Any, None]]) -> None:
+    """Run ``main(stop)``; SIGINT/SIGTERM set ``stop`` so ``main`` shuts down in order."""
+
+    async def runner() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await main(stop)
+
+    asyncio.run(runner())
+
+
+def _settings_epilog(cls: type[ServiceSettings]) -> str:
+    return "settings (environment variables; also keys of the TOML file given by --config):\n" + cls.describe()
+
+
+def _add_config(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, metavar="FILE", help="TOML settings file ([master], [access], [agent] tables)")
+
+
+# ---- commands -----------------------------------------------------------------------
+
+
+def cmd_up(args: argparse.Namespace) -> None:
+    from gpumarket.up import run_up
+
+    _setup_logging(args.log_level)
+    _run_until_signal(
+        lambda stop: run_up(
+            args.data_dir, agents=args.agents, http_host=args.host, http_port=args.http_port, relay_port=args.relay_port, stop=stop
+        )
+    )
+
+
+def cmd_master(args: argparse.Namespace) -> None:
+    from master.app import serve_master
+
+    settings = MasterSettings.load(args.config, http_port=args.http_port)
+    _setup_logging(settings.log_level)
+    _run_until_signal(lambda stop: serve_master(settings, stop=stop))
+
+
+def cmd_access(args: argparse.Namespace) -> None:
+    from access.service import serve_access
+
+    settings = AccessSettings.load(args.config, port=args.port)
+    _setup_logging(settings.log_level)
+    _run_until_signal(lambda stop: serve_access(settings, stop=stop))
+
+
+def cmd_agent_run(args: argparse.Namespace) -> None:
+    from agent.service import serve_agent
+
+    settings = AgentSettings.load(args.config, data_dir=args.data_dir, gpus=args.gpus, relay_url=args.relay_url)
+    _setup_logging(settings.log_level)
+    _run_until_signal(lambda stop: serve_agent(settings, stop=stop))
+
+
+def cmd_agent_enroll(args: argparse.Namespace) -> None:
+    from agent.enroll import enroll
+
+    settings = AgentSettings.load(args.config, data_dir=args.data_dir, gpus=args.gpus)
+    _setup_logging(settings.log_level)
+    identity = asyncio.run(
+        enroll(args.master, args.token, settings.data_dir, gpus=settings.gpus, relay_url=args.relay_url, hostname=args.hostname)
+    )
+    print(f"enrolled as host {identity.host_id}; start the agent with `gpumarket agent run --data-dir {settings.data_dir}`")
+
+
+def cmd_admin_create_account(args: argparse.Namespace) -> None:
+    from master.app import close_master, open_master
+    from master.services.accounts import create_account
+    from shared.bus import InProcessBus
+
+    settings = MasterSettings.load(args.config)
+
+    async def main() -> str:
+        master = await open_master(settings, bus=InProcessBus())
+        try:
+            async with master.db.session() as session:
+                _, key = await create_account(session, args.name, args.role)
+            return key
+        finally:
+            await close_master(master)
+
+    key = asyncio.run(main())
+    print(key)
+
+
+def cmd_admin_issue_relay_cert(args: argparse.Namespace) -> None:
+    from shared.crypto import CertificateAuthority
+
+    settings = MasterSettings.load(args.config)
+    ca = CertificateAuthority.load_or_create(settings.data_dir / "ca")
+    key_path, cert_path = ca.write_server_certificate(args.out, args.name, basename="relay")
+    ca_copy = args.out / "ca.crt"
+    ca_copy.write_bytes(ca.cert_pem)
+    print(f"GPUMARKET_CERT_FILE={cert_path}\nGPUMARKET_KEY_FILE={key_path}\nGPUMARKET_CA_FILE={ca_copy}")
+
+
+# ---- parser -------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="gpumarket", description="gpumarket: a decentralized GPU compute marketplace.", formatter_class=formatter
+    )
+    from gpumarket import __version__
+
+    parser.add_argument("--version", action="version", version=f"gpumarket {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = sub.add_parser(
+        "up",
+        help="run the whole marketplace on this machine (demo)",
+        description="Master, one relay and N simulated provider agents in one process, SQLite in the data dir.",
+        formatter_class=formatter,
+    )
+    up.add_argument("--agents", type=int, default=3, metavar="N", help="simulated provider hosts (default 3)")
+    up.add_argument("--data-dir", type=Path, default=Path(".gpumarket"), metavar="DIR", help="state folder (default ./.gpumarket)")
+    up.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    up.add_argument("--http-port", type=int, default=8080, metavar="P", help="API and console port (default 8080; 0 = any free)")
+    up.add_argument("--relay-port", type=int, default=8443, metavar="P", help="relay TLS port (default 8443; 0 = any free)")
+    up.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    up.set_defaults(func=cmd_up)
+
+    master = sub.add_parser(
+        "master", help="run a master API process", epilog=_settings_epilog(MasterSettings), formatter_class=formatter,
+        description="A master process: REST API, console, ingestion from the bus, monitors. Needs Redis; PostgreSQL in production.",
+    )
+    _add_config(master)
+    master.add_argument("--http-port", type=int, metavar="P", help="overrides GPUMARKET_HTTP_PORT")
+    master.set_defaults(func=cmd_master)
+
+    access = sub.add_parser(
+        "access", help="run an access relay", epilog=_settings_epilog(AccessSettings), formatter_class=formatter,
+        description="A relay: TLS websocket server for agents, forwarding to the master over the Redis bus.",
+    )
+    _add_config(access)
+    access.add_argument("--port", type=int, metavar="P", help="overrides GPUMARKET_PORT")
+    access.set_defaults(func=cmd_access)
+
+    agent = sub.add_parser(
+        "agent", help="the provider agent (run, enroll)", epilog=_settings_epilog(AgentSettings), formatter_class=formatter,
+        description="The provider agent. `gpumarket agent` alone is `gpumarket agent run`.",
+    )
+    agent_sub = agent.add_subparsers(dest="agent_command", metavar="ACTION")
+    for target in (agent,):
+        _add_config(target)
+        target.add_argument("--data-dir", type=Path, metavar="DIR", help="overrides GPUMARKET_DATA_DIR")
+        target.add_argument("--gpus", metavar="SPEC", help="'nvml' or 'sim:4xRTX4090' (overrides GPUMARKET_GPUS)")
+        target.add_argument("--relay-url", metavar="URL", help="wss:// URL of a relay (overrides the enrolled one)")
+    agent.set_defaults(func=cmd_agent_run)
+    run = agent_sub.add_parser("run", help="run the enrolled agent", epilog=_settings_epilog(AgentSettings), formatter_class=formatter)
+    _add_config(run)
+    run.add_argument("--data-dir", type=Path, metavar="DIR", help="overrides GPUMARKET_DATA_DIR")
+    run.add_argument("--gpus", metavar="SPEC", help="'nvml' or 'sim:4xRTX4090' (overrides GPUMARKET_GPUS)")
+    run.add_argument("--relay-url", metavar="URL", help="wss:// URL of a relay (overrides the enrolled one)")
+    run.set_defaults(func=cmd_agent_run)
+    enroll = agent_sub.add_parser(
+        "enroll", help="enroll this host with a one-time token", formatter_class=formatter,
+        description="Create this host's key, send a CSR with the token, store the certificate the master signs.",
+    )
+    _add_config(enroll)
+    enroll.add_argument("--master", required=True, metavar="URL", help="the master's URL, e.g. https://gpumarket.example")
+    enroll.add_argument("--token", required=True, help="one-time enrollment token from the console or API")
+    enroll.add_argument("--data-dir", type=Path, metavar="DIR", help="overrides GPUMARKET_DATA_DIR")
+    enroll.add_argument("--gpus", metavar="SPEC", help="'nvml' or 'sim:…' (recorded with the identity)")
+    enroll.add_argument("--relay-url", metavar="URL", help="use this relay instead of the ones the master lists")
+    enroll.add_argument("--hostname", help="name to show for this host (default: the system hostname)")
+    enroll.set_defaults(func=cmd_agent_enroll)
+
+    admin = sub.add_parser("admin", help="operator tasks against the master's database and CA")
+    admin_sub = admin.add_subparsers(dest="admin_command", required=True, metavar="ACTION")
+    account = admin_sub.add_parser("create-account", help="create an account and print its API key")
+    _add_config(account)
+    account.add_argument("--name", required=True)
+    account.add_argument("--role", required=True, choices=("renter", "provider", "admin"))
+    account.set_defaults(func=cmd_admin_create_account)
+    relay_cert = admin_sub.add_parser("issue-relay-cert", help="issue a relay's TLS certificate from the master's CA")
+    _add_config(relay_cert)
+    relay_cert.add_argument("--name", action="append", required=True, help="DNS name or IP of the relay (repeatable)")
+    relay_cert.add_argument("--out", type=Path, required=True, metavar="DIR", help="folder for relay.key, relay.crt and ca.crt")
+    relay_cert.set_defaults(func=cmd_admin_issue_relay_cert)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except GpumarketError as exc:
+        print(f"gpumarket: error: {exc.message}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,220 @@
+"""``gpumarket up``: the whole marketplace in one process, for demos and end-to-end tests.
+
+Master (REST API and console), one access relay, and N provider agents with the
+explicit simulated GPU backend, over the in-process bus and a SQLite file in the
+data dir. The simulated agents take exactly a real agent's path: they enroll over
+HTTP with a one-time token, hold their own key and certificate, and talk to the
+relay over TLS websockets. Nothing bypasses the relay.
+
+Data dir layout: ``gpumarket.db``, ``ca/``, ``relay/``, ``agents/agent-NN/``,
+``credentials.json`` (0600). Starting again with the same data dir resumes the same
+accounts and hosts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from access.relay import Relay
+from agent.enroll import enroll
+from agent.gpu import open_backend
+from agent.runner import Agent
+from agent.state import AgentState, atomic_write
+from master.app import bound_port, close_master, create_app, open_master
+from master.context import Master
+from master.models import Account
+from master.services import enrollment
+from master.services.accounts import create_account, create_api_key, key_is_valid
+from shared.bus import InProcessBus
+from shared.crypto import certificate_not_after, server_ssl_context
+from shared.settings import MasterSettings
+from sqlalchemy import select
+
+log = logging.getLogger(__name__)
+
+# A realistic spread of what providers bring: consumer cards, workstations, datacenter.
+DEMO_FLEET = (
+    "sim:2xRTX4090",
+    "sim:1xRTX3060",
+    "sim:4xA100-80GB",
+    "sim:8xH100",
+    "sim:1xRTX4090",
+    "sim:2xL40S",
+    "sim:4xRTX3090",
+    "sim:1xT4",
+    "sim:2xH200",
+    "sim:1xRTX5090",
+)
+DEMO_ACCOUNTS = (("renter", "demo-renter"), ("provider", "demo-provider"), ("admin", "admin"))
+
+
+@dataclass
+class Marketplace:
+    """A running embedded marketplace; ``stop()`` shuts it down in reverse order."""
+
+    master: Master
+    relay: Relay
+    runner: web.AppRunner
+    api_url: str
+    console_url: str
+    credentials: dict[str, Any]
+    agents: list[Agent] = field(default_factory=list)
+    agent_tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    async def stop(self) -> None:
+        for task in self.agent_tasks:
+            task.cancel()
+        for task in self.agent_tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for agent in self.agents:
+            await agent.close()
+        await self.relay.close()
+        await self.runner.cleanup()
+        await close_master(self.master)
+
+
+async def start_marketplace(
+    data_dir: Path,
+    *,
+    agents: int = 3,
+    http_host: str = "127.0.0.1",
+    http_port: int = 8080,
+    relay_port: int = 8443,
+    heartbeat_interval: float = 10.0,
+    telemetry_interval: float = 10.0,
+    settings: MasterSettings | None = None,
+) -> Marketplace:
+    data_dir = data_dir.resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    settings = settings or MasterSettings.load(
+        data_dir=data_dir,
+        http_host=http_host,
+        http_port=http_port,
+        heartbeat_interval=heartbeat_interval,
+        telemetry_interval=telemetry_interval,
+        instance_id="master-embedded",
+    )
+    bus = InProcessBus()
+    master = await open_master(settings, bus=bus)
+    try:
+        relay_dir = data_dir / "relay"
+        cert_file, key_file = relay_dir / "server.crt", relay_dir / "server.key"
+        if not cert_file.exists() or certificate_not_after(cert_file.read_bytes()) < datetime.now(UTC) + timedelta(days=7):
+            master.ca.write_server_certificate(relay_dir, ["localhost", "127.0.0.1", "::1"], basename="server")
+        relay = Relay(
+            relay_id="relay-local",
+            bus=bus,
+            ssl_context=server_ssl_context(cert_file, key_file, master.ca.cert_path),
+            host=http_host,
+            port=relay_port,
+            heartbeat_interval=settings.heartbeat_interval,
+            telemetry_interval=settings.telemetry_interval,
+        )
+        await relay.start()
+    except BaseException:
+        await close_master(master)
+        raise
+    settings.relay_urls = [relay.url]
+    runner = web.AppRunner(create_app(master), shutdown_timeout=2.0)
+    await runner.setup()
+    site = web.TCPSite(runner, http_host, http_port)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        await relay.close()
+        await close_master(master)
+        raise OSError(exc.errno, f"cannot listen on {http_host}:{http_port} ({exc.strerror}); pick another --http-port") from None
+    port = bound_port(site)
+    base = f"http://{http_host}:{port}"
+    settings.public_url = base
+    api_url, console_url = f"{base}/api/v1", f"{base}/"
+    credentials = await _demo_credentials(master, data_dir / "credentials.json", api_url, console_url)
+    market = Marketplace(master=master, relay=relay, runner=runner, api_url=api_url, console_url=console_url, credentials=credentials)
+    try:
+        provider_id = await _account_id(master, "demo-provider")
+        for i in range(agents):
+            agent = await _demo_agent(master, data_dir / "agents" / f"agent-{i:02d}", i, base, relay.url, provider_id)
+            market.agents.append(agent)
+            market.agent_tasks.append(asyncio.create_task(agent.run(), name=f"agent-{i:02d}"))
+    except BaseException:
+        await market.stop()
+        raise
+    return market
+
+
+async def _account_id(master: Master, name: str) -> str:
+    async with master.db.session() as session:
+        account_id = await session.scalar(select(Account.id).where(Account.name == name))
+    assert account_id is not None
+    return account_id
+
+
+async def _demo_credentials(master: Master, path: Path, api_url: str, console_url: str) -> dict[str, Any]:
+    """Reuse the demo accounts' keys from ``credentials.json`` when still valid, else mint new ones."""
+    old: dict[str, Any] = {}
+    if path.exists():
+        with contextlib.suppress(ValueError):
+            old = json.loads(path.read_text())
+    creds: dict[str, Any] = {"api_url": api_url, "console_url": console_url}
+    async with master.db.session() as session:
+        for role, name in DEMO_ACCOUNTS:
+            key = (old.get(role) or {}).get("api_key")
+            if isinstance(key, str) and await key_is_valid(session, key):
+                creds[role] = {"api_key": key, "account": name}
+                continue
+            existing = await session.scalar(select(Account).where(Account.name == name))
+            if existing is None:
+                _, key = await create_account(session, name, role)
+            else:
+                key = await create_api_key(session, existing.id)
+            creds[role] = {"api_key": key, "account": name}
+    atomic_write(path, (json.dumps(creds, indent=2) + "\n").encode(), mode=0o600)
+    path.chmod(0o600)
+    return creds
+
+
+async def _demo_agent(master: Master, folder: Path, i: int, base_url: str, relay_url: str, provider_id: str) -> Agent:
+    state = AgentState(folder)
+    spec = DEMO_FLEET[i % len(DEMO_FLEET)]
+    if not state.enrolled:
+        token, _ = await enrollment.create_token(master, provider_id)
+        await enroll(base_url, token, folder, hostname=f"demo-host-{i:02d}", gpus=spec, relay_url=relay_url)
+    identity = state.identity()
+    backend = open_backend(identity.gpus or spec, seed=identity.host_id)
+    return Agent(
+        state,
+        backend,
+        relay_urls=[relay_url],
+        region=("eu-west", "us-east", "ap-south")[i % 3],
+        telemetry_interval=master.settings.telemetry_interval,
+        heartbeat_interval=master.settings.heartbeat_interval,
+    )
+
+
+async def run_up(data_dir: Path, *, agents: int, http_host: str, http_port: int, relay_port: int, stop: asyncio.Event) -> None:
+    market = await start_marketplace(data_dir, agents=agents, http_host=http_host, http_port=http_port, relay_port=relay_port)
+    try:
+        print(
+            f"gpumarket is up: {agents} simulated provider host(s) behind relay {market.relay.url}\n"
+            f"  console:     {market.console_url}\n"
+            f"  API:         {market.api_url}\n"
+            f"  credentials: {data_dir.resolve() / 'credentials.json'}\n"
+            "Press Ctrl-C to stop.",
+            flush=True,
+        )
+        await stop.wait()
+        print("stopping…", flush=True)
+    finally:
+        await market.stop()
+    print("stopped cleanly", flush=True)

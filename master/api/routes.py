@@ -1,0 +1,276 @@
+"""The ``/api/v1`` handlers and the one table that registers them and documents them in OpenAPI."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+from sqlalchemy import text
+
+from master.api.keys import MASTER
+from master.api.middleware import principal
+from master.api.schemas import EnrollRequest, ErrorBody, RentalCreate
+from master.models import Account
+from master.services import enrollment, hosts, rentals
+from shared.errors import BadRequest, ValidationFailed
+
+API = "/api/v1"
+VERSION = "0.1.0"
+
+Body = TypeVar("Body", bound=BaseModel)
+HandlerFn = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class QueryParam:
+    name: str
+    type: str  # "string" | "integer"
+    description: str
+    minimum: int | None = None
+    maximum: int | None = None
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str
+    handler: HandlerFn
+    summary: str
+    roles: tuple[str, ...] = ()  # empty + public=False: any signed-in account
+    public: bool = False
+    body: type[BaseModel] | None = None
+    query: tuple[QueryParam, ...] = ()
+    success: int = 200
+    headers: tuple[str, ...] = ()
+    errors: tuple[int, ...] = field(default=())
+
+
+async def parse_body(request: web.Request, model: type[Body]) -> Body:
+    if not request.can_read_body:
+        raw: Any = {}
+    else:
+        try:
+            raw = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise BadRequest("the request body is not valid JSON", code="invalid_json") from None
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        problems = [{"field": ".".join(str(p) for p in e["loc"]), "problem": e["msg"]} for e in exc.errors()]
+        first = problems[0]
+        raise ValidationFailed(
+            f"{first['field'] or 'body'}: {first['problem']}", details={"problems": problems}
+        ) from None
+
+
+def int_query(request: web.Request, name: str, default: int, *, minimum: int, maximum: int) -> int:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequest(f"query parameter {name!r} must be an integer, got {raw!r}", code="invalid_query") from None
+    if not minimum <= value <= maximum:
+        raise BadRequest(f"query parameter {name!r} must be between {minimum} and {maximum}", code="invalid_query")
+    return value
+
+
+def str_query(request: web.Request, name: str, *, max_length: int = 128) -> str | None:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return None
+    if len(raw) > max_length:
+        raise BadRequest(f"query parameter {name!r} is longer than {max_length} characters", code="invalid_query")
+    return raw
+
+
+def page(request: web.Request) -> tuple[int, int]:
+    return int_query(request, "limit", 50, minimum=1, maximum=500), int_query(request, "offset", 0, minimum=0, maximum=10**9)
+
+
+def listing(items: list[dict[str, Any]], total: int, limit: int, offset: int) -> web.Response:
+    return web.json_response({"items": items, "total": total, "limit": limit, "offset": offset})
+
+
+# ---- handlers -------------------------------------------------------------------------
+
+
+async def health(request: web.Request) -> web.Response:
+    master = request.app[MASTER]
+    checks: dict[str, str] = {}
+    try:
+        async with master.db.session() as session:
+            await session.execute(text("SELECT 1"))
+        checks["database"] = "ok"
+    except Exception as exc:
+        checks["database"] = f"error: {type(exc).__name__}"
+    try:
+        await master.bus.ping()
+        checks["bus"] = "ok"
+    except Exception as exc:
+        checks["bus"] = f"error: {type(exc).__name__}"
+    ok = all(v == "ok" for v in checks.values())
+    return web.json_response(
+        {"status": "ok" if ok else "degraded", "version": VERSION, "instance": master.instance_id, "checks": checks},
+        status=200 if ok else 503,
+    )
+
+
+async def get_account(request: web.Request) -> web.Response:
+    who = principal(request)
+    async with request.app[MASTER].db.session() as session:
+        account = await session.get(Account, who.account_id)
+        assert account is not None
+        return web.json_response(
+            {"id": account.id, "name": account.name, "role": account.role, "created_at": account.created_at.isoformat()}
+        )
+
+
+async def create_enrollment_token(request: web.Request) -> web.Response:
+    master = request.app[MASTER]
+    who = principal(request)
+    token, expires_at = await enrollment.create_token(master, who.account_id)
+    public = master.settings.public_url or f"http://{request.host}"
+    return web.json_response(
+        {
+            "token": token,
+            "expires_at": expires_at.isoformat(),
+            "enroll_command": f"gpumarket agent enroll --master {public} --token {token}",
+        },
+        status=201,
+    )
+
+
+async def enroll(request: web.Request) -> web.Response:
+    body = await parse_body(request, EnrollRequest)
+    result = await enrollment.enroll(request.app[MASTER], body.token, body.csr, hostname=body.hostname)
+    return web.json_response(
+        {
+            "host_id": result.host_id,
+            "certificate": result.certificate_pem,
+            "ca_certificate": result.ca_certificate_pem,
+            "relay_urls": result.relay_urls,
+            "not_after": result.not_after.isoformat(),
+        },
+        status=201,
+    )
+
+
+async def list_hosts(request: web.Request) -> web.Response:
+    limit, offset = page(request)
+    async with request.app[MASTER].db.session() as session:
+        items, total = await hosts.list_hosts(session, principal(request), limit=limit, offset=offset)
+    return listing(items, total, limit, offset)
+
+
+async def get_host(request: web.Request) -> web.Response:
+    async with request.app[MASTER].db.session() as session:
+        return web.json_response(await hosts.get_host(session, principal(request), request.match_info["host_id"]))
+
+
+async def list_offers(request: web.Request) -> web.Response:
+    limit, offset = page(request)
+    async with request.app[MASTER].db.session() as session:
+        items, total = await hosts.list_offers(
+            session,
+            gpu_model=str_query(request, "gpu_model"),
+            min_gpus=int_query(request, "num_gpus", 1, minimum=1, maximum=64),
+            region=str_query(request, "region"),
+            limit=limit,
+            offset=offset,
+        )
+    return listing(items, total, limit, offset)
+
+
+async def create_rental(request: web.Request) -> web.Response:
+    who = principal(request)
+    who.require("renter")
+    body = await parse_body(request, RentalCreate)
+    key = request.headers.get("Idempotency-Key")
+    if key is not None and not 1 <= len(key) <= 255:
+        raise BadRequest("Idempotency-Key must be 1 to 255 characters", code="invalid_idempotency_key")
+    request_ = rentals.RentalRequest(
+        gpu_count=body.gpu_count, gpu_model=body.gpu_model, workload=body.workload.model_dump(mode="json")
+    )
+    rental, created = await rentals.create_rental(request.app[MASTER], who, request_, idempotency_key=key)
+    return web.json_response(rentals.rental_view(rental), status=201 if created else 200)
+
+
+async def list_rentals(request: web.Request) -> web.Response:
+    limit, offset = page(request)
+    async with request.app[MASTER].db.session() as session:
+        rows, total = await rentals.list_rentals(session, principal(request), limit=limit, offset=offset)
+    return listing([rentals.rental_view(r) for r in rows], total, limit, offset)
+
+
+async def get_rental(request: web.Request) -> web.Response:
+    async with request.app[MASTER].db.session() as session:
+        rental = await rentals.get_rental(session, principal(request), request.match_info["rental_id"])
+        events = await rentals.rental_events(session, rental.id)
+        return web.json_response(rentals.rental_view(rental, events))
+
+
+async def delete_rental(request: web.Request) -> web.Response:
+    rental = await rentals.stop_rental(request.app[MASTER], principal(request), request.match_info["rental_id"])
+    return web.json_response(rentals.rental_view(rental), status=202)
+
+
+async def openapi(request: web.Request) -> web.Response:
+    from master.api.openapi import build_openapi
+
+    return web.json_response(build_openapi(ROUTES))
+
+
+PAGING = (
+    QueryParam("limit", "integer", "Page size.", 1, 500),
+    QueryParam("offset", "integer", "Items to skip.", 0, 10**9),
+)
+
+ROUTES: tuple[Route, ...] = (
+    Route("GET", "/health", health, "Liveness and readiness of this master process.", public=True, errors=(503,)),
+    Route("GET", "/openapi.json", openapi, "This document.", public=True),
+    Route("GET", "/account", get_account, "The calling account."),
+    Route("POST", "/enrollment-tokens", create_enrollment_token, "Create a one-time host enrollment token.", roles=("provider",), success=201),
+    Route("POST", "/enroll", enroll, "Exchange an enrollment token and a CSR for a host certificate.", public=True, body=EnrollRequest, success=201, errors=(400, 403, 422)),
+    Route("GET", "/hosts", list_hosts, "Hosts you can see (providers: their own).", query=PAGING),
+    Route("GET", "/hosts/{host_id}", get_host, "One host with its GPUs, latest telemetry and recent state changes.", errors=(404,)),
+    Route(
+        "GET",
+        "/offers",
+        list_offers,
+        "GPUs that can be rented now.",
+        query=(
+            QueryParam("gpu_model", "string", "Model words, e.g. 'RTX 4090'."),
+            QueryParam("num_gpus", "integer", "At least this many GPUs on one host.", 1, 64),
+            QueryParam("region", "string", "Exact region."),
+            *PAGING,
+        ),
+    ),
+    Route("POST", "/rentals", create_rental, "Rent GPUs.", roles=("renter",), body=RentalCreate, success=201, headers=("Idempotency-Key",), errors=(409, 422)),
+    Route("GET", "/rentals", list_rentals, "Your rentals, newest first.", query=PAGING),
+    Route("GET", "/rentals/{rental_id}", get_rental, "One rental with its state history.", errors=(404,)),
+    Route("DELETE", "/rentals/{rental_id}", delete_rental, "Stop a rental; the GPUs are freed when the agent confirms.", success=202, errors=(404,)),
+)
+
+ERROR_SCHEMA = ErrorBody
+
+
+def add_routes(app: web.Application) -> None:
+    for route in ROUTES:
+        handler = route.handler
+        if route.roles:
+            handler = _requiring(route.roles, handler)
+        app.router.add_route(route.method, API + route.path, handler)
+
+
+def _requiring(roles: tuple[str, ...], handler: HandlerFn) -> HandlerFn:
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        principal(request).require(*roles)
+        return await handler(request)
+
+    return guarded

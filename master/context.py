@@ -1,0 +1,24 @@
+"""The master's collaborators, built once at start-up and passed to whoever needs them."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from master.db import Database
+from shared.bus import Bus
+from shared.clock import Clock, SystemClock
+from shared.crypto import CertificateAuthority
+from shared.settings import MasterSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Master:
+    settings: MasterSettings
+    db: Database
+    bus: Bus
+    ca: CertificateAuthority
+    clock: Clock = field(default_factory=SystemClock)
+    instance_id: str = "master"

@@ -1,0 +1,117 @@
+"""Ingestion: a consumer-group reader of the ``agent-events`` stream.
+
+Load → process → ack: each bus message is applied in its own transaction and
+acknowledged only after that commits, so a master killed mid-batch loses nothing;
+another master (or this one restarted) claims what was left pending for longer than
+``stale_message_idle`` seconds. Handlers are idempotent, so redelivery is harmless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from master.context import Master
+from master.services import commands, hosts
+from shared import protocol
+from shared.bus import BusMessage
+from shared.errors import BusError, ProtocolError
+
+log = logging.getLogger(__name__)
+
+GROUP = "master"
+
+
+class Ingestor:
+    def __init__(self, master: Master, *, batch: int = 200, block: float = 1.0, claim_every: float = 5.0) -> None:
+        self.master = master
+        self.batch = batch
+        self.block = block
+        self.claim_every = claim_every
+        self.consumer = master.instance_id
+        self.processed = 0
+
+    async def run(self) -> None:
+        """Consume until cancelled. Cancelling is safe: unacknowledged messages stay pending."""
+        bus = self.master.bus
+        await bus.ensure_group(protocol.AGENT_EVENTS_STREAM, GROUP)
+        last_claim = -self.claim_every
+        backoff = 0.5
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                if loop.time() - last_claim >= self.claim_every:
+                    last_claim = loop.time()
+                    stale = await bus.claim_stale(
+                        protocol.AGENT_EVENTS_STREAM, GROUP, self.consumer, min_idle=self.master.settings.stale_message_idle
+                    )
+                    if stale:
+                        log.info("took over %d pending message(s) from a silent consumer", len(stale))
+                        await self.process(stale)
+                batch = await bus.read(protocol.AGENT_EVENTS_STREAM, GROUP, self.consumer, count=self.batch, block=self.block)
+                await self.process(batch)
+                backoff = 0.5
+            except BusError as exc:
+                log.warning("bus unavailable (%s); retrying in %.1fs", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+    async def process(self, messages: list[BusMessage]) -> None:
+        for message in messages:
+            await self._apply_one(message)
+            await self.master.bus.ack(message.stream, GROUP, [message.id])
+            self.processed += 1
+
+    async def _apply_one(self, message: BusMessage) -> None:
+        try:
+            envelope = protocol.decode_bus_envelope(message.payload)
+        except ProtocolError as exc:
+            log.error("dropping malformed bus record %s: %s", message.id, exc)
+            return
+        resend: list[str] = []
+        try:
+            async with self.master.db.session() as session:
+                match envelope.message:
+                    case protocol.Hello():
+                        resend = await hosts.handle_hello(session, envelope)
+                    case protocol.Heartbeat():
+                        await hosts.handle_heartbeat(session, envelope)
+                    case protocol.Telemetry():
+                        await hosts.handle_telemetry(session, envelope)
+                    case protocol.CommandResult():
+                        await hosts.handle_command_result(session, envelope)
+        except hosts.UnknownHost:
+            log.warning("message from unknown host %s via %s dropped", envelope.message.host_id, envelope.relay_id)
+            return
+        if resend:
+            await commands.publish(self.master, resend)
+
+
+async def heartbeat_monitor(master: Master, *, every: float | None = None) -> None:
+    """Mark hosts offline after ``missed_heartbeats_offline`` silent intervals. Cancel to stop."""
+    settings = master.settings
+    deadline = settings.heartbeat_interval * settings.missed_heartbeats_offline
+    from datetime import timedelta
+
+    while True:
+        await asyncio.sleep(every or settings.heartbeat_interval / 2)
+        try:
+            async with master.db.session() as session:
+                gone = await hosts.mark_silent_hosts_offline(session, now=master.clock.now(), deadline=timedelta(seconds=deadline))
+            if gone:
+                log.warning("hosts offline after %.0fs of silence: %s", deadline, ", ".join(gone))
+        except Exception:
+            log.exception("heartbeat monitor pass failed; retrying next interval")
+
+
+async def command_resender(master: Master, *, every: float | None = None) -> None:
+    """Resend commands no agent has answered within ``command_retry_interval``. Cancel to stop."""
+    while True:
+        await asyncio.sleep(every or master.settings.command_retry_interval / 2)
+        try:
+            due = await commands.due_for_resend(master, master.clock.now())
+            if due:
+                log.info("resending %d unanswered command(s)", len(due))
+                await commands.publish(master, due)
+        except Exception:
+            log.exception("command resend pass failed; retrying next interval")

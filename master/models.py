@@ -1,0 +1,199 @@
+"""Every table of the master, in one module (SQLAlchemy 2, typed declarative).
+
+Ids are text (prefixed random tokens) so they read well in logs and URLs and work
+the same on SQLite and PostgreSQL. Timestamps are aware UTC on both databases.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timestamp that is always aware UTC in Python, whatever the database keeps."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column; use datetime.now(UTC)")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {datetime: UTCDateTime, dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Account(Base):
+    __tablename__ = "accounts"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    role: Mapped[str] = mapped_column(String(16))  # renter | provider | admin
+    created_at: Mapped[datetime] = mapped_column(default=_now)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"), index=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 hex of the whole key
+    key_prefix: Mapped[str] = mapped_column(String(16))  # shown to users to tell keys apart
+    created_at: Mapped[datetime] = mapped_column(default=_now)
+    revoked_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class EnrollmentToken(Base):
+    __tablename__ = "enrollment_tokens"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=_now)
+    expires_at: Mapped[datetime]
+    used_at: Mapped[datetime | None] = mapped_column(default=None)
+    host_id: Mapped[str | None] = mapped_column(String(40), default=None)
+
+
+class Host(Base):
+    __tablename__ = "hosts"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    owner_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), index=True)
+    name: Mapped[str] = mapped_column(String(255), default="")
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    state_changed_at: Mapped[datetime] = mapped_column(default=_now)
+    region: Mapped[str | None] = mapped_column(String(64), default=None)
+    relay_id: Mapped[str | None] = mapped_column(String(64), default=None)
+    cert_serial: Mapped[str | None] = mapped_column(String(64), default=None)
+    cert_not_after: Mapped[datetime | None] = mapped_column(default=None)
+    agent_version: Mapped[str | None] = mapped_column(String(64), default=None)
+    gpu_backend: Mapped[str | None] = mapped_column(String(16), default=None)
+    facts: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    last_seen_at: Mapped[datetime | None] = mapped_column(default=None)
+    last_seq: Mapped[int] = mapped_column(BigInteger, default=-1)
+    latest_telemetry: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    latest_telemetry_seq: Mapped[int] = mapped_column(BigInteger, default=-1)
+    latest_telemetry_at: Mapped[datetime | None] = mapped_column(default=None)
+    created_at: Mapped[datetime] = mapped_column(default=_now)
+
+
+class HostEvent(Base):
+    __tablename__ = "host_events"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    host_id: Mapped[str] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime] = mapped_column(default=_now)
+    from_state: Mapped[str | None] = mapped_column(String(16))
+    to_state: Mapped[str] = mapped_column(String(16))
+    cause: Mapped[str] = mapped_column(Text)
+    actor: Mapped[str] = mapped_column(String(64))
+
+
+class Gpu(Base):
+    __tablename__ = "gpus"
+    __table_args__ = (UniqueConstraint("host_id", "index", name="uq_gpus_host_index"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    host_id: Mapped[str] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), index=True)
+    index: Mapped[int]
+    uuid: Mapped[str] = mapped_column(String(128), unique=True)
+    name: Mapped[str] = mapped_column(String(255))
+    memory_total_mib: Mapped[int]
+    info: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    present: Mapped[bool] = mapped_column(default=True)
+    # The allocation: set with ``UPDATE … WHERE rental_id IS NULL`` so one GPU is never given twice.
+    rental_id: Mapped[str | None] = mapped_column(ForeignKey("rentals.id", use_alter=True), default=None, index=True)
+
+
+class Rental(Base):
+    __tablename__ = "rentals"
+    __table_args__ = (UniqueConstraint("renter_id", "idempotency_key", name="uq_rentals_idempotency"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    renter_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), index=True)
+    host_id: Mapped[str] = mapped_column(ForeignKey("hosts.id"), index=True)
+    gpu_model: Mapped[str | None] = mapped_column(String(255), default=None)
+    gpu_count: Mapped[int]
+    gpu_uuids: Mapped[list[Any]] = mapped_column(default=list)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    workload: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    idempotency_key: Mapped[str | None] = mapped_column(String(255), default=None)
+    request_fingerprint: Mapped[str | None] = mapped_column(String(64), default=None)
+    failure_reason: Mapped[str | None] = mapped_column(Text, default=None)
+    created_at: Mapped[datetime] = mapped_column(default=_now)
+    started_at: Mapped[datetime | None] = mapped_column(default=None)
+    stopped_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class RentalEvent(Base):
+    __tablename__ = "rental_events"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    rental_id: Mapped[str] = mapped_column(ForeignKey("rentals.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime] = mapped_column(default=_now)
+    from_state: Mapped[str | None] = mapped_column(String(16))
+    to_state: Mapped[str] = mapped_column(String(16))
+    cause: Mapped[str] = mapped_column(Text)
+
+
+class Command(Base):
+    __tablename__ = "commands"
+    __table_args__ = (Index("ix_commands_host_state", "host_id", "state"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    host_id: Mapped[str] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"))
+    rental_id: Mapped[str | None] = mapped_column(ForeignKey("rentals.id"), default=None, index=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    args: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    state: Mapped[str] = mapped_column(String(16))  # pending | sent | succeeded | failed
+    created_at: Mapped[datetime] = mapped_column(default=_now)
+    last_sent_at: Mapped[datetime | None] = mapped_column(default=None)
+    send_count: Mapped[int] = mapped_column(default=0)
+    completed_at: Mapped[datetime | None] = mapped_column(default=None)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+
+
+class TelemetrySample(Base):
+    __tablename__ = "telemetry"
+    __table_args__ = (
+        UniqueConstraint("host_id", "seq", name="uq_telemetry_host_seq"),
+        Index("ix_telemetry_host_sampled", "host_id", "sampled_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    host_id: Mapped[str] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"))
+    seq: Mapped[int] = mapped_column(BigInteger)
+    sampled_at: Mapped[datetime]
+    received_at: Mapped[datetime] = mapped_column(default=_now)
+    relay_id: Mapped[str | None] = mapped_column(String(64), default=None)
+    gpus: Mapped[list[Any]] = mapped_column(default=list)

@@ -1,0 +1,286 @@
+"""What the master does with each agent message, and how hosts look through the API.
+
+Every handler is idempotent: the bus delivers at least once, and an agent replays
+unacknowledged messages after reconnecting. Telemetry is de-duplicated by
+``(host_id, seq)``; hello, heartbeat and command results converge to the same state
+however often they arrive.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from master.models import Command as CommandRow
+from master.models import Gpu, Host, HostEvent, Rental, TelemetrySample
+from master.services import commands, rentals
+from master.services.accounts import Principal
+from master.services.hoststate import transition
+from shared import protocol
+from shared.errors import NotFound
+from shared.ids import new_id
+
+log = logging.getLogger(__name__)
+
+ACTOR = "ingest"
+
+
+class UnknownHost(LookupError):
+    """A message from a host id the registry does not hold (dropped and logged)."""
+
+
+async def _load_host(session: AsyncSession, host_id: str) -> Host:
+    host = await session.get(Host, host_id)
+    if host is None:
+        raise UnknownHost(host_id)
+    return host
+
+
+def _saw(host: Host, envelope: protocol.BusEnvelope) -> None:
+    message = envelope.message
+    host.relay_id = envelope.relay_id
+    if host.last_seen_at is None or envelope.received_at > host.last_seen_at:
+        host.last_seen_at = envelope.received_at
+    host.last_seq = max(host.last_seq, message.seq)
+
+
+async def _has_active_rentals(session: AsyncSession, host_id: str) -> bool:
+    n = await session.scalar(
+        select(func.count()).select_from(Rental).where(Rental.host_id == host_id, Rental.state.in_(rentals.ACTIVE_STATES))
+    )
+    return bool(n)
+
+
+async def _come_online(session: AsyncSession, host: Host, cause: str) -> None:
+    if host.state in ("enrolling", "offline"):
+        target = "rented" if await _has_active_rentals(session, host.id) else "online"
+        if host.state == "enrolling":
+            target = "online"
+        transition(session, host, target, cause=cause, actor=ACTOR)
+
+
+async def handle_hello(session: AsyncSession, envelope: protocol.BusEnvelope) -> list[str]:
+    """Register the host's facts and GPUs; returns the ids of open commands to resend."""
+    message = envelope.message
+    assert isinstance(message, protocol.Hello)
+    body = message.body
+    host = await _load_host(session, message.host_id)
+    _saw(host, envelope)
+    host.agent_version = body.agent_version
+    host.gpu_backend = body.gpu_backend
+    host.facts = body.host
+    host.region = body.region or host.region
+    if body.host.get("hostname") and not host.name:
+        host.name = str(body.host["hostname"])[:255]
+    existing = {g.uuid: g for g in (await session.scalars(select(Gpu).where(Gpu.host_id == host.id))).all()}
+    reported = {g.uuid for g in body.gpus}
+    for gpu in body.gpus:
+        row = existing.get(gpu.uuid)
+        if row is None:
+            # Index may have moved (a GPU swapped out): free the slot first.
+            await session.execute(
+                update(Gpu).where(Gpu.host_id == host.id, Gpu.index == gpu.index, Gpu.uuid != gpu.uuid).values(index=-1 - gpu.index)
+            )
+            session.add(
+                Gpu(
+                    id=new_id("gpu"),
+                    host_id=host.id,
+                    index=gpu.index,
+                    uuid=gpu.uuid,
+                    name=gpu.name,
+                    memory_total_mib=gpu.memory_total_mib,
+                    info=gpu.model_dump(mode="json"),
+                    present=True,
+                )
+            )
+        else:
+            row.index, row.name, row.memory_total_mib = gpu.index, gpu.name, gpu.memory_total_mib
+            row.info, row.present = gpu.model_dump(mode="json"), True
+    for uuid, row in existing.items():
+        if uuid not in reported and row.present:
+            log.warning("host %s no longer reports GPU %s", host.id, uuid)
+            row.present = False
+    await _come_online(session, host, cause=f"hello via relay {envelope.relay_id}")
+    return await commands.open_command_ids(session, host.id)
+
+
+async def handle_heartbeat(session: AsyncSession, envelope: protocol.BusEnvelope) -> None:
+    host = await _load_host(session, envelope.message.host_id)
+    _saw(host, envelope)
+    if host.state == "offline":
+        await _come_online(session, host, cause="heartbeat resumed")
+
+
+async def handle_telemetry(session: AsyncSession, envelope: protocol.BusEnvelope) -> bool:
+    """Store one sample once; returns False for a duplicate ``(host, seq)``."""
+    message = envelope.message
+    assert isinstance(message, protocol.Telemetry)
+    host = await _load_host(session, message.host_id)
+    gpus = [g.model_dump(mode="json") for g in message.body.gpus]
+    try:
+        async with session.begin_nested():
+            session.add(
+                TelemetrySample(
+                    host_id=host.id,
+                    seq=message.seq,
+                    sampled_at=message.body.sampled_at,
+                    received_at=envelope.received_at,
+                    relay_id=envelope.relay_id,
+                    gpus=gpus,
+                )
+            )
+            await session.flush()
+    except IntegrityError:
+        log.debug("duplicate telemetry %s/%d ignored", host.id, message.seq)
+        return False
+    _saw(host, envelope)
+    if message.seq > host.latest_telemetry_seq:
+        host.latest_telemetry_seq = message.seq
+        host.latest_telemetry_at = message.body.sampled_at
+        host.latest_telemetry = {"seq": message.seq, "sampled_at": message.body.sampled_at.isoformat(), "gpus": gpus}
+    if host.state == "offline":
+        await _come_online(session, host, cause="telemetry resumed")
+    return True
+
+
+async def handle_command_result(session: AsyncSession, envelope: protocol.BusEnvelope) -> None:
+    message = envelope.message
+    assert isinstance(message, protocol.CommandResult)
+    body = message.body
+    row = await session.get(CommandRow, body.command_id)
+    if row is None or row.host_id != message.host_id:
+        log.warning("host %s reported a result for unknown command %s", message.host_id, body.command_id)
+        return
+    host = await _load_host(session, message.host_id)
+    _saw(host, envelope)
+    result = {"ok": body.ok, "detail": body.detail, "data": body.data, "finished_at": body.finished_at.isoformat()}
+    if commands.complete(row, ok=body.ok, result=result, at=body.finished_at):
+        await rentals.apply_command_result(session, row, ok=body.ok, detail=body.detail, at=body.finished_at)
+
+
+async def mark_silent_hosts_offline(session: AsyncSession, *, now: datetime, deadline: timedelta) -> list[str]:
+    """Hosts not heard from within ``deadline`` go offline; returns their ids."""
+    cutoff = now - deadline
+    hosts = (
+        await session.scalars(
+            select(Host).where(Host.state.in_(("online", "rented", "draining")), Host.last_seen_at < cutoff).with_for_update(skip_locked=True)
+        )
+    ).all()
+    for host in hosts:
+        transition(session, host, "offline", cause=f"no heartbeat since {host.last_seen_at:%Y-%m-%dT%H:%M:%SZ}", actor="monitor")
+    return [h.id for h in hosts]
+
+
+# ---- views --------------------------------------------------------------------------
+
+
+def _gpu_view(gpu: Gpu) -> dict[str, Any]:
+    return {
+        "index": gpu.index,
+        "uuid": gpu.uuid,
+        "name": gpu.name,
+        "memory_total_mib": gpu.memory_total_mib,
+        "present": gpu.present,
+        "rented": gpu.rental_id is not None,
+        "info": gpu.info,
+    }
+
+
+def host_view(host: Host, gpus: Sequence[Gpu], *, detail: bool = False) -> dict[str, Any]:
+    view: dict[str, Any] = {
+        "id": host.id,
+        "name": host.name,
+        "state": host.state,
+        "state_changed_at": host.state_changed_at.isoformat(),
+        "region": host.region,
+        "relay_id": host.relay_id,
+        "agent_version": host.agent_version,
+        "gpu_backend": host.gpu_backend,
+        "last_seen_at": host.last_seen_at.isoformat() if host.last_seen_at else None,
+        "gpu_count": sum(1 for g in gpus if g.present),
+        "gpus": [_gpu_view(g) for g in sorted(gpus, key=lambda g: g.index) if g.present],
+    }
+    if detail:
+        view["facts"] = host.facts
+        view["latest_telemetry"] = host.latest_telemetry
+        view["last_seq"] = host.last_seq
+        view["cert_not_after"] = host.cert_not_after.isoformat() if host.cert_not_after else None
+    return view
+
+
+def _visible(principal: Principal) -> Any:
+    if principal.role in ("admin", "renter"):
+        return None
+    return Host.owner_id == principal.account_id
+
+
+async def list_hosts(session: AsyncSession, principal: Principal, *, limit: int, offset: int) -> tuple[list[dict[str, Any]], int]:
+    query = select(Host)
+    condition = _visible(principal)
+    if condition is not None:
+        query = query.where(condition)
+    total = await session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    hosts = (await session.scalars(query.order_by(Host.created_at).limit(limit).offset(offset))).all()
+    gpus = (await session.scalars(select(Gpu).where(Gpu.host_id.in_([h.id for h in hosts])))).all()
+    by_host: dict[str, list[Gpu]] = {}
+    for gpu in gpus:
+        by_host.setdefault(gpu.host_id, []).append(gpu)
+    return [host_view(h, by_host.get(h.id, [])) for h in hosts], total
+
+
+async def get_host(session: AsyncSession, principal: Principal, host_id: str) -> dict[str, Any]:
+    host = await session.get(Host, host_id)
+    condition_ok = principal.role in ("admin", "renter") or (host is not None and host.owner_id == principal.account_id)
+    if host is None or not condition_ok:
+        raise NotFound(f"no host {host_id!r}", code="host_not_found")
+    gpus = (await session.scalars(select(Gpu).where(Gpu.host_id == host.id))).all()
+    view = host_view(host, gpus, detail=True)
+    events = (await session.scalars(select(HostEvent).where(HostEvent.host_id == host.id).order_by(HostEvent.id.desc()).limit(20))).all()
+    view["recent_events"] = [
+        {"at": e.at.isoformat(), "from": e.from_state, "to": e.to_state, "cause": e.cause, "actor": e.actor} for e in events
+    ]
+    return view
+
+
+async def list_offers(
+    session: AsyncSession, *, gpu_model: str | None, min_gpus: int, region: str | None, limit: int, offset: int
+) -> tuple[list[dict[str, Any]], int]:
+    """What can be rented now: per rentable host and GPU model, the free GPUs."""
+    from master.services.hoststate import RENTABLE_STATES
+    from master.services.placement import model_matches
+
+    rows = (
+        await session.execute(
+            select(Host, Gpu)
+            .join(Gpu, Gpu.host_id == Host.id)
+            .where(Host.state.in_(RENTABLE_STATES), Gpu.present.is_(True), Gpu.rental_id.is_(None))
+            .order_by(Host.id, Gpu.index)
+        )
+    ).all()
+    offers: dict[tuple[str, str], dict[str, Any]] = {}
+    for host, gpu in rows:
+        if not model_matches(gpu_model, gpu.name) or (region and host.region != region):
+            continue
+        offer = offers.setdefault(
+            (host.id, gpu.name),
+            {
+                "id": f"{host.id}:{gpu.name}",
+                "host_id": host.id,
+                "gpu_name": gpu.name,
+                "num_gpus": 0,
+                "vram_mib": gpu.memory_total_mib,
+                "compute_capability": gpu.info.get("compute_capability"),
+                "cuda_driver_version": gpu.info.get("cuda_driver_version"),
+                "region": host.region,
+                "host_state": host.state,
+            },
+        )
+        offer["num_gpus"] += 1
+    matching = [o for o in offers.values() if o["num_gpus"] >= min_gpus]
+    return matching[offset : offset + limit], len(matching)

@@ -1,0 +1,274 @@
+"""Rentals: placing a request on free GPUs, starting and stopping it through the agent.
+
+States: pending → starting → running → stopping → stopped | failed. The GPUs are
+claimed with a conditional UPDATE (``WHERE rental_id IS NULL``) inside a savepoint, so
+two masters racing for the same GPU cannot both win: the loser tries the next host.
+GPUs are freed only when the agent confirms the workload stopped (or failed to start).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from master.context import Master
+from master.models import Gpu, Host, Rental, RentalEvent
+from master.models import Command as CommandRow
+from master.services import commands
+from master.services.accounts import Principal
+from master.services.hoststate import RENTABLE_STATES, transition
+from master.services.placement import FreeGpu, first_fit, model_matches
+from shared.errors import Conflict, InsufficientCapacity, NotFound, ValidationFailed
+from shared.ids import new_id
+
+log = logging.getLogger(__name__)
+
+RENTAL_STATES = ("pending", "starting", "running", "stopping", "stopped", "failed")
+ACTIVE_STATES = ("pending", "starting", "running", "stopping")
+RENTAL_TRANSITIONS: dict[str, frozenset[str]] = {
+    "pending": frozenset({"starting", "stopping", "failed"}),
+    "starting": frozenset({"running", "stopping", "failed"}),
+    "running": frozenset({"stopping", "failed"}),
+    "stopping": frozenset({"stopped", "failed"}),
+    "stopped": frozenset(),
+    "failed": frozenset(),
+}
+MAX_GPUS_PER_RENTAL = 64
+
+
+@dataclass(frozen=True)
+class RentalRequest:
+    gpu_count: int
+    gpu_model: str | None = None
+    workload: dict[str, Any] = field(default_factory=dict)
+
+    def fingerprint(self) -> str:
+        blob = json.dumps({"n": self.gpu_count, "m": self.gpu_model, "w": self.workload}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _set_state(session: AsyncSession, rental: Rental, to_state: str, cause: str) -> bool:
+    if rental.state == to_state:
+        return False
+    if to_state not in RENTAL_TRANSITIONS[rental.state]:
+        log.warning("ignored rental transition %s: %s → %s (%s)", rental.id, rental.state, to_state, cause)
+        return False
+    session.add(RentalEvent(rental_id=rental.id, from_state=rental.state, to_state=to_state, cause=cause))
+    rental.state = to_state
+    return True
+
+
+async def _free_gpus(session: AsyncSession) -> list[FreeGpu]:
+    rows = (
+        await session.execute(
+            select(Gpu.id, Gpu.host_id, Gpu.index, Gpu.uuid, Gpu.name)
+            .join(Host, Host.id == Gpu.host_id)
+            .where(Gpu.rental_id.is_(None), Gpu.present.is_(True), Host.state.in_(RENTABLE_STATES))
+        )
+    ).all()
+    return [FreeGpu(gpu_id=r[0], host_id=r[1], index=r[2], uuid=r[3], name=r[4]) for r in rows]
+
+
+async def _largest_host(session: AsyncSession, model: str | None) -> int:
+    """How many matching GPUs the biggest host in the fleet has, rented or not."""
+    rows = (await session.execute(select(Gpu.host_id, Gpu.name).where(Gpu.present.is_(True)))).all()
+    counts: dict[str, int] = {}
+    for host_id, name in rows:
+        if model_matches(model, name):
+            counts[host_id] = counts.get(host_id, 0) + 1
+    return max(counts.values(), default=0)
+
+
+async def create_rental(master: Master, renter: Principal, request: RentalRequest, *, idempotency_key: str | None) -> tuple[Rental, bool]:
+    """Place and start a rental; returns ``(rental, created)``.
+
+    With an ``idempotency_key``, a repeat of the same request returns the first
+    rental (``created`` False); the same key with a different request is a conflict.
+    Runs to completion once called: callers must not cancel it half-way.
+    """
+    if not 1 <= request.gpu_count <= MAX_GPUS_PER_RENTAL:
+        raise ValidationFailed(f"gpu_count must be between 1 and {MAX_GPUS_PER_RENTAL}", code="invalid_gpu_count")
+    if idempotency_key is not None:
+        existing = await _by_idempotency_key(master, renter.account_id, idempotency_key)
+        if existing is not None:
+            return _check_replay(existing, request), False
+    try:
+        rental, command_id = await _place(master, renter, request, idempotency_key)
+    except IntegrityError:
+        # A concurrent request with the same key won the race: return its rental.
+        if idempotency_key is None:
+            raise
+        existing = await _by_idempotency_key(master, renter.account_id, idempotency_key)
+        if existing is None:
+            raise
+        return _check_replay(existing, request), False
+    await commands.publish(master, [command_id])
+    return rental, True
+
+
+def _check_replay(existing: Rental, request: RentalRequest) -> Rental:
+    if existing.request_fingerprint != request.fingerprint():
+        raise Conflict(
+            "this Idempotency-Key was already used for a different rental request; use a new key",
+            code="idempotency_key_reused",
+        )
+    return existing
+
+
+async def _by_idempotency_key(master: Master, renter_id: str, key: str) -> Rental | None:
+    async with master.db.session() as session:
+        return await session.scalar(select(Rental).where(Rental.renter_id == renter_id, Rental.idempotency_key == key))
+
+
+async def _place(master: Master, renter: Principal, request: RentalRequest, idempotency_key: str | None) -> tuple[Rental, str]:
+    async with master.db.session() as session:
+        options = first_fit(await _free_gpus(session), count=request.gpu_count, model=request.gpu_model)
+        for gpus in options:
+            rental = Rental(
+                id=new_id("r"),
+                renter_id=renter.account_id,
+                host_id=gpus[0].host_id,
+                gpu_model=gpus[0].name,
+                gpu_count=request.gpu_count,
+                gpu_uuids=[g.uuid for g in gpus],
+                state="pending",
+                workload=request.workload,
+                idempotency_key=idempotency_key,
+                request_fingerprint=request.fingerprint(),
+            )
+            async with session.begin_nested() as attempt:
+                session.add(rental)
+                await session.flush()
+                claimed = await session.execute(
+                    update(Gpu)
+                    .where(Gpu.id.in_([g.gpu_id for g in gpus]), Gpu.rental_id.is_(None))
+                    .values(rental_id=rental.id)
+                )
+                if claimed.rowcount != len(gpus):  # type: ignore[attr-defined]
+                    log.info("lost a race for GPUs on host %s; trying the next host", rental.host_id)
+                    await attempt.rollback()
+                    continue
+            session.add(RentalEvent(rental_id=rental.id, from_state=None, to_state="pending", cause="placed"))
+            command = commands.new_command(
+                session,
+                host_id=rental.host_id,
+                kind="start_workload",
+                args={"rental_id": rental.id, "gpu_uuids": rental.gpu_uuids, "workload": rental.workload},
+                rental_id=rental.id,
+            )
+            _set_state(session, rental, "starting", f"start command {command.id} sent to host {rental.host_id}")
+            log.info("rental %s placed on host %s (%d GPU)", rental.id, rental.host_id, request.gpu_count)
+            return rental, command.id
+        largest = await _largest_host(session, request.gpu_model)
+    what = f"{request.gpu_count} × {request.gpu_model or 'any GPU'}"
+    if largest < request.gpu_count:
+        raise InsufficientCapacity(
+            f"no host has {what}: the largest host with that model has {largest}; ask for fewer GPUs or another model",
+            code="exceeds_fleet",
+        )
+    raise InsufficientCapacity(f"no host has {what} free right now; try again later or ask for fewer GPUs")
+
+
+async def get_rental(session: AsyncSession, principal: Principal, rental_id: str) -> Rental:
+    rental = await session.get(Rental, rental_id)
+    if rental is None or (principal.role != "admin" and rental.renter_id != principal.account_id):
+        raise NotFound(f"no rental {rental_id!r} in your account", code="rental_not_found")
+    return rental
+
+
+async def list_rentals(session: AsyncSession, principal: Principal, *, limit: int, offset: int) -> tuple[list[Rental], int]:
+    query = select(Rental)
+    if principal.role != "admin":
+        query = query.where(Rental.renter_id == principal.account_id)
+    total = await session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    rows = (await session.scalars(query.order_by(Rental.created_at.desc()).limit(limit).offset(offset))).all()
+    return list(rows), total
+
+
+async def rental_events(session: AsyncSession, rental_id: str) -> Sequence[RentalEvent]:
+    return (await session.scalars(select(RentalEvent).where(RentalEvent.rental_id == rental_id).order_by(RentalEvent.id))).all()
+
+
+async def stop_rental(master: Master, principal: Principal, rental_id: str) -> Rental:
+    """Ask the agent to stop the workload; idempotent (stopping a stopped rental returns it)."""
+    command_id: str | None = None
+    async with master.db.session() as session:
+        rental = await get_rental(session, principal, rental_id)
+        if rental.state in ("pending", "starting", "running"):
+            command = commands.new_command(
+                session, host_id=rental.host_id, kind="stop_workload", args={"rental_id": rental.id}, rental_id=rental.id
+            )
+            command_id = command.id
+            _set_state(session, rental, "stopping", f"stop requested by {principal.name}")
+    if command_id is not None:
+        await commands.publish(master, [command_id])
+    return rental
+
+
+async def apply_command_result(session: AsyncSession, command: CommandRow, *, ok: bool, detail: str, at: datetime) -> None:
+    """What an agent's confirmation means for the rental it concerns."""
+    if command.rental_id is None:
+        return
+    rental = await session.get(Rental, command.rental_id)
+    if rental is None:
+        return
+    if command.kind == "start_workload":
+        if ok:
+            if _set_state(session, rental, "running", "agent confirmed the workload started"):
+                rental.started_at = at
+                host = await session.get(Host, rental.host_id)
+                if host is not None and host.state == "online":
+                    transition(session, host, "rented", cause=f"rental {rental.id} running", actor="master")
+        else:
+            if _set_state(session, rental, "failed", f"workload failed to start: {detail}"):
+                rental.failure_reason = detail
+                rental.stopped_at = at
+                await _release(session, rental)
+    elif command.kind == "stop_workload" and ok:
+        if _set_state(session, rental, "stopped", "agent confirmed the workload stopped"):
+            rental.stopped_at = at
+            await _release(session, rental)
+
+
+async def _release(session: AsyncSession, rental: Rental) -> None:
+    await session.execute(update(Gpu).where(Gpu.rental_id == rental.id).values(rental_id=None))
+    host = await session.get(Host, rental.host_id)
+    if host is None or host.state != "rented":
+        return
+    still = await session.scalar(
+        select(func.count()).select_from(Rental).where(
+            Rental.host_id == host.id, Rental.state.in_(ACTIVE_STATES), Rental.id != rental.id
+        )
+    )
+    if not still:
+        transition(session, host, "online", cause=f"rental {rental.id} ended; no rentals left", actor="master")
+
+
+def rental_view(rental: Rental, events: Sequence[RentalEvent] | None = None) -> dict[str, Any]:
+    view: dict[str, Any] = {
+        "id": rental.id,
+        "state": rental.state,
+        "host_id": rental.host_id,
+        "gpu_model": rental.gpu_model,
+        "gpu_count": rental.gpu_count,
+        "gpu_uuids": rental.gpu_uuids,
+        "workload": rental.workload,
+        "failure_reason": rental.failure_reason,
+        "created_at": rental.created_at.isoformat(),
+        "started_at": rental.started_at.isoformat() if rental.started_at else None,
+        "stopped_at": rental.stopped_at.isoformat() if rental.stopped_at else None,
+    }
+    if events is not None:
+        view["events"] = [
+            {"at": e.at.isoformat(), "from": e.from_state, "to": e.to_state, "cause": e.cause} for e in events
+        ]
+    return view

@@ -1,0 +1,773 @@
+"""The message bus: append-only streams read through consumer groups.
+
+Owns the ``Bus`` seam and its two implementations:
+
+* ``InProcessBus`` -- asyncio, one event loop, for embedded mode and tests;
+* ``RedisBus`` -- Redis Streams (``XADD`` / ``XREADGROUP`` / ``XACK`` / ``XAUTOCLAIM``), for
+  relays and masters in separate processes;
+
+and ``open_bus(url)``, which picks one from ``GPUMARKET_REDIS_URL``-style settings.
+
+Both follow Redis consumer-group semantics: delivery is at-least-once, a message stays
+*pending* for the consumer it was delivered to until it is acknowledged, and a message
+left pending by a consumer that died is taken over with ``claim_stale``. Consumers must
+therefore be idempotent. Payloads are opaque bytes; encoding them is ``shared.protocol``'s
+job. Must not import from agent/, access/, master/, console/ or billing/.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import urllib.parse
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar, cast
+
+import redis.asyncio as aioredis
+import redis.exceptions as redis_errors
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+
+from shared.errors import BusError, BusTimeout, ConfigError
+
+__all__ = ["Bus", "BusMessage", "InProcessBus", "RedisBus", "open_bus"]
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+_REDIS_HINT = "is Redis running? check GPUMARKET_REDIS_URL"
+_PAYLOAD_FIELD = b"p"  # each stream entry is the single field {"p": payload}
+# Redis times blocked clients out on its server timer (every 1/hz s: 100 ms at the default
+# hz=10), so XREADGROUP BLOCK may answer this much later than asked, round trip included.
+_BLOCK_MARGIN = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class BusMessage:
+    """One message as delivered to a consumer."""
+
+    stream: str
+    id: str
+    """Opaque, ordered within a stream: Redis ids ``"<ms>-<seq>"``; in-process ``"<n>-0"``."""
+    payload: bytes
+    deliveries: int
+    """1 on first delivery, incremented each time ``claim_stale`` redelivers it."""
+
+
+class Bus(Protocol):
+    """Append-only streams with Redis consumer-group semantics (at-least-once delivery)."""
+
+    async def publish(self, stream: str, payload: bytes) -> str:
+        """Append ``payload`` and return its id once it is durably on the bus.
+
+        Cancelling is safe but leaves it unknown whether the message was published.
+        """
+        ...
+
+    async def ensure_group(self, stream: str, group: str) -> None:
+        """Create ``group`` (and the stream) if missing; a new group starts at the oldest entry."""
+        ...
+
+    async def read(
+        self, stream: str, group: str, consumer: str, *, count: int = 100, block: float | None = 1.0
+    ) -> list[BusMessage]:
+        """Return up to ``count`` messages never delivered to ``group``, now pending for ``consumer``.
+
+        Waits up to ``block`` seconds when none is available (``None`` or ``0``: do not wait)
+        and returns ``[]`` on timeout. Creates the group if it is missing. Cancelling is safe:
+        nothing is lost (see the implementations for where an interrupted message goes).
+        """
+        ...
+
+    async def ack(self, stream: str, group: str, ids: Sequence[str]) -> int:
+        """Remove ``ids`` from the group's pending list; return how many were pending."""
+        ...
+
+    async def claim_stale(
+        self, stream: str, group: str, consumer: str, *, min_idle: float, count: int = 100
+    ) -> list[BusMessage]:
+        """Take over up to ``count`` messages pending (for any consumer) for ``min_idle`` seconds or more.
+
+        They become pending for ``consumer`` and come back with ``deliveries`` incremented.
+        """
+        ...
+
+    async def pending_count(self, stream: str, group: str) -> int:
+        """How many messages of the group are delivered but not acknowledged (0 if no such group)."""
+        ...
+
+    async def stream_length(self, stream: str) -> int:
+        """How many entries the stream holds (0 if no such stream)."""
+        ...
+
+    async def ping(self) -> None:
+        """Raise ``BusError`` unless the bus is reachable."""
+        ...
+
+    async def close(self) -> None:
+        """Release the bus's resources; later calls raise ``BusError``."""
+        ...
+
+
+def _check_limits(*, count: int, block: float | None = None, min_idle: float = 0.0) -> None:
+    if count < 1:
+        raise ValueError(f"count must be at least 1, got {count}")
+    if block is not None and block < 0:
+        raise ValueError(f"block must be None or >= 0 seconds, got {block}")
+    if min_idle < 0:
+        raise ValueError(f"min_idle must be >= 0 seconds, got {min_idle}")
+
+
+# ---- in-process -----------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Pending:
+    consumer: str
+    delivered_at: float
+    deliveries: int
+
+
+@dataclass(slots=True)
+class _Group:
+    last_delivered: int
+    """Sequence number of the newest entry delivered to this group (0: none yet)."""
+    pending: dict[int, _Pending] = field(default_factory=dict)
+    """By sequence number, in ascending order (reads deliver in order, claims update in place)."""
+    claim_cursor: int = 0
+    """Where the next ``claim_stale`` sweep resumes, like the cursor of ``XAUTOCLAIM``."""
+
+
+@dataclass(slots=True)
+class _Stream:
+    entries: dict[int, bytes] = field(default_factory=dict)
+    order: deque[int] = field(default_factory=deque)
+    """Sequence numbers not yet passed by trimming; contiguous up to ``last_seq``."""
+    retained: set[int] = field(default_factory=set)
+    """Entries trimming passed over because they were pending; dropped once acknowledged."""
+    last_seq: int = 0
+    groups: dict[str, _Group] = field(default_factory=dict)
+    appended: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set (and replaced) on every publish, to wake blocked readers."""
+
+
+def _parse_local_id(message_id: str) -> int:
+    head, sep, tail = message_id.partition("-")
+    if not (sep and tail == "0" and head.isdigit()):
+        raise BusError(f"invalid message id {message_id!r}: in-process ids look like '42-0'")
+    return int(head)
+
+
+class InProcessBus:
+    """A ``Bus`` held in memory, for embedded mode and tests. Not shared between event loops.
+
+    ``max_len`` bounds every stream. When a publish would exceed it, the oldest entries that
+    every group has already received and nobody has left pending are dropped; if that is not
+    enough, ``publish`` raises ``BusError`` instead of growing without bound. Unlike
+    ``RedisBus`` (which trims regardless), it never drops a message a group still needs.
+
+    ``clock`` measures how long messages have been pending, for ``claim_stale``; tests
+    inject a fake one. Blocking reads wait on the event loop's own clock.
+    """
+
+    def __init__(self, *, max_len: int = 100_000, clock: Callable[[], float] = time.monotonic) -> None:
+        if max_len < 1:
+            raise ValueError(f"max_len must be at least 1, got {max_len}")
+        self._max_len = max_len
+        self._clock = clock
+        self._streams: dict[str, _Stream] = {}
+        self._closed = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BusError("the in-process bus is closed")
+
+    def _stream(self, name: str) -> _Stream:
+        stream = self._streams.get(name)
+        if stream is None:
+            stream = self._streams[name] = _Stream()
+        return stream
+
+    def _group(self, stream: _Stream, group: str) -> _Group:
+        state = stream.groups.get(group)
+        if state is None:
+            # "0": the oldest entry trimming has not passed (a retained pending entry of another
+            # group is not redelivered to a group created after it was passed over).
+            start = stream.order[0] - 1 if stream.order else stream.last_seq
+            state = stream.groups[group] = _Group(last_delivered=start)
+        return state
+
+    async def publish(self, stream: str, payload: bytes) -> str:
+        """Append ``payload``; raise ``BusError`` if the stream is full of unconsumed messages.
+
+        Never suspends, so cancelling it is safe (it either did not start or completed).
+        """
+        self._check_open()
+        state = self._stream(stream)
+        if len(state.entries) >= self._max_len:
+            self._trim(state, len(state.entries) - self._max_len + 1)
+            if len(state.entries) >= self._max_len:
+                raise BusError(
+                    f"stream {stream!r} is full: {len(state.entries)} unacknowledged messages "
+                    f"(max_len={self._max_len}); consumers are not keeping up",
+                    details={"stream": stream, "max_len": self._max_len},
+                )
+        state.last_seq += 1
+        state.entries[state.last_seq] = bytes(payload)
+        state.order.append(state.last_seq)
+        appended, state.appended = state.appended, asyncio.Event()
+        appended.set()
+        return f"{state.last_seq}-0"
+
+    def _trim(self, state: _Stream, wanted: int) -> None:
+        """Drop up to ``wanted`` of the oldest entries every group has received and nobody has pending."""
+        horizon = min((group.last_delivered for group in state.groups.values()), default=state.last_seq)
+        dropped = 0
+        while dropped < wanted and state.order and state.order[0] <= horizon:
+            seq = state.order.popleft()
+            if any(seq in group.pending for group in state.groups.values()):
+                state.retained.add(seq)
+            else:
+                del state.entries[seq]
+                dropped += 1
+
+    async def ensure_group(self, stream: str, group: str) -> None:
+        """Create the group (and stream) if missing. Never suspends; cancelling is safe."""
+        self._check_open()
+        self._group(self._stream(stream), group)
+
+    async def read(
+        self, stream: str, group: str, consumer: str, *, count: int = 100, block: float | None = 1.0
+    ) -> list[BusMessage]:
+        """Deliver up to ``count`` new messages to ``consumer``; wait up to ``block`` seconds for some.
+
+        Creates the group if missing. Cancelling is safe: messages are taken and marked pending
+        in one step with no suspension point before returning them, so a cancelled read has
+        taken nothing. ``close()`` wakes a blocked read, which then raises ``BusError``.
+        """
+        _check_limits(count=count, block=block)
+        self._check_open()
+        state = self._stream(stream)
+        group_state = self._group(state, group)
+        deadline = None if not block else asyncio.get_running_loop().time() + block
+        while True:
+            if group_state.last_delivered < state.last_seq:
+                return self._deliver(stream, state, group_state, consumer, count)
+            if deadline is None:
+                return []
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                return []
+            try:
+                async with asyncio.timeout(remaining):
+                    await state.appended.wait()
+            except TimeoutError:
+                return []
+            self._check_open()
+            # The group may have been replaced meanwhile; never by this bus, but stay correct.
+            group_state = self._group(state, group)
+
+    def _deliver(
+        self, stream: str, state: _Stream, group: _Group, consumer: str, count: int
+    ) -> list[BusMessage]:
+        now = self._clock()
+        first = group.last_delivered + 1
+        last = min(state.last_seq, group.last_delivered + count)
+        messages = []
+        for seq in range(first, last + 1):
+            group.pending[seq] = _Pending(consumer=consumer, delivered_at=now, deliveries=1)
+            messages.append(
+                BusMessage(stream=stream, id=f"{seq}-0", payload=state.entries[seq], deliveries=1)
+            )
+        group.last_delivered = last
+        return messages
+
+    async def ack(self, stream: str, group: str, ids: Sequence[str]) -> int:
+        """Acknowledge ``ids``; return how many were pending. Never suspends; cancelling is safe."""
+        self._check_open()
+        seqs = [_parse_local_id(message_id) for message_id in ids]
+        state = self._streams.get(stream)
+        group_state = state.groups.get(group) if state is not None else None
+        if state is None or group_state is None:
+            return 0
+        acked = 0
+        for seq in seqs:
+            if group_state.pending.pop(seq, None) is None:
+                continue
+            acked += 1
+            if seq in state.retained and not any(seq in g.pending for g in state.groups.values()):
+                state.retained.discard(seq)
+                del state.entries[seq]
+        return acked
+
+    async def claim_stale(
+        self, stream: str, group: str, consumer: str, *, min_idle: float, count: int = 100
+    ) -> list[BusMessage]:
+        """Take over up to ``count`` messages pending for ``min_idle`` seconds or more, in id order.
+
+        Like ``XAUTOCLAIM``, a sweep that stops at ``count`` resumes after the last message it
+        took on the next call. Creates the group if missing. Never suspends; cancelling is safe.
+        """
+        _check_limits(count=count, min_idle=min_idle)
+        self._check_open()
+        state = self._stream(stream)
+        group_state = self._group(state, group)
+        now = self._clock()
+        claimed: list[BusMessage] = []
+        next_cursor = 0
+        for seq, pending in group_state.pending.items():
+            if seq < group_state.claim_cursor or now - pending.delivered_at < min_idle:
+                continue
+            if len(claimed) == count:
+                next_cursor = seq
+                break
+            pending.consumer = consumer
+            pending.delivered_at = now
+            pending.deliveries += 1
+            claimed.append(
+                BusMessage(
+                    stream=stream, id=f"{seq}-0", payload=state.entries[seq], deliveries=pending.deliveries
+                )
+            )
+        group_state.claim_cursor = next_cursor
+        return claimed
+
+    async def pending_count(self, stream: str, group: str) -> int:
+        """Never suspends; cancelling is safe."""
+        self._check_open()
+        state = self._streams.get(stream)
+        group_state = state.groups.get(group) if state is not None else None
+        return 0 if group_state is None else len(group_state.pending)
+
+    async def stream_length(self, stream: str) -> int:
+        """Never suspends; cancelling is safe."""
+        self._check_open()
+        state = self._streams.get(stream)
+        return 0 if state is None else len(state.entries)
+
+    async def ping(self) -> None:
+        """Raise ``BusError`` if the bus is closed."""
+        self._check_open()
+
+    async def close(self) -> None:
+        """Drop every stream and wake blocked reads (they raise ``BusError``). Idempotent."""
+        self._closed = True
+        for state in self._streams.values():
+            state.appended.set()
+        self._streams.clear()
+
+
+# ---- Redis ----------------------------------------------------------------------------------
+
+# XAUTOCLAIM does not report delivery counts, so the claim and the XPENDING lookups run as
+# one script: nobody can claim a message between the two. Sweeps at most `budget` XAUTOCLAIM
+# pages (each scans up to 10 x COUNT pending entries) so a huge pending list cannot stall Redis;
+# the returned cursor resumes the sweep on the next call. Requires Redis >= 6.2.
+_CLAIM_SCRIPT = """
+local group, consumer, min_idle = ARGV[1], ARGV[2], ARGV[3]
+local want, cursor, budget = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
+local claimed, deleted = {}, 0
+while budget > 0 and #claimed < want do
+  budget = budget - 1
+  local reply = redis.call('XAUTOCLAIM', KEYS[1], group, consumer, min_idle, cursor, 'COUNT', want - #claimed)
+  cursor = reply[1]
+  for _, entry in ipairs(reply[2]) do
+    if type(entry) == 'table' then
+      local info = redis.call('XPENDING', KEYS[1], group, entry[1], entry[1], 1)
+      claimed[#claimed + 1] = {entry[1], entry[2], info[1][4]}
+    else
+      deleted = deleted + 1
+    end
+  end
+  if type(reply[3]) == 'table' then deleted = deleted + #reply[3] end
+  if cursor == '0-0' then break end
+end
+return {cursor, claimed, deleted}
+"""
+
+
+def _redact(url: str) -> str:
+    """``url`` without its password, for error messages and logs."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urllib.parse.urlunsplit(parts._replace(netloc=user + netloc))
+
+
+def _describe_client(client: aioredis.Redis) -> str:
+    kwargs = client.connection_pool.connection_kwargs
+    if "path" in kwargs:
+        return f"unix://{kwargs['path']}?db={kwargs.get('db', 0)}"
+    return f"redis://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _payload(fields: Any) -> bytes | None:
+    """The payload of a stream entry's fields: a dict (parsed reply) or a flat list (script reply)."""
+    if isinstance(fields, dict):
+        value = fields.get(_PAYLOAD_FIELD)
+    else:
+        pairs = list(fields or ())
+        value = dict(zip(pairs[::2], pairs[1::2], strict=True)).get(_PAYLOAD_FIELD)
+    return value if isinstance(value, bytes) else None
+
+
+class RedisBus:
+    """A ``Bus`` on Redis Streams (Redis >= 6.2). Stream ``s`` is the key ``prefix + s``.
+
+    Streams are trimmed with ``XADD MAXLEN ~ max_len``: Redis drops whole macro-nodes of the
+    oldest entries, whether or not they are pending, so ``max_len`` must be far above any
+    backlog consumers can build up. Each call is bounded by ``op_timeout`` seconds (plus the
+    block time for ``read``) and raises ``BusTimeout`` beyond it, ``BusError`` if Redis is
+    unreachable. Reconnecting is the client's job: ``from_url`` configures a short retry with
+    backoff, so the next call after Redis restarts works. If a restart lost the data, ``read``
+    and ``claim_stale`` re-create their group (and the stream) and go on.
+
+    Because redis-py retries a command whose connection broke, a ``publish`` that raced a
+    connection failure may append its message twice; consumers are idempotent anyway.
+
+    A blocking ``read`` is issued as ``XREADGROUP BLOCK`` calls of at most ``max_block_slice``
+    seconds (and less than the client's socket timeout), each holding one pooled connection.
+    Redis checks block timeouts on its 1/hz timer, so an empty blocking read may return up to
+    ~100 ms after ``block``; a published message wakes it at once.
+    """
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        prefix: str = "gpumarket:",
+        max_len: int = 1_000_000,
+        op_timeout: float = 5.0,
+        max_block_slice: float = 4.0,
+    ) -> None:
+        if max_len < 1:
+            raise ValueError(f"max_len must be at least 1, got {max_len}")
+        if op_timeout <= 0:
+            raise ValueError(f"op_timeout must be > 0 seconds, got {op_timeout}")
+        kwargs = client.connection_pool.connection_kwargs
+        if kwargs.get("decode_responses"):
+            raise ConfigError("RedisBus needs a Redis client with decode_responses=False: payloads are bytes")
+        self._client = client
+        self._prefix = prefix
+        self._max_len = max_len
+        self._op_timeout = op_timeout
+        self._where = _describe_client(client)
+        self._owns_client = False
+        self._closed = False
+        # A blocking XREADGROUP must answer before the client's socket timeout fires, or redis-py
+        # drops the connection as dead: long blocks are split into slices shorter than it.
+        socket_timeout = kwargs.get("socket_timeout")
+        if socket_timeout is not None:
+            if socket_timeout <= _BLOCK_MARGIN:
+                raise ConfigError(
+                    f"RedisBus needs a client socket_timeout of None or above {_BLOCK_MARGIN}s for "
+                    f"blocking reads, got {socket_timeout}s"
+                )
+            max_block_slice = min(max_block_slice, socket_timeout - _BLOCK_MARGIN)
+        if max_block_slice <= 0:
+            raise ValueError(f"max_block_slice must be > 0 seconds, got {max_block_slice}")
+        self._max_block_slice = max_block_slice
+        # redis-py leaves execute_command untyped; every reply is parsed defensively below.
+        self._execute = cast("Callable[..., Awaitable[Any]]", client.execute_command)
+        self._claim_script = client.register_script(_CLAIM_SCRIPT)
+        self._claim_cursors: dict[tuple[str, str], str] = {}
+        # Calls wait here (within op_timeout) for a free connection rather than fail with
+        # "Too many connections"; cheaper than redis-py's BlockingConnectionPool.
+        self._connection_slots = asyncio.Semaphore(getattr(client.connection_pool, "max_connections", 2**31))
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        prefix: str = "gpumarket:",
+        max_len: int = 1_000_000,
+        op_timeout: float = 5.0,
+        max_block_slice: float = 4.0,
+        max_connections: int = 64,
+        client_name: str | None = "gpumarket-bus",
+    ) -> RedisBus:
+        """A bus owning a new client for ``url`` (``redis://``, ``rediss://``, ``unix://``). Does no I/O.
+
+        ``max_connections`` bounds the pool; every blocked ``read`` holds a connection, and a
+        call waits up to ``op_timeout`` for a free one. ``client_name`` is what ``CLIENT LIST``
+        shows. The client retries a command whose connection broke 3 times with a short
+        backoff (50 ms to 0.5 s), so a Redis restart costs callers nothing but latency.
+        ``close()`` closes the client.
+        """
+        pool = aioredis.ConnectionPool.from_url(
+            url,
+            max_connections=max_connections,
+            # Only a backstop: every call is bounded by op_timeout (+ block slice) in _call.
+            socket_timeout=op_timeout + max_block_slice + _BLOCK_MARGIN,
+            socket_connect_timeout=op_timeout,
+            socket_keepalive=True,
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=3),
+            client_name=client_name,
+        )
+        bus = cls(
+            aioredis.Redis.from_pool(pool),
+            prefix=prefix,
+            max_len=max_len,
+            op_timeout=op_timeout,
+            max_block_slice=max_block_slice,
+        )
+        bus._owns_client = True
+        bus._where = _redact(url)
+        return bus
+
+    @property
+    def client(self) -> aioredis.Redis:
+        """The underlying client (for health checks and tests)."""
+        return self._client
+
+    def _key(self, stream: str) -> str:
+        return self._prefix + stream
+
+    async def _call(
+        self, what: str, operation: Callable[[], Awaitable[_T]], *, extra_time: float = 0.0
+    ) -> _T:
+        """Run one Redis operation under ``op_timeout``, mapping redis-py errors to ``BusError``."""
+        if self._closed:
+            raise BusError("the Redis bus is closed")
+        try:
+            async with asyncio.timeout(self._op_timeout + extra_time), self._connection_slots:
+                return await operation()
+        except (TimeoutError, redis_errors.TimeoutError) as exc:
+            raise BusTimeout(
+                f"Redis at {self._where} did not answer {what} within {self._op_timeout + extra_time:.1f}s; "
+                f"{_REDIS_HINT}",
+                details={"redis": self._where},
+            ) from exc
+        except redis_errors.ConnectionError as exc:
+            raise BusError(
+                f"cannot reach Redis at {self._where} ({what}): {str(exc).rstrip('.')}; {_REDIS_HINT}",
+                code="bus_unavailable",
+                details={"redis": self._where},
+            ) from exc
+        except redis_errors.RedisError as exc:
+            raise BusError(
+                f"Redis at {self._where} refused {what}: {exc}", details={"redis": self._where}
+            ) from exc
+
+    async def publish(self, stream: str, payload: bytes) -> str:
+        """``XADD MAXLEN ~``; returns once Redis has the message.
+
+        Cancelling is safe but leaves it unknown whether the message was appended.
+        """
+        message_id = await self._call(
+            f"XADD {stream}",
+            lambda: self._execute(
+                "XADD", self._key(stream), "MAXLEN", "~", self._max_len, "*", _PAYLOAD_FIELD, payload
+            ),
+        )
+        return _text(message_id)
+
+    async def ensure_group(self, stream: str, group: str) -> None:
+        """``XGROUP CREATE ... 0 MKSTREAM``, ignoring an existing group. Cancelling is safe."""
+        await self._call(f"XGROUP CREATE {stream} {group}", lambda: self._create_group(stream, group))
+
+    async def _create_group(self, stream: str, group: str) -> None:
+        try:
+            await self._execute("XGROUP", "CREATE", self._key(stream), group, "0", "MKSTREAM")
+        except redis_errors.ResponseError as exc:
+            if not str(exc).startswith("BUSYGROUP"):
+                raise
+
+    async def _recreate_group(self, stream: str, group: str, what: str) -> None:
+        logger.warning(
+            "bus group %r of stream %r vanished from Redis at %s (restarted without persistence?); "
+            "re-creating it for %s",
+            group,
+            stream,
+            self._where,
+            what,
+        )
+        await self.ensure_group(stream, group)
+
+    async def read(
+        self, stream: str, group: str, consumer: str, *, count: int = 100, block: float | None = 1.0
+    ) -> list[BusMessage]:
+        """``XREADGROUP GROUP group consumer COUNT count BLOCK ms STREAMS key >``.
+
+        Creates the group if missing (also after a Redis restart lost it). Cancelling is safe:
+        nothing is lost, but a message Redis handed out at the instant of the cancellation
+        stays pending for ``consumer`` and comes back through ``claim_stale``.
+        """
+        _check_limits(count=count, block=block)
+        loop = asyncio.get_running_loop()
+        deadline = None if not block else loop.time() + block
+        recreated = False
+        while True:
+            slice_s: float | None = None
+            if deadline is not None:
+                slice_s = min(max(0.001, deadline - loop.time()), self._max_block_slice)
+            try:
+                messages = await self._read_once(stream, group, consumer, count, slice_s)
+            except BusError as exc:
+                if recreated or not str(exc.__cause__).startswith("NOGROUP"):
+                    raise
+                recreated = True
+                await self._recreate_group(stream, group, "read")
+                continue
+            if messages or deadline is None or loop.time() >= deadline:
+                return messages
+
+    async def _read_once(
+        self, stream: str, group: str, consumer: str, count: int, block: float | None
+    ) -> list[BusMessage]:
+        args: list[Any] = ["XREADGROUP", "GROUP", group, consumer, "COUNT", count]
+        if block is not None:
+            args += ["BLOCK", max(1, round(block * 1000))]
+        args += ["STREAMS", self._key(stream), ">"]
+        reply = await self._call(
+            f"XREADGROUP {stream} {group}",
+            lambda: self._execute(*args),
+            extra_time=block or 0.0,
+        )
+        if not reply:
+            return []
+        # RESP2: [[key, [(id, fields), ...]]]; RESP3: {key: [[id, fields], ...]}
+        streams = reply.values() if isinstance(reply, dict) else (entries for _key, entries in reply)
+        messages = []
+        for entries in streams:
+            for message_id, fields in entries:
+                payload = _payload(fields)
+                if payload is not None:
+                    messages.append(
+                        BusMessage(stream=stream, id=_text(message_id), payload=payload, deliveries=1)
+                    )
+        return messages
+
+    async def ack(self, stream: str, group: str, ids: Sequence[str]) -> int:
+        """``XACK``; returns how many were pending. Cancelling is safe (acking again is harmless)."""
+        if not ids:
+            return 0
+        acked = await self._call(
+            f"XACK {stream} {group}", lambda: self._execute("XACK", self._key(stream), group, *ids)
+        )
+        return int(acked)
+
+    async def claim_stale(
+        self, stream: str, group: str, consumer: str, *, min_idle: float, count: int = 100
+    ) -> list[BusMessage]:
+        """``XAUTOCLAIM`` plus the new delivery counts, atomically (one Lua script).
+
+        Sweeps the pending list in id order, resuming where the previous sweep stopped, so a
+        call may return fewer than ``count`` even though more are stale; call it periodically.
+        Messages trimmed from the stream while pending are dropped from the pending list with
+        a warning. Cancelling is safe: claimed messages stay pending and are claimed again.
+        """
+        _check_limits(count=count, min_idle=min_idle)
+        key = self._key(stream)
+        cursor = self._claim_cursors.pop((stream, group), "0-0")
+        args: list[str | int] = [group, consumer, round(min_idle * 1000), count, cursor, 16]
+        try:
+            reply = await self._call(
+                f"XAUTOCLAIM {stream} {group}", lambda: self._claim_script(keys=[key], args=args)
+            )
+        except BusError as exc:
+            if not str(exc.__cause__).startswith("NOGROUP"):
+                raise
+            await self._recreate_group(stream, group, "claim_stale")
+            return []
+        next_cursor, claimed, deleted = reply
+        if _text(next_cursor) != "0-0":
+            self._claim_cursors[(stream, group)] = _text(next_cursor)
+        if deleted:
+            logger.warning(
+                "%d pending messages of stream %r group %r were trimmed before being acknowledged; "
+                "raise max_len or make consumers faster",
+                deleted,
+                stream,
+                group,
+            )
+        messages = []
+        for message_id, fields, deliveries in claimed:
+            payload = _payload(fields)
+            if payload is not None:
+                messages.append(
+                    BusMessage(
+                        stream=stream, id=_text(message_id), payload=payload, deliveries=int(deliveries)
+                    )
+                )
+        return messages
+
+    async def pending_count(self, stream: str, group: str) -> int:
+        """``XPENDING`` summary count; 0 if the group does not exist. Cancelling is safe."""
+        try:
+            summary = await self._call(
+                f"XPENDING {stream} {group}",
+                lambda: self._execute("XPENDING", self._key(stream), group),
+            )
+        except BusError as exc:
+            if str(exc.__cause__).startswith("NOGROUP"):
+                return 0
+            raise
+        if isinstance(summary, dict):
+            return int(summary["pending"])
+        return int(summary[0])
+
+    async def stream_length(self, stream: str) -> int:
+        """``XLEN``. Cancelling is safe."""
+        length = await self._call(f"XLEN {stream}", lambda: self._execute("XLEN", self._key(stream)))
+        return int(length)
+
+    async def ping(self) -> None:
+        """``PING``; raises ``BusError`` / ``BusTimeout`` naming the Redis URL if it fails."""
+        await self._call("PING", lambda: self._execute("PING"))
+
+    async def close(self) -> None:
+        """Close the client if this bus created it (``from_url``). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_client:
+            await self._client.aclose()
+
+
+async def open_bus(
+    url: str | None,
+    *,
+    max_len: int | None = None,
+    prefix: str = "gpumarket:",
+    op_timeout: float = 5.0,
+    max_connections: int = 64,
+) -> Bus:
+    """Open the bus named by ``url``: ``None`` or ``memory://`` in-process, ``redis[s]://`` Redis.
+
+    ``max_len`` defaults to each implementation's own default. A Redis bus is pinged first, so
+    a wrong URL fails here with ``BusError`` rather than at the first publish. Every
+    ``memory://`` bus is a separate, private one.
+    """
+    scheme = urllib.parse.urlsplit(url).scheme if url else "memory"
+    if scheme == "memory":
+        return InProcessBus() if max_len is None else InProcessBus(max_len=max_len)
+    if scheme in ("redis", "rediss", "unix"):
+        bus = RedisBus.from_url(
+            url or "",
+            prefix=prefix,
+            max_len=1_000_000 if max_len is None else max_len,
+            op_timeout=op_timeout,
+            max_connections=max_connections,
+        )
+        try:
+            await bus.ping()
+        except BaseException:
+            await bus.close()
+            raise
+        return bus
+    raise ConfigError(
+        f"unsupported bus URL {_redact(url or '')!r}: use redis://, rediss:// or memory:// "
+        "(check GPUMARKET_REDIS_URL)"
+    )

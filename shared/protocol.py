@@ -1,0 +1,413 @@
+"""The gpumarket wire protocol, Sans-I/O: pure functions of bytes and state.
+
+One websocket text frame carries one JSON object, an *envelope*::
+
+    {"v": 1, "type": "telemetry", "host_id": "h-…", "seq": 42, "ts": "…Z", "body": {…}}
+
+Agent → relay frames carry the sending host's id and a per-host sequence number
+(strictly increasing, never reused, even across restarts). The relay acknowledges a
+``seq`` only once the message is durably on the bus; the agent keeps every
+unacknowledged message and replays it after reconnecting (``OutboundWindow``).
+Relay → agent frames (``welcome``, ``ack``, ``command``, ``move``) carry no seq.
+
+Agent, relay, master and tests all encode and validate through this module; see
+``docs/protocol.md`` for the full description. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from shared.errors import ProtocolError
+
+PROTOCOL_VERSION = 1
+DEFAULT_MAX_FRAME = 1 << 20
+
+# Websocket close codes the relay uses, one table (4000–4999 are application codes).
+CLOSE_GOING_AWAY = 1001  # relay shutting down: reconnect elsewhere
+CLOSE_TOO_BIG = 1009  # frame larger than max_frame (sent by the websocket layer)
+CLOSE_BAD_FRAME = 4000  # not JSON, or not a valid envelope/body
+CLOSE_UNKNOWN_TYPE = 4001
+CLOSE_UNSUPPORTED_VERSION = 4002
+CLOSE_IDENTITY_MISMATCH = 4003  # message claims a host other than the certificate's
+CLOSE_RATE_LIMITED = 4004
+CLOSE_REVOKED = 4005
+CLOSE_REPLACED = 4006  # a newer connection of the same host took over
+CLOSE_SLOW_CONSUMER = 4007
+CLOSE_BUS_UNAVAILABLE = 4008  # relay cannot reach the bus: try another relay
+CLOSE_TOO_MANY_CONNECTIONS = 4009
+
+CLOSE_CODES: dict[str, int] = {
+    "bad_frame": CLOSE_BAD_FRAME,
+    "unknown_type": CLOSE_UNKNOWN_TYPE,
+    "unsupported_version": CLOSE_UNSUPPORTED_VERSION,
+    "identity_mismatch": CLOSE_IDENTITY_MISMATCH,
+    "rate_limited": CLOSE_RATE_LIMITED,
+    "revoked": CLOSE_REVOKED,
+    "replaced": CLOSE_REPLACED,
+    "slow_consumer": CLOSE_SLOW_CONSUMER,
+    "bus_unavailable": CLOSE_BUS_UNAVAILABLE,
+    "frame_too_big": CLOSE_TOO_BIG,
+    "too_many_connections": CLOSE_TOO_MANY_CONNECTIONS,
+}
+
+HostId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")]
+ShortText = Annotated[str, Field(max_length=256)]
+CommandId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:-]+$")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Lenient(BaseModel):
+    """GPU and host records: newer agents may add fields; older masters keep what they know."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+# ---- bodies -------------------------------------------------------------------------
+
+
+class GpuInfoModel(_Lenient):
+    index: int = Field(ge=0, le=255)
+    uuid: Annotated[str, Field(min_length=1, max_length=128)]
+    name: ShortText
+    pci_bus_id: ShortText | None = None
+    serial: ShortText | None = None
+    memory_total_mib: int = Field(ge=0, le=1 << 24)
+    compute_capability: ShortText | None = None
+    driver_version: ShortText | None = None
+    cuda_driver_version: ShortText | None = None
+    power_limit_w: float | None = None
+    max_sm_clock_mhz: int | None = None
+    max_mem_clock_mhz: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width_max: int | None = None
+    mig_mode: bool | None = None
+
+
+class GpuProcessModel(_Lenient):
+    pid: int
+    used_memory_mib: int | None = None
+
+
+class GpuSampleModel(_Lenient):
+    index: int = Field(ge=0, le=255)
+    uuid: Annotated[str, Field(min_length=1, max_length=128)]
+    gpu_util_pct: float | None = None
+    mem_util_pct: float | None = None
+    memory_used_mib: int | None = None
+    memory_free_mib: int | None = None
+    temperature_c: float | None = None
+    power_draw_w: float | None = None
+    sm_clock_mhz: int | None = None
+    mem_clock_mhz: int | None = None
+    fan_pct: float | None = None
+    pcie_tx_kbps: int | None = None
+    pcie_rx_kbps: int | None = None
+    ecc_volatile_uncorrected: int | None = None
+    ecc_aggregate_uncorrected: int | None = None
+    processes: list[GpuProcessModel] = Field(default_factory=list, max_length=1024)
+
+
+class HelloBody(_Strict):
+    agent_version: ShortText
+    gpu_backend: Literal["nvml", "sim", "replay"]
+    region: ShortText | None = None
+    host: dict[str, Any] = Field(default_factory=dict)
+    gpus: list[GpuInfoModel] = Field(max_length=64)
+    running_rentals: list[CommandId] = Field(default_factory=list, max_length=1024)
+
+
+class HeartbeatBody(_Strict):
+    uptime_s: float = Field(ge=0)
+    running_rentals: list[CommandId] = Field(default_factory=list, max_length=1024)
+
+
+class TelemetryBody(_Strict):
+    sampled_at: datetime
+    gpus: list[GpuSampleModel] = Field(max_length=64)
+
+
+class CommandResultBody(_Strict):
+    command_id: CommandId
+    ok: bool
+    detail: Annotated[str, Field(max_length=4096)] = ""
+    data: dict[str, Any] = Field(default_factory=dict)
+    finished_at: datetime
+
+
+class WelcomeBody(_Strict):
+    relay_id: ShortText
+    host_id: HostId
+    heartbeat_interval: float = Field(gt=0)
+    telemetry_interval: float = Field(gt=0)
+    max_frame: int = Field(gt=0)
+
+
+class AckBody(_Strict):
+    seq: int = Field(ge=0)
+
+
+class CommandBody(_Strict):
+    command_id: CommandId
+    kind: Literal["start_workload", "stop_workload"]
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class MoveBody(_Strict):
+    reason: ShortText
+    retry_after: float = Field(0.0, ge=0)
+
+
+# ---- envelopes ----------------------------------------------------------------------
+
+
+class _AgentEnvelope(_Strict):
+    v: Literal[1] = PROTOCOL_VERSION
+    host_id: HostId
+    seq: int = Field(ge=0, lt=1 << 63)
+    ts: datetime
+
+
+class Hello(_AgentEnvelope):
+    type: Literal["hello"] = "hello"
+    body: HelloBody
+
+
+class Heartbeat(_AgentEnvelope):
+    type: Literal["heartbeat"] = "heartbeat"
+    body: HeartbeatBody
+
+
+class Telemetry(_AgentEnvelope):
+    type: Literal["telemetry"] = "telemetry"
+    body: TelemetryBody
+
+
+class CommandResult(_AgentEnvelope):
+    type: Literal["command_result"] = "command_result"
+    body: CommandResultBody
+
+
+AgentMessage = Annotated[Hello | Heartbeat | Telemetry | CommandResult, Field(discriminator="type")]
+AGENT_TYPES = frozenset({"hello", "heartbeat", "telemetry", "command_result"})
+
+
+class _ServerEnvelope(_Strict):
+    v: Literal[1] = PROTOCOL_VERSION
+
+
+class Welcome(_ServerEnvelope):
+    type: Literal["welcome"] = "welcome"
+    body: WelcomeBody
+
+
+class Ack(_ServerEnvelope):
+    type: Literal["ack"] = "ack"
+    body: AckBody
+
+
+class Command(_ServerEnvelope):
+    type: Literal["command"] = "command"
+    body: CommandBody
+
+
+class Move(_ServerEnvelope):
+    type: Literal["move"] = "move"
+    body: MoveBody
+
+
+ServerMessage = Annotated[Welcome | Ack | Command | Move, Field(discriminator="type")]
+SERVER_TYPES = frozenset({"welcome", "ack", "command", "move"})
+
+_agent_adapter: TypeAdapter[Hello | Heartbeat | Telemetry | CommandResult] = TypeAdapter(AgentMessage)
+_server_adapter: TypeAdapter[Welcome | Ack | Command | Move] = TypeAdapter(ServerMessage)
+
+
+def encode(message: BaseModel) -> str:
+    """Serialise any envelope to the text of one frame."""
+    return message.model_dump_json()
+
+
+def _load_object(data: str | bytes, *, max_frame: int) -> dict[str, Any]:
+    if len(data) > max_frame:
+        raise ProtocolError(
+            f"frame of {len(data)} bytes exceeds the {max_frame}-byte limit",
+            code="frame_too_big",
+            close_code=CLOSE_TOO_BIG,
+        )
+    try:
+        obj = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"frame is not valid JSON: {exc}", code="bad_frame", close_code=CLOSE_BAD_FRAME) from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("frame must be a JSON object", code="bad_frame", close_code=CLOSE_BAD_FRAME)
+    version = obj.get("v")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            f"protocol version {version!r} is not supported; this side speaks v{PROTOCOL_VERSION}",
+            code="unsupported_version",
+            close_code=CLOSE_UNSUPPORTED_VERSION,
+        )
+    return obj
+
+
+def _validate(adapter: TypeAdapter[Any], obj: dict[str, Any], known: frozenset[str]) -> Any:
+    kind = obj.get("type")
+    if kind not in known:
+        raise ProtocolError(
+            f"unknown message type {kind!r}; expected one of {', '.join(sorted(known))}",
+            code="unknown_type",
+            close_code=CLOSE_UNKNOWN_TYPE,
+        )
+    try:
+        return adapter.validate_python(obj)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"][1:]) or "frame"
+        raise ProtocolError(
+            f"invalid {kind} message: {where}: {first['msg']} ({exc.error_count()} problem(s))",
+            code="bad_frame",
+            close_code=CLOSE_BAD_FRAME,
+        ) from None
+
+
+def decode_agent_frame(
+    data: str | bytes, *, max_frame: int = DEFAULT_MAX_FRAME
+) -> Hello | Heartbeat | Telemetry | CommandResult:
+    """Parse and validate one agent → relay frame; raises ``ProtocolError`` with a close code."""
+    message: Hello | Heartbeat | Telemetry | CommandResult = _validate(
+        _agent_adapter, _load_object(data, max_frame=max_frame), AGENT_TYPES
+    )
+    return message
+
+
+def decode_server_frame(data: str | bytes, *, max_frame: int = DEFAULT_MAX_FRAME) -> Welcome | Ack | Command | Move:
+    """Parse and validate one relay → agent frame."""
+    message: Welcome | Ack | Command | Move = _validate(
+        _server_adapter, _load_object(data, max_frame=max_frame), SERVER_TYPES
+    )
+    return message
+
+
+def check_identity(message: Hello | Heartbeat | Telemetry | CommandResult, certified_host_id: str) -> None:
+    """Refuse a message that claims a host other than the one its certificate names."""
+    if message.host_id != certified_host_id:
+        raise ProtocolError(
+            f"message claims host {message.host_id!r} but the certificate is for {certified_host_id!r}",
+            code="identity_mismatch",
+            close_code=CLOSE_IDENTITY_MISMATCH,
+        )
+
+
+# ---- relay ⇄ master bus records -------------------------------------------------------
+
+AGENT_EVENTS_STREAM = "agent-events"
+
+
+def commands_stream(relay_id: str) -> str:
+    """The bus stream a relay reads the master's commands for its agents from."""
+    return f"commands:{relay_id}"
+
+
+class BusEnvelope(_Strict):
+    """What the relay puts on the bus for each agent message: the message plus provenance."""
+
+    relay_id: ShortText
+    received_at: datetime
+    message: AgentMessage
+
+
+class CommandDelivery(_Strict):
+    """What the master puts on a relay's command stream."""
+
+    host_id: HostId
+    command: Command
+
+
+_bus_adapter = TypeAdapter(BusEnvelope)
+
+
+def encode_bus_envelope(relay_id: str, message: Hello | Heartbeat | Telemetry | CommandResult, received_at: datetime) -> bytes:
+    return BusEnvelope(relay_id=relay_id, received_at=received_at, message=message).model_dump_json().encode()
+
+
+def decode_bus_envelope(payload: bytes) -> BusEnvelope:
+    try:
+        return _bus_adapter.validate_json(payload)
+    except ValidationError as exc:
+        raise ProtocolError(f"invalid bus envelope: {exc.errors()[0]['msg']}", code="bad_bus_record") from None
+
+
+def decode_command_delivery(payload: bytes) -> CommandDelivery:
+    try:
+        return CommandDelivery.model_validate_json(payload)
+    except ValidationError as exc:
+        raise ProtocolError(f"invalid command delivery: {exc.errors()[0]['msg']}", code="bad_bus_record") from None
+
+
+# ---- agent-side state: sequence numbers and the unacknowledged window -----------------
+
+
+class WindowFull(ProtocolError):
+    code = "window_full"
+
+
+class OutboundWindow:
+    """Sequence numbering and the set of sent-but-unacknowledged messages of one host.
+
+    ``next_seq`` starts where the persisted lease says (see ``agent.state``), so a
+    restarted agent never reuses a number. Messages stay until acknowledged and
+    ``pending()`` yields them in sequence order for replay after a reconnect.
+    """
+
+    def __init__(self, host_id: str, *, first_seq: int, max_unacked: int = 10_000) -> None:
+        self.host_id = host_id
+        self.next_seq = first_seq
+        self.max_unacked = max_unacked
+        self._unacked: OrderedDict[int, str] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._unacked)
+
+    @property
+    def full(self) -> bool:
+        return len(self._unacked) >= self.max_unacked
+
+    def _envelope(self, cls: type[_AgentEnvelope], body: BaseModel, ts: datetime | None) -> tuple[int, str]:
+        if self.full:
+            raise WindowFull(f"{len(self._unacked)} messages await acknowledgement; not sending more until the relay catches up")
+        seq = self.next_seq
+        self.next_seq += 1
+        message = cls(host_id=self.host_id, seq=seq, ts=ts or datetime.now(UTC), body=body)  # type: ignore[call-arg]
+        frame = encode(message)
+        self._unacked[seq] = frame
+        return seq, frame
+
+    def hello(self, body: HelloBody, ts: datetime | None = None) -> tuple[int, str]:
+        return self._envelope(Hello, body, ts)
+
+    def heartbeat(self, body: HeartbeatBody, ts: datetime | None = None) -> tuple[int, str]:
+        return self._envelope(Heartbeat, body, ts)
+
+    def telemetry(self, body: TelemetryBody, ts: datetime | None = None) -> tuple[int, str]:
+        return self._envelope(Telemetry, body, ts)
+
+    def command_result(self, body: CommandResultBody, ts: datetime | None = None) -> tuple[int, str]:
+        return self._envelope(CommandResult, body, ts)
+
+    def ack(self, seq: int) -> bool:
+        """Forget an acknowledged message; returns whether it was outstanding."""
+        return self._unacked.pop(seq, None) is not None
+
+    def pending(self) -> Iterator[tuple[int, str]]:
+        """Unacknowledged frames in sequence order (a snapshot; safe to ack while iterating)."""
+        return iter(list(self._unacked.items()))

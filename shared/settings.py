@@ -1,0 +1,169 @@
+"""Typed settings, one object per service, filled from a TOML file and ``GPUMARKET_*``.
+
+Precedence, highest first: explicit overrides (command-line flags) → environment
+variables (``GPUMARKET_<FIELD>``) → the service's table in the TOML file
+(``[master]``, ``[access]``, ``[agent]``; top-level keys apply to every service) →
+defaults. Settings are built once at start-up and passed in; nothing reads them at
+import time.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, ClassVar, Self
+
+from pydantic import Field, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from shared.errors import ConfigError
+
+ENV_PREFIX = "GPUMARKET_"
+
+_config_file: ContextVar[Path | None] = ContextVar("gpumarket_config_file", default=None)
+
+
+class _TomlSection(PydanticBaseSettingsSource):
+    """Reads top-level keys and the service's own table from the TOML file being loaded."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ returns the whole mapping
+
+    def __call__(self) -> dict[str, Any]:
+        path = _config_file.get()
+        if path is None:
+            return {}
+        try:
+            data = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist; pass an existing file to --config") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+        section = getattr(self.settings_cls, "section", "")
+        fields = self.settings_cls.model_fields
+        values = {k: v for k, v in data.items() if k in fields and not isinstance(v, dict)}
+        table = data.get(section, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"[{section}] in {path} must be a table")
+        unknown = sorted(set(table) - set(fields))
+        if unknown:
+            raise ConfigError(f"unknown setting(s) {', '.join(unknown)} in [{section}] of {path}")
+        values.update(table)
+        return values
+
+
+@contextmanager
+def _reading(path: Path | None) -> Iterator[None]:
+    token = _config_file.set(path)
+    try:
+        yield
+    finally:
+        _config_file.reset(token)
+
+
+class ServiceSettings(BaseSettings):
+    """Base of every service's settings."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
+    section: ClassVar[str] = ""
+
+    log_level: str = Field("INFO", description="Logging level: DEBUG, INFO, WARNING, ERROR.")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _TomlSection(settings_cls))
+
+    @classmethod
+    def load(cls, config_file: Path | None = None, **overrides: Any) -> Self:
+        """Build the settings; ``None`` overrides are ignored so unset CLI flags fall through."""
+        given = {k: v for k, v in overrides.items() if v is not None}
+        try:
+            with _reading(config_file):
+                return cls(**given)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{ENV_PREFIX}{'.'.join(str(p) for p in err['loc']).upper()}: {err['msg']}" for err in exc.errors()
+            )
+            raise ConfigError(f"invalid {cls.section or 'service'} settings: {problems}") from None
+
+    @classmethod
+    def describe(cls) -> str:
+        """One line per setting: its environment variable, default and meaning (for ``--help``)."""
+        lines = []
+        for name, info in cls.model_fields.items():
+            default = info.get_default(call_default_factory=False)
+            shown = "" if default is None else f" (default: {default})"
+            lines.append(f"  {ENV_PREFIX}{name.upper():<34} {info.description or ''}{shown}")
+        return "\n".join(lines)
+
+
+def default_data_dir() -> Path:
+    return Path.home() / ".local" / "share" / "gpumarket"
+
+
+class MasterSettings(ServiceSettings):
+    section: ClassVar[str] = "master"
+
+    data_dir: Path = Field(default_factory=lambda: default_data_dir() / "master", description="Where the CA and the SQLite file live.")
+    database_url: str | None = Field(None, description="SQLAlchemy URL; PostgreSQL in production. Default: SQLite in the data dir.")
+    redis_url: str | None = Field(None, description="Redis URL of the bus; unset means the in-process bus (embedded mode only).")
+    bus_prefix: str = Field("gpumarket:", description="Key prefix of every bus stream in Redis.")
+    http_host: str = Field("127.0.0.1", description="Address the REST API and console listen on.")
+    http_port: int = Field(8080, ge=0, le=65535, description="Port of the REST API and console (0 picks a free one).")
+    public_url: str | None = Field(None, description="URL users reach the master at (defaults to http://HOST:PORT).")
+    relay_urls: list[str] = Field(default_factory=list, description="wss:// URLs of the relays agents are told to use at enrollment (comma-separated JSON list in env).")
+    instance_id: str | None = Field(None, description="Unique name of this master process on the bus (default: hostname-pid).")
+    heartbeat_interval: float = Field(10.0, gt=0, le=3600, description="Seconds between agent heartbeats.")
+    telemetry_interval: float = Field(10.0, gt=0, le=3600, description="Seconds between agent telemetry samples.")
+    missed_heartbeats_offline: int = Field(3, ge=1, le=100, description="Missed heartbeats after which a host is offline.")
+    command_retry_interval: float = Field(15.0, gt=0, le=3600, description="Seconds before an unanswered command is sent again.")
+    stale_message_idle: float = Field(30.0, gt=0, le=3600, description="Seconds a bus message may stay unacknowledged by a consumer before another master takes it over.")
+    agent_cert_hours: float = Field(24.0, gt=0, le=24 * 365, description="Lifetime of agent client certificates, in hours.")
+    enrollment_token_minutes: float = Field(60.0, gt=0, le=7 * 24 * 60, description="Lifetime of enrollment tokens, in minutes.")
+    max_request_bytes: int = Field(1 << 20, ge=1024, le=64 << 20, description="Largest accepted REST request body.")
+
+
+class AccessSettings(ServiceSettings):
+    section: ClassVar[str] = "access"
+
+    relay_id: str = Field("relay-1", pattern=r"^[A-Za-z0-9._-]{1,64}$", description="Unique relay name; names its command stream on the bus.")
+    region: str = Field("local", description="Region this relay serves.")
+    host: str = Field("127.0.0.1", description="Address the relay listens on.")
+    port: int = Field(8443, ge=0, le=65535, description="TLS websocket port (0 picks a free one).")
+    redis_url: str | None = Field(None, description="Redis URL of the bus (required for a standalone relay).")
+    bus_prefix: str = Field("gpumarket:", description="Key prefix of every bus stream in Redis.")
+    cert_file: Path | None = Field(None, description="Relay server certificate (PEM), issued by the master's CA.")
+    key_file: Path | None = Field(None, description="Relay server private key (PEM).")
+    ca_file: Path | None = Field(None, description="The master's CA certificate; agents' client certificates must chain to it.")
+    max_frame: int = Field(1 << 20, ge=1024, le=64 << 20, description="Largest websocket frame accepted from an agent, in bytes.")
+    open_timeout: float = Field(10.0, gt=0, le=300, description="Seconds allowed for the TLS and websocket handshakes.")
+    ping_interval: float = Field(20.0, gt=0, le=600, description="Seconds between websocket pings.")
+    ping_timeout: float = Field(20.0, gt=0, le=600, description="Seconds to wait for a pong before dropping the agent.")
+    max_outbound_queue: int = Field(256, ge=1, le=100_000, description="Commands queued for one agent before it counts as too slow.")
+    max_connections: int = Field(10_000, ge=1, le=1_000_000, description="Agents one relay process accepts at once.")
+    heartbeat_interval: float = Field(10.0, gt=0, le=3600, description="Heartbeat interval the relay asks agents for (match the master's).")
+    telemetry_interval: float = Field(10.0, gt=0, le=3600, description="Telemetry interval the relay asks agents for.")
+
+
+class AgentSettings(ServiceSettings):
+    section: ClassVar[str] = "agent"
+
+    data_dir: Path = Field(default_factory=lambda: default_data_dir() / "agent", description="Agent state: key, certificate, identity, workloads.")
+    gpus: str = Field("nvml", description="GPU backend: 'nvml' (real GPUs) or 'sim:4xRTX4090' (explicit simulation for demos).")
+    relay_url: str | None = Field(None, description="wss:// URL of the relay (default: the one given at enrollment).")
+    region: str | None = Field(None, description="Region hint reported to the master.")
+    telemetry_interval: float = Field(10.0, gt=0, le=3600, description="Seconds between telemetry samples (the relay's welcome may override).")
+    heartbeat_interval: float = Field(10.0, gt=0, le=3600, description="Seconds between heartbeats (the relay's welcome may override).")
+    max_unacked: int = Field(10_000, ge=10, le=1_000_000, description="Messages kept awaiting acknowledgement before sampling pauses.")
+    reconnect_max_delay: float = Field(30.0, gt=0, le=3600, description="Upper bound of the reconnect back-off, in seconds.")
