@@ -618,6 +618,16 @@ class TestRedisBus:
         finally:
             await client.aclose()
 
+    async def test_calls_beyond_max_connections_wait_for_a_free_one(self, redis_harness: BusHarness) -> None:
+        """More concurrent blocking reads than pooled connections queue up instead of failing."""
+        bus = RedisBus.from_url(REDIS_URL, prefix=redis_harness.prefix, max_connections=2)
+        try:
+            await bus.ensure_group(STREAM, GROUP)
+            results = await asyncio.gather(*(bus.read(STREAM, GROUP, f"c{i}", block=TICK) for i in range(4)))
+            assert results == [[], [], [], []]
+        finally:
+            await bus.close()
+
     async def test_trimming_keeps_at_least_max_len_entries(self, redis_harness: BusHarness) -> None:
         """MAXLEN ~ never trims below max_len and stays within one macro-node above it."""
         assert redis_harness.admin is not None

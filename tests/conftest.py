@@ -1,0 +1,89 @@
+"""Shared fixtures: real PostgreSQL (a fresh database per test), real Redis, a master on either database.
+
+The servers are the machine's own (PostgreSQL at 127.0.0.1:5432, Redis at 6379), or
+the ones named by ``GPUMARKET_TEST_POSTGRES_URL`` / ``GPUMARKET_REDIS_URL``. A server
+that cannot be reached fails the test with a message saying how to start it; it is
+never a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+import redis.asyncio as aioredis
+
+from master.app import close_master, open_master
+from master.context import Master
+from shared.bus import InProcessBus
+from tests.factories import master_settings
+
+PG_ADMIN_URL = os.environ.get("GPUMARKET_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("GPUMARKET_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def _with_database(url: str, name: str) -> str:
+    base = url.rsplit("/", 1)[0]
+    return f"{base}/{name}"
+
+
+@pytest.fixture
+async def postgres_url() -> AsyncIterator[str]:
+    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
+    name = f"gm_test_{secrets.token_hex(6)}"
+    try:
+        admin = await asyncpg.connect(PG_ADMIN_URL, timeout=10)
+    except (OSError, asyncpg.PostgresError) as exc:
+        pytest.fail(
+            f"PostgreSQL is not reachable at {PG_ADMIN_URL} ({exc}); start it with "
+            "`pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start` or set GPUMARKET_TEST_POSTGRES_URL"
+        )
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        yield _with_database(PG_ADMIN_URL, name)
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+@pytest.fixture
+async def redis_url() -> AsyncIterator[str]:
+    """The Redis server's URL, checked to answer."""
+    client = aioredis.Redis.from_url(REDIS_URL, socket_connect_timeout=5)
+    try:
+        await client.ping()
+    except Exception as exc:
+        pytest.fail(
+            f"Redis is not reachable at {REDIS_URL} ({exc}); start it with `redis-server --daemonize yes` or set GPUMARKET_REDIS_URL"
+        )
+    finally:
+        await client.aclose()
+    yield REDIS_URL
+
+
+@pytest.fixture
+def bus_prefix() -> str:
+    return f"gmtest:{secrets.token_hex(6)}:"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Each persistence test runs on SQLite and on PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'test.db'}"
+    url: str = request.getfixturevalue("postgres_url")
+    return url
+
+
+@pytest.fixture
+async def master(database_url: str, tmp_path: Path) -> AsyncIterator[Master]:
+    """A master context on the parametrized database and an in-process bus (no HTTP, no loops)."""
+    m = await open_master(master_settings(tmp_path, database_url=database_url), bus=InProcessBus())
+    try:
+        yield m
+    finally:
+        await close_master(m)

@@ -1,0 +1,89 @@
+"""Test data builders: settings, accounts, enrolled hosts, and agent messages."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from uuid import uuid4
+
+from master.context import Master
+from master.services import enrollment, hosts
+from master.services.accounts import Principal, create_account
+from shared import protocol
+from shared.crypto import generate_private_key, make_csr
+from shared.settings import MasterSettings
+
+# One scaled time unit for tests: intervals are multiples of it, never real seconds.
+MS = 0.001
+
+
+def master_settings(tmp_path: Path, **overrides: Any) -> MasterSettings:
+    values: dict[str, Any] = {
+        "data_dir": tmp_path / "master",
+        "http_port": 0,
+        "heartbeat_interval": 50 * MS,
+        "telemetry_interval": 50 * MS,
+        "command_retry_interval": 200 * MS,
+        "stale_message_idle": 500 * MS,
+        "instance_id": "master-test",
+    }
+    values.update(overrides)
+    return MasterSettings.load(**values)
+
+
+async def create_principal(master: Master, name: str, role: str) -> tuple[Principal, str]:
+    async with master.db.session() as session:
+        account, key = await create_account(session, name, role)
+    return Principal(account_id=account.id, name=account.name, role=account.role), key
+
+
+async def enroll_host(master: Master, provider: Principal) -> str:
+    """Enroll a host the way an agent would (token + CSR); returns its host id."""
+    token, _ = await enrollment.create_token(master, provider.account_id)
+    csr = make_csr(generate_private_key(), "test-host").decode()
+    result = await enrollment.enroll(master, token, csr, hostname="test-host")
+    return result.host_id
+
+
+def gpu_info(index: int, *, name: str = "NVIDIA GeForce RTX 4090", uuid: str | None = None, memory: int = 24564) -> protocol.GpuInfoModel:
+    return protocol.GpuInfoModel(
+        index=index, uuid=uuid or f"GPU-{uuid4()}", name=name, memory_total_mib=memory,
+        compute_capability="8.9",
+    )
+
+
+def envelope(message: protocol.Hello | protocol.Heartbeat | protocol.Telemetry | protocol.CommandResult, *, relay: str = "relay-t") -> protocol.BusEnvelope:
+    return protocol.BusEnvelope(relay_id=relay, received_at=datetime.now(UTC), message=message)
+
+
+def hello(host_id: str, seq: int, gpus: list[protocol.GpuInfoModel]) -> protocol.Hello:
+    return protocol.Hello(
+        host_id=host_id, seq=seq, ts=datetime.now(UTC),
+        body=protocol.HelloBody(agent_version="test", gpu_backend="sim", host={"hostname": "test"}, gpus=gpus),
+    )
+
+
+def telemetry(host_id: str, seq: int, gpus: list[protocol.GpuInfoModel]) -> protocol.Telemetry:
+    return protocol.Telemetry(
+        host_id=host_id, seq=seq, ts=datetime.now(UTC),
+        body=protocol.TelemetryBody(
+            sampled_at=datetime.now(UTC),
+            gpus=[protocol.GpuSampleModel(index=g.index, uuid=g.uuid, gpu_util_pct=float(seq % 100)) for g in gpus],
+        ),
+    )
+
+
+def command_result(host_id: str, seq: int, command_id: str, *, ok: bool = True, detail: str = "") -> protocol.CommandResult:
+    return protocol.CommandResult(
+        host_id=host_id, seq=seq, ts=datetime.now(UTC),
+        body=protocol.CommandResultBody(command_id=command_id, ok=ok, detail=detail, finished_at=datetime.now(UTC)),
+    )
+
+
+async def online_host(master: Master, provider: Principal, gpus: list[protocol.GpuInfoModel]) -> str:
+    """An enrolled host that said hello with ``gpus`` (so it is online and rentable)."""
+    host_id = await enroll_host(master, provider)
+    async with master.db.session() as session:
+        await hosts.handle_hello(session, envelope(hello(host_id, 0, gpus)))
+    return host_id
