@@ -7,7 +7,10 @@ Measures, in messages per second:
 * round trip: one producer task publishing while one consumer drains with
   ``read(count=100)`` + ``ack`` per batch, against raw ``XADD`` / ``XREADGROUP`` / ``XACK``.
 
-Usage: ``python bench/bench_bus.py [--messages N] [--payload-bytes B] [--redis-url URL]``
+Each is measured ``--rounds`` times, interleaved, and reported as the median. The
+in-process rows are compared with the same Redis baseline, to show what Redis costs.
+
+Usage: ``python bench/bench_bus.py [--messages N] [--rounds R] [--payload-bytes B] [--redis-url URL]``
 (Redis defaults to ``GPUMARKET_REDIS_URL`` or ``redis://127.0.0.1:6379/0``; keys use a
 random prefix and are deleted afterwards).
 """
@@ -17,10 +20,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -46,9 +50,10 @@ class Result:
         return self.messages / self.seconds
 
 
-async def timed(name: str, messages: int, run: Callable[[], Awaitable[None]]) -> Result:
+async def timed(name: str, messages: int, run: Awaitable[None]) -> Result:
+    """Await ``run`` (a coroutine not started yet) and time it."""
     started = time.perf_counter()
-    await run()
+    await run
     return Result(name, messages, time.perf_counter() - started)
 
 
@@ -120,25 +125,35 @@ async def raw_round_trip(
 # ---- report ---------------------------------------------------------------------------------
 
 
-def print_table(title: str, baseline: Result, results: list[Result]) -> None:
+def median_rate(results: list[Result]) -> float:
+    return statistics.median(result.rate for result in results)
+
+
+def print_table(title: str, baseline: str, results: dict[str, list[Result]]) -> None:
+    baseline_rate = median_rate(results[baseline])
     print(f"\n{title}")
-    print(f"  {'implementation':<34} {'msg/s':>12} {'seconds':>9} {'ours/baseline':>14}")
-    for result in [*results, baseline]:
-        ratio = "(baseline)" if result is baseline else f"{result.rate / baseline.rate:.2f}x"
-        print(f"  {result.name:<34} {result.rate:>12,.0f} {result.seconds:>9.2f} {ratio:>14}")
+    print(f"  {'implementation':<34} {'msg/s (median)':>15} {'min':>10} {'max':>10} {'ours/baseline':>14}")
+    for name, rounds in results.items():
+        rates = [result.rate for result in rounds]
+        ratio = "(baseline)" if name == baseline else f"{median_rate(rounds) / baseline_rate:.2f}x"
+        print(
+            f"  {name:<34} {median_rate(rounds):>15,.0f} {min(rates):>10,.0f} {max(rates):>10,.0f} {ratio:>14}"
+        )
 
 
 async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument(
-        "--messages", type=int, default=10_000, help="messages per measurement (default 10000)"
-    )
+    parser.add_argument("--messages", type=int, default=5_000, help="messages per measurement (default 5000)")
+    parser.add_argument("--rounds", type=int, default=3, help="measurements of each contender (default 3)")
     parser.add_argument("--payload-bytes", type=int, default=256, help="payload size (default 256)")
     parser.add_argument(
         "--redis-url", default=os.environ.get("GPUMARKET_REDIS_URL", "redis://127.0.0.1:6379/0")
     )
     args = parser.parse_args()
     messages: int = args.messages
+    rounds: int = args.rounds
+    if messages < 1 or rounds < 1:
+        parser.error("--messages and --rounds must be at least 1")
     payload = os.urandom(args.payload_bytes)
     max_len = max(1_000_000, 2 * messages)
     prefix = f"gpumarket-bench:{uuid.uuid4().hex}:"
@@ -155,39 +170,45 @@ async def main() -> int:
         return 2
     redis_bus = RedisBus.from_url(args.redis_url, prefix=prefix, max_len=max_len)
     memory_bus = InProcessBus(max_len=max_len)
-    print(f"{messages} messages of {len(payload)} bytes; Redis at {args.redis_url}")
+    print(f"{rounds} rounds of {messages} messages of {len(payload)} bytes; Redis at {args.redis_url}")
 
+    publish: dict[str, list[Result]] = {}
+    round_trip: dict[str, list[Result]] = {}
     try:
         # Warm up connections, the claim script cache and the interpreter's caches.
         await bus_round_trip(redis_bus, "warmup", WARMUP, payload)
         await raw_round_trip(raw, prefix + "raw-warmup", WARMUP, payload, max_len)
-
-        publish = [
-            await timed(
-                "InProcessBus.publish", messages, lambda: bus_publish(memory_bus, "p", messages, payload)
-            ),
-            await timed("RedisBus.publish", messages, lambda: bus_publish(redis_bus, "p", messages, payload)),
-        ]
-        publish_baseline = await timed(
-            "redis-py XADD", messages, lambda: raw_publish(raw, prefix + "raw-p", messages, payload, max_len)
-        )
-        round_trip = [
-            await timed(
-                "InProcessBus publish/read/ack",
-                messages,
-                lambda: bus_round_trip(memory_bus, "rt", messages, payload),
-            ),
-            await timed(
-                "RedisBus publish/read/ack",
-                messages,
-                lambda: bus_round_trip(redis_bus, "rt", messages, payload),
-            ),
-        ]
-        round_trip_baseline = await timed(
-            "redis-py XADD/XREADGROUP/XACK",
-            messages,
-            lambda: raw_round_trip(raw, prefix + "raw-rt", messages, payload, max_len),
-        )
+        # Rounds interleave the contenders so that drift (Redis growing its streams, other load
+        # on the machine) hits all of them alike; the tables show each one's median.
+        for number in range(rounds):
+            stream, raw_key = f"p{number}", f"{prefix}raw-p{number}"
+            for result in [
+                await timed(
+                    "InProcessBus.publish", messages, bus_publish(memory_bus, stream, messages, payload)
+                ),
+                await timed("RedisBus.publish", messages, bus_publish(redis_bus, stream, messages, payload)),
+                await timed("redis-py XADD", messages, raw_publish(raw, raw_key, messages, payload, max_len)),
+            ]:
+                publish.setdefault(result.name, []).append(result)
+            stream, raw_key = f"rt{number}", f"{prefix}raw-rt{number}"
+            for result in [
+                await timed(
+                    "InProcessBus publish/read/ack",
+                    messages,
+                    bus_round_trip(memory_bus, stream, messages, payload),
+                ),
+                await timed(
+                    "RedisBus publish/read/ack",
+                    messages,
+                    bus_round_trip(redis_bus, stream, messages, payload),
+                ),
+                await timed(
+                    "redis-py XADD/XREADGROUP/XACK",
+                    messages,
+                    raw_round_trip(raw, raw_key, messages, payload, max_len),
+                ),
+            ]:
+                round_trip.setdefault(result.name, []).append(result)
     finally:
         keys = [key async for key in raw.scan_iter(match=f"{prefix}*")]
         if keys:
@@ -196,8 +217,12 @@ async def main() -> int:
         await memory_bus.close()
         await raw.aclose()
 
-    print_table("publish (one at a time)", publish_baseline, publish)
-    print_table(f"round trip (producer + consumer, batches of {BATCH})", round_trip_baseline, round_trip)
+    print_table("publish (one at a time)", "redis-py XADD", publish)
+    print_table(
+        f"round trip (producer + consumer, batches of up to {BATCH})",
+        "redis-py XADD/XREADGROUP/XACK",
+        round_trip,
+    )
     return 0
 
 

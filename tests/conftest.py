@@ -71,7 +71,7 @@ def bus_prefix() -> str:
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
-async def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """Each persistence test runs on SQLite and on PostgreSQL."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'test.db'}"

@@ -1,0 +1,138 @@
+"""The Sans-I/O wire protocol: encoding, validation, identity, the unacknowledged window."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from agent.state import SequenceLease
+from shared import protocol
+from shared.errors import ProtocolError
+from tests.factories import gpu_info, hello, telemetry
+
+
+def _frame(**fields: object) -> str:
+    base: dict[str, object] = {"v": 1, "type": "heartbeat", "host_id": "h-1", "seq": 1, "ts": "2026-01-01T00:00:00Z",
+                               "body": {"uptime_s": 1.0}}
+    base.update(fields)
+    return json.dumps(base)
+
+
+class TestDecoding:
+    def test_round_trips_every_agent_message_type(self) -> None:
+        """Each agent message type decodes back to an equal object."""
+        gpus = [gpu_info(0), gpu_info(1)]
+        for message in (hello("h-1", 1, gpus), telemetry("h-1", 2, gpus)):
+            assert protocol.decode_agent_frame(protocol.encode(message)) == message
+
+    def test_round_trips_server_messages(self) -> None:
+        """Welcome, ack and command frames decode to the same values."""
+        command = protocol.Command(body=protocol.CommandBody(command_id="cmd-1", kind="start_workload", args={"rental_id": "r-1"}))
+        ack = protocol.Ack(body=protocol.AckBody(seq=7))
+        for message in (command, ack):
+            assert protocol.decode_server_frame(protocol.encode(message)) == message
+
+    @pytest.mark.parametrize(
+        ("frame", "code", "close_code"),
+        [
+            ("not json", "bad_frame", protocol.CLOSE_BAD_FRAME),
+            ("[1, 2]", "bad_frame", protocol.CLOSE_BAD_FRAME),
+            (_frame(type="launch_missiles"), "unknown_type", protocol.CLOSE_UNKNOWN_TYPE),
+            (_frame(v=2), "unsupported_version", protocol.CLOSE_UNSUPPORTED_VERSION),
+            (_frame(seq=-1), "bad_frame", protocol.CLOSE_BAD_FRAME),
+            (_frame(host_id="../etc"), "bad_frame", protocol.CLOSE_BAD_FRAME),
+            (_frame(body={"uptime_s": 1.0, "extra": True}), "bad_frame", protocol.CLOSE_BAD_FRAME),
+            (_frame(type="ack"), "unknown_type", protocol.CLOSE_UNKNOWN_TYPE),
+        ],
+    )
+    def test_refuses_bad_frames_with_a_close_code(self, frame: str, code: str, close_code: int) -> None:
+        """Malformed frames raise ProtocolError carrying the stable code and the close code."""
+        with pytest.raises(ProtocolError) as caught:
+            protocol.decode_agent_frame(frame)
+        assert caught.value.code == code
+        assert caught.value.close_code == close_code
+        assert caught.value.message
+
+    def test_refuses_frames_over_the_limit_before_parsing(self) -> None:
+        """A frame longer than max_frame is refused with 1009 without being parsed."""
+        with pytest.raises(ProtocolError) as caught:
+            protocol.decode_agent_frame(_frame(), max_frame=20)
+        assert caught.value.close_code == protocol.CLOSE_TOO_BIG
+
+    def test_identity_must_match_the_certificate(self) -> None:
+        """A message naming another host than the certificate is refused."""
+        message = protocol.decode_agent_frame(_frame(host_id="h-2"))
+        protocol.check_identity(message, "h-2")
+        with pytest.raises(ProtocolError) as caught:
+            protocol.check_identity(message, "h-1")
+        assert caught.value.close_code == protocol.CLOSE_IDENTITY_MISMATCH
+
+    def test_newer_agents_may_add_gpu_fields(self) -> None:
+        """Unknown fields inside GPU records are kept, so older masters accept newer agents."""
+        raw = json.loads(protocol.encode(hello("h-1", 0, [gpu_info(0)])))
+        raw["body"]["gpus"][0]["nvlink_count"] = 4
+        message = protocol.decode_agent_frame(json.dumps(raw))
+        assert isinstance(message, protocol.Hello)
+        assert message.body.gpus[0].model_dump()["nvlink_count"] == 4
+
+    def test_bus_envelope_round_trip(self) -> None:
+        """What the relay puts on the bus decodes back with provenance."""
+        message = telemetry("h-1", 5, [gpu_info(0)])
+        at = datetime.now(UTC)
+        envelope = protocol.decode_bus_envelope(protocol.encode_bus_envelope("relay-9", message, at))
+        assert (envelope.relay_id, envelope.received_at, envelope.message) == ("relay-9", at, message)
+        with pytest.raises(ProtocolError):
+            protocol.decode_bus_envelope(b"{}")
+
+
+class TestOutboundWindow:
+    def _body(self) -> protocol.HeartbeatBody:
+        return protocol.HeartbeatBody(uptime_s=1.0)
+
+    def test_numbers_messages_consecutively_from_the_lease(self) -> None:
+        """Sequence numbers start at first_seq and increase by one."""
+        window = protocol.OutboundWindow("h-1", first_seq=1000)
+        seqs = [window.heartbeat(self._body())[0] for _ in range(3)]
+        assert seqs == [1000, 1001, 1002]
+
+    def test_keeps_unacknowledged_messages_in_order_for_replay(self) -> None:
+        """Acknowledged messages leave; the rest replay in sequence order."""
+        window = protocol.OutboundWindow("h-1", first_seq=0)
+        frames = [window.heartbeat(self._body()) for _ in range(4)]
+        assert window.ack(1) and window.ack(3)
+        assert not window.ack(3)
+        assert list(window.pending()) == [frames[0], frames[2]]
+
+    def test_refuses_new_messages_when_full(self) -> None:
+        """A full window raises instead of dropping or growing."""
+        window = protocol.OutboundWindow("h-1", first_seq=0, max_unacked=2)
+        window.heartbeat(self._body())
+        window.heartbeat(self._body())
+        with pytest.raises(protocol.WindowFull):
+            window.heartbeat(self._body())
+        window.ack(0)
+        window.heartbeat(self._body())
+
+
+class TestSequenceLease:
+    def test_never_reuses_a_number_after_a_crash(self, tmp_path: Path) -> None:
+        """A restarted agent starts above every number the previous run could have used."""
+        path = tmp_path / "seq.lease"
+        first = SequenceLease(path, block=10)
+        used = first.start
+        for seq in range(first.start, first.start + 25):
+            first.reserve_through(seq + 1)
+            used = seq
+        # "crash": no clean shutdown; a new lease is read from disk
+        second = SequenceLease(path, block=10)
+        assert second.start > used
+
+    def test_damaged_lease_is_a_clear_error(self, tmp_path: Path) -> None:
+        """A lease file that is not a number is refused with advice."""
+        path = tmp_path / "seq.lease"
+        path.write_text("garbage")
+        with pytest.raises(Exception, match="damaged"):
+            SequenceLease(path)

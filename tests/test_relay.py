@@ -1,0 +1,548 @@
+"""Tests for access.relay: a real Relay over TLS 1.3 on loopback, real websocket agents, an in-process bus."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
+from websockets.frames import Close
+
+from access.relay import COMMAND_GROUP, Relay
+from shared import protocol
+from shared.bus import InProcessBus
+from shared.crypto import (
+    CertificateAuthority,
+    client_ssl_context,
+    generate_private_key,
+    make_csr,
+    server_ssl_context,
+    write_private_key,
+)
+from shared.errors import BusError
+from tests.factories import MS
+
+# Every network step is on loopback; a wait that runs out means a bug, not a slow network.
+IO_TIMEOUT = 5.0
+MAX_FRAME = 4096
+RELAY_ID = "relay-test"
+EVENTS_GROUP = "test-master"
+
+
+# ---- certificates ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def ca(tmp_path: Path) -> CertificateAuthority:
+    return CertificateAuthority.load_or_create(tmp_path / "ca")
+
+
+@pytest.fixture
+def other_ca(tmp_path: Path) -> CertificateAuthority:
+    return CertificateAuthority.load_or_create(tmp_path / "other-ca", common_name="not gpumarket")
+
+
+@pytest.fixture
+def server_context(ca: CertificateAuthority, tmp_path: Path) -> ssl.SSLContext:
+    key_file, cert_file = ca.write_server_certificate(tmp_path / "relay", ["127.0.0.1", "localhost"])
+    return server_ssl_context(cert_file, key_file, ca.cert_path)
+
+
+MakeAgentContext = Callable[..., ssl.SSLContext]
+
+
+@pytest.fixture
+def agent_context(ca: CertificateAuthority, tmp_path: Path) -> MakeAgentContext:
+    """Build a client TLS context presenting a certificate for ``host_id``, signed by ``signer`` (the CA by default)."""
+
+    def make(host_id: str, *, signer: CertificateAuthority | None = None) -> ssl.SSLContext:
+        signer = signer or ca
+        directory = tmp_path / "agents" / f"{host_id}-{id(signer)}"
+        key = generate_private_key()
+        issued = signer.sign_agent_csr(make_csr(key, host_id), host_id=host_id)
+        key_file, cert_file = directory / "agent.key", directory / "agent.crt"
+        write_private_key(key_file, key)
+        cert_file.write_bytes(issued.cert_pem)
+        # The agent always trusts our CA: only its own certificate varies.
+        return client_ssl_context(ca.cert_path, cert_file=cert_file, key_file=key_file)
+
+    return make
+
+
+# ---- bus and relay -----------------------------------------------------------------------
+
+
+class FailingBus(InProcessBus):
+    """An in-process bus whose publish always fails, as if Redis were unreachable."""
+
+    async def publish(self, stream: str, payload: bytes) -> str:
+        raise BusError("bus is down (test)")
+
+
+class GatedBus(InProcessBus):
+    """An in-process bus whose publish waits until the test opens the gate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    async def publish(self, stream: str, payload: bytes) -> str:
+        self.entered.set()
+        await self.gate.wait()
+        return await super().publish(stream, payload)
+
+
+@pytest.fixture
+async def bus() -> AsyncIterator[InProcessBus]:
+    b = InProcessBus()
+    await b.ensure_group(protocol.AGENT_EVENTS_STREAM, EVENTS_GROUP)
+    try:
+        yield b
+    finally:
+        await b.close()
+
+
+StartRelay = Callable[..., Awaitable[Relay]]
+
+
+@pytest.fixture
+async def start_relay(server_context: ssl.SSLContext) -> AsyncIterator[StartRelay]:
+    """Start relays on 127.0.0.1 port 0; every one started is closed (and its bus too) afterwards."""
+    started: list[Relay] = []
+
+    async def start(bus: InProcessBus, **overrides: Any) -> Relay:
+        options: dict[str, Any] = {
+            "relay_id": RELAY_ID,
+            "bus": bus,
+            "ssl_context": server_context,
+            "host": "127.0.0.1",
+            "port": 0,
+            "heartbeat_interval": 50 * MS,
+            "telemetry_interval": 50 * MS,
+            "open_timeout": IO_TIMEOUT,
+            "close_timeout": 500 * MS,
+            "max_frame": MAX_FRAME,
+        }
+        options.update(overrides)
+        relay = Relay(**options)
+        await relay.start()
+        started.append(relay)
+        return relay
+
+    try:
+        yield start
+    finally:
+        for relay in started:
+            await relay.close()
+            await relay.bus.close()
+
+
+@pytest.fixture
+async def relay(start_relay: StartRelay, bus: InProcessBus) -> Relay:
+    return await start_relay(bus)
+
+
+# ---- agents ------------------------------------------------------------------------------
+
+
+@dataclass
+class Agent:
+    """A websocket client holding a host certificate, already welcomed by the relay."""
+
+    host_id: str
+    ws: ClientConnection
+    welcome: protocol.Welcome
+    window: protocol.OutboundWindow
+
+    async def recv(self) -> protocol.Welcome | protocol.Ack | protocol.Command | protocol.Move:
+        async with asyncio.timeout(IO_TIMEOUT):
+            return protocol.decode_server_frame(await self.ws.recv())
+
+    async def send_heartbeat(self) -> int:
+        seq, frame = self.window.heartbeat(protocol.HeartbeatBody(uptime_s=1.0))
+        await self.ws.send(frame)
+        return seq
+
+    async def send_telemetry(self) -> int:
+        body = protocol.TelemetryBody(
+            sampled_at=datetime.now(UTC),
+            gpus=[protocol.GpuSampleModel(index=0, uuid="GPU-test-0", gpu_util_pct=42.0, temperature_c=55.0)],
+        )
+        seq, frame = self.window.telemetry(body)
+        await self.ws.send(frame)
+        return seq
+
+    async def expect_ack(self, seq: int) -> None:
+        message = await self.recv()
+        assert isinstance(message, protocol.Ack), f"expected an ack, got {message!r}"
+        assert message.body.seq == seq
+
+    async def closed(self) -> Close:
+        """Wait for the relay to close the connection; return the close frame it sent."""
+        with contextlib.suppress(ConnectionClosed):
+            async with asyncio.timeout(IO_TIMEOUT):
+                while True:
+                    frame = await self.ws.recv()
+                    raise AssertionError(f"expected the connection to close, got a frame: {frame!r}")
+        async with asyncio.timeout(IO_TIMEOUT):
+            await self.ws.wait_closed()
+        assert self.ws.close_rcvd is not None, "the relay dropped the connection without a close frame"
+        return self.ws.close_rcvd
+
+
+ConnectAgent = Callable[..., Awaitable[Agent]]
+
+
+@pytest.fixture
+async def connect_agent(agent_context: MakeAgentContext) -> AsyncIterator[ConnectAgent]:
+    """Connect an agent for ``host_id`` to a relay and read its welcome; every agent is closed afterwards."""
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def open_agent(relay: Relay, host_id: str, *, first_seq: int = 0) -> Agent:
+            ws = await stack.enter_async_context(_connect(relay.url, agent_context(host_id)))
+            async with asyncio.timeout(IO_TIMEOUT):
+                welcome = protocol.decode_server_frame(await ws.recv())
+            assert isinstance(welcome, protocol.Welcome)
+            return Agent(host_id, ws, welcome, protocol.OutboundWindow(host_id, first_seq=first_seq))
+
+        yield open_agent
+
+
+def _connect(url: str, context: ssl.SSLContext) -> connect:
+    return connect(url, ssl=context, open_timeout=IO_TIMEOUT, close_timeout=500 * MS, compression=None)
+
+
+def _heartbeat_object(host_id: str, **changes: Any) -> dict[str, Any]:
+    """A valid heartbeat envelope as a JSON object, with ``changes`` applied."""
+    _, frame = protocol.OutboundWindow(host_id, first_seq=7).heartbeat(protocol.HeartbeatBody(uptime_s=1.0))
+    obj: dict[str, Any] = json.loads(frame)
+    obj.update(changes)
+    return obj
+
+
+async def _wait_for(condition: Callable[[], bool | Awaitable[bool]]) -> None:
+    """Poll ``condition`` in steps of a few MS until it holds (bounded by IO_TIMEOUT)."""
+    async with asyncio.timeout(IO_TIMEOUT):
+        while True:
+            result = condition()
+            if await result if inspect.isawaitable(result) else result:
+                return
+            await asyncio.sleep(5 * MS)
+
+
+async def _read_events(bus: InProcessBus) -> list[protocol.BusEnvelope]:
+    batch = await bus.read(protocol.AGENT_EVENTS_STREAM, EVENTS_GROUP, "test", count=100, block=None)
+    await bus.ack(protocol.AGENT_EVENTS_STREAM, EVENTS_GROUP, [m.id for m in batch])
+    return [protocol.decode_bus_envelope(m.payload) for m in batch]
+
+
+async def _publish_command(bus: InProcessBus, host_id: str, command_id: str) -> None:
+    delivery = protocol.CommandDelivery(
+        host_id=host_id,
+        command=protocol.Command(
+            body=protocol.CommandBody(command_id=command_id, kind="start_workload", args={"image": "test"})
+        ),
+    )
+    await bus.publish(protocol.commands_stream(RELAY_ID), delivery.model_dump_json().encode())
+
+
+# ---- tests -------------------------------------------------------------------------------
+
+
+class TestForwarding:
+    async def test_welcomes_the_agent_with_the_host_id_of_its_certificate(
+        self, relay: Relay, connect_agent: ConnectAgent
+    ) -> None:
+        """A connecting agent first receives a welcome naming this relay, its certified host id and the frame limit."""
+        agent = await connect_agent(relay, "h-1")
+
+        assert agent.welcome.body.relay_id == RELAY_ID
+        assert agent.welcome.body.host_id == "h-1"
+        assert agent.welcome.body.max_frame == MAX_FRAME
+        assert set(relay.agents) == {"h-1"}
+
+    async def test_puts_telemetry_and_heartbeats_on_the_bus_and_acks_their_seq(
+        self, relay: Relay, bus: InProcessBus, connect_agent: ConnectAgent
+    ) -> None:
+        """Valid telemetry and heartbeat frames land on the agent-events stream with provenance and are acked by seq."""
+        agent = await connect_agent(relay, "h-1", first_seq=10)
+
+        telemetry_seq = await agent.send_telemetry()
+        heartbeat_seq = await agent.send_heartbeat()
+        await agent.expect_ack(telemetry_seq)
+        await agent.expect_ack(heartbeat_seq)
+
+        events = await _read_events(bus)
+        assert [(e.relay_id, e.message.host_id, e.message.type, e.message.seq) for e in events] == [
+            (RELAY_ID, "h-1", "telemetry", 10),
+            (RELAY_ID, "h-1", "heartbeat", 11),
+        ]
+        assert relay.messages_forwarded == 2
+
+    async def test_acks_only_after_the_bus_accepted_the_message(
+        self, start_relay: StartRelay, connect_agent: ConnectAgent
+    ) -> None:
+        """While the bus has not yet accepted a message, the agent gets no ack for it; once it has, the ack follows."""
+        bus = GatedBus()
+        relay = await start_relay(bus)
+        await bus.ensure_group(protocol.AGENT_EVENTS_STREAM, EVENTS_GROUP)
+        agent = await connect_agent(relay, "h-1")
+
+        seq = await agent.send_heartbeat()
+        async with asyncio.timeout(IO_TIMEOUT):
+            await bus.entered.wait()
+        with pytest.raises(TimeoutError):  # 50 MS of silence: the relay is still waiting on the bus
+            async with asyncio.timeout(50 * MS):
+                await agent.ws.recv()
+        assert await bus.stream_length(protocol.AGENT_EVENTS_STREAM) == 0
+
+        bus.gate.set()
+        await agent.expect_ack(seq)
+        assert [e.message.seq for e in await _read_events(bus)] == [seq]
+
+    async def test_closes_with_bus_unavailable_and_no_ack_when_the_bus_refuses(
+        self, start_relay: StartRelay, connect_agent: ConnectAgent
+    ) -> None:
+        """A message the bus refuses is never acked: the agent is closed with CLOSE_BUS_UNAVAILABLE to go elsewhere."""
+        relay = await start_relay(FailingBus())
+        agent = await connect_agent(relay, "h-1")
+
+        await agent.send_heartbeat()
+        close = await agent.closed()  # raises if an ack (or anything else) arrives first
+
+        assert close.code == protocol.CLOSE_BUS_UNAVAILABLE
+        assert "reconnect" in close.reason
+        assert relay.messages_forwarded == 0
+
+
+class TestBadInput:
+    async def _assert_closes_only_offender(
+        self, relay: Relay, connect_agent: ConnectAgent, frame: str, code: int
+    ) -> str:
+        """Send ``frame`` from one agent while another is connected; return the offender's close reason."""
+        good = await connect_agent(relay, "h-good")
+        bad = await connect_agent(relay, "h-bad")
+
+        await bad.ws.send(frame)
+        close = await bad.closed()
+
+        assert close.code == code
+        assert close.reason
+        await good.expect_ack(await good.send_heartbeat())
+        await _wait_for(lambda: set(relay.agents) == {"h-good"})
+        return close.reason
+
+    async def test_closes_a_connection_that_sends_invalid_json(
+        self, relay: Relay, connect_agent: ConnectAgent
+    ) -> None:
+        """A frame that is not JSON closes that connection with CLOSE_BAD_FRAME."""
+        reason = await self._assert_closes_only_offender(relay, connect_agent, "{not json", protocol.CLOSE_BAD_FRAME)
+        assert "JSON" in reason
+
+    async def test_closes_a_connection_that_sends_json_that_is_not_an_object(
+        self, relay: Relay, connect_agent: ConnectAgent
+    ) -> None:
+        """A JSON frame that is not an object closes that connection with CLOSE_BAD_FRAME."""
+        await self._assert_closes_only_offender(relay, connect_agent, "[1, 2, 3]", protocol.CLOSE_BAD_FRAME)
+
+    async def test_closes_a_connection_that_sends_an_unknown_message_type(
+        self, relay: Relay, connect_agent: ConnectAgent
+    ) -> None:
+        """An envelope of an unknown type closes that connection with CLOSE_UNKNOWN_TYPE."""
+        frame = json.dumps(_heartbeat_object("h-bad", type="reboot"))
+        reason = await self._assert_closes_only_offender(relay, connect_agent, frame, protocol.CLOSE_UNKNOWN_TYPE)
+        assert "reboot" in reason
+
+    async def test_closes_a_connection_that_speaks_another_protocol_version(
+        self, relay: Relay, connect_agent: ConnectAgent
+    ) -> None:
+        """An envelope of an unsupported protocol version closes that connection with CLOSE_UNSUPPORTED_VERSION."""
+        frame = json.dumps(_heartbeat_object("h-bad", v=2))
+        await self._assert_closes_only_offender(relay, connect_agent, frame, protocol.CLOSE_UNSUPPORTED_VERSION)
+
+    async def test_closes_a_connection_that_violates_the_schema(
+        self, relay: Relay, connect_agent: ConnectAgent
+    ) -> None:
+        """An envelope with a negative seq closes that connection with CLOSE_BAD_FRAME naming the field."""
+        frame = json.dumps(_heartbeat_object("h-bad", seq=-1))
+        reason = await self._assert_closes_only_offender(relay, connect_agent, frame, protocol.CLOSE_BAD_FRAME)
+        assert "seq" in reason
+
+    async def test_closes_a_connection_that_sends_a_frame_larger_than_max_frame(
+        self, relay: Relay, connect_agent: ConnectAgent
+    ) -> None:
+        """A message larger than max_frame closes that connection with CLOSE_TOO_BIG."""
+        frame = json.dumps(_heartbeat_object("h-bad", padding="x" * (2 * MAX_FRAME)))
+        await self._assert_closes_only_offender(relay, connect_agent, frame, protocol.CLOSE_TOO_BIG)
+
+    async def test_closes_a_connection_whose_message_claims_another_host(
+        self, relay: Relay, connect_agent: ConnectAgent
+    ) -> None:
+        """A message naming a host other than the certificate's closes that connection with CLOSE_IDENTITY_MISMATCH."""
+        frame = json.dumps(_heartbeat_object("h-good"))
+        reason = await self._assert_closes_only_offender(
+            relay, connect_agent, frame, protocol.CLOSE_IDENTITY_MISMATCH
+        )
+        assert "h-good" in reason
+
+    async def test_refuses_a_client_without_a_certificate_at_the_tls_handshake(
+        self, relay: Relay, ca: CertificateAuthority, connect_agent: ConnectAgent
+    ) -> None:
+        """A client presenting no certificate fails the TLS handshake and the relay goes on serving others."""
+        good = await connect_agent(relay, "h-good")
+
+        with pytest.raises((OSError, InvalidHandshake)):
+            async with _connect(relay.url, client_ssl_context(ca.cert_path)) as ws:
+                await asyncio.wait_for(ws.recv(), IO_TIMEOUT)
+
+        await good.expect_ack(await good.send_heartbeat())
+        assert set(relay.agents) == {"h-good"}
+
+    async def test_refuses_a_client_certificate_from_another_ca(
+        self,
+        relay: Relay,
+        other_ca: CertificateAuthority,
+        agent_context: MakeAgentContext,
+        connect_agent: ConnectAgent,
+    ) -> None:
+        """A client certificate signed by another CA fails the TLS handshake and the relay goes on serving others."""
+        good = await connect_agent(relay, "h-good")
+
+        with pytest.raises((OSError, InvalidHandshake)):
+            async with _connect(relay.url, agent_context("h-forged", signer=other_ca)) as ws:
+                await asyncio.wait_for(ws.recv(), IO_TIMEOUT)
+
+        await good.expect_ack(await good.send_heartbeat())
+        assert set(relay.agents) == {"h-good"}
+
+    async def test_replaces_an_older_connection_of_the_same_host(
+        self, relay: Relay, connect_agent: ConnectAgent
+    ) -> None:
+        """A second connection of a host closes the first with CLOSE_REPLACED and carries on in its place."""
+        first = await connect_agent(relay, "h-1")
+        second = await connect_agent(relay, "h-1")
+
+        close = await first.closed()
+
+        assert close.code == protocol.CLOSE_REPLACED
+        assert close.reason
+        await second.expect_ack(await second.send_heartbeat())
+        assert list(relay.agents) == ["h-1"]
+
+
+class TestCommands:
+    async def test_delivers_a_command_to_the_connected_host(
+        self, relay: Relay, bus: InProcessBus, connect_agent: ConnectAgent
+    ) -> None:
+        """A CommandDelivery on this relay's command stream reaches the named host as a command frame."""
+        agent = await connect_agent(relay, "h-1")
+
+        await _publish_command(bus, "h-1", "cmd-1")
+        message = await agent.recv()
+
+        assert isinstance(message, protocol.Command)
+        assert (message.body.command_id, message.body.kind, message.body.args) == (
+            "cmd-1",
+            "start_workload",
+            {"image": "test"},
+        )
+        assert relay.commands_delivered == 1
+
+    async def test_acks_and_drops_a_command_for_a_host_not_connected_here(
+        self, relay: Relay, bus: InProcessBus, connect_agent: ConnectAgent
+    ) -> None:
+        """A delivery for an absent host is acknowledged on the bus and dropped, and other hosts get only their own commands."""
+        agent = await connect_agent(relay, "h-1")
+        stream = protocol.commands_stream(RELAY_ID)
+
+        await _publish_command(bus, "h-absent", "cmd-lost")
+        await _publish_command(bus, "h-1", "cmd-1")
+        message = await agent.recv()
+
+        assert isinstance(message, protocol.Command)
+        assert message.body.command_id == "cmd-1"
+        await _wait_for(lambda: _pending_is_zero(bus, stream))
+        # Both were read by the relay (nothing is left for its group) and acked, yet only one was delivered.
+        assert await bus.read(stream, COMMAND_GROUP, "probe", block=None) == []
+        assert relay.commands_delivered == 1
+        await agent.expect_ack(await agent.send_heartbeat())  # nothing else was queued for h-1
+
+
+class TestShutdown:
+    async def test_close_tells_every_agent_to_reconnect_elsewhere(
+        self, relay: Relay, connect_agent: ConnectAgent
+    ) -> None:
+        """Closing the relay closes every agent connection with 1001 and a reason telling it to reconnect."""
+        agents = [await connect_agent(relay, "h-1"), await connect_agent(relay, "h-2")]
+
+        async with asyncio.timeout(IO_TIMEOUT):
+            await relay.close()
+
+        for agent in agents:
+            close = await agent.closed()
+            assert close.code == protocol.CLOSE_GOING_AWAY
+            assert "reconnect" in close.reason
+        assert relay.agents == {}
+
+    async def test_refuses_new_connections_after_close(
+        self, relay: Relay, agent_context: MakeAgentContext
+    ) -> None:
+        """Once closed, the relay no longer accepts connections."""
+        url = relay.url
+
+        async with asyncio.timeout(IO_TIMEOUT):
+            await relay.close()
+
+        with pytest.raises(OSError):
+            async with _connect(url, agent_context("h-late")):
+                pass
+
+
+class TestHealth:
+    @pytest.fixture
+    async def http(self, agent_context: MakeAgentContext) -> AsyncIterator[tuple[aiohttp.ClientSession, ssl.SSLContext]]:
+        # The relay requires a client certificate on every TLS connection, HTTP included.
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=IO_TIMEOUT)) as session:
+            yield session, agent_context("h-probe")
+
+    async def test_health_reports_relay_id_and_connected_agents(
+        self, relay: Relay, connect_agent: ConnectAgent, http: tuple[aiohttp.ClientSession, ssl.SSLContext]
+    ) -> None:
+        """GET /health answers JSON with the relay id, its status and how many agents are connected."""
+        session, context = http
+        await connect_agent(relay, "h-1")
+        await connect_agent(relay, "h-2")
+
+        async with session.get(f"https://127.0.0.1:{relay.port}/health", ssl=context) as response:
+            assert response.status == 200
+            assert response.content_type == "application/json"
+            body = await response.json()
+
+        assert body["relay_id"] == RELAY_ID
+        assert body["status"] == "ok"
+        assert body["agents"] == 2
+
+    async def test_unknown_path_is_not_found(
+        self, relay: Relay, http: tuple[aiohttp.ClientSession, ssl.SSLContext]
+    ) -> None:
+        """Any path other than /health and the agent endpoint answers 404."""
+        session, context = http
+
+        async with session.get(f"https://127.0.0.1:{relay.port}/nope", ssl=context) as response:
+            assert response.status == 404
+
+
+async def _pending_is_zero(bus: InProcessBus, stream: str) -> bool:
+    return await bus.pending_count(stream, COMMAND_GROUP) == 0
