@@ -169,6 +169,8 @@ class Relay:
                 }
             )
             response = connection.respond(HTTPStatus.OK, body + "\n")
+            # Headers is a multidict: assigning adds a second Content-Type after respond()'s text/plain.
+            del response.headers["Content-Type"]
             response.headers["Content-Type"] = "application/json"
             return response
         if request.path != AGENT_PATH:

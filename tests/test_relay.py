@@ -118,10 +118,11 @@ StartRelay = Callable[..., Awaitable[Relay]]
 
 
 @pytest.fixture
-async def start_relay(server_context: ssl.SSLContext) -> AsyncIterator[StartRelay]:
+async def start_relay(server_context: ssl.SSLContext, bus: InProcessBus) -> AsyncIterator[StartRelay]:
     """Start relays on 127.0.0.1 port 0; every one started is closed (and its bus too) afterwards."""
     started: list[Relay] = []
 
+    # Depends on ``bus`` so that the shared bus outlives every relay using it.
     async def start(bus: InProcessBus, **overrides: Any) -> Relay:
         options: dict[str, Any] = {
             "relay_id": RELAY_ID,
@@ -191,15 +192,16 @@ class Agent:
 
     async def closed(self) -> Close:
         """Wait for the relay to close the connection; return the close frame it sent."""
-        with contextlib.suppress(ConnectionClosed):
+        try:
             async with asyncio.timeout(IO_TIMEOUT):
-                while True:
-                    frame = await self.ws.recv()
-                    raise AssertionError(f"expected the connection to close, got a frame: {frame!r}")
-        async with asyncio.timeout(IO_TIMEOUT):
-            await self.ws.wait_closed()
-        assert self.ws.close_rcvd is not None, "the relay dropped the connection without a close frame"
-        return self.ws.close_rcvd
+                frame = await self.ws.recv()
+        except ConnectionClosed as exc:
+            async with asyncio.timeout(IO_TIMEOUT):
+                await self.ws.wait_closed()
+            assert exc.rcvd is not None, "the relay dropped the connection without a close frame"
+            assert self.ws.close_code == exc.rcvd.code
+            return exc.rcvd
+        raise AssertionError(f"expected the connection to close, got a frame: {frame!r}")
 
 
 ConnectAgent = Callable[..., Awaitable[Agent]]

@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 PUBLIC_PATHS = frozenset({"/api/v1/health", "/api/v1/openapi.json", "/api/v1/enroll"})
-PRINCIPAL = "principal"
+PRINCIPAL = web.RequestKey("principal", Principal)
 
 _HTTP_CODES = {
     400: "bad_request",
@@ -70,5 +70,4 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
 
 
 def principal(request: web.Request) -> Principal:
-    p: Principal = request[PRINCIPAL]
-    return p
+    return request[PRINCIPAL]

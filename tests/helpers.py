@@ -1,0 +1,22 @@
+"""Waiting for conditions without sleeping real seconds blindly: poll briefly, bounded."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+async def eventually(check: Callable[[], Awaitable[T | None]], *, timeout: float = 15.0, every: float = 0.02, what: str = "condition") -> T:
+    """Return the first truthy value ``check()`` gives; fail after ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    last: T | None = None
+    while loop.time() < deadline:
+        last = await check()
+        if last:
+            return last
+        await asyncio.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
