@@ -69,7 +69,10 @@ class Bus(Protocol):
         ...
 
     async def ensure_group(self, stream: str, group: str) -> None:
-        """Create ``group`` (and the stream) if missing; a new group starts at the oldest entry."""
+        """Create ``group`` (and the stream) if missing; a new group starts at the oldest entry.
+
+        Idempotent, so cancelling is safe: call it again.
+        """
         ...
 
     async def read(
@@ -84,7 +87,11 @@ class Bus(Protocol):
         ...
 
     async def ack(self, stream: str, group: str, ids: Sequence[str]) -> int:
-        """Remove ``ids`` from the group's pending list; return how many were pending."""
+        """Remove ``ids`` from the group's pending list; return how many were pending.
+
+        Acking an id twice, or one that is not pending, is harmless (it counts 0), so
+        cancelling is safe: ack again, or let ``claim_stale`` redeliver.
+        """
         ...
 
     async def claim_stale(
@@ -93,19 +100,25 @@ class Bus(Protocol):
         """Take over up to ``count`` messages pending (for any consumer) for ``min_idle`` seconds or more.
 
         They become pending for ``consumer`` and come back with ``deliveries`` incremented.
+        The pending list is swept in id order; a sweep stopped by ``count`` resumes after the
+        last message it took on the next call. Creates the group if it is missing. Cancelling
+        is safe: whatever was claimed stays pending and is claimed again after ``min_idle``.
         """
         ...
 
     async def pending_count(self, stream: str, group: str) -> int:
-        """How many messages of the group are delivered but not acknowledged (0 if no such group)."""
+        """How many messages of the group are delivered but not acknowledged (0 if no such group).
+
+        Read-only; cancelling is safe.
+        """
         ...
 
     async def stream_length(self, stream: str) -> int:
-        """How many entries the stream holds (0 if no such stream)."""
+        """How many entries the stream holds (0 if no such stream). Read-only; cancelling is safe."""
         ...
 
     async def ping(self) -> None:
-        """Raise ``BusError`` unless the bus is reachable."""
+        """Raise ``BusError`` unless the bus is reachable. Cancelling is safe."""
         ...
 
     async def close(self) -> None:
@@ -268,8 +281,6 @@ class InProcessBus:
             except TimeoutError:
                 return []
             self._check_open()
-            # The group may have been replaced meanwhile; never by this bus, but stay correct.
-            group_state = self._group(state, group)
 
     def _deliver(
         self, stream: str, state: _Stream, group: _Group, consumer: str, count: int
@@ -405,6 +416,17 @@ def _describe_client(client: aioredis.Redis) -> str:
     if "path" in kwargs:
         return f"unix://{kwargs['path']}?db={kwargs.get('db', 0)}"
     return f"redis://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+
+
+def _group_is_missing(exc: BusError) -> bool:
+    """Whether Redis refused because the stream or group is gone (e.g. a restart lost the data).
+
+    NOGROUP answers a command on a missing group; Redis >= 7.2 answers UNBLOCKED to a blocked
+    XREADGROUP whose stream or group was deleted meanwhile.
+    """
+    return isinstance(exc.__cause__, redis_errors.ResponseError) and str(exc.__cause__).startswith(
+        ("NOGROUP", "UNBLOCKED")
+    )
 
 
 def _text(value: bytes | str) -> str:
@@ -617,7 +639,7 @@ class RedisBus:
             try:
                 messages = await self._read_once(stream, group, consumer, count, slice_s)
             except BusError as exc:
-                if recreated or not str(exc.__cause__).startswith("NOGROUP"):
+                if recreated or not _group_is_missing(exc):
                     raise
                 recreated = True
                 await self._recreate_group(stream, group, "read")
@@ -679,7 +701,7 @@ class RedisBus:
                 f"XAUTOCLAIM {stream} {group}", lambda: self._claim_script(keys=[key], args=args)
             )
         except BusError as exc:
-            if not str(exc.__cause__).startswith("NOGROUP"):
+            if not _group_is_missing(exc):
                 raise
             await self._recreate_group(stream, group, "claim_stale")
             return []
@@ -713,7 +735,7 @@ class RedisBus:
                 lambda: self._execute("XPENDING", self._key(stream), group),
             )
         except BusError as exc:
-            if str(exc.__cause__).startswith("NOGROUP"):
+            if _group_is_missing(exc):
                 return 0
             raise
         if isinstance(summary, dict):

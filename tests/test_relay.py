@@ -123,10 +123,10 @@ async def start_relay(server_context: ssl.SSLContext, bus: InProcessBus) -> Asyn
     started: list[Relay] = []
 
     # Depends on ``bus`` so that the shared bus outlives every relay using it.
-    async def start(bus: InProcessBus, **overrides: Any) -> Relay:
+    async def start(relay_bus: InProcessBus, **overrides: Any) -> Relay:
         options: dict[str, Any] = {
             "relay_id": RELAY_ID,
-            "bus": bus,
+            "bus": relay_bus,
             "ssl_context": server_context,
             "host": "127.0.0.1",
             "port": 0,
@@ -264,6 +264,8 @@ async def _publish_command(bus: InProcessBus, host_id: str, command_id: str) -> 
 
 
 class TestForwarding:
+    """The relay welcomes certified agents, forwards their messages to the bus and acks what the bus accepted."""
+
     async def test_welcomes_the_agent_with_the_host_id_of_its_certificate(
         self, relay: Relay, connect_agent: ConnectAgent
     ) -> None:
@@ -328,8 +330,24 @@ class TestForwarding:
         assert "reconnect" in close.reason
         assert relay.messages_forwarded == 0
 
+    async def test_replaces_an_older_connection_of_the_same_host(
+        self, relay: Relay, connect_agent: ConnectAgent
+    ) -> None:
+        """A second connection of a host closes the first with CLOSE_REPLACED and carries on in its place."""
+        first = await connect_agent(relay, "h-1")
+        second = await connect_agent(relay, "h-1")
+
+        close = await first.closed()
+
+        assert close.code == protocol.CLOSE_REPLACED
+        assert close.reason
+        await second.expect_ack(await second.send_heartbeat())
+        assert list(relay.agents) == ["h-1"]
+
 
 class TestBadInput:
+    """A misbehaving or uncertified client loses only its own connection; everyone else is still served."""
+
     async def _assert_closes_only_offender(
         self, relay: Relay, connect_agent: ConnectAgent, frame: str, code: int
     ) -> str:
@@ -350,7 +368,9 @@ class TestBadInput:
         self, relay: Relay, connect_agent: ConnectAgent
     ) -> None:
         """A frame that is not JSON closes that connection with CLOSE_BAD_FRAME."""
-        reason = await self._assert_closes_only_offender(relay, connect_agent, "{not json", protocol.CLOSE_BAD_FRAME)
+        reason = await self._assert_closes_only_offender(
+            relay, connect_agent, "{not json", protocol.CLOSE_BAD_FRAME
+        )
         assert "JSON" in reason
 
     async def test_closes_a_connection_that_sends_json_that_is_not_an_object(
@@ -364,7 +384,9 @@ class TestBadInput:
     ) -> None:
         """An envelope of an unknown type closes that connection with CLOSE_UNKNOWN_TYPE."""
         frame = json.dumps(_heartbeat_object("h-bad", type="reboot"))
-        reason = await self._assert_closes_only_offender(relay, connect_agent, frame, protocol.CLOSE_UNKNOWN_TYPE)
+        reason = await self._assert_closes_only_offender(
+            relay, connect_agent, frame, protocol.CLOSE_UNKNOWN_TYPE
+        )
         assert "reboot" in reason
 
     async def test_closes_a_connection_that_speaks_another_protocol_version(
@@ -372,14 +394,18 @@ class TestBadInput:
     ) -> None:
         """An envelope of an unsupported protocol version closes that connection with CLOSE_UNSUPPORTED_VERSION."""
         frame = json.dumps(_heartbeat_object("h-bad", v=2))
-        await self._assert_closes_only_offender(relay, connect_agent, frame, protocol.CLOSE_UNSUPPORTED_VERSION)
+        await self._assert_closes_only_offender(
+            relay, connect_agent, frame, protocol.CLOSE_UNSUPPORTED_VERSION
+        )
 
     async def test_closes_a_connection_that_violates_the_schema(
         self, relay: Relay, connect_agent: ConnectAgent
     ) -> None:
         """An envelope with a negative seq closes that connection with CLOSE_BAD_FRAME naming the field."""
         frame = json.dumps(_heartbeat_object("h-bad", seq=-1))
-        reason = await self._assert_closes_only_offender(relay, connect_agent, frame, protocol.CLOSE_BAD_FRAME)
+        reason = await self._assert_closes_only_offender(
+            relay, connect_agent, frame, protocol.CLOSE_BAD_FRAME
+        )
         assert "seq" in reason
 
     async def test_closes_a_connection_that_sends_a_frame_larger_than_max_frame(
@@ -429,22 +455,10 @@ class TestBadInput:
         await good.expect_ack(await good.send_heartbeat())
         assert set(relay.agents) == {"h-good"}
 
-    async def test_replaces_an_older_connection_of_the_same_host(
-        self, relay: Relay, connect_agent: ConnectAgent
-    ) -> None:
-        """A second connection of a host closes the first with CLOSE_REPLACED and carries on in its place."""
-        first = await connect_agent(relay, "h-1")
-        second = await connect_agent(relay, "h-1")
-
-        close = await first.closed()
-
-        assert close.code == protocol.CLOSE_REPLACED
-        assert close.reason
-        await second.expect_ack(await second.send_heartbeat())
-        assert list(relay.agents) == ["h-1"]
-
 
 class TestCommands:
+    """The relay delivers the master's commands from its bus stream to the agents connected to it."""
+
     async def test_delivers_a_command_to_the_connected_host(
         self, relay: Relay, bus: InProcessBus, connect_agent: ConnectAgent
     ) -> None:
@@ -483,6 +497,8 @@ class TestCommands:
 
 
 class TestShutdown:
+    """Closing the relay sends every agent elsewhere and stops accepting connections."""
+
     async def test_close_tells_every_agent_to_reconnect_elsewhere(
         self, relay: Relay, connect_agent: ConnectAgent
     ) -> None:
@@ -513,8 +529,12 @@ class TestShutdown:
 
 
 class TestHealth:
+    """The relay answers plain HTTPS requests: /health with JSON, anything else with 404."""
+
     @pytest.fixture
-    async def http(self, agent_context: MakeAgentContext) -> AsyncIterator[tuple[aiohttp.ClientSession, ssl.SSLContext]]:
+    async def http(
+        self, agent_context: MakeAgentContext
+    ) -> AsyncIterator[tuple[aiohttp.ClientSession, ssl.SSLContext]]:
         # The relay requires a client certificate on every TLS connection, HTTP included.
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=IO_TIMEOUT)) as session:
             yield session, agent_context("h-probe")
@@ -529,12 +549,20 @@ class TestHealth:
 
         async with session.get(f"https://127.0.0.1:{relay.port}/health", ssl=context) as response:
             assert response.status == 200
-            assert response.content_type == "application/json"
             body = await response.json()
 
         assert body["relay_id"] == RELAY_ID
         assert body["status"] == "ok"
         assert body["agents"] == 2
+
+    async def test_health_has_a_single_json_content_type(
+        self, relay: Relay, http: tuple[aiohttp.ClientSession, ssl.SSLContext]
+    ) -> None:
+        """Regression: /health sent two Content-Type headers, text/plain before application/json, so clients saw text."""
+        session, context = http
+
+        async with session.get(f"https://127.0.0.1:{relay.port}/health", ssl=context) as response:
+            assert response.headers.getall("Content-Type") == ["application/json"]
 
     async def test_unknown_path_is_not_found(
         self, relay: Relay, http: tuple[aiohttp.ClientSession, ssl.SSLContext]

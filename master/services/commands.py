@@ -13,7 +13,7 @@ import logging
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
@@ -67,13 +67,14 @@ async def publish(master: Master, command_ids: list[str]) -> int:
             break
         sent.append(command.id)
     if sent:
-        now = master.clock.now()
+        # Conditional UPDATE, not load-modify-save: the agent's result may have been
+        # recorded meanwhile, and "sent" must never overwrite "succeeded".
         async with master.db.session() as session:
-            for row in (await session.scalars(select(CommandRow).where(CommandRow.id.in_(sent)))).all():
-                if row.state in OPEN_STATES:
-                    row.state = "sent"
-                    row.last_sent_at = now
-                    row.send_count += 1
+            await session.execute(
+                update(CommandRow)
+                .where(CommandRow.id.in_(sent), CommandRow.state.in_(OPEN_STATES))
+                .values(state="sent", last_sent_at=master.clock.now(), send_count=CommandRow.send_count + 1)
+            )
     return len(sent)
 
 

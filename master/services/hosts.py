@@ -153,7 +153,8 @@ async def handle_command_result(session: AsyncSession, envelope: protocol.BusEnv
     message = envelope.message
     assert isinstance(message, protocol.CommandResult)
     body = message.body
-    row = await session.get(CommandRow, body.command_id)
+    # Locked: two masters handling a redelivered result must not both apply it.
+    row = await session.get(CommandRow, body.command_id, with_for_update=True)
     if row is None or row.host_id != message.host_id:
         log.warning("host %s reported a result for unknown command %s", message.host_id, body.command_id)
         return

@@ -43,6 +43,8 @@ RENTAL_TRANSITIONS: dict[str, frozenset[str]] = {
     "failed": frozenset(),
 }
 MAX_GPUS_PER_RENTAL = 64
+# Fresh reads of the free GPUs one placement may take after losing races to concurrent claims.
+MAX_PLACEMENT_ROUNDS = 16
 
 
 @dataclass(frozen=True)
@@ -131,43 +133,50 @@ async def _by_idempotency_key(master: Master, renter_id: str, key: str) -> Renta
 
 async def _place(master: Master, renter: Principal, request: RentalRequest, idempotency_key: str | None) -> tuple[Rental, str]:
     async with master.db.session() as session:
-        options = first_fit(await _free_gpus(session), count=request.gpu_count, model=request.gpu_model)
-        for gpus in options:
-            rental = Rental(
-                id=new_id("r"),
-                renter_id=renter.account_id,
-                host_id=gpus[0].host_id,
-                gpu_model=gpus[0].name,
-                gpu_count=request.gpu_count,
-                gpu_uuids=[g.uuid for g in gpus],
-                state="pending",
-                workload=request.workload,
-                idempotency_key=idempotency_key,
-                request_fingerprint=request.fingerprint(),
-            )
-            async with session.begin_nested() as attempt:
-                session.add(rental)
-                await session.flush()
-                claimed = await session.execute(
-                    update(Gpu)
-                    .where(Gpu.id.in_([g.gpu_id for g in gpus]), Gpu.rental_id.is_(None))
-                    .values(rental_id=rental.id)
+        for _round in range(MAX_PLACEMENT_ROUNDS):
+            # A lost race means another rental committed its claim since we read the free
+            # GPUs; read them again instead of answering 409 while GPUs are still free.
+            lost_a_race = False
+            options = first_fit(await _free_gpus(session), count=request.gpu_count, model=request.gpu_model)
+            for gpus in options:
+                rental = Rental(
+                    id=new_id("r"),
+                    renter_id=renter.account_id,
+                    host_id=gpus[0].host_id,
+                    gpu_model=gpus[0].name,
+                    gpu_count=request.gpu_count,
+                    gpu_uuids=[g.uuid for g in gpus],
+                    state="pending",
+                    workload=request.workload,
+                    idempotency_key=idempotency_key,
+                    request_fingerprint=request.fingerprint(),
                 )
-                if claimed.rowcount != len(gpus):  # type: ignore[attr-defined]
-                    log.info("lost a race for GPUs on host %s; trying the next host", rental.host_id)
-                    await attempt.rollback()
-                    continue
-            session.add(RentalEvent(rental_id=rental.id, from_state=None, to_state="pending", cause="placed"))
-            command = commands.new_command(
-                session,
-                host_id=rental.host_id,
-                kind="start_workload",
-                args={"rental_id": rental.id, "gpu_uuids": rental.gpu_uuids, "workload": rental.workload},
-                rental_id=rental.id,
-            )
-            _set_state(session, rental, "starting", f"start command {command.id} sent to host {rental.host_id}")
-            log.info("rental %s placed on host %s (%d GPU)", rental.id, rental.host_id, request.gpu_count)
-            return rental, command.id
+                async with session.begin_nested() as attempt:
+                    session.add(rental)
+                    await session.flush()
+                    claimed = await session.execute(
+                        update(Gpu)
+                        .where(Gpu.id.in_([g.gpu_id for g in gpus]), Gpu.rental_id.is_(None))
+                        .values(rental_id=rental.id)
+                    )
+                    if claimed.rowcount != len(gpus):  # type: ignore[attr-defined]
+                        log.info("lost a race for GPUs on host %s; trying the next host", rental.host_id)
+                        lost_a_race = True
+                        await attempt.rollback()
+                        continue
+                session.add(RentalEvent(rental_id=rental.id, from_state=None, to_state="pending", cause="placed"))
+                command = commands.new_command(
+                    session,
+                    host_id=rental.host_id,
+                    kind="start_workload",
+                    args={"rental_id": rental.id, "gpu_uuids": rental.gpu_uuids, "workload": rental.workload},
+                    rental_id=rental.id,
+                )
+                _set_state(session, rental, "starting", f"start command {command.id} sent to host {rental.host_id}")
+                log.info("rental %s placed on host %s (%d GPU)", rental.id, rental.host_id, request.gpu_count)
+                return rental, command.id
+            if not lost_a_race:
+                break
         largest = await _largest_host(session, request.gpu_model)
     what = f"{request.gpu_count} × {request.gpu_model or 'any GPU'}"
     if largest < request.gpu_count:
@@ -178,8 +187,8 @@ async def _place(master: Master, renter: Principal, request: RentalRequest, idem
     raise InsufficientCapacity(f"no host has {what} free right now; try again later or ask for fewer GPUs")
 
 
-async def get_rental(session: AsyncSession, principal: Principal, rental_id: str) -> Rental:
-    rental = await session.get(Rental, rental_id)
+async def get_rental(session: AsyncSession, principal: Principal, rental_id: str, *, for_update: bool = False) -> Rental:
+    rental = await session.get(Rental, rental_id, with_for_update=for_update)
     if rental is None or (principal.role != "admin" and rental.renter_id != principal.account_id):
         raise NotFound(f"no rental {rental_id!r} in your account", code="rental_not_found")
     return rental
@@ -202,7 +211,7 @@ async def stop_rental(master: Master, principal: Principal, rental_id: str) -> R
     """Ask the agent to stop the workload; idempotent (stopping a stopped rental returns it)."""
     command_id: str | None = None
     async with master.db.session() as session:
-        rental = await get_rental(session, principal, rental_id)
+        rental = await get_rental(session, principal, rental_id, for_update=True)
         if rental.state in ("pending", "starting", "running"):
             command = commands.new_command(
                 session, host_id=rental.host_id, kind="stop_workload", args={"rental_id": rental.id}, rental_id=rental.id
@@ -218,7 +227,7 @@ async def apply_command_result(session: AsyncSession, command: CommandRow, *, ok
     """What an agent's confirmation means for the rental it concerns."""
     if command.rental_id is None:
         return
-    rental = await session.get(Rental, command.rental_id)
+    rental = await session.get(Rental, command.rental_id, with_for_update=True)
     if rental is None:
         return
     if command.kind == "start_workload":
