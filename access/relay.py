@@ -97,6 +97,7 @@ class Relay:
         self.messages_forwarded = 0
         self.commands_delivered = 0
         self._server: Server | None = None
+        self._port: int | None = None
         self._consumer: asyncio.Task[None] | None = None
         self._closing = False
 
@@ -120,14 +121,15 @@ class Relay:
             compression=None,
             server_header=None,
         )
+        self._port = int(self._server.sockets[0].getsockname()[1])
         self._consumer = asyncio.create_task(self._consume_commands(), name=f"relay-{self.relay_id}-commands")
         log.info("relay %s (%s) listening on %s", self.relay_id, self.region, self.url)
 
     @property
     def port(self) -> int:
-        assert self._server is not None, "start() first"
-        port: int = self._server.sockets[0].getsockname()[1]
-        return port
+        """The bound port (still known after ``close()``)."""
+        assert self._port is not None, "start() first"
+        return self._port
 
     @property
     def url(self) -> str:
@@ -191,12 +193,12 @@ class Relay:
             log.warning("refused host %s: relay full (%d connections)", host_id, self.max_connections)
             await connection.close(protocol.CLOSE_TOO_MANY_CONNECTIONS, "relay full; try another relay")
             return
-        previous = self.agents.get(host_id)
+        link = AgentLink(host_id=host_id, connection=connection, outbound=asyncio.Queue(self.max_outbound_queue))
+        # Swap in the new link before awaiting anything, so racing reconnects cannot leave one untracked.
+        previous, self.agents[host_id] = self.agents.get(host_id), link
         if previous is not None:
             log.info("host %s reconnected; closing its previous connection", host_id)
             await previous.connection.close(protocol.CLOSE_REPLACED, "replaced by a newer connection of this host")
-        link = AgentLink(host_id=host_id, connection=connection, outbound=asyncio.Queue(self.max_outbound_queue))
-        self.agents[host_id] = link
         link.writer = asyncio.create_task(self._write(link), name=f"relay-write-{host_id}")
         log.info("host %s connected from %s", host_id, connection.remote_address)
         try:
