@@ -27,7 +27,7 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
-test: install lint
+test: install lint typecheck
 	$(BIN)/python -m pytest $(ARGS)
 
 bench: install

@@ -104,7 +104,7 @@ class Agent:
         facts = collect_host_facts(workload_dir=self.state.work_dir, agent_version=AGENT_VERSION)
         return protocol.HelloBody(
             agent_version=AGENT_VERSION,
-            gpu_backend=self.backend.name,  # type: ignore[arg-type]
+            gpu_backend=self.backend.name,
             region=self.region,
             host=facts.to_wire(),
             gpus=[protocol.GpuInfoModel.model_validate(g.to_wire()) for g in self.backend.gpus()],

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from sqlalchemy import select
 
 from access.relay import Relay
 from agent.enroll import enroll
@@ -37,7 +38,6 @@ from master.services.accounts import create_account, create_api_key, key_is_vali
 from shared.bus import InProcessBus
 from shared.crypto import certificate_not_after, server_ssl_context
 from shared.settings import MasterSettings
-from sqlalchemy import select
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from shared.errors import ProtocolError
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION: Literal[1] = 1
 DEFAULT_MAX_FRAME = 1 << 20
 
 # Websocket close codes the relay uses, one table (4000–4999 are application codes).

@@ -21,7 +21,6 @@ from sqlalchemy import select
 from access.relay import Relay
 from agent.gpu import open_backend
 from agent.runner import Agent
-from agent.state import AgentState
 from gpumarket.up import Marketplace, start_marketplace
 from master.models import TelemetrySample
 from shared.crypto import server_ssl_context

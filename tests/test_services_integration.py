@@ -44,7 +44,7 @@ class Processes:
         return done.stdout
 
     def start(self, name: str, *args: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
-        log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        log = open(self.tmp / f"{name}.log", "wb")
         process = subprocess.Popen([sys.executable, "-m", "gpumarket.cli", *args], env=env, stdout=log, stderr=subprocess.STDOUT)
         self.running[name] = process
         return process

@@ -57,7 +57,7 @@ async def publish(master: Master, command_ids: list[str]) -> int:
         delivery = protocol.CommandDelivery(
             host_id=command.host_id,
             command=protocol.Command(
-                body=protocol.CommandBody(command_id=command.id, kind=command.kind, args=command.args)  # type: ignore[arg-type]
+                body=protocol.CommandBody(command_id=command.id, kind=command.kind, args=command.args)
             ),
         )
         try:

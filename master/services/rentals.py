@@ -21,8 +21,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
-from master.models import Gpu, Host, Rental, RentalEvent
 from master.models import Command as CommandRow
+from master.models import Gpu, Host, Rental, RentalEvent
 from master.services import commands
 from master.services.accounts import Principal
 from master.services.hoststate import RENTABLE_STATES, transition
