@@ -587,3 +587,12 @@ class TestOpenApi:
         for ref in refs:
             assert ref.startswith(prefix), ref
             assert ref.removeprefix(prefix) in schemas, ref
+
+
+class TestRoutingBeforeAuth:
+    async def test_unknown_paths_are_404_even_without_a_key(self, api: Api) -> None:
+        """An endpoint that does not exist is a JSON 404 (and a wrong method 405), not a 401, for anonymous callers too."""
+        status, body = await api.call("GET", "/nope", None)
+        assert_error(status, body, 404, "not_found")
+        status, body = await api.call("PUT", "/health", None)
+        assert_error(status, body, 405, "method_not_allowed")

@@ -58,6 +58,8 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if request.match_info.http_exception is not None:
+        raise request.match_info.http_exception  # unknown path or method: 404/405 before any auth
     if request.path.startswith("/api/") and request.path not in PUBLIC_PATHS:
         header = request.headers.get("Authorization", "")
         scheme, _, key = header.partition(" ")
