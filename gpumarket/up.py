@@ -92,6 +92,7 @@ async def start_marketplace(
     relay_port: int = 8443,
     heartbeat_interval: float = 10.0,
     telemetry_interval: float = 10.0,
+    missed_heartbeats_offline: int = 3,
     settings: MasterSettings | None = None,
 ) -> Marketplace:
     data_dir = data_dir.resolve()
@@ -102,6 +103,7 @@ async def start_marketplace(
         http_port=http_port,
         heartbeat_interval=heartbeat_interval,
         telemetry_interval=telemetry_interval,
+        missed_heartbeats_offline=missed_heartbeats_offline,
         instance_id="master-embedded",
     )
     bus = InProcessBus()

@@ -99,7 +99,7 @@ async def heartbeat_monitor(master: Master, *, every: float | None = None) -> No
             async with master.db.session() as session:
                 gone = await hosts.mark_silent_hosts_offline(session, now=master.clock.now(), deadline=timedelta(seconds=deadline))
             if gone:
-                log.warning("hosts offline after %.0fs of silence: %s", deadline, ", ".join(gone))
+                log.warning("hosts offline after %gs of silence: %s", deadline, ", ".join(gone))
         except Exception:
             log.exception("heartbeat monitor pass failed; retrying next interval")
 

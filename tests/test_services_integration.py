@@ -109,6 +109,7 @@ class TestSeparateProcesses:
             "GPUMARKET_HTTP_PORT": str(http_port),
             "GPUMARKET_RELAY_URLS": json.dumps([relay_url]),
             "GPUMARKET_COMMAND_RETRY_INTERVAL": "1.0",
+            "GPUMARKET_MISSED_HEARTBEATS_OFFLINE": "10",
         }
         provider_key = processes.cli("admin", "create-account", "--name", "prov", "--role", "provider", env=master_env).strip()
         renter_key = processes.cli("admin", "create-account", "--name", "rent", "--role", "renter", env=master_env).strip()
