@@ -124,7 +124,7 @@ class TestEmbeddedMarketplace:
 
         async def a100s_free() -> bool:
             offers = (await renter.get("/offers?gpu_model=A100"))["items"]
-            return sum(o["num_gpus"] for o in offers) == 4
+            return bool(sum(o["num_gpus"] for o in offers) == 4)
 
         await eventually(a100s_free, what="all 4 A100s offered again")
 
