@@ -33,6 +33,7 @@ test: install lint typecheck
 bench: install
 	$(BIN)/python bench/bench_protocol.py
 	$(BIN)/python bench/bench_bus.py
+	$(BIN)/python bench/bench_relay.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
