@@ -25,69 +25,24 @@ import argparse
 import gc
 import json
 import os
-import platform
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from importlib import metadata
 
 from agent.gpu.sim import SimulatedBackend
 from shared import protocol
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import Progress, describe_machine
 
 HOST_ID = "h-bench"
 RELAY_ID = "relay-bench"
 WARMUP = 200
 
 
-# ---- machine and progress (the same helpers as bench/bench_relay.py) -------------------------
-
-
-def describe_machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    cores = os.cpu_count() or 1
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores
-    versions = ", ".join(f"{name} {metadata.version(name)}" for name in ("pydantic", "websockets"))
-    return (
-        f"machine: {model}, {cores} cores ({usable} usable); "
-        f"{platform.python_implementation()} {platform.python_version()} on {platform.system()} "
-        f"{platform.release()}; {versions}"
-    )
-
-
-class Progress:
-    """A counter line on stderr, shown only once a phase has run for more than ``after`` seconds."""
-
-    def __init__(self, label: str, total: int, *, after: float = 2.0) -> None:
-        self.label, self.total, self.after = label, total, after
-        self.started = time.monotonic()
-        self.last_shown = 0.0
-        self.shown = False
-        self.tty = sys.stderr.isatty()
-
-    def update(self, done: int) -> None:
-        now = time.monotonic()
-        if now - self.started < self.after or now - self.last_shown < (0.25 if self.tty else 2.0):
-            return
-        self.last_shown, self.shown = now, True
-        line = f"  {self.label}: {done:,}/{self.total:,} ({now - self.started:.0f}s)"
-        print(
-            f"\r{line}\033[K" if self.tty else line, end="" if self.tty else "\n", file=sys.stderr, flush=True
-        )
-
-    def done(self) -> None:
-        if self.shown and self.tty:
-            print("\r\033[K", end="", file=sys.stderr, flush=True)
 
 
 # ---- the data -------------------------------------------------------------------------------

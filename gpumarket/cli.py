@@ -131,6 +131,13 @@ def cmd_admin_issue_relay_cert(args: argparse.Namespace) -> None:
 # ---- parser -------------------------------------------------------------------------
 
 
+def _add_agent_run_options(parser: argparse.ArgumentParser) -> None:
+    _add_config(parser)
+    parser.add_argument("--data-dir", type=Path, metavar="DIR", help="overrides GPUMARKET_DATA_DIR")
+    parser.add_argument("--gpus", metavar="SPEC", help="'nvml' or 'sim:4xRTX4090' (overrides GPUMARKET_GPUS)")
+    parser.add_argument("--relay-url", metavar="URL", help="wss:// URL of a relay (overrides the enrolled one)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
@@ -176,17 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="The provider agent. `gpumarket agent` alone is `gpumarket agent run`.",
     )
     agent_sub = agent.add_subparsers(dest="agent_command", metavar="ACTION")
-    for target in (agent,):
-        _add_config(target)
-        target.add_argument("--data-dir", type=Path, metavar="DIR", help="overrides GPUMARKET_DATA_DIR")
-        target.add_argument("--gpus", metavar="SPEC", help="'nvml' or 'sim:4xRTX4090' (overrides GPUMARKET_GPUS)")
-        target.add_argument("--relay-url", metavar="URL", help="wss:// URL of a relay (overrides the enrolled one)")
+    _add_agent_run_options(agent)
     agent.set_defaults(func=cmd_agent_run)
     run = agent_sub.add_parser("run", help="run the enrolled agent", epilog=_settings_epilog(AgentSettings), formatter_class=formatter)
-    _add_config(run)
-    run.add_argument("--data-dir", type=Path, metavar="DIR", help="overrides GPUMARKET_DATA_DIR")
-    run.add_argument("--gpus", metavar="SPEC", help="'nvml' or 'sim:4xRTX4090' (overrides GPUMARKET_GPUS)")
-    run.add_argument("--relay-url", metavar="URL", help="wss:// URL of a relay (overrides the enrolled one)")
+    _add_agent_run_options(run)
     run.set_defaults(func=cmd_agent_run)
     enroll = agent_sub.add_parser(
         "enroll", help="enroll this host with a one-time token", formatter_class=formatter,
