@@ -98,6 +98,7 @@ class Relay:
         self.commands_delivered = 0
         self._server: Server | None = None
         self._port: int | None = None
+        self._closers: set[asyncio.Task[None]] = set()
         self._consumer: asyncio.Task[None] | None = None
         self._closing = False
 
@@ -149,6 +150,7 @@ class Relay:
         with contextlib.suppress(TimeoutError):  # 3. wait for handlers
             async with asyncio.timeout(self.close_timeout + 1):
                 await self._server.wait_closed()
+                await asyncio.gather(*self._closers, return_exceptions=True)
         if self._consumer is not None:  # 4. stop the command consumer
             self._consumer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -249,10 +251,11 @@ class Relay:
             link.outbound.put_nowait(frame)
         except asyncio.QueueFull:
             log.warning("host %s is not reading (%d frames queued); disconnecting it", link.host_id, link.outbound.qsize())
-            link.writer and link.writer.cancel()
-            asyncio.get_running_loop().create_task(
-                link.connection.close(protocol.CLOSE_SLOW_CONSUMER, "too slow reading; reconnect")
-            ).add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+            if link.writer is not None:
+                link.writer.cancel()
+            task = asyncio.create_task(link.connection.close(protocol.CLOSE_SLOW_CONSUMER, "too slow reading; reconnect"))
+            self._closers.add(task)  # owned: close() awaits whatever is still running
+            task.add_done_callback(self._closers.discard)
 
     async def _write(self, link: AgentLink) -> None:
         with contextlib.suppress(ConnectionClosed):

@@ -20,16 +20,30 @@ from shared.errors import BusError, ProtocolError
 log = logging.getLogger(__name__)
 
 GROUP = "master"
+DEAD_LETTERS_STREAM = "agent-events:dead"
 
 
 class Ingestor:
-    def __init__(self, master: Master, *, batch: int = 200, block: float = 1.0, claim_every: float = 5.0) -> None:
+    def __init__(
+        self,
+        master: Master,
+        *,
+        batch: int = 200,
+        block: float = 1.0,
+        claim_every: float = 5.0,
+        max_deliveries: int = 5,
+        error_backoff: float = 1.0,
+    ) -> None:
         self.master = master
         self.batch = batch
         self.block = block
         self.claim_every = claim_every
+        self.max_deliveries = max_deliveries
+        self.error_backoff = error_backoff
         self.consumer = master.instance_id
         self.processed = 0
+        self.failed = 0
+        self.dead_lettered = 0
 
     async def run(self) -> None:
         """Consume until cancelled. Cancelling is safe: unacknowledged messages stay pending."""
@@ -57,8 +71,29 @@ class Ingestor:
                 backoff = min(backoff * 2, 30.0)
 
     async def process(self, messages: list[BusMessage]) -> None:
+        """Apply and acknowledge each message; one that fails stays pending and is retried.
+
+        A database outage fails every message: they stay pending on the bus and are claimed
+        again after ``stale_message_idle``. A message that keeps failing (a poison message)
+        is moved to the dead-letter stream after ``max_deliveries`` attempts, so it cannot
+        block ingestion forever, and is logged for an operator.
+        """
         for message in messages:
-            await self._apply_one(message)
+            try:
+                await self._apply_one(message)
+            except Exception:
+                self.failed += 1
+                if message.deliveries >= self.max_deliveries:
+                    log.exception("giving up on bus message %s after %d deliveries; moved to %s",
+                                  message.id, message.deliveries, DEAD_LETTERS_STREAM)
+                    await self.master.bus.publish(DEAD_LETTERS_STREAM, message.payload)
+                    await self.master.bus.ack(message.stream, GROUP, [message.id])
+                    self.dead_lettered += 1
+                    continue
+                log.exception("applying bus message %s failed (delivery %d); it stays pending for a retry",
+                              message.id, message.deliveries)
+                await asyncio.sleep(self.error_backoff)
+                continue
             await self.master.bus.ack(message.stream, GROUP, [message.id])
             self.processed += 1
 

@@ -121,7 +121,8 @@ class HostEvent(Base):
 
 class Gpu(Base):
     __tablename__ = "gpus"
-    __table_args__ = (UniqueConstraint("host_id", "index", name="uq_gpus_host_index"),)
+    # Not unique: GPUs can swap indices between boots, and absent GPUs keep their last one.
+    __table_args__ = (Index("ix_gpus_host_index", "host_id", "index"),)
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     host_id: Mapped[str] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), index=True)
@@ -132,7 +133,7 @@ class Gpu(Base):
     info: Mapped[dict[str, Any]] = mapped_column(default=dict)
     present: Mapped[bool] = mapped_column(default=True)
     # The allocation: set with ``UPDATE … WHERE rental_id IS NULL`` so one GPU is never given twice.
-    rental_id: Mapped[str | None] = mapped_column(ForeignKey("rentals.id", use_alter=True), default=None, index=True)
+    rental_id: Mapped[str | None] = mapped_column(ForeignKey("rentals.id"), default=None, index=True)
 
 
 class Rental(Base):

@@ -367,6 +367,8 @@ class OutboundWindow:
     ``next_seq`` starts where the persisted lease says (see ``agent.state``), so a
     restarted agent never reuses a number. Messages stay until acknowledged and
     ``pending()`` yields them in sequence order for replay after a reconnect.
+    ``max_unacked`` bounds telemetry and heartbeats; hello and command results are
+    always accepted (they are few, and refusing them would stall the agent).
     """
 
     def __init__(self, host_id: str, *, first_seq: int, max_unacked: int = 10_000) -> None:
@@ -382,8 +384,8 @@ class OutboundWindow:
     def full(self) -> bool:
         return len(self._unacked) >= self.max_unacked
 
-    def _envelope(self, cls: type[_AgentEnvelope], body: BaseModel, ts: datetime | None) -> tuple[int, str]:
-        if self.full:
+    def _envelope(self, cls: type[_AgentEnvelope], body: BaseModel, ts: datetime | None, *, force: bool = False) -> tuple[int, str]:
+        if self.full and not force:
             raise WindowFull(f"{len(self._unacked)} messages await acknowledgement; not sending more until the relay catches up")
         seq = self.next_seq
         self.next_seq += 1
@@ -393,7 +395,8 @@ class OutboundWindow:
         return seq, frame
 
     def hello(self, body: HelloBody, ts: datetime | None = None) -> tuple[int, str]:
-        return self._envelope(Hello, body, ts)
+        # Never refused: without a hello after reconnecting, the window could never drain.
+        return self._envelope(Hello, body, ts, force=True)
 
     def heartbeat(self, body: HeartbeatBody, ts: datetime | None = None) -> tuple[int, str]:
         return self._envelope(Heartbeat, body, ts)
@@ -402,7 +405,8 @@ class OutboundWindow:
         return self._envelope(Telemetry, body, ts)
 
     def command_result(self, body: CommandResultBody, ts: datetime | None = None) -> tuple[int, str]:
-        return self._envelope(CommandResult, body, ts)
+        # Never refused: a result is the only record that a command ran; it is small and rare.
+        return self._envelope(CommandResult, body, ts, force=True)
 
     def ack(self, seq: int) -> bool:
         """Forget an acknowledged message; returns whether it was outstanding."""

@@ -117,6 +117,17 @@ class TestOutboundWindow:
         window.heartbeat(self._body())
 
 
+    def test_hello_and_command_results_are_never_refused(self) -> None:
+        """A full window still takes a hello (so a reconnect can replay) and command results (so no outcome is lost)."""
+        window = protocol.OutboundWindow("h-1", first_seq=0, max_unacked=1)
+        window.heartbeat(self._body())
+        assert window.full
+        window.hello(protocol.HelloBody(agent_version="t", gpu_backend="sim", gpus=[]))
+        result = protocol.CommandResultBody(command_id="cmd-1", ok=True, finished_at=datetime.now(UTC))
+        seq, _ = window.command_result(result)
+        assert seq == 2 and len(window) == 3
+
+
 class TestSequenceLease:
     def test_never_reuses_a_number_after_a_crash(self, tmp_path: Path) -> None:
         """A restarted agent starts above every number the previous run could have used."""

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -80,13 +80,18 @@ async def handle_hello(session: AsyncSession, envelope: protocol.BusEnvelope) ->
         host.name = str(body.host["hostname"])[:255]
     existing = {g.uuid: g for g in (await session.scalars(select(Gpu).where(Gpu.host_id == host.id))).all()}
     reported = {g.uuid for g in body.gpus}
+    # A GPU UUID is globally unique; one already registered to another host means a cloned
+    # machine or a forged report. Keep it where it is and refuse it here, loudly.
+    claimed = set(
+        (await session.scalars(select(Gpu.uuid).where(Gpu.uuid.in_(reported), Gpu.host_id != host.id))).all()
+    )
+    for uuid in sorted(claimed):
+        log.warning("host %s reports GPU %s, which belongs to another host; ignoring it", host.id, uuid)
     for gpu in body.gpus:
+        if gpu.uuid in claimed:
+            continue
         row = existing.get(gpu.uuid)
         if row is None:
-            # Index may have moved (a GPU swapped out): free the slot first.
-            await session.execute(
-                update(Gpu).where(Gpu.host_id == host.id, Gpu.index == gpu.index, Gpu.uuid != gpu.uuid).values(index=-1 - gpu.index)
-            )
             session.add(
                 Gpu(
                     id=new_id("gpu"),

@@ -81,26 +81,6 @@ def upgrade() -> None:
         batch_op.create_index(batch_op.f('ix_hosts_owner_id'), ['owner_id'], unique=False)
         batch_op.create_index(batch_op.f('ix_hosts_state'), ['state'], unique=False)
 
-    op.create_table('gpus',
-    sa.Column('id', sa.String(length=40), nullable=False),
-    sa.Column('host_id', sa.String(length=40), nullable=False),
-    sa.Column('index', sa.Integer(), nullable=False),
-    sa.Column('uuid', sa.String(length=128), nullable=False),
-    sa.Column('name', sa.String(length=255), nullable=False),
-    sa.Column('memory_total_mib', sa.Integer(), nullable=False),
-    sa.Column('info', sa.JSON(), nullable=False),
-    sa.Column('present', sa.Boolean(), nullable=False),
-    sa.Column('rental_id', sa.String(length=40), nullable=True),
-    sa.ForeignKeyConstraint(['host_id'], ['hosts.id'], ondelete='CASCADE'),
-    sa.ForeignKeyConstraint(['rental_id'], ['rentals.id'], use_alter=True),
-    sa.PrimaryKeyConstraint('id'),
-    sa.UniqueConstraint('host_id', 'index', name='uq_gpus_host_index'),
-    sa.UniqueConstraint('uuid')
-    )
-    with op.batch_alter_table('gpus', schema=None) as batch_op:
-        batch_op.create_index(batch_op.f('ix_gpus_host_id'), ['host_id'], unique=False)
-        batch_op.create_index(batch_op.f('ix_gpus_rental_id'), ['rental_id'], unique=False)
-
     op.create_table('host_events',
     sa.Column('id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), autoincrement=True, nullable=False),
     sa.Column('host_id', sa.String(length=40), nullable=False),
@@ -139,6 +119,26 @@ def upgrade() -> None:
         batch_op.create_index(batch_op.f('ix_rentals_host_id'), ['host_id'], unique=False)
         batch_op.create_index(batch_op.f('ix_rentals_renter_id'), ['renter_id'], unique=False)
         batch_op.create_index(batch_op.f('ix_rentals_state'), ['state'], unique=False)
+
+    op.create_table('gpus',
+    sa.Column('id', sa.String(length=40), nullable=False),
+    sa.Column('host_id', sa.String(length=40), nullable=False),
+    sa.Column('index', sa.Integer(), nullable=False),
+    sa.Column('uuid', sa.String(length=128), nullable=False),
+    sa.Column('name', sa.String(length=255), nullable=False),
+    sa.Column('memory_total_mib', sa.Integer(), nullable=False),
+    sa.Column('info', sa.JSON(), nullable=False),
+    sa.Column('present', sa.Boolean(), nullable=False),
+    sa.Column('rental_id', sa.String(length=40), nullable=True),
+    sa.ForeignKeyConstraint(['host_id'], ['hosts.id'], ondelete='CASCADE'),
+    sa.ForeignKeyConstraint(['rental_id'], ['rentals.id'], ),
+    sa.PrimaryKeyConstraint('id'),
+    sa.UniqueConstraint('uuid')
+    )
+    with op.batch_alter_table('gpus', schema=None) as batch_op:
+        batch_op.create_index(batch_op.f('ix_gpus_host_id'), ['host_id'], unique=False)
+        batch_op.create_index(batch_op.f('ix_gpus_rental_id'), ['rental_id'], unique=False)
+        batch_op.create_index('ix_gpus_host_index', ['host_id', 'index'], unique=False)
 
     op.create_table('telemetry',
     sa.Column('id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), autoincrement=True, nullable=False),
@@ -217,6 +217,7 @@ def downgrade() -> None:
 
     op.drop_table('host_events')
     with op.batch_alter_table('gpus', schema=None) as batch_op:
+        batch_op.drop_index('ix_gpus_host_index')
         batch_op.drop_index(batch_op.f('ix_gpus_rental_id'))
         batch_op.drop_index(batch_op.f('ix_gpus_host_id'))
 

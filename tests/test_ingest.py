@@ -1,0 +1,103 @@
+"""The ingestion loop: consume agent events from the bus, apply them once, survive bad ones."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from datetime import UTC, datetime
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from master.context import Master
+from master.ingest import DEAD_LETTERS_STREAM, GROUP, Ingestor
+from master.models import Gpu, Host, TelemetrySample
+from shared import protocol
+from shared.bus import BusMessage
+from tests.factories import create_principal, enroll_host, gpu_info, hello, online_host, telemetry
+from tests.helpers import eventually
+
+
+async def _publish(master: Master, message: protocol.Hello | protocol.Telemetry) -> str:
+    return await master.bus.publish(
+        protocol.AGENT_EVENTS_STREAM, protocol.encode_bus_envelope("relay-i", message, datetime.now(UTC))
+    )
+
+
+async def _pending(master: Master) -> int:
+    return await master.bus.pending_count(protocol.AGENT_EVENTS_STREAM, GROUP)
+
+
+class BrokenIngestor(Ingestor):
+    """Fault injection at our own seam: applying any message fails, as during a database outage."""
+
+    async def _apply_one(self, message: BusMessage) -> None:
+        raise RuntimeError("database unavailable")
+
+
+class TestIngestor:
+    async def test_applies_and_acknowledges_agent_events(self, master: Master) -> None:
+        """Hello and telemetry from the bus land in the database and leave nothing pending."""
+        provider, _ = await create_principal(master, "p", "provider")
+        host_id = await enroll_host(master, provider)
+        gpus = [gpu_info(0)]
+        await _publish(master, hello(host_id, 0, gpus))
+        await _publish(master, telemetry(host_id, 1, gpus))
+        await _publish(master, telemetry(host_id, 1, gpus))  # a redelivery
+        ingestor = Ingestor(master, block=0.05)
+        task = asyncio.create_task(ingestor.run())
+        try:
+            await eventually(lambda: _done(ingestor, 3), what="3 messages processed")
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        assert await _pending(master) == 0
+        async with master.db.session() as session:
+            host = await session.get(Host, host_id)
+            seqs = (await session.scalars(select(TelemetrySample.seq).where(TelemetrySample.host_id == host_id))).all()
+        assert host is not None and host.state == "online"
+        assert list(seqs) == [1]
+
+    async def test_malformed_records_are_dropped_not_retried(self, master: Master) -> None:
+        """A bus record that is not an envelope is logged and acknowledged."""
+        await master.bus.ensure_group(protocol.AGENT_EVENTS_STREAM, GROUP)
+        await master.bus.publish(protocol.AGENT_EVENTS_STREAM, b"not an envelope")
+        ingestor = Ingestor(master)
+        await ingestor.process(await master.bus.read(protocol.AGENT_EVENTS_STREAM, GROUP, "t", block=None))
+        assert await _pending(master) == 0
+
+    async def test_a_failing_message_stays_pending_then_goes_to_dead_letters(self, master: Master) -> None:
+        """A message that cannot be applied is retried, and after max_deliveries parked in the dead-letter stream."""
+        provider, _ = await create_principal(master, "p", "provider")
+        host_id = await enroll_host(master, provider)
+        await master.bus.ensure_group(protocol.AGENT_EVENTS_STREAM, GROUP)
+        await _publish(master, hello(host_id, 0, [gpu_info(0)]))
+        broken = BrokenIngestor(master, max_deliveries=2, error_backoff=0)
+        await broken.process(await master.bus.read(protocol.AGENT_EVENTS_STREAM, GROUP, "a", block=None))
+        assert await _pending(master) == 1  # kept for a retry, not lost
+        await broken.process(await master.bus.claim_stale(protocol.AGENT_EVENTS_STREAM, GROUP, "b", min_idle=0))
+        assert await _pending(master) == 0
+        assert (broken.failed, broken.dead_lettered) == (2, 1)
+        assert await master.bus.stream_length(DEAD_LETTERS_STREAM) == 1
+
+
+class TestGpuIdentity:
+    async def test_a_gpu_claimed_by_another_host_is_refused(self, master: Master) -> None:
+        """A hello reporting a GPU UUID registered to another host does not move it or fail."""
+        provider, _ = await create_principal(master, "p", "provider")
+        shared_gpu = gpu_info(0)
+        first = await online_host(master, provider, [shared_gpu])
+        second = await online_host(master, provider, [shared_gpu, gpu_info(1)])
+        async with master.db.session() as session:
+            owners = await _owners(session)
+        assert owners[shared_gpu.uuid] == first
+        assert list(owners.values()).count(second) == 1
+
+
+async def _owners(session: AsyncSession) -> dict[str, str]:
+    return {uuid: host for uuid, host in (await session.execute(select(Gpu.uuid, Gpu.host_id))).all()}
+
+
+async def _done(ingestor: Ingestor, n: int) -> bool:
+    return ingestor.processed >= n
