@@ -115,6 +115,14 @@ class Ingestor:
                         await hosts.handle_telemetry(session, envelope)
                     case protocol.CommandResult():
                         await hosts.handle_command_result(session, envelope)
+                    case protocol.GpuEvents():
+                        await hosts.handle_gpu_events(session, envelope)
+                    case protocol.NetworkReport():
+                        await hosts.handle_network_report(session, envelope)
+                    case protocol.WorkloadExited():
+                        await hosts.handle_workload_exited(session, envelope)
+                    case protocol.WorkloadLogs():
+                        await hosts.handle_workload_logs(session, envelope)
         except hosts.UnknownHost:
             log.warning("message from unknown host %s via %s dropped", envelope.message.host_id, envelope.relay_id)
             return

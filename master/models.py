@@ -104,6 +104,9 @@ class Host(Base):
     latest_telemetry: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     latest_telemetry_seq: Mapped[int] = mapped_column(BigInteger, default=-1)
     latest_telemetry_at: Mapped[datetime | None] = mapped_column(default=None)
+    last_hello_seq: Mapped[int] = mapped_column(BigInteger, default=-1)
+    latest_network: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    spool_stats: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     created_at: Mapped[datetime] = mapped_column(default=_now)
 
 
@@ -198,3 +201,56 @@ class TelemetrySample(Base):
     received_at: Mapped[datetime] = mapped_column(default=_now)
     relay_id: Mapped[str | None] = mapped_column(String(64), default=None)
     gpus: Mapped[list[Any]] = mapped_column(default=list)
+    window_s: Mapped[float | None] = mapped_column(default=None)
+    aggregates: Mapped[list[Any]] = mapped_column(default=list)
+
+
+class GpuEvent(Base):
+    """XID errors and ECC events as the agent reported them (one row per event)."""
+
+    __tablename__ = "gpu_events"
+    __table_args__ = (UniqueConstraint("host_id", "seq", "position", name="uq_gpu_events_host_seq_pos"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    host_id: Mapped[str] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), index=True)
+    seq: Mapped[int] = mapped_column(BigInteger)
+    position: Mapped[int]
+    gpu_uuid: Mapped[str] = mapped_column(String(128))
+    kind: Mapped[str] = mapped_column(String(64))
+    code: Mapped[int | None] = mapped_column(default=None)
+    at: Mapped[datetime]
+    received_at: Mapped[datetime] = mapped_column(default=_now)
+
+
+class NetworkMeasurement(Base):
+    __tablename__ = "network_measurements"
+    __table_args__ = (
+        UniqueConstraint("host_id", "seq", name="uq_network_host_seq"),
+        Index("ix_network_host_measured", "host_id", "measured_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    host_id: Mapped[str] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"))
+    seq: Mapped[int] = mapped_column(BigInteger)
+    measured_at: Mapped[datetime]
+    relay_url: Mapped[str] = mapped_column(String(512))
+    download_mbps: Mapped[float | None] = mapped_column(default=None)
+    upload_mbps: Mapped[float | None] = mapped_column(default=None)
+    latency_ms: Mapped[float | None] = mapped_column(default=None)
+    jitter_ms: Mapped[float | None] = mapped_column(default=None)
+    loss: Mapped[float] = mapped_column(default=0.0)
+    data: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class RentalLogChunk(Base):
+    """A slice of a workload's output as the agent shipped it; ``offset`` is the byte offset in the log."""
+
+    __tablename__ = "rental_logs"
+    __table_args__ = (UniqueConstraint("rental_id", "offset", name="uq_rental_logs_offset"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    rental_id: Mapped[str] = mapped_column(ForeignKey("rentals.id", ondelete="CASCADE"), index=True)
+    offset: Mapped[int] = mapped_column(BigInteger)
+    length: Mapped[int]
+    data: Mapped[str] = mapped_column(Text)
+    received_at: Mapped[datetime] = mapped_column(default=_now)

@@ -17,10 +17,9 @@ Agent, relay, master and tests all encode and validate through this module; see
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -117,6 +116,26 @@ class GpuSampleModel(_Lenient):
     processes: list[GpuProcessModel] = Field(default_factory=list, max_length=1024)
 
 
+class GpuAggregateModel(_Lenient):
+    """One GPU over the telemetry window (the agent samples every second, reports every ~10 s)."""
+
+    uuid: Annotated[str, Field(min_length=1, max_length=128)]
+    samples: int = Field(ge=0)
+    gpu_util_avg: float | None = None
+    gpu_util_max: float | None = None
+    memory_used_max_mib: int | None = None
+    temperature_max_c: float | None = None
+    power_avg_w: float | None = None
+    power_max_w: float | None = None
+
+
+class GpuEventModel(_Lenient):
+    uuid: Annotated[str, Field(min_length=1, max_length=128)]
+    kind: ShortText  # "xid", "double_bit_ecc", "single_bit_ecc", ...
+    code: int | None = None
+    at: datetime
+
+
 class HelloBody(_Strict):
     agent_version: ShortText
     gpu_backend: Literal["nvml", "sim", "replay"]
@@ -126,14 +145,68 @@ class HelloBody(_Strict):
     running_rentals: list[CommandId] = Field(default_factory=list, max_length=1024)
 
 
+class SpoolStats(_Strict):
+    pending: int = Field(ge=0)
+    evicted: dict[str, int] = Field(default_factory=dict)
+
+
 class HeartbeatBody(_Strict):
     uptime_s: float = Field(ge=0)
     running_rentals: list[CommandId] = Field(default_factory=list, max_length=1024)
+    spool: SpoolStats | None = None
 
 
 class TelemetryBody(_Strict):
+    """The latest sample of every GPU, plus aggregates over the window since the last report."""
+
     sampled_at: datetime
     gpus: list[GpuSampleModel] = Field(max_length=64)
+    window_s: float | None = Field(None, ge=0)
+    aggregates: list[GpuAggregateModel] = Field(default_factory=list, max_length=64)
+
+
+class GpuEventsBody(_Strict):
+    """XID errors and ECC events, pushed as soon as the agent sees them."""
+
+    events: list[GpuEventModel] = Field(min_length=1, max_length=256)
+
+
+class NetworkReportBody(_Strict):
+    relay_url: Annotated[str, Field(max_length=512)]
+    measured_at: datetime
+    download_mbps: float | None = Field(None, ge=0)
+    upload_mbps: float | None = Field(None, ge=0)
+    download_bytes: int = Field(0, ge=0)
+    upload_bytes: int = Field(0, ge=0)
+    latency_ms: float | None = Field(None, ge=0)
+    min_rtt_ms: float | None = Field(None, ge=0)
+    max_rtt_ms: float | None = Field(None, ge=0)
+    jitter_ms: float | None = Field(None, ge=0)
+    jitter_rfc3550_ms: float | None = Field(None, ge=0)
+    loss: float = Field(ge=0, le=1)
+    probes_sent: int = Field(ge=0)
+    probes_answered: int = Field(ge=0)
+    duration_s: float = Field(ge=0)
+    error: Annotated[str, Field(max_length=1024)] | None = None
+
+
+class WorkloadExitedBody(_Strict):
+    rental_id: CommandId
+    exit_code: int | None = None
+    at: datetime
+    reason: Annotated[str, Field(max_length=1024)] = ""
+
+
+MAX_LOG_CHUNK = 64 << 10
+
+
+class WorkloadLogsBody(_Strict):
+    """Bytes ``[offset, offset + length)`` of a workload's output log, as text (UTF-8, invalid bytes replaced)."""
+
+    rental_id: CommandId
+    offset: int = Field(ge=0)
+    length: int = Field(ge=0, le=MAX_LOG_CHUNK)
+    data: Annotated[str, Field(max_length=MAX_LOG_CHUNK)]
 
 
 class CommandResultBody(_Strict):
@@ -156,9 +229,15 @@ class AckBody(_Strict):
     seq: int = Field(ge=0)
 
 
+COMMAND_KINDS = ("start_workload", "stop_workload", "measure_network")
+
+
 class CommandBody(_Strict):
+    """A command for the agent. ``kind`` is open on the wire: an agent answers a kind it does
+    not know with a failed result naming the kinds it supports (``COMMAND_KINDS``)."""
+
     command_id: CommandId
-    kind: Literal["start_workload", "stop_workload"]
+    kind: Annotated[str, Field(min_length=1, max_length=64)]
     args: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -197,8 +276,31 @@ class CommandResult(_AgentEnvelope):
     body: CommandResultBody
 
 
-AgentMessage = Annotated[Hello | Heartbeat | Telemetry | CommandResult, Field(discriminator="type")]
-AGENT_TYPES = frozenset({"hello", "heartbeat", "telemetry", "command_result"})
+class GpuEvents(_AgentEnvelope):
+    type: Literal["gpu_events"] = "gpu_events"
+    body: GpuEventsBody
+
+
+class NetworkReport(_AgentEnvelope):
+    type: Literal["network_report"] = "network_report"
+    body: NetworkReportBody
+
+
+class WorkloadExited(_AgentEnvelope):
+    type: Literal["workload_exited"] = "workload_exited"
+    body: WorkloadExitedBody
+
+
+class WorkloadLogs(_AgentEnvelope):
+    type: Literal["workload_logs"] = "workload_logs"
+    body: WorkloadLogsBody
+
+
+AnyAgentMessage = Hello | Heartbeat | Telemetry | CommandResult | GpuEvents | NetworkReport | WorkloadExited | WorkloadLogs
+AgentMessage = Annotated[AnyAgentMessage, Field(discriminator="type")]
+AGENT_TYPES = frozenset(
+    {"hello", "heartbeat", "telemetry", "command_result", "gpu_events", "network_report", "workload_exited", "workload_logs"}
+)
 
 
 class _ServerEnvelope(_Strict):
@@ -228,7 +330,7 @@ class Move(_ServerEnvelope):
 ServerMessage = Annotated[Welcome | Ack | Command | Move, Field(discriminator="type")]
 SERVER_TYPES = frozenset({"welcome", "ack", "command", "move"})
 
-_agent_adapter: TypeAdapter[Hello | Heartbeat | Telemetry | CommandResult] = TypeAdapter(AgentMessage)
+_agent_adapter: TypeAdapter[AnyAgentMessage] = TypeAdapter(AgentMessage)
 _server_adapter: TypeAdapter[Welcome | Ack | Command | Move] = TypeAdapter(ServerMessage)
 
 
@@ -280,11 +382,9 @@ def _validate(adapter: TypeAdapter[Any], obj: dict[str, Any], known: frozenset[s
         ) from None
 
 
-def decode_agent_frame(
-    data: str | bytes, *, max_frame: int = DEFAULT_MAX_FRAME
-) -> Hello | Heartbeat | Telemetry | CommandResult:
+def decode_agent_frame(data: str | bytes, *, max_frame: int = DEFAULT_MAX_FRAME) -> AnyAgentMessage:
     """Parse and validate one agent → relay frame; raises ``ProtocolError`` with a close code."""
-    message: Hello | Heartbeat | Telemetry | CommandResult = _validate(
+    message: AnyAgentMessage = _validate(
         _agent_adapter, _load_object(data, max_frame=max_frame), AGENT_TYPES
     )
     return message
@@ -298,7 +398,7 @@ def decode_server_frame(data: str | bytes, *, max_frame: int = DEFAULT_MAX_FRAME
     return message
 
 
-def check_identity(message: Hello | Heartbeat | Telemetry | CommandResult, certified_host_id: str) -> None:
+def check_identity(message: AnyAgentMessage, certified_host_id: str) -> None:
     """Refuse a message that claims a host other than the one its certificate names."""
     if message.host_id != certified_host_id:
         raise ProtocolError(
@@ -336,7 +436,7 @@ class CommandDelivery(_Strict):
 _bus_adapter = TypeAdapter(BusEnvelope)
 
 
-def encode_bus_envelope(relay_id: str, message: Hello | Heartbeat | Telemetry | CommandResult, received_at: datetime) -> bytes:
+def encode_bus_envelope(relay_id: str, message: AnyAgentMessage, received_at: datetime) -> bytes:
     return BusEnvelope(relay_id=relay_id, received_at=received_at, message=message).model_dump_json().encode()
 
 
@@ -357,46 +457,97 @@ def decode_command_delivery(payload: bytes) -> CommandDelivery:
 # ---- agent-side state: sequence numbers and the unacknowledged window -----------------
 
 
-class WindowFull(ProtocolError):
-    code = "window_full"
+class FrameStore(Protocol):
+    """Where the window keeps unacknowledged frames (in memory, or the agent's on-disk spool).
+
+    A store is bounded; when full it evicts the oldest *evictable* frames (heartbeats,
+    then telemetry) and counts them. Other kinds are never evicted.
+    """
+
+    def add(self, seq: int, kind: str, frame: str) -> None: ...
+    def ack(self, seq: int) -> bool: ...
+    def discard_kind(self, kind: str) -> int: ...
+    def pending(self) -> Iterator[tuple[int, str]]: ...
+    def __len__(self) -> int: ...
+    @property
+    def evicted(self) -> dict[str, int]: ...
+
+
+# Kinds a full store may evict, in eviction order. Everything else is kept.
+EVICTABLE = ("heartbeat", "telemetry")
+
+
+class MemoryStore:
+    """An in-memory ``FrameStore`` (tests, tools); the agent uses ``agent.spool.SqliteSpool``."""
+
+    def __init__(self, *, max_messages: int = 10_000) -> None:
+        self.max_messages = max_messages
+        self._frames: dict[int, tuple[str, str]] = {}
+        self._evicted: dict[str, int] = {}
+
+    def add(self, seq: int, kind: str, frame: str) -> None:
+        while len(self._frames) >= self.max_messages and self._evict_one():
+            pass
+        self._frames[seq] = (kind, frame)
+
+    def _evict_one(self) -> bool:
+        for kind in EVICTABLE:
+            for seq in sorted(self._frames):
+                if self._frames[seq][0] == kind:
+                    del self._frames[seq]
+                    self._evicted[kind] = self._evicted.get(kind, 0) + 1
+                    return True
+        return False
+
+    def ack(self, seq: int) -> bool:
+        return self._frames.pop(seq, None) is not None
+
+    def discard_kind(self, kind: str) -> int:
+        doomed = [s for s, (k, _) in self._frames.items() if k == kind]
+        for seq in doomed:
+            del self._frames[seq]
+        return len(doomed)
+
+    def pending(self) -> Iterator[tuple[int, str]]:
+        return iter([(s, self._frames[s][1]) for s in sorted(self._frames)])
+
+    def __len__(self) -> int:
+        return len(self._frames)
+
+    @property
+    def evicted(self) -> dict[str, int]:
+        return dict(self._evicted)
 
 
 class OutboundWindow:
-    """Sequence numbering and the set of sent-but-unacknowledged messages of one host.
+    """Sequence numbering and the store of sent-but-unacknowledged messages of one host.
 
     ``next_seq`` starts where the persisted lease says (see ``agent.state``), so a
-    restarted agent never reuses a number. Messages stay until acknowledged and
-    ``pending()`` yields them in sequence order for replay after a reconnect.
-    ``max_unacked`` bounds telemetry and heartbeats; hello and command results are
-    always accepted (they are few, and refusing them would stall the agent).
+    restarted agent never reuses a number. Messages stay in ``store`` until
+    acknowledged; ``pending()`` yields them in sequence order for replay after a
+    reconnect. A new hello supersedes unacknowledged older ones (they would replay
+    stale facts after the new one).
     """
 
-    def __init__(self, host_id: str, *, first_seq: int, max_unacked: int = 10_000) -> None:
+    def __init__(self, host_id: str, *, first_seq: int, store: FrameStore | None = None) -> None:
         self.host_id = host_id
         self.next_seq = first_seq
-        self.max_unacked = max_unacked
-        self._unacked: OrderedDict[int, str] = OrderedDict()
+        self.store: FrameStore = store if store is not None else MemoryStore()
 
     def __len__(self) -> int:
-        return len(self._unacked)
+        return len(self.store)
 
-    @property
-    def full(self) -> bool:
-        return len(self._unacked) >= self.max_unacked
-
-    def _envelope(self, cls: type[_AgentEnvelope], body: BaseModel, ts: datetime | None, *, force: bool = False) -> tuple[int, str]:
-        if self.full and not force:
-            raise WindowFull(f"{len(self._unacked)} messages await acknowledgement; not sending more until the relay catches up")
+    def _envelope(self, cls: type[_AgentEnvelope], body: BaseModel, ts: datetime | None) -> tuple[int, str]:
         seq = self.next_seq
         self.next_seq += 1
         message = cls(host_id=self.host_id, seq=seq, ts=ts or datetime.now(UTC), body=body)  # type: ignore[call-arg]
         frame = encode(message)
-        self._unacked[seq] = frame
+        self.store.add(seq, str(cls.model_fields["type"].default), frame)
         return seq, frame
 
     def hello(self, body: HelloBody, ts: datetime | None = None) -> tuple[int, str]:
-        # Never refused: without a hello after reconnecting, the window could never drain.
-        return self._envelope(Hello, body, ts, force=True)
+        self.store.discard_kind("hello")
+        return self._envelope(Hello, body, ts)
 
     def heartbeat(self, body: HeartbeatBody, ts: datetime | None = None) -> tuple[int, str]:
         return self._envelope(Heartbeat, body, ts)
@@ -405,13 +556,24 @@ class OutboundWindow:
         return self._envelope(Telemetry, body, ts)
 
     def command_result(self, body: CommandResultBody, ts: datetime | None = None) -> tuple[int, str]:
-        # Never refused: a result is the only record that a command ran; it is small and rare.
-        return self._envelope(CommandResult, body, ts, force=True)
+        return self._envelope(CommandResult, body, ts)
+
+    def gpu_events(self, body: GpuEventsBody, ts: datetime | None = None) -> tuple[int, str]:
+        return self._envelope(GpuEvents, body, ts)
+
+    def network_report(self, body: NetworkReportBody, ts: datetime | None = None) -> tuple[int, str]:
+        return self._envelope(NetworkReport, body, ts)
+
+    def workload_exited(self, body: WorkloadExitedBody, ts: datetime | None = None) -> tuple[int, str]:
+        return self._envelope(WorkloadExited, body, ts)
+
+    def workload_logs(self, body: WorkloadLogsBody, ts: datetime | None = None) -> tuple[int, str]:
+        return self._envelope(WorkloadLogs, body, ts)
 
     def ack(self, seq: int) -> bool:
         """Forget an acknowledged message; returns whether it was outstanding."""
-        return self._unacked.pop(seq, None) is not None
+        return self.store.ack(seq)
 
     def pending(self) -> Iterator[tuple[int, str]]:
         """Unacknowledged frames in sequence order (a snapshot; safe to ack while iterating)."""
-        return iter(list(self._unacked.items()))
+        return iter(list(self.store.pending()))

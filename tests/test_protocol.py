@@ -92,6 +92,9 @@ class TestOutboundWindow:
     def _body(self) -> protocol.HeartbeatBody:
         return protocol.HeartbeatBody(uptime_s=1.0)
 
+    def _telemetry(self) -> protocol.TelemetryBody:
+        return protocol.TelemetryBody(sampled_at=datetime.now(UTC), gpus=[])
+
     def test_numbers_messages_consecutively_from_the_lease(self) -> None:
         """Sequence numbers start at first_seq and increase by one."""
         window = protocol.OutboundWindow("h-1", first_seq=1000)
@@ -106,26 +109,28 @@ class TestOutboundWindow:
         assert not window.ack(3)
         assert list(window.pending()) == [frames[0], frames[2]]
 
-    def test_refuses_new_messages_when_full(self) -> None:
-        """A full window raises instead of dropping or growing."""
-        window = protocol.OutboundWindow("h-1", first_seq=0, max_unacked=2)
-        window.heartbeat(self._body())
-        window.heartbeat(self._body())
-        with pytest.raises(protocol.WindowFull):
-            window.heartbeat(self._body())
-        window.ack(0)
-        window.heartbeat(self._body())
-
-
-    def test_hello_and_command_results_are_never_refused(self) -> None:
-        """A full window still takes a hello (so a reconnect can replay) and command results (so no outcome is lost)."""
-        window = protocol.OutboundWindow("h-1", first_seq=0, max_unacked=1)
-        window.heartbeat(self._body())
-        assert window.full
-        window.hello(protocol.HelloBody(agent_version="t", gpu_backend="sim", gpus=[]))
+    def test_a_full_store_evicts_oldest_heartbeats_then_telemetry_and_counts_them(self) -> None:
+        """When full, the oldest evictable frames make room; results and the newest telemetry are kept."""
+        window = protocol.OutboundWindow("h-1", first_seq=0, store=protocol.MemoryStore(max_messages=3))
         result = protocol.CommandResultBody(command_id="cmd-1", ok=True, finished_at=datetime.now(UTC))
-        seq, _ = window.command_result(result)
-        assert seq == 2 and len(window) == 3
+        result_seq, _ = window.command_result(result)
+        old_telemetry, _ = window.telemetry(self._telemetry())
+        beat, _ = window.heartbeat(self._body())
+        newer, _ = window.telemetry(self._telemetry())  # evicts the heartbeat
+        newest, _ = window.telemetry(self._telemetry())  # evicts the oldest telemetry
+        assert [seq for seq, _ in window.pending()] == [result_seq, newer, newest]
+        assert window.store.evicted == {"heartbeat": 1, "telemetry": 1}
+        assert beat not in dict(window.pending()) and old_telemetry not in dict(window.pending())
+
+    def test_a_new_hello_supersedes_unacknowledged_ones(self) -> None:
+        """Old hellos are dropped from the window so they cannot replay stale facts after the new one."""
+        window = protocol.OutboundWindow("h-1", first_seq=0)
+        body = protocol.HelloBody(agent_version="t", gpu_backend="sim", gpus=[])
+        window.hello(body)
+        window.heartbeat(self._body())
+        second, _ = window.hello(body)
+        kinds = [json.loads(frame)["type"] for _, frame in window.pending()]
+        assert kinds == ["heartbeat", "hello"] and max(dict(window.pending())) == second
 
 
 class TestSequenceLease:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -15,7 +16,7 @@ from master.api.keys import MASTER
 from master.api.middleware import principal
 from master.api.schemas import EnrollRequest, ErrorBody, RentalCreate
 from master.models import Account
-from master.services import enrollment, hosts, rentals
+from master.services import commands, enrollment, hosts, rentals
 from shared.errors import BadRequest, ValidationFailed
 
 API = "/api/v1"
@@ -173,6 +174,54 @@ async def get_host(request: web.Request) -> web.Response:
         return web.json_response(await hosts.get_host(session, principal(request), request.match_info["host_id"]))
 
 
+def time_query(request: web.Request, name: str) -> datetime | None:
+    raw = request.query.get(name)
+    if not raw:
+        return None
+    try:
+        value = datetime.fromisoformat(raw)
+    except ValueError:
+        raise BadRequest(f"query parameter {name!r} must be an ISO 8601 time, got {raw!r}", code="invalid_query") from None
+    if value.tzinfo is None:
+        raise BadRequest(f"query parameter {name!r} needs a timezone (e.g. 2026-01-01T00:00:00Z)", code="invalid_query")
+    return value
+
+
+async def get_host_metrics(request: web.Request) -> web.Response:
+    limit = int_query(request, "limit", 360, minimum=1, maximum=5000)
+    async with request.app[MASTER].db.session() as session:
+        items = await hosts.host_metrics(
+            session, principal(request), request.match_info["host_id"],
+            since=time_query(request, "since"), until=time_query(request, "until"), limit=limit,
+        )
+    return web.json_response({"host_id": request.match_info["host_id"], "items": items})
+
+
+async def get_host_network(request: web.Request) -> web.Response:
+    limit = int_query(request, "limit", 50, minimum=1, maximum=1000)
+    async with request.app[MASTER].db.session() as session:
+        items = await hosts.host_network(session, principal(request), request.match_info["host_id"], limit=limit)
+    return web.json_response({"host_id": request.match_info["host_id"], "items": items})
+
+
+async def start_network_test(request: web.Request) -> web.Response:
+    master = request.app[MASTER]
+    async with master.db.session() as session:
+        host = await hosts.owned_host(session, principal(request), request.match_info["host_id"])
+        command = commands.new_command(session, host_id=host.id, kind="measure_network", args={}, rental_id=None)
+        command_id = command.id
+    await commands.publish(master, [command_id])
+    return web.json_response({"command_id": command_id, "host_id": request.match_info["host_id"]}, status=202)
+
+
+async def get_rental_logs(request: web.Request) -> web.Response:
+    offset = int_query(request, "offset", 0, minimum=0, maximum=1 << 62)
+    limit = int_query(request, "limit", 64 << 10, minimum=1, maximum=1 << 20)
+    async with request.app[MASTER].db.session() as session:
+        body = await rentals.rental_logs(session, principal(request), request.match_info["rental_id"], offset=offset, limit=limit)
+    return web.json_response(body)
+
+
 async def list_offers(request: web.Request) -> web.Response:
     limit, offset = page(request)
     async with request.app[MASTER].db.session() as session:
@@ -240,6 +289,19 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/hosts", list_hosts, "Hosts you can see (providers: their own).", query=PAGING),
     Route("GET", "/hosts/{host_id}", get_host, "One host with its GPUs, latest telemetry and recent state changes.", errors=(404,)),
     Route(
+        "GET", "/hosts/{host_id}/metrics", get_host_metrics, "Stored telemetry of a host, oldest first, with sequence numbers.",
+        query=(
+            QueryParam("since", "string", "ISO 8601 time with timezone (inclusive)."),
+            QueryParam("until", "string", "ISO 8601 time with timezone (exclusive)."),
+            QueryParam("limit", "integer", "The newest this many samples.", 1, 5000),
+        ),
+        errors=(404,),
+    ),
+    Route("GET", "/hosts/{host_id}/network", get_host_network, "Network measurements of a host, newest first.",
+          query=(QueryParam("limit", "integer", "How many.", 1, 1000),), errors=(404,)),
+    Route("POST", "/hosts/{host_id}/network-test", start_network_test, "Ask the host's agent to measure its network now.",
+          roles=("provider",), success=202, errors=(404,)),
+    Route(
         "GET",
         "/offers",
         list_offers,
@@ -254,6 +316,9 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/rentals", create_rental, "Rent GPUs.", roles=("renter",), body=RentalCreate, success=201, headers=("Idempotency-Key",), errors=(409, 422)),
     Route("GET", "/rentals", list_rentals, "Your rentals, newest first.", query=PAGING),
     Route("GET", "/rentals/{rental_id}", get_rental, "One rental with its state history.", errors=(404,)),
+    Route("GET", "/rentals/{rental_id}/logs", get_rental_logs, "The workload's output from a byte offset.",
+          query=(QueryParam("offset", "integer", "Byte offset to read from.", 0, 1 << 62), QueryParam("limit", "integer", "Bytes at most.", 1, 1 << 20)),
+          errors=(404,)),
     Route("DELETE", "/rentals/{rental_id}", delete_rental, "Stop a rental; the GPUs are freed when the agent confirms.", success=202, errors=(404,)),
 )
 

@@ -13,12 +13,21 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.models import Command as CommandRow
-from master.models import Gpu, Host, HostEvent, Rental, TelemetrySample
+from master.models import (
+    Gpu,
+    GpuEvent,
+    Host,
+    HostEvent,
+    NetworkMeasurement,
+    Rental,
+    RentalLogChunk,
+    TelemetrySample,
+)
 from master.services import commands, rentals
 from master.services.accounts import Principal
 from master.services.hoststate import transition
@@ -72,6 +81,10 @@ async def handle_hello(session: AsyncSession, envelope: protocol.BusEnvelope) ->
     body = message.body
     host = await _load_host(session, message.host_id)
     _saw(host, envelope)
+    if message.seq < host.last_hello_seq:
+        log.info("stale hello %d from host %s ignored (newest is %d)", message.seq, host.id, host.last_hello_seq)
+        return []
+    host.last_hello_seq = message.seq
     host.agent_version = body.agent_version
     host.gpu_backend = body.gpu_backend
     host.facts = body.host
@@ -116,8 +129,12 @@ async def handle_hello(session: AsyncSession, envelope: protocol.BusEnvelope) ->
 
 
 async def handle_heartbeat(session: AsyncSession, envelope: protocol.BusEnvelope) -> None:
-    host = await _load_host(session, envelope.message.host_id)
+    message = envelope.message
+    assert isinstance(message, protocol.Heartbeat)
+    host = await _load_host(session, message.host_id)
     _saw(host, envelope)
+    if message.body.spool is not None:
+        host.spool_stats = message.body.spool.model_dump(mode="json")
     if host.state == "offline":
         await _come_online(session, host, cause="heartbeat resumed")
 
@@ -138,6 +155,8 @@ async def handle_telemetry(session: AsyncSession, envelope: protocol.BusEnvelope
                     received_at=envelope.received_at,
                     relay_id=envelope.relay_id,
                     gpus=gpus,
+                    window_s=message.body.window_s,
+                    aggregates=[a.model_dump(mode="json") for a in message.body.aggregates],
                 )
             )
             await session.flush()
@@ -168,6 +187,93 @@ async def handle_command_result(session: AsyncSession, envelope: protocol.BusEnv
     result = {"ok": body.ok, "detail": body.detail, "data": body.data, "finished_at": body.finished_at.isoformat()}
     if commands.complete(row, ok=body.ok, result=result, at=body.finished_at):
         await rentals.apply_command_result(session, row, ok=body.ok, detail=body.detail, at=body.finished_at)
+
+
+async def handle_gpu_events(session: AsyncSession, envelope: protocol.BusEnvelope) -> int:
+    """Record XID / ECC events once per ``(host, seq, position)``; returns how many were new."""
+    message = envelope.message
+    assert isinstance(message, protocol.GpuEvents)
+    host = await _load_host(session, message.host_id)
+    _saw(host, envelope)
+    stored = 0
+    for position, event in enumerate(message.body.events):
+        try:
+            async with session.begin_nested():
+                session.add(
+                    GpuEvent(host_id=host.id, seq=message.seq, position=position, gpu_uuid=event.uuid, kind=event.kind,
+                             code=event.code, at=event.at, received_at=envelope.received_at)
+                )
+                await session.flush()
+        except IntegrityError:
+            continue
+        stored += 1
+        log.warning("host %s GPU %s: %s event%s", host.id, event.uuid, event.kind, f" {event.code}" if event.code is not None else "")
+    return stored
+
+
+async def handle_network_report(session: AsyncSession, envelope: protocol.BusEnvelope) -> bool:
+    message = envelope.message
+    assert isinstance(message, protocol.NetworkReport)
+    host = await _load_host(session, message.host_id)
+    _saw(host, envelope)
+    body = message.body
+    data = body.model_dump(mode="json")
+    try:
+        async with session.begin_nested():
+            session.add(
+                NetworkMeasurement(
+                    host_id=host.id, seq=message.seq, measured_at=body.measured_at, relay_url=body.relay_url,
+                    download_mbps=body.download_mbps, upload_mbps=body.upload_mbps, latency_ms=body.latency_ms,
+                    jitter_ms=body.jitter_ms, loss=body.loss, data=data,
+                )
+            )
+            await session.flush()
+    except IntegrityError:
+        return False
+    if host.latest_network is None or str(host.latest_network.get("measured_at", "")) <= data["measured_at"]:
+        host.latest_network = data
+    return True
+
+
+async def handle_workload_exited(session: AsyncSession, envelope: protocol.BusEnvelope) -> None:
+    message = envelope.message
+    assert isinstance(message, protocol.WorkloadExited)
+    host = await _load_host(session, message.host_id)
+    _saw(host, envelope)
+    await rentals.apply_workload_exit(
+        session, host.id, message.body.rental_id, exit_code=message.body.exit_code, reason=message.body.reason, at=message.body.at
+    )
+
+
+# Newest log bytes kept per rental in the database; older chunks are pruned.
+MAX_LOG_BYTES_PER_RENTAL = 8 << 20
+
+
+async def handle_workload_logs(session: AsyncSession, envelope: protocol.BusEnvelope) -> bool:
+    message = envelope.message
+    assert isinstance(message, protocol.WorkloadLogs)
+    host = await _load_host(session, message.host_id)
+    _saw(host, envelope)
+    body = message.body
+    rental = await session.get(Rental, body.rental_id)
+    if rental is None or rental.host_id != host.id:
+        log.warning("host %s sent logs for rental %s it does not run; dropped", host.id, body.rental_id)
+        return False
+    try:
+        async with session.begin_nested():
+            session.add(RentalLogChunk(rental_id=rental.id, offset=body.offset, length=body.length, data=body.data))
+            await session.flush()
+    except IntegrityError:
+        return False
+    # Keep the newest MAX_LOG_BYTES_PER_RENTAL: drop chunks that end before that window.
+    newest_end = body.offset + body.length
+    await session.execute(
+        delete(RentalLogChunk).where(
+            RentalLogChunk.rental_id == rental.id,
+            RentalLogChunk.offset + RentalLogChunk.length < newest_end - MAX_LOG_BYTES_PER_RENTAL,
+        )
+    )
+    return True
 
 
 async def mark_silent_hosts_offline(session: AsyncSession, *, now: datetime, deadline: timedelta) -> list[str]:
@@ -216,6 +322,8 @@ def host_view(host: Host, gpus: Sequence[Gpu], *, detail: bool = False) -> dict[
         view["facts"] = host.facts
         view["latest_telemetry"] = host.latest_telemetry
         view["last_seq"] = host.last_seq
+        view["latest_network"] = host.latest_network
+        view["spool"] = host.spool_stats
         view["cert_not_after"] = host.cert_not_after.isoformat() if host.cert_not_after else None
     return view
 
@@ -252,6 +360,55 @@ async def get_host(session: AsyncSession, principal: Principal, host_id: str) ->
         {"at": e.at.isoformat(), "from": e.from_state, "to": e.to_state, "cause": e.cause, "actor": e.actor} for e in events
     ]
     return view
+
+
+async def _visible_host(session: AsyncSession, principal: Principal, host_id: str) -> Host:
+    host = await session.get(Host, host_id)
+    if host is None or not (principal.role in ("admin", "renter") or host.owner_id == principal.account_id):
+        raise NotFound(f"no host {host_id!r}", code="host_not_found")
+    return host
+
+
+async def host_metrics(
+    session: AsyncSession, principal: Principal, host_id: str, *, since: datetime | None, until: datetime | None, limit: int
+) -> list[dict[str, Any]]:
+    """Stored telemetry of one host, oldest first, each sample with its sequence number."""
+    host = await _visible_host(session, principal, host_id)
+    query = select(TelemetrySample).where(TelemetrySample.host_id == host.id)
+    if since is not None:
+        query = query.where(TelemetrySample.sampled_at >= since)
+    if until is not None:
+        query = query.where(TelemetrySample.sampled_at < until)
+    rows = (await session.scalars(query.order_by(TelemetrySample.sampled_at.desc(), TelemetrySample.seq.desc()).limit(limit))).all()
+    return [
+        {
+            "seq": r.seq,
+            "sampled_at": r.sampled_at.isoformat(),
+            "received_at": r.received_at.isoformat(),
+            "window_s": r.window_s,
+            "gpus": r.gpus,
+            "aggregates": r.aggregates,
+        }
+        for r in reversed(rows)
+    ]
+
+
+async def host_network(session: AsyncSession, principal: Principal, host_id: str, *, limit: int) -> list[dict[str, Any]]:
+    host = await _visible_host(session, principal, host_id)
+    rows = (
+        await session.scalars(
+            select(NetworkMeasurement).where(NetworkMeasurement.host_id == host.id).order_by(NetworkMeasurement.measured_at.desc()).limit(limit)
+        )
+    ).all()
+    return [{"seq": r.seq, **r.data} for r in rows]
+
+
+async def owned_host(session: AsyncSession, principal: Principal, host_id: str) -> Host:
+    """A host the caller may operate: its provider, or an admin."""
+    host = await session.get(Host, host_id)
+    if host is None or (principal.role != "admin" and host.owner_id != principal.account_id):
+        raise NotFound(f"no host {host_id!r} among your hosts", code="host_not_found")
+    return host
 
 
 async def list_offers(

@@ -37,7 +37,7 @@ ACTIVE_STATES = ("pending", "starting", "running", "stopping")
 RENTAL_TRANSITIONS: dict[str, frozenset[str]] = {
     "pending": frozenset({"starting", "stopping", "failed"}),
     "starting": frozenset({"running", "stopping", "failed"}),
-    "running": frozenset({"stopping", "failed"}),
+    "running": frozenset({"stopping", "stopped", "failed"}),
     "stopping": frozenset({"stopped", "failed"}),
     "stopped": frozenset(),
     "failed": frozenset(),
@@ -248,6 +248,27 @@ async def apply_command_result(session: AsyncSession, command: CommandRow, *, ok
             await _release(session, rental)
 
 
+async def apply_workload_exit(
+    session: AsyncSession, host_id: str, rental_id: str, *, exit_code: int | None, reason: str, at: datetime
+) -> None:
+    """A workload ended on its own: exit 0 completes the rental, anything else fails it. GPUs are freed."""
+    rental = await session.get(Rental, rental_id, with_for_update=True)
+    if rental is None or rental.host_id != host_id:
+        log.warning("host %s reported the exit of rental %s it does not run", host_id, rental_id)
+        return
+    if rental.state not in ("starting", "running"):
+        return  # already stopping/stopped by request, or failed: nothing to add
+    what = f"workload exited with code {exit_code}" if exit_code is not None else f"workload ended ({reason or 'unknown'})"
+    target = "stopped" if exit_code == 0 else "failed"
+    if rental.state == "starting" and target == "stopped":
+        target = "failed"  # never confirmed running: treat as a failed start
+    if _set_state(session, rental, target, what):
+        rental.stopped_at = at
+        if target == "failed":
+            rental.failure_reason = what
+        await _release(session, rental)
+
+
 async def _release(session: AsyncSession, rental: Rental) -> None:
     await session.execute(update(Gpu).where(Gpu.rental_id == rental.id).values(rental_id=None))
     host = await session.get(Host, rental.host_id)
@@ -260,6 +281,40 @@ async def _release(session: AsyncSession, rental: Rental) -> None:
     )
     if not still:
         transition(session, host, "online", cause=f"rental {rental.id} ended; no rentals left", actor="master")
+
+
+async def rental_logs(session: AsyncSession, principal: Principal, rental_id: str, *, offset: int, limit: int) -> dict[str, Any]:
+    """The workload's output from byte ``offset`` (as far as the agent has shipped it)."""
+    from master.models import RentalLogChunk
+
+    rental = await get_rental(session, principal, rental_id)
+    chunks = (
+        await session.scalars(
+            select(RentalLogChunk)
+            .where(RentalLogChunk.rental_id == rental.id, RentalLogChunk.offset + RentalLogChunk.length > offset)
+            .order_by(RentalLogChunk.offset)
+        )
+    ).all()
+    # Chunks are whole slices of the agent's log; one that starts before ``offset`` is cut
+    # by bytes (exact for valid UTF-8, approximate where the agent replaced invalid bytes).
+    parts: list[str] = []
+    start = chunks[0].offset if chunks and chunks[0].offset > offset else offset  # older bytes were pruned
+    position = start
+    for chunk in chunks:
+        if chunk.offset > position or position - start >= limit:
+            break  # a gap (not shipped yet), or enough
+        skip = position - chunk.offset
+        text = chunk.data.encode()[skip:].decode(errors="replace") if skip else chunk.data
+        parts.append(text)
+        position = chunk.offset + chunk.length
+    data = "".join(parts)
+    return {
+        "rental_id": rental.id,
+        "offset": start,
+        "next_offset": position,
+        "data": data,
+        "state": rental.state,
+    }
 
 
 def rental_view(rental: Rental, events: Sequence[RentalEvent] | None = None) -> dict[str, Any]:

@@ -1,0 +1,209 @@
+"""What the master makes of the agent's newer messages: GPU events, network reports, workload
+exits and logs, stale hellos; and the endpoints that show them (metrics, network, logs)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from sqlalchemy import func, select
+
+from master.app import create_app
+from master.context import Master
+from master.models import Command, Gpu, GpuEvent, Host, Rental
+from master.services import hosts, rentals
+from master.services.accounts import Principal
+from shared import protocol
+from tests.factories import command_result, create_principal, envelope, gpu_info, hello, online_host, telemetry
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+async def _apply(master: Master, message: protocol.AnyAgentMessage) -> Any:
+    handlers = {
+        protocol.Hello: hosts.handle_hello, protocol.Telemetry: hosts.handle_telemetry,
+        protocol.GpuEvents: hosts.handle_gpu_events, protocol.NetworkReport: hosts.handle_network_report,
+        protocol.WorkloadExited: hosts.handle_workload_exited, protocol.WorkloadLogs: hosts.handle_workload_logs,
+        protocol.CommandResult: hosts.handle_command_result,
+    }
+    async with master.db.session() as session:
+        return await handlers[type(message)](session, envelope(message))  # type: ignore[operator]
+
+
+class World:
+    def __init__(self, master: Master, client: TestClient[Any, Any], renter: Principal, renter_key: str,
+                 provider: Principal, provider_key: str) -> None:
+        self.master, self.client = master, client
+        self.renter, self.renter_key, self.provider, self.provider_key = renter, renter_key, provider, provider_key
+        self.seq = 100
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    async def get(self, path: str, key: str | None = None) -> tuple[int, Any]:
+        async with self.client.get("/api/v1" + path, headers={"Authorization": f"Bearer {key or self.renter_key}"}) as r:
+            return r.status, await r.json()
+
+    async def running_rental(self, host_id: str, gpus: list[protocol.GpuInfoModel]) -> Rental:
+        rental, _ = await rentals.create_rental(
+            self.master, self.renter, rentals.RentalRequest(gpu_count=1, gpu_model=gpus[0].name), idempotency_key=None
+        )
+        async with self.master.db.session() as session:
+            command_id = await session.scalar(select(Command.id).where(Command.rental_id == rental.id))
+        assert command_id is not None
+        await _apply(self.master, command_result(host_id, self.next_seq(), command_id))
+        return rental
+
+
+@pytest.fixture
+async def world(master: Master) -> AsyncIterator[World]:
+    renter, renter_key = await create_principal(master, "r", "renter")
+    provider, provider_key = await create_principal(master, "p", "provider")
+    client: TestClient[Any, Any] = TestClient(TestServer(create_app(master, background=False)))
+    await client.start_server()
+    try:
+        yield World(master, client, renter, renter_key, provider, provider_key)
+    finally:
+        await client.close()
+
+
+class TestGpuEvents:
+    async def test_events_are_stored_once_per_position(self, world: World) -> None:
+        """An XID event is recorded with its code; a redelivered message adds nothing."""
+        gpus = [gpu_info(0)]
+        host_id = await online_host(world.master, world.provider, gpus)
+        message = protocol.GpuEvents(
+            host_id=host_id, seq=7, ts=_now(),
+            body=protocol.GpuEventsBody(events=[protocol.GpuEventModel(uuid=gpus[0].uuid, kind="xid", code=79, at=_now())]),
+        )
+        assert await _apply(world.master, message) == 1
+        assert await _apply(world.master, message) == 0
+        async with world.master.db.session() as session:
+            rows = (await session.scalars(select(GpuEvent))).all()
+        assert [(r.kind, r.code, r.gpu_uuid) for r in rows] == [("xid", 79, gpus[0].uuid)]
+
+
+class TestNetwork:
+    async def test_reports_are_kept_and_the_latest_shows_on_the_host(self, world: World) -> None:
+        """Each network report is stored once; the host detail shows the newest, the history lists all."""
+        host_id = await online_host(world.master, world.provider, [gpu_info(0)])
+        for i, mbps in enumerate((100.0, 250.0)):
+            body = protocol.NetworkReportBody(
+                relay_url="wss://relay/v1/agent", measured_at=_now() + timedelta(seconds=i), download_mbps=mbps, upload_mbps=50.0,
+                latency_ms=12.5, jitter_ms=1.5, jitter_rfc3550_ms=0.8, loss=0.0, probes_sent=20, probes_answered=20, duration_s=4.0,
+            )
+            message = protocol.NetworkReport(host_id=host_id, seq=20 + i, ts=_now(), body=body)
+            assert await _apply(world.master, message)
+        assert not await _apply(world.master, message)  # redelivery
+        status, detail = await world.get(f"/hosts/{host_id}")
+        assert status == 200 and detail["latest_network"]["download_mbps"] == 250.0
+        status, history = await world.get(f"/hosts/{host_id}/network")
+        assert [m["download_mbps"] for m in history["items"]] == [250.0, 100.0]
+
+    async def test_a_provider_can_ask_for_a_measurement_of_its_own_host_only(self, world: World) -> None:
+        """POST network-test creates a measure_network command for the owner; others get 404."""
+        host_id = await online_host(world.master, world.provider, [gpu_info(0)])
+        headers = {"Authorization": f"Bearer {world.provider_key}"}
+        async with world.client.post(f"/api/v1/hosts/{host_id}/network-test", headers=headers) as response:
+            assert response.status == 202
+            command_id = (await response.json())["command_id"]
+        async with world.master.db.session() as session:
+            command = await session.get(Command, command_id)
+        assert command is not None and command.kind == "measure_network"
+        other, other_key = await create_principal(world.master, "p2", "provider")
+        async with world.client.post(f"/api/v1/hosts/{host_id}/network-test", headers={"Authorization": f"Bearer {other_key}"}) as r:
+            assert r.status == 404
+
+
+class TestWorkloadExit:
+    @pytest.mark.parametrize(("code", "state"), [(0, "stopped"), (3, "failed")])
+    async def test_a_workload_that_ends_on_its_own_ends_the_rental(self, world: World, code: int, state: str) -> None:
+        """Exit 0 completes the rental, another code fails it; either way its GPU is free again."""
+        gpus = [gpu_info(0)]
+        host_id = await online_host(world.master, world.provider, gpus)
+        rental = await world.running_rental(host_id, gpus)
+        body = protocol.WorkloadExitedBody(rental_id=rental.id, exit_code=code, at=_now())
+        await _apply(world.master, protocol.WorkloadExited(host_id=host_id, seq=world.next_seq(), ts=_now(), body=body))
+        async with world.master.db.session() as session:
+            again = await session.get(Rental, rental.id)
+            taken = await session.scalar(select(func.count()).select_from(Gpu).where(Gpu.rental_id.is_not(None)))
+            host = await session.get(Host, host_id)
+        assert again is not None and again.state == state and taken == 0
+        assert host is not None and host.state == "online"
+        if code:
+            assert again.failure_reason is not None and str(code) in again.failure_reason
+
+    async def test_an_exit_reported_by_another_host_changes_nothing(self, world: World) -> None:
+        """A host cannot end a rental that runs elsewhere."""
+        gpus = [gpu_info(0)]
+        host_id = await online_host(world.master, world.provider, gpus)
+        rental = await world.running_rental(host_id, gpus)
+        intruder = await online_host(world.master, world.provider, [gpu_info(0)])
+        body = protocol.WorkloadExitedBody(rental_id=rental.id, exit_code=0, at=_now())
+        await _apply(world.master, protocol.WorkloadExited(host_id=intruder, seq=5, ts=_now(), body=body))
+        async with world.master.db.session() as session:
+            again = await session.get(Rental, rental.id)
+        assert again is not None and again.state == "running"
+
+
+class TestLogs:
+    async def test_logs_come_back_in_order_from_any_offset(self, world: World) -> None:
+        """Shipped chunks (even out of order and duplicated) read back contiguously from an offset."""
+        gpus = [gpu_info(0)]
+        host_id = await online_host(world.master, world.provider, gpus)
+        rental = await world.running_rental(host_id, gpus)
+        pieces = ["hello ", "wörld\n", "done\n"]
+        offsets = [0, len(pieces[0].encode()), len((pieces[0] + pieces[1]).encode())]
+        for i in (1, 0, 2, 1):
+            body = protocol.WorkloadLogsBody(rental_id=rental.id, offset=offsets[i], length=len(pieces[i].encode()), data=pieces[i])
+            await _apply(world.master, protocol.WorkloadLogs(host_id=host_id, seq=world.next_seq(), ts=_now(), body=body))
+        status, logs = await world.get(f"/rentals/{rental.id}/logs")
+        assert status == 200 and logs["data"] == "".join(pieces)
+        assert logs["next_offset"] == len("".join(pieces).encode())
+        status, tail = await world.get(f"/rentals/{rental.id}/logs?offset={offsets[1]}")
+        assert tail["data"] == "wörld\ndone\n"
+        other, other_key = await create_principal(world.master, "r2", "renter")
+        status, _ = await world.get(f"/rentals/{rental.id}/logs", key=other_key)
+        assert status == 404
+
+    async def test_logs_for_a_rental_on_another_host_are_dropped(self, world: World) -> None:
+        """A host cannot write into the logs of a rental it does not run."""
+        gpus = [gpu_info(0)]
+        host_id = await online_host(world.master, world.provider, gpus)
+        rental = await world.running_rental(host_id, gpus)
+        intruder = await online_host(world.master, world.provider, [gpu_info(0)])
+        body = protocol.WorkloadLogsBody(rental_id=rental.id, offset=0, length=4, data="evil")
+        assert not await _apply(world.master, protocol.WorkloadLogs(host_id=intruder, seq=3, ts=_now(), body=body))
+
+
+class TestMetricsAndHello:
+    async def test_metrics_return_stored_samples_with_sequence_numbers(self, world: World) -> None:
+        """GET /hosts/{id}/metrics lists telemetry oldest first with seq, and honours since and limit."""
+        gpus = [gpu_info(0)]
+        host_id = await online_host(world.master, world.provider, gpus)
+        for seq in (5, 3, 4):
+            await _apply(world.master, telemetry(host_id, seq, gpus))
+        status, body = await world.get(f"/hosts/{host_id}/metrics")
+        assert status == 200 and sorted(i["seq"] for i in body["items"]) == [3, 4, 5]
+        status, body = await world.get(f"/hosts/{host_id}/metrics?limit=2")
+        assert len(body["items"]) == 2
+        status, error = await world.get(f"/hosts/{host_id}/metrics?since=yesterday")
+        assert status == 400 and error["code"] == "invalid_query"
+        status, error = await world.get(f"/hosts/{host_id}/metrics?since=2026-01-01T00:00:00")
+        assert status == 400
+
+    async def test_a_stale_hello_does_not_undo_a_newer_one(self, world: World) -> None:
+        """A hello replayed with an older seq is ignored, so vanished GPUs stay gone."""
+        gpus = [gpu_info(0), gpu_info(1)]
+        host_id = await online_host(world.master, world.provider, gpus)  # hello seq 0
+        await _apply(world.master, hello(host_id, 10, gpus[:1]))
+        await _apply(world.master, hello(host_id, 5, gpus))
+        async with world.master.db.session() as session:
+            present = {g.uuid: g.present for g in (await session.scalars(select(Gpu).where(Gpu.host_id == host_id))).all()}
+        assert present == {gpus[0].uuid: True, gpus[1].uuid: False}
