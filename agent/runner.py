@@ -1,33 +1,48 @@
-"""The agent's main loop: connect to a relay, say hello, stream heartbeats and telemetry,
-execute commands, and never forget an unacknowledged message.
+"""The agent's main loop: find a relay, stay connected, report, obey, and never forget a message.
 
-Every outgoing message enters the ``OutboundWindow`` first and leaves it only when the
-relay acknowledges its ``seq`` (which the relay does once the message is on the bus).
-After a reconnect, everything still in the window is sent again in order. When the
-window is full, sampling pauses instead of dropping messages.
+Tasks the agent owns for its whole life (independent of any one connection):
 
-Commands run one at a time, in arrival order, by a worker that outlives connections;
-a command id seen before is not executed again: its recorded result is re-sent.
+* **sampler** — reads every GPU each ``sample_interval`` (1 s), keeps per-window
+  aggregates, and every ``telemetry_interval`` (10 s) writes one telemetry message with
+  the latest sample and the window's aggregates. XID and ECC events found on any pass
+  are written at once as ``gpu_events``.
+* **commands** — executes the master's commands one at a time, at most once per id.
+* **network** — measures download/upload/latency/jitter/loss against the relay,
+  periodically (hourly ± jitter, first run at a random point) and on command.
+* **logs** — ships new workload output in bounded chunks.
+
+Every outgoing message is written to the on-disk spool first (``agent.spool``) and
+leaves it only when the relay acknowledges its ``seq`` (which the relay does once the
+message is on the bus). After reconnecting, the agent sends a fresh hello, then
+everything still in the spool, in order. Connections are attempted in the order of
+``agent.discovery.RelayDirectory``, with capped exponential back-off and full jitter so
+a fleet whose relay died does not come back in lockstep.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import random
 import ssl
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
-from agent.gpu.base import GpuBackend
+from agent.discovery import RelayDirectory
+from agent.gpu.base import GpuBackend, GpuSample
 from agent.hostfacts import collect_host_facts
-from agent.state import AgentState, SequenceLease
+from agent.netmeasure import measure, next_delay
+from agent.spool import SqliteSpool
+from agent.state import AgentState, SequenceLease, atomic_write
 from agent.workloads import WorkloadManager
 from shared import protocol
 from shared.crypto import client_ssl_context
@@ -35,7 +50,74 @@ from shared.errors import ConfigError, GpumarketError, ProtocolError
 
 log = logging.getLogger(__name__)
 
-AGENT_VERSION = "0.1.0"
+AGENT_VERSION = "0.2.0"
+# Close codes after which the relay should not be retried first.
+_MOVE_ON_CODES = frozenset({protocol.CLOSE_GOING_AWAY, protocol.CLOSE_BUS_UNAVAILABLE, protocol.CLOSE_TOO_MANY_CONNECTIONS})
+LOG_READ_BYTES = 16 << 10  # ≤ MAX_LOG_CHUNK even if every byte needs a 3-byte replacement character
+
+
+@dataclass
+class _Window:
+    """Aggregates of one GPU over the current telemetry window."""
+
+    samples: int = 0
+    util_sum: float = 0.0
+    util_n: int = 0
+    util_max: float | None = None
+    mem_max: int | None = None
+    temp_max: float | None = None
+    power_sum: float = 0.0
+    power_n: int = 0
+    power_max: float | None = None
+
+    def add(self, s: GpuSample) -> None:
+        self.samples += 1
+        if s.gpu_util_pct is not None:
+            self.util_sum += s.gpu_util_pct
+            self.util_n += 1
+            self.util_max = max(self.util_max or 0.0, s.gpu_util_pct)
+        if s.memory_used_mib is not None:
+            self.mem_max = max(self.mem_max or 0, s.memory_used_mib)
+        if s.temperature_c is not None:
+            self.temp_max = s.temperature_c if self.temp_max is None else max(self.temp_max, s.temperature_c)
+        if s.power_draw_w is not None:
+            self.power_sum += s.power_draw_w
+            self.power_n += 1
+            self.power_max = s.power_draw_w if self.power_max is None else max(self.power_max, s.power_draw_w)
+
+    def model(self, uuid: str) -> protocol.GpuAggregateModel:
+        return protocol.GpuAggregateModel(
+            uuid=uuid,
+            samples=self.samples,
+            gpu_util_avg=round(self.util_sum / self.util_n, 2) if self.util_n else None,
+            gpu_util_max=self.util_max,
+            memory_used_max_mib=self.mem_max,
+            temperature_max_c=self.temp_max,
+            power_avg_w=round(self.power_sum / self.power_n, 2) if self.power_n else None,
+            power_max_w=self.power_max,
+        )
+
+
+@dataclass
+class _LogCursor:
+    offset: int = 0
+    exited: bool = False
+
+
+@dataclass
+class AgentTimings:
+    """Intervals and timeouts of one agent (seconds); every one bounded and explicit."""
+
+    sample_interval: float = 1.0
+    telemetry_interval: float = 10.0
+    heartbeat_interval: float = 10.0
+    network_interval: float = 3600.0  # 0 disables periodic measurement
+    log_ship_interval: float = 2.0
+    open_timeout: float = 10.0
+    welcome_timeout: float = 10.0
+    reconnect_base_delay: float = 0.5
+    reconnect_max_delay: float = 30.0
+    stable_after: float = 10.0  # a connection up this long resets the back-off
 
 
 class Agent:
@@ -45,46 +127,60 @@ class Agent:
         backend: GpuBackend,
         *,
         relay_urls: list[str] | None = None,
+        zone: str | None = None,
+        resolver: str | None = None,
+        resolver_port: int = 53,
         region: str | None = None,
-        telemetry_interval: float = 10.0,
-        heartbeat_interval: float = 10.0,
-        # Timeouts
-        open_timeout: float = 10.0,
-        welcome_timeout: float = 10.0,
-        reconnect_min_delay: float = 0.2,
-        reconnect_max_delay: float = 30.0,
+        timings: AgentTimings | None = None,
+        network_probes: int = 20,
+        network_max_bytes: int = 32 << 20,
+        network_target_seconds: float = 2.0,
         # Limits
-        max_unacked: int = 10_000,
         max_frame: int = protocol.DEFAULT_MAX_FRAME,
+        spool_max_messages: int = 100_000,
+        spool_max_bytes: int = 256 << 20,
         max_pending_commands: int = 256,
         remembered_results: int = 1000,
+        stop_workloads_on_close: bool = False,
+        rng: random.Random | None = None,
     ) -> None:
         identity = state.identity()
         self.state = state
         self.host_id = identity.host_id
         self.backend = backend
-        self.relay_urls = relay_urls or identity.relay_urls
-        if not self.relay_urls:
-            raise ConfigError("no relay to connect to: set GPUMARKET_RELAY_URL or enroll with a master that lists relays")
         self.region = region
-        self.telemetry_interval = telemetry_interval
-        self.heartbeat_interval = heartbeat_interval
-        self.open_timeout = open_timeout
-        self.welcome_timeout = welcome_timeout
-        self.reconnect_min_delay = reconnect_min_delay
-        self.reconnect_max_delay = reconnect_max_delay
+        self.timings = timings or AgentTimings()
+        self.network_probes = network_probes
+        self.network_max_bytes = network_max_bytes
+        self.network_target_seconds = network_target_seconds
         self.max_frame = max_frame
+        self.rng = rng or random.Random()
+        static = relay_urls or identity.relay_urls
+        if not static and not zone:
+            raise ConfigError(
+                "no relay to connect to: set GPUMARKET_ZONE (DNS discovery) or GPUMARKET_RELAY_URL, "
+                "or enroll with a master that lists relays"
+            )
+        self.directory = RelayDirectory(zone=zone, static_urls=list(static), resolver=resolver, resolver_port=resolver_port)
         self.lease = SequenceLease(state.lease_file)
-        self.window = protocol.OutboundWindow(self.host_id, first_seq=self.lease.start, max_unacked=max_unacked)
-        self.workloads = WorkloadManager(state.work_dir, backend)
+        self.spool = SqliteSpool(state.dir / "spool.db", max_messages=spool_max_messages, max_bytes=spool_max_bytes)
+        self.window = protocol.OutboundWindow(self.host_id, first_seq=self.lease.start, store=self.spool)
+        self.workloads = WorkloadManager(state.work_dir, backend, on_exit=self._workload_exited)
+        self.stop_workloads_on_close = stop_workloads_on_close
         self._commands: asyncio.Queue[protocol.CommandBody] = asyncio.Queue(max_pending_commands)
         self._results: OrderedDict[str, protocol.CommandResultBody] = OrderedDict()
         self._remembered_results = remembered_results
+        self._windows: dict[str, _Window] = {}
+        self._window_started = time.monotonic()
+        self._latest: list[GpuSample] = []
+        self._log_cursors: dict[str, _LogCursor] = self._load_log_cursors()
         self._ws: ClientConnection | None = None
         self._started = time.monotonic()
         self.connected = asyncio.Event()
         self.relay_id: str | None = None
+        self.relay_url: str | None = None
         self.connections = 0
+        self.samples_taken = 0
 
     def _ssl(self) -> ssl.SSLContext:
         return client_ssl_context(self.state.ca_file, cert_file=self.state.cert_file, key_file=self.state.key_file)
@@ -92,7 +188,7 @@ class Agent:
     # ---- outgoing ---------------------------------------------------------------------
 
     async def _emit(self, seq: int, frame: str) -> None:
-        """Send if connected; the frame stays in the window either way until acknowledged."""
+        """Send if connected; the frame stays in the spool either way until acknowledged."""
         self.lease.reserve_through(seq + 1)
         ws = self._ws
         if ws is None:
@@ -111,72 +207,143 @@ class Agent:
             running_rentals=self.workloads.running(),
         )
 
-    async def _sample(self) -> None:
-        if self.window.full:
-            log.warning("%d messages unacknowledged; pausing telemetry until the relay catches up", len(self.window))
-            return
+    # ---- sampling ---------------------------------------------------------------------
+
+    async def sample_once(self) -> None:
+        """One sampling pass: read the GPUs, update the window, push any GPU events at once."""
         samples = await asyncio.to_thread(self.backend.sample)
+        self.samples_taken += 1
+        self._latest = samples
+        for s in samples:
+            self._windows.setdefault(s.uuid, _Window()).add(s)
+        poll = getattr(self.backend, "poll_events", None)
+        events = await asyncio.to_thread(poll) if callable(poll) else []
+        if events:
+            body = protocol.GpuEventsBody(
+                events=[protocol.GpuEventModel(uuid=e.uuid, kind=e.kind, code=e.code, at=e.at) for e in events]
+            )
+            await self._emit(*self.window.gpu_events(body))
+
+    async def report_telemetry(self) -> None:
+        """Write one telemetry message: the latest sample and the window's aggregates."""
+        if not self._latest:
+            return
+        now = time.monotonic()
         body = protocol.TelemetryBody(
             sampled_at=datetime.now(UTC),
-            gpus=[protocol.GpuSampleModel.model_validate(s.to_wire()) for s in samples],
+            gpus=[protocol.GpuSampleModel.model_validate(s.to_wire()) for s in self._latest],
+            window_s=round(now - self._window_started, 3),
+            aggregates=[w.model(uuid) for uuid, w in self._windows.items()],
         )
+        self._windows = {}
+        self._window_started = now
         await self._emit(*self.window.telemetry(body))
 
-    async def _heartbeat(self) -> None:
-        if self.window.full:
-            return
-        body = protocol.HeartbeatBody(uptime_s=time.monotonic() - self._started, running_rentals=self.workloads.running())
-        await self._emit(*self.window.heartbeat(body))
+    async def _sampler(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_report = loop.time() + self.timings.telemetry_interval
+        while True:
+            try:
+                await self.sample_once()
+                if loop.time() >= next_report:
+                    next_report = loop.time() + self.timings.telemetry_interval
+                    await self.report_telemetry()
+            except Exception:
+                # A GPU that fails to answer must not stop the agent; log and try next time.
+                log.exception("host %s: sampling failed", self.host_id)
+            await asyncio.sleep(self.timings.sample_interval)
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await asyncio.sleep(self.timings.heartbeat_interval)
+            body = protocol.HeartbeatBody(
+                uptime_s=time.monotonic() - self._started,
+                running_rentals=self.workloads.running(),
+                spool=protocol.SpoolStats(pending=len(self.spool), evicted=self.spool.evicted),
+            )
+            await self._emit(*self.window.heartbeat(body))
 
     # ---- the connection ---------------------------------------------------------------
 
     async def run(self) -> None:
-        """Stay connected until cancelled. Cancelling is safe: unacknowledged messages stay in the window."""
-        worker = asyncio.create_task(self._command_worker(), name=f"agent-{self.host_id}-commands")
-        delay = self.reconnect_min_delay
-        attempt = 0
+        """Run until cancelled. Cancelling is safe: unacknowledged messages stay in the spool."""
+        await self.workloads.resume()  # re-adopted workloads; report those that died while we were down
+        for rental_id in self.workloads.running():
+            self._log_cursors.setdefault(rental_id, _LogCursor())
+        tasks = [
+            asyncio.create_task(self._command_worker(), name=f"agent-{self.host_id}-commands"),
+            asyncio.create_task(self._sampler(), name=f"agent-{self.host_id}-sampler"),
+            asyncio.create_task(self._log_shipper(), name=f"agent-{self.host_id}-logs"),
+        ]
+        if self.timings.network_interval > 0:
+            tasks.append(asyncio.create_task(self._network_loop(), name=f"agent-{self.host_id}-network"))
         try:
-            while True:
-                url = self.relay_urls[attempt % len(self.relay_urls)]
-                attempt += 1
-                try:
-                    await self._session(url)
-                    delay = self.reconnect_min_delay  # a session that got going resets the back-off
-                except (OSError, TimeoutError, InvalidHandshake, ssl.SSLError) as exc:
-                    log.warning("host %s: cannot connect to %s: %s", self.host_id, url, exc)
-                except ConnectionClosed as exc:
-                    log.info("host %s: relay closed the connection (%s)", self.host_id, exc)
-                except InvalidURI as exc:
-                    raise ConfigError(f"relay URL {url!r} is not a websocket URL: {exc}") from None
-                except ProtocolError as exc:
-                    log.error("host %s: relay spoke a protocol we do not understand: %s", self.host_id, exc)
+            await self._connection_loop()
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    def backoff(self, failures: int) -> float:
+        """Full jitter: uniform in [0, min(cap, base · 2^failures)] (AWS architecture blog, 2015)."""
+        ceiling = min(self.timings.reconnect_max_delay, self.timings.reconnect_base_delay * (2 ** min(failures, 30)))
+        return self.rng.uniform(0, ceiling)
+
+    async def _connection_loop(self) -> None:
+        failures = 0
+        await self._refresh_directory()
+        while True:
+            if self.directory.needs_refresh():
+                await self._refresh_directory()
+            url = self.directory.next()
+            started = time.monotonic()
+            try:
+                await self._session(url)
+            except (OSError, TimeoutError, InvalidHandshake, ssl.SSLError) as exc:
+                log.warning("host %s: cannot connect to %s: %s", self.host_id, url, exc)
+                self.directory.mark_failed(url)
+            except ConnectionClosed as exc:
+                code = exc.rcvd.code if exc.rcvd else None
+                log.info("host %s: relay %s closed the connection (%s)", self.host_id, url, exc)
+                if code in _MOVE_ON_CODES:
+                    self.directory.mark_draining(url)
+            except InvalidURI as exc:
+                raise ConfigError(f"relay URL {url!r} is not a websocket URL: {exc}") from None
+            except ProtocolError as exc:
+                log.error("host %s: relay %s sent something we do not understand (%s); trying another", self.host_id, url, exc)
+                self.directory.mark_failed(url)
+            finally:
                 self._ws = None
                 self.connected.clear()
-                await asyncio.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, self.reconnect_max_delay)
-        finally:
-            worker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await worker
+            failures = 0 if time.monotonic() - started >= self.timings.stable_after else failures + 1
+            await asyncio.sleep(self.backoff(failures))
+
+    async def _refresh_directory(self) -> None:
+        try:
+            await self.directory.refresh()
+        except GpumarketError as exc:
+            log.warning("host %s: relay discovery failed: %s", self.host_id, exc)
 
     async def _session(self, url: str) -> None:
         async with connect(
             url,
             ssl=self._ssl(),
-            open_timeout=self.open_timeout,
+            open_timeout=self.timings.open_timeout,
             max_size=self.max_frame,
             compression=None,
             close_timeout=2.0,
         ) as ws:
-            async with asyncio.timeout(self.welcome_timeout):
+            async with asyncio.timeout(self.timings.welcome_timeout):
                 first = protocol.decode_server_frame(await ws.recv(), max_frame=self.max_frame)
             if not isinstance(first, protocol.Welcome):
                 raise ProtocolError(f"expected welcome, got {first.type}")
             if first.body.host_id != self.host_id:
                 raise ProtocolError(f"relay welcomed host {first.body.host_id}, but we are {self.host_id}")
-            self.relay_id = first.body.relay_id
-            self.heartbeat_interval = first.body.heartbeat_interval
-            self.telemetry_interval = first.body.telemetry_interval
+            self.relay_id, self.relay_url = first.body.relay_id, url
+            self.timings.heartbeat_interval = first.body.heartbeat_interval
+            self.timings.telemetry_interval = first.body.telemetry_interval
             self.connections += 1
             log.info("host %s connected to relay %s (%d unacknowledged to replay)", self.host_id, self.relay_id, len(self.window))
             self._ws = ws
@@ -188,7 +355,7 @@ class Agent:
                 if old_seq != seq:
                     await ws.send(frame)
             self.connected.set()
-            ticker = asyncio.create_task(self._tick(), name=f"agent-{self.host_id}-tick")
+            beats = asyncio.create_task(self._heartbeats(), name=f"agent-{self.host_id}-heartbeats")
             try:
                 await self._receive(ws)  # returns when the relay closes the connection
             except asyncio.CancelledError:
@@ -197,47 +364,33 @@ class Agent:
                         await ws.close(1001, "agent shutting down")
                 raise
             finally:
-                ticker.cancel()
+                beats.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
-                    await ticker
+                    await beats
 
     async def _receive(self, ws: ClientConnection) -> None:
-        try:
-            async for frame in ws:
-                message = protocol.decode_server_frame(frame, max_frame=self.max_frame)
-                match message:
-                    case protocol.Ack():
-                        self.window.ack(message.body.seq)
-                    case protocol.Command():
-                        try:
-                            self._commands.put_nowait(message.body)
-                        except asyncio.QueueFull:
-                            log.warning("command queue full; %s will be resent by the master", message.body.command_id)
-                    case protocol.Move():
-                        log.info("relay asks us to move: %s", message.body.reason)
-                        return
-                    case protocol.Welcome():
-                        log.warning("unexpected second welcome ignored")
-        except ConnectionClosed as exc:
-            log.info("host %s: connection closed: %s", self.host_id, exc)
-
-    async def _tick(self) -> None:
-        loop = asyncio.get_running_loop()
-        next_beat = loop.time() + self.heartbeat_interval
-        next_sample = loop.time()
-        while True:
-            now = loop.time()
-            try:
-                if now >= next_sample:
-                    next_sample = now + self.telemetry_interval
-                    await self._sample()
-                if now >= next_beat:
-                    next_beat = now + self.heartbeat_interval
-                    await self._heartbeat()
-            except Exception:
-                # A GPU that fails to answer must not take the connection down; log and go on.
-                log.exception("host %s: sampling failed", self.host_id)
-            await asyncio.sleep(max(0.0, min(next_sample, next_beat) - loop.time()))
+        async for frame in ws:
+            message = protocol.decode_server_frame(frame, max_frame=self.max_frame)
+            match message:
+                case protocol.Ack():
+                    self.window.ack(message.body.seq)
+                case protocol.Command():
+                    try:
+                        self._commands.put_nowait(message.body)
+                    except asyncio.QueueFull:
+                        log.warning("command queue full; %s will be resent by the master", message.body.command_id)
+                case protocol.Move():
+                    log.info("relay asks us to move: %s", message.body.reason)
+                    if self.relay_url:
+                        self.directory.mark_draining(self.relay_url)
+                    await ws.close(1000, "moving to another relay")
+                    return
+                case protocol.Welcome():
+                    log.warning("unexpected second welcome ignored")
+        # The iterator ends quietly on a normal close; re-raise it so the loop sees the close code.
+        await ws.wait_closed()
+        if ws.close_code != 1000:
+            raise ws.protocol.close_exc
 
     # ---- commands ---------------------------------------------------------------------
 
@@ -255,22 +408,148 @@ class Agent:
             await self._emit(*self.window.command_result(result))
 
     async def _execute(self, command: protocol.CommandBody) -> protocol.CommandResultBody:
-        args: dict[str, Any] = command.args
+        handlers: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {
+            "start_workload": self._start_workload,
+            "stop_workload": self._stop_workload,
+            "measure_network": self._measure_command,
+        }
+        handler = handlers.get(command.kind)
         try:
-            rental_id = str(args["rental_id"])
-            if command.kind == "start_workload":
-                data = await self.workloads.start(rental_id, list(args.get("gpu_uuids", [])), dict(args.get("workload") or {}))
-            else:
-                data = await self.workloads.stop(rental_id)
-            ok, detail = True, ""
-        except (GpumarketError, KeyError, TypeError, ValueError) as exc:
+            if handler is None:
+                raise ConfigError(
+                    f"unknown command kind {command.kind!r}; this agent ({AGENT_VERSION}) supports {', '.join(sorted(handlers))}"
+                )
+            data, ok, detail = await handler(dict(command.args)), True, ""
+        except KeyError as exc:
+            log.warning("command %s (%s) is missing field %s", command.command_id, command.kind, exc)
+            ok, detail, data = False, f"missing field {exc} in {command.kind} arguments", {}
+        except (GpumarketError, TypeError, ValueError) as exc:
             log.warning("command %s (%s) failed: %s", command.command_id, command.kind, exc)
             ok, detail, data = False, str(exc), {}
         return protocol.CommandResultBody(
             command_id=command.command_id, ok=ok, detail=detail[:4096], data=data, finished_at=datetime.now(UTC)
         )
 
+    async def _start_workload(self, args: dict[str, Any]) -> dict[str, Any]:
+        rental_id = str(args["rental_id"])
+        data = await self.workloads.start(rental_id, [str(u) for u in args["gpu_uuids"]], dict(args.get("workload") or {}))
+        self._log_cursors.setdefault(rental_id, _LogCursor())
+        self._save_log_cursors()
+        return data
+
+    async def _stop_workload(self, args: dict[str, Any]) -> dict[str, Any]:
+        rental_id = str(args["rental_id"])
+        data = await self.workloads.stop(rental_id)
+        if rental_id in self._log_cursors:
+            self._log_cursors[rental_id].exited = True
+        return data
+
+    async def _workload_exited(self, rental_id: str, exit_code: int | None) -> None:
+        """Called by the workload manager when a workload ends on its own."""
+        if rental_id in self._log_cursors:
+            self._log_cursors[rental_id].exited = True
+        body = protocol.WorkloadExitedBody(
+            rental_id=rental_id, exit_code=exit_code, at=datetime.now(UTC),
+            reason="exited" if exit_code is not None else "ended while the agent was not watching",
+        )
+        await self._emit(*self.window.workload_exited(body))
+
+    # ---- network ----------------------------------------------------------------------
+
+    async def measure_network(self) -> protocol.NetworkReportBody:
+        url = self.relay_url or self.directory.next()
+        try:
+            result = await measure(
+                url, ssl_context=self._ssl(), probes=self.network_probes,
+                target_seconds=self.network_target_seconds, max_bytes=self.network_max_bytes,
+            )
+            body = protocol.NetworkReportBody.model_validate(result.to_wire())
+        except (OSError, TimeoutError, InvalidHandshake, ConnectionClosed, GpumarketError) as exc:
+            body = protocol.NetworkReportBody(
+                relay_url=url, measured_at=datetime.now(UTC), loss=1.0, probes_sent=0, probes_answered=0,
+                duration_s=0.0, error=f"{type(exc).__name__}: {exc}"[:1024],
+            )
+        await self._emit(*self.window.network_report(body))
+        return body
+
+    async def _measure_command(self, args: dict[str, Any]) -> dict[str, Any]:
+        body = await self.measure_network()
+        if body.error:
+            raise ConfigError(f"network measurement failed: {body.error}")
+        return body.model_dump(mode="json")
+
+    async def _network_loop(self) -> None:
+        interval = self.timings.network_interval
+        await asyncio.sleep(self.rng.uniform(0, interval))  # spread a fleet's first tests over the interval
+        while True:
+            await self.connected.wait()
+            await self.measure_network()
+            await asyncio.sleep(next_delay(interval, rng=self.rng))
+
+    # ---- workload logs ----------------------------------------------------------------
+
+    def _load_log_cursors(self) -> dict[str, _LogCursor]:
+        path = self.state.dir / "log_cursors.json"
+        try:
+            raw = json.loads(path.read_text())
+            return {k: _LogCursor(offset=int(v["offset"]), exited=bool(v["exited"])) for k, v in raw.items()}
+        except FileNotFoundError:
+            return {}
+        except (ValueError, KeyError, TypeError):
+            log.warning("%s is damaged; workload logs will be shipped again from the start", path)
+            return {}
+
+    def _save_log_cursors(self) -> None:
+        data = {k: {"offset": c.offset, "exited": c.exited} for k, c in self._log_cursors.items()}
+        atomic_write(self.state.dir / "log_cursors.json", json.dumps(data).encode())
+
+    async def ship_logs(self) -> int:
+        """Write new output of every known workload to the spool; returns bytes shipped."""
+        shipped = 0
+        for rental_id, cursor in list(self._log_cursors.items()):
+            while True:
+                try:
+                    chunk, next_offset = self.workloads.read_log(rental_id, offset=cursor.offset, limit=LOG_READ_BYTES)
+                except GpumarketError:
+                    chunk, next_offset = b"", cursor.offset
+                if not chunk:
+                    if cursor.exited:
+                        del self._log_cursors[rental_id]  # drained: nothing more will come
+                    break
+                # The log is capped: if older bytes were dropped, the chunk starts after our cursor.
+                start = next_offset - len(chunk)
+                if len(chunk) == LOG_READ_BYTES:
+                    chunk = _complete_utf8(chunk)
+                body = protocol.WorkloadLogsBody(
+                    rental_id=rental_id, offset=start, length=len(chunk), data=chunk.decode(errors="replace")
+                )
+                await self._emit(*self.window.workload_logs(body))
+                cursor.offset = start + len(chunk)
+                shipped += len(chunk)
+        if shipped or not self._log_cursors:
+            self._save_log_cursors()
+        return shipped
+
+    async def _log_shipper(self) -> None:
+        while True:
+            await asyncio.sleep(self.timings.log_ship_interval)
+            try:
+                await self.ship_logs()
+            except Exception:
+                log.exception("host %s: shipping workload logs failed", self.host_id)
+
     async def close(self) -> None:
-        """Stop every workload and release the GPU backend (after ``run`` was cancelled)."""
-        await self.workloads.close()
+        """Release everything after ``run`` was cancelled. Workloads keep running unless told otherwise."""
+        await self.workloads.close(stop_workloads=self.stop_workloads_on_close)
         self.backend.close()
+        self.spool.close()
+
+
+def _complete_utf8(chunk: bytes) -> bytes:
+    """Drop a multi-byte character cut off at the end of ``chunk`` (it is read again next time)."""
+    for back in range(1, min(4, len(chunk)) + 1):
+        byte = chunk[-back]
+        if byte & 0xC0 != 0x80:  # not a continuation byte: the start of the last character
+            width = 1 if byte < 0x80 else 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else 4
+            return chunk if width <= back else chunk[:-back]
+    return chunk

@@ -7,7 +7,7 @@ import contextlib
 import logging
 
 from agent.gpu import open_backend
-from agent.runner import Agent
+from agent.runner import Agent, AgentTimings
 from agent.state import AgentState
 from shared.settings import AgentSettings
 
@@ -22,11 +22,21 @@ def agent_from_settings(settings: AgentSettings) -> Agent:
         state,
         backend,
         relay_urls=[settings.relay_url] if settings.relay_url else None,
+        zone=settings.zone,
+        resolver=settings.resolver,
+        resolver_port=settings.resolver_port,
         region=settings.region,
-        telemetry_interval=settings.telemetry_interval,
-        heartbeat_interval=settings.heartbeat_interval,
-        max_unacked=settings.max_unacked,
-        reconnect_max_delay=settings.reconnect_max_delay,
+        timings=AgentTimings(
+            sample_interval=settings.sample_interval,
+            telemetry_interval=settings.telemetry_interval,
+            heartbeat_interval=settings.heartbeat_interval,
+            network_interval=settings.network_interval,
+            reconnect_max_delay=settings.reconnect_max_delay,
+        ),
+        network_probes=settings.network_probes,
+        network_max_bytes=settings.network_max_bytes,
+        spool_max_messages=settings.spool_max_messages,
+        spool_max_bytes=settings.spool_max_bytes,
     )
 
 

@@ -28,7 +28,7 @@ from sqlalchemy import select
 from access.relay import Relay
 from agent.enroll import enroll
 from agent.gpu import open_backend
-from agent.runner import Agent
+from agent.runner import Agent, AgentTimings
 from agent.state import AgentState, atomic_write
 from master.app import bound_port, close_master, create_app, open_master
 from master.context import Master
@@ -93,6 +93,7 @@ async def start_marketplace(
     heartbeat_interval: float = 10.0,
     telemetry_interval: float = 10.0,
     missed_heartbeats_offline: int = 3,
+    network_interval: float = 3600.0,
     settings: MasterSettings | None = None,
 ) -> Marketplace:
     data_dir = data_dir.resolve()
@@ -146,7 +147,9 @@ async def start_marketplace(
     try:
         provider_id = await _account_id(master, "demo-provider")
         for i in range(agents):
-            agent = await _demo_agent(master, data_dir / "agents" / f"agent-{i:02d}", i, base, relay.url, provider_id)
+            agent = await _demo_agent(
+                master, data_dir / "agents" / f"agent-{i:02d}", i, base, relay.url, provider_id, network_interval=network_interval
+            )
             market.agents.append(agent)
             market.agent_tasks.append(asyncio.create_task(agent.run(), name=f"agent-{i:02d}"))
     except BaseException:
@@ -186,7 +189,9 @@ async def _demo_credentials(master: Master, path: Path, api_url: str, console_ur
     return creds
 
 
-async def _demo_agent(master: Master, folder: Path, i: int, base_url: str, relay_url: str, provider_id: str) -> Agent:
+async def _demo_agent(
+    master: Master, folder: Path, i: int, base_url: str, relay_url: str, provider_id: str, *, network_interval: float
+) -> Agent:
     state = AgentState(folder)
     spec = DEMO_FLEET[i % len(DEMO_FLEET)]
     if not state.enrolled:
@@ -199,8 +204,15 @@ async def _demo_agent(master: Master, folder: Path, i: int, base_url: str, relay
         backend,
         relay_urls=[relay_url],
         region=("eu-west", "us-east", "ap-south")[i % 3],
-        telemetry_interval=master.settings.telemetry_interval,
-        heartbeat_interval=master.settings.heartbeat_interval,
+        timings=AgentTimings(
+            sample_interval=min(1.0, master.settings.telemetry_interval),
+            telemetry_interval=master.settings.telemetry_interval,
+            heartbeat_interval=master.settings.heartbeat_interval,
+            network_interval=network_interval,
+        ),
+        network_max_bytes=4 << 20,
+        network_target_seconds=0.5,
+        stop_workloads_on_close=True,  # the demo's hosts go away with it
     )
 
 

@@ -53,7 +53,7 @@ def gpu_info(index: int, *, name: str = "NVIDIA GeForce RTX 4090", uuid: str | N
     )
 
 
-def envelope(message: protocol.Hello | protocol.Heartbeat | protocol.Telemetry | protocol.CommandResult, *, relay: str = "relay-t") -> protocol.BusEnvelope:
+def envelope(message: protocol.AnyAgentMessage, *, relay: str = "relay-t") -> protocol.BusEnvelope:
     return protocol.BusEnvelope(relay_id=relay, received_at=datetime.now(UTC), message=message)
 
 

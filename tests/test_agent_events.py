@@ -17,7 +17,15 @@ from master.models import Command, Gpu, GpuEvent, Host, Rental
 from master.services import hosts, rentals
 from master.services.accounts import Principal
 from shared import protocol
-from tests.factories import command_result, create_principal, envelope, gpu_info, hello, online_host, telemetry
+from tests.factories import (
+    command_result,
+    create_principal,
+    envelope,
+    gpu_info,
+    hello,
+    online_host,
+    telemetry,
+)
 
 
 def _now() -> datetime:
@@ -32,7 +40,7 @@ async def _apply(master: Master, message: protocol.AnyAgentMessage) -> Any:
         protocol.CommandResult: hosts.handle_command_result,
     }
     async with master.db.session() as session:
-        return await handlers[type(message)](session, envelope(message))  # type: ignore[operator]
+        return await handlers[type(message)](session, envelope(message))
 
 
 class World:
@@ -116,7 +124,7 @@ class TestNetwork:
         async with world.master.db.session() as session:
             command = await session.get(Command, command_id)
         assert command is not None and command.kind == "measure_network"
-        other, other_key = await create_principal(world.master, "p2", "provider")
+        _, other_key = await create_principal(world.master, "p2", "provider")
         async with world.client.post(f"/api/v1/hosts/{host_id}/network-test", headers={"Authorization": f"Bearer {other_key}"}) as r:
             assert r.status == 404
 
@@ -168,7 +176,7 @@ class TestLogs:
         assert logs["next_offset"] == len("".join(pieces).encode())
         status, tail = await world.get(f"/rentals/{rental.id}/logs?offset={offsets[1]}")
         assert tail["data"] == "wörld\ndone\n"
-        other, other_key = await create_principal(world.master, "r2", "renter")
+        _, other_key = await create_principal(world.master, "r2", "renter")
         status, _ = await world.get(f"/rentals/{rental.id}/logs", key=other_key)
         assert status == 404
 

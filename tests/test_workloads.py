@@ -1,0 +1,805 @@
+"""Workloads on a provider host: GPU isolation, cgroup limits, logs, exits, stops and restarts.
+
+Real processes (``python -c`` and ``sh -c``) and, where this host allows, real cgroups; the
+only stand-in is the GPU hardware (the simulated backend). Every process a test starts
+carries its rental id in ``GPUMARKET_RENTAL_ID``; the ``prefix`` fixture kills any that
+outlive the test. Waiting is event-driven (``on_exit``) or a short bounded poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import secrets
+import shlex
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.gpu.base import GpuInfo, GpuSample
+from agent.gpu.sim import SimulatedBackend
+from agent.workloads import (
+    MIB,
+    CgroupLimiter,
+    CgroupSupport,
+    ContainerRuntime,
+    NoCgroupLimiter,
+    WorkloadManager,
+    cgroup_limiter,
+    container_argv,
+    detect_cgroup_support,
+    detect_container_runtime,
+    parse_spec,
+    process_start_time,
+)
+from shared.errors import BadRequest, Conflict, NotFound
+from tests.helpers import eventually
+
+PY = sys.executable
+WAIT = 10.0  # the longest any one wait may take before the test fails; never slept through
+
+
+def py(code: str) -> list[str]:
+    return [PY, "-c", code]
+
+
+class Exits:
+    """Records ``on_exit`` calls and lets a test await the one for a rental."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int | None]] = []
+        self._changed = asyncio.Event()
+
+    async def __call__(self, rental_id: str, exit_code: int | None) -> None:
+        self.calls.append((rental_id, exit_code))
+        self._changed.set()
+
+    async def wait_for(self, rental_id: str) -> int | None:
+        async with asyncio.timeout(WAIT):
+            while True:
+                for called, exit_code in self.calls:
+                    if called == rental_id:
+                        return exit_code
+                self._changed.clear()
+                await self._changed.wait()
+
+
+class MigEnabledBackend:
+    """A simulated A100 host with MIG mode on (a backend lists GPUs, not their MIG instances)."""
+
+    name = "sim"
+
+    def __init__(self) -> None:
+        self._sim = SimulatedBackend("sim:1xA100-80GB", seed="t")
+
+    def gpus(self) -> list[GpuInfo]:
+        return [dataclasses.replace(g, mig_mode=True) for g in self._sim.gpus()]
+
+    def sample(self) -> list[GpuSample]:
+        return self._sim.sample()
+
+    def close(self) -> None:
+        self._sim.close()
+
+
+def _kill_leftovers(prefix: str) -> list[int]:
+    """SIGKILL (and reap, when ours) every process whose GPUMARKET_RENTAL_ID starts with ``prefix``."""
+    marker = f"GPUMARKET_RENTAL_ID={prefix}".encode()
+    killed = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if any(item.startswith(marker) for item in environ.split(b"\0")):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
+    for pid in killed:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+    return killed
+
+
+@pytest.fixture
+def prefix() -> Iterator[str]:
+    """A rental id prefix of this test's own; processes still carrying it afterwards are killed."""
+    value = f"t{secrets.token_hex(4)}"
+    yield value
+    _kill_leftovers(value)
+
+
+@pytest.fixture
+def backend() -> SimulatedBackend:
+    return SimulatedBackend("sim:2xRTX4090", seed="t")
+
+
+@pytest.fixture
+def gpus(backend: SimulatedBackend) -> list[str]:
+    return [g.uuid for g in backend.gpus()]
+
+
+@pytest.fixture
+def cgroups() -> Iterator[CgroupLimiter]:
+    """This host's real cgroup support, in a slice of this test's own that is removed afterwards."""
+    support = detect_cgroup_support(slice_name=f"gpumarket-test-{secrets.token_hex(4)}.slice")
+    limiter = cgroup_limiter(support)
+    yield limiter
+    limiter.close()
+    for slice_dir in support.slices:  # after a failed test: leave no cgroup behind
+        for group in slice_dir.glob("rental-*"):
+            with contextlib.suppress(OSError):
+                group.rmdir()
+        with contextlib.suppress(OSError):
+            slice_dir.rmdir()
+
+
+@pytest.fixture
+def exits() -> Exits:
+    return Exits()
+
+
+Managers = Callable[..., WorkloadManager]
+
+
+@pytest.fixture
+async def managers(
+    tmp_path: Path, backend: SimulatedBackend, cgroups: CgroupLimiter, exits: Exits, prefix: str
+) -> AsyncIterator[Managers]:
+    """Makes managers over one work dir (short timeouts); stops what they still run afterwards."""
+    made: list[WorkloadManager] = []
+
+    def make(**overrides: Any) -> WorkloadManager:
+        options: dict[str, Any] = {
+            "backend": backend, "on_exit": exits, "cgroups": cgroups,
+            "stop_timeout": 2.0, "kill_timeout": 2.0, "check_interval": 0.02,
+        }
+        options.update(overrides)
+        manager = WorkloadManager(options.pop("work_dir", tmp_path / "work"), **options)
+        made.append(manager)
+        return manager
+
+    yield make
+    for manager in made:
+        await manager.close(stop_workloads=True)
+
+
+async def file_text(path: Path, *, containing: str = "") -> str:
+    """The file's text once it exists (and holds ``containing``), polled briefly."""
+
+    async def check() -> str | None:
+        with contextlib.suppress(FileNotFoundError):
+            text = path.read_text()
+            if text and containing in text:
+                return text
+        return None
+
+    return await eventually(check, timeout=WAIT, every=0.01, what=f"{path.name} to be written")
+
+
+async def gone(pid: int) -> None:
+    async def check() -> bool:
+        return process_start_time(pid) is None
+
+    await eventually(check, timeout=WAIT, every=0.01, what=f"pid {pid} to end")
+
+
+def registry(manager: WorkloadManager) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(manager.registry_path.read_text())
+    return data
+
+
+SLEEP = {"kind": "process", "argv": ["sleep", "60"]}
+IGNORES_SIGTERM = (
+    "import signal, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "open('ready', 'w').close()\n"
+    "while True: time.sleep(1)"
+)
+
+
+class TestIsolation:
+    """A process workload sees only its GPUs, a clean environment and its own folder."""
+
+    async def test_process_sees_only_its_gpus_and_a_clean_environment_in_its_folder(
+        self, managers: Managers, exits: Exits, gpus: list[str], prefix: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The child's environment names only its GPU, carries none of the agent's secrets, and it runs in its folder."""
+        monkeypatch.setenv("GPUMARKET_TEST_AGENT_SECRET", "hunter2")
+        manager = managers()
+        rental = f"{prefix}-env"
+        dump = "import json, os; json.dump({'env': dict(os.environ), 'cwd': os.getcwd()}, open('seen.json', 'w'))"
+        await manager.start(rental, [gpus[1]], {"kind": "process", "argv": py(dump), "env": {"MODEL": "llama"}})
+        assert await exits.wait_for(rental) == 0
+        seen = json.loads((manager.work_dir / rental / "seen.json").read_text())
+        env = seen["env"]
+        assert env["CUDA_VISIBLE_DEVICES"] == env["NVIDIA_VISIBLE_DEVICES"] == env["GPUMARKET_GPU_UUIDS"] == gpus[1]
+        assert gpus[0] not in json.dumps(env)
+        assert env["MODEL"] == "llama" and env["GPUMARKET_RENTAL_ID"] == rental
+        assert "GPUMARKET_TEST_AGENT_SECRET" not in env
+        allowed = {
+            "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "HOME", "PWD", "MODEL",
+            "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "GPUMARKET_GPU_UUIDS", "GPUMARKET_RENTAL_ID",
+        }
+        assert set(env) <= allowed, set(env) - allowed
+        assert seen["cwd"] == env["HOME"] == str(manager.work_dir / rental)
+
+    async def test_several_gpus_are_listed_in_the_order_given(self, managers: Managers, exits: Exits, gpus: list[str], prefix: str) -> None:
+        """A two-GPU workload sees both UUIDs, comma-separated, in the allocation's order."""
+        manager = managers()
+        rental = f"{prefix}-two"
+        await manager.start(rental, [gpus[1], gpus[0]], {"kind": "process", "argv": ["sh", "-c", 'printf %s "$CUDA_VISIBLE_DEVICES" > seen']})
+        assert await exits.wait_for(rental) == 0
+        assert (manager.work_dir / rental / "seen").read_text() == f"{gpus[1]},{gpus[0]}"
+
+    async def test_unknown_gpu_is_refused_and_nothing_starts(self, managers: Managers, prefix: str) -> None:
+        """A GPU UUID this host does not have is refused before anything runs."""
+        manager = managers()
+        rental = f"{prefix}-unknown"
+        with pytest.raises(BadRequest) as refused:
+            await manager.start(rental, ["GPU-00000000-0000-0000-0000-000000000000"], SLEEP)
+        assert refused.value.code == "gpu_not_found"
+        assert manager.running() == []
+        assert not (manager.work_dir / rental).exists()
+
+    async def test_mig_instance_is_exposed_by_its_uuid(self, managers: Managers, exits: Exits, prefix: str, tmp_path: Path) -> None:
+        """On a MIG-enabled host a MIG instance UUID is accepted and is all the workload sees; elsewhere it is refused."""
+        instance = "MIG-8d3c4ab1-8a4e-5d4b-9b2c-7e1f4f2b5a11"
+        argv = ["sh", "-c", 'printf "%s %s" "$CUDA_VISIBLE_DEVICES" "$NVIDIA_VISIBLE_DEVICES" > seen']
+        with pytest.raises(BadRequest):
+            await managers().start(f"{prefix}-nomig", [instance], {"kind": "process", "argv": argv})
+        manager = managers(backend=MigEnabledBackend(), work_dir=tmp_path / "mig")
+        rental = f"{prefix}-mig"
+        await manager.start(rental, [instance], {"kind": "process", "argv": argv})
+        assert await exits.wait_for(rental) == 0
+        assert (manager.work_dir / rental / "seen").read_text() == f"{instance} {instance}"
+
+    async def test_spec_cannot_override_gpu_visibility(self, managers: Managers, gpus: list[str], prefix: str) -> None:
+        """The spec's env may not set the variables that choose GPUs."""
+        manager = managers()
+        for name in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "GPUMARKET_GPU_UUIDS"):
+            with pytest.raises(BadRequest, match=name):
+                await manager.start(f"{prefix}-env", [gpus[0]], {"kind": "process", "argv": ["true"], "env": {name: "all"}})
+        assert manager.running() == []
+
+    async def test_a_gpu_serving_another_rental_is_refused(self, managers: Managers, gpus: list[str], prefix: str) -> None:
+        """A GPU already given to a running rental is not given to a second one."""
+        manager = managers()
+        await manager.start(f"{prefix}-first", [gpus[0]], {"kind": "hold"})
+        with pytest.raises(Conflict) as refused:
+            await manager.start(f"{prefix}-second", [gpus[1], gpus[0]], SLEEP)
+        assert refused.value.code == "gpu_in_use"
+        assert manager.running() == [f"{prefix}-first"]
+
+
+class TestCgroupLimits:
+    """Where the host allows, a workload runs in a cgroup of its own carrying its CPU and memory limits."""
+
+    async def test_workload_is_in_its_cgroup_with_its_limits_from_its_first_instruction(
+        self, managers: Managers, gpus: list[str], prefix: str
+    ) -> None:
+        """The child's very first command already runs in the rental's cgroup, whose files hold the spec's limits."""
+        manager = managers()
+        support = manager.cgroup_support
+        print(f"cgroup support on this host: {support.mode}: {support.reason}")
+        rental = f"{prefix}-cg"
+        spec = {"kind": "process", "argv": ["sh", "-c", "cat /proc/self/cgroup > cgroup.txt; exec sleep 60"], "cpu_cores": 1.5, "memory_mib": 256}
+        result = await manager.start(rental, [gpus[0]], spec)
+        seen = await file_text(manager.work_dir / rental / "cgroup.txt")
+        if not support.available:
+            assert result["limits"] == "unavailable" and result["limits_reason"] == support.reason
+            assert support.reason.startswith("no way to limit CPU and memory: ")
+            pytest.skip(f"this host has no usable cgroups: {support.reason}")
+        assert result["limits"] == "applied", result
+        if support.mode == "systemd":
+            assert result["systemd_unit"] in seen
+            return
+        groups = [Path(d) for d in result["cgroups"]]
+        suffix = f"/{support.slices[0].name}/rental-{rental}"
+        lines = seen.splitlines()
+        if support.mode == "cgroup2":
+            assert any(line.startswith("0::") and line.endswith(suffix) for line in lines), seen
+            (group,) = groups
+            assert (group / "cpu.max").read_text().split() == ["150000", "100000"]
+            assert (group / "memory.max").read_text().strip() == str(256 * MIB)
+        else:
+            for controller in ("cpu", "memory"):
+                assert any(controller in line.split(":")[1].split(",") and line.endswith(suffix) for line in lines), seen
+            cpu_group, memory_group = groups[0], groups[-1]
+            assert (cpu_group / "cpu.cfs_quota_us").read_text().strip() == "150000"
+            assert (cpu_group / "cpu.cfs_period_us").read_text().strip() == "100000"
+            assert (memory_group / "memory.limit_in_bytes").read_text().strip() == str(256 * MIB)
+        for group in groups:
+            assert str(result["pid"]) in (group / "cgroup.procs").read_text().split()
+        await manager.stop(rental)
+        assert not any(group.exists() for group in groups)
+
+    async def test_a_process_that_leaves_the_process_group_is_killed_through_the_cgroup(
+        self, managers: Managers, gpus: list[str], prefix: str
+    ) -> None:
+        """A grandchild that made itself a new session (out of reach of killpg) still dies when the rental stops."""
+        manager = managers()
+        support = manager.cgroup_support
+        rental = f"{prefix}-escape"
+        await manager.start(rental, [gpus[0]], {"kind": "process", "argv": ["sh", "-c", "setsid sleep 60 & echo $! > escaped.pid; exec sleep 60"]})
+        escaped = int(await file_text(manager.work_dir / rental / "escaped.pid", containing="\n"))
+
+        async def own_session() -> bool:  # $! is known before the background setsid has run
+            return os.getsid(escaped) == escaped
+
+        await eventually(own_session, timeout=WAIT, every=0.01, what="the grandchild to leave the session")
+        await manager.stop(rental)
+        if support.mode not in ("cgroup1", "cgroup2"):
+            pytest.skip(f"needs the cgroup filesystem; this host: {support.mode}: {support.reason}")
+        assert process_start_time(escaped) is None
+
+    async def test_limits_without_cgroup_support_are_reported_unavailable(self, managers: Managers, gpus: list[str], prefix: str) -> None:
+        """Without cgroups the workload still runs, and the start result says its limits are unavailable and why."""
+        manager = managers(cgroups=NoCgroupLimiter(CgroupSupport("none", "no cgroups in this test")))
+        limited = await manager.start(f"{prefix}-limited", [gpus[0]], {**SLEEP, "cpu_cores": 2.0, "memory_mib": 4096})
+        assert limited["limits"] == "unavailable" and limited["limits_reason"] == "no cgroups in this test"
+        assert process_start_time(limited["pid"]) is not None
+        unlimited = await manager.start(f"{prefix}-unlimited", [gpus[1]], SLEEP)
+        assert unlimited["limits"] == "none requested" and "limits_reason" not in unlimited
+
+    def test_detection_explains_itself_and_creates_nothing(self) -> None:
+        """Detection names what it chose (or why nothing works) and leaves the cgroup tree as it was."""
+        support = detect_cgroup_support(slice_name=f"gpumarket-test-{secrets.token_hex(4)}.slice")
+        print(f"cgroup support on this host: {support.mode}: {support.reason}")
+        assert support.mode in ("cgroup2", "cgroup1", "systemd", "none") and support.reason
+        assert support.available == (support.mode != "none")
+        assert not any(slice_dir.exists() for slice_dir in support.slices)
+
+    @pytest.mark.parametrize(
+        "limits",
+        [{"cpu_cores": 0}, {"cpu_cores": -1.0}, {"cpu_cores": True}, {"cpu_cores": "2"}, {"cpu_cores": float("nan")},
+         {"memory_mib": 1}, {"memory_mib": 4096.5}, {"memory_mib": "4G"}],
+    )
+    def test_limits_out_of_range_are_refused(self, limits: dict[str, Any]) -> None:
+        """A limit that is not a sane number is refused with what to write instead."""
+        with pytest.raises(BadRequest) as refused:
+            parse_spec({"kind": "process", "argv": ["true"], **limits})
+        assert refused.value.code == "bad_workload_spec"
+
+
+class TestLogs:
+    """Output goes to a bounded ``output.log`` read back incrementally by offset."""
+
+    async def test_output_is_captured_and_read_back_in_pages(self, managers: Managers, exits: Exits, gpus: list[str], prefix: str) -> None:
+        """stdout and stderr land in the log; pages chain by their offsets up to the end."""
+        manager = managers()
+        rental = f"{prefix}-log"
+        code = "import sys\nfor i in range(200):\n    print(f'out {i}', flush=True)\n    print(f'err {i}', file=sys.stderr, flush=True)"
+        await manager.start(rental, [gpus[0]], {"kind": "process", "argv": py(code)})
+        assert await exits.wait_for(rental) == 0
+        expected = "".join(f"out {i}\nerr {i}\n" for i in range(200)).encode()
+        offset, pages = 0, []
+        while True:
+            chunk, next_offset = manager.read_log(rental, offset=offset, limit=100)
+            if not chunk:
+                break
+            assert len(chunk) <= 100 and next_offset - len(chunk) == offset
+            pages.append(chunk)
+            offset = next_offset
+        assert b"".join(pages) == expected and offset == len(expected)
+        assert manager.read_log(rental, offset=offset) == (b"", offset)
+        assert manager.read_log(rental, offset=offset + 10) == (b"", offset + 10)
+
+    async def test_log_is_readable_while_the_workload_runs(self, managers: Managers, gpus: list[str], prefix: str) -> None:
+        """New output can be read while the workload is still running."""
+        manager = managers()
+        rental = f"{prefix}-live"
+        await manager.start(rental, [gpus[0]], {"kind": "process", "argv": ["sh", "-c", "echo ready; exec sleep 60"]})
+
+        async def read() -> tuple[bytes, int] | None:
+            chunk, next_offset = manager.read_log(rental, offset=0)
+            return (chunk, next_offset) if chunk else None
+
+        assert await eventually(read, timeout=WAIT, every=0.01, what="output") == (b"ready\n", 6)
+        assert manager.running() == [rental]
+
+    async def test_cap_keeps_the_newest_bytes(self, managers: Managers, exits: Exits, gpus: list[str], prefix: str) -> None:
+        """Past ``max_log_bytes`` the oldest bytes go: what remains is the newest output, at its original offsets."""
+        cap = 64 << 10
+        manager = managers(max_log_bytes=cap)
+        rental = f"{prefix}-cap"
+        code = "import sys\nfor i in range(20000):\n    sys.stdout.write(f'line {i:06d}\\n')"
+        await manager.start(rental, [gpus[0]], {"kind": "process", "argv": py(code)})
+        assert await exits.wait_for(rental) == 0
+        expected = "".join(f"line {i:06d}\n" for i in range(20000)).encode()
+        first, offset = manager.read_log(rental, offset=0, limit=16 << 10)
+        kept_from = offset - len(first)
+        pages = [first]
+        while chunk := manager.read_log(rental, offset=offset, limit=16 << 10)[0]:
+            pages.append(chunk)
+            offset += len(chunk)
+        kept = b"".join(pages)
+        assert cap - (16 << 10) < len(kept) <= cap
+        assert kept_from == len(expected) - len(kept) and offset == len(expected)
+        assert expected.endswith(kept)
+        log_file = manager.work_dir / rental / "output.log"
+        assert log_file.stat().st_size == len(expected)  # offsets never move...
+        assert log_file.stat().st_blocks * 512 <= cap + (16 << 10)  # ...but the dropped bytes take no disk
+
+    async def test_log_survives_the_workload_until_forget(self, managers: Managers, exits: Exits, gpus: list[str], prefix: str) -> None:
+        """The log stays readable after the workload ends; ``forget`` deletes it, and is refused while it runs."""
+        manager = managers()
+        rental = f"{prefix}-keep"
+        (manager.work_dir / rental).mkdir()
+        os.mkfifo(manager.work_dir / rental / "gate")
+        await manager.start(rental, [gpus[0]], {"kind": "process", "argv": ["sh", "-c", "read x < gate; echo done"]})
+        with pytest.raises(Conflict):
+            await manager.forget(rental)
+        await asyncio.to_thread((manager.work_dir / rental / "gate").write_text, "go\n")
+        assert await exits.wait_for(rental) == 0
+        assert manager.read_log(rental, offset=0) == (b"done\n", 5)
+        await manager.forget(rental)
+        with pytest.raises(NotFound):
+            manager.read_log(rental, offset=0)
+
+    async def test_bad_reads_are_refused(self, managers: Managers, prefix: str) -> None:
+        """Unknown rentals, negative offsets and out-of-range limits are refused."""
+        manager = managers()
+        with pytest.raises(NotFound):
+            manager.read_log(f"{prefix}-never", offset=0)
+        for offset, limit in ((-1, 10), (0, 0), (0, manager.max_read_bytes + 1)):
+            with pytest.raises(BadRequest):
+                manager.read_log(f"{prefix}-never", offset=offset, limit=limit)
+
+
+class TestExitReporting:
+    """A workload that ends on its own is noticed and reported through ``on_exit``; a stopped one is not."""
+
+    async def test_workload_that_exits_on_its_own_is_reported_with_its_code(
+        self, managers: Managers, exits: Exits, backend: SimulatedBackend, gpus: list[str], prefix: str
+    ) -> None:
+        """``on_exit`` gets the exit code; the rental stops running and its GPUs are free."""
+        manager = managers()
+        rental = f"{prefix}-seven"
+        await manager.start(rental, [gpus[0]], {"kind": "process", "argv": ["sh", "-c", "exit 7"]})
+        assert await exits.wait_for(rental) == 7
+        assert manager.running() == []
+        assert backend.sample()[0].processes == ()
+
+        async def reported() -> bool:
+            return registry(manager) == {"version": 1, "workloads": [], "unreported_exits": {}}
+
+        await eventually(reported, timeout=WAIT, every=0.01, what="the registry to forget the reported exit")
+
+    async def test_workload_killed_by_a_signal_reports_minus_the_signal(self, managers: Managers, exits: Exits, gpus: list[str], prefix: str) -> None:
+        """A workload ended by signal N reports exit code -N."""
+        manager = managers()
+        rental = f"{prefix}-killed"
+        await manager.start(rental, [gpus[0]], {"kind": "process", "argv": ["sh", "-c", "kill -KILL $$"]})
+        assert await exits.wait_for(rental) == -signal.SIGKILL
+
+    async def test_processes_left_behind_by_the_main_one_are_killed(self, managers: Managers, exits: Exits, gpus: list[str], prefix: str) -> None:
+        """When the main process exits, what it left running in the background is killed."""
+        manager = managers()
+        rental = f"{prefix}-bg"
+        await manager.start(rental, [gpus[0]], {"kind": "process", "argv": ["sh", "-c", "sleep 60 & echo $! > bg.pid; exit 0"]})
+        assert await exits.wait_for(rental) == 0
+        background = int((manager.work_dir / rental / "bg.pid").read_text())
+        await gone(background)
+
+    async def test_stop_is_not_reported_as_an_exit(self, managers: Managers, exits: Exits, gpus: list[str], prefix: str) -> None:
+        """Stopping returns the exit code to the caller and never calls ``on_exit``."""
+        manager = managers()
+        rental = f"{prefix}-stopped"
+        await manager.start(rental, [gpus[0]], SLEEP)
+        assert await manager.stop(rental) == {"exit_code": -signal.SIGTERM}
+        await asyncio.sleep(0.05)  # several watcher intervals: a late report would show up
+        assert exits.calls == []
+
+    async def test_exit_not_yet_reported_is_reported_by_the_next_manager(
+        self, managers: Managers, exits: Exits, gpus: list[str], prefix: str
+    ) -> None:
+        """An exit whose ``on_exit`` was cut short by ``close()`` is reported again after a restart (at least once)."""
+        entered = asyncio.Event()
+
+        async def hangs(rental_id: str, exit_code: int | None) -> None:
+            entered.set()
+            await asyncio.Event().wait()
+
+        first = managers(on_exit=hangs)
+        rental = f"{prefix}-unreported"
+        await first.start(rental, [gpus[0]], {"kind": "process", "argv": ["sh", "-c", "exit 4"]})
+        async with asyncio.timeout(WAIT):
+            await entered.wait()
+        await first.close()
+        assert registry(first)["unreported_exits"] == {rental: 4}
+        second = managers()
+        await second.resume()
+        assert await exits.wait_for(rental) == 4
+
+
+class TestGracefulStop:
+    """Stopping sends SIGTERM to the process group and SIGKILL after ``stop_timeout``."""
+
+    async def test_child_that_handles_sigterm_exits_cleanly(self, managers: Managers, gpus: list[str], prefix: str) -> None:
+        """A child that exits on SIGTERM reports its own exit code."""
+        manager = managers()
+        rental = f"{prefix}-clean"
+        code = (
+            "import signal, sys, time\n"
+            "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+            "open('ready', 'w').close()\n"
+            "while True: time.sleep(1)"
+        )
+        result = await manager.start(rental, [gpus[0]], {"kind": "process", "argv": py(code)})
+        await eventually(_exists(manager.work_dir / rental / "ready"), timeout=WAIT, every=0.01, what="the SIGTERM handler")
+        assert await manager.stop(rental) == {"exit_code": 0}
+        assert process_start_time(result["pid"]) is None
+
+    async def test_child_ignoring_sigterm_is_killed_after_stop_timeout(self, managers: Managers, gpus: list[str], prefix: str) -> None:
+        """A child that ignores SIGTERM gets SIGKILL once ``stop_timeout`` has passed."""
+        manager = managers(stop_timeout=0.2)
+        rental = f"{prefix}-stubborn"
+        result = await manager.start(rental, [gpus[0]], {"kind": "process", "argv": py(IGNORES_SIGTERM)})
+        await eventually(_exists(manager.work_dir / rental / "ready"), timeout=WAIT, every=0.01, what="SIGTERM to be ignored")
+        began = time.monotonic()
+        assert await manager.stop(rental) == {"exit_code": -signal.SIGKILL}
+        assert 0.2 <= time.monotonic() - began < 2.0
+        assert process_start_time(result["pid"]) is None
+
+    async def test_stop_is_idempotent_and_concurrent_stops_share_one(self, managers: Managers, gpus: list[str], prefix: str) -> None:
+        """Two concurrent stops get the same result; later ones and unknown rentals report already stopped."""
+        manager = managers()
+        rental = f"{prefix}-twice"
+        await manager.start(rental, [gpus[0]], SLEEP)
+        first, second = await asyncio.gather(manager.stop(rental), manager.stop(rental))
+        assert first == second == {"exit_code": -signal.SIGTERM}
+        assert await manager.stop(rental) == {"already_stopped": True}
+        assert await manager.stop(f"{prefix}-never") == {"already_stopped": True}
+
+    async def test_cancelling_stop_does_not_abandon_the_stop(self, managers: Managers, gpus: list[str], prefix: str) -> None:
+        """A cancelled ``stop()`` call leaves the stop running; the next call gets its result."""
+        manager = managers(stop_timeout=0.2)
+        rental = f"{prefix}-cancelled"
+        result = await manager.start(rental, [gpus[0]], {"kind": "process", "argv": py(IGNORES_SIGTERM)})
+        await eventually(_exists(manager.work_dir / rental / "ready"), timeout=WAIT, every=0.01, what="SIGTERM to be ignored")
+        caller = asyncio.create_task(manager.stop(rental))
+        await asyncio.sleep(0.01)
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        assert await manager.stop(rental) == {"exit_code": -signal.SIGKILL}
+        assert process_start_time(result["pid"]) is None and manager.running() == []
+
+    async def test_hold_stops_without_an_exit_code(self, managers: Managers, backend: SimulatedBackend, gpus: list[str], prefix: str) -> None:
+        """A hold runs nothing: its GPUs look busy until it stops, with no exit code."""
+        manager = managers()
+        rental = f"{prefix}-hold"
+        assert await manager.start(rental, gpus, {"kind": "hold"}) == {"kind": "hold", "pid": None}
+        assert all(sample.processes for sample in backend.sample())
+        assert await manager.stop(rental) == {"exit_code": None}
+        assert not any(sample.processes for sample in backend.sample())
+
+
+def _exists(path: Path) -> Callable[[], Any]:
+    async def check() -> bool:
+        return path.exists()
+
+    return check
+
+
+class TestRestart:
+    """A new manager over the same work dir re-adopts live workloads and reports the ones that died."""
+
+    async def test_new_manager_adopts_a_running_workload_and_can_stop_it(
+        self, managers: Managers, exits: Exits, gpus: list[str], prefix: str
+    ) -> None:
+        """After a restart the still-running process is listed again, and stopping it kills it."""
+        first = managers()
+        rental = f"{prefix}-adopted"
+        pid = (await first.start(rental, [gpus[0]], SLEEP))["pid"]
+        started = process_start_time(pid)
+        (record,) = registry(first)["workloads"]
+        assert (record["rental_id"], record["pid"], record["start_time"], record["kind"]) == (rental, pid, started, "process")
+        await first.close()  # an agent restart: stop_workloads=False
+        assert process_start_time(pid) == started
+        second = managers()
+        assert second.running() == [rental]
+        await second.resume()
+        # This test process is the workload's parent, so the new manager can reap it and learn
+        # its code; a restarted agent is not, and gets None.
+        assert await second.stop(rental) == {"exit_code": -signal.SIGTERM}
+        assert process_start_time(pid) is None
+        assert second.running() == [] and exits.calls == []
+
+    async def test_hold_workloads_survive_a_restart(self, managers: Managers, gpus: list[str], prefix: str) -> None:
+        """A hold is kept across a restart."""
+        first = managers()
+        rental = f"{prefix}-held"
+        await first.start(rental, [gpus[1]], {"kind": "hold"})
+        await first.close()
+        second = managers()
+        assert second.running() == [rental]
+        assert await second.start(rental, [gpus[1]], {"kind": "hold"}) == {"already_running": True, "kind": "hold", "pid": None}
+
+    async def test_workload_that_died_while_the_agent_was_down_is_reported(
+        self, managers: Managers, exits: Exits, gpus: list[str], prefix: str
+    ) -> None:
+        """A workload gone by the time the new manager starts is reported through ``on_exit`` and not listed."""
+        first = managers()
+        rental = f"{prefix}-died"
+        pid = (await first.start(rental, [gpus[0]], SLEEP))["pid"]
+        await first.close()
+        os.killpg(pid, signal.SIGKILL)
+        await gone(pid)
+        second = managers()
+        assert second.running() == []
+        await second.resume()
+        assert await exits.wait_for(rental) == -signal.SIGKILL  # reaped as our child; a real restart reports None
+
+    async def test_adopted_workload_that_exits_later_is_reported(
+        self, managers: Managers, exits: Exits, gpus: list[str], prefix: str, tmp_path: Path
+    ) -> None:
+        """An adopted process (not the new manager's child) is still watched, and its exit reported."""
+        gate = tmp_path / "gate"
+        os.mkfifo(gate)
+        first = managers()
+        rental = f"{prefix}-later"
+        await first.start(rental, [gpus[0]], {"kind": "process", "argv": ["sh", "-c", f"read x < {shlex.quote(str(gate))}; exit 3"]})
+        await first.close()
+        second = managers()
+        await second.resume()
+        assert second.running() == [rental]
+        await asyncio.to_thread(gate.write_text, "go\n")
+        assert await exits.wait_for(rental) == 3
+        assert second.running() == []
+
+    async def test_a_reused_pid_is_not_adopted(self, managers: Managers, exits: Exits, gpus: list[str], prefix: str) -> None:
+        """A recorded pid that now names another process (other start time) is not adopted, and that process is left alone."""
+        other = await asyncio.create_subprocess_exec("sleep", "60", env={**os.environ, "GPUMARKET_RENTAL_ID": f"{prefix}-other"})
+        try:
+            started = process_start_time(other.pid)
+            assert started is not None
+            rental = f"{prefix}-reused"
+            record = {
+                "rental_id": rental, "kind": "process", "gpu_uuids": [gpus[0]], "started_at": "2024-01-01T00:00:00+00:00",
+                "pid": other.pid, "start_time": started - 1, "cgroup_dirs": [], "systemd_unit": None, "container": None,
+            }
+            work_dir = managers().work_dir
+            (work_dir / "workloads.json").write_text(json.dumps({"version": 1, "workloads": [record], "unreported_exits": {}}))
+            manager = managers()
+            assert manager.running() == []
+            await manager.resume()
+            assert await exits.wait_for(rental) is None
+            assert await manager.stop(rental) == {"already_stopped": True}
+            assert process_start_time(other.pid) == started
+        finally:
+            other.kill()
+            await other.wait()
+
+    async def test_unreadable_registry_is_set_aside(self, managers: Managers, tmp_path: Path) -> None:
+        """A damaged registry is moved aside and the manager starts empty instead of failing."""
+        work_dir = tmp_path / "work"
+        work_dir.mkdir()
+        (work_dir / "workloads.json").write_text("{not json")
+        manager = managers()
+        assert manager.running() == []
+        assert (work_dir / "workloads.json.unreadable").read_text() == "{not json"
+        assert registry(manager)["workloads"] == []
+
+    async def test_close_can_stop_every_workload(self, managers: Managers, exits: Exits, gpus: list[str], prefix: str) -> None:
+        """``close(stop_workloads=True)`` (the demo) stops everything and reports no exit."""
+        manager = managers()
+        pids = [(await manager.start(f"{prefix}-all{i}", [gpus[i]], SLEEP))["pid"] for i in range(2)]
+        await manager.close(stop_workloads=True)
+        assert all(process_start_time(pid) is None for pid in pids)
+        assert registry(manager)["workloads"] == [] and exits.calls == []
+        with pytest.raises(Conflict):
+            await manager.start(f"{prefix}-late", [gpus[0]], SLEEP)
+
+
+class TestStartAndValidation:
+    """Starting is idempotent and refuses what it cannot run, saying why."""
+
+    async def test_start_twice_reports_the_running_workload(self, managers: Managers, gpus: list[str], prefix: str) -> None:
+        """A second start of a running rental starts nothing and reports the first."""
+        manager = managers()
+        rental = f"{prefix}-again"
+        first = await manager.start(rental, [gpus[0]], SLEEP)
+        again = await manager.start(rental, [gpus[0]], SLEEP)
+        assert again == {"already_running": True, "kind": "process", "pid": first["pid"]}
+        assert manager.running() == [rental]
+
+    async def test_start_while_stopping_is_refused(self, managers: Managers, gpus: list[str], prefix: str) -> None:
+        """A start that arrives while the same rental is stopping is refused, not reported as running."""
+        manager = managers(stop_timeout=0.2)
+        rental = f"{prefix}-stopping"
+        await manager.start(rental, [gpus[0]], {"kind": "process", "argv": py(IGNORES_SIGTERM)})
+        await eventually(_exists(manager.work_dir / rental / "ready"), timeout=WAIT, every=0.01, what="SIGTERM to be ignored")
+        stopping = asyncio.create_task(manager.stop(rental))
+        await asyncio.sleep(0.01)
+        with pytest.raises(Conflict) as refused:
+            await manager.start(rental, [gpus[0]], SLEEP)
+        assert refused.value.code == "workload_stopping"
+        assert await stopping == {"exit_code": -signal.SIGKILL}
+        assert (await manager.start(rental, [gpus[0]], SLEEP))["pid"] is not None
+
+    @pytest.mark.parametrize(
+        "spec",
+        [
+            {"kind": "vm"},
+            {"kind": "process"},
+            {"kind": "process", "argv": []},
+            {"kind": "process", "argv": "python train.py"},
+            {"kind": "hold", "argv": ["true"]},
+            {"kind": "process", "argv": ["true"], "memory_mb": 1024},
+            {"kind": "process", "argv": ["true"], "env": {"1BAD": "x"}},
+            {"kind": "process", "argv": ["true"], "env": {"FLAG": True}},
+            {"image": "-v/:/host"},
+        ],
+    )
+    async def test_bad_specs_are_refused(self, managers: Managers, gpus: list[str], prefix: str, spec: dict[str, Any]) -> None:
+        """A malformed spec is refused before anything starts."""
+        manager = managers()
+        with pytest.raises(BadRequest) as refused:
+            await manager.start(f"{prefix}-bad", [gpus[0]], spec)
+        assert refused.value.code == "bad_workload_spec"
+        assert manager.running() == []
+
+    async def test_missing_program_is_refused(self, managers: Managers, gpus: list[str], prefix: str) -> None:
+        """A program that is not on PATH is refused by name, not started to fail later."""
+        manager = managers()
+        with pytest.raises(BadRequest, match="gpumarket-no-such-program") as refused:
+            await manager.start(f"{prefix}-missing", [gpus[0]], {"kind": "process", "argv": ["gpumarket-no-such-program"]})
+        assert refused.value.code == "workload_start_failed" and manager.running() == []
+
+    async def test_rental_id_cannot_escape_the_work_dir(self, managers: Managers, gpus: list[str]) -> None:
+        """A rental id is a folder name, so one that could climb out of the work dir is refused."""
+        manager = managers()
+        for rental in ("../escape", "a/b", ".hidden", ""):
+            with pytest.raises(BadRequest) as refused:
+                await manager.start(rental, [gpus[0]], SLEEP)
+            assert refused.value.code == "bad_rental_id"
+
+
+class TestContainers:
+    """An ``image`` workload needs a container runtime that answers; without one it is refused, saying what is missing."""
+
+    async def test_image_without_a_runtime_is_refused_naming_what_is_missing(self, managers: Managers, gpus: list[str], prefix: str) -> None:
+        """With no runtime installed, the refusal names the runtime and what to install."""
+        manager = managers(container_runtimes=("gpumarket-no-such-runtime",))
+        with pytest.raises(BadRequest) as refused:
+            await manager.start(f"{prefix}-image", [gpus[0]], {"image": "nvcr.io/nvidia/pytorch:24.05-py3"})
+        assert refused.value.code == "container_runtime_unavailable"
+        assert "gpumarket-no-such-runtime is not installed" in refused.value.message
+        assert "docker" in refused.value.message and "podman" in refused.value.message
+        assert manager.running() == []
+
+    async def test_image_on_this_host(self, managers: Managers, gpus: list[str], prefix: str) -> None:
+        """Where docker/podman cannot run containers (daemon down, not installed), the refusal carries the reason."""
+        support = await detect_container_runtime()
+        print(f"container runtime on this host: {support.reason}")
+        if support.runtime is not None:
+            pytest.skip(f"{support.reason} can run containers here; the refusal is covered by the missing-runtime test")
+        manager = managers()
+        with pytest.raises(BadRequest) as refused:
+            await manager.start(f"{prefix}-image", [gpus[0]], {"image": "ubuntu:24.04", "argv": ["true"]})
+        assert refused.value.code == "container_runtime_unavailable" and support.reason in refused.value.message
+
+    def test_container_command_names_its_gpus_and_limits(self, tmp_path: Path) -> None:
+        """docker gets ``--gpus "device=…"``, podman CDI ``--device nvidia.com/gpu=…``; both get ``--cpus`` and ``--memory``."""
+        spec = parse_spec({"image": "ubuntu:24.04", "argv": ["nvidia-smi"], "cpu_cores": 2.5, "memory_mib": 4096})
+        env_file = tmp_path / "container.env"
+        docker = container_argv(ContainerRuntime("docker", "/usr/bin/docker", "27.0"), "r-1", spec, ["GPU-a", "GPU-b"], folder=tmp_path, env_file=env_file)
+        assert docker[:2] == ["/usr/bin/docker", "run"] and docker[-2:] == ["ubuntu:24.04", "nvidia-smi"]
+        assert docker[docker.index("--gpus") + 1] == '"device=GPU-a,GPU-b"'
+        assert docker[docker.index("--cpus") + 1] == "2.5" and docker[docker.index("--memory") + 1] == "4096m"
+        assert docker[docker.index("--env-file") + 1] == str(env_file) and docker[docker.index("--name") + 1] == "gpumarket-r-1"
+        podman = container_argv(ContainerRuntime("podman", "/usr/bin/podman", "5.0"), "r-1", spec, ["GPU-a", "MIG-b"], folder=tmp_path, env_file=env_file)
+        assert "--gpus" not in podman
+        assert [podman[i + 1] for i, arg in enumerate(podman) if arg == "--device"] == ["nvidia.com/gpu=GPU-a", "nvidia.com/gpu=MIG-b"]
