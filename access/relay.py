@@ -7,8 +7,10 @@ connection is closed with the close code from ``shared.protocol.CLOSE_CODES``. A
 message is acknowledged to the agent only after the bus accepted it, so an agent
 never forgets a message the master has not durably received.
 
-Shutdown sequence (``close``): stop accepting → tell every agent to move (close 1001)
-→ wait for the handlers → stop the command consumer → release the server.
+``/v1/speedtest`` (same client certificate) is served by ``access.speedtest``.
+
+Shutdown sequence (``close``): stop accepting → tell every agent (and speed test) to move
+(close 1001) → wait for the handlers → stop the command consumer → release the server.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
+from access import speedtest
 from shared import protocol
 from shared.bus import Bus
 from shared.clock import Clock, SystemClock
@@ -34,6 +37,7 @@ from shared.errors import BusError, GpumarketError, ProtocolError
 log = logging.getLogger(__name__)
 
 AGENT_PATH = "/v1/agent"
+SPEEDTEST_PATH = "/v1/speedtest"  # speed tests: access.speedtest
 COMMAND_GROUP = "relay"
 
 
@@ -94,6 +98,7 @@ class Relay:
         self.max_outbound_queue = max_outbound_queue
         self.max_connections = max_connections
         self.agents: dict[str, AgentLink] = {}
+        self.speedtests = speedtest.SpeedtestRegistry()  # speed tests running here, one per host
         self.messages_forwarded = 0
         self.commands_delivered = 0
         self._server: Server | None = None
@@ -145,6 +150,7 @@ class Relay:
         links = list(self.agents.values())
         await asyncio.gather(  # 2. tell agents to move
             *(link.connection.close(protocol.CLOSE_GOING_AWAY, "relay shutting down; reconnect to another relay") for link in links),
+            *(test.close(protocol.CLOSE_GOING_AWAY, "relay shutting down") for test in self.speedtests.connections()),
             return_exceptions=True,
         )
         with contextlib.suppress(TimeoutError):  # 3. wait for handlers
@@ -177,7 +183,7 @@ class Relay:
             del response.headers["Content-Type"]
             response.headers["Content-Type"] = "application/json"
             return response
-        if request.path != AGENT_PATH:
+        if request.path not in (AGENT_PATH, SPEEDTEST_PATH):
             return connection.respond(HTTPStatus.NOT_FOUND, f"agents connect to {AGENT_PATH}\n")
         return None
 
@@ -190,6 +196,9 @@ class Relay:
         except GpumarketError as exc:
             log.warning("refused a connection from %s: %s", connection.remote_address, exc)
             await connection.close(protocol.CLOSE_IDENTITY_MISMATCH, _reason(f"no usable client certificate: {exc}"))
+            return
+        if connection.request is not None and connection.request.path == SPEEDTEST_PATH:  # speed test, not an agent link
+            await speedtest.handle(connection, host_id=host_id, registry=self.speedtests, max_frame=self.max_frame)
             return
         if len(self.agents) >= self.max_connections and host_id not in self.agents:
             log.warning("refused host %s: relay full (%d connections)", host_id, self.max_connections)

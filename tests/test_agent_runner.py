@@ -1,0 +1,342 @@
+"""The agent against real relays over TLS, with the bus observed directly (no master):
+commands, failover, the spool across restarts, relays that misbehave, events, network, logs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import ssl
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from websockets.asyncio.server import ServerConnection, serve
+
+from access.relay import Relay
+from agent.gpu.sim import SimulatedBackend
+from agent.runner import Agent, AgentTimings
+from agent.state import AgentState, Identity, atomic_write
+from shared import protocol
+from shared.bus import InProcessBus
+from shared.crypto import (
+    CertificateAuthority,
+    generate_private_key,
+    make_csr,
+    server_ssl_context,
+    write_private_key,
+)
+from tests.factories import MS
+from tests.helpers import eventually
+
+HOST = "h-runner-test"
+FAST = AgentTimings(
+    sample_interval=20 * MS, telemetry_interval=50 * MS, heartbeat_interval=50 * MS, network_interval=0,
+    log_ship_interval=20 * MS, reconnect_base_delay=10 * MS, reconnect_max_delay=50 * MS, open_timeout=2, welcome_timeout=2,
+)
+
+
+class Harness:
+    """A CA, relays on one in-process bus, and an enrolled agent state; observes the bus."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.ca = CertificateAuthority.load_or_create(tmp / "ca")
+        self.key_file, self.cert_file = self.ca.write_server_certificate(tmp / "relay", ["127.0.0.1", "localhost"])
+        self.bus = InProcessBus()
+        self.relays: list[Relay] = []
+        self.state = self._enroll(tmp / "agent")
+        self._seen: list[protocol.BusEnvelope] = []
+
+    def _enroll(self, folder: Path) -> AgentState:
+        state = AgentState(folder)
+        key = generate_private_key()
+        write_private_key(state.key_file, key)
+        issued = self.ca.sign_agent_csr(make_csr(key, "x"), host_id=HOST)
+        atomic_write(state.cert_file, issued.cert_pem)
+        atomic_write(state.ca_file, self.ca.cert_pem)
+        state.save_identity(Identity(host_id=HOST, master_url="http://unused"))
+        return state
+
+    def server_context(self) -> ssl.SSLContext:
+        return server_ssl_context(self.cert_file, self.key_file, self.ca.cert_path)
+
+    async def relay(self, relay_id: str, port: int = 0) -> Relay:
+        relay = Relay(relay_id=relay_id, bus=self.bus, ssl_context=self.server_context(), port=port,
+                      heartbeat_interval=FAST.heartbeat_interval, telemetry_interval=FAST.telemetry_interval)
+        await relay.start()
+        self.relays.append(relay)
+        return relay
+
+    def agent(self, urls: list[str], backend: SimulatedBackend | None = None, **kw: Any) -> Agent:
+        backend = backend or SimulatedBackend("sim:2xRTX4090", seed=HOST)
+        return Agent(self.state, backend, relay_urls=urls, timings=AgentTimings(**vars(FAST)), rng=random.Random(7), **kw)
+
+    async def events(self) -> list[protocol.BusEnvelope]:
+        """Everything agents put on the bus so far (accumulated across calls)."""
+        await self.bus.ensure_group(protocol.AGENT_EVENTS_STREAM, "observer")
+        batch = await self.bus.read(protocol.AGENT_EVENTS_STREAM, "observer", "t", count=10_000, block=None)
+        self._seen.extend(protocol.decode_bus_envelope(m.payload) for m in batch)
+        return self._seen
+
+    async def of_type(self, kind: type[Any]) -> list[Any]:
+        return [e.message for e in await self.events() if isinstance(e.message, kind)]
+
+    async def command(self, relay: Relay, command_id: str, kind: str, args: dict[str, Any]) -> None:
+        delivery = protocol.CommandDelivery(
+            host_id=HOST, command=protocol.Command(body=protocol.CommandBody(command_id=command_id, kind=kind, args=args))
+        )
+        await self.bus.publish(protocol.commands_stream(relay.relay_id), delivery.model_dump_json().encode())
+
+    async def result(self, command_id: str) -> protocol.CommandResultBody:
+        async def find() -> protocol.CommandResultBody | None:
+            found = [m.body for m in await self.of_type(protocol.CommandResult) if m.body.command_id == command_id]
+            return found[0] if found else None
+
+        return await eventually(find, what=f"result of {command_id}")
+
+
+@pytest.fixture
+async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
+    h = Harness(tmp_path)
+    try:
+        yield h
+    finally:
+        for relay in h.relays:
+            await relay.close()
+        await h.bus.close()
+
+
+@contextlib.asynccontextmanager
+async def running(agent: Agent) -> AsyncIterator[Agent]:
+    task = asyncio.create_task(agent.run())
+    try:
+        yield agent
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await agent.close()
+
+
+class RecordingStore:
+    """Wraps the agent's spool to remember the kind of every frame it was given."""
+
+    def __init__(self, inner: protocol.FrameStore) -> None:
+        self.inner = inner
+        self.added: dict[int, str] = {}
+
+    def add(self, seq: int, kind: str, frame: str) -> None:
+        self.added[seq] = kind
+        self.inner.add(seq, kind, frame)
+
+    def ack(self, seq: int) -> bool:
+        return self.inner.ack(seq)
+
+    def discard_kind(self, kind: str) -> int:
+        return self.inner.discard_kind(kind)
+
+    def pending(self) -> Iterator[tuple[int, str]]:
+        return self.inner.pending()
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    @property
+    def evicted(self) -> dict[str, int]:
+        return self.inner.evicted
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+class TestCommands:
+    async def test_unknown_kinds_and_missing_fields_get_failed_results(self, harness: Harness) -> None:
+        """A command the agent does not know, or one missing a field, is answered with a failed result and a reason."""
+        relay = await harness.relay("relay-a")
+        async with running(harness.agent([relay.url])) as agent:
+            await agent.connected.wait()
+            await harness.command(relay, "cmd-unknown", "reformat_disk", {})
+            await harness.command(relay, "cmd-missing", "start_workload", {"gpu_uuids": []})
+            unknown = await harness.result("cmd-unknown")
+            missing = await harness.result("cmd-missing")
+        assert not unknown.ok and "unknown command kind 'reformat_disk'" in unknown.detail and "start_workload" in unknown.detail
+        assert not missing.ok and "rental_id" in missing.detail
+
+    async def test_a_start_for_gpus_this_host_lacks_is_refused(self, harness: Harness) -> None:
+        """Starting a workload on a GPU UUID the host does not have fails and starts nothing."""
+        relay = await harness.relay("relay-a")
+        async with running(harness.agent([relay.url])) as agent:
+            await agent.connected.wait()
+            await harness.command(relay, "cmd-1", "start_workload", {"rental_id": "r-1", "gpu_uuids": ["GPU-not-here"]})
+            result = await harness.result("cmd-1")
+            assert not result.ok and "GPU-not-here" in result.detail
+            assert agent.workloads.running() == []
+
+    async def test_a_repeated_command_id_is_not_run_twice(self, harness: Harness) -> None:
+        """The second delivery of a command id returns the first result without executing again."""
+        relay = await harness.relay("relay-a")
+        backend = SimulatedBackend("sim:2xRTX4090", seed=HOST)
+        uuid = backend.gpus()[0].uuid
+        async with running(harness.agent([relay.url], backend)) as agent:
+            await agent.connected.wait()
+            args = {"rental_id": "r-1", "gpu_uuids": [uuid], "workload": {"kind": "hold"}}
+            await harness.command(relay, "cmd-start", "start_workload", args)
+            first = await harness.result("cmd-start")
+            await agent.workloads.stop("r-1")  # if the repeat ran again, the workload would come back
+            await harness.command(relay, "cmd-start", "start_workload", args)
+
+            async def two_results() -> list[protocol.CommandResultBody] | None:
+                found = [m.body for m in await harness.of_type(protocol.CommandResult) if m.body.command_id == "cmd-start"]
+                return found if len(found) == 2 else None
+
+            results = await eventually(two_results, what="the repeated result")
+            assert results[0] == results[1] == first and first.ok
+            assert agent.workloads.running() == []
+
+
+class TestRelays:
+    async def test_fails_over_when_a_relay_dies_and_every_message_reaches_the_bus(self, harness: Harness) -> None:
+        """Killing the agent's relay moves it to the next one; every non-hello message it wrote is on the bus."""
+        relay_a, relay_b = await harness.relay("relay-a"), await harness.relay("relay-b")
+        agent = harness.agent([relay_a.url, relay_b.url])
+        recorder = RecordingStore(agent.window.store)
+        agent.window.store = recorder
+        async with running(agent):
+            await eventually(lambda: _true(agent.relay_id == "relay-a" and agent.samples_taken > 5), what="on relay a")
+            await relay_a.close()
+            await eventually(lambda: _true(agent.relay_id == "relay-b" and agent.connected.is_set()), what="on relay b")
+            await eventually(lambda: _true(agent.samples_taken > 20 and len(agent.window) == 0), what="drained on b")
+            sent = {seq for seq, kind in recorder.added.items() if kind != "hello"}
+            on_bus = {e.message.seq for e in await harness.events()}
+        assert sent and sent <= on_bus
+        assert {e.relay_id for e in harness._seen} == {"relay-a", "relay-b"}
+
+    async def test_a_relay_that_sends_garbage_is_dropped_for_another(self, harness: Harness) -> None:
+        """A server that answers with something that is not the protocol is marked failed; the next relay is used."""
+
+        async def garbage(connection: ServerConnection) -> None:
+            await connection.send("this is not a welcome")
+            await connection.wait_closed()
+
+        async with serve(garbage, "127.0.0.1", 0, ssl=harness.server_context()) as server:
+            port = server.sockets[0].getsockname()[1]
+            good = await harness.relay("relay-good")
+            async with running(harness.agent([f"wss://127.0.0.1:{port}/v1/agent", good.url])) as agent:
+                await eventually(lambda: _true(agent.relay_id == "relay-good" and agent.connected.is_set()), what="good relay")
+
+    async def test_the_spool_survives_an_agent_restart_with_nothing_lost(self, harness: Harness) -> None:
+        """Messages written while the relay was down are replayed by the restarted agent, once each."""
+        relay = await harness.relay("relay-a")
+        port = relay.port
+        agent = harness.agent([relay.url])
+        async with running(agent):
+            await eventually(lambda: _true(agent.connected.is_set()), what="connected")
+            await relay.close()
+            await eventually(lambda: _true(len(agent.window) >= 10), what="spooled while the relay is down")
+        # The agent is gone; what it could not deliver is on disk.
+        from agent.spool import SqliteSpool
+
+        spool = SqliteSpool(harness.state.dir / "spool.db")
+        waiting = {seq for seq, frame in spool.pending() if json.loads(frame)["type"] != "hello"}
+        spool.close()
+        assert len(waiting) >= 9
+        relay_again = await harness.relay("relay-a", port=port)
+        restarted = harness.agent([relay_again.url])
+        assert restarted.window.next_seq > max(waiting)
+        async with running(restarted):
+            await eventually(lambda: _true(restarted.connected.is_set() and len(restarted.window) == 0), what="drained")
+            seqs = [e.message.seq for e in await harness.events()]
+        assert waiting <= set(seqs)
+
+
+class TestReports:
+    async def test_xid_events_are_pushed_at_once(self, harness: Harness) -> None:
+        """An XID error on a GPU reaches the bus as a gpu_events message with its code."""
+        relay = await harness.relay("relay-a")
+        backend = SimulatedBackend("sim:2xRTX4090", seed=HOST)
+        uuid = backend.gpus()[1].uuid
+        async with running(harness.agent([relay.url], backend)) as agent:
+            await agent.connected.wait()
+            backend.inject_xid(uuid, 79)
+
+            async def xid() -> list[protocol.GpuEventModel] | None:
+                found = [e for m in await harness.of_type(protocol.GpuEvents) for e in m.body.events]
+                return found or None
+
+            events = await eventually(xid, what="gpu_events on the bus")
+        assert [(e.uuid, e.kind, e.code) for e in events] == [(uuid, "xid", 79)]
+
+    async def test_telemetry_carries_window_aggregates(self, harness: Harness) -> None:
+        """Each report has the latest sample of every GPU and aggregates over several 1-tick samples."""
+        relay = await harness.relay("relay-a")
+        async with running(harness.agent([relay.url])) as agent:
+            await agent.connected.wait()
+
+            async def report() -> list[protocol.Telemetry] | None:
+                found = [m for m in await harness.of_type(protocol.Telemetry) if m.body.aggregates]
+                return found if len(found) >= 2 else None
+
+            reports = await eventually(report, what="telemetry with aggregates")
+        body = reports[-1].body
+        assert len(body.gpus) == 2 and {a.uuid for a in body.aggregates} == {g.uuid for g in body.gpus}
+        assert all(a.samples >= 1 and a.temperature_max_c is not None for a in body.aggregates)
+        assert body.window_s is not None and body.window_s > 0
+
+    async def test_a_network_measurement_on_command_reports_results(self, harness: Harness) -> None:
+        """measure_network runs the speed test against the relay and reports it twice: as result data and as a report."""
+        relay = await harness.relay("relay-a")
+        agent = harness.agent([relay.url], network_target_seconds=0.02, network_max_bytes=1 << 20, network_probes=5)
+        async with running(agent):
+            await agent.connected.wait()
+            await harness.command(relay, "cmd-net", "measure_network", {})
+            result = await harness.result("cmd-net")
+            reports = await harness.of_type(protocol.NetworkReport)
+        assert result.ok, result.detail
+        assert result.data["download_mbps"] > 0 and result.data["probes_answered"] == 5
+        assert reports and reports[0].body.relay_url == relay.url and reports[0].body.error is None
+
+    async def test_workload_output_and_exit_are_reported(self, harness: Harness) -> None:
+        """A process workload's output is shipped as logs and its own exit is reported with the code."""
+        relay = await harness.relay("relay-a")
+        backend = SimulatedBackend("sim:2xRTX4090", seed=HOST)
+        uuid = backend.gpus()[0].uuid
+        script = "import os; print('visible', os.environ['CUDA_VISIBLE_DEVICES']); raise SystemExit(3)"
+        async with running(harness.agent([relay.url], backend)) as agent:
+            await agent.connected.wait()
+            args = {"rental_id": "r-7", "gpu_uuids": [uuid], "workload": {"kind": "process", "argv": [sys.executable, "-c", script]}}
+            await harness.command(relay, "cmd-run", "start_workload", args)
+            assert (await harness.result("cmd-run")).ok
+
+            async def exited() -> list[protocol.WorkloadExited] | None:
+                return await harness.of_type(protocol.WorkloadExited) or None
+
+            exits = await eventually(exited, what="workload exit")
+
+            async def logged() -> str | None:
+                text = "".join(m.body.data for m in await harness.of_type(protocol.WorkloadLogs))
+                return text if "visible" in text else None
+
+            text = await eventually(logged, what="workload output shipped")
+        assert exits[0].body.rental_id == "r-7" and exits[0].body.exit_code == 3
+        assert f"visible {uuid}" in text
+
+
+class TestBackoff:
+    def test_full_jitter_stays_within_the_capped_exponential(self, harness: Harness) -> None:
+        """Each delay is uniform in [0, min(cap, base·2^n)], so agents do not reconnect in lockstep."""
+        agent = harness.agent(["wss://127.0.0.1:1/v1/agent"])
+        base, cap = FAST.reconnect_base_delay, FAST.reconnect_max_delay
+        for failures in range(12):
+            delays = [agent.backoff(failures) for _ in range(200)]
+            ceiling = min(cap, base * 2**failures)
+            assert all(0 <= d <= ceiling for d in delays)
+            assert max(delays) - min(delays) > ceiling / 2  # spread over the range, not bunched
+        fleet = [Agent.backoff(agent, 5) for _ in range(50)]
+        assert len({round(d, 6) for d in fleet}) == 50
+        agent.spool.close()
+
