@@ -16,8 +16,12 @@ log = logging.getLogger(__name__)
 
 def agent_from_settings(settings: AgentSettings) -> Agent:
     state = AgentState(settings.data_dir)
-    identity = state.identity()
-    backend = open_backend(settings.gpus, seed=identity.host_id)
+    if settings.gpus.strip().lower() == "nvml":
+        backend = open_backend("nvml")  # first: "no driver" is the more fundamental problem
+        identity = state.identity()
+    else:
+        identity = state.identity()
+        backend = open_backend(settings.gpus, seed=identity.host_id)
     return Agent(
         state,
         backend,

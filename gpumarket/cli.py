@@ -97,6 +97,13 @@ def cmd_agent_enroll(args: argparse.Namespace) -> None:
     print(f"enrolled as host {identity.host_id}; start the agent with `gpumarket agent run --data-dir {settings.data_dir}`")
 
 
+def cmd_agent_record_nvml(args: argparse.Namespace) -> None:
+    from agent.record import main as record
+
+    _setup_logging("WARNING")
+    print(record(args.out, seconds=args.seconds))
+
+
 def cmd_admin_create_account(args: argparse.Namespace) -> None:
     from master.app import close_master, open_master
     from master.services.accounts import create_account
@@ -200,6 +207,14 @@ def build_parser() -> argparse.ArgumentParser:
     enroll.add_argument("--relay-url", metavar="URL", help="use this relay instead of the ones the master lists")
     enroll.add_argument("--hostname", help="name to show for this host (default: the system hostname)")
     enroll.set_defaults(func=cmd_agent_enroll)
+    record = agent_sub.add_parser(
+        "record-nvml", help="record this host's GPU readings for the replay backend", formatter_class=formatter,
+        description="Capture identity and a few seconds of live NVML readings to a JSON file (serials redacted). "
+        "Play it back with --gpus replay:FILE.",
+    )
+    record.add_argument("--out", type=Path, required=True, metavar="FILE", help="where to write the recording")
+    record.add_argument("--seconds", type=float, default=5.0, metavar="S", help="how long to sample (default 5)")
+    record.set_defaults(func=cmd_agent_record_nvml)
 
     admin = sub.add_parser("admin", help="operator tasks against the master's database and CA")
     admin_sub = admin.add_subparsers(dest="admin_command", required=True, metavar="ACTION")
@@ -221,7 +236,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         args.func(args)
     except GpumarketError as exc:
-        print(f"gpumarket: error: {exc.message}", file=sys.stderr)
+        message = " ".join(exc.message.split())  # one line, whatever the message's own layout
+        print(f"gpumarket: error: {message}", file=sys.stderr)
         raise SystemExit(2) from None
     except KeyboardInterrupt:
         raise SystemExit(130) from None

@@ -74,6 +74,16 @@ class _Lenient(BaseModel):
 # ---- bodies -------------------------------------------------------------------------
 
 
+class GpuMigInstanceModel(_Lenient):
+    uuid: Annotated[str, Field(min_length=1, max_length=128)]
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    memory_total_mib: int | None = None
+    name: ShortText | None = None
+    profile: ShortText | int | None = None
+    multiprocessor_count: int | None = None
+
+
 class GpuInfoModel(_Lenient):
     index: int = Field(ge=0, le=255)
     uuid: Annotated[str, Field(min_length=1, max_length=128)]
@@ -90,6 +100,10 @@ class GpuInfoModel(_Lenient):
     pcie_gen_max: int | None = None
     pcie_width_max: int | None = None
     mig_mode: bool | None = None
+    power_limit_default_w: float | None = None
+    power_limit_min_w: float | None = None
+    power_limit_max_w: float | None = None
+    mig_instances: list[GpuMigInstanceModel] = Field(default_factory=list, max_length=64)
 
 
 class GpuProcessModel(_Lenient):
@@ -113,6 +127,16 @@ class GpuSampleModel(_Lenient):
     pcie_rx_kbps: int | None = None
     ecc_volatile_uncorrected: int | None = None
     ecc_aggregate_uncorrected: int | None = None
+    pcie_gen_current: int | None = None
+    pcie_width_current: int | None = None
+    throttle_reasons: list[ShortText] | None = Field(None, max_length=64)  # [] = not throttled; None = cannot tell
+    retired_pages_single_bit: int | None = None
+    retired_pages_double_bit: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
     processes: list[GpuProcessModel] = Field(default_factory=list, max_length=1024)
 
 

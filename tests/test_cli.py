@@ -8,7 +8,7 @@ import pytest
 
 from gpumarket.cli import main
 
-COMMANDS = [[], ["up"], ["master"], ["access"], ["agent"], ["agent", "run"], ["agent", "enroll"], ["admin"],
+COMMANDS = [[], ["up"], ["master"], ["access"], ["agent"], ["agent", "run"], ["agent", "enroll"], ["agent", "record-nvml"], ["admin"],
             ["admin", "create-account"], ["admin", "issue-relay-cert"]]
 
 
@@ -36,6 +36,23 @@ class TestErrors:
             main(["agent", "run", "--data-dir", str(tmp_path), "--gpus", "sim:RTX4090"])
         assert done.value.code == 2
         assert "gpumarket agent enroll" in capsys.readouterr().err
+
+    def test_the_nvml_backend_without_a_driver_is_one_clear_line(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        """On this driverless machine, `agent run --gpus nvml` exits 2 with one line naming the driver and the other backends."""
+        with pytest.raises(SystemExit) as done:
+            main(["agent", "run", "--data-dir", str(tmp_path), "--gpus", "nvml"])
+        assert done.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err
+        assert "NVIDIA driver" in err and "sim:" in err
+
+    def test_recording_without_a_driver_says_so(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        """`agent record-nvml` on a driverless host fails clearly and writes nothing."""
+        with pytest.raises(SystemExit) as done:
+            main(["agent", "record-nvml", "--out", str(tmp_path / "r.json"), "--seconds", "0.1"])
+        assert done.value.code == 2
+        assert "NVIDIA driver" in capsys.readouterr().err
+        assert not (tmp_path / "r.json").exists()
 
     def test_a_standalone_master_needs_the_bus(self, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
         """Without GPUMARKET_REDIS_URL the master refuses to start and says which setting is missing."""

@@ -3,6 +3,7 @@
 The NVML collection code is exercised through ``FakeNvml``, a stand-in offering the
 ``pynvml`` functions the backend calls and raising ``pynvml.NVMLError`` as NVML does;
 the real library is only touched to show that this driverless machine says so.
+Recordings of real GPUs replayed through the same code are in ``test_nvml_replay``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -24,15 +26,20 @@ import pytest
 
 from agent.gpu import (
     SIM_MODELS,
+    GpuEvent,
+    GpuEventSource,
     GpuInfo,
+    GpuMigInstance,
     GpuSample,
     NvmlBackend,
+    ReplayBackend,
     SimulatedBackend,
     open_backend,
     parse_sim_spec,
+    poll_events,
 )
 from agent.gpu.base import MIB, GpuBackend, GpuProcess
-from agent.gpu.nvml import format_cuda_version
+from agent.gpu.nvml import decode_throttle_reasons, format_cuda_version
 from agent.gpu.sim import MAX_SIM_GPUS
 from agent.hostfacts import HostFacts, collect_host_facts, parse_cpu_model, parse_os_release
 from shared.errors import ConfigError, GpuBackendUnavailable, NotFound
@@ -44,14 +51,19 @@ REQUIRED_MODELS = {
 }  # fmt: skip
 GPU_INFO_KEYS = {
     "index", "uuid", "name", "pci_bus_id", "serial", "memory_total_mib", "compute_capability",
-    "driver_version", "cuda_driver_version", "power_limit_w", "max_sm_clock_mhz", "max_mem_clock_mhz",
-    "pcie_gen_max", "pcie_width_max", "mig_mode",
+    "driver_version", "cuda_driver_version", "power_limit_w", "power_limit_default_w", "power_limit_min_w",
+    "power_limit_max_w", "max_sm_clock_mhz", "max_mem_clock_mhz", "pcie_gen_max", "pcie_width_max",
+    "mig_mode", "mig_instances",
 }  # fmt: skip
 GPU_SAMPLE_KEYS = {
     "index", "uuid", "gpu_util_pct", "mem_util_pct", "memory_used_mib", "memory_free_mib",
-    "temperature_c", "power_draw_w", "sm_clock_mhz", "mem_clock_mhz", "fan_pct", "pcie_tx_kbps",
-    "pcie_rx_kbps", "ecc_volatile_uncorrected", "ecc_aggregate_uncorrected", "processes",
+    "temperature_c", "power_draw_w", "sm_clock_mhz", "mem_clock_mhz", "fan_pct", "pcie_gen_current",
+    "pcie_width_current", "pcie_tx_kbps", "pcie_rx_kbps", "throttle_reasons", "ecc_volatile_uncorrected",
+    "ecc_aggregate_uncorrected", "retired_pages_single_bit", "retired_pages_double_bit",
+    "retired_pages_pending", "remapped_rows_correctable", "remapped_rows_uncorrectable",
+    "remapped_rows_pending", "remapped_rows_failure", "processes",
 }  # fmt: skip
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "nvml"
 
 
 def _nvidia_driver_present() -> bool:
@@ -247,6 +259,73 @@ class TestSimulatedBackend:
         second = SimulatedBackend("sim:2xL4", seed="s", rng=random.Random(1))
         assert first.sample() == second.sample()
 
+    def test_idle_gpus_say_they_idle_and_train_their_link_down(self, sim: SimulatedBackend) -> None:
+        """An idle GDDR card reports gpu_idle and a Gen1 link; busy, it runs at its full link and no idle reason."""
+        geforce = sim.gpus()[0]
+        idle = sim.sample()[0]
+        assert idle.throttle_reasons == ("gpu_idle",)
+        assert (idle.pcie_gen_current, idle.pcie_width_current) == (1, 16)
+        sim.set_busy([geforce.uuid], True)
+        busy = sim.sample()[0]
+        assert busy.throttle_reasons is not None and "gpu_idle" not in busy.throttle_reasons
+        assert busy.pcie_gen_current == geforce.pcie_gen_max
+
+    def test_memory_error_counters_follow_the_architecture(self) -> None:
+        """Ampere-and-later ECC GPUs remap rows, a T4 retires pages, a GeForce card does neither."""
+        hopper, turing, geforce = SimulatedBackend("sim:H100,T4,RTX4090", seed="s").sample()
+        assert (hopper.remapped_rows_correctable, hopper.remapped_rows_failure) == (0, False)
+        assert hopper.retired_pages_single_bit is None
+        assert (turing.retired_pages_single_bit, turing.retired_pages_pending) == (0, False)
+        assert turing.remapped_rows_uncorrectable is None
+        assert geforce.retired_pages_double_bit is None and geforce.remapped_rows_pending is None
+
+    def test_power_limit_range_is_not_made_up(self) -> None:
+        """The default limit is the model's; the adjustable range, which the table lacks, is None."""
+        (info,) = SimulatedBackend("sim:RTX4090", seed="s").gpus()
+        assert info.power_limit_default_w == info.power_limit_w == 450.0
+        assert (info.power_limit_min_w, info.power_limit_max_w) == (None, None)
+        assert info.mig_instances == ()
+
+
+class TestSimulatedEvents:
+    def test_injected_xid_is_polled_once(self, sim: SimulatedBackend) -> None:
+        """inject_xid queues one XID event for that GPU; the next poll reports it, the one after nothing."""
+        at = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+        backend = SimulatedBackend("sim:2xH100", seed="s", clock=lambda: at)
+        target = backend.gpus()[1].uuid
+        assert backend.poll_events() == []
+        backend.inject_xid(target, 79)
+        assert backend.poll_events() == [GpuEvent(uuid=target, kind="xid", code=79, at=at)]
+        assert backend.poll_events() == []
+
+    def test_is_an_event_source(self, sim: SimulatedBackend) -> None:
+        """The simulated backend offers poll_events, so the agent's poll_events helper reaches it."""
+        assert isinstance(sim, GpuEventSource)
+        sim.inject_xid(sim.gpus()[0].uuid, 48)
+        assert [(event.kind, event.code) for event in poll_events(sim)] == [("xid", 48)]
+
+    def test_injecting_for_an_unknown_gpu_is_refused(self, sim: SimulatedBackend) -> None:
+        """An XID for a UUID the backend does not have raises NotFound and queues nothing."""
+        with pytest.raises(NotFound):
+            sim.inject_xid("GPU-00000000-0000-0000-0000-000000000000", 79)
+        assert sim.poll_events() == []
+
+    def test_pending_events_are_bounded(self) -> None:
+        """A demo injecting more than max_pending_events keeps only the newest ones."""
+        backend = SimulatedBackend("sim:T4", seed="s", max_pending_events=3)
+        uuid = backend.gpus()[0].uuid
+        for code in range(5):
+            backend.inject_xid(uuid, code)
+        assert [event.code for event in backend.poll_events()] == [2, 3, 4]
+
+    def test_backends_without_events_poll_empty(self) -> None:
+        """poll_events(backend) answers [] for a GpuBackend that offers no poll_events."""
+
+        class Plain:
+            name = "plain"
+
+        assert poll_events(Plain()) == []
+
 
 def _assert_physically_plausible(sample: GpuSample, info: GpuInfo) -> None:
     assert sample.index == info.index and sample.uuid == info.uuid
@@ -296,12 +375,31 @@ class TestOpenBackend:
         assert backend.name == "sim"
         assert [gpu.name for gpu in backend.gpus()] == ["NVIDIA H100 80GB HBM3"] * 2
 
-    @pytest.mark.parametrize("spec", ["", "cuda", "simulated", "sim", "nvml:0", "auto", "4xRTX4090"])
+    @pytest.mark.parametrize(
+        "spec", ["", "cuda", "simulated", "sim", "nvml:0", "auto", "4xRTX4090", "replay"]
+    )
     def test_rejects_unknown_specs(self, spec: str) -> None:
-        """Anything but "nvml" or "sim:..." is a ConfigError naming the accepted forms."""
+        """Anything but "nvml", "replay:..." or "sim:..." is a ConfigError naming the accepted forms."""
         with pytest.raises(ConfigError) as caught:
             open_backend(spec, seed="host-1")
         assert "nvml" in caught.value.message and "sim:" in caught.value.message
+        assert "replay:" in caught.value.message
+
+    def test_replay_spec_opens_a_recording(self) -> None:
+        """A "replay:PATH" spec replays that NVML recording through the NVML code, as backend "replay"."""
+        backend = open_backend(f"replay:{FIXTURES / 'h100-80gb-hbm3.json'}", seed="ignored")
+        try:
+            assert isinstance(backend, ReplayBackend)
+            assert backend.name == "replay"
+            assert [gpu.name for gpu in backend.gpus()] == ["NVIDIA H100 80GB HBM3"]
+        finally:
+            backend.close()
+
+    @pytest.mark.parametrize("spec", ["replay:", "replay:  ", "replay:/nonexistent/recording.json"])
+    def test_replay_without_a_usable_recording_is_a_config_error(self, spec: str) -> None:
+        """A replay spec naming no file, or a missing one, says what to give instead."""
+        with pytest.raises(ConfigError, match="recording"):
+            open_backend(spec)
 
     @pytest.mark.skipif(HAS_NVIDIA_DRIVER, reason="this host has an NVIDIA driver")
     def test_nvml_without_a_driver_says_so_and_never_simulates(self) -> None:
@@ -358,6 +456,10 @@ class _Fail:
 
 NOT_SUPPORTED = _Fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
 FUNCTION_NOT_FOUND = _Fail(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+NO_INSTANCE = 0xFFFFFFFF
+XID = pynvml.nvmlEventTypeXidCriticalError
+DOUBLE_BIT = pynvml.nvmlEventTypeDoubleBitEccError
+SINGLE_BIT = pynvml.nvmlEventTypeSingleBitEccError
 
 
 def _h100_readings() -> dict[str, Any]:
@@ -370,11 +472,18 @@ def _h100_readings() -> dict[str, Any]:
         "serial": b"1654923001234",
         "memory": SimpleNamespace(total=81559 * MIB, used=20480 * MIB, free=61079 * MIB),
         "capability": (9, 0),
-        "power_limit": 700_000,
+        "power_limit": 700_000,  # enforced
+        "power_management_limit": 700_000,
+        "power_default": 700_000,
+        "power_constraints": [200_000, 700_000],
         "max_clock": {pynvml.NVML_CLOCK_SM: 1980, pynvml.NVML_CLOCK_MEM: 2619},
         "pcie_gen": 5,
         "pcie_width": 16,
+        "pcie_gen_current": 5,
+        "pcie_width_current": 16,
         "mig": [pynvml.NVML_DEVICE_MIG_DISABLE, pynvml.NVML_DEVICE_MIG_DISABLE],
+        "mig_count": 7,
+        "mig_devices": {},
         "utilization": SimpleNamespace(gpu=97, memory=61),
         "temperature_v": 71,
         "temperature": 71,
@@ -382,26 +491,63 @@ def _h100_readings() -> dict[str, Any]:
         "clock": {pynvml.NVML_CLOCK_SM: 1755, pynvml.NVML_CLOCK_MEM: 2619},
         "fan": NOT_SUPPORTED,
         "pcie": {pynvml.NVML_PCIE_UTIL_TX_BYTES: 1200, pynvml.NVML_PCIE_UTIL_RX_BYTES: 845000},
+        "throttle": 0x4,  # sw_power_cap
         "ecc": {pynvml.NVML_VOLATILE_ECC: 0, pynvml.NVML_AGGREGATE_ECC: 2},
+        # Hopper remaps rows and retires no pages.
+        "retired": NOT_SUPPORTED,
+        "retired_pending": NOT_SUPPORTED,
+        "remapped": (3, 0, 0, 0),
         "processes": [
             SimpleNamespace(pid=4242, usedGpuMemory=20000 * MIB),
             SimpleNamespace(pid=4343, usedGpuMemory=None),
         ],
+        "supported_events": XID | DOUBLE_BIT | SINGLE_BIT,
+        "register_events": None,
     }
 
 
-class FakeNvml:
-    """The slice of the ``pynvml`` API the NVML backend uses, answering from fixed readings."""
+def _mig_device(slot: int, *, gpu_instance: int, profile: str, memory_mib: int, sms: int) -> dict[str, Any]:
+    return {
+        "uuid": f"MIG-5a1b2c3d-0000-1111-2222-00000000000{slot}",
+        "name": f"NVIDIA H100 80GB HBM3 MIG {profile}",
+        "memory": SimpleNamespace(total=memory_mib * MIB, used=0, free=memory_mib * MIB),
+        "gpu_instance_id": gpu_instance,
+        "compute_instance_id": 0,
+        "attributes": SimpleNamespace(multiprocessorCount=sms, memorySizeMB=memory_mib),
+    }
 
-    NVML_CLOCK_SM = pynvml.NVML_CLOCK_SM
-    NVML_CLOCK_MEM = pynvml.NVML_CLOCK_MEM
-    NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
-    NVML_PCIE_UTIL_TX_BYTES = pynvml.NVML_PCIE_UTIL_TX_BYTES
-    NVML_PCIE_UTIL_RX_BYTES = pynvml.NVML_PCIE_UTIL_RX_BYTES
-    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
-    NVML_VOLATILE_ECC = pynvml.NVML_VOLATILE_ECC
-    NVML_AGGREGATE_ECC = pynvml.NVML_AGGREGATE_ECC
-    NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
+
+def _h100_mig_readings() -> dict[str, Any]:
+    """An H100 in MIG mode with a 3g.40gb and a 1g.10gb instance; the other slots are empty."""
+    readings = _h100_readings()
+    readings["mig"] = [pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_ENABLE]
+    readings["mig_devices"] = {
+        0: _mig_device(0, gpu_instance=2, profile="3g.40gb", memory_mib=40192, sms=60),
+        3: _mig_device(3, gpu_instance=9, profile="1g.10gb", memory_mib=9856, sms=16),
+    }
+    return readings
+
+
+def _event(device: Any, event_type: int, data: int, *, gpu_instance: int = NO_INSTANCE) -> SimpleNamespace:
+    # nvmlEventData_t as pynvml returns it.
+    return SimpleNamespace(
+        device=device,
+        eventType=event_type,
+        eventData=data,
+        gpuInstanceId=gpu_instance,
+        computeInstanceId=NO_INSTANCE,
+    )
+
+
+class FakeNvml:
+    """The slice of the ``pynvml`` API the NVML backend uses, answering from fixed readings.
+
+    Device handles are GPU indexes; a MIG device's handle is ``(gpu index, slot)``. Events
+    put in ``pending_events`` come out of ``nvmlEventSetWait`` one per call. Constants
+    come from ``pynvml`` itself, as in the backend.
+    """
+
+    EVENT_SET = "fake-event-set"
 
     def __init__(
         self,
@@ -410,21 +556,34 @@ class FakeNvml:
         init_error: int | None = None,
         driver_version: Any = b"550.54.15",
         cuda_version: Any = 12040,
+        event_set: Any = None,
     ) -> None:
         self.readings = gpus
         self.init_error = init_error
         self.driver_version = driver_version
         self.cuda_version = cuda_version
+        self.event_set = event_set
         self.inits = 0
         self.shutdowns = 0
+        self.registered: list[tuple[int, int]] = []
+        self.event_sets_freed = 0
+        self.pending_events: list[SimpleNamespace] = []
 
     def _answer(self, value: Any) -> Any:
         if isinstance(value, _Fail):
             raise pynvml.NVMLError(value.code)
         return value
 
-    def _read(self, handle: int, key: str, *choice: int) -> Any:
-        value = self._answer(self.readings[handle][key])
+    def _device(self, handle: Any) -> dict[str, Any]:
+        if isinstance(handle, tuple):
+            gpu, slot = handle
+            devices: dict[int, dict[str, Any]] = self.readings[gpu]["mig_devices"]
+            return devices[slot]
+        device: dict[str, Any] = self.readings[handle]
+        return device
+
+    def _read(self, handle: Any, key: str, *choice: int) -> Any:
+        value = self._answer(self._device(handle)[key])
         for selector in choice:
             value = self._answer(value[selector])
         return value
@@ -449,10 +608,10 @@ class FakeNvml:
     def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
         return index
 
-    def nvmlDeviceGetUUID(self, handle: int) -> Any:
+    def nvmlDeviceGetUUID(self, handle: Any) -> Any:
         return self._read(handle, "uuid")
 
-    def nvmlDeviceGetName(self, handle: int) -> Any:
+    def nvmlDeviceGetName(self, handle: Any) -> Any:
         return self._read(handle, "name")
 
     def nvmlDeviceGetPciInfo(self, handle: int) -> Any:
@@ -461,14 +620,23 @@ class FakeNvml:
     def nvmlDeviceGetSerial(self, handle: int) -> Any:
         return self._read(handle, "serial")
 
-    def nvmlDeviceGetMemoryInfo(self, handle: int) -> Any:
+    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any:
         return self._read(handle, "memory")
 
     def nvmlDeviceGetCudaComputeCapability(self, handle: int) -> Any:
         return self._read(handle, "capability")
 
-    def nvmlDeviceGetPowerManagementLimit(self, handle: int) -> Any:
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: int) -> Any:
         return self._read(handle, "power_limit")
+
+    def nvmlDeviceGetPowerManagementLimit(self, handle: int) -> Any:
+        return self._read(handle, "power_management_limit")
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: int) -> Any:
+        return self._read(handle, "power_default")
+
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, handle: int) -> Any:
+        return self._read(handle, "power_constraints")
 
     def nvmlDeviceGetMaxClockInfo(self, handle: int, clock: int) -> Any:
         return self._read(handle, "max_clock", clock)
@@ -479,8 +647,31 @@ class FakeNvml:
     def nvmlDeviceGetMaxPcieLinkWidth(self, handle: int) -> Any:
         return self._read(handle, "pcie_width")
 
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: int) -> Any:
+        return self._read(handle, "pcie_gen_current")
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: int) -> Any:
+        return self._read(handle, "pcie_width_current")
+
     def nvmlDeviceGetMigMode(self, handle: int) -> Any:
         return self._read(handle, "mig")
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: int) -> Any:
+        return self._read(handle, "mig_count")
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: int, slot: int) -> Any:
+        if slot not in self.readings[handle]["mig_devices"]:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return (handle, slot)
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: Any) -> Any:
+        return self._read(handle, "gpu_instance_id")
+
+    def nvmlDeviceGetComputeInstanceId(self, handle: Any) -> Any:
+        return self._read(handle, "compute_instance_id")
+
+    def nvmlDeviceGetAttributes(self, handle: Any) -> Any:
+        return self._read(handle, "attributes")
 
     def nvmlDeviceGetUtilizationRates(self, handle: int) -> Any:
         return self._read(handle, "utilization")
@@ -505,12 +696,74 @@ class FakeNvml:
     def nvmlDeviceGetPcieThroughput(self, handle: int, counter: int) -> Any:
         return self._read(handle, "pcie", counter)
 
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: int) -> Any:
+        return self._read(handle, "throttle")
+
     def nvmlDeviceGetTotalEccErrors(self, handle: int, error_type: int, counter: int) -> Any:
         assert error_type == pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
         return self._read(handle, "ecc", counter)
 
+    def nvmlDeviceGetRetiredPages(self, handle: int, cause: int) -> Any:
+        return self._read(handle, "retired", cause)
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: int) -> Any:
+        return self._read(handle, "retired_pending")
+
+    def nvmlDeviceGetRemappedRows(self, handle: int) -> Any:
+        return self._read(handle, "remapped")
+
     def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: int) -> Any:
         return self._read(handle, "processes")
+
+    def nvmlEventSetCreate(self) -> Any:
+        if isinstance(self.event_set, _Fail):
+            self._answer(self.event_set)
+        return self.EVENT_SET
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: int) -> Any:
+        return self._read(handle, "supported_events")
+
+    def nvmlDeviceRegisterEvents(self, handle: int, event_types: int, event_set: Any) -> None:
+        assert event_set == self.EVENT_SET
+        answer = self.readings[handle]["register_events"]
+        if isinstance(answer, _Fail) or (
+            isinstance(answer, dict) and isinstance(answer.get(event_types), _Fail)
+        ):
+            self._answer(answer if isinstance(answer, _Fail) else answer[event_types])
+        self.registered.append((handle, event_types))
+
+    def nvmlEventSetWait(self, event_set: Any, timeout_ms: int) -> Any:
+        assert event_set == self.EVENT_SET and timeout_ms == 0, "the agent must never block on events"
+        if not self.pending_events:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+        return self.pending_events.pop(0)
+
+    def nvmlEventSetFree(self, event_set: Any) -> None:
+        assert event_set == self.EVENT_SET
+        self.event_sets_freed += 1
+
+
+H100_INFO = GpuInfo(
+    index=0,
+    uuid="GPU-1b2c3d4e-0000-1111-2222-333344445555",
+    name="NVIDIA H100 80GB HBM3",
+    pci_bus_id="00000000:18:00.0",
+    serial="1654923001234",
+    memory_total_mib=81559,
+    compute_capability="9.0",
+    driver_version="550.54.15",
+    cuda_driver_version="12.4",
+    power_limit_w=700.0,
+    power_limit_default_w=700.0,
+    power_limit_min_w=200.0,
+    power_limit_max_w=700.0,
+    max_sm_clock_mhz=1980,
+    max_mem_clock_mhz=2619,
+    pcie_gen_max=5,
+    pcie_width_max=16,
+    mig_mode=False,
+    mig_instances=(),
+)
 
 
 class TestNvmlBackend:
@@ -518,28 +771,10 @@ class TestNvmlBackend:
         """Identity comes from the NVML calls, bytes decoded and milliwatts turned into watts."""
         backend = NvmlBackend(nvml=FakeNvml([_h100_readings()]))
         assert backend.name == "nvml"
-        assert backend.gpus() == [
-            GpuInfo(
-                index=0,
-                uuid="GPU-1b2c3d4e-0000-1111-2222-333344445555",
-                name="NVIDIA H100 80GB HBM3",
-                pci_bus_id="00000000:18:00.0",
-                serial="1654923001234",
-                memory_total_mib=81559,
-                compute_capability="9.0",
-                driver_version="550.54.15",
-                cuda_driver_version="12.4",
-                power_limit_w=700.0,
-                max_sm_clock_mhz=1980,
-                max_mem_clock_mhz=2619,
-                pcie_gen_max=5,
-                pcie_width_max=16,
-                mig_mode=False,
-            )
-        ]
+        assert backend.gpus() == [H100_INFO]
 
     def test_reads_every_live_field(self) -> None:
-        """Live state comes from the NVML calls; an unsupported fan is None, not 0."""
+        """Live state comes from the NVML calls; an unsupported fan or page retirement is None, not 0."""
         backend = NvmlBackend(nvml=FakeNvml([_h100_readings()]))
         assert backend.sample() == [
             GpuSample(
@@ -554,10 +789,20 @@ class TestNvmlBackend:
                 sm_clock_mhz=1755,
                 mem_clock_mhz=2619,
                 fan_pct=None,
+                pcie_gen_current=5,
+                pcie_width_current=16,
                 pcie_tx_kbps=1200,
                 pcie_rx_kbps=845000,
+                throttle_reasons=("sw_power_cap",),
                 ecc_volatile_uncorrected=0,
                 ecc_aggregate_uncorrected=2,
+                retired_pages_single_bit=None,
+                retired_pages_double_bit=None,
+                retired_pages_pending=None,
+                remapped_rows_correctable=3,
+                remapped_rows_uncorrectable=0,
+                remapped_rows_pending=False,
+                remapped_rows_failure=False,
                 processes=(
                     GpuProcess(pid=4242, used_memory_mib=20000),
                     GpuProcess(pid=4343, used_memory_mib=None),
@@ -565,10 +810,27 @@ class TestNvmlBackend:
             )
         ]
 
-    def test_unsupported_fields_are_none(self) -> None:
-        """A consumer card without serial, MIG, ECC or PCIe counters reports None for each."""
+    def test_counts_retired_pages_by_cause(self) -> None:
+        """A pre-Ampere GPU reports how many pages it retired for each cause, and a pending retirement."""
         readings = _h100_readings()
-        for key in ("serial", "mig", "ecc", "pcie", "power_limit", "capability", "pci", "utilization"):
+        readings["retired"] = {
+            pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS: [0x1000, 0x2000],
+            pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR: [0x3000],
+        }
+        readings["retired_pending"] = pynvml.NVML_FEATURE_ENABLED
+        readings["remapped"] = NOT_SUPPORTED
+        (sample,) = NvmlBackend(nvml=FakeNvml([readings])).sample()
+        assert (sample.retired_pages_single_bit, sample.retired_pages_double_bit) == (2, 1)
+        assert sample.retired_pages_pending is True
+        assert sample.remapped_rows_correctable is None and sample.remapped_rows_failure is None
+
+    def test_unsupported_fields_are_none(self) -> None:
+        """A consumer card without serial, MIG, ECC, PCIe counters or limits reports None for each."""
+        readings = _h100_readings()
+        for key in (
+            "serial", "mig", "ecc", "pcie", "power_limit", "power_management_limit", "power_default",
+            "power_constraints", "capability", "pci", "utilization", "pcie_gen_current", "throttle", "remapped",
+        ):  # fmt: skip
             readings[key] = NOT_SUPPORTED
         readings["max_clock"] = {
             pynvml.NVML_CLOCK_SM: 2520,
@@ -577,20 +839,75 @@ class TestNvmlBackend:
         backend = NvmlBackend(nvml=FakeNvml([readings], cuda_version=NOT_SUPPORTED))
         (info,) = backend.gpus()
         assert (info.serial, info.mig_mode, info.power_limit_w) == (None, None, None)
+        assert (info.power_limit_default_w, info.power_limit_min_w, info.power_limit_max_w) == (
+            None,
+            None,
+            None,
+        )
         assert (info.compute_capability, info.pci_bus_id) == (None, None)
         assert (info.cuda_driver_version, info.max_mem_clock_mhz) == (None, None)
         assert info.max_sm_clock_mhz == 2520
+        assert info.mig_instances == ()
         (sample,) = backend.sample()
         assert (sample.ecc_volatile_uncorrected, sample.ecc_aggregate_uncorrected) == (None, None)
-        assert (sample.pcie_tx_kbps, sample.pcie_rx_kbps) == (None, None)
+        assert (sample.pcie_tx_kbps, sample.pcie_rx_kbps, sample.pcie_gen_current) == (None, None, None)
         assert (sample.gpu_util_pct, sample.mem_util_pct) == (None, None)
+        assert sample.throttle_reasons is None
+        assert (sample.remapped_rows_correctable, sample.remapped_rows_pending) == (None, None)
+
+    def test_a_pynvml_without_the_newer_calls_reports_none_for_them(self) -> None:
+        """An older nvidia-ml-py lacking a function (here the limit range) is "not available", not a crash."""
+        nvml = FakeNvml([_h100_readings()])
+        (info,) = NvmlBackend(nvml=_Without(nvml, "nvmlDeviceGetPowerManagementLimitConstraints")).gpus()
+        assert (info.power_limit_min_w, info.power_limit_max_w) == (None, None)
+        assert info.power_limit_default_w == 700.0
+
+    def test_power_limit_falls_back_to_the_management_limit(self) -> None:
+        """A driver without nvmlDeviceGetEnforcedPowerLimit reports the management limit as the limit."""
+        readings = _h100_readings()
+        readings["power_limit"] = FUNCTION_NOT_FOUND
+        readings["power_management_limit"] = 650_000
+        (info,) = NvmlBackend(nvml=FakeNvml([readings])).gpus()
+        assert info.power_limit_w == 650.0
 
     def test_mig_mode_enabled_reads_true(self) -> None:
         """A GPU whose current MIG mode is enabled reports mig_mode True."""
-        readings = _h100_readings()
-        readings["mig"] = [pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_ENABLE]
-        (info,) = NvmlBackend(nvml=FakeNvml([readings])).gpus()
+        (info,) = NvmlBackend(nvml=FakeNvml([_h100_mig_readings()])).gpus()
         assert info.mig_mode is True
+
+    def test_lists_the_mig_instances_of_a_mig_enabled_gpu(self) -> None:
+        """Each configured MIG device is reported with its ids, memory, profile and SMs; empty slots are skipped."""
+        (info,) = NvmlBackend(nvml=FakeNvml([_h100_mig_readings()])).gpus()
+        assert info.mig_instances == (
+            GpuMigInstance(
+                uuid="MIG-5a1b2c3d-0000-1111-2222-000000000000",
+                gpu_instance_id=2,
+                compute_instance_id=0,
+                memory_total_mib=40192,
+                name="NVIDIA H100 80GB HBM3 MIG 3g.40gb",
+                profile="3g.40gb",
+                multiprocessor_count=60,
+            ),
+            GpuMigInstance(
+                uuid="MIG-5a1b2c3d-0000-1111-2222-000000000003",
+                gpu_instance_id=9,
+                compute_instance_id=0,
+                memory_total_mib=9856,
+                name="NVIDIA H100 80GB HBM3 MIG 1g.10gb",
+                profile="1g.10gb",
+                multiprocessor_count=16,
+            ),
+        )
+        wire = info.to_wire()
+        assert wire["mig_instances"][1]["profile"] == "1g.10gb"
+        assert json.loads(json.dumps(wire)) == wire
+
+    def test_mig_instances_are_not_read_while_mig_is_disabled(self) -> None:
+        """With MIG disabled the GPU lists no instances, even where MIG devices would answer."""
+        readings = _h100_mig_readings()
+        readings["mig"] = [pynvml.NVML_DEVICE_MIG_DISABLE, pynvml.NVML_DEVICE_MIG_ENABLE]
+        (info,) = NvmlBackend(nvml=FakeNvml([readings])).gpus()
+        assert (info.mig_mode, info.mig_instances) == (False, ())
 
     def test_falls_back_to_the_older_temperature_call(self) -> None:
         """A driver without nvmlDeviceGetTemperatureV still reports the temperature."""
@@ -629,15 +946,16 @@ class TestNvmlBackend:
         assert nvml.shutdowns == 1
 
     def test_close_shuts_down_once(self) -> None:
-        """close() may be called twice; NVML is shut down once and sampling stops."""
+        """close() may be called twice; NVML is shut down once, the event set freed once, and sampling stops."""
         nvml = FakeNvml([_h100_readings(), _h100_readings()])
         backend = NvmlBackend(nvml=nvml)
         assert [gpu.index for gpu in backend.gpus()] == [0, 1]
         backend.close()
         backend.close()
-        assert (nvml.inits, nvml.shutdowns) == (1, 1)
+        assert (nvml.inits, nvml.shutdowns, nvml.event_sets_freed) == (1, 1, 1)
         with pytest.raises(GpuBackendUnavailable):
             backend.sample()
+        assert backend.poll_events() == []
 
     @pytest.mark.parametrize(
         ("raw", "text"), [(12040, "12.4"), (12080, "12.8"), (11020, "11.2"), (13000, "13.0")]
@@ -645,6 +963,124 @@ class TestNvmlBackend:
     def test_formats_cuda_versions(self, raw: int, text: str) -> None:
         """NVML's integer CUDA version becomes "major.minor"."""
         assert format_cuda_version(raw) == text
+
+
+class _Without:
+    """``nvml`` as a ``pynvml`` that lacks the function ``missing`` (an older nvidia-ml-py)."""
+
+    def __init__(self, nvml: FakeNvml, missing: str) -> None:
+        self._nvml, self._missing = nvml, missing
+
+    def __getattr__(self, name: str) -> Any:
+        if name == self._missing:
+            raise AttributeError(name)
+        return getattr(self._nvml, name)
+
+
+class TestThrottleReasons:
+    @pytest.mark.parametrize(
+        ("mask", "names"),
+        [
+            (0x0, ()),
+            (0x1, ("gpu_idle",)),
+            (0x4 | 0x20, ("sw_power_cap", "sw_thermal")),
+            (0x8 | 0x40 | 0x80, ("hw_slowdown", "hw_thermal", "hw_power_brake")),
+            (0x2 | 0x10 | 0x100, ("applications_clocks", "sync_boost", "display_clocks")),
+            (0x1 | 0x1000, ("gpu_idle", "unknown_0x1000")),
+        ],
+    )
+    def test_decodes_the_bitmask_into_names(self, mask: int, names: tuple[str, ...]) -> None:
+        """Each set bit becomes its name, in bit order; a bit this agent does not know is kept as unknown_0x..."""
+        assert decode_throttle_reasons(mask) == names
+
+    def test_falls_back_to_the_throttle_reasons_call_of_older_drivers(self) -> None:
+        """A driver before 535 answers only nvmlDeviceGetCurrentClocksThrottleReasons; it is read instead."""
+        nvml = FakeNvml([_h100_readings()])
+        older = _Without(nvml, "nvmlDeviceGetCurrentClocksEventReasons")
+        older.nvmlDeviceGetCurrentClocksThrottleReasons = lambda handle: 0x40  # type: ignore[attr-defined]
+        (sample,) = NvmlBackend(nvml=older).sample()
+        assert sample.throttle_reasons == ("hw_thermal",)
+
+
+class TestNvmlEvents:
+    def test_registers_each_gpu_for_the_events_it_supports(self) -> None:
+        """Every GPU is registered for XID, double- and single-bit ECC events, masked by what it supports."""
+        geforce = _h100_readings()
+        geforce["supported_events"] = XID  # no ECC on GeForce
+        nvml = FakeNvml([_h100_readings(), geforce])
+        NvmlBackend(nvml=nvml)
+        assert nvml.registered == [(0, XID | DOUBLE_BIT | SINGLE_BIT), (1, XID)]
+
+    def test_a_gpu_refusing_events_is_left_out(self) -> None:
+        """NotSupported from one GPU's registration leaves that GPU unwatched; the others still report."""
+        refusing = _h100_readings()
+        refusing["register_events"] = NOT_SUPPORTED
+        nvml = FakeNvml([refusing, _h100_readings()])
+        backend = NvmlBackend(nvml=nvml)
+        assert nvml.registered == [(1, XID | DOUBLE_BIT | SINGLE_BIT)]
+        nvml.pending_events = [_event(1, XID, 79)]
+        assert [event.code for event in backend.poll_events()] == [79]
+
+    def test_unknown_support_registers_event_types_one_by_one(self) -> None:
+        """Where NVML cannot list the supported types and the whole mask is refused, each type is tried alone."""
+        readings = _h100_readings()
+        readings["supported_events"] = NOT_SUPPORTED
+        readings["register_events"] = {
+            XID | DOUBLE_BIT | SINGLE_BIT: NOT_SUPPORTED,
+            DOUBLE_BIT: NOT_SUPPORTED,
+        }
+        nvml = FakeNvml([readings])
+        NvmlBackend(nvml=nvml)
+        assert sorted(types for _, types in nvml.registered) == [SINGLE_BIT, XID]
+
+    def test_no_event_support_means_no_events_and_nothing_allocated(self) -> None:
+        """A driver without events at all gives an empty poll, and the unused event set is freed."""
+        readings = _h100_readings()
+        readings["register_events"] = NOT_SUPPORTED
+        nvml = FakeNvml([readings])
+        backend = NvmlBackend(nvml=nvml)
+        assert backend.poll_events() == []
+        assert nvml.event_sets_freed == 1
+        unsupported = FakeNvml([_h100_readings()], event_set=NOT_SUPPORTED)
+        assert NvmlBackend(nvml=unsupported).poll_events() == []
+
+    def test_polls_xid_and_ecc_events_once_each(self) -> None:
+        """poll_events reports every queued event with its GPU's UUID, kind and XID code, then nothing."""
+        at = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+        second = _h100_readings()
+        second["uuid"] = "GPU-22222222-0000-1111-2222-333344445555"
+        nvml = FakeNvml([_h100_readings(), second])
+        backend = NvmlBackend(nvml=nvml, clock=lambda: at)
+        nvml.pending_events = [
+            _event(1, XID, 79),
+            _event(0, DOUBLE_BIT, 0),
+            _event(0, XID, 48, gpu_instance=3),
+        ]
+        assert backend.poll_events() == [
+            GpuEvent(uuid="GPU-22222222-0000-1111-2222-333344445555", kind="xid", code=79, at=at),
+            GpuEvent(uuid=H100_INFO.uuid, kind="double_bit_ecc", code=None, at=at),
+            GpuEvent(uuid=H100_INFO.uuid, kind="xid", code=48, at=at, gpu_instance_id=3),
+        ]
+        assert backend.poll_events() == []
+        assert poll_events(backend) == []
+
+    def test_one_poll_hands_over_at_most_its_limit(self) -> None:
+        """Events past max_events_per_poll stay queued for the next poll instead of stalling this one."""
+        nvml = FakeNvml([_h100_readings()])
+        backend = NvmlBackend(nvml=nvml, max_events_per_poll=2)
+        nvml.pending_events = [_event(0, XID, code) for code in (13, 31, 43)]
+        assert [event.code for event in backend.poll_events()] == [13, 31]
+        assert [event.code for event in backend.poll_events()] == [43]
+
+    def test_event_to_wire_is_json_ready(self) -> None:
+        """GpuEvent.to_wire carries every field, the time in ISO 8601 with its offset."""
+        event = GpuEvent(uuid="GPU-x", kind="xid", code=79, at=datetime(2024, 5, 1, 12, 0, tzinfo=UTC))
+        wire = event.to_wire()
+        assert wire == {
+            "uuid": "GPU-x", "kind": "xid", "code": 79, "at": "2024-05-01T12:00:00+00:00",
+            "gpu_instance_id": None, "compute_instance_id": None,
+        }  # fmt: skip
+        assert json.loads(json.dumps(wire)) == wire
 
 
 # --- host facts --------------------------------------------------------------------------

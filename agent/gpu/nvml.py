@@ -1,28 +1,37 @@
 """Real GPUs through NVML (the ``nvidia-ml-py`` package, imported as ``pynvml``).
 
 The collection functions (``read_driver_versions``, ``read_gpu_info``,
-``read_gpu_sample``) take the NVML API as an ``nvml`` argument, ``pynvml`` by
-default, so that a backend replaying readings recorded on a real GPU drives the very
-same code: such a stand-in offers the ``pynvml`` functions and constants it needs and
-raises ``pynvml.NVMLError`` exactly as NVML would.
+``read_gpu_sample``, ``open_event_set``, ``read_events``) take the NVML API as an
+``nvml`` argument, ``pynvml`` by default, so that a backend replaying readings
+recorded on a real GPU (``agent.gpu.replay``) drives the very same code: such a
+stand-in offers the ``pynvml`` functions it is asked for and raises ``pynvml``'s own
+``NVMLError`` subclasses exactly as NVML would. Constants (clock types, event types,
+error codes) are NVML's ABI and always come from ``pynvml`` itself.
 
 A field NVML cannot report on this GPU (not supported, no permission, not found, or
-a function this driver lacks) becomes ``None``; any other NVML error propagates.
+a function this driver or this ``pynvml`` lacks) becomes ``None``; any other NVML
+error propagates. Imports ``agent.gpu.base`` and ``shared`` only.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+import ctypes
+import logging
+import re
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any, TypeAlias, TypeVar
 
 import pynvml
 
-from agent.gpu.base import MIB, GpuInfo, GpuProcess, GpuSample
+from agent.gpu.base import MIB, GpuEvent, GpuEventKind, GpuInfo, GpuMigInstance, GpuProcess, GpuSample
 from shared.errors import GpuBackendUnavailable
 
+log = logging.getLogger(__name__)
+
 NvmlApi: TypeAlias = Any
-"""The ``pynvml`` module, or an object offering the same functions and constants."""
+"""The ``pynvml`` module, or an object offering the same functions."""
 
 _T = TypeVar("_T")
 
@@ -37,6 +46,40 @@ _UNAVAILABLE_CODES = frozenset(
     }
 )
 
+# Bits of nvmlDeviceGetCurrentClocksEventReasons (called ...ThrottleReasons before driver 535),
+# in bit order. The values are NVML's ABI (nvml.h, nvmlClocksEventReason*); ``pynvml`` spells
+# them differently from one release to the next, so they are written out here.
+THROTTLE_REASONS: tuple[tuple[int, str], ...] = (
+    (0x0001, "gpu_idle"),
+    (0x0002, "applications_clocks"),
+    (0x0004, "sw_power_cap"),
+    (0x0008, "hw_slowdown"),
+    (0x0010, "sync_boost"),
+    (0x0020, "sw_thermal"),
+    (0x0040, "hw_thermal"),
+    (0x0080, "hw_power_brake"),
+    (0x0100, "display_clocks"),
+    (0x0200, "board_limit"),
+    (0x0400, "reliability"),
+)
+
+# The events the agent watches, and what it calls them.
+_EVENT_KINDS: Mapping[int, GpuEventKind] = {
+    pynvml.nvmlEventTypeXidCriticalError: "xid",
+    pynvml.nvmlEventTypeDoubleBitEccError: "double_bit_ecc",
+    pynvml.nvmlEventTypeSingleBitEccError: "single_bit_ecc",
+}
+WATCHED_EVENT_TYPES = (
+    pynvml.nvmlEventTypeXidCriticalError
+    | pynvml.nvmlEventTypeDoubleBitEccError
+    | pynvml.nvmlEventTypeSingleBitEccError
+)
+# nvmlEventData_t's instance ids when the event belongs to no MIG instance.
+_NO_INSTANCE = 0xFFFFFFFF
+# A100 and H100 carve at most 7 MIG devices; the bound only guards against a garbage count.
+_MAX_MIG_DEVICES = 64
+_MIG_PROFILE_RE = re.compile(r"\bMIG\s+(\S+)\s*$")
+
 _NO_DRIVER_HINT = (
     "Install the NVIDIA driver (on Ubuntu: `sudo ubuntu-drivers install`; otherwise the "
     "driver for your GPU from https://www.nvidia.com/Download/index.aspx or your "
@@ -44,6 +87,10 @@ _NO_DRIVER_HINT = (
     "the agent again. To demo the agent on a machine without NVIDIA GPUs, choose simulated "
     "GPUs explicitly with `--gpus sim:4xRTX4090`; a real provider host must never use them."
 )
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
 
 
 def _maybe(fn: Callable[..., _T], *args: Any) -> _T | None:
@@ -77,6 +124,11 @@ def _first_available(nvml: NvmlApi, names: Sequence[str], *args: Any) -> Any:
     return None
 
 
+def _call(nvml: NvmlApi, name: str, *args: Any) -> Any:
+    """``nvml.<name>(*args)``; ``None`` where it is unavailable, including a ``pynvml`` without it."""
+    return _first_available(nvml, (name,), *args)
+
+
 def _text(value: str | bytes | None) -> str | None:
     """NVML strings: ``pynvml`` before 11.5 returns ``bytes``, later versions ``str``."""
     if value is None:
@@ -93,9 +145,36 @@ def _required_text(value: str | bytes | None, what: str) -> str:
     return text
 
 
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _flag(value: Any) -> bool | None:
+    return None if value is None else bool(value)
+
+
 def format_cuda_version(version: int) -> str:
     """NVML's CUDA version integer as text: 12040 → "12.4"."""
     return f"{version // 1000}.{version % 1000 // 10}"
+
+
+def decode_throttle_reasons(mask: int) -> tuple[str, ...]:
+    """The names of the bits set in a clocks-event-reasons mask, in bit order.
+
+    A bit this agent does not know (a newer driver's) is kept as ``"unknown_0x..."``
+    rather than dropped.
+    """
+    names = [name for bit, name in THROTTLE_REASONS if mask & bit]
+    known = 0
+    for bit, _ in THROTTLE_REASONS:
+        known |= bit
+    unknown = mask & ~known
+    bit = 1
+    while unknown >= bit:
+        if unknown & bit:
+            names.append(f"unknown_{bit:#x}")
+        bit <<= 1
+    return tuple(names)
 
 
 def _milliwatts_to_watts(milliwatts: int | None) -> float | None:
@@ -106,11 +185,53 @@ def _bytes_to_mib(size: int | None) -> int | None:
     return None if size is None else int(size) // MIB
 
 
+def handle_key(handle: Any) -> Hashable:
+    """A hashable identity of an NVML handle, the same for every copy of it.
+
+    ``pynvml`` hands out handles as ctypes pointers, and the pointer an event carries
+    is a new Python object for the same device: pointers are compared by address.
+    Any other handle (a stand-in's) is its own key.
+    """
+    if isinstance(handle, ctypes._Pointer):
+        return ("nvml-pointer", ctypes.cast(handle, ctypes.c_void_p).value)
+    return handle  # type: ignore[no-any-return]
+
+
 def read_driver_versions(nvml: NvmlApi = pynvml) -> tuple[str | None, str | None]:
     """The driver version ("550.54.15") and the CUDA version it supports ("12.4")."""
     driver_version = _text(_maybe(nvml.nvmlSystemGetDriverVersion))
     cuda = _first_available(nvml, ("nvmlSystemGetCudaDriverVersion", "nvmlSystemGetCudaDriverVersion_v2"))
     return driver_version, None if cuda is None else format_cuda_version(int(cuda))
+
+
+def read_mig_instances(handle: Any, *, nvml: NvmlApi = pynvml) -> tuple[GpuMigInstance, ...]:
+    """The MIG devices configured on the MIG-enabled GPU behind ``handle``, by slot."""
+    slots = _call(nvml, "nvmlDeviceGetMaxMigDeviceCount", handle)
+    instances: list[GpuMigInstance] = []
+    for slot in range(min(int(slots or 0), _MAX_MIG_DEVICES)):
+        # An empty slot answers NVML_ERROR_NOT_FOUND.
+        mig = _call(nvml, "nvmlDeviceGetMigDeviceHandleByIndex", handle, slot)
+        if mig is None:
+            continue
+        uuid = _text(_call(nvml, "nvmlDeviceGetUUID", mig))
+        if uuid is None:
+            continue
+        name = _text(_call(nvml, "nvmlDeviceGetName", mig))
+        profile = None if name is None else _MIG_PROFILE_RE.search(name)
+        memory = _call(nvml, "nvmlDeviceGetMemoryInfo", mig)
+        attributes = _call(nvml, "nvmlDeviceGetAttributes", mig)
+        instances.append(
+            GpuMigInstance(
+                uuid=uuid,
+                gpu_instance_id=_int(_call(nvml, "nvmlDeviceGetGpuInstanceId", mig)),
+                compute_instance_id=_int(_call(nvml, "nvmlDeviceGetComputeInstanceId", mig)),
+                memory_total_mib=None if memory is None else _bytes_to_mib(memory.total),
+                name=name,
+                profile=None if profile is None else profile.group(1),
+                multiprocessor_count=None if attributes is None else int(attributes.multiprocessorCount),
+            )
+        )
+    return tuple(instances)
 
 
 def read_gpu_info(
@@ -125,10 +246,14 @@ def read_gpu_info(
     pci = _maybe(nvml.nvmlDeviceGetPciInfo, handle)
     capability = _maybe(nvml.nvmlDeviceGetCudaComputeCapability, handle)
     mig = _maybe(nvml.nvmlDeviceGetMigMode, handle)
-    max_sm_clock = _maybe(nvml.nvmlDeviceGetMaxClockInfo, handle, nvml.NVML_CLOCK_SM)
-    max_mem_clock = _maybe(nvml.nvmlDeviceGetMaxClockInfo, handle, nvml.NVML_CLOCK_MEM)
-    pcie_gen = _maybe(nvml.nvmlDeviceGetMaxPcieLinkGeneration, handle)
-    pcie_width = _maybe(nvml.nvmlDeviceGetMaxPcieLinkWidth, handle)
+    mig_enabled = None if mig is None else mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE
+    max_sm_clock = _maybe(nvml.nvmlDeviceGetMaxClockInfo, handle, pynvml.NVML_CLOCK_SM)
+    max_mem_clock = _maybe(nvml.nvmlDeviceGetMaxClockInfo, handle, pynvml.NVML_CLOCK_MEM)
+    # The enforced limit is the lowest of every limit in force (the administrator's, the board's).
+    power_limit = _first_available(
+        nvml, ("nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit"), handle
+    )
+    limit_range = _call(nvml, "nvmlDeviceGetPowerManagementLimitConstraints", handle)
     return GpuInfo(
         index=index,
         uuid=_required_text(nvml.nvmlDeviceGetUUID(handle), "GPU UUID"),
@@ -139,12 +264,18 @@ def read_gpu_info(
         compute_capability=None if capability is None else f"{capability[0]}.{capability[1]}",
         driver_version=driver_version,
         cuda_driver_version=cuda_driver_version,
-        power_limit_w=_milliwatts_to_watts(_maybe(nvml.nvmlDeviceGetPowerManagementLimit, handle)),
-        max_sm_clock_mhz=None if max_sm_clock is None else int(max_sm_clock),
-        max_mem_clock_mhz=None if max_mem_clock is None else int(max_mem_clock),
-        pcie_gen_max=None if pcie_gen is None else int(pcie_gen),
-        pcie_width_max=None if pcie_width is None else int(pcie_width),
-        mig_mode=None if mig is None else mig[0] == nvml.NVML_DEVICE_MIG_ENABLE,
+        power_limit_w=_milliwatts_to_watts(power_limit),
+        power_limit_default_w=_milliwatts_to_watts(
+            _call(nvml, "nvmlDeviceGetPowerManagementDefaultLimit", handle)
+        ),
+        power_limit_min_w=None if limit_range is None else _milliwatts_to_watts(limit_range[0]),
+        power_limit_max_w=None if limit_range is None else _milliwatts_to_watts(limit_range[1]),
+        max_sm_clock_mhz=_int(max_sm_clock),
+        max_mem_clock_mhz=_int(max_mem_clock),
+        pcie_gen_max=_int(_maybe(nvml.nvmlDeviceGetMaxPcieLinkGeneration, handle)),
+        pcie_width_max=_int(_maybe(nvml.nvmlDeviceGetMaxPcieLinkWidth, handle)),
+        mig_mode=mig_enabled,
+        mig_instances=read_mig_instances(handle, nvml=nvml) if mig_enabled else (),
     )
 
 
@@ -153,25 +284,41 @@ def read_gpu_sample(handle: Any, index: int, uuid: str, *, nvml: NvmlApi = pynvm
     utilization = _maybe(nvml.nvmlDeviceGetUtilizationRates, handle)
     memory = _maybe(nvml.nvmlDeviceGetMemoryInfo, handle)
     temperature = _first_available(
-        nvml, ("nvmlDeviceGetTemperatureV", "nvmlDeviceGetTemperature"), handle, nvml.NVML_TEMPERATURE_GPU
+        nvml, ("nvmlDeviceGetTemperatureV", "nvmlDeviceGetTemperature"), handle, pynvml.NVML_TEMPERATURE_GPU
     )
-    sm_clock = _maybe(nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_SM)
-    mem_clock = _maybe(nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_MEM)
+    sm_clock = _maybe(nvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM)
+    mem_clock = _maybe(nvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_MEM)
     fan = _maybe(nvml.nvmlDeviceGetFanSpeed, handle)
-    pcie_tx = _maybe(nvml.nvmlDeviceGetPcieThroughput, handle, nvml.NVML_PCIE_UTIL_TX_BYTES)
-    pcie_rx = _maybe(nvml.nvmlDeviceGetPcieThroughput, handle, nvml.NVML_PCIE_UTIL_RX_BYTES)
+    pcie_tx = _maybe(nvml.nvmlDeviceGetPcieThroughput, handle, pynvml.NVML_PCIE_UTIL_TX_BYTES)
+    pcie_rx = _maybe(nvml.nvmlDeviceGetPcieThroughput, handle, pynvml.NVML_PCIE_UTIL_RX_BYTES)
+    throttle = _first_available(
+        nvml, ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"), handle
+    )
     ecc_volatile = _maybe(
         nvml.nvmlDeviceGetTotalEccErrors,
         handle,
-        nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-        nvml.NVML_VOLATILE_ECC,
+        pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+        pynvml.NVML_VOLATILE_ECC,
     )
     ecc_aggregate = _maybe(
         nvml.nvmlDeviceGetTotalEccErrors,
         handle,
-        nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-        nvml.NVML_AGGREGATE_ECC,
+        pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+        pynvml.NVML_AGGREGATE_ECC,
     )
+    # Only pre-Ampere GPUs retire pages; Ampere and later data-centre GPUs remap rows instead.
+    retired_single = _call(
+        nvml,
+        "nvmlDeviceGetRetiredPages",
+        handle,
+        pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+    )
+    retired_double = _call(
+        nvml, "nvmlDeviceGetRetiredPages", handle, pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+    )
+    remapped = _call(
+        nvml, "nvmlDeviceGetRemappedRows", handle
+    )  # (correctable, uncorrectable, pending, failure)
     processes = _first_available(
         nvml,
         (
@@ -190,19 +337,120 @@ def read_gpu_sample(handle: Any, index: int, uuid: str, *, nvml: NvmlApi = pynvm
         memory_free_mib=None if memory is None else _bytes_to_mib(memory.free),
         temperature_c=None if temperature is None else float(temperature),
         power_draw_w=_milliwatts_to_watts(_maybe(nvml.nvmlDeviceGetPowerUsage, handle)),
-        sm_clock_mhz=None if sm_clock is None else int(sm_clock),
-        mem_clock_mhz=None if mem_clock is None else int(mem_clock),
+        sm_clock_mhz=_int(sm_clock),
+        mem_clock_mhz=_int(mem_clock),
         fan_pct=None if fan is None else float(fan),
-        pcie_tx_kbps=None if pcie_tx is None else int(pcie_tx),
-        pcie_rx_kbps=None if pcie_rx is None else int(pcie_rx),
-        ecc_volatile_uncorrected=None if ecc_volatile is None else int(ecc_volatile),
-        ecc_aggregate_uncorrected=None if ecc_aggregate is None else int(ecc_aggregate),
+        pcie_gen_current=_int(_call(nvml, "nvmlDeviceGetCurrPcieLinkGeneration", handle)),
+        pcie_width_current=_int(_call(nvml, "nvmlDeviceGetCurrPcieLinkWidth", handle)),
+        pcie_tx_kbps=_int(pcie_tx),
+        pcie_rx_kbps=_int(pcie_rx),
+        throttle_reasons=None if throttle is None else decode_throttle_reasons(int(throttle)),
+        ecc_volatile_uncorrected=_int(ecc_volatile),
+        ecc_aggregate_uncorrected=_int(ecc_aggregate),
+        retired_pages_single_bit=None if retired_single is None else len(retired_single),
+        retired_pages_double_bit=None if retired_double is None else len(retired_double),
+        retired_pages_pending=_flag(_call(nvml, "nvmlDeviceGetRetiredPagesPendingStatus", handle)),
+        remapped_rows_correctable=None if remapped is None else int(remapped[0]),
+        remapped_rows_uncorrectable=None if remapped is None else int(remapped[1]),
+        remapped_rows_pending=None if remapped is None else bool(remapped[2]),
+        remapped_rows_failure=None if remapped is None else bool(remapped[3]),
         # usedGpuMemory is None where the driver cannot tell (Windows WDDM, some containers).
         processes=tuple(
             GpuProcess(pid=int(process.pid), used_memory_mib=_bytes_to_mib(process.usedGpuMemory))
             for process in processes or ()
         ),
     )
+
+
+def _register_events(nvml: NvmlApi, handle: Any, event_types: int, event_set: Any) -> bool:
+    """Register ``event_types`` of one GPU with ``event_set``; ``False`` where the GPU cannot."""
+    try:
+        nvml.nvmlDeviceRegisterEvents(handle, event_types, event_set)
+    except pynvml.NVMLError as err:
+        if err.value in _UNAVAILABLE_CODES:
+            return False
+        raise
+    return True
+
+
+def open_event_set(
+    nvml: NvmlApi, handles: Sequence[Any], *, event_types: int = WATCHED_EVENT_TYPES
+) -> Any | None:
+    """An NVML event set with each GPU registered for the ``event_types`` it supports.
+
+    A GPU that supports none (GeForce cards report no ECC events) is left out, and so is
+    one whose registration fails (logged). ``None``, with nothing left allocated, when
+    NVML offers no events at all or no GPU could be registered.
+    """
+    event_set = _call(nvml, "nvmlEventSetCreate")
+    if event_set is None:
+        return None
+    registered = 0
+    for index, handle in enumerate(handles):
+        try:
+            supported = _call(nvml, "nvmlDeviceGetSupportedEventTypes", handle)
+            wanted = event_types if supported is None else event_types & int(supported)
+            if not wanted:
+                continue
+            if _register_events(nvml, handle, wanted, event_set):
+                registered += 1
+            elif supported is None:
+                # NVML could not say which types this GPU supports: offer them one at a time.
+                bits = [bit for bit in _EVENT_KINDS if wanted & bit]
+                if [bit for bit in bits if _register_events(nvml, handle, bit, event_set)]:
+                    registered += 1
+        except pynvml.NVMLError as err:
+            log.warning("GPU %d: cannot watch it for XID and ECC events (NVML: %s)", index, err)
+    if not registered:
+        with contextlib.suppress(pynvml.NVMLError):
+            _call(nvml, "nvmlEventSetFree", event_set)
+        return None
+    return event_set
+
+
+def read_events(
+    nvml: NvmlApi,
+    event_set: Any,
+    uuid_by_handle: Mapping[Hashable, str],
+    *,
+    now: datetime,
+    max_events: int = 256,
+) -> list[GpuEvent]:
+    """The events waiting in ``event_set``, without blocking, at most ``max_events`` of them.
+
+    ``nvmlEventSetWait`` with a timeout of 0 returns one pending event or fails with
+    NVML_ERROR_TIMEOUT when there is none. Events left over past ``max_events`` stay
+    queued in NVML for the next call. ``uuid_by_handle`` maps ``handle_key(handle)`` to
+    the GPU's UUID; an event for a handle not in it is logged and dropped.
+    """
+    events: list[GpuEvent] = []
+    for _ in range(max_events):
+        try:
+            data = nvml.nvmlEventSetWait(event_set, 0)
+        except pynvml.NVMLError as err:
+            if err.value == pynvml.NVML_ERROR_TIMEOUT or err.value in _UNAVAILABLE_CODES:
+                break
+            raise
+        uuid = uuid_by_handle.get(handle_key(data.device))
+        if uuid is None:
+            log.warning("NVML reported event type %#x for a GPU the agent does not know", data.eventType)
+            continue
+        event_type = int(data.eventType)
+        kind = _EVENT_KINDS.get(event_type, "other")
+        code = int(data.eventData) if kind == "xid" else event_type if kind == "other" else None
+        gpu_instance = int(getattr(data, "gpuInstanceId", _NO_INSTANCE))
+        compute_instance = int(getattr(data, "computeInstanceId", _NO_INSTANCE))
+        events.append(
+            GpuEvent(
+                uuid=uuid,
+                kind=kind,
+                code=code,
+                at=now,
+                gpu_instance_id=None if gpu_instance == _NO_INSTANCE else gpu_instance,
+                compute_instance_id=None if compute_instance == _NO_INSTANCE else compute_instance,
+            )
+        )
+    return events
 
 
 def _unavailable_message(err: BaseException) -> str:
@@ -232,13 +480,26 @@ class NvmlBackend:
 
     Raises ``GpuBackendUnavailable``, saying how to install the driver and that
     ``--gpus sim:...`` exists for demos, when NVML cannot start. Never falls back to
-    simulated GPUs.
+    simulated GPUs. Watches every GPU that supports them for XID and ECC events;
+    ``poll_events()`` hands them over (stamped with ``clock()``), at most
+    ``max_events_per_poll`` per call.
     """
 
     name: str = "nvml"
 
-    def __init__(self, *, nvml: NvmlApi = pynvml) -> None:
+    def __init__(
+        self,
+        *,
+        nvml: NvmlApi = pynvml,
+        clock: Callable[[], datetime] = _utc_now,
+        max_events_per_poll: int = 256,
+    ) -> None:
+        if max_events_per_poll < 1:
+            raise ValueError("max_events_per_poll must be at least 1")
         self._nvml = nvml
+        self._clock = clock
+        self._max_events_per_poll = max_events_per_poll
+        self._event_set: Any = None
         try:
             nvml.nvmlInit()
         except (pynvml.NVMLError, OSError) as err:
@@ -268,6 +529,14 @@ class NvmlBackend:
         except BaseException:
             self.close()
             raise
+        self._uuid_by_handle = {
+            handle_key(handle): info.uuid for handle, info in zip(self._handles, self._infos, strict=True)
+        }
+        try:
+            self._event_set = open_event_set(nvml, self._handles)
+        except pynvml.NVMLError as err:
+            # Events are worth having, not worth refusing to report the GPUs over.
+            log.warning("cannot watch the GPUs for XID and ECC events (NVML: %s)", err)
 
     def gpus(self) -> list[GpuInfo]:
         return list(self._infos)
@@ -280,11 +549,27 @@ class NvmlBackend:
             for handle, info in zip(self._handles, self._infos, strict=True)
         ]
 
+    def poll_events(self) -> list[GpuEvent]:
+        """XID and ECC events NVML queued since the last call; never blocks."""
+        if self._closed or self._event_set is None:
+            return []
+        return read_events(
+            self._nvml,
+            self._event_set,
+            self._uuid_by_handle,
+            now=self._clock(),
+            max_events=self._max_events_per_poll,
+        )
+
     def close(self) -> None:
-        """Shut NVML down; calling it again does nothing."""
+        """Free the event set and shut NVML down; calling it again does nothing."""
         if self._closed:
             return
         self._closed = True
         # Shutting down is best effort: a lost GPU must not keep the agent from exiting.
+        if self._event_set is not None:
+            with contextlib.suppress(pynvml.NVMLError):
+                _call(self._nvml, "nvmlEventSetFree", self._event_set)
+            self._event_set = None
         with contextlib.suppress(pynvml.NVMLError):
             self._nvml.nvmlShutdown()

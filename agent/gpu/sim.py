@@ -15,12 +15,14 @@ from __future__ import annotations
 import random
 import re
 import uuid
-from collections.abc import Iterable, Mapping
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Literal
 
-from agent.gpu.base import GpuInfo, GpuProcess, GpuSample
+from agent.gpu.base import GpuEvent, GpuInfo, GpuProcess, GpuSample
 from shared.errors import ConfigError, NotFound
 
 SIM_PREFIX = "sim:"
@@ -36,6 +38,9 @@ SIM_CUDA_DRIVER_VERSION = "12.8"
 
 # Fixed namespace of simulated GPU UUIDs; changing it changes every demo GPU's identity.
 _SIM_UUID_NAMESPACE = uuid.UUID("5b0c8a3e-6f1d-4e0b-9a57-2d9c4f1e7a10")
+
+# Events injected but not yet polled; a demo that injects more loses the oldest.
+MAX_PENDING_SIM_EVENTS = 256
 
 _IDLE_SM_CLOCK_MHZ = 210  # P8 idle clock of recent NVIDIA GPUs
 _IDLE_GDDR_CLOCK_MHZ = 405  # GDDR drops to this at idle; HBM stays at its fixed clock
@@ -61,6 +66,11 @@ class SimModel:
     serial: bool  # GeForce cards report no serial number
     mig_capable: bool
     hbm: bool
+
+    @property
+    def remaps_rows(self) -> bool:
+        """ECC GPUs from Ampere on remap rows; older ones (Turing's T4) retire pages instead."""
+        return self.ecc and float(self.compute_capability) >= 8.0
 
 
 # Which kind of card a model is decides the features NVML reports for it.
@@ -190,6 +200,10 @@ class _SimGpu:
     pid: int | None = None
 
 
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
 class SimulatedBackend:
     """Made-up GPUs of real models, with plausible live readings.
 
@@ -197,6 +211,8 @@ class SimulatedBackend:
     GPUs look like they run a workload (high utilization and memory use, power near
     the limit, warmer, one compute process). Readings jitter within fixed bounds using
     ``rng`` (by default a ``random.Random`` seeded from ``seed``, so runs repeat).
+    The simulated GPUs never fail on their own: ``inject_xid`` queues an XID event
+    for ``poll_events`` to report, stamped with ``clock()``.
     """
 
     name: str = "sim"
@@ -208,6 +224,8 @@ class SimulatedBackend:
         seed: str,
         rng: random.Random | None = None,
         max_gpus: int = MAX_SIM_GPUS,
+        clock: Callable[[], datetime] = _utc_now,
+        max_pending_events: int = MAX_PENDING_SIM_EVENTS,
     ) -> None:
         if not seed:
             # Every simulated host would otherwise report the same UUIDs, and the
@@ -226,6 +244,8 @@ class SimulatedBackend:
                 model = SIM_MODELS[key]
                 self._gpus.append(_SimGpu(info=_sim_info(model, seed=seed, index=index), model=model))
         self._by_uuid = {gpu.info.uuid: gpu for gpu in self._gpus}
+        self._clock = clock
+        self._events: deque[GpuEvent] = deque(maxlen=max_pending_events)
 
     def gpus(self) -> list[GpuInfo]:
         return [gpu.info for gpu in self._gpus]
@@ -251,6 +271,21 @@ class SimulatedBackend:
                 gpu.pid = None
             gpu.busy = busy
 
+    def inject_xid(self, gpu_uuid: str, code: int) -> None:
+        """Make the GPU with this UUID report XID ``code`` (79: fallen off the bus, ...) once.
+
+        Raises ``NotFound`` if the UUID is not one of this backend's GPUs.
+        """
+        if gpu_uuid not in self._by_uuid:
+            raise NotFound(f"no simulated GPU with UUID {gpu_uuid}", code="gpu_not_found")
+        self._events.append(GpuEvent(uuid=gpu_uuid, kind="xid", code=code, at=self._clock()))
+
+    def poll_events(self) -> list[GpuEvent]:
+        """The injected events not yet polled, oldest first; each is reported once."""
+        events = list(self._events)
+        self._events.clear()
+        return events
+
     def close(self) -> None:
         """Nothing to release; present for the ``GpuBackend`` seam."""
 
@@ -268,6 +303,9 @@ class SimulatedBackend:
             mem_clock = model.max_mem_clock_mhz
             fan = rng.uniform(55.0, 80.0)
             pcie_tx, pcie_rx = rng.randint(50_000, 2_000_000), rng.randint(50_000, 2_000_000)
+            pcie_gen = model.pcie_gen_max
+            # A card drawing its whole budget is held back by the power cap.
+            throttle: tuple[str, ...] = ("sw_power_cap",) if power >= 0.97 * model.power_limit_w else ()
             assert gpu.pid is not None
             processes = (GpuProcess(pid=gpu.pid, used_memory_mib=memory_used - idle_memory_mib),)
         else:
@@ -280,6 +318,9 @@ class SimulatedBackend:
             mem_clock = model.max_mem_clock_mhz if model.hbm else _IDLE_GDDR_CLOCK_MHZ
             fan = rng.uniform(27.0, 33.0)
             pcie_tx, pcie_rx = rng.randint(0, 500), rng.randint(0, 500)
+            # Idle GDDR cards train their link down to Gen1; HBM data-centre cards stay at P0.
+            pcie_gen = model.pcie_gen_max if model.hbm else 1
+            throttle = ("gpu_idle",)
         return GpuSample(
             index=gpu.info.index,
             uuid=gpu.info.uuid,
@@ -292,10 +333,20 @@ class SimulatedBackend:
             sm_clock_mhz=sm_clock,
             mem_clock_mhz=mem_clock,
             fan_pct=round(fan, 1) if model.has_fan else None,
+            pcie_gen_current=pcie_gen,
+            pcie_width_current=model.pcie_width_max,
             pcie_tx_kbps=pcie_tx,
             pcie_rx_kbps=pcie_rx,
+            throttle_reasons=throttle,
             ecc_volatile_uncorrected=0 if model.ecc else None,
             ecc_aggregate_uncorrected=0 if model.ecc else None,
+            retired_pages_single_bit=0 if model.ecc and not model.remaps_rows else None,
+            retired_pages_double_bit=0 if model.ecc and not model.remaps_rows else None,
+            retired_pages_pending=False if model.ecc and not model.remaps_rows else None,
+            remapped_rows_correctable=0 if model.remaps_rows else None,
+            remapped_rows_uncorrectable=0 if model.remaps_rows else None,
+            remapped_rows_pending=False if model.remaps_rows else None,
+            remapped_rows_failure=False if model.remaps_rows else None,
             processes=processes,
         )
 
@@ -321,9 +372,14 @@ def _sim_info(model: SimModel, *, seed: str, index: int) -> GpuInfo:
         driver_version=SIM_DRIVER_VERSION,
         cuda_driver_version=SIM_CUDA_DRIVER_VERSION,
         power_limit_w=model.power_limit_w,
+        power_limit_default_w=model.power_limit_w,
+        # The model table carries no adjustable range; None rather than made-up numbers.
+        power_limit_min_w=None,
+        power_limit_max_w=None,
         max_sm_clock_mhz=model.max_sm_clock_mhz,
         max_mem_clock_mhz=model.max_mem_clock_mhz,
         pcie_gen_max=model.pcie_gen_max,
         pcie_width_max=model.pcie_width_max,
         mig_mode=False if model.mig_capable else None,
+        mig_instances=(),
     )
