@@ -34,6 +34,7 @@ bench: install
 	$(BIN)/python bench/bench_protocol.py
 	$(BIN)/python bench/bench_bus.py
 	$(BIN)/python bench/bench_relay.py
+	$(BIN)/python bench/bench_agent.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

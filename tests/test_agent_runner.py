@@ -254,6 +254,28 @@ class TestRelays:
         assert waiting <= set(seqs)
 
 
+    async def test_relays_are_found_by_dns_srv_in_priority_order_and_failed_over(self, harness: Harness) -> None:
+        """With a zone, the agent connects to the SRV record with the best priority, then fails over to the next."""
+        from tests.dnsserver import LoopbackDnsServer
+
+        primary, backup = await harness.relay("relay-primary"), await harness.relay("relay-backup")
+        records = {
+            ("_gpumarket._tcp.relays.test.", "SRV"): [
+                f"10 5 {primary.port} 127.0.0.1.", f"20 5 {backup.port} 127.0.0.1.",
+            ],
+        }
+        async with LoopbackDnsServer(records) as dns:
+            agent = Agent(
+                harness.state, SimulatedBackend("sim:2xRTX4090", seed=HOST), zone="relays.test",
+                resolver="127.0.0.1", resolver_port=dns.port, timings=AgentTimings(**vars(FAST)), rng=random.Random(3),
+            )
+            async with running(agent):
+                await eventually(lambda: _true(agent.relay_id == "relay-primary" and agent.connected.is_set()), what="primary")
+                await primary.close()
+                await eventually(lambda: _true(agent.relay_id == "relay-backup" and agent.connected.is_set()), what="backup")
+        assert any(q.name.startswith("_gpumarket._tcp.relays.test") for q in dns.queries)
+
+
 class TestReports:
     async def test_xid_events_are_pushed_at_once(self, harness: Harness) -> None:
         """An XID error on a GPU reaches the bus as a gpu_events message with its code."""

@@ -128,6 +128,44 @@ class TestEmbeddedMarketplace:
 
         await eventually(a100s_free, what="all 4 A100s offered again")
 
+    async def test_a_workloads_output_reaches_the_renter_and_its_exit_ends_the_rental(self, market: Marketplace, renter: Api) -> None:
+        """A process workload's output is readable through the API, and exiting 0 completes the rental."""
+        await eventually(lambda: _hosts_online(renter, 3), what="hosts online")
+        script = "import os; print('hello from', os.environ['GPUMARKET_RENTAL_ID']); print('gpus', os.environ['CUDA_VISIBLE_DEVICES'])"
+        workload = {"kind": "process", "argv": [sys.executable, "-c", script]}
+        status, rental = await renter.call("POST", "/rentals", json={"gpu_count": 1, "gpu_model": "RTX 3060", "workload": workload})
+        assert status == 201, rental
+
+        async def finished() -> dict[str, Any] | None:
+            body = await renter.get(f"/rentals/{rental['id']}")
+            return body if body["state"] in ("stopped", "failed") else None
+
+        done = await eventually(finished, what="the workload to finish")
+        assert done["state"] == "stopped", done
+        assert [e["to"] for e in done["events"]][-2:] == ["running", "stopped"]
+
+        async def output() -> str | None:
+            logs = await renter.get(f"/rentals/{rental['id']}/logs")
+            text: str = logs["data"]
+            return text if "gpus" in text else None
+
+        text = await eventually(output, what="the workload's output through the API")
+        assert f"hello from {rental['id']}" in text and f"gpus {rental['gpu_uuids'][0]}" in text
+
+    async def test_stored_telemetry_is_served_with_sequence_numbers(self, market: Marketplace, renter: Api) -> None:
+        """GET /hosts/{id}/metrics returns stored samples, each with its seq and the window's aggregates."""
+        online = await eventually(lambda: _hosts_online(renter, 3), what="hosts online")
+        host_id = online[0]["id"]
+
+        async def samples() -> list[dict[str, Any]] | None:
+            items: list[dict[str, Any]] = (await renter.get(f"/hosts/{host_id}/metrics"))["items"]
+            return items if len(items) >= 3 else None
+
+        items = await eventually(samples, what="3 stored samples")
+        seqs = [i["seq"] for i in items]
+        assert len(set(seqs)) == len(seqs)
+        assert all(i["aggregates"] and i["gpus"] for i in items)
+
     async def test_a_silent_host_goes_offline_and_returns_with_no_telemetry_lost(self, market: Marketplace, renter: Api) -> None:
         """Stopping an agent makes its host offline after missed heartbeats; restarted, it resumes its sequence."""
         await eventually(lambda: _hosts_online(renter, 3), what="hosts online")
