@@ -24,13 +24,11 @@ from shared import protocol
 from shared.bus import InProcessBus
 from shared.crypto import (
     CertificateAuthority,
-    generate_private_key,
-    make_csr,
     server_ssl_context,
-    write_private_key,
 )
 from tests.factories import MS
 from tests.helpers import eventually
+from tests.pki import write_agent_certificate
 
 HOST = "h-runner-test"
 FAST = AgentTimings(
@@ -53,10 +51,9 @@ class Harness:
 
     def _enroll(self, folder: Path) -> AgentState:
         state = AgentState(folder)
-        key = generate_private_key()
-        write_private_key(state.key_file, key)
-        issued = self.ca.sign_agent_csr(make_csr(key, "x"), host_id=HOST)
-        atomic_write(state.cert_file, issued.cert_pem)
+        key_file, cert_file = write_agent_certificate(self.ca, folder, HOST)
+        key_file.rename(state.key_file)
+        cert_file.rename(state.cert_file)
         atomic_write(state.ca_file, self.ca.cert_pem)
         state.save_identity(Identity(host_id=HOST, master_url="http://unused"))
         return state

@@ -34,14 +34,12 @@ from shared.bus import InProcessBus
 from shared.crypto import (
     CertificateAuthority,
     client_ssl_context,
-    generate_private_key,
     host_id_from_der,
-    make_csr,
     server_ssl_context,
-    write_private_key,
 )
 from shared.errors import ConfigError
 from tests.factories import MS
+from tests.pki import agent_client_context
 
 # Every network step is on loopback; a wait that runs out means a bug, not a slow network.
 IO_TIMEOUT = 5.0
@@ -84,13 +82,7 @@ def agent_context(ca: CertificateAuthority, tmp_path: Path) -> MakeAgentContext:
     """Build a client TLS context presenting a certificate for ``host_id``."""
 
     def make(host_id: str) -> ssl.SSLContext:
-        directory = tmp_path / "agents" / host_id
-        key = generate_private_key()
-        issued = ca.sign_agent_csr(make_csr(key, host_id), host_id=host_id)
-        key_file, cert_file = directory / "agent.key", directory / "agent.crt"
-        write_private_key(key_file, key)
-        cert_file.write_bytes(issued.cert_pem)
-        return client_ssl_context(ca.cert_path, cert_file=cert_file, key_file=key_file)
+        return agent_client_context(ca, tmp_path / "agents" / host_id, host_id)
 
     return make
 

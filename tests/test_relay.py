@@ -25,13 +25,10 @@ from shared.bus import InProcessBus
 from shared.crypto import (
     CertificateAuthority,
     client_ssl_context,
-    generate_private_key,
-    make_csr,
-    server_ssl_context,
-    write_private_key,
 )
 from shared.errors import BusError
 from tests.factories import MS
+from tests.pki import agent_client_context, relay_server_context
 
 # Every network step is on loopback; a wait that runs out means a bug, not a slow network.
 IO_TIMEOUT = 5.0
@@ -55,8 +52,7 @@ def other_ca(tmp_path: Path) -> CertificateAuthority:
 
 @pytest.fixture
 def server_context(ca: CertificateAuthority, tmp_path: Path) -> ssl.SSLContext:
-    key_file, cert_file = ca.write_server_certificate(tmp_path / "relay", ["127.0.0.1", "localhost"])
-    return server_ssl_context(cert_file, key_file, ca.cert_path)
+    return relay_server_context(ca, tmp_path / "relay")
 
 
 MakeAgentContext = Callable[..., ssl.SSLContext]
@@ -67,15 +63,9 @@ def agent_context(ca: CertificateAuthority, tmp_path: Path) -> MakeAgentContext:
     """Build a client TLS context presenting a certificate for ``host_id``, signed by ``signer`` (the CA by default)."""
 
     def make(host_id: str, *, signer: CertificateAuthority | None = None) -> ssl.SSLContext:
-        signer = signer or ca
-        directory = tmp_path / "agents" / f"{host_id}-{id(signer)}"
-        key = generate_private_key()
-        issued = signer.sign_agent_csr(make_csr(key, host_id), host_id=host_id)
-        key_file, cert_file = directory / "agent.key", directory / "agent.crt"
-        write_private_key(key_file, key)
-        cert_file.write_bytes(issued.cert_pem)
         # The agent always trusts our CA: only its own certificate varies.
-        return client_ssl_context(ca.cert_path, cert_file=cert_file, key_file=key_file)
+        directory = tmp_path / "agents" / f"{host_id}-{id(signer or ca)}"
+        return agent_client_context(ca, directory, host_id, signer=signer)
 
     return make
 
