@@ -44,6 +44,17 @@ class UnknownHost(LookupError):
     """A message from a host id the registry does not hold (dropped and logged)."""
 
 
+async def _insert_once(session: AsyncSession, row: object) -> bool:
+    """Insert ``row`` unless a unique constraint says it is already there (a redelivery)."""
+    try:
+        async with session.begin_nested():
+            session.add(row)
+            await session.flush()
+    except IntegrityError:
+        return False
+    return True
+
+
 async def _load_host(session: AsyncSession, host_id: str) -> Host:
     host = await session.get(Host, host_id)
     if host is None:
@@ -145,22 +156,17 @@ async def handle_telemetry(session: AsyncSession, envelope: protocol.BusEnvelope
     assert isinstance(message, protocol.Telemetry)
     host = await _load_host(session, message.host_id)
     gpus = [g.model_dump(mode="json") for g in message.body.gpus]
-    try:
-        async with session.begin_nested():
-            session.add(
-                TelemetrySample(
-                    host_id=host.id,
-                    seq=message.seq,
-                    sampled_at=message.body.sampled_at,
-                    received_at=envelope.received_at,
-                    relay_id=envelope.relay_id,
-                    gpus=gpus,
-                    window_s=message.body.window_s,
-                    aggregates=[a.model_dump(mode="json") for a in message.body.aggregates],
-                )
-            )
-            await session.flush()
-    except IntegrityError:
+    sample = TelemetrySample(
+        host_id=host.id,
+        seq=message.seq,
+        sampled_at=message.body.sampled_at,
+        received_at=envelope.received_at,
+        relay_id=envelope.relay_id,
+        gpus=gpus,
+        window_s=message.body.window_s,
+        aggregates=[a.model_dump(mode="json") for a in message.body.aggregates],
+    )
+    if not await _insert_once(session, sample):
         log.debug("duplicate telemetry %s/%d ignored", host.id, message.seq)
         return False
     _saw(host, envelope)
@@ -197,14 +203,9 @@ async def handle_gpu_events(session: AsyncSession, envelope: protocol.BusEnvelop
     _saw(host, envelope)
     stored = 0
     for position, event in enumerate(message.body.events):
-        try:
-            async with session.begin_nested():
-                session.add(
-                    GpuEvent(host_id=host.id, seq=message.seq, position=position, gpu_uuid=event.uuid, kind=event.kind,
-                             code=event.code, at=event.at, received_at=envelope.received_at)
-                )
-                await session.flush()
-        except IntegrityError:
+        row = GpuEvent(host_id=host.id, seq=message.seq, position=position, gpu_uuid=event.uuid, kind=event.kind,
+                       code=event.code, at=event.at, received_at=envelope.received_at)
+        if not await _insert_once(session, row):
             continue
         stored += 1
         log.warning("host %s GPU %s: %s event%s", host.id, event.uuid, event.kind, f" {event.code}" if event.code is not None else "")
@@ -218,17 +219,12 @@ async def handle_network_report(session: AsyncSession, envelope: protocol.BusEnv
     _saw(host, envelope)
     body = message.body
     data = body.model_dump(mode="json")
-    try:
-        async with session.begin_nested():
-            session.add(
-                NetworkMeasurement(
-                    host_id=host.id, seq=message.seq, measured_at=body.measured_at, relay_url=body.relay_url,
-                    download_mbps=body.download_mbps, upload_mbps=body.upload_mbps, latency_ms=body.latency_ms,
-                    jitter_ms=body.jitter_ms, loss=body.loss, data=data,
-                )
-            )
-            await session.flush()
-    except IntegrityError:
+    row = NetworkMeasurement(
+        host_id=host.id, seq=message.seq, measured_at=body.measured_at, relay_url=body.relay_url,
+        download_mbps=body.download_mbps, upload_mbps=body.upload_mbps, latency_ms=body.latency_ms,
+        jitter_ms=body.jitter_ms, loss=body.loss, data=data,
+    )
+    if not await _insert_once(session, row):
         return False
     if host.latest_network is None or str(host.latest_network.get("measured_at", "")) <= data["measured_at"]:
         host.latest_network = data
@@ -259,11 +255,7 @@ async def handle_workload_logs(session: AsyncSession, envelope: protocol.BusEnve
     if rental is None or rental.host_id != host.id:
         log.warning("host %s sent logs for rental %s it does not run; dropped", host.id, body.rental_id)
         return False
-    try:
-        async with session.begin_nested():
-            session.add(RentalLogChunk(rental_id=rental.id, offset=body.offset, length=body.length, data=body.data))
-            await session.flush()
-    except IntegrityError:
+    if not await _insert_once(session, RentalLogChunk(rental_id=rental.id, offset=body.offset, length=body.length, data=body.data)):
         return False
     # Keep the newest MAX_LOG_BYTES_PER_RENTAL: drop chunks that end before that window.
     newest_end = body.offset + body.length
