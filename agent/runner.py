@@ -32,6 +32,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
@@ -45,7 +46,15 @@ from agent.spool import SqliteSpool
 from agent.state import AgentState, SequenceLease, atomic_write
 from agent.workloads import WorkloadManager
 from shared import protocol
-from shared.crypto import client_ssl_context
+from shared.crypto import (
+    client_ssl_context,
+    generate_private_key,
+    host_id_from_certificate,
+    load_certificate,
+    load_private_key,
+    make_csr,
+    write_private_key,
+)
 from shared.errors import ConfigError, GpumarketError, ProtocolError
 
 log = logging.getLogger(__name__)
@@ -118,6 +127,8 @@ class AgentTimings:
     reconnect_base_delay: float = 0.5
     reconnect_max_delay: float = 30.0
     stable_after: float = 10.0  # a connection up this long resets the back-off
+    renew_at_fraction: float = 0.7  # renew the certificate when this much of its lifetime has passed
+    renewal_retry: float = 300.0  # ask again if no certificate came back within this
 
 
 class Agent:
@@ -147,6 +158,7 @@ class Agent:
         identity = state.identity()
         self.state = state
         self.host_id = identity.host_id
+        self._check_certificate()
         self.backend = backend
         self.region = region
         self.timings = timings or AgentTimings()
@@ -177,10 +189,28 @@ class Agent:
         self._ws: ClientConnection | None = None
         self._started = time.monotonic()
         self.connected = asyncio.Event()
+        self._renewed = asyncio.Event()
         self.relay_id: str | None = None
         self.relay_url: str | None = None
         self.connections = 0
         self.samples_taken = 0
+
+    def _check_certificate(self) -> None:
+        """Load the certificate's lifetime; an expired one means re-enrolling (a token is needed)."""
+        cert = load_certificate(self.state.cert_file.read_bytes())
+        self.cert_not_before = cert.not_valid_before_utc
+        self.cert_not_after = cert.not_valid_after_utc
+        if self.cert_not_after <= datetime.now(UTC):
+            raise ConfigError(
+                f"this host's certificate expired at {self.cert_not_after:%Y-%m-%d %H:%M UTC}: an agent that stayed offline "
+                "past its certificate's lifetime must enroll again with a new token (move the data dir "
+                f"{self.state.dir} away, then run `gpumarket agent enroll --master URL --token TOKEN`)"
+            )
+
+    @property
+    def renew_at(self) -> datetime:
+        lifetime = self.cert_not_after - self.cert_not_before
+        return self.cert_not_before + lifetime * self.timings.renew_at_fraction
 
     def _ssl(self) -> ssl.SSLContext:
         return client_ssl_context(self.state.ca_file, cert_file=self.state.cert_file, key_file=self.state.key_file)
@@ -271,6 +301,7 @@ class Agent:
         for rental_id in self.workloads.running():
             self._log_cursors.setdefault(rental_id, _LogCursor())
         tasks = [
+            asyncio.create_task(self._renewer(), name=f"agent-{self.host_id}-renewal"),
             asyncio.create_task(self._command_worker(), name=f"agent-{self.host_id}-commands"),
             asyncio.create_task(self._sampler(), name=f"agent-{self.host_id}-sampler"),
             asyncio.create_task(self._log_shipper(), name=f"agent-{self.host_id}-logs"),
@@ -298,6 +329,7 @@ class Agent:
             if self.directory.needs_refresh():
                 await self._refresh_directory()
             url = self.directory.next()
+            self._check_certificate()  # raises once it has expired: retrying cannot help
             started = time.monotonic()
             try:
                 await self._session(url)
@@ -412,6 +444,7 @@ class Agent:
             "start_workload": self._start_workload,
             "stop_workload": self._stop_workload,
             "measure_network": self._measure_command,
+            "install_certificate": self._install_certificate,
         }
         handler = handlers.get(command.kind)
         try:
@@ -453,6 +486,59 @@ class Agent:
             reason="exited" if exit_code is not None else "ended while the agent was not watching",
         )
         await self._emit(*self.window.workload_exited(body))
+
+    # ---- certificate renewal ----------------------------------------------------------
+
+    @property
+    def _next_key_file(self) -> Path:
+        return self.state.dir / "key.next.pem"
+
+    async def request_renewal(self) -> None:
+        """Send a CSR for a fresh key (kept in ``key.next.pem`` until the certificate arrives)."""
+        if self._next_key_file.exists():
+            key = load_private_key(self._next_key_file.read_bytes())
+        else:
+            key = generate_private_key()
+            write_private_key(self._next_key_file, key)
+        csr = make_csr(key, self.host_id).decode()
+        await self._emit(*self.window.renew_certificate(protocol.RenewCertificateBody(csr=csr)))
+        log.info("host %s asked for a new certificate (current one valid until %s)", self.host_id, self.cert_not_after)
+
+    async def _renewer(self) -> None:
+        while True:
+            wait = (self.renew_at - datetime.now(UTC)).total_seconds()
+            if wait > 0:
+                await asyncio.sleep(min(wait, 3600.0))
+                continue
+            await self.connected.wait()
+            self._renewed.clear()
+            await self.request_renewal()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.timings.renewal_retry):
+                    await self._renewed.wait()
+
+    async def _install_certificate(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Install a renewed certificate for the key we generated; idempotent."""
+        pem = str(args["certificate"]).encode()
+        cert = load_certificate(pem)
+        if host_id_from_certificate(cert) != self.host_id:
+            raise ConfigError("the certificate offered is for another host; not installed")
+        offered = cert.public_key().public_numbers()  # type: ignore[union-attr]
+        candidates = [self._next_key_file, self.state.key_file]
+        match = next(
+            (f for f in candidates if f.exists() and load_private_key(f.read_bytes()).public_key().public_numbers() == offered),
+            None,
+        )
+        if match is None:
+            raise ConfigError("the certificate offered does not match this host's key; not installed")
+        atomic_write(self.state.ca_file, str(args.get("ca_certificate") or self.state.ca_file.read_text()).encode())
+        atomic_write(self.state.cert_file, pem)
+        if match == self._next_key_file:
+            self._next_key_file.replace(self.state.key_file)  # atomic: cert and key now belong together
+        self._check_certificate()
+        self._renewed.set()
+        log.info("host %s installed a new certificate valid until %s", self.host_id, self.cert_not_after)
+        return {"serial": format(cert.serial_number, "040x"), "not_after": self.cert_not_after.isoformat()}
 
     # ---- network ----------------------------------------------------------------------
 

@@ -24,17 +24,20 @@ from master.api.middleware import auth_middleware, errors_middleware
 from master.api.routes import add_routes
 from master.context import Master
 from master.db import Database, sqlite_url
-from master.ingest import Ingestor, command_resender, heartbeat_monitor
+from master.ingest import Ingestor, command_resender, heartbeat_monitor, revocation_publisher
 from shared.bus import Bus, open_bus
 from shared.clock import Clock, SystemClock
 from shared.crypto import CertificateAuthority
 from shared.errors import ConfigError
+from shared.registry import Registry, open_registry
 from shared.settings import MasterSettings
 
 log = logging.getLogger(__name__)
 
 
-async def open_master(settings: MasterSettings, *, bus: Bus | None = None, clock: Clock | None = None) -> Master:
+async def open_master(
+    settings: MasterSettings, *, bus: Bus | None = None, clock: Clock | None = None, registry: Registry | None = None
+) -> Master:
     """Open the database (and migrate it), the bus and the CA. Close with ``close_master``."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     url = settings.database_url or sqlite_url(settings.data_dir / "gpumarket.db")
@@ -51,12 +54,17 @@ async def open_master(settings: MasterSettings, *, bus: Bus | None = None, clock
         bus = await open_bus(settings.redis_url, prefix=settings.bus_prefix)
     ca = CertificateAuthority.load_or_create(settings.data_dir / "ca")
     instance = settings.instance_id or f"{socket.gethostname()}-{os.getpid()}"
-    return Master(settings=settings, db=db, bus=bus, ca=ca, clock=clock or SystemClock(), instance_id=instance)
+    if registry is None:
+        registry = await open_registry(settings.redis_url, prefix=settings.bus_prefix)
+    return Master(
+        settings=settings, db=db, bus=bus, ca=ca, clock=clock or SystemClock(), instance_id=instance, registry=registry
+    )
 
 
 async def close_master(master: Master, *, close_bus: bool = True) -> None:
     if close_bus:
         await master.bus.close()
+        await master.registry.close()
     await master.db.close()
 
 
@@ -82,6 +90,7 @@ def create_app(master: Master, *, background: bool = True) -> web.Application:
         app.cleanup_ctx.append(_background("ingest", ingestor.run))
         app.cleanup_ctx.append(_background("heartbeat-monitor", lambda: heartbeat_monitor(master)))
         app.cleanup_ctx.append(_background("command-resender", lambda: command_resender(master)))
+        app.cleanup_ctx.append(_background("revocation-publisher", lambda: revocation_publisher(master)))
     return app
 
 

@@ -9,6 +9,7 @@ from master.db import Database
 from shared.bus import Bus
 from shared.clock import Clock, SystemClock
 from shared.crypto import CertificateAuthority
+from shared.registry import MemoryRegistry, Registry
 from shared.settings import MasterSettings
 
 log = logging.getLogger(__name__)
@@ -22,3 +23,4 @@ class Master:
     ca: CertificateAuthority
     clock: Clock = field(default_factory=SystemClock)
     instance_id: str = "master"
+    registry: Registry = field(default_factory=MemoryRegistry)

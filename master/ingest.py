@@ -12,7 +12,7 @@ import asyncio
 import logging
 
 from master.context import Master
-from master.services import commands, hosts
+from master.services import commands, enrollment, hosts
 from shared import protocol
 from shared.bus import BusMessage
 from shared.errors import BusError, ProtocolError
@@ -123,6 +123,9 @@ class Ingestor:
                         await hosts.handle_workload_exited(session, envelope)
                     case protocol.WorkloadLogs():
                         await hosts.handle_workload_logs(session, envelope)
+                    case protocol.RenewCertificate():
+                        command_id = await enrollment.renew(self.master, session, envelope)
+                        resend = [command_id] if command_id else []
         except hosts.UnknownHost:
             log.warning("message from unknown host %s via %s dropped", envelope.message.host_id, envelope.relay_id)
             return
@@ -145,6 +148,16 @@ async def heartbeat_monitor(master: Master, *, every: float | None = None) -> No
                 log.warning("hosts offline after %gs of silence: %s", deadline, ", ".join(gone))
         except Exception:
             log.exception("heartbeat monitor pass failed; retrying next interval")
+
+
+async def revocation_publisher(master: Master, *, every: float = 30.0) -> None:
+    """Re-publish revoked certificate serials from the database to the registry. Cancel to stop."""
+    while True:
+        try:
+            await enrollment.publish_revocations(master)
+        except Exception:
+            log.exception("publishing revocations failed; retrying next interval")
+        await asyncio.sleep(every)
 
 
 async def command_resender(master: Master, *, every: float | None = None) -> None:

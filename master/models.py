@@ -105,6 +105,8 @@ class Host(Base):
     latest_telemetry_seq: Mapped[int] = mapped_column(BigInteger, default=-1)
     latest_telemetry_at: Mapped[datetime | None] = mapped_column(default=None)
     last_hello_seq: Mapped[int] = mapped_column(BigInteger, default=-1)
+    last_renewal_seq: Mapped[int] = mapped_column(BigInteger, default=-1)
+    revoked_at: Mapped[datetime | None] = mapped_column(default=None)
     latest_network: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     spool_stats: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     created_at: Mapped[datetime] = mapped_column(default=_now)

@@ -221,6 +221,12 @@ class WorkloadExitedBody(_Strict):
     reason: Annotated[str, Field(max_length=1024)] = ""
 
 
+class RenewCertificateBody(_Strict):
+    """A CSR for a new key of this host; answered with an ``install_certificate`` command."""
+
+    csr: Annotated[str, Field(min_length=64, max_length=16384)]
+
+
 MAX_LOG_CHUNK = 64 << 10
 
 
@@ -253,7 +259,7 @@ class AckBody(_Strict):
     seq: int = Field(ge=0)
 
 
-COMMAND_KINDS = ("start_workload", "stop_workload", "measure_network")
+COMMAND_KINDS = ("start_workload", "stop_workload", "measure_network", "install_certificate")
 
 
 class CommandBody(_Strict):
@@ -320,10 +326,18 @@ class WorkloadLogs(_AgentEnvelope):
     body: WorkloadLogsBody
 
 
-AnyAgentMessage = Hello | Heartbeat | Telemetry | CommandResult | GpuEvents | NetworkReport | WorkloadExited | WorkloadLogs
+class RenewCertificate(_AgentEnvelope):
+    type: Literal["renew_certificate"] = "renew_certificate"
+    body: RenewCertificateBody
+
+
+AnyAgentMessage = (
+    Hello | Heartbeat | Telemetry | CommandResult | GpuEvents | NetworkReport | WorkloadExited | WorkloadLogs | RenewCertificate
+)
 AgentMessage = Annotated[AnyAgentMessage, Field(discriminator="type")]
 AGENT_TYPES = frozenset(
-    {"hello", "heartbeat", "telemetry", "command_result", "gpu_events", "network_report", "workload_exited", "workload_logs"}
+    {"hello", "heartbeat", "telemetry", "command_result", "gpu_events", "network_report", "workload_exited", "workload_logs",
+     "renew_certificate"}
 )
 
 
@@ -593,6 +607,9 @@ class OutboundWindow:
 
     def workload_logs(self, body: WorkloadLogsBody, ts: datetime | None = None) -> tuple[int, str]:
         return self._envelope(WorkloadLogs, body, ts)
+
+    def renew_certificate(self, body: RenewCertificateBody, ts: datetime | None = None) -> tuple[int, str]:
+        return self._envelope(RenewCertificate, body, ts)
 
     def ack(self, seq: int) -> bool:
         """Forget an acknowledged message; returns whether it was outstanding."""

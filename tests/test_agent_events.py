@@ -215,3 +215,104 @@ class TestMetricsAndHello:
         async with world.master.db.session() as session:
             present = {g.uuid: g.present for g in (await session.scalars(select(Gpu).where(Gpu.host_id == host_id))).all()}
         assert present == {gpus[0].uuid: True, gpus[1].uuid: False}
+
+
+class TestCertificates:
+    async def _renew(self, world: World, host_id: str, seq: int, csr: str) -> str | None:
+        from master.services import enrollment
+
+        message = protocol.RenewCertificate(host_id=host_id, seq=seq, ts=_now(), body=protocol.RenewCertificateBody(csr=csr))
+        async with world.master.db.session() as session:
+            return await enrollment.renew(world.master, session, envelope(message))
+
+    async def test_renewal_signs_a_new_certificate_once_per_request(self, world: World) -> None:
+        """A renewal CSR over the authenticated channel yields one install_certificate command; a redelivery none."""
+        from shared.crypto import generate_private_key, host_id_from_certificate, load_certificate, make_csr
+
+        host_id = await online_host(world.master, world.provider, [gpu_info(0)])
+        async with world.master.db.session() as session:
+            old_serial = (await session.get(Host, host_id)).cert_serial  # type: ignore[union-attr]
+        csr = make_csr(generate_private_key(), "forged-subject").decode()
+        command_id = await self._renew(world, host_id, 50, csr)
+        assert command_id is not None
+        assert await self._renew(world, host_id, 50, csr) is None
+        async with world.master.db.session() as session:
+            command = await session.get(Command, command_id)
+            host = await session.get(Host, host_id)
+        assert command is not None and command.kind == "install_certificate"
+        cert = load_certificate(command.args["certificate"].encode())
+        assert host_id_from_certificate(cert) == host_id  # the CSR's forged subject is ignored
+        assert host is not None and host.cert_serial != old_serial and host.cert_serial == format(cert.serial_number, "040x")
+
+    async def test_a_revoked_host_cannot_renew_and_its_messages_are_dropped(self, world: World) -> None:
+        """After revocation, renewal is refused and telemetry from the host is not stored."""
+        from master.services import enrollment
+        from shared.crypto import generate_private_key, make_csr
+
+        gpus = [gpu_info(0)]
+        host_id = await online_host(world.master, world.provider, gpus)
+        await enrollment.revoke_host(world.master, world.provider, host_id)
+        assert await self._renew(world, host_id, 60, make_csr(generate_private_key(), "x").decode()) is None
+        with pytest.raises(hosts.UnknownHost):
+            await _apply(world.master, telemetry(host_id, 61, gpus))
+
+
+class TestRevocation:
+    async def test_the_owner_revokes_and_everything_follows(self, world: World) -> None:
+        """Revoking fails the host's rentals, frees and hides its GPUs, and publishes its serial to the relays."""
+        gpus = [gpu_info(0), gpu_info(1)]
+        host_id = await online_host(world.master, world.provider, gpus)
+        rental = await world.running_rental(host_id, gpus)
+        headers = {"Authorization": f"Bearer {world.provider_key}"}
+        async with world.client.post(f"/api/v1/hosts/{host_id}/revoke", headers=headers) as response:
+            assert response.status == 200
+            assert (await response.json())["state"] == "revoked"
+        async with world.client.post(f"/api/v1/hosts/{host_id}/revoke", headers=headers) as response:
+            assert response.status == 200  # idempotent
+        async with world.master.db.session() as session:
+            host = await session.get(Host, host_id)
+            again = await session.get(Rental, rental.id)
+            offered = await session.scalar(select(func.count()).select_from(Gpu).where(Gpu.host_id == host_id, Gpu.present.is_(True)))
+        assert host is not None and again is not None and again.state == "failed" and offered == 0
+        assert again.failure_reason == "the host was revoked"
+        assert await world.master.registry.is_revoked(host.cert_serial or "")
+        _, offers = await world.get("/offers")
+        assert all(o["host_id"] != host_id for o in offers["items"])
+
+    async def test_only_the_owner_or_an_admin_may_revoke(self, world: World) -> None:
+        """Another provider gets 404 and a renter 403; nothing changes."""
+        host_id = await online_host(world.master, world.provider, [gpu_info(0)])
+        _, other_key = await create_principal(world.master, "p-other", "provider")
+        for key, expected in ((other_key, 404), (world.renter_key, 403)):
+            async with world.client.post(f"/api/v1/hosts/{host_id}/revoke", headers={"Authorization": f"Bearer {key}"}) as r:
+                assert r.status == expected
+        async with world.master.db.session() as session:
+            host = await session.get(Host, host_id)
+        assert host is not None and host.state == "online"
+
+    async def test_revocations_are_republished_into_an_empty_registry(self, world: World) -> None:
+        """A registry that lost its data (a Redis restart) is refilled from the database."""
+        from master.services import enrollment
+        from shared.registry import MemoryRegistry
+
+        host_id = await online_host(world.master, world.provider, [gpu_info(0)])
+        await enrollment.revoke_host(world.master, world.provider, host_id)
+        world.master.registry = MemoryRegistry()
+        assert await enrollment.publish_revocations(world.master) == 1
+        async with world.master.db.session() as session:
+            serial = (await session.get(Host, host_id)).cert_serial  # type: ignore[union-attr]
+        assert await world.master.registry.is_revoked(serial or "")
+
+    async def test_relays_are_listed_for_admins_only(self, world: World) -> None:
+        """GET /relays shows live relays with load to an admin and refuses others."""
+        from shared.registry import RelayRecord
+
+        await world.master.registry.put_relay(
+            RelayRecord(relay_id="eu-1", region="eu", url="wss://eu-1:8443/v1/agent", host="eu-1", port=8443,
+                        connections=3, capacity=10, draining=False, updated_at=_now().timestamp()), ttl=30,
+        )
+        _, admin_key = await create_principal(world.master, "root", "admin")
+        status, body = await world.get("/relays", key=admin_key)
+        assert status == 200 and [(r["relay_id"], r["spare"], r["status"]) for r in body["items"]] == [("eu-1", 7, "ok")]
+        status, _ = await world.get("/relays")
+        assert status == 403

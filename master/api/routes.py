@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -214,6 +215,21 @@ async def start_network_test(request: web.Request) -> web.Response:
     return web.json_response({"command_id": command_id, "host_id": request.match_info["host_id"]}, status=202)
 
 
+async def revoke_host(request: web.Request) -> web.Response:
+    host = await enrollment.revoke_host(request.app[MASTER], principal(request), request.match_info["host_id"])
+    return web.json_response({"id": host.id, "state": host.state, "revoked_at": host.revoked_at.isoformat() if host.revoked_at else None})
+
+
+async def list_relays(request: web.Request) -> web.Response:
+    master = request.app[MASTER]
+    now = time.time()
+    items = [
+        {**asdict(r), "spare": r.spare, "age_s": round(now - r.updated_at, 3), "status": "draining" if r.draining else "ok"}
+        for r in await master.registry.relays()
+    ]
+    return web.json_response({"items": items, "total": len(items)})
+
+
 async def get_rental_logs(request: web.Request) -> web.Response:
     offset = int_query(request, "offset", 0, minimum=0, maximum=1 << 62)
     limit = int_query(request, "limit", 64 << 10, minimum=1, maximum=1 << 20)
@@ -316,6 +332,9 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/rentals", create_rental, "Rent GPUs.", roles=("renter",), body=RentalCreate, success=201, headers=("Idempotency-Key",), errors=(409, 422)),
     Route("GET", "/rentals", list_rentals, "Your rentals, newest first.", query=PAGING),
     Route("GET", "/rentals/{rental_id}", get_rental, "One rental with its state history.", errors=(404,)),
+    Route("POST", "/hosts/{host_id}/revoke", revoke_host, "Revoke a host: refuse its certificate and close its connections.",
+          roles=("provider",), errors=(404,)),
+    Route("GET", "/relays", list_relays, "Live relays with their region, load and draining flag.", roles=("admin",)),
     Route("GET", "/rentals/{rental_id}/logs", get_rental_logs, "The workload's output from a byte offset.",
           query=(QueryParam("offset", "integer", "Byte offset to read from.", 0, 1 << 62), QueryParam("limit", "integer", "Bytes at most.", 1, 1 << 20)),
           errors=(404,)),

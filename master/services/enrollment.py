@@ -11,11 +11,15 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
-from master.models import EnrollmentToken, Host
-from master.services.hoststate import record_initial_state
-from shared.errors import EnrollmentError
+from master.models import EnrollmentToken, Gpu, Host, Rental
+from master.services import commands, rentals
+from master.services.accounts import Principal
+from master.services.hoststate import record_initial_state, transition
+from shared import protocol
+from shared.errors import EnrollmentError, NotFound
 from shared.ids import new_id, new_secret, secret_hash
 
 log = logging.getLogger(__name__)
@@ -84,3 +88,89 @@ async def enroll(master: Master, token: str, csr_pem: str, *, hostname: str = ""
         relay_urls=list(master.settings.relay_urls),
         not_after=issued.not_after,
     )
+
+
+async def renew(master: Master, session: AsyncSession, envelope: protocol.BusEnvelope) -> str | None:
+    """Sign a connected agent's renewal CSR; returns the id of the ``install_certificate`` command.
+
+    The request arrived over the agent's authenticated connection (the relay checked its
+    certificate and that it names this host), so no token is needed. Once per
+    ``(host, seq)``: a redelivered request signs nothing new.
+    """
+    message = envelope.message
+    assert isinstance(message, protocol.RenewCertificate)
+    host = await session.get(Host, message.host_id, with_for_update=True)
+    if host is None or host.state == "revoked":
+        log.warning("renewal from %s refused: %s", message.host_id, "unknown host" if host is None else "host is revoked")
+        return None
+    if message.seq <= host.last_renewal_seq:
+        return None
+    try:
+        issued = master.ca.sign_agent_csr(
+            message.body.csr.encode(), host_id=host.id, validity=timedelta(hours=master.settings.agent_cert_hours)
+        )
+    except EnrollmentError as exc:
+        log.warning("renewal from %s refused: %s", host.id, exc)
+        host.last_renewal_seq = message.seq
+        return None
+    host.last_renewal_seq = message.seq
+    host.cert_serial, host.cert_not_after = issued.serial_hex, issued.not_after
+    command = commands.new_command(
+        session,
+        host_id=host.id,
+        kind="install_certificate",
+        args={"certificate": issued.cert_pem.decode(), "ca_certificate": master.ca.cert_pem.decode()},
+        rental_id=None,
+    )
+    log.info("host %s renewed its certificate (serial %s, until %s)", host.id, issued.serial_hex, issued.not_after)
+    return command.id
+
+
+async def revoke_host(master: Master, principal: Principal, host_id: str) -> Host:
+    """Revoke a host: its certificate is refused from now on and open connections are closed.
+
+    Its active rentals fail (the host can no longer be trusted to run them) and free their
+    GPUs. Idempotent: revoking a revoked host changes nothing.
+    """
+    now = master.clock.now()
+    async with master.db.session() as session:
+        host = await session.get(Host, host_id, with_for_update=True)
+        if host is None or (principal.role != "admin" and host.owner_id != principal.account_id):
+            raise NotFound(f"no host {host_id!r} among your hosts", code="host_not_found")
+        if host.state != "revoked":
+            transition(session, host, "revoked", cause=f"revoked by {principal.name}", actor=f"account:{principal.account_id}")
+            host.revoked_at = now
+            active = (
+                await session.scalars(
+                    select(Rental).where(Rental.host_id == host.id, Rental.state.in_(rentals.ACTIVE_STATES)).with_for_update()
+                )
+            ).all()
+            for rental in active:
+                await rentals.fail_rental(session, rental, reason="the host was revoked", at=now)
+            await session.execute(update(Gpu).where(Gpu.host_id == host.id).values(present=False))
+    await publish_revocations(master, [host])
+    log.warning("host %s revoked by %s", host_id, principal.name)
+    return host
+
+
+async def publish_revocations(master: Master, hosts: list[Host] | None = None) -> int:
+    """Tell the relays (through the registry) which certificate serials to refuse.
+
+    Called on revocation and periodically from the database, so a registry that lost its
+    data (a Redis restart) is refilled within one period.
+    """
+    if hosts is None:
+        async with master.db.session() as session:
+            hosts = list(
+                (
+                    await session.scalars(
+                        select(Host).where(Host.state == "revoked", Host.cert_not_after > master.clock.now())
+                    )
+                ).all()
+            )
+    count = 0
+    for host in hosts:
+        if host.cert_serial and host.cert_not_after:
+            await master.registry.revoke(host.cert_serial, until=host.cert_not_after.timestamp())
+            count += 1
+    return count

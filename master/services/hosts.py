@@ -57,7 +57,8 @@ async def _insert_once(session: AsyncSession, row: object) -> bool:
 
 async def _load_host(session: AsyncSession, host_id: str) -> Host:
     host = await session.get(Host, host_id)
-    if host is None:
+    if host is None or host.state == "revoked":
+        # A revoked host's messages still in flight are dropped like an unknown host's.
         raise UnknownHost(host_id)
     return host
 

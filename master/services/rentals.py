@@ -269,6 +269,14 @@ async def apply_workload_exit(
         await _release(session, rental)
 
 
+async def fail_rental(session: AsyncSession, rental: Rental, *, reason: str, at: datetime) -> None:
+    """End an active rental as failed (its host is gone or untrusted) and free its GPUs."""
+    if _set_state(session, rental, "failed", reason):
+        rental.failure_reason = reason
+        rental.stopped_at = at
+        await session.execute(update(Gpu).where(Gpu.rental_id == rental.id).values(rental_id=None))
+
+
 async def _release(session: AsyncSession, rental: Rental) -> None:
     await session.execute(update(Gpu).where(Gpu.rental_id == rental.id).values(rental_id=None))
     host = await session.get(Host, rental.host_id)
