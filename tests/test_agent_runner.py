@@ -359,3 +359,88 @@ class TestBackoff:
         assert len({round(d, 6) for d in fleet}) == 50
         agent.spool.close()
 
+
+
+class TestCertificates:
+    async def test_renewal_installs_a_new_key_and_certificate_used_by_the_next_connection(self, harness: Harness) -> None:
+        """The agent sends a CSR for a fresh key; the signed certificate it gets back is installed and used to reconnect."""
+        from cryptography import x509
+
+        from shared.crypto import host_id_from_der, load_certificate
+
+        relay = await harness.relay("relay-a")
+        old_cert = harness.state.cert_file.read_bytes()
+        agent = harness.agent([relay.url])
+        async with running(agent):
+            await agent.connected.wait()
+            await agent.request_renewal()
+
+            async def csr() -> str | None:
+                found = [m.body.csr for m in await harness.of_type(protocol.RenewCertificate)]
+                return found[0] if found else None
+
+            request = await eventually(csr, what="renewal request on the bus")
+            assert x509.load_pem_x509_csr(request.encode()).is_signature_valid
+            issued = harness.ca.sign_agent_csr(request.encode(), host_id=HOST)
+            await harness.command(relay, "cmd-cert", "install_certificate",
+                                  {"certificate": issued.cert_pem.decode(), "ca_certificate": harness.ca.cert_pem.decode()})
+            result = await harness.result("cmd-cert")
+            assert result.ok, result.detail
+            assert harness.state.cert_file.read_bytes() == issued.cert_pem != old_cert
+            assert not (harness.state.dir / "key.next.pem").exists()
+            # Reconnect: the relay must see the new certificate (and the key must match it, or TLS would fail).
+            first = relay.agents[HOST].connection
+            await first.close(1012, "test restart")
+
+            def peer_serial() -> int | None:
+                link = relay.agents.get(HOST)
+                if link is None or link.connection is first:
+                    return None
+                der = link.connection.transport.get_extra_info("ssl_object").getpeercert(binary_form=True)
+                assert host_id_from_der(der) == HOST
+                return x509.load_der_x509_certificate(der).serial_number
+
+            async def reconnected() -> int | None:
+                return peer_serial()
+
+            serial = await eventually(reconnected, what="reconnected with the new certificate")
+        assert serial == load_certificate(issued.cert_pem).serial_number
+
+    async def test_a_certificate_for_another_key_is_not_installed(self, harness: Harness) -> None:
+        """An install_certificate whose certificate does not match our key is refused and changes nothing."""
+        from shared.crypto import generate_private_key, make_csr
+
+        relay = await harness.relay("relay-a")
+        before = harness.state.cert_file.read_bytes()
+        async with running(harness.agent([relay.url])) as agent:
+            await agent.connected.wait()
+            foreign = harness.ca.sign_agent_csr(make_csr(generate_private_key(), "x"), host_id=HOST)
+            await harness.command(relay, "cmd-bad", "install_certificate", {"certificate": foreign.cert_pem.decode()})
+            result = await harness.result("cmd-bad")
+        assert not result.ok and "does not match" in result.detail
+        assert harness.state.cert_file.read_bytes() == before
+
+    def test_an_expired_certificate_means_enrolling_again(self, tmp_path: Path) -> None:
+        """An agent whose certificate expired while it was offline refuses to start and says to re-enroll with a new token."""
+        from datetime import UTC, datetime, timedelta
+
+        from shared.crypto import generate_private_key, make_csr
+        from shared.errors import ConfigError
+
+        harness = Harness(tmp_path)
+        key = generate_private_key()
+        from shared.crypto import write_private_key
+
+        write_private_key(harness.state.key_file, key)
+        old = harness.ca.sign_agent_csr(make_csr(key, "x"), host_id=HOST, validity=timedelta(hours=1),
+                                        now=datetime.now(UTC) - timedelta(hours=2))
+        harness.state.cert_file.write_bytes(old.cert_pem)
+        with pytest.raises(ConfigError, match="new token"):
+            harness.agent(["wss://127.0.0.1:1/v1/agent"])
+
+    def test_renewal_is_due_at_seventy_percent_of_the_lifetime(self, harness: Harness) -> None:
+        """renew_at lies 70 % of the way from not-before to not-after."""
+        agent = harness.agent(["wss://127.0.0.1:1/v1/agent"])
+        lifetime = agent.cert_not_after - agent.cert_not_before
+        assert agent.renew_at == agent.cert_not_before + lifetime * 0.7
+        agent.spool.close()
