@@ -160,6 +160,7 @@ async def resolve_relays(
     default_port: int = 8443,
     max_candidates: int = 32,
     rng: random.Random | None = None,
+    source: str | None = None,
 ) -> list[RelayCandidate]:
     """The relays ``zone`` publishes, in RFC 2782 order, at most ``max_candidates``.
 
@@ -199,7 +200,7 @@ async def resolve_relays(
         if remaining <= 0:
             raise timed_out(name)
         try:
-            return await dns_resolver.resolve(name, rdtype, search=False, lifetime=remaining)
+            return await dns_resolver.resolve(name, rdtype, search=False, lifetime=remaining, source=source)
         except (dns.resolver.NXDOMAIN, dns.resolver.NoAnswer):
             return None
         except dns.exception.Timeout:
@@ -383,6 +384,7 @@ class RelayDirectory:
         static_urls: Sequence[str],
         resolver: str | None = None,
         resolver_port: int = 53,
+        source: str | None = None,  # local address DNS queries come from (multi-homed hosts, tests)
         # Timeouts and intervals (seconds)
         refresh_interval: float = 300.0,
         failure_cooldown: float = 30.0,
@@ -407,6 +409,7 @@ class RelayDirectory:
         self.zone = zone
         self.resolver = resolver
         self.resolver_port = resolver_port
+        self.source = source
         self.refresh_interval = refresh_interval
         self.failure_cooldown = failure_cooldown
         self.dns_timeout = dns_timeout
@@ -452,6 +455,7 @@ class RelayDirectory:
                     self.zone,
                     resolver=self.resolver,
                     resolver_port=self.resolver_port,
+                    source=self.source,
                     timeout=self.dns_timeout,
                     path=self.path,
                     default_port=self.default_port,

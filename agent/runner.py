@@ -141,6 +141,7 @@ class Agent:
         zone: str | None = None,
         resolver: str | None = None,
         resolver_port: int = 53,
+        resolver_source: str | None = None,
         region: str | None = None,
         timings: AgentTimings | None = None,
         network_probes: int = 20,
@@ -173,7 +174,9 @@ class Agent:
                 "no relay to connect to: set GPUMARKET_ZONE (DNS discovery) or GPUMARKET_RELAY_URL, "
                 "or enroll with a master that lists relays"
             )
-        self.directory = RelayDirectory(zone=zone, static_urls=list(static), resolver=resolver, resolver_port=resolver_port)
+        self.directory = RelayDirectory(
+            zone=zone, static_urls=list(static), resolver=resolver, resolver_port=resolver_port, source=resolver_source
+        )
         self.lease = SequenceLease(state.lease_file)
         self.spool = SqliteSpool(state.dir / "spool.db", max_messages=spool_max_messages, max_bytes=spool_max_bytes)
         self.window = protocol.OutboundWindow(self.host_id, first_seq=self.lease.start, store=self.spool)
