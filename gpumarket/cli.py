@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.errors import GpumarketError
-from shared.settings import AccessSettings, AgentSettings, MasterSettings, ServiceSettings
+from shared.settings import AccessSettings, AgentSettings, DnsSettings, MasterSettings, ServiceSettings
 
 log = logging.getLogger("gpumarket")
 
@@ -73,9 +73,17 @@ def cmd_master(args: argparse.Namespace) -> None:
 def cmd_access(args: argparse.Namespace) -> None:
     from access.service import serve_access
 
-    settings = AccessSettings.load(args.config, port=args.port)
+    settings = AccessSettings.load(args.config, port=args.port, region=args.region, relay_id=args.relay_id)
     _setup_logging(settings.log_level)
     _run_until_signal(lambda stop: serve_access(settings, stop=stop))
+
+
+def cmd_dns(args: argparse.Namespace) -> None:
+    from access.geodns import serve_dns
+
+    settings = DnsSettings.load(args.config, port=args.port, zone=args.zone)
+    _setup_logging(settings.log_level)
+    _run_until_signal(lambda stop: serve_dns(settings, stop=stop))
 
 
 def cmd_agent_run(args: argparse.Namespace) -> None:
@@ -183,7 +191,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config(access)
     access.add_argument("--port", type=int, metavar="P", help="overrides GPUMARKET_PORT")
+    access.add_argument("--region", metavar="R", help="the region this relay serves (overrides GPUMARKET_REGION)")
+    access.add_argument("--relay-id", metavar="ID", help="unique relay name (overrides GPUMARKET_RELAY_ID)")
     access.set_defaults(func=cmd_access)
+
+    dns = sub.add_parser(
+        "dns", help="run the geo DNS server for the relay zone", epilog=_settings_epilog(DnsSettings), formatter_class=formatter,
+        description="Authoritative DNS (UDP and TCP) for the relay zone: answers _gpumarket._tcp.ZONE SRV and ZONE A/AAAA "
+        "with the healthy relays nearest to the asker, from the relay registry in Redis.",
+    )
+    _add_config(dns)
+    dns.add_argument("--port", type=int, metavar="P", help="overrides GPUMARKET_PORT")
+    dns.add_argument("--zone", metavar="ZONE", help="overrides GPUMARKET_ZONE")
+    dns.set_defaults(func=cmd_dns)
 
     agent = sub.add_parser(
         "agent", help="the provider agent (run, enroll)", epilog=_settings_epilog(AgentSettings), formatter_class=formatter,

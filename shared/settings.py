@@ -154,6 +154,19 @@ class AccessSettings(ServiceSettings):
     max_connections: int = Field(10_000, ge=1, le=1_000_000, description="Agents one relay process accepts at once.")
     heartbeat_interval: float = Field(10.0, gt=0, le=3600, description="Heartbeat interval the relay asks agents for (match the master's).")
     telemetry_interval: float = Field(10.0, gt=0, le=3600, description="Telemetry interval the relay asks agents for.")
+    close_timeout: float = Field(2.0, gt=0, le=60, description="Seconds to wait for an agent to answer a websocket close before dropping it.")
+    drain_timeout: float = Field(5.0, gt=0, le=600, description="On shutdown, seconds allowed for telling every agent to move and for their handlers to finish.")
+    max_messages_per_second: float = Field(50.0, gt=0, le=100_000, description="Sustained messages per second one agent may send; beyond it (and its burst) the agent is closed with 4004.")
+    message_burst: int = Field(100, ge=1, le=1_000_000, description="Messages one agent may send at once above its per-second rate.")
+    max_connections_per_source_per_minute: float = Field(30.0, gt=0, le=1_000_000, description="Sustained new agent connections per minute from one source IP; beyond it (and its burst) HTTP 429.")
+    connection_burst_per_source: int = Field(10, ge=1, le=1_000_000, description="New connections one source IP may open at once above its per-minute rate.")
+    max_tracked_sources: int = Field(100_000, ge=1, le=10_000_000, description="Source IPs whose connection rate is remembered; beyond it the least recently seen are forgotten.")
+    public_url: str | None = Field(None, description="wss:// URL agents reach this relay at, as published in the relay registry (default: wss://PUBLIC_HOST:PUBLIC_PORT/v1/agent).")
+    public_host: str | None = Field(None, description="Public name or address of this relay for the registry and DNS (default: from PUBLIC_URL, else HOST).")
+    public_port: int | None = Field(None, ge=1, le=65535, description="Public port of this relay (default: from PUBLIC_URL, else the bound port).")
+    register_interval: float = Field(5.0, gt=0, le=3600, description="Seconds between refreshes of this relay's registry record (it expires after three missed ones).")
+    revocation_poll_interval: float = Field(2.0, gt=0, le=3600, description="Seconds between reads of the revoked-certificate list; revoked agents are closed with 4005.")
+    registry_timeout: float = Field(2.0, gt=0, le=60, description="Seconds one registry call (publish, revocation read) may take before it counts as failed.")
 
 
 class AgentSettings(ServiceSettings):
@@ -175,3 +188,26 @@ class AgentSettings(ServiceSettings):
     spool_max_messages: int = Field(100_000, ge=10, le=10_000_000, description="Unacknowledged messages kept on disk before the oldest telemetry is evicted.")
     spool_max_bytes: int = Field(256 << 20, ge=1 << 20, le=16 << 30, description="Bytes of unacknowledged messages kept on disk.")
     reconnect_max_delay: float = Field(30.0, gt=0, le=3600, description="Upper bound of the reconnect back-off, in seconds.")
+
+
+class DnsSettings(ServiceSettings):
+    section: ClassVar[str] = "dns"
+
+    zone: str = Field("relays.gpumarket.local", max_length=253, pattern=r"^([A-Za-z0-9_-]{1,63}\.)*[A-Za-z0-9_-]{1,63}\.?$", description="DNS zone this server is authoritative for; agents look up _gpumarket._tcp.ZONE SRV, then ZONE A/AAAA.")
+    host: str = Field("127.0.0.1", description="Address the geo DNS listens on, UDP and TCP.")
+    port: int = Field(5353, ge=0, le=65535, description="UDP and TCP port of the geo DNS (53 behind a delegation; 0 picks a free one).")
+    redis_url: str | None = Field(None, description="Redis URL of the live relay registry (required).")
+    bus_prefix: str = Field("gpumarket:", description="Key prefix of the relay registry in Redis.")
+    ttl: int = Field(30, ge=0, le=3600, description="TTL of every answer, and of negative answers, in seconds; short so load changes spread quickly.")
+    max_answers: int = Field(4, ge=1, le=100, description="Most relays in one answer, nearest first.")
+    default_region: str = Field("local", min_length=1, description="Region of a client whose address matches none of prefix_regions.")
+    prefix_regions: dict[str, str] = Field({}, description='Client address prefix (CIDR, IPv4 or IPv6) → region; the longest matching prefix wins (JSON in env: {"10.0.0.0/8": "eu-west"}).')
+    region_distance: dict[str, float] = Field({}, description='Distance between two regions, keyed "a:b" (symmetric; a region is at 0 from itself) (JSON in env: {"eu-west:us-east": 80}).')
+    unknown_distance: float = Field(10_000.0, ge=0, le=1e9, description="Distance between two regions missing from region_distance.")
+    refresh_interval: float = Field(2.0, gt=0, le=300, description="Seconds between reloads of the live relay list from the registry (answers use the cached list).")
+    rate_limit: float = Field(100.0, gt=0, le=1e6, description="Queries per second one source address may send (IPv6: per /64); more are dropped (UDP) or refused (TCP).")
+    rate_burst: int = Field(200, ge=1, le=1_000_000, description="Queries one source may send in a burst above rate_limit.")
+    max_tcp_connections: int = Field(256, ge=1, le=100_000, description="DNS-over-TCP connections served at once; more are closed on accept.")
+    tcp_idle_timeout: float = Field(10.0, gt=0, le=300, description="Seconds a DNS-over-TCP connection may wait for the next query before it is closed.")
+    nameserver: str | None = Field(None, description="Name of this server in the zone's NS and SOA records (default: ns.ZONE).")
+    nameserver_addresses: list[str] = Field([], description="Addresses served for the nameserver name when it lies inside the zone (JSON list in env).")
