@@ -9,36 +9,77 @@ never forgets a message the master has not durably received.
 
 ``/v1/speedtest`` (same client certificate) is served by ``access.speedtest``.
 
-Shutdown sequence (``close``): stop accepting → tell every agent (and speed test) to move
-(close 1001) → wait for the handlers → stop the command consumer → release the server.
+Limits (each a keyword argument of ``Relay`` and an ``AccessSettings`` field):
+
+* per source address, new websocket connections (agent and speed test; not ``/health``)
+  are a token bucket of ``max_connections_per_source_per_minute`` with a burst of
+  ``connection_burst_per_source``. Beyond it the upgrade request is answered
+  **HTTP 429** with ``Retry-After`` (seconds), before any websocket state exists. IPv6
+  sources count per /64, since one host can rotate addresses inside its prefix. At most
+  ``max_tracked_sources`` buckets are kept: a bucket that has refilled is dropped (it is
+  the same as no bucket), and over the cap the least recently seen source is forgotten.
+  Behind a proxy that terminates TLS every connection has the proxy's address: raise the
+  limit there.
+* per agent connection, messages are a token bucket of ``max_messages_per_second`` with a
+  burst of ``message_burst``. A frame beyond it closes that connection with 4004
+  (``CLOSE_RATE_LIMITED``); the acks of everything before it are still sent first, so a
+  reconnecting agent never replays what was already forwarded.
+* ``max_connections`` agents at once (4009 beyond), ``max_outbound_queue`` frames queued
+  for one agent (4007 beyond), ``max_frame`` bytes per frame (1009 beyond).
+
+Revocation (with a ``registry``): the peer certificate's serial is checked when the
+connection opens (close 4005), and ``registry.revoked()`` is read every
+``revocation_poll_interval`` seconds; open agent connections and speed tests whose
+serial appears there are closed with 4005. A registry that fails is logged and
+retried; the relay keeps the last list it read.
+
+Registration (with a ``registry``): the relay's ``RelayRecord`` (public URL, load,
+capacity, draining) is published every ``register_interval`` seconds with a TTL of three
+intervals, so a relay that dies disappears on its own.
+
+Shutdown sequence (``close``): publish ``draining`` → stop accepting (a handshake in progress
+gets HTTP 503) → send every agent in session a ``move`` frame, after the acks already queued
+for it, then close it with 1001 (speed tests: 1001) → wait for the handlers, at most
+``drain_timeout`` seconds, then drop whatever is left → stop the command consumer and the
+registry tasks → remove the record from the registry.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import ipaddress
 import json
 import logging
+import math
 import ssl
 from dataclasses import dataclass, field
 from http import HTTPStatus
+from urllib.parse import urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
+from websockets.protocol import State
 
 from access import speedtest
 from shared import protocol
 from shared.bus import Bus
 from shared.clock import Clock, SystemClock
-from shared.crypto import host_id_from_der
-from shared.errors import BusError, GpumarketError, ProtocolError
+from shared.crypto import host_id_from_der, serial_hex_from_der
+from shared.errors import BusError, ConfigError, GpumarketError, ProtocolError
+from shared.registry import Registry, RelayRecord
 
 log = logging.getLogger(__name__)
 
 AGENT_PATH = "/v1/agent"
 SPEEDTEST_PATH = "/v1/speedtest"  # speed tests: access.speedtest
 COMMAND_GROUP = "relay"
+REVOKED_REASON = "certificate revoked; re-enroll with a new token"
+GOING_AWAY_REASON = "relay shutting down; reconnect to another relay"
+# Registry records expire after this many missed refreshes.
+REGISTRY_TTL_INTERVALS = 3
 
 
 def _reason(text: str) -> str:
@@ -47,14 +88,115 @@ def _reason(text: str) -> str:
     return encoded.decode(errors="ignore")
 
 
+# ---- rate limits (Sans-I/O: pure functions of a monotonic time) --------------------------
+
+
+@dataclass(slots=True)
+class TokenBucket:
+    """``rate`` tokens per second up to ``burst``; starts full at ``updated``."""
+
+    rate: float
+    burst: float
+    updated: float
+    tokens: float = -1.0  # -1: start full
+
+    def __post_init__(self) -> None:
+        if self.tokens < 0:
+            self.tokens = self.burst
+
+    def _refill(self, now: float) -> None:
+        if now > self.updated:
+            self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate)
+            self.updated = now
+
+    def take(self, now: float) -> bool:
+        """Spend one token if there is one."""
+        self._refill(now)
+        if self.tokens >= 1.0 - 1e-9:  # refills are float sums: 0.9999999 is a whole token
+            self.tokens = max(0.0, self.tokens - 1.0)
+            return True
+        return False
+
+    def wait(self, now: float) -> float:
+        """Seconds until one token is available (0 if one is now)."""
+        self._refill(now)
+        return max(0.0, (1.0 - self.tokens) / self.rate)
+
+    def is_full(self, now: float) -> bool:
+        """Whether the bucket has refilled completely, i.e. is the same as a fresh one."""
+        return self.tokens + max(0.0, now - self.updated) * self.rate >= self.burst
+
+
+def source_key(address: str) -> str:
+    """The rate-limit key of a peer address: the address itself, or its /64 for IPv6."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
+
+
+class SourceRateLimiter:
+    """Token buckets keyed by source, in bounded memory (idle buckets dropped, a cap on the rest)."""
+
+    def __init__(self, *, rate: float, burst: int, max_sources: int) -> None:
+        if rate <= 0 or burst < 1 or max_sources < 1:
+            raise ConfigError("source rate limits must be positive")
+        self.rate = rate
+        self.burst = burst
+        self.max_sources = max_sources
+        self._buckets: collections.OrderedDict[str, TokenBucket] = collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def admit(self, source: str, now: float) -> float:
+        """Take a token for ``source``: 0.0 if admitted, else the seconds until it would be."""
+        self._drop_refilled(now)
+        bucket = self._buckets.get(source)
+        if bucket is None:
+            bucket = self._buckets[source] = TokenBucket(self.rate, self.burst, now)
+            while len(self._buckets) > self.max_sources:
+                self._buckets.popitem(last=False)
+        else:
+            self._buckets.move_to_end(source)
+        return 0.0 if bucket.take(now) else max(bucket.wait(now), 1e-3)
+
+    def _drop_refilled(self, now: float) -> None:
+        # Least recently used first: amortised O(1) per call.
+        while self._buckets:
+            oldest = next(iter(self._buckets.values()))
+            if not oldest.is_full(now):
+                return
+            self._buckets.popitem(last=False)
+
+
+# ---- one agent ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _CloseRequest:
+    """Queued behind the frames already waiting, so they are sent before the close."""
+
+    code: int
+    reason: str
+
+
 @dataclass
 class AgentLink:
-    """One connected agent: its socket and a bounded queue of frames to send it."""
+    """One connected agent: its socket, certificate serial and a bounded queue of frames to send it."""
 
     host_id: str
+    serial: str  # hex, as revocations are recorded
     connection: ServerConnection
-    outbound: asyncio.Queue[str]
+    outbound: asyncio.Queue[str | _CloseRequest]
+    messages: TokenBucket
     received: int = 0
+    close_request: _CloseRequest | None = None
     writer: asyncio.Task[None] | None = field(default=None, repr=False)
 
 
@@ -69,6 +211,10 @@ class Relay:
         port: int = 0,
         region: str = "local",
         clock: Clock | None = None,
+        registry: Registry | None = None,
+        public_url: str | None = None,
+        public_host: str | None = None,
+        public_port: int | None = None,
         heartbeat_interval: float = 10.0,
         telemetry_interval: float = 10.0,
         # Timeouts
@@ -76,11 +222,27 @@ class Relay:
         ping_interval: float = 20.0,
         ping_timeout: float = 20.0,
         close_timeout: float = 2.0,
+        drain_timeout: float = 5.0,
+        register_interval: float = 5.0,
+        revocation_poll_interval: float = 2.0,
+        registry_timeout: float = 2.0,
         # Limits
         max_frame: int = protocol.DEFAULT_MAX_FRAME,
         max_outbound_queue: int = 256,
         max_connections: int = 10_000,
+        max_messages_per_second: float = 50.0,
+        message_burst: int = 100,
+        max_connections_per_source_per_minute: float = 30.0,
+        connection_burst_per_source: int = 10,
+        max_tracked_sources: int = 100_000,
     ) -> None:
+        timeouts = (open_timeout, ping_interval, ping_timeout, close_timeout, drain_timeout,
+                    register_interval, revocation_poll_interval, registry_timeout)
+        if min(timeouts) <= 0:
+            raise ConfigError("relay timeouts and intervals must be positive")
+        if min(max_frame, max_outbound_queue, max_connections, message_burst, connection_burst_per_source,
+               max_tracked_sources) < 1 or max_messages_per_second <= 0 or max_connections_per_source_per_minute <= 0:
+            raise ConfigError("relay limits must be positive")
         self.relay_id = relay_id
         self.region = region
         self.bus = bus
@@ -88,28 +250,52 @@ class Relay:
         self.host = host
         self.requested_port = port
         self.clock = clock or SystemClock()
+        self.registry = registry
+        self._public_url = public_url
+        parsed = urlsplit(public_url) if public_url else None
+        self.public_host = public_host or (parsed.hostname if parsed else None) or host
+        self._public_port = public_port or (parsed.port if parsed else None)
         self.heartbeat_interval = heartbeat_interval
         self.telemetry_interval = telemetry_interval
         self.open_timeout = open_timeout
         self.ping_interval = ping_interval
         self.ping_timeout = ping_timeout
         self.close_timeout = close_timeout
+        self.drain_timeout = drain_timeout
+        self.register_interval = register_interval
+        self.revocation_poll_interval = revocation_poll_interval
+        self.registry_timeout = registry_timeout
         self.max_frame = max_frame
         self.max_outbound_queue = max_outbound_queue
         self.max_connections = max_connections
+        self.max_messages_per_second = max_messages_per_second
+        self.message_burst = message_burst
+        self.sources = SourceRateLimiter(
+            rate=max_connections_per_source_per_minute / 60.0, burst=connection_burst_per_source, max_sources=max_tracked_sources
+        )
         self.agents: dict[str, AgentLink] = {}
         self.speedtests = speedtest.SpeedtestRegistry()  # speed tests running here, one per host
         self.messages_forwarded = 0
         self.commands_delivered = 0
+        self.refused: collections.Counter[str] = collections.Counter()  # connections refused or closed, by reason
+        self._revoked: frozenset[str] = frozenset()  # the last list read from the registry
+        self._speedtest_serials: dict[ServerConnection, str] = {}
+        self._open_connections: set[ServerConnection] = set()  # from TLS accept to close, handshakes included
         self._server: Server | None = None
         self._port: int | None = None
         self._closers: set[asyncio.Task[None]] = set()
         self._consumer: asyncio.Task[None] | None = None
+        self._registrar: asyncio.Task[None] | None = None
+        self._revocation_poller: asyncio.Task[None] | None = None
         self._closing = False
 
     # ---- lifecycle ------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Listen, start consuming commands and (with a registry) publish the record and poll revocations.
+
+        Not meant to be cancelled; if it is, ``close()`` releases whatever was started.
+        """
         await self.bus.ensure_group(protocol.commands_stream(self.relay_id), COMMAND_GROUP)
         self._server = await serve(
             self._handle,
@@ -126,10 +312,17 @@ class Relay:
             max_queue=16,
             compression=None,
             server_header=None,
+            create_connection=_tracking_connection_class(self._open_connections),
         )
         self._port = int(self._server.sockets[0].getsockname()[1])
         self._consumer = asyncio.create_task(self._consume_commands(), name=f"relay-{self.relay_id}-commands")
-        log.info("relay %s (%s) listening on %s", self.relay_id, self.region, self.url)
+        if self.registry is not None:
+            await self._publish()  # a failure is logged; the registrar retries
+            self._registrar = asyncio.create_task(self._register(), name=f"relay-{self.relay_id}-register")
+            self._revocation_poller = asyncio.create_task(
+                self._poll_revocations(), name=f"relay-{self.relay_id}-revocations"
+            )
+        log.info("relay %s (%s) listening on %s, published as %s", self.relay_id, self.region, self.url, self.public_url)
 
     @property
     def port(self) -> int:
@@ -139,31 +332,99 @@ class Relay:
 
     @property
     def url(self) -> str:
-        return f"wss://{self.host}:{self.port}{AGENT_PATH}"
+        """The URL of the bound address."""
+        return f"wss://{_url_host(self.host)}:{self.port}{AGENT_PATH}"
+
+    @property
+    def public_port(self) -> int:
+        return self._public_port or self.port
+
+    @property
+    def public_url(self) -> str:
+        """What agents are told to connect to (the registry record's ``url``)."""
+        return self._public_url or f"wss://{_url_host(self.public_host)}:{self.public_port}{AGENT_PATH}"
+
+    @property
+    def draining(self) -> bool:
+        return self._closing
+
+    def record(self) -> RelayRecord:
+        """This relay's registry record, as of now."""
+        return RelayRecord(
+            relay_id=self.relay_id,
+            region=self.region,
+            url=self.public_url,
+            host=self.public_host,
+            port=self.public_port,
+            connections=len(self.agents),
+            capacity=self.max_connections,
+            draining=self._closing,
+            updated_at=self.clock.now().timestamp(),
+        )
 
     async def close(self) -> None:
-        """Graceful shutdown; see the module docstring for the sequence."""
+        """Drain and shut down; see the module docstring for the sequence. Takes at most about
+        ``drain_timeout`` + 2 × ``registry_timeout`` seconds.
+
+        Cancelling it skips the rest of the drain, but the background tasks are still
+        stopped and the registry record still removed.
+        """
         if self._server is None or self._closing:
             return
         self._closing = True
-        self._server.close(close_connections=False)  # 1. stop accepting
-        links = list(self.agents.values())
-        await asyncio.gather(  # 2. tell agents to move
-            *(link.connection.close(protocol.CLOSE_GOING_AWAY, "relay shutting down; reconnect to another relay") for link in links),
-            *(test.close(protocol.CLOSE_GOING_AWAY, "relay shutting down") for test in self.speedtests.connections()),
-            return_exceptions=True,
-        )
-        with contextlib.suppress(TimeoutError):  # 3. wait for handlers
-            async with asyncio.timeout(self.close_timeout + 1):
-                await self._server.wait_closed()
-                await asyncio.gather(*self._closers, return_exceptions=True)
-        if self._consumer is not None:  # 4. stop the command consumer
-            self._consumer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._consumer
-        log.info("relay %s closed", self.relay_id)
+        try:
+            await _stop(self._registrar)  # 1. publish draining (no periodic refresh may overwrite it)
+            if self.registry is not None:
+                await self._publish()
+            self._server.close(close_connections=False)  # 2. stop accepting
+            self._tell_everyone_to_move()  # 3. move, then close 1001
+            await self._wait_for_handlers(self._server)  # 4. wait for handlers (bounded)
+        finally:
+            await _stop(self._consumer)  # 5. stop the command consumer and revocation polling
+            await _stop(self._revocation_poller)
+            if self.registry is not None:  # 6. leave the registry
+                try:
+                    async with asyncio.timeout(self.registry_timeout):
+                        await self.registry.remove_relay(self.relay_id)
+                except (GpumarketError, OSError, TimeoutError) as exc:
+                    log.warning("relay %s: cannot remove its registry record (%s); it expires on its own", self.relay_id, exc)
+            log.info("relay %s closed", self.relay_id)
 
-    # ---- HTTP side: health and routing ----------------------------------------------
+    def _tell_everyone_to_move(self) -> None:
+        move = protocol.encode(
+            protocol.Move(body=protocol.MoveBody(reason="relay draining; reconnect to another relay", retry_after=0.0))
+        )
+        for link in list(self.agents.values()):
+            # Only agents in session (they sent their hello) get the move; for a connection that has
+            # not started one, close 1001 alone says the same thing.
+            if link.received and link.close_request is None:
+                with contextlib.suppress(asyncio.QueueFull):  # a full queue: the close alone must do
+                    link.outbound.put_nowait(move)
+            self._request_close(link, protocol.CLOSE_GOING_AWAY, GOING_AWAY_REASON)
+        for test in self.speedtests.connections():
+            if isinstance(test, ServerConnection):
+                self._spawn_close(test, protocol.CLOSE_GOING_AWAY, "relay shutting down")
+
+    async def _wait_for_handlers(self, server: Server) -> None:
+        try:
+            async with asyncio.timeout(self.drain_timeout):
+                await server.wait_closed()
+                await asyncio.gather(*self._closers, return_exceptions=True)
+            return
+        except TimeoutError:
+            pass
+        # Whatever is left: agents not answering the close, clients stuck in their handshake.
+        stuck = list(self._open_connections)
+        log.warning("relay %s: %d connection(s) still open after %.1fs of draining; dropping them",
+                    self.relay_id, len(stuck), self.drain_timeout)
+        for connection in stuck:
+            connection.transport.abort()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.close_timeout):
+                await server.wait_closed()
+                await asyncio.gather(*self._closers, return_exceptions=True)
+
+    # ---- HTTP side: health, routing and the connection rate ---------------------------
 
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         if request.path == "/health":
@@ -171,11 +432,15 @@ class Relay:
                 {
                     "relay_id": self.relay_id,
                     "region": self.region,
+                    "url": self.public_url,
                     "status": "draining" if self._closing else "ok",
+                    "draining": self._closing,
                     "agents": len(self.agents),
+                    "capacity": self.max_connections,
                     "max_connections": self.max_connections,
                     "messages_forwarded": self.messages_forwarded,
                     "commands_delivered": self.commands_delivered,
+                    "refused": dict(self.refused),
                 }
             )
             response = connection.respond(HTTPStatus.OK, body + "\n")
@@ -185,56 +450,98 @@ class Relay:
             return response
         if request.path not in (AGENT_PATH, SPEEDTEST_PATH):
             return connection.respond(HTTPStatus.NOT_FOUND, f"agents connect to {AGENT_PATH}\n")
+        address = connection.remote_address
+        source = source_key(str(address[0])) if address else "unknown"
+        wait = self.sources.admit(source, self.clock.monotonic())
+        if wait > 0:
+            self.refused["source_rate"] += 1
+            retry_after = math.ceil(wait)
+            log.warning("refused a connection from %s: more than its connection rate; retry in %ds", source, retry_after)
+            response = connection.respond(
+                HTTPStatus.TOO_MANY_REQUESTS, f"too many new connections from {source}; retry in {retry_after} s\n"
+            )
+            response.headers["Retry-After"] = str(retry_after)
+            return response
         return None
 
     # ---- one agent ------------------------------------------------------------------
 
     async def _handle(self, connection: ServerConnection) -> None:
         ssl_object = connection.transport.get_extra_info("ssl_object")
+        der = ssl_object.getpeercert(binary_form=True) if ssl_object else None
         try:
-            host_id = host_id_from_der(ssl_object.getpeercert(binary_form=True) if ssl_object else None)
+            host_id = host_id_from_der(der)
+            serial = serial_hex_from_der(der)
         except GpumarketError as exc:
             log.warning("refused a connection from %s: %s", connection.remote_address, exc)
             await connection.close(protocol.CLOSE_IDENTITY_MISMATCH, _reason(f"no usable client certificate: {exc}"))
             return
+        if await self._is_revoked(serial):
+            self.refused["revoked"] += 1
+            log.warning("refused host %s: certificate %s is revoked", host_id, serial)
+            await connection.close(protocol.CLOSE_REVOKED, REVOKED_REASON)
+            return
+        if self._closing:
+            await connection.close(protocol.CLOSE_GOING_AWAY, GOING_AWAY_REASON)
+            return
         if connection.request is not None and connection.request.path == SPEEDTEST_PATH:  # speed test, not an agent link
-            await speedtest.handle(connection, host_id=host_id, registry=self.speedtests, max_frame=self.max_frame)
+            self._speedtest_serials[connection] = serial
+            try:
+                await speedtest.handle(connection, host_id=host_id, registry=self.speedtests, max_frame=self.max_frame)
+            finally:
+                self._speedtest_serials.pop(connection, None)
             return
         if len(self.agents) >= self.max_connections and host_id not in self.agents:
+            self.refused["full"] += 1
             log.warning("refused host %s: relay full (%d connections)", host_id, self.max_connections)
             await connection.close(protocol.CLOSE_TOO_MANY_CONNECTIONS, "relay full; try another relay")
             return
-        link = AgentLink(host_id=host_id, connection=connection, outbound=asyncio.Queue(self.max_outbound_queue))
-        # Swap in the new link before awaiting anything, so racing reconnects cannot leave one untracked.
+        link = AgentLink(
+            host_id=host_id,
+            serial=serial,
+            connection=connection,
+            outbound=asyncio.Queue(self.max_outbound_queue),
+            messages=TokenBucket(self.max_messages_per_second, self.message_burst, self.clock.monotonic()),
+        )
+        welcome = protocol.Welcome(
+            body=protocol.WelcomeBody(
+                relay_id=self.relay_id,
+                host_id=host_id,
+                heartbeat_interval=self.heartbeat_interval,
+                telemetry_interval=self.telemetry_interval,
+                max_frame=self.max_frame,
+            )
+        )
+        # Welcome queued and link swapped in before any await: a racing reconnect cannot leave one
+        # untracked, and a drain starting now finds the link (its move goes after the welcome).
+        self._send(link, protocol.encode(welcome))
         previous, self.agents[host_id] = self.agents.get(host_id), link
+        link.writer = asyncio.create_task(self._write(link), name=f"relay-write-{host_id}")
         if previous is not None:
             log.info("host %s reconnected; closing its previous connection", host_id)
-            await previous.connection.close(protocol.CLOSE_REPLACED, "replaced by a newer connection of this host")
-        link.writer = asyncio.create_task(self._write(link), name=f"relay-write-{host_id}")
+            self._request_close(previous, protocol.CLOSE_REPLACED, "replaced by a newer connection of this host")
         log.info("host %s connected from %s", host_id, connection.remote_address)
         try:
-            welcome = protocol.Welcome(
-                body=protocol.WelcomeBody(
-                    relay_id=self.relay_id,
-                    host_id=host_id,
-                    heartbeat_interval=self.heartbeat_interval,
-                    telemetry_interval=self.telemetry_interval,
-                    max_frame=self.max_frame,
-                )
-            )
-            self._send(link, protocol.encode(welcome))
             await self._receive(link)
         except ConnectionClosed as exc:
             log.info("host %s disconnected (%s)", host_id, exc)
         finally:
             if self.agents.get(host_id) is link:
                 del self.agents[host_id]
-            link.writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await link.writer
+            await self._finish_writer(link)
 
     async def _receive(self, link: AgentLink) -> None:
         async for frame in link.connection:
+            if not link.messages.take(self.clock.monotonic()):
+                self.refused["message_rate"] += 1
+                log.warning("closing host %s: more than %g messages/s (burst %d)", link.host_id,
+                            self.max_messages_per_second, self.message_burst)
+                self._request_close(
+                    link,
+                    protocol.CLOSE_RATE_LIMITED,
+                    f"more than {self.max_messages_per_second:g} messages/s (burst {self.message_burst}); slow down",
+                )
+                return
             try:
                 message = protocol.decode_agent_frame(frame, max_frame=self.max_frame)
                 protocol.check_identity(message, link.host_id)
@@ -256,21 +563,118 @@ class Relay:
             self._send(link, protocol.encode(protocol.Ack(body=protocol.AckBody(seq=message.seq))))
 
     def _send(self, link: AgentLink, frame: str) -> None:
+        if link.close_request is not None:
+            return  # closing: nothing more is queued after the close
         try:
             link.outbound.put_nowait(frame)
         except asyncio.QueueFull:
             log.warning("host %s is not reading (%d frames queued); disconnecting it", link.host_id, link.outbound.qsize())
+            self.refused["slow_consumer"] += 1
+            link.close_request = _CloseRequest(protocol.CLOSE_SLOW_CONSUMER, "too slow reading; reconnect")
             if link.writer is not None:
                 link.writer.cancel()
-            task = asyncio.create_task(link.connection.close(protocol.CLOSE_SLOW_CONSUMER, "too slow reading; reconnect"))
-            self._closers.add(task)  # owned: close() awaits whatever is still running
-            task.add_done_callback(self._closers.discard)
+            self._spawn_close(link.connection, link.close_request.code, link.close_request.reason)
+
+    def _request_close(self, link: AgentLink, code: int, reason: str) -> None:
+        """Close ``link`` once the frames already queued for it are sent (its writer does the close)."""
+        if link.close_request is not None:
+            return
+        link.close_request = _CloseRequest(code, _reason(reason))
+        try:
+            link.outbound.put_nowait(link.close_request)
+        except asyncio.QueueFull:  # a full queue will not drain soon: close now
+            if link.writer is not None:
+                link.writer.cancel()
+            self._spawn_close(link.connection, code, link.close_request.reason)
+
+    def _spawn_close(self, connection: ServerConnection, code: int, reason: str) -> None:
+        task = asyncio.create_task(connection.close(code, _reason(reason)))
+        self._closers.add(task)  # owned: close() awaits whatever is still running
+        task.add_done_callback(self._closers.discard)
 
     async def _write(self, link: AgentLink) -> None:
         with contextlib.suppress(ConnectionClosed):
             while True:
-                frame = await link.outbound.get()
-                await link.connection.send(frame)
+                item = await link.outbound.get()
+                if isinstance(item, _CloseRequest):
+                    await link.connection.close(item.code, item.reason)
+                    return
+                await link.connection.send(item)
+
+    async def _finish_writer(self, link: AgentLink) -> None:
+        """Let a requested close go out (bounded: the agent may not be reading), then stop the writer."""
+        writer = link.writer
+        if writer is None:
+            return
+        if link.close_request is not None and not writer.done():
+            await asyncio.wait({writer}, timeout=2 * self.close_timeout)
+        writer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await writer
+        request = link.close_request
+        if request is not None and link.connection.state is State.OPEN:
+            await link.connection.close(request.code, request.reason)
+
+    # ---- revocation and registration --------------------------------------------------
+
+    async def _is_revoked(self, serial: str) -> bool:
+        """Ask the registry, falling back on the last list read when it does not answer."""
+        if serial in self._revoked:
+            return True
+        if self.registry is None:
+            return False
+        try:
+            async with asyncio.timeout(self.registry_timeout):
+                return await self.registry.is_revoked(serial)
+        except (GpumarketError, OSError, TimeoutError) as exc:
+            log.warning("cannot ask the registry whether %s is revoked (%s); using the last list read", serial, exc)
+            return False
+
+    async def _poll_revocations(self) -> None:
+        """Read the revoked serials and close their connections, forever. Cancelling is safe."""
+        assert self.registry is not None
+        while True:
+            try:
+                async with asyncio.timeout(self.registry_timeout):
+                    revoked = await self.registry.revoked()
+            except (GpumarketError, OSError, TimeoutError) as exc:
+                log.warning("cannot read revoked certificates (%s); keeping the last %d, retrying", exc, len(self._revoked))
+            except Exception:
+                log.exception("reading revoked certificates failed unexpectedly; retrying")
+            else:
+                self._revoked = revoked
+                if revoked:
+                    self._close_revoked(revoked)
+            await asyncio.sleep(self.revocation_poll_interval)
+
+    def _close_revoked(self, revoked: frozenset[str]) -> None:
+        for link in list(self.agents.values()):
+            if link.serial in revoked and link.close_request is None:
+                self.refused["revoked"] += 1
+                log.warning("closing host %s: its certificate %s was revoked", link.host_id, link.serial)
+                self._request_close(link, protocol.CLOSE_REVOKED, REVOKED_REASON)
+        for connection, serial in list(self._speedtest_serials.items()):
+            if serial in revoked:
+                del self._speedtest_serials[connection]
+                log.warning("closing a speed test: certificate %s was revoked", serial)
+                self._spawn_close(connection, protocol.CLOSE_REVOKED, REVOKED_REASON)
+
+    async def _publish(self) -> None:
+        """Publish this relay's record once; a failure is logged (the record expires on its own)."""
+        assert self.registry is not None
+        try:
+            async with asyncio.timeout(self.registry_timeout):
+                await self.registry.put_relay(self.record(), ttl=REGISTRY_TTL_INTERVALS * self.register_interval)
+        except (GpumarketError, OSError, TimeoutError) as exc:
+            log.warning("relay %s: cannot publish its registry record (%s); retrying", self.relay_id, exc)
+        except Exception:
+            log.exception("relay %s: publishing its registry record failed unexpectedly; retrying", self.relay_id)
+
+    async def _register(self) -> None:
+        """Refresh the registry record every ``register_interval``, forever. Cancelling is safe."""
+        while True:
+            await asyncio.sleep(self.register_interval)
+            await self._publish()
 
     # ---- the master's commands ---------------------------------------------------------
 
@@ -304,8 +708,38 @@ class Relay:
             log.error("dropping malformed command record: %s", exc)
             return
         link = self.agents.get(delivery.host_id)
-        if link is None:
+        if link is None or link.close_request is not None:
             log.info("host %s not connected here; command %s waits for the master to resend", delivery.host_id, delivery.command.body.command_id)
             return
         self._send(link, protocol.encode(delivery.command))
         self.commands_delivered += 1
+
+
+def _tracking_connection_class(tracked: set[ServerConnection]) -> type[ServerConnection]:
+    """A ``ServerConnection`` that is in ``tracked`` from the moment its TLS handshake completes
+    until it is lost, so a drain can drop one stuck before or after its websocket handshake
+    (websockets' own ``all_connections`` only holds those past it)."""
+
+    class TrackedConnection(ServerConnection):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            super().connection_made(transport)
+            tracked.add(self)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            tracked.discard(self)
+            super().connection_lost(exc)
+
+    return TrackedConnection
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+async def _stop(task: asyncio.Task[None] | None) -> None:
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+

@@ -1,4 +1,4 @@
-"""``gpumarket access``: one relay process against the Redis bus."""
+"""``gpumarket access``: one relay process against the Redis bus and the Redis relay registry."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ from access.relay import Relay
 from shared.bus import Bus, open_bus
 from shared.crypto import server_ssl_context
 from shared.errors import ConfigError
+from shared.registry import Registry, open_registry
 from shared.settings import AccessSettings
 
 log = logging.getLogger(__name__)
 
 
-def relay_from_settings(settings: AccessSettings, bus: Bus) -> Relay:
+def relay_from_settings(settings: AccessSettings, bus: Bus, registry: Registry | None = None) -> Relay:
     missing = [n for n in ("cert_file", "key_file", "ca_file") if getattr(settings, n) is None]
     if missing:
         names = ", ".join(f"GPUMARKET_{n.upper()}" for n in missing)
@@ -27,31 +28,51 @@ def relay_from_settings(settings: AccessSettings, bus: Bus) -> Relay:
         relay_id=settings.relay_id,
         region=settings.region,
         bus=bus,
+        registry=registry,
         ssl_context=server_ssl_context(settings.cert_file, settings.key_file, settings.ca_file),
         host=settings.host,
         port=settings.port,
+        public_url=settings.public_url,
+        public_host=settings.public_host,
+        public_port=settings.public_port,
+        heartbeat_interval=settings.heartbeat_interval,
+        telemetry_interval=settings.telemetry_interval,
         open_timeout=settings.open_timeout,
         ping_interval=settings.ping_interval,
         ping_timeout=settings.ping_timeout,
+        close_timeout=settings.close_timeout,
+        drain_timeout=settings.drain_timeout,
+        register_interval=settings.register_interval,
+        revocation_poll_interval=settings.revocation_poll_interval,
+        registry_timeout=settings.registry_timeout,
         max_frame=settings.max_frame,
         max_outbound_queue=settings.max_outbound_queue,
         max_connections=settings.max_connections,
-        heartbeat_interval=settings.heartbeat_interval,
-        telemetry_interval=settings.telemetry_interval,
+        max_messages_per_second=settings.max_messages_per_second,
+        message_burst=settings.message_burst,
+        max_connections_per_source_per_minute=settings.max_connections_per_source_per_minute,
+        connection_burst_per_source=settings.connection_burst_per_source,
+        max_tracked_sources=settings.max_tracked_sources,
     )
 
 
 async def serve_access(settings: AccessSettings, *, stop: asyncio.Event) -> None:
+    """Serve until ``stop`` is set (SIGTERM/SIGINT in the CLI), then drain: ``Relay.close`` takes at
+    most about ``drain_timeout`` + 2 × ``registry_timeout`` seconds, however many agents are connected."""
     if settings.redis_url is None:
         raise ConfigError("a standalone relay needs the bus: set GPUMARKET_REDIS_URL")
     bus = await open_bus(settings.redis_url, prefix=settings.bus_prefix)
     try:
-        relay = relay_from_settings(settings, bus)
-        await relay.start()
-        print(f"relay {settings.relay_id} listening on {relay.url}", flush=True)
+        registry = await open_registry(settings.redis_url, prefix=settings.bus_prefix)
         try:
-            await stop.wait()
+            relay = relay_from_settings(settings, bus, registry)
+            await relay.start()
+            print(f"relay {settings.relay_id} listening on {relay.url} (published as {relay.public_url})", flush=True)
+            try:
+                await stop.wait()
+            finally:
+                await relay.close()
         finally:
-            await relay.close()
+            await registry.close()
     finally:
         await bus.close()

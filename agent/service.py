@@ -29,6 +29,7 @@ def agent_from_settings(settings: AgentSettings) -> Agent:
         zone=settings.zone,
         resolver=settings.resolver,
         resolver_port=settings.resolver_port,
+        resolver_source=settings.resolver_source,
         region=settings.region,
         timings=AgentTimings(
             sample_interval=settings.sample_interval,

@@ -57,7 +57,8 @@ def cmd_up(args: argparse.Namespace) -> None:
     _setup_logging(args.log_level)
     _run_until_signal(
         lambda stop: run_up(
-            args.data_dir, agents=args.agents, http_host=args.host, http_port=args.http_port, relay_port=args.relay_port, stop=stop
+            args.data_dir, agents=args.agents, http_host=args.host, http_port=args.http_port, relay_port=args.relay_port,
+            dns_port=args.dns_port, stop=stop,
         )
     )
 
@@ -174,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     up.add_argument("--http-port", type=int, default=8080, metavar="P", help="API and console port (default 8080; 0 = any free)")
     up.add_argument("--relay-port", type=int, default=8443, metavar="P", help="relay TLS port (default 8443; 0 = any free)")
+    up.add_argument("--dns-port", type=int, default=0, metavar="P", help="geo DNS port, UDP and TCP (default 0 = any free)")
     up.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     up.set_defaults(func=cmd_up)
 

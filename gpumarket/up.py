@@ -25,6 +25,7 @@ from typing import Any
 from aiohttp import web
 from sqlalchemy import select
 
+from access.geodns import GeoDnsServer
 from access.relay import Relay
 from agent.enroll import enroll
 from agent.gpu import open_backend
@@ -37,6 +38,7 @@ from master.services import enrollment
 from master.services.accounts import create_account, create_api_key, key_is_valid
 from shared.bus import InProcessBus
 from shared.crypto import certificate_not_after, server_ssl_context
+from shared.registry import MemoryRegistry
 from shared.settings import MasterSettings
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,7 @@ DEMO_FLEET = (
     "sim:2xH200",
     "sim:1xRTX5090",
 )
+DEMO_ZONE = "relays.gpumarket.local"
 DEMO_ACCOUNTS = (("renter", "demo-renter"), ("provider", "demo-provider"), ("admin", "admin"))
 
 
@@ -63,6 +66,7 @@ class Marketplace:
 
     master: Master
     relay: Relay
+    dns: GeoDnsServer
     runner: web.AppRunner
     api_url: str
     console_url: str
@@ -79,6 +83,7 @@ class Marketplace:
         for agent in self.agents:
             await agent.close()
         await self.relay.close()
+        await self.dns.close()
         await self.runner.cleanup()
         await close_master(self.master)
 
@@ -90,6 +95,7 @@ async def start_marketplace(
     http_host: str = "127.0.0.1",
     http_port: int = 8080,
     relay_port: int = 8443,
+    dns_port: int = 0,
     heartbeat_interval: float = 10.0,
     telemetry_interval: float = 10.0,
     missed_heartbeats_offline: int = 3,
@@ -108,7 +114,8 @@ async def start_marketplace(
         instance_id="master-embedded",
     )
     bus = InProcessBus()
-    master = await open_master(settings, bus=bus)
+    registry = MemoryRegistry()
+    master = await open_master(settings, bus=bus, registry=registry)
     try:
         relay_dir = data_dir / "relay"
         cert_file, key_file = relay_dir / "server.crt", relay_dir / "server.key"
@@ -122,8 +129,12 @@ async def start_marketplace(
             port=relay_port,
             heartbeat_interval=settings.heartbeat_interval,
             telemetry_interval=settings.telemetry_interval,
+            registry=registry,
+            public_host="localhost",
         )
         await relay.start()
+        dns = GeoDnsServer(registry, zone=DEMO_ZONE, host=http_host, port=dns_port, refresh_interval=1.0, ttl=5)
+        await dns.start()
     except BaseException:
         await close_master(master)
         raise
@@ -136,6 +147,7 @@ async def start_marketplace(
     except OSError as exc:
         await runner.cleanup()
         await relay.close()
+        await dns.close()
         await close_master(master)
         raise OSError(exc.errno, f"cannot listen on {http_host}:{http_port} ({exc.strerror}); pick another --http-port") from None
     port = bound_port(site)
@@ -143,12 +155,15 @@ async def start_marketplace(
     settings.public_url = base
     api_url, console_url = f"{base}/api/v1", f"{base}/"
     credentials = await _demo_credentials(master, data_dir / "credentials.json", api_url, console_url)
-    market = Marketplace(master=master, relay=relay, runner=runner, api_url=api_url, console_url=console_url, credentials=credentials)
+    market = Marketplace(
+        master=master, relay=relay, dns=dns, runner=runner, api_url=api_url, console_url=console_url, credentials=credentials
+    )
     try:
         provider_id = await _account_id(master, "demo-provider")
         for i in range(agents):
             agent = await _demo_agent(
-                master, data_dir / "agents" / f"agent-{i:02d}", i, base, relay.url, provider_id, network_interval=network_interval
+                master, data_dir / "agents" / f"agent-{i:02d}", i, base, relay.url, provider_id,
+                network_interval=network_interval, dns=(http_host, dns.port),
             )
             market.agents.append(agent)
             market.agent_tasks.append(asyncio.create_task(agent.run(), name=f"agent-{i:02d}"))
@@ -190,7 +205,8 @@ async def _demo_credentials(master: Master, path: Path, api_url: str, console_ur
 
 
 async def _demo_agent(
-    master: Master, folder: Path, i: int, base_url: str, relay_url: str, provider_id: str, *, network_interval: float
+    master: Master, folder: Path, i: int, base_url: str, relay_url: str, provider_id: str, *,
+    network_interval: float, dns: tuple[str, int],
 ) -> Agent:
     state = AgentState(folder)
     spec = DEMO_FLEET[i % len(DEMO_FLEET)]
@@ -202,7 +218,10 @@ async def _demo_agent(
     return Agent(
         state,
         backend,
-        relay_urls=[relay_url],
+        relay_urls=[relay_url],  # used until the geo DNS answers, and if it ever cannot
+        zone=DEMO_ZONE,
+        resolver=dns[0],
+        resolver_port=dns[1],
         region=("eu-west", "us-east", "ap-south")[i % 3],
         timings=AgentTimings(
             sample_interval=min(1.0, master.settings.telemetry_interval),
@@ -216,11 +235,16 @@ async def _demo_agent(
     )
 
 
-async def run_up(data_dir: Path, *, agents: int, http_host: str, http_port: int, relay_port: int, stop: asyncio.Event) -> None:
-    market = await start_marketplace(data_dir, agents=agents, http_host=http_host, http_port=http_port, relay_port=relay_port)
+async def run_up(
+    data_dir: Path, *, agents: int, http_host: str, http_port: int, relay_port: int, dns_port: int, stop: asyncio.Event
+) -> None:
+    market = await start_marketplace(
+        data_dir, agents=agents, http_host=http_host, http_port=http_port, relay_port=relay_port, dns_port=dns_port
+    )
     try:
         print(
             f"gpumarket is up: {agents} simulated provider host(s) behind relay {market.relay.url}\n"
+            f"  geo DNS:     {DEMO_ZONE} on {http_host} port {market.dns.port} (UDP and TCP)\n"
             f"  console:     {market.console_url}\n"
             f"  API:         {market.api_url}\n"
             f"  credentials: {data_dir.resolve() / 'credentials.json'}\n"

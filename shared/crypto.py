@@ -656,3 +656,18 @@ def _exclusive_lock(lock_path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock_file.fileno(), fcntl.LOCK_UN)
+
+
+def serial_hex_from_der(der: bytes | None) -> str:
+    """Return a DER certificate's serial as 40 lowercase hex digits, like ``IssuedCertificate.serial_hex``.
+
+    This is the form revocations are recorded in (``shared.registry``). ``None`` (the
+    peer sent no certificate) and bytes that are not a certificate raise ``Unauthorized``.
+    """
+    if der is None:
+        raise Unauthorized("peer presented no certificate", code="bad_certificate")
+    try:
+        cert = x509.load_der_x509_certificate(der)
+    except ValueError as exc:
+        raise Unauthorized(f"peer certificate is not valid DER: {exc}", code="bad_certificate") from exc
+    return f"{cert.serial_number:040x}"

@@ -178,6 +178,7 @@ class AgentSettings(ServiceSettings):
     zone: str | None = Field(None, description="DNS zone with the relays' SRV records (_gpumarket._tcp.ZONE), falling back to its A/AAAA records.")
     resolver: str | None = Field(None, description="DNS server address for relay discovery (default: the system's).")
     resolver_port: int = Field(53, ge=1, le=65535, description="Port of that DNS server.")
+    resolver_source: str | None = Field(None, description="Local address relay-discovery DNS queries are sent from (multi-homed hosts).")
     region: str | None = Field(None, description="Region hint reported to the master.")
     sample_interval: float = Field(1.0, gt=0, le=600, description="Seconds between GPU sampling passes.")
     telemetry_interval: float = Field(10.0, gt=0, le=3600, description="Seconds between telemetry reports (the relay's welcome may override).")
