@@ -510,6 +510,8 @@ class Relay:
                 heartbeat_interval=self.heartbeat_interval,
                 telemetry_interval=self.telemetry_interval,
                 max_frame=self.max_frame,
+                max_messages_per_second=self.max_messages_per_second,
+                message_burst=self.message_burst,
             )
         )
         # Welcome queued and link swapped in before any await: a racing reconnect cannot leave one

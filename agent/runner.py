@@ -113,6 +113,42 @@ class _LogCursor:
     exited: bool = False
 
 
+class Pacer:
+    """Keeps this agent under the relay's message budget (a token bucket at a safety margin).
+
+    Cancelling ``take`` is safe: nothing was sent and no token is lost.
+    """
+
+    def __init__(self, *, margin: float = 0.8) -> None:
+        self.margin = margin
+        self.rate: float | None = None
+        self.burst = 1.0
+        self.tokens = 0.0
+        self.updated = time.monotonic()
+        self._lock = asyncio.Lock()
+
+    def configure(self, rate: float | None, burst: int | None) -> None:
+        if rate is None:
+            self.rate = None
+            return
+        self.rate = rate * self.margin
+        self.burst = max(1.0, (burst or 1) * self.margin)
+        self.tokens, self.updated = self.burst, time.monotonic()
+
+    async def take(self) -> None:
+        if self.rate is None:
+            return
+        async with self._lock:
+            now = time.monotonic()
+            self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate)
+            self.updated = now
+            if self.tokens < 1.0:
+                wait = (1.0 - self.tokens) / self.rate
+                await asyncio.sleep(wait)
+                self.tokens, self.updated = 1.0, time.monotonic()
+            self.tokens -= 1.0
+
+
 @dataclass
 class AgentTimings:
     """Intervals and timeouts of one agent (seconds); every one bounded and explicit."""
@@ -193,6 +229,7 @@ class Agent:
         self._started = time.monotonic()
         self.connected = asyncio.Event()
         self._renewed = asyncio.Event()
+        self.pacer = Pacer()
         self.relay_id: str | None = None
         self.relay_url: str | None = None
         self.connections = 0
@@ -226,6 +263,7 @@ class Agent:
         ws = self._ws
         if ws is None:
             return
+        await self.pacer.take()
         with contextlib.suppress(ConnectionClosed):
             await ws.send(frame)
 
@@ -341,6 +379,11 @@ class Agent:
                 self.directory.mark_failed(url)
             except ConnectionClosed as exc:
                 code = exc.rcvd.code if exc.rcvd else None
+                if code == protocol.CLOSE_REVOKED:
+                    raise ConfigError(
+                        f"this host's certificate was revoked (relay {url} said: {exc.rcvd.reason if exc.rcvd else ''}); "
+                        "the host must enroll again with a new token from its provider"
+                    ) from None
                 log.info("host %s: relay %s closed the connection (%s)", self.host_id, url, exc)
                 if code in _MOVE_ON_CODES:
                     self.directory.mark_draining(url)
@@ -379,15 +422,18 @@ class Agent:
             self.relay_id, self.relay_url = first.body.relay_id, url
             self.timings.heartbeat_interval = first.body.heartbeat_interval
             self.timings.telemetry_interval = first.body.telemetry_interval
+            self.pacer.configure(first.body.max_messages_per_second, first.body.message_burst)
             self.connections += 1
             log.info("host %s connected to relay %s (%d unacknowledged to replay)", self.host_id, self.relay_id, len(self.window))
             self._ws = ws
             # Hello first, then everything the last connection left unacknowledged, in order.
             seq, hello = self.window.hello(self._hello())
             self.lease.reserve_through(seq + 1)
+            await self.pacer.take()
             await ws.send(hello)
             for old_seq, frame in self.window.pending():
                 if old_seq != seq:
+                    await self.pacer.take()  # a long outage's replay stays within the relay's budget
                     await ws.send(frame)
             self.connected.set()
             beats = asyncio.create_task(self._heartbeats(), name=f"agent-{self.host_id}-heartbeats")

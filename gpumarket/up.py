@@ -131,6 +131,9 @@ async def start_marketplace(
             telemetry_interval=settings.telemetry_interval,
             registry=registry,
             public_host="localhost",
+            # Every demo agent connects from 127.0.0.1: the per-source limit is for the internet.
+            max_connections_per_source_per_minute=100_000,
+            connection_burst_per_source=10_000,
         )
         await relay.start()
         dns = GeoDnsServer(registry, zone=DEMO_ZONE, host=http_host, port=dns_port, refresh_interval=1.0, ttl=5)

@@ -253,6 +253,10 @@ class WelcomeBody(_Strict):
     heartbeat_interval: float = Field(gt=0)
     telemetry_interval: float = Field(gt=0)
     max_frame: int = Field(gt=0)
+    # The relay's per-connection message budget: agents pace themselves (a replay after a long
+    # outage included) to stay under it instead of being closed with 4004.
+    max_messages_per_second: float | None = Field(None, gt=0)
+    message_burst: int | None = Field(None, ge=1)
 
 
 class AckBody(_Strict):

@@ -61,9 +61,9 @@ class Harness:
     def server_context(self) -> ssl.SSLContext:
         return server_ssl_context(self.cert_file, self.key_file, self.ca.cert_path)
 
-    async def relay(self, relay_id: str, port: int = 0) -> Relay:
+    async def relay(self, relay_id: str, port: int = 0, **limits: Any) -> Relay:
         relay = Relay(relay_id=relay_id, bus=self.bus, ssl_context=self.server_context(), port=port,
-                      heartbeat_interval=FAST.heartbeat_interval, telemetry_interval=FAST.telemetry_interval)
+                      heartbeat_interval=FAST.heartbeat_interval, telemetry_interval=FAST.telemetry_interval, **limits)
         await relay.start()
         self.relays.append(relay)
         return relay
@@ -271,6 +271,38 @@ class TestRelays:
                 await primary.close()
                 await eventually(lambda: _true(agent.relay_id == "relay-backup" and agent.connected.is_set()), what="backup")
         assert any(q.name.startswith("_gpumarket._tcp.relays.test") for q in dns.queries)
+
+
+    async def test_a_long_replay_stays_within_the_relays_message_budget(self, harness: Harness) -> None:
+        """A spool of many frames is replayed at the rate the relay announces, without being cut off for flooding."""
+        relay = await harness.relay("relay-a")
+        port = relay.port
+        agent = harness.agent([relay.url])
+        async with running(agent):
+            await eventually(lambda: _true(agent.connected.is_set()), what="connected")
+            await relay.close()
+            await eventually(lambda: _true(len(agent.window) >= 40), what="a backlog while the relay is down")
+            strict = await harness.relay("relay-a", port=port, max_messages_per_second=200.0, message_burst=10)
+            await eventually(lambda: _true(agent.connected.is_set() and len(agent.window) < 5), what="backlog drained")
+            connections = agent.connections
+        assert connections == 2  # one before the outage, one after: never closed for flooding
+        assert strict.refused.get("message_rate", 0) == 0
+
+    async def test_a_revoked_host_stops_and_says_to_enroll_again(self, harness: Harness) -> None:
+        """When the relay refuses the certificate as revoked, the agent stops with advice instead of retrying forever."""
+        from shared.crypto import load_certificate
+        from shared.errors import ConfigError
+        from shared.registry import MemoryRegistry
+
+        registry = MemoryRegistry()
+        serial = format(load_certificate(harness.state.cert_file.read_bytes()).serial_number, "040x")
+        await registry.revoke(serial, until=4e9)
+        relay = await harness.relay("relay-a", registry=registry)
+        agent = harness.agent([relay.url])
+        with pytest.raises(ConfigError, match="revoked"):
+            async with asyncio.timeout(10):
+                await agent.run()
+        await agent.close()
 
 
 class TestReports:

