@@ -312,12 +312,13 @@ class Agent:
 
     async def _sampler(self) -> None:
         loop = asyncio.get_running_loop()
-        next_report = loop.time() + self.timings.telemetry_interval
+        last_report: float | None = None  # report right after the first sample, then every interval
         while True:
             try:
                 await self.sample_once()
-                if loop.time() >= next_report:
-                    next_report = loop.time() + self.timings.telemetry_interval
+                # The interval is read each pass: the relay's welcome may change it at any time.
+                if last_report is None or loop.time() - last_report >= self.timings.telemetry_interval:
+                    last_report = loop.time()
                     await self.report_telemetry()
             except Exception:
                 # A GPU that fails to answer must not stop the agent; log and try next time.

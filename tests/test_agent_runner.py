@@ -338,6 +338,18 @@ class TestReports:
         assert all(a.samples >= 1 and a.temperature_max_c is not None for a in body.aggregates)
         assert body.window_s is not None and body.window_s > 0
 
+    async def test_the_relays_telemetry_interval_applies_at_once(self, harness: Harness) -> None:
+        """Regression: an agent configured for hourly reports followed the relay's shorter interval only after the first hour."""
+        relay = await harness.relay("relay-a")
+        slow = AgentTimings(**{**vars(FAST), "telemetry_interval": 3600.0})
+        agent = Agent(harness.state, SimulatedBackend("sim:2xRTX4090", seed=HOST), relay_urls=[relay.url], timings=slow)
+        async with running(agent):
+
+            async def reports() -> bool:
+                return len(await harness.of_type(protocol.Telemetry)) >= 3
+
+            await eventually(reports, what="three reports at the relay's 50 ms interval")
+
     async def test_a_network_measurement_on_command_reports_results(self, harness: Harness) -> None:
         """measure_network runs the speed test against the relay and reports it twice: as result data and as a report."""
         relay = await harness.relay("relay-a")
