@@ -9,7 +9,7 @@ import json
 import random
 import ssl
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,23 +18,18 @@ from websockets.asyncio.server import ServerConnection, serve
 
 from access.relay import Relay
 from agent.gpu.sim import SimulatedBackend
-from agent.runner import Agent, AgentTimings
-from agent.state import AgentState, Identity, atomic_write
+from agent.runner import Agent
+from agent.state import AgentState
 from shared import protocol
 from shared.bus import InProcessBus
 from shared.crypto import (
     CertificateAuthority,
     server_ssl_context,
 )
-from tests.factories import MS
+from tests.agents import FAST, RecordingStore, enrolled_state, fast_timings
 from tests.helpers import eventually
-from tests.pki import write_agent_certificate
 
 HOST = "h-runner-test"
-FAST = AgentTimings(
-    sample_interval=20 * MS, telemetry_interval=50 * MS, heartbeat_interval=50 * MS, network_interval=0,
-    log_ship_interval=20 * MS, reconnect_base_delay=10 * MS, reconnect_max_delay=50 * MS, open_timeout=2, welcome_timeout=2,
-)
 
 
 class Harness:
@@ -50,13 +45,7 @@ class Harness:
         self._seen: list[protocol.BusEnvelope] = []
 
     def _enroll(self, folder: Path) -> AgentState:
-        state = AgentState(folder)
-        key_file, cert_file = write_agent_certificate(self.ca, folder, HOST)
-        key_file.rename(state.key_file)
-        cert_file.rename(state.cert_file)
-        atomic_write(state.ca_file, self.ca.cert_pem)
-        state.save_identity(Identity(host_id=HOST, master_url="http://unused"))
-        return state
+        return enrolled_state(self.ca, folder, HOST)
 
     def server_context(self) -> ssl.SSLContext:
         return server_ssl_context(self.cert_file, self.key_file, self.ca.cert_path)
@@ -70,7 +59,7 @@ class Harness:
 
     def agent(self, urls: list[str], backend: SimulatedBackend | None = None, **kw: Any) -> Agent:
         backend = backend or SimulatedBackend("sim:2xRTX4090", seed=HOST)
-        return Agent(self.state, backend, relay_urls=urls, timings=AgentTimings(**vars(FAST)), rng=random.Random(7), **kw)
+        return Agent(self.state, backend, relay_urls=urls, timings=fast_timings(), rng=random.Random(7), **kw)
 
     async def events(self) -> list[protocol.BusEnvelope]:
         """Everything agents put on the bus so far (accumulated across calls)."""
@@ -117,34 +106,6 @@ async def running(agent: Agent) -> AsyncIterator[Agent]:
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await agent.close()
-
-
-class RecordingStore:
-    """Wraps the agent's spool to remember the kind of every frame it was given."""
-
-    def __init__(self, inner: protocol.FrameStore) -> None:
-        self.inner = inner
-        self.added: dict[int, str] = {}
-
-    def add(self, seq: int, kind: str, frame: str) -> None:
-        self.added[seq] = kind
-        self.inner.add(seq, kind, frame)
-
-    def ack(self, seq: int) -> bool:
-        return self.inner.ack(seq)
-
-    def discard_kind(self, kind: str) -> int:
-        return self.inner.discard_kind(kind)
-
-    def pending(self) -> Iterator[tuple[int, str]]:
-        return self.inner.pending()
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    @property
-    def evicted(self) -> dict[str, int]:
-        return self.inner.evicted
 
 
 async def _true(value: bool) -> bool:
@@ -264,7 +225,7 @@ class TestRelays:
         async with LoopbackDnsServer(records) as dns:
             agent = Agent(
                 harness.state, SimulatedBackend("sim:2xRTX4090", seed=HOST), zone="relays.test",
-                resolver="127.0.0.1", resolver_port=dns.port, timings=AgentTimings(**vars(FAST)), rng=random.Random(3),
+                resolver="127.0.0.1", resolver_port=dns.port, timings=fast_timings(), rng=random.Random(3),
             )
             async with running(agent):
                 await eventually(lambda: _true(agent.relay_id == "relay-primary" and agent.connected.is_set()), what="primary")
@@ -341,7 +302,8 @@ class TestReports:
     async def test_the_relays_telemetry_interval_applies_at_once(self, harness: Harness) -> None:
         """Regression: an agent configured for hourly reports followed the relay's shorter interval only after the first hour."""
         relay = await harness.relay("relay-a")
-        slow = AgentTimings(**{**vars(FAST), "telemetry_interval": 3600.0})
+        slow = fast_timings()
+        slow.telemetry_interval = 3600.0
         agent = Agent(harness.state, SimulatedBackend("sim:2xRTX4090", seed=HOST), relay_urls=[relay.url], timings=slow)
         async with running(agent):
 

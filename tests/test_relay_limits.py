@@ -10,7 +10,7 @@ import logging
 import random
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -24,8 +24,7 @@ from websockets.frames import Close
 
 from access.relay import SPEEDTEST_PATH, Relay, SourceRateLimiter, TokenBucket, source_key
 from agent.gpu.sim import SimulatedBackend
-from agent.runner import Agent, AgentTimings
-from agent.state import AgentState, Identity, atomic_write
+from agent.runner import Agent
 from shared import protocol
 from shared.bus import InProcessBus
 from shared.crypto import (
@@ -38,8 +37,9 @@ from shared.crypto import (
 )
 from shared.errors import BusError
 from shared.registry import MemoryRegistry, RedisRegistry, RelayRecord
+from tests.agents import RecordingStore, enrolled_state, fast_timings
 from tests.factories import MS
-from tests.pki import relay_server_context, write_agent_certificate
+from tests.pki import relay_server_context
 
 # Every network step is on loopback; a wait that runs out means a bug, not a slow network.
 IO_TIMEOUT = 5.0
@@ -675,48 +675,6 @@ class TestDrain:
 # ---- a real agent moving between relays ----------------------------------------------------
 
 HOST = "h-mover"
-FAST = AgentTimings(
-    sample_interval=20 * MS, telemetry_interval=50 * MS, heartbeat_interval=50 * MS, network_interval=0,
-    log_ship_interval=20 * MS, reconnect_base_delay=10 * MS, reconnect_max_delay=50 * MS, open_timeout=2, welcome_timeout=2,
-)
-
-
-class RecordingStore:
-    """Wraps the agent's spool to remember the kind of every frame it was given."""
-
-    def __init__(self, inner: protocol.FrameStore) -> None:
-        self.inner = inner
-        self.added: dict[int, str] = {}
-
-    def add(self, seq: int, kind: str, frame: str) -> None:
-        self.added[seq] = kind
-        self.inner.add(seq, kind, frame)
-
-    def ack(self, seq: int) -> bool:
-        return self.inner.ack(seq)
-
-    def discard_kind(self, kind: str) -> int:
-        return self.inner.discard_kind(kind)
-
-    def pending(self) -> Iterator[tuple[int, str]]:
-        return self.inner.pending()
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    @property
-    def evicted(self) -> dict[str, int]:
-        return self.inner.evicted
-
-
-def _enroll(ca: CertificateAuthority, folder: Path) -> AgentState:
-    state = AgentState(folder)
-    key_file, cert_file = write_agent_certificate(ca, folder, HOST)
-    key_file.rename(state.key_file)
-    cert_file.rename(state.cert_file)
-    atomic_write(state.ca_file, ca.cert_pem)
-    state.save_identity(Identity(host_id=HOST, master_url="http://unused"))
-    return state
 
 
 async def _events(bus: InProcessBus) -> list[protocol.BusEnvelope]:
@@ -740,8 +698,8 @@ class TestAgentMoves:
         relay_a = await start_relay(relay_id="relay-a")
         relay_b = await start_relay(relay_id="relay-b")
         agent = Agent(
-            _enroll(ca, tmp_path / "agent"), SimulatedBackend("sim:2xRTX4090", seed=HOST),
-            relay_urls=[relay_a.url, relay_b.url], timings=AgentTimings(**vars(FAST)), rng=random.Random(7),
+            enrolled_state(ca, tmp_path / "agent", HOST), SimulatedBackend("sim:2xRTX4090", seed=HOST),
+            relay_urls=[relay_a.url, relay_b.url], timings=fast_timings(), rng=random.Random(7),
         )
         recorder = RecordingStore(agent.window.store)
         agent.window.store = recorder
