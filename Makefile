@@ -34,6 +34,8 @@ bench: install
 	$(BIN)/python bench/bench_protocol.py
 	$(BIN)/python bench/bench_bus.py
 	$(BIN)/python bench/bench_relay.py
+	$(BIN)/python bench/bench_relay_capacity.py
+	$(BIN)/python bench/bench_pipeline.py
 	$(BIN)/python bench/bench_agent.py
 
 clean:

@@ -133,7 +133,7 @@ def make_agents(ca: CertificateAuthority, directory: Path, count: int, messages:
             for _ in range(min(DISTINCT_SAMPLES, messages))
         ]
         rest = AT_REST_MESSAGES if number == 0 else 0
-        window = protocol.OutboundWindow(host_id, first_seq=1, max_unacked=messages + rest)
+        window = protocol.OutboundWindow(host_id, first_seq=1, store=protocol.MemoryStore(max_messages=messages + rest))
         frames = [window.telemetry(bodies[i % len(bodies)]) for i in range(messages + rest)]
         agents.append(AgentSetup(host_id, context, window, frames[:messages], frames[messages:]))
         progress.update(number + 1)
@@ -457,6 +457,11 @@ async def one_round(
         port=0,
         open_timeout=IO_TIMEOUT,
         close_timeout=2.0,
+        # This bench measures throughput: lift the per-agent and per-source rate limits.
+        max_messages_per_second=1_000_000.0,
+        message_burst=1_000_000,
+        max_connections_per_source_per_minute=1_000_000.0,
+        connection_burst_per_source=100_000,
     )
     await relay.start()
     try:
