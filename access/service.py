@@ -56,11 +56,28 @@ def relay_from_settings(settings: AccessSettings, bus: Bus, registry: Registry |
     )
 
 
+def set_tls_read_buffer(kib: int) -> bool:
+    """Size asyncio's per-connection TLS read buffer for this process; returns whether it could.
+
+    CPython allocates ``SSLProtocol.max_size`` (256 KiB) per TLS connection up front; a relay
+    holding thousands of agents mostly pays for those buffers (see bench/bench_relay_capacity.py).
+    It is an internal of asyncio, so it is set only where it exists, and process-wide.
+    """
+    import asyncio.sslproto
+
+    if not isinstance(getattr(asyncio.sslproto.SSLProtocol, "max_size", None), int):
+        log.warning("this Python's asyncio has no SSLProtocol.max_size; TLS read buffers keep their default size")
+        return False
+    asyncio.sslproto.SSLProtocol.max_size = kib * 1024
+    return True
+
+
 async def serve_access(settings: AccessSettings, *, stop: asyncio.Event) -> None:
     """Serve until ``stop`` is set (SIGTERM/SIGINT in the CLI), then drain: ``Relay.close`` takes at
     most about ``drain_timeout`` + 2 × ``registry_timeout`` seconds, however many agents are connected."""
     if settings.redis_url is None:
         raise ConfigError("a standalone relay needs the bus: set GPUMARKET_REDIS_URL")
+    set_tls_read_buffer(settings.tls_read_buffer_kib)
     bus = await open_bus(settings.redis_url, prefix=settings.bus_prefix)
     try:
         registry = await open_registry(settings.redis_url, prefix=settings.bus_prefix)

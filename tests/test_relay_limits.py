@@ -756,3 +756,18 @@ class TestRedisRegistry:
             assert await redis_registry.relays() == []
         finally:
             await redis_registry.close()
+
+
+class TestTlsBuffer:
+    def test_the_tls_read_buffer_setting_resizes_asyncios_buffer(self) -> None:
+        """set_tls_read_buffer changes the per-connection TLS read buffer (the relays in the region test run with it)."""
+        import asyncio.sslproto
+
+        from access.service import set_tls_read_buffer
+
+        before = asyncio.sslproto.SSLProtocol.max_size
+        try:
+            assert set_tls_read_buffer(32)
+            assert asyncio.sslproto.SSLProtocol.max_size == 32 * 1024
+        finally:
+            asyncio.sslproto.SSLProtocol.max_size = before
