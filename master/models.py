@@ -256,3 +256,13 @@ class RentalLogChunk(Base):
     length: Mapped[int]
     data: Mapped[str] = mapped_column(Text)
     received_at: Mapped[datetime] = mapped_column(default=_now)
+
+
+class Lease(Base):
+    """A named, expiring lock held by one master process (for work only one may do at a time)."""
+
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(128))
+    expires_at: Mapped[datetime]

@@ -316,3 +316,21 @@ class TestRevocation:
         assert status == 200 and [(r["relay_id"], r["spare"], r["status"]) for r in body["items"]] == [("eu-1", 7, "ok")]
         status, _ = await world.get("/relays")
         assert status == 403
+
+
+class TestHostEvents:
+    async def test_every_transition_is_listed_with_cause_and_actor(self, world: World) -> None:
+        """GET /hosts/{id}/events lists the host's state changes newest first, paginated; other providers get 404."""
+        from master.services import enrollment
+
+        host_id = await online_host(world.master, world.provider, [gpu_info(0)])
+        await enrollment.revoke_host(world.master, world.provider, host_id)
+        status, body = await world.get(f"/hosts/{host_id}/events", key=world.provider_key)
+        assert status == 200 and body["total"] == 3
+        assert [(e["from"], e["to"]) for e in body["items"]] == [("online", "revoked"), ("enrolling", "online"), (None, "enrolling")]
+        assert body["items"][0]["actor"] == f"account:{world.provider.account_id}" and "revoked by" in body["items"][0]["cause"]
+        status, page = await world.get(f"/hosts/{host_id}/events?limit=1&offset=1", key=world.provider_key)
+        assert [e["to"] for e in page["items"]] == ["online"]
+        _, other_key = await create_principal(world.master, "p3", "provider")
+        status, _ = await world.get(f"/hosts/{host_id}/events", key=other_key)
+        assert status == 404

@@ -198,6 +198,13 @@ async def get_host_metrics(request: web.Request) -> web.Response:
     return web.json_response({"host_id": request.match_info["host_id"], "items": items})
 
 
+async def get_host_events(request: web.Request) -> web.Response:
+    limit, offset = page(request)
+    async with request.app[MASTER].db.session() as session:
+        items, total = await hosts.host_events(session, principal(request), request.match_info["host_id"], limit=limit, offset=offset)
+    return listing(items, total, limit, offset)
+
+
 async def get_host_network(request: web.Request) -> web.Response:
     limit = int_query(request, "limit", 50, minimum=1, maximum=1000)
     async with request.app[MASTER].db.session() as session:
@@ -313,6 +320,8 @@ ROUTES: tuple[Route, ...] = (
         ),
         errors=(404,),
     ),
+    Route("GET", "/hosts/{host_id}/events", get_host_events, "The host's state changes, newest first, with cause and actor.",
+          query=PAGING, errors=(404,)),
     Route("GET", "/hosts/{host_id}/network", get_host_network, "Network measurements of a host, newest first.",
           query=(QueryParam("limit", "integer", "How many.", 1, 1000),), errors=(404,)),
     Route("POST", "/hosts/{host_id}/network-test", start_network_test, "Ask the host's agent to measure its network now.",

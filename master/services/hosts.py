@@ -362,6 +362,21 @@ async def _visible_host(session: AsyncSession, principal: Principal, host_id: st
     return host
 
 
+async def host_events(
+    session: AsyncSession, principal: Principal, host_id: str, *, limit: int, offset: int
+) -> tuple[list[dict[str, Any]], int]:
+    """Every state change of the host, newest first, with time, cause and actor."""
+    host = await _visible_host(session, principal, host_id)
+    total = await session.scalar(select(func.count()).select_from(HostEvent).where(HostEvent.host_id == host.id)) or 0
+    rows = (
+        await session.scalars(
+            select(HostEvent).where(HostEvent.host_id == host.id).order_by(HostEvent.id.desc()).limit(limit).offset(offset)
+        )
+    ).all()
+    items = [{"at": e.at.isoformat(), "from": e.from_state, "to": e.to_state, "cause": e.cause, "actor": e.actor} for e in rows]
+    return items, total
+
+
 async def host_metrics(
     session: AsyncSession, principal: Principal, host_id: str, *, since: datetime | None, until: datetime | None, limit: int
 ) -> list[dict[str, Any]]:
