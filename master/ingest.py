@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from datetime import timedelta
 
 from master.context import Master
-from master.services import commands, enrollment, hosts
+from master.services import commands, enrollment, hosts, leases
 from shared import protocol
 from shared.bus import BusMessage
 from shared.errors import BusError, ProtocolError
@@ -143,10 +144,6 @@ async def heartbeat_monitor(master: Master, *, every: float | None = None) -> No
     Several masters may run this; a lease makes exactly one of them sweep at a time, and
     another takes over within a lease TTL when that one dies.
     """
-    from datetime import timedelta
-
-    from master.services import leases
-
     settings = master.settings
     deadline = settings.heartbeat_interval * settings.missed_heartbeats_offline
     period = every or settings.heartbeat_interval / 2

@@ -30,7 +30,8 @@ from master.models import (
 )
 from master.services import commands, rentals
 from master.services.accounts import Principal
-from master.services.hoststate import transition
+from master.services.hoststate import RENTABLE_STATES, transition
+from master.services.placement import model_matches
 from shared import protocol
 from shared.errors import NotFound
 from shared.ids import new_id
@@ -423,9 +424,6 @@ async def list_offers(
     session: AsyncSession, *, gpu_model: str | None, min_gpus: int, region: str | None, limit: int, offset: int
 ) -> tuple[list[dict[str, Any]], int]:
     """What can be rented now: per rentable host and GPU model, the free GPUs."""
-    from master.services.hoststate import RENTABLE_STATES
-    from master.services.placement import model_matches
-
     rows = (
         await session.execute(
             select(Host, Gpu)

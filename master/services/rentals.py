@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
 from master.models import Command as CommandRow
-from master.models import Gpu, Host, Rental, RentalEvent
+from master.models import Gpu, Host, Rental, RentalEvent, RentalLogChunk
 from master.services import commands
 from master.services.accounts import Principal
 from master.services.hoststate import RENTABLE_STATES, transition
@@ -293,8 +293,6 @@ async def _release(session: AsyncSession, rental: Rental) -> None:
 
 async def rental_logs(session: AsyncSession, principal: Principal, rental_id: str, *, offset: int, limit: int) -> dict[str, Any]:
     """The workload's output from byte ``offset`` (as far as the agent has shipped it)."""
-    from master.models import RentalLogChunk
-
     rental = await get_rental(session, principal, rental_id)
     chunks = (
         await session.scalars(
