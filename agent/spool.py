@@ -14,13 +14,11 @@ import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
-from shared.protocol import EVICTABLE, FrameStore, MemoryStore
-
-__all__ = ["EVICTABLE", "FrameStore", "MemoryStore", "SqliteSpool"]
+from shared.protocol import EVICTABLE
 
 
 class SqliteSpool:
-    """The durable ``FrameStore``: survives agent restarts.
+    """The durable ``shared.protocol.FrameStore``: survives agent restarts.
 
     Each ``add`` commits (``synchronous=FULL``: fsync'd, survives power loss) before
     the frame is handed to the relay. An ``ack`` is not fsync'd on its own: after a

@@ -20,6 +20,7 @@ import redis.asyncio as aioredis
 from master.app import close_master, open_master
 from master.context import Master
 from shared.bus import InProcessBus
+from shared.crypto import CertificateAuthority
 from tests.factories import master_settings
 
 PG_ADMIN_URL = os.environ.get("GPUMARKET_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -63,6 +64,18 @@ async def redis_url() -> AsyncIterator[str]:
     finally:
         await client.aclose()
     yield REDIS_URL
+
+
+@pytest.fixture
+def ca(tmp_path: Path) -> CertificateAuthority:
+    """The master's CA, fresh in the test's tmp dir."""
+    return CertificateAuthority.load_or_create(tmp_path / "ca")
+
+
+@pytest.fixture
+def other_ca(tmp_path: Path) -> CertificateAuthority:
+    """A CA that is not ours: what it signs must be refused."""
+    return CertificateAuthority.load_or_create(tmp_path / "other-ca", common_name="not gpumarket")
 
 
 @pytest.fixture

@@ -43,16 +43,6 @@ IO_TIMEOUT = 5.0
 # Fixtures and helpers
 
 
-@pytest.fixture
-def ca(tmp_path: Path) -> CertificateAuthority:
-    return CertificateAuthority.load_or_create(tmp_path / "ca")
-
-
-@pytest.fixture
-def other_ca(tmp_path: Path) -> CertificateAuthority:
-    return CertificateAuthority.load_or_create(tmp_path / "other-ca", common_name="not gpumarket")
-
-
 @dataclass(frozen=True)
 class ClientFiles:
     cert_file: Path

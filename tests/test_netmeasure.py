@@ -64,11 +64,6 @@ FAST: dict[str, Any] = {
 
 
 @pytest.fixture
-def ca(tmp_path: Path) -> CertificateAuthority:
-    return CertificateAuthority.load_or_create(tmp_path / "ca")
-
-
-@pytest.fixture
 def server_context(ca: CertificateAuthority, tmp_path: Path) -> ssl.SSLContext:
     key_file, cert_file = ca.write_server_certificate(tmp_path / "relay", ["127.0.0.1", "localhost"])
     return server_ssl_context(cert_file, key_file, ca.cert_path)

@@ -41,16 +41,6 @@ EVENTS_GROUP = "test-master"
 
 
 @pytest.fixture
-def ca(tmp_path: Path) -> CertificateAuthority:
-    return CertificateAuthority.load_or_create(tmp_path / "ca")
-
-
-@pytest.fixture
-def other_ca(tmp_path: Path) -> CertificateAuthority:
-    return CertificateAuthority.load_or_create(tmp_path / "other-ca", common_name="not gpumarket")
-
-
-@pytest.fixture
 def server_context(ca: CertificateAuthority, tmp_path: Path) -> ssl.SSLContext:
     return relay_server_context(ca, tmp_path / "relay")
 
