@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass, field
 
 from master.db import Database
+from master.stats import IngestStats
 from shared.bus import Bus
 from shared.clock import Clock, SystemClock
 from shared.crypto import CertificateAuthority
@@ -24,3 +25,4 @@ class Master:
     clock: Clock = field(default_factory=SystemClock)
     instance_id: str = "master"
     registry: Registry = field(default_factory=MemoryRegistry)
+    stats: IngestStats = field(default_factory=IngestStats)

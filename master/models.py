@@ -110,6 +110,15 @@ class Host(Base):
     latest_network: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     spool_stats: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     created_at: Mapped[datetime] = mapped_column(default=_now)
+    # Reliability in 0..1 from the host's history, with the inputs it was computed from.
+    reliability: Mapped[float | None] = mapped_column(default=None)
+    reliability_inputs: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    reliability_at: Mapped[datetime | None] = mapped_column(default=None)
+    # Faults (hardware XIDs, ECC errors, vanished GPUs, failed health checks) count from here;
+    # a passed health check moves it forward.
+    faults_since: Mapped[datetime | None] = mapped_column(default=None)
+    # Telemetry fields the master refused from this host (field name → count).
+    rejected_fields: Mapped[dict[str, Any]] = mapped_column(default=dict)
 
 
 class HostEvent(Base):
@@ -137,6 +146,12 @@ class Gpu(Base):
     memory_total_mib: Mapped[int]
     info: Mapped[dict[str, Any]] = mapped_column(default=dict)
     present: Mapped[bool] = mapped_column(default=True)
+    # Classification (master/tiers.py), refreshed when the host reports or is re-scored.
+    tier: Mapped[str | None] = mapped_column(String(16), default=None, index=True)
+    score: Mapped[float | None] = mapped_column(default=None)
+    model_key: Mapped[str | None] = mapped_column(String(64), default=None)
+    needs_review: Mapped[bool] = mapped_column(default=False)
+    classification: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     # The allocation: set with ``UPDATE … WHERE rental_id IS NULL`` so one GPU is never given twice.
     rental_id: Mapped[str | None] = mapped_column(ForeignKey("rentals.id"), default=None, index=True)
 
@@ -159,6 +174,8 @@ class Rental(Base):
     created_at: Mapped[datetime] = mapped_column(default=_now)
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     stopped_at: Mapped[datetime | None] = mapped_column(default=None)
+    # When the host was last heard from before it went silent for longer than the grace period.
+    host_lost_at: Mapped[datetime | None] = mapped_column(default=None)
 
 
 class RentalEvent(Base):
@@ -205,6 +222,41 @@ class TelemetrySample(Base):
     gpus: Mapped[list[Any]] = mapped_column(default=list)
     window_s: Mapped[float | None] = mapped_column(default=None)
     aggregates: Mapped[list[Any]] = mapped_column(default=list)
+    # Folded into telemetry_rollups yet? The roll-up pass flips it in the same transaction.
+    rolled: Mapped[bool] = mapped_column(default=False, index=True)
+
+
+class TelemetryRollup(Base):
+    """One GPU's telemetry over one bucket (60 s or 3600 s): counts, sums and maxima.
+
+    Sums and counts (not averages) so a late sample folds in exactly: avg = sum / n.
+    """
+
+    __tablename__ = "telemetry_rollups"
+    __table_args__ = (
+        UniqueConstraint("host_id", "resolution", "bucket_start", "gpu_uuid", name="uq_rollups_bucket"),
+        Index("ix_rollups_resolution_bucket", "resolution", "bucket_start"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    host_id: Mapped[str] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"))
+    resolution: Mapped[int]  # bucket length in seconds
+    bucket_start: Mapped[datetime]
+    gpu_uuid: Mapped[str] = mapped_column(String(128))
+    gpu_index: Mapped[int]
+    samples: Mapped[int] = mapped_column(default=0)
+    util_n: Mapped[int] = mapped_column(default=0)
+    util_sum: Mapped[float] = mapped_column(default=0.0)
+    util_max: Mapped[float | None] = mapped_column(default=None)
+    mem_n: Mapped[int] = mapped_column(default=0)
+    mem_sum: Mapped[float] = mapped_column(default=0.0)
+    mem_max: Mapped[float | None] = mapped_column(default=None)
+    temp_n: Mapped[int] = mapped_column(default=0)
+    temp_sum: Mapped[float] = mapped_column(default=0.0)
+    temp_max: Mapped[float | None] = mapped_column(default=None)
+    power_n: Mapped[int] = mapped_column(default=0)
+    power_sum: Mapped[float] = mapped_column(default=0.0)
+    power_max: Mapped[float | None] = mapped_column(default=None)
 
 
 class GpuEvent(Base):
@@ -266,3 +318,47 @@ class Lease(Base):
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     holder: Mapped[str] = mapped_column(String(128))
     expires_at: Mapped[datetime]
+
+
+class Alert(Base):
+    """One occurrence of an alert condition, from raised to resolved.
+
+    ``open_key`` equals ``key`` while the alert fires and is NULL once resolved; its unique
+    constraint keeps one open alert per condition (NULLs never collide), which is the dedupe.
+    """
+
+    __tablename__ = "alerts"
+    __table_args__ = (Index("ix_alerts_state_raised", "state", "raised_at"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    rule: Mapped[str] = mapped_column(String(32), index=True)
+    key: Mapped[str] = mapped_column(String(255), index=True)
+    open_key: Mapped[str | None] = mapped_column(String(255), unique=True, default=None)
+    severity: Mapped[str] = mapped_column(String(16))  # critical | warning | info
+    state: Mapped[str] = mapped_column(String(16))  # firing | resolved
+    host_id: Mapped[str | None] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), default=None, index=True)
+    relay_id: Mapped[str | None] = mapped_column(String(64), default=None)
+    summary: Mapped[str] = mapped_column(Text)
+    details: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    raised_at: Mapped[datetime] = mapped_column(default=_now)
+    last_seen_at: Mapped[datetime] = mapped_column(default=_now)
+    resolved_at: Mapped[datetime | None] = mapped_column(default=None)
+    occurrences: Mapped[int] = mapped_column(default=1)
+
+
+class AlertNotification(Base):
+    """An outbox row: one alert state change to deliver to the webhook, retried with back-off."""
+
+    __tablename__ = "alert_notifications"
+    __table_args__ = (Index("ix_alert_notifications_due", "delivered_at", "next_attempt_at"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    alert_id: Mapped[str] = mapped_column(ForeignKey("alerts.id", ondelete="CASCADE"), index=True)
+    event: Mapped[str] = mapped_column(String(16))  # firing | resolved
+    payload: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=_now)
+    attempts: Mapped[int] = mapped_column(default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(default=_now)
+    delivered_at: Mapped[datetime | None] = mapped_column(default=None)
+    gave_up_at: Mapped[datetime | None] = mapped_column(default=None)
+    last_error: Mapped[str | None] = mapped_column(Text, default=None)

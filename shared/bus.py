@@ -58,6 +58,22 @@ class BusMessage:
     """1 on first delivery, incremented each time ``claim_stale`` redelivers it."""
 
 
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """What a consumer group has not finished: the basis of the ingestion-lag figure."""
+
+    undelivered: int
+    """Entries not yet delivered to the group."""
+    pending: int
+    """Entries delivered but not acknowledged."""
+    oldest_published_at: float | None
+    """Wall-clock time (epoch seconds) the oldest unfinished entry was published; None if none."""
+
+    def lag(self, now: float) -> float:
+        """Seconds the oldest unfinished entry has waited (0 when the group is caught up)."""
+        return 0.0 if self.oldest_published_at is None else max(0.0, now - self.oldest_published_at)
+
+
 class Bus(Protocol):
     """Append-only streams with Redis consumer-group semantics (at-least-once delivery)."""
 
@@ -117,6 +133,13 @@ class Bus(Protocol):
         """How many entries the stream holds (0 if no such stream). Read-only; cancelling is safe."""
         ...
 
+    async def backlog(self, stream: str, group: str) -> Backlog:
+        """The group's undelivered and pending entries and when the oldest was published.
+
+        Read-only; cancelling is safe. A missing group or stream has an empty backlog.
+        """
+        ...
+
     async def ping(self) -> None:
         """Raise ``BusError`` unless the bus is reachable. Cancelling is safe."""
         ...
@@ -158,6 +181,8 @@ class _Group:
 @dataclass(slots=True)
 class _Stream:
     entries: dict[int, bytes] = field(default_factory=dict)
+    published_at: dict[int, float] = field(default_factory=dict)
+    """Wall-clock publish time of each entry still held."""
     order: deque[int] = field(default_factory=deque)
     """Sequence numbers not yet passed by trimming; contiguous up to ``last_seq``."""
     retained: set[int] = field(default_factory=set)
@@ -187,11 +212,18 @@ class InProcessBus:
     inject a fake one. Blocking reads wait on the event loop's own clock.
     """
 
-    def __init__(self, *, max_len: int = 100_000, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        max_len: int = 100_000,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
         if max_len < 1:
             raise ValueError(f"max_len must be at least 1, got {max_len}")
         self._max_len = max_len
         self._clock = clock
+        self._wall_clock = wall_clock
         self._streams: dict[str, _Stream] = {}
         self._closed = False
 
@@ -231,6 +263,7 @@ class InProcessBus:
                 )
         state.last_seq += 1
         state.entries[state.last_seq] = bytes(payload)
+        state.published_at[state.last_seq] = self._wall_clock()
         state.order.append(state.last_seq)
         appended, state.appended = state.appended, asyncio.Event()
         appended.set()
@@ -246,6 +279,7 @@ class InProcessBus:
                 state.retained.add(seq)
             else:
                 del state.entries[seq]
+                state.published_at.pop(seq, None)
                 dropped += 1
 
     async def ensure_group(self, stream: str, group: str) -> None:
@@ -313,6 +347,7 @@ class InProcessBus:
             if seq in state.retained and not any(seq in g.pending for g in state.groups.values()):
                 state.retained.discard(seq)
                 del state.entries[seq]
+                state.published_at.pop(seq, None)
         return acked
 
     async def claim_stale(
@@ -359,6 +394,20 @@ class InProcessBus:
         self._check_open()
         state = self._streams.get(stream)
         return 0 if state is None else len(state.entries)
+
+    async def backlog(self, stream: str, group: str) -> Backlog:
+        """Never suspends; cancelling is safe."""
+        self._check_open()
+        state = self._streams.get(stream)
+        group_state = state.groups.get(group) if state is not None else None
+        if state is None or group_state is None:
+            return Backlog(undelivered=0, pending=0, oldest_published_at=None)
+        undelivered = state.last_seq - group_state.last_delivered
+        oldest_seq = min(group_state.pending, default=None)
+        if oldest_seq is None and undelivered:
+            oldest_seq = group_state.last_delivered + 1
+        oldest = state.published_at.get(oldest_seq) if oldest_seq is not None else None
+        return Backlog(undelivered=undelivered, pending=len(group_state.pending), oldest_published_at=oldest)
 
     async def ping(self) -> None:
         """Raise ``BusError`` if the bus is closed."""
@@ -431,6 +480,15 @@ def _group_is_missing(exc: BusError) -> bool:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _group_info(raw: Any) -> dict[str, Any]:
+    """One ``XINFO GROUPS`` entry as a dict with text keys (RESP2 gives a flat list)."""
+    if isinstance(raw, dict):
+        items = list(raw.items())
+    else:
+        items = list(zip(raw[::2], raw[1::2], strict=True))
+    return {_text(k): (_text(v) if isinstance(v, bytes) else v) for k, v in items}
 
 
 def _payload(fields: Any) -> bytes | None:
@@ -746,6 +804,38 @@ class RedisBus:
         """``XLEN``. Cancelling is safe."""
         length = await self._call(f"XLEN {stream}", lambda: self._execute("XLEN", self._key(stream)))
         return int(length)
+
+    async def backlog(self, stream: str, group: str) -> Backlog:
+        """``XINFO GROUPS`` + ``XPENDING`` + one ``XRANGE``; ids carry their publish time in ms."""
+        key = self._key(stream)
+        try:
+            groups = await self._call(f"XINFO GROUPS {stream}", lambda: self._execute("XINFO", "GROUPS", key))
+        except BusError as exc:
+            if "no such key" in str(exc).lower():
+                return Backlog(undelivered=0, pending=0, oldest_published_at=None)
+            raise
+        info = next((g for g in (_group_info(g) for g in groups) if g.get("name") == group), None)
+        if info is None:
+            return Backlog(undelivered=0, pending=0, oldest_published_at=None)
+        pending = int(info.get("pending") or 0)
+        last_delivered = str(info.get("last-delivered-id") or "0-0")
+        oldest_id: str | None = None
+        if pending:
+            summary = await self._call(f"XPENDING {stream} {group}", lambda: self._execute("XPENDING", key, group))
+            first = summary.get("min") if isinstance(summary, dict) else summary[1]
+            oldest_id = _text(first) if first is not None else None
+        next_entries = await self._call(
+            f"XRANGE {stream}", lambda: self._execute("XRANGE", key, f"({last_delivered}", "+", "COUNT", 1)
+        )
+        lag = info.get("lag")
+        if next_entries:
+            undelivered = int(lag) if lag is not None else 1
+            if oldest_id is None:
+                oldest_id = _text(next_entries[0][0])
+        else:
+            undelivered = 0
+        oldest = int(oldest_id.split("-", 1)[0]) / 1000 if oldest_id else None
+        return Backlog(undelivered=undelivered, pending=pending, oldest_published_at=oldest)
 
     async def ping(self) -> None:
         """``PING``; raises ``BusError`` / ``BusTimeout`` naming the Redis URL if it fails."""

@@ -17,7 +17,8 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from sqlalchemy import func, select
 
-from master.api.routes import API, ROUTES
+from master.api.base import API
+from master.api.routes import ROUTES
 from master.app import create_app
 from master.context import Master
 from master.models import Command, Gpu, Rental

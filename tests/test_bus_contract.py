@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -252,6 +253,34 @@ class TestBusContract:
         assert await bus.ack(STREAM, GROUP, []) == 0
         assert await bus.ack(STREAM, GROUP, ids) == 1
         assert await bus.pending_count(STREAM, GROUP) == 0
+
+    async def test_backlog_counts_undelivered_and_pending_and_dates_the_oldest(self, harness: BusHarness) -> None:
+        """The oldest unfinished entry is the oldest pending one, else the next undelivered one."""
+        bus = harness.bus
+        empty = await bus.backlog(STREAM, GROUP)
+        assert (empty.undelivered, empty.pending, empty.oldest_published_at) == (0, 0, None)
+        await bus.ensure_group(STREAM, GROUP)
+        before = time.time()
+        ids = await publish_all(bus, [b"a", b"b", b"c"])
+        after = time.time()
+        waiting = await bus.backlog(STREAM, GROUP)
+        assert (waiting.undelivered, waiting.pending) == (3, 0)
+        assert waiting.oldest_published_at is not None
+        assert before - 1 <= waiting.oldest_published_at <= after + 1
+        assert waiting.lag(waiting.oldest_published_at + 5) == 5
+        await bus.read(STREAM, GROUP, "c1", count=2, block=None)
+        mixed = await bus.backlog(STREAM, GROUP)
+        assert (mixed.undelivered, mixed.pending) == (1, 2)
+        assert mixed.oldest_published_at == waiting.oldest_published_at
+        await bus.ack(STREAM, GROUP, ids[:2])
+        tail = await bus.backlog(STREAM, GROUP)
+        assert (tail.undelivered, tail.pending) == (1, 0)
+        assert tail.oldest_published_at is not None and tail.oldest_published_at >= waiting.oldest_published_at
+        await bus.read(STREAM, GROUP, "c1", block=None)
+        await bus.ack(STREAM, GROUP, ids[2:])
+        done = await bus.backlog(STREAM, GROUP)
+        assert (done.undelivered, done.pending, done.oldest_published_at) == (0, 0, None)
+        assert done.lag(time.time()) == 0.0
 
     async def test_ack_of_unknown_group_or_stream_returns_zero(self, harness: BusHarness) -> None:
         """Acking where nothing is pending is not an error."""

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from master.api.routes import API, ROUTES, VERSION, Route
+from master.api.base import API, Route
+from master.api.routes import ROUTES, VERSION
 from master.api.schemas import ErrorBody
 
 _REASONS = {400: "Bad request", 401: "Missing or invalid API key", 403: "Not allowed for this account", 404: "Not found",

@@ -2,102 +2,34 @@
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from datetime import datetime
-from typing import Any, TypeVar
 
 from aiohttp import web
-from pydantic import BaseModel, ValidationError
 from sqlalchemy import text
 
+from master.api import routes_alerts, routes_metrics
+from master.api.base import (
+    API,
+    PAGING,
+    HandlerFn,
+    QueryParam,
+    Route,
+    int_query,
+    listing,
+    page,
+    parse_body,
+    str_query,
+)
 from master.api.keys import MASTER
 from master.api.middleware import principal
 from master.api.schemas import EnrollRequest, ErrorBody, RentalCreate
 from master.models import Account
 from master.services import commands, enrollment, hosts, rentals
-from shared.errors import BadRequest, ValidationFailed
+from shared.errors import BadRequest
 
-API = "/api/v1"
 VERSION = "0.1.0"
-
-Body = TypeVar("Body", bound=BaseModel)
-HandlerFn = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@dataclass(frozen=True)
-class QueryParam:
-    name: str
-    type: str  # "string" | "integer"
-    description: str
-    minimum: int | None = None
-    maximum: int | None = None
-
-
-@dataclass(frozen=True)
-class Route:
-    method: str
-    path: str
-    handler: HandlerFn
-    summary: str
-    roles: tuple[str, ...] = ()  # empty + public=False: any signed-in account
-    public: bool = False
-    body: type[BaseModel] | None = None
-    query: tuple[QueryParam, ...] = ()
-    success: int = 200
-    headers: tuple[str, ...] = ()
-    errors: tuple[int, ...] = field(default=())
-
-
-async def parse_body(request: web.Request, model: type[Body]) -> Body:
-    if not request.can_read_body:
-        raw: Any = {}
-    else:
-        try:
-            raw = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise BadRequest("the request body is not valid JSON", code="invalid_json") from None
-    try:
-        return model.model_validate(raw)
-    except ValidationError as exc:
-        problems = [{"field": ".".join(str(p) for p in e["loc"]), "problem": e["msg"]} for e in exc.errors()]
-        first = problems[0]
-        raise ValidationFailed(
-            f"{first['field'] or 'body'}: {first['problem']}", details={"problems": problems}
-        ) from None
-
-
-def int_query(request: web.Request, name: str, default: int, *, minimum: int, maximum: int) -> int:
-    raw = request.query.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise BadRequest(f"query parameter {name!r} must be an integer, got {raw!r}", code="invalid_query") from None
-    if not minimum <= value <= maximum:
-        raise BadRequest(f"query parameter {name!r} must be between {minimum} and {maximum}", code="invalid_query")
-    return value
-
-
-def str_query(request: web.Request, name: str, *, max_length: int = 128) -> str | None:
-    raw = request.query.get(name)
-    if raw is None or raw == "":
-        return None
-    if len(raw) > max_length:
-        raise BadRequest(f"query parameter {name!r} is longer than {max_length} characters", code="invalid_query")
-    return raw
-
-
-def page(request: web.Request) -> tuple[int, int]:
-    return int_query(request, "limit", 50, minimum=1, maximum=500), int_query(request, "offset", 0, minimum=0, maximum=10**9)
-
-
-def listing(items: list[dict[str, Any]], total: int, limit: int, offset: int) -> web.Response:
-    return web.json_response({"items": items, "total": total, "limit": limit, "offset": offset})
-
 
 # ---- handlers -------------------------------------------------------------------------
 
@@ -298,12 +230,7 @@ async def openapi(request: web.Request) -> web.Response:
     return web.json_response(build_openapi(ROUTES))
 
 
-PAGING = (
-    QueryParam("limit", "integer", "Page size.", 1, 500),
-    QueryParam("offset", "integer", "Items to skip.", 0, 10**9),
-)
-
-ROUTES: tuple[Route, ...] = (
+CORE_ROUTES: tuple[Route, ...] = (
     Route("GET", "/health", health, "Liveness and readiness of this master process.", public=True, errors=(503,)),
     Route("GET", "/openapi.json", openapi, "This document.", public=True),
     Route("GET", "/account", get_account, "The calling account."),
@@ -350,10 +277,13 @@ ROUTES: tuple[Route, ...] = (
     Route("DELETE", "/rentals/{rental_id}", delete_rental, "Stop a rental; the GPUs are freed when the agent confirms.", success=202, errors=(404,)),
 )
 
+ROUTES: tuple[Route, ...] = CORE_ROUTES + routes_alerts.ROUTES + routes_metrics.ROUTES
+
 ERROR_SCHEMA = ErrorBody
 
 
 def add_routes(app: web.Application) -> None:
+    routes_metrics.add_unversioned_routes(app)
     for route in ROUTES:
         handler = route.handler
         if route.roles:
