@@ -9,7 +9,6 @@ another master (or this one restarted) claims what was left pending for longer t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from datetime import timedelta
 
@@ -141,29 +140,18 @@ SWEEPER_LEASE = "heartbeat-sweeper"
 async def heartbeat_monitor(master: Master, *, every: float | None = None) -> None:
     """Mark hosts offline after ``missed_heartbeats_offline`` silent intervals. Cancel to stop.
 
-    Several masters may run this; a lease makes exactly one of them sweep at a time, and
-    another takes over within a lease TTL when that one dies.
+    Several masters may run this; the ``heartbeat-sweeper`` lease makes one sweep at a time.
     """
     settings = master.settings
     deadline = settings.heartbeat_interval * settings.missed_heartbeats_offline
-    period = every or settings.heartbeat_interval / 2
-    try:
-        while True:
-            await asyncio.sleep(period)
-            try:
-                if not await leases.acquire(master, SWEEPER_LEASE, ttl=max(3 * period, 1.0)):
-                    continue
-                async with master.db.session() as session:
-                    gone = await hosts.mark_silent_hosts_offline(
-                        session, now=master.clock.now(), deadline=timedelta(seconds=deadline)
-                    )
-                if gone:
-                    log.warning("hosts offline after %gs of silence: %s", deadline, ", ".join(gone))
-            except Exception:
-                log.exception("heartbeat monitor pass failed; retrying next interval")
-    finally:
-        with contextlib.suppress(Exception):
-            await asyncio.shield(leases.release(master, SWEEPER_LEASE))
+
+    async def sweep() -> None:
+        async with master.db.session() as session:
+            gone = await hosts.mark_silent_hosts_offline(session, now=master.clock.now(), deadline=timedelta(seconds=deadline))
+        if gone:
+            log.warning("hosts offline after %gs of silence: %s", deadline, ", ".join(gone))
+
+    await leases.run_leased(master, SWEEPER_LEASE, every=every or settings.heartbeat_interval / 2, work=sweep)
 
 
 async def revocation_publisher(master: Master, *, every: float = 30.0) -> None:

@@ -8,6 +8,10 @@ stops renewing, and another master takes over after the TTL.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 
 from sqlalchemy import or_, update
@@ -15,6 +19,8 @@ from sqlalchemy.exc import IntegrityError
 
 from master.context import Master
 from master.models import Lease
+
+log = logging.getLogger(__name__)
 
 
 async def acquire(master: Master, name: str, *, ttl: float, now: datetime | None = None) -> bool:
@@ -47,3 +53,23 @@ async def release(master: Master, name: str) -> None:
             .where(Lease.name == name, Lease.holder == master.instance_id)
             .values(expires_at=master.clock.now() - timedelta(seconds=1))
         )
+
+
+async def run_leased(master: Master, name: str, *, every: float, work: Callable[[], Awaitable[None]]) -> None:
+    """Call ``work`` every ``every`` seconds while this process holds lease ``name``. Cancel to stop.
+
+    Several masters may run the same loop: the lease (TTL three periods) lets exactly one of
+    them work at a time, and another takes over within a TTL when that one dies. A failing
+    pass is logged and retried next period; the lease is released on the way out.
+    """
+    try:
+        while True:
+            await asyncio.sleep(every)
+            try:
+                if await acquire(master, name, ttl=max(3 * every, 1.0)):
+                    await work()
+            except Exception:
+                log.exception("%s pass failed; retrying in %gs", name, every)
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.shield(release(master, name))
