@@ -1,19 +1,21 @@
 """Ingestion: a consumer-group reader of the ``agent-events`` stream.
 
-Load → process → ack: each bus message is applied in its own transaction and
-acknowledged only after that commits, so a master killed mid-batch loses nothing;
-another master (or this one restarted) claims what was left pending for longer than
-``stale_message_idle`` seconds. Handlers are idempotent, so redelivery is harmless.
+Load → process → ack: messages are acknowledged only after the transaction that applied
+them commits, so a master killed mid-batch loses nothing; another master (or this one
+restarted) claims what was left pending for longer than ``stale_message_idle`` seconds.
+Heartbeats and telemetry (nearly all traffic) are applied a whole read at a time in one
+transaction with multi-row inserts; other messages one per transaction. Handlers are
+idempotent and samples are de-duplicated by ``(host, seq)``, so redelivery is harmless.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from master.context import Master
-from master.services import commands, enrollment, hosts, leases
+from master.services import commands, enrollment, hosts, leases, rentals
 from shared import protocol
 from shared.bus import BusMessage
 from shared.errors import BusError, ProtocolError
@@ -29,22 +31,21 @@ class Ingestor:
         self,
         master: Master,
         *,
-        batch: int = 200,
+        batch: int | None = None,
         block: float = 1.0,
         claim_every: float = 5.0,
         max_deliveries: int = 5,
         error_backoff: float = 1.0,
+        batched: bool = True,
     ) -> None:
         self.master = master
-        self.batch = batch
+        self.batched = batched
+        self.batch = batch or master.settings.ingest_batch
         self.block = block
         self.claim_every = claim_every
         self.max_deliveries = max_deliveries
         self.error_backoff = error_backoff
         self.consumer = master.instance_id
-        self.processed = 0
-        self.failed = 0
-        self.dead_lettered = 0
 
     async def run(self) -> None:
         """Consume until cancelled. Cancelling is safe: unacknowledged messages stay pending."""
@@ -71,49 +72,116 @@ class Ingestor:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
 
+    @property
+    def processed(self) -> int:
+        return self.master.stats.processed
+
+    @property
+    def failed(self) -> int:
+        return self.master.stats.failed
+
+    @property
+    def dead_lettered(self) -> int:
+        return self.master.stats.dead_lettered
+
     async def process(self, messages: list[BusMessage]) -> None:
-        """Apply and acknowledge each message; one that fails stays pending and is retried.
+        """Apply and acknowledge ``messages``; one that fails stays pending and is retried.
 
-        A database outage fails every message: they stay pending on the bus and are claimed
-        again after ``stale_message_idle``. A message that keeps failing (a poison message)
-        is moved to the dead-letter stream after ``max_deliveries`` attempts, so it cannot
-        block ingestion forever, and is logged for an operator.
+        Batched (the default): heartbeats and telemetry — nearly all of the traffic — are
+        applied together in one transaction and acknowledged together once it commits; every
+        other message gets its own transaction, first, in arrival order. If the batch's
+        transaction fails, its messages are applied one by one instead, so one bad message
+        cannot hold back the others.
         """
-        for message in messages:
-            try:
-                await self._apply_one(message)
-            except Exception:
-                self.failed += 1
-                if message.deliveries >= self.max_deliveries:
-                    log.exception("giving up on bus message %s after %d deliveries; moved to %s",
-                                  message.id, message.deliveries, DEAD_LETTERS_STREAM)
-                    await self.master.bus.publish(DEAD_LETTERS_STREAM, message.payload)
-                    await self.master.bus.ack(message.stream, GROUP, [message.id])
-                    self.dead_lettered += 1
-                    continue
-                log.exception("applying bus message %s failed (delivery %d); it stays pending for a retry",
-                              message.id, message.deliveries)
-                await asyncio.sleep(self.error_backoff)
-                continue
-            await self.master.bus.ack(message.stream, GROUP, [message.id])
-            self.processed += 1
-
-    async def _apply_one(self, message: BusMessage) -> None:
-        try:
-            envelope = protocol.decode_bus_envelope(message.payload)
-        except ProtocolError as exc:
-            log.error("dropping malformed bus record %s: %s", message.id, exc)
+        if not self.batched:
+            for message in messages:
+                await self._process_one(message)
             return
-        resend: list[str] = []
+        fast: list[tuple[BusMessage, protocol.BusEnvelope]] = []
+        for message in messages:
+            envelope = self._decode(message)
+            if envelope is None:
+                await self.master.bus.ack(message.stream, GROUP, [message.id])
+            elif isinstance(envelope.message, protocol.Heartbeat | protocol.Telemetry):
+                fast.append((message, envelope))
+            else:
+                await self._process_one(message, envelope)
+        if fast and not await self._apply_batch(fast):
+            for message, envelope in fast:
+                await self._process_one(message, envelope)
+
+    async def _apply_batch(self, batch: list[tuple[BusMessage, protocol.BusEnvelope]]) -> bool:
+        stats = self.master.stats
+        started = asyncio.get_running_loop().time()
         try:
             async with self.master.db.session() as session:
+                outcome = await hosts.apply_batch(
+                    session, [envelope for _, envelope in batch], now=self.master.clock.now(),
+                    max_future_s=self.master.settings.telemetry_max_future_s, stats=stats,
+                )
+        except Exception:
+            stats.failed += 1
+            log.exception("applying a batch of %d heartbeats and samples failed; applying them one by one", len(batch))
+            return False
+        stats.batches += 1
+        stats.batch_seconds += asyncio.get_running_loop().time() - started
+        for host_id in sorted(outcome.unknown_hosts):
+            log.warning("messages from unknown host %s dropped", host_id)
+        if outcome.commands:
+            await commands.publish(self.master, outcome.commands)
+        stats.messages.update(envelope.message.type for _, envelope in batch)
+        await self.master.bus.ack(batch[0][0].stream, GROUP, [m.id for m, _ in batch])
+        return True
+
+    def _decode(self, message: BusMessage) -> protocol.BusEnvelope | None:
+        try:
+            return protocol.decode_bus_envelope(message.payload)
+        except ProtocolError as exc:
+            log.error("dropping malformed bus record %s: %s", message.id, exc)
+            self.master.stats.malformed += 1
+            return None
+
+    async def _process_one(self, message: BusMessage, envelope: protocol.BusEnvelope | None = None) -> None:
+        """Apply one message in its own transaction; after ``max_deliveries`` failures, dead-letter it."""
+        stats = self.master.stats
+        if envelope is None:
+            envelope = self._decode(message)
+            if envelope is None:
+                await self.master.bus.ack(message.stream, GROUP, [message.id])
+                return
+        try:
+            await self._apply_one(envelope)
+        except Exception:
+            stats.failed += 1
+            if message.deliveries >= self.max_deliveries:
+                log.exception("giving up on bus message %s after %d deliveries; moved to %s",
+                              message.id, message.deliveries, DEAD_LETTERS_STREAM)
+                await self.master.bus.publish(DEAD_LETTERS_STREAM, message.payload)
+                await self.master.bus.ack(message.stream, GROUP, [message.id])
+                stats.dead_lettered += 1
+                return
+            log.exception("applying bus message %s failed (delivery %d); it stays pending for a retry",
+                          message.id, message.deliveries)
+            await asyncio.sleep(self.error_backoff)
+            return
+        await self.master.bus.ack(message.stream, GROUP, [message.id])
+        stats.messages[envelope.message.type] += 1
+
+    async def _apply_one(self, envelope: protocol.BusEnvelope) -> None:
+        resend: list[str] = []
+        master = self.master
+        try:
+            async with master.db.session() as session:
                 match envelope.message:
                     case protocol.Hello():
                         resend = await hosts.handle_hello(session, envelope)
                     case protocol.Heartbeat():
-                        await hosts.handle_heartbeat(session, envelope)
+                        resend = await hosts.handle_heartbeat(session, envelope)
                     case protocol.Telemetry():
-                        await hosts.handle_telemetry(session, envelope)
+                        await hosts.handle_telemetry(
+                            session, envelope, now=master.clock.now(),
+                            max_future_s=master.settings.telemetry_max_future_s, stats=master.stats,
+                        )
                     case protocol.CommandResult():
                         await hosts.handle_command_result(session, envelope)
                     case protocol.GpuEvents():
@@ -125,33 +193,64 @@ class Ingestor:
                     case protocol.WorkloadLogs():
                         await hosts.handle_workload_logs(session, envelope)
                     case protocol.RenewCertificate():
-                        command_id = await enrollment.renew(self.master, session, envelope)
+                        command_id = await enrollment.renew(master, session, envelope)
                         resend = [command_id] if command_id else []
         except hosts.UnknownHost:
             log.warning("message from unknown host %s via %s dropped", envelope.message.host_id, envelope.relay_id)
             return
         if resend:
-            await commands.publish(self.master, resend)
+            await commands.publish(master, resend)
 
 
 SWEEPER_LEASE = "heartbeat-sweeper"
 
 
+async def ingested_until(master: Master) -> datetime:
+    """The time up to which every agent message published has been applied (now, if caught up).
+
+    Bus ids carry their publish time; everything published before the oldest unfinished
+    message is in the database, so silence before that moment is real silence.
+    """
+    now = master.clock.now()
+    backlog = await master.bus.backlog(protocol.AGENT_EVENTS_STREAM, GROUP)
+    if backlog.oldest_published_at is None:
+        return now
+    return min(now, datetime.fromtimestamp(backlog.oldest_published_at, UTC))
+
+
+async def sweep(master: Master) -> tuple[list[str], list[str]]:
+    """One pass of the heartbeat monitor; returns (hosts marked offline, rentals failed as host lost).
+
+    Judged against ``ingested_until``, not the wall clock: a master whose ingestion lags
+    does not mistake its own backlog for silent hosts.
+    """
+    settings = master.settings
+    deadline = timedelta(seconds=settings.heartbeat_interval * settings.missed_heartbeats_offline)
+    horizon = await ingested_until(master)
+    lag = (master.clock.now() - horizon).total_seconds()
+    if lag > settings.heartbeat_interval:
+        log.warning("ingestion lags %.1fs behind; judging host silence as of %s", lag, horizon.isoformat())
+    async with master.db.session() as session:
+        gone = await hosts.mark_silent_hosts_offline(session, now=horizon, deadline=deadline)
+    if gone:
+        log.warning("hosts offline after %gs of silence: %s", deadline.total_seconds(), ", ".join(gone))
+    async with master.db.session() as session:
+        lost = await rentals.fail_rentals_of_lost_hosts(
+            session, now=horizon, grace=timedelta(seconds=settings.rental_grace_period)
+        )
+    return gone, lost
+
+
 async def heartbeat_monitor(master: Master, *, every: float | None = None) -> None:
-    """Mark hosts offline after ``missed_heartbeats_offline`` silent intervals. Cancel to stop.
+    """Mark silent hosts offline, and fail the rentals of hosts lost past the grace period. Cancel to stop.
 
     Several masters may run this; the ``heartbeat-sweeper`` lease makes one sweep at a time.
     """
-    settings = master.settings
-    deadline = settings.heartbeat_interval * settings.missed_heartbeats_offline
 
-    async def sweep() -> None:
-        async with master.db.session() as session:
-            gone = await hosts.mark_silent_hosts_offline(session, now=master.clock.now(), deadline=timedelta(seconds=deadline))
-        if gone:
-            log.warning("hosts offline after %gs of silence: %s", deadline, ", ".join(gone))
+    async def work() -> None:
+        await sweep(master)
 
-    await leases.run_leased(master, SWEEPER_LEASE, every=every or settings.heartbeat_interval / 2, work=sweep)
+    await leases.run_leased(master, SWEEPER_LEASE, every=every or master.settings.heartbeat_interval / 2, work=work)
 
 
 async def revocation_publisher(master: Master, *, every: float = 30.0) -> None:

@@ -61,14 +61,16 @@ ShortText = Annotated[str, Field(max_length=256)]
 CommandId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:-]+$")]
 
 
+# NaN and Infinity travel as JSON constants (Python's json reads them) instead of turning into
+# null on the relay, so the master can see, refuse and count an impossible reading.
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
 
 
 class _Lenient(BaseModel):
     """GPU and host records: newer agents may add fields; older masters keep what they know."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, ser_json_inf_nan="constants")
 
 
 # ---- bodies -------------------------------------------------------------------------

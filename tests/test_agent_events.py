@@ -3,7 +3,7 @@ exits and logs, stale hellos; and the endpoints that show them (metrics, network
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -33,7 +33,7 @@ def _now() -> datetime:
 
 
 async def _apply(master: Master, message: protocol.AnyAgentMessage) -> Any:
-    handlers = {
+    handlers: dict[type, Callable[..., Awaitable[Any]]] = {
         protocol.Hello: hosts.handle_hello, protocol.Telemetry: hosts.handle_telemetry,
         protocol.GpuEvents: hosts.handle_gpu_events, protocol.NetworkReport: hosts.handle_network_report,
         protocol.WorkloadExited: hosts.handle_workload_exited, protocol.WorkloadLogs: hosts.handle_workload_logs,

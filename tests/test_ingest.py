@@ -13,7 +13,6 @@ from master.context import Master
 from master.ingest import DEAD_LETTERS_STREAM, GROUP, Ingestor
 from master.models import Gpu, Host, TelemetrySample
 from shared import protocol
-from shared.bus import BusMessage
 from tests.factories import create_principal, enroll_host, gpu_info, hello, online_host, telemetry
 from tests.helpers import eventually
 
@@ -31,7 +30,7 @@ async def _pending(master: Master) -> int:
 class BrokenIngestor(Ingestor):
     """Fault injection at our own seam: applying any message fails, as during a database outage."""
 
-    async def _apply_one(self, message: BusMessage) -> None:
+    async def _apply_one(self, envelope: protocol.BusEnvelope) -> None:
         raise RuntimeError("database unavailable")
 
 

@@ -9,11 +9,15 @@ however often they arrive.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import delete, func, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -32,7 +36,10 @@ from master.services import commands, rentals
 from master.services.accounts import Principal
 from master.services.hoststate import RENTABLE_STATES, transition
 from master.services.placement import model_matches
+from master.stats import IngestStats
+from master.telemetry import CleanSample, clean_sample, sampled_too_far_ahead
 from shared import protocol
+from shared.clock import utcnow
 from shared.errors import NotFound
 from shared.ids import new_id
 
@@ -138,10 +145,13 @@ async def handle_hello(session: AsyncSession, envelope: protocol.BusEnvelope) ->
             log.warning("host %s no longer reports GPU %s", host.id, uuid)
             row.present = False
     await _come_online(session, host, cause=f"hello via relay {envelope.relay_id}")
+    if await rentals.stop_strays(session, host.id, body.running_rentals):
+        await session.flush()
     return await commands.open_command_ids(session, host.id)
 
 
-async def handle_heartbeat(session: AsyncSession, envelope: protocol.BusEnvelope) -> None:
+async def handle_heartbeat(session: AsyncSession, envelope: protocol.BusEnvelope) -> list[str]:
+    """Note the host alive; returns the ids of ``stop_workload`` commands for stray workloads."""
     message = envelope.message
     assert isinstance(message, protocol.Heartbeat)
     host = await _load_host(session, message.host_id)
@@ -150,35 +160,195 @@ async def handle_heartbeat(session: AsyncSession, envelope: protocol.BusEnvelope
         host.spool_stats = message.body.spool.model_dump(mode="json")
     if host.state == "offline":
         await _come_online(session, host, cause="heartbeat resumed")
+    return await rentals.stop_strays(session, host.id, message.body.running_rentals)
 
 
-async def handle_telemetry(session: AsyncSession, envelope: protocol.BusEnvelope) -> bool:
-    """Store one sample once; returns False for a duplicate ``(host, seq)``."""
+def _telemetry_row(host_id: str, envelope: protocol.BusEnvelope, clean: CleanSample) -> dict[str, Any]:
     message = envelope.message
     assert isinstance(message, protocol.Telemetry)
-    host = await _load_host(session, message.host_id)
-    gpus = [g.model_dump(mode="json") for g in message.body.gpus]
-    sample = TelemetrySample(
-        host_id=host.id,
-        seq=message.seq,
-        sampled_at=message.body.sampled_at,
-        received_at=envelope.received_at,
-        relay_id=envelope.relay_id,
-        gpus=gpus,
-        window_s=message.body.window_s,
-        aggregates=[a.model_dump(mode="json") for a in message.body.aggregates],
+    return {
+        "host_id": host_id,
+        "seq": message.seq,
+        "sampled_at": message.body.sampled_at,
+        "received_at": envelope.received_at,
+        "relay_id": envelope.relay_id,
+        "gpus": clean.gpus,
+        "window_s": message.body.window_s,
+        "aggregates": clean.aggregates,
+        "rolled": False,
+    }
+
+
+def _checked(host: Host, envelope: protocol.BusEnvelope, *, now: datetime, max_future_s: float,
+             stats: IngestStats) -> CleanSample | None:
+    """The sample with impossible fields refused (and counted), or None to refuse all of it."""
+    message = envelope.message
+    assert isinstance(message, protocol.Telemetry)
+    if sampled_too_far_ahead(message.body.sampled_at, now, max_future_s):
+        log.warning("host %s telemetry %d is dated %s, in the future; refused", host.id, message.seq,
+                    message.body.sampled_at.isoformat())
+        stats.samples_rejected += 1
+        _count_rejected(host, Counter({"sampled_at": 1}), stats)
+        return None
+    clean = clean_sample(
+        (g.model_dump(mode="json") for g in message.body.gpus), (a.model_dump(mode="json") for a in message.body.aggregates)
     )
-    if not await _insert_once(session, sample):
-        log.debug("duplicate telemetry %s/%d ignored", host.id, message.seq)
-        return False
-    _saw(host, envelope)
+    if clean.rejected:
+        log.info("host %s telemetry %d: refused impossible %s", host.id, message.seq, ", ".join(sorted(clean.rejected)))
+        _count_rejected(host, clean.rejected, stats)
+    return clean
+
+
+def _count_rejected(host: Host, rejected: Counter[str], stats: IngestStats) -> None:
+    stats.rejected_fields.update(rejected)
+    counts = dict(host.rejected_fields or {})
+    for name, n in rejected.items():
+        counts[name] = int(counts.get(name, 0)) + n
+    host.rejected_fields = counts  # a new dict, so the JSON column is seen as changed
+
+
+def _note_latest(host: Host, message: protocol.Telemetry, gpus: list[dict[str, Any]]) -> None:
     if message.seq > host.latest_telemetry_seq:
         host.latest_telemetry_seq = message.seq
         host.latest_telemetry_at = message.body.sampled_at
         host.latest_telemetry = {"seq": message.seq, "sampled_at": message.body.sampled_at.isoformat(), "gpus": gpus}
+
+
+async def handle_telemetry(session: AsyncSession, envelope: protocol.BusEnvelope, *, now: datetime | None = None,
+                           max_future_s: float = 300.0, stats: IngestStats | None = None) -> bool:
+    """Store one sample once; returns False for a duplicate ``(host, seq)`` or a refused sample.
+
+    The one-message path (``Ingestor(batched=False)`` and tests); ``apply_batch`` is the fast one.
+    """
+    message = envelope.message
+    assert isinstance(message, protocol.Telemetry)
+    stats = stats if stats is not None else IngestStats()
+    host = await _load_host(session, message.host_id)
+    clean = _checked(host, envelope, now=now or utcnow(), max_future_s=max_future_s, stats=stats)
+    if clean is None:
+        return False
+    if not await _insert_once(session, TelemetrySample(**_telemetry_row(host.id, envelope, clean))):
+        log.debug("duplicate telemetry %s/%d ignored", host.id, message.seq)
+        stats.samples_duplicate += 1
+        return False
+    stats.samples_stored += 1
+    _saw(host, envelope)
+    _note_latest(host, message, clean.gpus)
     if host.state == "offline":
         await _come_online(session, host, cause="telemetry resumed")
     return True
+
+
+@dataclass
+class BatchOutcome:
+    stored: int = 0
+    duplicates: int = 0
+    refused: int = 0
+    unknown_hosts: set[str] = field(default_factory=set)
+    commands: list[str] = field(default_factory=list)
+    """``stop_workload`` commands to publish once the batch has committed."""
+
+
+def _insert_ignoring_duplicates(session: AsyncSession, rows: list[dict[str, Any]]) -> Any:
+    """``INSERT … ON CONFLICT (host_id, seq) DO NOTHING RETURNING host_id, seq`` for this dialect."""
+    insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+    return (
+        insert(TelemetrySample)
+        .values(rows)
+        .on_conflict_do_nothing(index_elements=["host_id", "seq"])
+        .returning(TelemetrySample.host_id, TelemetrySample.seq)
+    )
+
+
+# Rows per INSERT statement: 10 columns each stays far below both databases' bind-parameter limits.
+INSERT_CHUNK = 1000
+
+
+async def apply_batch(session: AsyncSession, envelopes: Sequence[protocol.BusEnvelope], *, now: datetime,
+                      max_future_s: float, stats: IngestStats) -> BatchOutcome:
+    """Apply many heartbeats and telemetry reports in this one transaction.
+
+    The hosts are locked in id order (``FOR NO KEY UPDATE``, which does not block the foreign
+    keys of concurrent inserts), so two masters applying overlapping batches cannot deadlock.
+    Samples go in with multi-row ``INSERT … ON CONFLICT DO NOTHING``: a redelivered
+    ``(host, seq)`` is skipped by the database, not by a lookup.
+    """
+    outcome = BatchOutcome()
+    ids = sorted({e.message.host_id for e in envelopes})
+    found = (
+        await session.scalars(select(Host).where(Host.id.in_(ids)).order_by(Host.id).with_for_update(key_share=True))
+    ).all()
+    by_id = {h.id: h for h in found if h.state != "revoked"}
+    outcome.unknown_hosts = set(ids) - set(by_id)
+    running: dict[str, list[str]] = {}  # host → workloads its newest heartbeat reports
+    rows: list[dict[str, Any]] = []
+    reports: dict[tuple[str, int], tuple[protocol.Telemetry, list[dict[str, Any]]]] = {}
+    woke: dict[str, str] = {}
+    for envelope in envelopes:
+        message = envelope.message
+        host = by_id.get(message.host_id)
+        if host is None:
+            continue
+        if isinstance(message, protocol.Heartbeat):
+            _saw(host, envelope)
+            if message.body.spool is not None:
+                host.spool_stats = message.body.spool.model_dump(mode="json")
+            running[host.id] = list(message.body.running_rentals)
+            woke.setdefault(host.id, "heartbeat resumed")
+        elif isinstance(message, protocol.Telemetry):
+            clean = _checked(host, envelope, now=now, max_future_s=max_future_s, stats=stats)
+            if clean is None:
+                outcome.refused += 1
+                continue
+            key = (host.id, message.seq)
+            if key in reports:  # the same report twice in one batch
+                outcome.duplicates += 1
+                continue
+            reports[key] = (message, clean.gpus)
+            rows.append(_telemetry_row(host.id, envelope, clean))
+            _saw(host, envelope)
+            woke.setdefault(host.id, "telemetry resumed")
+    stored: set[tuple[str, int]] = set()
+    for start in range(0, len(rows), INSERT_CHUNK):
+        result = await session.execute(_insert_ignoring_duplicates(session, rows[start:start + INSERT_CHUNK]))
+        stored.update((host_id, seq) for host_id, seq in result.all())
+    for key, (message, gpus) in reports.items():
+        if key in stored:
+            _note_latest(by_id[key[0]], message, gpus)
+    outcome.stored = len(stored)
+    outcome.duplicates += len(reports) - len(stored)
+    for host_id, cause in woke.items():
+        host = by_id[host_id]
+        if host.state == "offline":
+            await _come_online(session, host, cause=cause)
+    outcome.commands = await _stop_strays_in_batch(session, running)
+    stats.samples_stored += outcome.stored
+    stats.samples_duplicate += outcome.duplicates
+    return outcome
+
+
+async def _stop_strays_in_batch(session: AsyncSession, running: dict[str, list[str]]) -> list[str]:
+    """``rentals.stop_strays`` for the hosts whose reported workloads are not all active there.
+
+    One query for the whole batch finds them, so heartbeats of busy hosts stay cheap.
+    """
+    reported = {rental_id for ids in running.values() for rental_id in ids}
+    if not reported:
+        return []
+    active = set(
+        (
+            await session.execute(
+                select(Rental.id, Rental.host_id).where(
+                    Rental.id.in_(reported), Rental.state.in_(("pending", "starting", "running"))
+                )
+            )
+        ).tuples().all()
+    )
+    command_ids: list[str] = []
+    for host_id, ids in sorted(running.items()):
+        if any((rental_id, host_id) not in active for rental_id in ids):
+            command_ids += await rentals.stop_strays(session, host_id, ids)
+    return command_ids
 
 
 async def handle_command_result(session: AsyncSession, envelope: protocol.BusEnvelope) -> None:

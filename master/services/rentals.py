@@ -13,7 +13,7 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, select, update
@@ -270,11 +270,82 @@ async def apply_workload_exit(
 
 
 async def fail_rental(session: AsyncSession, rental: Rental, *, reason: str, at: datetime) -> None:
-    """End an active rental as failed (its host is gone or untrusted) and free its GPUs."""
+    """End an active rental as failed (its host is gone or untrusted) and free its GPUs.
+
+    Its unanswered commands are cancelled, so a host that comes back is not told to start it.
+    """
     if _set_state(session, rental, "failed", reason):
         rental.failure_reason = reason
         rental.stopped_at = at
         await session.execute(update(Gpu).where(Gpu.rental_id == rental.id).values(rental_id=None))
+        await session.execute(
+            update(CommandRow)
+            .where(CommandRow.rental_id == rental.id, CommandRow.state.in_(commands.OPEN_STATES))
+            .values(state="failed", completed_at=at, result={"ok": False, "detail": f"cancelled: {reason}"})
+        )
+
+
+async def fail_rentals_of_lost_hosts(session: AsyncSession, *, now: datetime, grace: timedelta) -> list[str]:
+    """Fail the active rentals of hosts offline for longer than ``grace``; returns their ids.
+
+    Billing stops at ``host_lost_at``, the last time the host was heard from, not at the
+    moment the grace period ran out. A host back within the grace period resumes its rentals.
+    """
+    rows = (
+        await session.execute(
+            select(Rental, Host.last_seen_at)
+            .join(Host, Host.id == Rental.host_id)
+            .where(Host.state == "offline", Host.state_changed_at <= now - grace, Rental.state.in_(ACTIVE_STATES))
+            .with_for_update(of=Rental, skip_locked=True)
+        )
+    ).all()
+    for rental, last_seen in rows:
+        lost_at = last_seen or now
+        rental.host_lost_at = lost_at
+        await fail_rental(
+            session, rental, at=lost_at,
+            reason=f"host {rental.host_id} lost: silent since {lost_at:%Y-%m-%dT%H:%M:%SZ}, past the {grace.total_seconds():g}s grace period",
+        )
+        log.warning("rental %s failed: host %s lost", rental.id, rental.host_id)
+    return [rental.id for rental, _ in rows]
+
+
+async def stop_strays(session: AsyncSession, host_id: str, reported: Sequence[str]) -> list[str]:
+    """Stop workloads a host says it runs that are not active rentals of that host.
+
+    (A rental failed while its host was away, or ended by anyone while a stop got lost.)
+    Returns the ids of new ``stop_workload`` commands to publish; one open stop per rental.
+    """
+    if not reported:
+        return []
+    wanted = set(reported)
+    active = set(
+        (
+            await session.scalars(
+                select(Rental.id).where(Rental.id.in_(wanted), Rental.host_id == host_id, Rental.state.in_(("pending", "starting", "running")))
+            )
+        ).all()
+    )
+    stopping = set(
+        (
+            await session.scalars(
+                select(CommandRow.rental_id).where(
+                    CommandRow.host_id == host_id, CommandRow.kind == "stop_workload",
+                    CommandRow.rental_id.in_(wanted), CommandRow.state.in_(commands.OPEN_STATES),
+                )
+            )
+        ).all()
+    )
+    known = set((await session.scalars(select(Rental.id).where(Rental.id.in_(wanted)))).all())
+    ids = []
+    for rental_id in sorted(wanted - active - stopping):
+        log.warning("host %s runs workload %s, which is not an active rental there; stopping it", host_id, rental_id)
+        command = commands.new_command(
+            session, host_id=host_id, kind="stop_workload", args={"rental_id": rental_id},
+            rental_id=rental_id if rental_id in known else None,
+        )
+        ids.append(command.id)
+    return ids
 
 
 async def _release(session: AsyncSession, rental: Rental) -> None:

@@ -1,0 +1,406 @@
+"""The telemetry store: impossible readings refused field by field, roll-ups, retention, series.
+
+Raw samples (one ``telemetry`` row per agent report, every GPU in it) are written in batches
+by the ingestor (``master/ingest.py``). A roll-up pass folds each raw row, exactly once, into
+per-GPU 1-minute and 1-hour buckets (``telemetry_rollups``: counts, sums and maxima, so a late
+sample folds in exactly) and flips the row's ``rolled`` flag in the same transaction. The
+retention pass then deletes rolled raw rows past ``raw_retention_hours`` and buckets past
+their own retention. One master at a time runs both, under the ``telemetry-maintenance`` lease.
+
+Readings are checked before anything is stored: a value outside its physical range, NaN or
+infinite is replaced by ``None`` (never by 0 — "unknown", not "idle") and counted per field,
+in ``master.stats.rejected_fields`` and on the host; the rest of the sample is kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from master.context import Master
+from master.models import TelemetryRollup, TelemetrySample
+from master.services import leases
+from shared.errors import BadRequest
+
+log = logging.getLogger(__name__)
+
+MINUTE, HOUR = 60, 3600
+RESOLUTIONS = {"1m": MINUTE, "1h": HOUR}
+# ``resolution=auto`` serves raw samples for spans up to this, 1-minute buckets up to 3 days.
+AUTO_RAW_SPAN = timedelta(hours=6)
+AUTO_MINUTE_SPAN = timedelta(days=3)
+ROLLUP_CHUNK = 2000  # raw rows folded per transaction
+DELETE_CHUNK = 5000  # rows deleted per statement, so retention never holds long locks
+MAINTENANCE_LEASE = "telemetry-maintenance"
+
+# ---- refusing impossible readings -------------------------------------------------------
+
+# field → (lowest, highest) accepted, inclusive; None: unbounded on that side.
+_SAMPLE_RANGES: dict[str, tuple[float | None, float | None]] = {
+    "gpu_util_pct": (0, 100),
+    "mem_util_pct": (0, 100),
+    "fan_pct": (0, 100),
+    "memory_used_mib": (0, 1 << 24),
+    "memory_free_mib": (0, 1 << 24),
+    "temperature_c": (-40, 150),
+    "power_draw_w": (0, 5000),
+    "sm_clock_mhz": (0, 10_000),
+    "mem_clock_mhz": (0, 50_000),
+    "pcie_tx_kbps": (0, None),
+    "pcie_rx_kbps": (0, None),
+    "ecc_volatile_uncorrected": (0, None),
+    "ecc_aggregate_uncorrected": (0, None),
+    "pcie_gen_current": (1, 16),
+    "pcie_width_current": (1, 64),
+    "retired_pages_single_bit": (0, None),
+    "retired_pages_double_bit": (0, None),
+    "remapped_rows_correctable": (0, None),
+    "remapped_rows_uncorrectable": (0, None),
+}
+_AGGREGATE_RANGES: dict[str, tuple[float | None, float | None]] = {
+    "gpu_util_avg": (0, 100),
+    "gpu_util_max": (0, 100),
+    "memory_used_max_mib": (0, 1 << 24),
+    "temperature_max_c": (-40, 150),
+    "power_avg_w": (0, 5000),
+    "power_max_w": (0, 5000),
+}
+
+
+def _acceptable(value: Any, bounds: tuple[float | None, float | None]) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    if isinstance(value, float) and not math.isfinite(value):
+        return False
+    low, high = bounds
+    return (low is None or value >= low) and (high is None or value <= high)
+
+
+def _clean(record: Mapping[str, Any], ranges: Mapping[str, tuple[float | None, float | None]], prefix: str,
+           rejected: Counter[str]) -> dict[str, Any]:
+    clean = dict(record)
+    for name, bounds in ranges.items():
+        value = clean.get(name)
+        if value is not None and not _acceptable(value, bounds):
+            clean[name] = None
+            rejected[f"{prefix}.{name}"] += 1
+    # Any other non-finite number (a field a newer agent added) cannot be stored as JSON either.
+    for name, value in clean.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            clean[name] = None
+            rejected[f"{prefix}.{name}"] += 1
+    return clean
+
+
+@dataclass(frozen=True, slots=True)
+class CleanSample:
+    gpus: list[dict[str, Any]]
+    aggregates: list[dict[str, Any]]
+    rejected: Counter[str]
+    """Refused fields, by ``gpus.<field>`` / ``aggregates.<field>``."""
+
+
+def clean_sample(gpus: Iterable[Mapping[str, Any]], aggregates: Iterable[Mapping[str, Any]]) -> CleanSample:
+    """The sample with every impossible reading replaced by ``None``, and what was refused."""
+    rejected: Counter[str] = Counter()
+    clean_gpus = [_clean(g, _SAMPLE_RANGES, "gpus", rejected) for g in gpus]
+    clean_aggregates = [_clean(a, _AGGREGATE_RANGES, "aggregates", rejected) for a in aggregates]
+    return CleanSample(gpus=clean_gpus, aggregates=clean_aggregates, rejected=rejected)
+
+
+def sampled_too_far_ahead(sampled_at: datetime, now: datetime, max_future_s: float) -> bool:
+    """A sample dated beyond ``now + max_future_s`` cannot be placed in time: refuse all of it."""
+    return sampled_at > now + timedelta(seconds=max_future_s)
+
+
+# ---- roll-ups ---------------------------------------------------------------------------
+
+
+def bucket_start(at: datetime, resolution: int) -> datetime:
+    epoch = int(at.timestamp())
+    return datetime.fromtimestamp(epoch - epoch % resolution, UTC)
+
+
+@dataclass(slots=True)
+class _Acc:
+    """Counts, sums and maxima of one GPU's readings in one bucket."""
+
+    gpu_index: int
+    samples: int = 0
+    util_n: int = 0
+    util_sum: float = 0.0
+    util_max: float | None = None
+    mem_n: int = 0
+    mem_sum: float = 0.0
+    mem_max: float | None = None
+    temp_n: int = 0
+    temp_sum: float = 0.0
+    temp_max: float | None = None
+    power_n: int = 0
+    power_sum: float = 0.0
+    power_max: float | None = None
+
+    def merge_into(self, row: TelemetryRollup) -> None:
+        row.gpu_index = self.gpu_index
+        row.samples += self.samples
+        for name in ("util", "mem", "temp", "power"):
+            setattr(row, f"{name}_n", getattr(row, f"{name}_n") + getattr(self, f"{name}_n"))
+            setattr(row, f"{name}_sum", getattr(row, f"{name}_sum") + getattr(self, f"{name}_sum"))
+            setattr(row, f"{name}_max", _max(getattr(row, f"{name}_max"), getattr(self, f"{name}_max")))
+
+
+def _max(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    return a if b is None else max(a, b)
+
+
+def _add(acc: _Acc, name: str, mean: float | None, weight: int, peak: float | None) -> None:
+    if mean is not None and weight > 0:
+        setattr(acc, f"{name}_n", getattr(acc, f"{name}_n") + weight)
+        setattr(acc, f"{name}_sum", getattr(acc, f"{name}_sum") + mean * weight)
+    setattr(acc, f"{name}_max", _max(getattr(acc, f"{name}_max"), _max(peak, mean)))
+
+
+def _fold(acc: _Acc, gpu: Mapping[str, Any], aggregate: Mapping[str, Any] | None) -> None:
+    """One report of one GPU: the window's aggregates where the agent sent them, else the sample."""
+    acc.samples += 1
+    window = int(aggregate.get("samples") or 0) if aggregate else 0
+    if aggregate and window > 0 and aggregate.get("gpu_util_avg") is not None:
+        _add(acc, "util", aggregate["gpu_util_avg"], window, aggregate.get("gpu_util_max"))
+    else:
+        _add(acc, "util", gpu.get("gpu_util_pct"), 1, None)
+    _add(acc, "mem", gpu.get("memory_used_mib"), 1, aggregate.get("memory_used_max_mib") if aggregate else None)
+    _add(acc, "temp", gpu.get("temperature_c"), 1, aggregate.get("temperature_max_c") if aggregate else None)
+    if aggregate and window > 0 and aggregate.get("power_avg_w") is not None:
+        _add(acc, "power", aggregate["power_avg_w"], window, aggregate.get("power_max_w"))
+    else:
+        _add(acc, "power", gpu.get("power_draw_w"), 1, None)
+
+
+_Key = tuple[str, int, datetime, str]  # host, resolution, bucket start, GPU uuid
+
+
+def _accumulate(rows: Sequence[TelemetrySample]) -> dict[_Key, _Acc]:
+    buckets: dict[_Key, _Acc] = {}
+    for row in rows:
+        aggregates = {a.get("uuid"): a for a in row.aggregates or [] if isinstance(a, dict)}
+        for gpu in row.gpus or []:
+            uuid = gpu.get("uuid")
+            if not isinstance(uuid, str):
+                continue
+            for resolution in (MINUTE, HOUR):
+                key = (row.host_id, resolution, bucket_start(row.sampled_at, resolution), uuid)
+                acc = buckets.get(key)
+                if acc is None:
+                    acc = buckets[key] = _Acc(gpu_index=int(gpu.get("index") or 0))
+                _fold(acc, gpu, aggregates.get(uuid))
+    return buckets
+
+
+async def rollup_once(session: AsyncSession, *, limit: int = ROLLUP_CHUNK) -> int:
+    """Fold up to ``limit`` raw rows not rolled yet into their buckets; returns how many.
+
+    Exactly once: the rows are flagged ``rolled`` in the same transaction. Run by one master
+    at a time (the maintenance lease), so read-modify-write of the buckets is safe.
+    """
+    rows = (
+        await session.scalars(select(TelemetrySample).where(TelemetrySample.rolled.is_(False)).order_by(TelemetrySample.id).limit(limit))
+    ).all()
+    if not rows:
+        return 0
+    buckets = _accumulate(rows)
+    hosts = {key[0] for key in buckets}
+    starts = {key[2] for key in buckets}
+    existing = {
+        (r.host_id, r.resolution, r.bucket_start, r.gpu_uuid): r
+        for r in (
+            await session.scalars(
+                select(TelemetryRollup).where(TelemetryRollup.host_id.in_(hosts), TelemetryRollup.bucket_start.in_(starts))
+            )
+        ).all()
+    }
+    for key, acc in buckets.items():
+        row = existing.get(key)
+        if row is None:
+            host_id, resolution, start, uuid = key
+            row = TelemetryRollup(
+                host_id=host_id, resolution=resolution, bucket_start=start, gpu_uuid=uuid, gpu_index=acc.gpu_index,
+                samples=0, util_n=0, util_sum=0.0, mem_n=0, mem_sum=0.0, temp_n=0, temp_sum=0.0, power_n=0, power_sum=0.0,
+            )
+            session.add(row)
+        acc.merge_into(row)
+    await session.execute(update(TelemetrySample).where(TelemetrySample.id.in_([r.id for r in rows])).values(rolled=True))
+    return len(rows)
+
+
+async def rollup(master: Master, *, limit: int = ROLLUP_CHUNK) -> int:
+    """Fold every raw row not rolled yet, a chunk per transaction; returns how many."""
+    total = 0
+    while True:
+        async with master.db.session() as session:
+            done = await rollup_once(session, limit=limit)
+        total += done
+        master.stats.rollup_rows += done
+        if done < limit:
+            master.stats.rollup_passes += 1
+            return total
+
+
+async def _delete_chunks(master: Master, table: Any, condition: Any) -> int:
+    deleted = 0
+    while True:
+        async with master.db.session() as session:
+            ids = select(table.id).where(condition).limit(DELETE_CHUNK).scalar_subquery()
+            result = await session.execute(delete(table).where(table.id.in_(ids)))
+        count = int(result.rowcount or 0)  # type: ignore[attr-defined]
+        deleted += count
+        if count < DELETE_CHUNK:
+            return deleted
+
+
+async def expire(master: Master, *, now: datetime | None = None) -> dict[str, int]:
+    """Delete what the retention policy no longer keeps; returns rows deleted per kind.
+
+    Raw rows go only once rolled up, so a backlog of unrolled samples is never lost.
+    """
+    now = now or master.clock.now()
+    settings = master.settings
+    deleted = {
+        "raw": await _delete_chunks(
+            master, TelemetrySample,
+            (TelemetrySample.sampled_at < now - timedelta(hours=settings.raw_retention_hours)) & TelemetrySample.rolled.is_(True),
+        ),
+        "1m": await _delete_chunks(
+            master, TelemetryRollup,
+            (TelemetryRollup.resolution == MINUTE)
+            & (TelemetryRollup.bucket_start < now - timedelta(days=settings.rollup_1m_retention_days)),
+        ),
+        "1h": await _delete_chunks(
+            master, TelemetryRollup,
+            (TelemetryRollup.resolution == HOUR)
+            & (TelemetryRollup.bucket_start < now - timedelta(days=settings.rollup_1h_retention_days)),
+        ),
+    }
+    master.stats.retention_deleted.update(deleted)
+    if any(deleted.values()):
+        log.info("telemetry retention deleted %s", ", ".join(f"{n} {kind}" for kind, n in deleted.items() if n))
+    return deleted
+
+
+async def maintenance_loop(master: Master) -> None:
+    """Roll up and expire telemetry every ``rollup_interval`` under a lease. Cancel to stop."""
+
+    async def work() -> None:
+        await rollup(master)
+        await expire(master)
+
+    await leases.run_leased(master, MAINTENANCE_LEASE, every=master.settings.rollup_interval, work=work)
+
+
+# ---- series -----------------------------------------------------------------------------
+
+
+def pick_resolution(requested: str | None, since: datetime | None, until: datetime | None, now: datetime) -> str:
+    """``raw``, ``1m`` or ``1h``; ``auto`` (the default) by the span asked for."""
+    choice = requested or "auto"
+    if choice in ("raw", *RESOLUTIONS):
+        return choice
+    if choice != "auto":
+        raise BadRequest(
+            f"resolution must be one of raw, 1m, 1h, auto; got {choice!r}", code="invalid_query"
+        )
+    if since is None:
+        return "raw"
+    span = (until or now) - since
+    if span <= AUTO_RAW_SPAN:
+        return "raw"
+    return "1m" if span <= AUTO_MINUTE_SPAN else "1h"
+
+
+def _mean(total: float, n: int) -> float | None:
+    return round(total / n, 3) if n else None
+
+
+def rollup_view(row: TelemetryRollup) -> dict[str, Any]:
+    return {
+        "uuid": row.gpu_uuid,
+        "index": row.gpu_index,
+        "samples": row.samples,
+        "gpu_util_avg": _mean(row.util_sum, row.util_n),
+        "gpu_util_max": row.util_max,
+        "memory_used_avg_mib": _mean(row.mem_sum, row.mem_n),
+        "memory_used_max_mib": row.mem_max,
+        "temperature_avg_c": _mean(row.temp_sum, row.temp_n),
+        "temperature_max_c": row.temp_max,
+        "power_avg_w": _mean(row.power_sum, row.power_n),
+        "power_max_w": row.power_max,
+    }
+
+
+async def raw_series(
+    session: AsyncSession, host_id: str, *, since: datetime | None, until: datetime | None, limit: int
+) -> list[dict[str, Any]]:
+    """The newest ``limit`` raw samples in the range, oldest first, each with its sequence number."""
+    query = select(TelemetrySample).where(TelemetrySample.host_id == host_id)
+    if since is not None:
+        query = query.where(TelemetrySample.sampled_at >= since)
+    if until is not None:
+        query = query.where(TelemetrySample.sampled_at < until)
+    rows = (await session.scalars(query.order_by(TelemetrySample.sampled_at.desc(), TelemetrySample.seq.desc()).limit(limit))).all()
+    return [
+        {
+            "seq": r.seq,
+            "sampled_at": r.sampled_at.isoformat(),
+            "received_at": r.received_at.isoformat(),
+            "window_s": r.window_s,
+            "gpus": r.gpus,
+            "aggregates": r.aggregates,
+        }
+        for r in reversed(rows)
+    ]
+
+
+async def rollup_series(
+    session: AsyncSession, host_id: str, resolution: str, *, since: datetime | None, until: datetime | None, limit: int
+) -> list[dict[str, Any]]:
+    """The newest ``limit`` buckets in the range, oldest first, each with every GPU's figures."""
+    seconds = RESOLUTIONS[resolution]
+    where = [TelemetryRollup.host_id == host_id, TelemetryRollup.resolution == seconds]
+    if since is not None:
+        where.append(TelemetryRollup.bucket_start >= bucket_start(since, seconds))
+    if until is not None:
+        where.append(TelemetryRollup.bucket_start < until)
+    starts = (
+        await session.scalars(
+            select(TelemetryRollup.bucket_start).where(*where).group_by(TelemetryRollup.bucket_start)
+            .order_by(TelemetryRollup.bucket_start.desc()).limit(limit)
+        )
+    ).all()
+    if not starts:
+        return []
+    rows = (
+        await session.scalars(
+            select(TelemetryRollup).where(*where, TelemetryRollup.bucket_start.in_(starts))
+            .order_by(TelemetryRollup.bucket_start, TelemetryRollup.gpu_index)
+        )
+    ).all()
+    items: dict[datetime, dict[str, Any]] = {}
+    for row in rows:
+        item = items.setdefault(
+            row.bucket_start, {"bucket_start": row.bucket_start.isoformat(), "resolution_s": seconds, "gpus": []}
+        )
+        item["gpus"].append(rollup_view(row))
+    return list(items.values())
+
+
+async def count_unrolled(session: AsyncSession) -> int:
+    return int(await session.scalar(select(func.count()).select_from(TelemetrySample).where(TelemetrySample.rolled.is_(False))) or 0)
