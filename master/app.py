@@ -1,7 +1,8 @@
 """Assembling and running the master: resources as ``cleanup_ctx``, torn down in reverse.
 
 Start-up order: database (migrated) → bus → CA → HTTP app → background loops
-(ingestion, heartbeat monitor, command resender). Shutdown runs the same list
+(ingestion, heartbeat monitor, command resender, revocation publisher, telemetry
+roll-up and retention). Shutdown runs the same list
 backwards: loops are cancelled (safe: each leaves unfinished bus messages pending),
 then the bus and the database close.
 """
@@ -19,6 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from console.routes import add_console_routes
+from master import telemetry
 from master.api.keys import MASTER
 from master.api.middleware import auth_middleware, errors_middleware
 from master.api.routes import add_routes
@@ -91,6 +93,7 @@ def create_app(master: Master, *, background: bool = True) -> web.Application:
         app.cleanup_ctx.append(_background("heartbeat-monitor", lambda: heartbeat_monitor(master)))
         app.cleanup_ctx.append(_background("command-resender", lambda: command_resender(master)))
         app.cleanup_ctx.append(_background("revocation-publisher", lambda: revocation_publisher(master)))
+        app.cleanup_ctx.append(_background("telemetry-maintenance", lambda: telemetry.maintenance_loop(master)))
     return app
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -20,3 +21,21 @@ async def eventually(check: Callable[[], Awaitable[T | None]], *, timeout: float
             return last
         await asyncio.sleep(every)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
+
+
+class ManualClock:
+    """A ``shared.clock.Clock`` that moves only when told to (wall and monotonic together)."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self.current = start or datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+        self.mono = 1_000.0
+
+    def now(self) -> datetime:
+        return self.current
+
+    def monotonic(self) -> float:
+        return self.mono
+
+    def advance(self, seconds: float) -> None:
+        self.current += timedelta(seconds=seconds)
+        self.mono += seconds

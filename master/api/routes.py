@@ -9,6 +9,7 @@ from datetime import datetime
 from aiohttp import web
 from sqlalchemy import text
 
+from master import telemetry
 from master.api import routes_alerts, routes_metrics
 from master.api.base import (
     API,
@@ -121,13 +122,16 @@ def time_query(request: web.Request, name: str) -> datetime | None:
 
 
 async def get_host_metrics(request: web.Request) -> web.Response:
+    master = request.app[MASTER]
     limit = int_query(request, "limit", 360, minimum=1, maximum=5000)
-    async with request.app[MASTER].db.session() as session:
+    since, until = time_query(request, "since"), time_query(request, "until")
+    resolution = telemetry.pick_resolution(str_query(request, "resolution"), since, until, master.clock.now())
+    async with master.db.session() as session:
         items = await hosts.host_metrics(
-            session, principal(request), request.match_info["host_id"],
-            since=time_query(request, "since"), until=time_query(request, "until"), limit=limit,
+            session, principal(request), request.match_info["host_id"], since=since, until=until, limit=limit,
+            resolution=resolution,
         )
-    return web.json_response({"host_id": request.match_info["host_id"], "items": items})
+    return web.json_response({"host_id": request.match_info["host_id"], "resolution": resolution, "items": items})
 
 
 async def get_host_events(request: web.Request) -> web.Response:
@@ -239,11 +243,13 @@ CORE_ROUTES: tuple[Route, ...] = (
     Route("GET", "/hosts", list_hosts, "Hosts you can see (providers: their own).", query=PAGING),
     Route("GET", "/hosts/{host_id}", get_host, "One host with its GPUs, latest telemetry and recent state changes.", errors=(404,)),
     Route(
-        "GET", "/hosts/{host_id}/metrics", get_host_metrics, "Stored telemetry of a host, oldest first, with sequence numbers.",
+        "GET", "/hosts/{host_id}/metrics", get_host_metrics, "Telemetry of a host, oldest first: raw samples with sequence numbers, or 1-minute / 1-hour roll-ups.",
         query=(
             QueryParam("since", "string", "ISO 8601 time with timezone (inclusive)."),
             QueryParam("until", "string", "ISO 8601 time with timezone (exclusive)."),
-            QueryParam("limit", "integer", "The newest this many samples.", 1, 5000),
+            QueryParam("limit", "integer", "The newest this many samples (or buckets).", 1, 5000),
+            QueryParam("resolution", "string", "raw (every sample), 1m or 1h (per-GPU buckets: average and maximum), "
+                       "or auto (the default: raw up to 6 h, 1m up to 3 days, then 1h)."),
         ),
         errors=(404,),
     ),

@@ -37,7 +37,7 @@ from master.services.accounts import Principal
 from master.services.hoststate import RENTABLE_STATES, transition
 from master.services.placement import model_matches
 from master.stats import IngestStats
-from master.telemetry import CleanSample, clean_sample, sampled_too_far_ahead
+from master.telemetry import CleanSample, clean_sample, raw_series, rollup_series, sampled_too_far_ahead
 from shared import protocol
 from shared.clock import utcnow
 from shared.errors import NotFound
@@ -549,27 +549,14 @@ async def host_events(
 
 
 async def host_metrics(
-    session: AsyncSession, principal: Principal, host_id: str, *, since: datetime | None, until: datetime | None, limit: int
+    session: AsyncSession, principal: Principal, host_id: str, *, since: datetime | None, until: datetime | None, limit: int,
+    resolution: str = "raw",
 ) -> list[dict[str, Any]]:
-    """Stored telemetry of one host, oldest first, each sample with its sequence number."""
+    """Telemetry of one host, oldest first: raw samples, or ``1m`` / ``1h`` roll-up buckets."""
     host = await _visible_host(session, principal, host_id)
-    query = select(TelemetrySample).where(TelemetrySample.host_id == host.id)
-    if since is not None:
-        query = query.where(TelemetrySample.sampled_at >= since)
-    if until is not None:
-        query = query.where(TelemetrySample.sampled_at < until)
-    rows = (await session.scalars(query.order_by(TelemetrySample.sampled_at.desc(), TelemetrySample.seq.desc()).limit(limit))).all()
-    return [
-        {
-            "seq": r.seq,
-            "sampled_at": r.sampled_at.isoformat(),
-            "received_at": r.received_at.isoformat(),
-            "window_s": r.window_s,
-            "gpus": r.gpus,
-            "aggregates": r.aggregates,
-        }
-        for r in reversed(rows)
-    ]
+    if resolution == "raw":
+        return await raw_series(session, host.id, since=since, until=until, limit=limit)
+    return await rollup_series(session, host.id, resolution, since=since, until=until, limit=limit)
 
 
 async def host_network(session: AsyncSession, principal: Principal, host_id: str, *, limit: int) -> list[dict[str, Any]]:
