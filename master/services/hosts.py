@@ -335,15 +335,10 @@ async def _stop_strays_in_batch(session: AsyncSession, running: dict[str, list[s
     reported = {rental_id for ids in running.values() for rental_id in ids}
     if not reported:
         return []
-    active = set(
-        (
-            await session.execute(
-                select(Rental.id, Rental.host_id).where(
-                    Rental.id.in_(reported), Rental.state.in_(("pending", "starting", "running"))
-                )
-            )
-        ).tuples().all()
+    rows = await session.execute(
+        select(Rental.id, Rental.host_id).where(Rental.id.in_(reported), Rental.state.in_(("pending", "starting", "running")))
     )
+    active = {(rental_id, host_id) for rental_id, host_id in rows}
     command_ids: list[str] = []
     for host_id, ids in sorted(running.items()):
         if any((rental_id, host_id) not in active for rental_id in ids):
@@ -440,8 +435,10 @@ async def handle_workload_logs(session: AsyncSession, envelope: protocol.BusEnve
     return True
 
 
-async def mark_silent_hosts_offline(session: AsyncSession, *, now: datetime, deadline: timedelta) -> list[str]:
-    """Hosts not heard from within ``deadline`` go offline; returns their ids."""
+async def mark_silent_hosts_offline(
+    session: AsyncSession, *, now: datetime, deadline: timedelta, changed_at: datetime | None = None
+) -> list[str]:
+    """Hosts not heard from within ``deadline`` of ``now`` go offline (as of ``changed_at``); returns their ids."""
     cutoff = now - deadline
     hosts = (
         await session.scalars(
@@ -449,7 +446,8 @@ async def mark_silent_hosts_offline(session: AsyncSession, *, now: datetime, dea
         )
     ).all()
     for host in hosts:
-        transition(session, host, "offline", cause=f"no heartbeat since {host.last_seen_at:%Y-%m-%dT%H:%M:%SZ}", actor="monitor")
+        transition(session, host, "offline", cause=f"no heartbeat since {host.last_seen_at:%Y-%m-%dT%H:%M:%SZ}", actor="monitor",
+                   at=changed_at)
     return [h.id for h in hosts]
 
 

@@ -10,6 +10,7 @@ Illegal transitions are refused and logged, never applied.
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -44,7 +45,7 @@ def record_initial_state(session: AsyncSession, host: Host, *, cause: str, actor
     session.add(HostEvent(host_id=host.id, from_state=None, to_state=host.state, cause=cause, actor=actor))
 
 
-def transition(session: AsyncSession, host: Host, to_state: str, *, cause: str, actor: str) -> bool:
+def transition(session: AsyncSession, host: Host, to_state: str, *, cause: str, actor: str, at: datetime | None = None) -> bool:
     """Move ``host`` to ``to_state`` if the table allows it; returns whether it changed.
 
     A transition to the current state is a no-op (``False``); a forbidden one raises
@@ -55,8 +56,9 @@ def transition(session: AsyncSession, host: Host, to_state: str, *, cause: str, 
     if to_state not in TRANSITIONS.get(host.state, frozenset()):
         log.warning("refused illegal host transition %s: %s → %s (%s)", host.id, host.state, to_state, cause)
         raise IllegalTransition(f"host {host.id} cannot go from {host.state} to {to_state}")
-    session.add(HostEvent(host_id=host.id, from_state=host.state, to_state=to_state, cause=cause, actor=actor))
+    at = at or utcnow()
+    session.add(HostEvent(host_id=host.id, from_state=host.state, to_state=to_state, cause=cause, actor=actor, at=at))
     log.info("host %s: %s → %s (%s)", host.id, host.state, to_state, cause)
     host.state = to_state
-    host.state_changed_at = utcnow()
+    host.state_changed_at = at
     return True
