@@ -37,6 +37,7 @@ bench: install
 	$(BIN)/python bench/bench_relay_capacity.py
 	$(BIN)/python bench/bench_pipeline.py
 	$(BIN)/python bench/bench_agent.py
+	$(BIN)/python bench/bench_ingest.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -40,6 +40,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from agent.discovery import RelayDirectory
 from agent.gpu.base import GpuBackend, GpuSample
+from agent.health import check_health
 from agent.hostfacts import collect_host_facts
 from agent.netmeasure import measure, next_delay
 from agent.spool import SqliteSpool
@@ -494,6 +495,7 @@ class Agent:
             "start_workload": self._start_workload,
             "stop_workload": self._stop_workload,
             "measure_network": self._measure_command,
+            "health_check": self._health_command,
             "install_certificate": self._install_certificate,
         }
         handler = handlers.get(command.kind)
@@ -613,6 +615,14 @@ class Agent:
         if body.error:
             raise ConfigError(f"network measurement failed: {body.error}")
         return body.model_dump(mode="json")
+
+    async def _health_command(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Check the GPUs the master expects (``gpu_uuids``) and any others; the verdict is ``data["healthy"]``."""
+        uuids = args.get("gpu_uuids", [])
+        if not isinstance(uuids, list):
+            raise ValueError("gpu_uuids must be a list of GPU UUIDs")
+        report = await asyncio.to_thread(check_health, self.backend, [str(u) for u in uuids])
+        return report.to_wire()
 
     async def _network_loop(self) -> None:
         interval = self.timings.network_interval

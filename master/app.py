@@ -2,7 +2,7 @@
 
 Start-up order: database (migrated) → bus → CA → HTTP app → background loops
 (ingestion, heartbeat monitor, command resender, revocation publisher, telemetry
-roll-up and retention). Shutdown runs the same list
+roll-up and retention, alerts, host scoring). Shutdown runs the same list
 backwards: loops are cancelled (safe: each leaves unfinished bus messages pending),
 then the bus and the database close.
 """
@@ -20,13 +20,14 @@ from typing import Any
 from aiohttp import web
 
 from console.routes import add_console_routes
-from master import telemetry
+from master import alerts, telemetry
 from master.api.keys import MASTER
 from master.api.middleware import auth_middleware, errors_middleware
 from master.api.routes import add_routes
 from master.context import Master
 from master.db import Database, sqlite_url
 from master.ingest import Ingestor, command_resender, heartbeat_monitor, revocation_publisher
+from master.services import reliability
 from shared.bus import Bus, open_bus
 from shared.clock import Clock, SystemClock
 from shared.crypto import CertificateAuthority
@@ -94,6 +95,8 @@ def create_app(master: Master, *, background: bool = True) -> web.Application:
         app.cleanup_ctx.append(_background("command-resender", lambda: command_resender(master)))
         app.cleanup_ctx.append(_background("revocation-publisher", lambda: revocation_publisher(master)))
         app.cleanup_ctx.append(_background("telemetry-maintenance", lambda: telemetry.maintenance_loop(master)))
+        app.cleanup_ctx.append(_background("alerts", lambda: alerts.alert_loop(master)))
+        app.cleanup_ctx.append(_background("host-scoring", lambda: reliability.scoring_loop(master)))
     return app
 
 

@@ -185,7 +185,7 @@ class Ingestor:
                     case protocol.CommandResult():
                         await hosts.handle_command_result(session, envelope)
                     case protocol.GpuEvents():
-                        await hosts.handle_gpu_events(session, envelope)
+                        await hosts.handle_gpu_events(session, envelope, settings=master.settings)
                     case protocol.NetworkReport():
                         await hosts.handle_network_report(session, envelope)
                     case protocol.WorkloadExited():

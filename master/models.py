@@ -263,7 +263,10 @@ class GpuEvent(Base):
     """XID errors and ECC events as the agent reported them (one row per event)."""
 
     __tablename__ = "gpu_events"
-    __table_args__ = (UniqueConstraint("host_id", "seq", "position", name="uq_gpu_events_host_seq_pos"),)
+    __table_args__ = (
+        UniqueConstraint("host_id", "seq", "position", name="uq_gpu_events_host_seq_pos"),
+        Index("ix_gpu_events_received", "received_at"),  # fault counting and the alert window
+    )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
     host_id: Mapped[str] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), index=True)

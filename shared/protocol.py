@@ -265,7 +265,7 @@ class AckBody(_Strict):
     seq: int = Field(ge=0)
 
 
-COMMAND_KINDS = ("start_workload", "stop_workload", "measure_network", "install_certificate")
+COMMAND_KINDS = ("start_workload", "stop_workload", "measure_network", "install_certificate", "health_check")
 
 
 class CommandBody(_Strict):

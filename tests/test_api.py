@@ -326,6 +326,46 @@ class TestHostsAndOffers:
         assert seen == host_ids
 
 
+    async def test_offers_show_tier_and_score_best_first_and_filter_by_tier(self, api: Api) -> None:
+        """Each GPU is classified at its hello; offers carry tier, score and reliability, best score first."""
+        h100 = await online_host(api.master, api.provider, [gpu_info(0, name="NVIDIA H100 80GB HBM3", memory=81559)])
+        rtx, _ = await api.host(1)
+        mystery = await online_host(api.master, api.provider, [gpu_info(0, name="NVIDIA Quantum GPU 9000", memory=16384)])
+        status, body = await api.as_renter("GET", "/offers")
+        assert status == 200
+        assert [o["host_id"] for o in body["items"]] == [h100, rtx, mystery]
+        by_host = {o["host_id"]: o for o in body["items"]}
+        assert (by_host[h100]["tier"], by_host[rtx]["tier"], by_host[mystery]["tier"]) == ("flagship", "prosumer", "consumer")
+        assert by_host[h100]["performance_score"] > by_host[rtx]["performance_score"] > 0
+        assert by_host[mystery]["needs_review"] is True and by_host[rtx]["needs_review"] is False
+        assert all("reliability" in o for o in body["items"])
+        status, body = await api.as_renter("GET", "/offers", params={"tier": "prosumer"})
+        assert [o["host_id"] for o in body["items"]] == [rtx]
+        status, body = await api.as_renter("GET", "/offers", params={"tier": "legendary"})
+        assert_error(status, body, 400, "invalid_query")
+        assert "flagship" in body["message"]
+        status, detail = await api.as_provider("GET", f"/hosts/{rtx}")
+        assert detail["gpus"][0]["classification"]["tier"] == "prosumer"
+        assert detail["gpus"][0]["classification"]["reasons"]
+        assert set(detail["reliability"]) == {"score", "computed_at", "inputs"}
+
+    async def test_a_provider_asks_its_host_for_a_health_check(self, api: Api) -> None:
+        """POST /hosts/{id}/health-check queues one health_check command; others' hosts are 404, renters 403."""
+        host_id, uuids = await api.host(2)
+        status, body = await api.as_provider("POST", f"/hosts/{host_id}/health-check")
+        assert status == 202, body
+        async with api.master.db.session() as session:
+            command = await session.get(Command, body["command_id"])
+        assert command is not None and command.kind == "health_check" and sorted(command.args["gpu_uuids"]) == sorted(uuids)
+        status, again = await api.as_provider("POST", f"/hosts/{host_id}/health-check")
+        assert status == 202 and again["command_id"] == body["command_id"]  # one open check at a time
+        status, body = await api.as_renter("POST", f"/hosts/{host_id}/health-check")
+        assert status == 403
+        _, other_key = await create_principal(api.master, "provider-2", "provider")
+        status, body = await api.call("POST", f"/hosts/{host_id}/health-check", other_key)
+        assert_error(status, body, 404, "host_not_found")
+
+
 class TestRentals:
     async def test_rental_lifecycle_start_run_stop(self, api: Api) -> None:
         """A rental starts, runs once the agent confirms, stops on DELETE and frees its GPUs when the agent confirms."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from master.api.base import API, Route
@@ -22,9 +23,8 @@ def build_openapi(routes: tuple[Route, ...] = ROUTES) -> dict[str, Any]:
             "responses": {str(route.success): {"description": "Success", "content": {"application/json": {"schema": {"type": "object"}}}}},
         }
         params: list[dict[str, Any]] = []
-        for name in ("host_id", "rental_id"):
-            if "{" + name + "}" in route.path:
-                params.append({"name": name, "in": "path", "required": True, "schema": {"type": "string"}})
+        for name in re.findall(r"\{(\w+)\}", route.path):
+            params.append({"name": name, "in": "path", "required": True, "schema": {"type": "string"}})
         for q in route.query:
             schema: dict[str, Any] = {"type": q.type}
             if q.minimum is not None:

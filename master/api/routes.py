@@ -27,7 +27,8 @@ from master.api.keys import MASTER
 from master.api.middleware import principal
 from master.api.schemas import EnrollRequest, ErrorBody, RentalCreate
 from master.models import Account
-from master.services import commands, enrollment, hosts, rentals
+from master.services import commands, enrollment, faults, hosts, rentals
+from master.tiers import Tier
 from shared.errors import BadRequest
 
 VERSION = "0.1.0"
@@ -191,8 +192,23 @@ async def list_offers(request: web.Request) -> web.Response:
             region=str_query(request, "region"),
             limit=limit,
             offset=offset,
+            tier=_tier_query(request),
         )
     return listing(items, total, limit, offset)
+
+
+def _tier_query(request: web.Request) -> str | None:
+    tier = str_query(request, "tier")
+    known = [t.value for t in Tier]
+    if tier is not None and tier not in known:
+        raise BadRequest(f"tier must be one of {', '.join(known)}; got {tier!r}", code="invalid_query")
+    return tier
+
+
+async def start_health_check(request: web.Request) -> web.Response:
+    host_id = request.match_info["host_id"]
+    command_id = await faults.request_health_check(request.app[MASTER], principal(request), host_id)
+    return web.json_response({"command_id": command_id, "host_id": host_id}, status=202)
 
 
 async def create_rental(request: web.Request) -> web.Response:
@@ -257,17 +273,21 @@ CORE_ROUTES: tuple[Route, ...] = (
           query=PAGING, errors=(404,)),
     Route("GET", "/hosts/{host_id}/network", get_host_network, "Network measurements of a host, newest first.",
           query=(QueryParam("limit", "integer", "How many.", 1, 1000),), errors=(404,)),
+    Route("POST", "/hosts/{host_id}/health-check", start_health_check,
+          "Ask the host's agent to check its GPUs; passing is the only way out of faulty.",
+          roles=("provider",), success=202, errors=(404, 409)),
     Route("POST", "/hosts/{host_id}/network-test", start_network_test, "Ask the host's agent to measure its network now.",
           roles=("provider",), success=202, errors=(404,)),
     Route(
         "GET",
         "/offers",
         list_offers,
-        "GPUs that can be rented now.",
+        "GPUs that can be rented now, best first, with tier, performance score and host reliability.",
         query=(
             QueryParam("gpu_model", "string", "Model words, e.g. 'RTX 4090'."),
             QueryParam("num_gpus", "integer", "At least this many GPUs on one host.", 1, 64),
             QueryParam("region", "string", "Exact region."),
+            QueryParam("tier", "string", "One tier: flagship, datacenter, prosumer, consumer or entry."),
             *PAGING,
         ),
     ),

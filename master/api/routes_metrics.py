@@ -1,13 +1,80 @@
-"""Operator metrics: ``GET /metrics`` (Prometheus) and ``GET /api/v1/metrics`` (JSON)."""
+"""Operator metrics: ``GET /metrics`` (Prometheus) and ``GET /api/v1/metrics`` (JSON).
+
+Both serve the one cached snapshot of ``master.metrics.MetricsExporter`` (one per app).
+``/metrics`` lives outside ``/api/v1``, so API keys do not apply to it: it is open, or
+guarded by the ``metrics_token`` setting alone. ``/api/v1/metrics`` is for admins.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import hmac
+import json
+
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from master.api.base import Route
+from master.api.keys import MASTER
+from master.metrics import MetricsExporter
+from shared.errors import Unauthorized
 
-ROUTES: tuple[Route, ...] = ()
+METRICS_EXPORTER = web.AppKey("metrics_exporter", MetricsExporter)
+
+
+async def scrape(request: web.Request) -> web.Response:
+    master = request.app[MASTER]
+    if master.settings.metrics_token is not None:
+        _check_token(request, master.settings.metrics_token)
+    gzipped = accepts_gzip(request.headers.get("Accept-Encoding", ""))
+    body = await request.app[METRICS_EXPORTER].exposition(master, gzipped=gzipped)
+    headers = {"Content-Type": CONTENT_TYPE_LATEST, "Vary": "Accept-Encoding"}
+    if gzipped:
+        headers["Content-Encoding"] = "gzip"
+    return web.Response(body=body, headers=headers)
+
+
+def accepts_gzip(accept_encoding: str) -> bool:
+    """Whether an ``Accept-Encoding`` header allows gzip (Prometheus always sends ``gzip``)."""
+    qualities: dict[str, float] = {}
+    for part in accept_encoding.split(","):
+        coding, _, params = part.partition(";")
+        quality = params.strip().lower().removeprefix("q=")
+        try:
+            qualities[coding.strip().lower()] = float(quality) if quality else 1.0
+        except ValueError:
+            qualities[coding.strip().lower()] = 0.0
+    return qualities.get("gzip", qualities.get("*", 0.0)) > 0
+
+
+def _check_token(request: web.Request, token: str) -> None:
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not given.strip():
+        raise Unauthorized("send the metrics token as 'Authorization: Bearer <token>'", code="missing_metrics_token")
+    # Constant time, so the token cannot be guessed a byte at a time from response timings.
+    if not hmac.compare_digest(given.strip().encode(), token.encode()):
+        raise Unauthorized("the metrics token is wrong; it is the master's metrics_token setting",
+                           code="invalid_metrics_token")
+
+
+async def get_metrics(request: web.Request) -> web.Response:
+    master = request.app[MASTER]
+    snapshot = await request.app[METRICS_EXPORTER].snapshot(master)
+    # Tens of thousands of GPUs make a large document: serialize it off the event loop.
+    body = await asyncio.to_thread(lambda: json.dumps(snapshot.to_json()))
+    return web.Response(text=body, content_type="application/json")
+
+
+ROUTES: tuple[Route, ...] = (
+    Route(
+        "GET", "/metrics", get_metrics,
+        "Fleet, GPU, relay, ingestion, rental and alert figures as JSON (the data of the Prometheus /metrics).",
+        roles=("admin",),
+    ),
+)
 
 
 def add_unversioned_routes(app: web.Application) -> None:
-    """Routes outside ``/api/v1`` (the Prometheus scrape endpoint)."""
+    """Routes outside ``/api/v1`` (the Prometheus scrape endpoint), and the app's exporter."""
+    app[METRICS_EXPORTER] = MetricsExporter()
+    app.router.add_get("/metrics", scrape)

@@ -32,7 +32,7 @@ from master.models import (
     RentalLogChunk,
     TelemetrySample,
 )
-from master.services import commands, rentals
+from master.services import commands, faults, reliability, rentals
 from master.services.accounts import Principal
 from master.services.hoststate import RENTABLE_STATES, transition
 from master.services.placement import model_matches
@@ -42,6 +42,7 @@ from shared import protocol
 from shared.clock import utcnow
 from shared.errors import NotFound
 from shared.ids import new_id
+from shared.settings import MasterSettings
 
 log = logging.getLogger(__name__)
 
@@ -140,11 +141,17 @@ async def handle_hello(session: AsyncSession, envelope: protocol.BusEnvelope) ->
         else:
             row.index, row.name, row.memory_total_mib = gpu.index, gpu.name, gpu.memory_total_mib
             row.info, row.present = gpu.model_dump(mode="json"), True
+    vanished: list[str] = []
     for uuid, row in existing.items():
         if uuid not in reported and row.present:
             log.warning("host %s no longer reports GPU %s", host.id, uuid)
             row.present = False
+            vanished.append(uuid)
+    # Before coming online: an offline host that comes back short of a GPU goes straight to faulty.
+    await faults.after_gpus_vanished(session, host, vanished, now=envelope.received_at)
     await _come_online(session, host, cause=f"hello via relay {envelope.relay_id}")
+    # New GPUs are ranked at once, not at the next scoring pass.
+    reliability.classify_host_gpus(host, (await session.scalars(select(Gpu).where(Gpu.host_id == host.id))).all())
     if await rentals.stop_strays(session, host.id, body.running_rentals):
         await session.flush()
     return await commands.open_command_ids(session, host.id)
@@ -360,23 +367,33 @@ async def handle_command_result(session: AsyncSession, envelope: protocol.BusEnv
     result = {"ok": body.ok, "detail": body.detail, "data": body.data, "finished_at": body.finished_at.isoformat()}
     if commands.complete(row, ok=body.ok, result=result, at=body.finished_at):
         await rentals.apply_command_result(session, row, ok=body.ok, detail=body.detail, at=body.finished_at)
+        if row.kind == faults.HEALTH_CHECK:
+            await faults.after_health_check(session, host, ok=body.ok, detail=body.detail, data=body.data, now=envelope.received_at)
 
 
-async def handle_gpu_events(session: AsyncSession, envelope: protocol.BusEnvelope) -> int:
-    """Record XID / ECC events once per ``(host, seq, position)``; returns how many were new."""
+_DEFAULT_SETTINGS = MasterSettings.model_construct()
+
+
+async def handle_gpu_events(session: AsyncSession, envelope: protocol.BusEnvelope, *, settings: MasterSettings | None = None) -> int:
+    """Record XID / ECC events once per ``(host, seq, position)``; returns how many were new.
+
+    New hardware faults count towards making the host faulty (``master/services/faults.py``).
+    """
     message = envelope.message
     assert isinstance(message, protocol.GpuEvents)
     host = await _load_host(session, message.host_id)
     _saw(host, envelope)
-    stored = 0
+    new: list[GpuEvent] = []
     for position, event in enumerate(message.body.events):
         row = GpuEvent(host_id=host.id, seq=message.seq, position=position, gpu_uuid=event.uuid, kind=event.kind,
                        code=event.code, at=event.at, received_at=envelope.received_at)
         if not await _insert_once(session, row):
             continue
-        stored += 1
+        new.append(row)
         log.warning("host %s GPU %s: %s event%s", host.id, event.uuid, event.kind, f" {event.code}" if event.code is not None else "")
-    return stored
+    if new:
+        await faults.after_gpu_events(session, host, new, settings=settings or _DEFAULT_SETTINGS, now=envelope.received_at)
+    return len(new)
 
 
 async def handle_network_report(session: AsyncSession, envelope: protocol.BusEnvelope) -> bool:
@@ -395,6 +412,8 @@ async def handle_network_report(session: AsyncSession, envelope: protocol.BusEnv
         return False
     if host.latest_network is None or str(host.latest_network.get("measured_at", "")) <= data["measured_at"]:
         host.latest_network = data
+        # The measured network is an input of every GPU's tier: re-rank them now.
+        reliability.classify_host_gpus(host, (await session.scalars(select(Gpu).where(Gpu.host_id == host.id))).all())
     return True
 
 
@@ -462,6 +481,7 @@ def _gpu_view(gpu: Gpu) -> dict[str, Any]:
         "memory_total_mib": gpu.memory_total_mib,
         "present": gpu.present,
         "rented": gpu.rental_id is not None,
+        "classification": reliability.classification_view(gpu),
         "info": gpu.info,
     }
 
@@ -477,6 +497,7 @@ def host_view(host: Host, gpus: Sequence[Gpu], *, detail: bool = False) -> dict[
         "agent_version": host.agent_version,
         "gpu_backend": host.gpu_backend,
         "last_seen_at": host.last_seen_at.isoformat() if host.last_seen_at else None,
+        "reliability_score": host.reliability,
         "gpu_count": sum(1 for g in gpus if g.present),
         "gpus": [_gpu_view(g) for g in sorted(gpus, key=lambda g: g.index) if g.present],
     }
@@ -486,6 +507,9 @@ def host_view(host: Host, gpus: Sequence[Gpu], *, detail: bool = False) -> dict[
         view["last_seq"] = host.last_seq
         view["latest_network"] = host.latest_network
         view["spool"] = host.spool_stats
+        view["reliability"] = reliability.reliability_view(host)
+        view["faults_since"] = host.faults_since.isoformat() if host.faults_since else None
+        view["rejected_fields"] = host.rejected_fields
         view["cert_not_after"] = host.cert_not_after.isoformat() if host.cert_not_after else None
     return view
 
@@ -576,9 +600,13 @@ async def owned_host(session: AsyncSession, principal: Principal, host_id: str) 
 
 
 async def list_offers(
-    session: AsyncSession, *, gpu_model: str | None, min_gpus: int, region: str | None, limit: int, offset: int
+    session: AsyncSession, *, gpu_model: str | None, min_gpus: int, region: str | None, limit: int, offset: int,
+    tier: str | None = None,
 ) -> tuple[list[dict[str, Any]], int]:
-    """What can be rented now: per rentable host and GPU model, the free GPUs."""
+    """What can be rented now: per rentable host and GPU model, the free GPUs, with tier and scores.
+
+    Best first: by performance score, then reliability (unscored last).
+    """
     rows = (
         await session.execute(
             select(Host, Gpu)
@@ -589,7 +617,7 @@ async def list_offers(
     ).all()
     offers: dict[tuple[str, str], dict[str, Any]] = {}
     for host, gpu in rows:
-        if not model_matches(gpu_model, gpu.name) or (region and host.region != region):
+        if not model_matches(gpu_model, gpu.name) or (region and host.region != region) or (tier and gpu.tier != tier):
             continue
         offer = offers.setdefault(
             (host.id, gpu.name),
@@ -603,8 +631,15 @@ async def list_offers(
                 "cuda_driver_version": gpu.info.get("cuda_driver_version"),
                 "region": host.region,
                 "host_state": host.state,
+                "tier": gpu.tier,
+                "performance_score": gpu.score,
+                "needs_review": gpu.needs_review,
+                "reliability": host.reliability,
+                "download_mbps": (host.latest_network or {}).get("download_mbps"),
+                "upload_mbps": (host.latest_network or {}).get("upload_mbps"),
             },
         )
         offer["num_gpus"] += 1
     matching = [o for o in offers.values() if o["num_gpus"] >= min_gpus]
+    matching.sort(key=lambda o: (-(o["performance_score"] or 0.0), -(o["reliability"] or 0.0), o["id"]))
     return matching[offset : offset + limit], len(matching)

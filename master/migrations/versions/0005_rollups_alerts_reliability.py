@@ -88,6 +88,9 @@ def upgrade() -> None:
         batch_op.create_index(batch_op.f('ix_alert_notifications_alert_id'), ['alert_id'], unique=False)
         batch_op.create_index('ix_alert_notifications_due', ['delivered_at', 'next_attempt_at'], unique=False)
 
+    with op.batch_alter_table('gpu_events', schema=None) as batch_op:
+        batch_op.create_index('ix_gpu_events_received', ['received_at'], unique=False)
+
     with op.batch_alter_table('gpus', schema=None) as batch_op:
         batch_op.add_column(sa.Column('tier', sa.String(length=16), nullable=True))
         batch_op.add_column(sa.Column('score', sa.Double(), nullable=True))
@@ -128,6 +131,9 @@ def downgrade() -> None:
         batch_op.drop_column('reliability_at')
         batch_op.drop_column('reliability_inputs')
         batch_op.drop_column('reliability')
+
+    with op.batch_alter_table('gpu_events', schema=None) as batch_op:
+        batch_op.drop_index('ix_gpu_events_received')
 
     with op.batch_alter_table('gpus', schema=None) as batch_op:
         batch_op.drop_index(batch_op.f('ix_gpus_tier'))
