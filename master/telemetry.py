@@ -86,15 +86,18 @@ def _acceptable(value: Any, bounds: tuple[float | None, float | None]) -> bool:
 
 def _clean(record: Mapping[str, Any], ranges: Mapping[str, tuple[float | None, float | None]], prefix: str,
            rejected: Counter[str]) -> dict[str, Any]:
+    """One pass over the record (this runs for every GPU of every sample: keep it lean)."""
     clean = dict(record)
-    for name, bounds in ranges.items():
-        value = clean.get(name)
-        if value is not None and not _acceptable(value, bounds):
-            clean[name] = None
-            rejected[f"{prefix}.{name}"] += 1
-    # Any other non-finite number (a field a newer agent added) cannot be stored as JSON either.
-    for name, value in clean.items():
-        if isinstance(value, float) and not math.isfinite(value):
+    for name, value in record.items():
+        if value is None:
+            continue
+        bounds = ranges.get(name)
+        if bounds is not None:
+            ok = _acceptable(value, bounds)
+        else:
+            # Any other non-finite number (a field a newer agent added) cannot be stored as JSON either.
+            ok = not (isinstance(value, float) and not math.isfinite(value))
+        if not ok:
             clean[name] = None
             rejected[f"{prefix}.{name}"] += 1
     return clean

@@ -10,7 +10,7 @@ from aiohttp import web
 from sqlalchemy import text
 
 from master import telemetry
-from master.api import routes_alerts, routes_metrics
+from master.api import routes_alerts, routes_market, routes_metrics
 from master.api.base import (
     API,
     PAGING,
@@ -28,7 +28,6 @@ from master.api.middleware import principal
 from master.api.schemas import EnrollRequest, ErrorBody, RentalCreate
 from master.models import Account
 from master.services import commands, enrollment, faults, hosts, rentals
-from master.tiers import Tier
 from shared.errors import BadRequest
 
 VERSION = "0.1.0"
@@ -182,29 +181,6 @@ async def get_rental_logs(request: web.Request) -> web.Response:
     return web.json_response(body)
 
 
-async def list_offers(request: web.Request) -> web.Response:
-    limit, offset = page(request)
-    async with request.app[MASTER].db.session() as session:
-        items, total = await hosts.list_offers(
-            session,
-            gpu_model=str_query(request, "gpu_model"),
-            min_gpus=int_query(request, "num_gpus", 1, minimum=1, maximum=64),
-            region=str_query(request, "region"),
-            limit=limit,
-            offset=offset,
-            tier=_tier_query(request),
-        )
-    return listing(items, total, limit, offset)
-
-
-def _tier_query(request: web.Request) -> str | None:
-    tier = str_query(request, "tier")
-    known = [t.value for t in Tier]
-    if tier is not None and tier not in known:
-        raise BadRequest(f"tier must be one of {', '.join(known)}; got {tier!r}", code="invalid_query")
-    return tier
-
-
 async def start_health_check(request: web.Request) -> web.Response:
     host_id = request.match_info["host_id"]
     command_id = await faults.request_health_check(request.app[MASTER], principal(request), host_id)
@@ -278,19 +254,6 @@ CORE_ROUTES: tuple[Route, ...] = (
           roles=("provider",), success=202, errors=(404, 409)),
     Route("POST", "/hosts/{host_id}/network-test", start_network_test, "Ask the host's agent to measure its network now.",
           roles=("provider",), success=202, errors=(404,)),
-    Route(
-        "GET",
-        "/offers",
-        list_offers,
-        "GPUs that can be rented now, best first, with tier, performance score and host reliability.",
-        query=(
-            QueryParam("gpu_model", "string", "Model words, e.g. 'RTX 4090'."),
-            QueryParam("num_gpus", "integer", "At least this many GPUs on one host.", 1, 64),
-            QueryParam("region", "string", "Exact region."),
-            QueryParam("tier", "string", "One tier: flagship, datacenter, prosumer, consumer or entry."),
-            *PAGING,
-        ),
-    ),
     Route("POST", "/rentals", create_rental, "Rent GPUs.", roles=("renter",), body=RentalCreate, success=201, headers=("Idempotency-Key",), errors=(409, 422)),
     Route("GET", "/rentals", list_rentals, "Your rentals, newest first.", query=PAGING),
     Route("GET", "/rentals/{rental_id}", get_rental, "One rental with its state history.", errors=(404,)),
@@ -303,7 +266,7 @@ CORE_ROUTES: tuple[Route, ...] = (
     Route("DELETE", "/rentals/{rental_id}", delete_rental, "Stop a rental; the GPUs are freed when the agent confirms.", success=202, errors=(404,)),
 )
 
-ROUTES: tuple[Route, ...] = CORE_ROUTES + routes_alerts.ROUTES + routes_metrics.ROUTES
+ROUTES: tuple[Route, ...] = CORE_ROUTES + routes_market.ROUTES + routes_alerts.ROUTES + routes_metrics.ROUTES
 
 ERROR_SCHEMA = ErrorBody
 

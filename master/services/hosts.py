@@ -20,6 +20,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import load_only
 
 from master.models import Command as CommandRow
 from master.models import (
@@ -267,6 +268,10 @@ def _insert_ignoring_duplicates(session: AsyncSession, rows: list[dict[str, Any]
     )
 
 
+# What a batch reads of each host (the rest is only written, or not touched).
+_BATCH_COLUMNS = (Host.id, Host.state, Host.last_seen_at, Host.last_seq, Host.relay_id, Host.latest_telemetry_seq,
+                  Host.rejected_fields)
+
 # Rows per INSERT statement: 10 columns each stays far below both databases' bind-parameter limits.
 INSERT_CHUNK = 1000
 
@@ -283,7 +288,13 @@ async def apply_batch(session: AsyncSession, envelopes: Sequence[protocol.BusEnv
     outcome = BatchOutcome()
     ids = sorted({e.message.host_id for e in envelopes})
     found = (
-        await session.scalars(select(Host).where(Host.id.in_(ids)).order_by(Host.id).with_for_update(key_share=True))
+        await session.scalars(
+            select(Host)
+            .options(load_only(*_BATCH_COLUMNS))  # not facts or the latest sample: big JSON nobody reads here
+            .where(Host.id.in_(ids))
+            .order_by(Host.id)
+            .with_for_update(key_share=True)
+        )
     ).all()
     by_id = {h.id: h for h in found if h.state != "revoked"}
     outcome.unknown_hosts = set(ids) - set(by_id)
