@@ -79,7 +79,9 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
 
 
 async def _json(http: aiohttp.ClientSession, method: str, url: str, key: str | None = None, **kw: Any) -> tuple[int, Any]:
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    headers = dict(kw.pop("headers", {}))
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
     try:
         async with http.request(method, url, headers=headers, **kw) as response:
             return response.status, await response.json()

@@ -1,0 +1,97 @@
+"""Never one GPU twice: two `gpumarket master` processes on one PostgreSQL, 200 concurrent
+rental requests for one GPU each over a fleet of 40 free GPUs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from master.db import Database
+from master.models import Account, Gpu, Host, Rental
+from shared.ids import new_id
+from tests.helpers import eventually
+from tests.test_services_integration import Processes, _free_port, _json, _ok, processes  # noqa: F401
+
+pytestmark = pytest.mark.slow
+
+HOSTS, GPUS_PER_HOST, REQUESTS = 10, 4, 200
+
+
+async def _seed_fleet(url: str, provider_name: str) -> list[str]:
+    """40 free GPUs on 10 online hosts, written straight into the shared database."""
+    db = Database(url)
+    try:
+        async with db.session() as session:
+            provider = await _account(session, provider_name)
+            uuids = []
+            hosts = [Host(id=new_id("h"), owner_id=provider, name=f"race-{h}", state="online", region="local") for h in range(HOSTS)]
+            session.add_all(hosts)
+            await session.flush()  # no ORM relationships: hosts must exist before their GPUs
+            for h, host in enumerate(hosts):
+                for i in range(GPUS_PER_HOST):
+                    uuid = f"GPU-race-{h}-{i}"
+                    uuids.append(uuid)
+                    session.add(Gpu(id=new_id("gpu"), host_id=host.id, index=i, uuid=uuid, name="NVIDIA GeForce RTX 4090",
+                                    memory_total_mib=24564, info={}, present=True))
+        return uuids
+    finally:
+        await db.close()
+
+
+async def _account(session: Any, name: str) -> str:
+    from sqlalchemy import select
+
+    account_id = await session.scalar(select(Account.id).where(Account.name == name))
+    assert account_id is not None
+    return str(account_id)
+
+
+async def test_two_masters_never_give_one_gpu_twice(processes: Processes, tmp_path: Path, postgres_url: str,  # noqa: F811
+                                                    redis_url: str, bus_prefix: str) -> None:
+    env = {**os.environ, "GPUMARKET_DATABASE_URL": postgres_url, "GPUMARKET_REDIS_URL": redis_url,
+           "GPUMARKET_BUS_PREFIX": bus_prefix, "GPUMARKET_DATA_DIR": str(tmp_path / "master"), "GPUMARKET_LOG_LEVEL": "WARNING"}
+    processes.cli("admin", "create-account", "--name", "prov", "--role", "provider", env=env)
+    renter_key = processes.cli("admin", "create-account", "--name", "rent", "--role", "renter", env=env).strip()
+    uuids = await _seed_fleet(postgres_url, "prov")
+    ports = [_free_port(), _free_port()]
+    for n, port in enumerate(ports):
+        processes.start(f"master-{n}", "master", env={**env, "GPUMARKET_HTTP_PORT": str(port), "GPUMARKET_INSTANCE_ID": f"race-{n}"})
+    apis = [f"http://127.0.0.1:{port}/api/v1" for port in ports]
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+            for api in apis:
+                await eventually(lambda api=api: _ok(http, f"{api}/health"), timeout=30, what="master healthy")  # type: ignore[misc]
+
+            async def rent(i: int) -> tuple[int, Any]:
+                return await _json(http, "POST", f"{apis[i % 2]}/rentals", renter_key,
+                                   json={"gpu_count": 1}, headers={"Idempotency-Key": f"race-{i}"})
+
+            results = await asyncio.gather(*(rent(i) for i in range(REQUESTS)))
+    except BaseException:
+        print(processes.logs())
+        raise
+    statuses = Counter(status for status, _ in results)
+    assert statuses == {201: HOSTS * GPUS_PER_HOST, 409: REQUESTS - HOSTS * GPUS_PER_HOST}, (statuses, processes.logs())
+    refusals = [body for status, body in results if status == 409]
+    assert all(body["code"] == "insufficient_capacity" and "free" in body["message"] for body in refusals)
+    given = [uuid for status, body in results if status == 201 for uuid in body["gpu_uuids"]]
+    assert sorted(given) == sorted(uuids)  # every GPU given, none twice
+    db = Database(postgres_url)
+    try:
+        from sqlalchemy import func, select
+
+        async with db.session() as session:
+            rentals = (await session.scalars(select(Rental))).all()
+            allocated = (await session.execute(select(Gpu.rental_id, func.count()).group_by(Gpu.rental_id))).all()
+    finally:
+        await db.close()
+    assert len(rentals) == HOSTS * GPUS_PER_HOST and all(r.state == "starting" for r in rentals)
+    assert {rental_id: n for rental_id, n in allocated} == {r.id: 1 for r in rentals}
+    for n in range(2):
+        assert processes.stop(f"master-{n}") == 0, processes.logs()
