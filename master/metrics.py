@@ -414,12 +414,14 @@ class SnapshotCollector:
 
     def __init__(self) -> None:
         self.snapshot: FleetSnapshot | None = None
+        self.per_gpu = True
 
     def collect(self) -> Iterator[Metric]:
         snapshot = self.snapshot
         if snapshot is None:
             return
-        yield from _gpu_metrics(snapshot)
+        if self.per_gpu:
+            yield from _gpu_metrics(snapshot)
         yield from _host_metrics(snapshot)
         yield from _fleet_metrics(snapshot)
         yield from _relay_metrics(snapshot)
@@ -603,6 +605,7 @@ class MetricsExporter:
             snapshot = await self._fresh(master)
             if self._exposition is None:
                 self._collector.snapshot = snapshot
+                self._collector.per_gpu = master.settings.metrics_per_gpu
                 self._exposition = await asyncio.to_thread(generate_latest, self.registry)
             if not gzipped:
                 return self._exposition

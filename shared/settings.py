@@ -149,6 +149,7 @@ class MasterSettings(ServiceSettings):
     alert_temperature_c: float = Field(85.0, gt=0, le=150, description="GPU temperature above which the temperature alert fires.")
     alert_ingestion_lag_s: float = Field(30.0, gt=0, le=86400, description="Ingestion lag (oldest unprocessed agent message) above which the lag alert fires.")
     metrics_token: str | None = Field(None, description="Bearer token GET /metrics requires (unset: /metrics is open, for a scraper on a private network).")
+    metrics_per_gpu: bool = Field(True, description="Export per-GPU series on /metrics (about 90 % of a large fleet's scrape; turn off for very large fleets: fleet, host and pipeline figures stay).")
     metrics_cache_seconds: float = Field(5.0, ge=0, le=600, description="Seconds one fleet snapshot for /metrics and /api/v1/metrics is reused.")
     alert_event_window_minutes: float = Field(15.0, gt=0, le=7 * 24 * 60, description="An XID or ECC alert fires while such an event is this recent.")
 

@@ -453,6 +453,15 @@ class TestSnapshotCache:
         assert value(await metrics.families(), "gpumarket_fleet_hosts", state="online") == 1
         assert metrics.client.app[METRICS_EXPORTER].builds == 2
 
+    async def test_per_gpu_series_can_be_turned_off(self, metrics: Metrics) -> None:
+        """``metrics_per_gpu = false`` drops the per-GPU gauges; fleet totals stay."""
+        await online_host(metrics.master, metrics.provider, [gpu_info(0), gpu_info(1)])
+        assert len(values(await metrics.families(), "gpumarket_gpu_memory_total_bytes")) == 2
+        metrics.settings(metrics_per_gpu=False)
+        samples = await metrics.families()
+        assert values(samples, "gpumarket_gpu_memory_total_bytes") == []
+        assert sum(values(samples, "gpumarket_fleet_gpus")) == 2
+
     async def test_each_app_has_its_own_registry(self, metrics: Metrics) -> None:
         """Two apps over one master do not share (or collide in) a Prometheus registry."""
         other: TestClient[Any, Any] = TestClient(TestServer(create_app(metrics.master, background=False)))
