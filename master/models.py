@@ -7,6 +7,7 @@ the same on SQLite and PostgreSQL. Timestamps are aware UTC on both databases.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import (
@@ -16,6 +17,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    Numeric,
     String,
     Text,
     TypeDecorator,
@@ -154,6 +156,27 @@ class Gpu(Base):
     classification: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     # The allocation: set with ``UPDATE … WHERE rental_id IS NULL`` so one GPU is never given twice.
     rental_id: Mapped[str | None] = mapped_column(ForeignKey("rentals.id"), default=None, index=True)
+
+
+class HostListing(Base):
+    """A provider's terms for one host on the marketplace (``master/services/listings.py``).
+
+    Prices are USD per GPU-hour, exact decimals with six places. ``maintenance_windows`` is a
+    list of ``{"start", "end"}`` UTC times written as ``YYYY-MM-DDTHH:MM:SSZ``: that fixed
+    form sorts as text, so the offer search can compare it in SQL on both databases.
+    """
+
+    __tablename__ = "host_listings"
+
+    host_id: Mapped[str] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), primary_key=True)
+    price_per_gpu_hour: Mapped[Decimal] = mapped_column(Numeric(12, 6))
+    min_bid_per_gpu_hour: Mapped[Decimal | None] = mapped_column(Numeric(12, 6), default=None)
+    smallest_unit: Mapped[str] = mapped_column(String(32), default="gpu")  # gpu | mig:<profile> | milli:<n>
+    available_until: Mapped[datetime | None] = mapped_column(default=None)
+    maintenance_windows: Mapped[list[Any]] = mapped_column(default=list)
+    verified: Mapped[bool] = mapped_column(default=False)  # set by an admin, never by the provider
+    created_at: Mapped[datetime] = mapped_column(default=_now)
+    updated_at: Mapped[datetime] = mapped_column(default=_now)
 
 
 class Rental(Base):

@@ -1,37 +1,112 @@
-"""The marketplace: ``/api/v1/offers`` (and, with the marketplace issue, listings and search)."""
+"""The marketplace: offer search (``/offers``), host listings and the tier price bounds.
+
+Handlers parse and authorize; the rules live in ``master/services/offers.py``,
+``master/services/listings.py`` and the query language in ``master/offerquery.py``.
+"""
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from master.api.base import PAGING, QueryParam, Route, int_query, listing, page, str_query
+from master.api.base import PAGING, QueryParam, Route, int_query, page, parse_body, str_query
 from master.api.keys import MASTER
-from master.services import hosts
-from master.tiers import Tier
+from master.api.middleware import principal
+from master.api.schemas_market import ListingPut
+from master.offerquery import MAX_QUERY_LENGTH, Condition, Op, format_query, parse, parse_value
+from master.services import listings, offers
+from master.services.offers import OfferSearch, Order, Sort
 from shared.errors import BadRequest
+
+# Each filter as its own query parameter: name → (field of the query language, operator, type, description).
+FILTER_PARAMS: dict[str, tuple[str, Op, str, str]] = {
+    "gpu_model": ("gpu_name", Op.EQ, "string", "Model words, e.g. 'RTX 4090' or 'A100 80GB' (every word must be in the name)."),
+    "min_vram_gib": ("vram", Op.GE, "number", "At least this much GPU memory, GiB (rounded: a 24564 MiB card has 24)."),
+    "min_compute_capability": ("compute_capability", Op.GE, "string", "At least this CUDA compute capability, e.g. 8.0."),
+    "min_cuda_driver_version": ("cuda_driver_version", Op.GE, "string", "The driver supports at least this CUDA version, e.g. 12.2."),
+    "min_price": ("price", Op.GE, "string", "At least this price, USD per GPU-hour."),
+    "max_price": ("price", Op.LE, "string", "At most this price, USD per GPU-hour."),
+    "max_price_per_score": ("price_per_score", Op.LE, "number", "At most this price per performance-score point."),
+    "region": ("region", Op.EQ, "string", "Exact region."),
+    "tier": ("tier", Op.EQ, "string", "One tier: flagship, datacenter, prosumer, consumer or entry."),
+    "min_score": ("score", Op.GE, "number", "At least this performance score (H100 SXM = 100)."),
+    "min_reliability": ("reliability", Op.GE, "number", "At least this host reliability (0 to 1)."),
+    "min_download_mbps": ("download_mbps", Op.GE, "number", "At least this measured download speed, Mbit/s."),
+    "min_upload_mbps": ("upload_mbps", Op.GE, "number", "At least this measured upload speed, Mbit/s."),
+    "verified": ("verified", Op.EQ, "boolean", "true: verified listings only; false: unverified only."),
+}
+
+
+def _choice(request: web.Request, name: str, allowed: tuple[str, ...]) -> str | None:
+    raw = str_query(request, name)
+    if raw is not None and raw not in allowed:
+        raise BadRequest(f"query parameter {name!r} must be one of {', '.join(allowed)}; got {raw[:40]!r}", code="invalid_query")
+    return raw
+
+
+def offer_conditions(request: web.Request) -> list[Condition]:
+    """The filters of a GET /offers request: ``q`` first, then each filter parameter, all ANDed."""
+    conditions = parse(str_query(request, "q", max_length=MAX_QUERY_LENGTH) or "")
+    num_gpus = int_query(request, "num_gpus", 0, minimum=1, maximum=64)
+    if num_gpus:
+        conditions.append(Condition("num_gpus", Op.GE, (num_gpus,)))
+    for name, (field, op, _, _) in FILTER_PARAMS.items():
+        raw = str_query(request, name)
+        if raw is not None:
+            conditions.append(parse_value(field, op, raw, parameter=name))
+    return conditions
 
 
 async def list_offers(request: web.Request) -> web.Response:
+    master = request.app[MASTER]
     limit, offset = page(request)
-    async with request.app[MASTER].db.session() as session:
-        items, total = await hosts.list_offers(
-            session,
-            gpu_model=str_query(request, "gpu_model"),
-            min_gpus=int_query(request, "num_gpus", 1, minimum=1, maximum=64),
-            region=str_query(request, "region"),
-            limit=limit,
-            offset=offset,
-            tier=_tier_query(request),
-        )
-    return listing(items, total, limit, offset)
+    conditions = offer_conditions(request)
+    sort = Sort(_choice(request, "sort", tuple(Sort)) or Sort.SCORE)
+    chosen = _choice(request, "order", tuple(Order))
+    order = Order(chosen) if chosen is not None else offers.DEFAULT_ORDER[sort]
+    search = OfferSearch(conditions, sort=sort, order=order, limit=limit, offset=offset, now=master.clock.now())
+    async with master.db.session() as session:
+        items, total = await offers.search_offers(session, search)
+    return web.json_response(
+        {
+            "items": items,
+            "total": total,
+            "limit": limit,
+            "offset": offset,
+            "sort": sort.value,
+            "order": order.value,
+            "query": format_query(conditions),
+        }
+    )
 
 
-def _tier_query(request: web.Request) -> str | None:
-    tier = str_query(request, "tier")
-    known = [t.value for t in Tier]
-    if tier is not None and tier not in known:
-        raise BadRequest(f"tier must be one of {', '.join(known)}; got {tier!r}", code="invalid_query")
-    return tier
+async def put_listing(request: web.Request) -> web.Response:
+    master = request.app[MASTER]
+    body = await parse_body(request, ListingPut)
+    terms = listings.ListingTerms(
+        price_per_gpu_hour=body.price_per_gpu_hour,
+        min_bid_per_gpu_hour=body.min_bid_per_gpu_hour,
+        smallest_unit=body.smallest_unit,
+        available_until=body.available_until,
+        maintenance_windows=[listings.MaintenanceWindow(w.start, w.end) for w in body.maintenance_windows],
+        verified=body.verified,
+    )
+    now = master.clock.now()
+    async with master.db.session() as session:
+        listing, created, tier = await listings.put_listing(session, principal(request), request.match_info["host_id"], terms, now=now)
+        view = listings.listing_view(listing, tier=tier, now=now)
+    return web.json_response(view, status=201 if created else 200)
+
+
+async def get_listing(request: web.Request) -> web.Response:
+    master = request.app[MASTER]
+    async with master.db.session() as session:
+        listing, tier = await listings.get_listing(session, principal(request), request.match_info["host_id"])
+        view = listings.listing_view(listing, tier=tier, now=master.clock.now())
+    return web.json_response(view)
+
+
+async def get_price_bounds(request: web.Request) -> web.Response:
+    return web.json_response({"currency": "USD", "unit": "GPU-hour", "items": listings.load_price_bounds().view()})
 
 
 ROUTES: tuple[Route, ...] = (
@@ -39,13 +114,30 @@ ROUTES: tuple[Route, ...] = (
         "GET",
         "/offers",
         list_offers,
-        "GPUs that can be rented now, best first, with tier, performance score and host reliability.",
+        "GPUs that can be rented now, grouped per host and model, with price, tier, performance score and "
+        "reliability; filter with parameters or the query language in q (docs/marketplace.md).",
         query=(
-            QueryParam("gpu_model", "string", "Model words, e.g. 'RTX 4090'."),
-            QueryParam("num_gpus", "integer", "At least this many GPUs on one host.", 1, 64),
-            QueryParam("region", "string", "Exact region."),
-            QueryParam("tier", "string", "One tier: flagship, datacenter, prosumer, consumer or entry."),
+            QueryParam("q", "string", "Query language: space-separated 'field op value' terms, e.g. "
+                       "'gpu_name=RTX_4090 num_gpus>=2 reliability>0.98 price<=0.5'."),
+            QueryParam("num_gpus", "integer", "At least this many free GPUs on one host.", 1, 64),
+            *(QueryParam(name, kind, description) for name, (_, _, kind, description) in FILTER_PARAMS.items()),
+            QueryParam("sort", "string", "score (default, best first), price (cheapest first), "
+                       "price_per_performance (price per score point, lowest first) or reliability (highest first)."),
+            QueryParam("order", "string", "asc or desc; the default is the sort's best-first direction."),
             *PAGING,
         ),
+        errors=(400,),
     ),
+    Route(
+        "PUT",
+        "/hosts/{host_id}/listing",
+        put_listing,
+        "List a host: price per GPU-hour within its tier's bounds, minimum bid, smallest unit, end date, "
+        "maintenance windows. Replaces the whole listing; repeating it changes nothing.",
+        roles=("provider",),
+        body=ListingPut,
+        errors=(404, 409, 422),
+    ),
+    Route("GET", "/hosts/{host_id}/listing", get_listing, "A host's listing with its tier's price bounds.", errors=(404,)),
+    Route("GET", "/price-bounds", get_price_bounds, "The lowest, default and highest price per GPU-hour of each tier."),
 )

@@ -1,0 +1,36 @@
+"""Request bodies of the marketplace routes (``master/api/routes_market.py``)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from master.services.listings import MAX_MAINTENANCE_WINDOWS
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class MaintenanceWindowBody(_Body):
+    start: AwareDatetime = Field(description="Start, ISO 8601 with a timezone.")
+    end: AwareDatetime = Field(description="End (exclusive), ISO 8601 with a timezone.")
+
+
+class ListingPut(_Body):
+    """A host's terms on the marketplace; a PUT replaces them all (see docs/marketplace.md)."""
+
+    price_per_gpu_hour: Decimal = Field(
+        description="Asking price in USD per GPU-hour (a decimal string is best: \"0.45\"), within the bounds of the "
+        "host's best GPU tier (GET /price-bounds)."
+    )
+    min_bid_per_gpu_hour: Decimal | None = Field(None, description="Lowest bid for interruptible use, USD per GPU-hour; at most the price.")
+    smallest_unit: str = Field(
+        "gpu", max_length=64, description="gpu (whole GPUs), mig:<profile> (mig:1g.10gb) or milli:<n> (n/1000 of a GPU)."
+    )
+    available_until: AwareDatetime | None = Field(None, description="The host is offered until then (in the future).")
+    maintenance_windows: list[MaintenanceWindowBody] = Field(
+        default_factory=list, max_length=MAX_MAINTENANCE_WINDOWS, description="Times the host is not offered; no overlaps."
+    )
+    verified: bool | None = Field(None, description="Admins only: the platform verified this host.")

@@ -1,0 +1,343 @@
+"""The offer search behind ``GET /api/v1/offers``.
+
+An **offer** is one rentable host's free GPUs of one model: its id is ``host_id:gpu_name``.
+A host is offered while it is in a rentable state (online or rented), for its present
+GPUs that no rental holds, unless its listing's ``available_until`` has passed or one of
+its maintenance windows is open now.
+
+**Price.** A listed host's GPUs cost its listing's ``price_per_gpu_hour``. A host without
+a listing is offered too, at the ``default`` price of each GPU's tier from
+``master/data/price_bounds.toml`` (``listed: false``), so a host is rentable from its first
+hello — the embedded demo's agents never list. A GPU with no tier yet takes the entry
+default.
+
+**Work done in SQL.** One grouped query filters, groups, sorts, pages and counts
+(``GROUP BY host, model``; the ``num_gpus`` condition is its ``HAVING``; the total is a
+``count(*) OVER ()``); listings past their end or in a maintenance window are found in one
+pass over the listings and excluded as a set. Two more queries read the page's hosts,
+listings and GPU versions: three queries whatever the fleet's size, none per host (a page
+past the end runs a plain count instead). The only filter not written in SQL is the GPU
+model words match (``master.services.placement.model_matches``): it is evaluated over the
+distinct model names (a fourth, small query), and the search then filters on
+``gpus.name IN (...)``. At 100,000 GPUs (12,500 hosts) a search takes ~50–90 ms on
+PostgreSQL; ``compute_capability`` / ``cuda_driver_version`` filters cost ~300 ms more,
+because they read each candidate GPU's ``info`` JSON.
+
+Conditions come from ``master/offerquery.py``; unknown values (no reliability score yet,
+no network measurement) fail every comparison except ``!=``.
+
+**Sorts** (``sort``, ``order``): ``score`` (the default: best first), ``price`` (cheapest
+first), ``price_per_performance`` (price / score, best value first), ``reliability``
+(most reliable first). ``order`` reverses the default direction; offers without the sort
+value always come last. Ties go by score, then reliability, then offer id, so paging is
+stable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from decimal import Decimal
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    Float,
+    Integer,
+    Numeric,
+    Select,
+    SQLColumnExpression,
+    and_,
+    case,
+    cast,
+    false,
+    func,
+    literal,
+    not_,
+    or_,
+    select,
+    text,
+)
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from master.models import Gpu, Host, HostListing
+from master.offerquery import Condition, Op, Value, Version
+from master.services.hoststate import RENTABLE_STATES
+from master.services.listings import PriceBounds, load_price_bounds, money, upcoming_windows, window_time
+from master.services.placement import model_matches
+from master.tiers import Tier
+
+__all__ = ["DEFAULT_ORDER", "OfferSearch", "Order", "Sort", "search_offers"]
+
+
+class Sort(StrEnum):
+    SCORE = "score"
+    PRICE = "price"
+    PRICE_PER_PERFORMANCE = "price_per_performance"
+    RELIABILITY = "reliability"
+
+
+class Order(StrEnum):
+    ASC = "asc"
+    DESC = "desc"
+
+
+# The direction each sort takes unless ``order`` says otherwise: best first.
+DEFAULT_ORDER = {Sort.SCORE: Order.DESC, Sort.PRICE: Order.ASC, Sort.PRICE_PER_PERFORMANCE: Order.ASC, Sort.RELIABILITY: Order.DESC}
+
+_PRICE = Numeric(12, 6)
+
+
+@dataclass(frozen=True)
+class OfferSearch:
+    conditions: Sequence[Condition] = ()
+    sort: Sort = Sort.SCORE
+    order: Order | None = None  # None: the sort's default direction
+    limit: int = 50
+    offset: int = 0
+    now: datetime | None = None  # when "now" is, for availability and maintenance windows
+    bounds: PriceBounds | None = field(default=None, compare=False)
+
+
+# ---- SQL pieces --------------------------------------------------------------------------------
+
+
+def _default_price(bounds: PriceBounds) -> ColumnElement[Decimal]:
+    """The tier default for a GPU of an unlisted host (entry's when the GPU has no tier)."""
+    whens = {tier.value: literal(bounds[tier].default, _PRICE) for tier in Tier}
+    return case(whens, value=Gpu.tier, else_=literal(bounds[Tier.ENTRY].default, _PRICE))
+
+
+def _version_key(expr: ColumnElement[str], dialect: str) -> ColumnElement[int]:
+    """``major * 1000 + minor`` of a version string ("12.4" → 12004), NULL when it is not one."""
+    if dialect == "postgresql":
+        major = cast(func.substring(expr, r"^([0-9]{1,6})"), Integer)
+        minor = cast(func.substring(expr, r"^[0-9]{1,6}\.([0-9]{1,3})"), Integer)
+        return major * 1000 + func.coalesce(minor, 0)
+    # SQLite has no regular expressions; CAST reads the leading digits of a text and gives 0 for none.
+    dot = func.instr(expr, ".")
+    return case(
+        (dot > 0, cast(func.substr(expr, 1, dot - 1), Integer) * 1000 + cast(func.substr(expr, dot + 1), Integer)),
+        else_=cast(expr, Integer) * 1000,
+    )
+
+
+def _unavailable_hosts(dialect: str, now: datetime) -> Select[Any]:
+    """Listed hosts not to offer at ``now``: past their end date, or in a maintenance window.
+
+    One pass over the listings (not one check per GPU row); windows compare as fixed-form text.
+    """
+    if dialect == "postgresql":
+        in_window = (
+            "EXISTS (SELECT 1 FROM json_array_elements(host_listings.maintenance_windows) AS mw(w) "
+            "WHERE mw.w->>'start' <= :maintenance_now AND :maintenance_now < mw.w->>'end')"
+        )
+    else:
+        in_window = (
+            "EXISTS (SELECT 1 FROM json_each(host_listings.maintenance_windows) AS mw "
+            "WHERE json_extract(mw.value, '$.start') <= :maintenance_now "
+            "AND :maintenance_now < json_extract(mw.value, '$.end'))"
+        )
+    return select(HostListing.host_id).where(
+        or_(HostListing.available_until <= now, text(in_window).bindparams(maintenance_now=window_time(now)))
+    )
+
+
+def _compare(expr: SQLColumnExpression[Any], op: Op, values: Sequence[Any]) -> ColumnElement[bool]:
+    if op is Op.EQ:
+        return expr.in_(values)
+    if op is Op.NE:
+        # Unknown is "not equal": a host with no region is not in eu-west.
+        return or_(expr.is_(None), expr.not_in(values))
+    [value] = values
+    comparison = {Op.LT: expr.__lt__, Op.LE: expr.__le__, Op.GT: expr.__gt__, Op.GE: expr.__ge__}[op]
+    return and_(comparison(value))
+
+
+@dataclass
+class _Columns:
+    """The per-GPU-row expressions conditions and sorts refer to."""
+
+    dialect: str
+    price: ColumnElement[Decimal]
+    price_per_score: ColumnElement[float]
+    model_names: Sequence[str]
+
+    def condition(self, c: Condition) -> ColumnElement[bool]:
+        values: Sequence[Value] = c.values
+        match c.field:
+            case "gpu_name":
+                wanted = [str(v) for v in values]
+                matching = [n for n in self.model_names if any(model_matches(w, n) for w in wanted)]
+                if c.op is Op.EQ:
+                    return Gpu.name.in_(matching) if matching else false()
+                return Gpu.name.not_in(matching) if matching else not_(false())
+            case "vram":
+                return _compare((Gpu.memory_total_mib + 512) // 1024, c.op, values)
+            case "vram_mib":
+                return _compare(Gpu.memory_total_mib, c.op, values)
+            case "compute_capability" | "cuda_driver_version":
+                keys = [v.key for v in values if isinstance(v, Version)]
+                return _compare(_version_key(Gpu.info[c.field].as_string(), self.dialect), c.op, keys)
+            case "price":
+                return _compare(self.price, c.op, values)
+            case "price_per_score":
+                return _compare(self.price_per_score, c.op, values)
+            case "region":
+                return _compare(Host.region, c.op, values)
+            case "tier":
+                return _compare(Gpu.tier, c.op, [str(v) for v in values])
+            case "score":
+                return _compare(Gpu.score, c.op, values)
+            case "reliability":
+                return _compare(Host.reliability, c.op, values)
+            case "download_mbps" | "upload_mbps":
+                return _compare(Host.latest_network[c.field].as_float(), c.op, values)
+            case "verified":
+                return _compare(func.coalesce(HostListing.verified, false()), c.op, values)
+        raise ValueError(f"no SQL for offer field {c.field!r}")  # the parser only makes known fields
+
+
+async def _model_names(session: AsyncSession) -> list[str]:
+    rows = await session.scalars(select(Gpu.name).where(Gpu.present.is_(True), Gpu.rental_id.is_(None)).distinct())
+    return list(rows.all())
+
+
+def _order_by(sort: Sort, order: Order, sub: Any, per_score: ColumnElement[float]) -> list[Any]:
+    def directed(expr: Any, default: Order) -> list[Any]:
+        # Missing values last in either direction (SQLite and PostgreSQL disagree on NULLS by default).
+        if order is default:
+            key = expr.desc() if default is Order.DESC else expr.asc()
+        else:
+            key = expr.asc() if default is Order.DESC else expr.desc()
+        return [expr.is_(None), key]
+
+    primary = {
+        Sort.SCORE: directed(sub.c.score, Order.DESC),
+        Sort.PRICE: directed(sub.c.price, Order.ASC),
+        Sort.PRICE_PER_PERFORMANCE: directed(per_score, Order.ASC),
+        Sort.RELIABILITY: directed(sub.c.reliability, Order.DESC),
+    }[sort]
+    ties = [] if sort is Sort.SCORE else [sub.c.score.is_(None), sub.c.score.desc()]
+    if sort is not Sort.RELIABILITY:
+        ties += [sub.c.reliability.is_(None), sub.c.reliability.desc()]
+    return [*primary, *ties, sub.c.host_id, sub.c.gpu_name]
+
+
+# ---- the search --------------------------------------------------------------------------------
+
+
+async def search_offers(session: AsyncSession, search: OfferSearch) -> tuple[list[dict[str, Any]], int]:
+    """One page of offers matching every condition, in the asked order, and how many match in all."""
+    now = search.now or datetime.now(UTC)
+    bounds = search.bounds or load_price_bounds()
+    dialect = session.get_bind().dialect.name
+    price = func.coalesce(HostListing.price_per_gpu_hour, _default_price(bounds))
+    price_per_score = case((Gpu.score > 0, cast(price, Float) / Gpu.score), else_=None)
+    needs_names = any(c.field == "gpu_name" for c in search.conditions)
+    columns = _Columns(dialect, price, price_per_score, await _model_names(session) if needs_names else ())
+
+    count = func.count(Gpu.id)
+    row_conditions = [columns.condition(c) for c in search.conditions if c.field != "num_gpus"]
+    group_conditions = [_compare(count, c.op, c.values) for c in search.conditions if c.field == "num_gpus"]
+    grouped = (
+        select(
+            Gpu.host_id.label("host_id"),
+            Gpu.name.label("gpu_name"),
+            count.label("num_gpus"),
+            func.max(Gpu.memory_total_mib).label("vram_mib"),
+            func.max(Gpu.tier).label("tier"),  # one model on one host: one classification
+            func.max(Gpu.score).label("score"),
+            func.max(cast(Gpu.needs_review, Integer)).label("needs_review"),
+            func.max(price).label("price"),
+            func.max(Host.reliability).label("reliability"),
+        )
+        .select_from(Gpu)
+        .join(Host, Host.id == Gpu.host_id)
+        .outerjoin(HostListing, HostListing.host_id == Gpu.host_id)
+        .where(
+            Host.state.in_(RENTABLE_STATES),
+            Gpu.present.is_(True),
+            Gpu.rental_id.is_(None),
+            Gpu.host_id.not_in(_unavailable_hosts(dialect, now)),
+            *row_conditions,
+        )
+        .group_by(Gpu.host_id, Gpu.name)
+    )
+    if group_conditions:
+        grouped = grouped.having(and_(*group_conditions))
+    sub = grouped.subquery("offer_groups")
+    per_score = case((sub.c.score > 0, cast(sub.c.price, Float) / sub.c.score), else_=None)
+
+    # The page and the total in one pass over the groups; a count of its own only for a page past the end.
+    order = search.order or DEFAULT_ORDER[search.sort]
+    page = (
+        await session.execute(
+            select(sub, per_score.label("price_per_score"), func.count().over().label("total"))
+            .order_by(*_order_by(search.sort, order, sub, per_score))
+            .limit(search.limit)
+            .offset(search.offset)
+        )
+    ).all()
+    if not page:
+        total = int(await session.scalar(select(func.count()).select_from(sub)) or 0) if search.offset else 0
+        return [], total
+
+    host_ids = sorted({row.host_id for row in page})
+    hosts = {
+        row.id: row
+        for row in (
+            await session.execute(
+                select(Host.id, Host.region, Host.state, Host.latest_network, HostListing)
+                .outerjoin(HostListing, HostListing.host_id == Host.id)
+                .where(Host.id.in_(host_ids))
+            )
+        ).all()
+    }
+    # Versions live in each GPU's info JSON: read them for the page's GPUs only, not for every candidate.
+    versions: dict[tuple[str, str], tuple[str | None, str | None]] = {}
+    for gpu_host, gpu_name, capability, cuda in (
+        await session.execute(
+            select(
+                Gpu.host_id, Gpu.name, Gpu.info["compute_capability"].as_string(), Gpu.info["cuda_driver_version"].as_string()
+            ).where(Gpu.host_id.in_(host_ids), Gpu.present.is_(True), Gpu.rental_id.is_(None))
+        )
+    ).all():
+        known = versions.get((gpu_host, gpu_name), (None, None))
+        versions[(gpu_host, gpu_name)] = (known[0] or capability, known[1] or cuda)
+    return [
+        _offer_view(row, hosts[row.host_id], versions.get((row.host_id, row.gpu_name), (None, None)), now) for row in page
+    ], int(page[0].total)
+
+
+def _offer_view(row: Any, host: Any, versions: tuple[str | None, str | None], now: datetime) -> dict[str, Any]:
+    network = host.latest_network or {}
+    listing: HostListing | None = host.HostListing
+    price = Decimal(row.price)
+    return {
+        "id": f"{row.host_id}:{row.gpu_name}",
+        "host_id": row.host_id,
+        "gpu_name": row.gpu_name,
+        "num_gpus": int(row.num_gpus),
+        "vram_mib": row.vram_mib,
+        "compute_capability": versions[0],
+        "cuda_driver_version": versions[1],
+        "region": host.region,
+        "host_state": host.state,
+        "tier": row.tier,
+        "performance_score": row.score,
+        "needs_review": bool(row.needs_review),
+        "reliability": row.reliability,
+        "download_mbps": network.get("download_mbps"),
+        "upload_mbps": network.get("upload_mbps"),
+        "price_per_gpu_hour": money(price),
+        "price_per_score": None if row.price_per_score is None else float(row.price_per_score),
+        "listed": listing is not None,
+        "verified": bool(listing is not None and listing.verified),
+        "min_bid_per_gpu_hour": None if listing is None or listing.min_bid_per_gpu_hour is None else money(listing.min_bid_per_gpu_hour),
+        "smallest_unit": "gpu" if listing is None else listing.smallest_unit,
+        "available_until": None if listing is None or listing.available_until is None else listing.available_until.isoformat(),
+        "maintenance_windows": [] if listing is None else upcoming_windows(listing.maintenance_windows, now),
+    }
