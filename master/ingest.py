@@ -238,6 +238,11 @@ async def sweep(master: Master) -> tuple[list[str], list[str]]:
         lost = await rentals.fail_rentals_of_lost_hosts(
             session, now=horizon, grace=timedelta(seconds=settings.rental_grace_period)
         )
+    for rental_id in lost:
+        try:
+            await rentals.replace_lost(master, rental_id)
+        except Exception:
+            log.exception("placing lost rental %s again failed", rental_id)
     return gone, lost
 
 

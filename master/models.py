@@ -199,6 +199,9 @@ class Rental(Base):
     stopped_at: Mapped[datetime | None] = mapped_column(default=None)
     # When the host was last heard from before it went silent for longer than the grace period.
     host_lost_at: Mapped[datetime | None] = mapped_column(default=None)
+    # Re-place the rental on another host if its host is lost (the new rental names this one).
+    restart_on_failure: Mapped[bool] = mapped_column(default=False)
+    replaces_id: Mapped[str | None] = mapped_column(ForeignKey("rentals.id", name="fk_rentals_replaces_id"), default=None)
 
 
 class RentalEvent(Base):

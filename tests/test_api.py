@@ -600,7 +600,7 @@ class TestOpenApi:
     async def test_rental_create_schema_is_present(self, document: dict[str, Any]) -> None:
         """POST /rentals takes the RentalCreate schema, which lists its fields."""
         schemas = document["components"]["schemas"]
-        assert set(schemas["RentalCreate"]["properties"]) == {"gpu_count", "gpu_model", "workload"}
+        assert set(schemas["RentalCreate"]["properties"]) == {"gpu_count", "gpu_model", "workload", "restart_on_failure"}
         op = document["paths"][API + "/rentals"]["post"]
         ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
         assert ref == "#/components/schemas/RentalCreate"

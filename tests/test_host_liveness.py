@@ -168,6 +168,52 @@ class TestGracePeriod:
             stop = await session.get(Command, commands[0])
         assert stop is not None and (stop.kind, stop.args) == ("stop_workload", {"rental_id": rental.id})
 
+    async def test_a_rental_that_asked_for_it_is_placed_again_on_another_host(
+        self, world: tuple[Master, ManualClock, WallClock]
+    ) -> None:
+        """restart_on_failure: past the grace period the rental fails and a new one starts elsewhere, once."""
+        master, clock, _ = world
+        provider, _ = await create_principal(master, "p", "provider")
+        host_id = await online_host(master, provider, [gpu_info(0)])
+        await heard_at(master, host_id, 1, clock.now())
+        renter, _ = await create_principal(master, "renter", "renter")
+        request = rentals.RentalRequest(gpu_count=1, workload={"kind": "hold"}, restart_on_failure=True)
+        rental, _ = await rentals.create_rental(master, renter, request, idempotency_key="k1")
+        spare = await online_host(master, provider, [gpu_info(0)])  # free now, and silent later
+        clock.advance(31)
+        await heard_at(master, spare, 1, clock.now())  # only the rented host goes silent
+        await sweep(master)
+        clock.advance(120)
+        await heard_at(master, spare, 2, clock.now())
+        _, lost = await sweep(master)
+        assert lost == [rental.id]
+        async with master.db.session() as session:
+            again = (await session.scalars(select(Rental).where(Rental.replaces_id == rental.id))).all()
+            events = await rentals.rental_events(session, rental.id)
+        assert len(again) == 1 and again[0].host_id == spare and again[0].state == "starting"
+        assert again[0].restart_on_failure and again[0].workload == {"kind": "hold"}
+        assert events[-1].cause == f"placed again as rental {again[0].id} on host {spare}"
+        assert await rentals.replace_lost(master, rental.id) is not None  # a retry finds the same one
+        async with master.db.session() as session:
+            n = await session.scalar(select(func.count()).select_from(Rental).where(Rental.replaces_id == rental.id))
+        assert n == 1
+
+    async def test_a_rental_that_cannot_be_placed_again_says_why(self, world: tuple[Master, ManualClock, WallClock]) -> None:
+        master, clock, _ = world
+        provider, _ = await create_principal(master, "p", "provider")
+        host_id = await online_host(master, provider, [gpu_info(0)])
+        await heard_at(master, host_id, 1, clock.now())
+        renter, _ = await create_principal(master, "renter", "renter")
+        request = rentals.RentalRequest(gpu_count=1, restart_on_failure=True)
+        rental, _ = await rentals.create_rental(master, renter, request, idempotency_key=None)
+        clock.advance(31)
+        await sweep(master)
+        clock.advance(120)
+        await sweep(master)
+        async with master.db.session() as session:
+            events = await rentals.rental_events(session, rental.id)
+        assert events[-1].cause.startswith("could not be placed again: no host has 1")
+
     async def test_a_workload_the_master_never_heard_of_is_stopped(self, world: tuple[Master, ManualClock, WallClock]) -> None:
         master, clock, _ = world
         provider, _ = await create_principal(master, "p", "provider")

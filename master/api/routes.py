@@ -195,7 +195,8 @@ async def create_rental(request: web.Request) -> web.Response:
     if key is not None and not 1 <= len(key) <= 255:
         raise BadRequest("Idempotency-Key must be 1 to 255 characters", code="invalid_idempotency_key")
     request_ = rentals.RentalRequest(
-        gpu_count=body.gpu_count, gpu_model=body.gpu_model, workload=body.workload.model_dump(mode="json")
+        gpu_count=body.gpu_count, gpu_model=body.gpu_model, workload=body.workload.model_dump(mode="json"),
+        restart_on_failure=body.restart_on_failure,
     )
     rental, created = await rentals.create_rental(request.app[MASTER], who, request_, idempotency_key=key)
     return web.json_response(rentals.rental_view(rental), status=201 if created else 200)

@@ -25,6 +25,8 @@ class RentalCreate(_Body):
     gpu_count: int = Field(1, ge=1, le=64, description="Whole GPUs, all on one host.")
     gpu_model: str | None = Field(None, max_length=128, description="Model words, e.g. 'RTX 4090' or 'A100 80GB'.")
     workload: ProcessWorkload | HoldWorkload = Field(default_factory=HoldWorkload, discriminator="kind")
+    restart_on_failure: bool = Field(False, description="If the host is lost, start the workload again on another host "
+                                                          "(a new rental, named in this one's events).")
 
 
 class EnrollRequest(_Body):

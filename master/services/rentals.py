@@ -52,9 +52,16 @@ class RentalRequest:
     gpu_count: int
     gpu_model: str | None = None
     workload: dict[str, Any] = field(default_factory=dict)
+    restart_on_failure: bool = False
+    avoid_hosts: frozenset[str] = frozenset()
+    """Hosts not to place on (a re-placement avoids the host that was lost)."""
+    replaces: str | None = None
 
     def fingerprint(self) -> str:
-        blob = json.dumps({"n": self.gpu_count, "m": self.gpu_model, "w": self.workload}, sort_keys=True)
+        fields: dict[str, Any] = {"n": self.gpu_count, "m": self.gpu_model, "w": self.workload}
+        if self.restart_on_failure:
+            fields["r"] = True
+        blob = json.dumps(fields, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -137,7 +144,8 @@ async def _place(master: Master, renter: Principal, request: RentalRequest, idem
             # A lost race means another rental committed its claim since we read the free
             # GPUs; read them again instead of answering 409 while GPUs are still free.
             lost_a_race = False
-            options = first_fit(await _free_gpus(session), count=request.gpu_count, model=request.gpu_model)
+            free = [g for g in await _free_gpus(session) if g.host_id not in request.avoid_hosts]
+            options = first_fit(free, count=request.gpu_count, model=request.gpu_model)
             for gpus in options:
                 rental = Rental(
                     id=new_id("r"),
@@ -150,6 +158,8 @@ async def _place(master: Master, renter: Principal, request: RentalRequest, idem
                     workload=request.workload,
                     idempotency_key=idempotency_key,
                     request_fingerprint=request.fingerprint(),
+                    restart_on_failure=request.restart_on_failure,
+                    replaces_id=request.replaces,
                 )
                 async with session.begin_nested() as attempt:
                     session.add(rental)
@@ -164,7 +174,8 @@ async def _place(master: Master, renter: Principal, request: RentalRequest, idem
                         lost_a_race = True
                         await attempt.rollback()
                         continue
-                session.add(RentalEvent(rental_id=rental.id, from_state=None, to_state="pending", cause="placed"))
+                cause = f"placed again after rental {request.replaces} lost its host" if request.replaces else "placed"
+                session.add(RentalEvent(rental_id=rental.id, from_state=None, to_state="pending", cause=cause))
                 command = commands.new_command(
                     session,
                     host_id=rental.host_id,
@@ -310,6 +321,34 @@ async def fail_rentals_of_lost_hosts(session: AsyncSession, *, now: datetime, gr
     return [rental.id for rental, _ in rows]
 
 
+async def replace_lost(master: Master, rental_id: str) -> Rental | None:
+    """Start a rental lost with its host again elsewhere, if it asked for that; returns the new one.
+
+    Idempotent: the new rental's idempotency key is derived from the old one, so a retried
+    call returns the same re-placement. The renter reads what happened in both rentals' events.
+    """
+    async with master.db.session() as session:
+        old = await session.get(Rental, rental_id)
+    if old is None or not old.restart_on_failure or old.state != "failed" or old.host_lost_at is None:
+        return None
+    renter = Principal(account_id=old.renter_id, name="master", role="renter")
+    request = RentalRequest(
+        gpu_count=old.gpu_count, gpu_model=old.gpu_model, workload=old.workload, restart_on_failure=True,
+        avoid_hosts=frozenset({old.host_id}), replaces=old.id,
+    )
+    new: Rental | None = None
+    try:
+        new, created = await create_rental(master, renter, request, idempotency_key=f"replace:{old.id}")
+        note = f"placed again as rental {new.id} on host {new.host_id}"
+    except InsufficientCapacity as exc:
+        note, created = f"could not be placed again: {exc}", True
+    if created:
+        async with master.db.session() as session:
+            session.add(RentalEvent(rental_id=old.id, from_state="failed", to_state="failed", cause=note))
+        log.info("rental %s %s", old.id, note)
+    return new
+
+
 async def stop_strays(session: AsyncSession, host_id: str, reported: Sequence[str]) -> list[str]:
     """Stop workloads a host says it runs that are not active rentals of that host.
 
@@ -407,6 +446,9 @@ def rental_view(rental: Rental, events: Sequence[RentalEvent] | None = None) -> 
         "created_at": rental.created_at.isoformat(),
         "started_at": rental.started_at.isoformat() if rental.started_at else None,
         "stopped_at": rental.stopped_at.isoformat() if rental.stopped_at else None,
+        "host_lost_at": rental.host_lost_at.isoformat() if rental.host_lost_at else None,
+        "restart_on_failure": rental.restart_on_failure,
+        "replaces": rental.replaces_id,
     }
     if events is not None:
         view["events"] = [
