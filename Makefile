@@ -38,6 +38,7 @@ bench: install
 	$(BIN)/python bench/bench_pipeline.py
 	$(BIN)/python bench/bench_agent.py
 	$(BIN)/python bench/bench_ingest.py
+	$(BIN)/python bench/bench_placement.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -144,6 +144,31 @@ def cmd_admin_issue_relay_cert(args: argparse.Namespace) -> None:
     print(f"GPUMARKET_CERT_FILE={cert_path}\nGPUMARKET_KEY_FILE={key_path}\nGPUMARKET_CA_FILE={ca_copy}")
 
 
+def cmd_simulate(args: argparse.Namespace) -> None:
+    import json
+
+    from master.scheduler.simulate import ProgressBar, simulate
+    from master.scheduler.trace import load_nodes, load_pods
+
+    nodes = load_nodes(args.nodes)
+    pods = [pod.request for pod in load_pods(args.pods)]
+    progress = None if args.quiet else ProgressBar(f"simulate {args.algorithm} seed {args.seed}")
+    result = simulate(
+        nodes, pods, algorithm=args.algorithm, inflate=args.inflate, seed=args.seed, stop_at_pct=args.stop_at,
+        progress=progress,
+    )  # fmt: skip
+    if args.json:
+        print(json.dumps(result.to_json()))
+        return
+    print(f"{result.algorithm} (seed {result.seed}): {result.nodes:,} nodes, {result.gpus:,} GPUs, "
+          f"{result.pods:,} pods arriving: {result.placed:,} placed, {result.failed:,} failed")  # fmt: skip
+    print("arrived %  GPU allocated %  fragmented %")
+    for pct in (50, 80, 90, 95, 100, 110, 120, 130):
+        allocated, fragmented = result.allocated_at(pct), result.fragmented_at(pct)
+        if allocated is not None and fragmented is not None:
+            print(f"{pct:9d}  {allocated:15.2f}  {fragmented:12.2f}")
+
+
 # ---- parser -------------------------------------------------------------------------
 
 
@@ -237,6 +262,28 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("--out", type=Path, required=True, metavar="FILE", help="where to write the recording")
     record.add_argument("--seconds", type=float, default=5.0, metavar="S", help="how long to sample (default 5)")
     record.set_defaults(func=cmd_agent_record_nvml)
+
+    from master.scheduler.placers import DEFAULT_PLACER, PLACERS
+
+    simulate = sub.add_parser(
+        "simulate", help="replay a GPU cluster trace through a placement algorithm", formatter_class=formatter,
+        description="Replay the Alibaba GPU cluster trace v2023 (FGD paper) through the scheduler's placers: top the "
+        "trace's pods up to INFLATE x the GPU capacity with copies of random pods, shuffle them with the seed, place "
+        "them one at a time, never release, drop the ones that fail. Reports GPU allocation and fragmentation at each "
+        "whole percent of arrived GPU demand; a progress bar goes to stderr.",
+        epilog=f"algorithms: {', '.join(PLACERS)} (default {DEFAULT_PLACER}).\n"
+        "example: gpumarket simulate --nodes openb_node_list_gpu_node.csv --pods openb_pod_list_default.csv "
+        "--algorithm fgd --seed 42 --json",
+    )  # fmt: skip
+    simulate.add_argument("--nodes", type=Path, required=True, metavar="NODES.csv", help="trace node list (sn,cpu_milli,memory_mib,gpu,model)")
+    simulate.add_argument("--pods", type=Path, required=True, metavar="PODS.csv", help="trace pod list (name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec,...])")
+    simulate.add_argument("--algorithm", default=DEFAULT_PLACER, choices=tuple(PLACERS), metavar="NAME", help=f"placement algorithm (default {DEFAULT_PLACER})")
+    simulate.add_argument("--inflate", type=float, default=1.3, metavar="X", help="arriving GPU demand as a multiple of capacity (default 1.3)")
+    simulate.add_argument("--seed", type=int, default=42, help="seed for the workload and the algorithm (default 42)")
+    simulate.add_argument("--stop-at", type=float, metavar="PCT", help="stop once this %% of capacity has arrived (default: all of it)")
+    simulate.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
+    simulate.add_argument("--quiet", action="store_true", help="no progress bar")
+    simulate.set_defaults(func=cmd_simulate)
 
     admin = sub.add_parser("admin", help="operator tasks against the master's database and CA")
     admin_sub = admin.add_subparsers(dest="admin_command", required=True, metavar="ACTION")
