@@ -516,15 +516,19 @@ class Agent:
         )
 
     async def _start_workload(self, args: dict[str, Any]) -> dict[str, Any]:
+        """``rental_id``, ``gpu_uuids``, optional ``workload`` spec and ``share`` (``{"milli", "memory_mib"}``)."""
         rental_id = str(args["rental_id"])
-        data = await self.workloads.start(rental_id, [str(u) for u in args["gpu_uuids"]], dict(args.get("workload") or {}))
+        data = await self.workloads.start(
+            rental_id, [str(u) for u in args["gpu_uuids"]], dict(args.get("workload") or {}), share=args.get("share")
+        )
         self._log_cursors.setdefault(rental_id, _LogCursor())
         self._save_log_cursors()
         return data
 
     async def _stop_workload(self, args: dict[str, Any]) -> dict[str, Any]:
+        """``rental_id``, optional ``grace_s`` (SIGTERM to SIGKILL, 0-600 s) and ``reason`` (written to the log)."""
         rental_id = str(args["rental_id"])
-        data = await self.workloads.stop(rental_id)
+        data = await self.workloads.stop(rental_id, timeout=args.get("grace_s"), reason=args.get("reason"))
         if rental_id in self._log_cursors:
             self._log_cursors[rental_id].exited = True
         return data

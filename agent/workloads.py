@@ -15,6 +15,14 @@ reaped with ``waitpid`` by this module alone: asyncio's subprocess transport kil
 child when closed and a dropped ``subprocess.Popen`` is reaped behind our back, while a
 workload must outlive the manager that started it and be adopted by the next one.
 
+GPU shares. A workload may get a fractional share of one GPU (``GpuShare``: thousandths
+of its compute, MiB of its memory) instead of whole GPUs. Several shares may hold one GPU
+while their thousandths sum to at most 1000 and their memory to at most the GPU's; a
+whole-GPU workload needs its GPUs unheld. The share reaches the workload as
+``GPUMARKET_GPU_MILLI``/``GPUMARKET_GPU_MEMORY_MIB`` and as the CUDA MPS client limits
+``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` and ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``, which bind
+only where an MPS control daemon serves the GPU: this module starts none.
+
 Logs. stdout and stderr go to ``output.log``. Offsets into it are byte positions since
 the file was created and never move; to keep it under ``max_log_bytes`` a watcher
 punches a hole in its head (``fallocate(PUNCH_HOLE)``: the old blocks are freed, the
@@ -25,7 +33,9 @@ copy and a truncate. ``read_log`` skips the hole. Logs outlive the workload unti
 Exits. A watcher task per process (owned by the manager, cancelled by ``stop`` and
 ``close``) notices a workload that ends on its own, kills what it left behind and calls
 ``on_exit(rental_id, exit_code)`` — at least once: the exit is kept in the registry until
-the callback returns. ``stop()`` never triggers ``on_exit``; it returns the exit code.
+the callback returns. ``stop()`` never triggers ``on_exit``; it returns the exit code. It
+first writes one line to the workload's log (``gpumarket: stopping (reason); SIGKILL in
+30s``) so a renter reading it sees why it ended.
 
 Restarts. ``work_dir/workloads.json`` (rewritten atomically on every change) records
 each workload's pid and kernel start time; a new manager re-adopts the processes that
@@ -86,6 +96,10 @@ MAX_CPU_CORES: Final = 1024.0
 MIN_MEMORY_MIB: Final = 16  # less cannot even start a shell
 MAX_MEMORY_MIB: Final = 1 << 24  # 16 TiB
 MIB: Final = 1 << 20
+SHARE_KEYS: Final = frozenset({"milli", "memory_mib"})
+MILLI_PER_GPU: Final = 1000  # a share's compute is counted in thousandths of one GPU
+MAX_STOP_GRACE_S: Final = 600.0  # the longest SIGTERM-to-SIGKILL grace a stop may ask for
+MAX_STOP_REASON_CHARS: Final = 200
 
 _CPU_PERIOD_US: Final = 100_000
 _LEFTOVER_POLL_S: Final = 0.01
@@ -95,6 +109,8 @@ _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$")  # never starts with "-"
 _MIG_RE = re.compile(r"^MIG-(?:GPU-[0-9a-f-]{36}/\d+/\d+|[0-9a-f-]{36})$", re.IGNORECASE)
 _RESERVED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"})
+_SHARE_ENV = frozenset({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"})
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
 # The first process of a workload runs /bin/sh, which changes into the rental's folder
 # (os.posix_spawn cannot), optionally waits on stdin for the agent's "go" — sent once the
@@ -211,6 +227,74 @@ def _parse_limits(spec: Mapping[str, Any]) -> ResourceLimits:
     if memory is not None and (isinstance(memory, bool) or not isinstance(memory, int) or not MIN_MEMORY_MIB <= memory <= MAX_MEMORY_MIB):
         raise BadRequest(f"'memory_mib' must be a whole number of MiB from {MIN_MEMORY_MIB} to {MAX_MEMORY_MIB}, e.g. 4096", code="bad_workload_spec")
     return ResourceLimits(cpu_cores=None if cpu is None else float(cpu), memory_mib=memory)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuShare:
+    """A fractional share of one GPU: ``milli`` thousandths of its compute (1-999) and
+    ``memory_mib`` of its memory (``0``: no memory limit of its own)."""
+
+    milli: int
+    memory_mib: int
+
+    def to_wire(self) -> dict[str, int]:
+        return {"milli": self.milli, "memory_mib": self.memory_mib}
+
+    def environment(self) -> dict[str, str]:
+        """What a workload on this share is told: the share itself, and the CUDA MPS client limits.
+
+        The workload sees one device, so the pinned memory limit names device ``0``.
+        """
+        env = {
+            "GPUMARKET_GPU_MILLI": str(self.milli),
+            "GPUMARKET_GPU_MEMORY_MIB": str(self.memory_mib),
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(max(1, self.milli * 100 // MILLI_PER_GPU)),
+        }
+        if self.memory_mib:
+            env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={self.memory_mib}M"
+        return env
+
+
+def parse_share(raw: Any) -> GpuShare | None:
+    """Validate a ``share`` (``None``: whole GPUs); raises ``BadRequest`` saying what to fix."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise BadRequest('\'share\' must be an object such as {"milli": 250, "memory_mib": 8192}', code="bad_gpu_share")
+    unknown = sorted(map(str, set(raw) - SHARE_KEYS))
+    missing = sorted(SHARE_KEYS - set(raw))
+    if unknown or missing:
+        problem = f"unknown key(s) {', '.join(map(repr, unknown))}" if unknown else f"missing {', '.join(map(repr, missing))}"
+        raise BadRequest(f"'share' has {problem}; it takes exactly 'milli' and 'memory_mib'", code="bad_gpu_share")
+    milli, memory = raw["milli"], raw["memory_mib"]
+    if isinstance(milli, bool) or not isinstance(milli, int) or not 1 <= milli < MILLI_PER_GPU:
+        raise BadRequest(
+            f"'share.milli' must be a whole number of thousandths of a GPU from 1 to {MILLI_PER_GPU - 1}, e.g. 250; "
+            "for a whole GPU send no 'share'",
+            code="bad_gpu_share",
+        )
+    if isinstance(memory, bool) or not isinstance(memory, int) or not 0 <= memory <= MAX_MEMORY_MIB:
+        raise BadRequest(
+            f"'share.memory_mib' must be a whole number of MiB from 0 (no limit) to {MAX_MEMORY_MIB}, e.g. 8192",
+            code="bad_gpu_share",
+        )
+    return GpuShare(milli=milli, memory_mib=memory)
+
+
+def parse_stop(timeout: Any, reason: Any) -> tuple[float | None, str | None]:
+    """Validate a stop's grace (seconds from SIGTERM to SIGKILL) and reason; raises ``BadRequest``."""
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not math.isfinite(timeout)
+        or not 0 <= timeout <= MAX_STOP_GRACE_S
+    ):
+        raise BadRequest(
+            f"the stop's grace must be a number of seconds from 0 to {MAX_STOP_GRACE_S:g}, not {timeout!r}", code="bad_stop_grace"
+        )
+    if reason is not None and (not isinstance(reason, str) or len(reason) > MAX_STOP_REASON_CHARS or _CONTROL_RE.search(reason)):
+        raise BadRequest(
+            f"the stop's reason must be one line of text of at most {MAX_STOP_REASON_CHARS} characters", code="bad_stop_reason"
+        )
+    return None if timeout is None else float(timeout), reason
 
 
 def _check_rental_id(rental_id: str) -> None:
@@ -847,6 +931,7 @@ class Workload:
     start_time: int | None = None
     placement: Placement = Placement()
     container: tuple[str, str] | None = None  # (runtime path, container name)
+    share: GpuShare | None = None  # a fraction of its one GPU; None: its GPUs whole
     handle: _ProcessHandle | None = None
     watcher: asyncio.Task[None] | None = None
     stop_task: asyncio.Task[dict[str, Any]] | None = None
@@ -862,6 +947,7 @@ class Workload:
             "cgroup_dirs": [str(d) for d in self.placement.cgroup_dirs],
             "systemd_unit": self.placement.unit,
             "container": None if self.container is None else {"runtime": self.container[0], "name": self.container[1]},
+            "share": None if self.share is None else self.share.to_wire(),
         }
 
     @classmethod
@@ -873,15 +959,20 @@ class Workload:
         if (kind == "hold") != (pid is None) or not isinstance(pid, int | None) or not isinstance(start_time, int | None):
             raise ValueError("pid and start_time do not fit the kind")
         container = record.get("container")
+        gpu_uuids = [str(u) for u in record["gpu_uuids"]]
+        share = parse_share(record.get("share"))  # absent in records written before shares
+        if share is not None and len(gpu_uuids) != 1:
+            raise ValueError("a GPU share names exactly one GPU")
         return cls(
             rental_id=rental_id,
             kind=kind,
-            gpu_uuids=[str(u) for u in record["gpu_uuids"]],
+            gpu_uuids=gpu_uuids,
             started_at=str(record.get("started_at", "")),
             pid=pid,
             start_time=start_time,
             placement=Placement(cgroup_dirs=tuple(Path(d) for d in record.get("cgroup_dirs") or ()), unit=record.get("systemd_unit")),
             container=None if not container else (str(container["runtime"]), str(container["name"])),
+            share=share,
         )
 
 
@@ -964,12 +1055,17 @@ class WorkloadManager:
 
     # ---- start ------------------------------------------------------------------------
 
-    async def start(self, rental_id: str, gpu_uuids: list[str], spec: Mapping[str, Any]) -> dict[str, Any]:
+    async def start(
+        self, rental_id: str, gpu_uuids: list[str], spec: Mapping[str, Any], *, share: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
         """Start the rental's workload unless it already runs (then report it again).
 
-        Returns ``{"kind", "pid", "limits": "applied" | "unavailable" | "none requested", ...}``
-        (with ``limits_reason`` when unavailable). Cancelling is safe: the only await — asking
-        docker/podman whether it can run containers — comes before anything starts.
+        ``share`` (``{"milli", "memory_mib"}``, see ``parse_share``) gives the workload a
+        fraction of its one GPU, which other shares may hold too; without it the workload
+        needs its GPUs unheld. Returns ``{"kind", "pid", "limits": "applied" | "unavailable"
+        | "none requested", ...}`` (with ``limits_reason`` when unavailable). Cancelling is
+        safe: the only await — asking docker/podman whether it can run containers — comes
+        before anything starts.
         """
         self._check_open()
         _check_rental_id(rental_id)
@@ -978,7 +1074,14 @@ class WorkloadManager:
         if existing is not None:
             return self._already_running(existing)
         parsed = parse_spec(spec, max_argv_bytes=self.max_argv_bytes, max_env_vars=self.max_env_vars)
-        gpus = self._check_gpus(gpu_uuids)
+        gpu_share = parse_share(share)
+        if gpu_share is not None:
+            overridden = sorted(_SHARE_ENV & set(parsed.env))
+            if overridden:
+                raise BadRequest(
+                    f"'env' may not set {', '.join(overridden)}: the agent sets it from the rental's GPU share", code="bad_workload_spec"
+                )
+        gpus = self._check_gpus(gpu_uuids, gpu_share)
         runtime = None
         if parsed.image is not None:
             runtime = await self._require_container_runtime(parsed.image)
@@ -986,14 +1089,15 @@ class WorkloadManager:
             existing = self._workloads.get(rental_id)  # a concurrent start may have won meanwhile
             if existing is not None:
                 return self._already_running(existing)
-            gpus = self._check_gpus(gpu_uuids)
+            gpus = self._check_gpus(gpu_uuids, gpu_share)
         if parsed.kind == "hold":
             workload = Workload(rental_id, "hold", gpus, _now())
             result: dict[str, Any] = {"kind": "hold", "pid": None}
         elif runtime is not None:
-            workload, result = self._spawn_container(rental_id, gpus, parsed, runtime)
+            workload, result = self._spawn_container(rental_id, gpus, parsed, runtime, gpu_share)
         else:
-            workload, result = self._spawn_process(rental_id, gpus, parsed)
+            workload, result = self._spawn_process(rental_id, gpus, parsed, gpu_share)
+        workload.share = gpu_share
         self._workloads[rental_id] = workload
         if workload.pid is not None:
             workload.handle = _ProcessHandle(workload.pid, workload.start_time, poll_interval=self.check_interval)
@@ -1008,25 +1112,57 @@ class WorkloadManager:
             raise Conflict(f"rental {workload.rental_id}'s workload is stopping; start it again once stopped", code="workload_stopping")
         return {"already_running": True, "kind": workload.kind, "pid": workload.pid}
 
-    def _check_gpus(self, gpu_uuids: Sequence[str]) -> list[str]:
+    def _check_gpus(self, gpu_uuids: Sequence[str], share: GpuShare | None) -> list[str]:
+        """The GPUs, checked to be on this host and free for the workload (whole, or room for its ``share``)."""
         if not isinstance(gpu_uuids, list | tuple) or not all(isinstance(u, str) for u in gpu_uuids):
             raise BadRequest("gpu_uuids must be a list of GPU UUIDs", code="bad_gpu_uuids")
         if len(set(gpu_uuids)) != len(gpu_uuids):
             raise BadRequest("gpu_uuids names a GPU twice", code="bad_gpu_uuids")
+        if share is not None and len(gpu_uuids) != 1:
+            raise BadRequest(f"a GPU share is a fraction of exactly one GPU, but gpu_uuids names {len(gpu_uuids)}", code="bad_gpu_share")
         infos = self.backend.gpus()
-        known = {g.uuid for g in infos}
+        memory: dict[str, int | None] = {g.uuid: g.memory_total_mib for g in infos}
+        memory.update({m.uuid: m.memory_total_mib for g in infos for m in g.mig_instances})
         # The backend lists physical GPUs only; MIG instances are taken on a MIG-enabled host by their form.
         mig = any(g.mig_mode for g in infos)
-        unknown = [u for u in gpu_uuids if u not in known and not (mig and _MIG_RE.match(u))]
+        unknown = [u for u in gpu_uuids if u not in memory and not (mig and _MIG_RE.match(u))]
         if unknown:
             raise BadRequest(f"GPU(s) {', '.join(unknown)} are not on this host", code="gpu_not_found")
-        holders = {u: w.rental_id for w in self._workloads.values() for u in w.gpu_uuids}
-        taken = [f"{u} (rental {holders[u]})" for u in gpu_uuids if u in holders]
-        if taken:
-            raise Conflict(f"GPU(s) {', '.join(taken)} already serve another rental; stop it first", code="gpu_in_use")
-        return list(gpu_uuids)
+        holders: dict[str, list[Workload]] = {}
+        for workload in self._workloads.values():
+            for gpu_uuid in workload.gpu_uuids:
+                holders.setdefault(gpu_uuid, []).append(workload)
+        if share is None:
+            taken = [f"{u} ({_holder_names(holders[u])})" for u in gpu_uuids if u in holders]
+            if taken:
+                raise Conflict(f"GPU(s) {', '.join(taken)} already serve another rental; stop it first", code="gpu_in_use")
+            return list(gpu_uuids)
+        (gpu_uuid,) = gpu_uuids
+        total_mib = memory.get(gpu_uuid)
+        if total_mib is not None and share.memory_mib > total_mib:
+            raise BadRequest(f"the share asks for {share.memory_mib} MiB, but GPU {gpu_uuid} has {total_mib} MiB", code="bad_gpu_share")
+        sharing = holders.get(gpu_uuid, [])
+        if any(w.share is None for w in sharing):
+            raise Conflict(f"GPU {gpu_uuid} serves {_holder_names(sharing)} whole; a share cannot join it", code="gpu_in_use")
+        milli = sum(w.share.milli for w in sharing if w.share is not None) + share.milli
+        memory_mib = sum(w.share.memory_mib for w in sharing if w.share is not None) + share.memory_mib
+        if milli > MILLI_PER_GPU:
+            raise Conflict(
+                f"GPU {gpu_uuid} has {MILLI_PER_GPU + share.milli - milli}/{MILLI_PER_GPU} left, not the {share.milli} asked for: "
+                f"{_holder_names(sharing)} hold the rest",
+                code="gpu_in_use",
+            )
+        if total_mib is not None and memory_mib > total_mib:
+            raise Conflict(
+                f"GPU {gpu_uuid} has {total_mib + share.memory_mib - memory_mib} MiB left, not the {share.memory_mib} MiB asked for: "
+                f"{_holder_names(sharing)} hold the rest",
+                code="gpu_in_use",
+            )
+        return [gpu_uuid]
 
-    def _environment(self, rental_id: str, gpus: Sequence[str], extra: Mapping[str, str], *, home: Path) -> dict[str, str]:
+    def _environment(
+        self, rental_id: str, gpus: Sequence[str], extra: Mapping[str, str], *, home: Path, share: GpuShare | None
+    ) -> dict[str, str]:
         env = {name: os.environ[name] for name in PASSED_ENV if name in os.environ}
         env.setdefault("PATH", DEFAULT_PATH)
         env["HOME"] = str(home)
@@ -1038,6 +1174,8 @@ class WorkloadManager:
             GPUMARKET_GPU_UUIDS=visible,
             GPUMARKET_RENTAL_ID=rental_id,
         )
+        if share is not None:
+            env.update(share.environment())
         return env
 
     def _folder(self, rental_id: str) -> Path:
@@ -1071,10 +1209,12 @@ class WorkloadManager:
                 os.close(gate_read)
         return pid, gate_write if gated else None
 
-    def _spawn_process(self, rental_id: str, gpus: list[str], spec: WorkloadSpec) -> tuple[Workload, dict[str, Any]]:
+    def _spawn_process(
+        self, rental_id: str, gpus: list[str], spec: WorkloadSpec, share: GpuShare | None
+    ) -> tuple[Workload, dict[str, Any]]:
         folder = self._folder(rental_id)
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        env = self._environment(rental_id, gpus, spec.env, home=folder)
+        env = self._environment(rental_id, gpus, spec.env, home=folder, share=share)
         program = _resolve_program(spec.argv[0], path=env["PATH"], folder=folder)
         placement = self.cgroups.create(rental_id, spec.limits)
         argv = [*placement.argv_prefix, program, *spec.argv[1:]]
@@ -1104,11 +1244,15 @@ class WorkloadManager:
         )
         return workload, {"kind": "process", "pid": pid, **_limits_report(spec.limits, placement)}
 
-    def _spawn_container(self, rental_id: str, gpus: list[str], spec: WorkloadSpec, runtime: ContainerRuntime) -> tuple[Workload, dict[str, Any]]:
+    def _spawn_container(
+        self, rental_id: str, gpus: list[str], spec: WorkloadSpec, runtime: ContainerRuntime, share: GpuShare | None
+    ) -> tuple[Workload, dict[str, Any]]:
         folder = self._folder(rental_id)
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         visible = ",".join(gpus)
         inside = {**spec.env, "GPUMARKET_GPU_UUIDS": visible, "GPUMARKET_RENTAL_ID": rental_id}
+        if share is not None:
+            inside.update(share.environment())
         if any("\n" in value for value in inside.values()):
             raise BadRequest("a container workload's environment values cannot contain newlines", code="bad_workload_spec")
         # An env file (0600) rather than "-e NAME=value", which anyone could read in ps.
@@ -1220,14 +1364,21 @@ class WorkloadManager:
 
     # ---- stop -------------------------------------------------------------------------
 
-    async def stop(self, rental_id: str) -> dict[str, Any]:
-        """Stop the workload: SIGTERM to its process group, SIGKILL after ``stop_timeout``.
+    async def stop(self, rental_id: str, *, timeout: float | None = None, reason: str | None = None) -> dict[str, Any]:
+        """Stop the workload: SIGTERM to its process group, SIGKILL ``timeout`` seconds later
+        (0 to ``MAX_STOP_GRACE_S``; default ``stop_timeout``) if it still runs.
+
+        A running process first gets one line in its log saying why (``reason``, one line of
+        at most ``MAX_STOP_REASON_CHARS``) and when SIGKILL follows. A bad ``timeout`` or
+        ``reason`` raises ``BadRequest``, even for a rental that does not run.
 
         Returns ``{"exit_code": ...}`` (``-N`` after signal N, ``None`` for ``hold`` or when
         unknown), or ``{"already_stopped": True}``. Idempotent; concurrent calls share one
-        stop. ``on_exit`` is not called. Cancelling is safe: the stop goes on in a task the
-        manager owns, and a later ``stop()`` or ``close()`` waits for it.
+        stop, with the first call's timeout and reason. ``on_exit`` is not called.
+        Cancelling is safe: the stop goes on in a task the manager owns, and a later
+        ``stop()`` or ``close()`` waits for it.
         """
+        grace, reason = parse_stop(timeout, reason)
         self._check_open()
         _check_rental_id(rental_id)
         await self.resume()
@@ -1235,10 +1386,11 @@ class WorkloadManager:
         if workload is None:
             return {"already_stopped": True}
         if workload.stop_task is None:
-            workload.stop_task = self._own(self._stop(workload), name=f"workload-{rental_id}-stop", stop=True)
+            grace = self.stop_timeout if grace is None else grace
+            workload.stop_task = self._own(self._stop(workload, grace, reason), name=f"workload-{rental_id}-stop", stop=True)
         return await asyncio.shield(workload.stop_task)
 
-    async def _stop(self, workload: Workload) -> dict[str, Any]:
+    async def _stop(self, workload: Workload, grace: float, reason: str | None) -> dict[str, Any]:
         if workload.watcher is not None:
             workload.watcher.cancel()
             await asyncio.wait({workload.watcher})
@@ -1246,9 +1398,12 @@ class WorkloadManager:
         handle = workload.handle
         if handle is not None and workload.pid is not None:
             if not handle.exited:
+                why = f" ({reason})" if reason else ""
+                self._append_log(workload.rental_id, f"gpumarket: stopping{why}; SIGKILL in {grace:g}s")
+                log.info("rental %s: stopping%s, SIGKILL in %gs", workload.rental_id, why, grace)
                 _killpg(workload.pid, signal.SIGTERM)  # docker/podman pass it on to the container
-                if not await handle.wait(self.stop_timeout):
-                    log.warning("rental %s ignored SIGTERM for %.1fs; killing it", workload.rental_id, self.stop_timeout)
+                if not await handle.wait(grace):
+                    log.warning("rental %s ignored SIGTERM for %.1fs; killing it", workload.rental_id, grace)
                     if workload.container is not None:
                         await self._remove_container(workload)
                     _killpg(workload.pid, signal.SIGKILL)
@@ -1310,9 +1465,11 @@ class WorkloadManager:
             log.error("workload task %s failed", task.get_name(), exc_info=task.exception())
 
     def _set_busy(self, gpu_uuids: Sequence[str], busy: bool) -> None:
+        """Show the simulated GPUs busy, or idle once no workload holds them (call after dropping the workload)."""
         if isinstance(self.backend, SimulatedBackend):
             known = {g.uuid for g in self.backend.gpus()}
-            self.backend.set_busy([u for u in gpu_uuids if u in known], busy)
+            held = {u for w in self._workloads.values() for u in w.gpu_uuids}
+            self.backend.set_busy([u for u in gpu_uuids if u in known and (busy or u not in held)], busy)
 
     # ---- logs -------------------------------------------------------------------------
 
@@ -1348,6 +1505,23 @@ class WorkloadManager:
             return data, start + len(data)
         except OSError as exc:
             raise GpumarketError(f"cannot read the log of rental {rental_id}: {exc.strerror}", code="workload_log_unreadable") from None
+        finally:
+            os.close(fd)
+
+    def _append_log(self, rental_id: str, line: str) -> None:
+        """Add one line of the agent's own to the rental's log (on a line of its own)."""
+        try:
+            fd = os.open(self._folder(rental_id) / LOG_NAME, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            log.warning("rental %s: cannot write to its log (%s)", rental_id, exc.strerror)
+            return
+        try:
+            size = os.fstat(fd).st_size
+            # The workload's own last line may lack its newline yet: do not glue ours to it.
+            separate = size > 0 and os.pread(fd, 1, size - 1) not in (b"\n", b"")
+            os.write(fd, (("\n" if separate else "") + line + "\n").encode())
+        except OSError as exc:
+            log.warning("rental %s: cannot write to its log (%s)", rental_id, exc.strerror)
         finally:
             os.close(fd)
 
@@ -1431,6 +1605,14 @@ class WorkloadManager:
         except OSError as exc:
             # The workloads themselves are fine; only an agent restart would lose track of them.
             log.error("cannot write %s (%s); an agent restart would orphan the workloads", self.registry_path, exc.strerror)
+
+
+def _holder_names(workloads: Sequence[Workload]) -> str:
+    """``rental r-1 (250/1000)`` for each holder of a GPU: who to stop, and how much each holds."""
+    return ", ".join(
+        f"rental {w.rental_id}" + ("" if w.share is None else f" ({w.share.milli}/{MILLI_PER_GPU})")
+        for w in sorted(workloads, key=lambda w: w.rental_id)
+    )
 
 
 def _reap_if_ours(pid: int, start_time: int | None) -> int | None:

@@ -9,6 +9,7 @@ import json
 import random
 import ssl
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -155,6 +156,73 @@ class TestCommands:
             results = await eventually(two_results, what="the repeated result")
             assert results[0] == results[1] == first and first.ok
             assert agent.workloads.running() == []
+
+    async def test_start_workload_passes_a_gpu_share_and_refuses_what_does_not_fit(self, harness: Harness) -> None:
+        """``share`` in start_workload args reaches the workload; a share that overfills the GPU or is malformed fails the command."""
+        relay = await harness.relay("relay-a")
+        backend = SimulatedBackend("sim:2xRTX4090", seed=HOST)
+        uuid = backend.gpus()[0].uuid
+        script = "import os; print('milli', os.environ['GPUMARKET_GPU_MILLI'], os.environ['CUDA_MPS_PINNED_DEVICE_MEM_LIMIT'])"
+        async with running(harness.agent([relay.url], backend, stop_workloads_on_close=True)) as agent:
+            await agent.connected.wait()
+            hold = {"rental_id": "r-held", "gpu_uuids": [uuid], "workload": {"kind": "hold"}, "share": {"milli": 600, "memory_mib": 0}}
+            await harness.command(relay, "cmd-held", "start_workload", hold)
+            run = {"rental_id": "r-run", "gpu_uuids": [uuid], "share": {"milli": 400, "memory_mib": 2048},
+                   "workload": {"kind": "process", "argv": [sys.executable, "-c", script]}}
+            await harness.command(relay, "cmd-run", "start_workload", run)
+            full = {"rental_id": "r-full", "gpu_uuids": [uuid], "share": {"milli": 1, "memory_mib": 0}}
+            await harness.command(relay, "cmd-full", "start_workload", full)
+            await harness.command(relay, "cmd-bad", "start_workload", {**full, "rental_id": "r-bad", "share": {"milli": 1000, "memory_mib": 0}})
+            assert (await harness.result("cmd-held")).ok and (await harness.result("cmd-run")).ok
+            refused, bad = await harness.result("cmd-full"), await harness.result("cmd-bad")
+
+            async def logged() -> str | None:
+                text = "".join(m.body.data for m in await harness.of_type(protocol.WorkloadLogs) if m.body.rental_id == "r-run")
+                return text or None
+
+            text = await eventually(logged, what="the share workload's output")
+            assert "r-full" not in agent.workloads.running() and "r-bad" not in agent.workloads.running()
+        assert text == "milli 400 0=2048M\n"
+        assert not refused.ok and "rental r-held (600/1000)" in refused.detail and "rental r-run (400/1000)" in refused.detail
+        assert not bad.ok and "share.milli" in bad.detail
+
+    async def test_stop_workload_with_grace_and_reason_kills_on_time_and_ships_the_reason(self, harness: Harness) -> None:
+        """``grace_s`` bounds SIGTERM-to-SIGKILL and ``reason`` reaches the renter's logs; bad values fail and stop nothing."""
+        relay = await harness.relay("relay-a")
+        backend = SimulatedBackend("sim:2xRTX4090", seed=HOST)
+        uuid = backend.gpus()[0].uuid
+        script = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
+        async with running(harness.agent([relay.url], backend, stop_workloads_on_close=True)) as agent:
+            await agent.connected.wait()
+            args = {"rental_id": "r-spot", "gpu_uuids": [uuid], "workload": {"kind": "process", "argv": [sys.executable, "-c", script]}}
+            await harness.command(relay, "cmd-start", "start_workload", args)
+            assert (await harness.result("cmd-start")).ok
+
+            async def log_text() -> str | None:
+                text = "".join(m.body.data for m in await harness.of_type(protocol.WorkloadLogs))
+                return text if "ready" in text else None
+
+            await eventually(log_text, what="the workload to ignore SIGTERM")
+            for command_id, bad in (("cmd-neg", {"grace_s": -1}), ("cmd-long", {"grace_s": 601}), ("cmd-str", {"grace_s": "5"}),
+                                    ("cmd-why", {"reason": "x" * 201}), ("cmd-int", {"reason": 7})):
+                await harness.command(relay, command_id, "stop_workload", {"rental_id": "r-spot", **bad})
+                result = await harness.result(command_id)
+                assert not result.ok and ("grace" in result.detail or "reason" in result.detail), result.detail
+            assert agent.workloads.running() == ["r-spot"]
+            reason = "preempted by a higher-priority rental"
+            began = time.monotonic()
+            await harness.command(relay, "cmd-stop", "stop_workload", {"rental_id": "r-spot", "grace_s": 0.2, "reason": reason})
+            stopped = await harness.result("cmd-stop")
+            took = time.monotonic() - began
+
+            async def shipped() -> str | None:
+                text = "".join(m.body.data for m in await harness.of_type(protocol.WorkloadLogs))
+                return text if "gpumarket: stopping" in text else None
+
+            text = await eventually(shipped, what="the stop line shipped")
+        assert stopped.ok and stopped.data == {"exit_code": -9}
+        assert 0.2 <= took < 5.0  # the agent's own stop_timeout is 10 s
+        assert text == f"ready\ngpumarket: stopping ({reason}); SIGKILL in 0.2s\n"
 
 
 class TestRelays:

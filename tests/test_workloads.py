@@ -27,6 +27,8 @@ import pytest
 from agent.gpu.base import GpuInfo, GpuSample
 from agent.gpu.sim import SimulatedBackend
 from agent.workloads import (
+    MAX_STOP_GRACE_S,
+    MAX_STOP_REASON_CHARS,
     MIB,
     CgroupLimiter,
     CgroupSupport,
@@ -206,6 +208,12 @@ IGNORES_SIGTERM = (
     "open('ready', 'w').close()\n"
     "while True: time.sleep(1)"
 )
+HOLD = {"kind": "hold"}
+SHARE_ENV = ("GPUMARKET_GPU_MILLI", "GPUMARKET_GPU_MEMORY_MIB", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
+
+
+def share(milli: int, memory_mib: int = 0) -> dict[str, int]:
+    return {"milli": milli, "memory_mib": memory_mib}
 
 
 class TestIsolation:
@@ -280,6 +288,148 @@ class TestIsolation:
             await manager.start(f"{prefix}-second", [gpus[1], gpus[0]], SLEEP)
         assert refused.value.code == "gpu_in_use"
         assert manager.running() == [f"{prefix}-first"]
+
+
+class TestGpuShares:
+    """Fractional shares of one GPU: several may hold it while their thousandths and memory fit; whole workloads need it unheld."""
+
+    async def test_shares_hold_one_gpu_together_up_to_a_whole_gpu(self, managers: Managers, gpus: list[str], prefix: str) -> None:
+        """Shares of 500, 300 and 200 fill a GPU; one more thousandth is refused naming every holder, and fits again once one leaves."""
+        manager = managers()
+        for name, milli in (("a", 500), ("b", 300), ("c", 200)):
+            await manager.start(f"{prefix}-{name}", [gpus[0]], HOLD, share=share(milli))
+        with pytest.raises(Conflict) as refused:
+            await manager.start(f"{prefix}-d", [gpus[0]], HOLD, share=share(1))
+        assert refused.value.code == "gpu_in_use"
+        assert "0/1000 left" in refused.value.message
+        for name, milli in (("a", 500), ("b", 300), ("c", 200)):
+            assert f"rental {prefix}-{name} ({milli}/1000)" in refused.value.message
+        assert manager.running() == [f"{prefix}-a", f"{prefix}-b", f"{prefix}-c"]
+        await manager.stop(f"{prefix}-c")
+        with pytest.raises(Conflict, match="200/1000 left"):
+            await manager.start(f"{prefix}-d", [gpus[0]], HOLD, share=share(201))
+        await manager.start(f"{prefix}-d", [gpus[0]], HOLD, share=share(200))
+        await manager.start(f"{prefix}-e", [gpus[1]], HOLD, share=share(999))  # the other GPU is untouched
+        assert manager.running() == [f"{prefix}-a", f"{prefix}-b", f"{prefix}-d", f"{prefix}-e"]
+
+    async def test_shares_memory_must_fit_the_gpus(
+        self, managers: Managers, backend: SimulatedBackend, gpus: list[str], prefix: str
+    ) -> None:
+        """The shares' memory sums to at most the GPU's; a share asking more than the whole GPU is a bad request."""
+        total = backend.gpus()[0].memory_total_mib
+        manager = managers()
+        await manager.start(f"{prefix}-big", [gpus[0]], HOLD, share=share(100, total - 1000))
+        with pytest.raises(Conflict) as refused:
+            await manager.start(f"{prefix}-more", [gpus[0]], HOLD, share=share(100, 1001))
+        assert refused.value.code == "gpu_in_use"
+        assert "1000 MiB left" in refused.value.message and f"rental {prefix}-big" in refused.value.message
+        await manager.start(f"{prefix}-fits", [gpus[0]], HOLD, share=share(100, 1000))
+        await manager.start(f"{prefix}-nomem", [gpus[0]], HOLD, share=share(100, 0))  # no memory of its own
+        with pytest.raises(BadRequest) as too_big:
+            await manager.start(f"{prefix}-huge", [gpus[1]], HOLD, share=share(100, total + 1))
+        assert too_big.value.code == "bad_gpu_share" and f"has {total} MiB" in too_big.value.message
+        assert manager.running() == [f"{prefix}-big", f"{prefix}-fits", f"{prefix}-nomem"]
+
+    async def test_a_share_never_joins_a_whole_gpu_workload_nor_the_reverse(self, managers: Managers, gpus: list[str], prefix: str) -> None:
+        """A share is refused on a GPU a whole-GPU workload holds, and a whole-GPU workload on a GPU a share holds."""
+        manager = managers()
+        await manager.start(f"{prefix}-whole", [gpus[0]], HOLD)
+        with pytest.raises(Conflict) as refused:
+            await manager.start(f"{prefix}-part", [gpus[0]], HOLD, share=share(100))
+        assert refused.value.code == "gpu_in_use" and f"rental {prefix}-whole whole" in refused.value.message
+        await manager.start(f"{prefix}-part", [gpus[1]], HOLD, share=share(100))
+        with pytest.raises(Conflict) as refused:
+            await manager.start(f"{prefix}-both", [gpus[0], gpus[1]], SLEEP)
+        assert refused.value.code == "gpu_in_use"
+        assert f"rental {prefix}-whole" in refused.value.message and f"rental {prefix}-part (100/1000)" in refused.value.message
+        with pytest.raises(Conflict, match=f"rental {prefix}-part"):
+            await manager.start(f"{prefix}-other", [gpus[1]], HOLD)
+        assert manager.running() == [f"{prefix}-part", f"{prefix}-whole"]
+
+    async def test_a_share_workload_is_told_its_share_and_the_mps_limits(
+        self, managers: Managers, exits: Exits, gpus: list[str], prefix: str
+    ) -> None:
+        """The environment names the share and sets the MPS thread percentage and the pinned memory of device 0."""
+        manager = managers()
+        dump = "import json, os; json.dump(dict(os.environ), open('seen.json', 'w'))"
+        big, small = f"{prefix}-big", f"{prefix}-small"
+        await manager.start(big, [gpus[1]], {"kind": "process", "argv": py(dump)}, share=share(995, 8192))
+        await manager.start(small, [gpus[1]], {"kind": "process", "argv": py(dump)}, share=share(5))
+        assert await exits.wait_for(big) == 0 and await exits.wait_for(small) == 0
+        seen = json.loads((manager.work_dir / big / "seen.json").read_text())
+        assert seen["CUDA_VISIBLE_DEVICES"] == seen["GPUMARKET_GPU_UUIDS"] == gpus[1]
+        assert {name: seen[name] for name in SHARE_ENV} == {
+            "GPUMARKET_GPU_MILLI": "995", "GPUMARKET_GPU_MEMORY_MIB": "8192",
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "99", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=8192M",
+        }
+        seen = json.loads((manager.work_dir / small / "seen.json").read_text())
+        assert seen["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "1"  # 0.5 % rounds up to the least MPS takes
+        assert seen["GPUMARKET_GPU_MILLI"] == "5" and seen["GPUMARKET_GPU_MEMORY_MIB"] == "0"
+        assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in seen  # no memory limit of its own
+
+    async def test_a_whole_gpu_workload_gets_no_share_variables(self, managers: Managers, exits: Exits, gpus: list[str], prefix: str) -> None:
+        """Without a share none of the share or MPS variables is set."""
+        manager = managers()
+        rental = f"{prefix}-whole"
+        await manager.start(rental, [gpus[0]], {"kind": "process", "argv": py("import json, os; json.dump(dict(os.environ), open('seen.json', 'w'))")})
+        assert await exits.wait_for(rental) == 0
+        seen = json.loads((manager.work_dir / rental / "seen.json").read_text())
+        assert not set(SHARE_ENV) & set(seen)
+
+    async def test_the_spec_cannot_set_the_mps_limits_of_a_share(self, managers: Managers, gpus: list[str], prefix: str) -> None:
+        """A share workload's env may not set the MPS limits the agent derives from its share."""
+        manager = managers()
+        for name in ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"):
+            spec = {"kind": "process", "argv": ["true"], "env": {name: "100"}}
+            with pytest.raises(BadRequest, match=name) as refused:
+                await manager.start(f"{prefix}-mps", [gpus[0]], spec, share=share(100))
+            assert refused.value.code == "bad_workload_spec"
+        assert manager.running() == []
+
+    @pytest.mark.parametrize(
+        "raw",
+        [
+            "250", [250], 250,
+            {"milli": 250}, {"memory_mib": 0}, {"milli": 250, "memory_mib": 0, "gpu": 0},
+            {"milli": 0, "memory_mib": 0}, {"milli": 1000, "memory_mib": 0}, {"milli": -5, "memory_mib": 0},
+            {"milli": 250.0, "memory_mib": 0}, {"milli": "250", "memory_mib": 0}, {"milli": True, "memory_mib": 0},
+            {"milli": 250, "memory_mib": -1}, {"milli": 250, "memory_mib": 1.5}, {"milli": 250, "memory_mib": "8G"},
+            {"milli": 250, "memory_mib": False}, {"milli": None, "memory_mib": 0},
+        ],
+    )
+    async def test_bad_shares_are_refused(self, managers: Managers, gpus: list[str], prefix: str, raw: Any) -> None:
+        """A share that is not exactly ``{"milli": 1..999, "memory_mib": >= 0}`` is refused before anything starts."""
+        manager = managers()
+        with pytest.raises(BadRequest) as refused:
+            await manager.start(f"{prefix}-bad", [gpus[0]], SLEEP, share=raw)
+        assert refused.value.code == "bad_gpu_share"
+        assert "share" in refused.value.message
+        assert manager.running() == [] and not (manager.work_dir / f"{prefix}-bad").exists()
+
+    async def test_a_share_names_exactly_one_gpu(self, managers: Managers, gpus: list[str], prefix: str) -> None:
+        """A share of two GPUs, or of none, is refused."""
+        manager = managers()
+        for chosen in (gpus, []):
+            with pytest.raises(BadRequest, match=f"names {len(chosen)}") as refused:
+                await manager.start(f"{prefix}-gpus", chosen, HOLD, share=share(100))
+            assert refused.value.code == "bad_gpu_share"
+        assert manager.running() == []
+
+    async def test_the_gpu_looks_busy_until_its_last_share_leaves(
+        self, managers: Managers, exits: Exits, backend: SimulatedBackend, gpus: list[str], prefix: str
+    ) -> None:
+        """A share that stops, or ends on its own, leaves its GPU busy while another share still holds it."""
+        manager = managers()
+        held, ends, stopped = f"{prefix}-held", f"{prefix}-ends", f"{prefix}-stopped"
+        await manager.start(held, [gpus[0]], HOLD, share=share(300))
+        await manager.start(stopped, [gpus[0]], HOLD, share=share(300))
+        await manager.start(ends, [gpus[0]], {"kind": "process", "argv": ["true"]}, share=share(300))
+        assert await exits.wait_for(ends) == 0
+        assert backend.sample()[0].processes
+        await manager.stop(stopped)
+        assert backend.sample()[0].processes
+        await manager.stop(held)
+        assert backend.sample()[0].processes == ()
 
 
 class TestCgroupLimits:
@@ -585,12 +735,115 @@ class TestGracefulStop:
         assert await manager.stop(rental) == {"exit_code": None}
         assert not any(sample.processes for sample in backend.sample())
 
+    async def test_a_stops_grace_replaces_stop_timeout(self, managers: Managers, gpus: list[str], prefix: str) -> None:
+        """A child ignoring SIGTERM is killed after the stop's own grace, well before a long ``stop_timeout``."""
+        manager = managers(stop_timeout=30.0)
+        rental = f"{prefix}-preempted"
+        result = await manager.start(rental, [gpus[0]], {"kind": "process", "argv": py(IGNORES_SIGTERM)})
+        await eventually(_exists(manager.work_dir / rental / "ready"), timeout=WAIT, every=0.01, what="SIGTERM to be ignored")
+        began = time.monotonic()
+        assert await manager.stop(rental, timeout=0.2, reason="preempted") == {"exit_code": -signal.SIGKILL}
+        assert 0.2 <= time.monotonic() - began < 2.0
+        assert process_start_time(result["pid"]) is None
+
+    async def test_a_longer_grace_lets_a_slow_shutdown_finish(self, managers: Managers, gpus: list[str], prefix: str) -> None:
+        """A child that needs longer than ``stop_timeout`` to finish after SIGTERM gets it when the stop's grace allows."""
+        manager = managers(stop_timeout=0.05)
+        rental = f"{prefix}-slow"
+        code = (
+            "import signal, sys, time\n"
+            "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(0.3), sys.exit(5)))\n"
+            "open('ready', 'w').close()\n"
+            "while True: time.sleep(1)"
+        )
+        await manager.start(rental, [gpus[0]], {"kind": "process", "argv": py(code)})
+        await eventually(_exists(manager.work_dir / rental / "ready"), timeout=WAIT, every=0.01, what="the SIGTERM handler")
+        assert await manager.stop(rental, timeout=WAIT) == {"exit_code": 5}
+
+    async def test_zero_grace_kills_at_once(self, managers: Managers, gpus: list[str], prefix: str) -> None:
+        """A grace of 0 sends SIGKILL right after SIGTERM."""
+        manager = managers(stop_timeout=30.0)
+        rental = f"{prefix}-now"
+        await manager.start(rental, [gpus[0]], {"kind": "process", "argv": py(IGNORES_SIGTERM)})
+        await eventually(_exists(manager.work_dir / rental / "ready"), timeout=WAIT, every=0.01, what="SIGTERM to be ignored")
+        began = time.monotonic()
+        assert await manager.stop(rental, timeout=0) == {"exit_code": -signal.SIGKILL}
+        assert time.monotonic() - began < 2.0
+
+    async def test_the_log_says_why_and_when_sigkill_follows(self, managers: Managers, gpus: list[str], prefix: str) -> None:
+        """Before SIGTERM the log gets one line with the reason and the grace, on a line of its own after the workload's output."""
+        manager = managers()
+        rental = f"{prefix}-why"
+        code = (
+            "import signal, sys, time\n"
+            "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+            "sys.stdout.write('epoch 3'); sys.stdout.flush()\n"  # no newline yet
+            "open('ready', 'w').close()\n"
+            "while True: time.sleep(1)"
+        )
+        await manager.start(rental, [gpus[0]], {"kind": "process", "argv": py(code)})
+        await eventually(_exists(manager.work_dir / rental / "ready"), timeout=WAIT, every=0.01, what="the output")
+        reason = "preempted by a higher-priority rental"
+        assert await manager.stop(rental, timeout=30, reason=reason) == {"exit_code": 0}
+        assert manager.read_log(rental, offset=0)[0] == f"epoch 3\ngpumarket: stopping ({reason}); SIGKILL in 30s\n".encode()
+
+    async def test_without_a_reason_the_log_names_the_default_grace(self, managers: Managers, gpus: list[str], prefix: str) -> None:
+        """A stop with neither reason nor grace logs the plain line with ``stop_timeout``; a hold has no log to write to."""
+        manager = managers(stop_timeout=2.5)
+        rental = f"{prefix}-plain"
+        await manager.start(rental, [gpus[0]], {"kind": "process", "argv": ["sh", "-c", "echo up; exec sleep 60"]})
+        await eventually(_exists(manager.work_dir / rental / "output.log"), timeout=WAIT, every=0.01, what="the log")
+        await eventually(lambda: _true(manager.read_log(rental, offset=0)[0] == b"up\n"), timeout=WAIT, every=0.01, what="the output")
+        assert await manager.stop(rental) == {"exit_code": -signal.SIGTERM}
+        assert manager.read_log(rental, offset=0)[0] == b"up\ngpumarket: stopping; SIGKILL in 2.5s\n"
+        await manager.start(f"{prefix}-hold", [gpus[1]], HOLD)
+        assert await manager.stop(f"{prefix}-hold", reason="rental ended") == {"exit_code": None}
+        assert not (manager.work_dir / f"{prefix}-hold").exists()
+
+    async def test_the_largest_grace_and_longest_reason_are_accepted(self, managers: Managers, gpus: list[str], prefix: str) -> None:
+        """The bounds themselves (a grace of 600 s, a reason of 200 characters) are valid."""
+        manager = managers()
+        rental = f"{prefix}-bounds"
+        await manager.start(rental, [gpus[0]], {"kind": "process", "argv": ["sh", "-c", "trap 'exit 0' TERM; touch ready; while :; do sleep 0.01; done"]})
+        await eventually(_exists(manager.work_dir / rental / "ready"), timeout=WAIT, every=0.01, what="the trap")
+        reason = "r" * MAX_STOP_REASON_CHARS
+        assert await manager.stop(rental, timeout=MAX_STOP_GRACE_S, reason=reason) == {"exit_code": 0}
+        assert f"gpumarket: stopping ({reason}); SIGKILL in 600s" in manager.read_log(rental, offset=0)[0].decode()
+
+    @pytest.mark.parametrize(
+        ("timeout", "reason", "code"),
+        [
+            (-1, None, "bad_stop_grace"), (600.5, None, "bad_stop_grace"), ("30", None, "bad_stop_grace"),
+            (True, None, "bad_stop_grace"), (float("nan"), None, "bad_stop_grace"), (float("inf"), None, "bad_stop_grace"),
+            ([30], None, "bad_stop_grace"),
+            (None, 42, "bad_stop_reason"), (None, "r" * 201, "bad_stop_reason"), (None, "two\nlines", "bad_stop_reason"),
+            (None, ["preempted"], "bad_stop_reason"),
+        ],
+    )
+    async def test_bad_grace_or_reason_is_refused_and_stops_nothing(
+        self, managers: Managers, gpus: list[str], prefix: str, timeout: Any, reason: Any, code: str
+    ) -> None:
+        """A grace outside 0-600 s or not a number, or a reason that is not one short line, is refused; the workload keeps running."""
+        manager = managers()
+        rental = f"{prefix}-bad"
+        result = await manager.start(rental, [gpus[0]], SLEEP)
+        with pytest.raises(BadRequest) as refused:
+            await manager.stop(rental, timeout=timeout, reason=reason)
+        assert refused.value.code == code
+        with pytest.raises(BadRequest):
+            await manager.stop(f"{prefix}-never", timeout=timeout, reason=reason)
+        assert manager.running() == [rental] and process_start_time(result["pid"]) is not None
+
 
 def _exists(path: Path) -> Callable[[], Any]:
     async def check() -> bool:
         return path.exists()
 
     return check
+
+
+async def _true(value: bool) -> bool:
+    return value
 
 
 class TestRestart:
@@ -681,6 +934,47 @@ class TestRestart:
         finally:
             other.kill()
             await other.wait()
+
+    async def test_shares_survive_a_restart_and_still_bound_the_gpu(
+        self, managers: Managers, backend: SimulatedBackend, gpus: list[str], prefix: str
+    ) -> None:
+        """The registry keeps each share: after a restart the sum rule and the whole-GPU rule still hold, and the GPU stays busy."""
+        first = managers()
+        running, held = f"{prefix}-running", f"{prefix}-held"
+        pid = (await first.start(running, [gpus[0]], SLEEP, share=share(600, 4096)))["pid"]
+        await first.start(held, [gpus[0]], HOLD, share=share(300))
+        records = {r["rental_id"]: r for r in registry(first)["workloads"]}
+        assert records[running]["share"] == {"milli": 600, "memory_mib": 4096} and records[held]["share"] == {"milli": 300, "memory_mib": 0}
+        await first.close()
+        backend.set_busy(gpus, False)  # a restarted agent's backend knows nothing yet
+        second = managers()
+        assert second.running() == [held, running]
+        assert backend.sample()[0].processes
+        with pytest.raises(Conflict, match="100/1000 left"):
+            await second.start(f"{prefix}-late", [gpus[0]], HOLD, share=share(101))
+        with pytest.raises(Conflict, match=f"rental {running} \\(600/1000\\)"):
+            await second.start(f"{prefix}-whole", [gpus[0]], HOLD)
+        await second.start(f"{prefix}-late", [gpus[0]], HOLD, share=share(100))
+        assert await second.stop(running) == {"exit_code": -signal.SIGTERM}
+        assert process_start_time(pid) is None
+        await second.start(f"{prefix}-after", [gpus[0]], HOLD, share=share(600))
+
+    async def test_records_without_a_share_are_whole_gpus_and_bad_shares_are_skipped(
+        self, managers: Managers, gpus: list[str], prefix: str
+    ) -> None:
+        """A record written before shares existed holds its GPU whole; a record with a malformed share is not adopted."""
+        base: dict[str, Any] = {"kind": "hold", "started_at": "2024-01-01T00:00:00+00:00", "pid": None, "start_time": None,
+                "cgroup_dirs": [], "systemd_unit": None, "container": None}
+        old = {**base, "rental_id": f"{prefix}-old", "gpu_uuids": [gpus[0]]}
+        bad = {**base, "rental_id": f"{prefix}-bad", "gpu_uuids": [gpus[1]], "share": {"milli": 5000, "memory_mib": 0}}
+        two = {**base, "rental_id": f"{prefix}-two", "gpu_uuids": gpus, "share": {"milli": 100, "memory_mib": 0}}
+        work_dir = managers().work_dir
+        (work_dir / "workloads.json").write_text(json.dumps({"version": 1, "workloads": [old, bad, two], "unreported_exits": {}}))
+        manager = managers()
+        assert manager.running() == [f"{prefix}-old"]
+        with pytest.raises(Conflict, match=f"rental {prefix}-old whole"):
+            await manager.start(f"{prefix}-part", [gpus[0]], HOLD, share=share(100))
+        assert registry(manager)["workloads"][0]["share"] is None
 
     async def test_unreadable_registry_is_set_aside(self, managers: Managers, tmp_path: Path) -> None:
         """A damaged registry is moved aside and the manager starts empty instead of failing."""
