@@ -27,7 +27,7 @@ from master.api.routes import add_routes
 from master.context import Master
 from master.db import Database, sqlite_url
 from master.ingest import Ingestor, command_resender, heartbeat_monitor, revocation_publisher
-from master.services import reliability
+from master.services import reliability, rentals
 from shared.bus import Bus, open_bus
 from shared.clock import Clock, SystemClock
 from shared.crypto import CertificateAuthority
@@ -97,6 +97,7 @@ def create_app(master: Master, *, background: bool = True) -> web.Application:
         app.cleanup_ctx.append(_background("telemetry-maintenance", lambda: telemetry.maintenance_loop(master)))
         app.cleanup_ctx.append(_background("alerts", lambda: alerts.alert_loop(master)))
         app.cleanup_ctx.append(_background("host-scoring", lambda: reliability.scoring_loop(master)))
+        app.cleanup_ctx.append(_background("rental-queue", lambda: rentals.queue_loop(master)))
     return app
 
 

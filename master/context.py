@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from master.db import Database
 from master.stats import IngestStats
@@ -26,3 +27,5 @@ class Master:
     instance_id: str = "master"
     registry: Registry = field(default_factory=MemoryRegistry)
     stats: IngestStats = field(default_factory=IngestStats)
+    # The rental placer (master/services/rentals.py::placer_of builds it from settings.placer on first use).
+    placer: Any = None

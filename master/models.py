@@ -61,6 +61,9 @@ class Account(Base):
     name: Mapped[str] = mapped_column(String(128), unique=True)
     role: Mapped[str] = mapped_column(String(16))  # renter | provider | admin
     created_at: Mapped[datetime] = mapped_column(default=_now)
+    # Quotas enforced at placement (NULL: the master's default_max_* settings apply).
+    max_gpus: Mapped[Decimal | None] = mapped_column(Numeric(10, 3), default=None)
+    max_spend_per_hour: Mapped[Decimal | None] = mapped_column(Numeric(14, 6), default=None)
 
 
 class ApiKey(Base):
@@ -154,8 +157,13 @@ class Gpu(Base):
     model_key: Mapped[str | None] = mapped_column(String(64), default=None)
     needs_review: Mapped[bool] = mapped_column(default=False)
     classification: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
-    # The allocation: set with ``UPDATE … WHERE rental_id IS NULL`` so one GPU is never given twice.
+    # The allocation, claimed with conditional UPDATEs so one GPU is never given twice: a whole-GPU
+    # rental sets ``rental_id`` (WHERE rental_id IS NULL AND milli_used = 0); fractional shares add to
+    # ``milli_used``/``memory_used_mib`` (WHERE the sums stay within the GPU). MIG slices are rows of
+    # gpu_allocations whose ``active_mig`` is unique. See master/services/allocation.py.
     rental_id: Mapped[str | None] = mapped_column(ForeignKey("rentals.id"), default=None, index=True)
+    milli_used: Mapped[int] = mapped_column(default=0, server_default="0")
+    memory_used_mib: Mapped[int] = mapped_column(default=0, server_default="0")
 
 
 class HostListing(Base):
@@ -185,11 +193,23 @@ class Rental(Base):
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     renter_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), index=True)
-    host_id: Mapped[str] = mapped_column(ForeignKey("hosts.id"), index=True)
+    host_id: Mapped[str | None] = mapped_column(ForeignKey("hosts.id"), index=True)  # NULL while queued
     gpu_model: Mapped[str | None] = mapped_column(String(255), default=None)
     gpu_count: Mapped[int]
     gpu_uuids: Mapped[list[Any]] = mapped_column(default=list)
     state: Mapped[str] = mapped_column(String(16), index=True)
+    kind: Mapped[str] = mapped_column(String(16), default="on_demand", server_default="on_demand")  # | interruptible
+    # Thousandths of each GPU (1000: whole GPUs; a MIG slice counts its compute share) and GPU memory per share.
+    gpu_milli: Mapped[int] = mapped_column(default=1000, server_default="1000")
+    gpu_memory_mib: Mapped[int] = mapped_column(default=0, server_default="0")
+    mig_profile: Mapped[str | None] = mapped_column(String(32), default=None)
+    bid_per_gpu_hour: Mapped[Decimal | None] = mapped_column(Numeric(12, 6), default=None)
+    # What one whole GPU-hour costs the renter on the chosen host (the bid, for interruptible rentals).
+    price_per_gpu_hour: Mapped[Decimal | None] = mapped_column(Numeric(12, 6), default=None)
+    # The request as placement reads it again (offer, requirements, network limits): for the queue and re-placement.
+    spec: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    queue_until: Mapped[datetime | None] = mapped_column(default=None)
+    preempted_by_id: Mapped[str | None] = mapped_column(ForeignKey("rentals.id", name="fk_rentals_preempted_by_id"), default=None)
     workload: Mapped[dict[str, Any]] = mapped_column(default=dict)
     idempotency_key: Mapped[str | None] = mapped_column(String(255), default=None)
     request_fingerprint: Mapped[str | None] = mapped_column(String(64), default=None)
@@ -202,6 +222,29 @@ class Rental(Base):
     # Re-place the rental on another host if its host is lost (the new rental names this one).
     restart_on_failure: Mapped[bool] = mapped_column(default=False)
     replaces_id: Mapped[str | None] = mapped_column(ForeignKey("rentals.id", name="fk_rentals_replaces_id"), default=None)
+
+
+class GpuAllocation(Base):
+    """What one rental holds of one GPU: all of it, a share (milli + memory) or one MIG instance.
+
+    ``released_at`` is set once, when the rental lets go (the GPU's counters are given back in
+    the same transaction). ``active_mig`` equals ``mig_uuid`` while held and is NULL after:
+    its unique constraint is what keeps a MIG instance from being handed out twice.
+    """
+
+    __tablename__ = "gpu_allocations"
+    __table_args__ = (UniqueConstraint("active_mig", name="uq_gpu_allocations_active_mig"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    rental_id: Mapped[str] = mapped_column(ForeignKey("rentals.id", ondelete="CASCADE"), index=True)
+    gpu_id: Mapped[str] = mapped_column(ForeignKey("gpus.id", ondelete="CASCADE"), index=True)
+    milli: Mapped[int]
+    memory_mib: Mapped[int] = mapped_column(default=0)
+    whole: Mapped[bool] = mapped_column(default=False)
+    mig_uuid: Mapped[str | None] = mapped_column(String(128), default=None)
+    active_mig: Mapped[str | None] = mapped_column(String(128), default=None)
+    created_at: Mapped[datetime] = mapped_column(default=_now)
+    released_at: Mapped[datetime | None] = mapped_column(default=None)
 
 
 class RentalEvent(Base):

@@ -76,6 +76,12 @@ class InsufficientCapacity(ClientError):
     http_status = 409
 
 
+class QuotaExceeded(Forbidden):
+    """The account's quota (GPUs held at once, spend per hour) does not allow this."""
+
+    code = "quota_exceeded"
+
+
 class ConfigError(GpumarketError, ValueError):
     """A setting is missing or invalid; the message names the setting."""
 

@@ -13,6 +13,7 @@ import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
@@ -152,6 +153,12 @@ class MasterSettings(ServiceSettings):
     metrics_per_gpu: bool = Field(True, description="Export per-GPU series on /metrics (about 90 % of a large fleet's scrape; turn off for very large fleets: fleet, host and pipeline figures stay).")
     metrics_cache_seconds: float = Field(5.0, ge=0, le=600, description="Seconds one fleet snapshot for /metrics and /api/v1/metrics is reused.")
     alert_event_window_minutes: float = Field(15.0, gt=0, le=7 * 24 * 60, description="An XID or ECC alert fires while such an event is this recent.")
+    placer: str = Field("fgd_net", description="Placement algorithm for rentals: first_fit, best_fit, random, utilization, gpu_packing, gpu_clustering, fgd or fgd_net (see docs/placement.md).")
+    preemption_grace_s: float = Field(30.0, ge=0, le=600, description="Seconds a preempted workload has between SIGTERM and SIGKILL.")
+    queue_interval: float = Field(2.0, gt=0, le=600, description="Seconds between passes over queued rentals (a release of GPUs also starts one).")
+    max_queue_timeout_s: float = Field(86400.0, gt=0, le=30 * 86400, description="Longest queue_timeout_s a rental request may ask for.")
+    default_max_gpus: Decimal | None = Field(None, ge=0, description="GPUs (fractions count) an account may hold at once unless its own quota says otherwise; unset: no limit.")
+    default_max_spend_per_hour: Decimal | None = Field(None, ge=0, description="USD per hour an account's active rentals may cost at once unless its own quota says otherwise; unset: no limit.")
 
 
 class AccessSettings(ServiceSettings):

@@ -600,7 +600,10 @@ class TestOpenApi:
     async def test_rental_create_schema_is_present(self, document: dict[str, Any]) -> None:
         """POST /rentals takes the RentalCreate schema, which lists its fields."""
         schemas = document["components"]["schemas"]
-        assert set(schemas["RentalCreate"]["properties"]) == {"gpu_count", "gpu_model", "workload", "restart_on_failure"}
+        assert set(schemas["RentalCreate"]["properties"]) == {
+            "offer_id", "requirements", "gpu_count", "gpu_model", "gpu_milli", "gpu_memory_mib", "mig_profile", "kind", "bid",
+            "network", "queue", "queue_timeout_s", "workload", "restart_on_failure",
+        }  # fmt: skip
         op = document["paths"][API + "/rentals"]["post"]
         ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
         assert ref == "#/components/schemas/RentalCreate"

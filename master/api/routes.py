@@ -25,10 +25,10 @@ from master.api.base import (
 )
 from master.api.keys import MASTER
 from master.api.middleware import principal
-from master.api.schemas import EnrollRequest, ErrorBody, RentalCreate
+from master.api.schemas import EnrollRequest, ErrorBody, QuotaPut, RentalCreate
 from master.models import Account
 from master.services import commands, enrollment, faults, hosts, rentals
-from shared.errors import BadRequest
+from shared.errors import BadRequest, NotFound
 
 VERSION = "0.1.0"
 
@@ -62,8 +62,22 @@ async def get_account(request: web.Request) -> web.Response:
         account = await session.get(Account, who.account_id)
         assert account is not None
         return web.json_response(
-            {"id": account.id, "name": account.name, "role": account.role, "created_at": account.created_at.isoformat()}
-        )
+            {"id": account.id, "name": account.name, "role": account.role, "created_at": account.created_at.isoformat(),
+             "quota": await rentals.quota_view(request.app[MASTER], session, account)}
+        )  # fmt: skip
+
+
+async def put_account_quota(request: web.Request) -> web.Response:
+    principal(request).require("admin")
+    body = await parse_body(request, QuotaPut)
+    account_id = request.match_info["account_id"]
+    async with request.app[MASTER].db.session() as session:
+        account = await session.get(Account, account_id, with_for_update=True)
+        if account is None:
+            raise NotFound(f"no account {account_id!r}", code="account_not_found")
+        account.max_gpus, account.max_spend_per_hour = body.max_gpus, body.max_spend_per_hour
+        view = await rentals.quota_view(request.app[MASTER], session, account)
+    return web.json_response({"account_id": account_id, "quota": view})
 
 
 async def create_enrollment_token(request: web.Request) -> web.Response:
@@ -196,8 +210,11 @@ async def create_rental(request: web.Request) -> web.Response:
         raise BadRequest("Idempotency-Key must be 1 to 255 characters", code="invalid_idempotency_key")
     request_ = rentals.RentalRequest(
         gpu_count=body.gpu_count, gpu_model=body.gpu_model, workload=body.workload.model_dump(mode="json"),
-        restart_on_failure=body.restart_on_failure,
-    )
+        restart_on_failure=body.restart_on_failure, gpu_milli=body.gpu_milli, gpu_memory_mib=body.gpu_memory_mib,
+        mig_profile=body.mig_profile, offer_id=body.offer_id, query=body.requirements or "", kind=body.kind, bid=body.bid,
+        network=body.network.model_dump() if body.network is not None else None, queue=body.queue,
+        queue_timeout_s=body.queue_timeout_s,
+    )  # fmt: skip
     rental, created = await rentals.create_rental(request.app[MASTER], who, request_, idempotency_key=key)
     return web.json_response(rentals.rental_view(rental), status=201 if created else 200)
 
@@ -230,7 +247,9 @@ async def openapi(request: web.Request) -> web.Response:
 CORE_ROUTES: tuple[Route, ...] = (
     Route("GET", "/health", health, "Liveness and readiness of this master process.", public=True, errors=(503,)),
     Route("GET", "/openapi.json", openapi, "This document.", public=True),
-    Route("GET", "/account", get_account, "The calling account."),
+    Route("GET", "/account", get_account, "The calling account, with its quotas and what it uses of them."),
+    Route("PUT", "/accounts/{account_id}/quota", put_account_quota, "Set an account's quotas (GPUs at once, USD per hour).",
+          roles=("admin",), body=QuotaPut, errors=(404, 422)),
     Route("POST", "/enrollment-tokens", create_enrollment_token, "Create a one-time host enrollment token.", roles=("provider",), success=201),
     Route("POST", "/enroll", enroll, "Exchange an enrollment token and a CSR for a host certificate.", public=True, body=EnrollRequest, success=201, errors=(400, 403, 422)),
     Route("GET", "/hosts", list_hosts, "Hosts you can see (providers: their own).", query=PAGING),

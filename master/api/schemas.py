@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -21,12 +22,34 @@ class HoldWorkload(_Body):
     kind: Literal["hold"] = "hold"
 
 
+class NetworkLimitsBody(_Body):
+    region: str = Field(min_length=1, max_length=64, description="Your region; hosts are measured to their own region's relay.")
+    max_latency_ms: float | None = Field(None, gt=0, le=10_000, description="Worst round-trip time to your region you accept.")
+    max_jitter_ms: float | None = Field(None, ge=0, le=10_000)
+    max_loss_pct: float | None = Field(None, ge=0, le=100)
+
+
 class RentalCreate(_Body):
-    gpu_count: int = Field(1, ge=1, le=64, description="Whole GPUs, all on one host.")
+    offer_id: str | None = Field(None, min_length=3, max_length=300, description="An offer from GET /offers (host_id:gpu_name); or give requirements.")
+    requirements: str | None = Field(None, max_length=2000, description="Offer filters in the query language of GET /offers?q=, e.g. 'vram>=24 reliability>0.98 price<=0.5'.")
+    gpu_count: int = Field(1, ge=1, le=64, description="Whole GPUs, all on one host (gang).")
     gpu_model: str | None = Field(None, max_length=128, description="Model words, e.g. 'RTX 4090' or 'A100 80GB'.")
+    gpu_milli: int = Field(1000, ge=1, le=1000, description="Thousandths of one GPU: below 1000 rents a fractional share of one GPU (gpu_count 1).")
+    gpu_memory_mib: int = Field(0, ge=0, le=1 << 21, description="GPU memory of a share, MiB (0: in proportion to gpu_milli).")
+    mig_profile: str | None = Field(None, max_length=32, description="One MIG instance of this profile, e.g. 1g.10gb.")
+    kind: Literal["on_demand", "interruptible"] = Field("on_demand", description="interruptible: cheaper, preempted by on-demand rentals and higher bids.")
+    bid: Decimal | None = Field(None, gt=0, max_digits=12, decimal_places=6, description="USD per GPU-hour you pay for an interruptible rental (at least the host's minimum bid).")
+    network: NetworkLimitsBody | None = Field(None, description="Only hosts whose measured network to your region keeps these limits.")
+    queue: bool = Field(False, description="Wait for GPUs instead of failing when none are free now.")
+    queue_timeout_s: float = Field(600.0, ge=1, le=30 * 86400, description="How long to wait in the queue before failing.")
     workload: ProcessWorkload | HoldWorkload = Field(default_factory=HoldWorkload, discriminator="kind")
     restart_on_failure: bool = Field(False, description="If the host is lost, start the workload again on another host "
                                                           "(a new rental, named in this one's events).")
+
+
+class QuotaPut(_Body):
+    max_gpus: Decimal | None = Field(None, ge=0, max_digits=10, decimal_places=3, description="GPUs (fractions count) held at once; null: the platform default.")
+    max_spend_per_hour: Decimal | None = Field(None, ge=0, max_digits=14, decimal_places=6, description="USD per hour of active rentals at once; null: the platform default.")
 
 
 class EnrollRequest(_Body):

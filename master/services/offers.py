@@ -200,6 +200,27 @@ class _Columns:
         raise ValueError(f"no SQL for offer field {c.field!r}")  # the parser only makes known fields
 
 
+async def row_conditions(
+    session: AsyncSession, conditions: Sequence[Condition], *, bounds: PriceBounds
+) -> list[ColumnElement[bool]]:
+    """SQL over ``gpus`` joined to ``hosts`` and (outer) ``host_listings`` for every condition but
+    ``num_gpus`` (a property of a group of GPUs): what placement filters a rental's requirements by."""
+    price = price_expression(bounds)
+    price_per_score = case((Gpu.score > 0, cast(price, Float) / Gpu.score), else_=None)
+    needs_names = any(c.field == "gpu_name" for c in conditions)
+    columns = _Columns(session.get_bind().dialect.name, price, price_per_score, await _model_names(session) if needs_names else ())
+    return [columns.condition(c) for c in conditions if c.field != "num_gpus"]
+
+
+def price_expression(bounds: PriceBounds) -> ColumnElement[Decimal]:
+    """USD per GPU-hour of a GPU row: its host's listing price, else its tier's default."""
+    return func.coalesce(HostListing.price_per_gpu_hour, _default_price(bounds))
+
+
+def unavailable_hosts(dialect: str, now: datetime) -> Select[Any]:
+    return _unavailable_hosts(dialect, now)
+
+
 async def _model_names(session: AsyncSession) -> list[str]:
     rows = await session.scalars(select(Gpu.name).where(Gpu.present.is_(True), Gpu.rental_id.is_(None)).distinct())
     return list(rows.all())

@@ -121,6 +121,8 @@ async def load_histories(
         )
     )
     for host_id, state, reason in ended.all():
+        if host_id is None:
+            continue
         history = histories[host_id]
         if state == "stopped":
             history.completed_rentals += 1
