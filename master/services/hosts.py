@@ -35,8 +35,7 @@ from master.models import (
 )
 from master.services import commands, faults, reliability, rentals
 from master.services.accounts import Principal
-from master.services.hoststate import RENTABLE_STATES, transition
-from master.services.placement import model_matches
+from master.services.hoststate import transition
 from master.stats import IngestStats
 from master.telemetry import CleanSample, clean_sample, raw_series, rollup_series, sampled_too_far_ahead
 from shared import protocol
@@ -492,6 +491,7 @@ def _gpu_view(gpu: Gpu) -> dict[str, Any]:
         "memory_total_mib": gpu.memory_total_mib,
         "present": gpu.present,
         "rented": gpu.rental_id is not None,
+        "milli_used": gpu.milli_used,  # fractional shares and whole rentals alike (1000: all of it)
         "classification": reliability.classification_view(gpu),
         "info": gpu.info,
     }
@@ -610,47 +610,3 @@ async def owned_host(session: AsyncSession, principal: Principal, host_id: str) 
     return host
 
 
-async def list_offers(
-    session: AsyncSession, *, gpu_model: str | None, min_gpus: int, region: str | None, limit: int, offset: int,
-    tier: str | None = None,
-) -> tuple[list[dict[str, Any]], int]:
-    """What can be rented now: per rentable host and GPU model, the free GPUs, with tier and scores.
-
-    Best first: by performance score, then reliability (unscored last).
-    """
-    rows = (
-        await session.execute(
-            select(Host, Gpu)
-            .join(Gpu, Gpu.host_id == Host.id)
-            .where(Host.state.in_(RENTABLE_STATES), Gpu.present.is_(True), Gpu.rental_id.is_(None))
-            .order_by(Host.id, Gpu.index)
-        )
-    ).all()
-    offers: dict[tuple[str, str], dict[str, Any]] = {}
-    for host, gpu in rows:
-        if not model_matches(gpu_model, gpu.name) or (region and host.region != region) or (tier and gpu.tier != tier):
-            continue
-        offer = offers.setdefault(
-            (host.id, gpu.name),
-            {
-                "id": f"{host.id}:{gpu.name}",
-                "host_id": host.id,
-                "gpu_name": gpu.name,
-                "num_gpus": 0,
-                "vram_mib": gpu.memory_total_mib,
-                "compute_capability": gpu.info.get("compute_capability"),
-                "cuda_driver_version": gpu.info.get("cuda_driver_version"),
-                "region": host.region,
-                "host_state": host.state,
-                "tier": gpu.tier,
-                "performance_score": gpu.score,
-                "needs_review": gpu.needs_review,
-                "reliability": host.reliability,
-                "download_mbps": (host.latest_network or {}).get("download_mbps"),
-                "upload_mbps": (host.latest_network or {}).get("upload_mbps"),
-            },
-        )
-        offer["num_gpus"] += 1
-    matching = [o for o in offers.values() if o["num_gpus"] >= min_gpus]
-    matching.sort(key=lambda o: (-(o["performance_score"] or 0.0), -(o["reliability"] or 0.0), o["id"]))
-    return matching[offset : offset + limit], len(matching)

@@ -222,7 +222,7 @@ def unavailable_hosts(dialect: str, now: datetime) -> Select[Any]:
 
 
 async def _model_names(session: AsyncSession) -> list[str]:
-    rows = await session.scalars(select(Gpu.name).where(Gpu.present.is_(True), Gpu.rental_id.is_(None)).distinct())
+    rows = await session.scalars(select(Gpu.name).where(Gpu.present.is_(True), Gpu.rental_id.is_(None), Gpu.milli_used == 0).distinct())
     return list(rows.all())
 
 
@@ -282,6 +282,7 @@ async def search_offers(session: AsyncSession, search: OfferSearch) -> tuple[lis
             Host.state.in_(RENTABLE_STATES),
             Gpu.present.is_(True),
             Gpu.rental_id.is_(None),
+            Gpu.milli_used == 0,
             Gpu.host_id.not_in(_unavailable_hosts(dialect, now)),
             *row_conditions,
         )
@@ -323,7 +324,7 @@ async def search_offers(session: AsyncSession, search: OfferSearch) -> tuple[lis
         await session.execute(
             select(
                 Gpu.host_id, Gpu.name, Gpu.info["compute_capability"].as_string(), Gpu.info["cuda_driver_version"].as_string()
-            ).where(Gpu.host_id.in_(host_ids), Gpu.present.is_(True), Gpu.rental_id.is_(None))
+            ).where(Gpu.host_id.in_(host_ids), Gpu.present.is_(True), Gpu.rental_id.is_(None), Gpu.milli_used == 0)
         )
     ).all():
         known = versions.get((gpu_host, gpu_name), (None, None))
