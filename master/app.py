@@ -27,6 +27,7 @@ from master.api.routes import add_routes
 from master.context import Master
 from master.db import Database, sqlite_url
 from master.ingest import Ingestor, command_resender, heartbeat_monitor, revocation_publisher
+from master.scheduler import get_placer
 from master.services import reliability, rentals
 from shared.bus import Bus, open_bus
 from shared.clock import Clock, SystemClock
@@ -42,6 +43,7 @@ async def open_master(
     settings: MasterSettings, *, bus: Bus | None = None, clock: Clock | None = None, registry: Registry | None = None
 ) -> Master:
     """Open the database (and migrate it), the bus and the CA. Close with ``close_master``."""
+    placer = get_placer(settings.placer)  # an unknown name fails here, before anything opens
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     url = settings.database_url or sqlite_url(settings.data_dir / "gpumarket.db")
     db = Database(url)
@@ -60,8 +62,9 @@ async def open_master(
     if registry is None:
         registry = await open_registry(settings.redis_url, prefix=settings.bus_prefix)
     return Master(
-        settings=settings, db=db, bus=bus, ca=ca, clock=clock or SystemClock(), instance_id=instance, registry=registry
-    )
+        settings=settings, db=db, bus=bus, ca=ca, clock=clock or SystemClock(), instance_id=instance, registry=registry,
+        placer=placer,
+    )  # fmt: skip
 
 
 async def close_master(master: Master, *, close_bus: bool = True) -> None:

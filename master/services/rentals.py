@@ -200,13 +200,16 @@ class RentalRequest:
         )  # fmt: skip
 
 
-def _set_state(session: AsyncSession, rental: Rental, to_state: str, cause: str) -> bool:
+def _set_state(session: AsyncSession, rental: Rental, to_state: str, cause: str, *, at: datetime | None = None) -> bool:
     if rental.state == to_state:
         return False
     if to_state not in RENTAL_TRANSITIONS[rental.state]:
         log.warning("ignored rental transition %s: %s → %s (%s)", rental.id, rental.state, to_state, cause)
         return False
-    session.add(RentalEvent(rental_id=rental.id, from_state=rental.state, to_state=to_state, cause=cause))
+    event = RentalEvent(rental_id=rental.id, from_state=rental.state, to_state=to_state, cause=cause)
+    if at is not None:
+        event.at = at
+    session.add(event)
     rental.state = to_state
     return True
 
@@ -552,7 +555,7 @@ async def _preempt(master: Master, session: AsyncSession, victims: Sequence[str]
     stop_ids = []
     for victim in rows:
         what = "an on-demand rental" if by.kind == "on_demand" else f"a higher bid ({money(by.bid_per_gpu_hour or Decimal(0))})"
-        _set_state(session, victim, "preempted", f"preempted by {what}, rental {by.id}; workload given {grace:g}s to stop")
+        _set_state(session, victim, "preempted", f"preempted by {what}, rental {by.id}; workload given {grace:g}s to stop", at=now)
         victim.stopped_at = now  # billing ends here, not when the workload has stopped
         victim.preempted_by_id = by.id
         victim.failure_reason = f"preempted by rental {by.id}"
