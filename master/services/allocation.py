@@ -27,8 +27,9 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
-from sqlalchemy import ColumnElement, select, update
+from sqlalchemy import ColumnElement, case, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.models import Gpu, GpuAllocation, Host, HostListing, Rental
@@ -124,14 +125,14 @@ class HostState:
         return next(g for g in self.gpus if g.name == name and g.index == index)
 
 
-def _links(host: Host) -> dict[str, LinkStats]:
+def _links(region: str | None, network: dict[str, Any] | None) -> dict[str, LinkStats]:
     """The host's measured network, filed under its region (the agent measures to its region's relay)."""
-    network = host.latest_network or {}
+    network = network or {}
     latency = network.get("latency_ms")
-    if host.region is None or latency is None or network.get("error"):
+    if region is None or latency is None or network.get("error"):
         return {}
     loss = float(network.get("loss") or 0.0) * 100.0
-    return {host.region: LinkStats(float(latency), float(network.get("jitter_ms") or 0.0), loss)}
+    return {region: LinkStats(float(latency), float(network.get("jitter_ms") or 0.0), loss)}
 
 
 async def load_fleet(
@@ -142,10 +143,20 @@ async def load_fleet(
     conditions: Iterable[ColumnElement[bool]] = (),
     host_ids: Collection[str] | None = None,
 ) -> dict[str, HostState]:
-    """Rentable hosts (online or rented, listed terms in force) and their present GPUs matching ``conditions``."""
+    """Rentable hosts (online or rented, listed terms in force) and their present GPUs matching ``conditions``.
+
+    Plain columns, not ORM objects (a large fleet is read for every placement); a GPU's
+    info JSON is read only where MIG mode is on.
+    """
     dialect = session.get_bind().dialect.name
+    mig_mode = Gpu.info["mig_mode"].as_boolean()
     query = (
-        select(Gpu, Host, HostListing, price_expression(bounds).label("price"))
+        select(
+            Gpu.id, Gpu.host_id, Gpu.index, Gpu.uuid, Gpu.name, Gpu.memory_total_mib, Gpu.rental_id, Gpu.milli_used,
+            Gpu.memory_used_mib, Gpu.tier, mig_mode, case((mig_mode.is_(True), Gpu.info), else_=None),
+            Host.region, Host.latest_network, HostListing.smallest_unit, HostListing.min_bid_per_gpu_hour,
+            price_expression(bounds),
+        )
         .join(Host, Host.id == Gpu.host_id)
         .outerjoin(HostListing, HostListing.host_id == Gpu.host_id)
         .where(
@@ -153,24 +164,23 @@ async def load_fleet(
             *conditions,
         )
         .order_by(Gpu.host_id, Gpu.index)
-    )
+    )  # fmt: skip
     if host_ids is not None:
         query = query.where(Gpu.host_id.in_(list(host_ids)))
     fleet: dict[str, HostState] = {}
-    for gpu, host, listing, price in (await session.execute(query)).all():
-        state = fleet.get(host.id)
+    for (gpu_id, host_id, index, uuid, name, memory, holder, milli_used, memory_used, tier_name, mig_on, info, region,
+         network, unit, listed_min_bid, price) in (await session.execute(query)).all():  # fmt: skip
+        state = fleet.get(host_id)
         if state is None:
-            unit = listing.smallest_unit if listing is not None else "gpu"
-            state = fleet[host.id] = HostState(host.id, host.region, _links(host), unit)
-        tier = Tier(gpu.tier) if gpu.tier in _TIERS else Tier.ENTRY
-        min_bid = listing.min_bid_per_gpu_hour if listing is not None and listing.min_bid_per_gpu_hour else bounds[tier].min
+            state = fleet[host_id] = HostState(host_id, region, _links(region, network), unit or "gpu")
+        tier = Tier(tier_name) if tier_name in _TIERS else Tier.ENTRY
+        min_bid = listed_min_bid if listed_min_bid else bounds[tier].min
         mig = None
-        if gpu.info.get("mig_mode"):
-            mig = [(str(m["uuid"]), str(m["profile"])) for m in gpu.info.get("mig_instances") or () if m.get("uuid") and m.get("profile")]
+        if mig_on:
+            mig = [(str(m["uuid"]), str(m["profile"])) for m in (info or {}).get("mig_instances") or () if m.get("uuid") and m.get("profile")]
         state.gpus.append(
-            GpuState(gpu.id, gpu.index, gpu.uuid, gpu.name, gpu.memory_total_mib, gpu.rental_id, gpu.milli_used,
-                     gpu.memory_used_mib, mig, Decimal(price), Decimal(min_bid))
-        )  # fmt: skip
+            GpuState(gpu_id, index, uuid, name, memory, holder, milli_used, memory_used, mig, Decimal(price), Decimal(min_bid))
+        )
     return fleet
 
 

@@ -216,11 +216,15 @@ def _set_state(session: AsyncSession, rental: Rental, to_state: str, cause: str,
 
 async def _largest_host(session: AsyncSession, model: str | None) -> int:
     """How many matching GPUs the biggest host in the fleet has, rented or not."""
-    rows = (await session.execute(select(Gpu.host_id, Gpu.name).where(Gpu.present.is_(True)))).all()
+    rows = (
+        await session.execute(
+            select(Gpu.host_id, Gpu.name, func.count()).where(Gpu.present.is_(True)).group_by(Gpu.host_id, Gpu.name)
+        )
+    ).all()
     counts: dict[str, int] = {}
-    for host_id, name in rows:
+    for host_id, name, count in rows:
         if model_matches(model, name):
-            counts[host_id] = counts.get(host_id, 0) + 1
+            counts[host_id] = counts.get(host_id, 0) + count
     return max(counts.values(), default=0)
 
 
