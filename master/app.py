@@ -19,6 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
+from billing import jobs as billing_jobs
 from console.routes import add_console_routes
 from master import alerts, telemetry
 from master.api.keys import MASTER
@@ -101,6 +102,7 @@ def create_app(master: Master, *, background: bool = True) -> web.Application:
         app.cleanup_ctx.append(_background("alerts", lambda: alerts.alert_loop(master)))
         app.cleanup_ctx.append(_background("host-scoring", lambda: reliability.scoring_loop(master)))
         app.cleanup_ctx.append(_background("rental-queue", lambda: rentals.queue_loop(master)))
+        app.cleanup_ctx.append(_background("billing-rating", lambda: billing_jobs.rating_loop(master)))
     return app
 
 

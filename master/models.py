@@ -210,6 +210,9 @@ class Rental(Base):
     spec: Mapped[dict[str, Any]] = mapped_column(default=dict)
     queue_until: Mapped[datetime | None] = mapped_column(default=None)
     preempted_by_id: Mapped[str | None] = mapped_column(ForeignKey("rentals.id", name="fk_rentals_preempted_by_id"), default=None)
+    # Billing (billing/rating.py): usage is posted to the ledger up to here; NULL: nothing rated yet.
+    rated_until: Mapped[datetime | None] = mapped_column(default=None)
+    billed_seconds: Mapped[int] = mapped_column(default=0, server_default="0")
     workload: Mapped[dict[str, Any]] = mapped_column(default=dict)
     idempotency_key: Mapped[str | None] = mapped_column(String(255), default=None)
     request_fingerprint: Mapped[str | None] = mapped_column(String(64), default=None)
@@ -434,3 +437,41 @@ class AlertNotification(Base):
     delivered_at: Mapped[datetime | None] = mapped_column(default=None)
     gave_up_at: Mapped[datetime | None] = mapped_column(default=None)
     last_error: Mapped[str | None] = mapped_column(Text, default=None)
+
+
+class LedgerAccount(Base):
+    """One account of the double-entry ledger (billing/ledger.py): ``renter:<id>:credit``,
+    ``provider:<id>:payable``, ``platform:fees``, ``platform:cash``."""
+
+    __tablename__ = "ledger_accounts"
+
+    code: Mapped[str] = mapped_column(String(96), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))  # asset | liability | revenue
+    owner_id: Mapped[str | None] = mapped_column(ForeignKey("accounts.id"), default=None, index=True)
+    created_at: Mapped[datetime] = mapped_column(default=_now)
+
+
+class LedgerTransaction(Base):
+    """A balanced posting: its entries sum to zero. ``key`` (unique) says what it records, so it is posted once."""
+
+    __tablename__ = "ledger_transactions"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    key: Mapped[str] = mapped_column(String(255), unique=True)
+    kind: Mapped[str] = mapped_column(String(32), index=True)  # top_up | usage | minimum | downtime_credit | payout
+    memo: Mapped[str] = mapped_column(Text, default="")
+    rental_id: Mapped[str | None] = mapped_column(ForeignKey("rentals.id"), default=None, index=True)
+    period_start: Mapped[datetime | None] = mapped_column(default=None)
+    period_end: Mapped[datetime | None] = mapped_column(default=None)
+    created_at: Mapped[datetime] = mapped_column(default=_now, index=True)
+
+
+class LedgerEntry(Base):
+    """One leg of a posting: ``amount`` > 0 debits the account, < 0 credits it (USD, six places)."""
+
+    __tablename__ = "ledger_entries"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    transaction_id: Mapped[int] = mapped_column(ForeignKey("ledger_transactions.id", ondelete="CASCADE"), index=True)
+    account: Mapped[str] = mapped_column(ForeignKey("ledger_accounts.code"), index=True)
+    amount: Mapped[Decimal] = mapped_column(Numeric(20, 6))

@@ -5,12 +5,14 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 from datetime import datetime
+from decimal import Decimal
 
 from aiohttp import web
 from sqlalchemy import text
 
+from billing import credits
 from master import telemetry
-from master.api import routes_alerts, routes_market, routes_metrics
+from master.api import routes_alerts, routes_billing, routes_market, routes_metrics
 from master.api.base import (
     API,
     PAGING,
@@ -63,7 +65,8 @@ async def get_account(request: web.Request) -> web.Response:
         assert account is not None
         return web.json_response(
             {"id": account.id, "name": account.name, "role": account.role, "created_at": account.created_at.isoformat(),
-             "quota": await rentals.quota_view(request.app[MASTER], session, account)}
+             "quota": (quota := await rentals.quota_view(request.app[MASTER], session, account)),
+             "credit": await credits.credit_view(session, account.id, burn_per_hour=Decimal(quota["spend_per_hour"]))}
         )  # fmt: skip
 
 
@@ -286,7 +289,7 @@ CORE_ROUTES: tuple[Route, ...] = (
     Route("DELETE", "/rentals/{rental_id}", delete_rental, "Stop a rental; the GPUs are freed when the agent confirms.", success=202, errors=(404,)),
 )
 
-ROUTES: tuple[Route, ...] = CORE_ROUTES + routes_market.ROUTES + routes_alerts.ROUTES + routes_metrics.ROUTES
+ROUTES: tuple[Route, ...] = CORE_ROUTES + routes_market.ROUTES + routes_alerts.ROUTES + routes_metrics.ROUTES + routes_billing.ROUTES
 
 ERROR_SCHEMA = ErrorBody
 

@@ -47,6 +47,12 @@ class RentalCreate(_Body):
                                                           "(a new rental, named in this one's events).")
 
 
+class CreditTopUp(_Body):
+    account_id: str = Field(min_length=1, max_length=40, description="The renter account to credit.")
+    amount: str = Field(min_length=1, max_length=32, description="USD as a decimal string in whole cents, e.g. \"25.00\".")
+    reference: str = Field(min_length=1, max_length=128, description="The payment's id: the same reference is credited once.")
+
+
 class QuotaPut(_Body):
     max_gpus: Decimal | None = Field(None, ge=0, max_digits=10, decimal_places=3, description="GPUs (fractions count) held at once; null: the platform default.")
     max_spend_per_hour: Decimal | None = Field(None, ge=0, max_digits=14, decimal_places=6, description="USD per hour of active rentals at once; null: the platform default.")

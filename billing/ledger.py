@@ -1,0 +1,217 @@
+"""The double-entry ledger: balanced, append-only, idempotent postings in exact decimals.
+
+Accounts (``ledger_accounts``), by code:
+
+=============================  =========  ==============================================
+``renter:<account>:credit``    liability  prepaid credit the platform owes the renter
+``provider:<account>:payable`` liability  earnings the platform owes the provider
+``platform:fees``              revenue    the platform's fee on every charge
+``platform:cash``              asset      money received (top-ups) less money paid out
+=============================  =========  ==============================================
+
+A posting (``ledger_transactions`` + ``ledger_entries``) is a set of legs whose amounts sum
+to exactly zero: a positive amount debits an account, a negative one credits it. Amounts are
+``Decimal`` with six places (``QUANTUM``, a millionth of a dollar: per-second usage is finer
+than a cent); money that enters or leaves (top-ups, payouts) is in whole cents
+(``CURRENCY_QUANTUM``). Every posting has a ``key`` saying what it records
+(``rental:{id}:usage:{period_start}``, ``topup:{account}:{reference}``); the key is unique,
+so posting the same thing twice — a redelivered task, two workers, a retried request —
+posts it once. Nothing is ever updated or deleted: corrections are new postings.
+
+Balances: a liability's or revenue's balance is what was credited less what was debited
+(``-Σ amount``); an asset's is ``Σ amount``. The trial balance sums every entry: zero, always.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import ROUND_HALF_EVEN, Decimal
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from master.models import LedgerAccount, LedgerEntry, LedgerTransaction
+from shared.errors import ValidationFailed
+
+QUANTUM = Decimal("0.000001")
+CURRENCY_QUANTUM = Decimal("0.01")
+CASH = "platform:cash"
+FEES = "platform:fees"
+KINDS = {"credit": "liability", "payable": "liability", "fees": "revenue", "cash": "asset"}
+
+
+class LedgerError(ValidationFailed):
+    code = "ledger_error"
+
+
+def renter_credit(account_id: str) -> str:
+    return f"renter:{account_id}:credit"
+
+
+def provider_payable(account_id: str) -> str:
+    return f"provider:{account_id}:payable"
+
+
+def quantize(amount: Decimal) -> Decimal:
+    """``amount`` to the ledger's quantum, half to even (the rounding of every computed amount)."""
+    return amount.quantize(QUANTUM, rounding=ROUND_HALF_EVEN)
+
+
+def money(amount: Decimal) -> str:
+    return f"{amount.quantize(QUANTUM):f}"
+
+
+def cents(raw: object, *, what: str) -> Decimal:
+    """A positive amount of real money, in whole cents; LedgerError says what is wrong with it."""
+    try:
+        amount = Decimal(str(raw)) if not isinstance(raw, Decimal) else raw
+    except ArithmeticError:
+        raise LedgerError(f"{what} must be a decimal amount such as \"25.00\", got {str(raw)[:40]!r}", code="invalid_amount") from None
+    if not amount.is_finite() or amount <= 0:
+        raise LedgerError(f"{what} must be more than 0, got {str(raw)[:40]!r}", code="invalid_amount")
+    if amount != amount.quantize(CURRENCY_QUANTUM):
+        raise LedgerError(f"{what} has more decimal places than USD allows (cents): {str(raw)[:40]!r}", code="invalid_amount")
+    if amount > Decimal("1000000"):
+        raise LedgerError(f"{what} is over the 1,000,000.00 USD a single posting may move", code="invalid_amount")
+    return amount
+
+
+@dataclass(frozen=True)
+class Leg:
+    account: str
+    amount: Decimal  # > 0 debit, < 0 credit
+
+
+def _kind(code: str) -> tuple[str, str | None]:
+    """The account's kind and owner, from its code."""
+    parts = code.split(":")
+    if code in (CASH, FEES):
+        return KINDS[parts[1]], None
+    if len(parts) == 3 and parts[0] in ("renter", "provider") and parts[2] in ("credit", "payable"):
+        return KINDS[parts[2]], parts[1]
+    raise LedgerError(f"no ledger account {code!r}")
+
+
+async def _ensure_accounts(session: AsyncSession, codes: Sequence[str]) -> None:
+    known = set((await session.scalars(select(LedgerAccount.code).where(LedgerAccount.code.in_(list(codes))))).all())
+    for code in codes:
+        if code in known:
+            continue
+        kind, owner = _kind(code)
+        try:
+            async with session.begin_nested():
+                session.add(LedgerAccount(code=code, kind=kind, owner_id=owner))
+        except IntegrityError:
+            pass  # created by a concurrent posting
+
+
+async def post(
+    session: AsyncSession,
+    *,
+    key: str,
+    kind: str,
+    legs: Sequence[Leg],
+    at: datetime,
+    memo: str = "",
+    rental_id: str | None = None,
+    period: tuple[datetime, datetime] | None = None,
+) -> bool:
+    """Record a balanced posting once; returns False if ``key`` was posted before (nothing changes).
+
+    Legs of zero are dropped; the rest must be quantized and sum to exactly zero.
+    """
+    legs = [leg for leg in legs if leg.amount != 0]
+    if not legs:
+        return False
+    for leg in legs:
+        if leg.amount != leg.amount.quantize(QUANTUM):
+            raise LedgerError(f"posting {key}: {leg.amount} on {leg.account} is finer than the ledger's quantum {QUANTUM}")
+    if sum((leg.amount for leg in legs), Decimal(0)) != 0:
+        raise LedgerError(f"posting {key} does not balance: {', '.join(f'{leg.account} {leg.amount}' for leg in legs)}")
+    if await session.scalar(select(LedgerTransaction.id).where(LedgerTransaction.key == key)) is not None:
+        return False
+    await _ensure_accounts(session, sorted({leg.account for leg in legs}))
+    try:
+        async with session.begin_nested():
+            row = LedgerTransaction(
+                key=key, kind=kind, memo=memo, rental_id=rental_id, created_at=at,
+                period_start=period[0] if period else None, period_end=period[1] if period else None,
+            )  # fmt: skip
+            session.add(row)
+            await session.flush()
+            session.add_all(LedgerEntry(transaction_id=row.id, account=leg.account, amount=leg.amount) for leg in legs)
+            await session.flush()
+    except IntegrityError:
+        return False  # a concurrent posting of the same key won
+    return True
+
+
+def balance_of(code: str, debits_minus_credits: Decimal) -> Decimal:
+    """The balance as its owner reads it: credit-normal for liabilities and revenue, debit-normal for assets."""
+    kind, _ = _kind(code)
+    return debits_minus_credits if kind == "asset" else -debits_minus_credits
+
+
+def _exact_sums(session: AsyncSession) -> bool:
+    """Whether the database sums NUMERIC exactly (PostgreSQL); SQLite sums as floats, so Python adds there."""
+    return session.get_bind().dialect.name == "postgresql"
+
+
+async def balance(session: AsyncSession, code: str) -> Decimal:
+    if _exact_sums(session):
+        total = await session.scalar(select(func.coalesce(func.sum(LedgerEntry.amount), 0)).where(LedgerEntry.account == code))
+        return balance_of(code, Decimal(total or 0))
+    amounts = (await session.scalars(select(LedgerEntry.amount).where(LedgerEntry.account == code))).all()
+    return balance_of(code, sum(amounts, Decimal(0)))
+
+
+async def trial_balance(session: AsyncSession) -> dict[str, Any]:
+    """Every account's debits, credits and balance; ``balanced`` when debits equal credits."""
+    if not _exact_sums(session):
+        return _summarise(
+            list((await session.execute(select(LedgerAccount.code, LedgerAccount.kind).order_by(LedgerAccount.code))).all()),
+            list((await session.execute(select(LedgerEntry.account, LedgerEntry.amount))).all()),
+        )
+    rows = (
+        await session.execute(
+            select(
+                LedgerAccount.code, LedgerAccount.kind,
+                func.coalesce(func.sum(func.abs(LedgerEntry.amount) + LedgerEntry.amount), 0),
+                func.coalesce(func.sum(func.abs(LedgerEntry.amount) - LedgerEntry.amount), 0),
+            )
+            .outerjoin(LedgerEntry, LedgerEntry.account == LedgerAccount.code)
+            .group_by(LedgerAccount.code, LedgerAccount.kind)
+            .order_by(LedgerAccount.code)
+        )
+    ).all()  # fmt: skip
+    return _trial_view([tuple(row) for row in rows])
+
+
+def _trial_view(rows: Sequence[Any]) -> dict[str, Any]:
+    accounts = []
+    debits_total = credits_total = Decimal(0)
+    for code, kind, twice_debits, twice_credits in rows:
+        debits, credits = Decimal(twice_debits) / 2, Decimal(twice_credits) / 2
+        debits_total += debits
+        credits_total += credits
+        accounts.append(
+            {"account": code, "kind": kind, "debits": money(debits), "credits": money(credits),
+             "balance": money(balance_of(code, debits - credits))}
+        )  # fmt: skip
+    return {
+        "accounts": accounts, "debits": money(debits_total), "credits": money(credits_total),
+        "balanced": debits_total == credits_total,
+    }  # fmt: skip
+
+
+def _summarise(accounts: list[Any], entries: list[Any]) -> dict[str, Any]:
+    """The trial balance added up in Python (exact Decimal), from (code, kind) and (account, amount) rows."""
+    sums: dict[str, list[Decimal]] = {code: [Decimal(0), Decimal(0)] for code, _ in accounts}
+    for account, amount in entries:
+        sums[account][0 if amount > 0 else 1] += abs(amount)
+    rows = [(code, kind, 2 * sums[code][0], 2 * sums[code][1]) for code, kind in accounts]
+    return _trial_view(rows)

@@ -1,0 +1,44 @@
+"""Billing routes: prepaid credit top-ups and the ledger's trial balance (``billing/``).
+
+A renter's balance and burn rate are on ``GET /account``.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from billing import credits, ledger
+from master.api.base import Route, parse_body
+from master.api.keys import MASTER
+from master.api.middleware import principal
+from master.api.schemas import CreditTopUp
+
+
+async def post_credits(request: web.Request) -> web.Response:
+    """An admin (or a payment integration acting as one) tops up a renter's prepaid credit."""
+    who = principal(request)
+    who.require("admin")
+    body = await parse_body(request, CreditTopUp)
+    master = request.app[MASTER]
+    async with master.db.session() as session:
+        posted, key = await credits.top_up(session, body.account_id, body.amount, reference=body.reference, at=master.clock.now())
+    async with master.db.session() as session:
+        balance = await ledger.balance(session, ledger.renter_credit(body.account_id))
+    return web.json_response(
+        {"account_id": body.account_id, "posting": key, "credited": posted, "balance": ledger.money(balance)},
+        status=201 if posted else 200,
+    )
+
+
+async def get_trial_balance(request: web.Request) -> web.Response:
+    principal(request).require("admin")
+    async with request.app[MASTER].db.session() as session:
+        return web.json_response(await ledger.trial_balance(session))
+
+
+ROUTES: tuple[Route, ...] = (
+    Route("POST", "/account/credits", post_credits, "Top up a renter's prepaid credit (admins; the payment integration point).",
+          roles=("admin",), body=CreditTopUp, success=201, errors=(404, 422)),
+    Route("GET", "/admin/ledger/trial-balance", get_trial_balance, "Every ledger account's debits, credits and balance; balanced when they match.",
+          roles=("admin",)),
+)  # fmt: skip
