@@ -1,33 +1,54 @@
-"""Billing's periodic work as plain async functions over a ``Master``.
+"""Billing's periodic work: plain async functions over the database, and their schedule.
 
-The master runs them in-process under a lease (one master at a time); Celery tasks (to come:
-``gpumarket worker``) are to be thin wrappers over the same functions.
+Each job takes ``(db, settings, now)`` — no bus, no HTTP — so the same function runs in a
+master process (embedded mode and standalone masters: ``billing_loop``, one master at a time
+under a lease) or in a Celery worker (``billing/tasks.py``: thin wrappers). Commands a job
+creates (stopping a rental) are written as pending rows; the master's command resender
+delivers them.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
-from billing.rating import Rated, RatingPolicy, rate_open_rentals
+from billing.rating import RatingPolicy, rate_open_rentals
 from master.context import Master
+from master.db import Database
+from shared.settings import MasterSettings
 
 log = logging.getLogger(__name__)
 
 
-async def rating_pass(master: Master) -> list[Rated]:
-    """Post every running or newly ended rental's usage up to now."""
-    rated = await rate_open_rentals(master.db, now=master.clock.now(), policy=RatingPolicy.from_settings(master.settings))
+async def rating_pass(db: Database, settings: MasterSettings, now: datetime) -> dict[str, Any]:
+    """Post every running or newly ended rental's usage up to ``now``."""
+    rated = await rate_open_rentals(db, now=now, policy=RatingPolicy.from_settings(settings))
     posted = sum(len(r.posted) for r in rated)
     if posted:
         log.info("rating pass: %d postings over %d rentals", posted, len(rated))
-    return rated
+    return {"rentals": len(rated), "postings": posted}
 
 
-async def rating_loop(master: Master) -> None:
-    """``rating_pass`` every ``billing_interval`` under the ``billing-rating`` lease."""
+@dataclass(frozen=True)
+class Job:
+    name: str
+    run: Callable[[Database, MasterSettings, datetime], Awaitable[dict[str, Any]]]
+    every: Callable[[MasterSettings], float]  # seconds between runs
+
+
+JOBS: dict[str, Job] = {
+    "rate": Job("rate", rating_pass, lambda s: s.billing_interval),
+}
+
+
+async def billing_loop(master: Master, job: Job) -> None:
+    """Run ``job`` in this master every period, under the lease ``billing-<name>`` (one master at a time)."""
     from master.services.leases import run_leased
 
     async def work() -> None:
-        await rating_pass(master)
+        await job.run(master.db, master.settings, master.clock.now())
 
-    await run_leased(master, "billing-rating", every=master.settings.billing_interval, work=work)
+    await run_leased(master, f"billing-{job.name}", every=job.every(master.settings), work=work)

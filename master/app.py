@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -102,7 +103,9 @@ def create_app(master: Master, *, background: bool = True) -> web.Application:
         app.cleanup_ctx.append(_background("alerts", lambda: alerts.alert_loop(master)))
         app.cleanup_ctx.append(_background("host-scoring", lambda: reliability.scoring_loop(master)))
         app.cleanup_ctx.append(_background("rental-queue", lambda: rentals.queue_loop(master)))
-        app.cleanup_ctx.append(_background("billing-rating", lambda: billing_jobs.rating_loop(master)))
+        if master.settings.billing_in_process:
+            for job in billing_jobs.JOBS.values():
+                app.cleanup_ctx.append(_background(f"billing-{job.name}", functools.partial(billing_jobs.billing_loop, master, job)))
     return app
 
 

@@ -159,6 +159,7 @@ class MasterSettings(ServiceSettings):
     max_queue_timeout_s: float = Field(86400.0, gt=0, le=30 * 86400, description="Longest queue_timeout_s a rental request may ask for.")
     default_max_gpus: Decimal | None = Field(None, ge=0, description="GPUs (fractions count) an account may hold at once unless its own quota says otherwise; unset: no limit.")
     default_max_spend_per_hour: Decimal | None = Field(None, ge=0, description="USD per hour an account's active rentals may cost at once unless its own quota says otherwise; unset: no limit.")
+    billing_in_process: bool = Field(True, description="Run billing's periodic jobs in the master processes (one at a time, under leases); false when Celery workers (gpumarket worker --beat) run them.")
     billing_interval: float = Field(30.0, gt=0, le=3600, description="Seconds between rating passes (usage posted to the ledger).")
     billing_min_period_s: int = Field(60, ge=0, le=86400, description="Minimum billing period of a rental, seconds (not charged when it was preempted; credited back when its host was lost).")
     platform_fee_rate: Decimal = Field(Decimal("0.15"), ge=0, lt=1, description="The platform's share of every charge (0.15 = 15 %); the provider earns the rest.")
