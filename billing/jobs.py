@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from billing.enforce import enforcement_pass
 from billing.rating import RatingPolicy, rate_open_rentals
 from master.context import Master
 from master.db import Database
@@ -41,6 +42,7 @@ class Job:
 
 JOBS: dict[str, Job] = {
     "rate": Job("rate", rating_pass, lambda s: s.billing_interval),
+    "enforce": Job("enforce", enforcement_pass, lambda s: s.billing_interval),
 }
 
 

@@ -31,6 +31,7 @@ from agent.enroll import enroll
 from agent.gpu import open_backend
 from agent.runner import Agent, AgentTimings
 from agent.state import AgentState, atomic_write
+from billing import credits
 from master.app import bound_port, close_master, create_app, open_master
 from master.context import Master
 from master.models import Account
@@ -58,6 +59,7 @@ DEMO_FLEET = (
 )
 DEMO_ZONE = "relays.gpumarket.local"
 DEMO_ACCOUNTS = (("renter", "demo-renter"), ("provider", "demo-provider"), ("admin", "admin"))
+DEMO_CREDIT = "1000.00"  # USD of prepaid credit the demo renter starts with
 
 
 @dataclass
@@ -162,6 +164,9 @@ async def start_marketplace(
         master=master, relay=relay, dns=dns, runner=runner, api_url=api_url, console_url=console_url, credentials=credentials
     )
     try:
+        async with master.db.session() as session:  # once per data dir: the reference makes it idempotent
+            await credits.top_up(session, await _account_id(master, "demo-renter"), DEMO_CREDIT, reference="demo-credit",
+                                 at=master.clock.now())  # fmt: skip
         provider_id = await _account_id(master, "demo-provider")
         for i in range(agents):
             agent = await _demo_agent(

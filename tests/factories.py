@@ -27,6 +27,7 @@ def master_settings(tmp_path: Path, **overrides: Any) -> MasterSettings:
         "command_retry_interval": 200 * MS,
         "stale_message_idle": 500 * MS,
         "instance_id": "master-test",
+        "require_credit": False,  # billing tests turn it on; the rest rent without topping up
     }
     values.update(overrides)
     return MasterSettings.load(**values)

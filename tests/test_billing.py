@@ -15,6 +15,7 @@ import pytest
 from sqlalchemy import select, update
 
 from billing import ledger
+from billing.enforce import enforcement_pass
 from billing.ledger import LedgerError, Leg
 from billing.rating import Discount, RatingPolicy, cumulative_cost, rate_open_rentals, rate_rental
 from master.models import Gpu, HostEvent, LedgerEntry, LedgerTransaction, Rental
@@ -262,3 +263,55 @@ class TestRating:
         _, second = await books.as_renter("POST", "/rentals", json={"gpu_count": 1})
         assert second["price_per_gpu_hour"] == "1.500000"
         assert rentals.ACTIVE_STATES
+
+
+class TestCreditEnforcement:
+    async def top_up(self, api: Api, amount: str, reference: str = "p1") -> None:
+        _, admin_key = await create_principal(api.master, f"admin-{reference}", "admin")
+        body = {"account_id": api.renter.account_id, "amount": amount, "reference": reference}
+        status, answer = await api.call("POST", "/account/credits", admin_key, json=body)
+        assert status == 201, answer
+
+    async def test_no_credit_no_rental(self, books: Api) -> None:
+        """With require_credit, a renter who cannot pay the minimum period is refused with 402; a top-up fixes it."""
+        books.master.settings.require_credit = True
+        await books.host(1)
+        status, body = await books.as_renter("POST", "/rentals", json={"gpu_count": 1})
+        assert_error(status, body, 402, "insufficient_credit")
+        assert "top up" in body["message"]
+        await self.top_up(books, "0.01")
+        status, body = await books.as_renter("POST", "/rentals", json={"gpu_count": 1})  # 0.40/h × 60 s = 0.0067
+        assert status == 201, body
+
+    async def test_a_renter_out_of_credit_is_stopped_before_zero(self, books: Api) -> None:
+        """When the credit would not last the stop margin, every active rental of the renter is stopped, with the reason."""
+        host_id, _ = await books.host(2)
+        await self.top_up(books, "0.10")
+        now = datetime.now(UTC)
+        first = await make_rental(books, host_id, price="0.40", start=now - timedelta(minutes=14), end=None, state="running")
+        second = await make_rental(books, host_id, price="0.40", start=now - timedelta(minutes=1), end=None, state="running", gpus=1)
+        # 0.10 - 0.40/h × 15 min = 0.00: out of credit.
+        result = await enforcement_pass(books.master.db, books.master.settings, now)
+        assert sorted(result["stopped"]) == sorted([first, second])
+        for rental_id in (first, second):
+            status, body = await books.as_renter("GET", f"/rentals/{rental_id}")
+            assert (status, body["state"]) == (200, "stopping")
+            assert body["events"][-1]["cause"].startswith("out of credit")
+            [stop] = await books.commands(rental_id, "stop_workload")
+            assert stop.state == "pending" and stop.args["reason"] == "the renter's prepaid credit ran out"
+        again = await enforcement_pass(books.master.db, books.master.settings, now)
+        assert again == {"stopped": [], "warned": []}
+
+    async def test_low_credit_warns_once(self, books: Api) -> None:
+        """Credit for less than credit_warning_s puts one warning event on each active rental."""
+        host_id, _ = await books.host(1)
+        await self.top_up(books, "0.10")
+        now = datetime.now(UTC)
+        rental_id = await make_rental(books, host_id, price="0.40", start=now, end=None, state="running")
+        # 0.10 at 0.40/h lasts 15 min: past the 120 s stop margin, inside the 30 min warning.
+        assert (await enforcement_pass(books.master.db, books.master.settings, now))["warned"] == [rental_id]
+        assert (await enforcement_pass(books.master.db, books.master.settings, now))["warned"] == []
+        _, body = await books.as_renter("GET", f"/rentals/{rental_id}")
+        warnings = [e for e in body["events"] if e["cause"].startswith("low credit")]
+        assert len(warnings) == 1 and "about 15 min" in warnings[0]["cause"]
+        assert body["state"] == "running"

@@ -295,7 +295,7 @@ class TestPrometheusPipelineAndBusiness:
         assert value(samples, "gpumarket_ingestion_backlog_messages", kind="pending") == 0
         assert BACKLOG_AGE_S <= value(samples, "gpumarket_ingestion_lag_seconds") < BACKLOG_AGE_S + 30
         rentals = {s.labels["state"]: s.value for s in samples if s.name == "gpumarket_rentals"}
-        assert rentals == {"pending": 0, "starting": 0, "running": 1, "stopping": 0, "stopped": 1, "failed": 0}
+        assert rentals == {"pending": 0, "starting": 0, "running": 1, "stopping": 0, "stopped": 1, "failed": 0, "preempted": 0}
         alerts = {s.labels["severity"]: s.value for s in samples if s.name == "gpumarket_alerts_firing"}
         assert alerts == {"critical": 1, "warning": 0, "info": 0}
         assert value(samples, "gpumarket_metrics_source_up", source="bus") == 1
