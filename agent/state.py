@@ -13,11 +13,13 @@ Layout of the data dir::
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from shared.errors import ConfigError
+from shared.files import atomic_write
+
+__all__ = ["AgentState", "Identity", "SequenceLease", "atomic_write"]
 
 
 @dataclass
@@ -26,18 +28,6 @@ class Identity:
     master_url: str
     relay_urls: list[str] = field(default_factory=list)
     gpus: str | None = None  # the backend spec it enrolled with (informational)
-
-
-def atomic_write(path: Path, data: bytes, *, mode: int = 0o644) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
 
 
 class AgentState:

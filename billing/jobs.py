@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from billing.enforce import enforcement_pass
+from billing.payouts import payout_pass
 from billing.rating import RatingPolicy, rate_open_rentals
 from master.context import Master
 from master.db import Database
@@ -43,6 +44,7 @@ class Job:
 JOBS: dict[str, Job] = {
     "rate": Job("rate", rating_pass, lambda s: s.billing_interval),
     "enforce": Job("enforce", enforcement_pass, lambda s: s.billing_interval),
+    "payouts": Job("payouts", lambda db, settings, now: payout_pass(db, settings, now), lambda s: s.payout_interval),
 }
 
 

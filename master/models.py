@@ -475,3 +475,20 @@ class LedgerEntry(Base):
     transaction_id: Mapped[int] = mapped_column(ForeignKey("ledger_transactions.id", ondelete="CASCADE"), index=True)
     account: Mapped[str] = mapped_column(ForeignKey("ledger_accounts.code"), index=True)
     amount: Mapped[Decimal] = mapped_column(Numeric(20, 6))
+
+
+class Payout(Base):
+    """Money paid out to a provider from its payable balance (billing/payouts.py); posted with ``ledger_key``."""
+
+    __tablename__ = "payouts"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    provider_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), index=True)
+    amount: Mapped[Decimal] = mapped_column(Numeric(14, 2))
+    currency: Mapped[str] = mapped_column(String(3), default="USD")
+    batch: Mapped[str] = mapped_column(String(32), index=True)
+    ledger_key: Mapped[str] = mapped_column(String(255), unique=True)
+    state: Mapped[str] = mapped_column(String(16), default="pending")  # pending | exported
+    export_ref: Mapped[str | None] = mapped_column(String(512), default=None)  # where the payout provider put it
+    created_at: Mapped[datetime] = mapped_column(default=_now)
+    exported_at: Mapped[datetime | None] = mapped_column(default=None)

@@ -17,6 +17,7 @@ from sqlalchemy import select, update
 from billing import ledger
 from billing.enforce import enforcement_pass
 from billing.ledger import LedgerError, Leg
+from billing.payouts import payout_pass
 from billing.rating import Discount, RatingPolicy, cumulative_cost, rate_open_rentals, rate_rental
 from master.models import Gpu, HostEvent, LedgerEntry, LedgerTransaction, Rental
 from master.services import rentals
@@ -315,3 +316,44 @@ class TestCreditEnforcement:
         warnings = [e for e in body["events"] if e["cause"].startswith("low credit")]
         assert len(warnings) == 1 and "about 15 min" in warnings[0]["cause"]
         assert body["state"] == "running"
+
+
+class TestPayouts:
+    async def earn(self, api: Api, amount: str, key: str) -> None:
+        """The provider earns ``amount`` from the renter's credit (as a rated usage posting would)."""
+        async with api.master.db.session() as session:
+            await ledger.post(session, key=key, kind="usage", at=T0, legs=[
+                Leg(ledger.renter_credit(api.renter.account_id), Decimal(amount)),
+                Leg(ledger.provider_payable(api.provider.account_id), -Decimal(amount)),
+            ])  # fmt: skip
+
+    async def test_payout_batch_pays_whole_cents_once_and_exports_csv(self, books: Api, tmp_path: Any) -> None:
+        """A provider above the minimum is paid its balance rounded down to the cent, once per batch, into a CSV file."""
+        books.master.settings.payout_dir = tmp_path / "out"
+        await self.earn(books, "12.345678", "u1")
+        now = datetime(2026, 11, 2, 3, 0, tzinfo=UTC)
+        first = await payout_pass(books.master.db, books.master.settings, now)
+        again = await payout_pass(books.master.db, books.master.settings, now + timedelta(minutes=5))  # same daily batch
+        assert len(first["paid"]) == 1 and again["paid"] == [] and again["exported"] is None
+        async with books.master.db.session() as session:
+            assert await ledger.balance(session, ledger.provider_payable(books.provider.account_id)) == Decimal("0.005678")
+            assert await ledger.balance(session, ledger.CASH) == Decimal("-12.34")
+        lines = (tmp_path / "out" / f"payouts-{first['batch']}.csv").read_text().splitlines()
+        assert lines[0] == "payout_id,provider_id,provider_name,amount,currency,created_at"
+        assert lines[1].split(",")[1:5] == [books.provider.account_id, "provider-1", "12.34", "USD"]
+        status, listed = await books.as_provider("GET", "/payouts")
+        assert status == 200 and [(p["amount"], p["state"]) for p in listed["items"]] == [("12.34", "exported")]
+        status, _ = await books.as_renter("GET", "/payouts")
+        assert status == 403
+
+    async def test_below_the_minimum_waits(self, books: Api) -> None:
+        """A payable balance under payout_minimum is not paid; it is once it grows past it, in a later batch."""
+        await self.earn(books, "9.99", "u1")
+        now = datetime(2026, 11, 2, 3, 0, tzinfo=UTC)
+        books.master.settings.payout_dir = books.master.settings.data_dir / "payouts"
+        assert (await payout_pass(books.master.db, books.master.settings, now))["paid"] == []
+        await self.earn(books, "0.01", "u2")
+        assert len((await payout_pass(books.master.db, books.master.settings, now + timedelta(days=1)))["paid"]) == 1
+        _, admin_key = await create_principal(books.master, "admin-1", "admin")
+        status, listed = await books.call("GET", f"/payouts?provider_id={books.provider.account_id}", admin_key)
+        assert status == 200 and listed["total"] == 1 and listed["items"][0]["amount"] == "10.00"

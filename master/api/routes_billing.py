@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from billing import credits, ledger
-from master.api.base import Route, parse_body
+from billing import credits, ledger, payouts
+from master.api.base import PAGING, QueryParam, Route, listing, page, parse_body, str_query
 from master.api.keys import MASTER
 from master.api.middleware import principal
 from master.api.schemas import CreditTopUp
@@ -30,6 +30,15 @@ async def post_credits(request: web.Request) -> web.Response:
     )
 
 
+async def get_payouts(request: web.Request) -> web.Response:
+    who = principal(request)
+    who.require("provider")
+    limit, offset = page(request)
+    async with request.app[MASTER].db.session() as session:
+        items, total = await payouts.list_payouts(session, who, provider_id=str_query(request, "provider_id"), limit=limit, offset=offset)
+    return listing(items, total, limit, offset)
+
+
 async def get_trial_balance(request: web.Request) -> web.Response:
     principal(request).require("admin")
     async with request.app[MASTER].db.session() as session:
@@ -39,6 +48,8 @@ async def get_trial_balance(request: web.Request) -> web.Response:
 ROUTES: tuple[Route, ...] = (
     Route("POST", "/account/credits", post_credits, "Top up a renter's prepaid credit (admins; the payment integration point).",
           roles=("admin",), body=CreditTopUp, success=201, errors=(404, 422)),
+    Route("GET", "/payouts", get_payouts, "Payouts to providers, newest first: a provider's own; admins all or ?provider_id=.",
+          roles=("provider",), query=(QueryParam("provider_id", "string", "Admins: one provider's payouts."), *PAGING)),
     Route("GET", "/admin/ledger/trial-balance", get_trial_balance, "Every ledger account's debits, credits and balance; balanced when they match.",
           roles=("admin",)),
 )  # fmt: skip
