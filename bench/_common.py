@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
+import secrets
 import ssl
 import sys
 import time
+from collections.abc import AsyncIterator
 from importlib import metadata
+
+import asyncpg
 
 
 def describe_machine(*, with_openssl: bool = False) -> str:
@@ -54,3 +59,18 @@ class Progress:
     def done(self) -> None:
         if self.shown and self.tty:
             print("\r\033[K", end="", file=sys.stderr, flush=True)
+
+
+@contextlib.asynccontextmanager
+async def fresh_database(admin_url: str) -> AsyncIterator[str]:
+    """A new, empty database on the server of ``admin_url``; dropped on exit (its connections closed first)."""
+    name = f"gm_bench_{secrets.token_hex(6)}"
+    admin = await asyncpg.connect(admin_url, timeout=10)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        try:
+            yield f"{admin_url.rsplit('/', 1)[0]}/{name}"
+        finally:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()

@@ -112,7 +112,7 @@ from shared.registry import MemoryRegistry
 from shared.settings import MasterSettings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import Progress, describe_machine
+from _common import Progress, describe_machine, fresh_database
 
 GPUS = "sim:8xH100"
 GPUS_PER_HOST = 8
@@ -397,21 +397,6 @@ class Fleet:
     directory: Path
     register_seconds: float = 0.0
     frame_bytes: tuple[int, int] = (0, 0)  # a telemetry and a heartbeat bus record
-
-
-@contextlib.asynccontextmanager
-async def fresh_database(admin_url: str) -> AsyncIterator[str]:
-    """A new, empty database on the server of ``admin_url``; dropped on exit (its connections closed first)."""
-    name = f"gm_bench_{secrets.token_hex(6)}"
-    admin = await asyncpg.connect(admin_url, timeout=10)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        try:
-            yield f"{admin_url.rsplit('/', 1)[0]}/{name}"
-        finally:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
 
 
 def master_settings(fleet: Fleet, redis_url: str, prefix: str, instance: str) -> MasterSettings:

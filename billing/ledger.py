@@ -24,14 +24,15 @@ Balances: a liability's or revenue's balance is what was credited less what was 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
 
-from sqlalchemy import func, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import func, insert, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.models import LedgerAccount, LedgerEntry, LedgerTransaction
@@ -96,17 +97,85 @@ def _kind(code: str) -> tuple[str, str | None]:
     raise LedgerError(f"no ledger account {code!r}")
 
 
-async def _ensure_accounts(session: AsyncSession, codes: Sequence[str]) -> None:
+def _insert(session: AsyncSession, table: Any) -> Any:
+    """INSERT … ON CONFLICT for the session's database (PostgreSQL or SQLite)."""
+    if session.get_bind().dialect.name == "postgresql":
+        return pg_insert(table)
+    return sqlite_insert(table)
+
+
+async def _ensure_accounts(session: AsyncSession, codes: Collection[str]) -> None:
     known = set((await session.scalars(select(LedgerAccount.code).where(LedgerAccount.code.in_(list(codes))))).all())
-    for code in codes:
-        if code in known:
-            continue
+    missing = []
+    for code in sorted(set(codes) - known):
         kind, owner = _kind(code)
-        try:
-            async with session.begin_nested():
-                session.add(LedgerAccount(code=code, kind=kind, owner_id=owner))
-        except IntegrityError:
-            pass  # created by a concurrent posting
+        missing.append({"code": code, "kind": kind, "owner_id": owner, "created_at": datetime.now(UTC)})
+    if missing:  # a concurrent posting may create some first: skip those
+        await session.execute(_insert(session, LedgerAccount).on_conflict_do_nothing(index_elements=["code"]), missing)
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A posting to make: see ``post``."""
+
+    key: str
+    kind: str
+    legs: Sequence[Leg]
+    memo: str = ""
+    rental_id: str | None = None
+    period: tuple[datetime, datetime] | None = None
+
+
+def _checked(draft: Draft) -> list[Leg]:
+    legs = [leg for leg in draft.legs if leg.amount != 0]
+    for leg in legs:
+        if leg.amount != leg.amount.quantize(QUANTUM):
+            raise LedgerError(f"posting {draft.key}: {leg.amount} on {leg.account} is finer than the ledger's quantum {QUANTUM}")
+        _kind(leg.account)
+    if sum((leg.amount for leg in legs), Decimal(0)) != 0:
+        raise LedgerError(f"posting {draft.key} does not balance: {', '.join(f'{leg.account} {leg.amount}' for leg in legs)}")
+    return legs
+
+
+async def post_many(session: AsyncSession, drafts: Sequence[Draft], *, at: datetime) -> set[str]:
+    """Record balanced postings, each once; returns the keys posted now (a key posted before is skipped).
+
+    Bulk: one query for the keys already there, one INSERT of the accounts missing, one of the
+    transactions (ON CONFLICT (key) DO NOTHING, so a concurrent writer of the same key wins
+    cleanly), one of their entries. Legs of zero are dropped; a draft with no legs left is
+    not posted. Every draft is checked before anything is written.
+    """
+    checked = [(draft, legs) for draft in drafts if (legs := _checked(draft))]
+    if not checked:
+        return set()
+    keys = [draft.key for draft, _ in checked]
+    if len(set(keys)) != len(keys):
+        raise LedgerError("two postings in one batch share a key")
+    present = set((await session.scalars(select(LedgerTransaction.key).where(LedgerTransaction.key.in_(keys)))).all())
+    fresh = [(draft, legs) for draft, legs in checked if draft.key not in present]
+    if not fresh:
+        return set()
+    await _ensure_accounts(session, {leg.account for _, legs in fresh for leg in legs})
+    rows = [
+        {"key": draft.key, "kind": draft.kind, "memo": draft.memo, "rental_id": draft.rental_id, "created_at": at,
+         "period_start": draft.period[0] if draft.period else None, "period_end": draft.period[1] if draft.period else None}
+        for draft, _ in fresh
+    ]  # fmt: skip
+    inserted = (
+        await session.execute(
+            _insert(session, LedgerTransaction).on_conflict_do_nothing(index_elements=["key"])
+            .returning(LedgerTransaction.id, LedgerTransaction.key),
+            rows,
+        )
+    ).all()  # fmt: skip
+    ids = {key: transaction_id for transaction_id, key in inserted}
+    entries = [
+        {"transaction_id": ids[draft.key], "account": leg.account, "amount": leg.amount}
+        for draft, legs in fresh if draft.key in ids for leg in legs
+    ]  # fmt: skip
+    if entries:
+        await session.execute(insert(LedgerEntry), entries)
+    return set(ids)
 
 
 async def post(
@@ -120,34 +189,9 @@ async def post(
     rental_id: str | None = None,
     period: tuple[datetime, datetime] | None = None,
 ) -> bool:
-    """Record a balanced posting once; returns False if ``key`` was posted before (nothing changes).
-
-    Legs of zero are dropped; the rest must be quantized and sum to exactly zero.
-    """
-    legs = [leg for leg in legs if leg.amount != 0]
-    if not legs:
-        return False
-    for leg in legs:
-        if leg.amount != leg.amount.quantize(QUANTUM):
-            raise LedgerError(f"posting {key}: {leg.amount} on {leg.account} is finer than the ledger's quantum {QUANTUM}")
-    if sum((leg.amount for leg in legs), Decimal(0)) != 0:
-        raise LedgerError(f"posting {key} does not balance: {', '.join(f'{leg.account} {leg.amount}' for leg in legs)}")
-    if await session.scalar(select(LedgerTransaction.id).where(LedgerTransaction.key == key)) is not None:
-        return False
-    await _ensure_accounts(session, sorted({leg.account for leg in legs}))
-    try:
-        async with session.begin_nested():
-            row = LedgerTransaction(
-                key=key, kind=kind, memo=memo, rental_id=rental_id, created_at=at,
-                period_start=period[0] if period else None, period_end=period[1] if period else None,
-            )  # fmt: skip
-            session.add(row)
-            await session.flush()
-            session.add_all(LedgerEntry(transaction_id=row.id, account=leg.account, amount=leg.amount) for leg in legs)
-            await session.flush()
-    except IntegrityError:
-        return False  # a concurrent posting of the same key won
-    return True
+    """Record one balanced posting once; returns False if ``key`` was posted before (nothing changes)."""
+    posted = await post_many(session, [Draft(key, kind, legs, memo, rental_id, period)], at=at)
+    return key in posted
 
 
 def balance_of(code: str, debits_minus_credits: Decimal) -> Decimal:

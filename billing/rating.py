@@ -28,7 +28,7 @@ nothing.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -92,18 +92,13 @@ def billable_end(rental: Rental) -> datetime | None:
     return min(ends) if ends else None
 
 
-async def offline_intervals(session: AsyncSession, host_id: str, start: datetime, end: datetime) -> list[tuple[datetime, datetime]]:
-    """When the host was offline between ``start`` and ``end``, from its state changes."""
-    events = (
-        await session.execute(
-            select(HostEvent.at, HostEvent.from_state, HostEvent.to_state)
-            .where(HostEvent.host_id == host_id, HostEvent.at < end, or_(HostEvent.to_state.in_(OFFLINE_STATES), HostEvent.from_state.in_(OFFLINE_STATES)))
-            .order_by(HostEvent.at, HostEvent.id)
-        )
-    ).all()
+def _intervals(events: Sequence[tuple[datetime, str | None, str]], start: datetime, end: datetime) -> list[tuple[datetime, datetime]]:
+    """Offline intervals within ``start``–``end`` from one host's state changes (oldest first)."""
     intervals: list[tuple[datetime, datetime]] = []
     went: datetime | None = None
     for at, _from, to in events:
+        if at >= end:
+            break
         if to in OFFLINE_STATES:
             went = went or at
         elif went is not None:
@@ -112,6 +107,27 @@ async def offline_intervals(session: AsyncSession, host_id: str, start: datetime
     if went is not None:
         intervals.append((went, end))
     return [(max(a, start), min(b, end)) for a, b in intervals if b > start and a < end]
+
+
+async def _offline_events(session: AsyncSession, host_ids: Collection[str], before: datetime) -> dict[str, list[tuple[datetime, str | None, str]]]:
+    """Every host's changes into or out of ``offline`` before ``before``, oldest first."""
+    rows = (
+        await session.execute(
+            select(HostEvent.host_id, HostEvent.at, HostEvent.from_state, HostEvent.to_state)
+            .where(HostEvent.host_id.in_(list(host_ids)), HostEvent.at < before,
+                   or_(HostEvent.to_state.in_(OFFLINE_STATES), HostEvent.from_state.in_(OFFLINE_STATES)))
+            .order_by(HostEvent.at, HostEvent.id)
+        )
+    ).all()  # fmt: skip
+    events: dict[str, list[tuple[datetime, str | None, str]]] = {}
+    for host_id, at, from_state, to_state in rows:
+        events.setdefault(host_id, []).append((at, from_state, to_state))
+    return events
+
+
+async def offline_intervals(session: AsyncSession, host_id: str, start: datetime, end: datetime) -> list[tuple[datetime, datetime]]:
+    """When the host was offline between ``start`` and ``end``, from its state changes."""
+    return _intervals((await _offline_events(session, [host_id], end)).get(host_id, []), start, end)
 
 
 def served_seconds(start: datetime, upto: datetime, offline: Sequence[tuple[datetime, datetime]]) -> int:
@@ -127,9 +143,32 @@ class Rated:
     posted: list[str]
 
 
-async def rate_rental(session: AsyncSession, rental: Rental, *, now: datetime, policy: RatingPolicy) -> Rated | None:
-    """Post the rental's usage since ``rated_until`` (and, once it ended, its minimum period). Caller holds the row lock."""
+@dataclass
+class _Context:
+    """What rating a batch of rentals reads besides the rentals: owners, tiers, offline events."""
+
+    owners: dict[str, str]  # host → provider account
+    tiers: dict[str, str | None]  # GPU uuid → tier
+    events: dict[str, list[tuple[datetime, str | None, str]]]
+
+    @classmethod
+    async def load(cls, session: AsyncSession, rentals: Sequence[Rental], now: datetime) -> _Context:
+        hosts = sorted({r.host_id for r in rentals if r.host_id is not None})
+        uuids = sorted({str(r.gpu_uuids[0]) for r in rentals if r.gpu_uuids})
+        owners = {host: owner for host, owner in (await session.execute(select(Host.id, Host.owner_id).where(Host.id.in_(hosts)))).all()}
+        tiers: dict[str, str | None] = {}
+        if uuids:
+            tiers = {uuid: tier for uuid, tier in (await session.execute(select(Gpu.uuid, Gpu.tier).where(Gpu.uuid.in_(uuids)))).all()}
+        events = await _offline_events(session, hosts, now) if hosts else {}
+        return cls(owners, tiers, events)
+
+
+def _plan(rental: Rental, context: _Context, *, now: datetime, policy: RatingPolicy) -> tuple[list[Posting], Decimal] | None:
+    """The postings that bring the rental's billing up to ``now`` (and their net charge); moves ``rated_until``/``billed_seconds``."""
     if rental.started_at is None or rental.host_id is None:
+        return None
+    provider = context.owners.get(rental.host_id)
+    if provider is None:
         return None
     end = billable_end(rental)
     upto = min(now, end) if end is not None else now
@@ -137,92 +176,115 @@ async def rate_rental(session: AsyncSession, rental: Rental, *, now: datetime, p
     ended = end is not None and upto == end
     if upto <= since and not ended:
         return None  # nothing new, or a clock behind the last pass
-    host = await session.get(Host, rental.host_id)
-    provider = host.owner_id if host is not None else None
-    if provider is None:
-        return None
-    tier = await session.scalar(select(Gpu.tier).where(Gpu.uuid.in_(list(rental.gpu_uuids) or [""])).limit(1))
-    bands = policy.discounts.get(tier or "", ())
-    rate = per_second(rental)
-    offline = await offline_intervals(session, rental.host_id, rental.started_at, max(upto, rental.started_at))
-    target = served_seconds(rental.started_at, max(upto, rental.started_at), offline)
-    posted: list[str] = []
-    charged = Decimal(0)
+    tier = context.tiers.get(str(rental.gpu_uuids[0])) if rental.gpu_uuids else None
+    priced = _Pricing(rental, provider, per_second(rental), policy.discounts.get(tier or "", ()), policy, now)
+    stop = max(upto, rental.started_at)
+    target = served_seconds(rental.started_at, stop, _intervals(context.events.get(rental.host_id, []), rental.started_at, stop))
+    postings: list[Posting] = []
     if target > rental.billed_seconds:
-        key = f"rental:{rental.id}:usage:{since.isoformat()}"
-        amount = await _post_span(session, rental, provider, key, "usage", rental.billed_seconds, target, rate, bands, policy,
-                                  at=now, period=(since, upto), memo=f"{target - rental.billed_seconds}s of {rental.gpu_count} × {rental.gpu_model}")  # fmt: skip
-        if amount is not None:
-            posted.append(key)
-            charged += amount
+        postings.append(priced.span(f"rental:{rental.id}:usage:{since.isoformat()}", "usage", rental.billed_seconds, target,
+                                    (since, upto), f"{target - rental.billed_seconds}s of {rental.gpu_count} × {rental.gpu_model}"))  # fmt: skip
     elif ended and target < rental.billed_seconds:
         # Rated past the end while it ran (the agent's stop time came later and says earlier): give the rest back.
-        key = f"rental:{rental.id}:overrun"
-        amount = await _post_span(session, rental, provider, key, "correction", target, rental.billed_seconds, rate, bands, policy,
-                                  at=now, period=(upto, since), memo=f"{rental.billed_seconds - target}s rated past the end", sign=-1)  # fmt: skip
-        if amount is not None:
-            posted.append(key)
-            charged -= amount
+        postings.append(priced.span(f"rental:{rental.id}:overrun", "correction", target, rental.billed_seconds, (upto, since),
+                                    f"{rental.billed_seconds - target}s rated past the end", sign=-1))  # fmt: skip
         rental.billed_seconds = target
     rental.rated_until = upto if ended else max(upto, since)
     rental.billed_seconds = max(rental.billed_seconds, target)
     if ended and rental.state != "preempted" and rental.billed_seconds < policy.min_period_s:
-        key = f"rental:{rental.id}:minimum"
-        amount = await _post_span(session, rental, provider, key, "minimum", rental.billed_seconds, policy.min_period_s, rate,
-                                  bands, policy, at=now, period=(since, upto),
-                                  memo=f"minimum billing period {policy.min_period_s}s: {policy.min_period_s - rental.billed_seconds}s not used")  # fmt: skip
-        if amount is not None:
-            posted.append(key)
-            charged += amount
-            if rental.host_lost_at is not None:
-                credit_key = f"rental:{rental.id}:downtime-credit"
-                reason = (f"host {rental.host_id} lost at {rental.host_lost_at:%Y-%m-%dT%H:%M:%SZ}: the minimum period "
-                          "charged was not served")  # fmt: skip
-                credit = await _post_span(session, rental, provider, credit_key, "downtime_credit", rental.billed_seconds,
-                                          policy.min_period_s, rate, bands, policy, at=now, period=(since, upto), memo=reason, sign=-1)  # fmt: skip
-                if credit is not None:
-                    posted.append(credit_key)
-                    charged -= credit
-    return Rated(rental.id, target, charged, posted)
+        postings.append(priced.span(f"rental:{rental.id}:minimum", "minimum", rental.billed_seconds, policy.min_period_s, (since, upto),
+                                    f"minimum billing period {policy.min_period_s}s: {policy.min_period_s - rental.billed_seconds}s not used"))  # fmt: skip
+        if rental.host_lost_at is not None:
+            reason = (f"host {rental.host_id} lost at {rental.host_lost_at:%Y-%m-%dT%H:%M:%SZ}: the minimum period "
+                      "charged was not served")  # fmt: skip
+            postings.append(priced.span(f"rental:{rental.id}:downtime-credit", "downtime_credit", rental.billed_seconds,
+                                        policy.min_period_s, (since, upto), reason, sign=-1))  # fmt: skip
+    return postings, sum((p.charge for p in postings), Decimal(0))
 
 
-async def _post_span(
-    session: AsyncSession, rental: Rental, provider: str, key: str, kind: str, first: int, last: int, rate: Decimal,
-    bands: Sequence[Discount], policy: RatingPolicy, *, at: datetime, period: tuple[datetime, datetime], memo: str, sign: int = 1,
-) -> Decimal | None:
-    """Post the cost of served seconds ``first → last`` (``sign`` −1: credit it back); returns the charge, None if posted before."""
-    before, after = cumulative_cost(rate, first, bands), cumulative_cost(rate, last, bands)
-    charge = ledger.quantize(after) - ledger.quantize(before)
-    fee = ledger.quantize(after * policy.fee_rate) - ledger.quantize(before * policy.fee_rate)
-    earning = charge - fee
-    legs = [
-        Leg(ledger.renter_credit(rental.renter_id), sign * charge),
-        Leg(ledger.provider_payable(provider), -sign * earning),
-        Leg(ledger.FEES, -sign * fee),
-    ]
-    if not await ledger.post(session, key=key, kind=kind, legs=legs, at=at, memo=memo, rental_id=rental.id, period=period):
+@dataclass(frozen=True)
+class Posting:
+    key: str
+    kind: str
+    legs: list[Leg]
+    memo: str
+    rental_id: str
+    period: tuple[datetime, datetime]
+    charge: Decimal  # what it does to the renter (negative: a credit)
+
+
+@dataclass(frozen=True)
+class _Pricing:
+    rental: Rental
+    provider: str
+    rate: Decimal
+    bands: Sequence[Discount]
+    policy: RatingPolicy
+    at: datetime
+
+    def span(self, key: str, kind: str, first: int, last: int, period: tuple[datetime, datetime], memo: str, *, sign: int = 1) -> Posting:
+        """The posting for served seconds ``first → last`` (``sign`` −1: crediting them back)."""
+        before, after = cumulative_cost(self.rate, first, self.bands), cumulative_cost(self.rate, last, self.bands)
+        charge = ledger.quantize(after) - ledger.quantize(before)
+        fee = ledger.quantize(after * self.policy.fee_rate) - ledger.quantize(before * self.policy.fee_rate)
+        legs = [
+            Leg(ledger.renter_credit(self.rental.renter_id), sign * charge),
+            Leg(ledger.provider_payable(self.provider), -sign * (charge - fee)),
+            Leg(ledger.FEES, -sign * fee),
+        ]
+        return Posting(key, kind, legs, memo, self.rental.id, period, sign * charge)
+
+
+async def _post_all(session: AsyncSession, postings: Sequence[Posting], *, at: datetime) -> set[str]:
+    return await ledger.post_many(
+        session,
+        [ledger.Draft(key=p.key, kind=p.kind, legs=p.legs, memo=p.memo, rental_id=p.rental_id, period=p.period) for p in postings],
+        at=at,
+    )
+
+
+async def rate_rental(session: AsyncSession, rental: Rental, *, now: datetime, policy: RatingPolicy) -> Rated | None:
+    """Post the rental's usage since ``rated_until`` (and, once it ended, its minimum period). Caller holds the row lock."""
+    planned = _plan(rental, await _Context.load(session, [rental], now), now=now, policy=policy)
+    if planned is None:
         return None
-    return charge
+    postings, _ = planned
+    posted = await _post_all(session, postings, at=now)
+    return Rated(rental.id, rental.billed_seconds, sum((p.charge for p in postings if p.key in posted), Decimal(0)),
+                 [p.key for p in postings if p.key in posted])  # fmt: skip
 
 
 async def rate_open_rentals(db: Any, *, now: datetime, policy: RatingPolicy, batch: int = 500) -> list[Rated]:
-    """One rating pass: every rental that ran and is not fully rated, each in its own transaction."""
-    async with db.session() as session:
-        ids = (
-            await session.scalars(
-                select(Rental.id).where(
-                    Rental.started_at.is_not(None),
-                    or_(Rental.rated_until.is_(None), Rental.stopped_at.is_(None), Rental.rated_until != Rental.stopped_at),
-                ).order_by(Rental.id).limit(batch)
-            )
-        ).all()  # fmt: skip
-    results = []
-    for rental_id in ids:
+    """One rating pass over every rental that ran and is not fully rated, ``batch`` rentals per transaction.
+
+    Each batch's rentals are locked ``SKIP LOCKED`` (a concurrent pass takes others); what
+    rating reads besides them is loaded in three queries for the whole batch; the postings
+    go in with bulk INSERTs that skip keys already posted.
+    """
+    results: list[Rated] = []
+    after = ""
+    while True:
         async with db.session() as session:
-            rental = await session.scalar(select(Rental).where(Rental.id == rental_id).with_for_update(skip_locked=True))
-            if rental is None:
-                continue  # another worker is rating it
-            rated = await rate_rental(session, rental, now=now, policy=policy)
-            if rated is not None:
-                results.append(rated)
-    return results
+            rentals = (
+                await session.scalars(
+                    select(Rental).where(
+                        Rental.id > after, Rental.started_at.is_not(None),
+                        or_(Rental.rated_until.is_(None), Rental.stopped_at.is_(None), Rental.rated_until != Rental.stopped_at),
+                    ).order_by(Rental.id).limit(batch).with_for_update(skip_locked=True)
+                )
+            ).all()  # fmt: skip
+            if not rentals:
+                return results
+            after = rentals[-1].id
+            context = await _Context.load(session, rentals, now)
+            plans: list[tuple[Rental, list[Posting]]] = []
+            for rental in rentals:
+                planned = _plan(rental, context, now=now, policy=policy)
+                if planned is not None:
+                    plans.append((rental, planned[0]))
+            posted = await _post_all(session, [p for _, postings in plans for p in postings], at=now)
+        results.extend(
+            Rated(rental.id, rental.billed_seconds, sum((p.charge for p in postings if p.key in posted), Decimal(0)),
+                  [p.key for p in postings if p.key in posted])
+            for rental, postings in plans
+        )  # fmt: skip
