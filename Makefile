@@ -39,6 +39,7 @@ bench: install
 	$(BIN)/python bench/bench_agent.py
 	$(BIN)/python bench/bench_ingest.py
 	$(BIN)/python bench/bench_placement.py
+	$(BIN)/python bench/bench_billing.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -51,12 +51,27 @@ def _memo(value: Decimal) -> str:
     return f"top-up of {value:f} USD"
 
 
-async def credit_view(session: AsyncSession, account_id: str, *, burn_per_hour: Decimal) -> dict[str, Any]:
-    """A renter's balance and burn rate, and how long the balance lasts at that rate."""
-    balance = await ledger.balance(session, ledger.renter_credit(account_id))
+async def credit_view(session: AsyncSession, account: Account, *, burn_per_hour: Decimal, now: datetime) -> dict[str, Any]:
+    """A renter's balance, burn rate, how long the balance lasts at that rate, and its monthly spend cap."""
+    from billing.enforce import month_spent
+
+    balance = await ledger.balance(session, ledger.renter_credit(account.id))
     hours = (balance / burn_per_hour) if burn_per_hour > 0 and balance > 0 else None
     return {
         "balance": ledger.money(balance),
         "burn_rate_per_hour": ledger.money(burn_per_hour),
         "hours_left": float(round(hours, 2)) if hours is not None else None,
+        "monthly_spend_cap": f"{account.monthly_spend_cap:.2f}" if account.monthly_spend_cap is not None else None,
+        "spent_this_month": ledger.money(await month_spent(session, account.id, now)),
     }
+
+
+async def set_spend_cap(session: AsyncSession, account_id: str, cap: object | None) -> Account:
+    """Set (or, with None, remove) a renter's monthly spend cap, in whole cents."""
+    account = await session.get(Account, account_id, with_for_update=True)
+    if account is None:
+        raise NotFound(f"no account {account_id!r}", code="account_not_found")
+    if account.role != "renter":
+        raise ValidationFailed("only renters have a spend cap", code="not_a_renter")
+    account.monthly_spend_cap = None if cap is None else ledger.cents(cap, what="monthly_spend_cap")
+    return account

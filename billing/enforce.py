@@ -21,7 +21,7 @@ Celery worker has no bus).
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -31,7 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from billing import ledger
 from billing.rating import per_second
 from master.db import Database
-from master.models import Rental, RentalEvent
+from master.models import Account, LedgerEntry, LedgerTransaction, Rental, RentalEvent
 from master.services import commands
 from shared.errors import ClientError
 from shared.settings import MasterSettings
@@ -60,15 +60,52 @@ async def projected_balance(session: AsyncSession, renter_id: str, rentals: list
     return balance, burn
 
 
+CHARGE_KINDS = ("usage", "minimum", "downtime_credit", "correction")
+
+
+def month_start(now: datetime) -> datetime:
+    return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+async def month_spent(session: AsyncSession, renter_id: str, now: datetime) -> Decimal:
+    """What the renter's rentals were charged (net of credits) since the start of ``now``'s month (UTC)."""
+    amounts = (
+        await session.scalars(
+            select(LedgerEntry.amount)
+            .join(LedgerTransaction, LedgerTransaction.id == LedgerEntry.transaction_id)
+            .where(LedgerEntry.account == ledger.renter_credit(renter_id), LedgerTransaction.kind.in_(CHARGE_KINDS),
+                   LedgerTransaction.created_at >= month_start(now))
+        )
+    ).all()  # fmt: skip
+    return sum(amounts, Decimal(0))
+
+
+async def _room(session: AsyncSession, renter_id: str, rentals: list[Rental], now: datetime) -> tuple[Decimal, Decimal, str]:
+    """How much the renter may still be charged — the lesser of its projected balance and what its monthly cap
+    leaves — its burn rate per second, and which of the two limits it is."""
+    balance, burn = await projected_balance(session, renter_id, rentals, now)
+    cap = await session.scalar(select(Account.monthly_spend_cap).where(Account.id == renter_id))
+    if cap is None:
+        return balance, burn, "credit"
+    unrated = (await ledger.balance(session, ledger.renter_credit(renter_id))) - balance
+    left = cap - await month_spent(session, renter_id, now) - unrated
+    return (left, burn, "cap") if left < balance else (balance, burn, "credit")
+
+
 async def has_credit_for(session: AsyncSession, renter_id: str, price_per_gpu_hour: Decimal, gpus: Decimal, *, min_period_s: int) -> None:
     """Refuse a rental the renter cannot pay the minimum billing period of (on top of what runs)."""
     active = list((await session.scalars(select(Rental).where(Rental.renter_id == renter_id, Rental.state.in_(PLACED_ACTIVE), Rental.host_id.is_not(None)))).all())
-    balance = await ledger.balance(session, ledger.renter_credit(renter_id))
-    burn = sum((per_second(r) for r in active), Decimal(0))
+    room, burn, limit = await _room(session, renter_id, active, datetime.now(UTC))
     needed = (price_per_gpu_hour * gpus / 3600 + burn) * max(min_period_s, 1)
-    if balance < needed:
+    if room < needed:
+        if limit == "cap":
+            raise InsufficientCredit(
+                f"your monthly spend cap leaves {ledger.money(room)} USD; this rental needs at least {ledger.money(ledger.quantize(needed))} "
+                "(its minimum billing period on top of what you run): raise the cap with PUT /api/v1/account/spend-cap",
+                code="spend_cap_reached",
+            )
         raise InsufficientCredit(
-            f"your prepaid credit is {ledger.money(balance)} USD; this rental needs at least {ledger.money(ledger.quantize(needed))} "
+            f"your prepaid credit is {ledger.money(room)} USD; this rental needs at least {ledger.money(ledger.quantize(needed))} "
             "(its minimum billing period on top of what you run): top up your credit first"
         )
 
@@ -91,35 +128,39 @@ async def enforcement_pass(db: Database, settings: MasterSettings, now: datetime
             )  # fmt: skip
             if not active:
                 continue
-            balance, burn = await projected_balance(session, renter_id, active, now)
+            room, burn, limit = await _room(session, renter_id, active, now)
             if burn <= 0:
                 continue
-            if balance <= burn * Decimal(str(settings.credit_stop_margin_s)):
+            if room <= burn * Decimal(str(settings.credit_stop_margin_s)):
                 for rental in active:
-                    await _stop(session, rental, balance, now)
+                    await _stop(session, rental, room, limit, now)
                     stopped.append(rental.id)
-            elif balance <= burn * Decimal(str(settings.credit_warning_s)):
-                minutes = int(balance / burn / 60)
+            elif room <= burn * Decimal(str(settings.credit_warning_s)):
+                minutes = int(room / burn / 60)
                 for rental in active:
-                    if await _warn(session, rental, balance, minutes):
+                    if await _warn(session, rental, room, limit, minutes):
                         warned.append(rental.id)
     if stopped:
         log.warning("stopped %d rentals out of credit: %s", len(stopped), ", ".join(stopped))
     return {"stopped": stopped, "warned": warned}
 
 
-async def _stop(session: AsyncSession, rental: Rental, balance: Decimal, now: datetime) -> None:
+async def _stop(session: AsyncSession, rental: Rental, room: Decimal, limit: str, now: datetime) -> None:
     assert rental.host_id is not None
-    cause = f"out of credit: {ledger.money(balance)} USD left; stopped before the balance goes below zero (top up to rent again)"
+    if limit == "cap":
+        cause = f"monthly spend cap reached: {ledger.money(room)} USD left under it; stopped before going past it (raise the cap to rent again)"
+        reason = "the renter's monthly spend cap was reached"
+    else:
+        cause = f"out of credit: {ledger.money(room)} USD left; stopped before the balance goes below zero (top up to rent again)"
+        reason = "the renter's prepaid credit ran out"
     commands.new_command(
-        session, host_id=rental.host_id, kind="stop_workload", rental_id=rental.id,
-        args={"rental_id": rental.id, "reason": "the renter's prepaid credit ran out"},
+        session, host_id=rental.host_id, kind="stop_workload", rental_id=rental.id, args={"rental_id": rental.id, "reason": reason},
     )  # fmt: skip
     session.add(RentalEvent(rental_id=rental.id, from_state=rental.state, to_state="stopping", cause=cause, at=now))
     rental.state = "stopping"
 
 
-async def _warn(session: AsyncSession, rental: Rental, balance: Decimal, minutes: int) -> bool:
+async def _warn(session: AsyncSession, rental: Rental, room: Decimal, limit: str, minutes: int) -> bool:
     earlier = await session.scalar(
         select(RentalEvent.id).where(RentalEvent.rental_id == rental.id, RentalEvent.cause.startswith(LOW_CREDIT)).limit(1)
     )
@@ -127,6 +168,7 @@ async def _warn(session: AsyncSession, rental: Rental, balance: Decimal, minutes
         return False
     session.add(RentalEvent(
         rental_id=rental.id, from_state=rental.state, to_state=rental.state,
-        cause=f"{LOW_CREDIT}: {ledger.money(balance)} USD left, about {minutes} min at your current rate; top up to keep running",
+        cause=f"{LOW_CREDIT}: {ledger.money(room)} USD left{' under your monthly spend cap' if limit == 'cap' else ''}, "
+              f"about {minutes} min at your current rate; {'raise the cap' if limit == 'cap' else 'top up'} to keep running",
     ))  # fmt: skip
     return True

@@ -64,6 +64,8 @@ class Account(Base):
     # Quotas enforced at placement (NULL: the master's default_max_* settings apply).
     max_gpus: Mapped[Decimal | None] = mapped_column(Numeric(10, 3), default=None)
     max_spend_per_hour: Mapped[Decimal | None] = mapped_column(Numeric(14, 6), default=None)
+    # The renter's own hard cap on what its rentals may charge in a calendar month (UTC); NULL: none.
+    monthly_spend_cap: Mapped[Decimal | None] = mapped_column(Numeric(14, 2), default=None)
 
 
 class ApiKey(Base):

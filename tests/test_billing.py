@@ -357,3 +357,33 @@ class TestPayouts:
         _, admin_key = await create_principal(books.master, "admin-1", "admin")
         status, listed = await books.call("GET", f"/payouts?provider_id={books.provider.account_id}", admin_key)
         assert status == 200 and listed["total"] == 1 and listed["items"][0]["amount"] == "10.00"
+
+
+class TestSpendCap:
+    async def test_a_renter_sets_its_cap_and_it_refuses_then_stops(self, books: Api) -> None:
+        """A monthly spend cap refuses rentals that could go past it (402 spend_cap_reached) and stops running ones before it."""
+        books.master.settings.require_credit = True
+        host_id, _ = await books.host(2)
+        await TestCreditEnforcement().top_up(books, "100.00")
+        for bad in ("-1", "abc", "1.001"):
+            status, body = await books.as_renter("PUT", "/account/spend-cap", json={"monthly_spend_cap": bad})
+            assert_error(status, body, 422, "invalid_amount")
+        status, body = await books.as_provider("PUT", "/account/spend-cap", json={"monthly_spend_cap": "5.00"})
+        assert status == 403
+        status, body = await books.as_renter("PUT", "/account/spend-cap", json={"monthly_spend_cap": "0.01"})
+        assert (status, body["monthly_spend_cap"]) == (200, "0.01"), body
+        status, body = await books.as_renter("POST", "/rentals", json={"gpu_count": 1})  # 0.40/h: the minimum is 0.0067
+        assert status == 201, body
+        status, body = await books.as_renter("POST", "/rentals", json={"gpu_count": 1})
+        assert_error(status, body, 402, "spend_cap_reached")
+        _, account = await books.as_renter("GET", "/account")
+        assert account["credit"]["monthly_spend_cap"] == "0.01" and account["credit"]["balance"] == "100.000000"
+
+        now = datetime.now(UTC)
+        running = await make_rental(books, host_id, price="0.40", start=now - timedelta(minutes=5), end=None, state="running")
+        result = await enforcement_pass(books.master.db, books.master.settings, now)
+        assert running in result["stopped"]
+        _, body = await books.as_renter("GET", f"/rentals/{running}")
+        assert body["events"][-1]["cause"].startswith("monthly spend cap reached")
+        status, body = await books.as_renter("PUT", "/account/spend-cap", json={"monthly_spend_cap": None})
+        assert (status, body["monthly_spend_cap"]) == (200, None)

@@ -66,7 +66,8 @@ async def get_account(request: web.Request) -> web.Response:
         return web.json_response(
             {"id": account.id, "name": account.name, "role": account.role, "created_at": account.created_at.isoformat(),
              "quota": (quota := await rentals.quota_view(request.app[MASTER], session, account)),
-             "credit": await credits.credit_view(session, account.id, burn_per_hour=Decimal(quota["spend_per_hour"]))}
+             "credit": await credits.credit_view(session, account, burn_per_hour=Decimal(quota["spend_per_hour"]),
+                                                 now=request.app[MASTER].clock.now())}
         )  # fmt: skip
 
 

@@ -53,6 +53,10 @@ class CreditTopUp(_Body):
     reference: str = Field(min_length=1, max_length=128, description="The payment's id: the same reference is credited once.")
 
 
+class SpendCapPut(_Body):
+    monthly_spend_cap: str | None = Field(description="USD in whole cents, e.g. \"100.00\"; null removes the cap.", max_length=32)
+
+
 class QuotaPut(_Body):
     max_gpus: Decimal | None = Field(None, ge=0, max_digits=10, decimal_places=3, description="GPUs (fractions count) held at once; null: the platform default.")
     max_spend_per_hour: Decimal | None = Field(None, ge=0, max_digits=14, decimal_places=6, description="USD per hour of active rentals at once; null: the platform default.")
