@@ -31,9 +31,9 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from _common import Progress, describe_machine, fresh_database
 from sqlalchemy import func, insert, select
 
-from _common import Progress, describe_machine, fresh_database
 from billing import ledger
 from billing.rating import RatingPolicy, cumulative_cost, rate_open_rentals
 from master.db import Database
