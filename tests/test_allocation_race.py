@@ -16,7 +16,7 @@ from master.db import Database
 from master.models import Account, Gpu, Host, Rental
 from shared.ids import new_id
 from tests.helpers import eventually
-from tests.test_services_integration import Processes, _free_port, _json, _ok, processes  # noqa: F401
+from tests.test_services_integration import Processes, _free_port, _json, _ok, processes, top_up  # noqa: F401
 
 pytestmark = pytest.mark.slow
 
@@ -58,6 +58,7 @@ async def test_two_masters_never_give_one_gpu_twice(processes: Processes, tmp_pa
            "GPUMARKET_BUS_PREFIX": bus_prefix, "GPUMARKET_DATA_DIR": str(tmp_path / "master"), "GPUMARKET_LOG_LEVEL": "WARNING"}
     processes.cli("admin", "create-account", "--name", "prov", "--role", "provider", env=env)
     renter_key = processes.cli("admin", "create-account", "--name", "rent", "--role", "renter", env=env).strip()
+    admin_key = processes.cli("admin", "create-account", "--name", "ops", "--role", "admin", env=env).strip()
     uuids = await _seed_fleet(postgres_url, "prov")
     ports = [_free_port(), _free_port()]
     for n, port in enumerate(ports):
@@ -67,6 +68,8 @@ async def test_two_masters_never_give_one_gpu_twice(processes: Processes, tmp_pa
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
             for api in apis:
                 await eventually(lambda api=api: _ok(http, f"{api}/health"), timeout=30, what="master healthy")  # type: ignore[misc]
+
+            await top_up(http, apis[0], admin_key, renter_key)
 
             async def rent(i: int) -> tuple[int, Any]:
                 return await _json(http, "POST", f"{apis[i % 2]}/rentals", renter_key,

@@ -89,6 +89,15 @@ async def _json(http: aiohttp.ClientSession, method: str, url: str, key: str | N
         return 0, None
 
 
+async def top_up(http: aiohttp.ClientSession, api: str, admin_key: str, renter_key: str, amount: str = "1000.00") -> None:
+    """Give the renter prepaid credit through the API, as an admin (a payment integration) would."""
+    status, account = await _json(http, "GET", f"{api}/account", renter_key)
+    assert status == 200, account
+    body = {"account_id": account["id"], "amount": amount, "reference": "test-credit"}
+    status, answer = await _json(http, "POST", f"{api}/account/credits", admin_key, json=body)
+    assert status in (200, 201), answer
+
+
 class TestSeparateProcesses:
     async def test_telemetry_and_commands_cross_every_process(
         self, processes: Processes, tmp_path: Path, postgres_url: str, redis_url: str, bus_prefix: str
@@ -115,6 +124,7 @@ class TestSeparateProcesses:
         }
         provider_key = processes.cli("admin", "create-account", "--name", "prov", "--role", "provider", env=master_env).strip()
         renter_key = processes.cli("admin", "create-account", "--name", "rent", "--role", "renter", env=master_env).strip()
+        admin_key = processes.cli("admin", "create-account", "--name", "ops", "--role", "admin", env=master_env).strip()
         processes.cli("admin", "issue-relay-cert", "--name", "127.0.0.1", "--name", "localhost", "--out", str(tmp_path / "relay"), env=master_env)
         processes.start("master", "master", env=master_env)
         processes.start(
@@ -162,6 +172,7 @@ class TestSeparateProcesses:
                     await bus.aclose()
 
                 # 2. A start command and its confirmation, then a stop.
+                await top_up(http, api, admin_key, renter_key)
                 status, rental = await _json(http, "POST", f"{api}/rentals", renter_key, json={"gpu_count": 1, "gpu_model": "RTX 4090"})
                 assert status == 201, rental
 
