@@ -1,4 +1,5 @@
-"""Billing: metering, the double-entry ledger, invoices and payouts (Celery tasks over plain functions).
+"""Billing: metering, the double-entry ledger, prepaid credit, payouts (plain functions; see docs/billing.md).
 
-Not built yet: the billing issue adds it. Must not import agent/ or access/.
+Imports ``shared`` and the master's models and database (its tables are in the master's
+schema); never ``agent/`` or ``access/``.
 """
