@@ -37,15 +37,12 @@ from sqlalchemy import func, insert, select
 from billing import ledger
 from billing.rating import RatingPolicy, cumulative_cost, rate_open_rentals
 from master.db import Database
-from master.models import Account, Gpu, Host, LedgerEntry, LedgerTransaction, Rental
+from master.models import Account, Gpu, Host, LedgerAccount, LedgerEntry, LedgerTransaction, Rental
 
 MONTH = datetime(2026, 11, 1, tzinfo=UTC)
 MONTH_END = datetime(2026, 12, 1, tzinfo=UTC)
 TIERS = ("flagship", "datacenter", "prosumer", "consumer")
 POLICY = RatingPolicy(min_period_s=60, fee_rate=Decimal("0.15"))
-# A usage posting's three legs, on accounts the rating pass created.
-LEGS = ((ledger.renter_credit("acct-r00000"), Decimal("1.0")), (ledger.provider_payable("acct-p0000"), Decimal("-0.85")),
-        (ledger.FEES, Decimal("-0.15")))  # fmt: skip
 
 
 async def seed(db: Database, rentals: int, rng: random.Random) -> list[dict[str, Any]]:
@@ -126,6 +123,10 @@ async def rate_month(db: Database, rentals: int, batch: int) -> tuple[float, int
 
 async def baseline(db: Database, postings: int) -> float:
     """Bulk INSERT the same number of ledger transactions (and three entries each), nothing else."""
+    async with db.session() as session:
+        renter = await session.scalar(select(LedgerAccount.code).where(LedgerAccount.code.like("renter:%")).limit(1))
+        provider = await session.scalar(select(LedgerAccount.code).where(LedgerAccount.code.like("provider:%")).limit(1))
+    legs = ((renter, Decimal("1.0")), (provider, Decimal("-0.85")), (ledger.FEES, Decimal("-0.15")))
     started = time.perf_counter()
     for chunk in range(0, postings, 5000):
         size = min(5000, postings - chunk)
@@ -135,7 +136,7 @@ async def baseline(db: Database, postings: int) -> float:
                 [{"key": f"baseline:{chunk + i}", "kind": "baseline", "memo": "", "created_at": MONTH} for i in range(size)],
             )).all()  # fmt: skip
             entries = [{"transaction_id": t, "account": account, "amount": amount} for t in ids
-                       for account, amount in LEGS]  # fmt: skip
+                       for account, amount in legs]  # fmt: skip
             await session.execute(insert(LedgerEntry), entries)
     return time.perf_counter() - started
 
