@@ -36,7 +36,7 @@ from _common import Progress, describe_machine, fresh_database
 from sqlalchemy import insert, select
 
 from master.db import Database
-from master.models import Account, Gpu, Host, HostListing, Rental
+from master.models import Account, Gpu, Host, HostListing, Rental, version_key
 from master.offerquery import parse
 from master.services.offers import OfferSearch, Sort, search_offers
 
@@ -89,6 +89,7 @@ async def seed(db: Database, gpus: int, rng: random.Random) -> dict[str, int]:
             gpu_rows.append({
                 "id": gpu_id, "host_id": host_id, "index": g, "uuid": f"GPU-{h:06d}-{g}", "name": name, "memory_total_mib": memory,
                 "tier": tier, "score": score, "info": {"compute_capability": capability, "cuda_driver_version": cuda},
+                "compute_capability_key": version_key(capability), "cuda_version_key": version_key(cuda),
                 "milli_used": 1000 if taken else 0, "memory_used_mib": memory if taken else 0, "rental_id": None,
             })  # fmt: skip
             if taken:

@@ -50,6 +50,17 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+def version_key(text: object) -> int | None:
+    """``"8.9"`` → 8009 (``major * 1000 + minor``); None for anything that is not such a version."""
+    if not isinstance(text, str):
+        return None
+    major, _, rest = text.strip().partition(".")
+    minor = rest.split(".", 1)[0] if rest else "0"
+    if not (major.isdigit() and minor.isdigit()) or len(major) > 6 or len(minor) > 3:
+        return None
+    return int(major) * 1000 + int(minor)
+
+
 class Base(DeclarativeBase):
     type_annotation_map = {datetime: UTCDateTime, dict[str, Any]: JSON, list[Any]: JSON}
 
@@ -166,6 +177,15 @@ class Gpu(Base):
     rental_id: Mapped[str | None] = mapped_column(ForeignKey("rentals.id"), default=None, index=True)
     milli_used: Mapped[int] = mapped_column(default=0, server_default="0")
     memory_used_mib: Mapped[int] = mapped_column(default=0, server_default="0")
+    # ``major * 1000 + minor`` of info's compute_capability and cuda_driver_version (set with info; NULL when
+    # unknown): plain integer columns the offer search filters on, instead of reading every GPU's JSON.
+    compute_capability_key: Mapped[int | None] = mapped_column(default=None, index=True)
+    cuda_version_key: Mapped[int | None] = mapped_column(default=None, index=True)
+
+    def set_info(self, info: dict[str, Any]) -> None:
+        self.info = info
+        self.compute_capability_key = version_key(info.get("compute_capability"))
+        self.cuda_version_key = version_key(info.get("cuda_driver_version"))
 
 
 class HostListing(Base):

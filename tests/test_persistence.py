@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import func, select, text, update
 
 from master.context import Master
-from master.models import ApiKey, EnrollmentToken, Gpu, Host, HostEvent, TelemetrySample
+from master.models import ApiKey, EnrollmentToken, Gpu, Host, HostEvent, TelemetrySample, version_key
 from master.models import Command as CommandRow
 from master.services import commands, enrollment, hosts
 from master.services.accounts import authenticate, create_account
@@ -31,7 +31,7 @@ class TestSchema:
         await master.db.migrate()
         async with master.db.session() as session:
             version = await session.scalar(text("SELECT version_num FROM alembic_version"))
-        assert version == "0011"
+        assert version == "0012"
 
     async def test_the_migrations_match_the_models(self, master: Master) -> None:
         """Alembic's autogenerate finds nothing to add: migrations and models agree."""
@@ -240,3 +240,13 @@ class TestCommands:
             assert commands.complete(row, ok=True, result={"n": 1}, at=first)
             assert not commands.complete(row, ok=False, result={"n": 2}, at=first + timedelta(seconds=1))
             assert (row.state, row.result) == ("succeeded", {"n": 1})
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [("8.9", 8009), ("12.4", 12004), ("9", 9000), ("12.10.3", 12010), (" 7.5 ", 7005), ("", None), ("eight", None),
+     ("8.x", None), (None, None), (8.9, None), ("1234567.0", None)],
+)  # fmt: skip
+def test_version_keys_order_like_versions(text: object, key: int | None) -> None:
+    """The GPU rows' version keys (what the offer search compares) read the versions the agent reports."""
+    assert version_key(text) == key

@@ -126,21 +126,12 @@ async def handle_hello(session: AsyncSession, envelope: protocol.BusEnvelope) ->
             continue
         row = existing.get(gpu.uuid)
         if row is None:
-            session.add(
-                Gpu(
-                    id=new_id("gpu"),
-                    host_id=host.id,
-                    index=gpu.index,
-                    uuid=gpu.uuid,
-                    name=gpu.name,
-                    memory_total_mib=gpu.memory_total_mib,
-                    info=gpu.model_dump(mode="json"),
-                    present=True,
-                )
-            )
+            row = Gpu(id=new_id("gpu"), host_id=host.id, index=gpu.index, uuid=gpu.uuid, name=gpu.name,
+                      memory_total_mib=gpu.memory_total_mib, present=True)  # fmt: skip
+            session.add(row)
         else:
-            row.index, row.name, row.memory_total_mib = gpu.index, gpu.name, gpu.memory_total_mib
-            row.info, row.present = gpu.model_dump(mode="json"), True
+            row.index, row.name, row.memory_total_mib, row.present = gpu.index, gpu.name, gpu.memory_total_mib, True
+        row.set_info(gpu.model_dump(mode="json"))
     vanished: list[str] = []
     for uuid, row in existing.items():
         if uuid not in reported and row.present:

@@ -19,9 +19,10 @@ listings and GPU versions: three queries whatever the fleet's size, none per hos
 past the end runs a plain count instead). The only filter not written in SQL is the GPU
 model words match (``master.services.placement.model_matches``): it is evaluated over the
 distinct model names (a fourth, small query), and the search then filters on
-``gpus.name IN (...)``. At 100,000 GPUs (12,500 hosts) a search takes ~50–90 ms on
-PostgreSQL; ``compute_capability`` / ``cuda_driver_version`` filters cost ~300 ms more,
-because they read each candidate GPU's ``info`` JSON.
+``gpus.name IN (...)``. At 100,000 GPUs (12,500 hosts) a search takes ~40–110 ms on
+PostgreSQL (``bench/bench_offers.py``); ``compute_capability`` / ``cuda_driver_version``
+compare the GPU rows' integer version keys (``Gpu.compute_capability_key``,
+``cuda_version_key``), not the info JSON.
 
 Conditions come from ``master/offerquery.py``; unknown values (no reliability score yet,
 no network measurement) fail every comparison except ``!=``.
@@ -110,20 +111,6 @@ def _default_price(bounds: PriceBounds) -> ColumnElement[Decimal]:
     return case(whens, value=Gpu.tier, else_=literal(bounds[Tier.ENTRY].default, _PRICE))
 
 
-def _version_key(expr: ColumnElement[str], dialect: str) -> ColumnElement[int]:
-    """``major * 1000 + minor`` of a version string ("12.4" → 12004), NULL when it is not one."""
-    if dialect == "postgresql":
-        major = cast(func.substring(expr, r"^([0-9]{1,6})"), Integer)
-        minor = cast(func.substring(expr, r"^[0-9]{1,6}\.([0-9]{1,3})"), Integer)
-        return major * 1000 + func.coalesce(minor, 0)
-    # SQLite has no regular expressions; CAST reads the leading digits of a text and gives 0 for none.
-    dot = func.instr(expr, ".")
-    return case(
-        (dot > 0, cast(func.substr(expr, 1, dot - 1), Integer) * 1000 + cast(func.substr(expr, dot + 1), Integer)),
-        else_=cast(expr, Integer) * 1000,
-    )
-
-
 def _unavailable_hosts(dialect: str, now: datetime) -> Select[Any]:
     """Listed hosts not to offer at ``now``: past their end date, or in a maintenance window.
 
@@ -180,7 +167,8 @@ class _Columns:
                 return _compare(Gpu.memory_total_mib, c.op, values)
             case "compute_capability" | "cuda_driver_version":
                 keys = [v.key for v in values if isinstance(v, Version)]
-                return _compare(_version_key(Gpu.info[c.field].as_string(), self.dialect), c.op, keys)
+                column = Gpu.compute_capability_key if c.field == "compute_capability" else Gpu.cuda_version_key
+                return _compare(column, c.op, keys)
             case "price":
                 return _compare(self.price, c.op, values)
             case "price_per_score":
