@@ -128,6 +128,40 @@ class TestEmbeddedMarketplace:
 
         await eventually(a100s_free, what="all 4 A100s offered again")
 
+    async def test_shares_and_preemption_run_on_the_real_agents(self, market: Marketplace, renter: Api) -> None:
+        """Two half-GPU shares run side by side on one agent's GPU; an on-demand rental preempts an interruptible one,
+        whose workload the agent stops before starting the new one."""
+        await eventually(lambda: _hosts_online(renter, 3), what="hosts online")
+        provider = Api(renter.http, market.api_url, market.credentials["provider"]["api_key"])
+        [rtx] = [h for h in (await provider.get("/hosts"))["items"] if h["gpu_count"] == 1]
+        status, body = await provider.call("PUT", f"/hosts/{rtx['id']}/listing",
+                                           json={"price_per_gpu_hour": "0.10", "smallest_unit": "milli:250"})  # fmt: skip
+        assert status in (200, 201), body
+        shares = [await renter.call("POST", "/rentals", json={"gpu_milli": 500, "gpu_model": "RTX 3060"}) for _ in range(2)]
+        assert [status for status, _ in shares] == [201, 201], shares
+        assert shares[0][1]["gpu_uuids"] == shares[1][1]["gpu_uuids"]
+
+        async def in_state(rental_id: str, state: str) -> dict[str, Any] | None:
+            body = await renter.get(f"/rentals/{rental_id}")
+            return body if body["state"] == state else None
+
+        for _, share in shares:
+            await eventually(lambda share=share: in_state(share["id"], "running"), what="share running")  # type: ignore[misc]
+        agent = next(a for a in market.agents if a.host_id == rtx["id"])
+        assert sorted(agent.workloads.running()) == sorted(share["id"] for _, share in shares)
+
+        status, cheap = await renter.call("POST", "/rentals", json={"gpu_count": 4, "gpu_model": "A100", "kind": "interruptible", "bid": "0.30"})
+        assert status == 201, cheap
+        await eventually(lambda: in_state(cheap["id"], "running"), what="interruptible running")
+        status, urgent = await renter.call("POST", "/rentals", json={"gpu_count": 2, "gpu_model": "A100"})
+        assert status == 201, urgent
+        assert set(urgent["gpu_uuids"]) <= set(cheap["gpu_uuids"])
+        preempted = await renter.get(f"/rentals/{cheap['id']}")
+        assert (preempted["state"], preempted["preempted_by"]) == ("preempted", urgent["id"])
+        await eventually(lambda: in_state(urgent["id"], "running"), what="on-demand rental running")
+        a100 = next(a for a in market.agents if a.host_id == urgent["host_id"])
+        assert a100.workloads.running() == [urgent["id"]]
+
     async def test_a_workloads_output_reaches_the_renter_and_its_exit_ends_the_rental(self, market: Marketplace, renter: Api) -> None:
         """A process workload's output is readable through the API, and exiting 0 completes the rental."""
         await eventually(lambda: _hosts_online(renter, 3), what="hosts online")
