@@ -12,7 +12,7 @@ from sqlalchemy import text
 
 from billing import credits
 from master import telemetry
-from master.api import routes_alerts, routes_billing, routes_market, routes_metrics
+from master.api import routes_alerts, routes_billing, routes_invoices, routes_market, routes_metrics
 from master.api.base import (
     API,
     PAGING,
@@ -290,7 +290,7 @@ CORE_ROUTES: tuple[Route, ...] = (
     Route("DELETE", "/rentals/{rental_id}", delete_rental, "Stop a rental; the GPUs are freed when the agent confirms.", success=202, errors=(404,)),
 )
 
-ROUTES: tuple[Route, ...] = CORE_ROUTES + routes_market.ROUTES + routes_alerts.ROUTES + routes_metrics.ROUTES + routes_billing.ROUTES
+ROUTES: tuple[Route, ...] = CORE_ROUTES + routes_market.ROUTES + routes_alerts.ROUTES + routes_metrics.ROUTES + routes_billing.ROUTES + routes_invoices.ROUTES
 
 ERROR_SCHEMA = ErrorBody
 
