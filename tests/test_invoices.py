@@ -110,5 +110,5 @@ class TestInvoices:
             assert response.status == 200 and response.content_type == "text/html"
             page = await response.text()
         assert "<script>" not in page and "&lt;script&gt;" in page
-        total = sum(expected.values()).quantize(Decimal("0.01"))
+        total = sum(expected.values(), Decimal(0)).quantize(Decimal("0.01"))
         assert f"{total:,.2f} USD" in page and "@media print" in page
