@@ -1,4 +1,4 @@
-"""Billing at scale: rating a month of usage for 100,000 rentals on PostgreSQL.
+"""Billing at scale: rating and invoicing a month of usage for 100,000 rentals on PostgreSQL.
 
 A fresh database gets 1,000 renters, 200 providers, 2,000 hosts (16,000 GPUs) and
 ``--rentals`` rentals spread over November 2026 — durations from a minute to three days,
@@ -8,6 +8,8 @@ prices 0.20–2.50 USD per GPU-hour, 10 % interruptible, 5 % fractional shares, 
 nothing is left to rate, and the run reports the time, rentals and postings per second, and
 checks the books: the trial balance, and the renters' total charge against an independent
 calculation from the rentals (``cumulative_cost`` per rental, minimum periods included).
+Then every renter's November invoice and every provider's statement is built (JSON and
+HTML) and timed, and the invoices' total is checked against the ledger.
 
 Baseline, same run: the same number of postings (one transaction and three entries each)
 written by plain bulk INSERTs with no rating logic — the floor for writing that much ledger.
@@ -34,10 +36,11 @@ from typing import Any
 from _common import Progress, describe_machine, fresh_database
 from sqlalchemy import func, insert, select
 
-from billing import ledger
+from billing import invoices, ledger
 from billing.rating import RatingPolicy, cumulative_cost, rate_open_rentals
 from master.db import Database
 from master.models import Account, Gpu, Host, LedgerAccount, LedgerEntry, LedgerTransaction, Rental
+from master.services.accounts import Principal
 
 MONTH = datetime(2026, 11, 1, tzinfo=UTC)
 MONTH_END = datetime(2026, 12, 1, tzinfo=UTC)
@@ -112,13 +115,29 @@ async def rate_month(db: Database, rentals: int, batch: int) -> tuple[float, int
     started = time.perf_counter()
     done = 0
     while True:
-        rated = await rate_open_rentals(db, now=MONTH_END + timedelta(hours=1), policy=POLICY, batch=batch)
+        rated = await rate_open_rentals(db, now=MONTH_END - timedelta(seconds=1), policy=POLICY, batch=batch)
         if not rated:
             break
         done += len(rated)
         progress.update(done)
     progress.done()
     return time.perf_counter() - started, done
+
+
+async def invoice_month(db: Database) -> tuple[float, int, Decimal]:
+    """Every renter's November invoice and every provider's statement; returns the time, how many, and the invoices' total."""
+    admin = Principal(account_id="bench", name="bench", role="admin")
+    async with db.session() as session:
+        accounts = (await session.execute(select(Account.id, Account.role).order_by(Account.id))).all()
+    started = time.perf_counter()
+    total = Decimal(0)
+    for account_id, role in accounts:
+        async with db.session() as session:
+            doc = await invoices.document(session, admin, f"{'inv' if role == 'renter' else 'stm'}-2026-11-{account_id}")
+            invoices.render_html(doc)
+        if role == "renter":
+            total += Decimal(doc["total_charged"])
+    return time.perf_counter() - started, len(accounts), total
 
 
 async def baseline(db: Database, postings: int) -> float:
@@ -155,6 +174,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 postings = int(await session.scalar(select(func.count()).select_from(LedgerTransaction)) or 0)
                 trial = await ledger.trial_balance(session)
                 charged = -sum((Decimal(a["balance"]) for a in trial["accounts"] if a["account"].startswith("renter:")), Decimal(0))
+            invoicing_s, documents, invoiced = await invoice_month(db)
             async with db.session() as session:
                 await session.execute(LedgerEntry.__table__.delete())
                 await session.execute(LedgerTransaction.__table__.delete())
@@ -167,7 +187,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "rentals_per_s": round(rated / seconds), "postings_per_s": round(postings / seconds),
         "baseline_s": round(floor, 1), "baseline_postings_per_s": round(postings / floor), "vs_baseline": round(seconds / floor, 1),
         "balanced": trial["balanced"], "charged": ledger.money(charged), "reference": ledger.money(expected),
-        "matches_reference": charged == expected,
+        "matches_reference": charged == expected, "invoicing_s": round(invoicing_s, 1), "documents": documents,
+        "invoices_match_ledger": invoiced == charged,
     }  # fmt: skip
 
 
@@ -188,9 +209,11 @@ def main() -> int:
           f"rating takes {result['vs_baseline']}× that")  # fmt: skip
     print(f"books balanced: {result['balanced']}; renters charged {result['charged']} USD, reference {result['reference']}: "
           f"{'match' if result['matches_reference'] else 'MISMATCH'}")  # fmt: skip
+    print(f"invoicing: {result['documents']:,} invoices and statements (JSON + HTML) in {result['invoicing_s']} s; "
+          f"invoice totals {'equal' if result['invoices_match_ledger'] else 'DIFFER FROM'} the ledger")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
-    return 0 if result["balanced"] and result["matches_reference"] else 1
+    return 0 if result["balanced"] and result["matches_reference"] and result["invoices_match_ledger"] else 1
 
 
 if __name__ == "__main__":
