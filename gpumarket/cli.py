@@ -71,6 +71,19 @@ def cmd_master(args: argparse.Namespace) -> None:
     _run_until_signal(lambda stop: serve_master(settings, stop=stop))
 
 
+def cmd_worker(args: argparse.Namespace) -> None:
+    from billing.celery_app import make_celery, queue_name
+
+    settings = MasterSettings.load(args.config)
+    app = make_celery(settings)
+    argv = ["worker", f"--loglevel={args.loglevel}", f"--concurrency={args.concurrency}", "-Q", queue_name(settings),
+            f"--hostname=billing-{args.concurrency}@%h"]  # fmt: skip
+    if args.beat:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        argv += ["--beat", f"--schedule={settings.data_dir / 'celerybeat-schedule'}"]
+    app.worker_main(argv)
+
+
 def cmd_access(args: argparse.Namespace) -> None:
     from access.service import serve_access
 
@@ -211,6 +224,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config(master)
     master.add_argument("--http-port", type=int, metavar="P", help="overrides GPUMARKET_HTTP_PORT")
     master.set_defaults(func=cmd_master)
+
+    worker = sub.add_parser(
+        "worker", help="run a Celery worker for billing's periodic jobs", epilog=_settings_epilog(MasterSettings),
+        formatter_class=formatter,
+        description="A Celery worker running billing's jobs (rating, credit enforcement, payouts) from Redis. Run exactly one "
+        "with --beat (it also schedules the jobs) and set billing_in_process=false on the masters.",
+    )  # fmt: skip
+    _add_config(worker)
+    worker.add_argument("--beat", action="store_true", help="also run the scheduler (exactly one worker may)")
+    worker.add_argument("--concurrency", type=int, default=2, metavar="N", help="worker processes (default 2)")
+    worker.add_argument("--loglevel", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    worker.set_defaults(func=cmd_worker)
 
     access = sub.add_parser(
         "access", help="run an access relay", epilog=_settings_epilog(AccessSettings), formatter_class=formatter,

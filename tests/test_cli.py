@@ -8,7 +8,7 @@ import pytest
 
 from gpumarket.cli import main
 
-COMMANDS = [[], ["up"], ["master"], ["access"], ["dns"], ["agent"], ["agent", "run"], ["agent", "enroll"], ["agent", "record-nvml"], ["simulate"], ["admin"],
+COMMANDS = [[], ["up"], ["master"], ["access"], ["dns"], ["agent"], ["agent", "run"], ["agent", "enroll"], ["agent", "record-nvml"], ["simulate"], ["worker"], ["admin"],
             ["admin", "create-account"], ["admin", "issue-relay-cert"]]
 
 
