@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
+import pytest
 from sqlalchemy import update
 
 from billing import ledger
@@ -39,6 +41,14 @@ async def month_of_rentals(api: Api) -> tuple[str, dict[str, Decimal]]:
     await rate_open_rentals(api.master.db, now=DEC - timedelta(seconds=1), policy=POLICY)
     assert admin_key
     return host_id, expected
+
+
+@pytest.fixture(autouse=True)
+async def balanced_books(api: Api) -> AsyncIterator[None]:
+    """Every test here ends with the ledger balanced."""
+    yield
+    async with api.master.db.session() as session:
+        assert (await ledger.trial_balance(session))["balanced"]
 
 
 class TestInvoices:
