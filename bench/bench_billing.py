@@ -170,6 +170,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             rows = await seed(db, args.rentals, rng)
             seeded = time.perf_counter() - t0
             seconds, rated = await rate_month(db, args.rentals, args.batch)
+            async with db.engine.begin() as conn:  # the ledger just grew from nothing: fresh statistics, as autovacuum keeps them
+                await conn.exec_driver_sql("ANALYZE")
             async with db.session() as session:
                 postings = int(await session.scalar(select(func.count()).select_from(LedgerTransaction)) or 0)
                 trial = await ledger.trial_balance(session)

@@ -1,54 +1,87 @@
-"""Monthly invoices (renters) and statements (providers), read from the ledger.
+"""Monthly invoices (renters) and statements (providers), computed from the ledger; nothing is stored.
 
-A posting belongs to the calendar month (UTC) of its ``created_at``. An invoice lists, per
-rental, what each of its postings did to the renter's credit (usage, minimum period,
-downtime credits with their reason, corrections), the month's top-ups as payments, and the
-opening and closing balance; a statement lists per rental what the provider earned, the
-payouts, and the opening and closing payable balance. Nothing is stored: every figure is
-the sum of ledger entries, so an invoice's totals equal the ledger's by construction
-(amounts are added in Python, exactly). Ids: ``inv-YYYY-MM-<account>`` and
-``stm-YYYY-MM-<account>``.
+A posting belongs to the calendar month (UTC) of its ``created_at``: ``[first day 00:00,
+next month's first day 00:00)``. An **invoice** (``inv-YYYY-MM-<account>``) reads the renter's
+``renter:<account>:credit``: per rental what each kind of posting charged (usage, the minimum
+period, downtime credits with their reason, corrections), the month's top-ups as payments,
+and the opening and closing balance. A **statement** (``stm-YYYY-MM-<account>``) reads the
+provider's ``provider:<account>:payable``: per rental what it earned and the platform fee
+taken from the same postings, the payouts, and the opening and closing payable.
+
+Every figure is a sum of ledger entries, so a document agrees with the ledger by
+construction: total paid − total charged is exactly the Σ of the account's entries in the
+month, and the closing balance is exactly the account's balance at the month's end.
+Sums run in the database over integer millionths (see ``_micros``), exact on SQLite too, so
+a rental rated every 30 s for a month (86,400 usage postings) is one row, not 86,400.
+
+This module reads ``billing.ledger`` and the models; it must not import ``master.api``.
 """
 
 from __future__ import annotations
 
 import html
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from decimal import Decimal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import BigInteger, ColumnElement, Select, and_, cast, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import aliased
 
 from billing import ledger
 from master.models import Account, LedgerEntry, LedgerTransaction, Rental
 from master.services.accounts import Principal
 from shared.errors import BadRequest, NotFound
 
-_ID = re.compile(r"(inv|stm)-(\d{4})-(\d{2})-([A-Za-z0-9_-]{1,40})")
-CHARGE_LABELS = {"usage": "usage", "minimum": "minimum billing period", "downtime_credit": "downtime credit", "correction": "correction"}
+CURRENCY = "USD"
+CENT = Decimal("0.01")
+# The kinds of posting an invoice or statement line shows a column for, in this order; any
+# other kind that appears on the account (a future one) gets its own entry in ``amounts``.
+CHARGE_KINDS = ("usage", "minimum", "downtime_credit", "correction")
+LABELS = {
+    "usage": "Usage", "minimum": "Minimum billing period", "downtime_credit": "Downtime credit",
+    "correction": "Correction", "top_up": "Top-up", "payout": "Payout",
+}  # fmt: skip
+# Months an id may name: wide enough for any real invoice, narrow enough that every month's
+# start and end are valid datetimes.
+FIRST_YEAR, LAST_YEAR = 1970, 9998
+
+_MONTH = re.compile(r"(\d{4})-(\d{2})")
+_DOCUMENT_ID = re.compile(r"(inv|stm)-(\d{4})-(\d{2})-([A-Za-z0-9_-]{1,40})")
+_DOCUMENTS = {"inv": ("invoice", "renter"), "stm": ("statement", "provider")}
 
 
-@dataclass(frozen=True)
-class DocumentId:
-    kind: str  # inv | stm
+@dataclass(frozen=True, order=True)
+class Month:
+    """A calendar month in UTC."""
+
     year: int
     month: int
-    account_id: str
 
     @classmethod
-    def parse(cls, text: str) -> DocumentId:
-        match = _ID.fullmatch(text)
-        if match is None or not 1 <= int(match.group(3)) <= 12:
-            raise BadRequest(f"{text[:80]!r} is not an invoice id (inv-YYYY-MM-<account>) or statement id (stm-YYYY-MM-<account>)",
-                             code="invalid_invoice_id")  # fmt: skip
-        return cls(match.group(1), int(match.group(2)), int(match.group(3)), match.group(4))
+    def parse(cls, text: str) -> Month:
+        """``"2026-11"``; BadRequest ``invalid_month`` for anything else."""
+        match = _MONTH.fullmatch(text)
+        month = cls._checked(int(match.group(1)), int(match.group(2))) if match else None
+        if month is None:
+            raise BadRequest(f"month must be YYYY-MM between {FIRST_YEAR}-01 and {LAST_YEAR}-12, got {text[:40]!r}",
+                             code="invalid_month")  # fmt: skip
+        return month
+
+    @classmethod
+    def of(cls, moment: datetime) -> Month:
+        moment = moment.astimezone(UTC)
+        return cls(moment.year, moment.month)
+
+    @classmethod
+    def _checked(cls, year: int, month: int) -> Month | None:
+        return cls(year, month) if FIRST_YEAR <= year <= LAST_YEAR and 1 <= month <= 12 else None
 
     def __str__(self) -> str:
-        return f"{self.kind}-{self.year:04d}-{self.month:02d}-{self.account_id}"
+        return f"{self.year:04d}-{self.month:02d}"
 
     @property
     def start(self) -> datetime:
@@ -56,197 +89,481 @@ class DocumentId:
 
     @property
     def end(self) -> datetime:
+        """The next month's first instant (exclusive)."""
         return datetime(self.year + self.month // 12, self.month % 12 + 1, 1, tzinfo=UTC)
 
 
-async def _entries(session: AsyncSession, account: str, until: datetime) -> list[Any]:
-    return list(
-        (
-            await session.execute(
-                select(LedgerTransaction.created_at, LedgerTransaction.kind, LedgerTransaction.memo, LedgerTransaction.rental_id,
-                       LedgerTransaction.key, LedgerEntry.amount)
-                .join(LedgerEntry, LedgerEntry.transaction_id == LedgerTransaction.id)
-                .where(LedgerEntry.account == account, LedgerTransaction.created_at < until)
-                .order_by(LedgerTransaction.created_at, LedgerTransaction.id)
+@dataclass(frozen=True)
+class DocumentId:
+    """``inv-YYYY-MM-<account>`` (a renter's invoice) or ``stm-YYYY-MM-<account>`` (a provider's statement)."""
+
+    prefix: str  # inv | stm
+    month: Month
+    account_id: str
+
+    @classmethod
+    def parse(cls, text: str) -> DocumentId:
+        match = _DOCUMENT_ID.fullmatch(text)
+        month = Month._checked(int(match.group(2)), int(match.group(3))) if match else None
+        if match is None or month is None:
+            raise BadRequest(
+                f"{text[:80]!r} is not an invoice id (inv-YYYY-MM-<account>) or a statement id (stm-YYYY-MM-<account>) "
+                f"with a month between {FIRST_YEAR}-01 and {LAST_YEAR}-12",
+                code="invalid_invoice_id",
             )
-        ).all()
-    )  # fmt: skip
+        return cls(match.group(1), month, match.group(4))
+
+    @property
+    def kind(self) -> str:
+        return _DOCUMENTS[self.prefix][0]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}-{self.month}-{self.account_id}"
 
 
-async def _owned(session: AsyncSession, principal: Principal, doc: DocumentId) -> Account:
-    account = await session.get(Account, doc.account_id)
-    if account is None or (principal.role != "admin" and principal.account_id != account.id):
-        raise NotFound(f"no invoice or statement {doc}", code="invoice_not_found")
-    wanted = "renter" if doc.kind == "inv" else "provider"
-    if account.role != wanted:
-        raise NotFound(f"no {'invoice' if doc.kind == 'inv' else 'statement'} {doc}: account {account.id} is a {account.role}",
-                       code="invoice_not_found")  # fmt: skip
-    return account
+# --- Exact sums ----------------------------------------------------------------------------
 
 
-async def document(session: AsyncSession, principal: Principal, text: str) -> dict[str, Any]:
-    """The invoice or statement ``text`` names, if the caller may read it (else 404, as for one that does not exist)."""
-    doc = DocumentId.parse(text)
-    account = await _owned(session, principal, doc)
-    if doc.kind == "inv":
-        return await _invoice(session, account, doc)
-    return await _statement(session, account, doc)
+def _micros(amount: Any) -> ColumnElement[Any]:
+    """Σ ``amount`` in integer millionths of a dollar, exact on PostgreSQL and on SQLite alike.
+
+    SQLite keeps NUMERIC as binary floats and sums them as floats, which drifts. But every
+    ledger amount has exactly six places (``ledger.QUANTUM``), so ``round(amount × 10⁶)`` is
+    the exact integer it stands for (a double holds it to well under ½ up to ~9·10⁹ USD), and
+    a sum of integers is exact. Read the result with ``_from_micros``.
+    """
+    return func.sum(cast(func.round(amount * 1_000_000), BigInteger))
 
 
-async def _rentals(session: AsyncSession, ids: Sequence[str]) -> dict[str, Rental]:
-    if not ids:
-        return {}
-    return {r.id: r for r in (await session.scalars(select(Rental).where(Rental.id.in_(list(ids))))).all()}
+def _from_micros(value: Any) -> Decimal:
+    return Decimal(int(value or 0)).scaleb(-6)
 
 
-def _line(rental: Rental | None, rental_id: str) -> dict[str, Any]:
-    return {
-        "rental_id": rental_id,
+def _in_month(month: Month) -> ColumnElement[bool]:
+    return and_(LedgerTransaction.created_at >= month.start, LedgerTransaction.created_at < month.end)
+
+
+def _on(account: str) -> Select[Any]:
+    """The account's entries joined to their postings (add columns and filters)."""
+    return (
+        select()
+        .select_from(LedgerTransaction)
+        .join(LedgerEntry, LedgerEntry.transaction_id == LedgerTransaction.id)
+        .where(LedgerEntry.account == account)
+    )
+
+
+async def _debits_minus_credits_before(session: AsyncSession, account: str, moment: datetime) -> Decimal:
+    return _from_micros(await session.scalar(_on(account).add_columns(_micros(LedgerEntry.amount))
+                                             .where(LedgerTransaction.created_at < moment)))  # fmt: skip
+
+
+# --- Reading one month of an account ---------------------------------------------------------
+
+
+@dataclass
+class _Line:
+    """One rental's part of a document, added up as the month's postings are read."""
+
+    rental_id: str | None
+    amounts: dict[str, Decimal] = field(default_factory=lambda: dict.fromkeys(CHARGE_KINDS, Decimal(0)))
+    fees: Decimal = Decimal(0)  # statements: the platform's fee on the same postings
+    postings: int = 0
+    details: list[dict[str, Any]] = field(default_factory=list)  # every posting but usage, with its memo
+
+    def add(self, kind: str, amount: Decimal, fee: Decimal, count: int) -> None:
+        self.amounts[kind] = self.amounts.get(kind, Decimal(0)) + amount
+        self.fees += fee
+        self.postings += count
+
+    @property
+    def total(self) -> Decimal:
+        return sum(self.amounts.values(), Decimal(0))
+
+
+@dataclass
+class _Month:
+    """What one account's postings in one month add up to (amounts as the owner reads them)."""
+
+    lines: dict[str | None, _Line]
+    movements: list[dict[str, Any]]  # top-ups (invoices) or payouts (statements), one by one
+    moved: Decimal  # Σ of the movements
+
+
+async def _read_month(session: AsyncSession, account: str, month: Month, *, movement: str, sign: int) -> _Month:
+    """The account's postings in ``month``: usage summed per rental in SQL, every other posting row by row.
+
+    ``sign`` turns an entry into the amount as its owner reads it: +1 for the renter (a debit
+    to the credit is a charge), −1 for the provider (a credit to the payable is an earning).
+    ``movement`` is the kind listed apart: ``top_up`` (a payment: −amount) or ``payout`` (+amount).
+    """
+    fee = aliased(LedgerEntry)
+    with_fee = _on(account).outerjoin(fee, and_(fee.transaction_id == LedgerTransaction.id, fee.account == ledger.FEES))
+    # Grouped by kind rather than filtered on it: the month and the account are what narrow the
+    # search, and a plan driven by the account's entries stays fast even on stale statistics.
+    sums = (
+        await session.execute(
+            with_fee.add_columns(LedgerTransaction.rental_id, LedgerTransaction.kind, func.count(LedgerTransaction.id),
+                                 _micros(LedgerEntry.amount), _micros(fee.amount))
+            .where(_in_month(month))
+            .group_by(LedgerTransaction.rental_id, LedgerTransaction.kind)
+        )
+    ).all()  # fmt: skip
+    others = (
+        await session.execute(
+            with_fee.add_columns(LedgerTransaction.created_at, LedgerTransaction.kind, LedgerTransaction.memo,
+                                 LedgerTransaction.rental_id, LedgerTransaction.key, LedgerEntry.amount, fee.amount)
+            .where(_in_month(month), LedgerTransaction.kind != "usage")
+            .order_by(LedgerTransaction.created_at, LedgerTransaction.id)
+        )
+    ).all()  # fmt: skip
+    lines: dict[str | None, _Line] = {}
+    for rental_id, kind, count, amount, fee_amount in sums:
+        if kind != "usage":
+            continue  # read row by row below, with their memos
+        lines.setdefault(rental_id, _Line(rental_id)).add("usage", sign * _from_micros(amount), -_from_micros(fee_amount), count)
+    movements, moved = [], Decimal(0)
+    for at, kind, memo, rental_id, key, amount, fee_amount in others:
+        if kind == movement:
+            value = -amount if movement == "top_up" else amount
+            movements.append({"at": at.isoformat(), "kind": kind, "memo": memo, "amount": ledger.money(value), "posting": key})
+            moved += value
+            continue
+        line = lines.setdefault(rental_id, _Line(rental_id))
+        line.add(kind, sign * amount, -(fee_amount or Decimal(0)), 1)
+        line.details.append({"at": at.isoformat(), "kind": kind, "label": LABELS.get(kind, kind), "memo": memo,
+                             "amount": ledger.money(sign * amount), "posting": key})  # fmt: skip
+    return _Month(lines, movements, moved)
+
+
+@dataclass(frozen=True)
+class _RentalFacts:
+    """What a line shows of its rental (not the whole row: its workload and spec can be large)."""
+
+    id: str
+    gpu_model: str | None
+    gpu_count: int
+    gpu_milli: int
+    kind: str
+    state: str
+    price_per_gpu_hour: Decimal | None
+    started_at: datetime | None
+    stopped_at: datetime | None
+    billed_seconds: int
+
+
+_RENTAL_COLUMNS = (Rental.id, Rental.gpu_model, Rental.gpu_count, Rental.gpu_milli, Rental.kind, Rental.state,
+                   Rental.price_per_gpu_hour, Rental.started_at, Rental.stopped_at, Rental.billed_seconds)  # fmt: skip
+
+
+async def _rentals(session: AsyncSession, account: str, month: Month) -> tuple[dict[str, _RentalFacts], set[str]]:
+    """The rentals with postings on the account in the month, and those of them that also have postings in another month."""
+    in_month = _on(account).add_columns(LedgerTransaction.rental_id).where(_in_month(month), LedgerTransaction.rental_id.is_not(None))
+    rows = (await session.execute(select(*_RENTAL_COLUMNS).where(Rental.id.in_(in_month)))).all()
+    rentals = {row.id: _RentalFacts(**row._asdict()) for row in rows}
+    spanning = (
+        await session.scalars(
+            _on(account).add_columns(LedgerTransaction.rental_id).distinct()
+            .where(LedgerTransaction.rental_id.in_(in_month), ~_in_month(month))
+        )
+    ).all()  # fmt: skip
+    return rentals, {rental_id for rental_id in spanning if rental_id is not None}
+
+
+def _line_view(line: _Line, rental: _RentalFacts | None, *, whole_rental: bool, statement: bool) -> dict[str, Any]:
+    view: dict[str, Any] = {
+        "rental_id": line.rental_id,
         "gpu_model": rental.gpu_model if rental else None,
         "gpu_count": rental.gpu_count if rental else None,
         "gpu_milli": rental.gpu_milli if rental else None,
-        "kind": rental.kind if rental else None,
+        "rental_kind": rental.kind if rental else None,
+        "state": rental.state if rental else None,
         "price_per_gpu_hour": ledger.money(rental.price_per_gpu_hour) if rental and rental.price_per_gpu_hour is not None else None,
         "started_at": rental.started_at.isoformat() if rental and rental.started_at else None,
         "stopped_at": rental.stopped_at.isoformat() if rental and rental.stopped_at else None,
-        "seconds_billed": rental.billed_seconds if rental else None,
-        "postings": [],
-        "total": Decimal(0),
+        # The served seconds charged as usage: known when every posting of the rental is in this month.
+        "seconds_billed": rental.billed_seconds if rental and whole_rental else None,
+        "postings": line.postings,
+        "amounts": {kind: ledger.money(amount) for kind, amount in line.amounts.items()},
+        "details": line.details,
     }
-
-
-async def _invoice(session: AsyncSession, account: Account, doc: DocumentId) -> dict[str, Any]:
-    rows = await _entries(session, ledger.renter_credit(account.id), doc.end)
-    opening = -sum((r.amount for r in rows if r.created_at < doc.start), Decimal(0))  # credit balance before the month
-    month = [r for r in rows if r.created_at >= doc.start]
-    rentals = await _rentals(session, sorted({r.rental_id for r in month if r.rental_id}))
-    lines: dict[str, dict[str, Any]] = {}
-    payments, charged = [], Decimal(0)
-    for row in month:
-        if row.kind == "top_up":
-            payments.append({"at": row.created_at.isoformat(), "amount": ledger.money(-row.amount), "posting": row.key})
-            continue
-        rental_id = row.rental_id or "-"
-        line = lines.setdefault(rental_id, _line(rentals.get(rental_id), rental_id))
-        line["postings"].append({"at": row.created_at.isoformat(), "kind": CHARGE_LABELS.get(row.kind, row.kind), "memo": row.memo,
-                                 "amount": ledger.money(row.amount), "posting": row.key})  # fmt: skip
-        line["total"] += row.amount
-        charged += row.amount
-    paid = -sum((r.amount for r in month if r.kind == "top_up"), Decimal(0))
-    for line in lines.values():
-        line["total"] = ledger.money(line["total"])
-    return {
-        "id": str(doc), "kind": "invoice", "account_id": account.id, "account_name": account.name, "currency": "USD",
-        "period": {"start": doc.start.isoformat(), "end": doc.end.isoformat()},
-        "opening_balance": ledger.money(opening), "payments": payments, "paid": ledger.money(paid),
-        "lines": sorted(lines.values(), key=lambda line: line["rental_id"]), "total_charged": ledger.money(charged),
-        "closing_balance": ledger.money(opening + paid - charged),
-    }  # fmt: skip
-
-
-async def _statement(session: AsyncSession, account: Account, doc: DocumentId) -> dict[str, Any]:
-    rows = await _entries(session, ledger.provider_payable(account.id), doc.end)
-    opening = -sum((r.amount for r in rows if r.created_at < doc.start), Decimal(0))
-    month = [r for r in rows if r.created_at >= doc.start]
-    rentals = await _rentals(session, sorted({r.rental_id for r in month if r.rental_id}))
-    lines: dict[str, dict[str, Any]] = {}
-    payouts, earned = [], Decimal(0)
-    for row in month:
-        if row.kind == "payout":
-            payouts.append({"at": row.created_at.isoformat(), "amount": ledger.money(row.amount), "posting": row.key})
-            continue
-        rental_id = row.rental_id or "-"
-        line = lines.setdefault(rental_id, _line(rentals.get(rental_id), rental_id))
-        line["postings"].append({"at": row.created_at.isoformat(), "kind": CHARGE_LABELS.get(row.kind, row.kind), "memo": row.memo,
-                                 "amount": ledger.money(-row.amount), "posting": row.key})  # fmt: skip
-        line["total"] -= row.amount
-        earned -= row.amount
-    paid_out = sum((r.amount for r in month if r.kind == "payout"), Decimal(0))
-    for line in lines.values():
-        line["total"] = ledger.money(line["total"])
-    return {
-        "id": str(doc), "kind": "statement", "account_id": account.id, "account_name": account.name, "currency": "USD",
-        "period": {"start": doc.start.isoformat(), "end": doc.end.isoformat()},
-        "opening_payable": ledger.money(opening), "lines": sorted(lines.values(), key=lambda line: line["rental_id"]),
-        "total_earned": ledger.money(earned), "payouts": payouts, "paid_out": ledger.money(paid_out),
-        "closing_payable": ledger.money(opening + earned - paid_out),
-    }  # fmt: skip
-
-
-async def list_documents(session: AsyncSession, principal: Principal, *, account_id: str | None) -> list[dict[str, Any]]:
-    """The months with postings on the caller's account (admins: ``account_id``'s), newest first."""
-    target = account_id if principal.role == "admin" and account_id else principal.account_id
-    account = await session.get(Account, target)
-    if account is None:
-        raise NotFound(f"no account {target!r}", code="account_not_found")
-    if account.role not in ("renter", "provider"):
-        return []
-    code = ledger.renter_credit(account.id) if account.role == "renter" else ledger.provider_payable(account.id)
-    stamps = (
-        await session.scalars(
-            select(LedgerTransaction.created_at).join(LedgerEntry, LedgerEntry.transaction_id == LedgerTransaction.id)
-            .where(LedgerEntry.account == code).distinct()
-        )
-    ).all()  # fmt: skip
-    months = sorted({(t.year, t.month) for t in stamps}, reverse=True)
-    kind = "inv" if account.role == "renter" else "stm"
-    return [{"id": str(DocumentId(kind, y, m, account.id)), "month": f"{y:04d}-{m:02d}",
-             "kind": "invoice" if kind == "inv" else "statement"} for y, m in months]  # fmt: skip
-
-
-def render_html(doc: dict[str, Any]) -> str:
-    """A self-contained, printable page (inline CSS); every text from the data is escaped."""
-    e = html.escape
-    title = f"{'Invoice' if doc['kind'] == 'invoice' else 'Statement'} {doc['id']}"
-
-    def usd(amount: str) -> str:
-        return e(f"{Decimal(amount).quantize(Decimal('0.01')):,.2f} USD")
-
-    rows = []
-    for line in doc["lines"]:
-        what = f"{line['gpu_count']} × {line['gpu_model']}" if line["gpu_model"] else "—"
-        if line.get("gpu_milli") and line["gpu_milli"] < 1000:
-            what += f" ({line['gpu_milli']}/1000 of a GPU)"
-        rows.append(f"<tr class='rental'><td>{e(line['rental_id'])}</td><td>{e(what)}</td>"
-                    f"<td>{e(line['price_per_gpu_hour'] or '')}</td><td>{e(str(line['seconds_billed'] or ''))}</td>"
-                    f"<td class='num'>{usd(line['total'])}</td></tr>")  # fmt: skip
-        for posting in line["postings"]:
-            rows.append(f"<tr class='posting'><td></td><td colspan='3'>{e(posting['kind'])}: {e(posting['memo'])}</td>"
-                        f"<td class='num'>{usd(posting['amount'])}</td></tr>")  # fmt: skip
-    if doc["kind"] == "invoice":
-        summary = [("Opening balance", doc["opening_balance"]), ("Payments", doc["paid"]), ("Charged", doc["total_charged"]),
-                   ("Closing balance", doc["closing_balance"])]  # fmt: skip
+    if statement:
+        view["earned"] = ledger.money(line.total)
+        view["platform_fee"] = ledger.money(line.fees)
+        view["charged"] = ledger.money(line.total + line.fees)
     else:
-        summary = [("Opening payable", doc["opening_payable"]), ("Earned", doc["total_earned"]), ("Paid out", doc["paid_out"]),
-                   ("Closing payable", doc["closing_payable"])]  # fmt: skip
-    totals = "".join(f"<tr><th>{e(label)}</th><td class='num'>{usd(value)}</td></tr>" for label, value in summary)
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>{e(title)}</title>
-<style>
-body {{ font: 14px/1.4 system-ui, sans-serif; margin: 2rem auto; max-width: 60rem; color: #111; }}
-h1 {{ font-size: 1.4rem; }} table {{ border-collapse: collapse; width: 100%; margin: 1rem 0; }}
-th, td {{ padding: .3rem .5rem; border-bottom: 1px solid #ddd; text-align: left; }}
-td.num {{ text-align: right; font-variant-numeric: tabular-nums; }} tr.posting td {{ color: #555; font-size: .9em; }}
-@media print {{ body {{ margin: 0; }} }}
-</style></head>
-<body>
-<h1>{e(title)}</h1>
-<p>{e(doc['account_name'])} ({e(doc['account_id'])}) · {e(doc['period']['start'][:10])} to {e(doc['period']['end'][:10])} (UTC) · gpumarket</p>
-<table><thead><tr><th>Rental</th><th>GPUs</th><th>USD / GPU-hour</th><th>Seconds</th><th class="num">Amount</th></tr></thead>
-<tbody>{''.join(rows) or "<tr><td colspan='5'>No rentals this month.</td></tr>"}</tbody></table>
-<table class="totals">{totals}</table>
-</body></html>
+        view["total"] = ledger.money(line.total)
+    return view
+
+
+async def _lines(session: AsyncSession, account: str, month: Month, read: _Month, *, statement: bool) -> list[dict[str, Any]]:
+    rentals, spanning = await _rentals(session, account, month)
+
+    def order(line: _Line) -> tuple[str, str]:
+        rental = rentals.get(line.rental_id or "")
+        started = rental.started_at.isoformat() if rental and rental.started_at else "~"
+        return started, line.rental_id or "~"
+
+    return [
+        _line_view(line, rentals.get(line.rental_id or ""), whole_rental=line.rental_id not in spanning, statement=statement)
+        for line in sorted(read.lines.values(), key=order)
+    ]
+
+
+def _totals(read: _Month) -> dict[str, Decimal]:
+    totals = dict.fromkeys(CHARGE_KINDS, Decimal(0))
+    for line in read.lines.values():
+        for kind, amount in line.amounts.items():
+            totals[kind] = totals.get(kind, Decimal(0)) + amount
+    return totals
+
+
+async def _account(session: AsyncSession, doc: DocumentId) -> Account:
+    account = await session.get(Account, doc.account_id)
+    wanted = _DOCUMENTS[doc.prefix][1]
+    if account is None or account.role != wanted:
+        raise NotFound(f"no {doc.kind} {doc}: it names no {wanted} account", code="invoice_not_found")
+    return account
+
+
+def _header(doc: DocumentId, account: Account) -> dict[str, Any]:
+    return {
+        "id": str(doc), "kind": doc.kind, "account_id": account.id, "account_name": account.name, "currency": CURRENCY,
+        "month": str(doc.month), "period": {"start": doc.month.start.isoformat(), "end": doc.month.end.isoformat()},
+    }  # fmt: skip
+
+
+# --- The documents ---------------------------------------------------------------------------
+
+
+async def invoice(session: AsyncSession, account_id: str, month: Month | str) -> dict[str, Any]:
+    """The renter's invoice for ``month`` (``"YYYY-MM"``); NotFound ``invoice_not_found`` if no such renter.
+
+    Amounts are strings with six places; charges are positive, credits (downtime) negative.
+    ``total_paid − total_charged`` is the Σ of the renter's credit entries in the month, and
+    ``closing_balance`` its balance at the month's end.
+    """
+    doc = DocumentId("inv", month if isinstance(month, Month) else Month.parse(month), account_id)
+    account = await _account(session, doc)
+    code = ledger.renter_credit(account.id)
+    opening = ledger.balance_of(code, await _debits_minus_credits_before(session, code, doc.month.start))
+    read = await _read_month(session, code, doc.month, movement="top_up", sign=1)
+    totals = _totals(read)
+    charged = sum(totals.values(), Decimal(0))
+    return {
+        **_header(doc, account),
+        "opening_balance": ledger.money(opening),
+        "payments": read.movements, "total_paid": ledger.money(read.moved),
+        "lines": await _lines(session, code, doc.month, read, statement=False),
+        "totals": {kind: ledger.money(amount) for kind, amount in totals.items()},
+        "total_charged": ledger.money(charged),
+        "closing_balance": ledger.money(opening + read.moved - charged),
+    }  # fmt: skip
+
+
+async def statement(session: AsyncSession, account_id: str, month: Month | str) -> dict[str, Any]:
+    """The provider's statement for ``month``; NotFound ``invoice_not_found`` if no such provider.
+
+    Per rental: ``charged`` (what the renter paid for it) = ``earned`` + ``platform_fee``,
+    from the same postings. ``total_earned − total_paid_out`` is −Σ of the provider's payable
+    entries in the month, and ``closing_payable`` its balance at the month's end.
+    """
+    doc = DocumentId("stm", month if isinstance(month, Month) else Month.parse(month), account_id)
+    account = await _account(session, doc)
+    code = ledger.provider_payable(account.id)
+    opening = ledger.balance_of(code, await _debits_minus_credits_before(session, code, doc.month.start))
+    read = await _read_month(session, code, doc.month, movement="payout", sign=-1)
+    totals = _totals(read)
+    earned = sum(totals.values(), Decimal(0))
+    fees = sum((line.fees for line in read.lines.values()), Decimal(0))
+    return {
+        **_header(doc, account),
+        "opening_payable": ledger.money(opening),
+        "lines": await _lines(session, code, doc.month, read, statement=True),
+        "totals": {kind: ledger.money(amount) for kind, amount in totals.items()},
+        "total_charged": ledger.money(earned + fees), "total_platform_fee": ledger.money(fees), "total_earned": ledger.money(earned),
+        "payouts": read.movements, "total_paid_out": ledger.money(read.moved),
+        "closing_payable": ledger.money(opening + earned - read.moved),
+    }  # fmt: skip
+
+
+async def document(session: AsyncSession, principal: Principal, document_id: str) -> dict[str, Any]:
+    """The invoice or statement ``document_id`` names, if the caller may read it.
+
+    BadRequest ``invalid_invoice_id`` for a malformed id. Renters and providers read their
+    own; another account's document is NotFound ``invoice_not_found``, exactly like one
+    that does not exist, so ids cannot be probed. Admins read any.
+    """
+    doc = DocumentId.parse(document_id)
+    if principal.role != "admin" and principal.account_id != doc.account_id:
+        raise NotFound(f"no {doc.kind} {doc} on your account", code="invoice_not_found")
+    if doc.prefix == "inv":
+        return await invoice(session, doc.account_id, doc.month)
+    return await statement(session, doc.account_id, doc.month)
+
+
+async def list_invoices(session: AsyncSession, principal: Principal, *, account_id: str | None = None) -> list[dict[str, Any]]:
+    """The months with postings on the caller's account, newest first: invoices for renters, statements for providers.
+
+    Admins name the account (``account_id``; BadRequest ``missing_account_id`` without it).
+    Anyone else naming an account but their own gets NotFound ``account_not_found``.
+    """
+    if principal.role == "admin":
+        if account_id is None:
+            raise BadRequest("admins name the account whose invoices to list: ?account_id=<account>", code="missing_account_id")
+        target = account_id
+    else:
+        target = principal.account_id
+    account = await session.get(Account, target)
+    if account is None or (principal.role != "admin" and account_id not in (None, principal.account_id)):
+        raise NotFound(f"no account {target[:40]!r} you may read", code="account_not_found")
+    prefix = next((prefix for prefix, (_, role) in _DOCUMENTS.items() if role == account.role), None)
+    if prefix is None:
+        return []
+    code = ledger.renter_credit(account.id) if prefix == "inv" else ledger.provider_payable(account.id)
+    months = await _months_with_postings(session, code)
+    return [{"id": str(doc), "kind": doc.kind, "month": str(doc.month)}
+            for doc in (DocumentId(prefix, month, account.id) for month in reversed(months))]  # fmt: skip
+
+
+async def _months_with_postings(session: AsyncSession, account: str) -> list[Month]:
+    """Oldest first; one indexed query per month that has postings (a month without any is skipped over)."""
+    months: list[Month] = []
+    since: datetime | None = None
+    while True:
+        query = _on(account).add_columns(func.min(LedgerTransaction.created_at))
+        first = await session.scalar(query.where(LedgerTransaction.created_at >= since) if since else query)
+        if first is None:
+            return months
+        months.append(Month.of(first))
+        since = months[-1].end
+
+
+# --- HTML ----------------------------------------------------------------------------------
+
+_STYLE = """
+body { font: 13px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #111; margin: 2rem auto; max-width: 64rem; padding: 0 1rem; }
+h1 { font-size: 1.5rem; margin: 0 0 .25rem; } h2 { font-size: 1.05rem; margin: 1.6rem 0 .4rem; }
+.meta { color: #444; margin: 0 0 1rem; } .meta td { padding: .1rem 1rem .1rem 0; border: 0; }
+table { border-collapse: collapse; width: 100%; }
+th, td { padding: .3rem .45rem; border-bottom: 1px solid #ddd; text-align: left; vertical-align: top; }
+thead th { border-bottom: 2px solid #333; font-weight: 600; }
+.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+tr.detail td { color: #555; font-size: .92em; border-bottom: 1px dotted #e3e3e3; }
+table.summary { width: auto; min-width: 22rem; margin-left: auto; } table.summary tr.total th, table.summary tr.total td { border-top: 2px solid #333; font-weight: 700; }
+.note { color: #666; font-size: .9em; margin-top: 1.5rem; }
+@media print { body { margin: 0; max-width: none; font-size: 11px; } tr { break-inside: avoid; } thead { display: table-header-group; } a { color: inherit; text-decoration: none; } }
 """
 
 
-async def month_total(session: AsyncSession, account: str, start: datetime, end: datetime) -> Decimal:
-    """Σ of the account's entries in [start, end) — what an invoice's or statement's totals must agree with."""
-    amounts = (
-        await session.scalars(
-            select(LedgerEntry.amount).join(LedgerTransaction, LedgerTransaction.id == LedgerEntry.transaction_id)
-            .where(LedgerEntry.account == account, LedgerTransaction.created_at >= start, LedgerTransaction.created_at < end)
-        )
-    ).all()  # fmt: skip
-    return sum(amounts, Decimal(0))
+def format_cents(amount: str | Decimal) -> str:
+    """``"1234.567890"`` → ``"1,234.57"`` (half to even, never ``-0.00``)."""
+    value = Decimal(amount).quantize(CENT, rounding=ROUND_HALF_EVEN)
+    return f"{value.copy_abs() if value == 0 else value:,.2f}"
 
 
+def _price(amount: str) -> str:
+    """A price as people write it: ``"0.420000"`` → ``"0.42"``, ``"0.123457"`` stays."""
+    value = Decimal(amount).normalize()
+    return f"{value:.{max(2, -int(value.as_tuple().exponent))}f}"
+
+
+def _gpus(line: dict[str, Any]) -> str:
+    if line["gpu_model"] is None:
+        return "—"
+    share = f" at {line['gpu_milli']}/1000 of each" if line["gpu_milli"] is not None and line["gpu_milli"] != 1000 else ""
+    return f"{line['gpu_count']} × {line['gpu_model']}{share}"
+
+
+def _detail_rows(line: dict[str, Any], columns: int) -> list[str]:
+    e = html.escape
+    return [
+        f"<tr class='detail'><td></td><td colspan='{columns - 2}'>{e(d['label'])} ({e(d['at'][:19])}Z): {e(d['memo'])}</td>"
+        f"<td class='num'>{e(format_cents(d['amount']))}</td></tr>"
+        for d in line["details"]
+    ]
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """How one kind of document is laid out: its lines' amount columns, its movements, its summary."""
+
+    lines_title: str
+    amount_heads: tuple[str, ...]
+    amounts: Callable[[dict[str, Any]], list[str]]  # a line's amounts under amount_heads
+    movements_title: str
+    movements: str  # the document's key for them
+    summary: tuple[tuple[str, str], ...]  # (label, the document's key), the last one the bottom line
+
+
+_LAYOUTS = {
+    "invoice": _Layout(
+        "Charges", ("Usage", "Minimum", "Downtime credit", "Corrections", "Total"),
+        lambda line: [*(line["amounts"][kind] for kind in CHARGE_KINDS), line["total"]],
+        "Payments", "payments",
+        (("Opening balance", "opening_balance"), ("Payments", "total_paid"), ("Charges", "total_charged"),
+         ("Closing balance", "closing_balance")),
+    ),
+    "statement": _Layout(
+        "Earnings", ("Charged to renter", "Platform fee", "Earned"),
+        lambda line: [line["charged"], line["platform_fee"], line["earned"]],
+        "Payouts", "payouts",
+        (("Opening payable", "opening_payable"), ("Charged to renters", "total_charged"), ("Platform fee", "total_platform_fee"),
+         ("Earned", "total_earned"), ("Paid out", "total_paid_out"), ("Closing payable", "closing_payable")),
+    ),
+}  # fmt: skip
+
+
+def _body(doc: dict[str, Any], layout: _Layout) -> str:
+    e = html.escape
+    head = ("Rental", "GPUs", "USD / GPU-hour", "Seconds", *layout.amount_heads)
+    rows = []
+    for line in doc["lines"]:
+        seconds = "" if line["seconds_billed"] is None else f"{line['seconds_billed']:,}"
+        price = "" if line["price_per_gpu_hour"] is None else _price(line["price_per_gpu_hour"])
+        cells = [line["rental_id"] or "(no rental)", _gpus(line), price, seconds]
+        rows.append("<tr>" + "".join(f"<td>{e(c)}</td>" for c in cells)
+                    + "".join(f"<td class='num'>{e(format_cents(a))}</td>" for a in layout.amounts(line)) + "</tr>")  # fmt: skip
+        rows.extend(_detail_rows(line, len(head)))
+    movements = [f"<tr><td>{e(m['at'][:19])}Z</td><td>{e(m['memo'])}</td><td>{e(m['posting'])}</td>"
+                 f"<td class='num'>{e(format_cents(m['amount']))}</td></tr>" for m in doc[layout.movements]]  # fmt: skip
+    return (_table(layout.lines_title, head, rows, numeric_from=4)
+            + _table(layout.movements_title, ("Date", "Description", "Reference", "Amount"), movements, numeric_from=3))  # fmt: skip
+
+
+def _table(title: str, head: Sequence[str], rows: Sequence[str], *, numeric_from: int) -> str:
+    e = html.escape
+    th = "".join(f"<th class='num'>{e(h)}</th>" if i >= numeric_from else f"<th>{e(h)}</th>" for i, h in enumerate(head))
+    tbody = "".join(rows) or f"<tr><td colspan='{len(head)}'>None this month.</td></tr>"
+    return f"<h2>{e(title)}</h2>\n<table><thead><tr>{th}</tr></thead><tbody>{tbody}</tbody></table>\n"
+
+
+def render_html(doc: dict[str, Any]) -> str:
+    """A self-contained printable page (inline CSS, no scripts, no external resources) for an invoice or statement.
+
+    Every text that comes from the data is escaped with ``html.escape``. Amounts are shown
+    in cents, rounded half to even from the ledger's millionths (the JSON has them exact).
+    """
+    e = html.escape
+    title = f"{'Invoice' if doc['kind'] == 'invoice' else 'Statement'} {doc['id']}"
+    layout = _LAYOUTS[doc["kind"]]
+    last_day = (datetime.fromisoformat(doc["period"]["end"]) - timedelta(days=1)).date().isoformat()
+    summary_rows = "".join(
+        f"<tr class='{'total' if i == len(layout.summary) - 1 else 'sum'}'><th>{e(label)}</th>"
+        f"<td class='num'>{e(format_cents(doc[key]))} {e(doc['currency'])}</td></tr>"
+        for i, (label, key) in enumerate(layout.summary)
+    )
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{e(title)}</title>
+<style>{_STYLE}</style></head>
+<body>
+<h1>{e(title)}</h1>
+<table class="meta"><tr><td>Account</td><td>{e(doc['account_name'])} ({e(doc['account_id'])})</td></tr>
+<tr><td>Period</td><td>{e(doc['period']['start'][:10])} to {e(last_day)} (UTC)</td></tr>
+<tr><td>Currency</td><td>{e(doc['currency'])}</td></tr><tr><td>Issued by</td><td>gpumarket</td></tr></table>
+<table class="summary">{summary_rows}</table>
+{_body(doc, layout)}<p class="note">Amounts are kept to the millionth of a dollar and shown rounded to the cent, so a column may differ
+from its total by a cent. Postings are dated when they were made (UTC); usage is posted as it runs.</p>
+</body></html>
+"""
