@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
@@ -73,15 +74,25 @@ def cmd_master(args: argparse.Namespace) -> None:
 
 def cmd_worker(args: argparse.Namespace) -> None:
     from billing.celery_app import make_celery, queue_name
+    from billing.tasks import check_database
 
     settings = MasterSettings.load(args.config)
-    app = make_celery(settings)
-    argv = ["worker", f"--loglevel={args.loglevel}", f"--concurrency={args.concurrency}", "-Q", queue_name(settings),
-            f"--hostname=billing-{args.concurrency}@%h"]  # fmt: skip
+    app = make_celery(settings)  # ConfigError when the broker or the database is not set
+    asyncio.run(check_database(settings))  # reachable and migrated by a master, or a clear error now
+    argv = [
+        "worker", f"--loglevel={args.loglevel or settings.log_level}", f"--concurrency={args.concurrency}",
+        # Prefork children forked from this process: they inherit the app built from the settings above.
+        "--pool=prefork", "--pool-start-method=fork",
+        f"--queues={queue_name(settings)}", f"--hostname=billing-{os.getpid()}@%h",
+        # Billing workers share no state with each other: no start-up sync (mingle) or gossip.
+        "--without-mingle", "--without-gossip",
+    ]  # fmt: skip
     if args.beat:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        argv += ["--beat", f"--schedule={settings.data_dir / 'celerybeat-schedule'}"]
-    app.worker_main(argv)
+        argv += ["--beat", f"--schedule-filename={settings.data_dir / 'celerybeat-schedule'}"]
+    code = app.start(argv)  # = app.worker_main(argv), keeping the worker's exit status
+    if code:
+        raise SystemExit(code)
 
 
 def cmd_access(args: argparse.Namespace) -> None:
@@ -185,6 +196,13 @@ def cmd_simulate(args: argparse.Namespace) -> None:
 # ---- parser -------------------------------------------------------------------------
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def _add_agent_run_options(parser: argparse.ArgumentParser) -> None:
     _add_config(parser)
     parser.add_argument("--data-dir", type=Path, metavar="DIR", help="overrides GPUMARKET_DATA_DIR")
@@ -228,13 +246,15 @@ def build_parser() -> argparse.ArgumentParser:
     worker = sub.add_parser(
         "worker", help="run a Celery worker for billing's periodic jobs", epilog=_settings_epilog(MasterSettings),
         formatter_class=formatter,
-        description="A Celery worker running billing's jobs (rating, credit enforcement, payouts) from Redis. Run exactly one "
-        "with --beat (it also schedules the jobs) and set billing_in_process=false on the masters.",
+        description="A Celery worker running billing's jobs (rating, credit enforcement, payouts, ...) from the billing "
+        "queue in Redis (GPUMARKET_REDIS_URL) against the masters' database (GPUMARKET_DATABASE_URL). Run exactly one "
+        "with --beat (it also schedules the jobs), as many without as the load needs, and set "
+        "billing_in_process=false on the masters. Workers do not migrate the database: start a master first.",
     )  # fmt: skip
     _add_config(worker)
-    worker.add_argument("--beat", action="store_true", help="also run the scheduler (exactly one worker may)")
-    worker.add_argument("--concurrency", type=int, default=2, metavar="N", help="worker processes (default 2)")
-    worker.add_argument("--loglevel", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    worker.add_argument("--beat", action="store_true", help="also run the scheduler (exactly one worker in a deployment may)")
+    worker.add_argument("--concurrency", type=_positive_int, default=2, metavar="N", help="worker processes (default 2)")
+    worker.add_argument("--loglevel", metavar="L", help="DEBUG, INFO, WARNING or ERROR (default: GPUMARKET_LOG_LEVEL)")
     worker.set_defaults(func=cmd_worker)
 
     access = sub.add_parser(
