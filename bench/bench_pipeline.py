@@ -76,7 +76,7 @@ import ssl
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -111,7 +111,7 @@ from shared.registry import MemoryRegistry
 from shared.settings import MasterSettings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import Progress, describe_machine
+from _common import Progress, describe_machine, fresh_database
 
 GPUS = "sim:8xH100"
 PROTOCOL_INTERVAL = 10.0  # heartbeat and telemetry, seconds (MasterSettings / AgentTimings defaults)
@@ -679,28 +679,6 @@ async def check_database(
     return checks, problems
 
 
-# ---- PostgreSQL: a fresh database, created and dropped here --------------------------------------
-
-
-def with_database(url: str, name: str) -> str:
-    return f"{url.rsplit('/', 1)[0]}/{name}"
-
-
-@contextlib.asynccontextmanager
-async def fresh_postgres(admin_url: str) -> AsyncIterator[str]:
-    """A new, empty database on the server of ``admin_url``; dropped on exit (its connections closed first)."""
-    name = f"gm_bench_{secrets.token_hex(6)}"
-    admin = await asyncpg.connect(admin_url, timeout=5)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        try:
-            yield with_database(admin_url, name)
-        finally:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
-
-
 async def postgres_version(admin_url: str) -> str | None:
     """The server's version, or None when it does not answer."""
     try:
@@ -887,7 +865,7 @@ async def main() -> int:
         if name == "sqlite":
             runs.append(await run_database("SQLite", None, args, with_baseline=first))
         else:
-            async with fresh_postgres(postgres_url) as url:
+            async with fresh_database(postgres_url) as url:
                 runs.append(await run_database(f"PostgreSQL {postgres}", url, args, with_baseline=first))
         run = runs[-1]
         print(

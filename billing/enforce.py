@@ -47,18 +47,16 @@ class InsufficientCredit(ClientError):
     http_status = 402
 
 
-async def projected_balance(session: AsyncSession, renter_id: str, rentals: list[Rental], now: datetime) -> tuple[Decimal, Decimal]:
-    """The renter's balance less unrated usage up to ``now``, and its burn rate per second."""
-    balance = await ledger.balance(session, ledger.renter_credit(renter_id))
-    burn = Decimal(0)
+def unrated_usage(rentals: list[Rental], now: datetime) -> tuple[Decimal, Decimal]:
+    """What the rentals have run up since their last rating, and their burn rate per second."""
+    unrated = burn = Decimal(0)
     for rental in rentals:
         rate = per_second(rental)
         burn += rate
         since = rental.rated_until or rental.started_at
         if since is not None and now > since:
-            balance -= rate * int((now - since).total_seconds())
-    return balance, burn
-
+            unrated += rate * int((now - since).total_seconds())
+    return unrated, burn
 
 CHARGE_KINDS = ("usage", "minimum", "downtime_credit", "correction")
 
@@ -83,11 +81,11 @@ async def month_spent(session: AsyncSession, renter_id: str, now: datetime) -> D
 async def _room(session: AsyncSession, renter_id: str, rentals: list[Rental], now: datetime) -> tuple[Decimal, Decimal, str]:
     """How much the renter may still be charged — the lesser of its projected balance and what its monthly cap
     leaves — its burn rate per second, and which of the two limits it is."""
-    balance, burn = await projected_balance(session, renter_id, rentals, now)
+    unrated, burn = unrated_usage(rentals, now)
+    balance = await ledger.balance(session, ledger.renter_credit(renter_id)) - unrated
     cap = await session.scalar(select(Account.monthly_spend_cap).where(Account.id == renter_id))
     if cap is None:
         return balance, burn, "credit"
-    unrated = (await ledger.balance(session, ledger.renter_credit(renter_id))) - balance
     left = cap - await month_spent(session, renter_id, now) - unrated
     return (left, burn, "cap") if left < balance else (balance, burn, "credit")
 

@@ -275,7 +275,5 @@ async def release(session: AsyncSession, rental_id: str, *, at: datetime) -> int
                 .where(Gpu.id == allocation.gpu_id)
                 .values(milli_used=Gpu.milli_used - allocation.milli, memory_used_mib=Gpu.memory_used_mib - allocation.memory_mib)
             )
-    # Rentals placed before allocations were recorded hold whole GPUs through gpus.rental_id alone.
-    await session.execute(update(Gpu).where(Gpu.rental_id == rental_id).values(rental_id=None, milli_used=0, memory_used_mib=0))
     return released
 
