@@ -27,11 +27,13 @@ from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
 
-from sqlalchemy import BigInteger, ColumnElement, Select, and_, cast, func, select
+from sqlalchemy import ColumnElement, Select, and_, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
 from billing import ledger
+from billing.ledger import from_micros as _from_micros
+from billing.ledger import micros_sum as _micros
 from master.models import Account, LedgerEntry, LedgerTransaction, Rental
 from master.services.accounts import Principal
 from shared.errors import BadRequest, NotFound
@@ -122,21 +124,6 @@ class DocumentId:
 
 
 # --- Exact sums ----------------------------------------------------------------------------
-
-
-def _micros(amount: Any) -> ColumnElement[Any]:
-    """Σ ``amount`` in integer millionths of a dollar, exact on PostgreSQL and on SQLite alike.
-
-    SQLite keeps NUMERIC as binary floats and sums them as floats, which drifts. But every
-    ledger amount has exactly six places (``ledger.QUANTUM``), so ``round(amount × 10⁶)`` is
-    the exact integer it stands for (a double holds it to well under ½ up to ~9·10⁹ USD), and
-    a sum of integers is exact. Read the result with ``_from_micros``.
-    """
-    return func.sum(cast(func.round(amount * 1_000_000), BigInteger))
-
-
-def _from_micros(value: Any) -> Decimal:
-    return Decimal(int(value or 0)).scaleb(-6)
 
 
 def _in_month(month: Month) -> ColumnElement[bool]:

@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
 
-from sqlalchemy import func, insert, select
+from sqlalchemy import BigInteger, ColumnElement, cast, func, insert, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -198,6 +198,21 @@ def balance_of(code: str, debits_minus_credits: Decimal) -> Decimal:
     """The balance as its owner reads it: credit-normal for liabilities and revenue, debit-normal for assets."""
     kind, _ = _kind(code)
     return debits_minus_credits if kind == "asset" else -debits_minus_credits
+
+
+def micros_sum(amount: Any) -> ColumnElement[Any]:
+    """Σ ``amount`` in integer millionths of a dollar, exact on PostgreSQL and on SQLite alike.
+
+    SQLite keeps NUMERIC as binary floats and sums them as floats, which drifts. But every
+    ledger amount has exactly six places (``QUANTUM``), so ``round(amount × 10⁶)`` is
+    the exact integer it stands for (a double holds it to well under ½ up to ~9·10⁹ USD), and
+    a sum of integers is exact. Read the result with ``from_micros``.
+    """
+    return func.sum(cast(func.round(amount * 1_000_000), BigInteger))
+
+
+def from_micros(value: Any) -> Decimal:
+    return Decimal(int(value or 0)).scaleb(-6)
 
 
 def _exact_sums(session: AsyncSession) -> bool:

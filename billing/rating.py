@@ -68,10 +68,15 @@ class RatingPolicy:
         return cls(min_period_s=settings.billing_min_period_s, fee_rate=settings.platform_fee_rate, discounts=bands)
 
 
+def per_hour(rental: Rental) -> Decimal:
+    """USD per served hour of the whole rental (every GPU, or its share of one), unrounded."""
+    price = rental.price_per_gpu_hour or Decimal(0)
+    return price * rental.gpu_count * rental.gpu_milli / 1000
+
+
 def per_second(rental: Rental) -> Decimal:
     """USD per served second, unrounded."""
-    price = rental.price_per_gpu_hour or Decimal(0)
-    return price * rental.gpu_count * rental.gpu_milli / 1000 / SECONDS_PER_HOUR
+    return per_hour(rental) / SECONDS_PER_HOUR
 
 
 def cumulative_cost(rate: Decimal, seconds: int, bands: Sequence[Discount]) -> Decimal:

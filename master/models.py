@@ -90,6 +90,23 @@ class ApiKey(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(default=None)
 
 
+class ConsoleSession(Base):
+    """A web console sign-in (master/services/sessions.py): the browser holds only a random token in an
+    HTTP-only cookie; the row holds its hash. Revoking the API key it was opened with ends it too."""
+
+    __tablename__ = "console_sessions"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 hex of the cookie's value
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"), index=True)
+    api_key_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id", ondelete="CASCADE"), index=True)
+    csrf_token: Mapped[str] = mapped_column(String(64))  # sent back in X-CSRF-Token on every state-changing call
+    created_at: Mapped[datetime] = mapped_column(default=_now)
+    last_seen_at: Mapped[datetime] = mapped_column(default=_now)
+    expires_at: Mapped[datetime]  # absolute end, whatever the activity
+    ended_at: Mapped[datetime | None] = mapped_column(default=None)  # signed out
+
+
 class EnrollmentToken(Base):
     __tablename__ = "enrollment_tokens"
 

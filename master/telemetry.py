@@ -359,17 +359,38 @@ async def raw_series(
     if until is not None:
         query = query.where(TelemetrySample.sampled_at < until)
     rows = (await session.scalars(query.order_by(TelemetrySample.sampled_at.desc(), TelemetrySample.seq.desc()).limit(limit))).all()
-    return [
-        {
-            "seq": r.seq,
-            "sampled_at": r.sampled_at.isoformat(),
-            "received_at": r.received_at.isoformat(),
-            "window_s": r.window_s,
-            "gpus": r.gpus,
-            "aggregates": r.aggregates,
-        }
-        for r in reversed(rows)
-    ]
+    return [sample_view(r) for r in reversed(rows)]
+
+
+def sample_view(row: TelemetrySample) -> dict[str, Any]:
+    """One raw sample as the API shows it (``GET /hosts/{id}/metrics``, the live stream)."""
+    return {
+        "seq": row.seq,
+        "sampled_at": row.sampled_at.isoformat(),
+        "received_at": row.received_at.isoformat(),
+        "window_s": row.window_s,
+        "gpus": row.gpus,
+        "aggregates": row.aggregates,
+    }
+
+
+async def latest_seq(session: AsyncSession, host_id: str) -> int:
+    """The highest sequence number stored for the host's telemetry (-1: none yet)."""
+    seq = await session.scalar(select(func.max(TelemetrySample.seq)).where(TelemetrySample.host_id == host_id))
+    return -1 if seq is None else int(seq)
+
+
+async def samples_after(session: AsyncSession, host_id: str, after_seq: int, *, limit: int) -> list[dict[str, Any]]:
+    """Raw samples stored with a sequence number above ``after_seq``, lowest first (the live stream's next page)."""
+    rows = (
+        await session.scalars(
+            select(TelemetrySample)
+            .where(TelemetrySample.host_id == host_id, TelemetrySample.seq > after_seq)
+            .order_by(TelemetrySample.seq)
+            .limit(limit)
+        )
+    ).all()
+    return [sample_view(r) for r in rows]
 
 
 async def rollup_series(

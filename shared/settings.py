@@ -168,6 +168,11 @@ class MasterSettings(ServiceSettings):
     payout_dir: Path | None = Field(None, description="Where the CSV payout exporter writes payouts-<batch>.csv (default: DATA_DIR/payouts).")
     billing_interval: float = Field(30.0, gt=0, le=3600, description="Seconds between rating passes (usage posted to the ledger).")
     billing_min_period_s: int = Field(60, ge=0, le=86400, description="Minimum billing period of a rental, seconds (not charged when it was preempted; credited back when its host was lost).")
+    console_session_idle_s: float = Field(8 * 3600.0, ge=60, le=30 * 86400, description="A console sign-in ends after this many seconds without a request.")
+    console_session_max_s: float = Field(7 * 86400.0, ge=60, le=90 * 86400, description="A console sign-in ends this many seconds after it began, active or not.")
+    console_secure_cookie: bool | None = Field(None, description="Mark the console's session cookie Secure (HTTPS only); unset: when public_url or the request is https.")
+    stream_poll_interval: float = Field(1.0, gt=0, le=60, description="Seconds between the database reads of a live telemetry stream (GET /hosts/{id}/metrics/stream).")
+    stream_max_s: float = Field(300.0, gt=0, le=86400, description="Seconds a live telemetry stream stays open; the browser's EventSource then reconnects (and is authorized again).")
     platform_fee_rate: Decimal = Field(Decimal("0.15"), ge=0, lt=1, description="The platform's share of every charge (0.15 = 15 %); the provider earns the rest.")
     billing_discounts: dict[str, list[tuple[float, Decimal]]] = Field(default_factory=dict, description="Duration discounts per tier: {tier: [[hours, pct], ...]}, pct off every second served past hours, e.g. {\"flagship\": [[24, 5], [168, 10]]}.")
 

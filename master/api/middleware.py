@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from master.api.keys import MASTER
+from master.services import sessions
 from master.services.accounts import Principal, authenticate
 from shared.errors import GpumarketError, Unauthorized
 
@@ -15,8 +16,11 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-PUBLIC_PATHS = frozenset({"/api/v1/health", "/api/v1/openapi.json", "/api/v1/enroll"})
+PUBLIC_PATHS = frozenset({"/api/v1/health", "/api/v1/openapi.json", "/api/v1/enroll", "/api/v1/sessions"})
 PRINCIPAL = web.RequestKey("principal", Principal)
+SESSION = web.RequestKey("console_session", sessions.SignedIn)
+# Methods that change something: a call authenticated by the console's cookie must also carry its CSRF token.
+UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 _HTTP_CODES = {
     400: "bad_request",
@@ -61,11 +65,22 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if request.match_info.http_exception is not None:
         raise request.match_info.http_exception  # unknown path or method: 404/405 before any auth
     if request.path.startswith("/api/") and request.path not in PUBLIC_PATHS:
-        header = request.headers.get("Authorization", "")
-        scheme, _, key = header.partition(" ")
-        if scheme.lower() != "bearer" or not key.strip():
-            raise Unauthorized("send your API key as 'Authorization: Bearer <key>'", code="missing_api_key")
         master = request.app[MASTER]
+        header = request.headers.get("Authorization")
+        cookie = request.cookies.get(sessions.COOKIE)
+        if header is None and cookie:
+            # The web console: a session cookie, and for any change the session's CSRF token too.
+            async with master.db.session() as session:
+                signed_in = await sessions.resolve(session, cookie, settings=master.settings, now=master.clock.now())
+            if request.method in UNSAFE_METHODS:
+                signed_in.check_csrf(request.headers.get(sessions.CSRF_HEADER))
+            request[PRINCIPAL], request[SESSION] = signed_in.principal, signed_in
+            return await handler(request)
+        scheme, _, key = (header or "").partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            if header is None and request.path.startswith("/api/v1/sessions"):
+                raise Unauthorized("you are not signed in; sign in with your API key", code="not_signed_in")
+            raise Unauthorized("send your API key as 'Authorization: Bearer <key>'", code="missing_api_key")
         async with master.db.session() as session:
             request[PRINCIPAL] = await authenticate(session, key.strip())
     return await handler(request)

@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
 from aiohttp import web
 from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
 
-from billing import credits
+from billing import credits, ledger, rating, summaries
 from master import telemetry
-from master.api import routes_alerts, routes_billing, routes_invoices, routes_market, routes_metrics
+from master.api import (
+    routes_alerts,
+    routes_billing,
+    routes_console,
+    routes_invoices,
+    routes_market,
+    routes_metrics,
+)
 from master.api.base import (
     API,
     PAGING,
@@ -28,8 +38,9 @@ from master.api.base import (
 from master.api.keys import MASTER
 from master.api.middleware import principal
 from master.api.schemas import EnrollRequest, ErrorBody, QuotaPut, RentalCreate
-from master.models import Account
+from master.models import Account, Rental, RentalEvent
 from master.services import commands, enrollment, faults, hosts, rentals
+from master.services.accounts import Principal
 from shared.errors import BadRequest, NotFound
 
 VERSION = "0.1.0"
@@ -114,16 +125,28 @@ async def enroll(request: web.Request) -> web.Response:
     )
 
 
+async def _with_earnings(session: AsyncSession, who: Principal, views: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each host's earnings for its provider (and admins); renters see null."""
+    earned = await summaries.earned_by_host(session, [v["id"] for v in views]) if who.role != "renter" else {}
+    for view in views:
+        view["earned"] = ledger.money(earned.get(view["id"], Decimal(0))) if who.role != "renter" else None
+    return views
+
+
 async def list_hosts(request: web.Request) -> web.Response:
     limit, offset = page(request)
+    who = principal(request)
     async with request.app[MASTER].db.session() as session:
-        items, total = await hosts.list_hosts(session, principal(request), limit=limit, offset=offset)
+        items, total = await hosts.list_hosts(session, who, limit=limit, offset=offset)
+        items = await _with_earnings(session, who, items)
     return listing(items, total, limit, offset)
 
 
 async def get_host(request: web.Request) -> web.Response:
+    who = principal(request)
     async with request.app[MASTER].db.session() as session:
-        return web.json_response(await hosts.get_host(session, principal(request), request.match_info["host_id"]))
+        view = await hosts.get_host(session, who, request.match_info["host_id"])
+        return web.json_response((await _with_earnings(session, who, [view]))[0])
 
 
 def time_query(request: web.Request, name: str) -> datetime | None:
@@ -220,26 +243,45 @@ async def create_rental(request: web.Request) -> web.Response:
         queue_timeout_s=body.queue_timeout_s,
     )  # fmt: skip
     rental, created = await rentals.create_rental(request.app[MASTER], who, request_, idempotency_key=key)
-    return web.json_response(rentals.rental_view(rental), status=201 if created else 200)
+    async with request.app[MASTER].db.session() as session:
+        views = await _rental_views(session, [rental])
+    return web.json_response(views[0], status=201 if created else 200)
+
+
+async def _rental_views(
+    session: AsyncSession, rows: Sequence[Rental], events: Sequence[RentalEvent] | None = None
+) -> list[dict[str, Any]]:
+    """Rental views with their money: what the whole rental costs per hour and what it has charged so far."""
+    charged = await summaries.charged_by_rental(session, [r.id for r in rows])
+    views = []
+    for rental in rows:
+        view = rentals.rental_view(rental, events)
+        view["price_per_hour"] = ledger.money(rating.per_hour(rental)) if rental.price_per_gpu_hour is not None else None
+        view["charged"] = ledger.money(charged.get(rental.id, Decimal(0)))
+        views.append(view)
+    return views
 
 
 async def list_rentals(request: web.Request) -> web.Response:
     limit, offset = page(request)
     async with request.app[MASTER].db.session() as session:
         rows, total = await rentals.list_rentals(session, principal(request), limit=limit, offset=offset)
-    return listing([rentals.rental_view(r) for r in rows], total, limit, offset)
+        items = await _rental_views(session, rows)
+    return listing(items, total, limit, offset)
 
 
 async def get_rental(request: web.Request) -> web.Response:
     async with request.app[MASTER].db.session() as session:
         rental = await rentals.get_rental(session, principal(request), request.match_info["rental_id"])
         events = await rentals.rental_events(session, rental.id)
-        return web.json_response(rentals.rental_view(rental, events))
+        return web.json_response((await _rental_views(session, [rental], events))[0])
 
 
 async def delete_rental(request: web.Request) -> web.Response:
     rental = await rentals.stop_rental(request.app[MASTER], principal(request), request.match_info["rental_id"])
-    return web.json_response(rentals.rental_view(rental), status=202)
+    async with request.app[MASTER].db.session() as session:
+        views = await _rental_views(session, [rental])
+    return web.json_response(views[0], status=202)
 
 
 async def openapi(request: web.Request) -> web.Response:
@@ -290,13 +332,17 @@ CORE_ROUTES: tuple[Route, ...] = (
     Route("DELETE", "/rentals/{rental_id}", delete_rental, "Stop a rental; the GPUs are freed when the agent confirms.", success=202, errors=(404,)),
 )
 
-ROUTES: tuple[Route, ...] = CORE_ROUTES + routes_market.ROUTES + routes_alerts.ROUTES + routes_metrics.ROUTES + routes_billing.ROUTES + routes_invoices.ROUTES
+ROUTES: tuple[Route, ...] = (
+    CORE_ROUTES + routes_market.ROUTES + routes_alerts.ROUTES + routes_metrics.ROUTES + routes_billing.ROUTES
+    + routes_invoices.ROUTES + routes_console.ROUTES
+)
 
 ERROR_SCHEMA = ErrorBody
 
 
 def add_routes(app: web.Application) -> None:
     routes_metrics.add_unversioned_routes(app)
+    routes_console.add_stream_lifecycle(app)
     for route in ROUTES:
         handler = route.handler
         if route.roles:

@@ -48,6 +48,11 @@ async def create_api_key(session: AsyncSession, account_id: str) -> str:
 
 
 async def authenticate(session: AsyncSession, api_key: str) -> Principal:
+    return (await authenticate_key(session, api_key))[0]
+
+
+async def authenticate_key(session: AsyncSession, api_key: str) -> tuple[Principal, str]:
+    """The account behind a valid API key, and the key's id."""
     row = (
         await session.execute(
             select(Account, ApiKey)
@@ -56,9 +61,9 @@ async def authenticate(session: AsyncSession, api_key: str) -> Principal:
         )
     ).first()
     if row is None:
-        raise Unauthorized("the API key is unknown or revoked; create a new one in the console", code="invalid_api_key")
-    account = row[0]
-    return Principal(account_id=account.id, name=account.name, role=account.role)
+        raise Unauthorized("the API key is unknown or revoked; check it, or ask for a new one", code="invalid_api_key")
+    account, key = row
+    return Principal(account_id=account.id, name=account.name, role=account.role), key.id
 
 
 async def key_is_valid(session: AsyncSession, api_key: str) -> bool:

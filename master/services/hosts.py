@@ -488,7 +488,30 @@ def _gpu_view(gpu: Gpu) -> dict[str, Any]:
     }
 
 
-def host_view(host: Host, gpus: Sequence[Gpu], *, detail: bool = False) -> dict[str, Any]:
+def _best_gpu(gpus: Sequence[Gpu]) -> Gpu | None:
+    """The host's best present GPU by performance score: what its tier and score in listings are."""
+    scored = [g for g in gpus if g.present]
+    return max(scored, key=lambda g: g.score if g.score is not None else -1.0, default=None)
+
+
+async def active_rentals_by_host(session: AsyncSession, host_ids: Sequence[str]) -> dict[str, list[str]]:
+    """The ids of each host's rentals that hold GPUs now (pending on the host, starting, running, stopping)."""
+    if not host_ids:
+        return {}
+    rows = await session.execute(
+        select(Rental.host_id, Rental.id)
+        .where(Rental.host_id.in_(list(host_ids)), Rental.state.in_(rentals.ACTIVE_STATES))
+        .order_by(Rental.created_at)
+    )
+    found: dict[str, list[str]] = {}
+    for host_id, rental_id in rows.all():
+        if host_id is not None:
+            found.setdefault(host_id, []).append(rental_id)
+    return found
+
+
+def host_view(host: Host, gpus: Sequence[Gpu], *, detail: bool = False, active_rentals: Sequence[str] = ()) -> dict[str, Any]:
+    best = _best_gpu(gpus)
     view: dict[str, Any] = {
         "id": host.id,
         "name": host.name,
@@ -500,6 +523,9 @@ def host_view(host: Host, gpus: Sequence[Gpu], *, detail: bool = False) -> dict[
         "gpu_backend": host.gpu_backend,
         "last_seen_at": host.last_seen_at.isoformat() if host.last_seen_at else None,
         "reliability_score": host.reliability,
+        "tier": best.tier if best is not None else None,
+        "score": best.score if best is not None else None,
+        "active_rentals": list(active_rentals),
         "gpu_count": sum(1 for g in gpus if g.present),
         "gpus": [_gpu_view(g) for g in sorted(gpus, key=lambda g: g.index) if g.present],
     }
@@ -533,7 +559,8 @@ async def list_hosts(session: AsyncSession, principal: Principal, *, limit: int,
     by_host: dict[str, list[Gpu]] = {}
     for gpu in gpus:
         by_host.setdefault(gpu.host_id, []).append(gpu)
-    return [host_view(h, by_host.get(h.id, [])) for h in hosts], total
+    active = await active_rentals_by_host(session, [h.id for h in hosts])
+    return [host_view(h, by_host.get(h.id, []), active_rentals=active.get(h.id, [])) for h in hosts], total
 
 
 async def get_host(session: AsyncSession, principal: Principal, host_id: str) -> dict[str, Any]:
@@ -542,7 +569,8 @@ async def get_host(session: AsyncSession, principal: Principal, host_id: str) ->
     if host is None or not condition_ok:
         raise NotFound(f"no host {host_id!r}", code="host_not_found")
     gpus = (await session.scalars(select(Gpu).where(Gpu.host_id == host.id))).all()
-    view = host_view(host, gpus, detail=True)
+    active = await active_rentals_by_host(session, [host.id])
+    view = host_view(host, gpus, detail=True, active_rentals=active.get(host.id, []))
     events = (await session.scalars(select(HostEvent).where(HostEvent.host_id == host.id).order_by(HostEvent.id.desc()).limit(20))).all()
     view["recent_events"] = [
         {"at": e.at.isoformat(), "from": e.from_state, "to": e.to_state, "cause": e.cause, "actor": e.actor} for e in events
@@ -550,7 +578,8 @@ async def get_host(session: AsyncSession, principal: Principal, host_id: str) ->
     return view
 
 
-async def _visible_host(session: AsyncSession, principal: Principal, host_id: str) -> Host:
+async def visible_host(session: AsyncSession, principal: Principal, host_id: str) -> Host:
+    """A host the caller may look at (renters and admins: any; providers: their own); 404 otherwise."""
     host = await session.get(Host, host_id)
     if host is None or not (principal.role in ("admin", "renter") or host.owner_id == principal.account_id):
         raise NotFound(f"no host {host_id!r}", code="host_not_found")
@@ -561,7 +590,7 @@ async def host_events(
     session: AsyncSession, principal: Principal, host_id: str, *, limit: int, offset: int
 ) -> tuple[list[dict[str, Any]], int]:
     """Every state change of the host, newest first, with time, cause and actor."""
-    host = await _visible_host(session, principal, host_id)
+    host = await visible_host(session, principal, host_id)
     total = await session.scalar(select(func.count()).select_from(HostEvent).where(HostEvent.host_id == host.id)) or 0
     rows = (
         await session.scalars(
@@ -577,14 +606,14 @@ async def host_metrics(
     resolution: str = "raw",
 ) -> list[dict[str, Any]]:
     """Telemetry of one host, oldest first: raw samples, or ``1m`` / ``1h`` roll-up buckets."""
-    host = await _visible_host(session, principal, host_id)
+    host = await visible_host(session, principal, host_id)
     if resolution == "raw":
         return await raw_series(session, host.id, since=since, until=until, limit=limit)
     return await rollup_series(session, host.id, resolution, since=since, until=until, limit=limit)
 
 
 async def host_network(session: AsyncSession, principal: Principal, host_id: str, *, limit: int) -> list[dict[str, Any]]:
-    host = await _visible_host(session, principal, host_id)
+    host = await visible_host(session, principal, host_id)
     rows = (
         await session.scalars(
             select(NetworkMeasurement).where(NetworkMeasurement.host_id == host.id).order_by(NetworkMeasurement.measured_at.desc()).limit(limit)

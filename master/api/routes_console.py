@@ -1,0 +1,175 @@
+"""What the web console needs beyond the rest of the API: signing in and out, and live telemetry.
+
+``POST /sessions`` exchanges an API key for a session cookie (``master/services/sessions.py``);
+every other route then accepts that cookie in place of the ``Authorization`` header
+(``master/api/middleware.py``), with the session's CSRF token on every change.
+``GET /hosts/{id}/metrics/stream`` pushes a host's raw telemetry as Server-Sent Events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
+
+from master import telemetry
+from master.api.base import QueryParam, Route, int_query, parse_body
+from master.api.keys import MASTER
+from master.api.middleware import SESSION, principal
+from master.services import hosts, sessions
+from shared.errors import ClientError, NotFound
+
+# Samples one read of the live stream sends at most; a host sends one per telemetry interval.
+STREAM_PAGE = 100
+KEEPALIVE_S = 15.0
+STREAMS_CLOSING = web.AppKey("streams_closing", asyncio.Event)
+
+
+class SessionCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    api_key: str = Field(min_length=8, max_length=256, description="Your API key; the console keeps a session cookie instead.")
+
+
+class UnsupportedMediaType(ClientError):
+    code = "unsupported_media_type"
+    http_status = 415
+
+
+def _secure_cookie(request: web.Request) -> bool:
+    chosen = request.app[MASTER].settings.console_secure_cookie
+    if chosen is not None:
+        return chosen
+    public = request.app[MASTER].settings.public_url or ""
+    return request.secure or public.startswith("https://")
+
+
+async def create_session(request: web.Request) -> web.Response:
+    # A JSON body only: a cross-site HTML form cannot send one, so nobody signs a browser in behind its back.
+    if request.content_type != "application/json":
+        raise UnsupportedMediaType("send the API key as a JSON body: {\"api_key\": \"...\"}")
+    body = await parse_body(request, SessionCreate)
+    master = request.app[MASTER]
+    async with master.db.session() as session:
+        token, signed_in = await sessions.sign_in(session, body.api_key.strip(), settings=master.settings, now=master.clock.now())
+    response = web.json_response(signed_in.view(), status=201, headers={"Cache-Control": "no-store"})
+    response.set_cookie(
+        sessions.COOKIE, token, httponly=True, samesite="Strict", secure=_secure_cookie(request), path="/",
+        max_age=int(master.settings.console_session_max_s),
+    )  # fmt: skip
+    return response
+
+
+def _signed_in(request: web.Request) -> sessions.SignedIn:
+    if SESSION not in request:
+        raise NotFound("this call was made with an API key, not a console session", code="no_session")
+    return request[SESSION]
+
+
+async def get_session(request: web.Request) -> web.Response:
+    return web.json_response(_signed_in(request).view(), headers={"Cache-Control": "no-store"})
+
+
+async def delete_session(request: web.Request) -> web.Response:
+    signed_in = _signed_in(request)
+    master = request.app[MASTER]
+    async with master.db.session() as session:
+        await sessions.sign_out(session, signed_in.session_id, now=master.clock.now())
+    response = web.json_response({"signed_out": True})
+    response.del_cookie(sessions.COOKIE, path="/")
+    return response
+
+
+def _event(item: dict[str, Any]) -> bytes:
+    return f"id: {item['seq']}\nevent: sample\ndata: {json.dumps(item, separators=(',', ':'))}\n\n".encode()
+
+
+def _resume_from(request: web.Request) -> int | None:
+    """The sequence number the browser saw last (EventSource's ``Last-Event-ID``, or ``?after_seq=``)."""
+    raw = request.headers.get("Last-Event-ID") or request.query.get("after_seq")
+    if not raw:
+        return None
+    try:
+        return max(-1, int(raw))
+    except ValueError:
+        return None  # a stale or foreign id: start again from the recent samples
+
+
+async def stream_host_metrics(request: web.Request) -> web.StreamResponse:
+    """Server-Sent Events: the host's recent raw samples, then each new one as it is stored.
+
+    The stream closes after ``stream_max_s`` (the browser reconnects with ``Last-Event-ID`` and is
+    authorized again) and at once when the master shuts down. A client that goes away ends it at
+    the next write; no transaction is open while it waits.
+    """
+    master = request.app[MASTER]
+    backlog = int_query(request, "backlog", 60, minimum=0, maximum=1000)
+    resume = _resume_from(request)
+    async with master.db.session() as session:
+        host = await hosts.visible_host(session, principal(request), request.match_info["host_id"])
+        if resume is not None:
+            first = await telemetry.samples_after(session, host.id, resume, limit=STREAM_PAGE)
+        else:
+            first = await telemetry.raw_series(session, host.id, since=None, until=None, limit=max(backlog, 1))
+            first = first[-backlog:] if backlog else []
+            if not first:
+                resume = await telemetry.latest_seq(session, host.id)
+    last_seq = max([item["seq"] for item in first], default=resume if resume is not None else -1)
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+    )
+    await response.prepare(request)
+    closing = request.app[STREAMS_CLOSING]
+    clock, settings = master.clock, master.settings
+    deadline = clock.monotonic() + settings.stream_max_s
+    last_write = clock.monotonic()
+    with contextlib.suppress(ConnectionResetError):
+        await response.write(b"retry: 2000\n\n" + b"".join(_event(item) for item in first))
+        while clock.monotonic() < deadline and not closing.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(closing.wait(), timeout=settings.stream_poll_interval)
+            async with master.db.session() as session:
+                items = await telemetry.samples_after(session, host.id, last_seq, limit=STREAM_PAGE)
+            if items:
+                last_seq = items[-1]["seq"]
+                await response.write(b"".join(_event(item) for item in items))
+                last_write = clock.monotonic()
+            elif clock.monotonic() - last_write >= KEEPALIVE_S:
+                await response.write(b": keep-alive\n\n")
+                last_write = clock.monotonic()
+    return response
+
+
+async def streams_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Live streams end when the app shuts down, rather than holding it up until they time out."""
+    app[STREAMS_CLOSING] = asyncio.Event()
+    yield
+
+
+async def _close_streams(app: web.Application) -> None:
+    app[STREAMS_CLOSING].set()
+
+
+def add_stream_lifecycle(app: web.Application) -> None:
+    app.cleanup_ctx.append(streams_ctx)
+    app.on_shutdown.append(_close_streams)
+
+
+ROUTES: tuple[Route, ...] = (
+    Route("POST", "/sessions", create_session, "Sign in to the web console: an API key for a session cookie (HttpOnly, "
+          "SameSite=Strict) and the CSRF token every change must send in X-CSRF-Token.",
+          public=True, body=SessionCreate, success=201, errors=(401, 415, 422)),
+    Route("GET", "/sessions/current", get_session, "The console session of the cookie: account, CSRF token, end.", errors=(401, 404)),
+    Route("DELETE", "/sessions/current", delete_session, "Sign out: end the console session and clear its cookie.", errors=(401, 403, 404)),
+    Route("GET", "/hosts/{host_id}/metrics/stream", stream_host_metrics,
+          "Live raw telemetry of a host as Server-Sent Events ('sample' events, id = sequence number): the recent "
+          "samples, then each new one. Resumes after Last-Event-ID.",
+          query=(QueryParam("backlog", "integer", "Recent samples sent first (default 60).", 0, 1000),
+                 QueryParam("after_seq", "integer", "Send only samples after this sequence number.")),
+          errors=(404,)),
+)  # fmt: skip
