@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from decimal import Decimal
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from billing import ledger
 from billing.ledger import from_micros, micros_sum
-from master.models import LedgerEntry, LedgerTransaction, Rental
+from master.models import LedgerEntry, LedgerTransaction, Payout, Rental
 
 RENTER_LEGS = "renter:%:credit"
 PROVIDER_LEGS = "provider:%:payable"
@@ -50,3 +52,18 @@ async def earned_by_host(session: AsyncSession, host_ids: Collection[str]) -> di
     )
     # The provider's payable is a liability too: earnings credit it (negative amounts).
     return {host_id: -from_micros(total) for host_id, total in rows.all() if host_id is not None}
+
+
+async def provider_earnings(session: AsyncSession, provider_id: str) -> dict[str, Any]:
+    """A provider's money: what the platform owes it now (paid out in the next batch above the minimum),
+    what it has been paid, and so what it has earned in all."""
+    payable = await ledger.balance(session, ledger.provider_payable(provider_id))
+    paid = [Decimal(a) for a in (await session.scalars(select(Payout.amount).where(Payout.provider_id == provider_id))).all()]
+    paid_out = sum(paid, Decimal(0))
+    payouts = await session.scalar(select(func.count()).select_from(Payout).where(Payout.provider_id == provider_id)) or 0
+    return {
+        "payable": ledger.money(payable),
+        "paid_out": ledger.money(paid_out),
+        "earned_total": ledger.money(payable + paid_out),
+        "payouts": int(payouts),
+    }

@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 from sqlalchemy import select, update
 
+from billing.payouts import payout_pass
 from billing.rating import rate_open_rentals
 from master.api.base import API
 from master.models import ApiKey, Rental
@@ -277,3 +278,18 @@ class TestMoneyInViews:
         assert detail["earned"] == host["earned"] and detail["active_rentals"] == [running]
         _, seen_by_renter = await api.as_renter("GET", f"/hosts/{host_id}")
         assert seen_by_renter["earned"] is None
+
+    async def test_a_providers_account_shows_what_it_is_owed_and_was_paid(self, api: Api) -> None:
+        """GET /account for a provider: payable now, paid out by payout batches, and their sum earned in all; renters have none."""
+        host_id, _ = await api.host(1)
+        now = datetime.now(UTC)
+        await make_rental(api, host_id, price="10.00", start=now - timedelta(hours=3), end=now - timedelta(hours=1))
+        await rate_open_rentals(api.master.db, now=now, policy=POLICY)
+        status, before = await api.as_provider("GET", "/account")
+        assert status == 200 and before["earnings"]["payable"] == "17.000000"  # 2 h × 10.00, less 15 %
+        assert (before["earnings"]["paid_out"], before["earnings"]["payouts"]) == ("0.000000", 0)
+        await payout_pass(api.master.db, api.master.settings, now)
+        _, after = await api.as_provider("GET", "/account")
+        assert after["earnings"] == {"payable": "0.000000", "paid_out": "17.000000", "earned_total": "17.000000", "payouts": 1}
+        _, renter = await api.as_renter("GET", "/account")
+        assert "earnings" not in renter

@@ -74,12 +74,15 @@ async def get_account(request: web.Request) -> web.Response:
     async with request.app[MASTER].db.session() as session:
         account = await session.get(Account, who.account_id)
         assert account is not None
-        return web.json_response(
-            {"id": account.id, "name": account.name, "role": account.role, "created_at": account.created_at.isoformat(),
-             "quota": (quota := await rentals.quota_view(request.app[MASTER], session, account)),
-             "credit": await credits.credit_view(session, account, burn_per_hour=Decimal(quota["spend_per_hour"]),
-                                                 now=request.app[MASTER].clock.now())}
-        )  # fmt: skip
+        view = {
+            "id": account.id, "name": account.name, "role": account.role, "created_at": account.created_at.isoformat(),
+            "quota": (quota := await rentals.quota_view(request.app[MASTER], session, account)),
+            "credit": await credits.credit_view(session, account, burn_per_hour=Decimal(quota["spend_per_hour"]),
+                                                now=request.app[MASTER].clock.now()),
+        }  # fmt: skip
+        if account.role != "renter":
+            view["earnings"] = await summaries.provider_earnings(session, account.id)
+        return web.json_response(view)
 
 
 async def put_account_quota(request: web.Request) -> web.Response:
