@@ -24,7 +24,9 @@ from shared.bus import BusMessage, InProcessBus, open_bus
 from tests.factories import command_result, create_principal, gpu_info, master_settings, online_host
 from tests.helpers import ManualClock, eventually
 
-T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+# A day ahead of the real clock. The factories stamp hellos with the real time, which must be older than
+# anything the tests' clock says. (A fixed date here broke these tests once the real date passed it.)
+T0 = datetime.now(UTC).replace(microsecond=0) + timedelta(days=1)
 
 
 class WallClock:
