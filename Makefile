@@ -5,8 +5,10 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 ARGS   ?=
+# The console's browser tests drive Debian's Chromium through Playwright (never Playwright's download).
+CHROMIUM ?= $(or $(GPUMARKET_TEST_CHROMIUM),/usr/bin/chromium)
 
-.PHONY: up test install lint typecheck bench clean
+.PHONY: up test install chromium lint typecheck bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +20,19 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 
 install: $(VENV)/.installed
 
+# Installs Debian's chromium when it is missing and we are root (apt-get update only if the
+# package index does not know it yet). Otherwise says how; the browser tests fail without it.
+chromium:
+	@if [ -x "$(CHROMIUM)" ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Debian's chromium for the console's browser tests"; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y chromium \
+		|| { DEBIAN_FRONTEND=noninteractive apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }; \
+	else \
+		echo "make: $(CHROMIUM) is missing: install Debian's chromium (sudo apt-get install chromium)" \
+		     "or point GPUMARKET_TEST_CHROMIUM at a Chromium; tests/test_console_browser.py fails without one" >&2; \
+	fi
+
 up: install
 	$(BIN)/gpumarket up $(ARGS)
 
@@ -27,7 +42,7 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
-test: install lint typecheck
+test: install chromium lint typecheck
 	$(BIN)/python -m pytest $(ARGS)
 
 bench: install

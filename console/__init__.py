@@ -1,5 +1,6 @@
-"""The renter and provider web console, served by the master at ``/``.
+"""The renter, provider and admin web console, served by the master at ``/``.
 
-Only a placeholder page for now. Imports nothing from master/agent/access: the master
-mounts ``console.routes.add_console_routes`` on its app.
+A single-page app in ``console/static/`` (HTML, CSS, JavaScript modules; no build step),
+a pure client of the REST API ``/api/v1``. Imports nothing from master/agent/access: the
+master mounts ``console.routes.add_console_routes`` on its app.
 """

@@ -98,9 +98,10 @@ async def start_marketplace(
     http_port: int = 8080,
     relay_port: int = 8443,
     dns_port: int = 0,
-    heartbeat_interval: float = 10.0,
-    telemetry_interval: float = 10.0,
-    missed_heartbeats_offline: int = 3,
+    # None: from GPUMARKET_* in the environment, or the settings' defaults (10 s, 10 s, 3).
+    heartbeat_interval: float | None = None,
+    telemetry_interval: float | None = None,
+    missed_heartbeats_offline: int | None = None,
     network_interval: float = 3600.0,
     settings: MasterSettings | None = None,
 ) -> Marketplace:

@@ -71,6 +71,8 @@ class TestSignIn:
             assert COOKIE not in response.cookies
         status, body = await call(api, "GET", "/sessions/current")
         assert_error(status, body, 401, "not_signed_in")
+        async with api.client.post(API + "/sessions", json={"api_key": "short"}) as response:
+            assert_error(response.status, await response.json(), 401, "invalid_api_key")
 
     async def test_sign_in_takes_a_json_body_only(self, api: Api) -> None:
         """A form post (what a cross-site page could send) is 415: nobody can sign a browser in behind its back."""

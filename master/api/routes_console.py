@@ -33,7 +33,8 @@ STREAMS_CLOSING = web.AppKey("streams_closing", asyncio.Event)
 class SessionCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    api_key: str = Field(min_length=8, max_length=256, description="Your API key; the console keeps a session cookie instead.")
+    # Any length is a key to check: a short one is refused as a wrong key (401), not as malformed input.
+    api_key: str = Field(min_length=1, max_length=256, description="Your API key; the console keeps a session cookie instead.")
 
 
 class UnsupportedMediaType(ClientError):

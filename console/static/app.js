@@ -1,0 +1,216 @@
+// The console's entry point: the session, the hash router (#/offers, #/rentals/<id>, ...),
+// the role's navigation, and the sign-in page.
+
+import { api, ApiError, onSignedOut, session } from "./api.js";
+import { h, replace } from "./dom.js";
+import { errorBox, heading, busy } from "./ui.js";
+import { offersPage, rentalsPage, rentalPage, billingPage } from "./pages-renter.js";
+import { hostsPage, hostPage, enrollPage, earningsPage } from "./pages-provider.js";
+import { fleetPage } from "./pages-admin.js";
+
+const ROUTES = [
+  { path: /^\/fleet$/, roles: ["admin"], title: "Fleet", nav: "#/fleet", render: fleetPage },
+  { path: /^\/offers$/, roles: ["renter", "admin"], title: "Marketplace", nav: "#/offers", render: offersPage },
+  { path: /^\/rentals$/, roles: ["renter", "admin"], title: "Rentals", nav: "#/rentals", render: rentalsPage },
+  { path: /^\/rentals\/([^/]+)$/, roles: ["renter", "admin"], title: "Rental", render: rentalPage },
+  { path: /^\/billing$/, roles: ["renter"], title: "Billing", nav: "#/billing", render: billingPage },
+  { path: /^\/hosts$/, roles: ["provider", "admin"], title: "Hosts", nav: "#/hosts", render: hostsPage },
+  { path: /^\/hosts\/([^/]+)$/, roles: ["provider", "admin"], title: "Host", render: hostPage },
+  { path: /^\/enroll$/, roles: ["provider"], title: "Enroll a host", nav: "#/enroll", render: enrollPage },
+  { path: /^\/earnings$/, roles: ["provider"], title: "Earnings", nav: "#/earnings", render: earningsPage },
+];
+
+const HOME = { renter: "#/offers", provider: "#/hosts", admin: "#/fleet" };
+// A 401 in the middle of using the console means the session is gone (expired, signed out
+// elsewhere, its API key revoked; missing_api_key: the cookie itself is gone).
+const EXPIRED_CODES = new Set(["session_expired", "not_signed_in", "missing_api_key", "invalid_api_key"]);
+
+const main = document.getElementById("main");
+const nav = document.getElementById("nav");
+const who = document.getElementById("who");
+const notice = document.getElementById("notice");
+
+let current = { cleanups: [], token: 0 };
+let wantedHash = null; // where to go after signing in
+let noticeTimer = null;
+
+/** A short success message in the polite live region at the top of the page. */
+export function notify(text) {
+  notice.textContent = text;
+  notice.classList.add("shown");
+  clearTimeout(noticeTimer);
+  noticeTimer = setTimeout(() => {
+    notice.textContent = "";
+    notice.classList.remove("shown");
+  }, 8000);
+}
+
+function leavePage() {
+  for (const cleanup of current.cleanups) {
+    try {
+      cleanup();
+    } catch {
+      /* a page's cleanup failing must not block navigation */
+    }
+  }
+  current = { cleanups: [], token: current.token + 1 };
+}
+
+function renderChrome() {
+  const account = session.current && session.current.account;
+  if (!account) {
+    nav.replaceChildren();
+    who.replaceChildren();
+    return;
+  }
+  const path = location.hash.replace(/^#/, "");
+  const items = ROUTES.filter((r) => r.nav && r.roles.includes(account.role));
+  nav.replaceChildren(h("ul", {}, items.map((r) => {
+    const active = path === r.nav.slice(1) || path.startsWith(`${r.nav.slice(1)}/`);
+    return h("li", {}, h("a", { href: r.nav, "aria-current": active ? "page" : null }, r.title));
+  })));
+  const signOut = h("button", { type: "button", class: "secondary", id: "sign-out" }, "Sign out");
+  signOut.addEventListener("click", () => signOutNow(signOut));
+  who.replaceChildren(h("span", { class: "account" }, h("span", { class: "account-name" }, account.name), " ",
+    h("span", { class: `badge role-${account.role}` }, account.role)), signOut);
+}
+
+async function signOutNow(button) {
+  await busy(button, async () => {
+    try {
+      await api("DELETE", "/sessions/current", { quietAuth: true });
+    } catch {
+      /* signed out either way */
+    }
+  }, "Signing out…");
+  session.current = null;
+  wantedHash = null;
+  history.replaceState(null, "", "#/signin");
+  showSignIn("You are signed out.", false);
+}
+
+function showSignIn(message, isProblem = true) {
+  leavePage();
+  renderChrome();
+  document.title = "Sign in · gpumarket";
+  const box = errorBox();
+  const info = h("p", { class: "info", role: "status" });
+  if (message && isProblem) box.show(message);
+  else if (message) info.textContent = message;
+  const key = h("input", { id: "api-key", name: "api_key", type: "password", autocomplete: "current-password", required: true,
+    spellcheck: "false", "aria-describedby": "api-key-hint" });
+  const submit = h("button", { type: "submit" }, "Sign in");
+  const form = h("form", { class: "card signin", novalidate: true },
+    h("div", { class: "field" }, h("label", { for: "api-key" }, "API key"), key,
+      h("p", { class: "hint", id: "api-key-hint" }, "Your account's API key (gmk_…). The demo's keys are in credentials.json in the data directory.")),
+    box.el, h("div", { class: "actions" }, submit));
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    box.clear();
+    info.textContent = "";
+    const value = key.value.trim();
+    if (!value) {
+      box.show("Enter your API key.");
+      key.focus();
+      return;
+    }
+    await busy(submit, async () => {
+      try {
+        session.current = await api("POST", "/sessions", { body: { api_key: value }, quietAuth: true });
+      } catch (error) {
+        box.show(error);
+        key.select();
+        return;
+      }
+      key.value = "";
+      const target = wantedHash && wantedHash !== "#/signin" ? wantedHash : HOME[session.current.account.role] || "#/";
+      wantedHash = null;
+      if (location.hash === target) route();
+      else location.hash = target;
+    }, "Signing in…");
+  });
+  replace(main, h("div", { class: "page page-signin" }, heading("Sign in to gpumarket"), info, form));
+  key.focus();
+}
+
+onSignedOut((error) => {
+  if (!wantedHash && location.hash && location.hash !== "#/signin") wantedHash = location.hash;
+  const message = EXPIRED_CODES.has(error.code) ? "Your session expired — sign in again." : error.message;
+  history.replaceState(null, "", "#/signin");
+  showSignIn(message);
+});
+
+function route() {
+  const hash = location.hash || "#/";
+  if (!hash.startsWith("#/")) return; // an in-page anchor, not a page
+  if (!session.current) {
+    if (hash !== "#/signin") wantedHash = hash;
+    showSignIn(null);
+    return;
+  }
+  const role = session.current.account.role;
+  const path = hash.slice(1).split("?")[0];
+  const found = ROUTES.map((r) => ({ r, m: r.path.exec(path) })).find(({ r, m }) => m && r.roles.includes(role));
+  if (!found) {
+    location.replace(HOME[role] || "#/offers");
+    return;
+  }
+  leavePage();
+  renderChrome();
+  const token = current.token;
+  const page = h("div", { class: `page page-${found.r.title.toLowerCase().replace(/[^a-z]+/g, "-")}` });
+  replace(main, page);
+  document.title = `${found.r.title} · gpumarket`;
+  const ctx = {
+    params: found.m.slice(1).map(decodeURIComponent),
+    query: new URLSearchParams(hash.split("?")[1] || ""),
+    role,
+    account: session.current.account,
+    alive: () => current.token === token,
+    onLeave: (fn) => current.cleanups.push(fn),
+    notify,
+    setTitle: (title) => {
+      document.title = `${title} · gpumarket`;
+    },
+  };
+  try {
+    found.r.render(page, ctx);
+  } catch (error) {
+    const box = errorBox();
+    box.show(error instanceof ApiError ? error : `This page failed to load: ${error.message}`);
+    replace(page, box.el);
+  }
+  const title = page.querySelector("h1");
+  if (title && document.activeElement !== title) title.focus({ preventScroll: true });
+}
+
+async function boot() {
+  document.querySelector(".skip-link").addEventListener("click", (event) => {
+    event.preventDefault();
+    const target = main.querySelector("h1") || main;
+    target.focus();
+  });
+  window.addEventListener("hashchange", route);
+  try {
+    session.current = await api("GET", "/sessions/current", { quietAuth: true });
+  } catch (error) {
+    session.current = null;
+    if (error instanceof ApiError && error.code === "session_expired") {
+      if (location.hash && location.hash !== "#/signin") wantedHash = location.hash;
+      showSignIn("Your session expired — sign in again.");
+      return;
+    }
+    if (error instanceof ApiError && error.status !== 401) {
+      if (location.hash && location.hash !== "#/signin") wantedHash = location.hash;
+      showSignIn(`The console could not reach the API: ${error.message}`);
+      return;
+    }
+  }
+  if (session.current && (location.hash === "" || location.hash === "#/" || location.hash === "#/signin")) {
+    location.replace(HOME[session.current.account.role] || "#/offers");
+    return;
+  }
+  route();
+}
+
+boot();

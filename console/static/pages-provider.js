@@ -1,0 +1,328 @@
+// Provider pages: hosts and their live telemetry, listings (prices), enrollment, earnings.
+// Admins see the hosts pages too (every host).
+
+import { api } from "./api.js";
+import { badge, facts, field, h, link, num, replace, table, timeEl } from "./dom.js";
+import { invoicesSection } from "./invoices.js";
+import { usd } from "./money.js";
+import { gpuCharts } from "./telemetry.js";
+import { busy, errorBox, heading, loadInto, loading } from "./ui.js";
+
+function gpuSummary(gpus) {
+  const byName = new Map();
+  for (const gpu of gpus || []) byName.set(gpu.name, (byName.get(gpu.name) || 0) + 1);
+  return [...byName].map(([name, n]) => `${n} × ${name}`).join(", ") || "none";
+}
+
+function rentalsCell(ids, role) {
+  if (!Array.isArray(ids)) return "—";
+  if (ids.length === 0) return "none";
+  return h("span", { class: "id-list" }, ids.map((id, i) => [i ? ", " : "",
+    role === "admin" ? link(`#/rentals/${encodeURIComponent(id)}`, id) : h("code", {}, id)]));
+}
+
+// ---- Hosts ----------------------------------------------------------------------------
+
+export function hostsPage(page, ctx) {
+  const slot = h("div", {});
+  const refresh = h("button", { type: "button", class: "secondary" }, "Refresh");
+  const intro = ctx.role === "admin" ? "Every host on the platform." : "Your hosts, their state and what they earn.";
+  replace(page, heading("Hosts", intro),
+    h("div", { class: "actions" }, refresh, ctx.role === "provider" ? [" ", link("#/enroll", "Enroll a host")] : null), slot);
+  const load = loadInto(ctx, slot, async () => {
+    const body = await api("GET", "/hosts?limit=500");
+    const rows = body.items.map((host) => [
+      link(`#/hosts/${encodeURIComponent(host.id)}`, host.name || host.id, { class: "host-link" }),
+      badge(host.state),
+      host.region ?? "—",
+      gpuSummary(host.gpus),
+      host.tier ? badge(host.tier, "tier") : "—",
+      num(host.score, 1),
+      host.reliability_score === null || host.reliability_score === undefined ? "—" : num(host.reliability_score, 3),
+      rentalsCell(host.active_rentals, ctx.role),
+      usd(host.earned),
+      timeEl(host.last_seen_at),
+    ]);
+    return table({ caption: `Hosts (${body.total})`, columns: ["Host", "State", "Region", "GPUs", "Tier", "Score", "Reliability",
+      "Current rentals", "Earned", "Last seen"], rows, empty: "No hosts yet: enroll one.", className: "hosts" });
+  });
+  refresh.addEventListener("click", () => load());
+  const timer = setInterval(() => load(true), 10000);
+  ctx.onLeave(() => clearInterval(timer));
+}
+
+export function hostPage(page, ctx) {
+  const [hostId] = ctx.params;
+  ctx.setTitle(`Host ${hostId}`);
+  const summary = h("div", {}, loading());
+  const gpusSlot = h("div", {});
+  const chartsSlot = h("div", {});
+  const eventsSlot = h("div", {});
+  const networkSlot = h("div", {});
+  const networkErrors = errorBox();
+  const measure = h("button", { type: "button", class: "secondary", id: "measure-network" }, "Measure now");
+  const title = h("h1", { tabindex: "-1", class: "page-title" }, `Host ${hostId}`);
+  replace(page, h("p", { class: "crumbs" }, link("#/hosts", "← Hosts")), title, summary,
+    h("section", { "aria-labelledby": "gpus-title" }, h("h2", { id: "gpus-title" }, "GPUs"), gpusSlot),
+    chartsSlot,
+    listingSection(ctx, hostId),
+    h("section", { "aria-labelledby": "network-title" }, h("h2", { id: "network-title" }, "Network speed tests"),
+      h("div", { class: "actions" }, measure), networkErrors.el, networkSlot),
+    h("section", { "aria-labelledby": "history-title" }, h("h2", { id: "history-title" }, "State history"), eventsSlot));
+
+  const charts = gpuCharts(hostId, { heading: "Live GPU telemetry" });
+  replace(chartsSlot, charts.el);
+  ctx.onLeave(() => charts.close());
+
+  const showHost = loadInto(ctx, summary, async () => {
+    const host = await api("GET", `/hosts/${encodeURIComponent(hostId)}`);
+    title.textContent = `Host ${host.name || host.id}`;
+    ctx.setTitle(`Host ${host.name || host.id}`);
+    replace(gpusSlot, table({
+      caption: "GPUs", columns: ["Index", "Model", "Memory", "Tier", "Score", "Rented", "Share used", "UUID"],
+      rows: (host.gpus || []).map((g) => {
+        const cls = g.classification || {};
+        return [String(g.index), g.name, `${num(g.memory_total_mib / 1024, 0)} GiB`, cls.tier ? badge(cls.tier, "tier") : "—",
+          num(cls.score, 1), g.rented ? "yes" : "no", g.milli_used ? `${g.milli_used / 10} %` : "—", h("code", {}, g.uuid)];
+      }),
+      empty: "No GPUs reported yet.",
+    }));
+    return facts([
+      ["Host id", h("code", {}, host.id)],
+      ["State", badge(host.state)],
+      ["Since", timeEl(host.state_changed_at)],
+      ["Region", host.region],
+      ["Relay", host.relay_id],
+      ["Tier", host.tier ? badge(host.tier, "tier") : "—"],
+      ["Score", num(host.score, 1)],
+      ["Reliability", host.reliability_score === null || host.reliability_score === undefined ? "not scored yet" : num(host.reliability_score, 3)],
+      ["Reliability computed", timeEl(host.reliability && host.reliability.computed_at)],
+      ["Current rentals", rentalsCell(host.active_rentals, ctx.role)],
+      ["Earned", usd(host.earned)],
+      ["Agent", `${host.agent_version ?? "—"} (${host.gpu_backend ?? "—"})`],
+      ["Last seen", timeEl(host.last_seen_at)],
+      ["Certificate valid until", timeEl(host.cert_not_after)],
+    ]);
+  });
+
+  const showEvents = loadInto(ctx, eventsSlot, async () => {
+    const body = await api("GET", `/hosts/${encodeURIComponent(hostId)}/events?limit=50`);
+    return table({ caption: `State changes (${body.total})`, columns: ["When", "From", "To", "Cause", "By"],
+      rows: body.items.map((e) => [timeEl(e.at), e.from ?? "—", badge(e.to), e.cause ?? "", e.actor ?? ""]), empty: "No state changes." });
+  });
+
+  const showNetwork = loadInto(ctx, networkSlot, async () => {
+    const body = await api("GET", `/hosts/${encodeURIComponent(hostId)}/network?limit=20`);
+    return table({ caption: "Speed tests, newest first", className: "network",
+      columns: ["Measured", "Download (Mbit/s)", "Upload (Mbit/s)", "Latency (ms)", "Jitter (ms)", "Loss", "Result"],
+      rows: body.items.map((m) => [timeEl(m.measured_at), num(m.download_mbps, 1), num(m.upload_mbps, 1), num(m.latency_ms, 2),
+        num(m.jitter_ms, 2), m.loss === undefined || m.loss === null ? "—" : `${num(m.loss * 100, 1)} %`, m.error ? m.error : "ok"]),
+      empty: "No measurements yet." });
+  });
+
+  if (ctx.role !== "provider" && ctx.role !== "admin") measure.hidden = true;
+  measure.addEventListener("click", async () => {
+    networkErrors.clear();
+    await busy(measure, async () => {
+      try {
+        const body = await api("POST", `/hosts/${encodeURIComponent(hostId)}/network-test`);
+        ctx.notify(`Speed test requested (command ${body.command_id}); the result appears below in a few seconds.`);
+      } catch (error) {
+        if (error.status !== 401) networkErrors.show(error);
+        return;
+      }
+      let tries = 0;
+      const poll = setInterval(() => {
+        tries += 1;
+        if (!ctx.alive() || tries > 10) clearInterval(poll);
+        else showNetwork(true);
+      }, 3000);
+      ctx.onLeave(() => clearInterval(poll));
+    }, "Requesting…");
+  });
+
+  const timer = setInterval(() => {
+    showHost(true);
+    showEvents(true);
+  }, 10000);
+  ctx.onLeave(() => clearInterval(timer));
+}
+
+// ---- Listing ---------------------------------------------------------------------------
+
+function toLocalInput(iso) {
+  if (!iso) return "";
+  const d = new Date(iso);
+  const pad = (n) => String(n).padStart(2, "0");
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}T${pad(d.getHours())}:${pad(d.getMinutes())}`;
+}
+
+function listingSection(ctx, hostId) {
+  const errors = errorBox();
+  const current = h("div", { class: "listing-current" }, loading());
+  const boundsSlot = h("div", {});
+  const price = field({ label: "Price, USD per GPU-hour", name: "price_per_gpu_hour", inputmode: "decimal", required: true, placeholder: "e.g. 0.45",
+    hint: "One price for every GPU of the host, within its best tier's bounds." });
+  const minBid = field({ label: "Minimum bid, USD per GPU-hour (optional)", name: "min_bid_per_gpu_hour", inputmode: "decimal",
+    hint: "The lowest bid for interruptible use; at most the price. Empty: the tier's lowest price." });
+  const unit = field({ label: "Smallest unit", name: "smallest_unit", value: "gpu", spellcheck: "false",
+    hint: "gpu (whole GPUs), milli:<n> (shares of n thousandths and up, e.g. milli:250) or mig:<profile> (e.g. mig:1g.10gb)." });
+  const until = field({ label: "Offered until (optional)", name: "available_until", type: "datetime-local",
+    hint: "Your local time. After it the host is not offered. Empty: no end." });
+  const save = h("button", { type: "submit" }, "Save listing");
+  const form = h("form", { class: "card listing-form", novalidate: true, "aria-labelledby": "listing-form-title" },
+    h("h3", { id: "listing-form-title" }, "Set the price"), price.row, minBid.row, unit.row, until.row, errors.el, h("div", { class: "actions" }, save));
+  let windows = [];
+
+  const showListing = (listing) => {
+    if (!listing) {
+      replace(current, h("p", {}, "Not listed: the host is offered at its tier's default price."));
+      return;
+    }
+    windows = (listing.maintenance_windows || []).map((w) => ({ start: w.start, end: w.end }));
+    price.input.value = listing.price_per_gpu_hour ?? "";
+    minBid.input.value = listing.min_bid_per_gpu_hour ?? "";
+    unit.input.value = listing.smallest_unit || "gpu";
+    until.input.value = toLocalInput(listing.available_until);
+    replace(current, facts([
+      ["Price", `${usd(listing.price_per_gpu_hour)} per GPU-hour`],
+      ["Minimum bid", listing.min_bid_per_gpu_hour ? `${usd(listing.min_bid_per_gpu_hour)} per GPU-hour` : "the tier's lowest price"],
+      ["Smallest unit", listing.smallest_unit],
+      ["Offered until", listing.available_until ? timeEl(listing.available_until) : "no end"],
+      ["Maintenance windows", windows.length ? windows.map((w) => `${w.start} – ${w.end}`).join("; ") : "none"],
+      ["Tier", listing.tier ?? "—"],
+      ["Verified", listing.verified ? "yes" : "no"],
+      ["Updated", timeEl(listing.updated_at)],
+    ]));
+  };
+
+  loadInto(ctx, boundsSlot, async () => {
+    const bounds = await api("GET", "/price-bounds");
+    return table({ caption: "Price bounds per tier (USD per GPU-hour)", columns: ["Tier", "Lowest", "Default", "Highest"], className: "bounds",
+      rows: bounds.items.map((b) => [badge(b.tier, "tier"), usd(b.min), usd(b.default), usd(b.max)]) });
+  });
+  (async () => {
+    try {
+      showListing(await api("GET", `/hosts/${encodeURIComponent(hostId)}/listing`));
+    } catch (error) {
+      if (!ctx.alive()) return;
+      if (error.code === "listing_not_found") showListing(null);
+      else if (error.status !== 401) {
+        current.replaceChildren();
+        errors.show(error);
+      }
+    }
+  })();
+
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    errors.clear();
+    if (!price.input.value.trim()) {
+      errors.show("Enter the price per GPU-hour.");
+      price.input.focus();
+      return;
+    }
+    const body = { price_per_gpu_hour: price.input.value.trim(), smallest_unit: unit.input.value.trim() || "gpu", maintenance_windows: windows };
+    if (minBid.input.value.trim()) body.min_bid_per_gpu_hour = minBid.input.value.trim();
+    if (until.input.value) {
+      const d = new Date(until.input.value);
+      if (Number.isNaN(d.getTime())) {
+        errors.show("Enter a valid date and time, or leave it empty.");
+        until.input.focus();
+        return;
+      }
+      body.available_until = d.toISOString();
+    }
+    await busy(save, async () => {
+      try {
+        const listing = await api("PUT", `/hosts/${encodeURIComponent(hostId)}/listing`, { body });
+        showListing(listing);
+        ctx.notify(`Listing saved: ${usd(listing.price_per_gpu_hour)} per GPU-hour.`);
+      } catch (error) {
+        if (error.status === 401) return;
+        errors.show(error);
+        price.input.focus();
+      }
+    }, "Saving…");
+  });
+
+  return h("section", { "aria-labelledby": "listing-title", class: "listing" }, h("h2", { id: "listing-title" }, "Listing"),
+    current, form, boundsSlot);
+}
+
+// ---- Enrollment -------------------------------------------------------------------------
+
+export function enrollPage(page, ctx) {
+  const errors = errorBox();
+  const create = h("button", { type: "button", id: "create-token" }, "Create an enrollment token");
+  const result = h("div", { class: "enroll-result", "aria-live": "polite" });
+  create.addEventListener("click", async () => {
+    errors.clear();
+    await busy(create, async () => {
+      let token;
+      try {
+        token = await api("POST", "/enrollment-tokens");
+      } catch (error) {
+        if (error.status !== 401) errors.show(error);
+        return;
+      }
+      const command = h("textarea", { id: "enroll-command", readOnly: true, rows: 3, spellcheck: "false", class: "command", "aria-describedby": "enroll-hint" });
+      command.value = token.enroll_command;
+      const copy = h("button", { type: "button", class: "secondary", id: "copy-command" }, "Copy");
+      const copied = h("span", { class: "hint", role: "status" });
+      copy.addEventListener("click", async () => {
+        let done = false;
+        try {
+          await navigator.clipboard.writeText(command.value);
+          done = true;
+        } catch {
+          command.focus();
+          command.select();
+          done = document.execCommand("copy");
+        }
+        copied.textContent = done ? "Copied to the clipboard." : "Select the command and copy it (Ctrl+C).";
+      });
+      command.addEventListener("focus", () => command.select());
+      replace(result, h("div", { class: "card" },
+        h("label", { for: "enroll-command" }, "Run this on the new host (as the user the agent runs as):"),
+        command,
+        h("p", { class: "hint", id: "enroll-hint" }, "The token works once and expires ", timeEl(token.expires_at),
+          ". The host appears in your host list when its agent connects."),
+        h("div", { class: "actions" }, copy, copied)));
+      command.focus();
+    }, "Creating…");
+  });
+  replace(page, heading("Enroll a host", "Create a one-time token, then run the enrollment command on the GPU host. Its agent enrolls with the token and connects."),
+    h("div", { class: "actions" }, create), errors.el, result);
+}
+
+// ---- Earnings ------------------------------------------------------------------------
+
+export function earningsPage(page, ctx) {
+  const totals = h("div", {});
+  const payouts = h("div", {});
+  replace(page, heading("Earnings and payouts", "What your hosts earned, what was paid out, and your monthly statements."),
+    totals, h("section", { "aria-labelledby": "payouts-title" }, h("h2", { id: "payouts-title" }, "Payouts"), payouts),
+    invoicesSection(ctx, { title: "Statements", empty: "No statements yet: they appear once a host of yours earns something." }));
+  loadInto(ctx, totals, async () => {
+    const [account, hosts] = await Promise.all([api("GET", "/account"), api("GET", "/hosts?limit=500")]);
+    const earnings = account.earnings || {};
+    return h("section", { class: "card", "aria-labelledby": "earned-title" }, h("h2", { id: "earned-title" }, "Earned"),
+      facts([
+        ["Earned in all", h("span", { id: "earned-total" }, usd(earnings.earned_total))],
+        ["Paid out", `${usd(earnings.paid_out)} in ${earnings.payouts ?? 0} payout${earnings.payouts === 1 ? "" : "s"}`],
+        ["Owed to you now", h("span", { id: "payable" }, usd(earnings.payable))],
+      ]),
+      h("p", { class: "hint" }, "What you are owed is paid in the next payout batch once it reaches the payout minimum."),
+      table({ caption: "Earned per host", columns: ["Host", "State", "Current rentals", "Earned"], className: "earned",
+        rows: hosts.items.map((host) => [link(`#/hosts/${encodeURIComponent(host.id)}`, host.name || host.id), badge(host.state),
+          rentalsCell(host.active_rentals, ctx.role), usd(host.earned)]),
+        empty: "No hosts yet." }));
+  });
+  loadInto(ctx, payouts, async () => {
+    const body = await api("GET", "/payouts?limit=100");
+    return table({ caption: `Payouts (${body.total})`, columns: ["When", "Amount", "Batch", "State", "Exported"],
+      rows: body.items.map((p) => [timeEl(p.created_at), `${usd(p.amount)} ${p.currency && p.currency !== "USD" ? p.currency : ""}`, p.batch, badge(p.state), timeEl(p.exported_at)]),
+      empty: "No payouts yet: a payout is made once your earnings reach the minimum." });
+  });
+}

@@ -1,0 +1,574 @@
+// Renter pages: the marketplace (offers, renting), rentals with live GPU charts, billing.
+
+import { api, query, uuid4 } from "./api.js";
+import { badge, facts, field, h, link, num, replace, table, timeEl, uid } from "./dom.js";
+import { invoicesSection } from "./invoices.js";
+import { multiply, parseDecimal, usd } from "./money.js";
+import { gpuCharts } from "./telemetry.js";
+import { busy, errorBox, heading, loadInto, loading } from "./ui.js";
+
+const TIERS = ["flagship", "datacenter", "prosumer", "consumer", "entry"];
+const ACTIVE = new Set(["pending", "starting", "running"]);
+const PAGE_SIZE = 25;
+const MAX_LOG_CHARS = 256 * 1024; // the page keeps the newest output only
+
+function gib(mib) {
+  return mib === null || mib === undefined ? "—" : `${num(mib / 1024, 0)} GiB`;
+}
+
+function mbps(value) {
+  return value === null || value === undefined ? "—" : `${num(value, 0)}`;
+}
+
+function shortId(id) {
+  return id && id.length > 14 ? `${id.slice(0, 12)}…` : id;
+}
+
+// ---- Marketplace ------------------------------------------------------------------
+
+const SORTS = {
+  price: { label: "Price / GPU-hour", best: "asc" },
+  price_per_performance: { label: "Price per performance", best: "asc" },
+  score: { label: "Score", best: "desc" },
+  reliability: { label: "Reliability", best: "desc" },
+};
+
+export function offersPage(page, ctx) {
+  const state = { sort: "score", order: null, offset: 0, filters: {} };
+  const errors = errorBox();
+  const count = h("p", { class: "result-count", role: "status", "aria-live": "polite" });
+  const results = h("div", { class: "offers-results" });
+  const dialog = rentDialog(ctx);
+
+  const inputs = {
+    gpu_model: field({ label: "GPU model", name: "gpu_model", placeholder: "e.g. RTX 4090", hint: "Every word must be in the model name." }),
+    num_gpus: field({ label: "At least GPUs", name: "num_gpus", type: "number", min: 1, max: 64, step: 1, inputmode: "numeric" }),
+    min_vram_gib: field({ label: "At least VRAM (GiB)", name: "min_vram_gib", type: "number", min: 0, step: 1 }),
+    max_price: field({ label: "At most USD / GPU-hour", name: "max_price", inputmode: "decimal", placeholder: "e.g. 0.50" }),
+    region: field({ label: "Region", name: "region", placeholder: "e.g. eu-west" }),
+    tier: field({ label: "Tier", name: "tier", type: "select", options: [["", "Any tier"], ...TIERS.map((t) => [t, t])] }),
+    min_reliability: field({ label: "At least reliability (0–1)", name: "min_reliability", inputmode: "decimal", placeholder: "e.g. 0.95" }),
+  };
+  const q = field({ label: "Query", name: "q", placeholder: "gpu_name=RTX_4090 num_gpus>=2 reliability>0.98 price<=0.5",
+    hint: "The query language: terms like field op value, all must hold (see docs/marketplace.md).", spellcheck: "false", autocomplete: "off" });
+  const search = h("button", { type: "submit" }, "Search");
+  const reset = h("button", { type: "reset", class: "secondary" }, "Reset");
+  const form = h("form", { class: "card filters", "aria-label": "Filter offers", novalidate: true },
+    h("div", { class: "grid" }, Object.values(inputs).map((f) => f.row)),
+    h("div", { class: "query-row" }, q.row),
+    errors.el,
+    h("div", { class: "actions" }, search, reset));
+
+  const load = async () => {
+    errors.clear();
+    const params = { ...state.filters, sort: state.sort, order: state.order, limit: PAGE_SIZE, offset: state.offset };
+    let body;
+    try {
+      body = await busy(search, () => api("GET", `/offers${query(params)}`), "Searching…");
+    } catch (error) {
+      if (!ctx.alive() || error.status === 401) return;
+      errors.show(error);
+      return;
+    }
+    if (!ctx.alive()) return;
+    state.sort = body.sort;
+    state.order = body.order;
+    count.textContent = body.total === 0 ? "No offers match." : `${body.total} offer${body.total === 1 ? "" : "s"}${body.query ? ` matching ${body.query}` : ""}.`;
+    replace(results, offersTable(body, state, (sort) => {
+      if (state.sort === sort) state.order = state.order === "asc" ? "desc" : "asc";
+      else {
+        state.sort = sort;
+        state.order = null;
+      }
+      state.offset = 0;
+      load().then(() => {
+        const again = results.querySelector(`th[data-sort="${sort}"] button`);
+        if (again) again.focus();
+      });
+    }, ctx.role === "renter" ? (offer) => dialog.open(offer) : null), pager(body, (offset) => {
+      state.offset = offset;
+      load();
+    }));
+  };
+
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    state.filters = Object.fromEntries([...Object.entries(inputs), ["q", q]].map(([k, f]) => [k, f.input.value]));
+    state.offset = 0;
+    load();
+  });
+  form.addEventListener("reset", () => {
+    setTimeout(() => {
+      state.filters = {};
+      state.offset = 0;
+      load();
+    });
+  });
+
+  replace(page, heading("Marketplace", ctx.role === "renter" ? "GPUs you can rent now. Filter, sort by a column, and rent." : "GPUs renters can rent now."),
+    form, count, results, dialog.el);
+  load();
+}
+
+function offersTable(body, state, onSort, onRent) {
+  const sortable = (key, label) => {
+    const active = state.sort === key;
+    const button = h("button", { type: "button", class: "sort" }, label,
+      h("span", { class: "sort-mark", "aria-hidden": "true" }, active ? (state.order === "asc" ? " ▲" : " ▼") : " ↕"));
+    button.addEventListener("click", () => onSort(key));
+    return h("th", { scope: "col", "data-sort": key, "aria-sort": active ? (state.order === "asc" ? "ascending" : "descending") : "none" }, button);
+  };
+  const columns = [
+    "Model", "Free GPUs", "VRAM", sortable("price", "Price / GPU-hour"), sortable("price_per_performance", "Price per performance"),
+    sortable("score", "Score"), "Region", sortable("reliability", "Reliability"), "Speed down / up (Mbit/s)", "Tier",
+  ];
+  if (onRent) columns.push(h("th", { scope: "col" }, h("span", { class: "visually-hidden" }, "Actions")));
+  const rows = body.items.map((offer) => {
+    let rent = null;
+    if (onRent) {
+      rent = h("button", { type: "button", class: "small", "aria-label": `Rent ${offer.gpu_name} on host ${offer.host_id}` }, "Rent");
+      rent.addEventListener("click", () => onRent(offer));
+    }
+    return h("tr", { dataset: { offerId: offer.id } },
+      h("td", {}, h("span", { class: "model" }, offer.gpu_name), offer.listed ? null : h("span", { class: "hint block" }, "default price")),
+      h("td", { class: "num" }, String(offer.num_gpus)),
+      h("td", { class: "num" }, gib(offer.vram_mib)),
+      h("td", { class: "num" }, usd(offer.price_per_gpu_hour)),
+      h("td", { class: "num" }, offer.price_per_score === null ? "—" : num(offer.price_per_score, 4)),
+      h("td", { class: "num" }, num(offer.performance_score, 1)),
+      h("td", {}, offer.region ?? "—"),
+      h("td", { class: "num" }, offer.reliability === null ? "—" : num(offer.reliability, 3)),
+      h("td", { class: "num" }, `${mbps(offer.download_mbps)} / ${mbps(offer.upload_mbps)}`),
+      h("td", {}, offer.tier ? badge(offer.tier, "tier") : "—"),
+      rent ? h("td", {}, rent) : null);
+  });
+  return table({ caption: "Offers", columns, rows, empty: "No offers match these filters.", className: "offers" });
+}
+
+function pager(body, go) {
+  if (body.total <= body.limit) return null;
+  const prev = h("button", { type: "button", class: "secondary", disabled: body.offset === 0 }, "Previous");
+  const next = h("button", { type: "button", class: "secondary", disabled: body.offset + body.limit >= body.total }, "Next");
+  prev.addEventListener("click", () => go(Math.max(0, body.offset - body.limit)));
+  next.addEventListener("click", () => go(body.offset + body.limit));
+  return h("nav", { class: "pager", "aria-label": "Pages" }, prev,
+    h("span", {}, ` ${body.offset + 1}–${Math.min(body.total, body.offset + body.limit)} of ${body.total} `), next);
+}
+
+/** Split a command line into argv like a POSIX shell does for quotes and backslashes (no expansion). */
+export function shellSplit(text) {
+  const args = [];
+  let cur = "";
+  let quote = null;
+  let has = false;
+  for (let i = 0; i < text.length; i += 1) {
+    const c = text[i];
+    if (quote === "'") {
+      if (c === "'") quote = null;
+      else cur += c;
+    } else if (quote === '"') {
+      if (c === '"') quote = null;
+      else if (c === "\\" && i + 1 < text.length && '"\\$`'.includes(text[i + 1])) cur += text[(i += 1)];
+      else cur += c;
+    } else if (c === "'" || c === '"') {
+      quote = c;
+      has = true;
+    } else if (c === "\\" && i + 1 < text.length) {
+      cur += text[(i += 1)];
+      has = true;
+    } else if (/\s/.test(c)) {
+      if (cur || has) args.push(cur);
+      cur = "";
+      has = false;
+    } else {
+      cur += c;
+    }
+  }
+  if (quote) throw new Error("The command has an unclosed quote.");
+  if (cur || has) args.push(cur);
+  return args;
+}
+
+/** argv as a command line a shell would split back into the same arguments. */
+export function shellJoin(argv) {
+  return (argv || []).map((arg) => (/^[\w@%+=:,./-]+$/.test(arg) ? arg : `'${arg.replace(/'/g, "'\\''")}'`)).join(" ");
+}
+
+let boundsCache = null;
+async function priceBounds() {
+  if (!boundsCache) boundsCache = api("GET", "/price-bounds").then((b) => Object.fromEntries(b.items.map((x) => [x.tier, x]))).catch(() => ({}));
+  return boundsCache;
+}
+
+/** The rent form in a modal dialog: choose, review the price, confirm. */
+function rentDialog(ctx) {
+  const titleId = uid("rent-title");
+  const el = h("dialog", { class: "rent-dialog", "aria-labelledby": titleId });
+  let offer = null;
+
+  const close = () => {
+    if (el.open) el.close();
+  };
+  el.addEventListener("click", (event) => {
+    if (event.target === el) close(); // a click on the backdrop
+  });
+
+  function open(chosen) {
+    offer = chosen;
+    const errors = errorBox();
+    const share = offer.smallest_unit && offer.smallest_unit.startsWith("milli:") ? Number(offer.smallest_unit.slice(6)) : null;
+    const count = field({ label: "Number of GPUs", name: "gpu_count", type: "number", min: 1, max: offer.num_gpus, step: 1, value: 1,
+      inputmode: "numeric", hint: `This offer has ${offer.num_gpus} free GPU${offer.num_gpus === 1 ? "" : "s"}.` });
+    const milli = field({ label: "Share of one GPU (thousandths)", name: "gpu_milli", type: "number", min: share || 1, max: 999, step: 1,
+      value: share ? Math.max(share, 250) : "", disabled: !share,
+      hint: share ? `At least ${share} (${share / 10} % of the GPU).` : "This host rents whole GPUs only." });
+    const unitWhole = field({ label: "Whole GPUs", name: "unit", type: "radio", value: "whole", checked: true });
+    const unitShare = field({ label: "A fractional share of one GPU", name: "unit", type: "radio", value: "share", disabled: !share });
+    const kindOnDemand = field({ label: "On demand (never preempted)", name: "kind", type: "radio", value: "on_demand", checked: true });
+    const kindInterruptible = field({ label: "Interruptible, with a bid (cheaper; can be preempted)", name: "kind", type: "radio", value: "interruptible" });
+    const bid = field({ label: "Bid, USD per GPU-hour", name: "bid", inputmode: "decimal", placeholder: "e.g. 0.20", disabled: true,
+      hint: offer.min_bid_per_gpu_hour ? `The minimum bid is ${usd(offer.min_bid_per_gpu_hour)}.` : "At least the tier's minimum price." });
+    const holdWorkload = field({ label: "Hold the GPUs (no process; connect your own work)", name: "workload", type: "radio", value: "hold", checked: true });
+    const processWorkload = field({ label: "Run a command", name: "workload", type: "radio", value: "process" });
+    const argv = field({ label: "Command", name: "argv", placeholder: "python3 train.py --epochs 3", disabled: true, spellcheck: "false",
+      autocomplete: "off", hint: "Split into arguments like a shell would (quotes work; nothing is expanded)." });
+    if (!offer.min_bid_per_gpu_hour && offer.tier) {
+      priceBounds().then((bounds) => {
+        const tier = bounds[offer.tier];
+        if (tier) bid.row.querySelector(".hint").textContent = `The minimum bid is ${usd(tier.min)} (the ${offer.tier} tier's lowest price).`;
+      });
+    }
+    const sync = () => {
+      count.input.disabled = unitShare.input.checked;
+      milli.input.disabled = !unitShare.input.checked;
+      bid.input.disabled = !kindInterruptible.input.checked;
+      argv.input.disabled = !processWorkload.input.checked;
+    };
+    for (const f of [unitWhole, unitShare, kindOnDemand, kindInterruptible, holdWorkload, processWorkload]) f.input.addEventListener("change", sync);
+
+    const review = h("button", { type: "submit" }, "Review price");
+    const cancel = h("button", { type: "button", class: "secondary" }, "Cancel");
+    cancel.addEventListener("click", close);
+    const form = h("form", { class: "rent-form", novalidate: true, method: "dialog" },
+      facts([["Host", h("code", {}, offer.host_id)], ["Region", offer.region], ["Price", `${usd(offer.price_per_gpu_hour)} per GPU-hour`],
+        ["Free GPUs", String(offer.num_gpus)], ["Tier", offer.tier]]),
+      h("fieldset", {}, h("legend", {}, "How much"), unitWhole.row, count.row, unitShare.row, milli.row),
+      h("fieldset", {}, h("legend", {}, "Pricing"), kindOnDemand.row, kindInterruptible.row, bid.row),
+      h("fieldset", {}, h("legend", {}, "Workload"), holdWorkload.row, processWorkload.row, argv.row),
+      h("div", { class: "actions" }, review, cancel));
+    const confirmSlot = h("div", { class: "confirm" });
+    const body = h("div", { class: "dialog-body" }, h("h2", { id: titleId }, `Rent ${offer.gpu_name}`), errors.el, form, confirmSlot);
+    replace(el, body);
+
+    const readRequest = () => {
+      const request = { offer_id: offer.id, kind: kindInterruptible.input.checked ? "interruptible" : "on_demand" };
+      let units = 1;
+      let thousandths = 1000;
+      if (unitShare.input.checked) {
+        const m = Number(milli.input.value);
+        if (!Number.isInteger(m) || m < (share || 1) || m > 999) {
+          throw Object.assign(new Error(`Enter a share between ${share || 1} and 999 thousandths of the GPU.`), { focus: milli.input });
+        }
+        request.gpu_count = 1;
+        request.gpu_milli = m;
+        thousandths = m;
+      } else {
+        const n = Number(count.input.value);
+        if (!Number.isInteger(n) || n < 1) throw Object.assign(new Error("Enter a whole number of GPUs, at least 1."), { focus: count.input });
+        if (n > offer.num_gpus) {
+          throw Object.assign(new Error(`This offer has only ${offer.num_gpus} free GPU${offer.num_gpus === 1 ? "" : "s"}; ask for at most ${offer.num_gpus}.`),
+            { focus: count.input });
+        }
+        request.gpu_count = n;
+        units = n;
+      }
+      let rate = offer.price_per_gpu_hour;
+      if (request.kind === "interruptible") {
+        const text = bid.input.value.trim();
+        const parsed = parseDecimal(text);
+        if (!parsed || parsed.units <= 0n || parsed.scale > 6 || text.startsWith("-")) {
+          throw Object.assign(new Error("Enter your bid in USD per GPU-hour, more than 0 with at most 6 decimals (e.g. 0.25)."), { focus: bid.input });
+        }
+        request.bid = text;
+        rate = text;
+      }
+      if (processWorkload.input.checked) {
+        const args = shellSplit(argv.input.value.trim());
+        if (args.length === 0) throw Object.assign(new Error("Enter the command to run, or choose to hold the GPUs."), { focus: argv.input });
+        request.workload = { kind: "process", argv: args };
+      } else {
+        request.workload = { kind: "hold" };
+      }
+      return { request, perHour: multiply(rate, units, thousandths), rate, units, thousandths };
+    };
+
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      errors.clear();
+      let chosen;
+      try {
+        chosen = readRequest();
+      } catch (error) {
+        errors.show(error.message);
+        if (error.focus) error.focus.focus();
+        return;
+      }
+      showConfirmation(chosen);
+    });
+
+    function showConfirmation({ request, perHour, rate, units, thousandths }) {
+      const key = uuid4(); // one Idempotency-Key per confirmation: a double submit rents once
+      form.hidden = true;
+      const what = request.gpu_milli ? `${thousandths / 10} % of one GPU` : `${units} GPU${units === 1 ? "" : "s"}`;
+      const confirm = h("button", { type: "button", id: "confirm-rent" }, "Confirm and rent");
+      const back = h("button", { type: "button", class: "secondary" }, "Back");
+      back.addEventListener("click", () => {
+        form.hidden = false;
+        confirmSlot.replaceChildren();
+        review.focus();
+      });
+      confirm.addEventListener("click", async () => {
+        errors.clear();
+        await busy(confirm, async () => {
+          try {
+            const rental = await api("POST", "/rentals", { body: request, headers: { "Idempotency-Key": key } });
+            close();
+            ctx.notify(`Rental ${rental.id} created: ${rental.state}.`);
+            location.hash = `#/rentals/${encodeURIComponent(rental.id)}`;
+          } catch (error) {
+            if (error.status === 401) return;
+            errors.show(error);
+            form.hidden = false;
+            confirmSlot.replaceChildren();
+            const target = error.code === "bid_below_minimum" ? bid.input : error.code && error.code.includes("capacity") ? count.input : review;
+            if (!target.disabled) target.focus();
+          }
+        }, "Renting…");
+      });
+      replace(confirmSlot, h("h3", {}, "Confirm your rental"),
+        facts([["GPU", `${offer.gpu_name} on ${offer.host_id}`], ["Amount", what],
+          ["Pricing", request.kind === "interruptible" ? `interruptible, bid ${usd(rate)} per GPU-hour` : `on demand, ${usd(rate)} per GPU-hour`],
+          ["Workload", request.workload.kind === "hold" ? "hold the GPUs" : h("code", {}, shellJoin(request.workload.argv))]]),
+        h("p", { class: "price-total" }, "Price: ", h("strong", { id: "confirm-price", dataset: { perHour } }, `${usd(perHour)} per hour`),
+          h("span", { class: "hint block" }, `${usd(rate)} per GPU-hour × ${request.gpu_milli ? `${thousandths}/1000 of a GPU` : `${units} GPU${units === 1 ? "" : "s"}`} = $${perHour} per hour, billed per second while it runs.`)),
+        h("div", { class: "actions" }, confirm, back));
+      confirm.focus();
+    }
+
+    sync();
+    if (!el.open) el.showModal();
+    count.input.focus();
+  }
+
+  return { el, open };
+}
+
+// ---- Rentals ------------------------------------------------------------------------
+
+function gpuAmount(rental) {
+  if (rental.gpu_milli && rental.gpu_milli < 1000) return `${rental.gpu_milli / 10} % of 1`;
+  if (rental.mig_profile) return `MIG ${rental.mig_profile}`;
+  return String(rental.gpu_count);
+}
+
+export function rentalsPage(page, ctx) {
+  const slot = h("div", {});
+  const refresh = h("button", { type: "button", class: "secondary" }, "Refresh");
+  replace(page, heading("Rentals", ctx.role === "admin" ? "Every rental, newest first." : "Your rentals, newest first."),
+    h("div", { class: "actions" }, refresh, ctx.role === "renter" ? [" ", link("#/offers", "Rent more GPUs")] : null), slot);
+  const load = loadInto(ctx, slot, async () => {
+    const body = await api("GET", "/rentals?limit=100");
+    const rows = body.items.map((r) => [
+      link(`#/rentals/${encodeURIComponent(r.id)}`, r.id, { class: "rental-link" }),
+      badge(r.state),
+      r.gpu_model ?? "—",
+      gpuAmount(r),
+      r.kind === "interruptible" ? `interruptible (bid ${usd(r.bid_per_gpu_hour)})` : "on demand",
+      usd(r.price_per_hour),
+      usd(r.charged),
+      timeEl(r.created_at),
+    ]);
+    return table({ caption: `Rentals (${body.total})`, columns: ["Rental", "State", "GPU model", "GPUs", "Kind", "Price / hour", "Charged", "Created"],
+      rows, empty: "No rentals yet. Find GPUs in the marketplace.", className: "rentals" });
+  });
+  refresh.addEventListener("click", () => load());
+  const timer = setInterval(() => load(true), 5000);
+  ctx.onLeave(() => clearInterval(timer));
+}
+
+export function rentalPage(page, ctx) {
+  const [rentalId] = ctx.params;
+  ctx.setTitle(`Rental ${rentalId}`);
+  const errors = errorBox();
+  const summary = h("div", { class: "rental-summary" }, loading());
+  const actions = h("div", { class: "actions rental-actions" });
+  const events = h("div", {});
+  const logs = h("pre", { class: "logs", tabindex: "0", "aria-label": "Workload output" });
+  const chartsSlot = h("div", {});
+  replace(page, h("p", { class: "crumbs" }, link("#/rentals", "← Rentals")), heading(`Rental ${rentalId}`), errors.el, actions, summary,
+    chartsSlot, h("section", { "aria-labelledby": "events-title" }, h("h2", { id: "events-title" }, "State history"), events),
+    h("section", { "aria-labelledby": "logs-title" }, h("h2", { id: "logs-title" }, "Logs"), logs));
+
+  let charts = null;
+  let logOffset = 0;
+  let lastState = null;
+  let changedAt = Date.now();
+  let confirming = false;
+  ctx.onLeave(() => charts && charts.close());
+
+  const renderActions = (rental) => {
+    if (confirming) return;
+    if (!ACTIVE.has(rental.state)) {
+      actions.replaceChildren();
+      return;
+    }
+    const stop = h("button", { type: "button", class: "danger", id: "stop-rental" }, "Stop rental");
+    stop.addEventListener("click", () => {
+      confirming = true;
+      const yes = h("button", { type: "button", class: "danger", id: "confirm-stop" }, "Yes, stop it");
+      const no = h("button", { type: "button", class: "secondary" }, "Keep it running");
+      no.addEventListener("click", () => {
+        confirming = false;
+        renderActions(rental);
+        actions.querySelector("button").focus();
+      });
+      yes.addEventListener("click", async () => {
+        errors.clear();
+        await busy(yes, async () => {
+          try {
+            const stopped = await api("DELETE", `/rentals/${encodeURIComponent(rentalId)}`);
+            ctx.notify(`Rental ${rentalId} is ${stopped.state}.`);
+            confirming = false;
+            await refresh();
+          } catch (error) {
+            confirming = false;
+            if (error.status !== 401) errors.show(error);
+          }
+        }, "Stopping…");
+      });
+      replace(actions, h("p", { class: "confirm-text" }, "Stop this rental? Its workload is stopped and billing ends."), yes, " ", no);
+      yes.focus();
+    });
+    replace(actions, stop);
+  };
+
+  const refresh = async () => {
+    let rental;
+    try {
+      rental = await api("GET", `/rentals/${encodeURIComponent(rentalId)}`);
+    } catch (error) {
+      if (ctx.alive() && error.status !== 401) {
+        errors.show(error);
+        if (lastState === null) summary.replaceChildren();
+      }
+      return;
+    }
+    if (!ctx.alive()) return;
+    summary.dataset.state = rental.state;
+    replace(summary, facts([
+      ["State", badge(rental.state)],
+      rental.queued ? ["Queued until", timeEl(rental.queue_until)] : null,
+      ["GPU model", rental.gpu_model ?? "—"],
+      ["GPUs", gpuAmount(rental)],
+      ["Host", rental.host_id ? h("code", {}, rental.host_id) : "not placed yet"],
+      ["Kind", rental.kind === "interruptible" ? `interruptible, bid ${usd(rental.bid_per_gpu_hour)} per GPU-hour` : "on demand"],
+      ["Price per GPU-hour", usd(rental.price_per_gpu_hour)],
+      ["Price per hour", usd(rental.price_per_hour)],
+      ["Charged so far", h("span", { id: "rental-charged", dataset: { amount: rental.charged ?? "" } }, usd(rental.charged))],
+      ["Workload", rental.workload && rental.workload.kind === "process" ? h("code", {}, shellJoin(rental.workload.argv)) : "hold"],
+      ["Created", timeEl(rental.created_at)],
+      ["Started", timeEl(rental.started_at)],
+      ["Stopped", timeEl(rental.stopped_at)],
+      rental.failure_reason ? ["Why it ended", rental.failure_reason] : null,
+      rental.preempted_by ? ["Preempted by", link(`#/rentals/${encodeURIComponent(rental.preempted_by)}`, rental.preempted_by)] : null,
+    ]));
+    if (rental.state !== lastState) {
+      renderActions(rental);
+      lastState = rental.state;
+      changedAt = Date.now();
+    }
+    replace(events, table({ caption: "State changes", columns: ["When", "From", "To", "Cause"],
+      rows: (rental.events || []).map((e) => [timeEl(e.at), e.from ?? "—", badge(e.to), e.cause ?? ""]), empty: "No state changes yet." }));
+    if (!charts && rental.host_id && rental.gpu_uuids && rental.gpu_uuids.length) {
+      charts = gpuCharts(rental.host_id, { uuids: rental.gpu_uuids, heading: "Live GPU telemetry of this rental" });
+      replace(chartsSlot, charts.el);
+    }
+    try {
+      const chunk = await api("GET", `/rentals/${encodeURIComponent(rentalId)}/logs?offset=${logOffset}`);
+      if (!ctx.alive()) return;
+      if (chunk.data) {
+        const atBottom = logs.scrollTop + logs.clientHeight >= logs.scrollHeight - 4;
+        logs.append(document.createTextNode(chunk.data));
+        if (logs.textContent.length > MAX_LOG_CHARS) logs.textContent = logs.textContent.slice(-MAX_LOG_CHARS);
+        if (atBottom) logs.scrollTop = logs.scrollHeight;
+      }
+      logOffset = chunk.next_offset;
+      logs.dataset.empty = logs.textContent ? "false" : "true";
+    } catch {
+      /* logs are best effort; the rental's own errors show above */
+    }
+  };
+  refresh();
+  // Every 3 s while the rental is active; an ended one changes only when its last charge posts.
+  let ticks = 0;
+  const timer = setInterval(() => {
+    ticks += 1;
+    const settling = lastState === null || ACTIVE.has(lastState) || lastState === "stopping" || Date.now() - changedAt < 30_000;
+    if (settling || ticks % 5 === 0) refresh();
+  }, 3000);
+  ctx.onLeave(() => clearInterval(timer));
+}
+
+// ---- Billing ------------------------------------------------------------------------
+
+export function billingPage(page, ctx) {
+  const accountSlot = h("div", {});
+  const errors = errorBox();
+  const cap = field({ label: "Monthly spend cap (USD)", name: "monthly_spend_cap", inputmode: "decimal", placeholder: "e.g. 100.00",
+    hint: "Whole cents. Leave empty to remove the cap. Rentals are refused or stopped before going past it." });
+  const save = h("button", { type: "submit" }, "Save spend cap");
+  const form = h("form", { class: "card", novalidate: true, "aria-labelledby": "cap-title" }, h("h2", { id: "cap-title" }, "Spend cap"),
+    cap.row, errors.el, h("div", { class: "actions" }, save));
+
+  const showAccount = loadInto(ctx, accountSlot, async () => {
+    const account = await api("GET", "/account");
+    const credit = account.credit || {};
+    const quota = account.quota || {};
+    if (document.activeElement !== cap.input && !form.dataset.touched) cap.input.value = credit.monthly_spend_cap ?? "";
+    return h("section", { "aria-labelledby": "credit-title", class: "card" }, h("h2", { id: "credit-title" }, "Credit"),
+      facts([
+        ["Balance", h("span", { id: "balance" }, usd(credit.balance))],
+        ["Burn rate", `${usd(credit.burn_rate_per_hour)} per hour`],
+        ["Lasts", credit.hours_left === null || credit.hours_left === undefined ? "—" : `${num(credit.hours_left, 1)} hours at this rate`],
+        ["Spent this month", usd(credit.spent_this_month)],
+        ["Monthly spend cap", h("span", { id: "spend-cap" }, credit.monthly_spend_cap ? usd(credit.monthly_spend_cap) : "none")],
+        ["GPUs held", `${quota.used_gpus ?? "0"}${quota.max_gpus ? ` of at most ${quota.max_gpus}` : ""}`],
+        ["Spend quota", quota.max_spend_per_hour ? `${usd(quota.max_spend_per_hour)} per hour` : "none"],
+      ]));
+  });
+  cap.input.addEventListener("input", () => {
+    form.dataset.touched = "true";
+  });
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    errors.clear();
+    const text = cap.input.value.trim();
+    if (text && !/^\d+(\.\d{1,2})?$/.test(text)) {
+      errors.show("Enter the cap in USD with at most two decimals (e.g. 100.00), or leave it empty for no cap.");
+      cap.input.focus();
+      return;
+    }
+    await busy(save, async () => {
+      try {
+        const body = await api("PUT", "/account/spend-cap", { body: { monthly_spend_cap: text || null } });
+        ctx.notify(body.monthly_spend_cap ? `Spend cap set to ${usd(body.monthly_spend_cap)} a month.` : "Spend cap removed.");
+        delete form.dataset.touched;
+        await showAccount(true);
+      } catch (error) {
+        if (error.status !== 401) errors.show(error);
+      }
+    }, "Saving…");
+  });
+  replace(page, heading("Billing", "Prepaid credit, what you spend, and your monthly invoices."), accountSlot, form,
+    invoicesSection(ctx, { title: "Invoices" }));
+}

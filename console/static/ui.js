@@ -1,0 +1,73 @@
+// Pieces every page uses: the error box next to a form, loading placeholders, page headings.
+
+import { h, replace } from "./dom.js";
+
+/** A message box for a form's errors (role="alert": read out when it changes). */
+export function errorBox() {
+  const el = h("div", { class: "error", role: "alert" });
+  return {
+    el,
+    show(error) {
+      const message = typeof error === "string" ? error : (error && error.message) || "Something went wrong.";
+      const extra = error && error.details && Array.isArray(error.details.problems) && error.details.problems.length > 1
+        ? h("ul", {}, error.details.problems.map((p) => h("li", {}, `${p.field || "body"}: ${p.problem}`)))
+        : null;
+      replace(el, h("p", {}, message), extra);
+      el.classList.add("shown");
+      if (error && error.code) el.dataset.code = error.code;
+    },
+    clear() {
+      el.replaceChildren();
+      el.classList.remove("shown");
+      delete el.dataset.code;
+    },
+  };
+}
+
+/** The page's <h1> and optional intro line. */
+export function heading(title, intro) {
+  return [h("h1", { tabindex: "-1", class: "page-title" }, title), intro ? h("p", { class: "intro" }, intro) : null];
+}
+
+/** A placeholder shown while something loads. */
+export function loading(what = "Loading…") {
+  return h("p", { class: "loading", role: "status" }, what);
+}
+
+/**
+ * Fill `slot` with what `load` renders; show its error instead if it fails. Returns a
+ * function that loads again. `ctx.alive()` keeps a page that was left from being written.
+ */
+export function loadInto(ctx, slot, load, { placeholder = "Loading…" } = {}) {
+  const run = async (quiet = false) => {
+    if (!quiet) replace(slot, loading(placeholder));
+    try {
+      const content = await load();
+      // A background refresh leaves alone a part the user is working in (focus would be lost).
+      if (quiet && slot.contains(document.activeElement) && document.activeElement !== slot) return;
+      if (ctx.alive()) replace(slot, content);
+    } catch (error) {
+      if (!ctx.alive() || (error && error.status === 401)) return;
+      const box = errorBox();
+      box.show(error);
+      replace(slot, box.el);
+    }
+  };
+  run();
+  return run;
+}
+
+/** Disable a form's submit button while `work` runs. */
+export async function busy(button, work, label = "Working…") {
+  const text = button.textContent;
+  button.disabled = true;
+  button.setAttribute("aria-busy", "true");
+  button.textContent = label;
+  try {
+    return await work();
+  } finally {
+    button.disabled = false;
+    button.removeAttribute("aria-busy");
+    button.textContent = text;
+  }
+}

@@ -1,0 +1,479 @@
+"""The web console in a real browser: Debian's Chromium, driven by Playwright, against `gpumarket up` run as a process.
+
+One marketplace (three simulated hosts, rating every second) serves the whole module; each
+test opens its own browser with fresh cookies. Screenshots of the main pages are written to
+``test-artifacts/console/``. Chromium is never downloaded: the tests use the system's
+(``/usr/bin/chromium``, or ``GPUMARKET_TEST_CHROMIUM``) and fail when it is missing
+(``make test`` installs Debian's package first).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from playwright.async_api import Browser, BrowserContext, ConsoleMessage, Page, async_playwright, expect
+
+CHROMIUM = Path(os.environ.get("GPUMARKET_TEST_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+    "--disable-sync", "--no-first-run",
+]  # fmt: skip
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts" / "console"
+CSP = (
+    "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+    "connect-src 'self'; frame-ancestors 'none'"
+)
+WAIT_MS = 20_000  # a loaded CI machine: rentals start, samples arrive, charges post within this
+START_S = 90.0
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass(frozen=True)
+class Market:
+    base: str  # http://127.0.0.1:PORT, the console
+    api: str  # .../api/v1
+    keys: dict[str, str]  # role → API key
+
+
+def _get_json(url: str, key: str | None = None) -> Any:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def _wait_until_up(process: subprocess.Popen[bytes], data_dir: Path, log: Path) -> Market:
+    deadline = time.monotonic() + START_S
+    creds_file = data_dir / "credentials.json"
+
+    def check_alive() -> None:
+        if process.poll() is not None:
+            raise AssertionError(f"gpumarket up exited with {process.returncode}:\n{log.read_text()[-4000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gpumarket up was not ready within {START_S} s:\n{log.read_text()[-4000:]}")
+
+    while not creds_file.exists():
+        check_alive()
+        time.sleep(0.2)
+    creds: dict[str, Any] = {}
+    while "admin" not in creds:  # written atomically, but read it until it is whole
+        check_alive()
+        try:
+            creds = json.loads(creds_file.read_text())
+        except ValueError:
+            time.sleep(0.1)
+    market = Market(base=creds["console_url"].rstrip("/"), api=creds["api_url"],
+                    keys={role: creds[role]["api_key"] for role in ("renter", "provider", "admin")})  # fmt: skip
+    while True:  # the API answers, and every simulated host is online with its GPUs offered
+        check_alive()
+        try:
+            hosts = _get_json(market.api + "/hosts", market.keys["admin"])["items"]
+            offers = _get_json(market.api + "/offers", market.keys["renter"])["items"]
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            hosts, offers = [], []
+        if len([h for h in hosts if h["state"] == "online"]) == 3 and len(offers) == 3:
+            return market
+        time.sleep(0.3)
+
+
+@pytest.fixture(scope="module")
+def market(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Market]:
+    """`gpumarket up --agents 3` as a real process on free ports; SIGINT at the end."""
+    folder = tmp_path_factory.mktemp("console")
+    data_dir, log = folder / "data", folder / "up.log"
+    # Only the settings chosen here: a GPUMARKET_DATABASE_URL or REDIS_URL of the environment must not leak in.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMARKET_")}
+    # Quick telemetry so live charts move within seconds; billing rates every second so a stop shows its charge.
+    env.update(GPUMARKET_BILLING_INTERVAL="1", GPUMARKET_TELEMETRY_INTERVAL="2", GPUMARKET_HEARTBEAT_INTERVAL="2",
+               GPUMARKET_MISSED_HEARTBEATS_OFFLINE="10", PYTHONUNBUFFERED="1")
+    script = Path(sys.executable).with_name("gpumarket")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "gpumarket.cli"]
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [*command, "up", "--data-dir", str(data_dir), "--http-port", "0", "--relay-port", "0", "--agents", "3",
+             "--log-level", "WARNING"],
+            stdout=out, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+    try:
+        yield _wait_until_up(process, data_dir, log)
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            raise AssertionError(f"gpumarket up did not stop within 20 s of SIGINT:\n{log.read_text()[-4000:]}") from None
+    assert process.returncode == 0, f"gpumarket up stopped with {process.returncode}:\n{log.read_text()[-4000:]}"
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    """Debian's Chromium, headless; a missing browser fails the test (it is part of `make test`)."""
+    assert CHROMIUM.exists(), (
+        f"{CHROMIUM} is missing: the console's browser tests need Debian's chromium "
+        "(make chromium, or apt-get install chromium; or set GPUMARKET_TEST_CHROMIUM)"
+    )
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield launched
+        finally:
+            await launched.close()
+
+
+@dataclass
+class Console:
+    """One browser tab on the console, recording script errors and CSP violations."""
+
+    market: Market
+    context: BrowserContext
+    page: Page
+    problems: list[str] = field(default_factory=list)
+
+    def watch(self) -> None:
+        def on_console(message: ConsoleMessage) -> None:
+            if message.type == "error" and ("Content Security Policy" in message.text or "Refused to" in message.text):
+                self.problems.append(message.text)
+
+        self.page.on("console", on_console)
+        self.page.on("pageerror", lambda error: self.problems.append(f"uncaught: {error}"))
+
+    async def open(self, hash_: str = "") -> None:
+        await self.page.goto(f"{self.market.base}/{hash_}")
+
+    async def sign_in(self, role: str) -> None:
+        await self.open()
+        await self.page.get_by_label("API key").fill(self.market.keys[role])
+        await self.page.get_by_role("button", name="Sign in").click()
+        await expect(self.page.locator(".account-name")).to_be_visible(timeout=WAIT_MS)
+
+    async def go(self, hash_: str) -> None:
+        """Navigate inside the app (a hash change, no reload)."""
+        await self.page.evaluate("(h) => { location.hash = h; }", hash_)
+
+    async def shot(self, name: str) -> None:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        await self.page.screenshot(path=ARTIFACTS / f"{name}.png", full_page=True)
+
+    async def api(self, role: str, path: str) -> Any:
+        """The API's own answer, with the role's key (to check what the page did)."""
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(self.market.api + path, headers={"Authorization": f"Bearer {self.market.keys[role]}"}) as response,
+        ):
+            return await response.json()
+
+
+async def _console(browser: Browser, market: Market, **options: Any) -> Console:
+    context = await browser.new_context(viewport=options.pop("viewport", {"width": 1280, "height": 900}), **options)
+    context.set_default_timeout(WAIT_MS)
+    console = Console(market, context, await context.new_page())
+    console.watch()
+    return console
+
+
+def _usd(amount: Decimal) -> str:
+    return f"${amount.quantize(Decimal('0.01')):,}"
+
+
+async def _charts_with_data(page: Page, selector: str = ".chart-line", count: int = 4) -> list[int]:
+    """Wait until `count` charts draw points; their data-points."""
+    await page.wait_for_function(
+        "([sel, n]) => { const c = [...document.querySelectorAll(sel)]; return c.length === n && c.every(e => +e.dataset.points > 0); }",
+        arg=[selector, count], timeout=WAIT_MS,
+    )  # fmt: skip
+    return [int(await c.get_attribute("data-points") or 0) for c in await page.locator(selector).all()]
+
+
+class TestServing:
+    async def test_the_page_and_its_modules_come_with_a_strict_policy(self, market: Market) -> None:
+        """`/` and `/static/*` carry the CSP, nosniff and no-referrer headers and their right content types; unknown files are 404."""
+        async with aiohttp.ClientSession() as http:
+            async with http.get(market.base + "/") as page:
+                assert page.status == 200 and page.content_type == "text/html"
+                assert page.headers["Content-Security-Policy"] == CSP
+                assert page.headers["X-Content-Type-Options"] == "nosniff" and page.headers["Referrer-Policy"] == "no-referrer"
+                html = await page.text()
+            assert "<script>" not in html and "style=" not in html and 'src="/static/app.js"' in html
+            for name, kind in (("app.js", "text/javascript"), ("charts.js", "text/javascript"), ("app.css", "text/css")):
+                async with http.get(f"{market.base}/static/{name}") as response:
+                    assert (response.status, response.content_type) == (200, kind), name
+                    assert response.headers["Content-Security-Policy"] == CSP
+                    etag = response.headers["ETag"]
+                async with http.get(f"{market.base}/static/{name}", headers={"If-None-Match": etag}) as again:
+                    assert again.status == 304
+            for missing in ("/static/nope.js", "/static/%2e%2e/routes.py", "/static/../routes.py"):
+                async with http.get(market.base + missing) as response:
+                    assert response.status == 404, missing
+
+
+class TestSignIn:
+    async def test_a_wrong_api_key_shows_the_apis_message(self, browser: Browser, market: Market) -> None:
+        """A wrong key, typed and sent with Enter, leaves the sign-in page showing why in an alert."""
+        console = await _console(browser, market)
+        await console.open()
+        key = console.page.get_by_label("API key")
+        await expect(key).to_be_focused()
+        await console.page.keyboard.type("gmk_" + "x" * 43)
+        await console.page.keyboard.press("Enter")
+        alert = console.page.get_by_role("alert")
+        await expect(alert).to_contain_text("API key is unknown")
+        await expect(alert).to_have_attribute("data-code", "invalid_api_key")
+        assert await key.get_attribute("type") == "password"
+        await expect(console.page.locator(".account-name")).to_have_count(0)
+        await console.shot("signin-error")
+        assert console.problems == []
+
+
+class TestRenter:
+    async def test_filter_rent_watch_live_stop_and_see_the_charge(self, browser: Browser, market: Market) -> None:
+        """A renter sorts and filters offers, rents two A100s through the form and its confirmation, watches the
+        rental's charts fill and grow live, stops it, sees the charge, the rental and the invoice line."""
+        console = await _console(browser, market)
+        page = console.page
+        await console.sign_in("renter")
+        await expect(page).to_have_url(re.compile(r"#/offers$"))
+        rows = page.locator("table.offers tbody tr")
+        await expect(rows).to_have_count(3)
+
+        # Sorting by price: the API's sort, shown in aria-sort, cheapest first, then the other way.
+        price_header = page.locator('th[data-sort="price"]')
+        await price_header.get_by_role("button").click()
+        await expect(price_header).to_have_attribute("aria-sort", "ascending")
+        prices = [Decimal(t.strip("$").replace(",", "")) for t in await rows.locator("td:nth-child(4)").all_inner_texts()]
+        assert prices == sorted(prices) and len(prices) == 3
+        await price_header.get_by_role("button").click()
+        await expect(price_header).to_have_attribute("aria-sort", "descending")
+
+        # Filtering: model words and at least two free GPUs leave the A100 host only; a bad query says where.
+        await page.get_by_label("GPU model").fill("A100")
+        await page.get_by_label("At least GPUs").fill("2")
+        await page.get_by_role("button", name="Search").click()
+        await expect(rows).to_have_count(1)
+        await expect(rows.first).to_contain_text("A100")
+        await expect(page.locator(".result-count")).to_contain_text("1 offer")
+        await page.get_by_label("Query").fill("num_gpus>=two")
+        await page.get_by_role("button", name="Search").click()
+        await expect(page.locator(".filters [role=alert]")).to_contain_text("position")
+        await page.get_by_label("Query").fill("vram>=40")
+        await page.get_by_role("button", name="Search").click()
+        await expect(rows).to_have_count(1)
+        await console.shot("marketplace")
+
+        [offer] = (await console.api("renter", "/offers?gpu_model=A100"))["items"]
+        before = (await console.api("renter", "/rentals"))["total"]
+        await rows.first.get_by_role("button", name=re.compile("^Rent")).click()
+        dialog = page.get_by_role("dialog")
+        await expect(dialog).to_be_visible()
+        await dialog.get_by_label("Number of GPUs").fill("2")
+        await dialog.get_by_role("button", name="Review price").click()
+        per_hour = Decimal(offer["price_per_gpu_hour"]) * 2
+        await expect(dialog.locator("#confirm-price")).to_have_text(f"{_usd(per_hour)} per hour")
+        await console.shot("rent-confirm")
+        async with page.expect_request(lambda r: r.method == "POST" and r.url.endswith("/api/v1/rentals")) as sent:
+            await dialog.get_by_role("button", name="Confirm and rent").click()
+        request = await sent.value
+        headers = await request.all_headers()
+        assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", headers["idempotency-key"])
+        assert headers["x-csrf-token"] and "authorization" not in headers  # the cookie session, never a key in the page
+        assert json.loads(request.post_data or "{}") == {"offer_id": offer["id"], "kind": "on_demand", "gpu_count": 2, "workload": {"kind": "hold"}}
+        await expect(page).to_have_url(re.compile(r"#/rentals/r-"))
+        rental_id = page.url.rsplit("/", 1)[1]
+        assert (await console.api("renter", "/rentals"))["total"] == before + 1
+
+        # Running, with the rental's two GPUs drawn, and new samples arriving without a reload.
+        await expect(page.locator('.rental-summary[data-state="running"]')).to_be_visible()
+        points = await _charts_with_data(page)
+        legend = page.locator(".chart-line").first.locator(".legend li")
+        await expect(legend).to_have_count(2)
+        await page.wait_for_function(
+            "n => +document.querySelector('.chart-line').dataset.points > n", arg=points[0], timeout=30_000
+        )
+        await console.shot("rental")
+
+        await page.get_by_role("button", name="Stop rental").click()
+        await page.get_by_role("button", name="Yes, stop it").click()
+        await expect(page.locator('.rental-summary[data-state="stopped"]')).to_be_visible()
+        await page.wait_for_function("() => Number(document.querySelector('#rental-charged').dataset.amount) > 0", timeout=WAIT_MS)
+        charged = (await console.api("renter", f"/rentals/{rental_id}"))["charged"]
+        assert Decimal(charged) > 0
+        await console.shot("rental-stopped")
+
+        await console.go("#/rentals")
+        await expect(page.get_by_role("link", name=rental_id)).to_be_visible()
+        await console.shot("rentals")
+        await console.go("#/billing")
+        await expect(page.locator("#balance")).to_contain_text("$")
+        await page.get_by_role("button", name="Show lines").first.click()
+        await expect(page.locator("table.invoice-lines")).to_contain_text(rental_id)
+        await console.shot("billing")
+        async with console.context.expect_page() as opened:  # the printable invoice, in a new tab, by the cookie
+            await page.get_by_role("link", name="Printable page").first.click()
+        printable = await opened.value
+        await expect(printable.locator("body")).to_contain_text(rental_id)
+        await printable.close()
+        assert console.problems == []
+
+    async def test_bad_rent_input_shows_a_message_and_rents_nothing(self, browser: Browser, market: Market) -> None:
+        """More GPUs than the offer has, and a bid below the minimum, each show a message; no rental is made."""
+        console = await _console(browser, market)
+        page = console.page
+        await console.sign_in("renter")
+        [offer] = (await console.api("renter", "/offers?gpu_model=RTX+4090"))["items"]
+        before = (await console.api("renter", "/rentals"))["total"]
+        await page.get_by_label("GPU model").fill("RTX 4090")
+        await page.get_by_role("button", name="Search").click()
+        rows = page.locator("table.offers tbody tr")
+        await expect(rows).to_have_count(1)
+        await rows.first.get_by_role("button", name=re.compile("^Rent")).click()
+        dialog = page.get_by_role("dialog")
+
+        await dialog.get_by_label("Number of GPUs").fill(str(offer["num_gpus"] + 1))
+        await dialog.get_by_role("button", name="Review price").click()
+        alert = dialog.get_by_role("alert")
+        await expect(alert).to_contain_text(f"only {offer['num_gpus']} free GPU")
+        await expect(dialog.get_by_role("button", name="Confirm and rent")).to_have_count(0)
+
+        await dialog.get_by_label("Number of GPUs").fill("1")
+        await dialog.get_by_label(re.compile("^Interruptible")).check()
+        await dialog.get_by_label("Bid, USD per GPU-hour").fill("0.001")
+        await dialog.get_by_role("button", name="Review price").click()
+        await dialog.get_by_role("button", name="Confirm and rent").click()
+        await expect(alert).to_contain_text("below the minimum bid")
+        await expect(alert).to_have_attribute("data-code", "bid_below_minimum")
+        await expect(dialog.get_by_label("Bid, USD per GPU-hour")).to_be_focused()
+        await console.shot("rent-refused")
+        assert (await console.api("renter", "/rentals"))["total"] == before
+        assert console.problems == []
+
+    async def test_an_ended_session_asks_to_sign_in_again_and_returns_to_the_page(self, browser: Browser, market: Market) -> None:
+        """When the session cookie is gone the next call shows the sign-in page saying so; signing in returns to the page
+        (where the spend cap is set and removed); signing out ends the session."""
+        console = await _console(browser, market)
+        page = console.page
+        await console.sign_in("renter")
+        await console.context.clear_cookies()
+        await console.go("#/billing")
+        await expect(page.get_by_role("alert")).to_contain_text("Your session expired — sign in again")
+        await console.shot("session-expired")
+        await page.get_by_label("API key").fill(market.keys["renter"])
+        await page.get_by_role("button", name="Sign in").click()
+        await expect(page).to_have_url(re.compile(r"#/billing$"))
+        await expect(page.locator("#balance")).to_contain_text("$")
+
+        cap = page.get_by_label("Monthly spend cap (USD)")
+        await cap.fill("500")
+        await page.get_by_role("button", name="Save spend cap").click()
+        await expect(page.locator("#spend-cap")).to_have_text("$500.00")
+        assert (await console.api("renter", "/account"))["credit"]["monthly_spend_cap"] == "500.00"
+        await cap.fill("")
+        await page.get_by_role("button", name="Save spend cap").click()
+        await expect(page.locator("#spend-cap")).to_have_text("none")
+        assert (await console.api("renter", "/account"))["credit"]["monthly_spend_cap"] is None
+
+        await page.get_by_role("button", name="Sign out").click()
+        await expect(page.get_by_label("API key")).to_be_visible()
+        await page.reload()
+        await expect(page.get_by_label("API key")).to_be_visible()
+        await expect(page.locator(".account-name")).to_have_count(0)
+        assert console.problems == []
+
+    async def test_the_marketplace_fits_a_narrow_screen(self, browser: Browser, market: Market) -> None:
+        """On a phone-sized screen the page does not scroll sideways (wide tables scroll in their own box)."""
+        console = await _console(browser, market, viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+        await console.sign_in("renter")
+        await expect(console.page.locator("table.offers tbody tr")).to_have_count(3)
+        assert await console.page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+        await console.shot("marketplace-narrow")
+        assert console.problems == []
+
+
+class TestProvider:
+    async def test_hosts_live_charts_listing_errors_and_enrollment(self, browser: Browser, market: Market) -> None:
+        """A provider sees its hosts, a host's live charts; a negative price shows a message and lists nothing,
+        a price within the tier saves; a speed test runs on demand; an enrollment token shows its command, which copies."""
+        console = await _console(browser, market, permissions=["clipboard-read", "clipboard-write"])
+        page = console.page
+        await console.sign_in("provider")
+        await expect(page).to_have_url(re.compile(r"#/hosts$"))
+        await expect(page.locator("a.host-link")).to_have_count(3)
+        await expect(page.locator("table.hosts")).to_contain_text("prosumer")
+        await console.shot("hosts")
+
+        await page.locator("a.host-link").first.click()
+        await expect(page).to_have_url(re.compile(r"#/hosts/h-"))
+        host_id = page.url.rsplit("/", 1)[1]
+        await _charts_with_data(page)
+        price = page.get_by_label("Price, USD per GPU-hour")
+        await price.fill("-1")
+        await page.get_by_role("button", name="Save listing").click()
+        alert = page.locator(".listing-form [role=alert]")
+        await expect(alert).to_contain_text("more than 0")
+        listing = await console.api("provider", f"/hosts/{host_id}/listing")
+        assert listing["code"] == "listing_not_found"
+
+        host = await console.api("provider", f"/hosts/{host_id}")
+        bounds = {b["tier"]: b for b in (await console.api("provider", "/price-bounds"))["items"]}
+        await price.fill(bounds[host["tier"]]["default"])
+        await page.get_by_role("button", name="Save listing").click()
+        await expect(page.locator("#notice")).to_contain_text("Listing saved")
+        await expect(alert).to_be_empty()
+        listing = await console.api("provider", f"/hosts/{host_id}/listing")
+        assert Decimal(listing["price_per_gpu_hour"]) == Decimal(bounds[host["tier"]]["default"])
+        await page.get_by_role("button", name="Measure now").click()
+        await expect(page.locator("table.network tbody tr").first).to_contain_text("ok")
+        await console.shot("host")
+
+        await console.go("#/enroll")
+        await page.get_by_role("button", name="Create an enrollment token").click()
+        command = page.locator("#enroll-command")
+        await expect(command).to_have_value(re.compile(r"^gpumarket agent enroll --master http://127\.0\.0\.1:\d+ --token \S{20,}$"))
+        assert await command.get_attribute("readonly") is not None
+        await page.get_by_role("button", name="Copy").click()
+        await expect(page.get_by_text("Copied to the clipboard.")).to_be_visible()
+        assert await page.evaluate("navigator.clipboard.readText()") == await command.input_value()
+        await console.shot("enroll")
+
+        await console.go("#/earnings")
+        await expect(page.locator("#earned-total")).to_contain_text("$")
+        await expect(page.locator("table.earned tbody tr")).to_have_count(3)
+        await console.shot("earnings")
+        assert console.problems == []
+
+
+class TestAdmin:
+    async def test_fleet_overview_draws_the_gpus_by_region_and_tier(self, browser: Browser, market: Market) -> None:
+        """An admin lands on the fleet overview: stacked bars of every GPU by region and tier, the relay and its load, the alerts."""
+        console = await _console(browser, market)
+        page = console.page
+        await console.sign_in("admin")
+        await expect(page).to_have_url(re.compile(r"#/fleet$"))
+        chart = page.locator('figure.chart-bars[data-title="GPUs by region and tier"]')
+        await expect(chart).to_be_visible()
+        assert int(await chart.get_attribute("data-points") or 0) > 0
+        bars = chart.locator("rect.bar")
+        titles: list[str] = await bars.evaluate_all("bars => bars.map(bar => bar.textContent)")
+        gpus = sum(int(title.rsplit(": ", 1)[1]) for title in titles)
+        assert gpus == 7  # 2 × RTX 4090, 1 × RTX 3060, 4 × A100
+        await expect(page.locator("table.relays")).to_contain_text("relay-local")
+        await expect(page.locator("table.alerts")).to_be_visible()
+        await expect(page.locator("#ingestion-lag")).not_to_be_empty()
+        await console.shot("fleet")
+        assert console.problems == []
+
