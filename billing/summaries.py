@@ -58,9 +58,10 @@ async def provider_earnings(session: AsyncSession, provider_id: str) -> dict[str
     """A provider's money: what the platform owes it now (paid out in the next batch above the minimum),
     what it has been paid, and so what it has earned in all."""
     payable = await ledger.balance(session, ledger.provider_payable(provider_id))
-    paid = [Decimal(a) for a in (await session.scalars(select(Payout.amount).where(Payout.provider_id == provider_id))).all()]
-    paid_out = sum(paid, Decimal(0))
-    payouts = await session.scalar(select(func.count()).select_from(Payout).where(Payout.provider_id == provider_id)) or 0
+    payouts, paid = (
+        await session.execute(select(func.count(), micros_sum(Payout.amount)).where(Payout.provider_id == provider_id))
+    ).one()
+    paid_out = from_micros(paid)
     return {
         "payable": ledger.money(payable),
         "paid_out": ledger.money(paid_out),

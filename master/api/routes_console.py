@@ -116,11 +116,9 @@ async def stream_host_metrics(request: web.Request) -> web.StreamResponse:
         if resume is not None:
             first = await telemetry.samples_after(session, host.id, resume, limit=STREAM_PAGE)
         else:
-            first = await telemetry.raw_series(session, host.id, since=None, until=None, limit=max(backlog, 1))
-            first = first[-backlog:] if backlog else []
-            if not first:
-                resume = await telemetry.latest_seq(session, host.id)
-    last_seq = max([item["seq"] for item in first], default=resume if resume is not None else -1)
+            first = await telemetry.raw_series(session, host.id, since=None, until=None, limit=backlog) if backlog else []
+            resume = await telemetry.latest_seq(session, host.id)
+    last_seq = max([resume, *(item["seq"] for item in first)])
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
     )
