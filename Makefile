@@ -8,7 +8,7 @@ ARGS   ?=
 # The console's browser tests drive Debian's Chromium through Playwright (never Playwright's download).
 CHROMIUM ?= $(or $(GPUMARKET_TEST_CHROMIUM),/usr/bin/chromium)
 
-.PHONY: up test install chromium lint typecheck bench clean
+.PHONY: up test install chromium lint typecheck bench cluster clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,12 @@ chromium:
 up: install
 	$(BIN)/gpumarket up $(ARGS)
 
+# The production topology as separate processes on this machine (PostgreSQL and Redis must run):
+# migration job, two masters, two relays with the geo DNS, Celery worker and beat, four agents;
+# checks one rental end to end and stops. ARGS="--agents 8" and the like go to `gpumarket cluster`.
+cluster: install
+	$(BIN)/gpumarket cluster --fresh --check $(ARGS)
+
 lint: install
 	$(BIN)/ruff check .
 
@@ -57,4 +63,4 @@ bench: install
 	$(BIN)/python bench/bench_billing.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info .gpumarket-cluster

@@ -10,7 +10,7 @@ process. A child opens its ``Database`` (and the event loop its connections belo
 both for every later task; ``worker_process_shutdown`` closes them. The state is keyed by
 process id, so a forked child never touches its parent's connections.
 
-**Workers do not migrate.** The masters own the schema (they migrate on start). A worker whose
+**Workers do not migrate.** ``gpumarket migrate`` or the masters own the schema. A worker whose
 database has no gpumarket schema, or one at another revision than this code's, refuses to
 run the job and says what to do (``SchemaNotReady``).
 
@@ -28,14 +28,11 @@ import os
 from datetime import UTC, datetime
 from typing import Any
 
-from alembic.script import ScriptDirectory
 from celery import Celery
 from celery.signals import worker_process_shutdown, worker_shutdown
-from sqlalchemy import inspect, text
-from sqlalchemy.engine import Connection
 
 from billing.jobs import JOBS, Job
-from master.db import Database, alembic_config
+from master.db import Database, check_schema
 from shared.errors import ConfigError
 from shared.settings import MasterSettings
 
@@ -58,51 +55,13 @@ def database_url(settings: MasterSettings) -> str:
     return settings.database_url
 
 
-class SchemaNotReady(ConfigError):
-    """The workers' database is not migrated to this code's schema (the masters migrate it)."""
-
-    code = "schema_not_ready"
-
-
-async def check_schema(db: Database) -> None:
-    """Raise ``SchemaNotReady`` unless the database is at this code's newest migration; ``ConfigError`` if unreachable."""
-    where = db.engine.url.render_as_string(hide_password=True)
-    try:
-        async with db.engine.connect() as conn:
-            revisions = await conn.run_sync(_current_revisions)
-    except Exception as exc:
-        raise ConfigError(f"billing workers cannot reach the database at {where}: {exc}; check GPUMARKET_DATABASE_URL") from exc
-    scripts = ScriptDirectory.from_config(alembic_config())
-    heads = set(scripts.get_heads())
-    if not revisions:
-        raise SchemaNotReady(
-            f"the database at {where} has no gpumarket schema. Billing workers do not migrate: start a master "
-            "(`gpumarket master`, it migrates on start) on this database first, or check GPUMARKET_DATABASE_URL"
-        )
-    if revisions != heads:
-        known = all(scripts.get_revision(revision) is not None for revision in revisions)
-        fix = ("start a master of this version first (it migrates)" if known
-               else "it is newer than this worker: upgrade the workers to the masters' version")  # fmt: skip
-        raise SchemaNotReady(
-            f"the database at {where} is at schema revision {', '.join(sorted(revisions))}, this worker needs "
-            f"{', '.join(sorted(heads))}: {fix}"
-        )
-
-
 async def check_database(settings: MasterSettings) -> None:
     """What ``gpumarket worker`` checks before it starts: the database is set, reachable and migrated."""
     db = Database(database_url(settings), pool_size=1)
     try:
-        await check_schema(db)
+        await check_schema(db, who="billing workers")
     finally:
         await db.close()
-
-
-def _current_revisions(conn: Connection) -> set[str]:
-    """The Alembic revisions the database is at (none: never migrated). Read directly: alembic's context logs noise."""
-    if not inspect(conn).has_table("alembic_version"):
-        return set()
-    return set(conn.execute(text("SELECT version_num FROM alembic_version")).scalars())
 
 
 class _ProcessDatabase:
@@ -119,7 +78,7 @@ class _ProcessDatabase:
 
     async def _run(self, settings: MasterSettings, job: Job) -> dict[str, Any]:
         if not self.checked:
-            await check_schema(self.db)
+            await check_schema(self.db, who="billing workers")
             self.checked = True
         return await job.run(self.db, settings, datetime.now(UTC))
 

@@ -64,12 +64,47 @@ def cmd_up(args: argparse.Namespace) -> None:
     )
 
 
+def cmd_cluster(args: argparse.Namespace) -> None:
+    from gpumarket.cluster import run_cluster
+
+    _setup_logging(args.log_level)
+    codes: list[int] = []
+
+    async def main(stop: asyncio.Event) -> None:
+        codes.append(await run_cluster(
+            args.workdir, database_url=args.database_url, redis_url=args.redis_url, bus_prefix=args.bus_prefix,
+            agents=args.agents, fresh=args.fresh, check=args.check, stop=stop,
+        ))  # fmt: skip
+
+    _run_until_signal(main)
+    if codes and codes[0]:
+        raise SystemExit(codes[0])
+
+
 def cmd_master(args: argparse.Namespace) -> None:
     from master.app import serve_master
 
     settings = MasterSettings.load(args.config, http_port=args.http_port)
     _setup_logging(settings.log_level)
     _run_until_signal(lambda stop: serve_master(settings, stop=stop))
+
+
+def cmd_migrate(args: argparse.Namespace) -> None:
+    from master.db import migrate_or_wait, sqlite_url
+
+    settings = MasterSettings.load(args.config)
+    _setup_logging(settings.log_level)
+    url = settings.database_url or sqlite_url(settings.data_dir / "gpumarket.db")
+    if not settings.database_url:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+    before, after = asyncio.run(migrate_or_wait(url, check_only=args.check, wait_s=args.wait))
+    now = ", ".join(sorted(after)) or "none"
+    if args.check:
+        print(f"the schema is at revision {now}, this version's newest")
+    elif before == after:
+        print(f"the schema was already at revision {now}; nothing to do")
+    else:
+        print(f"migrated the schema from revision {', '.join(sorted(before)) or 'none'} to {now}")
 
 
 def cmd_worker(args: argparse.Namespace) -> None:
@@ -235,6 +270,25 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     up.set_defaults(func=cmd_up)
 
+    cluster = sub.add_parser(
+        "cluster", help="run the production topology as separate processes on this machine",
+        formatter_class=formatter,
+        description="The migration job, two masters, two relays (eu-west and us-east) with the geo DNS on loopback, a "
+        "Celery worker with beat and a second worker, and N simulated agents, each its own process, on PostgreSQL and "
+        "Redis. With --check it follows one rental end to end through them and stops; otherwise it stays up until "
+        "Ctrl-C. Logs go to WORKDIR/logs/.",
+        epilog="example: gpumarket cluster --fresh --check  (what `make cluster` runs)",
+    )  # fmt: skip
+    cluster.add_argument("--workdir", type=Path, default=Path(".gpumarket-cluster"), metavar="DIR", help="logs and state (default ./.gpumarket-cluster)")
+    cluster.add_argument("--database-url", default="postgresql://postgres@127.0.0.1:5432/gpumarket_cluster", metavar="URL", help="PostgreSQL database (default: gpumarket_cluster on the local server)")
+    cluster.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", metavar="URL", help="Redis (default redis://127.0.0.1:6379/0)")
+    cluster.add_argument("--bus-prefix", default="gpumarket-cluster:", metavar="P", help="key prefix in Redis (default gpumarket-cluster:)")
+    cluster.add_argument("--agents", type=_positive_int, default=4, metavar="N", help="simulated provider hosts (default 4)")
+    cluster.add_argument("--fresh", action="store_true", help="start over: drop and create the database, delete the prefix's Redis keys and the workdir's state")
+    cluster.add_argument("--check", action="store_true", help="rent, watch, get charged and stop one rental through the cluster, then stop")
+    cluster.add_argument("--log-level", default="WARNING", help="this command's own log level (default WARNING)")
+    cluster.set_defaults(func=cmd_cluster)
+
     master = sub.add_parser(
         "master", help="run a master API process", epilog=_settings_epilog(MasterSettings), formatter_class=formatter,
         description="A master process: REST API, console, ingestion from the bus, monitors. Needs Redis; PostgreSQL in production.",
@@ -243,13 +297,26 @@ def build_parser() -> argparse.ArgumentParser:
     master.add_argument("--http-port", type=int, metavar="P", help="overrides GPUMARKET_HTTP_PORT")
     master.set_defaults(func=cmd_master)
 
+    migrate = sub.add_parser(
+        "migrate", help="bring the database schema to this version (a deployment's migration job)",
+        epilog=_settings_epilog(MasterSettings), formatter_class=formatter,
+        description="Run the Alembic migrations on GPUMARKET_DATABASE_URL up to this version's newest revision and exit. "
+        "Run it once per deployment before the masters start (with migrate_on_start=false on the masters); it is safe "
+        "to run again or from several places at once. With --check it changes nothing and waits until another process "
+        "has migrated: a master's init container. Exit status 0 when the schema is at the newest revision, 2 otherwise.",
+    )  # fmt: skip
+    _add_config(migrate)
+    migrate.add_argument("--check", action="store_true", help="change nothing: succeed once the schema is at this version's newest revision")
+    migrate.add_argument("--wait", type=float, default=0.0, metavar="S", help="keep retrying this many seconds while the database is unreachable (or, with --check, behind) (default 0)")
+    migrate.set_defaults(func=cmd_migrate)
+
     worker = sub.add_parser(
         "worker", help="run a Celery worker for billing's periodic jobs", epilog=_settings_epilog(MasterSettings),
         formatter_class=formatter,
         description="A Celery worker running billing's jobs (rating, credit enforcement, payouts, ...) from the billing "
         "queue in Redis (GPUMARKET_REDIS_URL) against the masters' database (GPUMARKET_DATABASE_URL). Run exactly one "
         "with --beat (it also schedules the jobs), as many without as the load needs, and set "
-        "billing_in_process=false on the masters. Workers do not migrate the database: start a master first.",
+        "billing_in_process=false on the masters. Workers do not migrate the database: run `gpumarket migrate` (or a master) first.",
     )  # fmt: skip
     _add_config(worker)
     worker.add_argument("--beat", action="store_true", help="also run the scheduler (exactly one worker in a deployment may)")

@@ -27,7 +27,7 @@ from master.api.keys import MASTER
 from master.api.middleware import auth_middleware, errors_middleware
 from master.api.routes import add_routes
 from master.context import Master
-from master.db import Database, sqlite_url
+from master.db import Database, check_schema, sqlite_url
 from master.ingest import Ingestor, command_resender, heartbeat_monitor, revocation_publisher
 from master.scheduler import get_placer
 from master.services import reliability, rentals
@@ -50,7 +50,13 @@ async def open_master(
     url = settings.database_url or sqlite_url(settings.data_dir / "gpumarket.db")
     db = Database(url)
     try:
-        await db.migrate()
+        if settings.migrate_on_start:
+            await db.migrate()
+        else:
+            await check_schema(db, who="masters with migrate_on_start=false")
+    except ConfigError:
+        await db.close()
+        raise
     except Exception as exc:
         await db.close()
         raise ConfigError(f"cannot open the database at {db.engine.url!r}: {exc}; check GPUMARKET_DATABASE_URL") from exc

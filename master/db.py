@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -10,7 +12,8 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import event
+from alembic.script import ScriptDirectory
+from sqlalchemy import event, inspect, text
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
@@ -19,6 +22,7 @@ from shared.errors import ConfigError
 log = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+MIGRATION_LOCK_KEY = 0x67706D6D6967  # "gpmmig": the PostgreSQL advisory lock migrations hold
 
 
 def normalise_url(url: str) -> str:
@@ -64,6 +68,10 @@ class Database:
     async def migrate(self) -> None:
         """Bring the schema to the newest Alembic revision (safe to run on every start)."""
         async with self.engine.begin() as conn:
+            if not self.is_sqlite:
+                # Masters and migration jobs started together take turns: the second finds the schema
+                # at head and does nothing (without the lock it would fail creating what the first made).
+                await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
             await conn.run_sync(_upgrade)
 
     async def close(self) -> None:
@@ -89,3 +97,83 @@ def alembic_config(connection: Connection | None = None) -> Config:
 
 def _upgrade(connection: Connection) -> None:
     command.upgrade(alembic_config(connection), "head")
+
+
+class SchemaNotReady(ConfigError):
+    """The database is not at this code's newest migration, and this process does not migrate."""
+
+    code = "schema_not_ready"
+
+
+def head_revisions() -> set[str]:
+    """The newest Alembic revision(s) of this code."""
+    return set(ScriptDirectory.from_config(alembic_config()).get_heads())
+
+
+def current_revisions(conn: Connection) -> set[str]:
+    """The Alembic revisions the database is at (none: never migrated). Read directly: alembic's context logs noise."""
+    if not inspect(conn).has_table("alembic_version"):
+        return set()
+    return set(conn.execute(text("SELECT version_num FROM alembic_version")).scalars())
+
+
+async def check_schema(db: Database, *, who: str) -> None:
+    """Raise ``SchemaNotReady`` unless the database is at this code's newest migration; ``ConfigError`` if unreachable.
+
+    ``who`` names the processes that do not migrate (\"billing workers\", \"this master\") in the message.
+    """
+    where = db.engine.url.render_as_string(hide_password=True)
+    try:
+        async with db.engine.connect() as conn:
+            revisions = await conn.run_sync(current_revisions)
+    except Exception as exc:
+        raise ConfigError(f"{who} cannot reach the database at {where}: {exc}; check GPUMARKET_DATABASE_URL") from exc
+    scripts = ScriptDirectory.from_config(alembic_config())
+    heads = set(scripts.get_heads())
+    if not revisions:
+        raise SchemaNotReady(
+            f"the database at {where} has no gpumarket schema and {who} do not migrate: run `gpumarket migrate` "
+            "(or start a master with migrate_on_start) on this database first, or check GPUMARKET_DATABASE_URL"
+        )
+    if revisions != heads:
+        known = all(scripts.get_revision(revision) is not None for revision in revisions)
+        fix = ("run `gpumarket migrate` of this version first" if known
+               else "it is newer than this code: upgrade to the version that migrated it")  # fmt: skip
+        raise SchemaNotReady(
+            f"the database at {where} is at schema revision {', '.join(sorted(revisions))}, {who} need "
+            f"{', '.join(sorted(heads))}: {fix}"
+        )
+
+
+async def migrate_or_wait(url: str, *, check_only: bool, wait_s: float, poll_s: float = 2.0) -> tuple[set[str], set[str]]:
+    """``gpumarket migrate``: bring the schema at ``url`` to head (or, with ``check_only``, wait until it is).
+
+    Retries for up to ``wait_s`` seconds while the database cannot be reached (a deployment starts
+    the migration job and the database together) or, with ``check_only``, is not at head yet.
+    Returns (revisions before, revisions after). Raises ``ConfigError``/``SchemaNotReady`` when
+    the time is up. Safe to run from several processes at once on PostgreSQL: the upgrade runs in
+    one transaction holding Alembic's version table.
+    """
+    db = Database(url, pool_size=1)
+    deadline = time.monotonic() + wait_s
+    try:
+        while True:
+            try:
+                async with db.engine.connect() as conn:
+                    before = await conn.run_sync(current_revisions)
+                if check_only:
+                    await check_schema(db, who="processes waiting for `gpumarket migrate`")
+                    return before, before
+                await db.migrate()
+                async with db.engine.connect() as conn:
+                    return before, await conn.run_sync(current_revisions)
+            except Exception as exc:
+                if time.monotonic() >= deadline:
+                    if isinstance(exc, ConfigError):
+                        raise
+                    where = db.engine.url.render_as_string(hide_password=True)
+                    raise ConfigError(f"cannot migrate the database at {where}: {exc}; check GPUMARKET_DATABASE_URL") from exc
+                log.info("database not ready (%s); retrying", exc)
+                await asyncio.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+    finally:
+        await db.close()

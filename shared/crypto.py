@@ -258,20 +258,21 @@ class CertificateAuthority:
         ``validity`` only apply when the CA is created. Raises ``ConfigError`` when
         only one of the two files exists, when they do not belong together, or when
         ``ca.crt`` is not a CA certificate. Concurrent callers on one host are
-        serialized by a lock file, so they all end up with the same CA.
+        serialized by a lock file, so they all end up with the same CA. Loading an
+        existing CA writes nothing, not even the lock file, so ``directory`` may be a
+        read-only mount (a Kubernetes Secret, a compose volume mounted ``:ro``).
         """
         key_path = directory / CA_KEY_FILENAME
         cert_path = directory / CA_CERT_FILENAME
+        if key_path.exists() and cert_path.exists():
+            # No lock needed: both writes below are atomic and the certificate comes last,
+            # so a certificate on disk means its key is complete too.
+            return cls._load(key_path, cert_path, directory)
         directory.mkdir(parents=True, exist_ok=True)
         with _exclusive_lock(directory / ".ca.lock"):
             key_exists, cert_exists = key_path.exists(), cert_path.exists()
-            if key_exists and cert_exists:
-                key = load_private_key(key_path.read_bytes())
-                try:
-                    certificate = x509.load_pem_x509_certificate(cert_path.read_bytes())
-                except ValueError as exc:
-                    raise ConfigError(f"{cert_path} is not a PEM certificate: {exc}") from exc
-                return cls(key=key, certificate=certificate, directory=directory)
+            if key_exists and cert_exists:  # another caller created it while we waited for the lock
+                return cls._load(key_path, cert_path, directory)
             if key_exists or cert_exists:
                 present, missing = (key_path, cert_path) if key_exists else (cert_path, key_path)
                 raise ConfigError(
@@ -289,6 +290,15 @@ class CertificateAuthority:
                 cert_path, certificate.public_bytes(serialization.Encoding.PEM), mode=_PEM_CERT_MODE
             )
             return cls(key=key, certificate=certificate, directory=directory)
+
+    @classmethod
+    def _load(cls, key_path: Path, cert_path: Path, directory: Path) -> CertificateAuthority:
+        key = load_private_key(key_path.read_bytes())
+        try:
+            certificate = x509.load_pem_x509_certificate(cert_path.read_bytes())
+        except ValueError as exc:
+            raise ConfigError(f"{cert_path} is not a PEM certificate: {exc}") from exc
+        return cls(key=key, certificate=certificate, directory=directory)
 
     @property
     def cert_pem(self) -> bytes:

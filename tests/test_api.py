@@ -58,7 +58,10 @@ class TestAuth:
         assert_error(status, body, 403, "forbidden")
         status, body = await api.as_provider("POST", "/enrollment-tokens")
         assert status == 201, body
-        assert body["token"] in body["enroll_command"]
+        base, token = str(api.client.make_url("")).rstrip("/"), body["token"]
+        # The installer one-liner (deploy/install-agent.sh, served by this master), and the bare enroll command.
+        assert body["enroll_command"] == f"curl -fsSL {base}/downloads/install-agent.sh | sh -s -- --master {base} --token {token}"
+        assert body["enroll_command_manual"] == f"gpumarket agent enroll --master {base} --token {token}"
 
     async def test_provider_cannot_rent(self, api: Api) -> None:
         """Only renters may create rentals; a provider gets 403 ``forbidden``."""

@@ -26,9 +26,9 @@ from sqlalchemy import func, select
 from billing import credits, ledger
 from billing.celery_app import VISIBILITY_TIMEOUT_S, make_celery, queue_name
 from billing.jobs import JOBS
-from billing.tasks import SchemaNotReady, close_process_databases, run_job, task_name
+from billing.tasks import close_process_databases, run_job, task_name
 from gpumarket.cli import main
-from master.db import Database
+from master.db import Database, SchemaNotReady
 from master.models import Account, Gpu, Host, LedgerTransaction, Rental
 from shared.errors import ConfigError
 from shared.settings import MasterSettings
@@ -287,17 +287,17 @@ class TestConfiguration:
 
     @pytest.mark.postgres
     @pytest.mark.redis
-    def test_a_worker_on_an_unmigrated_database_says_to_start_a_master(
+    def test_a_worker_on_an_unmigrated_database_says_to_migrate_it(
         self, tmp_path: Path, postgres_url: str, redis_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """On a database no master has migrated, `gpumarket worker` exits 2 and a task fails, both saying workers do not migrate."""
+        """On a database nobody migrated, `gpumarket worker` exits 2 and a task fails, both saying to run `gpumarket migrate`."""
         for name, value in (("DATABASE_URL", postgres_url), ("REDIS_URL", redis_url), ("DATA_DIR", str(tmp_path))):
             monkeypatch.setenv(f"GPUMARKET_{name}", value)
         with pytest.raises(SystemExit) as done:
             main(["worker"])
         assert done.value.code == 2
         err = capsys.readouterr().err
-        assert "has no gpumarket schema" in err and "do not migrate" in err and "gpumarket master" in err
+        assert "has no gpumarket schema" in err and "do not migrate" in err and "gpumarket migrate" in err
         settings = MasterSettings.load(data_dir=tmp_path, database_url=postgres_url, redis_url=redis_url)
         try:
             with pytest.raises(SchemaNotReady, match="do not migrate"):

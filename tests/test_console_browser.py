@@ -443,7 +443,10 @@ class TestProvider:
         await console.go("#/enroll")
         await page.get_by_role("button", name="Create an enrollment token").click()
         command = page.locator("#enroll-command")
-        await expect(command).to_have_value(re.compile(r"^gpumarket agent enroll --master http://127\.0\.0\.1:\d+ --token \S{20,}$"))
+        await expect(command).to_have_value(re.compile(
+            r"^curl -fsSL http://127\.0\.0\.1:\d+/downloads/install-agent\.sh \| sh -s -- --master http://127\.0\.0\.1:\d+ --token \S{20,}$"))
+        await expect(page.locator("#enroll-command-manual")).to_have_text(
+            re.compile(r"^gpumarket agent enroll --master http://127\.0\.0\.1:\d+ --token \S{20,}$"))
         assert await command.get_attribute("readonly") is not None
         await page.get_by_role("button", name="Copy").click()
         await expect(page.get_by_text("Copied to the clipboard.")).to_be_visible()

@@ -6,10 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,54 +15,15 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
+from gpumarket.cluster import ProcessGroup, free_port
 from tests.helpers import eventually
 
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-class Processes:
-    """Started service processes, their logs in tmp, all stopped at the end."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.running: dict[str, subprocess.Popen[bytes]] = {}
-
-    def cli(self, *args: str, env: dict[str, str]) -> str:
-        done = subprocess.run([sys.executable, "-m", "gpumarket.cli", *args], env=env, capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0, f"gpumarket {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
-        return done.stdout
-
-    def start(self, name: str, *args: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
-        log = open(self.tmp / f"{name}.log", "wb")
-        process = subprocess.Popen([sys.executable, "-m", "gpumarket.cli", *args], env=env, stdout=log, stderr=subprocess.STDOUT)
-        self.running[name] = process
-        return process
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {n} ---\n{(self.tmp / f'{n}.log').read_text()[-3000:]}" for n in self.running)
-
-    def stop(self, name: str) -> int:
-        process = self.running[name]
-        process.send_signal(signal.SIGTERM)
-        try:
-            return process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-            raise AssertionError(f"{name} did not stop within 10 s after SIGTERM:\n{self.logs()}") from None
-
-    def kill_all(self) -> None:
-        for process in self.running.values():
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+# The process harness `gpumarket cluster` uses; the fault tests use it too.
+Processes = ProcessGroup
+_free_port = free_port
 
 
 @pytest.fixture

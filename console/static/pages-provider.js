@@ -284,15 +284,19 @@ export function enrollPage(page, ctx) {
       });
       command.addEventListener("focus", () => command.select());
       replace(result, h("div", { class: "card" },
-        h("label", { for: "enroll-command" }, "Run this on the new host (as the user the agent runs as):"),
+        h("label", { for: "enroll-command" }, "Run this as root on the new GPU host:"),
         command,
-        h("p", { class: "hint", id: "enroll-hint" }, "The token works once and expires ", timeEl(token.expires_at),
-          ". The host appears in your host list when its agent connects."),
+        h("p", { class: "hint", id: "enroll-hint" }, "It checks the host, installs the agent as a systemd service, enrolls it and prints its host id. ",
+          "The token works once and expires ", timeEl(token.expires_at),
+          ". The host appears in your host list when its agent connects. Running it again later upgrades the agent (no token needed)."),
+        h("p", { class: "hint" }, "Without root or systemd, add ", h("code", {}, "--no-systemd"),
+          " and start the agent yourself. An agent you installed another way enrolls with ",
+          h("code", { id: "enroll-command-manual" }, token.enroll_command_manual), "."),
         h("div", { class: "actions" }, copy, copied)));
       command.focus();
     }, "Creating…");
   });
-  replace(page, heading("Enroll a host", "Create a one-time token, then run the enrollment command on the GPU host. Its agent enrolls with the token and connects."),
+  replace(page, heading("Enroll a host", "Create a one-time token, then run the install command on the GPU host. It installs the agent, which enrolls with the token and connects."),
     h("div", { class: "actions" }, create), errors.el, result);
 }
 

@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-PUBLIC_PATHS = frozenset({"/api/v1/health", "/api/v1/openapi.json", "/api/v1/enroll", "/api/v1/sessions"})
+PUBLIC_PATHS = frozenset({"/api/v1/health", "/api/v1/health/live", "/api/v1/openapi.json", "/api/v1/enroll", "/api/v1/sessions"})
 PRINCIPAL = web.RequestKey("principal", Principal)
 SESSION = web.RequestKey("console_session", sessions.SignedIn)
 # Methods that change something: a call authenticated by the console's cookie must also carry its CSRF token.

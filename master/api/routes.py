@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -19,6 +20,7 @@ from master.api import (
     routes_alerts,
     routes_billing,
     routes_console,
+    routes_downloads,
     routes_invoices,
     routes_market,
     routes_metrics,
@@ -69,6 +71,13 @@ async def health(request: web.Request) -> web.Response:
     )
 
 
+async def health_live(request: web.Request) -> web.Response:
+    """Liveness: this process serves requests. Touches neither the database nor Redis, so an outage of those
+    makes masters unready (``/health``), never restarted."""
+    master = request.app[MASTER]
+    return web.json_response({"status": "ok", "version": VERSION, "instance": master.instance_id})
+
+
 async def get_account(request: web.Request) -> web.Response:
     who = principal(request)
     async with request.app[MASTER].db.session() as session:
@@ -102,12 +111,15 @@ async def create_enrollment_token(request: web.Request) -> web.Response:
     master = request.app[MASTER]
     who = principal(request)
     token, expires_at = await enrollment.create_token(master, who.account_id)
-    public = master.settings.public_url or f"http://{request.host}"
+    public = shlex.quote((master.settings.public_url or f"http://{request.host}").rstrip("/"))
     return web.json_response(
         {
             "token": token,
             "expires_at": expires_at.isoformat(),
-            "enroll_command": f"gpumarket agent enroll --master {public} --token {token}",
+            # The installer (deploy/install-agent.sh, served by this master) installs, enrolls and starts the agent.
+            "enroll_command": f"curl -fsSL {public}/downloads/install-agent.sh | sh -s -- --master {public} --token {token}",
+            # For an agent installed by other means.
+            "enroll_command_manual": f"gpumarket agent enroll --master {public} --token {token}",
         },
         status=201,
     )
@@ -294,7 +306,10 @@ async def openapi(request: web.Request) -> web.Response:
 
 
 CORE_ROUTES: tuple[Route, ...] = (
-    Route("GET", "/health", health, "Liveness and readiness of this master process.", public=True, errors=(503,)),
+    Route("GET", "/health", health, "Readiness of this master process: 200 when its database and Redis answer, "
+          "503 (and which failed) otherwise.", public=True, errors=(503,)),
+    Route("GET", "/health/live", health_live, "Liveness of this master process: 200 whenever it serves requests.",
+          public=True),
     Route("GET", "/openapi.json", openapi, "This document.", public=True),
     Route("GET", "/account", get_account, "The calling account, with its quotas and what it uses of them."),
     Route("PUT", "/accounts/{account_id}/quota", put_account_quota, "Set an account's quotas (GPUs at once, USD per hour).",
@@ -345,6 +360,7 @@ ERROR_SCHEMA = ErrorBody
 
 def add_routes(app: web.Application) -> None:
     routes_metrics.add_unversioned_routes(app)
+    routes_downloads.add_routes(app)
     routes_console.add_stream_lifecycle(app)
     for route in ROUTES:
         handler = route.handler

@@ -1,0 +1,1 @@
+../master/data/install-agent.sh
