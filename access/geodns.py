@@ -78,6 +78,7 @@ import dns.rdatatype
 import dns.rrset
 
 from shared.errors import BusError, ConfigError
+from shared.ratelimit import SourceRateLimiter, source_key
 from shared.registry import Registry, RelayRecord, open_registry
 from shared.settings import DnsSettings
 
@@ -539,7 +540,8 @@ def render_udp(response: dns.message.Message, *, max_size: int) -> tuple[bytes, 
 
     ADDITIONAL records are dropped first without TC (RFC 2181 §9: they are optional);
     when the answer itself does not fit, every record goes and TC tells the client to
-    ask again over TCP.
+    ask again over TCP. When even the echoed question section does not fit (a query of
+    many questions, answered FORMERR or NOTIMP), it goes too.
     """
     try:
         return response.to_wire(max_size=max_size), False
@@ -554,43 +556,11 @@ def render_udp(response: dns.message.Message, *, max_size: int) -> tuple[bytes, 
     response.answer.clear()
     response.authority.clear()
     response.flags |= dns.flags.TC
-    return response.to_wire(max_size=max_size), True
-
-
-# ---- rate limit ---------------------------------------------------------------------
-
-
-class SourceRateLimiter:
-    """A token bucket per source: ``rate`` queries per second, bursts of up to ``burst``.
-
-    IPv4 sources are limited per address, IPv6 sources per /64 (one host usually owns
-    a whole /64). At most ``max_sources`` buckets are kept; beyond that the least
-    recently seen source is forgotten (and starts again with a full bucket).
-    """
-
-    def __init__(
-        self, *, rate: float, burst: float, max_sources: int = 65_536, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        if rate <= 0 or burst < 1 or max_sources < 1:
-            raise ValueError("rate must be > 0, burst >= 1 and max_sources >= 1")
-        self.rate = rate
-        self.burst = burst
-        self.max_sources = max_sources
-        self._clock = clock
-        self._buckets: dict[tuple[int, int], tuple[float, float]] = {}  # insertion order = recency
-
-    def allow(self, source: IPAddress) -> bool:
-        """Take one token from ``source``'s bucket; false when it is empty."""
-        source = _unmapped(source)
-        key = (4, int(source)) if source.version == 4 else (6, int(source) >> 64)
-        now = self._clock()
-        bucket = self._buckets.pop(key, None)
-        tokens = self.burst if bucket is None else min(self.burst, bucket[0] + (now - bucket[1]) * self.rate)
-        allowed = tokens >= 1
-        self._buckets[key] = (tokens - 1 if allowed else tokens, now)
-        if len(self._buckets) > self.max_sources:
-            del self._buckets[next(iter(self._buckets))]
-        return allowed
+    try:
+        return response.to_wire(max_size=max_size), True
+    except dns.exception.TooBig:
+        response.question.clear()
+        return response.to_wire(max_size=max_size), True
 
 
 # ---- the server ---------------------------------------------------------------------
@@ -613,7 +583,8 @@ class GeoDnsServer:
     (and the client's advertised size); a TCP length prefix over ``max_tcp_message``
     closes the connection; ``max_tcp_connections`` are served at once (more are closed
     on accept); each source may send ``rate_limit`` queries per second with bursts of
-    ``rate_burst`` (see ``SourceRateLimiter``, at most ``max_rate_sources`` tracked) —
+    ``rate_burst`` (``shared.ratelimit.SourceRateLimiter``, IPv6 per /64, at most
+    ``max_rate_sources`` tracked) —
     over it, UDP queries are dropped (no reflection) and TCP queries get REFUSED.
 
     ``clock`` (monotonic seconds) drives the rate limit. The registry is not owned:
@@ -681,9 +652,9 @@ class GeoDnsServer:
             nameserver_addresses=nameserver_addresses,
             edns_payload=max_udp_query,
         )
-        self.rate_limiter = SourceRateLimiter(
-            rate=rate_limit, burst=rate_burst, max_sources=max_rate_sources, clock=clock
-        )
+        # Keyed per address, IPv6 per /64 (one host usually owns a whole /64).
+        self.rate_limiter = SourceRateLimiter(rate=rate_limit, burst=rate_burst, max_sources=max_rate_sources)
+        self._clock = clock
         self.stats: dict[str, int] = dict.fromkeys(STAT_NAMES, 0)
         self._registry = registry
         self._requested_port = port
@@ -814,7 +785,7 @@ class GeoDnsServer:
     def handle(self, wire: bytes, source: IPAddress, transport: Literal["udp", "tcp"]) -> bytes | None:
         """The reply to one received message, or ``None`` when it is dropped; updates ``stats``."""
         self.stats["queries"] += 1
-        allowed = self.rate_limiter.allow(source)
+        allowed = self.rate_limiter.admit(source_key(str(source)), self._clock()) == 0.0
         if not allowed:
             self.stats["rate_limited"] += 1
             if transport == "udp":

@@ -49,7 +49,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import ipaddress
 import json
 import logging
 import math
@@ -69,6 +68,7 @@ from shared.bus import Bus
 from shared.clock import Clock, SystemClock
 from shared.crypto import host_id_from_der, serial_hex_from_der
 from shared.errors import BusError, ConfigError, GpumarketError, ProtocolError
+from shared.ratelimit import SourceRateLimiter, TokenBucket, source_key
 from shared.registry import Registry, RelayRecord
 
 log = logging.getLogger(__name__)
@@ -86,93 +86,6 @@ def _reason(text: str) -> str:
     """Websocket close reasons are limited to 123 bytes."""
     encoded = text.encode()[:120]
     return encoded.decode(errors="ignore")
-
-
-# ---- rate limits (Sans-I/O: pure functions of a monotonic time) --------------------------
-
-
-@dataclass(slots=True)
-class TokenBucket:
-    """``rate`` tokens per second up to ``burst``; starts full at ``updated``."""
-
-    rate: float
-    burst: float
-    updated: float
-    tokens: float = -1.0  # -1: start full
-
-    def __post_init__(self) -> None:
-        if self.tokens < 0:
-            self.tokens = self.burst
-
-    def _refill(self, now: float) -> None:
-        if now > self.updated:
-            self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate)
-            self.updated = now
-
-    def take(self, now: float) -> bool:
-        """Spend one token if there is one."""
-        self._refill(now)
-        if self.tokens >= 1.0 - 1e-9:  # refills are float sums: 0.9999999 is a whole token
-            self.tokens = max(0.0, self.tokens - 1.0)
-            return True
-        return False
-
-    def wait(self, now: float) -> float:
-        """Seconds until one token is available (0 if one is now)."""
-        self._refill(now)
-        return max(0.0, (1.0 - self.tokens) / self.rate)
-
-    def is_full(self, now: float) -> bool:
-        """Whether the bucket has refilled completely, i.e. is the same as a fresh one."""
-        return self.tokens + max(0.0, now - self.updated) * self.rate >= self.burst
-
-
-def source_key(address: str) -> str:
-    """The rate-limit key of a peer address: the address itself, or its /64 for IPv6."""
-    try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
-        return address
-    if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            return str(ip.ipv4_mapped)
-        return str(ipaddress.IPv6Network((ip, 64), strict=False))
-    return str(ip)
-
-
-class SourceRateLimiter:
-    """Token buckets keyed by source, in bounded memory (idle buckets dropped, a cap on the rest)."""
-
-    def __init__(self, *, rate: float, burst: int, max_sources: int) -> None:
-        if rate <= 0 or burst < 1 or max_sources < 1:
-            raise ConfigError("source rate limits must be positive")
-        self.rate = rate
-        self.burst = burst
-        self.max_sources = max_sources
-        self._buckets: collections.OrderedDict[str, TokenBucket] = collections.OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._buckets)
-
-    def admit(self, source: str, now: float) -> float:
-        """Take a token for ``source``: 0.0 if admitted, else the seconds until it would be."""
-        self._drop_refilled(now)
-        bucket = self._buckets.get(source)
-        if bucket is None:
-            bucket = self._buckets[source] = TokenBucket(self.rate, self.burst, now)
-            while len(self._buckets) > self.max_sources:
-                self._buckets.popitem(last=False)
-        else:
-            self._buckets.move_to_end(source)
-        return 0.0 if bucket.take(now) else max(bucket.wait(now), 1e-3)
-
-    def _drop_refilled(self, now: float) -> None:
-        # Least recently used first: amortised O(1) per call.
-        while self._buckets:
-            oldest = next(iter(self._buckets.values()))
-            if not oldest.is_full(now):
-                return
-            self._buckets.popitem(last=False)
 
 
 # ---- one agent ---------------------------------------------------------------------------

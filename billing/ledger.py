@@ -74,10 +74,11 @@ def cents(raw: object, *, what: str) -> Decimal:
         raise LedgerError(f"{what} must be a decimal amount such as \"25.00\", got {str(raw)[:40]!r}", code="invalid_amount") from None
     if not amount.is_finite() or amount <= 0:
         raise LedgerError(f"{what} must be more than 0, got {str(raw)[:40]!r}", code="invalid_amount")
-    if amount != amount.quantize(CURRENCY_QUANTUM):
-        raise LedgerError(f"{what} has more decimal places than USD allows (cents): {str(raw)[:40]!r}", code="invalid_amount")
+    # The cap first: quantizing 1e100 to cents needs more digits than the context has (InvalidOperation).
     if amount > Decimal("1000000"):
         raise LedgerError(f"{what} is over the 1,000,000.00 USD a single posting may move", code="invalid_amount")
+    if amount != amount.quantize(CURRENCY_QUANTUM):
+        raise LedgerError(f"{what} has more decimal places than USD allows (cents): {str(raw)[:40]!r}", code="invalid_amount")
     return amount
 
 

@@ -117,7 +117,7 @@ async def list_payouts(session: AsyncSession, principal: Principal, *, provider_
     query = select(Payout)
     if principal.role != "admin":
         query = query.where(Payout.provider_id == principal.account_id)
-    elif provider_id is not None:
+    if provider_id is not None:  # narrows, never widens: a provider naming another provider finds none
         query = query.where(Payout.provider_id == provider_id)
     total = int(await session.scalar(select(func.count()).select_from(query.subquery())) or 0)
     rows = (await session.scalars(query.order_by(Payout.created_at.desc(), Payout.id).limit(limit).offset(offset))).all()

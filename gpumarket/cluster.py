@@ -17,12 +17,16 @@ OS process, started with the same commands and settings a deployment uses:
 watched on the other, started by an agent behind a relay, rated by the Celery workers, stopped.
 ``ProcessGroup`` keeps each process's log, signals whole process groups (``kill -9`` of a
 Celery worker takes its pool with it) and restarts a process with the command it started with:
-the fault tests use it to break things on purpose.
+the fault tests (``tests/faults/``) use it to break things on purpose, with ``Cluster.overrides``
+(settings per role or process, e.g. a relay's Redis URL through a proxy), ``Cluster.add_agent``
+(an agent pinned to one relay URL, e.g. a proxy in front of a relay), ``Cluster.wait_healthy`` and
+``Cluster.database()``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -34,7 +38,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -43,6 +47,7 @@ from typing import Any, TypeVar
 import aiohttp
 
 from gpumarket.up import DEMO_FLEET
+from master.db import Database
 from shared.errors import ConfigError, GpumarketError
 
 log = logging.getLogger(__name__)
@@ -185,6 +190,12 @@ class Cluster:
     on_step: Callable[[str], None] = field(default=lambda _: None)
     # Processes a caller stopped or killed on purpose: waits do not fail because these exited.
     expected_down: set[str] = field(default_factory=set)
+    # Extra GPUMARKET_* settings over the ones below, by role ("master" — also the admin commands
+    # and workers —, "worker", "relay", "dns", "agent") or by process name ("relay-us-east"); the
+    # name's win. E.g. {"master": {"GPUMARKET_RENTAL_GRACE_PERIOD": "8"}}.
+    overrides: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Agents added with add_agent(relay_url=...): index → (region, relay URL, GPUs).
+    _pinned: dict[int, tuple[Region, str, str | None]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.workdir = self.workdir.resolve()
@@ -202,7 +213,8 @@ class Cluster:
         return [f"agent-{i + 1:02d}" for i in range(self.agents)]
 
     def agent_region(self, i: int) -> Region:
-        return REGIONS[i % len(REGIONS)]
+        pinned = self._pinned.get(i)
+        return pinned[0] if pinned else REGIONS[i % len(REGIONS)]
 
     # ---- environments ------------------------------------------------------------
 
@@ -213,6 +225,9 @@ class Cluster:
             "GPUMARKET_HEARTBEAT_INTERVAL": str(self.heartbeat_interval),
             "GPUMARKET_TELEMETRY_INTERVAL": str(self.telemetry_interval),
         }  # fmt: skip
+
+    def _with_overrides(self, env: dict[str, str], role: str, name: str | None = None) -> dict[str, str]:
+        return {**env, **self.overrides.get(role, {}), **(self.overrides.get(name, {}) if name else {})}
 
     def master_env(self, i: int | None = None) -> dict[str, str]:
         """A master's settings (``None``: those of the one-shot admin commands and the workers)."""
@@ -227,19 +242,39 @@ class Cluster:
         if i is not None:
             env |= {"GPUMARKET_HTTP_PORT": str(self.master_ports[i]), "GPUMARKET_INSTANCE_ID": f"master-{i + 1}",
                     "GPUMARKET_PUBLIC_URL": f"http://127.0.0.1:{self.master_ports[i]}"}  # fmt: skip
-        return env
+        return self._with_overrides(env, "master", self.master_names()[i] if i is not None else None)
 
     def worker_env(self, name: str) -> dict[str, str]:
-        return {**self.master_env(), "GPUMARKET_DATA_DIR": str(self.workdir / name)}
+        return self._with_overrides({**self.master_env(), "GPUMARKET_DATA_DIR": str(self.workdir / name)}, "worker", name)
+
+    def relay_env(self, region: Region) -> dict[str, str]:
+        pki = self.workdir / "relay-pki"
+        env = {
+            **self._common_env(), "GPUMARKET_PORT": str(self.relay_ports[region.relay_id]),
+            "GPUMARKET_PUBLIC_HOST": "localhost", "GPUMARKET_REGISTER_INTERVAL": "0.5",
+            "GPUMARKET_CERT_FILE": str(pki / "relay.crt"), "GPUMARKET_KEY_FILE": str(pki / "relay.key"),
+            "GPUMARKET_CA_FILE": str(pki / "ca.crt"),
+        }  # fmt: skip
+        return self._with_overrides(env, "relay", region.relay_id)
 
     def agent_env(self, i: int) -> dict[str, str]:
-        return {
+        """Agent ``i``'s settings: relay discovery through the geo DNS, or the one relay URL it was added with."""
+        env = {
             **self._common_env(), "GPUMARKET_DATA_DIR": str(self.workdir / "agents" / self.agent_names()[i]),
             "GPUMARKET_GPUS": DEMO_FLEET[i % len(DEMO_FLEET)], "GPUMARKET_ZONE": CLUSTER_ZONE,
             "GPUMARKET_RESOLVER": "127.0.0.1", "GPUMARKET_RESOLVER_PORT": str(self.dns_port),
             "GPUMARKET_RESOLVER_SOURCE": self.agent_region(i).source, "GPUMARKET_REGION": self.agent_region(i).name,
             "GPUMARKET_NETWORK_INTERVAL": "0", "GPUMARKET_RECONNECT_MAX_DELAY": "1", "GPUMARKET_SAMPLE_INTERVAL": "0.5",
         }  # fmt: skip
+        pinned = self._pinned.get(i)
+        if pinned is not None:
+            _, relay_url, gpus = pinned
+            for discovery in ("GPUMARKET_ZONE", "GPUMARKET_RESOLVER", "GPUMARKET_RESOLVER_PORT", "GPUMARKET_RESOLVER_SOURCE"):
+                env.pop(discovery)
+            env["GPUMARKET_RELAY_URL"] = relay_url
+            if gpus is not None:
+                env["GPUMARKET_GPUS"] = gpus
+        return self._with_overrides(env, "agent", self.agent_names()[i])
 
     # ---- start and stop ----------------------------------------------------------
 
@@ -267,47 +302,78 @@ class Cluster:
         for i, name in enumerate(self.master_names()):
             procs.start(name, "master", env=self.master_env(i))
         self.on_step("2 relays (eu-west, us-east), geo DNS, Celery worker with beat and a second worker")
-        pki = self.workdir / "relay-pki"
         for region in REGIONS:
-            procs.start(
-                region.relay_id, "access", "--region", region.name, "--relay-id", region.relay_id,
-                env={
-                    **self._common_env(), "GPUMARKET_PORT": str(self.relay_ports[region.relay_id]),
-                    "GPUMARKET_PUBLIC_HOST": "localhost", "GPUMARKET_REGISTER_INTERVAL": "0.5",
-                    "GPUMARKET_CERT_FILE": str(pki / "relay.crt"), "GPUMARKET_KEY_FILE": str(pki / "relay.key"),
-                    "GPUMARKET_CA_FILE": str(pki / "ca.crt"),
-                },
-            )  # fmt: skip
-        procs.start(
-            "dns", "dns", "--zone", CLUSTER_ZONE, "--port", str(self.dns_port),
-            env={
-                **self._common_env(), "GPUMARKET_REFRESH_INTERVAL": "0.5", "GPUMARKET_TTL": "1",
-                "GPUMARKET_PREFIX_REGIONS": json.dumps({f"{r.source}/32": r.name for r in REGIONS}),
-                "GPUMARKET_REGION_DISTANCE": json.dumps({f"{REGIONS[0].name}:{REGIONS[1].name}": 80}),
-            },
-        )  # fmt: skip
+            procs.start(region.relay_id, "access", "--region", region.name, "--relay-id", region.relay_id,
+                        env=self.relay_env(region))  # fmt: skip
+        dns_env = {
+            **self._common_env(), "GPUMARKET_REFRESH_INTERVAL": "0.5", "GPUMARKET_TTL": "1",
+            "GPUMARKET_PREFIX_REGIONS": json.dumps({f"{r.source}/32": r.name for r in REGIONS}),
+            "GPUMARKET_REGION_DISTANCE": json.dumps({f"{REGIONS[0].name}:{REGIONS[1].name}": 80}),
+        }  # fmt: skip
+        procs.start("dns", "dns", "--zone", CLUSTER_ZONE, "--port", str(self.dns_port),
+                    env=self._with_overrides(dns_env, "dns", "dns"))  # fmt: skip
         procs.start("worker-beat", "worker", "--beat", "--concurrency", "1", env=self.worker_env("worker-beat"))
         procs.start("worker-2", "worker", "--concurrency", "1", env=self.worker_env("worker-2"))
 
         async with aiohttp.ClientSession() as http:
             for i in range(self.masters):
                 ready = functools.partial(self._ok, http, f"{self.api(i)}/health")
-                await self._until(ready, timeout, f"master-{i + 1} ready")
-            await self._until(lambda: self._relays_registered(http), timeout, "both relays registered")
+                await self.until(ready, timeout, f"master-{i + 1} ready")
+            await self.until(lambda: self._relays_registered(http), timeout, "both relays registered")
             await self._top_up(http)
             self.on_step(f"{self.agents} agents (enroll with a token, then run)")
-            for i, name in enumerate(self.agent_names()):
-                status, token = await self.call(http, "POST", "/enrollment-tokens", "provider", master=i % self.masters)
-                if status != 201:
-                    raise ClusterError(f"no enrollment token from master-{i % self.masters + 1}: {status} {token}")
-                out = await asyncio.to_thread(
-                    procs.cli, "agent", "enroll", "--master", f"http://127.0.0.1:{self.master_ports[i % self.masters]}",
-                    "--token", token["token"], "--hostname", f"cluster-{name}", env=self.agent_env(i),
-                )  # fmt: skip
-                self.host_ids.append(out.split("enrolled as host ")[1].split(";")[0])
-                procs.start(name, "agent", "run", env=self.agent_env(i))
-            await self._until(lambda: self._agents_on_their_relays(http), timeout, "every agent online on its region's relay")
+            for i in range(self.agents):
+                await self._enroll_and_run(http, i)
+            await self.until(lambda: self._agents_on_their_relays(http), timeout, "every agent online on its region's relay")
         self.on_step("up")
+
+    async def _enroll_and_run(self, http: aiohttp.ClientSession, i: int) -> None:
+        name = self.agent_names()[i]
+        status, token = await self.call(http, "POST", "/enrollment-tokens", "provider", master=i % self.masters)
+        if status != 201:
+            raise ClusterError(f"no enrollment token from master-{i % self.masters + 1}: {status} {token}")
+        out = await asyncio.to_thread(
+            self.processes.cli, "agent", "enroll", "--master", f"http://127.0.0.1:{self.master_ports[i % self.masters]}",
+            "--token", token["token"], "--hostname", f"cluster-{name}", env=self.agent_env(i),
+        )  # fmt: skip
+        self.host_ids.append(out.split("enrolled as host ")[1].split(";")[0])
+        self.processes.start(name, "agent", "run", env=self.agent_env(i))
+
+    async def add_agent(self, *, relay_url: str, region: Region = REGIONS[0], gpus: str | None = None,
+                        timeout: float = 60) -> str:  # fmt: skip
+        """Enroll and run one more agent that connects to ``relay_url`` only (no DNS discovery): a relay of
+        ``region``, or a proxy in front of it. Returns its process name once its host is online there."""
+        i = self.agents
+        self._pinned[i] = (region, relay_url, gpus)
+        self.agents += 1
+        async with aiohttp.ClientSession() as http:
+            await self._enroll_and_run(http, i)
+            await self.until(lambda: self._agents_on_their_relays(http, [i]), timeout, f"{self.agent_names()[i]} online")
+        return self.agent_names()[i]
+
+    async def wait_healthy(self, *, timeout: float = 60) -> None:
+        """Until every process runs and every agent's host is online or rented (on any relay); ``ClusterError`` after ``timeout``."""
+
+        async def healthy(http: aiohttp.ClientSession) -> bool:
+            if any(not self.processes.alive(name) for name in self.processes.running):
+                return False
+            status, hosts = await self.call(http, "GET", "/hosts?limit=200", "admin")
+            if status != 200:
+                return False
+            states = {h["id"]: h["state"] for h in hosts["items"]}
+            return all(states.get(host_id) in ("online", "rented") for host_id in self.host_ids)
+
+        async with aiohttp.ClientSession() as http:
+            await self.until(lambda: healthy(http), timeout, "every process running and every host online")
+
+    @contextlib.asynccontextmanager
+    async def database(self) -> AsyncIterator[Database]:
+        """A ``Database`` on the cluster's PostgreSQL, for checks that read what the API does not show."""
+        db = Database(self.database_url, pool_size=2)
+        try:
+            yield db
+        finally:
+            await db.close()
 
     def stop(self) -> dict[str, int]:
         """Stop every process (SIGTERM, newest first); their exit statuses (0: a clean shutdown)."""
@@ -339,8 +405,10 @@ class Cluster:
         status, body = await self.call(http, "GET", "/relays", "admin")
         return status == 200 and {r["relay_id"] for r in body["items"]} == {r.relay_id for r in REGIONS}
 
-    async def _agents_on_their_relays(self, http: aiohttp.ClientSession) -> bool:
+    async def _agents_on_their_relays(self, http: aiohttp.ClientSession, which: list[int] | None = None) -> bool:
         for i, host_id in enumerate(self.host_ids):
+            if which is not None and i not in which:
+                continue
             status, host = await self.call(http, "GET", f"/hosts/{host_id}", "admin", master=i % self.masters)
             if status != 200 or host["state"] != "online" or host["relay_id"] != self.agent_region(i).relay_id:
                 return False
@@ -353,7 +421,7 @@ class Cluster:
         if status not in (200, 201):
             raise ClusterError(f"could not credit the renter: {status} {answer}")
 
-    async def _until(self, check: Callable[[], Awaitable[T | None]], timeout: float, what: str) -> T:
+    async def until(self, check: Callable[[], Awaitable[T | None]], timeout: float, what: str) -> T:
         """The first truthy ``check()``; ``ClusterError`` naming ``what`` (and any process that died) after ``timeout``."""
         deadline = time.monotonic() + timeout
         while True:
@@ -393,7 +461,7 @@ class Cluster:
                 status, body = await self.call(http, "GET", f"/rentals/{rental_id}", "renter", master=other)
                 return body if status == 200 and body["state"] == state else None
 
-            running = await self._until(lambda: state_on_other("running"), timeout, "the rental running")
+            running = await self.until(lambda: state_on_other("running"), timeout, "the rental running")
             report["running_after_s"] = round(time.monotonic() - began, 2)
             host_index = self.host_ids.index(running["host_id"])
             report |= {"rental_id": rental_id, "host_id": running["host_id"],
@@ -404,12 +472,12 @@ class Cluster:
                 amount = Decimal(body["charged"]) if status == 200 else Decimal(0)
                 return amount if amount > 0 else None
 
-            first_charge = await self._until(charged, timeout, "the Celery workers' first charge for the rental")
+            first_charge = await self.until(charged, timeout, "the Celery workers' first charge for the rental")
             report["charged_after_s"] = round(time.monotonic() - began, 2)
             status, body = await self.call(http, "DELETE", f"/rentals/{rental_id}", "renter", master=other)
             if status != 202:
                 raise ClusterError(f"stopping the rental failed: {status} {body}")
-            stopped = await self._until(lambda: state_on_other("stopped"), timeout, "the rental stopped")
+            stopped = await self.until(lambda: state_on_other("stopped"), timeout, "the rental stopped")
             report["stopped_after_s"] = round(time.monotonic() - began, 2)
             # Stopped within the minimum billing period: the workers' next pass charges the whole of it, once.
             minimum = (Decimal(running["price_per_hour"]) * 60 / 3600).quantize(Decimal("0.000001"))
@@ -418,7 +486,7 @@ class Cluster:
                 amount = await charged()
                 return amount if amount is not None and abs(amount - minimum) <= Decimal("0.000001") else None
 
-            final = await self._until(final_charge, timeout, f"the minimum period charged ({minimum})")
+            final = await self.until(final_charge, timeout, f"the minimum period charged ({minimum})")
             await asyncio.sleep(3 * self.billing_interval)  # later passes must post nothing more
             status, settled = await self.call(http, "GET", f"/rentals/{rental_id}", "renter")
             _, after = await self.call(http, "GET", "/account", "renter")

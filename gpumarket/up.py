@@ -145,6 +145,8 @@ async def start_marketplace(
         await close_master(master)
         raise
     settings.relay_urls = [relay.url]
+    # Every demo agent enrolls from 127.0.0.1 at start: let them all through (the API stays rate-limited).
+    settings.enrollment_burst = max(settings.enrollment_burst, agents)
     runner = web.AppRunner(create_app(master), shutdown_timeout=2.0)
     await runner.setup()
     site = web.TCPSite(runner, http_host, http_port)

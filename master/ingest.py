@@ -6,6 +6,8 @@ restarted) claims what was left pending for longer than ``stale_message_idle`` s
 Heartbeats and telemetry (nearly all traffic) are applied a whole read at a time in one
 transaction with multi-row inserts; other messages one per transaction. Handlers are
 idempotent and samples are de-duplicated by ``(host, seq)``, so redelivery is harmless.
+A message that keeps failing on a database that answers is parked in ``agent-events:dead``;
+while the database does not answer nothing is parked, however often it is delivered.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import text
 
 from master.context import Master
 from master.services import commands, enrollment, hosts, leases, rentals
@@ -69,6 +73,12 @@ class Ingestor:
                 backoff = 0.5
             except BusError as exc:
                 log.warning("bus unavailable (%s); retrying in %.1fs", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
+            except Exception:
+                # E.g. the database failing between a batch's commit and publishing its commands: whatever was
+                # not acknowledged stays pending. The loop must outlive it, or this master silently stops ingesting.
+                log.exception("ingestion pass failed; retrying in %.1fs", backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
 
@@ -153,7 +163,9 @@ class Ingestor:
             await self._apply_one(envelope)
         except Exception:
             stats.failed += 1
-            if message.deliveries >= self.max_deliveries:
+            # Give a message up only when it fails on a database that answers: in an outage every message
+            # fails, however often it is delivered, and parking them would lose what relays acknowledged.
+            if message.deliveries >= self.max_deliveries and await self._database_answers():
                 log.exception("giving up on bus message %s after %d deliveries; moved to %s",
                               message.id, message.deliveries, DEAD_LETTERS_STREAM)
                 await self.master.bus.publish(DEAD_LETTERS_STREAM, message.payload)
@@ -166,6 +178,15 @@ class Ingestor:
             return
         await self.master.bus.ack(message.stream, GROUP, [message.id])
         stats.messages[envelope.message.type] += 1
+
+    async def _database_answers(self) -> bool:
+        """Whether the database takes a trivial query now (bounded by ``error_backoff`` + 5 s)."""
+        try:
+            async with asyncio.timeout(self.error_backoff + 5.0), self.master.db.session() as session:
+                await session.execute(text("SELECT 1"))
+        except Exception:
+            return False
+        return True
 
     async def _apply_one(self, envelope: protocol.BusEnvelope) -> None:
         resend: list[str] = []

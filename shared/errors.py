@@ -76,6 +76,17 @@ class InsufficientCapacity(ClientError):
     http_status = 409
 
 
+class RateLimited(ClientError):
+    """Too many requests: the message and ``Retry-After`` say in how many whole seconds (at least 1) to retry."""
+
+    code = "rate_limited"
+    http_status = 429
+
+    def __init__(self, message: str, *, retry_after: int) -> None:
+        super().__init__(message, details={"retry_after": retry_after})
+        self.retry_after = retry_after
+
+
 class QuotaExceeded(Forbidden):
     """The account's quota (GPUs held at once, spend per hour) does not allow this."""
 

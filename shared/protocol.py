@@ -16,11 +16,11 @@ Agent, relay, master and tests all encode and validate through this module; see
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, Protocol
 
+import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from shared.errors import ProtocolError
@@ -390,16 +390,19 @@ def _load_object(data: str | bytes, *, max_frame: int) -> dict[str, Any]:
             code="frame_too_big",
             close_code=CLOSE_TOO_BIG,
         )
+    # pydantic's parser (as the bus records use), not json.loads: deep nesting is a clean error at
+    # 200 levels instead of a RecursionError, and text it accepts (no lone surrogates) is text
+    # the relay can encode again for the bus.
     try:
-        obj = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
+        obj = pydantic_core.from_json(data.encode() if isinstance(data, str) else data)
+    except ValueError as exc:  # UnicodeEncodeError too: a str holding lone surrogates
         raise ProtocolError(f"frame is not valid JSON: {exc}", code="bad_frame", close_code=CLOSE_BAD_FRAME) from None
     if not isinstance(obj, dict):
         raise ProtocolError("frame must be a JSON object", code="bad_frame", close_code=CLOSE_BAD_FRAME)
     version = obj.get("v")
     if version != PROTOCOL_VERSION:
         raise ProtocolError(
-            f"protocol version {version!r} is not supported; this side speaks v{PROTOCOL_VERSION}",
+            f"protocol version {version!r:.40} is not supported; this side speaks v{PROTOCOL_VERSION}",
             code="unsupported_version",
             close_code=CLOSE_UNSUPPORTED_VERSION,
         )
@@ -408,19 +411,19 @@ def _load_object(data: str | bytes, *, max_frame: int) -> dict[str, Any]:
 
 def _validate(adapter: TypeAdapter[Any], obj: dict[str, Any], known: frozenset[str]) -> Any:
     kind = obj.get("type")
-    if kind not in known:
+    if not isinstance(kind, str) or kind not in known:  # a list or object is unhashable: never ``in`` a set
         raise ProtocolError(
-            f"unknown message type {kind!r}; expected one of {', '.join(sorted(known))}",
+            f"unknown message type {kind!r:.40}; expected one of {', '.join(sorted(known))}",
             code="unknown_type",
             close_code=CLOSE_UNKNOWN_TYPE,
         )
     try:
         return adapter.validate_python(obj)
     except ValidationError as exc:
-        first = exc.errors()[0]
+        first = exc.errors(include_url=False, include_context=False, include_input=False)[0]
         where = ".".join(str(p) for p in first["loc"][1:]) or "frame"
-        raise ProtocolError(
-            f"invalid {kind} message: {where}: {first['msg']} ({exc.error_count()} problem(s))",
+        raise ProtocolError(  # the path may hold a field name the peer chose: bounded, as the relay logs it
+            f"invalid {kind} message: {where:.200}: {first['msg']:.200} ({exc.error_count()} problem(s))",
             code="bad_frame",
             close_code=CLOSE_BAD_FRAME,
         ) from None

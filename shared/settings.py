@@ -9,6 +9,7 @@ import time.
 
 from __future__ import annotations
 
+import ipaddress
 import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,7 +18,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -135,6 +136,18 @@ class MasterSettings(ServiceSettings):
     agent_cert_hours: float = Field(24.0, gt=0, le=24 * 365, description="Lifetime of agent client certificates, in hours.")
     enrollment_token_minutes: float = Field(60.0, gt=0, le=7 * 24 * 60, description="Lifetime of enrollment tokens, in minutes.")
     max_request_bytes: int = Field(1 << 20, ge=1024, le=64 << 20, description="Largest accepted REST request body.")
+    rate_limits_enabled: bool = Field(True, description="Rate-limit /api/v1 per client address and per API key or console session, enrollment and sign-in more strictly (429 with Retry-After; docs/operations.md, Rate limits). Health probes are never limited.")
+    trusted_proxies: list[str] = Field(default_factory=list, description='Proxies (CIDRs) whose X-Forwarded-For is believed: the client is its last hop that is not one of them (JSON list in env: ["10.0.0.0/8"]). Empty: the peer address counts, whatever the header says.')
+    rate_limit_per_address: float = Field(50.0, gt=0, le=1e6, description="Sustained /api/v1 requests per second from one client address (IPv6: per /64).")
+    rate_burst_per_address: int = Field(200, ge=1, le=1_000_000, description="Requests one client address may send at once above rate_limit_per_address.")
+    rate_limit_per_key: float = Field(20.0, gt=0, le=1e6, description="Sustained /api/v1 requests per second with one API key or console session.")
+    rate_burst_per_key: int = Field(100, ge=1, le=1_000_000, description="Requests one API key or console session may send at once above rate_limit_per_key.")
+    enrollment_rate_per_minute: float = Field(10.0, gt=0, le=1e6, description="Sustained POST /enroll per minute from one client address; the same limit applies to POST /enrollment-tokens per address and per account.")
+    enrollment_burst: int = Field(10, ge=1, le=1_000_000, description="Enrollments (or enrollment tokens) at once above enrollment_rate_per_minute.")
+    sign_in_rate_per_minute: float = Field(10.0, gt=0, le=1e6, description="Sustained console sign-ins (POST /sessions) per minute from one client address.")
+    sign_in_burst: int = Field(10, ge=1, le=1_000_000, description="Sign-ins one client address may try at once above sign_in_rate_per_minute.")
+    sign_in_failure_cost: int = Field(3, ge=1, le=1000, description="Sign-in tokens a failed sign-in (unknown or revoked key) takes from its address's bucket; a successful one takes 1.")
+    rate_limit_timeout: float = Field(0.25, gt=0, le=10, description="Seconds one rate-limit check may wait for Redis; past it, or with Redis down, requests pass unlimited (fail open) and a warning is logged.")
     rental_grace_period: float = Field(120.0, ge=0, le=86400, description="Seconds an offline host's rentals survive; a host back within it resumes them, past it they fail as host lost.")
     ingest_batch: int = Field(500, ge=1, le=10_000, description="Bus messages one ingestion pass reads; telemetry and heartbeats in it are written in one transaction.")
     telemetry_max_future_s: float = Field(300.0, ge=0, le=86400, description="Telemetry sampled further than this many seconds in the future (by the master's clock) is rejected.")
@@ -177,6 +190,17 @@ class MasterSettings(ServiceSettings):
     stream_max_s: float = Field(300.0, gt=0, le=86400, description="Seconds a live telemetry stream stays open; the browser's EventSource then reconnects (and is authorized again).")
     platform_fee_rate: Decimal = Field(Decimal("0.15"), ge=0, lt=1, description="The platform's share of every charge (0.15 = 15 %); the provider earns the rest.")
     billing_discounts: dict[str, list[tuple[float, Decimal]]] = Field(default_factory=dict, description="Duration discounts per tier: {tier: [[hours, pct], ...]}, pct off every second served past hours, e.g. {\"flagship\": [[24, 5], [168, 10]]}.")
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies_are_networks(cls, proxies: list[str]) -> list[str]:
+        networks = []
+        for proxy in proxies:
+            try:
+                networks.append(str(ipaddress.ip_network(proxy.strip(), strict=False)))
+            except ValueError:
+                raise ValueError(f"{proxy!r} is not an address or a CIDR network such as 10.0.0.0/8") from None
+        return networks
 
 
 class AccessSettings(ServiceSettings):

@@ -28,6 +28,8 @@ def master_settings(tmp_path: Path, **overrides: Any) -> MasterSettings:
         "stale_message_idle": 500 * MS,
         "instance_id": "master-test",
         "require_credit": False,  # billing tests turn it on; the rest rent without topping up
+        # Tests call the API from 127.0.0.1 as fast as it answers; tests/test_rate_limits.py turns limits on.
+        "rate_limits_enabled": False,
     }
     values.update(overrides)
     return MasterSettings.load(**values)

@@ -46,8 +46,15 @@ class Api:
         return body
 
 
+# These tests poll the API with one key every 20 ms, past the default per-key rate limit;
+# tests/test_rate_limits.py covers the limits and tests/test_console_browser.py runs `up` with them on.
+NO_RATE_LIMITS = {"GPUMARKET_RATE_LIMITS_ENABLED": "false"}
+
+
 @pytest.fixture
-async def market(tmp_path: Path) -> AsyncIterator[Marketplace]:
+async def market(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Marketplace]:
+    for name, value in NO_RATE_LIMITS.items():
+        monkeypatch.setenv(name, value)
     m = await start_marketplace(
         tmp_path / "data", agents=3, http_port=0, relay_port=0, heartbeat_interval=TICK, telemetry_interval=TICK,
         missed_heartbeats_offline=MISSED,
@@ -266,7 +273,7 @@ class TestUpCommand:
         return subprocess.Popen(
             [sys.executable, "-m", "gpumarket.cli", "up", "--agents", "2", "--data-dir", str(data_dir),
              "--http-port", "0", "--relay-port", "0", "--log-level", "WARNING"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **NO_RATE_LIMITS, "PYTHONUNBUFFERED": "1"},
         )
 
     def _wait_ready(self, process: subprocess.Popen[str]) -> list[str]:

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from datetime import UTC, datetime
+from pathlib import Path
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
+from master.db import Database
 from master.ingest import DEAD_LETTERS_STREAM, GROUP, Ingestor
 from master.models import Gpu, Host, TelemetrySample
 from shared import protocol
+from shared.bus import BusMessage
 from tests.factories import create_principal, enroll_host, gpu_info, hello, online_host, telemetry
 from tests.helpers import eventually
 
@@ -32,6 +36,22 @@ class BrokenIngestor(Ingestor):
 
     async def _apply_one(self, envelope: protocol.BusEnvelope) -> None:
         raise RuntimeError("database unavailable")
+
+
+class FlakyIngestor(Ingestor):
+    """Its first pass with messages fails with an error the bus did not raise (the database, mid-batch)."""
+
+    failures = 1
+
+    async def process(self, messages: list[BusMessage]) -> None:
+        if messages and self.failures:
+            self.failures -= 1
+            raise ConnectionRefusedError("the database went away between the commit and the publish")
+        await super().process(messages)
+
+
+async def _true(value: bool) -> bool:
+    return value
 
 
 class TestIngestor:
@@ -79,6 +99,50 @@ class TestIngestor:
         assert await _pending(master) == 0
         assert (broken.failed, broken.dead_lettered) == (2, 1)
         assert await master.bus.stream_length(DEAD_LETTERS_STREAM) == 1
+
+    async def test_messages_failing_while_the_database_is_down_are_never_dead_lettered(self, master: Master, tmp_path: Path) -> None:
+        """Regression (tests/faults): during a database outage every message fails, and once one had been claimed
+        max_deliveries times it was parked in the dead-letter stream: acknowledged messages lost. Now a message failing
+        while the database does not answer stays pending however often it is delivered, and is applied once it is back."""
+        provider, _ = await create_principal(master, "p", "provider")
+        host_id = await enroll_host(master, provider)
+        await master.bus.ensure_group(protocol.AGENT_EVENTS_STREAM, GROUP)
+        await _publish(master, hello(host_id, 0, [gpu_info(0)]))
+        unreachable = Database(f"sqlite:///{tmp_path}/gone/gpumarket.db" if master.db.is_sqlite
+                               else "postgresql://postgres@127.0.0.1:1/gpumarket")  # fmt: skip
+        try:
+            outage = Ingestor(dataclasses.replace(master, db=unreachable), max_deliveries=2, error_backoff=0)
+            await outage.process(await master.bus.read(protocol.AGENT_EVENTS_STREAM, GROUP, "a", block=None))
+            for consumer in ("b", "c", "d"):  # claimed again and again while the database is down
+                await outage.process(await master.bus.claim_stale(protocol.AGENT_EVENTS_STREAM, GROUP, consumer, min_idle=0))
+        finally:
+            await unreachable.close()
+        assert (outage.failed, outage.dead_lettered) == (4, 0)
+        assert await _pending(master) == 1
+        assert await master.bus.stream_length(DEAD_LETTERS_STREAM) == 0
+        await Ingestor(master).process(await master.bus.claim_stale(protocol.AGENT_EVENTS_STREAM, GROUP, "e", min_idle=0))
+        assert await _pending(master) == 0
+        async with master.db.session() as session:
+            host = await session.get(Host, host_id)
+        assert host is not None and host.state == "online"
+
+    async def test_the_loop_outlives_an_error_that_is_not_the_buss(self, master: Master) -> None:
+        """Regression (tests/faults): an exception other than BusError escaping a pass (the database failing between a
+        batch's commit and publishing its stop commands) ended the ingestion task, and that master ingested nothing more."""
+        provider, _ = await create_principal(master, "p", "provider")
+        host_id = await enroll_host(master, provider)
+        gpus = [gpu_info(0)]
+        ingestor = FlakyIngestor(master, block=0.05)
+        task = asyncio.create_task(ingestor.run())
+        try:
+            await _publish(master, hello(host_id, 0, gpus))
+            await eventually(lambda: _true(ingestor.failures == 0), what="the pass that fails")
+            await _publish(master, telemetry(host_id, 1, gpus))
+            await eventually(lambda: _done(ingestor, 1), timeout=10, what="a later message applied")
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 class TestGpuIdentity:

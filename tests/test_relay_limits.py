@@ -22,7 +22,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 from websockets.frames import Close
 
-from access.relay import SPEEDTEST_PATH, Relay, SourceRateLimiter, TokenBucket, source_key
+from access.relay import SPEEDTEST_PATH, Relay
 from agent.gpu.sim import SimulatedBackend
 from agent.runner import Agent
 from shared import protocol
@@ -36,6 +36,7 @@ from shared.crypto import (
     write_private_key,
 )
 from shared.errors import BusError
+from shared.ratelimit import SourceRateLimiter, TokenBucket, source_key
 from shared.registry import MemoryRegistry, RedisRegistry, RelayRecord
 from tests.agents import RecordingStore, enrolled_state, fast_timings
 from tests.factories import MS

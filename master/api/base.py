@@ -25,6 +25,7 @@ class QueryParam:
     description: str
     minimum: int | None = None
     maximum: int | None = None
+    choices: tuple[str, ...] = ()  # the only values accepted (an enum in the document)
 
 
 @dataclass(frozen=True)
@@ -38,8 +39,10 @@ class Route:
     body: type[BaseModel] | None = None
     query: tuple[QueryParam, ...] = ()
     success: int = 200
+    also_success: tuple[int, ...] = ()  # e.g. 200 for a repeat that changed nothing, where a first call is 201
     headers: tuple[str, ...] = ()
     errors: tuple[int, ...] = field(default=())
+    media_types: tuple[str, ...] = ("application/json",)  # of the success response; JSON is an object, others text
 
 
 async def parse_body(request: web.Request, model: type[Body]) -> Body:

@@ -1,4 +1,7 @@
-"""Errors as JSON with a stable code, and API-key authentication."""
+"""Errors as JSON with a stable code, rate limits (master/api/ratelimits.py), and API-key authentication.
+
+Order in the app: errors → rate limits → authentication → per-account rate limits.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +11,10 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from master.api.keys import MASTER
+from master.api.ratelimits import RATE_LIMITS
 from master.services import sessions
 from master.services.accounts import Principal, authenticate
-from shared.errors import GpumarketError, Unauthorized
+from shared.errors import GpumarketError, RateLimited, Unauthorized
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +48,10 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     except GpumarketError as exc:
         if exc.http_status >= 500:
             log.error("%s %s failed: %s", request.method, request.path, exc)
-        return web.json_response(exc.to_json(), status=exc.http_status)
+        response = web.json_response(exc.to_json(), status=exc.http_status)
+        if isinstance(exc, RateLimited):
+            response.headers["Retry-After"] = str(exc.retry_after)
+        return response
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -58,6 +65,30 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)
         return error_response(500, "internal_error", "internal error; it has been logged")
+
+
+@web.middleware
+async def rate_limit_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Before authentication, so neither a flood nor guessed keys cost a database lookup."""
+    limits = request.app.get(RATE_LIMITS)
+    if limits is None or not limits.applies_to(request):
+        return await handler(request)
+    address = limits.address_of(request)
+    await limits.before_auth(request, address)
+    try:
+        return await handler(request)
+    except Unauthorized:
+        await limits.sign_in_failed(request, address)
+        raise
+
+
+@web.middleware
+async def account_rate_limit_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """After authentication: the buckets of the calling account."""
+    limits = request.app.get(RATE_LIMITS)
+    if limits is not None and PRINCIPAL in request:
+        await limits.after_auth(request, request[PRINCIPAL].account_id)
+    return await handler(request)
 
 
 @web.middleware

@@ -6,21 +6,31 @@ import re
 from typing import Any
 
 from master.api.base import API, Route
+from master.api.ratelimits import NEVER_LIMITED
 from master.api.routes import ROUTES, VERSION
 from master.api.schemas import ErrorBody
 
 _REASONS = {400: "Bad request", 401: "Missing or invalid API key", 403: "Not allowed for this account", 404: "Not found",
-            409: "Conflict", 422: "Invalid body", 503: "Not ready"}
+            409: "Conflict", 422: "Invalid body", 429: "Too many requests; retry after Retry-After seconds", 503: "Not ready"}
+_RETRY_AFTER = {"Retry-After": {"description": "Whole seconds to wait before retrying (at least 1).",
+                                "schema": {"type": "integer", "minimum": 1}}}
 
 
 def build_openapi(routes: tuple[Route, ...] = ROUTES) -> dict[str, Any]:
     components: dict[str, Any] = {"Error": ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")}
     paths: dict[str, Any] = {}
     for route in routes:
+        success = {
+            "description": "Success",
+            "content": {
+                media_type: {"schema": {"type": "object" if media_type == "application/json" else "string"}}
+                for media_type in route.media_types
+            },
+        }
         op: dict[str, Any] = {
             "summary": route.summary,
             "operationId": route.handler.__name__,
-            "responses": {str(route.success): {"description": "Success", "content": {"application/json": {"schema": {"type": "object"}}}}},
+            "responses": {str(status): success for status in (route.success, *route.also_success)},
         }
         params: list[dict[str, Any]] = []
         for name in re.findall(r"\{(\w+)\}", route.path):
@@ -31,7 +41,11 @@ def build_openapi(routes: tuple[Route, ...] = ROUTES) -> dict[str, Any]:
                 schema["minimum"] = q.minimum
             if q.maximum is not None:
                 schema["maximum"] = q.maximum
-            params.append({"name": q.name, "in": "query", "required": False, "description": q.description, "schema": schema})
+            if q.choices:
+                schema["enum"] = list(q.choices)
+            # Every query parameter sent empty (?limit=) counts as left out (master/api/base.py).
+            params.append({"name": q.name, "in": "query", "required": False, "allowEmptyValue": True,
+                           "description": q.description, "schema": schema})
         for h in route.headers:
             params.append({"name": h, "in": "header", "required": False, "schema": {"type": "string", "minLength": 1, "maxLength": 255}})
         if params:
@@ -42,18 +56,22 @@ def build_openapi(routes: tuple[Route, ...] = ROUTES) -> dict[str, Any]:
                 components[name] = sub
             components[route.body.__name__] = schema
             op["requestBody"] = {
-                "required": True,
+                "required": bool(schema.get("required")),  # a body whose every field has a default may be left out
                 "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{route.body.__name__}"}}},
             }
         statuses = set(route.errors) | {400}
         if not route.public:
             op["security"] = [{"bearer": []}]
             statuses |= {401, 403}
+        if API + route.path not in NEVER_LIMITED:
+            statuses.add(429)  # rate limits (master/api/ratelimits.py), when enabled
         for status in sorted(statuses):
             op["responses"][str(status)] = {
                 "description": _REASONS.get(status, "Error"),
                 "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
             }
+            if status == 429:
+                op["responses"][str(status)]["headers"] = _RETRY_AFTER
         paths.setdefault(API + route.path, {})[route.method.lower()] = op
     return {
         "openapi": "3.1.0",

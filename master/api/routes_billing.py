@@ -61,7 +61,7 @@ async def get_trial_balance(request: web.Request) -> web.Response:
 
 ROUTES: tuple[Route, ...] = (
     Route("POST", "/account/credits", post_credits, "Top up a renter's prepaid credit (admins; the payment integration point).",
-          roles=("admin",), body=CreditTopUp, success=201, errors=(404, 422)),
+          roles=("admin",), body=CreditTopUp, success=201, also_success=(200,), errors=(404, 422)),
     Route("PUT", "/account/spend-cap", put_spend_cap, "Set your monthly spend cap (USD; null: none): rentals are refused or stopped before going past it.",
           roles=("renter",), body=SpendCapPut, errors=(422,)),
     Route("GET", "/payouts", get_payouts, "Payouts to providers, newest first: a provider's own; admins all or ?provider_id=.",

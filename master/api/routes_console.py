@@ -169,6 +169,7 @@ ROUTES: tuple[Route, ...] = (
           "Live raw telemetry of a host as Server-Sent Events ('sample' events, id = sequence number): the recent "
           "samples, then each new one. Resumes after Last-Event-ID.",
           query=(QueryParam("backlog", "integer", "Recent samples sent first (default 60).", 0, 1000),
-                 QueryParam("after_seq", "integer", "Send only samples after this sequence number.")),
-          errors=(404,)),
+                 QueryParam("after_seq", "string", "Send only samples after this sequence number (any value that is not "
+                            "an integer starts from the recent samples, as a stale Last-Event-ID does).")),
+          errors=(404,), media_types=("text/event-stream",)),
 )  # fmt: skip

@@ -50,5 +50,6 @@ ROUTES: tuple[Route, ...] = (
           query=(QueryParam("account_id", "string", "Admins (required): whose documents to list."),), errors=(404,)),
     Route("GET", "/invoices/{invoice_id}", get_invoice,
           "One invoice (inv-YYYY-MM-<account>) or statement (stm-YYYY-MM-<account>); ?format=html for a printable page.",
-          query=(QueryParam("format", "string", "json (default) or html."),), errors=(404,)),
+          query=(QueryParam("format", "string", "json (default) or html.", choices=FORMATS),), errors=(404,),
+          media_types=("application/json", "text/html")),
 )  # fmt: skip

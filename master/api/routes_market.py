@@ -136,6 +136,7 @@ ROUTES: tuple[Route, ...] = (
         "maintenance windows. Replaces the whole listing; repeating it changes nothing.",
         roles=("provider",),
         body=ListingPut,
+        also_success=(201,),  # the first listing of the host
         errors=(404, 409, 422),
     ),
     Route("GET", "/hosts/{host_id}/listing", get_listing, "A host's listing with its tier's price bounds.", errors=(404,)),

@@ -494,15 +494,19 @@ def _best_gpu(gpus: Sequence[Gpu]) -> Gpu | None:
     return max(scored, key=lambda g: g.score if g.score is not None else -1.0, default=None)
 
 
-async def active_rentals_by_host(session: AsyncSession, host_ids: Sequence[str]) -> dict[str, list[str]]:
-    """The ids of each host's rentals that hold GPUs now (pending on the host, starting, running, stopping)."""
+async def active_rentals_by_host(
+    session: AsyncSession, host_ids: Sequence[str], *, renter_id: str | None = None
+) -> dict[str, list[str]]:
+    """The ids of each host's rentals that hold GPUs now (pending on the host, starting, running, stopping).
+
+    With ``renter_id``, only that renter's: a renter sees every host, never another renter's rentals.
+    """
     if not host_ids:
         return {}
-    rows = await session.execute(
-        select(Rental.host_id, Rental.id)
-        .where(Rental.host_id.in_(list(host_ids)), Rental.state.in_(rentals.ACTIVE_STATES))
-        .order_by(Rental.created_at)
-    )
+    query = select(Rental.host_id, Rental.id).where(Rental.host_id.in_(list(host_ids)), Rental.state.in_(rentals.ACTIVE_STATES))
+    if renter_id is not None:
+        query = query.where(Rental.renter_id == renter_id)
+    rows = await session.execute(query.order_by(Rental.created_at))
     found: dict[str, list[str]] = {}
     for host_id, rental_id in rows.all():
         if host_id is not None:
@@ -548,6 +552,20 @@ def _visible(principal: Principal) -> Any:
     return Host.owner_id == principal.account_id
 
 
+def _own_rentals_only(principal: Principal) -> str | None:
+    """Whose rentals a host view may name: a renter's own only (None: every rental, for its provider and admins)."""
+    return principal.account_id if principal.role == "renter" else None
+
+
+def _event_view(event: HostEvent, principal: Principal) -> dict[str, Any]:
+    """A host state change. Renters get no cause or actor: those name other renters' rentals and other accounts."""
+    hidden = principal.role == "renter"
+    return {
+        "at": event.at.isoformat(), "from": event.from_state, "to": event.to_state,
+        "cause": None if hidden else event.cause, "actor": None if hidden else event.actor,
+    }  # fmt: skip
+
+
 async def list_hosts(session: AsyncSession, principal: Principal, *, limit: int, offset: int) -> tuple[list[dict[str, Any]], int]:
     query = select(Host)
     condition = _visible(principal)
@@ -559,7 +577,7 @@ async def list_hosts(session: AsyncSession, principal: Principal, *, limit: int,
     by_host: dict[str, list[Gpu]] = {}
     for gpu in gpus:
         by_host.setdefault(gpu.host_id, []).append(gpu)
-    active = await active_rentals_by_host(session, [h.id for h in hosts])
+    active = await active_rentals_by_host(session, [h.id for h in hosts], renter_id=_own_rentals_only(principal))
     return [host_view(h, by_host.get(h.id, []), active_rentals=active.get(h.id, [])) for h in hosts], total
 
 
@@ -569,12 +587,10 @@ async def get_host(session: AsyncSession, principal: Principal, host_id: str) ->
     if host is None or not condition_ok:
         raise NotFound(f"no host {host_id!r}", code="host_not_found")
     gpus = (await session.scalars(select(Gpu).where(Gpu.host_id == host.id))).all()
-    active = await active_rentals_by_host(session, [host.id])
+    active = await active_rentals_by_host(session, [host.id], renter_id=_own_rentals_only(principal))
     view = host_view(host, gpus, detail=True, active_rentals=active.get(host.id, []))
     events = (await session.scalars(select(HostEvent).where(HostEvent.host_id == host.id).order_by(HostEvent.id.desc()).limit(20))).all()
-    view["recent_events"] = [
-        {"at": e.at.isoformat(), "from": e.from_state, "to": e.to_state, "cause": e.cause, "actor": e.actor} for e in events
-    ]
+    view["recent_events"] = [_event_view(e, principal) for e in events]
     return view
 
 
@@ -589,7 +605,7 @@ async def visible_host(session: AsyncSession, principal: Principal, host_id: str
 async def host_events(
     session: AsyncSession, principal: Principal, host_id: str, *, limit: int, offset: int
 ) -> tuple[list[dict[str, Any]], int]:
-    """Every state change of the host, newest first, with time, cause and actor."""
+    """Every state change of the host, newest first, with time, cause and actor (renters: without cause and actor)."""
     host = await visible_host(session, principal, host_id)
     total = await session.scalar(select(func.count()).select_from(HostEvent).where(HostEvent.host_id == host.id)) or 0
     rows = (
@@ -597,8 +613,7 @@ async def host_events(
             select(HostEvent).where(HostEvent.host_id == host.id).order_by(HostEvent.id.desc()).limit(limit).offset(offset)
         )
     ).all()
-    items = [{"at": e.at.isoformat(), "from": e.from_state, "to": e.to_state, "cause": e.cause, "actor": e.actor} for e in rows]
-    return items, total
+    return [_event_view(e, principal) for e in rows], total
 
 
 async def host_metrics(

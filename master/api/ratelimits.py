@@ -1,0 +1,197 @@
+"""The REST API's rate limits: which buckets a request takes from, and the client address they count.
+
+Every ``/api/v1`` request but the health probes (``NEVER_LIMITED``) takes a token from:
+
+* ``address``: its client address (IPv6: its /64), ``rate_limit_per_address`` /
+  ``rate_burst_per_address``;
+* ``key``: the API key or console session it carries (a hash of it; checked before the key
+  is looked up, so a flood of made-up keys costs no database work), ``rate_limit_per_key`` /
+  ``rate_burst_per_key``;
+* for ``POST /enroll`` and ``POST /enrollment-tokens``, the address's bucket of that route
+  (``enrollment_rate_per_minute`` / ``enrollment_burst``), and for token creation also the
+  account's (taken after authentication);
+* for ``POST /sessions`` (console sign-in), the address's ``sign-in`` bucket; a sign-in that
+  fails (unknown or revoked key) takes ``sign_in_failure_cost`` tokens in all, so guessing
+  keys there is slow.
+
+An empty bucket answers 429 ``rate_limited`` with ``Retry-After``. The client address is the
+peer's, unless the peer is one of ``trusted_proxies``: then ``X-Forwarded-For`` is read from
+the right, where each proxy appended the address it saw, and the first hop that is not a
+trusted proxy is the client. Hops to its left were written by the client and are ignored.
+
+Buckets live in a ``shared.ratelimit.RateStore``: Redis when the master has one (all masters
+share one budget per key; fails open), else this process's memory.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import ipaddress
+import logging
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from master.api.base import API
+from master.context import Master
+from master.services import sessions
+from shared.errors import RateLimited
+from shared.ratelimit import Limit, MemoryRateStore, RateStore, RedisRateStore, retry_after, source_key
+from shared.settings import MasterSettings
+
+log = logging.getLogger(__name__)
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+NEVER_LIMITED = frozenset({f"{API}/health", f"{API}/health/live"})
+"""Probes: a load balancer or kubelet asking often must never be refused."""
+
+ENROLL = ("POST", f"{API}/enroll")
+ENROLLMENT_TOKENS = ("POST", f"{API}/enrollment-tokens")
+SIGN_IN = ("POST", f"{API}/sessions")
+
+_WHAT = {
+    "address": "requests from {address}",
+    "key": "requests with this API key or session",
+    "enroll": "enrollment attempts from {address}",
+    "enrollment-tokens": "enrollment tokens created from {address}",
+    "account-enrollment-tokens": "enrollment tokens created by this account",
+    "sign-in": "sign-in attempts from {address}",
+}
+
+
+@dataclass(frozen=True)
+class ApiLimits:
+    per_address: Limit
+    per_key: Limit
+    enrollment: Limit
+    sign_in: Limit
+    sign_in_failure_cost: int
+    trusted_proxies: tuple[IPNetwork, ...]
+
+    @classmethod
+    def from_settings(cls, settings: MasterSettings) -> ApiLimits:
+        return cls(
+            per_address=Limit(settings.rate_limit_per_address, settings.rate_burst_per_address),
+            per_key=Limit(settings.rate_limit_per_key, settings.rate_burst_per_key),
+            enrollment=Limit.per_minute(settings.enrollment_rate_per_minute, settings.enrollment_burst),
+            sign_in=Limit.per_minute(settings.sign_in_rate_per_minute, settings.sign_in_burst),
+            sign_in_failure_cost=settings.sign_in_failure_cost,
+            trusted_proxies=tuple(ipaddress.ip_network(p, strict=False) for p in settings.trusted_proxies),
+        )
+
+
+def _address(text: str | None) -> IPAddress | None:
+    if not text:
+        return None
+    try:
+        address = ipaddress.ip_address(text.strip())
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def client_address(peer: str | None, forwarded_for: Iterable[str], trusted: Iterable[IPNetwork]) -> str:
+    """The address a request counts against: ``peer``, or through trusted proxies the client they saw.
+
+    ``forwarded_for`` are the ``X-Forwarded-For`` header values in order. Read from the
+    right while the current hop is trusted; a hop that is not an address stops the walk at
+    the last trusted one (a proxy of ours never writes one).
+    """
+    networks = tuple(trusted)
+    current = _address(peer)
+    if current is None:
+        return peer or "unknown"
+    hops = [hop for value in forwarded_for for hop in value.split(",")]
+    while hops and any(current in network for network in networks):
+        hop = _address(hops.pop())
+        if hop is None:
+            break
+        current = hop
+    return str(current)
+
+
+def credential_of(request: web.Request) -> str | None:
+    """The API key or console session the request authenticates with, as the auth middleware picks it."""
+    header = request.headers.get("Authorization")
+    if header is not None:
+        return header.partition(" ")[2].strip() or header
+    return request.cookies.get(sessions.COOKIE) or None
+
+
+class ApiRateLimits:
+    """The buckets of the API's requests, in ``store``; ``rejected`` counts 429s by bucket."""
+
+    def __init__(self, store: RateStore, limits: ApiLimits) -> None:
+        self.store = store
+        self.limits = limits
+        self.rejected: collections.Counter[str] = collections.Counter()
+
+    @classmethod
+    def for_master(cls, master: Master) -> ApiRateLimits:
+        """Redis when the master has it (every master shares the budget), else in memory."""
+        settings = master.settings
+        store: RateStore
+        if settings.redis_url is None or settings.redis_url.startswith("memory://"):
+            store = MemoryRateStore(clock=master.clock.monotonic)
+        else:
+            # Every master must read the same clock: the wall clock (NTP keeps them within milliseconds).
+            store = RedisRateStore.from_url(
+                settings.redis_url, prefix=settings.bus_prefix, clock=lambda: master.clock.now().timestamp(),
+                timeout=settings.rate_limit_timeout,
+            )  # fmt: skip
+        return cls(store, ApiLimits.from_settings(settings))
+
+    async def cleanup_ctx(self, app: web.Application) -> AsyncIterator[None]:
+        yield
+        await self.store.close()
+
+    def applies_to(self, request: web.Request) -> bool:
+        return request.path.startswith(f"{API}/") and request.path not in NEVER_LIMITED
+
+    def address_of(self, request: web.Request) -> str:
+        forwarded = request.headers.getall("X-Forwarded-For", [])
+        return source_key(client_address(request.remote, forwarded, self.limits.trusted_proxies))
+
+    async def before_auth(self, request: web.Request, address: str) -> None:
+        """Take from the address's, the credential's and the route's buckets; raise ``RateLimited`` on the first empty one."""
+        await self._take("address", address, self.limits.per_address, address=address)
+        credential = credential_of(request)
+        if credential is not None:
+            digest = hashlib.sha256(credential.encode()).hexdigest()[:32]  # never the secret itself in Redis
+            await self._take("key", digest, self.limits.per_key, address=address)
+        route = (request.method, request.path)
+        if route == ENROLL:
+            await self._take("enroll", address, self.limits.enrollment, address=address)
+        elif route == ENROLLMENT_TOKENS:
+            await self._take("enrollment-tokens", address, self.limits.enrollment, address=address)
+        elif route == SIGN_IN:
+            await self._take("sign-in", address, self.limits.sign_in, address=address)
+
+    async def after_auth(self, request: web.Request, account_id: str) -> None:
+        """Take from the account's buckets (enrollment tokens)."""
+        if (request.method, request.path) == ENROLLMENT_TOKENS:
+            await self._take("account-enrollment-tokens", account_id, self.limits.enrollment, address="")
+
+    async def sign_in_failed(self, request: web.Request, address: str) -> None:
+        """A failed sign-in pays the rest of ``sign_in_failure_cost``."""
+        if (request.method, request.path) == SIGN_IN and self.limits.sign_in_failure_cost > 1:
+            await self.store.charge(f"sign-in:{address}", self.limits.sign_in, cost=self.limits.sign_in_failure_cost - 1)
+
+    async def _take(self, bucket: str, key: str, limit: Limit, *, address: str) -> None:
+        wait = await self.store.take(f"{bucket}:{key}", limit)
+        if wait > 0:
+            self.rejected[bucket] += 1
+            seconds = retry_after(wait)
+            what = _WHAT[bucket].format(address=address)
+            log.debug("429 for %s (%s bucket %s): retry in %d s", what, bucket, key, seconds)
+            raise RateLimited(f"too many {what}; retry in {seconds} s", retry_after=seconds)
+
+
+RATE_LIMITS = web.AppKey("rate_limits", ApiRateLimits)
+"""Set on the app when ``rate_limits_enabled``."""

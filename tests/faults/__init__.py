@@ -1,0 +1,1 @@
+"""The fault suite: the production topology as separate processes, broken on purpose (see harness.py)."""
