@@ -78,6 +78,29 @@ class TestIngestor:
         assert host is not None and host.state == "online"
         assert list(seqs) == [1]
 
+    async def test_a_late_copy_through_an_old_relay_does_not_move_the_host_back(self, master: Master) -> None:
+        """The host's relay (where its commands go) follows its newest message, not a stale one delivered late."""
+        provider, _ = await create_principal(master, "p", "provider")
+        host_id = await enroll_host(master, provider)
+        gpus = [gpu_info(0)]
+        now = datetime.now(UTC)
+        for relay_id, message in (("relay-new", hello(host_id, 5, gpus)), ("relay-new", telemetry(host_id, 6, gpus)),
+                                  ("relay-old", telemetry(host_id, 4, gpus))):  # fmt: skip
+            await master.bus.publish(protocol.AGENT_EVENTS_STREAM, protocol.encode_bus_envelope(relay_id, message, now))
+        ingestor = Ingestor(master, block=0.05)
+        task = asyncio.create_task(ingestor.run())
+        try:
+            await eventually(lambda: _done(ingestor, 3), what="3 messages processed")
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        async with master.db.session() as session:
+            host = await session.get(Host, host_id)
+            seqs = (await session.scalars(select(TelemetrySample.seq).where(TelemetrySample.host_id == host_id))).all()
+        assert host is not None and host.relay_id == "relay-new" and host.last_seq == 6
+        assert sorted(seqs) == [4, 6], "the late message is still stored"
+
     async def test_malformed_records_are_dropped_not_retried(self, master: Master) -> None:
         """A bus record that is not an envelope is logged and acknowledged."""
         await master.bus.ensure_group(protocol.AGENT_EVENTS_STREAM, GROUP)

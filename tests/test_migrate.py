@@ -105,7 +105,7 @@ class TestMastersThatDoNotMigrate:
         await close_master(master)
 
 
-class TestHealthProbes:
+class TestHealthProbesAndOutages:
     async def test_readiness_follows_the_database_and_liveness_does_not(self, api: Api) -> None:
         status, body = await api.call("GET", "/health", None)
         assert status == 200 and body["checks"] == {"database": "ok", "bus": "ok"}, body
@@ -117,6 +117,10 @@ class TestHealthProbes:
             assert body["checks"]["database"].startswith("error") and body["checks"]["bus"] == "ok"
             status, body = await api.call("GET", "/health/live", None)
             assert status == 200 and body["status"] == "ok" and body["instance"] == api.master.instance_id
+            # Every other call is an outage to retry, not a bug: 503 with Retry-After, never 500.
+            for method, path in (("GET", "/account"), ("GET", "/rentals"), ("POST", "/rentals")):
+                status, body = await api.as_renter(method, path, json={} if method == "POST" else None)
+                assert status == 503 and body["code"] == "database_unavailable", (method, path, status, body)
         finally:
             await api.master.db.close()
             api.master.db = healthy

@@ -8,7 +8,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 
+import asyncpg
 from aiohttp import web
+from redis import exceptions as redis_exceptions
+from sqlalchemy import exc as sa_exc
 
 from master.api.keys import MASTER
 from master.api.ratelimits import RATE_LIMITS
@@ -62,9 +65,34 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         elif exc.status == 413:
             message = "request body too large"
         return error_response(exc.status, code, message)
-    except Exception:
+    except Exception as exc:
+        dependency = unavailable_dependency(exc)
+        if dependency is not None:
+            # An outage, not a bug: the client may retry (with the same Idempotency-Key) once it is back.
+            log.warning("%s %s: the %s is unavailable: %s", request.method, request.path, dependency, exc)
+            response = error_response(503, f"{dependency}_unavailable",
+                                      f"the {dependency} is unavailable for a moment; retry in a few seconds")  # fmt: skip
+            response.headers["Retry-After"] = str(UNAVAILABLE_RETRY_AFTER_S)
+            return response
         log.exception("unhandled error in %s %s", request.method, request.path)
         return error_response(500, "internal_error", "internal error; it has been logged")
+
+
+UNAVAILABLE_RETRY_AFTER_S = 5
+
+
+def unavailable_dependency(exc: BaseException) -> str | None:
+    """``"database"`` or ``"bus"`` when ``exc`` means that server cannot be reached (or dropped the
+    connection) rather than that the request or our code is wrong; ``None`` otherwise."""
+    if isinstance(exc, redis_exceptions.ConnectionError | redis_exceptions.TimeoutError):
+        return "bus"
+    if isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError):
+        return "database"
+    if isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated:
+        return "database"
+    if isinstance(exc, ConnectionError | asyncpg.exceptions.ConnectionDoesNotExistError | asyncpg.exceptions.CannotConnectNowError):
+        return "database"  # the driver's own connect failures, before SQLAlchemy wraps anything
+    return None
 
 
 @web.middleware

@@ -11,7 +11,8 @@ from master.api.routes import ROUTES, VERSION
 from master.api.schemas import ErrorBody
 
 _REASONS = {400: "Bad request", 401: "Missing or invalid API key", 403: "Not allowed for this account", 404: "Not found",
-            409: "Conflict", 422: "Invalid body", 429: "Too many requests; retry after Retry-After seconds", 503: "Not ready"}
+            409: "Conflict", 422: "Invalid body", 429: "Too many requests; retry after Retry-After seconds",
+            503: "Not ready: the database or Redis is unavailable; retry after Retry-After seconds"}
 _RETRY_AFTER = {"Retry-After": {"description": "Whole seconds to wait before retrying (at least 1).",
                                 "schema": {"type": "integer", "minimum": 1}}}
 
@@ -65,12 +66,13 @@ def build_openapi(routes: tuple[Route, ...] = ROUTES) -> dict[str, Any]:
             statuses |= {401, 403}
         if API + route.path not in NEVER_LIMITED:
             statuses.add(429)  # rate limits (master/api/ratelimits.py), when enabled
+            statuses.add(503)  # the database or Redis unreachable for a moment (master/api/middleware.py)
         for status in sorted(statuses):
             op["responses"][str(status)] = {
                 "description": _REASONS.get(status, "Error"),
                 "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
             }
-            if status == 429:
+            if status in (429, 503):
                 op["responses"][str(status)]["headers"] = _RETRY_AFTER
         paths.setdefault(API + route.path, {})[route.method.lower()] = op
     return {

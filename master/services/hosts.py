@@ -74,7 +74,10 @@ async def _load_host(session: AsyncSession, host_id: str) -> Host:
 
 def _saw(host: Host, envelope: protocol.BusEnvelope) -> None:
     message = envelope.message
-    host.relay_id = envelope.relay_id
+    if message.seq >= host.last_seq:
+        # Only the newest message says where the host is now: a late copy of an older one (replayed
+        # by a relay that was cut off) must not send its commands back to that relay.
+        host.relay_id = envelope.relay_id
     if host.last_seen_at is None or envelope.received_at > host.last_seen_at:
         host.last_seen_at = envelope.received_at
     host.last_seq = max(host.last_seq, message.seq)
