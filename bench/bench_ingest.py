@@ -106,7 +106,7 @@ from master.ingest import GROUP, Ingestor
 from master.models import Gpu, Host
 from master.services.accounts import create_account
 from shared import protocol
-from shared.bus import Backlog, open_bus
+from shared.bus import Backlog, delete_prefix, open_bus
 from shared.ids import new_id
 from shared.registry import MemoryRegistry
 from shared.settings import MasterSettings
@@ -422,13 +422,7 @@ async def phase_master(fleet: Fleet, redis_url: str, instance: str) -> AsyncIter
         yield master, prefix
     finally:
         await close_master(master)
-        client = aioredis.Redis.from_url(redis_url)
-        try:
-            keys = [key async for key in client.scan_iter(match=f"{prefix}*", count=1000)]
-            if keys:
-                await client.delete(*keys)
-        finally:
-            await client.aclose()
+        await delete_prefix(redis_url, prefix)
 
 
 async def register_hosts(fleet: Fleet, redis_url: str) -> None:

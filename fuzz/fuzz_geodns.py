@@ -19,10 +19,9 @@ for a bounded number of runs.
 from __future__ import annotations
 
 import ipaddress
-import sys
-from pathlib import Path
 
 import atheris
+from harness import fuzz  # fuzz/harness.py: this script's folder is first on sys.path
 
 with atheris.instrument_imports(include=["access", "dns"]):
     import dns.edns
@@ -83,20 +82,5 @@ def test_one_input(data: bytes) -> None:
             raise AssertionError("SERVFAIL: the server failed to answer (see the logged traceback)")
 
 
-def seed_empty_corpora(argv: list[str], inputs: list[bytes]) -> None:
-    """Write ``inputs`` into each corpus directory on the command line that exists and is empty."""
-    for arg in argv[1:]:
-        corpus = Path(arg)
-        if not arg.startswith("-") and corpus.is_dir() and not any(corpus.iterdir()):
-            for number, data in enumerate(inputs):
-                (corpus / f"seed-{number:02}").write_bytes(data)
-
-
-def main() -> None:
-    seed_empty_corpora(sys.argv, seeds())
-    atheris.Setup(sys.argv, test_one_input)
-    atheris.Fuzz()
-
-
 if __name__ == "__main__":
-    main()
+    fuzz(seeds, test_one_input)

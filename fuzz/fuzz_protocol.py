@@ -17,11 +17,10 @@ An empty corpus directory is first seeded with one valid frame of every message 
 
 from __future__ import annotations
 
-import sys
 from datetime import UTC, datetime
-from pathlib import Path
 
 import atheris
+from harness import fuzz  # fuzz/harness.py: this script's folder is first on sys.path
 
 with atheris.instrument_imports(include=["shared"]):
     from shared import protocol
@@ -81,20 +80,5 @@ def test_one_input(data: bytes) -> None:
                 raise AssertionError(f"unexpected bus refusal code {exc.code}") from exc
 
 
-def seed_empty_corpora(argv: list[str], inputs: list[bytes]) -> None:
-    """Write ``inputs`` into each corpus directory on the command line that exists and is empty."""
-    for arg in argv[1:]:
-        corpus = Path(arg)
-        if not arg.startswith("-") and corpus.is_dir() and not any(corpus.iterdir()):
-            for number, data in enumerate(inputs):
-                (corpus / f"seed-{number:02}").write_bytes(data)
-
-
-def main() -> None:
-    seed_empty_corpora(sys.argv, seeds())
-    atheris.Setup(sys.argv, test_one_input)
-    atheris.Fuzz()
-
-
 if __name__ == "__main__":
-    main()
+    fuzz(seeds, test_one_input)

@@ -48,6 +48,7 @@ import aiohttp
 
 from gpumarket.up import DEMO_FLEET
 from master.db import Database
+from shared.bus import delete_prefix
 from shared.errors import ConfigError, GpumarketError
 
 log = logging.getLogger(__name__)
@@ -507,7 +508,7 @@ async def run_cluster(
         for made in ("logs", "master", "relay-pki", "agents", "worker-beat", "worker-2"):  # only what a cluster makes
             shutil.rmtree(workdir / made, ignore_errors=True)
         await _fresh_database(database_url)
-        await _fresh_redis(redis_url, bus_prefix)
+        await delete_prefix(redis_url, bus_prefix)
     cluster = Cluster(workdir, database_url=database_url, redis_url=redis_url, bus_prefix=bus_prefix, agents=agents,
                       on_step=lambda step: print(f"· {step}", flush=True))  # fmt: skip
     began = time.monotonic()
@@ -551,16 +552,3 @@ async def _fresh_database(url: str) -> None:
         await conn.execute(f'CREATE DATABASE "{name}"')
     finally:
         await conn.close()
-
-
-async def _fresh_redis(url: str, prefix: str) -> None:
-    """Delete every key under ``prefix`` (the bus, the registry, Celery's queue) left by an earlier run."""
-    import redis.asyncio as aioredis
-
-    client = aioredis.Redis.from_url(url)
-    try:
-        keys = [key async for key in client.scan_iter(match=f"{prefix}*", count=1000)]
-        if keys:
-            await client.delete(*keys)
-    finally:
-        await client.aclose()

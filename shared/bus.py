@@ -850,6 +850,18 @@ class RedisBus:
             await self._client.aclose()
 
 
+async def delete_prefix(redis_url: str, prefix: str) -> int:
+    """Delete every key under ``prefix`` (a bus's streams, the registry, rate limits, Celery's queue); how many."""
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        keys = [key async for key in client.scan_iter(match=f"{prefix}*", count=1000)]
+        if keys:
+            await client.delete(*keys)
+        return len(keys)
+    finally:
+        await client.aclose()
+
+
 async def open_bus(
     url: str | None,
     *,

@@ -8,10 +8,12 @@ results to ``master.services.hosts`` exactly as the ingestor would.
 from __future__ import annotations
 
 import itertools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp.test_utils import TestClient
+from aiohttp.test_utils import TestClient, TestServer
 from sqlalchemy import func, select
 
 from master.api.base import API
@@ -19,7 +21,7 @@ from master.context import Master
 from master.models import Command, Rental
 from master.services import hosts
 from master.services.accounts import Principal
-from tests.factories import command_result, envelope, gpu_info, online_host
+from tests.factories import command_result, create_principal, envelope, gpu_info, online_host
 
 RTX = "NVIDIA GeForce RTX 4090"
 A100 = "NVIDIA A100-SXM4-80GB"
@@ -86,3 +88,20 @@ def assert_error(status: int, body: Any, expected_status: int, code: str) -> Non
     assert isinstance(body["message"], str) and body["message"], body
 
 
+
+
+@asynccontextmanager
+async def serve_api(master: Master) -> AsyncIterator[Api]:
+    """The master's app (no background loops) on a test server, with a renter and a provider and their keys."""
+    from master.app import (
+        create_app,  # the app imports the whole API; tests that only build objects need none of it
+    )
+
+    renter, renter_key = await create_principal(master, "renter-1", "renter")
+    provider, provider_key = await create_principal(master, "provider-1", "provider")
+    client: TestClient[Any, Any] = TestClient(TestServer(create_app(master, background=False)))
+    await client.start_server()
+    try:
+        yield Api(master, client, renter, renter_key, provider, provider_key, itertools.count(1))
+    finally:
+        await client.close()

@@ -8,24 +8,21 @@ never a skip.
 
 from __future__ import annotations
 
-import itertools
 import os
 import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import asyncpg
 import pytest
 import redis.asyncio as aioredis
-from aiohttp.test_utils import TestClient, TestServer
 
-from master.app import close_master, create_app, open_master
+from master.app import close_master, open_master
 from master.context import Master
 from shared.bus import InProcessBus
 from shared.crypto import CertificateAuthority
-from tests.apiclient import Api
-from tests.factories import create_principal, master_settings
+from tests.apiclient import Api, serve_api
+from tests.factories import master_settings
 
 PG_ADMIN_URL = os.environ.get("GPUMARKET_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("GPUMARKET_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -108,11 +105,5 @@ async def master(database_url: str, tmp_path: Path) -> AsyncIterator[Master]:
 
 @pytest.fixture
 async def api(master: Master) -> AsyncIterator[Api]:
-    renter, renter_key = await create_principal(master, "renter-1", "renter")
-    provider, provider_key = await create_principal(master, "provider-1", "provider")
-    client: TestClient[Any, Any] = TestClient(TestServer(create_app(master, background=False)))
-    await client.start_server()
-    try:
-        yield Api(master, client, renter, renter_key, provider, provider_key, itertools.count(1))
-    finally:
-        await client.close()
+    async with serve_api(master) as client:
+        yield client

@@ -31,6 +31,18 @@ async def _pending(master: Master) -> int:
     return await master.bus.pending_count(protocol.AGENT_EVENTS_STREAM, GROUP)
 
 
+async def _ingest(master: Master, n: int) -> None:
+    """Run an ingestor until it has processed ``n`` messages."""
+    ingestor = Ingestor(master, block=0.05)
+    task = asyncio.create_task(ingestor.run())
+    try:
+        await eventually(lambda: _done(ingestor, n), what=f"{n} messages processed")
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 class BrokenIngestor(Ingestor):
     """Fault injection at our own seam: applying any message fails, as during a database outage."""
 
@@ -63,14 +75,7 @@ class TestIngestor:
         await _publish(master, hello(host_id, 0, gpus))
         await _publish(master, telemetry(host_id, 1, gpus))
         await _publish(master, telemetry(host_id, 1, gpus))  # a redelivery
-        ingestor = Ingestor(master, block=0.05)
-        task = asyncio.create_task(ingestor.run())
-        try:
-            await eventually(lambda: _done(ingestor, 3), what="3 messages processed")
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await _ingest(master, 3)
         assert await _pending(master) == 0
         async with master.db.session() as session:
             host = await session.get(Host, host_id)
@@ -87,14 +92,7 @@ class TestIngestor:
         for relay_id, message in (("relay-new", hello(host_id, 5, gpus)), ("relay-new", telemetry(host_id, 6, gpus)),
                                   ("relay-old", telemetry(host_id, 4, gpus))):  # fmt: skip
             await master.bus.publish(protocol.AGENT_EVENTS_STREAM, protocol.encode_bus_envelope(relay_id, message, now))
-        ingestor = Ingestor(master, block=0.05)
-        task = asyncio.create_task(ingestor.run())
-        try:
-            await eventually(lambda: _done(ingestor, 3), what="3 messages processed")
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await _ingest(master, 3)
         async with master.db.session() as session:
             host = await session.get(Host, host_id)
             seqs = (await session.scalars(select(TelemetrySample.seq).where(TelemetrySample.host_id == host_id))).all()

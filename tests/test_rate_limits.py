@@ -6,7 +6,6 @@ Time is a ``ManualClock``: buckets refill only when a test advances it, so nothi
 from __future__ import annotations
 
 import ipaddress
-import itertools
 import logging
 import secrets
 from collections.abc import AsyncIterator
@@ -16,20 +15,19 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from aiohttp.test_utils import TestClient, TestServer
 from multidict import CIMultiDictProxy
 
 from master.api.base import API
 from master.api.openapi import build_openapi
 from master.api.ratelimits import NEVER_LIMITED, RATE_LIMITS, ApiLimits, client_address
 from master.api.routes import ROUTES
-from master.app import close_master, create_app, open_master
+from master.app import close_master, open_master
 from shared.bus import InProcessBus
 from shared.errors import ConfigError
 from shared.ratelimit import Limit, MemoryRateStore, RateStore, RedisRateStore, retry_after
 from shared.registry import MemoryRegistry
 from shared.settings import MasterSettings
-from tests.apiclient import Api, bearer
+from tests.apiclient import Api, bearer, serve_api
 from tests.factories import create_principal, master_settings
 from tests.helpers import ManualClock
 
@@ -44,14 +42,8 @@ async def limited_api(folder: Path, clock: ManualClock, **settings: Any) -> Asyn
     values: dict[str, Any] = {"database_url": f"sqlite:///{folder / 'test.db'}", "rate_limits_enabled": True, **settings}
     master = await open_master(master_settings(folder, **values), bus=InProcessBus(), registry=MemoryRegistry(), clock=clock)
     try:
-        renter, renter_key = await create_principal(master, "renter-1", "renter")
-        provider, provider_key = await create_principal(master, "provider-1", "provider")
-        client: TestClient[Any, Any] = TestClient(TestServer(create_app(master, background=False)))
-        await client.start_server()
-        try:
-            yield Api(master, client, renter, renter_key, provider, provider_key, itertools.count(1))
-        finally:
-            await client.close()
+        async with serve_api(master) as client:
+            yield client
     finally:
         await close_master(master)
 
