@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, Protocol
 
 import pydantic_core
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from shared.errors import ProtocolError
 
@@ -56,6 +56,18 @@ CLOSE_CODES: dict[str, int] = {
     "too_many_connections": CLOSE_TOO_MANY_CONNECTIONS,
 }
 
+def _representable_in_utc(value: datetime) -> datetime:
+    """Refuse a time that exists in its own offset but not in UTC (``9999-12-31T23:59:59-23:59``):
+    every reader converts to UTC, and the conversion would raise ``OverflowError`` there."""
+    if value.tzinfo is not None:
+        try:
+            value.astimezone(UTC)
+        except OverflowError:
+            raise ValueError("timestamp out of range once converted to UTC") from None
+    return value
+
+
+Timestamp = Annotated[datetime, AfterValidator(_representable_in_utc)]
 HostId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")]
 ShortText = Annotated[str, Field(max_length=256)]
 CommandId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:-]+$")]
@@ -159,7 +171,7 @@ class GpuEventModel(_Lenient):
     uuid: Annotated[str, Field(min_length=1, max_length=128)]
     kind: ShortText  # "xid", "double_bit_ecc", "single_bit_ecc", ...
     code: int | None = None
-    at: datetime
+    at: Timestamp
 
 
 class HelloBody(_Strict):
@@ -185,7 +197,7 @@ class HeartbeatBody(_Strict):
 class TelemetryBody(_Strict):
     """The latest sample of every GPU, plus aggregates over the window since the last report."""
 
-    sampled_at: datetime
+    sampled_at: Timestamp
     gpus: list[GpuSampleModel] = Field(max_length=64)
     window_s: float | None = Field(None, ge=0)
     aggregates: list[GpuAggregateModel] = Field(default_factory=list, max_length=64)
@@ -199,7 +211,7 @@ class GpuEventsBody(_Strict):
 
 class NetworkReportBody(_Strict):
     relay_url: Annotated[str, Field(max_length=512)]
-    measured_at: datetime
+    measured_at: Timestamp
     download_mbps: float | None = Field(None, ge=0)
     upload_mbps: float | None = Field(None, ge=0)
     download_bytes: int = Field(0, ge=0)
@@ -219,7 +231,7 @@ class NetworkReportBody(_Strict):
 class WorkloadExitedBody(_Strict):
     rental_id: CommandId
     exit_code: int | None = None
-    at: datetime
+    at: Timestamp
     reason: Annotated[str, Field(max_length=1024)] = ""
 
 
@@ -246,7 +258,7 @@ class CommandResultBody(_Strict):
     ok: bool
     detail: Annotated[str, Field(max_length=4096)] = ""
     data: dict[str, Any] = Field(default_factory=dict)
-    finished_at: datetime
+    finished_at: Timestamp
 
 
 class WelcomeBody(_Strict):
@@ -289,7 +301,7 @@ class _AgentEnvelope(_Strict):
     v: Literal[1] = PROTOCOL_VERSION
     host_id: HostId
     seq: int = Field(ge=0, lt=1 << 63)
-    ts: datetime
+    ts: Timestamp
 
 
 class Hello(_AgentEnvelope):
@@ -469,7 +481,7 @@ class BusEnvelope(_Strict):
     """What the relay puts on the bus for each agent message: the message plus provenance."""
 
     relay_id: ShortText
-    received_at: datetime
+    received_at: Timestamp
     message: AgentMessage
 
 

@@ -46,6 +46,9 @@ class TestDecoding:
             (_frame(host_id="../etc"), "bad_frame", protocol.CLOSE_BAD_FRAME),
             (_frame(body={"uptime_s": 1.0, "extra": True}), "bad_frame", protocol.CLOSE_BAD_FRAME),
             (_frame(type="ack"), "unknown_type", protocol.CLOSE_UNKNOWN_TYPE),
+            # valid in its own offset, past year 9999 in UTC: would overflow wherever it is converted
+            (_frame(ts="9999-12-31T23:59:59-23:59"), "bad_frame", protocol.CLOSE_BAD_FRAME),
+            (_frame(ts="0001-01-01T00:00:00+23:59"), "bad_frame", protocol.CLOSE_BAD_FRAME),
         ],
     )
     def test_refuses_bad_frames_with_a_close_code(self, frame: str, code: str, close_code: int) -> None:
