@@ -12,9 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -27,6 +25,8 @@ from typing import Any
 import aiohttp
 import pytest
 from playwright.async_api import Browser, BrowserContext, ConsoleMessage, Page, async_playwright, expect
+
+from tests.upprocess import check_alive, gpumarket_up, wait_for_credentials
 
 CHROMIUM = Path(os.environ.get("GPUMARKET_TEST_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = [
@@ -59,28 +59,11 @@ def _get_json(url: str, key: str | None = None) -> Any:
 
 def _wait_until_up(process: subprocess.Popen[bytes], data_dir: Path, log: Path) -> Market:
     deadline = time.monotonic() + START_S
-    creds_file = data_dir / "credentials.json"
-
-    def check_alive() -> None:
-        if process.poll() is not None:
-            raise AssertionError(f"gpumarket up exited with {process.returncode}:\n{log.read_text()[-4000:]}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gpumarket up was not ready within {START_S} s:\n{log.read_text()[-4000:]}")
-
-    while not creds_file.exists():
-        check_alive()
-        time.sleep(0.2)
-    creds: dict[str, Any] = {}
-    while "admin" not in creds:  # written atomically, but read it until it is whole
-        check_alive()
-        try:
-            creds = json.loads(creds_file.read_text())
-        except ValueError:
-            time.sleep(0.1)
+    creds = wait_for_credentials(process, data_dir, log, role="admin", deadline=deadline, start_s=START_S)
     market = Market(base=creds["console_url"].rstrip("/"), api=creds["api_url"],
                     keys={role: creds[role]["api_key"] for role in ("renter", "provider", "admin")})  # fmt: skip
     while True:  # the API answers, and every simulated host is online with its GPUs offered
-        check_alive()
+        check_alive(process, log, deadline, START_S)
         try:
             hosts = _get_json(market.api + "/hosts", market.keys["admin"])["items"]
             offers = _get_json(market.api + "/offers", market.keys["renter"])["items"]
@@ -101,25 +84,8 @@ def market(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Market]:
     # Quick telemetry so live charts move within seconds; billing rates every second so a stop shows its charge.
     env.update(GPUMARKET_BILLING_INTERVAL="1", GPUMARKET_TELEMETRY_INTERVAL="2", GPUMARKET_HEARTBEAT_INTERVAL="2",
                GPUMARKET_MISSED_HEARTBEATS_OFFLINE="10", PYTHONUNBUFFERED="1")
-    script = Path(sys.executable).with_name("gpumarket")
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "gpumarket.cli"]
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [*command, "up", "--data-dir", str(data_dir), "--http-port", "0", "--relay-port", "0", "--agents", "3",
-             "--log-level", "WARNING"],
-            stdout=out, stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
-    try:
+    with gpumarket_up(data_dir, log, env, agents=3, strict_stop=True) as process:
         yield _wait_until_up(process, data_dir, log)
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-            raise AssertionError(f"gpumarket up did not stop within 20 s of SIGINT:\n{log.read_text()[-4000:]}") from None
-    assert process.returncode == 0, f"gpumarket up stopped with {process.returncode}:\n{log.read_text()[-4000:]}"
 
 
 @pytest.fixture

@@ -44,6 +44,7 @@ from master.services.agent_package import AgentPackages, copy_sources
 from shared.bus import InProcessBus
 from shared.errors import NotFound
 from tests.factories import master_settings
+from tests.upprocess import gpumarket_up, wait_for_credentials
 
 pytestmark = pytest.mark.slow
 
@@ -341,30 +342,10 @@ def market(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Market]:
     data_dir, log = folder / "data", folder / "up.log"
     env = _clean_env() | {"GPUMARKET_HEARTBEAT_INTERVAL": "1", "GPUMARKET_TELEMETRY_INTERVAL": "1",
                           "GPUMARKET_MISSED_HEARTBEATS_OFFLINE": "10", "PYTHONUNBUFFERED": "1"}  # fmt: skip
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "gpumarket.cli", "up", "--data-dir", str(data_dir), "--http-port", "0",
-             "--relay-port", "0", "--agents", "0", "--log-level", "WARNING"],
-            stdout=out, stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
-    try:
-        deadline = time.monotonic() + START_S
-        creds: dict[str, Any] = {}
-        while "provider" not in creds:
-            assert process.poll() is None, f"gpumarket up exited with {process.returncode}:\n{log.read_text()[-4000:]}"
-            assert time.monotonic() < deadline, f"gpumarket up was not ready within {START_S} s:\n{log.read_text()[-4000:]}"
-            try:
-                creds = json.loads((data_dir / "credentials.json").read_text())
-            except (OSError, ValueError):
-                time.sleep(0.2)
+    with gpumarket_up(data_dir, log, env, agents=0, strict_stop=False) as process:
+        creds = wait_for_credentials(process, data_dir, log, role="provider", deadline=time.monotonic() + START_S,
+                                     start_s=START_S)  # fmt: skip
         yield Market(base=creds["console_url"].rstrip("/"), provider_key=creds["provider"]["api_key"])
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def _wait_for(check: Callable[[], Any], *, timeout: float, what: str) -> Any:
