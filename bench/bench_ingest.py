@@ -1,6 +1,6 @@
 """Telemetry ingestion by one master process into PostgreSQL: samples stored per second, and the lag.
 
-How many telemetry samples one master process (one ``master.ingest.Ingestor``) takes off the
+How many telemetry samples one master process (one ``master.telemetry.ingest.Ingestor``) takes off the
 ``agent-events`` stream on Redis and stores in PostgreSQL per second, and how far behind it falls at
 the protocol's rate, for fleets of ``--hosts`` simulated hosts (1,000 and 10,000) with 8 GPUs each;
 with the one-message-per-transaction path (``Ingestor(batched=False)``) as the baseline in the same run.
@@ -102,9 +102,9 @@ from sqlalchemy import insert
 from agent.gpu.sim import SimulatedBackend
 from master.app import close_master, open_master
 from master.context import Master
-from master.ingest import GROUP, Ingestor
 from master.models import Gpu, Host
 from master.services.accounts import create_account
+from master.telemetry.ingest import GROUP, Ingestor
 from shared import protocol
 from shared.bus import Backlog, delete_prefix, open_bus
 from shared.ids import new_id

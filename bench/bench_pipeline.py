@@ -92,12 +92,12 @@ from agent.gpu.sim import SimulatedBackend
 from agent.hostfacts import collect_host_facts
 from master.app import close_master, open_master
 from master.context import Master
-from master.ingest import GROUP as INGEST_GROUP
-from master.ingest import Ingestor, command_resender, heartbeat_monitor, revocation_publisher
 from master.models import Host as HostRow
 from master.models import HostEvent, TelemetrySample
 from master.services import enrollment
 from master.services.accounts import create_account
+from master.telemetry.ingest import GROUP as INGEST_GROUP
+from master.telemetry.ingest import Ingestor, command_resender, heartbeat_monitor, revocation_publisher
 from shared import protocol
 from shared.bus import InProcessBus
 from shared.crypto import (

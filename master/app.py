@@ -22,7 +22,6 @@ from aiohttp import web
 
 from billing import jobs as billing_jobs
 from console.routes import add_console_routes
-from master import alerts, telemetry
 from master.api.keys import MASTER
 from master.api.middleware import (
     account_rate_limit_middleware,
@@ -34,9 +33,10 @@ from master.api.ratelimits import RATE_LIMITS, ApiRateLimits
 from master.api.routes import add_routes
 from master.context import Master
 from master.db import Database, check_schema, sqlite_url
-from master.ingest import Ingestor, command_resender, heartbeat_monitor, revocation_publisher
 from master.scheduler import get_placer
-from master.services import reliability, rentals
+from master.services import alerts, reliability, rentals
+from master.telemetry import rollups
+from master.telemetry.ingest import Ingestor, command_resender, heartbeat_monitor, revocation_publisher
 from shared.bus import Bus, open_bus
 from shared.clock import Clock, SystemClock
 from shared.crypto import CertificateAuthority
@@ -115,7 +115,7 @@ def create_app(master: Master, *, background: bool = True) -> web.Application:
         app.cleanup_ctx.append(_background("heartbeat-monitor", lambda: heartbeat_monitor(master)))
         app.cleanup_ctx.append(_background("command-resender", lambda: command_resender(master)))
         app.cleanup_ctx.append(_background("revocation-publisher", lambda: revocation_publisher(master)))
-        app.cleanup_ctx.append(_background("telemetry-maintenance", lambda: telemetry.maintenance_loop(master)))
+        app.cleanup_ctx.append(_background("telemetry-maintenance", lambda: rollups.maintenance_loop(master)))
         app.cleanup_ctx.append(_background("alerts", lambda: alerts.alert_loop(master)))
         app.cleanup_ctx.append(_background("host-scoring", lambda: reliability.scoring_loop(master)))
         app.cleanup_ctx.append(_background("rental-queue", lambda: rentals.queue_loop(master)))

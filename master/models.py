@@ -181,7 +181,7 @@ class Gpu(Base):
     memory_total_mib: Mapped[int]
     info: Mapped[dict[str, Any]] = mapped_column(default=dict)
     present: Mapped[bool] = mapped_column(default=True)
-    # Classification (master/tiers.py), refreshed when the host reports or is re-scored.
+    # Classification (master/services/tiers.py), refreshed when the host reports or is re-scored.
     tier: Mapped[str | None] = mapped_column(String(16), default=None, index=True)
     score: Mapped[float | None] = mapped_column(default=None)
     model_key: Mapped[str | None] = mapped_column(String(64), default=None)

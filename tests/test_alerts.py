@@ -23,16 +23,15 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from sqlalchemy import select
 
-from master import alerts
-from master.alerts import Condition, evaluate
 from master.api.base import API
 from master.app import create_app
 from master.context import Master
-from master.ingest import GROUP
 from master.models import Alert, AlertNotification, Host, Rental
-from master.services import hosts
+from master.services import alerts, hosts
 from master.services.accounts import Principal
+from master.services.alerts import Condition, evaluate
 from master.services.hoststate import transition
+from master.telemetry.ingest import GROUP
 from shared import protocol
 from shared.bus import InProcessBus
 from shared.ids import new_id

@@ -15,10 +15,10 @@ from sqlalchemy import func, select
 
 from master.app import close_master, open_master
 from master.context import Master
-from master.ingest import GROUP, Ingestor, ingested_until, sweep
 from master.models import Command, Gpu, Host, Rental, TelemetrySample
 from master.services import hosts, rentals
 from master.services.accounts import Principal
+from master.telemetry.ingest import GROUP, Ingestor, ingested_until, sweep
 from shared import protocol
 from shared.bus import BusMessage, InProcessBus, open_bus
 from tests.factories import command_result, create_principal, gpu_info, master_settings, online_host

@@ -13,8 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
 from master.db import Database
-from master.ingest import DEAD_LETTERS_STREAM, GROUP, Ingestor
 from master.models import Gpu, Host, TelemetrySample
+from master.telemetry.ingest import DEAD_LETTERS_STREAM, GROUP, Ingestor
 from shared import protocol
 from shared.bus import BusMessage
 from tests.factories import create_principal, enroll_host, gpu_info, hello, online_host, telemetry

@@ -27,7 +27,7 @@ from master.services.listings import (
     put_listing,
     window_time,
 )
-from master.tiers import Tier
+from master.services.tiers import Tier
 from shared.errors import ConfigError, ValidationFailed
 from tests.factories import create_principal, enroll_host
 from tests.test_offers import A100, H100, Market, gpus, open_market

@@ -29,11 +29,11 @@ from master.api.base import API
 from master.api.routes_metrics import METRICS_EXPORTER, accepts_gzip
 from master.app import create_app
 from master.context import Master
-from master.ingest import GROUP
-from master.metrics import MIB
 from master.models import Alert, Gpu, Host, Rental
 from master.services import hosts
 from master.services.accounts import Principal
+from master.telemetry.ingest import GROUP
+from master.telemetry.metrics import MIB
 from shared import protocol
 from shared.bus import Backlog, InProcessBus
 from shared.errors import BusError

@@ -13,13 +13,13 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from sqlalchemy import func, select
 
-from master import telemetry as store
 from master.app import close_master, create_app, open_master
 from master.context import Master
-from master.ingest import GROUP, Ingestor
 from master.models import Host, TelemetryRollup, TelemetrySample
 from master.services import hosts
 from master.services.accounts import Principal
+from master.telemetry import rollups, store
+from master.telemetry.ingest import GROUP, Ingestor
 from shared import protocol
 from shared.bus import InProcessBus
 from shared.errors import BadRequest
@@ -194,8 +194,8 @@ class TestRollups:
         host_id, uuids = hosts_[0]
         for seq, (offset, util) in enumerate([(0, 10.0), (20, 20.0), (40, 30.0), (65, 70.0)], start=1):
             await _store(master, host_id, seq, uuids, T0 + timedelta(seconds=offset), util)
-        assert await store.rollup(master) == 4
-        assert await store.rollup(master) == 0  # nothing folds twice
+        assert await rollups.rollup(master) == 4
+        assert await rollups.rollup(master) == 0  # nothing folds twice
         minute = await _rollups(master, store.MINUTE)
         first = minute[(T0, uuids[0])]
         assert (first.samples, first.util_sum / first.util_n, first.util_max) == (3, 20.0, 30.0)
@@ -209,9 +209,9 @@ class TestRollups:
         _, hosts_ = await fleet(master, 1, gpus=1)
         host_id, uuids = hosts_[0]
         await _store(master, host_id, 1, uuids, T0, 10.0)
-        await store.rollup(master)
+        await rollups.rollup(master)
         await _store(master, host_id, 2, uuids, T0 + timedelta(seconds=30), 50.0)  # spooled, arrives late
-        await store.rollup(master)
+        await rollups.rollup(master)
         bucket = (await _rollups(master, store.MINUTE))[(T0, uuids[0])]
         assert (bucket.samples, bucket.util_sum / bucket.util_n, bucket.util_max) == (2, 30.0, 50.0)
 
@@ -222,7 +222,7 @@ class TestRollups:
         agg = [{"uuid": uuids[0], "samples": 10, "gpu_util_avg": 40.0, "gpu_util_max": 90.0, "power_avg_w": 300.0}]
         await _store(master, host_id, 1, uuids, T0, 100.0, aggregates=agg)
         await _store(master, host_id, 2, uuids, T0 + timedelta(seconds=10), 95.0)  # no aggregates: instant value
-        await store.rollup(master)
+        await rollups.rollup(master)
         bucket = (await _rollups(master, store.MINUTE))[(T0, uuids[0])]
         assert bucket.util_n == 11 and bucket.util_sum == pytest.approx(40.0 * 10 + 95.0)
         assert bucket.util_max == 95.0  # the larger of the window's maximum (90) and the instant reading
@@ -235,18 +235,18 @@ class TestRollups:
         now = datetime.now(UTC)
         old = now - timedelta(hours=settings.raw_retention_hours + 1)
         await _store(master, host_id, 1, uuids, old, 10.0)
-        await store.rollup(master)
+        await rollups.rollup(master)
         await _store(master, host_id, 2, uuids, old, 10.0)  # old but not rolled up yet
         await _store(master, host_id, 3, uuids, now, 10.0)
-        deleted = await store.expire(master, now=now)
+        deleted = await rollups.expire(master, now=now)
         assert deleted["raw"] == 1
         assert [s for _, s in await stored(master)] == [2, 3]
-        await store.rollup(master)
+        await rollups.rollup(master)
         later = now + timedelta(days=settings.rollup_1m_retention_days)
-        deleted = await store.expire(master, now=later)
+        deleted = await rollups.expire(master, now=later)
         assert deleted["1m"] == 2 and deleted["1h"] == 0  # buckets of `old` and `now`
         assert deleted["raw"] == 2
-        gone = await store.expire(master, now=now + timedelta(days=settings.rollup_1h_retention_days + 1))
+        gone = await rollups.expire(master, now=now + timedelta(days=settings.rollup_1h_retention_days + 1))
         assert gone["1h"] == 2
         async with master.db.session() as session:
             assert await session.scalar(select(func.count()).select_from(TelemetryRollup)) == 0
@@ -286,7 +286,7 @@ class TestMetricsApi:
         uuid = (await detail.json())["gpus"][0]["uuid"]
         for seq in range(1, 7):  # one sample every 20 s over two minutes
             await _store(master, host_id, seq, [uuid], T0 + timedelta(seconds=20 * (seq - 1)), 10.0 * seq)
-        await store.rollup(master)
+        await rollups.rollup(master)
         headers = {"Authorization": f"Bearer {key}"}
         raw = await (await client.get(f"/api/v1/hosts/{host_id}/metrics?resolution=raw", headers=headers)).json()
         assert raw["resolution"] == "raw" and [i["seq"] for i in raw["items"]] == [1, 2, 3, 4, 5, 6]

@@ -15,7 +15,6 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from billing import credits, ledger, rating, summaries
-from master import telemetry
 from master.api import (
     routes_alerts,
     routes_billing,
@@ -43,6 +42,7 @@ from master.api.schemas import EnrollRequest, ErrorBody, QuotaPut, RentalCreate
 from master.models import Account, Rental, RentalEvent
 from master.services import commands, enrollment, faults, hosts, rentals
 from master.services.accounts import Principal
+from master.telemetry import store as telemetry
 from shared.errors import BadRequest, NotFound
 
 VERSION = "0.1.0"

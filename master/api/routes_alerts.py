@@ -1,4 +1,4 @@
-"""``/api/v1/alerts``: open and resolved alerts (see ``master/alerts.py``).
+"""``/api/v1/alerts``: open and resolved alerts (see ``master/services/alerts.py``).
 
 Admins see every alert; providers see the alerts on their own hosts; renters are refused.
 """
@@ -9,10 +9,10 @@ from typing import Literal, cast
 
 from aiohttp import web
 
-from master import alerts
 from master.api.base import PAGING, QueryParam, Route, listing, page, str_query
 from master.api.keys import MASTER
 from master.api.middleware import principal
+from master.services import alerts
 from shared.errors import BadRequest
 
 _STATES = ("firing", "resolved", "all")

@@ -17,11 +17,11 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from master import telemetry
 from master.api.base import QueryParam, Route, int_query, parse_body
 from master.api.keys import MASTER
 from master.api.middleware import SESSION, principal
 from master.services import hosts, sessions
+from master.telemetry import store as telemetry
 from shared.errors import ClientError, NotFound
 
 # Samples one read of the live stream sends at most; a host sends one per telemetry interval.

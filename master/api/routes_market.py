@@ -1,7 +1,7 @@
 """The marketplace: offer search (``/offers``), host listings and the tier price bounds.
 
 Handlers parse and authorize; the rules live in ``master/services/offers.py``,
-``master/services/listings.py`` and the query language in ``master/offerquery.py``.
+``master/services/listings.py`` and the query language in ``master/services/offerquery.py``.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from master.api.base import PAGING, QueryParam, Route, int_query, page, parse_bo
 from master.api.keys import MASTER
 from master.api.middleware import principal
 from master.api.schemas_market import ListingPut
-from master.offerquery import MAX_QUERY_LENGTH, Condition, Op, format_query, parse, parse_value
 from master.services import listings, offers
+from master.services.offerquery import MAX_QUERY_LENGTH, Condition, Op, format_query, parse, parse_value
 from master.services.offers import OfferSearch, Order, Sort
 from shared.errors import BadRequest
 

@@ -1,6 +1,6 @@
 """Operator metrics: ``GET /metrics`` (Prometheus) and ``GET /api/v1/metrics`` (JSON).
 
-Both serve the one cached snapshot of ``master.metrics.MetricsExporter`` (one per app).
+Both serve the one cached snapshot of ``master.telemetry.metrics.MetricsExporter`` (one per app).
 ``/metrics`` lives outside ``/api/v1``, so API keys do not apply to it: it is open, or
 guarded by the ``metrics_token`` setting alone. ``/api/v1/metrics`` is for admins.
 """
@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from master.api.base import Route
 from master.api.keys import MASTER
-from master.metrics import MetricsExporter
+from master.telemetry.metrics import MetricsExporter
 from shared.errors import Unauthorized
 
 METRICS_EXPORTER = web.AppKey("metrics_exporter", MetricsExporter)

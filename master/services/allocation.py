@@ -38,7 +38,7 @@ from master.scheduler import Gpu as SchedGpu
 from master.services.hoststate import RENTABLE_STATES
 from master.services.listings import PriceBounds
 from master.services.offers import price_expression, unavailable_hosts
-from master.tiers import Tier
+from master.services.tiers import Tier
 
 log = logging.getLogger(__name__)
 

@@ -22,6 +22,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import load_only
 
+from master.context import IngestStats
 from master.models import Command as CommandRow
 from master.models import (
     Gpu,
@@ -36,8 +37,7 @@ from master.models import (
 from master.services import commands, faults, reliability, rentals
 from master.services.accounts import Principal
 from master.services.hoststate import transition
-from master.stats import IngestStats
-from master.telemetry import CleanSample, clean_sample, raw_series, rollup_series, sampled_too_far_ahead
+from master.telemetry.store import CleanSample, clean_sample, raw_series, rollup_series, sampled_too_far_ahead
 from shared import protocol
 from shared.clock import utcnow
 from shared.errors import NotFound

@@ -50,7 +50,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.models import Gpu, Host, HostListing
 from master.services.accounts import Principal
-from master.tiers import Tier
+from master.services.tiers import Tier
 from shared.errors import ConfigError, Conflict, Forbidden, NotFound, ValidationFailed
 
 __all__ = [

@@ -24,7 +24,7 @@ PostgreSQL (``bench/bench_offers.py``); ``compute_capability`` / ``cuda_driver_v
 compare the GPU rows' integer version keys (``Gpu.compute_capability_key``,
 ``cuda_version_key``), not the info JSON.
 
-Conditions come from ``master/offerquery.py``; unknown values (no reliability score yet,
+Conditions come from ``master/services/offerquery.py``; unknown values (no reliability score yet,
 no network measurement) fail every comparison except ``!=``.
 
 **Sorts** (``sort``, ``order``): ``score`` (the default: best first), ``price`` (cheapest
@@ -64,11 +64,11 @@ from sqlalchemy import (
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.models import Gpu, Host, HostListing
-from master.offerquery import Condition, Op, Value, Version
 from master.services.hoststate import RENTABLE_STATES
 from master.services.listings import PriceBounds, load_price_bounds, money, upcoming_windows, window_time
+from master.services.offerquery import Condition, Op, Value, Version
 from master.services.placement import model_matches
-from master.tiers import Tier
+from master.services.tiers import Tier
 
 __all__ = ["DEFAULT_ORDER", "OfferSearch", "Order", "Sort", "search_offers"]
 

@@ -20,16 +20,16 @@ Over the last 30 days (or since the host enrolled, if later)::
   kinds ``master.services.faults`` counts), failed health checks, and GPUs that vanished.
 
 A host observed (up + down) for less than ``MIN_OBSERVED`` (1 hour) has no score yet
-(``None``): a neutral number would be a guess, and ``master.tiers.classify`` applies no
+(``None``): a neutral number would be a guess, and ``master.services.tiers.classify`` applies no
 reliability penalty to ``None``. Its inputs are still computed and shown.
 
-Each GPU's classification (``master.tiers.classify``) uses the host's score, its latest
+Each GPU's classification (``master.services.tiers.classify``) uses the host's score, its latest
 network download and the GPU's PCIe link, and is stored with its reasons and inputs.
 
 ``rescore_all`` reads a chunk of hosts and their histories in a few queries, computes
 without a session open, and writes hosts and GPUs in two short transactions of their
 own, so it never holds host and GPU row locks at once (ingestion takes them in either
-order). Imports models, sibling services and ``master.tiers``; never ``services.hosts``.
+order). Imports models, sibling services and ``master.services.tiers``; never ``services.hosts``.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from master.models import Command as CommandRow
 from master.models import Gpu, GpuEvent, Host, HostEvent, Rental
 from master.services import faults
 from master.services.leases import run_leased
-from master.tiers import classify
+from master.services.tiers import classify
 from shared.errors import ValidationFailed
 
 log = logging.getLogger(__name__)

@@ -47,7 +47,6 @@ from billing.enforce import has_credit_for
 from master.context import Master
 from master.models import Account, Gpu, Host, Rental, RentalEvent, RentalLogChunk
 from master.models import Command as CommandRow
-from master.offerquery import format_query, parse
 from master.scheduler import MILLI, NetworkLimits, Node, Placement, get_placer
 from master.scheduler import Request as PlaceRequest
 from master.services import allocation, commands, offers
@@ -55,6 +54,7 @@ from master.services.accounts import Principal
 from master.services.allocation import Hold, HostState, mig_milli
 from master.services.hoststate import transition
 from master.services.listings import PRICE_QUANTUM, load_price_bounds, money
+from master.services.offerquery import format_query, parse
 from master.services.placement import model_matches
 from shared.errors import (
     ClientError,

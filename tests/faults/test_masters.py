@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 from sqlalchemy import text
 
-from master.ingest import GROUP
+from master.telemetry.ingest import GROUP
 from shared import protocol
 from tests.faults.checks import check_allocations
 from tests.faults.harness import BUS_PREFIX, Scenario

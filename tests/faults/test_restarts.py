@@ -22,7 +22,7 @@ import pytest
 import redis.asyncio as aioredis
 from sqlalchemy import text
 
-from master.ingest import DEAD_LETTERS_STREAM, GROUP
+from master.telemetry.ingest import DEAD_LETTERS_STREAM, GROUP
 from shared import protocol
 from tests.faults.harness import BUS_PREFIX, Scenario
 

@@ -3,7 +3,7 @@
 Pure parsing: text in, a list of typed ``Condition`` out, or an ``OfferQueryError`` that
 names the position (1-based character) and what was expected there. The search
 (``master/services/offers.py``) turns conditions into SQL. Imports ``shared`` and
-``master.tiers`` only. ``docs/marketplace.md`` documents the language for users.
+``master.services.tiers`` only. ``docs/marketplace.md`` documents the language for users.
 
 Grammar
 =======
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from enum import StrEnum
 
-from master.tiers import Tier
+from master.services.tiers import Tier
 from shared.errors import BadRequest
 
 __all__ = [

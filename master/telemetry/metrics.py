@@ -33,12 +33,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from sqlalchemy import Text, cast, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from master.context import Master
-from master.ingest import GROUP as INGEST_GROUP
+from master.context import IngestStats, Master
 from master.models import Alert, Gpu, Host, Rental
 from master.services.hoststate import HOST_STATES, RENTABLE_STATES
 from master.services.rentals import RENTAL_STATES
-from master.stats import IngestStats
+from master.telemetry.ingest import GROUP as INGEST_GROUP
 from shared import protocol
 from shared.bus import Backlog
 

@@ -36,12 +36,12 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
-from master import ingest
 from master.context import Master
 from master.models import Alert, AlertNotification, GpuEvent, Host, Rental
 from master.services import leases, rentals
 from master.services.accounts import Principal
 from master.services.faults import FAULT_XIDS
+from master.telemetry import ingest
 from shared import protocol
 from shared.bus import Backlog
 from shared.errors import NotFound
