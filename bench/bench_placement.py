@@ -102,7 +102,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import Progress, describe_machine
 
-from master.scheduler.placers import PLACERS, Fleet, FragModel, Request, Workload, get_placer
+from master.scheduler import PLACERS, Fleet, FragModel, Request, Workload, get_placer
 from master.scheduler.simulate import arrivals, simulate
 from master.scheduler.trace import TraceNode, load_nodes, load_pods
 

@@ -375,7 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("--seconds", type=float, default=5.0, metavar="S", help="how long to sample (default 5)")
     record.set_defaults(func=cmd_agent_record_nvml)
 
-    from master.scheduler.placers import DEFAULT_PLACER, PLACERS
+    from master.scheduler.registry import DEFAULT_PLACER, PLACERS
 
     simulate = sub.add_parser(
         "simulate", help="replay a GPU cluster trace through a placement algorithm", formatter_class=formatter,

@@ -12,10 +12,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from master.scheduler.placers import (
+from master.scheduler import (
     MILLI,
     PLACERS,
-    Fgd,
     Fleet,
     FragModel,
     Gpu,
@@ -33,6 +32,7 @@ from master.scheduler.placers import (
     get_placer,
     model_pressure,
 )
+from master.scheduler.placers.fgd import Fgd
 from shared.errors import ValidationFailed
 
 ALL = tuple(PLACERS)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpumarket.cli import main
-from master.scheduler.placers import MILLI, PLACERS, Request
+from master.scheduler import MILLI, PLACERS, Request
 from master.scheduler.simulate import arrivals, simulate
 from master.scheduler.trace import TraceError, TraceNode, load_nodes, load_pods
 

@@ -30,7 +30,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
-from master.scheduler.placers import MILLI, Fgd, Fleet, FragModel, Gpu, Node, Request, Workload, get_placer
+from master.scheduler.fleet import MILLI, Fleet, Gpu, Node, Request
+from master.scheduler.fragmentation import FragModel, Workload
+from master.scheduler.placers.fgd import Fgd
+from master.scheduler.registry import get_placer
 from master.scheduler.trace import TraceNode
 from shared.errors import ValidationFailed
 

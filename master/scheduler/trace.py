@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from master.scheduler.placers import MILLI, Node, Request
+from master.scheduler.fleet import MILLI, Node, Request
 from shared.errors import GpumarketError
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
