@@ -1,4 +1,4 @@
-"""libFuzzer harness (atheris) for the geo DNS responder: ``GeoDnsServer.handle`` in ``access/geodns.py``.
+"""libFuzzer harness (atheris) for the geo DNS responder: ``GeoDnsServer.handle`` in ``access/geodns/server.py``.
 
 Each input is handled as a UDP datagram and as a TCP message. No exception may escape; a
 reply must parse as a DNS message with the query's id and the QR flag, and, over UDP to a
@@ -29,7 +29,8 @@ with atheris.instrument_imports(include=["access", "dns"]):
     import dns.message
     import dns.rcode
 
-    from access.geodns import CLASSIC_UDP_PAYLOAD, GeoDnsServer
+    from access.geodns.server import GeoDnsServer
+    from access.geodns.zone import CLASSIC_UDP_PAYLOAD
     from shared.registry import MemoryRegistry, RelayRecord
 
 ZONE = "relays.example.test"

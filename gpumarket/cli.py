@@ -139,7 +139,7 @@ def cmd_access(args: argparse.Namespace) -> None:
 
 
 def cmd_dns(args: argparse.Namespace) -> None:
-    from access.geodns import serve_dns
+    from access.geodns.server import serve_dns
 
     settings = DnsSettings.load(args.config, port=args.port, zone=args.zone)
     _setup_logging(settings.log_level)

@@ -25,7 +25,7 @@ from typing import Any
 from aiohttp import web
 from sqlalchemy import select
 
-from access.geodns import GeoDnsServer
+from access.geodns.server import GeoDnsServer
 from access.relay import Relay
 from agent.enroll import enroll
 from agent.gpu import open_backend

@@ -32,7 +32,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from access.geodns import GeoDnsServer, IPAddress
+from access.geodns.regions import IPAddress
+from access.geodns.server import GeoDnsServer
 from shared.registry import MemoryRegistry, RelayRecord
 from tests.fuzzing import run_atheris_harness
 from tests.loopthread import LoopThread

@@ -31,15 +31,8 @@ import pytest
 from dns.rdtypes.ANY.SOA import SOA
 from dns.rdtypes.IN.SRV import SRV
 
-from access.geodns import (
-    GeoDnsServer,
-    Location,
-    RegionMap,
-    parse_prefix_regions,
-    parse_region_distance,
-    serve_dns,
-    server_from_settings,
-)
+from access.geodns.regions import Location, RegionMap, parse_prefix_regions, parse_region_distance
+from access.geodns.server import GeoDnsServer, serve_dns, server_from_settings
 from agent.discovery import resolve_relays
 from shared.errors import BusError, ConfigError
 from shared.registry import MemoryRegistry, RedisRegistry, RelayRecord
