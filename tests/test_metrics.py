@@ -33,7 +33,7 @@ from master.models import Alert, Gpu, Host, Rental
 from master.services import hosts
 from master.services.accounts import Principal
 from master.telemetry.ingest import GROUP
-from master.telemetry.metrics import MIB
+from master.telemetry.snapshot import MIB
 from shared import protocol
 from shared.bus import Backlog, InProcessBus
 from shared.errors import BusError
