@@ -1,15 +1,17 @@
-"""Helpers every benchmark script shares: the machine line and a progress counter on stderr."""
+"""Helpers every benchmark script shares: the machine line, a progress counter on stderr, quantiles
+and a fresh database."""
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import platform
 import secrets
 import ssl
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from importlib import metadata
 
 import asyncpg
@@ -34,6 +36,13 @@ def describe_machine(*, with_openssl: bool = False) -> str:
         f"{platform.python_implementation()} {platform.python_version()} on {platform.system()} "
         f"{platform.release()}; {versions}{tls}"
     )
+
+
+def quantile(values: Iterable[float], q: float) -> float:
+    """The nearest-rank ``q`` quantile (``q`` in 0..1) of ``values``: the p99 of 200 values is the
+    198th smallest, ``q=1`` the largest; NaN when there are none."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)] if ordered else math.nan
 
 
 class Progress:

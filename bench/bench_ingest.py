@@ -112,7 +112,7 @@ from shared.registry import MemoryRegistry
 from shared.settings import MasterSettings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import Progress, describe_machine, fresh_database
+from _common import Progress, describe_machine, fresh_database, quantile
 
 GPUS = "sim:8xH100"
 GPUS_PER_HOST = 8
@@ -691,10 +691,6 @@ async def measure_fleet(hosts: int, seconds: float, args: argparse.Namespace) ->
 
 # ---- report -------------------------------------------------------------------------------------------------------
 
-
-def quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 def print_report(fleets: list[tuple[Fleet, list[Run]]]) -> None:

@@ -115,7 +115,7 @@ from master.services.tiers import Tier, classify
 from shared import protocol
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import Progress, describe_machine, fresh_database
+from _common import Progress, describe_machine, fresh_database, quantile
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)  # the searches' "now": windows and end dates are relative to it
 GPUS_PER_HOST = 8
@@ -495,14 +495,8 @@ def check_page(
 # ---- timing ------------------------------------------------------------------------------------------------------
 
 
-def percentile(times: Sequence[float], q: float) -> float:
-    """The nearest-rank ``q`` percentile (q in 0..100): the p99 of 200 runs is the 198th fastest."""
-    ordered = sorted(times)
-    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)] if ordered else math.nan
-
-
 def figures(times: Sequence[float]) -> dict[str, float]:
-    return {"p50_ms": round(percentile(times, 50), 2), "p99_ms": round(percentile(times, 99), 2),
+    return {"p50_ms": round(quantile(times, 0.5), 2), "p99_ms": round(quantile(times, 0.99), 2),
             "max_ms": round(max(times), 2), "mean_ms": round(sum(times) / len(times), 2)}  # fmt: skip
 
 
@@ -571,11 +565,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await db.close()
     every = [t for per_query in times for t in per_query]
     floor = figures(baseline)
-    overall = round(percentile(every, 99), 2)
+    overall = round(quantile(every, 0.99), 2)
     queries = {}
     for check, per_query in zip(checked, times, strict=True):
         label = check.pop("label")
-        queries[label] = {**check, **figures(per_query), "p99_vs_baseline": round(percentile(per_query, 99) / floor["p99_ms"], 1)}
+        queries[label] = {**check, **figures(per_query), "p99_vs_baseline": round(quantile(per_query, 0.99) / floor["p99_ms"], 1)}
     return {
         "machine": describe_machine(), "postgres": postgres, "sqlalchemy": metadata.version("sqlalchemy"),
         "asyncpg": metadata.version("asyncpg"), "gpus_requested": args.gpus, "fleet": fleet.counts(),

@@ -111,7 +111,7 @@ from shared.registry import MemoryRegistry
 from shared.settings import MasterSettings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import Progress, describe_machine, fresh_database
+from _common import Progress, describe_machine, fresh_database, quantile
 
 GPUS = "sim:8xH100"
 PROTOCOL_INTERVAL = 10.0  # heartbeat and telemetry, seconds (MasterSettings / AgentTimings defaults)
@@ -694,10 +694,6 @@ async def postgres_version(admin_url: str) -> str | None:
 
 # ---- report ---------------------------------------------------------------------------------------
 
-
-def quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 def ms(seconds: float) -> str:

@@ -100,7 +100,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import Progress, describe_machine
+from _common import Progress, describe_machine, quantile
 
 from master.scheduler import PLACERS, Fleet, FragModel, Request, Workload, get_placer
 from master.scheduler.simulate import arrivals, simulate
@@ -246,9 +246,6 @@ def scaled(nodes: Sequence[TraceNode], copies: int) -> list[TraceNode]:
     return [TraceNode(f"{n.name}-{c}", n.cpu_milli, n.memory_mib, n.gpus, n.model) for c in range(copies) for n in nodes]
 
 
-def percentile(sorted_values: Sequence[int], share: float) -> int:
-    return sorted_values[min(len(sorted_values) - 1, int(share * len(sorted_values)))]
-
 
 def time_replay(
     nodes: Sequence[TraceNode], pods: Sequence[Request], algorithm: str, *, seed: int, stop_at_pct: float
@@ -275,8 +272,8 @@ def time_replay(
     total_s = sum(timings) / 1e9
     timings.sort()
     return {
-        "decisions": len(timings), "per_s": len(timings) / total_s, "p50_us": percentile(timings, 0.5) / 1e3,
-        "p99_us": percentile(timings, 0.99) / 1e3, "max_ms": timings[-1] / 1e6,
+        "decisions": len(timings), "per_s": len(timings) / total_s, "p50_us": quantile(timings, 0.5) / 1e3,
+        "p99_us": quantile(timings, 0.99) / 1e3, "max_ms": timings[-1] / 1e6,
     }  # fmt: skip
 
 
@@ -292,7 +289,7 @@ def time_cold(nodes: Sequence[TraceNode], pods: Sequence[Request], algorithm: st
         get_placer(algorithm, seed=1, workload=workload).place(request, fleet)
         timings.append(time.perf_counter_ns() - started)
     timings.sort()
-    return {"p50_ms": percentile(timings, 0.5) / 1e6, "p99_ms": percentile(timings, 0.99) / 1e6}
+    return {"p50_ms": quantile(timings, 0.5) / 1e6, "p99_ms": quantile(timings, 0.99) / 1e6}
 
 
 def run_speed(

@@ -51,7 +51,7 @@ from agent.gpu.sim import SimulatedBackend
 from shared import protocol
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import Progress, describe_machine
+from _common import Progress, describe_machine, quantile
 
 from shared.bus import InProcessBus
 from shared.crypto import (
@@ -371,10 +371,6 @@ async def check_bus(bus: InProcessBus, relay: Relay, agents: list[AgentSetup], a
 
 # ---- report ---------------------------------------------------------------------------------
 
-
-def quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def ms(seconds: float) -> str:
