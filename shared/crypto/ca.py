@@ -1,17 +1,8 @@
-"""The gpumarket certificate authority, key handling and TLS contexts.
+"""The ``CertificateAuthority``: the CA's key and certificate on disk, agent and server certificates.
 
-Owns: the CA the master runs (``ca.key`` / ``ca.crt`` on disk), signing agents'
-CSRs into short-lived client certificates, issuing server certificates for relays
-and the master's HTTPS, reading a host id back out of a peer certificate, and the
-only two ``ssl.SSLContext`` factories the project uses (TLS 1.3 minimum, trusting
-only the gpumarket CA).
-
-Identity lives in the certificate the CA writes, never in what a CSR asks for: an
-agent certificate names its host as ``CN=<host_id>`` and the URI SAN
-``urn:gpumarket:host:<host_id>``. Revocation is by serial, recorded by the master;
-there is no CRL here.
-
-Must not import from agent/, access/, master/, console/ or billing/.
+The CA signs agents' CSRs into short-lived clientAuth certificates whose identity (CN and
+``urn:gpumarket:host:<id>`` SAN) it writes itself, and issues server certificates for relays
+and the master's HTTPS. ``IssuedCertificate`` carries what the master records about each.
 """
 
 from __future__ import annotations
@@ -19,10 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import ipaddress
-import os
 import re
-import ssl
-import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -35,33 +23,20 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from shared.errors import BadRequest, ConfigError, EnrollmentError, Unauthorized
-
-__all__ = [
-    "CA_CERT_FILENAME",
-    "CA_KEY_FILENAME",
-    "CLOCK_SKEW",
-    "HOST_URI_PREFIX",
-    "MAX_CSR_BYTES",
-    "CertificateAuthority",
-    "IssuedCertificate",
-    "certificate_fingerprint",
-    "certificate_not_after",
-    "client_ssl_context",
-    "generate_private_key",
-    "host_id_from_certificate",
-    "host_id_from_der",
-    "load_certificate",
-    "load_private_key",
-    "make_csr",
-    "private_key_to_pem",
-    "server_ssl_context",
-    "write_private_key",
-]
+from shared.crypto.certs import HOST_ID_PATTERN, HOST_URI_PREFIX, certificate_fingerprint
+from shared.crypto.keys import (
+    PEM_CERT_MODE,
+    PEM_PRIVATE_KEY_MODE,
+    atomic_write,
+    generate_private_key,
+    load_private_key,
+    private_key_to_pem,
+    write_private_key,
+)
+from shared.errors import BadRequest, ConfigError, EnrollmentError
 
 CA_KEY_FILENAME = "ca.key"
 CA_CERT_FILENAME = "ca.crt"
-HOST_URI_PREFIX = "urn:gpumarket:host:"
 
 # Certificates start this long before "now" so a peer whose clock runs a little
 # behind the master's still accepts a certificate issued a moment ago.
@@ -73,135 +48,10 @@ MAX_CSR_BYTES = 16 * 1024
 MIN_RSA_KEY_BITS = 2048
 MIN_EC_KEY_BITS = 256
 
-# Host ids go into a CN (at most 64 characters) and a URN, so keep them short and
-# free of anything that needs escaping.
-HOST_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _DNS_LABEL = r"(?:[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)"
 _DNS_NAME_PATTERN = re.compile(rf"(?:\*\.)?{_DNS_LABEL}(?:\.{_DNS_LABEL})*\.?")
 _MAX_DNS_NAME_LENGTH = 253
 _MAX_CN_LENGTH = 64
-
-_PEM_PRIVATE_KEY_MODE = 0o600
-_PEM_CERT_MODE = 0o644
-
-
-# Keys
-
-
-def generate_private_key() -> ec.EllipticCurvePrivateKey:
-    """Return a new ECDSA P-256 private key."""
-    return ec.generate_private_key(ec.SECP256R1())
-
-
-def private_key_to_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    """Serialize ``key`` as unencrypted PKCS#8 PEM."""
-    return key.private_bytes(
-        encoding=serialization.Encoding.PEM,
-        format=serialization.PrivateFormat.PKCS8,
-        encryption_algorithm=serialization.NoEncryption(),
-    )
-
-
-def load_private_key(pem: bytes) -> ec.EllipticCurvePrivateKey:
-    """Parse an unencrypted PEM private key; it must be an EC key.
-
-    Raises ``ConfigError`` for anything else: keys are read from the files this
-    module wrote, so a bad one means a broken installation, not a bad request.
-    """
-    try:
-        key = serialization.load_pem_private_key(pem, password=None)
-    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
-        raise ConfigError(f"cannot read private key: {exc}") from exc
-    if not isinstance(key, ec.EllipticCurvePrivateKey):
-        raise ConfigError(f"expected an EC private key, got {type(key).__name__}")
-    return key
-
-
-def write_private_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
-    """Write ``key`` to ``path`` as PKCS#8 PEM, atomically, with mode 0600.
-
-    Parent directories are created. The file is never visible with wider
-    permissions or partially written.
-    """
-    _atomic_write(path, private_key_to_pem(key), mode=_PEM_PRIVATE_KEY_MODE)
-
-
-def make_csr(key: ec.EllipticCurvePrivateKey, common_name: str) -> bytes:
-    """Return a PEM certificate signing request for ``key``.
-
-    The CA ignores the subject: ``common_name`` is only a hint for humans reading
-    the CSR.
-    """
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    csr = x509.CertificateSigningRequestBuilder().subject_name(subject).sign(key, hashes.SHA256())
-    return csr.public_bytes(serialization.Encoding.PEM)
-
-
-# Certificates
-
-
-def load_certificate(pem: bytes) -> x509.Certificate:
-    """Parse one PEM certificate (the first, if ``pem`` holds a chain)."""
-    try:
-        return x509.load_pem_x509_certificate(pem)
-    except ValueError as exc:
-        raise BadRequest(f"not a PEM certificate: {exc}", code="bad_certificate") from exc
-
-
-def certificate_fingerprint(cert_pem: bytes) -> str:
-    """Return the lowercase hex SHA-256 of the certificate's DER encoding."""
-    return load_certificate(cert_pem).fingerprint(hashes.SHA256()).hex()
-
-
-def certificate_not_after(cert_pem: bytes) -> datetime:
-    """Return when the certificate expires, as an aware UTC datetime."""
-    return load_certificate(cert_pem).not_valid_after_utc
-
-
-def host_id_from_certificate(cert: x509.Certificate) -> str:
-    """Return the host id an agent certificate names.
-
-    Reads the ``urn:gpumarket:host:<id>`` URI SAN, falling back to the subject CN
-    when the certificate has no such SAN. Raises ``Unauthorized`` when neither
-    yields a well-formed host id, or when the SANs name two different hosts.
-
-    This does not verify the certificate: call it on a peer certificate that the
-    TLS handshake already checked against the CA.
-    """
-    host_ids: set[str] = set()
-    with contextlib.suppress(x509.ExtensionNotFound):
-        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-        for uri in san.get_values_for_type(x509.UniformResourceIdentifier):
-            if uri.startswith(HOST_URI_PREFIX):
-                host_ids.add(uri.removeprefix(HOST_URI_PREFIX))
-    if len(host_ids) > 1:
-        raise Unauthorized("certificate names more than one host", code="bad_certificate")
-    if not host_ids:
-        common_names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-        if common_names:
-            value = common_names[0].value
-            host_ids.add(value if isinstance(value, str) else value.decode("utf-8", "replace"))
-    if not host_ids:
-        raise Unauthorized("certificate does not name a host", code="bad_certificate")
-    (host_id,) = host_ids
-    if not HOST_ID_PATTERN.fullmatch(host_id):
-        raise Unauthorized(f"certificate names a malformed host id {host_id!r}", code="bad_certificate")
-    return host_id
-
-
-def host_id_from_der(der: bytes | None) -> str:
-    """Return the host id in a DER certificate, as ``getpeercert(binary_form=True)`` gives it.
-
-    ``None`` (the peer sent no certificate) raises ``Unauthorized``, so callers can
-    pass ``getpeercert``'s result straight in.
-    """
-    if der is None:
-        raise Unauthorized("peer presented no certificate", code="bad_certificate")
-    try:
-        cert = x509.load_der_x509_certificate(der)
-    except ValueError as exc:
-        raise Unauthorized(f"peer certificate is not valid DER: {exc}", code="bad_certificate") from exc
-    return host_id_from_certificate(cert)
 
 
 @dataclass(frozen=True)
@@ -286,8 +136,8 @@ class CertificateAuthority:
             # Key first: a crash in between leaves a lone key, which the next start
             # reports instead of silently replacing.
             write_private_key(key_path, key)
-            _atomic_write(
-                cert_path, certificate.public_bytes(serialization.Encoding.PEM), mode=_PEM_CERT_MODE
+            atomic_write(
+                cert_path, certificate.public_bytes(serialization.Encoding.PEM), mode=PEM_CERT_MODE
             )
             return cls(key=key, certificate=certificate, directory=directory)
 
@@ -435,8 +285,8 @@ class CertificateAuthority:
         key_pem, cert_pem = self.issue_server_certificate(names, validity=validity, now=now)
         key_path = directory / f"{basename}.key"
         cert_path = directory / f"{basename}.crt"
-        _atomic_write(key_path, key_pem, mode=_PEM_PRIVATE_KEY_MODE)
-        _atomic_write(cert_path, cert_pem, mode=_PEM_CERT_MODE)
+        atomic_write(key_path, key_pem, mode=PEM_PRIVATE_KEY_MODE)
+        atomic_write(cert_path, cert_pem, mode=PEM_CERT_MODE)
         return key_path, cert_path
 
     def _leaf_builder(
@@ -483,60 +333,6 @@ class CertificateAuthority:
             not_before=certificate.not_valid_before_utc,
             not_after=certificate.not_valid_after_utc,
         )
-
-
-# TLS contexts
-
-
-def server_ssl_context(
-    cert_file: Path,
-    key_file: Path,
-    ca_file: Path,
-    *,
-    require_client_cert: bool = True,
-) -> ssl.SSLContext:
-    """Return a TLS 1.3-only server context presenting ``cert_file``.
-
-    With ``require_client_cert`` (relays) the handshake fails unless the client
-    presents a clientAuth certificate that chains to ``ca_file``. Without it (the
-    master's HTTPS, where agents enroll before they have a certificate) a client
-    certificate is optional, but one that is presented must still chain to
-    ``ca_file``.
-    """
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_3
-    context.verify_flags |= ssl.VERIFY_X509_STRICT
-    context.load_cert_chain(certfile=cert_file, keyfile=key_file)
-    context.load_verify_locations(cafile=ca_file)
-    context.verify_mode = ssl.CERT_REQUIRED if require_client_cert else ssl.CERT_OPTIONAL
-    return context
-
-
-def client_ssl_context(
-    ca_file: Path,
-    *,
-    cert_file: Path | None = None,
-    key_file: Path | None = None,
-) -> ssl.SSLContext:
-    """Return a TLS 1.3-only client context that trusts only ``ca_file`` and checks hostnames.
-
-    Pass ``cert_file`` (and ``key_file``, unless the key is in the same file) to
-    present a client certificate. The system trust store is not loaded.
-    """
-    if key_file is not None and cert_file is None:
-        raise ConfigError("key_file was given without cert_file")
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # check_hostname and CERT_REQUIRED by default
-    context.minimum_version = ssl.TLSVersion.TLSv1_3
-    context.verify_flags |= ssl.VERIFY_X509_STRICT
-    context.check_hostname = True
-    context.verify_mode = ssl.CERT_REQUIRED
-    context.load_verify_locations(cafile=ca_file)
-    if cert_file is not None:
-        context.load_cert_chain(certfile=cert_file, keyfile=key_file)
-    return context
-
-
-# Helpers
 
 
 def _build_ca_certificate(
@@ -631,33 +427,6 @@ def _aware_utc(now: datetime | None) -> datetime:
     return now.astimezone(UTC)
 
 
-def _atomic_write(path: Path, data: bytes, *, mode: int) -> None:
-    """Write ``data`` to ``path`` via a temporary file and ``os.replace``, with ``mode`` from the start."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # mkstemp creates the file 0600, so a key is never briefly world-readable.
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as tmp:
-            os.fchmod(tmp.fileno(), mode)
-            tmp.write(data)
-            tmp.flush()
-            os.fsync(tmp.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_name)
-        raise
-    _fsync_directory(path.parent)
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 @contextlib.contextmanager
 def _exclusive_lock(lock_path: Path) -> Iterator[None]:
     with open(lock_path, "a") as lock_file:
@@ -668,16 +437,7 @@ def _exclusive_lock(lock_path: Path) -> Iterator[None]:
             fcntl.flock(lock_file.fileno(), fcntl.LOCK_UN)
 
 
-def serial_hex_from_der(der: bytes | None) -> str:
-    """Return a DER certificate's serial as 40 lowercase hex digits, like ``IssuedCertificate.serial_hex``.
-
-    This is the form revocations are recorded in (``shared.registry``). ``None`` (the
-    peer sent no certificate) and bytes that are not a certificate raise ``Unauthorized``.
-    """
-    if der is None:
-        raise Unauthorized("peer presented no certificate", code="bad_certificate")
-    try:
-        cert = x509.load_der_x509_certificate(der)
-    except ValueError as exc:
-        raise Unauthorized(f"peer certificate is not valid DER: {exc}", code="bad_certificate") from exc
-    return f"{cert.serial_number:040x}"
+__all__ = [
+    "CA_CERT_FILENAME", "CA_KEY_FILENAME", "CLOCK_SKEW", "MAX_CSR_BYTES", "MIN_EC_KEY_BITS", "MIN_RSA_KEY_BITS",
+    "CertificateAuthority", "IssuedCertificate",
+]  # fmt: skip
