@@ -75,13 +75,7 @@ def host_id_from_der(der: bytes | None) -> str:
     ``None`` (the peer sent no certificate) raises ``Unauthorized``, so callers can
     pass ``getpeercert``'s result straight in.
     """
-    if der is None:
-        raise Unauthorized("peer presented no certificate", code="bad_certificate")
-    try:
-        cert = x509.load_der_x509_certificate(der)
-    except ValueError as exc:
-        raise Unauthorized(f"peer certificate is not valid DER: {exc}", code="bad_certificate") from exc
-    return host_id_from_certificate(cert)
+    return host_id_from_certificate(_peer_certificate(der))
 
 
 def serial_hex_from_der(der: bytes | None) -> str:
@@ -90,13 +84,18 @@ def serial_hex_from_der(der: bytes | None) -> str:
     This is the form revocations are recorded in (``shared.registry``). ``None`` (the
     peer sent no certificate) and bytes that are not a certificate raise ``Unauthorized``.
     """
+    return f"{_peer_certificate(der).serial_number:040x}"
+
+
+def _peer_certificate(der: bytes | None) -> x509.Certificate:
+    """A peer's DER certificate parsed; ``Unauthorized`` when there is none or it does not parse."""
     if der is None:
         raise Unauthorized("peer presented no certificate", code="bad_certificate")
     try:
         cert = x509.load_der_x509_certificate(der)
     except ValueError as exc:
         raise Unauthorized(f"peer certificate is not valid DER: {exc}", code="bad_certificate") from exc
-    return f"{cert.serial_number:040x}"
+    return cert
 
 
 __all__ = [
