@@ -113,6 +113,8 @@ class Supervisor:
 
     async def stop(self) -> None:
         """Stop every loop in reverse start order: cancel, wait up to ``stop_timeout``, log."""
+        if self._tasks:
+            log.info("stopping background loops: %s", ", ".join(reversed(self._tasks)))
         try:
             while self._tasks:
                 name, task = self._tasks.popitem()  # the last started first
