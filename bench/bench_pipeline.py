@@ -91,13 +91,16 @@ from access.relay import Relay
 from agent.gpu.sim import SimulatedBackend
 from agent.hostfacts import collect_host_facts
 from master.app import close_master, open_master
+from master.background.commands import command_resender
+from master.background.heartbeats import heartbeat_monitor
+from master.background.revocations import revocation_publisher
 from master.context import Master
 from master.models import Host as HostRow
 from master.models import HostEvent, TelemetrySample
 from master.services import enrollment
 from master.services.accounts import create_account
 from master.telemetry.ingest import GROUP as INGEST_GROUP
-from master.telemetry.ingest import Ingestor, command_resender, heartbeat_monitor, revocation_publisher
+from master.telemetry.ingest import Ingestor
 from shared import protocol
 from shared.bus import InProcessBus
 from shared.crypto import (

@@ -1,8 +1,8 @@
 """Billing's periodic work: plain async functions over the database, and their schedule.
 
 Each job takes ``(db, settings, now)`` — no bus, no HTTP — so the same function runs in a
-master process (embedded mode and standalone masters: ``billing_loop``, one master at a time
-under a lease) or in a Celery worker (``billing/tasks.py``: thin wrappers). Commands a job
+master process (embedded mode and standalone masters: ``master.background.billing``, one master
+at a time under a lease) or in a Celery worker (``billing/tasks.py``: thin wrappers). Commands a job
 creates (stopping a rental) are written as pending rows; the master's command resender
 delivers them.
 """
@@ -18,7 +18,6 @@ from typing import Any
 from billing.enforce import enforcement_pass
 from billing.payouts import payout_pass
 from billing.rating import RatingPolicy, rate_open_rentals
-from master.context import Master
 from master.db import Database
 from shared.settings import MasterSettings
 
@@ -46,13 +45,3 @@ JOBS: dict[str, Job] = {
     "enforce": Job("enforce", enforcement_pass, lambda s: s.billing_interval),
     "payouts": Job("payouts", lambda db, settings, now: payout_pass(db, settings, now), lambda s: s.payout_interval),
 }
-
-
-async def billing_loop(master: Master, job: Job) -> None:
-    """Run ``job`` in this master every period, under the lease ``billing-<name>`` (one master at a time)."""
-    from master.services.leases import run_leased
-
-    async def work() -> None:
-        await job.run(master.db, master.settings, master.clock.now())
-
-    await run_leased(master, f"billing-{job.name}", every=job.every(master.settings), work=work)

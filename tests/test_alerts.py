@@ -25,11 +25,13 @@ from sqlalchemy import select
 
 from master.api.base import API
 from master.app import create_app
+from master.background.alerts import alert_loop
 from master.context import Master
 from master.models import Alert, AlertNotification, Host, Rental
-from master.services import alerts, hosts
+from master.services import hosts
 from master.services.accounts import Principal
-from master.services.alerts import Condition, evaluate
+from master.services.alerts import delivery, rules
+from master.services.alerts.rules import Condition, evaluate
 from master.services.hoststate import transition
 from master.telemetry.ingest import GROUP
 from shared import protocol
@@ -469,11 +471,11 @@ class TestLifecycle:
         host_id, _ = await fleet.host()
         condition = Condition(rule="host_faulty", key=f"host_faulty:{host_id}", severity="critical", summary="x", host_id=host_id)
         async with fleet.master.db.session() as session:
-            first = await alerts.reconcile(session, [condition], now=fleet.t0)
+            first = await rules.reconcile(session, [condition], now=fleet.t0)
         # This pass does not see the open alert (as with a commit that landed after its read),
         # so it tries to open the same key again.
         async with fleet.master.db.session() as session:
-            second = await alerts.reconcile(session, [condition, dataclasses.replace(condition, key="other")],
+            second = await rules.reconcile(session, [condition, dataclasses.replace(condition, key="other")],
                                             now=fleet.at(1), skipped_rules=("host_faulty",))
         assert (first.raised, second.raised) == (1, 1)
         assert [a.key for a in await fleet.alerts("host_faulty")] == [f"host_faulty:{host_id}", "other"]
@@ -510,19 +512,19 @@ class TestWebhook:
         await evaluate(fleet.master, now=fleet.t0)
         [queued] = await fleet.notifications()
 
-        assert await alerts.deliver_due(fleet.master, http, now=fleet.t0) == 0
+        assert await delivery.deliver_due(fleet.master, http, now=fleet.t0) == 0
         row = await fleet.notification(queued.id)
         assert (row.attempts, row.next_attempt_at, row.delivered_at) == (1, fleet.at(2), None)
         assert row.last_error and ("HTTP 500" in row.last_error if mode == "status_500" else "Disconnected" in row.last_error)
 
-        assert await alerts.deliver_due(fleet.master, http, now=fleet.at(1)) == 0  # not due yet: no request
+        assert await delivery.deliver_due(fleet.master, http, now=fleet.at(1)) == 0  # not due yet: no request
         assert len(hook.requests) == 1
 
-        assert await alerts.deliver_due(fleet.master, http, now=fleet.at(2)) == 0
+        assert await delivery.deliver_due(fleet.master, http, now=fleet.at(2)) == 0
         row = await fleet.notification(queued.id)
         assert (row.attempts, row.next_attempt_at) == (2, fleet.at(2 + 4))
 
-        assert await alerts.deliver_due(fleet.master, http, now=fleet.at(6)) == 1
+        assert await delivery.deliver_due(fleet.master, http, now=fleet.at(6)) == 1
         row = await fleet.notification(queued.id)
         assert (row.attempts, row.delivered_at, row.last_error, row.gave_up_at) == (3, fleet.at(6), None, None)
         assert {r.headers["Idempotency-Key"] for r in hook.requests} == {f"alert-notification-{queued.id}"}
@@ -532,7 +534,7 @@ class TestWebhook:
         assert accepted.body["alert"]["severity"] == "critical"
         assert accepted.body["alert"]["state"] == "firing"
 
-        assert await alerts.deliver_due(fleet.master, http, now=fleet.at(3600)) == 0  # delivered once
+        assert await delivery.deliver_due(fleet.master, http, now=fleet.at(3600)) == 0  # delivered once
         assert len(hook.requests) == 3
 
     async def test_gives_up_after_max_attempts(self, fleet: Fleet, webhook_factory: Any, http: aiohttp.ClientSession) -> None:
@@ -542,11 +544,11 @@ class TestWebhook:
         await evaluate(fleet.master, now=fleet.t0)
         [queued] = await fleet.notifications()
         for seconds in (0, 2, 6):
-            await alerts.deliver_due(fleet.master, http, now=fleet.at(seconds))
+            await delivery.deliver_due(fleet.master, http, now=fleet.at(seconds))
         row = await fleet.notification(queued.id)
         assert (row.attempts, row.gave_up_at, row.delivered_at) == (3, fleet.at(6), None)
         assert row.last_error is not None and "HTTP 500" in row.last_error
-        await alerts.deliver_due(fleet.master, http, now=fleet.at(3600))
+        await delivery.deliver_due(fleet.master, http, now=fleet.at(3600))
         assert len(hook.requests) == 3
 
     async def test_an_alerts_events_arrive_in_order(self, fleet: Fleet, webhook_factory: Any, http: aiohttp.ClientSession) -> None:
@@ -554,15 +556,15 @@ class TestWebhook:
         hook: Webhook = await webhook_factory(fail_first=1)
         fleet = await webhook_fleet(fleet, hook.url)
         await evaluate(fleet.master, now=fleet.t0)
-        await alerts.deliver_due(fleet.master, http, now=fleet.t0)  # firing fails, retried at t0+2
+        await delivery.deliver_due(fleet.master, http, now=fleet.t0)  # firing fails, retried at t0+2
         [host] = [a.host_id for a in await fleet.alerts("host_faulty")]
         assert host is not None
         await fleet.set_state(host, "online")
         await evaluate(fleet.master, now=fleet.at(1))  # resolved, due at once
-        assert await alerts.deliver_due(fleet.master, http, now=fleet.at(1)) == 0
+        assert await delivery.deliver_due(fleet.master, http, now=fleet.at(1)) == 0
         assert len(hook.requests) == 1
-        assert await alerts.deliver_due(fleet.master, http, now=fleet.at(2)) == 1  # the firing one
-        assert await alerts.deliver_due(fleet.master, http, now=fleet.at(2)) == 1  # then the resolved one
+        assert await delivery.deliver_due(fleet.master, http, now=fleet.at(2)) == 1  # the firing one
+        assert await delivery.deliver_due(fleet.master, http, now=fleet.at(2)) == 1  # then the resolved one
         assert [d.body["event"] for d in hook.accepted] == ["firing", "resolved"]
 
     async def test_a_webhook_that_does_not_answer_times_out(
@@ -573,7 +575,7 @@ class TestWebhook:
         fleet = await webhook_fleet(fleet, hook.url, alert_webhook_timeout=100 * MS)
         await evaluate(fleet.master, now=fleet.t0)
         [queued] = await fleet.notifications()
-        assert await alerts.deliver_due(fleet.master, http, now=fleet.t0) == 0
+        assert await delivery.deliver_due(fleet.master, http, now=fleet.t0) == 0
         row = await fleet.notification(queued.id)
         assert row.attempts == 1 and row.last_error is not None and "no response within" in row.last_error
 
@@ -583,7 +585,7 @@ class TestWebhook:
         await fleet.set_state(host_id, "faulty")
         assert (await evaluate(fleet.master, now=fleet.t0)).raised == 1
         assert await fleet.notifications() == []
-        assert await alerts.deliver_due(fleet.master, http, now=fleet.t0) == 0
+        assert await delivery.deliver_due(fleet.master, http, now=fleet.t0) == 0
 
     async def test_the_loop_evaluates_and_delivers(self, fleet: Fleet, webhook_factory: Any) -> None:
         """alert_loop, as the app runs it, raises the alert and posts it to the webhook."""
@@ -593,7 +595,7 @@ class TestWebhook:
         async def delivered() -> list[Delivery]:
             return hook.accepted
 
-        task = asyncio.create_task(alerts.alert_loop(fleet.master))
+        task = asyncio.create_task(alert_loop(fleet.master))
         try:
             await eventually(delivered, what="a delivered notification")
         finally:

@@ -14,11 +14,12 @@ import pytest
 from sqlalchemy import func, select
 
 from master.app import close_master, open_master
+from master.background.heartbeats import ingested_until, sweep
 from master.context import Master
 from master.models import Command, Gpu, Host, Rental, TelemetrySample
 from master.services import hosts, rentals
 from master.services.accounts import Principal
-from master.telemetry.ingest import GROUP, Ingestor, ingested_until, sweep
+from master.telemetry.ingest import GROUP, Ingestor
 from shared import protocol
 from shared.bus import BusMessage, InProcessBus, open_bus
 from tests.factories import command_result, create_principal, gpu_info, master_settings, online_host

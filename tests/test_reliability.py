@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from master.background.scoring import scoring_loop
 from master.context import Master
 from master.models import Command as CommandRow
 from master.models import Gpu, GpuEvent, Host, HostEvent, Rental
@@ -315,7 +316,7 @@ class TestRescoringTheFleet:
                 host = await session.get(Host, host_id)
                 return host is not None and host.reliability_at is not None
 
-        task = asyncio.create_task(reliability.scoring_loop(master, every=20 * MS))
+        task = asyncio.create_task(scoring_loop(master, every=20 * MS))
         try:
             await eventually(scored, what="the host to be scored")
         finally:

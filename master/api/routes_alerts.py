@@ -1,4 +1,4 @@
-"""``/api/v1/alerts``: open and resolved alerts (see ``master/services/alerts.py``).
+"""``/api/v1/alerts``: open and resolved alerts (see ``master/services/alerts/``).
 
 Admins see every alert; providers see the alerts on their own hosts; renters are refused.
 """
@@ -12,7 +12,7 @@ from aiohttp import web
 from master.api.base import PAGING, QueryParam, Route, listing, page, str_query
 from master.api.keys import MASTER
 from master.api.middleware import principal
-from master.services import alerts
+from master.services.alerts import views as alerts
 from shared.errors import BadRequest
 
 _STATES = ("firing", "resolved", "all")

@@ -48,7 +48,6 @@ from master.context import Master
 from master.models import Command as CommandRow
 from master.models import Gpu, GpuEvent, Host, HostEvent, Rental
 from master.services import faults
-from master.services.leases import run_leased
 from master.services.tiers import classify
 from shared.errors import ValidationFailed
 
@@ -64,7 +63,6 @@ FAULT_FACTOR = 0.97
 FAULT_FACTOR_FLOOR = 0.5
 FORMULA = "score = uptime.fraction × rentals.factor × faults.factor"
 
-SCORING_LEASE = "host-scoring"
 SCORING_CHUNK = 200
 
 # Failure reasons that are the renter's doing (see master.services.rentals): the workload ran
@@ -371,19 +369,6 @@ async def rescore_all(master: Master, *, now: datetime | None = None, chunk: int
         if len(hosts) < chunk:
             break
     return scored
-
-
-async def scoring_loop(master: Master, *, every: float | None = None) -> None:
-    """Re-score every host each ``reliability_interval`` while this master holds the lease. Cancel to stop.
-
-    Several masters may run it; the ``host-scoring`` lease lets one score at a time.
-    """
-
-    async def work() -> None:
-        n = await rescore_all(master)
-        log.info("re-scored %d host(s)", n)
-
-    await run_leased(master, SCORING_LEASE, every=every or master.settings.reliability_interval, work=work)
 
 
 # ---- views ---------------------------------------------------------------------------

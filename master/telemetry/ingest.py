@@ -8,18 +8,18 @@ transaction with multi-row inserts; other messages one per transaction. Handlers
 idempotent and samples are de-duplicated by ``(host, seq)``, so redelivery is harmless.
 A message that keeps failing on a database that answers is parked in ``agent-events:dead``;
 while the database does not answer nothing is parked, however often it is delivered.
+``master.background.ingest`` runs the consumer in every master process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import text
 
 from master.context import Master
-from master.services import commands, enrollment, hosts, leases, rentals
+from master.services import commands, enrollment, hosts
 from shared import protocol
 from shared.bus import BusMessage
 from shared.errors import BusError, ProtocolError
@@ -222,81 +222,3 @@ class Ingestor:
         if resend:
             await commands.publish(master, resend)
 
-
-SWEEPER_LEASE = "heartbeat-sweeper"
-
-
-async def ingested_until(master: Master) -> datetime:
-    """The time up to which every agent message published has been applied (now, if caught up).
-
-    Bus ids carry their publish time; everything published before the oldest unfinished
-    message is in the database, so silence before that moment is real silence.
-    """
-    now = master.clock.now()
-    backlog = await master.bus.backlog(protocol.AGENT_EVENTS_STREAM, GROUP)
-    if backlog.oldest_published_at is None:
-        return now
-    return min(now, datetime.fromtimestamp(backlog.oldest_published_at, UTC))
-
-
-async def sweep(master: Master) -> tuple[list[str], list[str]]:
-    """One pass of the heartbeat monitor; returns (hosts marked offline, rentals failed as host lost).
-
-    Judged against ``ingested_until``, not the wall clock: a master whose ingestion lags
-    does not mistake its own backlog for silent hosts.
-    """
-    settings = master.settings
-    deadline = timedelta(seconds=settings.heartbeat_interval * settings.missed_heartbeats_offline)
-    horizon = await ingested_until(master)
-    lag = (master.clock.now() - horizon).total_seconds()
-    if lag > settings.heartbeat_interval:
-        log.warning("ingestion lags %.1fs behind; judging host silence as of %s", lag, horizon.isoformat())
-    async with master.db.session() as session:
-        gone = await hosts.mark_silent_hosts_offline(session, now=horizon, deadline=deadline, changed_at=master.clock.now())
-    if gone:
-        log.warning("hosts offline after %gs of silence: %s", deadline.total_seconds(), ", ".join(gone))
-    async with master.db.session() as session:
-        lost = await rentals.fail_rentals_of_lost_hosts(
-            session, now=horizon, grace=timedelta(seconds=settings.rental_grace_period)
-        )
-    for rental_id in lost:
-        try:
-            await rentals.replace_lost(master, rental_id)
-        except Exception:
-            log.exception("placing lost rental %s again failed", rental_id)
-    return gone, lost
-
-
-async def heartbeat_monitor(master: Master, *, every: float | None = None) -> None:
-    """Mark silent hosts offline, and fail the rentals of hosts lost past the grace period. Cancel to stop.
-
-    Several masters may run this; the ``heartbeat-sweeper`` lease makes one sweep at a time.
-    """
-
-    async def work() -> None:
-        await sweep(master)
-
-    await leases.run_leased(master, SWEEPER_LEASE, every=every or master.settings.heartbeat_interval / 2, work=work)
-
-
-async def revocation_publisher(master: Master, *, every: float = 30.0) -> None:
-    """Re-publish revoked certificate serials from the database to the registry. Cancel to stop."""
-    while True:
-        try:
-            await enrollment.publish_revocations(master)
-        except Exception:
-            log.exception("publishing revocations failed; retrying next interval")
-        await asyncio.sleep(every)
-
-
-async def command_resender(master: Master, *, every: float | None = None) -> None:
-    """Resend commands no agent has answered within ``command_retry_interval``. Cancel to stop."""
-    while True:
-        await asyncio.sleep(every or master.settings.command_retry_interval / 2)
-        try:
-            due = await commands.due_for_resend(master, master.clock.now())
-            if due:
-                log.info("resending %d unanswered command(s)", len(due))
-                await commands.publish(master, due)
-        except Exception:
-            log.exception("command resend pass failed; retrying next interval")

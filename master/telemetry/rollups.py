@@ -4,7 +4,8 @@ A roll-up pass folds each raw ``telemetry`` row, exactly once, into per-GPU 1-mi
 1-hour buckets (``telemetry_rollups``: counts, sums and maxima, so a late sample folds in
 exactly) and flips the row's ``rolled`` flag in the same transaction. The retention pass then
 deletes rolled raw rows past ``raw_retention_hours`` and buckets past their own retention.
-One master at a time runs both, under the ``telemetry-maintenance`` lease.
+One master at a time runs both, under the ``telemetry-maintenance`` lease
+(``master.background.telemetry``).
 """
 
 from __future__ import annotations
@@ -20,14 +21,12 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
 from master.models import TelemetryRollup, TelemetrySample
-from master.services import leases
 from master.telemetry.store import HOUR, MINUTE, bucket_start
 
 log = logging.getLogger(__name__)
 
 ROLLUP_CHUNK = 2000  # raw rows folded per transaction
 DELETE_CHUNK = 5000  # rows deleted per statement, so retention never holds long locks
-MAINTENANCE_LEASE = "telemetry-maintenance"
 
 # ---- roll-ups ---------------------------------------------------------------------------
 
@@ -197,15 +196,3 @@ async def expire(master: Master, *, now: datetime | None = None) -> dict[str, in
     if any(deleted.values()):
         log.info("telemetry retention deleted %s", ", ".join(f"{n} {kind}" for kind, n in deleted.items() if n))
     return deleted
-
-
-async def maintenance_loop(master: Master) -> None:
-    """Roll up and expire telemetry every ``rollup_interval`` under a lease. Cancel to stop."""
-
-    async def work() -> None:
-        await rollup(master)
-        await expire(master)
-
-    await leases.run_leased(master, MAINTENANCE_LEASE, every=master.settings.rollup_interval, work=work)
-
-

@@ -1,4 +1,4 @@
-"""Alerts: rules over the fleet's state raise alert records, deduplicated, resolved, and sent to a webhook.
+"""Alert rules: the conditions that hold now, and reconciling them with the open alerts.
 
 Evaluation is level-triggered and idempotent: each pass computes the set of conditions that
 hold *now* (from the database, the bus backlog and the relay registry) and reconciles it with
@@ -11,52 +11,40 @@ fires and is NULL once it is resolved, under a unique constraint, so two evaluat
 open the same alert twice. A condition that comes back after being resolved opens a new alert.
 
 Every change an operator should hear about (``firing``, ``escalated``, ``resolved``) is written,
-in the same transaction, to the ``alert_notifications`` outbox; ``deliver_due`` POSTs it to the
-webhook later, with retries and back-off, never holding a database session across the request.
-Notifications are queued only while ``alert_webhook_url`` is set: the alerts themselves are the
-history, and turning a webhook on later does not replay months of old changes into it.
-
-This module owns the rules, the reconciliation, the webhook delivery and the views the API
-shows. It imports models and services, never the API.
+in the same transaction, to the ``alert_notifications`` outbox, which ``delivery`` posts to the
+webhook. Notifications are queued only while ``alert_webhook_url`` is set: the alerts themselves
+are the history, and turning a webhook on later does not replay months of old changes into it.
+The loop that runs a pass every ``alert_interval`` is ``master.background.alerts``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, Literal, TypeVar, get_args
+from typing import Any, TypeVar
 
-import aiohttp
-from sqlalchemy import JSON, Select, and_, column, exists, func, or_, select, true
+from sqlalchemy import JSON, Select, and_, column, func, or_, select, true
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import aliased
 
 from master.context import Master
 from master.models import Alert, AlertNotification, GpuEvent, Host, Rental
-from master.services import leases, rentals
-from master.services.accounts import Principal
+from master.services import rentals
+from master.services.alerts.views import Severity, alert_view
 from master.services.faults import FAULT_XIDS
 from master.telemetry import ingest
 from shared import protocol
 from shared.bus import Backlog
-from shared.errors import NotFound
 from shared.ids import new_id
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-Severity = Literal["critical", "warning", "info"]
-SEVERITIES: tuple[Severity, ...] = get_args(Severity)
 _RANK: dict[str, int] = {"info": 0, "warning": 1, "critical": 2}
-
-RULES = ("xid", "ecc", "temperature", "host_offline", "host_faulty", "ingestion_lag", "relay_dead")
-ALERT_STATES = ("firing", "resolved")
 
 # XIDs that point at the GPU, its memory or its links rather than at the program running on it
 # (NVIDIA's "XID errors" guide): 48 double-bit ECC error, 61/62 internal micro-controller
@@ -80,7 +68,6 @@ REPORTING_STATES = ("online", "rented", "draining")
 # relay_dead looks at relays hosts spoke through this recently.
 RELAY_MEMORY = timedelta(hours=24)
 
-ALERT_LEASE = "alert-evaluator"
 
 
 # ---- conditions ---------------------------------------------------------------------------
@@ -576,237 +563,3 @@ async def _open(session: AsyncSession, conditions: Sequence[Condition], now: dat
         opened.append(alert)
     return opened
 
-
-# ---- views and queries --------------------------------------------------------------------
-
-
-def alert_view(alert: Alert) -> dict[str, Any]:
-    """An alert as the API and the webhook show it."""
-    return {
-        "id": alert.id,
-        "rule": alert.rule,
-        "key": alert.key,
-        "severity": alert.severity,
-        "state": alert.state,
-        "host_id": alert.host_id,
-        "relay_id": alert.relay_id,
-        "summary": alert.summary,
-        "details": alert.details,
-        "raised_at": alert.raised_at.isoformat(),
-        "last_seen_at": alert.last_seen_at.isoformat(),
-        "resolved_at": alert.resolved_at.isoformat() if alert.resolved_at else None,
-        "occurrences": alert.occurrences,
-    }
-
-
-@dataclass(frozen=True)
-class AlertFilter:
-    """What ``GET /alerts`` asked for; values are checked by the API before they get here."""
-
-    state: Literal["firing", "resolved", "all"] = "firing"
-    severity: str | None = None
-    rule: str | None = None
-    host_id: str | None = None
-
-
-def _visible(query: Select[Alert], principal: Principal) -> Select[Alert]:
-    """Admins see every alert; a provider sees those on its own hosts (never fleet-wide ones)."""
-    principal.require("provider")
-    if principal.role == "admin":
-        return query
-    return query.join(Host, Host.id == Alert.host_id).where(Host.owner_id == principal.account_id)
-
-
-async def list_alerts(
-    session: AsyncSession, principal: Principal, wanted: AlertFilter, *, limit: int, offset: int
-) -> tuple[list[dict[str, Any]], int]:
-    """Alerts the principal may see that match ``wanted``, newest first, and how many match in all."""
-    query = _visible(select(Alert), principal)
-    if wanted.state != "all":
-        query = query.where(Alert.state == wanted.state)
-    if wanted.severity is not None:
-        query = query.where(Alert.severity == wanted.severity)
-    if wanted.rule is not None:
-        query = query.where(Alert.rule == wanted.rule)
-    if wanted.host_id is not None:
-        query = query.where(Alert.host_id == wanted.host_id)
-    total = await session.scalar(select(func.count()).select_from(query.subquery())) or 0
-    rows = await session.scalars(query.order_by(Alert.raised_at.desc(), Alert.id.desc()).limit(limit).offset(offset))
-    return [alert_view(a) for a in rows.all()], total
-
-
-async def get_alert(session: AsyncSession, principal: Principal, alert_id: str) -> dict[str, Any]:
-    """One alert; 404 when it does not exist or is not the principal's to see."""
-    alert = await session.scalar(_visible(select(Alert), principal).where(Alert.id == alert_id))
-    if alert is None:
-        raise NotFound(f"no alert {alert_id!r}", code="alert_not_found")
-    return alert_view(alert)
-
-
-# ---- webhook delivery ---------------------------------------------------------------------
-
-# Bytes of a refusing webhook's answer kept in ``last_error``.
-_ERROR_BODY_BYTES = 200
-# Longest wait between two delivery attempts of one notification, in seconds.
-MAX_BACKOFF_S = 300.0
-
-
-def backoff(attempts: int) -> float:
-    """Seconds before the next try after ``attempts`` failed ones: 2, 4, 8, … capped at 5 minutes.
-
-    No jitter: only the lease holder delivers, so there is no herd of senders to spread out.
-    """
-    return min(2.0 ** attempts, MAX_BACKOFF_S)
-
-
-@dataclass(frozen=True)
-class _Due:
-    id: int
-    payload: dict[str, Any]
-
-    @property
-    def idempotency_key(self) -> str:
-        return f"alert-notification-{self.id}"
-
-
-async def _claim_due(master: Master, *, now: datetime, batch: int, hold: timedelta) -> list[_Due]:
-    """Take up to ``batch`` due notifications, oldest first, and push their next attempt past ``hold``.
-
-    A notification waits while an older one of the same alert is still undelivered, so a
-    receiver gets each alert's events in order (never ``resolved`` before its ``firing``). The
-    claim is what keeps a second master from posting the same rows meanwhile; should this
-    process die mid-delivery, they become due again after ``hold``.
-    """
-    older = aliased(AlertNotification)
-    older_pending = exists().where(
-        older.alert_id == AlertNotification.alert_id,
-        older.id < AlertNotification.id,
-        older.delivered_at.is_(None),
-        older.gave_up_at.is_(None),
-    )
-    async with master.db.session() as session:
-        rows = (
-            await session.scalars(
-                select(AlertNotification)
-                .where(
-                    AlertNotification.delivered_at.is_(None),
-                    AlertNotification.gave_up_at.is_(None),
-                    AlertNotification.next_attempt_at <= now,
-                    ~older_pending,
-                )
-                .order_by(AlertNotification.id)
-                .limit(batch)
-                .with_for_update(skip_locked=True)
-            )
-        ).all()
-        for row in rows:
-            row.next_attempt_at = now + hold
-        return [_Due(id=row.id, payload=dict(row.payload)) for row in rows]
-
-
-async def _post(http: aiohttp.ClientSession, url: str, due: _Due, *, timeout: float) -> str | None:
-    """POST one notification; returns None when the webhook took it (2xx), else what went wrong."""
-    try:
-        async with http.post(
-            url,
-            json=due.payload,
-            headers={"Idempotency-Key": due.idempotency_key},
-            timeout=aiohttp.ClientTimeout(total=timeout),
-            allow_redirects=False,
-        ) as response:
-            if 200 <= response.status < 300:
-                return None
-            text = (await response.content.read(_ERROR_BODY_BYTES)).decode("utf-8", "replace").strip()
-            return f"HTTP {response.status}" + (f": {text}" if text else "")
-    except TimeoutError:
-        return f"no response within {timeout:g}s"
-    except aiohttp.ClientError as exc:
-        return f"{type(exc).__name__}: {exc}"
-
-
-async def deliver_due(
-    master: Master,
-    http: aiohttp.ClientSession,
-    *,
-    now: datetime | None = None,
-    batch: int = 100,
-    concurrency: int = 8,
-) -> int:
-    """POST due notifications to ``alert_webhook_url``; returns how many the webhook accepted.
-
-    Each is sent as JSON ``{"event": ..., "alert": {...}}`` with ``Idempotency-Key:
-    alert-notification-<id>`` (a retry after a lost answer repeats the key, so the receiver can
-    drop the duplicate), at most ``concurrency`` at a time, each within
-    ``alert_webhook_timeout``. A failure is retried after ``backoff(attempts)`` seconds, and
-    given up (logged as an error) after ``alert_webhook_max_attempts`` tries. No database
-    session is open while posting. Cancelling is safe: claimed notifications are retried once
-    their claim runs out (possibly a second time for the receiver, under the same key).
-    """
-    settings = master.settings
-    url = settings.alert_webhook_url
-    if url is None:
-        return 0
-    started = now or master.clock.now()
-    timeout = settings.alert_webhook_timeout
-    hold = timedelta(seconds=timeout * (math.ceil(batch / concurrency) + 1))
-    claimed = await _claim_due(master, now=started, batch=batch, hold=hold)
-    if not claimed:
-        return 0
-    limiter = asyncio.Semaphore(concurrency)
-
-    async def send(due: _Due) -> str | None:
-        async with limiter:
-            return await _post(http, url, due, timeout=timeout)
-
-    errors = await asyncio.gather(*(send(due) for due in claimed))
-    return await _record_attempts(master, list(zip(claimed, errors, strict=True)), at=now or master.clock.now())
-
-
-async def _record_attempts(master: Master, outcomes: Sequence[tuple[_Due, str | None]], *, at: datetime) -> int:
-    max_attempts = master.settings.alert_webhook_max_attempts
-    delivered = 0
-    async with master.db.session() as session:
-        ids = [due.id for due, _ in outcomes]
-        rows = {r.id: r for r in (await session.scalars(select(AlertNotification).where(AlertNotification.id.in_(ids)))).all()}
-        for due, error in outcomes:
-            row = rows.get(due.id)
-            if row is None or row.delivered_at is not None or row.gave_up_at is not None:
-                continue  # deleted with its host meanwhile, or settled by another master after our claim ran out
-            row.attempts += 1
-            if error is None:
-                row.delivered_at, row.last_error = at, None
-                delivered += 1
-                continue
-            row.last_error = error[:1000]
-            if row.attempts >= max_attempts:
-                row.gave_up_at = at
-                log.error("alert webhook: gave up on notification %d (%s of alert %s) after %d attempts; last error: %s",
-                          row.id, row.event, row.alert_id, row.attempts, error)
-            else:
-                row.next_attempt_at = at + timedelta(seconds=backoff(row.attempts))
-                log.warning("alert webhook: notification %d failed (attempt %d of %d, next in %gs): %s",
-                            row.id, row.attempts, max_attempts, backoff(row.attempts), error)
-    return delivered
-
-
-# ---- the loop -----------------------------------------------------------------------------
-
-
-async def alert_loop(master: Master, *, every: float | None = None) -> None:
-    """Evaluate the rules and deliver the webhook every ``alert_interval`` seconds. Cancel to stop.
-
-    Several masters may run it; the ``alert-evaluator`` lease lets one work at a time. One HTTP
-    client session serves the loop's whole life. Cancelling is safe: an evaluation rolls back,
-    and notifications being posted are retried later under the same idempotency key.
-    """
-    interval = every or master.settings.alert_interval
-    async with aiohttp.ClientSession(headers={"User-Agent": "gpumarket-alerts"}) as http:
-
-        async def tick() -> None:
-            result = await evaluate(master)
-            if result.changed:
-                log.info("alerts: %d raised, %d escalated, %d resolved, %d still firing",
-                         result.raised, result.escalated, result.resolved, result.updated)
-            await deliver_due(master, http)
-
-        await leases.run_leased(master, ALERT_LEASE, every=interval, work=tick)

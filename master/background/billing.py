@@ -1,0 +1,25 @@
+"""Billing in the master: each of ``billing.jobs.JOBS`` run periodically while ``billing_in_process``.
+
+One master at a time per job, under the lease ``billing-<job>``. The jobs themselves are
+``billing.jobs``' plain functions of ``(db, settings, now)``, which Celery workers run instead
+when ``billing_in_process`` is off.
+"""
+
+from __future__ import annotations
+
+from billing.jobs import Job
+from master.context import Master
+from master.services import leases
+
+
+async def billing_loop(master: Master, job: Job) -> None:
+    """Run ``job`` in this master every period, under the lease ``billing-<name>``. Cancel to stop.
+
+    Cancelling is safe: every posting carries an idempotency key, so a job cut short is simply
+    run again (and completed) next period, here or on another master.
+    """
+
+    async def work() -> None:
+        await job.run(master.db, master.settings, master.clock.now())
+
+    await leases.run_leased(master, f"billing-{job.name}", every=job.every(master.settings), work=work)

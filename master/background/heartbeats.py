@@ -1,0 +1,76 @@
+"""The heartbeat monitor: hosts silent too long go offline; rentals of hosts lost past the grace fail.
+
+A sweep (every half ``heartbeat_interval``, one master at a time under the ``heartbeat-sweeper``
+lease) marks hosts silent for ``missed_heartbeats_offline`` × ``heartbeat_interval`` offline,
+fails the rentals of hosts offline past ``rental_grace_period`` as *host lost*, and places those
+that asked for it again. Silence is judged as of ``ingested_until``, not the wall clock.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+
+from master.context import Master
+from master.services import hosts, leases, rentals
+from master.telemetry.ingest import GROUP
+from shared import protocol
+
+log = logging.getLogger(__name__)
+
+SWEEPER_LEASE = "heartbeat-sweeper"
+
+
+async def ingested_until(master: Master) -> datetime:
+    """The time up to which every agent message published has been applied (now, if caught up).
+
+    Bus ids carry their publish time; everything published before the oldest unfinished
+    message is in the database, so silence before that moment is real silence.
+    """
+    now = master.clock.now()
+    backlog = await master.bus.backlog(protocol.AGENT_EVENTS_STREAM, GROUP)
+    if backlog.oldest_published_at is None:
+        return now
+    return min(now, datetime.fromtimestamp(backlog.oldest_published_at, UTC))
+
+
+async def sweep(master: Master) -> tuple[list[str], list[str]]:
+    """One pass of the heartbeat monitor; returns (hosts marked offline, rentals failed as host lost).
+
+    Judged against ``ingested_until``, not the wall clock: a master whose ingestion lags
+    does not mistake its own backlog for silent hosts.
+    """
+    settings = master.settings
+    deadline = timedelta(seconds=settings.heartbeat_interval * settings.missed_heartbeats_offline)
+    horizon = await ingested_until(master)
+    lag = (master.clock.now() - horizon).total_seconds()
+    if lag > settings.heartbeat_interval:
+        log.warning("ingestion lags %.1fs behind; judging host silence as of %s", lag, horizon.isoformat())
+    async with master.db.session() as session:
+        gone = await hosts.mark_silent_hosts_offline(session, now=horizon, deadline=deadline, changed_at=master.clock.now())
+    if gone:
+        log.warning("hosts offline after %gs of silence: %s", deadline.total_seconds(), ", ".join(gone))
+    async with master.db.session() as session:
+        lost = await rentals.fail_rentals_of_lost_hosts(
+            session, now=horizon, grace=timedelta(seconds=settings.rental_grace_period)
+        )
+    for rental_id in lost:
+        try:
+            await rentals.replace_lost(master, rental_id)
+        except Exception:
+            log.exception("placing lost rental %s again failed", rental_id)
+    return gone, lost
+
+
+async def heartbeat_monitor(master: Master, *, every: float | None = None) -> None:
+    """Mark silent hosts offline, and fail the rentals of hosts lost past the grace period. Cancel to stop.
+
+    Several masters may run this; the ``heartbeat-sweeper`` lease makes one sweep at a time.
+    Cancelling is safe: each sweep's transactions commit or roll back whole, and the lease is
+    released on the way out.
+    """
+
+    async def work() -> None:
+        await sweep(master)
+
+    await leases.run_leased(master, SWEEPER_LEASE, every=every or master.settings.heartbeat_interval / 2, work=work)

@@ -1,0 +1,26 @@
+"""The rental queue: queued rentals placed oldest first, those past ``queue_until`` failed.
+
+One master at a time, under the ``rental-queue`` lease, every ``queue_interval``. The pass
+itself is ``master.services.rentals.process_queue``.
+"""
+
+from __future__ import annotations
+
+from master.context import Master
+from master.services import leases, rentals
+
+QUEUE_LEASE = "rental-queue"
+
+
+async def queue_loop(master: Master) -> None:
+    """Place queued rentals every ``queue_interval`` under the ``rental-queue`` lease. Cancel to stop.
+
+    Cancelling is safe: each rental is placed (or failed) in its own transaction, so it is either
+    placed or still queued for the next pass; commands of a placement not yet published are sent
+    by the command resender.
+    """
+
+    async def work() -> None:
+        await rentals.process_queue(master)
+
+    await leases.run_leased(master, QUEUE_LEASE, every=master.settings.queue_interval, work=work)

@@ -1,0 +1,9 @@
+"""Alerts: rules raise alert records, deduplicated and resolved; a webhook hears of each change.
+
+Owns ``rules`` (conditions, evaluation, reconciling them with the open alerts, which queues
+notifications), ``delivery`` (posting the notification outbox to the webhook, with retries and
+back-off) and ``views`` (the alert's vocabulary and JSON shape, the API's list and get). May
+import ``master.services``, ``master.telemetry``, ``master.models``, ``master.context`` and
+``shared``; never ``master.api``, ``master.background``, ``billing`` or ``gpumarket``. The loop
+that runs them is ``master.background.alerts``.
+"""
