@@ -12,7 +12,8 @@ at their rate). Then:
   warning event (``low credit: …``), shown in its events.
 
 At placement, ``has_credit_for`` refuses a rental whose renter cannot pay for its minimum
-billing period (402 ``insufficient_credit``) when ``require_credit`` is on.
+billing period (402 ``insufficient_credit``) when ``require_credit`` is on; the master's
+placement reaches it through ``PrepaidCreditGate``, its ``master.context.CreditGate``.
 
 Stop commands are written as pending rows; the master's command resender delivers them (a
 Celery worker has no bus).
@@ -106,6 +107,15 @@ async def has_credit_for(session: AsyncSession, renter_id: str, price_per_gpu_ho
             f"your prepaid credit is {ledger.money(room)} USD; this rental needs at least {ledger.money(ledger.quantize(needed))} "
             "(its minimum billing period on top of what you run): top up your credit first"
         )
+
+
+class PrepaidCreditGate:
+    """The master's ``CreditGate``: the renter's prepaid credit and monthly spend cap, from the ledger."""
+
+    async def has_credit_for(
+        self, session: AsyncSession, renter_id: str, price_per_gpu_hour: Decimal, gpus: Decimal, *, min_period_s: int
+    ) -> None:
+        await has_credit_for(session, renter_id, price_per_gpu_hour, gpus, min_period_s=min_period_s)
 
 
 async def enforcement_pass(db: Database, settings: MasterSettings, now: datetime) -> dict[str, Any]:

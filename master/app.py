@@ -21,6 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from billing import jobs as billing_jobs
+from billing.enforce import PrepaidCreditGate
 from console.routes import add_console_routes
 from master.api.keys import MASTER
 from master.api.middleware import (
@@ -76,7 +77,7 @@ async def open_master(
     if registry is None:
         registry = await open_registry(settings.redis_url, prefix=settings.bus_prefix)
     return Master(
-        settings=settings, db=db, bus=bus, ca=ca, clock=clock or SystemClock(), instance_id=instance, registry=registry,
+        settings=settings, db=db, bus=bus, ca=ca, credit_gate=PrepaidCreditGate(), clock=clock or SystemClock(), instance_id=instance, registry=registry,
         placer=placer,
     )  # fmt: skip
 

@@ -43,7 +43,6 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from billing.enforce import has_credit_for
 from master.context import Master
 from master.models import Account, Gpu, Host, Rental, RentalEvent, RentalLogChunk
 from master.models import Command as CommandRow
@@ -530,7 +529,7 @@ async def _try_place(
         host, name, price = found.hosts[placement.node_id]
         if master.settings.require_credit:
             gpus = Decimal(request.gpu_count * request.share) / MILLI
-            await has_credit_for(session, rental.renter_id, price, gpus, min_period_s=master.settings.billing_min_period_s)
+            await master.credit_gate.has_credit_for(session, rental.renter_id, price, gpus, min_period_s=master.settings.billing_min_period_s)
         async with session.begin_nested() as attempt:
             rental.host_id, rental.gpu_model, rental.price_per_gpu_hour = host.host_id, name, price
             rental.gpu_uuids = list(placement.mig_instances or placement.gpu_uuids)
