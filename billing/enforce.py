@@ -34,13 +34,13 @@ from billing.rating import per_second
 from master.db import Database
 from master.models import Account, LedgerEntry, LedgerTransaction, Rental, RentalEvent
 from master.services import commands
+from master.services.rentalstate import UNSTOPPED_STATES, RentalState, transition
 from shared.errors import ClientError
 from shared.settings import MasterSettings
 
 log = logging.getLogger(__name__)
 
 LOW_CREDIT = "low credit"
-PLACED_ACTIVE = ("pending", "starting", "running")
 
 
 class InsufficientCredit(ClientError):
@@ -93,7 +93,7 @@ async def _room(session: AsyncSession, renter_id: str, rentals: list[Rental], no
 
 async def has_credit_for(session: AsyncSession, renter_id: str, price_per_gpu_hour: Decimal, gpus: Decimal, *, min_period_s: int) -> None:
     """Refuse a rental the renter cannot pay the minimum billing period of (on top of what runs)."""
-    active = list((await session.scalars(select(Rental).where(Rental.renter_id == renter_id, Rental.state.in_(PLACED_ACTIVE), Rental.host_id.is_not(None)))).all())
+    active = list((await session.scalars(select(Rental).where(Rental.renter_id == renter_id, Rental.state.in_(UNSTOPPED_STATES), Rental.host_id.is_not(None)))).all())
     room, burn, limit = await _room(session, renter_id, active, datetime.now(UTC))
     needed = (price_per_gpu_hour * gpus / 3600 + burn) * max(min_period_s, 1)
     if room < needed:
@@ -123,13 +123,13 @@ async def enforcement_pass(db: Database, settings: MasterSettings, now: datetime
     stopped: list[str] = []
     warned: list[str] = []
     async with db.session() as session:
-        renters = (await session.scalars(select(Rental.renter_id).where(Rental.state.in_(PLACED_ACTIVE), Rental.host_id.is_not(None)).distinct())).all()
+        renters = (await session.scalars(select(Rental.renter_id).where(Rental.state.in_(UNSTOPPED_STATES), Rental.host_id.is_not(None)).distinct())).all()
     for renter_id in renters:
         async with db.session() as session:
             active = list(
                 (
                     await session.scalars(
-                        select(Rental).where(Rental.renter_id == renter_id, Rental.state.in_(PLACED_ACTIVE), Rental.host_id.is_not(None))
+                        select(Rental).where(Rental.renter_id == renter_id, Rental.state.in_(UNSTOPPED_STATES), Rental.host_id.is_not(None))
                         .order_by(Rental.id).with_for_update(skip_locked=True)
                     )
                 ).all()
@@ -164,8 +164,7 @@ async def _stop(session: AsyncSession, rental: Rental, room: Decimal, limit: str
     commands.new_command(
         session, host_id=rental.host_id, kind="stop_workload", rental_id=rental.id, args={"rental_id": rental.id, "reason": reason},
     )  # fmt: skip
-    session.add(RentalEvent(rental_id=rental.id, from_state=rental.state, to_state="stopping", cause=cause, at=now))
-    rental.state = "stopping"
+    transition(session, rental, RentalState.STOPPING, cause, at=now)  # an unstopped rental, locked: always allowed
 
 
 async def _warn(session: AsyncSession, rental: Rental, room: Decimal, limit: str, minutes: int) -> bool:

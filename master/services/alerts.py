@@ -38,9 +38,10 @@ from sqlalchemy.orm import aliased
 
 from master.context import Master
 from master.models import Alert, AlertNotification, GpuEvent, Host, Rental
-from master.services import leases, rentals
+from master.services import leases
 from master.services.accounts import Principal
 from master.services.faults import FAULT_XIDS
+from master.services.rentalstate import ACTIVE_STATES
 from master.telemetry import ingest
 from shared import protocol
 from shared.bus import Backlog
@@ -322,7 +323,7 @@ async def host_state_conditions(session: AsyncSession) -> list[Condition]:
     active = (
         select(func.count())
         .select_from(Rental)
-        .where(Rental.host_id == Host.id, Rental.state.in_(rentals.ACTIVE_STATES))
+        .where(Rental.host_id == Host.id, Rental.state.in_(ACTIVE_STATES))
         .correlate(Host)
         .scalar_subquery()
     )

@@ -18,6 +18,7 @@ from master.models import EnrollmentToken, Gpu, Host, Rental
 from master.services import commands, rentals
 from master.services.accounts import Principal
 from master.services.hoststate import record_initial_state, transition
+from master.services.rentalstate import ACTIVE_STATES
 from shared import protocol
 from shared.errors import EnrollmentError, NotFound
 from shared.ids import new_id, new_secret, secret_hash
@@ -142,7 +143,7 @@ async def revoke_host(master: Master, principal: Principal, host_id: str) -> Hos
             host.revoked_at = now
             active = (
                 await session.scalars(
-                    select(Rental).where(Rental.host_id == host.id, Rental.state.in_(rentals.ACTIVE_STATES)).with_for_update()
+                    select(Rental).where(Rental.host_id == host.id, Rental.state.in_(ACTIVE_STATES)).with_for_update()
                 )
             ).all()
             for rental in active:

@@ -37,6 +37,7 @@ from master.models import (
 from master.services import commands, faults, reliability, rentals
 from master.services.accounts import Principal
 from master.services.hoststate import transition
+from master.services.rentalstate import ACTIVE_STATES, UNSTOPPED_STATES
 from master.telemetry.store import CleanSample, clean_sample, raw_series, rollup_series, sampled_too_far_ahead
 from shared import protocol
 from shared.clock import utcnow
@@ -85,7 +86,7 @@ def _saw(host: Host, envelope: protocol.BusEnvelope) -> None:
 
 async def _has_active_rentals(session: AsyncSession, host_id: str) -> bool:
     n = await session.scalar(
-        select(func.count()).select_from(Rental).where(Rental.host_id == host_id, Rental.state.in_(rentals.ACTIVE_STATES))
+        select(func.count()).select_from(Rental).where(Rental.host_id == host_id, Rental.state.in_(ACTIVE_STATES))
     )
     return bool(n)
 
@@ -347,7 +348,7 @@ async def _stop_strays_in_batch(session: AsyncSession, running: dict[str, list[s
     if not reported:
         return []
     rows = await session.execute(
-        select(Rental.id, Rental.host_id).where(Rental.id.in_(reported), Rental.state.in_(("pending", "starting", "running")))
+        select(Rental.id, Rental.host_id).where(Rental.id.in_(reported), Rental.state.in_(UNSTOPPED_STATES))
     )
     active = {(rental_id, host_id) for rental_id, host_id in rows}
     command_ids: list[str] = []
@@ -506,7 +507,7 @@ async def active_rentals_by_host(
     """
     if not host_ids:
         return {}
-    query = select(Rental.host_id, Rental.id).where(Rental.host_id.in_(list(host_ids)), Rental.state.in_(rentals.ACTIVE_STATES))
+    query = select(Rental.host_id, Rental.id).where(Rental.host_id.in_(list(host_ids)), Rental.state.in_(ACTIVE_STATES))
     if renter_id is not None:
         query = query.where(Rental.renter_id == renter_id)
     rows = await session.execute(query.order_by(Rental.created_at))

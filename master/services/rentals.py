@@ -55,6 +55,7 @@ from master.services.hoststate import transition
 from master.services.listings import PRICE_QUANTUM, load_price_bounds, money
 from master.services.offerquery import format_query, parse
 from master.services.placement import model_matches
+from master.services.rentalstate import ACTIVE_STATES, UNSTOPPED_STATES, RentalState, advance
 from shared.errors import (
     ClientError,
     Conflict,
@@ -67,17 +68,6 @@ from shared.ids import new_id
 
 log = logging.getLogger(__name__)
 
-RENTAL_STATES = ("pending", "starting", "running", "stopping", "stopped", "failed", "preempted")
-ACTIVE_STATES = ("pending", "starting", "running", "stopping")
-RENTAL_TRANSITIONS: dict[str, frozenset[str]] = {
-    "pending": frozenset({"starting", "stopping", "stopped", "failed", "preempted"}),
-    "starting": frozenset({"running", "stopping", "failed", "preempted"}),
-    "running": frozenset({"stopping", "stopped", "failed", "preempted"}),
-    "stopping": frozenset({"stopped", "failed"}),
-    "stopped": frozenset(),
-    "failed": frozenset(),
-    "preempted": frozenset(),
-}
 KINDS = ("on_demand", "interruptible")
 MAX_GPUS_PER_RENTAL = 64
 # Fresh reads of the fleet one placement may take after losing races to concurrent claims.
@@ -200,20 +190,6 @@ class RentalRequest:
         )  # fmt: skip
 
 
-def _set_state(session: AsyncSession, rental: Rental, to_state: str, cause: str, *, at: datetime | None = None) -> bool:
-    if rental.state == to_state:
-        return False
-    if to_state not in RENTAL_TRANSITIONS[rental.state]:
-        log.warning("ignored rental transition %s: %s → %s (%s)", rental.id, rental.state, to_state, cause)
-        return False
-    event = RentalEvent(rental_id=rental.id, from_state=rental.state, to_state=to_state, cause=cause)
-    if at is not None:
-        event.at = at
-    session.add(event)
-    rental.state = to_state
-    return True
-
-
 async def _largest_host(session: AsyncSession, model: str | None) -> int:
     """How many matching GPUs the biggest host in the fleet has, rented or not."""
     rows = (
@@ -282,7 +258,7 @@ async def _create(master: Master, renter: Principal, request: RentalRequest, ide
     now = master.clock.now()
     rental = Rental(
         id=new_id("r"), renter_id=renter.account_id, host_id=None, gpu_model=request.gpu_model, gpu_count=request.gpu_count,
-        gpu_uuids=[], state="pending", workload=request.workload, idempotency_key=idempotency_key,
+        gpu_uuids=[], state=RentalState.PENDING.value, workload=request.workload, idempotency_key=idempotency_key,
         request_fingerprint=request.fingerprint(), restart_on_failure=request.restart_on_failure,
         replaces_id=request.replaces, kind=request.kind, gpu_milli=request.share, gpu_memory_mib=request.gpu_memory_mib,
         mig_profile=request.mig_profile, bid_per_gpu_hour=request.bid, spec=request.spec(), created_at=now,
@@ -298,7 +274,7 @@ async def _create(master: Master, renter: Principal, request: RentalRequest, ide
         session.add(rental)
         await session.flush()
         cause = f"queued for up to {request.queue_timeout_s:g}s: {reason}"
-        session.add(RentalEvent(rental_id=rental.id, from_state=None, to_state="pending", cause=cause))
+        session.add(RentalEvent(rental_id=rental.id, from_state=None, to_state=RentalState.PENDING.value, cause=cause))
         log.info("rental %s queued: %s", rental.id, reason)
     return rental, []
 
@@ -562,7 +538,7 @@ async def _preempt(master: Master, session: AsyncSession, victims: Sequence[str]
     stop_ids = []
     for victim in rows:
         what = "an on-demand rental" if by.kind == "on_demand" else f"a higher bid ({money(by.bid_per_gpu_hour or Decimal(0))})"
-        _set_state(session, victim, "preempted", f"preempted by {what}, rental {by.id}; workload given {grace:g}s to stop", at=now)
+        advance(session, victim, RentalState.PREEMPTED, f"preempted by {what}, rental {by.id}; workload given {grace:g}s to stop", at=now)
         victim.stopped_at = now  # billing ends here, not when the workload has stopped
         victim.preempted_by_id = by.id
         victim.failure_reason = f"preempted by rental {by.id}"
@@ -587,14 +563,15 @@ def _start(session: AsyncSession, rental: Rental, request: RentalRequest, placem
         cause = "placed from the queue"
     else:
         cause = "placed"
-    session.add(RentalEvent(rental_id=rental.id, from_state=None if rental.queue_until is None else "pending", to_state="pending",
+    session.add(RentalEvent(rental_id=rental.id, from_state=None if rental.queue_until is None else RentalState.PENDING.value,
+                            to_state=RentalState.PENDING.value,
                             cause=f"{cause} on host {rental.host_id} ({placement.node_id})"))  # fmt: skip
     args: dict[str, Any] = {"rental_id": rental.id, "gpu_uuids": rental.gpu_uuids, "workload": rental.workload}
     if request.gpu_milli < MILLI and request.mig_profile is None:
         args["share"] = {"milli": request.gpu_milli, "memory_mib": placement.gpu_memory_mib}
     command = commands.new_command(session, host_id=rental.host_id, kind="start_workload", args=args, rental_id=rental.id)
     command.created_at = now + timedelta(microseconds=1)  # after any preempted workload's stop, which the agent runs first
-    _set_state(session, rental, "starting", f"start command {command.id} sent to host {rental.host_id}")
+    advance(session, rental, RentalState.STARTING, f"start command {command.id} sent to host {rental.host_id}")
     log.info("rental %s placed on host %s (%d × %d milli)", rental.id, rental.host_id, request.gpu_count, rental.gpu_milli)
     return command.id
 
@@ -617,17 +594,17 @@ async def process_queue(master: Master) -> int:
         expired = (
             await session.scalars(
                 select(Rental)
-                .where(Rental.state == "pending", Rental.host_id.is_(None), Rental.queue_until <= now)
+                .where(Rental.state == RentalState.PENDING, Rental.host_id.is_(None), Rental.queue_until <= now)
                 .with_for_update(skip_locked=True)
             )
         ).all()
         for gone in expired:
             waited = (now - gone.created_at).total_seconds()
-            if _set_state(session, gone, "failed", f"not placed within its queue timeout ({waited:.0f}s queued)"):
+            if advance(session, gone, RentalState.FAILED, f"not placed within its queue timeout ({waited:.0f}s queued)"):
                 gone.failure_reason, gone.stopped_at = "queue timeout", now
         queued = (
             await session.scalars(
-                select(Rental.id).where(Rental.state == "pending", Rental.host_id.is_(None)).order_by(Rental.created_at).limit(QUEUE_BATCH)
+                select(Rental.id).where(Rental.state == RentalState.PENDING, Rental.host_id.is_(None)).order_by(Rental.created_at).limit(QUEUE_BATCH)
             )
         ).all()
     placed = 0
@@ -635,12 +612,12 @@ async def process_queue(master: Master) -> int:
         command_ids: list[str] = []
         async with master.db.session() as session:
             rental = await session.scalar(select(Rental).where(Rental.id == rental_id).with_for_update(skip_locked=True))
-            if rental is None or rental.state != "pending" or rental.host_id is not None:
+            if rental is None or rental.state != RentalState.PENDING or rental.host_id is not None:
                 continue
             try:
                 command_ids, _reason = await _try_place(master, session, rental, RentalRequest.from_rental(rental), now=now)
             except ClientError as exc:  # the offer is gone, the quota shrank below one GPU...
-                if _set_state(session, rental, "failed", f"cannot be placed from the queue: {exc}"):
+                if advance(session, rental, RentalState.FAILED, f"cannot be placed from the queue: {exc}"):
                     rental.failure_reason, rental.stopped_at = str(exc), now
         if command_ids:
             placed += 1
@@ -686,16 +663,16 @@ async def stop_rental(master: Master, principal: Principal, rental_id: str) -> R
     command_id: str | None = None
     async with master.db.session() as session:
         rental = await get_rental(session, principal, rental_id, for_update=True)
-        if rental.state == "pending" and rental.host_id is None:  # queued: nothing runs anywhere
-            if _set_state(session, rental, "stopped", f"cancelled while queued, by {principal.name}"):
+        if rental.state == RentalState.PENDING and rental.host_id is None:  # queued: nothing runs anywhere
+            if advance(session, rental, RentalState.STOPPED, f"cancelled while queued, by {principal.name}"):
                 rental.stopped_at = master.clock.now()
-        elif rental.state in ("pending", "starting", "running"):
+        elif rental.state in UNSTOPPED_STATES:
             assert rental.host_id is not None
             command = commands.new_command(
                 session, host_id=rental.host_id, kind="stop_workload", args={"rental_id": rental.id}, rental_id=rental.id
             )
             command_id = command.id
-            _set_state(session, rental, "stopping", f"stop requested by {principal.name}")
+            advance(session, rental, RentalState.STOPPING, f"stop requested by {principal.name}")
     if command_id is not None:
         await commands.publish(master, [command_id])
     return rental
@@ -706,22 +683,22 @@ async def apply_command_result(session: AsyncSession, command: CommandRow, *, ok
     if command.rental_id is None:
         return
     rental = await session.get(Rental, command.rental_id, with_for_update=True)
-    if rental is None or rental.state == "preempted":
+    if rental is None or rental.state == RentalState.PREEMPTED:
         return  # a preempted rental ended when it was preempted; its stop's result adds nothing
     if command.kind == "start_workload":
         if ok:
-            if _set_state(session, rental, "running", "agent confirmed the workload started"):
+            if advance(session, rental, RentalState.RUNNING, "agent confirmed the workload started"):
                 rental.started_at = at
                 host = await session.get(Host, rental.host_id)
                 if host is not None and host.state == "online":
                     transition(session, host, "rented", cause=f"rental {rental.id} running", actor="master")
         else:
-            if _set_state(session, rental, "failed", f"workload failed to start: {detail}"):
+            if advance(session, rental, RentalState.FAILED, f"workload failed to start: {detail}"):
                 rental.failure_reason = detail
                 rental.stopped_at = at
                 await _release(session, rental, at=at)
     elif command.kind == "stop_workload" and ok:
-        if _set_state(session, rental, "stopped", "agent confirmed the workload stopped"):
+        if advance(session, rental, RentalState.STOPPED, "agent confirmed the workload stopped"):
             rental.stopped_at = at
             await _release(session, rental, at=at)
 
@@ -734,15 +711,15 @@ async def apply_workload_exit(
     if rental is None or rental.host_id != host_id:
         log.warning("host %s reported the exit of rental %s it does not run", host_id, rental_id)
         return
-    if rental.state not in ("starting", "running"):
+    if rental.state not in (RentalState.STARTING, RentalState.RUNNING):
         return  # already stopping/stopped by request, or failed: nothing to add
     what = f"workload exited with code {exit_code}" if exit_code is not None else f"workload ended ({reason or 'unknown'})"
-    target = "stopped" if exit_code == 0 else "failed"
-    if rental.state == "starting" and target == "stopped":
-        target = "failed"  # never confirmed running: treat as a failed start
-    if _set_state(session, rental, target, what):
+    target = RentalState.STOPPED if exit_code == 0 else RentalState.FAILED
+    if rental.state == RentalState.STARTING and target == RentalState.STOPPED:
+        target = RentalState.FAILED  # never confirmed running: treat as a failed start
+    if advance(session, rental, target, what):
         rental.stopped_at = at
-        if target == "failed":
+        if target == RentalState.FAILED:
             rental.failure_reason = what
         await _release(session, rental, at=at)
 
@@ -752,7 +729,7 @@ async def fail_rental(session: AsyncSession, rental: Rental, *, reason: str, at:
 
     Its unanswered commands are cancelled, so a host that comes back is not told to start it.
     """
-    if _set_state(session, rental, "failed", reason):
+    if advance(session, rental, RentalState.FAILED, reason):
         rental.failure_reason = reason
         rental.stopped_at = at
         await allocation.release(session, rental.id, at=at)
@@ -792,7 +769,7 @@ async def replace_lost(master: Master, rental_id: str) -> Rental | None:
     """
     async with master.db.session() as session:
         old = await session.get(Rental, rental_id)
-    if old is None or not old.restart_on_failure or old.state != "failed" or old.host_lost_at is None:
+    if old is None or not old.restart_on_failure or old.state != RentalState.FAILED or old.host_lost_at is None:
         return None
     renter = Principal(account_id=old.renter_id, name="master", role="renter")
     # The same request anywhere but on the lost host (an offer named that host: keep its model instead).
@@ -809,7 +786,7 @@ async def replace_lost(master: Master, rental_id: str) -> Rental | None:
         note, created = f"could not be placed again: {exc}", True
     if created:
         async with master.db.session() as session:
-            session.add(RentalEvent(rental_id=old.id, from_state="failed", to_state="failed", cause=note))
+            session.add(RentalEvent(rental_id=old.id, from_state=RentalState.FAILED.value, to_state=RentalState.FAILED.value, cause=note))
         log.info("rental %s %s", old.id, note)
     return new
 
@@ -826,7 +803,7 @@ async def stop_strays(session: AsyncSession, host_id: str, reported: Sequence[st
     active = set(
         (
             await session.scalars(
-                select(Rental.id).where(Rental.id.in_(wanted), Rental.host_id == host_id, Rental.state.in_(("pending", "starting", "running")))
+                select(Rental.id).where(Rental.id.in_(wanted), Rental.host_id == host_id, Rental.state.in_(UNSTOPPED_STATES))
             )
         ).all()
     )
@@ -925,7 +902,7 @@ def rental_view(rental: Rental, events: Sequence[RentalEvent] | None = None) -> 
         "offer_id": (rental.spec or {}).get("offer_id"),
         "requirements": (rental.spec or {}).get("query") or None,
         "network": (rental.spec or {}).get("network"),
-        "queued": rental.state == "pending" and rental.host_id is None,
+        "queued": rental.state == RentalState.PENDING and rental.host_id is None,
         "queue_until": rental.queue_until.isoformat() if rental.queue_until else None,
         "preempted_by": rental.preempted_by_id,
     }
