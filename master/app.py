@@ -35,7 +35,7 @@ from master.api.routes import add_routes
 from master.context import Master
 from master.db import Database, check_schema, sqlite_url
 from master.scheduler import get_placer
-from master.services import alerts, reliability, rentals
+from master.services import alerts, reliability, rental_queue
 from master.telemetry import rollups
 from master.telemetry.ingest import Ingestor, command_resender, heartbeat_monitor, revocation_publisher
 from shared.bus import Bus, open_bus
@@ -119,7 +119,7 @@ def create_app(master: Master, *, background: bool = True) -> web.Application:
         app.cleanup_ctx.append(_background("telemetry-maintenance", lambda: rollups.maintenance_loop(master)))
         app.cleanup_ctx.append(_background("alerts", lambda: alerts.alert_loop(master)))
         app.cleanup_ctx.append(_background("host-scoring", lambda: reliability.scoring_loop(master)))
-        app.cleanup_ctx.append(_background("rental-queue", lambda: rentals.queue_loop(master)))
+        app.cleanup_ctx.append(_background("rental-queue", lambda: rental_queue.queue_loop(master)))
         if master.settings.billing_in_process:
             for job in billing_jobs.JOBS.values():
                 app.cleanup_ctx.append(_background(f"billing-{job.name}", functools.partial(billing_jobs.billing_loop, master, job)))

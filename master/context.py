@@ -76,5 +76,5 @@ class Master:
     instance_id: str = "master"
     registry: Registry = field(default_factory=MemoryRegistry)
     stats: IngestStats = field(default_factory=IngestStats)
-    # The rental placer (master/services/rentals.py::placer_of builds it from settings.placer on first use).
+    # The rental placer (master/services/rental_placement.py::placer_of builds it from settings.placer on first use).
     placer: Any = None

@@ -40,7 +40,7 @@ from master.api.keys import MASTER
 from master.api.middleware import principal
 from master.api.schemas import EnrollRequest, ErrorBody, QuotaPut, RentalCreate
 from master.models import Account, Rental, RentalEvent
-from master.services import commands, enrollment, faults, hosts, rentals
+from master.services import commands, enrollment, faults, hosts, rental_placement, rental_request, rentals
 from master.services.accounts import Principal
 from master.telemetry import store as telemetry
 from shared.errors import BadRequest, NotFound
@@ -85,7 +85,7 @@ async def get_account(request: web.Request) -> web.Response:
         assert account is not None
         view = {
             "id": account.id, "name": account.name, "role": account.role, "created_at": account.created_at.isoformat(),
-            "quota": (quota := await rentals.quota_view(request.app[MASTER], session, account)),
+            "quota": (quota := await rental_placement.quota_view(request.app[MASTER], session, account)),
             "credit": await credits.credit_view(session, account, burn_per_hour=Decimal(quota["spend_per_hour"]),
                                                 now=request.app[MASTER].clock.now()),
         }  # fmt: skip
@@ -103,7 +103,7 @@ async def put_account_quota(request: web.Request) -> web.Response:
         if account is None:
             raise NotFound(f"no account {account_id!r}", code="account_not_found")
         account.max_gpus, account.max_spend_per_hour = body.max_gpus, body.max_spend_per_hour
-        view = await rentals.quota_view(request.app[MASTER], session, account)
+        view = await rental_placement.quota_view(request.app[MASTER], session, account)
     return web.json_response({"account_id": account_id, "quota": view})
 
 
@@ -250,7 +250,7 @@ async def create_rental(request: web.Request) -> web.Response:
     key = request.headers.get("Idempotency-Key")
     if key is not None and not 1 <= len(key) <= 255:
         raise BadRequest("Idempotency-Key must be 1 to 255 characters", code="invalid_idempotency_key")
-    request_ = rentals.RentalRequest(
+    request_ = rental_request.RentalRequest(
         gpu_count=body.gpu_count, gpu_model=body.gpu_model, workload=body.workload.model_dump(mode="json"),
         restart_on_failure=body.restart_on_failure, gpu_milli=body.gpu_milli, gpu_memory_mib=body.gpu_memory_mib,
         mig_profile=body.mig_profile, offer_id=body.offer_id, query=body.requirements or "", kind=body.kind, bid=body.bid,

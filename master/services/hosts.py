@@ -34,7 +34,7 @@ from master.models import (
     RentalLogChunk,
     TelemetrySample,
 )
-from master.services import commands, faults, reliability, rentals
+from master.services import commands, faults, reliability, rental_lifecycle
 from master.services.accounts import Principal
 from master.services.hoststate import transition
 from master.services.rentalstate import ACTIVE_STATES, UNSTOPPED_STATES
@@ -147,7 +147,7 @@ async def handle_hello(session: AsyncSession, envelope: protocol.BusEnvelope) ->
     await _come_online(session, host, cause=f"hello via relay {envelope.relay_id}")
     # New GPUs are ranked at once, not at the next scoring pass.
     reliability.classify_host_gpus(host, (await session.scalars(select(Gpu).where(Gpu.host_id == host.id))).all())
-    if await rentals.stop_strays(session, host.id, body.running_rentals):
+    if await rental_lifecycle.stop_strays(session, host.id, body.running_rentals):
         await session.flush()
     return await commands.open_command_ids(session, host.id)
 
@@ -162,7 +162,7 @@ async def handle_heartbeat(session: AsyncSession, envelope: protocol.BusEnvelope
         host.spool_stats = message.body.spool.model_dump(mode="json")
     if host.state == "offline":
         await _come_online(session, host, cause="heartbeat resumed")
-    return await rentals.stop_strays(session, host.id, message.body.running_rentals)
+    return await rental_lifecycle.stop_strays(session, host.id, message.body.running_rentals)
 
 
 def _telemetry_row(host_id: str, envelope: protocol.BusEnvelope, clean: CleanSample) -> dict[str, Any]:
@@ -340,7 +340,7 @@ async def apply_batch(session: AsyncSession, envelopes: Sequence[protocol.BusEnv
 
 
 async def _stop_strays_in_batch(session: AsyncSession, running: dict[str, list[str]]) -> list[str]:
-    """``rentals.stop_strays`` for the hosts whose reported workloads are not all active there.
+    """``rental_lifecycle.stop_strays`` for the hosts whose reported workloads are not all active there.
 
     One query for the whole batch finds them, so heartbeats of busy hosts stay cheap.
     """
@@ -354,7 +354,7 @@ async def _stop_strays_in_batch(session: AsyncSession, running: dict[str, list[s
     command_ids: list[str] = []
     for host_id, ids in sorted(running.items()):
         if any((rental_id, host_id) not in active for rental_id in ids):
-            command_ids += await rentals.stop_strays(session, host_id, ids)
+            command_ids += await rental_lifecycle.stop_strays(session, host_id, ids)
     return command_ids
 
 
@@ -371,7 +371,7 @@ async def handle_command_result(session: AsyncSession, envelope: protocol.BusEnv
     _saw(host, envelope)
     result = {"ok": body.ok, "detail": body.detail, "data": body.data, "finished_at": body.finished_at.isoformat()}
     if commands.complete(row, ok=body.ok, result=result, at=body.finished_at):
-        await rentals.apply_command_result(session, row, ok=body.ok, detail=body.detail, at=body.finished_at)
+        await rental_lifecycle.apply_command_result(session, row, ok=body.ok, detail=body.detail, at=body.finished_at)
         if row.kind == faults.HEALTH_CHECK:
             await faults.after_health_check(session, host, ok=body.ok, detail=body.detail, data=body.data, now=envelope.received_at)
 
@@ -427,7 +427,7 @@ async def handle_workload_exited(session: AsyncSession, envelope: protocol.BusEn
     assert isinstance(message, protocol.WorkloadExited)
     host = await _load_host(session, message.host_id)
     _saw(host, envelope)
-    await rentals.apply_workload_exit(
+    await rental_lifecycle.apply_workload_exit(
         session, host.id, message.body.rental_id, exit_code=message.body.exit_code, reason=message.body.reason, at=message.body.at
     )
 

@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import text
 
 from master.context import Master
-from master.services import commands, enrollment, hosts, leases, rentals
+from master.services import commands, enrollment, hosts, leases, rental_lifecycle
 from shared import protocol
 from shared.bus import BusMessage
 from shared.errors import BusError, ProtocolError
@@ -256,12 +256,12 @@ async def sweep(master: Master) -> tuple[list[str], list[str]]:
     if gone:
         log.warning("hosts offline after %gs of silence: %s", deadline.total_seconds(), ", ".join(gone))
     async with master.db.session() as session:
-        lost = await rentals.fail_rentals_of_lost_hosts(
+        lost = await rental_lifecycle.fail_rentals_of_lost_hosts(
             session, now=horizon, grace=timedelta(seconds=settings.rental_grace_period)
         )
     for rental_id in lost:
         try:
-            await rentals.replace_lost(master, rental_id)
+            await rental_lifecycle.replace_lost(master, rental_id)
         except Exception:
             log.exception("placing lost rental %s again failed", rental_id)
     return gone, lost
