@@ -27,6 +27,7 @@ from shared.errors import ClientError
 
 log = logging.getLogger(__name__)
 
+
 async def apply_command_result(session: AsyncSession, command: CommandRow, *, ok: bool, detail: str, at: datetime) -> None:
     """What an agent's confirmation means for the rental it concerns."""
     if command.rental_id is None:

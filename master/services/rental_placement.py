@@ -85,7 +85,6 @@ def placer_of(master: Master) -> Any:
     return master.placer
 
 
-
 @dataclass
 class _Candidates:
     nodes: list[Node]

@@ -29,6 +29,7 @@ from shared.ids import new_id
 
 log = logging.getLogger(__name__)
 
+
 async def create_rental(master: Master, renter: Principal, request: RentalRequest, *, idempotency_key: str | None) -> tuple[Rental, bool]:
     """Place and start a rental (or queue it); returns ``(rental, created)``.
 
@@ -94,8 +95,6 @@ async def _create(master: Master, renter: Principal, request: RentalRequest, ide
     return rental, []
 
 
-
-
 # ---- reading and ending -----------------------------------------------------------------------
 
 
@@ -137,8 +136,6 @@ async def stop_rental(master: Master, principal: Principal, rental_id: str) -> R
     if command_id is not None:
         await commands.publish(master, [command_id])
     return rental
-
-
 
 
 async def rental_logs(session: AsyncSession, principal: Principal, rental_id: str, *, offset: int, limit: int) -> dict[str, Any]:
