@@ -12,7 +12,8 @@ at their rate). Then:
   warning event (``low credit: …``), shown in its events.
 
 At placement, ``has_credit_for`` refuses a rental whose renter cannot pay for its minimum
-billing period (402 ``insufficient_credit``) when ``require_credit`` is on.
+billing period (402 ``insufficient_credit``) when ``require_credit`` is on; the master's
+placement reaches it through ``PrepaidCreditGate``, its ``master.context.CreditGate``.
 
 Stop commands are written as pending rows; the master's command resender delivers them (a
 Celery worker has no bus).
@@ -33,13 +34,13 @@ from billing.rating import per_second
 from master.db import Database
 from master.models import Account, LedgerEntry, LedgerTransaction, Rental, RentalEvent
 from master.services import commands
+from master.services.rentalstate import UNSTOPPED_STATES, RentalState, transition
 from shared.errors import ClientError
 from shared.settings import MasterSettings
 
 log = logging.getLogger(__name__)
 
 LOW_CREDIT = "low credit"
-PLACED_ACTIVE = ("pending", "starting", "running")
 
 
 class InsufficientCredit(ClientError):
@@ -92,7 +93,7 @@ async def _room(session: AsyncSession, renter_id: str, rentals: list[Rental], no
 
 async def has_credit_for(session: AsyncSession, renter_id: str, price_per_gpu_hour: Decimal, gpus: Decimal, *, min_period_s: int) -> None:
     """Refuse a rental the renter cannot pay the minimum billing period of (on top of what runs)."""
-    active = list((await session.scalars(select(Rental).where(Rental.renter_id == renter_id, Rental.state.in_(PLACED_ACTIVE), Rental.host_id.is_not(None)))).all())
+    active = list((await session.scalars(select(Rental).where(Rental.renter_id == renter_id, Rental.state.in_(UNSTOPPED_STATES), Rental.host_id.is_not(None)))).all())
     room, burn, limit = await _room(session, renter_id, active, datetime.now(UTC))
     needed = (price_per_gpu_hour * gpus / 3600 + burn) * max(min_period_s, 1)
     if room < needed:
@@ -108,18 +109,27 @@ async def has_credit_for(session: AsyncSession, renter_id: str, price_per_gpu_ho
         )
 
 
+class PrepaidCreditGate:
+    """The master's ``CreditGate``: the renter's prepaid credit and monthly spend cap, from the ledger."""
+
+    async def has_credit_for(
+        self, session: AsyncSession, renter_id: str, price_per_gpu_hour: Decimal, gpus: Decimal, *, min_period_s: int
+    ) -> None:
+        await has_credit_for(session, renter_id, price_per_gpu_hour, gpus, min_period_s=min_period_s)
+
+
 async def enforcement_pass(db: Database, settings: MasterSettings, now: datetime) -> dict[str, Any]:
     """Stop the rentals of renters out of credit; warn those running low. Returns what it did."""
     stopped: list[str] = []
     warned: list[str] = []
     async with db.session() as session:
-        renters = (await session.scalars(select(Rental.renter_id).where(Rental.state.in_(PLACED_ACTIVE), Rental.host_id.is_not(None)).distinct())).all()
+        renters = (await session.scalars(select(Rental.renter_id).where(Rental.state.in_(UNSTOPPED_STATES), Rental.host_id.is_not(None)).distinct())).all()
     for renter_id in renters:
         async with db.session() as session:
             active = list(
                 (
                     await session.scalars(
-                        select(Rental).where(Rental.renter_id == renter_id, Rental.state.in_(PLACED_ACTIVE), Rental.host_id.is_not(None))
+                        select(Rental).where(Rental.renter_id == renter_id, Rental.state.in_(UNSTOPPED_STATES), Rental.host_id.is_not(None))
                         .order_by(Rental.id).with_for_update(skip_locked=True)
                     )
                 ).all()
@@ -154,8 +164,7 @@ async def _stop(session: AsyncSession, rental: Rental, room: Decimal, limit: str
     commands.new_command(
         session, host_id=rental.host_id, kind="stop_workload", rental_id=rental.id, args={"rental_id": rental.id, "reason": reason},
     )  # fmt: skip
-    session.add(RentalEvent(rental_id=rental.id, from_state=rental.state, to_state="stopping", cause=cause, at=now))
-    rental.state = "stopping"
+    transition(session, rental, RentalState.STOPPING, cause, at=now)  # an unstopped rental, locked: always allowed
 
 
 async def _warn(session: AsyncSession, rental: Rental, room: Decimal, limit: str, minutes: int) -> bool:

@@ -40,6 +40,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from billing import ledger
 from billing.ledger import Leg
 from master.models import Gpu, Host, HostEvent, Rental
+from master.services.rentalstate import RentalState
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +197,7 @@ def _plan(rental: Rental, context: _Context, *, now: datetime, policy: RatingPol
         rental.billed_seconds = target
     rental.rated_until = upto if ended else max(upto, since)
     rental.billed_seconds = max(rental.billed_seconds, target)
-    if ended and rental.state != "preempted" and rental.billed_seconds < policy.min_period_s:
+    if ended and rental.state != RentalState.PREEMPTED and rental.billed_seconds < policy.min_period_s:
         postings.append(priced.span(f"rental:{rental.id}:minimum", "minimum", rental.billed_seconds, policy.min_period_s, (since, upto),
                                     f"minimum billing period {policy.min_period_s}s: {policy.min_period_s - rental.billed_seconds}s not used"))  # fmt: skip
         if rental.host_lost_at is not None:

@@ -40,6 +40,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 from aiohttp import web
 
+from billing.enforce import PrepaidCreditGate
 from console.routes import add_console_routes
 from master.api.keys import MASTER
 from master.api.middleware import (
@@ -113,7 +114,7 @@ async def open_master(
             opened.push_async_callback(registry.close)
         opened.pop_all()  # all open: from here on they are close_master's
     return Master(
-        settings=settings, db=db, bus=bus, ca=ca, clock=clock or SystemClock(), instance_id=instance, registry=registry,
+        settings=settings, db=db, bus=bus, ca=ca, credit_gate=PrepaidCreditGate(), clock=clock or SystemClock(), instance_id=instance, registry=registry,
         placer=placer,
     )  # fmt: skip
 

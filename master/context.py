@@ -3,6 +3,10 @@
 ``IngestStats`` are the counters of one master process, read by ``/metrics`` and the ingestion
 benchmark: plain attributes on one object owned by ``Master`` (the event loop is single-threaded,
 so increments need no lock), counting since this process started (Prometheus counters).
+
+``CreditGate`` is the one question placement asks of billing (does this renter have the credit
+for this rental?). Billing sits above the master's services, so they never import it: the
+assembly (``master/app.py::open_master``) hands the master billing's implementation.
 """
 
 from __future__ import annotations
@@ -10,7 +14,10 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from decimal import Decimal
+from typing import Any, Protocol
+
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.db import Database
 from shared.bus import Bus
@@ -48,15 +55,26 @@ class IngestStats:
         return sum(self.messages.values())
 
 
+class CreditGate(Protocol):
+    """Whether a renter may start one more rental (``billing/enforce.py::PrepaidCreditGate``)."""
+
+    async def has_credit_for(
+        self, session: AsyncSession, renter_id: str, price_per_gpu_hour: Decimal, gpus: Decimal, *, min_period_s: int
+    ) -> None:
+        """Raise a ``ClientError`` (402 ``insufficient_credit``) unless the renter can pay the minimum billing period."""
+
+
 @dataclass
 class Master:
     settings: MasterSettings
     db: Database
     bus: Bus
     ca: CertificateAuthority
+    credit_gate: CreditGate
+    """Asked at placement when ``settings.require_credit`` is on."""
     clock: Clock = field(default_factory=SystemClock)
     instance_id: str = "master"
     registry: Registry = field(default_factory=MemoryRegistry)
     stats: IngestStats = field(default_factory=IngestStats)
-    # The rental placer (master/services/rentals.py::placer_of builds it from settings.placer on first use).
+    # The rental placer (master/services/rental_placement.py::placer_of builds it from settings.placer on first use).
     placer: Any = None

@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 from master.app import create_app
 from master.context import Master
 from master.models import Command, Gpu, GpuEvent, Host, Rental
-from master.services import hosts, rentals
+from master.services import hosts, rental_request, rentals
 from master.services.accounts import Principal
 from shared import protocol
 from tests.factories import (
@@ -60,7 +60,7 @@ class World:
 
     async def running_rental(self, host_id: str, gpus: list[protocol.GpuInfoModel]) -> Rental:
         rental, _ = await rentals.create_rental(
-            self.master, self.renter, rentals.RentalRequest(gpu_count=1, gpu_model=gpus[0].name), idempotency_key=None
+            self.master, self.renter, rental_request.RentalRequest(gpu_count=1, gpu_model=gpus[0].name), idempotency_key=None
         )
         async with self.master.db.session() as session:
             command_id = await session.scalar(select(Command.id).where(Command.rental_id == rental.id))

@@ -20,7 +20,7 @@ from billing.ledger import LedgerError, Leg
 from billing.payouts import payout_pass
 from billing.rating import Discount, RatingPolicy, cumulative_cost, rate_open_rentals, rate_rental
 from master.models import Gpu, HostEvent, LedgerEntry, LedgerTransaction, Rental
-from master.services import rentals
+from master.services import rentalstate
 from shared.ids import new_id
 from tests.apiclient import Api, assert_error
 from tests.factories import create_principal
@@ -263,7 +263,7 @@ class TestRating:
         assert (await charges(books, rental["id"]))["renter"] == Decimal("0.500000")
         _, second = await books.as_renter("POST", "/rentals", json={"gpu_count": 1})
         assert second["price_per_gpu_hour"] == "1.500000"
-        assert rentals.ACTIVE_STATES
+        assert rentalstate.ACTIVE_STATES
 
 
 class TestCreditEnforcement:

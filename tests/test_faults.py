@@ -15,7 +15,7 @@ from sqlalchemy import select
 from master.context import Master
 from master.models import Command as CommandRow
 from master.models import GpuEvent, Host, HostEvent
-from master.services import faults, rentals
+from master.services import faults, rental_request, rentals
 from master.services.accounts import Principal
 from master.services.hoststate import transition
 from shared import protocol
@@ -200,7 +200,7 @@ class TestHealthChecks:
     async def test_a_host_with_active_rentals_goes_back_to_rented(self, fleet: Fleet) -> None:
         """A faulty host whose rentals are still active returns through online to rented."""
         renter, _ = await create_principal(fleet.master, "renter-1", "renter")
-        rental, _ = await rentals.create_rental(fleet.master, renter, rentals.RentalRequest(gpu_count=1), idempotency_key=None)
+        rental, _ = await rentals.create_rental(fleet.master, renter, rental_request.RentalRequest(gpu_count=1), idempotency_key=None)
         assert rental.state == "starting"
         await fleet.set_state("faulty")
         await fleet.check_result(ok=True, healthy=True)

@@ -17,7 +17,7 @@ from master.app import close_master, open_master
 from master.background.heartbeats import ingested_until, sweep
 from master.context import Master
 from master.models import Command, Gpu, Host, Rental, TelemetrySample
-from master.services import hosts, rentals
+from master.services import hosts, rental_lifecycle, rental_request, rentals
 from master.services.accounts import Principal
 from master.telemetry.ingest import GROUP, Ingestor
 from shared import protocol
@@ -77,7 +77,7 @@ async def running_rental(master: Master, provider: Principal, clock: ManualClock
     host_id = await online_host(master, provider, [gpu_info(0)])
     await heard_at(master, host_id, 1, clock.now())
     renter, _ = await create_principal(master, "renter", "renter")
-    rental, _ = await rentals.create_rental(master, renter, rentals.RentalRequest(gpu_count=1), idempotency_key=None)
+    rental, _ = await rentals.create_rental(master, renter, rental_request.RentalRequest(gpu_count=1), idempotency_key=None)
     async with master.db.session() as session:
         start = await session.scalar(select(Command).where(Command.rental_id == rental.id))
         assert start is not None
@@ -180,7 +180,7 @@ class TestGracePeriod:
         host_id = await online_host(master, provider, [gpu_info(0)])
         await heard_at(master, host_id, 1, clock.now())
         renter, _ = await create_principal(master, "renter", "renter")
-        request = rentals.RentalRequest(gpu_count=1, workload={"kind": "hold"}, restart_on_failure=True)
+        request = rental_request.RentalRequest(gpu_count=1, workload={"kind": "hold"}, restart_on_failure=True)
         rental, _ = await rentals.create_rental(master, renter, request, idempotency_key="k1")
         spare = await online_host(master, provider, [gpu_info(0)])  # free now, and silent later
         clock.advance(31)
@@ -196,7 +196,7 @@ class TestGracePeriod:
         assert len(again) == 1 and again[0].host_id == spare and again[0].state == "starting"
         assert again[0].restart_on_failure and again[0].workload == {"kind": "hold"}
         assert events[-1].cause == f"placed again as rental {again[0].id} on host {spare}"
-        assert await rentals.replace_lost(master, rental.id) is not None  # a retry finds the same one
+        assert await rental_lifecycle.replace_lost(master, rental.id) is not None  # a retry finds the same one
         async with master.db.session() as session:
             n = await session.scalar(select(func.count()).select_from(Rental).where(Rental.replaces_id == rental.id))
         assert n == 1
@@ -207,7 +207,7 @@ class TestGracePeriod:
         host_id = await online_host(master, provider, [gpu_info(0)])
         await heard_at(master, host_id, 1, clock.now())
         renter, _ = await create_principal(master, "renter", "renter")
-        request = rentals.RentalRequest(gpu_count=1, restart_on_failure=True)
+        request = rental_request.RentalRequest(gpu_count=1, restart_on_failure=True)
         rental, _ = await rentals.create_rental(master, renter, request, idempotency_key=None)
         clock.advance(31)
         await sweep(master)

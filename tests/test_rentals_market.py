@@ -16,7 +16,7 @@ from sqlalchemy import select, update
 from master.app import open_master
 from master.models import Command, Gpu, GpuAllocation, Host, Rental
 from master.scheduler import UnknownPlacer
-from master.services import rentals
+from master.services import rental_lifecycle, rental_queue
 from shared import protocol
 from tests.apiclient import A100, RTX, Api, assert_error
 from tests.factories import create_principal, gpu_info, master_settings, online_host
@@ -318,11 +318,11 @@ class TestQueue:
         assert status == 201, queued
         assert (queued["state"], queued["queued"], queued["host_id"]) == ("pending", True, None)
         assert queued["queue_until"] is not None
-        assert await rentals.process_queue(api.master) == 0  # still full
+        assert await rental_queue.process_queue(api.master) == 0  # still full
 
         await api.as_renter("DELETE", f"/rentals/{blocker['id']}")
         await api.agent_reports(blocker["id"], "stop_workload")
-        assert await rentals.process_queue(api.master) == 1
+        assert await rental_queue.process_queue(api.master) == 1
         _, placed = await api.as_renter("GET", f"/rentals/{queued['id']}")
         assert (placed["state"], placed["host_id"], placed["queued"]) == ("starting", host_id, False)
         assert [e["to"] for e in placed["events"]] == ["pending", "pending", "starting"]
@@ -338,7 +338,7 @@ class TestQueue:
             await session.execute(
                 update(Rental).where(Rental.id == queued["id"]).values(queue_until=api.master.clock.now() - timedelta(seconds=1))
             )
-        await rentals.process_queue(api.master)
+        await rental_queue.process_queue(api.master)
         _, failed = await api.as_renter("GET", f"/rentals/{queued['id']}")
         assert (failed["state"], failed["failure_reason"]) == ("failed", "queue timeout")
 
@@ -350,7 +350,7 @@ class TestQueue:
         status, body = await api.as_renter("DELETE", f"/rentals/{queued['id']}")
         assert (status, body["state"]) == (202, "stopped")
         assert await api.commands(queued["id"], "stop_workload") == []
-        assert await rentals.process_queue(api.master) == 0
+        assert await rental_queue.process_queue(api.master) == 0
 
     async def test_a_request_no_host_could_ever_take_is_not_queued(self, api: Api) -> None:
         """More GPUs than the largest host has fails fast even with queue: true."""
@@ -441,7 +441,7 @@ class TestAllocationRecords:
         async with api.master.db.session() as session:
             row = await session.get(Rental, rental["id"])
             assert row is not None
-            await rentals.fail_rental(session, row, reason="again", at=api.master.clock.now())  # already failed: no-op
+            await rental_lifecycle.fail_rental(session, row, reason="again", at=api.master.clock.now())  # already failed: no-op
         assert all(a.released_at is not None for a in await allocations(api, rental["id"]))
         assert all(g.rental_id is None and g.milli_used == 0 and g.memory_used_mib == 0 for g in await gpu_rows(api, host_id))
         async with api.master.db.session() as session:

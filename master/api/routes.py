@@ -40,7 +40,15 @@ from master.api.keys import MASTER
 from master.api.middleware import principal
 from master.api.schemas import EnrollRequest, ErrorBody, QuotaPut, RentalCreate
 from master.models import Account, Rental, RentalEvent
-from master.services import commands, enrollment, faults, hosts, rentals
+from master.services import (
+    commands,
+    enrollment,
+    faults,
+    host_views,
+    rental_placement,
+    rental_request,
+    rentals,
+)
 from master.services.accounts import Principal
 from master.telemetry import store as telemetry
 from shared.errors import BadRequest, NotFound
@@ -85,7 +93,7 @@ async def get_account(request: web.Request) -> web.Response:
         assert account is not None
         view = {
             "id": account.id, "name": account.name, "role": account.role, "created_at": account.created_at.isoformat(),
-            "quota": (quota := await rentals.quota_view(request.app[MASTER], session, account)),
+            "quota": (quota := await rental_placement.quota_view(request.app[MASTER], session, account)),
             "credit": await credits.credit_view(session, account, burn_per_hour=Decimal(quota["spend_per_hour"]),
                                                 now=request.app[MASTER].clock.now()),
         }  # fmt: skip
@@ -103,7 +111,7 @@ async def put_account_quota(request: web.Request) -> web.Response:
         if account is None:
             raise NotFound(f"no account {account_id!r}", code="account_not_found")
         account.max_gpus, account.max_spend_per_hour = body.max_gpus, body.max_spend_per_hour
-        view = await rentals.quota_view(request.app[MASTER], session, account)
+        view = await rental_placement.quota_view(request.app[MASTER], session, account)
     return web.json_response({"account_id": account_id, "quota": view})
 
 
@@ -152,7 +160,7 @@ async def list_hosts(request: web.Request) -> web.Response:
     limit, offset = page(request)
     who = principal(request)
     async with request.app[MASTER].db.session() as session:
-        items, total = await hosts.list_hosts(session, who, limit=limit, offset=offset)
+        items, total = await host_views.list_hosts(session, who, limit=limit, offset=offset)
         items = await _with_earnings(session, who, items)
     return listing(items, total, limit, offset)
 
@@ -160,7 +168,7 @@ async def list_hosts(request: web.Request) -> web.Response:
 async def get_host(request: web.Request) -> web.Response:
     who = principal(request)
     async with request.app[MASTER].db.session() as session:
-        view = await hosts.get_host(session, who, request.match_info["host_id"])
+        view = await host_views.get_host(session, who, request.match_info["host_id"])
         return web.json_response((await _with_earnings(session, who, [view]))[0])
 
 
@@ -183,7 +191,7 @@ async def get_host_metrics(request: web.Request) -> web.Response:
     since, until = time_query(request, "since"), time_query(request, "until")
     resolution = telemetry.pick_resolution(str_query(request, "resolution"), since, until, master.clock.now())
     async with master.db.session() as session:
-        items = await hosts.host_metrics(
+        items = await host_views.host_metrics(
             session, principal(request), request.match_info["host_id"], since=since, until=until, limit=limit,
             resolution=resolution,
         )
@@ -193,21 +201,21 @@ async def get_host_metrics(request: web.Request) -> web.Response:
 async def get_host_events(request: web.Request) -> web.Response:
     limit, offset = page(request)
     async with request.app[MASTER].db.session() as session:
-        items, total = await hosts.host_events(session, principal(request), request.match_info["host_id"], limit=limit, offset=offset)
+        items, total = await host_views.host_events(session, principal(request), request.match_info["host_id"], limit=limit, offset=offset)
     return listing(items, total, limit, offset)
 
 
 async def get_host_network(request: web.Request) -> web.Response:
     limit = int_query(request, "limit", 50, minimum=1, maximum=1000)
     async with request.app[MASTER].db.session() as session:
-        items = await hosts.host_network(session, principal(request), request.match_info["host_id"], limit=limit)
+        items = await host_views.host_network(session, principal(request), request.match_info["host_id"], limit=limit)
     return web.json_response({"host_id": request.match_info["host_id"], "items": items})
 
 
 async def start_network_test(request: web.Request) -> web.Response:
     master = request.app[MASTER]
     async with master.db.session() as session:
-        host = await hosts.owned_host(session, principal(request), request.match_info["host_id"])
+        host = await host_views.owned_host(session, principal(request), request.match_info["host_id"])
         command = commands.new_command(session, host_id=host.id, kind="measure_network", args={}, rental_id=None)
         command_id = command.id
     await commands.publish(master, [command_id])
@@ -250,7 +258,7 @@ async def create_rental(request: web.Request) -> web.Response:
     key = request.headers.get("Idempotency-Key")
     if key is not None and not 1 <= len(key) <= 255:
         raise BadRequest("Idempotency-Key must be 1 to 255 characters", code="invalid_idempotency_key")
-    request_ = rentals.RentalRequest(
+    request_ = rental_request.RentalRequest(
         gpu_count=body.gpu_count, gpu_model=body.gpu_model, workload=body.workload.model_dump(mode="json"),
         restart_on_failure=body.restart_on_failure, gpu_milli=body.gpu_milli, gpu_memory_mib=body.gpu_memory_mib,
         mig_profile=body.mig_profile, offer_id=body.offer_id, query=body.requirements or "", kind=body.kind, bid=body.bid,

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from master.api.base import QueryParam, Route, int_query, parse_body
 from master.api.keys import MASTER
 from master.api.middleware import SESSION, principal
-from master.services import hosts, sessions
+from master.services import host_views, sessions
 from master.telemetry import store as telemetry
 from shared.errors import ClientError, NotFound
 
@@ -112,7 +112,7 @@ async def stream_host_metrics(request: web.Request) -> web.StreamResponse:
     backlog = int_query(request, "backlog", 60, minimum=0, maximum=1000)
     resume = _resume_from(request)
     async with master.db.session() as session:
-        host = await hosts.visible_host(session, principal(request), request.match_info["host_id"])
+        host = await host_views.visible_host(session, principal(request), request.match_info["host_id"])
         if resume is not None:
             first = await telemetry.samples_after(session, host.id, resume, limit=STREAM_PAGE)
         else:

@@ -12,7 +12,7 @@ import logging
 from datetime import UTC, datetime, timedelta
 
 from master.context import Master
-from master.services import hosts, leases, rentals
+from master.services import hosts, leases, rental_lifecycle
 from master.telemetry.ingest import GROUP
 from shared import protocol
 
@@ -51,12 +51,12 @@ async def sweep(master: Master) -> tuple[list[str], list[str]]:
     if gone:
         log.warning("hosts offline after %gs of silence: %s", deadline.total_seconds(), ", ".join(gone))
     async with master.db.session() as session:
-        lost = await rentals.fail_rentals_of_lost_hosts(
+        lost = await rental_lifecycle.fail_rentals_of_lost_hosts(
             session, now=horizon, grace=timedelta(seconds=settings.rental_grace_period)
         )
     for rental_id in lost:
         try:
-            await rentals.replace_lost(master, rental_id)
+            await rental_lifecycle.replace_lost(master, rental_id)
         except Exception:
             log.exception("placing lost rental %s again failed", rental_id)
     return gone, lost

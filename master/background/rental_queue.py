@@ -1,13 +1,13 @@
 """The rental queue: queued rentals placed oldest first, those past ``queue_until`` failed.
 
 One master at a time, under the ``rental-queue`` lease, every ``queue_interval``. The pass
-itself is ``master.services.rentals.process_queue``.
+itself is ``master.services.rental_queue.process_queue``.
 """
 
 from __future__ import annotations
 
 from master.context import Master
-from master.services import leases, rentals
+from master.services import leases, rental_queue
 
 QUEUE_LEASE = "rental-queue"
 
@@ -21,6 +21,6 @@ async def queue_loop(master: Master) -> None:
     """
 
     async def work() -> None:
-        await rentals.process_queue(master)
+        await rental_queue.process_queue(master)
 
     await leases.run_leased(master, QUEUE_LEASE, every=master.settings.queue_interval, work=work)

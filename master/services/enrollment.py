@@ -15,9 +15,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
 from master.models import EnrollmentToken, Gpu, Host, Rental
-from master.services import commands, rentals
+from master.services import commands, rental_lifecycle
 from master.services.accounts import Principal
 from master.services.hoststate import record_initial_state, transition
+from master.services.rentalstate import ACTIVE_STATES
 from shared import protocol
 from shared.errors import EnrollmentError, NotFound
 from shared.ids import new_id, new_secret, secret_hash
@@ -142,11 +143,11 @@ async def revoke_host(master: Master, principal: Principal, host_id: str) -> Hos
             host.revoked_at = now
             active = (
                 await session.scalars(
-                    select(Rental).where(Rental.host_id == host.id, Rental.state.in_(rentals.ACTIVE_STATES)).with_for_update()
+                    select(Rental).where(Rental.host_id == host.id, Rental.state.in_(ACTIVE_STATES)).with_for_update()
                 )
             ).all()
             for rental in active:
-                await rentals.fail_rental(session, rental, reason="the host was revoked", at=now)
+                await rental_lifecycle.fail_rental(session, rental, reason="the host was revoked", at=now)
             await session.execute(update(Gpu).where(Gpu.host_id == host.id).values(present=False))
     await publish_revocations(master, [host])
     log.warning("host %s revoked by %s", host_id, principal.name)

@@ -37,7 +37,7 @@ from master.models import Gpu, GpuEvent, Host, Rental
 from master.services import commands
 from master.services.accounts import Principal
 from master.services.hoststate import TRANSITIONS, transition
-from master.services.rentals import ACTIVE_STATES
+from master.services.rentalstate import ACTIVE_STATES
 from shared.errors import Conflict, NotFound
 from shared.settings import MasterSettings
 

@@ -1,4 +1,4 @@
-"""What the master does with each agent message, and how hosts look through the API.
+"""What the master does with each agent message (how hosts look through the API: ``host_views.py``).
 
 Every handler is idempotent: the bus delivers at least once, and an agent replays
 unacknowledged messages after reconnecting. Telemetry is de-duplicated by
@@ -28,19 +28,17 @@ from master.models import (
     Gpu,
     GpuEvent,
     Host,
-    HostEvent,
     NetworkMeasurement,
     Rental,
     RentalLogChunk,
     TelemetrySample,
 )
-from master.services import commands, faults, reliability, rentals
-from master.services.accounts import Principal
+from master.services import commands, faults, reliability, rental_lifecycle
 from master.services.hoststate import transition
-from master.telemetry.store import CleanSample, clean_sample, raw_series, rollup_series, sampled_too_far_ahead
+from master.services.rentalstate import ACTIVE_STATES, UNSTOPPED_STATES
+from master.telemetry.store import CleanSample, clean_sample, sampled_too_far_ahead
 from shared import protocol
 from shared.clock import utcnow
-from shared.errors import NotFound
 from shared.ids import new_id
 from shared.settings import MasterSettings
 
@@ -85,7 +83,7 @@ def _saw(host: Host, envelope: protocol.BusEnvelope) -> None:
 
 async def _has_active_rentals(session: AsyncSession, host_id: str) -> bool:
     n = await session.scalar(
-        select(func.count()).select_from(Rental).where(Rental.host_id == host_id, Rental.state.in_(rentals.ACTIVE_STATES))
+        select(func.count()).select_from(Rental).where(Rental.host_id == host_id, Rental.state.in_(ACTIVE_STATES))
     )
     return bool(n)
 
@@ -146,7 +144,7 @@ async def handle_hello(session: AsyncSession, envelope: protocol.BusEnvelope) ->
     await _come_online(session, host, cause=f"hello via relay {envelope.relay_id}")
     # New GPUs are ranked at once, not at the next scoring pass.
     reliability.classify_host_gpus(host, (await session.scalars(select(Gpu).where(Gpu.host_id == host.id))).all())
-    if await rentals.stop_strays(session, host.id, body.running_rentals):
+    if await rental_lifecycle.stop_strays(session, host.id, body.running_rentals):
         await session.flush()
     return await commands.open_command_ids(session, host.id)
 
@@ -161,7 +159,7 @@ async def handle_heartbeat(session: AsyncSession, envelope: protocol.BusEnvelope
         host.spool_stats = message.body.spool.model_dump(mode="json")
     if host.state == "offline":
         await _come_online(session, host, cause="heartbeat resumed")
-    return await rentals.stop_strays(session, host.id, message.body.running_rentals)
+    return await rental_lifecycle.stop_strays(session, host.id, message.body.running_rentals)
 
 
 def _telemetry_row(host_id: str, envelope: protocol.BusEnvelope, clean: CleanSample) -> dict[str, Any]:
@@ -339,7 +337,7 @@ async def apply_batch(session: AsyncSession, envelopes: Sequence[protocol.BusEnv
 
 
 async def _stop_strays_in_batch(session: AsyncSession, running: dict[str, list[str]]) -> list[str]:
-    """``rentals.stop_strays`` for the hosts whose reported workloads are not all active there.
+    """``rental_lifecycle.stop_strays`` for the hosts whose reported workloads are not all active there.
 
     One query for the whole batch finds them, so heartbeats of busy hosts stay cheap.
     """
@@ -347,13 +345,13 @@ async def _stop_strays_in_batch(session: AsyncSession, running: dict[str, list[s
     if not reported:
         return []
     rows = await session.execute(
-        select(Rental.id, Rental.host_id).where(Rental.id.in_(reported), Rental.state.in_(("pending", "starting", "running")))
+        select(Rental.id, Rental.host_id).where(Rental.id.in_(reported), Rental.state.in_(UNSTOPPED_STATES))
     )
     active = {(rental_id, host_id) for rental_id, host_id in rows}
     command_ids: list[str] = []
     for host_id, ids in sorted(running.items()):
         if any((rental_id, host_id) not in active for rental_id in ids):
-            command_ids += await rentals.stop_strays(session, host_id, ids)
+            command_ids += await rental_lifecycle.stop_strays(session, host_id, ids)
     return command_ids
 
 
@@ -370,7 +368,7 @@ async def handle_command_result(session: AsyncSession, envelope: protocol.BusEnv
     _saw(host, envelope)
     result = {"ok": body.ok, "detail": body.detail, "data": body.data, "finished_at": body.finished_at.isoformat()}
     if commands.complete(row, ok=body.ok, result=result, at=body.finished_at):
-        await rentals.apply_command_result(session, row, ok=body.ok, detail=body.detail, at=body.finished_at)
+        await rental_lifecycle.apply_command_result(session, row, ok=body.ok, detail=body.detail, at=body.finished_at)
         if row.kind == faults.HEALTH_CHECK:
             await faults.after_health_check(session, host, ok=body.ok, detail=body.detail, data=body.data, now=envelope.received_at)
 
@@ -426,7 +424,7 @@ async def handle_workload_exited(session: AsyncSession, envelope: protocol.BusEn
     assert isinstance(message, protocol.WorkloadExited)
     host = await _load_host(session, message.host_id)
     _saw(host, envelope)
-    await rentals.apply_workload_exit(
+    await rental_lifecycle.apply_workload_exit(
         session, host.id, message.body.rental_id, exit_code=message.body.exit_code, reason=message.body.reason, at=message.body.at
     )
 
@@ -472,179 +470,3 @@ async def mark_silent_hosts_offline(
         transition(session, host, "offline", cause=f"no heartbeat since {host.last_seen_at:%Y-%m-%dT%H:%M:%SZ}", actor="monitor",
                    at=changed_at)
     return [h.id for h in hosts]
-
-
-# ---- views --------------------------------------------------------------------------
-
-
-def _gpu_view(gpu: Gpu) -> dict[str, Any]:
-    return {
-        "index": gpu.index,
-        "uuid": gpu.uuid,
-        "name": gpu.name,
-        "memory_total_mib": gpu.memory_total_mib,
-        "present": gpu.present,
-        "rented": gpu.rental_id is not None,
-        "milli_used": gpu.milli_used,  # fractional shares and whole rentals alike (1000: all of it)
-        "classification": reliability.classification_view(gpu),
-        "info": gpu.info,
-    }
-
-
-def _best_gpu(gpus: Sequence[Gpu]) -> Gpu | None:
-    """The host's best present GPU by performance score: what its tier and score in listings are."""
-    scored = [g for g in gpus if g.present]
-    return max(scored, key=lambda g: g.score if g.score is not None else -1.0, default=None)
-
-
-async def active_rentals_by_host(
-    session: AsyncSession, host_ids: Sequence[str], *, renter_id: str | None = None
-) -> dict[str, list[str]]:
-    """The ids of each host's rentals that hold GPUs now (pending on the host, starting, running, stopping).
-
-    With ``renter_id``, only that renter's: a renter sees every host, never another renter's rentals.
-    """
-    if not host_ids:
-        return {}
-    query = select(Rental.host_id, Rental.id).where(Rental.host_id.in_(list(host_ids)), Rental.state.in_(rentals.ACTIVE_STATES))
-    if renter_id is not None:
-        query = query.where(Rental.renter_id == renter_id)
-    rows = await session.execute(query.order_by(Rental.created_at))
-    found: dict[str, list[str]] = {}
-    for host_id, rental_id in rows.all():
-        if host_id is not None:
-            found.setdefault(host_id, []).append(rental_id)
-    return found
-
-
-def host_view(host: Host, gpus: Sequence[Gpu], *, detail: bool = False, active_rentals: Sequence[str] = ()) -> dict[str, Any]:
-    best = _best_gpu(gpus)
-    view: dict[str, Any] = {
-        "id": host.id,
-        "name": host.name,
-        "state": host.state,
-        "state_changed_at": host.state_changed_at.isoformat(),
-        "region": host.region,
-        "relay_id": host.relay_id,
-        "agent_version": host.agent_version,
-        "gpu_backend": host.gpu_backend,
-        "last_seen_at": host.last_seen_at.isoformat() if host.last_seen_at else None,
-        "reliability_score": host.reliability,
-        "tier": best.tier if best is not None else None,
-        "score": best.score if best is not None else None,
-        "active_rentals": list(active_rentals),
-        "gpu_count": sum(1 for g in gpus if g.present),
-        "gpus": [_gpu_view(g) for g in sorted(gpus, key=lambda g: g.index) if g.present],
-    }
-    if detail:
-        view["facts"] = host.facts
-        view["latest_telemetry"] = host.latest_telemetry
-        view["last_seq"] = host.last_seq
-        view["latest_network"] = host.latest_network
-        view["spool"] = host.spool_stats
-        view["reliability"] = reliability.reliability_view(host)
-        view["faults_since"] = host.faults_since.isoformat() if host.faults_since else None
-        view["rejected_fields"] = host.rejected_fields
-        view["cert_not_after"] = host.cert_not_after.isoformat() if host.cert_not_after else None
-    return view
-
-
-def _visible(principal: Principal) -> Any:
-    if principal.role in ("admin", "renter"):
-        return None
-    return Host.owner_id == principal.account_id
-
-
-def _own_rentals_only(principal: Principal) -> str | None:
-    """Whose rentals a host view may name: a renter's own only (None: every rental, for its provider and admins)."""
-    return principal.account_id if principal.role == "renter" else None
-
-
-def _event_view(event: HostEvent, principal: Principal) -> dict[str, Any]:
-    """A host state change. Renters get no cause or actor: those name other renters' rentals and other accounts."""
-    hidden = principal.role == "renter"
-    return {
-        "at": event.at.isoformat(), "from": event.from_state, "to": event.to_state,
-        "cause": None if hidden else event.cause, "actor": None if hidden else event.actor,
-    }  # fmt: skip
-
-
-async def list_hosts(session: AsyncSession, principal: Principal, *, limit: int, offset: int) -> tuple[list[dict[str, Any]], int]:
-    query = select(Host)
-    condition = _visible(principal)
-    if condition is not None:
-        query = query.where(condition)
-    total = await session.scalar(select(func.count()).select_from(query.subquery())) or 0
-    hosts = (await session.scalars(query.order_by(Host.created_at).limit(limit).offset(offset))).all()
-    gpus = (await session.scalars(select(Gpu).where(Gpu.host_id.in_([h.id for h in hosts])))).all()
-    by_host: dict[str, list[Gpu]] = {}
-    for gpu in gpus:
-        by_host.setdefault(gpu.host_id, []).append(gpu)
-    active = await active_rentals_by_host(session, [h.id for h in hosts], renter_id=_own_rentals_only(principal))
-    return [host_view(h, by_host.get(h.id, []), active_rentals=active.get(h.id, [])) for h in hosts], total
-
-
-async def get_host(session: AsyncSession, principal: Principal, host_id: str) -> dict[str, Any]:
-    host = await session.get(Host, host_id)
-    condition_ok = principal.role in ("admin", "renter") or (host is not None and host.owner_id == principal.account_id)
-    if host is None or not condition_ok:
-        raise NotFound(f"no host {host_id!r}", code="host_not_found")
-    gpus = (await session.scalars(select(Gpu).where(Gpu.host_id == host.id))).all()
-    active = await active_rentals_by_host(session, [host.id], renter_id=_own_rentals_only(principal))
-    view = host_view(host, gpus, detail=True, active_rentals=active.get(host.id, []))
-    events = (await session.scalars(select(HostEvent).where(HostEvent.host_id == host.id).order_by(HostEvent.id.desc()).limit(20))).all()
-    view["recent_events"] = [_event_view(e, principal) for e in events]
-    return view
-
-
-async def visible_host(session: AsyncSession, principal: Principal, host_id: str) -> Host:
-    """A host the caller may look at (renters and admins: any; providers: their own); 404 otherwise."""
-    host = await session.get(Host, host_id)
-    if host is None or not (principal.role in ("admin", "renter") or host.owner_id == principal.account_id):
-        raise NotFound(f"no host {host_id!r}", code="host_not_found")
-    return host
-
-
-async def host_events(
-    session: AsyncSession, principal: Principal, host_id: str, *, limit: int, offset: int
-) -> tuple[list[dict[str, Any]], int]:
-    """Every state change of the host, newest first, with time, cause and actor (renters: without cause and actor)."""
-    host = await visible_host(session, principal, host_id)
-    total = await session.scalar(select(func.count()).select_from(HostEvent).where(HostEvent.host_id == host.id)) or 0
-    rows = (
-        await session.scalars(
-            select(HostEvent).where(HostEvent.host_id == host.id).order_by(HostEvent.id.desc()).limit(limit).offset(offset)
-        )
-    ).all()
-    return [_event_view(e, principal) for e in rows], total
-
-
-async def host_metrics(
-    session: AsyncSession, principal: Principal, host_id: str, *, since: datetime | None, until: datetime | None, limit: int,
-    resolution: str = "raw",
-) -> list[dict[str, Any]]:
-    """Telemetry of one host, oldest first: raw samples, or ``1m`` / ``1h`` roll-up buckets."""
-    host = await visible_host(session, principal, host_id)
-    if resolution == "raw":
-        return await raw_series(session, host.id, since=since, until=until, limit=limit)
-    return await rollup_series(session, host.id, resolution, since=since, until=until, limit=limit)
-
-
-async def host_network(session: AsyncSession, principal: Principal, host_id: str, *, limit: int) -> list[dict[str, Any]]:
-    host = await visible_host(session, principal, host_id)
-    rows = (
-        await session.scalars(
-            select(NetworkMeasurement).where(NetworkMeasurement.host_id == host.id).order_by(NetworkMeasurement.measured_at.desc()).limit(limit)
-        )
-    ).all()
-    return [{"seq": r.seq, **r.data} for r in rows]
-
-
-async def owned_host(session: AsyncSession, principal: Principal, host_id: str) -> Host:
-    """A host the caller may operate: its provider, or an admin."""
-    host = await session.get(Host, host_id)
-    if host is None or (principal.role != "admin" and host.owner_id != principal.account_id):
-        raise NotFound(f"no host {host_id!r} among your hosts", code="host_not_found")
-    return host
-
-

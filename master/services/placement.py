@@ -3,7 +3,7 @@
 Every word of the request must be a word of the NVML name or a run of adjacent words
 ("RTX4090" matches "NVIDIA GeForce RTX 4090", "A100 80GB" matches "NVIDIA A100-SXM4-80GB",
 but "A10" does not match "A100"). Which GPUs a rental gets is ``master/scheduler`` (the
-algorithms) and ``master/services/rentals.py`` (candidates, claims, preemption).
+algorithms) and ``master/services/rental_placement.py`` (candidates, claims, preemption).
 """
 
 from __future__ import annotations

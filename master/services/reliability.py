@@ -48,6 +48,7 @@ from master.context import Master
 from master.models import Command as CommandRow
 from master.models import Gpu, GpuEvent, Host, HostEvent, Rental
 from master.services import faults
+from master.services.rentalstate import RentalState
 from master.services.tiers import classify
 from shared.errors import ValidationFailed
 
@@ -65,7 +66,7 @@ FORMULA = "score = uptime.fraction × rentals.factor × faults.factor"
 
 SCORING_CHUNK = 200
 
-# Failure reasons that are the renter's doing (see master.services.rentals): the workload ran
+# Failure reasons that are the renter's doing (see master.services.rental_lifecycle): the workload ran
 # and exited on its own, or its program could not be executed (agent.workloads quotes the
 # program's name; a missing container runtime, unquoted, stays the host's).
 RENTER_CAUSED_PREFIXES = ("workload exited with code ", "workload failed to start: cannot start '")
@@ -115,14 +116,14 @@ async def load_histories(
         histories[host_id].events.append((at, to_state, cause, actor))
     ended = await session.execute(
         select(Rental.host_id, Rental.state, Rental.failure_reason).where(
-            Rental.host_id.in_(ids), Rental.state.in_(("stopped", "failed")), Rental.stopped_at >= since, Rental.stopped_at <= now
+            Rental.host_id.in_(ids), Rental.state.in_((RentalState.STOPPED, RentalState.FAILED)), Rental.stopped_at >= since, Rental.stopped_at <= now
         )
     )
     for host_id, state, reason in ended.all():
         if host_id is None:
             continue
         history = histories[host_id]
-        if state == "stopped":
+        if state == RentalState.STOPPED:
             history.completed_rentals += 1
         elif renter_caused(reason):
             history.renter_failed_rentals += 1

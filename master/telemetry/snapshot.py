@@ -32,7 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from master.context import IngestStats, Master
 from master.models import Alert, Gpu, Host, Rental
 from master.services.hoststate import HOST_STATES, RENTABLE_STATES
-from master.services.rentals import RENTAL_STATES
+from master.services.rentalstate import RENTAL_STATES
 from master.telemetry.ingest import GROUP as INGEST_GROUP
 from shared import protocol
 from shared.bus import Backlog

@@ -32,9 +32,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
 from master.models import Alert, AlertNotification, GpuEvent, Host, Rental
-from master.services import rentals
 from master.services.alerts.views import Severity, alert_view
 from master.services.faults import FAULT_XIDS
+from master.services.rentalstate import ACTIVE_STATES
 from master.telemetry import ingest
 from shared import protocol
 from shared.bus import Backlog
@@ -309,7 +309,7 @@ async def host_state_conditions(session: AsyncSession) -> list[Condition]:
     active = (
         select(func.count())
         .select_from(Rental)
-        .where(Rental.host_id == Host.id, Rental.state.in_(rentals.ACTIVE_STATES))
+        .where(Rental.host_id == Host.id, Rental.state.in_(ACTIVE_STATES))
         .correlate(Host)
         .scalar_subquery()
     )

@@ -1,0 +1,195 @@
+"""A rental after placement: what the agent's results and workload exits mean, lost hosts, re-placement, strays.
+
+Every change goes through ``rentalstate.advance``: results, exits, stops and lost hosts race
+(the bus delivers at least once, several masters apply messages), and the first ending wins.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from master.context import Master
+from master.models import Command as CommandRow
+from master.models import Host, Rental, RentalEvent
+from master.services import allocation, commands
+from master.services.accounts import Principal
+from master.services.hoststate import transition
+from master.services.rental_placement import cancel_commands
+from master.services.rental_request import RentalRequest
+from master.services.rentals import create_rental
+from master.services.rentalstate import ACTIVE_STATES, UNSTOPPED_STATES, RentalState, advance
+from shared.errors import ClientError
+
+log = logging.getLogger(__name__)
+
+
+async def apply_command_result(session: AsyncSession, command: CommandRow, *, ok: bool, detail: str, at: datetime) -> None:
+    """What an agent's confirmation means for the rental it concerns."""
+    if command.rental_id is None:
+        return
+    rental = await session.get(Rental, command.rental_id, with_for_update=True)
+    if rental is None or rental.state == RentalState.PREEMPTED:
+        return  # a preempted rental ended when it was preempted; its stop's result adds nothing
+    if command.kind == "start_workload":
+        if ok:
+            if advance(session, rental, RentalState.RUNNING, "agent confirmed the workload started"):
+                rental.started_at = at
+                host = await session.get(Host, rental.host_id)
+                if host is not None and host.state == "online":
+                    transition(session, host, "rented", cause=f"rental {rental.id} running", actor="master")
+        else:
+            if advance(session, rental, RentalState.FAILED, f"workload failed to start: {detail}"):
+                rental.failure_reason = detail
+                rental.stopped_at = at
+                await _release(session, rental, at=at)
+    elif command.kind == "stop_workload" and ok:
+        if advance(session, rental, RentalState.STOPPED, "agent confirmed the workload stopped"):
+            rental.stopped_at = at
+            await _release(session, rental, at=at)
+
+
+async def apply_workload_exit(
+    session: AsyncSession, host_id: str, rental_id: str, *, exit_code: int | None, reason: str, at: datetime
+) -> None:
+    """A workload ended on its own: exit 0 completes the rental, anything else fails it. GPUs are freed."""
+    rental = await session.get(Rental, rental_id, with_for_update=True)
+    if rental is None or rental.host_id != host_id:
+        log.warning("host %s reported the exit of rental %s it does not run", host_id, rental_id)
+        return
+    if rental.state not in (RentalState.STARTING, RentalState.RUNNING):
+        return  # already stopping/stopped by request, or failed: nothing to add
+    what = f"workload exited with code {exit_code}" if exit_code is not None else f"workload ended ({reason or 'unknown'})"
+    target = RentalState.STOPPED if exit_code == 0 else RentalState.FAILED
+    if rental.state == RentalState.STARTING and target == RentalState.STOPPED:
+        target = RentalState.FAILED  # never confirmed running: treat as a failed start
+    if advance(session, rental, target, what):
+        rental.stopped_at = at
+        if target == RentalState.FAILED:
+            rental.failure_reason = what
+        await _release(session, rental, at=at)
+
+
+async def fail_rental(session: AsyncSession, rental: Rental, *, reason: str, at: datetime) -> None:
+    """End an active rental as failed (its host is gone or untrusted) and free its GPUs.
+
+    Its unanswered commands are cancelled, so a host that comes back is not told to start it.
+    """
+    if advance(session, rental, RentalState.FAILED, reason):
+        rental.failure_reason = reason
+        rental.stopped_at = at
+        await allocation.release(session, rental.id, at=at)
+        await cancel_commands(session, rental.id, at=at, reason=reason)
+
+
+async def fail_rentals_of_lost_hosts(session: AsyncSession, *, now: datetime, grace: timedelta) -> list[str]:
+    """Fail the active rentals of hosts offline for longer than ``grace``; returns their ids.
+
+    Billing stops at ``host_lost_at``, the last time the host was heard from, not at the
+    moment the grace period ran out. A host back within the grace period resumes its rentals.
+    """
+    rows = (
+        await session.execute(
+            select(Rental, Host.last_seen_at)
+            .join(Host, Host.id == Rental.host_id)
+            .where(Host.state == "offline", Host.state_changed_at <= now - grace, Rental.state.in_(ACTIVE_STATES))
+            .with_for_update(of=Rental, skip_locked=True)
+        )
+    ).all()
+    for rental, last_seen in rows:
+        lost_at = last_seen or now
+        rental.host_lost_at = lost_at
+        await fail_rental(
+            session, rental, at=lost_at,
+            reason=f"host {rental.host_id} lost: silent since {lost_at:%Y-%m-%dT%H:%M:%SZ}, past the {grace.total_seconds():g}s grace period",
+        )
+        log.warning("rental %s failed: host %s lost", rental.id, rental.host_id)
+    return [rental.id for rental, _ in rows]
+
+
+async def replace_lost(master: Master, rental_id: str) -> Rental | None:
+    """Start a rental lost with its host again elsewhere, if it asked for that; returns the new one.
+
+    Idempotent: the new rental's idempotency key is derived from the old one, so a retried
+    call returns the same re-placement. The renter reads what happened in both rentals' events.
+    """
+    async with master.db.session() as session:
+        old = await session.get(Rental, rental_id)
+    if old is None or not old.restart_on_failure or old.state != RentalState.FAILED or old.host_lost_at is None:
+        return None
+    renter = Principal(account_id=old.renter_id, name="master", role="renter")
+    # The same request anywhere but on the lost host (an offer named that host: keep its model instead).
+    pinned = (old.spec or {}).get("offer_id") is not None
+    request = RentalRequest.from_rental(
+        old, avoid_hosts=frozenset({old.host_id} if old.host_id else ()), replaces=old.id, queue=False, offer_id=None,
+        gpu_model=old.gpu_model if pinned else (old.spec or {}).get("gpu_model", old.gpu_model),
+    )  # fmt: skip
+    new: Rental | None = None
+    try:
+        new, created = await create_rental(master, renter, request, idempotency_key=f"replace:{old.id}")
+        note = f"placed again as rental {new.id} on host {new.host_id}"
+    except ClientError as exc:
+        note, created = f"could not be placed again: {exc}", True
+    if created:
+        async with master.db.session() as session:
+            session.add(RentalEvent(rental_id=old.id, from_state=RentalState.FAILED.value, to_state=RentalState.FAILED.value, cause=note))
+        log.info("rental %s %s", old.id, note)
+    return new
+
+
+async def stop_strays(session: AsyncSession, host_id: str, reported: Sequence[str]) -> list[str]:
+    """Stop workloads a host says it runs that are not active rentals of that host.
+
+    (A rental failed while its host was away, or ended by anyone while a stop got lost.)
+    Returns the ids of new ``stop_workload`` commands to publish; one open stop per rental.
+    """
+    if not reported:
+        return []
+    wanted = set(reported)
+    active = set(
+        (
+            await session.scalars(
+                select(Rental.id).where(Rental.id.in_(wanted), Rental.host_id == host_id, Rental.state.in_(UNSTOPPED_STATES))
+            )
+        ).all()
+    )
+    stopping = set(
+        (
+            await session.scalars(
+                select(CommandRow.rental_id).where(
+                    CommandRow.host_id == host_id, CommandRow.kind == "stop_workload",
+                    CommandRow.rental_id.in_(wanted), CommandRow.state.in_(commands.OPEN_STATES),
+                )
+            )
+        ).all()
+    )
+    known = set((await session.scalars(select(Rental.id).where(Rental.id.in_(wanted)))).all())
+    ids = []
+    for rental_id in sorted(wanted - active - stopping):
+        log.warning("host %s runs workload %s, which is not an active rental there; stopping it", host_id, rental_id)
+        command = commands.new_command(
+            session, host_id=host_id, kind="stop_workload", args={"rental_id": rental_id},
+            rental_id=rental_id if rental_id in known else None,
+        )
+        ids.append(command.id)
+    return ids
+
+
+async def _release(session: AsyncSession, rental: Rental, *, at: datetime) -> None:
+    await allocation.release(session, rental.id, at=at)
+    if rental.host_id is None:
+        return
+    host = await session.get(Host, rental.host_id)
+    if host is None or host.state != "rented":
+        return
+    still = await session.scalar(
+        select(func.count()).select_from(Rental).where(
+            Rental.host_id == host.id, Rental.state.in_(ACTIVE_STATES), Rental.id != rental.id
+        )
+    )
+    if not still:
+        transition(session, host, "online", cause=f"rental {rental.id} ended; no rentals left", actor="master")
