@@ -6,8 +6,8 @@ import asyncio
 import dataclasses
 from datetime import UTC, datetime, timedelta
 
+from master.background import leases
 from master.context import Master
-from master.services import leases
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 

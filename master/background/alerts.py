@@ -12,8 +12,8 @@ import logging
 
 import aiohttp
 
+from master.background import leases
 from master.context import Master
-from master.services import leases
 from master.services.alerts import delivery, rules
 
 log = logging.getLogger(__name__)

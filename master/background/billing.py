@@ -8,8 +8,8 @@ when ``billing_in_process`` is off.
 from __future__ import annotations
 
 from billing.jobs import Job
+from master.background import leases
 from master.context import Master
-from master.services import leases
 
 
 async def billing_loop(master: Master, job: Job) -> None:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime, timedelta
 
+from master.background import leases
 from master.context import Master
-from master.services import hosts, leases, rental_lifecycle
+from master.services import hosts, rental_lifecycle
 from master.telemetry.ingest import GROUP
 from shared import protocol
 

@@ -6,8 +6,9 @@ itself is ``master.services.rental_queue.process_queue``.
 
 from __future__ import annotations
 
+from master.background import leases
 from master.context import Master
-from master.services import leases, rental_queue
+from master.services import rental_queue
 
 QUEUE_LEASE = "rental-queue"
 

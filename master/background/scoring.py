@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import logging
 
+from master.background import leases
 from master.context import Master
-from master.services import leases, reliability
+from master.services import reliability
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ of the buckets relies on it). The passes themselves are ``master.telemetry.rollu
 
 from __future__ import annotations
 
+from master.background import leases
 from master.context import Master
-from master.services import leases
 from master.telemetry import rollups
 
 MAINTENANCE_LEASE = "telemetry-maintenance"
