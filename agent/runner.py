@@ -29,7 +29,6 @@ import random
 import ssl
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -57,6 +56,7 @@ from shared.crypto import (
     write_private_key,
 )
 from shared.errors import ConfigError, GpumarketError, ProtocolError
+from shared.outbound import OutboundWindow
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +216,7 @@ class Agent:
         )
         self.lease = SequenceLease(state.lease_file)
         self.spool = SqliteSpool(state.dir / "spool.db", max_messages=spool_max_messages, max_bytes=spool_max_bytes)
-        self.window = protocol.OutboundWindow(self.host_id, first_seq=self.lease.start, store=self.spool)
+        self.window = OutboundWindow(self.host_id, first_seq=self.lease.start, store=self.spool)
         self.workloads = WorkloadManager(state.work_dir, backend, on_exit=self._workload_exited)
         self.stop_workloads_on_close = stop_workloads_on_close
         self._commands: asyncio.Queue[protocol.CommandBody] = asyncio.Queue(max_pending_commands)
@@ -490,48 +490,44 @@ class Agent:
                 log.info("command %s already executed; reporting its result again", command.command_id)
             await self._emit(*self.window.command_result(result))
 
-    async def _execute(self, command: protocol.CommandBody) -> protocol.CommandResultBody:
-        handlers: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {
-            "start_workload": self._start_workload,
-            "stop_workload": self._stop_workload,
-            "measure_network": self._measure_command,
-            "health_check": self._health_command,
-            "install_certificate": self._install_certificate,
-        }
-        handler = handlers.get(command.kind)
+    async def _execute(self, body: protocol.CommandBody) -> protocol.CommandResultBody:
+        """Run one command; a command the protocol refuses (unknown kind or field) fails with its error code."""
         try:
-            if handler is None:
-                raise ConfigError(
-                    f"unknown command kind {command.kind!r}; this agent ({AGENT_VERSION}) supports {', '.join(sorted(handlers))}"
-                )
-            data, ok, detail = await handler(dict(command.args)), True, ""
-        except KeyError as exc:
-            log.warning("command %s (%s) is missing field %s", command.command_id, command.kind, exc)
-            ok, detail, data = False, f"missing field {exc} in {command.kind} arguments", {}
+            command = protocol.decode_command(body)
+        except ProtocolError as exc:
+            log.warning("command %s (%s) refused: %s", body.command_id, body.kind, exc)
+            return _result(body.command_id, ok=False, detail=str(exc), data={"code": exc.code})
+        try:
+            reply = await self._handle(command)
         except (GpumarketError, TypeError, ValueError) as exc:
-            log.warning("command %s (%s) failed: %s", command.command_id, command.kind, exc)
-            ok, detail, data = False, str(exc), {}
-        return protocol.CommandResultBody(
-            command_id=command.command_id, ok=ok, detail=detail[:4096], data=data, finished_at=datetime.now(UTC)
-        )
+            log.warning("command %s (%s) failed: %s", body.command_id, body.kind, exc)
+            return _result(body.command_id, ok=False, detail=str(exc))
+        return _result(body.command_id, ok=True, data=reply.model_dump(mode="json", exclude_unset=True))
 
-    async def _start_workload(self, args: dict[str, Any]) -> dict[str, Any]:
-        """``rental_id``, ``gpu_uuids``, optional ``workload`` spec and ``share`` (``{"milli", "memory_mib"}``)."""
-        rental_id = str(args["rental_id"])
-        data = await self.workloads.start(
-            rental_id, [str(u) for u in args["gpu_uuids"]], dict(args.get("workload") or {}), share=args.get("share")
-        )
-        self._log_cursors.setdefault(rental_id, _LogCursor())
+    async def _handle(self, command: protocol.AnyCommand) -> protocol.CommandReply:
+        match command:
+            case protocol.StartWorkload():
+                return await self._start_workload(command)
+            case protocol.StopWorkload():
+                return await self._stop_workload(command)
+            case protocol.MeasureNetwork():
+                return await self._measure_command()
+            case protocol.HealthCheck():
+                return await self._health_command(command)
+            case protocol.InstallCertificate():
+                return await self._install_certificate(command)
+
+    async def _start_workload(self, command: protocol.StartWorkload) -> protocol.WorkloadStarted:
+        data = await self.workloads.start(command.rental_id, list(command.gpu_uuids), command.workload, share=command.share)
+        self._log_cursors.setdefault(command.rental_id, _LogCursor())
         self._save_log_cursors()
-        return data
+        return protocol.WorkloadStarted.model_validate(data)
 
-    async def _stop_workload(self, args: dict[str, Any]) -> dict[str, Any]:
-        """``rental_id``, optional ``grace_s`` (SIGTERM to SIGKILL, 0-600 s) and ``reason`` (written to the log)."""
-        rental_id = str(args["rental_id"])
-        data = await self.workloads.stop(rental_id, timeout=args.get("grace_s"), reason=args.get("reason"))
-        if rental_id in self._log_cursors:
-            self._log_cursors[rental_id].exited = True
-        return data
+    async def _stop_workload(self, command: protocol.StopWorkload) -> protocol.WorkloadStopped:
+        data = await self.workloads.stop(command.rental_id, timeout=command.grace_s, reason=command.reason)
+        if command.rental_id in self._log_cursors:
+            self._log_cursors[command.rental_id].exited = True
+        return protocol.WorkloadStopped.model_validate(data)
 
     async def _workload_exited(self, rental_id: str, exit_code: int | None) -> None:
         """Called by the workload manager when a workload ends on its own."""
@@ -573,9 +569,9 @@ class Agent:
                 async with asyncio.timeout(self.timings.renewal_retry):
                     await self._renewed.wait()
 
-    async def _install_certificate(self, args: dict[str, Any]) -> dict[str, Any]:
+    async def _install_certificate(self, command: protocol.InstallCertificate) -> protocol.CertificateInstalled:
         """Install a renewed certificate for the key we generated; idempotent."""
-        pem = str(args["certificate"]).encode()
+        pem = command.certificate.encode()
         cert = load_certificate(pem)
         if host_id_from_certificate(cert) != self.host_id:
             raise ConfigError("the certificate offered is for another host; not installed")
@@ -587,14 +583,14 @@ class Agent:
         )
         if match is None:
             raise ConfigError("the certificate offered does not match this host's key; not installed")
-        atomic_write(self.state.ca_file, str(args.get("ca_certificate") or self.state.ca_file.read_text()).encode())
+        atomic_write(self.state.ca_file, (command.ca_certificate or self.state.ca_file.read_text()).encode())
         atomic_write(self.state.cert_file, pem)
         if match == self._next_key_file:
             self._next_key_file.replace(self.state.key_file)  # atomic: cert and key now belong together
         self._check_certificate()
         self._renewed.set()
         log.info("host %s installed a new certificate valid until %s", self.host_id, self.cert_not_after)
-        return {"serial": format(cert.serial_number, "040x"), "not_after": self.cert_not_after.isoformat()}
+        return protocol.CertificateInstalled(serial=format(cert.serial_number, "040x"), not_after=self.cert_not_after.isoformat())
 
     # ---- network ----------------------------------------------------------------------
 
@@ -614,19 +610,16 @@ class Agent:
         await self._emit(*self.window.network_report(body))
         return body
 
-    async def _measure_command(self, args: dict[str, Any]) -> dict[str, Any]:
+    async def _measure_command(self) -> protocol.NetworkReportBody:
         body = await self.measure_network()
         if body.error:
             raise ConfigError(f"network measurement failed: {body.error}")
-        return body.model_dump(mode="json")
+        return protocol.NetworkReportBody.model_validate(body.model_dump())  # every field set: the whole report is the reply
 
-    async def _health_command(self, args: dict[str, Any]) -> dict[str, Any]:
+    async def _health_command(self, command: protocol.HealthCheck) -> protocol.HealthCheckResult:
         """Check the GPUs the master expects (``gpu_uuids``) and any others; the verdict is ``data["healthy"]``."""
-        uuids = args.get("gpu_uuids", [])
-        if not isinstance(uuids, list):
-            raise ValueError("gpu_uuids must be a list of GPU UUIDs")
-        report = await asyncio.to_thread(check_health, self.backend, [str(u) for u in uuids])
-        return report.to_wire()
+        report = await asyncio.to_thread(check_health, self.backend, list(command.gpu_uuids))
+        return protocol.HealthCheckResult.model_validate(report.to_wire())
 
     async def _network_loop(self) -> None:
         interval = self.timings.network_interval
@@ -693,6 +686,12 @@ class Agent:
         await self.workloads.close(stop_workloads=self.stop_workloads_on_close)
         self.backend.close()
         self.spool.close()
+
+
+def _result(command_id: str, *, ok: bool, detail: str = "", data: dict[str, Any] | None = None) -> protocol.CommandResultBody:
+    return protocol.CommandResultBody(
+        command_id=command_id, ok=ok, detail=detail[:4096], data=data or {}, finished_at=datetime.now(UTC)
+    )
 
 
 def _complete_utf8(chunk: bytes) -> bytes:

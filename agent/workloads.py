@@ -43,7 +43,7 @@ are still alive and genuinely the same, keeps ``hold`` workloads, and reports th
 that ended meanwhile. ``close()`` leaves workloads running unless ``stop_workloads=True``.
 
 Logging: start, stop and exit at INFO; a degraded isolation or log cap at WARNING.
-This module imports nothing from the master, the relay or the wire protocol.
+This module imports nothing from the master or the relay; its specs are the wire protocol's models.
 """
 
 from __future__ import annotations
@@ -55,7 +55,6 @@ import errno
 import functools
 import json
 import logging
-import math
 import os
 import re
 import secrets
@@ -72,6 +71,14 @@ from agent.gpu.base import GpuBackend
 from agent.gpu.sim import SimulatedBackend
 from agent.state import atomic_write
 from shared.errors import BadRequest, ConfigError, Conflict, GpumarketError, NotFound
+from shared.protocol import (
+    MILLI_PER_GPU,
+    RENTAL_ID_PATTERN,
+    GpuShare,
+    HoldWorkload,
+    ProcessWorkload,
+    WorkloadSpec,
+)
 
 log = logging.getLogger(__name__)
 
@@ -90,27 +97,14 @@ CONTAINER_CLIENT_ENV: Final = (
     "PATH", "HOME", "DOCKER_HOST", "DOCKER_CONTEXT", "DOCKER_CONFIG", "DOCKER_CERT_PATH",
     "DOCKER_TLS_VERIFY", "CONTAINER_HOST", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME",
 )
-SPEC_KEYS: Final = frozenset({"kind", "argv", "env", "image", "cpu_cores", "memory_mib"})
-MIN_CPU_CORES: Final = 0.01  # cpu.max refuses a quota under 1 ms per 100 ms period
-MAX_CPU_CORES: Final = 1024.0
-MIN_MEMORY_MIB: Final = 16  # less cannot even start a shell
-MAX_MEMORY_MIB: Final = 1 << 24  # 16 TiB
 MIB: Final = 1 << 20
-SHARE_KEYS: Final = frozenset({"milli", "memory_mib"})
-MILLI_PER_GPU: Final = 1000  # a share's compute is counted in thousandths of one GPU
-MAX_STOP_GRACE_S: Final = 600.0  # the longest SIGTERM-to-SIGKILL grace a stop may ask for
-MAX_STOP_REASON_CHARS: Final = 200
 
 _CPU_PERIOD_US: Final = 100_000
 _LEFTOVER_POLL_S: Final = 0.01
-_RENTAL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_RENTAL_ID_RE = re.compile(RENTAL_ID_PATTERN)
 _SLICE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$")  # never starts with "-"
 _MIG_RE = re.compile(r"^MIG-(?:GPU-[0-9a-f-]{36}/\d+/\d+|[0-9a-f-]{36})$", re.IGNORECASE)
-_RESERVED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"})
-_SHARE_ENV = frozenset({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"})
-_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
 # The first process of a workload runs /bin/sh, which changes into the rental's folder
 # (os.posix_spawn cannot), optionally waits on stdin for the agent's "go" — sent once the
@@ -152,149 +146,38 @@ class ResourceLimits:
 
 
 @dataclass(frozen=True, slots=True)
-class WorkloadSpec:
-    """A validated start spec: ``{"kind", "argv", "env", "image", "cpu_cores", "memory_mib"}``."""
+class ContainerSpec:
+    """An image to run in a container (docker or podman): not on the wire yet — the "Isolated
+    rentals" issue adds a ``container`` workload kind; until then only the agent's own callers
+    (and tests) start one."""
 
-    kind: Literal["hold", "process"]
-    argv: tuple[str, ...] = ()
+    image: str
+    argv: tuple[str, ...] = ()  # empty: the image's own command
     env: Mapping[str, str] = field(default_factory=dict)
-    image: str | None = None
     limits: ResourceLimits = ResourceLimits()
 
-
-def parse_spec(spec: Mapping[str, Any], *, max_argv_bytes: int = 128 << 10, max_env_vars: int = 256) -> WorkloadSpec:
-    """Validate a start spec; raises ``BadRequest`` saying what to fix."""
-    if not isinstance(spec, Mapping):
-        raise BadRequest("a workload spec must be a JSON object", code="bad_workload_spec")
-    unknown = sorted(set(spec) - SPEC_KEYS)
-    if unknown:
-        raise BadRequest(
-            f"unknown workload setting(s) {', '.join(map(repr, unknown))}; expected some of {', '.join(sorted(SPEC_KEYS))}",
-            code="bad_workload_spec",
-        )
-    image = spec.get("image")
-    if image is not None and (not isinstance(image, str) or not _IMAGE_RE.match(image)):
-        raise BadRequest("'image' must be an image reference such as 'nvcr.io/nvidia/pytorch:24.05-py3'", code="bad_workload_spec")
-    kind = spec.get("kind", "process" if image is not None else "hold")
-    if kind not in ("hold", "process"):
-        raise BadRequest(f"unknown workload kind {kind!r}; expected 'hold' or 'process'", code="bad_workload_spec")
-    argv = spec.get("argv")
-    if kind == "hold":
-        if image is not None or argv is not None:
-            raise BadRequest("a 'hold' workload runs nothing, so it takes no 'argv' or 'image'; use kind 'process'", code="bad_workload_spec")
-        return WorkloadSpec(kind="hold")
-    if argv is None and image is not None:
-        argv = []  # the image's own command
-    if (
-        not isinstance(argv, list)
-        or (not argv and image is None)
-        or not all(isinstance(a, str) and "\0" not in a for a in argv)
-    ):
-        raise BadRequest("a process workload needs 'argv', a non-empty list of strings", code="bad_workload_spec")
-    if sum(len(a.encode()) + 1 for a in argv) > max_argv_bytes:
-        raise BadRequest(f"'argv' is longer than {max_argv_bytes} bytes; put the long part in a file", code="bad_workload_spec")
-    return WorkloadSpec(
-        kind="process", argv=tuple(argv), env=_parse_env(spec.get("env"), max_env_vars=max_env_vars),
-        image=image, limits=_parse_limits(spec),
-    )
+    def __post_init__(self) -> None:
+        if not _IMAGE_RE.match(self.image):
+            raise BadRequest("'image' must be an image reference such as 'nvcr.io/nvidia/pytorch:24.05-py3'", code="bad_workload_spec")
 
 
-def _parse_env(raw: Any, *, max_env_vars: int) -> dict[str, str]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, Mapping):
-        raise BadRequest("'env' must be an object of NAME: value", code="bad_workload_spec")
-    if len(raw) > max_env_vars:
-        raise BadRequest(f"'env' has more than {max_env_vars} variables", code="bad_workload_spec")
-    env: dict[str, str] = {}
-    for name, value in raw.items():
-        if not isinstance(name, str) or not _ENV_NAME_RE.match(name):
-            raise BadRequest(f"environment variable name {name!r} is not a valid NAME", code="bad_workload_spec")
-        if name in _RESERVED_ENV or name.startswith("GPUMARKET_"):
-            raise BadRequest(f"'env' may not set {name}: the agent sets it to the rental's GPUs", code="bad_workload_spec")
-        if isinstance(value, bool) or not isinstance(value, str | int | float) or "\0" in str(value):
-            raise BadRequest(f"environment variable {name} must be a string or a number", code="bad_workload_spec")
-        env[name] = str(value)
+def limits_of(spec: ProcessWorkload) -> ResourceLimits:
+    return ResourceLimits(cpu_cores=spec.cpu_cores, memory_mib=spec.memory_mib)
+
+
+def share_environment(share: GpuShare) -> dict[str, str]:
+    """What a workload on a GPU share is told: the share itself, and the CUDA MPS client limits.
+
+    The workload sees one device, so the pinned memory limit names device ``0``.
+    """
+    env = {
+        "GPUMARKET_GPU_MILLI": str(share.milli),
+        "GPUMARKET_GPU_MEMORY_MIB": str(share.memory_mib),
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(max(1, share.milli * 100 // MILLI_PER_GPU)),
+    }
+    if share.memory_mib:
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={share.memory_mib}M"
     return env
-
-
-def _parse_limits(spec: Mapping[str, Any]) -> ResourceLimits:
-    cpu, memory = spec.get("cpu_cores"), spec.get("memory_mib")
-    if cpu is not None and (
-        isinstance(cpu, bool) or not isinstance(cpu, int | float) or not math.isfinite(cpu) or not MIN_CPU_CORES <= cpu <= MAX_CPU_CORES
-    ):
-        raise BadRequest(f"'cpu_cores' must be a number of cores from {MIN_CPU_CORES} to {MAX_CPU_CORES:g}, e.g. 2.0", code="bad_workload_spec")
-    if memory is not None and (isinstance(memory, bool) or not isinstance(memory, int) or not MIN_MEMORY_MIB <= memory <= MAX_MEMORY_MIB):
-        raise BadRequest(f"'memory_mib' must be a whole number of MiB from {MIN_MEMORY_MIB} to {MAX_MEMORY_MIB}, e.g. 4096", code="bad_workload_spec")
-    return ResourceLimits(cpu_cores=None if cpu is None else float(cpu), memory_mib=memory)
-
-
-@dataclass(frozen=True, slots=True)
-class GpuShare:
-    """A fractional share of one GPU: ``milli`` thousandths of its compute (1-999) and
-    ``memory_mib`` of its memory (``0``: no memory limit of its own)."""
-
-    milli: int
-    memory_mib: int
-
-    def to_wire(self) -> dict[str, int]:
-        return {"milli": self.milli, "memory_mib": self.memory_mib}
-
-    def environment(self) -> dict[str, str]:
-        """What a workload on this share is told: the share itself, and the CUDA MPS client limits.
-
-        The workload sees one device, so the pinned memory limit names device ``0``.
-        """
-        env = {
-            "GPUMARKET_GPU_MILLI": str(self.milli),
-            "GPUMARKET_GPU_MEMORY_MIB": str(self.memory_mib),
-            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(max(1, self.milli * 100 // MILLI_PER_GPU)),
-        }
-        if self.memory_mib:
-            env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={self.memory_mib}M"
-        return env
-
-
-def parse_share(raw: Any) -> GpuShare | None:
-    """Validate a ``share`` (``None``: whole GPUs); raises ``BadRequest`` saying what to fix."""
-    if raw is None:
-        return None
-    if not isinstance(raw, Mapping):
-        raise BadRequest('\'share\' must be an object such as {"milli": 250, "memory_mib": 8192}', code="bad_gpu_share")
-    unknown = sorted(map(str, set(raw) - SHARE_KEYS))
-    missing = sorted(SHARE_KEYS - set(raw))
-    if unknown or missing:
-        problem = f"unknown key(s) {', '.join(map(repr, unknown))}" if unknown else f"missing {', '.join(map(repr, missing))}"
-        raise BadRequest(f"'share' has {problem}; it takes exactly 'milli' and 'memory_mib'", code="bad_gpu_share")
-    milli, memory = raw["milli"], raw["memory_mib"]
-    if isinstance(milli, bool) or not isinstance(milli, int) or not 1 <= milli < MILLI_PER_GPU:
-        raise BadRequest(
-            f"'share.milli' must be a whole number of thousandths of a GPU from 1 to {MILLI_PER_GPU - 1}, e.g. 250; "
-            "for a whole GPU send no 'share'",
-            code="bad_gpu_share",
-        )
-    if isinstance(memory, bool) or not isinstance(memory, int) or not 0 <= memory <= MAX_MEMORY_MIB:
-        raise BadRequest(
-            f"'share.memory_mib' must be a whole number of MiB from 0 (no limit) to {MAX_MEMORY_MIB}, e.g. 8192",
-            code="bad_gpu_share",
-        )
-    return GpuShare(milli=milli, memory_mib=memory)
-
-
-def parse_stop(timeout: Any, reason: Any) -> tuple[float | None, str | None]:
-    """Validate a stop's grace (seconds from SIGTERM to SIGKILL) and reason; raises ``BadRequest``."""
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not math.isfinite(timeout)
-        or not 0 <= timeout <= MAX_STOP_GRACE_S
-    ):
-        raise BadRequest(
-            f"the stop's grace must be a number of seconds from 0 to {MAX_STOP_GRACE_S:g}, not {timeout!r}", code="bad_stop_grace"
-        )
-    if reason is not None and (not isinstance(reason, str) or len(reason) > MAX_STOP_REASON_CHARS or _CONTROL_RE.search(reason)):
-        raise BadRequest(
-            f"the stop's reason must be one line of text of at most {MAX_STOP_REASON_CHARS} characters", code="bad_stop_reason"
-        )
-    return None if timeout is None else float(timeout), reason
 
 
 def _check_rental_id(rental_id: str) -> None:
@@ -865,10 +748,9 @@ def container_name(rental_id: str) -> str:
 
 
 def container_argv(
-    runtime: ContainerRuntime, rental_id: str, spec: WorkloadSpec, gpu_uuids: Sequence[str], *, folder: Path, env_file: Path
+    runtime: ContainerRuntime, rental_id: str, spec: ContainerSpec, gpu_uuids: Sequence[str], *, folder: Path, env_file: Path
 ) -> list[str]:
     """The ``docker run``/``podman run`` command for an image workload: its GPUs, limits, env file and folder."""
-    assert spec.image is not None
     argv = [runtime.path, "run", "--rm", "--init", "--name", container_name(rental_id), "--label", f"gpumarket.rental={rental_id}"]
     if runtime.name == "podman":
         for gpu_uuid in gpu_uuids:
@@ -947,7 +829,7 @@ class Workload:
             "cgroup_dirs": [str(d) for d in self.placement.cgroup_dirs],
             "systemd_unit": self.placement.unit,
             "container": None if self.container is None else {"runtime": self.container[0], "name": self.container[1]},
-            "share": None if self.share is None else self.share.to_wire(),
+            "share": None if self.share is None else self.share.model_dump(),
         }
 
     @classmethod
@@ -960,7 +842,8 @@ class Workload:
             raise ValueError("pid and start_time do not fit the kind")
         container = record.get("container")
         gpu_uuids = [str(u) for u in record["gpu_uuids"]]
-        share = parse_share(record.get("share"))  # absent in records written before shares
+        raw_share = record.get("share")  # absent in records written before shares
+        share = None if raw_share is None else GpuShare.model_validate(raw_share)
         if share is not None and len(gpu_uuids) != 1:
             raise ValueError("a GPU share names exactly one GPU")
         return cls(
@@ -1001,8 +884,6 @@ class WorkloadManager:
         # Limits
         max_log_bytes: int = 64 << 20,
         max_read_bytes: int = 1 << 20,
-        max_argv_bytes: int = 128 << 10,
-        max_env_vars: int = 256,
     ) -> None:
         for name, value, low, high in (
             ("stop_timeout", stop_timeout, 0.0, 3600.0),
@@ -1011,8 +892,6 @@ class WorkloadManager:
             ("runtime_probe_timeout", runtime_probe_timeout, 0.1, 120.0),
             ("max_log_bytes", max_log_bytes, 16 << 10, 1 << 40),
             ("max_read_bytes", max_read_bytes, 1, 64 << 20),
-            ("max_argv_bytes", max_argv_bytes, 64, 2 << 20),
-            ("max_env_vars", max_env_vars, 0, 4096),
         ):
             if not low <= value <= high:
                 raise ConfigError(f"workload setting {name}={value!r} must lie between {low:g} and {high:g}")
@@ -1027,8 +906,6 @@ class WorkloadManager:
         self.runtime_probe_timeout = runtime_probe_timeout
         self.max_log_bytes = max_log_bytes
         self.max_read_bytes = max_read_bytes
-        self.max_argv_bytes = max_argv_bytes
-        self.max_env_vars = max_env_vars
         self._workloads: dict[str, Workload] = {}
         self._unreported: dict[str, int | None] = {}  # exits on_exit has not yet taken
         self._dead_at_load: list[Workload] = []
@@ -1056,12 +933,12 @@ class WorkloadManager:
     # ---- start ------------------------------------------------------------------------
 
     async def start(
-        self, rental_id: str, gpu_uuids: list[str], spec: Mapping[str, Any], *, share: Mapping[str, Any] | None = None
+        self, rental_id: str, gpu_uuids: list[str], spec: WorkloadSpec | ContainerSpec, *, share: GpuShare | None = None
     ) -> dict[str, Any]:
         """Start the rental's workload unless it already runs (then report it again).
 
-        ``share`` (``{"milli", "memory_mib"}``, see ``parse_share``) gives the workload a
-        fraction of its one GPU, which other shares may hold too; without it the workload
+        ``spec`` and ``share`` come validated (``shared.protocol.StartWorkload``). ``share`` gives
+        the workload a fraction of its one GPU, which other shares may hold too; without it the workload
         needs its GPUs unheld. Returns ``{"kind", "pid", "limits": "applied" | "unavailable"
         | "none requested", ...}`` (with ``limits_reason`` when unavailable). Cancelling is
         safe: the only await — asking docker/podman whether it can run containers — comes
@@ -1073,30 +950,24 @@ class WorkloadManager:
         existing = self._workloads.get(rental_id)
         if existing is not None:
             return self._already_running(existing)
-        parsed = parse_spec(spec, max_argv_bytes=self.max_argv_bytes, max_env_vars=self.max_env_vars)
-        gpu_share = parse_share(share)
-        if gpu_share is not None:
-            overridden = sorted(_SHARE_ENV & set(parsed.env))
-            if overridden:
-                raise BadRequest(
-                    f"'env' may not set {', '.join(overridden)}: the agent sets it from the rental's GPU share", code="bad_workload_spec"
-                )
+        gpu_share = share
         gpus = self._check_gpus(gpu_uuids, gpu_share)
         runtime = None
-        if parsed.image is not None:
-            runtime = await self._require_container_runtime(parsed.image)
+        if isinstance(spec, ContainerSpec):
+            runtime = await self._require_container_runtime(spec.image)
             self._check_open()
             existing = self._workloads.get(rental_id)  # a concurrent start may have won meanwhile
             if existing is not None:
                 return self._already_running(existing)
             gpus = self._check_gpus(gpu_uuids, gpu_share)
-        if parsed.kind == "hold":
+        if isinstance(spec, HoldWorkload):
             workload = Workload(rental_id, "hold", gpus, _now())
             result: dict[str, Any] = {"kind": "hold", "pid": None}
-        elif runtime is not None:
-            workload, result = self._spawn_container(rental_id, gpus, parsed, runtime, gpu_share)
+        elif isinstance(spec, ContainerSpec):
+            assert runtime is not None
+            workload, result = self._spawn_container(rental_id, gpus, spec, runtime, gpu_share)
         else:
-            workload, result = self._spawn_process(rental_id, gpus, parsed, gpu_share)
+            workload, result = self._spawn_process(rental_id, gpus, spec, gpu_share)
         workload.share = gpu_share
         self._workloads[rental_id] = workload
         if workload.pid is not None:
@@ -1175,7 +1046,7 @@ class WorkloadManager:
             GPUMARKET_RENTAL_ID=rental_id,
         )
         if share is not None:
-            env.update(share.environment())
+            env.update(share_environment(share))
         return env
 
     def _folder(self, rental_id: str) -> Path:
@@ -1210,13 +1081,14 @@ class WorkloadManager:
         return pid, gate_write if gated else None
 
     def _spawn_process(
-        self, rental_id: str, gpus: list[str], spec: WorkloadSpec, share: GpuShare | None
+        self, rental_id: str, gpus: list[str], spec: ProcessWorkload, share: GpuShare | None
     ) -> tuple[Workload, dict[str, Any]]:
         folder = self._folder(rental_id)
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         env = self._environment(rental_id, gpus, spec.env, home=folder, share=share)
         program = _resolve_program(spec.argv[0], path=env["PATH"], folder=folder)
-        placement = self.cgroups.create(rental_id, spec.limits)
+        limits = limits_of(spec)
+        placement = self.cgroups.create(rental_id, limits)
         argv = [*placement.argv_prefix, program, *spec.argv[1:]]
         try:
             pid, gate = self._spawn(argv, folder=folder, env=env, gated=bool(placement.cgroup_dirs))
@@ -1236,23 +1108,23 @@ class WorkloadManager:
                 with contextlib.suppress(BrokenPipeError):
                     os.write(gate, b"go\n")
                 os.close(gate)
-        if spec.limits.requested and not placement.placed:
+        if limits.requested and not placement.placed:
             log.warning("rental %s runs without its CPU/memory limits: %s", rental_id, placement.error)
         stat = _proc_stat(pid)
         workload = Workload(
             rental_id, "process", gpus, _now(), pid=pid, start_time=None if stat is None else stat.start_time, placement=placement
         )
-        return workload, {"kind": "process", "pid": pid, **_limits_report(spec.limits, placement)}
+        return workload, {"kind": "process", "pid": pid, **_limits_report(limits, placement)}
 
     def _spawn_container(
-        self, rental_id: str, gpus: list[str], spec: WorkloadSpec, runtime: ContainerRuntime, share: GpuShare | None
+        self, rental_id: str, gpus: list[str], spec: ContainerSpec, runtime: ContainerRuntime, share: GpuShare | None
     ) -> tuple[Workload, dict[str, Any]]:
         folder = self._folder(rental_id)
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         visible = ",".join(gpus)
         inside = {**spec.env, "GPUMARKET_GPU_UUIDS": visible, "GPUMARKET_RENTAL_ID": rental_id}
         if share is not None:
-            inside.update(share.environment())
+            inside.update(share_environment(share))
         if any("\n" in value for value in inside.values()):
             raise BadRequest("a container workload's environment values cannot contain newlines", code="bad_workload_spec")
         # An env file (0600) rather than "-e NAME=value", which anyone could read in ps.
@@ -1369,8 +1241,8 @@ class WorkloadManager:
         (0 to ``MAX_STOP_GRACE_S``; default ``stop_timeout``) if it still runs.
 
         A running process first gets one line in its log saying why (``reason``, one line of
-        at most ``MAX_STOP_REASON_CHARS``) and when SIGKILL follows. A bad ``timeout`` or
-        ``reason`` raises ``BadRequest``, even for a rental that does not run.
+        at most ``MAX_STOP_REASON_CHARS``: ``shared.protocol.StopWorkload`` checks both) and
+        when SIGKILL follows.
 
         Returns ``{"exit_code": ...}`` (``-N`` after signal N, ``None`` for ``hold`` or when
         unknown), or ``{"already_stopped": True}``. Idempotent; concurrent calls share one
@@ -1378,7 +1250,6 @@ class WorkloadManager:
         Cancelling is safe: the stop goes on in a task the manager owns, and a later
         ``stop()`` or ``close()`` waits for it.
         """
-        grace, reason = parse_stop(timeout, reason)
         self._check_open()
         _check_rental_id(rental_id)
         await self.resume()
@@ -1386,7 +1257,7 @@ class WorkloadManager:
         if workload is None:
             return {"already_stopped": True}
         if workload.stop_task is None:
-            grace = self.stop_timeout if grace is None else grace
+            grace = self.stop_timeout if timeout is None else timeout
             workload.stop_task = self._own(self._stop(workload, grace, reason), name=f"workload-{rental_id}-stop", stop=True)
         return await asyncio.shield(workload.stop_task)
 

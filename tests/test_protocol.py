@@ -11,6 +11,7 @@ import pytest
 from agent.state import SequenceLease
 from shared import protocol
 from shared.errors import ProtocolError
+from shared.outbound import MemoryStore, OutboundWindow
 from tests.factories import gpu_info, hello, telemetry
 
 
@@ -100,13 +101,13 @@ class TestOutboundWindow:
 
     def test_numbers_messages_consecutively_from_the_lease(self) -> None:
         """Sequence numbers start at first_seq and increase by one."""
-        window = protocol.OutboundWindow("h-1", first_seq=1000)
+        window = OutboundWindow("h-1", first_seq=1000)
         seqs = [window.heartbeat(self._body())[0] for _ in range(3)]
         assert seqs == [1000, 1001, 1002]
 
     def test_keeps_unacknowledged_messages_in_order_for_replay(self) -> None:
         """Acknowledged messages leave; the rest replay in sequence order."""
-        window = protocol.OutboundWindow("h-1", first_seq=0)
+        window = OutboundWindow("h-1", first_seq=0)
         frames = [window.heartbeat(self._body()) for _ in range(4)]
         assert window.ack(1) and window.ack(3)
         assert not window.ack(3)
@@ -114,7 +115,7 @@ class TestOutboundWindow:
 
     def test_a_full_store_evicts_oldest_heartbeats_then_telemetry_and_counts_them(self) -> None:
         """When full, the oldest evictable frames make room; results and the newest telemetry are kept."""
-        window = protocol.OutboundWindow("h-1", first_seq=0, store=protocol.MemoryStore(max_messages=3))
+        window = OutboundWindow("h-1", first_seq=0, store=MemoryStore(max_messages=3))
         result = protocol.CommandResultBody(command_id="cmd-1", ok=True, finished_at=datetime.now(UTC))
         result_seq, _ = window.command_result(result)
         old_telemetry, _ = window.telemetry(self._telemetry())
@@ -127,7 +128,7 @@ class TestOutboundWindow:
 
     def test_a_new_hello_supersedes_unacknowledged_ones(self) -> None:
         """Old hellos are dropped from the window so they cannot replay stale facts after the new one."""
-        window = protocol.OutboundWindow("h-1", first_seq=0)
+        window = OutboundWindow("h-1", first_seq=0)
         body = protocol.HelloBody(agent_version="t", gpu_backend="sim", gpus=[])
         window.hello(body)
         window.heartbeat(self._body())

@@ -56,6 +56,7 @@ from master.services.hoststate import transition
 from master.services.listings import PRICE_QUANTUM, load_price_bounds, money
 from master.services.offerquery import format_query, parse
 from master.services.placement import model_matches
+from shared import protocol
 from shared.errors import (
     ClientError,
     Conflict,
@@ -571,8 +572,8 @@ async def _preempt(master: Master, session: AsyncSession, victims: Sequence[str]
         await _cancel_commands(session, victim.id, at=now, reason="the rental was preempted")
         assert victim.host_id is not None
         command = commands.new_command(
-            session, host_id=victim.host_id, kind="stop_workload", rental_id=victim.id,
-            args={"rental_id": victim.id, "grace_s": grace, "reason": f"preempted by rental {by.id}"},
+            session, host_id=victim.host_id, rental_id=victim.id,
+            command=protocol.StopWorkload(rental_id=victim.id, grace_s=grace, reason=f"preempted by rental {by.id}"),
         )  # fmt: skip
         command.created_at = now
         stop_ids.append(command.id)
@@ -590,10 +591,11 @@ def _start(session: AsyncSession, rental: Rental, request: RentalRequest, placem
         cause = "placed"
     session.add(RentalEvent(rental_id=rental.id, from_state=None if rental.queue_until is None else "pending", to_state="pending",
                             cause=f"{cause} on host {rental.host_id} ({placement.node_id})"))  # fmt: skip
-    args: dict[str, Any] = {"rental_id": rental.id, "gpu_uuids": rental.gpu_uuids, "workload": rental.workload}
+    share = None
     if request.gpu_milli < MILLI and request.mig_profile is None:
-        args["share"] = {"milli": request.gpu_milli, "memory_mib": placement.gpu_memory_mib}
-    command = commands.new_command(session, host_id=rental.host_id, kind="start_workload", args=args, rental_id=rental.id)
+        share = protocol.GpuShare(milli=request.gpu_milli, memory_mib=placement.gpu_memory_mib)
+    start = protocol.StartWorkload.model_validate({"rental_id": rental.id, "gpu_uuids": rental.gpu_uuids, "workload": rental.workload, "share": share})
+    command = commands.new_command(session, host_id=rental.host_id, command=start, rental_id=rental.id)
     command.created_at = now + timedelta(microseconds=1)  # after any preempted workload's stop, which the agent runs first
     _set_state(session, rental, "starting", f"start command {command.id} sent to host {rental.host_id}")
     log.info("rental %s placed on host %s (%d × %d milli)", rental.id, rental.host_id, request.gpu_count, rental.gpu_milli)
@@ -693,7 +695,7 @@ async def stop_rental(master: Master, principal: Principal, rental_id: str) -> R
         elif rental.state in ("pending", "starting", "running"):
             assert rental.host_id is not None
             command = commands.new_command(
-                session, host_id=rental.host_id, kind="stop_workload", args={"rental_id": rental.id}, rental_id=rental.id
+                session, host_id=rental.host_id, command=protocol.StopWorkload(rental_id=rental.id), rental_id=rental.id
             )
             command_id = command.id
             _set_state(session, rental, "stopping", f"stop requested by {principal.name}")
@@ -846,7 +848,7 @@ async def stop_strays(session: AsyncSession, host_id: str, reported: Sequence[st
     for rental_id in sorted(wanted - active - stopping):
         log.warning("host %s runs workload %s, which is not an active rental there; stopping it", host_id, rental_id)
         command = commands.new_command(
-            session, host_id=host_id, kind="stop_workload", args={"rental_id": rental_id},
+            session, host_id=host_id, command=protocol.StopWorkload(rental_id=rental_id),
             rental_id=rental_id if rental_id in known else None,
         )
         ids.append(command.id)
