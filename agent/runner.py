@@ -42,9 +42,9 @@ from agent.gpu.base import GpuBackend, GpuSample
 from agent.health import check_health
 from agent.hostfacts import collect_host_facts
 from agent.netmeasure import measure, next_delay
+from agent.runtimes.manager import WorkloadManager
 from agent.spool import SqliteSpool
 from agent.state import AgentState, SequenceLease, atomic_write
-from agent.workloads import WorkloadManager
 from shared import protocol
 from shared.crypto import (
     client_ssl_context,

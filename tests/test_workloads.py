@@ -27,21 +27,18 @@ from pydantic import TypeAdapter, ValidationError
 
 from agent.gpu.base import GpuInfo, GpuSample
 from agent.gpu.sim import SimulatedBackend
-from agent.workloads import (
+from agent.runtimes.cgroups import (
     MIB,
     CgroupLimiter,
     CgroupSupport,
-    ContainerRuntime,
-    ContainerSpec,
     NoCgroupLimiter,
     ResourceLimits,
-    WorkloadManager,
     cgroup_limiter,
-    container_argv,
     detect_cgroup_support,
-    detect_container_runtime,
-    process_start_time,
 )
+from agent.runtimes.container import ContainerRuntime, ContainerSpec, container_argv, detect_container_runtime
+from agent.runtimes.manager import WorkloadManager
+from agent.runtimes.pids import process_start_time
 from shared.errors import BadRequest, Conflict, NotFound
 from shared.protocol import (
     MAX_STOP_GRACE_S,

@@ -68,7 +68,7 @@ SCORING_LEASE = "host-scoring"
 SCORING_CHUNK = 200
 
 # Failure reasons that are the renter's doing (see master.services.rentals): the workload ran
-# and exited on its own, or its program could not be executed (agent.workloads quotes the
+# and exited on its own, or its program could not be executed (agent.runtimes.process quotes the
 # program's name; a missing container runtime, unquoted, stays the host's).
 RENTER_CAUSED_PREFIXES = ("workload exited with code ", "workload failed to start: cannot start '")
 
