@@ -156,3 +156,56 @@ class TestSequenceLease:
         path.write_text("garbage")
         with pytest.raises(Exception, match="damaged"):
             SequenceLease(path)
+
+
+class TestCommands:
+    """Each command is one typed model: built by the master, sent as ``kind`` + ``args``, decoded by the agent."""
+
+    COMMANDS: tuple[protocol.AnyCommand, ...] = (
+        protocol.StartWorkload(rental_id="r-1", gpu_uuids=["GPU-1"], workload=protocol.ProcessWorkload(argv=["python", "train.py"])),
+        protocol.StartWorkload(rental_id="r-2", gpu_uuids=["GPU-1"], share=protocol.GpuShare(milli=250, memory_mib=8192)),
+        protocol.StopWorkload(rental_id="r-1", grace_s=30, reason="preempted by rental r-3"),
+        protocol.MeasureNetwork(),
+        protocol.InstallCertificate(certificate="C" * 64, ca_certificate="A" * 64),
+        protocol.HealthCheck(gpu_uuids=["GPU-1", "GPU-2"]),
+    )
+
+    @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c.kind)
+    def test_every_command_crosses_the_wire_unchanged(self, command: protocol.AnyCommand) -> None:
+        """A command built on the master decodes on the agent to an equal model, its wire ``args`` free of ``kind`` and unset options."""
+        body = protocol.CommandBody.of("cmd-1", command)
+        frame = protocol.encode(protocol.Command(body=body))
+        decoded = protocol.decode_server_frame(frame)
+        assert isinstance(decoded, protocol.Command) and decoded.body.kind == command.kind
+        assert "kind" not in decoded.body.args and None not in decoded.body.args.values()
+        assert protocol.decode_command(decoded.body) == command
+
+    @pytest.mark.parametrize(
+        ("kind", "args", "code", "words"),
+        [
+            ("reformat_disk", {}, "unknown_command", "unknown command kind 'reformat_disk'"),
+            ("start_workload", {"gpu_uuids": []}, "bad_command", "rental_id"),
+            ("start_workload", {"rental_id": "r-1", "gpu_uuids": [], "workload": {"kind": "process", "argv": ["x"], "image": "u"}}, "bad_command", "image"),
+            ("stop_workload", {"rental_id": "r-1", "grace_s": 601}, "bad_command", "grace"),
+            ("measure_network", {"extra": 1}, "bad_command", "extra"),
+            ("health_check", {"kind": "health_check"}, "bad_command", "kind"),
+        ],
+    )
+    def test_unknown_kinds_and_fields_are_refused_by_the_protocol(self, kind: str, args: dict[str, object], code: str, words: str) -> None:
+        """An unknown kind, a missing or unknown field, or a value out of bounds is a ``ProtocolError`` naming it."""
+        with pytest.raises(ProtocolError, match=words) as refused:
+            protocol.decode_command(protocol.CommandBody(command_id="cmd-1", kind=kind, args=args))
+        assert refused.value.code == code
+
+    def test_an_absent_workload_is_a_hold(self) -> None:
+        """``start_workload`` without ``workload`` (or with one that names no kind) holds the GPUs."""
+        for args in ({"rental_id": "r-1", "gpu_uuids": []}, {"rental_id": "r-1", "gpu_uuids": [], "workload": {}}):
+            command = protocol.decode_command(protocol.CommandBody(command_id="c", kind="start_workload", args=args))
+            assert isinstance(command, protocol.StartWorkload) and command.workload == protocol.HoldWorkload()
+
+    def test_an_unlimited_process_workload_is_sent_without_limits(self) -> None:
+        """No limit is no key: what the master stores and sends for a workload without limits is ``{kind, argv, env}``."""
+        spec = protocol.ProcessWorkload(argv=["true"])
+        assert spec.model_dump(mode="json") == {"kind": "process", "argv": ["true"], "env": {}}
+        limited = protocol.ProcessWorkload(argv=["true"], cpu_cores=2, memory_mib=4096)
+        assert limited.model_dump(mode="json")["cpu_cores"] == 2.0
