@@ -324,6 +324,12 @@ def _rental_id(value: object) -> object:
     return value
 
 
+def _gpu_uuids(value: object) -> object:
+    if not isinstance(value, list) or not all(isinstance(u, str) for u in value):
+        raise ValueError("gpu_uuids must be a list of GPU UUIDs")
+    return value
+
+
 def _argv(value: object) -> object:
     if not isinstance(value, list) or not value or not all(isinstance(a, str) and "\0" not in a for a in value):
         raise ValueError("a process workload needs 'argv', a non-empty list of strings")
@@ -390,6 +396,7 @@ def _reason(value: object) -> object:
 # write instead; the ``Field`` bounds are what the OpenAPI document shows.
 RentalId = Annotated[str, Field(pattern=RENTAL_ID_PATTERN), BeforeValidator(_rental_id)]
 GpuUuid = Annotated[str, Field(min_length=1, max_length=128)]
+GpuUuids = Annotated[list[GpuUuid], BeforeValidator(_gpu_uuids)]
 Argv = Annotated[list[str], Field(min_length=1, max_length=256, description="Program and arguments, run with the rented GPUs visible."), BeforeValidator(_argv)]
 Env = Annotated[dict[str, str], Field(max_length=MAX_ENV_VARS), BeforeValidator(_env)]
 CpuCores = Annotated[float, Field(ge=MIN_CPU_CORES, le=MAX_CPU_CORES), BeforeValidator(_cpu_cores)]
@@ -447,7 +454,7 @@ class StartWorkload(_Strict):
 
     kind: Literal["start_workload"] = "start_workload"
     rental_id: RentalId
-    gpu_uuids: list[GpuUuid] = Field(max_length=64)
+    gpu_uuids: GpuUuids = Field(max_length=64)
     workload: Annotated[WorkloadSpec, BeforeValidator(_default_hold)] = Field(default_factory=HoldWorkload)
     share: GpuShare | None = None
 
@@ -488,7 +495,7 @@ class HealthCheck(_Strict):
     """Check the GPUs the master expects on this host (and any others)."""
 
     kind: Literal["health_check"] = "health_check"
-    gpu_uuids: list[GpuUuid] = Field(default_factory=list, max_length=1024)
+    gpu_uuids: GpuUuids = Field(default_factory=list, max_length=1024)
 
 
 AnyCommand = StartWorkload | StopWorkload | MeasureNetwork | InstallCertificate | HealthCheck
