@@ -6,10 +6,11 @@ Tasks the agent owns for its whole life (independent of any one connection):
   aggregates, and every ``telemetry_interval`` (10 s) writes one telemetry message with
   the latest sample and the window's aggregates. XID and ECC events found on any pass
   are written at once as ``gpu_events``.
-* **commands** — executes the master's commands one at a time, at most once per id.
+* **commands** — executes the master's commands one at a time, at most once per id
+  (``agent.commands``: decoding and the handlers).
 * **network** — measures download/upload/latency/jitter/loss against the relay,
   periodically (hourly ± jitter, first run at a random point) and on command.
-* **logs** — ships new workload output in bounded chunks.
+* **logs** — ships new workload output in bounded chunks (``agent.logship``).
 
 Every outgoing message is written to the on-disk spool first (``agent.spool``) and
 leaves it only when the relay acknowledges its ``seq`` (which the relay does once the
@@ -23,29 +24,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
 import ssl
 import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
+from agent.commands import CommandExecutor
 from agent.discovery import RelayDirectory
 from agent.gpu.base import GpuBackend, GpuSample
-from agent.health import check_health
 from agent.hostfacts import collect_host_facts
+from agent.logship import LogShipper
 from agent.netmeasure import measure, next_delay
+from agent.runtimes.manager import WorkloadManager
 from agent.spool import SqliteSpool
 from agent.state import AgentState, SequenceLease, atomic_write
-from agent.workloads import WorkloadManager
 from shared import protocol
 from shared.crypto import (
     client_ssl_context,
@@ -57,13 +55,13 @@ from shared.crypto import (
     write_private_key,
 )
 from shared.errors import ConfigError, GpumarketError, ProtocolError
+from shared.outbound import OutboundWindow
 
 log = logging.getLogger(__name__)
 
 AGENT_VERSION = "0.2.0"
 # Close codes after which the relay should not be retried first.
 _MOVE_ON_CODES = frozenset({protocol.CLOSE_GOING_AWAY, protocol.CLOSE_BUS_UNAVAILABLE, protocol.CLOSE_TOO_MANY_CONNECTIONS})
-LOG_READ_BYTES = 16 << 10  # ≤ MAX_LOG_CHUNK even if every byte needs a 3-byte replacement character
 
 
 @dataclass
@@ -106,12 +104,6 @@ class _Window:
             power_avg_w=round(self.power_sum / self.power_n, 2) if self.power_n else None,
             power_max_w=self.power_max,
         )
-
-
-@dataclass
-class _LogCursor:
-    offset: int = 0
-    exited: bool = False
 
 
 class Pacer:
@@ -216,16 +208,18 @@ class Agent:
         )
         self.lease = SequenceLease(state.lease_file)
         self.spool = SqliteSpool(state.dir / "spool.db", max_messages=spool_max_messages, max_bytes=spool_max_bytes)
-        self.window = protocol.OutboundWindow(self.host_id, first_seq=self.lease.start, store=self.spool)
+        self.window = OutboundWindow(self.host_id, first_seq=self.lease.start, store=self.spool)
         self.workloads = WorkloadManager(state.work_dir, backend, on_exit=self._workload_exited)
         self.stop_workloads_on_close = stop_workloads_on_close
         self._commands: asyncio.Queue[protocol.CommandBody] = asyncio.Queue(max_pending_commands)
-        self._results: OrderedDict[str, protocol.CommandResultBody] = OrderedDict()
-        self._remembered_results = remembered_results
+        self.logs = LogShipper(state.dir, self.workloads, self._send_logs)
+        self.commands = CommandExecutor(
+            workloads=self.workloads, backend=backend, logs=self.logs, measure=self.measure_network,
+            install_certificate=self._install_certificate, remembered_results=remembered_results,
+        )
         self._windows: dict[str, _Window] = {}
         self._window_started = time.monotonic()
         self._latest: list[GpuSample] = []
-        self._log_cursors: dict[str, _LogCursor] = self._load_log_cursors()
         self._ws: ClientConnection | None = None
         self._started = time.monotonic()
         self.connected = asyncio.Event()
@@ -342,7 +336,7 @@ class Agent:
         """Run until cancelled. Cancelling is safe: unacknowledged messages stay in the spool."""
         await self.workloads.resume()  # re-adopted workloads; report those that died while we were down
         for rental_id in self.workloads.running():
-            self._log_cursors.setdefault(rental_id, _LogCursor())
+            self.logs.follow(rental_id)
         tasks = [
             asyncio.create_task(self._renewer(), name=f"agent-{self.host_id}-renewal"),
             asyncio.create_task(self._command_worker(), name=f"agent-{self.host_id}-commands"),
@@ -480,63 +474,12 @@ class Agent:
     async def _command_worker(self) -> None:
         while True:
             command = await self._commands.get()
-            result = self._results.get(command.command_id)
-            if result is None:
-                result = await self._execute(command)
-                self._results[command.command_id] = result
-                while len(self._results) > self._remembered_results:
-                    self._results.popitem(last=False)
-            else:
-                log.info("command %s already executed; reporting its result again", command.command_id)
+            result = await self.commands.result_for(command)
             await self._emit(*self.window.command_result(result))
-
-    async def _execute(self, command: protocol.CommandBody) -> protocol.CommandResultBody:
-        handlers: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {
-            "start_workload": self._start_workload,
-            "stop_workload": self._stop_workload,
-            "measure_network": self._measure_command,
-            "health_check": self._health_command,
-            "install_certificate": self._install_certificate,
-        }
-        handler = handlers.get(command.kind)
-        try:
-            if handler is None:
-                raise ConfigError(
-                    f"unknown command kind {command.kind!r}; this agent ({AGENT_VERSION}) supports {', '.join(sorted(handlers))}"
-                )
-            data, ok, detail = await handler(dict(command.args)), True, ""
-        except KeyError as exc:
-            log.warning("command %s (%s) is missing field %s", command.command_id, command.kind, exc)
-            ok, detail, data = False, f"missing field {exc} in {command.kind} arguments", {}
-        except (GpumarketError, TypeError, ValueError) as exc:
-            log.warning("command %s (%s) failed: %s", command.command_id, command.kind, exc)
-            ok, detail, data = False, str(exc), {}
-        return protocol.CommandResultBody(
-            command_id=command.command_id, ok=ok, detail=detail[:4096], data=data, finished_at=datetime.now(UTC)
-        )
-
-    async def _start_workload(self, args: dict[str, Any]) -> dict[str, Any]:
-        """``rental_id``, ``gpu_uuids``, optional ``workload`` spec and ``share`` (``{"milli", "memory_mib"}``)."""
-        rental_id = str(args["rental_id"])
-        data = await self.workloads.start(
-            rental_id, [str(u) for u in args["gpu_uuids"]], dict(args.get("workload") or {}), share=args.get("share")
-        )
-        self._log_cursors.setdefault(rental_id, _LogCursor())
-        self._save_log_cursors()
-        return data
-
-    async def _stop_workload(self, args: dict[str, Any]) -> dict[str, Any]:
-        """``rental_id``, optional ``grace_s`` (SIGTERM to SIGKILL, 0-600 s) and ``reason`` (written to the log)."""
-        rental_id = str(args["rental_id"])
-        data = await self.workloads.stop(rental_id, timeout=args.get("grace_s"), reason=args.get("reason"))
-        if rental_id in self._log_cursors:
-            self._log_cursors[rental_id].exited = True
-        return data
 
     async def _workload_exited(self, rental_id: str, exit_code: int | None) -> None:
         """Called by the workload manager when a workload ends on its own."""
-        if rental_id in self._log_cursors:
-            self._log_cursors[rental_id].exited = True
+        self.logs.exited(rental_id)
         body = protocol.WorkloadExitedBody(
             rental_id=rental_id, exit_code=exit_code, at=datetime.now(UTC),
             reason="exited" if exit_code is not None else "ended while the agent was not watching",
@@ -573,9 +516,9 @@ class Agent:
                 async with asyncio.timeout(self.timings.renewal_retry):
                     await self._renewed.wait()
 
-    async def _install_certificate(self, args: dict[str, Any]) -> dict[str, Any]:
+    async def _install_certificate(self, command: protocol.InstallCertificate) -> protocol.CertificateInstalled:
         """Install a renewed certificate for the key we generated; idempotent."""
-        pem = str(args["certificate"]).encode()
+        pem = command.certificate.encode()
         cert = load_certificate(pem)
         if host_id_from_certificate(cert) != self.host_id:
             raise ConfigError("the certificate offered is for another host; not installed")
@@ -587,14 +530,14 @@ class Agent:
         )
         if match is None:
             raise ConfigError("the certificate offered does not match this host's key; not installed")
-        atomic_write(self.state.ca_file, str(args.get("ca_certificate") or self.state.ca_file.read_text()).encode())
+        atomic_write(self.state.ca_file, (command.ca_certificate or self.state.ca_file.read_text()).encode())
         atomic_write(self.state.cert_file, pem)
         if match == self._next_key_file:
             self._next_key_file.replace(self.state.key_file)  # atomic: cert and key now belong together
         self._check_certificate()
         self._renewed.set()
         log.info("host %s installed a new certificate valid until %s", self.host_id, self.cert_not_after)
-        return {"serial": format(cert.serial_number, "040x"), "not_after": self.cert_not_after.isoformat()}
+        return protocol.CertificateInstalled(serial=format(cert.serial_number, "040x"), not_after=self.cert_not_after.isoformat())
 
     # ---- network ----------------------------------------------------------------------
 
@@ -614,20 +557,6 @@ class Agent:
         await self._emit(*self.window.network_report(body))
         return body
 
-    async def _measure_command(self, args: dict[str, Any]) -> dict[str, Any]:
-        body = await self.measure_network()
-        if body.error:
-            raise ConfigError(f"network measurement failed: {body.error}")
-        return body.model_dump(mode="json")
-
-    async def _health_command(self, args: dict[str, Any]) -> dict[str, Any]:
-        """Check the GPUs the master expects (``gpu_uuids``) and any others; the verdict is ``data["healthy"]``."""
-        uuids = args.get("gpu_uuids", [])
-        if not isinstance(uuids, list):
-            raise ValueError("gpu_uuids must be a list of GPU UUIDs")
-        report = await asyncio.to_thread(check_health, self.backend, [str(u) for u in uuids])
-        return report.to_wire()
-
     async def _network_loop(self) -> None:
         interval = self.timings.network_interval
         await asyncio.sleep(self.rng.uniform(0, interval))  # spread a fleet's first tests over the interval
@@ -638,47 +567,12 @@ class Agent:
 
     # ---- workload logs ----------------------------------------------------------------
 
-    def _load_log_cursors(self) -> dict[str, _LogCursor]:
-        path = self.state.dir / "log_cursors.json"
-        try:
-            raw = json.loads(path.read_text())
-            return {k: _LogCursor(offset=int(v["offset"]), exited=bool(v["exited"])) for k, v in raw.items()}
-        except FileNotFoundError:
-            return {}
-        except (ValueError, KeyError, TypeError):
-            log.warning("%s is damaged; workload logs will be shipped again from the start", path)
-            return {}
-
-    def _save_log_cursors(self) -> None:
-        data = {k: {"offset": c.offset, "exited": c.exited} for k, c in self._log_cursors.items()}
-        atomic_write(self.state.dir / "log_cursors.json", json.dumps(data).encode())
+    async def _send_logs(self, body: protocol.WorkloadLogsBody) -> None:
+        await self._emit(*self.window.workload_logs(body))
 
     async def ship_logs(self) -> int:
         """Write new output of every known workload to the spool; returns bytes shipped."""
-        shipped = 0
-        for rental_id, cursor in list(self._log_cursors.items()):
-            while True:
-                try:
-                    chunk, next_offset = self.workloads.read_log(rental_id, offset=cursor.offset, limit=LOG_READ_BYTES)
-                except GpumarketError:
-                    chunk, next_offset = b"", cursor.offset
-                if not chunk:
-                    if cursor.exited:
-                        del self._log_cursors[rental_id]  # drained: nothing more will come
-                    break
-                # The log is capped: if older bytes were dropped, the chunk starts after our cursor.
-                start = next_offset - len(chunk)
-                if len(chunk) == LOG_READ_BYTES:
-                    chunk = _complete_utf8(chunk)
-                body = protocol.WorkloadLogsBody(
-                    rental_id=rental_id, offset=start, length=len(chunk), data=chunk.decode(errors="replace")
-                )
-                await self._emit(*self.window.workload_logs(body))
-                cursor.offset = start + len(chunk)
-                shipped += len(chunk)
-        if shipped or not self._log_cursors:
-            self._save_log_cursors()
-        return shipped
+        return await self.logs.ship()
 
     async def _log_shipper(self) -> None:
         while True:
@@ -693,13 +587,3 @@ class Agent:
         await self.workloads.close(stop_workloads=self.stop_workloads_on_close)
         self.backend.close()
         self.spool.close()
-
-
-def _complete_utf8(chunk: bytes) -> bytes:
-    """Drop a multi-byte character cut off at the end of ``chunk`` (it is read again next time)."""
-    for back in range(1, min(4, len(chunk)) + 1):
-        byte = chunk[-back]
-        if byte & 0xC0 != 0x80:  # not a continuation byte: the start of the last character
-            width = 1 if byte < 0x80 else 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else 4
-            return chunk if width <= back else chunk[:-back]
-    return chunk

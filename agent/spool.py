@@ -14,11 +14,11 @@ import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
-from shared.protocol import EVICTABLE
+from shared.outbound import EVICTABLE
 
 
 class SqliteSpool:
-    """The durable ``shared.protocol.FrameStore``: survives agent restarts.
+    """The durable ``shared.outbound.FrameStore``: survives agent restarts.
 
     Each ``add`` commits (``synchronous=FULL``: fsync'd, survives power loss) before
     the frame is handed to the relay. An ``ack`` is not fsync'd on its own: after a

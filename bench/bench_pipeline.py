@@ -16,7 +16,7 @@ with asyncpg and dropped at the end (the PostgreSQL server is the only other pro
 (``create_token`` + ``enroll`` with a CSR; one P-256 key serves every CSR, to keep set-up
 short: each host still gets its own host id, certificate, serial and ``SSLContext``). Each is a
 lightweight ``websockets`` client over TLS 1.3 presenting its certificate, not a full
-``agent.runner.Agent``: its frames come from ``shared.protocol.OutboundWindow`` with a
+``agent.runner.Agent``: its frames come from ``shared.outbound.OutboundWindow`` with a
 ``MemoryStore``, and its telemetry body (the latest sample and the window aggregates of 8
 simulated H100s, ``SimulatedBackend("sim:8xH100", seed=host_id)``, busy) is built once. Each agent
 sends its hello, then from a random phase a telemetry frame every 10 s (the protocol's rate)
@@ -110,6 +110,7 @@ from shared.crypto import (
     server_ssl_context,
     write_private_key,
 )
+from shared.outbound import MemoryStore, OutboundWindow
 from shared.registry import MemoryRegistry
 from shared.settings import MasterSettings
 
@@ -141,7 +142,7 @@ def raise_open_files_limit() -> None:
 class BenchHost:
     host_id: str
     context: ssl.SSLContext
-    window: protocol.OutboundWindow
+    window: OutboundWindow
     hello: protocol.HelloBody
     telemetry: protocol.TelemetryBody
 
@@ -190,7 +191,7 @@ async def enroll_hosts(master: Master, directory: Path, count: int, interval: fl
             host={**facts, "hostname": f"bench-host-{number:05d}"},
             gpus=[protocol.GpuInfoModel.model_validate(g.to_wire()) for g in backend.gpus()],
         )
-        window = protocol.OutboundWindow(result.host_id, first_seq=1, store=protocol.MemoryStore())
+        window = OutboundWindow(result.host_id, first_seq=1, store=MemoryStore())
         hosts.append(BenchHost(result.host_id, context, window, hello, telemetry_body(backend, interval)))
         progress.update(number + 1)
     progress.done()
@@ -199,7 +200,7 @@ async def enroll_hosts(master: Master, directory: Path, count: int, interval: fl
 
 def frame_sizes(host: BenchHost) -> dict[str, int]:
     """Bytes of each kind of frame this host sends (built on a throwaway window)."""
-    window = protocol.OutboundWindow(host.host_id, first_seq=1)
+    window = OutboundWindow(host.host_id, first_seq=1)
     heartbeat = protocol.HeartbeatBody(uptime_s=12.345, spool=protocol.SpoolStats(pending=1, evicted={}))
     return {
         "hello": len(window.hello(host.hello)[1]),

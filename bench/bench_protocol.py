@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 
 from agent.gpu.sim import SimulatedBackend
 from shared import protocol
+from shared.outbound import OutboundWindow
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import Progress, describe_machine
@@ -68,7 +69,7 @@ def build_frames(spec: str, *, busy: bool) -> Frames:
     body = protocol.TelemetryBody(
         sampled_at=datetime.now(UTC), gpus=[protocol.GpuSampleModel.model_validate(s) for s in samples]
     )
-    _seq, frame = protocol.OutboundWindow(HOST_ID, first_seq=1_000).telemetry(body)
+    _seq, frame = OutboundWindow(HOST_ID, first_seq=1_000).telemetry(body)
     message = protocol.decode_agent_frame(frame)
     assert isinstance(message, protocol.Telemetry)
     received_at = datetime.now(UTC)
@@ -100,7 +101,7 @@ class Operation:
 
 
 def operations(data: Frames) -> list[Operation]:
-    window = protocol.OutboundWindow(HOST_ID, first_seq=0)
+    window = OutboundWindow(HOST_ID, first_seq=0)
 
     def agent_build_and_encode() -> object:
         body = protocol.TelemetryBody(

@@ -49,6 +49,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from access.relay import AGENT_PATH, Relay
 from agent.gpu.sim import SimulatedBackend
 from shared import protocol
+from shared.outbound import MemoryStore, OutboundWindow
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import Progress, describe_machine, quantile
@@ -103,7 +104,7 @@ def rss_mib() -> tuple[float, float]:
 class AgentSetup:
     host_id: str
     context: ssl.SSLContext
-    window: protocol.OutboundWindow
+    window: OutboundWindow
     frames: list[tuple[int, str]]
     rest_frames: list[tuple[int, str]]  # for the latency at rest; only the first agent has any
 
@@ -133,7 +134,7 @@ def make_agents(ca: CertificateAuthority, directory: Path, count: int, messages:
             for _ in range(min(DISTINCT_SAMPLES, messages))
         ]
         rest = AT_REST_MESSAGES if number == 0 else 0
-        window = protocol.OutboundWindow(host_id, first_seq=1, store=protocol.MemoryStore(max_messages=messages + rest))
+        window = OutboundWindow(host_id, first_seq=1, store=MemoryStore(max_messages=messages + rest))
         frames = [window.telemetry(bodies[i % len(bodies)]) for i in range(messages + rest)]
         agents.append(AgentSetup(host_id, context, window, frames[:messages], frames[messages:]))
         progress.update(number + 1)

@@ -83,6 +83,7 @@ from websockets.exceptions import ConnectionClosed
 from access.relay import AGENT_PATH, SPEEDTEST_PATH, Relay
 from agent.gpu.sim import SimulatedBackend
 from shared import protocol
+from shared.outbound import OutboundWindow
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import Progress, describe_machine
@@ -207,7 +208,7 @@ async def _serve(spec: ServerSpec, control: Connection, results: Connection) -> 
 class AgentSetup:
     host_id: str
     context: ssl.SSLContext
-    window: protocol.OutboundWindow
+    window: OutboundWindow
     telemetry: protocol.TelemetryBody
 
 
@@ -241,7 +242,7 @@ def make_agents(ca: CertificateAuthority, directory: Path, count: int) -> list[A
         cert_file = directory / f"{host_id}.crt"
         cert_file.write_bytes(issued.cert_pem)
         context = client_ssl_context(ca.cert_path, cert_file=cert_file, key_file=key_file)
-        agents.append(AgentSetup(host_id, context, protocol.OutboundWindow(host_id, first_seq=1), telemetry))
+        agents.append(AgentSetup(host_id, context, OutboundWindow(host_id, first_seq=1), telemetry))
         progress.update(number + 1)
     progress.done()
     return agents
@@ -482,7 +483,7 @@ async def main() -> int:
         agents = make_agents(ca, directory, max(args.agents))
         heartbeat_bytes = len(agents[0].window.heartbeat(protocol.HeartbeatBody(uptime_s=1.0))[1])
         telemetry_bytes = len(agents[0].window.telemetry(agents[0].telemetry)[1])
-        agents[0].window = protocol.OutboundWindow(agents[0].host_id, first_seq=1)
+        agents[0].window = OutboundWindow(agents[0].host_id, first_seq=1)
         print(
             f"set-up: {len(agents):,} agent certificates in {time.perf_counter() - started:.1f} s (one shared key); "
             f"frames: heartbeat {heartbeat_bytes} B, telemetry of 8 GPUs ({GPUS}) {telemetry_bytes:,} B"

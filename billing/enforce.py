@@ -35,6 +35,7 @@ from master.db import Database
 from master.models import Account, LedgerEntry, LedgerTransaction, Rental, RentalEvent
 from master.services import commands
 from master.services.rentalstate import UNSTOPPED_STATES, RentalState, transition
+from shared import protocol
 from shared.errors import ClientError
 from shared.settings import MasterSettings
 
@@ -162,7 +163,7 @@ async def _stop(session: AsyncSession, rental: Rental, room: Decimal, limit: str
         cause = f"out of credit: {ledger.money(room)} USD left; stopped before the balance goes below zero (top up to rent again)"
         reason = "the renter's prepaid credit ran out"
     commands.new_command(
-        session, host_id=rental.host_id, kind="stop_workload", rental_id=rental.id, args={"rental_id": rental.id, "reason": reason},
+        session, host_id=rental.host_id, rental_id=rental.id, command=protocol.StopWorkload(rental_id=rental.id, reason=reason),
     )  # fmt: skip
     transition(session, rental, RentalState.STOPPING, cause, at=now)  # an unstopped rental, locked: always allowed
 

@@ -2,8 +2,9 @@
 
 Each input goes to both frame decoders and both bus decoders. A frame decoder either returns
 a message, which must encode again, decode to the same frame and cross the bus as the relay
-sends it, or raises ``ProtocolError`` with a code from ``CLOSE_CODES``; anything else is a
-crash. libFuzzer's ``-timeout`` (seconds per input) and ``-rss_limit_mb`` turn a hang or a
+sends it, or raises ``ProtocolError`` with a code from ``CLOSE_CODES``; a command frame's body
+must then decode to its typed command or be refused as ``unknown_command``/``bad_command``;
+anything else is a crash. libFuzzer's ``-timeout`` (seconds per input) and ``-rss_limit_mb`` turn a hang or a
 memory blow-up into a failure too.
 
 Run from the repository root, with the test extras installed::
@@ -59,6 +60,18 @@ def seeds() -> list[bytes]:
     return [protocol.encode(message).encode() for message in messages]
 
 
+def check_command(body: protocol.CommandBody) -> None:
+    """The agent's second step: a typed command that builds the same body again, or a command refusal."""
+    try:
+        command = protocol.decode_command(body)
+    except ProtocolError as exc:
+        if exc.code not in ("unknown_command", "bad_command") or len(exc.message) > 1024:
+            raise AssertionError(f"malformed command refusal: {exc.code} {exc.message[:200]!r}") from exc
+        return
+    if protocol.decode_command(protocol.CommandBody.of(body.command_id, command)) != command:
+        raise AssertionError(f"accepted command does not round-trip: {body!r:.200}")
+
+
 def test_one_input(data: bytes) -> None:
     for decode in (protocol.decode_agent_frame, protocol.decode_server_frame):
         try:
@@ -72,6 +85,8 @@ def test_one_input(data: bytes) -> None:
             raise AssertionError(f"accepted frame does not round-trip: {frame[:200]!r}")
         if isinstance(message, AGENT_TYPES):
             protocol.decode_bus_envelope(protocol.encode_bus_envelope("relay-fuzz", message, AT))
+        if isinstance(message, protocol.Command):
+            check_command(message.body)
     for decode_record in (protocol.decode_bus_envelope, protocol.decode_command_delivery):
         try:
             decode_record(data)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from agent.runner import AgentTimings
 from agent.state import AgentState, Identity, atomic_write
-from shared import protocol
 from shared.crypto import CertificateAuthority
+from shared.outbound import FrameStore
 from tests.factories import MS
 from tests.pki import write_agent_certificate
 
@@ -38,7 +38,7 @@ def enrolled_state(ca: CertificateAuthority, folder: Path, host_id: str) -> Agen
 class RecordingStore:
     """Wraps the agent's spool to remember the kind of every frame it was given."""
 
-    def __init__(self, inner: protocol.FrameStore) -> None:
+    def __init__(self, inner: FrameStore) -> None:
         self.inner = inner
         self.added: dict[int, str] = {}
 

@@ -117,6 +117,8 @@ _MODELS: list[type[BaseModel]] = [
     *(type(message) for message in [*_agent_messages(), *_server_messages()]),
     *(type(message.body) for message in [*_agent_messages(), *_server_messages()]),
     protocol.GpuInfoModel, protocol.GpuSampleModel, protocol.GpuMigInstanceModel, protocol.GpuProcessModel,
+    protocol.StartWorkload, protocol.StopWorkload, protocol.HealthCheck, protocol.InstallCertificate,
+    protocol.ProcessWorkload, protocol.GpuShare,
 ]  # fmt: skip
 KNOWN_KEYS = sorted({name for model in _MODELS for name in model.model_fields})
 
@@ -147,6 +149,23 @@ def check_accepted(side: str, message: BaseModel) -> None:
                           | protocol.WorkloadLogs | protocol.RenewCertificate)  # fmt: skip
         envelope = protocol.decode_bus_envelope(protocol.encode_bus_envelope("relay-fuzz", message, TS))
         assert protocol.encode(envelope.message) == frame
+    if isinstance(message, protocol.Command):
+        check_command(message.body)
+
+
+COMMAND_REFUSALS = frozenset({"unknown_command", "bad_command"})
+
+
+def check_command(body: protocol.CommandBody) -> None:
+    """The agent's second step: a command decodes to its typed model, which travels unchanged, or is refused with a command code."""
+    try:
+        command = protocol.decode_command(body)
+    except ProtocolError as exc:
+        assert exc.code in COMMAND_REFUSALS, exc.code
+        assert 0 < len(exc.message) <= MAX_ERROR_MESSAGE, exc.message[:200]
+        return
+    again = protocol.CommandBody.of(body.command_id, command)
+    assert protocol.decode_command(again) == command
 
 
 # ---- strategies ---------------------------------------------------------------------

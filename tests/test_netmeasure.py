@@ -38,6 +38,7 @@ from shared.crypto import (
     server_ssl_context,
 )
 from shared.errors import ConfigError
+from shared.outbound import OutboundWindow
 from tests.factories import MS
 from tests.pki import agent_client_context
 
@@ -451,7 +452,7 @@ class TestMeasure:
 
             assert result.probes_answered == FAST["probes"]
             assert list(relay.agents) == ["h-1"]  # the speed test did not replace the agent link
-            seq, frame = protocol.OutboundWindow("h-1", first_seq=0).heartbeat(
+            seq, frame = OutboundWindow("h-1", first_seq=0).heartbeat(
                 protocol.HeartbeatBody(uptime_s=1.0)
             )
             await agent.send(frame)

@@ -216,7 +216,7 @@ class TestCommands:
         provider, _ = await create_principal(master, "p", "provider")
         host_id = await online_host(master, provider, [gpu_info(0)])
         async with master.db.session() as session:
-            command = commands.new_command(session, host_id=host_id, kind="stop_workload", args={"rental_id": "r-x"}, rental_id=None)
+            command = commands.new_command(session, host_id=host_id, command=protocol.StopWorkload(rental_id="r-x"), rental_id=None)
             command_id = command.id
         assert await commands.publish(master, [command_id]) == 1
         stream = protocol.commands_stream("relay-t")
@@ -235,7 +235,7 @@ class TestCommands:
         provider, _ = await create_principal(master, "p", "provider")
         host_id = await online_host(master, provider, [gpu_info(0)])
         async with master.db.session() as session:
-            row = commands.new_command(session, host_id=host_id, kind="stop_workload", args={}, rental_id=None)
+            row = commands.new_command(session, host_id=host_id, command=protocol.StopWorkload(rental_id="r-y"), rental_id=None)
             first = datetime.now(UTC)
             assert commands.complete(row, ok=True, result={"n": 1}, at=first)
             assert not commands.complete(row, ok=False, result={"n": 2}, at=first + timedelta(seconds=1))

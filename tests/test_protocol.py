@@ -11,6 +11,7 @@ import pytest
 from agent.state import SequenceLease
 from shared import protocol
 from shared.errors import ProtocolError
+from shared.outbound import MemoryStore, OutboundWindow
 from tests.factories import gpu_info, hello, telemetry
 
 
@@ -100,13 +101,13 @@ class TestOutboundWindow:
 
     def test_numbers_messages_consecutively_from_the_lease(self) -> None:
         """Sequence numbers start at first_seq and increase by one."""
-        window = protocol.OutboundWindow("h-1", first_seq=1000)
+        window = OutboundWindow("h-1", first_seq=1000)
         seqs = [window.heartbeat(self._body())[0] for _ in range(3)]
         assert seqs == [1000, 1001, 1002]
 
     def test_keeps_unacknowledged_messages_in_order_for_replay(self) -> None:
         """Acknowledged messages leave; the rest replay in sequence order."""
-        window = protocol.OutboundWindow("h-1", first_seq=0)
+        window = OutboundWindow("h-1", first_seq=0)
         frames = [window.heartbeat(self._body()) for _ in range(4)]
         assert window.ack(1) and window.ack(3)
         assert not window.ack(3)
@@ -114,7 +115,7 @@ class TestOutboundWindow:
 
     def test_a_full_store_evicts_oldest_heartbeats_then_telemetry_and_counts_them(self) -> None:
         """When full, the oldest evictable frames make room; results and the newest telemetry are kept."""
-        window = protocol.OutboundWindow("h-1", first_seq=0, store=protocol.MemoryStore(max_messages=3))
+        window = OutboundWindow("h-1", first_seq=0, store=MemoryStore(max_messages=3))
         result = protocol.CommandResultBody(command_id="cmd-1", ok=True, finished_at=datetime.now(UTC))
         result_seq, _ = window.command_result(result)
         old_telemetry, _ = window.telemetry(self._telemetry())
@@ -127,7 +128,7 @@ class TestOutboundWindow:
 
     def test_a_new_hello_supersedes_unacknowledged_ones(self) -> None:
         """Old hellos are dropped from the window so they cannot replay stale facts after the new one."""
-        window = protocol.OutboundWindow("h-1", first_seq=0)
+        window = OutboundWindow("h-1", first_seq=0)
         body = protocol.HelloBody(agent_version="t", gpu_backend="sim", gpus=[])
         window.hello(body)
         window.heartbeat(self._body())
@@ -155,3 +156,56 @@ class TestSequenceLease:
         path.write_text("garbage")
         with pytest.raises(Exception, match="damaged"):
             SequenceLease(path)
+
+
+class TestCommands:
+    """Each command is one typed model: built by the master, sent as ``kind`` + ``args``, decoded by the agent."""
+
+    COMMANDS: tuple[protocol.AnyCommand, ...] = (
+        protocol.StartWorkload(rental_id="r-1", gpu_uuids=["GPU-1"], workload=protocol.ProcessWorkload(argv=["python", "train.py"])),
+        protocol.StartWorkload(rental_id="r-2", gpu_uuids=["GPU-1"], share=protocol.GpuShare(milli=250, memory_mib=8192)),
+        protocol.StopWorkload(rental_id="r-1", grace_s=30, reason="preempted by rental r-3"),
+        protocol.MeasureNetwork(),
+        protocol.InstallCertificate(certificate="C" * 64, ca_certificate="A" * 64),
+        protocol.HealthCheck(gpu_uuids=["GPU-1", "GPU-2"]),
+    )
+
+    @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c.kind)
+    def test_every_command_crosses_the_wire_unchanged(self, command: protocol.AnyCommand) -> None:
+        """A command built on the master decodes on the agent to an equal model, its wire ``args`` free of ``kind`` and unset options."""
+        body = protocol.CommandBody.of("cmd-1", command)
+        frame = protocol.encode(protocol.Command(body=body))
+        decoded = protocol.decode_server_frame(frame)
+        assert isinstance(decoded, protocol.Command) and decoded.body.kind == command.kind
+        assert "kind" not in decoded.body.args and None not in decoded.body.args.values()
+        assert protocol.decode_command(decoded.body) == command
+
+    @pytest.mark.parametrize(
+        ("kind", "args", "code", "words"),
+        [
+            ("reformat_disk", {}, "unknown_command", "unknown command kind 'reformat_disk'"),
+            ("start_workload", {"gpu_uuids": []}, "bad_command", "rental_id"),
+            ("start_workload", {"rental_id": "r-1", "gpu_uuids": [], "workload": {"kind": "process", "argv": ["x"], "image": "u"}}, "bad_command", "image"),
+            ("stop_workload", {"rental_id": "r-1", "grace_s": 601}, "bad_command", "grace"),
+            ("measure_network", {"extra": 1}, "bad_command", "extra"),
+            ("health_check", {"kind": "health_check"}, "bad_command", "kind"),
+        ],
+    )
+    def test_unknown_kinds_and_fields_are_refused_by_the_protocol(self, kind: str, args: dict[str, object], code: str, words: str) -> None:
+        """An unknown kind, a missing or unknown field, or a value out of bounds is a ``ProtocolError`` naming it."""
+        with pytest.raises(ProtocolError, match=words) as refused:
+            protocol.decode_command(protocol.CommandBody(command_id="cmd-1", kind=kind, args=args))
+        assert refused.value.code == code
+
+    def test_an_absent_workload_is_a_hold(self) -> None:
+        """``start_workload`` without ``workload`` (or with one that names no kind) holds the GPUs."""
+        for args in ({"rental_id": "r-1", "gpu_uuids": []}, {"rental_id": "r-1", "gpu_uuids": [], "workload": {}}):
+            command = protocol.decode_command(protocol.CommandBody(command_id="c", kind="start_workload", args=args))
+            assert isinstance(command, protocol.StartWorkload) and command.workload == protocol.HoldWorkload()
+
+    def test_an_unlimited_process_workload_is_sent_without_limits(self) -> None:
+        """No limit is no key: what the master stores and sends for a workload without limits is ``{kind, argv, env}``."""
+        spec = protocol.ProcessWorkload(argv=["true"])
+        assert spec.model_dump(mode="json") == {"kind": "process", "argv": ["true"], "env": {}}
+        limited = protocol.ProcessWorkload(argv=["true"], cpu_cores=2, memory_mib=4096)
+        assert limited.model_dump(mode="json")["cpu_cores"] == 2.0

@@ -27,6 +27,7 @@ from shared.crypto import (
     client_ssl_context,
 )
 from shared.errors import BusError
+from shared.outbound import OutboundWindow
 from tests.factories import MS
 from tests.pki import agent_client_context, relay_server_context
 
@@ -145,7 +146,7 @@ class Agent:
     host_id: str
     ws: ClientConnection
     welcome: protocol.Welcome
-    window: protocol.OutboundWindow
+    window: OutboundWindow
 
     async def recv(self) -> protocol.Welcome | protocol.Ack | protocol.Command | protocol.Move:
         async with asyncio.timeout(IO_TIMEOUT):
@@ -197,7 +198,7 @@ async def connect_agent(agent_context: MakeAgentContext) -> AsyncIterator[Connec
             async with asyncio.timeout(IO_TIMEOUT):
                 welcome = protocol.decode_server_frame(await ws.recv())
             assert isinstance(welcome, protocol.Welcome)
-            return Agent(host_id, ws, welcome, protocol.OutboundWindow(host_id, first_seq=first_seq))
+            return Agent(host_id, ws, welcome, OutboundWindow(host_id, first_seq=first_seq))
 
         yield open_agent
 
@@ -208,7 +209,7 @@ def _connect(url: str, context: ssl.SSLContext) -> connect:
 
 def _heartbeat_object(host_id: str, **changes: Any) -> dict[str, Any]:
     """A valid heartbeat envelope as a JSON object, with ``changes`` applied."""
-    _, frame = protocol.OutboundWindow(host_id, first_seq=7).heartbeat(protocol.HeartbeatBody(uptime_s=1.0))
+    _, frame = OutboundWindow(host_id, first_seq=7).heartbeat(protocol.HeartbeatBody(uptime_s=1.0))
     obj: dict[str, Any] = json.loads(frame)
     obj.update(changes)
     return obj

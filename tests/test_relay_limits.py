@@ -36,6 +36,7 @@ from shared.crypto import (
     write_private_key,
 )
 from shared.errors import BusError
+from shared.outbound import OutboundWindow
 from shared.ratelimit import SourceRateLimiter, TokenBucket, source_key
 from shared.registry import MemoryRegistry, RedisRegistry, RelayRecord
 from tests.agents import RecordingStore, enrolled_state, fast_timings
@@ -191,7 +192,7 @@ class Client:
 
     host_id: str
     ws: ClientConnection
-    window: protocol.OutboundWindow
+    window: OutboundWindow
 
     async def recv(self) -> protocol.Welcome | protocol.Ack | protocol.Command | protocol.Move:
         async with asyncio.timeout(IO_TIMEOUT):
@@ -249,7 +250,7 @@ async def open_client() -> AsyncIterator[Open]:
             async with asyncio.timeout(IO_TIMEOUT):
                 welcome = protocol.decode_server_frame(await ws.recv())
             assert isinstance(welcome, protocol.Welcome)
-            return Client(credentials.host_id, ws, protocol.OutboundWindow(credentials.host_id, first_seq=1))
+            return Client(credentials.host_id, ws, OutboundWindow(credentials.host_id, first_seq=1))
 
         yield open_one
 

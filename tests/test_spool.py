@@ -7,6 +7,7 @@ from pathlib import Path
 
 from agent.spool import SqliteSpool
 from shared import protocol
+from shared.outbound import OutboundWindow
 
 
 def _telemetry_body() -> protocol.TelemetryBody:
@@ -17,7 +18,7 @@ class TestSqliteSpool:
     def test_unacknowledged_frames_survive_a_restart_in_order(self, tmp_path: Path) -> None:
         """Frames not yet acknowledged are there, in sequence order, after reopening the file."""
         path = tmp_path / "spool.db"
-        first = protocol.OutboundWindow("h-1", first_seq=10, store=SqliteSpool(path))
+        first = OutboundWindow("h-1", first_seq=10, store=SqliteSpool(path))
         sent = [first.telemetry(_telemetry_body()) for _ in range(5)]
         first.ack(sent[1][0])
         first.ack(sent[3][0])
@@ -31,7 +32,7 @@ class TestSqliteSpool:
         """Evicted telemetry is counted, and the count survives a restart."""
         path = tmp_path / "spool.db"
         spool = SqliteSpool(path, max_messages=2)
-        window = protocol.OutboundWindow("h-1", first_seq=0, store=spool)
+        window = OutboundWindow("h-1", first_seq=0, store=spool)
         result = protocol.CommandResultBody(command_id="cmd-1", ok=True, finished_at=datetime.now(UTC))
         kept, _ = window.command_result(result)
         for _ in range(4):
@@ -45,7 +46,7 @@ class TestSqliteSpool:
     def test_byte_bound_is_enforced(self, tmp_path: Path) -> None:
         """The spool never holds more evictable bytes than max_bytes."""
         spool = SqliteSpool(tmp_path / "spool.db", max_bytes=2000)
-        window = protocol.OutboundWindow("h-1", first_seq=0, store=spool)
+        window = OutboundWindow("h-1", first_seq=0, store=spool)
         for _ in range(50):
             window.telemetry(_telemetry_body())
         assert spool.size_bytes <= 2000 and len(spool) >= 1

@@ -51,6 +51,7 @@ from master.services import (
 )
 from master.services.accounts import Principal
 from master.telemetry import store as telemetry
+from shared import protocol
 from shared.errors import BadRequest, NotFound
 
 VERSION = "0.1.0"
@@ -216,7 +217,7 @@ async def start_network_test(request: web.Request) -> web.Response:
     master = request.app[MASTER]
     async with master.db.session() as session:
         host = await host_views.owned_host(session, principal(request), request.match_info["host_id"])
-        command = commands.new_command(session, host_id=host.id, kind="measure_network", args={}, rental_id=None)
+        command = commands.new_command(session, host_id=host.id, command=protocol.MeasureNetwork(), rental_id=None)
         command_id = command.id
     await commands.publish(master, [command_id])
     return web.json_response({"command_id": command_id, "host_id": request.match_info["host_id"]}, status=202)

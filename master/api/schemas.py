@@ -1,4 +1,7 @@
-"""Request bodies of the REST API (pydantic); they also feed the OpenAPI document."""
+"""Request bodies of the REST API (pydantic); they also feed the OpenAPI document.
+
+A rental's workload is ``shared.protocol.WorkloadSpec``, the model the agent receives in ``start_workload``.
+"""
 
 from __future__ import annotations
 
@@ -7,19 +10,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.protocol import HoldWorkload, WorkloadSpec
+
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class ProcessWorkload(_Body):
-    kind: Literal["process"] = "process"
-    argv: list[str] = Field(min_length=1, max_length=256, description="Program and arguments, run with the rented GPUs visible.")
-    env: dict[str, str] = Field(default_factory=dict, max_length=256)
-
-
-class HoldWorkload(_Body):
-    kind: Literal["hold"] = "hold"
 
 
 class NetworkLimitsBody(_Body):
@@ -42,7 +37,7 @@ class RentalCreate(_Body):
     network: NetworkLimitsBody | None = Field(None, description="Only hosts whose measured network to your region keeps these limits.")
     queue: bool = Field(False, description="Wait for GPUs instead of failing when none are free now.")
     queue_timeout_s: float = Field(600.0, ge=1, le=30 * 86400, description="How long to wait in the queue before failing.")
-    workload: ProcessWorkload | HoldWorkload = Field(default_factory=HoldWorkload, discriminator="kind")
+    workload: WorkloadSpec = Field(default_factory=HoldWorkload, description="What the rental runs (the same model the agent receives).")
     restart_on_failure: bool = Field(False, description="If the host is lost, start the workload again on another host "
                                                           "(a new rental, named in this one's events).")
 

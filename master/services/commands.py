@@ -28,8 +28,11 @@ log = logging.getLogger(__name__)
 OPEN_STATES = ("pending", "sent")
 
 
-def new_command(session: AsyncSession, *, host_id: str, kind: str, args: dict[str, Any], rental_id: str | None) -> CommandRow:
-    row = CommandRow(id=new_id("cmd"), host_id=host_id, rental_id=rental_id, kind=kind, args=args, state="pending")
+def new_command(session: AsyncSession, *, host_id: str, command: protocol.AnyCommand, rental_id: str | None) -> CommandRow:
+    """Add a pending row for ``command`` (stored as its wire ``kind`` and ``args``); the caller publishes it after the commit."""
+    row = CommandRow(
+        id=new_id("cmd"), host_id=host_id, rental_id=rental_id, kind=command.kind, args=protocol.command_args(command), state="pending"
+    )
     session.add(row)
     return row
 
@@ -56,9 +59,8 @@ async def publish(master: Master, command_ids: list[str]) -> int:
     for command, relay_id in deliveries:
         delivery = protocol.CommandDelivery(
             host_id=command.host_id,
-            command=protocol.Command(
-                body=protocol.CommandBody(command_id=command.id, kind=command.kind, args=command.args)
-            ),
+            # The row holds what ``new_command`` built from a typed command: sent as stored.
+            command=protocol.Command(body=protocol.CommandBody(command_id=command.id, kind=command.kind, args=command.args)),
         )
         try:
             await master.bus.publish(protocol.commands_stream(relay_id), delivery.model_dump_json().encode())

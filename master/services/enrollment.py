@@ -119,8 +119,7 @@ async def renew(master: Master, session: AsyncSession, envelope: protocol.BusEnv
     command = commands.new_command(
         session,
         host_id=host.id,
-        kind="install_certificate",
-        args={"certificate": issued.cert_pem.decode(), "ca_certificate": master.ca.cert_pem.decode()},
+        command=protocol.InstallCertificate(certificate=issued.cert_pem.decode(), ca_certificate=master.ca.cert_pem.decode()),
         rental_id=None,
     )
     log.info("host %s renewed its certificate (serial %s, until %s)", host.id, issued.serial_hex, issued.not_after)

@@ -38,6 +38,7 @@ from master.services import commands
 from master.services.accounts import Principal
 from master.services.hoststate import TRANSITIONS, transition
 from master.services.rentalstate import ACTIVE_STATES
+from shared import protocol
 from shared.errors import Conflict, NotFound
 from shared.settings import MasterSettings
 
@@ -165,7 +166,7 @@ async def health_check_command(session: AsyncSession, host: Host) -> CommandRow:
     uuids = (
         await session.scalars(select(Gpu.uuid).where(Gpu.host_id == host.id, Gpu.present.is_(True)).order_by(Gpu.index))
     ).all()
-    return commands.new_command(session, host_id=host.id, kind=HEALTH_CHECK, args={"gpu_uuids": list(uuids)}, rental_id=None)
+    return commands.new_command(session, host_id=host.id, command=protocol.HealthCheck(gpu_uuids=list(uuids)), rental_id=None)
 
 
 async def request_health_check(master: Master, principal: Principal, host_id: str) -> str:

@@ -67,7 +67,7 @@ FORMULA = "score = uptime.fraction × rentals.factor × faults.factor"
 SCORING_CHUNK = 200
 
 # Failure reasons that are the renter's doing (see master.services.rental_lifecycle): the workload ran
-# and exited on its own, or its program could not be executed (agent.workloads quotes the
+# and exited on its own, or its program could not be executed (agent.runtimes.process quotes the
 # program's name; a missing container runtime, unquoted, stays the host's).
 RENTER_CAUSED_PREFIXES = ("workload exited with code ", "workload failed to start: cannot start '")
 

@@ -10,6 +10,7 @@ import logging
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
+from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -23,6 +24,7 @@ from master.services.rental_placement import cancel_commands
 from master.services.rental_request import RentalRequest
 from master.services.rentals import create_rental
 from master.services.rentalstate import ACTIVE_STATES, UNSTOPPED_STATES, RentalState, advance
+from shared import protocol
 from shared.errors import ClientError
 
 log = logging.getLogger(__name__)
@@ -170,10 +172,14 @@ async def stop_strays(session: AsyncSession, host_id: str, reported: Sequence[st
     known = set((await session.scalars(select(Rental.id).where(Rental.id.in_(wanted)))).all())
     ids = []
     for rental_id in sorted(wanted - active - stopping):
+        try:
+            stop = protocol.StopWorkload(rental_id=rental_id)
+        except ValidationError:  # a faulty or hostile host: no agent could run a workload of that name
+            log.warning("host %s reports a workload %r that cannot be a rental; not stopping it", host_id, rental_id[:80])
+            continue
         log.warning("host %s runs workload %s, which is not an active rental there; stopping it", host_id, rental_id)
         command = commands.new_command(
-            session, host_id=host_id, kind="stop_workload", args={"rental_id": rental_id},
-            rental_id=rental_id if rental_id in known else None,
+            session, host_id=host_id, command=stop, rental_id=rental_id if rental_id in known else None,
         )
         ids.append(command.id)
     return ids

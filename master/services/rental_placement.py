@@ -49,6 +49,7 @@ from master.services.offerquery import parse
 from master.services.placement import model_matches
 from master.services.rental_request import RentalRequest
 from master.services.rentalstate import ACTIVE_STATES, RentalState, advance
+from shared import protocol
 from shared.errors import (
     ClientError,
     InsufficientCapacity,
@@ -349,8 +350,8 @@ async def _preempt(master: Master, session: AsyncSession, victims: Sequence[str]
         await cancel_commands(session, victim.id, at=now, reason="the rental was preempted")
         assert victim.host_id is not None
         command = commands.new_command(
-            session, host_id=victim.host_id, kind="stop_workload", rental_id=victim.id,
-            args={"rental_id": victim.id, "grace_s": grace, "reason": f"preempted by rental {by.id}"},
+            session, host_id=victim.host_id, rental_id=victim.id,
+            command=protocol.StopWorkload(rental_id=victim.id, grace_s=grace, reason=f"preempted by rental {by.id}"),
         )  # fmt: skip
         command.created_at = now
         stop_ids.append(command.id)
@@ -369,10 +370,13 @@ def _start(session: AsyncSession, rental: Rental, request: RentalRequest, placem
     session.add(RentalEvent(rental_id=rental.id, from_state=None if rental.queue_until is None else RentalState.PENDING.value,
                             to_state=RentalState.PENDING.value,
                             cause=f"{cause} on host {rental.host_id} ({placement.node_id})"))  # fmt: skip
-    args: dict[str, Any] = {"rental_id": rental.id, "gpu_uuids": rental.gpu_uuids, "workload": rental.workload}
+    share = None
     if request.gpu_milli < MILLI and request.mig_profile is None:
-        args["share"] = {"milli": request.gpu_milli, "memory_mib": placement.gpu_memory_mib}
-    command = commands.new_command(session, host_id=rental.host_id, kind="start_workload", args=args, rental_id=rental.id)
+        share = protocol.GpuShare(milli=request.gpu_milli, memory_mib=placement.gpu_memory_mib)
+    start = protocol.StartWorkload.model_validate(
+        {"rental_id": rental.id, "gpu_uuids": rental.gpu_uuids, "workload": rental.workload, "share": share}
+    )
+    command = commands.new_command(session, host_id=rental.host_id, command=start, rental_id=rental.id)
     command.created_at = now + timedelta(microseconds=1)  # after any preempted workload's stop, which the agent runs first
     advance(session, rental, RentalState.STARTING, f"start command {command.id} sent to host {rental.host_id}")
     log.info("rental %s placed on host %s (%d × %d milli)", rental.id, rental.host_id, request.gpu_count, rental.gpu_milli)

@@ -24,6 +24,7 @@ from master.services.listings import money
 from master.services.rental_placement import try_place
 from master.services.rental_request import RentalRequest
 from master.services.rentalstate import UNSTOPPED_STATES, RentalState, advance
+from shared import protocol
 from shared.errors import Conflict, NotFound
 from shared.ids import new_id
 
@@ -129,7 +130,7 @@ async def stop_rental(master: Master, principal: Principal, rental_id: str) -> R
         elif rental.state in UNSTOPPED_STATES:
             assert rental.host_id is not None
             command = commands.new_command(
-                session, host_id=rental.host_id, kind="stop_workload", args={"rental_id": rental.id}, rental_id=rental.id
+                session, host_id=rental.host_id, command=protocol.StopWorkload(rental_id=rental.id), rental_id=rental.id
             )
             command_id = command.id
             advance(session, rental, RentalState.STOPPING, f"stop requested by {principal.name}")

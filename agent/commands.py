@@ -1,0 +1,119 @@
+"""The master's commands on the agent: decoded by the protocol, run at most once per id.
+
+``CommandExecutor.result_for`` decodes a ``command`` body into its typed model
+(``shared.protocol.decode_command``) and runs its handler; a command the protocol refuses
+(unknown kind or field) or one that fails is answered with a failed result saying why. The
+result of each of the last ``remembered_results`` ids is kept, so a resent command is
+answered again without running twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from agent.gpu.base import GpuBackend
+from agent.health import check_health
+from agent.logship import LogShipper
+from agent.runtimes.manager import WorkloadManager
+from shared import protocol
+from shared.errors import ConfigError, GpumarketError, ProtocolError
+
+log = logging.getLogger(__name__)
+
+
+class CommandExecutor:
+    """Runs commands against this host's workloads, GPUs, network and certificate.
+
+    ``measure`` measures the network (and reports it); ``install_certificate`` installs a
+    renewed certificate: both belong to the agent's loops, which hand them in.
+    """
+
+    def __init__(
+        self,
+        *,
+        workloads: WorkloadManager,
+        backend: GpuBackend,
+        logs: LogShipper,
+        measure: Callable[[], Awaitable[protocol.NetworkReportBody]],
+        install_certificate: Callable[[protocol.InstallCertificate], Awaitable[protocol.CertificateInstalled]],
+        # Limits
+        remembered_results: int = 1000,
+    ) -> None:
+        self.workloads = workloads
+        self.backend = backend
+        self.logs = logs
+        self.measure = measure
+        self.install_certificate = install_certificate
+        self.remembered_results = remembered_results
+        self._results: OrderedDict[str, protocol.CommandResultBody] = OrderedDict()
+
+    async def result_for(self, body: protocol.CommandBody) -> protocol.CommandResultBody:
+        """The command's result: run now, or remembered from an earlier delivery of the same id."""
+        result = self._results.get(body.command_id)
+        if result is not None:
+            log.info("command %s already executed; reporting its result again", body.command_id)
+            return result
+        result = await self.execute(body)
+        self._results[body.command_id] = result
+        while len(self._results) > self.remembered_results:
+            self._results.popitem(last=False)
+        return result
+
+    async def execute(self, body: protocol.CommandBody) -> protocol.CommandResultBody:
+        """Run one command; a command the protocol refuses (unknown kind or field) fails with its error code."""
+        try:
+            command = protocol.decode_command(body)
+        except ProtocolError as exc:
+            log.warning("command %s (%s) refused: %s", body.command_id, body.kind, exc)
+            return _result(body.command_id, ok=False, detail=str(exc), data={"code": exc.code})
+        try:
+            reply = await self._handle(command)
+        except (GpumarketError, TypeError, ValueError) as exc:
+            log.warning("command %s (%s) failed: %s", body.command_id, body.kind, exc)
+            return _result(body.command_id, ok=False, detail=str(exc))
+        return _result(body.command_id, ok=True, data=reply.model_dump(mode="json", exclude_unset=True))
+
+    async def _handle(self, command: protocol.AnyCommand) -> protocol.CommandReply:
+        match command:
+            case protocol.StartWorkload():
+                return await self._start_workload(command)
+            case protocol.StopWorkload():
+                return await self._stop_workload(command)
+            case protocol.MeasureNetwork():
+                return await self._measure_network()
+            case protocol.HealthCheck():
+                return await self._health_check(command)
+            case protocol.InstallCertificate():
+                return await self.install_certificate(command)
+
+    async def _start_workload(self, command: protocol.StartWorkload) -> protocol.WorkloadStarted:
+        data = await self.workloads.start(command.rental_id, list(command.gpu_uuids), command.workload, share=command.share)
+        self.logs.follow(command.rental_id, save=True)
+        return protocol.WorkloadStarted.model_validate(data)
+
+    async def _stop_workload(self, command: protocol.StopWorkload) -> protocol.WorkloadStopped:
+        data = await self.workloads.stop(command.rental_id, timeout=command.grace_s, reason=command.reason)
+        self.logs.exited(command.rental_id)
+        return protocol.WorkloadStopped.model_validate(data)
+
+    async def _measure_network(self) -> protocol.NetworkReportBody:
+        body = await self.measure()
+        if body.error:
+            raise ConfigError(f"network measurement failed: {body.error}")
+        return protocol.NetworkReportBody.model_validate(body.model_dump())  # every field set: the whole report is the reply
+
+    async def _health_check(self, command: protocol.HealthCheck) -> protocol.HealthCheckResult:
+        """Check the GPUs the master expects (``gpu_uuids``) and any others; the verdict is ``data["healthy"]``."""
+        report = await asyncio.to_thread(check_health, self.backend, list(command.gpu_uuids))
+        return protocol.HealthCheckResult.model_validate(report.to_wire())
+
+
+def _result(command_id: str, *, ok: bool, detail: str = "", data: dict[str, Any] | None = None) -> protocol.CommandResultBody:
+    return protocol.CommandResultBody(
+        command_id=command_id, ok=ok, detail=detail[:4096], data=data or {}, finished_at=datetime.now(UTC)
+    )

@@ -1,0 +1,117 @@
+"""What every runtime shares: the ``Workload`` record, the ``Runtime`` interface, rental ids.
+
+A runtime starts one kind of workload (``hold``, ``process``, ``container``); the manager
+(``agent.runtimes.manager``) owns everything after the start — watching, stopping, the
+registry — through the ``Workload`` the runtime returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal, Protocol, TypeVar
+
+from agent.runtimes.cgroups import Placement
+from agent.runtimes.pids import ProcessHandle
+from shared.errors import BadRequest
+from shared.protocol import RENTAL_ID_PATTERN, GpuShare
+
+WorkloadKind = Literal["hold", "process", "container"]
+
+ExitCallback = Callable[[str, int | None], Awaitable[None]]
+"""``on_exit(rental_id, exit_code)``; ``exit_code`` is ``-N`` when signal N ended it, ``None`` when unknown."""
+
+_RENTAL_ID_RE = re.compile(RENTAL_ID_PATTERN)
+
+SpecT_contra = TypeVar("SpecT_contra", contravariant=True)
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+def check_rental_id(rental_id: str) -> None:
+    # The id names a folder, a cgroup, a unit and a container: keep it to safe characters.
+    if not isinstance(rental_id, str) or not _RENTAL_ID_RE.match(rental_id):
+        raise BadRequest(f"rental id {rental_id!r} must be 1-64 letters, digits, '.', '_' or '-'", code="bad_rental_id")
+
+
+
+@dataclass(eq=False)
+class Workload:
+    """One rental's workload as the manager tracks it (and records in ``workloads.json``)."""
+
+    rental_id: str
+    kind: WorkloadKind
+    gpu_uuids: list[str]
+    started_at: str
+    pid: int | None = None  # also the process group and session id
+    start_time: int | None = None
+    placement: Placement = field(default_factory=Placement)
+    container: tuple[str, str] | None = None  # (runtime path, container name)
+    share: GpuShare | None = None  # a fraction of its one GPU; None: its GPUs whole
+    handle: ProcessHandle | None = None
+    watcher: asyncio.Task[None] | None = None
+    stop_task: asyncio.Task[dict[str, Any]] | None = None
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "rental_id": self.rental_id,
+            "kind": self.kind,
+            "gpu_uuids": self.gpu_uuids,
+            "started_at": self.started_at,
+            "pid": self.pid,
+            "start_time": self.start_time,
+            "cgroup_dirs": [str(d) for d in self.placement.cgroup_dirs],
+            "systemd_unit": self.placement.unit,
+            "container": None if self.container is None else {"runtime": self.container[0], "name": self.container[1]},
+            "share": None if self.share is None else self.share.model_dump(),
+        }
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> Workload:
+        rental_id, kind, pid, start_time = record["rental_id"], record["kind"], record["pid"], record["start_time"]
+        check_rental_id(rental_id)
+        if kind not in ("hold", "process", "container"):
+            raise ValueError(f"unknown kind {kind!r}")
+        if (kind == "hold") != (pid is None) or not isinstance(pid, int | None) or not isinstance(start_time, int | None):
+            raise ValueError("pid and start_time do not fit the kind")
+        container = record.get("container")
+        gpu_uuids = [str(u) for u in record["gpu_uuids"]]
+        raw_share = record.get("share")  # absent in records written before shares
+        share = None if raw_share is None else GpuShare.model_validate(raw_share)
+        if share is not None and len(gpu_uuids) != 1:
+            raise ValueError("a GPU share names exactly one GPU")
+        return cls(
+            rental_id=rental_id,
+            kind=kind,
+            gpu_uuids=gpu_uuids,
+            started_at=str(record.get("started_at", "")),
+            pid=pid,
+            start_time=start_time,
+            placement=Placement(cgroup_dirs=tuple(Path(d) for d in record.get("cgroup_dirs") or ()), unit=record.get("systemd_unit")),
+            container=None if not container else (str(container["runtime"]), str(container["name"])),
+            share=share,
+        )
+
+
+class Runtime(Protocol[SpecT_contra]):
+    """Starts one kind of workload (the "Isolated rentals" issue adds per-uid processes and
+    aiodocker containers behind this interface).
+
+    ``prepare`` may wait (asking docker whether it runs) and must be safe to cancel; ``start``
+    does not wait, so a start is all-or-nothing under the manager's checks; ``remove`` takes
+    away what the runtime made beyond the workload's process group and cgroup.
+    """
+
+    async def prepare(self, spec: SpecT_contra) -> None: ...
+
+    def start(
+        self, rental_id: str, gpus: list[str], spec: SpecT_contra, share: GpuShare | None
+    ) -> tuple[Workload, dict[str, Any]]: ...
+
+    async def remove(self, workload: Workload) -> None: ...

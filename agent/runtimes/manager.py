@@ -1,0 +1,476 @@
+"""The workload manager: starts, watches, stops and re-adopts the workloads of this host's rentals.
+
+Idempotent by rental id; one runtime per kind (``hold``, ``process``, ``container``: see
+``agent.runtimes.base.Runtime``). GPUs: a workload sees only its GPUs (or MIG instances)
+and needs them unheld, or holds a ``GpuShare`` of exactly one, several shares fitting in
+one GPU while their thousandths sum to at most 1000 and their memory to at most the GPU's.
+
+Exits. A watcher task per process (owned by the manager, cancelled by ``stop`` and
+``close``) notices a workload that ends on its own, kills what it left behind and calls
+``on_exit(rental_id, exit_code)`` — at least once: the exit is kept in the registry until
+the callback returns. ``stop()`` never triggers ``on_exit``; it returns the exit code. It
+first writes one line to the workload's log (``gpumarket: stopping (reason); SIGKILL in
+30s``) so a renter reading it sees why it ended.
+
+Restarts. The registry (``agent.runtimes.registry``) records each workload's pid and
+kernel start time; a new manager re-adopts the processes that are still alive and
+genuinely the same, keeps ``hold`` workloads, and reports the ones that ended meanwhile.
+``close()`` leaves workloads running unless ``stop_workloads=True``.
+
+Logging: start, stop and exit at INFO; a degraded isolation or log cap at WARNING.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import shutil
+import signal
+from collections.abc import Coroutine, Sequence
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+from agent.gpu.base import GpuBackend
+from agent.gpu.sim import SimulatedBackend
+from agent.runtimes.base import ExitCallback, Runtime, Workload, WorkloadKind, check_rental_id
+from agent.runtimes.cgroups import (
+    CgroupLimiter,
+    CgroupSupport,
+    cgroup_limiter,
+    cgroup_members,
+    detect_cgroup_support,
+    kill_cgroups,
+    remove_cgroups,
+)
+from agent.runtimes.container import ContainerLauncher, ContainerSpec
+from agent.runtimes.hold import HoldRuntime
+from agent.runtimes.logs import OutputLogs
+from agent.runtimes.pids import ProcessHandle, group_alive, killpg, process_start_time, reap_if_ours
+from agent.runtimes.process import ProcessRuntime
+from agent.runtimes.registry import Registry
+from shared.errors import BadRequest, ConfigError, Conflict
+from shared.protocol import MILLI_PER_GPU, GpuShare, HoldWorkload, WorkloadSpec
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_LEFTOVER_POLL_S: Final = 0.01
+_MIG_RE = re.compile(r"^MIG-(?:GPU-[0-9a-f-]{36}/\d+/\d+|[0-9a-f-]{36})$", re.IGNORECASE)
+
+
+class WorkloadManager:
+    """Starts, watches, stops and re-adopts the workloads of this host's rentals.
+
+    ``on_exit`` hears of workloads that end on their own (not of ``stop()``). ``cgroups``
+    defaults to what ``detect_cgroup_support()`` finds. Call ``await resume()`` once at
+    start-up (``start``/``stop`` do it too) so that workloads adopted from an earlier life
+    are watched and the ones that ended meanwhile are reported.
+    """
+
+    def __init__(
+        self,
+        work_dir: Path,
+        backend: GpuBackend,
+        *,
+        on_exit: ExitCallback | None = None,
+        cgroups: CgroupLimiter | None = None,
+        container_runtimes: Sequence[str] = ("docker", "podman"),
+        # Timeouts
+        stop_timeout: float = 10.0,
+        kill_timeout: float = 5.0,
+        check_interval: float = 1.0,
+        runtime_probe_timeout: float = 5.0,
+        # Limits
+        max_log_bytes: int = 64 << 20,
+        max_read_bytes: int = 1 << 20,
+    ) -> None:
+        for name, value, low, high in (
+            ("stop_timeout", stop_timeout, 0.0, 3600.0),
+            ("kill_timeout", kill_timeout, 0.01, 600.0),
+            ("check_interval", check_interval, 0.001, 60.0),
+            ("runtime_probe_timeout", runtime_probe_timeout, 0.1, 120.0),
+            ("max_log_bytes", max_log_bytes, 16 << 10, 1 << 40),
+            ("max_read_bytes", max_read_bytes, 1, 64 << 20),
+        ):
+            if not low <= value <= high:
+                raise ConfigError(f"workload setting {name}={value!r} must lie between {low:g} and {high:g}")
+        self.work_dir = work_dir
+        self.backend = backend
+        self.on_exit = on_exit
+        self.cgroups = cgroups if cgroups is not None else cgroup_limiter(detect_cgroup_support())
+        self.container_runtimes = tuple(container_runtimes)
+        self.stop_timeout = stop_timeout
+        self.kill_timeout = kill_timeout
+        self.check_interval = check_interval
+        self.runtime_probe_timeout = runtime_probe_timeout
+        self.max_log_bytes = max_log_bytes
+        self.max_read_bytes = max_read_bytes
+        self._workloads: dict[str, Workload] = {}
+        self._unreported: dict[str, int | None] = {}  # exits on_exit has not yet taken
+        self._dead_at_load: list[Workload] = []
+        self._tasks: set[asyncio.Task[Any]] = set()  # watchers, reports, clean-ups: cancelled by close()
+        self._stops: set[asyncio.Task[Any]] = set()  # stops in flight: awaited by close()
+        self._resumed = False
+        self._closed = False
+        self.logs = OutputLogs(work_dir, max_log_bytes=max_log_bytes)
+        self.registry = Registry(work_dir)
+        self.holds = HoldRuntime()
+        self.processes = ProcessRuntime(work_dir, self.cgroups)
+        self.containers = ContainerLauncher(
+            work_dir, candidates=container_runtimes, probe_timeout=runtime_probe_timeout, remove_timeout=kill_timeout
+        )
+        work_dir.mkdir(parents=True, exist_ok=True)
+        self._load_registry()
+
+    @property
+    def registry_path(self) -> Path:
+        return self.registry.path
+
+    @property
+    def cgroup_support(self) -> CgroupSupport:
+        return self.cgroups.support
+
+    def running(self) -> list[str]:
+        """Rental ids whose workload runs (or holds its GPUs), stopping ones included."""
+        return sorted(self._workloads)
+
+    # ---- start ------------------------------------------------------------------------
+
+    async def start(
+        self, rental_id: str, gpu_uuids: list[str], spec: WorkloadSpec | ContainerSpec, *, share: GpuShare | None = None
+    ) -> dict[str, Any]:
+        """Start the rental's workload unless it already runs (then report it again).
+
+        ``spec`` and ``share`` come validated (``shared.protocol.StartWorkload``). ``share`` gives
+        the workload a fraction of its one GPU, which other shares may hold too; without it the workload
+        needs its GPUs unheld. Returns ``{"kind", "pid", "limits": "applied" | "unavailable"
+        | "none requested", ...}`` (with ``limits_reason`` when unavailable). Cancelling is
+        safe: the only await — asking docker/podman whether it can run containers — comes
+        before anything starts.
+        """
+        self._check_open()
+        check_rental_id(rental_id)
+        await self.resume()
+        existing = self._workloads.get(rental_id)
+        if existing is not None:
+            return self._already_running(existing)
+        gpus = self._check_gpus(gpu_uuids, share)
+        if isinstance(spec, ContainerSpec):
+            await self.containers.prepare(spec)
+            self._check_open()
+            existing = self._workloads.get(rental_id)  # a concurrent start may have won meanwhile
+            if existing is not None:
+                return self._already_running(existing)
+            gpus = self._check_gpus(gpu_uuids, share)
+        if isinstance(spec, HoldWorkload):
+            workload, result = self.holds.start(rental_id, gpus, spec, share)
+        elif isinstance(spec, ContainerSpec):
+            workload, result = self.containers.start(rental_id, gpus, spec, share)
+        else:
+            workload, result = self.processes.start(rental_id, gpus, spec, share)
+        workload.share = share
+        self._workloads[rental_id] = workload
+        if workload.pid is not None:
+            workload.handle = ProcessHandle(workload.pid, workload.start_time, poll_interval=self.check_interval)
+            workload.watcher = self._own(self._watch(workload), name=f"workload-{rental_id}-watch")
+        self._save_registry()
+        self._set_busy(gpus, True)
+        log.info("rental %s started (%s, pid %s, %d GPU, limits %s)", rental_id, workload.kind, workload.pid, len(gpus), result.get("limits"))
+        return result
+
+    def _already_running(self, workload: Workload) -> dict[str, Any]:
+        if workload.stop_task is not None:
+            raise Conflict(f"rental {workload.rental_id}'s workload is stopping; start it again once stopped", code="workload_stopping")
+        return {"already_running": True, "kind": workload.kind, "pid": workload.pid}
+
+    def _check_gpus(self, gpu_uuids: Sequence[str], share: GpuShare | None) -> list[str]:
+        """The GPUs, checked to be on this host and free for the workload (whole, or room for its ``share``)."""
+        if not isinstance(gpu_uuids, list | tuple) or not all(isinstance(u, str) for u in gpu_uuids):
+            raise BadRequest("gpu_uuids must be a list of GPU UUIDs", code="bad_gpu_uuids")
+        if len(set(gpu_uuids)) != len(gpu_uuids):
+            raise BadRequest("gpu_uuids names a GPU twice", code="bad_gpu_uuids")
+        if share is not None and len(gpu_uuids) != 1:
+            raise BadRequest(f"a GPU share is a fraction of exactly one GPU, but gpu_uuids names {len(gpu_uuids)}", code="bad_gpu_share")
+        infos = self.backend.gpus()
+        memory: dict[str, int | None] = {g.uuid: g.memory_total_mib for g in infos}
+        memory.update({m.uuid: m.memory_total_mib for g in infos for m in g.mig_instances})
+        # The backend lists physical GPUs only; MIG instances are taken on a MIG-enabled host by their form.
+        mig = any(g.mig_mode for g in infos)
+        unknown = [u for u in gpu_uuids if u not in memory and not (mig and _MIG_RE.match(u))]
+        if unknown:
+            raise BadRequest(f"GPU(s) {', '.join(unknown)} are not on this host", code="gpu_not_found")
+        holders: dict[str, list[Workload]] = {}
+        for workload in self._workloads.values():
+            for gpu_uuid in workload.gpu_uuids:
+                holders.setdefault(gpu_uuid, []).append(workload)
+        if share is None:
+            taken = [f"{u} ({_holder_names(holders[u])})" for u in gpu_uuids if u in holders]
+            if taken:
+                raise Conflict(f"GPU(s) {', '.join(taken)} already serve another rental; stop it first", code="gpu_in_use")
+            return list(gpu_uuids)
+        (gpu_uuid,) = gpu_uuids
+        total_mib = memory.get(gpu_uuid)
+        if total_mib is not None and share.memory_mib > total_mib:
+            raise BadRequest(f"the share asks for {share.memory_mib} MiB, but GPU {gpu_uuid} has {total_mib} MiB", code="bad_gpu_share")
+        sharing = holders.get(gpu_uuid, [])
+        if any(w.share is None for w in sharing):
+            raise Conflict(f"GPU {gpu_uuid} serves {_holder_names(sharing)} whole; a share cannot join it", code="gpu_in_use")
+        milli = sum(w.share.milli for w in sharing if w.share is not None) + share.milli
+        memory_mib = sum(w.share.memory_mib for w in sharing if w.share is not None) + share.memory_mib
+        if milli > MILLI_PER_GPU:
+            raise Conflict(
+                f"GPU {gpu_uuid} has {MILLI_PER_GPU + share.milli - milli}/{MILLI_PER_GPU} left, not the {share.milli} asked for: "
+                f"{_holder_names(sharing)} hold the rest",
+                code="gpu_in_use",
+            )
+        if total_mib is not None and memory_mib > total_mib:
+            raise Conflict(
+                f"GPU {gpu_uuid} has {total_mib + share.memory_mib - memory_mib} MiB left, not the {share.memory_mib} MiB asked for: "
+                f"{_holder_names(sharing)} hold the rest",
+                code="gpu_in_use",
+            )
+        return [gpu_uuid]
+
+    # ---- watching and exits -----------------------------------------------------------
+
+    async def resume(self) -> None:
+        """Watch workloads adopted from an earlier life and report those that ended meanwhile.
+
+        Idempotent. Cancelling is safe: it does its work without waiting; the reports run
+        in tasks the manager owns.
+        """
+        if self._resumed or self._closed:
+            return
+        self._resumed = True
+        for workload in self._workloads.values():
+            if workload.pid is not None and workload.handle is None:
+                workload.handle = ProcessHandle(workload.pid, workload.start_time, poll_interval=self.check_interval)
+                workload.watcher = self._own(self._watch(workload), name=f"workload-{workload.rental_id}-watch")
+        for workload in self._dead_at_load:
+            self._own(self._clean_up(workload, kill_group=False), name=f"workload-{workload.rental_id}-cleanup")
+        self._dead_at_load.clear()
+        for rental_id in list(self._unreported):
+            self._own(self._report_exit(rental_id), name=f"workload-{rental_id}-report")
+
+    async def _watch(self, workload: Workload) -> None:
+        handle = workload.handle
+        assert handle is not None
+        while not await handle.wait(self.check_interval):
+            self.logs.cap(workload.rental_id)
+        # The main process ended on its own: the workload is over. (stop() cancels this task first.)
+        self._workloads.pop(workload.rental_id, None)
+        self._unreported[workload.rental_id] = handle.returncode
+        self._save_registry()
+        self._set_busy(workload.gpu_uuids, False)
+        log.info("rental %s: workload exited on its own (exit code %s)", workload.rental_id, handle.returncode)
+        await self._clean_up(workload)
+        self.logs.cap(workload.rental_id)
+        await self._report_exit(workload.rental_id)
+
+    async def _report_exit(self, rental_id: str) -> None:
+        if rental_id not in self._unreported:
+            return
+        exit_code = self._unreported[rental_id]
+        if self.on_exit is not None:
+            try:
+                await self.on_exit(rental_id, exit_code)
+            except Exception:
+                log.exception("on_exit(%s, %s) failed; the exit is not reported again", rental_id, exit_code)
+        # Cancelled above (close()): the exit stays recorded and the next manager reports it.
+        self._unreported.pop(rental_id, None)
+        self._save_registry()
+
+    async def _clean_up(self, workload: Workload, *, kill_group: bool = True) -> None:
+        """Kill what the workload left (its process group, its cgroup, its container) and remove its cgroup.
+
+        ``kill_group=False`` for a workload found dead at start-up: its pid (the group id) may
+        name another process by now, but its cgroup and its container are still its own.
+        """
+        group = workload.pid if kill_group else None
+        if group is not None:
+            killpg(group, signal.SIGKILL)
+        kill_cgroups(workload.placement.cgroup_dirs)
+        await self._runtime_of(workload).remove(workload)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.kill_timeout
+        while (group is not None and group_alive(group)) or cgroup_members(workload.placement.cgroup_dirs):
+            if loop.time() >= deadline:
+                log.warning("rental %s: processes remain %.1fs after SIGKILL", workload.rental_id, self.kill_timeout)
+                break
+            await asyncio.sleep(_LEFTOVER_POLL_S)
+        remove_cgroups(workload.placement.cgroup_dirs)
+
+    # ---- stop -------------------------------------------------------------------------
+
+    async def stop(self, rental_id: str, *, timeout: float | None = None, reason: str | None = None) -> dict[str, Any]:
+        """Stop the workload: SIGTERM to its process group, SIGKILL ``timeout`` seconds later
+        (0 to ``MAX_STOP_GRACE_S``; default ``stop_timeout``) if it still runs.
+
+        A running process first gets one line in its log saying why (``reason``, one line of
+        at most ``MAX_STOP_REASON_CHARS``: ``shared.protocol.StopWorkload`` checks both) and
+        when SIGKILL follows.
+
+        Returns ``{"exit_code": ...}`` (``-N`` after signal N, ``None`` for ``hold`` or when
+        unknown), or ``{"already_stopped": True}``. Idempotent; concurrent calls share one
+        stop, with the first call's timeout and reason. ``on_exit`` is not called.
+        Cancelling is safe: the stop goes on in a task the manager owns, and a later
+        ``stop()`` or ``close()`` waits for it.
+        """
+        self._check_open()
+        check_rental_id(rental_id)
+        await self.resume()
+        workload = self._workloads.get(rental_id)
+        if workload is None:
+            return {"already_stopped": True}
+        if workload.stop_task is None:
+            grace = self.stop_timeout if timeout is None else timeout
+            workload.stop_task = self._own(self._stop(workload, grace, reason), name=f"workload-{rental_id}-stop", stop=True)
+        return await asyncio.shield(workload.stop_task)
+
+    async def _stop(self, workload: Workload, grace: float, reason: str | None) -> dict[str, Any]:
+        if workload.watcher is not None:
+            workload.watcher.cancel()
+            await asyncio.wait({workload.watcher})
+        exit_code = None
+        handle = workload.handle
+        if handle is not None and workload.pid is not None:
+            if not handle.exited:
+                why = f" ({reason})" if reason else ""
+                self.logs.append(workload.rental_id, f"gpumarket: stopping{why}; SIGKILL in {grace:g}s")
+                log.info("rental %s: stopping%s, SIGKILL in %gs", workload.rental_id, why, grace)
+                killpg(workload.pid, signal.SIGTERM)  # docker/podman pass it on to the container
+                if not await handle.wait(grace):
+                    log.warning("rental %s ignored SIGTERM for %.1fs; killing it", workload.rental_id, grace)
+                    await self._runtime_of(workload).remove(workload)
+                    killpg(workload.pid, signal.SIGKILL)
+                    kill_cgroups(workload.placement.cgroup_dirs)
+                    if not await handle.wait(self.kill_timeout):
+                        log.error("rental %s: pid %d survived SIGKILL for %.1fs", workload.rental_id, workload.pid, self.kill_timeout)
+            exit_code = handle.returncode
+            handle.close()
+        await self._clean_up(workload)
+        self.logs.cap(workload.rental_id)
+        self._workloads.pop(workload.rental_id, None)
+        self._save_registry()
+        self._set_busy(workload.gpu_uuids, False)
+        log.info("rental %s stopped (exit code %s)", workload.rental_id, exit_code)
+        return {"exit_code": exit_code}
+
+    async def close(self, *, stop_workloads: bool = False) -> None:
+        """Release the manager; ``stop_workloads=False`` (an agent restarting) leaves every workload
+        running, recorded for the next manager; ``True`` (the demo) stops them all, concurrently.
+
+        Waits for stops in flight (each bounded by ``stop_timeout`` plus twice ``kill_timeout``);
+        cancels watchers and pending ``on_exit`` reports (an unreported exit is reported by the
+        next manager). Cancelling ``close()`` leaves those tasks running; call it again.
+        """
+        if stop_workloads and not self._closed:
+            results = await asyncio.gather(*(self.stop(r) for r in list(self._workloads)), return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException):
+                    log.error("stopping a workload at close failed", exc_info=result)
+        self._closed = True
+        if self._stops:
+            await asyncio.wait(set(self._stops))
+        tasks = set(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        for workload in self._workloads.values():
+            if workload.handle is not None:
+                workload.handle.close()
+                workload.handle = None
+        self.cgroups.close()
+        self._save_registry()
+
+    def _runtime_of(self, workload: Workload) -> Runtime[Any]:
+        runtimes: dict[WorkloadKind, Runtime[Any]] = {"hold": self.holds, "process": self.processes, "container": self.containers}
+        return runtimes[workload.kind]
+
+    def _folder(self, rental_id: str) -> Path:
+        return self.work_dir / rental_id
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise Conflict("the workload manager is closed (the agent is shutting down)", code="agent_closing")
+
+    def _own(self, coro: Coroutine[Any, Any, T], *, name: str, stop: bool = False) -> asyncio.Task[T]:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        (self._stops if stop else self._tasks).add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        self._stops.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("workload task %s failed", task.get_name(), exc_info=task.exception())
+
+    def _set_busy(self, gpu_uuids: Sequence[str], busy: bool) -> None:
+        """Show the simulated GPUs busy, or idle once no workload holds them (call after dropping the workload)."""
+        if isinstance(self.backend, SimulatedBackend):
+            known = {g.uuid for g in self.backend.gpus()}
+            held = {u for w in self._workloads.values() for u in w.gpu_uuids}
+            self.backend.set_busy([u for u in gpu_uuids if u in known and (busy or u not in held)], busy)
+
+    # ---- logs -------------------------------------------------------------------------
+
+    def read_log(self, rental_id: str, *, offset: int, limit: int = 64 << 10) -> tuple[bytes, int]:
+        """Up to ``limit`` bytes of the rental's output from ``offset``, and the offset after them.
+
+        Offsets count every byte the workload ever wrote. When the cap dropped the bytes at
+        ``offset``, reading starts at the oldest byte kept: the chunk's own offset is always
+        ``next_offset - len(chunk)``. Past the end: ``(b"", offset)``. Works after the workload
+        ended, until ``forget``. Raises ``NotFound`` for a rental this host has no log of.
+        """
+        check_rental_id(rental_id)
+        if not isinstance(offset, int) or offset < 0:
+            raise BadRequest("offset must be a byte offset >= 0", code="bad_log_offset")
+        if not 1 <= limit <= self.max_read_bytes:
+            raise BadRequest(f"limit must be from 1 to {self.max_read_bytes} bytes", code="bad_log_limit")
+        return self.logs.read(rental_id, offset=offset, limit=limit, running=rental_id in self._workloads)
+
+    async def forget(self, rental_id: str) -> None:
+        """Delete the rental's folder and log; refused while its workload runs.
+
+        Cancelling is safe: the deletion finishes in its thread.
+        """
+        check_rental_id(rental_id)
+        if rental_id in self._workloads:
+            raise Conflict(f"rental {rental_id}'s workload still runs; stop it first", code="workload_running")
+        await asyncio.to_thread(shutil.rmtree, self._folder(rental_id), ignore_errors=True)
+
+    # ---- the registry -----------------------------------------------------------------
+
+    def _load_registry(self) -> None:
+        loaded = self.registry.load()
+        if loaded is None:
+            return
+        workloads, unreported = loaded
+        for workload in workloads:
+            if workload.pid is None or (workload.start_time is not None and process_start_time(workload.pid) == workload.start_time):
+                self._workloads[workload.rental_id] = workload
+                self._set_busy(workload.gpu_uuids, True)
+                log.info("rental %s: adopted its %s workload (pid %s)", workload.rental_id, workload.kind, workload.pid)
+            else:
+                # Ended while the agent was down, or its pid now names another process: never touch that one.
+                self._unreported[workload.rental_id] = reap_if_ours(workload.pid, workload.start_time)
+                self._dead_at_load.append(workload)
+                log.info("rental %s: its workload (pid %s) ended while the agent was down", workload.rental_id, workload.pid)
+        for rental_id, exit_code in unreported.items():
+            self._unreported.setdefault(rental_id, exit_code)
+        self._save_registry()
+
+    def _save_registry(self) -> None:
+        self.registry.save(self._workloads, self._unreported)
+
+
+def _holder_names(workloads: Sequence[Workload]) -> str:
+    """``rental r-1 (250/1000)`` for each holder of a GPU: who to stop, and how much each holds."""
+    return ", ".join(
+        f"rental {w.rental_id}" + ("" if w.share is None else f" ({w.share.milli}/{MILLI_PER_GPU})")
+        for w in sorted(workloads, key=lambda w: w.rental_id)
+    )

@@ -1,0 +1,195 @@
+"""The ``process`` runtime: the renter's program as a host process in a session of its own.
+
+Processes are spawned with ``os.posix_spawn`` through a two-line ``/bin/sh`` shim, and
+reaped with ``waitpid`` by the manager alone (``agent.runtimes.pids``): asyncio's
+subprocess transport kills its child when closed and a dropped ``subprocess.Popen`` is
+reaped behind our back, while a workload must outlive the manager that started it and be
+adopted by the next one. The pid is also the process group and session id; with the
+kernel start time it is what the registry records for re-adoption.
+
+Isolation: the environment is built from scratch (``PATH``, locale, ``TZ``, ``HOME``, the
+spec's ``env``, the GPU variables), the process runs in ``work_dir/<rental_id>/`` with
+its output in ``output.log``, and — where the host allows — in a cgroup of its own that
+carries the spec's ``cpu_cores`` and ``memory_mib``, entered before the renter's first
+instruction runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from agent.runtimes.base import Workload, now_iso
+from agent.runtimes.cgroups import CgroupLimiter, Placement, ResourceLimits, remove_cgroups
+from agent.runtimes.logs import LOG_NAME
+from agent.runtimes.pids import proc_stat
+from shared.errors import BadRequest
+from shared.protocol import MILLI_PER_GPU, GpuShare, ProcessWorkload
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PATH: Final = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+PASSED_ENV: Final = ("PATH", "LANG", "LC_ALL", "TZ")  # all a workload inherits from the agent
+
+# The first process of a workload runs /bin/sh, which changes into the rental's folder
+# (os.posix_spawn cannot), optionally waits on stdin for the agent's "go" — sent once the
+# process is in its cgroup, so not one instruction of the renter's runs outside it — and
+# execs the program: the pid the agent recorded becomes the renter's program.
+# Exit 125: the agent never said "go"; 126: no folder; 127: no program.
+_SH: Final = "/bin/sh"
+_SHIM_CD: Final = 'cd -- "$1" || exit 126; unset OLDPWD; shift; '
+_SHIM_GATE: Final = 'IFS= read -r go && [ "$go" = go ] || exit 125; '
+_SHIM_EXEC: Final = 'exec "$@" </dev/null'
+
+
+def limits_of(spec: ProcessWorkload) -> ResourceLimits:
+    return ResourceLimits(cpu_cores=spec.cpu_cores, memory_mib=spec.memory_mib)
+
+
+def share_environment(share: GpuShare) -> dict[str, str]:
+    """What a workload on a GPU share is told: the share itself, and the CUDA MPS client limits.
+
+    The workload sees one device, so the pinned memory limit names device ``0``. These
+    limits bind only where an MPS control daemon serves the GPU: the agent starts none.
+    """
+    env = {
+        "GPUMARKET_GPU_MILLI": str(share.milli),
+        "GPUMARKET_GPU_MEMORY_MIB": str(share.memory_mib),
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(max(1, share.milli * 100 // MILLI_PER_GPU)),
+    }
+    if share.memory_mib:
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={share.memory_mib}M"
+    return env
+
+
+def workload_environment(
+    rental_id: str, gpus: Sequence[str], extra: Mapping[str, str], *, home: Path, share: GpuShare | None
+) -> dict[str, str]:
+    """A workload's whole environment: only its GPUs visible, nothing of the agent's but ``PASSED_ENV``."""
+    env = {name: os.environ[name] for name in PASSED_ENV if name in os.environ}
+    env.setdefault("PATH", DEFAULT_PATH)
+    env["HOME"] = str(home)
+    env.update(extra)
+    visible = ",".join(gpus)
+    env.update(
+        CUDA_VISIBLE_DEVICES=visible,
+        NVIDIA_VISIBLE_DEVICES=visible or "none",
+        GPUMARKET_GPU_UUIDS=visible,
+        GPUMARKET_RENTAL_ID=rental_id,
+    )
+    if share is not None:
+        env.update(share_environment(share))
+    return env
+
+
+def spawn(argv: Sequence[str], *, folder: Path, env: Mapping[str, str], gated: bool) -> tuple[int, int | None]:
+    """Start ``argv`` in ``folder`` in a new session, output to the log; returns the pid and,
+    when ``gated``, the pipe end that releases it (write ``go``), which the caller closes."""
+    script = _SHIM_CD + (_SHIM_GATE if gated else "") + _SHIM_EXEC
+    # Whatever the agent ignores (Python ignores SIGPIPE and SIGXFSZ) the workload must not inherit.
+    ignored = [s for s in signal.valid_signals() if signal.getsignal(s) == signal.SIG_IGN]
+    log_fd = os.open(folder / LOG_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    gate_read = gate_write = -1
+    try:
+        stdin: tuple[Any, ...] = (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)
+        if gated:
+            gate_read, gate_write = os.pipe()
+            stdin = (os.POSIX_SPAWN_DUP2, gate_read, 0)
+        pid = os.posix_spawn(
+            _SH, [_SH, "-c", script, "gpumarket-shim", str(folder), *argv], dict(env),
+            file_actions=[stdin, (os.POSIX_SPAWN_DUP2, log_fd, 1), (os.POSIX_SPAWN_DUP2, log_fd, 2)],
+            setsid=True, setsigdef=ignored,
+        )
+    except BaseException:
+        if gate_write >= 0:
+            os.close(gate_write)
+        raise
+    finally:
+        os.close(log_fd)
+        if gate_read >= 0:
+            os.close(gate_read)
+    return pid, gate_write if gated else None
+
+
+def resolve_program(name: str, *, path: str, folder: Path) -> str:
+    if "/" in name:
+        candidate = Path(name) if os.path.isabs(name) else folder / name
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+        raise BadRequest(f"cannot start {name!r}: no executable file at {candidate}", code="workload_start_failed")
+    found = shutil.which(name, path=path)
+    if found is None:
+        raise BadRequest(f"cannot start {name!r}: not found on PATH {path}", code="workload_start_failed")
+    return found
+
+
+def limits_report(limits: ResourceLimits, placement: Placement) -> dict[str, Any]:
+    report: dict[str, Any] = {"cpu_cores": limits.cpu_cores, "memory_mib": limits.memory_mib}
+    if placement.cgroup_dirs:
+        report["cgroups"] = [str(d) for d in placement.cgroup_dirs]
+    if placement.unit:
+        report["systemd_unit"] = placement.unit
+    if not limits.requested:
+        report["limits"] = "none requested"
+    elif placement.placed:
+        report["limits"] = "applied"
+    else:
+        report["limits"] = "unavailable"
+        report["limits_reason"] = placement.error or "no cgroup for this workload"
+    return report
+
+
+class ProcessRuntime:
+    """Runs ``ProcessWorkload``s in ``work_dir/<rental_id>/``, each in its cgroup from ``cgroups``."""
+
+    def __init__(self, work_dir: Path, cgroups: CgroupLimiter) -> None:
+        self.work_dir = work_dir
+        self.cgroups = cgroups
+
+    async def prepare(self, spec: ProcessWorkload) -> None:
+        """Nothing to wait for."""
+
+    def start(
+        self, rental_id: str, gpus: list[str], spec: ProcessWorkload, share: GpuShare | None
+    ) -> tuple[Workload, dict[str, Any]]:
+        folder = self.work_dir / rental_id
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        env = workload_environment(rental_id, gpus, spec.env, home=folder, share=share)
+        program = resolve_program(spec.argv[0], path=env["PATH"], folder=folder)
+        limits = limits_of(spec)
+        placement = self.cgroups.create(rental_id, limits)
+        argv = [*placement.argv_prefix, program, *spec.argv[1:]]
+        try:
+            pid, gate = spawn(argv, folder=folder, env=env, gated=bool(placement.cgroup_dirs))
+        except OSError as exc:
+            remove_cgroups(placement.cgroup_dirs)
+            raise BadRequest(f"cannot start {spec.argv[0]!r}: {exc.strerror or exc}", code="workload_start_failed") from None
+        if gate is not None:
+            try:
+                self.cgroups.attach(placement, pid)
+            except OSError as exc:
+                # Degrade like a host without cgroups: the process runs, unlimited, and says why.
+                error = f"cannot move the workload into {placement.cgroup_dirs[0]}: {exc.strerror or exc}"
+                log.warning("rental %s: %s", rental_id, error)
+                remove_cgroups(placement.cgroup_dirs)
+                placement = Placement(error=error)
+            finally:
+                with contextlib.suppress(BrokenPipeError):
+                    os.write(gate, b"go\n")
+                os.close(gate)
+        if limits.requested and not placement.placed:
+            log.warning("rental %s runs without its CPU/memory limits: %s", rental_id, placement.error)
+        stat = proc_stat(pid)
+        workload = Workload(
+            rental_id, "process", gpus, now_iso(), pid=pid, start_time=None if stat is None else stat.start_time, placement=placement
+        )
+        return workload, {"kind": "process", "pid": pid, **limits_report(limits, placement)}
+
+    async def remove(self, workload: Workload) -> None:
+        """Nothing beyond the process group and the cgroup, which the manager kills."""
