@@ -223,6 +223,18 @@ class TestGracePeriod:
         host_id = await online_host(master, provider, [gpu_info(0)])
         assert len(await heard_at(master, host_id, 1, clock.now(), running=["r-ghost"])) == 1
 
+    async def test_a_reported_workload_that_cannot_be_a_rental_is_ignored(self, world: tuple[Master, ManualClock, WallClock]) -> None:
+        """Regression: a name no rental id can have (typed StopWorkload refuses it) made the heartbeat raise and dead-letter."""
+        master, clock, _ = world
+        provider, _ = await create_principal(master, "p", "provider")
+        host_id = await online_host(master, provider, [gpu_info(0)])
+        assert await heard_at(master, host_id, 1, clock.now(), running=["-rf", "a:b", "r-ghost"]) != []
+        async with master.db.session() as session:
+            stops = (await session.scalars(select(Command).where(Command.kind == "stop_workload"))).all()
+            host = await session.get(Host, host_id)
+        assert [c.args for c in stops] == [{"rental_id": "r-ghost"}]
+        assert host is not None and host.last_seen_at is not None  # the heartbeat itself was applied
+
 
     async def test_batched_heartbeats_stop_strays_too(self, world: tuple[Master, ManualClock, WallClock]) -> None:
         """The ingestor's batch path finds strays with one query and stops only those."""
