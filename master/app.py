@@ -23,14 +23,8 @@ from aiohttp import web
 from billing import jobs as billing_jobs
 from console.routes import add_console_routes
 from master.api.keys import MASTER
-from master.api.middleware import (
-    account_rate_limit_middleware,
-    auth_middleware,
-    errors_middleware,
-    rate_limit_middleware,
-)
-from master.api.ratelimits import RATE_LIMITS, ApiRateLimits
-from master.api.routes import add_routes
+from master.api.middleware import MIDDLEWARES
+from master.api.router import add_api
 from master.context import Master
 from master.db import Database, check_schema, sqlite_url
 from master.scheduler import get_placer
@@ -101,13 +95,9 @@ def _background(name: str, factory: Callable[[], Coroutine[Any, Any, None]]) -> 
 
 def create_app(master: Master, *, background: bool = True) -> web.Application:
     """The aiohttp app of one master process (REST API, console, and its background loops)."""
-    middlewares = [errors_middleware, rate_limit_middleware, auth_middleware, account_rate_limit_middleware]
-    app = web.Application(middlewares=middlewares, client_max_size=master.settings.max_request_bytes)
+    app = web.Application(middlewares=MIDDLEWARES, client_max_size=master.settings.max_request_bytes)
     app[MASTER] = master
-    if master.settings.rate_limits_enabled:
-        limits = app[RATE_LIMITS] = ApiRateLimits.for_master(master)
-        app.cleanup_ctx.append(limits.cleanup_ctx)
-    add_routes(app)
+    add_api(app)
     add_console_routes(app)
     if background:
         ingestor = Ingestor(master)
