@@ -26,6 +26,7 @@ from master.api.base import (
 )
 from master.api.keys import MASTER, OPENAPI_DOCUMENT
 from master.api.middleware import principal
+from master.api.responses import CommandAccepted, Enrollment, EnrollmentToken, Liveness, Readiness
 from master.api.schemas import EnrollRequest, QuotaPut, RentalCreate
 from master.services import account_views, enrollment, faults, host_views, hosts, platform_views, rentals
 from master.telemetry import store as telemetry
@@ -213,16 +214,16 @@ async def openapi(request: web.Request) -> web.Response:
 
 ROUTES: tuple[Route, ...] = (
     Route("GET", "/health", health, "Readiness of this master process: 200 when its database and Redis answer, "
-          "503 (and which failed) otherwise.", public=True, limit=RateClass.NONE, errors=(503,)),
+          "503 (and which failed) otherwise.", public=True, limit=RateClass.NONE, response=Readiness, errors=(503,)),
     Route("GET", "/health/live", health_live, "Liveness of this master process: 200 whenever it serves requests.",
-          public=True, limit=RateClass.NONE),
+          public=True, limit=RateClass.NONE, response=Liveness),
     Route("GET", "/openapi.json", openapi, "This document.", public=True),
     Route("GET", "/account", get_account, "The calling account, with its quotas and what it uses of them."),
     Route("PUT", "/accounts/{account_id}/quota", put_account_quota, "Set an account's quotas (GPUs at once, USD per hour).",
           roles=("admin",), body=QuotaPut, errors=(404, 422)),
     Route("POST", "/enrollment-tokens", create_enrollment_token, "Create a one-time host enrollment token.", roles=("provider",),
-          limit=RateClass.ENROLLMENT_TOKENS, success=201),
-    Route("POST", "/enroll", enroll, "Exchange an enrollment token and a CSR for a host certificate.", public=True, limit=RateClass.ENROLL, body=EnrollRequest, success=201, errors=(400, 403, 422)),
+          limit=RateClass.ENROLLMENT_TOKENS, response=EnrollmentToken, success=201),
+    Route("POST", "/enroll", enroll, "Exchange an enrollment token and a CSR for a host certificate.", public=True, limit=RateClass.ENROLL, body=EnrollRequest, response=Enrollment, success=201, errors=(400, 403, 422)),
     Route("GET", "/hosts", list_hosts, "Hosts you can see (providers: their own).", query=PAGING),
     Route("GET", "/hosts/{host_id}", get_host, "One host with its GPUs, latest telemetry and recent state changes.", errors=(404,)),
     Route(
@@ -242,9 +243,9 @@ ROUTES: tuple[Route, ...] = (
           query=(QueryParam("limit", "integer", "How many.", 1, 1000),), errors=(404,)),
     Route("POST", "/hosts/{host_id}/health-check", start_health_check,
           "Ask the host's agent to check its GPUs; passing is the only way out of faulty.",
-          roles=("provider",), success=202, errors=(404, 409)),
+          roles=("provider",), response=CommandAccepted, success=202, errors=(404, 409)),
     Route("POST", "/hosts/{host_id}/network-test", start_network_test, "Ask the host's agent to measure its network now.",
-          roles=("provider",), success=202, errors=(404,)),
+          roles=("provider",), response=CommandAccepted, success=202, errors=(404,)),
     Route("POST", "/rentals", create_rental, "Rent GPUs (200: a repeat of an Idempotency-Key, answered with the rental it made).",
           roles=("renter",), body=RentalCreate, success=201, also_success=(200,), headers=("Idempotency-Key",), errors=(404, 409, 422)),
     Route("GET", "/rentals", list_rentals, "Your rentals, newest first.", query=PAGING),

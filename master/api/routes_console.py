@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from master.api.base import QueryParam, RateClass, Route, int_query, parse_body
 from master.api.keys import MASTER
 from master.api.middleware import SESSION, principal
+from master.api.responses import ConsoleSession, SignedOut
 from master.services import host_views, sessions
 from shared.errors import ClientError, NotFound
 
@@ -152,9 +153,11 @@ async def close_streams(app: web.Application) -> None:
 ROUTES: tuple[Route, ...] = (
     Route("POST", "/sessions", create_session, "Sign in to the web console: an API key for a session cookie (HttpOnly, "
           "SameSite=Strict) and the CSRF token every change must send in X-CSRF-Token.",
-          public=True, limit=RateClass.SIGN_IN, body=SessionCreate, success=201, errors=(401, 415, 422)),
-    Route("GET", "/sessions/current", get_session, "The console session of the cookie: account, CSRF token, end.", errors=(401, 404)),
-    Route("DELETE", "/sessions/current", delete_session, "Sign out: end the console session and clear its cookie.", errors=(401, 403, 404)),
+          public=True, limit=RateClass.SIGN_IN, body=SessionCreate, response=ConsoleSession, success=201, errors=(401, 415, 422)),
+    Route("GET", "/sessions/current", get_session, "The console session of the cookie: account, CSRF token, end.",
+          response=ConsoleSession, errors=(401, 404)),
+    Route("DELETE", "/sessions/current", delete_session, "Sign out: end the console session and clear its cookie.",
+          response=SignedOut, errors=(401, 403, 404)),
     Route("GET", "/hosts/{host_id}/metrics/stream", stream_host_metrics,
           "Live raw telemetry of a host as Server-Sent Events ('sample' events, id = sequence number): the recent "
           "samples, then each new one. Resumes after Last-Event-ID.",
