@@ -43,14 +43,8 @@ from aiohttp import web
 from billing.enforce import PrepaidCreditGate
 from console.routes import add_console_routes
 from master.api.keys import MASTER
-from master.api.middleware import (
-    account_rate_limit_middleware,
-    auth_middleware,
-    errors_middleware,
-    rate_limit_middleware,
-)
-from master.api.ratelimits import RATE_LIMITS, ApiRateLimits
-from master.api.routes import add_routes
+from master.api.middleware import MIDDLEWARES
+from master.api.router import add_api
 from master.background.alerts import webhook_session
 from master.background.supervisor import Supervisor, master_loops
 from master.context import Master
@@ -159,15 +153,11 @@ def create_app(master: Master, *, background: bool = True, owns_master: bool = F
     The caller keeps ``master`` and closes it after the app (``close_master``), unless
     ``owns_master``: then the app closes it, last, when it is cleaned up.
     """
-    middlewares = [errors_middleware, rate_limit_middleware, auth_middleware, account_rate_limit_middleware]
-    app = web.Application(middlewares=middlewares, client_max_size=master.settings.max_request_bytes)
+    app = web.Application(middlewares=MIDDLEWARES, client_max_size=master.settings.max_request_bytes)
     app[MASTER] = master
     if owns_master:
         app.cleanup_ctx.append(_owned_master)
-    if master.settings.rate_limits_enabled:
-        limits = app[RATE_LIMITS] = ApiRateLimits.for_master(master)
-        app.cleanup_ctx.append(limits.cleanup_ctx)
-    add_routes(app)
+    add_api(app)
     add_console_routes(app)
     if background:
         app.cleanup_ctx.append(_webhook_http)

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import func, select
 
 from master.api.base import API
-from master.api.routes import ROUTES
+from master.api.table import ROUTES
 from master.models import Command, Gpu, Rental
 from tests.apiclient import A100, RTX, Api, assert_error
 from tests.factories import create_principal, gpu_info, online_host

@@ -35,7 +35,7 @@ from schemathesis.specs.openapi.checks import (
 from billing import credits
 from master.api.base import API
 from master.api.openapi import build_openapi
-from master.api.routes import ROUTES
+from master.api.table import ROUTES
 from master.app import close_master, create_app, open_master
 from master.context import Master
 from master.models import Alert

@@ -1,7 +1,7 @@
 """Authorization on every route: who may call it, and what someone else's object answers.
 
 The OWASP API Security Top 10's object-level (API1) and function-level (API5) authorization
-as one table, ``MATRIX``: for each route of ``master.api.routes.ROUTES``, what each of five
+as one table, ``MATRIX``: for each route of ``master.api.table.ROUTES``, what each of five
 callers gets — two renters, two providers and an admin — when the route names the first
 renter's or the first provider's objects. ``TestCompleteness`` fails when a route exists
 without a row, so no endpoint ships without its authorization written down.
@@ -36,8 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from billing import credits
 from master.api.base import API
-from master.api.middleware import PUBLIC_PATHS
-from master.api.routes import ROUTES
+from master.api.table import ROUTES
 from master.models import Alert, ApiKey, Base, Payout
 from master.services import enrollment, sessions
 from master.services.accounts import Principal
@@ -361,12 +360,6 @@ class TestCompleteness:
             declared = roles[(rule.method, rule.path)]
             refused = {who for who, outcome in rule.expect.items() if outcome == FORBIDDEN}
             assert refused == {who for who in CALLERS if declared and ROLE[who] not in (*declared, "admin")}, rule
-
-    def test_public_routes_are_exactly_the_paths_the_middleware_lets_through(self) -> None:
-        """The middleware decides by path alone, so a route at a public path is public whatever its method."""
-        assert {API + path for _, path in PUBLIC} == PUBLIC_PATHS
-        at_public_paths = {(route.method, route.path) for route in ROUTES if API + route.path in PUBLIC_PATHS}
-        assert at_public_paths == PUBLIC, "a private route shares its path with a public one: the middleware lets it through"
 
     def test_every_object_in_a_path_is_someone_elses_in_some_row(self) -> None:
         """Each route with an object id in its path has a caller who is refused that object (404) or the route (403)."""

@@ -28,7 +28,7 @@ import yaml
 
 from gpumarket.cli import build_parser
 from master.api.base import API
-from master.api.routes import ROUTES
+from master.api.table import ROUTES
 from shared.settings import (
     ENV_PREFIX,
     AccessSettings,

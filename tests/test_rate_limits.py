@@ -19,8 +19,8 @@ from multidict import CIMultiDictProxy
 
 from master.api.base import API
 from master.api.openapi import build_openapi
-from master.api.ratelimits import NEVER_LIMITED, RATE_LIMITS, ApiLimits, client_address
-from master.api.routes import ROUTES
+from master.api.ratelimits import RATE_LIMITS, ApiLimits, client_address
+from master.api.table import NEVER_LIMITED, ROUTES
 from master.app import close_master, open_master
 from shared.bus import InProcessBus
 from shared.errors import ConfigError

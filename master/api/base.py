@@ -1,10 +1,17 @@
-"""What every ``/api/v1`` route module shares: the ``Route`` record, query and body parsing, paging."""
+"""What every route module shares: the ``Route`` record (one row of the route table), its rate-limit
+class, and query and body parsing, paging.
+
+A route module (``routes*.py``) declares its handlers and exports them as ``ROUTES`` (under
+``/api/v1``) or ``UNVERSIONED`` (outside it); ``master/api/table.py`` concatenates them, and
+the router, the middlewares and the OpenAPI builder all read that one table.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -13,6 +20,8 @@ from pydantic import BaseModel, ValidationError
 from shared.errors import BadRequest, ValidationFailed
 
 API = "/api/v1"
+VERSION = "0.1.0"
+"""The API's version, in the OpenAPI document and the health probes."""
 
 Body = TypeVar("Body", bound=BaseModel)
 HandlerFn = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -28,21 +37,57 @@ class QueryParam:
     choices: tuple[str, ...] = ()  # the only values accepted (an enum in the document)
 
 
+class RateClass(StrEnum):
+    """The token buckets a route's requests take from (``master/api/ratelimits.py``)."""
+
+    NONE = "none"  # never limited: the health probes, and everything outside /api/v1
+    DEFAULT = "default"  # the client address's and the credential's buckets
+    ENROLL = "enroll"  # and the address's enrollment bucket
+    ENROLLMENT_TOKENS = "enrollment-tokens"  # and the address's and (after authentication) the account's
+    SIGN_IN = "sign-in"  # and the address's sign-in bucket; a failed sign-in costs more
+
+
 @dataclass(frozen=True)
 class Route:
+    """One route, declared once: the router registers it, the middlewares enforce it, OpenAPI documents it."""
+
     method: str
-    path: str
+    path: str  # under /api/v1 for ``ROUTES``; the whole path for ``UNVERSIONED``
     handler: HandlerFn
     summary: str
-    roles: tuple[str, ...] = ()  # empty + public=False: any signed-in account
-    public: bool = False
+    roles: tuple[str, ...] = ()  # empty + public=False: any signed-in account; admins pass every role check
+    public: bool = False  # no API key or session needed
+    limit: RateClass = RateClass.DEFAULT
     body: type[BaseModel] | None = None
+    response: type[BaseModel] | None = None  # the success body's model, where one is declared (else: any object)
     query: tuple[QueryParam, ...] = ()
     success: int = 200
     also_success: tuple[int, ...] = ()  # e.g. 200 for a repeat that changed nothing, where a first call is 201
     headers: tuple[str, ...] = ()
     errors: tuple[int, ...] = field(default=())
     media_types: tuple[str, ...] = ("application/json",)  # of the success response; JSON is an object, others text
+
+
+@dataclass(frozen=True)
+class RouteIndex:
+    """The table as the middlewares consult it (one per app, built by the router): which ``Route`` a request matched."""
+
+    by_route: Mapping[web.AbstractRoute, Route]
+    never_limited: frozenset[str]  # /api/v1 paths whose every route is RateClass.NONE
+
+    def route_of(self, request: web.Request) -> Route | None:
+        """The declared route, or ``None`` for a request no route matched (404/405) or one outside the table (static files)."""
+        return self.by_route.get(request.match_info.route)
+
+    def rate_class(self, request: web.Request) -> RateClass:
+        """The matched route's class; a request that matched none counts as ``DEFAULT`` under /api/v1 (unless its
+        path is a probe's), ``NONE`` elsewhere."""
+        route = self.route_of(request)
+        if route is not None:
+            return route.limit
+        if not request.path.startswith(f"{API}/") or request.path in self.never_limited:
+            return RateClass.NONE
+        return RateClass.DEFAULT
 
 
 async def parse_body(request: web.Request, model: type[Body]) -> Body:

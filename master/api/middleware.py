@@ -1,6 +1,11 @@
-"""Errors as JSON with a stable code, rate limits (master/api/ratelimits.py), and API-key authentication.
+"""Errors as JSON with a stable code, rate limits (master/api/ratelimits.py), authentication and roles.
 
-Order in the app: errors → rate limits → authentication → per-account rate limits.
+Every decision about a route is read from its row of the route table (``master/api/table.py``),
+looked up per request in the app's ``ROUTE_INDEX``: whether it is public, the roles it needs,
+its rate-limit class. Handlers never check roles themselves.
+
+Order in the app (``MIDDLEWARES``): errors → rate limits → authentication → per-account rate
+limits → the route's roles.
 """
 
 from __future__ import annotations
@@ -13,7 +18,8 @@ from aiohttp import web
 from redis import exceptions as redis_exceptions
 from sqlalchemy import exc as sa_exc
 
-from master.api.keys import MASTER
+from master.api.base import RateClass, Route
+from master.api.keys import MASTER, ROUTE_INDEX
 from master.api.ratelimits import RATE_LIMITS
 from master.services import sessions
 from master.services.accounts import Principal, authenticate
@@ -23,7 +29,6 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-PUBLIC_PATHS = frozenset({"/api/v1/health", "/api/v1/health/live", "/api/v1/openapi.json", "/api/v1/enroll", "/api/v1/sessions"})
 PRINCIPAL = web.RequestKey("principal", Principal)
 SESSION = web.RequestKey("console_session", sessions.SignedIn)
 # Methods that change something: a call authenticated by the console's cookie must also carry its CSRF token.
@@ -95,35 +100,59 @@ def unavailable_dependency(exc: BaseException) -> str | None:
     return None
 
 
+def declared_route(request: web.Request) -> Route | None:
+    """The row of the route table the request matched (``None``: no route, or one outside the table)."""
+    index = request.app.get(ROUTE_INDEX)
+    return index.route_of(request) if index is not None else None
+
+
 @web.middleware
 async def rate_limit_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Before authentication, so neither a flood nor guessed keys cost a database lookup."""
-    limits = request.app.get(RATE_LIMITS)
-    if limits is None or not limits.applies_to(request):
+    limits, index = request.app.get(RATE_LIMITS), request.app.get(ROUTE_INDEX)
+    rate_class = index.rate_class(request) if index is not None else RateClass.NONE
+    if limits is None or rate_class is RateClass.NONE:
         return await handler(request)
     address = limits.address_of(request)
-    await limits.before_auth(request, address)
+    await limits.before_auth(request, address, rate_class)
     try:
         return await handler(request)
     except Unauthorized:
-        await limits.sign_in_failed(request, address)
+        await limits.sign_in_failed(address, rate_class)
         raise
 
 
 @web.middleware
 async def account_rate_limit_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """After authentication: the buckets of the calling account."""
-    limits = request.app.get(RATE_LIMITS)
-    if limits is not None and PRINCIPAL in request:
-        await limits.after_auth(request, request[PRINCIPAL].account_id)
+    limits, route = request.app.get(RATE_LIMITS), declared_route(request)
+    if limits is not None and route is not None and PRINCIPAL in request:
+        await limits.after_auth(request[PRINCIPAL].account_id, route.limit)
+    return await handler(request)
+
+
+@web.middleware
+async def roles_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The roles the route declares (admins pass every role check): 403 ``forbidden`` for any other caller.
+
+    After the account's rate limits, so a refused call still takes from the account's buckets."""
+    route = declared_route(request)
+    if route is not None and route.roles:
+        principal(request).require(*route.roles)
     return await handler(request)
 
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Authenticates every route the table does not declare public, by API key or console session.
+
+    A route outside the table is private under ``/api/`` and left alone elsewhere (the console's
+    static files)."""
     if request.match_info.http_exception is not None:
         raise request.match_info.http_exception  # unknown path or method: 404/405 before any auth
-    if request.path.startswith("/api/") and request.path not in PUBLIC_PATHS:
+    route = declared_route(request)
+    public = route.public if route is not None else not request.path.startswith("/api/")
+    if not public:
         master = request.app[MASTER]
         header = request.headers.get("Authorization")
         cookie = request.cookies.get(sessions.COOKIE)
@@ -147,3 +176,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
 
 def principal(request: web.Request) -> Principal:
     return request[PRINCIPAL]
+
+
+MIDDLEWARES = (errors_middleware, rate_limit_middleware, auth_middleware, account_rate_limit_middleware, roles_middleware)
+"""The API's middlewares, in the order the app must install them."""

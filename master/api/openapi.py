@@ -1,13 +1,17 @@
-"""OpenAPI 3.1 document built from the route table and the pydantic request models."""
+"""OpenAPI 3.1 document built from the route table (``master/api/table.py``, handed in) and its pydantic models.
+
+This module reads ``Route`` records only; it imports no route module, so the table can be
+documented without a cycle.
+"""
 
 from __future__ import annotations
 
 import re
 from typing import Any
 
-from master.api.base import API, Route
-from master.api.ratelimits import NEVER_LIMITED
-from master.api.routes import ROUTES, VERSION
+from pydantic import BaseModel
+
+from master.api.base import API, VERSION, RateClass, Route
 from master.api.schemas import ErrorBody
 
 _REASONS = {400: "Bad request", 401: "Missing or invalid API key", 403: "Not allowed for this account", 404: "Not found",
@@ -17,15 +21,32 @@ _RETRY_AFTER = {"Retry-After": {"description": "Whole seconds to wait before ret
                                 "schema": {"type": "integer", "minimum": 1}}}
 
 
-def build_openapi(routes: tuple[Route, ...] = ROUTES) -> dict[str, Any]:
+def _component(components: dict[str, Any], model: type[BaseModel]) -> dict[str, str]:
+    """Add ``model`` (and the models it nests) to the components; a reference to it."""
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    for name, sub in schema.pop("$defs", {}).items():
+        components[name] = sub
+    components[model.__name__] = schema
+    return {"$ref": f"#/components/schemas/{model.__name__}"}
+
+
+def _success_schema(components: dict[str, Any], route: Route, media_type: str) -> dict[str, Any]:
+    if media_type != "application/json":
+        return {"type": "string"}
+    if route.response is not None:
+        return _component(components, route.response)
+    return {"type": "object"}
+
+
+def build_openapi(routes: tuple[Route, ...]) -> dict[str, Any]:
+    """The document of ``routes`` (the ``/api/v1`` part of the table)."""
     components: dict[str, Any] = {"Error": ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")}
     paths: dict[str, Any] = {}
     for route in routes:
         success = {
             "description": "Success",
             "content": {
-                media_type: {"schema": {"type": "object" if media_type == "application/json" else "string"}}
-                for media_type in route.media_types
+                media_type: {"schema": _success_schema(components, route, media_type)} for media_type in route.media_types
             },
         }
         op: dict[str, Any] = {
@@ -52,19 +73,17 @@ def build_openapi(routes: tuple[Route, ...] = ROUTES) -> dict[str, Any]:
         if params:
             op["parameters"] = params
         if route.body is not None:
-            schema = route.body.model_json_schema(ref_template="#/components/schemas/{model}")
-            for name, sub in schema.pop("$defs", {}).items():
-                components[name] = sub
-            components[route.body.__name__] = schema
+            reference = _component(components, route.body)
             op["requestBody"] = {
-                "required": bool(schema.get("required")),  # a body whose every field has a default may be left out
-                "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{route.body.__name__}"}}},
+                # A body whose every field has a default may be left out.
+                "required": bool(components[route.body.__name__].get("required")),
+                "content": {"application/json": {"schema": reference}},
             }
         statuses = set(route.errors) | {400}
         if not route.public:
             op["security"] = [{"bearer": []}]
             statuses |= {401, 403}
-        if API + route.path not in NEVER_LIMITED:
+        if route.limit is not RateClass.NONE:
             statuses.add(429)  # rate limits (master/api/ratelimits.py), when enabled
             statuses.add(503)  # the database or Redis unreachable for a moment (master/api/middleware.py)
         for status in sorted(statuses):

@@ -1,18 +1,21 @@
 """The REST API's rate limits: which buckets a request takes from, and the client address they count.
 
-Every ``/api/v1`` request but the health probes (``NEVER_LIMITED``) takes a token from:
+Each route of the table declares its class (``Route.limit``, a ``RateClass``). Every ``/api/v1``
+request but the health probes' (``RateClass.NONE``) takes a token from:
 
 * ``address``: its client address (IPv6: its /64), ``rate_limit_per_address`` /
   ``rate_burst_per_address``;
 * ``key``: the API key or console session it carries (a hash of it; checked before the key
   is looked up, so a flood of made-up keys costs no database work), ``rate_limit_per_key`` /
   ``rate_burst_per_key``;
-* for ``POST /enroll`` and ``POST /enrollment-tokens``, the address's bucket of that route
-  (``enrollment_rate_per_minute`` / ``enrollment_burst``), and for token creation also the
-  account's (taken after authentication);
-* for ``POST /sessions`` (console sign-in), the address's ``sign-in`` bucket; a sign-in that
-  fails (unknown or revoked key) takes ``sign_in_failure_cost`` tokens in all, so guessing
+* ``ENROLL`` (``POST /enroll``) and ``ENROLLMENT_TOKENS`` (``POST /enrollment-tokens``): the
+  address's bucket of that route (``enrollment_rate_per_minute`` / ``enrollment_burst``), and
+  for token creation also the account's (taken after authentication);
+* ``SIGN_IN`` (``POST /sessions``, console sign-in): the address's ``sign-in`` bucket; a sign-in
+  that fails (unknown or revoked key) takes ``sign_in_failure_cost`` tokens in all, so guessing
   keys there is slow.
+
+A request under ``/api/v1`` that matches no route (404, 405) takes from the default buckets.
 
 An empty bucket answers 429 ``rate_limited`` with ``Retry-After``. The client address is the
 peer's, unless the peer is one of ``trusted_proxies``: then ``X-Forwarded-For`` is read from
@@ -34,7 +37,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from master.api.base import API
+from master.api.base import RateClass
+from master.api.keys import MASTER
 from master.context import Master
 from master.services import sessions
 from shared.errors import RateLimited
@@ -46,13 +50,8 @@ log = logging.getLogger(__name__)
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
-NEVER_LIMITED = frozenset({f"{API}/health", f"{API}/health/live"})
-"""Probes: a load balancer or kubelet asking often must never be refused."""
-
-ENROLL = ("POST", f"{API}/enroll")
-ENROLLMENT_TOKENS = ("POST", f"{API}/enrollment-tokens")
-SIGN_IN = ("POST", f"{API}/sessions")
-
+# The bucket each special class takes from besides the address's and the credential's.
+_ROUTE_BUCKETS = {RateClass.ENROLL: "enroll", RateClass.ENROLLMENT_TOKENS: "enrollment-tokens", RateClass.SIGN_IN: "sign-in"}
 _WHAT = {
     "address": "requests from {address}",
     "key": "requests with this API key or session",
@@ -147,40 +146,31 @@ class ApiRateLimits:
             )  # fmt: skip
         return cls(store, ApiLimits.from_settings(settings))
 
-    async def cleanup_ctx(self, app: web.Application) -> AsyncIterator[None]:
-        yield
-        await self.store.close()
-
-    def applies_to(self, request: web.Request) -> bool:
-        return request.path.startswith(f"{API}/") and request.path not in NEVER_LIMITED
 
     def address_of(self, request: web.Request) -> str:
         forwarded = request.headers.getall("X-Forwarded-For", [])
         return source_key(client_address(request.remote, forwarded, self.limits.trusted_proxies))
 
-    async def before_auth(self, request: web.Request, address: str) -> None:
+    async def before_auth(self, request: web.Request, address: str, rate_class: RateClass) -> None:
         """Take from the address's, the credential's and the route's buckets; raise ``RateLimited`` on the first empty one."""
         await self._take("address", address, self.limits.per_address, address=address)
         credential = credential_of(request)
         if credential is not None:
             digest = hashlib.sha256(credential.encode()).hexdigest()[:32]  # never the secret itself in Redis
             await self._take("key", digest, self.limits.per_key, address=address)
-        route = (request.method, request.path)
-        if route == ENROLL:
-            await self._take("enroll", address, self.limits.enrollment, address=address)
-        elif route == ENROLLMENT_TOKENS:
-            await self._take("enrollment-tokens", address, self.limits.enrollment, address=address)
-        elif route == SIGN_IN:
-            await self._take("sign-in", address, self.limits.sign_in, address=address)
+        bucket = _ROUTE_BUCKETS.get(rate_class)
+        if bucket is not None:
+            limit = self.limits.sign_in if rate_class is RateClass.SIGN_IN else self.limits.enrollment
+            await self._take(bucket, address, limit, address=address)
 
-    async def after_auth(self, request: web.Request, account_id: str) -> None:
+    async def after_auth(self, account_id: str, rate_class: RateClass) -> None:
         """Take from the account's buckets (enrollment tokens)."""
-        if (request.method, request.path) == ENROLLMENT_TOKENS:
+        if rate_class is RateClass.ENROLLMENT_TOKENS:
             await self._take("account-enrollment-tokens", account_id, self.limits.enrollment, address="")
 
-    async def sign_in_failed(self, request: web.Request, address: str) -> None:
+    async def sign_in_failed(self, address: str, rate_class: RateClass) -> None:
         """A failed sign-in pays the rest of ``sign_in_failure_cost``."""
-        if (request.method, request.path) == SIGN_IN and self.limits.sign_in_failure_cost > 1:
+        if rate_class is RateClass.SIGN_IN and self.limits.sign_in_failure_cost > 1:
             await self.store.charge(f"sign-in:{address}", self.limits.sign_in, cost=self.limits.sign_in_failure_cost - 1)
 
     async def _take(self, bucket: str, key: str, limit: Limit, *, address: str) -> None:
@@ -194,4 +184,17 @@ class ApiRateLimits:
 
 
 RATE_LIMITS = web.AppKey("rate_limits", ApiRateLimits)
-"""Set on the app when ``rate_limits_enabled``."""
+"""Set on the app, while it runs, when ``rate_limits_enabled``."""
+
+
+async def rate_limits_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The API's rate limiter, when ``rate_limits_enabled``: opened with the app, its store closed with it."""
+    master = app[MASTER]
+    if not master.settings.rate_limits_enabled:
+        yield
+        return
+    limits = app[RATE_LIMITS] = ApiRateLimits.for_master(master)
+    try:
+        yield
+    finally:
+        await limits.store.close()

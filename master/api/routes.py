@@ -1,34 +1,22 @@
-"""The ``/api/v1`` handlers and the one table that registers them and documents them in OpenAPI."""
+"""The core ``/api/v1`` routes: health, the OpenAPI document, the account, enrollment, hosts, rentals, relays.
+
+Handlers parse, call one service function and respond; who may call them is their row's
+``roles`` / ``public``, enforced by the middlewares (``master/api/middleware.py``).
+"""
 
 from __future__ import annotations
 
 import shlex
-import time
-from collections.abc import Sequence
-from dataclasses import asdict
 from datetime import datetime
-from decimal import Decimal
-from typing import Any
 
 from aiohttp import web
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncSession
 
-from billing import credits, ledger, rating, summaries
-from master.api import (
-    routes_alerts,
-    routes_billing,
-    routes_console,
-    routes_downloads,
-    routes_invoices,
-    routes_market,
-    routes_metrics,
-)
+from billing import views as money
 from master.api.base import (
-    API,
     PAGING,
-    HandlerFn,
+    VERSION,
     QueryParam,
+    RateClass,
     Route,
     int_query,
     listing,
@@ -36,43 +24,28 @@ from master.api.base import (
     parse_body,
     str_query,
 )
-from master.api.keys import MASTER
+from master.api.keys import MASTER, OPENAPI_DOCUMENT
 from master.api.middleware import principal
-from master.api.schemas import EnrollRequest, ErrorBody, QuotaPut, RentalCreate
-from master.models import Account, Rental, RentalEvent
+from master.api.responses import CommandAccepted, Enrollment, EnrollmentToken, Liveness, Readiness
+from master.api.schemas import EnrollRequest, QuotaPut, RentalCreate
 from master.services import (
-    commands,
+    account_views,
     enrollment,
     faults,
     host_views,
-    rental_placement,
+    platform_views,
     rental_request,
     rentals,
 )
-from master.services.accounts import Principal
 from master.telemetry import store as telemetry
-from shared import protocol
-from shared.errors import BadRequest, NotFound
-
-VERSION = "0.1.0"
+from shared.errors import BadRequest
 
 # ---- handlers -------------------------------------------------------------------------
 
 
 async def health(request: web.Request) -> web.Response:
     master = request.app[MASTER]
-    checks: dict[str, str] = {}
-    try:
-        async with master.db.session() as session:
-            await session.execute(text("SELECT 1"))
-        checks["database"] = "ok"
-    except Exception as exc:
-        checks["database"] = f"error: {type(exc).__name__}"
-    try:
-        await master.bus.ping()
-        checks["bus"] = "ok"
-    except Exception as exc:
-        checks["bus"] = f"error: {type(exc).__name__}"
+    checks = await platform_views.dependency_checks(master)
     ok = all(v == "ok" for v in checks.values())
     return web.json_response(
         {"status": "ok" if ok else "degraded", "version": VERSION, "instance": master.instance_id, "checks": checks},
@@ -88,31 +61,15 @@ async def health_live(request: web.Request) -> web.Response:
 
 
 async def get_account(request: web.Request) -> web.Response:
-    who = principal(request)
-    async with request.app[MASTER].db.session() as session:
-        account = await session.get(Account, who.account_id)
-        assert account is not None
-        view = {
-            "id": account.id, "name": account.name, "role": account.role, "created_at": account.created_at.isoformat(),
-            "quota": (quota := await rental_placement.quota_view(request.app[MASTER], session, account)),
-            "credit": await credits.credit_view(session, account, burn_per_hour=Decimal(quota["spend_per_hour"]),
-                                                now=request.app[MASTER].clock.now()),
-        }  # fmt: skip
-        if account.role != "renter":
-            view["earnings"] = await summaries.provider_earnings(session, account.id)
-        return web.json_response(view)
+    return web.json_response(await money.account_view(request.app[MASTER], principal(request)))
 
 
 async def put_account_quota(request: web.Request) -> web.Response:
-    principal(request).require("admin")
     body = await parse_body(request, QuotaPut)
     account_id = request.match_info["account_id"]
-    async with request.app[MASTER].db.session() as session:
-        account = await session.get(Account, account_id, with_for_update=True)
-        if account is None:
-            raise NotFound(f"no account {account_id!r}", code="account_not_found")
-        account.max_gpus, account.max_spend_per_hour = body.max_gpus, body.max_spend_per_hour
-        view = await rental_placement.quota_view(request.app[MASTER], session, account)
+    view = await account_views.set_quota(
+        request.app[MASTER], account_id, max_gpus=body.max_gpus, max_spend_per_hour=body.max_spend_per_hour
+    )
     return web.json_response({"account_id": account_id, "quota": view})
 
 
@@ -149,28 +106,14 @@ async def enroll(request: web.Request) -> web.Response:
     )
 
 
-async def _with_earnings(session: AsyncSession, who: Principal, views: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each host's earnings for its provider (and admins); renters see null."""
-    earned = await summaries.earned_by_host(session, [v["id"] for v in views]) if who.role != "renter" else {}
-    for view in views:
-        view["earned"] = ledger.money(earned.get(view["id"], Decimal(0))) if who.role != "renter" else None
-    return views
-
-
 async def list_hosts(request: web.Request) -> web.Response:
     limit, offset = page(request)
-    who = principal(request)
-    async with request.app[MASTER].db.session() as session:
-        items, total = await host_views.list_hosts(session, who, limit=limit, offset=offset)
-        items = await _with_earnings(session, who, items)
+    items, total = await money.host_page(request.app[MASTER], principal(request), limit=limit, offset=offset)
     return listing(items, total, limit, offset)
 
 
 async def get_host(request: web.Request) -> web.Response:
-    who = principal(request)
-    async with request.app[MASTER].db.session() as session:
-        view = await host_views.get_host(session, who, request.match_info["host_id"])
-        return web.json_response((await _with_earnings(session, who, [view]))[0])
+    return web.json_response(await money.host_detail(request.app[MASTER], principal(request), request.match_info["host_id"]))
 
 
 def time_query(request: web.Request, name: str) -> datetime | None:
@@ -214,12 +157,7 @@ async def get_host_network(request: web.Request) -> web.Response:
 
 
 async def start_network_test(request: web.Request) -> web.Response:
-    master = request.app[MASTER]
-    async with master.db.session() as session:
-        host = await host_views.owned_host(session, principal(request), request.match_info["host_id"])
-        command = commands.new_command(session, host_id=host.id, command=protocol.MeasureNetwork(), rental_id=None)
-        command_id = command.id
-    await commands.publish(master, [command_id])
+    command_id = await host_views.request_network_test(request.app[MASTER], principal(request), request.match_info["host_id"])
     return web.json_response({"command_id": command_id, "host_id": request.match_info["host_id"]}, status=202)
 
 
@@ -229,12 +167,7 @@ async def revoke_host(request: web.Request) -> web.Response:
 
 
 async def list_relays(request: web.Request) -> web.Response:
-    master = request.app[MASTER]
-    now = time.time()
-    items = [
-        {**asdict(r), "spare": r.spare, "age_s": round(now - r.updated_at, 3), "status": "draining" if r.draining else "ok"}
-        for r in await master.registry.relays()
-    ]
+    items = await platform_views.relay_list(request.app[MASTER])
     return web.json_response({"items": items, "total": len(items)})
 
 
@@ -253,8 +186,6 @@ async def start_health_check(request: web.Request) -> web.Response:
 
 
 async def create_rental(request: web.Request) -> web.Response:
-    who = principal(request)
-    who.require("renter")
     body = await parse_body(request, RentalCreate)
     key = request.headers.get("Idempotency-Key")
     if key is not None and not 1 <= len(key) <= 255:
@@ -266,65 +197,41 @@ async def create_rental(request: web.Request) -> web.Response:
         network=body.network.model_dump() if body.network is not None else None, queue=body.queue,
         queue_timeout_s=body.queue_timeout_s,
     )  # fmt: skip
-    rental, created = await rentals.create_rental(request.app[MASTER], who, request_, idempotency_key=key)
-    async with request.app[MASTER].db.session() as session:
-        views = await _rental_views(session, [rental])
-    return web.json_response(views[0], status=201 if created else 200)
-
-
-async def _rental_views(
-    session: AsyncSession, rows: Sequence[Rental], events: Sequence[RentalEvent] | None = None
-) -> list[dict[str, Any]]:
-    """Rental views with their money: what the whole rental costs per hour and what it has charged so far."""
-    charged = await summaries.charged_by_rental(session, [r.id for r in rows])
-    views = []
-    for rental in rows:
-        view = rentals.rental_view(rental, events)
-        view["price_per_hour"] = ledger.money(rating.per_hour(rental)) if rental.price_per_gpu_hour is not None else None
-        view["charged"] = ledger.money(charged.get(rental.id, Decimal(0)))
-        views.append(view)
-    return views
+    view, created = await money.create_rental(request.app[MASTER], principal(request), request_, idempotency_key=key)
+    return web.json_response(view, status=201 if created else 200)
 
 
 async def list_rentals(request: web.Request) -> web.Response:
     limit, offset = page(request)
-    async with request.app[MASTER].db.session() as session:
-        rows, total = await rentals.list_rentals(session, principal(request), limit=limit, offset=offset)
-        items = await _rental_views(session, rows)
+    items, total = await money.rental_page(request.app[MASTER], principal(request), limit=limit, offset=offset)
     return listing(items, total, limit, offset)
 
 
 async def get_rental(request: web.Request) -> web.Response:
-    async with request.app[MASTER].db.session() as session:
-        rental = await rentals.get_rental(session, principal(request), request.match_info["rental_id"])
-        events = await rentals.rental_events(session, rental.id)
-        return web.json_response((await _rental_views(session, [rental], events))[0])
+    return web.json_response(await money.rental_detail(request.app[MASTER], principal(request), request.match_info["rental_id"]))
 
 
 async def delete_rental(request: web.Request) -> web.Response:
-    rental = await rentals.stop_rental(request.app[MASTER], principal(request), request.match_info["rental_id"])
-    async with request.app[MASTER].db.session() as session:
-        views = await _rental_views(session, [rental])
-    return web.json_response(views[0], status=202)
+    view = await money.stop_rental(request.app[MASTER], principal(request), request.match_info["rental_id"])
+    return web.json_response(view, status=202)
 
 
 async def openapi(request: web.Request) -> web.Response:
-    from master.api.openapi import build_openapi
-
-    return web.json_response(build_openapi(ROUTES))
+    return web.json_response(request.app[OPENAPI_DOCUMENT])
 
 
-CORE_ROUTES: tuple[Route, ...] = (
+ROUTES: tuple[Route, ...] = (
     Route("GET", "/health", health, "Readiness of this master process: 200 when its database and Redis answer, "
-          "503 (and which failed) otherwise.", public=True, errors=(503,)),
+          "503 (and which failed) otherwise.", public=True, limit=RateClass.NONE, response=Readiness, errors=(503,)),
     Route("GET", "/health/live", health_live, "Liveness of this master process: 200 whenever it serves requests.",
-          public=True),
+          public=True, limit=RateClass.NONE, response=Liveness),
     Route("GET", "/openapi.json", openapi, "This document.", public=True),
     Route("GET", "/account", get_account, "The calling account, with its quotas and what it uses of them."),
     Route("PUT", "/accounts/{account_id}/quota", put_account_quota, "Set an account's quotas (GPUs at once, USD per hour).",
           roles=("admin",), body=QuotaPut, errors=(404, 422)),
-    Route("POST", "/enrollment-tokens", create_enrollment_token, "Create a one-time host enrollment token.", roles=("provider",), success=201),
-    Route("POST", "/enroll", enroll, "Exchange an enrollment token and a CSR for a host certificate.", public=True, body=EnrollRequest, success=201, errors=(400, 403, 422)),
+    Route("POST", "/enrollment-tokens", create_enrollment_token, "Create a one-time host enrollment token.", roles=("provider",),
+          limit=RateClass.ENROLLMENT_TOKENS, response=EnrollmentToken, success=201),
+    Route("POST", "/enroll", enroll, "Exchange an enrollment token and a CSR for a host certificate.", public=True, limit=RateClass.ENROLL, body=EnrollRequest, response=Enrollment, success=201, errors=(400, 403, 422)),
     Route("GET", "/hosts", list_hosts, "Hosts you can see (providers: their own).", query=PAGING),
     Route("GET", "/hosts/{host_id}", get_host, "One host with its GPUs, latest telemetry and recent state changes.", errors=(404,)),
     Route(
@@ -344,9 +251,9 @@ CORE_ROUTES: tuple[Route, ...] = (
           query=(QueryParam("limit", "integer", "How many.", 1, 1000),), errors=(404,)),
     Route("POST", "/hosts/{host_id}/health-check", start_health_check,
           "Ask the host's agent to check its GPUs; passing is the only way out of faulty.",
-          roles=("provider",), success=202, errors=(404, 409)),
+          roles=("provider",), response=CommandAccepted, success=202, errors=(404, 409)),
     Route("POST", "/hosts/{host_id}/network-test", start_network_test, "Ask the host's agent to measure its network now.",
-          roles=("provider",), success=202, errors=(404,)),
+          roles=("provider",), response=CommandAccepted, success=202, errors=(404,)),
     Route("POST", "/rentals", create_rental, "Rent GPUs (200: a repeat of an Idempotency-Key, answered with the rental it made).",
           roles=("renter",), body=RentalCreate, success=201, also_success=(200,), headers=("Idempotency-Key",), errors=(404, 409, 422)),
     Route("GET", "/rentals", list_rentals, "Your rentals, newest first.", query=PAGING),
@@ -359,29 +266,3 @@ CORE_ROUTES: tuple[Route, ...] = (
           errors=(404,)),
     Route("DELETE", "/rentals/{rental_id}", delete_rental, "Stop a rental; the GPUs are freed when the agent confirms.", success=202, errors=(404,)),
 )
-
-ROUTES: tuple[Route, ...] = (
-    CORE_ROUTES + routes_market.ROUTES + routes_alerts.ROUTES + routes_metrics.ROUTES + routes_billing.ROUTES
-    + routes_invoices.ROUTES + routes_console.ROUTES
-)
-
-ERROR_SCHEMA = ErrorBody
-
-
-def add_routes(app: web.Application) -> None:
-    routes_metrics.add_unversioned_routes(app)
-    routes_downloads.add_routes(app)
-    routes_console.add_stream_lifecycle(app)
-    for route in ROUTES:
-        handler = route.handler
-        if route.roles:
-            handler = _requiring(route.roles, handler)
-        app.router.add_route(route.method, API + route.path, handler)
-
-
-def _requiring(roles: tuple[str, ...], handler: HandlerFn) -> HandlerFn:
-    async def guarded(request: web.Request) -> web.StreamResponse:
-        principal(request).require(*roles)
-        return await handler(request)
-
-    return guarded

@@ -17,11 +17,11 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from master.api.base import QueryParam, Route, int_query, parse_body
+from master.api.base import QueryParam, RateClass, Route, int_query, parse_body
 from master.api.keys import MASTER
 from master.api.middleware import SESSION, principal
+from master.api.responses import ConsoleSession, SignedOut
 from master.services import host_views, sessions
-from master.telemetry import store as telemetry
 from shared.errors import ClientError, NotFound
 
 # Samples one read of the live stream sends at most; a host sends one per telemetry interval.
@@ -111,14 +111,9 @@ async def stream_host_metrics(request: web.Request) -> web.StreamResponse:
     master = request.app[MASTER]
     backlog = int_query(request, "backlog", 60, minimum=0, maximum=1000)
     resume = _resume_from(request)
-    async with master.db.session() as session:
-        host = await host_views.visible_host(session, principal(request), request.match_info["host_id"])
-        if resume is not None:
-            first = await telemetry.samples_after(session, host.id, resume, limit=STREAM_PAGE)
-        else:
-            first = await telemetry.raw_series(session, host.id, since=None, until=None, limit=backlog) if backlog else []
-            resume = await telemetry.latest_seq(session, host.id)
-    last_seq = max([resume, *(item["seq"] for item in first)])
+    host_id, first, last_seq = await host_views.stream_start(
+        master, principal(request), request.match_info["host_id"], resume=resume, backlog=backlog, limit=STREAM_PAGE
+    )
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
     )
@@ -132,8 +127,7 @@ async def stream_host_metrics(request: web.Request) -> web.StreamResponse:
         while clock.monotonic() < deadline and not closing.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(closing.wait(), timeout=settings.stream_poll_interval)
-            async with master.db.session() as session:
-                items = await telemetry.samples_after(session, host.id, last_seq, limit=STREAM_PAGE)
+            items = await host_views.samples_after(master, host_id, last_seq, limit=STREAM_PAGE)
             if items:
                 last_seq = items[-1]["seq"]
                 await response.write(b"".join(_event(item) for item in items))
@@ -145,26 +139,25 @@ async def stream_host_metrics(request: web.Request) -> web.StreamResponse:
 
 
 async def streams_ctx(app: web.Application) -> AsyncIterator[None]:
-    """Live streams end when the app shuts down, rather than holding it up until they time out."""
+    """The event that ends live streams; ``close_streams`` sets it when the app starts shutting down."""
     app[STREAMS_CLOSING] = asyncio.Event()
     yield
 
 
-async def _close_streams(app: web.Application) -> None:
+async def close_streams(app: web.Application) -> None:
+    """An ``on_shutdown`` hook: streams end when the app shuts down, rather than holding it up until they time out
+    (shutdown waits for open requests before the cleanup contexts run)."""
     app[STREAMS_CLOSING].set()
-
-
-def add_stream_lifecycle(app: web.Application) -> None:
-    app.cleanup_ctx.append(streams_ctx)
-    app.on_shutdown.append(_close_streams)
 
 
 ROUTES: tuple[Route, ...] = (
     Route("POST", "/sessions", create_session, "Sign in to the web console: an API key for a session cookie (HttpOnly, "
           "SameSite=Strict) and the CSRF token every change must send in X-CSRF-Token.",
-          public=True, body=SessionCreate, success=201, errors=(401, 415, 422)),
-    Route("GET", "/sessions/current", get_session, "The console session of the cookie: account, CSRF token, end.", errors=(401, 404)),
-    Route("DELETE", "/sessions/current", delete_session, "Sign out: end the console session and clear its cookie.", errors=(401, 403, 404)),
+          public=True, limit=RateClass.SIGN_IN, body=SessionCreate, response=ConsoleSession, success=201, errors=(401, 415, 422)),
+    Route("GET", "/sessions/current", get_session, "The console session of the cookie: account, CSRF token, end.",
+          response=ConsoleSession, errors=(401, 404)),
+    Route("DELETE", "/sessions/current", delete_session, "Sign out: end the console session and clear its cookie.",
+          response=SignedOut, errors=(401, 403, 404)),
     Route("GET", "/hosts/{host_id}/metrics/stream", stream_host_metrics,
           "Live raw telemetry of a host as Server-Sent Events ('sample' events, id = sequence number): the recent "
           "samples, then each new one. Resumes after Last-Event-ID.",

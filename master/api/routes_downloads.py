@@ -9,10 +9,12 @@ for pip and check it arrived whole.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from aiohttp import web
 
+from master.api.base import RateClass, Route
 from master.api.keys import MASTER
 from master.services.agent_package import AgentPackages, source_checkout
 from shared.errors import NotFound
@@ -55,11 +57,18 @@ async def download_installer(request: web.Request) -> web.Response:
     )
 
 
-def add_routes(app: web.Application) -> None:
-    """The download routes, and the app's package finder (built from the master's settings)."""
+async def packages_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The app's package finder, built from the master's settings."""
     settings = app[MASTER].settings
     app[AGENT_PACKAGES] = AgentPackages(
         configured=settings.agent_package, build_dir=settings.data_dir / "downloads", source_root=source_checkout()
     )
-    app.router.add_get("/downloads/agent", download_agent)
-    app.router.add_get("/downloads/install-agent.sh", download_installer)
+    yield
+
+
+UNVERSIONED: tuple[Route, ...] = (
+    Route("GET", "/downloads/agent", download_agent, "The agent's wheel, with its file name and sha256 in headers.",
+          public=True, limit=RateClass.NONE, media_types=("application/octet-stream",)),
+    Route("GET", "/downloads/install-agent.sh", download_installer, "The agent installer script.",
+          public=True, limit=RateClass.NONE, media_types=("text/plain",)),
+)  # fmt: skip

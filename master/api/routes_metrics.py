@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+from collections.abc import AsyncIterator
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from master.api.base import Route
+from master.api.base import RateClass, Route
 from master.api.keys import MASTER
 from master.telemetry.metrics import MetricsExporter
 from shared.errors import Unauthorized
@@ -65,6 +66,12 @@ async def get_metrics(request: web.Request) -> web.Response:
     return web.Response(text=body, content_type="application/json")
 
 
+async def exporter_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The app's own exporter (its own Prometheus registry and snapshot cache)."""
+    app[METRICS_EXPORTER] = MetricsExporter()
+    yield
+
+
 ROUTES: tuple[Route, ...] = (
     Route(
         "GET", "/metrics", get_metrics,
@@ -73,8 +80,7 @@ ROUTES: tuple[Route, ...] = (
     ),
 )
 
-
-def add_unversioned_routes(app: web.Application) -> None:
-    """Routes outside ``/api/v1`` (the Prometheus scrape endpoint), and the app's exporter."""
-    app[METRICS_EXPORTER] = MetricsExporter()
-    app.router.add_get("/metrics", scrape)
+UNVERSIONED: tuple[Route, ...] = (
+    Route("GET", "/metrics", scrape, "Prometheus exposition (guarded by the metrics_token setting alone).", public=True,
+          limit=RateClass.NONE, media_types=(CONTENT_TYPE_LATEST,)),
+)  # fmt: skip

@@ -1,4 +1,6 @@
-"""Hosts as the API shows them: host and GPU views, listings, state-change events, metrics and network.
+"""Hosts as the API shows them: host and GPU views, listings, state-change events, metrics and network;
+a network test on demand, and the reads of the live telemetry stream (``GET /hosts/{id}/metrics/stream``),
+each in its own short transaction so that a stream waiting between calls holds none.
 
 Who sees what: renters and admins see every host (a renter only its own rentals on it),
 providers their own; ``owned_host`` is a host the caller may operate.
@@ -13,11 +15,14 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from master.context import Master
 from master.models import Gpu, Host, HostEvent, NetworkMeasurement, Rental
-from master.services import reliability
+from master.services import commands, reliability
 from master.services.accounts import Principal
 from master.services.rentalstate import ACTIVE_STATES
+from master.telemetry import store as telemetry
 from master.telemetry.store import raw_series, rollup_series
+from shared import protocol
 from shared.errors import NotFound
 
 
@@ -192,3 +197,38 @@ async def owned_host(session: AsyncSession, principal: Principal, host_id: str) 
     return host
 
 
+# ---- asking a host, and the live stream ----------------------------------------------------
+
+
+async def request_network_test(master: Master, who: Principal, host_id: str) -> str:
+    """Ask the host's agent to measure its network now (its provider or an admin); the command's id."""
+    async with master.db.session() as session:
+        host = await owned_host(session, who, host_id)
+        command = commands.new_command(session, host_id=host.id, command=protocol.MeasureNetwork(), rental_id=None)
+        command_id = command.id
+    await commands.publish(master, [command_id])
+    return command_id
+
+
+async def stream_start(
+    master: Master, who: Principal, host_id: str, *, resume: int | None, backlog: int, limit: int
+) -> tuple[str, list[dict[str, Any]], int]:
+    """Where a live stream of a visible host starts: its id, the samples to send first and the last sequence number sent.
+
+    After ``resume`` (a sequence number the client saw last): up to ``limit`` samples after it.
+    Otherwise the newest ``backlog`` raw samples, and the stream goes on after the latest stored one.
+    """
+    async with master.db.session() as session:
+        host = await visible_host(session, who, host_id)
+        if resume is not None:
+            first = await telemetry.samples_after(session, host.id, resume, limit=limit)
+        else:
+            first = await telemetry.raw_series(session, host.id, since=None, until=None, limit=backlog) if backlog else []
+            resume = await telemetry.latest_seq(session, host.id)
+    return host.id, first, max([resume, *(item["seq"] for item in first)])
+
+
+async def samples_after(master: Master, host_id: str, after_seq: int, *, limit: int) -> list[dict[str, Any]]:
+    """Up to ``limit`` raw samples of the host after ``after_seq``, oldest first."""
+    async with master.db.session() as session:
+        return await telemetry.samples_after(session, host_id, after_seq, limit=limit)

@@ -1,0 +1,56 @@
+"""Response bodies of the routes simple enough to declare (``Route.response``); they feed the OpenAPI
+document only: handlers still build their JSON, and the schemathesis test holds the two equal.
+
+Every other route documents its success body as "an object".
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class Liveness(BaseModel):
+    status: str = Field(description="Always ok.")
+    version: str
+    instance: str = Field(description="This master process.")
+
+
+class Readiness(Liveness):
+    status: str = Field(description="ok, or degraded when a check failed (then the status is 503).")
+    checks: dict[str, str] = Field(description="database and bus: ok, or error: <what failed>.")
+
+
+class EnrollmentToken(BaseModel):
+    token: str = Field(description="One-time token; it enrolls one host.")
+    expires_at: str
+    enroll_command: str = Field(description="Installs, enrolls and starts the agent (the installer served by this master).")
+    enroll_command_manual: str = Field(description="Enrolls an agent installed by other means.")
+
+
+class Enrollment(BaseModel):
+    host_id: str
+    certificate: str = Field(description="PEM host certificate.")
+    ca_certificate: str = Field(description="PEM certificate of the platform CA.")
+    relay_urls: list[str]
+    not_after: str
+
+
+class CommandAccepted(BaseModel):
+    command_id: str
+    host_id: str
+
+
+class SessionAccount(BaseModel):
+    id: str
+    name: str
+    role: str
+
+
+class ConsoleSession(BaseModel):
+    account: SessionAccount
+    csrf_token: str = Field(description="Send it in X-CSRF-Token with every change.")
+    expires_at: str
+
+
+class SignedOut(BaseModel):
+    signed_out: bool

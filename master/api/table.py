@@ -1,0 +1,32 @@
+"""The route table: every HTTP route of the master's API, each declared once as a ``Route``.
+
+``ROUTES`` are the ``/api/v1`` routes (documented in OpenAPI); ``UNVERSIONED`` the master's
+routes outside it (the Prometheus scrape, the agent downloads), public and never rate-limited.
+Each route module exports its own part; this module only puts them together. The router
+(``master/api/router.py``) registers the table, the middlewares enforce it and
+``master/api/openapi.py`` documents it; none of them is imported here.
+"""
+
+from __future__ import annotations
+
+from master.api import (
+    routes,
+    routes_alerts,
+    routes_billing,
+    routes_console,
+    routes_downloads,
+    routes_invoices,
+    routes_market,
+    routes_metrics,
+)
+from master.api.base import API, RateClass, Route
+
+ROUTES: tuple[Route, ...] = (
+    routes.ROUTES + routes_market.ROUTES + routes_alerts.ROUTES + routes_metrics.ROUTES + routes_billing.ROUTES
+    + routes_invoices.ROUTES + routes_console.ROUTES
+)  # fmt: skip
+
+UNVERSIONED: tuple[Route, ...] = routes_metrics.UNVERSIONED + routes_downloads.UNVERSIONED
+
+NEVER_LIMITED = frozenset(API + route.path for route in ROUTES if route.limit is RateClass.NONE)
+"""Paths of the probes: a load balancer or kubelet asking often must never be refused."""
