@@ -42,8 +42,10 @@ up: install
 cluster: install
 	$(BIN)/gpumarket cluster --fresh --check $(ARGS)
 
+# ruff, and the layer contracts of pyproject.toml ([tool.importlinter]: DESIGN.md's layers, no cycles).
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 typecheck: install
 	$(BIN)/mypy

@@ -777,6 +777,8 @@ def check_identity(message: AnyAgentMessage, certified_host_id: str) -> None:
 # ---- relay ⇄ master bus records -------------------------------------------------------
 
 AGENT_EVENTS_STREAM = "agent-events"
+INGEST_GROUP = "master"
+"""The consumer group in which every master process reads ``AGENT_EVENTS_STREAM``."""
 
 
 def commands_stream(relay_id: str) -> str:

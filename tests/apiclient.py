@@ -2,7 +2,7 @@
 
 The ``api`` fixture (tests/conftest.py) builds one over the ``master`` fixture, with no
 background loops and no relay: the agent's side is simulated by feeding hello and command
-results to ``master.services.hosts`` exactly as the ingestor would.
+results to ``master.telemetry.hosts`` exactly as the ingestor would.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from sqlalchemy import func, select
 from master.api.base import API
 from master.context import Master
 from master.models import Command, Rental
-from master.services import hosts
 from master.services.accounts import Principal
+from master.telemetry import hosts
 from tests.factories import command_result, create_principal, envelope, gpu_info, online_host
 
 RTX = "NVIDIA GeForce RTX 4090"

@@ -14,8 +14,9 @@ from sqlalchemy import func, select
 from master.app import create_app
 from master.context import Master
 from master.models import Command, Gpu, GpuEvent, Host, Rental
-from master.services import hosts, rental_request, rentals
+from master.services import rental_request, rentals
 from master.services.accounts import Principal
+from master.telemetry import hosts
 from shared import protocol
 from tests.factories import (
     command_result,

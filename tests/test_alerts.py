@@ -1,6 +1,6 @@
 """Alerts on SQLite and PostgreSQL: rules raise, dedupe, escalate and resolve; the webhook retries.
 
-The fleet's state is set up through the ingest handlers (``master.services.hosts``) or the
+The fleet's state is set up through the ingest handlers (``master.telemetry.hosts``) or the
 host state machine, exactly as the master would reach it. Evaluations and deliveries take an
 explicit ``now``, so windows and back-off are walked through without sleeping. The webhook is
 a real aiohttp server on 127.0.0.1 that fails its first deliveries (500 or a dropped
@@ -28,11 +28,11 @@ from master.app import create_app
 from master.background.alerts import alert_loop
 from master.context import Master
 from master.models import Alert, AlertNotification, Host, Rental
-from master.services import hosts
 from master.services.accounts import Principal
 from master.services.alerts import delivery, rules
 from master.services.alerts.rules import Condition, evaluate
 from master.services.hoststate import transition
+from master.telemetry import hosts
 from master.telemetry.ingest import GROUP
 from shared import protocol
 from shared.bus import InProcessBus

@@ -2,7 +2,7 @@
 
 Each test runs on SQLite and on a fresh PostgreSQL database (the ``master`` fixture).
 There is no relay here: the agent's side is simulated by feeding hello and command
-results to ``master.services.hosts`` exactly as the ingestor would.
+results to ``master.telemetry.hosts`` exactly as the ingestor would.
 """
 
 from __future__ import annotations

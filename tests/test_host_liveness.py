@@ -17,8 +17,9 @@ from master.app import close_master, open_master
 from master.background.heartbeats import ingested_until, sweep
 from master.context import Master
 from master.models import Command, Gpu, Host, Rental, TelemetrySample
-from master.services import hosts, rental_lifecycle, rental_request, rentals
+from master.services import rental_lifecycle, rental_request, rentals
 from master.services.accounts import Principal
+from master.telemetry import hosts
 from master.telemetry.ingest import GROUP, Ingestor
 from shared import protocol
 from shared.bus import BusMessage, InProcessBus, open_bus

@@ -2,7 +2,7 @@
 
 Each test drives the real aiohttp app on loopback over a master on SQLite and on a fresh
 PostgreSQL database. The fleet is made of real rows: hosts enrolled and fed hello and
-telemetry through ``master.services.hosts`` as the ingestor would, with regions, tiers,
+telemetry through ``master.telemetry.hosts`` as the ingestor would, with regions, tiers,
 rentals and alerts set on their rows; a relay record in the registry; a message waiting
 on the in-process bus.
 """
@@ -30,8 +30,8 @@ from master.api.routes_metrics import METRICS_EXPORTER, accepts_gzip
 from master.app import create_app
 from master.context import Master
 from master.models import Alert, Gpu, Host, Rental
-from master.services import hosts
 from master.services.accounts import Principal
+from master.telemetry import hosts
 from master.telemetry.ingest import GROUP
 from master.telemetry.snapshot import MIB
 from shared import protocol

@@ -12,9 +12,10 @@ from sqlalchemy import func, select, text, update
 from master.context import Master
 from master.models import ApiKey, EnrollmentToken, Gpu, Host, HostEvent, TelemetrySample, version_key
 from master.models import Command as CommandRow
-from master.services import commands, enrollment, hosts
+from master.services import commands, enrollment
 from master.services.accounts import authenticate, create_account
 from master.services.hoststate import IllegalTransition, transition
+from master.telemetry import hosts
 from shared import protocol
 from shared.crypto import generate_private_key, make_csr
 from shared.errors import Conflict, EnrollmentError, Unauthorized

@@ -16,9 +16,8 @@ from sqlalchemy import func, select
 from master.app import close_master, create_app, open_master
 from master.context import Master
 from master.models import Host, TelemetryRollup, TelemetrySample
-from master.services import hosts
 from master.services.accounts import Principal
-from master.telemetry import rollups, store
+from master.telemetry import hosts, rollups, store
 from master.telemetry.ingest import GROUP, Ingestor
 from shared import protocol
 from shared.bus import InProcessBus

@@ -37,6 +37,7 @@ from master.services import (
     rental_request,
     rentals,
 )
+from master.telemetry import series
 from master.telemetry import store as telemetry
 from shared.errors import BadRequest
 
@@ -135,7 +136,7 @@ async def get_host_metrics(request: web.Request) -> web.Response:
     since, until = time_query(request, "since"), time_query(request, "until")
     resolution = telemetry.pick_resolution(str_query(request, "resolution"), since, until, master.clock.now())
     async with master.db.session() as session:
-        items = await host_views.host_metrics(
+        items = await series.host_metrics(
             session, principal(request), request.match_info["host_id"], since=since, until=until, limit=limit,
             resolution=resolution,
         )

@@ -21,7 +21,8 @@ from master.api.base import QueryParam, RateClass, Route, int_query, parse_body
 from master.api.keys import MASTER
 from master.api.middleware import SESSION, principal
 from master.api.responses import ConsoleSession, SignedOut
-from master.services import host_views, sessions
+from master.services import sessions
+from master.telemetry import series
 from shared.errors import ClientError, NotFound
 
 # Samples one read of the live stream sends at most; a host sends one per telemetry interval.
@@ -111,7 +112,7 @@ async def stream_host_metrics(request: web.Request) -> web.StreamResponse:
     master = request.app[MASTER]
     backlog = int_query(request, "backlog", 60, minimum=0, maximum=1000)
     resume = _resume_from(request)
-    host_id, first, last_seq = await host_views.stream_start(
+    host_id, first, last_seq = await series.stream_start(
         master, principal(request), request.match_info["host_id"], resume=resume, backlog=backlog, limit=STREAM_PAGE
     )
     response = web.StreamResponse(
@@ -127,7 +128,7 @@ async def stream_host_metrics(request: web.Request) -> web.StreamResponse:
         while clock.monotonic() < deadline and not closing.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(closing.wait(), timeout=settings.stream_poll_interval)
-            items = await host_views.samples_after(master, host_id, last_seq, limit=STREAM_PAGE)
+            items = await series.samples_after(master, host_id, last_seq, limit=STREAM_PAGE)
             if items:
                 last_seq = items[-1]["seq"]
                 await response.write(b"".join(_event(item) for item in items))

@@ -13,8 +13,8 @@ from datetime import UTC, datetime, timedelta
 
 from master.background import leases
 from master.context import Master
-from master.services import hosts, rental_lifecycle
-from master.telemetry.ingest import GROUP
+from master.services import rental_lifecycle
+from master.telemetry import hosts
 from shared import protocol
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ async def ingested_until(master: Master) -> datetime:
     message is in the database, so silence before that moment is real silence.
     """
     now = master.clock.now()
-    backlog = await master.bus.backlog(protocol.AGENT_EVENTS_STREAM, GROUP)
+    backlog = await master.bus.backlog(protocol.AGENT_EVENTS_STREAM, protocol.INGEST_GROUP)
     if backlog.oldest_published_at is None:
         return now
     return min(now, datetime.fromtimestamp(backlog.oldest_published_at, UTC))

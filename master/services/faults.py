@@ -17,7 +17,7 @@ host's score.
 
 Every function here runs inside the caller's transaction and commits nothing, except
 ``request_health_check``, which writes and publishes its command. Imports
-``master.models`` and sibling services, never ``master.services.hosts`` (which calls it).
+``master.models`` and sibling services, never ``master.telemetry.hosts`` (which calls it).
 """
 
 from __future__ import annotations

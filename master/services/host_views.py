@@ -1,6 +1,5 @@
-"""Hosts as the API shows them: host and GPU views, listings, state-change events, metrics and network;
-a network test on demand, and the reads of the live telemetry stream (``GET /hosts/{id}/metrics/stream``),
-each in its own short transaction so that a stream waiting between calls holds none.
+"""Hosts as the API shows them: host and GPU views, listings, state-change events and network; a network
+test on demand. (A host's telemetry series and live stream are ``master.telemetry.series``.)
 
 Who sees what: renters and admins see every host (a renter only its own rentals on it),
 providers their own; ``owned_host`` is a host the caller may operate.
@@ -9,7 +8,6 @@ providers their own; ``owned_host`` is a host the caller may operate.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select
@@ -20,8 +18,6 @@ from master.models import Gpu, Host, HostEvent, NetworkMeasurement, Rental
 from master.services import commands, reliability
 from master.services.accounts import Principal
 from master.services.rentalstate import ACTIVE_STATES
-from master.telemetry import store as telemetry
-from master.telemetry.store import raw_series, rollup_series
 from shared import protocol
 from shared.errors import NotFound
 
@@ -168,16 +164,6 @@ async def host_events(
     return [_event_view(e, principal) for e in rows], total
 
 
-async def host_metrics(
-    session: AsyncSession, principal: Principal, host_id: str, *, since: datetime | None, until: datetime | None, limit: int,
-    resolution: str = "raw",
-) -> list[dict[str, Any]]:
-    """Telemetry of one host, oldest first: raw samples, or ``1m`` / ``1h`` roll-up buckets."""
-    host = await visible_host(session, principal, host_id)
-    if resolution == "raw":
-        return await raw_series(session, host.id, since=since, until=until, limit=limit)
-    return await rollup_series(session, host.id, resolution, since=since, until=until, limit=limit)
-
 
 async def host_network(session: AsyncSession, principal: Principal, host_id: str, *, limit: int) -> list[dict[str, Any]]:
     host = await visible_host(session, principal, host_id)
@@ -197,7 +183,7 @@ async def owned_host(session: AsyncSession, principal: Principal, host_id: str) 
     return host
 
 
-# ---- asking a host, and the live stream ----------------------------------------------------
+# ---- asking a host ----------------------------------------------------
 
 
 async def request_network_test(master: Master, who: Principal, host_id: str) -> str:
@@ -208,27 +194,3 @@ async def request_network_test(master: Master, who: Principal, host_id: str) -> 
         command_id = command.id
     await commands.publish(master, [command_id])
     return command_id
-
-
-async def stream_start(
-    master: Master, who: Principal, host_id: str, *, resume: int | None, backlog: int, limit: int
-) -> tuple[str, list[dict[str, Any]], int]:
-    """Where a live stream of a visible host starts: its id, the samples to send first and the last sequence number sent.
-
-    After ``resume`` (a sequence number the client saw last): up to ``limit`` samples after it.
-    Otherwise the newest ``backlog`` raw samples, and the stream goes on after the latest stored one.
-    """
-    async with master.db.session() as session:
-        host = await visible_host(session, who, host_id)
-        if resume is not None:
-            first = await telemetry.samples_after(session, host.id, resume, limit=limit)
-        else:
-            first = await telemetry.raw_series(session, host.id, since=None, until=None, limit=backlog) if backlog else []
-            resume = await telemetry.latest_seq(session, host.id)
-    return host.id, first, max([resume, *(item["seq"] for item in first)])
-
-
-async def samples_after(master: Master, host_id: str, after_seq: int, *, limit: int) -> list[dict[str, Any]]:
-    """Up to ``limit`` raw samples of the host after ``after_seq``, oldest first."""
-    async with master.db.session() as session:
-        return await telemetry.samples_after(session, host_id, after_seq, limit=limit)

@@ -29,7 +29,7 @@ network download and the GPU's PCIe link, and is stored with its reasons and inp
 ``rescore_all`` reads a chunk of hosts and their histories in a few queries, computes
 without a session open, and writes hosts and GPUs in two short transactions of their
 own, so it never holds host and GPU row locks at once (ingestion takes them in either
-order). Imports models, sibling services and ``master.services.tiers``; never ``services.hosts``.
+order). Imports models, sibling services and ``master.services.tiers``; never ``telemetry.hosts``.
 """
 
 from __future__ import annotations

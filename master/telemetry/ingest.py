@@ -19,14 +19,15 @@ import logging
 from sqlalchemy import text
 
 from master.context import Master
-from master.services import commands, enrollment, hosts
+from master.services import commands, enrollment
+from master.telemetry import hosts
 from shared import protocol
 from shared.bus import BusMessage
 from shared.errors import BusError, ProtocolError
 
 log = logging.getLogger(__name__)
 
-GROUP = "master"
+GROUP = protocol.INGEST_GROUP
 DEAD_LETTERS_STREAM = "agent-events:dead"
 
 

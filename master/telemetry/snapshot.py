@@ -33,7 +33,6 @@ from master.context import IngestStats, Master
 from master.models import Alert, Gpu, Host, Rental
 from master.services.hoststate import HOST_STATES, RENTABLE_STATES
 from master.services.rentalstate import RENTAL_STATES
-from master.telemetry.ingest import GROUP as INGEST_GROUP
 from shared import protocol
 from shared.bus import Backlog
 
@@ -233,7 +232,7 @@ async def build_snapshot(master: Master, *, source_timeout: float = 5.0) -> Flee
     backlog: Backlog | None = None
     try:
         async with asyncio.timeout(source_timeout):
-            backlog = await master.bus.backlog(protocol.AGENT_EVENTS_STREAM, INGEST_GROUP)
+            backlog = await master.bus.backlog(protocol.AGENT_EVENTS_STREAM, protocol.INGEST_GROUP)
         sources["bus"] = True
     except Exception as exc:  # a metrics scrape must survive a bus outage; the gap is reported
         log.warning("metrics: the bus backlog is unavailable: %s", exc or type(exc).__name__)

@@ -35,7 +35,6 @@ from master.models import Alert, AlertNotification, GpuEvent, Host, Rental
 from master.services.alerts.views import Severity, alert_view
 from master.services.faults import FAULT_XIDS
 from master.services.rentalstate import ACTIVE_STATES
-from master.telemetry import ingest
 from shared import protocol
 from shared.bus import Backlog
 from shared.ids import new_id
@@ -400,7 +399,7 @@ async def evaluate(master: Master, *, now: datetime | None = None, probe_timeout
     now = now or master.clock.now()
     settings = master.settings
     backlog = await _probe(
-        "ingestion_lag", master.bus.backlog(protocol.AGENT_EVENTS_STREAM, ingest.GROUP), timeout=probe_timeout
+        "ingestion_lag", master.bus.backlog(protocol.AGENT_EVENTS_STREAM, protocol.INGEST_GROUP), timeout=probe_timeout
     )
     relays = await _probe("relay_dead", master.registry.relays(), timeout=probe_timeout)
     skipped = tuple(rule for rule, source in (("ingestion_lag", backlog), ("relay_dead", relays)) if source is None)
