@@ -1,5 +1,9 @@
-"""Billing: metering, the double-entry ledger, prepaid credit, payouts (plain functions; see docs/billing.md).
+"""Billing: metering, the double-entry ledger, prepaid credit, payouts, invoices, and the money in the
+API's views (plain functions; the Celery tasks are thin wrappers; see docs/billing.md).
 
-Imports ``shared`` and the master's models and database (its tables are in the master's
-schema); never ``agent/`` or ``access/``.
+Sits above the master's services and below its API: imports ``master.telemetry``,
+``master.services``, ``master.context``, ``master.db``, ``master.models`` (its tables are in the
+master's schema) and ``shared``; never ``master.api``, ``master.app``, ``master.background``,
+``agent`` or ``access``. Placement asks it for credit through ``master.context.CreditGate``
+(``enforce.PrepaidCreditGate``), handed in at assembly.
 """

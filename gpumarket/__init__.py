@@ -1,6 +1,7 @@
-"""The ``gpumarket`` command: wires the components together (CLI and the embedded ``up`` mode).
+"""The ``gpumarket`` command: wires the components together (CLI, the embedded ``up`` mode and the
+production topology as processes, ``cluster``).
 
-The only package allowed to import every component.
+The top layer: the only package allowed to import every component.
 """
 
 __version__ = "0.1.0"

@@ -1,4 +1,5 @@
-"""Code every gpumarket component imports: wire protocol, errors, settings, crypto, bus.
+"""Code every gpumarket component imports: the wire protocol, errors, settings, crypto, the bus, the
+edge registry, rate limits, ids and clocks.
 
-Must not import from agent/, access/, master/, console/ or billing/.
+The bottom layer: imports nothing of ours (never agent/, access/, master/, console/ or billing/).
 """
