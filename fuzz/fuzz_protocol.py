@@ -1,4 +1,4 @@
-"""libFuzzer harness (atheris) for the wire protocol decoders in ``shared/protocol.py``.
+"""libFuzzer harness (atheris) for the wire protocol decoders in ``shared/protocol/``.
 
 Each input goes to both frame decoders and both bus decoders. A frame decoder either returns
 a message, which must encode again, decode to the same frame and cross the bus as the relay

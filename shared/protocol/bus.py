@@ -1,0 +1,58 @@
+"""The relay ⇄ master bus records: the streams (``AGENT_EVENTS_STREAM``, ``commands_stream``),
+the masters' consumer group, ``BusEnvelope`` (an agent message and its provenance) and
+``CommandDelivery`` (a command for a relay's agent), with their codecs."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import TypeAdapter, ValidationError
+
+from shared.errors import ProtocolError
+from shared.protocol.base import HostId, ShortText, StrictModel, Timestamp
+from shared.protocol.messages import AgentMessage, AnyAgentMessage, Command
+
+AGENT_EVENTS_STREAM = "agent-events"
+INGEST_GROUP = "master"
+"""The consumer group in which every master process reads ``AGENT_EVENTS_STREAM``."""
+
+
+def commands_stream(relay_id: str) -> str:
+    """The bus stream a relay reads the master's commands for its agents from."""
+    return f"commands:{relay_id}"
+
+
+class BusEnvelope(StrictModel):
+    """What the relay puts on the bus for each agent message: the message plus provenance."""
+
+    relay_id: ShortText
+    received_at: Timestamp
+    message: AgentMessage
+
+
+class CommandDelivery(StrictModel):
+    """What the master puts on a relay's command stream."""
+
+    host_id: HostId
+    command: Command
+
+
+_bus_adapter = TypeAdapter(BusEnvelope)
+
+
+def encode_bus_envelope(relay_id: str, message: AnyAgentMessage, received_at: datetime) -> bytes:
+    return BusEnvelope(relay_id=relay_id, received_at=received_at, message=message).model_dump_json().encode()
+
+
+def decode_bus_envelope(payload: bytes) -> BusEnvelope:
+    try:
+        return _bus_adapter.validate_json(payload)
+    except ValidationError as exc:
+        raise ProtocolError(f"invalid bus envelope: {exc.errors()[0]['msg']}", code="bad_bus_record") from None
+
+
+def decode_command_delivery(payload: bytes) -> CommandDelivery:
+    try:
+        return CommandDelivery.model_validate_json(payload)
+    except ValidationError as exc:
+        raise ProtocolError(f"invalid command delivery: {exc.errors()[0]['msg']}", code="bad_bus_record") from None

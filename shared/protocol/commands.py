@@ -1,0 +1,327 @@
+"""The typed commands to an agent: one model per kind and one per reply, their bounds, and the
+``CommandBody`` they travel in.
+
+A command travels as ``{"command_id", "kind", "args"}`` (``CommandBody``); ``args`` is the
+command model without its ``kind``. The relay forwards the body as it is; the master builds
+it from a model (``CommandBody.of``) and the agent decodes it into one (``decode_command``),
+so an unknown kind or field is refused by this module on both ends.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BeforeValidator,
+    Field,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
+
+from shared.errors import ProtocolError
+from shared.protocol.base import CommandId, LenientModel, StrictModel
+from shared.protocol.bodies import NetworkReportBody
+
+RENTAL_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # a folder, a cgroup, a unit and a container name
+MILLI_PER_GPU = 1000  # a share's compute is counted in thousandths of one GPU
+MIN_CPU_CORES = 0.01  # cpu.max refuses a quota under 1 ms per 100 ms period
+MAX_CPU_CORES = 1024.0
+MIN_MEMORY_MIB = 16  # less cannot even start a shell
+MAX_MEMORY_MIB = 1 << 24  # 16 TiB
+MAX_ARGV_BYTES = 128 << 10
+MAX_ENV_VARS = 256
+MAX_STOP_GRACE_S = 600.0  # the longest SIGTERM-to-SIGKILL grace a stop may ask for
+MAX_STOP_REASON_CHARS = 200
+RESERVED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"})  # and every GPUMARKET_* name
+SHARE_ENV = frozenset({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"})
+
+_RENTAL_ID_RE = re.compile(RENTAL_ID_PATTERN)
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _rental_id(value: object) -> object:
+    if not isinstance(value, str) or not _RENTAL_ID_RE.match(value):
+        raise ValueError(f"rental id {value!r:.80} must be 1-64 letters, digits, '.', '_' or '-'")
+    return value
+
+
+def _gpu_uuids(value: object) -> object:
+    if not isinstance(value, list) or not all(isinstance(u, str) for u in value):
+        raise ValueError("gpu_uuids must be a list of GPU UUIDs")
+    return value
+
+
+def _argv(value: object) -> object:
+    if not isinstance(value, list) or not value or not all(isinstance(a, str) and "\0" not in a for a in value):
+        raise ValueError("a process workload needs 'argv', a non-empty list of strings")
+    if sum(len(a.encode(errors="surrogatepass")) + 1 for a in value) > MAX_ARGV_BYTES:
+        raise ValueError(f"'argv' is longer than {MAX_ARGV_BYTES} bytes; put the long part in a file")
+    return value
+
+
+def _env(value: object) -> object:
+    if not isinstance(value, dict):
+        raise ValueError("'env' must be an object of NAME: value")
+    if len(value) > MAX_ENV_VARS:
+        raise ValueError(f"'env' has more than {MAX_ENV_VARS} variables")
+    for name, text in value.items():
+        if not isinstance(name, str) or not _ENV_NAME_RE.match(name):
+            raise ValueError(f"environment variable name {name!r:.80} is not a valid NAME")
+        if name in RESERVED_ENV or name.startswith("GPUMARKET_"):
+            raise ValueError(f"'env' may not set {name}: the agent sets it to the rental's GPUs")
+        if not isinstance(text, str) or "\0" in text:
+            raise ValueError(f"environment variable {name} must be a string")
+    return value
+
+
+def _cpu_cores(value: object) -> object:
+    if value is not None and not (_is_number(value) and MIN_CPU_CORES <= value <= MAX_CPU_CORES):  # type: ignore[operator]
+        raise ValueError(f"'cpu_cores' must be a number of cores from {MIN_CPU_CORES} to {MAX_CPU_CORES:g}, e.g. 2.0")
+    return value
+
+
+def _memory_mib(value: object) -> object:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not MIN_MEMORY_MIB <= value <= MAX_MEMORY_MIB):
+        raise ValueError(f"'memory_mib' must be a whole number of MiB from {MIN_MEMORY_MIB} to {MAX_MEMORY_MIB}, e.g. 4096")
+    return value
+
+
+def _share_milli(value: object) -> object:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < MILLI_PER_GPU:
+        raise ValueError(
+            f"'share.milli' must be a whole number of thousandths of a GPU from 1 to {MILLI_PER_GPU - 1}, e.g. 250; "
+            "for a whole GPU send no 'share'"
+        )
+    return value
+
+
+def _share_memory(value: object) -> object:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_MEMORY_MIB:
+        raise ValueError(f"'share.memory_mib' must be a whole number of MiB from 0 (no limit) to {MAX_MEMORY_MIB}, e.g. 8192")
+    return value
+
+
+def _grace(value: object) -> object:
+    if value is not None and not (_is_number(value) and 0 <= value <= MAX_STOP_GRACE_S):  # type: ignore[operator]
+        raise ValueError(f"the stop's grace must be a number of seconds from 0 to {MAX_STOP_GRACE_S:g}, not {value!r:.40}")
+    return value
+
+
+def _reason(value: object) -> object:
+    if value is not None and (not isinstance(value, str) or len(value) > MAX_STOP_REASON_CHARS or _CONTROL_RE.search(value)):
+        raise ValueError(f"the stop's reason must be one line of text of at most {MAX_STOP_REASON_CHARS} characters")
+    return value
+
+
+# Each check runs before pydantic's own (``BeforeValidator``) so that a refusal says what to
+# write instead; the ``Field`` bounds are what the OpenAPI document shows.
+RentalId = Annotated[str, Field(pattern=RENTAL_ID_PATTERN), BeforeValidator(_rental_id)]
+GpuUuid = Annotated[str, Field(min_length=1, max_length=128)]
+GpuUuids = Annotated[list[GpuUuid], BeforeValidator(_gpu_uuids)]
+Argv = Annotated[list[str], Field(min_length=1, max_length=256, description="Program and arguments, run with the rented GPUs visible."), BeforeValidator(_argv)]
+Env = Annotated[dict[str, str], Field(max_length=MAX_ENV_VARS), BeforeValidator(_env)]
+CpuCores = Annotated[float, Field(ge=MIN_CPU_CORES, le=MAX_CPU_CORES), BeforeValidator(_cpu_cores)]
+MemoryMib = Annotated[int, Field(ge=MIN_MEMORY_MIB, le=MAX_MEMORY_MIB), BeforeValidator(_memory_mib)]
+
+
+class ProcessWorkload(StrictModel):
+    """Run ``argv`` on the host with the rented GPUs visible, optionally limited in CPU and memory."""
+
+    kind: Literal["process"] = "process"
+    argv: Argv
+    env: Env = Field(default_factory=dict)
+    cpu_cores: CpuCores | None = Field(None, description="CPU cores the workload may use (a cgroup quota), e.g. 2.0; none: unlimited.")
+    memory_mib: MemoryMib | None = Field(None, description="Memory the workload may use, MiB; none: unlimited.")
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_limits(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # No limit is no key: the stored and sent form of an unlimited workload stays {kind, argv, env}.
+        data: dict[str, Any] = handler(self)
+        for name in ("cpu_cores", "memory_mib"):
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
+
+
+class HoldWorkload(StrictModel):
+    """Reserve the GPUs and run nothing."""
+
+    kind: Literal["hold"] = "hold"
+
+
+WorkloadSpec = Annotated[ProcessWorkload | HoldWorkload, Field(discriminator="kind")]
+"""What a rental runs, tagged by ``kind`` (the "Isolated rentals" issue adds ``container``)."""
+
+
+class GpuShare(StrictModel):
+    """A fractional share of one GPU: ``milli`` thousandths of its compute and ``memory_mib`` of
+    its memory (``0``: no memory limit of its own)."""
+
+    milli: Annotated[int, Field(ge=1, le=MILLI_PER_GPU - 1), BeforeValidator(_share_milli)]
+    memory_mib: Annotated[int, Field(ge=0, le=MAX_MEMORY_MIB), BeforeValidator(_share_memory)]
+
+
+def _default_hold(value: object) -> object:
+    # An absent, null or kind-less workload has always meant "hold" to the agent.
+    if value is None:
+        return {"kind": "hold"}
+    if isinstance(value, dict) and "kind" not in value:
+        return {**value, "kind": "hold"}
+    return value
+
+
+class StartWorkload(StrictModel):
+    """Start the rental's workload on ``gpu_uuids`` (whole GPUs, or a ``share`` of exactly one)."""
+
+    kind: Literal["start_workload"] = "start_workload"
+    rental_id: RentalId
+    gpu_uuids: GpuUuids = Field(max_length=64)
+    workload: Annotated[WorkloadSpec, BeforeValidator(_default_hold)] = Field(default_factory=HoldWorkload)
+    share: GpuShare | None = None
+
+    @model_validator(mode="after")
+    def _share_env_is_the_agents(self) -> StartWorkload:
+        if self.share is not None and isinstance(self.workload, ProcessWorkload):
+            overridden = sorted(SHARE_ENV & set(self.workload.env))
+            if overridden:
+                raise ValueError(f"'env' may not set {', '.join(overridden)}: the agent sets it from the rental's GPU share")
+        return self
+
+
+class StopWorkload(StrictModel):
+    """Stop the rental's workload: SIGTERM, then SIGKILL ``grace_s`` later (default: the agent's own);
+    ``reason`` is written to its log first."""
+
+    kind: Literal["stop_workload"] = "stop_workload"
+    rental_id: RentalId
+    grace_s: Annotated[float, Field(ge=0, le=MAX_STOP_GRACE_S), BeforeValidator(_grace)] | None = None
+    reason: Annotated[str, Field(max_length=MAX_STOP_REASON_CHARS), BeforeValidator(_reason)] | None = None
+
+
+class MeasureNetwork(StrictModel):
+    """Measure the network to the relay now; the result's ``data`` is the ``NetworkReportBody``."""
+
+    kind: Literal["measure_network"] = "measure_network"
+
+
+class InstallCertificate(StrictModel):
+    """Install a renewed certificate (for the key of the host's last ``renew_certificate``)."""
+
+    kind: Literal["install_certificate"] = "install_certificate"
+    certificate: Annotated[str, Field(min_length=64, max_length=65536)]
+    ca_certificate: Annotated[str, Field(min_length=64, max_length=1 << 20)] | None = None
+
+
+class HealthCheck(StrictModel):
+    """Check the GPUs the master expects on this host (and any others)."""
+
+    kind: Literal["health_check"] = "health_check"
+    gpu_uuids: GpuUuids = Field(default_factory=list, max_length=1024)
+
+
+AnyCommand = StartWorkload | StopWorkload | MeasureNetwork | InstallCertificate | HealthCheck
+AgentCommand = Annotated[AnyCommand, Field(discriminator="kind")]
+COMMAND_KINDS = ("start_workload", "stop_workload", "measure_network", "install_certificate", "health_check")
+
+
+# Replies: the ``data`` of a successful ``command_result``. Lenient: a newer agent may say more.
+
+
+class WorkloadStarted(LenientModel):
+    """``start_workload``: what runs (``already_running`` when it ran already), and its limits."""
+
+    kind: Literal["hold", "process", "container"]
+    pid: int | None = None
+    already_running: bool | None = None
+    limits: Literal["applied", "unavailable", "none requested"] | None = None
+    limits_reason: str | None = None
+    cpu_cores: float | None = None
+    memory_mib: int | None = None
+    cgroups: list[str] | None = None
+    systemd_unit: str | None = None
+
+
+class WorkloadStopped(LenientModel):
+    """``stop_workload``: its exit code (``-N`` after signal N; none for a hold or when unknown)."""
+
+    exit_code: int | None = None
+    already_stopped: bool | None = None
+
+
+class CertificateInstalled(LenientModel):
+    """``install_certificate``: the serial (hex) and end of validity of the installed certificate."""
+
+    serial: str
+    not_after: str  # ISO 8601
+
+
+class GpuHealthModel(LenientModel):
+    uuid: str
+    ok: bool
+    problems: list[str] = Field(default_factory=list)
+
+
+class HealthCheckResult(LenientModel):
+    """``health_check``: ``healthy`` is the verdict (``ok`` only says the check could run)."""
+
+    healthy: bool
+    summary: str = ""
+    problems: list[str] = Field(default_factory=list)
+    gpus: list[GpuHealthModel] = Field(default_factory=list)
+
+
+CommandReply = WorkloadStarted | WorkloadStopped | NetworkReportBody | CertificateInstalled | HealthCheckResult
+
+
+class CommandBody(StrictModel):
+    """A command for the agent as it travels: ``kind`` and the command's fields as ``args``.
+
+    Open on the wire so that a relay forwards any command; the master builds it with ``of`` and
+    the agent reads it with ``decode_command``, which refuses an unknown kind or field.
+    """
+
+    command_id: CommandId
+    kind: Annotated[str, Field(min_length=1, max_length=64)]
+    args: dict[str, Any] = Field(default_factory=dict)
+
+    @classmethod
+    def of(cls, command_id: str, command: AnyCommand) -> CommandBody:
+        return cls(command_id=command_id, kind=command.kind, args=command_args(command))
+
+
+def command_args(command: AnyCommand) -> dict[str, Any]:
+    """The ``args`` of a command on the wire (and in the master's ``commands`` table): no ``kind``, no unset option."""
+    args: dict[str, Any] = command.model_dump(mode="json", exclude={"kind"}, exclude_none=True)
+    return args
+
+
+_command_adapter: TypeAdapter[AnyCommand] = TypeAdapter(AgentCommand)
+
+
+def decode_command(body: CommandBody) -> AnyCommand:
+    """The typed command of a ``command`` frame; raises ``ProtocolError`` (``unknown_command`` or
+    ``bad_command``) saying what is wrong, which the agent reports as the command's failed result."""
+    if body.kind not in COMMAND_KINDS:
+        raise ProtocolError(
+            f"unknown command kind {body.kind!r:.70}; expected one of {', '.join(sorted(COMMAND_KINDS))}", code="unknown_command"
+        )
+    if "kind" in body.args:
+        raise ProtocolError(f"invalid {body.kind} command: args: 'kind' belongs to the command, not its args", code="bad_command")
+    try:
+        return _command_adapter.validate_python({**body.args, "kind": body.kind})
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_context=False, include_input=False)[0]
+        where = ".".join(str(p) for p in first["loc"][1:]) or "args"
+        raise ProtocolError(
+            f"invalid {body.kind} command: {where:.200}: {first['msg']:.400} ({exc.error_count()} problem(s))", code="bad_command"
+        ) from None
