@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql.elements import ColumnElement
@@ -203,10 +204,16 @@ async def request_health_check(master: Master, principal: Principal, host_id: st
 def check_passed(ok: bool, data: Mapping[str, Any]) -> bool:
     """The verdict of a ``health_check`` result: it ran (``ok``) and found the host healthy.
 
-    ``ok`` only says the agent could run the check; ``data["healthy"]`` is the verdict
-    (see ``agent.health``). An agent that cannot run it (too old, no GPU backend) fails it.
+    ``ok`` only says the agent could run the check; the reply's ``healthy`` is the verdict
+    (``protocol.HealthCheckResult``, the agent's ``agent.health``). An agent that cannot run it
+    (too old, no GPU backend) or whose reply is not a ``HealthCheckResult`` fails it.
     """
-    return ok and data.get("healthy") is True
+    if not ok:
+        return False
+    try:
+        return protocol.HealthCheckResult.model_validate(data, strict=True).healthy
+    except ValidationError:
+        return False
 
 
 def _failure_reason(ok: bool, detail: str, data: Mapping[str, Any]) -> str:
