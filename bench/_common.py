@@ -1,9 +1,11 @@
-"""Helpers every benchmark script shares: the machine line, a progress counter on stderr, quantiles
-and a fresh database."""
+"""Helpers every benchmark script shares: the machine line, a progress counter on stderr, quantiles,
+a fresh database, and the simulated agents' parts (a busy host, its telemetry, its certificate and
+its websocket to a relay)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import platform
@@ -12,9 +14,23 @@ import ssl
 import sys
 import time
 from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from importlib import metadata
+from pathlib import Path
 
 import asyncpg
+from websockets.asyncio.client import ClientConnection, connect
+
+from agent.gpu.sim import SimulatedBackend
+from shared import protocol
+from shared.crypto import (
+    CertificateAuthority,
+    client_ssl_context,
+    generate_private_key,
+    make_csr,
+    write_private_key,
+)
 
 
 def describe_machine(*, with_openssl: bool = False) -> str:
@@ -83,3 +99,78 @@ async def fresh_database(admin_url: str) -> AsyncIterator[str]:
             await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         await admin.close()
+
+
+def busy_backend(gpus: str, seed: str) -> SimulatedBackend:
+    """A simulated host (``gpus``, e.g. ``"sim:8xH100"``) whose every GPU is rented: a process on each."""
+    backend = SimulatedBackend(gpus, seed=seed)
+    backend.set_busy([gpu.uuid for gpu in backend.gpus()], True)
+    return backend
+
+
+def telemetry_body(backend: SimulatedBackend, window_s: float) -> protocol.TelemetryBody:
+    """What ``Agent.report_telemetry`` sends: the latest sample and the window's aggregates."""
+    samples = backend.sample()
+    return protocol.TelemetryBody(
+        sampled_at=datetime.now(UTC),
+        gpus=[protocol.GpuSampleModel.model_validate(s.to_wire()) for s in samples],
+        window_s=window_s,
+        aggregates=[
+            protocol.GpuAggregateModel(
+                uuid=s.uuid, samples=round(window_s), gpu_util_avg=s.gpu_util_pct, gpu_util_max=s.gpu_util_pct,
+                memory_used_max_mib=s.memory_used_mib, temperature_max_c=s.temperature_c,
+                power_avg_w=s.power_draw_w, power_max_w=s.power_draw_w,
+            )
+            for s in samples
+        ],
+    )
+
+
+def write_agent_key(key_file: Path, subject: str) -> bytes:
+    """A new agent key written to ``key_file``; returns its CSR for ``subject`` (one key may serve many agents)."""
+    key = generate_private_key()
+    write_private_key(key_file, key)
+    return make_csr(key, subject)
+
+
+def agent_context(ca_cert: Path, key_file: Path, cert_file: Path, cert_pem: bytes) -> ssl.SSLContext:
+    """A client context presenting ``cert_pem`` (written to ``cert_file``) with the key in ``key_file``."""
+    cert_file.write_bytes(cert_pem)
+    return client_ssl_context(ca_cert, cert_file=cert_file, key_file=key_file)
+
+
+def agent_client_context(ca: CertificateAuthority, directory: Path, host_id: str) -> ssl.SSLContext:
+    """A client context for ``host_id``: a new key and a certificate signed by ``ca``, written to ``directory``."""
+    key_file = directory / f"{host_id}.key"
+    issued = ca.sign_agent_csr(write_agent_key(key_file, host_id), host_id=host_id)
+    return agent_context(ca.cert_path, key_file, directory / f"{host_id}.crt", issued.cert_pem)
+
+
+@dataclass
+class Counter:
+    """Acks an agent's reader has counted, read by the progress line and the report."""
+
+    acked: int = 0
+
+
+def agent_connection(url: str, context: ssl.SSLContext | None, *, open_timeout: float) -> connect:
+    """An agent's websocket to ``url`` with the agent's options (no compression, no proxy, the protocol's
+    frame limit); await it, or enter it as an async context manager."""
+    return connect(
+        url,
+        ssl=context,
+        open_timeout=open_timeout,
+        close_timeout=2.0,
+        compression=None,
+        proxy=None,
+        max_size=protocol.DEFAULT_MAX_FRAME,
+    )
+
+
+async def open_agent(url: str, host_id: str, context: ssl.SSLContext | None, *, open_timeout: float) -> ClientConnection:
+    """An agent's websocket to ``url``, once the relay's welcome has been read."""
+    ws = await agent_connection(url, context, open_timeout=open_timeout)
+    welcome = json.loads(await ws.recv())
+    if welcome.get("type") != "welcome":
+        raise RuntimeError(f"{host_id}: expected a welcome, got {welcome!r}")
+    return ws

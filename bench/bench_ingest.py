@@ -112,7 +112,7 @@ from shared.registry import MemoryRegistry
 from shared.settings import MasterSettings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import Progress, describe_machine, fresh_database, quantile
+from _common import Progress, busy_backend, describe_machine, fresh_database, quantile, telemetry_body
 
 GPUS = "sim:8xH100"
 GPUS_PER_HOST = 8
@@ -183,30 +183,6 @@ def host_ids_for(hosts: int) -> list[str]:
     return [f"h-bench{token}{number:06d}" for number in range(hosts)]
 
 
-def simulated_host(host_id: str) -> SimulatedBackend:
-    backend = SimulatedBackend(GPUS, seed=host_id)
-    backend.set_busy([gpu.uuid for gpu in backend.gpus()], True)  # rented: a process on every GPU
-    return backend
-
-
-def telemetry_body(backend: SimulatedBackend) -> protocol.TelemetryBody:
-    """What ``Agent.report_telemetry`` sends: the latest sample and the window's aggregates (as bench_pipeline)."""
-    samples = backend.sample()
-    return protocol.TelemetryBody(
-        sampled_at=datetime.now(UTC),
-        gpus=[protocol.GpuSampleModel.model_validate(s.to_wire()) for s in samples],
-        window_s=PROTOCOL_INTERVAL,
-        aggregates=[
-            protocol.GpuAggregateModel(
-                uuid=s.uuid, samples=round(PROTOCOL_INTERVAL), gpu_util_avg=s.gpu_util_pct,
-                gpu_util_max=s.gpu_util_pct, memory_used_max_mib=s.memory_used_mib,
-                temperature_max_c=s.temperature_c, power_avg_w=s.power_draw_w, power_max_w=s.power_draw_w,
-            )
-            for s in samples
-        ],
-    )
-
-
 def relay_payloads(host_ids: Sequence[str], sends: Sequence[Send], *, stamp_origin: datetime) -> list[bytes]:
     """Each send as the relay puts it on the bus: ``encode_bus_envelope`` of the agent's message.
 
@@ -220,7 +196,7 @@ def relay_payloads(host_ids: Sequence[str], sends: Sequence[Send], *, stamp_orig
         message: protocol.AnyAgentMessage
         if send.telemetry:
             if (body := bodies.get(send.host)) is None:
-                body = bodies[send.host] = telemetry_body(simulated_host(host_ids[send.host]))
+                body = bodies[send.host] = telemetry_body(busy_backend(GPUS, seed=host_ids[send.host]), PROTOCOL_INTERVAL)
             message = protocol.Telemetry(
                 host_id=host_ids[send.host], seq=send.seq, ts=stamp, body=body.model_copy(update={"sampled_at": stamp})
             )

@@ -78,17 +78,15 @@ import tempfile
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 from sqlalchemy import bindparam, event, func, select
 from sqlalchemy.orm import Session
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import ClientConnection
 
 from access.relay import Relay
-from agent.gpu.sim import SimulatedBackend
 from agent.hostfacts import collect_host_facts
 from master.app import close_master, open_master
 from master.background.commands import command_resender
@@ -103,19 +101,23 @@ from master.telemetry.ingest import GROUP as INGEST_GROUP
 from master.telemetry.ingest import Ingestor
 from shared import protocol
 from shared.bus import InProcessBus
-from shared.crypto import (
-    client_ssl_context,
-    generate_private_key,
-    make_csr,
-    server_ssl_context,
-    write_private_key,
-)
+from shared.crypto import server_ssl_context
 from shared.outbound import MemoryStore, OutboundWindow
 from shared.registry import MemoryRegistry
 from shared.settings import MasterSettings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import Progress, describe_machine, fresh_database, quantile
+from _common import (
+    Progress,
+    agent_context,
+    busy_backend,
+    describe_machine,
+    fresh_database,
+    open_agent,
+    quantile,
+    telemetry_body,
+    write_agent_key,
+)
 
 GPUS = "sim:8xH100"
 PROTOCOL_INTERVAL = 10.0  # heartbeat and telemetry, seconds (MasterSettings / AgentTimings defaults)
@@ -147,32 +149,12 @@ class BenchHost:
     telemetry: protocol.TelemetryBody
 
 
-def telemetry_body(backend: SimulatedBackend, window_s: float) -> protocol.TelemetryBody:
-    """What ``Agent.report_telemetry`` sends: the latest sample and the window's aggregates."""
-    samples = backend.sample()
-    return protocol.TelemetryBody(
-        sampled_at=datetime.now(UTC),
-        gpus=[protocol.GpuSampleModel.model_validate(s.to_wire()) for s in samples],
-        window_s=window_s,
-        aggregates=[
-            protocol.GpuAggregateModel(
-                uuid=s.uuid, samples=round(window_s), gpu_util_avg=s.gpu_util_pct, gpu_util_max=s.gpu_util_pct,
-                memory_used_max_mib=s.memory_used_mib, temperature_max_c=s.temperature_c,
-                power_avg_w=s.power_draw_w, power_max_w=s.power_draw_w,
-            )
-            for s in samples
-        ],
-    )
-
-
 async def enroll_hosts(master: Master, directory: Path, count: int, interval: float, label: str) -> list[BenchHost]:
     """``count`` hosts enrolled with one-time tokens, as a provider's agents would be."""
     async with master.db.session() as session:
         account, _api_key = await create_account(session, f"bench-provider-{secrets.token_hex(4)}", "provider")
-    key = generate_private_key()
-    csr = make_csr(key, "bench-host").decode()
     key_file = directory / "agents.key"
-    write_private_key(key_file, key)
+    csr = write_agent_key(key_file, "bench-host").decode()
     facts = collect_host_facts(workload_dir=directory, agent_version=AGENT_VERSION).to_wire()
     hosts = []
     progress = Progress(f"{label}: enrolling hosts", count)
@@ -180,10 +162,8 @@ async def enroll_hosts(master: Master, directory: Path, count: int, interval: fl
         token, _expires = await enrollment.create_token(master, account.id)
         result = await enrollment.enroll(master, token, csr, hostname=f"bench-host-{number:05d}")
         cert_file = directory / f"{result.host_id}.crt"
-        cert_file.write_text(result.certificate_pem)
-        context = client_ssl_context(master.ca.cert_path, cert_file=cert_file, key_file=key_file)
-        backend = SimulatedBackend(GPUS, seed=result.host_id)
-        backend.set_busy([gpu.uuid for gpu in backend.gpus()], True)  # rented: a process on every GPU
+        context = agent_context(master.ca.cert_path, key_file, cert_file, result.certificate_pem.encode())
+        backend = busy_backend(GPUS, seed=result.host_id)  # rented: a process on every GPU
         hello = protocol.HelloBody(
             agent_version=AGENT_VERSION,
             gpu_backend="sim",
@@ -331,22 +311,6 @@ async def wait_until(condition: Callable[[], bool], timeout: float, what: str) -
         raise RuntimeError(f"timed out after {timeout:g} s waiting for {what}") from None
 
 
-async def open_agent(url: str, host: BenchHost) -> ClientConnection:
-    ws = await connect(
-        url,
-        ssl=host.context,
-        open_timeout=IO_TIMEOUT,
-        close_timeout=2.0,
-        compression=None,
-        proxy=None,
-        max_size=protocol.DEFAULT_MAX_FRAME,
-    )
-    welcome = json.loads(await ws.recv())
-    if welcome.get("type") != "welcome":
-        raise RuntimeError(f"{host.host_id}: expected a welcome, got {welcome!r}")
-    return ws
-
-
 async def read_acks(ws: ClientConnection, host: BenchHost, observed: Observed) -> None:
     async for frame in ws:
         now = time.monotonic()
@@ -435,7 +399,7 @@ async def run_phase(
 
         async def one(host: BenchHost) -> ClientConnection:
             async with slots:
-                ws = await open_agent(url, host)
+                ws = await open_agent(url, host.host_id, host.context, open_timeout=IO_TIMEOUT)
             progress.update(len(connections) + 1)
             connections.append(ws)
             return ws

@@ -47,22 +47,22 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.server import Server, ServerConnection, serve
 
 from access.relay import AGENT_PATH, Relay
-from agent.gpu.sim import SimulatedBackend
 from shared import protocol
 from shared.outbound import MemoryStore, OutboundWindow
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import Progress, describe_machine, quantile
+from _common import (
+    Counter,
+    Progress,
+    agent_client_context,
+    agent_connection,
+    busy_backend,
+    describe_machine,
+    quantile,
+)
 
 from shared.bus import InProcessBus
-from shared.crypto import (
-    CertificateAuthority,
-    client_ssl_context,
-    generate_private_key,
-    make_csr,
-    server_ssl_context,
-    write_private_key,
-)
+from shared.crypto import CertificateAuthority, server_ssl_context
 
 RELAY_ID = "relay-bench"
 MASTER_GROUP = "bench-master"  # an idle consumer group, so the bus keeps every record for the check
@@ -117,15 +117,9 @@ def make_agents(ca: CertificateAuthority, directory: Path, count: int, messages:
         host_id = f"h-bench-{number:04d}" if number < count else "h-bench-warmup"
         if number == count:
             messages = WARMUP_MESSAGES
-        key = generate_private_key()
-        issued = ca.sign_agent_csr(make_csr(key, host_id), host_id=host_id)
-        key_file, cert_file = directory / f"{host_id}.key", directory / f"{host_id}.crt"
-        write_private_key(key_file, key)
-        cert_file.write_bytes(issued.cert_pem)
-        context = client_ssl_context(ca.cert_path, cert_file=cert_file, key_file=key_file)
+        context = agent_client_context(ca, directory, host_id)
 
-        backend = SimulatedBackend(GPUS, seed=host_id)
-        backend.set_busy([gpu.uuid for gpu in backend.gpus()], True)  # rented: processes on every GPU
+        backend = busy_backend(GPUS, seed=host_id)  # rented: processes on every GPU
         bodies = [
             protocol.TelemetryBody(
                 sampled_at=datetime.now(UTC),
@@ -143,11 +137,6 @@ def make_agents(ca: CertificateAuthority, directory: Path, count: int, messages:
 
 
 # ---- the agents' side -----------------------------------------------------------------------
-
-
-@dataclass
-class Counter:
-    acked: int = 0
 
 
 @dataclass
@@ -173,15 +162,7 @@ class Run:
 
 
 def open_agent(url: str, agent: AgentSetup) -> connect:
-    return connect(
-        url,
-        ssl=agent.context,
-        open_timeout=IO_TIMEOUT,
-        close_timeout=2.0,
-        compression=None,
-        proxy=None,
-        max_size=protocol.DEFAULT_MAX_FRAME,
-    )
+    return agent_connection(url, agent.context, open_timeout=IO_TIMEOUT)
 
 
 async def connect_agents(

@@ -72,7 +72,6 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -81,22 +80,23 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from access.relay import AGENT_PATH, SPEEDTEST_PATH, Relay
-from agent.gpu.sim import SimulatedBackend
 from shared import protocol
 from shared.outbound import OutboundWindow
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import Progress, describe_machine
+from _common import (
+    Counter,
+    Progress,
+    agent_context,
+    busy_backend,
+    describe_machine,
+    open_agent,
+    telemetry_body,
+    write_agent_key,
+)
 
 from shared.bus import InProcessBus
-from shared.crypto import (
-    CertificateAuthority,
-    client_ssl_context,
-    generate_private_key,
-    make_csr,
-    server_ssl_context,
-    write_private_key,
-)
+from shared.crypto import CertificateAuthority, server_ssl_context
 
 GPUS = "sim:8xH100"
 SMALL_TLS_READ = 16 << 10
@@ -214,43 +214,19 @@ class AgentSetup:
 
 def make_agents(ca: CertificateAuthority, directory: Path, count: int) -> list[AgentSetup]:
     """``count`` agents: one shared key (see the module docstring), a certificate and context each."""
-    key = generate_private_key()
-    csr = make_csr(key, "h-capacity")
     key_file = directory / "shared.key"
-    write_private_key(key_file, key)
-    backend = SimulatedBackend(GPUS, seed="capacity")
-    backend.set_busy([gpu.uuid for gpu in backend.gpus()], True)
-    samples = backend.sample()
-    telemetry = protocol.TelemetryBody(
-        sampled_at=datetime.now(UTC),
-        gpus=[protocol.GpuSampleModel.model_validate(s.to_wire()) for s in samples],
-        window_s=10.0,
-        aggregates=[
-            protocol.GpuAggregateModel(
-                uuid=s.uuid, samples=10, gpu_util_avg=s.gpu_util_pct, gpu_util_max=s.gpu_util_pct,
-                memory_used_max_mib=s.memory_used_mib, temperature_max_c=s.temperature_c,
-                power_avg_w=s.power_draw_w, power_max_w=s.power_draw_w,
-            )
-            for s in samples
-        ],
-    )
+    csr = write_agent_key(key_file, "h-capacity")
+    telemetry = telemetry_body(busy_backend(GPUS, seed="capacity"), window_s=10.0)
     agents = []
     progress = Progress("agent certificates", count)
     for number in range(count):
         host_id = f"h-cap-{number:05d}"
         issued = ca.sign_agent_csr(csr, host_id=host_id)
-        cert_file = directory / f"{host_id}.crt"
-        cert_file.write_bytes(issued.cert_pem)
-        context = client_ssl_context(ca.cert_path, cert_file=cert_file, key_file=key_file)
+        context = agent_context(ca.cert_path, key_file, directory / f"{host_id}.crt", issued.cert_pem)
         agents.append(AgentSetup(host_id, context, OutboundWindow(host_id, first_seq=1), telemetry))
         progress.update(number + 1)
     progress.done()
     return agents
-
-
-@dataclass
-class Counter:
-    acked: int = 0
 
 
 @dataclass
@@ -272,22 +248,6 @@ class ServerRun:
     steps: list[Step] = field(default_factory=list)
     drain_seconds: float = 0.0
     upload_mbps: float | None = None
-
-
-async def open_agent(url: str, agent: AgentSetup) -> ClientConnection:
-    ws = await connect(
-        url,
-        ssl=agent.context if url.startswith("wss:") else None,
-        open_timeout=IO_TIMEOUT,
-        close_timeout=2.0,
-        compression=None,
-        proxy=None,
-        max_size=protocol.DEFAULT_MAX_FRAME,
-    )
-    welcome = json.loads(await ws.recv())
-    if welcome.get("type") != "welcome":
-        raise RuntimeError(f"{agent.host_id}: expected a welcome, got {welcome!r}")
-    return ws
 
 
 async def agent_traffic(ws: ClientConnection, agent: AgentSetup, interval: float, rng: random.Random, counter: Counter) -> None:
@@ -364,7 +324,9 @@ async def measure_server(name: str, paths: tuple[Path, Path, Path], agents: list
 
         async def one(agent: AgentSetup) -> ClientConnection:
             async with slots:
-                return await open_agent(url, agent)
+                return await open_agent(
+                    url, agent.host_id, agent.context if url.startswith("wss:") else None, open_timeout=IO_TIMEOUT
+                )
 
         for target in args.agents:
             new = agents[len(connections) : target]

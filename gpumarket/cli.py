@@ -28,8 +28,9 @@ def _setup_logging(level: str) -> None:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
-def _run_until_signal(main: Callable[[asyncio.Event], Coroutine[Any, Any, None]]) -> None:
-    """Run ``main(stop)``; SIGINT/SIGTERM set ``stop`` so ``main`` shuts down in order."""
+def _run_until_signal(main: Callable[[asyncio.Event], Coroutine[Any, Any, None]], *, log_level: str) -> None:
+    """Log at ``log_level``, then run ``main(stop)``; SIGINT/SIGTERM set ``stop`` so ``main`` shuts down in order."""
+    _setup_logging(log_level)
 
     async def runner() -> None:
         stop = asyncio.Event()
@@ -55,19 +56,18 @@ def _add_config(parser: argparse.ArgumentParser) -> None:
 def cmd_up(args: argparse.Namespace) -> None:
     from gpumarket.up import run_up
 
-    _setup_logging(args.log_level)
     _run_until_signal(
         lambda stop: run_up(
             args.data_dir, agents=args.agents, http_host=args.host, http_port=args.http_port, relay_port=args.relay_port,
             dns_port=args.dns_port, stop=stop,
-        )
+        ),
+        log_level=args.log_level,
     )
 
 
 def cmd_cluster(args: argparse.Namespace) -> None:
     from gpumarket.cluster import run_cluster
 
-    _setup_logging(args.log_level)
     codes: list[int] = []
 
     async def main(stop: asyncio.Event) -> None:
@@ -76,7 +76,7 @@ def cmd_cluster(args: argparse.Namespace) -> None:
             agents=args.agents, fresh=args.fresh, check=args.check, stop=stop,
         ))  # fmt: skip
 
-    _run_until_signal(main)
+    _run_until_signal(main, log_level=args.log_level)
     if codes and codes[0]:
         raise SystemExit(codes[0])
 
@@ -85,8 +85,7 @@ def cmd_master(args: argparse.Namespace) -> None:
     from master.app import serve_master
 
     settings = MasterSettings.load(args.config, http_port=args.http_port)
-    _setup_logging(settings.log_level)
-    _run_until_signal(lambda stop: serve_master(settings, stop=stop))
+    _run_until_signal(lambda stop: serve_master(settings, stop=stop), log_level=settings.log_level)
 
 
 def cmd_migrate(args: argparse.Namespace) -> None:
@@ -134,24 +133,21 @@ def cmd_access(args: argparse.Namespace) -> None:
     from access.service import serve_access
 
     settings = AccessSettings.load(args.config, port=args.port, region=args.region, relay_id=args.relay_id)
-    _setup_logging(settings.log_level)
-    _run_until_signal(lambda stop: serve_access(settings, stop=stop))
+    _run_until_signal(lambda stop: serve_access(settings, stop=stop), log_level=settings.log_level)
 
 
 def cmd_dns(args: argparse.Namespace) -> None:
     from access.geodns.server import serve_dns
 
     settings = DnsSettings.load(args.config, port=args.port, zone=args.zone)
-    _setup_logging(settings.log_level)
-    _run_until_signal(lambda stop: serve_dns(settings, stop=stop))
+    _run_until_signal(lambda stop: serve_dns(settings, stop=stop), log_level=settings.log_level)
 
 
 def cmd_agent_run(args: argparse.Namespace) -> None:
     from agent.service import serve_agent
 
     settings = AgentSettings.load(args.config, data_dir=args.data_dir, gpus=args.gpus, relay_url=args.relay_url)
-    _setup_logging(settings.log_level)
-    _run_until_signal(lambda stop: serve_agent(settings, stop=stop))
+    _run_until_signal(lambda stop: serve_agent(settings, stop=stop), log_level=settings.log_level)
 
 
 def cmd_agent_enroll(args: argparse.Namespace) -> None:
@@ -238,6 +234,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _service_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, settings: type[ServiceSettings], **kwargs: Any
+) -> argparse.ArgumentParser:
+    """A command configured by ``settings``: they are listed in its epilog, and it takes --config."""
+    parser = sub.add_parser(
+        name, epilog=_settings_epilog(settings), formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs
+    )
+    _add_config(parser)
+    return parser
+
+
 def _add_agent_run_options(parser: argparse.ArgumentParser) -> None:
     _add_config(parser)
     parser.add_argument("--data-dir", type=Path, metavar="DIR", help="overrides GPUMARKET_DATA_DIR")
@@ -289,57 +296,50 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument("--log-level", default="WARNING", help="this command's own log level (default WARNING)")
     cluster.set_defaults(func=cmd_cluster)
 
-    master = sub.add_parser(
-        "master", help="run a master API process", epilog=_settings_epilog(MasterSettings), formatter_class=formatter,
+    master = _service_parser(
+        sub, "master", MasterSettings, help="run a master API process",
         description="A master process: REST API, console, ingestion from the bus, monitors. Needs Redis; PostgreSQL in production.",
     )
-    _add_config(master)
     master.add_argument("--http-port", type=int, metavar="P", help="overrides GPUMARKET_HTTP_PORT")
     master.set_defaults(func=cmd_master)
 
-    migrate = sub.add_parser(
-        "migrate", help="bring the database schema to this version (a deployment's migration job)",
-        epilog=_settings_epilog(MasterSettings), formatter_class=formatter,
+    migrate = _service_parser(
+        sub, "migrate", MasterSettings, help="bring the database schema to this version (a deployment's migration job)",
         description="Run the Alembic migrations on GPUMARKET_DATABASE_URL up to this version's newest revision and exit. "
         "Run it once per deployment before the masters start (with migrate_on_start=false on the masters); it is safe "
         "to run again or from several places at once. With --check it changes nothing and waits until another process "
         "has migrated: a master's init container. Exit status 0 when the schema is at the newest revision, 2 otherwise.",
     )  # fmt: skip
-    _add_config(migrate)
     migrate.add_argument("--check", action="store_true", help="change nothing: succeed once the schema is at this version's newest revision")
     migrate.add_argument("--wait", type=float, default=0.0, metavar="S", help="keep retrying this many seconds while the database is unreachable (or, with --check, behind) (default 0)")
     migrate.set_defaults(func=cmd_migrate)
 
-    worker = sub.add_parser(
-        "worker", help="run a Celery worker for billing's periodic jobs", epilog=_settings_epilog(MasterSettings),
-        formatter_class=formatter,
+    worker = _service_parser(
+        sub, "worker", MasterSettings, help="run a Celery worker for billing's periodic jobs",
         description="A Celery worker running billing's jobs (rating, credit enforcement, payouts, ...) from the billing "
         "queue in Redis (GPUMARKET_REDIS_URL) against the masters' database (GPUMARKET_DATABASE_URL). Run exactly one "
         "with --beat (it also schedules the jobs), as many without as the load needs, and set "
         "billing_in_process=false on the masters. Workers do not migrate the database: run `gpumarket migrate` (or a master) first.",
     )  # fmt: skip
-    _add_config(worker)
     worker.add_argument("--beat", action="store_true", help="also run the scheduler (exactly one worker in a deployment may)")
     worker.add_argument("--concurrency", type=_positive_int, default=2, metavar="N", help="worker processes (default 2)")
     worker.add_argument("--loglevel", metavar="L", help="DEBUG, INFO, WARNING or ERROR (default: GPUMARKET_LOG_LEVEL)")
     worker.set_defaults(func=cmd_worker)
 
-    access = sub.add_parser(
-        "access", help="run an access relay", epilog=_settings_epilog(AccessSettings), formatter_class=formatter,
+    access = _service_parser(
+        sub, "access", AccessSettings, help="run an access relay",
         description="A relay: TLS websocket server for agents, forwarding to the master over the Redis bus.",
     )
-    _add_config(access)
     access.add_argument("--port", type=int, metavar="P", help="overrides GPUMARKET_PORT")
     access.add_argument("--region", metavar="R", help="the region this relay serves (overrides GPUMARKET_REGION)")
     access.add_argument("--relay-id", metavar="ID", help="unique relay name (overrides GPUMARKET_RELAY_ID)")
     access.set_defaults(func=cmd_access)
 
-    dns = sub.add_parser(
-        "dns", help="run the geo DNS server for the relay zone", epilog=_settings_epilog(DnsSettings), formatter_class=formatter,
+    dns = _service_parser(
+        sub, "dns", DnsSettings, help="run the geo DNS server for the relay zone",
         description="Authoritative DNS (UDP and TCP) for the relay zone: answers _gpumarket._tcp.ZONE SRV and ZONE A/AAAA "
         "with the healthy relays nearest to the asker, from the relay registry in Redis.",
     )
-    _add_config(dns)
     dns.add_argument("--port", type=int, metavar="P", help="overrides GPUMARKET_PORT")
     dns.add_argument("--zone", metavar="ZONE", help="overrides GPUMARKET_ZONE")
     dns.set_defaults(func=cmd_dns)

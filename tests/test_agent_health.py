@@ -141,13 +141,8 @@ class TestWithNvmlRecordings:
 
 @pytest.fixture
 async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
-    h = Harness(tmp_path)
-    try:
+    async with Harness(tmp_path) as h:
         yield h
-    finally:
-        for relay in h.relays:
-            await relay.close()
-        await h.bus.close()
 
 
 class TestTheCommand:

@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import pytest
 from websockets.asyncio.server import ServerConnection, serve
@@ -85,16 +85,29 @@ class Harness:
 
         return await eventually(find, what=f"result of {command_id}")
 
+    async def outage(self, agent: Agent, relay: Relay, *, backlog: int, what: str) -> None:
+        """Once ``agent`` is connected, close ``relay`` and wait until ``backlog`` messages are spooled."""
+        await eventually(lambda: _true(agent.connected.is_set()), what="connected")
+        await relay.close()
+        await eventually(lambda: _true(len(agent.window) >= backlog), what=what)
+
+    async def close(self) -> None:
+        """Close every relay started, then the bus."""
+        for relay in self.relays:
+            await relay.close()
+        await self.bus.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
 
 @pytest.fixture
 async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
-    h = Harness(tmp_path)
-    try:
+    async with Harness(tmp_path) as h:
         yield h
-    finally:
-        for relay in h.relays:
-            await relay.close()
-        await h.bus.close()
 
 
 @contextlib.asynccontextmanager
@@ -261,9 +274,7 @@ class TestRelays:
         port = relay.port
         agent = harness.agent([relay.url])
         async with running(agent):
-            await eventually(lambda: _true(agent.connected.is_set()), what="connected")
-            await relay.close()
-            await eventually(lambda: _true(len(agent.window) >= 10), what="spooled while the relay is down")
+            await harness.outage(agent, relay, backlog=10, what="spooled while the relay is down")
         # The agent is gone; what it could not deliver is on disk.
         from agent.spool import SqliteSpool
 
@@ -308,9 +319,7 @@ class TestRelays:
         port = relay.port
         agent = harness.agent([relay.url])
         async with running(agent):
-            await eventually(lambda: _true(agent.connected.is_set()), what="connected")
-            await relay.close()
-            await eventually(lambda: _true(len(agent.window) >= 40), what="a backlog while the relay is down")
+            await harness.outage(agent, relay, backlog=40, what="a backlog while the relay is down")
             strict = await harness.relay("relay-a", port=port, max_messages_per_second=200.0, message_burst=10)
             await eventually(lambda: _true(agent.connected.is_set() and len(agent.window) < 5), what="backlog drained")
             connections = agent.connections

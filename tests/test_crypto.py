@@ -48,6 +48,10 @@ class ClientFiles:
     cert_file: Path
     key_file: Path
 
+    def context(self, ca: CertificateAuthority) -> ssl.SSLContext:
+        """A client context presenting this certificate and trusting ``ca``."""
+        return client_ssl_context(ca.cert_path, cert_file=self.cert_file, key_file=self.key_file)
+
 
 def enroll(
     ca: CertificateAuthority,
@@ -156,7 +160,7 @@ class TestMutualTls:
     ) -> None:
         """A client certificate from the CA completes the handshake and the server reads its host id."""
         client = enroll(ca, tmp_path, host_id="host-42")
-        context = client_ssl_context(ca.cert_path, cert_file=client.cert_file, key_file=client.key_file)
+        context = client.context(ca)
 
         greeting = await greet(relay.port, context, server_hostname="localhost")
 
@@ -168,7 +172,7 @@ class TestMutualTls:
     ) -> None:
         """A client verifying the server as 127.0.0.1 accepts the IPAddress SAN."""
         client = enroll(ca, tmp_path, host_id="host-ip")
-        context = client_ssl_context(ca.cert_path, cert_file=client.cert_file, key_file=client.key_file)
+        context = client.context(ca)
 
         greeting = await greet(relay.port, context, server_hostname="127.0.0.1")
 
@@ -186,7 +190,7 @@ class TestMutualTls:
     ) -> None:
         """A well-formed client certificate from a different CA is refused."""
         client = enroll(other_ca, tmp_path, host_id="host-42")
-        context = client_ssl_context(ca.cert_path, cert_file=client.cert_file, key_file=client.key_file)
+        context = client.context(ca)
 
         await assert_refused(relay.port, context)
         assert relay.accepted_host_ids == []
@@ -202,7 +206,7 @@ class TestMutualTls:
             validity=timedelta(hours=1),
             now=datetime.now(UTC) - timedelta(hours=2),
         )
-        context = client_ssl_context(ca.cert_path, cert_file=client.cert_file, key_file=client.key_file)
+        context = client.context(ca)
 
         await assert_refused(relay.port, context)
         assert relay.accepted_host_ids == []
@@ -240,7 +244,7 @@ class TestMutualTls:
         """An agent that trusts the CA refuses a server whose certificate another CA issued."""
         key_file, cert_file = other_ca.write_server_certificate(tmp_path / "impostor", ["localhost"])
         client = enroll(ca, tmp_path, host_id="host-42")
-        context = client_ssl_context(ca.cert_path, cert_file=client.cert_file, key_file=client.key_file)
+        context = client.context(ca)
 
         async with running_server(server_ssl_context(cert_file, key_file, ca.cert_path)) as impostor:
             with pytest.raises(ssl.SSLCertVerificationError):
@@ -253,7 +257,7 @@ class TestMutualTls:
         """Hostname checking is on: a certificate for relay.example does not pass for localhost."""
         key_file, cert_file = ca.write_server_certificate(tmp_path / "relay", ["relay.example"])
         client = enroll(ca, tmp_path, host_id="host-42")
-        context = client_ssl_context(ca.cert_path, cert_file=client.cert_file, key_file=client.key_file)
+        context = client.context(ca)
 
         async with running_server(server_ssl_context(cert_file, key_file, ca.cert_path)) as server:
             with pytest.raises(ssl.SSLCertVerificationError):
@@ -263,7 +267,7 @@ class TestMutualTls:
         """An agent's clientAuth certificate cannot impersonate a relay, whatever hostname is asked for."""
         agent = enroll(ca, tmp_path, host_id="localhost")
         client = enroll(ca, tmp_path / "client", host_id="host-42")
-        context = client_ssl_context(ca.cert_path, cert_file=client.cert_file, key_file=client.key_file)
+        context = client.context(ca)
 
         async with running_server(
             server_ssl_context(agent.cert_file, agent.key_file, ca.cert_path)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import json
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -15,8 +14,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake
+from websockets.exceptions import InvalidHandshake
 from websockets.frames import Close
 
 from access.relay import COMMAND_GROUP, Relay
@@ -30,12 +28,22 @@ from shared.errors import BusError
 from shared.outbound import OutboundWindow
 from tests.factories import MS
 from tests.pki import agent_client_context, relay_server_context
+from tests.relayharness import (
+    EVENTS_GROUP,
+    IO_TIMEOUT,
+    RelayClient,
+    StartRelay,
+    connect_to_relay,
+    events_bus,
+    publish_command,
+    read_welcome,
+    relay_options,
+    started_relays,
+    wait_for,
+)
 
-# Every network step is on loopback; a wait that runs out means a bug, not a slow network.
-IO_TIMEOUT = 5.0
 MAX_FRAME = 4096
 RELAY_ID = "relay-test"
-EVENTS_GROUP = "test-master"
 
 
 # ---- certificates ------------------------------------------------------------------------
@@ -87,48 +95,20 @@ class GatedBus(InProcessBus):
 
 @pytest.fixture
 async def bus() -> AsyncIterator[InProcessBus]:
-    b = InProcessBus()
-    await b.ensure_group(protocol.AGENT_EVENTS_STREAM, EVENTS_GROUP)
-    try:
+    async with events_bus() as b:
         yield b
-    finally:
-        await b.close()
-
-
-StartRelay = Callable[..., Awaitable[Relay]]
 
 
 @pytest.fixture
 async def start_relay(server_context: ssl.SSLContext, bus: InProcessBus) -> AsyncIterator[StartRelay]:
     """Start relays on 127.0.0.1 port 0; every one started is closed (and its bus too) afterwards."""
-    started: list[Relay] = []
+    async with started_relays(close_buses=True) as start:
 
-    # Depends on ``bus`` so that the shared bus outlives every relay using it.
-    async def start(relay_bus: InProcessBus, **overrides: Any) -> Relay:
-        options: dict[str, Any] = {
-            "relay_id": RELAY_ID,
-            "bus": relay_bus,
-            "ssl_context": server_context,
-            "host": "127.0.0.1",
-            "port": 0,
-            "heartbeat_interval": 50 * MS,
-            "telemetry_interval": 50 * MS,
-            "open_timeout": IO_TIMEOUT,
-            "close_timeout": 500 * MS,
-            "max_frame": MAX_FRAME,
-        }
-        options.update(overrides)
-        relay = Relay(**options)
-        await relay.start()
-        started.append(relay)
-        return relay
+        # Depends on ``bus`` so that the shared bus outlives every relay using it.
+        async def start_on(relay_bus: InProcessBus, **overrides: Any) -> Relay:
+            return await start(**relay_options(RELAY_ID, relay_bus, server_context) | {"max_frame": MAX_FRAME} | overrides)
 
-    try:
-        yield start
-    finally:
-        for relay in started:
-            await relay.close()
-            await relay.bus.close()
+        yield start_on
 
 
 @pytest.fixture
@@ -140,22 +120,10 @@ async def relay(start_relay: StartRelay, bus: InProcessBus) -> Relay:
 
 
 @dataclass
-class Agent:
-    """A websocket client holding a host certificate, already welcomed by the relay."""
+class Agent(RelayClient):
+    """A relay client that also keeps the welcome it was sent."""
 
-    host_id: str
-    ws: ClientConnection
     welcome: protocol.Welcome
-    window: OutboundWindow
-
-    async def recv(self) -> protocol.Welcome | protocol.Ack | protocol.Command | protocol.Move:
-        async with asyncio.timeout(IO_TIMEOUT):
-            return protocol.decode_server_frame(await self.ws.recv())
-
-    async def send_heartbeat(self) -> int:
-        seq, frame = self.window.heartbeat(protocol.HeartbeatBody(uptime_s=1.0))
-        await self.ws.send(frame)
-        return seq
 
     async def send_telemetry(self) -> int:
         body = protocol.TelemetryBody(
@@ -166,23 +134,14 @@ class Agent:
         await self.ws.send(frame)
         return seq
 
-    async def expect_ack(self, seq: int) -> None:
-        message = await self.recv()
-        assert isinstance(message, protocol.Ack), f"expected an ack, got {message!r}"
-        assert message.body.seq == seq
-
     async def closed(self) -> Close:
-        """Wait for the relay to close the connection; return the close frame it sent."""
-        try:
-            async with asyncio.timeout(IO_TIMEOUT):
-                frame = await self.ws.recv()
-        except ConnectionClosed as exc:
-            async with asyncio.timeout(IO_TIMEOUT):
-                await self.ws.wait_closed()
-            assert exc.rcvd is not None, "the relay dropped the connection without a close frame"
-            assert self.ws.close_code == exc.rcvd.code
-            return exc.rcvd
-        raise AssertionError(f"expected the connection to close, got a frame: {frame!r}")
+        """Wait for the relay to close the connection, and the connection to be closed with the code of
+        the close frame the relay sent; return that frame."""
+        frame = await super().closed()
+        async with asyncio.timeout(IO_TIMEOUT):
+            await self.ws.wait_closed()
+        assert self.ws.close_code == frame.code
+        return frame
 
 
 ConnectAgent = Callable[..., Awaitable[Agent]]
@@ -194,17 +153,11 @@ async def connect_agent(agent_context: MakeAgentContext) -> AsyncIterator[Connec
     async with contextlib.AsyncExitStack() as stack:
 
         async def open_agent(relay: Relay, host_id: str, *, first_seq: int = 0) -> Agent:
-            ws = await stack.enter_async_context(_connect(relay.url, agent_context(host_id)))
-            async with asyncio.timeout(IO_TIMEOUT):
-                welcome = protocol.decode_server_frame(await ws.recv())
-            assert isinstance(welcome, protocol.Welcome)
-            return Agent(host_id, ws, welcome, OutboundWindow(host_id, first_seq=first_seq))
+            ws = await stack.enter_async_context(connect_to_relay(relay.url, agent_context(host_id)))
+            welcome = await read_welcome(ws)
+            return Agent(host_id, ws, OutboundWindow(host_id, first_seq=first_seq), welcome)
 
         yield open_agent
-
-
-def _connect(url: str, context: ssl.SSLContext) -> connect:
-    return connect(url, ssl=context, open_timeout=IO_TIMEOUT, close_timeout=500 * MS, compression=None)
 
 
 def _heartbeat_object(host_id: str, **changes: Any) -> dict[str, Any]:
@@ -215,16 +168,6 @@ def _heartbeat_object(host_id: str, **changes: Any) -> dict[str, Any]:
     return obj
 
 
-async def _wait_for(condition: Callable[[], bool | Awaitable[bool]]) -> None:
-    """Poll ``condition`` in steps of a few MS until it holds (bounded by IO_TIMEOUT)."""
-    async with asyncio.timeout(IO_TIMEOUT):
-        while True:
-            result = condition()
-            if await result if inspect.isawaitable(result) else result:
-                return
-            await asyncio.sleep(5 * MS)
-
-
 async def _read_events(bus: InProcessBus) -> list[protocol.BusEnvelope]:
     batch = await bus.read(protocol.AGENT_EVENTS_STREAM, EVENTS_GROUP, "test", count=100, block=None)
     await bus.ack(protocol.AGENT_EVENTS_STREAM, EVENTS_GROUP, [m.id for m in batch])
@@ -232,13 +175,7 @@ async def _read_events(bus: InProcessBus) -> list[protocol.BusEnvelope]:
 
 
 async def _publish_command(bus: InProcessBus, host_id: str, command_id: str) -> None:
-    delivery = protocol.CommandDelivery(
-        host_id=host_id,
-        command=protocol.Command(
-            body=protocol.CommandBody(command_id=command_id, kind="start_workload", args={"image": "test"})
-        ),
-    )
-    await bus.publish(protocol.commands_stream(RELAY_ID), delivery.model_dump_json().encode())
+    await publish_command(bus, RELAY_ID, host_id, command_id, {"image": "test"})
 
 
 # ---- tests -------------------------------------------------------------------------------
@@ -342,7 +279,7 @@ class TestBadInput:
         assert close.code == code
         assert close.reason
         await good.expect_ack(await good.send_heartbeat())
-        await _wait_for(lambda: set(relay.agents) == {"h-good"})
+        await wait_for(lambda: set(relay.agents) == {"h-good"})
         return close.reason
 
     async def test_closes_a_connection_that_sends_invalid_json(
@@ -413,7 +350,7 @@ class TestBadInput:
         good = await connect_agent(relay, "h-good")
 
         with pytest.raises((OSError, InvalidHandshake)):
-            async with _connect(relay.url, client_ssl_context(ca.cert_path)) as ws:
+            async with connect_to_relay(relay.url, client_ssl_context(ca.cert_path)) as ws:
                 await asyncio.wait_for(ws.recv(), IO_TIMEOUT)
 
         await good.expect_ack(await good.send_heartbeat())
@@ -430,7 +367,7 @@ class TestBadInput:
         good = await connect_agent(relay, "h-good")
 
         with pytest.raises((OSError, InvalidHandshake)):
-            async with _connect(relay.url, agent_context("h-forged", signer=other_ca)) as ws:
+            async with connect_to_relay(relay.url, agent_context("h-forged", signer=other_ca)) as ws:
                 await asyncio.wait_for(ws.recv(), IO_TIMEOUT)
 
         await good.expect_ack(await good.send_heartbeat())
@@ -470,7 +407,7 @@ class TestCommands:
 
         assert isinstance(message, protocol.Command)
         assert message.body.command_id == "cmd-1"
-        await _wait_for(lambda: _pending_is_zero(bus, stream))
+        await wait_for(lambda: _pending_is_zero(bus, stream))
         # Both were read by the relay (nothing is left for its group) and acked, yet only one was delivered.
         assert await bus.read(stream, COMMAND_GROUP, "probe", block=None) == []
         assert relay.commands_delivered == 1
@@ -505,7 +442,7 @@ class TestShutdown:
             await relay.close()
 
         with pytest.raises(OSError):
-            async with _connect(url, agent_context("h-late")):
+            async with connect_to_relay(url, agent_context("h-late")):
                 pass
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import random
 import ssl
@@ -18,7 +17,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 from websockets.frames import Close
 
@@ -42,11 +40,22 @@ from shared.registry import MemoryRegistry, RedisRegistry, RelayRecord
 from tests.agents import RecordingStore, enrolled_state, fast_timings
 from tests.factories import MS
 from tests.pki import relay_server_context
+from tests.relayharness import (
+    EVENTS_GROUP,
+    IO_TIMEOUT,
+    RelayClient,
+    ServerFrame,
+    StartRelay,
+    connect_to_relay,
+    events_bus,
+    publish_command,
+    read_welcome,
+    relay_options,
+    started_relays,
+    wait_for,
+)
 
-# Every network step is on loopback; a wait that runs out means a bug, not a slow network.
-IO_TIMEOUT = 5.0
 RELAY_ID = "relay-limits"
-EVENTS_GROUP = "test-master"
 
 
 # ---- certificates ------------------------------------------------------------------------
@@ -93,12 +102,8 @@ def issue(ca: CertificateAuthority, tmp_path: Path) -> Issue:
 
 @pytest.fixture
 async def bus() -> AsyncIterator[InProcessBus]:
-    b = InProcessBus()
-    await b.ensure_group(protocol.AGENT_EVENTS_STREAM, EVENTS_GROUP)
-    try:
+    async with events_bus() as b:
         yield b
-    finally:
-        await b.close()
 
 
 class RecordingRegistry(MemoryRegistry):
@@ -144,84 +149,32 @@ def registry() -> RecordingRegistry:
     return RecordingRegistry()
 
 
-StartRelay = Callable[..., Awaitable[Relay]]
-
-
 @pytest.fixture
 async def start_relay(
     server_context: ssl.SSLContext, bus: InProcessBus, registry: RecordingRegistry
 ) -> AsyncIterator[StartRelay]:
     """Start relays on 127.0.0.1 port 0 with the bus and registry; every one is closed afterwards."""
-    started: list[Relay] = []
+    async with started_relays() as start:
 
-    async def start(**overrides: Any) -> Relay:
-        options: dict[str, Any] = {
-            "relay_id": RELAY_ID,
-            "bus": bus,
-            "registry": registry,
-            "ssl_context": server_context,
-            "host": "127.0.0.1",
-            "port": 0,
-            "heartbeat_interval": 50 * MS,
-            "telemetry_interval": 50 * MS,
-            "open_timeout": IO_TIMEOUT,
-            "close_timeout": 500 * MS,
-            "drain_timeout": 2.0,
-            "register_interval": 50 * MS,
-            "revocation_poll_interval": 50 * MS,
-        }
-        options.update(overrides)
-        relay = Relay(**options)
-        await relay.start()
-        started.append(relay)
-        return relay
+        async def start_with(**overrides: Any) -> Relay:
+            options = relay_options(RELAY_ID, bus, server_context) | {
+                "registry": registry,
+                "drain_timeout": 2.0,
+                "register_interval": 50 * MS,
+                "revocation_poll_interval": 50 * MS,
+            }
+            return await start(**options | overrides)
 
-    try:
-        yield start
-    finally:
-        for relay in started:
-            await relay.close()
+        yield start_with
 
 
 # ---- agents ------------------------------------------------------------------------------
 
 
-@dataclass
-class Client:
-    """A websocket client holding a host certificate, already welcomed by the relay."""
+class Client(RelayClient):
+    """A relay client that can also read everything up to the close."""
 
-    host_id: str
-    ws: ClientConnection
-    window: OutboundWindow
-
-    async def recv(self) -> protocol.Welcome | protocol.Ack | protocol.Command | protocol.Move:
-        async with asyncio.timeout(IO_TIMEOUT):
-            return protocol.decode_server_frame(await self.ws.recv())
-
-    def heartbeat(self) -> tuple[int, str]:
-        return self.window.heartbeat(protocol.HeartbeatBody(uptime_s=1.0))
-
-    async def send_heartbeat(self) -> int:
-        seq, frame = self.heartbeat()
-        await self.ws.send(frame)
-        return seq
-
-    async def expect_ack(self, seq: int) -> None:
-        message = await self.recv()
-        assert isinstance(message, protocol.Ack), f"expected an ack, got {message!r}"
-        assert message.body.seq == seq
-
-    async def closed(self) -> Close:
-        """Wait for the relay to close the connection; return the close frame it sent."""
-        try:
-            async with asyncio.timeout(IO_TIMEOUT):
-                frame = await self.ws.recv()
-        except ConnectionClosed as exc:
-            assert exc.rcvd is not None, "the relay dropped the connection without a close frame"
-            return exc.rcvd
-        raise AssertionError(f"expected the connection to close, got a frame: {frame!r}")
-
-    async def frames_until_closed(self) -> tuple[list[protocol.Welcome | protocol.Ack | protocol.Command | protocol.Move], Close]:
+    async def frames_until_closed(self) -> tuple[list[ServerFrame], Close]:
         """Everything the relay still sends, then the close frame."""
         frames = []
         async with asyncio.timeout(IO_TIMEOUT):
@@ -233,10 +186,6 @@ class Client:
                     return frames, exc.rcvd
 
 
-def _connect(url: str, context: ssl.SSLContext, **kwargs: Any) -> connect:
-    return connect(url, ssl=context, open_timeout=IO_TIMEOUT, close_timeout=500 * MS, compression=None, **kwargs)
-
-
 Open = Callable[..., Awaitable[Client]]
 
 
@@ -246,10 +195,8 @@ async def open_client() -> AsyncIterator[Open]:
     async with contextlib.AsyncExitStack() as stack:
 
         async def open_one(relay: Relay, credentials: Credentials, **kwargs: Any) -> Client:
-            ws = await stack.enter_async_context(_connect(relay.url, credentials.context, **kwargs))
-            async with asyncio.timeout(IO_TIMEOUT):
-                welcome = protocol.decode_server_frame(await ws.recv())
-            assert isinstance(welcome, protocol.Welcome)
+            ws = await stack.enter_async_context(connect_to_relay(relay.url, credentials.context, **kwargs))
+            await read_welcome(ws)
             return Client(credentials.host_id, ws, OutboundWindow(credentials.host_id, first_seq=1))
 
         yield open_one
@@ -257,7 +204,7 @@ async def open_client() -> AsyncIterator[Open]:
 
 async def _refused_with(relay: Relay, credentials: Credentials) -> Close:
     """Connect, and return the close frame the relay answers with before anything else."""
-    async with _connect(relay.url, credentials.context) as ws:
+    async with connect_to_relay(relay.url, credentials.context) as ws:
         try:
             async with asyncio.timeout(IO_TIMEOUT):
                 frame = await ws.recv()
@@ -267,24 +214,8 @@ async def _refused_with(relay: Relay, credentials: Credentials) -> Close:
     raise AssertionError(f"expected to be refused, got {frame!r}")
 
 
-async def _wait_for(condition: Callable[[], bool | Awaitable[bool]]) -> None:
-    """Poll ``condition`` in steps of a few MS until it holds (bounded by IO_TIMEOUT)."""
-    async with asyncio.timeout(IO_TIMEOUT):
-        while True:
-            result = condition()
-            if await result if inspect.isawaitable(result) else result:
-                return
-            await asyncio.sleep(5 * MS)
-
-
 async def _publish_command(bus: InProcessBus, host_id: str, command_id: str, *, padding: int = 0) -> None:
-    delivery = protocol.CommandDelivery(
-        host_id=host_id,
-        command=protocol.Command(
-            body=protocol.CommandBody(command_id=command_id, kind="start_workload", args={"pad": "x" * padding})
-        ),
-    )
-    await bus.publish(protocol.commands_stream(RELAY_ID), delivery.model_dump_json().encode())
+    await publish_command(bus, RELAY_ID, host_id, command_id, {"pad": "x" * padding})
 
 
 async def _record(registry: MemoryRegistry) -> RelayRecord | None:
@@ -362,7 +293,7 @@ class TestMessageRate:
         assert len(acked) >= 5 and acked == [seq for seq, _ in frames[: len(acked)]]
         assert relay.messages_forwarded == len(acked) < 50
         await calm.expect_ack(await calm.send_heartbeat())
-        await _wait_for(lambda: set(relay.agents) == {"h-calm"})
+        await wait_for(lambda: set(relay.agents) == {"h-calm"})
         assert relay.refused["message_rate"] == 1
 
     async def test_an_agent_within_its_rate_is_not_closed(
@@ -390,7 +321,7 @@ class TestSourceConnectionRate:
         clients = [await open_client(relay, issue(f"h-{n}")) for n in range(3)]
 
         with pytest.raises(InvalidStatus) as refused:
-            async with _connect(relay.url, issue("h-late").context):
+            async with connect_to_relay(relay.url, issue("h-late").context):
                 pass
 
         assert refused.value.response.status_code == 429
@@ -455,7 +386,7 @@ class TestSlowConsumer:
 
         assert close.code == protocol.CLOSE_SLOW_CONSUMER
         await calm.expect_ack(await calm.send_heartbeat())
-        await _wait_for(lambda: set(relay.agents) == {"h-calm"})
+        await wait_for(lambda: set(relay.agents) == {"h-calm"})
 
 
 class TestRevocation:
@@ -498,7 +429,7 @@ class TestRevocation:
         """A speed test connection is closed with 4005 when its certificate is revoked."""
         relay = await start_relay(revocation_poll_interval=50 * MS)
         credentials = issue("h-tester")
-        async with _connect(f"wss://127.0.0.1:{relay.port}{SPEEDTEST_PATH}", credentials.context) as ws:
+        async with connect_to_relay(f"wss://127.0.0.1:{relay.port}{SPEEDTEST_PATH}", credentials.context) as ws:
             async with asyncio.timeout(IO_TIMEOUT):
                 assert '"hello"' in str(await ws.recv())
             await registry.revoke(credentials.serial, until=time.time() + 3600)
@@ -517,7 +448,7 @@ class TestRevocation:
         client = await open_client(relay, issue("h-1"))
 
         await client.expect_ack(await client.send_heartbeat())
-        await _wait_for(lambda: broken.calls >= 6)  # retried, not given up on
+        await wait_for(lambda: broken.calls >= 6)  # retried, not given up on
 
         assert "cannot read revoked certificates" in caplog.text
         assert "cannot publish its registry record" in caplog.text
@@ -532,7 +463,7 @@ class TestRevocation:
         expired = issue("h-expired", now=datetime.now(UTC) - timedelta(hours=2), validity=timedelta(minutes=5))
 
         with pytest.raises((OSError, InvalidHandshake)):
-            async with _connect(relay.url, expired.context) as ws:
+            async with connect_to_relay(relay.url, expired.context) as ws:
                 async with asyncio.timeout(IO_TIMEOUT):
                     await ws.recv()
 
@@ -576,7 +507,7 @@ class TestRegistration:
             current = await _record(registry)
             return current is not None and current.connections == 2
 
-        await _wait_for(two_connections)
+        await wait_for(two_connections)
 
     async def test_the_public_url_is_what_is_published(
         self, start_relay: StartRelay, registry: RecordingRegistry
@@ -595,7 +526,7 @@ class TestRegistration:
         """Closing puts a draining record first (with the agents still counted), and removes the record last."""
         relay = await start_relay()
         await open_client(relay, issue("h-1"))
-        await _wait_for(lambda: relay.agents != {})
+        await wait_for(lambda: relay.agents != {})
 
         async with asyncio.timeout(IO_TIMEOUT):
             await relay.close()
@@ -708,11 +639,11 @@ class TestAgentMoves:
 
         task = asyncio.create_task(agent.run())
         try:
-            await _wait_for(lambda: agent.relay_id == "relay-a" and agent.samples_taken > 5)
+            await wait_for(lambda: agent.relay_id == "relay-a" and agent.samples_taken > 5)
             async with asyncio.timeout(IO_TIMEOUT):
                 await relay_a.close()
-            await _wait_for(lambda: agent.relay_id == "relay-b" and agent.connected.is_set())
-            await _wait_for(lambda: agent.samples_taken > 20 and len(agent.window) == 0)
+            await wait_for(lambda: agent.relay_id == "relay-b" and agent.connected.is_set())
+            await wait_for(lambda: agent.samples_taken > 20 and len(agent.window) == 0)
             sent = {seq for seq, kind in recorder.added.items() if kind != "hello"}
             on_bus = {e.message.seq for e in await collect()}
         finally:
@@ -743,7 +674,7 @@ class TestRedisRegistry:
             async def listed_with_one() -> bool:
                 return [(r.relay_id, r.connections) for r in await redis_registry.relays()] == [(RELAY_ID, 1)]
 
-            await _wait_for(listed_with_one)
+            await wait_for(listed_with_one)
             await redis_registry.revoke(credentials.serial, until=time.time() + 3600)
             close = await client.closed()
             assert close.code == protocol.CLOSE_REVOKED

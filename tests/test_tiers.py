@@ -192,23 +192,31 @@ class TestTierBoundaries:
         assert self.classified("rtx-a6000") is Tier.DATACENTER
         assert self.classified("rtx-a4000") is Tier.CONSUMER
 
-    def test_prosumer_boundary(self) -> None:
-        """Prosumer needs both the score and the memory; missing either drops to consumer."""
-        assert tier_for(PROSUMER_MIN_SCORE, Segment.CONSUMER, PROSUMER_MIN_GIB)[0] is Tier.PROSUMER
-        assert tier_for(PROSUMER_MIN_SCORE - EPSILON, Segment.CONSUMER, PROSUMER_MIN_GIB)[0] is Tier.CONSUMER
-        assert tier_for(PROSUMER_MIN_SCORE + 10, Segment.CONSUMER, PROSUMER_MIN_GIB - 4)[0] is Tier.CONSUMER
-        assert self.classified("rtx-3090") is Tier.PROSUMER
-        assert self.classified("rtx-4090") is Tier.PROSUMER
-        assert self.classified("rtx-3080") is Tier.CONSUMER
-
-    def test_consumer_boundary(self) -> None:
-        """Consumer needs the score and 8 GiB; below either it is entry."""
-        assert tier_for(CONSUMER_MIN_SCORE, Segment.CONSUMER, CONSUMER_MIN_GIB)[0] is Tier.CONSUMER
-        assert tier_for(CONSUMER_MIN_SCORE - EPSILON, Segment.CONSUMER, CONSUMER_MIN_GIB)[0] is Tier.ENTRY
-        assert tier_for(CONSUMER_MIN_SCORE + 5, Segment.CONSUMER, CONSUMER_MIN_GIB - 2)[0] is Tier.ENTRY
-        assert self.classified("gtx-1080-ti") is Tier.CONSUMER
-        assert self.classified("gtx-1080") is Tier.ENTRY
-        assert self.classified("rtx-2060") is Tier.ENTRY
+    @pytest.mark.parametrize(
+        ("tier", "min_score", "min_gib", "extra_score", "gib_short", "below", "models"),
+        [
+            # Prosumer needs both the score and the memory; missing either drops to consumer.
+            pytest.param(
+                Tier.PROSUMER, PROSUMER_MIN_SCORE, PROSUMER_MIN_GIB, 10, 4, Tier.CONSUMER,
+                {"rtx-3090": Tier.PROSUMER, "rtx-4090": Tier.PROSUMER, "rtx-3080": Tier.CONSUMER}, id="prosumer",
+            ),
+            # Consumer needs the score and 8 GiB; below either it is entry.
+            pytest.param(
+                Tier.CONSUMER, CONSUMER_MIN_SCORE, CONSUMER_MIN_GIB, 5, 2, Tier.ENTRY,
+                {"gtx-1080-ti": Tier.CONSUMER, "gtx-1080": Tier.ENTRY, "rtx-2060": Tier.ENTRY}, id="consumer",
+            ),
+        ],
+    )
+    def test_score_and_memory_boundary(
+        self, tier: Tier, min_score: float, min_gib: float, extra_score: float, gib_short: float, below: Tier,
+        models: dict[str, Tier],
+    ) -> None:
+        """A tier that needs both a score and an amount of memory drops to the tier below when either is missing."""
+        assert tier_for(min_score, Segment.CONSUMER, min_gib)[0] is tier
+        assert tier_for(min_score - EPSILON, Segment.CONSUMER, min_gib)[0] is below
+        assert tier_for(min_score + extra_score, Segment.CONSUMER, min_gib - gib_short)[0] is below
+        for model, expected in models.items():
+            assert self.classified(model) is expected
 
     def test_every_model_gets_a_tier_and_a_reason(self) -> None:
         """Known models classify without review and say which rule placed them."""

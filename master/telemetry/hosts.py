@@ -70,6 +70,13 @@ async def _load_host(session: AsyncSession, host_id: str) -> Host:
     return host
 
 
+async def _host_seen(session: AsyncSession, envelope: protocol.BusEnvelope) -> Host:
+    """The host that sent ``envelope`` (``UnknownHost`` when there is none or it is revoked), noted as seen."""
+    host = await _load_host(session, envelope.message.host_id)
+    _saw(host, envelope)
+    return host
+
+
 def _saw(host: Host, envelope: protocol.BusEnvelope) -> None:
     message = envelope.message
     if message.seq >= host.last_seq:
@@ -101,8 +108,7 @@ async def handle_hello(session: AsyncSession, envelope: protocol.BusEnvelope) ->
     message = envelope.message
     assert isinstance(message, protocol.Hello)
     body = message.body
-    host = await _load_host(session, message.host_id)
-    _saw(host, envelope)
+    host = await _host_seen(session, envelope)
     if message.seq < host.last_hello_seq:
         log.info("stale hello %d from host %s ignored (newest is %d)", message.seq, host.id, host.last_hello_seq)
         return []
@@ -153,8 +159,7 @@ async def handle_heartbeat(session: AsyncSession, envelope: protocol.BusEnvelope
     """Note the host alive; returns the ids of ``stop_workload`` commands for stray workloads."""
     message = envelope.message
     assert isinstance(message, protocol.Heartbeat)
-    host = await _load_host(session, message.host_id)
-    _saw(host, envelope)
+    host = await _host_seen(session, envelope)
     if message.body.spool is not None:
         host.spool_stats = message.body.spool.model_dump(mode="json")
     if host.state == "offline":
@@ -364,8 +369,7 @@ async def handle_command_result(session: AsyncSession, envelope: protocol.BusEnv
     if row is None or row.host_id != message.host_id:
         log.warning("host %s reported a result for unknown command %s", message.host_id, body.command_id)
         return
-    host = await _load_host(session, message.host_id)
-    _saw(host, envelope)
+    host = await _host_seen(session, envelope)
     result = {"ok": body.ok, "detail": body.detail, "data": body.data, "finished_at": body.finished_at.isoformat()}
     if commands.complete(row, ok=body.ok, result=result, at=body.finished_at):
         await rental_lifecycle.apply_command_result(session, row, ok=body.ok, detail=body.detail, at=body.finished_at)
@@ -383,8 +387,7 @@ async def handle_gpu_events(session: AsyncSession, envelope: protocol.BusEnvelop
     """
     message = envelope.message
     assert isinstance(message, protocol.GpuEvents)
-    host = await _load_host(session, message.host_id)
-    _saw(host, envelope)
+    host = await _host_seen(session, envelope)
     new: list[GpuEvent] = []
     for position, event in enumerate(message.body.events):
         row = GpuEvent(host_id=host.id, seq=message.seq, position=position, gpu_uuid=event.uuid, kind=event.kind,
@@ -401,8 +404,7 @@ async def handle_gpu_events(session: AsyncSession, envelope: protocol.BusEnvelop
 async def handle_network_report(session: AsyncSession, envelope: protocol.BusEnvelope) -> bool:
     message = envelope.message
     assert isinstance(message, protocol.NetworkReport)
-    host = await _load_host(session, message.host_id)
-    _saw(host, envelope)
+    host = await _host_seen(session, envelope)
     body = message.body
     data = body.model_dump(mode="json")
     row = NetworkMeasurement(
@@ -422,8 +424,7 @@ async def handle_network_report(session: AsyncSession, envelope: protocol.BusEnv
 async def handle_workload_exited(session: AsyncSession, envelope: protocol.BusEnvelope) -> None:
     message = envelope.message
     assert isinstance(message, protocol.WorkloadExited)
-    host = await _load_host(session, message.host_id)
-    _saw(host, envelope)
+    host = await _host_seen(session, envelope)
     await rental_lifecycle.apply_workload_exit(
         session, host.id, message.body.rental_id, exit_code=message.body.exit_code, reason=message.body.reason, at=message.body.at
     )
@@ -436,8 +437,7 @@ MAX_LOG_BYTES_PER_RENTAL = 8 << 20
 async def handle_workload_logs(session: AsyncSession, envelope: protocol.BusEnvelope) -> bool:
     message = envelope.message
     assert isinstance(message, protocol.WorkloadLogs)
-    host = await _load_host(session, message.host_id)
-    _saw(host, envelope)
+    host = await _host_seen(session, envelope)
     body = message.body
     rental = await session.get(Rental, body.rental_id)
     if rental is None or rental.host_id != host.id:
