@@ -8,7 +8,8 @@ What a master process holds, in the order it opens (it closes in the reverse ord
    ``close_master`` closes them in reverse: registry, bus, database.
 2. **The app's** ``cleanup_ctx`` (``create_app``), in order: the master's resources when the
    app owns them (``owns_master``: closing them is its first context, so they close last), the
-   API's rate-limit store (with ``rate_limits_enabled``), the alert webhook's HTTP client
+   API's own (``master.api.router.add_api``: the rate-limit store, the metrics exporter, the
+   agent package finder, the live streams' closing event), the alert webhook's HTTP client
    session and the background supervisor (both with ``background``). The supervisor's module
    docstring (``master.background.supervisor``) is the loops' written start, crash and stop
    policy.
