@@ -104,10 +104,11 @@ from master.app import close_master, open_master
 from master.context import Master
 from master.models import Gpu, Host
 from master.services.accounts import create_account
-from master.telemetry.ingest import GROUP, Ingestor
+from master.telemetry.ingest import Ingestor
 from shared import protocol
 from shared.bus import Backlog, delete_prefix, open_bus
 from shared.ids import new_id
+from shared.protocol import INGEST_GROUP as GROUP
 from shared.registry import MemoryRegistry
 from shared.settings import MasterSettings
 

@@ -97,12 +97,12 @@ from master.models import Host as HostRow
 from master.models import HostEvent, TelemetrySample
 from master.services import enrollment
 from master.services.accounts import create_account
-from master.telemetry.ingest import GROUP as INGEST_GROUP
 from master.telemetry.ingest import Ingestor
 from shared import protocol
 from shared.bus import InProcessBus
 from shared.crypto import server_ssl_context
 from shared.outbound import MemoryStore, OutboundWindow
+from shared.protocol import INGEST_GROUP
 from shared.registry import MemoryRegistry
 from shared.settings import MasterSettings
 

@@ -33,10 +33,10 @@ from master.services.alerts import delivery, rules
 from master.services.alerts.rules import Condition, evaluate
 from master.services.hoststate import transition
 from master.telemetry import hosts
-from master.telemetry.ingest import GROUP
 from shared import protocol
 from shared.bus import InProcessBus
 from shared.ids import new_id
+from shared.protocol import INGEST_GROUP as GROUP
 from shared.registry import RelayRecord
 from tests.factories import MS, create_principal, envelope, gpu_info, online_host
 from tests.helpers import eventually

@@ -20,9 +20,10 @@ from master.models import Command, Gpu, Host, Rental, TelemetrySample
 from master.services import rental_lifecycle, rental_request, rentals
 from master.services.accounts import Principal
 from master.telemetry import hosts
-from master.telemetry.ingest import GROUP, Ingestor
+from master.telemetry.ingest import Ingestor
 from shared import protocol
 from shared.bus import BusMessage, InProcessBus, open_bus
+from shared.protocol import INGEST_GROUP as GROUP
 from tests.factories import command_result, create_principal, gpu_info, master_settings, online_host
 from tests.helpers import ManualClock, eventually
 

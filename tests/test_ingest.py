@@ -14,9 +14,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from master.context import Master
 from master.db import Database
 from master.models import Gpu, Host, TelemetrySample
-from master.telemetry.ingest import DEAD_LETTERS_STREAM, GROUP, Ingestor
+from master.telemetry.ingest import DEAD_LETTERS_STREAM, Ingestor
 from shared import protocol
 from shared.bus import BusMessage
+from shared.protocol import INGEST_GROUP as GROUP
 from tests.factories import create_principal, enroll_host, gpu_info, hello, online_host, telemetry
 from tests.helpers import eventually
 

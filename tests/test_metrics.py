@@ -32,11 +32,11 @@ from master.context import Master
 from master.models import Alert, Gpu, Host, Rental
 from master.services.accounts import Principal
 from master.telemetry import hosts
-from master.telemetry.ingest import GROUP
 from master.telemetry.snapshot import MIB
 from shared import protocol
 from shared.bus import Backlog, InProcessBus
 from shared.errors import BusError
+from shared.protocol import INGEST_GROUP as GROUP
 from shared.registry import RelayRecord
 from tests.factories import create_principal, envelope, gpu_info, online_host
 

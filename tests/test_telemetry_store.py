@@ -18,10 +18,11 @@ from master.context import Master
 from master.models import Host, TelemetryRollup, TelemetrySample
 from master.services.accounts import Principal
 from master.telemetry import hosts, rollups, store
-from master.telemetry.ingest import GROUP, Ingestor
+from master.telemetry.ingest import Ingestor
 from shared import protocol
 from shared.bus import InProcessBus
 from shared.errors import BadRequest
+from shared.protocol import INGEST_GROUP as GROUP
 from tests.factories import create_principal, envelope, gpu_info, master_settings, online_host
 from tests.helpers import ManualClock
 

@@ -27,7 +27,6 @@ from shared.errors import BusError, ProtocolError
 
 log = logging.getLogger(__name__)
 
-GROUP = protocol.INGEST_GROUP
 DEAD_LETTERS_STREAM = "agent-events:dead"
 
 
@@ -55,7 +54,7 @@ class Ingestor:
     async def run(self) -> None:
         """Consume until cancelled. Cancelling is safe: unacknowledged messages stay pending."""
         bus = self.master.bus
-        await bus.ensure_group(protocol.AGENT_EVENTS_STREAM, GROUP)
+        await bus.ensure_group(protocol.AGENT_EVENTS_STREAM, protocol.INGEST_GROUP)
         last_claim = -self.claim_every
         backoff = 0.5
         loop = asyncio.get_running_loop()
@@ -64,12 +63,12 @@ class Ingestor:
                 if loop.time() - last_claim >= self.claim_every:
                     last_claim = loop.time()
                     stale = await bus.claim_stale(
-                        protocol.AGENT_EVENTS_STREAM, GROUP, self.consumer, min_idle=self.master.settings.stale_message_idle
+                        protocol.AGENT_EVENTS_STREAM, protocol.INGEST_GROUP, self.consumer, min_idle=self.master.settings.stale_message_idle
                     )
                     if stale:
                         log.info("took over %d pending message(s) from a silent consumer", len(stale))
                         await self.process(stale)
-                batch = await bus.read(protocol.AGENT_EVENTS_STREAM, GROUP, self.consumer, count=self.batch, block=self.block)
+                batch = await bus.read(protocol.AGENT_EVENTS_STREAM, protocol.INGEST_GROUP, self.consumer, count=self.batch, block=self.block)
                 await self.process(batch)
                 backoff = 0.5
             except BusError as exc:
@@ -112,7 +111,7 @@ class Ingestor:
         for message in messages:
             envelope = self._decode(message)
             if envelope is None:
-                await self.master.bus.ack(message.stream, GROUP, [message.id])
+                await self.master.bus.ack(message.stream, protocol.INGEST_GROUP, [message.id])
             elif isinstance(envelope.message, protocol.Heartbeat | protocol.Telemetry):
                 fast.append((message, envelope))
             else:
@@ -141,7 +140,7 @@ class Ingestor:
         if outcome.commands:
             await commands.publish(self.master, outcome.commands)
         stats.messages.update(envelope.message.type for _, envelope in batch)
-        await self.master.bus.ack(batch[0][0].stream, GROUP, [m.id for m, _ in batch])
+        await self.master.bus.ack(batch[0][0].stream, protocol.INGEST_GROUP, [m.id for m, _ in batch])
         return True
 
     def _decode(self, message: BusMessage) -> protocol.BusEnvelope | None:
@@ -158,7 +157,7 @@ class Ingestor:
         if envelope is None:
             envelope = self._decode(message)
             if envelope is None:
-                await self.master.bus.ack(message.stream, GROUP, [message.id])
+                await self.master.bus.ack(message.stream, protocol.INGEST_GROUP, [message.id])
                 return
         try:
             await self._apply_one(envelope)
@@ -170,14 +169,14 @@ class Ingestor:
                 log.exception("giving up on bus message %s after %d deliveries; moved to %s",
                               message.id, message.deliveries, DEAD_LETTERS_STREAM)
                 await self.master.bus.publish(DEAD_LETTERS_STREAM, message.payload)
-                await self.master.bus.ack(message.stream, GROUP, [message.id])
+                await self.master.bus.ack(message.stream, protocol.INGEST_GROUP, [message.id])
                 stats.dead_lettered += 1
                 return
             log.exception("applying bus message %s failed (delivery %d); it stays pending for a retry",
                           message.id, message.deliveries)
             await asyncio.sleep(self.error_backoff)
             return
-        await self.master.bus.ack(message.stream, GROUP, [message.id])
+        await self.master.bus.ack(message.stream, protocol.INGEST_GROUP, [message.id])
         stats.messages[envelope.message.type] += 1
 
     async def _database_answers(self) -> bool:

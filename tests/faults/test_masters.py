@@ -11,8 +11,8 @@ import pytest
 import redis.asyncio as aioredis
 from sqlalchemy import text
 
-from master.telemetry.ingest import GROUP
 from shared import protocol
+from shared.protocol import INGEST_GROUP as GROUP
 from tests.faults.checks import check_allocations
 from tests.faults.harness import BUS_PREFIX, Scenario
 

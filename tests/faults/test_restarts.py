@@ -22,8 +22,9 @@ import pytest
 import redis.asyncio as aioredis
 from sqlalchemy import text
 
-from master.telemetry.ingest import DEAD_LETTERS_STREAM, GROUP
+from master.telemetry.ingest import DEAD_LETTERS_STREAM
 from shared import protocol
+from shared.protocol import INGEST_GROUP as GROUP
 from tests.faults.harness import BUS_PREFIX, Scenario
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
