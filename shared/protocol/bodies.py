@@ -97,6 +97,29 @@ class GpuEventModel(LenientModel):
     at: Timestamp
 
 
+class ImagePolicyModel(LenientModel):
+    """A provider's image policy: the registries or names allowed (empty: any) and the largest image."""
+
+    allowed: list[Annotated[str, Field(max_length=256)]] = Field(default_factory=list, max_length=64)
+    max_image_mib: int | None = Field(None, ge=1)
+
+
+class IsolationFacts(LenientModel):
+    """How this host isolates renters' workloads, as the agent found it at start-up.
+
+    ``kinds`` are the workload kinds it accepts (``hold`` always); ``isolated`` is false only
+    where its provider set ``allow_unisolated_workloads`` and a workload would run as the agent's
+    own user: such a host's offers say so and renters can filter it out.
+    """
+
+    kinds: list[Literal["container", "process", "hold"]] = Field(default_factory=lambda: ["hold"])
+    isolated: bool = True
+    container_engine: Annotated[str, Field(max_length=256)] | None = None  # "docker 20.10.24"; None: none answers
+    process_isolation: Literal["uid", "none"] = "none"  # "uid": each rental runs under a uid of its own
+    reason: Annotated[str, Field(max_length=1024)] = ""  # why a kind is missing, in one line
+    image_policy: ImagePolicyModel = Field(default_factory=ImagePolicyModel)
+
+
 class HelloBody(StrictModel):
     agent_version: ShortText
     gpu_backend: Literal["nvml", "sim", "replay"]
@@ -104,6 +127,7 @@ class HelloBody(StrictModel):
     host: dict[str, Any] = Field(default_factory=dict)
     gpus: list[GpuInfoModel] = Field(max_length=64)
     running_rentals: list[CommandId] = Field(default_factory=list, max_length=1024)
+    isolation: IsolationFacts | None = None  # absent from agents older than container workloads
 
 
 class SpoolStats(StrictModel):
@@ -156,6 +180,16 @@ class WorkloadExitedBody(StrictModel):
     exit_code: int | None = None
     at: Timestamp
     reason: Annotated[str, Field(max_length=1024)] = ""
+
+
+class WorkloadProgressBody(StrictModel):
+    """A step of a workload's start the renter should see as a rental event (an image pull's progress)."""
+
+    rental_id: CommandId
+    at: Timestamp
+    stage: Literal["pulling", "pulled", "starting"]
+    text: Annotated[str, Field(max_length=512)]
+    percent: float | None = Field(None, ge=0, le=100)
 
 
 class RenewCertificateBody(StrictModel):

@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from shared.errors import ProtocolError
+from shared.imageref import IMAGE_HINT, MAX_REFERENCE_CHARS, parse_image_reference
 from shared.protocol.base import CommandId, LenientModel, StrictModel
 from shared.protocol.bodies import NetworkReportBody
 
@@ -37,6 +38,11 @@ MAX_ARGV_BYTES = 128 << 10
 MAX_ENV_VARS = 256
 MAX_STOP_GRACE_S = 600.0  # the longest SIGTERM-to-SIGKILL grace a stop may ask for
 MAX_STOP_REASON_CHARS = 200
+MAX_PORTS = 32  # ports one container workload may declare
+MIN_SHM_MIB = 1
+MAX_SHM_MIB = 1 << 20  # 1 TiB of /dev/shm
+MIN_PIDS = 16  # a shell and a few children
+MAX_PIDS = 1 << 22
 RESERVED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"})  # and every GPUMARKET_* name
 SHARE_ENV = frozenset({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"})
 
@@ -82,6 +88,46 @@ def _env(value: object) -> object:
         if not isinstance(text, str) or "\0" in text:
             raise ValueError(f"environment variable {name} must be a string")
     return value
+
+
+def _image(value: object) -> object:
+    parse_image_reference(value)  # type: ignore[arg-type]  # raises ValueError with the grammar
+    return value
+
+
+def _words(what: str) -> Any:
+    def check(value: object) -> object:
+        if value is None:
+            return value
+        if not isinstance(value, list) or not all(isinstance(a, str) and "\0" not in a for a in value):
+            raise ValueError(f"'{what}' must be a list of strings")
+        if sum(len(a.encode(errors="surrogatepass")) + 1 for a in value) > MAX_ARGV_BYTES:
+            raise ValueError(f"'{what}' is longer than {MAX_ARGV_BYTES} bytes; put the long part in a file")
+        return value
+
+    return check
+
+
+def _ports(value: object) -> object:
+    if not isinstance(value, list):
+        raise ValueError("'ports' must be a list of TCP port numbers, e.g. [8888]")
+    for port in value:
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise ValueError(f"port {port!r:.40} is out of range: each port is a whole number from 1 to 65535")
+    if len(set(value)) != len(value):
+        raise ValueError("'ports' names a port twice")
+    if len(value) > MAX_PORTS:
+        raise ValueError(f"'ports' declares more than {MAX_PORTS} ports")
+    return value
+
+
+def _bounded_int(what: str, low: int, high: int, example: int) -> Any:
+    def check(value: object) -> object:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high):
+            raise ValueError(f"'{what}' must be a whole number from {low} to {high}, e.g. {example}")
+        return value
+
+    return check
 
 
 def _cpu_cores(value: object) -> object:
@@ -153,14 +199,61 @@ class ProcessWorkload(StrictModel):
         return data
 
 
+Image = Annotated[
+    str, Field(min_length=1, max_length=MAX_REFERENCE_CHARS, description=f"The image to run: {IMAGE_HINT}."), BeforeValidator(_image)
+]
+Words = Annotated[list[str], Field(max_length=256)]
+
+
+class ContainerWorkload(StrictModel):
+    """Run ``image`` in a container of the rental's own: its GPUs only, every capability dropped,
+    a non-root user unless the image names one, one volume at ``/workspace``, a network of its own.
+
+    ``command`` replaces the image's entrypoint and ``args`` its default arguments (as in
+    Kubernetes); absent, the image's own run. ``ports`` are the TCP ports the workload serves
+    (reached through the relays, never published on the provider's host).
+    """
+
+    kind: Literal["container"] = "container"
+    image: Image
+    command: Annotated[Words, BeforeValidator(_words("command"))] | None = Field(
+        None, description="Replaces the image's ENTRYPOINT, e.g. [\"python\", \"-m\", \"http.server\"]; none: the image's own."
+    )
+    args: Annotated[Words, BeforeValidator(_words("args"))] | None = Field(
+        None, description="Replaces the image's CMD (the entrypoint's arguments); none: the image's own."
+    )
+    env: Env = Field(default_factory=dict)
+    ports: Annotated[list[Annotated[int, Field(ge=1, le=65535)]], Field(max_length=MAX_PORTS), BeforeValidator(_ports)] = Field(
+        default_factory=list, description="TCP ports the workload serves, e.g. [8888]."
+    )
+    shm_mib: Annotated[int, Field(ge=MIN_SHM_MIB, le=MAX_SHM_MIB), BeforeValidator(_bounded_int("shm_mib", MIN_SHM_MIB, MAX_SHM_MIB, 1024))] | None = Field(
+        None, description="Size of /dev/shm, MiB (PyTorch data loaders want several GiB); none: the agent's default."
+    )
+    cpu_cores: CpuCores | None = Field(None, description="CPU cores the container may use, e.g. 8.0; none: the agent's default share.")
+    memory_mib: MemoryMib | None = Field(None, description="Memory the container may use, MiB; none: the agent's default.")
+    pids_limit: Annotated[int, Field(ge=MIN_PIDS, le=MAX_PIDS), BeforeValidator(_bounded_int("pids_limit", MIN_PIDS, MAX_PIDS, 4096))] | None = Field(
+        None, description="Most processes and threads at once; none: the agent's default."
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for name in ("command", "args", "shm_mib", "cpu_cores", "memory_mib", "pids_limit"):
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
+
+
 class HoldWorkload(StrictModel):
     """Reserve the GPUs and run nothing."""
 
     kind: Literal["hold"] = "hold"
 
 
-WorkloadSpec = Annotated[ProcessWorkload | HoldWorkload, Field(discriminator="kind")]
-"""What a rental runs, tagged by ``kind`` (the "Isolated rentals" issue adds ``container``)."""
+WorkloadSpec = Annotated[ContainerWorkload | ProcessWorkload | HoldWorkload, Field(discriminator="kind")]
+"""What a rental runs, tagged by ``kind``: ``container`` (an image), ``process`` (on the host, under a uid of
+its own) or ``hold`` (GPUs reserved, nothing run)."""
+WORKLOAD_KINDS = ("container", "process", "hold")
 
 
 class GpuShare(StrictModel):
@@ -191,7 +284,7 @@ class StartWorkload(StrictModel):
 
     @model_validator(mode="after")
     def _share_env_is_the_agents(self) -> StartWorkload:
-        if self.share is not None and isinstance(self.workload, ProcessWorkload):
+        if self.share is not None and isinstance(self.workload, ProcessWorkload | ContainerWorkload):
             overridden = sorted(SHARE_ENV & set(self.workload.env))
             if overridden:
                 raise ValueError(f"'env' may not set {', '.join(overridden)}: the agent sets it from the rental's GPU share")

@@ -35,6 +35,7 @@ from shared.protocol.bodies import (
     WelcomeBody,
     WorkloadExitedBody,
     WorkloadLogsBody,
+    WorkloadProgressBody,
 )
 from shared.protocol.commands import CommandBody
 
@@ -86,6 +87,11 @@ class WorkloadLogs(AgentEnvelope):
     body: WorkloadLogsBody
 
 
+class WorkloadProgress(AgentEnvelope):
+    type: Literal["workload_progress"] = "workload_progress"
+    body: WorkloadProgressBody
+
+
 class RenewCertificate(AgentEnvelope):
     type: Literal["renew_certificate"] = "renew_certificate"
     body: RenewCertificateBody
@@ -93,11 +99,12 @@ class RenewCertificate(AgentEnvelope):
 
 AnyAgentMessage = (
     Hello | Heartbeat | Telemetry | CommandResult | GpuEvents | NetworkReport | WorkloadExited | WorkloadLogs | RenewCertificate
+    | WorkloadProgress
 )
 AgentMessage = Annotated[AnyAgentMessage, Field(discriminator="type")]
 AGENT_TYPES = frozenset(
     {"hello", "heartbeat", "telemetry", "command_result", "gpu_events", "network_report", "workload_exited", "workload_logs",
-     "renew_certificate"}
+     "renew_certificate", "workload_progress"}
 )
 
 
