@@ -104,6 +104,13 @@ class ImagePolicyModel(LenientModel):
     max_image_mib: int | None = Field(None, ge=1)
 
 
+WorkloadKindName = Literal["container", "process", "hold"]
+
+
+def _hold_only() -> list[WorkloadKindName]:
+    return ["hold"]
+
+
 class IsolationFacts(LenientModel):
     """How this host isolates renters' workloads, as the agent found it at start-up.
 
@@ -112,7 +119,7 @@ class IsolationFacts(LenientModel):
     own user: such a host's offers say so and renters can filter it out.
     """
 
-    kinds: list[Literal["container", "process", "hold"]] = Field(default_factory=lambda: ["hold"])
+    kinds: list[WorkloadKindName] = Field(default_factory=_hold_only)
     isolated: bool = True
     container_engine: Annotated[str, Field(max_length=256)] | None = None  # "docker 20.10.24"; None: none answers
     process_isolation: Literal["uid", "none"] = "none"  # "uid": each rental runs under a uid of its own
