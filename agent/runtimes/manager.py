@@ -49,8 +49,9 @@ from agent.runtimes.logs import OutputLogs
 from agent.runtimes.pids import ProcessHandle, group_alive, killpg, process_start_time, reap_if_ours
 from agent.runtimes.process import ProcessRuntime
 from agent.runtimes.registry import Registry
+from agent.runtimes.users import RentalUsers
 from shared.errors import BadRequest, ConfigError, Conflict
-from shared.protocol import MILLI_PER_GPU, GpuShare, HoldWorkload, WorkloadSpec
+from shared.protocol import MILLI_PER_GPU, GpuShare, HoldWorkload, IsolationFacts, WorkloadSpec
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,8 @@ class WorkloadManager:
         on_exit: ExitCallback | None = None,
         cgroups: CgroupLimiter | None = None,
         container_runtimes: Sequence[str] = ("docker", "podman"),
+        rental_users: RentalUsers | None = None,
+        isolation: IsolationFacts | None = None,
         # Timeouts
         stop_timeout: float = 10.0,
         kill_timeout: float = 5.0,
@@ -117,7 +120,7 @@ class WorkloadManager:
         self.logs = OutputLogs(work_dir, max_log_bytes=max_log_bytes)
         self.registry = Registry(work_dir)
         self.holds = HoldRuntime()
-        self.processes = ProcessRuntime(work_dir, self.cgroups)
+        self.processes = ProcessRuntime(work_dir, self.cgroups, users=rental_users, isolation=isolation, kill_timeout=kill_timeout)
         self.containers = ContainerLauncher(
             work_dir, candidates=container_runtimes, probe_timeout=runtime_probe_timeout, remove_timeout=kill_timeout
         )

@@ -8,29 +8,47 @@ adopted by the next one. The pid is also the process group and session id; with 
 kernel start time it is what the registry records for re-adoption.
 
 Isolation: the environment is built from scratch (``PATH``, locale, ``TZ``, ``HOME``, the
-spec's ``env``, the GPU variables), the process runs in ``work_dir/<rental_id>/`` with
-its output in ``output.log``, and — where the host allows — in a cgroup of its own that
-carries the spec's ``cpu_cores`` and ``memory_mib``, entered before the renter's first
-instruction runs.
+spec's ``env``, the GPU variables); the output goes to ``work_dir/<rental_id>/output.log``
+(the agent's, mode 0600: the workload only holds its descriptor); where the host allows,
+the process runs in a cgroup of its own that carries the spec's ``cpu_cores`` and
+``memory_mib``, entered before the renter's first instruction runs. With ``users``
+(``agent.runtimes.users``: the agent runs as root) each rental runs under a uid of its own,
+in its own PID, mount and IPC namespaces, in a home only it can read; without, only where
+the ``IsolationFacts`` allow it (``allow_unisolated_workloads``), as the agent's own user
+in ``work_dir/<rental_id>/``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
 import shutil
 import signal
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 from agent.runtimes.base import Workload, now_iso
 from agent.runtimes.cgroups import CgroupLimiter, Placement, ResourceLimits, remove_cgroups
+from agent.runtimes.isolation import ProcessIsolation, check_workload_allowed, isolation_facts
 from agent.runtimes.logs import LOG_NAME
 from agent.runtimes.pids import proc_stat
-from shared.errors import BadRequest
-from shared.protocol import MILLI_PER_GPU, GpuShare, ProcessWorkload
+from agent.runtimes.users import (
+    ENV_FD,
+    TRUSTED_PATH,
+    RentalUser,
+    RentalUsers,
+    environment_fd,
+    isolated_argv,
+    kill_uid,
+    resolve_program_for,
+    running_uids,
+)
+from shared.errors import BadRequest, ConfigError
+from shared.protocol import MILLI_PER_GPU, GpuShare, IsolationFacts, ProcessWorkload
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +64,16 @@ _SH: Final = "/bin/sh"
 _SHIM_CD: Final = 'cd -- "$1" || exit 126; unset OLDPWD; shift; '
 _SHIM_GATE: Final = 'IFS= read -r go && [ "$go" = go ] || exit 125; '
 _SHIM_EXEC: Final = 'exec "$@" </dev/null'
+# A uid-isolated workload's program is not the recorded pid's: that stays this root shell,
+# waiting for ``unshare``. SIGTERM to the group reaches the program (the namespace's init,
+# PID 1, ignores it), and an exit of 128+N — the init saying "killed by signal N" — becomes
+# this shell dying of signal N, so the manager sees the exit a bare process would give
+# (``-N``; core dumps off for the ones that would dump). Stop signals are left as codes.
+_SHIM_WAIT: Final = (
+    'trap : TERM; "$@" </dev/null; s=$?; trap - TERM; '
+    'case $s in 129|130|137|138|140|141|142|143|154|155|157|158) kill -$((s - 128)) $$;; '
+    '131|132|133|134|135|136|139|152|153|159) ulimit -c 0; kill -$((s - 128)) $$;; esac; exit $s'
+)
 
 
 def limits_of(spec: ProcessWorkload) -> ResourceLimits:
@@ -88,10 +116,14 @@ def workload_environment(
     return env
 
 
-def spawn(argv: Sequence[str], *, folder: Path, env: Mapping[str, str], gated: bool) -> tuple[int, int | None]:
-    """Start ``argv`` in ``folder`` in a new session, output to the log; returns the pid and,
-    when ``gated``, the pipe end that releases it (write ``go``), which the caller closes."""
-    script = _SHIM_CD + (_SHIM_GATE if gated else "") + _SHIM_EXEC
+def spawn(
+    argv: Sequence[str], *, folder: Path, env: Mapping[str, str], gated: bool, cwd: Path | None = None, env_fd: int | None = None
+) -> tuple[int, int | None]:
+    """Start ``argv`` in ``cwd`` (default ``folder``) in a new session, output to ``folder``'s log;
+    returns the pid and, when ``gated``, the pipe end that releases it (write ``go``), which the
+    caller closes. With ``env_fd`` (uid isolation: ``env`` is then the root steps' clean one) that
+    descriptor becomes ``ENV_FD`` and the shim waits for the program instead of becoming it."""
+    script = _SHIM_CD + (_SHIM_GATE if gated else "") + (_SHIM_EXEC if env_fd is None else _SHIM_WAIT)
     # Whatever the agent ignores (Python ignores SIGPIPE and SIGXFSZ) the workload must not inherit.
     ignored = [s for s in signal.valid_signals() if signal.getsignal(s) == signal.SIG_IGN]
     log_fd = os.open(folder / LOG_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -101,10 +133,12 @@ def spawn(argv: Sequence[str], *, folder: Path, env: Mapping[str, str], gated: b
         if gated:
             gate_read, gate_write = os.pipe()
             stdin = (os.POSIX_SPAWN_DUP2, gate_read, 0)
+        actions = [stdin, (os.POSIX_SPAWN_DUP2, log_fd, 1), (os.POSIX_SPAWN_DUP2, log_fd, 2)]
+        if env_fd is not None:
+            actions.append((os.POSIX_SPAWN_DUP2, env_fd, ENV_FD))
         pid = os.posix_spawn(
-            _SH, [_SH, "-c", script, "gpumarket-shim", str(folder), *argv], dict(env),
-            file_actions=[stdin, (os.POSIX_SPAWN_DUP2, log_fd, 1), (os.POSIX_SPAWN_DUP2, log_fd, 2)],
-            setsid=True, setsigdef=ignored,
+            _SH, [_SH, "-c", script, "gpumarket-shim", str(cwd or folder), *argv], dict(env),
+            file_actions=actions, setsid=True, setsigdef=ignored,
         )
     except BaseException:
         if gate_write >= 0:
@@ -146,11 +180,32 @@ def limits_report(limits: ResourceLimits, placement: Placement) -> dict[str, Any
 
 
 class ProcessRuntime:
-    """Runs ``ProcessWorkload``s in ``work_dir/<rental_id>/``, each in its cgroup from ``cgroups``."""
+    """Runs ``ProcessWorkload``s, each in its cgroup from ``cgroups``: under a uid of its own
+    from ``users`` when given, else (only where ``isolation`` allows it) as the agent's user.
 
-    def __init__(self, work_dir: Path, cgroups: CgroupLimiter) -> None:
+    ``isolation`` defaults to what ``users`` implies, with unisolated workloads refused.
+    ``kill_timeout`` bounds the wait for a rental's last processes when it is removed.
+    """
+
+    def __init__(
+        self,
+        work_dir: Path,
+        cgroups: CgroupLimiter,
+        *,
+        users: RentalUsers | None = None,
+        isolation: IsolationFacts | None = None,
+        kill_timeout: float = 5.0,
+    ) -> None:
         self.work_dir = work_dir
         self.cgroups = cgroups
+        self.users = users
+        if isolation is None:
+            found = ProcessIsolation("uid", "", users.tools) if users is not None else ProcessIsolation("none", "no rental users configured")
+            isolation = isolation_facts(found, container_engine=None, allow_unisolated=False)
+        if isolation.process_isolation == "uid" and users is None:
+            raise ConfigError("the isolation facts promise uid isolation, but no rental users were given")
+        self.isolation = isolation
+        self.kill_timeout = kill_timeout
 
     async def prepare(self, spec: ProcessWorkload) -> None:
         """Nothing to wait for."""
@@ -158,18 +213,41 @@ class ProcessRuntime:
     def start(
         self, rental_id: str, gpus: list[str], spec: ProcessWorkload, share: GpuShare | None
     ) -> tuple[Workload, dict[str, Any]]:
+        check_workload_allowed("process", self.isolation)
         folder = self.work_dir / rental_id
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        env = workload_environment(rental_id, gpus, spec.env, home=folder, share=share)
-        program = resolve_program(spec.argv[0], path=env["PATH"], folder=folder)
+        user = None if self.users is None else self.users.claim(rental_id)
+        try:
+            return self._start(rental_id, gpus, spec, share, folder, user)
+        except BaseException:
+            if user is not None and self.users is not None:
+                self.users.release(user)
+            raise
+
+    def _start(
+        self, rental_id: str, gpus: list[str], spec: ProcessWorkload, share: GpuShare | None, folder: Path, user: RentalUser | None
+    ) -> tuple[Workload, dict[str, Any]]:
+        home = folder if user is None else user.home
+        env = workload_environment(rental_id, gpus, spec.env, home=home, share=share)
+        if user is None:
+            program = resolve_program(spec.argv[0], path=env["PATH"], folder=folder)
+            command, spawn_env = [program, *spec.argv[1:]], env
+        else:
+            assert self.users is not None
+            program = resolve_program_for(spec.argv[0], path=env["PATH"], home=home, user=user)
+            command, spawn_env = isolated_argv(user, self.users.tools, program, spec.argv[1:]), {"PATH": TRUSTED_PATH}
         limits = limits_of(spec)
         placement = self.cgroups.create(rental_id, limits)
-        argv = [*placement.argv_prefix, program, *spec.argv[1:]]
+        argv = [*placement.argv_prefix, *command]
+        env_fd = None if user is None else environment_fd(env)
         try:
-            pid, gate = spawn(argv, folder=folder, env=env, gated=bool(placement.cgroup_dirs))
+            pid, gate = spawn(argv, folder=folder, env=spawn_env, gated=bool(placement.cgroup_dirs), cwd=home, env_fd=env_fd)
         except OSError as exc:
             remove_cgroups(placement.cgroup_dirs)
             raise BadRequest(f"cannot start {spec.argv[0]!r}: {exc.strerror or exc}", code="workload_start_failed") from None
+        finally:
+            if env_fd is not None:
+                os.close(env_fd)
         if gate is not None:
             try:
                 self.cgroups.attach(placement, pid)
@@ -189,7 +267,29 @@ class ProcessRuntime:
         workload = Workload(
             rental_id, "process", gpus, now_iso(), pid=pid, start_time=None if stat is None else stat.start_time, placement=placement
         )
-        return workload, {"kind": "process", "pid": pid, **limits_report(limits, placement)}
+        result: dict[str, Any] = {"kind": "process", "pid": pid, **limits_report(limits, placement)}
+        result["isolation"] = "none" if user is None else "uid"
+        if user is not None:
+            result["uid"] = user.uid
+            log.info("rental %s runs as uid %d in %s", rental_id, user.uid, user.home)
+        return workload, result
 
     async def remove(self, workload: Workload) -> None:
-        """Nothing beyond the process group and the cgroup, which the manager kills."""
+        """Under uid isolation: kill every process of the rental's uid, then remove its home and
+        give the uid back (kept while a process of it survives). Cancelling is safe: the work
+        finishes in its thread, and a later ``remove`` finds the uid still claimed."""
+        if self.users is None:
+            return
+        user = self.users.lookup(workload.rental_id)
+        if user is not None:
+            await asyncio.to_thread(self._kill_and_release, user)
+
+    def _kill_and_release(self, user: RentalUser) -> None:
+        assert self.users is not None
+        deadline = time.monotonic() + self.kill_timeout
+        while user.uid in running_uids():
+            kill_uid(user, self.users.tools, timeout=max(0.1, deadline - time.monotonic()))
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.01)
+        self.users.release(user)

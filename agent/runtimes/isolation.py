@@ -1,0 +1,121 @@
+"""What this host can run isolated, decided once at start-up, and the check each start passes.
+
+``container`` when a container engine answers (the container runtime probes it and hands its
+answer in), ``process`` when each rental can run under a uid of its own (root, with
+``unshare`` and ``setpriv``, proven by one real run) — or, only where the provider set
+``allow_unisolated_workloads``, as the agent's own user — and ``hold`` always. The result
+is the hello's ``IsolationFacts``; ``check_workload_allowed`` refuses the rest with
+``workload_not_isolated`` and says what the provider can do about it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from agent.runtimes.users import (
+    ENV_FD,
+    TRUSTED_PATH,
+    IsolationTools,
+    RentalUser,
+    environment_fd,
+    isolated_argv,
+)
+from shared.errors import BadRequest
+from shared.protocol import ImagePolicyModel, IsolationFacts
+from shared.protocol.bodies import WorkloadKindName
+
+ROOT_HINT = "run the agent as root for per-rental users"
+UNISOLATED_HINT = "or set allow_unisolated_workloads = true to run them as the agent's own user"
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessIsolation:
+    """Whether ``process`` workloads can run under uids of their own here, and why (not)."""
+
+    mode: Literal["uid", "none"]
+    reason: str
+    tools: IsolationTools | None = None
+
+
+def process_isolation(*, euid: int, tools: IsolationTools | str) -> ProcessIsolation:
+    """The decision from its inputs: the agent's effective uid and the tools found (or why not)."""
+    if euid != 0:
+        return ProcessIsolation("none", f"the agent runs as uid {euid}, not root, so it cannot switch users")
+    if isinstance(tools, str):
+        return ProcessIsolation("none", tools)
+    return ProcessIsolation("uid", "each process rental runs under a uid of its own", tools)
+
+
+def detect_process_isolation(*, probe_uid: int, timeout: float = 10.0) -> ProcessIsolation:
+    """``process_isolation`` for this host, proven by running ``true`` once through the whole chain
+    (namespaces, private mounts, ``setpriv``) as ``probe_uid``. Blocking, up to ``timeout`` seconds."""
+    found = process_isolation(euid=os.geteuid(), tools=IsolationTools.find())
+    if found.tools is None:
+        return found
+    user = RentalUser("probe", probe_uid, probe_uid, home=Path("/"))
+    env_fd = environment_fd({"PATH": TRUSTED_PATH})
+    # The environment goes in on stdin and the shell moves it to ENV_FD, as spawn() does with posix_spawn.
+    argv = ["/bin/sh", "-c", f'exec {ENV_FD}<&0 0</dev/null; exec "$@"', "gpumarket-probe", *isolated_argv(user, found.tools, "/bin/true", [])]
+    try:
+        probe = subprocess.run(
+            argv, env={"PATH": TRUSTED_PATH}, cwd="/", stdin=env_fd, capture_output=True, timeout=timeout, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return ProcessIsolation("none", f"uid isolation does not work here: {exc}")
+    finally:
+        os.close(env_fd)
+    if probe.returncode != 0:
+        detail = probe.stderr.decode(errors="replace").strip().splitlines()
+        return ProcessIsolation("none", f"uid isolation does not work here (exit {probe.returncode}: {detail[-1] if detail else 'no message'})")
+    return found
+
+
+def isolation_facts(
+    process: ProcessIsolation,
+    *,
+    container_engine: str | None,
+    allow_unisolated: bool,
+    image_policy: ImagePolicyModel | None = None,
+) -> IsolationFacts:
+    """What this host runs and how isolated, for the hello and for ``check_workload_allowed``."""
+    kinds: list[WorkloadKindName] = []
+    missing: list[str] = []
+    if container_engine:
+        kinds.append("container")
+    else:
+        missing.append("container workloads are refused: no container engine answers (install docker or podman)")
+    if process.mode == "uid":
+        kinds.append("process")
+    elif allow_unisolated:
+        kinds.append("process")
+        missing.append(f"process workloads run as the agent's own user (allow_unisolated_workloads): {process.reason}")
+    else:
+        missing.append(f"process workloads are refused: {process.reason} ({ROOT_HINT}, {UNISOLATED_HINT})")
+    kinds.append("hold")
+    return IsolationFacts(
+        kinds=kinds,
+        isolated=process.mode == "uid" or not allow_unisolated,
+        container_engine=container_engine,
+        process_isolation=process.mode,
+        reason="; ".join(missing)[:1024],
+        image_policy=image_policy or ImagePolicyModel(),
+    )
+
+
+def check_workload_allowed(kind: WorkloadKindName, facts: IsolationFacts) -> None:
+    """Raise ``BadRequest`` (``workload_not_isolated``) when this host does not run ``kind`` workloads."""
+    if kind in facts.kinds:
+        return
+    why = next((part for part in facts.reason.split("; ") if part.startswith(kind)), facts.reason)
+    raise BadRequest(f"this host cannot run {kind} workloads isolated: {why}", code="workload_not_isolated")
+
+
+def isolation_summary(facts: IsolationFacts, *, who: str = "this agent") -> str:
+    """One line: which workloads ``who`` runs, and why the others are refused or unisolated."""
+    kinds = " and ".join(facts.kinds) if len(facts.kinds) <= 2 else ", ".join(facts.kinds[:-1]) + " and " + facts.kinds[-1]
+    line = f"{who} run{'s' if not who.endswith('s') else ''} {kinds} workloads"
+    return f"{line}; {facts.reason}" if facts.reason else line
