@@ -46,6 +46,7 @@ async def enroll(
                 raise EnrollmentError(f"the master refused enrollment: {message or response.reason}", code=str(body.get("code", "enrollment_refused")) if isinstance(body, dict) else None)
     except aiohttp.ClientError as exc:
         raise ConfigError(f"cannot reach the master at {master_url}: {exc}; check --master") from None
+    state.secure()  # the data dir is the agent's alone before the key lands in it
     write_private_key(state.key_file, key)
     atomic_write(state.cert_file, body["certificate"].encode())
     atomic_write(state.ca_file, body["ca_certificate"].encode())

@@ -41,6 +41,7 @@ from agent.gpu.base import GpuBackend, GpuSample
 from agent.hostfacts import collect_host_facts
 from agent.logship import LogShipper
 from agent.netmeasure import measure, next_delay
+from agent.runtimes.isolation import HostIsolation, ProcessIsolation, isolation_facts
 from agent.runtimes.manager import WorkloadManager
 from agent.spool import SqliteSpool
 from agent.state import AgentState, SequenceLease, atomic_write
@@ -183,9 +184,11 @@ class Agent:
         max_pending_commands: int = 256,
         remembered_results: int = 1000,
         stop_workloads_on_close: bool = False,
+        isolation: HostIsolation | None = None,
         rng: random.Random | None = None,
     ) -> None:
         identity = state.identity()
+        state.secure()
         self.state = state
         self.host_id = identity.host_id
         self._check_certificate()
@@ -209,7 +212,13 @@ class Agent:
         self.lease = SequenceLease(state.lease_file)
         self.spool = SqliteSpool(state.dir / "spool.db", max_messages=spool_max_messages, max_bytes=spool_max_bytes)
         self.window = OutboundWindow(self.host_id, first_seq=self.lease.start, store=self.spool)
-        self.workloads = WorkloadManager(state.work_dir, backend, on_exit=self._workload_exited)
+        # None: nothing was decided for this agent, so process workloads are refused (hold still runs).
+        self.isolation = isolation or HostIsolation(
+            isolation_facts(ProcessIsolation("none", "no isolation was set up for this agent"), container_engine=None, allow_unisolated=False)
+        )
+        self.workloads = WorkloadManager(
+            state.work_dir, backend, on_exit=self._workload_exited, rental_users=self.isolation.users, isolation=self.isolation.facts
+        )
         self.stop_workloads_on_close = stop_workloads_on_close
         self._commands: asyncio.Queue[protocol.CommandBody] = asyncio.Queue(max_pending_commands)
         self.logs = LogShipper(state.dir, self.workloads, self._send_logs)
@@ -271,6 +280,7 @@ class Agent:
             host=facts.to_wire(),
             gpus=[protocol.GpuInfoModel.model_validate(g.to_wire()) for g in self.backend.gpus()],
             running_rentals=self.workloads.running(),
+            isolation=self.isolation.facts,
         )
 
     # ---- sampling ---------------------------------------------------------------------

@@ -8,13 +8,17 @@ import logging
 
 from agent.gpu import open_backend
 from agent.runner import Agent, AgentTimings
+from agent.runtimes.isolation import HostIsolation, host_isolation, isolation_summary
 from agent.state import AgentState
+from shared.protocol import ImagePolicyModel
 from shared.settings import AgentSettings
 
 log = logging.getLogger(__name__)
 
 
-def agent_from_settings(settings: AgentSettings) -> Agent:
+def agent_from_settings(settings: AgentSettings, *, container_engine: str | None = None) -> Agent:
+    """The agent the settings describe; ``container_engine`` is what the engine probe answered
+    (``"docker 24.0.7"``; ``None``: none answers)."""
     state = AgentState(settings.data_dir)
     if settings.gpus.strip().lower() == "nvml":
         backend = open_backend("nvml")  # first: "no driver" is the more fundamental problem
@@ -42,7 +46,22 @@ def agent_from_settings(settings: AgentSettings) -> Agent:
         network_max_bytes=settings.network_max_bytes,
         spool_max_messages=settings.spool_max_messages,
         spool_max_bytes=settings.spool_max_bytes,
+        isolation=isolation_from_settings(settings, container_engine=container_engine),
     )
+
+
+def isolation_from_settings(settings: AgentSettings, *, container_engine: str | None) -> HostIsolation:
+    """Decide what this host runs isolated (blocking: one probe run); logs the outcome in one line."""
+    isolation = host_isolation(
+        allow_unisolated=settings.allow_unisolated_workloads,
+        container_engine=container_engine,
+        rentals_root=settings.rentals_root,
+        uid_min=settings.rental_uid_min,
+        uid_max=settings.rental_uid_max,
+        image_policy=ImagePolicyModel(allowed=settings.allowed_images, max_image_mib=settings.max_image_mib),
+    )
+    (log.info if isolation.facts.isolated else log.warning)("%s", isolation_summary(isolation.facts))
+    return isolation
 
 
 async def serve_agent(settings: AgentSettings, *, stop: asyncio.Event) -> None:

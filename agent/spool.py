@@ -10,6 +10,7 @@ reports and workload events are never evicted.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +28,10 @@ class SqliteSpool:
     """
 
     def __init__(self, path: Path, *, max_messages: int = 100_000, max_bytes: int = 256 << 20) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # The agent's alone: SQLite gives the -wal and -shm files the database file's mode.
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        os.chmod(path, 0o600)
         self.path = path
         self.max_messages = max_messages
         self.max_bytes = max_bytes

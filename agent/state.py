@@ -7,19 +7,45 @@ Layout of the data dir::
     ca.pem         the CA that relays' certificates must chain to
     identity.json  host id, master URL, relay URLs
     seq.lease      the first sequence number not yet handed out, in leased blocks
-    work/          one folder per rental (logs, scratch)
+    work/          one folder per rental (its output log; scratch of unisolated workloads)
+
+Nothing here is for anyone but the agent: the folder is 0700 and every file the agent
+writes 0600 (``atomic_write`` here defaults to it), so a renter's workload — which runs
+under a uid of its own — can read none of it (``AgentState.secure`` also tightens the
+modes an older agent left).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from shared.errors import ConfigError
-from shared.files import atomic_write
+from shared.files import atomic_write as _atomic_write
 
 __all__ = ["AgentState", "Identity", "SequenceLease", "atomic_write"]
+
+
+def atomic_write(path: Path, data: bytes, *, mode: int = 0o600) -> None:
+    """``shared.files.atomic_write``, private to the agent unless told otherwise."""
+    _atomic_write(path, data, mode=mode)
+
+
+def make_private(folder: Path) -> None:
+    """Create ``folder`` (0700) or tighten it to 0700, and its files to 0600 and sub-folders to 0700."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)
+    for entry in os.scandir(folder):
+        with contextlib.suppress(OSError):
+            mode = stat.S_IMODE(entry.stat(follow_symlinks=False).st_mode)
+            if entry.is_dir(follow_symlinks=False) and mode & 0o077:
+                os.chmod(entry.path, 0o700)
+            elif entry.is_file(follow_symlinks=False) and mode & 0o077:
+                os.chmod(entry.path, 0o600)
 
 
 @dataclass
@@ -39,6 +65,11 @@ class AgentState:
         self.identity_file = data_dir / "identity.json"
         self.lease_file = data_dir / "seq.lease"
         self.work_dir = data_dir / "work"
+
+    def secure(self) -> None:
+        """Make the data dir and the work dir the agent's alone (0700; their files 0600)."""
+        make_private(self.dir)
+        make_private(self.work_dir)
 
     @property
     def enrolled(self) -> bool:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
+from agent.runtimes.users import DEFAULT_RENTALS_ROOT
 from shared.errors import GpumarketError
 from shared.settings import AccessSettings, AgentSettings, DnsSettings, MasterSettings, ServiceSettings
 
@@ -59,7 +60,8 @@ def cmd_up(args: argparse.Namespace) -> None:
     _run_until_signal(
         lambda stop: run_up(
             args.data_dir, agents=args.agents, http_host=args.host, http_port=args.http_port, relay_port=args.relay_port,
-            dns_port=args.dns_port, stop=stop,
+            dns_port=args.dns_port, stop=stop, rentals_root=args.rentals_root,
+            allow_unisolated_workloads=args.allow_unisolated_workloads,
         ),
         log_level=args.log_level,
     )
@@ -274,6 +276,14 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--http-port", type=int, default=8080, metavar="P", help="API and console port (default 8080; 0 = any free)")
     up.add_argument("--relay-port", type=int, default=8443, metavar="P", help="relay TLS port (default 8443; 0 = any free)")
     up.add_argument("--dns-port", type=int, default=0, metavar="P", help="geo DNS port, UDP and TCP (default 0 = any free)")
+    up.add_argument(
+        "--rentals-root", type=Path, default=DEFAULT_RENTALS_ROOT, metavar="DIR",
+        help=f"where process rentals' homes live when up runs as root, outside the data dir (default {DEFAULT_RENTALS_ROOT})",
+    )
+    up.add_argument(
+        "--allow-unisolated-workloads", action="store_true",
+        help="not root: run process workloads as this user anyway (they could read the data dir's files)",
+    )
     up.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     up.set_defaults(func=cmd_up)
 

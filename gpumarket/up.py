@@ -9,6 +9,11 @@ relay over TLS websockets. Nothing bypasses the relay.
 Data dir layout: ``gpumarket.db``, ``ca/``, ``relay/``, ``agents/agent-NN/``,
 ``credentials.json`` (0600). Starting again with the same data dir resumes the same
 accounts and hosts.
+
+Rentals cannot read any of it: the data dir is made 0700 (its files 0600), and when ``up``
+runs as root the agents run each process rental under a uid of its own with its home in
+``rentals_root``, outside the data dir. Not root, process workloads are refused unless
+``allow_unisolated_workloads``; ``run_up`` says in one line what the demo agents run.
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ from access.relay import Relay
 from agent.enroll import enroll
 from agent.gpu import open_backend
 from agent.runner import Agent, AgentTimings
-from agent.state import AgentState, atomic_write
+from agent.runtimes.isolation import HostIsolation, host_isolation, isolation_summary
+from agent.runtimes.users import DEFAULT_RENTALS_ROOT
+from agent.state import AgentState, atomic_write, make_private
 from billing import credits
 from master.app import bound_port, close_master, create_app, open_master
 from master.context import Master
@@ -73,6 +80,7 @@ class Marketplace:
     api_url: str
     console_url: str
     credentials: dict[str, Any]
+    isolation: HostIsolation
     agents: list[Agent] = field(default_factory=list)
     agent_tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -104,9 +112,16 @@ async def start_marketplace(
     missed_heartbeats_offline: int | None = None,
     network_interval: float = 3600.0,
     settings: MasterSettings | None = None,
+    rentals_root: Path = DEFAULT_RENTALS_ROOT,
+    allow_unisolated_workloads: bool = False,
+    container_engine: str | None = None,
 ) -> Marketplace:
+    """Start it all; ``container_engine`` is what the engine probe answered (``None``: none answers)."""
     data_dir = data_dir.resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)
+    make_private(data_dir)  # the CA key, credentials.json, the agents' keys: nobody else's business
+    isolation = await asyncio.to_thread(
+        host_isolation, allow_unisolated=allow_unisolated_workloads, container_engine=container_engine, rentals_root=rentals_root
+    )
     settings = settings or MasterSettings.load(
         data_dir=data_dir,
         http_host=http_host,
@@ -164,7 +179,8 @@ async def start_marketplace(
     api_url, console_url = f"{base}/api/v1", f"{base}/"
     credentials = await _demo_credentials(master, data_dir / "credentials.json", api_url, console_url)
     market = Marketplace(
-        master=master, relay=relay, dns=dns, runner=runner, api_url=api_url, console_url=console_url, credentials=credentials
+        master=master, relay=relay, dns=dns, runner=runner, api_url=api_url, console_url=console_url, credentials=credentials,
+        isolation=isolation,
     )
     try:
         async with master.db.session() as session:  # once per data dir: the reference makes it idempotent
@@ -174,7 +190,7 @@ async def start_marketplace(
         for i in range(agents):
             agent = await _demo_agent(
                 master, data_dir / "agents" / f"agent-{i:02d}", i, base, relay.url, provider_id,
-                network_interval=network_interval, dns=(http_host, dns.port),
+                network_interval=network_interval, dns=(http_host, dns.port), isolation=isolation,
             )
             market.agents.append(agent)
             market.agent_tasks.append(asyncio.create_task(agent.run(), name=f"agent-{i:02d}"))
@@ -217,7 +233,7 @@ async def _demo_credentials(master: Master, path: Path, api_url: str, console_ur
 
 async def _demo_agent(
     master: Master, folder: Path, i: int, base_url: str, relay_url: str, provider_id: str, *,
-    network_interval: float, dns: tuple[str, int],
+    network_interval: float, dns: tuple[str, int], isolation: HostIsolation,
 ) -> Agent:
     state = AgentState(folder)
     spec = DEMO_FLEET[i % len(DEMO_FLEET)]
@@ -243,14 +259,17 @@ async def _demo_agent(
         network_max_bytes=4 << 20,
         network_target_seconds=0.5,
         stop_workloads_on_close=True,  # the demo's hosts go away with it
+        isolation=isolation,
     )
 
 
 async def run_up(
-    data_dir: Path, *, agents: int, http_host: str, http_port: int, relay_port: int, dns_port: int, stop: asyncio.Event
+    data_dir: Path, *, agents: int, http_host: str, http_port: int, relay_port: int, dns_port: int, stop: asyncio.Event,
+    rentals_root: Path = DEFAULT_RENTALS_ROOT, allow_unisolated_workloads: bool = False, container_engine: str | None = None,
 ) -> None:
     market = await start_marketplace(
-        data_dir, agents=agents, http_host=http_host, http_port=http_port, relay_port=relay_port, dns_port=dns_port
+        data_dir, agents=agents, http_host=http_host, http_port=http_port, relay_port=relay_port, dns_port=dns_port,
+        rentals_root=rentals_root, allow_unisolated_workloads=allow_unisolated_workloads, container_engine=container_engine,
     )
     try:
         print(
@@ -259,6 +278,7 @@ async def run_up(
             f"  console:     {market.console_url}\n"
             f"  API:         {market.api_url}\n"
             f"  credentials: {data_dir.resolve() / 'credentials.json'}\n"
+            f"  workloads:   {isolation_summary(market.isolation.facts, who='demo agents')}\n"
             "Press Ctrl-C to stop.",
             flush=True,
         )

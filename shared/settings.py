@@ -18,7 +18,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -259,6 +259,23 @@ class AgentSettings(ServiceSettings):
     spool_max_messages: int = Field(100_000, ge=10, le=10_000_000, description="Unacknowledged messages kept on disk before the oldest telemetry is evicted.")
     spool_max_bytes: int = Field(256 << 20, ge=1 << 20, le=16 << 30, description="Bytes of unacknowledged messages kept on disk.")
     reconnect_max_delay: float = Field(30.0, gt=0, le=3600, description="Upper bound of the reconnect back-off, in seconds.")
+    # Isolated rentals (docs/isolation.md)
+    allow_unisolated_workloads: bool = Field(False, description="Where the agent can neither run containers nor switch users (not root), run process workloads as the agent's own user anyway; its offers then say the host is not isolated. Off: they are refused (workload_not_isolated).")
+    rental_uid_min: int = Field(2_000_000, ge=65_536, le=2**31 - 2, description="First uid (and gid) of the range process rentals run under, one each (the agent runs as root); clear of real users.")
+    rental_uid_max: int = Field(2_065_535, ge=65_536, le=2**31 - 2, description="Last uid of that range.")
+    rentals_root: Path = Field(Path("/var/lib/gpumarket/rentals"), description="Where process rentals' homes live (0711; one 0700 folder per rental, owned by its uid); outside the data dir, every folder above it passable by others.")
+    docker_url: str | None = Field(None, description="Docker Engine API URL of the container engine (unix:///run/docker.sock, or Podman's compatible socket); unset: the engine's default socket.")
+    allowed_images: list[str] = Field([], max_length=64, description='Images containers may run: registries ("registry.example.com/") or name patterns ("pytorch/*"); empty: any (JSON list in env).')
+    max_image_mib: int | None = Field(None, ge=1, le=10_000_000, description="Largest image a container may run, MiB uncompressed; unset: no limit.")
+    container_pids_limit: int = Field(4096, ge=16, le=4_194_304, description="Processes one container may run at once (its pids limit).")
+    container_memory_mib: int | None = Field(None, ge=16, le=64 << 20, description="Memory a container gets when its rental names none, MiB; unset: no limit.")
+    container_shm_mib: int = Field(64, ge=1, le=1 << 20, description="Size of a container's /dev/shm, MiB, unless its rental asks for another.")
+
+    @model_validator(mode="after")
+    def _uid_range_in_order(self) -> Self:
+        if self.rental_uid_min > self.rental_uid_max:
+            raise ValueError(f"rental_uid_min ({self.rental_uid_min}) is above rental_uid_max ({self.rental_uid_max})")
+        return self
 
 
 class DnsSettings(ServiceSettings):

@@ -17,14 +17,19 @@ from pathlib import Path
 from typing import Literal
 
 from agent.runtimes.users import (
+    DEFAULT_RENTALS_ROOT,
+    DEFAULT_UID_MAX,
+    DEFAULT_UID_MIN,
     ENV_FD,
     TRUSTED_PATH,
     IsolationTools,
     RentalUser,
+    RentalUsers,
+    check_uid_range,
     environment_fd,
     isolated_argv,
 )
-from shared.errors import BadRequest
+from shared.errors import BadRequest, ConfigError
 from shared.protocol import ImagePolicyModel, IsolationFacts
 from shared.protocol.bodies import WorkloadKindName
 
@@ -119,3 +124,38 @@ def isolation_summary(facts: IsolationFacts, *, who: str = "this agent") -> str:
     kinds = " and ".join(facts.kinds) if len(facts.kinds) <= 2 else ", ".join(facts.kinds[:-1]) + " and " + facts.kinds[-1]
     line = f"{who} run{'s' if not who.endswith('s') else ''} {kinds} workloads"
     return f"{line}; {facts.reason}" if facts.reason else line
+
+
+@dataclass(frozen=True, slots=True)
+class HostIsolation:
+    """What the agent decided at start-up: the facts it reports, and the rental users when it has them."""
+
+    facts: IsolationFacts
+    users: RentalUsers | None = None
+
+
+def host_isolation(
+    *,
+    allow_unisolated: bool,
+    container_engine: str | None,
+    rentals_root: Path = DEFAULT_RENTALS_ROOT,
+    uid_min: int = DEFAULT_UID_MIN,
+    uid_max: int = DEFAULT_UID_MAX,
+    image_policy: ImagePolicyModel | None = None,
+    process: ProcessIsolation | None = None,
+) -> HostIsolation:
+    """Decide this host's isolation: ``process`` (default: ``detect_process_isolation``) and, when
+    it allows uids, the rentals root made ready — or, if that cannot be, no uid isolation and why.
+    Blocking (the probe); call it once at start-up."""
+    check_uid_range(uid_min, uid_max)
+    if process is None:
+        process = detect_process_isolation(probe_uid=uid_max)
+    users = None
+    if process.mode == "uid" and process.tools is not None:
+        users = RentalUsers(rentals_root, process.tools, uid_min=uid_min, uid_max=uid_max)
+        try:
+            users.prepare()
+        except (ConfigError, OSError) as exc:
+            process, users = ProcessIsolation("none", f"the rentals root is unusable: {exc}"), None
+    facts = isolation_facts(process, container_engine=container_engine, allow_unisolated=allow_unisolated, image_policy=image_policy)
+    return HostIsolation(facts, users)
