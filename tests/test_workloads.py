@@ -37,6 +37,7 @@ from agent.runtimes.cgroups import (
     detect_cgroup_support,
 )
 from agent.runtimes.container import ContainerRuntime, ContainerSpec, container_argv, detect_container_runtime
+from agent.runtimes.isolation import ProcessIsolation, isolation_facts
 from agent.runtimes.manager import WorkloadManager
 from agent.runtimes.pids import process_start_time
 from shared.errors import BadRequest, Conflict, NotFound
@@ -53,6 +54,8 @@ from shared.protocol import (
 from tests.helpers import eventually
 
 PY = sys.executable
+# These tests run workloads as the agent's own user (tests/test_process_isolation.py: under uids of their own).
+UNISOLATED = isolation_facts(ProcessIsolation("none", "the tests' choice"), container_engine=None, allow_unisolated=True)
 WAIT = 10.0  # the longest any one wait may take before the test fails; never slept through
 
 
@@ -170,7 +173,7 @@ async def managers(
 
     def make(**overrides: Any) -> WorkloadManager:
         options: dict[str, Any] = {
-            "backend": backend, "on_exit": exits, "cgroups": cgroups,
+            "backend": backend, "on_exit": exits, "cgroups": cgroups, "isolation": UNISOLATED,
             "stop_timeout": 2.0, "kill_timeout": 2.0, "check_interval": 0.02,
         }
         options.update(overrides)
