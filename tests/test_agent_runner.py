@@ -20,6 +20,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from access.relay import Relay
 from agent.gpu.sim import SimulatedBackend
 from agent.runner import Agent
+from agent.runtimes.isolation import HostIsolation, ProcessIsolation, isolation_facts
 from agent.state import AgentState
 from shared import protocol
 from shared.bus import InProcessBus
@@ -31,6 +32,7 @@ from tests.agents import FAST, RecordingStore, enrolled_state, fast_timings
 from tests.helpers import eventually
 
 HOST = "h-runner-test"
+UNISOLATED = HostIsolation(isolation_facts(ProcessIsolation("none", "the tests' choice"), container_engine=None, allow_unisolated=True))
 
 
 class Harness:
@@ -60,6 +62,7 @@ class Harness:
 
     def agent(self, urls: list[str], backend: SimulatedBackend | None = None, **kw: Any) -> Agent:
         backend = backend or SimulatedBackend("sim:2xRTX4090", seed=HOST)
+        kw.setdefault("isolation", UNISOLATED)  # these tests are about commands and exits (isolation: test_process_isolation.py)
         return Agent(self.state, backend, relay_urls=urls, timings=fast_timings(), rng=random.Random(7), **kw)
 
     async def events(self) -> list[protocol.BusEnvelope]:

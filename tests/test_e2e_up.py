@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -172,8 +173,13 @@ class TestEmbeddedMarketplace:
     async def test_a_workloads_output_reaches_the_renter_and_its_exit_ends_the_rental(self, market: Marketplace, renter: Api) -> None:
         """A process workload's output is readable through the API, and exiting 0 completes the rental."""
         await eventually(lambda: _hosts_online(renter, 3), what="hosts online")
-        script = "import os; print('hello from', os.environ['GPUMARKET_RENTAL_ID']); print('gpus', os.environ['CUDA_VISIBLE_DEVICES'])"
-        workload = {"kind": "process", "argv": [sys.executable, "-c", script]}
+        script = (
+            "import os; print('hello from', os.environ['GPUMARKET_RENTAL_ID']); print('uid', os.getuid()); "
+            "print('gpus', os.environ['CUDA_VISIBLE_DEVICES'])"
+        )
+        # Run as root, up gives each rental a uid of its own, which cannot reach an interpreter under /root.
+        python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+        workload = {"kind": "process", "argv": [python, "-c", script]}
         status, rental = await renter.call("POST", "/rentals", json={"gpu_count": 1, "gpu_model": "RTX 3060", "workload": workload})
         assert status == 201, rental
 
@@ -192,6 +198,8 @@ class TestEmbeddedMarketplace:
 
         text = await eventually(output, what="the workload's output through the API")
         assert f"hello from {rental['id']}" in text and f"gpus {rental['gpu_uuids'][0]}" in text
+        if os.geteuid() == 0:  # up as root: the rental ran under a uid of its own
+            assert "uid 0\n" not in text and market.agents[0].isolation.facts.process_isolation == "uid"
 
     async def test_stored_telemetry_is_served_with_sequence_numbers(self, market: Marketplace, renter: Api) -> None:
         """GET /hosts/{id}/metrics returns stored samples, each with its seq and the window's aggregates."""
