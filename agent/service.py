@@ -59,6 +59,7 @@ def isolation_from_settings(settings: AgentSettings, *, container_engine: str | 
         uid_min=settings.rental_uid_min,
         uid_max=settings.rental_uid_max,
         image_policy=ImagePolicyModel(allowed=settings.allowed_images, max_image_mib=settings.max_image_mib),
+        private_dirs=[settings.data_dir],
     )
     (log.info if isolation.facts.isolated else log.warning)("%s", isolation_summary(isolation.facts))
     return isolation

@@ -120,7 +120,8 @@ async def start_marketplace(
     data_dir = data_dir.resolve()
     make_private(data_dir)  # the CA key, credentials.json, the agents' keys: nobody else's business
     isolation = await asyncio.to_thread(
-        host_isolation, allow_unisolated=allow_unisolated_workloads, container_engine=container_engine, rentals_root=rentals_root
+        host_isolation, allow_unisolated=allow_unisolated_workloads, container_engine=container_engine, rentals_root=rentals_root,
+        private_dirs=[data_dir],
     )
     settings = settings or MasterSettings.load(
         data_dir=data_dir,

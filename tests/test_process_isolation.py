@@ -308,6 +308,22 @@ class TestRentalUsers:
         assert not user.home.exists()
         assert host.users.lookup("r-a") is None
 
+    def test_release_never_drops_another_rentals_claim(self, host: Host) -> None:
+        """A late release of an old rental leaves the claim a newer rental holds on the same uid."""
+        old = host.users.claim("r-old")
+        assert host.users.release(old)
+        (host.users.claims / str(old.uid)).write_text("r-new\n")  # the uid went to another rental meanwhile
+        host.users.release(old)
+        assert host.users.lookup("r-new") == RentalUser("r-new", old.uid, old.uid, host.users.root / "r-new")
+
+    def test_a_rentals_root_inside_the_data_dir_is_refused(self, host: Host) -> None:
+        """Homes inside the agent's state folder would make it passable: refused at start-up."""
+        with pytest.raises(ConfigError, match="inside"):
+            host_isolation(
+                allow_unisolated=False, container_engine=None, rentals_root=host.state.dir / "rentals",
+                uid_min=host.users.uid_min, uid_max=host.users.uid_max, private_dirs=[host.state.dir],
+            )  # fmt: skip
+
     def test_a_range_among_real_users_is_refused(self, host: Host) -> None:
         """The range must lie clear of system and login users."""
         assert not isinstance(TOOLS, str)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -143,11 +144,17 @@ def host_isolation(
     uid_max: int = DEFAULT_UID_MAX,
     image_policy: ImagePolicyModel | None = None,
     process: ProcessIsolation | None = None,
+    private_dirs: Sequence[Path] = (),
 ) -> HostIsolation:
     """Decide this host's isolation: ``process`` (default: ``detect_process_isolation``) and, when
     it allows uids, the rentals root made ready — or, if that cannot be, no uid isolation and why.
-    Blocking (the probe); call it once at start-up."""
+    ``private_dirs`` (the agent's data dir) may not hold the rentals root. Blocking (the probe);
+    call it once at start-up."""
     check_uid_range(uid_min, uid_max)
+    root = rentals_root.resolve()
+    for private in private_dirs:
+        if root.is_relative_to(private.resolve()):
+            raise ConfigError(f"the rentals root {rentals_root} lies inside {private}, which rentals must not reach; set rentals_root elsewhere")
     if process is None:
         process = detect_process_isolation(probe_uid=uid_max)
     users = None

@@ -311,8 +311,10 @@ class RentalUsers:
             log.warning("rental %s: processes of uid %d remain; its uid and home are kept", user.rental_id, user.uid)
             return False
         _remove_tree(user.home)
+        claim = self.claims / str(user.uid)
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.claims / str(user.uid))
+            if claim.read_text().strip() == user.rental_id:  # never another rental's claim of the same uid
+                claim.unlink()
         return True
 
 
