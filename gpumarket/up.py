@@ -179,6 +179,8 @@ async def start_marketplace(
     settings.public_url = base
     api_url, console_url = f"{base}/api/v1", f"{base}/"
     credentials = await _demo_credentials(master, data_dir / "credentials.json", api_url, console_url)
+    make_private(data_dir / "agents")
+    make_private(data_dir)  # again, now that the master made its folders (ca/, relay/) and database
     market = Marketplace(
         master=master, relay=relay, dns=dns, runner=runner, api_url=api_url, console_url=console_url, credentials=credentials,
         isolation=isolation,

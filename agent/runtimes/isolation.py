@@ -34,8 +34,8 @@ from shared.errors import BadRequest, ConfigError
 from shared.protocol import ImagePolicyModel, IsolationFacts
 from shared.protocol.bodies import WorkloadKindName
 
-ROOT_HINT = "run the agent as root for per-rental users"
-UNISOLATED_HINT = "or set allow_unisolated_workloads = true to run them as the agent's own user"
+ROOT_HINT = "run as root for per-rental users"
+UNISOLATED_HINT = "or set allow_unisolated_workloads to run them as the agent's own user"
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +50,7 @@ class ProcessIsolation:
 def process_isolation(*, euid: int, tools: IsolationTools | str) -> ProcessIsolation:
     """The decision from its inputs: the agent's effective uid and the tools found (or why not)."""
     if euid != 0:
-        return ProcessIsolation("none", f"the agent runs as uid {euid}, not root, so it cannot switch users")
+        return ProcessIsolation("none", f"not root (uid {euid}), so it cannot switch users")
     if isinstance(tools, str):
         return ProcessIsolation("none", tools)
     return ProcessIsolation("uid", "each process rental runs under a uid of its own", tools)
