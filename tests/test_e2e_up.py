@@ -87,6 +87,13 @@ class TestEmbeddedMarketplace:
         assert creds["api_url"] == market.api_url and creds["console_url"] == market.console_url
         assert all(creds[role]["api_key"].startswith("gmk_") for role in ("renter", "provider", "admin"))
 
+    async def test_the_data_dir_is_closed_to_other_users(self, market: Marketplace, tmp_path: Path) -> None:
+        """The data dir is 0700 and nothing directly in it is open to group or others (rentals run as other uids)."""
+        data_dir = tmp_path / "data"
+        assert stat.S_IMODE(data_dir.stat().st_mode) == 0o700
+        loose = [entry.name for entry in data_dir.iterdir() if stat.S_IMODE(entry.stat().st_mode) & 0o077]
+        assert loose == []
+
     async def test_agents_register_and_their_telemetry_reaches_the_api(self, market: Marketplace, renter: Api) -> None:
         """Every simulated host comes online with its GPUs, and its latest telemetry shows through the API."""
         online = await eventually(lambda: _hosts_online(renter, 3), what="3 hosts online")
@@ -307,6 +314,8 @@ class TestUpCommand:
             banner = "".join(await asyncio.to_thread(self._wait_ready, first))
             creds = json.loads((data_dir / "credentials.json").read_text())
             assert creds["console_url"] in banner and creds["api_url"] in banner
+            workloads = next(line for line in banner.splitlines() if line.strip().startswith("workloads:"))
+            assert "demo agents run" in workloads and "hold" in workloads  # one line: what runs, and why the rest does not
             async with aiohttp.ClientSession() as http:
                 api = Api(http, creds["api_url"], creds["renter"]["api_key"])
                 hosts = await eventually(lambda: _hosts_online(api, 2), what="2 hosts online")
