@@ -238,7 +238,7 @@ class TestEmbeddedMarketplace:
         last_seq = agent.window.next_seq
         await agent.close()
         again = Agent(agent.state, open_backend("sim:2xRTX4090", seed=agent.host_id), relay_urls=[market.relay.url],
-                      timings=AgentTimings(sample_interval=TICK, telemetry_interval=TICK, heartbeat_interval=TICK, network_interval=0))
+                      isolation=market.isolation, timings=AgentTimings(sample_interval=TICK, telemetry_interval=TICK, heartbeat_interval=TICK, network_interval=0))
         assert again.window.next_seq > last_seq  # the lease never hands out a used number
         market.agents[index] = again
         market.agent_tasks[index] = asyncio.create_task(again.run())
