@@ -75,7 +75,9 @@ class CommandExecutor:
             reply = await self._handle(command)
         except (GpumarketError, TypeError, ValueError) as exc:
             log.warning("command %s (%s) failed: %s", body.command_id, body.kind, exc)
-            return _result(body.command_id, ok=False, detail=str(exc))
+            # The stable code (workload_not_isolated, gpu_in_use, ...) lets the master tell the renter why.
+            code = {"code": exc.code} if isinstance(exc, GpumarketError) and exc.code else None
+            return _result(body.command_id, ok=False, detail=str(exc), data=code)
         return _result(body.command_id, ok=True, data=reply.model_dump(mode="json", exclude_unset=True))
 
     async def _handle(self, command: protocol.AnyCommand) -> protocol.CommandReply:

@@ -152,6 +152,20 @@ class TestCommands:
             assert not result.ok and "GPU-not-here" in result.detail
             assert agent.workloads.running() == []
 
+    async def test_an_agent_that_cannot_isolate_refuses_process_and_says_so_in_its_hello(self, harness: Harness) -> None:
+        """With no uid isolation and no opt-out a process start fails with workload_not_isolated; the hello says why."""
+        relay = await harness.relay("relay-a")
+        uuid = SimulatedBackend("sim:2xRTX4090", seed=HOST).gpus()[0].uuid
+        start = {"rental_id": "r-p", "gpu_uuids": [uuid], "workload": {"kind": "process", "argv": ["/bin/true"]}}
+        async with running(harness.agent([relay.url], isolation=None)) as agent:
+            await agent.connected.wait()
+            await harness.command(relay, "cmd-p", "start_workload", start)
+            result = await harness.result("cmd-p")
+            assert agent.workloads.running() == []
+        assert not result.ok and result.data == {"code": "workload_not_isolated"} and "process workloads are refused" in result.detail
+        (hello, *_) = await harness.of_type(protocol.Hello)
+        assert hello.body.isolation is not None and hello.body.isolation.kinds == ["hold"] and hello.body.isolation.reason
+
     async def test_a_repeated_command_id_is_not_run_twice(self, harness: Harness) -> None:
         """The second delivery of a command id returns the first result without executing again."""
         relay = await harness.relay("relay-a")
