@@ -53,6 +53,7 @@ pytestmark = pytest.mark.skipif(
     reason="uid isolation needs root, util-linux (unshare, setpriv) and a system python3",
 )
 WAIT = 10.0
+ENGINE_SOCKETS = (Path("/run/docker.sock"), Path("/var/run/docker.sock"), Path("/run/podman/podman.sock"))
 
 # Hunts for everything named in $HUNT (JSON) and writes what it found to $HOME/report.json.
 HUNTER = r"""
@@ -93,6 +94,15 @@ for name in os.listdir("/proc"):
     try:
         if int(name) != os.getpid() and cfg["marker"].encode() in open(f"/proc/{name}/environ", "rb").read():
             found["environ"].append(int(name))
+    except OSError:
+        pass
+found["connected"] = []
+for path in cfg.get("sockets", []):
+    import socket
+    try:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(path)
+        found["connected"].append(path)
     except OSError:
         pass
 for pid in cfg["signal"]:
@@ -249,7 +259,7 @@ async def hunt(manager: WorkloadManager, host: Host, rental_id: str, gpu: str, *
                write: list[Path], marker: str, signal_pids: list[int]) -> dict[str, Any]:  # fmt: skip
     """Run the hunter as a rental and return its report."""
     config = {"read": [str(p) for p in read], "list": [str(p) for p in listed], "write": [str(p) for p in write],
-              "marker": marker, "signal": signal_pids}  # fmt: skip
+              "marker": marker, "signal": signal_pids, "sockets": [str(p) for p in ENGINE_SOCKETS if p.exists()]}  # fmt: skip
     await manager.start(rental_id, [gpu], ProcessWorkload(argv=system_py(HUNTER), env={"HUNT": json.dumps(config)}))
     report = await in_home(host, rental_id, "report.json")
     found: dict[str, Any] = json.loads(report.read_text())
@@ -409,7 +419,7 @@ class TestHostileRental:
         )  # fmt: skip
         assert host.state.key_file.exists() and (victim_home / "secret.txt").exists()  # there to be found
         assert report["read"] == [] and report["listed"] == [] and report["wrote"] == []
-        assert report["environ"] == [] and report["signalled"] == []
+        assert report["environ"] == [] and report["signalled"] == [] and report["connected"] == []  # nor the engine's socket
         hunter_uid = uid_of(host, "r-hunter")
         assert report["uid"] == report["euid"] == hunter_uid != 0
         # Its /proc shows its own namespace: the init (root, PID 1) and its own processes.
