@@ -260,9 +260,10 @@ async def hunt(manager: WorkloadManager, host: Host, rental_id: str, gpu: str, *
     """Run the hunter as a rental and return its report."""
     config = {"read": [str(p) for p in read], "list": [str(p) for p in listed], "write": [str(p) for p in write],
               "marker": marker, "signal": signal_pids, "sockets": [str(p) for p in ENGINE_SOCKETS if p.exists()]}  # fmt: skip
-    await manager.start(rental_id, [gpu], ProcessWorkload(argv=system_py(HUNTER), env={"HUNT": json.dumps(config)}))
+    started = await manager.start(rental_id, [gpu], ProcessWorkload(argv=system_py(HUNTER), env={"HUNT": json.dumps(config)}))
     report = await in_home(host, rental_id, "report.json")
     found: dict[str, Any] = json.loads(report.read_text())
+    found["allocated_uid"] = started["uid"]  # its claim goes as soon as it exits: take the uid from the start
     return found
 
 
@@ -355,7 +356,7 @@ class TestWhoTheRentalIs:
     async def test_the_program_runs_as_the_allocated_uid_in_its_home(self, managers: Managers, host: Host, gpus: list[str]) -> None:
         """``id`` inside is the rental's uid and gid, no other groups, no capabilities; HOME and the cwd are its home."""
         manager = managers()
-        script = 'id -u > who; id -g >> who; id -G >> who; echo "$HOME" >> who; pwd >> who; grep CapEff /proc/self/status >> who; mv who out'
+        script = 'id -u > who; id -g >> who; id -G >> who; echo "$HOME" >> who; pwd >> who; grep CapEff /proc/self/status >> who; mv who out; exec sleep 30'
         result = await manager.start("r-id", [gpus[0]], ProcessWorkload(argv=sh(script)))
         uid = uid_of(host, "r-id")
         lines = (await in_home(host, "r-id", "out")).read_text().split("\n")
@@ -420,7 +421,7 @@ class TestHostileRental:
         assert host.state.key_file.exists() and (victim_home / "secret.txt").exists()  # there to be found
         assert report["read"] == [] and report["listed"] == [] and report["wrote"] == []
         assert report["environ"] == [] and report["signalled"] == [] and report["connected"] == []  # nor the engine's socket
-        hunter_uid = uid_of(host, "r-hunter")
+        hunter_uid = report["allocated_uid"]
         assert report["uid"] == report["euid"] == hunter_uid != 0
         # Its /proc shows its own namespace: the init (root, PID 1) and its own processes.
         assert {tuple(p) for p in report["processes"] if p[0] == 1} == {(1, 0)}
