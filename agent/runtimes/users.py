@@ -262,10 +262,15 @@ class RentalUsers:
     def claim(self, rental_id: str) -> RentalUser:
         """The rental's user (its existing claim, or a new uid) with its home made; raises
         ``BadRequest`` (``no_rental_uid``) when every uid of the range is taken."""
-        user = self.lookup(rental_id)
-        if user is None:
-            user = self._new_claim(rental_id)
-        self._make_home(user)
+        existing = self.lookup(rental_id)
+        user = existing or self._new_claim(rental_id)
+        try:
+            self._make_home(user)
+        except OSError as exc:
+            if existing is None:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.claims / str(user.uid))
+            raise BadRequest(f"cannot make the rental's home {user.home}: {exc.strerror or exc}", code="workload_start_failed") from None
         return user
 
     def _new_claim(self, rental_id: str) -> RentalUser:
@@ -281,6 +286,8 @@ class RentalUsers:
                 fd = os.open(self.claims / str(uid), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             except FileExistsError:
                 continue  # another agent sharing this root took it meanwhile
+            except OSError as exc:
+                raise BadRequest(f"cannot record a rental uid in {self.claims}: {exc.strerror or exc}", code="workload_start_failed") from None
             try:
                 os.write(fd, f"{rental_id}\n".encode())
             finally:
