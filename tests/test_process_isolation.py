@@ -294,6 +294,17 @@ class TestRentalUsers:
         assert again.lookup("r-a") == user
         assert again.claim("r-a").uid == user.uid
 
+    def test_agents_sharing_a_root_never_share_a_uid(self, host: Host) -> None:
+        """Two allocators over one rentals root (two agents, or the demo's several) hand out distinct uids."""
+        assert not isinstance(TOOLS, str)
+        other = RentalUsers(host.users.root, TOOLS, uid_min=host.users.uid_min, uid_max=host.users.uid_min + 1)
+        taken = {other.claim(f"r-{i}").uid for i in range(2)}  # the whole of its range
+        mine = RentalUsers(host.users.root, TOOLS, uid_min=host.users.uid_min, uid_max=host.users.uid_min + 2)
+        assert mine.claim("r-mine").uid not in taken
+        with pytest.raises(BadRequest) as caught:
+            other.claim("r-late")
+        assert caught.value.code == "no_rental_uid"
+
     def test_a_uid_with_a_live_process_is_skipped(self, host: Host) -> None:
         """A uid some process still runs as is never handed out, even without a claim."""
         assert not isinstance(TOOLS, str)
