@@ -396,6 +396,7 @@ class TestWhoTheRentalIs:
         seen = json.loads((await in_home(host, "r-env", "env.json")).read_text())
         assert seen["TRICKY"] == tricky and seen["LD_PRELOAD"] == "/nonexistent/evil.so"
         assert seen["HOME"] == str(host.users.root / "r-env") and seen["GPUMARKET_RENTAL_ID"] == "r-env"
+        assert seen["USER"] == seen["LOGNAME"] == f"rental-{result['uid']}"  # getpass.getuser() works without a passwd entry
         shim_env = Path(f"/proc/{result['pid']}/environ").read_bytes().split(b"\0")
         assert [e for e in shim_env if e] == [b"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
 

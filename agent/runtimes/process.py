@@ -234,6 +234,9 @@ class ProcessRuntime:
             command, spawn_env = [program, *spec.argv[1:]], env
         else:
             assert self.users is not None
+            # The uid names no user in /etc/passwd; getpass.getuser() (torch's caches, ...) reads these first.
+            for name in ("USER", "LOGNAME"):
+                env.setdefault(name, f"rental-{user.uid}")
             program = resolve_program_for(spec.argv[0], path=env["PATH"], home=home, user=user)
             command, spawn_env = isolated_argv(user, self.users.tools, program, spec.argv[1:]), {"PATH": TRUSTED_PATH}
         limits = limits_of(spec)
