@@ -86,7 +86,7 @@ def ensure_engine(*, timeout: float = 60.0) -> str:
     log_dir = Path(tempfile.mkdtemp(prefix="gpumarket-dockerd-"))
     log_file = log_dir / "dockerd.log"
     with log_file.open("ab") as out:
-        subprocess.Popen(  # noqa: S603 - a fixed argv, no shell
+        subprocess.Popen(
             [dockerd, "--host", f"unix://{SOCKET}"], stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
         )
     deadline = time.monotonic() + timeout

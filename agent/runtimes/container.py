@@ -370,7 +370,7 @@ class ContainerRuntime:
             if not self.network_guard.active:
                 log.warning("container network guard is off: %s", self.network_guard.reason)
         user = image.user or self.options.user
-        config = self._config(rental_id, workload.gpu_uuids, spec, image, share, user=user, name=name, labels=labels)
+        config = self.container_config(rental_id, workload.gpu_uuids, spec, image, share, user=user, name=name, labels=labels)
         docker = self.docker()
         try:
             async with asyncio.timeout(self.options.engine_timeout * 4):
@@ -405,7 +405,7 @@ class ContainerRuntime:
             "limits": "applied", **limits,
         }
 
-    def _config(
+    def container_config(
         self, rental_id: str, gpus: list[str], spec: ContainerWorkload, image: PreparedImage, share: GpuShare | None,
         *, user: str, name: str, labels: dict[str, str],
     ) -> dict[str, Any]:
@@ -590,6 +590,9 @@ class ContainerRuntime:
         """Remove this owner's containers and networks whose rental ``owned`` denies, and volumes whose
         rental is not owned and has no folder left (forgotten). Returns the names removed; best effort."""
         removed: list[str] = []
+        if self.url.startswith("unix://") and not os.path.exists(self.url.removeprefix("unix://")):
+            log.debug("no container engine at %s: nothing to sweep", self.url)
+            return removed
         owner_filter = {"label": [f"{OWNER_LABEL}={self.options.owner}"]}
         docker = self.docker()
         try:
