@@ -64,7 +64,8 @@ async def main(args: argparse.Namespace) -> None:
     print(f"engine: {dockerengine.ensure_engine()}; image {dockerengine.busybox_image()}")
     image = dockerengine.busybox_image()
     owner = f"bench-{secrets.token_hex(4)}"
-    backend = SimulatedBackend(f"sim:{max(args.starts, args.workloads)}xRTX4090", seed="bench")
+    count = max(args.starts, args.workloads)
+    backend = SimulatedBackend(f"sim:{count}xRTX4090", seed="bench", max_gpus=count)
     gpus = [g.uuid for g in backend.gpus()]
     work = Path(tempfile.mkdtemp(prefix="gpumarket-bench-workloads-"))
     manager = WorkloadManager(work, backend, container=ContainerOptions(owner=owner), stop_timeout=1.0)

@@ -526,7 +526,7 @@ class ContainerRuntime:
 
     # ---- watching, stopping, removing -----------------------------------------------------
 
-    def handle(self, workload: Workload, *, on_output: Callable[[], None] | None = None) -> ContainerHandle:
+    def handle(self, workload: Workload) -> ContainerHandle:
         """Follow the workload's container: its output into ``output.log``, its exit."""
         assert workload.container is not None
         handle = ContainerHandle(self, workload.container[0], self.work_dir / workload.rental_id)

@@ -192,27 +192,34 @@ class WorkloadManager:
             )
         self.containers.check_image(spec.image)  # a refusal by policy needs no engine
         lock = self._start_locks.setdefault(rental_id, asyncio.Lock())
-        async with lock:
+        try:
+            async with lock:
+                return await self._start_container_locked(rental_id, gpu_uuids, spec, share)
+        finally:
+            if not lock.locked() and self._start_locks.get(rental_id) is lock:
+                del self._start_locks[rental_id]
+
+    async def _start_container_locked(
+        self, rental_id: str, gpu_uuids: list[str], spec: ContainerWorkload, share: GpuShare | None
+    ) -> dict[str, Any]:
+        self._check_open()
+        existing = self._workloads.get(rental_id)
+        if existing is not None:
+            return self._already_running(existing)
+        gpus = self._check_gpus(gpu_uuids, share)
+        workload = Workload(rental_id, "container", gpus, now_iso(), share=share)
+        self._pending[rental_id] = workload  # its GPUs are taken while the image comes and the container starts
+        try:
+            image = await self.containers.prepare(rental_id, spec)
             self._check_open()
-            existing = self._workloads.get(rental_id)
-            if existing is not None:
-                return self._already_running(existing)
-            gpus = self._check_gpus(gpu_uuids, share)
-            workload = Workload(rental_id, "container", gpus, now_iso(), share=share)
-            self._pending[rental_id] = workload  # its GPUs are taken while the image comes and the container starts
-            try:
-                image = await self.containers.prepare(rental_id, spec)
-                self._check_open()
-                result = await self.containers.start(workload, spec, image, share)
-            finally:
-                self._pending.pop(rental_id, None)
-            self._workloads[rental_id] = workload
-            workload.handle = self.containers.handle(workload)
-            workload.watcher = self._own(self._watch(workload), name=f"workload-{rental_id}-watch")
-            self._save_registry()
-            self._set_busy(gpus, True)
-        if not lock.locked():
-            self._start_locks.pop(rental_id, None)
+            result = await self.containers.start(workload, spec, image, share)
+        finally:
+            self._pending.pop(rental_id, None)
+        self._workloads[rental_id] = workload
+        workload.handle = self.containers.handle(workload)
+        workload.watcher = self._own(self._watch(workload), name=f"workload-{rental_id}-watch")
+        self._save_registry()
+        self._set_busy(gpus, True)
         log.info("rental %s started (container %s, image %s, %d GPU)", rental_id, result["container"], spec.image, len(gpus))
         return result
 
@@ -370,6 +377,10 @@ class WorkloadManager:
         self._check_open()
         check_rental_id(rental_id)
         await self.resume()
+        starting = self._start_locks.get(rental_id)
+        if starting is not None:
+            async with starting:  # a container still starting (an image pull): stop it once started
+                pass
         workload = self._workloads.get(rental_id)
         if workload is None:
             return {"already_stopped": True}
