@@ -37,6 +37,7 @@ import io
 import ipaddress
 import json
 import logging
+import math
 import os
 import signal
 import struct
@@ -540,7 +541,7 @@ class ContainerRuntime:
             return
         try:
             async with asyncio.timeout(grace + self.options.engine_timeout):
-                await self.docker().containers.container(workload.container[0]).stop(t=max(0, round(grace)))
+                await self.docker().containers.container(workload.container[0]).stop(t=max(0, math.ceil(grace)))
         except DockerError as exc:
             if exc.status not in (304, 404):
                 log.warning("rental %s: the engine could not stop its container: %s", workload.rental_id, exc.message)
