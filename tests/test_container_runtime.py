@@ -27,8 +27,8 @@ from agent.gpu.sim import SimulatedBackend
 from agent.runtimes.container import OWNER_LABEL, RENTAL_LABEL, ContainerOptions, resource_name
 from agent.runtimes.manager import WorkloadManager
 from agent.runtimes.registry import REGISTRY_NAME
-from shared.errors import BadRequest
-from shared.protocol import ContainerWorkload
+from shared.errors import BadRequest, Conflict
+from shared.protocol import ContainerWorkload, WorkloadProgressBody
 from tests import dockerengine
 from tests.helpers import eventually
 
@@ -185,6 +185,43 @@ class TestLifecycle:
         assert manager.running() == [] and rental not in exits.calls
 
 
+    async def test_concurrent_starts_share_one_container_and_reserve_its_gpus(
+        self, managers: Managers, gpus: list[str], docker_image: str
+    ) -> None:
+        """Two starts of one rental make one container; another rental asking for its GPU meanwhile is refused."""
+        manager, _ = managers()
+        rental, other = f"c{secrets.token_hex(3)}", f"o{secrets.token_hex(3)}"
+        spec = sh("exec sleep 600", image=docker_image)
+        first = asyncio.create_task(manager.start(rental, [gpus[0]], spec))
+        await asyncio.sleep(0)  # the first start holds its GPU while it talks to the engine
+        with pytest.raises(Conflict) as refused:
+            await manager.start(other, [gpus[0]], spec)
+        assert refused.value.code == "gpu_in_use"
+        second = await manager.start(rental, [gpus[0]], spec)
+        assert (await first)["kind"] == "container" and second["already_running"] and manager.running() == [rental]
+
+    async def test_the_workspace_outlives_a_stop_until_forgotten(self, managers: Managers, gpus: list[str], docker_image: str) -> None:
+        """A rental started again after a stop finds its /workspace as it left it; ``forget`` removes the volume."""
+        manager, exits = managers()
+        rental = f"w{secrets.token_hex(3)}"
+        await manager.start(rental, [gpus[0]], sh("echo kept > /workspace/file", image=docker_image))
+        assert await exits.wait_for(rental) == 0
+        exits.calls.clear()
+        await until(lambda: rental not in manager.running(), what="the first run to end")
+        await manager.start(rental, [gpus[0]], sh("cat /workspace/file", image=docker_image))
+        assert await exits.wait_for(rental) == 0
+        assert "kept" in await log_text(manager, rental, containing="kept")
+        await manager.forget(rental)
+        assert not exists("volumes", resource_name(rental, manager.containers.options.owner))
+
+    async def test_facts_name_the_engine_and_the_network_guard(self, managers: Managers) -> None:
+        """What the host's hello can say: the engine's name and version, the guard on (root, iptables)."""
+        manager, _ = managers()
+        facts = await manager.container_facts()
+        assert facts is not None and facts.engine is not None and facts.engine.startswith(("docker ", "podman "))
+        assert facts.network_guard.active, facts.network_guard.reason
+
+
 class TestIsolation:
     """What a renter's container can see and do: its GPUs, no root, no capabilities, nothing of the host or a neighbour."""
 
@@ -338,6 +375,8 @@ class TestImages:
         assert refused.value.code == "image_pull_failed" and "docker.io/gpumarket-test/none:1" in refused.value.message
         assert len(refused.value.message) > len("cannot pull docker.io/gpumarket-test/none:1: ")  # the engine's reason follows
         assert (rental, "pulling") in [(r, s) for r, s, _, _ in progress.events] and manager.running() == []
+        for rental_id, stage, text, percent in progress.events:  # each fits the wire's workload_progress
+            WorkloadProgressBody.model_validate({"rental_id": rental_id, "at": "2026-01-01T00:00:00Z", "stage": stage, "text": text, "percent": percent})
 
     async def test_an_image_over_the_size_limit_is_refused(self, managers: Managers, gpus: list[str], docker_image: str) -> None:
         manager, _ = managers(options={"max_image_mib": 1})

@@ -1084,6 +1084,8 @@ class TestContainers:
         assert refused.value.code == "container_runtime_unavailable"
         assert str(socket) in refused.value.message and "docker" in refused.value.message
         assert manager.running() == []
+        facts = await manager.container_facts()
+        assert facts is not None and facts.engine is None and str(socket) in facts.reason
         await manager.start(f"{prefix}-after", [gpus[0]], SLEEP)  # its GPU was not kept
 
     async def test_an_image_the_policy_does_not_allow_is_refused_before_the_engine(

@@ -177,6 +177,16 @@ def parse_timestamp_ns(text: bytes) -> int | None:
 
 
 @dataclass(frozen=True, slots=True)
+class ContainerFacts:
+    """What a host's hello says of its containers: the engine (``None``: none answers, ``reason`` says why)
+    and whether the network guard is on."""
+
+    engine: str | None  # "docker 20.10.24"
+    reason: str
+    network_guard: NetGuardStatus
+
+
+@dataclass(frozen=True, slots=True)
 class PreparedImage:
     """What ``prepare`` learnt of the image: its id and what its config asks for."""
 
@@ -239,6 +249,20 @@ class ContainerRuntime:
                 await self._ping()
         except ENGINE_ERRORS as exc:
             raise self.unavailable(exc) from None
+
+    async def facts(self) -> ContainerFacts:
+        """Ask the engine its version and put the network guard in place (idempotent); never raises."""
+        try:
+            async with asyncio.timeout(self.options.engine_timeout):
+                version = await self.docker().version()
+        except (ValueError, *ENGINE_ERRORS) as exc:
+            guard = self.network_guard or NetGuardStatus(False, "no container engine")
+            return ContainerFacts(None, str(self.unavailable(exc).message), guard)
+        if self.options.isolate_network and (self.network_guard is None or not self.network_guard.active):
+            self.network_guard = await install_guard()
+        guard = self.network_guard or NetGuardStatus(False, "isolate_network is off: rentals share the engine's default bridge")
+        name = "podman" if "podman" in json.dumps(version.get("Components") or []).lower() else "docker"
+        return ContainerFacts(f"{name} {version.get('Version', '?')}", "", guard)
 
     async def _ping(self) -> None:
         async with self.docker()._query("_ping", method="GET", versioned_api=False) as response:

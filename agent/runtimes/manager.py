@@ -50,7 +50,7 @@ from agent.runtimes.cgroups import (
     kill_cgroups,
     remove_cgroups,
 )
-from agent.runtimes.container import ContainerOptions, ContainerRuntime, ProgressCallback
+from agent.runtimes.container import ContainerFacts, ContainerOptions, ContainerRuntime, ProgressCallback
 from agent.runtimes.hold import HoldRuntime
 from agent.runtimes.logs import OutputLogs
 from agent.runtimes.pids import ProcessHandle, group_alive, killpg, process_start_time, reap_if_ours
@@ -140,6 +140,11 @@ class WorkloadManager:
     @property
     def cgroup_support(self) -> CgroupSupport:
         return self.cgroups.support
+
+    async def container_facts(self) -> ContainerFacts | None:
+        """The container engine's version and the network guard's state, for the host's hello
+        (``None``: this manager runs no containers). Installs the guard when it can."""
+        return None if self.container_options is None else await self.containers.facts()
 
     def running(self) -> list[str]:
         """Rental ids whose workload runs (or holds its GPUs), stopping ones included."""
