@@ -399,10 +399,10 @@ class ContainerRuntime:
         docker = self.docker()
         try:
             async with asyncio.timeout(self.options.engine_timeout * 4):
+                await self._remove_container(name)  # a leftover of a start that failed half-way
                 if self.options.isolate_network:
                     await self._network(rental_id, name, labels)
                 await self._volume(name, labels)
-                await self._remove_container(name)  # a leftover of a start that failed half-way
                 container = await docker.containers.create(config, name=name)
                 workload.container = (container.id, name)
                 # /workspace belongs to the container's user: the engine chowns the tar's one dir entry to it.
@@ -554,7 +554,8 @@ class ContainerRuntime:
     def handle(self, workload: Workload) -> ContainerHandle:
         """Follow the workload's container: its output into ``output.log``, its exit."""
         assert workload.container is not None
-        handle = ContainerHandle(self, workload.container[0], self.work_dir / workload.rental_id)
+        container_id, name = workload.container
+        handle = ContainerHandle(self, container_id or name, self.work_dir / workload.rental_id)
         self._followers.add(handle.task)
         handle.task.add_done_callback(self._followers.discard)
         return handle

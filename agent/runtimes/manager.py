@@ -128,7 +128,7 @@ class WorkloadManager:
         self.processes = ProcessRuntime(work_dir, self.cgroups)
         self.container_options = container
         self.containers = ContainerRuntime(
-            work_dir, container or ContainerOptions(), device_requests=not isinstance(backend, SimulatedBackend), on_progress=on_progress
+            work_dir, container or ContainerOptions(), device_requests=backend.name == "nvml", on_progress=on_progress
         )
         work_dir.mkdir(parents=True, exist_ok=True)
         self._load_registry()
