@@ -157,12 +157,13 @@ class TestLifecycle:
         """stdout and stderr land in ``output.log``; the exit code comes back; the container and network go, the volume stays until forgotten."""
         manager, exits = managers()
         rental = f"r{secrets.token_hex(3)}"
-        result = await manager.start(rental, [gpus[0]], sh("echo to-stdout; echo to-stderr >&2; exit 3", image=docker_image))
+        script = "echo to-stdout; echo to-stderr >&2; printf 'bytes:\\377\\376\\n'; exit 3"
+        result = await manager.start(rental, [gpus[0]], sh(script, image=docker_image))
         name = resource_name(rental, manager.containers.options.owner)
         assert result["kind"] == "container" and result["container"] == name and result["user"] == "1000:1000"
         assert await exits.wait_for(rental) == 3
         text = await log_text(manager, rental, containing="to-stderr")
-        assert "to-stdout" in text
+        assert "to-stdout" in text and b"bytes:\xff\xfe\n" in manager.logs.path(rental).read_bytes()  # not UTF-8: kept as written
         await until(lambda: not exists("containers", name), what="the container removed")
         assert not exists("networks", name) and exists("volumes", name) and manager.running() == []
         await manager.forget(rental)
@@ -177,6 +178,11 @@ class TestLifecycle:
         await log_text(manager, rental, containing="up")
         info = inspect(name)
         assert info is not None and info["State"]["Running"]
+        host = info["HostConfig"]  # as the engine holds it: nothing of the host, no privileges
+        assert not host["Binds"] and not host["PortBindings"] and not host["Privileged"] and host["CapDrop"] == ["ALL"]
+        assert host["SecurityOpt"] == ["no-new-privileges"] and host["PidsLimit"] == 4096 and host["Init"]
+        assert [m["Type"] for m in info["Mounts"]] == ["volume"] and info["Config"]["User"] == "1000:1000"
+        assert info["Config"]["Labels"][RENTAL_LABEL] == rental
         assert (await manager.start(rental, [gpus[0]], sh("true", image=docker_image)))["already_running"]
         stopped = await manager.stop(rental, timeout=1, reason="renter asked")
         assert stopped["exit_code"] == -15  # SIGTERM, forwarded by the init
@@ -324,7 +330,8 @@ class TestRestart:
     """An agent killed (``kill -9``-like: the manager closed without stopping) leaves its containers running; the next adopts them."""
 
     async def test_containers_outlive_the_agent_and_are_readopted(self, managers: Managers, gpus: list[str], docker_image: str, owner: str) -> None:
-        """Still running: adopted, its later output reaches the log once; ended meanwhile: reported; no rental: removed."""
+        """Still running: adopted, its later output reaches the log once; ended meanwhile: reported; a container,
+        network or volume of this owner that no rental owns: removed."""
         first, _ = managers()
         keeps, ends = f"k{secrets.token_hex(3)}", f"e{secrets.token_hex(3)}"
         wait_go = "while [ ! -e /workspace/go ]; do sleep 0.05; done"
@@ -340,6 +347,11 @@ class TestRestart:
             headers={"Content-Type": "application/json"},
         )
         assert status == 201, body
+        labels = {OWNER_LABEL: owner, RENTAL_LABEL: "ghost-net"}
+        network = {"Name": resource_name("ghost-net", owner), "Labels": labels, "IPAM": {"Config": [{"Subnet": "10.214.255.240/28"}]}}
+        assert dockerengine.request("POST", "/networks/create", body=json.dumps(network).encode(), headers={"Content-Type": "application/json"})[0] == 201
+        volume = {"Name": resource_name("ghost-vol", owner), "Labels": {OWNER_LABEL: owner, RENTAL_LABEL: "ghost-vol"}}
+        assert dockerengine.request("POST", "/volumes/create", body=json.dumps(volume).encode(), headers={"Content-Type": "application/json"})[0] == 201
         for rental in (keeps, ends):
             put_file(resource_name(rental, owner), "/workspace", "go")
         await until(lambda: not (inspect(resource_name(ends, owner)) or {}).get("State", {}).get("Running", True), what="the ending container to exit")
@@ -353,6 +365,9 @@ class TestRestart:
         text = await log_text(second, keeps, containing="after")
         assert text.count("before") == 1 and text.count("after") == 1
         await until(lambda: not exists("containers", resource_name("ghost", owner)), what="the ghost removed")
+        await until(lambda: not exists("networks", resource_name("ghost-net", owner)), what="the ghost network removed")
+        await until(lambda: not exists("volumes", resource_name("ghost-vol", owner)), what="the ghost volume removed")
+        assert exists("volumes", resource_name(keeps, owner))  # a rental's own stays
         assert (await second.stop(keeps, timeout=1))["exit_code"] == -15 and inspect(resource_name(keeps, owner)) is None
 
 

@@ -95,7 +95,7 @@ class ContainerOptions:
     device_requests: bool | None = None  # GPUs through DeviceRequests; None: when the GPU backend is real
     subnet_pool: str = "10.213.0.0/16"  # rental networks' subnets come from here
     subnet_prefix: int = 28
-    log_max_mib: int = 16  # the engine's own json-file log, per file (two files)
+    log_max_mib: int = 16  # the engine's own log (the "local" driver: bytes as written), per file (two files)
     # Timeouts
     pull_timeout: float = 1800.0
     engine_timeout: float = 30.0  # one engine call (create, inspect, remove, ...)
@@ -461,7 +461,7 @@ class ContainerRuntime:
             "NetworkMode": name if options.isolate_network else "bridge",
             "Mounts": [{"Type": "volume", "Source": name, "Target": WORKSPACE}],
             "RestartPolicy": {"Name": "no"},
-            "LogConfig": {"Type": "json-file", "Config": {"max-size": f"{options.log_max_mib}m", "max-file": "2"}},
+            "LogConfig": {"Type": "local", "Config": {"max-size": f"{options.log_max_mib}m", "max-file": "2", "compress": "false"}},
             "PublishAllPorts": False,
         }
         if memory_mib is not None:
@@ -621,25 +621,30 @@ class ContainerRuntime:
             return removed
         owner_filter = {"label": [f"{OWNER_LABEL}={self.options.owner}"]}
         docker = self.docker()
+
+        async def drop(what: str, rental: str, removal: Awaitable[Any]) -> None:
+            try:
+                await removal
+                removed.append(f"{what} {rental}")
+            except DockerError as exc:  # gone meanwhile (its own exit removed it), or still in use: the next sweep
+                if exc.status != 404:
+                    log.warning("cannot remove %s of rental %s no rental owns: %s", what, rental, exc.message)
+
         try:
             async with asyncio.timeout(self.options.engine_timeout * 4):
                 for container in await docker.containers.list(all=True, filters=owner_filter):
                     rental = (container["Labels"] or {}).get(RENTAL_LABEL, "")
                     if not owned(rental):
-                        await container.delete(force=True, v=True)
-                        removed.append(f"container {rental}")
+                        await drop("container", rental, container.delete(force=True, v=True))
                 for network in await docker.networks.list(filters=owner_filter):
                     rental = (network.get("Labels") or {}).get(RENTAL_LABEL, "")
                     if not owned(rental):
-                        await self._remove_network(str(network["Name"]))
-                        removed.append(f"network {rental}")
+                        await drop("network", rental, self._remove_network(str(network["Name"])))
                 volumes = await docker._query_json("volumes", params={"filters": json.dumps(owner_filter)})
                 for volume in volumes.get("Volumes") or ():
                     rental = (volume.get("Labels") or {}).get(RENTAL_LABEL, "")
                     if not owned(rental) and not (rental and (self.work_dir / rental).is_dir()):
-                        with contextlib.suppress(DockerError):
-                            await docker._query_json(f"volumes/{volume['Name']}", method="DELETE", params={"force": "1"})
-                            removed.append(f"volume {rental}")
+                        await drop("volume", rental, docker._query_json(f"volumes/{volume['Name']}", method="DELETE", params={"force": "1"}))
         except (ValueError, *ENGINE_ERRORS) as exc:
             log.warning("cannot look for containers no rental owns (%s); they stay until the next start", exc)
         if removed:
@@ -724,16 +729,17 @@ class ContainerHandle:
             f"containers/{self.container_id}/logs", method="GET", params=params, timeout=aiohttp.ClientTimeout(total=None)
         ) as response:
             fd = os.open(self.folder / LOG_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            boundary = self._since  # what an earlier stream copied; entries are not in time order across stdout/stderr
             try:
                 async for frame in _frames(response.content):
                     stamp, _, data = frame.partition(b" ")
                     at = parse_timestamp_ns(stamp)
                     if at is None:
                         data = frame
-                    elif at <= self._since:
+                    elif boundary and at <= boundary:
                         continue  # ``since`` counts the last copied entry again
                     else:
-                        self._since = at
+                        self._since = max(self._since, at)
                     if data:
                         os.write(fd, data)
                     self._save_since()
