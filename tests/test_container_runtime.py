@@ -134,7 +134,7 @@ async def managers(
         exits = Exits()
         options = {"owner": owner, **overrides.pop("options", {})}
         manager = WorkloadManager(
-            tmp_path / "work", backend, on_exit=exits, container=ContainerOptions(**options),
+            overrides.pop("work_dir", tmp_path / "work"), backend, on_exit=exits, container=ContainerOptions(**options),
             stop_timeout=2.0, kill_timeout=5.0, check_interval=0.05, **overrides,
         )
         made.append(manager)
@@ -369,6 +369,22 @@ class TestRestart:
         await until(lambda: not exists("volumes", resource_name("ghost-vol", owner)), what="the ghost volume removed")
         assert exists("volumes", resource_name(keeps, owner))  # a rental's own stays
         assert (await second.stop(keeps, timeout=1))["exit_code"] == -15 and inspect(resource_name(keeps, owner)) is None
+
+
+    async def test_another_agent_on_the_engine_leaves_them_alone(
+        self, managers: Managers, gpus: list[str], docker_image: str, owner: str, tmp_path: Path
+    ) -> None:
+        """Several agents share one engine (``gpumarket up``): one starting up never sweeps another owner's containers."""
+        mine, _ = managers()
+        rental = f"a{secrets.token_hex(3)}"
+        await mine.start(rental, [gpus[0]], sh("exec sleep 600", image=docker_image))
+        neighbour, _ = managers(work_dir=tmp_path / "other-agent", options={"owner": f"{owner}-neighbour"})
+        await neighbour.resume()
+        assert neighbour.containers.options.owner != owner
+        assert await neighbour.containers.sweep(lambda rental_id: False) == []  # nothing of its own to remove
+        info = inspect(resource_name(rental, owner))
+        assert info is not None and info["State"]["Running"] and exists("networks", resource_name(rental, owner))
+        dockerengine.remove_owned(f"{owner}-neighbour")
 
 
 class TestImages:

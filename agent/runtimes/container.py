@@ -18,10 +18,15 @@ compatible socket works the same way) — never a CLI, never a shell. Each renta
   subnet from ``subnet_pool``: it reaches outward through the engine's NAT; the host and
   link-local metadata are shut off by ``agent.runtimes.netguard``.
 
-Output: a ``ContainerHandle`` follows the engine's log stream (stdout and stderr, with
+Output: the engine keeps it with its ``local`` log driver (bytes as written, two files of
+``log_max_mib``); a ``ContainerHandle`` follows that stream (stdout and stderr, with
 timestamps) into the rental's ``output.log``; the last timestamp copied is kept in
 ``container.since`` (at most a second old), so a restarted agent resumes from there: after
 a ``kill -9`` up to a second of output may appear twice, none is lost while the engine keeps it.
+The same handle notices the exit (the stream ends, the engine's state says so) and its code.
+
+Facts for the host's hello: ``facts()`` (the engine's name and version, or why none answers;
+the network guard's state).
 
 Lifetime: ``stop``/exit removes the container and its network; the volume stays until
 ``forget_volume`` (the rental is forgotten). ``sweep`` removes this owner's containers,
