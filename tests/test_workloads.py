@@ -1098,6 +1098,27 @@ class TestContainers:
             await manager.start(f"{prefix}-image", [gpus[0]], ContainerWorkload(image="ubuntu:24.04"))
         assert refused.value.code == "image_not_allowed" and "nvcr.io/nvidia/*" in refused.value.message
 
+    async def test_a_stop_during_the_image_pull_cancels_the_start(
+        self, managers: Managers, gpus: list[str], prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A rental stopped while its image is still coming does not start later: the pull is cancelled, the GPU freed."""
+        manager = managers(container=ContainerOptions(owner=prefix, docker_url=f"unix://{tmp_path}/none.sock"))
+        pulling = asyncio.Event()
+
+        async def slow_pull(rental_id: str, spec: ContainerWorkload) -> PreparedImage:
+            pulling.set()
+            await asyncio.sleep(3600)
+            raise AssertionError("not cancelled")
+
+        monkeypatch.setattr(manager.containers, "prepare", slow_pull)
+        start = asyncio.create_task(manager.start(f"{prefix}-pull", [gpus[0]], ContainerWorkload(image="ubuntu:24.04")))
+        await asyncio.wait_for(pulling.wait(), WAIT)
+        assert await asyncio.wait_for(manager.stop(f"{prefix}-pull"), WAIT) == {"already_stopped": True}
+        with pytest.raises(Conflict) as refused:
+            await start
+        assert refused.value.code == "workload_stopped" and manager.running() == []
+        await manager.start(f"{prefix}-next", [gpus[0]], SLEEP)  # its GPU is free again
+
     def test_a_real_gpu_host_asks_for_device_requests_by_uuid(self, tmp_path: Path) -> None:
         """On an NVIDIA host the engine is asked for exactly the rental's GPUs; the agent's GPU variables win over the image's."""
         runtime = ContainerRuntime(tmp_path, ContainerOptions(owner="o"), device_requests=True)

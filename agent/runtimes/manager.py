@@ -120,6 +120,7 @@ class WorkloadManager:
         self._stops: set[asyncio.Task[Any]] = set()  # stops in flight: awaited by close()
         self._pending: dict[str, Workload] = {}  # container starts in flight: their GPUs are taken
         self._start_locks: dict[str, asyncio.Lock] = {}
+        self._pulls: dict[str, asyncio.Task[Any]] = {}  # image checks and pulls in flight: a stop cancels them
         self._resumed = False
         self._closed = False
         self.logs = OutputLogs(work_dir, max_log_bytes=max_log_bytes)
@@ -214,8 +215,18 @@ class WorkloadManager:
         gpus = self._check_gpus(gpu_uuids, share)
         workload = Workload(rental_id, "container", gpus, now_iso(), share=share)
         self._pending[rental_id] = workload  # its GPUs are taken while the image comes and the container starts
+        pull = self._own(self.containers.prepare(rental_id, spec), name=f"workload-{rental_id}-image")
+        self._pulls[rental_id] = pull
         try:
-            image = await self.containers.prepare(rental_id, spec)
+            try:
+                image = await pull
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if pull.cancelled() and current is not None and not current.cancelling():
+                    raise Conflict(f"rental {rental_id} was stopped while its image was being pulled", code="workload_stopped") from None
+                raise
+            finally:
+                self._pulls.pop(rental_id, None)
             self._check_open()
             result = await self.containers.start(workload, spec, image, share)
         finally:
@@ -367,7 +378,11 @@ class WorkloadManager:
 
     async def stop(self, rental_id: str, *, timeout: float | None = None, reason: str | None = None) -> dict[str, Any]:
         """Stop the workload: SIGTERM to its process group, SIGKILL ``timeout`` seconds later
-        (0 to ``MAX_STOP_GRACE_S``; default ``stop_timeout``) if it still runs.
+        (0 to ``MAX_STOP_GRACE_S``; default ``stop_timeout``) if it still runs. A container gets
+        the engine's stop (SIGTERM to its init, SIGKILL after the grace, in whole seconds) and
+        is then removed with its network; its volume stays until ``forget``. A container still
+        being started is stopped once started; one whose image is still being pulled never
+        starts (its start fails with ``workload_stopped``).
 
         A running process first gets one line in its log saying why (``reason``, one line of
         at most ``MAX_STOP_REASON_CHARS``: ``shared.protocol.StopWorkload`` checks both) and
@@ -384,7 +399,10 @@ class WorkloadManager:
         await self.resume()
         starting = self._start_locks.get(rental_id)
         if starting is not None:
-            async with starting:  # a container still starting (an image pull): stop it once started
+            pull = self._pulls.get(rental_id)
+            if pull is not None:
+                pull.cancel()  # the start then fails with "workload_stopped"
+            async with starting:  # a container still being made: stop it once started
                 pass
         workload = self._workloads.get(rental_id)
         if workload is None:
