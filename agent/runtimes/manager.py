@@ -223,6 +223,7 @@ class WorkloadManager:
             except asyncio.CancelledError:
                 current = asyncio.current_task()
                 if pull.cancelled() and current is not None and not current.cancelling():
+                    self._check_open()  # close() cancelled it: the agent is shutting down
                     raise Conflict(f"rental {rental_id} was stopped while its image was being pulled", code="workload_stopped") from None
                 raise
             finally:
