@@ -21,10 +21,17 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+from aiohttp import web
 from pydantic import ValidationError
 
 from agent.gpu.sim import SimulatedBackend
-from agent.runtimes.container import OWNER_LABEL, RENTAL_LABEL, ContainerOptions, resource_name
+from agent.runtimes.container import (
+    OWNER_LABEL,
+    RENTAL_LABEL,
+    ContainerOptions,
+    ContainerRuntime,
+    resource_name,
+)
 from agent.runtimes.manager import WorkloadManager
 from agent.runtimes.registry import REGISTRY_NAME
 from shared.errors import BadRequest, Conflict
@@ -414,6 +421,66 @@ class TestImages:
         with pytest.raises(BadRequest, match="at most 1 MiB") as refused:
             await manager.start(f"s{secrets.token_hex(3)}", [gpus[0]], sh("true", image=docker_image))
         assert refused.value.code == "image_too_large" and dockerengine.image_exists(docker_image)  # local: not removed
+
+    async def test_a_pull_reports_progress_and_an_image_too_large_is_removed(self, tmp_path: Path) -> None:
+        """Against a stand-in engine (this machine is offline): the pull's progress comes at most every
+        ``progress_interval`` with a percentage, and an image over ``max_image_mib`` that the agent pulled
+        is refused and removed again."""
+        pulled: list[str] = []
+        deleted: list[str] = []
+
+        async def version(request: web.Request) -> web.Response:
+            return web.json_response({"ApiVersion": "1.41", "Version": "20.10.24", "Components": [{"Name": "Engine"}]})
+
+        async def inspect_image(request: web.Request) -> web.Response:
+            if not pulled:
+                return web.json_response({"message": "No such image"}, status=404)
+            return web.json_response({"Id": "sha256:" + "a" * 64, "Size": 3 << 20, "Config": {}})
+
+        async def pull(request: web.Request) -> web.StreamResponse:
+            pulled.append(request.query["fromImage"])
+            response = web.StreamResponse()
+            await response.prepare(request)
+            for current in range(0, 101, 10):
+                event = {"status": "Downloading", "id": "layer1", "progressDetail": {"current": current, "total": 100}}
+                await response.write(json.dumps(event).encode() + b"\r\n")
+                await asyncio.sleep(0.03)
+            await response.write(b'{"status": "Download complete", "id": "layer1"}\r\n')
+            return response
+
+        async def delete_image(request: web.Request) -> web.Response:
+            deleted.append(request.match_info["name"])
+            return web.json_response([{"Deleted": request.match_info["name"]}])
+
+        async def ping(request: web.Request) -> web.Response:
+            return web.Response(text="OK")
+
+        app = web.Application()
+        app.add_routes([
+            web.get("/_ping", ping), web.get("/version", version), web.post("/v1.41/images/create", pull),
+            web.get("/v1.41/images/{name:.+}/json", inspect_image), web.delete("/v1.41/images/{name:.+}", delete_image),
+        ])
+        runner = web.AppRunner(app)
+        await runner.setup()
+        socket = tmp_path / "engine.sock"
+        await web.UnixSite(runner, str(socket)).start()
+        progress = Progress()
+        runtime = ContainerRuntime(
+            tmp_path, ContainerOptions(owner="o", docker_url=f"unix://{socket}", max_image_mib=2, progress_interval=0.1),
+            device_requests=False, on_progress=progress,
+        )
+        try:
+            with pytest.raises(BadRequest, match="at most 2 MiB") as refused:
+                await runtime.prepare("r-1", ContainerWorkload(image="nvcr.io/nvidia/pytorch:24.05-py3"))
+        finally:
+            await runtime.close()
+            await runner.cleanup()
+        assert refused.value.code == "image_too_large" and pulled == ["nvcr.io/nvidia/pytorch:24.05-py3"]
+        assert deleted == ["sha256:" + "a" * 64]
+        stages = [stage for _, stage, _, _ in progress.events]
+        assert stages[0] == "pulling" and stages[-1] == "pulled" and 3 <= len(stages) <= 8  # throttled: 11 events, ~0.35 s
+        percents = [p for _, stage, _, p in progress.events if stage == "pulling" and p is not None]
+        assert percents and percents == sorted(percents) and all(0 <= p <= 100 for p in percents)
 
     async def test_an_invalid_reference_is_refused(self, managers: Managers, gpus: list[str]) -> None:
         """Upper case, a leading dash, an option look-alike: refused by the protocol, and by the runtime if it ever got one."""
