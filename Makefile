@@ -8,7 +8,7 @@ ARGS   ?=
 # The console's browser tests drive Debian's Chromium through Playwright (never Playwright's download).
 CHROMIUM ?= $(or $(GPUMARKET_TEST_CHROMIUM),/usr/bin/chromium)
 
-.PHONY: up test install chromium lint typecheck bench cluster clean
+.PHONY: up test install chromium docker lint typecheck bench cluster clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,20 @@ chromium:
 		     "or point GPUMARKET_TEST_CHROMIUM at a Chromium; tests/test_console_browser.py fails without one" >&2; \
 	fi
 
+# Installs Debian's docker.io (the engine the container tests drive) and busybox-static (the
+# test image's rootfs) when missing and we are root; the suite starts dockerd itself when none
+# answers. Otherwise says how; tests/test_container_runtime.py fails without them.
+docker:
+	@if command -v dockerd >/dev/null && [ -x /bin/busybox ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Debian's docker.io and busybox-static for the container tests"; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y docker.io busybox-static \
+		|| { DEBIAN_FRONTEND=noninteractive apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y docker.io busybox-static; }; \
+	else \
+		echo "make: dockerd or /bin/busybox is missing: install Debian's docker.io and busybox-static" \
+		     "(sudo apt-get install docker.io busybox-static); tests/test_container_runtime.py fails without them" >&2; \
+	fi
+
 up: install
 	$(BIN)/gpumarket up $(ARGS)
 
@@ -50,7 +64,7 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
-test: install chromium lint typecheck
+test: install chromium docker lint typecheck
 	$(BIN)/python -m pytest $(ARGS)
 
 bench: install
@@ -63,6 +77,7 @@ bench: install
 	$(BIN)/python bench/bench_ingest.py
 	$(BIN)/python bench/bench_placement.py
 	$(BIN)/python bench/bench_billing.py
+	$(BIN)/python bench/bench_workloads.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info .gpumarket-cluster

@@ -28,7 +28,7 @@ import logging
 import random
 import ssl
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -41,6 +41,7 @@ from agent.gpu.base import GpuBackend, GpuSample
 from agent.hostfacts import collect_host_facts
 from agent.logship import LogShipper
 from agent.netmeasure import measure, next_delay
+from agent.runtimes.container import ContainerOptions, ProgressStage
 from agent.runtimes.isolation import HostIsolation, ProcessIsolation, isolation_facts
 from agent.runtimes.manager import WorkloadManager
 from agent.spool import SqliteSpool
@@ -185,6 +186,7 @@ class Agent:
         remembered_results: int = 1000,
         stop_workloads_on_close: bool = False,
         isolation: HostIsolation | None = None,
+        container: ContainerOptions | None = None,
         rng: random.Random | None = None,
     ) -> None:
         identity = state.identity()
@@ -216,8 +218,11 @@ class Agent:
         self.isolation = isolation or HostIsolation(
             isolation_facts(ProcessIsolation("none", "no isolation was set up for this agent"), container_engine=None, allow_unisolated=False)
         )
+        # Containers carry this host's id as their owner: agents sharing one engine never touch each other's.
         self.workloads = WorkloadManager(
-            state.work_dir, backend, on_exit=self._workload_exited, rental_users=self.isolation.users, isolation=self.isolation.facts
+            state.work_dir, backend, on_exit=self._workload_exited, on_progress=self._workload_progress,
+            rental_users=self.isolation.users, isolation=self.isolation.facts,
+            container=replace(container or ContainerOptions(), owner=self.host_id),
         )
         self.stop_workloads_on_close = stop_workloads_on_close
         self._commands: asyncio.Queue[protocol.CommandBody] = asyncio.Queue(max_pending_commands)
@@ -495,6 +500,11 @@ class Agent:
             reason="exited" if exit_code is not None else "ended while the agent was not watching",
         )
         await self._emit(*self.window.workload_exited(body))
+
+    async def _workload_progress(self, rental_id: str, stage: ProgressStage, text: str, percent: float | None) -> None:
+        """Called by the workload manager on a step of a start (an image pull): a rental event for the renter."""
+        body = protocol.WorkloadProgressBody(rental_id=rental_id, at=datetime.now(UTC), stage=stage, text=text[:512], percent=percent)
+        await self._emit(*self.window.workload_progress(body))
 
     # ---- certificate renewal ----------------------------------------------------------
 

@@ -34,6 +34,8 @@ from shared.protocol import (
     WorkloadExitedBody,
     WorkloadLogs,
     WorkloadLogsBody,
+    WorkloadProgress,
+    WorkloadProgressBody,
     encode,
 )
 
@@ -150,6 +152,9 @@ class OutboundWindow:
 
     def workload_logs(self, body: WorkloadLogsBody, ts: datetime | None = None) -> tuple[int, str]:
         return self._envelope(WorkloadLogs, body, ts)
+
+    def workload_progress(self, body: WorkloadProgressBody, ts: datetime | None = None) -> tuple[int, str]:
+        return self._envelope(WorkloadProgress, body, ts)
 
     def renew_certificate(self, body: RenewCertificateBody, ts: datetime | None = None) -> tuple[int, str]:
         return self._envelope(RenewCertificate, body, ts)

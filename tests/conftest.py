@@ -107,3 +107,16 @@ async def master(database_url: str, tmp_path: Path) -> AsyncIterator[Master]:
 async def api(master: Master) -> AsyncIterator[Api]:
     async with serve_api(master) as client:
         yield client
+
+
+@pytest.fixture(scope="session")
+def docker_image() -> str:
+    """A Docker engine that answers (``dockerd`` started when none does) and the locally built
+    busybox test image's name (``tests/dockerengine.py``); fails, never skips, without one."""
+    from tests import dockerengine
+
+    try:
+        dockerengine.ensure_engine()
+        return dockerengine.busybox_image()
+    except RuntimeError as exc:
+        pytest.fail(str(exc))

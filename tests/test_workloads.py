@@ -32,11 +32,10 @@ from agent.runtimes.cgroups import (
     CgroupLimiter,
     CgroupSupport,
     NoCgroupLimiter,
-    ResourceLimits,
     cgroup_limiter,
     detect_cgroup_support,
 )
-from agent.runtimes.container import ContainerRuntime, ContainerSpec, container_argv, detect_container_runtime
+from agent.runtimes.container import ContainerOptions, ContainerRuntime, PreparedImage
 from agent.runtimes.isolation import ProcessIsolation, isolation_facts
 from agent.runtimes.manager import WorkloadManager
 from agent.runtimes.pids import process_start_time
@@ -44,6 +43,7 @@ from shared.errors import BadRequest, Conflict, NotFound
 from shared.protocol import (
     MAX_STOP_GRACE_S,
     MAX_STOP_REASON_CHARS,
+    ContainerWorkload,
     GpuShare,
     HoldWorkload,
     ProcessWorkload,
@@ -1037,10 +1037,12 @@ class TestStartAndValidation:
         with pytest.raises(ValidationError):
             TypeAdapter(WorkloadSpec).validate_python(spec)
 
-    def test_a_bad_image_reference_is_refused(self) -> None:
-        """An image reference that could pass for a docker option is refused."""
+    def test_a_bad_image_reference_is_refused(self, tmp_path: Path) -> None:
+        """An image reference that could pass for a docker option is refused, by the protocol and by the runtime."""
+        with pytest.raises(ValidationError):
+            ContainerWorkload(image="-v/:/host")
         with pytest.raises(BadRequest) as refused:
-            ContainerSpec(image="-v/:/host")
+            ContainerRuntime(tmp_path, ContainerOptions(), device_requests=False).check_image("-v/:/host")
         assert refused.value.code == "bad_workload_spec"
 
     async def test_missing_program_is_refused(self, managers: Managers, gpus: list[str], prefix: str) -> None:
@@ -1060,38 +1062,86 @@ class TestStartAndValidation:
 
 
 class TestContainers:
-    """An ``image`` workload needs a container runtime that answers; without one it is refused, saying what is missing."""
+    """What needs no engine: refusals before one is asked, and the container's configuration.
 
-    async def test_image_without_a_runtime_is_refused_naming_what_is_missing(self, managers: Managers, gpus: list[str], prefix: str) -> None:
-        """With no runtime installed, the refusal names the runtime and what to install."""
-        manager = managers(container_runtimes=("gpumarket-no-such-runtime",))
-        with pytest.raises(BadRequest) as refused:
-            await manager.start(f"{prefix}-image", [gpus[0]], ContainerSpec(image="nvcr.io/nvidia/pytorch:24.05-py3"))
-        assert refused.value.code == "container_runtime_unavailable"
-        assert "gpumarket-no-such-runtime is not installed" in refused.value.message
-        assert "docker" in refused.value.message and "podman" in refused.value.message
-        assert manager.running() == []
+    Everything that runs a container is in ``tests/test_container_runtime.py`` (a real engine).
+    """
 
-    async def test_image_on_this_host(self, managers: Managers, gpus: list[str], prefix: str) -> None:
-        """Where docker/podman cannot run containers (daemon down, not installed), the refusal carries the reason."""
-        support = await detect_container_runtime()
-        print(f"container runtime on this host: {support.reason}")
-        if support.runtime is not None:
-            pytest.skip(f"{support.reason} can run containers here; the refusal is covered by the missing-runtime test")
+    IMAGE = PreparedImage(id="sha256:" + "0" * 64, user="", env=("PATH=/bin",), size=1 << 20, pulled=False)
+
+    async def test_image_without_container_settings_is_refused(self, managers: Managers, gpus: list[str], prefix: str) -> None:
+        """A manager made without ``ContainerOptions`` runs no containers, and says so."""
         manager = managers()
         with pytest.raises(BadRequest) as refused:
-            await manager.start(f"{prefix}-image", [gpus[0]], ContainerSpec(image="ubuntu:24.04", argv=("true",)))
-        assert refused.value.code == "container_runtime_unavailable" and support.reason in refused.value.message
+            await manager.start(f"{prefix}-image", [gpus[0]], ContainerWorkload(image="nvcr.io/nvidia/pytorch:24.05-py3"))
+        assert refused.value.code == "container_runtime_unavailable" and manager.running() == []
 
-    def test_container_command_names_its_gpus_and_limits(self, tmp_path: Path) -> None:
-        """docker gets ``--gpus "device=…"``, podman CDI ``--device nvidia.com/gpu=…``; both get ``--cpus`` and ``--memory``."""
-        spec = ContainerSpec(image="ubuntu:24.04", argv=("nvidia-smi",), limits=ResourceLimits(cpu_cores=2.5, memory_mib=4096))
-        env_file = tmp_path / "container.env"
-        docker = container_argv(ContainerRuntime("docker", "/usr/bin/docker", "27.0"), "r-1", spec, ["GPU-a", "GPU-b"], folder=tmp_path, env_file=env_file)
-        assert docker[:2] == ["/usr/bin/docker", "run"] and docker[-2:] == ["ubuntu:24.04", "nvidia-smi"]
-        assert docker[docker.index("--gpus") + 1] == '"device=GPU-a,GPU-b"'
-        assert docker[docker.index("--cpus") + 1] == "2.5" and docker[docker.index("--memory") + 1] == "4096m"
-        assert docker[docker.index("--env-file") + 1] == str(env_file) and docker[docker.index("--name") + 1] == "gpumarket-r-1"
-        podman = container_argv(ContainerRuntime("podman", "/usr/bin/podman", "5.0"), "r-1", spec, ["GPU-a", "MIG-b"], folder=tmp_path, env_file=env_file)
-        assert "--gpus" not in podman
-        assert [podman[i + 1] for i, arg in enumerate(podman) if arg == "--device"] == ["nvidia.com/gpu=GPU-a", "nvidia.com/gpu=MIG-b"]
+    async def test_an_engine_that_does_not_answer_is_named_with_the_fix(
+        self, managers: Managers, gpus: list[str], prefix: str, tmp_path: Path
+    ) -> None:
+        """No engine at the socket: refused with the socket and how to start docker; nothing held."""
+        socket = tmp_path / "no-engine.sock"
+        manager = managers(container=ContainerOptions(owner=prefix, docker_url=f"unix://{socket}"))
+        with pytest.raises(BadRequest) as refused:
+            await manager.start(f"{prefix}-image", [gpus[0]], ContainerWorkload(image="ubuntu:24.04"))
+        assert refused.value.code == "container_runtime_unavailable"
+        assert str(socket) in refused.value.message and "docker" in refused.value.message
+        assert manager.running() == []
+        facts = await manager.container_facts()
+        assert facts is not None and facts.engine is None and str(socket) in facts.reason
+        await manager.start(f"{prefix}-after", [gpus[0]], SLEEP)  # its GPU was not kept
+
+    async def test_an_image_the_policy_does_not_allow_is_refused_before_the_engine(
+        self, managers: Managers, gpus: list[str], prefix: str, tmp_path: Path
+    ) -> None:
+        """The provider's policy refuses an image by name, whether or not an engine answers."""
+        options = ContainerOptions(owner=prefix, docker_url=f"unix://{tmp_path}/none.sock", allowed_images=("nvcr.io/nvidia/*",))
+        manager = managers(container=options)
+        with pytest.raises(BadRequest, match=r"docker\.io/library/ubuntu:24\.04") as refused:
+            await manager.start(f"{prefix}-image", [gpus[0]], ContainerWorkload(image="ubuntu:24.04"))
+        assert refused.value.code == "image_not_allowed" and "nvcr.io/nvidia/*" in refused.value.message
+
+    async def test_a_stop_during_the_image_pull_cancels_the_start(
+        self, managers: Managers, gpus: list[str], prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A rental stopped while its image is still coming does not start later: the pull is cancelled, the GPU freed."""
+        manager = managers(container=ContainerOptions(owner=prefix, docker_url=f"unix://{tmp_path}/none.sock"))
+        pulling = asyncio.Event()
+
+        async def slow_pull(rental_id: str, spec: ContainerWorkload) -> PreparedImage:
+            pulling.set()
+            await asyncio.sleep(3600)
+            raise AssertionError("not cancelled")
+
+        monkeypatch.setattr(manager.containers, "prepare", slow_pull)
+        start = asyncio.create_task(manager.start(f"{prefix}-pull", [gpus[0]], ContainerWorkload(image="ubuntu:24.04")))
+        await asyncio.wait_for(pulling.wait(), WAIT)
+        assert await asyncio.wait_for(manager.stop(f"{prefix}-pull"), WAIT) == {"already_stopped": True}
+        with pytest.raises(Conflict) as refused:
+            await start
+        assert refused.value.code == "workload_stopped" and manager.running() == []
+        await manager.start(f"{prefix}-next", [gpus[0]], SLEEP)  # its GPU is free again
+
+    def test_a_real_gpu_host_asks_for_device_requests_by_uuid(self, tmp_path: Path) -> None:
+        """On an NVIDIA host the engine is asked for exactly the rental's GPUs; the agent's GPU variables win over the image's."""
+        runtime = ContainerRuntime(tmp_path, ContainerOptions(owner="o"), device_requests=True)
+        spec = ContainerWorkload(
+            image="ubuntu:24.04", env={"X": "1"}, cpu_cores=2.5, memory_mib=4096, shm_mib=1024, pids_limit=100
+        )
+        cuda_image = dataclasses.replace(self.IMAGE, env=("NVIDIA_VISIBLE_DEVICES=all",))  # as CUDA images say
+        config = runtime.container_config("r-1", ["GPU-a", "MIG-b"], spec, cuda_image, None, user="1000:1000", name="n", labels={})
+        host = config["HostConfig"]
+        assert host["DeviceRequests"] == [{"Driver": "nvidia", "DeviceIDs": ["GPU-a", "MIG-b"], "Capabilities": [["gpu"]]}]
+        assert "NVIDIA_VISIBLE_DEVICES=GPU-a,MIG-b" in config["Env"] and "X=1" in config["Env"]
+        assert host["NanoCpus"] == 2_500_000_000 and host["Memory"] == host["MemorySwap"] == 4096 << 20
+        assert host["ShmSize"] == 1024 << 20 and host["PidsLimit"] == 100 and host["CapDrop"] == ["ALL"]
+        assert host["SecurityOpt"] == ["no-new-privileges"] and host["Init"] is True and not host["Privileged"]
+        assert "PortBindings" not in host and host["Mounts"] == [{"Type": "volume", "Source": "n", "Target": "/workspace"}]
+
+    def test_a_simulated_host_names_gpus_in_the_environment_only(self, tmp_path: Path) -> None:
+        """Simulated GPUs are no devices: the environment alone names them, and a share's limits come along."""
+        runtime = ContainerRuntime(tmp_path, ContainerOptions(owner="o"), device_requests=False)
+        share = GpuShare(milli=250, memory_mib=1024)
+        config = runtime.container_config("r-1", ["GPU-a"], ContainerWorkload(image="ubuntu:24.04"), self.IMAGE, share, user="u", name="n", labels={})
+        assert "DeviceRequests" not in config["HostConfig"]
+        assert {"CUDA_VISIBLE_DEVICES=GPU-a", "GPUMARKET_GPU_UUIDS=GPU-a", "GPUMARKET_RENTAL_ID=r-1", "GPUMARKET_GPU_MILLI=250"} <= set(config["Env"])

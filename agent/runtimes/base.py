@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
 
 from agent.runtimes.cgroups import Placement
-from agent.runtimes.pids import ProcessHandle
 from shared.errors import BadRequest
 from shared.protocol import RENTAL_ID_PATTERN, GpuShare
 
@@ -41,6 +40,21 @@ def check_rental_id(rental_id: str) -> None:
 
 
 
+class WorkloadHandle(Protocol):
+    """What the manager watches a workload through: ``pids.ProcessHandle`` (a process) or
+    ``container.ContainerHandle`` (a container, through the engine)."""
+
+    @property
+    def exited(self) -> bool: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self, timeout: float | None) -> bool: ...
+
+    def close(self) -> None: ...
+
+
 @dataclass(eq=False)
 class Workload:
     """One rental's workload as the manager tracks it (and records in ``workloads.json``)."""
@@ -52,9 +66,9 @@ class Workload:
     pid: int | None = None  # also the process group and session id
     start_time: int | None = None
     placement: Placement = field(default_factory=Placement)
-    container: tuple[str, str] | None = None  # (runtime path, container name)
+    container: tuple[str, str] | None = None  # (engine's container id, container name)
     share: GpuShare | None = None  # a fraction of its one GPU; None: its GPUs whole
-    handle: ProcessHandle | None = None
+    handle: WorkloadHandle | None = None
     watcher: asyncio.Task[None] | None = None
     stop_task: asyncio.Task[dict[str, Any]] | None = None
 
@@ -68,7 +82,7 @@ class Workload:
             "start_time": self.start_time,
             "cgroup_dirs": [str(d) for d in self.placement.cgroup_dirs],
             "systemd_unit": self.placement.unit,
-            "container": None if self.container is None else {"runtime": self.container[0], "name": self.container[1]},
+            "container": None if self.container is None else {"id": self.container[0], "name": self.container[1]},
             "share": None if self.share is None else self.share.model_dump(),
         }
 
@@ -78,9 +92,12 @@ class Workload:
         check_rental_id(rental_id)
         if kind not in ("hold", "process", "container"):
             raise ValueError(f"unknown kind {kind!r}")
-        if (kind == "hold") != (pid is None) or not isinstance(pid, int | None) or not isinstance(start_time, int | None):
-            raise ValueError("pid and start_time do not fit the kind")
         container = record.get("container")
+        # A process has a pid; a hold has none; a container is watched through the engine (no pid).
+        if (kind == "process") != (pid is not None) or not isinstance(pid, int | None) or not isinstance(start_time, int | None):
+            raise ValueError("pid and start_time do not fit the kind")
+        if kind == "container" and not container:
+            raise ValueError("a container workload names its container")
         gpu_uuids = [str(u) for u in record["gpu_uuids"]]
         raw_share = record.get("share")  # absent in records written before shares
         share = None if raw_share is None else GpuShare.model_validate(raw_share)
@@ -94,14 +111,17 @@ class Workload:
             pid=pid,
             start_time=start_time,
             placement=Placement(cgroup_dirs=tuple(Path(d) for d in record.get("cgroup_dirs") or ()), unit=record.get("systemd_unit")),
-            container=None if not container else (str(container["runtime"]), str(container["name"])),
+            container=None if not container else (str(container.get("id") or ""), str(container["name"])),
             share=share,
         )
 
 
 class Runtime(Protocol[SpecT_contra]):
-    """Starts one kind of workload (the "Isolated rentals" issue adds per-uid processes and
-    aiodocker containers behind this interface).
+    """Starts one kind of workload on the host itself (``hold``, ``process``).
+
+    The container runtime (``agent.runtimes.container.ContainerRuntime``) has the same
+    ``remove`` but its own ``prepare(rental_id, spec)`` and an ``async start``: it waits on the
+    engine, and the manager reserves the rental's GPUs meanwhile.
 
     ``prepare`` may wait (asking docker whether it runs) and must be safe to cancel; ``start``
     does not wait, so a start is all-or-nothing under the manager's checks; ``remove`` takes

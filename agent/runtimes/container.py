@@ -1,205 +1,781 @@
-"""The ``container`` runtime: an image run by docker or podman, whichever answers.
+"""The ``container`` runtime: a ``ContainerWorkload``'s image run through the Docker Engine API (aiodocker).
 
-Not on the wire yet: ``shared.protocol`` has no container workload (the "Isolated rentals"
-issue adds a ``container`` kind, through the Engine API), so only the agent's own callers
-and tests start one, with a ``ContainerSpec``. The container gets the rental's GPUs (docker
-``--gpus``, podman CDI), its limits (``--cpus``, ``--memory``), an env file (0600) and the
-rental's folder as ``/workspace``; it is named and labelled after the rental, so a stop or
-a clean-up can remove it by name.
+The agent talks to the engine over its socket (``ContainerOptions.docker_url``; Podman's
+compatible socket works the same way) — never a CLI, never a shell. Each rental gets:
+
+- a container ``gpumarket-<rental_id>-<owner tag>``, labelled ``gpumarket.rental=<id>`` and
+  ``gpumarket.owner=<owner>`` (several agents on one engine never touch each other's);
+- its GPUs only: on a real NVIDIA host through ``HostConfig.DeviceRequests`` by UUID (the
+  NVIDIA Container Toolkit), on a simulated backend through the environment alone;
+  ``NVIDIA_VISIBLE_DEVICES``, ``CUDA_VISIBLE_DEVICES``, ``GPUMARKET_GPU_UUIDS`` and
+  ``GPUMARKET_RENTAL_ID`` are always set by the agent, over the spec's and the image's;
+- a non-root user (``ContainerOptions.user``) unless the image names one, every capability
+  dropped, ``no-new-privileges``, the engine's default seccomp profile, an init (PID 1 that
+  reaps and forwards signals), pids, memory (no swap), CPU and ``/dev/shm`` limits;
+- one named volume at ``/workspace`` (its working directory and ``HOME`` unless the image
+  sets one), made writable by the container's user; no host path, no engine socket;
+- a bridge network of its own (``gm`` + hash, inter-container traffic off) on a small
+  subnet from ``subnet_pool``: it reaches outward through the engine's NAT; the host and
+  link-local metadata are shut off by ``agent.runtimes.netguard``.
+
+Output: the engine keeps it with its ``local`` log driver (bytes as written, two files of
+``log_max_mib``); a ``ContainerHandle`` follows that stream (stdout and stderr, with
+timestamps) into the rental's ``output.log``; the last timestamp copied is kept in
+``container.since`` (at most a second old), so a restarted agent resumes from there: after
+a ``kill -9`` up to a second of output may appear twice, none is lost while the engine keeps it.
+The same handle notices the exit (the stream ends, the engine's state says so) and its code.
+
+Facts for the host's hello: ``facts()`` (the engine's name and version, or why none answers;
+the network guard's state).
+
+Lifetime: ``stop``/exit removes the container and its network; the volume stays until
+``forget_volume`` (the rental is forgotten). ``sweep`` removes this owner's containers,
+networks and volumes that no rental owns.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import io
+import ipaddress
+import json
 import logging
+import math
 import os
-import re
-import shutil
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+import signal
+import struct
+import tarfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
-from agent.runtimes.base import Workload, now_iso
-from agent.runtimes.cgroups import ResourceLimits
-from agent.runtimes.pids import proc_stat
-from agent.runtimes.process import share_environment, spawn
+import aiodocker
+import aiohttp
+from aiodocker.exceptions import DockerError
+
+from agent.runtimes.base import Workload
+from agent.runtimes.logs import LOG_NAME
+from agent.runtimes.netguard import BRIDGE_PREFIX, NetGuardStatus, install_guard
+from agent.runtimes.process import share_environment
 from agent.state import atomic_write
-from shared.errors import BadRequest
-from shared.protocol import GpuShare
+from shared.errors import BadRequest, ConfigError
+from shared.imageref import ImageReference, image_allowed, parse_image_reference
+from shared.protocol import ContainerWorkload, GpuShare
 
 log = logging.getLogger(__name__)
 
-# What the docker/podman client itself needs to find its daemon; never given to the container.
-CONTAINER_CLIENT_ENV: Final = (
-    "PATH", "HOME", "DOCKER_HOST", "DOCKER_CONTEXT", "DOCKER_CONFIG", "DOCKER_CERT_PATH",
-    "DOCKER_TLS_VERIFY", "CONTAINER_HOST", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME",
-)
-_IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$")  # never starts with "-"
+RENTAL_LABEL: Final = "gpumarket.rental"
+OWNER_LABEL: Final = "gpumarket.owner"
+WORKSPACE: Final = "/workspace"
+SINCE_NAME: Final = "container.since"
+DEFAULT_SOCKET: Final = "unix:///var/run/docker.sock"
+_HEADER: Final = struct.Struct(">BxxxL")
+
+ProgressStage = Literal["pulling", "pulled", "starting"]
+ProgressCallback = Callable[[str, ProgressStage, str, float | None], Awaitable[None]]
+"""``on_progress(rental_id, stage, text, percent)``: a step of a start the renter should see."""
+
+ENGINE_ERRORS: Final = (DockerError, aiohttp.ClientError, OSError, TimeoutError)
 
 
 @dataclass(frozen=True, slots=True)
-class ContainerSpec:
-    """An image to run in a container (docker or podman): not on the wire yet — the "Isolated
-    rentals" issue adds a ``container`` workload kind; until then only the agent's own callers
-    (and tests) start one."""
+class ContainerOptions:
+    """How this agent runs container workloads; every limit bounded (``ConfigError`` otherwise)."""
 
-    image: str
-    argv: tuple[str, ...] = ()  # empty: the image's own command
-    env: Mapping[str, str] = field(default_factory=dict)
-    limits: ResourceLimits = field(default_factory=ResourceLimits)
+    owner: str = "gpumarket"  # this agent's identity (its host id): the owner label
+    docker_url: str | None = None  # None: $DOCKER_HOST, else unix:///var/run/docker.sock
+    allowed_images: tuple[str, ...] = ()  # image-name patterns (shared.imageref.image_allowed); empty: any
+    max_image_mib: int | None = None  # largest image (unpacked size) a rental may run
+    default_pids_limit: int = 4096
+    default_memory_mib: int | None = None
+    default_cpu_cores: float | None = None
+    default_shm_mib: int = 64
+    user: str = "1000:1000"  # when the image names no user
+    isolate_network: bool = True  # a bridge of its own per rental (else the engine's default bridge)
+    device_requests: bool | None = None  # GPUs through DeviceRequests; None: when the GPU backend is real
+    subnet_pool: str = "10.213.0.0/16"  # rental networks' subnets come from here
+    subnet_prefix: int = 28
+    log_max_mib: int = 16  # the engine's own log (the "local" driver: bytes as written), per file (two files)
+    # Timeouts
+    pull_timeout: float = 1800.0
+    engine_timeout: float = 30.0  # one engine call (create, inspect, remove, ...)
+    progress_interval: float = 1.0
+    retry_interval: float = 1.0  # a watcher asks again this often while the engine does not answer
 
     def __post_init__(self) -> None:
-        if not _IMAGE_RE.match(self.image):
-            raise BadRequest("'image' must be an image reference such as 'nvcr.io/nvidia/pytorch:24.05-py3'", code="bad_workload_spec")
+        if not isinstance(self.owner, str) or not 1 <= len(self.owner) <= 256 or not self.owner.isprintable():
+            raise ConfigError("container owner must be 1-256 printable characters (the agent's host id)")
+        for name, value, low, high in (
+            ("default_pids_limit", self.default_pids_limit, 16, 1 << 22),
+            ("default_shm_mib", self.default_shm_mib, 1, 1 << 20),
+            ("subnet_prefix", self.subnet_prefix, 16, 29),
+            ("log_max_mib", self.log_max_mib, 1, 1 << 10),
+            ("pull_timeout", self.pull_timeout, 1.0, 86400.0),
+            ("engine_timeout", self.engine_timeout, 0.1, 600.0),
+            ("progress_interval", self.progress_interval, 0.01, 60.0),
+            ("retry_interval", self.retry_interval, 0.01, 60.0),
+        ):
+            if not low <= value <= high:
+                raise ConfigError(f"container setting {name}={value!r} must lie between {low:g} and {high:g}")
+        for name, optional, low, high in (
+            ("max_image_mib", self.max_image_mib, 1, 1 << 30),
+            ("default_memory_mib", self.default_memory_mib, 6, 1 << 30),
+            ("default_cpu_cores", self.default_cpu_cores, 0.01, 4096),
+        ):
+            if optional is not None and not low <= optional <= high:
+                raise ConfigError(f"container setting {name}={optional!r} must lie between {low:g} and {high:g}")
+        try:
+            pool = ipaddress.ip_network(self.subnet_pool)
+        except ValueError as exc:
+            raise ConfigError(f"container subnet_pool {self.subnet_pool!r}: {exc}") from None
+        if not isinstance(pool, ipaddress.IPv4Network) or pool.prefixlen > self.subnet_prefix:
+            raise ConfigError(f"container subnet_pool {self.subnet_pool} must be IPv4 and no smaller than /{self.subnet_prefix}")
+        if not self.user or any(c.isspace() for c in self.user):
+            raise ConfigError("container user must be 'uid:gid' or a user name")
+        for pattern in self.allowed_images:
+            if not isinstance(pattern, str) or not pattern:
+                raise ConfigError("allowed_images holds image-name patterns such as 'docker.io/library/*'")
 
+
+def owner_tag(owner: str) -> str:
+    return hashlib.sha256(owner.encode()).hexdigest()[:8]
+
+
+def resource_name(rental_id: str, owner: str) -> str:
+    """The name of the rental's container, network and volume."""
+    return f"gpumarket-{rental_id}-{owner_tag(owner)}"
+
+
+def bridge_name(rental_id: str, owner: str) -> str:
+    """``gm`` + 13 hex digits: a Linux interface name (at most 15 characters) that ``gm+`` matches."""
+    return BRIDGE_PREFIX + hashlib.sha256(f"{owner}\0{rental_id}".encode()).hexdigest()[:13]
+
+
+def exit_code_of(state: Mapping[str, Any]) -> int | None:
+    """The engine's exit code as the manager reports it: ``-N`` for signal N (128+N, or an OOM kill)."""
+    if state.get("OOMKilled"):
+        return -signal.SIGKILL
+    code = state.get("ExitCode")
+    if not isinstance(code, int):
+        return None
+    if 128 < code <= 128 + 64:
+        return -(code - 128)
+    return code
+
+
+def parse_timestamp_ns(text: bytes) -> int | None:
+    """An RFC 3339 timestamp as the engine writes it (``2024-01-02T03:04:05.123456789Z``) in ns since the epoch."""
+    try:
+        raw = text.decode("ascii")
+        whole, _, rest = raw.partition(".")
+        fraction = "".join(c for c in rest if c.isdigit())
+        zone = rest[len(fraction):] if rest else whole[19:]
+        seconds = datetime.fromisoformat(whole[:19] + (zone if zone not in ("", "Z") else "+00:00")).timestamp()
+        return int(seconds) * 1_000_000_000 + int((fraction + "000000000")[:9])
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True, slots=True)
-class ContainerRuntime:
-    name: str  # "docker" | "podman"
-    path: str
-    version: str
+class ContainerFacts:
+    """What a host's hello says of its containers: the engine (``None``: none answers, ``reason`` says why)
+    and whether the network guard is on."""
 
-
-@dataclass(frozen=True, slots=True)
-class ContainerSupport:
-    """The usable container runtime, or why there is none."""
-
-    runtime: ContainerRuntime | None
+    engine: str | None  # "docker 20.10.24"
     reason: str
+    network_guard: NetGuardStatus
 
 
-async def probe(argv: list[str], *, timeout: float) -> tuple[bool, str]:
-    try:
-        process = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-        )
-    except OSError as exc:
-        return False, exc.strerror or str(exc)
-    try:
-        async with asyncio.timeout(timeout):
-            out, err = await process.communicate()
-    except TimeoutError:
-        return False, f"no answer within {timeout:g}s"
-    finally:
-        if process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-            await process.wait()
-    text = (out if process.returncode == 0 else err).decode(errors="replace").strip()
-    return process.returncode == 0, (text.splitlines() or [""])[-1][:300]
+@dataclass(frozen=True, slots=True)
+class PreparedImage:
+    """What ``prepare`` learnt of the image: its id and what its config asks for."""
+
+    id: str
+    user: str
+    env: tuple[str, ...]
+    size: int
+    pulled: bool
 
 
-async def detect_container_runtime(*, candidates: Sequence[str] = ("docker", "podman"), timeout: float = 5.0) -> ContainerSupport:
-    """The first of ``candidates`` that is installed and can run containers now.
+class ContainerRuntime:
+    """Runs ``ContainerWorkload``s through one engine, owned by ``options.owner``.
 
-    docker must reach its daemon (``docker version``); podman must work (``podman info``).
-    Cancelling is safe: a probe still running is killed.
+    Not a ``base.Runtime``: ``start`` waits on the engine (the manager reserves the GPUs
+    meanwhile); ``remove`` has the same meaning. ``close`` ends the followers and the session.
     """
-    reasons = []
-    for name in candidates:
-        path = shutil.which(name)
-        if path is None:
-            reasons.append(f"{name} is not installed")
-            continue
-        if name == "podman":
-            argv = [path, "info", "--format", "{{.Version.Version}}"]
-        else:
-            argv = [path, "version", "--format", "{{.Server.Version}}"]
-        ok, answer = await probe(argv, timeout=timeout)
-        if ok and answer:
-            return ContainerSupport(ContainerRuntime(name, path, answer), f"{name} {answer}")
-        reasons.append(f"{name} ({path}) is installed but cannot run containers: {answer or 'no version reported'}")
-    return ContainerSupport(None, "; ".join(reasons) or "no container runtime is configured")
-
-
-def container_name(rental_id: str) -> str:
-    return f"gpumarket-{rental_id}"
-
-
-def container_argv(
-    runtime: ContainerRuntime, rental_id: str, spec: ContainerSpec, gpu_uuids: Sequence[str], *, folder: Path, env_file: Path
-) -> list[str]:
-    """The ``docker run``/``podman run`` command for an image workload: its GPUs, limits, env file and folder."""
-    argv = [runtime.path, "run", "--rm", "--init", "--name", container_name(rental_id), "--label", f"gpumarket.rental={rental_id}"]
-    if runtime.name == "podman":
-        for gpu_uuid in gpu_uuids:
-            argv += ["--device", f"nvidia.com/gpu={gpu_uuid}"]  # CDI names GPUs and MIG instances by UUID
-    elif gpu_uuids:
-        argv += ["--gpus", f'"device={",".join(gpu_uuids)}"']  # the quotes keep the comma list one value
-    if spec.limits.cpu_cores is not None:
-        argv += ["--cpus", f"{spec.limits.cpu_cores:g}"]
-    if spec.limits.memory_mib is not None:
-        argv += ["--memory", f"{spec.limits.memory_mib}m"]
-    return [*argv, "--env-file", str(env_file), "-v", f"{folder}:/workspace", "-w", "/workspace", spec.image, *spec.argv]
-
-
-
-class ContainerLauncher:
-    """Runs ``ContainerSpec``s with the first of ``candidates`` that can run containers."""
 
     def __init__(
-        self, work_dir: Path, *, candidates: Sequence[str] = ("docker", "podman"), probe_timeout: float = 5.0, remove_timeout: float = 5.0
+        self, work_dir: Path, options: ContainerOptions, *, device_requests: bool, on_progress: ProgressCallback | None = None
     ) -> None:
         self.work_dir = work_dir
-        self.candidates = tuple(candidates)
-        self.probe_timeout = probe_timeout
-        self.remove_timeout = remove_timeout
-        self._runtime: ContainerRuntime | None = None
+        self.options = options
+        self.device_requests = device_requests if options.device_requests is None else options.device_requests
+        self.on_progress = on_progress
+        self.network_guard: NetGuardStatus | None = None  # None: not tried yet
+        self._docker: aiodocker.Docker | None = None
+        self._connector: aiohttp.BaseConnector | None = None
+        self._followers: set[asyncio.Task[None]] = set()
+        self._network_lock: asyncio.Lock | None = None
+        self._taken_subnets: set[ipaddress.IPv4Network] = set()
 
-    async def prepare(self, spec: ContainerSpec) -> None:
-        """Find a runtime that answers (asked again each time until one does: a daemon may start later).
+    # ---- the engine ---------------------------------------------------------------------
 
-        Cancelling is safe: a probe still running is killed.
+    @property
+    def url(self) -> str:
+        return self.options.docker_url or os.environ.get("DOCKER_HOST") or DEFAULT_SOCKET
+
+    def docker(self) -> aiodocker.Docker:
+        if self._docker is None:
+            url = self.url
+            if url.startswith("unix://"):
+                # Our own connector: a follower per running container holds one connection each.
+                self._connector = aiohttp.UnixConnector(url.removeprefix("unix://"), limit=0)
+                self._docker = aiodocker.Docker(url="unix://localhost", connector=self._connector)
+            else:
+                self._docker = aiodocker.Docker(url=url)
+        return self._docker
+
+    def unavailable(self, exc: BaseException | str) -> BadRequest:
+        return BadRequest(
+            f"the container engine at {self.url} does not answer ({exc}): install and start docker "
+            "(`apt-get install docker.io`, `systemctl start docker`; with the NVIDIA Container Toolkit on GPU hosts) "
+            "or point the agent's docker_url at a podman/docker socket",
+            code="container_runtime_unavailable",
+        )
+
+    async def ping(self) -> None:
+        try:
+            async with asyncio.timeout(self.options.engine_timeout):
+                await self._ping()
+        except ENGINE_ERRORS as exc:
+            raise self.unavailable(exc) from None
+
+    async def facts(self) -> ContainerFacts:
+        """Ask the engine its version and put the network guard in place (idempotent); never raises."""
+        try:
+            async with asyncio.timeout(self.options.engine_timeout):
+                version = await self.docker().version()
+        except (ValueError, *ENGINE_ERRORS) as exc:
+            guard = self.network_guard or NetGuardStatus(False, "no container engine")
+            return ContainerFacts(None, str(self.unavailable(exc).message), guard)
+        if self.options.isolate_network and (self.network_guard is None or not self.network_guard.active):
+            self.network_guard = await install_guard()
+        guard = self.network_guard or NetGuardStatus(False, "isolate_network is off: rentals share the engine's default bridge")
+        name = "podman" if "podman" in json.dumps(version.get("Components") or []).lower() else "docker"
+        return ContainerFacts(f"{name} {version.get('Version', '?')}", "", guard)
+
+    async def _ping(self) -> None:
+        async with self.docker()._query("_ping", method="GET", versioned_api=False) as response:
+            await response.read()
+
+    async def close(self) -> None:
+        """Stop following logs (the containers keep running) and close the engine session."""
+        for task in list(self._followers):
+            task.cancel()
+        if self._followers:
+            await asyncio.wait(set(self._followers))
+        if self._docker is not None:
+            await self._docker.close()
+            self._docker = None
+        if self._connector is not None:
+            await self._connector.close()
+            self._connector = None
+
+    # ---- images -------------------------------------------------------------------------
+
+    def check_image(self, image: str) -> ImageReference:
+        try:
+            reference = parse_image_reference(image)
+        except ValueError as exc:
+            raise BadRequest(str(exc), code="bad_workload_spec") from None
+        if not image_allowed(reference, self.options.allowed_images):
+            raise BadRequest(
+                f"image {reference.canonical} is not allowed on this host: its provider runs only "
+                f"{', '.join(self.options.allowed_images)}",
+                code="image_not_allowed",
+            )
+        return reference
+
+    async def prepare(self, rental_id: str, spec: ContainerWorkload) -> PreparedImage:
+        """Check the image against the policy, pull it when it is not here (reporting progress), check its size.
+
+        Cancelling is safe: a pull cancelled half-way leaves the engine's partial layers, as ``docker pull`` would.
         """
-        if self._runtime is None:
-            support = await detect_container_runtime(candidates=self.candidates, timeout=self.probe_timeout)
-            if support.runtime is None:
-                raise BadRequest(
-                    f"this host cannot run container image {spec.image!r}: {support.reason}. Install and start docker "
-                    "(with the NVIDIA Container Toolkit) or podman (with NVIDIA CDI), or rent without 'image'",
-                    code="container_runtime_unavailable",
-                )
-            self._runtime = support.runtime
+        reference = self.check_image(spec.image)
+        await self.ping()
+        pulled = False
+        info = await self._inspect_image(spec.image)
+        if info is None:
+            await self._pull(rental_id, spec.image, reference)
+            pulled = True
+            info = await self._inspect_image(spec.image)
+            if info is None:
+                raise BadRequest(f"image {spec.image} was pulled but the engine does not list it", code="image_pull_failed")
+        size = int(info.get("Size") or 0)
+        limit = self.options.max_image_mib
+        if limit is not None and size > limit << 20:
+            if pulled:
+                with contextlib.suppress(*ENGINE_ERRORS):
+                    async with asyncio.timeout(self.options.engine_timeout):
+                        await self.docker().images.delete(info["Id"])
+            raise BadRequest(
+                f"image {spec.image} is {size / (1 << 20):.0f} MiB; this host runs images of at most {limit} MiB",
+                code="image_too_large",
+            )
+        config = info.get("Config") or {}
+        return PreparedImage(
+            id=str(info["Id"]), user=str(config.get("User") or ""), env=tuple(config.get("Env") or ()), size=size, pulled=pulled
+        )
 
-    def start(
-        self, rental_id: str, gpus: list[str], spec: ContainerSpec, share: GpuShare | None
-    ) -> tuple[Workload, dict[str, Any]]:
-        runtime = self._runtime
-        assert runtime is not None, "prepare() first"
+    async def _inspect_image(self, image: str) -> dict[str, Any] | None:
+        try:
+            async with asyncio.timeout(self.options.engine_timeout):
+                return await self.docker().images.inspect(image)
+        except DockerError as exc:
+            if exc.status == 404:
+                return None
+            raise self.unavailable(exc.message) from None
+        except ENGINE_ERRORS as exc:
+            raise self.unavailable(exc) from None
+
+    async def _pull(self, rental_id: str, image: str, reference: ImageReference) -> None:
+        await self._progress(rental_id, "pulling", f"pulling {reference.canonical}", None)
+        layers: dict[str, tuple[int, int]] = {}
+        last = 0.0
+        try:
+            async with asyncio.timeout(self.options.pull_timeout):
+                async for event in self.docker().images.pull(image, stream=True):
+                    if "error" in event:
+                        raise DockerError(500, str(event.get("error")))
+                    detail = event.get("progressDetail") or {}
+                    layer = event.get("id")
+                    if layer and isinstance(detail.get("total"), int) and event.get("status") == "Downloading":
+                        layers[str(layer)] = (int(detail.get("current") or 0), int(detail["total"]))
+                    now = time.monotonic()
+                    if now - last >= self.options.progress_interval:
+                        last = now
+                        total = sum(t for _, t in layers.values())
+                        percent = round(100.0 * sum(c for c, _ in layers.values()) / total, 1) if total else None
+                        text = f"pulling {reference.canonical}: {event.get('status', '')}"[:512]
+                        await self._progress(rental_id, "pulling", text, percent)
+        except TimeoutError:
+            raise BadRequest(f"pulling {reference.canonical} took longer than {self.options.pull_timeout:g}s", code="image_pull_failed") from None
+        except DockerError as exc:
+            raise BadRequest(f"cannot pull {reference.canonical}: {exc.message}", code="image_pull_failed") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise self.unavailable(exc) from None
+        await self._progress(rental_id, "pulled", f"pulled {reference.canonical}", 100.0)
+
+    async def _progress(self, rental_id: str, stage: ProgressStage, text: str, percent: float | None) -> None:
+        if self.on_progress is None:
+            return
+        try:
+            await self.on_progress(rental_id, stage, text, percent)
+        except Exception:
+            log.exception("rental %s: on_progress failed", rental_id)
+
+    # ---- start ---------------------------------------------------------------------------
+
+    async def start(self, workload: Workload, spec: ContainerWorkload, image: PreparedImage, share: GpuShare | None) -> dict[str, Any]:
+        """Make the rental's network, volume and container and start it; fills in ``workload.container``.
+
+        All or nothing: on any failure (or cancellation) the container and network made
+        here are removed (the volume stays, like a stopped rental's, until forgotten).
+        """
+        rental_id, owner = workload.rental_id, self.options.owner
+        name = resource_name(rental_id, owner)
+        labels = {RENTAL_LABEL: rental_id, OWNER_LABEL: owner}
         folder = self.work_dir / rental_id
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        visible = ",".join(gpus)
-        inside = {**spec.env, "GPUMARKET_GPU_UUIDS": visible, "GPUMARKET_RENTAL_ID": rental_id}
-        if share is not None:
-            inside.update(share_environment(share))
-        if any("\n" in value for value in inside.values()):
-            raise BadRequest("a container workload's environment values cannot contain newlines", code="bad_workload_spec")
-        # An env file (0600) rather than "-e NAME=value", which anyone could read in ps.
-        env_file = folder / "container.env"
-        atomic_write(env_file, "".join(f"{k}={v}\n" for k, v in inside.items()).encode(), mode=0o600)
-        name = container_name(rental_id)
-        client_env = {k: os.environ[k] for k in CONTAINER_CLIENT_ENV if k in os.environ}
-        argv = container_argv(runtime, rental_id, spec, gpus, folder=folder, env_file=env_file)
+        with contextlib.suppress(FileNotFoundError):
+            (folder / SINCE_NAME).unlink()  # a new container: its whole log
+        await self._progress(rental_id, "starting", f"starting {spec.image}", None)
+        if self.options.isolate_network and self.network_guard is None:
+            self.network_guard = await install_guard()
+            if not self.network_guard.active:
+                log.warning("container network guard is off: %s", self.network_guard.reason)
+        user = image.user or self.options.user
+        config = self.container_config(rental_id, workload.gpu_uuids, spec, image, share, user=user, name=name, labels=labels)
+        docker = self.docker()
         try:
-            pid, _ = spawn(argv, folder=folder, env=client_env, gated=False)
-        except OSError as exc:
-            raise BadRequest(f"cannot start {runtime.name}: {exc.strerror or exc}", code="workload_start_failed") from None
-        stat = proc_stat(pid)
-        workload = Workload(
-            rental_id, "container", gpus, now_iso(), pid=pid, start_time=None if stat is None else stat.start_time,
-            container=(runtime.path, name),
-        )
-        limits = "applied" if spec.limits.requested else "none requested"
-        return workload, {"kind": "container", "pid": pid, "container": name, "runtime": runtime.name, "limits": limits}
+            async with asyncio.timeout(self.options.engine_timeout * 4):
+                await self._remove_container(name)  # a leftover of a start that failed half-way
+                if self.options.isolate_network:
+                    await self._network(rental_id, name, labels)
+                await self._volume(name, labels)
+                container = await docker.containers.create(config, name=name)
+                workload.container = (container.id, name)
+                # /workspace belongs to the container's user: the engine chowns the tar's one dir entry to it.
+                await self._own_workspace(container.id, user)
+                await container.start()
+        except BaseException as exc:
+            await asyncio.shield(self._remove_named(name))
+            workload.container = None
+            if isinstance(exc, DockerError):
+                raise BadRequest(f"the engine refused to start {spec.image}: {exc.message}", code="workload_start_failed") from None
+            if isinstance(exc, aiohttp.ClientError | OSError | TimeoutError):
+                raise self.unavailable(exc) from None
+            raise
+        limits = {
+            "cpu_cores": spec.cpu_cores if spec.cpu_cores is not None else self.options.default_cpu_cores,
+            "memory_mib": spec.memory_mib if spec.memory_mib is not None else self.options.default_memory_mib,
+            "pids_limit": spec.pids_limit or self.options.default_pids_limit,
+            "shm_mib": spec.shm_mib or self.options.default_shm_mib,
+        }
+        return {
+            "kind": "container", "pid": None, "container": name, "container_id": container.id[:12], "image": spec.image,
+            "user": user, "gpus": "device_requests" if self.device_requests else "environment",
+            "network": name if self.options.isolate_network else "bridge",
+            "network_guard": None if self.network_guard is None else self.network_guard.active,
+            "limits": "applied", **limits,
+        }
 
-    async def remove(self, workload: Workload) -> None:
-        """Remove the workload's container (``rm --force``), if it has one."""
+    def container_config(
+        self, rental_id: str, gpus: list[str], spec: ContainerWorkload, image: PreparedImage, share: GpuShare | None,
+        *, user: str, name: str, labels: dict[str, str],
+    ) -> dict[str, Any]:
+        options = self.options
+        visible = ",".join(gpus)
+        env = dict(spec.env)
+        image_env = {item.partition("=")[0] for item in image.env}
+        if "HOME" not in env and "HOME" not in image_env:
+            env["HOME"] = WORKSPACE
+        # The agent's GPU variables win over the spec's and the image's (CUDA images set NVIDIA_VISIBLE_DEVICES=all).
+        env.update(
+            NVIDIA_VISIBLE_DEVICES=visible or "void", CUDA_VISIBLE_DEVICES=visible,
+            GPUMARKET_GPU_UUIDS=visible, GPUMARKET_RENTAL_ID=rental_id,
+        )
+        if share is not None:
+            env.update(share_environment(share))
+        memory_mib = spec.memory_mib if spec.memory_mib is not None else options.default_memory_mib
+        cpu_cores = spec.cpu_cores if spec.cpu_cores is not None else options.default_cpu_cores
+        host: dict[str, Any] = {
+            "CapDrop": ["ALL"],
+            "SecurityOpt": ["no-new-privileges"],
+            "Privileged": False,
+            "ReadonlyRootfs": False,
+            "Init": True,
+            "PidsLimit": spec.pids_limit or options.default_pids_limit,
+            "ShmSize": (spec.shm_mib or options.default_shm_mib) << 20,
+            "IpcMode": "private",
+            "NetworkMode": name if options.isolate_network else "bridge",
+            "Mounts": [{"Type": "volume", "Source": name, "Target": WORKSPACE}],
+            "RestartPolicy": {"Name": "no"},
+            "LogConfig": {"Type": "local", "Config": {"max-size": f"{options.log_max_mib}m", "max-file": "2", "compress": "false"}},
+            "PublishAllPorts": False,
+        }
+        if memory_mib is not None:
+            host["Memory"] = host["MemorySwap"] = memory_mib << 20
+        if cpu_cores is not None:
+            host["NanoCpus"] = int(cpu_cores * 1e9)
+        if self.device_requests and gpus:
+            host["DeviceRequests"] = [{"Driver": "nvidia", "DeviceIDs": list(gpus), "Capabilities": [["gpu"]]}]
+        config: dict[str, Any] = {
+            "Image": image.id,
+            "User": user,
+            "WorkingDir": WORKSPACE,
+            "Env": [f"{k}={v}" for k, v in env.items()],
+            "Labels": {**labels, "gpumarket.image": spec.image},
+            "ExposedPorts": {f"{port}/tcp": {} for port in spec.ports},
+            "Tty": False, "OpenStdin": False, "AttachStdin": False,
+            "HostConfig": host,
+        }
+        if spec.command is not None:
+            config["Entrypoint"] = list(spec.command)
+        if spec.args is not None:
+            config["Cmd"] = list(spec.args)
+        return config
+
+    async def _own_workspace(self, container_id: str, user: str) -> None:
+        """Make ``/workspace`` the container user's: a tar of that one directory, extracted by the engine.
+
+        A numeric ``uid[:gid]`` goes in the tar entry; a user name is resolved by the engine
+        in the image's ``/etc/passwd`` (``copyUIDGID``).
+        """
+        uid, _, gid = user.partition(":")
+        numeric = uid.isdigit() and (not gid or gid.isdigit())
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            entry = tarfile.TarInfo("workspace")
+            entry.type, entry.mode, entry.mtime = tarfile.DIRTYPE, 0o700, int(time.time())
+            if numeric:
+                entry.uid, entry.gid = int(uid), int(gid or uid)
+            tar.addfile(entry)
+        params = {"path": "/"} if numeric else {"path": "/", "copyUIDGID": "1"}
+        async with self.docker()._query(  # aiodocker's put_archive cannot ask for copyUIDGID
+            f"containers/{container_id}/archive", method="PUT", data=buffer.getvalue(),
+            headers={"content-type": "application/x-tar"}, params=params,
+        ) as response:
+            await response.read()
+
+    async def _network(self, rental_id: str, name: str, labels: dict[str, str]) -> None:
+        docker = self.docker()
+        if self._network_lock is None:
+            self._network_lock = asyncio.Lock()
+        async with self._network_lock:
+            with contextlib.suppress(DockerError):
+                existing = await docker.networks.get(name)
+                await existing.delete()  # a leftover of a start that failed half-way
+            pool = ipaddress.IPv4Network(self.options.subnet_pool)
+            in_use = set(self._taken_subnets)
+            for network in await docker.networks.list():
+                for entry in (network.get("IPAM") or {}).get("Config") or ():
+                    with contextlib.suppress(ValueError, KeyError, TypeError):
+                        in_use.add(ipaddress.ip_network(entry["Subnet"]))  # type: ignore[arg-type]
+            for attempt in range(8):
+                subnet = next((s for s in pool.subnets(new_prefix=self.options.subnet_prefix) if not any(s.overlaps(u) for u in in_use)), None)
+                if subnet is None:
+                    raise BadRequest(f"no free /{self.options.subnet_prefix} subnet left in {pool} for another rental network", code="workload_start_failed")
+                try:
+                    await docker.networks.create({
+                        "Name": name, "Driver": "bridge", "CheckDuplicate": True, "Internal": False, "Attachable": False,
+                        "Labels": labels,
+                        "IPAM": {"Driver": "default", "Config": [{"Subnet": str(subnet)}]},
+                        "Options": {
+                            "com.docker.network.bridge.name": bridge_name(rental_id, self.options.owner),
+                            "com.docker.network.bridge.enable_icc": "false",
+                            "com.docker.network.bridge.enable_ip_masquerade": "true",
+                        },
+                    })
+                    self._taken_subnets.add(subnet)
+                    return
+                except DockerError as exc:
+                    if "overlap" not in exc.message.lower() or attempt == 7:
+                        raise
+                    in_use.add(subnet)  # another engine user took it meanwhile
+
+    async def _volume(self, name: str, labels: dict[str, str]) -> None:
+        await self.docker()._query_json(  # aiodocker's volumes API is untyped
+            "volumes/create", method="POST", data={"Name": name, "Driver": "local", "Labels": labels}
+        )
+
+    # ---- watching, stopping, removing -----------------------------------------------------
+
+    def handle(self, workload: Workload) -> ContainerHandle:
+        """Follow the workload's container: its output into ``output.log``, its exit."""
+        assert workload.container is not None
+        container_id, name = workload.container
+        handle = ContainerHandle(self, container_id or name, self.work_dir / workload.rental_id)
+        self._followers.add(handle.task)
+        handle.task.add_done_callback(self._followers.discard)
+        return handle
+
+    async def stop(self, workload: Workload, grace: float) -> None:
+        """The engine's stop: SIGTERM to the container's init, SIGKILL ``grace`` seconds later."""
         if workload.container is None:
             return
-        runtime, name = workload.container
-        ok, answer = await probe([runtime, "rm", "--force", name], timeout=self.remove_timeout)
-        if not ok and "no such container" not in answer.lower():
-            log.warning("rental %s: cannot remove container %s: %s", workload.rental_id, name, answer)
+        try:
+            async with asyncio.timeout(grace + self.options.engine_timeout):
+                await self.docker().containers.container(workload.container[0]).stop(t=max(0, math.ceil(grace)))
+        except DockerError as exc:
+            if exc.status not in (304, 404):
+                log.warning("rental %s: the engine could not stop its container: %s", workload.rental_id, exc.message)
+        except ENGINE_ERRORS as exc:
+            log.warning("rental %s: cannot reach the engine to stop its container: %s", workload.rental_id, exc)
+
+    async def remove(self, workload: Workload) -> None:
+        """Remove the workload's container and network (its volume stays until ``forget_volume``)."""
+        await self._remove_named(resource_name(workload.rental_id, self.options.owner))
+
+    async def _remove_named(self, name: str) -> None:
+        try:
+            async with asyncio.timeout(self.options.engine_timeout):
+                await self._remove_container(name)
+                await self._remove_network(name)
+        except ENGINE_ERRORS as exc:
+            log.warning("cannot remove container/network %s: %s", name, exc)
+
+    async def _remove_container(self, name: str) -> None:
+        try:
+            await self.docker().containers.container(name).delete(force=True, v=True)
+        except DockerError as exc:
+            if exc.status != 404:
+                raise
+
+    async def _remove_network(self, name: str) -> None:
+        try:
+            network = await self.docker().networks.get(name)
+            await network.delete()
+        except DockerError as exc:
+            if exc.status != 404:
+                raise
+
+    async def forget_volume(self, rental_id: str) -> None:
+        """Remove the rental's ``/workspace`` volume (the rental is deleted); best effort."""
+        name = resource_name(rental_id, self.options.owner)
+        try:
+            async with asyncio.timeout(self.options.engine_timeout):
+                await self.docker()._query_json(f"volumes/{name}", method="DELETE", params={"force": "1"})
+        except DockerError as exc:
+            if exc.status != 404:
+                log.warning("rental %s: cannot remove its volume %s: %s", rental_id, name, exc.message)
+        except (ValueError, *ENGINE_ERRORS) as exc:
+            log.debug("rental %s: no engine to remove its volume from (%s)", rental_id, exc)
+
+    async def sweep(self, owned: Callable[[str], bool]) -> list[str]:
+        """Remove this owner's containers and networks whose rental ``owned`` denies, and volumes whose
+        rental is not owned and has no folder left (forgotten). Returns the names removed; best effort."""
+        removed: list[str] = []
+        if self.url.startswith("unix://") and not os.path.exists(self.url.removeprefix("unix://")):
+            log.debug("no container engine at %s: nothing to sweep", self.url)
+            return removed
+        owner_filter = {"label": [f"{OWNER_LABEL}={self.options.owner}"]}
+        docker = self.docker()
+
+        async def drop(what: str, rental: str, removal: Awaitable[Any]) -> None:
+            try:
+                await removal
+                removed.append(f"{what} {rental}")
+            except DockerError as exc:  # gone meanwhile (its own exit removed it), or still in use: the next sweep
+                if exc.status != 404:
+                    log.warning("cannot remove %s of rental %s no rental owns: %s", what, rental, exc.message)
+
+        try:
+            async with asyncio.timeout(self.options.engine_timeout * 4):
+                for container in await docker.containers.list(all=True, filters=owner_filter):
+                    rental = (container["Labels"] or {}).get(RENTAL_LABEL, "")
+                    if not owned(rental):
+                        await drop("container", rental, container.delete(force=True, v=True))
+                for network in await docker.networks.list(filters=owner_filter):
+                    rental = (network.get("Labels") or {}).get(RENTAL_LABEL, "")
+                    if not owned(rental):
+                        await drop("network", rental, self._remove_network(str(network["Name"])))
+                volumes = await docker._query_json("volumes", params={"filters": json.dumps(owner_filter)})
+                for volume in volumes.get("Volumes") or ():
+                    rental = (volume.get("Labels") or {}).get(RENTAL_LABEL, "")
+                    if not owned(rental) and not (rental and (self.work_dir / rental).is_dir()):
+                        await drop("volume", rental, docker._query_json(f"volumes/{volume['Name']}", method="DELETE", params={"force": "1"}))
+        except (ValueError, *ENGINE_ERRORS) as exc:
+            log.warning("cannot look for containers no rental owns (%s); they stay until the next start", exc)
+        if removed:
+            log.info("removed what no rental of owner %s owns: %s", self.options.owner, ", ".join(removed))
+        return removed
+
+
+class ContainerHandle:
+    """Waits for one container and copies its output into the rental's ``output.log`` meanwhile.
+
+    The same shape as ``pids.ProcessHandle``: ``wait(timeout)``, ``exited``, ``returncode``
+    (``-N`` after signal N, ``None`` when the container was gone), ``close()``. While the
+    engine does not answer, it asks again every ``retry_interval``; the container keeps running.
+    """
+
+    def __init__(self, runtime: ContainerRuntime, container_id: str, folder: Path) -> None:
+        self.runtime = runtime
+        self.container_id = container_id
+        self.folder = folder
+        self.returncode: int | None = None
+        self.oom_killed = False
+        self._loop = asyncio.get_running_loop()
+        self._exited: asyncio.Future[None] = self._loop.create_future()
+        self._since = self._read_since()
+        self._saved_since = self._since
+        self._saved_at = 0.0
+        self.task = self._loop.create_task(self._follow(), name=f"container-{container_id[:12]}-follow")
+
+    @property
+    def exited(self) -> bool:
+        return self._exited.done()
+
+    async def wait(self, timeout: float | None) -> bool:
+        """Whether the container has exited, waiting up to ``timeout`` seconds. Cancelling is safe."""
+        if not self._exited.done():
+            await asyncio.wait({self._exited}, timeout=timeout)
+        return self._exited.done()
+
+    def close(self) -> None:
+        """Stop following (the container itself is left alone)."""
+        self.task.cancel()
+        self._save_since(force=True)
+
+    async def _follow(self) -> None:
+        container = self.runtime.docker().containers.container(self.container_id)
+        retry = self.runtime.options.retry_interval
+        while True:
+            try:
+                info = await container.show()
+            except DockerError as exc:
+                if exc.status == 404:
+                    break  # removed behind our back: the exit code is unknown
+                await asyncio.sleep(retry)
+                continue
+            except (aiohttp.ClientError, OSError, TimeoutError):
+                await asyncio.sleep(retry)
+                continue
+            state = info.get("State") or {}
+            running = bool(state.get("Running") or state.get("Restarting"))
+            began = time.monotonic()
+            try:
+                await self._copy(follow=running)
+            except (DockerError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+                log.debug("container %s: log stream broke (%s)", self.container_id[:12], exc)
+                await asyncio.sleep(retry)
+                continue
+            if not running:
+                self.returncode = exit_code_of(state)
+                self.oom_killed = bool(state.get("OOMKilled"))
+                break
+            if time.monotonic() - began < 0.05:
+                await asyncio.sleep(min(retry, 0.2))  # the stream ended at once: never spin
+        self._save_since(force=True)
+        self._exited.set_result(None)
+
+    async def _copy(self, *, follow: bool) -> None:
+        params: dict[str, Any] = {"stdout": "1", "stderr": "1", "timestamps": "1", "follow": "1" if follow else "0"}
+        if self._since:
+            params["since"] = f"{self._since // 1_000_000_000}.{self._since % 1_000_000_000:09d}"
+        docker = self.runtime.docker()
+        async with docker._query(  # raw frames: output is bytes, not necessarily UTF-8
+            f"containers/{self.container_id}/logs", method="GET", params=params, timeout=aiohttp.ClientTimeout(total=None)
+        ) as response:
+            fd = os.open(self.folder / LOG_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            boundary = self._since  # what an earlier stream copied; entries are not in time order across stdout/stderr
+            try:
+                async for frame in _frames(response.content):
+                    stamp, _, data = frame.partition(b" ")
+                    at = parse_timestamp_ns(stamp)
+                    if at is None:
+                        data = frame
+                    elif boundary and at <= boundary:
+                        continue  # ``since`` counts the last copied entry again
+                    else:
+                        self._since = max(self._since, at)
+                    if data:
+                        os.write(fd, data)
+                    self._save_since()
+            finally:
+                os.close(fd)
+
+    def _read_since(self) -> int:
+        try:
+            return int((self.folder / SINCE_NAME).read_text().strip() or 0)
+        except (OSError, ValueError):
+            return 0
+
+    def _save_since(self, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if self._since == self._saved_since or (not force and now - self._saved_at < 1.0):
+            return
+        with contextlib.suppress(OSError):
+            atomic_write(self.folder / SINCE_NAME, str(self._since).encode(), mode=0o600)
+            self._saved_since, self._saved_at = self._since, now
+
+
+async def _frames(stream: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """The payloads of the engine's multiplexed stream (stdout and stderr in the order written)."""
+    while True:
+        try:
+            header = await stream.readexactly(_HEADER.size)
+        except asyncio.IncompleteReadError:
+            return
+        _, length = _HEADER.unpack(header)
+        if length:
+            try:
+                yield await stream.readexactly(length)
+            except asyncio.IncompleteReadError:
+                return

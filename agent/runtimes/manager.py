@@ -15,7 +15,14 @@ first writes one line to the workload's log (``gpumarket: stopping (reason); SIG
 Restarts. The registry (``agent.runtimes.registry``) records each workload's pid and
 kernel start time; a new manager re-adopts the processes that are still alive and
 genuinely the same, keeps ``hold`` workloads, and reports the ones that ended meanwhile.
-``close()`` leaves workloads running unless ``stop_workloads=True``.
+Containers (``agent.runtimes.container``) are watched through the engine rather than a
+pid: a new manager follows again the ones its registry lists and reports those that ended,
+and removes every container, network and volume labelled with its owner that no rental of
+its registry owns (a volume only once its rental's folder is gone too). ``close()`` leaves
+workloads running unless ``stop_workloads=True``.
+
+Containers' volumes: ``stop`` (or an exit) removes a container and its network; the
+rental's ``/workspace`` volume stays until ``forget`` (the rental is deleted).
 
 Logging: start, stop and exit at INFO; a degraded isolation or log cap at WARNING.
 """
@@ -33,7 +40,7 @@ from typing import Any, Final, TypeVar
 
 from agent.gpu.base import GpuBackend
 from agent.gpu.sim import SimulatedBackend
-from agent.runtimes.base import ExitCallback, Runtime, Workload, WorkloadKind, check_rental_id
+from agent.runtimes.base import ExitCallback, Runtime, Workload, WorkloadKind, check_rental_id, now_iso
 from agent.runtimes.cgroups import (
     CgroupLimiter,
     CgroupSupport,
@@ -43,7 +50,7 @@ from agent.runtimes.cgroups import (
     kill_cgroups,
     remove_cgroups,
 )
-from agent.runtimes.container import ContainerLauncher, ContainerSpec
+from agent.runtimes.container import ContainerFacts, ContainerOptions, ContainerRuntime, ProgressCallback
 from agent.runtimes.hold import HoldRuntime
 from agent.runtimes.logs import OutputLogs
 from agent.runtimes.pids import ProcessHandle, group_alive, killpg, process_start_time, reap_if_ours
@@ -51,7 +58,14 @@ from agent.runtimes.process import ProcessRuntime
 from agent.runtimes.registry import Registry
 from agent.runtimes.users import RentalUsers
 from shared.errors import BadRequest, ConfigError, Conflict
-from shared.protocol import MILLI_PER_GPU, GpuShare, HoldWorkload, IsolationFacts, WorkloadSpec
+from shared.protocol import (
+    MILLI_PER_GPU,
+    ContainerWorkload,
+    GpuShare,
+    HoldWorkload,
+    IsolationFacts,
+    WorkloadSpec,
+)
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +79,9 @@ class WorkloadManager:
     """Starts, watches, stops and re-adopts the workloads of this host's rentals.
 
     ``on_exit`` hears of workloads that end on their own (not of ``stop()``). ``cgroups``
-    defaults to what ``detect_cgroup_support()`` finds. Call ``await resume()`` once at
+    defaults to what ``detect_cgroup_support()`` finds. ``container`` configures the
+    container runtime (``None``: container workloads are refused); ``on_progress`` hears of
+    an image pull's progress and a container's start. Call ``await resume()`` once at
     start-up (``start``/``stop`` do it too) so that workloads adopted from an earlier life
     are watched and the ones that ended meanwhile are reported.
     """
@@ -77,14 +93,14 @@ class WorkloadManager:
         *,
         on_exit: ExitCallback | None = None,
         cgroups: CgroupLimiter | None = None,
-        container_runtimes: Sequence[str] = ("docker", "podman"),
         rental_users: RentalUsers | None = None,
         isolation: IsolationFacts | None = None,
+        container: ContainerOptions | None = None,
+        on_progress: ProgressCallback | None = None,
         # Timeouts
         stop_timeout: float = 10.0,
         kill_timeout: float = 5.0,
         check_interval: float = 1.0,
-        runtime_probe_timeout: float = 5.0,
         # Limits
         max_log_bytes: int = 64 << 20,
         max_read_bytes: int = 1 << 20,
@@ -93,7 +109,6 @@ class WorkloadManager:
             ("stop_timeout", stop_timeout, 0.0, 3600.0),
             ("kill_timeout", kill_timeout, 0.01, 600.0),
             ("check_interval", check_interval, 0.001, 60.0),
-            ("runtime_probe_timeout", runtime_probe_timeout, 0.1, 120.0),
             ("max_log_bytes", max_log_bytes, 16 << 10, 1 << 40),
             ("max_read_bytes", max_read_bytes, 1, 64 << 20),
         ):
@@ -103,11 +118,9 @@ class WorkloadManager:
         self.backend = backend
         self.on_exit = on_exit
         self.cgroups = cgroups if cgroups is not None else cgroup_limiter(detect_cgroup_support())
-        self.container_runtimes = tuple(container_runtimes)
         self.stop_timeout = stop_timeout
         self.kill_timeout = kill_timeout
         self.check_interval = check_interval
-        self.runtime_probe_timeout = runtime_probe_timeout
         self.max_log_bytes = max_log_bytes
         self.max_read_bytes = max_read_bytes
         self._workloads: dict[str, Workload] = {}
@@ -115,14 +128,18 @@ class WorkloadManager:
         self._dead_at_load: list[Workload] = []
         self._tasks: set[asyncio.Task[Any]] = set()  # watchers, reports, clean-ups: cancelled by close()
         self._stops: set[asyncio.Task[Any]] = set()  # stops in flight: awaited by close()
+        self._pending: dict[str, Workload] = {}  # container starts in flight: their GPUs are taken
+        self._start_locks: dict[str, asyncio.Lock] = {}
+        self._pulls: dict[str, asyncio.Task[Any]] = {}  # image checks and pulls in flight: a stop cancels them
         self._resumed = False
         self._closed = False
         self.logs = OutputLogs(work_dir, max_log_bytes=max_log_bytes)
         self.registry = Registry(work_dir)
         self.holds = HoldRuntime()
         self.processes = ProcessRuntime(work_dir, self.cgroups, users=rental_users, isolation=isolation, kill_timeout=kill_timeout)
-        self.containers = ContainerLauncher(
-            work_dir, candidates=container_runtimes, probe_timeout=runtime_probe_timeout, remove_timeout=kill_timeout
+        self.container_options = container
+        self.containers = ContainerRuntime(
+            work_dir, container or ContainerOptions(), device_requests=backend.name == "nvml", on_progress=on_progress
         )
         work_dir.mkdir(parents=True, exist_ok=True)
         self._load_registry()
@@ -135,6 +152,11 @@ class WorkloadManager:
     def cgroup_support(self) -> CgroupSupport:
         return self.cgroups.support
 
+    async def container_facts(self) -> ContainerFacts | None:
+        """The container engine's version and the network guard's state, for the host's hello
+        (``None``: this manager runs no containers). Installs the guard when it can."""
+        return None if self.container_options is None else await self.containers.facts()
+
     def running(self) -> list[str]:
         """Rental ids whose workload runs (or holds its GPUs), stopping ones included."""
         return sorted(self._workloads)
@@ -142,35 +164,29 @@ class WorkloadManager:
     # ---- start ------------------------------------------------------------------------
 
     async def start(
-        self, rental_id: str, gpu_uuids: list[str], spec: WorkloadSpec | ContainerSpec, *, share: GpuShare | None = None
+        self, rental_id: str, gpu_uuids: list[str], spec: WorkloadSpec, *, share: GpuShare | None = None
     ) -> dict[str, Any]:
         """Start the rental's workload unless it already runs (then report it again).
 
         ``spec`` and ``share`` come validated (``shared.protocol.StartWorkload``). ``share`` gives
         the workload a fraction of its one GPU, which other shares may hold too; without it the workload
         needs its GPUs unheld. Returns ``{"kind", "pid", "limits": "applied" | "unavailable"
-        | "none requested", ...}`` (with ``limits_reason`` when unavailable). Cancelling is
-        safe: the only await — asking docker/podman whether it can run containers — comes
-        before anything starts.
+        | "none requested", ...}`` (with ``limits_reason`` when unavailable). A container
+        start waits on the engine (an image pull, the container's creation) with its GPUs
+        reserved; a second start of the same rental waits for the first. Cancelling is safe:
+        a container start cancelled half-way removes what it made.
         """
         self._check_open()
         check_rental_id(rental_id)
         await self.resume()
-        existing = self._workloads.get(rental_id)
+        if isinstance(spec, ContainerWorkload):
+            return await self._start_container(rental_id, gpu_uuids, spec, share)
+        existing = self._workloads.get(rental_id) or self._pending.get(rental_id)
         if existing is not None:
             return self._already_running(existing)
         gpus = self._check_gpus(gpu_uuids, share)
-        if isinstance(spec, ContainerSpec):
-            await self.containers.prepare(spec)
-            self._check_open()
-            existing = self._workloads.get(rental_id)  # a concurrent start may have won meanwhile
-            if existing is not None:
-                return self._already_running(existing)
-            gpus = self._check_gpus(gpu_uuids, share)
         if isinstance(spec, HoldWorkload):
             workload, result = self.holds.start(rental_id, gpus, spec, share)
-        elif isinstance(spec, ContainerSpec):
-            workload, result = self.containers.start(rental_id, gpus, spec, share)
         else:
             workload, result = self.processes.start(rental_id, gpus, spec, share)
         workload.share = share
@@ -181,6 +197,57 @@ class WorkloadManager:
         self._save_registry()
         self._set_busy(gpus, True)
         log.info("rental %s started (%s, pid %s, %d GPU, limits %s)", rental_id, workload.kind, workload.pid, len(gpus), result.get("limits"))
+        return result
+
+    async def _start_container(self, rental_id: str, gpu_uuids: list[str], spec: ContainerWorkload, share: GpuShare | None) -> dict[str, Any]:
+        if self.container_options is None:
+            raise BadRequest(
+                "this agent runs no container workloads: it was started without container settings "
+                "(the agent passes ContainerOptions when a container engine is configured)",
+                code="container_runtime_unavailable",
+            )
+        self.containers.check_image(spec.image)  # a refusal by policy needs no engine
+        lock = self._start_locks.setdefault(rental_id, asyncio.Lock())
+        try:
+            async with lock:
+                return await self._start_container_locked(rental_id, gpu_uuids, spec, share)
+        finally:
+            if not lock.locked() and self._start_locks.get(rental_id) is lock:
+                del self._start_locks[rental_id]
+
+    async def _start_container_locked(
+        self, rental_id: str, gpu_uuids: list[str], spec: ContainerWorkload, share: GpuShare | None
+    ) -> dict[str, Any]:
+        self._check_open()
+        existing = self._workloads.get(rental_id)
+        if existing is not None:
+            return self._already_running(existing)
+        gpus = self._check_gpus(gpu_uuids, share)
+        workload = Workload(rental_id, "container", gpus, now_iso(), share=share)
+        self._pending[rental_id] = workload  # its GPUs are taken while the image comes and the container starts
+        pull = self._own(self.containers.prepare(rental_id, spec), name=f"workload-{rental_id}-image")
+        self._pulls[rental_id] = pull
+        try:
+            try:
+                image = await pull
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if pull.cancelled() and current is not None and not current.cancelling():
+                    self._check_open()  # close() cancelled it: the agent is shutting down
+                    raise Conflict(f"rental {rental_id} was stopped while its image was being pulled", code="workload_stopped") from None
+                raise
+            finally:
+                self._pulls.pop(rental_id, None)
+            self._check_open()
+            result = await self.containers.start(workload, spec, image, share)
+        finally:
+            self._pending.pop(rental_id, None)
+        self._workloads[rental_id] = workload
+        workload.handle = self.containers.handle(workload)
+        workload.watcher = self._own(self._watch(workload), name=f"workload-{rental_id}-watch")
+        self._save_registry()
+        self._set_busy(gpus, True)
+        log.info("rental %s started (container %s, image %s, %d GPU)", rental_id, result["container"], spec.image, len(gpus))
         return result
 
     def _already_running(self, workload: Workload) -> dict[str, Any]:
@@ -205,7 +272,7 @@ class WorkloadManager:
         if unknown:
             raise BadRequest(f"GPU(s) {', '.join(unknown)} are not on this host", code="gpu_not_found")
         holders: dict[str, list[Workload]] = {}
-        for workload in self._workloads.values():
+        for workload in [*self._workloads.values(), *self._pending.values()]:
             for gpu_uuid in workload.gpu_uuids:
                 holders.setdefault(gpu_uuid, []).append(workload)
         if share is None:
@@ -248,9 +315,18 @@ class WorkloadManager:
             return
         self._resumed = True
         for workload in self._workloads.values():
-            if workload.pid is not None and workload.handle is None:
+            if workload.handle is not None:
+                continue
+            if workload.kind == "container":
+                # Followed again through the engine: one that ended meanwhile is reported by its watcher.
+                workload.handle = self.containers.handle(workload)
+            elif workload.pid is not None:
                 workload.handle = ProcessHandle(workload.pid, workload.start_time, poll_interval=self.check_interval)
-                workload.watcher = self._own(self._watch(workload), name=f"workload-{workload.rental_id}-watch")
+            else:
+                continue
+            workload.watcher = self._own(self._watch(workload), name=f"workload-{workload.rental_id}-watch")
+        if self.container_options is not None:
+            self._own(self.containers.sweep(self._owns), name="containers-sweep")
         for workload in self._dead_at_load:
             self._own(self._clean_up(workload, kill_group=False), name=f"workload-{workload.rental_id}-cleanup")
         self._dead_at_load.clear()
@@ -271,6 +347,10 @@ class WorkloadManager:
         await self._clean_up(workload)
         self.logs.cap(workload.rental_id)
         await self._report_exit(workload.rental_id)
+
+    def _owns(self, rental_id: str) -> bool:
+        """Whether a container, network or volume of ``rental_id`` belongs to a workload of ours (running or starting)."""
+        return rental_id in self._workloads or rental_id in self._pending or rental_id in self._start_locks
 
     async def _report_exit(self, rental_id: str) -> None:
         if rental_id not in self._unreported:
@@ -309,7 +389,11 @@ class WorkloadManager:
 
     async def stop(self, rental_id: str, *, timeout: float | None = None, reason: str | None = None) -> dict[str, Any]:
         """Stop the workload: SIGTERM to its process group, SIGKILL ``timeout`` seconds later
-        (0 to ``MAX_STOP_GRACE_S``; default ``stop_timeout``) if it still runs.
+        (0 to ``MAX_STOP_GRACE_S``; default ``stop_timeout``) if it still runs. A container gets
+        the engine's stop (SIGTERM to its init, SIGKILL after the grace, in whole seconds) and
+        is then removed with its network; its volume stays until ``forget``. A container still
+        being started is stopped once started; one whose image is still being pulled never
+        starts (its start fails with ``workload_stopped``).
 
         A running process first gets one line in its log saying why (``reason``, one line of
         at most ``MAX_STOP_REASON_CHARS``: ``shared.protocol.StopWorkload`` checks both) and
@@ -324,6 +408,13 @@ class WorkloadManager:
         self._check_open()
         check_rental_id(rental_id)
         await self.resume()
+        starting = self._start_locks.get(rental_id)
+        if starting is not None:
+            pull = self._pulls.get(rental_id)
+            if pull is not None:
+                pull.cancel()  # the start then fails with "workload_stopped"
+            async with starting:  # a container still being made: stop it once started
+                pass
         workload = self._workloads.get(rental_id)
         if workload is None:
             return {"already_stopped": True}
@@ -338,12 +429,22 @@ class WorkloadManager:
             await asyncio.wait({workload.watcher})
         exit_code = None
         handle = workload.handle
-        if handle is not None and workload.pid is not None:
+        if handle is not None and workload.kind == "container":
             if not handle.exited:
                 why = f" ({reason})" if reason else ""
                 self.logs.append(workload.rental_id, f"gpumarket: stopping{why}; SIGKILL in {grace:g}s")
                 log.info("rental %s: stopping%s, SIGKILL in %gs", workload.rental_id, why, grace)
-                killpg(workload.pid, signal.SIGTERM)  # docker/podman pass it on to the container
+                await self.containers.stop(workload, grace)  # the engine's SIGTERM, then its SIGKILL
+                if not await handle.wait(self.kill_timeout):
+                    log.error("rental %s: its container still runs %.1fs after the engine's stop", workload.rental_id, self.kill_timeout)
+            exit_code = handle.returncode
+            handle.close()
+        elif handle is not None and workload.pid is not None:
+            if not handle.exited:
+                why = f" ({reason})" if reason else ""
+                self.logs.append(workload.rental_id, f"gpumarket: stopping{why}; SIGKILL in {grace:g}s")
+                log.info("rental %s: stopping%s, SIGKILL in %gs", workload.rental_id, why, grace)
+                killpg(workload.pid, signal.SIGTERM)
                 if not await handle.wait(grace):
                     log.warning("rental %s ignored SIGTERM for %.1fs; killing it", workload.rental_id, grace)
                     await self._runtime_of(workload).remove(workload)
@@ -386,11 +487,14 @@ class WorkloadManager:
             if workload.handle is not None:
                 workload.handle.close()
                 workload.handle = None
+        await self.containers.close()
         self.cgroups.close()
         self._save_registry()
 
-    def _runtime_of(self, workload: Workload) -> Runtime[Any]:
-        runtimes: dict[WorkloadKind, Runtime[Any]] = {"hold": self.holds, "process": self.processes, "container": self.containers}
+    def _runtime_of(self, workload: Workload) -> Runtime[Any] | ContainerRuntime:
+        runtimes: dict[WorkloadKind, Runtime[Any] | ContainerRuntime] = {
+            "hold": self.holds, "process": self.processes, "container": self.containers
+        }
         return runtimes[workload.kind]
 
     def _folder(self, rental_id: str) -> Path:
@@ -437,13 +541,15 @@ class WorkloadManager:
         return self.logs.read(rental_id, offset=offset, limit=limit, running=rental_id in self._workloads)
 
     async def forget(self, rental_id: str) -> None:
-        """Delete the rental's folder and log; refused while its workload runs.
+        """Delete the rental's folder and log, and its container's ``/workspace`` volume; refused while its workload runs.
 
         Cancelling is safe: the deletion finishes in its thread.
         """
         check_rental_id(rental_id)
-        if rental_id in self._workloads:
+        if rental_id in self._workloads or rental_id in self._pending:
             raise Conflict(f"rental {rental_id}'s workload still runs; stop it first", code="workload_running")
+        if self.container_options is not None:
+            await self.containers.forget_volume(rental_id)
         await asyncio.to_thread(shutil.rmtree, self._folder(rental_id), ignore_errors=True)
 
     # ---- the registry -----------------------------------------------------------------
