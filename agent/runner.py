@@ -276,6 +276,15 @@ class Agent:
         with contextlib.suppress(ConnectionClosed):
             await ws.send(frame)
 
+    async def refresh_isolation(self) -> None:
+        """Ask the container engine (and put the network guard in place) so that the hello says
+        whether this host runs containers. Cancelling is safe: the facts stay as they were."""
+        facts = await self.workloads.container_facts()
+        if facts is None:
+            return
+        note = "" if facts.engine is None or facts.network_guard.active else f"container network guard off: {facts.network_guard.reason}"
+        self.isolation = self.isolation.with_container_engine(facts.engine, note=note)
+
     def _hello(self) -> protocol.HelloBody:
         facts = collect_host_facts(workload_dir=self.state.work_dir, agent_version=AGENT_VERSION)
         return protocol.HelloBody(
@@ -349,6 +358,7 @@ class Agent:
 
     async def run(self) -> None:
         """Run until cancelled. Cancelling is safe: unacknowledged messages stay in the spool."""
+        await self.refresh_isolation()
         await self.workloads.resume()  # re-adopted workloads; report those that died while we were down
         for rental_id in self.workloads.running():
             self.logs.follow(rental_id)

@@ -8,6 +8,7 @@ import logging
 
 from agent.gpu import open_backend
 from agent.runner import Agent, AgentTimings
+from agent.runtimes.container import ContainerOptions
 from agent.runtimes.isolation import HostIsolation, host_isolation, isolation_summary
 from agent.state import AgentState
 from shared.protocol import ImagePolicyModel
@@ -47,6 +48,19 @@ def agent_from_settings(settings: AgentSettings, *, container_engine: str | None
         spool_max_messages=settings.spool_max_messages,
         spool_max_bytes=settings.spool_max_bytes,
         isolation=isolation_from_settings(settings, container_engine=container_engine),
+        container=container_options(settings),
+    )
+
+
+def container_options(settings: AgentSettings) -> ContainerOptions:
+    """The container runtime's options from the agent's settings (the owner is the host id, set by ``Agent``)."""
+    return ContainerOptions(
+        docker_url=settings.docker_url,
+        allowed_images=tuple(settings.allowed_images),
+        max_image_mib=settings.max_image_mib,
+        default_pids_limit=settings.container_pids_limit,
+        default_memory_mib=settings.container_memory_mib,
+        default_shm_mib=settings.container_shm_mib,
     )
 
 
@@ -61,12 +75,14 @@ def isolation_from_settings(settings: AgentSettings, *, container_engine: str | 
         image_policy=ImagePolicyModel(allowed=settings.allowed_images, max_image_mib=settings.max_image_mib),
         private_dirs=[settings.data_dir],
     )
-    (log.info if isolation.facts.isolated else log.warning)("%s", isolation_summary(isolation.facts))
     return isolation
 
 
 async def serve_agent(settings: AgentSettings, *, stop: asyncio.Event) -> None:
     agent = agent_from_settings(settings)
+    await agent.refresh_isolation()  # asks the container engine: the line below says whether containers run
+    facts = agent.isolation.facts
+    (log.info if facts.isolated else log.warning)("%s", isolation_summary(facts))
     print(f"agent for host {agent.host_id} starting ({agent.backend.name}, {len(agent.backend.gpus())} GPU)", flush=True)
     task = asyncio.create_task(agent.run(), name="agent")
     try:

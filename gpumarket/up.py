@@ -35,6 +35,7 @@ from access.relay import Relay
 from agent.enroll import enroll
 from agent.gpu import open_backend
 from agent.runner import Agent, AgentTimings
+from agent.runtimes.container import ContainerOptions, probe_container_engine
 from agent.runtimes.isolation import HostIsolation, host_isolation, isolation_summary
 from agent.runtimes.users import DEFAULT_RENTALS_ROOT
 from agent.state import AgentState, atomic_write, make_private
@@ -115,14 +116,20 @@ async def start_marketplace(
     rentals_root: Path = DEFAULT_RENTALS_ROOT,
     allow_unisolated_workloads: bool = False,
     container_engine: str | None = None,
+    docker_url: str | None = None,
 ) -> Marketplace:
-    """Start it all; ``container_engine`` is what the engine probe answered (``None``: none answers)."""
+    """Start it all. ``container_engine`` is what the engine probe answered (``None``: none answers); by
+    default the engine at ``docker_url`` (or the system's socket) is asked."""
     data_dir = data_dir.resolve()
     make_private(data_dir)  # the CA key, credentials.json, the agents' keys: nobody else's business
     isolation = await asyncio.to_thread(
         host_isolation, allow_unisolated=allow_unisolated_workloads, container_engine=container_engine, rentals_root=rentals_root,
         private_dirs=[data_dir],
     )
+    if container_engine is None:
+        engine = await probe_container_engine(ContainerOptions(docker_url=docker_url), data_dir / "agents")
+        note = "" if engine.engine is None or engine.network_guard.active else f"container network guard off: {engine.network_guard.reason}"
+        isolation = isolation.with_container_engine(engine.engine, note=note)
     settings = settings or MasterSettings.load(
         data_dir=data_dir,
         http_host=http_host,
@@ -194,6 +201,7 @@ async def start_marketplace(
             agent = await _demo_agent(
                 master, data_dir / "agents" / f"agent-{i:02d}", i, base, relay.url, provider_id,
                 network_interval=network_interval, dns=(http_host, dns.port), isolation=isolation,
+                container=ContainerOptions(docker_url=docker_url),
             )
             market.agents.append(agent)
             market.agent_tasks.append(asyncio.create_task(agent.run(), name=f"agent-{i:02d}"))
@@ -236,7 +244,7 @@ async def _demo_credentials(master: Master, path: Path, api_url: str, console_ur
 
 async def _demo_agent(
     master: Master, folder: Path, i: int, base_url: str, relay_url: str, provider_id: str, *,
-    network_interval: float, dns: tuple[str, int], isolation: HostIsolation,
+    network_interval: float, dns: tuple[str, int], isolation: HostIsolation, container: ContainerOptions,
 ) -> Agent:
     state = AgentState(folder)
     spec = DEMO_FLEET[i % len(DEMO_FLEET)]
@@ -263,6 +271,7 @@ async def _demo_agent(
         network_target_seconds=0.5,
         stop_workloads_on_close=True,  # the demo's hosts go away with it
         isolation=isolation,
+        container=container,
     )
 
 

@@ -779,3 +779,13 @@ async def _frames(stream: aiohttp.StreamReader) -> AsyncIterator[bytes]:
                 yield await stream.readexactly(length)
             except asyncio.IncompleteReadError:
                 return
+
+
+async def probe_container_engine(options: ContainerOptions, work_dir: Path) -> ContainerFacts:
+    """What ``ContainerRuntime.facts`` says, from a runtime opened for the question and closed
+    again (``gpumarket up`` asks before its agents exist). Never raises; cancelling is safe."""
+    runtime = ContainerRuntime(work_dir, options, device_requests=False)
+    try:
+        return await runtime.facts()
+    finally:
+        await runtime.close()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -133,6 +133,20 @@ class HostIsolation:
 
     facts: IsolationFacts
     users: RentalUsers | None = None
+    process: ProcessIsolation | None = None  # None: facts given as they are (tests)
+    allow_unisolated: bool = False
+
+    def with_container_engine(self, engine: str | None, *, note: str = "") -> HostIsolation:
+        """The same decision once the container engine answered (``engine``: ``"docker 24.0.7"``, or
+        ``None``); ``note`` (the network guard being off, say) joins the facts' reason."""
+        if self.process is None:
+            return self
+        facts = isolation_facts(
+            self.process, container_engine=engine, allow_unisolated=self.allow_unisolated, image_policy=self.facts.image_policy
+        )
+        if note:
+            facts = facts.model_copy(update={"reason": "; ".join(filter(None, [facts.reason, note]))[:1024]})
+        return replace(self, facts=facts)
 
 
 def host_isolation(
@@ -165,4 +179,4 @@ def host_isolation(
         except (ConfigError, OSError) as exc:
             process, users = ProcessIsolation("none", f"the rentals root is unusable: {exc}"), None
     facts = isolation_facts(process, container_engine=container_engine, allow_unisolated=allow_unisolated, image_policy=image_policy)
-    return HostIsolation(facts, users)
+    return HostIsolation(facts, users, process, allow_unisolated)
