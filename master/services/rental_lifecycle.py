@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 from pydantic import ValidationError
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
@@ -42,6 +42,7 @@ _CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 # when the stage changes: a pull reports often, the renter needs to see that it moves.
 PROGRESS_MIN_INTERVAL = timedelta(seconds=2)
 PROGRESS_PREFIX = "workload "  # progress events' causes: "workload pulling: ...", "workload pulled: ..."
+PROGRESS_STAGES = ("pulling", "pulled", "starting")  # WorkloadProgressBody.stage
 
 
 def failure_code(data: Mapping[str, object], detail: str) -> str | None:
@@ -72,7 +73,7 @@ async def apply_command_result(
                 if host is not None and host.state == "online":
                     transition(session, host, "rented", cause=f"rental {rental.id} running", actor="master")
         else:
-            reason = detail if code is None or detail.startswith(code) else f"{code}: {detail}"
+            reason = detail if code is None or detail.startswith(code) else f"{code}: {detail}" if detail else code
             if advance(session, rental, RentalState.FAILED, f"workload failed to start: {reason}"):
                 # Never confirmed started: ``started_at`` stays unset, so billing charges nothing, not even the minimum.
                 rental.failure_reason = reason
@@ -101,7 +102,10 @@ async def apply_workload_progress(
         return False  # not started yet, or over: a late report says nothing the renter needs
     last = await session.scalar(
         select(RentalEvent)
-        .where(RentalEvent.rental_id == rental.id, RentalEvent.cause.startswith(PROGRESS_PREFIX, autoescape=True))
+        .where(
+            RentalEvent.rental_id == rental.id,
+            or_(*(RentalEvent.cause.startswith(f"{PROGRESS_PREFIX}{s}:", autoescape=True) for s in PROGRESS_STAGES)),
+        )
         .order_by(RentalEvent.id.desc())
         .limit(1)
     )
