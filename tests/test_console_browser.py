@@ -137,13 +137,24 @@ class Console:
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         await self.page.screenshot(path=ARTIFACTS / f"{name}.png", full_page=True)
 
-    async def api(self, role: str, path: str) -> Any:
-        """The API's own answer, with the role's key (to check what the page did)."""
+    async def api(self, role: str, path: str, method: str = "GET") -> Any:
+        """The API's own answer, with the role's key (to check what the page did, or to clean up after it)."""
         async with (
             aiohttp.ClientSession() as http,
-            http.get(self.market.api + path, headers={"Authorization": f"Bearer {self.market.keys[role]}"}) as response,
+            http.request(method, self.market.api + path, headers={"Authorization": f"Bearer {self.market.keys[role]}"}) as response,
         ):
             return await response.json()
+
+    async def view_shot(self, name: str) -> None:
+        """What the viewport shows (a modal dialog as the user sees it)."""
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        await self.page.screenshot(path=ARTIFACTS / f"{name}.png")
+
+    async def fits_sideways(self, selector: str = "dialog") -> bool:
+        """Neither the page nor ``selector`` scrolls sideways."""
+        return bool(await self.page.evaluate(
+            "s => { const e = document.querySelector(s); return document.documentElement.scrollWidth <= innerWidth"
+            " && (!e || e.scrollWidth <= e.clientWidth); }", selector))  # fmt: skip
 
 
 async def _console(browser: Browser, market: Market, **options: Any) -> Console:
@@ -248,9 +259,11 @@ class TestRenter:
         dialog = page.get_by_role("dialog")
         await expect(dialog).to_be_visible()
         await dialog.get_by_label("Number of GPUs").fill("2")
+        await dialog.get_by_label(re.compile("^Hold only")).check()  # hold: the GPUs run, nothing else does
         await dialog.get_by_role("button", name="Review price").click()
         per_hour = Decimal(offer["price_per_gpu_hour"]) * 2
         await expect(dialog.locator("#confirm-price")).to_have_text(f"{_usd(per_hour)} per hour")
+        await expect(dialog.locator("#confirm-runs")).to_have_text("Holds the GPUs and runs nothing.")
         await console.shot("rent-confirm")
         async with page.expect_request(lambda r: r.method == "POST" and r.url.endswith("/api/v1/rentals")) as sent:
             await dialog.get_by_role("button", name="Confirm and rent").click()
@@ -326,6 +339,124 @@ class TestRenter:
         await expect(dialog.get_by_label("Bid, USD per GPU-hour")).to_be_focused()
         await console.shot("rent-refused")
         assert (await console.api("renter", "/rentals"))["total"] == before
+        assert console.problems == []
+
+    async def test_renting_with_the_default_template_runs_base(self, browser: Browser, market: Market) -> None:
+        """With nothing chosen under "What to run" the dialog rents the template base: the confirmation says so, the
+        request names it, and the rental the API made runs base's image; its page says what runs."""
+        console = await _console(browser, market, viewport={"width": 1366, "height": 900})
+        page = console.page
+        await console.sign_in("renter")
+        [base] = [t for t in (await console.api("renter", "/templates"))["templates"] if t["name"] == "base"]
+        [offer] = (await console.api("renter", "/offers?gpu_model=RTX+3060"))["items"]
+        rows = page.locator("table.offers tbody tr")
+        await expect(rows).to_have_count(3)
+        await page.locator(f'tr[data-offer-id="{offer["id"]}"]').get_by_role("button", name=re.compile("^Rent")).click()
+        dialog = page.get_by_role("dialog")
+        cards = dialog.get_by_role("radiogroup", name="Templates").get_by_role("radio")
+        await expect(cards).to_have_count(len((await console.api("renter", "/templates"))["templates"]))
+        await expect(dialog.get_by_role("radio", name=re.compile("^base"))).to_be_checked()
+        await expect(dialog.get_by_label("A template")).to_be_checked()
+        await console.view_shot("rent-dialog-1366")
+        await dialog.locator(".run-choice").scroll_into_view_if_needed()
+        await console.view_shot("rent-dialog-1366-what-to-run")
+        assert await console.fits_sideways()
+
+        await dialog.get_by_role("button", name="Review price").click()
+        await expect(dialog.locator("#confirm-runs")).to_have_text(f"Runs template base ({base['image']}).")
+        async with page.expect_request(lambda r: r.method == "POST" and r.url.endswith("/api/v1/rentals")) as sent:
+            await dialog.get_by_role("button", name="Confirm and rent").click()
+        body = json.loads((await sent.value).post_data or "{}")
+        assert body["template"] == "base" and "workload" not in body
+        await expect(page).to_have_url(re.compile(r"#/rentals/r-"))
+        rental_id = page.url.rsplit("/", 1)[1]
+        rental = await console.api("renter", f"/rentals/{rental_id}")
+        assert rental["template"] == "base"
+        assert rental["workload"]["kind"] == "container" and rental["workload"]["image"] == base["image"]
+        await expect(page.locator("#rental-runs")).to_have_text(f"Runs template base ({base['image']})")
+        await console.shot("rental-template")
+        if rental["state"] in ("pending", "starting", "running"):  # leave the host's GPU free for the other tests
+            await console.api("renter", f"/rentals/{rental_id}", method="DELETE")
+        assert console.problems == []
+
+    async def test_a_custom_image_with_a_bad_port_shows_the_error_next_to_it_and_rents_nothing(
+        self, browser: Browser, market: Market
+    ) -> None:
+        """A custom image's bad reference and out-of-range port are each shown next to their field, which is focused
+        and marked invalid; nothing is reviewed and no rental is made."""
+        console = await _console(browser, market, viewport={"width": 1366, "height": 900})
+        page = console.page
+        await console.sign_in("renter")
+        before = (await console.api("renter", "/rentals"))["total"]
+        await page.locator("table.offers tbody tr").first.get_by_role("button", name=re.compile("^Rent")).click()
+        dialog = page.get_by_role("dialog")
+        await dialog.get_by_label("Custom image").check()
+        image = dialog.get_by_label("Image", exact=True)
+        ports = dialog.get_by_label("Ports (optional)")
+        await image.fill("Ubuntu:24.04")
+        await ports.fill("8888, 70000")
+        await dialog.get_by_role("button", name="Review price").click()
+        image_error = dialog.locator(".field", has=image).locator(".field-error")
+        await expect(image_error).to_contain_text("lower-case")
+        await expect(image).to_be_focused()
+        await expect(image).to_have_attribute("aria-invalid", "true")
+
+        await image.fill("ubuntu:24.04")
+        await dialog.get_by_role("button", name="Review price").click()
+        await expect(image_error).to_be_hidden()
+        port_error = dialog.locator(".field", has=ports).locator(".field-error")
+        await expect(port_error).to_contain_text("70000 is out of range")
+        await expect(ports).to_be_focused()
+        assert await ports.evaluate("(e, id) => e.getAttribute('aria-describedby').split(' ').includes(id)", await port_error.get_attribute("id"))
+        await expect(dialog.get_by_role("button", name="Confirm and rent")).to_have_count(0)
+        await expect(dialog.get_by_role("alert")).to_be_hidden()  # the message is at the field, not in the box above
+        await dialog.locator(".field", has=ports).scroll_into_view_if_needed()
+        await console.view_shot("rent-dialog-1366-bad-port")
+        assert (await console.api("renter", "/rentals"))["total"] == before
+        assert console.problems == []
+
+    async def test_the_rent_dialog_fits_a_narrow_screen(self, browser: Browser, market: Market) -> None:
+        """On a phone-sized screen the Rent dialog, with the templates and with the custom image's fields, does not scroll sideways."""
+        console = await _console(browser, market, viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+        page = console.page
+        await console.sign_in("renter")
+        await page.locator("table.offers tbody tr").first.get_by_role("button", name=re.compile("^Rent")).click()
+        dialog = page.get_by_role("dialog")
+        await expect(dialog.get_by_role("radio", name=re.compile("^base"))).to_be_checked()
+        assert await console.fits_sideways()
+        await console.view_shot("rent-dialog-phone")
+        await dialog.locator(".run-choice").scroll_into_view_if_needed()
+        await console.view_shot("rent-dialog-phone-templates")
+        await dialog.get_by_label("Custom image").check()
+        await dialog.get_by_label("Image", exact=True).fill("nvcr.io/nvidia/pytorch:24.05-py3")
+        await dialog.get_by_label("Ports (optional)").fill("0")
+        await dialog.get_by_role("button", name="Review price").click()
+        await expect(dialog.locator(".field-error").filter(has_text="out of range")).to_be_visible()
+        assert await console.fits_sideways()
+        await console.view_shot("rent-dialog-phone-custom-image")
+        assert console.problems == []
+
+    async def test_the_isolated_filter_narrows_the_offers(self, browser: Browser, market: Market) -> None:
+        """"Isolated hosts only" asks the API for isolated=true and shows exactly the offers it answers, each badged isolated."""
+        console = await _console(browser, market)
+        page = console.page
+        await console.sign_in("renter")
+        rows = page.locator("table.offers tbody tr")
+        await expect(rows).to_have_count(3)
+        isolated = (await console.api("renter", "/offers?isolated=true"))["items"]
+        assert all(o["isolation"] and o["isolation"]["isolated"] for o in isolated)
+        await page.get_by_label("Isolated hosts only").check()
+        async with page.expect_request(lambda r: "/api/v1/offers?" in r.url) as sent:
+            await page.get_by_role("button", name="Search").click()
+        assert "isolated=true" in (await sent.value).url
+        await expect(rows).to_have_count(len(isolated) or 1)  # none: the one row that says so
+        if isolated:
+            await expect(rows.locator(".offer-isolation .badge")).to_have_text([re.compile("^isolated · ")] * len(isolated))
+        await console.shot("marketplace-isolated")
+        await page.get_by_role("button", name="Reset").click()
+        await expect(rows).to_have_count(3)
+        badges = await rows.locator(".offer-isolation .badge").all_inner_texts()
+        assert all(b in ("isolated · containers", "isolated · per-user processes", "isolated · hold only", "not isolated", "unknown") for b in badges)
         assert console.problems == []
 
     async def test_an_ended_session_asks_to_sign_in_again_and_returns_to_the_page(self, browser: Browser, market: Market) -> None:

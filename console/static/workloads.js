@@ -165,7 +165,7 @@ export function describeRun({ template, workload }, templates = []) {
 /** The rental page's facts about its workload. */
 export function workloadFacts(rental) {
   const w = rental.workload || { kind: "hold" };
-  const pairs = [["Runs", h("span", { id: "rental-runs" }, describeRun(rental))]];
+  const pairs = [["What runs", h("span", { id: "rental-runs" }, describeRun(rental))]];
   if (w.kind === "container") {
     pairs.push(["Image", h("code", {}, w.image)]);
     if (w.command && w.command.length) pairs.push(["Command", h("code", {}, wordsText(w.command))]);
