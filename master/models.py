@@ -154,6 +154,10 @@ class Host(Base):
     faults_since: Mapped[datetime | None] = mapped_column(default=None)
     # Telemetry fields the master refused from this host (field name → count).
     rejected_fields: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # How the host isolates workloads, from its newest hello (``shared.protocol.IsolationFacts`` as JSON:
+    # kinds, isolated, container_engine, process_isolation, reason, image_policy). NULL: an agent older
+    # than container workloads, which keeps the placement it always had.
+    isolation: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
 
 
 class HostEvent(Base):
@@ -256,6 +260,8 @@ class Rental(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(255), default=None)
     request_fingerprint: Mapped[str | None] = mapped_column(String(64), default=None)
     failure_reason: Mapped[str | None] = mapped_column(Text, default=None)
+    # The agent's stable code for a start that failed (image_pull_failed, image_not_allowed, ...); NULL otherwise.
+    failure_code: Mapped[str | None] = mapped_column(String(64), default=None)
     created_at: Mapped[datetime] = mapped_column(default=_now)
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     stopped_at: Mapped[datetime | None] = mapped_column(default=None)
@@ -287,6 +293,23 @@ class GpuAllocation(Base):
     active_mig: Mapped[str | None] = mapped_column(String(128), default=None)
     created_at: Mapped[datetime] = mapped_column(default=_now)
     released_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class Template(Base):
+    """A named container workload renters can start by name (``master/services/templates.py``).
+
+    ``workload`` is a ``shared.protocol.ContainerWorkload`` as JSON (kind, image, command, args, env,
+    ports, shm_mib, limits); a rental copies it when it is created, so editing a template never
+    changes a rental that already exists.
+    """
+
+    __tablename__ = "templates"
+
+    name: Mapped[str] = mapped_column(String(40), primary_key=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    workload: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=_now)
+    updated_at: Mapped[datetime] = mapped_column(default=_now)
 
 
 class RentalEvent(Base):

@@ -118,6 +118,7 @@ class World:
             "rental_id": self.rentals[RENTER], "host_id": self.hosts[PROVIDER], "alert_id": self.alerts[PROVIDER],
             "account_id": self.account(RENTER), "invoice_id": self.document(RENTER), "statement_id": self.document(PROVIDER),
             "other_host_id": self.hosts[OTHER_PROVIDER], "other_provider_id": self.account(OTHER_PROVIDER),
+            "name": "pytorch",  # a seeded template
         }  # fmt: skip
 
 
@@ -215,6 +216,7 @@ class Rule:
 
 
 LISTING = {"price_per_gpu_hour": "0.60", "smallest_unit": "gpu"}
+TEMPLATE = {"image": "ubuntu:24.04", "command": ["sleep", "infinity"], "description": "edited"}
 
 MATRIX: tuple[Rule, ...] = (
     # Core: health, the account, enrollment, hosts, rentals.
@@ -268,6 +270,11 @@ MATRIX: tuple[Rule, ...] = (
     Rule("GET", "/sessions/current", everyone((404, "no_session"))),
     Rule("DELETE", "/sessions/current", everyone((404, "no_session"))),
     Rule("GET", "/hosts/{host_id}/metrics/stream", host_read(), stream=True),
+    # Templates: everyone signed in reads them, admins edit them.
+    Rule("GET", "/templates", everyone(200)),
+    Rule("GET", "/templates/{name}", everyone(200)),
+    Rule("PUT", "/templates/{name}", only(200, "admin"), body=fixed(TEMPLATE)),
+    Rule("DELETE", "/templates/{name}", only(200, "admin"), last=True),
 )  # fmt: skip
 
 PUBLIC = {(route.method, route.path) for route in ROUTES if route.public}

@@ -6,6 +6,8 @@ Every other route documents its success body as "an object".
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, Field
 
 
@@ -54,3 +56,25 @@ class ConsoleSession(BaseModel):
 
 class SignedOut(BaseModel):
     signed_out: bool
+
+
+class TemplateView(BaseModel):
+    name: str
+    description: str
+    image: str = Field(description="The image the template runs.")
+    command: list[str] | None = Field(description="Replaces the image's ENTRYPOINT; null: the image's own.")
+    args: list[str] | None = Field(description="Replaces the image's CMD; null: the image's own.")
+    env: dict[str, str]
+    ports: list[int] = Field(description="TCP ports the workload serves.")
+    shm_mib: int | None = Field(description="Size of /dev/shm, MiB; null: the agent's default.")
+    workload: dict[str, Any] = Field(description="The whole container workload a rental of this template runs.")
+    updated_at: str
+
+
+class TemplateList(BaseModel):
+    templates: list[TemplateView]
+
+
+class TemplateDeleted(BaseModel):
+    name: str
+    deleted: bool

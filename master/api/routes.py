@@ -39,7 +39,7 @@ from master.services import (
 )
 from master.telemetry import series
 from master.telemetry import store as telemetry
-from shared.errors import BadRequest
+from shared.errors import BadRequest, ValidationFailed
 
 # ---- handlers -------------------------------------------------------------------------
 
@@ -188,11 +188,17 @@ async def start_health_check(request: web.Request) -> web.Response:
 
 async def create_rental(request: web.Request) -> web.Response:
     body = await parse_body(request, RentalCreate)
+    if body.template is not None and "workload" in body.model_fields_set:
+        raise ValidationFailed(
+            "give either template (a name from GET /api/v1/templates) or workload, not both",
+            code="template_and_workload", details={"problems": [{"field": "template", "problem": "excludes workload"}]},
+        )
     key = request.headers.get("Idempotency-Key")
     if key is not None and not 1 <= len(key) <= 255:
         raise BadRequest("Idempotency-Key must be 1 to 255 characters", code="invalid_idempotency_key")
     request_ = rental_request.RentalRequest(
-        gpu_count=body.gpu_count, gpu_model=body.gpu_model, workload=body.workload.model_dump(mode="json"),
+        gpu_count=body.gpu_count, gpu_model=body.gpu_model, template=body.template,
+        workload={} if body.template is not None else body.workload.model_dump(mode="json"),
         restart_on_failure=body.restart_on_failure, gpu_milli=body.gpu_milli, gpu_memory_mib=body.gpu_memory_mib,
         mig_profile=body.mig_profile, offer_id=body.offer_id, query=body.requirements or "", kind=body.kind, bid=body.bid,
         network=body.network.model_dump() if body.network is not None else None, queue=body.queue,

@@ -10,7 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.protocol import HoldWorkload, WorkloadSpec
+from master.services.templates import MAX_DESCRIPTION_CHARS, NAME_PATTERN
+from shared.protocol import ContainerWorkload, HoldWorkload, WorkloadSpec
 
 
 class _Body(BaseModel):
@@ -37,7 +38,10 @@ class RentalCreate(_Body):
     network: NetworkLimitsBody | None = Field(None, description="Only hosts whose measured network to your region keeps these limits.")
     queue: bool = Field(False, description="Wait for GPUs instead of failing when none are free now.")
     queue_timeout_s: float = Field(600.0, ge=1, le=30 * 86400, description="How long to wait in the queue before failing.")
-    workload: WorkloadSpec = Field(default_factory=HoldWorkload, description="What the rental runs (the same model the agent receives).")
+    template: str | None = Field(None, pattern=NAME_PATTERN, max_length=40, description="A template from GET /templates (e.g. base, "
+                                 "pytorch, jupyter, vllm): the rental runs its container workload as it is now. Excludes workload.")
+    workload: WorkloadSpec = Field(default_factory=HoldWorkload, description="What the rental runs (the same model the agent receives); "
+                                   "with neither this nor template, a hold (GPUs reserved, nothing run).")
     restart_on_failure: bool = Field(False, description="If the host is lost, start the workload again on another host "
                                                           "(a new rental, named in this one's events).")
 
@@ -67,3 +71,13 @@ class ErrorBody(BaseModel):
     code: str
     message: str
     details: dict[str, Any] | None = None
+
+
+class TemplatePut(ContainerWorkload):
+    """A template as ``PUT /templates/{name}`` takes it: a container workload (the same fields and checks
+    as ``workload`` of ``POST /rentals`` with ``kind: container``) and a description."""
+
+    description: str = Field("", max_length=MAX_DESCRIPTION_CHARS, description="What the template is for, shown to renters.")
+
+    def workload(self) -> ContainerWorkload:
+        return ContainerWorkload.model_validate(self.model_dump(mode="json", exclude={"description"}))

@@ -46,6 +46,8 @@ class RentalRequest:
     avoid_hosts: frozenset[str] = frozenset()
     """Hosts not to place on (a re-placement avoids the host that was lost)."""
     replaces: str | None = None
+    template: str | None = None
+    """The template the workload comes from (``workload`` empty until ``rentals.create_rental`` copies it in)."""
 
     def check(self, *, max_queue_timeout_s: float) -> RentalRequest:
         """The request with its query normalised; ValidationFailed says what is wrong."""
@@ -94,7 +96,7 @@ class RentalRequest:
     def spec(self) -> dict[str, Any]:
         return {
             "offer_id": self.offer_id, "query": self.query, "gpu_model": self.gpu_model, "network": self.network,
-            "queue": self.queue, "queue_timeout_s": self.queue_timeout_s,
+            "queue": self.queue, "queue_timeout_s": self.queue_timeout_s, "template": self.template,
         }  # fmt: skip
 
     @classmethod
@@ -107,11 +109,14 @@ class RentalRequest:
             mig_profile=rental.mig_profile, offer_id=spec.get("offer_id"), query=spec.get("query") or "", kind=rental.kind,
             bid=rental.bid_per_gpu_hour, network=spec.get("network"), queue=bool(spec.get("queue")),
             queue_timeout_s=float(spec.get("queue_timeout_s") or 600.0), replaces=rental.replaces_id,
+            template=spec.get("template"),
         )  # fmt: skip
         return replace(request, **changes)
 
     def fingerprint(self) -> str:
-        fields: dict[str, Any] = {"n": self.gpu_count, "m": self.gpu_model, "w": self.workload}
+        # A template's name, not its workload: a repeat is the same request even if the template changed since.
+        what: dict[str, Any] = {"w": self.workload} if self.template is None else {"t": self.template}
+        fields: dict[str, Any] = {"n": self.gpu_count, "m": self.gpu_model, **what}
         if self.restart_on_failure:
             fields["r"] = True
         extra = {

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -18,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
 from master.models import Rental, RentalEvent, RentalLogChunk
-from master.services import commands
+from master.services import commands, templates
 from master.services.accounts import Principal
 from master.services.listings import money
 from master.services.rental_placement import try_place
@@ -43,6 +44,10 @@ async def create_rental(master: Master, renter: Principal, request: RentalReques
         existing = await _by_idempotency_key(master, renter.account_id, idempotency_key)
         if existing is not None:
             return _check_replay(existing, request), False
+    if request.template is not None and not request.workload:
+        # The template as it is now: a later edit or deletion does not touch this rental.
+        async with master.db.session() as session:
+            request = replace(request, workload=await templates.workload_of(session, request.template))
     try:
         rental, command_ids = await _create(master, renter, request, idempotency_key)
     except IntegrityError:
@@ -181,6 +186,8 @@ def rental_view(rental: Rental, events: Sequence[RentalEvent] | None = None) -> 
         "gpu_uuids": rental.gpu_uuids,
         "workload": rental.workload,
         "failure_reason": rental.failure_reason,
+        "failure_code": rental.failure_code,
+        "template": (rental.spec or {}).get("template"),
         "created_at": rental.created_at.isoformat(),
         "started_at": rental.started_at.isoformat() if rental.started_at else None,
         "stopped_at": rental.stopped_at.isoformat() if rental.stopped_at else None,
