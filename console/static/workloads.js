@@ -100,7 +100,7 @@ function portsText(ports) {
 
 /** How a host isolates rentals, in a few words: [text, class suffix]. */
 export function isolationSummary(isolation) {
-  if (!isolation) return ["unknown", "unknown"];
+  if (!isolation) return ["isolation unknown", "unknown"];
   if (!isolation.isolated) return ["not isolated", "none"];
   const kinds = isolation.kinds || [];
   if (kinds.includes("container")) return ["isolated · containers", "containers"];
@@ -224,11 +224,13 @@ export function workloadChooser(offer) {
   const isolation = offer.isolation || null;
   const kinds = isolation ? isolation.kinds || ["hold"] : null;
   const group = uid("run");
-  const choice = (label, value, checked) => field({ label, name: group, type: "radio", value, checked });
-  const useTemplate = choice("A template", "template", true);
-  const useImage = choice("Custom image", "image", false);
+  // A host whose agent said it runs no containers gets no template or image (placement would refuse them).
+  const runsContainers = !kinds || kinds.includes("container");
+  const choice = (label, value, checked, disabled = false) => field({ label, name: group, type: "radio", value, checked, disabled });
+  const useTemplate = choice("A template", "template", runsContainers, !runsContainers);
+  const useImage = choice("Custom image", "image", false, !runsContainers);
   const useProcess = choice("A command on the host (no image)", "process", false);
-  const useHold = choice("Hold only (reserve GPUs, run nothing)", "hold", false);
+  const useHold = choice("Hold only (reserve GPUs, run nothing)", "hold", !runsContainers);
   const showProcess = !kinds || kinds.includes("process");
 
   // Templates: radio cards, "base" chosen once they load.
@@ -284,9 +286,9 @@ export function workloadChooser(offer) {
   const processBox = h("div", { class: "run-part", "data-part": "process" }, argv.row);
 
   let note = null;
-  if (kinds && !kinds.includes("container")) {
+  if (!runsContainers) {
     note = h("p", { class: "warn-note", id: "run-host-note" },
-      `This host runs no containers${isolation.reason ? ` (${isolation.reason})` : ""}: templates and images fail to start here.`);
+      `This host runs no containers${isolation.reason ? ` (${isolation.reason})` : ""}: hold its GPUs${showProcess ? " or run a command on it" : ""}, or rent another host for a template or an image.`);
   } else if (isolation && !isolation.isolated) {
     note = h("p", { class: "warn-note", id: "run-host-note" }, "This host is not isolated: a workload runs as the agent's own user.");
   }
