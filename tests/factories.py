@@ -61,10 +61,11 @@ def envelope(message: protocol.AnyAgentMessage, *, relay: str = "relay-t") -> pr
     return protocol.BusEnvelope(relay_id=relay, received_at=datetime.now(UTC), message=message)
 
 
-def hello(host_id: str, seq: int, gpus: list[protocol.GpuInfoModel]) -> protocol.Hello:
+def hello(host_id: str, seq: int, gpus: list[protocol.GpuInfoModel], *, isolation: protocol.IsolationFacts | None = None) -> protocol.Hello:
+    """A hello; without ``isolation`` it is an agent's from before container workloads (the host's facts unknown)."""
     return protocol.Hello(
         host_id=host_id, seq=seq, ts=datetime.now(UTC),
-        body=protocol.HelloBody(agent_version="test", gpu_backend="sim", host={"hostname": "test"}, gpus=gpus),
+        body=protocol.HelloBody(agent_version="test", gpu_backend="sim", host={"hostname": "test"}, gpus=gpus, isolation=isolation),
     )
 
 
@@ -78,16 +79,20 @@ def telemetry(host_id: str, seq: int, gpus: list[protocol.GpuInfoModel]) -> prot
     )
 
 
-def command_result(host_id: str, seq: int, command_id: str, *, ok: bool = True, detail: str = "") -> protocol.CommandResult:
+def command_result(
+    host_id: str, seq: int, command_id: str, *, ok: bool = True, detail: str = "", data: dict[str, Any] | None = None
+) -> protocol.CommandResult:
     return protocol.CommandResult(
         host_id=host_id, seq=seq, ts=datetime.now(UTC),
-        body=protocol.CommandResultBody(command_id=command_id, ok=ok, detail=detail, finished_at=datetime.now(UTC)),
+        body=protocol.CommandResultBody(command_id=command_id, ok=ok, detail=detail, data=data or {}, finished_at=datetime.now(UTC)),
     )
 
 
-async def online_host(master: Master, provider: Principal, gpus: list[protocol.GpuInfoModel]) -> str:
-    """An enrolled host that said hello with ``gpus`` (so it is online and rentable)."""
+async def online_host(
+    master: Master, provider: Principal, gpus: list[protocol.GpuInfoModel], *, isolation: protocol.IsolationFacts | None = None
+) -> str:
+    """An enrolled host that said hello with ``gpus`` (so it is online and rentable), and ``isolation`` facts if given."""
     host_id = await enroll_host(master, provider)
     async with master.db.session() as session:
-        await hosts.handle_hello(session, envelope(hello(host_id, 0, gpus)))
+        await hosts.handle_hello(session, envelope(hello(host_id, 0, gpus, isolation=isolation)))
     return host_id

@@ -67,10 +67,11 @@ class TestParse:
         assert {type(v) for v in parse(text)[0].values} == {type(v) for v in expected.values}
 
     def test_every_field_is_documented_and_covered(self) -> None:
-        """The field table has all fifteen fields the marketplace filters by, each with a description."""
+        """The field table has all sixteen fields the marketplace filters by, each with a description."""
         assert set(FIELDS) == {
             "gpu_name", "num_gpus", "vram", "vram_mib", "compute_capability", "cuda_driver_version", "price",
             "price_per_score", "region", "tier", "score", "reliability", "download_mbps", "upload_mbps", "verified",
+            "isolated",
         }
         assert all(spec.description for spec in FIELDS.values())
 

@@ -8,13 +8,19 @@ applying their hello, progress and command results as the ingestor would.
 
 from __future__ import annotations
 
+import itertools
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
-from master.models import Command, Rental
-from tests.apiclient import Api, assert_error
-from tests.factories import create_principal
+from billing.rating import RatingPolicy, rate_open_rentals
+from master.models import Command, Host, LedgerTransaction, Rental
+from master.telemetry import hosts
+from shared import protocol
+from tests.apiclient import RTX, Api, assert_error
+from tests.factories import command_result, create_principal, envelope, gpu_info, online_host
 
 BASE = {"kind": "container", "image": "ubuntu:24.04", "command": ["sleep", "infinity"], "env": {}, "ports": []}
 
@@ -32,6 +38,39 @@ async def rent(api: Api, **body: Any) -> tuple[int, Any]:
 async def start_command(api: Api, rental_id: str) -> Command:
     [command] = await api.commands(rental_id, "start_workload")
     return command
+
+
+def facts(*kinds: str, allowed: tuple[str, ...] = (), isolated: bool = True, reason: str = "") -> protocol.IsolationFacts:
+    return protocol.IsolationFacts.model_validate({
+        "kinds": ["hold", *kinds], "isolated": isolated, "container_engine": "docker 26.1.5" if "container" in kinds else None,
+        "process_isolation": "uid" if "process" in kinds else "none", "reason": reason,
+        "image_policy": {"allowed": list(allowed), "max_image_mib": 20480},
+    })  # fmt: skip
+
+
+async def host_with(api: Api, isolation: protocol.IsolationFacts | None, *, count: int = 1) -> str:
+    """An online host of the provider with ``count`` RTX 4090s whose agent said ``isolation`` (None: an older agent)."""
+    return await online_host(api.master, api.provider, [gpu_info(i) for i in range(count)], isolation=isolation)
+
+
+CONTAINER = {"kind": "container", "image": "ubuntu:24.04", "command": ["sleep", "infinity"]}
+PROCESS = {"kind": "process", "argv": ["sleep", "infinity"]}
+_seq = itertools.count(1000)
+
+
+async def agent_says(api: Api, message: protocol.AnyAgentMessage) -> None:
+    """Apply one agent message as the ingestor would."""
+    async with api.master.db.session() as session:
+        match message:
+            case protocol.WorkloadProgress():
+                await hosts.handle_workload_progress(session, envelope(message))
+            case protocol.CommandResult():
+                await hosts.handle_command_result(session, envelope(message))
+
+
+def progress(host_id: str, rental_id: str, stage: str, text: str, at: datetime, percent: float | None = None) -> protocol.WorkloadProgress:
+    body = protocol.WorkloadProgressBody(rental_id=rental_id, at=at, stage=stage, text=text, percent=percent)
+    return protocol.WorkloadProgress(host_id=host_id, seq=next(_seq), ts=at, body=body)
 
 
 class TestTemplates:
@@ -184,3 +223,176 @@ class TestRentalsOfTemplates:
         assert_error(status, body, 422, "validation_failed")
         assert body["details"]["problems"][0]["field"] == field, body
 
+
+
+class TestHostsSayHowTheyIsolate:
+    async def test_hello_facts_show_on_the_host_and_its_offers(self, api: Api) -> None:
+        """The hello's isolation facts are the host's ``isolation`` in host views and offers; an older agent's is null."""
+        isolated = await host_with(api, facts("container", allowed=("docker.io/library/*",)))
+        legacy = await host_with(api, None)
+        status, body = await api.as_renter("GET", f"/hosts/{isolated}")
+        assert status == 200
+        assert body["isolation"] == {
+            "isolated": True, "kinds": ["hold", "container"], "container_engine": "docker 26.1.5", "process_isolation": "none",
+            "reason": "", "image_policy": {"allowed": ["docker.io/library/*"], "max_image_mib": 20480},
+        }  # fmt: skip
+        status, body = await api.as_renter("GET", f"/hosts/{legacy}")
+        assert body["isolation"] is None
+        status, body = await api.as_renter("GET", "/offers")
+        by_host = {o["host_id"]: o for o in body["items"]}
+        assert by_host[isolated]["isolation"]["kinds"] == ["hold", "container"] and by_host[legacy]["isolation"] is None
+
+    async def test_offers_filter_on_isolated_by_parameter_and_query(self, api: Api) -> None:
+        """isolated=true keeps hosts whose facts say isolated; false those that say not; older agents' hosts match neither."""
+        isolated = await host_with(api, facts("container"))
+        unisolated = await host_with(api, facts("process", isolated=False, reason="no engine, not root"))
+        await host_with(api, None)
+        for params, expected in (
+            ({"isolated": "true"}, {isolated}), ({"q": "isolated=true"}, {isolated}),
+            ({"isolated": "false"}, {unisolated}), ({"q": "isolated=false"}, {unisolated}),
+        ):  # fmt: skip
+            status, body = await api.as_renter("GET", "/offers", params=params)
+            assert status == 200, body
+            assert {o["host_id"] for o in body["items"]} == expected, params
+        status, body = await api.as_renter("GET", "/offers", params={"q": "isolated=maybe"})
+        assert_error(status, body, 400, "invalid_query")
+
+    async def test_a_newer_hello_without_facts_makes_them_unknown(self, api: Api) -> None:
+        """An agent downgraded to one that does not say is unknown again, not stuck with its old facts."""
+        host_id = await host_with(api, facts("container"))
+        async with api.master.db.session() as session:
+            await hosts.handle_hello(session, envelope(protocol.Hello(
+                host_id=host_id, seq=5, ts=datetime.now(UTC),
+                body=protocol.HelloBody(agent_version="old", gpu_backend="sim", gpus=[]),
+            )))  # fmt: skip
+            assert (await session.get(Host, host_id)).isolation is None  # type: ignore[union-attr]
+
+
+class TestPlacementByIsolation:
+    async def test_a_container_goes_only_to_a_host_that_runs_containers(self, api: Api) -> None:
+        """Hosts that run processes only are skipped; the container host gets the rental."""
+        await host_with(api, facts("process"), count=4)
+        wanted = await host_with(api, facts("container"))
+        status, body = await rent(api, workload=CONTAINER)
+        assert status == 201, body
+        assert body["host_id"] == wanted
+
+    async def test_a_container_skips_hosts_whose_image_policy_refuses_the_image(self, api: Api) -> None:
+        """A provider that allows nvcr.io only does not get an ubuntu rental; one that allows Docker Hub's library does."""
+        await host_with(api, facts("container", allowed=("nvcr.io",)), count=4)
+        wanted = await host_with(api, facts("container", allowed=("docker.io/library/*",)))
+        status, body = await rent(api, workload=CONTAINER)
+        assert status == 201 and body["host_id"] == wanted, body
+
+    async def test_a_process_goes_only_to_a_host_that_runs_processes(self, api: Api) -> None:
+        """Container-only hosts are skipped for a process workload."""
+        await host_with(api, facts("container"), count=4)
+        wanted = await host_with(api, facts("process"))
+        status, body = await rent(api, workload=PROCESS)
+        assert status == 201 and body["host_id"] == wanted, body
+
+    async def test_hosts_of_older_agents_keep_todays_placement(self, api: Api) -> None:
+        """A host with no facts takes containers, processes and holds as before."""
+        legacy = await host_with(api, None, count=3)
+        for workload in (CONTAINER, PROCESS, {"kind": "hold"}):
+            status, body = await rent(api, workload=workload)
+            assert status == 201 and body["host_id"] == legacy, body
+
+    async def test_a_hold_goes_anywhere(self, api: Api) -> None:
+        """Reserving GPUs runs nothing: a host that runs no workloads at all still takes it."""
+        host_id = await host_with(api, facts())
+        status, body = await rent(api)
+        assert status == 201 and body["host_id"] == host_id
+
+    async def test_no_host_that_runs_containers_says_why(self, api: Api) -> None:
+        """409 insufficient_capacity naming container workloads and how many hosts were left out for it."""
+        await host_with(api, facts("process"), count=2)
+        await host_with(api, facts("container", allowed=("nvcr.io",)))
+        status, body = await rent(api, template="base")
+        assert_error(status, body, 409, "insufficient_capacity")
+        assert "no host that runs container workloads of ubuntu:24.04" in body["message"]
+        assert "not running container workloads" in body["message"] and "image policy" in body["message"]
+        assert await api.count(Rental) == 0
+
+    async def test_an_offer_on_a_host_that_cannot_run_it_is_refused(self, api: Api) -> None:
+        """Naming an offer whose host lacks the kind (or refuses the image) is a 422 with the host's reason."""
+        process_only = await host_with(api, facts("process", reason="no container engine answers"))
+        status, body = await rent(api, offer_id=f"{process_only}:{RTX}", workload=CONTAINER)
+        assert_error(status, body, 422, "workload_kind_unsupported")
+        assert "no container engine answers" in body["message"]
+        strict = await host_with(api, facts("container", allowed=("nvcr.io",)))
+        status, body = await rent(api, offer_id=f"{strict}:{RTX}", workload=CONTAINER)
+        assert_error(status, body, 422, "image_not_allowed")
+
+
+class TestStartProgressAndFailures:
+    async def test_pull_progress_becomes_rate_bounded_rental_events(self, api: Api) -> None:
+        """Progress is an event; within 2 s only a stage change adds one; a redelivery adds nothing."""
+        host_id = await host_with(api, facts("container"))
+        _, rental = await rent(api, template="pytorch")
+        t0 = datetime.now(UTC)
+        reports = [
+            progress(host_id, rental["id"], "pulling", "pulling pytorch/pytorch", t0, 0),
+            progress(host_id, rental["id"], "pulling", "downloading layers", t0 + timedelta(seconds=1), 40),  # too soon
+            progress(host_id, rental["id"], "pulling", "downloading layers", t0 + timedelta(seconds=2.5), 80),
+            progress(host_id, rental["id"], "pulled", "pulled pytorch/pytorch", t0 + timedelta(seconds=2.6)),  # a new stage
+            progress(host_id, rental["id"], "starting", "starting the container", t0 + timedelta(seconds=2.7)),
+        ]
+        for report in [*reports, reports[3]]:
+            await agent_says(api, report)
+        _, body = await api.as_renter("GET", f"/rentals/{rental['id']}")
+        causes = [e["cause"] for e in body["events"] if e["cause"].startswith("workload ")]
+        assert causes == [
+            "workload pulling: pulling pytorch/pytorch (0%)", "workload pulling: downloading layers (80%)",
+            "workload pulled: pulled pytorch/pytorch", "workload starting: starting the container",
+        ]  # fmt: skip
+        assert all(e["from"] == e["to"] == "starting" for e in body["events"] if e["cause"].startswith("workload "))
+
+    async def test_progress_for_a_rental_of_another_host_is_ignored(self, api: Api) -> None:
+        """A host cannot write events into a rental it does not run."""
+        await host_with(api, facts("container"))
+        _, rental = await rent(api, template="base")
+        other = await host_with(api, facts("container"))
+        await agent_says(api, progress(other, rental["id"], "pulling", "forged", datetime.now(UTC)))
+        _, body = await api.as_renter("GET", f"/rentals/{rental['id']}")
+        assert not any("forged" in e["cause"] for e in body["events"])
+
+    @pytest.mark.parametrize(
+        "code", ["image_pull_failed", "image_not_allowed", "image_too_large", "container_runtime_unavailable", "workload_not_isolated"]
+    )
+    async def test_a_failed_start_fails_the_rental_with_its_code_and_charges_nothing(self, api: Api, code: str) -> None:
+        """The agent's code ends the rental failed with the reason in its events, and rating posts nothing for it."""
+        host_id = await host_with(api, facts("container"))
+        _, rental = await rent(api, template="base")
+        command = await start_command(api, rental["id"])
+        detail = "pull access denied for ubuntu: manifest unknown"
+        await agent_says(api, command_result(host_id, next(_seq), command.id, ok=False, detail=detail, data={"code": code}))
+        _, body = await api.as_renter("GET", f"/rentals/{rental['id']}")
+        assert body["state"] == "failed" and body["failure_code"] == code
+        assert body["failure_reason"] == f"{code}: {detail}" and body["started_at"] is None
+        assert body["events"][-1]["to"] == "failed" and code in body["events"][-1]["cause"]
+        await rate_open_rentals(api.master.db, now=datetime.now(UTC) + timedelta(hours=1), policy=RatingPolicy(min_period_s=60))
+        async with api.master.db.session() as session:
+            posted = (await session.scalars(select(LedgerTransaction).where(LedgerTransaction.rental_id == rental["id"]))).all()
+        assert posted == []
+        _, host = await api.as_provider("GET", f"/hosts/{host_id}")
+        assert host["state"] == "online" and host["active_rentals"] == []
+
+    async def test_a_code_leading_the_detail_is_read_when_data_has_none(self, api: Api) -> None:
+        """An agent that only writes 'image_pull_failed: ...' in its detail still gives the rental its code."""
+        host_id = await host_with(api, facts("container"))
+        _, rental = await rent(api, template="base")
+        command = await start_command(api, rental["id"])
+        await agent_says(api, command_result(host_id, next(_seq), command.id, ok=False, detail="image_pull_failed: timeout"))
+        _, body = await api.as_renter("GET", f"/rentals/{rental['id']}")
+        assert body["failure_code"] == "image_pull_failed" and body["failure_reason"] == "image_pull_failed: timeout"
+
+    async def test_a_started_container_rental_is_charged_as_usual(self, api: Api) -> None:
+        """The control for the test above: the same rating pass charges a rental the agent confirmed started."""
+        await host_with(api, facts("container"))
+        _, rental = await rent(api, template="base")
+        await api.agent_reports(rental["id"], "start_workload")
+        await rate_open_rentals(api.master.db, now=datetime.now(UTC) + timedelta(hours=1), policy=RatingPolicy(min_period_s=60))
+        async with api.master.db.session() as session:
+            posted = (await session.scalars(select(LedgerTransaction).where(LedgerTransaction.rental_id == rental["id"]))).all()
+        assert [p.kind for p in posted] == ["usage"]

@@ -87,6 +87,7 @@ class HostState:
     links: dict[str, LinkStats]
     smallest_unit: str  # from the listing; "gpu" when unlisted
     gpus: list[GpuState] = field(default_factory=list)
+    isolation: dict[str, Any] | None = None  # the host's isolation facts (None: an older agent, unknown)
 
     def models(self) -> list[str]:
         return sorted({gpu.name for gpu in self.gpus})
@@ -155,7 +156,7 @@ async def load_fleet(
             Gpu.id, Gpu.host_id, Gpu.index, Gpu.uuid, Gpu.name, Gpu.memory_total_mib, Gpu.rental_id, Gpu.milli_used,
             Gpu.memory_used_mib, Gpu.tier, mig_mode, case((mig_mode.is_(True), Gpu.info), else_=None),
             Host.region, Host.latest_network, HostListing.smallest_unit, HostListing.min_bid_per_gpu_hour,
-            price_expression(bounds),
+            price_expression(bounds), Host.isolation,
         )
         .join(Host, Host.id == Gpu.host_id)
         .outerjoin(HostListing, HostListing.host_id == Gpu.host_id)
@@ -169,10 +170,10 @@ async def load_fleet(
         query = query.where(Gpu.host_id.in_(list(host_ids)))
     fleet: dict[str, HostState] = {}
     for (gpu_id, host_id, index, uuid, name, memory, holder, milli_used, memory_used, tier_name, mig_on, info, region,
-         network, unit, listed_min_bid, price) in (await session.execute(query)).all():  # fmt: skip
+         network, unit, listed_min_bid, price, isolation) in (await session.execute(query)).all():  # fmt: skip
         state = fleet.get(host_id)
         if state is None:
-            state = fleet[host_id] = HostState(host_id, region, _links(region, network), unit or "gpu")
+            state = fleet[host_id] = HostState(host_id, region, _links(region, network), unit or "gpu", isolation=isolation)
         tier = Tier(tier_name) if tier_name in _TIERS else Tier.ENTRY
         min_bid = listed_min_bid if listed_min_bid else bounds[tier].min
         mig = None

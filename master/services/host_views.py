@@ -17,6 +17,7 @@ from master.context import Master
 from master.models import Gpu, Host, HostEvent, NetworkMeasurement, Rental
 from master.services import commands, reliability
 from master.services.accounts import Principal
+from master.services.isolation import isolation_view
 from master.services.rentalstate import ACTIVE_STATES
 from shared import protocol
 from shared.errors import NotFound
@@ -78,6 +79,7 @@ def host_view(host: Host, gpus: Sequence[Gpu], *, detail: bool = False, active_r
         "tier": best.tier if best is not None else None,
         "score": best.score if best is not None else None,
         "active_rentals": list(active_rentals),
+        "isolation": isolation_view(host.isolation),
         "gpu_count": sum(1 for g in gpus if g.present),
         "gpus": [_gpu_view(g) for g in sorted(gpus, key=lambda g: g.index) if g.present],
     }

@@ -129,6 +129,8 @@ FIELDS: dict[str, FieldSpec] = {
         FieldSpec("download_mbps", Kind.NUMBER, "Measured download speed, Mbit/s."),
         FieldSpec("upload_mbps", Kind.NUMBER, "Measured upload speed, Mbit/s."),
         FieldSpec("verified", Kind.BOOL, "The listing was verified by the platform (true or false)."),
+        FieldSpec("isolated", Kind.BOOL, "The host isolates renters' workloads (containers or per-rental users): true or "
+                  "false; hosts of older agents, which do not say, match neither."),
     )
 }
 

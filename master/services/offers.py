@@ -65,6 +65,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.models import Gpu, Host, HostListing
 from master.services.hoststate import RENTABLE_STATES
+from master.services.isolation import isolation_view
 from master.services.listings import PriceBounds, load_price_bounds, money, upcoming_windows, window_time
 from master.services.offerquery import Condition, Op, Value, Version
 from master.services.placement import model_matches
@@ -185,6 +186,9 @@ class _Columns:
                 return _compare(Host.latest_network[c.field].as_float(), c.op, values)
             case "verified":
                 return _compare(func.coalesce(HostListing.verified, false()), c.op, values)
+            case "isolated":
+                # NULL (an older agent's host: unknown) fails = either way and passes !=.
+                return _compare(Host.isolation["isolated"].as_boolean(), c.op, values)
         raise ValueError(f"no SQL for offer field {c.field!r}")  # the parser only makes known fields
 
 
@@ -300,7 +304,7 @@ async def search_offers(session: AsyncSession, search: OfferSearch) -> tuple[lis
         row.id: row
         for row in (
             await session.execute(
-                select(Host.id, Host.region, Host.state, Host.latest_network, HostListing)
+                select(Host.id, Host.region, Host.state, Host.latest_network, Host.isolation, HostListing)
                 .outerjoin(HostListing, HostListing.host_id == Host.id)
                 .where(Host.id.in_(host_ids))
             )
@@ -350,4 +354,5 @@ def _offer_view(row: Any, host: Any, versions: tuple[str | None, str | None], no
         "smallest_unit": "gpu" if listing is None else listing.smallest_unit,
         "available_until": None if listing is None or listing.available_until is None else listing.available_until.isoformat(),
         "maintenance_windows": [] if listing is None else upcoming_windows(listing.maintenance_windows, now),
+        "isolation": isolation_view(host.isolation),
     }

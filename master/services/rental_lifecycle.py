@@ -1,4 +1,5 @@
-"""A rental after placement: what the agent's results and workload exits mean, lost hosts, re-placement, strays.
+"""A rental after placement: what the agent's results, start progress and workload exits mean, lost hosts,
+re-placement, strays.
 
 Every change goes through ``rentalstate.advance``: results, exits, stops and lost hosts race
 (the bus delivers at least once, several masters apply messages), and the first ending wins.
@@ -7,7 +8,8 @@ Every change goes through ``rentalstate.advance``: results, exits, stops and los
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 from pydantic import ValidationError
@@ -29,9 +31,34 @@ from shared.errors import ClientError
 
 log = logging.getLogger(__name__)
 
+# The agent's codes for a start that could not happen (``data.code`` of a failed ``start_workload``).
+# Such a rental ends ``failed`` with the code; it never started, so nothing is charged (docs/billing.md).
+START_FAILURE_CODES = frozenset(
+    {"image_pull_failed", "image_not_allowed", "image_too_large", "container_runtime_unavailable", "workload_not_isolated"}
+)
+_CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
-async def apply_command_result(session: AsyncSession, command: CommandRow, *, ok: bool, detail: str, at: datetime) -> None:
-    """What an agent's confirmation means for the rental it concerns."""
+# Start progress (an image pull) becomes rental events, at most one per rental per this interval, except
+# when the stage changes: a pull reports often, the renter needs to see that it moves.
+PROGRESS_MIN_INTERVAL = timedelta(seconds=2)
+PROGRESS_PREFIX = "workload "  # progress events' causes: "workload pulling: ...", "workload pulled: ..."
+
+
+def failure_code(data: Mapping[str, object], detail: str) -> str | None:
+    """The stable code of a failed command's result: ``data["code"]``, else a known start failure leading ``detail``."""
+    code = data.get("code")
+    if isinstance(code, str) and _CODE.fullmatch(code):
+        return code
+    found = _CODE.match(detail)
+    if found and found.group() in START_FAILURE_CODES:
+        return found.group()
+    return None
+
+
+async def apply_command_result(
+    session: AsyncSession, command: CommandRow, *, ok: bool, detail: str, at: datetime, code: str | None = None
+) -> None:
+    """What an agent's confirmation means for the rental it concerns; ``code``: a failure's stable code."""
     if command.rental_id is None:
         return
     rental = await session.get(Rental, command.rental_id, with_for_update=True)
@@ -45,14 +72,48 @@ async def apply_command_result(session: AsyncSession, command: CommandRow, *, ok
                 if host is not None and host.state == "online":
                     transition(session, host, "rented", cause=f"rental {rental.id} running", actor="master")
         else:
-            if advance(session, rental, RentalState.FAILED, f"workload failed to start: {detail}"):
-                rental.failure_reason = detail
+            reason = detail if code is None or detail.startswith(code) else f"{code}: {detail}"
+            if advance(session, rental, RentalState.FAILED, f"workload failed to start: {reason}"):
+                # Never confirmed started: ``started_at`` stays unset, so billing charges nothing, not even the minimum.
+                rental.failure_reason = reason
+                rental.failure_code = code
                 rental.stopped_at = at
                 await _release(session, rental, at=at)
     elif command.kind == "stop_workload" and ok:
         if advance(session, rental, RentalState.STOPPED, "agent confirmed the workload stopped"):
             rental.stopped_at = at
             await _release(session, rental, at=at)
+
+
+async def apply_workload_progress(
+    session: AsyncSession, host_id: str, rental_id: str, *, stage: str, text: str, percent: float | None, at: datetime
+) -> bool:
+    """Record a step of a workload's start (an image pull) as a rental event; returns whether one was stored.
+
+    Only for a rental of that host that is starting or running. At most one event per
+    ``PROGRESS_MIN_INTERVAL`` unless the stage changes; a redelivered or older report adds nothing.
+    """
+    rental = await session.get(Rental, rental_id, with_for_update=True)
+    if rental is None or rental.host_id != host_id:
+        log.warning("host %s reported progress of rental %s it does not run; dropped", host_id, rental_id[:80])
+        return False
+    if rental.state not in (RentalState.STARTING, RentalState.RUNNING):
+        return False  # not started yet, or over: a late report says nothing the renter needs
+    last = await session.scalar(
+        select(RentalEvent)
+        .where(RentalEvent.rental_id == rental.id, RentalEvent.cause.startswith(PROGRESS_PREFIX, autoescape=True))
+        .order_by(RentalEvent.id.desc())
+        .limit(1)
+    )
+    if last is not None:
+        last_stage = last.cause.removeprefix(PROGRESS_PREFIX).split(":", 1)[0]
+        if at < last.at or (last_stage == stage and at < last.at + PROGRESS_MIN_INTERVAL):
+            return False
+    line = " ".join(text.split())  # one line, whatever the registry said
+    share = f" ({percent:.0f}%)" if percent is not None else ""
+    session.add(RentalEvent(rental_id=rental.id, at=at, from_state=rental.state, to_state=rental.state,
+                            cause=f"{PROGRESS_PREFIX}{stage}: {line}{share}"))  # fmt: skip
+    return True
 
 
 async def apply_workload_exit(

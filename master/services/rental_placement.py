@@ -4,6 +4,9 @@
 
 1. **Candidates.** Rentable hosts' GPUs (``allocation.load_fleet``) matching the request: the
    offer (``host_id:gpu_name``), or the requirements (offer query language, model words), the
+   workload (``isolation.refusal``: a container workload needs a host whose facts list
+   ``container`` and whose image policy allows the image, a process workload one that lists
+   ``process``; a host of an older agent, with no facts, takes any workload as before), the
    listing's smallest unit (shares need ``milli:<n>`` with n ≤ the share), the bid (an
    interruptible rental's bid must reach the host's minimum), the account's spend quota (hosts
    too dear for what is left of it drop out), and ``avoid_hosts``. One scheduler node per host
@@ -42,7 +45,7 @@ from master.models import Account, Gpu, Rental, RentalEvent
 from master.models import Command as CommandRow
 from master.scheduler import MILLI, Node, Placement, get_placer
 from master.scheduler import Request as PlaceRequest
-from master.services import allocation, commands, offers
+from master.services import allocation, commands, isolation, offers
 from master.services.allocation import Hold, HostState
 from master.services.listings import PRICE_QUANTUM, load_price_bounds, money
 from master.services.offerquery import parse
@@ -91,7 +94,7 @@ class _Candidates:
     nodes: list[Node]
     hosts: dict[str, tuple[HostState, str, Decimal]]  # node id → (host, gpu name, price per GPU-hour)
     holds: dict[str, list[Hold]]
-    excluded: dict[str, int]  # why nodes were left out: "bid", "unit", "quota", "mig"
+    excluded: dict[str, int]  # why nodes were left out: "bid", "unit", "quota", "mig", or an ``isolation.Refusal``
 
 
 async def _quota(master: Master, session: AsyncSession, renter_id: str, request: RentalRequest, exclude: str) -> Decimal | None:
@@ -171,12 +174,15 @@ async def _candidates(
     for host in fleet.values():
         if host.host_id in request.avoid_hosts:
             continue
+        refused = isolation.refusal(host.isolation, request.workload)
         for name in host.models():
             if (model is not None and name != model) or (model is None and not model_matches(request.gpu_model, name)):
                 continue
             gpus = [g for g in host.gpus if g.name == name]
-            why = None
-            if request.mig_profile is not None and not any(p == request.mig_profile for g in gpus for _, p in g.mig or ()):
+            why: str | None = None
+            if refused is not None:
+                why = refused.value
+            elif request.mig_profile is not None and not any(p == request.mig_profile for g in gpus for _, p in g.mig or ()):
                 why = "mig"
             elif request.gpu_milli < MILLI and not _unit_allows(host.smallest_unit, request.gpu_milli):
                 why = "unit"
@@ -188,7 +194,7 @@ async def _candidates(
             if why is not None:
                 found.excluded[why] = found.excluded.get(why, 0) + 1
                 if request.offer_id is not None:
-                    _refuse_offer(why, request, gpus, price_cap)
+                    _refuse_offer(why, request, gpus, price_cap, facts=host.isolation)
                 continue
             node = host.node(name, holds.get(host.host_id, ()))
             found.nodes.append(node)
@@ -203,8 +209,22 @@ def _unit_allows(unit: str, milli: int) -> bool:
     return int(unit.removeprefix("milli:")) <= milli
 
 
-def _refuse_offer(why: str, request: RentalRequest, gpus: Sequence[allocation.GpuState], price_cap: Decimal | None) -> None:
+def _refuse_offer(
+    why: str, request: RentalRequest, gpus: Sequence[allocation.GpuState], price_cap: Decimal | None, *, facts: dict[str, Any] | None
+) -> None:
     """The renter chose this offer: say exactly why it cannot take the request."""
+    reason = f" ({facts['reason']})" if facts and facts.get("reason") else ""
+    if why in (isolation.Refusal.CONTAINER, isolation.Refusal.PROCESS):
+        raise ValidationFailed(
+            f"offer {request.offer_id} is on a host that does not run {why} workloads{reason}; choose an offer whose "
+            f"isolation lists {why}", code="workload_kind_unsupported",
+        )  # fmt: skip
+    if why == isolation.Refusal.IMAGE:
+        allowed = ", ".join((facts or {}).get("image_policy", {}).get("allowed") or ())
+        raise ValidationFailed(
+            f"offer {request.offer_id}'s provider does not allow the image {request.workload.get('image')!r} (allowed: {allowed})",
+            code="image_not_allowed",
+        )
     if why == "mig":
         profiles = sorted({p for g in gpus for _, p in g.mig or ()})
         have = f"it has {', '.join(profiles)}" if profiles else "its GPUs are not in MIG mode"
@@ -271,13 +291,21 @@ def _no_room(request: RentalRequest, found: _Candidates) -> InsufficientCapacity
         what = f"a {request.gpu_milli}-milli share of {request.gpu_model or 'any GPU'}"
     if request.offer_id is not None:
         what += f" on offer {request.offer_id}"
+    image = request.workload.get("image")
     notes = {
         "bid": "bids below their minimum", "unit": "not renting shares that small", "quota": "too dear for your spend quota",
         "mig": f"without MIG {request.mig_profile} instances",
+        isolation.Refusal.CONTAINER: "not running container workloads", isolation.Refusal.PROCESS: "not running process workloads",
+        isolation.Refusal.IMAGE: f"refusing the image {image} by their provider's image policy",
     }  # fmt: skip
     left_out = "; ".join(f"{count} left out as {notes[why]}" for why, count in sorted(found.excluded.items()))
+    which = "no host"
+    if found.excluded.keys() & {isolation.Refusal.CONTAINER, isolation.Refusal.IMAGE}:
+        which = f"no host that runs container workloads of {image}"
+    elif isolation.Refusal.PROCESS in found.excluded:
+        which = "no host that runs process workloads"
     return InsufficientCapacity(
-        f"no host has {what} free right now{f' ({left_out})' if left_out else ''}; try again later, ask for less, "
+        f"{which} has {what} free right now{f' ({left_out})' if left_out else ''}; try again later, ask for less, "
         "or send queue: true to wait"
     )
 

@@ -116,6 +116,8 @@ async def handle_hello(session: AsyncSession, envelope: protocol.BusEnvelope) ->
     host.agent_version = body.agent_version
     host.gpu_backend = body.gpu_backend
     host.facts = body.host
+    # None from an agent older than container workloads: placement treats the host as it always did.
+    host.isolation = body.isolation.model_dump(mode="json") if body.isolation is not None else None
     host.region = body.region or host.region
     if body.host.get("hostname") and not host.name:
         host.name = str(body.host["hostname"])[:255]
@@ -372,7 +374,8 @@ async def handle_command_result(session: AsyncSession, envelope: protocol.BusEnv
     host = await _host_seen(session, envelope)
     result = {"ok": body.ok, "detail": body.detail, "data": body.data, "finished_at": body.finished_at.isoformat()}
     if commands.complete(row, ok=body.ok, result=result, at=body.finished_at):
-        await rental_lifecycle.apply_command_result(session, row, ok=body.ok, detail=body.detail, at=body.finished_at)
+        code = None if body.ok else rental_lifecycle.failure_code(body.data, body.detail)
+        await rental_lifecycle.apply_command_result(session, row, ok=body.ok, detail=body.detail, at=body.finished_at, code=code)
         if row.kind == faults.HEALTH_CHECK:
             await faults.after_health_check(session, host, ok=body.ok, detail=body.detail, data=body.data, now=envelope.received_at)
 
@@ -427,6 +430,17 @@ async def handle_workload_exited(session: AsyncSession, envelope: protocol.BusEn
     host = await _host_seen(session, envelope)
     await rental_lifecycle.apply_workload_exit(
         session, host.id, message.body.rental_id, exit_code=message.body.exit_code, reason=message.body.reason, at=message.body.at
+    )
+
+
+async def handle_workload_progress(session: AsyncSession, envelope: protocol.BusEnvelope) -> bool:
+    """A step of a workload's start (an image pull) as a rental event the renter sees; returns whether one was stored."""
+    message = envelope.message
+    assert isinstance(message, protocol.WorkloadProgress)
+    host = await _host_seen(session, envelope)
+    body = message.body
+    return await rental_lifecycle.apply_workload_progress(
+        session, host.id, body.rental_id, stage=body.stage, text=body.text, percent=body.percent, at=body.at
     )
 
 

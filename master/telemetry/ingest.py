@@ -213,6 +213,8 @@ class Ingestor:
                         await hosts.handle_workload_exited(session, envelope)
                     case protocol.WorkloadLogs():
                         await hosts.handle_workload_logs(session, envelope)
+                    case protocol.WorkloadProgress():
+                        await hosts.handle_workload_progress(session, envelope)
                     case protocol.RenewCertificate():
                         command_id = await enrollment.renew(master, session, envelope)
                         resend = [command_id] if command_id else []
