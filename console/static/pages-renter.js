@@ -357,17 +357,22 @@ export function rentalsPage(page, ctx) {
   ctx.onLeave(() => clearInterval(timer));
 }
 
-/** A start-up step (an image pull's progress) rather than a change of state: its stage and percent, or null. */
+/**
+ * A start-up step (an image pull's progress) rather than a change of state: {stage, percent, text}, or null.
+ * The master stores one as an event from a state to itself, caused "workload pulling: <what the agent said> (45%)".
+ */
 function progressOf(event) {
   if (!event.stage && (event.from === null || event.from === undefined || event.from !== event.to)) return null;
-  const text = event.cause || "";
-  const stage = event.stage || (/^\s*(pulling|pulled|starting)\b/i.exec(text) || [])[1] || "progress";
+  const cause = event.cause || "";
+  const named = /^\s*(?:workload\s+)?([a-z]+):\s*/i.exec(cause);
+  const stage = event.stage || (named ? named[1] : "progress");
+  const text = named ? cause.slice(named[0].length) : cause;
   let percent = typeof event.percent === "number" ? event.percent : null;
   if (percent === null) {
-    const found = /(\d{1,3}(?:\.\d+)?)\s?%/.exec(text);
+    const found = /\((\d{1,3}(?:\.\d+)?)\s?%\)\s*$/.exec(text) || /(\d{1,3}(?:\.\d+)?)\s?%/.exec(text);
     if (found) percent = Math.min(100, Number(found[1]));
   }
-  return { stage: stage.toLowerCase(), percent };
+  return { stage: stage.toLowerCase(), percent, text };
 }
 
 /** The rental's events, oldest first; a run of progress steps of one stage reads as its latest, with a bar. */
@@ -392,7 +397,7 @@ function eventsTable(events) {
       const { event, step, count } = row;
       return h("tr", { class: "event-progress", dataset: { stage: step.stage } },
         h("td", {}, timeEl(event.at)), h("td", {}, event.from ?? "—"), h("td", {}, badge(step.stage, "progress")),
-        h("td", {}, event.cause ?? "",
+        h("td", {}, step.text,
           step.percent === null ? null : h("progress", { max: 100, value: step.percent, "aria-label": `${step.stage} ${num(step.percent, 0)} %` }),
           count > 1 ? h("span", { class: "hint block" }, `${count} updates; the latest shown`) : null));
     }) });
