@@ -24,7 +24,15 @@ from typing import Any
 
 import aiohttp
 import pytest
-from playwright.async_api import Browser, BrowserContext, ConsoleMessage, Page, async_playwright, expect
+from playwright.async_api import (
+    Browser,
+    BrowserContext,
+    ConsoleMessage,
+    Locator,
+    Page,
+    async_playwright,
+    expect,
+)
 
 from tests.upprocess import check_alive, gpumarket_up, wait_for_credentials
 
@@ -166,6 +174,19 @@ async def _console(browser: Browser, market: Market, **options: Any) -> Console:
 
 
 ACTIVE = ("pending", "starting", "running", "stopping")
+
+
+async def _container_offer(console: Console) -> dict[str, Any]:
+    """An offer of a host that runs containers (or whose agent does not say: placement refuses a template elsewhere),
+    the one with the most GPUs, so that the other tests still find every host offered while its rental ends."""
+    offers = (await console.api("renter", "/offers"))["items"]
+    runs = [o for o in offers if o.get("isolation") is None or "container" in o["isolation"]["kinds"]]
+    assert runs, f"no host runs containers: {[o.get('isolation') for o in offers]}"
+    return max(runs, key=lambda o: int(o["num_gpus"]))
+
+
+def _rent_button(page: Page, offer: dict[str, Any]) -> Locator:
+    return page.locator(f'tr[data-offer-id="{offer["id"]}"]').get_by_role("button", name=re.compile("^Rent"))
 
 
 async def _until_ended(console: Console, rental_id: str) -> str:
@@ -360,13 +381,9 @@ class TestRenter:
         page = console.page
         await console.sign_in("renter")
         [base] = [t for t in (await console.api("renter", "/templates"))["templates"] if t["name"] == "base"]
-        # A host that runs containers (or an agent that does not say: placement refuses a template elsewhere), the
-        # one with the most GPUs, so that the other tests find every host offered while this rental ends.
-        offers = (await console.api("renter", "/offers"))["items"]
-        offer = max((o for o in offers if o.get("isolation") is None or "container" in o["isolation"]["kinds"]), key=lambda o: o["num_gpus"])
         rows = page.locator("table.offers tbody tr")
         await expect(rows).to_have_count(3)
-        await page.locator(f'tr[data-offer-id="{offer["id"]}"]').get_by_role("button", name=re.compile("^Rent")).click()
+        await _rent_button(page, await _container_offer(console)).click()
         dialog = page.get_by_role("dialog")
         cards = dialog.get_by_role("radiogroup", name="Templates").get_by_role("radio")
         await expect(cards).to_have_count(len((await console.api("renter", "/templates"))["templates"]))
@@ -404,7 +421,7 @@ class TestRenter:
         page = console.page
         await console.sign_in("renter")
         before = (await console.api("renter", "/rentals"))["total"]
-        await page.locator("table.offers tbody tr").first.get_by_role("button", name=re.compile("^Rent")).click()
+        await _rent_button(page, await _container_offer(console)).click()
         dialog = page.get_by_role("dialog")
         await dialog.get_by_label("Custom image").check()
         image = dialog.get_by_label("Image", exact=True)
@@ -436,7 +453,7 @@ class TestRenter:
         console = await _console(browser, market, viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
         page = console.page
         await console.sign_in("renter")
-        await page.locator("table.offers tbody tr").first.get_by_role("button", name=re.compile("^Rent")).click()
+        await _rent_button(page, await _container_offer(console)).click()
         dialog = page.get_by_role("dialog")
         await expect(dialog.get_by_role("radio", name=re.compile("^base"))).to_be_checked()
         assert await console.fits_sideways()
