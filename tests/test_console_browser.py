@@ -559,6 +559,14 @@ class TestProvider:
         assert listing["code"] == "listing_not_found"
 
         host = await console.api("provider", f"/hosts/{host_id}")
+        isolation = page.locator(".host-isolation")  # the agent's isolation facts and its provider's image policy
+        if host["isolation"] is None:
+            await expect(isolation.locator(".badge")).to_have_text("isolation unknown")
+        else:
+            policy = host["isolation"]["image_policy"]
+            await expect(isolation.locator(".badge")).to_have_text(re.compile(r"^(isolated · |not isolated)"))
+            await expect(isolation.locator("#image-policy-allowed")).to_have_text(", ".join(policy["allowed"]) or "any image")
+            await expect(isolation.locator("#image-policy-largest")).to_have_text("no limit" if policy["max_image_mib"] is None else re.compile("GiB$"))
         bounds = {b["tier"]: b for b in (await console.api("provider", "/price-bounds"))["items"]}
         await price.fill(bounds[host["tier"]]["default"])
         await page.get_by_role("button", name="Save listing").click()
