@@ -449,24 +449,36 @@ class TestRenter:
         assert console.problems == []
 
     async def test_the_rent_dialog_fits_a_narrow_screen(self, browser: Browser, market: Market) -> None:
-        """On a phone-sized screen the Rent dialog, with the templates and with the custom image's fields, does not scroll sideways."""
+        """On a phone-sized screen the Rent dialog, with the templates and with the custom image's fields, does not
+        scroll sideways; for a host whose agent runs no containers it offers hold, saying why."""
         console = await _console(browser, market, viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
         page = console.page
         await console.sign_in("renter")
-        await _rent_button(page, await _container_offer(console)).click()
-        dialog = page.get_by_role("dialog")
-        await expect(dialog.get_by_role("radio", name=re.compile("^base"))).to_be_checked()
-        assert await console.fits_sideways()
-        await console.view_shot("rent-dialog-phone")
-        await dialog.locator(".run-choice").scroll_into_view_if_needed()
-        await console.view_shot("rent-dialog-phone-templates")
-        await dialog.get_by_label("Custom image").check()
-        await dialog.get_by_label("Image", exact=True).fill("nvcr.io/nvidia/pytorch:24.05-py3")
-        await dialog.get_by_label("Ports (optional)").fill("0")
-        await dialog.get_by_role("button", name="Review price").click()
-        await expect(dialog.locator(".field-error").filter(has_text="out of range")).to_be_visible()
-        assert await console.fits_sideways()
-        await console.view_shot("rent-dialog-phone-custom-image")
+        for offer in (await console.api("renter", "/offers"))["items"]:
+            await _rent_button(page, offer).click()
+            dialog = page.get_by_role("dialog")
+            await expect(dialog).to_be_visible()
+            if offer["isolation"] is not None and "container" not in offer["isolation"]["kinds"]:
+                await expect(dialog.get_by_label("A template")).to_be_disabled()
+                await expect(dialog.get_by_label(re.compile("^Hold only"))).to_be_checked()
+                await expect(dialog.locator("#run-host-note")).to_contain_text("runs no containers")
+                assert await console.fits_sideways()
+                await console.view_shot("rent-dialog-phone-no-containers")
+            else:
+                await expect(dialog.get_by_role("radio", name=re.compile("^base"))).to_be_checked()
+                assert await console.fits_sideways()
+                await console.view_shot("rent-dialog-phone")
+                await dialog.locator(".run-choice").scroll_into_view_if_needed()
+                await console.view_shot("rent-dialog-phone-templates")
+                await dialog.get_by_label("Custom image").check()
+                await dialog.get_by_label("Image", exact=True).fill("nvcr.io/nvidia/pytorch:24.05-py3")
+                await dialog.get_by_label("Ports (optional)").fill("0")
+                await dialog.get_by_role("button", name="Review price").click()
+                await expect(dialog.locator(".field-error").filter(has_text="out of range")).to_be_visible()
+                assert await console.fits_sideways()
+                await console.view_shot("rent-dialog-phone-custom-image")
+            await dialog.get_by_role("button", name="Cancel").click()
+            await expect(dialog).to_be_hidden()
         assert console.problems == []
 
     async def test_the_isolated_filter_narrows_the_offers(self, browser: Browser, market: Market) -> None:
