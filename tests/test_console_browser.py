@@ -463,6 +463,7 @@ class TestRenter:
                 await expect(dialog.get_by_label(re.compile("^Hold only"))).to_be_checked()
                 await expect(dialog.locator("#run-host-note")).to_contain_text("runs no containers")
                 assert await console.fits_sideways()
+                await dialog.locator(".run-choice").scroll_into_view_if_needed()
                 await console.view_shot("rent-dialog-phone-no-containers")
             else:
                 await expect(dialog.get_by_role("radio", name=re.compile("^base"))).to_be_checked()
