@@ -288,7 +288,8 @@ export function workloadChooser(offer) {
   let note = null;
   if (!runsContainers) {
     note = h("p", { class: "warn-note", id: "run-host-note" },
-      `This host runs no containers${isolation.reason ? ` (${isolation.reason})` : ""}: hold its GPUs${showProcess ? " or run a command on it" : ""}, or rent another host for a template or an image.`);
+      `This host runs no containers, so no template or image. ${isolation.reason ? `Its agent says: ${isolation.reason.replace(/\.$/, "")}. ` : ""}`
+      + `Hold its GPUs${showProcess ? " or run a command on it" : ""}, or rent another host for a template or an image.`);
   } else if (isolation && !isolation.isolated) {
     note = h("p", { class: "warn-note", id: "run-host-note" }, "This host is not isolated: a workload runs as the agent's own user.");
   }
