@@ -416,7 +416,8 @@ class TestRenter:
         self, browser: Browser, market: Market
     ) -> None:
         """A custom image's bad reference and out-of-range port are each shown next to their field, which is focused
-        and marked invalid; nothing is reviewed and no rental is made."""
+        and marked invalid, and nothing is reviewed; the API's 422 for what only it checks is shown at the field it
+        names. No rental is made."""
         console = await _console(browser, market, viewport={"width": 1366, "height": 900})
         page = console.page
         await console.sign_in("renter")
@@ -445,6 +446,18 @@ class TestRenter:
         await expect(dialog.get_by_role("alert")).to_be_hidden()  # the message is at the field, not in the box above
         await ports.scroll_into_view_if_needed()
         await console.view_shot("rent-dialog-1366-bad-port")
+
+        # What only the API checks (a command longer than 128 KiB): its 422 is shown at the field it names.
+        await ports.fill("8888")
+        command = dialog.get_by_label("Command (optional)")
+        await command.fill("x" * 140_000)
+        await dialog.get_by_role("button", name="Review price").click()
+        async with page.expect_response(lambda r: r.request.method == "POST" and r.url.endswith("/api/v1/rentals")) as answered:
+            await dialog.get_by_role("button", name="Confirm and rent").click()
+        assert (await answered.value).status == 422
+        await expect(dialog.locator(".field:has(input[name=command]) .field-error")).to_contain_text("longer than 131072 bytes")
+        await expect(command).to_be_focused()
+        await expect(port_error).to_be_hidden()
         assert (await console.api("renter", "/rentals"))["total"] == before
         assert console.problems == []
 

@@ -389,10 +389,10 @@ export function workloadChooser(offer) {
     const problems = (error.details && error.details.problems) || [];
     for (const p of problems) {
       const parts = String(p.field || "").split(".");
-      if (parts[0] === "template") return showAt("template", p.problem);
+      if (parts[0] === "template") return showAt("template", error.message);
       if (parts[0] !== "workload") continue;
       const name = parts.find((part) => part in fields);
-      if (name && showAt(name, `${p.problem}`)) return true;
+      if (name && showAt(name, String(p.problem).replace(/^Value error, /, ""))) return true;
     }
     const code = error.code || "";
     if (code.includes("template")) return showAt("template", error.message);
