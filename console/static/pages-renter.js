@@ -6,7 +6,7 @@ import { invoicesSection } from "./invoices.js";
 import { multiply, parseDecimal, usd } from "./money.js";
 import { gpuCharts } from "./telemetry.js";
 import { busy, errorBox, heading, loadInto, loading } from "./ui.js";
-import { isolationBadge, workloadChooser, workloadFacts } from "./workloads.js";
+import { isolationBadge, runsShort, workloadChooser, workloadFacts } from "./workloads.js";
 
 const TIERS = ["flagship", "datacenter", "prosumer", "consumer", "entry"];
 const ACTIVE = new Set(["pending", "starting", "running"]);
@@ -344,12 +344,13 @@ export function rentalsPage(page, ctx) {
       badge(r.state),
       r.gpu_model ?? "—",
       gpuAmount(r),
+      runsShort(r),
       r.kind === "interruptible" ? `interruptible (bid ${usd(r.bid_per_gpu_hour)})` : "on demand",
       usd(r.price_per_hour),
       usd(r.charged),
       timeEl(r.created_at),
     ]);
-    return table({ caption: `Rentals (${body.total})`, columns: ["Rental", "State", "GPU model", "GPUs", "Kind", "Price / hour", "Charged", "Created"],
+    return table({ caption: `Rentals (${body.total})`, columns: ["Rental", "State", "GPU model", "GPUs", "Runs", "Kind", "Price / hour", "Charged", "Created"],
       rows, empty: "No rentals yet. Find GPUs in the marketplace.", className: "rentals" });
   });
   refresh.addEventListener("click", () => load());

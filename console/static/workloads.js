@@ -162,6 +162,14 @@ export function describeRun({ template, workload }, templates = []) {
   return `Runs a ${workload.kind} workload`;
 }
 
+/** A few words for a rentals table: "template base", an image, "command" or "hold". */
+export function runsShort({ template, workload }) {
+  if (template) return `template ${template}`;
+  if (!workload || workload.kind === "hold") return "hold";
+  if (workload.kind === "container") return h("code", {}, workload.image);
+  return workload.kind === "process" ? "command on the host" : workload.kind;
+}
+
 /** The rental page's facts about its workload. */
 export function workloadFacts(rental) {
   const w = rental.workload || { kind: "hold" };
@@ -178,16 +186,9 @@ export function workloadFacts(rental) {
   return pairs;
 }
 
-let templatesCache = null;
-/** The platform's templates (cached for the page's life; a failure is not cached). */
-export function loadTemplates() {
-  if (!templatesCache) {
-    templatesCache = api("GET", "/templates").then((body) => body.templates || []).catch((error) => {
-      templatesCache = null;
-      throw error;
-    });
-  }
-  return templatesCache;
+/** The platform's templates, as they are now (an admin may have changed them since the last dialog). */
+export async function loadTemplates() {
+  return (await api("GET", "/templates")).templates || [];
 }
 
 /** A field's own error line (next to the control, named by its aria-describedby). */
