@@ -89,6 +89,7 @@ async def _seed(master: Master) -> tuple[dict[str, Principal], dict[str, str], d
         "account_id": renter,
         "invoice_id": f"inv-{now:%Y-%m}-{renter}",
         "alert_id": alert.id,
+        "name": "base",  # a template seeded by the migrations
     }
     return principals, keys, ids
 

@@ -8,6 +8,8 @@ applying their hello, progress and command results as the ingestor would.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -18,9 +20,11 @@ from sqlalchemy import select
 from billing.rating import RatingPolicy, rate_open_rentals
 from master.models import Command, Host, LedgerTransaction, Rental
 from master.telemetry import hosts
+from master.telemetry.ingest import Ingestor
 from shared import protocol
 from tests.apiclient import RTX, Api, assert_error
 from tests.factories import command_result, create_principal, envelope, gpu_info, online_host
+from tests.helpers import eventually
 
 BASE = {"kind": "container", "image": "ubuntu:24.04", "command": ["sleep", "infinity"], "env": {}, "ports": []}
 
@@ -348,6 +352,27 @@ class TestStartProgressAndFailures:
         ]  # fmt: skip
         assert all(e["from"] == e["to"] == "starting" for e in body["events"] if e["cause"].startswith("workload "))
 
+    async def test_progress_travels_the_bus_to_the_rentals_events(self, api: Api) -> None:
+        """A workload_progress frame the relay published is applied by the ingestor like any agent message."""
+        host_id = await host_with(api, facts("container"))
+        _, rental = await rent(api, template="base")
+        now = datetime.now(UTC)
+        message = progress(host_id, rental["id"], "pulling", "pulling ubuntu:24.04", now, 12.5)
+        await api.master.bus.publish(protocol.AGENT_EVENTS_STREAM, protocol.encode_bus_envelope("relay-t", message, now))
+        ingestor = Ingestor(api.master, block=0.05)
+        task = asyncio.create_task(ingestor.run())
+
+        async def pulled() -> list[str]:
+            _, body = await api.as_renter("GET", f"/rentals/{rental['id']}")
+            return [e["cause"] for e in body["events"] if e["cause"].startswith("workload ")]
+
+        try:
+            assert await eventually(pulled, what="the progress event") == ["workload pulling: pulling ubuntu:24.04 (12%)"]
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
     async def test_progress_for_a_rental_of_another_host_is_ignored(self, api: Api) -> None:
         """A host cannot write events into a rental it does not run."""
         await host_with(api, facts("container"))
@@ -396,3 +421,17 @@ class TestStartProgressAndFailures:
         async with api.master.db.session() as session:
             posted = (await session.scalars(select(LedgerTransaction).where(LedgerTransaction.rental_id == rental["id"]))).all()
         assert [p.kind for p in posted] == ["usage"]
+
+    async def test_a_failed_pull_reported_as_the_workloads_end_is_a_failed_start_too(self, api: Api) -> None:
+        """workload_exited while starting, with a start-failure code leading its reason: failed with that code, not charged."""
+        host_id = await host_with(api, facts("container"))
+        _, rental = await rent(api, template="base")
+        exited = protocol.WorkloadExited(
+            host_id=host_id, seq=next(_seq), ts=datetime.now(UTC),
+            body=protocol.WorkloadExitedBody(rental_id=rental["id"], at=datetime.now(UTC), reason="image_pull_failed: no such host"),
+        )  # fmt: skip
+        async with api.master.db.session() as session:
+            await hosts.handle_workload_exited(session, envelope(exited))
+        _, body = await api.as_renter("GET", f"/rentals/{rental['id']}")
+        assert body["state"] == "failed" and body["failure_code"] == "image_pull_failed" and body["started_at"] is None
+        assert body["failure_reason"] == "image_pull_failed: no such host"

@@ -128,12 +128,18 @@ async def apply_workload_exit(
         return  # already stopping/stopped by request, or failed: nothing to add
     what = f"workload exited with code {exit_code}" if exit_code is not None else f"workload ended ({reason or 'unknown'})"
     target = RentalState.STOPPED if exit_code == 0 else RentalState.FAILED
-    if rental.state == RentalState.STARTING and target == RentalState.STOPPED:
-        target = RentalState.FAILED  # never confirmed running: treat as a failed start
+    code = None
+    if rental.state == RentalState.STARTING:
+        if target == RentalState.STOPPED:
+            target = RentalState.FAILED  # never confirmed running: treat as a failed start
+        code = failure_code({}, reason)  # an agent that reports a failed pull as the workload's end
+        if code is not None:
+            what = reason
     if advance(session, rental, target, what):
         rental.stopped_at = at
         if target == RentalState.FAILED:
             rental.failure_reason = what
+            rental.failure_code = code
         await _release(session, rental, at=at)
 
 

@@ -220,7 +220,7 @@ def _refuse_offer(
             f"isolation lists {why}", code="workload_kind_unsupported",
         )  # fmt: skip
     if why == isolation.Refusal.IMAGE:
-        allowed = ", ".join((facts or {}).get("image_policy", {}).get("allowed") or ())
+        allowed = ", ".join(((facts or {}).get("image_policy") or {}).get("allowed") or ()) or "none"
         raise ValidationFailed(
             f"offer {request.offer_id}'s provider does not allow the image {request.workload.get('image')!r} (allowed: {allowed})",
             code="image_not_allowed",
