@@ -406,6 +406,8 @@ class TestRenter:
         assert rental["template"] == "base"
         assert rental["workload"]["kind"] == "container" and rental["workload"]["image"] == base["image"]
         await expect(page.locator("#rental-runs")).to_have_text(f"Runs template base ({base['image']})")
+        # The agent's start-up steps (the image pull) read as progress rows among the state changes.
+        await expect(page.locator("table.events tr.event-progress").first).to_contain_text("pulling")
         await console.shot("rental-template")
         if rental["state"] in ACTIVE:  # it may have failed already: the image is pulled from a registry
             await console.api("renter", f"/rentals/{rental_id}", method="DELETE")

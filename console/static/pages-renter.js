@@ -363,9 +363,9 @@ export function rentalsPage(page, ctx) {
  * The master stores one as an event from a state to itself, caused "workload pulling: <what the agent said> (45%)".
  */
 function progressOf(event) {
-  if (!event.stage && (event.from === null || event.from === undefined || event.from !== event.to)) return null;
   const cause = event.cause || "";
-  const named = /^\s*(?:workload\s+)?([a-z]+):\s*/i.exec(cause);
+  const named = /^workload ([a-z]+):\s*/.exec(cause);
+  if (!event.stage && !(named && event.from === event.to)) return null;
   const stage = event.stage || (named ? named[1] : "progress");
   const text = named ? cause.slice(named[0].length) : cause;
   let percent = typeof event.percent === "number" ? event.percent : null;
