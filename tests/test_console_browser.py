@@ -34,6 +34,7 @@ from playwright.async_api import (
     expect,
 )
 
+from shared.imageref import parse_image_reference
 from tests.upprocess import check_alive, gpumarket_up, wait_for_credentials
 
 CHROMIUM = Path(os.environ.get("GPUMARKET_TEST_CHROMIUM", "/usr/bin/chromium"))
@@ -559,6 +560,33 @@ class TestRenter:
         await expect(console.page.locator("table.offers tbody tr")).to_have_count(3)
         assert await console.page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
         await console.shot("marketplace-narrow")
+        assert console.problems == []
+
+
+class TestWorkloadChecks:
+    async def test_the_pages_image_reference_check_agrees_with_the_apis(self, browser: Browser, market: Market) -> None:
+        """The Rent dialog's image-reference check (console/static/workloads.js) accepts exactly what
+        shared/imageref.py accepts, so a reference the page lets through is not refused for its form."""
+        refs = [
+            "ubuntu", "ubuntu:24.04", "library/ubuntu:24.04", "nvcr.io/nvidia/pytorch:24.05-py3", "localhost:5000/a/b:c",
+            "Registry.Example.com:443/team/app:V1.2_rc", "a@sha256:" + "0" * 64, "a:b@sha256:" + "f" * 64, "a__b", "a---b", "a.b_c",
+            "Ubuntu", "ubuntu:", ":tag", "a//b", "-a", "a-", "a_", "ubuntu:24.04 ", " ubuntu", "ubuntu@sha256:abc", "\u0430",
+            "a" * 256, "a/" * 127 + "a", "x:" + "t" * 129, "x:-tag", "", "a b", "host:port/x", "a:b:c", "a/B",
+        ]  # fmt: skip
+        expected = []
+        for ref in refs:
+            try:
+                parse_image_reference(ref)
+                expected.append(True)
+            except ValueError:
+                expected.append(False)
+        assert any(expected) and not all(expected)
+        console = await _console(browser, market)
+        await console.sign_in("renter")
+        accepted = await console.page.evaluate(
+            "async (refs) => { const m = await import('/static/workloads.js'); return refs.map((r) => m.imageProblem(r) === null); }", refs
+        )  # fmt: skip
+        assert dict(zip(refs, accepted, strict=True)) == dict(zip(refs, expected, strict=True))
         assert console.problems == []
 
 
