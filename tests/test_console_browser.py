@@ -35,6 +35,7 @@ from playwright.async_api import (
 )
 
 from shared.imageref import parse_image_reference
+from shared.protocol import ContainerWorkload
 from tests.upprocess import check_alive, gpumarket_up, wait_for_credentials
 
 CHROMIUM = Path(os.environ.get("GPUMARKET_TEST_CHROMIUM", "/usr/bin/chromium"))
@@ -587,6 +588,47 @@ class TestWorkloadChecks:
             "async (refs) => { const m = await import('/static/workloads.js'); return refs.map((r) => m.imageProblem(r) === null); }", refs
         )  # fmt: skip
         assert dict(zip(refs, accepted, strict=True)) == dict(zip(refs, expected, strict=True))
+        assert console.problems == []
+
+    async def test_the_pages_port_and_environment_checks_agree_with_the_apis(self, browser: Browser, market: Market) -> None:
+        """The page's ports (a comma list) and environment (NAME=value lines) pass exactly when the API's
+        ContainerWorkload takes the list and the mapping they read as."""
+        ports = ["", "8888", "8888, 6006", "1,65535", "0", "65536", "70000", "8888, 8888", "abc", "-1", "1.5",
+                 ", ".join(str(p) for p in range(1, 34))]  # fmt: skip
+        envs = ["", "A=1", "A=1\nB=two words", "HF_HOME=/workspace/hf", "1A=x", "A B=1", "A", "CUDA_VISIBLE_DEVICES=0",
+                "NVIDIA_VISIBLE_DEVICES=all", "GPUMARKET_X=1", "A=1\nA=2", "# comment\nA=="]  # fmt: skip
+
+        def api_takes(**workload: Any) -> bool:
+            try:
+                ContainerWorkload.model_validate({"image": "ubuntu", **workload})
+            except ValueError:
+                return False
+            return True
+
+        def port_list(text: str) -> list[int] | None:
+            words = [w for w in re.split(r"[\s,]+", text) if w]
+            return [int(w) for w in words] if all(re.fullmatch(r"-?\d+", w) for w in words) else None
+
+        def env_map(text: str) -> dict[str, str]:
+            # What the page reads; a line without "=" or a name given twice is no mapping ("1" is no NAME: refused).
+            lines = [line for line in text.split("\n") if line.strip() and not line.strip().startswith("#")]
+            pairs = [line.split("=", 1) for line in lines if "=" in line]
+            names = {name.strip() for name, _ in pairs}
+            return {name.strip(): value for name, value in pairs} if len(names) == len(pairs) == len(lines) else {"1": ""}
+
+        expected_ports = [(parsed := port_list(t)) is not None and api_takes(ports=parsed) for t in ports]
+        expected_envs = [api_takes(env=env_map(t)) for t in envs]
+        assert any(expected_ports) and not all(expected_ports) and any(expected_envs) and not all(expected_envs)
+        console = await _console(browser, market)
+        await console.sign_in("renter")
+        accepted = await console.page.evaluate(
+            """async ([ports, envs]) => {
+                const m = await import('/static/workloads.js');
+                const ok = (f, t) => { try { f(t); return true; } catch { return false; } };
+                return [ports.map((t) => ok(m.parsePorts, t)), envs.map((t) => ok(m.parseEnv, t))];
+            }""", [ports, envs])  # fmt: skip
+        assert dict(zip(ports, accepted[0], strict=True)) == dict(zip(ports, expected_ports, strict=True))
+        assert dict(zip(envs, accepted[1], strict=True)) == dict(zip(envs, expected_envs, strict=True))
         assert console.problems == []
 
 
