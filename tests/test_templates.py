@@ -18,6 +18,9 @@ import pytest
 from sqlalchemy import select
 
 from billing.rating import RatingPolicy, rate_open_rentals
+from master.api.base import API
+from master.api.openapi import build_openapi
+from master.api.table import ROUTES
 from master.models import Command, Host, LedgerTransaction, Rental
 from master.telemetry import hosts
 from master.telemetry.ingest import Ingestor
@@ -261,15 +264,25 @@ class TestHostsSayHowTheyIsolate:
         status, body = await api.as_renter("GET", "/offers", params={"q": "isolated=maybe"})
         assert_error(status, body, 400, "invalid_query")
 
+    def test_the_isolated_filter_and_the_templates_are_in_the_openapi_document(self) -> None:
+        """GET /offers documents isolated (a boolean); the template routes and RentalCreate.template are documented."""
+        document = build_openapi(ROUTES)
+        offers = document["paths"][f"{API}/offers"]["get"]
+        [isolated] = [p for p in offers["parameters"] if p["name"] == "isolated"]
+        assert "isolate" in isolated["description"]
+        assert set(document["paths"][f"{API}/templates/{{name}}"]) == {"get", "put", "delete"}
+        assert "template" in document["components"]["schemas"]["RentalCreate"]["properties"]
+
     async def test_a_newer_hello_without_facts_makes_them_unknown(self, api: Api) -> None:
         """An agent downgraded to one that does not say is unknown again, not stuck with its old facts."""
-        host_id = await host_with(api, facts("container"))
+        host_id = await host_with(api, facts("container"), count=0)
         async with api.master.db.session() as session:
             await hosts.handle_hello(session, envelope(protocol.Hello(
                 host_id=host_id, seq=5, ts=datetime.now(UTC),
                 body=protocol.HelloBody(agent_version="old", gpu_backend="sim", gpus=[]),
             )))  # fmt: skip
-            assert (await session.get(Host, host_id)).isolation is None  # type: ignore[union-attr]
+            isolation = await session.scalar(select(Host.isolation).where(Host.id == host_id))
+        assert isolation is None
 
 
 class TestPlacementByIsolation:
