@@ -499,7 +499,7 @@ class TestRenter:
             await expect(dialog).to_be_hidden()
         assert console.problems == []
 
-    async def test_the_isolated_filter_narrows_the_offers(self, browser: Browser, market: Market) -> None:
+    async def test_the_isolated_filter_shows_the_offers_the_api_finds_isolated(self, browser: Browser, market: Market) -> None:
         """"Isolated hosts only" asks the API for isolated=true and shows exactly the offers it answers, each badged isolated."""
         console = await _console(browser, market)
         page = console.page

@@ -156,7 +156,7 @@ export function describeRun({ template, workload }, templates = []) {
     const image = (workload && workload.image) || (known && known.image);
     return `Runs template ${template}${image ? ` (${image})` : ""}`;
   }
-  if (!workload || workload.kind === "hold") return "Holds the GPUs and runs nothing";
+  if (!workload || !workload.kind || workload.kind === "hold") return "Holds the GPUs and runs nothing"; // kind-less: a hold
   if (workload.kind === "container") return `Runs image ${workload.image}`;
   if (workload.kind === "process") return `Runs ${wordsText(workload.argv)} on the host`;
   return `Runs a ${workload.kind} workload`;
@@ -165,7 +165,7 @@ export function describeRun({ template, workload }, templates = []) {
 /** A few words for a rentals table: "template base", an image, "command" or "hold". */
 export function runsShort({ template, workload }) {
   if (template) return `template ${template}`;
-  if (!workload || workload.kind === "hold") return "hold";
+  if (!workload || !workload.kind || workload.kind === "hold") return "hold";
   if (workload.kind === "container") return h("code", {}, workload.image);
   return workload.kind === "process" ? "command on the host" : workload.kind;
 }
