@@ -24,8 +24,18 @@ from typing import Any
 
 import aiohttp
 import pytest
-from playwright.async_api import Browser, BrowserContext, ConsoleMessage, Page, async_playwright, expect
+from playwright.async_api import (
+    Browser,
+    BrowserContext,
+    ConsoleMessage,
+    Locator,
+    Page,
+    async_playwright,
+    expect,
+)
 
+from shared.imageref import parse_image_reference
+from shared.protocol import ContainerWorkload
 from tests.upprocess import check_alive, gpumarket_up, wait_for_credentials
 
 CHROMIUM = Path(os.environ.get("GPUMARKET_TEST_CHROMIUM", "/usr/bin/chromium"))
@@ -137,13 +147,24 @@ class Console:
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         await self.page.screenshot(path=ARTIFACTS / f"{name}.png", full_page=True)
 
-    async def api(self, role: str, path: str) -> Any:
-        """The API's own answer, with the role's key (to check what the page did)."""
+    async def api(self, role: str, path: str, method: str = "GET") -> Any:
+        """The API's own answer, with the role's key (to check what the page did, or to clean up after it)."""
         async with (
             aiohttp.ClientSession() as http,
-            http.get(self.market.api + path, headers={"Authorization": f"Bearer {self.market.keys[role]}"}) as response,
+            http.request(method, self.market.api + path, headers={"Authorization": f"Bearer {self.market.keys[role]}"}) as response,
         ):
             return await response.json()
+
+    async def view_shot(self, name: str) -> None:
+        """What the viewport shows (a modal dialog as the user sees it)."""
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        await self.page.screenshot(path=ARTIFACTS / f"{name}.png")
+
+    async def fits_sideways(self, selector: str = "dialog") -> bool:
+        """Neither the page nor ``selector`` scrolls sideways."""
+        return bool(await self.page.evaluate(
+            "s => { const e = document.querySelector(s); return document.documentElement.scrollWidth <= innerWidth"
+            " && (!e || e.scrollWidth <= e.clientWidth); }", selector))  # fmt: skip
 
 
 async def _console(browser: Browser, market: Market, **options: Any) -> Console:
@@ -152,6 +173,31 @@ async def _console(browser: Browser, market: Market, **options: Any) -> Console:
     console = Console(market, context, await context.new_page())
     console.watch()
     return console
+
+
+ACTIVE = ("pending", "starting", "running", "stopping")
+
+
+async def _container_offer(console: Console) -> dict[str, Any]:
+    """An offer of a host that runs containers (or whose agent does not say: placement refuses a template elsewhere),
+    the one with the most GPUs, so that the other tests still find every host offered while its rental ends."""
+    offers = (await console.api("renter", "/offers"))["items"]
+    runs = [o for o in offers if o.get("isolation") is None or "container" in o["isolation"]["kinds"]]
+    assert runs, f"no host runs containers: {[o.get('isolation') for o in offers]}"
+    return max(runs, key=lambda o: int(o["num_gpus"]))
+
+
+def _rent_button(page: Page, offer: dict[str, Any]) -> Locator:
+    return page.locator(f'tr[data-offer-id="{offer["id"]}"]').get_by_role("button", name=re.compile("^Rent"))
+
+
+async def _until_ended(console: Console, rental_id: str) -> str:
+    """Wait until the rental has ended (its GPUs are free again); its final state."""
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while (state := (await console.api("renter", f"/rentals/{rental_id}"))["state"]) in ACTIVE:
+        assert time.monotonic() < deadline, f"rental {rental_id} is still {state}"
+        await console.page.wait_for_timeout(200)
+    return str(state)
 
 
 def _usd(amount: Decimal) -> str:
@@ -248,9 +294,11 @@ class TestRenter:
         dialog = page.get_by_role("dialog")
         await expect(dialog).to_be_visible()
         await dialog.get_by_label("Number of GPUs").fill("2")
+        await dialog.get_by_label(re.compile("^Hold only")).check()  # hold: the GPUs run, nothing else does
         await dialog.get_by_role("button", name="Review price").click()
         per_hour = Decimal(offer["price_per_gpu_hour"]) * 2
         await expect(dialog.locator("#confirm-price")).to_have_text(f"{_usd(per_hour)} per hour")
+        await expect(dialog.locator("#confirm-runs")).to_have_text("Holds the GPUs and runs nothing.")
         await console.shot("rent-confirm")
         async with page.expect_request(lambda r: r.method == "POST" and r.url.endswith("/api/v1/rentals")) as sent:
             await dialog.get_by_role("button", name="Confirm and rent").click()
@@ -328,6 +376,152 @@ class TestRenter:
         assert (await console.api("renter", "/rentals"))["total"] == before
         assert console.problems == []
 
+    async def test_renting_with_the_default_template_runs_base(self, browser: Browser, market: Market) -> None:
+        """With nothing chosen under "What to run" the dialog rents the template base: the confirmation says so, the
+        request names it, and the rental the API made runs base's image; its page says what runs."""
+        console = await _console(browser, market, viewport={"width": 1366, "height": 900})
+        page = console.page
+        await console.sign_in("renter")
+        [base] = [t for t in (await console.api("renter", "/templates"))["templates"] if t["name"] == "base"]
+        rows = page.locator("table.offers tbody tr")
+        await expect(rows).to_have_count(3)
+        await _rent_button(page, await _container_offer(console)).click()
+        dialog = page.get_by_role("dialog")
+        cards = dialog.get_by_role("radiogroup", name="Templates").get_by_role("radio")
+        await expect(cards).to_have_count(len((await console.api("renter", "/templates"))["templates"]))
+        await expect(dialog.get_by_role("radio", name=re.compile("^base"))).to_be_checked()
+        await expect(dialog.get_by_label("A template")).to_be_checked()
+        await console.view_shot("rent-dialog-1366")
+        await dialog.locator(".run-choice").scroll_into_view_if_needed()
+        await console.view_shot("rent-dialog-1366-what-to-run")
+        assert await console.fits_sideways()
+
+        await dialog.get_by_role("button", name="Review price").click()
+        await expect(dialog.locator("#confirm-runs")).to_have_text(f"Runs template base ({base['image']}).")
+        async with page.expect_request(lambda r: r.method == "POST" and r.url.endswith("/api/v1/rentals")) as sent:
+            await dialog.get_by_role("button", name="Confirm and rent").click()
+        body = json.loads((await sent.value).post_data or "{}")
+        assert body["template"] == "base" and "workload" not in body
+        await expect(page).to_have_url(re.compile(r"#/rentals/r-"))
+        rental_id = page.url.rsplit("/", 1)[1]
+        rental = await console.api("renter", f"/rentals/{rental_id}")
+        assert rental["template"] == "base"
+        assert rental["workload"]["kind"] == "container" and rental["workload"]["image"] == base["image"]
+        await expect(page.locator("#rental-runs")).to_have_text(f"Runs template base ({base['image']})")
+        # The agent's start-up steps (the image pull) read as progress rows among the state changes.
+        await expect(page.locator("table.events tr.event-progress").first).to_contain_text("pulling")
+        await console.shot("rental-template")
+        if rental["state"] in ACTIVE:  # it may have failed already: the image is pulled from a registry
+            await console.api("renter", f"/rentals/{rental_id}", method="DELETE")
+        await _until_ended(console, rental_id)
+        assert console.problems == []
+
+    async def test_a_custom_image_with_a_bad_port_shows_the_error_next_to_it_and_rents_nothing(
+        self, browser: Browser, market: Market
+    ) -> None:
+        """A custom image's bad reference and out-of-range port are each shown next to their field, which is focused
+        and marked invalid, and nothing is reviewed; the API's 422 for what only it checks is shown at the field it
+        names. No rental is made."""
+        console = await _console(browser, market, viewport={"width": 1366, "height": 900})
+        page = console.page
+        await console.sign_in("renter")
+        before = (await console.api("renter", "/rentals"))["total"]
+        await _rent_button(page, await _container_offer(console)).click()
+        dialog = page.get_by_role("dialog")
+        await dialog.get_by_label("Custom image").check()
+        image = dialog.get_by_label("Image", exact=True)
+        ports = dialog.get_by_label("Ports (optional)")
+        await image.fill("Ubuntu:24.04")
+        await ports.fill("8888, 70000")
+        await dialog.get_by_role("button", name="Review price").click()
+        image_error = dialog.locator(".field:has(input[name=image]) .field-error")
+        await expect(image_error).to_contain_text("lower-case")
+        await expect(image).to_be_focused()
+        await expect(image).to_have_attribute("aria-invalid", "true")
+
+        await image.fill("ubuntu:24.04")
+        await dialog.get_by_role("button", name="Review price").click()
+        await expect(image_error).to_be_hidden()
+        port_error = dialog.locator(".field:has(input[name=ports]) .field-error")
+        await expect(port_error).to_contain_text("70000 is out of range")
+        await expect(ports).to_be_focused()
+        assert await ports.evaluate("(e, id) => e.getAttribute('aria-describedby').split(' ').includes(id)", await port_error.get_attribute("id"))
+        await expect(dialog.get_by_role("button", name="Confirm and rent")).to_have_count(0)
+        await expect(dialog.get_by_role("alert")).to_be_hidden()  # the message is at the field, not in the box above
+        await ports.scroll_into_view_if_needed()
+        await console.view_shot("rent-dialog-1366-bad-port")
+
+        # What only the API checks (a command longer than 128 KiB): its 422 is shown at the field it names.
+        await ports.fill("8888")
+        command = dialog.get_by_label("Command (optional)")
+        await command.fill("x" * 140_000)
+        await dialog.get_by_role("button", name="Review price").click()
+        async with page.expect_response(lambda r: r.request.method == "POST" and r.url.endswith("/api/v1/rentals")) as answered:
+            await dialog.get_by_role("button", name="Confirm and rent").click()
+        assert (await answered.value).status == 422
+        await expect(dialog.locator(".field:has(input[name=command]) .field-error")).to_contain_text("longer than 131072 bytes")
+        await expect(command).to_be_focused()
+        await expect(port_error).to_be_hidden()
+        assert (await console.api("renter", "/rentals"))["total"] == before
+        assert console.problems == []
+
+    async def test_the_rent_dialog_fits_a_narrow_screen(self, browser: Browser, market: Market) -> None:
+        """On a phone-sized screen the Rent dialog, with the templates and with the custom image's fields, does not
+        scroll sideways; for a host whose agent runs no containers it offers hold, saying why."""
+        console = await _console(browser, market, viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+        page = console.page
+        await console.sign_in("renter")
+        for offer in (await console.api("renter", "/offers"))["items"]:
+            await _rent_button(page, offer).click()
+            dialog = page.get_by_role("dialog")
+            await expect(dialog).to_be_visible()
+            if offer["isolation"] is not None and "container" not in offer["isolation"]["kinds"]:
+                await expect(dialog.get_by_label("A template")).to_be_disabled()
+                await expect(dialog.get_by_label(re.compile("^Hold only"))).to_be_checked()
+                await expect(dialog.locator("#run-host-note")).to_contain_text("runs no containers")
+                assert await console.fits_sideways()
+                await dialog.locator(".run-choice").scroll_into_view_if_needed()
+                await console.view_shot("rent-dialog-phone-no-containers")
+            else:
+                await expect(dialog.get_by_role("radio", name=re.compile("^base"))).to_be_checked()
+                assert await console.fits_sideways()
+                await console.view_shot("rent-dialog-phone")
+                await dialog.locator(".run-choice").scroll_into_view_if_needed()
+                await console.view_shot("rent-dialog-phone-templates")
+                await dialog.get_by_label("Custom image").check()
+                await dialog.get_by_label("Image", exact=True).fill("nvcr.io/nvidia/pytorch:24.05-py3")
+                await dialog.get_by_label("Ports (optional)").fill("0")
+                await dialog.get_by_role("button", name="Review price").click()
+                await expect(dialog.locator(".field-error").filter(has_text="out of range")).to_be_visible()
+                assert await console.fits_sideways()
+                await console.view_shot("rent-dialog-phone-custom-image")
+            await dialog.get_by_role("button", name="Cancel").click()
+            await expect(dialog).to_be_hidden()
+        assert console.problems == []
+
+    async def test_the_isolated_filter_shows_the_offers_the_api_finds_isolated(self, browser: Browser, market: Market) -> None:
+        """"Isolated hosts only" asks the API for isolated=true and shows exactly the offers it answers, each badged isolated."""
+        console = await _console(browser, market)
+        page = console.page
+        await console.sign_in("renter")
+        rows = page.locator("table.offers tbody tr")
+        await expect(rows).to_have_count(3)
+        isolated = (await console.api("renter", "/offers?isolated=true"))["items"]
+        assert all(o["isolation"] and o["isolation"]["isolated"] for o in isolated)
+        await page.get_by_label("Isolated hosts only").check()
+        async with page.expect_request(lambda r: "/api/v1/offers?" in r.url) as sent:
+            await page.get_by_role("button", name="Search").click()
+        assert "isolated=true" in (await sent.value).url
+        await expect(rows).to_have_count(len(isolated) or 1)  # none: the one row that says so
+        if isolated:
+            await expect(rows.locator(".offer-isolation .badge")).to_have_text([re.compile("^isolated · ")] * len(isolated))
+        await console.shot("marketplace-isolated")
+        await page.get_by_role("button", name="Reset").click()
+        await expect(rows).to_have_count(3)
+        badges = await rows.locator(".offer-isolation .badge").all_inner_texts()
+        assert all(b in ("isolated · containers", "isolated · per-user processes", "isolated · hold only", "not isolated", "isolation unknown") for b in badges)
+        assert console.problems == []
+
     async def test_an_ended_session_asks_to_sign_in_again_and_returns_to_the_page(self, browser: Browser, market: Market) -> None:
         """When the session cookie is gone the next call shows the sign-in page saying so; signing in returns to the page
         (where the spend cap is set and removed); signing out ends the session."""
@@ -370,6 +564,74 @@ class TestRenter:
         assert console.problems == []
 
 
+class TestWorkloadChecks:
+    async def test_the_pages_image_reference_check_agrees_with_the_apis(self, browser: Browser, market: Market) -> None:
+        """The Rent dialog's image-reference check (console/static/workloads.js) accepts exactly what
+        shared/imageref.py accepts, so a reference the page lets through is not refused for its form."""
+        refs = [
+            "ubuntu", "ubuntu:24.04", "library/ubuntu:24.04", "nvcr.io/nvidia/pytorch:24.05-py3", "localhost:5000/a/b:c",
+            "Registry.Example.com:443/team/app:V1.2_rc", "a@sha256:" + "0" * 64, "a:b@sha256:" + "f" * 64, "a__b", "a---b", "a.b_c",
+            "Ubuntu", "ubuntu:", ":tag", "a//b", "-a", "a-", "a_", "ubuntu:24.04 ", " ubuntu", "ubuntu@sha256:abc", "\u0430",
+            "a" * 256, "a/" * 127 + "a", "x:" + "t" * 129, "x:-tag", "", "a b", "host:port/x", "a:b:c", "a/B",
+        ]  # fmt: skip
+        expected = []
+        for ref in refs:
+            try:
+                parse_image_reference(ref)
+                expected.append(True)
+            except ValueError:
+                expected.append(False)
+        assert any(expected) and not all(expected)
+        console = await _console(browser, market)
+        await console.sign_in("renter")
+        accepted = await console.page.evaluate(
+            "async (refs) => { const m = await import('/static/workloads.js'); return refs.map((r) => m.imageProblem(r) === null); }", refs
+        )  # fmt: skip
+        assert dict(zip(refs, accepted, strict=True)) == dict(zip(refs, expected, strict=True))
+        assert console.problems == []
+
+    async def test_the_pages_port_and_environment_checks_agree_with_the_apis(self, browser: Browser, market: Market) -> None:
+        """The page's ports (a comma list) and environment (NAME=value lines) pass exactly when the API's
+        ContainerWorkload takes the list and the mapping they read as."""
+        ports = ["", "8888", "8888, 6006", "1,65535", "0", "65536", "70000", "8888, 8888", "abc", "-1", "1.5",
+                 ", ".join(str(p) for p in range(1, 34))]  # fmt: skip
+        envs = ["", "A=1", "A=1\nB=two words", "HF_HOME=/workspace/hf", "1A=x", "A B=1", "A", "CUDA_VISIBLE_DEVICES=0",
+                "NVIDIA_VISIBLE_DEVICES=all", "GPUMARKET_X=1", "A=1\nA=2", "# comment\nA=="]  # fmt: skip
+
+        def api_takes(**workload: Any) -> bool:
+            try:
+                ContainerWorkload.model_validate({"image": "ubuntu", **workload})
+            except ValueError:
+                return False
+            return True
+
+        def port_list(text: str) -> list[int] | None:
+            words = [w for w in re.split(r"[\s,]+", text) if w]
+            return [int(w) for w in words] if all(re.fullmatch(r"-?\d+", w) for w in words) else None
+
+        def env_map(text: str) -> dict[str, str]:
+            # What the page reads; a line without "=" or a name given twice is no mapping ("1" is no NAME: refused).
+            lines = [line for line in text.split("\n") if line.strip() and not line.strip().startswith("#")]
+            pairs = [line.split("=", 1) for line in lines if "=" in line]
+            names = {name.strip() for name, _ in pairs}
+            return {name.strip(): value for name, value in pairs} if len(names) == len(pairs) == len(lines) else {"1": ""}
+
+        expected_ports = [(parsed := port_list(t)) is not None and api_takes(ports=parsed) for t in ports]
+        expected_envs = [api_takes(env=env_map(t)) for t in envs]
+        assert any(expected_ports) and not all(expected_ports) and any(expected_envs) and not all(expected_envs)
+        console = await _console(browser, market)
+        await console.sign_in("renter")
+        accepted = await console.page.evaluate(
+            """async ([ports, envs]) => {
+                const m = await import('/static/workloads.js');
+                const ok = (f, t) => { try { f(t); return true; } catch { return false; } };
+                return [ports.map((t) => ok(m.parsePorts, t)), envs.map((t) => ok(m.parseEnv, t))];
+            }""", [ports, envs])  # fmt: skip
+        assert dict(zip(ports, accepted[0], strict=True)) == dict(zip(ports, expected_ports, strict=True))
+        assert dict(zip(envs, accepted[1], strict=True)) == dict(zip(envs, expected_envs, strict=True))
+        assert console.problems == []
+
+
 class TestProvider:
     async def test_hosts_live_charts_listing_errors_and_enrollment(self, browser: Browser, market: Market) -> None:
         """A provider sees its hosts, a host's live charts; a negative price shows a message and lists nothing,
@@ -395,6 +657,14 @@ class TestProvider:
         assert listing["code"] == "listing_not_found"
 
         host = await console.api("provider", f"/hosts/{host_id}")
+        isolation = page.locator(".host-isolation")  # the agent's isolation facts and its provider's image policy
+        if host["isolation"] is None:
+            await expect(isolation.locator(".badge")).to_have_text("isolation unknown")
+        else:
+            policy = host["isolation"]["image_policy"]
+            await expect(isolation.locator(".badge")).to_have_text(re.compile(r"^(isolated · |not isolated)"))
+            await expect(isolation.locator("#image-policy-allowed")).to_have_text(", ".join(policy["allowed"]) or "any image")
+            await expect(isolation.locator("#image-policy-largest")).to_have_text("no limit" if policy["max_image_mib"] is None else re.compile("GiB$"))
         bounds = {b["tier"]: b for b in (await console.api("provider", "/price-bounds"))["items"]}
         await price.fill(bounds[host["tier"]]["default"])
         await page.get_by_role("button", name="Save listing").click()

@@ -7,6 +7,7 @@ import { invoicesSection } from "./invoices.js";
 import { usd } from "./money.js";
 import { gpuCharts } from "./telemetry.js";
 import { busy, errorBox, heading, loadInto, loading } from "./ui.js";
+import { isolationBadge, isolationFacts } from "./workloads.js";
 
 function gpuSummary(gpus) {
   const byName = new Map();
@@ -37,13 +38,14 @@ export function hostsPage(page, ctx) {
       host.region ?? "—",
       gpuSummary(host.gpus),
       host.tier ? badge(host.tier, "tier") : "—",
+      "isolation" in host ? isolationBadge(host.isolation) : "—",
       num(host.score, 1),
       host.reliability_score === null || host.reliability_score === undefined ? "—" : num(host.reliability_score, 3),
       rentalsCell(host.active_rentals, ctx.role),
       usd(host.earned),
       timeEl(host.last_seen_at),
     ]);
-    return table({ caption: `Hosts (${body.total})`, columns: ["Host", "State", "Region", "GPUs", "Tier", "Score", "Reliability",
+    return table({ caption: `Hosts (${body.total})`, columns: ["Host", "State", "Region", "GPUs", "Tier", "Isolation", "Score", "Reliability",
       "Current rentals", "Earned", "Last seen"], rows, empty: "No hosts yet: enroll one.", className: "hosts" });
   });
   refresh.addEventListener("click", () => load());
@@ -56,6 +58,7 @@ export function hostPage(page, ctx) {
   ctx.setTitle(`Host ${hostId}`);
   const summary = h("div", {}, loading());
   const gpusSlot = h("div", {});
+  const isolationSlot = h("div", { class: "host-isolation" });
   const chartsSlot = h("div", {});
   const eventsSlot = h("div", {});
   const networkSlot = h("div", {});
@@ -64,6 +67,9 @@ export function hostPage(page, ctx) {
   const title = h("h1", { tabindex: "-1", class: "page-title" }, `Host ${hostId}`);
   replace(page, h("p", { class: "crumbs" }, link("#/hosts", "← Hosts")), title, summary,
     h("section", { "aria-labelledby": "gpus-title" }, h("h2", { id: "gpus-title" }, "GPUs"), gpusSlot),
+    h("section", { "aria-labelledby": "isolation-title" }, h("h2", { id: "isolation-title" }, "Isolation and image policy"),
+      h("p", { class: "hint" }, "How this host's agent keeps rentals apart, and which images renters may run on it (set in the agent's config)."),
+      isolationSlot),
     chartsSlot,
     listingSection(ctx, hostId),
     h("section", { "aria-labelledby": "network-title" }, h("h2", { id: "network-title" }, "Network speed tests"),
@@ -87,6 +93,7 @@ export function hostPage(page, ctx) {
       }),
       empty: "No GPUs reported yet.",
     }));
+    replace(isolationSlot, isolationFacts(host.isolation));
     return facts([
       ["Host id", h("code", {}, host.id)],
       ["State", badge(host.state)],

@@ -6,6 +6,7 @@ import { invoicesSection } from "./invoices.js";
 import { multiply, parseDecimal, usd } from "./money.js";
 import { gpuCharts } from "./telemetry.js";
 import { busy, errorBox, heading, loadInto, loading } from "./ui.js";
+import { isolationBadge, runsShort, workloadChooser, workloadFacts } from "./workloads.js";
 
 const TIERS = ["flagship", "datacenter", "prosumer", "consumer", "entry"];
 const ACTIVE = new Set(["pending", "starting", "running"]);
@@ -49,12 +50,15 @@ export function offersPage(page, ctx) {
     tier: field({ label: "Tier", name: "tier", type: "select", options: [["", "Any tier"], ...TIERS.map((t) => [t, t])] }),
     min_reliability: field({ label: "At least reliability (0–1)", name: "min_reliability", inputmode: "decimal", placeholder: "e.g. 0.95" }),
   };
+  const isolated = field({ label: "Isolated hosts only", name: "isolated", type: "checkbox",
+    hint: "Hosts whose agent runs each rental in a container or under a user of its own." });
+  isolated.row.classList.add("filter-check");
   const q = field({ label: "Query", name: "q", placeholder: "gpu_name=RTX_4090 num_gpus>=2 reliability>0.98 price<=0.5",
     hint: "The query language: terms like field op value, all must hold (see docs/marketplace.md).", spellcheck: "false", autocomplete: "off" });
   const search = h("button", { type: "submit" }, "Search");
   const reset = h("button", { type: "reset", class: "secondary" }, "Reset");
   const form = h("form", { class: "card filters", "aria-label": "Filter offers", novalidate: true },
-    h("div", { class: "grid" }, Object.values(inputs).map((f) => f.row)),
+    h("div", { class: "grid" }, Object.values(inputs).map((f) => f.row), isolated.row),
     h("div", { class: "query-row" }, q.row),
     errors.el,
     h("div", { class: "actions" }, search, reset));
@@ -94,6 +98,7 @@ export function offersPage(page, ctx) {
   form.addEventListener("submit", (event) => {
     event.preventDefault();
     state.filters = Object.fromEntries([...Object.entries(inputs), ["q", q]].map(([k, f]) => [k, f.input.value]));
+    if (isolated.input.checked) state.filters.isolated = "true";
     state.offset = 0;
     load();
   });
@@ -119,7 +124,7 @@ function offersTable(body, state, onSort, onRent) {
     return h("th", { scope: "col", "data-sort": key, "aria-sort": active ? (state.order === "asc" ? "ascending" : "descending") : "none" }, button);
   };
   const columns = [
-    "Model", "Free GPUs", "VRAM", sortable("price", "Price / GPU-hour"), sortable("price_per_performance", "Price per performance"),
+    "Model and isolation", "Free GPUs", "VRAM", sortable("price", "Price / GPU-hour"), sortable("price_per_performance", "Price per performance"),
     sortable("score", "Score"), "Region", sortable("reliability", "Reliability"), "Speed down / up (Mbit/s)", "Tier",
   ];
   if (onRent) columns.push(h("th", { scope: "col" }, h("span", { class: "visually-hidden" }, "Actions")));
@@ -130,7 +135,8 @@ function offersTable(body, state, onSort, onRent) {
       rent.addEventListener("click", () => onRent(offer));
     }
     return h("tr", { dataset: { offerId: offer.id } },
-      h("td", {}, h("span", { class: "model" }, offer.gpu_name), offer.listed ? null : h("span", { class: "hint block" }, "default price")),
+      h("td", {}, h("span", { class: "model" }, offer.gpu_name), h("span", { class: "offer-isolation" }, isolationBadge(offer.isolation)),
+        offer.listed ? null : h("span", { class: "hint block" }, "default price")),
       h("td", { class: "num" }, String(offer.num_gpus)),
       h("td", { class: "num" }, gib(offer.vram_mib)),
       h("td", { class: "num" }, usd(offer.price_per_gpu_hour)),
@@ -153,45 +159,6 @@ function pager(body, go) {
   next.addEventListener("click", () => go(body.offset + body.limit));
   return h("nav", { class: "pager", "aria-label": "Pages" }, prev,
     h("span", {}, ` ${body.offset + 1}–${Math.min(body.total, body.offset + body.limit)} of ${body.total} `), next);
-}
-
-/** Split a command line into argv like a POSIX shell does for quotes and backslashes (no expansion). */
-export function shellSplit(text) {
-  const args = [];
-  let cur = "";
-  let quote = null;
-  let has = false;
-  for (let i = 0; i < text.length; i += 1) {
-    const c = text[i];
-    if (quote === "'") {
-      if (c === "'") quote = null;
-      else cur += c;
-    } else if (quote === '"') {
-      if (c === '"') quote = null;
-      else if (c === "\\" && i + 1 < text.length && '"\\$`'.includes(text[i + 1])) cur += text[(i += 1)];
-      else cur += c;
-    } else if (c === "'" || c === '"') {
-      quote = c;
-      has = true;
-    } else if (c === "\\" && i + 1 < text.length) {
-      cur += text[(i += 1)];
-      has = true;
-    } else if (/\s/.test(c)) {
-      if (cur || has) args.push(cur);
-      cur = "";
-      has = false;
-    } else {
-      cur += c;
-    }
-  }
-  if (quote) throw new Error("The command has an unclosed quote.");
-  if (cur || has) args.push(cur);
-  return args;
-}
-
-/** argv as a command line a shell would split back into the same arguments. */
-export function shellJoin(argv) {
-  return (argv || []).map((arg) => (/^[\w@%+=:,./-]+$/.test(arg) ? arg : `'${arg.replace(/'/g, "'\\''")}'`)).join(" ");
 }
 
 let boundsCache = null;
@@ -228,10 +195,7 @@ function rentDialog(ctx) {
     const kindInterruptible = field({ label: "Interruptible, with a bid (cheaper; can be preempted)", name: "kind", type: "radio", value: "interruptible" });
     const bid = field({ label: "Bid, USD per GPU-hour", name: "bid", inputmode: "decimal", placeholder: "e.g. 0.20", disabled: true,
       hint: offer.min_bid_per_gpu_hour ? `The minimum bid is ${usd(offer.min_bid_per_gpu_hour)}.` : "At least the tier's minimum price." });
-    const holdWorkload = field({ label: "Hold the GPUs (no process; connect your own work)", name: "workload", type: "radio", value: "hold", checked: true });
-    const processWorkload = field({ label: "Run a command", name: "workload", type: "radio", value: "process" });
-    const argv = field({ label: "Command", name: "argv", placeholder: "python3 train.py --epochs 3", disabled: true, spellcheck: "false",
-      autocomplete: "off", hint: "Split into arguments like a shell would (quotes work; nothing is expanded)." });
+    const run = workloadChooser(offer);
     if (!offer.min_bid_per_gpu_hour && offer.tier) {
       priceBounds().then((bounds) => {
         const tier = bounds[offer.tier];
@@ -242,19 +206,19 @@ function rentDialog(ctx) {
       count.input.disabled = unitShare.input.checked;
       milli.input.disabled = !unitShare.input.checked;
       bid.input.disabled = !kindInterruptible.input.checked;
-      argv.input.disabled = !processWorkload.input.checked;
     };
-    for (const f of [unitWhole, unitShare, kindOnDemand, kindInterruptible, holdWorkload, processWorkload]) f.input.addEventListener("change", sync);
+    for (const f of [unitWhole, unitShare, kindOnDemand, kindInterruptible]) f.input.addEventListener("change", sync);
 
     const review = h("button", { type: "submit" }, "Review price");
     const cancel = h("button", { type: "button", class: "secondary" }, "Cancel");
     cancel.addEventListener("click", close);
     const form = h("form", { class: "rent-form", novalidate: true, method: "dialog" },
       facts([["Host", h("code", {}, offer.host_id)], ["Region", offer.region], ["Price", `${usd(offer.price_per_gpu_hour)} per GPU-hour`],
-        ["Free GPUs", String(offer.num_gpus)], ["Tier", offer.tier]]),
-      h("fieldset", {}, h("legend", {}, "How much"), unitWhole.row, count.row, unitShare.row, milli.row),
-      h("fieldset", {}, h("legend", {}, "Pricing"), kindOnDemand.row, kindInterruptible.row, bid.row),
-      h("fieldset", {}, h("legend", {}, "Workload"), holdWorkload.row, processWorkload.row, argv.row),
+        ["Free GPUs", String(offer.num_gpus)], ["Tier", offer.tier], ["Isolation", isolationBadge(offer.isolation)]]),
+      h("div", { class: "fieldset-pair" },
+        h("fieldset", {}, h("legend", {}, "How much"), unitWhole.row, count.row, unitShare.row, milli.row),
+        h("fieldset", {}, h("legend", {}, "Pricing"), kindOnDemand.row, kindInterruptible.row, bid.row)),
+      run.el,
       h("div", { class: "actions" }, review, cancel));
     const confirmSlot = h("div", { class: "confirm" });
     const body = h("div", { class: "dialog-body" }, h("h2", { id: titleId }, `Rent ${offer.gpu_name}`), errors.el, form, confirmSlot);
@@ -292,23 +256,19 @@ function rentDialog(ctx) {
         request.bid = text;
         rate = text;
       }
-      if (processWorkload.input.checked) {
-        const args = shellSplit(argv.input.value.trim());
-        if (args.length === 0) throw Object.assign(new Error("Enter the command to run, or choose to hold the GPUs."), { focus: argv.input });
-        request.workload = { kind: "process", argv: args };
-      } else {
-        request.workload = { kind: "hold" };
-      }
+      Object.assign(request, run.read());
       return { request, perHour: multiply(rate, units, thousandths), rate, units, thousandths };
     };
 
     form.addEventListener("submit", (event) => {
       event.preventDefault();
       errors.clear();
+      run.clear();
       let chosen;
       try {
         chosen = readRequest();
       } catch (error) {
+        if (error.target && run.showAt(error.target, error.message)) return;
         errors.show(error.message);
         if (error.focus) error.focus.focus();
         return;
@@ -337,9 +297,10 @@ function rentDialog(ctx) {
             location.hash = `#/rentals/${encodeURIComponent(rental.id)}`;
           } catch (error) {
             if (error.status === 401) return;
-            errors.show(error);
             form.hidden = false;
             confirmSlot.replaceChildren();
+            if (run.showApiError(error)) return; // shown next to the field it names
+            errors.show(error);
             const target = error.code === "bid_below_minimum" ? bid.input : error.code && error.code.includes("capacity") ? count.input : review;
             if (!target.disabled) target.focus();
           }
@@ -348,7 +309,7 @@ function rentDialog(ctx) {
       replace(confirmSlot, h("h3", {}, "Confirm your rental"),
         facts([["GPU", `${offer.gpu_name} on ${offer.host_id}`], ["Amount", what],
           ["Pricing", request.kind === "interruptible" ? `interruptible, bid ${usd(rate)} per GPU-hour` : `on demand, ${usd(rate)} per GPU-hour`],
-          ["Workload", request.workload.kind === "hold" ? "hold the GPUs" : h("code", {}, shellJoin(request.workload.argv))]]),
+          ["What runs", h("span", { id: "confirm-runs" }, `${run.describe(request)}.`)]]),
         h("p", { class: "price-total" }, "Price: ", h("strong", { id: "confirm-price", dataset: { perHour } }, `${usd(perHour)} per hour`),
           h("span", { class: "hint block" }, `${usd(rate)} per GPU-hour × ${request.gpu_milli ? `${thousandths}/1000 of a GPU` : `${units} GPU${units === 1 ? "" : "s"}`} = $${perHour} per hour, billed per second while it runs.`)),
         h("div", { class: "actions" }, confirm, back));
@@ -383,17 +344,64 @@ export function rentalsPage(page, ctx) {
       badge(r.state),
       r.gpu_model ?? "—",
       gpuAmount(r),
+      runsShort(r),
       r.kind === "interruptible" ? `interruptible (bid ${usd(r.bid_per_gpu_hour)})` : "on demand",
       usd(r.price_per_hour),
       usd(r.charged),
       timeEl(r.created_at),
     ]);
-    return table({ caption: `Rentals (${body.total})`, columns: ["Rental", "State", "GPU model", "GPUs", "Kind", "Price / hour", "Charged", "Created"],
+    return table({ caption: `Rentals (${body.total})`, columns: ["Rental", "State", "GPU model", "GPUs", "Runs", "Kind", "Price / hour", "Charged", "Created"],
       rows, empty: "No rentals yet. Find GPUs in the marketplace.", className: "rentals" });
   });
   refresh.addEventListener("click", () => load());
   const timer = setInterval(() => load(true), 5000);
   ctx.onLeave(() => clearInterval(timer));
+}
+
+/**
+ * A start-up step (an image pull's progress) rather than a change of state: {stage, percent, text}, or null.
+ * The master stores one as an event from a state to itself, caused "workload pulling: <what the agent said> (45%)".
+ */
+function progressOf(event) {
+  const cause = event.cause || "";
+  const named = /^workload ([a-z]+):\s*/.exec(cause);
+  if (!event.stage && !(named && event.from === event.to)) return null;
+  const stage = event.stage || (named ? named[1] : "progress");
+  const text = named ? cause.slice(named[0].length) : cause;
+  let percent = typeof event.percent === "number" ? event.percent : null;
+  if (percent === null) {
+    const found = /\((\d{1,3}(?:\.\d+)?)\s?%\)\s*$/.exec(text) || /(\d{1,3}(?:\.\d+)?)\s?%/.exec(text);
+    if (found) percent = Math.min(100, Number(found[1]));
+  }
+  return { stage: stage.toLowerCase(), percent, text };
+}
+
+/** The rental's events, oldest first; a run of progress steps of one stage reads as its latest, with a bar. */
+function eventsTable(events) {
+  const rows = [];
+  let run = null; // the row of the progress run being collapsed
+  for (const e of events) {
+    const step = progressOf(e);
+    if (step && run && run.stage === step.stage) {
+      run.count += 1;
+      run.event = e;
+      run.step = step;
+      continue;
+    }
+    run = step ? { stage: step.stage, count: 1, event: e, step } : null;
+    rows.push(run || e);
+  }
+  return table({ caption: "State changes and start-up steps", columns: ["When", "From", "To", "What happened"], className: "events",
+    empty: "No events yet.",
+    rows: rows.map((row) => {
+      if (!row.step) return [timeEl(row.at), row.from ?? "—", badge(row.to), row.cause ?? ""];
+      const { event, step, count } = row;
+      return h("tr", { class: "event-progress", dataset: { stage: step.stage } },
+        h("td", {}, timeEl(event.at)), h("td", {}, event.from ?? "—"), h("td", {}, badge(step.stage, "progress")),
+        h("td", {}, step.text,
+          step.percent === null ? null : h("progress", { max: 100, value: step.percent, "aria-label": `${step.stage} ${num(step.percent, 0)} %` }),
+          count > 1 ? h("span", { class: "hint block" }, `${count} updates; the latest shown`) : null));
+    }) });
 }
 
 export function rentalPage(page, ctx) {
@@ -406,7 +414,7 @@ export function rentalPage(page, ctx) {
   const logs = h("pre", { class: "logs", tabindex: "0", "aria-label": "Workload output" });
   const chartsSlot = h("div", {});
   replace(page, h("p", { class: "crumbs" }, link("#/rentals", "← Rentals")), heading(`Rental ${rentalId}`), errors.el, actions, summary,
-    chartsSlot, h("section", { "aria-labelledby": "events-title" }, h("h2", { id: "events-title" }, "State history"), events),
+    chartsSlot, h("section", { "aria-labelledby": "events-title" }, h("h2", { id: "events-title" }, "Events"), events),
     h("section", { "aria-labelledby": "logs-title" }, h("h2", { id: "logs-title" }, "Logs"), logs));
 
   let charts = null;
@@ -475,7 +483,7 @@ export function rentalPage(page, ctx) {
       ["Price per GPU-hour", usd(rental.price_per_gpu_hour)],
       ["Price per hour", usd(rental.price_per_hour)],
       ["Charged so far", h("span", { id: "rental-charged", dataset: { amount: rental.charged ?? "" } }, usd(rental.charged))],
-      ["Workload", rental.workload && rental.workload.kind === "process" ? h("code", {}, shellJoin(rental.workload.argv)) : "hold"],
+      ...workloadFacts(rental),
       ["Created", timeEl(rental.created_at)],
       ["Started", timeEl(rental.started_at)],
       ["Stopped", timeEl(rental.stopped_at)],
@@ -487,8 +495,7 @@ export function rentalPage(page, ctx) {
       lastState = rental.state;
       changedAt = Date.now();
     }
-    replace(events, table({ caption: "State changes", columns: ["When", "From", "To", "Cause"],
-      rows: (rental.events || []).map((e) => [timeEl(e.at), e.from ?? "—", badge(e.to), e.cause ?? ""]), empty: "No state changes yet." }));
+    replace(events, eventsTable(rental.events || []));
     if (!charts && rental.host_id && rental.gpu_uuids && rental.gpu_uuids.length) {
       charts = gpuCharts(rental.host_id, { uuids: rental.gpu_uuids, heading: "Live GPU telemetry of this rental" });
       replace(chartsSlot, charts.el);
