@@ -25,6 +25,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from agent.gpu.sim import SimulatedBackend
+from agent.runtimes.base import host_capacity
 from agent.runtimes.container import (
     OWNER_LABEL,
     RENTAL_LABEL,
@@ -402,6 +403,16 @@ class TestImages:
         with pytest.raises(BadRequest) as refused:
             await manager.start(f"p{secrets.token_hex(3)}", [gpus[0]], sh("true", image=docker_image))
         assert refused.value.code == "image_not_allowed" and "nvcr.io/*" in refused.value.message and manager.running() == []
+
+    async def test_limits_above_the_hosts_are_refused_before_anything_is_made(
+        self, managers: Managers, gpus: list[str], docker_image: str
+    ) -> None:
+        """More memory than the host has is ``limits_exceed_host``: no container, the GPUs free for the next start."""
+        manager, _ = managers()
+        _, memory = host_capacity()
+        with pytest.raises(BadRequest) as refused:
+            await manager.start(f"p{secrets.token_hex(3)}", [gpus[0]], sh("true", image=docker_image, memory_mib=memory + 1))
+        assert refused.value.code == "limits_exceed_host" and manager.running() == []
 
     async def test_a_missing_image_fails_the_pull_with_the_registry_reason(self, managers: Managers, gpus: list[str], backend: SimulatedBackend) -> None:
         """``gpumarket-test/none:1`` is nowhere (and this machine is offline): ``image_pull_failed``, the GPUs free again."""

@@ -29,6 +29,7 @@ import pytest
 from agent.gpu.sim import SimulatedBackend
 from agent.runtimes.cgroups import CgroupLimiter, cgroup_limiter, cgroup_members, detect_cgroup_support
 from agent.runtimes.isolation import (
+    HostIsolation,
     check_workload_allowed,
     host_isolation,
     isolation_facts,
@@ -631,6 +632,20 @@ class TestIsolationPolicy:
         """A runtime told "uid" without the users to back it refuses to be built."""
         with pytest.raises(ConfigError):
             ProcessRuntime(host.work_dir, cgroups, isolation=host.facts)
+
+    def test_the_engines_answer_adds_containers_and_keeps_the_hosts_capacity(self) -> None:
+        """Once the engine answers, the same decision runs containers too; the host's CPUs and RAM stay in the facts."""
+        start = HostIsolation(
+            isolation_facts(NOT_ROOT, container_engine=None, allow_unisolated=False, capacity=(8.0, 32768)),
+            process=NOT_ROOT, allow_unisolated=False,
+        )
+        assert start.facts.kinds == ["hold"]
+        answered = start.with_container_engine("docker 20.10.24", note="container network guard off: not root")
+        assert answered.facts.kinds == ["container", "hold"] and answered.facts.container_engine == "docker 20.10.24"
+        assert (answered.facts.max_cpu_cores, answered.facts.max_memory_mib) == (8.0, 32768)
+        assert "container network guard off" in answered.facts.reason
+        check_workload_allowed("container", answered.facts)
+        assert answered.with_container_engine(None).facts.kinds == ["hold"]
 
     def test_the_hello_carries_the_facts(self) -> None:
         """The facts fit the hello's ``isolation`` field."""

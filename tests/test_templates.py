@@ -47,11 +47,13 @@ async def start_command(api: Api, rental_id: str) -> Command:
     return command
 
 
-def facts(*kinds: str, allowed: tuple[str, ...] = (), isolated: bool = True, reason: str = "") -> protocol.IsolationFacts:
+def facts(
+    *kinds: str, allowed: tuple[str, ...] = (), isolated: bool = True, reason: str = "", cores: float | None = None, memory_mib: int | None = None
+) -> protocol.IsolationFacts:
     return protocol.IsolationFacts.model_validate({
         "kinds": ["hold", *kinds], "isolated": isolated, "container_engine": "docker 26.1.5" if "container" in kinds else None,
         "process_isolation": "uid" if "process" in kinds else "none", "reason": reason,
-        "image_policy": {"allowed": list(allowed), "max_image_mib": 20480},
+        "image_policy": {"allowed": list(allowed), "max_image_mib": 20480}, "max_cpu_cores": cores, "max_memory_mib": memory_mib,
     })  # fmt: skip
 
 
@@ -340,6 +342,20 @@ class TestPlacementByIsolation:
         strict = await host_with(api, facts("container", allowed=("nvcr.io",)))
         status, body = await rent(api, offer_id=f"{strict}:{RTX}", workload=CONTAINER)
         assert_error(status, body, 422, "image_not_allowed")
+
+    async def test_limits_above_the_hosts_are_refused(self, api: Api) -> None:
+        """A workload asking for more CPU or memory than a host has is never placed there: 422 on its offer, 409 saying why."""
+        small = await host_with(api, facts("container", cores=4, memory_mib=8192))
+        status, body = await rent(api, offer_id=f"{small}:{RTX}", workload={**CONTAINER, "cpu_cores": 8})
+        assert_error(status, body, 422, "limits_exceed_host")
+        assert "8 CPU cores (it has 4)" in body["message"]
+        status, body = await rent(api, offer_id=f"{small}:{RTX}", workload={**CONTAINER, "memory_mib": 16384})
+        assert_error(status, body, 422, "limits_exceed_host")
+        status, body = await rent(api, workload={**CONTAINER, "memory_mib": 16384})
+        assert_error(status, body, 409, "insufficient_capacity")
+        assert "smaller than the workload's CPU or memory limits" in body["message"]
+        status, body = await rent(api, offer_id=f"{small}:{RTX}", workload={**CONTAINER, "cpu_cores": 4, "memory_mib": 8192})
+        assert status == 201, body
 
 
 class TestStartProgressAndFailures:

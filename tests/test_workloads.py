@@ -27,6 +27,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from agent.gpu.base import GpuInfo, GpuSample
 from agent.gpu.sim import SimulatedBackend
+from agent.runtimes.base import host_capacity
 from agent.runtimes.cgroups import (
     MIB,
     CgroupLimiter,
@@ -994,6 +995,22 @@ class TestRestart:
 
 class TestStartAndValidation:
     """Starting is idempotent and refuses what it cannot run, saying why."""
+
+    async def test_limits_above_the_hosts_are_refused_and_start_nothing(self, managers: Managers, gpus: list[str], prefix: str) -> None:
+        """More CPU cores or memory than this host has is refused (limits_exceed_host), before anything starts."""
+        manager = managers()
+        cores, memory = host_capacity()
+        too_many = [
+            ProcessWorkload(argv=["sleep", "60"], cpu_cores=cores + 1),
+            ProcessWorkload(argv=["sleep", "60"], memory_mib=memory + 1),
+        ]
+        for i, spec in enumerate(too_many):
+            with pytest.raises(BadRequest) as refused:
+                await manager.start(f"{prefix}-big{i}", [gpus[0]], spec)
+            assert refused.value.code == "limits_exceed_host" and "this host has" in refused.value.message
+        assert manager.running() == []
+        await manager.start(f"{prefix}-fits", [gpus[0]], ProcessWorkload(argv=["sleep", "60"], cpu_cores=cores, memory_mib=64))
+        assert manager.running() == [f"{prefix}-fits"]
 
     async def test_start_twice_reports_the_running_workload(self, managers: Managers, gpus: list[str], prefix: str) -> None:
         """A second start of a running rental starts nothing and reports the first."""

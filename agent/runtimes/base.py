@@ -8,6 +8,7 @@ registry — through the ``Workload`` the runtime returned.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -31,6 +32,20 @@ SpecT_contra = TypeVar("SpecT_contra", contravariant=True)
 
 def now_iso() -> str:
     return datetime.now(UTC).isoformat()
+
+
+def host_capacity() -> tuple[float, int]:
+    """This host's logical CPUs and RAM (MiB): the most one workload may ask for."""
+    return float(os.cpu_count() or 1), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)
+
+
+def check_host_limits(cpu_cores: float | None, memory_mib: int | None, *, capacity: tuple[float, int] | None = None) -> None:
+    """Refuse limits above what this host has (``limits_exceed_host``): a quota it cannot give is a promise broken."""
+    cores, memory = capacity or host_capacity()
+    if cpu_cores is not None and cpu_cores > cores:
+        raise BadRequest(f"the workload asks for {cpu_cores:g} CPU cores, but this host has {cores:g}; ask for fewer", code="limits_exceed_host")
+    if memory_mib is not None and memory_mib > memory:
+        raise BadRequest(f"the workload asks for {memory_mib} MiB of memory, but this host has {memory}; ask for less", code="limits_exceed_host")
 
 
 def check_rental_id(rental_id: str) -> None:

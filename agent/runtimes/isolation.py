@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
+from agent.runtimes.base import host_capacity
 from agent.runtimes.users import (
     DEFAULT_RENTALS_ROOT,
     DEFAULT_UID_MAX,
@@ -86,6 +87,7 @@ def isolation_facts(
     container_engine: str | None,
     allow_unisolated: bool,
     image_policy: ImagePolicyModel | None = None,
+    capacity: tuple[float, int] | None = None,
 ) -> IsolationFacts:
     """What this host runs and how isolated, for the hello and for ``check_workload_allowed``."""
     kinds: list[WorkloadKindName] = []
@@ -109,6 +111,8 @@ def isolation_facts(
         process_isolation=process.mode,
         reason="; ".join(missing)[:1024],
         image_policy=image_policy or ImagePolicyModel(),
+        max_cpu_cores=None if capacity is None else capacity[0],
+        max_memory_mib=None if capacity is None else capacity[1],
     )
 
 
@@ -142,7 +146,9 @@ class HostIsolation:
         if self.process is None:
             return self
         facts = isolation_facts(
-            self.process, container_engine=engine, allow_unisolated=self.allow_unisolated, image_policy=self.facts.image_policy
+            self.process, container_engine=engine, allow_unisolated=self.allow_unisolated, image_policy=self.facts.image_policy,
+            capacity=None if self.facts.max_cpu_cores is None or self.facts.max_memory_mib is None
+            else (self.facts.max_cpu_cores, self.facts.max_memory_mib),
         )
         if note:
             facts = facts.model_copy(update={"reason": "; ".join(filter(None, [facts.reason, note]))[:1024]})
@@ -178,5 +184,7 @@ def host_isolation(
             users.prepare()
         except (ConfigError, OSError) as exc:
             process, users = ProcessIsolation("none", f"the rentals root is unusable: {exc}"), None
-    facts = isolation_facts(process, container_engine=container_engine, allow_unisolated=allow_unisolated, image_policy=image_policy)
+    facts = isolation_facts(
+        process, container_engine=container_engine, allow_unisolated=allow_unisolated, image_policy=image_policy, capacity=host_capacity()
+    )
     return HostIsolation(facts, users, process, allow_unisolated)

@@ -40,7 +40,15 @@ from typing import Any, Final, TypeVar
 
 from agent.gpu.base import GpuBackend
 from agent.gpu.sim import SimulatedBackend
-from agent.runtimes.base import ExitCallback, Runtime, Workload, WorkloadKind, check_rental_id, now_iso
+from agent.runtimes.base import (
+    ExitCallback,
+    Runtime,
+    Workload,
+    WorkloadKind,
+    check_host_limits,
+    check_rental_id,
+    now_iso,
+)
 from agent.runtimes.cgroups import (
     CgroupLimiter,
     CgroupSupport,
@@ -185,6 +193,8 @@ class WorkloadManager:
         if existing is not None:
             return self._already_running(existing)
         gpus = self._check_gpus(gpu_uuids, share)
+        if not isinstance(spec, HoldWorkload):
+            check_host_limits(spec.cpu_cores, spec.memory_mib)
         if isinstance(spec, HoldWorkload):
             workload, result = self.holds.start(rental_id, gpus, spec, share)
         else:
@@ -223,6 +233,7 @@ class WorkloadManager:
         if existing is not None:
             return self._already_running(existing)
         gpus = self._check_gpus(gpu_uuids, share)
+        check_host_limits(spec.cpu_cores, spec.memory_mib)
         workload = Workload(rental_id, "container", gpus, now_iso(), share=share)
         self._pending[rental_id] = workload  # its GPUs are taken while the image comes and the container starts
         pull = self._own(self.containers.prepare(rental_id, spec), name=f"workload-{rental_id}-image")

@@ -20,6 +20,7 @@ class Refusal(StrEnum):
     CONTAINER = "container"  # it does not run container workloads (no engine answers)
     PROCESS = "process"  # it does not run process workloads (no per-rental users, not allowed unisolated)
     IMAGE = "image"  # its provider's image policy does not allow the image
+    LIMITS = "limits"  # the workload asks for more CPU or memory than the host has
 
 
 def refusal(facts: dict[str, Any] | None, workload: dict[str, Any]) -> Refusal | None:
@@ -39,6 +40,19 @@ def refusal(facts: dict[str, Any] | None, workload: dict[str, Any]) -> Refusal |
             return Refusal.IMAGE  # the API validated it; a stored workload that no longer parses runs nowhere
         if not image_allowed(reference, list(policy.get("allowed") or ())):
             return Refusal.IMAGE
+    if limits_exceed(facts, workload):
+        return Refusal.LIMITS
+    return None
+
+
+def limits_exceed(facts: dict[str, Any], workload: dict[str, Any]) -> str | None:
+    """What of ``workload``'s CPU and memory limits the host cannot give (one phrase); None: it fits."""
+    cores, memory = facts.get("max_cpu_cores"), facts.get("max_memory_mib")
+    asked_cores, asked_memory = workload.get("cpu_cores"), workload.get("memory_mib")
+    if isinstance(cores, int | float) and isinstance(asked_cores, int | float) and asked_cores > cores:
+        return f"{asked_cores:g} CPU cores (it has {cores:g})"
+    if isinstance(memory, int) and isinstance(asked_memory, int) and asked_memory > memory:
+        return f"{asked_memory} MiB of memory (it has {memory})"
     return None
 
 

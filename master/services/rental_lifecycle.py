@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 # The agent's codes for a start that could not happen (``data.code`` of a failed ``start_workload``).
 # Such a rental ends ``failed`` with the code; it never started, so nothing is charged (docs/billing.md).
 START_FAILURE_CODES = frozenset(
-    {"image_pull_failed", "image_not_allowed", "image_too_large", "container_runtime_unavailable", "workload_not_isolated"}
+    {"image_pull_failed", "image_not_allowed", "image_too_large", "container_runtime_unavailable", "workload_not_isolated",
+     "limits_exceed_host"}
 )
 _CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 

@@ -219,6 +219,11 @@ def _refuse_offer(
             f"offer {request.offer_id} is on a host that does not run {why} workloads{reason}; choose an offer whose "
             f"isolation lists {why}", code="workload_kind_unsupported",
         )  # fmt: skip
+    if why == isolation.Refusal.LIMITS:
+        raise ValidationFailed(
+            f"offer {request.offer_id}'s host cannot give the workload {isolation.limits_exceed(facts or {}, request.workload)}; "
+            "ask for less or choose a larger host", code="limits_exceed_host",
+        )  # fmt: skip
     if why == isolation.Refusal.IMAGE:
         allowed = ", ".join(((facts or {}).get("image_policy") or {}).get("allowed") or ()) or "none"
         raise ValidationFailed(
@@ -297,6 +302,7 @@ def _no_room(request: RentalRequest, found: _Candidates) -> InsufficientCapacity
         "mig": f"without MIG {request.mig_profile} instances",
         isolation.Refusal.CONTAINER: "not running container workloads", isolation.Refusal.PROCESS: "not running process workloads",
         isolation.Refusal.IMAGE: f"refusing the image {image} by their provider's image policy",
+        isolation.Refusal.LIMITS: "smaller than the workload's CPU or memory limits",
     }  # fmt: skip
     left_out = "; ".join(f"{count} left out as {notes[why]}" for why, count in sorted(found.excluded.items()))
     which = "no host"

@@ -125,6 +125,9 @@ class IsolationFacts(LenientModel):
     process_isolation: Literal["uid", "none"] = "none"  # "uid": each rental runs under a uid of its own
     reason: Annotated[str, Field(max_length=1024)] = ""  # why a kind is missing, in one line
     image_policy: ImagePolicyModel = Field(default_factory=ImagePolicyModel)
+    # The most one workload may ask for here (the host's logical CPUs and RAM); None: not said.
+    max_cpu_cores: float | None = Field(None, gt=0)
+    max_memory_mib: int | None = Field(None, gt=0)
 
 
 class HelloBody(StrictModel):
