@@ -85,8 +85,9 @@ def _wait_until_up(process: subprocess.Popen[bytes], data_dir: Path, log: Path) 
 
 
 @pytest.fixture(scope="module")
-def market(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Market]:
-    """`gpumarket up --agents 3` as a real process on free ports; SIGINT at the end."""
+def market(tmp_path_factory: pytest.TempPathFactory, docker_image: str) -> Iterator[Market]:
+    """`gpumarket up --agents 3` as a real process on free ports, with a container engine answering
+    (its demo agents then run templates); SIGINT at the end."""
     folder = tmp_path_factory.mktemp("console")
     data_dir, log = folder / "data", folder / "up.log"
     # Only the settings chosen here: a GPUMARKET_DATABASE_URL or REDIS_URL of the environment must not leak in.

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiodocker
 import aiohttp
 import pytest
 from sqlalchemy import select
@@ -70,6 +71,13 @@ async def market(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterat
 async def renter(market: Marketplace) -> AsyncIterator[Api]:
     async with aiohttp.ClientSession() as http:
         yield Api(http, market.api_url, market.credentials["renter"]["api_key"])
+
+
+async def _containers_of(rental_id: str) -> list[str]:
+    """The ids of the engine's containers labelled with the rental (running or not)."""
+    async with aiodocker.Docker() as docker:
+        found = await docker.containers.list(all=True, filters={"label": [f"gpumarket.rental={rental_id}"]})
+        return [container.id for container in found]
 
 
 async def _hosts_online(api: Api, n: int) -> list[dict[str, Any]] | None:
@@ -207,6 +215,44 @@ class TestEmbeddedMarketplace:
         assert f"hello from {rental['id']}" in text and f"gpus {rental['gpu_uuids'][0]}" in text
         if os.geteuid() == 0:  # up as root: the rental ran under a uid of its own
             assert "uid 0\n" not in text and market.agents[0].isolation.facts.process_isolation == "uid"
+
+    async def test_a_container_rental_runs_its_image_and_stop_removes_its_container(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, docker_image: str
+    ) -> None:
+        """Through the whole marketplace: a container workload runs its image as a non-root user with only its
+        GPUs named, its output reaches the renter, and stopping the rental removes its container."""
+        for name, value in NO_RATE_LIMITS.items():
+            monkeypatch.setenv(name, value)
+        market = await start_marketplace(tmp_path / "data", agents=1, http_port=0, relay_port=0, heartbeat_interval=TICK,
+                                         telemetry_interval=TICK, missed_heartbeats_offline=MISSED)  # fmt: skip
+        try:
+            async with aiohttp.ClientSession() as http:
+                renter = Api(http, market.api_url, market.credentials["renter"]["api_key"])
+                hosts = await eventually(lambda: _hosts_online(renter, 1), what="the host online")
+                assert "container" in hosts[0]["isolation"]["kinds"], hosts[0]["isolation"]
+                script = 'echo "gpus=$NVIDIA_VISIBLE_DEVICES user=$(id -u)"; ls /workspace; sleep 600'
+                workload = {"kind": "container", "image": docker_image, "command": ["sh", "-c", script]}
+                status, rental = await renter.call("POST", "/rentals", json={"gpu_count": 1, "workload": workload})
+                assert status == 201, rental
+
+                async def output() -> str | None:
+                    text: str = (await renter.get(f"/rentals/{rental['id']}/logs"))["data"]
+                    return text if "gpus=" in text else None
+
+                text = await eventually(output, what="the container's output through the API")
+                assert f"gpus={rental['gpu_uuids'][0]} user=1000" in text
+                assert (await renter.get(f"/rentals/{rental['id']}"))["state"] == "running"
+                containers = await _containers_of(rental["id"])
+                assert len(containers) == 1
+                status, _ = await renter.call("DELETE", f"/rentals/{rental['id']}")
+                assert status in (200, 202)
+
+                async def removed() -> bool:
+                    return not await _containers_of(rental["id"])
+
+                await eventually(removed, what="the rental's container to be removed")
+        finally:
+            await market.stop()
 
     async def test_stored_telemetry_is_served_with_sequence_numbers(self, market: Marketplace, renter: Api) -> None:
         """GET /hosts/{id}/metrics returns stored samples, each with its seq and the window's aggregates."""
