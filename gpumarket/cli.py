@@ -170,6 +170,20 @@ def cmd_agent_record_nvml(args: argparse.Namespace) -> None:
     print(record(args.out, seconds=args.seconds))
 
 
+def cmd_agent_netguard(args: argparse.Namespace) -> None:
+    from agent.runtimes.netguard import MARKER, install_guard, write_marker
+
+    _setup_logging("WARNING")
+    status = asyncio.run(install_guard())
+    if os.geteuid() == 0:
+        write_marker(status)
+    print(f"network guard {'on' if status.active else 'off'}: {status.reason}")
+    if os.geteuid() == 0 and status.active:
+        print(f"recorded in {MARKER} for the agent")
+    if not status.active:
+        raise SystemExit(1)
+
+
 def cmd_admin_create_account(args: argparse.Namespace) -> None:
     from master.app import close_master, open_master
     from master.services.accounts import create_account
@@ -384,6 +398,14 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("--out", type=Path, required=True, metavar="FILE", help="where to write the recording")
     record.add_argument("--seconds", type=float, default=5.0, metavar="S", help="how long to sample (default 5)")
     record.set_defaults(func=cmd_agent_record_nvml)
+    netguard = agent_sub.add_parser(
+        "netguard", help="put the container rentals' firewall rules in place (as root)", formatter_class=formatter,
+        description="Install the iptables rules that keep every rental bridge (gm+) off this host's own services, "
+        "link-local metadata and other rentals (idempotent). Run as root before a non-root agent starts "
+        "(the installer's unit does, ExecStartPre=+): it leaves a marker in /run that the agent reads. "
+        "Exits 1 when the rules cannot be installed, saying why.",
+    )
+    netguard.set_defaults(func=cmd_agent_netguard)
 
     from master.scheduler.registry import DEFAULT_PLACER, PLACERS
 

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import io
 import json
+import os
 import secrets
 import tarfile
 from collections.abc import AsyncIterator, Callable
@@ -34,6 +35,7 @@ from agent.runtimes.container import (
     resource_name,
 )
 from agent.runtimes.manager import WorkloadManager
+from agent.runtimes.netguard import NetGuardStatus, install_guard, write_marker
 from agent.runtimes.registry import REGISTRY_NAME
 from shared.errors import BadRequest, Conflict
 from shared.protocol import ContainerWorkload, WorkloadProgressBody
@@ -502,3 +504,24 @@ class TestImages:
         with pytest.raises(BadRequest) as refused:
             await manager.start(f"b{secrets.token_hex(3)}", [gpus[0]], ContainerWorkload.model_construct(image="-v/:/host"))
         assert refused.value.code == "bad_workload_spec"
+
+
+class TestNetworkGuardMarker:
+    """A non-root agent trusts the firewall rules only when root recorded putting them in place this boot."""
+
+    async def test_a_non_root_agent_reads_roots_marker(self, tmp_path: Path) -> None:
+        marker = tmp_path / "gpumarket-netguard"
+        off = await install_guard(marker=marker, euid=1000)
+        assert not off.active and "gpumarket agent netguard" in off.reason
+        write_marker(NetGuardStatus(True, "rules in place"), marker)
+        on = await install_guard(marker=marker, euid=1000)
+        assert on.active and str(marker) in on.reason
+        write_marker(NetGuardStatus(False, "iptables is not installed"), marker)
+        assert not marker.exists() and not (await install_guard(marker=marker, euid=1000)).active
+
+    async def test_a_marker_someone_else_wrote_is_not_trusted(self, tmp_path: Path) -> None:
+        """A marker not owned by root (a renter or the agent writing it) says nothing."""
+        marker = tmp_path / "gpumarket-netguard"
+        marker.write_text("active\n")
+        os.chown(marker, 1000, 1000)
+        assert not (await install_guard(marker=marker, euid=1000)).active

@@ -119,6 +119,8 @@ class TestScript:
         (prefix / "bin").mkdir(parents=True)
         # systemd-analyze checks that ExecStart is executable: any program stands in for the wrapper.
         (prefix / "bin" / "gpumarket-agent").symlink_to("/bin/true")
+        (prefix / "venv" / "bin").mkdir(parents=True)
+        (prefix / "venv" / "bin" / "gpumarket").symlink_to("/bin/true")
         result = _run_installer("--print-unit", "--prefix", prefix, "--user", "gm-test")
         assert result.returncode == 0, result.stderr
         unit = result.stdout
@@ -127,7 +129,11 @@ class TestScript:
             f"ExecStart={prefix}/bin/gpumarket-agent", "User=gm-test", "Restart=on-failure", "KillMode=process",
             "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes",
             "StateDirectory=gpumarket-agent", "WantedBy=multi-user.target",
+            # the container rentals' firewall, as root before the (non-root) agent starts
+            f"ExecStartPre=-+{prefix}/venv/bin/gpumarket agent netguard",
         } <= lines  # fmt: skip
+        has_docker_group = subprocess.run(["getent", "group", "docker"], capture_output=True, check=False).returncode == 0
+        assert ("SupplementaryGroups=docker" in lines) == has_docker_group
         unit_file = tmp_path / "gpumarket-agent.service"
         unit_file.write_text(unit)
         assert SYSTEMD_ANALYZE is not None

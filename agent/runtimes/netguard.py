@@ -15,10 +15,13 @@ every rental, present and future:
   some other container.
 
 Installed once, idempotently (``iptables -C`` before ``-I``), with ``iptables`` run through
-``asyncio.create_subprocess_exec`` — never a shell. Where the agent is not root or there is no
-``iptables``, nothing is installed and ``NetGuardStatus.active`` is false with the reason: the
-host then reports its guard off (rentals still reach the outside and not each other's
-bridges, but they may reach the host's services and link-local addresses).
+``asyncio.create_subprocess_exec`` — never a shell. An agent that is not root (the installer's
+unit runs it as a system user) cannot: the unit installs them as root before the agent
+starts (``ExecStartPre=-+… gpumarket agent netguard``), which leaves ``MARKER`` in ``/run``
+for the agent to read. Where neither happened (or there is no ``iptables``),
+``NetGuardStatus.active`` is false with the reason: the host then reports its guard off
+(rentals still reach the outside and not each other's bridges, but they may reach the host's
+services and link-local addresses).
 """
 
 from __future__ import annotations
@@ -29,9 +32,14 @@ import logging
 import os
 import shutil
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final
 
 log = logging.getLogger(__name__)
+
+# Written by ``gpumarket agent netguard`` (as root) once the rules are in place; /run empties at
+# boot, as the rules do, and the unit writes it again before each start.
+MARKER: Final = Path("/run/gpumarket-netguard")
 
 BRIDGE_PREFIX: Final = "gm"
 WILDCARD: Final = f"{BRIDGE_PREFIX}+"
@@ -73,10 +81,24 @@ async def _iptables(iptables: str, *args: str, timeout: float) -> tuple[int, str
     return process.returncode, err.decode(errors="replace").strip()
 
 
-async def install_guard(*, iptables: str | None = None, timeout: float = 15.0) -> NetGuardStatus:
-    """Put the rules in place (idempotent); never raises for a host that cannot, says why instead."""
-    if os.geteuid() != 0:
-        return NetGuardStatus(False, "the agent is not root, so it cannot add iptables rules for the rental bridges")
+async def install_guard(
+    *, iptables: str | None = None, timeout: float = 15.0, marker: Path = MARKER, euid: int | None = None
+) -> NetGuardStatus:
+    """Put the rules in place (idempotent); never raises for a host that cannot, says why instead.
+
+    Not root (``euid``, default this process's): the rules count as in place when ``marker``,
+    owned by root, says root put them there this boot.
+    """
+    if (os.geteuid() if euid is None else euid) != 0:
+        try:
+            if marker.stat().st_uid == 0 and marker.read_text().startswith("active"):
+                return NetGuardStatus(True, f"iptables rules for {WILDCARD} bridges installed as root before the agent started ({marker})")
+        except OSError:
+            pass
+        return NetGuardStatus(
+            False, "the agent is not root, so it cannot add iptables rules for the rental bridges "
+            "(run `gpumarket agent netguard` as root before it starts, as the installer's unit does)",
+        )  # fmt: skip
     path = iptables or shutil.which("iptables")
     if path is None:
         return NetGuardStatus(False, "iptables is not installed")
@@ -105,3 +127,13 @@ async def install_guard(*, iptables: str | None = None, timeout: float = 15.0) -
     except (OSError, TimeoutError) as exc:
         return NetGuardStatus(False, f"cannot run {path}: {exc}")
     return NetGuardStatus(True, f"iptables rules for {WILDCARD} bridges in INPUT and DOCKER-USER")
+
+
+def write_marker(status: NetGuardStatus, marker: Path = MARKER) -> None:
+    """Record for a non-root agent that root put the rules in place (or remove a stale record)."""
+    if status.active:
+        marker.write_text(f"active\n{status.reason}\n")
+        marker.chmod(0o644)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            marker.unlink()

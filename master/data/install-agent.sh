@@ -160,7 +160,13 @@ recorded() {
 # ---- the systemd unit ---------------------------------------------------------------------
 
 render_unit() {
-    # $1: the user the agent runs as.
+    # $1: the user the agent runs as. Where a docker group exists, the agent joins it for its
+    # container rentals (the engine's socket is root-equivalent: the agent's own hardening and
+    # the rentals' isolation are what stand between renters and the host).
+    docker_groups=
+    if getent group docker >/dev/null 2>&1; then
+        docker_groups="SupplementaryGroups=docker"
+    fi
     cat <<EOF
 # Written by install-agent.sh; re-run it to change this unit, or --uninstall to remove it.
 [Unit]
@@ -172,7 +178,11 @@ After=network-online.target
 Type=exec
 User=$1
 Group=$1
+# As root ("+"), before the agent: the firewall rules that keep container rentals off this
+# host's services and link-local metadata; a failure ("-") leaves the agent reporting them off.
+ExecStartPre=-+$venv/bin/gpumarket agent netguard
 ExecStart=$wrapper
+$docker_groups
 Restart=on-failure
 RestartSec=5
 # Exit status 2 is a configuration problem (not enrolled, revoked, bad settings): restarting
