@@ -41,7 +41,7 @@ from agent.gpu.base import GpuBackend, GpuSample
 from agent.hostfacts import collect_host_facts
 from agent.logship import LogShipper
 from agent.netmeasure import measure, next_delay
-from agent.runtimes.container import ContainerOptions, ProgressStage
+from agent.runtimes.containeropts import ContainerOptions, ProgressStage
 from agent.runtimes.isolation import HostIsolation, ProcessIsolation, isolation_facts
 from agent.runtimes.manager import WorkloadManager
 from agent.spool import SqliteSpool

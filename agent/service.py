@@ -8,7 +8,7 @@ import logging
 
 from agent.gpu import open_backend
 from agent.runner import Agent, AgentTimings
-from agent.runtimes.container import ContainerOptions
+from agent.runtimes.containeropts import ContainerOptions
 from agent.runtimes.isolation import HostIsolation, host_isolation, isolation_summary
 from agent.state import AgentState
 from shared.protocol import ImagePolicyModel

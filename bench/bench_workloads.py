@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from agent.gpu.sim import SimulatedBackend
-from agent.runtimes.container import ContainerOptions
+from agent.runtimes.containeropts import ContainerOptions
 from agent.runtimes.manager import WorkloadManager
 from shared.protocol import ContainerWorkload
 

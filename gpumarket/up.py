@@ -35,7 +35,8 @@ from access.relay import Relay
 from agent.enroll import enroll
 from agent.gpu import open_backend
 from agent.runner import Agent, AgentTimings
-from agent.runtimes.container import ContainerOptions, probe_container_engine
+from agent.runtimes.container import probe_container_engine
+from agent.runtimes.containeropts import ContainerOptions
 from agent.runtimes.isolation import HostIsolation, host_isolation, isolation_summary
 from agent.runtimes.users import DEFAULT_RENTALS_ROOT
 from agent.state import AgentState, atomic_write, make_private

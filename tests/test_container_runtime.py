@@ -27,13 +27,8 @@ from pydantic import ValidationError
 
 from agent.gpu.sim import SimulatedBackend
 from agent.runtimes.base import host_capacity
-from agent.runtimes.container import (
-    OWNER_LABEL,
-    RENTAL_LABEL,
-    ContainerOptions,
-    ContainerRuntime,
-    resource_name,
-)
+from agent.runtimes.container import ContainerRuntime
+from agent.runtimes.containeropts import OWNER_LABEL, RENTAL_LABEL, ContainerOptions, resource_name
 from agent.runtimes.manager import WorkloadManager
 from agent.runtimes.netguard import NetGuardStatus, install_guard, write_marker
 from agent.runtimes.registry import REGISTRY_NAME

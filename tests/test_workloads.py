@@ -36,7 +36,8 @@ from agent.runtimes.cgroups import (
     cgroup_limiter,
     detect_cgroup_support,
 )
-from agent.runtimes.container import ContainerOptions, ContainerRuntime, PreparedImage
+from agent.runtimes.container import ContainerRuntime
+from agent.runtimes.containeropts import ContainerOptions, PreparedImage
 from agent.runtimes.isolation import ProcessIsolation, isolation_facts
 from agent.runtimes.manager import WorkloadManager
 from agent.runtimes.pids import process_start_time

@@ -8,8 +8,9 @@ Docker Engine API with aiodocker: a container, a bridge network and a ``/workspa
 volume per rental, every capability dropped, a non-root user, pids/memory/CPU limits;
 ``container.ContainerRuntime``, with ``netguard`` keeping rental bridges off the host and
 link-local metadata) — and owns watching, stopping and re-adoption through ``registry``
-(``workloads.json``), ``pids`` (processes by pid and start time), ``container.ContainerHandle``
-(containers through the engine), ``cgroups`` (CPU and memory limits of processes) and
+(``workloads.json``), ``pids`` (processes by pid and start time), ``containerlogs.ContainerHandle``
+(containers through the engine: their output and exit; ``containeropts`` holds the options,
+names and labels the container modules share), ``cgroups`` (CPU and memory limits of processes) and
 ``logs`` (capped output logs). ``isolation`` decides at start-up what the host runs
 isolated (the hello's ``IsolationFacts``) and refuses the rest.
 

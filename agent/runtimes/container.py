@@ -19,7 +19,7 @@ compatible socket works the same way) — never a CLI, never a shell. Each renta
   link-local metadata are shut off by ``agent.runtimes.netguard``.
 
 Output: the engine keeps it with its ``local`` log driver (bytes as written, two files of
-``log_max_mib``); a ``ContainerHandle`` follows that stream (stdout and stderr, with
+``log_max_mib``); a ``ContainerHandle`` (``agent.runtimes.containerlogs``) follows that stream (stdout and stderr, with
 timestamps) into the rental's ``output.log``; the last timestamp copied is kept in
 ``container.since`` (at most a second old), so a restarted agent resumes from there: after
 a ``kill -9`` up to a second of output may appear twice, none is lost while the engine keeps it.
@@ -33,173 +33,51 @@ Lifetime: ``stop``/exit removes the container and its network; the volume stays 
 networks and volumes that no rental owns.
 """
 
+
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import io
 import ipaddress
 import json
 import logging
 import math
 import os
-import signal
-import struct
 import tarfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from datetime import datetime
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any
 
 import aiodocker
 import aiohttp
 from aiodocker.exceptions import DockerError
 
 from agent.runtimes.base import Workload
-from agent.runtimes.logs import LOG_NAME
-from agent.runtimes.netguard import BRIDGE_PREFIX, NetGuardStatus, install_guard
+from agent.runtimes.containerlogs import ContainerHandle
+from agent.runtimes.containeropts import (
+    DEFAULT_SOCKET,
+    ENGINE_ERRORS,
+    OWNER_LABEL,
+    RENTAL_LABEL,
+    SINCE_NAME,
+    WORKSPACE,
+    ContainerFacts,
+    ContainerOptions,
+    PreparedImage,
+    ProgressCallback,
+    ProgressStage,
+    bridge_name,
+    resource_name,
+)
+from agent.runtimes.netguard import NetGuardStatus, install_guard
 from agent.runtimes.process import share_environment
-from agent.state import atomic_write
-from shared.errors import BadRequest, ConfigError
+from shared.errors import BadRequest
 from shared.imageref import ImageReference, image_allowed, parse_image_reference
 from shared.protocol import ContainerWorkload, GpuShare
 
 log = logging.getLogger(__name__)
-
-RENTAL_LABEL: Final = "gpumarket.rental"
-OWNER_LABEL: Final = "gpumarket.owner"
-WORKSPACE: Final = "/workspace"
-SINCE_NAME: Final = "container.since"
-DEFAULT_SOCKET: Final = "unix:///var/run/docker.sock"
-_HEADER: Final = struct.Struct(">BxxxL")
-
-ProgressStage = Literal["pulling", "pulled", "starting"]
-ProgressCallback = Callable[[str, ProgressStage, str, float | None], Awaitable[None]]
-"""``on_progress(rental_id, stage, text, percent)``: a step of a start the renter should see."""
-
-ENGINE_ERRORS: Final = (DockerError, aiohttp.ClientError, OSError, TimeoutError)
-
-
-@dataclass(frozen=True, slots=True)
-class ContainerOptions:
-    """How this agent runs container workloads; every limit bounded (``ConfigError`` otherwise)."""
-
-    owner: str = "gpumarket"  # this agent's identity (its host id): the owner label
-    docker_url: str | None = None  # None: $DOCKER_HOST, else unix:///var/run/docker.sock
-    allowed_images: tuple[str, ...] = ()  # image-name patterns (shared.imageref.image_allowed); empty: any
-    max_image_mib: int | None = None  # largest image (unpacked size) a rental may run
-    default_pids_limit: int = 4096
-    default_memory_mib: int | None = None
-    default_cpu_cores: float | None = None
-    default_shm_mib: int = 64
-    user: str = "1000:1000"  # when the image names no user
-    isolate_network: bool = True  # a bridge of its own per rental (else the engine's default bridge)
-    device_requests: bool | None = None  # GPUs through DeviceRequests; None: when the GPU backend is real
-    subnet_pool: str = "10.213.0.0/16"  # rental networks' subnets come from here
-    subnet_prefix: int = 28
-    log_max_mib: int = 16  # the engine's own log (the "local" driver: bytes as written), per file (two files)
-    # Timeouts
-    pull_timeout: float = 1800.0
-    engine_timeout: float = 30.0  # one engine call (create, inspect, remove, ...)
-    progress_interval: float = 1.0
-    retry_interval: float = 1.0  # a watcher asks again this often while the engine does not answer
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.owner, str) or not 1 <= len(self.owner) <= 256 or not self.owner.isprintable():
-            raise ConfigError("container owner must be 1-256 printable characters (the agent's host id)")
-        for name, value, low, high in (
-            ("default_pids_limit", self.default_pids_limit, 16, 1 << 22),
-            ("default_shm_mib", self.default_shm_mib, 1, 1 << 20),
-            ("subnet_prefix", self.subnet_prefix, 16, 29),
-            ("log_max_mib", self.log_max_mib, 1, 1 << 10),
-            ("pull_timeout", self.pull_timeout, 1.0, 86400.0),
-            ("engine_timeout", self.engine_timeout, 0.1, 600.0),
-            ("progress_interval", self.progress_interval, 0.01, 60.0),
-            ("retry_interval", self.retry_interval, 0.01, 60.0),
-        ):
-            if not low <= value <= high:
-                raise ConfigError(f"container setting {name}={value!r} must lie between {low:g} and {high:g}")
-        for name, optional, low, high in (
-            ("max_image_mib", self.max_image_mib, 1, 1 << 30),
-            ("default_memory_mib", self.default_memory_mib, 6, 1 << 30),
-            ("default_cpu_cores", self.default_cpu_cores, 0.01, 4096),
-        ):
-            if optional is not None and not low <= optional <= high:
-                raise ConfigError(f"container setting {name}={optional!r} must lie between {low:g} and {high:g}")
-        try:
-            pool = ipaddress.ip_network(self.subnet_pool)
-        except ValueError as exc:
-            raise ConfigError(f"container subnet_pool {self.subnet_pool!r}: {exc}") from None
-        if not isinstance(pool, ipaddress.IPv4Network) or pool.prefixlen > self.subnet_prefix:
-            raise ConfigError(f"container subnet_pool {self.subnet_pool} must be IPv4 and no smaller than /{self.subnet_prefix}")
-        if not self.user or any(c.isspace() for c in self.user):
-            raise ConfigError("container user must be 'uid:gid' or a user name")
-        for pattern in self.allowed_images:
-            if not isinstance(pattern, str) or not pattern:
-                raise ConfigError("allowed_images holds image-name patterns such as 'docker.io/library/*'")
-
-
-def owner_tag(owner: str) -> str:
-    return hashlib.sha256(owner.encode()).hexdigest()[:8]
-
-
-def resource_name(rental_id: str, owner: str) -> str:
-    """The name of the rental's container, network and volume."""
-    return f"gpumarket-{rental_id}-{owner_tag(owner)}"
-
-
-def bridge_name(rental_id: str, owner: str) -> str:
-    """``gm`` + 13 hex digits: a Linux interface name (at most 15 characters) that ``gm+`` matches."""
-    return BRIDGE_PREFIX + hashlib.sha256(f"{owner}\0{rental_id}".encode()).hexdigest()[:13]
-
-
-def exit_code_of(state: Mapping[str, Any]) -> int | None:
-    """The engine's exit code as the manager reports it: ``-N`` for signal N (128+N, or an OOM kill)."""
-    if state.get("OOMKilled"):
-        return -signal.SIGKILL
-    code = state.get("ExitCode")
-    if not isinstance(code, int):
-        return None
-    if 128 < code <= 128 + 64:
-        return -(code - 128)
-    return code
-
-
-def parse_timestamp_ns(text: bytes) -> int | None:
-    """An RFC 3339 timestamp as the engine writes it (``2024-01-02T03:04:05.123456789Z``) in ns since the epoch."""
-    try:
-        raw = text.decode("ascii")
-        whole, _, rest = raw.partition(".")
-        fraction = "".join(c for c in rest if c.isdigit())
-        zone = rest[len(fraction):] if rest else whole[19:]
-        seconds = datetime.fromisoformat(whole[:19] + (zone if zone not in ("", "Z") else "+00:00")).timestamp()
-        return int(seconds) * 1_000_000_000 + int((fraction + "000000000")[:9])
-    except ValueError:
-        return None
-
-
-@dataclass(frozen=True, slots=True)
-class ContainerFacts:
-    """What a host's hello says of its containers: the engine (``None``: none answers, ``reason`` says why)
-    and whether the network guard is on."""
-
-    engine: str | None  # "docker 20.10.24"
-    reason: str
-    network_guard: NetGuardStatus
-
-
-@dataclass(frozen=True, slots=True)
-class PreparedImage:
-    """What ``prepare`` learnt of the image: its id and what its config asks for."""
-
-    id: str
-    user: str
-    env: tuple[str, ...]
-    size: int
-    pulled: bool
 
 
 class ContainerRuntime:
@@ -655,130 +533,6 @@ class ContainerRuntime:
         if removed:
             log.info("removed what no rental of owner %s owns: %s", self.options.owner, ", ".join(removed))
         return removed
-
-
-class ContainerHandle:
-    """Waits for one container and copies its output into the rental's ``output.log`` meanwhile.
-
-    The same shape as ``pids.ProcessHandle``: ``wait(timeout)``, ``exited``, ``returncode``
-    (``-N`` after signal N, ``None`` when the container was gone), ``close()``. While the
-    engine does not answer, it asks again every ``retry_interval``; the container keeps running.
-    """
-
-    def __init__(self, runtime: ContainerRuntime, container_id: str, folder: Path) -> None:
-        self.runtime = runtime
-        self.container_id = container_id
-        self.folder = folder
-        self.returncode: int | None = None
-        self.oom_killed = False
-        self._loop = asyncio.get_running_loop()
-        self._exited: asyncio.Future[None] = self._loop.create_future()
-        self._since = self._read_since()
-        self._saved_since = self._since
-        self._saved_at = 0.0
-        self.task = self._loop.create_task(self._follow(), name=f"container-{container_id[:12]}-follow")
-
-    @property
-    def exited(self) -> bool:
-        return self._exited.done()
-
-    async def wait(self, timeout: float | None) -> bool:
-        """Whether the container has exited, waiting up to ``timeout`` seconds. Cancelling is safe."""
-        if not self._exited.done():
-            await asyncio.wait({self._exited}, timeout=timeout)
-        return self._exited.done()
-
-    def close(self) -> None:
-        """Stop following (the container itself is left alone)."""
-        self.task.cancel()
-        self._save_since(force=True)
-
-    async def _follow(self) -> None:
-        container = self.runtime.docker().containers.container(self.container_id)
-        retry = self.runtime.options.retry_interval
-        while True:
-            try:
-                info = await container.show()
-            except DockerError as exc:
-                if exc.status == 404:
-                    break  # removed behind our back: the exit code is unknown
-                await asyncio.sleep(retry)
-                continue
-            except (aiohttp.ClientError, OSError, TimeoutError):
-                await asyncio.sleep(retry)
-                continue
-            state = info.get("State") or {}
-            running = bool(state.get("Running") or state.get("Restarting"))
-            began = time.monotonic()
-            try:
-                await self._copy(follow=running)
-            except (DockerError, aiohttp.ClientError, OSError, TimeoutError) as exc:
-                log.debug("container %s: log stream broke (%s)", self.container_id[:12], exc)
-                await asyncio.sleep(retry)
-                continue
-            if not running:
-                self.returncode = exit_code_of(state)
-                self.oom_killed = bool(state.get("OOMKilled"))
-                break
-            if time.monotonic() - began < 0.05:
-                await asyncio.sleep(min(retry, 0.2))  # the stream ended at once: never spin
-        self._save_since(force=True)
-        self._exited.set_result(None)
-
-    async def _copy(self, *, follow: bool) -> None:
-        params: dict[str, Any] = {"stdout": "1", "stderr": "1", "timestamps": "1", "follow": "1" if follow else "0"}
-        if self._since:
-            params["since"] = f"{self._since // 1_000_000_000}.{self._since % 1_000_000_000:09d}"
-        docker = self.runtime.docker()
-        async with docker._query(  # raw frames: output is bytes, not necessarily UTF-8
-            f"containers/{self.container_id}/logs", method="GET", params=params, timeout=aiohttp.ClientTimeout(total=None)
-        ) as response:
-            fd = os.open(self.folder / LOG_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            boundary = self._since  # what an earlier stream copied; entries are not in time order across stdout/stderr
-            try:
-                async for frame in _frames(response.content):
-                    stamp, _, data = frame.partition(b" ")
-                    at = parse_timestamp_ns(stamp)
-                    if at is None:
-                        data = frame
-                    elif boundary and at <= boundary:
-                        continue  # ``since`` counts the last copied entry again
-                    else:
-                        self._since = max(self._since, at)
-                    if data:
-                        os.write(fd, data)
-                    self._save_since()
-            finally:
-                os.close(fd)
-
-    def _read_since(self) -> int:
-        try:
-            return int((self.folder / SINCE_NAME).read_text().strip() or 0)
-        except (OSError, ValueError):
-            return 0
-
-    def _save_since(self, *, force: bool = False) -> None:
-        now = time.monotonic()
-        if self._since == self._saved_since or (not force and now - self._saved_at < 1.0):
-            return
-        with contextlib.suppress(OSError):
-            atomic_write(self.folder / SINCE_NAME, str(self._since).encode(), mode=0o600)
-            self._saved_since, self._saved_at = self._since, now
-
-
-async def _frames(stream: aiohttp.StreamReader) -> AsyncIterator[bytes]:
-    """The payloads of the engine's multiplexed stream (stdout and stderr in the order written)."""
-    while True:
-        try:
-            header = await stream.readexactly(_HEADER.size)
-        except asyncio.IncompleteReadError:
-            return
-        _, length = _HEADER.unpack(header)
-        if length:
-            try:
-                yield await stream.readexactly(length)
-            except asyncio.IncompleteReadError:
-                return
 
 
 async def probe_container_engine(options: ContainerOptions, work_dir: Path) -> ContainerFacts:

@@ -58,7 +58,8 @@ from agent.runtimes.cgroups import (
     kill_cgroups,
     remove_cgroups,
 )
-from agent.runtimes.container import ContainerFacts, ContainerOptions, ContainerRuntime, ProgressCallback
+from agent.runtimes.container import ContainerRuntime
+from agent.runtimes.containeropts import ContainerFacts, ContainerOptions, ProgressCallback
 from agent.runtimes.hold import HoldRuntime
 from agent.runtimes.logs import OutputLogs
 from agent.runtimes.pids import ProcessHandle, group_alive, killpg, process_start_time, reap_if_ours
