@@ -4,7 +4,6 @@ bus link, black-holed by a proxy; ``tc netem`` is not available here)."""
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from datetime import UTC, datetime
 
@@ -16,8 +15,10 @@ from tests.faults.harness import Scenario
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
 
-CHATTY = {"kind": "process", "argv": [sys.executable, "-c", "import sys, time\nwhile True:\n"
-                                      "    sys.stdout.write(('x' * 1023 + '\\n') * 10); sys.stdout.flush(); time.sleep(0.1)"]}
+# 10 KiB of output every 0.1 s. A shell loop, not this interpreter: an agent running as root gives the
+# rental a uid of its own, which cannot reach an interpreter under /root.
+CHATTY = {"kind": "process", "argv": ["/bin/sh", "-c", 'x=$(printf "%1023s" "" | tr " " x); '
+                                      'while :; do for i in 1 2 3 4 5 6 7 8 9 10; do echo "$x"; done; sleep 0.1; done']}
 LOG_SHIP_S = 2.0  # the agent's log_ship_interval
 PARTITION_S = 8.0  # longer than the relay's bus timeout (5 s), so it gives up on the bus and sends its agents away
 
