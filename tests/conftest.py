@@ -24,6 +24,9 @@ from shared.crypto import CertificateAuthority
 from tests.apiclient import Api, serve_api
 from tests.factories import master_settings
 
+# The workload tests' fixtures (exits, backend, gpus, cgroups), shared by name.
+pytest_plugins = ["tests.workloadfixtures"]
+
 PG_ADMIN_URL = os.environ.get("GPUMARKET_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("GPUMARKET_REDIS_URL", "redis://127.0.0.1:6379/0")
 

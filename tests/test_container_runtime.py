@@ -36,27 +36,9 @@ from shared.errors import BadRequest, Conflict
 from shared.protocol import ContainerWorkload, WorkloadProgressBody
 from tests import dockerengine
 from tests.helpers import eventually
+from tests.workloadfixtures import Exits
 
 WAIT = 20.0
-
-
-class Exits:
-    """Records ``on_exit`` calls; ``wait_for`` awaits the one of a rental."""
-
-    def __init__(self) -> None:
-        self.calls: dict[str, int | None] = {}
-        self._changed = asyncio.Event()
-
-    async def __call__(self, rental_id: str, exit_code: int | None) -> None:
-        self.calls[rental_id] = exit_code
-        self._changed.set()
-
-    async def wait_for(self, rental_id: str) -> int | None:
-        async with asyncio.timeout(WAIT):
-            while rental_id not in self.calls:
-                self._changed.clear()
-                await self._changed.wait()
-        return self.calls[rental_id]
 
 
 class Progress:
@@ -124,11 +106,6 @@ def backend() -> SimulatedBackend:
 
 
 @pytest.fixture
-def gpus(backend: SimulatedBackend) -> list[str]:
-    return [g.uuid for g in backend.gpus()]
-
-
-@pytest.fixture
 async def managers(
     tmp_path: Path, backend: SimulatedBackend, owner: str, docker_image: str
 ) -> AsyncIterator[Callable[..., tuple[WorkloadManager, Exits]]]:
@@ -193,7 +170,7 @@ class TestLifecycle:
         assert stopped["exit_code"] == -15  # SIGTERM, forwarded by the init
         assert inspect(name) is None and not exists("networks", name)
         assert "gpumarket: stopping (renter asked)" in manager.logs.path(rental).read_text()
-        assert manager.running() == [] and rental not in exits.calls
+        assert manager.running() == [] and not exits.of(rental)
 
 
     async def test_concurrent_starts_share_one_container_and_reserve_its_gpus(

@@ -11,8 +11,6 @@ interpreter may sit where no rental user can reach.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import os
 import secrets
@@ -27,7 +25,7 @@ from typing import Any
 import pytest
 
 from agent.gpu.sim import SimulatedBackend
-from agent.runtimes.cgroups import CgroupLimiter, cgroup_limiter, cgroup_members, detect_cgroup_support
+from agent.runtimes.cgroups import CgroupLimiter, cgroup_members
 from agent.runtimes.isolation import (
     HostIsolation,
     check_workload_allowed,
@@ -46,6 +44,7 @@ from shared.crypto import CertificateAuthority, generate_private_key, write_priv
 from shared.errors import BadRequest, ConfigError
 from shared.protocol import HoldWorkload, IsolationFacts, ProcessWorkload
 from tests.helpers import eventually
+from tests.workloadfixtures import Exits
 
 TOOLS = IsolationTools.find()
 SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")
@@ -130,23 +129,6 @@ VICTIM = (
 )
 
 
-class Exits:
-    def __init__(self) -> None:
-        self.calls: dict[str, int | None] = {}
-        self.changed = asyncio.Event()
-
-    async def __call__(self, rental_id: str, exit_code: int | None) -> None:
-        self.calls[rental_id] = exit_code
-        self.changed.set()
-
-    async def wait_for(self, rental_id: str) -> int | None:
-        async with asyncio.timeout(WAIT):
-            while rental_id not in self.calls:
-                self.changed.clear()
-                await self.changed.wait()
-        return self.calls[rental_id]
-
-
 class Host:
     """An agent's data dir with its secrets, and a rentals root, under one folder anyone may pass."""
 
@@ -184,35 +166,6 @@ def host() -> Iterator[Host]:
     for uid, rental_id in made.users.claimed().items():  # after a failed test: leave no process behind
         kill_uid(RentalUser(rental_id, uid, uid, made.users.root / rental_id), TOOLS, timeout=2)
     shutil.rmtree(base, ignore_errors=True)
-
-
-@pytest.fixture
-def cgroups() -> Iterator[CgroupLimiter]:
-    support = detect_cgroup_support(slice_name=f"gpumarket-test-{secrets.token_hex(4)}.slice")
-    limiter = cgroup_limiter(support)
-    yield limiter
-    limiter.close()
-    for slice_dir in support.slices:
-        for group in slice_dir.glob("rental-*"):
-            with contextlib.suppress(OSError):
-                group.rmdir()
-        with contextlib.suppress(OSError):
-            slice_dir.rmdir()
-
-
-@pytest.fixture
-def backend() -> SimulatedBackend:
-    return SimulatedBackend("sim:2xRTX4090", seed="t")
-
-
-@pytest.fixture
-def gpus(backend: SimulatedBackend) -> list[str]:
-    return [g.uuid for g in backend.gpus()]
-
-
-@pytest.fixture
-def exits() -> Exits:
-    return Exits()
 
 
 Managers = Callable[..., WorkloadManager]

@@ -33,7 +33,6 @@ from agent.runtimes.cgroups import (
     CgroupLimiter,
     CgroupSupport,
     NoCgroupLimiter,
-    cgroup_limiter,
     detect_cgroup_support,
 )
 from agent.runtimes.container import ContainerRuntime
@@ -54,6 +53,7 @@ from shared.protocol import (
     WorkloadSpec,
 )
 from tests.helpers import eventually
+from tests.workloadfixtures import Exits
 
 PY = sys.executable
 # These tests run workloads as the agent's own user (tests/test_process_isolation.py: under uids of their own).
@@ -63,27 +63,6 @@ WAIT = 10.0  # the longest any one wait may take before the test fails; never sl
 
 def py(code: str) -> list[str]:
     return [PY, "-c", code]
-
-
-class Exits:
-    """Records ``on_exit`` calls and lets a test await the one for a rental."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, int | None]] = []
-        self._changed = asyncio.Event()
-
-    async def __call__(self, rental_id: str, exit_code: int | None) -> None:
-        self.calls.append((rental_id, exit_code))
-        self._changed.set()
-
-    async def wait_for(self, rental_id: str) -> int | None:
-        async with asyncio.timeout(WAIT):
-            while True:
-                for called, exit_code in self.calls:
-                    if called == rental_id:
-                        return exit_code
-                self._changed.clear()
-                await self._changed.wait()
 
 
 class MigEnabledBackend:
@@ -131,36 +110,6 @@ def prefix() -> Iterator[str]:
     value = f"t{secrets.token_hex(4)}"
     yield value
     _kill_leftovers(value)
-
-
-@pytest.fixture
-def backend() -> SimulatedBackend:
-    return SimulatedBackend("sim:2xRTX4090", seed="t")
-
-
-@pytest.fixture
-def gpus(backend: SimulatedBackend) -> list[str]:
-    return [g.uuid for g in backend.gpus()]
-
-
-@pytest.fixture
-def cgroups() -> Iterator[CgroupLimiter]:
-    """This host's real cgroup support, in a slice of this test's own that is removed afterwards."""
-    support = detect_cgroup_support(slice_name=f"gpumarket-test-{secrets.token_hex(4)}.slice")
-    limiter = cgroup_limiter(support)
-    yield limiter
-    limiter.close()
-    for slice_dir in support.slices:  # after a failed test: leave no cgroup behind
-        for group in slice_dir.glob("rental-*"):
-            with contextlib.suppress(OSError):
-                group.rmdir()
-        with contextlib.suppress(OSError):
-            slice_dir.rmdir()
-
-
-@pytest.fixture
-def exits() -> Exits:
-    return Exits()
 
 
 Managers = Callable[..., WorkloadManager]
