@@ -26,6 +26,7 @@ from aiodocker.exceptions import DockerError
 
 from agent.runtimes.containeropts import SINCE_NAME, ContainerOptions, exit_code_of, parse_timestamp_ns
 from agent.runtimes.logs import LOG_NAME
+from agent.runtimes.pids import EndsOnce
 from agent.state import atomic_write
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ class Engine(Protocol):
     def docker(self) -> aiodocker.Docker: ...
 
 
-class ContainerHandle:
+class ContainerHandle(EndsOnce):
     """Waits for one container and copies its output into the rental's ``output.log`` meanwhile.
 
     The same shape as ``pids.ProcessHandle``: ``wait(timeout)``, ``exited``, ``returncode``
@@ -61,16 +62,6 @@ class ContainerHandle:
         self._saved_since = self._since
         self._saved_at = 0.0
         self.task = self._loop.create_task(self._follow(), name=f"container-{container_id[:12]}-follow")
-
-    @property
-    def exited(self) -> bool:
-        return self._exited.done()
-
-    async def wait(self, timeout: float | None) -> bool:
-        """Whether the container has exited, waiting up to ``timeout`` seconds. Cancelling is safe."""
-        if not self._exited.done():
-            await asyncio.wait({self._exited}, timeout=timeout)
-        return self._exited.done()
 
     def close(self) -> None:
         """Stop following (the container itself is left alone)."""

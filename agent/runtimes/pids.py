@@ -67,7 +67,23 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
-class ProcessHandle:
+class EndsOnce:
+    """A workload handle's ending: ``exited`` and ``wait`` over ``_exited``, which the subclass resolves."""
+
+    _exited: asyncio.Future[None]
+
+    @property
+    def exited(self) -> bool:
+        return self._exited.done()
+
+    async def wait(self, timeout: float | None) -> bool:
+        """Whether the workload has ended, waiting up to ``timeout`` seconds. Cancelling is safe."""
+        if not self._exited.done():
+            await asyncio.wait({self._exited}, timeout=timeout)
+        return self._exited.done()
+
+
+class ProcessHandle(EndsOnce):
     """Waits for one process, whether the agent spawned it in this life or adopted it.
 
     Event-driven through a pidfd where the kernel has them (Linux 5.3+), else polled every
@@ -89,16 +105,6 @@ class ProcessHandle:
         if self._pidfd is not None:
             self._loop.add_reader(self._pidfd, self._on_readable)
         self._check()
-
-    @property
-    def exited(self) -> bool:
-        return self._exited.done()
-
-    async def wait(self, timeout: float | None) -> bool:
-        """Whether the process has exited, waiting up to ``timeout`` seconds. Cancelling is safe."""
-        if not self._exited.done():
-            await asyncio.wait({self._exited}, timeout=timeout)
-        return self._exited.done()
 
     def close(self) -> None:
         """Stop watching (closes the pidfd); the process itself is left alone."""
