@@ -94,7 +94,9 @@ def market(tmp_path_factory: pytest.TempPathFactory, docker_image: str) -> Itera
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMARKET_")}
     # Quick telemetry so live charts move within seconds; billing rates every second so a stop shows its charge.
     env.update(GPUMARKET_BILLING_INTERVAL="1", GPUMARKET_TELEMETRY_INTERVAL="2", GPUMARKET_HEARTBEAT_INTERVAL="2",
-               GPUMARKET_MISSED_HEARTBEATS_OFFLINE="10", PYTHONUNBUFFERED="1")
+               GPUMARKET_MISSED_HEARTBEATS_OFFLINE="10", PYTHONUNBUFFERED="1",
+               # Every test signs in from 127.0.0.1: the sign-in limit is for the internet (tested in test_rate_limits).
+               GPUMARKET_SIGN_IN_RATE_PER_MINUTE="600", GPUMARKET_SIGN_IN_BURST="100")
     with gpumarket_up(data_dir, log, env, agents=3, strict_stop=True) as process:
         yield _wait_until_up(process, data_dir, log)
 
