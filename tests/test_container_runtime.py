@@ -15,6 +15,7 @@ import io
 import json
 import os
 import secrets
+import sys
 import tarfile
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -310,6 +311,48 @@ class TestIsolation:
 
 class TestRestart:
     """An agent killed (``kill -9``-like: the manager closed without stopping) leaves its containers running; the next adopts them."""
+
+    async def test_kill_9_of_the_agent_leaves_the_container_running_for_the_next(
+        self, managers: Managers, gpus: list[str], docker_image: str, owner: str, tmp_path: Path
+    ) -> None:
+        """A real ``kill -9`` of an agent process mid-life: its container keeps running, and a new manager on the
+        same folder adopts it, follows its output and stops it (the container removed)."""
+        rental = f"x{secrets.token_hex(3)}"
+        script = (
+            "import asyncio, sys\n"
+            "from pathlib import Path\n"
+            "from agent.gpu.sim import SimulatedBackend\n"
+            "from agent.runtimes.containeropts import ContainerOptions\n"
+            "from agent.runtimes.manager import WorkloadManager\n"
+            "from shared.protocol import ContainerWorkload\n"
+            "async def main():\n"
+            "    backend = SimulatedBackend('sim:4xRTX4090', seed='c')\n"
+            f"    manager = WorkloadManager(Path({str(tmp_path / 'work')!r}), backend, container=ContainerOptions(owner={owner!r}))\n"
+            f"    spec = ContainerWorkload(image={docker_image!r}, command=['sh', '-c', 'i=0; while :; do echo tick $i; i=$((i+1)); sleep 0.2; done'])\n"
+            f"    await manager.start({rental!r}, [{gpus[0]!r}], spec)\n"
+            "    print('started', flush=True)\n"
+            "    await asyncio.sleep(600)\n"
+            "asyncio.run(main())\n"
+        )
+        agent = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", script, cwd=str(Path(__file__).resolve().parents[1]), stdout=asyncio.subprocess.PIPE
+        )
+        try:
+            assert agent.stdout is not None
+            async with asyncio.timeout(WAIT):
+                assert (await agent.stdout.readline()).strip() == b"started"
+        finally:
+            agent.kill()  # SIGKILL: no close, no clean-up
+            await agent.wait()
+        name = resource_name(rental, owner)
+        assert (inspect(name) or {}).get("State", {}).get("Running"), "the container died with its agent"
+        second, exits = managers()
+        await second.resume()
+        assert second.running() == [rental]
+        await log_text(second, rental, containing="tick")
+        assert (await second.stop(rental, timeout=1))["exit_code"] is not None
+        await until(lambda: not exists("containers", name), what="the adopted container removed on stop")
+        assert exits.calls == [] and second.running() == []
 
     async def test_containers_outlive_the_agent_and_are_readopted(self, managers: Managers, gpus: list[str], docker_image: str, owner: str) -> None:
         """Still running: adopted, its later output reaches the log once; ended meanwhile: reported; a container,
