@@ -429,6 +429,10 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--quiet", action="store_true", help="no progress bar")
     simulate.set_defaults(func=cmd_simulate)
 
+    from gpumarket.renter.commands import add_parsers as add_renter_parsers
+
+    add_renter_parsers(sub)  # login, offers, rent, rentals, logs, stop, account: the renter's side, over the REST API
+
     admin = sub.add_parser("admin", help="operator tasks against the master's database and CA")
     admin_sub = admin.add_subparsers(dest="admin_command", required=True, metavar="ACTION")
     account = admin_sub.add_parser("create-account", help="create an account and print its API key")

@@ -1,0 +1,585 @@
+"""The renter's commands (``gpumarket login | offers | rent | rentals | logs | stop | account``) and their parsers.
+
+Each command is a coroutine over a ``Client``; ``run`` turns a ``CliError`` into one line on
+stderr and its exit status. Tables go to stdout, progress to stderr, ``--json`` prints the API's JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import json
+import os
+import shlex
+import sys
+import time
+import uuid
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+
+from gpumarket.renter.api import (
+    Client,
+    CliError,
+    Login,
+    UsageError,
+    default_config_path,
+    load_login,
+    normalize_url,
+    save_login,
+)
+
+# How often `rent`, `stop --wait` and `logs -f` ask the API again.
+POLL_INTERVAL_S = 1.0
+# Rentals fetched per page, and pages at most, for `rentals`.
+PAGE_SIZE, MAX_PAGES = 500, 20
+ACTIVE_STATES = ("pending", "starting", "running", "stopping")
+ENDED_STATES = ("stopped", "failed", "preempted")
+TEMPLATES_HINT = "base, pytorch, jupyter, vllm (GET /api/v1/templates lists them all)"
+
+Command = Callable[[argparse.Namespace, Client], Coroutine[Any, Any, int]]
+
+
+def _err(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> None:
+    """Run the parsed command's coroutine; a ``CliError`` is one line on stderr and its exit status."""
+    environ = os.environ
+    args.rental_id = getattr(args, "rental_id", None)  # `rent` sets it once the rental exists
+    try:
+        if args.renter_func is None:
+            code = asyncio.run(cmd_login(args, environ))
+        else:
+            login = load_login(args.config, environ)
+            command: Command = args.renter_func
+
+            async def main() -> int:
+                async with Client(login, timeout=args.timeout) as client:
+                    return await command(args, client)
+
+            code = asyncio.run(main())
+    except CliError as exc:
+        _err(f"gpumarket: {exc.message}")
+        raise SystemExit(exc.status) from None
+    except KeyboardInterrupt:
+        rental_id = args.rental_id
+        if rental_id:
+            _err(f"\nstopped waiting; rental {rental_id} keeps going: see it with `gpumarket rentals`, "
+                 f"stop it with `gpumarket stop {rental_id}`")  # fmt: skip
+        raise SystemExit(130) from None
+    if code:
+        raise SystemExit(code)
+
+
+# ---- formatting ---------------------------------------------------------------------------------
+
+
+def money_column(values: Sequence[str | None], *, prefix: str = "$") -> list[str]:
+    """Amounts with the same number of decimals, 2 to 4 (as many as the column needs); ``-`` for none."""
+    amounts: list[Decimal | None] = []
+    for value in values:
+        try:
+            amounts.append(Decimal(value) if value is not None else None)
+        except InvalidOperation:
+            amounts.append(None)
+    places = 2
+    for amount in amounts:
+        if amount is not None:
+            for p in (2, 3, 4):
+                if amount == amount.quantize(Decimal(1).scaleb(-p)):
+                    places = max(places, p)
+                    break
+            else:
+                places = 4
+    return [f"{prefix}{a:.{places}f}" if a is not None else "-" for a in amounts]
+
+
+def money(value: str | None) -> str:
+    return money_column([value])[0]
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in [headers, *rows]]
+    return "\n".join(lines)
+
+
+def _short_time(iso: str | None) -> str:
+    return iso[:19].replace("T", " ") if iso else "-"
+
+
+def _gib(mib: Any) -> str:
+    return f"{round(mib / 1024)} GiB" if isinstance(mib, int | float) else "-"
+
+
+def _what(rental: Mapping[str, Any]) -> str:
+    if rental.get("template"):
+        return f"template {rental['template']}"
+    workload = rental.get("workload") or {}
+    kind = workload.get("kind", "hold")
+    if kind == "container":
+        return str(workload.get("image", "container"))
+    if kind == "process":
+        return " ".join(workload.get("argv") or ["process"])[:40]
+    return str(kind)
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2))
+
+
+# ---- login --------------------------------------------------------------------------------------
+
+
+def _read_key(args: argparse.Namespace) -> str:
+    if args.key:
+        return str(args.key).strip()
+    if sys.stdin is not None and not sys.stdin.isatty():
+        key = sys.stdin.readline().strip()
+    else:
+        key = getpass.getpass("API key (from the console's account page): ").strip()
+    if not key:
+        raise UsageError("no API key given: pass it on stdin, at the prompt, or with --key")
+    return key
+
+
+async def cmd_login(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    path: Path = args.config or default_config_path(environ)
+    url = args.api or environ.get("GPUMARKET_API_URL")
+    if not url:
+        raise UsageError("which API? give --api URL, e.g. `gpumarket login --api https://gpumarket.example`")
+    login = Login(normalize_url(url), _read_key(args))
+    async with Client(login, timeout=args.timeout) as client:
+        account = await client.get("/account")
+    save_login(path, login)
+    print(f"logged in to {login.api_url} as {account['name']} ({account['role']}, account {account['id']}); saved to {path}")
+    return 0
+
+
+# ---- offers -------------------------------------------------------------------------------------
+
+
+async def cmd_offers(args: argparse.Namespace, client: Client) -> int:
+    params: dict[str, str | int] = {"limit": args.limit, "sort": args.sort}
+    query = " ".join(args.query).strip()
+    if query:
+        params["q"] = query
+    if args.isolated:
+        params["isolated"] = "true"
+    if args.gpus:
+        params["num_gpus"] = args.gpus
+    body = await client.get("/offers", params)
+    if args.json:
+        _print_json(body)
+        return 0
+    items: list[dict[str, Any]] = body["items"]
+    if not items:
+        print(f"no offers match{' ' + repr(body.get('query')) if body.get('query') else ''}; loosen the query or try later")
+        return 0
+    prices = money_column([o.get("price_per_gpu_hour") for o in items])
+    rows = [
+        [
+            o["gpu_name"], str(o["num_gpus"]), _gib(o.get("vram_mib")), price, o.get("region") or "-", o.get("tier") or "-",
+            f"{o['reliability']:.3f}" if isinstance(o.get("reliability"), int | float) else "-",
+            _isolation(o.get("isolation")), o["id"],
+        ]
+        for o, price in zip(items, prices, strict=True)
+    ]  # fmt: skip
+    print(table(["MODEL", "FREE", "VRAM", "$/GPU-H", "REGION", "TIER", "RELIAB", "ISOLATION", "OFFER"], rows))
+    shown = len(items) + int(body.get("offset", 0))
+    if body.get("total", 0) > shown:
+        _err(f"{len(items)} of {body['total']} offers; more with --limit (at most 500)")
+    return 0
+
+
+def _isolation(view: Any) -> str:
+    if not isinstance(view, dict):
+        return "unknown"
+    kinds = ",".join(k for k in view.get("kinds", []) if k != "hold") or "hold"
+    return f"{kinds}" if view.get("isolated") else f"{kinds} (not isolated)"
+
+
+# ---- rent ---------------------------------------------------------------------------------------
+
+
+def _env_pairs(pairs: Sequence[str]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--env takes NAME=VALUE, not {pair!r}")
+        env[name] = value
+    return env
+
+
+def rental_body(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``POST /rentals`` body of ``gpumarket rent``'s options; ``UsageError`` for options that do not go together."""
+    body: dict[str, Any] = {"gpu_count": args.gpus}
+    if args.offer_id:
+        if args.model or args.max_price or args.where:
+            raise UsageError("an OFFER_ID names host and model already: leave out --model, --max-price and --where")
+        body["offer_id"] = args.offer_id
+    if args.model:
+        body["gpu_model"] = args.model
+    requirements = [args.where] if args.where else []
+    if args.max_price:
+        requirements.append(f"price<={args.max_price}")
+    if requirements:
+        body["requirements"] = " ".join(requirements)
+    container_only = [n for n, v in (("--command", args.command), ("--port", args.port), ("--env", args.env)) if v]
+    if container_only and not args.image:
+        raise UsageError(f"{', '.join(container_only)} go with --image (a template brings its own)")
+    if args.template:
+        body["template"] = args.template
+    elif args.image:
+        workload: dict[str, Any] = {"kind": "container", "image": args.image}
+        if args.command:
+            workload["command"] = shlex.split(args.command)
+        if args.port:
+            workload["ports"] = args.port
+        if args.env:
+            workload["env"] = _env_pairs(args.env)
+        body["workload"] = workload
+    else:
+        body["workload"] = {"kind": "hold"}
+    if args.interruptible or args.bid:
+        if not (args.interruptible and args.bid):
+            raise UsageError("an interruptible rental needs both --interruptible and --bid USD (per GPU-hour)")
+        body["kind"] = "interruptible"
+        body["bid"] = args.bid
+    if args.queue:
+        body["queue"] = True
+    return body
+
+
+def _progress_line(rental: Mapping[str, Any], started: float) -> str:
+    events = rental.get("events") or []
+    state = rental["state"]
+    line = f"[{time.monotonic() - started:4.0f}s] {rental['id']}: {state}"
+    if rental.get("queued"):
+        line += " (queued: waiting for GPUs)"
+    if events:
+        cause = events[-1].get("cause")
+        if cause:
+            line += f": {cause}"
+    return line
+
+
+async def wait_for(client: Client, rental_id: str, until: tuple[str, ...], *, quiet: bool = False) -> dict[str, Any]:
+    """Poll the rental until its state is one of ``until`` or it has ended; a progress line on stderr at each change.
+
+    Cancelling it is safe: the rental is not touched.
+    """
+    started = time.monotonic()
+    last = ""
+    while True:
+        rental: dict[str, Any] = await client.get(f"/rentals/{rental_id}")
+        line = _progress_line(rental, started)
+        if not quiet and line.split(" ", 1)[1] != last:
+            _err(line)
+            last = line.split(" ", 1)[1]
+        if rental["state"] in until or rental["state"] in ENDED_STATES:
+            return rental
+        await asyncio.sleep(POLL_INTERVAL_S)
+
+
+async def cmd_rent(args: argparse.Namespace, client: Client) -> int:
+    body = rental_body(args)
+    # One key per invocation: a retried HTTP call of this invocation cannot rent twice; another invocation rents again.
+    key = str(uuid.uuid4())
+    rental: dict[str, Any] = await client.request("POST", "/rentals", json_body=body, headers={"Idempotency-Key": key}, retry=True)
+    args.rental_id = rental["id"]  # for Ctrl-C while waiting
+    if not args.no_wait:
+        rental = await wait_for(client, rental["id"], ("running",), quiet=args.json)
+    if args.json:
+        _print_json(rental)
+    else:
+        _print_rental_outcome(rental)
+    return 1 if rental["state"] in ENDED_STATES else 0
+
+
+def _print_rental_outcome(rental: Mapping[str, Any]) -> None:
+    rid, rstate = rental["id"], rental["state"]
+    if rstate in ENDED_STATES:
+        reason = rental.get("failure_reason") or "no reason given"
+        print(f"{rid} {rstate}")
+        _err(f"gpumarket: rental {rid} {rstate}: {reason}; see `gpumarket logs {rid}`, or rent elsewhere")
+        return
+    gpus = f"{rental.get('gpu_count')} x {rental.get('gpu_model') or 'GPU'}"
+    price = f", {money(rental['price_per_hour'])}/h" if rental.get("price_per_hour") else ""
+    print(f"{rid} {rstate}: {gpus}{price}")
+    if rstate == "running":
+        _err(f"logs: gpumarket logs {rid} -f; stop: gpumarket stop {rid}")
+    else:
+        _err(f"follow it with `gpumarket rentals`; stop it with `gpumarket stop {rid}`")
+
+
+# ---- rentals, logs, stop ------------------------------------------------------------------------
+
+
+async def _all_rentals(client: Client) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    for page in range(MAX_PAGES):
+        body = await client.get("/rentals", {"limit": PAGE_SIZE, "offset": page * PAGE_SIZE})
+        items.extend(body["items"])
+        if len(items) >= body["total"] or not body["items"]:
+            break
+    return items
+
+
+async def cmd_rentals(args: argparse.Namespace, client: Client) -> int:
+    items = await _all_rentals(client)
+    if not args.all:
+        items = [r for r in items if r["state"] in ACTIVE_STATES]
+    if args.json:
+        _print_json({"items": items, "total": len(items)})
+        return 0
+    if not items:
+        print("no active rentals; `--all` shows ended ones too, `gpumarket rent` makes one" if not args.all else "no rentals yet")
+        return 0
+    regions: dict[str, str] = {}
+    for host_id in {r["host_id"] for r in items if r.get("host_id")}:
+        try:
+            regions[host_id] = (await client.get(f"/hosts/{host_id}")).get("region") or "-"
+        except CliError:
+            regions[host_id] = "-"
+    prices = money_column([r.get("price_per_hour") for r in items])
+    charged = money_column([r.get("charged") for r in items])
+    rows = [
+        [
+            r["id"], r["state"] + (" (queued)" if r.get("queued") else ""), _gpus(r), r.get("gpu_model") or "-",
+            regions.get(r.get("host_id") or "", "-"), _what(r), price, paid, _short_time(r.get("started_at")),
+        ]
+        for r, price, paid in zip(items, prices, charged, strict=True)
+    ]  # fmt: skip
+    print(table(["ID", "STATE", "GPUS", "MODEL", "REGION", "RUNS", "$/H", "CHARGED", "STARTED (UTC)"], rows))
+    return 0
+
+
+def _gpus(rental: Mapping[str, Any]) -> str:
+    if rental.get("mig_profile"):
+        return f"mig {rental['mig_profile']}"
+    milli = rental.get("gpu_milli") or 1000
+    return f"{milli / 1000:g}" if milli != 1000 else str(rental.get("gpu_count", "-"))
+
+
+async def cmd_logs(args: argparse.Namespace, client: Client) -> int:
+    offset: int = args.since_offset
+    out = sys.stdout
+    while True:
+        body = await client.get(f"/rentals/{args.rental}/logs", {"offset": offset})
+        if body["offset"] > offset:
+            _err(f"(output before byte {body['offset']} was pruned)")
+        data: str = body["data"]
+        if data:
+            out.flush()
+            out.buffer.write(data.encode())
+            out.buffer.flush()
+        moved = body["next_offset"] != offset
+        offset = body["next_offset"]
+        if moved:
+            continue
+        if not args.follow or body["state"] in ENDED_STATES:
+            return 0
+        await asyncio.sleep(POLL_INTERVAL_S)
+
+
+async def cmd_stop(args: argparse.Namespace, client: Client) -> int:
+    rental: dict[str, Any] = await client.request("DELETE", f"/rentals/{args.rental}")
+    if args.wait and rental["state"] not in ENDED_STATES:
+        rental = await wait_for(client, rental["id"], ENDED_STATES)
+    if args.json:
+        _print_json(rental)
+    else:
+        print(f"{rental['id']} {rental['state']}" + ("" if rental["state"] in ENDED_STATES else "; the GPUs are freed once the host confirms"))
+    return 0
+
+
+# ---- account ------------------------------------------------------------------------------------
+
+
+async def cmd_account(args: argparse.Namespace, client: Client) -> int:
+    account: dict[str, Any] = await client.get("/account")
+    if args.json:
+        _print_json(account)
+        return 0
+    credit, quota = account.get("credit") or {}, account.get("quota") or {}
+    lines = [f"{account['name']} ({account['role']}), account {account['id']}"]
+    if credit:
+        left = f", lasts {credit['hours_left']} h at that rate" if credit.get("hours_left") is not None else ""
+        cap = money(credit["monthly_spend_cap"]) if credit.get("monthly_spend_cap") else "none"
+        lines += [
+            f"balance        {money(credit.get('balance'))}",
+            f"burn rate      {money(credit.get('burn_rate_per_hour'))}/h{left}",
+            f"spend cap      {cap} a month; spent this month {money(credit.get('spent_this_month'))}",
+        ]
+    if quota:
+        max_gpus = quota.get("max_gpus") or "no limit"
+        max_spend = f"{money(quota['max_spend_per_hour'])}/h" if quota.get("max_spend_per_hour") else "no limit"
+        lines += [
+            f"GPUs           {quota.get('used_gpus')} held of {max_gpus}",
+            f"spend          {money(quota.get('spend_per_hour'))}/h of {max_spend}",
+        ]
+    earnings = account.get("earnings")
+    if earnings:
+        lines.append(f"earnings       {money(earnings.get('earned_total'))} in all: {money(earnings.get('payable'))} to be paid, "
+                     f"{money(earnings.get('paid_out'))} paid in {earnings.get('payouts', 0)} payouts")  # fmt: skip
+    print("\n".join(lines))
+    return 0
+
+
+# ---- parsers ------------------------------------------------------------------------------------
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _usd(text: str) -> str:
+    try:
+        value = Decimal(text.lstrip("$"))
+    except InvalidOperation:
+        raise argparse.ArgumentTypeError(f"must be an amount in USD like 0.45, not {text!r}") from None
+    if not value.is_finite() or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, not {text!r}")
+    return f"{value:f}"
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 1 to 65535, not {value}")
+    return value
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, metavar="FILE",
+                        help="the login file (default $XDG_CONFIG_HOME/gpumarket/config.json, or $GPUMARKET_CONFIG)")  # fmt: skip
+    parser.add_argument("--timeout", type=float, default=30.0, metavar="S", help="seconds one API call may take (default 30)")
+
+
+LOGIN_EPILOG = """\
+The key is read from stdin when it is not a terminal, else prompted for without echo; --key
+works too but shows in the process list. GPUMARKET_API_URL and GPUMARKET_API_KEY, when set,
+override the saved login for every command.
+
+examples:
+  gpumarket login --api https://gpumarket.example
+  echo "$KEY" | gpumarket login --api http://127.0.0.1:8080"""
+
+OFFERS_EPILOG = """\
+The query language: space-separated 'field op value' terms, all ANDed; fields gpu_name,
+num_gpus, vram (GiB), compute_capability, cuda_driver_version, price (USD per GPU-hour),
+price_per_score, region, tier, score, reliability, download_mbps, upload_mbps, verified,
+isolated; ops = != < <= > >= (docs/marketplace.md).
+
+examples:
+  gpumarket offers
+  gpumarket offers 'vram>=24 price<=0.5' --sort price
+  gpumarket offers gpu_name=RTX_4090 num_gpus>=2 --isolated --json"""
+
+RENT_EPILOG = f"""\
+Without --template or --image the rental holds the GPUs and runs nothing (--hold says so).
+Templates: {TEMPLATES_HINT}.
+It waits until the rental runs, with a progress line on stderr (Ctrl-C stops waiting, not
+the rental), then prints the rental's id and state; exit status 1 if it failed. Each invocation rents anew: it sends its own Idempotency-Key, so a retried
+call of the same invocation never rents twice.
+
+examples:
+  gpumarket rent --gpus 2 --model 'RTX 4090' --template pytorch
+  gpumarket rent 'h_abc:NVIDIA GeForce RTX 4090' --image ubuntu:24.04 --command 'sleep infinity'
+  gpumarket rent --image python:3.12 --command 'python -m http.server 8000' --port 8000 --env DEBUG=1
+  gpumarket rent --interruptible --bid 0.20 --max-price 0.30 --no-wait"""
+
+
+def _set_command(parser: argparse.ArgumentParser, command: Command | None) -> None:
+    parser.set_defaults(func=run, renter_func=command)
+
+
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the renter's commands to ``gpumarket``'s subparsers; each runs through ``run``."""
+    formatter = argparse.RawDescriptionHelpFormatter
+
+    login = sub.add_parser("login", help="save the API URL and your API key", formatter_class=formatter, epilog=LOGIN_EPILOG,
+                           description="Check an API key against the master and save it with the API's URL in a file "
+                           "only you can read (0600).")  # fmt: skip
+    login.add_argument("--api", metavar="URL", help="the master's URL, e.g. https://gpumarket.example (default: $GPUMARKET_API_URL)")
+    login.add_argument("--key", metavar="KEY", help="the API key (better: on stdin or at the prompt)")
+    _common(login)
+    _set_command(login, None)  # cmd_login: no saved login needed
+
+    offers = sub.add_parser("offers", help="GPUs you can rent now", formatter_class=formatter, epilog=OFFERS_EPILOG,
+                            description="List offers (per host and GPU model) with price per GPU-hour, region, tier, "
+                            "reliability and how the host isolates workloads.")  # fmt: skip
+    offers.add_argument("query", nargs="*", metavar="QUERY", help="query language terms, e.g. 'vram>=24 price<=0.5'")
+    offers.add_argument("--sort", default="score", choices=("score", "price", "price_per_performance", "reliability"),
+                        help="score (default, best first), price (cheapest first), price_per_performance or reliability")  # fmt: skip
+    offers.add_argument("--gpus", type=_positive_int, metavar="N", help="at least N free GPUs on one host")
+    offers.add_argument("--isolated", action="store_true", help="only hosts that isolate renters' workloads")
+    offers.add_argument("--limit", type=_positive_int, default=50, metavar="N", help="at most N offers (default 50, at most 500)")
+    offers.add_argument("--json", action="store_true", help="print the API's JSON")
+    _common(offers)
+    _set_command(offers, cmd_offers)
+
+    rent = sub.add_parser("rent", help="rent GPUs and wait until the rental runs", formatter_class=formatter, epilog=RENT_EPILOG,
+                          description="Rent GPUs from an offer, or from any host matching --model / --max-price / --where, "
+                          "running a template, an image, or nothing (a hold).")  # fmt: skip
+    rent.add_argument("offer_id", nargs="?", metavar="OFFER_ID", help="an offer from `gpumarket offers` (host_id:gpu_name)")
+    rent.add_argument("--gpus", type=_positive_int, default=1, metavar="N", help="whole GPUs on one host (default 1)")
+    rent.add_argument("--model", metavar="M", help="GPU model words, e.g. 'RTX 4090' or 'A100 80GB'")
+    rent.add_argument("--max-price", type=_usd, metavar="USD", help="at most this price per GPU-hour")
+    rent.add_argument("--where", metavar="QUERY", help="other offer filters in the query language, e.g. 'vram>=24 reliability>0.98'")
+    what = rent.add_mutually_exclusive_group()
+    what.add_argument("--template", metavar="NAME", help=f"run a template: {TEMPLATES_HINT}")
+    what.add_argument("--image", metavar="REF", help="run this container image, e.g. ubuntu:24.04")
+    what.add_argument("--hold", action="store_true", help="run nothing: hold the GPUs (the default)")
+    rent.add_argument("--command", metavar="CMD", help="with --image: the command, replacing the image's entrypoint ('python train.py')")
+    rent.add_argument("--port", type=_port, action="append", default=[], metavar="P", help="with --image: a TCP port the workload serves (repeatable)")
+    rent.add_argument("--env", action="append", default=[], metavar="K=V", help="with --image: an environment variable (repeatable)")
+    rent.add_argument("--interruptible", action="store_true", help="cheaper, but preempted by on-demand rentals and higher bids (needs --bid)")
+    rent.add_argument("--bid", type=_usd, metavar="USD", help="what you pay per GPU-hour for an interruptible rental")
+    rent.add_argument("--queue", action="store_true", help="wait for GPUs (up to 10 minutes) when none are free now")
+    rent.add_argument("--no-wait", action="store_true", help="print the rental as created, do not wait until it runs")
+    rent.add_argument("--json", action="store_true", help="print the rental's JSON (no progress lines)")
+    _common(rent)
+    _set_command(rent, cmd_rent)
+
+    rentals = sub.add_parser("rentals", help="your rentals", formatter_class=formatter,
+                             description="Your active rentals (pending, starting, running, stopping), newest first.",
+                             epilog="examples:\n  gpumarket rentals\n  gpumarket rentals --all --json")  # fmt: skip
+    rentals.add_argument("--all", action="store_true", help="ended rentals too")
+    rentals.add_argument("--json", action="store_true", help="print the rentals' JSON")
+    _common(rentals)
+    _set_command(rentals, cmd_rentals)
+
+    logs = sub.add_parser("logs", help="a rental's output", formatter_class=formatter,
+                          description="Print a rental's workload output (as far as its host has sent it) to stdout, as it is.",
+                          epilog="examples:\n  gpumarket logs r_abc\n  gpumarket logs r_abc -f\n  gpumarket logs r_abc --since-offset 4096")  # fmt: skip
+    logs.add_argument("rental", metavar="RENTAL", help="the rental's id")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the rental ends (Ctrl-C to stop)")
+    logs.add_argument("--since-offset", type=int, default=0, metavar="N", help="start at byte N of the output (default 0)")
+    _common(logs)
+    _set_command(logs, cmd_logs)
+
+    stop = sub.add_parser("stop", help="stop a rental", formatter_class=formatter,
+                          description="Stop a rental: its workload is stopped and billing ends; the GPUs are freed when "
+                          "its host confirms.", epilog="examples:\n  gpumarket stop r_abc\n  gpumarket stop r_abc --wait")  # fmt: skip
+    stop.add_argument("rental", metavar="RENTAL", help="the rental's id")
+    stop.add_argument("--wait", action="store_true", help="wait until the host has confirmed the stop")
+    stop.add_argument("--json", action="store_true", help="print the rental's JSON")
+    _common(stop)
+    _set_command(stop, cmd_stop)
+
+    account = sub.add_parser("account", help="your balance, burn rate, spend cap and quotas", formatter_class=formatter,
+                             description="Your account: balance, what your rentals burn per hour, spend cap, quotas; "
+                             "a provider's earnings.", epilog="examples:\n  gpumarket account\n  gpumarket account --json")  # fmt: skip
+    account.add_argument("--json", action="store_true", help="print the API's JSON")
+    _common(account)
+    _set_command(account, cmd_account)
