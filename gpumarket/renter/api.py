@@ -24,7 +24,8 @@ ENV_CONFIG = "GPUMARKET_CONFIG"
 
 # What to do next after the API's error codes (the API's own message says what went wrong).
 NEXT_STEP: dict[str, str] = {
-    "unauthorized": "check the key with `gpumarket login`",
+    "invalid_api_key": "log in again with `gpumarket login` (or fix GPUMARKET_API_KEY)",
+    "missing_api_key": "log in with `gpumarket login` (or set GPUMARKET_API_KEY)",
     "forbidden": "this needs another role of account; `gpumarket account` shows yours",
     "offer_not_found": "list offers with `gpumarket offers`",
     "template_not_found": "`gpumarket rent --help` names the templates; or give --image",
@@ -33,6 +34,7 @@ NEXT_STEP: dict[str, str] = {
     "exceeds_fleet": "no host has that many GPUs of that model; see `gpumarket offers`",
     "quota_exceeded": "`gpumarket account` shows your quotas; stop a rental or ask an admin for more",
     "insufficient_credit": "`gpumarket account` shows your balance; top up your account",
+    "spend_cap_reached": "`gpumarket account` shows your spend cap and this month's spend",
     "bid_below_minimum": "bid at least the offer's minimum (`gpumarket offers --json` shows min_bid_per_gpu_hour)",
     "invalid_query": "see the query language in `gpumarket offers --help`",
     "rate_limited": "wait a moment and try again",
