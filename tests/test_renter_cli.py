@@ -347,7 +347,7 @@ class TestRentals:
         code, out, err = await cli("account")
         assert code == 0, err
         assert out.splitlines()[0] == f"renter-1 (renter), account {api.renter.account_id}"
-        assert "balance        $0.00" in out and "GPUs " in out
+        assert "balance        $0.00" in out and "GPUs held      0" in out
         cli.env(url=cli.url, key=api.provider_key)
         code, out, err = await cli("account", "--json")
         assert code == 0 and "earnings" in json.loads(out)

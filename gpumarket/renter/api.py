@@ -28,10 +28,10 @@ NEXT_STEP: dict[str, str] = {
     "missing_api_key": "log in with `gpumarket login` (or set GPUMARKET_API_KEY)",
     "forbidden": "this needs another role of account; `gpumarket account` shows yours",
     "offer_not_found": "list offers with `gpumarket offers`",
-    "template_not_found": "`gpumarket rent --help` names the templates; or give --image",
+    "template_not_found": "`gpumarket rent --help` names the templates, or give --image",
     "rental_not_found": "list yours with `gpumarket rentals --all`",
     "insufficient_capacity": "see what is free with `gpumarket offers`, or wait for GPUs with --queue",
-    "exceeds_fleet": "no host has that many GPUs of that model; see `gpumarket offers`",
+    "exceeds_fleet": "see what there is with `gpumarket offers`",
     "quota_exceeded": "`gpumarket account` shows your quotas; stop a rental or ask an admin for more",
     "insufficient_credit": "`gpumarket account` shows your balance; top up your account",
     "spend_cap_reached": "`gpumarket account` shows your spend cap and this month's spend",
@@ -200,10 +200,9 @@ class Client:
                 text = await response.text(errors="replace")
                 status = response.status
         except (aiohttp.ClientConnectionError, aiohttp.InvalidURL, TimeoutError, OSError) as exc:
-            why = f"no answer in {self.timeout:g} s" if isinstance(exc, TimeoutError) else (str(exc) or type(exc).__name__)
             raise Unreachable(
-                f"the API at {self.login.api_url} did not answer ({why}); check the URL with `gpumarket login --api URL` "
-                f"(or {ENV_URL}) and that the master is up"
+                f"the API at {self.login.api_url} did not answer ({_why(exc, self.timeout)}); check the URL with "
+                f"`gpumarket login --api URL` (or {ENV_URL}) and that the master is up"
             ) from None
         try:
             body = json.loads(text) if text else None
@@ -216,3 +215,13 @@ class Client:
         if isinstance(body, dict) and isinstance(body.get("code"), str):
             raise ApiError(status, body["code"], str(body.get("message") or "no message"))
         raise ApiError(status, f"http_{status}", f"{method} {url} answered {status} {text[:120]!r}; is {self.login.api_url} a gpumarket master?")
+
+
+def _why(exc: BaseException, timeout: float) -> str:
+    """A short reason a connection failed: "Connection refused", "no answer in 30 s", the name did not resolve."""
+    if isinstance(exc, TimeoutError):
+        return f"no answer in {timeout:g} s"
+    os_error = getattr(exc, "os_error", None)
+    if isinstance(os_error, OSError) and os_error.errno:
+        return os.strerror(os_error.errno) if os_error.errno > 0 else (os_error.strerror or str(os_error))
+    return str(exc) or type(exc).__name__

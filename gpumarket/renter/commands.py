@@ -232,7 +232,8 @@ def rental_body(args: argparse.Namespace) -> dict[str, Any]:
         body["requirements"] = " ".join(requirements)
     container_only = [n for n, v in (("--command", args.command), ("--port", args.port), ("--env", args.env)) if v]
     if container_only and not args.image:
-        raise UsageError(f"{', '.join(container_only)} go with --image (a template brings its own)")
+        verb = "goes" if len(container_only) == 1 else "go"
+        raise UsageError(f"{', '.join(container_only)} {verb} with --image (a template brings its own)")
     if args.template:
         body["template"] = args.template
     elif args.image:
@@ -294,7 +295,10 @@ async def cmd_rent(args: argparse.Namespace, client: Client) -> int:
     rental: dict[str, Any] = await client.request("POST", "/rentals", json_body=body, headers={"Idempotency-Key": key}, retry=True)
     args.rental_id = rental["id"]  # for Ctrl-C while waiting
     if not args.no_wait:
-        rental = await wait_for(client, rental["id"], ("running",), quiet=args.json)
+        try:
+            rental = await wait_for(client, rental["id"], ("running",), quiet=args.json)
+        except CliError as exc:  # the rental exists all the same: say which
+            raise CliError(f"rental {rental['id']} was created, but waiting for it failed: {exc.message}") from None
     if args.json:
         _print_json(rental)
     else:
@@ -411,18 +415,18 @@ async def cmd_account(args: argparse.Namespace, client: Client) -> int:
     lines = [f"{account['name']} ({account['role']}), account {account['id']}"]
     if credit:
         left = f", lasts {credit['hours_left']} h at that rate" if credit.get("hours_left") is not None else ""
-        cap = money(credit["monthly_spend_cap"]) if credit.get("monthly_spend_cap") else "none"
+        cap = f"{money(credit['monthly_spend_cap'])} a month" if credit.get("monthly_spend_cap") else "none"
         lines += [
             f"balance        {money(credit.get('balance'))}",
             f"burn rate      {money(credit.get('burn_rate_per_hour'))}/h{left}",
-            f"spend cap      {cap} a month; spent this month {money(credit.get('spent_this_month'))}",
+            f"spend cap      {cap}; spent this month {money(credit.get('spent_this_month'))}",
         ]
     if quota:
-        max_gpus = quota.get("max_gpus") or "no limit"
-        max_spend = f"{money(quota['max_spend_per_hour'])}/h" if quota.get("max_spend_per_hour") else "no limit"
+        max_gpus = f"of at most {quota['max_gpus']}" if quota.get("max_gpus") else "(no quota)"
+        max_spend = f"of at most {money(quota['max_spend_per_hour'])}/h" if quota.get("max_spend_per_hour") else "(no quota)"
         lines += [
-            f"GPUs           {quota.get('used_gpus')} held of {max_gpus}",
-            f"spend          {money(quota.get('spend_per_hour'))}/h of {max_spend}",
+            f"GPUs held      {quota.get('used_gpus')} {max_gpus}",
+            f"rentals cost   {money(quota.get('spend_per_hour'))}/h {max_spend}",
         ]
     earnings = account.get("earnings")
     if earnings:
