@@ -239,15 +239,25 @@ class TestRent:
         assert command.args["workload"]["image"] == "ubuntu:24.04"
         assert command.args["workload"]["command"] == ["sleep", "infinity"]
         assert command.args["workload"]["ports"] == [8000] and command.args["workload"]["env"]["A"] == "1"
+        await eventually(lambda: _async(f"{rental_id}: starting" in cli.peek()[1]), what="the first progress line")
+        # Two events between two polls: both are shown, each once.
         async with api.master.db.session() as session:
-            await rental_lifecycle.apply_workload_progress(
-                session, host_id, rental_id, stage="pulling", text="ubuntu:24.04", percent=45, at=datetime.now(UTC)
-            )
-        await eventually(lambda: _async("workload pulling: ubuntu:24.04 (45%)" in cli.peek()[1]), what="the progress line")
+            for stage, percent in (("pulling", 45.0), ("starting", None)):
+                await rental_lifecycle.apply_workload_progress(
+                    session, host_id, rental_id, stage=stage, text="ubuntu:24.04", percent=percent, at=datetime.now(UTC)
+                )
+        await eventually(lambda: _async("workload starting: ubuntu:24.04" in cli.peek()[1]), what="the progress lines")
+        await asyncio.sleep(0.2)  # polls that see nothing new print nothing
         await api.agent_reports(rental_id, "start_workload")
         code = await task
         out, err = cli.take()
         assert code == 0, err
+        progress = [line.split("] ", 1)[1] for line in err.splitlines() if line.startswith("[")]
+        assert progress[1:] == [
+            f"{rental_id}: starting: workload pulling: ubuntu:24.04 (45%)",
+            f"{rental_id}: starting: workload starting: ubuntu:24.04",
+            f"{rental_id}: running: agent confirmed the workload started",
+        ], err
         assert out.startswith(f"{rental_id} running: 1 x {RTX}")
         assert f"gpumarket stop {rental_id}" in err
 

@@ -257,32 +257,33 @@ def rental_body(args: argparse.Namespace) -> dict[str, Any]:
     return body
 
 
-def _progress_line(rental: Mapping[str, Any], started: float) -> str:
-    events = rental.get("events") or []
-    state = rental["state"]
+def _progress_line(rental: Mapping[str, Any], state: str, cause: str | None, started: float) -> str:
     line = f"[{time.monotonic() - started:4.0f}s] {rental['id']}: {state}"
     if rental.get("queued"):
         line += " (queued: waiting for GPUs)"
-    if events:
-        cause = events[-1].get("cause")
-        if cause:
-            line += f": {cause}"
-    return line
+    return f"{line}: {cause}" if cause else line
 
 
 async def wait_for(client: Client, rental_id: str, until: tuple[str, ...], *, quiet: bool = False) -> dict[str, Any]:
-    """Poll the rental until its state is one of ``until`` or it has ended; a progress line on stderr at each change.
+    """Poll the rental until its state is one of ``until`` or it has ended; on stderr, a progress line for each
+    new event (its state and cause: ``starting: workload pulling: ... (45%)``), or for a new state without one.
 
     Cancelling it is safe: the rental is not touched.
     """
     started = time.monotonic()
-    last = ""
+    seen: int | None = None  # events already shown; None: the first poll shows the newest only
+    last_state = None
     while True:
         rental: dict[str, Any] = await client.get(f"/rentals/{rental_id}")
-        line = _progress_line(rental, started)
-        if not quiet and line.split(" ", 1)[1] != last:
-            _err(line)
-            last = line.split(" ", 1)[1]
+        events: list[dict[str, Any]] = rental.get("events") or []
+        fresh = events[-1:] if seen is None else events[seen:]
+        seen = len(events)
+        if not quiet:
+            for event in fresh:
+                _err(_progress_line(rental, event.get("to") or rental["state"], event.get("cause"), started))
+            if not fresh and rental["state"] != last_state:
+                _err(_progress_line(rental, rental["state"], None, started))
+        last_state = rental["state"]
         if rental["state"] in until or rental["state"] in ENDED_STATES:
             return rental
         await asyncio.sleep(POLL_INTERVAL_S)
