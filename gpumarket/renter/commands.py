@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import getpass
 import json
 import os
@@ -65,6 +66,10 @@ def run(args: argparse.Namespace) -> None:
     except CliError as exc:
         _err(f"gpumarket: {exc.message}")
         raise SystemExit(exc.status) from None
+    except BrokenPipeError:  # `gpumarket logs R | head`: the reader has gone, which is fine
+        with contextlib.suppress(OSError, ValueError):  # no "Exception ignored" when Python flushes stdout at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(0) from None
     except KeyboardInterrupt:
         rental_id = args.rental_id
         if rental_id:
@@ -192,7 +197,7 @@ async def cmd_offers(args: argparse.Namespace, client: Client) -> int:
     print(table(["MODEL", "FREE", "VRAM", "$/GPU-H", "REGION", "TIER", "RELIAB", "ISOLATION", "OFFER"], rows))
     shown = len(items) + int(body.get("offset", 0))
     if body.get("total", 0) > shown:
-        _err(f"{len(items)} of {body['total']} offers; more with --limit (at most 500)")
+        _err(f"{len(items)} of {body['total']} offers; more with --limit (up to 500) or a narrower query")
     return 0
 
 
@@ -346,12 +351,8 @@ async def cmd_rentals(args: argparse.Namespace, client: Client) -> int:
     if not items:
         print("no active rentals; `--all` shows ended ones too, `gpumarket rent` makes one" if not args.all else "no rentals yet")
         return 0
-    regions: dict[str, str] = {}
-    for host_id in {r["host_id"] for r in items if r.get("host_id")}:
-        try:
-            regions[host_id] = (await client.get(f"/hosts/{host_id}")).get("region") or "-"
-        except CliError:
-            regions[host_id] = "-"
+    host_ids = sorted({r["host_id"] for r in items if r.get("host_id")})
+    regions = dict(zip(host_ids, await asyncio.gather(*(_region(client, h) for h in host_ids)), strict=True))
     prices = money_column([r.get("price_per_hour") for r in items])
     charged = money_column([r.get("charged") for r in items])
     rows = [
@@ -363,6 +364,13 @@ async def cmd_rentals(args: argparse.Namespace, client: Client) -> int:
     ]  # fmt: skip
     print(table(["ID", "STATE", "GPUS", "MODEL", "REGION", "RUNS", "$/H", "CHARGED", "STARTED (UTC)"], rows))
     return 0
+
+
+async def _region(client: Client, host_id: str) -> str:
+    try:
+        return str((await client.get(f"/hosts/{host_id}")).get("region") or "-")
+    except CliError:
+        return "-"  # a host gone from view: the table shows the rental all the same
 
 
 def _gpus(rental: Mapping[str, Any]) -> str:
@@ -447,6 +455,20 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _limit(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 500:
+        raise argparse.ArgumentTypeError(f"must be 1 to 500, not {value}")
+    return value
+
+
+def _offset(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
+
+
 def _usd(text: str) -> str:
     try:
         value = Decimal(text.lstrip("$"))
@@ -528,7 +550,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                         help="score (default, best first), price (cheapest first), price_per_performance or reliability")  # fmt: skip
     offers.add_argument("--gpus", type=_positive_int, metavar="N", help="at least N free GPUs on one host")
     offers.add_argument("--isolated", action="store_true", help="only hosts that isolate renters' workloads")
-    offers.add_argument("--limit", type=_positive_int, default=50, metavar="N", help="at most N offers (default 50, at most 500)")
+    offers.add_argument("--limit", type=_limit, default=50, metavar="N", help="at most N offers (default 50, at most 500)")
     offers.add_argument("--json", action="store_true", help="print the API's JSON")
     _common(offers)
     _set_command(offers, cmd_offers)
@@ -569,7 +591,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                           epilog="examples:\n  gpumarket logs r_abc\n  gpumarket logs r_abc -f\n  gpumarket logs r_abc --since-offset 4096")  # fmt: skip
     logs.add_argument("rental", metavar="RENTAL", help="the rental's id")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the rental ends (Ctrl-C to stop)")
-    logs.add_argument("--since-offset", type=int, default=0, metavar="N", help="start at byte N of the output (default 0)")
+    logs.add_argument("--since-offset", type=_offset, default=0, metavar="N", help="start at byte N of the output (default 0)")
     _common(logs)
     _set_command(logs, cmd_logs)
 
