@@ -373,3 +373,23 @@ async def ship_logs(api: Api, host_id: str, rental_id: str, offset: int, text: s
     )  # fmt: skip
     async with api.master.db.session() as session:
         assert await hosts.handle_workload_logs(session, envelope(message))
+
+
+@pytest.mark.parametrize(
+    ("view", "failed"),
+    [
+        ({"state": "running", "started_at": "t"}, False),
+        ({"state": "stopped", "started_at": "t", "failure_reason": None}, False),  # it ran and its workload ended
+        ({"state": "stopped", "started_at": None, "failure_reason": None}, True),  # stopped before it ran (a queue's end)
+        ({"state": "failed", "started_at": "t", "failure_reason": "workload exited with status 1"}, True),
+        ({"state": "preempted", "started_at": "t"}, True),
+    ],
+)
+def test_what_rent_counts_as_failed(view: dict[str, Any], failed: bool) -> None:
+    assert commands._failed({"id": "r-1", **view}) is failed
+
+
+def test_money_columns_share_their_decimals() -> None:
+    assert commands.money_column(["0.450000", "1.000000", None]) == ["$0.45", "$1.00", "-"]
+    assert commands.money_column(["0.450000", "0.003300"]) == ["$0.4500", "$0.0033"]
+    assert commands.money_column(["0.123456"]) == ["$0.1235"]

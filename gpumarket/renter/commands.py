@@ -309,15 +309,26 @@ async def cmd_rent(args: argparse.Namespace, client: Client) -> int:
         _print_json(rental)
     else:
         _print_rental_outcome(rental)
-    return 1 if rental["state"] in ENDED_STATES else 0
+    return 1 if _failed(rental) else 0
+
+
+def _failed(rental: Mapping[str, Any]) -> bool:
+    """Ended without having run to its end: failed, preempted, or stopped before it started (or with a reason)."""
+    if rental["state"] == "stopped":
+        return bool(rental.get("failure_reason")) or not rental.get("started_at")
+    return rental["state"] in ENDED_STATES
 
 
 def _print_rental_outcome(rental: Mapping[str, Any]) -> None:
     rid, rstate = rental["id"], rental["state"]
-    if rstate in ENDED_STATES:
-        reason = rental.get("failure_reason") or "no reason given"
+    if _failed(rental):
+        reason = rental.get("failure_reason") or ("it was stopped before it ran" if rstate == "stopped" else "no reason given")
         print(f"{rid} {rstate}")
         _err(f"gpumarket: rental {rid} {rstate}: {reason}; see `gpumarket logs {rid}`, or rent elsewhere")
+        return
+    if rstate in ENDED_STATES:  # it ran, and its workload has already ended
+        print(f"{rid} {rstate}")
+        _err(f"the workload ran and ended; its output: gpumarket logs {rid}")
         return
     gpus = f"{rental.get('gpu_count')} x {rental.get('gpu_model') or 'GPU'}"
     price = f", {money(rental['price_per_hour'])}/h" if rental.get("price_per_hour") else ""
