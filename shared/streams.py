@@ -56,8 +56,10 @@ Sending: ``send`` copies into the stream's send buffer up to ``max_send_buffer``
 how many bytes it took; the caller keeps the rest and retries on ``Writable``.
 ``data_to_send`` hands out frames: first control frames (OPEN, WINDOW, RESET), then DATA and
 CLOSE round-robin, one frame of at most ``max_frame_payload`` per stream per round, the
-rotation kept across calls, so a newly written interactive stream waits at most one round
-behind any number of bulk streams. Its ``max_bytes`` bounds one turn: a caller that sends at
+rotation kept across calls. As in fq_codel, a stream that had nothing to send and now has
+(a keystroke on an idle shell) goes before the rotation for its first frame, then joins its
+end, and leaves the rotation only when its turn finds it empty: an interactive write waits
+behind no bulk frame, and no stream gets more than one frame per round however it writes. Its ``max_bytes`` bounds one turn: a caller that sends at
 most ``max_bytes`` of stream frames, then its own JSON messages (heartbeats, acks), then the
 next turn keeps those on time whatever the streams carry.
 """
@@ -403,6 +405,7 @@ class Multiplexer:
         self._peer_last_id = 0  # the highest id the peer opened
         self._control: deque[bytes] = deque()
         self._ready: deque[int] = deque()  # streams with DATA or CLOSE to go, in round-robin order
+        self._fresh: deque[int] = deque()  # streams that were idle: their next frame goes before the rotation
         self._ready_set: set[int] = set()
         self._events: list[Event] = []
         self._readable: set[int] = set()  # DataReceived already queued since the last events()
@@ -441,7 +444,7 @@ class Multiplexer:
         if taken > 0:
             stream.send_buffer += data[:taken]
             if stream.send_credit > 0:
-                self._mark_ready(stream_id)
+                self._mark_ready(stream_id, fresh=True)
         return taken
 
     def writable(self, stream_id: int) -> int:
@@ -509,6 +512,7 @@ class Multiplexer:
             self._events.append(StreamReset(stream_id, ResetCode.LINK_LOST, by_peer=True))
         self._control.clear()
         self._ready.clear()
+        self._fresh.clear()
         self._ready_set.clear()
 
     # ---- what the link calls ----
@@ -590,8 +594,8 @@ class Multiplexer:
             frame = self._control.popleft()
             out.append(frame)
             budget = max(budget - len(frame), 0) if budget > 0 else budget
-        while self._ready and budget != 0:
-            stream_id = self._ready.popleft()
+        while (self._fresh or self._ready) and budget != 0:
+            stream_id = self._fresh.popleft() if self._fresh else self._ready.popleft()
             stream = self._streams.get(stream_id)
             if stream is None:
                 self._ready_set.discard(stream_id)
@@ -606,7 +610,7 @@ class Multiplexer:
             elif stream.fin_wanted and not stream.fin_sent and not stream.send_buffer:
                 stream.fin_sent = True
                 frame = encode_frame(FrameType.CLOSE, stream_id)
-            else:  # no credit: the stream rejoins the rotation on WINDOW
+            else:  # nothing to send, or no credit: it rejoins on send() or WINDOW
                 self._ready_set.discard(stream_id)
                 continue
             out.append(frame)
@@ -618,10 +622,9 @@ class Multiplexer:
             ):
                 stream.blocked = False
                 self._events.append(Writable(stream_id))
-            more = (stream.send_buffer and stream.send_credit > 0) or (
-                stream.fin_wanted and not stream.fin_sent and not stream.send_buffer
-            )
-            if more:
+            if not stream.fin_sent:
+                # A stream stays in the rotation, even drained, until its turn finds nothing to send:
+                # writing again before then does not make it fresh and let it jump the queue.
                 self._ready.append(stream_id)
             else:
                 self._ready_set.discard(stream_id)
@@ -648,10 +651,10 @@ class Multiplexer:
             self._control.append(encode_frame(FrameType.WINDOW, stream_id, _WINDOW.pack(extra)))
             self._streams[stream_id].recv_credit += extra
 
-    def _mark_ready(self, stream_id: int) -> None:
+    def _mark_ready(self, stream_id: int, *, fresh: bool = False) -> None:
         if stream_id not in self._ready_set:
             self._ready_set.add(stream_id)
-            self._ready.append(stream_id)
+            (self._fresh if fresh else self._ready).append(stream_id)
 
     def _queue_control(self, frame: bytes) -> None:
         if len(self._control) >= self.max_pending_control:

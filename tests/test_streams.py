@@ -234,18 +234,32 @@ class TestFlowControl:
 
 class TestFairness:
     def test_an_interactive_write_waits_at_most_one_round_behind_twenty_bulk_streams(self) -> None:
-        """With 20 streams full of bulk data, a 64-byte write goes out within the next 21 frames."""
+        """With 20 streams full of bulk data, a 64-byte write on an idle stream is the next frame out."""
         agent, relay = pair(initial_window=1 << 20, max_send_buffer=1 << 20, max_link_buffer=1 << 30)
         bulk = [agent.open_stream() for _ in range(20)]
         interactive = agent.open_stream()
         for stream_id in bulk:
             agent.send(stream_id, b"b" * (1 << 20))
-        deliver(agent, relay, max_bytes=200 * KIB)  # the bulk streams are mid-rotation
+        deliver(agent, relay, max_bytes=1500 * KIB)  # every bulk stream sent once; the rotation is mid-round
         agent.send(interactive, b"k" * 64)
         frames = [decode_frame(frame) for frame in agent.data_to_send(max_bytes=2 << 20)]
-        position = next(index for index, frame in enumerate(frames) if frame.stream_id == interactive)
-        assert position <= 20
-        assert {frame.stream_id for frame in frames[:21]} <= set(bulk) | {interactive}
+        assert frames[0] == Frame(FrameType.DATA, interactive, b"k" * 64)  # an idle stream goes first
+        assert {frame.stream_id for frame in frames[1:21]} == set(bulk)  # then one frame each, round-robin
+
+    def test_a_stream_that_keeps_writing_gets_one_frame_per_round(self) -> None:
+        """A stream that writes again as soon as it drains still waits its turn behind the others."""
+        agent, _relay = pair(initial_window=1 << 20, max_send_buffer=1 << 20, max_link_buffer=1 << 30)
+        bulk = [agent.open_stream() for _ in range(5)]
+        for stream_id in bulk:
+            agent.send(stream_id, b"b" * (1 << 20))
+        eager = agent.open_stream()
+        assert len(agent.data_to_send(max_bytes=6 * HEADER.size)) == 6  # the OPEN frames only
+        seen: list[int] = []
+        for _ in range(30):
+            agent.send(eager, b"e" * 100)
+            seen += [decode_frame(frame).stream_id for frame in agent.data_to_send(max_bytes=1)]
+        assert seen.count(eager) <= 30 // 6 + 1
+        assert all(seen.count(stream_id) >= 30 // 6 - 1 for stream_id in bulk)
 
     def test_max_bytes_bounds_one_turn(self) -> None:
         """``data_to_send(max_bytes)`` hands out about that many bytes and keeps the rest for the next turn."""
