@@ -500,6 +500,10 @@ class Multiplexer:
     def open_streams(self) -> int:
         return len(self._streams)
 
+    def stream_ids(self) -> list[int]:
+        """The streams not yet reset or forgotten, in the order they opened."""
+        return list(self._streams)
+
     @property
     def buffered(self) -> int:
         """Bytes received on this link and not yet read, over all streams (at most ``max_link_buffer``)."""

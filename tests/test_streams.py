@@ -425,6 +425,7 @@ class TestHalfCloseAndReset:
         """``connection_lost`` ends each open stream with LINK_LOST."""
         agent, _relay = pair()
         ids = [agent.open_stream() for _ in range(3)]
+        assert agent.stream_ids() == ids
         agent.connection_lost()
         assert agent.events() == [StreamReset(i, ResetCode.LINK_LOST, by_peer=True) for i in ids]
         assert agent.data_to_send() == []
