@@ -367,7 +367,26 @@ class _Stream:
 
 class Multiplexer:
     """One side of a link's streams. Feed it frames with ``receive_frame``, drain ``data_to_send``
-    and ``events``; nothing here blocks or does I/O. Not thread-safe: one task owns it."""
+    and ``events``; nothing here blocks or does I/O. Not thread-safe: one task owns it.
+
+    ``initiator``: this side dialled the link (the agent: odd ids); the relay passes ``False``.
+    ``initial_window``: the credit each stream starts with in each direction; equal on both ends.
+    ``window``: this side's receive window per stream (default ``initial_window``), the most it
+    buffers unread per stream. ``max_frame_payload``: the largest DATA this side sends.
+    ``max_streams``, ``max_link_buffer``: open streams, and the sum of their windows, per link.
+    ``max_send_buffer``: unsent bytes ``send`` takes per stream. ``max_pending_control``:
+    control frames the peer may make this side queue before the caller drains them.
+
+    A typical turn of the link's owner::
+
+        for message in received_binary_messages:
+            mux.receive_frame(message)          # StreamProtocolError: close the link
+        for event in mux.events():
+            ...                                 # accept/refuse, read, resume writes, end splices
+        for frame in mux.data_to_send(max_bytes=256 * 1024):
+            send_binary(frame)
+        send_due_json_messages()                # heartbeats, acks: between turns
+    """
 
     def __init__(
         self,
@@ -541,7 +560,7 @@ class Multiplexer:
             self._streams[stream_id] = _Stream(
                 stream_id, send_credit=self.initial_window, recv_credit=self.initial_window
             )
-            self._grant_extra(stream_id)
+            self._grant_extra(stream_id, by_peer=True)
             self._events.append(StreamOpened(stream_id, frame.payload))
             return
         stream = self._streams.get(stream_id)
@@ -649,10 +668,14 @@ class Multiplexer:
             and (len(self._streams) + 1) * self.window <= self.max_link_buffer
         )
 
-    def _grant_extra(self, stream_id: int) -> None:
+    def _grant_extra(self, stream_id: int, *, by_peer: bool = False) -> None:
         extra = self.window - self.initial_window
         if extra > 0:
-            self._control.append(encode_frame(FrameType.WINDOW, stream_id, _WINDOW.pack(extra)))
+            frame = encode_frame(FrameType.WINDOW, stream_id, _WINDOW.pack(extra))
+            if by_peer:
+                self._queue_control(frame)
+            else:
+                self._control.append(frame)
             self._streams[stream_id].recv_credit += extra
 
     def _mark_ready(self, stream_id: int, *, fresh: bool = False) -> None:
