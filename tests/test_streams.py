@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import struct
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -35,6 +36,7 @@ from shared.streams import (
     encode_frame,
     encode_open_header,
 )
+from tests.fuzzing import run_atheris_harness
 
 KIB = 1024
 
@@ -616,3 +618,9 @@ class TestProperties:
                 if isinstance(event, DataReceived):
                     assert mux.readable(event.stream_id) <= 16
                     mux.read(event.stream_id)
+
+
+class TestAtherisHarness:
+    def test_fuzz_streams_runs_clean(self, tmp_path: Path) -> None:
+        """fuzz/fuzz_streams.py feeds 50 000 libFuzzer conversations grown from valid ones without a failure."""
+        run_atheris_harness("fuzz_streams.py", tmp_path, runs=50_000)
