@@ -58,10 +58,11 @@ how many bytes it took; the caller keeps the rest and retries on ``Writable``.
 CLOSE round-robin, one frame of at most ``max_frame_payload`` per stream per round, the
 rotation kept across calls. As in fq_codel, a stream that had nothing to send and now has
 (a keystroke on an idle shell) goes before the rotation for its first frame, then joins its
-end, and leaves the rotation only when its turn finds it empty: an interactive write waits
-behind no bulk frame, and no stream gets more than one frame per round however it writes. Its ``max_bytes`` bounds one turn: a caller that sends at
-most ``max_bytes`` of stream frames, then its own JSON messages (heartbeats, acks), then the
-next turn keeps those on time whatever the streams carry.
+end, and leaves the rotation only when its turn finds it empty: a write on an idle stream
+waits behind no bulk frame, one on a busy stream at most one round, and no stream gets more
+than one frame per round however it writes. Its ``max_bytes`` bounds one turn: a caller that
+sends at most ``max_bytes`` of stream frames, then its own JSON messages (heartbeats, acks),
+then the next turn, keeps those on time whatever the streams carry.
 """
 
 from __future__ import annotations
