@@ -308,7 +308,9 @@ class StreamOpened:
 
 @dataclass(frozen=True, slots=True)
 class DataReceived:
-    """The stream has bytes to ``read`` (one event per stream per ``events()``, however many frames)."""
+    """The stream has bytes to ``read`` (one event per stream per ``events()``, however many frames).
+
+    It is not repeated for bytes left unread: read until ``read`` returns ``b""``, or keep track."""
 
     stream_id: int
 
