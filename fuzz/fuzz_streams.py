@@ -1,5 +1,5 @@
 """libFuzzer harness (atheris) for the agent link's stream multiplexer: ``Multiplexer.receive_frame`` in
-``shared/streams.py``.
+``shared/streams/``.
 
 Each input is a sequence of binary websocket messages, each prefixed by its length (u16,
 big-endian), fed in turn to the relay's side of a link with small limits. Nothing but

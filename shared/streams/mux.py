@@ -1,301 +1,27 @@
-"""Byte streams multiplexed over one agent link: a binary frame codec and a Sans-I/O state machine.
-
-The agent's websocket to its relay carries the JSON protocol (``shared.protocol``) as *text*
-messages and stream frames as *binary* messages, one frame per message, so the two never mix.
-This module owns the stream frames and the per-link state; it does no I/O, keeps no clock and
-imports only ``shared`` and the standard library. The shape follows hashicorp/yamux's spec.
-
-Frame (all integers big-endian)::
-
-    0       1       2               4                       8                      12
-    +-------+-------+---------------+-----------------------+-----------------------+---------
-    |version| type  | flags (= 0)   | stream id (u32, != 0) | payload length (u32)  | payload
-    +-------+-------+---------------+-----------------------+-----------------------+---------
-
-=========  ====================================================================================
-type       payload
-=========  ====================================================================================
-OPEN  0    what the stream is for: opaque bytes the upper layer defines, at most
-           ``MAX_OPEN_HEADER`` (see ``encode_open_header`` for the relay's JSON)
-DATA  1    1 .. ``MAX_DATA`` bytes of the stream
-WINDOW 2   u32 credit increment, >= 1: the sender may send that many more DATA bytes
-CLOSE 3    empty: the sender's half is finished (FIN); it still reads
-RESET 4    u16 code (``ResetCode`` or an application code >= 256): abort both halves
-=========  ====================================================================================
-
-Stream ids: the side that dialled the link (the agent; ``initiator=True``) opens odd ids, the
-other side (the relay, which opens streams towards the agent for renters) even ids. Ids only
-grow and are never reused; id 0 is never valid.
-
-States of one stream (``StreamState``), local = this side's sending half::
-
-    (idle) --open_stream / peer OPEN-->  OPEN
-    OPEN   --close() and buffer sent, CLOSE emitted--> HALF_CLOSED_LOCAL
-    OPEN   --peer CLOSE-->               HALF_CLOSED_REMOTE
-    HALF_CLOSED_LOCAL  --peer CLOSE-->   CLOSED
-    HALF_CLOSED_REMOTE --our CLOSE-->    CLOSED
-    any    --reset() / peer RESET / violation--> RESET (forgotten at once)
-    CLOSED --everything received read--> forgotten
-
-In HALF_CLOSED_REMOTE or CLOSED a peer DATA or CLOSE is a violation *of that stream*: it is
-reset with ``ResetCode.STREAM_CLOSED``. DATA beyond the credit this side gave is reset with
-``ResetCode.FLOW_CONTROL``. Frames for a forgotten stream (a reset crossing data on the wire)
-are ignored. A malformed frame, an OPEN of the wrong parity or of a reused id, or a frame for
-an id that was never opened is a *link* error: ``receive_frame`` raises ``StreamProtocolError``
-and the caller closes the websocket with its ``close_code``.
-
-Flow control: each direction of each stream starts with ``initial_window`` bytes of credit
-(part of the protocol: both ends of a link use the same; the default ``INITIAL_WINDOW`` is
-protocol version 1's). A receiver with a larger ``window`` grants the difference by a WINDOW
-frame when the stream opens. ``read`` consumes received bytes and grants them back, by one
-WINDOW frame once at least half the window is consumed. The bytes received but not yet read
-are therefore at most ``window`` per stream; the link reserves ``window`` per open stream and
-refuses a stream (RESET ``REFUSED``) whose reservation would pass ``max_link_buffer``.
-
-Sending: ``send`` copies into the stream's send buffer up to ``max_send_buffer`` and returns
-how many bytes it took; the caller keeps the rest and retries on ``Writable``.
-``data_to_send`` hands out frames: first control frames (OPEN, WINDOW, RESET), then DATA and
-CLOSE round-robin, one frame of at most ``max_frame_payload`` per stream per round, the
-rotation kept across calls. As in fq_codel, a stream that had nothing to send and now has
-(a keystroke on an idle shell) goes before the rotation for its first frame, then joins its
-end, and leaves the rotation only when its turn finds it empty: a write on an idle stream
-waits behind no bulk frame, one on a busy stream at most one round, and no stream gets more
-than one frame per round however it writes. Its ``max_bytes`` bounds one turn: a caller that
-sends at most ``max_bytes`` of stream frames, then its own JSON messages (heartbeats, acks),
-then the next turn, keeps those on time whatever the streams carry.
-"""
+"""``Multiplexer``: one side of a link's streams, a Sans-I/O state machine, and the events it reports (see ``shared.streams``)."""
 
 from __future__ import annotations
 
-import enum
-import json
-import struct
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Final
 
-from shared.errors import GpumarketError, ProtocolError
-
-__all__ = [
-    "HEADER",
-    "INITIAL_WINDOW",
-    "MAX_DATA",
-    "MAX_OPEN_HEADER",
-    "VERSION",
-    "DataReceived",
-    "Event",
-    "Frame",
-    "FrameType",
-    "Multiplexer",
-    "OpenRequest",
-    "ResetCode",
-    "StreamClosed",
-    "StreamClosedError",
-    "StreamLimitError",
-    "StreamOpened",
-    "StreamProtocolError",
-    "StreamReset",
-    "StreamState",
-    "Writable",
-    "decode_frame",
-    "decode_open_header",
-    "encode_frame",
-    "encode_open_header",
-]
-
-VERSION: Final = 1
-HEADER: Final = struct.Struct("!BBHII")
-HEADER_SIZE: Final = HEADER.size  # 12
-MAX_DATA: Final = 64 * 1024  # the largest DATA payload a receiver accepts (protocol version 1)
-MAX_OPEN_HEADER: Final = 4096
-INITIAL_WINDOW: Final = 256 * 1024
-MAX_WINDOW: Final = 2**31 - 1
-MAX_STREAM_ID: Final = 2**32 - 1
-CLOSE_BAD_FRAME: Final = 4000  # shared.protocol's close code for an invalid frame
-
-
-class FrameType(enum.IntEnum):
-    OPEN = 0
-    DATA = 1
-    WINDOW = 2
-    CLOSE = 3
-    RESET = 4
-
-
-class ResetCode(enum.IntEnum):
-    """Why a stream was reset. Codes 0..255 are this module's; 256 and up are the upper layer's."""
-
-    CANCEL = 0  # the application aborted it
-    REFUSED = 1  # too many streams or no buffer left on this link, or nobody takes that kind
-    FLOW_CONTROL = 2  # the peer sent beyond the credit it was given
-    STREAM_CLOSED = 3  # DATA or CLOSE after the peer's own CLOSE
-    LINK_LOST = 4  # the link went away (local only: never on the wire)
-    CONNECT_FAILED = 5  # the target (a port in the rental) could not be reached
-
-
-class StreamState(enum.Enum):
-    OPEN = "open"
-    HALF_CLOSED_LOCAL = "half_closed_local"
-    HALF_CLOSED_REMOTE = "half_closed_remote"
-    CLOSED = "closed"
-
-
-class StreamProtocolError(ProtocolError):
-    """The peer broke the stream framing or the link's rules; close the link with ``close_code``."""
-
-    code = "stream_bad_frame"
-    close_code = CLOSE_BAD_FRAME
-
-
-class StreamClosedError(GpumarketError, BrokenPipeError):
-    """``send`` or ``close`` on a stream this side finished, that was reset, or never existed."""
-
-    code = "stream_closed"
-    http_status = 409
-
-
-class StreamLimitError(GpumarketError):
-    """``open_stream`` would pass ``max_streams`` or ``max_link_buffer``; retry after a stream ends."""
-
-    code = "stream_limit"
-    http_status = 503
-
-
-# ---- codec ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Frame:
-    type: FrameType
-    stream_id: int
-    payload: bytes = b""
-
-
-_WINDOW = struct.Struct("!I")
-_RESET = struct.Struct("!H")
-
-
-def encode_frame(frame_type: FrameType, stream_id: int, payload: bytes = b"") -> bytes:
-    """One frame as the bytes of one websocket binary message. Checks what ``decode_frame`` checks."""
-    if not 0 < stream_id <= MAX_STREAM_ID:
-        raise ValueError(f"stream id {stream_id} out of range")
-    _check_payload(FrameType(frame_type), payload, ValueError)
-    return HEADER.pack(VERSION, frame_type, 0, stream_id, len(payload)) + payload
-
-
-def decode_frame(message: bytes | bytearray | memoryview) -> Frame:
-    """Parse one binary message; anything but exactly one valid frame raises ``StreamProtocolError``."""
-    if len(message) < HEADER_SIZE:
-        raise StreamProtocolError(
-            f"stream frame of {len(message)} bytes is shorter than its header", code="stream_bad_frame"
-        )
-    version, raw_type, flags, stream_id, length = HEADER.unpack_from(message)
-    if version != VERSION:
-        raise StreamProtocolError(
-            f"stream frame version {version}; this side speaks {VERSION}", code="stream_bad_version"
-        )
-    try:
-        frame_type = FrameType(raw_type)
-    except ValueError:
-        raise StreamProtocolError(
-            f"unknown stream frame type {raw_type}", code="stream_unknown_type"
-        ) from None
-    if flags != 0:
-        raise StreamProtocolError(
-            f"stream frame flags {flags:#x}; version 1 has none", code="stream_bad_frame"
-        )
-    if stream_id == 0:
-        raise StreamProtocolError("stream id 0", code="stream_bad_id")
-    if length != len(message) - HEADER_SIZE:
-        raise StreamProtocolError(
-            f"stream frame says {length} payload bytes and carries {len(message) - HEADER_SIZE}",
-            code="stream_bad_length",
-        )
-    payload = bytes(message[HEADER_SIZE:])
-    _check_payload(frame_type, payload, StreamProtocolError)
-    return Frame(frame_type, stream_id, payload)
-
-
-def _check_payload(frame_type: FrameType, payload: bytes, error: type[Exception]) -> None:
-    size = len(payload)
-    problem = None
-    if frame_type is FrameType.OPEN:
-        if size > MAX_OPEN_HEADER:
-            problem = f"OPEN header of {size} bytes is over {MAX_OPEN_HEADER}"
-    elif frame_type is FrameType.DATA:
-        if not 0 < size <= MAX_DATA:
-            problem = f"DATA of {size} bytes; 1 to {MAX_DATA} allowed"
-    elif frame_type is FrameType.WINDOW:
-        if size != _WINDOW.size:
-            problem = f"WINDOW payload of {size} bytes; 4 expected"
-        elif not 0 < _WINDOW.unpack(payload)[0] <= MAX_WINDOW:
-            problem = "WINDOW increment must be 1 .. 2**31-1"
-    elif frame_type is FrameType.CLOSE:
-        if size:
-            problem = f"CLOSE carries {size} bytes; none allowed"
-    elif size != _RESET.size:
-        problem = f"RESET payload of {size} bytes; 2 expected"
-    if problem is not None:
-        if error is StreamProtocolError:
-            code = "stream_too_big" if size > MAX_DATA else "stream_bad_length"
-            raise StreamProtocolError(problem, code=code)
-        raise error(problem)
-
-
-# ---- the OPEN header the relay and agent use -------------------------------------------------
-
-STREAM_KINDS: Final = ("ssh", "tcp")
-
-
-@dataclass(frozen=True, slots=True)
-class OpenRequest:
-    """What a renter's stream reaches: the rental, a port in it, and how (the agent's SSH or raw TCP)."""
-
-    rental_id: str
-    port: int
-    kind: str
-
-
-def encode_open_header(rental_id: str, port: int, kind: str) -> bytes:
-    request = _checked_request(rental_id, port, kind, ValueError)
-    return json.dumps(
-        {"rental_id": request.rental_id, "port": request.port, "kind": request.kind}, separators=(",", ":")
-    ).encode()
-
-
-def decode_open_header(header: bytes) -> OpenRequest:
-    """Parse an OPEN header made by ``encode_open_header``; refuse anything else with ``StreamProtocolError``
-    (code ``stream_bad_header``: reset that stream with ``REFUSED``, the link stays)."""
-    try:
-        value = json.loads(header)
-    except (ValueError, RecursionError):
-        raise StreamProtocolError("OPEN header is not JSON", code="stream_bad_header") from None
-    if not isinstance(value, dict) or set(value) != {"rental_id", "port", "kind"}:
-        raise StreamProtocolError(
-            "OPEN header needs exactly rental_id, port and kind", code="stream_bad_header"
-        )
-    return _checked_request(value["rental_id"], value["port"], value["kind"], StreamProtocolError)
-
-
-def _checked_request(rental_id: object, port: object, kind: object, error: type[Exception]) -> OpenRequest:
-    def refuse(problem: str) -> Exception:
-        return (
-            StreamProtocolError(problem, code="stream_bad_header")
-            if error is StreamProtocolError
-            else error(problem)
-        )
-
-    if not isinstance(rental_id, str) or not 0 < len(rental_id) <= 128 or not rental_id.isprintable():
-        raise refuse("rental_id must be 1 to 128 printable characters")
-    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
-        raise refuse("port must be 1 .. 65535")
-    if kind not in STREAM_KINDS:
-        raise refuse(f"kind must be one of {', '.join(STREAM_KINDS)}")
-    assert isinstance(kind, str)
-    return OpenRequest(rental_id, port, kind)
-
-
-# ---- events ----------------------------------------------------------------------------------
+from shared.streams.frames import (
+    INITIAL_WINDOW,
+    MAX_DATA,
+    MAX_OPEN_HEADER,
+    MAX_STREAM_ID,
+    MAX_WINDOW,
+    RESET_FIELD,
+    WINDOW_FIELD,
+    FrameType,
+    ResetCode,
+    StreamClosedError,
+    StreamLimitError,
+    StreamProtocolError,
+    StreamState,
+    decode_frame,
+    encode_frame,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -489,7 +215,7 @@ class Multiplexer:
         if not 0 <= code <= 0xFFFF:
             raise ValueError("reset code must fit 16 bits")
         if self._streams.pop(stream_id, None) is not None:
-            self._control.append(encode_frame(FrameType.RESET, stream_id, _RESET.pack(code)))
+            self._control.append(encode_frame(FrameType.RESET, stream_id, RESET_FIELD.pack(code)))
 
     def read(self, stream_id: int, max_bytes: int = MAX_DATA) -> bytes:
         """Take up to ``max_bytes`` received bytes and grant them back to the peer (a WINDOW frame once half
@@ -502,7 +228,7 @@ class Multiplexer:
         if not stream.fin_received:
             stream.unacked += len(chunk)
             if stream.unacked >= self.window // 2:
-                self._control.append(encode_frame(FrameType.WINDOW, stream_id, _WINDOW.pack(stream.unacked)))
+                self._control.append(encode_frame(FrameType.WINDOW, stream_id, WINDOW_FIELD.pack(stream.unacked)))
                 stream.recv_credit += stream.unacked
                 stream.unacked = 0
         self._forget_if_done(stream)
@@ -558,7 +284,7 @@ class Multiplexer:
                 raise StreamProtocolError(f"the peer reopened stream id {stream_id}", code="stream_bad_id")
             self._peer_last_id = stream_id
             if not self._has_room():
-                self._queue_control(encode_frame(FrameType.RESET, stream_id, _RESET.pack(ResetCode.REFUSED)))
+                self._queue_control(encode_frame(FrameType.RESET, stream_id, RESET_FIELD.pack(ResetCode.REFUSED)))
                 return
             self._streams[stream_id] = _Stream(
                 stream_id, send_credit=self.initial_window, recv_credit=self.initial_window
@@ -590,7 +316,7 @@ class Multiplexer:
                     self._readable.add(stream_id)
                     self._events.append(DataReceived(stream_id))
         elif frame.type is FrameType.WINDOW:
-            (increment,) = _WINDOW.unpack(frame.payload)
+            (increment,) = WINDOW_FIELD.unpack(frame.payload)
             if stream.send_credit + increment > MAX_WINDOW:
                 raise StreamProtocolError(
                     f"stream {stream_id}'s credit would pass 2**31-1", code="stream_bad_window"
@@ -606,7 +332,7 @@ class Multiplexer:
             self._events.append(StreamClosed(stream_id))
             self._forget_if_done(stream)
         else:  # RESET
-            (code,) = _RESET.unpack(frame.payload)
+            (code,) = RESET_FIELD.unpack(frame.payload)
             del self._streams[stream_id]
             self._events.append(StreamReset(stream_id, code, by_peer=True))
 
@@ -674,7 +400,7 @@ class Multiplexer:
     def _grant_extra(self, stream_id: int, *, by_peer: bool = False) -> None:
         extra = self.window - self.initial_window
         if extra > 0:
-            frame = encode_frame(FrameType.WINDOW, stream_id, _WINDOW.pack(extra))
+            frame = encode_frame(FrameType.WINDOW, stream_id, WINDOW_FIELD.pack(extra))
             if by_peer:
                 self._queue_control(frame)
             else:
@@ -695,7 +421,7 @@ class Multiplexer:
 
     def _reset_by_us(self, stream: _Stream, code: ResetCode) -> None:
         del self._streams[stream.stream_id]
-        self._queue_control(encode_frame(FrameType.RESET, stream.stream_id, _RESET.pack(code)))
+        self._queue_control(encode_frame(FrameType.RESET, stream.stream_id, RESET_FIELD.pack(code)))
         self._events.append(StreamReset(stream.stream_id, code, by_peer=False))
 
     def _forget_if_done(self, stream: _Stream) -> None:
