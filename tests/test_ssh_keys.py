@@ -14,11 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from alembic import command
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed25519, rsa
+from sqlalchemy import inspect
+from sqlalchemy.engine import Connection
 
 from master.api.openapi import build_openapi
 from master.api.table import ROUTES
+from master.context import Master
+from master.db import alembic_config
 from master.services import ssh_keys
 from shared.errors import ValidationFailed
 from tests.apiclient import Api, assert_error
@@ -227,3 +232,20 @@ def test_the_fingerprint_is_what_ssh_keygen_prints(kind: str, tmp_path: Path) ->
     with pytest.raises(ValidationFailed) as refused:
         ssh_keys.parse_public_key((tmp_path / "id").read_text())
     assert refused.value.code == "private_key_pasted"
+
+
+class TestMigration:
+    async def test_0015_downgrades_and_upgrades_again(self, master: Master) -> None:
+        """Down to 0014 removes the table (the rest stays); up again brings it back, on SQLite and PostgreSQL."""
+
+        def tables_after(sync: Connection, revision: str) -> set[str]:
+            step = command.downgrade if revision == "0014" else command.upgrade
+            step(alembic_config(sync), revision)
+            return set(inspect(sync).get_table_names())
+
+        async with master.db.engine.begin() as conn:
+            down = await conn.run_sync(tables_after, "0014")
+        async with master.db.engine.begin() as conn:
+            up = await conn.run_sync(tables_after, "head")
+        assert "ssh_keys" not in down and "templates" in down
+        assert "ssh_keys" in up
