@@ -774,7 +774,12 @@ class TestSshKeys:
         await console.view_shot("ssh-keys-1366")
 
         await page.set_viewport_size({"width": 390, "height": 844})
-        assert await console.fits_sideways("main")
+        wide = await page.evaluate(
+            "() => [...document.querySelectorAll('body *')].filter((e) => e.getBoundingClientRect().right > innerWidth + 1"
+            " && !e.closest('.table-wrap')).map((e) => `${e.tagName}.${e.className} ${Math.round(e.getBoundingClientRect().right)}`)"
+            " .concat([`doc ${document.documentElement.scrollWidth} main ${document.querySelector('main').scrollWidth}"
+            " / ${document.querySelector('main').clientWidth} inner ${innerWidth}`])")
+        assert await console.fits_sideways("main"), wide
         await console.shot("ssh-keys-narrow")
         await page.set_viewport_size({"width": 1366, "height": 900})
 
