@@ -7,6 +7,7 @@ what Debian's ``ssh-keygen -lf`` prints for the same key.
 
 from __future__ import annotations
 
+import base64
 import shutil
 import subprocess
 import warnings
@@ -128,6 +129,27 @@ class TestRefusals:
         pem = key.private_bytes(serialization.Encoding.PEM, fmt, serialization.NoEncryption()).decode()
         body = await self.refused(api, pem, "private_key_pasted")
         assert "that is a private key; paste the .pub file" in body["message"]
+
+    async def test_a_putty_private_key_is_refused_and_named(self, api: Api) -> None:
+        putty = "PuTTY-User-Key-File-3: ssh-ed25519\nEncryption: none\nComment: me\nPublic-Lines: 2\nAAAA\nAAAA\n"
+        await self.refused(api, putty, "private_key_pasted")
+
+    async def test_a_pem_public_key_is_refused_with_how_to_convert_it(self, api: Api) -> None:
+        pem = ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+        body = await self.refused(api, pem, "invalid_ssh_key")
+        assert "ssh-keygen -i" in body["message"]
+
+    async def test_a_comment_that_mentions_a_private_key_is_only_a_comment(self, api: Api) -> None:
+        status, body = await add(api, ed25519_line("the PRIVATE KEY is on my laptop"))
+        assert status == 201 and body["name"] == "the PRIVATE KEY is on my laptop", body
+
+    async def test_a_compressed_ec_point_is_refused(self, api: Api) -> None:
+        """A P-256 key whose point is compressed (cryptography cannot load it): 422, not a 500."""
+        key = ec.generate_private_key(ec.SECP256R1()).public_key()
+        point = key.public_bytes(serialization.Encoding.X962, serialization.PublicFormat.CompressedPoint)
+        blob = b"".join(len(part).to_bytes(4, "big") + part for part in (b"ecdsa-sha2-nistp256", b"nistp256", point))
+        await self.refused(api, "ecdsa-sha2-nistp256 " + base64.b64encode(blob).decode(), "invalid_ssh_key")
 
     async def test_two_lines_are_refused(self, api: Api) -> None:
         body = await self.refused(api, ed25519_line("a") + "\n" + ed25519_line("b"), "invalid_ssh_key")

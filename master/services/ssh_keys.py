@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import re
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -48,7 +49,7 @@ WHAT_TO_PASTE = (
     "paste one line of your public key file (~/.ssh/id_ed25519.pub): "
     "'ssh-ed25519 AAAA... comment'; make one with: ssh-keygen -t ed25519"
 )
-_PRIVATE_MARKERS = ("PRIVATE KEY", "PuTTY-User-Key-File", "ENCRYPTED PRIVATE")
+_PEM_PRIVATE = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
 # Bidirectional overrides and isolates: they would make a name read differently from what it is.
 _BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
@@ -83,7 +84,7 @@ def parse_public_key(text: str) -> ParsedKey:
     ``private_key_pasted``, ``ssh_key_too_weak`` (DSA, RSA under 2048 bits) or ``invalid_ssh_key``."""
     if len(text.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
         raise _invalid(f"longer than {MAX_KEY_BYTES // 1024} KiB: that is not one public key; {WHAT_TO_PASTE}")
-    if any(marker in text for marker in _PRIVATE_MARKERS):
+    if _PEM_PRIVATE.search(text) or text.lstrip().startswith("PuTTY-User-Key-File-"):
         raise _invalid(
             "that is a private key; paste the .pub file (e.g. ~/.ssh/id_ed25519.pub) instead, and keep the private key "
             "to yourself",
@@ -92,6 +93,9 @@ def parse_public_key(text: str) -> ParsedKey:
     line = text.strip()
     if not line:
         raise _invalid(f"empty; {WHAT_TO_PASTE}")
+    if line.startswith(("-----BEGIN", "---- BEGIN SSH2 PUBLIC KEY")):
+        raise _invalid("that is a public key in PEM or RFC 4716 form; paste the OpenSSH line instead (ssh-keygen -i -m PKCS8 "
+                       "-f key.pem, or ssh-keygen -i -f key.pub, prints it), or the .pub file ssh-keygen made")  # fmt: skip
     if "\n" in line or "\r" in line:
         raise _invalid(f"several lines; add one key at a time: {WHAT_TO_PASTE}")
     if (char := _control_character(line, allow_tab=True)) is not None:
@@ -115,7 +119,7 @@ def parse_public_key(text: str) -> ParsedKey:
         raise _invalid(f"the key's base64 is not valid (cut short or altered?); {WHAT_TO_PASTE}") from None
     try:
         key = load_ssh_public_key(f"{key_type} {encoded}".encode("ascii"))
-    except (ValueError, UnsupportedAlgorithm):
+    except (ValueError, TypeError, NotImplementedError, UnsupportedAlgorithm):  # NotImplementedError: a compressed EC point
         raise _invalid(f"not a valid {key_type} key (cut short or altered?); {WHAT_TO_PASTE}") from None
     bits = None
     if isinstance(key, rsa.RSAPublicKey):
