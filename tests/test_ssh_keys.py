@@ -7,6 +7,7 @@ what Debian's ``ssh-keygen -lf`` prints for the same key.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import shutil
 import subprocess
@@ -271,3 +272,23 @@ class TestMigration:
             up = await conn.run_sync(tables_after, "head")
         assert "ssh_keys" not in down and "templates" in down
         assert "ssh_keys" in up
+
+
+class TestConcurrency:
+    async def test_the_same_key_posted_at_once_is_stored_once(self, api: Api) -> None:
+        """Five simultaneous posts of one key: one 201, the others 409 ssh_key_exists, one row."""
+        line = ed25519_line("raced")
+        answers = await asyncio.gather(*(add(api, line) for _ in range(5)))
+        assert sorted(status for status, _ in answers) == [201, 409, 409, 409, 409], answers
+        assert all(body["code"] == "ssh_key_exists" for status, body in answers if status == 409)
+        assert len((await api.as_renter("GET", PATH))[1]["ssh_keys"]) == 1
+
+    async def test_the_limit_holds_when_keys_are_posted_at_once(self, api: Api) -> None:
+        """With 48 keys, five different keys posted at once: two are added, three are 409 too_many_ssh_keys."""
+        async with api.master.db.session() as session:
+            for i in range(ssh_keys.MAX_KEYS_PER_ACCOUNT - 2):
+                await ssh_keys.add_key(session, api.renter.account_id, ed25519_line(f"k{i}"), now=api.master.clock.now())
+        answers = await asyncio.gather(*(add(api, ed25519_line(f"new{i}")) for i in range(5)))
+        assert sorted(status for status, _ in answers) == [201, 201, 409, 409, 409], answers
+        assert {body["code"] for status, body in answers if status == 409} == {"too_many_ssh_keys"}
+        assert len((await api.as_renter("GET", PATH))[1]["ssh_keys"]) == ssh_keys.MAX_KEYS_PER_ACCOUNT

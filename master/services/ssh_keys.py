@@ -30,7 +30,7 @@ from typing import Any
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat, load_ssh_public_key
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -166,8 +166,12 @@ async def add_key(
     ``ssh_key_exists`` when the account has it already, ``too_many_ssh_keys`` at ``max_keys``."""
     parsed = parse_public_key(public_key)
     stored_name = key_name(name, parsed)
-    # The account's row, locked: two adds of one account are serialised, so the limit and the duplicate hold.
-    await session.get(Account, account_id, with_for_update=True)
+    # Two adds of one account are serialised, so the limit and the duplicate check hold: a write to the account's
+    # row that changes nothing takes its row lock on PostgreSQL and the database's write lock on SQLite (where a
+    # SELECT ... FOR UPDATE would lock nothing), both until this transaction ends.
+    await session.execute(
+        update(Account).where(Account.id == account_id).values(name=Account.name).execution_options(synchronize_session=False)
+    )
     existing = await session.scalar(select(SshKey).where(SshKey.account_id == account_id, SshKey.fingerprint == parsed.fingerprint))
     if existing is not None:
         raise _exists(existing)
