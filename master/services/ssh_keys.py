@@ -69,7 +69,9 @@ def _invalid(problem: str, *, code: str = "invalid_ssh_key", field: str = "publi
 
 def _control_character(text: str, *, allow_tab: bool) -> str | None:
     for char in text:
-        if (unicodedata.category(char) == "Cc" and not (allow_tab and char == "\t")) or char in _BIDI_CONTROLS:
+        # Cc: control characters; Cs: a lone surrogate (JSON can carry one; no database stores it).
+        category = unicodedata.category(char)
+        if (category == "Cc" and not (allow_tab and char == "\t")) or category == "Cs" or char in _BIDI_CONTROLS:
             return f"U+{ord(char):04X}"
     return None
 
