@@ -107,6 +107,24 @@ class ConsoleSession(Base):
     ended_at: Mapped[datetime | None] = mapped_column(default=None)  # signed out
 
 
+class SshKey(Base):
+    """A renter's SSH public key (``master/services/ssh_keys.py``): the agent's SSH server authorises it
+    for the account's rentals. ``public_key`` is canonical OpenSSH (``type base64``, no comment);
+    ``fingerprint`` is as ``ssh-keygen -lf`` prints it (``SHA256:`` and unpadded base64)."""
+
+    __tablename__ = "ssh_keys"
+    __table_args__ = (UniqueConstraint("account_id", "fingerprint", name="uq_ssh_keys_account_fingerprint"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(100))
+    algorithm: Mapped[str] = mapped_column(String(40))
+    public_key: Mapped[str] = mapped_column(Text)
+    fingerprint: Mapped[str] = mapped_column(String(60))
+    created_at: Mapped[datetime] = mapped_column(default=_now)
+    last_used_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
 class EnrollmentToken(Base):
     __tablename__ = "enrollment_tokens"
 

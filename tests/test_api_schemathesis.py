@@ -23,6 +23,8 @@ import pytest
 import requests
 import schemathesis
 from aiohttp import web
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
 from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
@@ -39,6 +41,7 @@ from master.api.table import ROUTES
 from master.app import close_master, create_app, open_master
 from master.context import Master
 from master.models import Alert
+from master.services import ssh_keys
 from master.services.accounts import Principal
 from shared.bus import InProcessBus
 from shared.ids import new_id
@@ -84,12 +87,14 @@ async def _seed(master: Master) -> tuple[dict[str, Principal], dict[str, str], d
             last_seen_at=now,
         )  # fmt: skip
         session.add(alert)
+        ssh_key = await ssh_keys.add_key(session, renter, _ssh_public_key(), now=now)
     ids = {
         "host_id": host_id,
         "account_id": renter,
         "invoice_id": f"inv-{now:%Y-%m}-{renter}",
         "alert_id": alert.id,
         "name": "base",  # a template seeded by the migrations
+        "ssh_key_id": ssh_key.id,
     }
     return principals, keys, ids
 
@@ -142,6 +147,11 @@ def _seed_over_http(api: LiveApi) -> None:
     )
     assert rented.status_code == 201, rented.text
     api.ids["rental_id"] = rented.json()["id"]
+
+
+def _ssh_public_key() -> str:
+    public = ed25519.Ed25519PrivateKey.generate().public_key()
+    return public.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
 
 
 def _bearer(key: str) -> dict[str, str]:
@@ -294,3 +304,14 @@ class TestRegressions:
         (parameter,) = schema[f"{API}/invoices/{{invoice_id}}"]["GET"].definition.raw["parameters"][1:]
         assert parameter["allowEmptyValue"] is True
 
+    def test_an_ssh_key_is_a_documented_201_then_409_then_deleted(self, live_api: LiveApi) -> None:
+        """A real key (the generated bodies are almost never one): 201 with the documented key, 409 ssh_key_exists on
+        its repeat, 200 on its deletion and then 404, each conforming to the document."""
+        key = live_api.keys["provider"]
+        created = call(live_api, "POST", "/account/ssh-keys", key, body={"public_key": _ssh_public_key() + " fuzz"})
+        assert created.status_code == 201
+        again = call(live_api, "POST", "/account/ssh-keys", key, body={"public_key": created.json()["public_key"]})
+        assert (again.status_code, again.json()["code"]) == (409, "ssh_key_exists")
+        path = {"ssh_key_id": created.json()["id"]}
+        assert call(live_api, "DELETE", "/account/ssh-keys/{ssh_key_id}", key, path_parameters=path).status_code == 200
+        assert call(live_api, "DELETE", "/account/ssh-keys/{ssh_key_id}", key, path_parameters=path).status_code == 404

@@ -31,6 +31,8 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -38,7 +40,7 @@ from billing import credits
 from master.api.base import API
 from master.api.table import ROUTES
 from master.models import Alert, ApiKey, Base, Payout
-from master.services import enrollment, sessions
+from master.services import enrollment, sessions, ssh_keys
 from master.services.accounts import Principal
 from shared.crypto import generate_private_key, make_csr
 from shared.ids import new_id
@@ -63,6 +65,7 @@ NO_RENTAL: Outcome = (404, "rental_not_found")
 NO_HOST: Outcome = (404, "host_not_found")
 NO_INVOICE: Outcome = (404, "invoice_not_found")
 NO_ACCOUNT: Outcome = (404, "account_not_found")
+NO_SSH_KEY: Outcome = (404, "ssh_key_not_found")
 
 
 def everyone(outcome: Outcome) -> dict[str, Outcome]:
@@ -104,6 +107,7 @@ class World:
     alerts: dict[str, str]  # provider → the alert on its host; "fleet" → one on no host
     payouts: dict[str, str]
     month: str  # "YYYY-MM" of the top-ups on the invoices
+    ssh_keys: dict[str, str] = field(default_factory=dict)  # caller → the id of an SSH key it registered
 
     def account(self, who: str) -> str:
         return self.accounts[who].account_id
@@ -119,6 +123,7 @@ class World:
             "account_id": self.account(RENTER), "invoice_id": self.document(RENTER), "statement_id": self.document(PROVIDER),
             "other_host_id": self.hosts[OTHER_PROVIDER], "other_provider_id": self.account(OTHER_PROVIDER),
             "name": "pytorch",  # a seeded template
+            "ssh_key_id": self.ssh_keys[RENTER],
         }  # fmt: skip
 
 
@@ -149,7 +154,14 @@ async def world(api: Api) -> World:
             payouts[who] = new_id("po")
             session.add(Payout(id=payouts[who], provider_id=accounts[who].account_id, amount=Decimal("12.00"),
                                batch="2026-11-01", ledger_key=f"test-payout:{who}", created_at=now))  # fmt: skip
-    return World(api, keys, accounts, hosts, rentals, alerts, payouts, f"{now:%Y-%m}")
+        ssh = {who: (await ssh_keys.add_key(session, accounts[who].account_id, _ssh_key_line(), now=now)).id for who in CALLERS}
+    return World(api, keys, accounts, hosts, rentals, alerts, payouts, f"{now:%Y-%m}", ssh)
+
+
+def _ssh_key_line() -> str:
+    """A fresh Ed25519 public key line (``.pub``)."""
+    key = ed25519.Ed25519PrivateKey.generate().public_key()
+    return key.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
 
 
 def _alert(session: AsyncSession, host_id: str | None, now: datetime) -> str:
@@ -181,6 +193,10 @@ async def enroll_body(world: World, who: str) -> Any:
 
 async def top_up_body(world: World, who: str) -> Any:
     return {"account_id": world.account(RENTER), "amount": "10.00", "reference": f"payment-by-{who}"}
+
+
+async def ssh_key_body(world: World, who: str) -> Any:
+    return {"public_key": _ssh_key_line(), "name": f"added by {who}"}
 
 
 async def session_body(world: World, who: str) -> Any:
@@ -275,6 +291,10 @@ MATRIX: tuple[Rule, ...] = (
     Rule("GET", "/templates/{name}", everyone(200)),
     Rule("PUT", "/templates/{name}", only(200, "admin"), body=fixed(TEMPLATE)),
     Rule("DELETE", "/templates/{name}", only(200, "admin"), last=True),
+    # SSH keys: every account manages its own; another's key (admins included) is as one that does not exist.
+    Rule("GET", "/account/ssh-keys", everyone(200)),
+    Rule("POST", "/account/ssh-keys", everyone(201), body=ssh_key_body),
+    Rule("DELETE", "/account/ssh-keys/{ssh_key_id}", {**everyone(NO_SSH_KEY), RENTER: 200}, last=True),
 )  # fmt: skip
 
 PUBLIC = {(route.method, route.path) for route in ROUTES if route.public}
@@ -427,6 +447,8 @@ class TestMatrix:
             (OTHER_PROVIDER, "POST", "/hosts/{}/revoke", world.hosts[PROVIDER], "h-0000000000000000"),
             (OTHER_PROVIDER, "GET", "/alerts/{}", world.alerts[PROVIDER], "alert-0000000000000000"),
             (OTHER_RENTER, "GET", "/invoices/{}", world.document(RENTER), f"inv-{world.month}-acct-0000000000000000"),
+            (OTHER_RENTER, "DELETE", "/account/ssh-keys/{}", world.ssh_keys[RENTER], "sshk-0000000000000000"),
+            (ADMIN, "DELETE", "/account/ssh-keys/{}", world.ssh_keys[RENTER], "sshk-0000000000000000"),
         ]
         for who, method, path, theirs, unknown in cases:
             body = LISTING if method == "PUT" else None
@@ -574,6 +596,12 @@ class TestListsHoldOnlyYourOwn:
         assert {p["id"] for p in body["items"]} == set(world.payouts.values())
         body = await self.get(world, ADMIN, "/payouts", provider_id=world.account(OTHER_PROVIDER))
         assert [p["id"] for p in body["items"]] == [world.payouts[OTHER_PROVIDER]]
+
+    async def test_ssh_keys(self, world: World) -> None:
+        """Each account, admins included, lists its own SSH keys only."""
+        for who in CALLERS:
+            body = await self.get(world, who, "/account/ssh-keys")
+            assert [k["id"] for k in body["ssh_keys"]] == [world.ssh_keys[who]]
 
     async def test_the_account_is_the_callers_own(self, world: World) -> None:
         """GET /account shows the caller's account; there is no way to name another."""

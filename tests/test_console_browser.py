@@ -719,3 +719,84 @@ class TestAdmin:
         await console.shot("fleet")
         assert console.problems == []
 
+
+
+def _ssh_public_key(comment: str) -> str:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    public = ed25519.Ed25519PrivateKey.generate().public_key()
+    return f"{public.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()} {comment}"
+
+
+def _weak_rsa_public_key() -> str:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    public = rsa.generate_private_key(public_exponent=65537, key_size=1024).public_key()
+    return public.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
+
+
+class TestSshKeys:
+    async def test_paste_a_key_see_it_listed_a_bad_one_refused_at_the_field_then_delete_it(self, browser: Browser, market: Market) -> None:
+        """On the SSH keys page (1366×900): a 1024-bit RSA key is refused at the key's field with the API's message and code,
+        a good key is listed with its fingerprint, and deleting it (after confirming) removes it; the page fits a phone."""
+        console = await _console(browser, market, viewport={"width": 1366, "height": 900})
+        page = console.page
+        for key in (await console.api("renter", "/account/ssh-keys"))["ssh_keys"]:  # a clean account
+            await console.api("renter", f"/account/ssh-keys/{key['id']}", method="DELETE")
+        await console.sign_in("renter")
+        await page.get_by_role("link", name="SSH keys").click()
+        await expect(page.get_by_role("heading", name="SSH keys", level=1)).to_be_visible()
+        await expect(page.locator("table.ssh-keys")).to_contain_text("No keys yet")
+
+        field = page.get_by_label("Public key")
+        await field.fill(_weak_rsa_public_key())
+        await page.get_by_role("button", name="Add key").click()
+        await expect(page.locator(".ssh-key-form .field-error").first).to_contain_text("too weak")
+        await expect(field).to_have_attribute("aria-invalid", "true")
+        await console.view_shot("ssh-keys-1366-refused")
+        await field.fill("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----")
+        await page.get_by_role("button", name="Add key").click()
+        await expect(page.locator(".ssh-key-form .field-error").first).to_contain_text("that is a private key; paste the .pub file")
+        assert (await console.api("renter", "/account/ssh-keys"))["ssh_keys"] == []
+
+        await field.fill(_ssh_public_key("me@laptop"))
+        await page.get_by_label("Name (optional)").fill("Work laptop")
+        await page.get_by_role("button", name="Add key").click()
+        [stored] = (await _until_keys(console, 1))
+        row = page.locator(f'tr[data-ssh-key-id="{stored["id"]}"]')
+        await expect(row).to_contain_text("Work laptop")
+        await expect(row).to_contain_text(stored["fingerprint"])
+        await expect(field).not_to_have_attribute("aria-invalid", "true")
+        await expect(field).to_have_value("")
+        assert await console.fits_sideways(".ssh-keys")
+        await console.view_shot("ssh-keys-1366")
+
+        await page.set_viewport_size({"width": 390, "height": 844})
+        wide = await page.evaluate(
+            "() => [...document.querySelectorAll('body *')].filter((e) => e.getBoundingClientRect().right > innerWidth + 1"
+            " && !e.closest('.table-wrap')).map((e) => `${e.tagName}.${e.className} ${Math.round(e.getBoundingClientRect().right)}`)"
+            " .concat([`doc ${document.documentElement.scrollWidth} main ${document.querySelector('main').scrollWidth}"
+            " / ${document.querySelector('main').clientWidth} inner ${innerWidth}`])")
+        assert await console.fits_sideways("main"), wide
+        await console.shot("ssh-keys-narrow")
+        await page.set_viewport_size({"width": 1366, "height": 900})
+
+        await row.get_by_role("button", name="Delete key Work laptop").click()
+        await row.get_by_role("button", name="Keep it").click()
+        await expect(row).to_be_visible()
+        await row.get_by_role("button", name="Delete key Work laptop").click()
+        await row.get_by_role("button", name="Yes, delete").click()
+        await expect(page.locator("table.ssh-keys")).to_contain_text("No keys yet")
+        assert await _until_keys(console, 0) == []
+        assert console.problems == []
+
+
+async def _until_keys(console: Console, count: int) -> list[dict[str, Any]]:
+    """The renter's keys once there are ``count`` of them."""
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while len(keys := (await console.api("renter", "/account/ssh-keys"))["ssh_keys"]) != count:
+        assert time.monotonic() < deadline, keys
+        await console.page.wait_for_timeout(100)
+    return list(keys)

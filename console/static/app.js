@@ -7,6 +7,7 @@ import { errorBox, heading, busy } from "./ui.js";
 import { offersPage, rentalsPage, rentalPage, billingPage } from "./pages-renter.js";
 import { hostsPage, hostPage, enrollPage, earningsPage } from "./pages-provider.js";
 import { fleetPage } from "./pages-admin.js";
+import { sshKeysPage } from "./sshkeys.js";
 
 const ROUTES = [
   { path: /^\/fleet$/, roles: ["admin"], title: "Fleet", nav: "#/fleet", render: fleetPage },
@@ -14,6 +15,7 @@ const ROUTES = [
   { path: /^\/rentals$/, roles: ["renter", "admin"], title: "Rentals", nav: "#/rentals", render: rentalsPage },
   { path: /^\/rentals\/([^/]+)$/, roles: ["renter", "admin"], title: "Rental", render: rentalPage },
   { path: /^\/billing$/, roles: ["renter"], title: "Billing", nav: "#/billing", render: billingPage },
+  { path: /^\/ssh-keys$/, roles: ["renter", "admin"], title: "SSH keys", nav: "#/ssh-keys", render: sshKeysPage },
   { path: /^\/hosts$/, roles: ["provider", "admin"], title: "Hosts", nav: "#/hosts", render: hostsPage },
   { path: /^\/hosts\/([^/]+)$/, roles: ["provider", "admin"], title: "Host", render: hostPage },
   { path: /^\/enroll$/, roles: ["provider"], title: "Enroll a host", nav: "#/enroll", render: enrollPage },

@@ -1,6 +1,6 @@
 // Pieces every page uses: the error box next to a form, loading placeholders, page headings.
 
-import { h, replace } from "./dom.js";
+import { h, replace, uid } from "./dom.js";
 
 /** A message box for a form's errors (role="alert": read out when it changes). */
 export function errorBox() {
@@ -70,4 +70,28 @@ export async function busy(button, work, label = "Working…") {
     button.removeAttribute("aria-busy");
     button.textContent = text;
   }
+}
+
+/** A field's own error line (next to the control, named by its aria-describedby). */
+export function withError(f) {
+  const id = uid("error");
+  const el = h("p", { class: "field-error", id, hidden: true });
+  (f.row.querySelector(".hint") || f.input).after(el);
+  const control = f.input;
+  return {
+    ...f,
+    error: el,
+    show(message) {
+      el.textContent = message;
+      el.hidden = false;
+      control.setAttribute("aria-invalid", "true");
+      const described = (control.getAttribute("aria-describedby") || "").split(" ").filter(Boolean);
+      if (!described.includes(id)) control.setAttribute("aria-describedby", [...described, id].join(" "));
+    },
+    clear() {
+      el.textContent = "";
+      el.hidden = true;
+      control.removeAttribute("aria-invalid");
+    },
+  };
 }

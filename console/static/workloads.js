@@ -4,6 +4,7 @@
 
 import { api } from "./api.js";
 import { facts, field, h, num, replace, uid } from "./dom.js";
+import { withError } from "./ui.js";
 
 // The API's image-reference grammar (shared/imageref.py, the distribution project's), ASCII only.
 const DOMAIN_COMPONENT = "(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])";
@@ -189,30 +190,6 @@ export function workloadFacts(rental) {
 /** The platform's templates, as they are now (an admin may have changed them since the last dialog). */
 export async function loadTemplates() {
   return (await api("GET", "/templates")).templates || [];
-}
-
-/** A field's own error line (next to the control, named by its aria-describedby). */
-function withError(f) {
-  const id = uid("error");
-  const el = h("p", { class: "field-error", id, hidden: true });
-  (f.row.querySelector(".hint") || f.input).after(el);
-  const control = f.input;
-  return {
-    ...f,
-    error: el,
-    show(message) {
-      el.textContent = message;
-      el.hidden = false;
-      control.setAttribute("aria-invalid", "true");
-      const described = (control.getAttribute("aria-describedby") || "").split(" ").filter(Boolean);
-      if (!described.includes(id)) control.setAttribute("aria-describedby", [...described, id].join(" "));
-    },
-    clear() {
-      el.textContent = "";
-      el.hidden = true;
-      control.removeAttribute("aria-invalid");
-    },
-  };
 }
 
 const fail = (message, target) => Object.assign(new Error(message), { target });

@@ -78,3 +78,22 @@ class TemplateList(BaseModel):
 class TemplateDeleted(BaseModel):
     name: str
     deleted: bool
+
+
+class SshKeyView(BaseModel):
+    id: str
+    name: str
+    algorithm: str = Field(description="The key type: ssh-ed25519, ecdsa-sha2-nistp256/384/521 or ssh-rsa.")
+    fingerprint: str = Field(description="SHA256 fingerprint as ssh-keygen -lf prints it (SHA256:..., unpadded base64).")
+    public_key: str = Field(description="The key in canonical OpenSSH form: 'type base64', without the comment.")
+    created_at: str
+    last_used_at: str | None = Field(description="When the key last opened an SSH session; null: never.")
+
+
+class SshKeyList(BaseModel):
+    ssh_keys: list[SshKeyView]
+
+
+class SshKeyDeleted(BaseModel):
+    id: str
+    deleted: bool

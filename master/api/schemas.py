@@ -81,3 +81,12 @@ class TemplatePut(ContainerWorkload):
 
     def workload(self) -> ContainerWorkload:
         return ContainerWorkload.model_validate(self.model_dump(mode="json", exclude={"description"}))
+
+
+class SshKeyCreate(_Body):
+    """An SSH public key to register: one line of a ``.pub`` file."""
+
+    public_key: str = Field(max_length=65536, description="One line of your public key file, e.g. the contents of ~/.ssh/id_ed25519.pub: "
+                            "'ssh-ed25519 AAAA... comment'. Ed25519, ECDSA (P-256/384/521) or RSA of 2048 bits or more; at most 16 KiB.")
+    name: str | None = Field(None, max_length=1000, description="A name to tell your keys apart (at most 100 characters once "
+                             "NFC-normalised); by default the key's comment.")
