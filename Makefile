@@ -33,18 +33,19 @@ chromium:
 		     "or point GPUMARKET_TEST_CHROMIUM at a Chromium; tests/test_console_browser.py fails without one" >&2; \
 	fi
 
-# Installs Debian's docker.io (the engine the container tests drive) and busybox-static (the
-# test image's rootfs) when missing and we are root; the suite starts dockerd itself when none
-# answers. Otherwise says how; tests/test_container_runtime.py fails without them.
+# Installs Debian's docker.io (the engine the container tests drive), busybox-static (the test
+# image's rootfs) and openssh-client (ssh-keygen, which the SSH key tests compare fingerprints
+# with) when missing and we are root; the suite starts dockerd itself when none answers.
+# Otherwise says how; those tests fail without them.
 docker:
-	@if command -v dockerd >/dev/null && [ -x /bin/busybox ]; then :; \
+	@if command -v dockerd >/dev/null && [ -x /bin/busybox ] && command -v ssh-keygen >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		echo "installing Debian's docker.io and busybox-static for the container tests"; \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y docker.io busybox-static \
-		|| { DEBIAN_FRONTEND=noninteractive apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y docker.io busybox-static; }; \
+		echo "installing Debian's docker.io, busybox-static and openssh-client for the container and SSH tests"; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y docker.io busybox-static openssh-client \
+		|| { DEBIAN_FRONTEND=noninteractive apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y docker.io busybox-static openssh-client; }; \
 	else \
-		echo "make: dockerd or /bin/busybox is missing: install Debian's docker.io and busybox-static" \
-		     "(sudo apt-get install docker.io busybox-static); tests/test_container_runtime.py fails without them" >&2; \
+		echo "make: dockerd, /bin/busybox or ssh-keygen is missing: install Debian's docker.io, busybox-static and openssh-client" \
+		     "(sudo apt-get install docker.io busybox-static openssh-client); the container and SSH key tests fail without them" >&2; \
 	fi
 
 up: install

@@ -251,10 +251,10 @@ class TestForTheSshServer:
         assert listed["last_used_at"] == now.isoformat()
 
 
-@pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="ssh-keygen (Debian's openssh-client) is not installed")
 @pytest.mark.parametrize("kind", ["ed25519", "ecdsa", "rsa"])
 def test_the_fingerprint_is_what_ssh_keygen_prints(kind: str, tmp_path: Path) -> None:
     """A key made by ssh-keygen itself: ours equals ``ssh-keygen -lf``'s, and the stored line is the .pub's first two fields."""
+    assert shutil.which("ssh-keygen"), "ssh-keygen is missing: install Debian's openssh-client (`make test` does, as root)"
     subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", "who@where", "-f", str(tmp_path / "id")], check=True)
     pub = (tmp_path / "id.pub").read_text()
     printed = subprocess.run(["ssh-keygen", "-lf", str(tmp_path / "id.pub")], check=True, capture_output=True, text=True).stdout
