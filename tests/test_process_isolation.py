@@ -114,6 +114,7 @@ for pid in cfg["signal"]:
 with open("report.tmp", "w") as f:
     json.dump(found, f)
 os.rename("report.tmp", "report.json")
+print("REPORT " + json.dumps(found), flush=True)  # the log outlives the home, which goes when the rental ends
 try:
     os.kill(-1, signal.SIGKILL)  # everything this uid may signal (never itself)
 except OSError:
@@ -215,8 +216,13 @@ async def hunt(manager: WorkloadManager, host: Host, rental_id: str, gpu: str, *
     config = {"read": [str(p) for p in read], "list": [str(p) for p in listed], "write": [str(p) for p in write],
               "marker": marker, "signal": signal_pids, "sockets": [str(p) for p in ENGINE_SOCKETS if p.exists()]}  # fmt: skip
     started = await manager.start(rental_id, [gpu], ProcessWorkload(argv=system_py(HUNTER), env={"HUNT": json.dumps(config)}))
-    report = await in_home(host, rental_id, "report.json")
-    found: dict[str, Any] = json.loads(report.read_text())
+
+    async def reported() -> str | None:
+        # From its output log, not its home: the home goes as soon as the hunter ends (a race the test once lost).
+        text = manager.read_log(rental_id, offset=0)[0].decode(errors="replace")
+        return next((line.removeprefix("REPORT ") for line in text.splitlines() if line.startswith("REPORT ")), None)
+
+    found: dict[str, Any] = json.loads(await eventually(reported, timeout=WAIT, every=0.01, what=f"{rental_id}'s report"))
     found["allocated_uid"] = started["uid"]  # its claim goes as soon as it exits: take the uid from the start
     return found
 
