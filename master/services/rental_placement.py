@@ -45,7 +45,7 @@ from master.models import Account, Gpu, Rental, RentalEvent
 from master.models import Command as CommandRow
 from master.scheduler import MILLI, Node, Placement, get_placer
 from master.scheduler import Request as PlaceRequest
-from master.services import allocation, commands, isolation, offers
+from master.services import allocation, commands, isolation, offers, ssh_keys
 from master.services.allocation import Hold, HostState
 from master.services.listings import PRICE_QUANTUM, load_price_bounds, money
 from master.services.offerquery import parse
@@ -361,7 +361,7 @@ async def try_place(
             found = await _candidates(master, session, request, now=now, price_cap=price_cap)
             continue
         assert stops is not None
-        return [*stops, _start(session, rental, request, placement, now=now)], None
+        return [*stops, await _start(session, rental, request, placement, now=now)], None
     return [], _no_room(request, found)
 
 
@@ -393,7 +393,7 @@ async def _preempt(master: Master, session: AsyncSession, victims: Sequence[str]
     return stop_ids
 
 
-def _start(session: AsyncSession, rental: Rental, request: RentalRequest, placement: Placement, *, now: datetime) -> str:
+async def _start(session: AsyncSession, rental: Rental, request: RentalRequest, placement: Placement, *, now: datetime) -> str:
     assert rental.host_id is not None
     if request.replaces:
         cause = f"placed again after rental {request.replaces} lost its host"
@@ -408,7 +408,8 @@ def _start(session: AsyncSession, rental: Rental, request: RentalRequest, placem
     if request.gpu_milli < MILLI and request.mig_profile is None:
         share = protocol.GpuShare(milli=request.gpu_milli, memory_mib=placement.gpu_memory_mib)
     start = protocol.StartWorkload.model_validate(
-        {"rental_id": rental.id, "gpu_uuids": rental.gpu_uuids, "workload": rental.workload, "share": share}
+        {"rental_id": rental.id, "gpu_uuids": rental.gpu_uuids, "workload": rental.workload, "share": share,
+         "authorized_keys": await ssh_keys.authorized_keys(session, rental.renter_id)}
     )
     command = commands.new_command(session, host_id=rental.host_id, command=start, rental_id=rental.id)
     command.created_at = now + timedelta(microseconds=1)  # after any preempted workload's stop, which the agent runs first

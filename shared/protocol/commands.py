@@ -39,6 +39,8 @@ MAX_ENV_VARS = 256
 MAX_STOP_GRACE_S = 600.0  # the longest SIGTERM-to-SIGKILL grace a stop may ask for
 MAX_STOP_REASON_CHARS = 200
 MAX_PORTS = 32  # ports one container workload may declare
+MAX_AUTHORIZED_KEYS = 50  # SSH public keys one rental accepts (= the API's most per account)
+MAX_AUTHORIZED_KEY_CHARS = 16 * 1024  # one OpenSSH public key line (RSA-16384 fits)
 MIN_SHM_MIB = 1
 MAX_SHM_MIB = 1 << 20  # 1 TiB of /dev/shm
 MIN_PIDS = 16  # a shell and a few children
@@ -281,6 +283,11 @@ class StartWorkload(StrictModel):
     gpu_uuids: GpuUuids = Field(max_length=64)
     workload: Annotated[WorkloadSpec, BeforeValidator(_default_hold)] = Field(default_factory=HoldWorkload)
     share: GpuShare | None = None
+    # The renter's SSH public keys (OpenSSH one-line form) when the rental started: the agent's SSH
+    # server for this rental accepts these and nothing else.
+    authorized_keys: list[Annotated[str, Field(min_length=1, max_length=MAX_AUTHORIZED_KEY_CHARS)]] = Field(
+        default_factory=list, max_length=MAX_AUTHORIZED_KEYS
+    )
 
     @model_validator(mode="after")
     def _share_env_is_the_agents(self) -> StartWorkload:
@@ -342,6 +349,7 @@ class WorkloadStarted(LenientModel):
     memory_mib: int | None = None
     cgroups: list[str] | None = None
     systemd_unit: str | None = None
+    ssh_host_key: str | None = None  # the rental's SSH host public key (OpenSSH form), pinned by renters' clients
 
 
 class WorkloadStopped(LenientModel):
