@@ -57,12 +57,15 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from urllib.parse import urlsplit
 
+from cryptography.hazmat.primitives.asymmetric import ec
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 from websockets.protocol import State
 
 from access import speedtest
+from access.tunnels import CONNECT_PATH, RenterGate, refusal_response
+from access.webports import WebPorts
 from shared import protocol
 from shared.bus import Bus
 from shared.clock import Clock, SystemClock
@@ -70,6 +73,8 @@ from shared.crypto import host_id_from_der, serial_hex_from_der
 from shared.errors import BusError, ConfigError, GpumarketError, ProtocolError
 from shared.ratelimit import SourceRateLimiter, TokenBucket, source_key
 from shared.registry import Registry, RelayRecord
+from shared.streams import Multiplexer, StreamProtocolError
+from shared.streams.aio import StreamLink
 
 log = logging.getLogger(__name__)
 
@@ -108,9 +113,11 @@ class AgentLink:
     connection: ServerConnection
     outbound: asyncio.Queue[str | _CloseRequest]
     messages: TokenBucket
+    streams: StreamLink | None = field(default=None, repr=False)  # renters' byte streams on this link
     received: int = 0
     close_request: _CloseRequest | None = None
     writer: asyncio.Task[None] | None = field(default=None, repr=False)
+    pump: asyncio.Task[None] | None = field(default=None, repr=False)
 
 
 class Relay:
@@ -148,6 +155,19 @@ class Relay:
         max_connections_per_source_per_minute: float = 30.0,
         connection_burst_per_source: int = 10,
         max_tracked_sources: int = 100_000,
+        # Renters' streams (``access.tunnels``); without a ``token_key`` renters are refused
+        token_key: ec.EllipticCurvePublicKey | None = None,
+        max_streams_per_agent: int = 256,
+        max_streams_per_rental: int = 16,
+        max_stream_buffer_per_agent: int = 64 << 20,
+        stream_turn_bytes: int = 256 << 10,
+        max_renter_connections_per_source_per_minute: float = 120.0,
+        renter_connection_burst_per_source: int = 30,
+        # Renters' web ports (``access.webports``): with a domain and a TLS context for browsers
+        ports_domain: str | None = None,
+        ports_ssl_context: ssl.SSLContext | None = None,
+        ports_port: int = 0,
+        ports_public_port: int | None = None,
     ) -> None:
         timeouts = (open_timeout, ping_interval, ping_timeout, close_timeout, drain_timeout,
                     register_interval, revocation_poll_interval, registry_timeout)
@@ -185,6 +205,23 @@ class Relay:
         self.message_burst = message_burst
         self.sources = SourceRateLimiter(
             rate=max_connections_per_source_per_minute / 60.0, burst=connection_burst_per_source, max_sources=max_tracked_sources
+        )
+        self.max_streams_per_agent = max_streams_per_agent
+        self.max_stream_buffer_per_agent = max_stream_buffer_per_agent
+        self.stream_turn_bytes = stream_turn_bytes
+        self.renters = (
+            RenterGate(token_key=token_key, clock=self.clock, max_streams_per_rental=max_streams_per_rental)
+            if token_key is not None else None
+        )
+        self.renter_sources = SourceRateLimiter(
+            rate=max_renter_connections_per_source_per_minute / 60.0, burst=renter_connection_burst_per_source,
+            max_sources=max_tracked_sources,
+        )
+        self._renter_connections: set[ServerConnection] = set()
+        self.web_ports = (
+            WebPorts(token_key=token_key, ssl_context=ports_ssl_context, domain=ports_domain, links=self._links_of,
+                     clock=self.clock, host=host, port=ports_port, public_port=ports_public_port)
+            if token_key is not None and ports_domain and ports_ssl_context is not None else None
         )
         self.agents: dict[str, AgentLink] = {}
         self.speedtests = speedtest.SpeedtestRegistry()  # speed tests running here, one per host
@@ -228,6 +265,8 @@ class Relay:
             create_connection=_tracking_connection_class(self._open_connections),
         )
         self._port = int(self._server.sockets[0].getsockname()[1])
+        if self.web_ports is not None:
+            await self.web_ports.start()
         self._consumer = asyncio.create_task(self._consume_commands(), name=f"relay-{self.relay_id}-commands")
         if self.registry is not None:
             await self._publish()  # a failure is logged; the registrar retries
@@ -273,6 +312,7 @@ class Relay:
             capacity=self.max_connections,
             draining=self._closing,
             updated_at=self.clock.now().timestamp(),
+            ports_url=self.web_ports.url_template if self.web_ports is not None else None,
         )
 
     async def close(self) -> None:
@@ -290,6 +330,8 @@ class Relay:
             if self.registry is not None:
                 await self._publish()
             self._server.close(close_connections=False)  # 2. stop accepting
+            if self.web_ports is not None:
+                await self.web_ports.close()
             self._tell_everyone_to_move()  # 3. move, then close 1001
             await self._wait_for_handlers(self._server)  # 4. wait for handlers (bounded)
         finally:
@@ -314,6 +356,8 @@ class Relay:
                 with contextlib.suppress(asyncio.QueueFull):  # a full queue: the close alone must do
                     link.outbound.put_nowait(move)
             self._request_close(link, protocol.CLOSE_GOING_AWAY, GOING_AWAY_REASON)
+        for renter in list(self._renter_connections):
+            self._spawn_close(renter, protocol.CLOSE_GOING_AWAY, "relay shutting down; connect again")
         for test in self.speedtests.connections():
             if isinstance(test, ServerConnection):
                 self._spawn_close(test, protocol.CLOSE_GOING_AWAY, "relay shutting down")
@@ -354,6 +398,7 @@ class Relay:
                     "messages_forwarded": self.messages_forwarded,
                     "commands_delivered": self.commands_delivered,
                     "refused": dict(self.refused),
+                    "renter_connections": len(self._renter_connections),
                 }
             )
             response = connection.respond(HTTPStatus.OK, body + "\n")
@@ -361,11 +406,12 @@ class Relay:
             del response.headers["Content-Type"]
             response.headers["Content-Type"] = "application/json"
             return response
-        if request.path not in (AGENT_PATH, SPEEDTEST_PATH):
-            return connection.respond(HTTPStatus.NOT_FOUND, f"agents connect to {AGENT_PATH}\n")
+        renter = urlsplit(request.path).path == CONNECT_PATH
+        if not renter and request.path not in (AGENT_PATH, SPEEDTEST_PATH):
+            return connection.respond(HTTPStatus.NOT_FOUND, f"agents connect to {AGENT_PATH}, renters to {CONNECT_PATH}\n")
         address = connection.remote_address
         source = source_key(str(address[0])) if address else "unknown"
-        wait = self.sources.admit(source, self.clock.monotonic())
+        wait = (self.renter_sources if renter else self.sources).admit(source, self.clock.monotonic())
         if wait > 0:
             self.refused["source_rate"] += 1
             retry_after = math.ceil(wait)
@@ -375,11 +421,39 @@ class Relay:
             )
             response.headers["Retry-After"] = str(retry_after)
             return response
+        if renter:
+            if self.renters is None:
+                return connection.respond(HTTPStatus.NOT_FOUND, "this relay takes no renters' connections\n")
+            if self._closing:
+                return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "relay shutting down; connect again\n")
+            refusal = self.renters.admit(connection, request, host_connected=self._streams_connected)
+            if refusal is not None:
+                self.refused["renter_" + refusal.status.name.lower()] += 1
+                return refusal_response(connection, refusal)
         return None
+
+    def _links_of(self, host_id: str) -> StreamLink | None:
+        link = self.agents.get(host_id)
+        return link.streams if link is not None and link.close_request is None else None
+
+    def _streams_connected(self, host_id: str) -> bool:
+        link = self.agents.get(host_id)
+        return link is not None and link.streams is not None and link.close_request is None
 
     # ---- one agent ------------------------------------------------------------------
 
     async def _handle(self, connection: ServerConnection) -> None:
+        claims = self.renters.claims_of(connection) if self.renters is not None else None
+        if claims is not None:
+            assert self.renters is not None
+            self._renter_connections.add(connection)
+            try:
+                link = self.agents.get(claims.host_id)
+                await self.renters.serve(connection, claims, link.streams if link is not None else None)
+            finally:
+                self._renter_connections.discard(connection)
+                self.renters.forget(connection)
+            return
         ssl_object = connection.transport.get_extra_info("ssl_object")
         der = ssl_object.getpeercert(binary_form=True) if ssl_object else None
         try:
@@ -416,6 +490,10 @@ class Relay:
             outbound=asyncio.Queue(self.max_outbound_queue),
             messages=TokenBucket(self.max_messages_per_second, self.message_burst, self.clock.monotonic()),
         )
+        link.streams = StreamLink(
+            Multiplexer(initiator=False, max_streams=self.max_streams_per_agent, max_link_buffer=self.max_stream_buffer_per_agent),
+            connection.send, turn_bytes=self.stream_turn_bytes,
+        )
         welcome = protocol.Welcome(
             body=protocol.WelcomeBody(
                 relay_id=self.relay_id,
@@ -432,6 +510,7 @@ class Relay:
         self._send(link, protocol.encode(welcome))
         previous, self.agents[host_id] = self.agents.get(host_id), link
         link.writer = asyncio.create_task(self._write(link), name=f"relay-write-{host_id}")
+        link.pump = asyncio.create_task(self._pump(link), name=f"relay-streams-{host_id}")
         if previous is not None:
             log.info("host %s reconnected; closing its previous connection", host_id)
             self._request_close(previous, protocol.CLOSE_REPLACED, "replaced by a newer connection of this host")
@@ -443,10 +522,21 @@ class Relay:
         finally:
             if self.agents.get(host_id) is link:
                 del self.agents[host_id]
+            await _stop(link.pump)
+            link.streams.lost()
             await self._finish_writer(link)
 
     async def _receive(self, link: AgentLink) -> None:
         async for frame in link.connection:
+            if isinstance(frame, bytes):  # a stream frame: bounded by the streams' flow control, not the message rate
+                assert link.streams is not None
+                try:
+                    link.streams.feed(frame)
+                except StreamProtocolError as exc:
+                    log.warning("closing host %s: %s", link.host_id, exc)
+                    await link.connection.close(exc.close_code, _reason(str(exc)))
+                    return
+                continue
             if not link.messages.take(self.clock.monotonic()):
                 self.refused["message_rate"] += 1
                 log.warning("closing host %s: more than %g messages/s (burst %d)", link.host_id,
@@ -515,6 +605,11 @@ class Relay:
                     await link.connection.close(item.code, item.reason)
                     return
                 await link.connection.send(item)
+
+    async def _pump(self, link: AgentLink) -> None:
+        assert link.streams is not None
+        with contextlib.suppress(ConnectionClosed):
+            await link.streams.run()
 
     async def _finish_writer(self, link: AgentLink) -> None:
         """Let a requested close go out (bounded: the agent may not be reading), then stop the writer."""

@@ -7,7 +7,7 @@ import logging
 
 from access.relay import Relay
 from shared.bus import Bus, open_bus
-from shared.crypto import server_ssl_context
+from shared.crypto import ca_public_key, server_ssl_context, web_ssl_context
 from shared.errors import ConfigError
 from shared.registry import Registry, open_registry
 from shared.settings import AccessSettings
@@ -29,7 +29,8 @@ def relay_from_settings(settings: AccessSettings, bus: Bus, registry: Registry |
         region=settings.region,
         bus=bus,
         registry=registry,
-        ssl_context=server_ssl_context(settings.cert_file, settings.key_file, settings.ca_file),
+        # Agents must present a client certificate (checked per connection); renters connect without one.
+        ssl_context=server_ssl_context(settings.cert_file, settings.key_file, settings.ca_file, require_client_cert=False),
         host=settings.host,
         port=settings.port,
         public_url=settings.public_url,
@@ -53,6 +54,14 @@ def relay_from_settings(settings: AccessSettings, bus: Bus, registry: Registry |
         max_connections_per_source_per_minute=settings.max_connections_per_source_per_minute,
         connection_burst_per_source=settings.connection_burst_per_source,
         max_tracked_sources=settings.max_tracked_sources,
+        token_key=ca_public_key(settings.ca_file),
+        max_streams_per_agent=settings.max_streams_per_agent,
+        max_streams_per_rental=settings.max_streams_per_rental,
+        max_stream_buffer_per_agent=settings.max_stream_buffer_per_agent_mib << 20,
+        ports_domain=settings.ports_domain,
+        ports_ssl_context=web_ssl_context(settings.cert_file, settings.key_file) if settings.ports_domain else None,
+        ports_port=settings.ports_port,
+        ports_public_port=settings.ports_public_port,
     )
 
 

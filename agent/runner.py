@@ -45,6 +45,7 @@ from agent.runtimes.containeropts import ContainerOptions, ProgressStage
 from agent.runtimes.isolation import HostIsolation, ProcessIsolation, isolation_facts
 from agent.runtimes.manager import WorkloadManager
 from agent.spool import SqliteSpool
+from agent.tunnels import TunnelServer
 from agent.state import AgentState, SequenceLease, atomic_write
 from shared import protocol
 from shared.crypto import (
@@ -58,6 +59,8 @@ from shared.crypto import (
 )
 from shared.errors import ConfigError, GpumarketError, ProtocolError
 from shared.outbound import OutboundWindow
+from shared.streams import Multiplexer, StreamProtocolError
+from shared.streams.aio import StreamLink
 
 log = logging.getLogger(__name__)
 
@@ -231,6 +234,9 @@ class Agent:
             workloads=self.workloads, backend=backend, logs=self.logs, measure=self.measure_network,
             install_certificate=self._install_certificate, remembered_results=remembered_results,
         )
+        # Renters' streams the relay opens on this agent's link: SSH into a rental, its ports.
+        self.tunnels = TunnelServer(self.workloads)
+        self.streams: StreamLink | None = None
         self._windows: dict[str, _Window] = {}
         self._window_started = time.monotonic()
         self._latest: list[GpuSample] = []
@@ -353,6 +359,16 @@ class Agent:
                 spool=protocol.SpoolStats(pending=len(self.spool), evicted=self.spool.evicted),
             )
             await self._emit(*self.window.heartbeat(body))
+            await self.report_tunnel_usage()
+
+    async def report_tunnel_usage(self) -> None:
+        """Send the bytes renters moved per rental since the last report (nothing when none)."""
+        usage = self.tunnels.take_usage()
+        if usage:
+            items = [protocol.TunnelUsageItem(rental_id=r, bytes_in=b_in, bytes_out=b_out) for r, (b_in, b_out) in sorted(usage.items())]
+            for start in range(0, len(items), 1024):
+                body = protocol.TunnelUsageBody(at=datetime.now(UTC), rentals=items[start:start + 1024])
+                await self._emit(*self.window.tunnel_usage(body))
 
     # ---- the connection ---------------------------------------------------------------
 
@@ -456,6 +472,8 @@ class Agent:
                 if old_seq != seq:
                     await self.pacer.take()  # a long outage's replay stays within the relay's budget
                     await ws.send(frame)
+            self.streams = StreamLink(Multiplexer(initiator=True), ws.send, on_open=self.tunnels.accept)
+            pump = asyncio.create_task(self._pump(self.streams), name=f"agent-{self.host_id}-streams")
             self.connected.set()
             beats = asyncio.create_task(self._heartbeats(), name=f"agent-{self.host_id}-heartbeats")
             try:
@@ -466,12 +484,29 @@ class Agent:
                         await ws.close(1001, "agent shutting down")
                 raise
             finally:
-                beats.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await beats
+                for task in (beats, pump):
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                self.streams.lost()  # every renter's stream on this link ends; they connect again
+                self.streams = None
+
+    @staticmethod
+    async def _pump(streams: StreamLink) -> None:
+        with contextlib.suppress(ConnectionClosed):
+            await streams.run()
 
     async def _receive(self, ws: ClientConnection) -> None:
         async for frame in ws:
+            if isinstance(frame, bytes):  # a renter's stream (shared.streams)
+                try:
+                    assert self.streams is not None
+                    self.streams.feed(frame)
+                except StreamProtocolError as exc:
+                    log.error("host %s: relay broke the stream framing (%s); reconnecting", self.host_id, exc)
+                    await ws.close(exc.close_code, str(exc)[:120])
+                    return
+                continue
             message = protocol.decode_server_frame(frame, max_frame=self.max_frame)
             match message:
                 case protocol.Ack():
@@ -499,6 +534,8 @@ class Agent:
     async def _command_worker(self) -> None:
         while True:
             command = await self._commands.get()
+            if command.kind == "stop_workload" and isinstance(rental_id := command.args.get("rental_id"), str):
+                self.tunnels.close_rental(rental_id)  # its renters' connections end now, not after the grace
             result = await self.commands.result_for(command)
             await self._emit(*self.window.command_result(result))
 
@@ -614,6 +651,7 @@ class Agent:
 
     async def close(self) -> None:
         """Release everything after ``run`` was cancelled. Workloads keep running unless told otherwise."""
+        await self.tunnels.close()
         await self.workloads.close(stop_workloads=self.stop_workloads_on_close)
         self.backend.close()
         self.spool.close()

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from cryptography import x509
 from sqlalchemy import select
 
 from access.geodns.server import GeoDnsServer
@@ -47,7 +48,7 @@ from master.models import Account
 from master.services import enrollment
 from master.services.accounts import create_account, create_api_key, key_is_valid
 from shared.bus import InProcessBus
-from shared.crypto import certificate_not_after, server_ssl_context
+from shared.crypto import certificate_not_after, certificate_public_key, server_ssl_context, web_ssl_context
 from shared.registry import MemoryRegistry
 from shared.settings import MasterSettings
 
@@ -67,6 +68,8 @@ DEMO_FLEET = (
     "sim:1xRTX5090",
 )
 DEMO_ZONE = "relays.gpumarket.local"
+# Renters' web ports: https://<rental>-<port>.ports.localhost:<port>/ (browsers resolve *.localhost to the loopback).
+PORTS_DOMAIN = "ports.localhost"
 DEMO_ACCOUNTS = (("renter", "demo-renter"), ("provider", "demo-provider"), ("admin", "admin"))
 DEMO_CREDIT = "1000.00"  # USD of prepaid credit the demo renter starts with
 
@@ -146,12 +149,14 @@ async def start_marketplace(
     try:
         relay_dir = data_dir / "relay"
         cert_file, key_file = relay_dir / "server.crt", relay_dir / "server.key"
-        if not cert_file.exists() or certificate_not_after(cert_file.read_bytes()) < datetime.now(UTC) + timedelta(days=7):
-            master.ca.write_server_certificate(relay_dir, ["localhost", "127.0.0.1", "::1"], basename="server")
+        if (not cert_file.exists() or certificate_not_after(cert_file.read_bytes()) < datetime.now(UTC) + timedelta(days=7)
+                or f"*.{PORTS_DOMAIN}" not in _dns_names(cert_file)):
+            master.ca.write_server_certificate(relay_dir, ["localhost", "127.0.0.1", "::1", f"*.{PORTS_DOMAIN}"], basename="server")
         relay = Relay(
             relay_id="relay-local",
             bus=bus,
-            ssl_context=server_ssl_context(cert_file, key_file, master.ca.cert_path),
+            # Agents present a client certificate; renters (gpumarket ssh) connect without one.
+            ssl_context=server_ssl_context(cert_file, key_file, master.ca.cert_path, require_client_cert=False),
             host=http_host,
             port=relay_port,
             heartbeat_interval=settings.heartbeat_interval,
@@ -161,6 +166,9 @@ async def start_marketplace(
             # Every demo agent connects from 127.0.0.1: the per-source limit is for the internet.
             max_connections_per_source_per_minute=100_000,
             connection_burst_per_source=10_000,
+            token_key=certificate_public_key(master.ca.certificate),
+            ports_domain=PORTS_DOMAIN,
+            ports_ssl_context=web_ssl_context(cert_file, key_file),
         )
         await relay.start()
         dns = GeoDnsServer(registry, zone=DEMO_ZONE, host=http_host, port=dns_port, refresh_interval=1.0, ttl=5)
@@ -300,3 +308,13 @@ async def run_up(
     finally:
         await market.stop()
     print("stopped cleanly", flush=True)
+
+
+def _dns_names(cert_file: Path) -> list[str]:
+    certificate = x509.load_pem_x509_certificate(cert_file.read_bytes())
+    try:
+        names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return []
+    return names.get_values_for_type(x509.DNSName)
+

@@ -280,6 +280,14 @@ class Rental(Base):
     failure_reason: Mapped[str | None] = mapped_column(Text, default=None)
     # The agent's stable code for a start that failed (image_pull_failed, image_not_allowed, ...); NULL otherwise.
     failure_code: Mapped[str | None] = mapped_column(String(64), default=None)
+    # The agent's SSH host key for this rental (OpenSSH one-line form): pinned in what connect returns.
+    ssh_host_key: Mapped[str | None] = mapped_column(Text, default=None)
+    # Until when the ended rental's /workspace stays reachable over SFTP (its workload exited on its own);
+    # NULL: not (still running, stopped by request, or released).
+    workspace_until: Mapped[datetime | None] = mapped_column(default=None)
+    # Bytes renters moved through the relays: to the rental (in) and from it (out), summed from tunnel_usage.
+    tunnel_bytes_in: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    tunnel_bytes_out: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(default=_now)
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     stopped_at: Mapped[datetime | None] = mapped_column(default=None)
@@ -429,6 +437,19 @@ class GpuEvent(Base):
     code: Mapped[int | None] = mapped_column(default=None)
     at: Mapped[datetime]
     received_at: Mapped[datetime] = mapped_column(default=_now)
+
+
+class TunnelUsage(Base):
+    """One agent report of the bytes renters moved to and from one rental; (host, seq, rental) once."""
+
+    __tablename__ = "tunnel_usage"
+
+    host_id: Mapped[str] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    rental_id: Mapped[str] = mapped_column(ForeignKey("rentals.id", ondelete="CASCADE"), primary_key=True, index=True)
+    bytes_in: Mapped[int] = mapped_column(BigInteger)
+    bytes_out: Mapped[int] = mapped_column(BigInteger)
+    at: Mapped[datetime] = mapped_column()
 
 
 class NetworkMeasurement(Base):

@@ -30,6 +30,8 @@ from shared.protocol import (
     RenewCertificateBody,
     Telemetry,
     TelemetryBody,
+    TunnelUsage,
+    TunnelUsageBody,
     WorkloadExited,
     WorkloadExitedBody,
     WorkloadLogs,
@@ -155,6 +157,9 @@ class OutboundWindow:
 
     def workload_progress(self, body: WorkloadProgressBody, ts: datetime | None = None) -> tuple[int, str]:
         return self._envelope(WorkloadProgress, body, ts)
+
+    def tunnel_usage(self, body: TunnelUsageBody, ts: datetime | None = None) -> tuple[int, str]:
+        return self._envelope(TunnelUsage, body, ts)
 
     def renew_certificate(self, body: RenewCertificateBody, ts: datetime | None = None) -> tuple[int, str]:
         return self._envelope(RenewCertificate, body, ts)

@@ -34,6 +34,8 @@ class RelayRecord:
     capacity: int
     draining: bool
     updated_at: float  # unix time of this refresh
+    # Renters' web ports: "https://{label}.<ports domain>:<port>/" (label: "<rental id>-<port>"); None: none served
+    ports_url: str | None = None
 
     @property
     def spare(self) -> int:
@@ -44,7 +46,9 @@ class RelayRecord:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> RelayRecord:
-        return cls(**json.loads(text))
+        data = json.loads(text)
+        data.setdefault("ports_url", None)  # a record of a relay from before web ports
+        return cls(**data)
 
 
 class Registry(Protocol):

@@ -188,6 +188,8 @@ class MasterSettings(ServiceSettings):
     console_secure_cookie: bool | None = Field(None, description="Mark the console's session cookie Secure (HTTPS only); unset: when public_url or the request is https.")
     stream_poll_interval: float = Field(1.0, gt=0, le=60, description="Seconds between the database reads of a live telemetry stream (GET /hosts/{id}/metrics/stream).")
     stream_max_s: float = Field(300.0, gt=0, le=86400, description="Seconds a live telemetry stream stays open; the browser's EventSource then reconnects (and is authorized again).")
+    connect_token_ttl_s: float = Field(120.0, ge=5, le=3600, description="Seconds a connect token (POST /rentals/{id}/connect) opens connections for; open connections outlive it.")
+    workspace_retention_hours: float = Field(24.0, ge=0, le=24 * 90, description="Hours a rental's /workspace stays reachable over SFTP after its workload exited on its own (until the renter releases it with DELETE).")
     platform_fee_rate: Decimal = Field(Decimal("0.15"), ge=0, lt=1, description="The platform's share of every charge (0.15 = 15 %); the provider earns the rest.")
     billing_discounts: dict[str, list[tuple[float, Decimal]]] = Field(default_factory=dict, description="Duration discounts per tier: {tier: [[hours, pct], ...]}, pct off every second served past hours, e.g. {\"flagship\": [[24, 5], [168, 10]]}.")
 
@@ -237,6 +239,12 @@ class AccessSettings(ServiceSettings):
     tls_read_buffer_kib: int = Field(16, ge=4, le=1024, description="TLS read buffer per connection in KiB (CPython's asyncio default is 256; 16 cuts a relay's memory per agent about 3.6x at no measured throughput cost).")
     revocation_poll_interval: float = Field(2.0, gt=0, le=3600, description="Seconds between reads of the revoked-certificate list; revoked agents are closed with 4005.")
     registry_timeout: float = Field(2.0, gt=0, le=60, description="Seconds one registry call (publish, revocation read) may take before it counts as failed.")
+    max_streams_per_agent: int = Field(256, ge=1, le=65536, description="Renters' streams (SSH, ports) open at once on one agent's link.")
+    max_streams_per_rental: int = Field(16, ge=1, le=4096, description="Renters' websocket connections open at once to one rental through this relay.")
+    max_stream_buffer_per_agent_mib: int = Field(64, ge=1, le=4096, description="MiB of renters' stream data one agent's link may hold unread (the streams' receive windows summed).")
+    ports_domain: str | None = Field(None, pattern=r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)+$", description="Domain of renters' web ports (https://<rental>-<port>.DOMAIN/): needs a wildcard DNS record and a certificate for *.DOMAIN; unset: no web ports.")
+    ports_port: int = Field(8444, ge=0, le=65535, description="TLS port of renters' web ports (0 picks a free one).")
+    ports_public_port: int | None = Field(None, ge=1, le=65535, description="Public port of the web ports, where it differs (behind a load balancer).")
 
 
 class AgentSettings(ServiceSettings):

@@ -33,6 +33,7 @@ APPLETS: Final = (
     "sh", "ash", "ls", "cat", "id", "ps", "wget", "nc", "env", "sleep", "head", "kill", "echo", "grep", "find",
     "dd", "mkdir", "rm", "touch", "true", "false", "test", "[", "sed", "awk", "wc", "seq", "tail", "printf",
     "timeout", "ip", "stat", "hostname", "yes", "tr", "cut", "sort", "xargs", "date", "chmod", "readlink",
+    "httpd", "sha1sum", "base64", "od",
 )
 PASSWD: Final = "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/sh\n"
 GROUP: Final = "root:x:0:\nnogroup:x:65534:\n"

@@ -434,6 +434,18 @@ class ContainerRuntime:
 
     # ---- watching, stopping, removing -----------------------------------------------------
 
+    async def address(self, workload: Workload) -> str | None:
+        """The container's address on its rental network, where the agent reaches its ports."""
+        assert workload.container is not None
+        try:
+            info = await self.docker().containers.container(workload.container[0]).show()
+        except DockerError:
+            return None
+        networks = (info.get("NetworkSettings") or {}).get("Networks") or {}
+        own: dict[str, Any] = networks.get(workload.container[1]) or next(iter(networks.values()), {})  # its network has its name
+        address = own.get("IPAddress")
+        return str(address) if address else None
+
     def handle(self, workload: Workload) -> ContainerHandle:
         """Follow the workload's container: its output into ``output.log``, its exit."""
         assert workload.container is not None

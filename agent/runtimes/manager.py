@@ -166,6 +166,17 @@ class WorkloadManager:
         (``None``: this manager runs no containers). Installs the guard when it can."""
         return None if self.container_options is None else await self.containers.facts()
 
+    def workload(self, rental_id: str) -> Workload | None:
+        """The rental's workload while it runs here (``None`` once it ended or before it started)."""
+        return self._workloads.get(rental_id)
+
+    async def container_address(self, rental_id: str) -> str | None:
+        """The address of the rental's container on its own network (``None``: no container runs)."""
+        workload = self._workloads.get(rental_id)
+        if workload is None or workload.container is None:
+            return None
+        return await self.containers.address(workload)
+
     def running(self) -> list[str]:
         """Rental ids whose workload runs (or holds its GPUs), stopping ones included."""
         return sorted(self._workloads)

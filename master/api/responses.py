@@ -6,7 +6,7 @@ Every other route documents its success body as "an object".
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -97,3 +97,24 @@ class SshKeyList(BaseModel):
 class SshKeyDeleted(BaseModel):
     id: str
     deleted: bool
+
+
+class SshEndpoint(BaseModel):
+    host_key: str = Field(description="The rental's SSH host key (OpenSSH form): pin it, e.g. in known_hosts under host_alias.")
+    host_alias: str = Field(description="The name to file the host key under (ssh -o HostKeyAlias=...).")
+    user: str
+
+
+class ConnectView(BaseModel):
+    rental_id: str
+    kind: Literal["ssh", "tcp"]
+    port: int
+    relay_id: str
+    relay_url: str = Field(description="wss:// URL: open a websocket with 'Authorization: Bearer <token>' (or ?token=); "
+                           "binary messages carry the stream's bytes both ways.")
+    token: str = Field(description="Opens connections until expires_at; connections outlive it.")
+    expires_at: str
+    ca_pem: str = Field(description="The CA the relay's TLS certificate chains to.")
+    ssh: SshEndpoint | None = None
+    web_url: str | None = Field(None, description="For a TCP port: an https:// address of the port for a browser (the relay's "
+                                "web ports), the token in its query; it sets a cookie and redirects.")

@@ -90,3 +90,8 @@ class SshKeyCreate(_Body):
                             "'ssh-ed25519 AAAA... comment'. Ed25519, ECDSA (P-256/384/521) or RSA of 2048 bits or more; at most 16 KiB.")
     name: str | None = Field(None, max_length=1000, description="A name to tell your keys apart (at most 100 characters once "
                              "NFC-normalised); by default the key's comment.")
+
+
+class ConnectBody(_Body):
+    port: Literal["ssh"] | int = Field("ssh", description="\"ssh\": the agent's SSH server for the rental (shell, commands, "
+                                       "SFTP, -L); a number: a TCP port the rental declared, e.g. 8888.")

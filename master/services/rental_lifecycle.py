@@ -58,9 +58,11 @@ def failure_code(data: Mapping[str, object], detail: str) -> str | None:
 
 
 async def apply_command_result(
-    session: AsyncSession, command: CommandRow, *, ok: bool, detail: str, at: datetime, code: str | None = None
+    session: AsyncSession, command: CommandRow, *, ok: bool, detail: str, at: datetime, code: str | None = None,
+    data: Mapping[str, object] | None = None,
 ) -> None:
-    """What an agent's confirmation means for the rental it concerns; ``code``: a failure's stable code."""
+    """What an agent's confirmation means for the rental it concerns; ``code``: a failure's stable code,
+    ``data``: the reply (a start's ``ssh_host_key`` is kept for renters' clients to pin)."""
     if command.rental_id is None:
         return
     rental = await session.get(Rental, command.rental_id, with_for_update=True)
@@ -68,6 +70,9 @@ async def apply_command_result(
         return  # a preempted rental ended when it was preempted; its stop's result adds nothing
     if command.kind == "start_workload":
         if ok:
+            host_key = (data or {}).get("ssh_host_key")
+            if isinstance(host_key, str) and 0 < len(host_key) <= 16384:
+                rental.ssh_host_key = host_key
             if advance(session, rental, RentalState.RUNNING, "agent confirmed the workload started"):
                 rental.started_at = at
                 host = await session.get(Host, rental.host_id)
@@ -122,9 +127,11 @@ async def apply_workload_progress(
 
 
 async def apply_workload_exit(
-    session: AsyncSession, host_id: str, rental_id: str, *, exit_code: int | None, reason: str, at: datetime
+    session: AsyncSession, host_id: str, rental_id: str, *, exit_code: int | None, reason: str, at: datetime,
+    workspace_retention: timedelta = timedelta(hours=24),
 ) -> None:
-    """A workload ended on its own: exit 0 completes the rental, anything else fails it. GPUs are freed."""
+    """A workload ended on its own: exit 0 completes the rental, anything else fails it. GPUs are freed;
+    its /workspace stays reachable over SFTP for ``workspace_retention`` (or until the renter releases it)."""
     rental = await session.get(Rental, rental_id, with_for_update=True)
     if rental is None or rental.host_id != host_id:
         log.warning("host %s reported the exit of rental %s it does not run", host_id, rental_id)
@@ -142,6 +149,8 @@ async def apply_workload_exit(
             what = reason
     if advance(session, rental, target, what):
         rental.stopped_at = at
+        if rental.started_at is not None and workspace_retention > timedelta(0):
+            rental.workspace_until = at + workspace_retention
         if target == RentalState.FAILED:
             rental.failure_reason = what
             rental.failure_code = code

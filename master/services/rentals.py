@@ -139,6 +139,16 @@ async def stop_rental(master: Master, principal: Principal, rental_id: str) -> R
             )
             command_id = command.id
             advance(session, rental, RentalState.STOPPING, f"stop requested by {principal.name}")
+        elif rental.workspace_until is not None and rental.host_id is not None:
+            # Ended on its own, /workspace kept for SFTP: releasing it tells the agent to drop it now.
+            rental.workspace_until = None
+            command = commands.new_command(
+                session, host_id=rental.host_id, command=protocol.StopWorkload(rental_id=rental.id, reason="released"),
+                rental_id=rental.id,
+            )
+            command_id = command.id
+            session.add(RentalEvent(rental_id=rental.id, from_state=rental.state, to_state=rental.state,
+                                    cause=f"workspace released by {principal.name}"))
     if command_id is not None:
         await commands.publish(master, [command_id])
     return rental
@@ -206,6 +216,9 @@ def rental_view(rental: Rental, events: Sequence[RentalEvent] | None = None) -> 
         "queued": rental.state == RentalState.PENDING and rental.host_id is None,
         "queue_until": rental.queue_until.isoformat() if rental.queue_until else None,
         "preempted_by": rental.preempted_by_id,
+        "ssh_host_key": rental.ssh_host_key,
+        "workspace_until": rental.workspace_until.isoformat() if rental.workspace_until else None,
+        "tunnel": {"bytes_in": rental.tunnel_bytes_in or 0, "bytes_out": rental.tunnel_bytes_out or 0},
     }
     if events is not None:
         view["events"] = [

@@ -32,6 +32,7 @@ from master.models import (
     Rental,
     RentalLogChunk,
     TelemetrySample,
+    TunnelUsage,
 )
 from master.services import commands, faults, reliability, rental_lifecycle
 from master.services.hoststate import transition
@@ -375,7 +376,9 @@ async def handle_command_result(session: AsyncSession, envelope: protocol.BusEnv
     result = {"ok": body.ok, "detail": body.detail, "data": body.data, "finished_at": body.finished_at.isoformat()}
     if commands.complete(row, ok=body.ok, result=result, at=body.finished_at):
         code = None if body.ok else rental_lifecycle.failure_code(body.data, body.detail)
-        await rental_lifecycle.apply_command_result(session, row, ok=body.ok, detail=body.detail, at=body.finished_at, code=code)
+        await rental_lifecycle.apply_command_result(
+            session, row, ok=body.ok, detail=body.detail, at=body.finished_at, code=code, data=body.data
+        )
         if row.kind == faults.HEALTH_CHECK:
             await faults.after_health_check(session, host, ok=body.ok, detail=body.detail, data=body.data, now=envelope.received_at)
 
@@ -424,12 +427,14 @@ async def handle_network_report(session: AsyncSession, envelope: protocol.BusEnv
     return True
 
 
-async def handle_workload_exited(session: AsyncSession, envelope: protocol.BusEnvelope) -> None:
+async def handle_workload_exited(session: AsyncSession, envelope: protocol.BusEnvelope, *, settings: MasterSettings | None = None) -> None:
     message = envelope.message
     assert isinstance(message, protocol.WorkloadExited)
     host = await _host_seen(session, envelope)
+    retention = timedelta(hours=(settings or _DEFAULT_SETTINGS).workspace_retention_hours)
     await rental_lifecycle.apply_workload_exit(
-        session, host.id, message.body.rental_id, exit_code=message.body.exit_code, reason=message.body.reason, at=message.body.at
+        session, host.id, message.body.rental_id, exit_code=message.body.exit_code, reason=message.body.reason, at=message.body.at,
+        workspace_retention=retention,
     )
 
 
@@ -442,6 +447,27 @@ async def handle_workload_progress(session: AsyncSession, envelope: protocol.Bus
     return await rental_lifecycle.apply_workload_progress(
         session, host.id, body.rental_id, stage=body.stage, text=body.text, percent=body.percent, at=body.at
     )
+
+
+async def handle_tunnel_usage(session: AsyncSession, envelope: protocol.BusEnvelope) -> int:
+    """Add the bytes renters moved to each rental of the report (once per host, seq and rental);
+    returns how many rentals counted. A rental of another host is ignored."""
+    message = envelope.message
+    assert isinstance(message, protocol.TunnelUsage)
+    host = await _host_seen(session, envelope)
+    counted = 0
+    for item in message.body.rentals:
+        rental = await session.get(Rental, item.rental_id, with_for_update=True)
+        if rental is None or rental.host_id != host.id:
+            log.warning("host %s reported tunnel bytes of rental %s it does not run; dropped", host.id, item.rental_id[:80])
+            continue
+        row = TunnelUsage(host_id=host.id, seq=message.seq, rental_id=rental.id, bytes_in=item.bytes_in,
+                          bytes_out=item.bytes_out, at=message.body.at)
+        if await _insert_once(session, row):
+            rental.tunnel_bytes_in += item.bytes_in
+            rental.tunnel_bytes_out += item.bytes_out
+            counted += 1
+    return counted
 
 
 # Newest log bytes kept per rental in the database; older chunks are pruned.

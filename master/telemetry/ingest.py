@@ -210,11 +210,13 @@ class Ingestor:
                     case protocol.NetworkReport():
                         await hosts.handle_network_report(session, envelope)
                     case protocol.WorkloadExited():
-                        await hosts.handle_workload_exited(session, envelope)
+                        await hosts.handle_workload_exited(session, envelope, settings=master.settings)
                     case protocol.WorkloadLogs():
                         await hosts.handle_workload_logs(session, envelope)
                     case protocol.WorkloadProgress():
                         await hosts.handle_workload_progress(session, envelope)
+                    case protocol.TunnelUsage():
+                        await hosts.handle_tunnel_usage(session, envelope)
                     case protocol.RenewCertificate():
                         command_id = await enrollment.renew(master, session, envelope)
                         resend = [command_id] if command_id else []

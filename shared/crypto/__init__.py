@@ -29,8 +29,10 @@ from shared.crypto.ca import (
 )
 from shared.crypto.certs import (
     HOST_URI_PREFIX,
+    ca_public_key,
     certificate_fingerprint,
     certificate_not_after,
+    certificate_public_key,
     host_id_from_certificate,
     host_id_from_der,
     load_certificate,
@@ -43,7 +45,7 @@ from shared.crypto.keys import (
     private_key_to_pem,
     write_private_key,
 )
-from shared.crypto.tls import client_ssl_context, server_ssl_context
+from shared.crypto.tls import client_ssl_context, server_ssl_context, web_ssl_context
 
 __all__ = [
     "CA_CERT_FILENAME",
@@ -53,8 +55,10 @@ __all__ = [
     "MAX_CSR_BYTES",
     "CertificateAuthority",
     "IssuedCertificate",
+    "ca_public_key",
     "certificate_fingerprint",
     "certificate_not_after",
+    "certificate_public_key",
     "client_ssl_context",
     "generate_private_key",
     "host_id_from_certificate",
@@ -65,5 +69,6 @@ __all__ = [
     "private_key_to_pem",
     "serial_hex_from_der",
     "server_ssl_context",
+    "web_ssl_context",
     "write_private_key",
 ]

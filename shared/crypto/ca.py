@@ -33,6 +33,7 @@ from shared.crypto.keys import (
     private_key_to_pem,
     write_private_key,
 )
+from shared.crypto.tokens import ConnectClaims, sign_connect_token
 from shared.errors import BadRequest, ConfigError, EnrollmentError
 
 CA_KEY_FILENAME = "ca.key"
@@ -167,6 +168,10 @@ class CertificateAuthority:
     @property
     def certificate(self) -> x509.Certificate:
         return self._certificate
+
+    def sign_connect_token(self, claims: ConnectClaims) -> str:
+        """A renter's connect token (``shared.crypto.tokens``), signed with the CA's key."""
+        return sign_connect_token(self._key, claims)
 
     def sign_agent_csr(
         self,

@@ -5,12 +5,14 @@ from __future__ import annotations
 import contextlib
 import re
 from datetime import datetime
+from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from shared.errors import BadRequest, Unauthorized
+from shared.errors import BadRequest, ConfigError, Unauthorized
 
 HOST_URI_PREFIX = "urn:gpumarket:host:"
 
@@ -102,3 +104,16 @@ __all__ = [
     "HOST_ID_PATTERN", "HOST_URI_PREFIX", "certificate_fingerprint", "certificate_not_after", "host_id_from_certificate",
     "host_id_from_der", "load_certificate", "serial_hex_from_der",
 ]  # fmt: skip
+
+
+def certificate_public_key(certificate: x509.Certificate) -> ec.EllipticCurvePublicKey:
+    """The P-256 public key of a gpumarket certificate (the CA's verifies connect tokens)."""
+    key = certificate.public_key()
+    if not isinstance(key, ec.EllipticCurvePublicKey):
+        raise ConfigError("expected a certificate with an elliptic-curve (P-256) key, as the gpumarket CA's")
+    return key
+
+
+def ca_public_key(ca_file: Path) -> ec.EllipticCurvePublicKey:
+    """The public key of the CA certificate in ``ca_file``."""
+    return certificate_public_key(load_certificate(ca_file.read_bytes()))

@@ -56,4 +56,14 @@ def client_ssl_context(
     return context
 
 
-__all__ = ["client_ssl_context", "server_ssl_context"]
+def web_ssl_context(cert_file: Path, key_file: Path) -> ssl.SSLContext:
+    """A server context for browsers (a relay's web ports): TLS 1.2 or later, no client certificate
+    asked for (a browser holding one would prompt its user to pick it)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(certfile=cert_file, keyfile=key_file)
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+__all__ = ["client_ssl_context", "server_ssl_context", "web_ssl_context"]

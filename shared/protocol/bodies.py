@@ -202,6 +202,19 @@ class WorkloadProgressBody(StrictModel):
     percent: float | None = Field(None, ge=0, le=100)
 
 
+class TunnelUsageItem(StrictModel):
+    rental_id: CommandId
+    bytes_in: int = Field(ge=0, le=1 << 62)  # from the renter to the rental
+    bytes_out: int = Field(ge=0, le=1 << 62)  # from the rental to the renter
+
+
+class TunnelUsageBody(StrictModel):
+    """Bytes renters moved through the relays to and from each rental since the last report."""
+
+    at: Timestamp
+    rentals: list[TunnelUsageItem] = Field(min_length=1, max_length=1024)
+
+
 class RenewCertificateBody(StrictModel):
     """A CSR for a new key of this host; answered with an ``install_certificate`` command."""
 

@@ -32,6 +32,7 @@ from shared.protocol.bodies import (
     NetworkReportBody,
     RenewCertificateBody,
     TelemetryBody,
+    TunnelUsageBody,
     WelcomeBody,
     WorkloadExitedBody,
     WorkloadLogsBody,
@@ -92,6 +93,11 @@ class WorkloadProgress(AgentEnvelope):
     body: WorkloadProgressBody
 
 
+class TunnelUsage(AgentEnvelope):
+    type: Literal["tunnel_usage"] = "tunnel_usage"
+    body: TunnelUsageBody
+
+
 class RenewCertificate(AgentEnvelope):
     type: Literal["renew_certificate"] = "renew_certificate"
     body: RenewCertificateBody
@@ -99,12 +105,12 @@ class RenewCertificate(AgentEnvelope):
 
 AnyAgentMessage = (
     Hello | Heartbeat | Telemetry | CommandResult | GpuEvents | NetworkReport | WorkloadExited | WorkloadLogs | RenewCertificate
-    | WorkloadProgress
+    | WorkloadProgress | TunnelUsage
 )
 AgentMessage = Annotated[AnyAgentMessage, Field(discriminator="type")]
 AGENT_TYPES = frozenset(
     {"hello", "heartbeat", "telemetry", "command_result", "gpu_events", "network_report", "workload_exited", "workload_logs",
-     "renew_certificate", "workload_progress"}
+     "renew_certificate", "workload_progress", "tunnel_usage"}
 )
 
 

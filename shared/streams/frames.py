@@ -40,6 +40,24 @@ class ResetCode(enum.IntEnum):
     CONNECT_FAILED = 5  # the target (a port in the rental) could not be reached
 
 
+class TunnelCode(enum.IntEnum):
+    """Why the agent refused or ended a renter's stream (reset codes of the upper layer)."""
+
+    NOT_HERE = 256  # no such rental on this host
+    NOT_OFFERED = 257  # the rental does not serve that: a port it did not declare, SSH into a hold
+    RENTAL_STOPPED = 258  # the rental stopped (or was released) while the stream was open
+    AGENT_LIMIT = 259  # the rental has as many streams open on the agent as it may
+
+
+TUNNEL_REASONS: Final = {
+    TunnelCode.NOT_HERE: "the rental does not run on its host any more; check `gpumarket rentals`",
+    TunnelCode.NOT_OFFERED: "the rental does not serve that port (declare it in the rental's ports) or runs nothing to log into",
+    TunnelCode.RENTAL_STOPPED: "the rental stopped",
+    TunnelCode.AGENT_LIMIT: "the rental has as many connections open as its host allows; close one first",
+    ResetCode.CONNECT_FAILED: "nothing listens on that port in the rental (yet)",
+}
+
+
 class StreamState(enum.Enum):
     OPEN = "open"
     HALF_CLOSED_LOCAL = "half_closed_local"

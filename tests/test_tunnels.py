@@ -1,0 +1,233 @@
+"""Reaching a rental through the relay, end to end on ``gpumarket up`` with a real container engine:
+``POST /rentals/{id}/connect``, the relay's renter websocket and web ports, the agent's streams.
+
+One marketplace and one container rental (busybox ``httpd`` on 8000, a websocket echo written in
+busybox shell on 8001) serve every check of the module, in order; the rental is stopped last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from aiohttp.abc import AbstractResolver, ResolveResult
+from websockets.asyncio.client import connect as ws_connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from gpumarket.up import Marketplace, start_marketplace
+from shared.crypto.tokens import new_claims
+from tests.helpers import eventually
+from tests.test_e2e_up import MISSED, NO_RATE_LIMITS, TICK, Api, _hosts_online
+
+# A websocket echo in busybox sh (text frames under 126 bytes, enough to show upgrades pass through).
+WS_ECHO = r"""key=""
+while IFS= read -r line; do
+  line=$(printf '%s' "$line" | tr -d '\r')
+  [ -z "$line" ] && break
+  case "$line" in [Ss]ec-[Ww]eb[Ss]ocket-[Kk]ey:*) key=$(printf '%s' "${line#*:}" | tr -d ' ');; esac
+done
+accept=$(printf '%s' "${key}258EAFA5-E914-47DA-95CA-C5AB0DC85B11" | sha1sum | cut -c1-40 | sed 's/../\\x&/g')
+accept=$(printf "$accept" | base64)
+printf 'HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n\r\n' "$accept"
+while :; do
+  set -- $(dd bs=1 count=2 2>/dev/null | od -An -tu1)
+  [ $# -eq 2 ] || exit 0
+  op=$(( $1 & 15 )); len=$(( $2 & 127 ))
+  [ "$op" = 8 ] && exit 0
+  data=$(dd bs=1 count=$((len + 4)) 2>/dev/null | od -An -tu1 -v)
+  out=$(echo $data | awk '{for(i=5;i<=NF;i++) printf "\\%03o", xor($i, $((i-5)%4+1))}')
+  printf "\\$(printf %03o $((128 | op)))\\$(printf %03o $len)$out"
+done
+"""
+SCRIPT = (
+    'mkdir -p /workspace/www && echo "hello from the rental" > /workspace/www/index.html && '
+    'printf "%s" "$WS_ECHO" > /workspace/ws.sh && '
+    "httpd -p 8000 -h /workspace/www && "
+    "(while :; do nc -l -p 8001 -e sh /workspace/ws.sh; done) & "
+    "echo ready; sleep 3600"
+)
+
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+class _Loopback(AbstractResolver):
+    """Every name to 127.0.0.1, as browsers do for *.localhost."""
+
+    async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+        return [{"hostname": host, "host": "127.0.0.1", "port": port, "family": socket.AF_INET, "proto": 0, "flags": 0}]
+
+    async def close(self) -> None:
+        pass
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def setting(tmp_path_factory: pytest.TempPathFactory, docker_image: str) -> AsyncIterator[dict[str, Any]]:
+    mp = pytest.MonkeyPatch()
+    for name, value in NO_RATE_LIMITS.items():
+        mp.setenv(name, value)
+    data = Path(tmp_path_factory.mktemp("tunnels")) / "data"
+    market = await start_marketplace(data, agents=1, http_port=0, relay_port=0, heartbeat_interval=TICK,
+                                     telemetry_interval=TICK, missed_heartbeats_offline=MISSED)  # fmt: skip
+    http = aiohttp.ClientSession()
+    try:
+        renter = Api(http, market.api_url, market.credentials["renter"]["api_key"])
+        await eventually(lambda: _hosts_online(renter, 1), what="the host online")
+        workload = {"kind": "container", "image": docker_image, "command": ["sh", "-c", SCRIPT],
+                    "env": {"WS_ECHO": WS_ECHO}, "ports": [8000, 8001]}
+        status, rental = await renter.call("POST", "/rentals", json={"gpu_count": 1, "workload": workload})
+        assert status == 201, rental
+
+        async def ready() -> bool:
+            return "ready" in (await renter.get(f"/rentals/{rental['id']}/logs"))["data"]
+
+        await eventually(ready, timeout=60, what="the rental's servers to start")
+        yield {"market": market, "renter": renter, "rental": rental, "http": http}
+    finally:
+        await http.close()
+        await market.stop()
+        mp.undo()
+
+
+def _trusting(ca_pem: str) -> ssl.SSLContext:
+    context = ssl.create_default_context(cadata=ca_pem)
+    return context
+
+
+async def _connect(renter: Api, rental_id: str, port: str | int) -> dict[str, Any]:
+    status, view = await renter.call("POST", f"/rentals/{rental_id}/connect", json={"port": port})
+    assert status == 200, view
+    return view
+
+
+async def _raw_http_through(view: dict[str, Any], token: str | None = None) -> bytes:
+    """An HTTP/1.0 request to the rental's port over the relay's renter websocket."""
+    headers = {"Authorization": f"Bearer {token or view['token']}"}
+    async with ws_connect(view["relay_url"], ssl=_trusting(view["ca_pem"]), additional_headers=headers) as ws:
+        await ws.send(b"GET /index.html HTTP/1.0\r\nHost: rental\r\n\r\n")
+        answer = b""
+        async for message in ws:  # until the rental's side ends the stream (close 1000)
+            answer += message if isinstance(message, bytes) else message.encode()
+    return answer
+
+
+async def test_a_declared_port_answers_through_the_renter_websocket(setting: dict[str, Any]) -> None:
+    view = await _connect(setting["renter"], setting["rental"]["id"], 8000)
+    assert view["kind"] == "tcp" and view["port"] == 8000 and view["ssh"] is None
+    answer = await _raw_http_through(view)
+    assert answer.startswith(b"HTTP/1.") and b"hello from the rental" in answer, answer[:300]
+
+
+async def test_bytes_moved_are_counted_on_the_rental(setting: dict[str, Any]) -> None:
+    view = await _connect(setting["renter"], setting["rental"]["id"], 8000)
+    await _raw_http_through(view)
+
+    async def counted() -> dict[str, int] | None:
+        tunnel: dict[str, int] = (await setting["renter"].get(f"/rentals/{setting['rental']['id']}"))["tunnel"]
+        return tunnel if tunnel["bytes_out"] > 0 and tunnel["bytes_in"] > 0 else None
+
+    tunnel = await eventually(counted, what="the rental's tunnel bytes")
+    assert tunnel["bytes_in"] >= len(b"GET /index.html HTTP/1.0\r\nHost: rental\r\n\r\n")
+
+
+async def test_the_web_port_url_serves_http_and_websockets_to_the_renter_only(setting: dict[str, Any]) -> None:
+    renter, rental_id = setting["renter"], setting["rental"]["id"]
+    view = await _connect(renter, rental_id, 8000)
+    url = view["web_url"]
+    assert url.startswith(f"https://{rental_id}-8000.ports.localhost:"), url
+    context = _trusting(view["ca_pem"])
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(resolver=_Loopback(), ssl=context)) as browser:
+        async with browser.get(url, allow_redirects=False) as response:
+            assert response.status == 302, await response.text()
+            assert "gm_token" not in response.headers["Location"]
+            assert "HttpOnly" in response.headers["Set-Cookie"] and "Secure" in response.headers["Set-Cookie"]
+        async with browser.get(url.split("?")[0] + "index.html") as response:  # the cookie now
+            assert response.status == 200
+            assert "hello from the rental" in await response.text()
+    # Without the cookie, or with another port's session: refused.
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(resolver=_Loopback(), ssl=context)) as stranger:
+        async with stranger.get(url.split("?")[0]) as response:
+            assert response.status == 401
+            assert "console" in await response.text()
+    # A websocket through the port URL (Jupyter's kernels need this): the rental's echo answers.
+    ws_view = await _connect(renter, rental_id, 8001)
+    ws_url = ws_view["web_url"]
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(resolver=_Loopback(), ssl=context)) as browser:
+        async with browser.get(ws_url, allow_redirects=False) as response:
+            assert response.status == 302
+        async with browser.ws_connect(ws_url.split("?")[0].replace("https://", "wss://")) as ws:
+            for text in ("hello", "ünïcode ✓"):
+                await ws.send_str(text)
+                message = await asyncio.wait_for(ws.receive(), 10)
+                assert message.data == text
+
+
+async def test_forged_expired_and_foreign_tokens_are_refused(setting: dict[str, Any]) -> None:
+    market: Marketplace = setting["market"]
+    renter, rental = setting["renter"], setting["rental"]
+    view = await _connect(renter, rental["id"], 8000)
+    context = _trusting(view["ca_pem"])
+    # Forged: the claims changed (another port), the signature kept.
+    prefix, claims, signature = view["token"].split(".")
+    forged = ".".join((prefix, claims[:-2] + ("A" if claims[-2] != "A" else "B") + claims[-1], signature))
+    expired = market.master.ca.sign_connect_token(new_claims(
+        account_id="a-renter", rental_id=rental["id"], host_id=rental["host_id"] or "",
+        kind="tcp", port=8000, expires_at=time.time() - 1,
+    ))
+    for token, words in ((forged, "signature"), (expired, "expired"), ("", "no connect token")):
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        with pytest.raises(InvalidStatus) as refused:
+            async with ws_connect(view["relay_url"], ssl=context, additional_headers=headers):
+                pass
+        assert refused.value.response.status_code == 401
+        assert words in refused.value.response.body.decode()
+    # Another account (the demo provider) cannot connect to the renter's rental: it is not theirs to see.
+    provider = Api(setting["http"], market.api_url, market.credentials["provider"]["api_key"])
+    status, body = await provider.call("POST", f"/rentals/{rental['id']}/connect", json={"port": 8000})
+    assert status == 404 and body["code"] == "rental_not_found"
+    # A port the rental did not declare.
+    status, body = await renter.call("POST", f"/rentals/{rental['id']}/connect", json={"port": 22})
+    assert status == 422 and body["code"] == "port_not_declared"
+
+
+async def test_stopping_the_rental_closes_its_open_streams_and_refuses_new_ones(setting: dict[str, Any]) -> None:
+    renter, rental_id = setting["renter"], setting["rental"]["id"]
+    view = await _connect(renter, rental_id, 8001)
+    headers = {"Authorization": f"Bearer {view['token']}"}
+    async with ws_connect(view["relay_url"], ssl=_trusting(view["ca_pem"]), additional_headers=headers) as ws:
+        await ws.send(b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                      b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+        first = await asyncio.wait_for(ws.recv(), 10)
+        assert b"101" in first  # the echo is up and the stream open
+        status, _ = await renter.call("DELETE", f"/rentals/{rental_id}")
+        assert status == 202
+        started = time.monotonic()
+        with pytest.raises(ConnectionClosed) as closed:
+            async with asyncio.timeout(10):
+                while True:
+                    await ws.recv()
+        took = time.monotonic() - started
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 4410, closed.value
+    assert took < 5.0, took  # the agent resets the streams when the stop arrives, before the workload's grace
+
+    async def refused() -> dict[str, Any] | None:
+        status, body = await renter.call("POST", f"/rentals/{rental_id}/connect", json={"port": 8001})
+        return body if status == 409 else None
+
+    body = await eventually(refused, what="connect to refuse the stopped rental")
+    assert body["code"] == "rental_not_running"
+    # And the token issued while it ran opens nothing now: the agent knows the rental no more.
+    with pytest.raises((ConnectionClosed, InvalidStatus)):
+        async with ws_connect(view["relay_url"], ssl=_trusting(view["ca_pem"]), additional_headers=headers) as ws:
+            await ws.send(b"GET / HTTP/1.0\r\n\r\n")
+            async with asyncio.timeout(10):
+                await ws.recv()
+
