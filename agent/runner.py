@@ -45,8 +45,8 @@ from agent.runtimes.containeropts import ContainerOptions, ProgressStage
 from agent.runtimes.isolation import HostIsolation, ProcessIsolation, isolation_facts
 from agent.runtimes.manager import WorkloadManager
 from agent.spool import SqliteSpool
-from agent.tunnels import TunnelServer
 from agent.state import AgentState, SequenceLease, atomic_write
+from agent.tunnels import TunnelServer
 from shared import protocol
 from shared.crypto import (
     client_ssl_context,

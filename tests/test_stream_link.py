@@ -10,6 +10,7 @@ import pytest
 
 from shared.streams import Multiplexer, ResetCode
 from shared.streams.aio import Channel, ChannelReset, StreamLink, splice
+from tests.helpers import eventually
 
 
 class Pair:
@@ -67,9 +68,11 @@ async def test_bytes_cross_both_ways_with_flow_control_and_end_cleanly() -> None
     assert opened[0].header == b'{"rental_id":"r-1","port":22,"kind":"ssh"}'
     assert channel.bytes_out == channel.bytes_in == len(payload)
     assert opened[0].bytes_in == len(payload)
-    async with asyncio.timeout(2):
-        while pair.agent.channels or pair.relay.channels:  # both halves closed: forgotten on both sides
-            await asyncio.sleep(0.01)
+
+    async def forgotten() -> bool:  # both halves closed: forgotten on both sides
+        return not pair.agent.channels and not pair.relay.channels
+
+    await eventually(forgotten, timeout=2, what="both links to forget the stream")
     await pair.close()
 
 
