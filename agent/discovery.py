@@ -387,6 +387,7 @@ class RelayDirectory:
         source: str | None = None,  # local address DNS queries come from (multi-homed hosts, tests)
         # Timeouts and intervals (seconds)
         refresh_interval: float = 300.0,
+        failed_refresh_interval: float = 5.0,  # how soon to ask again when every known relay failed
         failure_cooldown: float = 30.0,
         dns_timeout: float = 3.0,
         # What a discovered relay's URL looks like
@@ -400,7 +401,7 @@ class RelayDirectory:
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if refresh_interval <= 0 or failure_cooldown < 0 or dns_timeout <= 0:
+        if refresh_interval <= 0 or failed_refresh_interval <= 0 or failure_cooldown < 0 or dns_timeout <= 0:
             raise ValueError(
                 "refresh_interval and dns_timeout must be positive, failure_cooldown not negative"
             )
@@ -411,6 +412,7 @@ class RelayDirectory:
         self.resolver_port = resolver_port
         self.source = source
         self.refresh_interval = refresh_interval
+        self.failed_refresh_interval = failed_refresh_interval
         self.failure_cooldown = failure_cooldown
         self.dns_timeout = dns_timeout
         self.path = path
@@ -433,10 +435,16 @@ class RelayDirectory:
         return tuple(self._candidates)
 
     def needs_refresh(self) -> bool:
-        """True before the first refresh, when ``refresh_interval`` has passed since the last one, or with no candidates."""
+        """True before the first refresh, when ``refresh_interval`` has passed since the last one, with no
+        candidates, or when every known relay failed recently and ``failed_refresh_interval`` has passed
+        (a relay that died is replaced by another the DNS names: the agent must not wait minutes for it)."""
         if self._refreshed_at is None or not self._candidates:
             return True
-        return self._clock() - self._refreshed_at >= self.refresh_interval
+        elapsed = self._clock() - self._refreshed_at
+        if elapsed >= self.refresh_interval:
+            return True
+        return (self.zone is not None and elapsed >= self.failed_refresh_interval
+                and all(candidate.url in self._failed_at for candidate in self._candidates))
 
     async def refresh(self) -> None:
         """Resolve (when a zone is set) and rank; replace the list only on success.

@@ -480,6 +480,27 @@ class TestRelayDirectory:
             "relay1.example.test",
         ]
 
+    async def test_asks_again_soon_when_every_known_relay_failed(self, three_relays: LoopbackDnsServer) -> None:
+        """A relay that died is replaced by another in the DNS: once all known ones failed, the agent looks
+        again after ``failed_refresh_interval``, not a whole ``refresh_interval``."""
+        clock = FakeClock()
+        directory = self.directory(three_relays, clock)
+        await directory.refresh()
+        for candidate in directory.candidates[:2]:
+            directory.mark_failed(candidate.url)
+        clock.now += 10.0
+        assert not directory.needs_refresh()  # one relay is still good
+        await directory.refresh()
+        clock.now += 1.0
+        for candidate in directory.candidates:
+            directory.mark_failed(candidate.url)
+        assert not directory.needs_refresh()  # not before failed_refresh_interval since the last look
+        three_relays.set_records(SRV_NAME, "SRV", ["5 1 8443 relay9.example.test."])
+        clock.now += 4.0
+        assert directory.needs_refresh()
+        await directory.refresh()
+        assert directory.next() == "wss://relay9.example.test:8443/v1/agent"
+
     async def test_first_refresh_without_any_relay_raises(self, dns_server: LoopbackDnsServer) -> None:
         """With nothing resolvable and no static URLs, refresh() raises ConfigError and next() has nothing to give."""
         directory = self.directory(dns_server, FakeClock())

@@ -22,7 +22,9 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from access.relay import Relay
 from gpumarket.up import Marketplace, start_marketplace
+from shared.crypto import certificate_public_key, server_ssl_context
 from shared.crypto.tokens import new_claims
 from tests.helpers import eventually
 from tests.test_e2e_up import MISSED, NO_RATE_LIMITS, TICK, Api, _hosts_online
@@ -196,6 +198,47 @@ async def test_forged_expired_and_foreign_tokens_are_refused(setting: dict[str, 
     # A port the rental did not declare.
     status, body = await renter.call("POST", f"/rentals/{rental['id']}/connect", json={"port": 22})
     assert status == 422 and body["code"] == "port_not_declared"
+
+
+async def test_when_the_hosts_relay_dies_mid_copy_the_renter_connects_again_through_the_other(setting: dict[str, Any]) -> None:
+    market: Marketplace = setting["market"]
+    renter, rental_id = setting["renter"], setting["rental"]["id"]
+    first = market.relay
+    data_dir = Path(market.master.settings.data_dir)
+    relay_files = (data_dir / "relay" / "server.crt", data_dir / "relay" / "server.key")
+    second = Relay(
+        relay_id="relay-second", bus=market.master.bus, registry=market.master.registry, region=first.region,
+        ssl_context=server_ssl_context(*relay_files, market.master.ca.cert_path, require_client_cert=False),
+        host="127.0.0.1", public_host="localhost", heartbeat_interval=TICK, telemetry_interval=TICK,
+        max_connections_per_source_per_minute=100_000, connection_burst_per_source=10_000,
+        token_key=certificate_public_key(market.master.ca.certificate),
+    )
+    await second.start()
+    try:
+        view = await _connect(renter, rental_id, 8000)
+        assert view["relay_id"] == first.relay_id
+        headers = {"Authorization": f"Bearer {view['token']}"}
+        async with ws_connect(view["relay_url"], ssl=_trusting(view["ca_pem"]), additional_headers=headers) as ws:
+            # A long upload to httpd (it reads the body it was promised): the copy is under way when the relay goes.
+            await ws.send(b"POST /index.html HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n\r\n")
+            chunk = b"x" * 65536
+            for _ in range(32):
+                await ws.send(chunk)
+            closing = asyncio.create_task(first.close())
+            with pytest.raises(ConnectionClosed):
+                async with asyncio.timeout(15):
+                    while True:
+                        await ws.send(chunk)
+            await closing
+
+        async def moved() -> dict[str, Any] | None:
+            status, again = await renter.call("POST", f"/rentals/{rental_id}/connect", json={"port": 8000})
+            return again if status == 200 and again["relay_id"] == second.relay_id else None
+
+        again = await eventually(moved, timeout=30, what="the host to be on the second relay")
+        assert b"hello from the rental" in await _raw_http_through(again)
+    finally:
+        market.relay = second  # the marketplace closes it when it stops
 
 
 async def test_stopping_the_rental_closes_its_open_streams_and_refuses_new_ones(setting: dict[str, Any]) -> None:
