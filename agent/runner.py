@@ -191,6 +191,10 @@ class Agent:
         isolation: HostIsolation | None = None,
         container: ContainerOptions | None = None,
         rng: random.Random | None = None,
+        # Renters' streams (agent.tunnels): on the link, and per rental
+        max_streams: int = 256,
+        max_streams_per_rental: int = 32,
+        max_stream_buffer: int = 64 << 20,
     ) -> None:
         identity = state.identity()
         state.secure()
@@ -235,7 +239,9 @@ class Agent:
             install_certificate=self._install_certificate, remembered_results=remembered_results,
         )
         # Renters' streams the relay opens on this agent's link: SSH into a rental, its ports.
-        self.tunnels = TunnelServer(self.workloads)
+        self.tunnels = TunnelServer(self.workloads, max_streams_per_rental=max_streams_per_rental)
+        self.max_streams = max_streams
+        self.max_stream_buffer = max_stream_buffer
         self.streams: StreamLink | None = None
         self._windows: dict[str, _Window] = {}
         self._window_started = time.monotonic()
@@ -472,7 +478,10 @@ class Agent:
                 if old_seq != seq:
                     await self.pacer.take()  # a long outage's replay stays within the relay's budget
                     await ws.send(frame)
-            self.streams = StreamLink(Multiplexer(initiator=True), ws.send, on_open=self.tunnels.accept)
+            self.streams = StreamLink(
+                Multiplexer(initiator=True, max_streams=self.max_streams, max_link_buffer=self.max_stream_buffer),
+                ws.send, on_open=self.tunnels.accept,
+            )
             pump = asyncio.create_task(self._pump(self.streams), name=f"agent-{self.host_id}-streams")
             self.connected.set()
             beats = asyncio.create_task(self._heartbeats(), name=f"agent-{self.host_id}-heartbeats")

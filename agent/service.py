@@ -49,6 +49,9 @@ def agent_from_settings(settings: AgentSettings, *, container_engine: str | None
         spool_max_bytes=settings.spool_max_bytes,
         isolation=isolation_from_settings(settings, container_engine=container_engine),
         container=container_options(settings),
+        max_streams=settings.max_streams,
+        max_streams_per_rental=settings.max_streams_per_rental,
+        max_stream_buffer=settings.max_stream_buffer_mib << 20,
     )
 
 

@@ -276,6 +276,9 @@ class AgentSettings(ServiceSettings):
     allowed_images: list[str] = Field([], max_length=64, description='Images containers may run: registries ("registry.example.com/") or name patterns ("pytorch/*"); empty: any (JSON list in env).')
     max_image_mib: int | None = Field(None, ge=1, le=10_000_000, description="Largest image a container may run, MiB uncompressed; unset: no limit.")
     container_pids_limit: int = Field(4096, ge=16, le=4_194_304, description="Processes one container may run at once (its pids limit).")
+    max_streams: int = Field(256, ge=1, le=65536, description="Renters' streams (SSH sessions, port connections) open at once on this agent's link.")
+    max_streams_per_rental: int = Field(32, ge=1, le=4096, description="Renters' streams open at once to one rental; beyond it a new one is refused.")
+    max_stream_buffer_mib: int = Field(64, ge=1, le=4096, description="MiB of renters' stream data this agent buffers unread at most (the streams' receive windows summed).")
     container_memory_mib: int | None = Field(None, ge=16, le=64 << 20, description="Memory a container gets when its rental names none, MiB; unset: no limit.")
     container_shm_mib: int = Field(64, ge=1, le=1 << 20, description="Size of a container's /dev/shm, MiB, unless its rental asks for another.")
 
