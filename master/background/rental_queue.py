@@ -1,4 +1,5 @@
-"""The rental queue: queued rentals placed oldest first, those past ``queue_until`` failed.
+"""The rental queue: queued rentals placed oldest first, those past ``queue_until`` failed; and ended
+rentals' kept /workspace released once their ``workspace_until`` passed.
 
 One master at a time, under the ``rental-queue`` lease, every ``queue_interval``. The pass
 itself is ``master.services.rental_queue.process_queue``.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 from master.background import leases
 from master.context import Master
-from master.services import rental_queue
+from master.services import rental_queue, rentals
 
 QUEUE_LEASE = "rental-queue"
 
@@ -23,5 +24,6 @@ async def queue_loop(master: Master) -> None:
 
     async def work() -> None:
         await rental_queue.process_queue(master)
+        await rentals.release_expired_workspaces(master)
 
     await leases.run_leased(master, QUEUE_LEASE, every=master.settings.queue_interval, work=work)

@@ -139,19 +139,40 @@ async def stop_rental(master: Master, principal: Principal, rental_id: str) -> R
             )
             command_id = command.id
             advance(session, rental, RentalState.STOPPING, f"stop requested by {principal.name}")
-        elif rental.workspace_until is not None and rental.host_id is not None:
+        elif rental.workspace_until is not None:
             # Ended on its own, /workspace kept for SFTP: releasing it tells the agent to drop it now.
-            rental.workspace_until = None
-            command = commands.new_command(
-                session, host_id=rental.host_id, command=protocol.StopWorkload(rental_id=rental.id, reason="released"),
-                rental_id=rental.id,
-            )
-            command_id = command.id
-            session.add(RentalEvent(rental_id=rental.id, from_state=rental.state, to_state=rental.state,
-                                    cause=f"workspace released by {principal.name}"))
+            command_id = _release_workspace(session, rental, by=principal.name)
     if command_id is not None:
         await commands.publish(master, [command_id])
     return rental
+
+
+def _release_workspace(session: AsyncSession, rental: Rental, *, by: str) -> str | None:
+    """Forget an ended rental's kept /workspace: a ``stop_workload`` the agent reads as "release"."""
+    rental.workspace_until = None
+    if rental.host_id is None:
+        return None
+    command = commands.new_command(
+        session, host_id=rental.host_id, command=protocol.StopWorkload(rental_id=rental.id, reason="released"), rental_id=rental.id
+    )
+    session.add(RentalEvent(rental_id=rental.id, from_state=rental.state, to_state=rental.state, cause=f"workspace released by {by}"))
+    return command.id
+
+
+async def release_expired_workspaces(master: Master, *, limit: int = 100) -> int:
+    """Release the kept /workspace of rentals whose ``workspace_until`` has passed; returns how many."""
+    command_ids: list[str] = []
+    async with master.db.session() as session:
+        rows = (await session.scalars(
+            select(Rental).where(Rental.workspace_until <= master.clock.now()).limit(limit).with_for_update(skip_locked=True)
+        )).all()
+        for rental in rows:
+            command_id = _release_workspace(session, rental, by="its retention period")
+            if command_id is not None:
+                command_ids.append(command_id)
+    if command_ids:
+        await commands.publish(master, command_ids)
+    return len(rows)
 
 
 async def rental_logs(session: AsyncSession, principal: Principal, rental_id: str, *, offset: int, limit: int) -> dict[str, Any]:
