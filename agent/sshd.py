@@ -100,7 +100,7 @@ class RentalSshServer:
 
     # ---- rentals ------------------------------------------------------------------------
 
-    def prepare(self, rental_id: str, authorized_keys: Sequence[str], *, kind: WorkloadKind | None = None) -> str:
+    def prepare(self, rental_id: str, authorized_keys: Sequence[str], *, kind: str | None = None) -> str:
         """Idempotent. Makes (once) and keeps the rental's ed25519 host key (0600, under ``keys_dir``),
         stores the renter's authorized keys (OpenSSH one-line public keys) and the workload's kind
         (``kind``, else what runs now), and returns the host public key in OpenSSH one-line form.
@@ -125,6 +125,12 @@ class RentalSshServer:
         atomic_write(folder / RENTAL_FILE, json.dumps(record).encode())
         public: bytes = host_key.export_public_key()
         return " ".join(public.decode().split()[:2])
+
+    @staticmethod
+    def check_keys(authorized_keys: Sequence[str]) -> None:
+        """Raise ``BadRequest`` (``bad_authorized_key``) unless every line is an OpenSSH public key."""
+        for line in authorized_keys:
+            _parse_key(line)
 
     def forget(self, rental_id: str) -> None:
         """The rental is released: drop its host key and authorized keys (its connections end with ``close_rental``)."""

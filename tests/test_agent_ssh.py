@@ -23,10 +23,13 @@ from typing import Any
 
 import pytest
 
+from agent.commands import CommandExecutor
 from agent.gpu.sim import SimulatedBackend
+from agent.logship import LogShipper
 from agent.runtimes.containeropts import ContainerOptions, resource_name
 from agent.runtimes.manager import WorkloadManager
 from agent.sshd import EXITED, RentalSshServer
+from shared import protocol
 from shared.protocol import ContainerWorkload, HoldWorkload
 from tests import dockerengine
 from tests.workloadfixtures import Exits
@@ -320,3 +323,44 @@ async def _http_get(port: int) -> str:
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"nothing answered through the forward on port {port}")
         await asyncio.sleep(0.1)
+
+
+class TestCommands:
+    """The agent's commands carry SSH: a start returns the rental's host key, a bad key fails it first."""
+
+    async def test_a_start_returns_the_host_key_and_a_bad_key_fails_the_start(self, tmp_path: Path, client_keys: tuple[Path, str, Path]) -> None:
+        """``start_workload`` with the renter's keys answers ``ssh_host_key`` (the same on a resend); a key that is
+        not an OpenSSH public key fails the start before the workload runs; a stop and a release end SSH."""
+        backend = SimulatedBackend("sim:1xRTX4090", seed="k")
+        manager = WorkloadManager(tmp_path / "work", backend)
+        server = RentalSshServer(tmp_path / "ssh", manager)
+
+        async def send(body: protocol.WorkloadLogsBody) -> None:
+            pass
+
+        async def unused(*args: Any) -> Any:
+            raise AssertionError("not called")
+
+        executor = CommandExecutor(
+            workloads=manager, backend=backend, logs=LogShipper(tmp_path, manager, send), measure=unused, install_certificate=unused, ssh=server,
+        )
+        try:
+            start = protocol.StartWorkload(rental_id="r-cmd", gpu_uuids=[], workload=HoldWorkload(), authorized_keys=[client_keys[1]])
+            result = await executor.execute(protocol.CommandBody.of("c-1", start))
+            assert result.ok, result.detail
+            host_key = result.data["ssh_host_key"]
+            assert host_key.startswith("ssh-ed25519 ") and server.knows("r-cmd") and server.kind_of("r-cmd") == "hold"
+            again = await executor.execute(protocol.CommandBody.of("c-2", start))
+            assert again.ok and again.data["ssh_host_key"] == host_key
+
+            bad = protocol.StartWorkload(rental_id="r-bad", gpu_uuids=[], workload=HoldWorkload(), authorized_keys=["ssh-ed25519 not-base64"])
+            refused = await executor.execute(protocol.CommandBody.of("c-3", bad))
+            assert not refused.ok and refused.data["code"] == "bad_authorized_key" and "r-bad" not in manager.running()
+
+            stopped = await executor.execute(protocol.CommandBody.of("c-4", protocol.StopWorkload(rental_id="r-cmd")))
+            assert stopped.ok and server.knows("r-cmd")  # SFTP may still reach the files until the release
+            await executor.forget_rental("r-cmd")
+            assert not server.knows("r-cmd")
+        finally:
+            await server.close()
+            await manager.close()
