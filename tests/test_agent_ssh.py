@@ -26,16 +26,20 @@ import pytest
 from agent.commands import CommandExecutor
 from agent.gpu.sim import SimulatedBackend
 from agent.logship import LogShipper
+from agent.runtimes.cgroups import CgroupLimiter
 from agent.runtimes.containeropts import ContainerOptions, resource_name
+from agent.runtimes.isolation import isolation_facts, process_isolation
 from agent.runtimes.manager import WorkloadManager
+from agent.runtimes.users import IsolationTools, RentalUsers
 from agent.sshd import EXITED, RentalSshServer
 from shared import protocol
-from shared.protocol import ContainerWorkload, HoldWorkload
+from shared.protocol import ContainerWorkload, HoldWorkload, ProcessWorkload
 from tests import dockerengine
 from tests.workloadfixtures import Exits
 
 pytestmark = pytest.mark.skipif(shutil.which("ssh") is None, reason="needs Debian's openssh-client (make docker installs it)")
 WAIT = 30.0
+TOOLS = IsolationTools.find()
 
 
 def keygen(path: Path) -> str:
@@ -364,3 +368,55 @@ class TestCommands:
         finally:
             await server.close()
             await manager.close()
+
+
+class TestProcessSessions:
+    """A process rental's sessions run under its own uid, in its home, in namespaces of their own."""
+
+    @pytest.mark.skipif(os.geteuid() != 0 or isinstance(TOOLS, str), reason="per-rental users need root, unshare and setpriv")
+    async def test_a_shell_and_files_as_the_rentals_user(
+        self, tmp_path: Path, cgroups: CgroupLimiter, client_keys: tuple[Path, str, Path], sites: Callable[[str, str], Site],
+    ) -> None:
+        """A command and a PTY run as the rental's uid in its home; scp'd files belong to it; once the workload
+        is stopped a shell is refused."""
+        assert not isinstance(TOOLS, str)
+        base = Path(f"/tmp/gpumarket-ssh-{secrets.token_hex(4)}")
+        base.mkdir(mode=0o755)
+        try:
+            users = RentalUsers(base / "rentals", TOOLS, uid_min=(first := 3_500_000 + secrets.randbelow(1000) * 100), uid_max=first + 99)
+            users.prepare()
+            facts = isolation_facts(process_isolation(euid=0, tools=TOOLS), container_engine=None, allow_unisolated=False)
+            manager = WorkloadManager(
+                base / "work", SimulatedBackend("sim:1xRTX4090", seed="p"), cgroups=cgroups, rental_users=users, isolation=facts,
+                stop_timeout=1.0, kill_timeout=2.0, check_interval=0.02,
+            )
+            server = RentalSshServer(base / "ssh", manager)
+            try:
+                rental = f"p{secrets.token_hex(3)}"
+                await manager.start(rental, [], ProcessWorkload(argv=["/bin/sh", "-c", "echo hi > from-workload; exec sleep 600"]))
+                user = users.lookup(rental)
+                assert user is not None
+                site = Site(tmp_path, server, rental, server.prepare(rental, [client_keys[1]]), client_keys[0])
+                try:
+                    code, out, err = await site.ssh("id -u; pwd; cat from-workload; echo $HOME; exit 4")
+                    assert code == 4, err
+                    assert out.split() == [str(user.uid), str(user.home), "hi", str(user.home)]
+                    code, out, err = await site.ssh("tty; exit 2", extra=("-tt",))
+                    assert code == 2 and out.strip().startswith("/dev/pts/"), err
+                    (tmp_path / "up.txt").write_bytes(b"uploaded\n")
+                    code, _, err = await site.scp(str(tmp_path / "up.txt"), site.remote("up.txt"))
+                    assert code == 0, err
+                    assert (user.home / "up.txt").stat().st_uid == user.uid
+                    code, out, _ = await site.ssh("cat up.txt; cat", stdin=b"piped\n")
+                    assert (code, out) == (0, "uploaded\npiped\n")
+                    await manager.stop(rental, timeout=0)
+                    await server.close_rental(rental)
+                    code, _, err = await site.ssh("true")
+                    assert code == 1 and EXITED in err
+                finally:
+                    await site.close()
+            finally:
+                await server.close()
+                await manager.close(stop_workloads=True)
+        finally:
+            shutil.rmtree(base, ignore_errors=True)

@@ -62,9 +62,9 @@ _INIT: Final = (
     '"$m" -t tmpfs -o nosuid,nodev,mode=1777 gpumarket-tmp "$d" || exit 124; done; '
     '"$e" --default-signal=INT,QUIT "$@" & wait $!'
 )
-# The same init for an SSH session (``session_argv``): its program keeps the session's stdin
-# (a background job's would be /dev/null).
-_SESSION_INIT: Final = _INIT.replace('"$@" &', '"$@" <&0 &')
+# The same init for an SSH session (``session_argv``): its program keeps the session's stdin,
+# kept aside in fd 9 (a background job's stdin is /dev/null, before its own redirections).
+_SESSION_INIT: Final = "exec 9<&0; " + _INIT.replace('"$@" &', '"$@" <&9 9<&- &')
 # The last step, already the rental's user: take the renter's environment from the memfd.
 _LAST: Final = f'eval "$(cat <&{ENV_FD})"; exec {ENV_FD}<&-; exec "$@"'
 
