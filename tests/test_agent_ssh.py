@@ -393,14 +393,19 @@ class TestProcessSessions:
             server = RentalSshServer(base / "ssh", manager)
             try:
                 rental = f"p{secrets.token_hex(3)}"
-                await manager.start(rental, [], ProcessWorkload(argv=["/bin/sh", "-c", "echo hi > from-workload; exec sleep 600"]))
+                await manager.start(rental, [], ProcessWorkload(argv=["/bin/sh", "-c", "echo hi > from-workload; exec sleep 600"], memory_mib=256))
                 user = users.lookup(rental)
                 assert user is not None
                 site = Site(tmp_path, server, rental, server.prepare(rental, [client_keys[1]]), client_keys[0])
                 try:
+                    access = manager.access(rental)
+                    assert access is not None and access.running and access.uid == user.uid
                     code, out, err = await site.ssh("id -u; pwd; cat from-workload; echo $HOME; exit 4")
                     assert code == 4, err
                     assert out.split() == [str(user.uid), str(user.home), "hi", str(user.home)]
+                    if access.cgroup_dirs:  # the session is held to the workload's limits
+                        code, out, err = await site.ssh("cat /proc/self/cgroup")
+                        assert code == 0 and access.cgroup_dirs[0].name in out, err
                     code, out, err = await site.ssh("tty; exit 2", extra=("-tt",))
                     assert code == 2 and out.strip().startswith("/dev/pts/"), err
                     (tmp_path / "up.txt").write_bytes(b"uploaded\n")
