@@ -401,7 +401,12 @@ class _Connection(asyncssh.SSHServer):
         try:
             root, alias, owner = await self.server.workspace(self.rental_id, kind)
         except BadRequest as exc:
-            raise asyncssh.ChannelOpenError(_PROHIBITED, exc.message) from None
+            log.info("rental %s: SFTP refused: %s", self.rental_id, exc.message)
+            with contextlib.suppress(OSError, asyncssh.Error):
+                chan.write_stderr(f"{exc.message}\n".encode())
+                chan.exit(1)
+            # The channel is closed: end asyncssh's task for it quietly, before any SFTP server exists.
+            raise asyncio.CancelledError from None
         log.info("rental %s: SFTP session in %s", self.rental_id, root)
         return WorkspaceSFTPServer(chan, root, alias=alias, owner=owner)
 

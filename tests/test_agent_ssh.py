@@ -418,6 +418,8 @@ class TestProcessSessions:
                     await server.close_rental(rental)
                     code, _, err = await site.ssh("true")
                     assert code == 1 and EXITED in err
+                    code, _, err = await site.sftp("ls\n")
+                    assert code != 0 and "home is gone" in err  # a process rental's home goes with its workload
                 finally:
                     await site.close()
             finally:
