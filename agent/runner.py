@@ -241,7 +241,7 @@ class Agent:
             install_certificate=self._install_certificate, ssh=self.ssh, remembered_results=remembered_results,
         )
         # Renters' streams the relay opens on this agent's link: SSH into a rental, its ports.
-        self.tunnels = TunnelServer(self.workloads, max_streams_per_rental=max_streams_per_rental)
+        self.tunnels = TunnelServer(self.workloads, self.ssh, max_streams_per_rental=max_streams_per_rental)
         self.max_streams = max_streams
         self.max_stream_buffer = max_stream_buffer
         self.streams: StreamLink | None = None
