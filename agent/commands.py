@@ -20,6 +20,7 @@ from agent.gpu.base import GpuBackend
 from agent.health import check_health
 from agent.logship import LogShipper
 from agent.runtimes.manager import WorkloadManager
+from agent.sshd import RentalSshServer
 from shared import protocol
 from shared.errors import ConfigError, GpumarketError, ProtocolError
 
@@ -30,7 +31,9 @@ class CommandExecutor:
     """Runs commands against this host's workloads, GPUs, network and certificate.
 
     ``measure`` measures the network (and reports it); ``install_certificate`` installs a
-    renewed certificate: both belong to the agent's loops, which hand them in.
+    renewed certificate: both belong to the agent's loops, which hand them in. ``ssh`` serves
+    SSH into the rentals: a start prepares the rental's host key (the reply's ``ssh_host_key``),
+    a stop ends its SSH connections.
     """
 
     def __init__(
@@ -41,6 +44,7 @@ class CommandExecutor:
         logs: LogShipper,
         measure: Callable[[], Awaitable[protocol.NetworkReportBody]],
         install_certificate: Callable[[protocol.InstallCertificate], Awaitable[protocol.CertificateInstalled]],
+        ssh: RentalSshServer | None = None,
         # Limits
         remembered_results: int = 1000,
     ) -> None:
@@ -49,6 +53,7 @@ class CommandExecutor:
         self.logs = logs
         self.measure = measure
         self.install_certificate = install_certificate
+        self.ssh = ssh
         self.remembered_results = remembered_results
         self._results: OrderedDict[str, protocol.CommandResultBody] = OrderedDict()
 
@@ -94,14 +99,29 @@ class CommandExecutor:
                 return await self.install_certificate(command)
 
     async def _start_workload(self, command: protocol.StartWorkload) -> protocol.WorkloadStarted:
+        if self.ssh is not None:
+            self.ssh.check_keys(command.authorized_keys)  # a bad key fails the start before anything runs
         data = await self.workloads.start(command.rental_id, list(command.gpu_uuids), command.workload, share=command.share)
         self.logs.follow(command.rental_id, save=True)
+        if self.ssh is not None:
+            # Every kind gets a host key: a hold rental's login is answered with why it has no shell.
+            data["ssh_host_key"] = self.ssh.prepare(command.rental_id, command.authorized_keys, kind=data.get("kind"))
         return protocol.WorkloadStarted.model_validate(data)
 
     async def _stop_workload(self, command: protocol.StopWorkload) -> protocol.WorkloadStopped:
         data = await self.workloads.stop(command.rental_id, timeout=command.grace_s, reason=command.reason)
         self.logs.exited(command.rental_id)
+        if self.ssh is not None:
+            await self.ssh.close_rental(command.rental_id)
         return protocol.WorkloadStopped.model_validate(data)
+
+    async def forget_rental(self, rental_id: str) -> None:
+        """The rental is released: delete its folder, log and ``/workspace`` volume, and its SSH host key
+        and authorized keys (refused while its workload runs). Cancelling is safe: the deletion finishes."""
+        await self.workloads.forget(rental_id)
+        if self.ssh is not None:
+            await self.ssh.close_rental(rental_id)
+            self.ssh.forget(rental_id)
 
     async def _measure_network(self) -> protocol.NetworkReportBody:
         body = await self.measure()

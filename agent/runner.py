@@ -45,6 +45,7 @@ from agent.runtimes.containeropts import ContainerOptions, ProgressStage
 from agent.runtimes.isolation import HostIsolation, ProcessIsolation, isolation_facts
 from agent.runtimes.manager import WorkloadManager
 from agent.spool import SqliteSpool
+from agent.sshd import RentalSshServer
 from agent.state import AgentState, SequenceLease, atomic_write
 from agent.tunnels import TunnelServer
 from shared import protocol
@@ -234,12 +235,13 @@ class Agent:
         self.stop_workloads_on_close = stop_workloads_on_close
         self._commands: asyncio.Queue[protocol.CommandBody] = asyncio.Queue(max_pending_commands)
         self.logs = LogShipper(state.dir, self.workloads, self._send_logs)
+        self.ssh = RentalSshServer(state.dir / "ssh", self.workloads)
         self.commands = CommandExecutor(
             workloads=self.workloads, backend=backend, logs=self.logs, measure=self.measure_network,
-            install_certificate=self._install_certificate, remembered_results=remembered_results,
+            install_certificate=self._install_certificate, ssh=self.ssh, remembered_results=remembered_results,
         )
         # Renters' streams the relay opens on this agent's link: SSH into a rental, its ports.
-        self.tunnels = TunnelServer(self.workloads, max_streams_per_rental=max_streams_per_rental)
+        self.tunnels = TunnelServer(self.workloads, self.ssh, max_streams_per_rental=max_streams_per_rental)
         self.max_streams = max_streams
         self.max_stream_buffer = max_stream_buffer
         self.streams: StreamLink | None = None
@@ -661,6 +663,7 @@ class Agent:
     async def close(self) -> None:
         """Release everything after ``run`` was cancelled. Workloads keep running unless told otherwise."""
         await self.tunnels.close()
+        await self.ssh.close()
         await self.workloads.close(stop_workloads=self.stop_workloads_on_close)
         self.backend.close()
         self.spool.close()

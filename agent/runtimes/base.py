@@ -131,6 +131,25 @@ class Workload:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class RentalAccess:
+    """What a login into a running workload reaches (``WorkloadManager.access``): its kind and where it runs.
+
+    ``running`` is ``False`` once its stop began or its process ended: only its files remain.
+    ``uid``/``gid``/``home``: a process rental's own user (``None`` when it runs as the agent's).
+    """
+
+    rental_id: str
+    kind: WorkloadKind
+    running: bool
+    gpu_uuids: tuple[str, ...] = ()
+    container_id: str | None = None
+    uid: int | None = None
+    gid: int | None = None
+    home: Path | None = None
+    cgroup_dirs: tuple[Path, ...] = ()
+
+
 class Runtime(Protocol[SpecT_contra]):
     """Starts one kind of workload on the host itself (``hold``, ``process``).
 

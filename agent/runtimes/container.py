@@ -507,6 +507,41 @@ class ContainerRuntime:
         except (ValueError, *ENGINE_ERRORS) as exc:
             log.debug("rental %s: no engine to remove its volume from (%s)", rental_id, exc)
 
+    async def workspace_path(self, rental_id: str) -> Path | None:
+        """Where the rental's ``/workspace`` volume lies on this host (its ``Mountpoint``), also after its
+        container ended, until ``forget_volume``; ``None`` when it has none. Raises ``BadRequest`` without an engine."""
+        name = resource_name(rental_id, self.options.owner)
+        try:
+            async with asyncio.timeout(self.options.engine_timeout):
+                volume = await self.docker()._query_json(f"volumes/{name}")
+        except DockerError as exc:
+            if exc.status == 404:
+                return None
+            raise self.unavailable(exc.message) from None
+        except ENGINE_ERRORS as exc:
+            raise self.unavailable(exc) from None
+        mountpoint = volume.get("Mountpoint")
+        return Path(mountpoint) if isinstance(mountpoint, str) and mountpoint.startswith("/") else None
+
+    async def container_address(self, rental_id: str) -> str | None:
+        """The rental's container's IPv4 address on its own network (``None``: not running). Raises ``BadRequest`` without an engine."""
+        name = resource_name(rental_id, self.options.owner)
+        try:
+            async with asyncio.timeout(self.options.engine_timeout):
+                info = await self.docker().containers.container(name).show()
+        except DockerError as exc:
+            if exc.status == 404:
+                return None
+            raise self.unavailable(exc.message) from None
+        except ENGINE_ERRORS as exc:
+            raise self.unavailable(exc) from None
+        if not (info.get("State") or {}).get("Running"):
+            return None
+        networks = (info.get("NetworkSettings") or {}).get("Networks") or {}
+        network = networks.get(name if self.options.isolate_network else "bridge") or {}
+        address = network.get("IPAddress")
+        return address if isinstance(address, str) and address else None
+
     async def sweep(self, owned: Callable[[str], bool]) -> list[str]:
         """Remove this owner's containers and networks whose rental ``owned`` denies, and volumes whose
         rental is not owned and has no folder left (forgotten). Returns the names removed; best effort."""

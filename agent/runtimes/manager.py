@@ -42,6 +42,7 @@ from agent.gpu.base import GpuBackend
 from agent.gpu.sim import SimulatedBackend
 from agent.runtimes.base import (
     ExitCallback,
+    RentalAccess,
     Runtime,
     Workload,
     WorkloadKind,
@@ -180,6 +181,20 @@ class WorkloadManager:
     def running(self) -> list[str]:
         """Rental ids whose workload runs (or holds its GPUs), stopping ones included."""
         return sorted(self._workloads)
+
+    def access(self, rental_id: str) -> RentalAccess | None:
+        """What a login into the rental's workload reaches (``agent.sshd``); ``None``: none runs here."""
+        workload = self._workloads.get(rental_id)
+        if workload is None:
+            return None
+        users = self.processes.users
+        user = users.lookup(rental_id) if workload.kind == "process" and users is not None else None
+        ended = workload.stop_task is not None or (workload.handle is not None and workload.handle.exited)
+        return RentalAccess(
+            rental_id, workload.kind, running=not ended, gpu_uuids=tuple(workload.gpu_uuids), container_id=workload.container[0] if workload.container else None,
+            uid=None if user is None else user.uid, gid=None if user is None else user.gid,
+            home=None if user is None else user.home, cgroup_dirs=workload.placement.cgroup_dirs,
+        )
 
     # ---- start ------------------------------------------------------------------------
 

@@ -62,6 +62,9 @@ _INIT: Final = (
     '"$m" -t tmpfs -o nosuid,nodev,mode=1777 gpumarket-tmp "$d" || exit 124; done; '
     '"$e" --default-signal=INT,QUIT "$@" & wait $!'
 )
+# The same init for an SSH session (``session_argv``): its program keeps the session's stdin,
+# kept aside in fd 9 (a background job's stdin is /dev/null, before its own redirections).
+_SESSION_INIT: Final = "exec 9<&0; " + _INIT.replace('"$@" &', '"$@" <&9 9<&- &')
 # The last step, already the rental's user: take the renter's environment from the memfd.
 _LAST: Final = f'eval "$(cat <&{ENV_FD})"; exec {ENV_FD}<&-; exec "$@"'
 
@@ -156,6 +159,19 @@ def isolated_argv(user: RentalUser, tools: IsolationTools, program: str, args: S
         tools.setpriv, f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups", "--no-new-privs",
         "--inh-caps=-all", "--bounding-set=-all", "--",
         "/bin/sh", "-c", _LAST, "gpumarket-env", program, *args,
+    ]  # fmt: skip
+
+
+def session_argv(user: RentalUser, tools: IsolationTools, argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
+    """The command that runs ``argv`` as the rental's user like ``isolated_argv``, for an SSH session: it keeps
+    stdin (a terminal or a pipe) and gets exactly ``env`` — variables the agent chose, handed to ``env -i``
+    as arguments by the last step, already the rental's user; the root steps' environment stays the caller's."""
+    return [
+        tools.unshare, "--pid", "--fork", "--kill-child", "--mount-proc", "--ipc", "--",
+        "/bin/sh", "-c", _SESSION_INIT, "gpumarket-init", tools.mount, tools.env,
+        tools.setpriv, f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups", "--no-new-privs",
+        "--inh-caps=-all", "--bounding-set=-all", "--",
+        tools.env, "-i", *(f"{name}={value}" for name, value in env.items() if _NAME_RE.match(name)), *argv,
     ]  # fmt: skip
 
 

@@ -1,0 +1,496 @@
+"""SSH into rentals, served by the agent itself (asyncssh): no sshd in any image, no port on the host.
+
+``RentalSshServer`` runs one SSH server connection per call of ``serve(rental_id, sock)`` over
+an already-connected socket (in production one end of a socketpair spliced to a relay stream).
+Each rental has its own ed25519 host key, made once by ``prepare`` and kept (0600) with the
+renter's authorized keys under ``keys_dir/<rental_id>/`` until ``forget``: an agent restart
+serves the same key, which the renter's client pins.
+
+A connection: public-key authentication only, with the rental's authorized keys; any user
+name (a session runs as the workload's user); the key's SHA256 fingerprint is logged. Then:
+
+- sessions (``agent.sshsessions``): a shell (PTY or not) or a command, in the rental's
+  container (``docker exec``) or as its process rental's uid; refused with one line once the
+  workload has exited, and for hold rentals;
+- SFTP (and so ``scp``) in the rental's workspace (``agent.sftp``), also after its workload
+  exited, until the rental is released;
+- ``-L`` forwarding (direct-tcpip) to a port of the rental's container (its address, or
+  ``localhost``, which means it); nothing else: no ``-R``, agent or X11 forwarding.
+
+Logging: logins, refusals and client misbehaviour at INFO; our own failures at ERROR.
+Cancellation: cancelling ``serve`` closes its connection; ``close_rental`` and ``close`` end
+connections and wait for their sessions' tasks, which own the execs and processes they ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import shutil
+import socket
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import asyncssh
+from asyncssh.stream import SSHTCPStreamSession
+
+from agent.runtimes.base import WorkloadKind, check_rental_id
+from agent.runtimes.containeropts import WORKSPACE
+from agent.runtimes.manager import WorkloadManager
+from agent.runtimes.users import TRUSTED_PATH
+from agent.sftp import WorkspaceSFTPServer
+from agent.sshsessions import run_as_rental_user, run_in_container
+from agent.state import atomic_write
+from shared.errors import BadRequest, ConfigError
+
+log = logging.getLogger(__name__)
+
+HOST_KEY: Final = "host_key"
+RENTAL_FILE: Final = "rental.json"
+EXITED: Final = "the workload has exited; only SFTP (scp, sftp) reaches /workspace until the rental is released"
+_PROHIBITED: Final = asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED
+
+
+class RentalSshServer:
+    """Serves SSH for this host's rentals (see the module). ``workloads`` says what each runs."""
+
+    def __init__(
+        self,
+        keys_dir: Path,
+        workloads: WorkloadManager,
+        *,
+        # Timeouts
+        login_timeout: float = 30.0,
+        keepalive_interval: float = 30.0,
+        keepalive_count_max: int = 3,
+        exit_timeout: float = 10.0,
+        # Limits
+        max_connections_per_rental: int = 16,
+        max_sessions_per_connection: int = 10,
+        max_channels_per_connection: int = 64,
+    ) -> None:
+        for name, value, low, high in (
+            ("login_timeout", login_timeout, 0.1, 600.0),
+            ("keepalive_interval", keepalive_interval, 0.1, 3600.0),
+            ("keepalive_count_max", keepalive_count_max, 1, 100),
+            ("exit_timeout", exit_timeout, 0.1, 600.0),
+            ("max_connections_per_rental", max_connections_per_rental, 1, 1024),
+            ("max_sessions_per_connection", max_sessions_per_connection, 1, 256),
+            ("max_channels_per_connection", max_channels_per_connection, 1, 1024),
+        ):
+            if not low <= value <= high:
+                raise ConfigError(f"SSH setting {name}={value!r} must lie between {low:g} and {high:g}")
+        self.keys_dir = keys_dir
+        self.workloads = workloads
+        self.login_timeout = login_timeout
+        self.keepalive_interval = keepalive_interval
+        self.keepalive_count_max = keepalive_count_max
+        self.exit_timeout = exit_timeout
+        self.max_connections_per_rental = max_connections_per_rental
+        self.max_sessions_per_connection = max_sessions_per_connection
+        self.max_channels_per_connection = max_channels_per_connection
+        self._host_keys: dict[str, asyncssh.SSHKey] = {}
+        self._connections: dict[str, set[_Connection]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()  # sessions and forwards: cancelled by close_rental() and close()
+        self._closed = False
+        self._setsid = shutil.which("setsid", path=TRUSTED_PATH)
+
+    # ---- rentals ------------------------------------------------------------------------
+
+    def prepare(self, rental_id: str, authorized_keys: Sequence[str], *, kind: str | None = None) -> str:
+        """Idempotent. Makes (once) and keeps the rental's ed25519 host key (0600, under ``keys_dir``),
+        stores the renter's authorized keys (OpenSSH one-line public keys) and the workload's kind
+        (``kind``, else what runs now), and returns the host public key in OpenSSH one-line form.
+        Raises ``BadRequest`` for a key that is not an OpenSSH public key."""
+        check_rental_id(rental_id)
+        keys = [_parse_key(line) for line in authorized_keys]
+        folder = self.keys_dir / rental_id
+        self.keys_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, exist_ok=True)
+        key_file = folder / HOST_KEY
+        host_key = self._host_keys.get(rental_id)
+        if host_key is None and key_file.exists():
+            host_key = asyncssh.read_private_key(key_file)
+        if host_key is None:
+            host_key = asyncssh.generate_private_key("ssh-ed25519", comment=f"gpumarket rental {rental_id}")
+            atomic_write(key_file, host_key.export_private_key())
+        self._host_keys[rental_id] = host_key
+        if kind is None:
+            access = self.workloads.access(rental_id)
+            kind = access.kind if access is not None else self._record(rental_id).get("kind")
+        record = {"kind": kind, "authorized_keys": [k.export_public_key().decode().strip() for k in keys]}
+        atomic_write(folder / RENTAL_FILE, json.dumps(record).encode())
+        public: bytes = host_key.export_public_key()
+        return " ".join(public.decode().split()[:2])
+
+    @staticmethod
+    def check_keys(authorized_keys: Sequence[str]) -> None:
+        """Raise ``BadRequest`` (``bad_authorized_key``) unless every line is an OpenSSH public key."""
+        for line in authorized_keys:
+            _parse_key(line)
+
+    def forget(self, rental_id: str) -> None:
+        """The rental is released: drop its host key and authorized keys (its connections end with ``close_rental``)."""
+        check_rental_id(rental_id)
+        self._host_keys.pop(rental_id, None)
+        shutil.rmtree(self.keys_dir / rental_id, ignore_errors=True)
+        for connection in list(self._connections.get(rental_id, ())):
+            connection.close()
+
+    def knows(self, rental_id: str) -> bool:
+        check_rental_id(rental_id)
+        return (self.keys_dir / rental_id / RENTAL_FILE).is_file() and (self.keys_dir / rental_id / HOST_KEY).is_file()
+
+    def _record(self, rental_id: str) -> dict[str, Any]:
+        try:
+            data = json.loads((self.keys_dir / rental_id / RENTAL_FILE).read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def authorized(self, rental_id: str) -> set[bytes]:
+        """The public data of the rental's authorized keys (read each time: ``prepare`` may change them)."""
+        found: set[bytes] = set()
+        for line in self._record(rental_id).get("authorized_keys") or ():
+            with contextlib.suppress(asyncssh.KeyImportError, ValueError):
+                found.add(asyncssh.import_public_key(str(line)).public_data)
+        return found
+
+    def kind_of(self, rental_id: str) -> WorkloadKind | None:
+        access = self.workloads.access(rental_id)
+        if access is not None:
+            return access.kind
+        kind = self._record(rental_id).get("kind")
+        return kind if kind in ("hold", "process", "container") else None
+
+    def _host_key(self, rental_id: str) -> asyncssh.SSHKey:
+        key = self._host_keys.get(rental_id)
+        if key is None:
+            key = self._host_keys[rental_id] = asyncssh.read_private_key(self.keys_dir / rental_id / HOST_KEY)
+        return key
+
+    # ---- connections --------------------------------------------------------------------
+
+    async def serve(self, rental_id: str, sock: socket.socket) -> None:
+        """Run one SSH server connection over ``sock`` (already connected) until the client disconnects.
+
+        Cancelling is safe: it closes the connection. Raises nothing for client misbehaviour
+        (logged); an unknown rental's socket is closed at once.
+        """
+        if self._closed or not self.knows(rental_id):
+            log.info("rental %s: SSH connection refused: %s", rental_id, "the agent is closing" if self._closed else "no such rental here")
+            sock.close()
+            return
+        if len(self._connections.get(rental_id, ())) >= self.max_connections_per_rental:
+            log.info("rental %s: SSH connection refused: %d already open", rental_id, self.max_connections_per_rental)
+            sock.close()
+            return
+        connection = _Connection(self, rental_id)
+        try:
+            conn = await asyncssh.run_server(
+                sock, server_factory=lambda: connection, server_host_keys=[self._host_key(rental_id)],
+                public_key_auth=True, password_auth=False, kbdint_auth=False, gss_auth=False, host_based_auth=False,
+                agent_forwarding=False, x11_forwarding=False, allow_pty=True, line_editor=False, encoding=None,
+                login_timeout=self.login_timeout, connect_timeout=self.login_timeout,
+                keepalive_interval=self.keepalive_interval, keepalive_count_max=self.keepalive_count_max,
+            )
+            await conn.wait_closed()
+        except (asyncssh.Error, OSError, TimeoutError) as exc:
+            log.info("rental %s: SSH connection ended before login: %s", rental_id, exc)
+        finally:
+            if connection.conn is None:
+                sock.close()
+            else:
+                connection.conn.abort()
+
+    async def close_rental(self, rental_id: str) -> None:
+        """The rental's workload stopped: end its open SSH connections and their sessions now. Cancelling is safe."""
+        connections = list(self._connections.get(rental_id, ()))
+        tasks = {task for connection in connections for task in connection.tasks}
+        for connection in connections:
+            connection.close()
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+
+    async def close(self) -> None:
+        """End every connection and wait for their sessions' tasks. Cancelling leaves them ending; call it again."""
+        self._closed = True
+        for connections in list(self._connections.values()):
+            for connection in list(connections):
+                connection.close()
+        tasks = set(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+
+    def own(self, connection: _Connection) -> Callable[[], None]:
+        """Track the current task (a session or forward asyncssh started) until the returned call."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        connection.tasks.add(task)
+
+        def done() -> None:
+            self._tasks.discard(task)
+            connection.tasks.discard(task)
+
+        return done
+
+    # ---- what a session reaches ---------------------------------------------------------
+
+    async def workspace(self, rental_id: str, kind: WorkloadKind) -> tuple[Path, str, tuple[int, int] | None]:
+        """The rental's files on this host, how the rental names that folder, and the owner of what is made there."""
+        if kind == "container":
+            path = await self.workloads.containers.workspace_path(rental_id)
+            if path is None:
+                raise BadRequest(f"rental {rental_id} has no /workspace on this host any more", code="ssh_refused")
+            return path, WORKSPACE, _container_owner(self.workloads)
+        users = self.workloads.processes.users
+        user = None if users is None else users.lookup(rental_id)
+        if user is None or not user.home.is_dir():
+            raise BadRequest(f"rental {rental_id}'s home is gone: its workload has ended and the home went with it", code="ssh_refused")
+        return user.home, str(user.home), (user.uid, user.gid)
+
+
+def _container_owner(workloads: WorkloadManager) -> tuple[int, int] | None:
+    """The numeric uid:gid containers run as (``ContainerOptions.user``), if numeric."""
+    options = workloads.container_options
+    user = "" if options is None else options.user
+    uid, _, gid = user.partition(":")
+    if uid.isdigit() and (not gid or gid.isdigit()):
+        return int(uid), int(gid or uid)
+    return None
+
+
+def _parse_key(line: str) -> asyncssh.SSHKey:
+    try:
+        return asyncssh.import_public_key(line.strip())
+    except (asyncssh.KeyImportError, ValueError) as exc:
+        raise BadRequest(f"authorized key {line[:40]!r}… is not an OpenSSH public key ({exc}); give lines like 'ssh-ed25519 AAAA… comment'",
+                         code="bad_authorized_key") from None
+
+
+class _Connection(asyncssh.SSHServer):
+    """One client's connection to one rental: its login, sessions and forwards, within the server's limits."""
+
+    def __init__(self, server: RentalSshServer, rental_id: str) -> None:
+        self.server = server
+        self.rental_id = rental_id
+        self.conn: asyncssh.SSHServerConnection | None = None
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.username = ""
+        self.key: asyncssh.SSHKey | None = None
+        self.sessions = 0
+        self.channels = 0
+
+    def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
+        self.conn = conn
+        self.server._connections.setdefault(self.rental_id, set()).add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        connections = self.server._connections.get(self.rental_id)
+        if connections is not None:
+            connections.discard(self)
+            if not connections:
+                del self.server._connections[self.rental_id]
+        for task in list(self.tasks):
+            task.cancel()
+        if exc is not None:
+            log.info("rental %s: SSH connection lost: %s", self.rental_id, exc)
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+
+    # ---- login --------------------------------------------------------------------------
+
+    def begin_auth(self, username: str) -> bool:
+        self.username = username
+        return True
+
+    def password_auth_supported(self) -> bool:
+        return False
+
+    def kbdint_auth_supported(self) -> bool:
+        return False
+
+    def public_key_auth_supported(self) -> bool:
+        return True
+
+    def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
+        if key.public_data in self.server.authorized(self.rental_id):
+            self.key = key
+            return True
+        log.info("rental %s: SSH key %s refused", self.rental_id, key.get_fingerprint("sha256"))
+        return False
+
+    def auth_completed(self) -> None:
+        fingerprint = "?" if self.key is None else self.key.get_fingerprint("sha256")
+        log.info("rental %s: SSH login as %r with key %s", self.rental_id, self.username, fingerprint)
+
+    # ---- sessions -----------------------------------------------------------------------
+
+    def session_requested(self) -> asyncssh.SSHServerSession[bytes]:
+        kind = self.server.kind_of(self.rental_id)
+        if kind is None or kind == "hold":
+            what = "a hold rental" if kind == "hold" else "it is not known here"
+            raise asyncssh.ChannelOpenError(_PROHIBITED, f"rental {self.rental_id} runs nothing to log into ({what})")
+        if self.sessions >= self.server.max_sessions_per_connection or self.channels >= self.server.max_channels_per_connection:
+            raise asyncssh.ChannelOpenError(
+                asyncssh.OPEN_RESOURCE_SHORTAGE,
+                f"at most {self.server.max_sessions_per_connection} sessions per connection; close one or connect again",
+            )
+        self.sessions += 1
+        self.channels += 1
+        return _Session(self, kind)
+
+    def session_ended(self) -> None:
+        self.sessions -= 1
+        self.channels -= 1
+
+    async def run(self, process: asyncssh.SSHServerProcess[bytes]) -> None:
+        """A shell or command (SFTP and scp never come here): run it where the rental's workload runs."""
+        done = self.server.own(self)
+        try:
+            process.exit(await self._run(process))
+        except _Refused as refusal:
+            process.stderr.write(f"{refusal}\r\n".encode() if process.term_type else f"{refusal}\n".encode())
+            process.exit(1)
+        except (asyncssh.Error, ConnectionError, BrokenPipeError) as exc:
+            log.info("rental %s: SSH session ended: %s", self.rental_id, exc)
+        except Exception:
+            log.exception("rental %s: SSH session failed", self.rental_id)
+            with contextlib.suppress(Exception):
+                process.stderr.write(b"the agent failed to run this session; see the host's agent log\n")
+                process.exit(255)
+        finally:
+            done()
+
+    async def _run(self, process: asyncssh.SSHServerProcess[bytes]) -> int:
+        access = self.server.workloads.access(self.rental_id)
+        if access is None or not access.running:
+            raise _Refused(EXITED)
+        what = process.command if process.command is not None else "a shell"
+        log.info("rental %s: SSH session runs %s%s", self.rental_id, what[:200], " on a PTY" if process.term_type else "")
+        if access.kind == "container" and access.container_id:
+            return await run_in_container(process, self.server.workloads.containers.docker(), access.container_id, exit_timeout=self.server.exit_timeout)
+        if access.kind == "process":
+            users = self.server.workloads.processes.users
+            user = None if users is None else users.lookup(self.rental_id)
+            if users is None or user is None or access.uid is None:
+                raise _Refused(
+                    f"rental {self.rental_id} runs as the agent's own user on this host; SSH reaches only process rentals "
+                    "with a uid of their own (the provider runs the agent as root)"
+                )
+            if self._setsid is None and process.term_type:
+                raise _Refused("this host lacks util-linux's setsid for a terminal; run a command without -t")
+            return await run_as_rental_user(process, access, user, users.tools, setsid=self._setsid or "setsid")
+        raise _Refused(f"rental {self.rental_id} runs nothing to log into (a hold rental)")
+
+    @property
+    def _setsid(self) -> str | None:
+        return self.server._setsid
+
+    async def sftp(self, chan: asyncssh.SSHServerChannel[bytes], kind: WorkloadKind) -> asyncssh.SFTPServer:
+        try:
+            root, alias, owner = await self.server.workspace(self.rental_id, kind)
+        except BadRequest as exc:
+            log.info("rental %s: SFTP refused: %s", self.rental_id, exc.message)
+            with contextlib.suppress(OSError, asyncssh.Error):
+                chan.write_stderr(f"{exc.message}\n".encode())
+                chan.exit(1)
+            # The channel is closed: end asyncssh's task for it quietly, before any SFTP server exists.
+            raise asyncio.CancelledError from None
+        log.info("rental %s: SFTP session in %s", self.rental_id, root)
+        return WorkspaceSFTPServer(chan, root, alias=alias, owner=owner)
+
+    # ---- forwarding ---------------------------------------------------------------------
+
+    def connection_requested(self, dest_host: str, dest_port: int, orig_host: str, orig_port: int) -> Any:
+        # asyncssh awaits what this returns (channel._finish_open_request): the refusal may come after a look-up.
+        return self._forward(dest_host, dest_port)
+
+    async def _forward(self, dest_host: str, dest_port: int) -> asyncssh.SSHTCPSession[bytes]:
+        kind = self.server.kind_of(self.rental_id)
+        if kind != "container":
+            raise asyncssh.ChannelOpenError(
+                _PROHIBITED, f"rental {self.rental_id} declares no ports: only a container rental's ports can be forwarded (ssh -L)"
+            )
+        if self.channels >= self.server.max_channels_per_connection:
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_RESOURCE_SHORTAGE, f"at most {self.server.max_channels_per_connection} channels per connection")
+        try:
+            address = await self.server.workloads.containers.container_address(self.rental_id)
+        except BadRequest as exc:
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, exc.message) from None
+        if address is None:
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, EXITED)
+        if dest_host not in (address, "localhost", "127.0.0.1"):
+            raise asyncssh.ChannelOpenError(
+                _PROHIBITED, f"only the rental's container ({address}, or localhost) can be reached, not {dest_host[:100]}"
+            )
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(address, dest_port), self.server.login_timeout)
+        except (OSError, TimeoutError) as exc:
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, f"port {dest_port} of the rental's container does not answer ({exc})") from None
+        self.channels += 1
+        log.info("rental %s: SSH forward to port %d of its container", self.rental_id, dest_port)
+        return SSHTCPStreamSession[bytes](lambda chan_reader, chan_writer: self._pump(reader, writer, chan_reader, chan_writer))
+
+    async def _pump(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+        chan_reader: asyncssh.SSHReader[bytes], chan_writer: asyncssh.SSHWriter[bytes],
+    ) -> None:
+        done = self.server.own(self)
+
+        async def inbound() -> None:
+            while data := await chan_reader.read(32 << 10):
+                writer.write(data)
+                await writer.drain()
+            if writer.can_write_eof():
+                writer.write_eof()
+
+        async def outbound() -> None:
+            while data := await reader.read(32 << 10):
+                chan_writer.write(data)
+                await chan_writer.drain()
+            chan_writer.write_eof()
+
+        try:
+            await asyncio.gather(inbound(), outbound())
+        except (OSError, asyncssh.Error) as exc:
+            log.info("rental %s: SSH forward ended: %s", self.rental_id, exc)
+        finally:
+            self.channels -= 1
+            writer.close()
+            chan_writer.close()
+            done()
+
+    def server_requested(self, listen_host: str, listen_port: int) -> bool:
+        log.info("rental %s: remote forwarding (ssh -R) refused", self.rental_id)
+        return False
+
+
+class _Refused(Exception):
+    """A session this rental cannot run, and the line that tells the client why."""
+
+
+class _Session(asyncssh.SSHServerProcess[bytes]):
+    """A session channel: a shell or command (``_Connection.run``), or SFTP/scp in the workspace."""
+
+    def __init__(self, connection: _Connection, kind: WorkloadKind) -> None:
+        def sftp(chan: asyncssh.SSHServerChannel[bytes]) -> Awaitable[asyncssh.SFTPServer]:
+            return connection.sftp(chan, kind)
+
+        super().__init__(connection.run, sftp, 3, True)  # type: ignore[arg-type]
+        self._connection = connection
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self._connection.session_ended()
+
