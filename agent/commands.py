@@ -109,16 +109,19 @@ class CommandExecutor:
         return protocol.WorkloadStarted.model_validate(data)
 
     async def _stop_workload(self, command: protocol.StopWorkload) -> protocol.WorkloadStopped:
+        """Stop the workload and release the rental: its ``/workspace`` and SSH keys go (a stop is the
+        renter's release, or the end of a rental whose workload exited and kept its workspace:
+        ``reason == RELEASED``, which drops its folder and log too — shipped long ago)."""
         data = await self.workloads.stop(command.rental_id, timeout=command.grace_s, reason=command.reason)
         self.logs.exited(command.rental_id)
-        if self.ssh is not None:
-            await self.ssh.close_rental(command.rental_id)
+        await self.forget_rental(command.rental_id, keep_log=command.reason != protocol.RELEASED)
         return protocol.WorkloadStopped.model_validate(data)
 
-    async def forget_rental(self, rental_id: str) -> None:
-        """The rental is released: delete its folder, log and ``/workspace`` volume, and its SSH host key
-        and authorized keys (refused while its workload runs). Cancelling is safe: the deletion finishes."""
-        await self.workloads.forget(rental_id)
+    async def forget_rental(self, rental_id: str, *, keep_log: bool = False) -> None:
+        """The rental is released: delete its ``/workspace`` volume, its SSH host key and authorized keys, and
+        (unless ``keep_log``) its folder and log; refused while its workload runs. Cancelling is safe: the
+        deletion finishes."""
+        await self.workloads.forget(rental_id, keep_log=keep_log)
         if self.ssh is not None:
             await self.ssh.close_rental(rental_id)
             self.ssh.forget(rental_id)

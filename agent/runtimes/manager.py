@@ -578,8 +578,9 @@ class WorkloadManager:
             raise BadRequest(f"limit must be from 1 to {self.max_read_bytes} bytes", code="bad_log_limit")
         return self.logs.read(rental_id, offset=offset, limit=limit, running=rental_id in self._workloads)
 
-    async def forget(self, rental_id: str) -> None:
-        """Delete the rental's folder and log, and its container's ``/workspace`` volume; refused while its workload runs.
+    async def forget(self, rental_id: str, *, keep_log: bool = False) -> None:
+        """Delete the rental's container ``/workspace`` volume and (unless ``keep_log``: the log
+        shipper still reads it) its folder and log; refused while its workload runs.
 
         Cancelling is safe: the deletion finishes in its thread.
         """
@@ -588,7 +589,8 @@ class WorkloadManager:
             raise Conflict(f"rental {rental_id}'s workload still runs; stop it first", code="workload_running")
         if self.container_options is not None:
             await self.containers.forget_volume(rental_id)
-        await asyncio.to_thread(shutil.rmtree, self._folder(rental_id), ignore_errors=True)
+        if not keep_log:
+            await asyncio.to_thread(shutil.rmtree, self._folder(rental_id), ignore_errors=True)
 
     # ---- the registry -----------------------------------------------------------------
 

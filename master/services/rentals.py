@@ -153,7 +153,7 @@ def _release_workspace(session: AsyncSession, rental: Rental, *, by: str) -> str
     if rental.host_id is None:
         return None
     command = commands.new_command(
-        session, host_id=rental.host_id, command=protocol.StopWorkload(rental_id=rental.id, reason="released"), rental_id=rental.id
+        session, host_id=rental.host_id, command=protocol.StopWorkload(rental_id=rental.id, reason=protocol.RELEASED), rental_id=rental.id
     )
     session.add(RentalEvent(rental_id=rental.id, from_state=rental.state, to_state=rental.state, cause=f"workspace released by {by}"))
     return command.id

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
     BeforeValidator,
@@ -296,6 +296,9 @@ class StartWorkload(StrictModel):
             if overridden:
                 raise ValueError(f"'env' may not set {', '.join(overridden)}: the agent sets it from the rental's GPU share")
         return self
+
+
+RELEASED: Final = "released"  # a stop's reason when an ended rental's kept /workspace is released
 
 
 class StopWorkload(StrictModel):
