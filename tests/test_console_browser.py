@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -833,7 +834,8 @@ class TestConnect:
         key's SHA256 fingerprint as ssh-keygen prints it, the note to add an SSH key, one row per port (8888 reads "Open
         Jupyter"); Open on 8000 opens the relay's web address of the rental's port in a new tab, which serves the rental's
         page, and the bytes moved show; a refused connect shows the API's message in the port's row. Fits a phone."""
-        console = await _console(browser, market, viewport={"width": 1366, "height": 900}, ignore_https_errors=True)
+        console = await _console(browser, market, viewport={"width": 1366, "height": 900}, ignore_https_errors=True,
+                                 permissions=["clipboard-read", "clipboard-write"])
         page = console.page
         for key in (await console.api("renter", "/account/ssh-keys"))["ssh_keys"]:  # no key: the page says where to add one
             await console.api("renter", f"/account/ssh-keys/{key['id']}", method="DELETE")
@@ -841,12 +843,15 @@ class TestConnect:
                                           "ports": [8000, 8888]})  # fmt: skip
         try:
             # The agents of `up` may not report an SSH host key: the page is given one, to show its fingerprint.
+            # Once it ended, the page is told its /workspace is kept a while (a workload that exited on its own).
             host_key = _ssh_public_key("host")
+            kept: dict[str, str] = {}
 
             async def with_host_key(route: Any) -> None:
                 response = await route.fetch()
                 rental = await response.json()
                 rental["ssh_host_key"] = rental["ssh_host_key"] or host_key
+                rental.update(kept)
                 await route.fulfill(response=response, json=rental)
 
             await page.route(f"**/api/v1/rentals/{rental_id}", with_host_key)
@@ -857,7 +862,9 @@ class TestConnect:
             await expect(panel.locator("#ssh-command")).to_have_text(f"gpumarket ssh {rental_id}")
             await expect(panel.locator("#cp-to-command")).to_have_text(f"gpumarket cp ./data {rental_id}:")
             await expect(panel.locator("#cp-from-command")).to_have_text(f"gpumarket cp {rental_id}:results.csv .")
-            await expect(panel.get_by_role("button", name="Copy the SSH command")).to_be_visible()
+            await panel.get_by_role("button", name="Copy the SSH command").click()
+            await expect(panel.locator(".copy-status").first).to_have_text("Copied.")
+            assert await page.evaluate("navigator.clipboard.readText()") == f"gpumarket ssh {rental_id}"
             await expect(panel.locator("#ssh-host-key")).to_have_attribute("data-fingerprint", _fingerprint(host_key))
             await expect(panel.locator("#ssh-host-key")).to_contain_text("(ssh-ed25519)")
             await expect(panel.locator(".ssh-keys-note")).to_contain_text("No SSH key yet?")
@@ -906,10 +913,17 @@ class TestConnect:
         finally:
             await console.api("renter", f"/rentals/{rental_id}", method="DELETE")
         await _until_ended(console, rental_id)
-        await expect(page.locator("section.connect")).to_have_attribute("data-mode", re.compile("^(ended|files)$"))
+        panel = page.locator("section.connect")
+        await expect(panel).to_have_attribute("data-mode", re.compile("^(ended|files)$"))
+        kept["workspace_until"] = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+        await expect(panel).to_have_attribute("data-mode", "files")
+        await expect(panel.locator("#workspace-note")).to_contain_text("stays reachable over SFTP")
+        await expect(panel.locator("#cp-from-command")).to_have_text(f"gpumarket cp {rental_id}:results.csv .")
+        await expect(panel.locator("#ssh-command, .port-row")).to_have_count(0)
+        await panel.screenshot(path=tmp_path / "connect-files-390.png")
         assert console.problems == []
 
-    async def test_a_hold_rental_has_nothing_to_connect_to(self, browser: Browser, market: Market) -> None:
+    async def test_a_hold_rental_has_nothing_to_connect_to(self, browser: Browser, market: Market, tmp_path: Path) -> None:
         """A rental that holds GPUs says there is nothing to connect to, with no command and no Open button."""
         console = await _console(browser, market)
         page = console.page
@@ -922,6 +936,7 @@ class TestConnect:
             await expect(panel.locator("#connect-none")).to_contain_text("runs nothing to connect to")
             await expect(panel.get_by_role("button")).to_have_count(0)
             await expect(panel.locator("#ssh-command")).to_have_count(0)
+            await panel.screenshot(path=tmp_path / "connect-hold-1280.png")
         finally:
             await console.api("renter", f"/rentals/{rental_id}", method="DELETE")
         await _until_ended(console, rental_id)

@@ -99,7 +99,7 @@ export function connectPanel(ctx, rentalId) {
     const note = h("p", { class: "hint ssh-keys-note", hidden: true });
     api("GET", "/account/ssh-keys").then(({ ssh_keys: keys }) => {
       if (!ctx.alive() || keys.length) return;
-      replace(note, "No SSH key yet? Add one on the ", link("#/ssh-keys", "SSH keys page"), ": SSH accepts the keys your account has when the rental starts.");
+      replace(note, "No SSH key yet? Add one on the ", link("#/ssh-keys", "SSH keys page"), "; rentals started after that accept it (a rental gets the keys its renter has when it starts).");
       note.hidden = false;
     }).catch(() => {
       /* the note is a hint; without the list there is nothing to say */
