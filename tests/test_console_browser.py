@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -150,11 +151,12 @@ class Console:
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         await self.page.screenshot(path=ARTIFACTS / f"{name}.png", full_page=True)
 
-    async def api(self, role: str, path: str, method: str = "GET") -> Any:
-        """The API's own answer, with the role's key (to check what the page did, or to clean up after it)."""
+    async def api(self, role: str, path: str, method: str = "GET", body: Any = None) -> Any:
+        """The API's own answer, with the role's key (to check what the page did, to set up or to clean up after it)."""
         async with (
             aiohttp.ClientSession() as http,
-            http.request(method, self.market.api + path, headers={"Authorization": f"Bearer {self.market.keys[role]}"}) as response,
+            http.request(method, self.market.api + path, json=body,
+                         headers={"Authorization": f"Bearer {self.market.keys[role]}"}) as response,
         ):
             return await response.json()
 
@@ -800,3 +802,163 @@ async def _until_keys(console: Console, count: int) -> list[dict[str, Any]]:
         assert time.monotonic() < deadline, keys
         await console.page.wait_for_timeout(100)
     return list(keys)
+
+
+# A busybox web server on the rental's port 8000 (8888 is declared too, for the Jupyter label; nothing listens there).
+WEB_SCRIPT = ('mkdir -p /workspace/www && echo "hello from the rental" > /workspace/www/index.html && '
+              "httpd -p 8000 -h /workspace/www && echo ready; sleep 3600")
+
+
+def _fingerprint(public_key: str) -> str:
+    """ssh-keygen -l's SHA256 form of an OpenSSH public key line."""
+    import base64
+    import hashlib
+
+    digest = hashlib.sha256(base64.b64decode(public_key.split()[1])).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+async def _rent(console: Console, workload: dict[str, Any]) -> str:
+    """A one-GPU rental of the container host's offer made through the API; its id."""
+    offer = await _container_offer(console)
+    rental = await console.api("renter", "/rentals", "POST", {"offer_id": offer["id"], "gpu_count": 1, "workload": workload})
+    assert "id" in rental, rental
+    return str(rental["id"])
+
+
+class TestConnect:
+    async def test_a_running_rental_shows_ssh_its_ports_and_opens_one_in_a_new_tab(
+        self, browser: Browser, market: Market, docker_image: str, tmp_path: Path
+    ) -> None:
+        """A running container rental with ports 8000 and 8888: the Connect panel shows the ssh and cp commands, the host
+        key's SHA256 fingerprint as ssh-keygen prints it, the note to add an SSH key, one row per port (8888 reads "Open
+        Jupyter"); Open on 8000 opens the relay's web address of the rental's port in a new tab, which serves the rental's
+        page, and the bytes moved show; a refused connect shows the API's message in the port's row. Fits a phone."""
+        console = await _console(browser, market, viewport={"width": 1366, "height": 900}, ignore_https_errors=True,
+                                 permissions=["clipboard-read", "clipboard-write"])
+        page = console.page
+        for key in (await console.api("renter", "/account/ssh-keys"))["ssh_keys"]:  # no key: the page says where to add one
+            await console.api("renter", f"/account/ssh-keys/{key['id']}", method="DELETE")
+        rental_id = await _rent(console, {"kind": "container", "image": docker_image, "command": ["sh", "-c", WEB_SCRIPT],
+                                          "ports": [8000, 8888]})  # fmt: skip
+        try:
+            # The agents of `up` may not report an SSH host key: the page is given one, to show its fingerprint.
+            # Once it ended, the page is told its /workspace is kept a while (a workload that exited on its own).
+            host_key = _ssh_public_key("host")
+            kept: dict[str, str] = {}
+
+            async def with_host_key(route: Any) -> None:
+                response = await route.fetch()
+                rental = await response.json()
+                rental["ssh_host_key"] = rental["ssh_host_key"] or host_key
+                rental.update(kept)
+                await route.fulfill(response=response, json=rental)
+
+            await page.route(f"**/api/v1/rentals/{rental_id}", with_host_key)
+            await console.sign_in("renter")
+            await console.go(f"#/rentals/{rental_id}")
+            panel = page.locator("section.connect")
+            await expect(panel).to_have_attribute("data-mode", "live")
+            await expect(panel.locator("#ssh-command")).to_have_text(f"gpumarket ssh {rental_id}")
+            await expect(panel.locator("#cp-to-command")).to_have_text(f"gpumarket cp ./data {rental_id}:")
+            await expect(panel.locator("#cp-from-command")).to_have_text(f"gpumarket cp {rental_id}:results.csv .")
+            await panel.get_by_role("button", name="Copy the SSH command").click()
+            await expect(panel.locator(".copy-status").first).to_have_text("Copied.")
+            assert await page.evaluate("navigator.clipboard.readText()") == f"gpumarket ssh {rental_id}"
+            await expect(panel.locator("#ssh-host-key")).to_have_attribute("data-fingerprint", _fingerprint(host_key))
+            await expect(panel.locator("#ssh-host-key")).to_contain_text("(ssh-ed25519)")
+            await expect(panel.locator(".ssh-keys-note")).to_contain_text("No SSH key yet?")
+            await expect(panel.get_by_role("link", name="SSH keys page")).to_have_attribute("href", "#/ssh-keys")
+            rows = panel.locator(".port-row")
+            await expect(rows).to_have_count(2)
+            await expect(rows.nth(0).get_by_role("button")).to_have_text("Open")
+            await expect(rows.nth(1).get_by_role("button")).to_have_text("Open Jupyter")
+
+            # Open: the rental's port in a new tab, at its name under the relay's ports domain; the relay serves its page.
+            async def ready() -> bool:
+                return "ready" in (await console.api("renter", f"/rentals/{rental_id}/logs"))["data"]
+
+            deadline = time.monotonic() + WAIT_MS / 1000
+            while not await ready():
+                assert time.monotonic() < deadline, "the rental's web server did not start"
+                await page.wait_for_timeout(200)
+            async with console.context.expect_page() as opened:
+                await page.get_by_role("button", name="Open port 8000 in a new tab").click()
+            tab = await opened.value
+            await tab.wait_for_url(re.compile(rf"^https://{re.escape(rental_id)}-8000\.ports\.localhost:\d+/"))
+            await expect(tab.locator("body")).to_contain_text("hello from the rental")
+            assert "gm_token" not in tab.url  # the relay set its cookie and took the token out of the address
+            await tab.close()
+            await page.wait_for_function("() => +document.querySelector('#tunnel-out').dataset.bytes > 0", timeout=WAIT_MS)
+            await expect(panel.locator("#tunnel-out")).to_have_text(re.compile(r"^[\d.,]+ (B|kB|MB)$"))
+
+            # A refused connect: the API's one-line message in the port's row, and the tab opened for it closed again.
+            message = f"the host of rental {rental_id} is not connected to any relay right now; try again in a minute"
+            await page.route(f"**/api/v1/rentals/{rental_id}/connect", lambda route: route.fulfill(
+                status=409, json={"code": "host_offline", "message": message}))
+            await rows.nth(1).get_by_role("button", name="Open Jupyter (port 8888) in a new tab").click()
+            await expect(rows.nth(1).get_by_role("alert")).to_have_text(message)
+            await expect(rows.nth(1).get_by_role("alert")).to_have_attribute("data-code", "host_offline")
+            deadline = time.monotonic() + WAIT_MS / 1000
+            while len(console.context.pages) > 1:
+                assert time.monotonic() < deadline, [p.url for p in console.context.pages]
+                await page.wait_for_timeout(100)
+            await panel.screenshot(path=tmp_path / "connect-1366.png")
+            await console.shot("rental-connect")
+
+            await page.set_viewport_size({"width": 390, "height": 844})
+            assert await console.fits_sideways("main")
+            await panel.screenshot(path=tmp_path / "connect-390.png")
+            await console.shot("rental-connect-narrow")
+        finally:
+            await console.api("renter", f"/rentals/{rental_id}", method="DELETE")
+        await _until_ended(console, rental_id)
+        panel = page.locator("section.connect")
+        await expect(panel).to_have_attribute("data-mode", re.compile("^(ended|files)$"))
+        kept["workspace_until"] = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+        await expect(panel).to_have_attribute("data-mode", "files")
+        await expect(panel.locator("#workspace-note")).to_contain_text("stays reachable over SFTP")
+        await expect(panel.locator("#cp-from-command")).to_have_text(f"gpumarket cp {rental_id}:results.csv .")
+        await expect(panel.locator("#ssh-command, .port-row")).to_have_count(0)
+        await panel.screenshot(path=tmp_path / "connect-files-390.png")
+        assert console.problems == []
+
+    async def test_a_hold_rental_has_nothing_to_connect_to(self, browser: Browser, market: Market, tmp_path: Path) -> None:
+        """A rental that holds GPUs says there is nothing to connect to, with no command and no Open button."""
+        console = await _console(browser, market)
+        page = console.page
+        rental_id = await _rent(console, {"kind": "hold"})
+        try:
+            await console.sign_in("renter")
+            await console.go(f"#/rentals/{rental_id}")
+            panel = page.locator("section.connect")
+            await expect(panel).to_have_attribute("data-mode", "hold")
+            await expect(panel.locator("#connect-none")).to_contain_text("runs nothing to connect to")
+            await expect(panel.get_by_role("button")).to_have_count(0)
+            await expect(panel.locator("#ssh-command")).to_have_count(0)
+            await panel.screenshot(path=tmp_path / "connect-hold-1280.png")
+        finally:
+            await console.api("renter", f"/rentals/{rental_id}", method="DELETE")
+        await _until_ended(console, rental_id)
+        assert console.problems == []
+
+    async def test_the_pages_fingerprints_and_byte_counts_read_like_ssh_keygen(self, browser: Browser, market: Market) -> None:
+        """console/static/connect.js: sshFingerprint gives ssh-keygen's SHA256 form for Ed25519 and RSA keys and null for
+        what is no key; humanBytes reads in decimal units."""
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import rsa
+
+        rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048).public_key().public_bytes(
+            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
+        keys = [_ssh_public_key("a@b"), rsa_key]
+        console = await _console(browser, market)
+        await console.sign_in("renter")
+        fingerprints, sizes = await console.page.evaluate(
+            """async (keys) => {
+                const m = await import('/static/connect.js');
+                const fps = await Promise.all([...keys, 'ssh-ed25519', 'ssh-ed25519 not*base64', ''].map(m.sshFingerprint));
+                return [fps, [0, 999, 1000, 12_345_678, 1.5e9].map(m.humanBytes)];
+            }""", keys)  # fmt: skip
+        assert fingerprints == [*map(_fingerprint, keys), None, None, None]
+        assert sizes == ["0 B", "999 B", "1 kB", "12.3 MB", "1.5 GB"]
+        assert console.problems == []

@@ -1,6 +1,7 @@
 // Renter pages: the marketplace (offers, renting), rentals with live GPU charts, billing.
 
 import { api, query, uuid4 } from "./api.js";
+import { connectPanel } from "./connect.js";
 import { badge, facts, field, h, link, num, replace, table, timeEl, uid } from "./dom.js";
 import { invoicesSection } from "./invoices.js";
 import { multiply, parseDecimal, usd } from "./money.js";
@@ -413,8 +414,10 @@ export function rentalPage(page, ctx) {
   const events = h("div", {});
   const logs = h("pre", { class: "logs", tabindex: "0", "aria-label": "Workload output" });
   const chartsSlot = h("div", {});
+  const connect = connectPanel(ctx, rentalId);
+  connect.el.hidden = true; // until the rental is loaded
   replace(page, h("p", { class: "crumbs" }, link("#/rentals", "← Rentals")), heading(`Rental ${rentalId}`), errors.el, actions, summary,
-    chartsSlot, h("section", { "aria-labelledby": "events-title" }, h("h2", { id: "events-title" }, "Events"), events),
+    connect.el, chartsSlot, h("section", { "aria-labelledby": "events-title" }, h("h2", { id: "events-title" }, "Events"), events),
     h("section", { "aria-labelledby": "logs-title" }, h("h2", { id: "logs-title" }, "Logs"), logs));
 
   let charts = null;
@@ -495,6 +498,8 @@ export function rentalPage(page, ctx) {
       lastState = rental.state;
       changedAt = Date.now();
     }
+    connect.update(rental);
+    connect.el.hidden = false;
     replace(events, eventsTable(rental.events || []));
     if (!charts && rental.host_id && rental.gpu_uuids && rental.gpu_uuids.length) {
       charts = gpuCharts(rental.host_id, { uuids: rental.gpu_uuids, heading: "Live GPU telemetry of this rental" });
