@@ -26,6 +26,7 @@ import logging
 import socket
 from typing import TYPE_CHECKING, Protocol
 
+from shared.errors import GpumarketError
 from shared.streams import OpenRequest, ResetCode, StreamProtocolError, TunnelCode, decode_open_header
 from shared.streams.aio import Channel, splice
 
@@ -110,7 +111,12 @@ class TunnelServer:
         if request.kind == "ssh":
             await self._serve_ssh(channel, request.rental_id)
             return
-        address = await self.workloads.container_address(request.rental_id)
+        try:
+            address = await self.workloads.container_address(request.rental_id)
+        except GpumarketError as exc:  # the engine does not answer
+            log.warning("rental %s: cannot find its container's address (%s)", request.rental_id, exc)
+            channel.reset(ResetCode.CONNECT_FAILED)
+            return
         if address is None:
             channel.reset(TunnelCode.NOT_OFFERED)
             return

@@ -48,7 +48,7 @@ import tarfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiodocker
 import aiohttp
@@ -78,6 +78,7 @@ from shared.imageref import ImageReference, image_allowed, parse_image_reference
 from shared.protocol import ContainerWorkload, GpuShare
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class ContainerRuntime:
@@ -211,9 +212,13 @@ class ContainerRuntime:
         )
 
     async def _inspect_image(self, image: str) -> dict[str, Any] | None:
+        return await self._engine_read(self.docker().images.inspect(image))
+
+    async def _engine_read(self, call: Awaitable[T]) -> T | None:
+        """One read from the engine: ``None`` for 404, ``BadRequest`` (``unavailable``) when it does not answer."""
         try:
             async with asyncio.timeout(self.options.engine_timeout):
-                return await self.docker().images.inspect(image)
+                return await call
         except DockerError as exc:
             if exc.status == 404:
                 return None
@@ -434,18 +439,6 @@ class ContainerRuntime:
 
     # ---- watching, stopping, removing -----------------------------------------------------
 
-    async def address(self, workload: Workload) -> str | None:
-        """The container's address on its rental network, where the agent reaches its ports."""
-        assert workload.container is not None
-        try:
-            info = await self.docker().containers.container(workload.container[0]).show()
-        except DockerError:
-            return None
-        networks = (info.get("NetworkSettings") or {}).get("Networks") or {}
-        own: dict[str, Any] = networks.get(workload.container[1]) or next(iter(networks.values()), {})  # its network has its name
-        address = own.get("IPAddress")
-        return str(address) if address else None
-
     def handle(self, workload: Workload) -> ContainerHandle:
         """Follow the workload's container: its output into ``output.log``, its exit."""
         assert workload.container is not None
@@ -511,30 +504,18 @@ class ContainerRuntime:
         """Where the rental's ``/workspace`` volume lies on this host (its ``Mountpoint``), also after its
         container ended, until ``forget_volume``; ``None`` when it has none. Raises ``BadRequest`` without an engine."""
         name = resource_name(rental_id, self.options.owner)
-        try:
-            async with asyncio.timeout(self.options.engine_timeout):
-                volume = await self.docker()._query_json(f"volumes/{name}")
-        except DockerError as exc:
-            if exc.status == 404:
-                return None
-            raise self.unavailable(exc.message) from None
-        except ENGINE_ERRORS as exc:
-            raise self.unavailable(exc) from None
+        volume = await self._engine_read(self.docker()._query_json(f"volumes/{name}"))
+        if volume is None:
+            return None
         mountpoint = volume.get("Mountpoint")
         return Path(mountpoint) if isinstance(mountpoint, str) and mountpoint.startswith("/") else None
 
     async def container_address(self, rental_id: str) -> str | None:
         """The rental's container's IPv4 address on its own network (``None``: not running). Raises ``BadRequest`` without an engine."""
         name = resource_name(rental_id, self.options.owner)
-        try:
-            async with asyncio.timeout(self.options.engine_timeout):
-                info = await self.docker().containers.container(name).show()
-        except DockerError as exc:
-            if exc.status == 404:
-                return None
-            raise self.unavailable(exc.message) from None
-        except ENGINE_ERRORS as exc:
-            raise self.unavailable(exc) from None
+        info = await self._engine_read(self.docker().containers.container(name).show())
+        if info is None:
+            return None
         if not (info.get("State") or {}).get("Running"):
             return None
         networks = (info.get("NetworkSettings") or {}).get("Networks") or {}

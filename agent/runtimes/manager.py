@@ -172,11 +172,12 @@ class WorkloadManager:
         return self._workloads.get(rental_id)
 
     async def container_address(self, rental_id: str) -> str | None:
-        """The address of the rental's container on its own network (``None``: no container runs)."""
+        """The address of the rental's container on its own network (``None``: no container runs).
+        Raises ``BadRequest`` when the engine does not answer."""
         workload = self._workloads.get(rental_id)
         if workload is None or workload.container is None:
             return None
-        return await self.containers.address(workload)
+        return await self.containers.container_address(rental_id)
 
     def running(self) -> list[str]:
         """Rental ids whose workload runs (or holds its GPUs), stopping ones included."""
