@@ -197,7 +197,8 @@ SSH_EPILOG = """\
 Everything after RENTAL goes to ssh: its options first, then the remote command (a `--` may
 separate them). The host key is the one the rental's host reported, pinned in
 $XDG_CONFIG_HOME/gpumarket/known_hosts: ssh refuses any other (StrictHostKeyChecking yes).
-You log in with the SSH keys on your account (POST /api/v1/ssh-keys); -i picks one.
+You log in with an SSH key registered on your account (POST /api/v1/account/ssh-keys);
+-i picks one.
 
 examples:
   gpumarket ssh r-0123456789abcdef
