@@ -182,7 +182,10 @@ async def test_sighup_from_ssh_closes_the_websocket_normally(gm: Gm, market: Mar
 
 
 async def test_a_relay_close_code_is_one_line_with_its_reason(gm: Gm) -> None:
-    code, out, err = await gm("tunnel", SSH_RENTAL, "--port", str(CLOSING_PORT))
+    process = await gm.start("tunnel", SSH_RENTAL, "--port", str(CLOSING_PORT))
+    assert process.stdout and process.stderr
+    async with asyncio.timeout(15):  # stdin stays open, as ssh keeps it: the relay's close alone ends it
+        code, out, err = await process.wait(), await process.stdout.read(), (await process.stderr.read()).decode()
     assert code == 255 and out == b""
     assert f"{RELAY_CLOSE[1]} ({RELAY_CLOSE[0]})" in one_line(err)
 

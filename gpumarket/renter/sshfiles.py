@@ -36,9 +36,9 @@ def ssh_config_path(environ: Mapping[str, str]) -> Path:
 
 
 def proxy_command(rental_id: str, *, config: Path | None = None) -> str:
-    """``gpumarket tunnel RENTAL`` as this very Python runs it (a venv's gpumarket needs no PATH),
-    shell-quoted and with ssh's ``%`` escaped."""
-    argv = [sys.executable, "-m", "gpumarket", "tunnel"]
+    """``gpumarket tunnel RENTAL`` as this very Python runs it (a venv's gpumarket needs no PATH;
+    ``gpumarket.renter`` starts faster than the whole CLI), shell-quoted, ssh's ``%`` escaped."""
+    argv = [sys.executable, "-m", "gpumarket.renter", "tunnel"]
     if config is not None:
         argv += ["--config", str(config.absolute())]
     argv.append(rental_id)

@@ -125,11 +125,15 @@ async def splice(ws: ClientConnection, source: Source, sink: Sink, *, stop: asyn
 
 
 def check_close(ws: ClientConnection) -> None:
-    """``TunnelError`` unless the tunnel ended well: we closed it, or the relay closed it with 1000."""
+    """``TunnelError`` unless the tunnel ended well: the relay closed it with 1000 (or no code),
+    or we closed it and the relay answered without a 4xxx reason of its own (when both close at
+    once, the relay's reason wins: "rental stopped" is worth saying)."""
     protocol = ws.protocol
     rcvd, sent = protocol.close_rcvd, protocol.close_sent
     we_closed_first = sent is not None and not protocol.close_rcvd_then_sent
-    if we_closed_first or (rcvd is not None and rcvd.code == 1000):
+    if rcvd is not None and rcvd.code in (1000, 1005):
+        return
+    if we_closed_first and (rcvd is None or rcvd.code < 4000):
         return
     if rcvd is None:
         raise TunnelError("the connection to the relay broke; run the command again")
