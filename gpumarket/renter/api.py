@@ -38,6 +38,10 @@ NEXT_STEP: dict[str, str] = {
     "bid_below_minimum": "bid at least the offer's minimum (`gpumarket offers --json` shows min_bid_per_gpu_hour)",
     "invalid_query": "see the query language in `gpumarket offers --help`",
     "rate_limited": "wait a moment and try again",
+    "rental_not_running": "`gpumarket rentals` shows its state; connect once it is running",
+    "host_offline": "its host is not connected to a relay now; try again in a minute",
+    "port_not_declared": "connect to a port the rental declared with `gpumarket rent --port P`, or to --port ssh",
+    "no_ssh_host_key": "this rental serves no SSH (or has not reported its key yet); try again once it runs",
 }
 
 
@@ -79,8 +83,13 @@ def default_config_path(environ: Mapping[str, str]) -> Path:
     """``$GPUMARKET_CONFIG``, else ``$XDG_CONFIG_HOME/gpumarket/config.json`` (default ``~/.config``)."""
     if environ.get(ENV_CONFIG):
         return Path(environ[ENV_CONFIG])
+    return config_dir(environ) / "config.json"
+
+
+def config_dir(environ: Mapping[str, str]) -> Path:
+    """``$XDG_CONFIG_HOME/gpumarket`` (default ``~/.config/gpumarket``): the SSH files live here."""
     base = environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "gpumarket" / "config.json"
+    return Path(base) / "gpumarket"
 
 
 def normalize_url(url: str) -> str:
@@ -212,6 +221,9 @@ class Client:
             if body is None:
                 raise Unreachable(f"{url} answered {status} with no JSON; is {self.login.api_url} a gpumarket master?")
             return body
+        error = body.get("error") if isinstance(body, dict) else None
+        if isinstance(error, dict) and isinstance(error.get("code"), str):  # {"error": {"code": ..., "message": ...}}
+            body = error
         if isinstance(body, dict) and isinstance(body.get("code"), str):
             raise ApiError(status, body["code"], str(body.get("message") or "no message"))
         raise ApiError(status, f"http_{status}", f"{method} {url} answered {status} {text[:120]!r}; is {self.login.api_url} a gpumarket master?")

@@ -1,7 +1,7 @@
 """The renter's commands (``gpumarket login | offers | rent | rentals | logs | stop | account``) and their parsers.
 
 Each command is a coroutine over a ``Client``; ``run`` turns a ``CliError`` into one line on
-stderr and its exit status. Tables go to stdout, progress to stderr, ``--json`` prints the API's JSON.
+stderr and its exit status, and execs the program a command left in ``args.exec_argv`` (``ssh``). Tables go to stdout, progress to stderr, ``--json`` prints the API's JSON.
 """
 
 from __future__ import annotations
@@ -63,6 +63,9 @@ def run(args: argparse.Namespace) -> None:
                     return await command(args, client)
 
             code = asyncio.run(main())
+        exec_argv: list[str] | None = getattr(args, "exec_argv", None)
+        if exec_argv and not code:
+            _exec(exec_argv)
     except CliError as exc:
         _err(f"gpumarket: {exc.message}")
         raise SystemExit(exc.status) from None
@@ -78,6 +81,16 @@ def run(args: argparse.Namespace) -> None:
         raise SystemExit(130) from None
     if code:
         raise SystemExit(code)
+
+
+def _exec(argv: list[str]) -> None:
+    """Become ``argv`` (``ssh``, ``scp``): its exit status and terminal are the user's."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execv(argv[0], argv)
+    except OSError as exc:
+        raise CliError(f"cannot run {argv[0]} ({exc.strerror or exc}); install OpenSSH's client (apt install openssh-client)") from None
 
 
 # ---- formatting ---------------------------------------------------------------------------------
@@ -342,7 +355,7 @@ def _print_rental_outcome(rental: Mapping[str, Any]) -> None:
 # ---- rentals, logs, stop ------------------------------------------------------------------------
 
 
-async def _all_rentals(client: Client) -> list[dict[str, Any]]:
+async def all_rentals(client: Client) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     for page in range(MAX_PAGES):
         body = await client.get("/rentals", {"limit": PAGE_SIZE, "offset": page * PAGE_SIZE})
@@ -353,7 +366,7 @@ async def _all_rentals(client: Client) -> list[dict[str, Any]]:
 
 
 async def cmd_rentals(args: argparse.Namespace, client: Client) -> int:
-    items = await _all_rentals(client)
+    items = await all_rentals(client)
     if not args.all:
         items = [r for r in items if r["state"] in ACTIVE_STATES]
     if args.json:
@@ -497,7 +510,7 @@ def _port(text: str) -> int:
     return value
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+def common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, metavar="FILE",
                         help="the login file (default $XDG_CONFIG_HOME/gpumarket/config.json, or $GPUMARKET_CONFIG)")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=30.0, metavar="S", help="seconds one API call may take (default 30)")
@@ -537,7 +550,7 @@ examples:
   gpumarket rent --interruptible --bid 0.20 --max-price 0.30 --no-wait"""
 
 
-def _set_command(parser: argparse.ArgumentParser, command: Command | None) -> None:
+def set_command(parser: argparse.ArgumentParser, command: Command | None) -> None:
     parser.set_defaults(func=run, renter_func=command)
 
 
@@ -550,8 +563,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                            "only you can read (0600).")  # fmt: skip
     login.add_argument("--api", metavar="URL", help="the master's URL, e.g. https://gpumarket.example (default: $GPUMARKET_API_URL)")
     login.add_argument("--key", metavar="KEY", help="the API key (better: on stdin or at the prompt)")
-    _common(login)
-    _set_command(login, None)  # cmd_login: no saved login needed
+    common_options(login)
+    set_command(login, None)  # cmd_login: no saved login needed
 
     offers = sub.add_parser("offers", help="GPUs you can rent now", formatter_class=formatter, epilog=OFFERS_EPILOG,
                             description="List offers (per host and GPU model) with price per GPU-hour, region, tier, "
@@ -563,8 +576,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     offers.add_argument("--isolated", action="store_true", help="only hosts that isolate renters' workloads")
     offers.add_argument("--limit", type=_limit, default=50, metavar="N", help="at most N offers (default 50, at most 500)")
     offers.add_argument("--json", action="store_true", help="print the API's JSON")
-    _common(offers)
-    _set_command(offers, cmd_offers)
+    common_options(offers)
+    set_command(offers, cmd_offers)
 
     rent = sub.add_parser("rent", help="rent GPUs and wait until the rental runs", formatter_class=formatter, epilog=RENT_EPILOG,
                           description="Rent GPUs from an offer, or from any host matching --model / --max-price / --where, "
@@ -586,16 +599,16 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     rent.add_argument("--queue", action="store_true", help="wait for GPUs (up to 10 minutes) when none are free now")
     rent.add_argument("--no-wait", action="store_true", help="print the rental as created, do not wait until it runs")
     rent.add_argument("--json", action="store_true", help="print the rental's JSON (no progress lines)")
-    _common(rent)
-    _set_command(rent, cmd_rent)
+    common_options(rent)
+    set_command(rent, cmd_rent)
 
     rentals = sub.add_parser("rentals", help="your rentals", formatter_class=formatter,
                              description="Your active rentals (pending, starting, running, stopping), newest first.",
                              epilog="examples:\n  gpumarket rentals\n  gpumarket rentals --all --json")  # fmt: skip
     rentals.add_argument("--all", action="store_true", help="ended rentals too")
     rentals.add_argument("--json", action="store_true", help="print the rentals' JSON")
-    _common(rentals)
-    _set_command(rentals, cmd_rentals)
+    common_options(rentals)
+    set_command(rentals, cmd_rentals)
 
     logs = sub.add_parser("logs", help="a rental's output", formatter_class=formatter,
                           description="Print a rental's workload output (as far as its host has sent it) to stdout, as it is.",
@@ -603,8 +616,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     logs.add_argument("rental", metavar="RENTAL", help="the rental's id")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the rental ends (Ctrl-C to stop)")
     logs.add_argument("--since-offset", type=_offset, default=0, metavar="N", help="start at byte N of the output (default 0)")
-    _common(logs)
-    _set_command(logs, cmd_logs)
+    common_options(logs)
+    set_command(logs, cmd_logs)
 
     stop = sub.add_parser("stop", help="stop a rental", formatter_class=formatter,
                           description="Stop a rental: its workload is stopped and billing ends; the GPUs are freed when "
@@ -612,12 +625,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     stop.add_argument("rental", metavar="RENTAL", help="the rental's id")
     stop.add_argument("--wait", action="store_true", help="wait until the host has confirmed the stop")
     stop.add_argument("--json", action="store_true", help="print the rental's JSON")
-    _common(stop)
-    _set_command(stop, cmd_stop)
+    common_options(stop)
+    set_command(stop, cmd_stop)
 
     account = sub.add_parser("account", help="your balance, burn rate, spend cap and quotas", formatter_class=formatter,
                              description="Your account: balance, what your rentals burn per hour, spend cap, quotas; "
                              "a provider's earnings.", epilog="examples:\n  gpumarket account\n  gpumarket account --json")  # fmt: skip
     account.add_argument("--json", action="store_true", help="print the API's JSON")
-    _common(account)
-    _set_command(account, cmd_account)
+    common_options(account)
+    set_command(account, cmd_account)
