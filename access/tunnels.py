@@ -13,7 +13,9 @@ so a refusal is a plain HTTP answer with one line saying what to do:
 429    the rental has ``max_streams_per_rental`` connections open here already
 =====  ==========================================================================================
 
-Once upgraded, each binary message carries bytes of the stream, both ways; the relay opens a
+Once upgraded, each binary message carries bytes of the stream, both ways, and an empty one from
+the renter ends its input while it still reads (a half-close: ``printf req | gpumarket tunnel``
+gets its answer); the relay opens a
 stream on the agent link with the token's rental, port and kind as its OPEN header. The agent
 decides the rest (the rental runs here, the port is the rental's): it resets the stream otherwise,
 and the relay closes the websocket with ``4404`` and the reason. A renter's websocket that ends
@@ -148,11 +150,17 @@ async def _splice_websocket(connection: ServerConnection, channel: Channel) -> N
             await connection.send(data)
 
     async def to_agent() -> None:
+        finished = False
         async for message in connection:
             if isinstance(message, str):
                 message = message.encode()
+            if finished:
+                continue  # nothing may follow the end of the renter's input; dropped
             if message:
                 await channel.write(message)
+            else:  # an empty message: the renter's input ended, it still reads (a half-close)
+                channel.close()
+                finished = True
         channel.close()  # the renter finished
 
     outward = asyncio.ensure_future(to_renter())

@@ -8,8 +8,12 @@ busybox shell on 8001) serve every check of the module, in order; the rental is 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import os
 import socket
 import ssl
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -76,13 +80,18 @@ async def setting(tmp_path_factory: pytest.TempPathFactory, docker_image: str) -
     mp = pytest.MonkeyPatch()
     for name, value in NO_RATE_LIMITS.items():
         mp.setenv(name, value)
-    data = Path(tmp_path_factory.mktemp("tunnels")) / "data"
+    home = Path(tmp_path_factory.mktemp("tunnels"))
+    data = home / "data"
+    key = home / "id_ed25519"
+    await asyncio.to_thread(subprocess.run, ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "renter@test", "-f", str(key)], check=True)
     market = await start_marketplace(data, agents=1, http_port=0, relay_port=0, heartbeat_interval=TICK,
                                      telemetry_interval=TICK, missed_heartbeats_offline=MISSED)  # fmt: skip
     http = aiohttp.ClientSession()
     try:
         renter = Api(http, market.api_url, market.credentials["renter"]["api_key"])
         await eventually(lambda: _hosts_online(renter, 1), what="the host online")
+        status, _ = await renter.call("POST", "/account/ssh-keys", json={"public_key": (home / "id_ed25519.pub").read_text()})
+        assert status == 201
         workload = {"kind": "container", "image": docker_image, "command": ["sh", "-c", SCRIPT],
                     "env": {"WS_ECHO": WS_ECHO}, "ports": [8000, 8001]}
         status, rental = await renter.call("POST", "/rentals", json={"gpu_count": 1, "workload": workload})
@@ -92,7 +101,10 @@ async def setting(tmp_path_factory: pytest.TempPathFactory, docker_image: str) -
             return "ready" in (await renter.get(f"/rentals/{rental['id']}/logs"))["data"]
 
         await eventually(ready, timeout=60, what="the rental's servers to start")
-        yield {"market": market, "renter": renter, "rental": rental, "http": http}
+        env = {**os.environ, "GPUMARKET_API_URL": market.api_url.removesuffix("/api/v1"),
+               "GPUMARKET_API_KEY": market.credentials["renter"]["api_key"], "XDG_CONFIG_HOME": str(home / "config"),
+               "HOME": str(home)}
+        yield {"market": market, "renter": renter, "rental": rental, "http": http, "env": env, "key": key, "home": home}
     finally:
         await http.close()
         await market.stop()
@@ -126,6 +138,49 @@ async def test_a_declared_port_answers_through_the_renter_websocket(setting: dic
     assert view["kind"] == "tcp" and view["port"] == 8000 and view["ssh"] is None
     answer = await _raw_http_through(view)
     assert answer.startswith(b"HTTP/1.") and b"hello from the rental" in answer, answer[:300]
+
+
+def _cli(setting: dict[str, Any], *args: str, stdin: bytes = b"", timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "gpumarket", *args], input=stdin, capture_output=True, env=setting["env"],
+                          timeout=timeout, check=False)
+
+
+async def test_ssh_runs_a_command_in_the_rental_through_the_relay(setting: dict[str, Any]) -> None:
+    """Debian's OpenSSH through `gpumarket ssh`: the rental's pinned host key, the renter's key, a command in its container."""
+    rental_id = setting["rental"]["id"]
+    done = await asyncio.to_thread(
+        _cli, setting, "ssh", rental_id, "-i", str(setting["key"]), "-o", "IdentitiesOnly=yes", "--",
+        "echo hello from $(id -u) in $(pwd); exit 7",
+    )
+    assert done.returncode == 7, done.stderr.decode()
+    assert done.stdout.decode().strip() == "hello from 1000 in /workspace", done.stdout
+    host_key = (await setting["renter"].get(f"/rentals/{rental_id}"))["ssh_host_key"]
+    assert host_key.startswith("ssh-ed25519 ")
+    pinned = (setting["home"] / "config" / "gpumarket" / "known_hosts").read_text()
+    assert f"{rental_id}.gpumarket {host_key}" in pinned  # the key the agent reported, nothing learnt on first use
+
+
+async def test_scp_round_trips_50_mb_with_an_equal_checksum(setting: dict[str, Any]) -> None:
+    home, rental_id = setting["home"], setting["rental"]["id"]
+    payload = home / "payload.bin"
+    payload.write_bytes(os.urandom(50 << 20))
+    key = ("-i", str(setting["key"]), "-q")
+    up = await asyncio.to_thread(_cli, setting, "cp", *key, str(payload), f"{rental_id}:payload.bin")
+    assert up.returncode == 0, up.stderr.decode()
+    back = home / "back.bin"
+    down = await asyncio.to_thread(_cli, setting, "cp", *key, f"{rental_id}:/workspace/payload.bin", str(back))
+    assert down.returncode == 0, down.stderr.decode()
+    assert hashlib.sha256(back.read_bytes()).digest() == hashlib.sha256(payload.read_bytes()).digest()
+    # In the rental it is the workload's file.
+    owner = await asyncio.to_thread(_cli, setting, "ssh", rental_id, "-i", str(setting["key"]), "--", "stat -c %u /workspace/payload.bin")
+    assert owner.stdout.decode().strip() == "1000", owner
+
+
+async def test_the_tunnel_half_closes_so_a_piped_request_gets_its_answer(setting: dict[str, Any]) -> None:
+    done = await asyncio.to_thread(_cli, setting, "tunnel", setting["rental"]["id"], "--port", "8000",
+                                   stdin=b"GET /index.html HTTP/1.0\r\nHost: x\r\n\r\n")
+    assert done.returncode == 0, done.stderr.decode()
+    assert b"hello from the rental" in done.stdout
 
 
 async def test_bytes_moved_are_counted_on_the_rental(setting: dict[str, Any]) -> None:
@@ -215,28 +270,31 @@ async def test_when_the_hosts_relay_dies_mid_copy_the_renter_connects_again_thro
     )
     await second.start()
     try:
-        view = await _connect(renter, rental_id, 8000)
-        assert view["relay_id"] == first.relay_id
-        headers = {"Authorization": f"Bearer {view['token']}"}
-        async with ws_connect(view["relay_url"], ssl=_trusting(view["ca_pem"]), additional_headers=headers) as ws:
-            # A long upload to httpd (it reads the body it was promised): the copy is under way when the relay goes.
-            await ws.send(b"POST /index.html HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n\r\n")
-            chunk = b"x" * 65536
-            for _ in range(32):
-                await ws.send(chunk)
-            closing = asyncio.create_task(first.close())
-            with pytest.raises(ConnectionClosed):
-                async with asyncio.timeout(15):
-                    while True:
-                        await ws.send(chunk)
-            await closing
+        big = setting["home"] / "big.bin"
+        big.write_bytes(os.urandom(200 << 20))
+        key = ("-i", str(setting["key"]), "-q")
+        agent = market.agents[0]
+        copy = asyncio.create_task(asyncio.to_thread(_cli, setting, "cp", *key, str(big), f"{rental_id}:big.bin"))
+
+        async def copying() -> bool:  # the upload is under way through the first relay
+            return first.renters is not None and bool(first.renters.open_per_rental.get(rental_id)) and agent.tunnels.open_streams(rental_id) > 0
+
+        await eventually(copying, timeout=30, what="the copy to be under way")
+        await asyncio.sleep(0.3)
+        await first.close()
+        broken = await copy
+        assert broken.returncode != 0, "the copy went through a relay that was closed under it"
 
         async def moved() -> dict[str, Any] | None:
-            status, again = await renter.call("POST", f"/rentals/{rental_id}/connect", json={"port": 8000})
+            status, again = await renter.call("POST", f"/rentals/{rental_id}/connect", json={"port": "ssh"})
             return again if status == 200 and again["relay_id"] == second.relay_id else None
 
-        again = await eventually(moved, timeout=30, what="the host to be on the second relay")
-        assert b"hello from the rental" in await _raw_http_through(again)
+        await eventually(moved, timeout=30, what="the host to be on the second relay")
+        again = await asyncio.to_thread(_cli, setting, "cp", *key, str(big), f"{rental_id}:big.bin")
+        assert again.returncode == 0, again.stderr.decode()
+        digest = await asyncio.to_thread(_cli, setting, "ssh", rental_id, *key[:2], "--", "sha1sum /workspace/big.bin")
+        assert digest.stdout.decode().split()[0] == hashlib.sha1(big.read_bytes()).hexdigest()
+        assert b"hello from the rental" in await _raw_http_through(await _connect(renter, rental_id, 8000))
     finally:
         market.relay = second  # the marketplace closes it when it stops
 

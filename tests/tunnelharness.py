@@ -138,6 +138,9 @@ async def _relay_handler(ws: ServerConnection, market: Market) -> None:
     async def to_target() -> None:
         async for message in ws:
             assert isinstance(message, bytes), "the client sends binary messages only"
+            if not message:  # the end of the client's input: half-close, as the relay does
+                writer.write_eof()
+                continue
             writer.write(message)
             await writer.drain()
 

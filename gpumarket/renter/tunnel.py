@@ -3,7 +3,8 @@
 It is the ProxyCommand that ``gpumarket ssh``, ``cp`` and ``ssh-config`` give ssh: ask the API
 for a ticket (``connect.py``), open a websocket to the ticket's relay with the ticket as bearer
 token, TLS verified against the CA the ticket names (only that CA, never none), then copy bytes
-both ways, one binary message per chunk read. Local EOF closes the websocket normally (1000);
+both ways, one binary message per chunk read. Local EOF sends an empty message (the end of our
+input; the relay half-closes the stream and keeps sending what the far end has);
 the relay closing it ends the tunnel: 1000 is the far end's EOF, a 4xxx code carries the
 relay's reason (refused, a limit, the rental stopped). Errors are one line on stderr and exit
 status 255, as ssh's own.
@@ -96,7 +97,9 @@ async def splice(ws: ClientConnection, source: Source, sink: Sink, *, stop: asyn
         with contextlib.suppress(ConnectionClosed):  # the relay ended it: downstream reports how
             while data := await source.read():
                 await ws.send(data)
-            await ws.close()
+            # An empty message ends our input but keeps reading (a half-close): the relay closes
+            # with 1000 once the far end has sent all it had.
+            await ws.send(b"")
 
     async def downstream() -> None:
         with contextlib.suppress(ConnectionClosed):
@@ -114,7 +117,10 @@ async def splice(ws: ClientConnection, source: Source, sink: Sink, *, stop: asyn
             down.result()
         elif up in done:
             up.result()
-            await down  # the close handshake ends it; the relay's last messages are written first
+            await asyncio.wait({down, stopping}, return_when=asyncio.FIRST_COMPLETED)  # the far end's rest, then its close
+            if not down.done():
+                await ws.close()
+            await down
         else:
             await ws.close()
             await down
