@@ -168,6 +168,7 @@ async def start_marketplace(
             connection_burst_per_source=10_000,
             token_key=certificate_public_key(master.ca.certificate),
             ports_domain=PORTS_DOMAIN,
+            ports_port=relay_port + 1 if relay_port else 0,
             ports_ssl_context=web_ssl_context(cert_file, key_file),
         )
         await relay.start()
@@ -299,6 +300,7 @@ async def run_up(
             f"  console:     {market.console_url}\n"
             f"  API:         {market.api_url}\n"
             f"  credentials: {data_dir.resolve() / 'credentials.json'}\n"
+            f"  web ports:   {_web_ports(market)}\n"
             f"  workloads:   {isolation_summary(market.isolation.facts, who='demo agents')}\n"
             "Press Ctrl-C to stop.",
             flush=True,
@@ -318,3 +320,9 @@ def _dns_names(cert_file: Path) -> list[str]:
         return []
     return names.get_values_for_type(x509.DNSName)
 
+
+def _web_ports(market: Marketplace) -> str:
+    web = market.relay.web_ports
+    if web is None:
+        return "none"
+    return f"{web.url_template.replace('{label}', '<rental>-<port>')} (a certificate of the marketplace's own CA: accept it once)"

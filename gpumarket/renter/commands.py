@@ -347,7 +347,8 @@ def _print_rental_outcome(rental: Mapping[str, Any]) -> None:
     price = f", {money(rental['price_per_hour'])}/h" if rental.get("price_per_hour") else ""
     print(f"{rid} {rstate}: {gpus}{price}")
     if rstate == "running":
-        _err(f"logs: gpumarket logs {rid} -f; stop: gpumarket stop {rid}")
+        inside = f"shell: gpumarket ssh {rid}; files: gpumarket cp FILE {rid}:; " if rental.get("ssh_host_key") else ""
+        _err(f"{inside}logs: gpumarket logs {rid} -f; stop: gpumarket stop {rid}")
     else:
         _err(f"follow it with `gpumarket rentals`; stop it with `gpumarket stop {rid}`")
 
