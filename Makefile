@@ -71,6 +71,7 @@ test: install chromium docker lint typecheck
 bench: install
 	$(BIN)/python bench/bench_protocol.py
 	$(BIN)/python bench/bench_streams.py
+	$(BIN)/python bench/bench_tunnel.py
 	$(BIN)/python bench/bench_bus.py
 	$(BIN)/python bench/bench_relay.py
 	$(BIN)/python bench/bench_relay_capacity.py

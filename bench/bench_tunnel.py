@@ -1,0 +1,583 @@
+"""A renter's bytes through the relay and the agent's link, against plain loopback TCP, in one run.
+
+The path measured is the one ``gpumarket`` renters take: a websocket to the relay's
+``/v1/connect`` (TLS, a connect token signed by the CA) → a stream on the rental host's agent
+link (TLS + client certificate, ``shared.streams``) → the agent's ``TunnelServer`` → a TCP
+connection to the rental's port. Every piece is the real one: ``access.relay.Relay`` with the
+in-process bus, the real ``agent.runner.Agent`` (an enrolled state, a simulated GPU backend,
+its heartbeats, telemetry and spool), and ``websockets`` for the renter. The one stand-in is the
+container: ``TunnelServer`` asks the workload manager for the rental's container address, and
+here a small object answers ``127.0.0.1``, where this benchmark's own TCP server plays the
+rental's program (a sink, a source and an echo, chosen by the first bytes of a connection).
+
+The baseline is the same renter code talking to the same server directly over loopback TCP.
+
+Processes: the relay, the agent and the rental's server share this process and its event loop
+(in production the relay and the agent are separate machines, so the tunnel's figures here are a
+lower bound); the renter runs in a child process. On a 2-core machine the two processes get a
+core each at best.
+
+Figures:
+
+1. Bulk throughput, ``--mb`` MiB uploaded (renter → rental) and downloaded (rental → renter), in
+   64 KiB websocket messages (the relay's renter message size), against a direct TCP copy of the
+   same bytes in 64 KiB writes. Goals: at least 0.5× direct and at least 100 MB/s.
+2. Round trip: a 64-byte request echoed by the rental, p50/p99 over ``--round-trips``, against the
+   same echo over direct TCP; blocks of 100 interleaved. Goal: p50 added under 1 ms.
+3. A keystroke (1 byte, echoed) every 10 ms while 20 bulk copies (10 each way) share the agent
+   link, p50/p99/max; the same with 20 direct TCP copies as baseline. Goal: p99 under 20 ms.
+   Meanwhile the agent's heartbeats (every ``--heartbeat-interval`` s, the relay's welcome sets
+   it) are timed from the spool write to the relay's ack, against the same at rest.
+
+Usage: ``python bench/bench_tunnel.py [--quick] [--mb N] [--round-trips N] [--seconds S]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import ssl
+import struct
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection, connect
+
+from access.relay import Relay
+from access.tunnels import CONNECT_PATH
+from agent.gpu.sim import SimulatedBackend
+from agent.runner import Agent, AgentTimings
+from agent.state import AgentState, Identity, atomic_write
+from agent.tunnels import TunnelServer
+from shared.bus import InProcessBus
+from shared.crypto import (
+    CertificateAuthority,
+    certificate_public_key,
+    generate_private_key,
+    make_csr,
+    server_ssl_context,
+    write_private_key,
+)
+from shared.crypto.tokens import new_claims
+from shared.outbound import FrameStore
+from shared.streams import MAX_DATA
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import describe_machine, quantile
+
+MiB = 1 << 20
+MB = 1_000_000
+HOST_ID = "bench-tunnel-host"
+HEADER = struct.Struct("!cQ")  # what the rental's server does (S sink, D source, E echo) and how many bytes
+ENDLESS = 1 << 62
+CHUNK = MAX_DATA  # 64 KiB: the renter's websocket messages, the direct copy's writes, the server's reads
+ECHO_SIZE = 64
+KEYSTROKE_EVERY = 0.010
+COPIES = 20
+RENTALS = 4  # the bulk copies are spread over rentals: the relay allows 16 connections per rental
+
+
+# ---- the rental's side (this process) -----------------------------------------------------------
+
+
+class RentalProgram:
+    """The rental's stand-in program, a TCP server: ``S`` reads N bytes and answers ``K``; ``D`` writes
+    N bytes; ``E`` echoes until the end. ``close`` drops every connection still open."""
+
+    def __init__(self) -> None:
+        self.payload = os.urandom(CHUNK)
+        self.writers: set[asyncio.StreamWriter] = set()
+
+    async def __call__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.writers.add(writer)
+        try:
+            mode, size = HEADER.unpack(await reader.readexactly(HEADER.size))
+            if mode == b"S":
+                left = size
+                while left > 0 and (data := await reader.read(min(left, 256 * 1024))):
+                    left -= len(data)
+                writer.write(b"K")
+                await writer.drain()
+            elif mode == b"D":
+                left = size
+                while left > 0:
+                    writer.write(self.payload[: min(left, CHUNK)])
+                    left -= CHUNK
+                    await writer.drain()
+            elif mode == b"E":
+                while data := await reader.read(CHUNK):
+                    writer.write(data)
+                    await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self.writers.discard(writer)
+            writer.close()
+
+    def close(self) -> None:
+        for writer in list(self.writers):
+            writer.transport.abort()
+
+
+class ContainerStandIn:
+    """What ``TunnelServer`` asks the workload manager: whether the rental runs here (it does) and its
+    container's address (this machine's loopback, where ``rental_program`` listens)."""
+
+    def workload(self, rental_id: str) -> object | None:
+        return self if rental_id.startswith("bench-rental-") else None
+
+    async def container_address(self, rental_id: str) -> str | None:
+        return "127.0.0.1"
+
+
+class LoopLag:
+    """How late a 1 ms sleep on this process's event loop wakes up (ms), while ``running``."""
+
+    def __init__(self) -> None:
+        self.lags: list[float] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def _probe(self) -> None:
+        while True:
+            started = time.perf_counter()
+            await asyncio.sleep(0.001)
+            self.lags.append((time.perf_counter() - started) * 1e3 - 1.0)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[list[float]]:
+        self.lags = []
+        self._task = asyncio.create_task(self._probe(), name="bench-loop-lag")
+        try:
+            yield self.lags
+        finally:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+@dataclass
+class AckTimes:
+    """Wraps the agent's spool (``FrameStore``): when each heartbeat was written, when its ack came."""
+
+    inner: FrameStore
+    written: dict[int, float] = field(default_factory=dict)
+    delays: list[tuple[float, float]] = field(default_factory=list)  # (written at, seconds to the ack)
+
+    def add(self, seq: int, kind: str, frame: str) -> None:
+        if kind == "heartbeat":
+            self.written[seq] = time.perf_counter()
+        self.inner.add(seq, kind, frame)
+
+    def ack(self, seq: int) -> bool:
+        written = self.written.pop(seq, None)
+        if written is not None:
+            self.delays.append((written, time.perf_counter() - written))
+        return self.inner.ack(seq)
+
+    def discard_kind(self, kind: str) -> int:
+        return self.inner.discard_kind(kind)
+
+    def pending(self) -> Iterator[tuple[int, str]]:
+        return self.inner.pending()
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    @property
+    def evicted(self) -> dict[str, int]:
+        return self.inner.evicted
+
+    def between(self, start: float, end: float) -> tuple[list[float], int]:
+        """Ack delays (ms) of heartbeats written in [start, end), and how many of those are still unacked."""
+        delays = [delay * 1e3 for at, delay in self.delays if start <= at < end]
+        return delays, sum(1 for at in self.written.values() if start <= at < end)
+
+
+def enrolled_state(ca: CertificateAuthority, folder: Path) -> AgentState:
+    """An agent data dir as enrollment leaves it: key, certificate from ``ca``, CA, identity."""
+    state = AgentState(folder)
+    key = generate_private_key()
+    write_private_key(state.key_file, key)
+    state.cert_file.write_bytes(ca.sign_agent_csr(make_csr(key, HOST_ID), host_id=HOST_ID).cert_pem)
+    atomic_write(state.ca_file, ca.cert_pem)
+    state.save_identity(Identity(host_id=HOST_ID, master_url="http://unused"))
+    return state
+
+
+@contextlib.asynccontextmanager
+async def host_side(directory: Path, heartbeat_interval: float) -> AsyncIterator[tuple[dict[str, Any], AckTimes]]:
+    """The relay, the agent connected to it and the rental's program; yields the renter's settings."""
+    ca = CertificateAuthority.load_or_create(directory / "ca")
+    key_file, cert_file = ca.write_server_certificate(directory, ["127.0.0.1", "localhost"])
+    bus = InProcessBus()
+    relay = Relay(
+        relay_id="bench-relay", bus=bus, ssl_context=server_ssl_context(cert_file, key_file, ca.cert_path, require_client_cert=False),  # as `gpumarket up`: renters have none
+        heartbeat_interval=heartbeat_interval, telemetry_interval=1.0,
+        token_key=certificate_public_key(ca.certificate),
+        renter_connection_burst_per_source=1000,  # every renter connection here comes from 127.0.0.1
+    )  # fmt: skip
+    await relay.start()
+    program = RentalProgram()
+    server = await asyncio.start_server(program, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    timings = AgentTimings(network_interval=0, reconnect_base_delay=0.05, reconnect_max_delay=0.5)
+    agent = Agent(enrolled_state(ca, directory / "agent"), SimulatedBackend("sim:8xH100", seed=HOST_ID),
+                  relay_urls=[relay.url], timings=timings, rng=random.Random(7))  # fmt: skip
+    agent.tunnels = TunnelServer(ContainerStandIn())  # type: ignore[arg-type]  # the container's stand-in
+    acks = AckTimes(agent.window.store)
+    agent.window.store = acks
+    running = asyncio.create_task(agent.run(), name="bench-agent")
+    try:
+        async with asyncio.timeout(30):
+            await agent.connected.wait()
+        expires = time.time() + 3600
+        tokens = {
+            f"bench-rental-{i}": ca.sign_connect_token(new_claims(
+                account_id="bench-renter", rental_id=f"bench-rental-{i}", host_id=HOST_ID, kind="tcp", port=port,
+                expires_at=expires,
+            ))
+            for i in range(RENTALS + 1)
+        }  # fmt: skip
+        settings = {
+            "port": port, "connect_url": f"wss://127.0.0.1:{relay.port}{CONNECT_PATH}",
+            "ca_pem": ca.cert_pem.decode(), "tokens": tokens,
+        }  # fmt: skip
+        yield settings, acks
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+        await agent.close()
+        server.close()
+        program.close()
+        await relay.close()
+        await bus.close()
+
+
+# ---- the renter's side (a child process) --------------------------------------------------------
+
+
+class Renter:
+    """Connections to the rental's program, direct or through the relay; runs in the child process."""
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        self.port: int = settings["port"]
+        self.url: str = settings["connect_url"]
+        self.tokens: dict[str, str] = settings["tokens"]
+        self.context = ssl.create_default_context(cadata=settings["ca_pem"])
+        self.payload = os.urandom(CHUNK)
+
+    def tunnel(self, rental: int) -> connect:
+        token = self.tokens[f"bench-rental-{rental}"]
+        return connect(self.url, ssl=self.context, additional_headers={"Authorization": f"Bearer {token}"},
+                       compression=None, max_size=4 * MiB, open_timeout=10, close_timeout=2)  # fmt: skip
+
+    async def direct(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_connection("127.0.0.1", self.port)
+
+    # Each operation has a direct and a tunnel form, with the same writes.
+
+    async def upload_direct(self, size: int, moved: list[int]) -> None:
+        reader, writer = await self.direct()
+        try:
+            writer.write(HEADER.pack(b"S", size))
+            left = size
+            while left > 0:
+                writer.write(self.payload[: min(left, CHUNK)])
+                left -= CHUNK
+                moved[0] += CHUNK
+                await writer.drain()
+            if await reader.read(1) != b"K":
+                raise RuntimeError("the rental's sink did not confirm")
+        finally:
+            writer.close()
+
+    async def upload_tunnel(self, size: int, moved: list[int], rental: int = 0) -> None:
+        async with self.tunnel(rental) as ws:
+            await ws.send(HEADER.pack(b"S", size))
+            left = size
+            while left > 0:
+                await ws.send(self.payload[: min(left, CHUNK)])
+                left -= CHUNK
+                moved[0] += CHUNK
+            if await ws.recv() != b"K":
+                raise RuntimeError("the rental's sink did not confirm")
+
+    async def download_direct(self, size: int, moved: list[int]) -> None:
+        reader, writer = await self.direct()
+        try:
+            writer.write(HEADER.pack(b"D", size))
+            left = size
+            while left > 0:
+                data = await reader.read(CHUNK)
+                if not data:
+                    raise RuntimeError("the rental's source ended early")
+                left -= len(data)
+                moved[0] += len(data)
+        finally:
+            writer.close()
+
+    async def download_tunnel(self, size: int, moved: list[int], rental: int = 0) -> None:
+        async with self.tunnel(rental) as ws:
+            await ws.send(HEADER.pack(b"D", size))
+            left = size
+            while left > 0:
+                data = await ws.recv()
+                left -= len(data)
+                moved[0] += len(data)
+
+    async def bulk(self, path: str, direction: str, size: int) -> dict[str, Any]:
+        moved = [0]
+        started, cpu = time.perf_counter(), time.process_time()
+        await getattr(self, f"{direction}_{path}")(size, moved)
+        return {"seconds": time.perf_counter() - started, "bytes": moved[0], "cpu_s": time.process_time() - cpu}
+
+    async def echo(self, count: int, block: int) -> dict[str, Any]:
+        """``count`` round trips of ECHO_SIZE bytes each way, direct and through the tunnel in blocks of ``block``."""
+        message = b"e" * ECHO_SIZE
+        times: dict[str, list[float]] = {"direct": [], "tunnel": []}
+        reader, writer = await self.direct()
+        writer.write(HEADER.pack(b"E", 0))
+        async with self.tunnel(RENTALS) as ws:
+            await ws.send(HEADER.pack(b"E", 0))
+            for _ in range(2):  # warm both paths
+                await self._tunnel_round_trip(ws, message)
+                await self._direct_round_trip(reader, writer, message)
+            done = 0
+            while done < count:
+                n = min(block, count - done)
+                for _ in range(n):
+                    times["direct"].append(await self._direct_round_trip(reader, writer, message))
+                for _ in range(n):
+                    times["tunnel"].append(await self._tunnel_round_trip(ws, message))
+                done += n
+        writer.close()
+        return times
+
+    @staticmethod
+    async def _direct_round_trip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, message: bytes) -> float:
+        started = time.perf_counter()
+        writer.write(message)
+        await reader.readexactly(len(message))
+        return (time.perf_counter() - started) * 1e3
+
+    @staticmethod
+    async def _tunnel_round_trip(ws: ClientConnection, message: bytes) -> float:
+        started = time.perf_counter()
+        await ws.send(message)
+        got = 0
+        while got < len(message):
+            got += len(await ws.recv())
+        return (time.perf_counter() - started) * 1e3
+
+    async def contention(self, path: str, copies: int, seconds: float) -> dict[str, Any]:
+        """Keystrokes echoed every KEYSTROKE_EVERY while ``copies`` bulk copies (half each way) run."""
+        moved = [0]
+        ops = []
+        for i in range(copies):
+            direction = "upload" if i % 2 == 0 else "download"
+            if path == "direct":
+                ops.append(getattr(self, f"{direction}_direct")(ENDLESS, moved))
+            else:
+                ops.append(getattr(self, f"{direction}_tunnel")(ENDLESS, moved, i % RENTALS))
+        copiers = [asyncio.ensure_future(op) for op in ops]
+        rtts: list[float] = []
+        try:
+            await asyncio.sleep(0.5)  # every copy under way
+            if (failed := [c for c in copiers if c.done()]):
+                failed[0].result()
+                raise RuntimeError("a bulk copy ended early")
+            moved_before, started = moved[0], time.perf_counter()
+            if path == "direct":
+                reader, writer = await self.direct()
+                writer.write(HEADER.pack(b"E", 0))
+                deadline = time.perf_counter() + seconds
+                while time.perf_counter() < deadline:
+                    rtts.append(await self._direct_round_trip(reader, writer, b"k"))
+                    await asyncio.sleep(KEYSTROKE_EVERY)
+                writer.close()
+            else:
+                async with self.tunnel(RENTALS) as ws:
+                    await ws.send(HEADER.pack(b"E", 0))
+                    deadline = time.perf_counter() + seconds
+                    while time.perf_counter() < deadline:
+                        rtts.append(await self._tunnel_round_trip(ws, b"k"))
+                        await asyncio.sleep(KEYSTROKE_EVERY)
+            elapsed = time.perf_counter() - started
+            bulk_rate = (moved[0] - moved_before) / elapsed
+        finally:
+            for copier in copiers:
+                copier.cancel()
+            await asyncio.gather(*copiers, return_exceptions=True)
+        return {"rtts": rtts, "bulk_bytes_per_s": bulk_rate}
+
+
+async def renter_main() -> None:
+    """The child: read the settings, then one JSON command a line; answer each with one JSON line."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    renter = Renter(json.loads(await reader.readline()))
+    while line := await reader.readline():
+        command = json.loads(line)
+        op = command.pop("op")
+        if op == "exit":
+            return
+        result = await getattr(renter, op)(**command)
+        sys.stdout.write(json.dumps(result) + "\n")
+        sys.stdout.flush()
+
+
+# ---- the report -----------------------------------------------------------------------------------
+
+
+class Child:
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+
+    async def send(self, message: dict[str, Any]) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write((json.dumps(message) + "\n").encode())
+        await self.process.stdin.drain()
+
+    async def ask(self, op: str, **args: Any) -> Any:
+        await self.send({"op": op, **args})
+        assert self.process.stdout is not None
+        line = await self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the renter process ended during {op} (exit {await self.process.wait()})")
+        return json.loads(line)
+
+
+def percentiles(values: list[float]) -> str:
+    return f"{quantile(values, 0.5):7.2f} {quantile(values, 0.99):7.2f} {max(values):7.2f}"
+
+
+def verdict(ok: bool) -> str:
+    return "OK" if ok else "MISSED"
+
+
+async def run(args: argparse.Namespace) -> int:
+    print(describe_machine(with_openssl=True))
+    print(
+        "layout: relay + agent (real, TLS both hops) + the rental's stand-in TCP server in this process, one event loop; "
+        "the renter in a child process"
+    )
+    with tempfile.TemporaryDirectory(prefix="gm-bench-tunnel-") as tmp:
+        async with host_side(Path(tmp), args.heartbeat_interval) as (settings, acks):
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, os.path.abspath(__file__), "--renter",
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env, limit=64 * MiB,
+            )  # fmt: skip
+            child = Child(process)
+            try:
+                await child.send(settings)
+                return await report(args, child, acks)
+            finally:
+                with contextlib.suppress(Exception):
+                    await child.send({"op": "exit"})
+                try:
+                    async with asyncio.timeout(10):
+                        await process.wait()
+                except TimeoutError:
+                    process.kill()
+                    await process.wait()
+
+
+async def report(args: argparse.Namespace, child: Child, acks: AckTimes) -> int:
+    size = args.mb * MiB
+    # 1. Bulk.
+    print(f"\nbulk: {args.mb} MiB each way in {CHUNK // 1024} KiB messages/writes, one connection")
+    print(f"  {'':<34} {'tunnel':>12} {'direct TCP':>12} {'ratio':>7}   goals")
+    for direction, label in (("upload", "upload   renter → rental"), ("download", "download rental → renter")):
+        direct = await child.ask("bulk", path="direct", direction=direction, size=size)
+        cpu = time.process_time()
+        tunnel = await child.ask("bulk", path="tunnel", direction=direction, size=size)
+        host_cpu = (time.process_time() - cpu) / tunnel["seconds"]
+        d_rate = direct["bytes"] / direct["seconds"] / MB
+        t_rate = tunnel["bytes"] / tunnel["seconds"] / MB
+        ratio = t_rate / d_rate
+        print(f"  {label:<34} {t_rate:>7,.0f} MB/s {d_rate:>7,.0f} MB/s {ratio:>6.2f}×   "
+              f"≥100 MB/s {verdict(t_rate >= 100)}, ≥0.5× {verdict(ratio >= 0.5)}   CPU: relay+agent {host_cpu:.0%}, renter {tunnel['cpu_s'] / tunnel['seconds']:.0%} of a core")  # fmt: skip
+
+    # 2. Round trips.
+    times = await child.ask("echo", count=args.round_trips, block=100)
+    d50, t50 = quantile(times["direct"], 0.5), quantile(times["tunnel"], 0.5)
+    print(f"\nround trip: {ECHO_SIZE}-byte echo, {args.round_trips:,} each, blocks of 100 interleaved (ms)")
+    print(f"  {'':<34} {'p50':>7} {'p99':>7} {'max':>7}")
+    print(f"  {'tunnel':<34} {percentiles(times['tunnel'])}")
+    print(f"  {'direct TCP (baseline)':<34} {percentiles(times['direct'])}")
+    print(f"  {'added by the tunnel, p50':<34} {t50 - d50:7.2f}   ({t50 / d50:.1f}× direct)   goal < 1 ms: {verdict(t50 - d50 < 1)}")
+
+    # 3. Keystrokes and heartbeats beside bulk copies.
+    idle_start = time.perf_counter()
+    await asyncio.sleep(args.seconds / 2)
+    idle_end = time.perf_counter()
+    direct = await child.ask("contention", path="direct", copies=COPIES, seconds=args.seconds)
+    loaded_start = time.perf_counter()
+    async with LoopLag().running() as lags:
+        tunnel = await child.ask("contention", path="tunnel", copies=COPIES, seconds=args.seconds)
+    loaded_end = time.perf_counter()
+    print(f"\nkeystroke: 1 byte echoed every {KEYSTROKE_EVERY * 1e3:.0f} ms for {args.seconds:g} s beside "
+          f"{COPIES} bulk copies ({COPIES // 2} each way) (ms)")  # fmt: skip
+    print(f"  {'':<34} {'p50':>7} {'p99':>7} {'max':>7} {'n':>5}  bulk moved meanwhile")
+    print(f"  {'through the tunnel, same link':<34} {percentiles(tunnel['rtts'])} {len(tunnel['rtts']):>5}  "
+          f"{tunnel['bulk_bytes_per_s'] / MB:,.0f} MB/s")  # fmt: skip
+    print(f"  {'direct TCP, 20 direct copies':<34} {percentiles(direct['rtts'])} {len(direct['rtts']):>5}  "
+          f"{direct['bulk_bytes_per_s'] / MB:,.0f} MB/s")  # fmt: skip
+    print(f"  {'through the tunnel at rest':<34} {percentiles(times['tunnel'])} {len(times['tunnel']):>5}")
+    print(f"  {'event-loop lag, relay+agent process':<34} {percentiles(lags)} {len(lags):>5}")
+    p99 = quantile(tunnel["rtts"], 0.99)
+    print(f"  tunnel p99 {p99:.1f} ms: {p99 / quantile(times['tunnel'], 0.99):.0f}× at rest, "
+          f"{p99 / quantile(direct['rtts'], 0.99):.1f}× direct under load; goal < 20 ms: {verdict(p99 < 20)}")  # fmt: skip
+
+    idle, idle_missing = acks.between(idle_start, idle_end)
+    loaded, loaded_missing = acks.between(loaded_start, loaded_end)
+    print(f"\nheartbeat → ack at the agent, a heartbeat every {args.heartbeat_interval:g} s (ms)")
+    print(f"  {'':<34} {'p50':>7} {'p99':>7} {'max':>7} {'n':>5}  unacked at the end")
+    for label, delays, missing in (
+        ("beside 20 tunnel copies", loaded, loaded_missing),
+        ("idle (baseline)", idle, idle_missing),
+    ):
+        if delays:
+            print(f"  {label:<34} {percentiles(delays)} {len(delays):>5}  {missing}")
+        else:
+            print(f"  {label:<34} {'-':>7} {'-':>7} {'-':>7} {0:>5}  {missing}")
+    if loaded and idle:
+        print(f"  beside copies p99 {quantile(loaded, 0.99) / quantile(idle, 0.99):.1f}× idle; "
+              f"max {max(loaded):.0f} ms against a 10 s production interval")  # fmt: skip
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="a few seconds: 32 MiB, 300 round trips, 2 s phases")
+    parser.add_argument("--mb", type=int, default=None, help="MiB copied each way (default 512)")
+    parser.add_argument("--round-trips", type=int, default=None, help="echo round trips each path (default 2000)")
+    parser.add_argument("--seconds", type=float, default=None, help="keystroke phase length, each path (default 8)")
+    parser.add_argument("--heartbeat-interval", type=float, default=0.1, help="the agent's heartbeat (default 0.1 s)")
+    parser.add_argument("--renter", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.renter:
+        asyncio.run(renter_main())
+        return 0
+    args.mb = args.mb or (32 if args.quick else 512)
+    args.round_trips = args.round_trips or (300 if args.quick else 2000)
+    args.seconds = args.seconds or (2.0 if args.quick else 8.0)
+    if args.mb < 1 or args.round_trips < 1 or args.seconds <= 0 or args.heartbeat_interval <= 0:
+        parser.error("every figure must be positive")
+    return asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
