@@ -74,7 +74,7 @@ from shared.errors import BusError, ConfigError, GpumarketError, ProtocolError
 from shared.ratelimit import SourceRateLimiter, TokenBucket, source_key
 from shared.registry import Registry, RelayRecord
 from shared.streams import Multiplexer, StreamProtocolError
-from shared.streams.aio import StreamLink
+from shared.streams.aio import StreamLink, bound_send_buffer
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,8 @@ class Relay:
         max_streams_per_agent: int = 256,
         max_streams_per_rental: int = 16,
         max_stream_buffer_per_agent: int = 64 << 20,
-        stream_turn_bytes: int = 256 << 10,
+        stream_turn_bytes: int = 64 << 10,
+        link_send_buffer: int = 128 << 10,
         max_renter_connections_per_source_per_minute: float = 120.0,
         renter_connection_burst_per_source: int = 30,
         # Renters' web ports (``access.webports``): with a domain and a TLS context for browsers
@@ -209,6 +210,7 @@ class Relay:
         self.max_streams_per_agent = max_streams_per_agent
         self.max_stream_buffer_per_agent = max_stream_buffer_per_agent
         self.stream_turn_bytes = stream_turn_bytes
+        self.link_send_buffer = link_send_buffer
         self.renters = (
             RenterGate(token_key=token_key, clock=self.clock, max_streams_per_rental=max_streams_per_rental)
             if token_key is not None else None
@@ -259,7 +261,7 @@ class Relay:
             ping_timeout=self.ping_timeout,
             close_timeout=self.close_timeout,
             max_size=self.max_frame,
-            max_queue=16,
+            max_queue=4,
             compression=None,
             server_header=None,
             create_connection=_tracking_connection_class(self._open_connections),
@@ -490,6 +492,7 @@ class Relay:
             outbound=asyncio.Queue(self.max_outbound_queue),
             messages=TokenBucket(self.max_messages_per_second, self.message_burst, self.clock.monotonic()),
         )
+        bound_send_buffer(connection.transport, self.link_send_buffer)
         link.streams = StreamLink(
             Multiplexer(initiator=False, max_streams=self.max_streams_per_agent, max_link_buffer=self.max_stream_buffer_per_agent),
             connection.send, turn_bytes=self.stream_turn_bytes,

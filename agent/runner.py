@@ -61,7 +61,7 @@ from shared.crypto import (
 from shared.errors import ConfigError, GpumarketError, ProtocolError
 from shared.outbound import OutboundWindow
 from shared.streams import Multiplexer, StreamProtocolError
-from shared.streams.aio import StreamLink
+from shared.streams.aio import StreamLink, bound_send_buffer
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +196,7 @@ class Agent:
         max_streams: int = 256,
         max_streams_per_rental: int = 32,
         max_stream_buffer: int = 64 << 20,
+        link_send_buffer: int = 128 << 10,
     ) -> None:
         identity = state.identity()
         state.secure()
@@ -244,6 +245,7 @@ class Agent:
         self.tunnels = TunnelServer(self.workloads, self.ssh, max_streams_per_rental=max_streams_per_rental)
         self.max_streams = max_streams
         self.max_stream_buffer = max_stream_buffer
+        self.link_send_buffer = link_send_buffer
         self.streams: StreamLink | None = None
         self._windows: dict[str, _Window] = {}
         self._window_started = time.monotonic()
@@ -455,6 +457,7 @@ class Agent:
             ssl=self._ssl(),
             open_timeout=self.timings.open_timeout,
             max_size=self.max_frame,
+            max_queue=4,  # frames waiting here are in order whatever their stream: few, so a keystroke is not behind MBs
             compression=None,
             close_timeout=2.0,
         ) as ws:
@@ -480,6 +483,7 @@ class Agent:
                 if old_seq != seq:
                     await self.pacer.take()  # a long outage's replay stays within the relay's budget
                     await ws.send(frame)
+            bound_send_buffer(ws.transport, self.link_send_buffer)
             self.streams = StreamLink(
                 Multiplexer(initiator=True, max_streams=self.max_streams, max_link_buffer=self.max_stream_buffer),
                 ws.send, on_open=self.tunnels.accept,

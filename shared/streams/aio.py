@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
@@ -28,7 +29,7 @@ from shared.streams.mux import DataReceived, Multiplexer, StreamClosed, StreamOp
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TURN_BYTES = 256 * 1024
+DEFAULT_TURN_BYTES = 64 * 1024
 
 
 class ChannelReset(ConnectionResetError):
@@ -258,6 +259,20 @@ class StreamLink:
         for channel in self.channels.values():
             channel._ended(ChannelReset(channel.stream_id, ResetCode.LINK_LOST, by_peer=True))
         self.channels.clear()
+
+
+def bound_send_buffer(transport: asyncio.BaseTransport, size: int) -> None:
+    """Cap the kernel's send buffer of a link's socket at ``size`` bytes (best effort).
+
+    Frames a link has sent wait in this buffer in order, whatever stream they belong to: the
+    kernel's own (auto-tuned to megabytes on a fast path) would put a keystroke behind every
+    bulk stream's whole window. The streams' flow control keeps the rest in the multiplexer,
+    where the round-robin lets a keystroke go first."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
 
 
 # ---- splicing ----------------------------------------------------------------------------------
