@@ -46,7 +46,7 @@ async def _running(api: Api, workload: dict[str, Any] | None = None, *, host_key
     data = {"kind": "container", "ssh_host_key": host_key} if host_key else {"kind": "container"}
     async with api.master.db.session() as session:
         await hosts.handle_command_result(session, envelope(command_result(command.host_id, 900, command.id, data=data)))
-    return rental
+    return dict(rental)
 
 
 async def _connect(api: Api, rental_id: str, port: Any = "ssh", key: str | None = None) -> tuple[int, Any]:

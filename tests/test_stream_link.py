@@ -9,14 +9,14 @@ import os
 import pytest
 
 from shared.streams import Multiplexer, ResetCode
-from shared.streams.aio import Channel, ChannelReset, StreamLink, splice
+from shared.streams.aio import Channel, ChannelReset, OpenHandler, StreamLink, splice
 from tests.helpers import eventually
 
 
 class Pair:
     """An agent-side and a relay-side link whose sends are each other's feeds (as a websocket would)."""
 
-    def __init__(self, on_open_agent=None, *, window: int | None = None) -> None:
+    def __init__(self, on_open_agent: OpenHandler | None = None, *, window: int | None = None) -> None:
         self.agent = StreamLink(Multiplexer(initiator=True, window=window), self._to_relay, on_open=on_open_agent)
         self.relay = StreamLink(Multiplexer(initiator=False, window=window), self._to_agent)
         self.tasks = [asyncio.create_task(self.agent.run()), asyncio.create_task(self.relay.run())]

@@ -119,7 +119,7 @@ def _trusting(ca_pem: str) -> ssl.SSLContext:
 async def _connect(renter: Api, rental_id: str, port: str | int) -> dict[str, Any]:
     status, view = await renter.call("POST", f"/rentals/{rental_id}/connect", json={"port": port})
     assert status == 200, view
-    return view
+    return dict(view)
 
 
 async def _raw_http_through(view: dict[str, Any], token: str | None = None) -> bytes:
