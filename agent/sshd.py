@@ -435,9 +435,14 @@ class _Connection(asyncssh.SSHServer):
                 _PROHIBITED, f"only the rental's container ({address}, or localhost) can be reached, not {dest_host[:100]}"
             )
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(address, dest_port), self.server.login_timeout)
+            opened = await self.server.workloads.containers.open_port(self.rental_id, dest_port, timeout=self.server.login_timeout)
+        except BadRequest as exc:
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, exc.message) from None
         except (OSError, TimeoutError) as exc:
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, f"port {dest_port} of the rental's container does not answer ({exc})") from None
+        if opened is None:
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, EXITED)
+        reader, writer = opened
         self.channels += 1
         log.info("rental %s: SSH forward to port %d of its container", self.rental_id, dest_port)
         return SSHTCPStreamSession[bytes](lambda chan_reader, chan_writer: self._pump(reader, writer, chan_reader, chan_writer))

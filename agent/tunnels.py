@@ -4,8 +4,9 @@ The relay opens a stream only for a connect token the master signed, and names i
 header the rental, the port and the kind. The agent checks again what only it knows, and refuses
 (resets) the stream with a ``TunnelCode`` otherwise:
 
-* ``tcp``: the rental's container runs here; the bytes go to that port on the container's own
-  address (its private network), nowhere else — never a port of the host. Process and hold
+* ``tcp``: the rental's container runs here; the bytes go to that port of the container
+  (``ContainerRuntime.open_port``: inside its network namespace when the agent may, else its
+  address on its private network), nowhere else — never a port of the host. Process and hold
   rentals serve no ports (``NOT_OFFERED``). Nothing listening: ``CONNECT_FAILED``.
 * ``ssh``: the agent's own SSH server for the rental (``agent.sshd``) over a socket pair; it keeps
   serving SFTP after the workload exited, until the rental is released.
@@ -112,22 +113,19 @@ class TunnelServer:
             await self._serve_ssh(channel, request.rental_id)
             return
         try:
-            address = await self.workloads.container_address(request.rental_id)
+            opened = await self.workloads.open_container_port(request.rental_id, request.port, timeout=self.connect_timeout)
         except GpumarketError as exc:  # the engine does not answer
-            log.warning("rental %s: cannot find its container's address (%s)", request.rental_id, exc)
+            log.warning("rental %s: cannot reach its container (%s)", request.rental_id, exc)
             channel.reset(ResetCode.CONNECT_FAILED)
             return
-        if address is None:
+        except (OSError, TimeoutError) as exc:
+            log.info("rental %s: nothing answers on port %d (%s)", request.rental_id, request.port, exc)
+            channel.reset(ResetCode.CONNECT_FAILED)
+            return
+        if opened is None:
             channel.reset(TunnelCode.NOT_OFFERED)
             return
-        try:
-            async with asyncio.timeout(self.connect_timeout):
-                reader, writer = await asyncio.open_connection(address, request.port)
-        except (OSError, TimeoutError) as exc:
-            log.info("rental %s: nothing answers on %s:%d (%s)", request.rental_id, address, request.port, exc)
-            channel.reset(ResetCode.CONNECT_FAILED)
-            return
-        await splice(channel, reader, writer)
+        await splice(channel, *opened)
 
     async def _serve_ssh(self, channel: Channel, rental_id: str) -> None:
         if self.ssh is None or not self.ssh.knows(rental_id):

@@ -129,14 +129,17 @@ class RentalProgram:
 
 
 class ContainerStandIn:
-    """What ``TunnelServer`` asks the workload manager: whether the rental runs here (it does) and its
-    container's address (this machine's loopback, where ``rental_program`` listens)."""
+    """What ``TunnelServer`` asks the workload manager: whether the rental runs here (it does) and a
+    connection to its container's port (this machine's loopback, where ``rental_program`` listens)."""
 
     def workload(self, rental_id: str) -> object | None:
         return self if rental_id.startswith("bench-rental-") else None
 
-    async def container_address(self, rental_id: str) -> str | None:
-        return "127.0.0.1"
+    async def open_container_port(
+        self, rental_id: str, port: int, *, timeout: float = 5.0
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        async with asyncio.timeout(timeout):
+            return await asyncio.open_connection("127.0.0.1", port)
 
 
 class LoopLag:

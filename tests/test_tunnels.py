@@ -56,7 +56,7 @@ done
 SCRIPT = (
     'mkdir -p /workspace/www && echo "hello from the rental" > /workspace/www/index.html && '
     'printf "%s" "$WS_ECHO" > /workspace/ws.sh && '
-    "httpd -p 8000 -h /workspace/www && "
+    "httpd -p 8000 -h /workspace/www && httpd -p 127.0.0.1:8002 -h /workspace/www && "
     "(while :; do nc -l -p 8001 -e sh /workspace/ws.sh; done) & "
     "echo ready; sleep 3600"
 )
@@ -93,7 +93,7 @@ async def setting(tmp_path_factory: pytest.TempPathFactory, docker_image: str) -
         status, _ = await renter.call("POST", "/account/ssh-keys", json={"public_key": (home / "id_ed25519.pub").read_text()})
         assert status == 201
         workload = {"kind": "container", "image": docker_image, "command": ["sh", "-c", SCRIPT],
-                    "env": {"WS_ECHO": WS_ECHO}, "ports": [8000, 8001]}
+                    "env": {"WS_ECHO": WS_ECHO}, "ports": [8000, 8001, 8002]}
         status, rental = await renter.call("POST", "/rentals", json={"gpu_count": 1, "workload": workload})
         assert status == 201, rental
 
@@ -181,6 +181,18 @@ async def test_the_tunnel_half_closes_so_a_piped_request_gets_its_answer(setting
                                    stdin=b"GET /index.html HTTP/1.0\r\nHost: x\r\n\r\n")
     assert done.returncode == 0, done.stderr.decode()
     assert b"hello from the rental" in done.stdout
+
+
+async def test_a_port_the_rental_serves_on_its_loopback_only_answers_too(setting: dict[str, Any]) -> None:
+    """As root the agent connects from inside the container's network namespace (VS Code's server, a notebook
+    on 127.0.0.1); without the privilege it can only use the container's address, which such a server ignores."""
+    view = await _connect(setting["renter"], setting["rental"]["id"], 8002)
+    if os.geteuid() == 0:
+        assert b"hello from the rental" in await _raw_http_through(view)
+    else:
+        with pytest.raises(ConnectionClosed) as closed:
+            await _raw_http_through(view)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4404
 
 
 async def test_bytes_moved_are_counted_on_the_rental(setting: dict[str, Any]) -> None:

@@ -72,6 +72,7 @@ from agent.runtimes.containeropts import (
     resource_name,
 )
 from agent.runtimes.netguard import NetGuardStatus, install_guard
+from agent.runtimes.netns import NamespaceUnavailable, connect_in_namespace
 from agent.runtimes.process import share_environment
 from shared.errors import BadRequest
 from shared.imageref import ImageReference, image_allowed, parse_image_reference
@@ -512,16 +513,36 @@ class ContainerRuntime:
 
     async def container_address(self, rental_id: str) -> str | None:
         """The rental's container's IPv4 address on its own network (``None``: not running). Raises ``BadRequest`` without an engine."""
+        return (await self._running_container(rental_id))[0]
+
+    async def _running_container(self, rental_id: str) -> tuple[str | None, int | None]:
+        """(address, main process id) of the rental's running container; ``(None, None)``: not running."""
         name = resource_name(rental_id, self.options.owner)
         info = await self._engine_read(self.docker().containers.container(name).show())
-        if info is None:
-            return None
-        if not (info.get("State") or {}).get("Running"):
-            return None
+        state = (info or {}).get("State") or {}
+        if info is None or not state.get("Running"):
+            return None, None
         networks = (info.get("NetworkSettings") or {}).get("Networks") or {}
         network = networks.get(name if self.options.isolate_network else "bridge") or {}
         address = network.get("IPAddress")
-        return address if isinstance(address, str) and address else None
+        pid = state.get("Pid")
+        return (address if isinstance(address, str) and address else None), (pid if isinstance(pid, int) and pid > 0 else None)
+
+    async def open_port(self, rental_id: str, port: int, *, timeout: float = 5.0) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """A connection to ``port`` of the rental's running container (``None``: none runs): from inside its
+        network namespace to its loopback when the agent may (``agent.runtimes.netns``: listeners on
+        127.0.0.1 answer too), else to its address. Raises ``OSError``/``TimeoutError`` when nothing
+        listens, ``BadRequest`` without an engine."""
+        address, pid = await self._running_container(rental_id)
+        if pid is not None:
+            try:
+                return await connect_in_namespace(pid, port, timeout=timeout)
+            except NamespaceUnavailable as exc:
+                log.debug("rental %s: cannot enter its network namespace (%s); using its address", rental_id, exc)
+        if address is None:
+            return None
+        async with asyncio.timeout(timeout):
+            return await asyncio.open_connection(address, port)
 
     async def sweep(self, owned: Callable[[str], bool]) -> list[str]:
         """Remove this owner's containers and networks whose rental ``owned`` denies, and volumes whose

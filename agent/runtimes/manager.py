@@ -171,13 +171,15 @@ class WorkloadManager:
         """The rental's workload while it runs here (``None`` once it ended or before it started)."""
         return self._workloads.get(rental_id)
 
-    async def container_address(self, rental_id: str) -> str | None:
-        """The address of the rental's container on its own network (``None``: no container runs).
-        Raises ``BadRequest`` when the engine does not answer."""
+    async def open_container_port(
+        self, rental_id: str, port: int, *, timeout: float = 5.0
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """A connection to ``port`` of the rental's container (``ContainerRuntime.open_port``); ``None``:
+        no container runs for it. Raises ``OSError``/``TimeoutError`` (nothing listens), ``BadRequest`` (no engine)."""
         workload = self._workloads.get(rental_id)
         if workload is None or workload.container is None:
             return None
-        return await self.containers.container_address(rental_id)
+        return await self.containers.open_port(rental_id, port, timeout=timeout)
 
     def running(self) -> list[str]:
         """Rental ids whose workload runs (or holds its GPUs), stopping ones included."""
