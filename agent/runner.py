@@ -374,8 +374,13 @@ class Agent:
     async def report_tunnel_usage(self) -> None:
         """Send the bytes renters moved per rental since the last report (nothing when none)."""
         usage = self.tunnels.take_usage()
-        if usage:
-            items = [protocol.TunnelUsageItem(rental_id=r, bytes_in=b_in, bytes_out=b_out) for r, (b_in, b_out) in sorted(usage.items())]
+        logins = self.ssh.take_logins()
+        if usage or logins:
+            items = [
+                protocol.TunnelUsageItem(rental_id=r, bytes_in=usage.get(r, (0, 0))[0], bytes_out=usage.get(r, (0, 0))[1],
+                                         keys_used=sorted(logins.get(r, ())))
+                for r in sorted(set(usage) | set(logins))
+            ]
             for start in range(0, len(items), 1024):
                 body = protocol.TunnelUsageBody(at=datetime.now(UTC), rentals=items[start:start + 1024])
                 await self._emit(*self.window.tunnel_usage(body))

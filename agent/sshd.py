@@ -52,6 +52,7 @@ HOST_KEY: Final = "host_key"
 RENTAL_FILE: Final = "rental.json"
 EXITED: Final = "the workload has exited; only SFTP (scp, sftp) reaches /workspace until the rental is released"
 _PROHIBITED: Final = asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED
+MAX_LOGINS_KEPT: Final = 50  # fingerprints remembered per rental between two reports (an account has at most 50 keys)
 
 
 class RentalSshServer:
@@ -94,6 +95,7 @@ class RentalSshServer:
         self.max_channels_per_connection = max_channels_per_connection
         self._host_keys: dict[str, asyncssh.SSHKey] = {}
         self._connections: dict[str, set[_Connection]] = {}
+        self._logins: dict[str, set[str]] = {}  # rental -> key fingerprints logged in since take_logins
         self._tasks: set[asyncio.Task[Any]] = set()  # sessions and forwards: cancelled by close_rental() and close()
         self._closed = False
         self._setsid = shutil.which("setsid", path=TRUSTED_PATH)
@@ -139,6 +141,18 @@ class RentalSshServer:
         shutil.rmtree(self.keys_dir / rental_id, ignore_errors=True)
         for connection in list(self._connections.get(rental_id, ())):
             connection.close()
+
+    def note_login(self, rental_id: str, fingerprint: str) -> None:
+        """Remember that ``fingerprint`` logged into the rental, for ``take_logins`` (a few per rental)."""
+        seen = self._logins.setdefault(rental_id, set())
+        if len(seen) < MAX_LOGINS_KEPT:
+            seen.add(fingerprint)
+
+    def take_logins(self) -> dict[str, set[str]]:
+        """The keys (SHA256 fingerprints) that logged into each rental since the last call; the master
+        shows them as the keys' "last used"."""
+        logins, self._logins = self._logins, {}
+        return logins
 
     def knows(self, rental_id: str) -> bool:
         check_rental_id(rental_id)
@@ -333,6 +347,8 @@ class _Connection(asyncssh.SSHServer):
     def auth_completed(self) -> None:
         fingerprint = "?" if self.key is None else self.key.get_fingerprint("sha256")
         log.info("rental %s: SSH login as %r with key %s", self.rental_id, self.username, fingerprint)
+        if self.key is not None:
+            self.server.note_login(self.rental_id, fingerprint)
 
     # ---- sessions -----------------------------------------------------------------------
 

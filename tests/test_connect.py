@@ -126,6 +126,19 @@ async def test_tunnel_bytes_count_once_per_report_and_only_for_the_hosts_own_ren
     assert view["tunnel"] == {"bytes_in": 100, "bytes_out": 5000}
 
 
+async def test_a_key_that_logged_in_shows_when_it_was_last_used(api: Api) -> None:
+    status, key = await api.as_renter("POST", "/account/ssh-keys", json={"public_key": ed25519_line("bob")})
+    assert status == 201 and key["last_used_at"] is None
+    rental = await _running(api)
+    at = datetime(2026, 11, 26, 5, 0, tzinfo=UTC)
+    usage = protocol.TunnelUsage(host_id=rental["host_id"], seq=78, ts=at, body=protocol.TunnelUsageBody(at=at, rentals=[
+        protocol.TunnelUsageItem(rental_id=rental["id"], bytes_in=0, bytes_out=0, keys_used=[key["fingerprint"]])]))
+    async with api.master.db.session() as session:
+        await hosts.handle_tunnel_usage(session, envelope(usage))
+    [listed] = (await api.as_renter("GET", "/account/ssh-keys"))[1]["ssh_keys"]
+    assert listed["last_used_at"] is not None and listed["last_used_at"].startswith("2026-11-26T05:00")
+
+
 async def test_an_exited_rentals_workspace_stays_reachable_until_released(api: Api) -> None:
     rental = await _running(api)
     await _relay_up(api)

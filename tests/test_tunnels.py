@@ -159,6 +159,12 @@ async def test_ssh_runs_a_command_in_the_rental_through_the_relay(setting: dict[
     pinned = (setting["home"] / "config" / "gpumarket" / "known_hosts").read_text()
     assert f"{rental_id}.gpumarket {host_key}" in pinned  # the key the agent reported, nothing learnt on first use
 
+    async def key_used() -> str | None:  # the agent reports the login; the SSH keys page shows it
+        [key] = (await setting["renter"].get("/account/ssh-keys"))["ssh_keys"]
+        return key["last_used_at"]
+
+    await eventually(key_used, what="the key's last use")
+
 
 async def test_scp_round_trips_50_mb_with_an_equal_checksum(setting: dict[str, Any]) -> None:
     home, rental_id = setting["home"], setting["rental"]["id"]
@@ -322,14 +328,14 @@ async def test_stopping_the_rental_closes_its_open_streams_and_refuses_new_ones(
         assert b"101" in first  # the echo is up and the stream open
         status, _ = await renter.call("DELETE", f"/rentals/{rental_id}")
         assert status == 202
-        started = time.monotonic()
         with pytest.raises(ConnectionClosed) as closed:
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(30):
                 while True:
                     await ws.recv()
-        took = time.monotonic() - started
+        # The agent resets the streams as the stop arrives, before the workload's grace (its sh, the
+        # container's init, ignores SIGTERM: it ends only at the SIGKILL 10 s later, when the rental stops).
+        assert (await renter.get(f"/rentals/{rental_id}"))["state"] == "stopping"
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 4410, closed.value
-    assert took < 5.0, took  # the agent resets the streams when the stop arrives, before the workload's grace
 
     async def refused() -> dict[str, Any] | None:
         status, body = await renter.call("POST", f"/rentals/{rental_id}/connect", json={"port": 8001})

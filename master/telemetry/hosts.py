@@ -34,7 +34,7 @@ from master.models import (
     TelemetrySample,
     TunnelUsage,
 )
-from master.services import commands, faults, reliability, rental_lifecycle
+from master.services import commands, faults, reliability, rental_lifecycle, ssh_keys
 from master.services.hoststate import transition
 from master.services.rentalstate import ACTIVE_STATES, UNSTOPPED_STATES
 from master.telemetry.store import CleanSample, clean_sample, sampled_too_far_ahead
@@ -466,6 +466,8 @@ async def handle_tunnel_usage(session: AsyncSession, envelope: protocol.BusEnvel
         if await _insert_once(session, row):
             rental.tunnel_bytes_in += item.bytes_in
             rental.tunnel_bytes_out += item.bytes_out
+            for fingerprint in item.keys_used:  # the SSH keys page's "last used"
+                await ssh_keys.mark_used(session, rental.renter_id, fingerprint, now=message.body.at)
             counted += 1
     return counted
 

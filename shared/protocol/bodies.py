@@ -206,6 +206,8 @@ class TunnelUsageItem(StrictModel):
     rental_id: CommandId
     bytes_in: int = Field(ge=0, le=1 << 62)  # from the renter to the rental
     bytes_out: int = Field(ge=0, le=1 << 62)  # from the rental to the renter
+    # SSH keys that logged into the rental since the last report (SHA256 fingerprints, as ssh-keygen -lf prints them)
+    keys_used: list[Annotated[str, Field(pattern=r"^SHA256:[A-Za-z0-9+/]{43}$")]] = Field(default_factory=list, max_length=50)
 
 
 class TunnelUsageBody(StrictModel):
