@@ -161,7 +161,7 @@ async def test_ssh_runs_a_command_in_the_rental_through_the_relay(setting: dict[
 
     async def key_used() -> str | None:  # the agent reports the login; the SSH keys page shows it
         [key] = (await setting["renter"].get("/account/ssh-keys"))["ssh_keys"]
-        return key["last_used_at"]
+        return str(key["last_used_at"]) if key["last_used_at"] else None
 
     await eventually(key_used, what="the key's last use")
 
