@@ -16,9 +16,10 @@ from shared.crypto import (
 
 
 def relay_server_context(ca: CertificateAuthority, directory: Path) -> ssl.SSLContext:
-    """A relay's TLS context for 127.0.0.1/localhost, requiring client certificates from ``ca``."""
+    """A relay's TLS context for 127.0.0.1/localhost as production builds it: a client certificate from ``ca``
+    is asked for, not required (renters have none; the agent endpoint closes a connection without one)."""
     key_file, cert_file = ca.write_server_certificate(directory, ["127.0.0.1", "localhost"])
-    return server_ssl_context(cert_file, key_file, ca.cert_path)
+    return server_ssl_context(cert_file, key_file, ca.cert_path, require_client_cert=False)
 
 
 def write_agent_certificate(signer: CertificateAuthority, directory: Path, host_id: str) -> tuple[Path, Path]:
