@@ -166,6 +166,30 @@ async def test_ssh_runs_a_command_in_the_rental_through_the_relay(setting: dict[
     await eventually(key_used, what="the key's last use")
 
 
+async def test_ssh_forwards_a_local_port_to_the_rentals_loopback(setting: dict[str, Any]) -> None:
+    """`gpumarket ssh -N -L` as a renter reaches Jupyter or VS Code's server: a port the rental serves on localhost."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        local = probe.getsockname()[1]
+    ssh = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gpumarket", "ssh", setting["rental"]["id"], "-i", str(setting["key"]), "-N",
+        "-o", "ExitOnForwardFailure=yes", "-L", f"127.0.0.1:{local}:localhost:8002", env=setting["env"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    try:
+        async def answer() -> str | None:
+            try:
+                async with setting["http"].get(f"http://127.0.0.1:{local}/index.html") as response:
+                    return await response.text() if response.status == 200 else None
+            except aiohttp.ClientError:
+                return None
+
+        assert "hello from the rental" in await eventually(answer, timeout=20, what="the forwarded port")
+    finally:
+        ssh.terminate()
+        await ssh.wait()
+
+
 async def test_scp_round_trips_50_mb_with_an_equal_checksum(setting: dict[str, Any]) -> None:
     home, rental_id = setting["home"], setting["rental"]["id"]
     payload = home / "payload.bin"
