@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
+from billing.rating import RatingPolicy, rate_open_rentals
 from master.app import close_master, open_master
 from master.background.heartbeats import ingested_until, sweep
 from master.context import Master
-from master.models import Command, Gpu, Host, Rental, TelemetrySample
-from master.services import rental_lifecycle, rental_request, rentals
+from master.models import Command, Gpu, Host, LedgerTransaction, Rental, TelemetrySample
+from master.services import enrollment, rental_lifecycle, rental_request, rentals
 from master.services.accounts import Principal
 from master.telemetry import hosts
 from master.telemetry.ingest import Ingestor
@@ -146,6 +147,42 @@ class TestGracePeriod:
             stops = await session.scalar(select(func.count()).select_from(Command).where(Command.kind == "stop_workload"))
         assert fresh is not None and fresh.state == "running" and fresh.host_lost_at is None
         assert stops == 0
+
+    async def test_the_renter_hears_at_once_that_the_host_went_silent_and_that_it_came_back(
+        self, world: tuple[Master, ManualClock, WallClock]
+    ) -> None:
+        """An event on the rental when its host goes offline (not only at the grace period's end), and when it returns."""
+        master, clock, _ = world
+        provider, _ = await create_principal(master, "p", "provider")
+        host_id, rental = await running_rental(master, provider, clock)
+        last_heard = clock.now()
+        clock.advance(31)
+        await sweep(master)
+        clock.advance(5)
+        await heard_at(master, host_id, 3, clock.now(), running=[rental.id])
+        async with master.db.session() as session:
+            causes = [e.cause for e in await rentals.rental_events(session, rental.id)]
+        assert any(c.startswith(f"host unreachable since {last_heard:%Y-%m-%dT%H:%M:%SZ}: not charged while it is") for c in causes), causes
+        assert any(c.startswith("host reachable again") and "charging resumes" in c for c in causes), causes
+
+    async def test_a_revoked_hosts_rental_is_credited_like_a_lost_hosts(self, world: tuple[Master, ManualClock, WallClock]) -> None:
+        master, clock, _ = world
+        provider, _ = await create_principal(master, "p", "provider")
+        host_id, rental = await running_rental(master, provider, clock)
+        admin, _ = await create_principal(master, "admin", "admin")
+        clock.advance(60)
+        await enrollment.revoke_host(master, admin, host_id)
+        async with master.db.session() as session:
+            fresh = await session.get(Rental, rental.id)
+            assert fresh is not None and fresh.state == "failed" and fresh.host_lost_at is not None
+            assert fresh.started_at is not None and fresh.stopped_at is not None
+            served = int((fresh.stopped_at - fresh.started_at).total_seconds())
+        await rate_open_rentals(master.db, now=clock.now() + timedelta(minutes=1), policy=RatingPolicy(min_period_s=served + 3600))
+        async with master.db.session() as session:
+            kinds = dict((await session.execute(
+                select(LedgerTransaction.kind, func.count()).where(LedgerTransaction.rental_id == rental.id).group_by(LedgerTransaction.kind)
+            )).all())
+        assert kinds.get("minimum") == 1 and kinds.get("downtime_credit") == 1, kinds  # the unserved minimum given back
 
     async def test_past_the_grace_period_the_rental_fails_as_of_the_last_heartbeat(self, world: tuple[Master, ManualClock, WallClock]) -> None:
         master, clock, _ = world

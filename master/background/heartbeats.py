@@ -48,7 +48,8 @@ async def sweep(master: Master) -> tuple[list[str], list[str]]:
     if lag > settings.heartbeat_interval:
         log.warning("ingestion lags %.1fs behind; judging host silence as of %s", lag, horizon.isoformat())
     async with master.db.session() as session:
-        gone = await hosts.mark_silent_hosts_offline(session, now=horizon, deadline=deadline, changed_at=master.clock.now())
+        gone = await hosts.mark_silent_hosts_offline(session, now=horizon, deadline=deadline, changed_at=master.clock.now(),
+                                                     grace=timedelta(seconds=settings.rental_grace_period))
     if gone:
         log.warning("hosts offline after %gs of silence: %s", deadline.total_seconds(), ", ".join(gone))
     async with master.db.session() as session:

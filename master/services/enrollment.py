@@ -146,7 +146,8 @@ async def revoke_host(master: Master, principal: Principal, host_id: str) -> Hos
                 )
             ).all()
             for rental in active:
-                await rental_lifecycle.fail_rental(session, rental, reason="the host was revoked", at=now)
+                # Credited like a lost host's: the renter is not charged a minimum the host cannot serve.
+                await rental_lifecycle.fail_rental(session, rental, reason="the host was revoked", at=now, lost_at=now)
             await session.execute(update(Gpu).where(Gpu.host_id == host.id).values(present=False))
     await publish_revocations(master, [host])
     log.warning("host %s revoked by %s", host_id, principal.name)

@@ -157,11 +157,37 @@ async def apply_workload_exit(
         await _release(session, rental, at=at)
 
 
-async def fail_rental(session: AsyncSession, rental: Rental, *, reason: str, at: datetime) -> None:
+async def note_host_unreachable(session: AsyncSession, host_id: str, *, since: datetime, until: datetime | None = None) -> int:
+    """Tell the renters of the host's active rentals, as an event on each, that it went silent (last heard at
+    ``since``); returns how many. Their meter pauses while the host is offline (billing leaves that time out);
+    ``until``: when they end if it is still away (the grace period)."""
+    ends = f"; ended (or placed again, if it asked for that) if still silent at {until:%Y-%m-%dT%H:%M:%SZ}" if until else ""
+    cause = f"host unreachable since {since:%Y-%m-%dT%H:%M:%SZ}: not charged while it is{ends}"
+    return await _note_rentals_of(session, host_id, cause)
+
+
+async def note_host_back(session: AsyncSession, host_id: str, *, silent_since: datetime | None) -> int:
+    """The host is heard from again: an event on each of its active rentals (charging resumes); returns how many."""
+    since = f" (silent since {silent_since:%Y-%m-%dT%H:%M:%SZ})" if silent_since else ""
+    return await _note_rentals_of(session, host_id, f"host reachable again{since}: charging resumes")
+
+
+async def _note_rentals_of(session: AsyncSession, host_id: str, cause: str) -> int:
+    rentals = (await session.scalars(select(Rental).where(Rental.host_id == host_id, Rental.state.in_(ACTIVE_STATES)))).all()
+    for rental in rentals:
+        session.add(RentalEvent(rental_id=rental.id, from_state=rental.state, to_state=rental.state, cause=cause))
+    return len(rentals)
+
+
+async def fail_rental(session: AsyncSession, rental: Rental, *, reason: str, at: datetime, lost_at: datetime | None = None) -> None:
     """End an active rental as failed (its host is gone or untrusted) and free its GPUs.
 
     Its unanswered commands are cancelled, so a host that comes back is not told to start it.
+    ``lost_at``: the host was lost (silent, revoked) as of then — billing stops there and the
+    minimum period is credited back (``billing.rating``).
     """
+    if lost_at is not None and rental.host_lost_at is None:
+        rental.host_lost_at = lost_at
     if advance(session, rental, RentalState.FAILED, reason):
         rental.failure_reason = reason
         rental.stopped_at = at

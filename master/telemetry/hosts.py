@@ -97,6 +97,8 @@ async def _has_active_rentals(session: AsyncSession, host_id: str) -> bool:
 
 
 async def _come_online(session: AsyncSession, host: Host, cause: str) -> None:
+    if host.state == "offline":
+        await rental_lifecycle.note_host_back(session, host.id, silent_since=host.state_changed_at)
     if host.state in ("enrolling", "offline"):
         target = "rented" if await _has_active_rentals(session, host.id) else "online"
         if host.state == "enrolling":
@@ -499,9 +501,11 @@ async def handle_workload_logs(session: AsyncSession, envelope: protocol.BusEnve
 
 
 async def mark_silent_hosts_offline(
-    session: AsyncSession, *, now: datetime, deadline: timedelta, changed_at: datetime | None = None
+    session: AsyncSession, *, now: datetime, deadline: timedelta, changed_at: datetime | None = None,
+    grace: timedelta | None = None,
 ) -> list[str]:
-    """Hosts not heard from within ``deadline`` of ``now`` go offline (as of ``changed_at``); returns their ids."""
+    """Hosts not heard from within ``deadline`` of ``now`` go offline (as of ``changed_at``); their active rentals
+    get an event saying so (``grace``: when they end if it stays away). Returns their ids."""
     cutoff = now - deadline
     hosts = (
         await session.scalars(
@@ -509,6 +513,8 @@ async def mark_silent_hosts_offline(
         )
     ).all()
     for host in hosts:
-        transition(session, host, "offline", cause=f"no heartbeat since {host.last_seen_at:%Y-%m-%dT%H:%M:%SZ}", actor="monitor",
-                   at=changed_at)
+        since = host.last_seen_at or now
+        transition(session, host, "offline", cause=f"no heartbeat since {since:%Y-%m-%dT%H:%M:%SZ}", actor="monitor", at=changed_at)
+        # The renters hear it now, not when the grace period ends: billing pauses from this change on.
+        await rental_lifecycle.note_host_unreachable(session, host.id, since=since, until=(changed_at or now) + grace if grace else None)
     return [h.id for h in hosts]
