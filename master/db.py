@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 MIGRATION_LOCK_KEY = 0x67706D6D6967  # "gpmmig": the PostgreSQL advisory lock migrations hold
+# Execution option of the engine behind ``Database.serialised_session``: how its SQLite transactions begin.
+_SQLITE_BEGIN = "gpumarket_sqlite_begin"
 
 
 def normalise_url(url: str) -> str:
@@ -44,7 +46,8 @@ def sqlite_url(path: Path) -> str:
 
 
 class Database:
-    """Owns the async engine; ``session()`` yields a session in a transaction."""
+    """Owns the async engine; ``session()`` yields a session in a transaction, ``serialised_session()`` one that
+    reads and writes as one step on SQLite as well (for placement: quotas, credit and the claim)."""
 
     def __init__(self, url: str, *, pool_size: int = 10, echo: bool = False) -> None:
         self.url = normalise_url(url)
@@ -57,12 +60,29 @@ class Database:
         self.engine: AsyncEngine = create_async_engine(self.url, **kwargs)
         if self.is_sqlite:
             event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)
+            event.listen(self.engine.sync_engine, "begin", _sqlite_begin)
         self.sessionmaker = async_sessionmaker(self.engine, expire_on_commit=False)
+        self._serialised = async_sessionmaker(self.engine.execution_options(**{_SQLITE_BEGIN: "IMMEDIATE"}), expire_on_commit=False)
 
     @asynccontextmanager
     async def session(self) -> AsyncIterator[AsyncSession]:
         """A session inside one transaction, committed on success, rolled back on error."""
         async with self.sessionmaker() as session, session.begin():
+            yield session
+
+    @asynccontextmanager
+    async def serialised_session(self) -> AsyncIterator[AsyncSession]:
+        """Like ``session()``, for a transaction that must read and then write with nothing in between (placement).
+
+        On PostgreSQL it is an ordinary session: the caller locks what it reads (``SELECT … FOR UPDATE``).
+        SQLite ignores ``FOR UPDATE``, and Python's sqlite3 (legacy transaction control) begins a transaction
+        only at the first INSERT/UPDATE/DELETE: the reads before it see no lock, and a ``SAVEPOINT`` issued
+        first opens a transaction of its own that its ``RELEASE`` commits, half a placement. Here the
+        transaction begins with ``BEGIN IMMEDIATE`` instead: it takes SQLite's one write lock before its first
+        read (waiting up to ``busy_timeout`` for another writer), so it is serialised with every other write
+        and its savepoints are nested in it. Cancelling is safe: the transaction is rolled back.
+        """
+        async with self._serialised() as session, session.begin():
             yield session
 
     async def migrate(self) -> None:
@@ -85,6 +105,12 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cursor.execute("PRAGMA busy_timeout=30000")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.close()
+
+
+def _sqlite_begin(conn: Connection) -> None:
+    """Begin ``serialised_session()``'s transactions with ``BEGIN IMMEDIATE`` (others keep sqlite3's implicit BEGIN)."""
+    if conn.get_execution_options().get(_SQLITE_BEGIN) == "IMMEDIATE":
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def alembic_config(connection: Connection | None = None) -> Config:

@@ -1,5 +1,6 @@
 """Never one GPU twice: two `gpumarket master` processes on one PostgreSQL, 200 concurrent
-rental requests for one GPU each over a fleet of 40 free GPUs."""
+rental requests for one GPU each over a fleet of 40 free GPUs; and quotas and credit that hold
+under 20 concurrent requests on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import aiohttp
 import pytest
 
 from master.db import Database
-from master.models import Account, Gpu, Host, Rental
+from master.models import Account, Command, Gpu, Host, Rental, RentalEvent
 from shared.ids import new_id
+from tests.apiclient import Api
+from tests.factories import create_principal
 from tests.helpers import eventually
 from tests.test_services_integration import Processes, _free_port, _json, _ok, processes, top_up  # noqa: F401
 
@@ -100,3 +103,57 @@ async def test_two_masters_never_give_one_gpu_twice(processes: Processes, tmp_pa
     assert {rental_id: n for rental_id, n in allocated} == {r.id: 1 for r in rentals}
     for n in range(2):
         assert processes.stop(f"master-{n}") == 0, processes.logs()
+
+
+CONCURRENT = 20  # requests at once, from one renter
+
+
+class TestSerialisedPlacement:
+    """Quotas and credit are read and the GPUs claimed in one serialised transaction, on SQLite as on PostgreSQL.
+
+    SQLite ignores ``SELECT … FOR UPDATE``: before placement began its transaction with ``BEGIN IMMEDIATE`` there,
+    20 concurrent rentals against a quota of 2 GPUs placed 14 on `gpumarket up` (issue 21).
+    """
+
+    async def test_twenty_concurrent_rentals_against_a_quota_of_two_gpus_place_two(self, api: Api) -> None:
+        """20 one-GPU rentals at once from a renter whose quota is 2 GPUs: exactly 2 placed, 18 refused ``quota_exceeded``."""
+        for _ in range(5):
+            await api.host(4)
+        _, admin_key = await create_principal(api.master, "admin-1", "admin")
+        status, body = await api.call("PUT", f"/accounts/{api.renter.account_id}/quota", admin_key, json={"max_gpus": "2"})
+        assert status == 200, body
+        results = await asyncio.gather(*(api.as_renter("POST", "/rentals", json={"gpu_count": 1}) for _ in range(CONCURRENT)))
+        statuses = Counter(status for status, _ in results)
+        assert statuses == {201: 2, 403: CONCURRENT - 2}, results
+        assert all(body["code"] == "quota_exceeded" for status, body in results if status == 403)
+        await _check_whole(api, placed=2)
+
+    async def test_twenty_concurrent_rentals_with_credit_for_two_place_two(self, api: Api) -> None:
+        """20 one-GPU rentals at once from a renter whose credit pays the minimum period of 2: exactly 2 placed, the rest 402."""
+        api.master.settings.require_credit = True
+        api.master.settings.billing_min_period_s = 3600
+        for _ in range(5):
+            await api.host(4)
+        _, admin_key = await create_principal(api.master, "admin-1", "admin")
+        # 0.40 USD a GPU-hour, a minimum period of an hour: 1.00 pays for two GPUs (0.80), not three (1.20).
+        body = {"account_id": api.renter.account_id, "amount": "1.00", "reference": "race"}
+        status, answer = await api.call("POST", "/account/credits", admin_key, json=body)
+        assert status == 201, answer
+        results = await asyncio.gather(*(api.as_renter("POST", "/rentals", json={"gpu_count": 1}) for _ in range(CONCURRENT)))
+        statuses = Counter(status for status, _ in results)
+        assert statuses == {201: 2, 402: CONCURRENT - 2}, results
+        await _check_whole(api, placed=2)
+
+
+async def _check_whole(api: Api, *, placed: int) -> None:
+    """``placed`` rentals, each starting with its start command and events, one GPU each, no GPU claimed twice."""
+    from sqlalchemy import select
+
+    async with api.master.db.session() as session:
+        rentals = (await session.scalars(select(Rental))).all()
+        claimed = (await session.scalars(select(Gpu.rental_id).where(Gpu.rental_id.is_not(None)))).all()
+        starts = (await session.scalars(select(Command.rental_id).where(Command.kind == "start_workload"))).all()
+        events = (await session.scalars(select(RentalEvent.rental_id))).all()
+    assert len(rentals) == placed and all(r.state == "starting" for r in rentals), rentals
+    assert sorted(claimed) == sorted(starts) == sorted(r.id for r in rentals)
+    assert set(events) == {r.id for r in rentals}

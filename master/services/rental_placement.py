@@ -24,8 +24,11 @@
    again (up to ``MAX_PLACEMENT_ROUNDS``).
 
 Quotas (``accounts.max_gpus`` / ``max_spend_per_hour``, else the ``default_max_*`` settings)
-count the account's active rentals, and lock the account row while a placement checks them,
-so two concurrent requests cannot both squeeze under the limit.
+count the account's active rentals. A placement locks the account's row before it reads them
+or the credit, so two concurrent requests cannot both squeeze under a limit; on SQLite, which
+has no row locks, callers run ``try_place`` in ``Database.serialised_session`` (``BEGIN
+IMMEDIATE``). The claim, the rental's state and events and its start command are written in the
+caller's one transaction: they commit together or not at all.
 """
 
 from __future__ import annotations
@@ -98,8 +101,13 @@ class _Candidates:
 
 
 async def _quota(master: Master, session: AsyncSession, renter_id: str, request: RentalRequest, exclude: str) -> Decimal | None:
-    """Check the account's GPU quota; returns the most one GPU-hour may cost under its spend quota (None: no limit)."""
-    account = await session.scalar(select(Account).where(Account.id == renter_id))
+    """Check the account's GPU quota; returns the most one GPU-hour may cost under its spend quota (None: no limit).
+
+    Locks the account's row first, quota or not: the account's placements are serialised from here to their commit,
+    so what this reads, the credit check and the claim cannot interleave with another placement of the account
+    (PostgreSQL; SQLite ignores ``FOR UPDATE``, and placements there run in ``Database.serialised_session``).
+    """
+    account = await session.scalar(select(Account).where(Account.id == renter_id).with_for_update())
     max_gpus = account.max_gpus if account is not None and account.max_gpus is not None else master.settings.default_max_gpus
     max_spend = (
         account.max_spend_per_hour if account is not None and account.max_spend_per_hour is not None
@@ -107,8 +115,6 @@ async def _quota(master: Master, session: AsyncSession, renter_id: str, request:
     )  # fmt: skip
     if max_gpus is None and max_spend is None:
         return None
-    # Serialise this account's placements while its usage is read and the new rental added.
-    await session.execute(select(Account.id).where(Account.id == renter_id).with_for_update())
     used_gpus, used_spend = await account_usage(session, renter_id, exclude=exclude)
     wanted = Decimal(request.gpu_count * request.share) / MILLI
     if max_gpus is not None and used_gpus + wanted > max_gpus:

@@ -43,7 +43,7 @@ async def process_queue(master: Master) -> int:
     placed = 0
     for rental_id in queued:
         command_ids: list[str] = []
-        async with master.db.session() as session:
+        async with master.db.serialised_session() as session:
             rental = await session.scalar(select(Rental).where(Rental.id == rental_id).with_for_update(skip_locked=True))
             if rental is None or rental.state != RentalState.PENDING or rental.host_id is not None:
                 continue

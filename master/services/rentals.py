@@ -85,7 +85,7 @@ async def _create(master: Master, renter: Principal, request: RentalRequest, ide
         replaces_id=request.replaces, kind=request.kind, gpu_milli=request.share, gpu_memory_mib=request.gpu_memory_mib,
         mig_profile=request.mig_profile, bid_per_gpu_hour=request.bid, spec=request.spec(), created_at=now,
     )  # fmt: skip
-    async with master.db.session() as session:
+    async with master.db.serialised_session() as session:  # quotas, credit and claim in one step, on SQLite too
         command_ids, reason = await try_place(master, session, rental, request, now=now)
         if command_ids:
             return rental, command_ids
