@@ -11,10 +11,10 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 
 from master.app import open_master
-from master.models import Command, Gpu, GpuAllocation, Host, Rental
+from master.models import Command, Gpu, GpuAllocation, Host, Rental, RentalEvent
 from master.scheduler import UnknownPlacer
 from master.services import rental_lifecycle, rental_queue
 from shared import protocol
@@ -358,6 +358,44 @@ class TestQueue:
         status, body = await rent(api, gpu_count=4, queue=True)
         assert_error(status, body, 409, "exceeds_fleet")
         assert await api.count(Rental) == 0
+
+
+class TestInterruptedPlacement:
+    async def test_a_rental_left_pending_on_a_host_without_a_start_command_is_failed_and_its_gpus_released(self, api: Api) -> None:
+        """Regression (issue 21): a `kill -9` mid-placement on SQLite left a rental ``pending``, holding a GPU, with no
+        event and no start command, for good. The repair pass fails it with an event and frees the GPU; placed, queued
+        and ended rentals are left alone, and a second pass finds nothing."""
+        host_id, _ = await api.host(3)
+        _, orphan = await rent(api, gpu_count=2)
+        _, placed = await rent(api, gpu_count=1)
+        _, queued = await rent(api, gpu_count=1, queue=True)
+        async with api.master.db.session() as session:  # what the interrupted placement had committed: the claim alone
+            await session.execute(delete(Command).where(Command.rental_id == orphan["id"]))
+            await session.execute(delete(RentalEvent).where(RentalEvent.rental_id == orphan["id"]))
+            await session.execute(update(Rental).where(Rental.id == orphan["id"]).values(state="pending"))
+        assert await rental_queue.repair_interrupted_placements(api.master) == [orphan["id"]]
+        _, failed = await api.as_renter("GET", f"/rentals/{orphan['id']}")
+        assert (failed["state"], failed["failure_reason"]) == ("failed", "placement interrupted")
+        [event] = failed["events"]
+        assert (event["from"], event["to"]) == ("pending", "failed") and "before its start command" in event["cause"], event
+        assert all(a.released_at is not None for a in await allocations(api, orphan["id"]))
+        assert [g.rental_id for g in await gpu_rows(api, host_id)].count(None) == 2
+        for other, state in ((placed, "starting"), (queued, "pending")):
+            _, body = await api.as_renter("GET", f"/rentals/{other['id']}")
+            assert body["state"] == state
+        assert await rental_queue.repair_interrupted_placements(api.master) == []
+        assert await rental_queue.process_queue(api.master) == 1  # the queued one takes a freed GPU
+
+    async def test_gpus_held_by_a_pending_rental_with_no_host_are_released(self, api: Api) -> None:
+        """A ``pending`` rental with no host but an unreleased claim (no command either) is failed and its GPU freed."""
+        host_id, _ = await api.host(1)
+        _, orphan = await rent(api, gpu_count=1)
+        async with api.master.db.session() as session:
+            await session.execute(delete(Command).where(Command.rental_id == orphan["id"]))
+            await session.execute(update(Rental).where(Rental.id == orphan["id"]).values(state="pending", host_id=None))
+        assert await rental_queue.repair_interrupted_placements(api.master) == [orphan["id"]]
+        assert [g.rental_id for g in await gpu_rows(api, host_id)] == [None]
+        assert (await rent(api, gpu_count=1))[0] == 201
 
 
 class TestQuotas:

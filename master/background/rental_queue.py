@@ -1,5 +1,6 @@
-"""The rental queue: queued rentals placed oldest first, those past ``queue_until`` failed; and ended
-rentals' kept /workspace released once their ``workspace_until`` passed.
+"""The rental queue: queued rentals placed oldest first, those past ``queue_until`` failed; placements a dead
+master left half-done repaired (``rental_queue.repair_interrupted_placements``, so within ``queue_interval`` of a
+master's start); and ended rentals' kept /workspace released once their ``workspace_until`` passed.
 
 One master at a time, under the ``rental-queue`` lease, every ``queue_interval``. The pass
 itself is ``master.services.rental_queue.process_queue``.
@@ -23,6 +24,7 @@ async def queue_loop(master: Master) -> None:
     """
 
     async def work() -> None:
+        await rental_queue.repair_interrupted_placements(master)
         await rental_queue.process_queue(master)
         await rentals.release_expired_workspaces(master)
 

@@ -1,23 +1,76 @@
-"""The rental queue: queued rentals (``pending`` with no host) placed oldest first, or failed past ``queue_until``."""
+"""The rental queue: queued rentals (``pending`` with no host) placed oldest first, or failed past ``queue_until``;
+and placements a dead master left half-done, repaired.
+
+**Interrupted placements.** A placement writes the claim, the rental's host and state, its events and its
+start command in one transaction (``rental_placement.try_place``), so a master killed mid-placement leaves
+nothing behind. A rental ``pending`` on a host, or holding GPUs, without a start command can only come from an
+older master (on SQLite its claim was committed on its own before the start command was written) or a bug.
+``repair_interrupted_placements`` fails each one with an event that says so and releases its GPUs. It is not put
+back in the queue: its request was cut off, the renter may already have asked again (without an
+``Idempotency-Key``: a second rental), and a failed rental with its reason is what a retry with the same key
+finds. It was never started, so nothing was charged.
+"""
 
 from __future__ import annotations
 
 import logging
 
-from sqlalchemy import select
+from sqlalchemy import exists, or_, select
 
 from master.context import Master
-from master.models import Rental
-from master.services import commands
+from master.models import Command, Gpu, GpuAllocation, Rental
+from master.services import allocation, commands
 from master.services.rental_placement import try_place
 from master.services.rental_request import RentalRequest
 from master.services.rentalstate import RentalState, advance
+from shared import protocol
 from shared.errors import ClientError
 
 log = logging.getLogger(__name__)
 
 # Queued rentals one queue pass tries to place.
 QUEUE_BATCH = 200
+# Interrupted placements one pass repairs.
+REPAIR_BATCH = 200
+INTERRUPTED = "placement interrupted"
+_START = protocol.StartWorkload.model_fields["kind"].default
+
+
+async def repair_interrupted_placements(master: Master, *, limit: int = REPAIR_BATCH) -> list[str]:
+    """Fail rentals left ``pending`` on a host or holding GPUs with no start command, releasing their GPUs; returns their ids.
+
+    Each is repaired in its own serialised transaction, its row locked (a concurrent pass skips it). A placement in
+    progress is never taken for one: it commits whole, so until then none of it is visible here.
+    """
+    now = master.clock.now()
+    holds = exists().where(GpuAllocation.rental_id == Rental.id, GpuAllocation.released_at.is_(None))
+    claims = exists().where(Gpu.rental_id == Rental.id)
+    started = exists().where(Command.rental_id == Rental.id, Command.kind == _START)
+    async with master.db.session() as session:
+        found = (
+            await session.scalars(
+                select(Rental.id).where(Rental.state == RentalState.PENDING, or_(Rental.host_id.is_not(None), holds, claims), ~started)
+                .order_by(Rental.created_at).limit(limit)
+            )
+        ).all()  # fmt: skip
+    repaired = []
+    for rental_id in found:
+        async with master.db.serialised_session() as session:
+            rental = await session.scalar(
+                select(Rental).where(Rental.id == rental_id, Rental.state == RentalState.PENDING, ~started).with_for_update(skip_locked=True)
+            )
+            if rental is None:
+                continue
+            released = await allocation.release(session, rental.id, at=now)
+            where = f" on host {rental.host_id}" if rental.host_id is not None else ""
+            cause = (f"{INTERRUPTED}: the master placing it{where} stopped before its start command was written; "
+                     f"{released} GPU allocation(s) released, nothing charged; rent again")  # fmt: skip
+            if advance(session, rental, RentalState.FAILED, cause, at=now):
+                rental.failure_reason, rental.stopped_at = INTERRUPTED, now
+                repaired.append(rental.id)
+    if repaired:
+        log.warning("failed %d rental(s) left pending by an interrupted placement: %s", len(repaired), ", ".join(repaired))
+    return repaired
 
 
 async def process_queue(master: Master) -> int:
