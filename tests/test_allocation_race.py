@@ -155,5 +155,5 @@ async def _check_whole(api: Api, *, placed: int) -> None:
         starts = (await session.scalars(select(Command.rental_id).where(Command.kind == "start_workload"))).all()
         events = (await session.scalars(select(RentalEvent.rental_id))).all()
     assert len(rentals) == placed and all(r.state == "starting" for r in rentals), rentals
-    assert sorted(str(c) for c in claimed) == sorted(starts) == sorted(r.id for r in rentals)
+    assert sorted(str(c) for c in claimed) == sorted(str(s) for s in starts) == sorted(r.id for r in rentals)
     assert set(events) == {r.id for r in rentals}
