@@ -33,6 +33,7 @@ caller's one transaction: they commit together or not at all.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -367,6 +368,10 @@ async def try_place(
             found = await _candidates(master, session, request, now=now, price_cap=price_cap)
             continue
         assert stops is not None
+        if master.settings.placement_pause_after_claim_s:  # fault injection: the fault suite kills the master here
+            log.warning("placement of rental %s paused %gs after its claim (placement_pause_after_claim_s)", rental.id,
+                        master.settings.placement_pause_after_claim_s)  # fmt: skip
+            await asyncio.sleep(master.settings.placement_pause_after_claim_s)
         return [*stops, await _start(session, rental, request, placement, now=now)], None
     return [], _no_room(request, found)
 
