@@ -256,6 +256,9 @@ MATRIX: tuple[Rule, ...] = (
     Rule("POST", "/hosts/{host_id}/revoke", host_write(200), last=True),
     Rule("GET", "/relays", only(200, "admin")),
     Rule("GET", "/rentals/{rental_id}/logs", the_renters(200)),
+    # Connecting: the renter alone, admins included among the others (what runs in a rental is the renter's);
+    # the world's rental holds GPUs and runs nothing, so the renter's answer is nothing_to_log_into.
+    Rule("POST", "/rentals/{rental_id}/connect", {**everyone(NO_RENTAL), RENTER: (409, "nothing_to_log_into")}, body=fixed({"port": "ssh"})),
     Rule("DELETE", "/rentals/{rental_id}", the_renters(202), last=True),
     # The marketplace.
     Rule("GET", "/offers", everyone(200)),
