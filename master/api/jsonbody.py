@@ -35,8 +35,10 @@ _MESSAGE_CHARS = 200  # of the parser's own explanation, in the one-line message
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _NOT_A_BRACKET = bytes(sorted(set(range(256)) - set(b"[]{}")))
 _NESTING = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+# Each pattern starts only where a number (or a run of digits) starts and never backtracks into it: tried at every
+# digit, or giving digits back, they would be quadratic in the length of a run (seconds for a body of 100-digit runs).
 # Without a long run of digits, only a positive exponent of three digits or more can overflow a float.
-_BIG_EXPONENT = re.compile(rb"-?[0-9]+(?:\.[0-9]+)?[eE]\+?[0-9]{3,}")
+_BIG_EXPONENT = re.compile(rb"(?<![0-9.])-?[0-9]++(?:\.[0-9]++)?[eE]\+?[0-9]{3,}")
 
 
 class InvalidJson(BadRequest):
@@ -57,7 +59,7 @@ def decode_json_body(data: bytes, *, max_depth: int = MAX_DEPTH, max_number_digi
     brackets = outside_strings.translate(None, _NOT_A_BRACKET)
     if max(itertools.accumulate(map(_NESTING.__getitem__, brackets)), default=0) > max_depth:
         raise _too_deep(max_depth)
-    if re.search(rb"[0-9]{%d}" % (max_number_digits + 1), outside_strings):
+    if re.search(rb"(?<![0-9])[0-9]{%d}" % (max_number_digits + 1), outside_strings):
         raise _too_long(max_number_digits)
     if any(math.isinf(float(literal)) for literal in _BIG_EXPONENT.findall(outside_strings)):
         raise InvalidJson("the request body holds a number too large to represent (it overflows to infinity)")
