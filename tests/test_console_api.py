@@ -13,6 +13,7 @@ from decimal import Decimal
 from typing import Any
 
 import aiohttp
+import pytest
 from sqlalchemy import select, update
 
 from billing.payouts import payout_pass
@@ -234,6 +235,36 @@ class TestTelemetryStream:
             async with asyncio.timeout(10):
                 text = (await response.read()).decode()
         assert text.startswith("retry: ") and text.count("event: sample") == 2
+
+    @pytest.mark.parametrize("ending", ["sign_out", "idle", "key_revoked"])
+    async def test_a_stream_ends_when_its_console_session_does(self, api: Api, ending: str) -> None:
+        """Regression (issue 21): a live stream stayed open after its session signed out. It now ends at its next
+        poll once the session is over (signed out, idle too long, its key revoked) and sends nothing stored after."""
+        clock = ManualClock(datetime.now(UTC))
+        api.master.clock = clock
+        settings = api.master.settings
+        settings.stream_poll_interval, settings.stream_max_s = 20 * MS, 86400  # only the session can end it here
+        settings.console_session_idle_s = 600
+        gpus = [gpu_info(0)]
+        host_id = await online_host(api.master, api.provider, gpus)
+        await self.feed(api, host_id, gpus, range(1, 3))
+        session = await sign_in(api, api.renter_key)
+        async with api.client.get(f"{API}/hosts/{host_id}/metrics/stream") as response:
+            assert [e[2]["seq"] for e in await read_events(response, 2)] == [1, 2]
+            await self.feed(api, host_id, gpus, range(3, 4))
+            assert [e[2]["seq"] for e in await read_events(response, 1)] == [3]  # live, polling with the session checked
+            if ending == "sign_out":
+                status, _ = await call(api, "DELETE", "/sessions/current", csrf=session["csrf_token"])
+                assert status == 200
+            elif ending == "idle":
+                clock.advance(601)
+            else:
+                async with api.master.db.session() as db:
+                    await db.execute(update(ApiKey).where(ApiKey.account_id == api.renter.account_id).values(revoked_at=clock.now()))
+            await self.feed(api, host_id, gpus, range(4, 6))
+            async with asyncio.timeout(10):  # generous: the stream ends at its next poll, 20 ms away
+                rest = (await response.read()).decode()
+        assert "event: sample" not in rest
 
     async def test_another_providers_host_is_not_found(self, api: Api) -> None:
         """A provider cannot watch another provider's host: 404, as for a host that does not exist."""

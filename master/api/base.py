@@ -8,7 +8,6 @@ the router, the middlewares and the OpenAPI builder all read that one table.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -17,6 +16,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from master.api.jsonbody import decode_json_body
 from shared.errors import BadRequest, ValidationFailed
 
 API = "/api/v1"
@@ -91,13 +91,12 @@ class RouteIndex:
 
 
 async def parse_body(request: web.Request, model: type[Body]) -> Body:
-    if not request.can_read_body:
-        raw: Any = {}
-    else:
-        try:
-            raw = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise BadRequest("the request body is not valid JSON", code="invalid_json") from None
+    """The request's body as ``model``: the one place a body is read (the API, the console's routes, enrollment).
+
+    Its size is bounded as it is read (413 past the app's ``client_max_size``); JSON that is not, or
+    is a parser bomb, is 400 ``invalid_json`` (``master.api.jsonbody``); a value the model refuses
+    is 422 ``validation_failed`` with every problem."""
+    raw: Any = decode_json_body(await request.read()) if request.can_read_body else {}
     try:
         return model.model_validate(raw)
     except ValidationError as exc:

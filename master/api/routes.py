@@ -7,7 +7,6 @@ Handlers parse, call one service function and respond; who may call them is thei
 from __future__ import annotations
 
 import shlex
-from datetime import datetime
 
 from aiohttp import web
 
@@ -28,6 +27,7 @@ from master.api.keys import MASTER, OPENAPI_DOCUMENT
 from master.api.middleware import principal
 from master.api.responses import CommandAccepted, Enrollment, EnrollmentToken, Liveness, Readiness
 from master.api.schemas import EnrollRequest, QuotaPut, RentalCreate
+from master.api.times import time_query
 from master.services import (
     account_views,
     enrollment,
@@ -115,19 +115,6 @@ async def list_hosts(request: web.Request) -> web.Response:
 
 async def get_host(request: web.Request) -> web.Response:
     return web.json_response(await money.host_detail(request.app[MASTER], principal(request), request.match_info["host_id"]))
-
-
-def time_query(request: web.Request, name: str) -> datetime | None:
-    raw = request.query.get(name)
-    if not raw:
-        return None
-    try:
-        value = datetime.fromisoformat(raw)
-    except ValueError:
-        raise BadRequest(f"query parameter {name!r} must be an ISO 8601 time, got {raw!r}", code="invalid_query") from None
-    if value.tzinfo is None:
-        raise BadRequest(f"query parameter {name!r} needs a timezone (e.g. 2026-01-01T00:00:00Z)", code="invalid_query")
-    return value
 
 
 async def get_host_metrics(request: web.Request) -> web.Response:

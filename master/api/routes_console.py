@@ -21,6 +21,7 @@ from master.api.base import QueryParam, RateClass, Route, int_query, parse_body
 from master.api.keys import MASTER
 from master.api.middleware import SESSION, principal
 from master.api.responses import ConsoleSession, SignedOut
+from master.context import Master
 from master.services import sessions
 from master.telemetry import series
 from shared.errors import ClientError, NotFound
@@ -106,8 +107,10 @@ async def stream_host_metrics(request: web.Request) -> web.StreamResponse:
     """Server-Sent Events: the host's recent raw samples, then each new one as it is stored.
 
     The stream closes after ``stream_max_s`` (the browser reconnects with ``Last-Event-ID`` and is
-    authorized again) and at once when the master shuts down. A client that goes away ends it at
-    the next write; no transaction is open while it waits.
+    authorized again), at once when the master shuts down, and at its next poll once the console
+    session it was opened with is over (signed out, expired, its key revoked: the reconnect is then
+    refused with 401 and the console asks to sign in). A client that goes away ends it at the next
+    write; no transaction is open while it waits.
     """
     master = request.app[MASTER]
     backlog = int_query(request, "backlog", 60, minimum=0, maximum=1000)
@@ -120,6 +123,7 @@ async def stream_host_metrics(request: web.Request) -> web.StreamResponse:
     )
     await response.prepare(request)
     closing = request.app[STREAMS_CLOSING]
+    signed_in = request.get(SESSION)  # None: opened with an API key, authorized again when it reconnects
     clock, settings = master.clock, master.settings
     deadline = clock.monotonic() + settings.stream_max_s
     last_write = clock.monotonic()
@@ -128,6 +132,8 @@ async def stream_host_metrics(request: web.Request) -> web.StreamResponse:
         while clock.monotonic() < deadline and not closing.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(closing.wait(), timeout=settings.stream_poll_interval)
+            if signed_in is not None and not await _still_signed_in(master, signed_in.session_id):
+                break  # nothing more for a session that is over, not even what was stored before it ended
             items = await series.samples_after(master, host_id, last_seq, limit=STREAM_PAGE)
             if items:
                 last_seq = items[-1]["seq"]
@@ -137,6 +143,11 @@ async def stream_host_metrics(request: web.Request) -> web.StreamResponse:
                 await response.write(b": keep-alive\n\n")
                 last_write = clock.monotonic()
     return response
+
+
+async def _still_signed_in(master: Master, session_id: str) -> bool:
+    async with master.db.session() as session:
+        return await sessions.is_live(session, session_id, settings=master.settings, now=master.clock.now())
 
 
 async def streams_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
+from master.api.times import UtcTime
 from master.services.listings import MAX_MAINTENANCE_WINDOWS
 
 
@@ -14,8 +15,8 @@ class _Body(BaseModel):
 
 
 class MaintenanceWindowBody(_Body):
-    start: AwareDatetime = Field(description="Start, ISO 8601 with a timezone.")
-    end: AwareDatetime = Field(description="End (exclusive), ISO 8601 with a timezone.")
+    start: UtcTime = Field(description="Start, ISO 8601 with a timezone.")
+    end: UtcTime = Field(description="End (exclusive), ISO 8601 with a timezone.")
 
 
 class ListingPut(_Body):
@@ -29,7 +30,7 @@ class ListingPut(_Body):
     smallest_unit: str = Field(
         "gpu", max_length=64, description="gpu (whole GPUs), mig:<profile> (mig:1g.10gb) or milli:<n> (n/1000 of a GPU)."
     )
-    available_until: AwareDatetime | None = Field(None, description="The host is offered until then (in the future).")
+    available_until: UtcTime | None = Field(None, description="The host is offered until then (in the future).")
     maintenance_windows: list[MaintenanceWindowBody] = Field(
         default_factory=list, max_length=MAX_MAINTENANCE_WINDOWS, description="Times the host is not offered; no overlaps."
     )

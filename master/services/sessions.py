@@ -96,17 +96,38 @@ async def resolve(session: AsyncSession, token: str, *, settings: MasterSettings
             .where(ConsoleSession.token_hash == secret_hash(token))
         )
     ).first()
-    if row is None or row[0].ended_at is not None:
+    if row is None:
         raise Unauthorized("you are not signed in; sign in with your API key", code="not_signed_in")
     console, account, key = row
-    if key.revoked_at is not None:
-        raise Unauthorized("the API key of this session was revoked; sign in with a valid key", code="session_expired")
-    if now >= console.expires_at or now >= _idle_end(console, settings):
-        raise Unauthorized("your session expired; sign in again", code="session_expired")
+    if (ended := _ended(console, key, settings=settings, now=now)) is not None:
+        raise ended
     if now - console.last_seen_at >= TOUCH_EVERY:
         await session.execute(update(ConsoleSession).where(ConsoleSession.id == console.id).values(last_seen_at=now))
     principal = Principal(account_id=account.id, name=account.name, role=account.role)
     return SignedIn(principal, console.id, console.csrf_token, console.expires_at)
+
+
+def _ended(console: ConsoleSession, key: ApiKey, *, settings: MasterSettings, now: datetime) -> Unauthorized | None:
+    """Why the session is over (signed out, its key revoked, past its end or idle too long); ``None`` while it is live."""
+    if console.ended_at is not None:
+        return Unauthorized("you are not signed in; sign in with your API key", code="not_signed_in")
+    if key.revoked_at is not None:
+        return Unauthorized("the API key of this session was revoked; sign in with a valid key", code="session_expired")
+    if now >= console.expires_at or now >= _idle_end(console, settings):
+        return Unauthorized("your session expired; sign in again", code="session_expired")
+    return None
+
+
+async def is_live(session: AsyncSession, session_id: str, *, settings: MasterSettings, now: datetime) -> bool:
+    """Whether the session is still signed in, by the rules of ``resolve``; a live stream asks at each poll.
+
+    Reads only: unlike a request, a stream's poll is not activity that keeps the session from going idle."""
+    row = (
+        await session.execute(
+            select(ConsoleSession, ApiKey).join(ApiKey, ApiKey.id == ConsoleSession.api_key_id).where(ConsoleSession.id == session_id)
+        )
+    ).first()
+    return row is not None and _ended(row[0], row[1], settings=settings, now=now) is None
 
 
 async def sign_out(session: AsyncSession, session_id: str, *, now: datetime) -> bool:

@@ -1,0 +1,74 @@
+"""The one JSON reader of REST request bodies: bounded nesting, bounded numbers, text that is text.
+
+Python's ``json`` recurses once per level (``[`` ten thousand deep is a ``RecursionError``),
+converts integer literals of any length (past 4,300 digits ``int`` raises ``ValueError``; below
+that the conversion is quadratic), reads ``1e999`` as infinity and accepts ``NaN``, which JSON has
+not: each was a 500 before sign-in. Here the bytes go through pydantic's parser, as the wire
+protocol's frames do (nesting past 200 levels, lone surrogates and ``NaN`` are refused there), and
+then through three scans of the valid text with its strings cut out, all at C speed: nesting deeper
+than ``max_depth``, a number with more than ``max_number_digits`` digits in a row, a number that
+overflows to infinity. Every refusal is ``InvalidJson``: 400 ``invalid_json``, one line.
+
+Pure: bytes in, a value or ``InvalidJson`` out, in time linear in the size of the body.
+``master.api.base.parse_body`` is its caller; the body's size is bounded before it is read (the
+app's ``client_max_size``, set from ``max_request_bytes``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from typing import Any
+
+import pydantic_core
+
+from shared.errors import BadRequest
+
+MAX_DEPTH = 32
+"""Arrays and objects inside each other, at most; the deepest request model is far shallower."""
+MAX_NUMBER_DIGITS = 100
+"""Digits in a row in a number, at most; every number the API takes is far shorter."""
+_MESSAGE_CHARS = 200  # of the parser's own explanation, in the one-line message
+
+# Only ever run on text pydantic parsed, where every string ends: one match per string, no backtracking.
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_A_BRACKET = bytes(sorted(set(range(256)) - set(b"[]{}")))
+_NESTING = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+# Each pattern starts only where a number (or a run of digits) starts and never backtracks into it: tried at every
+# digit, or giving digits back, they would be quadratic in the length of a run (seconds for a body of 100-digit runs).
+# Without a long run of digits, only a positive exponent of three digits or more can overflow a float.
+_BIG_EXPONENT = re.compile(rb"(?<![0-9.])-?[0-9]++(?:\.[0-9]++)?[eE]\+?[0-9]{3,}")
+
+
+class InvalidJson(BadRequest):
+    code = "invalid_json"
+
+
+def decode_json_body(data: bytes, *, max_depth: int = MAX_DEPTH, max_number_digits: int = MAX_NUMBER_DIGITS) -> Any:
+    """The JSON value of a request body, or ``InvalidJson`` saying what is wrong with it; raises nothing else."""
+    try:
+        value = pydantic_core.from_json(data, allow_inf_nan=False)
+    except ValueError as exc:
+        if str(exc).startswith("recursion limit exceeded"):  # pydantic's own bound on nesting, 200 levels
+            raise _too_deep(max_depth) from None
+        if str(exc).startswith("number out of range"):  # an integer past Python's 4,300 digits
+            raise _too_long(max_number_digits) from None
+        raise InvalidJson(f"the request body is not valid JSON: {str(exc)[:_MESSAGE_CHARS]}") from None
+    outside_strings = _STRING.sub(b"", data)
+    brackets = outside_strings.translate(None, _NOT_A_BRACKET)
+    if max(itertools.accumulate(map(_NESTING.__getitem__, brackets)), default=0) > max_depth:
+        raise _too_deep(max_depth)
+    if re.search(rb"(?<![0-9])[0-9]{%d}" % (max_number_digits + 1), outside_strings):
+        raise _too_long(max_number_digits)
+    if any(math.isinf(float(literal)) for literal in _BIG_EXPONENT.findall(outside_strings)):
+        raise InvalidJson("the request body holds a number too large to represent (it overflows to infinity)")
+    return value
+
+
+def _too_deep(max_depth: int) -> InvalidJson:
+    return InvalidJson(f"the request body nests arrays and objects deeper than {max_depth} levels")
+
+
+def _too_long(max_number_digits: int) -> InvalidJson:
+    return InvalidJson(f"the request body holds a number of more than {max_number_digits} digits")
