@@ -559,7 +559,8 @@ class Relay:
                 return
             try:
                 await self.bus.publish(
-                    protocol.AGENT_EVENTS_STREAM, protocol.encode_bus_envelope(self.relay_id, message, self.clock.now())
+                    protocol.AGENT_EVENTS_STREAM,
+                    protocol.encode_bus_envelope(self.relay_id, message, self.clock.now(), cert_serial=link.serial),
                 )
             except BusError as exc:
                 # Not acknowledged: the agent keeps the message and replays it elsewhere.

@@ -115,6 +115,13 @@ class ProtocolError(GpumarketError, ValueError):
             self.close_code = close_code
 
 
+class SequenceJump(ProtocolError):
+    """A message numbered absurdly far past the newest its host sent (``shared.protocol.MAX_SEQ_JUMP``):
+    the master drops it, so one forged or corrupt number cannot pin the host's state."""
+
+    code = "seq_jump"
+
+
 class BusError(GpumarketError):
     code = "bus_error"
 

@@ -10,8 +10,25 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from shared.errors import SequenceJump
+
 PROTOCOL_VERSION: Literal[1] = 1
 DEFAULT_MAX_FRAME = 1 << 20
+
+MAX_SEQ_JUMP = 10**9
+"""How far past the newest sequence number the master saw from a host a message may be numbered.
+A real agent numbers its messages one by one (leasing blocks of 1000 across restarts): at its
+normal cadence it would take over a century to go that far between two messages that arrive.
+A message beyond it is refused (logged and dropped), so one absurd number (2**62) cannot pin the
+host's state (its newest hello, its relay, its renewals) for good."""
+
+
+def check_seq(seq: int, last_seen: int, *, host_id: str = "") -> None:
+    """Raise ``SequenceJump`` when ``seq`` is more than ``MAX_SEQ_JUMP`` past ``last_seen`` (-1: none yet)."""
+    if seq > max(last_seen, 0) + MAX_SEQ_JUMP:
+        raise SequenceJump(
+            f"host {host_id} sent sequence number {seq}, more than {MAX_SEQ_JUMP} past its newest ({last_seen}); refused",
+        )
 
 # Websocket close codes the relay uses, one table (4000–4999 are application codes).
 CLOSE_GOING_AWAY = 1001  # relay shutting down: reconnect elsewhere
@@ -56,6 +73,8 @@ Timestamp = Annotated[datetime, AfterValidator(_representable_in_utc)]
 HostId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")]
 ShortText = Annotated[str, Field(max_length=256)]
 CommandId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:-]+$")]
+CertSerial = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[0-9a-f]+$")]
+"""A certificate serial as lowercase hex, the form revocations are recorded in."""
 
 
 # NaN and Infinity travel as JSON constants (Python's json reads them) instead of turning into

@@ -9,7 +9,7 @@ from datetime import datetime
 from pydantic import TypeAdapter, ValidationError
 
 from shared.errors import ProtocolError
-from shared.protocol.base import HostId, ShortText, StrictModel, Timestamp
+from shared.protocol.base import CertSerial, HostId, ShortText, StrictModel, Timestamp
 from shared.protocol.messages import AgentMessage, AnyAgentMessage, Command
 
 AGENT_EVENTS_STREAM = "agent-events"
@@ -28,6 +28,9 @@ class BusEnvelope(StrictModel):
     relay_id: ShortText
     received_at: Timestamp
     message: AgentMessage
+    # The serial of the certificate the message's connection presented (the master retires a
+    # renewed host's older certificates once it sees the new one in use); None from older relays.
+    cert_serial: CertSerial | None = None
 
 
 class CommandDelivery(StrictModel):
@@ -40,8 +43,11 @@ class CommandDelivery(StrictModel):
 _bus_adapter = TypeAdapter(BusEnvelope)
 
 
-def encode_bus_envelope(relay_id: str, message: AnyAgentMessage, received_at: datetime) -> bytes:
-    return BusEnvelope(relay_id=relay_id, received_at=received_at, message=message).model_dump_json().encode()
+def encode_bus_envelope(relay_id: str, message: AnyAgentMessage, received_at: datetime, *,
+                        cert_serial: str | None = None) -> bytes:
+    envelope = BusEnvelope(relay_id=relay_id, received_at=received_at, message=message, cert_serial=cert_serial)
+    # Without a serial the record is what relays wrote before the field existed.
+    return envelope.model_dump_json(exclude={"cert_serial"} if cert_serial is None else None).encode()
 
 
 def decode_bus_envelope(payload: bytes) -> BusEnvelope:
