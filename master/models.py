@@ -178,6 +178,20 @@ class Host(Base):
     isolation: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
 
 
+class HostCertificate(Base):
+    """Every client certificate the CA signed for a host (enrollment and each renewal), so that all
+    of them can be refused: ``revoked_at`` is set when the host is revoked, or for an older
+    certificate once the host connected with a newer one. ``hosts.cert_serial`` is the newest."""
+
+    __tablename__ = "host_certificates"
+
+    serial: Mapped[str] = mapped_column(String(64), primary_key=True)  # hex, as relays and the registry write it
+    host_id: Mapped[str] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), index=True)
+    issued_at: Mapped[datetime] = mapped_column(default=_now)
+    not_after: Mapped[datetime]
+    revoked_at: Mapped[datetime | None] = mapped_column(default=None, index=True)
+
+
 class HostEvent(Base):
     __tablename__ = "host_events"
 

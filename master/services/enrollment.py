@@ -2,11 +2,18 @@
 
 The agent's private key never leaves its host: it sends a CSR, and the master's CA
 signs a certificate naming a *new* host id, whatever the CSR asked for.
+
+Every certificate signed for a host (at enrollment and at each renewal) is recorded in
+``host_certificates`` in the transaction that signs it. Revoking the host revokes every one of
+them; a renewal's previous certificates are revoked once the host connects with the new one
+(``retire_superseded``, on the hello a relay forwards with the connection's serial). Relays
+refuse revoked serials, which reach them through the registry (``publish_revocations``).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -14,13 +21,13 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
-from master.models import EnrollmentToken, Gpu, Host, Rental
+from master.models import EnrollmentToken, Gpu, Host, HostCertificate, Rental
 from master.services import commands, rental_lifecycle
 from master.services.accounts import Principal
 from master.services.hoststate import record_initial_state, transition
 from master.services.rentalstate import ACTIVE_STATES
 from shared import protocol
-from shared.errors import EnrollmentError, NotFound
+from shared.errors import EnrollmentError, NotFound, SequenceJump
 from shared.ids import new_id, new_secret, secret_hash
 
 log = logging.getLogger(__name__)
@@ -80,6 +87,7 @@ async def enroll(master: Master, token: str, csr_pem: str, *, hostname: str = ""
         )
         session.add(host)
         await session.flush()
+        session.add(HostCertificate(serial=issued.serial_hex, host_id=host_id, issued_at=now, not_after=issued.not_after))
         record_initial_state(session, host, cause="enrolled with a one-time token", actor=f"account:{row.account_id}")
     log.info("host %s enrolled for account %s", host_id, row.account_id)
     return EnrollmentResult(
@@ -107,6 +115,11 @@ async def renew(master: Master, session: AsyncSession, envelope: protocol.BusEnv
     if message.seq <= host.last_renewal_seq:
         return None
     try:
+        protocol.check_seq(message.seq, host.last_seq, host_id=host.id)  # or it would pin last_renewal_seq for good
+    except SequenceJump as exc:
+        log.warning("renewal refused: %s", exc)
+        return None
+    try:
         issued = master.ca.sign_agent_csr(
             message.body.csr.encode(), host_id=host.id, validity=timedelta(hours=master.settings.agent_cert_hours)
         )
@@ -116,6 +129,10 @@ async def renew(master: Master, session: AsyncSession, envelope: protocol.BusEnv
         return None
     host.last_renewal_seq = message.seq
     host.cert_serial, host.cert_not_after = issued.serial_hex, issued.not_after
+    # The previous certificates stay valid until the agent connects with this one (``retire_superseded``):
+    # revoking them now would close the connection the agent still uses, with a code that stops it.
+    session.add(HostCertificate(serial=issued.serial_hex, host_id=host.id, issued_at=master.clock.now(),
+                                not_after=issued.not_after))
     command = commands.new_command(
         session,
         host_id=host.id,
@@ -127,10 +144,10 @@ async def renew(master: Master, session: AsyncSession, envelope: protocol.BusEnv
 
 
 async def revoke_host(master: Master, principal: Principal, host_id: str) -> Host:
-    """Revoke a host: its certificate is refused from now on and open connections are closed.
+    """Revoke a host: every certificate it was ever issued is refused from now on, open connections are closed.
 
     Its active rentals fail (the host can no longer be trusted to run them) and free their
-    GPUs. Idempotent: revoking a revoked host changes nothing.
+    GPUs. Idempotent: revoking a revoked host changes nothing (its serials are published again).
     """
     now = master.clock.now()
     async with master.db.session() as session:
@@ -149,29 +166,67 @@ async def revoke_host(master: Master, principal: Principal, host_id: str) -> Hos
                 # Credited like a lost host's: the renter is not charged a minimum the host cannot serve.
                 await rental_lifecycle.fail_rental(session, rental, reason="the host was revoked", at=now, lost_at=now)
             await session.execute(update(Gpu).where(Gpu.host_id == host.id).values(present=False))
-    await publish_revocations(master, [host])
-    log.warning("host %s revoked by %s", host_id, principal.name)
+            await session.execute(
+                update(HostCertificate)
+                .where(HostCertificate.host_id == host.id, HostCertificate.revoked_at.is_(None))
+                .values(revoked_at=now)
+            )
+        rows = await session.execute(
+            select(HostCertificate.serial, HostCertificate.not_after).where(HostCertificate.host_id == host.id)
+        )
+        certificates = [(row.serial, row.not_after) for row in rows]
+    count = await publish_revocations(master, certificates)
+    log.warning("host %s revoked by %s (%d certificate(s) refused)", host_id, principal.name, count)
     return host
 
 
-async def publish_revocations(master: Master, hosts: list[Host] | None = None) -> int:
-    """Tell the relays (through the registry) which certificate serials to refuse.
+async def retire_superseded(master: Master, host_id: str, serial_in_use: str | None) -> int:
+    """Revoke the host's certificates issued before ``serial_in_use``, the one its connection presents.
 
-    Called on revocation and periodically from the database, so a registry that lost its
-    data (a Redis restart) is refilled within one period.
+    Called for each hello (the first message of every connection), with the serial the relay
+    read from the connection's certificate. Once a renewed certificate is in use, the ones
+    before it are refused by every relay. Nothing happens for a serial that is not the host's,
+    an already revoked one, or ``None`` (a relay that does not say). Returns how many were revoked.
     """
-    if hosts is None:
-        async with master.db.session() as session:
-            hosts = list(
-                (
-                    await session.scalars(
-                        select(Host).where(Host.state == "revoked", Host.cert_not_after > master.clock.now())
-                    )
-                ).all()
+    if serial_in_use is None:
+        return 0
+    now = master.clock.now()
+    async with master.db.session() as session:
+        in_use = await session.get(HostCertificate, serial_in_use.lower())
+        if in_use is None or in_use.host_id != host_id or in_use.revoked_at is not None:
+            return 0
+        older = (
+            await session.scalars(
+                select(HostCertificate)
+                .where(HostCertificate.host_id == host_id, HostCertificate.revoked_at.is_(None),
+                       HostCertificate.issued_at < in_use.issued_at)
+                .with_for_update()
             )
-    count = 0
-    for host in hosts:
-        if host.cert_serial and host.cert_not_after:
-            await master.registry.revoke(host.cert_serial, until=host.cert_not_after.timestamp())
-            count += 1
-    return count
+        ).all()
+        for certificate in older:
+            certificate.revoked_at = now
+        retired = [(c.serial, c.not_after) for c in older]
+    if retired:
+        await publish_revocations(master, retired)
+        log.info("host %s connected with certificate %s; revoked the %d before it", host_id, serial_in_use, len(retired))
+    return len(retired)
+
+
+async def publish_revocations(master: Master, certificates: Sequence[tuple[str, datetime]] | None = None) -> int:
+    """Tell the relays (through the registry) which certificate serials to refuse; returns how many.
+
+    ``certificates`` are ``(serial, not_after)`` pairs; ``None`` reads every revoked certificate
+    not yet expired from the database. Called on revocation and periodically, so a registry that
+    lost its data (a Redis restart) is refilled within one period.
+    """
+    if certificates is None:
+        now = master.clock.now()
+        async with master.db.session() as session:
+            rows = await session.execute(
+                select(HostCertificate.serial, HostCertificate.not_after)
+                .where(HostCertificate.revoked_at.is_not(None), HostCertificate.not_after > now)
+            )
+            certificates = [(row.serial, row.not_after) for row in rows]
+    for serial, not_after in certificates:
+        await master.registry.revoke(serial, until=not_after.timestamp())
+    return len(certificates)
