@@ -37,6 +37,8 @@ class IngestStats:
     """Attempts to apply a message that raised (the message stays pending and is retried)."""
     dead_lettered: int = 0
     malformed: int = 0
+    seq_refused: int = 0
+    """Messages dropped for a sequence number absurdly far past their host's newest (``protocol.MAX_SEQ_JUMP``)."""
     samples_stored: int = 0
     samples_duplicate: int = 0
     samples_rejected: int = 0

@@ -40,6 +40,7 @@ from master.services.rentalstate import ACTIVE_STATES, UNSTOPPED_STATES
 from master.telemetry.store import CleanSample, clean_sample, sampled_too_far_ahead
 from shared import protocol
 from shared.clock import utcnow
+from shared.errors import SequenceJump
 from shared.ids import new_id
 from shared.settings import MasterSettings
 
@@ -72,8 +73,12 @@ async def _load_host(session: AsyncSession, host_id: str) -> Host:
 
 
 async def _host_seen(session: AsyncSession, envelope: protocol.BusEnvelope) -> Host:
-    """The host that sent ``envelope`` (``UnknownHost`` when there is none or it is revoked), noted as seen."""
+    """The host that sent ``envelope`` (``UnknownHost`` when there is none or it is revoked), noted as seen.
+
+    Raises ``SequenceJump`` (and changes nothing) for a message numbered absurdly far past the host's newest.
+    """
     host = await _load_host(session, envelope.message.host_id)
+    protocol.check_seq(envelope.message.seq, host.last_seq, host_id=host.id)
     _saw(host, envelope)
     return host
 
@@ -233,6 +238,7 @@ async def handle_telemetry(session: AsyncSession, envelope: protocol.BusEnvelope
     assert isinstance(message, protocol.Telemetry)
     stats = stats if stats is not None else IngestStats()
     host = await _load_host(session, message.host_id)
+    protocol.check_seq(message.seq, host.last_seq, host_id=host.id)
     clean = _checked(host, envelope, now=now or utcnow(), max_future_s=max_future_s, stats=stats)
     if clean is None:
         return False
@@ -307,6 +313,13 @@ async def apply_batch(session: AsyncSession, envelopes: Sequence[protocol.BusEnv
         message = envelope.message
         host = by_id.get(message.host_id)
         if host is None:
+            continue
+        try:
+            protocol.check_seq(message.seq, host.last_seq, host_id=host.id)
+        except SequenceJump as exc:
+            log.warning("%s", exc)
+            stats.seq_refused += 1
+            outcome.refused += 1
             continue
         if isinstance(message, protocol.Heartbeat):
             _saw(host, envelope)

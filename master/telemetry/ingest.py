@@ -23,7 +23,7 @@ from master.services import commands, enrollment
 from master.telemetry import hosts
 from shared import protocol
 from shared.bus import BusMessage
-from shared.errors import BusError, ProtocolError
+from shared.errors import BusError, ProtocolError, SequenceJump
 
 log = logging.getLogger(__name__)
 
@@ -223,6 +223,13 @@ class Ingestor:
         except hosts.UnknownHost:
             log.warning("message from unknown host %s via %s dropped", envelope.message.host_id, envelope.relay_id)
             return
+        except SequenceJump as exc:
+            log.warning("%s via %s dropped: %s", envelope.message.type, envelope.relay_id, exc)
+            master.stats.seq_refused += 1
+            return
+        if isinstance(envelope.message, protocol.Hello):
+            # Every connection begins with a hello: a renewed certificate in use retires the ones before it.
+            await enrollment.retire_superseded(master, envelope.message.host_id, envelope.cert_serial)
         if resend:
             await commands.publish(master, resend)
 

@@ -153,6 +153,9 @@ def _ingestion_metrics(snapshot: FleetSnapshot) -> Iterator[Metric]:
     yield CounterMetricFamily("gpumarket_ingest_dead_lettered_total", "Messages given up on and moved to the dead-letter stream.",
                               value=stats.dead_lettered)
     yield CounterMetricFamily("gpumarket_ingest_malformed_total", "Bus records dropped as malformed.", value=stats.malformed)
+    yield CounterMetricFamily("gpumarket_ingest_seq_refused_total",
+                              "Agent messages dropped for a sequence number absurdly far past their host's newest.",
+                              value=stats.seq_refused)
     yield CounterMetricFamily("gpumarket_ingest_batches_total", "Batches written by this process.", value=stats.batches)
     yield CounterMetricFamily("gpumarket_ingest_batch_seconds_total", "Time spent writing batches.", value=stats.batch_seconds)
     yield CounterMetricFamily("gpumarket_rollup_passes_total", "Telemetry roll-up passes run by this process.",
