@@ -432,10 +432,13 @@ class Agent:
             except ConnectionClosed as exc:
                 code = exc.rcvd.code if exc.rcvd else None
                 if code == protocol.CLOSE_REVOKED:
-                    raise ConfigError(
+                    # Final: every relay refuses a revoked certificate, so retrying cannot help.
+                    revoked = ConfigError(
                         f"this host's certificate was revoked (relay {url} said: {exc.rcvd.reason if exc.rcvd else ''}); "
                         "the host must enroll again with a new token from its provider"
-                    ) from None
+                    )
+                    log.error("host %s: stopping: %s", self.host_id, revoked.message)
+                    raise revoked from None
                 log.info("host %s: relay %s closed the connection (%s)", self.host_id, url, exc)
                 if code in _MOVE_ON_CODES:
                     self.directory.mark_draining(url)

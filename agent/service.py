@@ -82,16 +82,26 @@ def isolation_from_settings(settings: AgentSettings, *, container_engine: str | 
 
 
 async def serve_agent(settings: AgentSettings, *, stop: asyncio.Event) -> None:
+    """Run the agent until ``stop`` is set, or until it stops on its own: then its error is raised.
+
+    The agent stops on its own only when retrying cannot help (its certificate was revoked or has
+    expired: a ``ConfigError`` saying to enroll again), and ``gpumarket agent run`` exits with that line.
+    """
     agent = agent_from_settings(settings)
     await agent.refresh_isolation()  # asks the container engine: the line below says whether containers run
     facts = agent.isolation.facts
     (log.info if facts.isolated else log.warning)("%s", isolation_summary(facts))
     print(f"agent for host {agent.host_id} starting ({agent.backend.name}, {len(agent.backend.gpus())} GPU)", flush=True)
     task = asyncio.create_task(agent.run(), name="agent")
+    stopping = asyncio.create_task(stop.wait(), name="agent-stop")
     try:
-        await stop.wait()
+        await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            task.result()  # the agent's own reason to stop (a ConfigError), raised to the command line
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        for pending in (task, stopping):
+            if not pending.done():
+                pending.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pending
         await agent.close()
