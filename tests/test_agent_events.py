@@ -258,6 +258,107 @@ class TestCertificates:
             await _apply(world.master, telemetry(host_id, 61, gpus))
 
 
+async def _ingest(master: Master, *envelopes: protocol.BusEnvelope) -> None:
+    """Put ``envelopes`` on the bus as a relay would and apply them with the master's ingestor."""
+    from master.telemetry.ingest import Ingestor
+
+    await master.bus.ensure_group(protocol.AGENT_EVENTS_STREAM, protocol.INGEST_GROUP)
+    for item in envelopes:
+        await master.bus.publish(protocol.AGENT_EVENTS_STREAM, item.model_dump_json().encode())
+    batch = await master.bus.read(protocol.AGENT_EVENTS_STREAM, protocol.INGEST_GROUP, "t", count=100, block=None)
+    await Ingestor(master).process(batch)
+
+
+def _relayed(message: protocol.AnyAgentMessage, serial: str) -> protocol.BusEnvelope:
+    """``message`` as a relay forwards it from a connection presenting the certificate ``serial``."""
+    return protocol.BusEnvelope(relay_id="relay-t", received_at=_now(), message=message, cert_serial=serial)
+
+
+class TestCertificateHistory:
+    async def _renewed(self, world: World, host_id: str, seq: int) -> str:
+        """Renew ``host_id``'s certificate; returns the new serial."""
+        from master.services import enrollment
+        from shared.crypto import generate_private_key, make_csr
+
+        message = protocol.RenewCertificate(host_id=host_id, seq=seq, ts=_now(),
+                                            body=protocol.RenewCertificateBody(csr=make_csr(generate_private_key(), "x").decode()))
+        async with world.master.db.session() as session:
+            assert await enrollment.renew(world.master, session, envelope(message)) is not None
+            host = await session.get(Host, host_id)
+        assert host is not None and host.cert_serial is not None
+        return host.cert_serial
+
+    async def _serial(self, world: World, host_id: str) -> str:
+        async with world.master.db.session() as session:
+            host = await session.get(Host, host_id)
+        assert host is not None and host.cert_serial is not None
+        return host.cert_serial
+
+    async def test_revoking_a_host_refuses_every_certificate_it_was_issued(self, world: World) -> None:
+        """Regression (issue 21): only the newest serial was revoked, so a certificate from before a renewal still
+        connected. Now the enrolment's and every renewal's serials reach the registry, and are republished."""
+        from master.services import enrollment
+        from shared.registry import MemoryRegistry
+
+        host_id = await online_host(world.master, world.provider, [gpu_info(0)])
+        first = await self._serial(world, host_id)
+        second = await self._renewed(world, host_id, 50)
+        third = await self._renewed(world, host_id, 51)
+        assert not any([await world.master.registry.is_revoked(s) for s in (first, second, third)])
+        await enrollment.revoke_host(world.master, world.provider, host_id)
+        assert all([await world.master.registry.is_revoked(s) for s in (first, second, third)])
+        world.master.registry = MemoryRegistry()  # a registry that lost its data
+        assert await enrollment.publish_revocations(world.master) == 3
+        assert await world.master.registry.revoked() == {first, second, third}
+
+    async def test_a_renewed_certificate_in_use_retires_the_ones_before_it(self, world: World) -> None:
+        """Regression (issue 21): renewal left the previous certificate valid. It stays valid while the agent still
+        connects with it (the new one is not installed yet), and is revoked once a hello comes over a connection
+        that presents the new one; the new one stays valid."""
+        gpus = [gpu_info(0)]
+        host_id = await online_host(world.master, world.provider, gpus)
+        old = await self._serial(world, host_id)
+        new = await self._renewed(world, host_id, 50)
+        await _ingest(world.master, _relayed(hello(host_id, 51, gpus), old))
+        assert not await world.master.registry.is_revoked(old)
+        await _ingest(world.master, _relayed(hello(host_id, 52, gpus), new))
+        assert await world.master.registry.is_revoked(old)
+        assert not await world.master.registry.is_revoked(new)
+        from master.models import HostCertificate
+
+        async with world.master.db.session() as session:
+            rows = {c.serial: c.revoked_at for c in await session.scalars(select(HostCertificate).where(HostCertificate.host_id == host_id))}
+        assert set(rows) == {old, new} and rows[old] is not None and rows[new] is None
+        async with world.master.db.session() as session:
+            host = await session.get(Host, host_id)
+        assert host is not None and host.state == "online" and host.last_hello_seq == 52
+
+    async def test_a_hello_from_a_relay_that_names_no_serial_retires_nothing(self, world: World) -> None:
+        """A record without ``cert_serial`` (a relay from before the field) is applied and revokes nothing."""
+        gpus = [gpu_info(0)]
+        host_id = await online_host(world.master, world.provider, gpus)
+        old = await self._serial(world, host_id)
+        await self._renewed(world, host_id, 50)
+        await _ingest(world.master, envelope(hello(host_id, 51, gpus)))
+        assert await world.master.registry.revoked() == frozenset()
+        async with world.master.db.session() as session:
+            assert (await session.get(Host, host_id)).last_hello_seq == 51  # type: ignore[union-attr]
+        assert not await world.master.registry.is_revoked(old)
+
+    async def test_a_renewal_numbered_absurdly_far_ahead_is_refused_and_pins_nothing(self, world: World) -> None:
+        """Regression (issue 21): a renewal with seq 2**62 would have set last_renewal_seq for good, refusing every
+        later renewal. It is refused, and the next ordinary renewal is signed."""
+        host_id = await online_host(world.master, world.provider, [gpu_info(0)])
+        from master.services import enrollment
+        from shared.crypto import generate_private_key, make_csr
+
+        csr = make_csr(generate_private_key(), "x").decode()
+        message = protocol.RenewCertificate(host_id=host_id, seq=2**62, ts=_now(), body=protocol.RenewCertificateBody(csr=csr))
+        async with world.master.db.session() as session:
+            assert await enrollment.renew(world.master, session, envelope(message)) is None
+        await self._renewed(world, host_id, 60)
+
+
 class TestRevocation:
     async def test_the_owner_revokes_and_everything_follows(self, world: World) -> None:
         """Revoking fails the host's rentals, frees and hides its GPUs, and publishes its serial to the relays."""

@@ -8,6 +8,7 @@ import dataclasses
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -165,6 +166,54 @@ class TestIngestor:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+class TestSequenceJumps:
+    async def test_a_message_numbered_absurdly_far_ahead_is_dropped_and_pins_nothing(self, master: Master) -> None:
+        """Regression (issue 21): a hello with seq 2**62 became the host's newest for good, so every later real
+        hello was ignored as stale (the inventory pinned) and its relay stuck. Such messages (hello, heartbeat,
+        telemetry) are now dropped and counted; the agent's next ordinary messages are applied."""
+        provider, _ = await create_principal(master, "p", "provider")
+        host_id = await enroll_host(master, provider)
+        gpu0, gpu1 = gpu_info(0), gpu_info(1)
+        absurd = 2**62
+        heartbeat = protocol.Heartbeat(host_id=host_id, seq=absurd + 1, ts=datetime.now(UTC),
+                                       body=protocol.HeartbeatBody(uptime_s=1.0))
+        now = datetime.now(UTC)
+        for relay_id, message in (
+            ("relay-a", hello(host_id, 5, [gpu0])),
+            ("relay-x", hello(host_id, absurd, [gpu0, gpu1])),
+            ("relay-x", heartbeat),
+            ("relay-x", telemetry(host_id, absurd + 2, [gpu0])),
+            ("relay-a", hello(host_id, 6, [gpu0])),
+            ("relay-a", telemetry(host_id, 7, [gpu0])),
+        ):
+            await master.bus.publish(protocol.AGENT_EVENTS_STREAM, protocol.encode_bus_envelope(relay_id, message, now))
+        ingestor = Ingestor(master, block=0.05)
+        task = asyncio.create_task(ingestor.run())
+        try:
+            await eventually(lambda: _true(master.stats.seq_refused == 3 and master.stats.samples_stored == 1),
+                             what="three messages refused, one sample stored")
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        assert await _pending(master) == 0
+        async with master.db.session() as session:
+            host = await session.get(Host, host_id)
+            seqs = (await session.scalars(select(TelemetrySample.seq).where(TelemetrySample.host_id == host_id))).all()
+            uuids = (await session.scalars(select(Gpu.uuid).where(Gpu.host_id == host_id))).all()
+        assert host is not None and (host.last_hello_seq, host.last_seq, host.relay_id) == (6, 7, "relay-a")
+        assert list(seqs) == [7] and list(uuids) == [gpu0.uuid]
+
+    def test_the_bound_lets_every_ordinary_jump_through(self) -> None:
+        """A jump of exactly MAX_SEQ_JUMP past the newest (or past nothing yet) passes; one more is refused."""
+        from shared.errors import SequenceJump
+
+        protocol.check_seq(protocol.MAX_SEQ_JUMP, -1)
+        protocol.check_seq(1000 + protocol.MAX_SEQ_JUMP, 1000)
+        with pytest.raises(SequenceJump, match="more than"):
+            protocol.check_seq(1001 + protocol.MAX_SEQ_JUMP, 1000)
 
 
 class TestGpuIdentity:
