@@ -359,6 +359,34 @@ class TestRelays:
                 await agent.run()
         await agent.close()
 
+    async def test_a_host_revoked_while_connected_is_closed_and_the_agent_stops(
+        self, harness: Harness, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """Regression (issue 21): the agent must be told. Its open connection is closed with 4005 once the serial
+        is revoked, and the agent stops (one connection, no retry) and logs why."""
+        from shared.crypto import load_certificate
+        from shared.errors import ConfigError
+        from shared.registry import MemoryRegistry
+
+        registry = MemoryRegistry()
+        relay = await harness.relay("relay-a", registry=registry, revocation_poll_interval=FAST.heartbeat_interval)
+        agent = harness.agent([relay.url])
+        task = asyncio.create_task(agent.run())
+        try:
+            await eventually(lambda: _true(agent.connected.is_set()), what="connected")
+            serial = format(load_certificate(harness.state.cert_file.read_bytes()).serial_number, "040x")
+            await registry.revoke(serial, until=4e9)
+            with pytest.raises(ConfigError, match=r"revoked.*enroll again"):
+                async with asyncio.timeout(10):
+                    await task
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ConfigError):
+                await task
+            await agent.close()
+        assert agent.connections == 1 and relay.refused["revoked"] == 1
+        assert "stopping: this host's certificate was revoked" in caplog.text
+
 
 class TestReports:
     async def test_xid_events_are_pushed_at_once(self, harness: Harness) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpumarket.cli import main
+from shared.crypto import CertificateAuthority
 
 COMMANDS = [[], ["up"], ["master"], ["access"], ["dns"], ["agent"], ["agent", "run"], ["agent", "enroll"], ["agent", "record-nvml"], ["simulate"], ["worker"], ["admin"],
             ["admin", "create-account"], ["admin", "issue-relay-cert"]]
@@ -36,6 +37,41 @@ class TestErrors:
             main(["agent", "run", "--data-dir", str(tmp_path), "--gpus", "sim:RTX4090"])
         assert done.value.code == 2
         assert "gpumarket agent enroll" in capsys.readouterr().err
+
+    @pytest.mark.timeout(30)  # the bug: the command waited for a signal after its agent had stopped
+    def test_a_revoked_agent_exits_with_one_line_saying_to_enroll_again(
+        self, tmp_path: Path, ca: CertificateAuthority, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Regression (issue 21): `agent run` kept waiting after its agent stopped. Refused as revoked by a real
+        relay, the command exits 2, its last line the reason and what to do."""
+        from access.relay import Relay
+        from shared.bus import InProcessBus
+        from shared.crypto import load_certificate
+        from shared.registry import MemoryRegistry
+        from tests.agents import enrolled_state
+        from tests.loopthread import LoopThread
+        from tests.pki import relay_server_context
+
+        state = enrolled_state(ca, tmp_path / "agent", "h-cli-revoked")
+        registry = MemoryRegistry()
+        with LoopThread() as loop:
+            loop.run(registry.revoke(format(load_certificate(state.cert_file.read_bytes()).serial_number, "040x"), until=4e9))
+
+            async def start() -> Relay:
+                relay = Relay(relay_id="relay-cli", bus=InProcessBus(), ssl_context=relay_server_context(ca, tmp_path / "relay"),
+                              host="127.0.0.1", port=0, registry=registry)
+                await relay.start()
+                return relay
+
+            relay = loop.run(start())
+            try:
+                with pytest.raises(SystemExit) as done:
+                    main(["agent", "run", "--data-dir", str(state.dir), "--gpus", "sim:RTX4090", "--relay-url", relay.url])
+            finally:
+                loop.run(relay.close())
+        assert done.value.code == 2
+        last = capsys.readouterr().err.rstrip("\n").rsplit("\n", 1)[-1]
+        assert last.startswith("gpumarket: error: this host's certificate was revoked") and "enroll again" in last
 
     def test_the_nvml_backend_without_a_driver_is_one_clear_line(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """On this driverless machine, `agent run --gpus nvml` exits 2 with one line naming the driver and the other backends."""

@@ -212,6 +212,9 @@ class TestForwarding:
             (RELAY_ID, "h-1", "heartbeat", 11),
         ]
         assert relay.messages_forwarded == 2
+        # Each record names the certificate the connection presented: the master retires a renewed host's older ones.
+        serial = relay.agents["h-1"].serial
+        assert len(serial) == 40 and {e.cert_serial for e in events} == {serial}
 
     async def test_acks_only_after_the_bus_accepted_the_message(
         self, start_relay: StartRelay, connect_agent: ConnectAgent
