@@ -49,6 +49,7 @@ from master.services import enrollment
 from master.services.accounts import create_account, create_api_key, key_is_valid
 from shared.bus import InProcessBus
 from shared.crypto import certificate_not_after, certificate_public_key, server_ssl_context, web_ssl_context
+from shared.errors import ConfigError
 from shared.registry import MemoryRegistry
 from shared.settings import MasterSettings
 
@@ -93,7 +94,8 @@ class Marketplace:
         for task in self.agent_tasks:
             task.cancel()
         for task in self.agent_tasks:
-            with contextlib.suppress(asyncio.CancelledError):
+            # ConfigError: an agent that stopped on its own (its host was revoked) and logged why.
+            with contextlib.suppress(asyncio.CancelledError, ConfigError):
                 await task
         for agent in self.agents:
             await agent.close()

@@ -19,6 +19,7 @@ import aiodocker
 import aiohttp
 import pytest
 from sqlalchemy import select
+from websockets.exceptions import ConnectionClosed
 
 from access.relay import Relay
 from agent.gpu import open_backend
@@ -319,6 +320,51 @@ class TestEmbeddedMarketplace:
 
         seqs = await eventually(stored, what="replayed telemetry stored")
         assert len(seqs) == len(set(seqs))
+
+
+    async def test_renewal_retires_the_old_certificate_and_revocation_refuses_every_one(
+        self, market: Marketplace, renter: Api, tmp_path: Path
+    ) -> None:
+        """Regression (issue 21): a certificate from before a renewal still connected, even after the host was
+        revoked, and the agent was never told. Once the agent connects with its renewed certificate the old one is
+        refused (4005) at the relay; revoking the host then refuses the new one too and stops the agent."""
+        from shared.crypto import client_ssl_context, load_certificate
+        from shared.errors import ConfigError
+        from shared.protocol import CLOSE_REVOKED
+        from tests.relayharness import connect_to_relay, read_welcome
+
+        await eventually(lambda: _hosts_online(renter, 3), what="hosts online")
+        index, agent = 0, market.agents[0]
+        old_key, old_cert = tmp_path / "old.key", tmp_path / "old.crt"
+        old_key.write_bytes(agent.state.key_file.read_bytes())
+        old_cert.write_bytes(agent.state.cert_file.read_bytes())
+        old_serial = format(load_certificate(old_cert.read_bytes()).serial_number, "040x")
+
+        async def refused(key_file: Path, cert_file: Path) -> int | None:
+            context = client_ssl_context(agent.state.ca_file, cert_file=cert_file, key_file=key_file)
+            async with connect_to_relay(market.relay.url, context) as ws:
+                try:
+                    await read_welcome(ws)
+                except ConnectionClosed as exc:
+                    return exc.rcvd.code if exc.rcvd else None
+            return None
+
+        await agent.request_renewal()
+        await eventually(lambda: _true(agent.state.cert_file.read_bytes() != old_cert.read_bytes()), what="renewed certificate installed")
+        assert not await market.master.registry.is_revoked(old_serial)  # still the connection's certificate
+        await market.relay.agents[agent.host_id].connection.close(1012, "test: reconnect")  # the agent reconnects with the new one
+        await eventually(lambda: market.master.registry.is_revoked(old_serial), what="old certificate retired")
+        assert await refused(old_key, old_cert) == CLOSE_REVOKED
+        await eventually(lambda: _true(agent.connected.is_set()), what="agent connected with its new certificate")
+
+        provider = Api(renter.http, market.api_url, market.credentials["provider"]["api_key"])
+        status, body = await provider.call("POST", f"/hosts/{agent.host_id}/revoke")
+        assert status == 200, body
+        async with asyncio.timeout(10):
+            with pytest.raises(ConfigError, match="revoked"):
+                await market.agent_tasks[index]  # stopped, not retrying
+        assert await refused(agent.state.key_file, agent.state.cert_file) == CLOSE_REVOKED
+        assert await refused(old_key, old_cert) == CLOSE_REVOKED
 
 
 async def _is(get: Any, value: str) -> bool:
