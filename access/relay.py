@@ -5,7 +5,9 @@ Per connection: the peer certificate names the host (``urn:gpumarket:host:<id>``
 every frame is decoded by ``shared.protocol`` and must name the same host, or the
 connection is closed with the close code from ``shared.protocol.CLOSE_CODES``. A
 message is acknowledged to the agent only after the bus accepted it, so an agent
-never forgets a message the master has not durably received.
+never forgets a message the master has not durably received. Each bus record names the
+connection's certificate serial (the master retires a renewed host's older certificates once
+it sees the new one in use).
 
 ``/v1/speedtest`` (same client certificate) is served by ``access.speedtest``.
 
