@@ -192,13 +192,14 @@ class TestSequenceJumps:
         ingestor = Ingestor(master, block=0.05)
         task = asyncio.create_task(ingestor.run())
         try:
-            await eventually(lambda: _true(master.stats.seq_refused == 3 and master.stats.samples_stored == 1),
-                             what="three messages refused, one sample stored")
+            async def settled() -> bool:
+                return master.stats.seq_refused == 3 and master.stats.samples_stored == 1 and await _pending(master) == 0
+
+            await eventually(settled, what="three messages refused, one sample stored, all acknowledged")
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        assert await _pending(master) == 0
         async with master.db.session() as session:
             host = await session.get(Host, host_id)
             seqs = (await session.scalars(select(TelemetrySample.seq).where(TelemetrySample.host_id == host_id))).all()

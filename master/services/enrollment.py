@@ -199,7 +199,7 @@ async def retire_superseded(master: Master, host_id: str, serial_in_use: str | N
             await session.scalars(
                 select(HostCertificate)
                 .where(HostCertificate.host_id == host_id, HostCertificate.revoked_at.is_(None),
-                       HostCertificate.issued_at < in_use.issued_at)
+                       HostCertificate.serial != in_use.serial, HostCertificate.issued_at <= in_use.issued_at)
                 .with_for_update()
             )
         ).all()
