@@ -37,9 +37,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.models import LedgerAccount, LedgerEntry, LedgerTransaction
 from shared.errors import ValidationFailed
+from shared.money import CENT_PLACES, amount_problem
 
 QUANTUM = Decimal("0.000001")
 CURRENCY_QUANTUM = Decimal("0.01")
+MAX_MOVE = Decimal("1000000")  # the most one top-up or spend cap may say, USD
 CASH = "platform:cash"
 FEES = "platform:fees"
 KINDS = {"credit": "liability", "payable": "liability", "fees": "revenue", "cash": "asset"}
@@ -67,19 +69,12 @@ def money(amount: Decimal) -> str:
 
 
 def cents(raw: object, *, what: str) -> Decimal:
-    """A positive amount of real money, in whole cents; LedgerError says what is wrong with it."""
-    try:
-        amount = Decimal(str(raw)) if not isinstance(raw, Decimal) else raw
-    except ArithmeticError:
-        raise LedgerError(f"{what} must be a decimal amount such as \"25.00\", got {str(raw)[:40]!r}", code="invalid_amount") from None
-    if not amount.is_finite() or amount <= 0:
-        raise LedgerError(f"{what} must be more than 0, got {str(raw)[:40]!r}", code="invalid_amount")
-    # The cap first: quantizing 1e100 to cents needs more digits than the context has (InvalidOperation).
-    if amount > Decimal("1000000"):
-        raise LedgerError(f"{what} is over the 1,000,000.00 USD a single posting may move", code="invalid_amount")
-    if amount != amount.quantize(CURRENCY_QUANTUM):
-        raise LedgerError(f"{what} has more decimal places than USD allows (cents): {str(raw)[:40]!r}", code="invalid_amount")
-    return amount
+    """A positive amount of real money in whole cents, at most 1,000,000.00, as ``shared/money.py``'s grammar
+    reads it (a string like "25.00", a JSON integer, or a Decimal); LedgerError (``invalid_amount``) says what to write."""
+    problem, amount = amount_problem(raw, places=CENT_PLACES, maximum=MAX_MOVE, positive=True)
+    if amount is None:
+        raise LedgerError(f"{what} {problem}", code="invalid_amount", details={"problems": [{"field": what, "problem": problem}]})
+    return amount.quantize(CURRENCY_QUANTUM)  # "25" and "25.00" are one amount (and one top-up memo)
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ async def account_view(master: Master, who: Principal) -> dict[str, Any]:
         return view
 
 
-async def top_up(master: Master, account_id: str, amount: str, *, reference: str) -> tuple[dict[str, Any], bool]:
+async def top_up(master: Master, account_id: str, amount: str | int, *, reference: str) -> tuple[dict[str, Any], bool]:
     """Credit a renter's prepaid account once per ``reference``; the posting and the new balance, and whether it was credited now."""
     async with master.db.session() as session:
         posted, key = await credits.top_up(session, account_id, amount, reference=reference, at=master.clock.now())
@@ -52,7 +52,7 @@ async def top_up(master: Master, account_id: str, amount: str, *, reference: str
     return {"account_id": account_id, "posting": key, "credited": posted, "balance": ledger.money(balance)}, posted
 
 
-async def set_spend_cap(master: Master, account_id: str, cap: str | None) -> dict[str, Any]:
+async def set_spend_cap(master: Master, account_id: str, cap: str | int | None) -> dict[str, Any]:
     """Cap what the renter's rentals may charge per calendar month (``None``: no cap); the cap and this month's spend."""
     async with master.db.session() as session:
         account = await credits.set_spend_cap(session, account_id, cap)

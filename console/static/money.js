@@ -4,6 +4,33 @@
 
 const DECIMAL = /^(-)?(\d+)(?:\.(\d*))?$/;
 
+// What a person may type as an amount: the server's one grammar (shared/money.py), the same pattern
+// and the same words. ASCII digits and at most one dot, at most `places` decimals; no sign, exponent,
+// spaces (not even around it) or digit-group separators. `\d` would be ASCII too, but say it plainly.
+const EXAMPLES = { 0: "2", 1: "2.5", 2: "25.00", 3: "1.5" };
+
+/** The grammar as a RegExp: amountPattern(6) is the JSON Schema's pattern for prices. */
+export function amountPattern(places = 6) {
+  if (places === 0) return /^[0-9]+$/;
+  return new RegExp(String.raw`^(?:[0-9]+(?:\.[0-9]{1,${places}})?|\.[0-9]{1,${places}})$`);
+}
+
+/**
+ * Null if `text` is an amount of the grammar (and, with `positive`, more than 0); else what to write,
+ * worded as the API words it: "Bid must be a plain amount like 0.45 (ASCII digits and at most one dot, ...)".
+ */
+export function amountProblem(text, { places = 6, positive = false, label = "The amount" } = {}) {
+  const value = String(text ?? "");
+  if (value.length > 32 || !amountPattern(places).test(value)) {
+    const example = EXAMPLES[places] ?? "0.45";
+    const decimals = places === 0 ? "no decimals" : `at most ${places} decimal${places > 1 ? "s" : ""}`;
+    const dot = places === 0 ? "" : " and at most one dot";
+    return `${label} must be a plain amount like ${example} (ASCII digits${dot}, ${decimals}; no sign, exponent, spaces or separators).`;
+  }
+  if (positive && !/[1-9]/.test(value)) return `${label} must be more than 0.`;
+  return null;
+}
+
 /** A decimal string as {units: BigInt, scale: number}: "0.45" → {units: 45n, scale: 2}. Null if it is not one. */
 export function parseDecimal(text) {
   const m = DECIMAL.exec(String(text ?? "").trim());

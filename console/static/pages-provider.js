@@ -4,7 +4,7 @@
 import { api } from "./api.js";
 import { badge, facts, field, h, link, num, replace, table, timeEl } from "./dom.js";
 import { invoicesSection } from "./invoices.js";
-import { usd } from "./money.js";
+import { amountProblem, usd } from "./money.js";
 import { gpuCharts } from "./telemetry.js";
 import { busy, errorBox, heading, loadInto, loading } from "./ui.js";
 import { isolationBadge, isolationFacts } from "./workloads.js";
@@ -224,13 +224,17 @@ function listingSection(ctx, hostId) {
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     errors.clear();
-    if (!price.input.value.trim()) {
-      errors.show("Enter the price per GPU-hour.");
-      price.input.focus();
+    // The server's one grammar for amounts (money.js amountProblem): the same rule and words, no trimming.
+    const priceProblem = amountProblem(price.input.value, { places: 6, positive: true, label: "The price per GPU-hour" });
+    const minBidText = minBid.input.value.trim() === "" ? "" : minBid.input.value;
+    const minBidProblem = minBidText && amountProblem(minBidText, { places: 6, positive: true, label: "The minimum bid" });
+    if (priceProblem || minBidProblem) {
+      errors.show(priceProblem || minBidProblem);
+      (priceProblem ? price : minBid).input.focus();
       return;
     }
-    const body = { price_per_gpu_hour: price.input.value.trim(), smallest_unit: unit.input.value.trim() || "gpu", maintenance_windows: windows };
-    if (minBid.input.value.trim()) body.min_bid_per_gpu_hour = minBid.input.value.trim();
+    const body = { price_per_gpu_hour: price.input.value, smallest_unit: unit.input.value.trim() || "gpu", maintenance_windows: windows };
+    if (minBidText) body.min_bid_per_gpu_hour = minBidText;
     if (until.input.value) {
       const d = new Date(until.input.value);
       if (Number.isNaN(d.getTime())) {

@@ -4,7 +4,7 @@ import { api, query, uuid4 } from "./api.js";
 import { connectPanel } from "./connect.js";
 import { badge, facts, field, h, link, num, replace, table, timeEl, uid } from "./dom.js";
 import { invoicesSection } from "./invoices.js";
-import { multiply, parseDecimal, usd } from "./money.js";
+import { amountProblem, multiply, usd } from "./money.js";
 import { gpuCharts } from "./telemetry.js";
 import { busy, errorBox, heading, loadInto, loading } from "./ui.js";
 import { isolationBadge, runsShort, workloadChooser, workloadFacts } from "./workloads.js";
@@ -249,11 +249,9 @@ function rentDialog(ctx) {
       }
       let rate = offer.price_per_gpu_hour;
       if (request.kind === "interruptible") {
-        const text = bid.input.value.trim();
-        const parsed = parseDecimal(text);
-        if (!parsed || parsed.units <= 0n || parsed.scale > 6 || text.startsWith("-")) {
-          throw Object.assign(new Error("Enter your bid in USD per GPU-hour, more than 0 with at most 6 decimals (e.g. 0.25)."), { focus: bid.input });
-        }
+        const text = bid.input.value;
+        const problem = amountProblem(text, { places: 6, positive: true, label: "The bid (USD per GPU-hour)" });
+        if (problem) throw Object.assign(new Error(problem), { focus: bid.input });
         request.bid = text;
         rate = text;
       }
@@ -564,9 +562,11 @@ export function billingPage(page, ctx) {
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     errors.clear();
-    const text = cap.input.value.trim();
-    if (text && !/^\d+(\.\d{1,2})?$/.test(text)) {
-      errors.show("Enter the cap in USD with at most two decimals (e.g. 100.00), or leave it empty for no cap.");
+    // Empty (or only spaces) removes the cap; anything else must be an amount of the grammar, untrimmed.
+    const text = cap.input.value.trim() === "" ? "" : cap.input.value;
+    const problem = text && amountProblem(text, { places: 2, positive: true, label: "The monthly spend cap (USD)" });
+    if (problem) {
+      errors.show(`${problem} Leave it empty for no cap.`);
       cap.input.focus();
       return;
     }

@@ -31,6 +31,7 @@ from gpumarket.renter.api import (
     normalize_url,
     save_login,
 )
+from shared.money import MAX_PRICE, PRICE_PLACES, amount_problem
 
 # How often `rent`, `stop --wait` and `logs -f` ask the API again.
 POLL_INTERVAL_S = 1.0
@@ -495,13 +496,11 @@ def _offset(text: str) -> int:
 
 
 def _usd(text: str) -> str:
-    try:
-        value = Decimal(text.lstrip("$"))
-    except InvalidOperation:
-        raise argparse.ArgumentTypeError(f"must be an amount in USD like 0.45, not {text!r}") from None
-    if not value.is_finite() or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0, not {text!r}")
-    return f"{value:f}"
+    """A price in USD per GPU-hour as the API takes it (shared/money.py: 0.45; no sign, exponent, separator, "$" or spaces)."""
+    problem, amount = amount_problem(text, places=PRICE_PLACES, maximum=MAX_PRICE, positive=True)
+    if amount is None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
 
 
 def _port(text: str) -> int:
@@ -596,7 +595,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     rent.add_argument("--port", type=_port, action="append", default=[], metavar="P", help="with --image: a TCP port the workload serves (repeatable)")
     rent.add_argument("--env", action="append", default=[], metavar="K=V", help="with --image: an environment variable (repeatable)")
     rent.add_argument("--interruptible", action="store_true", help="cheaper, but preempted by on-demand rentals and higher bids (needs --bid)")
-    rent.add_argument("--bid", type=_usd, metavar="USD", help="what you pay per GPU-hour for an interruptible rental")
+    rent.add_argument("--bid", type=_usd, metavar="USD", help="the most you pay per GPU-hour for an interruptible rental: "
+                      "at least the host's minimum bid; you are charged the lower of the bid and the GPU's on-demand price")
     rent.add_argument("--queue", action="store_true", help="wait for GPUs (up to 10 minutes) when none are free now")
     rent.add_argument("--no-wait", action="store_true", help="print the rental as created, do not wait until it runs")
     rent.add_argument("--json", action="store_true", help="print the rental's JSON (no progress lines)")

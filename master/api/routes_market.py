@@ -85,8 +85,9 @@ async def put_listing(request: web.Request) -> web.Response:
     master = request.app[MASTER]
     body = await parse_body(request, ListingPut)
     terms = listings.ListingTerms(
-        price_per_gpu_hour=body.price_per_gpu_hour,
-        min_bid_per_gpu_hour=body.min_bid_per_gpu_hour,
+        price_per_gpu_hour=listings.price_of(body.price_per_gpu_hour, field="price_per_gpu_hour", code="invalid_price"),
+        min_bid_per_gpu_hour=None if body.min_bid_per_gpu_hour is None
+        else listings.price_of(body.min_bid_per_gpu_hour, field="min_bid_per_gpu_hour", code="invalid_min_bid"),
         smallest_unit=body.smallest_unit,
         available_until=body.available_until,
         maintenance_windows=[listings.MaintenanceWindow(w.start, w.end) for w in body.maintenance_windows],

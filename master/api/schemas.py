@@ -6,12 +6,19 @@ A rental's workload is ``shared.protocol.WorkloadSpec``, the model the agent rec
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from master.services.templates import MAX_DESCRIPTION_CHARS, NAME_PATTERN
+from shared.money import CENT_PLACES, GPU_PLACES, MAX_PRICE, Amount, AmountText
 from shared.protocol import ContainerWorkload, HoldWorkload, WorkloadSpec
+
+# Money and quantities (shared/money.py): ASCII digits, at most one dot, bounded decimals; a string or a JSON integer.
+Bid = Annotated[Decimal, Amount(maximum=MAX_PRICE, positive=True)]
+GpuQuota = Annotated[Decimal, Amount(places=GPU_PLACES, maximum=Decimal("9999999.999"))]  # Numeric(10, 3)
+SpendQuota = Annotated[Decimal, Amount(maximum=Decimal("99999999.999999"))]  # Numeric(14, 6)
+Cents = Annotated[str | int, AmountText(places=CENT_PLACES, maximum=Decimal("1000000"))]  # read by billing.ledger.cents: 422 invalid_amount
 
 
 class _Body(BaseModel):
@@ -34,7 +41,8 @@ class RentalCreate(_Body):
     gpu_memory_mib: int = Field(0, ge=0, le=1 << 21, description="GPU memory of a share, MiB (0: in proportion to gpu_milli).")
     mig_profile: str | None = Field(None, max_length=32, description="One MIG instance of this profile, e.g. 1g.10gb.")
     kind: Literal["on_demand", "interruptible"] = Field("on_demand", description="interruptible: cheaper, preempted by on-demand rentals and higher bids.")
-    bid: Decimal | None = Field(None, gt=0, max_digits=12, decimal_places=6, description="USD per GPU-hour you pay for an interruptible rental (at least the host's minimum bid).")
+    bid: Bid | None = Field(None, description="Most USD per GPU-hour you pay for an interruptible rental: at least the host's minimum "
+                            "bid; you are charged the lower of the bid and the GPU's on-demand price.")
     network: NetworkLimitsBody | None = Field(None, description="Only hosts whose measured network to your region keeps these limits.")
     queue: bool = Field(False, description="Wait for GPUs instead of failing when none are free now.")
     queue_timeout_s: float = Field(600.0, ge=1, le=30 * 86400, description="How long to wait in the queue before failing.")
@@ -48,17 +56,17 @@ class RentalCreate(_Body):
 
 class CreditTopUp(_Body):
     account_id: str = Field(min_length=1, max_length=40, description="The renter account to credit.")
-    amount: str = Field(min_length=1, max_length=32, description="USD as a decimal string in whole cents, e.g. \"25.00\".")
+    amount: Cents = Field(description="USD in whole cents as a string, e.g. \"25.00\".")
     reference: str = Field(min_length=1, max_length=128, description="The payment's id: the same reference is credited once.")
 
 
 class SpendCapPut(_Body):
-    monthly_spend_cap: str | None = Field(description="USD in whole cents, e.g. \"100.00\"; null removes the cap.", max_length=32)
+    monthly_spend_cap: Cents | None = Field(description="USD in whole cents as a string, e.g. \"100.00\"; null removes the cap.")
 
 
 class QuotaPut(_Body):
-    max_gpus: Decimal | None = Field(None, ge=0, max_digits=10, decimal_places=3, description="GPUs (fractions count) held at once; null: the platform default.")
-    max_spend_per_hour: Decimal | None = Field(None, ge=0, max_digits=14, decimal_places=6, description="USD per hour of active rentals at once; null: the platform default.")
+    max_gpus: GpuQuota | None = Field(None, description="GPUs (fractions count, at most 3 decimals) held at once; null: the platform default.")
+    max_spend_per_hour: SpendQuota | None = Field(None, description="USD per hour of active rentals at once; null: the platform default.")
 
 
 class EnrollRequest(_Body):

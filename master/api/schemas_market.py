@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from decimal import Decimal
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from master.api.times import UtcTime
 from master.services.listings import MAX_MAINTENANCE_WINDOWS
+from shared.money import MAX_PRICE, AmountText
+
+# Read by master.services.listings.price_of: outside the grammar of shared/money.py is 422 invalid_price / invalid_min_bid.
+Price = Annotated[str | int, AmountText(maximum=MAX_PRICE)]
 
 
 class _Body(BaseModel):
@@ -22,11 +26,11 @@ class MaintenanceWindowBody(_Body):
 class ListingPut(_Body):
     """A host's terms on the marketplace; a PUT replaces them all (see docs/marketplace.md)."""
 
-    price_per_gpu_hour: Decimal = Field(
-        description="Asking price in USD per GPU-hour (a decimal string is best: \"0.45\"), within the bounds of the "
-        "host's best GPU tier (GET /price-bounds)."
+    price_per_gpu_hour: Price = Field(
+        description="Asking price in USD per GPU-hour as a string (\"0.45\"; at most 6 decimals), within the bounds of the "
+        "host's best GPU tier (GET /price-bounds). It is also the most an interruptible rental of the host pays."
     )
-    min_bid_per_gpu_hour: Decimal | None = Field(None, description="Lowest bid for interruptible use, USD per GPU-hour; at most the price.")
+    min_bid_per_gpu_hour: Price | None = Field(None, description="Lowest bid for interruptible use, USD per GPU-hour; at most the price.")
     smallest_unit: str = Field(
         "gpu", max_length=64, description="gpu (whole GPUs), mig:<profile> (mig:1g.10gb) or milli:<n> (n/1000 of a GPU)."
     )

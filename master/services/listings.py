@@ -41,7 +41,7 @@ import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import select
@@ -52,6 +52,7 @@ from master.models import Gpu, Host, HostListing
 from master.services.accounts import Principal
 from master.services.tiers import Tier
 from shared.errors import ConfigError, Conflict, Forbidden, NotFound, ValidationFailed
+from shared.money import MAX_PRICE, PRICE_PLACES, amount_problem, parse_amount
 
 __all__ = [
     "MAX_MAINTENANCE_WINDOWS",
@@ -67,13 +68,13 @@ __all__ = [
     "load_price_bounds",
     "money",
     "parse_price_bounds",
+    "price_of",
     "put_listing",
     "upcoming_windows",
     "window_time",
 ]
 
 PRICE_QUANTUM = Decimal("0.000001")  # Numeric(12, 6): six decimal places
-MAX_PRICE = Decimal("999999.999999")
 MAX_MAINTENANCE_WINDOWS = 32
 # Best first: a host's listing is bounded by the first of these among its GPUs.
 TIER_ORDER: tuple[Tier, ...] = (Tier.FLAGSHIP, Tier.DATACENTER, Tier.PROSUMER, Tier.CONSUMER, Tier.ENTRY)
@@ -113,13 +114,16 @@ class PriceBounds:
 def _amount(raw: object, where: str) -> Decimal:
     if not isinstance(raw, str):
         raise ConfigError(f"{where} must be a decimal string such as \"0.40\" (never a float), got {raw!r}")
-    try:
-        value = Decimal(raw)
-    except InvalidOperation:
-        raise ConfigError(f"{where} is not a decimal amount: {raw!r}") from None
-    if not value.is_finite() or not 0 < value <= MAX_PRICE or value != value.quantize(PRICE_QUANTUM):
-        raise ConfigError(f"{where} must be more than 0 and at most {MAX_PRICE}, with at most 6 decimal places; got {raw!r}")
+    problem, value = amount_problem(raw, places=PRICE_PLACES, maximum=MAX_PRICE, positive=True)
+    if value is None:
+        raise ConfigError(f"{where} {problem}")
     return value
+
+
+def price_of(raw: object, *, field: str, code: str) -> Decimal:
+    """A price in USD per GPU-hour as a client sent it (``shared/money.py``'s grammar, 6 decimals, more than 0);
+    ValidationFailed with ``code`` says what to write."""
+    return parse_amount(raw, places=PRICE_PLACES, maximum=MAX_PRICE, positive=True, field=field, code=code)
 
 
 def parse_price_bounds(document: Mapping[str, object]) -> PriceBounds:
