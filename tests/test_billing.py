@@ -265,6 +265,24 @@ class TestRating:
         assert second["price_per_gpu_hour"] == "1.500000"
         assert rentalstate.ACTIVE_STATES
 
+    async def test_a_runaway_bid_is_charged_at_most_on_demand_and_the_provider_paid_accordingly(self, books: Api) -> None:
+        """Regression (issue 21): a bid far above the GPU's on-demand price was charged as bid, and most of it paid
+        out; an interruptible hour is now charged at most the on-demand price, and the provider earns its share of that."""
+        host_id, _ = await books.host(1)
+        await books.as_provider("PUT", f"/hosts/{host_id}/listing", json={"price_per_gpu_hour": "0.50"})
+        status, rental = await books.as_renter("POST", "/rentals", json={"gpu_count": 1, "kind": "interruptible", "bid": "900"})
+        assert status == 201, rental
+        assert (rental["bid_per_gpu_hour"], rental["price_per_gpu_hour"]) == ("900.000000", "0.500000")
+        await books.agent_reports(rental["id"], "start_workload")
+        async with books.master.db.session() as session:
+            await session.execute(update(Rental).where(Rental.id == rental["id"]).values(started_at=T0))
+        await rate_open_rentals(books.master.db, now=T0 + timedelta(hours=1), policy=POLICY)
+        charged = await charges(books, rental["id"])
+        assert charged["renter"] == Decimal("0.500000")  # one hour on demand, not 900
+        assert (charged["provider"], charged["fees"]) == (Decimal("0.425000"), Decimal("0.075000"))
+        async with books.master.db.session() as session:
+            assert await ledger.balance(session, ledger.provider_payable(books.provider.account_id)) == Decimal("0.425000")
+
 
 class TestCreditEnforcement:
     async def top_up(self, api: Api, amount: str, reference: str = "p1") -> None:

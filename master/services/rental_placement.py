@@ -10,7 +10,9 @@
    listing's smallest unit (shares need ``milli:<n>`` with n ≤ the share), the bid (an
    interruptible rental's bid must reach the host's minimum), the account's spend quota (hosts
    too dear for what is left of it drop out), and ``avoid_hosts``. One scheduler node per host
-   and GPU model.
+   and GPU model. The price each node charges is ``charged_price``: the listing's (or tier's
+   default) price, or for an interruptible rental the lower of the bid and that price — so a
+   bid is a price between the host's minimum bid and its on-demand price, wherever it lands.
 2. **Decide** with the configured placer (``settings.placer``, default ``fgd_net``); the network
    limits are a hard filter inside every placer.
 3. **Preempt** if nothing fits and the request outranks someone: on-demand outranks every
@@ -195,7 +197,7 @@ async def _candidates(
                 why = "unit"
             elif request.bid is not None and request.bid < max(g.min_bid for g in gpus):
                 why = "bid"
-            price = request.bid if request.bid is not None else max(g.price for g in gpus)
+            price = charged_price(request.bid, on_demand=max(g.price for g in gpus))
             if why is None and price_cap is not None and price > price_cap:
                 why = "quota"
             if why is not None:
@@ -207,6 +209,16 @@ async def _candidates(
             found.nodes.append(node)
             found.hosts[node.node_id] = (host, name, price)
     return found
+
+
+def charged_price(bid: Decimal | None, *, on_demand: Decimal) -> Decimal:
+    """What a rental is charged per GPU-hour on GPUs whose on-demand price is ``on_demand``.
+
+    On demand: that price. Interruptible: the bid, but never more than the on-demand price of the
+    same GPUs — a renter never pays more for an interruptible GPU than for that GPU on demand. A
+    bid above it still ranks as bid (it outranks lower bids when preempting) and pays on-demand.
+    """
+    return on_demand if bid is None else min(bid, on_demand)
 
 
 def _unit_allows(unit: str, milli: int) -> bool:
