@@ -310,14 +310,17 @@ class TestRegressions:
         statuses = [call(live_api, "POST", "/account/credits", live_api.keys["admin"], body=body).status_code for _ in range(2)]
         assert statuses == [201, 200]
 
-    def test_a_repeated_idempotency_key_is_a_documented_200_and_the_body_is_optional(self, live_api: LiveApi) -> None:
-        """Regression: POST /rentals with no body rents with the defaults (the document said the body was required),
-        and its repeat with the same Idempotency-Key answers 200, which was undocumented."""
+    def test_a_repeated_idempotency_key_is_a_documented_200_and_the_body_is_required(self, live_api: LiveApi) -> None:
+        """Regression: a repeat of POST /rentals with the same Idempotency-Key answers 200, which was undocumented; and
+        (issue 21) the body must name what to rent: without one it is 422 rental_target_missing, as the document says."""
         renter = fresh_renter_with_a_free_gpu(live_api)
         headers = {"Idempotency-Key": "regression-repeat"}
-        statuses = [call(live_api, "POST", "/rentals", renter, headers=headers).status_code for _ in range(2)]
+        empty = call(live_api, "POST", "/rentals", renter, headers=headers)
+        assert (empty.status_code, empty.json()["code"]) == (422, "rental_target_missing")
+        statuses = [call(live_api, "POST", "/rentals", renter, headers=headers, body={"gpu_count": 1}).status_code for _ in range(2)]
         assert statuses == [201, 200]
-        assert build_openapi(ROUTES)["paths"][f"{API}/rentals"]["post"]["requestBody"]["required"] is False
+        operation = build_openapi(ROUTES)["paths"][f"{API}/rentals"]["post"]
+        assert operation["requestBody"]["required"] is True
 
     def test_an_unknown_offer_is_a_documented_404(self, live_api: LiveApi) -> None:
         """Regression: a rental of an offer that does not exist answered 404 offer_not_found, undocumented."""

@@ -104,6 +104,12 @@ class TestParse:
         assert Version(12, 10) > Version(12, 9) > Version(12, 0) > Version(8, 9)
         assert Version(12, 10).key > Version(12, 9).key > Version(12, 0).key > Version(8, 9).key
 
+    def test_model_words_are_normalised(self) -> None:
+        """Full-width model words read as their ASCII letters (NFKC), and the echoed query says so."""
+        conditions = parse("gpu_name=\uff32\uff34\uff38_\uff14\uff10\uff19\uff10")  # ＲＴＸ_４０９０
+        assert conditions == [Condition("gpu_name", Op.EQ, ("RTX 4090",))]
+        assert format_query(conditions) == "gpu_name=RTX_4090"
+
 
 class TestErrors:
     @pytest.mark.parametrize(
@@ -134,6 +140,14 @@ class TestErrors:
             ("gpu_name=''", 10, "1 to 128 characters"),
             ("price<=0.5\"x\"", 11, "a space"),
             ("gpu_name=A100 num_gpus=2price<1", 24, "at least 1"),
+            # Issue 21: shared/money.py's grammar for prices; model words that mean nothing are refused, never "any".
+            ("price<=1,5", 8, "a price"),
+            ("price<=\u0661", 8, "a price"),  # an Arabic-Indic one
+            ("price<=\uff10.\uff15", 8, "a price"),  # full-width 0.5
+            ("gpu_name=\u2605\u2605\u2605", 10, "no letter or digit"),  # ★★★
+            ("gpu_name='  '", 10, "no letter or digit"),
+            ("gpu_name=R\u0422\u0425_4090", 10, "not ASCII"),  # Cyrillic Т and Х
+            ("gpu_name=A100|\u2605", 15, "no letter or digit"),
         ],
     )
     def test_errors_name_the_position_and_what_was_expected(self, text: str, position: int, expected: str) -> None:

@@ -222,6 +222,40 @@ class TestOfferFilters:
         assert by_param["total"] == by_query["total"] == len(wanted)
         assert by_param["query"] == by_query["query"]
 
+    async def test_full_width_model_words_match_their_ascii_model(self, fleet: Fleet, market: Market) -> None:
+        """"ＲＴＸ ４０９０" (full-width) is RTX 4090 after NFKC, as a parameter and in ``q``; the echoed query says RTX_4090."""
+        for params in ({"gpu_model": "\uff32\uff34\uff38 \uff14\uff10\uff19\uff10"}, {"q": "gpu_name=\uff32\uff34\uff38_\uff14\uff10\uff19\uff10"},
+                       {"gpu_model": "rtx\u30004090"}):  # fmt: skip
+            body = await market.offers(**params)
+            assert {o["host_id"] for o in body["items"]} == {fleet.rtx_pair, fleet.rtx_single}, params
+            assert body["query"] == "gpu_name=RTX_4090" or body["query"] == "gpu_name=rtx_4090", body["query"]
+
+    @pytest.mark.parametrize(
+        ("params", "why"),
+        [
+            ({"gpu_model": "\u2605\u2605\u2605"}, "no letter or digit"),  # ★★★
+            ({"gpu_model": "   "}, "no letter or digit"),
+            ({"gpu_model": "\u200b"}, "no letter or digit"),  # a zero-width space
+            ({"gpu_model": "R\u0422\u0425 4090"}, "not ASCII"),  # Cyrillic Т and Х: not the RTX 4090
+            ({"q": "gpu_name=\u2605\u2605\u2605"}, "no letter or digit"),
+            ({"q": "gpu_name=R\u0422\u0425_4090"}, "not ASCII"),
+        ],
+    )
+    async def test_a_model_filter_that_means_nothing_is_400_never_every_offer(
+        self, fleet: Fleet, market: Market, params: dict[str, str], why: str
+    ) -> None:
+        """Regression (issue 21): a model filter with no ASCII word matched every GPU; now 400 ``invalid_query`` saying why."""
+        status, body = await market.call("GET", "/offers", market.renter_key, params=params)
+        assert (status, body["code"]) == (400, "invalid_query"), body
+        assert why in body["message"] and next(iter(params)) in body["message"], body
+
+    async def test_price_filters_take_the_money_grammar(self, fleet: Fleet, market: Market) -> None:
+        """``max_price`` refuses separators, foreign digits, signs and padding with 400 naming the parameter."""
+        for text in ("0,40", "\u0660.\u0664", "+0.4", " 0.4", "0.4\u00a0", "4e-1", "NaN"):
+            status, body = await market.call("GET", "/offers", market.renter_key, params={"max_price": text})
+            assert (status, body["code"]) == (400, "invalid_query"), (text, body)
+            assert "max_price" in body["message"]
+
     async def test_score_and_price_per_score_filter(self, fleet: Fleet, market: Market) -> None:
         """``score`` and ``price_per_score`` compare the performance score and price / score."""
         by_host = {o["host_id"]: o for o in (await market.offers())["items"]}

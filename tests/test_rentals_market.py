@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import delete, select, update
 
 from master.app import open_master
-from master.models import Command, Gpu, GpuAllocation, Host, Rental, RentalEvent
+from master.models import Account, Command, Gpu, GpuAllocation, Host, Rental, RentalEvent
 from master.scheduler import UnknownPlacer
 from master.services import rental_lifecycle, rental_queue
 from shared import protocol
@@ -25,7 +25,8 @@ H100 = "NVIDIA H100 80GB HBM3"
 
 
 async def rent(api: Api, key: str | None = None, **body: Any) -> tuple[int, Any]:
-    return await api.call("POST", "/rentals", key or api.renter_key, json=body)
+    """POST /rentals of ``body``: one GPU unless it says otherwise (a rental must name what it rents)."""
+    return await api.call("POST", "/rentals", key or api.renter_key, json={"gpu_count": 1, **body})
 
 
 async def list_host(api: Api, host_id: str, **terms: Any) -> None:
@@ -307,6 +308,89 @@ class TestInterruptibleAndPreemption:
             _, now = await api.as_renter("GET", f"/rentals/{rental['id']}")
             states[bid] = now["state"]
         assert states == {"0.10": "preempted", "0.20": "preempted", "0.30": "starting", "0.40": "starting"}
+
+
+class TestBidsAreBoundedByOnDemand:
+    """A bid is a price between the host's minimum bid and its on-demand price (docs/marketplace.md, "Price")."""
+
+    async def test_a_bid_above_on_demand_is_charged_on_demand_and_still_ranks_as_bid(self, api: Api) -> None:
+        """Regression (issue 21): a bid of 900 on a 0.50 GPU recorded 900 as the price; now 0.50, the bid kept for rank."""
+        host_id, _ = await api.host(1)
+        await list_host(api, host_id, price_per_gpu_hour="0.50", min_bid_per_gpu_hour="0.20")
+        status, runaway = await rent(api, kind="interruptible", bid="900")
+        assert status == 201, runaway
+        assert (runaway["bid_per_gpu_hour"], runaway["price_per_gpu_hour"]) == ("900.000000", "0.500000")
+        await api.agent_reports(runaway["id"], "start_workload")
+        status, body = await rent(api, kind="interruptible", bid="899")
+        assert_error(status, body, 409, "insufficient_capacity")  # a lower bid does not preempt it
+        status, body = await rent(api, offer_id=f"{host_id}:{RTX}", kind="interruptible", bid="0.19")
+        assert_error(status, body, 422, "bid_below_minimum")  # below the minimum is refused as before
+
+    async def test_with_no_model_a_bid_never_pays_more_than_the_gpu_it_lands_on(self, api: Api) -> None:
+        """The README's example with no model: wherever the placer puts a bid, it pays min(bid, that GPU's price)."""
+        cheap, _ = await api.host(2)
+        dear, _ = await api.host(2, name=A100)
+        await list_host(api, cheap, price_per_gpu_hour="0.15", min_bid_per_gpu_hour="0.10")
+        await list_host(api, dear, price_per_gpu_hour="1.20", min_bid_per_gpu_hour="0.30")
+        prices = {cheap: Decimal("0.15"), dear: Decimal("1.20")}
+        for _ in range(4):
+            status, rental = await rent(api, kind="interruptible", bid="0.30")
+            assert status == 201, rental
+            charged = Decimal(rental["price_per_gpu_hour"])
+            assert charged == min(Decimal("0.30"), prices[rental["host_id"]]), rental
+            assert charged <= prices[rental["host_id"]]
+
+    async def test_the_spend_quota_counts_what_is_charged_not_the_bid(self, api: Api) -> None:
+        """A high bid on a cheap GPU fits a spend quota that the bid alone would not."""
+        host_id, _ = await api.host(1)
+        await list_host(api, host_id, price_per_gpu_hour="0.50")
+        async with api.master.db.session() as session:
+            await session.execute(update(Account).where(Account.id == api.renter.account_id).values(max_spend_per_hour=Decimal("1")))
+        status, rental = await rent(api, kind="interruptible", bid="5")
+        assert (status, rental.get("price_per_gpu_hour")) == (201, "0.500000"), rental
+
+
+class TestWhatToRent:
+    """A rental names what it rents, and model words are compared after Unicode normalisation."""
+
+    @pytest.mark.parametrize("body", [None, {}, {"kind": "on_demand"}, {"queue": True}, {"gpu_model": None}])
+    async def test_a_rental_that_names_nothing_is_422(self, api: Api, body: dict[str, Any] | None) -> None:
+        """Regression (issue 21): POST /rentals with no body rented a GPU of the placer's choosing."""
+        await api.host(1)
+        kwargs: dict[str, Any] = {} if body is None else {"json": body}
+        status, answer = await api.call("POST", "/rentals", api.renter_key, **kwargs)
+        assert_error(status, answer, 422, "rental_target_missing")
+        assert "gpu_count" in answer["message"] and "offer_id" in answer["message"]
+        assert await api.count(Rental) == 0
+
+    async def test_full_width_model_words_match_their_ascii_model(self, api: Api) -> None:
+        """"ＲＴＸ ４０９０" is NFKC-normalised to "RTX 4090" and rents that model, not another."""
+        await api.host(1, name=A100)
+        rtx, _ = await api.host(1)
+        status, rental = await rent(api, gpu_model="ＲＴＸ\u3000４０９０")
+        assert (status, rental.get("host_id"), rental.get("gpu_model")) == (201, rtx, RTX), rental
+
+    @pytest.mark.parametrize(
+        ("model", "why"),
+        [
+            ("★★★", "no letter or digit"),
+            ("", "no letter or digit"),
+            ("   ", "no letter or digit"),
+            ("\u200b", "no letter or digit"),
+            ("R\u0422\u0425 4090", "not ASCII"),  # Cyrillic Т and Х
+        ],
+    )
+    async def test_a_model_that_means_nothing_or_a_look_alike_is_400_never_any_model(self, api: Api, model: str, why: str) -> None:
+        """Regression (issue 21): a model filter with no ASCII word matched every GPU; now 400 saying why, nothing rented."""
+        await api.host(1)
+        await api.host(1, name=A100)
+        status, body = await rent(api, gpu_model=model)
+        assert_error(status, body, 400, "invalid_gpu_model")
+        assert why in body["message"], body
+        assert body["details"]["problems"][0]["field"] == "gpu_model"
+        status, body = await rent(api, requirements=f"gpu_name='{model}'")
+        assert_error(status, body, 400, "invalid_query")
+        assert await api.count(Rental) == 0
 
 
 class TestQueue:

@@ -75,8 +75,8 @@ def build_openapi(routes: tuple[Route, ...]) -> dict[str, Any]:
         if route.body is not None:
             reference = _component(components, route.body)
             op["requestBody"] = {
-                # A body whose every field has a default may be left out.
-                "required": bool(components[route.body.__name__].get("required")),
+                # A body whose every field has a default may be left out, unless it must name at least one (minProperties).
+                "required": bool(components[route.body.__name__].get("required") or components[route.body.__name__].get("minProperties")),
                 "content": {"application/json": {"schema": reference}},
             }
         statuses = set(route.errors) | {400}

@@ -43,6 +43,9 @@ from shared.errors import BadRequest, ValidationFailed
 
 # ---- handlers -------------------------------------------------------------------------
 
+# What a POST /rentals must name, at least one of: which GPUs, how many, or what runs on them.
+RENTAL_TARGETS = frozenset({"offer_id", "gpu_model", "requirements", "gpu_count", "gpu_milli", "mig_profile", "template", "workload"})
+
 
 async def health(request: web.Request) -> web.Response:
     master = request.app[MASTER]
@@ -175,6 +178,13 @@ async def start_health_check(request: web.Request) -> web.Response:
 
 async def create_rental(request: web.Request) -> web.Response:
     body = await parse_body(request, RentalCreate)
+    if not any(getattr(body, name) is not None for name in RENTAL_TARGETS & body.model_fields_set):
+        # Regression: an empty body (or none) rented a GPU of the placer's choosing, running nothing, at its price.
+        raise ValidationFailed(
+            f"say what to rent: give at least one of {', '.join(sorted(RENTAL_TARGETS))} "
+            "(e.g. {\"gpu_count\": 1, \"gpu_model\": \"RTX 4090\"} or {\"offer_id\": ...} from GET /api/v1/offers)",
+            code="rental_target_missing", details={"problems": [{"field": "body", "problem": "names no GPUs or workload"}]},
+        )
     if body.template is not None and "workload" in body.model_fields_set:
         raise ValidationFailed(
             "give either template (a name from GET /api/v1/templates) or workload, not both",

@@ -33,6 +33,11 @@ class NetworkLimitsBody(_Body):
 
 
 class RentalCreate(_Body):
+    """At least one of offer_id, gpu_model, requirements, gpu_count, gpu_milli, mig_profile, template or workload
+    (``routes.RENTAL_TARGETS``): an empty body is 422 ``rental_target_missing``, never a GPU of the placer's choosing."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1})
+
     offer_id: str | None = Field(None, min_length=3, max_length=300, description="An offer from GET /offers (host_id:gpu_name); or give requirements.")
     requirements: str | None = Field(None, max_length=2000, description="Offer filters in the query language of GET /offers?q=, e.g. 'vram>=24 reliability>0.98 price<=0.5'.")
     gpu_count: int = Field(1, ge=1, le=64, description="Whole GPUs, all on one host (gang).")

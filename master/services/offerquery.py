@@ -2,8 +2,8 @@
 
 Pure parsing: text in, a list of typed ``Condition`` out, or an ``OfferQueryError`` that
 names the position (1-based character) and what was expected there. The search
-(``master/services/offers.py``) turns conditions into SQL. Imports ``shared`` and
-``master.services.tiers`` only. ``docs/marketplace.md`` documents the language for users.
+(``master/services/offers.py``) turns conditions into SQL. Imports ``shared``,
+``master.services.tiers`` and ``master.services.placement`` (model words) only. ``docs/marketplace.md`` documents the language for users.
 
 Grammar
 =======
@@ -33,8 +33,10 @@ from dataclasses import dataclass
 from decimal import Decimal
 from enum import StrEnum
 
+from master.services.placement import model_filter_problem, normalise_name
 from master.services.tiers import Tier
 from shared.errors import BadRequest
+from shared.money import PRICE_PLACES, amount_problem
 
 __all__ = [
     "FIELDS",
@@ -166,7 +168,7 @@ class OfferQueryError(BadRequest):
 
 _INTEGER = re.compile(r"[0-9]{1,9}")
 _DECIMAL = re.compile(r"[0-9]{1,12}(\.[0-9]{1,12})?|\.[0-9]{1,12}")
-_MONEY = re.compile(r"[0-9]{1,6}(\.[0-9]{1,6})?|\.[0-9]{1,6}")
+MAX_QUERY_PRICE = Decimal("999999.999999")
 _VERSION = re.compile(r"([0-9]{1,6})(?:\.([0-9]{1,3}))?")
 _TRUE = frozenset({"true", "yes", "1"})
 _FALSE = frozenset({"false", "no", "0"})
@@ -185,7 +187,7 @@ def _expected_for(spec: FieldSpec) -> str:
         Kind.COUNT: "a whole number of GPUs, at least 1",
         Kind.INTEGER: "a whole number, 0 or more",
         Kind.NUMBER: "a number, 0 or more",
-        Kind.MONEY: "a price in USD, 0 or more, below 1000000, with at most 6 decimal places",
+        Kind.MONEY: "a price in USD like 0.45 (ASCII digits and at most one dot, at most 6 decimal places, below 1000000)",
         Kind.VERSION: "a version such as 8.9 or 12",
         Kind.TIER: f"one of {', '.join(t.value for t in Tier)}",
         Kind.BOOL: "true or false",
@@ -198,7 +200,15 @@ def _convert(spec: FieldSpec, text: str) -> Value:
     if not text or len(text) > MAX_VALUE_LENGTH:
         raise _BadValue(f"{expected} (1 to {MAX_VALUE_LENGTH} characters)")
     match spec.kind:
-        case Kind.MODEL | Kind.TEXT:
+        case Kind.MODEL:
+            # Compared after Unicode normalisation (master/services/placement.py); kept NFKC-normalised, so the echoed
+            # query shows what is matched (ＲＴＸ_４０９０ reads back as RTX_4090). Nothing meaningful is refused, never "any".
+            text = normalise_name(text)
+            problem = model_filter_problem(text)
+            if problem is not None:
+                raise _BadValue(f"GPU model words; this {problem}")
+            return text
+        case Kind.TEXT:
             return text
         case Kind.COUNT | Kind.INTEGER:
             if not _INTEGER.fullmatch(text):
@@ -208,10 +218,12 @@ def _convert(spec: FieldSpec, text: str) -> Value:
                 raise _BadValue(expected)
             return number
         case Kind.MONEY:
-            # Negative amounts, exponents and a seventh decimal place all fail the pattern.
-            if not _MONEY.fullmatch(text):
+            # shared/money.py's grammar: negative amounts, exponents, separators, non-ASCII digits and a
+            # seventh decimal place are all refused.
+            _, amount = amount_problem(text, places=PRICE_PLACES, maximum=MAX_QUERY_PRICE)
+            if amount is None:
                 raise _BadValue(expected)
-            return Decimal(text)
+            return amount
         case Kind.NUMBER:
             if not _DECIMAL.fullmatch(text):
                 raise _BadValue(expected)

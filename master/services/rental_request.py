@@ -18,7 +18,8 @@ from master.scheduler import Request as PlaceRequest
 from master.services.allocation import mig_milli
 from master.services.listings import PRICE_QUANTUM
 from master.services.offerquery import format_query, parse
-from shared.errors import ValidationFailed
+from master.services.placement import model_filter_problem, normalise_name
+from shared.errors import BadRequest, ValidationFailed
 
 KINDS = ("on_demand", "interruptible")
 MAX_GPUS_PER_RENTAL = 64
@@ -73,6 +74,13 @@ class RentalRequest:
                 raise ValidationFailed("a bid has at most 6 decimal places", code="invalid_bid")
         elif self.bid is not None:
             raise ValidationFailed("only interruptible rentals bid; leave bid out for on_demand", code="invalid_bid")
+        gpu_model = self.gpu_model
+        if gpu_model is not None:
+            gpu_model = normalise_name(gpu_model)
+            problem = model_filter_problem(gpu_model)
+            if problem is not None:
+                raise BadRequest(f"gpu_model {gpu_model[:40]!r} {problem}", code="invalid_gpu_model",
+                                 details={"problems": [{"field": "gpu_model", "problem": problem}]})  # fmt: skip
         if self.offer_id is not None and (":" not in self.offer_id or self.query or self.gpu_model):
             raise ValidationFailed(
                 "offer_id is an offer's id from GET /offers (host_id:gpu_name), and excludes requirements and gpu_model",
@@ -81,7 +89,7 @@ class RentalRequest:
         if self.queue and not 1 <= self.queue_timeout_s <= max_queue_timeout_s:
             raise ValidationFailed(f"queue_timeout_s must be between 1 and {max_queue_timeout_s:g} seconds", code="invalid_queue_timeout")
         query = format_query(parse(self.query)) if self.query else ""
-        return replace(self, query=query)
+        return replace(self, query=query, gpu_model=gpu_model)
 
     @property
     def share(self) -> int:
