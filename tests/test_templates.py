@@ -201,7 +201,7 @@ class TestRentalsOfTemplates:
     async def test_without_template_or_workload_a_rental_holds(self, api: Api) -> None:
         """The API's default stays a hold (the external contract); the rental names no template."""
         await api.host(1)
-        status, body = await rent(api)
+        status, body = await rent(api, gpu_count=1)
         assert status == 201 and body["workload"] == {"kind": "hold"} and body["template"] is None
 
     async def test_a_repeat_with_the_same_key_returns_the_rental_even_after_the_template_changed(
@@ -320,7 +320,7 @@ class TestPlacementByIsolation:
     async def test_a_hold_goes_anywhere(self, api: Api) -> None:
         """Reserving GPUs runs nothing: a host that runs no workloads at all still takes it."""
         host_id = await host_with(api, facts())
-        status, body = await rent(api)
+        status, body = await rent(api, gpu_count=1)
         assert status == 201 and body["host_id"] == host_id
 
     async def test_no_host_that_runs_containers_says_why(self, api: Api) -> None:
