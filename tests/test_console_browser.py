@@ -658,9 +658,12 @@ class TestProvider:
         host_id = page.url.rsplit("/", 1)[1]
         await _charts_with_data(page)
         price = page.get_by_label("Price, USD per GPU-hour")
-        await price.fill("-1")
+        await price.fill("-1")  # the API's one grammar of amounts, checked in the page with the API's words
         await page.get_by_role("button", name="Save listing").click()
         alert = page.locator(".listing-form [role=alert]")
+        await expect(alert).to_contain_text("must be a plain amount like 0.45 (ASCII digits and at most one dot, at most 6 decimals")
+        await price.fill("0")
+        await page.get_by_role("button", name="Save listing").click()
         await expect(alert).to_contain_text("more than 0")
         listing = await console.api("provider", f"/hosts/{host_id}/listing")
         assert listing["code"] == "listing_not_found"
