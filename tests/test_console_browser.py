@@ -37,6 +37,7 @@ from playwright.async_api import (
 
 from shared.imageref import parse_image_reference
 from shared.protocol import ContainerWorkload
+from tests.helpers import eventually
 from tests.upprocess import check_alive, gpumarket_up, wait_for_credentials
 
 CHROMIUM = Path(os.environ.get("GPUMARKET_TEST_CHROMIUM", "/usr/bin/chromium"))
@@ -849,19 +850,23 @@ class TestConnect:
         rental_id = await _rent(console, {"kind": "container", "image": docker_image, "command": ["sh", "-c", WEB_SCRIPT],
                                           "ports": [8000, 8888]})  # fmt: skip
         try:
-            # The agents of `up` may not report an SSH host key: the page is given one, to show its fingerprint.
-            # Once it ended, the page is told its /workspace is kept a while (a workload that exited on its own).
-            host_key = _ssh_public_key("host")
+            # The page shows the fingerprint of the host key the rental's agent reported. Once it ended, the page
+            # is told its /workspace is kept a while (a workload that exited on its own).
+            async def reported() -> str | None:
+                rental = await console.api("renter", f"/rentals/{rental_id}")
+                return str(rental["ssh_host_key"]) if rental["state"] == "running" and rental["ssh_host_key"] else None
+
+            host_key = await eventually(reported, timeout=60, what="the rental running with its SSH host key")
+            assert host_key.startswith("ssh-ed25519 "), host_key
             kept: dict[str, str] = {}
 
-            async def with_host_key(route: Any) -> None:
+            async def with_kept_workspace(route: Any) -> None:
                 response = await route.fetch()
                 rental = await response.json()
-                rental["ssh_host_key"] = rental["ssh_host_key"] or host_key
                 rental.update(kept)
                 await route.fulfill(response=response, json=rental)
 
-            await page.route(f"**/api/v1/rentals/{rental_id}", with_host_key)
+            await page.route(f"**/api/v1/rentals/{rental_id}", with_kept_workspace)
             await console.sign_in("renter")
             await console.go(f"#/rentals/{rental_id}")
             panel = page.locator("section.connect")
