@@ -175,9 +175,9 @@ class TestRefusals:
         body = await self.refused(api, ed25519_line("evil\x1b[31mred"), "invalid_ssh_key")
         assert "U+001B" in body["message"]
         await self.refused(api, ed25519_line("spoof\u202etxt.exe"), "invalid_ssh_key")
-        # A lone surrogate: the body's model refuses it through the API; the service, called directly, too.
+        # A lone surrogate: the API's body reader refuses it as not JSON; the service, called directly, too.
         status, body = await add(api, ed25519_line("lone \ud800 surrogate"))
-        assert_error(status, body, 422, "validation_failed")
+        assert_error(status, body, 400, "invalid_json")
         with pytest.raises(ValidationFailed) as refused:
             ssh_keys.parse_public_key(ed25519_line("lone \ud800 surrogate"))
         assert refused.value.code == "invalid_ssh_key"
