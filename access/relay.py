@@ -430,7 +430,7 @@ class Relay:
                 return connection.respond(HTTPStatus.NOT_FOUND, "this relay takes no renters' connections\n")
             if self._closing:
                 return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "relay shutting down; connect again\n")
-            refusal = self.renters.admit(connection, request, host_connected=self._streams_connected)
+            refusal = self.renters.admit(connection, request, host_connected=lambda host_id: self._links_of(host_id) is not None)
             if refusal is not None:
                 self.refused["renter_" + refusal.status.name.lower()] += 1
                 return refusal_response(connection, refusal)
@@ -439,10 +439,6 @@ class Relay:
     def _links_of(self, host_id: str) -> StreamLink | None:
         link = self.agents.get(host_id)
         return link.streams if link is not None and link.close_request is None else None
-
-    def _streams_connected(self, host_id: str) -> bool:
-        link = self.agents.get(host_id)
-        return link is not None and link.streams is not None and link.close_request is None
 
     # ---- one agent ------------------------------------------------------------------
 

@@ -178,10 +178,9 @@ async def _splice_websocket(connection: ServerConnection, channel: Channel) -> N
             exc = inward.exception()
             if exc is None:
                 # The renter's side ended; let the agent's side finish (bounded by the websocket closing).
-                with contextlib.suppress(Exception):
-                    await outward
-                if isinstance(outward.exception() if outward.done() and not outward.cancelled() else None, ChannelReset):
-                    code, reason = _reset_close(outward.exception())  # type: ignore[arg-type]
+                await asyncio.wait({outward})
+                if isinstance(rest := outward.exception(), ChannelReset):
+                    code, reason = _reset_close(rest)
             elif isinstance(exc, ChannelReset):
                 code, reason = _reset_close(exc)
             else:

@@ -216,11 +216,7 @@ class WebPorts:
 
 
 def _parse_head(head: bytes) -> tuple[str, str, list[tuple[str, str]]]:
-    try:
-        text = head.decode("latin-1")
-    except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes anything
-        raise _Refused(400, "bad request head") from None
-    lines = text[:-4].split("\r\n")
+    lines = head.decode("latin-1")[:-4].split("\r\n")  # latin-1 decodes any byte
     parts = lines[0].split(" ")
     if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not parts[1].startswith("/"):
         raise _Refused(400, "not an HTTP/1.x request")
