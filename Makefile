@@ -70,6 +70,7 @@ test: install chromium docker lint typecheck
 
 bench: install
 	$(BIN)/python bench/bench_protocol.py
+	$(BIN)/python bench/bench_jsonbody.py
 	$(BIN)/python bench/bench_streams.py
 	$(BIN)/python bench/bench_tunnel.py
 	$(BIN)/python bench/bench_bus.py

@@ -16,7 +16,6 @@ app's ``client_max_size``, set from ``max_request_bytes``).
 
 from __future__ import annotations
 
-import itertools
 import math
 import re
 from typing import Any
@@ -29,12 +28,23 @@ MAX_DEPTH = 32
 """Arrays and objects inside each other, at most; the deepest request model is far shallower."""
 MAX_NUMBER_DIGITS = 100
 """Digits in a row in a number, at most; every number the API takes is far shorter."""
+BODY_ITEMS = {
+    "digit-runs": b"9" * MAX_NUMBER_DIGITS,
+    "fraction-runs": b"9" * 50 + b"." + b"9" * 49,
+    "exponents": b"1e1",
+    "big-exponents": b"1e100",
+    "arrays": b"[]",
+    "deepest-arrays": b"[" * (MAX_DEPTH - 1) + b"0" + b"]" * (MAX_DEPTH - 1),
+    "escaped-strings": b'"[\\""',
+    "zeros": b"0",
+}
+"""The items each scan likes least, by name: a body of one of them repeated is the worst case of its size."""
 _MESSAGE_CHARS = 200  # of the parser's own explanation, in the one-line message
 
 # Only ever run on text pydantic parsed, where every string ends: one match per string, no backtracking.
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _NOT_A_BRACKET = bytes(sorted(set(range(256)) - set(b"[]{}")))
-_NESTING = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+_OPEN_CLOSE = bytes.maketrans(b"{}", b"[]")  # one kind of pair: in valid JSON every bracket closes its own opener
 # Each pattern starts only where a number (or a run of digits) starts and never backtracks into it: tried at every
 # digit, or giving digits back, they would be quadratic in the length of a run (seconds for a body of 100-digit runs).
 # Without a long run of digits, only a positive exponent of three digits or more can overflow a float.
@@ -56,14 +66,28 @@ def decode_json_body(data: bytes, *, max_depth: int = MAX_DEPTH, max_number_digi
             raise _too_long(max_number_digits) from None
         raise InvalidJson(f"the request body is not valid JSON: {str(exc)[:_MESSAGE_CHARS]}") from None
     outside_strings = _STRING.sub(b"", data)
-    brackets = outside_strings.translate(None, _NOT_A_BRACKET)
-    if max(itertools.accumulate(map(_NESTING.__getitem__, brackets)), default=0) > max_depth:
+    if _deeper_than(outside_strings.translate(_OPEN_CLOSE, _NOT_A_BRACKET), max_depth):
         raise _too_deep(max_depth)
     if re.search(rb"(?<![0-9])[0-9]{%d}" % (max_number_digits + 1), outside_strings):
         raise _too_long(max_number_digits)
     if any(math.isinf(float(literal)) for literal in _BIG_EXPONENT.findall(outside_strings)):
         raise InvalidJson("the request body holds a number too large to represent (it overflows to infinity)")
     return value
+
+
+def largest_body(item: bytes, size: int = 1 << 20) -> bytes:
+    """A JSON array of ``item`` repeated, about ``size`` bytes long (the default: the API's largest body)."""
+    return b"[" + b",".join([item] * (size // (len(item) + 1))) + b"]"
+
+
+def _deeper_than(brackets: bytes, max_depth: int) -> bool:
+    """Whether balanced ``brackets`` (only ``[`` and ``]``) nest deeper than ``max_depth``. Each pass drops the
+    innermost pairs, one level exactly (``replace`` scans the text as it was), in C: at most ``max_depth`` passes."""
+    for _ in range(max_depth):
+        if not brackets:
+            return False
+        brackets = brackets.replace(b"[]", b"")
+    return bool(brackets)
 
 
 def _too_deep(max_depth: int) -> InvalidJson:

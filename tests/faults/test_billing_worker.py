@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import time
 from datetime import UTC, datetime
@@ -85,6 +86,18 @@ def beat_process(scenario: Scenario) -> psutil.Process:
     raise AssertionError("no child process of worker-beat looks like its beat")
 
 
+_RECEIVED = re.compile(r"\[([0-9a-f-]{36})\] received")
+_FINISHED = re.compile(r"\[([0-9a-f-]{36})\] (?:succeeded|raised|retry)|Discarding revoked task: [\w.]+\[([0-9a-f-]{36})\]")
+
+
+async def workers_idle(scenario: Scenario) -> bool:
+    """Whether every task either worker received has finished or was discarded: no tick of beat's still runs (one
+    that ran into the test's ledger lock would hold the rentals, and the test's task would skip them and post nothing)."""
+    logs = "".join(worker_logs(scenario).values())
+    finished = {a or b for a, b in _FINISHED.findall(logs)}
+    return set(_RECEIVED.findall(logs)) <= finished
+
+
 def deliveries(scenario: Scenario, task_id: str) -> tuple[int, int]:
     """(times received, times succeeded) of ``task_id`` over both workers' logs."""
     logs = "".join(worker_logs(scenario).values())
@@ -123,6 +136,8 @@ class TestBillingWorkerFaults:
         beat.suspend()
         report.inject(f"beat paused (SIGSTOP, pid {beat.pid}) so that the test's tasks are the only rating passes")
         try:
+            await asyncio.sleep(1.5)  # a tick beat sent and no worker received yet expires after one period (1 s)
+            await scenario.until(lambda: workers_idle(scenario), "the workers done with beat's last ticks", timeout=30)
             await self._kill_the_pool_process(scenario, tmp_path)
             await self._kill_the_worker(scenario, tmp_path)
         finally:
