@@ -65,8 +65,11 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
+# The suite on TEST_WORKERS pytest-xdist workers: tests that share an expensive fixture (the fault cluster, a
+# module's `gpumarket up`) carry an xdist_group and run on one worker; the 30 slowest are listed at the end.
+TEST_WORKERS ?= 4
 test: install chromium docker lint typecheck
-	$(BIN)/python -m pytest $(ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=30 $(ARGS)
 
 bench: install
 	$(BIN)/python bench/bench_protocol.py

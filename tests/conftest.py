@@ -8,8 +8,10 @@ never a skip.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -118,8 +120,11 @@ def docker_image() -> str:
     busybox test image's name (``tests/dockerengine.py``); fails, never skips, without one."""
     from tests import dockerengine
 
-    try:
-        dockerengine.ensure_engine()
-        return dockerengine.busybox_image()
-    except RuntimeError as exc:
-        pytest.fail(str(exc))
+    # Parallel workers (pytest-xdist) each ask: one at a time, so that one starts dockerd and imports the image.
+    with open(Path(tempfile.gettempdir()) / "gpumarket-test-docker.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            dockerengine.ensure_engine()
+            return dockerengine.busybox_image()
+        except RuntimeError as exc:
+            pytest.fail(str(exc))

@@ -46,7 +46,8 @@ from shared.errors import NotFound
 from tests.factories import master_settings
 from tests.upprocess import gpumarket_up, wait_for_credentials
 
-pytestmark = pytest.mark.slow
+# One worker runs the whole module under pytest-xdist: its module-scoped fixture is set up once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_install_agent")]
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTALLER = ROOT / "deploy" / "install-agent.sh"

@@ -62,7 +62,8 @@ SCRIPT = (
 )
 
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+# One worker runs the whole module under pytest-xdist: its module-scoped fixture is set up once.
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.xdist_group("test_tunnels")]
 
 
 class _Loopback(AbstractResolver):

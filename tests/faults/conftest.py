@@ -10,6 +10,7 @@ listed at the end of the run.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 
@@ -66,13 +67,29 @@ async def scenario(request: pytest.FixtureRequest, fault_cluster: FaultCluster) 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "scenario(name, title): a fault scenario; its report is test-artifacts/faults/<name>.json")
+    config.stash[_started] = time.time()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every scenario shares one fault cluster (package scope): under pytest-xdist they all go to one worker."""
+    here = Path(__file__).parent
+    for item in items:
+        if item.path.is_relative_to(here):
+            item.add_marker(pytest.mark.xdist_group("faults"))
+
+
+_started = pytest.StashKey[float]()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if not _reports:
+    """The reports this run wrote: by this process, or (under pytest-xdist) by the worker that ran the scenarios."""
+    started = terminalreporter.config.stash.get(_started, 0.0)
+    written = sorted(ARTIFACTS.glob("*.json"), key=lambda p: p.stat().st_mtime) if ARTIFACTS.is_dir() else []
+    reports = _reports or [path for path in written if path.stat().st_mtime >= started]
+    if not reports:
         return
     terminalreporter.section("fault scenarios")
-    for path in _reports:
+    for path in reports:
         data = json.loads(path.read_text())
         injected = "; ".join(i["what"] for i in data["injected"]) or "nothing"
         terminalreporter.write_line(f"{data['scenario']}: {data['outcome']} in {data['runtime_s']} s — injected: {injected}")
