@@ -8,11 +8,14 @@ never a skip.
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
 import secrets
+import shutil
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import asyncpg
@@ -21,6 +24,7 @@ import redis.asyncio as aioredis
 
 from master.app import close_master, open_master
 from master.context import Master
+from master.db import migrate_or_wait
 from shared.bus import InProcessBus
 from shared.crypto import CertificateAuthority
 from tests.apiclient import Api, serve_api
@@ -38,23 +42,79 @@ def _with_database(url: str, name: str) -> str:
     return f"{base}/{name}"
 
 
-@pytest.fixture
-async def postgres_url() -> AsyncIterator[str]:
-    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
-    name = f"gm_test_{secrets.token_hex(6)}"
+async def _admin() -> asyncpg.Connection:
     try:
-        admin = await asyncpg.connect(PG_ADMIN_URL, timeout=10)
+        return await asyncpg.connect(PG_ADMIN_URL, timeout=10)
     except (OSError, asyncpg.PostgresError) as exc:
         pytest.fail(
             f"PostgreSQL is not reachable at {PG_ADMIN_URL} ({exc}); start it with "
             "`pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start` or set GPUMARKET_TEST_POSTGRES_URL"
         )
+
+
+@asynccontextmanager
+async def _fresh_postgres(template: str | None = None) -> AsyncIterator[str]:
+    """A new database (a copy of ``template``, or empty), dropped on the way out."""
+    name = f"gm_test_{secrets.token_hex(6)}"
+    admin = await _admin()
     try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
+        await admin.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
         yield _with_database(PG_ADMIN_URL, name)
     finally:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await admin.close()
+
+
+@pytest.fixture
+async def postgres_url() -> AsyncIterator[str]:
+    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
+    async with _fresh_postgres() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def _postgres_template() -> Iterator[str]:
+    """A database migrated to head once per session (per xdist worker), never opened again: the tests'
+    migrated databases are copies of it (``CREATE DATABASE … TEMPLATE``, a tenth of migrating one)."""
+
+    async def create() -> str:
+        name = f"gm_template_{secrets.token_hex(6)}"
+        admin = await _admin()
+        try:
+            await admin.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await admin.close()
+        await migrate_or_wait(_with_database(PG_ADMIN_URL, name), check_only=False, wait_s=0)
+        return name
+
+    async def drop(name: str) -> None:
+        admin = await _admin()
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
+
+    name = asyncio.run(create())
+    try:
+        yield name
+    finally:
+        asyncio.run(drop(name))
+
+
+@pytest.fixture
+async def migrated_postgres_url(_postgres_template: str) -> AsyncIterator[str]:
+    """A fresh PostgreSQL database with the schema at head and no rows, dropped afterwards."""
+    async with _fresh_postgres(_postgres_template) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def _sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file migrated to head once per session (per xdist worker); tests get copies."""
+    path = tmp_path_factory.mktemp("sqlite-template") / "template.db"
+    asyncio.run(migrate_or_wait(f"sqlite:///{path}", check_only=False, wait_s=0))
+    assert not path.with_name(path.name + "-wal").exists(), "the template's write-ahead log was not checkpointed"
+    return path
 
 
 @pytest.fixture
@@ -91,10 +151,13 @@ def bus_prefix() -> str:
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """Each persistence test runs on SQLite and on PostgreSQL."""
+    """Each persistence test runs on SQLite and on PostgreSQL: a database of its own with the schema at head
+    and no rows (a copy of the session's migrated template; ``postgres_url`` is an empty one)."""
     if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'test.db'}"
-    url: str = request.getfixturevalue("postgres_url")
+        path = tmp_path / "test.db"
+        shutil.copyfile(request.getfixturevalue("_sqlite_template"), path)
+        return f"sqlite:///{path}"
+    url: str = request.getfixturevalue("migrated_postgres_url")
     return url
 
 
