@@ -66,10 +66,10 @@ typecheck: install
 	$(BIN)/mypy
 
 # The suite on TEST_WORKERS pytest-xdist workers: tests that share an expensive fixture (the fault cluster, a
-# module's `gpumarket up`) carry an xdist_group and run on one worker; the 30 slowest are listed at the end.
+# module's `gpumarket up`) run on one worker (ONE_WORKER_SCOPES in tests/conftest.py); the 30 slowest are listed.
 TEST_WORKERS ?= 4
 test: install chromium docker lint typecheck
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=30 $(ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --durations=30 $(ARGS)
 
 bench: install
 	$(BIN)/python bench/bench_protocol.py

@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -35,6 +36,27 @@ pytest_plugins = ["tests.workloadfixtures"]
 
 PG_ADMIN_URL = os.environ.get("GPUMARKET_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("GPUMARKET_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+ONE_WORKER_SCOPES = ("tests/faults/", "tests/test_tunnels.py", "tests/test_console_browser.py", "tests/test_install_agent.py",
+                     "tests/test_api_schemathesis.py", "tests/test_simulate.py")
+"""Tests that share an expensive fixture (the fault cluster, a module's ``gpumarket up`` or browser): under
+pytest-xdist each of these runs whole on one worker, so that the fixture is set up once."""
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``-n N`` (``--dist load`` or ``loadgroup``): every test on its own, but each of ``ONE_WORKER_SCOPES`` as one
+    unit of work, the largest first as collected (the fault scenarios). pytest-xdist's own ``xdist_group`` marks
+    do not take under pytest 9 (it renames ``item._nodeid``, which pytest 9 no longer reads)."""
+    if config.getvalue("dist") not in ("load", "loadgroup"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
+
+    class OneWorkerScopes(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return next((scope for scope in ONE_WORKER_SCOPES if nodeid.startswith(scope)), nodeid)
+
+    return OneWorkerScopes(config, log)
 
 
 def _with_database(url: str, name: str) -> str:

@@ -53,8 +53,7 @@ CSP = (
 WAIT_MS = 20_000  # a loaded CI machine: rentals start, samples arrive, charges post within this
 START_S = 90.0
 
-# One worker runs the whole module under pytest-xdist: its module-scoped fixture is set up once.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_console_browser")]
+pytestmark = pytest.mark.slow
 
 
 @dataclass(frozen=True)

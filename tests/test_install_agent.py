@@ -46,8 +46,7 @@ from shared.errors import NotFound
 from tests.factories import master_settings
 from tests.upprocess import gpumarket_up, wait_for_credentials
 
-# One worker runs the whole module under pytest-xdist: its module-scoped fixture is set up once.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_install_agent")]
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTALLER = ROOT / "deploy" / "install-agent.sh"

@@ -62,8 +62,7 @@ SCRIPT = (
 )
 
 
-# One worker runs the whole module under pytest-xdist: its module-scoped fixture is set up once.
-pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.xdist_group("test_tunnels")]
+pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
 class _Loopback(AbstractResolver):

@@ -70,14 +70,6 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_started] = time.time()
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every scenario shares one fault cluster (package scope): under pytest-xdist they all go to one worker."""
-    here = Path(__file__).parent
-    for item in items:
-        if item.path.is_relative_to(here):
-            item.add_marker(pytest.mark.xdist_group("faults"))
-
-
 _started = pytest.StashKey[float]()
 
 
