@@ -46,11 +46,15 @@ pytest-xdist each of these runs whole on one worker, so that the fixture is set 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``-n N`` (``--dist load`` or ``loadgroup``): every test on its own, but each of ``ONE_WORKER_SCOPES`` as one
-    unit of work, the largest first as collected (the fault scenarios). pytest-xdist's own ``xdist_group`` marks
+    unit of work, in the order collected (the fault scenarios first). pytest-xdist's own ``xdist_group`` marks
     do not take under pytest 9 (it renames ``item._nodeid``, which pytest 9 no longer reads)."""
     if config.getvalue("dist") not in ("load", "loadgroup"):
         return None
     from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
+
+    # In the order collected, not largest first: the fault scenarios start at once, the other shared-fixture modules
+    # (each a few processes: `gpumarket up`, Chromium, an installer) are spread over the run instead of all at once.
+    config.option.loadscopereorder = False
 
     class OneWorkerScopes(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
