@@ -19,7 +19,14 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from master.api.base import API
-from master.api.jsonbody import BODY_ITEMS, MAX_DEPTH, MAX_NUMBER_DIGITS, InvalidJson, decode_json_body, largest_body
+from master.api.jsonbody import (
+    BODY_ITEMS,
+    MAX_DEPTH,
+    MAX_NUMBER_DIGITS,
+    InvalidJson,
+    decode_json_body,
+    largest_body,
+)
 from master.models import Rental
 from master.services.sessions import CSRF_HEADER
 from tests import hostile
