@@ -17,7 +17,7 @@ written by plain bulk INSERTs with no rating logic — the floor for writing tha
 Usage: ``python bench/bench_billing.py [--rentals N] [--admin-url URL] [--batch N] [--json FILE] [--quick]``
 
 Measured 2026-11-22 on the development VM (AMD EPYC, 2 cores, PostgreSQL 15), 100,000
-rentals: see the README's performance table.
+rentals: see docs/performance.md.
 """
 
 from __future__ import annotations

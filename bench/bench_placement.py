@@ -13,7 +13,9 @@ matters on the ``gpuspec`` variants (the only ones with GPU-model constraints).
 Speed: every ``place()`` call of a replay (default trace, seed 42, up to 100 % arrived) is
 timed (``perf_counter_ns``) through a ``Fleet`` kept across decisions — how the simulator, and
 a long-lived master, place: decisions per second and the median, p99 and worst time of one
-decision. Every algorithm at the trace's 1,213 hosts (6,212 GPUs); ``--scale-algorithms`` also
+decision, the worst also in this thread's CPU time (``thread_time_ns``: other load on the machine
+stretches the wall clock, much less the CPU time), how many took over 20 ms, and the collector's
+full collections and longest pause during the replay. Every algorithm at the trace's 1,213 hosts (6,212 GPUs); ``--scale-algorithms`` also
 on a synthetic fleet of the trace's hosts repeated 16 times (19,408 hosts, 99,392 GPUs) with
 16 copies of its pods. The one-off path — a fresh placer on a plain list of nodes, scoring
 every node once, as for a single decision — is timed on 200 requests (50 at ×16, fgd_net only).
@@ -83,6 +85,9 @@ seed 42, every decision up to 100 % arrived; the ×16 fleet is 19,408 hosts / 99
 | first_fit | 99,392 GPUs | 133,290 | 15,805 | 30 | 442 | 34.4 | — | — |
 | best_fit | 99,392 GPUs | 133,290 | 9,343 | 42 | 756 | 54.5 | — | — |
 | fgd_net | 99,392 GPUs | 133,290 | 7,891 | 43 | 1033 | 59.8 | 48.0 | 64.1 |
+
+That table predates issue 22 part 4 (the placers' tail: docs/placement.md, "Speed"); the latest
+figures are in docs/performance.md (``make bench``).
 """
 
 from __future__ import annotations
