@@ -793,10 +793,10 @@ async def main() -> int:
         "the default comes from GPUMARKET_TEST_POSTGRES_URL when set)",
     )
     parser.add_argument("--no-baseline", action="store_true", help="skip the relay-only baseline phase")
-    parser.add_argument("--quick", action="store_true", help="50 agents 10× the rates, 5 s phases (for make bench QUICK=1)")
+    parser.add_argument("--quick", action="store_true", help="50 agents, 10 s phases (for make bench QUICK=1)")
     args = parser.parse_args()
     if args.quick:
-        args.agents, args.rate_scale, args.duration = 50, 10.0, 5.0
+        args.agents, args.duration = 50, 10.0
     databases = [name.strip().lower() for name in args.databases.split(",") if name.strip()]
     if unknown := [name for name in databases if name not in ("sqlite", "postgresql")]:
         parser.error(f"unknown database(s) {', '.join(unknown)}; choose from sqlite, postgresql")

@@ -36,7 +36,7 @@ Figure = Mapping[str, Any]
 
 
 def number(value: float) -> str:
-    """Three significant figures or so, thousands separated: 0.0123, 1.23, 12.3, 123, 1,234."""
+    """Three significant figures or so, thousands separated: 0.0123, 0.50, 1.23, 12.3, 123, 1,234."""
     if value == 0 or not math.isfinite(value):
         return f"{value:g}"
     size = abs(value)
@@ -44,7 +44,7 @@ def number(value: float) -> str:
         return f"{value:,.0f}"
     if size >= 10:
         return f"{value:.1f}"
-    if size >= 1:
+    if size >= 0.1:
         return f"{value:.2f}"
     return f"{value:.3g}"
 
@@ -97,7 +97,8 @@ def render(figures: Sequence[Figure]) -> str:
     if loaded:
         lines.append(
             f"\nMeasured on a busy machine (load above the usable cores): {', '.join(loaded)}. "
-            "Their absolute figures are low; ratios to a baseline from the same run are steadier."
+            "Their absolute figures are pessimistic (rates low, latencies high); ratios to a baseline from the same "
+            "run are steadier."
         )
     for component in _components(figures):
         lines += [f"\n## {component}\n", "| figure | value | baseline | baseline value | ratio | note |",

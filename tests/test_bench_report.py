@@ -52,8 +52,8 @@ EXPECTED = """\
 - Machine: AMD EPYC 7B13, 2 cores (2 usable); CPython 3.11.7; 2 usable cores
 - Runs from 2026-11-26T09:00:00Z to 2026-11-26T09:30:00Z (UTC)
 
-Measured on a busy machine (load above the usable cores): placement. Their absolute figures are low; \
-ratios to a baseline from the same run are steadier.
+Measured on a busy machine (load above the usable cores): placement. Their absolute figures are pessimistic \
+(rates low, latencies high); ratios to a baseline from the same run are steadier.
 
 ## protocol
 
@@ -104,7 +104,7 @@ class TestReport:
         assert page.startswith(report.DEFAULT_HEADER) and "No results yet: run `make bench`." in page
 
     @pytest.mark.parametrize(("value", "text"), [
-        (0.01234, "0.0123"), (1.234, "1.23"), (12.34, "12.3"), (123.4, "123"), (1234.5, "1,234"), (0.0, "0"),
+        (0.01234, "0.0123"), (0.5, "0.50"), (0.9998, "1.00"), (1.234, "1.23"), (12.34, "12.3"), (123.4, "123"), (1234.5, "1,234"), (0.0, "0"),
     ])  # fmt: skip
     def test_numbers_keep_about_three_significant_figures(self, value: float, text: str) -> None:
         assert report.number(value) == text
