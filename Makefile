@@ -70,7 +70,7 @@ test: install chromium docker lint typecheck
 
 # Every benchmark, then bench/report.py: each bench records its headline figures beside their baselines
 # from the same run in bench/results.json (bench/_common.py: record), and the report turns that file into
-# docs/performance.md. The full run takes about half an hour on 2 cores (placement's quality table alone
+# docs/performance.md. The full run takes 30–45 minutes on 2 cores (placement's quality table alone
 # ~7 min, billing and offers a few minutes each); QUICK=1 runs every bench at a small size (~5 min);
 # BENCHES="protocol bus" runs only those. A bench that fails does not stop the others; the target fails
 # at the end. The workloads bench needs a Docker engine (make docker) and root.
