@@ -125,7 +125,8 @@ def report(results: Path, out: Path) -> str:
     """Write ``out`` from ``results``, keeping ``out``'s hand-written part; returns the page."""
     figures = json.loads(results.read_text(encoding="utf-8"))["figures"] if results.exists() else []
     existing = out.read_text(encoding="utf-8") if out.exists() else ""
-    header = existing.split(MARKER, 1)[0].rstrip() + "\n" if MARKER in existing else DEFAULT_HEADER
+    # No marker yet: the whole page is hand-written (the first report keeps it all above the tables).
+    header = existing.split(MARKER, 1)[0].rstrip() + "\n" if existing.strip() else DEFAULT_HEADER
     page = f"{header}\n{MARKER}\n\n{render(figures)}"
     out.write_text(page, encoding="utf-8")
     return page

@@ -99,6 +99,13 @@ class TestReport:
         page = out.read_text(encoding="utf-8")
         assert page == f"# Performance\n\nHand-written words.\n\n{report.MARKER}\n\n{EXPECTED}"
 
+    def test_a_hand_written_page_without_the_marker_is_kept_whole_above_the_first_tables(self, tmp_path: Path) -> None:
+        """Regression: the first report replaced a hand-written page that had no marker yet with the default header."""
+        results, out = tmp_path / "results.json", tmp_path / "performance.md"
+        results.write_text(json.dumps({"figures": SAMPLE}), encoding="utf-8")
+        out.write_text("# Performance\n\nHand-written words.\n", encoding="utf-8")
+        assert report.report(results, out) == f"# Performance\n\nHand-written words.\n\n{report.MARKER}\n\n{EXPECTED}"
+
     def test_a_missing_results_file_gives_a_page_that_says_so(self, tmp_path: Path) -> None:
         page = report.report(tmp_path / "absent.json", tmp_path / "performance.md")
         assert page.startswith(report.DEFAULT_HEADER) and "No results yet: run `make bench`." in page
