@@ -71,20 +71,27 @@ TEST_WORKERS ?= 4
 test: install chromium docker lint typecheck
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --durations=30 $(ARGS)
 
+# Every benchmark, then bench/report.py: each bench records its headline figures beside their baselines
+# from the same run in bench/results.json (bench/_common.py: record), and the report turns that file into
+# docs/performance.md. The full run takes 30–45 minutes on 2 cores (placement's quality table alone
+# ~7 min, billing and offers a few minutes each); QUICK=1 runs every bench at a small size (~5 min);
+# BENCHES="protocol bus" runs only those. A bench that fails does not stop the others; the target fails
+# at the end. The workloads bench needs a Docker engine (make docker) and root.
+BENCHES ?= protocol jsonbody streams tunnel bus relay relay_capacity pipeline agent ingest placement offers billing workloads
+QUICK ?=
+# Small sizes for the benches that have no --quick of their own.
+QUICK_ARGS_relay := --agents 10 --messages 100
+QUICK_ARGS_relay_capacity := --agents 200 --measure 2 --bulk-mib 8
+QUICK_ARGS_ingest := --hosts 200 --seconds 5
+QUICK_ARGS_offers := --gpus 10000 --repeat 20
+bench_args = $(if $(QUICK),$(or $(QUICK_ARGS_$(1)),--quick))
+
 bench: install
-	$(BIN)/python bench/bench_protocol.py
-	$(BIN)/python bench/bench_jsonbody.py
-	$(BIN)/python bench/bench_streams.py
-	$(BIN)/python bench/bench_tunnel.py
-	$(BIN)/python bench/bench_bus.py
-	$(BIN)/python bench/bench_relay.py
-	$(BIN)/python bench/bench_relay_capacity.py
-	$(BIN)/python bench/bench_pipeline.py
-	$(BIN)/python bench/bench_agent.py
-	$(BIN)/python bench/bench_ingest.py
-	$(BIN)/python bench/bench_placement.py
-	$(BIN)/python bench/bench_billing.py
-	$(BIN)/python bench/bench_workloads.py
+	@failed=""; \
+	$(foreach name,$(BENCHES),echo "== bench/bench_$(name).py $(call bench_args,$(name))"; \
+	  $(BIN)/python bench/bench_$(name).py $(call bench_args,$(name)) || failed="$$failed $(name)"; ) \
+	$(BIN)/python bench/report.py; \
+	if [ -n "$$failed" ]; then echo "make bench: failed:$$failed" >&2; exit 1; fi
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info .gpumarket-cluster

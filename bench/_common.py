@@ -1,10 +1,11 @@
-"""Helpers every benchmark script shares: the machine line, a progress counter on stderr, quantiles,
-a fresh database, and the simulated agents' parts (a busy host, its telemetry, its certificate and
-its websocket to a relay)."""
+"""Helpers every benchmark script shares: the machine line, the results record (``record``), a progress
+counter on stderr, quantiles, a fresh database, and the simulated agents' parts (a busy host, its
+telemetry, its certificate and its websocket to a relay)."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import math
 import os
@@ -52,6 +53,60 @@ def describe_machine(*, with_openssl: bool = False) -> str:
         f"{platform.python_implementation()} {platform.python_version()} on {platform.system()} "
         f"{platform.release()}; {versions}{tls}"
     )
+
+
+RESULTS_ENV = "GPUMARKET_BENCH_RESULTS"
+DEFAULT_RESULTS = Path(__file__).resolve().parent / "results.json"
+_recorded: set[str] = set()  # benches that recorded a figure in this process (their older figures are gone)
+
+
+def results_path() -> Path:
+    """Where ``record`` writes: ``$GPUMARKET_BENCH_RESULTS``, else ``bench/results.json``."""
+    return Path(os.environ.get(RESULTS_ENV) or DEFAULT_RESULTS)
+
+
+def record(
+    bench: str,
+    figure: str,
+    value: float,
+    unit: str,
+    baseline: str | None = None,
+    baseline_value: float | None = None,
+    note: str = "",
+    *,
+    component: str | None = None,
+) -> None:
+    """Add one headline figure of ``bench`` (e.g. ``"relay"``) to the results file, beside its baseline from the
+    same run (``baseline`` names it: ``"json.loads"``, ``"direct TCP"``; ``baseline_value`` in the same ``unit``).
+
+    ``bench/report.py`` turns the file into docs/performance.md: one table per ``component`` (default: the
+    bench's name), the ratio value / baseline, and each bench's date, machine, load and arguments. The first
+    figure a bench records in a process drops the figures its earlier runs left, so a file holds each bench's
+    latest run. Safe for benches running at once (the file is locked, and replaced whole).
+    """
+    path = results_path()
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    entry = {
+        "bench": bench, "component": component or bench, "figure": figure, "value": value, "unit": unit,
+        "baseline": baseline, "baseline_value": baseline_value, "note": note,
+        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "machine": describe_machine(),
+        "cores": usable, "load": round(os.getloadavg()[0], 2), "args": " ".join(sys.argv[1:]),
+    }  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            figures = json.loads(path.read_text(encoding="utf-8"))["figures"] if path.exists() else []
+        except (ValueError, KeyError, TypeError):
+            figures = []  # an unreadable file is started again rather than failing the bench at its end
+        if bench not in _recorded:
+            figures = [f for f in figures if f.get("bench") != bench]
+            _recorded.add(bench)
+        figures = [f for f in figures if (f.get("bench"), f.get("figure")) != (bench, figure)]
+        figures.append(entry)
+        temporary = path.with_name(f".{path.name}.{os.getpid()}")
+        temporary.write_text(json.dumps({"figures": figures}, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        os.replace(temporary, path)
 
 
 def quantile(values: Iterable[float], q: float) -> float:

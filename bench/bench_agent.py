@@ -21,7 +21,7 @@ each; some take milliseconds), so on a GPU host a pass costs more than here: thi
 the agent's own Python work around NVML, not NVML. Event polling is not in the pass (the
 recording has no event set, so it would be a no-op).
 
-Usage: ``python bench/bench_agent.py [--gpus N] [--passes P] [--rounds R] [--duration S] [--interval S]``
+Usage: ``python bench/bench_agent.py [--gpus N] [--passes P] [--rounds R] [--duration S] [--interval S] [--quick]``
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from agent.gpu.sim import SimulatedBackend
 from shared import protocol
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import Progress, describe_machine
+from _common import Progress, describe_machine, record
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_RECORDING = ROOT / "tests" / "fixtures" / "nvml" / "h100-80gb-hbm3.json"
@@ -142,7 +142,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5, help="measurements of each backend (default 5)")
     parser.add_argument("--duration", type=float, default=10.0, help="sampling loop length in s (default 10)")
     parser.add_argument("--interval", type=float, default=1.0, help="sampling loop period in s (default 1)")
+    parser.add_argument("--quick", action="store_true", help="50 passes × 2 rounds, a 3 s loop (for make bench QUICK=1)")
     args = parser.parse_args()
+    if args.quick:
+        args.passes, args.rounds, args.duration = 50, 2, 3.0
     if not 1 <= args.gpus <= 64 or args.passes < 1 or args.rounds < 1:
         parser.error("--gpus must be 1..64 (the protocol's limit), --passes and --rounds at least 1")
     if args.interval <= 0 or args.duration < args.interval:
@@ -199,6 +202,9 @@ def main() -> int:
             f"{max(seconds[name]) * 1e6:>9.1f} {per * 1e6 / args.gpus:>8.1f}  {ratio}"
         )
 
+    record("agent", f"one sampling pass over {args.gpus} GPUs (NVML code on a replayed recording), incl. the telemetry body",
+           median["replay (NVML code)"] * 1e6, "µs", "the same pass on the simulated backend", median["sim (baseline)"] * 1e6)  # fmt: skip
+
     print(f"\nsampling loop: replay, one pass every {args.interval:g} s for {args.duration:g} s")
     cpu_percent, pass_cpu, passes = sampling_loop(replay, duration=args.duration, interval=args.interval)
     memory = memory_kib()
@@ -214,6 +220,8 @@ def main() -> int:
             "process (Python, pydantic, pynvml, both backends), not the whole agent"
         )
     print(f"  reference: {REFERENCE} ({REFERENCE_SOURCE})")
+    record("agent", f"sampling every {args.interval:g} s, {args.gpus} GPUs (replay): CPU", cpu_percent, "% of a core",
+           note=f"VmRSS {memory.get('VmRSS', 0) / 1024:.1f} MiB (this bench process); reference: {REFERENCE}")  # fmt: skip
     replay.close()
     sim.close()
     return 0

@@ -14,10 +14,10 @@ HTML) and timed, and the invoices' total is checked against the ledger.
 Baseline, same run: the same number of postings (one transaction and three entries each)
 written by plain bulk INSERTs with no rating logic — the floor for writing that much ledger.
 
-Usage: ``python bench/bench_billing.py [--rentals N] [--admin-url URL] [--batch N] [--json FILE]``
+Usage: ``python bench/bench_billing.py [--rentals N] [--admin-url URL] [--batch N] [--json FILE] [--quick]``
 
 Measured 2026-11-22 on the development VM (AMD EPYC, 2 cores, PostgreSQL 15), 100,000
-rentals: see the README's performance table.
+rentals: see docs/performance.md.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from _common import Progress, describe_machine, fresh_database
+from _common import Progress, describe_machine, fresh_database, record
 from sqlalchemy import func, insert, select
 
 from billing import invoices, ledger
@@ -201,7 +201,10 @@ def main() -> int:
     parser.add_argument("--admin-url", default="postgresql://postgres@127.0.0.1:5432/postgres", help="PostgreSQL server to create the throwaway database on")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures as JSON")
+    parser.add_argument("--quick", action="store_true", help="2,000 rentals (for make bench QUICK=1)")
     args = parser.parse_args()
+    if args.quick:
+        args.rentals = 2_000
     print(describe_machine())
     result = asyncio.run(run(args))
     print(f"{result['rentals']:,} rentals seeded in {result['seed_s']} s")
@@ -213,6 +216,13 @@ def main() -> int:
           f"{'match' if result['matches_reference'] else 'MISMATCH'}")  # fmt: skip
     print(f"invoicing: {result['documents']:,} invoices and statements (JSON + HTML) in {result['invoicing_s']} s; "
           f"invoice totals {'equal' if result['invoices_match_ledger'] else 'DIFFER FROM'} the ledger")  # fmt: skip
+    checks = f"books balanced: {result['balanced']}; total = independent calculation: {result['matches_reference']}"
+    record("billing", f"rating a month of {result['rentals']:,} rentals on PostgreSQL, batches of {args.batch}",
+           result["postings_per_s"], "postings/s", "bulk INSERT of as many postings", result["baseline_postings_per_s"],
+           f"{result['rentals_per_s']:,} rentals/s; {checks}")  # fmt: skip
+    record("billing", f"invoices and statements (JSON + HTML) for {result['documents']:,} accounts",
+           result["invoicing_s"] * 1e3 / max(1, result["documents"]), "ms each",
+           note=f"totals equal to the ledger: {result['invoices_match_ledger']}")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 0 if result["balanced"] and result["matches_reference"] and result["invoices_match_ledger"] else 1

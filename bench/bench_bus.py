@@ -10,7 +10,7 @@ Measures, in messages per second:
 Each is measured ``--rounds`` times, interleaved, and reported as the median. The
 in-process rows are compared with the same Redis baseline, to show what Redis costs.
 
-Usage: ``python bench/bench_bus.py [--messages N] [--rounds R] [--payload-bytes B] [--redis-url URL]``
+Usage: ``python bench/bench_bus.py [--messages N] [--rounds R] [--payload-bytes B] [--redis-url URL] [--quick]``
 (Redis defaults to ``GPUMARKET_REDIS_URL`` or ``redis://127.0.0.1:6379/0``; keys use a
 random prefix and are deleted afterwards).
 """
@@ -32,6 +32,9 @@ import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
 
 from shared.bus import Bus, InProcessBus, RedisBus
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import record
 
 STREAM = "bench"
 GROUP = "bench-group"
@@ -139,6 +142,8 @@ def print_table(title: str, baseline: str, results: dict[str, list[Result]]) -> 
         print(
             f"  {name:<34} {median_rate(rounds):>15,.0f} {min(rates):>10,.0f} {max(rates):>10,.0f} {ratio:>14}"
         )
+        if name != baseline:
+            record("bus", f"{name}, {title.split(' (')[0]}", median_rate(rounds), "msgs/s", baseline, baseline_rate)
 
 
 async def main() -> int:
@@ -149,9 +154,10 @@ async def main() -> int:
     parser.add_argument(
         "--redis-url", default=os.environ.get("GPUMARKET_REDIS_URL", "redis://127.0.0.1:6379/0")
     )
+    parser.add_argument("--quick", action="store_true", help="1,000 messages × 2 rounds (for make bench QUICK=1)")
     args = parser.parse_args()
-    messages: int = args.messages
-    rounds: int = args.rounds
+    messages: int = 1_000 if args.quick else args.messages
+    rounds: int = 2 if args.quick else args.rounds
     if messages < 1 or rounds < 1:
         parser.error("--messages and --rounds must be at least 1")
     payload = os.urandom(args.payload_bytes)

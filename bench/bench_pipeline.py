@@ -58,7 +58,7 @@ heartbeat intervals (30 s at the protocol's rate) sees its hosts as silent. Abso
 a floor: the agents' TLS clients, the relay and the master share one event loop.
 
 Usage: ``python bench/bench_pipeline.py [--agents N] [--rate-scale S] [--duration D] [--poll P]
-[--databases sqlite,postgresql] [--database-url URL]``; the default run takes about a minute.
+[--databases sqlite,postgresql] [--database-url URL] [--quick]``; the default run takes about a minute.
 """
 
 from __future__ import annotations
@@ -115,6 +115,7 @@ from _common import (
     fresh_database,
     open_agent,
     quantile,
+    record,
     telemetry_body,
     write_agent_key,
 )
@@ -722,6 +723,11 @@ def print_report(runs: list[DatabaseRun], args: argparse.Namespace) -> None:
             for q in (0.5, 0.99)
         ]
         print(f"  {run.label}: storing adds, send → committed over this run's send → ack, {', '.join(added)}")
+        for q in (0.5, 0.99):
+            record("pipeline", f"{run.label}, {args.agents:,} agents at the protocol's rates ×{args.rate_scale:g}: "
+                   f"send → committed, p{round(q * 100)}", quantile(to_store, q) * 1e3, "ms",
+                   "relay only (no master): send → ack" if base_ack else None,
+                   quantile(base_ack, q) * 1e3 if base_ack else None)  # fmt: skip
 
     print("\nthroughput and ingestion lag, per timed phase")
     print(
@@ -787,7 +793,10 @@ async def main() -> int:
         "the default comes from GPUMARKET_TEST_POSTGRES_URL when set)",
     )
     parser.add_argument("--no-baseline", action="store_true", help="skip the relay-only baseline phase")
+    parser.add_argument("--quick", action="store_true", help="50 agents, 10 s phases (for make bench QUICK=1)")
     args = parser.parse_args()
+    if args.quick:
+        args.agents, args.duration = 50, 10.0
     databases = [name.strip().lower() for name in args.databases.split(",") if name.strip()]
     if unknown := [name for name in databases if name not in ("sqlite", "postgresql")]:
         parser.error(f"unknown database(s) {', '.join(unknown)}; choose from sqlite, postgresql")

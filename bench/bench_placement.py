@@ -13,14 +13,16 @@ matters on the ``gpuspec`` variants (the only ones with GPU-model constraints).
 Speed: every ``place()`` call of a replay (default trace, seed 42, up to 100 % arrived) is
 timed (``perf_counter_ns``) through a ``Fleet`` kept across decisions — how the simulator, and
 a long-lived master, place: decisions per second and the median, p99 and worst time of one
-decision. Every algorithm at the trace's 1,213 hosts (6,212 GPUs); ``--scale-algorithms`` also
+decision, the worst also in this thread's CPU time (``thread_time_ns``: other load on the machine
+stretches the wall clock, much less the CPU time), how many took over 20 ms, and the collector's
+full collections and longest pause during the replay. Every algorithm at the trace's 1,213 hosts (6,212 GPUs); ``--scale-algorithms`` also
 on a synthetic fleet of the trace's hosts repeated 16 times (19,408 hosts, 99,392 GPUs) with
 16 copies of its pods. The one-off path — a fresh placer on a plain list of nodes, scoring
 every node once, as for a single decision — is timed on 200 requests (50 at ×16, fgd_net only).
 Quality runs in parallel over seeds and traces; the speed runs one at a time afterwards.
 
 Usage: ``python bench/bench_placement.py [--traces all|NAME,...] [--seeds 42-51] [--algorithms NAME,...]
-[--scale-algorithms NAME,...] [--jobs N] [--skip-quality] [--skip-speed] [--json FILE]`` (traces are named as in the anchors:
+[--scale-algorithms NAME,...] [--jobs N] [--skip-quality] [--skip-speed] [--json FILE] [--quick]`` (traces are named as in the anchors:
 ``default``, ``cpu050`` … ``multigpu50``; the CSVs and anchors are read from ``../shared`` beside
 the checkout unless ``--trace-dir``/``--anchors`` say otherwise).
 
@@ -83,24 +85,29 @@ seed 42, every decision up to 100 % arrived; the ×16 fleet is 19,408 hosts / 99
 | first_fit | 99,392 GPUs | 133,290 | 15,805 | 30 | 442 | 34.4 | — | — |
 | best_fit | 99,392 GPUs | 133,290 | 9,343 | 42 | 756 | 54.5 | — | — |
 | fgd_net | 99,392 GPUs | 133,290 | 7,891 | 43 | 1033 | 59.8 | 48.0 | 64.1 |
+
+That table predates issue 22 part 4 (the placers' tail: docs/placement.md, "Speed"); the latest
+figures are in docs/performance.md (``make bench``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import gc
 import json
 import os
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import Progress, describe_machine, quantile
+from _common import Progress, describe_machine, quantile, record
 
 from master.scheduler import PLACERS, Fleet, FragModel, Request, Workload, get_placer
 from master.scheduler.simulate import arrivals, simulate
@@ -239,6 +246,20 @@ def print_quality(
         break
 
 
+def record_quality(
+    cells: dict[tuple[str, str], Cell], anchors: dict[tuple[str, str], tuple[float, float]],
+    traces: Sequence[str], algorithms: Sequence[str], seeds: Sequence[int],
+) -> None:  # fmt: skip
+    """Each algorithm's mean allocation over the traces into the results file, beside the published FGD's."""
+    published = [anchors[(t, "06-FGD")][0] for t in traces if (t, "06-FGD") in anchors]
+    complete = len(published) == len(traces)
+    for algorithm in algorithms:
+        mean = statistics.fmean(cells[(t, algorithm)].mean for t in traces)
+        record("placement", f"{algorithm}: GPU allocation at 100 % arrived demand, mean of {len(traces)} trace variants "
+               f"× seeds {seeds[0]}–{seeds[-1]}", mean, "%", "published FGD (Weng et al.)" if complete else None,
+               statistics.fmean(published) if complete else None, "exact: repeats run for run")  # fmt: skip
+
+
 # ---- speed ---------------------------------------------------------------------------------------
 
 
@@ -250,7 +271,13 @@ def scaled(nodes: Sequence[TraceNode], copies: int) -> list[TraceNode]:
 def time_replay(
     nodes: Sequence[TraceNode], pods: Sequence[Request], algorithm: str, *, seed: int, stop_at_pct: float
 ) -> dict[str, float]:
-    """Replay the protocol, timing each ``place`` on a kept ``Fleet``; FGD's caches start empty."""
+    """Replay the protocol, timing each ``place`` on a kept ``Fleet``; FGD's caches start empty.
+
+    Each decision is timed twice: wall clock (``perf_counter_ns``) and this thread's CPU time
+    (``thread_time_ns``, outside the wall reading), so that a decision stretched by other load on
+    the machine shows as such. The garbage the set-up left is collected first, and the collector's
+    pauses during the replay are counted (``gc.callbacks``).
+    """
     FragModel.forget_shared()
     fleet = Fleet(node.to_node() for node in nodes)
     capacity = sum(node.gpu_milli_capacity for node in fleet)
@@ -258,23 +285,54 @@ def time_replay(
     queue = arrivals(pods, capacity, inflate=1.3, seed=seed)
     stop = stop_at_pct * capacity / 100
     timings: list[int] = []
+    cpu_timings: list[int] = []
     arrived = 0
-    clock = time.perf_counter_ns
-    for request in queue:
-        started = clock()
-        placement = placer.place(request, fleet)
-        timings.append(clock() - started)
-        if placement is not None:
-            fleet.apply(placement)
-        arrived += request.gpu_milli_total
-        if arrived >= stop:
-            break
+    clock, cpu_clock = time.perf_counter_ns, time.thread_time_ns
+    pauses = GcPauses()
+    gc.collect()
+    with pauses.watching():
+        for request in queue:
+            cpu_started = cpu_clock()
+            started = clock()
+            placement = placer.place(request, fleet)
+            timings.append(clock() - started)
+            cpu_timings.append(cpu_clock() - cpu_started)
+            if placement is not None:
+                fleet.apply(placement)
+            arrived += request.gpu_milli_total
+            if arrived >= stop:
+                break
     total_s = sum(timings) / 1e9
     timings.sort()
     return {
         "decisions": len(timings), "per_s": len(timings) / total_s, "p50_us": quantile(timings, 0.5) / 1e3,
-        "p99_us": quantile(timings, 0.99) / 1e3, "max_ms": timings[-1] / 1e6,
+        "p99_us": quantile(timings, 0.99) / 1e3, "max_ms": timings[-1] / 1e6, "max_cpu_ms": max(cpu_timings) / 1e6,
+        "over_20ms": sum(1 for t in timings if t > 20_000_000), "full_gcs": pauses.full, "gc_max_ms": pauses.longest_ms,
     }  # fmt: skip
+
+
+class GcPauses:
+    """The collector's pauses while ``watching``: how many full (generation 2) collections, and the longest pause."""
+
+    def __init__(self) -> None:
+        self.full = 0
+        self.longest_ms = 0.0
+        self._started = 0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter_ns()
+            return
+        self.longest_ms = max(self.longest_ms, (time.perf_counter_ns() - self._started) / 1e6)
+        self.full += info["generation"] == 2
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[None]:
+        gc.callbacks.append(self._callback)
+        try:
+            yield
+        finally:
+            gc.callbacks.remove(self._callback)
 
 
 def time_cold(nodes: Sequence[TraceNode], pods: Sequence[Request], algorithm: str, *, count: int) -> dict[str, float]:
@@ -303,13 +361,18 @@ def run_speed(
           f" decisions;\none-off: a fresh placer on a plain list of nodes (every node scored once), 200 decisions"
           f"\n  {len(nodes):,} hosts / {sum(n.gpus for n in nodes):,} GPUs, and {len(big):,} hosts / "
           f"{sum(n.gpus for n in big):,} GPUs (the trace ×{SCALE_COPIES}, its pods ×{SCALE_COPIES})")  # fmt: skip
-    print("| algorithm | fleet | decisions | decisions/s | p50 µs | p99 µs | worst ms | one-off p50 ms | one-off p99 ms |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("worst: the slowest decision by the wall clock, and by this thread's CPU time (what other load on the machine"
+          " cannot stretch);\n> 20 ms: decisions over 20 ms by the wall clock; full GCs: generation-2 collections during"
+          " the replay (pause ms: the collector's longest pause, any generation)")  # fmt: skip
+    print("| algorithm | fleet | decisions | decisions/s | p50 µs | p99 µs | worst ms | worst CPU ms | > 20 ms | full GCs "
+          "(pause ms) | one-off p50 ms | one-off p99 ms |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 
     def row(algorithm: str, fleet: str, kept: dict[str, float], cold: dict[str, float] | None) -> None:
         one_off = f"{cold['p50_ms']:.1f} | {cold['p99_ms']:.1f}" if cold else "— | —"
         print(f"| {algorithm} | {fleet} | {kept['decisions']:,.0f} | {kept['per_s']:,.0f} | {kept['p50_us']:.0f} | "
-              f"{kept['p99_us']:.0f} | {kept['max_ms']:.1f} | {one_off} |", flush=True)  # fmt: skip
+              f"{kept['p99_us']:.0f} | {kept['max_ms']:.1f} | {kept['max_cpu_ms']:.1f} | {kept['over_20ms']:.0f} | "
+              f"{kept['full_gcs']:.0f} ({kept['gc_max_ms']:.1f}) | {one_off} |", flush=True)  # fmt: skip
 
     for algorithm in algorithms:
         small = time_replay(nodes, pods, algorithm, seed=42, stop_at_pct=100)
@@ -323,7 +386,27 @@ def run_speed(
         if cold_large:
             results[algorithm]["cold_x16"] = cold_large
         row(algorithm, f"{sum(n.gpus for n in big):,} GPUs", large, cold_large)
+    record_speed(results, small_fleet=f"{len(nodes):,} hosts", large_fleet=f"{sum(n.gpus for n in big):,} GPUs")
     return results
+
+
+def record_speed(results: dict[str, dict[str, dict[str, float]]], *, small_fleet: str, large_fleet: str) -> None:
+    """The headline speed figures into the results file: fgd_net (the default) beside first_fit where both ran."""
+    ours = results.get("fgd_net", {})
+    first = results.get("first_fit", {})
+    for key, fleet in (("trace", small_fleet), ("x16", large_fleet)):
+        kept = ours.get(key)
+        if kept is None:
+            continue
+        base = first.get(key)
+        record("placement", f"fgd_net decisions at {fleet}, a Fleet kept across decisions", kept["per_s"], "decisions/s",
+               "first_fit" if base else None, base["per_s"] if base else None, f"p99 {kept['p99_us']:.0f} µs")  # fmt: skip
+        record("placement", f"fgd_net worst single decision at {fleet}", kept["max_ms"], "ms",
+               note=f"its CPU time {kept['max_cpu_ms']:.1f} ms; {kept['over_20ms']:.0f} decisions over 20 ms; "
+               f"{kept['full_gcs']:.0f} full GCs during the replay")  # fmt: skip
+    if "cold_x16" in ours:
+        record("placement", f"fgd_net one-off decision at {large_fleet} (fresh placer, plain list), p50",
+               ours["cold_x16"]["p50_ms"], "ms", note=f"p99 {ours['cold_x16']['p99_ms']:.1f} ms")  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -339,7 +422,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--skip-quality", action="store_true")
     parser.add_argument("--skip-speed", action="store_true")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures as JSON")
+    parser.add_argument("--quick", action="store_true",
+                        help="traces default and gpuspec33, seeds 42-43, fgd_net alone at ×16 (for make bench QUICK=1)")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.traces, args.seeds, args.scale_algorithms = "default,gpuspec33", "42-43", "fgd_net"
 
     traces = list(TRACES) if args.traces == "all" else [t.strip() for t in args.traces.split(",") if t.strip()]
     algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
@@ -357,6 +444,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         cells, wall = run_quality(args.trace_dir, traces, algorithms, seeds, args.jobs)
         print_quality(cells, anchors, traces, algorithms, seeds)
         report["quality"] = {f"{t}/{a}": {"mean": c.mean, "sd": c.sd} for (t, a), c in cells.items()}
+        record_quality(cells, anchors, traces, algorithms, seeds)
         report["quality_wall_s"] = wall
     if not args.skip_speed:
         scale = [a.strip() for a in args.scale_algorithms.split(",") if a.strip() in PLACERS]

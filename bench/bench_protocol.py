@@ -16,7 +16,7 @@ run: ``json.dumps`` of the frame's dict for encoding, ``json.loads`` of the fram
 envelope for the master. Every operation is timed ``--rounds`` times, interleaved, and reported
 as the median. Nothing here does I/O; only the CPU counts.
 
-Usage: ``python bench/bench_protocol.py [--messages N] [--rounds R] [--gpus SPEC] [--idle]``
+Usage: ``python bench/bench_protocol.py [--messages N] [--rounds R] [--gpus SPEC] [--idle] [--quick]``
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from shared import protocol
 from shared.outbound import OutboundWindow
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import Progress, describe_machine
+from _common import Progress, describe_machine, record
 
 HOST_ID = "h-bench"
 RELAY_ID = "relay-bench"
@@ -215,9 +215,10 @@ def main() -> int:
         "--gpus", default="sim:8xH100", help="simulated GPUs of the host (default sim:8xH100)"
     )
     parser.add_argument("--idle", action="store_true", help="idle GPUs (no processes) instead of busy ones")
+    parser.add_argument("--quick", action="store_true", help="200 calls × 2 rounds (seconds; for make bench QUICK=1)")
     args = parser.parse_args()
-    messages: int = args.messages
-    rounds: int = args.rounds
+    messages: int = 200 if args.quick else args.messages
+    rounds: int = 2 if args.quick else args.rounds
     if messages < 1 or rounds < 1:
         parser.error("--messages and --rounds must be at least 1")
 
@@ -246,6 +247,11 @@ def main() -> int:
     progress.done()
 
     print_table(ops, seconds)
+    median = {name: statistics.median(values) for name, values in seconds.items()}
+    for op in ops:
+        if op.baseline is not None:
+            record("protocol", f"{op.name} ({gpus}-GPU telemetry frame)", median[op.name] * 1e6, "µs/msg",
+                   op.baseline, median[op.baseline] * 1e6)  # fmt: skip
     return 0
 
 

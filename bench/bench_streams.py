@@ -12,7 +12,7 @@
   20 frames). Bytes before it / link speed bounds a keystroke's wait behind bulk copies on one
   link. Nothing here does I/O; only the CPU counts.
 
-Usage: ``python bench/bench_streams.py [--mb N] [--chunk BYTES] [--streams S] [--rounds R]``
+Usage: ``python bench/bench_streams.py [--mb N] [--chunk BYTES] [--streams S] [--rounds R] [--quick]``
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import time
 from shared.streams import HEADER_SIZE, Multiplexer, decode_frame
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import describe_machine, quantile
+from _common import describe_machine, quantile, record
 
 MB = 1_000_000
 BULK_STREAMS = 20
@@ -113,7 +113,10 @@ def main() -> int:
     )
     parser.add_argument("--streams", type=int, default=4, help="streams sharing the link (default 4)")
     parser.add_argument("--rounds", type=int, default=5, help="measurements of each (default 5)")
+    parser.add_argument("--quick", action="store_true", help="8 MB × 2 rounds (for make bench QUICK=1)")
     args = parser.parse_args()
+    if args.quick:
+        args.mb, args.rounds = 8, 2
     if args.mb < 1 or args.chunk < 1 or args.streams < 1 or args.rounds < 1:
         parser.error("every argument must be at least 1")
     print(describe_machine())
@@ -138,6 +141,8 @@ def main() -> int:
         f"  {'send → frames → receive_frame → read + WINDOW':<46} {mux_rate:>9,.0f} MB/s"
         f"  {copy_rate / mux_rate:.1f}× the baseline's time"
     )
+    record("streams", f"{size:.0f} MB through two multiplexers, {args.chunk:,}-byte writes on {args.streams} streams",
+           mux_rate, "MB/s", "plain bytearray copy loop", copy_rate)  # fmt: skip
 
     frames_before, bytes_before = interactive_wait(seed=1)
     worst = max(bytes_before)
@@ -155,6 +160,8 @@ def main() -> int:
         f"max {worst:,} "
         f"= {worst / (100 * MB) * 1e3:.1f} ms on a 100 MB/s link, {worst / (1000 * MB) * 1e3:.2f} ms at 1 GB/s"
     )
+    record("streams", f"frames queued before a 64-byte write beside {BULK_STREAMS} full bulk streams, max",
+           max(frames_before), "frames", note=f"p50 {quantile(frames_before, 0.5):.0f}; one round is {BULK_STREAMS} frames")  # fmt: skip
     return 0
 
 

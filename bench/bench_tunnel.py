@@ -72,7 +72,7 @@ from shared.outbound import FrameStore
 from shared.streams import MAX_DATA
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import describe_machine, quantile
+from _common import describe_machine, quantile, record
 
 MiB = 1 << 20
 MB = 1_000_000
@@ -512,6 +512,8 @@ async def report(args: argparse.Namespace, child: Child, acks: AckTimes) -> int:
         ratio = t_rate / d_rate
         print(f"  {label:<34} {t_rate:>7,.0f} MB/s {d_rate:>7,.0f} MB/s {ratio:>6.2f}×   "
               f"≥100 MB/s {verdict(t_rate >= 100)}, ≥0.5× {verdict(ratio >= 0.5)}   CPU: relay+agent {host_cpu:.0%}, renter {tunnel['cpu_s'] / tunnel['seconds']:.0%} of a core")  # fmt: skip
+        record("tunnel", f"bulk {label.split()[0]}, {args.mb} MiB in {CHUNK // 1024} KiB messages", t_rate, "MB/s",
+               "direct TCP", d_rate, f"goals ≥ 100 MB/s and ≥ 0.5× direct; relay+agent at {host_cpu:.0%} of a core")  # fmt: skip
 
     # 2. Round trips.
     times = await child.ask("echo", count=args.round_trips, block=100)
@@ -521,6 +523,8 @@ async def report(args: argparse.Namespace, child: Child, acks: AckTimes) -> int:
     print(f"  {'tunnel':<34} {percentiles(times['tunnel'])}")
     print(f"  {'direct TCP (baseline)':<34} {percentiles(times['direct'])}")
     print(f"  {'added by the tunnel, p50':<34} {t50 - d50:7.2f}   ({t50 / d50:.1f}× direct)   goal < 1 ms: {verdict(t50 - d50 < 1)}")
+    record("tunnel", f"{ECHO_SIZE}-byte echo round trip, p50 of {args.round_trips:,}", t50, "ms", "direct TCP echo", d50,
+           f"p99 {quantile(times['tunnel'], 0.99):.2f} ms; goal: under 1 ms added at p50")  # fmt: skip
 
     # 3. Keystrokes and heartbeats beside bulk copies.
     idle_start = time.perf_counter()
@@ -543,6 +547,8 @@ async def report(args: argparse.Namespace, child: Child, acks: AckTimes) -> int:
     p99 = quantile(tunnel["rtts"], 0.99)
     print(f"  tunnel p99 {p99:.1f} ms: {p99 / quantile(times['tunnel'], 0.99):.0f}× at rest, "
           f"{p99 / quantile(direct['rtts'], 0.99):.1f}× direct under load; goal < 20 ms: {verdict(p99 < 20)}")  # fmt: skip
+    record("tunnel", f"keystroke echo beside {COPIES} bulk copies on the same link, p99", p99, "ms",
+           f"direct TCP beside {COPIES} direct copies", quantile(direct["rtts"], 0.99), "goal: under 20 ms")  # fmt: skip
 
     idle, idle_missing = acks.between(idle_start, idle_end)
     loaded, loaded_missing = acks.between(loaded_start, loaded_end)

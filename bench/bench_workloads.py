@@ -15,7 +15,7 @@ the same run:
   into its followed log: a 10 ms timer's lateness over ``--duration`` s, p50/p99/max; goal:
   p99 under 50 ms.
 
-Usage: ``python bench/bench_workloads.py [--starts N] [--workloads N] [--duration S]`` (root, an engine answering)
+Usage: ``python bench/bench_workloads.py [--starts N] [--workloads N] [--duration S] [--quick]`` (root, an engine answering)
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from shared.protocol import ContainerWorkload
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the test image's builder, tests/dockerengine.py
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import Progress, describe_machine, quantile
+from _common import Progress, describe_machine, quantile, record
 
 from tests import dockerengine
 
@@ -96,6 +96,8 @@ async def main(args: argparse.Namespace) -> None:
               f"{'met' if p50 < START_GOAL_S else 'NOT met'}")
         print(f"  docker run -d   p50 {b50 * 1000:7.0f} ms  p95 {b95 * 1000:7.0f} ms   (baseline, same image, same run)")
         print(f"  ratio           p50 {p50 / b50:7.2f}x    p95 {p95 / b95:7.2f}x")
+        record("workloads", f"container start-to-running through the agent's manager, p50 of {args.starts}", p50 * 1e3, "ms",
+               "docker run -d of the same image", b50 * 1e3, f"p95 {p95 * 1e3:.0f} ms; goal p50 < {START_GOAL_S * 1e3:.0f} ms")  # fmt: skip
 
         # ---- memory per running workload and event-loop lag -------------------------------------
         talker = ContainerWorkload(image=image, command=["sh", "-c", "while true; do echo tick; sleep 1; done"])
@@ -111,6 +113,8 @@ async def main(args: argparse.Namespace) -> None:
         after = rss_kib()
         print(f"agent memory with {args.workloads} running container workloads: RSS {before / 1024:.1f} -> {after / 1024:.1f} MiB, "
               f"{(after - before) / args.workloads:.0f} KiB per workload")
+        record("workloads", f"agent memory per running container workload ({args.workloads}, logs followed)",
+               (after - before) / args.workloads, "KiB")  # fmt: skip
 
         lags: list[float] = []
         loop = asyncio.get_running_loop()
@@ -123,6 +127,8 @@ async def main(args: argparse.Namespace) -> None:
         print(f"event-loop lag with {args.workloads} container workloads running ({len(lags)} ticks of 10 ms over {args.duration:g} s, "
               f"{logged} bytes of their output followed): p50 {quantile(lags, 0.5):.1f} ms  p99 {quantile(lags, 0.99):.1f} ms  "
               f"max {max(lags):.1f} ms   goal p99 < {LAG_GOAL_MS:.0f} ms: {'met' if quantile(lags, 0.99) < LAG_GOAL_MS else 'NOT met'}")
+        record("workloads", f"agent event-loop lag with {args.workloads} container workloads running, p99", quantile(lags, 0.99),
+               "ms", note=f"max {max(lags):.1f} ms; goal p99 < {LAG_GOAL_MS:.0f} ms")  # fmt: skip
         started = time.perf_counter()
         await asyncio.gather(*(manager.stop(f"w{i}", timeout=0) for i in range(args.workloads)))
         print(f"stopping {args.workloads} at once: {time.perf_counter() - started:.1f} s")
@@ -138,4 +144,8 @@ if __name__ == "__main__":
     parser.add_argument("--starts", type=int, default=20)
     parser.add_argument("--workloads", type=int, default=50)
     parser.add_argument("--duration", type=float, default=10.0)
-    asyncio.run(main(parser.parse_args()))
+    parser.add_argument("--quick", action="store_true", help="5 starts, 10 workloads, 3 s (for make bench QUICK=1)")
+    arguments = parser.parse_args()
+    if arguments.quick:
+        arguments.starts, arguments.workloads, arguments.duration = 5, 10, 3.0
+    asyncio.run(main(arguments))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 
@@ -32,6 +33,7 @@ from master.scheduler import (
     get_placer,
     model_pressure,
 )
+from master.scheduler.placers.base import IndexedPlacer
 from master.scheduler.placers.fgd import Fgd
 from shared.errors import ValidationFailed
 
@@ -424,6 +426,31 @@ class TestFleetIndexes:
                 fleet.apply(incremental)
                 placed += 1
         assert placed > 50
+
+    @pytest.mark.parametrize("name", SCORING)
+    def test_requests_short_of_host_memory_on_the_best_nodes_match_placing_from_scratch(
+        self, name: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Host memory is checked when the heap's top is taken: with hosts of little memory free scoring best,
+        a placer that gives up popping after 2 entries (and looks at the whole heap instead), and remembers
+        the most memory a host in the heap has, still picks exactly what a fresh placer picks, None included."""
+        monkeypatch.setattr(IndexedPlacer, "min_pops", 2)
+        rng = random.Random(11)
+        nodes = random_fleet(rng, 40)
+        for position, each in enumerate(nodes):
+            each.memory_mib_free = rng.choice((4_096, 16_384, 65_536, 262_144)) if position % 3 else 1_024
+        fleet = Fleet(nodes)
+        wl = workload((4_000, 1, 500, 0.5), (12_000, 1, MILLI, 0.4), (2_000, 0, 0, 0.1))
+        kept = get_placer(name, seed=5, workload=wl)
+        outcomes = Counter[bool]()
+        for _ in range(300):
+            request = replace(random_request(rng), memory_mib=rng.choice((512, 8_192, 32_768, 200_000, 300_000)))
+            incremental = kept.place(request, fleet)
+            assert incremental == get_placer(name, seed=5, workload=wl).place(request, list(fleet))
+            outcomes[incremental is None] += 1
+            if incremental is not None:
+                fleet.apply(incremental)
+        assert outcomes[True] > 20 and outcomes[False] > 50
 
     @pytest.mark.parametrize("name", ALL)
     def test_a_placer_that_fell_behind_a_trimmed_log_rescores_everything(self, name: str) -> None:

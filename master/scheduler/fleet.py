@@ -171,7 +171,7 @@ class Node:
     __slots__ = (
         "_by_index", "affinity", "cpu_milli", "cpu_milli_free", "free_desc", "free_share", "free_total", "full",
         "gpu_count", "gpus", "links", "memory_mib", "memory_mib_free", "memory_tracked", "mig_free", "model", "node_id",
-        "version",
+        "state", "version",
     )  # fmt: skip
 
     def __init__(
@@ -206,6 +206,7 @@ class Node:
         self.free_share = 1.0
         self.memory_tracked = False
         self.mig_free: dict[str, int] = {}
+        self.state: str | None = None
         self._summarise()
 
     def __repr__(self) -> str:
@@ -232,6 +233,11 @@ class Node:
                 if slot.free:
                     mig_free[slot.profile] = mig_free.get(slot.profile, 0) + 1
         self.mig_free = mig_free
+        # Everything but links, affinity, host memory and the position that a placer's score can read, on a node
+        # whose GPUs are plain (no MIG, memory untracked): nodes in equal states score alike (placers/base.py).
+        # A string, because a string keeps its hash: a placer looks up every node's state in a full scan.
+        plain = not self.memory_tracked and self.gpu_count == len(self.gpus)
+        self.state = f"{self.model}\0{self.cpu_milli}\0{self.cpu_milli_free}\0{self.free_desc}" if plain else None
 
     def gpu(self, index: int) -> Gpu:
         return self._by_index[index]

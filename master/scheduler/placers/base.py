@@ -25,6 +25,7 @@ scores by node state, which recur.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterable, Sequence
 from typing import ClassVar, Protocol
 
@@ -48,14 +49,17 @@ class PlacerFactory(Protocol):
 # A score (higher is better) and the GPU choice it was computed for (algorithm-specific; None = default).
 Scored = tuple[float, object]
 _Entry = tuple[float, float, int, int, int]  # (-score, free share, tie-break, position, node version)
+_UNSCORED = float("nan")  # a state not scored yet (``_entries``); never a score
 
 
 class _Heap:
-    __slots__ = ("entries", "seen")
+    __slots__ = ("entries", "memory_ceiling", "seen")
 
     def __init__(self) -> None:
         self.entries: list[_Entry] = []
         self.seen = 0
+        # At least the most host memory free on a node with a current entry (inf: not known yet).
+        self.memory_ceiling: float = math.inf
 
 
 class IndexedPlacer:
@@ -64,11 +68,19 @@ class IndexedPlacer:
     name: ClassVar[str] = ""
     # How many request shapes keep an index; past that the least recently used go.
     max_indexes: ClassVar[int] = 4096
+    # True where ``score`` reads nothing of a node but its ``Node.state`` (and the request and fleet).
+    scores_by_state: ClassVar[bool] = False
+    # Entries one decision may pop (stale, or short of host memory) however small the heap, before it looks
+    # at the whole heap at once.
+    min_pops: ClassVar[int] = 256
 
     def __init__(self, *, seed: int = 0, workload: Workload | None = None) -> None:
         self.seed = seed
         self._fleet: Fleet | None = None
         self._heaps: dict[tuple[object, ...], _Heap] = {}
+        # Per fleet position, the tie-break of the node's version in ``_tiebreak_version`` (see ``_entries``).
+        self._tiebreak: list[int] = []
+        self._tiebreak_version: list[int] = []
 
     # -- what subclasses provide --
 
@@ -86,6 +98,8 @@ class IndexedPlacer:
         if self._fleet is not fleet:
             self._fleet = fleet
             self._heaps.clear()
+            self._tiebreak = [0] * len(fleet)
+            self._tiebreak_version = [-1] * len(fleet)
 
     def _score(self, node: Node, position: int, request: Request, fleet: Fleet) -> Scored | None:
         if not fits_shape(node, request):
@@ -96,55 +110,87 @@ class IndexedPlacer:
 
     def _entries(self, positions: Iterable[int], request: Request, fleet: Fleet) -> list[_Entry]:
         """Heap entries for the nodes at ``positions`` that can take ``request``."""
-        nodes, seed, score, entries = fleet.nodes, self.seed, self._score, []
+        nodes, score = fleet.nodes, self._score
+        entries: list[_Entry] = []
+        append = entries.append
+        tiebreak, tiebreak_version, seed = self._tiebreak, self._tiebreak_version, self.seed
         models = request.gpu_models
         cpu = request.cpu_milli
         gpu = 0 if request.mig_profile is not None else request.gpu_milli_total
+        # Nodes in equal states score alike (``Node.state``): score each state once per call — a new
+        # shape's first heap scores every node, and most of a fleet's nodes share a few states.
+        by_state: dict[object, float | None] | None = None
+        if self.scores_by_state and request.network is None and request.mig_profile is None:
+            by_state = {}
         for position in positions:
             node = nodes[position]
             # The cheap part of ``fits_shape`` first: most nodes a busy fleet has fail it.
             if node.free_total < gpu or node.cpu_milli_free < cpu or (models and node.model not in models):
                 continue
-            scored = score(node, position, request, fleet)
-            if scored is not None:
-                version = node.version
-                entries.append((-scored[0], node.free_share, hash((seed, position, version)), position, version))
+            state = node.state
+            if by_state is not None and state is not None:
+                negated = by_state.get(state, _UNSCORED)
+                if negated is _UNSCORED:
+                    scored = score(node, position, request, fleet)
+                    negated = by_state[state] = None if scored is None else -scored[0]
+            else:
+                scored = score(node, position, request, fleet)
+                negated = None if scored is None else -scored[0]
+            if negated is None:
+                continue
+            version = node.version
+            if tiebreak_version[position] != version:
+                tiebreak_version[position] = version
+                tiebreak[position] = hash((seed, position, version))
+            append((negated, node.free_share, tiebreak[position], position, version))
         return entries
 
-    def _refresh(self, request: Request, fleet: Fleet) -> list[_Entry]:
+    def _refresh(self, request: Request, fleet: Fleet) -> _Heap:
         """The heap for the request's shape (host memory aside), brought up to date with the fleet."""
         key = request.shape_key
         index = self._heaps.get(key)
         nodes = fleet.nodes
         count = fleet.change_count
         changed = None if index is None else fleet.changed_since(index.seen)
-        if index is None or changed is None or len(changed) > len(nodes):
+        # Past a quarter of the fleet, rescoring the changed nodes one push at a time costs more than a new heap.
+        positions = None if changed is None else dict.fromkeys(changed)
+        if index is None or positions is None or len(positions) > len(nodes) // 4:
             if index is None and len(self._heaps) >= self.max_indexes:
                 del self._heaps[next(iter(self._heaps))]
             index = self._heaps[key] = _Heap()
             index.seen = count
             index.entries = self._entries(fleet.candidates(request), request, fleet)
             heapq.heapify(index.entries)
-            return index.entries
-        if changed:
+            return index
+        if positions:
             heap = index.entries
-            for entry in self._entries(dict.fromkeys(changed), request, fleet):
+            for entry in self._entries(positions, request, fleet):
                 heapq.heappush(heap, entry)
+                index.memory_ceiling = max(index.memory_ceiling, nodes[entry[3]].memory_mib_free)
             index.seen = count
-            if len(heap) > 4 * len(nodes) + 64:  # drop stale entries before they pile up
-                heap[:] = [entry for entry in heap if nodes[entry[3]].version == entry[4]]
-                heapq.heapify(heap)
+            if len(heap) > 2 * len(nodes) + 64:  # drop stale entries before they pile up
+                self._compact(index, nodes, 0)
         # Keep recently used shapes at the end of the dict (the LRU order).
         self._heaps[key] = self._heaps.pop(key)
-        return index.entries
+        return index
 
     def best_position(self, request: Request, fleet: Fleet) -> int | None:
-        heap = self._refresh(request, fleet)
-        nodes = fleet.nodes
-        memory = request.memory_mib
+        index = self._refresh(request, fleet)
+        heap, nodes, memory = index.entries, fleet.nodes, request.memory_mib
+        if memory > index.memory_ceiling:
+            return None  # no node in the heap has that much memory free: do not pop them all to find out
         short_of_memory: list[_Entry] = []  # current, but not for this request: put back afterwards
         found = None
+        pops = 0
+        # A pop (and the push back of an entry short of memory) costs some ten times what looking at an entry in a
+        # pass does: past a sixteenth of the heap, one pass over it all (which also drops its stale entries).
+        max_pops = max(self.min_pops, len(heap) // 16)
         while heap:
+            if pops == max_pops:
+                for entry in short_of_memory:
+                    heapq.heappush(heap, entry)
+                return self._compact(index, nodes, memory)
+            pops += 1
             _, _, _, position, version = heap[0]
             node = nodes[position]
             if node.version != version:
@@ -156,7 +202,30 @@ class IndexedPlacer:
                 break
         for entry in short_of_memory:
             heapq.heappush(heap, entry)
+        if found is None:
+            index.memory_ceiling = max((nodes[entry[3]].memory_mib_free for entry in short_of_memory), default=-1)
         return found
+
+    @staticmethod
+    def _compact(index: _Heap, nodes: Sequence[Node], memory: int) -> int | None:
+        """Drop the heap's stale entries; return what popping it would: the position of the least current
+        entry whose node has ``memory`` free (None: none has), and note the most memory any has free."""
+        kept: list[_Entry] = []
+        best: _Entry | None = None
+        ceiling = -1
+        for entry in index.entries:
+            node = nodes[entry[3]]
+            if node.version != entry[4]:
+                continue
+            kept.append(entry)
+            free = node.memory_mib_free
+            if free > ceiling:
+                ceiling = free
+            if free >= memory and (best is None or entry < best):
+                best = entry
+        heapq.heapify(kept)
+        index.entries, index.memory_ceiling = kept, ceiling
+        return None if best is None else best[3]
 
     def place(self, request: Request, nodes: Sequence[Node]) -> Placement | None:
         fleet = nodes if isinstance(nodes, Fleet) else Fleet(nodes)

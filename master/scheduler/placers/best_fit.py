@@ -13,6 +13,7 @@ class BestFit(IndexedPlacer):
     """
 
     name = "best_fit"
+    scores_by_state = True
 
     def score(self, node: Node, position: int, request: Request, fleet: Fleet) -> Scored | None:
         return -(0.5 * node.cpu_milli_free / fleet.max_cpu_milli + 0.5 * node.free_total / fleet.max_gpu_milli), None

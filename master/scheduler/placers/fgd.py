@@ -18,6 +18,7 @@ class Fgd(IndexedPlacer):
     """
 
     name = "fgd"
+    scores_by_state = True
     max_cached_scores: ClassVar[int] = 1_000_000
 
     def __init__(self, *, seed: int = 0, workload: Workload | None = None) -> None:
@@ -69,7 +70,11 @@ class Fgd(IndexedPlacer):
             return None if found is None else (fgd_score(found[0]), found[1])
         # Node states recur a lot (> 90 % hits on the trace).
         scores = self.frag_model.scores
-        key = (node.model, node.cpu_milli_free, node.free_desc, request.cpu_milli, request.num_gpu, request.gpu_milli)
+        state = node.state  # a string, whose hash is kept: cheaper to look up than the state's parts
+        key = (
+            (state, request.cpu_milli, request.num_gpu, request.gpu_milli) if state is not None
+            else (node.model, node.cpu_milli_free, node.free_desc, request.cpu_milli, request.num_gpu, request.gpu_milli)
+        )  # fmt: skip
         try:
             return scores[key]
         except KeyError:

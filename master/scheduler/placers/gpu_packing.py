@@ -16,6 +16,7 @@ class GpuPacking(IndexedPlacer):
     """
 
     name = "gpu_packing"
+    scores_by_state = True
 
     def score(self, node: Node, position: int, request: Request, fleet: Fleet) -> Scored | None:
         if request.num_gpu == 0:

@@ -17,6 +17,7 @@ class Utilization(IndexedPlacer):
     """
 
     name = "utilization"
+    scores_by_state = True
 
     def score(self, node: Node, position: int, request: Request, fleet: Fleet) -> Scored | None:
         max_cpu, max_gpu = fleet.max_cpu_milli, fleet.max_gpu_milli
