@@ -20,6 +20,7 @@ from master.context import Master
 from master.models import Command, Gpu, Host, LedgerTransaction, Rental, TelemetrySample
 from master.services import enrollment, rental_lifecycle, rental_request, rentals
 from master.services.accounts import Principal
+from master.telemetry import batch as batches
 from master.telemetry import hosts
 from master.telemetry.ingest import Ingestor
 from shared import protocol
@@ -297,9 +298,9 @@ class KilledMidBatch(Ingestor):
         super().__init__(master, **kwargs)
         self.reached = reached
 
-    async def _apply_batch(self, batch: list[tuple[BusMessage, protocol.BusEnvelope]]) -> bool:
+    async def _apply_batch(self, batch: list[tuple[BusMessage, batches.Report]]) -> bool:
         async with self.master.db.session() as session:
-            await hosts.apply_batch(session, [e for _, e in batch], now=self.master.clock.now(),
+            await batches.apply_batch(session, [e for _, e in batch], now=self.master.clock.now(),
                                     max_future_s=300, stats=self.master.stats)
             await session.flush()
             self.reached.set()

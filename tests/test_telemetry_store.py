@@ -17,6 +17,7 @@ from master.app import close_master, create_app, open_master
 from master.context import Master
 from master.models import Host, TelemetryRollup, TelemetrySample
 from master.services.accounts import Principal
+from master.telemetry import batch as batches
 from master.telemetry import hosts, rollups, store
 from master.telemetry.ingest import Ingestor
 from shared import protocol
@@ -116,7 +117,7 @@ class TestBatchedIngestion:
         async def broken(*args: Any, **kwargs: Any) -> Any:
             raise RuntimeError("deadlock detected")
 
-        monkeypatch.setattr(hosts, "apply_batch", broken)
+        monkeypatch.setattr(batches, "apply_batch", broken)
         await publish(master, *[sample(h, s, u) for h, u in hosts_ for s in (1, 2)])
         await drain(master, Ingestor(master))
         assert len(await stored(master)) == 4

@@ -3,8 +3,10 @@
 Load → process → ack: messages are acknowledged only after the transaction that applied
 them commits, so a master killed mid-batch loses nothing; another master (or this one
 restarted) claims what was left pending for longer than ``stale_message_idle`` seconds.
-Heartbeats and telemetry (nearly all traffic) are applied a whole read at a time in one
-transaction with multi-row inserts; other messages one per transaction. Handlers are
+Heartbeats and telemetry (nearly all traffic) are decoded by ``shared.protocol.fastbus`` (msgspec;
+what it leaves goes to ``decode_bus_envelope``) and applied a whole read at a time in one transaction
+(``master.telemetry.batch``: on PostgreSQL one ``INSERT … SELECT FROM unnest`` for the samples and one
+``UPDATE … FROM unnest`` for the hosts); other messages one per transaction. Handlers are
 idempotent and samples are de-duplicated by ``(host, seq)``, so redelivery is harmless.
 A message that keeps failing on a database that answers is parked in ``agent-events:dead``;
 while the database does not answer nothing is parked, however often it is delivered.
@@ -20,10 +22,12 @@ from sqlalchemy import text
 
 from master.context import Master
 from master.services import commands, enrollment
+from master.telemetry import batch as batches
 from master.telemetry import hosts
 from shared import protocol
 from shared.bus import BusMessage
 from shared.errors import BusError, ProtocolError, SequenceJump
+from shared.protocol import fastbus
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +111,12 @@ class Ingestor:
             for message in messages:
                 await self._process_one(message)
             return
-        fast: list[tuple[BusMessage, protocol.BusEnvelope]] = []
+        fast: list[tuple[BusMessage, batches.Report]] = []
         for message in messages:
+            report = fastbus.decode_bus_report(message.payload)
+            if report is not None:
+                fast.append((message, report))
+                continue
             envelope = self._decode(message)
             if envelope is None:
                 await self.master.bus.ack(message.stream, protocol.INGEST_GROUP, [message.id])
@@ -117,16 +125,16 @@ class Ingestor:
             else:
                 await self._process_one(message, envelope)
         if fast and not await self._apply_batch(fast):
-            for message, envelope in fast:
-                await self._process_one(message, envelope)
+            for message, decoded in fast:
+                await self._process_one(message, decoded if isinstance(decoded, protocol.BusEnvelope) else None)
 
-    async def _apply_batch(self, batch: list[tuple[BusMessage, protocol.BusEnvelope]]) -> bool:
+    async def _apply_batch(self, batch: list[tuple[BusMessage, batches.Report]]) -> bool:
         stats = self.master.stats
         started = asyncio.get_running_loop().time()
         try:
             async with self.master.db.session() as session:
-                outcome = await hosts.apply_batch(
-                    session, [envelope for _, envelope in batch], now=self.master.clock.now(),
+                outcome = await batches.apply_batch(
+                    session, [report for _, report in batch], now=self.master.clock.now(),
                     max_future_s=self.master.settings.telemetry_max_future_s, stats=stats,
                 )
         except Exception:
@@ -139,7 +147,7 @@ class Ingestor:
             log.warning("messages from unknown host %s dropped", host_id)
         if outcome.commands:
             await commands.publish(self.master, outcome.commands)
-        stats.messages.update(envelope.message.type for _, envelope in batch)
+        stats.messages.update(report.message.type for _, report in batch)
         await self.master.bus.ack(batch[0][0].stream, protocol.INGEST_GROUP, [m.id for m, _ in batch])
         return True
 
