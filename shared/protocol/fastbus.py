@@ -152,5 +152,5 @@ def decode_bus_report(payload: bytes) -> BusReport | None:
     """The heartbeat or telemetry record in ``payload``; None: ask ``decode_bus_envelope`` (see the module's doc)."""
     try:
         return _decoder.decode(payload)
-    except (msgspec.DecodeError, RecursionError):
+    except (ValueError, RecursionError):  # msgspec.DecodeError, and UnicodeDecodeError for bytes that are not UTF-8
         return None
