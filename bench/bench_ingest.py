@@ -79,6 +79,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import math
 import multiprocessing
 import os
@@ -469,7 +470,7 @@ async def count_samples(database_url: str) -> int:
 @dataclass
 class Run:
     fleet: int
-    kind: str  # "rate" | "batched" | "unbatched"
+    kind: str  # "rate" | "batched" | "copy" | "unbatched"
     label: str
     messages: int  # bus messages published
     telemetry: int  # of which telemetry reports
@@ -653,6 +654,54 @@ async def backlog_run(fleet: Fleet, args: argparse.Namespace, *, batched: bool, 
     return run
 
 
+COPY_COLUMNS = ("host_id", "seq", "sampled_at", "received_at", "relay_id", "gpus", "window_s", "aggregates", "rolled")
+
+
+def copy_records(payloads: Sequence[bytes]) -> list[tuple[Any, ...]]:
+    """The telemetry rows the ingestor would store for these bus records (decoded and dumped with pydantic)."""
+    records = []
+    for payload in payloads:
+        envelope = protocol.decode_bus_envelope(payload)
+        message = envelope.message
+        if not isinstance(message, protocol.Telemetry):
+            continue
+        body = message.body.model_dump(mode="json")
+        records.append((
+            message.host_id, message.seq, message.body.sampled_at, envelope.received_at, envelope.relay_id,
+            json.dumps(body["gpus"]), message.body.window_s, json.dumps(body["aggregates"]), False,
+        ))
+    return records
+
+
+async def copy_run(fleet: Fleet, args: argparse.Namespace, *, number: int) -> Run:
+    """The same backlog's telemetry rows written by one plain ``COPY`` (asyncpg's ``copy_records_to_table``):
+    what PostgreSQL takes at most, the ceiling the ingestor is rated against. Only the COPY is timed."""
+    sends = backlog_schedule(fleet.hosts, messages=backlog_size(args, fleet.hosts), seq_base=number * SEQ_STRIDE,
+                             seed=f"backlog-{fleet.hosts}")
+    span = sends[-1].at if sends else 0.0
+    origin = datetime.now(UTC) - timedelta(seconds=span)
+    records = copy_records(relay_payloads(fleet.host_ids, sends, stamp_origin=origin))
+    run = Run(fleet.hosts, "copy", "backlog, COPY of the same rows", len(records), len(records))
+    await reset_database(fleet)
+    connection = await asyncpg.connect(fleet.database_url, timeout=10)
+    try:
+        clock = CpuClock()
+        clock.start()
+        await connection.copy_records_to_table("telemetry", records=records, columns=COPY_COLUMNS)
+        run.seconds = time.monotonic() - clock.started
+        run.cpu = clock.stop(None)
+    finally:
+        await connection.close()
+    run.complete = True
+    run.finished = run.stored = await count_samples(fleet.database_url)
+    counts = await stored_samples(fleet.database_url)
+    expected = {(fleet.host_ids[s.host], s.seq) for s in sends if s.telemetry}
+    if set(counts) != expected or any(n != 1 for n in counts.values()):
+        run.problems.append("the COPY did not store every sample exactly once")
+    run.check = f"{len(expected):,} samples, {sum(counts.values()):,} rows copied"
+    return run
+
+
 async def measure_fleet(hosts: int, seconds: float, args: argparse.Namespace) -> tuple[Fleet, list[Run]]:
     async with fresh_database(args.database_url) as database_url:
         with tempfile.TemporaryDirectory(prefix="gpumarket-ingest-") as directory:
@@ -660,7 +709,8 @@ async def measure_fleet(hosts: int, seconds: float, args: argparse.Namespace) ->
             started = time.monotonic()
             await register_hosts(fleet, args.redis_url)
             fleet.register_seconds = time.monotonic() - started
-            runs = [await rate_run(fleet, args, seconds, 1), await backlog_run(fleet, args, batched=True, number=2)]
+            runs = [await rate_run(fleet, args, seconds, 1), await backlog_run(fleet, args, batched=True, number=2),
+                    await copy_run(fleet, args, number=4)]
             if not args.skip_baseline:
                 runs.append(await backlog_run(fleet, args, batched=False, number=3))
             return fleet, runs
@@ -674,13 +724,20 @@ def print_report(fleets: list[tuple[Fleet, list[Run]]]) -> None:
     print()
     header = (
         f"  {'hosts':>6} {'run':<36} {'bus msgs':>8} {'stored':>7} {'seconds':>7} {'msgs/s':>7} {'samples/s':>9} "
-        f"{'GPU samples/s':>13} {'vs baseline':>11} {'lag p50/p99/max s':>17} {'drain s':>7} {'kept up':>7} "
+        f"{'GPU samples/s':>13} {'vs baseline':>11} {'vs COPY':>9} {'lag p50/p99/max s':>17} {'drain s':>7} {'kept up':>7} "
         f"{'CPU % master/PG/Redis/producer':>30}"
     )
     print(header)
     for fleet, runs in fleets:
         baseline = next((run for run in runs if run.kind == "unbatched"), None)
+        copy = next((run for run in runs if run.kind == "copy"), None)
         for run in runs:
+            if run.kind == "copy":
+                versus_copy = "(ceiling)"
+            elif run.kind in ("batched", "unbatched") and copy is not None and copy.samples_per_s > 0:
+                versus_copy = f"{run.samples_per_s / copy.samples_per_s:.2f}x"
+            else:
+                versus_copy = ""
             if run.kind == "unbatched":
                 ratio = "(baseline)"
             elif run.kind == "batched" and baseline is not None and baseline.samples_per_s > 0:
@@ -696,10 +753,11 @@ def print_report(fleets: list[tuple[Fleet, list[Run]]]) -> None:
             cpu = "/".join(f"{run.cpu[who]:.0f}" for who in ("master", "postgres", "redis")) + (
                 f"/{run.cpu['producer']:.0f}" if "producer" in run.cpu else "/-"
             )
+            messages_per_s = "" if run.kind == "copy" else f"{run.messages_per_s:,.0f}"
             print(
                 f"  {fleet.hosts:>6,} {run.label:<36} {run.messages:>8,} {run.stored:>7,} {seconds:>7} "
-                f"{run.messages_per_s:>7,.0f} {run.samples_per_s:>9,.0f} {run.samples_per_s * GPUS_PER_HOST:>13,.0f} "
-                f"{ratio:>11} {lag:>17} {drain:>7} {kept_up:>7} {cpu:>30}"
+                f"{messages_per_s:>7} {run.samples_per_s:>9,.0f} {run.samples_per_s * GPUS_PER_HOST:>13,.0f} "
+                f"{ratio:>11} {versus_copy:>9} {lag:>17} {drain:>7} {kept_up:>7} {cpu:>30}"
             )
     print(
         "  bus msgs: published (telemetry and heartbeats, one of each per host per 10 s); stored: telemetry rows;"
@@ -708,6 +766,8 @@ def print_report(fleets: list[tuple[Fleet, list[Run]]]) -> None:
         " time limit\n"
         "  where seconds has a *); GPU samples/s: samples × 8 GPUs; vs baseline: samples/s over the one-per-transaction"
         " run's;\n"
+        "  COPY: the backlog's telemetry rows (bus msgs: rows) written by one plain COPY into the same table, only the"
+        " COPY timed;\n  vs COPY: samples/s over the COPY's;\n"
         "  lag: now − publish time of the oldest unfinished message, every 0.5 s while publishing; drain s: from the"
         " last publish\n"
         f"  until nothing was unfinished; kept up: lag p99 and drain under {KEPT_UP_LAG:g} s (half the protocol's"
