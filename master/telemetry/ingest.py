@@ -16,6 +16,7 @@ while the database does not answer nothing is parked, however often it is delive
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from sqlalchemy import text
@@ -45,46 +46,75 @@ class Ingestor:
         max_deliveries: int = 5,
         error_backoff: float = 1.0,
         batched: bool = True,
+        read_ahead: bool = True,
     ) -> None:
         self.master = master
         self.batched = batched
+        self.read_ahead = read_ahead and batched
         self.batch = batch or master.settings.ingest_batch
         self.block = block
         self.claim_every = claim_every
         self.max_deliveries = max_deliveries
         self.error_backoff = error_backoff
         self.consumer = master.instance_id
+        # The fast decodings of the batch ``process`` is handed next, by message id (filled by the read-ahead).
+        self._decoded: dict[str, fastbus.BusReport] = {}
 
     async def run(self) -> None:
-        """Consume until cancelled. Cancelling is safe: unacknowledged messages stay pending."""
+        """Consume until cancelled. Cancelling is safe: unacknowledged messages stay pending.
+
+        With ``read_ahead`` (batched only), the next read is taken off the bus and decoded while this one is
+        applied: the database writes one batch on one core while this loop reads and decodes the next on
+        another. Read ahead or not, a batch is applied only once the one before it has been, and a batch read
+        ahead but not yet applied when the loop is cancelled stays pending (``claim_stale`` takes it over).
+        """
         bus = self.master.bus
         await bus.ensure_group(protocol.AGENT_EVENTS_STREAM, protocol.INGEST_GROUP)
         last_claim = -self.claim_every
         backoff = 0.5
         loop = asyncio.get_running_loop()
-        while True:
-            try:
-                if loop.time() - last_claim >= self.claim_every:
-                    last_claim = loop.time()
-                    stale = await bus.claim_stale(
-                        protocol.AGENT_EVENTS_STREAM, protocol.INGEST_GROUP, self.consumer, min_idle=self.master.settings.stale_message_idle
-                    )
-                    if stale:
-                        log.info("took over %d pending message(s) from a silent consumer", len(stale))
-                        await self.process(stale)
-                batch = await bus.read(protocol.AGENT_EVENTS_STREAM, protocol.INGEST_GROUP, self.consumer, count=self.batch, block=self.block)
-                await self.process(batch)
-                backoff = 0.5
-            except BusError as exc:
-                log.warning("bus unavailable (%s); retrying in %.1fs", exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
-            except Exception:
-                # E.g. the database failing between a batch's commit and publishing its commands: whatever was
-                # not acknowledged stays pending. The loop must outlive it, or this master silently stops ingesting.
-                log.exception("ingestion pass failed; retrying in %.1fs", backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
+        ahead: asyncio.Task[tuple[list[BusMessage], dict[str, fastbus.BusReport]]] | None = None
+        try:
+            while True:
+                try:
+                    if loop.time() - last_claim >= self.claim_every:
+                        last_claim = loop.time()
+                        stale = await bus.claim_stale(
+                            protocol.AGENT_EVENTS_STREAM, protocol.INGEST_GROUP, self.consumer,
+                            min_idle=self.master.settings.stale_message_idle,
+                        )
+                        if stale:
+                            log.info("took over %d pending message(s) from a silent consumer", len(stale))
+                            await self.process(stale)
+                    task, ahead = ahead, None
+                    batch, decoded = await (task if task is not None else self._read_decoded())
+                    if batch and self.read_ahead:
+                        ahead = asyncio.create_task(self._read_decoded(), name=f"ingest-read-ahead-{self.consumer}")
+                    self._decoded = decoded
+                    await self.process(batch)
+                    backoff = 0.5
+                except BusError as exc:
+                    log.warning("bus unavailable (%s); retrying in %.1fs", exc, backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 30.0)
+                except Exception:
+                    # E.g. the database failing between a batch's commit and publishing its commands: whatever was
+                    # not acknowledged stays pending. The loop must outlive it, or this master silently stops ingesting.
+                    log.exception("ingestion pass failed; retrying in %.1fs", backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 30.0)
+        finally:
+            if ahead is not None:  # read but not applied: it stays pending, and claim_stale takes it over
+                ahead.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await ahead
+
+    async def _read_decoded(self) -> tuple[list[BusMessage], dict[str, fastbus.BusReport]]:
+        """The next read, and the fast decoding of what the fast decoder takes, by message id."""
+        batch = await self.master.bus.read(
+            protocol.AGENT_EVENTS_STREAM, protocol.INGEST_GROUP, self.consumer, count=self.batch, block=self.block
+        )
+        return batch, {m.id: report for m in batch if (report := fastbus.decode_bus_report(m.payload)) is not None}
 
     @property
     def processed(self) -> int:
@@ -111,9 +141,10 @@ class Ingestor:
             for message in messages:
                 await self._process_one(message)
             return
+        read_ahead, self._decoded = self._decoded, {}
         fast: list[tuple[BusMessage, batches.Report]] = []
         for message in messages:
-            report = fastbus.decode_bus_report(message.payload)
+            report = read_ahead.get(message.id) or fastbus.decode_bus_report(message.payload)
             if report is not None:
                 fast.append((message, report))
                 continue
