@@ -105,6 +105,7 @@ from master.app import close_master, open_master
 from master.context import Master
 from master.models import Gpu, Host
 from master.services.accounts import create_account
+from master.telemetry.batch import LZ4_FOR_THIS_TRANSACTION
 from master.telemetry.ingest import Ingestor
 from shared import protocol
 from shared.bus import Backlog, delete_prefix, open_bus
@@ -674,8 +675,9 @@ def copy_records(payloads: Sequence[bytes]) -> list[tuple[Any, ...]]:
 
 
 async def copy_run(fleet: Fleet, args: argparse.Namespace, *, number: int) -> Run:
-    """The same backlog's telemetry rows written by one plain ``COPY`` (asyncpg's ``copy_records_to_table``):
-    what PostgreSQL takes at most, the ceiling the ingestor is rated against. Only the COPY is timed."""
+    """The same backlog's telemetry rows written by one plain ``COPY`` (asyncpg's ``copy_records_to_table``, its JSON
+    compressed as the ingestor's is): what PostgreSQL takes at most, the ceiling the ingestor is rated against. Only
+    the COPY (and its commit) is timed."""
     sends = backlog_schedule(fleet.hosts, messages=backlog_size(args, fleet.hosts), seq_base=number * SEQ_STRIDE,
                              seed=f"backlog-{fleet.hosts}")
     span = sends[-1].at if sends else 0.0
@@ -687,7 +689,9 @@ async def copy_run(fleet: Fleet, args: argparse.Namespace, *, number: int) -> Ru
     try:
         clock = CpuClock()
         clock.start()
-        await connection.copy_records_to_table("telemetry", records=records, columns=COPY_COLUMNS)
+        async with connection.transaction():
+            await connection.execute(LZ4_FOR_THIS_TRANSACTION)  # the compression the ingestor writes with
+            await connection.copy_records_to_table("telemetry", records=records, columns=COPY_COLUMNS)
         run.seconds = time.monotonic() - clock.started
         run.cpu = clock.stop(None)
     finally:

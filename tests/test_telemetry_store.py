@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from master.app import close_master, create_app, open_master
 from master.context import Master
@@ -177,6 +177,22 @@ class TestBatchedIngestion:
         assert await stored(master) == [(host_id, 1)]
         assert (master.stats.malformed, master.stats.failed, master.stats.dead_lettered) == (3, 0, 0)
         assert await master.bus.pending_count(protocol.AGENT_EVENTS_STREAM, GROUP) == 0
+
+
+    async def test_samples_and_the_hosts_latest_are_compressed_with_lz4_on_postgresql(self, master: Master) -> None:
+        """A batch's large JSON (16 GPUs: kilobytes, so stored compressed) is written with lz4, not pglz."""
+        if master.db.is_sqlite:
+            pytest.skip("column compression is PostgreSQL's")
+        _, hosts_ = await fleet(master, 1, gpus=16)
+        host_id, uuids = hosts_[0]
+        await publish(master, sample(host_id, 1, uuids))
+        await drain(master, Ingestor(master))
+        async with master.db.session() as session:
+            methods = (await session.execute(text(
+                "SELECT pg_column_compression(t.gpus), pg_column_compression(h.latest_telemetry) "
+                "FROM telemetry t JOIN hosts h ON h.id = t.host_id"
+            ))).one()
+        assert tuple(methods) == ("lz4", "lz4")
 
 
 class TestImpossibleReadings:

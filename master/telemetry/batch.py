@@ -7,7 +7,8 @@ comes as a ``BusEnvelope``, and both kinds mix in one batch), impossible reading
 by column over every GPU of the read (``store.refuse_impossible``), and on PostgreSQL the samples and
 the hosts are written with one statement each, straight through asyncpg: ``INSERT … SELECT … FROM
 unnest(…) ON CONFLICT (host_id, seq) DO NOTHING RETURNING`` for the samples (the JSON encoded by
-msgspec, cast by the server) and ``UPDATE hosts … FROM unnest(…)`` for the hosts. On SQLite the same
+msgspec, cast by the server) and ``UPDATE hosts … FROM unnest(…)`` for the hosts, their JSON
+compressed with lz4 rather than pglz (``LZ4_FOR_THIS_TRANSACTION``). On SQLite the same
 rows go through SQLAlchemy. De-duplication stays the database's: a redelivered ``(host, seq)`` is
 skipped by the unique constraint, in this batch or any later one.
 """
@@ -48,6 +49,13 @@ FROM unnest($1::text[], $2::bigint[], $3::timestamptz[], $4::timestamptz[], $5::
             $8::text[]) AS sample(host_id, seq, sampled_at, received_at, relay_id, gpus, window_s, aggregates)
 ON CONFLICT (host_id, seq) DO NOTHING
 RETURNING host_id, seq
+"""
+
+# Large JSON (a sample's GPUs, kilobytes) is compressed as it is stored; lz4 costs PostgreSQL far less CPU than its
+# default pglz, for this transaction's writes only, on servers built with it (14 and later; elsewhere nothing changes).
+LZ4_FOR_THIS_TRANSACTION = """
+SELECT set_config('default_toast_compression', 'lz4', true)
+FROM pg_settings WHERE name = 'default_toast_compression' AND 'lz4' = ANY(enumvals)
 """
 
 # NULL in a column of the batch: keep what the host has.
@@ -185,6 +193,8 @@ async def apply_batch(session: AsyncSession, reports: Sequence[Report], *, now: 
     for number, refused in refuse_impossible([(s.gpus, s.aggregates) for s in fast]).items():
         _note_refused(fast[number], refused)
     postgres = session.get_bind().dialect.name == "postgresql"
+    if postgres:
+        await (await _asyncpg(session)).execute(LZ4_FOR_THIS_TRANSACTION)
     stored = await (_insert_postgres if postgres else _insert_sqlalchemy)(session, list(samples.values()))
     for key in sorted(stored):  # by seq within a host: the newest stored sample is the host's latest
         sample = samples[key]
