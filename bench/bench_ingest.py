@@ -36,6 +36,11 @@ Runs, per fleet:
 * backlog, batched: ``--backlog`` messages (ten intervals of the fleet's traffic, at most 20,000:
   10,000 samples) published while nobody consumes, then drained by a batched ingestor as fast as
   it goes: samples stored per second (× 8: GPU samples), bus messages per second;
+* COPY of the same rows, the ceiling: the telemetry rows that backlog stores (its schedule again, seqs
+  numbered afresh; decoded and dumped with pydantic beforehand, not timed) written into the same,
+  emptied ``telemetry`` table by one ``copy_records_to_table`` in one transaction, with the JSON
+  compression the ingestor uses (lz4 where the server has it): what PostgreSQL takes at most. The
+  batched backlog is rated against it (vs COPY);
 * backlog, unbatched, the baseline: the same backlog drained by ``Ingestor(batched=False)``,
   stopped after ``--baseline-limit`` seconds (20) and rated on what it had stored by then.
 
