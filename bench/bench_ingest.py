@@ -52,28 +52,32 @@ else is a failure and a non-zero exit. CPU, as % of one core over each run: this
 (``time.process_time``), every PostgreSQL process and Redis (``/proc/<pid>/stat``), and the producer
 (at the protocol's rate; it is idle while a backlog drains).
 
-Findings (2-core AMD EPYC VM, CPython 3.11, PostgreSQL 15 with Debian's defaults: 128 MB shared
-buffers, synchronous commit; Redis 7.0; all on the same VM; five default runs, the first two while
-other test suites ran on the same cores). Batched, one master drains a backlog at 1,340-1,540 bus
-messages/s, that is 670-770 samples/s or 5,400-6,200 GPU samples/s, with 1,000 or 10,000 hosts alike
-(1,200-1,390 msgs/s in the two runs that shared the cores): 3.8-4.1x the one-message-per-transaction
-baseline, 325-410 msgs/s (3.3-11x in the shared runs, where one baseline at 10,000 hosts fell to 113
-msgs/s). A read of 500 messages is applied in 250-320 ms, about 0.5-0.6 ms per message. The ingestor
-is one serial loop: this process at 83-85 % of a core and PostgreSQL at 16-18 % add up to one core,
-and the VM's second core is mostly idle. At the protocol's rate 1,000 hosts (200 msgs/s) are easy:
-lag p99 0.02-0.10 s, nothing left when the producer stops, this process at 43-49 % of a core (each
-read then brings one or two messages, and a transaction's fixed cost, about 4 ms with the hosts'
-lock, the commit, ``XREADGROUP`` and ``XACK``, dominates). 10,000 hosts (2,000 msgs/s) are too many
-for one master on this VM: it applies 1,250-1,370 msgs/s while the producer, Redis and PostgreSQL
-share the two cores with it; the lag reaches 4.5-5.5 s after 15 s, growing by about 0.3 s per
-second, and what is left takes 6.5-8 s to drain. Sustained, the lag would pass the heartbeat
-monitor's 30 s (three intervals) after about a minute and a half, and hosts would start flapping
-offline (see bench_pipeline.py). A cProfile of a batched drain (profiler overhead included) puts about 15 % of
-the time in decoding envelopes (pydantic ``validate_json``), up to 20 % in the telemetry field checks
-(``master.telemetry.clean_sample``), and most of the rest in SQLAlchemy and asyncpg: loading and
-locking the hosts with their JSON columns, updating them, and the multi-row ``INSERT``. The ways to
-2,000 msgs/s are a second consumer on the idle core (another master process in the same consumer
-group) and less Python per message; neither is measured here.
+Findings, 2026-11-26 (2-core Intel Xeon VM, CPython 3.11.7, PostgreSQL 15 with Debian's defaults, Redis
+7.0, all on the same VM, which other test suites and benchmarks shared throughout: load average 8-24 on the
+2 cores, so every absolute figure here is low and noisy; compare within a run). With heartbeats and
+telemetry decoded by msgspec (``shared.protocol.fastbus``), refused column by column and written with one
+``unnest`` statement each for samples and hosts (``master.telemetry.batch``), one master drains the 10,000-host
+backlog at 4,738 GPU samples/s (load 8; before lz4 and the read-ahead) and 3,117 (load 19-21; with both),
+while a COPY of the same rows into the same table does 33,048 and 33,107 in the same runs: 0.14x and 0.09x
+of the COPY, far from the issue's goal of 0.8x and 25,000 GPU samples/s. Against the one-message-per-
+transaction baseline of the same run (238 GPU samples/s) that is 13.1x (3.8-4.1x before). With 1,000 hosts
+(load 10-15): 5,109 GPU samples/s, 0.16x the COPY's 31,215, 25.7x the baseline's 199. The steadier
+figure is old against new code on the same database, alternated (``/tmp`` A/B script, 5,000 hosts, 10,000
+messages, twice each, load 10-15): 1,583-1,712 GPU samples/s before, 4,299-4,869 after, 2.5-3.1x. At the
+protocol's rate 1,000 hosts (200 msgs/s) keep up (lag p99 0.23 s, drained 0.29 s after the last publish);
+10,000 hosts (2,000 msgs/s) were still too many on this loaded VM: the lag's p99 reached
+27.9 and 40.5 s in 30 s runs, and the producer itself fell 60 s behind its schedule (a 120 s run was
+abandoned: the producer could not publish at 2,000 msgs/s); nothing was lost or stored twice. Where the
+time goes (2,000 hosts, a 10,000-message backlog drained in 7.2 s under load 8, before lz4): the samples'
+``INSERT … FROM unnest`` 1.7 s; the hosts' ``UPDATE … FROM unnest`` 1.5 s, 1.2 s of it ``hosts.latest_telemetry``
+(each sample's GPUs written a second time, as JSON on the host row); the hosts' lock and the batch's
+Python 1.2 s; outside the transaction ``XREADGROUP`` with redis-py's pure-Python reply parser (hiredis is
+not installed) about 1.2 s of CPU and the msgspec decoding 0.8 s (under the profiler). Compressing the JSON
+with lz4 instead of pglz made the INSERT and UPDATE 1.4-1.9x faster (same database, alternated); a COPY
+into a temporary staging table then ``INSERT … SELECT … ON CONFLICT DO NOTHING`` was 1.12x the ``unnest``
+INSERT alone (two rounds), not adopted: three statements a batch instead of one, for a gain inside the
+noise of the whole. What is left for the goal: not writing each sample twice (serve a host's latest
+sample from ``telemetry`` by ``latest_telemetry_seq``), hiredis for the bus, and a second consumer process.
 
 Usage: ``python bench/bench_ingest.py [--hosts 1000,10000] [--seconds 30,15] [--batch N] [--backlog M]
 [--skip-baseline] [--database-url URL] [--redis-url URL]``; the default run takes about three minutes.
@@ -784,6 +788,13 @@ def print_report(fleets: list[tuple[Fleet, list[Run]]]) -> None:
         "  core over the run, this process (the master), every PostgreSQL process, Redis, the producer (protocol"
         " rate only)"
     )
+    print("\nCPU per 1,000 samples stored (CPU % × seconds; steadier than samples/s where other processes share the cores)")
+    for fleet, runs in fleets:
+        for run in runs:
+            if run.kind in ("batched", "copy", "unbatched") and run.stored:
+                used = {who: share / 100 * run.seconds / run.stored * 1000 for who, share in run.cpu.items()}
+                parts = ", ".join(f"{who} {seconds:.3f}" for who, seconds in used.items())
+                print(f"  {fleet.hosts:,} hosts — {run.label}: {sum(used.values()):.3f} s ({parts})")
     print("\ncorrectness")
     for fleet, runs in fleets:
         for run in runs:
