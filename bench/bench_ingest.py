@@ -36,6 +36,11 @@ Runs, per fleet:
 * backlog, batched: ``--backlog`` messages (ten intervals of the fleet's traffic, at most 20,000:
   10,000 samples) published while nobody consumes, then drained by a batched ingestor as fast as
   it goes: samples stored per second (× 8: GPU samples), bus messages per second;
+* COPY of the same rows, the ceiling: the telemetry rows that backlog stores (its schedule again, seqs
+  numbered afresh; decoded and dumped with pydantic beforehand, not timed) written into the same,
+  emptied ``telemetry`` table by one ``copy_records_to_table`` in one transaction, with the JSON
+  compression the ingestor uses (lz4 where the server has it): what PostgreSQL takes at most. The
+  batched backlog is rated against it (vs COPY);
 * backlog, unbatched, the baseline: the same backlog drained by ``Ingestor(batched=False)``,
   stopped after ``--baseline-limit`` seconds (20) and rated on what it had stored by then.
 
@@ -47,28 +52,32 @@ else is a failure and a non-zero exit. CPU, as % of one core over each run: this
 (``time.process_time``), every PostgreSQL process and Redis (``/proc/<pid>/stat``), and the producer
 (at the protocol's rate; it is idle while a backlog drains).
 
-Findings (2-core AMD EPYC VM, CPython 3.11, PostgreSQL 15 with Debian's defaults: 128 MB shared
-buffers, synchronous commit; Redis 7.0; all on the same VM; five default runs, the first two while
-other test suites ran on the same cores). Batched, one master drains a backlog at 1,340-1,540 bus
-messages/s, that is 670-770 samples/s or 5,400-6,200 GPU samples/s, with 1,000 or 10,000 hosts alike
-(1,200-1,390 msgs/s in the two runs that shared the cores): 3.8-4.1x the one-message-per-transaction
-baseline, 325-410 msgs/s (3.3-11x in the shared runs, where one baseline at 10,000 hosts fell to 113
-msgs/s). A read of 500 messages is applied in 250-320 ms, about 0.5-0.6 ms per message. The ingestor
-is one serial loop: this process at 83-85 % of a core and PostgreSQL at 16-18 % add up to one core,
-and the VM's second core is mostly idle. At the protocol's rate 1,000 hosts (200 msgs/s) are easy:
-lag p99 0.02-0.10 s, nothing left when the producer stops, this process at 43-49 % of a core (each
-read then brings one or two messages, and a transaction's fixed cost, about 4 ms with the hosts'
-lock, the commit, ``XREADGROUP`` and ``XACK``, dominates). 10,000 hosts (2,000 msgs/s) are too many
-for one master on this VM: it applies 1,250-1,370 msgs/s while the producer, Redis and PostgreSQL
-share the two cores with it; the lag reaches 4.5-5.5 s after 15 s, growing by about 0.3 s per
-second, and what is left takes 6.5-8 s to drain. Sustained, the lag would pass the heartbeat
-monitor's 30 s (three intervals) after about a minute and a half, and hosts would start flapping
-offline (see bench_pipeline.py). A cProfile of a batched drain (profiler overhead included) puts about 15 % of
-the time in decoding envelopes (pydantic ``validate_json``), up to 20 % in the telemetry field checks
-(``master.telemetry.clean_sample``), and most of the rest in SQLAlchemy and asyncpg: loading and
-locking the hosts with their JSON columns, updating them, and the multi-row ``INSERT``. The ways to
-2,000 msgs/s are a second consumer on the idle core (another master process in the same consumer
-group) and less Python per message; neither is measured here.
+Findings, 2026-11-26 (2-core Intel Xeon VM, CPython 3.11.7, PostgreSQL 15 with Debian's defaults, Redis
+7.0, all on the same VM, which other test suites and benchmarks shared throughout: load average 8-24 on the
+2 cores, so every absolute figure here is low and noisy; compare within a run). With heartbeats and
+telemetry decoded by msgspec (``shared.protocol.fastbus``), refused column by column and written with one
+``unnest`` statement each for samples and hosts (``master.telemetry.batch``), one master drains the 10,000-host
+backlog at 4,738 GPU samples/s (load 8; before lz4 and the read-ahead) and 3,117 (load 19-21; with both),
+while a COPY of the same rows into the same table does 33,048 and 33,107 in the same runs: 0.14x and 0.09x
+of the COPY, far from the issue's goal of 0.8x and 25,000 GPU samples/s. Against the one-message-per-
+transaction baseline of the same run (238 GPU samples/s) that is 13.1x (3.8-4.1x before). With 1,000 hosts
+(load 10-15): 5,109 GPU samples/s, 0.16x the COPY's 31,215, 25.7x the baseline's 199. The steadier
+figure is old against new code on the same database, alternated (``/tmp`` A/B script, 5,000 hosts, 10,000
+messages, twice each, load 10-15): 1,583-1,712 GPU samples/s before, 4,299-4,869 after, 2.5-3.1x. At the
+protocol's rate 1,000 hosts (200 msgs/s) keep up (lag p99 0.23 s, drained 0.29 s after the last publish);
+10,000 hosts (2,000 msgs/s) were still too many on this loaded VM: the lag's p99 reached
+27.9 and 40.5 s in 30 s runs, and the producer itself fell 60 s behind its schedule (a 120 s run was
+abandoned: the producer could not publish at 2,000 msgs/s); nothing was lost or stored twice. Where the
+time goes (2,000 hosts, a 10,000-message backlog drained in 7.2 s under load 8, before lz4): the samples'
+``INSERT … FROM unnest`` 1.7 s; the hosts' ``UPDATE … FROM unnest`` 1.5 s, 1.2 s of it ``hosts.latest_telemetry``
+(each sample's GPUs written a second time, as JSON on the host row); the hosts' lock and the batch's
+Python 1.2 s; outside the transaction ``XREADGROUP`` with redis-py's pure-Python reply parser (hiredis is
+not installed) about 1.2 s of CPU and the msgspec decoding 0.8 s (under the profiler). Compressing the JSON
+with lz4 instead of pglz made the INSERT and UPDATE 1.4-1.9x faster (same database, alternated); a COPY
+into a temporary staging table then ``INSERT … SELECT … ON CONFLICT DO NOTHING`` was 1.12x the ``unnest``
+INSERT alone (two rounds), not adopted: three statements a batch instead of one, for a gain inside the
+noise of the whole. What is left for the goal: not writing each sample twice (serve a host's latest
+sample from ``telemetry`` by ``latest_telemetry_seq``), hiredis for the bus, and a second consumer process.
 
 Usage: ``python bench/bench_ingest.py [--hosts 1000,10000] [--seconds 30,15] [--batch N] [--backlog M]
 [--skip-baseline] [--database-url URL] [--redis-url URL]``; the default run takes about three minutes.
@@ -79,6 +88,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import math
 import multiprocessing
 import os
@@ -104,6 +114,7 @@ from master.app import close_master, open_master
 from master.context import Master
 from master.models import Gpu, Host
 from master.services.accounts import create_account
+from master.telemetry.batch import LZ4_FOR_THIS_TRANSACTION
 from master.telemetry.ingest import Ingestor
 from shared import protocol
 from shared.bus import Backlog, delete_prefix, open_bus
@@ -469,7 +480,7 @@ async def count_samples(database_url: str) -> int:
 @dataclass
 class Run:
     fleet: int
-    kind: str  # "rate" | "batched" | "unbatched"
+    kind: str  # "rate" | "batched" | "copy" | "unbatched"
     label: str
     messages: int  # bus messages published
     telemetry: int  # of which telemetry reports
@@ -653,6 +664,57 @@ async def backlog_run(fleet: Fleet, args: argparse.Namespace, *, batched: bool, 
     return run
 
 
+COPY_COLUMNS = ("host_id", "seq", "sampled_at", "received_at", "relay_id", "gpus", "window_s", "aggregates", "rolled")
+
+
+def copy_records(payloads: Sequence[bytes]) -> list[tuple[Any, ...]]:
+    """The telemetry rows the ingestor would store for these bus records (decoded and dumped with pydantic)."""
+    records = []
+    for payload in payloads:
+        envelope = protocol.decode_bus_envelope(payload)
+        message = envelope.message
+        if not isinstance(message, protocol.Telemetry):
+            continue
+        body = message.body.model_dump(mode="json")
+        records.append((
+            message.host_id, message.seq, message.body.sampled_at, envelope.received_at, envelope.relay_id,
+            json.dumps(body["gpus"]), message.body.window_s, json.dumps(body["aggregates"]), False,
+        ))
+    return records
+
+
+async def copy_run(fleet: Fleet, args: argparse.Namespace, *, number: int) -> Run:
+    """The same backlog's telemetry rows written by one plain ``COPY`` (asyncpg's ``copy_records_to_table``, its JSON
+    compressed as the ingestor's is): what PostgreSQL takes at most, the ceiling the ingestor is rated against. Only
+    the COPY (and its commit) is timed."""
+    sends = backlog_schedule(fleet.hosts, messages=backlog_size(args, fleet.hosts), seq_base=number * SEQ_STRIDE,
+                             seed=f"backlog-{fleet.hosts}")
+    span = sends[-1].at if sends else 0.0
+    origin = datetime.now(UTC) - timedelta(seconds=span)
+    records = copy_records(relay_payloads(fleet.host_ids, sends, stamp_origin=origin))
+    run = Run(fleet.hosts, "copy", "backlog, COPY of the same rows", len(records), len(records))
+    await reset_database(fleet)
+    connection = await asyncpg.connect(fleet.database_url, timeout=10)
+    try:
+        clock = CpuClock()
+        clock.start()
+        async with connection.transaction():
+            await connection.execute(LZ4_FOR_THIS_TRANSACTION)  # the compression the ingestor writes with
+            await connection.copy_records_to_table("telemetry", records=records, columns=COPY_COLUMNS)
+        run.seconds = time.monotonic() - clock.started
+        run.cpu = clock.stop(None)
+    finally:
+        await connection.close()
+    run.complete = True
+    run.finished = run.stored = await count_samples(fleet.database_url)
+    counts = await stored_samples(fleet.database_url)
+    expected = {(fleet.host_ids[s.host], s.seq) for s in sends if s.telemetry}
+    if set(counts) != expected or any(n != 1 for n in counts.values()):
+        run.problems.append("the COPY did not store every sample exactly once")
+    run.check = f"{len(expected):,} samples, {sum(counts.values()):,} rows copied"
+    return run
+
+
 async def measure_fleet(hosts: int, seconds: float, args: argparse.Namespace) -> tuple[Fleet, list[Run]]:
     async with fresh_database(args.database_url) as database_url:
         with tempfile.TemporaryDirectory(prefix="gpumarket-ingest-") as directory:
@@ -660,7 +722,8 @@ async def measure_fleet(hosts: int, seconds: float, args: argparse.Namespace) ->
             started = time.monotonic()
             await register_hosts(fleet, args.redis_url)
             fleet.register_seconds = time.monotonic() - started
-            runs = [await rate_run(fleet, args, seconds, 1), await backlog_run(fleet, args, batched=True, number=2)]
+            runs = [await rate_run(fleet, args, seconds, 1), await backlog_run(fleet, args, batched=True, number=2),
+                    await copy_run(fleet, args, number=4)]
             if not args.skip_baseline:
                 runs.append(await backlog_run(fleet, args, batched=False, number=3))
             return fleet, runs
@@ -674,13 +737,20 @@ def print_report(fleets: list[tuple[Fleet, list[Run]]]) -> None:
     print()
     header = (
         f"  {'hosts':>6} {'run':<36} {'bus msgs':>8} {'stored':>7} {'seconds':>7} {'msgs/s':>7} {'samples/s':>9} "
-        f"{'GPU samples/s':>13} {'vs baseline':>11} {'lag p50/p99/max s':>17} {'drain s':>7} {'kept up':>7} "
+        f"{'GPU samples/s':>13} {'vs baseline':>11} {'vs COPY':>9} {'lag p50/p99/max s':>17} {'drain s':>7} {'kept up':>7} "
         f"{'CPU % master/PG/Redis/producer':>30}"
     )
     print(header)
     for fleet, runs in fleets:
         baseline = next((run for run in runs if run.kind == "unbatched"), None)
+        copy = next((run for run in runs if run.kind == "copy"), None)
         for run in runs:
+            if run.kind == "copy":
+                versus_copy = "(ceiling)"
+            elif run.kind in ("batched", "unbatched") and copy is not None and copy.samples_per_s > 0:
+                versus_copy = f"{run.samples_per_s / copy.samples_per_s:.2f}x"
+            else:
+                versus_copy = ""
             if run.kind == "unbatched":
                 ratio = "(baseline)"
             elif run.kind == "batched" and baseline is not None and baseline.samples_per_s > 0:
@@ -696,10 +766,11 @@ def print_report(fleets: list[tuple[Fleet, list[Run]]]) -> None:
             cpu = "/".join(f"{run.cpu[who]:.0f}" for who in ("master", "postgres", "redis")) + (
                 f"/{run.cpu['producer']:.0f}" if "producer" in run.cpu else "/-"
             )
+            messages_per_s = "" if run.kind == "copy" else f"{run.messages_per_s:,.0f}"
             print(
                 f"  {fleet.hosts:>6,} {run.label:<36} {run.messages:>8,} {run.stored:>7,} {seconds:>7} "
-                f"{run.messages_per_s:>7,.0f} {run.samples_per_s:>9,.0f} {run.samples_per_s * GPUS_PER_HOST:>13,.0f} "
-                f"{ratio:>11} {lag:>17} {drain:>7} {kept_up:>7} {cpu:>30}"
+                f"{messages_per_s:>7} {run.samples_per_s:>9,.0f} {run.samples_per_s * GPUS_PER_HOST:>13,.0f} "
+                f"{ratio:>11} {versus_copy:>9} {lag:>17} {drain:>7} {kept_up:>7} {cpu:>30}"
             )
     print(
         "  bus msgs: published (telemetry and heartbeats, one of each per host per 10 s); stored: telemetry rows;"
@@ -708,6 +779,8 @@ def print_report(fleets: list[tuple[Fleet, list[Run]]]) -> None:
         " time limit\n"
         "  where seconds has a *); GPU samples/s: samples × 8 GPUs; vs baseline: samples/s over the one-per-transaction"
         " run's;\n"
+        "  COPY: the backlog's telemetry rows (bus msgs: rows) written by one plain COPY into the same table, only the"
+        " COPY timed;\n  vs COPY: samples/s over the COPY's;\n"
         "  lag: now − publish time of the oldest unfinished message, every 0.5 s while publishing; drain s: from the"
         " last publish\n"
         f"  until nothing was unfinished; kept up: lag p99 and drain under {KEPT_UP_LAG:g} s (half the protocol's"
@@ -715,6 +788,13 @@ def print_report(fleets: list[tuple[Fleet, list[Run]]]) -> None:
         "  core over the run, this process (the master), every PostgreSQL process, Redis, the producer (protocol"
         " rate only)"
     )
+    print("\nCPU per 1,000 samples stored (CPU % × seconds; steadier than samples/s where other processes share the cores)")
+    for fleet, runs in fleets:
+        for run in runs:
+            if run.kind in ("batched", "copy", "unbatched") and run.stored:
+                used = {who: share / 100 * run.seconds / run.stored * 1000 for who, share in run.cpu.items()}
+                parts = ", ".join(f"{who} {seconds:.3f}" for who, seconds in used.items())
+                print(f"  {fleet.hosts:,} hosts — {run.label}: {sum(used.values()):.3f} s ({parts})")
     print("\ncorrectness")
     for fleet, runs in fleets:
         for run in runs:

@@ -7,6 +7,11 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
+import msgspec
+
+from shared import protocol
+from shared.protocol import fastbus
+
 T = TypeVar("T")
 
 
@@ -39,3 +44,13 @@ class ManualClock:
     def advance(self, seconds: float) -> None:
         self.current += timedelta(seconds=seconds)
         self.mono += seconds
+
+
+def same_as_full_decoder(payload: bytes) -> fastbus.BusReport | None:
+    """The fast decoder accepts nothing ``decode_bus_envelope`` refuses, and what it accepts carries the same values."""
+    report = fastbus.decode_bus_report(payload)
+    if report is not None:
+        envelope = protocol.decode_bus_envelope(payload)  # raises (and fails the test) where it refuses
+        assert msgspec.to_builtins(report, builtin_types=(datetime,)) == envelope.model_dump()
+    return report
+

@@ -20,7 +20,8 @@ BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench_ingest.py"
 @pytest.mark.usefixtures("postgres_url", "redis_url")  # each fails the test, saying how to start its server
 class TestBenchIngest:
     def test_tiny_fleet_runs_and_prints_every_figure(self) -> None:
-        """Twenty hosts for two seconds: exit code 0, a row per run, and every sample stored exactly once."""
+        """Twenty hosts for two seconds: exit code 0, a row per run (the COPY of the same rows too), the ratios, and
+        every sample stored exactly once."""
         result = subprocess.run(
             [
                 sys.executable, str(BENCH), "--hosts", "20", "--seconds", "2", "--baseline-limit", "5",
@@ -33,7 +34,10 @@ class TestBenchIngest:
         assert out.startswith("machine: ")
         assert "samples/s" in out and "GPU samples/s" in out and "lag p50/p99/max s" in out
         rows = [line for line in out.splitlines() if re.match(r"\s+20 (protocol rate|backlog), ", line)]
-        assert [row.split()[1:3] for row in rows] == [["protocol", "rate,"], ["backlog,", "batched"], ["backlog,", "unbatched"]]
-        assert re.search(r" \d+\.\d\dx ", rows[1]) and " (baseline) " in rows[2], out
+        assert [row.split()[1:3] for row in rows] == [
+            ["protocol", "rate,"], ["backlog,", "batched"], ["backlog,", "COPY"], ["backlog,", "unbatched"]
+        ]
+        assert len(re.findall(r" \d+\.\d\dx ", rows[1])) == 2, out  # vs the baseline and vs the COPY
+        assert " (ceiling) " in rows[2] and " (baseline) " in rows[3], out
         verdicts = [line for line in out.splitlines() if line.startswith("  20 hosts, ")]
-        assert len(verdicts) == 3 and all(line.endswith("→ OK") for line in verdicts), out
+        assert len(verdicts) == 4 and all(line.endswith("→ OK") for line in verdicts), out

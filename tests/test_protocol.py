@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,7 +14,9 @@ from agent.state import SequenceLease
 from shared import protocol
 from shared.errors import ProtocolError
 from shared.outbound import MemoryStore, OutboundWindow
+from shared.protocol import fastbus
 from tests.factories import gpu_info, hello, telemetry
+from tests.helpers import same_as_full_decoder
 
 
 def _frame(**fields: object) -> str:
@@ -90,6 +94,58 @@ class TestDecoding:
         assert (envelope.relay_id, envelope.received_at, envelope.message) == ("relay-9", at, message)
         with pytest.raises(ProtocolError):
             protocol.decode_bus_envelope(b"{}")
+
+
+def _bus(message: protocol.AnyAgentMessage, **kwargs: str) -> bytes:
+    return protocol.encode_bus_envelope("relay-9", message, datetime.now(UTC), **kwargs)
+
+
+class TestFastBusDecoder:
+    def test_heartbeats_and_telemetry_decode_to_the_same_values(self) -> None:
+        """What relays put on the bus decodes in one pass to what decode_bus_envelope gives, provenance included."""
+        heartbeat = protocol.Heartbeat(host_id="h-1", seq=3, ts=datetime.now(UTC), body=protocol.HeartbeatBody(
+            uptime_s=12.5, running_rentals=["r-1"], spool=protocol.SpoolStats(pending=2, evicted={"telemetry": 1})))
+        sample = protocol.GpuSampleModel(index=0, uuid="GPU-1", gpu_util_pct=97, memory_used_mib=1000, throttle_reasons=[],
+                                         processes=[protocol.GpuProcessModel(pid=4, used_memory_mib=10)])
+        report = protocol.Telemetry(host_id="h-1", seq=4, ts=datetime.now(UTC), body=protocol.TelemetryBody(
+            sampled_at=datetime.now(UTC), gpus=[sample], window_s=10,
+            aggregates=[protocol.GpuAggregateModel(uuid="GPU-1", samples=10, gpu_util_avg=90.5)]))
+        for payload in (_bus(heartbeat), _bus(report, cert_serial="0a1b"), _bus(telemetry("h-2", 5, [gpu_info(0), gpu_info(1)]))):
+            decoded = same_as_full_decoder(payload)
+            assert decoded is not None and decoded.message.type in ("heartbeat", "telemetry")
+
+    @pytest.mark.parametrize(
+        ("change", "full_decoder_refuses"),
+        [
+            pytest.param(lambda r: r["message"].update(type="hello"), True, id="another message type"),
+            pytest.param(lambda r: r["message"]["body"]["gpus"][0].update(nvlink_count=4), False, id="a GPU field it does not know"),
+            pytest.param(lambda r: r["message"]["body"]["gpus"][0].update(memory_used_mib=5.0), False, id="an int given as 5.0"),
+            pytest.param(lambda r: r["message"].update(host_id="h-1\n"), True, id="a host id with a final newline"),
+            pytest.param(lambda r: r["message"]["body"]["gpus"][0].update(index=300), True, id="a GPU index out of bounds"),
+            pytest.param(lambda r: r["message"].update(seq=1 << 63), True, id="a seq past 2**63"),
+            pytest.param(lambda r: r.update(received_at="9999-12-31T23:59:59-23:59"), True, id="a time not representable in UTC"),
+            pytest.param(lambda r: r.update(extra=1), True, id="an envelope field it does not know"),
+        ],
+    )
+    def test_leaves_what_it_does_not_take_whole_to_the_full_decoder(self, change: Any, full_decoder_refuses: bool) -> None:
+        """Anything but a plain heartbeat or telemetry record is None here, and decode_bus_envelope decides as before."""
+        record = json.loads(_bus(telemetry("h-1", 5, [gpu_info(0)])))
+        change(record)
+        payload = json.dumps(record).encode()
+        assert fastbus.decode_bus_report(payload) is None
+        if full_decoder_refuses:
+            with pytest.raises(ProtocolError):
+                protocol.decode_bus_envelope(payload)
+        else:
+            protocol.decode_bus_envelope(payload)
+
+    def test_nan_and_garbage_are_left_to_the_full_decoder(self) -> None:
+        """NaN (a JSON constant on the bus) and bytes that are no record at all: None, never an exception."""
+        nan = _bus(telemetry("h-1", 5, [gpu_info(0)])).replace(b'"gpu_util_pct":5.0', b'"gpu_util_pct":NaN')
+        assert b"NaN" in nan and fastbus.decode_bus_report(nan) is None
+        assert math.isnan(protocol.decode_bus_envelope(nan).message.body.gpus[0].gpu_util_pct)  # type: ignore[union-attr,arg-type]
+        for garbage in (b"", b"not json", b"[]", b"{}", b"[" * 100_000):
+            assert fastbus.decode_bus_report(garbage) is None
 
 
 class TestOutboundWindow:

@@ -11,18 +11,20 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from master.app import close_master, create_app, open_master
 from master.context import Master
 from master.models import Host, TelemetryRollup, TelemetrySample
 from master.services.accounts import Principal
+from master.telemetry import batch as batches
 from master.telemetry import hosts, rollups, store
 from master.telemetry.ingest import Ingestor
 from shared import protocol
 from shared.bus import InProcessBus
 from shared.errors import BadRequest
 from shared.protocol import INGEST_GROUP as GROUP
+from shared.protocol import fastbus
 from tests.factories import create_principal, envelope, gpu_info, master_settings, online_host
 from tests.helpers import ManualClock
 
@@ -116,7 +118,7 @@ class TestBatchedIngestion:
         async def broken(*args: Any, **kwargs: Any) -> Any:
             raise RuntimeError("deadlock detected")
 
-        monkeypatch.setattr(hosts, "apply_batch", broken)
+        monkeypatch.setattr(batches, "apply_batch", broken)
         await publish(master, *[sample(h, s, u) for h, u in hosts_ for s in (1, 2)])
         await drain(master, Ingestor(master))
         assert len(await stored(master)) == 4
@@ -130,6 +132,67 @@ class TestBatchedIngestion:
         await drain(master, Ingestor(master))
         assert await stored(master) == [(host_id, 1)]
         assert await master.bus.pending_count(protocol.AGENT_EVENTS_STREAM, GROUP) == 0
+
+
+    async def test_records_of_both_decoders_mix_in_one_batch_each_stored_once(self, master: Master) -> None:
+        """A record the fast decoder leaves to the full one (a newer agent's GPU field) is applied in the same batch,
+        its field kept; heartbeats' spool statistics land from either; redeliveries of both kinds are duplicates."""
+        _, hosts_ = await fleet(master, 2)
+        (plain_host, plain_uuids), (newer_host, newer_uuids) = hosts_
+        newer = sample(newer_host, 2, newer_uuids, extra={"nvlink_count": 4})
+        beat = protocol.Heartbeat(host_id=plain_host, seq=3, ts=datetime.now(UTC), body=protocol.HeartbeatBody(
+            uptime_s=5, spool=protocol.SpoolStats(pending=7)))
+        payloads = [protocol.encode_bus_envelope("relay-t", m, datetime.now(UTC))
+                    for m in (sample(plain_host, 1, plain_uuids), newer, beat)]
+        assert [fastbus.decode_bus_report(p) is not None for p in payloads] == [True, False, True]
+        await publish(master, sample(plain_host, 1, plain_uuids), newer, beat, newer, sample(plain_host, 1, plain_uuids))
+        await drain(master, Ingestor(master))
+        await publish(master, newer, sample(plain_host, 1, plain_uuids))  # redelivered in a later batch
+        await drain(master, Ingestor(master))
+        assert await stored(master) == sorted([(plain_host, 1), (newer_host, 2)])
+        assert (master.stats.samples_stored, master.stats.samples_duplicate, master.stats.batches) == (2, 4, 2)
+        async with master.db.session() as session:
+            row = await session.scalar(select(TelemetrySample).where(TelemetrySample.host_id == newer_host))
+            plain = await session.get(Host, plain_host)
+            other = await session.get(Host, newer_host)
+        assert row is not None and [g["nvlink_count"] for g in row.gpus] == [4, 4]
+        assert plain is not None and plain.spool_stats == {"pending": 7, "evicted": {}} and plain.last_seq == 3
+        assert plain.latest_telemetry is not None and plain.latest_telemetry["seq"] == 1
+        assert other is not None and other.latest_telemetry is not None and other.latest_telemetry["gpus"] == row.gpus
+
+    async def test_a_malformed_record_is_refused_and_acknowledged_the_rest_stored(self, master: Master) -> None:
+        """Hostile records amid good ones (a GPU index out of bounds, a seq past 2**63, bytes that are no JSON) are
+        counted as malformed and acknowledged; nothing fails, nothing is dead-lettered, the good samples are stored."""
+        _, hosts_ = await fleet(master, 1)
+        host_id, uuids = hosts_[0]
+        good = protocol.encode_bus_envelope("relay-t", sample(host_id, 1, uuids), datetime.now(UTC))
+        record = json.loads(good)
+        record["message"]["body"]["gpus"][0]["index"] = 300
+        bad_index = json.dumps(record).encode()
+        record["message"]["body"]["gpus"][0]["index"], record["message"]["seq"] = 0, 1 << 63
+        await master.bus.ensure_group(protocol.AGENT_EVENTS_STREAM, GROUP)
+        for payload in (bad_index, good, json.dumps(record).encode(), b"\x80 not json"):
+            await master.bus.publish(protocol.AGENT_EVENTS_STREAM, payload)
+        await drain(master, Ingestor(master))
+        assert await stored(master) == [(host_id, 1)]
+        assert (master.stats.malformed, master.stats.failed, master.stats.dead_lettered) == (3, 0, 0)
+        assert await master.bus.pending_count(protocol.AGENT_EVENTS_STREAM, GROUP) == 0
+
+
+    async def test_samples_and_the_hosts_latest_are_compressed_with_lz4_on_postgresql(self, master: Master) -> None:
+        """A batch's large JSON (16 GPUs: kilobytes, so stored compressed) is written with lz4, not pglz."""
+        if master.db.is_sqlite:
+            pytest.skip("column compression is PostgreSQL's")
+        _, hosts_ = await fleet(master, 1, gpus=16)
+        host_id, uuids = hosts_[0]
+        await publish(master, sample(host_id, 1, uuids))
+        await drain(master, Ingestor(master))
+        async with master.db.session() as session:
+            methods = (await session.execute(text(
+                "SELECT pg_column_compression(t.gpus), pg_column_compression(h.latest_telemetry) "
+                "FROM telemetry t JOIN hosts h ON h.id = t.host_id"
+            ))).one()
+        assert tuple(methods) == ("lz4", "lz4")
 
 
 class TestImpossibleReadings:
@@ -153,6 +216,39 @@ class TestImpossibleReadings:
                    "aggregates.gpu_util_avg": 1, "aggregates.power_max_w": 1}
         assert dict(master.stats.rejected_fields) == refused
         assert host.rejected_fields == refused
+
+    async def test_impossible_readings_are_refused_the_same_on_the_fast_path(self, master: Master) -> None:
+        """Without NaN the record takes the fast decoder, and its fields are refused column by column, counted alike."""
+        _, hosts_ = await fleet(master, 2, gpus=2)
+        (host_id, uuids), (other, other_uuids) = hosts_
+        bad = sample(host_id, 1, uuids, util=150.0, extra={"memory_used_mib": -5},
+                     aggregates=[{"uuid": uuids[0], "samples": 10, "power_max_w": -1.0}])
+        assert fastbus.decode_bus_report(protocol.encode_bus_envelope("relay-t", bad, datetime.now(UTC))) is not None
+        await publish(master, sample(other, 1, other_uuids), bad, sample(other, 2, other_uuids, util=100.0))
+        await drain(master, Ingestor(master))
+        async with master.db.session() as session:
+            rows = {(r.host_id, r.seq): r for r in (await session.scalars(select(TelemetrySample))).all()}
+            host = await session.get(Host, host_id)
+            clean_host = await session.get(Host, other)
+        assert [(g["gpu_util_pct"], g["memory_used_mib"], g["temperature_c"]) for g in rows[host_id, 1].gpus] == [(None, None, 60.0)] * 2
+        assert rows[host_id, 1].aggregates[0]["power_max_w"] is None
+        assert [g["gpu_util_pct"] for g in rows[other, 1].gpus + rows[other, 2].gpus] == [50.0, 50.0, 100.0, 100.0]
+        refused = {"gpus.gpu_util_pct": 2, "gpus.memory_used_mib": 2, "aggregates.power_max_w": 1}
+        assert dict(master.stats.rejected_fields) == refused
+        assert host is not None and host.rejected_fields == refused
+        assert clean_host is not None and clean_host.rejected_fields == {}
+
+    def test_refuse_impossible_walks_only_the_columns_out_of_range(self) -> None:
+        """Many samples at once: only the offending values become None, each counted under its own sample."""
+        def gpu(util: float, temperature: float) -> fastbus.GpuSample:
+            return fastbus.GpuSample(index=0, uuid="GPU-1", gpu_util_pct=util, temperature_c=temperature, pcie_gen_current=4)
+
+        samples = [([gpu(10, 50), gpu(100, 150)], []), ([gpu(100.5, 60)], [fastbus.GpuAggregate(uuid="GPU-1", samples=1, gpu_util_max=-1)]),
+                   ([gpu(0, -40)], [])]
+        refused = store.refuse_impossible(samples)
+        assert refused == {1: {"gpus.gpu_util_pct": 1, "aggregates.gpu_util_max": 1}}
+        assert [[g.gpu_util_pct for g in gpus] for gpus, _ in samples] == [[10, 100], [None], [0]]
+        assert samples[1][1][0].gpu_util_max is None and samples[0][0][1].temperature_c == 150
 
     async def test_a_sample_dated_far_in_the_future_is_refused_whole(self, master: Master) -> None:
         _, hosts_ = await fleet(master, 1, gpus=1)

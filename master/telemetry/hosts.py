@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -20,7 +18,6 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import load_only
 
 from master.context import IngestStats
 from master.models import Command as CommandRow
@@ -40,7 +37,6 @@ from master.services.rentalstate import ACTIVE_STATES, UNSTOPPED_STATES
 from master.telemetry.store import CleanSample, clean_sample, sampled_too_far_ahead
 from shared import protocol
 from shared.clock import utcnow
-from shared.errors import SequenceJump
 from shared.ids import new_id
 from shared.settings import MasterSettings
 
@@ -101,7 +97,8 @@ async def _has_active_rentals(session: AsyncSession, host_id: str) -> bool:
     return bool(n)
 
 
-async def _come_online(session: AsyncSession, host: Host, cause: str) -> None:
+async def come_online(session: AsyncSession, host: Host, cause: str) -> None:
+    """An offline or enrolling host heard from again goes online (rented, where it has active rentals)."""
     if host.state == "offline":
         await rental_lifecycle.note_host_back(session, host.id, silent_since=host.state_changed_at)
     if host.state in ("enrolling", "offline"):
@@ -157,7 +154,7 @@ async def handle_hello(session: AsyncSession, envelope: protocol.BusEnvelope) ->
             vanished.append(uuid)
     # Before coming online: an offline host that comes back short of a GPU goes straight to faulty.
     await faults.after_gpus_vanished(session, host, vanished, now=envelope.received_at)
-    await _come_online(session, host, cause=f"hello via relay {envelope.relay_id}")
+    await come_online(session, host, cause=f"hello via relay {envelope.relay_id}")
     # New GPUs are ranked at once, not at the next scoring pass.
     reliability.classify_host_gpus(host, (await session.scalars(select(Gpu).where(Gpu.host_id == host.id))).all())
     if await rental_lifecycle.stop_strays(session, host.id, body.running_rentals):
@@ -173,7 +170,7 @@ async def handle_heartbeat(session: AsyncSession, envelope: protocol.BusEnvelope
     if message.body.spool is not None:
         host.spool_stats = message.body.spool.model_dump(mode="json")
     if host.state == "offline":
-        await _come_online(session, host, cause="heartbeat resumed")
+        await come_online(session, host, cause="heartbeat resumed")
     return await rental_lifecycle.stop_strays(session, host.id, message.body.running_rentals)
 
 
@@ -232,7 +229,7 @@ async def handle_telemetry(session: AsyncSession, envelope: protocol.BusEnvelope
                            max_future_s: float = 300.0, stats: IngestStats | None = None) -> bool:
     """Store one sample once; returns False for a duplicate ``(host, seq)`` or a refused sample.
 
-    The one-message path (``Ingestor(batched=False)`` and tests); ``apply_batch`` is the fast one.
+    The one-message path (``Ingestor(batched=False)`` and tests); ``master.telemetry.batch.apply_batch`` is the fast one.
     """
     message = envelope.message
     assert isinstance(message, protocol.Telemetry)
@@ -250,21 +247,11 @@ async def handle_telemetry(session: AsyncSession, envelope: protocol.BusEnvelope
     _saw(host, envelope)
     _note_latest(host, message, clean.gpus)
     if host.state == "offline":
-        await _come_online(session, host, cause="telemetry resumed")
+        await come_online(session, host, cause="telemetry resumed")
     return True
 
 
-@dataclass
-class BatchOutcome:
-    stored: int = 0
-    duplicates: int = 0
-    refused: int = 0
-    unknown_hosts: set[str] = field(default_factory=set)
-    commands: list[str] = field(default_factory=list)
-    """``stop_workload`` commands to publish once the batch has committed."""
-
-
-def _insert_ignoring_duplicates(session: AsyncSession, rows: list[dict[str, Any]]) -> Any:
+def insert_ignoring_duplicates(session: AsyncSession, rows: list[dict[str, Any]]) -> Any:
     """``INSERT … ON CONFLICT (host_id, seq) DO NOTHING RETURNING host_id, seq`` for this dialect."""
     insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
     return (
@@ -275,91 +262,7 @@ def _insert_ignoring_duplicates(session: AsyncSession, rows: list[dict[str, Any]
     )
 
 
-# What a batch reads of each host (the rest is only written, or not touched).
-_BATCH_COLUMNS = (Host.id, Host.state, Host.last_seen_at, Host.last_seq, Host.relay_id, Host.latest_telemetry_seq,
-                  Host.rejected_fields)
-
-# Rows per INSERT statement: 10 columns each stays far below both databases' bind-parameter limits.
-INSERT_CHUNK = 1000
-
-
-async def apply_batch(session: AsyncSession, envelopes: Sequence[protocol.BusEnvelope], *, now: datetime,
-                      max_future_s: float, stats: IngestStats) -> BatchOutcome:
-    """Apply many heartbeats and telemetry reports in this one transaction.
-
-    The hosts are locked in id order (``FOR NO KEY UPDATE``, which does not block the foreign
-    keys of concurrent inserts), so two masters applying overlapping batches cannot deadlock.
-    Samples go in with multi-row ``INSERT … ON CONFLICT DO NOTHING``: a redelivered
-    ``(host, seq)`` is skipped by the database, not by a lookup.
-    """
-    outcome = BatchOutcome()
-    ids = sorted({e.message.host_id for e in envelopes})
-    found = (
-        await session.scalars(
-            select(Host)
-            .options(load_only(*_BATCH_COLUMNS))  # not facts or the latest sample: big JSON nobody reads here
-            .where(Host.id.in_(ids))
-            .order_by(Host.id)
-            .with_for_update(key_share=True)
-        )
-    ).all()
-    by_id = {h.id: h for h in found if h.state != "revoked"}
-    outcome.unknown_hosts = set(ids) - set(by_id)
-    running: dict[str, list[str]] = {}  # host → workloads its newest heartbeat reports
-    rows: list[dict[str, Any]] = []
-    reports: dict[tuple[str, int], tuple[protocol.Telemetry, list[dict[str, Any]]]] = {}
-    woke: dict[str, str] = {}
-    for envelope in envelopes:
-        message = envelope.message
-        host = by_id.get(message.host_id)
-        if host is None:
-            continue
-        try:
-            protocol.check_seq(message.seq, host.last_seq, host_id=host.id)
-        except SequenceJump as exc:
-            log.warning("%s", exc)
-            stats.seq_refused += 1
-            outcome.refused += 1
-            continue
-        if isinstance(message, protocol.Heartbeat):
-            _saw(host, envelope)
-            if message.body.spool is not None:
-                host.spool_stats = message.body.spool.model_dump(mode="json")
-            running[host.id] = list(message.body.running_rentals)
-            woke.setdefault(host.id, "heartbeat resumed")
-        elif isinstance(message, protocol.Telemetry):
-            clean = _checked(host, envelope, now=now, max_future_s=max_future_s, stats=stats)
-            if clean is None:
-                outcome.refused += 1
-                continue
-            key = (host.id, message.seq)
-            if key in reports:  # the same report twice in one batch
-                outcome.duplicates += 1
-                continue
-            reports[key] = (message, clean.gpus)
-            rows.append(_telemetry_row(host.id, envelope, clean))
-            _saw(host, envelope)
-            woke.setdefault(host.id, "telemetry resumed")
-    stored: set[tuple[str, int]] = set()
-    for start in range(0, len(rows), INSERT_CHUNK):
-        result = await session.execute(_insert_ignoring_duplicates(session, rows[start:start + INSERT_CHUNK]))
-        stored.update((host_id, seq) for host_id, seq in result.all())
-    for key, (message, gpus) in reports.items():
-        if key in stored:
-            _note_latest(by_id[key[0]], message, gpus)
-    outcome.stored = len(stored)
-    outcome.duplicates += len(reports) - len(stored)
-    for host_id, cause in woke.items():
-        host = by_id[host_id]
-        if host.state == "offline":
-            await _come_online(session, host, cause=cause)
-    outcome.commands = await _stop_strays_in_batch(session, running)
-    stats.samples_stored += outcome.stored
-    stats.samples_duplicate += outcome.duplicates
-    return outcome
-
-
-async def _stop_strays_in_batch(session: AsyncSession, running: dict[str, list[str]]) -> list[str]:
+async def stop_strays_in_batch(session: AsyncSession, running: dict[str, list[str]]) -> list[str]:
     """``rental_lifecycle.stop_strays`` for the hosts whose reported workloads are not all active there.
 
     One query for the whole batch finds them, so heartbeats of busy hosts stay cheap.

@@ -3,8 +3,10 @@
 Load → process → ack: messages are acknowledged only after the transaction that applied
 them commits, so a master killed mid-batch loses nothing; another master (or this one
 restarted) claims what was left pending for longer than ``stale_message_idle`` seconds.
-Heartbeats and telemetry (nearly all traffic) are applied a whole read at a time in one
-transaction with multi-row inserts; other messages one per transaction. Handlers are
+Heartbeats and telemetry (nearly all traffic) are decoded by ``shared.protocol.fastbus`` (msgspec;
+what it leaves goes to ``decode_bus_envelope``) and applied a whole read at a time in one transaction
+(``master.telemetry.batch``: on PostgreSQL one ``INSERT … SELECT FROM unnest`` for the samples and one
+``UPDATE … FROM unnest`` for the hosts); other messages one per transaction. Handlers are
 idempotent and samples are de-duplicated by ``(host, seq)``, so redelivery is harmless.
 A message that keeps failing on a database that answers is parked in ``agent-events:dead``;
 while the database does not answer nothing is parked, however often it is delivered.
@@ -14,16 +16,19 @@ while the database does not answer nothing is parked, however often it is delive
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from sqlalchemy import text
 
 from master.context import Master
 from master.services import commands, enrollment
+from master.telemetry import batch as batches
 from master.telemetry import hosts
 from shared import protocol
 from shared.bus import BusMessage
 from shared.errors import BusError, ProtocolError, SequenceJump
+from shared.protocol import fastbus
 
 log = logging.getLogger(__name__)
 
@@ -41,46 +46,75 @@ class Ingestor:
         max_deliveries: int = 5,
         error_backoff: float = 1.0,
         batched: bool = True,
+        read_ahead: bool = True,
     ) -> None:
         self.master = master
         self.batched = batched
+        self.read_ahead = read_ahead and batched
         self.batch = batch or master.settings.ingest_batch
         self.block = block
         self.claim_every = claim_every
         self.max_deliveries = max_deliveries
         self.error_backoff = error_backoff
         self.consumer = master.instance_id
+        # The fast decodings of the batch ``process`` is handed next, by message id (filled by the read-ahead).
+        self._decoded: dict[str, fastbus.BusReport] = {}
 
     async def run(self) -> None:
-        """Consume until cancelled. Cancelling is safe: unacknowledged messages stay pending."""
+        """Consume until cancelled. Cancelling is safe: unacknowledged messages stay pending.
+
+        With ``read_ahead`` (batched only), the next read is taken off the bus and decoded while this one is
+        applied: the database writes one batch on one core while this loop reads and decodes the next on
+        another. Read ahead or not, a batch is applied only once the one before it has been, and a batch read
+        ahead but not yet applied when the loop is cancelled stays pending (``claim_stale`` takes it over).
+        """
         bus = self.master.bus
         await bus.ensure_group(protocol.AGENT_EVENTS_STREAM, protocol.INGEST_GROUP)
         last_claim = -self.claim_every
         backoff = 0.5
         loop = asyncio.get_running_loop()
-        while True:
-            try:
-                if loop.time() - last_claim >= self.claim_every:
-                    last_claim = loop.time()
-                    stale = await bus.claim_stale(
-                        protocol.AGENT_EVENTS_STREAM, protocol.INGEST_GROUP, self.consumer, min_idle=self.master.settings.stale_message_idle
-                    )
-                    if stale:
-                        log.info("took over %d pending message(s) from a silent consumer", len(stale))
-                        await self.process(stale)
-                batch = await bus.read(protocol.AGENT_EVENTS_STREAM, protocol.INGEST_GROUP, self.consumer, count=self.batch, block=self.block)
-                await self.process(batch)
-                backoff = 0.5
-            except BusError as exc:
-                log.warning("bus unavailable (%s); retrying in %.1fs", exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
-            except Exception:
-                # E.g. the database failing between a batch's commit and publishing its commands: whatever was
-                # not acknowledged stays pending. The loop must outlive it, or this master silently stops ingesting.
-                log.exception("ingestion pass failed; retrying in %.1fs", backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
+        ahead: asyncio.Task[tuple[list[BusMessage], dict[str, fastbus.BusReport]]] | None = None
+        try:
+            while True:
+                try:
+                    if loop.time() - last_claim >= self.claim_every:
+                        last_claim = loop.time()
+                        stale = await bus.claim_stale(
+                            protocol.AGENT_EVENTS_STREAM, protocol.INGEST_GROUP, self.consumer,
+                            min_idle=self.master.settings.stale_message_idle,
+                        )
+                        if stale:
+                            log.info("took over %d pending message(s) from a silent consumer", len(stale))
+                            await self.process(stale)
+                    task, ahead = ahead, None
+                    batch, decoded = await (task if task is not None else self._read_decoded())
+                    if batch and self.read_ahead:
+                        ahead = asyncio.create_task(self._read_decoded(), name=f"ingest-read-ahead-{self.consumer}")
+                    self._decoded = decoded
+                    await self.process(batch)
+                    backoff = 0.5
+                except BusError as exc:
+                    log.warning("bus unavailable (%s); retrying in %.1fs", exc, backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 30.0)
+                except Exception:
+                    # E.g. the database failing between a batch's commit and publishing its commands: whatever was
+                    # not acknowledged stays pending. The loop must outlive it, or this master silently stops ingesting.
+                    log.exception("ingestion pass failed; retrying in %.1fs", backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 30.0)
+        finally:
+            if ahead is not None:  # read but not applied: it stays pending, and claim_stale takes it over
+                ahead.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await ahead
+
+    async def _read_decoded(self) -> tuple[list[BusMessage], dict[str, fastbus.BusReport]]:
+        """The next read, and the fast decoding of what the fast decoder takes, by message id."""
+        batch = await self.master.bus.read(
+            protocol.AGENT_EVENTS_STREAM, protocol.INGEST_GROUP, self.consumer, count=self.batch, block=self.block
+        )
+        return batch, {m.id: report for m in batch if (report := fastbus.decode_bus_report(m.payload)) is not None}
 
     @property
     def processed(self) -> int:
@@ -107,8 +141,13 @@ class Ingestor:
             for message in messages:
                 await self._process_one(message)
             return
-        fast: list[tuple[BusMessage, protocol.BusEnvelope]] = []
+        read_ahead, self._decoded = self._decoded, {}
+        fast: list[tuple[BusMessage, batches.Report]] = []
         for message in messages:
+            report = read_ahead.get(message.id) or fastbus.decode_bus_report(message.payload)
+            if report is not None:
+                fast.append((message, report))
+                continue
             envelope = self._decode(message)
             if envelope is None:
                 await self.master.bus.ack(message.stream, protocol.INGEST_GROUP, [message.id])
@@ -117,16 +156,16 @@ class Ingestor:
             else:
                 await self._process_one(message, envelope)
         if fast and not await self._apply_batch(fast):
-            for message, envelope in fast:
-                await self._process_one(message, envelope)
+            for message, decoded in fast:
+                await self._process_one(message, decoded if isinstance(decoded, protocol.BusEnvelope) else None)
 
-    async def _apply_batch(self, batch: list[tuple[BusMessage, protocol.BusEnvelope]]) -> bool:
+    async def _apply_batch(self, batch: list[tuple[BusMessage, batches.Report]]) -> bool:
         stats = self.master.stats
         started = asyncio.get_running_loop().time()
         try:
             async with self.master.db.session() as session:
-                outcome = await hosts.apply_batch(
-                    session, [envelope for _, envelope in batch], now=self.master.clock.now(),
+                outcome = await batches.apply_batch(
+                    session, [report for _, report in batch], now=self.master.clock.now(),
                     max_future_s=self.master.settings.telemetry_max_future_s, stats=stats,
                 )
         except Exception:
@@ -139,7 +178,7 @@ class Ingestor:
             log.warning("messages from unknown host %s dropped", host_id)
         if outcome.commands:
             await commands.publish(self.master, outcome.commands)
-        stats.messages.update(envelope.message.type for _, envelope in batch)
+        stats.messages.update(report.message.type for _, report in batch)
         await self.master.bus.ack(batch[0][0].stream, protocol.INGEST_GROUP, [m.id for m, _ in batch])
         return True
 

@@ -17,9 +17,10 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from operator import attrgetter
 from typing import Any
 
 from sqlalchemy import func, select
@@ -115,6 +116,40 @@ def clean_sample(gpus: Iterable[Mapping[str, Any]], aggregates: Iterable[Mapping
     clean_gpus = [_clean(g, _SAMPLE_RANGES, "gpus", rejected) for g in gpus]
     clean_aggregates = [_clean(a, _AGGREGATE_RANGES, "aggregates", rejected) for a in aggregates]
     return CleanSample(gpus=clean_gpus, aggregates=clean_aggregates, rejected=rejected)
+
+
+def _refuse_column(records: Sequence[Sequence[Any]], name: str, bounds: tuple[float | None, float | None],
+                   prefix: str, rejected: dict[int, Counter[str]]) -> None:
+    """One field over every record of every sample at once; only a column out of range is walked record by record."""
+    low, high = bounds
+    get = attrgetter(name)
+    values = [value for group in records for value in map(get, group) if value is not None]
+    if not values or ((low is None or min(values) >= low) and (high is None or max(values) <= high)):
+        return
+    for number, group in enumerate(records):
+        for record in group:
+            value = get(record)
+            if value is not None and not _acceptable(value, bounds):
+                setattr(record, name, None)
+                rejected.setdefault(number, Counter())[f"{prefix}.{name}"] += 1
+
+
+def refuse_impossible(samples: Sequence[tuple[Sequence[Any], Sequence[Any]]]) -> dict[int, Counter[str]]:
+    """``clean_sample`` for many samples of ``shared.protocol.fastbus`` Structs, column by column, in place.
+
+    Each sample is its GPUs and its aggregates. The fast decoder's values are finite numbers of their
+    declared types and it admits no field of its own, so a range check per column is all there is:
+    ``min`` and ``max`` over every GPU of the read, and only a column out of range is walked. Returns the
+    refused fields by the number of the sample that had them (no entry: nothing refused).
+    """
+    rejected: dict[int, Counter[str]] = {}
+    gpus = [sample[0] for sample in samples]
+    aggregates = [sample[1] for sample in samples]
+    for name, bounds in _SAMPLE_RANGES.items():
+        _refuse_column(gpus, name, bounds, "gpus", rejected)
+    for name, bounds in _AGGREGATE_RANGES.items():
+        _refuse_column(aggregates, name, bounds, "aggregates", rejected)
+    return rejected
 
 
 def sampled_too_far_ahead(sampled_at: datetime, now: datetime, max_future_s: float) -> bool:

@@ -20,7 +20,10 @@ Its modules, each importing only those before it:
 - ``bodies``: the message bodies;
 - ``commands``: one model per command and per reply, ``CommandBody``, ``decode_command``;
 - ``messages``: the envelopes and the frame codec (``encode``, ``decode_*_frame``);
-- ``bus``: the relay ⇄ master bus records.
+- ``bus``: the relay ⇄ master bus records;
+- ``fastbus``: the master's msgspec decoder of heartbeat and telemetry bus records (imports nothing of
+  ours; its Structs mirror the models under the same names, so it is used as a module,
+  ``from shared.protocol import fastbus``, and not re-exported here).
 """
 
 from __future__ import annotations
