@@ -124,7 +124,7 @@ from shared.registry import MemoryRegistry
 from shared.settings import MasterSettings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import Progress, busy_backend, describe_machine, fresh_database, quantile, telemetry_body
+from _common import Progress, busy_backend, describe_machine, fresh_database, quantile, record, telemetry_body
 
 GPUS = "sim:8xH100"
 GPUS_PER_HOST = 8
@@ -733,6 +733,19 @@ async def measure_fleet(hosts: int, seconds: float, args: argparse.Namespace) ->
 
 
 
+def record_run(hosts: int, run: Run, copy: Run | None, baseline: Run | None) -> None:
+    """The run's headline figure into bench/results.json: GPU samples/s beside the COPY's (and the one-message-per-
+    transaction rate beside it in the note) for a backlog; the lag's p99 for the protocol rate."""
+    if run.kind == "batched" and copy is not None:
+        note = f"{baseline.samples_per_s * GPUS_PER_HOST:,.0f} one message per transaction" if baseline else ""
+        record("ingest", f"{hosts:,} hosts: a backlog drained by the batched ingestor, GPU samples/s",
+               run.samples_per_s * GPUS_PER_HOST, "GPU samples/s", "COPY of the same rows", copy.samples_per_s * GPUS_PER_HOST,
+               note)  # fmt: skip
+    elif run.kind == "rate":
+        record("ingest", f"{hosts:,} hosts at the protocol's rate: apply lag p99", quantile(run.lags, 0.99), "s",
+               note=f"kept up: {'yes' if run.kept_up else 'no'}; drain {run.drain_seconds if run.drain_seconds is not None else 'over limit'} s")  # fmt: skip
+
+
 def print_report(fleets: list[tuple[Fleet, list[Run]]]) -> None:
     print()
     header = (
@@ -767,6 +780,7 @@ def print_report(fleets: list[tuple[Fleet, list[Run]]]) -> None:
                 f"/{run.cpu['producer']:.0f}" if "producer" in run.cpu else "/-"
             )
             messages_per_s = "" if run.kind == "copy" else f"{run.messages_per_s:,.0f}"
+            record_run(fleet.hosts, run, copy, baseline)
             print(
                 f"  {fleet.hosts:>6,} {run.label:<36} {run.messages:>8,} {run.stored:>7,} {seconds:>7} "
                 f"{messages_per_s:>7} {run.samples_per_s:>9,.0f} {run.samples_per_s * GPUS_PER_HOST:>13,.0f} "

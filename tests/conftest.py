@@ -34,6 +34,9 @@ from tests.factories import master_settings
 # The workload tests' fixtures (exits, backend, gpus, cgroups), shared by name.
 pytest_plugins = ["tests.workloadfixtures"]
 
+# A bench that a test runs records its figures in a scratch file, never in the committed bench/results.json.
+os.environ.setdefault("GPUMARKET_BENCH_RESULTS", os.path.join(tempfile.gettempdir(), f"gpumarket-test-bench-{os.getpid()}.json"))
+
 PG_ADMIN_URL = os.environ.get("GPUMARKET_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("GPUMARKET_REDIS_URL", "redis://127.0.0.1:6379/0")
 
