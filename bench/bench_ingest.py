@@ -743,7 +743,8 @@ def record_run(hosts: int, run: Run, copy: Run | None, baseline: Run | None) -> 
                note)  # fmt: skip
     elif run.kind == "rate":
         record("ingest", f"{hosts:,} hosts at the protocol's rate: apply lag p99", quantile(run.lags, 0.99), "s",
-               note=f"kept up: {'yes' if run.kept_up else 'no'}; drain {run.drain_seconds if run.drain_seconds is not None else 'over limit'} s")  # fmt: skip
+               note=f"kept up: {'yes' if run.kept_up else 'no'}; drained "
+                    + ("over the limit" if run.drain_seconds is None else f"{run.drain_seconds:.2f} s after the last publish"))  # fmt: skip
 
 
 def print_report(fleets: list[tuple[Fleet, list[Run]]]) -> None:
