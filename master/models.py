@@ -262,6 +262,36 @@ class HostListing(Base):
     updated_at: Mapped[datetime] = mapped_column(default=_now)
 
 
+class OfferSummary(Base):
+    """A host's free GPUs of one kind (every per-GPU value the offer search reads), with its host's and listing's
+    searched values: what ``GET /api/v1/offers`` reads. Written only by the database's triggers (migration 0018)."""
+
+    __tablename__ = "offer_summary"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    host_id: Mapped[str] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), index=True)
+    gpu_name: Mapped[str] = mapped_column(String(255), index=True)
+    free_gpus: Mapped[int]
+    memory_total_mib: Mapped[int]
+    tier: Mapped[str | None] = mapped_column(String(16), index=True)
+    score: Mapped[float | None]
+    needs_review: Mapped[bool]
+    compute_capability_key: Mapped[int | None] = mapped_column(index=True)
+    cuda_version_key: Mapped[int | None]
+    compute_capability: Mapped[str | None] = mapped_column(Text)  # the GPUs' info texts
+    cuda_driver_version: Mapped[str | None] = mapped_column(Text)
+    host_state: Mapped[str] = mapped_column(String(16))
+    region: Mapped[str | None] = mapped_column(String(64), index=True)
+    reliability: Mapped[float | None]
+    download_mbps: Mapped[float | None]
+    upload_mbps: Mapped[float | None]
+    isolated: Mapped[bool | None]
+    listed_price: Mapped[Decimal | None] = mapped_column(Numeric(12, 6))  # NULL: not listed
+    verified: Mapped[bool]
+    available_until: Mapped[datetime | None]
+    maintenance_windows: Mapped[list[Any] | None] = mapped_column(JSON)  # NULL: none
+
+
 class Rental(Base):
     __tablename__ = "rentals"
     __table_args__ = (UniqueConstraint("renter_id", "idempotency_key", name="uq_rentals_idempotency"),)
