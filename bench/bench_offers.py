@@ -117,6 +117,9 @@ from shared import protocol
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import Progress, describe_machine, fresh_database, quantile
 
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.offers_reference import reference_search
+
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)  # the searches' "now": windows and end dates are relative to it
 GPUS_PER_HOST = 8
 PAGE = 50
@@ -511,17 +514,22 @@ async def check_queries(db: Database, fleet: Fleet, queries: Sequence[Query] = Q
         async with db.session() as session:
             items, total = await search_offers(session, search)
         problems = check_page(search, items, total, expected_offers(fleet, search))
+        async with db.session() as session:
+            if (items, total) != await reference_search(session, search):
+                problems.append("differs from the search over GPU rows (tests/offers_reference.py)")
         checked.append({"label": query.label, "q": query.q, "sort": query.sort.value, "offset": query.offset,
                         "matches": total, "returned": len(items), "problems": problems})  # fmt: skip
     return checked
 
 
 async def time_queries(
-    db: Database, *, repeat: int, warmup: int, queries: Sequence[Query] = QUERIES
-) -> tuple[list[list[float]], list[float]]:
-    """Milliseconds of each query's ``repeat`` runs, and of the baseline's, after ``warmup`` untimed rounds."""
+    db: Database, *, repeat: int, warmup: int, reference_every: int = 5, queries: Sequence[Query] = QUERIES
+) -> tuple[list[list[float]], list[list[float]], list[float]]:
+    """Milliseconds of each query's ``repeat`` runs, of its runs on the search over GPU rows (every
+    ``reference_every``-th round; 0: never), and of the baseline's, after ``warmup`` untimed rounds."""
     plan = searches(queries)
     times: list[list[float]] = [[] for _ in plan]
+    reference: list[list[float]] = [[] for _ in plan]
     baseline: list[float] = []
     sql = text(BASELINE_SQL)
     progress = Progress("timing rounds", warmup + repeat, after=1.0)
@@ -532,6 +540,11 @@ async def time_queries(
                 await search_offers(session, search)
             if round_number >= warmup:
                 times[number].append((time.perf_counter() - started) * 1000)
+            if reference_every and round_number >= warmup and (round_number - warmup) % reference_every == 0:
+                started = time.perf_counter()
+                async with db.session() as session:
+                    await reference_search(session, search)
+                reference[number].append((time.perf_counter() - started) * 1000)
         started = time.perf_counter()
         async with db.session() as session:
             (await session.execute(sql)).all()
@@ -539,7 +552,7 @@ async def time_queries(
             baseline.append((time.perf_counter() - started) * 1000)
         progress.update(round_number + 1)
     progress.done()
-    return times, baseline
+    return times, reference, baseline
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -560,16 +573,22 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             async with db.session() as session:
                 postgres = str((await session.execute(text("SHOW server_version"))).scalar_one()).split()[0]
             checked = await check_queries(db, fleet)
-            times, baseline = await time_queries(db, repeat=args.repeat, warmup=args.warmup)
+            times, reference, baseline = await time_queries(
+                db, repeat=args.repeat, warmup=args.warmup, reference_every=args.reference_every
+            )
         finally:
             await db.close()
     every = [t for per_query in times for t in per_query]
     floor = figures(baseline)
     overall = round(quantile(every, 0.99), 2)
     queries = {}
-    for check, per_query in zip(checked, times, strict=True):
+    for check, per_query, old in zip(checked, times, reference, strict=True):
         label = check.pop("label")
         queries[label] = {**check, **figures(per_query), "p99_vs_baseline": round(quantile(per_query, 0.99) / floor["p99_ms"], 1)}
+        if old:
+            queries[label]["gpu_rows"] = figures(old)
+            queries[label]["gpu_rows_p99_vs_p99"] = round(quantile(old, 0.99) / quantile(per_query, 0.99), 1)
+    every_old = [t for per_query in reference for t in per_query]
     return {
         "machine": describe_machine(), "postgres": postgres, "sqlalchemy": metadata.version("sqlalchemy"),
         "asyncpg": metadata.version("asyncpg"), "gpus_requested": args.gpus, "fleet": fleet.counts(),
@@ -577,6 +596,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "analyze_s": round(analyzed, 2), "repeat": args.repeat, "warmup": args.warmup, "queries": queries,
         "overall_p99_ms": overall, "baseline": {"sql": BASELINE_SQL, **floor},
         "overall_p99_vs_baseline": round(overall / floor["p99_ms"], 1),
+        "gpu_rows_overall_p99_ms": round(quantile(every_old, 0.99), 2) if every_old else None,
+        "reference_every": args.reference_every,
         "checks_ok": all(not q["problems"] for q in queries.values()),
     }  # fmt: skip
 
@@ -597,12 +618,14 @@ def print_report(result: dict[str, Any]) -> None:
         f"ANALYZE {result['analyze_s']:.1f} s; {result['repeat']} timed runs per query after {result['warmup']} warm-up rounds"
     )
     print()
-    print(f"  {'query':<30} {'q':<58} {'sort':<22} {'matches':>7} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'p99 vs base':>11}")
+    print(f"  {'query':<30} {'q':<58} {'sort':<22} {'matches':>7} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'p99 vs base':>11}"
+          f" {'GPU rows p99':>12} {'÷ p99':>6}")  # fmt: skip
     for label, q in result["queries"].items():
         shown = " ".join(part for part in (q["q"], f"(offset {q['offset']:,})" if q["offset"] else "") if part)
+        old = f"{q['gpu_rows']['p99_ms']:>12.1f} {q['gpu_rows_p99_vs_p99']:>5.1f}×" if "gpu_rows" in q else f"{'-':>12} {'-':>6}"
         print(
             f"  {label:<30} {shown or '(none)':<58} {q['sort']:<22} {q['matches']:>7,} {q['p50_ms']:>7.1f} {q['p99_ms']:>7.1f} "
-            f"{q['max_ms']:>7.1f} {q['p99_vs_baseline']:>10.0f}×"
+            f"{q['max_ms']:>7.1f} {q['p99_vs_baseline']:>10.1f}× {old}"
         )
     base = result["baseline"]
     print(
@@ -612,9 +635,16 @@ def print_report(result: dict[str, Any]) -> None:
     print()
     print(
         f"p99 over every query: {result['overall_p99_ms']:.1f} ms; baseline p99 {base['p99_ms']:.2f} ms; "
-        f"ratio {result['overall_p99_vs_baseline']:.0f}×"
+        f"ratio {result['overall_p99_vs_baseline']:.1f}×"
     )
-    print("checks: each query's total and page against a Python evaluation of the fleet, each offer against its conditions")
+    if result["gpu_rows_overall_p99_ms"] is not None:
+        print(
+            f"the search over GPU rows (tests/offers_reference.py, the search before offer_summary), every "
+            f"{result['reference_every']}th round: p99 over every query {result['gpu_rows_overall_p99_ms']:.1f} ms, "
+            f"{result['gpu_rows_overall_p99_ms'] / result['overall_p99_ms']:.1f}× the summary's"
+        )
+    print("checks: each query's total and page against a Python evaluation of the fleet, each offer against its conditions, "
+          "each answer against the search over GPU rows")  # fmt: skip
     for label, q in result["queries"].items():
         if q["problems"]:
             print(f"  {label}: FAILED: {'; '.join(q['problems'])}")
@@ -627,6 +657,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=200, help="timed runs of each query (default 200)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed rounds of every query first (default 5)")
     parser.add_argument("--seed", type=int, default=42, help="random seed of the fleet (default 42)")
+    parser.add_argument("--reference-every", type=int, default=5, metavar="N",
+                        help="also time the search over GPU rows every Nth round (default 5; 0: never)")  # fmt: skip
     parser.add_argument("--admin-url", default=ADMIN_DEFAULT,
                         help="PostgreSQL server: a database gm_bench_<random> is created beside this one and dropped "
                         f"at the end (default {ADMIN_DEFAULT}, or GPUMARKET_TEST_POSTGRES_URL)")  # fmt: skip
@@ -634,8 +666,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.gpus < GPUS_PER_HOST or args.gpus % GPUS_PER_HOST:
         parser.error(f"--gpus must be a positive multiple of {GPUS_PER_HOST}")
-    if args.repeat < 1 or args.warmup < 0:
-        parser.error("--repeat must be at least 1 and --warmup at least 0")
+    if args.repeat < 1 or args.warmup < 0 or args.reference_every < 0:
+        parser.error("--repeat must be at least 1, --warmup and --reference-every at least 0")
     args.admin_url = args.admin_url.replace("postgresql+asyncpg://", "postgresql://", 1)
     print(describe_machine())
     print(f"load average at the start: {' '.join(f'{load:.2f}' for load in os.getloadavg())}")

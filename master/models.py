@@ -22,6 +22,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -267,6 +268,10 @@ class OfferSummary(Base):
     searched values: what ``GET /api/v1/offers`` reads. Written only by the database's triggers (migration 0018)."""
 
     __tablename__ = "offer_summary"
+    # The rows the search groups (a host's model of several kinds): few, found without a scan.
+    __table_args__ = (
+        Index("ix_offer_summary_several", "host_id", "gpu_name", postgresql_where=text("kinds > 1"), sqlite_where=text("kinds > 1")),
+    )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
     host_id: Mapped[str] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), index=True)
@@ -290,6 +295,7 @@ class OfferSummary(Base):
     verified: Mapped[bool]
     available_until: Mapped[datetime | None]
     maintenance_windows: Mapped[list[Any] | None] = mapped_column(JSON)  # NULL: none
+    kinds: Mapped[int]  # rows of this host and model: 1 (the usual case) makes this row the whole offer
 
 
 class Rental(Base):

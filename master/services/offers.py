@@ -11,18 +11,20 @@ a listing is offered too, at the ``default`` price of each GPU's tier from
 hello — the embedded demo's agents never list. A GPU with no tier yet takes the entry
 default.
 
-**Work done in SQL.** One grouped query filters, groups, sorts, pages and counts
-(``GROUP BY host, model``; the ``num_gpus`` condition is its ``HAVING``; the total is a
-``count(*) OVER ()``); listings past their end or in a maintenance window are found in one
-pass over the listings and excluded as a set. Two more queries read the page's hosts,
-listings and GPU versions: three queries whatever the fleet's size, none per host (a page
-past the end runs a plain count instead). The only filter not written in SQL is the GPU
-model words match (``master.services.placement.model_matches``): it is evaluated over the
-distinct model names (a fourth, small query), and the search then filters on
-``gpus.name IN (...)``. At 100,000 GPUs (12,500 hosts) a search takes ~40–110 ms on
-PostgreSQL (``bench/bench_offers.py``); ``compute_capability`` / ``cuda_driver_version``
-compare the GPU rows' integer version keys (``Gpu.compute_capability_key``,
-``cuda_version_key``), not the info JSON.
+**Work done in SQL.** The search reads ``offer_summary`` (``master.models.OfferSummary``, migration 0018):
+one row per host and kind of free GPU, kept by the database's triggers whenever a GPU, its host or its
+listing changes, with what the search reads of the host and listing copied in. The query language compiles
+to one statement over it (``offer_groups``) that filters, groups, sorts, pages and counts: a host's model of
+one kind is its one row; models of several kinds on a host are grouped (``GROUP BY host, model``; the
+``num_gpus`` condition is its ``HAVING``); the total is a ``count(*) OVER ()``. Two more queries read the
+page's hosts, listings and GPU version texts: three statements whatever the fleet's size, none per host (a
+page past the end runs a plain count instead). The only filter not written in SQL is the GPU model words
+match (``master.services.placement.model_matches``): it is evaluated over the distinct model names (a
+fourth, small query), and the statement then filters on ``gpu_name IN (...)``. ``compute_capability`` /
+``cuda_driver_version`` compare integer version keys, not the info JSON. Placement filters GPU rows with
+the same conditions (``row_conditions``), joined to their hosts and listings. At 100,000 GPUs see
+``bench/bench_offers.py`` and the README's performance table; ``tests/offers_reference.py`` keeps the search
+over GPU rows this replaced, which ``tests/test_offer_summary.py`` checks it against.
 
 Conditions come from ``master/services/offerquery.py``; unknown values (no reliability score yet,
 no network measurement) fail every comparison except ``!=``.
@@ -44,6 +46,7 @@ from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import (
+    Boolean,
     ColumnElement,
     Float,
     Integer,
@@ -56,10 +59,12 @@ from sqlalchemy import (
     false,
     func,
     literal,
+    literal_column,
     not_,
     or_,
     select,
     text,
+    union_all,
 )
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -258,38 +263,56 @@ def _order_by(sort: Sort, order: Order, sub: Any, per_score: ColumnElement[float
 # ---- the search --------------------------------------------------------------------------------
 
 
-def offer_groups(search: OfferSearch, *, dialect: str, now: datetime, bounds: PriceBounds, model_names: Sequence[str]) -> Select[Any]:
+def offer_groups(
+    search: OfferSearch, *, dialect: str, now: datetime, bounds: PriceBounds, model_names: Sequence[str]
+) -> Select[Any]:
     """``search``'s offers as one statement over ``offer_summary``: filtered, grouped by host and model, sorted,
-    paged, with the number of matches in all (``total``) on every row."""
+    paged, with the number of matches in all (``total``) on every row.
+
+    A host's model of one kind (``kinds = 1``: nearly every offer) is its one summary row, kept or dropped whole by
+    the conditions; only models of several kinds on one host are grouped after filtering (``GROUP BY``).
+    """
     s = OfferSummary
     columns = _summary_columns(bounds, model_names)
-    count = func.sum(s.free_gpus)
     row_conditions = [columns.condition(c) for c in search.conditions if c.field != "num_gpus"]
-    group_conditions = [_compare(count, c.op, c.values) for c in search.conditions if c.field == "num_gpus"]
-    no_window_open = text(f"NOT {_in_window(dialect, 'offer_summary.maintenance_windows')}").bindparams(maintenance_now=window_time(now))
-    grouped = (
+    counts = [c for c in search.conditions if c.field == "num_gpus"]
+    no_window_open = text(f"NOT {_in_window(dialect, 'offer_summary.maintenance_windows')}")
+    offered = (
+        s.host_state.in_(RENTABLE_STATES),
+        or_(s.available_until.is_(None), s.available_until > now),
+        or_(s.maintenance_windows.is_(None), no_window_open.bindparams(maintenance_now=window_time(now))),
+        *row_conditions,
+    )
+    single = select(
+        s.host_id.label("host_id"),
+        s.gpu_name.label("gpu_name"),
+        s.free_gpus.label("num_gpus"),
+        s.memory_total_mib.label("vram_mib"),
+        s.tier.label("tier"),
+        s.score.label("score"),
+        cast(s.needs_review, Integer).label("needs_review"),
+        columns.price.label("price"),
+        s.reliability.label("reliability"),
+    ).where(literal_column("offer_summary.kinds = 1", Boolean), *offered, *(_compare(s.free_gpus, c.op, c.values) for c in counts))
+    total_gpus = func.sum(s.free_gpus)
+    several = (
         select(
-            s.host_id.label("host_id"),
-            s.gpu_name.label("gpu_name"),
-            count.label("num_gpus"),
-            func.max(s.memory_total_mib).label("vram_mib"),
-            func.max(s.tier).label("tier"),  # one model on one host: one classification
-            func.max(s.score).label("score"),
-            func.max(cast(s.needs_review, Integer)).label("needs_review"),
-            func.max(columns.price).label("price"),
-            func.max(s.reliability).label("reliability"),
+            s.host_id,
+            s.gpu_name,
+            total_gpus,
+            func.max(s.memory_total_mib),
+            func.max(s.tier),  # one model on one host: one classification
+            func.max(s.score),
+            func.max(cast(s.needs_review, Integer)),
+            func.max(columns.price),
+            func.max(s.reliability),
         )
-        .where(
-            s.host_state.in_(RENTABLE_STATES),
-            or_(s.available_until.is_(None), s.available_until > now),
-            or_(s.maintenance_windows.is_(None), no_window_open),
-            *row_conditions,
-        )
+        .where(literal_column("offer_summary.kinds > 1", Boolean), *offered)  # literal: ix_offer_summary_several's predicate
         .group_by(s.host_id, s.gpu_name)
     )
-    if group_conditions:
-        grouped = grouped.having(and_(*group_conditions))
-    sub = grouped.subquery("offer_groups")
+    if counts:
+        several = several.having(and_(*(_compare(total_gpus, c.op, c.values) for c in counts)))
+    sub = union_all(single, several).subquery("offer_groups")
     per_score = case((sub.c.score > 0, cast(sub.c.price, Float) / sub.c.score), else_=None)
     order = search.order or DEFAULT_ORDER[search.sort]
     return (

@@ -7,7 +7,8 @@ Create Date: 2026-11-26 09:00:00.000000
 ``offer_summary`` has one row per host and kind of free GPU (a present GPU that no rental holds and
 no share uses), a kind being every per-GPU value the offer search filters or groups on (model,
 memory, tier, score, review flag, version keys and the version texts of its info): ``free_gpus``
-counts them. Each row repeats what the search reads of the host (state, region, reliability,
+counts them, and ``kinds`` says how many kinds the host has of that model (almost always one: then
+the row alone is the offer, and the search needs no grouping for it). Each row repeats what the search reads of the host (state, region, reliability,
 network, isolation) and of its listing (price, verified, end date, maintenance windows), so
 ``GET /api/v1/offers`` is one statement over this narrow table instead of a join of every GPU row.
 
@@ -36,7 +37,7 @@ OFFER_LOCK_CLASS = 0x6F66  # "of"
 _COLUMNS = (
     "host_id, gpu_name, free_gpus, memory_total_mib, tier, score, needs_review, compute_capability_key, "
     "cuda_version_key, compute_capability, cuda_driver_version, host_state, region, reliability, download_mbps, "
-    "upload_mbps, isolated, listed_price, verified, available_until, maintenance_windows"
+    "upload_mbps, isolated, listed_price, verified, available_until, maintenance_windows, kinds"
 )
 # The GPU columns a kind is made of; a change to any of them, or to whether the GPU is free, moves it.
 _GPU_COLUMNS = (
@@ -82,7 +83,7 @@ def summary_select(dialect: str, host_filter: str) -> str:
         f"SELECT k.host_id, k.name, k.free_gpus, k.memory_total_mib, k.tier, k.score, k.needs_review, "
         f"k.compute_capability_key, k.cuda_version_key, k.compute_capability, k.cuda_driver_version, "
         f"h.state, h.region, h.reliability, {network}, l.price_per_gpu_hour, COALESCE(l.verified, {'false' if dialect == 'postgresql' else '0'}), "
-        f"l.available_until, {windows} "
+        f"l.available_until, {windows}, count(*) OVER (PARTITION BY k.host_id, k.name) "
         f"FROM (SELECT g.host_id, g.name, count(*) AS free_gpus, g.memory_total_mib, g.tier, g.score, g.needs_review, "
         f"g.compute_capability_key, g.cuda_version_key, {info} FROM gpus AS g "
         f"WHERE {host_filter} AND {free} AND g.rental_id IS NULL AND g.milli_used = 0 GROUP BY {kind}) AS k "
@@ -170,7 +171,7 @@ def upgrade() -> None:
     sa.Column('free_gpus', sa.Integer(), nullable=False),
     sa.Column('memory_total_mib', sa.Integer(), nullable=False),
     sa.Column('tier', sa.String(length=16), nullable=True),
-    sa.Column('score', sa.Float(), nullable=True),
+    sa.Column('score', sa.Double(), nullable=True),
     sa.Column('needs_review', sa.Boolean(), nullable=False),
     sa.Column('compute_capability_key', sa.Integer(), nullable=True),
     sa.Column('cuda_version_key', sa.Integer(), nullable=True),
@@ -178,14 +179,15 @@ def upgrade() -> None:
     sa.Column('cuda_driver_version', sa.Text(), nullable=True),
     sa.Column('host_state', sa.String(length=16), nullable=False),
     sa.Column('region', sa.String(length=64), nullable=True),
-    sa.Column('reliability', sa.Float(), nullable=True),
-    sa.Column('download_mbps', sa.Float(), nullable=True),
-    sa.Column('upload_mbps', sa.Float(), nullable=True),
+    sa.Column('reliability', sa.Double(), nullable=True),
+    sa.Column('download_mbps', sa.Double(), nullable=True),
+    sa.Column('upload_mbps', sa.Double(), nullable=True),
     sa.Column('isolated', sa.Boolean(), nullable=True),
     sa.Column('listed_price', sa.Numeric(precision=12, scale=6), nullable=True),
     sa.Column('verified', sa.Boolean(), nullable=False),
     sa.Column('available_until', sa.DateTime(timezone=True), nullable=True),
     sa.Column('maintenance_windows', sa.JSON(), nullable=True),
+    sa.Column('kinds', sa.Integer(), nullable=False),
     sa.ForeignKeyConstraint(['host_id'], ['hosts.id'], ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('id')
     )
@@ -195,6 +197,8 @@ def upgrade() -> None:
         batch.create_index(batch.f('ix_offer_summary_region'), ['region'], unique=False)
         batch.create_index(batch.f('ix_offer_summary_tier'), ['tier'], unique=False)
         batch.create_index(batch.f('ix_offer_summary_compute_capability_key'), ['compute_capability_key'], unique=False)
+        batch.create_index('ix_offer_summary_several', ['host_id', 'gpu_name'], unique=False,
+                           postgresql_where=sa.text('kinds > 1'), sqlite_where=sa.text('kinds > 1'))
     dialect = op.get_bind().dialect.name
     op.execute(f"INSERT INTO offer_summary ({_COLUMNS}) {summary_select(dialect, 'g.host_id IS NOT NULL')}")
     if dialect == "postgresql":
