@@ -32,17 +32,24 @@ network, a page at offset 5,000) run ``--warmup`` times untimed, then ``--repeat
 robin (one of each in turn, so load from elsewhere hits every query alike), timed with
 ``perf_counter``: p50, p99 (nearest rank) and worst per query, and the p99 over all of them.
 
-Baseline, the same run and the same round robin: a hand-written SQL (``BASELINE_SQL``) that lists 50
+Baselines, the same run and the same round robin: a hand-written SQL (``BASELINE_SQL``) that lists 50
 free GPUs joined to their hosts, no filter, grouping, pricing or count, through the same
-``Database.session()``: the floor for reading anything of this fleet through this stack.
+``Database.session()``: the floor for reading anything of this fleet through this stack; and, every
+``--reference-every``-th round, each query on the search over GPU rows that ``offer_summary`` replaced
+(``tests/offers_reference.py``: one grouped query over ``gpus`` joined to hosts and listings), so the
+old path's p99 and the ratio come from the same machine under the same load.
+
+The fleet is inserted with the summary's triggers on (migration 0018), as the master's writes are: the
+insert time includes keeping ``offer_summary``.
 
 Correctness, before the timing: every search's total and page must equal an independent evaluation
 of the seeded fleet in Python (``expected_offers``: the availability rules, conditions, grouping and
-sort order of the offers module's docstring), and every returned offer must satisfy each condition
-of its query on the fields it shows. A mismatch is printed and the exit code is 1.
+sort order of the offers module's docstring), every returned offer must satisfy each condition
+of its query on the fields it shows, and every answer must equal the search over GPU rows. A mismatch
+is printed and the exit code is 1.
 
 Usage: ``python bench/bench_offers.py [--gpus 100000] [--repeat 200] [--warmup 5] [--seed 42]
-[--admin-url URL] [--json FILE]``; the default run takes about four minutes.
+[--reference-every 5] [--admin-url URL] [--json FILE]``; the default run takes about four minutes.
 
 Measured 2026-11-22 on the development VM (AMD EPYC, 2 cores, CPython 3.11.7, SQLAlchemy 2.1.9, asyncpg
 0.32.0, PostgreSQL 15.20 with Debian's defaults: 128 MB shared buffers, 4 MB work_mem), default run, 3 min 39 s

@@ -14,7 +14,7 @@ default.
 **Work done in SQL.** The search reads ``offer_summary`` (``master.models.OfferSummary``, migration 0018):
 one row per host and kind of free GPU, kept by the database's triggers whenever a GPU, its host or its
 listing changes, with what the search reads of the host and listing copied in. The query language compiles
-to one statement over it (``offer_groups``) that filters, groups, sorts, pages and counts: a host's model of
+to one statement over it (``offer_page``) that filters, groups, sorts, pages and counts: a host's model of
 one kind is its one row; models of several kinds on a host are grouped (``GROUP BY host, model``; the
 ``num_gpus`` condition is its ``HAVING``); the total is a ``count(*) OVER ()``. Two more queries read the
 page's hosts, listings and GPU version texts: three statements whatever the fleet's size, none per host (a
@@ -67,6 +67,7 @@ from sqlalchemy import (
     union_all,
 )
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import aliased
 
 from master.models import Gpu, Host, HostListing, OfferSummary
 from master.services.hoststate import RENTABLE_STATES
@@ -263,14 +264,12 @@ def _order_by(sort: Sort, order: Order, sub: Any, per_score: ColumnElement[float
 # ---- the search --------------------------------------------------------------------------------
 
 
-def offer_groups(
-    search: OfferSearch, *, dialect: str, now: datetime, bounds: PriceBounds, model_names: Sequence[str]
-) -> Select[Any]:
-    """``search``'s offers as one statement over ``offer_summary``: filtered, grouped by host and model, sorted,
-    paged, with the number of matches in all (``total``) on every row.
+def _groups(search: OfferSearch, *, dialect: str, now: datetime, bounds: PriceBounds, model_names: Sequence[str]) -> Any:
+    """Every offer ``search`` matches, unsorted: a subquery over ``offer_summary``.
 
     A host's model of one kind (``kinds = 1``: nearly every offer) is its one summary row, kept or dropped whole by
     the conditions; only models of several kinds on one host are grouped after filtering (``GROUP BY``).
+    The version texts shown are those of the group's free GPUs, whichever conditions picked the group.
     """
     s = OfferSummary
     columns = _summary_columns(bounds, model_names)
@@ -293,7 +292,14 @@ def offer_groups(
         cast(s.needs_review, Integer).label("needs_review"),
         columns.price.label("price"),
         s.reliability.label("reliability"),
+        s.compute_capability.label("compute_capability"),
+        s.cuda_driver_version.label("cuda_driver_version"),
     ).where(literal_column("offer_summary.kinds = 1", Boolean), *offered, *(_compare(s.free_gpus, c.op, c.values) for c in counts))
+    kinds = aliased(OfferSummary, name="kinds")
+
+    def version(column: Any) -> Any:
+        return select(func.max(column)).where(kinds.host_id == s.host_id, kinds.gpu_name == s.gpu_name).scalar_subquery()
+
     total_gpus = func.sum(s.free_gpus)
     several = (
         select(
@@ -306,20 +312,35 @@ def offer_groups(
             func.max(cast(s.needs_review, Integer)),
             func.max(columns.price),
             func.max(s.reliability),
+            version(kinds.compute_capability),
+            version(kinds.cuda_driver_version),
         )
         .where(literal_column("offer_summary.kinds > 1", Boolean), *offered)  # literal: ix_offer_summary_several's predicate
         .group_by(s.host_id, s.gpu_name)
     )
     if counts:
         several = several.having(and_(*(_compare(total_gpus, c.op, c.values) for c in counts)))
-    sub = union_all(single, several).subquery("offer_groups")
+    return union_all(single, several).subquery("offer_groups")
+
+
+def offer_page(search: OfferSearch, *, dialect: str, now: datetime, bounds: PriceBounds, model_names: Sequence[str]) -> Select[Any]:
+    """``search``'s page as one statement: its offers sorted and paged, each with the number of matches in all
+    (``total``), its host's and its listing's shown values (the page's 50 hosts read by key, after the paging)."""
+    sub = _groups(search, dialect=dialect, now=now, bounds=bounds, model_names=model_names)
     per_score = case((sub.c.score > 0, cast(sub.c.price, Float) / sub.c.score), else_=None)
     order = search.order or DEFAULT_ORDER[search.sort]
-    return (
+    page = (
         select(sub, per_score.label("price_per_score"), func.count().over().label("total"))
         .order_by(*_order_by(search.sort, order, sub, per_score))
         .limit(search.limit)
         .offset(search.offset)
+        .subquery("page")
+    )
+    return (
+        select(page, Host.region, Host.state, Host.latest_network, Host.isolation, HostListing)
+        .join(Host, Host.id == page.c.host_id)
+        .outerjoin(HostListing, HostListing.host_id == page.c.host_id)
+        .order_by(*_order_by(search.sort, order, page, page.c.price_per_score))
     )
 
 
@@ -332,38 +353,15 @@ async def search_offers(session: AsyncSession, search: OfferSearch) -> tuple[lis
     now = search.now or datetime.now(UTC)
     bounds = search.bounds or load_price_bounds()
     dialect = session.get_bind().dialect.name
-    needs_names = any(c.field == "gpu_name" for c in search.conditions)
-    statement = offer_groups(search, dialect=dialect, now=now, bounds=bounds, model_names=await _model_names(session) if needs_names else ())
-    page = (await session.execute(statement)).all()
+    names = await _model_names(session) if any(c.field == "gpu_name" for c in search.conditions) else ()
+    page = (await session.execute(offer_page(search, dialect=dialect, now=now, bounds=bounds, model_names=names))).all()
     if not page:
         # A page past the end: count the matches on their own.
-        total = int(await session.scalar(select(func.count()).select_from(statement.limit(None).offset(None).subquery())) or 0) if search.offset else 0
-        return [], total
-
-    host_ids = sorted({row.host_id for row in page})
-    hosts = {
-        row.id: row
-        for row in (
-            await session.execute(
-                select(Host.id, Host.region, Host.state, Host.latest_network, Host.isolation, HostListing)
-                .outerjoin(HostListing, HostListing.host_id == Host.id)
-                .where(Host.id.in_(host_ids))
-            )
-        ).all()
-    }
-    # The versions shown are the info texts of the group's free GPUs, whichever conditions picked the group.
-    versions: dict[tuple[str, str], tuple[str | None, str | None]] = {}
-    for gpu_host, gpu_name, capability, cuda in (
-        await session.execute(
-            select(OfferSummary.host_id, OfferSummary.gpu_name, OfferSummary.compute_capability, OfferSummary.cuda_driver_version)
-            .where(OfferSummary.host_id.in_(host_ids))
-        )
-    ).all():
-        known = versions.get((gpu_host, gpu_name), (None, None))
-        versions[(gpu_host, gpu_name)] = (known[0] or capability, known[1] or cuda)
-    return [
-        _offer_view(row, hosts[row.host_id], versions.get((row.host_id, row.gpu_name), (None, None)), now) for row in page
-    ], int(page[0].total)
+        if not search.offset:
+            return [], 0
+        groups = _groups(search, dialect=dialect, now=now, bounds=bounds, model_names=names)
+        return [], int(await session.scalar(select(func.count()).select_from(groups)) or 0)
+    return [_offer_view(row, row, (row.compute_capability, row.cuda_driver_version), now) for row in page], int(page[0].total)
 
 
 def _offer_view(row: Any, host: Any, versions: tuple[str | None, str | None], now: datetime) -> dict[str, Any]:
