@@ -49,42 +49,47 @@ of its query on the fields it shows, and every answer must equal the search over
 is printed and the exit code is 1.
 
 Usage: ``python bench/bench_offers.py [--gpus 100000] [--repeat 200] [--warmup 5] [--seed 42]
-[--reference-every 5] [--admin-url URL] [--json FILE]``; the default run takes about four minutes.
+[--reference-every 5] [--admin-url URL] [--json FILE]``; run it with the checkout on ``PYTHONPATH`` (an
+installed ``master`` elsewhere would be imported first). The default run took 14.6 minutes on the loaded machine
+of 2026-11-26, seeding through the summary's triggers included (3 min 39 s on an idle one before them).
 
-Measured 2026-11-22 on the development VM (AMD EPYC, 2 cores, CPython 3.11.7, SQLAlchemy 2.1.9, asyncpg
-0.32.0, PostgreSQL 15.20 with Debian's defaults: 128 MB shared buffers, 4 MB work_mem), default run, 3 min 39 s
-in all, load average 0.35 at the start and 1.05 at the end. The fleet: 100,000 GPUs on 12,500 hosts, 8,708
-listed, 10,505 GPUs rented whole and 314 shared, 11,237 offers; built in Python in 1.2 s, inserted in 6.5 s
-(136,539 rows, 21,000 rows/s), ANALYZE 0.4 s. Every search agreed with the Python evaluation.
+Measured 2026-11-26 on the development VM (Intel Xeon, 2 cores shared with other jobs and a CI run,
+CPython 3.11.7, SQLAlchemy 2.1.9, asyncpg 0.32.0, PostgreSQL 15.20 with Debian's defaults), default run,
+``PYTHONPATH=. python bench/bench_offers.py``, 14 min 36 s in all, load average 17.6 at the start and 9.1 at
+the end (the hand-written baseline's p50 was 8.6 ms, against 1.1 ms on the idle machine of 2026-11-22: every
+figure below is inflated by about as much). The fleet as before: 100,000 GPUs on 12,500 hosts, 8,708 listed,
+10,505 GPUs rented whole and 314 shared, 11,237 offers; inserted in 362.8 s with the summary's triggers
+(376 rows/s under that load), ANALYZE 1.7 s. Every answer agreed with the Python evaluation and with the
+search over GPU rows.
 
-==============================  =========================================================  =======  ======  ======  ======
-query                           q (sort)                                                   matches  p50 ms  p99 ms  max ms
-==============================  =========================================================  =======  ======  ======  ======
-no filter                       (score)                                                     11,237   102.1   122.6   131.5
-model                           gpu_name=RTX_4090 (score)                                    2,148   115.6   124.1   144.6
-4+ GPUs, price cap              num_gpus>=4 price<=1.5 (score)                               9,423   123.8   132.6   149.0
-the issue's example             gpu_name=RTX_4090 num_gpus>=2 reliability>0.98 price<=0.5      737   102.3   117.4   123.8
-region, cheapest first          region=eu-west (price)                                       2,042    79.5    87.5   110.1
-best value first                (price_per_performance)                                     11,237   103.5   121.2   366.6
-tier, most reliable first       tier=datacenter (reliability)                                4,800    64.9    73.7    91.9
-compute capability              compute_capability>=8.9 (score)                              6,405    80.8   100.2   103.8
-CUDA, VRAM and network          cuda_driver_version>=12.4 vram>=40 download_mbps>=500        2,430    94.9   101.7   104.2
-deep page                       offset 5,000 (score)                                        11,237   115.8   129.8   367.9
-baseline: 50 free GPUs, SQL     ``BASELINE_SQL``                                                 -    1.10    1.44    1.60
-==============================  =========================================================  =======  ======  ======  ======
+==============================  =========================================================  ======  ======  ======  ========  =====
+query                           q (sort)                                                   p50 ms  p99 ms  max ms  GPU rows  ratio
+                                                                                                                   p99 ms
+==============================  =========================================================  ======  ======  ======  ========  =====
+no filter                       (score)                                                     116.1   256.9  2358.7     847.0   3.3×
+model                           gpu_name=RTX_4090 (score)                                    71.9   168.0   172.0     951.6   5.7×
+4+ GPUs, price cap              num_gpus>=4 price<=1.5 (score)                              111.3   256.0   301.6    1274.5   5.0×
+the issue's example             gpu_name=RTX_4090 num_gpus>=2 reliability>0.98 price<=0.5    65.0   160.3   176.9     746.9   4.7×
+region, cheapest first          region=eu-west (price)                                       67.0   210.1   220.4     689.7   3.3×
+best value first                (price_per_performance)                                     126.8   270.3  1280.8     891.9   3.3×
+tier, most reliable first       tier=datacenter (reliability)                                81.2   221.5   280.9     717.0   3.2×
+compute capability              compute_capability>=8.9 (score)                              94.9   240.3  1817.2    1046.3   4.4×
+CUDA, VRAM and network          cuda_driver_version>=12.4 vram>=40 download_mbps>=500        80.5   180.2  1728.1     875.5   4.9×
+deep page                       offset 5,000 (score)                                        216.2   507.6  1736.9    1057.8   2.1×
+baseline: 50 free GPUs, SQL     ``BASELINE_SQL``                                              8.60   37.85   63.50         -      -
+==============================  =========================================================  ======  ======  ======  ========  =====
 
-p99 over all 2,000 searches: 129.7 ms, 90× the baseline's p99 (per query 51-92×). A second default run beside
-another benchmark on the same two cores (load average 1.2 → 2.1) gave p99 139.9 ms over all, p50 68.7-129.4 ms
-per query, and a noisier baseline (p99 3.7 ms, so a ratio of 38×): the ratio is only as steady as the baseline.
+p99 over all 2,000 searches: 345.6 ms, 9.1× the baseline's p99 (the search over GPU rows, 40 runs per query in
+the same rounds: 1,048.1 ms, 27.7× the baseline, 3.0× the summary's). On 2026-11-22's idle machine the search over
+GPU rows was 90× the baseline (p99 129.7 ms, baseline 1.44 ms); at the same 9.1× the summary's p99 would be about
+13 ms there. That is an estimate from ratios, not a measurement: this machine was not idle on 2026-11-26.
 
-Where the time goes (``EXPLAIN ANALYZE`` on the same fleet): every search reads the whole ``gpus`` heap, 79 MB
-for 100,000 rows because each row carries its ``info`` JSON (~45 ms through ``ix_gpus_rental_id``), joins the
-~80,000 free GPU rows to ``hosts`` and ``host_listings`` (~25 ms) and hash-groups them into ~11,000 offers (~25 ms)
-before the window count and the top-50 sort; a search with ``gpu_name`` first runs ``SELECT DISTINCT gpus.name``,
-a sequential scan of the same heap (~40 ms). Indexes would change that, none is in the migrations yet: a partial
-index ``gpus (name, milli_used) WHERE present IS TRUE AND rental_id IS NULL`` took the model query from p50 117
-to 39 ms and the issue's example from 101 to 40 ms, other queries unchanged; grouping the GPU rows before joining
-hosts and listings, over a covering partial index, took the unfiltered query's SQL from ~100 to 37-50 ms.
+Where the time goes (``EXPLAIN ANALYZE``): the statement reads the ~12,500 summary rows (about 300 bytes each, no
+GPU info JSON), keeps the ~11,200 offered ones, counts them (``WindowAgg``) and keeps the page with a top-N heap
+sort; the models of several kinds are found through the partial index ``ix_offer_summary_several`` (none in this
+fleet); the page's 50 hosts are read by primary key and the listings by a hash join. The deep page sorts 5,050 rows
+instead of 50, hence its higher figures. Before the summary, every search read the whole ``gpus`` heap (79 MB for
+100,000 rows with their info JSON), joined ~80,000 free GPU rows to hosts and listings and grouped them.
 """
 
 from __future__ import annotations

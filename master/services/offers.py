@@ -16,9 +16,9 @@ one row per host and kind of free GPU, kept by the database's triggers whenever 
 listing changes, with what the search reads of the host and listing copied in. The query language compiles
 to one statement over it (``offer_page``) that filters, groups, sorts, pages and counts: a host's model of
 one kind is its one row; models of several kinds on a host are grouped (``GROUP BY host, model``; the
-``num_gpus`` condition is its ``HAVING``); the total is a ``count(*) OVER ()``. Two more queries read the
-page's hosts, listings and GPU version texts: three statements whatever the fleet's size, none per host (a
-page past the end runs a plain count instead). The only filter not written in SQL is the GPU model words
+``num_gpus`` condition is its ``HAVING``); the total is a ``count(*) OVER ()``; the page's 50 hosts and
+listings are joined after the paging, by key. One statement whatever the fleet's size, none per host (a
+page past the end runs a plain count as well). The only filter not written in SQL is the GPU model words
 match (``master.services.placement.model_matches``): it is evaluated over the distinct model names (a
 fourth, small query), and the statement then filters on ``gpu_name IN (...)``. ``compute_capability`` /
 ``cuda_driver_version`` compare integer version keys, not the info JSON. Placement filters GPU rows with

@@ -8,9 +8,11 @@ Create Date: 2026-11-26 09:00:00.000000
 no share uses), a kind being every per-GPU value the offer search filters or groups on (model,
 memory, tier, score, review flag, version keys and the version texts of its info): ``free_gpus``
 counts them, and ``kinds`` says how many kinds the host has of that model (almost always one: then
-the row alone is the offer, and the search needs no grouping for it). Each row repeats what the search reads of the host (state, region, reliability,
-network, isolation) and of its listing (price, verified, end date, maintenance windows), so
-``GET /api/v1/offers`` is one statement over this narrow table instead of a join of every GPU row.
+the row alone is the offer, and the search needs no grouping for it). Each row repeats what the
+search reads of the host (state, region, reliability, network, isolation) and of its listing (price,
+verified, end date, maintenance windows), so ``GET /api/v1/offers`` is one statement over this
+narrow table instead of a join of every GPU row. (This relies on READ COMMITTED, the isolation level
+every session of the master uses: each statement of the recomputation sees what committed before it.)
 
 Triggers keep it: any insert, delete or relevant update of ``gpus``, ``hosts`` or ``host_listings``
 recomputes that host's rows (``DELETE`` + ``INSERT … SELECT``), whatever code path made it: the
