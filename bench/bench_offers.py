@@ -32,52 +32,64 @@ network, a page at offset 5,000) run ``--warmup`` times untimed, then ``--repeat
 robin (one of each in turn, so load from elsewhere hits every query alike), timed with
 ``perf_counter``: p50, p99 (nearest rank) and worst per query, and the p99 over all of them.
 
-Baseline, the same run and the same round robin: a hand-written SQL (``BASELINE_SQL``) that lists 50
+Baselines, the same run and the same round robin: a hand-written SQL (``BASELINE_SQL``) that lists 50
 free GPUs joined to their hosts, no filter, grouping, pricing or count, through the same
-``Database.session()``: the floor for reading anything of this fleet through this stack.
+``Database.session()``: the floor for reading anything of this fleet through this stack; and, every
+``--reference-every``-th round, each query on the search over GPU rows that ``offer_summary`` replaced
+(``tests/offers_reference.py``: one grouped query over ``gpus`` joined to hosts and listings), so the
+old path's p99 and the ratio come from the same machine under the same load.
+
+The fleet is inserted with the summary's triggers on (migration 0018), as the master's writes are: the
+insert time includes keeping ``offer_summary``.
 
 Correctness, before the timing: every search's total and page must equal an independent evaluation
 of the seeded fleet in Python (``expected_offers``: the availability rules, conditions, grouping and
-sort order of the offers module's docstring), and every returned offer must satisfy each condition
-of its query on the fields it shows. A mismatch is printed and the exit code is 1.
+sort order of the offers module's docstring), every returned offer must satisfy each condition
+of its query on the fields it shows, and every answer must equal the search over GPU rows. A mismatch
+is printed and the exit code is 1.
 
 Usage: ``python bench/bench_offers.py [--gpus 100000] [--repeat 200] [--warmup 5] [--seed 42]
-[--admin-url URL] [--json FILE]``; the default run takes about four minutes.
+[--reference-every 5] [--admin-url URL] [--json FILE]``; run it with the checkout on ``PYTHONPATH`` (an
+installed ``master`` elsewhere would be imported first). The default run took 14.6 minutes on the loaded machine
+of 2026-11-26, seeding through the summary's triggers included (3 min 39 s on an idle one before them).
 
-Measured 2026-11-22 on the development VM (AMD EPYC, 2 cores, CPython 3.11.7, SQLAlchemy 2.1.9, asyncpg
-0.32.0, PostgreSQL 15.20 with Debian's defaults: 128 MB shared buffers, 4 MB work_mem), default run, 3 min 39 s
-in all, load average 0.35 at the start and 1.05 at the end. The fleet: 100,000 GPUs on 12,500 hosts, 8,708
-listed, 10,505 GPUs rented whole and 314 shared, 11,237 offers; built in Python in 1.2 s, inserted in 6.5 s
-(136,539 rows, 21,000 rows/s), ANALYZE 0.4 s. Every search agreed with the Python evaluation.
+Measured 2026-11-26 on the development VM (Intel Xeon, 2 cores shared with other jobs and a CI run,
+CPython 3.11.7, SQLAlchemy 2.1.9, asyncpg 0.32.0, PostgreSQL 15.20 with Debian's defaults), default run,
+``PYTHONPATH=. python bench/bench_offers.py``, 14 min 36 s in all, load average 17.6 at the start and 9.1 at
+the end (the hand-written baseline's p50 was 8.6 ms, against 1.1 ms on the idle machine of 2026-11-22: every
+figure below is inflated by about as much). The fleet as before: 100,000 GPUs on 12,500 hosts, 8,708 listed,
+10,505 GPUs rented whole and 314 shared, 11,237 offers; inserted in 362.8 s with the summary's triggers
+(376 rows/s under that load), ANALYZE 1.7 s. Every answer agreed with the Python evaluation and with the
+search over GPU rows.
 
-==============================  =========================================================  =======  ======  ======  ======
-query                           q (sort)                                                   matches  p50 ms  p99 ms  max ms
-==============================  =========================================================  =======  ======  ======  ======
-no filter                       (score)                                                     11,237   102.1   122.6   131.5
-model                           gpu_name=RTX_4090 (score)                                    2,148   115.6   124.1   144.6
-4+ GPUs, price cap              num_gpus>=4 price<=1.5 (score)                               9,423   123.8   132.6   149.0
-the issue's example             gpu_name=RTX_4090 num_gpus>=2 reliability>0.98 price<=0.5      737   102.3   117.4   123.8
-region, cheapest first          region=eu-west (price)                                       2,042    79.5    87.5   110.1
-best value first                (price_per_performance)                                     11,237   103.5   121.2   366.6
-tier, most reliable first       tier=datacenter (reliability)                                4,800    64.9    73.7    91.9
-compute capability              compute_capability>=8.9 (score)                              6,405    80.8   100.2   103.8
-CUDA, VRAM and network          cuda_driver_version>=12.4 vram>=40 download_mbps>=500        2,430    94.9   101.7   104.2
-deep page                       offset 5,000 (score)                                        11,237   115.8   129.8   367.9
-baseline: 50 free GPUs, SQL     ``BASELINE_SQL``                                                 -    1.10    1.44    1.60
-==============================  =========================================================  =======  ======  ======  ======
+==============================  =========================================================  ======  ======  ======  ========  =====
+query                           q (sort)                                                   p50 ms  p99 ms  max ms  GPU rows  ratio
+                                                                                                                   p99 ms
+==============================  =========================================================  ======  ======  ======  ========  =====
+no filter                       (score)                                                     116.1   256.9  2358.7     847.0   3.3×
+model                           gpu_name=RTX_4090 (score)                                    71.9   168.0   172.0     951.6   5.7×
+4+ GPUs, price cap              num_gpus>=4 price<=1.5 (score)                              111.3   256.0   301.6    1274.5   5.0×
+the issue's example             gpu_name=RTX_4090 num_gpus>=2 reliability>0.98 price<=0.5    65.0   160.3   176.9     746.9   4.7×
+region, cheapest first          region=eu-west (price)                                       67.0   210.1   220.4     689.7   3.3×
+best value first                (price_per_performance)                                     126.8   270.3  1280.8     891.9   3.3×
+tier, most reliable first       tier=datacenter (reliability)                                81.2   221.5   280.9     717.0   3.2×
+compute capability              compute_capability>=8.9 (score)                              94.9   240.3  1817.2    1046.3   4.4×
+CUDA, VRAM and network          cuda_driver_version>=12.4 vram>=40 download_mbps>=500        80.5   180.2  1728.1     875.5   4.9×
+deep page                       offset 5,000 (score)                                        216.2   507.6  1736.9    1057.8   2.1×
+baseline: 50 free GPUs, SQL     ``BASELINE_SQL``                                              8.60   37.85   63.50         -      -
+==============================  =========================================================  ======  ======  ======  ========  =====
 
-p99 over all 2,000 searches: 129.7 ms, 90× the baseline's p99 (per query 51-92×). A second default run beside
-another benchmark on the same two cores (load average 1.2 → 2.1) gave p99 139.9 ms over all, p50 68.7-129.4 ms
-per query, and a noisier baseline (p99 3.7 ms, so a ratio of 38×): the ratio is only as steady as the baseline.
+p99 over all 2,000 searches: 345.6 ms, 9.1× the baseline's p99 (the search over GPU rows, 40 runs per query in
+the same rounds: 1,048.1 ms, 27.7× the baseline, 3.0× the summary's). On 2026-11-22's idle machine the search over
+GPU rows was 90× the baseline (p99 129.7 ms, baseline 1.44 ms); at the same 9.1× the summary's p99 would be about
+13 ms there. That is an estimate from ratios, not a measurement: this machine was not idle on 2026-11-26.
 
-Where the time goes (``EXPLAIN ANALYZE`` on the same fleet): every search reads the whole ``gpus`` heap, 79 MB
-for 100,000 rows because each row carries its ``info`` JSON (~45 ms through ``ix_gpus_rental_id``), joins the
-~80,000 free GPU rows to ``hosts`` and ``host_listings`` (~25 ms) and hash-groups them into ~11,000 offers (~25 ms)
-before the window count and the top-50 sort; a search with ``gpu_name`` first runs ``SELECT DISTINCT gpus.name``,
-a sequential scan of the same heap (~40 ms). Indexes would change that, none is in the migrations yet: a partial
-index ``gpus (name, milli_used) WHERE present IS TRUE AND rental_id IS NULL`` took the model query from p50 117
-to 39 ms and the issue's example from 101 to 40 ms, other queries unchanged; grouping the GPU rows before joining
-hosts and listings, over a covering partial index, took the unfiltered query's SQL from ~100 to 37-50 ms.
+Where the time goes (``EXPLAIN ANALYZE``): the statement reads the ~12,500 summary rows (about 300 bytes each, no
+GPU info JSON), keeps the ~11,200 offered ones, counts them (``WindowAgg``) and keeps the page with a top-N heap
+sort; the models of several kinds are found through the partial index ``ix_offer_summary_several`` (none in this
+fleet); the page's 50 hosts are read by primary key and the listings by a hash join. The deep page sorts 5,050 rows
+instead of 50, hence its higher figures. Before the summary, every search read the whole ``gpus`` heap (79 MB for
+100,000 rows with their info JSON), joined ~80,000 free GPU rows to hosts and listings and grouped them.
 """
 
 from __future__ import annotations
@@ -116,6 +128,9 @@ from shared import protocol
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import Progress, describe_machine, fresh_database, quantile
+
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.offers_reference import reference_search
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)  # the searches' "now": windows and end dates are relative to it
 GPUS_PER_HOST = 8
@@ -511,17 +526,22 @@ async def check_queries(db: Database, fleet: Fleet, queries: Sequence[Query] = Q
         async with db.session() as session:
             items, total = await search_offers(session, search)
         problems = check_page(search, items, total, expected_offers(fleet, search))
+        async with db.session() as session:
+            if (items, total) != await reference_search(session, search):
+                problems.append("differs from the search over GPU rows (tests/offers_reference.py)")
         checked.append({"label": query.label, "q": query.q, "sort": query.sort.value, "offset": query.offset,
                         "matches": total, "returned": len(items), "problems": problems})  # fmt: skip
     return checked
 
 
 async def time_queries(
-    db: Database, *, repeat: int, warmup: int, queries: Sequence[Query] = QUERIES
-) -> tuple[list[list[float]], list[float]]:
-    """Milliseconds of each query's ``repeat`` runs, and of the baseline's, after ``warmup`` untimed rounds."""
+    db: Database, *, repeat: int, warmup: int, reference_every: int = 5, queries: Sequence[Query] = QUERIES
+) -> tuple[list[list[float]], list[list[float]], list[float]]:
+    """Milliseconds of each query's ``repeat`` runs, of its runs on the search over GPU rows (every
+    ``reference_every``-th round; 0: never), and of the baseline's, after ``warmup`` untimed rounds."""
     plan = searches(queries)
     times: list[list[float]] = [[] for _ in plan]
+    reference: list[list[float]] = [[] for _ in plan]
     baseline: list[float] = []
     sql = text(BASELINE_SQL)
     progress = Progress("timing rounds", warmup + repeat, after=1.0)
@@ -532,6 +552,11 @@ async def time_queries(
                 await search_offers(session, search)
             if round_number >= warmup:
                 times[number].append((time.perf_counter() - started) * 1000)
+            if reference_every and round_number >= warmup and (round_number - warmup) % reference_every == 0:
+                started = time.perf_counter()
+                async with db.session() as session:
+                    await reference_search(session, search)
+                reference[number].append((time.perf_counter() - started) * 1000)
         started = time.perf_counter()
         async with db.session() as session:
             (await session.execute(sql)).all()
@@ -539,7 +564,7 @@ async def time_queries(
             baseline.append((time.perf_counter() - started) * 1000)
         progress.update(round_number + 1)
     progress.done()
-    return times, baseline
+    return times, reference, baseline
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -560,16 +585,22 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             async with db.session() as session:
                 postgres = str((await session.execute(text("SHOW server_version"))).scalar_one()).split()[0]
             checked = await check_queries(db, fleet)
-            times, baseline = await time_queries(db, repeat=args.repeat, warmup=args.warmup)
+            times, reference, baseline = await time_queries(
+                db, repeat=args.repeat, warmup=args.warmup, reference_every=args.reference_every
+            )
         finally:
             await db.close()
     every = [t for per_query in times for t in per_query]
     floor = figures(baseline)
     overall = round(quantile(every, 0.99), 2)
     queries = {}
-    for check, per_query in zip(checked, times, strict=True):
+    for check, per_query, old in zip(checked, times, reference, strict=True):
         label = check.pop("label")
         queries[label] = {**check, **figures(per_query), "p99_vs_baseline": round(quantile(per_query, 0.99) / floor["p99_ms"], 1)}
+        if old:
+            queries[label]["gpu_rows"] = figures(old)
+            queries[label]["gpu_rows_p99_vs_p99"] = round(quantile(old, 0.99) / quantile(per_query, 0.99), 1)
+    every_old = [t for per_query in reference for t in per_query]
     return {
         "machine": describe_machine(), "postgres": postgres, "sqlalchemy": metadata.version("sqlalchemy"),
         "asyncpg": metadata.version("asyncpg"), "gpus_requested": args.gpus, "fleet": fleet.counts(),
@@ -577,6 +608,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "analyze_s": round(analyzed, 2), "repeat": args.repeat, "warmup": args.warmup, "queries": queries,
         "overall_p99_ms": overall, "baseline": {"sql": BASELINE_SQL, **floor},
         "overall_p99_vs_baseline": round(overall / floor["p99_ms"], 1),
+        "gpu_rows_overall_p99_ms": round(quantile(every_old, 0.99), 2) if every_old else None,
+        "reference_every": args.reference_every,
         "checks_ok": all(not q["problems"] for q in queries.values()),
     }  # fmt: skip
 
@@ -597,12 +630,14 @@ def print_report(result: dict[str, Any]) -> None:
         f"ANALYZE {result['analyze_s']:.1f} s; {result['repeat']} timed runs per query after {result['warmup']} warm-up rounds"
     )
     print()
-    print(f"  {'query':<30} {'q':<58} {'sort':<22} {'matches':>7} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'p99 vs base':>11}")
+    print(f"  {'query':<30} {'q':<58} {'sort':<22} {'matches':>7} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'p99 vs base':>11}"
+          f" {'GPU rows p99':>12} {'÷ p99':>6}")  # fmt: skip
     for label, q in result["queries"].items():
         shown = " ".join(part for part in (q["q"], f"(offset {q['offset']:,})" if q["offset"] else "") if part)
+        old = f"{q['gpu_rows']['p99_ms']:>12.1f} {q['gpu_rows_p99_vs_p99']:>5.1f}×" if "gpu_rows" in q else f"{'-':>12} {'-':>6}"
         print(
             f"  {label:<30} {shown or '(none)':<58} {q['sort']:<22} {q['matches']:>7,} {q['p50_ms']:>7.1f} {q['p99_ms']:>7.1f} "
-            f"{q['max_ms']:>7.1f} {q['p99_vs_baseline']:>10.0f}×"
+            f"{q['max_ms']:>7.1f} {q['p99_vs_baseline']:>10.1f}× {old}"
         )
     base = result["baseline"]
     print(
@@ -612,9 +647,16 @@ def print_report(result: dict[str, Any]) -> None:
     print()
     print(
         f"p99 over every query: {result['overall_p99_ms']:.1f} ms; baseline p99 {base['p99_ms']:.2f} ms; "
-        f"ratio {result['overall_p99_vs_baseline']:.0f}×"
+        f"ratio {result['overall_p99_vs_baseline']:.1f}×"
     )
-    print("checks: each query's total and page against a Python evaluation of the fleet, each offer against its conditions")
+    if result["gpu_rows_overall_p99_ms"] is not None:
+        print(
+            f"the search over GPU rows (tests/offers_reference.py, the search before offer_summary), every "
+            f"{result['reference_every']}th round: p99 over every query {result['gpu_rows_overall_p99_ms']:.1f} ms, "
+            f"{result['gpu_rows_overall_p99_ms'] / result['overall_p99_ms']:.1f}× the summary's"
+        )
+    print("checks: each query's total and page against a Python evaluation of the fleet, each offer against its conditions, "
+          "each answer against the search over GPU rows")  # fmt: skip
     for label, q in result["queries"].items():
         if q["problems"]:
             print(f"  {label}: FAILED: {'; '.join(q['problems'])}")
@@ -627,6 +669,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=200, help="timed runs of each query (default 200)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed rounds of every query first (default 5)")
     parser.add_argument("--seed", type=int, default=42, help="random seed of the fleet (default 42)")
+    parser.add_argument("--reference-every", type=int, default=5, metavar="N",
+                        help="also time the search over GPU rows every Nth round (default 5; 0: never)")  # fmt: skip
     parser.add_argument("--admin-url", default=ADMIN_DEFAULT,
                         help="PostgreSQL server: a database gm_bench_<random> is created beside this one and dropped "
                         f"at the end (default {ADMIN_DEFAULT}, or GPUMARKET_TEST_POSTGRES_URL)")  # fmt: skip
@@ -634,8 +678,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.gpus < GPUS_PER_HOST or args.gpus % GPUS_PER_HOST:
         parser.error(f"--gpus must be a positive multiple of {GPUS_PER_HOST}")
-    if args.repeat < 1 or args.warmup < 0:
-        parser.error("--repeat must be at least 1 and --warmup at least 0")
+    if args.repeat < 1 or args.warmup < 0 or args.reference_every < 0:
+        parser.error("--repeat must be at least 1, --warmup and --reference-every at least 0")
     args.admin_url = args.admin_url.replace("postgresql+asyncpg://", "postgresql://", 1)
     print(describe_machine())
     print(f"load average at the start: {' '.join(f'{load:.2f}' for load in os.getloadavg())}")

@@ -22,6 +22,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -260,6 +261,41 @@ class HostListing(Base):
     verified: Mapped[bool] = mapped_column(default=False)  # set by an admin, never by the provider
     created_at: Mapped[datetime] = mapped_column(default=_now)
     updated_at: Mapped[datetime] = mapped_column(default=_now)
+
+
+class OfferSummary(Base):
+    """A host's free GPUs of one kind (every per-GPU value the offer search reads), with its host's and listing's
+    searched values: what ``GET /api/v1/offers`` reads. Written only by the database's triggers (migration 0018)."""
+
+    __tablename__ = "offer_summary"
+    # The rows the search groups (a host's model of several kinds): few, found without a scan.
+    __table_args__ = (
+        Index("ix_offer_summary_several", "host_id", "gpu_name", postgresql_where=text("kinds > 1"), sqlite_where=text("kinds > 1")),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    host_id: Mapped[str] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), index=True)
+    gpu_name: Mapped[str] = mapped_column(String(255), index=True)
+    free_gpus: Mapped[int]
+    memory_total_mib: Mapped[int]
+    tier: Mapped[str | None] = mapped_column(String(16), index=True)
+    score: Mapped[float | None]
+    needs_review: Mapped[bool]
+    compute_capability_key: Mapped[int | None] = mapped_column(index=True)
+    cuda_version_key: Mapped[int | None]
+    compute_capability: Mapped[str | None] = mapped_column(Text)  # the GPUs' info texts
+    cuda_driver_version: Mapped[str | None] = mapped_column(Text)
+    host_state: Mapped[str] = mapped_column(String(16))
+    region: Mapped[str | None] = mapped_column(String(64), index=True)
+    reliability: Mapped[float | None]
+    download_mbps: Mapped[float | None]
+    upload_mbps: Mapped[float | None]
+    isolated: Mapped[bool | None]
+    listed_price: Mapped[Decimal | None] = mapped_column(Numeric(12, 6))  # NULL: not listed
+    verified: Mapped[bool]
+    available_until: Mapped[datetime | None]
+    maintenance_windows: Mapped[list[Any] | None] = mapped_column(JSON)  # NULL: none
+    kinds: Mapped[int]  # rows of this host and model: 1 (the usual case) makes this row the whole offer
 
 
 class Rental(Base):

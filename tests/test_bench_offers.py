@@ -131,7 +131,8 @@ class TestReport:
     @pytest.mark.postgres
     @pytest.mark.usefixtures("postgres_url")  # fails the test, saying how to start PostgreSQL
     def test_json_holds_every_figure(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-        """A whole run at 200 GPUs exits 0 and writes per-query p50/p99/max, the overall p99 and the baseline."""
+        """A whole run at 200 GPUs exits 0 and writes per-query p50/p99/max, the overall p99, the baseline and the
+        search over GPU rows' figures."""
         out = tmp_path / "offers.json"
         code = bench.main(["--gpus", "200", "--repeat", "3", "--warmup", "1", "--admin-url", PG_ADMIN_URL, "--json", str(out)])
         stdout = capsys.readouterr().out
@@ -148,7 +149,12 @@ class TestReport:
         every = result["queries"].values()
         assert min(f["p50_ms"] for f in every) <= result["overall_p99_ms"] <= max(f["max_ms"] for f in every)
         assert result["overall_p99_vs_baseline"] > 0
+        # The search over GPU rows (tests/offers_reference.py) timed in the same rounds: every 5th, so once in 3.
+        for label, figures in result["queries"].items():
+            assert figures["gpu_rows"]["p50_ms"] <= figures["gpu_rows"]["p99_ms"] and figures["gpu_rows_p99_vs_p99"] > 0, label
+        assert result["gpu_rows_overall_p99_ms"] > 0 and result["reference_every"] == 5
         assert stdout.startswith("machine: ") and "p99 over every query" in stdout and "all OK" in stdout
+        assert "the search over GPU rows" in stdout
 
     def test_gpus_must_fill_whole_hosts(self, capsys: pytest.CaptureFixture[str]) -> None:
         """``--gpus`` that does not fill 8-GPU hosts is refused before anything is created."""

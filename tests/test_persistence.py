@@ -32,7 +32,7 @@ class TestSchema:
         await master.db.migrate()
         async with master.db.session() as session:
             version = await session.scalar(text("SELECT version_num FROM alembic_version"))
-        assert version == "0017"
+        assert version == "0018"
 
     async def test_the_migrations_match_the_models(self, master: Master) -> None:
         """Alembic's autogenerate finds nothing to add: migrations and models agree."""

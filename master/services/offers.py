@@ -11,18 +11,20 @@ a listing is offered too, at the ``default`` price of each GPU's tier from
 hello — the embedded demo's agents never list. A GPU with no tier yet takes the entry
 default.
 
-**Work done in SQL.** One grouped query filters, groups, sorts, pages and counts
-(``GROUP BY host, model``; the ``num_gpus`` condition is its ``HAVING``; the total is a
-``count(*) OVER ()``); listings past their end or in a maintenance window are found in one
-pass over the listings and excluded as a set. Two more queries read the page's hosts,
-listings and GPU versions: three queries whatever the fleet's size, none per host (a page
-past the end runs a plain count instead). The only filter not written in SQL is the GPU
-model words match (``master.services.placement.model_matches``): it is evaluated over the
-distinct model names (a fourth, small query), and the search then filters on
-``gpus.name IN (...)``. At 100,000 GPUs (12,500 hosts) a search takes ~40–110 ms on
-PostgreSQL (``bench/bench_offers.py``); ``compute_capability`` / ``cuda_driver_version``
-compare the GPU rows' integer version keys (``Gpu.compute_capability_key``,
-``cuda_version_key``), not the info JSON.
+**Work done in SQL.** The search reads ``offer_summary`` (``master.models.OfferSummary``, migration 0018):
+one row per host and kind of free GPU, kept by the database's triggers whenever a GPU, its host or its
+listing changes, with what the search reads of the host and listing copied in. The query language compiles
+to one statement over it (``offer_page``) that filters, groups, sorts, pages and counts: a host's model of
+one kind is its one row; models of several kinds on a host are grouped (``GROUP BY host, model``; the
+``num_gpus`` condition is its ``HAVING``); the total is a ``count(*) OVER ()``; the page's 50 hosts and
+listings are joined after the paging, by key. One statement whatever the fleet's size, none per host (a
+page past the end runs a plain count as well). The only filter not written in SQL is the GPU model words
+match (``master.services.placement.model_matches``): it is evaluated over the distinct model names (a
+fourth, small query), and the statement then filters on ``gpu_name IN (...)``. ``compute_capability`` /
+``cuda_driver_version`` compare integer version keys, not the info JSON. Placement filters GPU rows with
+the same conditions (``row_conditions``), joined to their hosts and listings. At 100,000 GPUs see
+``bench/bench_offers.py`` and the README's performance table; ``tests/offers_reference.py`` keeps the search
+over GPU rows this replaced, which ``tests/test_offer_summary.py`` checks it against.
 
 Conditions come from ``master/services/offerquery.py``; unknown values (no reliability score yet,
 no network measurement) fail every comparison except ``!=``.
@@ -44,6 +46,7 @@ from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import (
+    Boolean,
     ColumnElement,
     Float,
     Integer,
@@ -56,14 +59,17 @@ from sqlalchemy import (
     false,
     func,
     literal,
+    literal_column,
     not_,
     or_,
     select,
     text,
+    union_all,
 )
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import aliased
 
-from master.models import Gpu, Host, HostListing
+from master.models import Gpu, Host, HostListing, OfferSummary
 from master.services.hoststate import RENTABLE_STATES
 from master.services.isolation import isolation_view
 from master.services.listings import PriceBounds, load_price_bounds, money, upcoming_windows, window_time
@@ -106,31 +112,29 @@ class OfferSearch:
 # ---- SQL pieces --------------------------------------------------------------------------------
 
 
-def _default_price(bounds: PriceBounds) -> ColumnElement[Decimal]:
+def _default_price(bounds: PriceBounds, tier: SQLColumnExpression[str | None]) -> ColumnElement[Decimal]:
     """The tier default for a GPU of an unlisted host (entry's when the GPU has no tier)."""
-    whens = {tier.value: literal(bounds[tier].default, _PRICE) for tier in Tier}
-    return case(whens, value=Gpu.tier, else_=literal(bounds[Tier.ENTRY].default, _PRICE))
+    whens = {t.value: literal(bounds[t].default, _PRICE) for t in Tier}
+    return case(whens, value=tier, else_=literal(bounds[Tier.ENTRY].default, _PRICE))
 
 
-def _unavailable_hosts(dialect: str, now: datetime) -> Select[Any]:
-    """Listed hosts not to offer at ``now``: past their end date, or in a maintenance window.
-
-    One pass over the listings (not one check per GPU row); windows compare as fixed-form text.
-    """
+def _in_window(dialect: str, windows: str) -> str:
+    """SQL: one of the windows of the JSON column ``windows`` is open at ``:maintenance_now`` (fixed-form text)."""
     if dialect == "postgresql":
-        in_window = (
-            "EXISTS (SELECT 1 FROM json_array_elements(host_listings.maintenance_windows) AS mw(w) "
+        return (
+            f"EXISTS (SELECT 1 FROM json_array_elements({windows}) AS mw(w) "
             "WHERE mw.w->>'start' <= :maintenance_now AND :maintenance_now < mw.w->>'end')"
         )
-    else:
-        in_window = (
-            "EXISTS (SELECT 1 FROM json_each(host_listings.maintenance_windows) AS mw "
-            "WHERE json_extract(mw.value, '$.start') <= :maintenance_now "
-            "AND :maintenance_now < json_extract(mw.value, '$.end'))"
-        )
-    return select(HostListing.host_id).where(
-        or_(HostListing.available_until <= now, text(in_window).bindparams(maintenance_now=window_time(now)))
+    return (
+        f"EXISTS (SELECT 1 FROM json_each({windows}) AS mw "
+        "WHERE json_extract(mw.value, '$.start') <= :maintenance_now AND :maintenance_now < json_extract(mw.value, '$.end'))"
     )
+
+
+def unavailable_hosts(dialect: str, now: datetime) -> Select[Any]:
+    """Listed hosts not to offer at ``now``: past their end date, or in a maintenance window (placement's filter)."""
+    in_window = text(_in_window(dialect, "host_listings.maintenance_windows")).bindparams(maintenance_now=window_time(now))
+    return select(HostListing.host_id).where(or_(HostListing.available_until <= now, in_window))
 
 
 def _compare(expr: SQLColumnExpression[Any], op: Op, values: Sequence[Any]) -> ColumnElement[bool]:
@@ -146,12 +150,27 @@ def _compare(expr: SQLColumnExpression[Any], op: Op, values: Sequence[Any]) -> C
 
 @dataclass
 class _Columns:
-    """The per-GPU-row expressions conditions and sorts refer to."""
+    """The expressions conditions and sorts refer to: of a GPU row joined to its host and listing (placement),
+    or of an ``offer_summary`` row (the search)."""
 
-    dialect: str
+    gpu_name: SQLColumnExpression[str]
+    vram_mib: SQLColumnExpression[int]
+    compute_capability: SQLColumnExpression[int | None]
+    cuda_driver_version: SQLColumnExpression[int | None]
     price: ColumnElement[Decimal]
-    price_per_score: ColumnElement[float]
-    model_names: Sequence[str]
+    region: SQLColumnExpression[str | None]
+    tier: SQLColumnExpression[str | None]
+    score: SQLColumnExpression[float | None]
+    reliability: SQLColumnExpression[float | None]
+    download_mbps: SQLColumnExpression[float | None]
+    upload_mbps: SQLColumnExpression[float | None]
+    verified: SQLColumnExpression[bool]
+    isolated: SQLColumnExpression[bool | None]
+    model_names: Sequence[str] = ()
+
+    @property
+    def price_per_score(self) -> ColumnElement[float]:
+        return case((self.score > 0, cast(self.price, Float) / self.score), else_=None)
 
     def condition(self, c: Condition) -> ColumnElement[bool]:
         values: Sequence[Value] = c.values
@@ -160,36 +179,45 @@ class _Columns:
                 wanted = [str(v) for v in values]
                 matching = [n for n in self.model_names if any(model_matches(w, n) for w in wanted)]
                 if c.op is Op.EQ:
-                    return Gpu.name.in_(matching) if matching else false()
-                return Gpu.name.not_in(matching) if matching else not_(false())
+                    return self.gpu_name.in_(matching) if matching else false()
+                return self.gpu_name.not_in(matching) if matching else not_(false())
             case "vram":
-                return _compare((Gpu.memory_total_mib + 512) // 1024, c.op, values)
+                return _compare((self.vram_mib + 512) // 1024, c.op, values)
             case "vram_mib":
-                return _compare(Gpu.memory_total_mib, c.op, values)
+                return _compare(self.vram_mib, c.op, values)
             case "compute_capability" | "cuda_driver_version":
                 keys = [v.key for v in values if isinstance(v, Version)]
-                column = Gpu.compute_capability_key if c.field == "compute_capability" else Gpu.cuda_version_key
-                return _compare(column, c.op, keys)
+                return _compare(getattr(self, c.field), c.op, keys)
             case "price":
                 return _compare(self.price, c.op, values)
             case "price_per_score":
                 return _compare(self.price_per_score, c.op, values)
-            case "region":
-                return _compare(Host.region, c.op, values)
             case "tier":
-                return _compare(Gpu.tier, c.op, [str(v) for v in values])
-            case "score":
-                return _compare(Gpu.score, c.op, values)
-            case "reliability":
-                return _compare(Host.reliability, c.op, values)
-            case "download_mbps" | "upload_mbps":
-                return _compare(Host.latest_network[c.field].as_float(), c.op, values)
+                return _compare(self.tier, c.op, [str(v) for v in values])
+            case "region" | "score" | "reliability" | "download_mbps" | "upload_mbps" | "isolated":
+                # isolated: NULL (an older agent's host: unknown) fails = either way and passes !=.
+                return _compare(getattr(self, c.field), c.op, values)
             case "verified":
-                return _compare(func.coalesce(HostListing.verified, false()), c.op, values)
-            case "isolated":
-                # NULL (an older agent's host: unknown) fails = either way and passes !=.
-                return _compare(Host.isolation["isolated"].as_boolean(), c.op, values)
+                return _compare(self.verified, c.op, values)
         raise ValueError(f"no SQL for offer field {c.field!r}")  # the parser only makes known fields
+
+
+def _gpu_columns(bounds: PriceBounds, model_names: Sequence[str] = ()) -> _Columns:
+    return _Columns(
+        Gpu.name, Gpu.memory_total_mib, Gpu.compute_capability_key, Gpu.cuda_version_key, price_expression(bounds),
+        Host.region, Gpu.tier, Gpu.score, Host.reliability, Host.latest_network["download_mbps"].as_float(),
+        Host.latest_network["upload_mbps"].as_float(), func.coalesce(HostListing.verified, false()),
+        Host.isolation["isolated"].as_boolean(), model_names,
+    )  # fmt: skip
+
+
+def _summary_columns(bounds: PriceBounds, model_names: Sequence[str] = ()) -> _Columns:
+    s = OfferSummary
+    price = func.coalesce(s.listed_price, _default_price(bounds, s.tier))
+    return _Columns(
+        s.gpu_name, s.memory_total_mib, s.compute_capability_key, s.cuda_version_key, price, s.region, s.tier,
+        s.score, s.reliability, s.download_mbps, s.upload_mbps, s.verified, s.isolated, model_names,
+    )  # fmt: skip
 
 
 async def row_conditions(
@@ -197,25 +225,19 @@ async def row_conditions(
 ) -> list[ColumnElement[bool]]:
     """SQL over ``gpus`` joined to ``hosts`` and (outer) ``host_listings`` for every condition but
     ``num_gpus`` (a property of a group of GPUs): what placement filters a rental's requirements by."""
-    price = price_expression(bounds)
-    price_per_score = case((Gpu.score > 0, cast(price, Float) / Gpu.score), else_=None)
     needs_names = any(c.field == "gpu_name" for c in conditions)
-    columns = _Columns(session.get_bind().dialect.name, price, price_per_score, await _model_names(session) if needs_names else ())
+    columns = _gpu_columns(bounds, await _model_names(session) if needs_names else ())
     return [columns.condition(c) for c in conditions if c.field != "num_gpus"]
 
 
 def price_expression(bounds: PriceBounds) -> ColumnElement[Decimal]:
     """USD per GPU-hour of a GPU row: its host's listing price, else its tier's default."""
-    return func.coalesce(HostListing.price_per_gpu_hour, _default_price(bounds))
-
-
-def unavailable_hosts(dialect: str, now: datetime) -> Select[Any]:
-    return _unavailable_hosts(dialect, now)
+    return func.coalesce(HostListing.price_per_gpu_hour, _default_price(bounds, Gpu.tier))
 
 
 async def _model_names(session: AsyncSession) -> list[str]:
-    rows = await session.scalars(select(Gpu.name).where(Gpu.present.is_(True), Gpu.rental_id.is_(None), Gpu.milli_used == 0).distinct())
-    return list(rows.all())
+    """The models of the free GPUs (the summary holds exactly those), for the Python model-words match."""
+    return list((await session.scalars(select(OfferSummary.gpu_name).distinct())).all())
 
 
 def _order_by(sort: Sort, order: Order, sub: Any, per_score: ColumnElement[float]) -> list[Any]:
@@ -242,88 +264,104 @@ def _order_by(sort: Sort, order: Order, sub: Any, per_score: ColumnElement[float
 # ---- the search --------------------------------------------------------------------------------
 
 
+def _groups(search: OfferSearch, *, dialect: str, now: datetime, bounds: PriceBounds, model_names: Sequence[str]) -> Any:
+    """Every offer ``search`` matches, unsorted: a subquery over ``offer_summary``.
+
+    A host's model of one kind (``kinds = 1``: nearly every offer) is its one summary row, kept or dropped whole by
+    the conditions; only models of several kinds on one host are grouped after filtering (``GROUP BY``).
+    The version texts shown are those of the group's free GPUs, whichever conditions picked the group.
+    """
+    s = OfferSummary
+    columns = _summary_columns(bounds, model_names)
+    row_conditions = [columns.condition(c) for c in search.conditions if c.field != "num_gpus"]
+    counts = [c for c in search.conditions if c.field == "num_gpus"]
+    no_window_open = text(f"NOT {_in_window(dialect, 'offer_summary.maintenance_windows')}")
+    offered = (
+        s.host_state.in_(RENTABLE_STATES),
+        or_(s.available_until.is_(None), s.available_until > now),
+        or_(s.maintenance_windows.is_(None), no_window_open.bindparams(maintenance_now=window_time(now))),
+        *row_conditions,
+    )
+    single = select(
+        s.host_id.label("host_id"),
+        s.gpu_name.label("gpu_name"),
+        s.free_gpus.label("num_gpus"),
+        s.memory_total_mib.label("vram_mib"),
+        s.tier.label("tier"),
+        s.score.label("score"),
+        cast(s.needs_review, Integer).label("needs_review"),
+        columns.price.label("price"),
+        s.reliability.label("reliability"),
+        s.compute_capability.label("compute_capability"),
+        s.cuda_driver_version.label("cuda_driver_version"),
+    ).where(literal_column("offer_summary.kinds = 1", Boolean), *offered, *(_compare(s.free_gpus, c.op, c.values) for c in counts))
+    kinds = aliased(OfferSummary, name="kinds")
+
+    def version(column: Any) -> Any:
+        return select(func.max(column)).where(kinds.host_id == s.host_id, kinds.gpu_name == s.gpu_name).scalar_subquery()
+
+    total_gpus = func.sum(s.free_gpus)
+    several = (
+        select(
+            s.host_id,
+            s.gpu_name,
+            total_gpus,
+            func.max(s.memory_total_mib),
+            func.max(s.tier),  # one model on one host: one classification
+            func.max(s.score),
+            func.max(cast(s.needs_review, Integer)),
+            func.max(columns.price),
+            func.max(s.reliability),
+            version(kinds.compute_capability),
+            version(kinds.cuda_driver_version),
+        )
+        .where(literal_column("offer_summary.kinds > 1", Boolean), *offered)  # literal: ix_offer_summary_several's predicate
+        .group_by(s.host_id, s.gpu_name)
+    )
+    if counts:
+        several = several.having(and_(*(_compare(total_gpus, c.op, c.values) for c in counts)))
+    return union_all(single, several).subquery("offer_groups")
+
+
+def offer_page(search: OfferSearch, *, dialect: str, now: datetime, bounds: PriceBounds, model_names: Sequence[str]) -> Select[Any]:
+    """``search``'s page as one statement: its offers sorted and paged, each with the number of matches in all
+    (``total``), its host's and its listing's shown values (the page's 50 hosts read by key, after the paging)."""
+    sub = _groups(search, dialect=dialect, now=now, bounds=bounds, model_names=model_names)
+    per_score = case((sub.c.score > 0, cast(sub.c.price, Float) / sub.c.score), else_=None)
+    order = search.order or DEFAULT_ORDER[search.sort]
+    page = (
+        select(sub, per_score.label("price_per_score"), func.count().over().label("total"))
+        .order_by(*_order_by(search.sort, order, sub, per_score))
+        .limit(search.limit)
+        .offset(search.offset)
+        .subquery("page")
+    )
+    return (
+        select(page, Host.region, Host.state, Host.latest_network, Host.isolation, HostListing)
+        .join(Host, Host.id == page.c.host_id)
+        .outerjoin(HostListing, HostListing.host_id == page.c.host_id)
+        .order_by(*_order_by(search.sort, order, page, page.c.price_per_score))
+    )
+
+
 async def search_offers(session: AsyncSession, search: OfferSearch) -> tuple[list[dict[str, Any]], int]:
-    """One page of offers matching every condition, in the asked order, and how many match in all."""
+    """One page of offers matching every condition, in the asked order, and how many match in all.
+
+    Reads ``offer_summary``, which the database's triggers keep at commit: on PostgreSQL a transaction
+    that changed GPUs, hosts or listings sees its own changes here only once it has committed.
+    """
     now = search.now or datetime.now(UTC)
     bounds = search.bounds or load_price_bounds()
     dialect = session.get_bind().dialect.name
-    price = func.coalesce(HostListing.price_per_gpu_hour, _default_price(bounds))
-    price_per_score = case((Gpu.score > 0, cast(price, Float) / Gpu.score), else_=None)
-    needs_names = any(c.field == "gpu_name" for c in search.conditions)
-    columns = _Columns(dialect, price, price_per_score, await _model_names(session) if needs_names else ())
-
-    count = func.count(Gpu.id)
-    row_conditions = [columns.condition(c) for c in search.conditions if c.field != "num_gpus"]
-    group_conditions = [_compare(count, c.op, c.values) for c in search.conditions if c.field == "num_gpus"]
-    grouped = (
-        select(
-            Gpu.host_id.label("host_id"),
-            Gpu.name.label("gpu_name"),
-            count.label("num_gpus"),
-            func.max(Gpu.memory_total_mib).label("vram_mib"),
-            func.max(Gpu.tier).label("tier"),  # one model on one host: one classification
-            func.max(Gpu.score).label("score"),
-            func.max(cast(Gpu.needs_review, Integer)).label("needs_review"),
-            func.max(price).label("price"),
-            func.max(Host.reliability).label("reliability"),
-        )
-        .select_from(Gpu)
-        .join(Host, Host.id == Gpu.host_id)
-        .outerjoin(HostListing, HostListing.host_id == Gpu.host_id)
-        .where(
-            Host.state.in_(RENTABLE_STATES),
-            Gpu.present.is_(True),
-            Gpu.rental_id.is_(None),
-            Gpu.milli_used == 0,
-            Gpu.host_id.not_in(_unavailable_hosts(dialect, now)),
-            *row_conditions,
-        )
-        .group_by(Gpu.host_id, Gpu.name)
-    )
-    if group_conditions:
-        grouped = grouped.having(and_(*group_conditions))
-    sub = grouped.subquery("offer_groups")
-    per_score = case((sub.c.score > 0, cast(sub.c.price, Float) / sub.c.score), else_=None)
-
-    # The page and the total in one pass over the groups; a count of its own only for a page past the end.
-    order = search.order or DEFAULT_ORDER[search.sort]
-    page = (
-        await session.execute(
-            select(sub, per_score.label("price_per_score"), func.count().over().label("total"))
-            .order_by(*_order_by(search.sort, order, sub, per_score))
-            .limit(search.limit)
-            .offset(search.offset)
-        )
-    ).all()
+    names = await _model_names(session) if any(c.field == "gpu_name" for c in search.conditions) else ()
+    page = (await session.execute(offer_page(search, dialect=dialect, now=now, bounds=bounds, model_names=names))).all()
     if not page:
-        total = int(await session.scalar(select(func.count()).select_from(sub)) or 0) if search.offset else 0
-        return [], total
-
-    host_ids = sorted({row.host_id for row in page})
-    hosts = {
-        row.id: row
-        for row in (
-            await session.execute(
-                select(Host.id, Host.region, Host.state, Host.latest_network, Host.isolation, HostListing)
-                .outerjoin(HostListing, HostListing.host_id == Host.id)
-                .where(Host.id.in_(host_ids))
-            )
-        ).all()
-    }
-    # Versions live in each GPU's info JSON: read them for the page's GPUs only, not for every candidate.
-    versions: dict[tuple[str, str], tuple[str | None, str | None]] = {}
-    for gpu_host, gpu_name, capability, cuda in (
-        await session.execute(
-            select(
-                Gpu.host_id, Gpu.name, Gpu.info["compute_capability"].as_string(), Gpu.info["cuda_driver_version"].as_string()
-            ).where(Gpu.host_id.in_(host_ids), Gpu.present.is_(True), Gpu.rental_id.is_(None), Gpu.milli_used == 0)
-        )
-    ).all():
-        known = versions.get((gpu_host, gpu_name), (None, None))
-        versions[(gpu_host, gpu_name)] = (known[0] or capability, known[1] or cuda)
-    return [
-        _offer_view(row, hosts[row.host_id], versions.get((row.host_id, row.gpu_name), (None, None)), now) for row in page
-    ], int(page[0].total)
+        # A page past the end: count the matches on their own.
+        if not search.offset:
+            return [], 0
+        groups = _groups(search, dialect=dialect, now=now, bounds=bounds, model_names=names)
+        return [], int(await session.scalar(select(func.count()).select_from(groups)) or 0)
+    return [_offer_view(row, row, (row.compute_capability, row.cuda_driver_version), now) for row in page], int(page[0].total)
 
 
 def _offer_view(row: Any, host: Any, versions: tuple[str | None, str | None], now: datetime) -> dict[str, Any]:
