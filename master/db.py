@@ -185,11 +185,13 @@ async def migrate_or_wait(url: str, *, check_only: bool, wait_s: float, poll_s: 
     try:
         while True:
             try:
-                async with db.engine.connect() as conn:
-                    before = await conn.run_sync(current_revisions)
                 if check_only:
                     await check_schema(db, who="processes waiting for `gpumarket migrate`")
-                    return before, before
+                    async with db.engine.connect() as conn:  # read after the check: a job may have migrated meanwhile
+                        now = await conn.run_sync(current_revisions)
+                    return now, now
+                async with db.engine.connect() as conn:
+                    before = await conn.run_sync(current_revisions)
                 await db.migrate()
                 async with db.engine.connect() as conn:
                     return before, await conn.run_sync(current_revisions)
