@@ -124,6 +124,23 @@ class RedisServer:
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         _wait_port(self.port, up=True, timeout=30, what="redis-server")
+        self._wait_loaded(timeout=30)
+
+    def _wait_loaded(self, *, timeout: float) -> None:
+        """Until PING answers PONG: the port opens before the append-only file is loaded (``-LOADING`` till then)."""
+        deadline = time.monotonic() + timeout
+        answer = b""
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as conn:
+                    conn.sendall(b"PING\r\n")
+                    answer = conn.recv(256)
+                    if answer.startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise ServerError(f"redis-server on port {self.port} did not answer PING within {timeout:g} s (last: {answer!r})")
 
     def crash(self) -> None:
         """SIGKILL: what Redis acknowledged is in the append-only file already."""
