@@ -60,18 +60,26 @@ async def lock_ledger(scenario: Scenario) -> asyncpg.Connection:
 
 
 async def blocked_in_task(scenario: Scenario, lock: asyncpg.Connection, task_id: str) -> tuple[str, psutil.Process] | None:
-    """The worker that received ``task_id`` and its pool process, once that process waits on the lock inside the task."""
-    holder = next((name for name, text in worker_logs(scenario).items() if f"[{task_id}] received" in text), None)
-    if holder is None:
+    """The worker that received ``task_id`` and its pool process, once that process waits on the lock inside the task.
+
+    Any pool process of either worker is looked at (a pool process that replaced a killed one included): the one
+    whose connection waits on ``ledger_transactions``; it counts once the worker that holds it logged the task."""
+    logs = worker_logs(scenario)
+    if not any(f"[{task_id}] received" in text for text in logs.values()):
         return None
-    main = psutil.Process(scenario.cluster.processes.running[holder].process.pid)
     waiting = {row["client_port"] for row in await lock.fetch(
-        "SELECT client_port FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query ILIKE 'INSERT INTO ledger_transactions%'"
+        "SELECT client_port FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query ILIKE '%ledger_transactions%'"
     )}  # fmt: skip
-    for child in main.children():
-        ports = {c.laddr.port for c in child.net_connections(kind="tcp") if c.raddr and c.raddr.port == scenario.bench.pg.port}
-        if ports & waiting:
-            return holder, child
+    for name in WORKERS:
+        main = psutil.Process(scenario.cluster.processes.running[name].process.pid)
+        for child in main.children():
+            try:
+                connections = child.net_connections(kind="tcp")
+            except psutil.NoSuchProcess:
+                continue
+            ports = {c.laddr.port for c in connections if c.raddr and c.raddr.port == scenario.bench.pg.port}
+            if ports & waiting and f"[{task_id}] received" in logs[name]:
+                return name, child
     return None
 
 
