@@ -55,7 +55,6 @@ import json
 import logging
 import math
 import ssl
-from dataclasses import dataclass, field
 from http import HTTPStatus
 from urllib.parse import urlsplit
 
@@ -63,9 +62,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
-from websockets.protocol import State
 
 from access import speedtest
+from access.agentlink import AgentLink, StreamOptions, close_reason
+from access.forwarding import decode_agent_frame, encode_ack, encode_bus_envelope
+from access.tls import no_session_tickets, share_read_buffer
 from access.tunnels import CONNECT_PATH, RenterGate, refusal_response
 from access.webports import WebPorts
 from shared import protocol
@@ -75,7 +76,7 @@ from shared.crypto import host_id_from_der, serial_hex_from_der
 from shared.errors import BusError, ConfigError, GpumarketError, ProtocolError
 from shared.ratelimit import SourceRateLimiter, TokenBucket, source_key
 from shared.registry import Registry, RelayRecord
-from shared.streams import Multiplexer, StreamProtocolError
+from shared.streams import StreamProtocolError
 from shared.streams.aio import StreamLink, bound_send_buffer
 
 log = logging.getLogger(__name__)
@@ -87,39 +88,6 @@ REVOKED_REASON = "certificate revoked; re-enroll with a new token"
 GOING_AWAY_REASON = "relay shutting down; reconnect to another relay"
 # Registry records expire after this many missed refreshes.
 REGISTRY_TTL_INTERVALS = 3
-
-
-def _reason(text: str) -> str:
-    """Websocket close reasons are limited to 123 bytes."""
-    encoded = text.encode()[:120]
-    return encoded.decode(errors="ignore")
-
-
-# ---- one agent ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _CloseRequest:
-    """Queued behind the frames already waiting, so they are sent before the close."""
-
-    code: int
-    reason: str
-
-
-@dataclass
-class AgentLink:
-    """One connected agent: its socket, certificate serial and a bounded queue of frames to send it."""
-
-    host_id: str
-    serial: str  # hex, as revocations are recorded
-    connection: ServerConnection
-    outbound: asyncio.Queue[str | _CloseRequest]
-    messages: TokenBucket
-    streams: StreamLink | None = field(default=None, repr=False)  # renters' byte streams on this link
-    received: int = 0
-    close_request: _CloseRequest | None = None
-    writer: asyncio.Task[None] | None = field(default=None, repr=False)
-    pump: asyncio.Task[None] | None = field(default=None, repr=False)
 
 
 class Relay:
@@ -213,6 +181,7 @@ class Relay:
         self.max_stream_buffer_per_agent = max_stream_buffer_per_agent
         self.stream_turn_bytes = stream_turn_bytes
         self.link_send_buffer = link_send_buffer
+        self._stream_options = StreamOptions(max_streams_per_agent, max_stream_buffer_per_agent, stream_turn_bytes)
         self.renters = (
             RenterGate(token_key=token_key, clock=self.clock, max_streams_per_rental=max_streams_per_rental)
             if token_key is not None else None
@@ -251,6 +220,7 @@ class Relay:
         Not meant to be cancelled; if it is, ``close()`` releases whatever was started.
         """
         await self.bus.ensure_group(protocol.commands_stream(self.relay_id), COMMAND_GROUP)
+        no_session_tickets(self.ssl_context)  # agents never resume a TLS session
         self._server = await serve(
             self._handle,
             self.host,
@@ -357,8 +327,7 @@ class Relay:
             # Only agents in session (they sent their hello) get the move; for a connection that has
             # not started one, close 1001 alone says the same thing.
             if link.received and link.close_request is None:
-                with contextlib.suppress(asyncio.QueueFull):  # a full queue: the close alone must do
-                    link.outbound.put_nowait(move)
+                link.queue(move, optional=True)  # a full outbox: the close alone must do
             self._request_close(link, protocol.CLOSE_GOING_AWAY, GOING_AWAY_REASON)
         for renter in list(self._renter_connections):
             self._spawn_close(renter, protocol.CLOSE_GOING_AWAY, "relay shutting down; connect again")
@@ -430,13 +399,18 @@ class Relay:
                 return connection.respond(HTTPStatus.NOT_FOUND, "this relay takes no renters' connections\n")
             if self._closing:
                 return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "relay shutting down; connect again\n")
-            refusal = self.renters.admit(connection, request, host_connected=lambda host_id: self._links_of(host_id) is not None)
+            refusal = self.renters.admit(connection, request, host_connected=self._in_session)
             if refusal is not None:
                 self.refused["renter_" + refusal.status.name.lower()] += 1
                 return refusal_response(connection, refusal)
         return None
 
+    def _in_session(self, host_id: str) -> bool:
+        link = self.agents.get(host_id)
+        return link is not None and link.close_request is None
+
     def _links_of(self, host_id: str) -> StreamLink | None:
+        """The host's renter streams (created on first use), or ``None`` when it is not here."""
         link = self.agents.get(host_id)
         return link.streams if link is not None and link.close_request is None else None
 
@@ -461,7 +435,7 @@ class Relay:
             serial = serial_hex_from_der(der)
         except GpumarketError as exc:
             log.warning("refused a connection from %s: %s", connection.remote_address, exc)
-            await connection.close(protocol.CLOSE_IDENTITY_MISMATCH, _reason(f"no usable client certificate: {exc}"))
+            await connection.close(protocol.CLOSE_IDENTITY_MISMATCH, close_reason(f"no usable client certificate: {exc}"))
             return
         if await self._is_revoked(serial):
             self.refused["revoked"] += 1
@@ -487,14 +461,12 @@ class Relay:
             host_id=host_id,
             serial=serial,
             connection=connection,
-            outbound=asyncio.Queue(self.max_outbound_queue),
             messages=TokenBucket(self.max_messages_per_second, self.message_burst, self.clock.monotonic()),
+            max_outbound_queue=self.max_outbound_queue,
+            stream_options=self._stream_options,
+            on_slow_consumer=self._slow_consumer,
         )
         bound_send_buffer(connection.transport, self.link_send_buffer)
-        link.streams = StreamLink(
-            Multiplexer(initiator=False, max_streams=self.max_streams_per_agent, max_link_buffer=self.max_stream_buffer_per_agent),
-            connection.send, turn_bytes=self.stream_turn_bytes,
-        )
         welcome = protocol.Welcome(
             body=protocol.WelcomeBody(
                 relay_id=self.relay_id,
@@ -508,10 +480,8 @@ class Relay:
         )
         # Welcome queued and link swapped in before any await: a racing reconnect cannot leave one
         # untracked, and a drain starting now finds the link (its move goes after the welcome).
-        self._send(link, protocol.encode(welcome))
+        link.queue(protocol.encode(welcome))
         previous, self.agents[host_id] = self.agents.get(host_id), link
-        link.writer = asyncio.create_task(self._write(link), name=f"relay-write-{host_id}")
-        link.pump = asyncio.create_task(self._pump(link), name=f"relay-streams-{host_id}")
         if previous is not None:
             log.info("host %s reconnected; closing its previous connection", host_id)
             self._request_close(previous, protocol.CLOSE_REPLACED, "replaced by a newer connection of this host")
@@ -523,19 +493,17 @@ class Relay:
         finally:
             if self.agents.get(host_id) is link:
                 del self.agents[host_id]
-            await _stop(link.pump)
-            link.streams.lost()
-            await self._finish_writer(link)
+            await link.finish(self.close_timeout)
 
     async def _receive(self, link: AgentLink) -> None:
-        async for frame in link.connection:
+        connection = link.connection
+        async for frame in connection:
             if isinstance(frame, bytes):  # a stream frame: bounded by the streams' flow control, not the message rate
-                assert link.streams is not None
                 try:
                     link.streams.feed(frame)
                 except StreamProtocolError as exc:
                     log.warning("closing host %s: %s", link.host_id, exc)
-                    await link.connection.close(exc.close_code, _reason(str(exc)))
+                    await connection.close(exc.close_code, close_reason(str(exc)))
                     return
                 continue
             if not link.messages.take(self.clock.monotonic()):
@@ -549,83 +517,46 @@ class Relay:
                 )
                 return
             try:
-                message = protocol.decode_agent_frame(frame, max_frame=self.max_frame)
+                message = decode_agent_frame(frame, max_frame=self.max_frame)
                 protocol.check_identity(message, link.host_id)
             except ProtocolError as exc:
                 log.warning("closing host %s: %s (%s)", link.host_id, exc.message, exc.code)
-                await link.connection.close(exc.close_code, _reason(exc.message))
+                await connection.close(exc.close_code, close_reason(exc.message))
                 return
             try:
                 await self.bus.publish(
                     protocol.AGENT_EVENTS_STREAM,
-                    protocol.encode_bus_envelope(self.relay_id, message, self.clock.now(), cert_serial=link.serial),
+                    encode_bus_envelope(self.relay_id, message, self.clock.now(), cert_serial=link.serial),
                 )
             except BusError as exc:
                 # Not acknowledged: the agent keeps the message and replays it elsewhere.
                 log.error("bus unavailable, dropping host %s to another relay: %s", link.host_id, exc)
-                await link.connection.close(protocol.CLOSE_BUS_UNAVAILABLE, "relay cannot reach the master; reconnect elsewhere")
+                await connection.close(protocol.CLOSE_BUS_UNAVAILABLE, "relay cannot reach the master; reconnect elsewhere")
                 return
             link.received += 1
             self.messages_forwarded += 1
-            self._send(link, protocol.encode(protocol.Ack(body=protocol.AckBody(seq=message.seq))))
+            await link.send_own(encode_ack(message.seq))
 
-    def _send(self, link: AgentLink, frame: str) -> None:
-        if link.close_request is not None:
-            return  # closing: nothing more is queued after the close
-        try:
-            link.outbound.put_nowait(frame)
-        except asyncio.QueueFull:
-            log.warning("host %s is not reading (%d frames queued); disconnecting it", link.host_id, link.outbound.qsize())
-            self.refused["slow_consumer"] += 1
-            link.close_request = _CloseRequest(protocol.CLOSE_SLOW_CONSUMER, "too slow reading; reconnect")
-            if link.writer is not None:
-                link.writer.cancel()
-            self._spawn_close(link.connection, link.close_request.code, link.close_request.reason)
+    def _slow_consumer(self, link: AgentLink) -> None:
+        log.warning("host %s is not reading (%d frames queued); disconnecting it", link.host_id, link.queued)
+        self.refused["slow_consumer"] += 1
+        link.request_close(protocol.CLOSE_SLOW_CONSUMER, "too slow reading; reconnect")
+        self._close_now(link)
 
     def _request_close(self, link: AgentLink, code: int, reason: str) -> None:
         """Close ``link`` once the frames already queued for it are sent (its writer does the close)."""
-        if link.close_request is not None:
-            return
-        link.close_request = _CloseRequest(code, _reason(reason))
-        try:
-            link.outbound.put_nowait(link.close_request)
-        except asyncio.QueueFull:  # a full queue will not drain soon: close now
-            if link.writer is not None:
-                link.writer.cancel()
-            self._spawn_close(link.connection, code, link.close_request.reason)
+        if not link.request_close(code, reason):  # a full outbox will not drain soon: close now
+            self._close_now(link)
+
+    def _close_now(self, link: AgentLink) -> None:
+        assert link.close_request is not None
+        link.stop_writer()
+        self._spawn_close(link.connection, link.close_request.code, link.close_request.reason)
 
     def _spawn_close(self, connection: ServerConnection, code: int, reason: str) -> None:
-        task = asyncio.create_task(connection.close(code, _reason(reason)))
+        task = asyncio.create_task(connection.close(code, close_reason(reason)))
         self._closers.add(task)  # owned: close() awaits whatever is still running
         task.add_done_callback(self._closers.discard)
-
-    async def _write(self, link: AgentLink) -> None:
-        with contextlib.suppress(ConnectionClosed):
-            while True:
-                item = await link.outbound.get()
-                if isinstance(item, _CloseRequest):
-                    await link.connection.close(item.code, item.reason)
-                    return
-                await link.connection.send(item)
-
-    async def _pump(self, link: AgentLink) -> None:
-        assert link.streams is not None
-        with contextlib.suppress(ConnectionClosed):
-            await link.streams.run()
-
-    async def _finish_writer(self, link: AgentLink) -> None:
-        """Let a requested close go out (bounded: the agent may not be reading), then stop the writer."""
-        writer = link.writer
-        if writer is None:
-            return
-        if link.close_request is not None and not writer.done():
-            await asyncio.wait({writer}, timeout=2 * self.close_timeout)
-        writer.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await writer
-        request = link.close_request
-        if request is not None and link.connection.state is State.OPEN:
-            await link.connection.close(request.code, request.reason)
 
     # ---- revocation and registration --------------------------------------------------
 
@@ -723,7 +654,7 @@ class Relay:
         if link is None or link.close_request is not None:
             log.info("host %s not connected here; command %s waits for the master to resend", delivery.host_id, delivery.command.body.command_id)
             return
-        self._send(link, protocol.encode(delivery.command))
+        link.queue(protocol.encode(delivery.command))
         self.commands_delivered += 1
 
 
@@ -735,6 +666,7 @@ def _tracking_connection_class(tracked: set[ServerConnection]) -> type[ServerCon
     class TrackedConnection(ServerConnection):
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             super().connection_made(transport)
+            share_read_buffer(transport)  # called once the TLS handshake is done
             tracked.add(self)
 
         def connection_lost(self, exc: Exception | None) -> None:

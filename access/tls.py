@@ -1,0 +1,47 @@
+"""What TLS costs a relay per connection, and the two things it cuts.
+
+* **One read buffer per event loop.** CPython's asyncio gives every TLS connection its own read
+  buffer of ``SSLProtocol.max_size`` bytes (256 KiB by default, zero-filled, so resident) that
+  only ever holds the bytes of one ``recv_into`` until ``buffer_updated`` copies them into the
+  connection's ``MemoryBIO``, synchronously, in the same callback. So connections of one loop can
+  share one buffer: ``share_read_buffer`` points an established connection's protocol at its
+  loop's. A connection still has its own during its handshake. Where asyncio is not CPython's
+  (uvloop) it changes nothing and says so.
+* **No session tickets.** A TLS 1.3 server sends two tickets after each handshake (each an
+  encryption of the session, client certificate included) so clients can resume; agents never
+  resume (they hold one long connection, and a new one is a full handshake with the client
+  certificate), so ``no_session_tickets`` turns them off.
+
+``SSLProtocol._ssl_buffer`` is an internal of asyncio; ``tests/test_relay_memory.py`` checks it
+still behaves as this module expects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import weakref
+
+# Each loop's buffer, as the memoryview asyncio reads into (it keeps the bytearray alive).
+_read_buffers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, memoryview] = weakref.WeakKeyDictionary()
+
+
+def share_read_buffer(transport: asyncio.BaseTransport) -> bool:
+    """Make an established TLS connection read through its event loop's shared buffer; ``False``
+    when the transport is not asyncio's own TLS transport (plain TCP, uvloop). Call it on the loop."""
+    protocol = getattr(transport, "_ssl_protocol", None)
+    own = getattr(protocol, "_ssl_buffer", None)
+    if not isinstance(own, bytearray) or not isinstance(getattr(protocol, "_ssl_buffer_view", None), memoryview):
+        return False
+    loop = asyncio.get_running_loop()
+    shared = _read_buffers.get(loop)
+    if shared is None or len(shared) < len(own):  # get_buffer would otherwise allocate a private one
+        shared = _read_buffers[loop] = memoryview(bytearray(len(own)))
+    protocol._ssl_buffer = shared.obj  # type: ignore[union-attr]
+    protocol._ssl_buffer_view = shared  # type: ignore[union-attr]
+    return True
+
+
+def no_session_tickets(context: ssl.SSLContext) -> None:
+    """Stop a server context from sending TLS 1.3 session tickets."""
+    context.num_tickets = 0
