@@ -84,6 +84,11 @@ class AgentLink:
         """Frames waiting in the outbox."""
         return len(self._outbox)
 
+    @property
+    def writing(self) -> bool:
+        """Whether a writer task exists (only while the outbox holds frames or one is being sent)."""
+        return self._writer is not None
+
     async def send_own(self, frame: str) -> None:
         """Send a frame of the link's receive loop (the caller's task): now, or after what waits.
 

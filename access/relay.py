@@ -66,7 +66,7 @@ from websockets.http11 import Request, Response
 from access import speedtest
 from access.agentlink import AgentLink, StreamOptions, close_reason
 from access.forwarding import decode_agent_frame, encode_ack, encode_bus_envelope
-from access.tls import no_session_tickets, share_read_buffer
+from access.tls import limit_tls_reads, no_session_tickets, share_read_buffer
 from access.tunnels import CONNECT_PATH, RenterGate, refusal_response
 from access.webports import WebPorts
 from shared import protocol
@@ -125,6 +125,10 @@ class Relay:
         max_connections_per_source_per_minute: float = 30.0,
         connection_burst_per_source: int = 10,
         max_tracked_sources: int = 100_000,
+        # Per connection buffers: what one agent can make the relay hold
+        max_queue: int = 4,
+        write_limit: int = 32 << 10,
+        tls_read_limit: int = 64 << 10,
         # Renters' streams (``access.tunnels``); without a ``token_key`` renters are refused
         token_key: ec.EllipticCurvePublicKey | None = None,
         max_streams_per_agent: int = 256,
@@ -145,7 +149,7 @@ class Relay:
         if min(timeouts) <= 0:
             raise ConfigError("relay timeouts and intervals must be positive")
         if min(max_frame, max_outbound_queue, max_connections, message_burst, connection_burst_per_source,
-               max_tracked_sources) < 1 or max_messages_per_second <= 0 or max_connections_per_source_per_minute <= 0:
+               max_tracked_sources, max_queue, write_limit, tls_read_limit) < 1 or max_messages_per_second <= 0 or max_connections_per_source_per_minute <= 0:
             raise ConfigError("relay limits must be positive")
         self.relay_id = relay_id
         self.region = region
@@ -170,6 +174,9 @@ class Relay:
         self.revocation_poll_interval = revocation_poll_interval
         self.registry_timeout = registry_timeout
         self.max_frame = max_frame
+        self.max_queue = max_queue
+        self.write_limit = write_limit
+        self.tls_read_limit = tls_read_limit
         self.max_outbound_queue = max_outbound_queue
         self.max_connections = max_connections
         self.max_messages_per_second = max_messages_per_second
@@ -233,10 +240,11 @@ class Relay:
             ping_timeout=self.ping_timeout,
             close_timeout=self.close_timeout,
             max_size=self.max_frame,
-            max_queue=4,
+            max_queue=self.max_queue,
+            write_limit=self.write_limit,
             compression=None,
             server_header=None,
-            create_connection=_tracking_connection_class(self._open_connections),
+            create_connection=_tracking_connection_class(self._open_connections, self.tls_read_limit),
         )
         self._port = int(self._server.sockets[0].getsockname()[1])
         if self.web_ports is not None:
@@ -658,15 +666,17 @@ class Relay:
         self.commands_delivered += 1
 
 
-def _tracking_connection_class(tracked: set[ServerConnection]) -> type[ServerConnection]:
+def _tracking_connection_class(tracked: set[ServerConnection], tls_read_limit: int) -> type[ServerConnection]:
     """A ``ServerConnection`` that is in ``tracked`` from the moment its TLS handshake completes
     until it is lost, so a drain can drop one stuck before or after its websocket handshake
-    (websockets' own ``all_connections`` only holds those past it)."""
+    (websockets' own ``all_connections`` only holds those past it). It reads through its loop's
+    shared TLS read buffer and holds at most ``tls_read_limit`` received bytes not yet decrypted."""
 
     class TrackedConnection(ServerConnection):
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             super().connection_made(transport)
             share_read_buffer(transport)  # called once the TLS handshake is done
+            limit_tls_reads(transport, tls_read_limit)
             tracked.add(self)
 
         def connection_lost(self, exc: Exception | None) -> None:

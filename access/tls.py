@@ -7,6 +7,11 @@
   share one buffer: ``share_read_buffer`` points an established connection's protocol at its
   loop's. A connection still has its own during its handshake. Where asyncio is not CPython's
   (uvloop) it changes nothing and says so.
+* **A bound on what waits to be decrypted.** While websockets holds ``max_queue`` frames the
+  relay has not read yet, it pauses the TLS transport, which then keeps reading the socket into
+  the connection's ``MemoryBIO`` up to 256 KiB (``FLOW_CONTROL_HIGH_WATER_SSL_READ``), whose
+  memory OpenSSL never gives back while the connection lasts. ``limit_tls_reads`` lowers that
+  mark, so an agent that sends faster than the relay forwards is held back by TCP sooner.
 * **No session tickets.** A TLS 1.3 server sends two tickets after each handshake (each an
   encryption of the session, client certificate included) so clients can resume; agents never
   resume (they hold one long connection, and a new one is a full handshake with the client
@@ -39,6 +44,16 @@ def share_read_buffer(transport: asyncio.BaseTransport) -> bool:
         shared = _read_buffers[loop] = memoryview(bytearray(len(own)))
     protocol._ssl_buffer = shared.obj  # type: ignore[union-attr]
     protocol._ssl_buffer_view = shared  # type: ignore[union-attr]
+    return True
+
+
+def limit_tls_reads(transport: asyncio.BaseTransport, limit: int) -> bool:
+    """Pause reading a TLS connection's socket once ``limit`` bytes wait to be decrypted; ``False``
+    when the transport has no such limit (plain TCP)."""
+    set_limits = getattr(transport, "set_read_buffer_limits", None)  # asyncio's TLS transport only
+    if set_limits is None or transport.get_extra_info("ssl_object") is None:
+        return False
+    set_limits(high=limit)
     return True
 
 
