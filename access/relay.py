@@ -2,8 +2,9 @@
 and delivers the master's commands to them.
 
 Per connection: the peer certificate names the host (``urn:gpumarket:host:<id>``);
-every frame is decoded by ``shared.protocol`` and must name the same host, or the
-connection is closed with the close code from ``shared.protocol.CLOSE_CODES``. A
+every frame is decoded (``access.forwarding``: what ``shared.protocol`` decodes, in one pass)
+and must name the same host, or the connection is closed with the close code from
+``shared.protocol.CLOSE_CODES``. A
 message is acknowledged to the agent only after the bus accepted it, so an agent
 never forgets a message the master has not durably received. Each bus record names the
 connection's certificate serial (the master retires a renewed host's older certificates once
@@ -28,6 +29,11 @@ Limits (each a keyword argument of ``Relay`` and an ``AccessSettings`` field):
   reconnecting agent never replays what was already forwarded.
 * ``max_connections`` agents at once (4009 beyond), ``max_outbound_queue`` frames queued
   for one agent (4007 beyond), ``max_frame`` bytes per frame (1009 beyond).
+* per connection buffers: ``max_queue`` received frames not yet read (then websockets stops
+  reading), ``write_limit`` bytes written but not yet sent (then the agent's receive loop
+  waits: an agent that does not read its acks stops being read, see ``access.agentlink``),
+  ``tls_read_limit`` received bytes not yet decrypted; every connection reads through one
+  TLS read buffer shared by the event loop (``access.tls``).
 
 Revocation (with a ``registry``): the peer certificate's serial is checked when the
 connection opens (close 4005), and ``registry.revoked()`` is read every
