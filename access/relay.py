@@ -35,15 +35,11 @@ Limits (each a keyword argument of ``Relay`` and an ``AccessSettings`` field):
   ``tls_read_limit`` received bytes not yet decrypted; every connection reads through one
   TLS read buffer shared by the event loop (``access.tls``).
 
-Revocation (with a ``registry``): the peer certificate's serial is checked when the
-connection opens (close 4005), and ``registry.revoked()`` is read every
-``revocation_poll_interval`` seconds; open agent connections and speed tests whose
-serial appears there are closed with 4005. A registry that fails is logged and
-retried; the relay keeps the last list it read.
-
-Registration (with a ``registry``): the relay's ``RelayRecord`` (public URL, load,
-capacity, draining) is published every ``register_interval`` seconds with a TTL of three
-intervals, so a relay that dies disappears on its own.
+Revocation and registration (with a ``registry``, ``access.registration``): the peer
+certificate's serial is checked when the connection opens (close 4005), and the revoked list
+is read every ``revocation_poll_interval`` seconds; open agent connections and speed tests
+whose serial appears there are closed with 4005. The relay's ``RelayRecord`` is published
+every ``register_interval`` seconds and expires after three.
 
 Shutdown sequence (``close``): publish ``draining`` → stop accepting (a handshake in progress
 gets HTTP 503) → send every agent in session a ``move`` frame, after the acks already queued
@@ -72,7 +68,8 @@ from websockets.http11 import Request, Response
 from access import speedtest
 from access.agentlink import AgentLink, StreamOptions, close_reason
 from access.forwarding import decode_agent_frame, encode_ack, encode_bus_envelope
-from access.tls import limit_tls_reads, no_session_tickets, share_read_buffer
+from access.registration import RegistryLink
+from access.tls import no_session_tickets, tracking_connection_class
 from access.tunnels import CONNECT_PATH, RenterGate, refusal_response
 from access.webports import WebPorts
 from shared import protocol
@@ -92,8 +89,6 @@ SPEEDTEST_PATH = "/v1/speedtest"  # speed tests: access.speedtest
 COMMAND_GROUP = "relay"
 REVOKED_REASON = "certificate revoked; re-enroll with a new token"
 GOING_AWAY_REASON = "relay shutting down; reconnect to another relay"
-# Registry records expire after this many missed refreshes.
-REGISTRY_TTL_INTERVALS = 3
 
 
 class Relay:
@@ -214,15 +209,18 @@ class Relay:
         self.messages_forwarded = 0
         self.commands_delivered = 0
         self.refused: collections.Counter[str] = collections.Counter()  # connections refused or closed, by reason
-        self._revoked: frozenset[str] = frozenset()  # the last list read from the registry
         self._speedtest_serials: dict[ServerConnection, str] = {}
         self._open_connections: set[ServerConnection] = set()  # from TLS accept to close, handshakes included
         self._server: Server | None = None
         self._port: int | None = None
         self._closers: set[asyncio.Task[None]] = set()
         self._consumer: asyncio.Task[None] | None = None
-        self._registrar: asyncio.Task[None] | None = None
-        self._revocation_poller: asyncio.Task[None] | None = None
+        self._registration = (
+            RegistryLink(registry, relay_id=relay_id, record=self.record, on_revoked=self._close_revoked,
+                         register_interval=register_interval, revocation_poll_interval=revocation_poll_interval,
+                         timeout=registry_timeout)
+            if registry is not None else None
+        )
         self._closing = False
 
     # ---- lifecycle ------------------------------------------------------------------
@@ -250,18 +248,14 @@ class Relay:
             write_limit=self.write_limit,
             compression=None,
             server_header=None,
-            create_connection=_tracking_connection_class(self._open_connections, self.tls_read_limit),
+            create_connection=tracking_connection_class(self._open_connections, self.tls_read_limit),
         )
         self._port = int(self._server.sockets[0].getsockname()[1])
         if self.web_ports is not None:
             await self.web_ports.start()
         self._consumer = asyncio.create_task(self._consume_commands(), name=f"relay-{self.relay_id}-commands")
-        if self.registry is not None:
-            await self._publish()  # a failure is logged; the registrar retries
-            self._registrar = asyncio.create_task(self._register(), name=f"relay-{self.relay_id}-register")
-            self._revocation_poller = asyncio.create_task(
-                self._poll_revocations(), name=f"relay-{self.relay_id}-revocations"
-            )
+        if self._registration is not None:
+            await self._registration.start()  # a failed publish is logged; the refresh retries
         log.info("relay %s (%s) listening on %s, published as %s", self.relay_id, self.region, self.url, self.public_url)
 
     @property
@@ -314,23 +308,18 @@ class Relay:
             return
         self._closing = True
         try:
-            await _stop(self._registrar)  # 1. publish draining (no periodic refresh may overwrite it)
-            if self.registry is not None:
-                await self._publish()
+            if self._registration is not None:  # 1. publish draining (no periodic refresh may overwrite it)
+                await self._registration.stop_refreshing()
+                await self._registration.publish()
             self._server.close(close_connections=False)  # 2. stop accepting
             if self.web_ports is not None:
                 await self.web_ports.close()
             self._tell_everyone_to_move()  # 3. move, then close 1001
             await self._wait_for_handlers(self._server)  # 4. wait for handlers (bounded)
         finally:
-            await _stop(self._consumer)  # 5. stop the command consumer and revocation polling
-            await _stop(self._revocation_poller)
-            if self.registry is not None:  # 6. leave the registry
-                try:
-                    async with asyncio.timeout(self.registry_timeout):
-                        await self.registry.remove_relay(self.relay_id)
-                except (GpumarketError, OSError, TimeoutError) as exc:
-                    log.warning("relay %s: cannot remove its registry record (%s); it expires on its own", self.relay_id, exc)
+            await _stop(self._consumer)  # 5. stop the command consumer
+            if self._registration is not None:  # 6. stop revocation polling, leave the registry
+                await self._registration.stop()
             log.info("relay %s closed", self.relay_id)
 
     def _tell_everyone_to_move(self) -> None:
@@ -572,37 +561,10 @@ class Relay:
         self._closers.add(task)  # owned: close() awaits whatever is still running
         task.add_done_callback(self._closers.discard)
 
-    # ---- revocation and registration --------------------------------------------------
+    # ---- revocation (``access.registration`` polls the registry) -----------------------
 
     async def _is_revoked(self, serial: str) -> bool:
-        """Ask the registry, falling back on the last list read when it does not answer."""
-        if serial in self._revoked:
-            return True
-        if self.registry is None:
-            return False
-        try:
-            async with asyncio.timeout(self.registry_timeout):
-                return await self.registry.is_revoked(serial)
-        except (GpumarketError, OSError, TimeoutError) as exc:
-            log.warning("cannot ask the registry whether %s is revoked (%s); using the last list read", serial, exc)
-            return False
-
-    async def _poll_revocations(self) -> None:
-        """Read the revoked serials and close their connections, forever. Cancelling is safe."""
-        assert self.registry is not None
-        while True:
-            try:
-                async with asyncio.timeout(self.registry_timeout):
-                    revoked = await self.registry.revoked()
-            except (GpumarketError, OSError, TimeoutError) as exc:
-                log.warning("cannot read revoked certificates (%s); keeping the last %d, retrying", exc, len(self._revoked))
-            except Exception:
-                log.exception("reading revoked certificates failed unexpectedly; retrying")
-            else:
-                self._revoked = revoked
-                if revoked:
-                    self._close_revoked(revoked)
-            await asyncio.sleep(self.revocation_poll_interval)
+        return await self._registration.is_revoked(serial) if self._registration is not None else False
 
     def _close_revoked(self, revoked: frozenset[str]) -> None:
         for link in list(self.agents.values()):
@@ -615,23 +577,6 @@ class Relay:
                 del self._speedtest_serials[connection]
                 log.warning("closing a speed test: certificate %s was revoked", serial)
                 self._spawn_close(connection, protocol.CLOSE_REVOKED, REVOKED_REASON)
-
-    async def _publish(self) -> None:
-        """Publish this relay's record once; a failure is logged (the record expires on its own)."""
-        assert self.registry is not None
-        try:
-            async with asyncio.timeout(self.registry_timeout):
-                await self.registry.put_relay(self.record(), ttl=REGISTRY_TTL_INTERVALS * self.register_interval)
-        except (GpumarketError, OSError, TimeoutError) as exc:
-            log.warning("relay %s: cannot publish its registry record (%s); retrying", self.relay_id, exc)
-        except Exception:
-            log.exception("relay %s: publishing its registry record failed unexpectedly; retrying", self.relay_id)
-
-    async def _register(self) -> None:
-        """Refresh the registry record every ``register_interval``, forever. Cancelling is safe."""
-        while True:
-            await asyncio.sleep(self.register_interval)
-            await self._publish()
 
     # ---- the master's commands ---------------------------------------------------------
 
@@ -670,26 +615,6 @@ class Relay:
             return
         link.queue(protocol.encode(delivery.command))
         self.commands_delivered += 1
-
-
-def _tracking_connection_class(tracked: set[ServerConnection], tls_read_limit: int) -> type[ServerConnection]:
-    """A ``ServerConnection`` that is in ``tracked`` from the moment its TLS handshake completes
-    until it is lost, so a drain can drop one stuck before or after its websocket handshake
-    (websockets' own ``all_connections`` only holds those past it). It reads through its loop's
-    shared TLS read buffer and holds at most ``tls_read_limit`` received bytes not yet decrypted."""
-
-    class TrackedConnection(ServerConnection):
-        def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            super().connection_made(transport)
-            share_read_buffer(transport)  # called once the TLS handshake is done
-            limit_tls_reads(transport, tls_read_limit)
-            tracked.add(self)
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            tracked.discard(self)
-            super().connection_lost(exc)
-
-    return TrackedConnection
 
 
 def _url_host(host: str) -> str:

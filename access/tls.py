@@ -1,4 +1,5 @@
-"""What TLS costs a relay per connection, and the two things it cuts.
+"""What TLS costs a relay per connection, what it cuts, and the relay's connection class
+(``tracking_connection_class``) that applies it to every connection once its handshake is done.
 
 * **One read buffer per event loop.** CPython's asyncio gives every TLS connection its own read
   buffer of ``SSLProtocol.max_size`` bytes (256 KiB by default, zero-filled, so resident) that
@@ -18,7 +19,8 @@
   certificate), so ``no_session_tickets`` turns them off.
 
 ``SSLProtocol._ssl_buffer`` is an internal of asyncio; ``tests/test_relay_memory.py`` checks it
-still behaves as this module expects.
+still behaves as this module expects. The read size (``SSLProtocol.max_size``) is set by
+``access.service.set_tls_read_buffer``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from __future__ import annotations
 import asyncio
 import ssl
 import weakref
+
+from websockets.asyncio.server import ServerConnection
 
 # Each loop's buffer, as the memoryview asyncio reads into (it keeps the bytearray alive).
 _read_buffers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, memoryview] = weakref.WeakKeyDictionary()
@@ -60,3 +64,23 @@ def limit_tls_reads(transport: asyncio.BaseTransport, limit: int) -> bool:
 def no_session_tickets(context: ssl.SSLContext) -> None:
     """Stop a server context from sending TLS 1.3 session tickets."""
     context.num_tickets = 0
+
+
+def tracking_connection_class(tracked: set[ServerConnection], tls_read_limit: int) -> type[ServerConnection]:
+    """A ``ServerConnection`` that is in ``tracked`` from the moment its TLS handshake completes
+    until it is lost, so a drain can drop one stuck before or after its websocket handshake
+    (websockets' own ``all_connections`` only holds those past it). It reads through its loop's
+    shared TLS read buffer and holds at most ``tls_read_limit`` received bytes not yet decrypted."""
+
+    class TrackedConnection(ServerConnection):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            super().connection_made(transport)
+            share_read_buffer(transport)  # called once the TLS handshake is done
+            limit_tls_reads(transport, tls_read_limit)
+            tracked.add(self)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            tracked.discard(self)
+            super().connection_lost(exc)
+
+    return TrackedConnection

@@ -22,7 +22,6 @@ from shared.crypto import CertificateAuthority
 from shared.outbound import OutboundWindow
 from tests.pki import agent_client_context, relay_server_context
 from tests.relayharness import (
-    IO_TIMEOUT,
     RelayClient,
     StartRelay,
     connect_to_relay,
@@ -34,7 +33,9 @@ from tests.relayharness import (
 )
 
 RELAY_ID = "relay-memory"
-SOCKET_BUFFER = 64 << 10
+SOCKET_BUFFER = 16 << 10
+WRITE_LIMIT = 4 << 10
+FLOOD_TIMEOUT = 30.0  # a few thousand frames each way, on a loaded machine
 TLS_READ_LIMIT = 8 << 10
 
 
@@ -142,7 +143,7 @@ class TestAgentThatDoesNotRead:
         websockets' write limit, nothing queues in its outbox, the agent is not closed, and once the
         agent reads again every message it sent is acknowledged."""
         relay = await start_relay(
-            link_send_buffer=SOCKET_BUFFER, tls_read_limit=TLS_READ_LIMIT, max_messages_per_second=1e9,
+            link_send_buffer=SOCKET_BUFFER, write_limit=WRITE_LIMIT, tls_read_limit=TLS_READ_LIMIT, max_messages_per_second=1e9,
             message_burst=1_000_000, ping_interval=60.0,
         )
         # Small kernel buffers on the agent's side too, so that its flood backs up in a few thousand frames.
@@ -165,10 +166,14 @@ class TestAgentThatDoesNotRead:
 
         flooding = asyncio.create_task(flood())
         try:
-            await wait_for(lambda: transport.get_read_buffer_size() >= TLS_READ_LIMIT)  # type: ignore[attr-defined]
+            async with asyncio.timeout(FLOOD_TIMEOUT):
+                while True:
+                    if transport.get_read_buffer_size() >= TLS_READ_LIMIT:  # type: ignore[attr-defined]
+                        break
+                    await asyncio.sleep(0.01)
             # The relay has stopped reading the agent: the acks it could not write hold up its
             # receive loop, websockets' queue is full, and the TLS layer stopped reading the socket.
-            high_water = transport.get_write_buffer_limits()[1]  # type: ignore[attr-defined]
+            high_water = transport.get_write_buffer_limits()[1]
             assert transport.get_write_buffer_size() <= high_water + 1024  # at most one ack past the limit
             assert transport.get_read_buffer_size() <= TLS_READ_LIMIT + (256 << 10)  # type: ignore[attr-defined]  # + one read
             assert link.queued == 0 and "slow_consumer" not in relay.refused
@@ -178,7 +183,7 @@ class TestAgentThatDoesNotRead:
                 await flooding
         agent.ws.transport.set_read_buffer_limits()  # type: ignore[attr-defined]
         acked: set[int] = set()
-        async with asyncio.timeout(IO_TIMEOUT):
+        async with asyncio.timeout(FLOOD_TIMEOUT):
             while len(acked) < len(sent):
                 ack = await agent.recv()
                 assert isinstance(ack, protocol.Ack)
