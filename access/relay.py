@@ -508,6 +508,7 @@ class Relay:
                     log.warning("closing host %s: %s", link.host_id, exc)
                     await connection.close(exc.close_code, close_reason(str(exc)))
                     return
+                del frame
                 continue
             if not link.messages.take(self.clock.monotonic()):
                 self.refused["message_rate"] += 1
@@ -538,7 +539,10 @@ class Relay:
                 return
             link.received += 1
             self.messages_forwarded += 1
-            await link.send_own(encode_ack(message.seq))
+            ack = encode_ack(message.seq)
+            # Not held while the agent is idle until its next frame (a telemetry frame is ~7 KB, its message more).
+            del frame, message
+            await link.send_own(ack)
 
     def _slow_consumer(self, link: AgentLink) -> None:
         log.warning("host %s is not reading (%d frames queued); disconnecting it", link.host_id, link.queued)
