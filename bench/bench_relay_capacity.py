@@ -1,59 +1,43 @@
-"""How many agents one relay process holds: memory per connection, CPU at the steady message rate,
-connection setup rate, and drain time, with a plain websockets baseline in the same run.
+"""How many agents one relay process holds: memory per connection, CPU per message at the steady
+rate, end-to-end ack latency, connection set-up and drain, against a websockets TLS echo in the same run.
 
 The server runs in a child process (``multiprocessing``, spawn), so its figures are its own:
-RSS (``VmRSS``) and CPU (``utime + stime``) are read from ``/proc/<pid>``. This process holds the
-simulated agents, all on one event loop: real ``websockets`` clients over TLS 1.3, each with its
-own client certificate. To keep set-up short, the certificates share one P-256 key (one CSR,
-signed once per host id: the relay only reads the host id and serial, so this changes nothing
-it does); every agent still has its own certificate, serial and ``SSLContext``.
+RSS (``VmRSS``) and CPU (``utime + stime``) are read from ``/proc/<pid>``. The simulated agents
+live in ``--workers`` other processes (so that they are not what limits the server), each with
+its share: real ``websockets`` clients over TLS 1.3, each with its own client certificate. To keep
+set-up short, a worker's certificates share one P-256 key (one CSR, signed once per host id: the
+relay only reads the host id and serial); every agent still has its own certificate, serial and
+``SSLContext``. Every process raises its open-files limit to the hard limit; where that caps
+what one server can hold, the run says so and caps its steps (``RESERVED_FILES`` below it).
 
 Traffic is the production cadence, not scaled: every agent sends one heartbeat and one telemetry
 frame (an 8-GPU host: latest samples + window aggregates) every ``--interval`` seconds (10),
 evenly spread, with a random phase per agent; the relay acks each after putting it on its bus (an
 ``InProcessBus`` in the child, trimmed as it goes: a Redis bus would add its client's CPU). The
-agents are connected in steps (``--agents 500,2000``); after each step, and a settling second,
-the child's CPU is sampled over ``--measure`` seconds and its RSS read.
+agents are connected in steps (``--agents 500,2000``); after each step and ``--settle`` seconds,
+the child's CPU is sampled over ``--measure`` seconds, its RSS read, and the workers report the
+acks they read in that window and each one's latency (frame sent → its ack read).
 
 Servers, one child each:
 
-* ``relay``: ``access.relay.Relay`` as deployed (TLS, client certificates, decode, bus, acks).
-* ``relay-16k``: the same, with ``asyncio.sslproto.SSLProtocol.max_size`` lowered from 256 KiB to
-  16 KiB in the child. CPython's asyncio allocates (and zero-fills, so it is resident) one read
-  buffer of ``max_size`` per TLS connection; 16 KiB is one TLS record, so small frames cost the
-  same, and a large transfer needs more, smaller reads. The ``upload MB/s`` column (speed-test
-  uploads of ``--bulk-mib`` MiB in 1 MiB frames through the relay, median of 3) shows what that costs.
-* ``echo``: a plain ``websockets`` server without TLS that answers each frame with a fixed ack,
-  no decoding, no bus: the floor for a Python websockets connection.
-* ``echo-tls`` (only when asked for): the same echo over TLS with client certificates, which
-  separates the cost of TLS from the relay's own.
+* ``relay``: ``access.relay.Relay`` as ``gpumarket access`` runs it (TLS, client certificates,
+  16 KiB TLS reads through one shared buffer, decode, bus, acks).
+* ``relay-256k``: the same with CPython's 256 KiB TLS reads (the ``upload MB/s`` column, a
+  speed-test upload of ``--bulk-mib`` MiB in 1 MiB frames, shows what the read size costs bulk).
+* ``echo-tls``: a plain ``websockets`` server over TLS with client certificates that answers each
+  frame with a fixed ack: no decoding, no bus. The baseline the relay's CPU per message is held to.
+* ``echo``: the same without TLS: the floor for a Python websockets connection.
 
-This process's clients use 16 KiB TLS read buffers too (it does not touch the child), only so
-that 2,000 clients fit comfortably; it does not change what the server measures.
+Read the ratios, not the absolute figures, on a shared machine: a loaded machine starves the
+agents' workers (fewer messages per second than the cadence asks, latency in seconds) and with
+them the server's per-message figures, which then carry its fixed costs (keepalive pings) over
+fewer messages. Measured figures and conclusions: README "Performance" and docs/operations.md
+"Relay capacity".
 
-Conclusion (2-core Xeon VM, CPython 3.11, OpenSSL 3.0; two default runs agreed within ~15 %).
-A relay process's memory is dominated by TLS: with CPython's default 256 KiB read buffer each
-agent costs about 330 KiB resident (a TLS echo server costs about 310 KiB, a plain websockets
-connection under 20 KiB), so 10,000 agents need about 3.2 GiB. With 16 KiB read buffers it is
-about 93 KiB per agent (0.9 GiB for 10,000) and no measurable loss on small frames or on a bulk
-speed-test upload (120-420 MB/s across runs with either buffer: noise, no consistent penalty,
-and far above what a speed test needs): worth adopting, with the
-caveat that ``SSLProtocol.max_size`` is an asyncio internal, set process-wide. CPU at the
-production cadence (2 messages per agent per 10 s) is about 13 % of one core for 2,000 agents,
-about 0.3 ms per message including keepalive pings, so roughly 65 % of a core for 10,000 agents;
-each new TLS 1.3 connection with a client certificate costs the relay 2-3 ms of CPU, i.e. about
-350-450 handshakes per second per core, so 10,000 agents reconnecting after a relay loss is
-25-30 s of a whole core on top of the steady load. Plan for about 5,000 agents per relay process
-(one process per core, each published in the registry), with ``max_connections`` 10,000 as the
-hard ceiling. Beyond that, the alternative is to terminate TLS in front of the relays (HAProxy,
-nginx or Envoy, in C: typically tens of KiB of TLS state per connection and handshakes without
-Python's per-connection overhead; not measured here); the relay then needs the client certificate (or its host id and serial) forwarded by the
-proxy, for example in a header it sets and the relay trusts only from the proxy, and its
-per-source connection limit raised or keyed on the forwarded client address, since every
-connection then comes from the proxy.
-
-Usage: ``python bench/bench_relay_capacity.py [--agents 500,2000] [--interval 10] [--measure 4]
-[--servers relay,relay-16k,echo]``; the default run takes about a minute.
+Usage: ``python bench/bench_relay_capacity.py [--agents 500,2000] [--interval 10] [--measure 10]
+[--workers 2] [--servers relay,echo-tls] [--bulk-mib 32]``; 20,000 agents:
+``--agents 2000,20000 --bulk-mib 0`` (needs a hard open-files limit above 20,064, and minutes of
+set-up: every agent's certificate and handshake).
 """
 
 from __future__ import annotations
@@ -187,7 +171,7 @@ async def _serve(spec: ServerSpec, control: Connection, results: Connection) -> 
         await server.wait_closed()
         results.send({"drain_seconds": time.perf_counter() - started, "forwarded": None})
         return
-    bus = InProcessBus(max_len=20_000)  # no consumer group: trimmed as it goes
+    bus = InProcessBus(max_len=1_000)  # no consumer group: trimmed as it goes (records are Redis's memory, not the relay's)
     relay = Relay(
         relay_id="relay-capacity",
         bus=bus,
@@ -559,7 +543,8 @@ def print_report(runs: list[ServerRun], interval: float) -> None:
         "  conn/s: handshakes completed per second, limited by whichever side (agents or server) saturates;\n"
         "  ms CPU/conn: the server's CPU per new connection (TLS handshake + upgrade + welcome; includes the steady load);\n"
         "  KiB/agent: (RSS - RSS before any agent) / agents; CPU %, msgs/s and latency: the steady state after connecting;\n"
-        "  p50/p99 ms: an agent's frame sent to its ack read, through the server (and the relay's bus);\n"
+        "  p50/p99 ms: an agent's frame sent to its ack read, through the server and the relay's bus (echo servers\n"
+        "    answer a fixed ack, so no latency for them);\n"
         "  upload MB/s: a speed-test upload through the relay, median of 3 (bulk cost of the read size);\n"
         "  drain s: Relay.close() with every agent connected (move + close 1001 to each), or the echo server's close."
     )
