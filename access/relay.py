@@ -2,8 +2,9 @@
 and delivers the master's commands to them.
 
 Per connection: the peer certificate names the host (``urn:gpumarket:host:<id>``);
-every frame is decoded by ``shared.protocol`` and must name the same host, or the
-connection is closed with the close code from ``shared.protocol.CLOSE_CODES``. A
+every frame is decoded (``access.forwarding``: what ``shared.protocol`` decodes, in one pass)
+and must name the same host, or the connection is closed with the close code from
+``shared.protocol.CLOSE_CODES``. A
 message is acknowledged to the agent only after the bus accepted it, so an agent
 never forgets a message the master has not durably received. Each bus record names the
 connection's certificate serial (the master retires a renewed host's older certificates once
@@ -28,16 +29,17 @@ Limits (each a keyword argument of ``Relay`` and an ``AccessSettings`` field):
   reconnecting agent never replays what was already forwarded.
 * ``max_connections`` agents at once (4009 beyond), ``max_outbound_queue`` frames queued
   for one agent (4007 beyond), ``max_frame`` bytes per frame (1009 beyond).
+* per connection buffers: ``max_queue`` received frames not yet read (then websockets stops
+  reading), ``write_limit`` bytes written but not yet sent (then the agent's receive loop
+  waits: an agent that does not read its acks stops being read, see ``access.agentlink``),
+  ``tls_read_limit`` received bytes not yet decrypted; every connection reads through one
+  TLS read buffer shared by the event loop (``access.tls``).
 
-Revocation (with a ``registry``): the peer certificate's serial is checked when the
-connection opens (close 4005), and ``registry.revoked()`` is read every
-``revocation_poll_interval`` seconds; open agent connections and speed tests whose
-serial appears there are closed with 4005. A registry that fails is logged and
-retried; the relay keeps the last list it read.
-
-Registration (with a ``registry``): the relay's ``RelayRecord`` (public URL, load,
-capacity, draining) is published every ``register_interval`` seconds with a TTL of three
-intervals, so a relay that dies disappears on its own.
+Revocation and registration (with a ``registry``, ``access.registration``): the peer
+certificate's serial is checked when the connection opens (close 4005), and the revoked list
+is read every ``revocation_poll_interval`` seconds; open agent connections and speed tests
+whose serial appears there are closed with 4005. The relay's ``RelayRecord`` is published
+every ``register_interval`` seconds and expires after three.
 
 Shutdown sequence (``close``): publish ``draining`` → stop accepting (a handshake in progress
 gets HTTP 503) → send every agent in session a ``move`` frame, after the acks already queued
@@ -55,7 +57,6 @@ import json
 import logging
 import math
 import ssl
-from dataclasses import dataclass, field
 from http import HTTPStatus
 from urllib.parse import urlsplit
 
@@ -63,9 +64,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
-from websockets.protocol import State
 
 from access import speedtest
+from access.agentlink import AgentLink, StreamOptions, close_reason
+from access.forwarding import decode_agent_frame, encode_ack, encode_bus_envelope
+from access.registration import RegistryLink
+from access.tls import no_session_tickets, tracking_connection_class
 from access.tunnels import CONNECT_PATH, RenterGate, refusal_response
 from access.webports import WebPorts
 from shared import protocol
@@ -75,7 +79,7 @@ from shared.crypto import host_id_from_der, serial_hex_from_der
 from shared.errors import BusError, ConfigError, GpumarketError, ProtocolError
 from shared.ratelimit import SourceRateLimiter, TokenBucket, source_key
 from shared.registry import Registry, RelayRecord
-from shared.streams import Multiplexer, StreamProtocolError
+from shared.streams import StreamProtocolError
 from shared.streams.aio import StreamLink, bound_send_buffer
 
 log = logging.getLogger(__name__)
@@ -85,41 +89,6 @@ SPEEDTEST_PATH = "/v1/speedtest"  # speed tests: access.speedtest
 COMMAND_GROUP = "relay"
 REVOKED_REASON = "certificate revoked; re-enroll with a new token"
 GOING_AWAY_REASON = "relay shutting down; reconnect to another relay"
-# Registry records expire after this many missed refreshes.
-REGISTRY_TTL_INTERVALS = 3
-
-
-def _reason(text: str) -> str:
-    """Websocket close reasons are limited to 123 bytes."""
-    encoded = text.encode()[:120]
-    return encoded.decode(errors="ignore")
-
-
-# ---- one agent ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _CloseRequest:
-    """Queued behind the frames already waiting, so they are sent before the close."""
-
-    code: int
-    reason: str
-
-
-@dataclass
-class AgentLink:
-    """One connected agent: its socket, certificate serial and a bounded queue of frames to send it."""
-
-    host_id: str
-    serial: str  # hex, as revocations are recorded
-    connection: ServerConnection
-    outbound: asyncio.Queue[str | _CloseRequest]
-    messages: TokenBucket
-    streams: StreamLink | None = field(default=None, repr=False)  # renters' byte streams on this link
-    received: int = 0
-    close_request: _CloseRequest | None = None
-    writer: asyncio.Task[None] | None = field(default=None, repr=False)
-    pump: asyncio.Task[None] | None = field(default=None, repr=False)
 
 
 class Relay:
@@ -157,6 +126,10 @@ class Relay:
         max_connections_per_source_per_minute: float = 30.0,
         connection_burst_per_source: int = 10,
         max_tracked_sources: int = 100_000,
+        # Per connection buffers: what one agent can make the relay hold
+        max_queue: int = 4,
+        write_limit: int = 32 << 10,
+        tls_read_limit: int = 64 << 10,
         # Renters' streams (``access.tunnels``); without a ``token_key`` renters are refused
         token_key: ec.EllipticCurvePublicKey | None = None,
         max_streams_per_agent: int = 256,
@@ -177,7 +150,7 @@ class Relay:
         if min(timeouts) <= 0:
             raise ConfigError("relay timeouts and intervals must be positive")
         if min(max_frame, max_outbound_queue, max_connections, message_burst, connection_burst_per_source,
-               max_tracked_sources) < 1 or max_messages_per_second <= 0 or max_connections_per_source_per_minute <= 0:
+               max_tracked_sources, max_queue, write_limit, tls_read_limit) < 1 or max_messages_per_second <= 0 or max_connections_per_source_per_minute <= 0:
             raise ConfigError("relay limits must be positive")
         self.relay_id = relay_id
         self.region = region
@@ -202,6 +175,9 @@ class Relay:
         self.revocation_poll_interval = revocation_poll_interval
         self.registry_timeout = registry_timeout
         self.max_frame = max_frame
+        self.max_queue = max_queue
+        self.write_limit = write_limit
+        self.tls_read_limit = tls_read_limit
         self.max_outbound_queue = max_outbound_queue
         self.max_connections = max_connections
         self.max_messages_per_second = max_messages_per_second
@@ -213,6 +189,7 @@ class Relay:
         self.max_stream_buffer_per_agent = max_stream_buffer_per_agent
         self.stream_turn_bytes = stream_turn_bytes
         self.link_send_buffer = link_send_buffer
+        self._stream_options = StreamOptions(max_streams_per_agent, max_stream_buffer_per_agent, stream_turn_bytes)
         self.renters = (
             RenterGate(token_key=token_key, clock=self.clock, max_streams_per_rental=max_streams_per_rental)
             if token_key is not None else None
@@ -232,15 +209,18 @@ class Relay:
         self.messages_forwarded = 0
         self.commands_delivered = 0
         self.refused: collections.Counter[str] = collections.Counter()  # connections refused or closed, by reason
-        self._revoked: frozenset[str] = frozenset()  # the last list read from the registry
         self._speedtest_serials: dict[ServerConnection, str] = {}
         self._open_connections: set[ServerConnection] = set()  # from TLS accept to close, handshakes included
         self._server: Server | None = None
         self._port: int | None = None
         self._closers: set[asyncio.Task[None]] = set()
         self._consumer: asyncio.Task[None] | None = None
-        self._registrar: asyncio.Task[None] | None = None
-        self._revocation_poller: asyncio.Task[None] | None = None
+        self._registration = (
+            RegistryLink(registry, relay_id=relay_id, record=self.record, on_revoked=self._close_revoked,
+                         register_interval=register_interval, revocation_poll_interval=revocation_poll_interval,
+                         timeout=registry_timeout)
+            if registry is not None else None
+        )
         self._closing = False
 
     # ---- lifecycle ------------------------------------------------------------------
@@ -251,6 +231,7 @@ class Relay:
         Not meant to be cancelled; if it is, ``close()`` releases whatever was started.
         """
         await self.bus.ensure_group(protocol.commands_stream(self.relay_id), COMMAND_GROUP)
+        no_session_tickets(self.ssl_context)  # agents never resume a TLS session
         self._server = await serve(
             self._handle,
             self.host,
@@ -263,21 +244,18 @@ class Relay:
             ping_timeout=self.ping_timeout,
             close_timeout=self.close_timeout,
             max_size=self.max_frame,
-            max_queue=4,
+            max_queue=self.max_queue,
+            write_limit=self.write_limit,
             compression=None,
             server_header=None,
-            create_connection=_tracking_connection_class(self._open_connections),
+            create_connection=tracking_connection_class(self._open_connections, self.tls_read_limit),
         )
         self._port = int(self._server.sockets[0].getsockname()[1])
         if self.web_ports is not None:
             await self.web_ports.start()
         self._consumer = asyncio.create_task(self._consume_commands(), name=f"relay-{self.relay_id}-commands")
-        if self.registry is not None:
-            await self._publish()  # a failure is logged; the registrar retries
-            self._registrar = asyncio.create_task(self._register(), name=f"relay-{self.relay_id}-register")
-            self._revocation_poller = asyncio.create_task(
-                self._poll_revocations(), name=f"relay-{self.relay_id}-revocations"
-            )
+        if self._registration is not None:
+            await self._registration.start()  # a failed publish is logged; the refresh retries
         log.info("relay %s (%s) listening on %s, published as %s", self.relay_id, self.region, self.url, self.public_url)
 
     @property
@@ -330,23 +308,18 @@ class Relay:
             return
         self._closing = True
         try:
-            await _stop(self._registrar)  # 1. publish draining (no periodic refresh may overwrite it)
-            if self.registry is not None:
-                await self._publish()
+            if self._registration is not None:  # 1. publish draining (no periodic refresh may overwrite it)
+                await self._registration.stop_refreshing()
+                await self._registration.publish()
             self._server.close(close_connections=False)  # 2. stop accepting
             if self.web_ports is not None:
                 await self.web_ports.close()
             self._tell_everyone_to_move()  # 3. move, then close 1001
             await self._wait_for_handlers(self._server)  # 4. wait for handlers (bounded)
         finally:
-            await _stop(self._consumer)  # 5. stop the command consumer and revocation polling
-            await _stop(self._revocation_poller)
-            if self.registry is not None:  # 6. leave the registry
-                try:
-                    async with asyncio.timeout(self.registry_timeout):
-                        await self.registry.remove_relay(self.relay_id)
-                except (GpumarketError, OSError, TimeoutError) as exc:
-                    log.warning("relay %s: cannot remove its registry record (%s); it expires on its own", self.relay_id, exc)
+            await _stop(self._consumer)  # 5. stop the command consumer
+            if self._registration is not None:  # 6. stop revocation polling, leave the registry
+                await self._registration.stop()
             log.info("relay %s closed", self.relay_id)
 
     def _tell_everyone_to_move(self) -> None:
@@ -357,8 +330,7 @@ class Relay:
             # Only agents in session (they sent their hello) get the move; for a connection that has
             # not started one, close 1001 alone says the same thing.
             if link.received and link.close_request is None:
-                with contextlib.suppress(asyncio.QueueFull):  # a full queue: the close alone must do
-                    link.outbound.put_nowait(move)
+                link.queue(move, optional=True)  # a full outbox: the close alone must do
             self._request_close(link, protocol.CLOSE_GOING_AWAY, GOING_AWAY_REASON)
         for renter in list(self._renter_connections):
             self._spawn_close(renter, protocol.CLOSE_GOING_AWAY, "relay shutting down; connect again")
@@ -430,13 +402,18 @@ class Relay:
                 return connection.respond(HTTPStatus.NOT_FOUND, "this relay takes no renters' connections\n")
             if self._closing:
                 return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "relay shutting down; connect again\n")
-            refusal = self.renters.admit(connection, request, host_connected=lambda host_id: self._links_of(host_id) is not None)
+            refusal = self.renters.admit(connection, request, host_connected=self._in_session)
             if refusal is not None:
                 self.refused["renter_" + refusal.status.name.lower()] += 1
                 return refusal_response(connection, refusal)
         return None
 
+    def _in_session(self, host_id: str) -> bool:
+        link = self.agents.get(host_id)
+        return link is not None and link.close_request is None
+
     def _links_of(self, host_id: str) -> StreamLink | None:
+        """The host's renter streams (created on first use), or ``None`` when it is not here."""
         link = self.agents.get(host_id)
         return link.streams if link is not None and link.close_request is None else None
 
@@ -461,7 +438,7 @@ class Relay:
             serial = serial_hex_from_der(der)
         except GpumarketError as exc:
             log.warning("refused a connection from %s: %s", connection.remote_address, exc)
-            await connection.close(protocol.CLOSE_IDENTITY_MISMATCH, _reason(f"no usable client certificate: {exc}"))
+            await connection.close(protocol.CLOSE_IDENTITY_MISMATCH, close_reason(f"no usable client certificate: {exc}"))
             return
         if await self._is_revoked(serial):
             self.refused["revoked"] += 1
@@ -487,14 +464,12 @@ class Relay:
             host_id=host_id,
             serial=serial,
             connection=connection,
-            outbound=asyncio.Queue(self.max_outbound_queue),
             messages=TokenBucket(self.max_messages_per_second, self.message_burst, self.clock.monotonic()),
+            max_outbound_queue=self.max_outbound_queue,
+            stream_options=self._stream_options,
+            on_slow_consumer=self._slow_consumer,
         )
         bound_send_buffer(connection.transport, self.link_send_buffer)
-        link.streams = StreamLink(
-            Multiplexer(initiator=False, max_streams=self.max_streams_per_agent, max_link_buffer=self.max_stream_buffer_per_agent),
-            connection.send, turn_bytes=self.stream_turn_bytes,
-        )
         welcome = protocol.Welcome(
             body=protocol.WelcomeBody(
                 relay_id=self.relay_id,
@@ -508,10 +483,8 @@ class Relay:
         )
         # Welcome queued and link swapped in before any await: a racing reconnect cannot leave one
         # untracked, and a drain starting now finds the link (its move goes after the welcome).
-        self._send(link, protocol.encode(welcome))
+        link.queue(protocol.encode(welcome))
         previous, self.agents[host_id] = self.agents.get(host_id), link
-        link.writer = asyncio.create_task(self._write(link), name=f"relay-write-{host_id}")
-        link.pump = asyncio.create_task(self._pump(link), name=f"relay-streams-{host_id}")
         if previous is not None:
             log.info("host %s reconnected; closing its previous connection", host_id)
             self._request_close(previous, protocol.CLOSE_REPLACED, "replaced by a newer connection of this host")
@@ -523,20 +496,19 @@ class Relay:
         finally:
             if self.agents.get(host_id) is link:
                 del self.agents[host_id]
-            await _stop(link.pump)
-            link.streams.lost()
-            await self._finish_writer(link)
+            await link.finish(self.close_timeout)
 
     async def _receive(self, link: AgentLink) -> None:
-        async for frame in link.connection:
+        connection = link.connection
+        async for frame in connection:
             if isinstance(frame, bytes):  # a stream frame: bounded by the streams' flow control, not the message rate
-                assert link.streams is not None
                 try:
                     link.streams.feed(frame)
                 except StreamProtocolError as exc:
                     log.warning("closing host %s: %s", link.host_id, exc)
-                    await link.connection.close(exc.close_code, _reason(str(exc)))
+                    await connection.close(exc.close_code, close_reason(str(exc)))
                     return
+                del frame
                 continue
             if not link.messages.take(self.clock.monotonic()):
                 self.refused["message_rate"] += 1
@@ -549,115 +521,54 @@ class Relay:
                 )
                 return
             try:
-                message = protocol.decode_agent_frame(frame, max_frame=self.max_frame)
+                message = decode_agent_frame(frame, max_frame=self.max_frame)
                 protocol.check_identity(message, link.host_id)
             except ProtocolError as exc:
                 log.warning("closing host %s: %s (%s)", link.host_id, exc.message, exc.code)
-                await link.connection.close(exc.close_code, _reason(exc.message))
+                await connection.close(exc.close_code, close_reason(exc.message))
                 return
             try:
                 await self.bus.publish(
                     protocol.AGENT_EVENTS_STREAM,
-                    protocol.encode_bus_envelope(self.relay_id, message, self.clock.now(), cert_serial=link.serial),
+                    encode_bus_envelope(self.relay_id, message, self.clock.now(), cert_serial=link.serial),
                 )
             except BusError as exc:
                 # Not acknowledged: the agent keeps the message and replays it elsewhere.
                 log.error("bus unavailable, dropping host %s to another relay: %s", link.host_id, exc)
-                await link.connection.close(protocol.CLOSE_BUS_UNAVAILABLE, "relay cannot reach the master; reconnect elsewhere")
+                await connection.close(protocol.CLOSE_BUS_UNAVAILABLE, "relay cannot reach the master; reconnect elsewhere")
                 return
             link.received += 1
             self.messages_forwarded += 1
-            self._send(link, protocol.encode(protocol.Ack(body=protocol.AckBody(seq=message.seq))))
+            ack = encode_ack(message.seq)
+            # Not held while the agent is idle until its next frame (a telemetry frame is ~7 KB, its message more).
+            del frame, message
+            await link.send_own(ack)
 
-    def _send(self, link: AgentLink, frame: str) -> None:
-        if link.close_request is not None:
-            return  # closing: nothing more is queued after the close
-        try:
-            link.outbound.put_nowait(frame)
-        except asyncio.QueueFull:
-            log.warning("host %s is not reading (%d frames queued); disconnecting it", link.host_id, link.outbound.qsize())
-            self.refused["slow_consumer"] += 1
-            link.close_request = _CloseRequest(protocol.CLOSE_SLOW_CONSUMER, "too slow reading; reconnect")
-            if link.writer is not None:
-                link.writer.cancel()
-            self._spawn_close(link.connection, link.close_request.code, link.close_request.reason)
+    def _slow_consumer(self, link: AgentLink) -> None:
+        log.warning("host %s is not reading (%d frames queued); disconnecting it", link.host_id, link.queued)
+        self.refused["slow_consumer"] += 1
+        link.request_close(protocol.CLOSE_SLOW_CONSUMER, "too slow reading; reconnect")
+        self._close_now(link)
 
     def _request_close(self, link: AgentLink, code: int, reason: str) -> None:
         """Close ``link`` once the frames already queued for it are sent (its writer does the close)."""
-        if link.close_request is not None:
-            return
-        link.close_request = _CloseRequest(code, _reason(reason))
-        try:
-            link.outbound.put_nowait(link.close_request)
-        except asyncio.QueueFull:  # a full queue will not drain soon: close now
-            if link.writer is not None:
-                link.writer.cancel()
-            self._spawn_close(link.connection, code, link.close_request.reason)
+        if not link.request_close(code, reason):  # a full outbox will not drain soon: close now
+            self._close_now(link)
+
+    def _close_now(self, link: AgentLink) -> None:
+        assert link.close_request is not None
+        link.stop_writer()
+        self._spawn_close(link.connection, link.close_request.code, link.close_request.reason)
 
     def _spawn_close(self, connection: ServerConnection, code: int, reason: str) -> None:
-        task = asyncio.create_task(connection.close(code, _reason(reason)))
+        task = asyncio.create_task(connection.close(code, close_reason(reason)))
         self._closers.add(task)  # owned: close() awaits whatever is still running
         task.add_done_callback(self._closers.discard)
 
-    async def _write(self, link: AgentLink) -> None:
-        with contextlib.suppress(ConnectionClosed):
-            while True:
-                item = await link.outbound.get()
-                if isinstance(item, _CloseRequest):
-                    await link.connection.close(item.code, item.reason)
-                    return
-                await link.connection.send(item)
-
-    async def _pump(self, link: AgentLink) -> None:
-        assert link.streams is not None
-        with contextlib.suppress(ConnectionClosed):
-            await link.streams.run()
-
-    async def _finish_writer(self, link: AgentLink) -> None:
-        """Let a requested close go out (bounded: the agent may not be reading), then stop the writer."""
-        writer = link.writer
-        if writer is None:
-            return
-        if link.close_request is not None and not writer.done():
-            await asyncio.wait({writer}, timeout=2 * self.close_timeout)
-        writer.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await writer
-        request = link.close_request
-        if request is not None and link.connection.state is State.OPEN:
-            await link.connection.close(request.code, request.reason)
-
-    # ---- revocation and registration --------------------------------------------------
+    # ---- revocation (``access.registration`` polls the registry) -----------------------
 
     async def _is_revoked(self, serial: str) -> bool:
-        """Ask the registry, falling back on the last list read when it does not answer."""
-        if serial in self._revoked:
-            return True
-        if self.registry is None:
-            return False
-        try:
-            async with asyncio.timeout(self.registry_timeout):
-                return await self.registry.is_revoked(serial)
-        except (GpumarketError, OSError, TimeoutError) as exc:
-            log.warning("cannot ask the registry whether %s is revoked (%s); using the last list read", serial, exc)
-            return False
-
-    async def _poll_revocations(self) -> None:
-        """Read the revoked serials and close their connections, forever. Cancelling is safe."""
-        assert self.registry is not None
-        while True:
-            try:
-                async with asyncio.timeout(self.registry_timeout):
-                    revoked = await self.registry.revoked()
-            except (GpumarketError, OSError, TimeoutError) as exc:
-                log.warning("cannot read revoked certificates (%s); keeping the last %d, retrying", exc, len(self._revoked))
-            except Exception:
-                log.exception("reading revoked certificates failed unexpectedly; retrying")
-            else:
-                self._revoked = revoked
-                if revoked:
-                    self._close_revoked(revoked)
-            await asyncio.sleep(self.revocation_poll_interval)
+        return await self._registration.is_revoked(serial) if self._registration is not None else False
 
     def _close_revoked(self, revoked: frozenset[str]) -> None:
         for link in list(self.agents.values()):
@@ -670,23 +581,6 @@ class Relay:
                 del self._speedtest_serials[connection]
                 log.warning("closing a speed test: certificate %s was revoked", serial)
                 self._spawn_close(connection, protocol.CLOSE_REVOKED, REVOKED_REASON)
-
-    async def _publish(self) -> None:
-        """Publish this relay's record once; a failure is logged (the record expires on its own)."""
-        assert self.registry is not None
-        try:
-            async with asyncio.timeout(self.registry_timeout):
-                await self.registry.put_relay(self.record(), ttl=REGISTRY_TTL_INTERVALS * self.register_interval)
-        except (GpumarketError, OSError, TimeoutError) as exc:
-            log.warning("relay %s: cannot publish its registry record (%s); retrying", self.relay_id, exc)
-        except Exception:
-            log.exception("relay %s: publishing its registry record failed unexpectedly; retrying", self.relay_id)
-
-    async def _register(self) -> None:
-        """Refresh the registry record every ``register_interval``, forever. Cancelling is safe."""
-        while True:
-            await asyncio.sleep(self.register_interval)
-            await self._publish()
 
     # ---- the master's commands ---------------------------------------------------------
 
@@ -723,25 +617,8 @@ class Relay:
         if link is None or link.close_request is not None:
             log.info("host %s not connected here; command %s waits for the master to resend", delivery.host_id, delivery.command.body.command_id)
             return
-        self._send(link, protocol.encode(delivery.command))
+        link.queue(protocol.encode(delivery.command))
         self.commands_delivered += 1
-
-
-def _tracking_connection_class(tracked: set[ServerConnection]) -> type[ServerConnection]:
-    """A ``ServerConnection`` that is in ``tracked`` from the moment its TLS handshake completes
-    until it is lost, so a drain can drop one stuck before or after its websocket handshake
-    (websockets' own ``all_connections`` only holds those past it)."""
-
-    class TrackedConnection(ServerConnection):
-        def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            super().connection_made(transport)
-            tracked.add(self)
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            tracked.discard(self)
-            super().connection_lost(exc)
-
-    return TrackedConnection
 
 
 def _url_host(host: str) -> str:

@@ -54,6 +54,9 @@ def relay_from_settings(settings: AccessSettings, bus: Bus, registry: Registry |
         max_connections_per_source_per_minute=settings.max_connections_per_source_per_minute,
         connection_burst_per_source=settings.connection_burst_per_source,
         max_tracked_sources=settings.max_tracked_sources,
+        max_queue=settings.max_incoming_frames,
+        write_limit=settings.write_limit_kib << 10,
+        tls_read_limit=settings.tls_read_limit_kib << 10,
         token_key=ca_public_key(settings.ca_file),
         max_streams_per_agent=settings.max_streams_per_agent,
         max_streams_per_rental=settings.max_streams_per_rental,
@@ -66,11 +69,13 @@ def relay_from_settings(settings: AccessSettings, bus: Bus, registry: Registry |
 
 
 def set_tls_read_buffer(kib: int) -> bool:
-    """Size asyncio's per-connection TLS read buffer for this process; returns whether it could.
+    """Size asyncio's TLS read buffer (the most one socket read takes) for this process; returns
+    whether it could.
 
-    CPython allocates ``SSLProtocol.max_size`` (256 KiB) per TLS connection up front; a relay
-    holding thousands of agents mostly pays for those buffers (see bench/bench_relay_capacity.py).
-    It is an internal of asyncio, so it is set only where it exists, and process-wide.
+    CPython allocates ``SSLProtocol.max_size`` (256 KiB) per TLS connection up front; the relay
+    shares one among its established connections (``access.tls``), so this now bounds what a
+    handshake in progress holds and how much one read takes. It is an internal of asyncio, so it
+    is set only where it exists, and process-wide.
     """
     import asyncio.sslproto
 

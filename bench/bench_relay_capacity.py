@@ -1,65 +1,50 @@
-"""How many agents one relay process holds: memory per connection, CPU at the steady message rate,
-connection setup rate, and drain time, with a plain websockets baseline in the same run.
+"""How many agents one relay process holds: memory per connection, CPU per message at the steady
+rate, end-to-end ack latency, connection set-up and drain, against a websockets TLS echo in the same run.
 
 The server runs in a child process (``multiprocessing``, spawn), so its figures are its own:
-RSS (``VmRSS``) and CPU (``utime + stime``) are read from ``/proc/<pid>``. This process holds the
-simulated agents, all on one event loop: real ``websockets`` clients over TLS 1.3, each with its
-own client certificate. To keep set-up short, the certificates share one P-256 key (one CSR,
-signed once per host id: the relay only reads the host id and serial, so this changes nothing
-it does); every agent still has its own certificate, serial and ``SSLContext``.
+RSS (``VmRSS``) and CPU (``utime + stime``) are read from ``/proc/<pid>``. The simulated agents
+live in ``--workers`` other processes (so that they are not what limits the server), each with
+its share: real ``websockets`` clients over TLS 1.3, each with its own client certificate. To keep
+set-up short, a worker's certificates share one P-256 key (one CSR, signed once per host id: the
+relay only reads the host id and serial); every agent still has its own certificate, serial and
+``SSLContext``. Every process raises its open-files limit to the hard limit; where that caps
+what one server can hold, the run says so and caps its steps (``RESERVED_FILES`` below it).
 
 Traffic is the production cadence, not scaled: every agent sends one heartbeat and one telemetry
 frame (an 8-GPU host: latest samples + window aggregates) every ``--interval`` seconds (10),
 evenly spread, with a random phase per agent; the relay acks each after putting it on its bus (an
 ``InProcessBus`` in the child, trimmed as it goes: a Redis bus would add its client's CPU). The
-agents are connected in steps (``--agents 500,2000``); after each step, and a settling second,
-the child's CPU is sampled over ``--measure`` seconds and its RSS read.
+agents are connected in steps (``--agents 500,2000``); after each step and ``--settle`` seconds,
+the child's CPU is sampled over ``--measure`` seconds, its RSS read, and the workers report the
+acks they read in that window and each one's latency (frame sent → its ack read).
 
 Servers, one child each:
 
-* ``relay``: ``access.relay.Relay`` as deployed (TLS, client certificates, decode, bus, acks).
-* ``relay-16k``: the same, with ``asyncio.sslproto.SSLProtocol.max_size`` lowered from 256 KiB to
-  16 KiB in the child. CPython's asyncio allocates (and zero-fills, so it is resident) one read
-  buffer of ``max_size`` per TLS connection; 16 KiB is one TLS record, so small frames cost the
-  same, and a large transfer needs more, smaller reads. The ``upload MB/s`` column (speed-test
-  uploads of ``--bulk-mib`` MiB in 1 MiB frames through the relay, median of 3) shows what that costs.
-* ``echo``: a plain ``websockets`` server without TLS that answers each frame with a fixed ack,
-  no decoding, no bus: the floor for a Python websockets connection.
-* ``echo-tls`` (only when asked for): the same echo over TLS with client certificates, which
-  separates the cost of TLS from the relay's own.
+* ``relay``: ``access.relay.Relay`` as ``gpumarket access`` runs it (TLS, client certificates,
+  16 KiB TLS reads through one shared buffer, decode, bus, acks).
+* ``relay-256k``: the same with CPython's 256 KiB TLS reads (the ``upload MB/s`` column, a
+  speed-test upload of ``--bulk-mib`` MiB in 1 MiB frames, shows what the read size costs bulk).
+* ``echo-tls``: a plain ``websockets`` server over TLS with client certificates that answers each
+  frame with a fixed ack: no decoding, no bus. The baseline the relay's CPU per message is held to.
+* ``echo``: the same without TLS: the floor for a Python websockets connection.
 
-This process's clients use 16 KiB TLS read buffers too (it does not touch the child), only so
-that 2,000 clients fit comfortably; it does not change what the server measures.
+Read the ratios, not the absolute figures, on a shared machine: a loaded machine starves the
+agents' workers (fewer messages per second than the cadence asks, latency in seconds) and with
+them the server's per-message figures, which then carry its fixed costs (keepalive pings) over
+fewer messages. Measured figures and conclusions: README "Performance" and docs/operations.md
+"Relay capacity".
 
-Conclusion (2-core Xeon VM, CPython 3.11, OpenSSL 3.0; two default runs agreed within ~15 %).
-A relay process's memory is dominated by TLS: with CPython's default 256 KiB read buffer each
-agent costs about 330 KiB resident (a TLS echo server costs about 310 KiB, a plain websockets
-connection under 20 KiB), so 10,000 agents need about 3.2 GiB. With 16 KiB read buffers it is
-about 93 KiB per agent (0.9 GiB for 10,000) and no measurable loss on small frames or on a bulk
-speed-test upload (120-420 MB/s across runs with either buffer: noise, no consistent penalty,
-and far above what a speed test needs): worth adopting, with the
-caveat that ``SSLProtocol.max_size`` is an asyncio internal, set process-wide. CPU at the
-production cadence (2 messages per agent per 10 s) is about 13 % of one core for 2,000 agents,
-about 0.3 ms per message including keepalive pings, so roughly 65 % of a core for 10,000 agents;
-each new TLS 1.3 connection with a client certificate costs the relay 2-3 ms of CPU, i.e. about
-350-450 handshakes per second per core, so 10,000 agents reconnecting after a relay loss is
-25-30 s of a whole core on top of the steady load. Plan for about 5,000 agents per relay process
-(one process per core, each published in the registry), with ``max_connections`` 10,000 as the
-hard ceiling. Beyond that, the alternative is to terminate TLS in front of the relays (HAProxy,
-nginx or Envoy, in C: typically tens of KiB of TLS state per connection and handshakes without
-Python's per-connection overhead; not measured here); the relay then needs the client certificate (or its host id and serial) forwarded by the
-proxy, for example in a header it sets and the relay trusts only from the proxy, and its
-per-source connection limit raised or keyed on the forwarded client address, since every
-connection then comes from the proxy.
-
-Usage: ``python bench/bench_relay_capacity.py [--agents 500,2000] [--interval 10] [--measure 4]
-[--servers relay,relay-16k,echo]``; the default run takes about a minute.
+Usage: ``python bench/bench_relay_capacity.py [--agents 500,2000] [--interval 10] [--measure 10]
+[--workers 2] [--servers relay,echo-tls] [--bulk-mib 32]``; 20,000 agents:
+``--agents 2000,20000 --bulk-mib 0`` (needs a hard open-files limit above 20,064, and minutes of
+set-up: every agent's certificate and handshake).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import asyncio.sslproto
 import contextlib
 import json
 import multiprocessing
@@ -74,46 +59,54 @@ import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from access.relay import AGENT_PATH, SPEEDTEST_PATH, Relay
+from access.service import set_tls_read_buffer
+from access.tls import share_read_buffer
 from shared import protocol
 from shared.outbound import OutboundWindow
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import (
-    Counter,
     Progress,
     agent_context,
     busy_backend,
     describe_machine,
     open_agent,
+    quantile,
     telemetry_body,
     write_agent_key,
 )
 
 from shared.bus import InProcessBus
 from shared.crypto import CertificateAuthority, server_ssl_context
+from shared.settings import AccessSettings
 
 GPUS = "sim:8xH100"
 SMALL_TLS_READ = 16 << 10
-IO_TIMEOUT = 60.0
+IO_TIMEOUT = 120.0
+RESERVED_FILES = 64  # a process's own files besides its sockets: listener, epoll, pipes, libraries
 ECHO_ACK = protocol.encode(protocol.Ack(body=protocol.AckBody(seq=0)))
 SERVERS = {
-    "relay": "Relay, TLS (256 KiB read buffer)",
-    "relay-16k": "Relay, TLS (16 KiB read buffer)",
+    "relay": "Relay, as `gpumarket access` runs it",
+    "relay-256k": "Relay, 256 KiB TLS reads (CPython's)",
     "echo": "websockets echo, no TLS",
-    "echo-tls": "websockets echo, TLS (256 KiB)",  # not run by default: splits TLS from the relay's own cost
+    "echo-tls": "websockets echo, TLS",
 }
 
 
-def raise_open_files_limit() -> None:
+def raise_open_files_limit() -> int:
+    """Raise this process's open-files limit to its hard limit; return the limit now in force."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 def proc_rss_mib(pid: int) -> float:
@@ -144,8 +137,8 @@ class ServerSpec:
 def serve_child(spec: ServerSpec, control: Connection, results: Connection) -> None:
     """Child process entry point: run the server until the parent says stop, then drain and report."""
     raise_open_files_limit()
-    if spec.name == "relay-16k":
-        asyncio.sslproto.SSLProtocol.max_size = SMALL_TLS_READ  # type: ignore[attr-defined]
+    if spec.name == "relay":
+        set_tls_read_buffer(AccessSettings().tls_read_buffer_kib)  # as serve_access does
     asyncio.run(_serve(spec, control, results))
 
 
@@ -178,7 +171,7 @@ async def _serve(spec: ServerSpec, control: Connection, results: Connection) -> 
         await server.wait_closed()
         results.send({"drain_seconds": time.perf_counter() - started, "forwarded": None})
         return
-    bus = InProcessBus(max_len=20_000)  # no consumer group: trimmed as it goes
+    bus = InProcessBus(max_len=1_000)  # no consumer group: trimmed as it goes (records are Redis's memory, not the relay's)
     relay = Relay(
         relay_id="relay-capacity",
         bus=bus,
@@ -201,7 +194,7 @@ async def _serve(spec: ServerSpec, control: Connection, results: Connection) -> 
     await bus.close()
 
 
-# ---- the agents ---------------------------------------------------------------------------------
+# ---- the agents, in worker processes ------------------------------------------------------------
 
 
 @dataclass
@@ -210,65 +203,59 @@ class AgentSetup:
     context: ssl.SSLContext
     window: OutboundWindow
     telemetry: protocol.TelemetryBody
+    sent_at: dict[int, float] = field(default_factory=dict)  # seq -> when it was sent, until acked
 
 
-def make_agents(ca: CertificateAuthority, directory: Path, count: int) -> list[AgentSetup]:
-    """``count`` agents: one shared key (see the module docstring), a certificate and context each."""
+@dataclass
+class Tally:
+    """What a worker's agents saw since the parent last said ``mark``."""
+
+    acked: int = 0
+    latencies_ms: list[float] = field(default_factory=list)
+    failed: int = 0
+
+
+def make_agents(ca: CertificateAuthority, directory: Path, first: int, count: int) -> list[AgentSetup]:
+    """Agents ``first`` .. ``first + count - 1``: one shared key (see the module docstring), a
+    certificate and context each."""
+    directory.mkdir(parents=True, exist_ok=True)
     key_file = directory / "shared.key"
     csr = write_agent_key(key_file, "h-capacity")
     telemetry = telemetry_body(busy_backend(GPUS, seed="capacity"), window_s=10.0)
     agents = []
-    progress = Progress("agent certificates", count)
-    for number in range(count):
+    for number in range(first, first + count):
         host_id = f"h-cap-{number:05d}"
         issued = ca.sign_agent_csr(csr, host_id=host_id)
         context = agent_context(ca.cert_path, key_file, directory / f"{host_id}.crt", issued.cert_pem)
         agents.append(AgentSetup(host_id, context, OutboundWindow(host_id, first_seq=1), telemetry))
-        progress.update(number + 1)
-    progress.done()
     return agents
 
 
-@dataclass
-class Step:
-    agents: int
-    connect_rate: float  # connections per second in this step
-    connect_cpu_ms: float  # the server's CPU per new connection in this step
-    rss_mib: float
-    rss_per_agent_kib: float
-    cpu_pct: float  # the server's, at the steady rate
-    msgs_per_s: float
-    cpu_us_per_msg: float
-
-
-@dataclass
-class ServerRun:
-    name: str
-    base_rss_mib: float = 0.0
-    steps: list[Step] = field(default_factory=list)
-    drain_seconds: float = 0.0
-    upload_mbps: float | None = None
-
-
-async def agent_traffic(ws: ClientConnection, agent: AgentSetup, interval: float, rng: random.Random, counter: Counter) -> None:
-    """Heartbeat and telemetry, each every ``interval``, evenly spread; count the acks."""
+async def agent_traffic(ws: ClientConnection, agent: AgentSetup, interval: float, rng: random.Random, tally: list[Tally]) -> None:
+    """Heartbeat and telemetry, each every ``interval``, evenly spread; count the acks and time them
+    (send to ack, end to end through the relay and its bus). ``tally[0]`` is the current tally."""
 
     async def read() -> None:
         async for frame in ws:
             message = json.loads(frame)
             if message.get("type") == "ack":
-                agent.window.ack(message["body"]["seq"])
-                counter.acked += 1
+                seq = message["body"]["seq"]
+                agent.window.ack(seq)
+                sent = agent.sent_at.pop(seq, None)
+                tally[0].acked += 1
+                if sent is not None:
+                    tally[0].latencies_ms.append((time.perf_counter() - sent) * 1e3)
 
     async def write() -> None:
         await asyncio.sleep(rng.uniform(0, interval / 2))
         heartbeat = True
         while True:
             if heartbeat:
-                _seq, frame = agent.window.heartbeat(protocol.HeartbeatBody(uptime_s=1.0))
+                seq, frame = agent.window.heartbeat(protocol.HeartbeatBody(uptime_s=1.0))
             else:
-                _seq, frame = agent.window.telemetry(agent.telemetry)
+                seq, frame = agent.window.telemetry(agent.telemetry)
             heartbeat = not heartbeat
+            agent.sent_at[seq] = time.perf_counter()
             await ws.send(frame)
             await asyncio.sleep(interval / 2)
 
@@ -299,7 +286,172 @@ async def speedtest_upload(url: str, agent: AgentSetup, mib: int) -> float:
         return total / float(done["seconds"]) / 1e6
 
 
-async def measure_server(name: str, paths: tuple[Path, Path, Path], agents: list[AgentSetup], args: argparse.Namespace) -> ServerRun:
+async def connect_agents(url: str, agents: list[AgentSetup], parallel: int, tally: Tally) -> list[ClientConnection | None]:
+    """Connect ``agents``, ``parallel`` handshakes at a time; ``None`` (and counted) for each that failed."""
+    slots = asyncio.Semaphore(parallel)
+
+    async def one(agent: AgentSetup) -> ClientConnection | None:
+        async with slots:
+            try:
+                ws = await open_agent(url, agent.host_id, agent.context if url.startswith("wss:") else None,
+                                      open_timeout=IO_TIMEOUT)
+            except (OSError, TimeoutError, ConnectionClosed, RuntimeError):
+                tally.failed += 1
+                return None
+            share_read_buffer(ws.transport)  # the clients' memory is not measured, only kept small
+            return ws
+
+    return await asyncio.gather(*(one(agent) for agent in agents))
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    ca_dir: str
+    directory: str
+    first: int
+    count: int
+    interval: float
+    connect_parallel: int
+    seed: int
+
+
+def agent_worker(spec: WorkerSpec, commands: Connection, replies: Connection) -> None:
+    """Worker process entry point: hold a share of the agents, driven by the parent's commands."""
+    raise_open_files_limit()
+    asyncio.sslproto.SSLProtocol.max_size = SMALL_TLS_READ  # this worker's clients only
+    asyncio.run(_agent_worker(spec, commands, replies))
+
+
+async def _agent_worker(spec: WorkerSpec, commands: Connection, replies: Connection) -> None:
+    """Commands: ``("connect", url, n)`` (connect the next agents until ``n`` are up, start their
+    traffic), ``("mark",)`` (start a new tally), ``("report",)``, ``("upload", url, mib)``,
+    ``("close",)`` (drop every connection) and ``("exit",)``."""
+    ca = CertificateAuthority.load_or_create(Path(spec.ca_dir))
+    agents = make_agents(ca, Path(spec.directory), spec.first, spec.count)
+    replies.send(("ready",))
+    rng = random.Random(spec.seed)
+    tally = [Tally()]
+    connections: list[ClientConnection] = []
+    traffic: list[asyncio.Task[None]] = []
+
+    async def close_all() -> None:
+        for task in traffic:
+            task.cancel()
+        await asyncio.gather(*traffic, return_exceptions=True)
+        for ws in connections:
+            ws.transport.abort()
+        traffic.clear()
+        connections.clear()
+        for agent in agents:
+            agent.window, agent.sent_at = OutboundWindow(agent.host_id, first_seq=1), {}
+
+    while True:
+        command, *arguments = await asyncio.to_thread(commands.recv)
+        if command == "connect":
+            url, target = arguments
+            new = agents[len(connections):target]
+            opened = await connect_agents(url, new, spec.connect_parallel, tally[0])
+            for ws, agent in zip(opened, new, strict=True):
+                if ws is not None:
+                    connections.append(ws)
+                    traffic.append(asyncio.create_task(agent_traffic(ws, agent, spec.interval, rng, tally)))
+            replies.send(("connected", len(connections)))
+        elif command == "mark":
+            tally[0] = Tally(failed=tally[0].failed)
+            replies.send(("marked",))
+        elif command == "report":
+            replies.send(("report", tally[0].acked, tally[0].latencies_ms, tally[0].failed))
+        elif command == "upload":
+            url, mib = arguments
+            try:
+                rates = [await speedtest_upload(url, agents[-1], mib) for _ in range(3)]
+            except (OSError, TimeoutError, ConnectionClosed) as exc:
+                print(f"  speed-test upload failed: {exc!r}", file=sys.stderr)
+                replies.send(("uploaded", None))
+            else:
+                replies.send(("uploaded", sorted(rates)[1]))
+        elif command == "close":
+            await close_all()
+            replies.send(("closed",))
+        else:
+            await close_all()
+            return
+
+
+class Workers:
+    """The agent worker processes, each with its share of the agents, driven in lockstep."""
+
+    def __init__(self, specs: list[WorkerSpec]) -> None:
+        mp = multiprocessing.get_context("spawn")
+        self.specs = specs
+        self.channels: list[tuple[Connection, Connection]] = []
+        self.processes = []
+        for spec in specs:
+            commands_read, commands_write = mp.Pipe(duplex=False)
+            replies_read, replies_write = mp.Pipe(duplex=False)
+            process = mp.Process(target=agent_worker, args=(spec, commands_read, replies_write), daemon=True)
+            process.start()
+            self.processes.append(process)
+            self.channels.append((commands_write, replies_read))
+
+    async def ask(self, *commands: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        """Send worker i ``commands[i]`` (or ``commands[0]`` to all) and return their replies."""
+        for number, (write, _read) in enumerate(self.channels):
+            write.send(commands[number] if len(commands) > 1 else commands[0])
+        return [await asyncio.to_thread(read.recv) for _write, read in self.channels]
+
+    async def ready(self) -> None:
+        """Wait until every worker has made its agents' certificates."""
+        for _write, read in self.channels:
+            await asyncio.to_thread(read.recv)
+
+    async def ask_one(self, number: int, command: tuple[Any, ...]) -> tuple[Any, ...]:
+        write, read = self.channels[number]
+        write.send(command)
+        reply: tuple[Any, ...] = await asyncio.to_thread(read.recv)
+        return reply
+
+    def shares(self, total: int) -> list[int]:
+        """How many of ``total`` agents each worker holds."""
+        count = len(self.specs)
+        return [min(spec.count, total * (n + 1) // count - total * n // count) for n, spec in enumerate(self.specs)]
+
+    def stop(self) -> None:
+        for write, _read in self.channels:
+            with contextlib.suppress(OSError):
+                write.send(("exit",))
+        for process in self.processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+                process.join()
+
+
+@dataclass
+class Step:
+    agents: int
+    connect_rate: float  # connections per second in this step
+    connect_cpu_ms: float  # the server's CPU per new connection in this step
+    rss_mib: float
+    rss_per_agent_kib: float
+    cpu_pct: float  # the server's, at the steady rate
+    msgs_per_s: float
+    cpu_us_per_msg: float
+    p50_ms: float
+    p99_ms: float
+
+
+@dataclass
+class ServerRun:
+    name: str
+    base_rss_mib: float = 0.0
+    steps: list[Step] = field(default_factory=list)
+    drain_seconds: float = 0.0
+    upload_mbps: float | None = None
+    failed: int = 0
+
+
+async def measure_server(name: str, paths: tuple[Path, Path, Path], workers: Workers, args: argparse.Namespace) -> ServerRun:
     cert_file, key_file, ca_file = paths
     mp = multiprocessing.get_context("spawn")
     control_read, control_write = mp.Pipe(duplex=False)
@@ -310,69 +462,53 @@ async def measure_server(name: str, paths: tuple[Path, Path, Path], agents: list
         daemon=True,
     )
     child.start()
+    pid = child.pid or 0
     run = ServerRun(name)
-    connections: list[ClientConnection] = []
-    traffic: list[asyncio.Task[None]] = []
-    counter = Counter()
-    rng = random.Random(1)
     try:
         async with asyncio.timeout(30):
             url = (await asyncio.to_thread(results_read.recv))["url"]
         await asyncio.sleep(0.5)
-        run.base_rss_mib = proc_rss_mib(child.pid or 0)
-        slots = asyncio.Semaphore(args.connect_parallel)
-
-        async def one(agent: AgentSetup) -> ClientConnection:
-            async with slots:
-                return await open_agent(
-                    url, agent.host_id, agent.context if url.startswith("wss:") else None, open_timeout=IO_TIMEOUT
-                )
-
+        run.base_rss_mib = proc_rss_mib(pid)
+        connected = 0
         for target in args.agents:
-            new = agents[len(connections) : target]
-            cpu_before, started = proc_cpu_seconds(child.pid or 0), time.perf_counter()
-            progress = Progress(f"{name}: connecting", len(new))
-            fresh = []
-            for batch_start in range(0, len(new), 250):
-                fresh += await asyncio.gather(*(one(agent) for agent in new[batch_start : batch_start + 250]))
-                progress.update(len(fresh))
-            progress.done()
-            connect_seconds, connect_cpu = time.perf_counter() - started, proc_cpu_seconds(child.pid or 0) - cpu_before
-            for ws, agent in zip(fresh, new, strict=True):
-                traffic.append(asyncio.create_task(agent_traffic(ws, agent, args.interval, rng, counter)))
-            connections += fresh
-            await asyncio.sleep(1.0)  # settle: handshakes' garbage, first frames
-            cpu_before, acked_before, started = proc_cpu_seconds(child.pid or 0), counter.acked, time.perf_counter()
+            cpu_before, started = proc_cpu_seconds(pid), time.perf_counter()
+            replies = await workers.ask(*(("connect", url, share) for share in workers.shares(target)))
+            connect_seconds, connect_cpu = time.perf_counter() - started, proc_cpu_seconds(pid) - cpu_before
+            new, connected = sum(r[1] for r in replies) - connected, sum(r[1] for r in replies)
+            print(f"  {name}: {connected:,} agents connected", file=sys.stderr)
+            await asyncio.sleep(args.settle)  # handshakes' garbage, first frames
+            await workers.ask(("mark",))
+            cpu_before, started = proc_cpu_seconds(pid), time.perf_counter()
             await asyncio.sleep(args.measure)
-            seconds = time.perf_counter() - started
-            cpu = proc_cpu_seconds(child.pid or 0) - cpu_before
-            messages = counter.acked - acked_before
-            rss = proc_rss_mib(child.pid or 0)
+            cpu, seconds = proc_cpu_seconds(pid) - cpu_before, time.perf_counter() - started
+            reports = await workers.ask(("report",))
+            rss = proc_rss_mib(pid)
+            messages = sum(r[1] for r in reports)
+            latencies = [ms for r in reports for ms in r[2]]
+            run.failed = sum(r[3] for r in reports)
             run.steps.append(
                 Step(
-                    agents=len(connections),
-                    connect_rate=len(new) / connect_seconds,
-                    connect_cpu_ms=connect_cpu / len(new) * 1e3,
+                    agents=connected,
+                    connect_rate=new / connect_seconds if new else float("nan"),
+                    connect_cpu_ms=connect_cpu / new * 1e3 if new else float("nan"),
                     rss_mib=rss,
-                    rss_per_agent_kib=(rss - run.base_rss_mib) * 1024 / len(connections),
+                    rss_per_agent_kib=(rss - run.base_rss_mib) * 1024 / max(connected, 1),
                     cpu_pct=cpu / seconds * 100,
                     msgs_per_s=messages / seconds,
                     cpu_us_per_msg=cpu / messages * 1e6 if messages else float("nan"),
+                    p50_ms=quantile(latencies, 0.5),
+                    p99_ms=quantile(latencies, 0.99),
                 )
             )
         if name.startswith("relay") and args.bulk_mib > 0:
-            rates = [await speedtest_upload(url, agents[-1], args.bulk_mib) for _ in range(3)]
-            run.upload_mbps = sorted(rates)[1]
+            _, run.upload_mbps = await workers.ask_one(0, ("upload", url, args.bulk_mib))
         control_write.send("stop")
-        async with asyncio.timeout(60):
+        async with asyncio.timeout(120):
             report = await asyncio.to_thread(results_read.recv)
         run.drain_seconds = report["drain_seconds"]
     finally:
-        for task in traffic:
-            task.cancel()
-        await asyncio.gather(*traffic, return_exceptions=True)
-        for ws in connections:
-            ws.transport.abort()
+        with contextlib.suppress(OSError, EOFError):  # a worker that died has said why on stderr
+            await workers.ask(("close",))
         child.join(timeout=10)
         if child.is_alive():
             child.kill()
@@ -386,8 +522,8 @@ async def measure_server(name: str, paths: tuple[Path, Path, Path], agents: list
 def print_report(runs: list[ServerRun], interval: float) -> None:
     print(f"\nper server process (child), at {2 / interval:g} msgs/s per agent (heartbeat + telemetry every {interval:g} s)")
     header = (
-        f"  {'server':<33} {'agents':>6} {'conn/s':>7} {'ms CPU/conn':>11} {'RSS MiB':>8} {'KiB/agent':>9} "
-        f"{'CPU %':>6} {'msgs/s':>7} {'µs CPU/msg':>10} {'upload MB/s':>11} {'drain s':>7}"
+        f"  {'server':<38} {'agents':>6} {'conn/s':>7} {'ms CPU/conn':>11} {'RSS MiB':>8} {'KiB/agent':>9} "
+        f"{'CPU %':>6} {'msgs/s':>7} {'µs CPU/msg':>10} {'p50 ms':>7} {'p99 ms':>7} {'upload MB/s':>11} {'drain s':>7}"
     )
     print(header)
     for run in runs:
@@ -396,64 +532,88 @@ def print_report(runs: list[ServerRun], interval: float) -> None:
             upload = f"{run.upload_mbps:,.0f}" if last and run.upload_mbps is not None else ""
             drain = f"{run.drain_seconds:.2f}" if last else ""
             print(
-                f"  {SERVERS[run.name] if number == 0 else '':<33} {step.agents:>6,} {step.connect_rate:>7,.0f} "
+                f"  {SERVERS[run.name] if number == 0 else '':<38} {step.agents:>6,} {step.connect_rate:>7,.0f} "
                 f"{step.connect_cpu_ms:>11.2f} {step.rss_mib:>8,.0f} {step.rss_per_agent_kib:>9,.1f} "
-                f"{step.cpu_pct:>6.1f} {step.msgs_per_s:>7,.0f} {step.cpu_us_per_msg:>10,.0f} {upload:>11} {drain:>7}"
+                f"{step.cpu_pct:>6.1f} {step.msgs_per_s:>7,.0f} {step.cpu_us_per_msg:>10,.0f} {step.p50_ms:>7.1f} "
+                f"{step.p99_ms:>7.1f} {upload:>11} {drain:>7}"
             )
+        if run.failed:
+            print(f"  {'':<38} {run.failed:,} connection attempts failed (counted out of the agents above)")
     print(
-        "  conn/s: handshakes completed per second, limited by whichever side (this process or the server) saturates;\n"
+        "  conn/s: handshakes completed per second, limited by whichever side (agents or server) saturates;\n"
         "  ms CPU/conn: the server's CPU per new connection (TLS handshake + upgrade + welcome; includes the steady load);\n"
-        "  KiB/agent: (RSS - RSS before any agent) / agents; CPU % and msgs/s: the steady state after connecting;\n"
-        "  upload MB/s: a speed-test upload through the relay, median of 3 (bulk cost of the read buffer);\n"
+        "  KiB/agent: (RSS - RSS before any agent) / agents; CPU %, msgs/s and latency: the steady state after connecting;\n"
+        "  p50/p99 ms: an agent's frame sent to its ack read, through the server and the relay's bus (echo servers\n"
+        "    answer a fixed ack, so no latency for them);\n"
+        "  upload MB/s: a speed-test upload through the relay, median of 3 (bulk cost of the read size);\n"
         "  drain s: Relay.close() with every agent connected (move + close 1001 to each), or the echo server's close."
     )
-    tls = {run.name: run.steps[-1] for run in runs if run.steps}
-    if "relay" in tls and "relay-16k" in tls:
-        saved = tls["relay"].rss_per_agent_kib - tls["relay-16k"].rss_per_agent_kib
-        print(f"  16 KiB TLS read buffers save {saved:,.0f} KiB per connection ({saved * 10_000 / 2**20:,.1f} GiB per 10,000 agents)")
+    steps = {run.name: run.steps[-1] for run in runs if run.steps}
+    for relay in ("relay", "relay-256k"):
+        if relay in steps and "echo-tls" in steps and steps[relay].agents == steps["echo-tls"].agents:
+            ratio = steps[relay].cpu_us_per_msg / steps["echo-tls"].cpu_us_per_msg
+            print(f"  {relay} / echo-tls CPU per message at {steps[relay].agents:,} agents: {ratio:.2f}×")
 
 
 async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--agents", default="500,2000", help="connected agents after each step (default 500,2000)")
     parser.add_argument("--interval", type=float, default=10.0, help="heartbeat and telemetry interval, s (default 10)")
-    parser.add_argument("--measure", type=float, default=4.0, help="seconds of steady state measured per step (default 4)")
-    parser.add_argument("--connect-parallel", type=int, default=50, help="handshakes in progress at once (default 50)")
+    parser.add_argument("--measure", type=float, default=10.0, help="seconds of steady state measured per step (default 10)")
+    parser.add_argument("--settle", type=float, default=2.0, help="seconds between connecting and measuring (default 2)")
+    parser.add_argument("--connect-parallel", type=int, default=50, help="handshakes in progress at once per worker (default 50)")
+    parser.add_argument("--workers", type=int, default=2, help="agent processes (default 2)")
     parser.add_argument("--bulk-mib", type=int, default=32, help="speed-test upload size, MiB (default 32; 0 = skip)")
-    parser.add_argument("--servers", default="relay,relay-16k,echo", help=f"servers to measure ({', '.join(SERVERS)})")
+    parser.add_argument("--servers", default="relay,echo-tls", help=f"servers to measure ({', '.join(SERVERS)})")
     args = parser.parse_args()
     args.agents = sorted({int(n) for n in args.agents.split(",")})
     servers = [s for s in args.servers.split(",") if s]
-    if min(args.agents) < 1 or args.interval <= 0 or args.measure <= 0 or args.connect_parallel < 1:
+    if min(args.agents) < 1 or args.interval <= 0 or args.measure <= 0 or args.connect_parallel < 1 or args.workers < 1:
         parser.error("counts and durations must be positive")
     if unknown := [s for s in servers if s not in SERVERS]:
         parser.error(f"unknown server(s) {', '.join(unknown)}; choose from {', '.join(SERVERS)}")
-    raise_open_files_limit()
-    asyncio.sslproto.SSLProtocol.max_size = SMALL_TLS_READ  # type: ignore[attr-defined]  # this process's clients only
-
+    files = raise_open_files_limit()  # the children raise their own the same way
     print(describe_machine(with_openssl=True))
+    most = files - RESERVED_FILES
+    if max(args.agents) > most:
+        print(
+            f"open files: this machine caps a process at {files:,} (hard limit), so a server holds at most {most:,} "
+            f"agents here; steps above it run with {most:,} (raise the hard limit, e.g. LimitNOFILE, for more)"
+        )
+        args.agents = sorted({min(n, most) for n in args.agents})
     print(
-        f"agents: {', '.join(f'{n:,}' for n in args.agents)} (cumulative steps) in this process, one event loop; "
+        f"agents: {', '.join(f'{n:,}' for n in args.agents)} (cumulative steps) in {args.workers} worker process(es); "
         f"each server in its own child process; TLS 1.3 with client certificates (ECDSA P-256), "
-        f"handshakes {args.connect_parallel} at a time"
+        f"handshakes {args.connect_parallel} at a time per worker; open files per process: {files:,}"
     )
     with tempfile.TemporaryDirectory(prefix="gpumarket-capacity-") as temporary:
         directory = Path(temporary)
         ca = CertificateAuthority.load_or_create(directory / "ca")
         key_file, cert_file = ca.write_server_certificate(directory, ["127.0.0.1", "localhost"])
         started = time.perf_counter()
-        agents = make_agents(ca, directory, max(args.agents))
-        heartbeat_bytes = len(agents[0].window.heartbeat(protocol.HeartbeatBody(uptime_s=1.0))[1])
-        telemetry_bytes = len(agents[0].window.telemetry(agents[0].telemetry)[1])
-        agents[0].window = OutboundWindow(agents[0].host_id, first_seq=1)
-        print(
-            f"set-up: {len(agents):,} agent certificates in {time.perf_counter() - started:.1f} s (one shared key); "
-            f"frames: heartbeat {heartbeat_bytes} B, telemetry of 8 GPUs ({GPUS}) {telemetry_bytes:,} B"
-        )
-        runs = []
-        for name in servers:
-            runs.append(await measure_server(name, (cert_file, key_file, ca.cert_path), agents, args))
-            print(f"  measured {SERVERS[name]}", file=sys.stderr)
+        total = max(args.agents)
+        workers = Workers([
+            WorkerSpec(str(directory / "ca"), str(directory / f"worker-{n}"), total * n // args.workers,
+                       total * (n + 1) // args.workers - total * n // args.workers, args.interval, args.connect_parallel, n)
+            for n in range(args.workers)
+        ])
+        try:
+            progress = Progress("agent certificates (in the workers)", total)
+            await workers.ready()
+            progress.done()
+            window = OutboundWindow("h-cap-00000", first_seq=1)
+            heartbeat_bytes = len(window.heartbeat(protocol.HeartbeatBody(uptime_s=1.0))[1])
+            telemetry_bytes = len(window.telemetry(telemetry_body(busy_backend(GPUS, seed="capacity"), window_s=10.0))[1])
+            print(
+                f"set-up: {total:,} agent certificates in {time.perf_counter() - started:.1f} s (one shared key per worker); "
+                f"frames: heartbeat {heartbeat_bytes} B, telemetry of 8 GPUs ({GPUS}) {telemetry_bytes:,} B"
+            )
+            runs = []
+            for name in servers:
+                runs.append(await measure_server(name, (cert_file, key_file, ca.cert_path), workers, args))
+                print(f"  measured {SERVERS[name]}", file=sys.stderr)
+        finally:
+            workers.stop()
     print_report(runs, args.interval)
     return 0
 

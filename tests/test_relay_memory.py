@@ -1,0 +1,191 @@
+"""Tests for what one agent connection holds in a relay: a real Relay over TLS 1.3 on loopback, an
+in-process bus and real websocket clients. An idle agent holds no writer task, no stream state and
+no TLS read buffer of its own; an agent that does not read cannot make the relay buffer for it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import ssl
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from access import tls
+from access.relay import Relay
+from shared import protocol
+from shared.bus import InProcessBus
+from shared.crypto import CertificateAuthority
+from shared.outbound import OutboundWindow
+from tests.pki import agent_client_context, relay_server_context
+from tests.relayharness import (
+    RelayClient,
+    StartRelay,
+    connect_to_relay,
+    events_bus,
+    read_welcome,
+    relay_options,
+    started_relays,
+    wait_for,
+)
+
+RELAY_ID = "relay-memory"
+SOCKET_BUFFER = 16 << 10
+WRITE_LIMIT = 4 << 10
+FLOOD_TIMEOUT = 30.0  # a few thousand frames each way, on a loaded machine
+TLS_READ_LIMIT = 8 << 10
+
+
+@pytest.fixture
+def server_context(ca: CertificateAuthority, tmp_path: Path) -> ssl.SSLContext:
+    return relay_server_context(ca, tmp_path / "relay")
+
+
+@pytest.fixture
+async def bus() -> AsyncIterator[InProcessBus]:
+    async with events_bus() as b:
+        yield b
+
+
+@pytest.fixture
+async def start_relay(server_context: ssl.SSLContext, bus: InProcessBus) -> AsyncIterator[StartRelay]:
+    async with started_relays() as start:
+
+        async def start_with(**overrides: Any) -> Relay:
+            return await start(**relay_options(RELAY_ID, bus, server_context) | overrides)
+
+        yield start_with
+
+
+@pytest.fixture
+async def stack() -> AsyncIterator[contextlib.AsyncExitStack]:
+    async with contextlib.AsyncExitStack() as exits:
+        yield exits
+
+
+async def _connect(
+    relay: Relay, ca: CertificateAuthority, tmp_path: Path, stack: contextlib.AsyncExitStack, host_id: str, **kwargs: Any
+) -> RelayClient:
+    context = agent_client_context(ca, tmp_path / "agents" / host_id, host_id)
+    ws = await stack.enter_async_context(connect_to_relay(relay.url, context, **kwargs))
+    await read_welcome(ws)
+    return RelayClient(host_id, ws, OutboundWindow(host_id, first_seq=1))
+
+
+class TestIdleAgent:
+    """An agent between two messages costs the relay its socket, its TLS session and a few objects."""
+
+    async def test_agents_share_their_loops_tls_read_buffer(
+        self, start_relay: StartRelay, ca: CertificateAuthority, tmp_path: Path, stack: contextlib.AsyncExitStack
+    ) -> None:
+        """Every established agent connection reads through one buffer (asyncio's SSLProtocol internals
+        are as access.tls expects), and both still work."""
+        relay = await start_relay()
+        first = await _connect(relay, ca, tmp_path, stack, "h-1")
+        second = await _connect(relay, ca, tmp_path, stack, "h-2")
+
+        protocols = [relay.agents[h].connection.transport._ssl_protocol for h in ("h-1", "h-2")]  # type: ignore[attr-defined]
+        assert protocols[0]._ssl_buffer is protocols[1]._ssl_buffer
+        assert protocols[0]._ssl_buffer_view is protocols[0].get_buffer(-1)  # asyncio reads into it
+        await first.expect_ack(await first.send_heartbeat())
+        await second.expect_ack(await second.send_heartbeat())
+
+    async def test_a_plain_transport_is_left_alone(self) -> None:
+        """share_read_buffer changes nothing on a transport that is not asyncio's TLS one."""
+        loop = asyncio.get_running_loop()
+        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        async with server:
+            _reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+            assert not tls.share_read_buffer(writer.transport)
+            writer.close()
+        assert loop.is_running()
+
+    async def test_the_relay_sends_no_session_tickets(self, start_relay: StartRelay) -> None:
+        relay = await start_relay()
+        assert relay.ssl_context.num_tickets == 0
+
+    async def test_an_idle_agent_has_no_writer_task_and_no_stream_state(
+        self, start_relay: StartRelay, bus: InProcessBus, ca: CertificateAuthority, tmp_path: Path,
+        stack: contextlib.AsyncExitStack,
+    ) -> None:
+        """After the welcome and a few acks the link holds no task of its own and no multiplexer;
+        a command starts a writer that ends once the command is out."""
+        relay = await start_relay()
+        agent = await _connect(relay, ca, tmp_path, stack, "h-idle")
+        for _ in range(3):
+            await agent.expect_ack(await agent.send_heartbeat())
+        link = relay.agents["h-idle"]
+        await wait_for(lambda: not link.writing)
+        assert not link.has_streams and link.queued == 0
+
+        delivery = protocol.CommandDelivery(
+            host_id="h-idle",
+            command=protocol.Command(body=protocol.CommandBody(command_id="c-1", kind="health_check", args={})),
+        )
+        await bus.publish(protocol.commands_stream(RELAY_ID), delivery.model_dump_json().encode())
+        command = await agent.recv()
+        assert isinstance(command, protocol.Command) and command.body.command_id == "c-1"
+        await wait_for(lambda: not link.writing)
+        assert not link.has_streams
+
+
+class TestAgentThatDoesNotRead:
+    """An agent that keeps sending but reads none of its acks: the relay stops reading it instead of buffering."""
+
+    async def test_the_relay_stops_reading_and_holds_at_most_its_write_limit(
+        self, start_relay: StartRelay, bus: InProcessBus, ca: CertificateAuthority, tmp_path: Path,
+        stack: contextlib.AsyncExitStack,
+    ) -> None:
+        """With small socket buffers on both sides, the relay's write buffer for the agent stays within
+        websockets' write limit, nothing queues in its outbox, the agent is not closed, and once the
+        agent reads again every message it sent is acknowledged."""
+        relay = await start_relay(
+            link_send_buffer=SOCKET_BUFFER, write_limit=WRITE_LIMIT, tls_read_limit=TLS_READ_LIMIT, max_messages_per_second=1e9,
+            message_burst=1_000_000, ping_interval=60.0,
+        )
+        # Small kernel buffers on the agent's side too, so that its flood backs up in a few thousand frames.
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", relay.port))
+        agent = await _connect(relay, ca, tmp_path, stack, "h-deaf", sock=sock, max_queue=1)
+        agent.ws.transport.set_read_buffer_limits(high=1)  # type: ignore[attr-defined]  # stop reading the socket at once
+        link = relay.agents["h-deaf"]
+        transport = link.connection.transport
+        sent: list[int] = []
+
+        async def flood() -> None:
+            while True:
+                seq, frame = agent.heartbeat()
+                sent.append(seq)  # before: a send cancelled while it waits has written its frame
+                await agent.ws.send(frame)
+
+        flooding = asyncio.create_task(flood())
+        try:
+            async with asyncio.timeout(FLOOD_TIMEOUT):
+                while True:
+                    if transport.get_read_buffer_size() >= TLS_READ_LIMIT:  # type: ignore[attr-defined]
+                        break
+                    await asyncio.sleep(0.01)
+            # The relay has stopped reading the agent: the acks it could not write hold up its
+            # receive loop, websockets' queue is full, and the TLS layer stopped reading the socket.
+            high_water = transport.get_write_buffer_limits()[1]
+            assert transport.get_write_buffer_size() <= high_water + 1024  # at most one ack past the limit
+            assert transport.get_read_buffer_size() <= TLS_READ_LIMIT + (256 << 10)  # type: ignore[attr-defined]  # + one read
+            assert link.queued == 0 and "slow_consumer" not in relay.refused
+        finally:
+            flooding.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await flooding
+        agent.ws.transport.set_read_buffer_limits()  # type: ignore[attr-defined]
+        acked: set[int] = set()
+        async with asyncio.timeout(FLOOD_TIMEOUT):
+            while len(acked) < len(sent):
+                ack = await agent.recv()
+                assert isinstance(ack, protocol.Ack)
+                acked.add(ack.body.seq)
+        assert acked == set(sent) and "h-deaf" in relay.agents
