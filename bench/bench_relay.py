@@ -59,6 +59,7 @@ from _common import (
     busy_backend,
     describe_machine,
     quantile,
+    record,
 )
 
 from shared.bus import InProcessBus
@@ -328,11 +329,11 @@ async def check_bus(bus: InProcessBus, relay: Relay, agents: list[AgentSetup], a
         batch = await bus.read(protocol.AGENT_EVENTS_STREAM, MASTER_GROUP, "bench", count=1_000, block=None)
         if not batch:
             break
-        for record in batch:
-            payload_bytes += len(record.payload)
-            message = json.loads(record.payload)["message"]
+        for entry in batch:
+            payload_bytes += len(entry.payload)
+            message = json.loads(entry.payload)["message"]
             seen.append((message["host_id"], message["seq"]))
-        await bus.ack(protocol.AGENT_EVENTS_STREAM, MASTER_GROUP, [record.id for record in batch])
+        await bus.ack(protocol.AGENT_EVENTS_STREAM, MASTER_GROUP, [entry.id for entry in batch])
     expected = {(agent.host_id, seq) for agent in agents for seq, _frame in agent.frames + agent.rest_frames}
     problems = []
     if length != acked:
@@ -389,6 +390,10 @@ def print_report(relay_runs: list[Run], echo_runs: list[Run]) -> None:
             f"{ms(quantile(run.latencies, 0.99)):>8} {ms(quantile(run.rest_latencies, 0.5)):>9} "
             f"{ms(quantile(run.rest_latencies, 0.99)):>9} {ratio:>14}"
         )
+    record("relay", f"{relay_msgs.messages:,} telemetry frames from agents over TLS, acked after the bus took them",
+           relay_msgs.rate, "msgs/s", "websockets TLS echo", echo_msgs.rate, f"p99 {ms(quantile(relay_msgs.latencies, 0.99))} ms")  # fmt: skip
+    record("relay", "TLS connections with client certificates", relay_conn.connect_rate, "conn/s", "websockets TLS echo",
+           echo_conn.connect_rate)  # fmt: skip
     if len(relay_runs) > 1:
         print(
             "  msgs/s per round: relay "

@@ -79,6 +79,7 @@ from _common import (
     describe_machine,
     open_agent,
     quantile,
+    record,
     telemetry_body,
     write_agent_key,
 )
@@ -553,6 +554,15 @@ def print_report(runs: list[ServerRun], interval: float) -> None:
         if relay in steps and "echo-tls" in steps and steps[relay].agents == steps["echo-tls"].agents:
             ratio = steps[relay].cpu_us_per_msg / steps["echo-tls"].cpu_us_per_msg
             print(f"  {relay} / echo-tls CPU per message at {steps[relay].agents:,} agents: {ratio:.2f}×")
+    if "relay" in steps:
+        step, echo = steps["relay"], steps.get("echo-tls")
+        same = echo is not None and echo.agents == step.agents
+        record("relay_capacity", f"relay process with {step.agents:,} agents at the protocol's periods: CPU per message",
+               step.cpu_us_per_msg, "µs", "websockets TLS echo" if same else None, echo.cpu_us_per_msg if same and echo else None,
+               f"ack p99 {step.p99_ms:.0f} ms", component="relay")  # fmt: skip
+        record("relay_capacity", f"relay process with {step.agents:,} agents: memory per agent", step.rss_per_agent_kib,
+               "KiB", "websockets TLS echo" if same else None, echo.rss_per_agent_kib if same and echo else None,
+               "goal ≤ 40 KiB", component="relay")  # fmt: skip
 
 
 async def main() -> int:
