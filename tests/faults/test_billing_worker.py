@@ -67,6 +67,8 @@ async def blocked_in_task(scenario: Scenario, lock: asyncpg.Connection, task_id:
     logs = worker_logs(scenario)
     if not any(f"[{task_id}] received" in text for text in logs.values()):
         return None
+    # Inside the lock's transaction pg_stat_activity is a snapshot taken at its first read: drop it, read afresh.
+    await lock.execute("SELECT pg_stat_clear_snapshot()")
     waiting = {row["client_port"] for row in await lock.fetch(
         "SELECT client_port FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query ILIKE '%ledger_transactions%'"
     )}  # fmt: skip
