@@ -58,12 +58,12 @@ class RegistryLink:
 
     async def stop_refreshing(self) -> None:
         """No periodic refresh from now on (a draining record must not be overwritten)."""
-        await _stop(self._registrar)
+        await stop_task(self._registrar)
 
     async def stop(self) -> None:
         """Stop both tasks, then remove the record (bounded; it expires on its own otherwise)."""
-        await _stop(self._registrar)
-        await _stop(self._poller)
+        await stop_task(self._registrar)
+        await stop_task(self._poller)
         try:
             async with asyncio.timeout(self.timeout):
                 await self.registry.remove_relay(self.relay_id)
@@ -114,7 +114,8 @@ class RegistryLink:
             await asyncio.sleep(self.revocation_poll_interval)
 
 
-async def _stop(task: asyncio.Task[None] | None) -> None:
+async def stop_task(task: asyncio.Task[None] | None) -> None:
+    """Cancel ``task`` (if any) and wait until it has stopped."""
     if task is None:
         return
     task.cancel()

@@ -68,7 +68,7 @@ from websockets.http11 import Request, Response
 from access import speedtest
 from access.agentlink import AgentLink, StreamOptions, close_reason
 from access.forwarding import decode_agent_frame, encode_ack, encode_bus_envelope
-from access.registration import RegistryLink
+from access.registration import RegistryLink, stop_task
 from access.tls import no_session_tickets, tracking_connection_class
 from access.tunnels import CONNECT_PATH, RenterGate, refusal_response
 from access.webports import WebPorts
@@ -317,7 +317,7 @@ class Relay:
             self._tell_everyone_to_move()  # 3. move, then close 1001
             await self._wait_for_handlers(self._server)  # 4. wait for handlers (bounded)
         finally:
-            await _stop(self._consumer)  # 5. stop the command consumer
+            await stop_task(self._consumer)  # 5. stop the command consumer
             if self._registration is not None:  # 6. stop revocation polling, leave the registry
                 await self._registration.stop()
             log.info("relay %s closed", self.relay_id)
@@ -623,12 +623,4 @@ class Relay:
 
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
-
-
-async def _stop(task: asyncio.Task[None] | None) -> None:
-    if task is None:
-        return
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
 
