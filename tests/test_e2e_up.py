@@ -33,6 +33,8 @@ from tests.helpers import eventually
 TICK = 50 * MS  # heartbeat and telemetry interval in these tests
 MISSED = 10  # beats before "offline": tolerant of a loaded 2-core CI machine
 
+STOP_WITHIN_S = 15  # Ctrl-C to exit: the relay drains for at most 5 s, the rest is quick
+
 
 class Api:
     def __init__(self, http: aiohttp.ClientSession, base: str, key: str) -> None:
@@ -393,13 +395,20 @@ class TestUpCommand:
         raise AssertionError(f"gpumarket up exited early ({process.wait()}):\n{''.join(lines)}")
 
     def _interrupt(self, process: subprocess.Popen[str]) -> str:
+        """SIGINT, then the output of a clean exit. Quiet, the stop takes about 0.3 s; the bound is the relay's drain
+        (5 s) with room for a machine whose cores other test workers share (it once took over 5 s there)."""
         process.send_signal(signal.SIGINT)
-        out, _ = process.communicate(timeout=5)  # Ctrl-C must finish within 5 s
+        try:
+            out, _ = process.communicate(timeout=STOP_WITHIN_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            out, _ = process.communicate()
+            raise AssertionError(f"gpumarket up did not stop within {STOP_WITHIN_S} s of Ctrl-C; its output:\n{out}") from None
         assert process.returncode == 0, out
         return out
 
     async def test_ctrl_c_stops_cleanly_and_a_restart_resumes_hosts_and_accounts(self, tmp_path: Path) -> None:
-        """`gpumarket up` serves the API, stops on SIGINT within 5 s, and resumes the same hosts and keys."""
+        """`gpumarket up` serves the API, stops on SIGINT within seconds, and resumes the same hosts and keys."""
         data_dir = tmp_path / "up"
         first = self._start(data_dir)
         try:
