@@ -179,10 +179,9 @@ class TestBatchedIngestion:
         assert await master.bus.pending_count(protocol.AGENT_EVENTS_STREAM, GROUP) == 0
 
 
+    @pytest.mark.parametrize("database_url", ["postgres"], indirect=True)  # column compression is PostgreSQL's
     async def test_samples_and_the_hosts_latest_are_compressed_with_lz4_on_postgresql(self, master: Master) -> None:
         """A batch's large JSON (16 GPUs: kilobytes, so stored compressed) is written with lz4, not pglz."""
-        if master.db.is_sqlite:
-            pytest.skip("column compression is PostgreSQL's")
         _, hosts_ = await fleet(master, 1, gpus=16)
         host_id, uuids = hosts_[0]
         await publish(master, sample(host_id, 1, uuids))
