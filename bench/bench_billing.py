@@ -1,6 +1,7 @@
 """Billing at scale: rating and invoicing a month of usage for 100,000 rentals on PostgreSQL.
 
-A fresh database gets 1,000 renters, 200 providers, 2,000 hosts (16,000 GPUs) and
+A fresh database gets 1,000 renters, 200 providers (a tenth of the rentals in renters, at least 20, and a
+fifth of that in providers, for runs of under 10,000 rentals), 2,000 hosts (16,000 GPUs) and
 ``--rentals`` rentals spread over November 2026 — durations from a minute to three days,
 prices 0.20–2.50 USD per GPU-hour, 10 % interruptible, 5 % fractional shares, 3 % preempted,
 2 % lost with their host (downtime credits), every one ended within the month. Then
@@ -50,9 +51,12 @@ POLICY = RatingPolicy(min_period_s=60, fee_rate=Decimal("0.15"))
 
 async def seed(db: Database, rentals: int, rng: random.Random) -> list[dict[str, Any]]:
     """Accounts, hosts, GPUs and ended rentals; returns the rentals' rows (for the reference)."""
-    renters = [{"id": f"acct-r{i:05d}", "name": f"renter-{i}", "role": "renter", "created_at": MONTH} for i in range(1000)]
-    providers = [{"id": f"acct-p{i:04d}", "name": f"provider-{i}", "role": "provider", "created_at": MONTH} for i in range(200)]
-    hosts = [{"id": f"h-{i:05d}", "owner_id": providers[i % 200]["id"], "state": "online", "created_at": MONTH,
+    # 1,000 renters and 200 providers for a month's 10,000 rentals or more; fewer for a small run (its invoices).
+    n_renters = min(1000, max(20, rentals // 10))
+    n_providers = max(4, n_renters // 5)
+    renters = [{"id": f"acct-r{i:05d}", "name": f"renter-{i}", "role": "renter", "created_at": MONTH} for i in range(n_renters)]
+    providers = [{"id": f"acct-p{i:04d}", "name": f"provider-{i}", "role": "provider", "created_at": MONTH} for i in range(n_providers)]
+    hosts = [{"id": f"h-{i:05d}", "owner_id": providers[i % n_providers]["id"], "state": "online", "created_at": MONTH,
               "state_changed_at": MONTH} for i in range(2000)]  # fmt: skip
     gpus = [{"id": f"g-{h:05d}-{g}", "host_id": f"h-{h:05d}", "index": g, "uuid": f"GPU-{h:05d}-{g}", "name": "NVIDIA GeForce RTX 4090",
              "memory_total_mib": 24564, "info": {}, "tier": TIERS[h % 4]} for h in range(2000) for g in range(8)]  # fmt: skip
@@ -75,7 +79,7 @@ async def seed(db: Database, rentals: int, rng: random.Random) -> list[dict[str,
         if rng.random() < 0.01:  # a few shorter than the minimum period
             end = start + timedelta(seconds=rng.randrange(1, 60))
         rows.append({
-            "id": f"r-{i:06d}", "renter_id": renters[i % 1000]["id"], "host_id": f"h-{host:05d}", "gpu_model": "NVIDIA GeForce RTX 4090",
+            "id": f"r-{i:06d}", "renter_id": renters[i % n_renters]["id"], "host_id": f"h-{host:05d}", "gpu_model": "NVIDIA GeForce RTX 4090",
             "gpu_count": count, "gpu_uuids": [f"GPU-{host:05d}-{g}" for g in range(count)], "state": state, "kind": kind,
             "gpu_milli": milli, "price_per_gpu_hour": Decimal(rng.randrange(20, 251)) / 100, "created_at": start,
             "started_at": start, "stopped_at": end, "host_lost_at": end if lost else None, "workload": {}, "spec": {},
