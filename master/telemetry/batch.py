@@ -90,13 +90,8 @@ class _Host:
     woke: str = ""
 
     def saw(self, report: Report) -> None:
-        """``hosts._saw``: the newest message says where the host is; last seen and last seq only move on."""
-        message = report.message
-        if message.seq >= self.last_seq:
-            self.relay_id = report.relay_id
-        if self.last_seen_at is None or report.received_at > self.last_seen_at:
-            self.last_seen_at = report.received_at
-        self.last_seq = max(self.last_seq, message.seq)
+        """``hosts.saw``: the newest message says where the host is; last seen and last seq only move on."""
+        hosts.saw(self, seq=report.message.seq, relay_id=report.relay_id, received_at=report.received_at)
         self.touched = True
 
 

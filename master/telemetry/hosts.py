@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -79,15 +79,27 @@ async def _host_seen(session: AsyncSession, envelope: protocol.BusEnvelope) -> H
     return host
 
 
-def _saw(host: Host, envelope: protocol.BusEnvelope) -> None:
-    message = envelope.message
-    if message.seq >= host.last_seq:
+class SeenHost(Protocol):
+    """Where a host was last heard from: a ``Host`` row, or a batch's copy of one (``batch._Host``)."""
+
+    relay_id: str | None
+    last_seen_at: datetime | None
+    last_seq: int
+
+
+def saw(host: SeenHost, *, seq: int, relay_id: str, received_at: datetime) -> None:
+    """A message ``seq`` came through ``relay_id`` at ``received_at``: last seen and last seq only move on."""
+    if seq >= host.last_seq:
         # Only the newest message says where the host is now: a late copy of an older one (replayed
         # by a relay that was cut off) must not send its commands back to that relay.
-        host.relay_id = envelope.relay_id
-    if host.last_seen_at is None or envelope.received_at > host.last_seen_at:
-        host.last_seen_at = envelope.received_at
-    host.last_seq = max(host.last_seq, message.seq)
+        host.relay_id = relay_id
+    if host.last_seen_at is None or received_at > host.last_seen_at:
+        host.last_seen_at = received_at
+    host.last_seq = max(host.last_seq, seq)
+
+
+def _saw(host: Host, envelope: protocol.BusEnvelope) -> None:
+    saw(host, seq=envelope.message.seq, relay_id=envelope.relay_id, received_at=envelope.received_at)
 
 
 async def _has_active_rentals(session: AsyncSession, host_id: str) -> bool:
