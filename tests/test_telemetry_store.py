@@ -153,11 +153,17 @@ class TestBatchedIngestion:
         assert (master.stats.samples_stored, master.stats.samples_duplicate, master.stats.batches) == (2, 4, 2)
         async with master.db.session() as session:
             row = await session.scalar(select(TelemetrySample).where(TelemetrySample.host_id == newer_host))
+            plain_row = await session.scalar(select(TelemetrySample).where(TelemetrySample.host_id == plain_host))
             plain = await session.get(Host, plain_host)
             other = await session.get(Host, newer_host)
         assert row is not None and [g["nvlink_count"] for g in row.gpus] == [4, 4]
         assert plain is not None and plain.spool_stats == {"pending": 7, "evicted": {}} and plain.last_seq == 3
         assert plain.latest_telemetry is not None and plain.latest_telemetry["seq"] == 1
+        # The host's latest is the stored sample (on PostgreSQL copied by the server): its GPUs, its time as UTC ISO 8601.
+        assert plain_row is not None and set(plain.latest_telemetry) == {"seq", "sampled_at", "gpus"}
+        assert plain.latest_telemetry["gpus"] == plain_row.gpus
+        assert datetime.fromisoformat(plain.latest_telemetry["sampled_at"]) == plain_row.sampled_at
+        assert plain.latest_telemetry["sampled_at"].endswith("+00:00")
         assert other is not None and other.latest_telemetry is not None and other.latest_telemetry["gpus"] == row.gpus
 
     async def test_a_malformed_record_is_refused_and_acknowledged_the_rest_stored(self, master: Master) -> None:

@@ -58,16 +58,20 @@ SELECT set_config('default_toast_compression', 'lz4', true)
 FROM pg_settings WHERE name = 'default_toast_compression' AND 'lz4' = ANY(enumvals)
 """
 
-# NULL in a column of the batch: keep what the host has.
+# NULL in a column of the batch: keep what the host has. A host's latest sample is copied by the server from the row
+# the batch has just inserted (its GPUs are neither encoded nor sent a second time), its time written in UTC.
 _UPDATE_HOSTS = """
 UPDATE hosts SET
     relay_id = seen.relay_id, last_seen_at = seen.last_seen_at, last_seq = seen.last_seq,
     spool_stats = COALESCE(seen.spool_stats::json, hosts.spool_stats),
     latest_telemetry_seq = COALESCE(seen.latest_seq, hosts.latest_telemetry_seq),
     latest_telemetry_at = COALESCE(seen.latest_at, hosts.latest_telemetry_at),
-    latest_telemetry = COALESCE(seen.latest::json, hosts.latest_telemetry)
-FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::bigint[], $5::text[], $6::bigint[], $7::timestamptz[],
-            $8::text[]) AS seen(id, relay_id, last_seen_at, last_seq, spool_stats, latest_seq, latest_at, latest)
+    latest_telemetry = CASE WHEN seen.latest_seq IS NULL THEN hosts.latest_telemetry ELSE (
+        SELECT json_build_object('seq', t.seq, 'gpus', t.gpus,
+                                 'sampled_at', to_char(t.sampled_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'))
+        FROM telemetry AS t WHERE t.host_id = seen.id AND t.seq = seen.latest_seq) END
+FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::bigint[], $5::text[], $6::bigint[], $7::timestamptz[])
+    AS seen(id, relay_id, last_seen_at, last_seq, spool_stats, latest_seq, latest_at)
 WHERE hosts.id = seen.id
 """
 
@@ -304,7 +308,6 @@ async def _update_hosts_postgres(session: AsyncSession, touched: list[_Host]) ->
         [h.last_seq for h in touched], [None if h.spool is None else _json(h.spool) for h in touched],
         [None if h.latest is None else h.latest[0] for h in touched],
         [None if h.latest is None else h.latest[1] for h in touched],
-        [None if (latest := _latest(h)) is None else _json(latest) for h in touched],
     )
 
 
