@@ -83,6 +83,7 @@ from typing import Any
 
 import asyncpg
 from sqlalchemy import bindparam, event, func, select
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 from websockets.asyncio.client import ClientConnection
 
@@ -97,6 +98,7 @@ from master.models import Host as HostRow
 from master.models import HostEvent, TelemetrySample
 from master.services import enrollment
 from master.services.accounts import create_account
+from master.telemetry import batch as batches
 from master.telemetry.ingest import Ingestor
 from shared import protocol
 from shared.bus import InProcessBus
@@ -268,11 +270,21 @@ async def poll_stored(master: Master, observed: Observed, poll: float) -> None:
 def commit_clock(master: Master, observed: Observed) -> Iterator[None]:
     """Date each telemetry row at the commit of the transaction that inserted it.
 
-    SQLAlchemy session events (``after_flush`` collects the ``TelemetrySample`` rows a session
-    inserted, ``after_commit`` dates them once its transaction committed); the master's code is
-    untouched. Only sessions on this master's engine count.
+    SQLAlchemy session events (``after_commit`` dates the rows once their transaction committed), and the
+    rows each session inserted: the telemetry of the batches ``master.telemetry.batch.apply_batch`` applied
+    (it writes with one statement, not through ORM objects: the function is wrapped while the clock runs,
+    its behaviour untouched) and, for messages applied one by one, the ``TelemetrySample`` rows ``after_flush``
+    sees. Only sessions on this master's engine count.
     """
     engine = master.db.engine.sync_engine
+    apply_batch = batches.apply_batch
+
+    async def noted_batch(session: AsyncSession, reports: Any, **kwargs: Any) -> batches.BatchOutcome:
+        outcome = await apply_batch(session, reports, **kwargs)
+        rows = [(r.message.host_id, r.message.seq) for r in reports if r.message.type == "telemetry"]
+        if rows and session.sync_session.bind is engine:
+            session.sync_session.info.setdefault("bench_rows", []).extend(rows)
+        return outcome
 
     def after_flush(session: Session, _context: object) -> None:
         if session.bind is engine:
@@ -295,9 +307,11 @@ def commit_clock(master: Master, observed: Observed) -> Iterator[None]:
     ]
     for name, hook in hooks:
         event.listen(Session, name, hook)
+    batches.apply_batch = noted_batch  # type: ignore[assignment]
     try:
         yield
     finally:
+        batches.apply_batch = apply_batch  # type: ignore[assignment]
         for name, hook in hooks:
             event.remove(Session, name, hook)
 
