@@ -307,11 +307,11 @@ def commit_clock(master: Master, observed: Observed) -> Iterator[None]:
     ]
     for name, hook in hooks:
         event.listen(Session, name, hook)
-    batches.apply_batch = noted_batch  # type: ignore[assignment]
+    batches.apply_batch = noted_batch
     try:
         yield
     finally:
-        batches.apply_batch = apply_batch  # type: ignore[assignment]
+        batches.apply_batch = apply_batch
         for name, hook in hooks:
             event.remove(Session, name, hook)
 
