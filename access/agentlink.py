@@ -42,6 +42,16 @@ def close_reason(text: str) -> str:
     return encoded.decode(errors="ignore")
 
 
+def forget_handshake(connection: ServerConnection) -> None:
+    """Drop the opening handshake's headers from an established connection (some 3 KiB, the
+    request's and the response's): ``connection.request`` and ``connection.response`` keep their
+    path and status, with no headers. Emptied in place, since websockets' parser holds the request
+    for the connection's life too; websockets reads neither after the handshake."""
+    for message in (connection.request, connection.response):
+        if message is not None:
+            message.headers.clear()
+
+
 @dataclass(frozen=True, slots=True)
 class CloseRequest:
     """Queued behind the frames already waiting, so they are sent before the close."""
