@@ -113,15 +113,15 @@ class TestIdleAgent:
         self, start_relay: StartRelay, bus: InProcessBus, ca: CertificateAuthority, tmp_path: Path,
         stack: contextlib.AsyncExitStack,
     ) -> None:
-        """After the welcome and a few acks the link holds no task of its own and no multiplexer;
-        a command starts a writer that ends once the command is out."""
+        """After the welcome and a few acks the link holds no task of its own, no outbox and no
+        multiplexer; a command starts a writer that ends, with its outbox, once the command is out."""
         relay = await start_relay()
         agent = await _connect(relay, ca, tmp_path, stack, "h-idle")
         for _ in range(3):
             await agent.expect_ack(await agent.send_heartbeat())
         link = relay.agents["h-idle"]
         await wait_for(lambda: not link.writing)
-        assert not link.has_streams and link.queued == 0
+        assert not link.has_streams and link.queued == 0 and link._outbox is None  # not even an empty deque
 
         delivery = protocol.CommandDelivery(
             host_id="h-idle",
@@ -132,6 +132,7 @@ class TestIdleAgent:
         assert isinstance(command, protocol.Command) and command.body.command_id == "c-1"
         await wait_for(lambda: not link.writing)
         assert not link.has_streams
+        assert link._outbox is None  # not even an empty deque
 
 
 def _holders(marker: str | bytes) -> list[object]:
