@@ -9,9 +9,9 @@ keeps only what it uses:
   fills the websocket's write buffer (``write_limit``), the loop stops reading it, and TCP flow
   control holds the agent back. Nothing grows in the relay.
 * Frames from other tasks (commands, ``move``, close requests), and the loop's own while those
-  wait, go through a bounded outbox drained by a writer task that exists only while the outbox
-  holds something. ``max_outbound_queue`` frames waiting closes the agent with 4007
-  (``CLOSE_SLOW_CONSUMER``).
+  wait, go through a bounded outbox drained by a writer task; both exist only while the outbox
+  holds something (an empty ``deque`` is some 600 bytes). ``max_outbound_queue`` frames waiting
+  closes the agent with 4007 (``CLOSE_SLOW_CONSUMER``).
 * Renters' byte streams (``shared.streams``: multiplexer, ``StreamLink`` and its pump task) are
   created when the first stream opens or the agent sends the first stream frame.
 """
@@ -40,6 +40,16 @@ def close_reason(text: str) -> str:
     """Websocket close reasons are limited to 123 bytes."""
     encoded = text.encode()[:120]
     return encoded.decode(errors="ignore")
+
+
+def forget_handshake(connection: ServerConnection) -> None:
+    """Drop the opening handshake's headers from an established connection (some 3 KiB, the
+    request's and the response's): ``connection.request`` and ``connection.response`` keep their
+    path and status, with no headers. Emptied in place, since websockets' parser holds the request
+    for the connection's life too; websockets reads neither after the handshake."""
+    for message in (connection.request, connection.response):
+        if message is not None:
+            message.headers.clear()
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +82,7 @@ class AgentLink:
     on_slow_consumer: Callable[[AgentLink], None]  # the relay counts it and closes the connection
     received: int = 0
     close_request: CloseRequest | None = None
-    _outbox: collections.deque[str | CloseRequest] = field(default_factory=collections.deque, repr=False)
+    _outbox: collections.deque[str | CloseRequest] | None = field(default=None, repr=False)  # None: empty
     _writer: asyncio.Task[None] | None = field(default=None, repr=False)
     _streams: StreamLink | None = field(default=None, repr=False)
     _pump: asyncio.Task[None] | None = field(default=None, repr=False)
@@ -82,7 +92,7 @@ class AgentLink:
     @property
     def queued(self) -> int:
         """Frames waiting in the outbox."""
-        return len(self._outbox)
+        return len(self._outbox) if self._outbox is not None else 0
 
     @property
     def writing(self) -> bool:
@@ -105,12 +115,11 @@ class AgentLink:
         ``optional`` frame, drops it."""
         if self.close_request is not None:
             return  # closing: nothing more is queued after the close
-        if len(self._outbox) >= self.max_outbound_queue:
+        if self.queued >= self.max_outbound_queue:
             if not optional:
                 self.on_slow_consumer(self)
             return
-        self._outbox.append(frame)
-        self._start_writer()
+        self._append(frame)
 
     def request_close(self, code: int, reason: str) -> bool:
         """Close once the frames already queued are sent; ``False`` when the outbox is full (the
@@ -118,13 +127,15 @@ class AgentLink:
         if self.close_request is not None:
             return True
         self.close_request = CloseRequest(code, close_reason(reason))
-        if len(self._outbox) >= self.max_outbound_queue:
+        if self.queued >= self.max_outbound_queue:
             return False
-        self._outbox.append(self.close_request)
-        self._start_writer()
+        self._append(self.close_request)
         return True
 
-    def _start_writer(self) -> None:
+    def _append(self, item: str | CloseRequest) -> None:
+        if self._outbox is None:
+            self._outbox = collections.deque()
+        self._outbox.append(item)
         if self._writer is None:
             self._writer = asyncio.create_task(self._write(), name=f"relay-write-{self.host_id}")
 
@@ -140,10 +151,12 @@ class AgentLink:
         finally:
             if self._writer is asyncio.current_task():
                 self._writer = None
+                if not self._outbox:
+                    self._outbox = None
 
     def stop_writer(self) -> None:
         """Drop whatever waits (the connection is being closed without it)."""
-        self._outbox.clear()
+        self._outbox = None
         if self._writer is not None:
             self._writer.cancel()
 

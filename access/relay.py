@@ -66,7 +66,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from access import speedtest
-from access.agentlink import AgentLink, StreamOptions, close_reason
+from access.agentlink import AgentLink, StreamOptions, close_reason, forget_handshake
 from access.forwarding import decode_agent_frame, encode_ack, encode_bus_envelope
 from access.registration import RegistryLink, stop_task
 from access.tls import no_session_tickets, tracking_connection_class
@@ -431,11 +431,8 @@ class Relay:
                 self._renter_connections.discard(connection)
                 self.renters.forget(connection)
             return
-        ssl_object = connection.transport.get_extra_info("ssl_object")
-        der = ssl_object.getpeercert(binary_form=True) if ssl_object else None
         try:
-            host_id = host_id_from_der(der)
-            serial = serial_hex_from_der(der)
+            host_id, serial = _peer_identity(connection)
         except GpumarketError as exc:
             log.warning("refused a connection from %s: %s", connection.remote_address, exc)
             await connection.close(protocol.CLOSE_IDENTITY_MISMATCH, close_reason(f"no usable client certificate: {exc}"))
@@ -470,20 +467,10 @@ class Relay:
             on_slow_consumer=self._slow_consumer,
         )
         bound_send_buffer(connection.transport, self.link_send_buffer)
-        welcome = protocol.Welcome(
-            body=protocol.WelcomeBody(
-                relay_id=self.relay_id,
-                host_id=host_id,
-                heartbeat_interval=self.heartbeat_interval,
-                telemetry_interval=self.telemetry_interval,
-                max_frame=self.max_frame,
-                max_messages_per_second=self.max_messages_per_second,
-                message_burst=self.message_burst,
-            )
-        )
+        forget_handshake(connection)
         # Welcome queued and link swapped in before any await: a racing reconnect cannot leave one
         # untracked, and a drain starting now finds the link (its move goes after the welcome).
-        link.queue(protocol.encode(welcome))
+        link.queue(self._welcome(host_id))
         previous, self.agents[host_id] = self.agents.get(host_id), link
         if previous is not None:
             log.info("host %s reconnected; closing its previous connection", host_id)
@@ -497,6 +484,23 @@ class Relay:
             if self.agents.get(host_id) is link:
                 del self.agents[host_id]
             await link.finish(self.close_timeout)
+
+    def _welcome(self, host_id: str) -> str:
+        """The welcome frame (built here, so that its model is not held by the handler for the
+        connection's life)."""
+        return protocol.encode(
+            protocol.Welcome(
+                body=protocol.WelcomeBody(
+                    relay_id=self.relay_id,
+                    host_id=host_id,
+                    heartbeat_interval=self.heartbeat_interval,
+                    telemetry_interval=self.telemetry_interval,
+                    max_frame=self.max_frame,
+                    max_messages_per_second=self.max_messages_per_second,
+                    message_burst=self.message_burst,
+                )
+            )
+        )
 
     async def _receive(self, link: AgentLink) -> None:
         connection = link.connection
@@ -619,6 +623,15 @@ class Relay:
             return
         link.queue(protocol.encode(delivery.command))
         self.commands_delivered += 1
+
+
+def _peer_identity(connection: ServerConnection) -> tuple[str, str]:
+    """The host id and certificate serial (hex) of the connection's client certificate (read here,
+    so that the handler does not hold the certificate's DER for the connection's life). Raises
+    ``GpumarketError`` when there is no usable certificate."""
+    ssl_object = connection.transport.get_extra_info("ssl_object")
+    der = ssl_object.getpeercert(binary_form=True) if ssl_object else None
+    return host_id_from_der(der), serial_hex_from_der(der)
 
 
 def _url_host(host: str) -> str:

@@ -13,6 +13,15 @@
   the connection's ``MemoryBIO`` up to 256 KiB (``FLOW_CONTROL_HIGH_WATER_SSL_READ``), whose
   memory OpenSSL never gives back while the connection lasts. ``limit_tls_reads`` lowers that
   mark, so an agent that sends faster than the relay forwards is held back by TCP sooner.
+* **No copy of the peer certificate as a dict.** asyncio decodes the client certificate into a
+  dict (``getpeercert()``, some 1.7 KiB) kept in the transport's extra info for the connection's
+  life; the relay reads the DER from the ``ssl_object`` instead, so ``forget_peercert_dict``
+  drops it: ``get_extra_info("peercert")`` is ``None`` on a relay connection.
+* **No last frame held by the parser.** websockets' frame parser (``Protocol.parse``) keeps the
+  last frame it received in a local variable until the next one arrives, payload included (a
+  telemetry frame is ~7 KB): an idle agent would cost the relay its last frame.
+  ``ReleasingServerProtocol`` hands the rest of websockets a new ``Frame`` sharing the payload
+  and empties the parser's own once it is passed on.
 * **No session tickets.** A TLS 1.3 server sends two tickets after each handshake (each an
   encryption of the session, client certificate included) so clients can resume; agents never
   resume (they hold one long connection, and a new one is a full handshake with the client
@@ -28,8 +37,11 @@ from __future__ import annotations
 import asyncio
 import ssl
 import weakref
+from typing import Any
 
-from websockets.asyncio.server import ServerConnection
+from websockets.asyncio.server import Server, ServerConnection
+from websockets.frames import Frame
+from websockets.server import ServerProtocol
 
 # Each loop's buffer, as the memoryview asyncio reads into (it keeps the bytearray alive).
 _read_buffers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, memoryview] = weakref.WeakKeyDictionary()
@@ -61,6 +73,26 @@ def limit_tls_reads(transport: asyncio.BaseTransport, limit: int) -> bool:
     return True
 
 
+def forget_peercert_dict(transport: asyncio.BaseTransport) -> bool:
+    """Drop the decoded peer certificate asyncio keeps in a TLS transport's extra info (the DER
+    stays readable through ``ssl_object``); ``False`` when there is none to drop."""
+    extra = getattr(getattr(transport, "_ssl_protocol", None), "_extra", None)
+    return isinstance(extra, dict) and extra.pop("peercert", None) is not None
+
+
+class ReleasingServerProtocol(ServerProtocol):
+    """websockets' server protocol, except that the frame its parser keeps until the next one
+    arrives no longer holds its payload once passed on (see the module docstring).
+
+    ``Protocol.parse`` calls ``recv_frame(frame)`` and reads nothing of the frame afterwards;
+    everything downstream (the events, the ``Assembler``) gets the copy."""
+
+    def recv_frame(self, frame: Frame) -> None:
+        passed = Frame(frame.opcode, frame.data, frame.fin, frame.rsv1, frame.rsv2, frame.rsv3)
+        frame.data = b""
+        super().recv_frame(passed)
+
+
 def no_session_tickets(context: ssl.SSLContext) -> None:
     """Stop a server context from sending TLS 1.3 session tickets."""
     context.num_tickets = 0
@@ -70,13 +102,20 @@ def tracking_connection_class(tracked: set[ServerConnection], tls_read_limit: in
     """A ``ServerConnection`` that is in ``tracked`` from the moment its TLS handshake completes
     until it is lost, so a drain can drop one stuck before or after its websocket handshake
     (websockets' own ``all_connections`` only holds those past it). It reads through its loop's
-    shared TLS read buffer and holds at most ``tls_read_limit`` received bytes not yet decrypted."""
+    shared TLS read buffer, holds at most ``tls_read_limit`` received bytes not yet decrypted, keeps
+    no decoded peer certificate and parses with ``ReleasingServerProtocol``."""
 
     class TrackedConnection(ServerConnection):
+        def __init__(self, protocol: ServerProtocol, server: Server, **kwargs: Any) -> None:
+            if type(protocol) is ServerProtocol:  # serve() makes a plain one; same layout, one method more
+                protocol.__class__ = ReleasingServerProtocol
+            super().__init__(protocol, server, **kwargs)
+
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             super().connection_made(transport)
             share_read_buffer(transport)  # called once the TLS handshake is done
             limit_tls_reads(transport, tls_read_limit)
+            forget_peercert_dict(transport)
             tracked.add(self)
 
         def connection_lost(self, exc: Exception | None) -> None:

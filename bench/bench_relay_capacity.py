@@ -13,7 +13,9 @@ what one server can hold, the run says so and caps its steps (``RESERVED_FILES``
 Traffic is the production cadence, not scaled: every agent sends one heartbeat and one telemetry
 frame (an 8-GPU host: latest samples + window aggregates) every ``--interval`` seconds (10),
 evenly spread, with a random phase per agent; the relay acks each after putting it on its bus (an
-``InProcessBus`` in the child, trimmed as it goes: a Redis bus would add its client's CPU). The
+``InProcessBus`` in the child, trimmed to its last ``BUS_RECORDS`` records as it goes: a Redis
+bus would add its client's CPU, and its records are Redis's memory, not the relay's, so the child
+keeps only a few of them, not to count them in the relay's memory per agent). The
 agents are connected in steps (``--agents 500,2000``); after each step and ``--settle`` seconds,
 the child's CPU is sampled over ``--measure`` seconds, its RSS read, and the workers report the
 acks they read in that window and each one's latency (frame sent → its ack read).
@@ -91,6 +93,7 @@ from shared.settings import AccessSettings
 GPUS = "sim:8xH100"
 SMALL_TLS_READ = 16 << 10
 IO_TIMEOUT = 120.0
+BUS_RECORDS = 50  # what the child's InProcessBus keeps (a few KB each): Redis's memory in production
 RESERVED_FILES = 64  # a process's own files besides its sockets: listener, epoll, pipes, libraries
 ECHO_ACK = protocol.encode(protocol.Ack(body=protocol.AckBody(seq=0)))
 SERVERS = {
@@ -172,7 +175,7 @@ async def _serve(spec: ServerSpec, control: Connection, results: Connection) -> 
         await server.wait_closed()
         results.send({"drain_seconds": time.perf_counter() - started, "forwarded": None})
         return
-    bus = InProcessBus(max_len=1_000)  # no consumer group: trimmed as it goes (records are Redis's memory, not the relay's)
+    bus = InProcessBus(max_len=BUS_RECORDS)  # no consumer group: trimmed as it goes
     relay = Relay(
         relay_id="relay-capacity",
         bus=bus,

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
+import secrets
 import socket
 import ssl
 from collections.abc import AsyncIterator
@@ -111,15 +113,15 @@ class TestIdleAgent:
         self, start_relay: StartRelay, bus: InProcessBus, ca: CertificateAuthority, tmp_path: Path,
         stack: contextlib.AsyncExitStack,
     ) -> None:
-        """After the welcome and a few acks the link holds no task of its own and no multiplexer;
-        a command starts a writer that ends once the command is out."""
+        """After the welcome and a few acks the link holds no task of its own, no outbox and no
+        multiplexer; a command starts a writer that ends, with its outbox, once the command is out."""
         relay = await start_relay()
         agent = await _connect(relay, ca, tmp_path, stack, "h-idle")
         for _ in range(3):
             await agent.expect_ack(await agent.send_heartbeat())
         link = relay.agents["h-idle"]
         await wait_for(lambda: not link.writing)
-        assert not link.has_streams and link.queued == 0
+        assert not link.has_streams and link.queued == 0 and link._outbox is None  # not even an empty deque
 
         delivery = protocol.CommandDelivery(
             host_id="h-idle",
@@ -130,6 +132,80 @@ class TestIdleAgent:
         assert isinstance(command, protocol.Command) and command.body.command_id == "c-1"
         await wait_for(lambda: not link.writing)
         assert not link.has_streams
+        assert link._outbox is None  # not even an empty deque
+
+
+def _holders(marker: str | bytes) -> list[object]:
+    """Every object that references a string (``str`` or ``bytes``-like, as ``marker``) containing
+    ``marker``, other than ``marker`` itself and bus records (they are what the relay forwards, the
+    bus's memory: Redis's in production)."""
+    kinds = (str,) if isinstance(marker, str) else (bytes, bytearray)
+    gc.collect()
+    return [
+        holder
+        for holder in gc.get_objects()
+        for referent in gc.get_referents(holder)
+        if isinstance(referent, kinds) and marker in referent and referent is not marker  # type: ignore[operator]
+        and not (isinstance(referent, bytes) and referent.startswith(b'{"relay_id":'))
+    ]
+
+
+class TestWhatAConnectionKeeps:
+    """What the relay keeps of an agent's connection once it is established and its frames acked."""
+
+    async def test_no_frame_payload_is_held_once_acknowledged(
+        self, start_relay: StartRelay, ca: CertificateAuthority, tmp_path: Path, stack: contextlib.AsyncExitStack
+    ) -> None:
+        """After a frame of a few KB is acknowledged, nothing in the process (the relay, websockets'
+        parser and assembler, asyncio) references its payload: an idle agent costs no last frame."""
+        relay = await start_relay()
+        agent = await _connect(relay, ca, tmp_path, stack, "h-payload")
+        marker = f"payload-{secrets.token_hex(8)}"
+        rentals = [f"{marker}-{n:03d}" for n in range(100)]  # ~3 KB
+        seq, frame = agent.window.heartbeat(protocol.HeartbeatBody(uptime_s=1.0, running_rentals=rentals))
+        await agent.ws.send(frame)
+        await agent.expect_ack(seq)
+        assert relay.messages_forwarded == 1
+        assert _holders(marker.encode()) == []
+        await agent.expect_ack(await agent.send_heartbeat())  # and the connection still works
+
+    async def test_no_decoded_peer_certificate_and_no_handshake_headers(
+        self, start_relay: StartRelay, ca: CertificateAuthority, tmp_path: Path, stack: contextlib.AsyncExitStack
+    ) -> None:
+        """An agent's connection keeps neither asyncio's dict of its certificate nor the upgrade
+        request's and response's headers; the relay still knows its certificate's serial."""
+        relay = await start_relay()
+        probe = f"probe-{secrets.token_hex(8)}"  # the agent's copy is this very str, the relay's its own
+        agent = await _connect(relay, ca, tmp_path, stack, "h-lean", additional_headers={"X-Probe": probe})
+        link = relay.agents["h-lean"]
+        connection = link.connection
+        assert connection.transport.get_extra_info("peercert") is None
+        assert connection.transport.get_extra_info("ssl_object").getpeercert(binary_form=True)
+        assert connection.request is not None and connection.request.path == "/v1/agent"
+        assert connection.response is not None and connection.response.status_code == 101
+        assert _holders(probe) == []
+        assert not connection.request.headers and not connection.response.headers
+        assert link.serial
+        await agent.expect_ack(await agent.send_heartbeat())
+
+    async def test_the_handler_holds_no_welcome_and_no_certificate(
+        self, start_relay: StartRelay, ca: CertificateAuthority, tmp_path: Path, stack: contextlib.AsyncExitStack
+    ) -> None:
+        """The connection handler's frames, suspended while the agent is idle, hold neither the welcome
+        model nor the certificate's DER."""
+        relay = await start_relay()
+        agent = await _connect(relay, ca, tmp_path, stack, "h-handler")
+        await agent.expect_ack(await agent.send_heartbeat())
+        der = relay.agents["h-handler"].connection.transport.get_extra_info("ssl_object").getpeercert(binary_form=True)
+        gc.collect()
+        handlers = [
+            frame for frame in gc.get_objects()
+            if type(frame).__name__ == "coroutine" and frame.cr_code is Relay._handle.__code__
+        ]
+        assert len(handlers) == 1
+        held = gc.get_referents(handlers[0])
+        assert not any(isinstance(value, protocol.Welcome) for value in held)
+        assert der not in held
 
 
 class TestAgentThatDoesNotRead:
