@@ -570,6 +570,7 @@ def check(run: Run, master: Master, expected: set[tuple[str, int]], counts: dict
         run.problems.append(f"fields refused: {dict(stats.rejected_fields)}")
     batches = (
         f"; {stats.batches:,} batches, {stats.batch_seconds / stats.batches * 1e3:.1f} ms each"
+        f" (longest {stats.batch_seconds_max * 1e3:,.0f} ms)"
         if stats.batches
         else ""
     )

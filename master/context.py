@@ -48,6 +48,8 @@ class IngestStats:
     batches: int = 0
     batch_seconds: float = 0.0
     """Total time spent writing batches (for the mean batch duration)."""
+    batch_seconds_max: float = 0.0
+    """The longest batch so far (a database stall shows here, not in the mean)."""
     rollup_passes: int = 0
     rollup_rows: int = 0
     retention_deleted: Counter[str] = field(default_factory=Counter)

@@ -202,7 +202,7 @@ async def build_fleet(m: Metrics) -> Fleet:
     stats.samples_stored, stats.samples_duplicate, stats.samples_rejected = 3, 1, 0
     stats.rejected_fields["temperature_c"] += 2
     stats.failed, stats.dead_lettered, stats.malformed = 1, 0, 0
-    stats.batches, stats.batch_seconds = 2, 0.25
+    stats.batches, stats.batch_seconds, stats.batch_seconds_max = 2, 0.25, 0.2
     stats.rollup_passes, stats.rollup_rows = 1, 3
     stats.retention_deleted.update({"raw": 7})
     return Fleet(eu_host, [g.uuid for g in eu_gpus], us_host, us_gpu.uuid, revoked_host, "rnt_running")
@@ -315,6 +315,7 @@ class TestPrometheusPipelineAndBusiness:
         assert value(samples, "gpumarket_ingest_rejected_fields_total", field="temperature_c") == 2
         assert value(samples, "gpumarket_ingest_failures_total") == 1
         assert value(samples, "gpumarket_ingest_batch_seconds_total") == 0.25
+        assert value(samples, "gpumarket_ingest_batch_seconds_max") == 0.2
         assert value(samples, "gpumarket_retention_deleted_rows_total", kind="raw") == 7
 
     async def test_a_bus_outage_leaves_out_the_lag_but_serves_the_rest(self, metrics: Metrics) -> None:

@@ -151,6 +151,7 @@ class TestBatchedIngestion:
         await drain(master, Ingestor(master))
         assert await stored(master) == sorted([(plain_host, 1), (newer_host, 2)])
         assert (master.stats.samples_stored, master.stats.samples_duplicate, master.stats.batches) == (2, 4, 2)
+        assert 0 < master.stats.batch_seconds_max <= master.stats.batch_seconds  # the longer of the two batches
         async with master.db.session() as session:
             row = await session.scalar(select(TelemetrySample).where(TelemetrySample.host_id == newer_host))
             plain_row = await session.scalar(select(TelemetrySample).where(TelemetrySample.host_id == plain_host))

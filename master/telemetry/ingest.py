@@ -173,7 +173,9 @@ class Ingestor:
             log.exception("applying a batch of %d heartbeats and samples failed; applying them one by one", len(batch))
             return False
         stats.batches += 1
-        stats.batch_seconds += asyncio.get_running_loop().time() - started
+        took = asyncio.get_running_loop().time() - started
+        stats.batch_seconds += took
+        stats.batch_seconds_max = max(stats.batch_seconds_max, took)
         for host_id in sorted(outcome.unknown_hosts):
             log.warning("messages from unknown host %s dropped", host_id)
         if outcome.commands:

@@ -158,6 +158,8 @@ def _ingestion_metrics(snapshot: FleetSnapshot) -> Iterator[Metric]:
                               value=stats.seq_refused)
     yield CounterMetricFamily("gpumarket_ingest_batches_total", "Batches written by this process.", value=stats.batches)
     yield CounterMetricFamily("gpumarket_ingest_batch_seconds_total", "Time spent writing batches.", value=stats.batch_seconds)
+    yield GaugeMetricFamily("gpumarket_ingest_batch_seconds_max", "The longest batch this process has written.",
+                            value=stats.batch_seconds_max)
     yield CounterMetricFamily("gpumarket_rollup_passes_total", "Telemetry roll-up passes run by this process.",
                               value=stats.rollup_passes)
     yield CounterMetricFamily("gpumarket_rollup_rows_total", "Raw telemetry rows folded into roll-ups by this process.",

@@ -203,6 +203,7 @@ class FleetSnapshot:
                 "malformed": stats.malformed,
                 "batches": stats.batches,
                 "batch_seconds": stats.batch_seconds,
+                "batch_seconds_max": stats.batch_seconds_max,
                 "rollup_passes": stats.rollup_passes,
                 "rollup_rows": stats.rollup_rows,
                 "retention_deleted": dict(stats.retention_deleted),
