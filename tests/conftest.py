@@ -41,27 +41,51 @@ PG_ADMIN_URL = os.environ.get("GPUMARKET_TEST_POSTGRES_URL", "postgresql://postg
 REDIS_URL = os.environ.get("GPUMARKET_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
-ONE_WORKER_SCOPES = ("tests/faults/", "tests/test_tunnels.py", "tests/test_console_browser.py", "tests/test_install_agent.py",
-                     "tests/test_api_schemathesis.py", "tests/test_simulate.py")
+ONE_WORKER_SCOPES = ("tests/faults/", "tests/test_install_agent.py::TestInstaller", "tests/test_console_browser.py",
+                     "tests/test_tunnels.py", "tests/test_api_schemathesis.py", "tests/test_simulate.py")
 """Tests that share an expensive fixture (the fault cluster, a module's ``gpumarket up`` or browser): under
-pytest-xdist each of these runs whole on one worker, so that the fixture is set up once."""
+pytest-xdist each of these runs whole on one worker, so that the fixture is set up once. Longest first (on 4 workers,
+2026-11-26: the fault scenarios about 170 s, the installer's about 110–150 s, the browser's about 70 s, the tunnels'
+about 25 s, the last two a few seconds): the scheduler starts them in this order."""
+
+ONE_WORKER_STAGGER = 40
+"""Single tests handed out between the starts of two of ``ONE_WORKER_SCOPES`` after the first two."""
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``-n N`` (``--dist load`` or ``loadgroup``): every test on its own, but each of ``ONE_WORKER_SCOPES`` as one
-    unit of work, in the order collected (the fault scenarios first). pytest-xdist's own ``xdist_group`` marks
-    do not take under pytest 9 (it renames ``item._nodeid``, which pytest 9 no longer reads)."""
+    unit of work. pytest-xdist's own ``xdist_group`` marks do not take under pytest 9 (it renames ``item._nodeid``,
+    which pytest 9 no longer reads)."""
     if config.getvalue("dist") not in ("load", "loadgroup"):
         return None
     from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
 
-    # In the order collected, not largest first: the fault scenarios start at once, the other shared-fixture modules
-    # (each a few processes: `gpumarket up`, Chromium, an installer) are spread over the run instead of all at once.
+    # The single tests in the order collected; the shared-fixture scopes longest first and at the start, so that none
+    # of those long chains on one worker is what the run waits for at its end (the tunnels' module, collected late,
+    # used to start when the others were done). The first two start at once, the others ONE_WORKER_STAGGER tests
+    # apart, so that their processes (`gpumarket up`, Chromium, an installer) do not all start in the same seconds.
     config.option.loadscopereorder = False
 
     class OneWorkerScopes(LoadScopeScheduling):  # type: ignore[misc]
+        _order: list[str] | None = None
+
         def _split_scope(self, nodeid: str) -> str:
             return next((scope for scope in ONE_WORKER_SCOPES if nodeid.startswith(scope)), nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if self._order is None:  # the whole queue is known at the first assignment
+                shared = [scope for scope in ONE_WORKER_SCOPES if scope in self.workqueue]
+                single = [scope for scope in self.workqueue if scope not in ONE_WORKER_SCOPES]
+                self._order = shared[:2]
+                for scope in shared[2:]:
+                    self._order += [*single[:ONE_WORKER_STAGGER], scope]
+                    del single[:ONE_WORKER_STAGGER]
+                self._order += single
+            while self._order and self._order[0] not in self.workqueue:
+                self._order.pop(0)
+            if self._order:
+                self.workqueue.move_to_end(self._order.pop(0), last=False)
+            super()._assign_work_unit(node)
 
     return OneWorkerScopes(config, log)
 
