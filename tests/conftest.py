@@ -9,6 +9,7 @@ never a skip.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import os
 import secrets
@@ -50,6 +51,20 @@ about 25 s, the last two a few seconds): the scheduler starts them in this order
 
 ONE_WORKER_STAGGER = 40
 """Single tests handed out between the starts of two of ``ONE_WORKER_SCOPES`` after the first two."""
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Under pytest-xdist, start the Docker engine (``tests/dockerengine.py``) before any worker does, where this
+    suite may start one: its bridge's address then exists before Chromium starts, which aborts requests in flight
+    (ERR_NETWORK_CHANGED) when an address of the machine changes. A failure here is the ``docker_image`` fixture's
+    to report, in the tests that need the engine."""
+    config = session.config
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        return
+    from tests import dockerengine
+
+    with contextlib.suppress(RuntimeError, OSError):
+        dockerengine.ensure_engine()
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:

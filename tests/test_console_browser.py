@@ -34,6 +34,7 @@ from playwright.async_api import (
     async_playwright,
     expect,
 )
+from playwright.async_api import Error as PlaywrightError
 
 from shared.imageref import parse_image_reference
 from shared.protocol import ContainerWorkload
@@ -136,7 +137,15 @@ class Console:
         self.page.on("pageerror", lambda error: self.problems.append(f"uncaught: {error}"))
 
     async def open(self, hash_: str = "") -> None:
-        await self.page.goto(f"{self.market.base}/{hash_}")
+        # Chromium aborts a navigation in flight when an address of the machine changes (ERR_NETWORK_CHANGED): other
+        # tests of the suite start containers (a veth of Docker's bridge each) while this one runs. Not the console's.
+        for attempt in range(3):
+            try:
+                await self.page.goto(f"{self.market.base}/{hash_}")
+                return
+            except PlaywrightError as exc:
+                if "ERR_NETWORK_CHANGED" not in str(exc) or attempt == 2:
+                    raise
 
     async def sign_in(self, role: str) -> None:
         await self.open()
