@@ -261,6 +261,29 @@ class TestRent:
         assert out.startswith(f"{rental_id} running: 1 x {RTX}")
         assert f"gpumarket stop {rental_id}" in err
 
+    async def test_an_event_seen_before_the_rentals_state_moves_is_shown_once(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A poll whose answer has the ``running`` event while the rental still reads ``starting`` (its two reads
+        straddled the change) shows the event; the next poll's ``running`` state is no news: no second line."""
+        started = {"to": "starting", "cause": "start command sent"}
+        running = {"to": "running", "cause": "agent confirmed the workload started"}
+        answers = iter([
+            {"id": "r-1", "state": "starting", "events": [started]},
+            {"id": "r-1", "state": "starting", "events": [started, running]},
+            {"id": "r-1", "state": "running", "events": [started, running]},
+        ])
+
+        class Client:
+            async def get(self, path: str) -> dict[str, Any]:
+                assert path == "/rentals/r-1"
+                return next(answers)
+
+        rental = await commands.wait_for(Client(), "r-1", ("running",))  # type: ignore[arg-type]
+        assert rental["state"] == "running"
+        lines = [line.split("] ", 1)[1] for line in capsys.readouterr().err.splitlines()]
+        assert lines == ["r-1: starting: start command sent", "r-1: running: agent confirmed the workload started"]
+
     async def test_a_rental_that_fails_to_start_exits_1_with_its_reason(self, cli: Cli, api: Api) -> None:
         await api.host(1)
         task = cli.start("rent", "--template", "base")

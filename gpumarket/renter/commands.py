@@ -302,7 +302,9 @@ async def wait_for(client: Client, rental_id: str, until: tuple[str, ...], *, qu
                 _err(_progress_line(rental, event.get("to") or rental["state"], event.get("cause"), started))
             if not fresh and rental["state"] != last_state:
                 _err(_progress_line(rental, rental["state"], None, started))
-        last_state = rental["state"]
+        # The state shown last: a poll can see an event before the rental's own state has moved to it (the answer's
+        # two reads straddled the change); the next poll's state is then no news.
+        last_state = (fresh[-1].get("to") or rental["state"]) if fresh else rental["state"]
         if rental["state"] in until or rental["state"] in ENDED_STATES:
             return rental
         await asyncio.sleep(POLL_INTERVAL_S)
