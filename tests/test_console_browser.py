@@ -31,6 +31,7 @@ from playwright.async_api import (
     ConsoleMessage,
     Locator,
     Page,
+    Request,
     async_playwright,
     expect,
 )
@@ -137,18 +138,39 @@ class Console:
         self.page.on("pageerror", lambda error: self.problems.append(f"uncaught: {error}"))
 
     async def open(self, hash_: str = "") -> None:
-        # Chromium aborts a navigation in flight when an address of the machine changes (ERR_NETWORK_CHANGED): other
-        # tests of the suite start containers (a veth of Docker's bridge each) while this one runs. Not the console's.
+        """Load the console. Chromium aborts requests in flight when an address of the machine changes
+        (ERR_NETWORK_CHANGED), and other tests of the suite start containers (a veth on Docker's bridge each) while
+        this one runs: a load that lost a request to that is done again (at most three loads). Not the console's."""
         for attempt in range(3):
+            changed: list[str] = []
+
+            def on_failed(request: Request, changed: list[str] = changed) -> None:
+                if "ERR_NETWORK_CHANGED" in (request.failure or ""):
+                    changed.append(request.url)
+
+            self.page.on("requestfailed", on_failed)
             try:
                 await self.page.goto(f"{self.market.base}/{hash_}")
-                return
             except PlaywrightError as exc:
                 if "ERR_NETWORK_CHANGED" not in str(exc) or attempt == 2:
                     raise
+                continue
+            finally:
+                self.page.remove_listener("requestfailed", on_failed)
+            if not changed:
+                return
+        raise AssertionError(f"the console's requests kept failing with ERR_NETWORK_CHANGED: {changed}")
 
     async def sign_in(self, role: str) -> None:
-        await self.open()
+        for attempt in range(2):
+            await self.open()
+            try:
+                await self.page.get_by_label("API key").wait_for(timeout=WAIT_MS // 2)
+                break
+            except PlaywrightError:
+                if attempt == 1:
+                    raise
+                # A load that lost a request to ERR_NETWORK_CHANGED after its load event (see ``open``): once more.
         await self.page.get_by_label("API key").fill(self.market.keys[role])
         await self.page.get_by_role("button", name="Sign in").click()
         await expect(self.page.locator(".account-name")).to_be_visible(timeout=WAIT_MS)
