@@ -245,6 +245,19 @@ async def api(master: Master) -> AsyncIterator[Api]:
         yield client
 
 
+@pytest.fixture(autouse=True)
+def _containers_wait_for_the_browser(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that may start containers (it uses ``docker_image``) waits while the browser tests run
+    (``tests.dockerengine.NETWORK_LOCK``)."""
+    if "docker_image" not in request.fixturenames or request.node.nodeid.startswith("tests/test_console_browser.py"):
+        yield
+        return
+    from tests.dockerengine import network_lock
+
+    with network_lock(exclusive=False):
+        yield
+
+
 @pytest.fixture(scope="session")
 def docker_image() -> str:
     """A Docker engine that answers (``dockerd`` started when none does) and the locally built

@@ -11,6 +11,8 @@ from a registry, and a second run builds nothing.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import http.client
 import io
@@ -22,6 +24,7 @@ import subprocess
 import tarfile
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
 from urllib.parse import quote, urlencode
@@ -164,3 +167,19 @@ def remove_owned(owner: str) -> list[str]:
         request("DELETE", f"/volumes/{volume['Name']}?force=1")
         removed.append(volume["Name"])
     return removed
+
+
+NETWORK_LOCK = Path(tempfile.gettempdir()) / "gpumarket-test-network.lock"
+"""Chromium aborts requests in flight (ERR_NETWORK_CHANGED) when an address of the machine changes, as it does when
+a container starts (a veth on Docker's bridge). The console's browser tests hold this lock exclusively for their
+module; tests that start containers hold it shared while they run: under pytest-xdist the two never overlap."""
+
+
+@contextlib.contextmanager
+def network_lock(*, exclusive: bool) -> Iterator[None]:
+    with open(NETWORK_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

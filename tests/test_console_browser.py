@@ -39,6 +39,7 @@ from playwright.async_api import Error as PlaywrightError
 
 from shared.imageref import parse_image_reference
 from shared.protocol import ContainerWorkload
+from tests.dockerengine import network_lock
 from tests.helpers import eventually
 from tests.upprocess import check_alive, gpumarket_up, wait_for_credentials
 
@@ -86,6 +87,13 @@ def _wait_until_up(process: subprocess.Popen[bytes], data_dir: Path, log: Path) 
         if len([h for h in hosts if h["state"] == "online"]) == 3 and len(offers) == 3:
             return market
         time.sleep(0.3)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_container_starts_meanwhile() -> Iterator[None]:
+    """No other test starts a container while this module's pages load (``tests.dockerengine.NETWORK_LOCK``)."""
+    with network_lock(exclusive=True):
+        yield
 
 
 @pytest.fixture(scope="module")
