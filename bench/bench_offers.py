@@ -552,35 +552,28 @@ async def time_queries(
     gc.collect()
     gc.freeze()
     try:
-        await _timed_rounds(db, plan, sql, times, reference, baseline, repeat=repeat, warmup=warmup,
-                            reference_every=reference_every, progress=progress)
+        for round_number in range(warmup + repeat):
+            for number, search in enumerate(plan):
+                started = time.perf_counter()
+                async with db.session() as session:
+                    await search_offers(session, search)
+                if round_number >= warmup:
+                    times[number].append((time.perf_counter() - started) * 1000)
+                if reference_every and round_number >= warmup and (round_number - warmup) % reference_every == 0:
+                    started = time.perf_counter()
+                    async with db.session() as session:
+                        await reference_search(session, search)
+                    reference[number].append((time.perf_counter() - started) * 1000)
+            started = time.perf_counter()
+            async with db.session() as session:
+                (await session.execute(sql)).all()
+            if round_number >= warmup:
+                baseline.append((time.perf_counter() - started) * 1000)
+            progress.update(round_number + 1)
     finally:
         gc.unfreeze()
     progress.done()
     return times, reference, baseline
-
-
-async def _timed_rounds(db: Database, plan: list[OfferSearch], sql: Any, times: list[list[float]],
-                        reference: list[list[float]], baseline: list[float], *, repeat: int, warmup: int,
-                        reference_every: int, progress: Progress) -> None:
-    for round_number in range(warmup + repeat):
-        for number, search in enumerate(plan):
-            started = time.perf_counter()
-            async with db.session() as session:
-                await search_offers(session, search)
-            if round_number >= warmup:
-                times[number].append((time.perf_counter() - started) * 1000)
-            if reference_every and round_number >= warmup and (round_number - warmup) % reference_every == 0:
-                started = time.perf_counter()
-                async with db.session() as session:
-                    await reference_search(session, search)
-                reference[number].append((time.perf_counter() - started) * 1000)
-        started = time.perf_counter()
-        async with db.session() as session:
-            (await session.execute(sql)).all()
-        if round_number >= warmup:
-            baseline.append((time.perf_counter() - started) * 1000)
-        progress.update(round_number + 1)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:

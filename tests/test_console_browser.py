@@ -170,15 +170,7 @@ class Console:
         raise AssertionError(f"the console's requests kept failing with ERR_NETWORK_CHANGED: {changed}")
 
     async def sign_in(self, role: str) -> None:
-        for attempt in range(2):
-            await self.open()
-            try:
-                await self.page.get_by_label("API key").wait_for(timeout=WAIT_MS // 2)
-                break
-            except PlaywrightError:
-                if attempt == 1:
-                    raise
-                # A load that lost a request to ERR_NETWORK_CHANGED after its load event (see ``open``): once more.
+        await self.open()
         await self.page.get_by_label("API key").fill(self.market.keys[role])
         await self.page.get_by_role("button", name="Sign in").click()
         await expect(self.page.locator(".account-name")).to_be_visible(timeout=WAIT_MS)
