@@ -637,12 +637,16 @@ class TestRedisBus:
             await bus.close()
 
     async def test_block_slices_stay_below_the_client_socket_timeout(self, redis_harness: BusHarness) -> None:
-        """A client socket timeout shorter than the block does not make a blocking read fail."""
-        client = aioredis.Redis.from_url(REDIS_URL, socket_timeout=0.3)
+        """A client socket timeout shorter than the block does not make a blocking read fail.
+
+        The slices are at most half the socket timeout (1 s here), so a loaded machine's Redis has
+        a second to deliver each empty answer; an unsliced 2.5 s block would trip the timeout.
+        """
+        client = aioredis.Redis.from_url(REDIS_URL, socket_timeout=2.0)
         bus = RedisBus(client, prefix=redis_harness.prefix)
         try:
             await bus.ensure_group(STREAM, GROUP)
-            assert await bus.read(STREAM, GROUP, "c1", block=BLOCK) == []
+            assert await bus.read(STREAM, GROUP, "c1", block=2.5) == []
         finally:
             await bus.close()
             await client.aclose()

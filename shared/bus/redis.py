@@ -153,7 +153,8 @@ class RedisBus:
         self._owns_client = False
         self._closed = False
         # A blocking XREADGROUP must answer before the client's socket timeout fires, or redis-py
-        # drops the connection as dead: long blocks are split into slices shorter than it.
+        # drops the connection as dead: long blocks are split into slices of at most half of it,
+        # so a busy Redis (or a busy caller) has the other half to deliver the empty answer.
         socket_timeout = kwargs.get("socket_timeout")
         if socket_timeout is not None:
             if socket_timeout <= _BLOCK_MARGIN:
@@ -161,7 +162,7 @@ class RedisBus:
                     f"RedisBus needs a client socket_timeout of None or above {_BLOCK_MARGIN}s for "
                     f"blocking reads, got {socket_timeout}s"
                 )
-            max_block_slice = min(max_block_slice, socket_timeout - _BLOCK_MARGIN)
+            max_block_slice = min(max_block_slice, socket_timeout - max(_BLOCK_MARGIN, socket_timeout / 2))
         if max_block_slice <= 0:
             raise ValueError(f"max_block_slice must be > 0 seconds, got {max_block_slice}")
         self._max_block_slice = max_block_slice
