@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Self
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from shared.errors import ConfigError
@@ -104,8 +105,12 @@ class ServiceSettings(BaseSettings):
         """One line per setting: its environment variable, default and meaning (for ``--help``)."""
         lines = []
         for name, info in cls.model_fields.items():
-            default = info.get_default(call_default_factory=False)
-            shown = "" if default is None else f" (default: {default})"
+            # A factory's value, not pydantic's placeholder for "no default" (PydanticUndefined).
+            default = info.default_factory() if info.default_factory is not None else info.default  # type: ignore[call-arg]
+            if default is None or default is PydanticUndefined:
+                shown = ""
+            else:
+                shown = f" (default: {'empty' if default in ([], {}, '') else default})"
             lines.append(f"  {ENV_PREFIX}{name.upper():<34} {info.description or ''}{shown}")
         return "\n".join(lines)
 

@@ -4,26 +4,26 @@ Every decision about a route is read from its row of the route table (``master/a
 looked up per request in the app's ``ROUTE_INDEX``: whether it is public, the roles it needs,
 its rate-limit class. Handlers never check roles themselves.
 
-Order in the app (``MIDDLEWARES``): errors → rate limits → authentication → per-account rate
-limits → the route's roles.
+Order in the app (``MIDDLEWARES``): errors → rate limits → unknown query parameters → authentication →
+per-account rate limits → the route's roles.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 import asyncpg
 from aiohttp import web
 from redis import exceptions as redis_exceptions
 from sqlalchemy import exc as sa_exc
 
-from master.api.base import RateClass, Route
+from master.api.base import API, RateClass, Route
 from master.api.keys import MASTER, ROUTE_INDEX
 from master.api.ratelimits import RATE_LIMITS
 from master.services import sessions
 from master.services.accounts import Principal, authenticate
-from shared.errors import GpumarketError, RateLimited, Unauthorized
+from shared.errors import BadRequest, GpumarketError, RateLimited, Unauthorized
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +122,28 @@ async def rate_limit_middleware(request: web.Request, handler: Handler) -> web.S
         raise
 
 
+def check_query(route: Route, names: Iterable[str]) -> None:
+    """400 ``unknown_parameter`` for the first of ``names`` that ``route`` does not declare: a misspelt filter
+    (``?gpu=A100`` for ``?gpu_model=``) must not silently answer an unfiltered list."""
+    known = [q.name for q in route.query]
+    for name in names:
+        if name not in known:
+            takes = f"known: {', '.join(known)}" if known else "this route takes none"
+            raise BadRequest(f"unknown query parameter {name!r}; {takes}", code="unknown_parameter")
+
+
+@web.middleware
+async def query_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every ``/api/v1`` route's query parameters are the ones its row of the table declares (``Route.query``).
+
+    Before authentication: a malformed call costs no database lookup. Routes outside ``/api/v1`` and
+    outside the table (the console's files, downloads, the API reference) are left alone."""
+    route = declared_route(request)
+    if route is not None and request.query and request.path.startswith(f"{API}/"):
+        check_query(route, request.query.keys())
+    return await handler(request)
+
+
 @web.middleware
 async def account_rate_limit_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """After authentication: the buckets of the calling account."""
@@ -178,5 +200,5 @@ def principal(request: web.Request) -> Principal:
     return request[PRINCIPAL]
 
 
-MIDDLEWARES = (errors_middleware, rate_limit_middleware, auth_middleware, account_rate_limit_middleware, roles_middleware)
+MIDDLEWARES = (errors_middleware, rate_limit_middleware, query_middleware, auth_middleware, account_rate_limit_middleware, roles_middleware)
 """The API's middlewares, in the order the app must install them."""
