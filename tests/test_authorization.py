@@ -309,6 +309,8 @@ UNVERSIONED = {
     ("GET", "/downloads/install-agent.sh"): "anyone, as the agent wheel",
     ("GET", "/"): "anyone: the console's page, a client of this API",
     ("GET", "/static/{path}"): "anyone: the console's static files",
+    ("GET", "/api/docs"): "anyone: the API reference's page (Swagger UI over the public OpenAPI document)",
+    ("GET", "/api/docs/{name}"): "anyone: the API reference's files",
 }
 
 # Query parameters that name an object: each must never widen what a non-admin sees

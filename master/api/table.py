@@ -15,6 +15,7 @@ from master.api import (
     routes_billing,
     routes_connect,
     routes_console,
+    routes_docs,
     routes_downloads,
     routes_invoices,
     routes_market,
@@ -29,7 +30,7 @@ ROUTES: tuple[Route, ...] = (
     + routes_invoices.ROUTES + routes_console.ROUTES + routes_templates.ROUTES + routes_ssh_keys.ROUTES + routes_connect.ROUTES
 )  # fmt: skip
 
-UNVERSIONED: tuple[Route, ...] = routes_metrics.UNVERSIONED + routes_downloads.UNVERSIONED
+UNVERSIONED: tuple[Route, ...] = routes_metrics.UNVERSIONED + routes_downloads.UNVERSIONED + routes_docs.UNVERSIONED
 
 NEVER_LIMITED = frozenset(API + route.path for route in ROUTES if route.limit is RateClass.NONE)
 """Paths of the probes: a load balancer or kubelet asking often must never be refused."""
