@@ -10,13 +10,23 @@ CHROMIUM ?= $(or $(GPUMARKET_TEST_CHROMIUM),/usr/bin/chromium)
 
 .PHONY: up test install chromium docker lint typecheck bench cluster clean
 
+# Each set-up step is one line on the terminal ("  ..  " while it runs, "  ok  " once done); what venv and
+# pip print goes to INSTALL_LOG, whose end is shown when a step fails.
+INSTALL_LOG ?= .gpumarket/install.log
+define step
+	@mkdir -p $(dir $(INSTALL_LOG)) && chmod 700 $(dir $(INSTALL_LOG))
+	@printf '  ..  %s (log: %s)' "$(1)" "$(INSTALL_LOG)"
+	@{ $(2); } >>$(INSTALL_LOG) 2>&1 || { printf '\r  !!  \n' ; echo "make: $(1) failed; the end of $(INSTALL_LOG):" >&2; \
+	  tail -n 20 $(INSTALL_LOG) >&2; exit 1; }
+	@printf '\r  ok  \n'
+endef
+
 $(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(call step,virtual environment $(VENV),$(PYTHON) -m venv $(VENV) && $(VENV)/bin/python -m pip install --upgrade pip)
 
 $(VENV)/.installed: $(BIN)/python pyproject.toml
-	$(BIN)/python -m pip install --quiet -e '.[test]'
-	touch $@
+	$(call step,install gpumarket and its dependencies into $(VENV) (minutes the first time),$(BIN)/python -m pip install -e '.[test]')
+	@touch $@
 
 install: $(VENV)/.installed
 

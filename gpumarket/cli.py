@@ -29,9 +29,30 @@ def _setup_logging(level: str) -> None:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
-def _run_until_signal(main: Callable[[asyncio.Event], Coroutine[Any, Any, None]], *, log_level: str) -> None:
-    """Log at ``log_level``, then run ``main(stop)``; SIGINT/SIGTERM set ``stop`` so ``main`` shuts down in order."""
-    _setup_logging(log_level)
+def _setup_file_logging(log_file: Path, level: str, *, verbose: bool) -> None:
+    """Log to ``log_file`` (appended, owner-only), and to stderr as well when ``verbose``."""
+    log_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    log_file.touch(mode=0o600, exist_ok=True)
+    handlers: list[logging.Handler] = [logging.FileHandler(log_file, encoding="utf-8")]
+    if verbose:
+        handlers.append(logging.StreamHandler(sys.stderr))
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        handlers=handlers,
+        force=True,
+    )
+    logging.getLogger("websockets").setLevel(logging.WARNING)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+def _run_until_signal(
+    main: Callable[[asyncio.Event], Coroutine[Any, Any, None]], *, log_level: str, configured: bool = False
+) -> None:
+    """Log at ``log_level`` (unless ``configured`` already), then run ``main(stop)``; SIGINT/SIGTERM set ``stop`` so
+    ``main`` shuts down in order."""
+    if not configured:
+        _setup_logging(log_level)
 
     async def runner() -> None:
         stop = asyncio.Event()
@@ -57,13 +78,16 @@ def _add_config(parser: argparse.ArgumentParser) -> None:
 def cmd_up(args: argparse.Namespace) -> None:
     from gpumarket.up import run_up
 
+    log_file = args.data_dir.resolve() / "up.log"
+    _setup_file_logging(log_file, args.log_level, verbose=args.verbose)
     _run_until_signal(
         lambda stop: run_up(
             args.data_dir, agents=args.agents, http_host=args.host, http_port=args.http_port, relay_port=args.relay_port,
             dns_port=args.dns_port, stop=stop, rentals_root=args.rentals_root,
-            allow_unisolated_workloads=args.allow_unisolated_workloads,
+            allow_unisolated_workloads=args.allow_unisolated_workloads, log_file=log_file,
         ),
         log_level=args.log_level,
+        configured=True,
     )
 
 
@@ -281,7 +305,10 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser(
         "up",
         help="run the whole marketplace on this machine (demo)",
-        description="Master, one relay and N simulated provider agents in one process, SQLite in the data dir.",
+        description="Master, one relay and N simulated provider agents in one process, SQLite in the data dir. "
+        "One line per step while it starts, then where the console, the API and its reference are and the demo "
+        "accounts' API keys. Logs go to DATA_DIR/up.log (--verbose: here too). A port in use is one line naming the "
+        "flag that picks another (exit status 2).",
         formatter_class=formatter,
     )
     up.add_argument("--agents", type=int, default=3, metavar="N", help="simulated provider hosts (default 3)")
@@ -298,7 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-unisolated-workloads", action="store_true",
         help="not root: run process workloads as this user anyway (they could read the data dir's files)",
     )
-    up.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    up.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+    up.add_argument("--verbose", action="store_true", help="show the logs here too (they always go to DATA_DIR/up.log)")
     up.set_defaults(func=cmd_up)
 
     cluster = sub.add_parser(

@@ -20,8 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
+import socket
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -123,10 +127,17 @@ async def start_marketplace(
     allow_unisolated_workloads: bool = False,
     container_engine: str | None = None,
     docker_url: str | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> Marketplace:
     """Start it all. ``container_engine`` is what the engine probe answered (``None``: none answers); by
-    default the engine at ``docker_url`` (or the system's socket) is asked."""
+    default the engine at ``docker_url`` (or the system's socket) is asked. ``progress`` is told one line
+    per step done (database, relay, geo DNS, API, agents).
+
+    Raises ``ConfigError`` saying which port and which flag when a port it must bind is taken; it checks
+    them all before it starts anything."""
+    step = progress or (lambda _line: None)
     data_dir = data_dir.resolve()
+    check_ports_free(http_host, up_ports(http_port, relay_port, dns_port))
     make_private(data_dir)  # the CA key, credentials.json, the agents' keys: nobody else's business
     isolation = await asyncio.to_thread(
         host_isolation, allow_unisolated=allow_unisolated_workloads, container_engine=container_engine, rentals_root=rentals_root,
@@ -148,6 +159,7 @@ async def start_marketplace(
     bus = InProcessBus()
     registry = MemoryRegistry()
     master = await open_master(settings, bus=bus, registry=registry)
+    step(f"database    {_database_name(settings)}")
     try:
         relay_dir = data_dir / "relay"
         cert_file, key_file = relay_dir / "server.crt", relay_dir / "server.key"
@@ -173,9 +185,18 @@ async def start_marketplace(
             ports_port=relay_port + 1 if relay_port else 0,
             ports_ssl_context=web_ssl_context(cert_file, key_file),
         )
-        await relay.start()
+        try:
+            await relay.start()
+        except OSError as exc:
+            raise listen_error(exc, http_host, relay_port, "--relay-port") from None
+        step(f"relay       {relay.url}")
         dns = GeoDnsServer(registry, zone=DEMO_ZONE, host=http_host, port=dns_port, refresh_interval=1.0, ttl=5)
-        await dns.start()
+        try:
+            await dns.start()
+        except OSError as exc:
+            await relay.close()
+            raise listen_error(exc, http_host, dns_port, "--dns-port") from None
+        step(f"geo DNS     {DEMO_ZONE} on {http_host} port {dns.port} (UDP and TCP)")
     except BaseException:
         await close_master(master)
         raise
@@ -192,9 +213,10 @@ async def start_marketplace(
         await relay.close()
         await dns.close()
         await close_master(master)
-        raise OSError(exc.errno, f"cannot listen on {http_host}:{http_port} ({exc.strerror}); pick another --http-port") from None
+        raise listen_error(exc, http_host, http_port, "--http-port") from None
     port = bound_port(site)
     base = f"http://{http_host}:{port}"
+    step(f"API         {base}/api/v1 and the console at {base}/")
     settings.public_url = base
     api_url, console_url = f"{base}/api/v1", f"{base}/"
     credentials = await _demo_credentials(master, data_dir / "credentials.json", api_url, console_url)
@@ -220,7 +242,49 @@ async def start_marketplace(
     except BaseException:
         await market.stop()
         raise
+    step(f"agents      {agents} simulated provider host(s) enrolled, connecting through the relay")
     return market
+
+
+def up_ports(http_port: int, relay_port: int, dns_port: int) -> list[tuple[int, str, str]]:
+    """Every port ``up`` binds: (port, the flag that changes it, a note for the message)."""
+    return [
+        (http_port, "--http-port", ""), (relay_port, "--relay-port", ""),
+        (relay_port + 1 if relay_port else 0, "--relay-port", " (the relay's web ports take the port after it)"),
+        (dns_port, "--dns-port", ""),
+    ]  # fmt: skip
+
+
+def check_ports_free(host: str, ports: list[tuple[int, str, str]]) -> None:
+    """``ConfigError`` naming the first of ``ports`` (port, the flag that changes it, a note) that cannot be bound
+    on ``host`` over TCP (UDP too for the geo DNS's); port 0 (any free one) is skipped."""
+    for port, flag, note in ports:
+        if not port:
+            continue
+        kinds = (socket.SOCK_STREAM, socket.SOCK_DGRAM) if flag == "--dns-port" else (socket.SOCK_STREAM,)
+        for kind in kinds:
+            try:
+                family = socket.AF_INET6 if ":" in host else socket.AF_INET
+                with socket.socket(family, kind) as probe:
+                    if kind == socket.SOCK_STREAM:
+                        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers do: TIME_WAIT is free
+                    probe.bind((host, port))
+            except OSError as exc:
+                raise listen_error(exc, host, port, flag, note) from None
+
+
+def listen_error(exc: OSError, host: str, port: int, flag: str, note: str = "") -> ConfigError:
+    """One line for a port that cannot be bound: which port, and the flag that picks another."""
+    if exc.errno == errno.EADDRINUSE:
+        return ConfigError(f"port {port} is in use{note}; choose another with {flag}")
+    reason = exc.strerror or str(exc)
+    return ConfigError(f"cannot listen on {host} port {port} ({reason}){note}; choose another with {flag}")
+
+
+def _database_name(settings: MasterSettings) -> str:
+    if settings.database_url:
+        return settings.database_url.split("@")[-1]  # never the password
+    return f"SQLite at {settings.data_dir / 'gpumarket.db'}"
 
 
 async def _account_id(master: Master, name: str) -> str:
@@ -290,28 +354,55 @@ async def _demo_agent(
 async def run_up(
     data_dir: Path, *, agents: int, http_host: str, http_port: int, relay_port: int, dns_port: int, stop: asyncio.Event,
     rentals_root: Path = DEFAULT_RENTALS_ROOT, allow_unisolated_workloads: bool = False, container_engine: str | None = None,
+    log_file: Path | None = None,
 ) -> None:
+    """Start, print one line per step and then the box of what to open, wait for ``stop``, stop in order."""
+    check_ports_free(http_host, up_ports(http_port, relay_port, dns_port))  # a taken port: its one line, nothing else
+    say(f"gpumarket up: state in {data_dir.resolve()}" + (f", logs in {log_file}" if log_file else ""))
     market = await start_marketplace(
         data_dir, agents=agents, http_host=http_host, http_port=http_port, relay_port=relay_port, dns_port=dns_port,
         rentals_root=rentals_root, allow_unisolated_workloads=allow_unisolated_workloads, container_engine=container_engine,
+        progress=lambda line: say(f"  ok  {line}"),
     )
     try:
-        print(
-            f"gpumarket is up: {agents} simulated provider host(s) behind relay {market.relay.url}\n"
-            f"  geo DNS:     {DEMO_ZONE} on {http_host} port {market.dns.port} (UDP and TCP)\n"
-            f"  console:     {market.console_url}\n"
-            f"  API:         {market.api_url}\n"
-            f"  credentials: {data_dir.resolve() / 'credentials.json'}\n"
-            f"  web ports:   {_web_ports(market)}\n"
-            f"  workloads:   {isolation_summary(market.isolation.facts, who='demo agents')}\n"
-            "Press Ctrl-C to stop.",
-            flush=True,
-        )
+        say(f"  web ports:   {_web_ports(market)}")
+        say(f"  workloads:   {isolation_summary(market.isolation.facts, who='demo agents')}")
+        say(ready_box(market, data_dir.resolve() / "credentials.json"))
         await stop.wait()
-        print("stopping…", flush=True)
+        say("stopping…")
     finally:
         await market.stop()
-    print("stopped cleanly", flush=True)
+    say("stopped cleanly")
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def ready_box(market: Marketplace, credentials_file: Path) -> str:
+    """The last thing on screen once up: where to go, how to sign in, how to stop."""
+    base = market.console_url.rstrip("/")
+    rows = [
+        "gpumarket is up",
+        "",
+        f"console   {market.console_url}",
+        "sign in with an API key:",
+        *(f"  {role:<9} {market.credentials[role]['api_key']}" for role, _ in DEMO_ACCOUNTS),
+        f"  (also in {credentials_file})",
+        f"API       {market.api_url}",
+        f"API docs  {base}/api/docs",
+        "",
+        "Press Ctrl-C to stop.",
+    ]
+    width = max(len(row) for row in rows)
+    encoding = getattr(sys.stdout, "encoding", None) or "ascii"
+    try:
+        "┌─│└┐┘".encode(encoding)
+        top, side, bottom = f"┌{'─' * (width + 2)}┐", "│", f"└{'─' * (width + 2)}┘"
+    except (UnicodeEncodeError, LookupError):
+        top = bottom = f"+{'-' * (width + 2)}+"
+        side = "|"
+    return "\n".join([top, *(f"{side} {row:<{width}} {side}" for row in rows), bottom])
 
 
 def _dns_names(cert_file: Path) -> list[str]:

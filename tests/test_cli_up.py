@@ -1,0 +1,133 @@
+"""What `gpumarket up` says on the terminal: one line per step, then the box; logs in a file; a busy port in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+STEPS = ("database", "relay", "geo DNS", "API", "agents")
+STOP_WITHIN_S = 20
+START_WITHIN_S = 90
+
+
+def _up(data_dir: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "gpumarket", "up", "--data-dir", str(data_dir), "--agents", "1", *extra]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "GPUMARKET_RATE_LIMITS_ENABLED": "false"}
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A TCP port that something else listens on."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        yield int(holder.getsockname()[1])
+
+
+def _run_until_ready(data_dir: Path, *extra: str) -> tuple[str, str]:
+    """Start `up` on free ports, read its terminal until the box closes, Ctrl-C it; its stdout and stderr."""
+    process = subprocess.Popen(
+        _up(data_dir, "--http-port", "0", "--relay-port", "0", *extra),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+    )  # fmt: skip
+    assert process.stdout is not None
+    lines: list[str] = []
+    try:
+        for line in process.stdout:
+            lines.append(line)
+            if "Press Ctrl-C to stop." in line:
+                lines.append(process.stdout.readline())  # the box's bottom edge
+                break
+        else:
+            raise AssertionError(f"gpumarket up exited early ({process.wait()}):\n{''.join(lines)}")
+        process.send_signal(signal.SIGINT)
+        rest, err = process.communicate(timeout=STOP_WITHIN_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, err
+    return "".join(lines) + rest, err
+
+
+class TestTerminal:
+    def test_one_line_per_step_then_the_box_and_logs_only_in_the_file(self, tmp_path: Path) -> None:
+        """Steps are one line each in order, the box shows the console, the three keys, API, docs and Ctrl-C, and the
+        INFO logs are in DATA_DIR/up.log, not on the terminal."""
+        data_dir = tmp_path / "up"
+        out, err = _run_until_ready(data_dir)
+        creds = json.loads((data_dir / "credentials.json").read_text())
+        step_lines = [line for line in out.splitlines() if line.startswith("  ok  ")]
+        assert [line[6:].split("  ")[0].strip() for line in step_lines] == list(STEPS)
+        box = out[out.index("gpumarket is up"):]
+        assert creds["console_url"] in box and creds["api_url"] in box
+        assert creds["api_url"].removesuffix("/v1") + "/docs" in box
+        for role in ("renter", "provider", "admin"):
+            assert re.search(rf"{role}\s+{re.escape(creds[role]['api_key'])}", box), role
+        assert out.rstrip().splitlines()[-1] == "stopped cleanly"
+        log = (data_dir / "up.log").read_text()
+        assert " INFO " in log and " master." in log  # the master logs what it starts…
+        assert " INFO " not in out + err  # …there, not here
+        assert (data_dir / "up.log").stat().st_mode & 0o077 == 0
+
+    def test_verbose_brings_the_logs_to_the_terminal(self, tmp_path: Path) -> None:
+        """With --verbose the same log lines also reach stderr."""
+        _, err = _run_until_ready(tmp_path / "up", "--verbose")
+        assert " INFO " in err and " master." in err
+
+
+class TestBusyPort:
+    @pytest.mark.parametrize("flag", ["--http-port", "--relay-port", "--dns-port"])
+    def test_a_busy_port_is_one_line_naming_it_and_its_flag(self, tmp_path: Path, taken_port: int, flag: str) -> None:
+        """A port in use: exit 2, one line on stderr naming the port and the flag, nothing else, no traceback."""
+        ports = {"--http-port": "0", "--relay-port": "0", "--dns-port": "0", flag: str(taken_port)}
+        args = [part for item in ports.items() for part in item]
+        result = subprocess.run(_up(tmp_path / "up", *args), capture_output=True, text=True, env=_env(), timeout=60)
+        assert result.returncode == 2
+        assert result.stdout == ""
+        assert result.stderr == f"gpumarket: error: port {taken_port} is in use; choose another with {flag}\n"
+
+    def test_the_relays_web_port_is_the_one_after_the_relay_port(self, tmp_path: Path, taken_port: int) -> None:
+        """The web ports listen on relay port + 1: that one taken names it, and --relay-port as the way out."""
+        args = ["--http-port", "0", "--relay-port", str(taken_port - 1)]
+        result = subprocess.run(_up(tmp_path / "up", *args), capture_output=True, text=True, env=_env(), timeout=60)
+        assert result.returncode == 2
+        assert result.stderr.startswith(f"gpumarket: error: port {taken_port} is in use (the relay's web ports")
+        assert result.stderr.endswith("choose another with --relay-port\n")
+        assert result.stderr.count("\n") == 1
+
+    def test_the_docs_url_in_the_box_answers(self, tmp_path: Path) -> None:
+        """The reference the box points at is served by the running `up`."""
+        data_dir = tmp_path / "up"
+        process = subprocess.Popen(_up(data_dir, "--http-port", "0", "--relay-port", "0"), stdout=subprocess.PIPE,
+                                   stderr=subprocess.DEVNULL, text=True, env=_env())  # fmt: skip
+        assert process.stdout is not None
+        try:
+            docs = ""
+            for line in process.stdout:
+                if "API docs" in line:
+                    docs = line.split()[3]
+                    break
+            assert docs.endswith("/api/docs"), docs
+            with urllib.request.urlopen(docs, timeout=10) as page:
+                assert page.status == 200 and b"swagger-ui" in page.read()
+        finally:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.communicate(timeout=STOP_WITHIN_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.communicate()
