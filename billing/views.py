@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from billing import credits, ledger, rating, summaries
 from master.context import Master
 from master.models import Account, Rental, RentalEvent
-from master.services import host_views, rental_placement, rentals
+from master.services import host_views, rental_placement, rental_queue, rentals
 from master.services.accounts import Principal
 from master.services.rental_request import RentalRequest
 
@@ -93,9 +93,11 @@ async def rental_views(
 ) -> list[dict[str, Any]]:
     """Rental views with their money: what the whole rental costs per hour and what it has charged so far."""
     charged = await summaries.charged_by_rental(session, [r.id for r in rows])
+    standing = await rental_queue.queue_standing(session, rows)
     views = []
     for rental in rows:
         view = rentals.rental_view(rental, events)
+        view["queue"] = standing.get(rental.id)  # queued: position, length and what happens next
         view["price_per_hour"] = ledger.money(rating.per_hour(rental)) if rental.price_per_gpu_hour is not None else None
         view["charged"] = ledger.money(charged.get(rental.id, Decimal(0)))
         views.append(view)

@@ -476,6 +476,7 @@ export function rentalPage(page, ctx) {
     summary.dataset.state = rental.state;
     replace(summary, facts([
       ["State", badge(rental.state)],
+      rental.queued && rental.queue ? ["Queue", rental.queue.message] : null,
       rental.queued ? ["Queued until", timeEl(rental.queue_until)] : null,
       ["GPU model", rental.gpu_model ?? "—"],
       ["GPUs", gpuAmount(rental)],

@@ -276,10 +276,16 @@ def rental_body(args: argparse.Namespace) -> dict[str, Any]:
     return body
 
 
+def _queued_note(rental: Mapping[str, Any]) -> str:
+    standing = rental.get("queue") or {}
+    return f" (queued {standing['position']}/{standing['length']})" if standing else " (queued)"
+
+
 def _progress_line(rental: Mapping[str, Any], state: str, cause: str | None, started: float) -> str:
     line = f"[{time.monotonic() - started:4.0f}s] {rental['id']}: {state}"
     if rental.get("queued"):
-        line += " (queued: waiting for GPUs)"
+        standing = rental.get("queue") or {}
+        line += f" ({standing.get('message') or 'queued: waiting for GPUs'})"
     return f"{line}: {cause}" if cause else line
 
 
@@ -385,7 +391,7 @@ async def cmd_rentals(args: argparse.Namespace, client: Client) -> int:
     charged = money_column([r.get("charged") for r in items])
     rows = [
         [
-            r["id"], r["state"] + (" (queued)" if r.get("queued") else ""), _gpus(r), r.get("gpu_model") or "-",
+            r["id"], r["state"] + (_queued_note(r) if r.get("queued") else ""), _gpus(r), r.get("gpu_model") or "-",
             regions.get(r.get("host_id") or "", "-"), _what(r), price, paid, _short_time(r.get("started_at")),
         ]
         for r, price, paid in zip(items, prices, charged, strict=True)

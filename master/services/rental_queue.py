@@ -14,11 +14,15 @@ finds. It was never started, so nothing was charged.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from typing import Any
 
-from sqlalchemy import exists, or_, select
+from sqlalchemy import and_, exists, func, or_, select
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
 from master.models import Command, Gpu, GpuAllocation, Rental
+from master.scheduler import MILLI
 from master.services import allocation, commands
 from master.services.rental_placement import try_place
 from master.services.rental_request import RentalRequest
@@ -34,6 +38,50 @@ QUEUE_BATCH = 200
 REPAIR_BATCH = 200
 INTERRUPTED = "placement interrupted"
 _START = protocol.StartWorkload.model_fields["kind"].default
+
+
+def is_queued(rental: Rental) -> bool:
+    return rental.state == RentalState.PENDING and rental.host_id is None
+
+
+def wanted(rental: Rental) -> str:
+    """What the rental waits for, as a renter asked for it: ``2 × A100 80GB``, ``a 1g.10gb MIG slice of …``."""
+    model = rental.gpu_model or "GPU(s) matching your request"
+    if rental.mig_profile:
+        return f"a {rental.mig_profile} MIG slice of {rental.gpu_model or 'a GPU matching your request'}"
+    if rental.gpu_milli and rental.gpu_milli < MILLI:
+        return f"{rental.gpu_milli / 10:g}% of {rental.gpu_model or 'a GPU matching your request'}"
+    return f"{rental.gpu_count} × {model}"
+
+
+def queue_message(rental: Rental, position: int, length: int) -> str:
+    """What a queued rental's renter reads: what it waits for, where it stands, when it gives up."""
+    until = f"; gives up at {rental.queue_until:%Y-%m-%d %H:%M} UTC" if rental.queue_until is not None else ""
+    verb = "are" if rental.gpu_count > 1 else "is"
+    return f"queued: will start when {wanted(rental)} {verb} free; position {position} of {length}{until}"
+
+
+async def queue_standing(session: AsyncSession, rentals: Sequence[Rental]) -> dict[str, dict[str, Any]]:
+    """For each queued one of ``rentals``, by id: its ``position`` in the queue (1: placed first), the queue's
+    ``length``, and the ``message`` that says both. The queue is everyone's, in the order ``process_queue`` tries
+    it: oldest first (ties by id)."""
+    queued = [rental for rental in rentals if is_queued(rental)]
+    if not queued:
+        return {}
+    waiting = (Rental.state == RentalState.PENDING.value, Rental.host_id.is_(None))
+    length = int(await session.scalar(select(func.count()).select_from(Rental).where(*waiting)) or 0)
+    standing = {}
+    for rental in queued:
+        ahead = await session.scalar(
+            select(func.count()).select_from(Rental).where(
+                *waiting,
+                or_(Rental.created_at < rental.created_at, and_(Rental.created_at == rental.created_at, Rental.id < rental.id)),
+            )
+        )  # fmt: skip
+        position = int(ahead or 0) + 1
+        length = max(length, position)  # one queued since the count: never "position 6 of 5"
+        standing[rental.id] = {"position": position, "length": length, "message": queue_message(rental, position, length)}
+    return standing
 
 
 async def repair_interrupted_placements(master: Master, *, limit: int = REPAIR_BATCH) -> list[str]:
