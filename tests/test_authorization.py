@@ -239,6 +239,7 @@ MATRIX: tuple[Rule, ...] = (
     Rule("GET", "/health", everyone(200)),
     Rule("GET", "/health/live", everyone(200)),
     Rule("GET", "/openapi.json", everyone(200)),
+    Rule("GET", "/regions", everyone(200)),
     Rule("GET", "/account", everyone(200)),
     Rule("PUT", "/accounts/{account_id}/quota", only(200, "admin"), body=fixed({"max_gpus": 8, "max_spend_per_hour": 50})),
     Rule("POST", "/enrollment-tokens", only(201, "provider")),

@@ -43,6 +43,7 @@ from master.context import Master
 from master.services.agent_package import AgentPackages, copy_sources
 from shared.bus import InProcessBus
 from shared.errors import NotFound
+from shared.registry import RelayRecord
 from tests.factories import master_settings
 from tests.upprocess import gpumarket_up, wait_for_credentials
 
@@ -307,6 +308,39 @@ class TestDownloads:
         async with client.head("/downloads/install-agent.sh") as response:
             assert response.status == 200
             assert int(response.headers["Content-Length"]) == INSTALLER.stat().st_size
+
+
+class TestRegion:
+    async def test_an_unknown_region_is_one_line_listing_the_masters_and_installs_nothing(
+        self, serve: Serve, tmp_path: Path
+    ) -> None:
+        """--region is checked against GET /api/v1/regions (the live relays' regions, public) before anything is
+        installed: an unknown one is one line naming the valid ones; a known one passes to the next step."""
+        served = await serve()
+        for relay_id, region in (("r1", "us-east"), ("r2", "eu-west"), ("r3", "eu-west")):
+            await served.master.registry.put_relay(RelayRecord(
+                relay_id=relay_id, region=region, url=f"wss://{relay_id}:8443/v1/agent", host=relay_id, port=8443,
+                connections=0, capacity=100, draining=False, updated_at=time.time(),
+            ), ttl=60)  # fmt: skip
+        async with served.client.get("/api/v1/regions") as response:
+            assert response.status == 200
+            assert await response.json() == {"regions": ["eu-west", "us-east"]}
+        base = str(served.client.make_url("")).rstrip("/")
+        prefix = tmp_path / "agent"
+        common = ("--master", base, "--token", "gmt_x", "--prefix", prefix, "--no-systemd", "--gpus", "sim:1xT4")
+
+        unknown = await asyncio.to_thread(_run_installer, *common, "--region", "mars")
+        assert unknown.returncode != 0
+        error, *rest = unknown.stderr.splitlines()
+        assert error == "install-agent: error: unknown region 'mars'; the master's regions: eu-west, us-east"
+        assert rest == ["install-agent: nothing was installed (status 1)"]  # as every failure before the install
+        assert not prefix.exists()
+
+        missing = tmp_path / "gpumarket-0-py3-none-any.whl"  # past the region check, the package step fails on it
+        known = await asyncio.to_thread(_run_installer, *common, "--region", "eu-west", "--package", missing)
+        assert known.returncode != 0
+        assert "unknown region" not in known.stderr and str(missing) in known.stderr, known.stderr
+        assert not prefix.exists()
 
 
 # ---- end to end against `gpumarket up` --------------------------------------------------

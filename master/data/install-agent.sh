@@ -7,7 +7,7 @@
 #
 #   PREFIX/venv/                     a virtual environment holding the gpumarket package
 #   PREFIX/bin/gpumarket-agent       runs the agent with PREFIX/etc/agent.toml (the unit's ExecStart)
-#   PREFIX/etc/agent.toml            the agent's settings ([agent]: data_dir, gpus, zone)
+#   PREFIX/etc/agent.toml            the agent's settings ([agent]: data_dir, gpus, zone, region)
 #   PREFIX/etc/install.env           what this script installed (read by re-runs and --uninstall)
 #   /var/lib/gpumarket-agent/        the host's key, certificate, identity and workloads, with
 #                                    systemd (its StateDirectory=); PREFIX/state with --no-systemd
@@ -45,6 +45,9 @@ Options:
   --master URL       the master, e.g. https://gpumarket.example (a re-run reuses the last one)
   --token TOKEN      one-time enrollment token (console: Enroll a host); only for a first install
   --zone ZONE        DNS zone with the relays' SRV records (written to the config)
+  --region REGION    the region this host is in, one of the master's (GET /api/v1/regions):
+                     its network is measured to that region's relay (checked before anything
+                     is installed; written to the config)
   --gpus SPEC        GPU backend: nvml (default; needs the NVIDIA driver), sim:2xRTX4090 (a
                      simulated host, for trying things out) or replay:FILE
   --prefix DIR       where to install (default: /opt/gpumarket-agent as root,
@@ -99,7 +102,7 @@ one_line() {
 }
 
 parse_options() {
-    master="" token="" zone="" gpus="" prefix="" package="" python="" agent_user=""
+    master="" token="" zone="" region="" gpus="" prefix="" package="" python="" agent_user=""
     systemd=yes
     action=install
     while [ $# -gt 0 ]; do
@@ -110,6 +113,8 @@ parse_options() {
             --token=*) token=${1#*=}; shift ;;
             --zone) need_value "$1" $# "${2-}"; zone=$2; shift 2 ;;
             --zone=*) zone=${1#*=}; shift ;;
+            --region) need_value "$1" $# "${2-}"; region=$2; shift 2 ;;
+            --region=*) region=${1#*=}; shift ;;
             --gpus) need_value "$1" $# "${2-}"; gpus=$2; shift 2 ;;
             --gpus=*) gpus=${1#*=}; shift ;;
             --prefix) need_value "$1" $# "${2-}"; prefix=$2; shift 2 ;;
@@ -127,7 +132,7 @@ parse_options() {
             *) die "unknown option '$1' (see --help)" ;;
         esac
     done
-    for pair in "--master:$master" "--token:$token" "--zone:$zone" "--gpus:$gpus" "--prefix:$prefix" \
+    for pair in "--master:$master" "--token:$token" "--zone:$zone" "--region:$region" "--gpus:$gpus" "--prefix:$prefix" \
         "--package:$package" "--python:$python" "--user:$agent_user"; do
         one_line "${pair%%:*}" "${pair#*:}"
     done
@@ -302,6 +307,7 @@ settle_install() {
     [ -n "$gpus" ] || gpus=$(recorded gpus)
     [ -n "$gpus" ] || gpus=nvml
     [ -n "$zone" ] || zone=$(recorded zone)
+    [ -n "$region" ] || region=$(recorded region)
     [ -n "$agent_user" ] || agent_user=$(recorded agent_user)
 
     [ -n "$master" ] || die "--master URL is required (the address of your gpumarket master, as in the console's one-liner)"
@@ -424,6 +430,18 @@ fetch() {
         message=$(sed -n 's/.*"message": *"\([^"]*\)".*/\1/p' "$2" 2>/dev/null | head -n 1)
         die "$1 answered HTTP ${code:-?}${message:+: $message}"
     fi
+}
+
+# The master's regions (GET /api/v1/regions: those of its live relays); --region must be one of them.
+check_region() {
+    fetch "$master/api/v1/regions" "$work/regions.json" "$work/regions.headers"
+    # {"regions": ["eu-west", "us-east"]} -> eu-west us-east (region names hold no quotes or commas)
+    known=$(sed -n 's/.*"regions": *\[\([^]]*\)\].*/\1/p' "$work/regions.json" | tr -d '" ' | tr ',' ' ')
+    for one in $known; do
+        [ "$one" != "$region" ] || return 0
+    done
+    [ -n "$known" ] || die "the master lists no regions (no relay is up): leave out --region, or retry once its relays run"
+    die "unknown region '$region'; the master's regions: $(printf '%s' "$known" | sed 's/ /, /g')"
 }
 
 sha256_of() {
@@ -560,6 +578,7 @@ write_files() {
         echo "data_dir = $(toml_quote "$state_dir")"
         echo "gpus = $(toml_quote "$gpus")"
         [ -z "$zone" ] || echo "zone = $(toml_quote "$zone")"
+        [ -z "$region" ] || echo "region = $(toml_quote "$region")"
     } >"$config_file.new"
     chmod 644 "$config_file.new"
     mv "$config_file.new" "$config_file"
@@ -582,6 +601,7 @@ write_files() {
         echo "master=$master"
         echo "gpus=$gpus"
         echo "zone=$zone"
+        echo "region=$region"
         echo "agent_user=$agent_user"
         echo "user_created=$created_user_record"
         echo "systemd=$systemd"
@@ -614,6 +634,7 @@ install() {
     trap cleanup EXIT
     trap 'exit 130' INT
     trap 'exit 143' TERM
+    [ -z "$region" ] || check_region
     get_package
 
     changing=yes

@@ -230,3 +230,10 @@ async def publish_revocations(master: Master, certificates: Sequence[tuple[str, 
     for serial, not_after in certificates:
         await master.registry.revoke(serial, until=not_after.timestamp())
     return len(certificates)
+
+
+async def known_regions(master: Master) -> list[str]:
+    """The regions a host may name (``install-agent.sh --region``): those of the live relays, sorted.
+
+    A host measures its network to its own region's relay, so a region no relay serves is a typo."""
+    return sorted({relay.region for relay in await master.registry.relays()})
