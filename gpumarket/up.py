@@ -23,6 +23,7 @@ import contextlib
 import errno
 import json
 import logging
+import os
 import socket
 import sys
 from collections.abc import Callable
@@ -55,7 +56,7 @@ from shared.bus import InProcessBus
 from shared.crypto import certificate_not_after, certificate_public_key, server_ssl_context, web_ssl_context
 from shared.errors import ConfigError
 from shared.registry import MemoryRegistry
-from shared.settings import MasterSettings
+from shared.settings import ENV_PREFIX, MasterSettings
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +156,8 @@ async def start_marketplace(
         telemetry_interval=telemetry_interval,
         missed_heartbeats_offline=missed_heartbeats_offline,
         instance_id="master-embedded",
+        # Renters add credit from the console at once, no card charged (GPUMARKET_PAYMENTS=stripe to try Checkout).
+        payments=None if f"{ENV_PREFIX}PAYMENTS" in os.environ else "demo",
     )
     bus = InProcessBus()
     registry = MemoryRegistry()

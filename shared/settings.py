@@ -16,9 +16,9 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Literal, Self
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -198,6 +198,22 @@ class MasterSettings(ServiceSettings):
     workspace_retention_hours: float = Field(24.0, ge=0, le=24 * 90, description="Hours a rental's /workspace stays reachable over SFTP after its workload exited on its own (until the renter releases it with DELETE).")
     platform_fee_rate: Decimal = Field(Decimal("0.15"), ge=0, lt=1, description="The platform's share of every charge (0.15 = 15 %); the provider earns the rest.")
     billing_discounts: dict[str, list[tuple[float, Decimal]]] = Field(default_factory=dict, description="Duration discounts per tier: {tier: [[hours, pct], ...]}, pct off every second served past hours, e.g. {\"flagship\": [[24, 5], [168, 10]]}.")
+    # Self-serve credit (docs/billing.md, Adding credit)
+    payments: Literal["off", "demo", "stripe"] = Field("off", description="How renters add credit themselves (POST /api/v1/account/credit): off (admins credit them), demo (credited at once, no card charged; gpumarket up) or stripe (Stripe Checkout, credited by its webhook).")
+    stripe_secret_key: SecretStr | None = Field(None, description="Stripe secret API key (sk_live_... or sk_test_...); required with payments = stripe.")
+    stripe_webhook_secret: SecretStr | None = Field(None, description="Signing secret (whsec_...) of the Stripe webhook endpoint POST /api/v1/payments/stripe/webhook; required with payments = stripe.")
+    stripe_api_base: str | None = Field(None, description="Base URL of Stripe's API (unset: https://api.stripe.com; a stripe-mock for testing).")
+    stripe_timeout: float = Field(20.0, gt=0, le=120, description="Seconds one call to Stripe's API may take.")
+    topup_minimum: Decimal = Field(Decimal("5.00"), gt=0, le=Decimal("1000000"), description="Smallest self-serve top-up, USD.")
+    topup_maximum: Decimal = Field(Decimal("10000.00"), gt=0, le=Decimal("1000000"), description="Largest self-serve top-up, USD.")
+
+    @model_validator(mode="after")
+    def _payments_configured(self) -> Self:
+        if self.topup_minimum > self.topup_maximum:
+            raise ValueError(f"topup_minimum ({self.topup_minimum}) is above topup_maximum ({self.topup_maximum})")
+        if self.payments == "stripe" and (self.stripe_secret_key is None or self.stripe_webhook_secret is None):
+            raise ValueError("payments = stripe needs stripe_secret_key and stripe_webhook_secret")
+        return self
 
     @field_validator("trusted_proxies")
     @classmethod

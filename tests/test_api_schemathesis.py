@@ -104,7 +104,7 @@ async def _seed(master: Master) -> tuple[dict[str, Principal], dict[str, str], d
 def live_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveApi]:
     tmp_path: Path = tmp_path_factory.mktemp("schemathesis")
     settings = master_settings(
-        tmp_path, database_url=f"sqlite:///{tmp_path / 'api.db'}", stream_max_s=0.05, stream_poll_interval=0.01,
+        tmp_path, database_url=f"sqlite:///{tmp_path / 'api.db'}", stream_max_s=0.05, stream_poll_interval=0.01, payments="demo",
     )  # fmt: skip
 
     async def start() -> tuple[Master, web.AppRunner, int, dict[str, Principal], dict[str, str], dict[str, str]]:

@@ -2,6 +2,7 @@
 
 import { api, query, uuid4 } from "./api.js";
 import { connectPanel } from "./connect.js";
+import { creditSection } from "./credit.js";
 import { badge, facts, field, h, link, num, replace, table, timeEl, uid } from "./dom.js";
 import { invoicesSection } from "./invoices.js";
 import { amountProblem, multiply, usd } from "./money.js";
@@ -582,6 +583,6 @@ export function billingPage(page, ctx) {
       }
     }, "Saving…");
   });
-  replace(page, heading("Billing", "Prepaid credit, what you spend, and your monthly invoices."), accountSlot, form,
-    invoicesSection(ctx, { title: "Invoices" }));
+  replace(page, heading("Billing", "Prepaid credit, what you spend, and your monthly invoices."), accountSlot,
+    creditSection(ctx, { onCredited: () => showAccount(true) }), form, invoicesSection(ctx, { title: "Invoices" }));
 }

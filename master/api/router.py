@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from master.api import routes_console, routes_downloads, routes_metrics
+from master.api import routes_console, routes_downloads, routes_metrics, routes_payments
 from master.api.base import API, Route, RouteIndex
 from master.api.keys import OPENAPI_DOCUMENT, ROUTE_INDEX
 from master.api.openapi import build_openapi
@@ -35,6 +35,7 @@ def add_api(app: web.Application) -> None:
     app[ROUTE_INDEX] = RouteIndex(by_route=by_route, never_limited=NEVER_LIMITED)
     app[OPENAPI_DOCUMENT] = build_openapi(ROUTES)
     app.cleanup_ctx.extend(
-        (rate_limits_ctx, routes_metrics.exporter_ctx, routes_downloads.packages_ctx, routes_console.streams_ctx)
+        (rate_limits_ctx, routes_metrics.exporter_ctx, routes_downloads.packages_ctx, routes_console.streams_ctx,
+         routes_payments.payments_ctx)
     )
     app.on_shutdown.append(routes_console.close_streams)

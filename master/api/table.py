@@ -20,6 +20,7 @@ from master.api import (
     routes_invoices,
     routes_market,
     routes_metrics,
+    routes_payments,
     routes_regions,
     routes_ssh_keys,
     routes_templates,
@@ -29,6 +30,7 @@ from master.api.base import API, RateClass, Route
 ROUTES: tuple[Route, ...] = (
     routes.ROUTES + routes_market.ROUTES + routes_alerts.ROUTES + routes_metrics.ROUTES + routes_billing.ROUTES
     + routes_invoices.ROUTES + routes_console.ROUTES + routes_templates.ROUTES + routes_ssh_keys.ROUTES + routes_connect.ROUTES + routes_regions.ROUTES
+    + routes_payments.ROUTES
 )  # fmt: skip
 
 UNVERSIONED: tuple[Route, ...] = routes_metrics.UNVERSIONED + routes_downloads.UNVERSIONED + routes_docs.UNVERSIONED
