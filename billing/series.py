@@ -192,7 +192,8 @@ async def marketplace(session: AsyncSession, *, days: int, now: datetime) -> dic
     money = await gmv(session, days=days, now=now)
     occupancy = await fleet_series.fleet_occupancy(session, window)
     online = await fleet_series.hosts_online(session, window)
-    for point, share, hosts in zip(money["days"], occupancy, online, strict=True):
+    for point, share, (mean, most) in zip(money["days"], occupancy, online, strict=True):
         point["occupancy"] = share
-        point["hosts_online"] = hosts
+        point["hosts_online"] = mean
+        point["hosts_online_max"] = most
     return money

@@ -220,6 +220,7 @@ class TestMarketplace:
             2.0,
         ]
         assert [days[d]["occupancy"] for d in ("2030-01-08", "2030-01-09", "2030-01-10")] == [0.0, 0.5, 0.0]
+        assert [days[d]["hosts_online_max"] for d in ("2030-01-08", "2030-01-09", "2030-01-10")] == [2, 2, 2]
 
 
 class TestRoutes:

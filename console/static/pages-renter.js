@@ -1,5 +1,6 @@
 // Renter pages: the marketplace (offers, renting), rentals with live GPU charts, billing.
 
+import { spendSection } from "./charts-money.js";
 import { api, query, uuid4 } from "./api.js";
 import { connectPanel } from "./connect.js";
 import { badge, facts, field, h, link, num, replace, table, timeEl, uid } from "./dom.js";
@@ -419,6 +420,7 @@ export function rentalPage(page, ctx) {
     h("section", { "aria-labelledby": "logs-title" }, h("h2", { id: "logs-title" }, "Logs"), logs));
 
   let charts = null;
+  let chartWindow = { start: null, end: null }; // the rental's own time: no sample from before it started
   let logOffset = 0;
   let lastState = null;
   let changedAt = Date.now();
@@ -499,8 +501,9 @@ export function rentalPage(page, ctx) {
     connect.update(rental);
     connect.el.hidden = false;
     replace(events, eventsTable(rental.events || []));
+    chartWindow = { start: rental.started_at || rental.created_at || null, end: rental.stopped_at || null };
     if (!charts && rental.host_id && rental.gpu_uuids && rental.gpu_uuids.length) {
-      charts = gpuCharts(rental.host_id, { uuids: rental.gpu_uuids, heading: "Live GPU telemetry of this rental" });
+      charts = gpuCharts(rental.host_id, { uuids: rental.gpu_uuids, heading: "Live GPU telemetry of this rental", window: () => chartWindow });
       replace(chartsSlot, charts.el);
     }
     try {
@@ -582,5 +585,5 @@ export function billingPage(page, ctx) {
     }, "Saving…");
   });
   replace(page, heading("Billing", "Prepaid credit, what you spend, and your monthly invoices."), accountSlot, form,
-    invoicesSection(ctx, { title: "Invoices" }));
+    spendSection(ctx), invoicesSection(ctx, { title: "Invoices" }));
 }

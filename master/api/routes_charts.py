@@ -81,6 +81,7 @@ class MarketDay(BaseModel):
     fees: str = Field(description="USD of it the platform kept.")
     occupancy: float = Field(description="Share of all GPUs held, 0–1.")
     hosts_online: float = Field(description="Mean number of hosts online, rented or draining over the day.")
+    hosts_online_max: int = Field(description="The most hosts online, rented or draining at once that day.")
 
 
 class Marketplace(_Window):

@@ -9,7 +9,7 @@ of every host, with its time, from its first state on).
   ``now``. The rows are narrowed in SQL to the allocations overlapping the window; the overlap
   of each with each day is interval arithmetic, done here.
 * **Hosts online** on a day: the mean number of hosts in a serving state (online, rented,
-  draining) over the day (host-seconds in those states / the day's seconds), from the state at
+  draining) over the day (host-seconds in those states / the day's seconds) and the most at once, from the state at
   the window's start (each host's last event before it) and the events inside it.
 
 A window of ``days`` days ends with today (UTC): ``[today − (days − 1), tomorrow)``.
@@ -160,8 +160,9 @@ async def fleet_occupancy(session: AsyncSession, window: Window) -> list[float]:
     return _shares(window, _seconds_per_day(window, intervals), per=float(len(gpu_ids)))
 
 
-async def hosts_online(session: AsyncSession, window: Window) -> list[float]:
-    """Per day: the mean number of hosts in a serving state (online, rented, draining), to 2 places."""
+async def hosts_online(session: AsyncSession, window: Window) -> list[tuple[float, int]]:
+    """Per day: the mean number of hosts in a serving state (online, rented, draining), to 2 places, and the
+    most at once."""
     last_before = (
         select(func.max(HostEvent.id))
         .where(HostEvent.at < window.start)
@@ -189,8 +190,25 @@ async def hosts_online(session: AsyncSession, window: Window) -> list[float]:
         elif host_id in serving_since:
             intervals.append((serving_since.pop(host_id), at, 1.0))
     intervals.extend((since, None, 1.0) for since in serving_since.values())
-    spans = window.day_spans()
-    return [
-        round(seconds / (end - start).total_seconds(), 2) if end > start else 0.0
-        for seconds, (start, end) in zip(_seconds_per_day(window, intervals), spans, strict=True)
-    ]
+    out = []
+    for seconds, (start, end) in zip(_seconds_per_day(window, intervals), window.day_spans(), strict=True):
+        mean = round(seconds / (end - start).total_seconds(), 2) if end > start else 0.0
+        out.append((mean, _most_at_once(intervals, start, end, window.now)))
+    return out
+
+
+def _most_at_once(
+    intervals: list[tuple[datetime, datetime | None, float]], start: datetime, end: datetime, now: datetime
+) -> int:
+    """The most intervals open at one moment of ``[start, end)`` (one ending as another starts: not both)."""
+    changes: list[tuple[datetime, int]] = []
+    for since, until, _ in intervals:
+        stop = min(until or now, end)
+        since = max(since, start)
+        if since < stop:
+            changes += [(since, 1), (stop, -1)]
+    most = current = 0
+    for _, change in sorted(changes, key=lambda item: (item[0], item[1])):
+        current += change
+        most = max(most, current)
+    return most
