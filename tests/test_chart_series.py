@@ -6,8 +6,11 @@ checked against sums worked out from those postings, exactly; the routes' roles 
 
 from __future__ import annotations
 
+import hashlib
+import json
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 from sqlalchemy import select
@@ -267,3 +270,27 @@ class TestRoutes:
     async def test_occupancy_window_is_at_most_31_days(self, api: Api) -> None:
         status, body = await api.as_provider("GET", "/provider/occupancy?days=32")
         assert_error(status, body, 400, "invalid_query")
+
+
+class TestVendoredUplot:
+    def test_committed_files_match_their_checksums_and_the_pinned_version(self) -> None:
+        """The uPlot files served are the ones SHA256SUMS names, of the version package-lock.json pins with its integrity."""
+        root = Path(__file__).resolve().parents[1] / "console"
+        folder = root / "static" / "vendor" / "uplot"
+        lines = (folder / "SHA256SUMS").read_text().splitlines()
+        sums = {name: digest for digest, name in (line.split("  ", 1) for line in lines)}
+        assert set(sums) == {"uPlot.esm.js", "uPlot.min.css", "LICENSE.txt"}
+        for name, digest in sums.items():
+            assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == digest, name
+        pinned = json.loads((root / "vendor" / "package.json").read_text())["dependencies"]["uplot"]
+        locked = json.loads((root / "vendor" / "package-lock.json").read_text())["packages"][
+            "node_modules/uplot"
+        ]
+        assert locked["version"] == pinned and locked["integrity"].startswith("sha512-")
+        assert "MIT" in (folder / "LICENSE.txt").read_text()
+
+    async def test_the_console_serves_them_itself(self, api: Api) -> None:
+        async with api.client.get("/static/vendor/uplot/uPlot.esm.js") as response:
+            assert response.status == 200
+            assert response.content_type == "text/javascript"
+            assert "export { uPlot as default }" in await response.text()
