@@ -123,6 +123,10 @@ export class LineChart {
     }
     this.svg.replaceChildren(...parts);
     this.el.dataset.points = String(points);
+    // The time (ms) of the first and last point drawn, e.g. to check a rental's chart starts within the rental.
+    const drawnTimes = series.flatMap((one) => one.points.filter(([, v]) => v !== null && v !== undefined).map(([t]) => t));
+    this.el.dataset.first = drawnTimes.length ? String(Math.min(...drawnTimes)) : "";
+    this.el.dataset.last = drawnTimes.length ? String(Math.max(...drawnTimes)) : "";
     this.legendSlot.replaceChildren(...[legend(series.map((one) => one.name))].filter(Boolean));
     const latest = series
       .map((one) => {

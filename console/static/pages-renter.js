@@ -1,5 +1,6 @@
 // Renter pages: the marketplace (offers, renting), rentals with live GPU charts, billing.
 
+import { spendSection } from "./charts-money.js";
 import { api, query, uuid4 } from "./api.js";
 import { connectPanel } from "./connect.js";
 import { creditSection } from "./credit.js";
@@ -420,6 +421,7 @@ export function rentalPage(page, ctx) {
     h("section", { "aria-labelledby": "logs-title" }, h("h2", { id: "logs-title" }, "Logs"), logs));
 
   let charts = null;
+  let chartWindow = { start: null, end: null }; // the rental's own time: no sample from before it started
   let logOffset = 0;
   let lastState = null;
   let changedAt = Date.now();
@@ -501,8 +503,9 @@ export function rentalPage(page, ctx) {
     connect.update(rental);
     connect.el.hidden = false;
     replace(events, eventsTable(rental.events || []));
+    chartWindow = { start: rental.started_at || rental.created_at || null, end: rental.stopped_at || null };
     if (!charts && rental.host_id && rental.gpu_uuids && rental.gpu_uuids.length) {
-      charts = gpuCharts(rental.host_id, { uuids: rental.gpu_uuids, heading: "Live GPU telemetry of this rental" });
+      charts = gpuCharts(rental.host_id, { uuids: rental.gpu_uuids, heading: "Live GPU telemetry of this rental", window: () => chartWindow });
       replace(chartsSlot, charts.el);
     }
     try {
@@ -584,5 +587,5 @@ export function billingPage(page, ctx) {
     }, "Saving…");
   });
   replace(page, heading("Billing", "Prepaid credit, what you spend, and your monthly invoices."), accountSlot,
-    creditSection(ctx, { onCredited: () => showAccount(true) }), form, invoicesSection(ctx, { title: "Invoices" }));
+    creditSection(ctx, { onCredited: () => showAccount(true) }), form, spendSection(ctx), invoicesSection(ctx, { title: "Invoices" }));
 }

@@ -105,6 +105,16 @@ const METRICS = [
   { key: "power_draw_w", title: "Power", unit: "W", digits: 0 },
 ];
 
+/** The samples taken in [start, end] (ISO times; a null bound is open). */
+export function insideWindow(samples, { start = null, end = null } = {}) {
+  const from = start ? Date.parse(start) : -Infinity;
+  const until = end ? Date.parse(end) : Infinity;
+  return samples.filter((sample) => {
+    const at = Date.parse(sample.sampled_at);
+    return at >= from && at <= until;
+  });
+}
+
 const STATUS_TEXT = {
   connecting: "Connecting to the live stream…",
   live: "Live: new samples appear as the host reports them.",
@@ -115,9 +125,10 @@ const STATUS_TEXT = {
 
 /**
  * Live charts (utilization, memory, temperature, power) of a host's GPUs, or only of the
- * GPUs whose UUIDs are given (a rental's). Returns {el, close}.
+ * GPUs whose UUIDs are given (a rental's), and only samples inside window() ({start, end}: ISO
+ * times or null, read at each redraw: a rental's own time). Returns {el, close}.
  */
-export function gpuCharts(hostId, { uuids = null, heading = "Live GPU telemetry" } = {}) {
+export function gpuCharts(hostId, { uuids = null, heading = "Live GPU telemetry", window = null } = {}) {
   const wanted = uuids ? new Set(uuids) : null;
   const charts = METRICS.map((m) => ({ metric: m, chart: new LineChart({ title: m.title, unit: m.unit, yMax: m.yMax ?? null, digits: m.digits }) }));
   const status = h("p", { class: "hint telemetry-status" }, STATUS_TEXT.connecting);
@@ -125,7 +136,8 @@ export function gpuCharts(hostId, { uuids = null, heading = "Live GPU telemetry"
   const el = h("section", { class: "telemetry", "aria-label": heading },
     h("h2", {}, heading), status, h("div", { class: "chart-grid" }, charts.map((c) => c.chart.el)), latest);
 
-  const render = (samples) => {
+  const render = (all) => {
+    const samples = window ? insideWindow(all, window()) : all;
     const names = new Map(); // uuid → label
     for (const sample of samples) {
       for (const gpu of sample.gpus) {

@@ -13,6 +13,7 @@ from master.api import (
     routes,
     routes_alerts,
     routes_billing,
+    routes_charts,
     routes_connect,
     routes_console,
     routes_docs,
@@ -31,6 +32,7 @@ ROUTES: tuple[Route, ...] = (
     routes.ROUTES + routes_market.ROUTES + routes_alerts.ROUTES + routes_metrics.ROUTES + routes_billing.ROUTES
     + routes_invoices.ROUTES + routes_console.ROUTES + routes_templates.ROUTES + routes_ssh_keys.ROUTES + routes_connect.ROUTES + routes_regions.ROUTES
     + routes_payments.ROUTES
+    + routes_charts.ROUTES
 )  # fmt: skip
 
 UNVERSIONED: tuple[Route, ...] = routes_metrics.UNVERSIONED + routes_downloads.UNVERSIONED + routes_docs.UNVERSIONED
