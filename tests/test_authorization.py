@@ -280,6 +280,10 @@ MATRIX: tuple[Rule, ...] = (
     Rule("GET", "/payouts", only(200, "provider"), query={"provider_id": "{other_provider_id}"}),
     Rule("GET", "/admin/ledger/trial-balance", only(200, "admin")),
     # Self-serve credit: renters only; this master takes no payments (the default), which tests/test_payments.py turns on.
+    Rule("GET", "/account/spend", only(200, "renter")),
+    Rule("GET", "/provider/earnings", only(200, "provider")),
+    Rule("GET", "/provider/occupancy", only(200, "provider")),
+    Rule("GET", "/admin/marketplace", only(200, "admin")),
     Rule("POST", "/account/credit", only((409, "payments_disabled"), "renter"), body=fixed({"amount": "25.00"})),
     Rule("POST", "/payments/stripe/webhook", everyone(404)),  # public (Stripe signs it): 404 stripe_not_configured here
     # Invoices and statements.
