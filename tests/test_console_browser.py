@@ -753,7 +753,7 @@ class TestAdmin:
         bars = chart.locator("rect.bar")
         titles: list[str] = await bars.evaluate_all("bars => bars.map(bar => bar.textContent)")
         gpus = sum(int(title.rsplit(": ", 1)[1]) for title in titles)
-        assert gpus == 7  # 2 × RTX 4090, 1 × RTX 3060, 4 × A100
+        assert gpus == 8  # 2 × RTX 4090, 1 × RTX 3060, 5 × A100 (the fifth in MIG mode)
         await expect(page.locator("table.relays")).to_contain_text("relay-local")
         await expect(page.locator("table.alerts")).to_be_visible()
         await expect(page.locator("#ingestion-lag")).not_to_be_empty()
