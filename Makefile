@@ -44,18 +44,21 @@ chromium:
 	fi
 
 # Installs Debian's docker.io (the engine the container tests drive), busybox-static (the test
-# image's rootfs) and openssh-client (ssh-keygen, which the SSH key tests compare fingerprints
-# with) when missing and we are root; the suite starts dockerd itself when none answers.
+# image's rootfs), openssh-client (ssh-keygen, which the SSH key tests compare fingerprints
+# with), curl and jq (the README walkthrough runs the README's commands) when missing and we
+# are root; the suite starts dockerd itself when none answers.
 # Otherwise says how; those tests fail without them.
 docker:
-	@if command -v dockerd >/dev/null && [ -x /bin/busybox ] && command -v ssh-keygen >/dev/null; then :; \
+	@if command -v dockerd >/dev/null && [ -x /bin/busybox ] && command -v ssh-keygen >/dev/null \
+		&& command -v curl >/dev/null && command -v jq >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		echo "installing Debian's docker.io, busybox-static and openssh-client for the container and SSH tests"; \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y docker.io busybox-static openssh-client \
-		|| { DEBIAN_FRONTEND=noninteractive apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y docker.io busybox-static openssh-client; }; \
+		echo "installing Debian's docker.io, busybox-static, openssh-client, curl and jq for the container, SSH and README tests"; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y docker.io busybox-static openssh-client curl jq \
+		|| { DEBIAN_FRONTEND=noninteractive apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y docker.io busybox-static openssh-client curl jq; }; \
 	else \
-		echo "make: dockerd, /bin/busybox or ssh-keygen is missing: install Debian's docker.io, busybox-static and openssh-client" \
-		     "(sudo apt-get install docker.io busybox-static openssh-client); the container and SSH key tests fail without them" >&2; \
+		echo "make: dockerd, /bin/busybox, ssh-keygen, curl or jq is missing: install Debian's docker.io, busybox-static," \
+		     "openssh-client, curl and jq (sudo apt-get install docker.io busybox-static openssh-client curl jq);" \
+		     "the container, SSH key and README walkthrough tests fail without them" >&2; \
 	fi
 
 up: install

@@ -47,6 +47,7 @@ from agent.runtimes.isolation import HostIsolation, host_isolation, isolation_su
 from agent.runtimes.users import DEFAULT_RENTALS_ROOT
 from agent.state import AgentState, atomic_write, make_private
 from billing import credits
+from gpumarket import demo
 from master.app import bound_port, close_master, create_app, open_master
 from master.context import Master
 from master.models import Account
@@ -61,10 +62,12 @@ from shared.settings import ENV_PREFIX, MasterSettings
 log = logging.getLogger(__name__)
 
 # A realistic spread of what providers bring: consumer cards, workstations, datacenter.
+# The first host rents shares (gpumarket.demo lists it so); the A100 host has a fifth A100 in MIG mode (one
+# 3g.40gb, one 2g.20gb, two 1g.10gb instances). Every demo host carries seeded history (gpumarket.demo).
 DEMO_FLEET = (
     "sim:2xRTX4090",
     "sim:1xRTX3060",
-    "sim:4xA100-80GB",
+    "sim:4xA100-80GB,1xA100-80GB:mig",
     "sim:8xH100",
     "sim:1xRTX4090",
     "sim:2xL40S",
@@ -242,6 +245,9 @@ async def start_marketplace(
             )
             market.agents.append(agent)
             market.agent_tasks.append(asyncio.create_task(agent.run(), name=f"agent-{i:02d}"))
+        # First speed tests and the share listing, once the hosts are connected; stopped with the agents.
+        market.agent_tasks.append(asyncio.create_task(demo.prepare_demo_hosts(master, market.agents, provider=provider_id),
+                                                      name="demo-setup"))  # fmt: skip
     except BaseException:
         await market.stop()
         raise
@@ -331,6 +337,7 @@ async def _demo_agent(
         token, _ = await enrollment.create_token(master, provider_id)
         await enroll(base_url, token, folder, hostname=f"demo-host-{i:02d}", gpus=spec, relay_url=relay_url)
     identity = state.identity()
+    await demo.seed_history(master, identity.host_id, uptime=demo.demo_uptime(i))  # once per host
     backend = open_backend(identity.gpus or spec, seed=identity.host_id)
     return Agent(
         state,

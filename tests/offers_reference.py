@@ -70,7 +70,7 @@ async def reference_search(session: AsyncSession, search: OfferSearch) -> tuple[
         row.id: row
         for row in (
             await session.execute(
-                select(Host.id, Host.region, Host.state, Host.latest_network, Host.isolation, HostListing)
+                select(Host.id, Host.region, Host.state, Host.latest_network, Host.isolation, Host.reliability_inputs, HostListing)
                 .outerjoin(HostListing, HostListing.host_id == Host.id)
                 .where(Host.id.in_(host_ids))
             )

@@ -145,6 +145,41 @@ class TestNewHosts:
         assert score == 1.0 and "note" not in inputs
 
 
+class TestSeededHistory:
+    """Made-up history (gpumarket up's demo hosts) counts, opens the window before enrollment, and says so."""
+
+    async def test_seeded_days_before_enrollment_score_a_new_host_and_are_marked(self, history: History) -> None:
+        """A host enrolled a minute ago with 10 seeded days, 1 of them down, scores 0.9 and says 10 days are seeded."""
+        created = NOW - timedelta(minutes=1)
+        host_id = await history.host(created, _always_online(created))
+        async with history.master.db.session() as session:
+            for at, state in ((created - 10 * DAY, "online"), (created - 5 * DAY, "offline"), (created - 4 * DAY, "online")):
+                session.add(HostEvent(host_id=host_id, at=at, to_state=state, cause="seeded", actor=reliability.SEEDED_ACTOR))
+        score, inputs = await history.score(host_id)
+        assert score == pytest.approx(0.9, abs=1e-4)
+        assert inputs["seeded"] is True and inputs["window"]["start"] == (created - 10 * DAY).isoformat()
+        assert inputs["uptime"]["seeded_s"] == 10 * 86400 and "seeded demo history" in inputs["seeded_note"]
+
+    async def test_without_seeded_events_nothing_says_seeded_and_the_window_starts_at_enrollment(self, history: History) -> None:
+        """A real host's window opens at its enrollment and its inputs say seeded false."""
+        created = NOW - 2 * DAY
+        host_id = await history.host(created, _always_online(created))
+        _, inputs = await history.score(host_id)
+        assert inputs["seeded"] is False and inputs["uptime"]["seeded_s"] == 0
+        assert inputs["window"]["start"] == created.isoformat()
+
+    async def test_a_seeded_past_older_than_the_window_still_fills_it(self, history: History) -> None:
+        """Once the seeded start slides out of the 30 days, the state it set still counts, as seeded, from the window's start."""
+        created = NOW - 5 * DAY
+        host_id = await history.host(created, _always_online(created))
+        async with history.master.db.session() as session:
+            session.add(HostEvent(host_id=host_id, at=created - 30 * DAY, to_state="online", cause="seeded", actor=reliability.SEEDED_ACTOR))
+        score, inputs = await history.score(host_id)
+        assert score == 1.0 and inputs["window"]["start"] == (NOW - reliability.RELIABILITY_WINDOW).isoformat()
+        assert inputs["uptime"]["observed_s"] == pytest.approx(30 * 86400 - 60, abs=1)
+        assert inputs["seeded"] is True and inputs["uptime"]["seeded_s"] == 25 * 86400
+
+
 class TestRentals:
     async def test_failures_the_host_caused_lower_the_score_and_the_renters_do_not(self, history: History) -> None:
         """Completed and host-caused failures in the window count, smoothed by four prior successes."""
@@ -229,7 +264,7 @@ class TestClassification:
         host, gpus = await self._rescored(master, host_id, now, latest_network={"download_mbps": 900.0})
         assert host.reliability == 1.0 and host.reliability_at == now
         assert reliability.reliability_view(host) == {
-            "score": 1.0, "computed_at": now.isoformat(), "inputs": host.reliability_inputs,
+            "score": 1.0, "computed_at": now.isoformat(), "inputs": host.reliability_inputs, "seeded": False,
         }  # fmt: skip
         assert host.reliability_inputs is not None and host.reliability_inputs["score"] == 1.0
         for gpu in gpus:

@@ -371,11 +371,11 @@ class TestGpuShares:
     async def test_the_gpu_looks_busy_until_its_last_share_leaves(
         self, managers: Managers, exits: Exits, backend: SimulatedBackend, gpus: list[str], prefix: str
     ) -> None:
-        """A share that stops, or ends on its own, leaves its GPU busy while another share still holds it."""
+        """A share that stops, or ends on its own, leaves its GPU busy while another share still runs on it."""
         manager = managers()
         held, ends, stopped = f"{prefix}-held", f"{prefix}-ends", f"{prefix}-stopped"
-        await manager.start(held, [gpus[0]], HOLD, share=share(300))
-        await manager.start(stopped, [gpus[0]], HOLD, share=share(300))
+        await manager.start(held, [gpus[0]], SLEEP, share=share(300))
+        await manager.start(stopped, [gpus[0]], SLEEP, share=share(300))
         await manager.start(ends, [gpus[0]], ProcessWorkload(argv=["true"]), share=share(300))
         assert await exits.wait_for(ends) == 0
         assert backend.sample()[0].processes
@@ -383,6 +383,53 @@ class TestGpuShares:
         assert backend.sample()[0].processes
         await manager.stop(held)
         assert backend.sample()[0].processes == ()
+
+
+class TestSimulatedLoad:
+    """Simulated GPUs show load only while a workload runs on them, in proportion to what it holds."""
+
+    async def test_only_the_gpus_of_a_running_workload_show_load(
+        self, managers: Managers, backend: SimulatedBackend, gpus: list[str], prefix: str
+    ) -> None:
+        """A process workload loads its GPU; a hold beside it leaves its GPU idle; stopped, the GPU idles again."""
+        manager = managers()
+        runs, holds = f"{prefix}-runs", f"{prefix}-holds"
+        await manager.start(runs, [gpus[0]], SLEEP)
+        await manager.start(holds, [gpus[1]], HOLD)
+        busy, held = backend.sample()
+        assert busy.gpu_util_pct is not None and busy.gpu_util_pct >= 90 and len(busy.processes) == 1
+        assert held.gpu_util_pct is not None and held.gpu_util_pct <= 5 and held.processes == ()
+        assert held.power_draw_w is not None and busy.power_draw_w is not None and held.power_draw_w < busy.power_draw_w / 4
+        await manager.stop(runs)
+        calm = backend.sample()[0]
+        assert calm.gpu_util_pct is not None and calm.gpu_util_pct <= 5 and calm.processes == ()
+
+    async def test_shares_load_their_gpu_by_their_milli(
+        self, managers: Managers, backend: SimulatedBackend, gpus: list[str], prefix: str
+    ) -> None:
+        """Two running quarter shares show one process each and about half the GPU's utilization."""
+        manager = managers()
+        for name in ("a", "b"):
+            await manager.start(f"{prefix}-{name}", [gpus[0]], SLEEP, share=share(250))
+        sample = backend.sample()[0]
+        assert len(sample.processes) == 2
+        assert sample.gpu_util_pct is not None and 0.5 * 92 <= sample.gpu_util_pct <= 0.5 * 100
+        await manager.stop(f"{prefix}-a")
+        sample = backend.sample()[0]
+        assert len(sample.processes) == 1
+        assert sample.gpu_util_pct is not None and 0.25 * 92 <= sample.gpu_util_pct <= 0.25 * 100
+
+    async def test_a_mig_instance_loads_its_gpu_by_its_slices(self, managers: Managers, prefix: str) -> None:
+        """A workload on a 3g MIG instance shows on its GPU as 3/7 of it; a hold on another instance adds nothing."""
+        mig_backend = SimulatedBackend("sim:1xA100-80GB:mig", seed="t")
+        (gpu,) = mig_backend.gpus()
+        by_profile = {m.profile: m.uuid for m in gpu.mig_instances}
+        manager = managers(backend=mig_backend)
+        await manager.start(f"{prefix}-3g", [by_profile["3g.40gb"]], SLEEP)
+        await manager.start(f"{prefix}-2g", [by_profile["2g.20gb"]], HOLD)
+        (sample,) = mig_backend.sample()
+        assert len(sample.processes) == 1
+        assert sample.gpu_util_pct is not None and 3 / 7 * 92 <= sample.gpu_util_pct <= 3 / 7 * 100
 
 
 class TestCgroupLimits:
@@ -680,11 +727,13 @@ class TestGracefulStop:
         assert process_start_time(result["pid"]) is None and manager.running() == []
 
     async def test_hold_stops_without_an_exit_code(self, managers: Managers, backend: SimulatedBackend, gpus: list[str], prefix: str) -> None:
-        """A hold runs nothing: its GPUs look busy until it stops, with no exit code."""
+        """A hold runs nothing: its GPUs stay idle while it holds them, and it stops with no exit code."""
         manager = managers()
         rental = f"{prefix}-hold"
         assert await manager.start(rental, gpus, HoldWorkload()) == {"kind": "hold", "pid": None}
-        assert all(sample.processes for sample in backend.sample())
+        assert manager.running() == [rental]
+        assert not any(sample.processes for sample in backend.sample())
+        assert all(sample.gpu_util_pct is not None and sample.gpu_util_pct <= 5 for sample in backend.sample())
         assert await manager.stop(rental) == {"exit_code": None}
         assert not any(sample.processes for sample in backend.sample())
 

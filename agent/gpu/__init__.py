@@ -24,7 +24,7 @@ from agent.gpu.base import (
 )
 from agent.gpu.nvml import NvmlBackend
 from agent.gpu.replay import REPLAY_PREFIX, ReplayBackend
-from agent.gpu.sim import SIM_MODELS, SIM_PREFIX, SimulatedBackend, parse_sim_spec
+from agent.gpu.sim import SIM_MODELS, SIM_PREFIX, SimulatedBackend, parse_sim_items, parse_sim_spec
 from shared.errors import ConfigError
 
 __all__ = [
@@ -40,6 +40,7 @@ __all__ = [
     "ReplayBackend",
     "SimulatedBackend",
     "open_backend",
+    "parse_sim_items",
     "parse_sim_spec",
     "poll_events",
 ]

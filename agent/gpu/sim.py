@@ -1,13 +1,17 @@
 """The simulated GPU backend, for demos and tests, used only when chosen explicitly.
 
 ``--gpus sim:4xRTX4090`` (or ``gpus = "sim:2xA100-80GB,1xH100"`` in the config)
-makes an agent report made-up GPUs of real models. Nothing ever falls back to it:
+makes an agent report made-up GPUs of real models; ``1xA100-80GB:mig`` is one in MIG mode,
+carved into instances of several profiles (``MIG_LAYOUTS``). Nothing ever falls back to it:
 a host without an NVIDIA driver fails loudly in ``agent.gpu.nvml`` instead, so a
 provider can never list simulated GPUs by accident.
 
 UUIDs and serials derive from the ``seed`` (the host's identity), the GPU's index
 and its model, so a restarted demo agent reports the same GPUs and two demo hosts
 with different seeds never report the same UUID.
+
+A GPU shows load only while workloads run on it: the agent's workload manager tells
+``set_loads`` what each running workload uses (a hold runs nothing and is not named).
 """
 
 from __future__ import annotations
@@ -16,13 +20,13 @@ import random
 import re
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Literal
 
-from agent.gpu.base import GpuEvent, GpuInfo, GpuProcess, GpuSample
+from agent.gpu.base import GpuEvent, GpuInfo, GpuMigInstance, GpuProcess, GpuSample
 from shared.errors import ConfigError, NotFound
 
 SIM_PREFIX = "sim:"
@@ -45,6 +49,34 @@ MAX_PENDING_SIM_EVENTS = 256
 _IDLE_SM_CLOCK_MHZ = 210  # P8 idle clock of recent NVIDIA GPUs
 _IDLE_GDDR_CLOCK_MHZ = 405  # GDDR drops to this at idle; HBM stays at its fixed clock
 _COUNT_RE = re.compile(r"^(?:([+-]?\d+)\s*[xX]\s*)?(.*)$")
+_MIG_SUFFIX = ":mig"
+MIG_SLICES = 7  # compute slices of a MIG-capable GPU (A100, H100, H200)
+
+
+@dataclass(frozen=True, slots=True)
+class MigSlot:
+    """One MIG instance of a layout: its profile, compute slices (of 7) and memory eighths (of 8)."""
+
+    profile: str
+    compute_slices: int
+    memory_eighths: int
+
+
+def _layout(*slots: tuple[str, int, int]) -> tuple[MigSlot, ...]:
+    layout = tuple(MigSlot(*slot) for slot in slots)
+    assert sum(s.compute_slices for s in layout) <= MIG_SLICES and sum(s.memory_eighths for s in layout) <= 8
+    return layout
+
+
+# How a MIG-enabled simulated GPU is carved: one valid NVIDIA layout mixing three profiles, so a demo
+# can rent each size. Real providers choose theirs with nvidia-smi mig; the agent reports what it finds.
+MIG_LAYOUTS: Mapping[str, tuple[MigSlot, ...]] = MappingProxyType({
+    "A100-40GB": _layout(("3g.20gb", 3, 4), ("2g.10gb", 2, 2), ("1g.5gb", 1, 1), ("1g.5gb", 1, 1)),
+    "A100-80GB": _layout(("3g.40gb", 3, 4), ("2g.20gb", 2, 2), ("1g.10gb", 1, 1), ("1g.10gb", 1, 1)),
+    "H100": _layout(("3g.40gb", 3, 4), ("2g.20gb", 2, 2), ("1g.10gb", 1, 1), ("1g.10gb", 1, 1)),
+    "H200": _layout(("3g.71gb", 3, 4), ("2g.35gb", 2, 2), ("1g.18gb", 1, 1), ("1g.18gb", 1, 1)),
+})  # fmt: skip
+_SMS_PER_SLICE = {"A100-40GB": 14, "A100-80GB": 14, "H100": 16, "H200": 16}
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,14 +175,27 @@ _MODELS_BY_NORMALIZED_KEY = {_normalize_key(key): key for key in SIM_MODELS}
 assert len(_MODELS_BY_NORMALIZED_KEY) == len(SIM_MODELS), "two model keys normalize alike"
 
 
+assert {key for key, model in SIM_MODELS.items() if model.mig_capable} == set(MIG_LAYOUTS), "a MIG model without a layout"
+
+
 def _spec_error(spec: str, problem: str) -> ConfigError:
     valid = ", ".join(SIM_MODELS)
     return ConfigError(
         f"invalid simulated GPU spec {spec!r}: {problem}. "
-        f"Write it as 'sim:[COUNTx]MODEL[,[COUNTx]MODEL...]', e.g. 'sim:4xRTX4090' or "
-        f"'sim:2xA100-80GB,1xH100', with at most {MAX_SIM_GPUS} GPUs in all. Valid models: {valid}.",
+        f"Write it as 'sim:[COUNTx]MODEL[:mig][,[COUNTx]MODEL[:mig]...]', e.g. 'sim:4xRTX4090' or "
+        f"'sim:2xA100-80GB,1xH100:mig', with at most {MAX_SIM_GPUS} GPUs in all. Valid models: {valid}; "
+        f"':mig' (MIG mode) on {', '.join(MIG_LAYOUTS)}.",
         details={"setting": "gpus", "valid_models": list(SIM_MODELS)},
     )
+
+
+@dataclass(frozen=True, slots=True)
+class SimItem:
+    """One entry of a spec: ``count`` GPUs of ``key``, in MIG mode when ``mig``."""
+
+    key: str
+    count: int
+    mig: bool = False
 
 
 def parse_sim_spec(spec: str, *, max_gpus: int = MAX_SIM_GPUS) -> list[tuple[str, int]]:
@@ -159,7 +204,13 @@ def parse_sim_spec(spec: str, *, max_gpus: int = MAX_SIM_GPUS) -> list[tuple[str
     The count defaults to 1 and model keys are case-insensitive (``-``, ``_`` and spaces
     are ignored); the returned keys are the canonical ``SIM_MODELS`` keys, in spec order.
     Raises ``ConfigError``, listing the valid model keys, for anything else.
+    ``parse_sim_items`` says which entries are in MIG mode too.
     """
+    return [(item.key, item.count) for item in parse_sim_items(spec, max_gpus=max_gpus)]
+
+
+def parse_sim_items(spec: str, *, max_gpus: int = MAX_SIM_GPUS) -> list[SimItem]:
+    """Parse a spec as ``parse_sim_spec`` does; an entry ending in ``:mig`` is in MIG mode (MIG-capable models only)."""
     if len(spec) > MAX_SIM_SPEC_CHARS:
         raise _spec_error(spec[:40] + "...", f"longer than {MAX_SIM_SPEC_CHARS} characters")
     text = spec.strip()
@@ -168,7 +219,7 @@ def parse_sim_spec(spec: str, *, max_gpus: int = MAX_SIM_GPUS) -> list[tuple[str
     body = text[len(SIM_PREFIX) :].strip()
     if not body:
         raise _spec_error(spec, "no GPU model given")
-    parsed: list[tuple[str, int]] = []
+    parsed: list[SimItem] = []
     total = 0
     for item in body.split(","):
         item = item.strip()
@@ -177,6 +228,9 @@ def parse_sim_spec(spec: str, *, max_gpus: int = MAX_SIM_GPUS) -> list[tuple[str
         match = _COUNT_RE.match(item)
         assert match is not None  # the pattern matches every string
         count_text, model_text = match.group(1), match.group(2).strip()
+        mig = model_text.lower().endswith(_MIG_SUFFIX)
+        if mig:
+            model_text = model_text[: -len(_MIG_SUFFIX)].strip()
         count = 1 if count_text is None else int(count_text)
         if count < 1:
             raise _spec_error(spec, f"count {count} in {item!r} must be at least 1")
@@ -185,10 +239,12 @@ def parse_sim_spec(spec: str, *, max_gpus: int = MAX_SIM_GPUS) -> list[tuple[str
         key = _MODELS_BY_NORMALIZED_KEY.get(_normalize_key(model_text))
         if key is None:
             raise _spec_error(spec, f"unknown GPU model {model_text!r}")
+        if mig and key not in MIG_LAYOUTS:
+            raise _spec_error(spec, f"{key} has no MIG mode")
         total += count
         if total > max_gpus:
             raise _spec_error(spec, f"more than {max_gpus} simulated GPUs on one host")
-        parsed.append((key, count))
+        parsed.append(SimItem(key, count, mig))
     return parsed
 
 
@@ -196,8 +252,14 @@ def parse_sim_spec(spec: str, *, max_gpus: int = MAX_SIM_GPUS) -> list[tuple[str
 class _SimGpu:
     info: GpuInfo
     model: SimModel
-    busy: bool = False
-    pid: int | None = None
+    # What each running workload on it uses (1.0: the whole GPU), and its process's pid; empty: idle.
+    loads: list[float] = field(default_factory=list)
+    pids: list[int] = field(default_factory=list)
+    mig_slices: Mapping[str, int] = field(default_factory=dict)  # MIG instance UUID -> its compute slices
+
+    @property
+    def load(self) -> float:
+        return min(1.0, sum(self.loads))
 
 
 def _utc_now() -> datetime:
@@ -207,9 +269,10 @@ def _utc_now() -> datetime:
 class SimulatedBackend:
     """Made-up GPUs of real models, with plausible live readings.
 
-    Idle GPUs report low utilization, idle power and about 35 °C; ``set_busy`` makes
-    GPUs look like they run a workload (high utilization and memory use, power near
-    the limit, warmer, one compute process). Readings jitter within fixed bounds using
+    A GPU no workload runs on idles: low utilization, idle power, about 35 °C, no process.
+    ``set_loads`` says what running workloads use (``set_busy``: whole GPUs), and the
+    readings follow: utilization, memory, power, temperature and clocks scale with the
+    load, one compute process per workload. Readings jitter within fixed bounds using
     ``rng`` (by default a ``random.Random`` seeded from ``seed``, so runs repeat).
     The simulated GPUs never fail on their own: ``inject_xid`` queues an XID event
     for ``poll_events`` to report, stamped with ``clock()``.
@@ -238,12 +301,15 @@ class SimulatedBackend:
         self.spec = spec
         self._rng = rng if rng is not None else random.Random(f"gpumarket-sim:{seed}")
         self._gpus: list[_SimGpu] = []
-        for key, count in parse_sim_spec(spec, max_gpus=max_gpus):
-            for _ in range(count):
+        for item in parse_sim_items(spec, max_gpus=max_gpus):
+            for _ in range(item.count):
                 index = len(self._gpus)
-                model = SIM_MODELS[key]
-                self._gpus.append(_SimGpu(info=_sim_info(model, seed=seed, index=index), model=model))
+                model = SIM_MODELS[item.key]
+                info = _sim_info(model, seed=seed, index=index, mig=item.mig)
+                slices = {m.uuid: int((m.profile or "1g").split("g", 1)[0]) for m in info.mig_instances}
+                self._gpus.append(_SimGpu(info=info, model=model, mig_slices=slices))
         self._by_uuid = {gpu.info.uuid: gpu for gpu in self._gpus}
+        self._by_mig_uuid = {mig_uuid: gpu for gpu in self._gpus for mig_uuid in gpu.mig_slices}
         self._clock = clock
         self._events: deque[GpuEvent] = deque(maxlen=max_pending_events)
 
@@ -253,8 +319,36 @@ class SimulatedBackend:
     def sample(self) -> list[GpuSample]:
         return [self._sample(gpu) for gpu in self._gpus]
 
+    def set_loads(self, loads: Mapping[str, Sequence[float]]) -> None:
+        """Show what the running workloads use, replacing what was shown before.
+
+        ``loads`` maps a GPU's UUID, or a MIG instance's, to the part of it each workload
+        running there uses (1.0: all of it; a share of 250 milli: 0.25). A MIG instance's load
+        counts on its GPU in proportion to its compute slices of 7. GPUs not named idle.
+        Raises ``NotFound`` and changes nothing if a UUID is none of this backend's GPUs or
+        MIG instances, or ``ValueError`` for a load outside (0, 1].
+        """
+        unknown = [u for u in loads if u not in self._by_uuid and u not in self._by_mig_uuid]
+        if unknown:
+            raise NotFound(f"no simulated GPU or MIG instance with UUID {', '.join(unknown)}", code="gpu_not_found")
+        if any(not 0.0 < fraction <= 1.0 for fractions in loads.values() for fraction in fractions):
+            raise ValueError("a workload's load is a fraction of the GPU in (0, 1]")
+        per_gpu: dict[str, list[float]] = {gpu.info.uuid: [] for gpu in self._gpus}
+        for gpu_uuid, fractions in loads.items():
+            gpu = self._by_uuid.get(gpu_uuid)
+            scale = 1.0
+            if gpu is None:
+                gpu = self._by_mig_uuid[gpu_uuid]
+                scale = gpu.mig_slices[gpu_uuid] / MIG_SLICES
+            per_gpu[gpu.info.uuid].extend(fraction * scale for fraction in fractions)
+        for gpu in self._gpus:
+            gpu.loads = per_gpu[gpu.info.uuid]
+            # Each workload keeps its pid while it runs; Linux's default pid_max is 4194304.
+            del gpu.pids[len(gpu.loads) :]
+            gpu.pids.extend(self._rng.randint(1000, 4_194_303) for _ in range(len(gpu.loads) - len(gpu.pids)))
+
     def set_busy(self, uuids: Iterable[str], busy: bool) -> None:
-        """Make the GPUs with these UUIDs look busy (running a workload) or idle.
+        """Make the GPUs with these UUIDs look wholly used by one workload each, or idle; others stay as they are.
 
         Raises ``NotFound`` and changes nothing if any UUID is not one of this backend's GPUs.
         """
@@ -262,14 +356,13 @@ class SimulatedBackend:
         unknown = [gpu_uuid for gpu_uuid in wanted if gpu_uuid not in self._by_uuid]
         if unknown:
             raise NotFound(f"no simulated GPU with UUID {', '.join(unknown)}", code="gpu_not_found")
+        loads = {gpu.info.uuid: list(gpu.loads) for gpu in self._gpus if gpu.loads}
         for gpu_uuid in wanted:
-            gpu = self._by_uuid[gpu_uuid]
-            if busy and not gpu.busy:
-                # Linux's default pid_max is 4194304.
-                gpu.pid = self._rng.randint(1000, 4_194_303)
-            elif not busy:
-                gpu.pid = None
-            gpu.busy = busy
+            if busy:
+                loads[gpu_uuid] = loads.get(gpu_uuid) or [1.0]
+            else:
+                loads.pop(gpu_uuid, None)
+        self.set_loads(loads)  # a GPU that stays busy keeps its pid
 
     def inject_xid(self, gpu_uuid: str, code: int) -> None:
         """Make the GPU with this UUID report XID ``code`` (79: fallen off the bus, ...) once.
@@ -293,21 +386,28 @@ class SimulatedBackend:
         model, rng = gpu.model, self._rng
         idle_memory_mib = max(1, round(model.memory_total_mib * 0.004))
         processes: tuple[GpuProcess, ...] = ()
-        if gpu.busy:
-            gpu_util = rng.uniform(92.0, 100.0)
-            mem_util = rng.uniform(45.0, 85.0)
-            memory_used = round(model.memory_total_mib * rng.uniform(0.70, 0.92))
-            temperature = rng.uniform(66.0, 79.0)
-            power = model.power_limit_w * rng.uniform(0.85, 0.99)
+        load = gpu.load
+        if load > 0:
+            # Busy readings scale with the part of the GPU its workloads use; idle ones are the floor.
+            gpu_util = max(rng.uniform(0.0, 3.0), load * rng.uniform(92.0, 100.0))
+            mem_util = max(rng.uniform(0.0, 2.0), load * rng.uniform(45.0, 85.0))
+            memory_used = max(idle_memory_mib + 1, round(model.memory_total_mib * load * rng.uniform(0.70, 0.92)))
+            temperature = rng.uniform(32.0, 38.0) + load * rng.uniform(32.0, 41.0)
+            busy_power = model.power_limit_w * rng.uniform(0.85, 0.99)
+            power = model.idle_power_w + load * max(0.0, busy_power - model.idle_power_w)
             sm_clock = round(model.max_sm_clock_mhz * rng.uniform(0.85, 0.97))
             mem_clock = model.max_mem_clock_mhz
-            fan = rng.uniform(55.0, 80.0)
-            pcie_tx, pcie_rx = rng.randint(50_000, 2_000_000), rng.randint(50_000, 2_000_000)
+            fan = rng.uniform(27.0, 33.0) + load * rng.uniform(28.0, 47.0)
+            pcie_tx = round(load * rng.randint(50_000, 2_000_000))
+            pcie_rx = round(load * rng.randint(50_000, 2_000_000))
             pcie_gen = model.pcie_gen_max
             # A card drawing its whole budget is held back by the power cap.
             throttle: tuple[str, ...] = ("sw_power_cap",) if power >= 0.97 * model.power_limit_w else ()
-            assert gpu.pid is not None
-            processes = (GpuProcess(pid=gpu.pid, used_memory_mib=memory_used - idle_memory_mib),)
+            total = sum(gpu.loads)
+            processes = tuple(
+                GpuProcess(pid=pid, used_memory_mib=max(1, round((memory_used - idle_memory_mib) * fraction / total)))
+                for pid, fraction in zip(gpu.pids, gpu.loads, strict=True)
+            )
         else:
             gpu_util = rng.uniform(0.0, 3.0)
             mem_util = rng.uniform(0.0, 2.0)
@@ -324,15 +424,15 @@ class SimulatedBackend:
         return GpuSample(
             index=gpu.info.index,
             uuid=gpu.info.uuid,
-            gpu_util_pct=round(gpu_util, 1),
-            mem_util_pct=round(mem_util, 1),
-            memory_used_mib=memory_used,
-            memory_free_mib=model.memory_total_mib - memory_used,
+            gpu_util_pct=round(min(gpu_util, 100.0), 1),
+            mem_util_pct=round(min(mem_util, 100.0), 1),
+            memory_used_mib=min(memory_used, model.memory_total_mib),
+            memory_free_mib=model.memory_total_mib - min(memory_used, model.memory_total_mib),
             temperature_c=round(temperature, 1),
             power_draw_w=round(min(power, model.power_limit_w), 1),
             sm_clock_mhz=sm_clock,
             mem_clock_mhz=mem_clock,
-            fan_pct=round(fan, 1) if model.has_fan else None,
+            fan_pct=round(min(fan, 100.0), 1) if model.has_fan else None,
             pcie_gen_current=pcie_gen,
             pcie_width_current=model.pcie_width_max,
             pcie_tx_kbps=pcie_tx,
@@ -356,7 +456,27 @@ def sim_gpu_uuid(*, seed: str, index: int, model_key: str) -> str:
     return f"GPU-{uuid.uuid5(_SIM_UUID_NAMESPACE, f'{seed}:{index}:{model_key}')}"
 
 
-def _sim_info(model: SimModel, *, seed: str, index: int) -> GpuInfo:
+def sim_mig_uuid(*, seed: str, index: int, model_key: str, slot: int) -> str:
+    """The UUID of a simulated MIG instance, in NVML's ``MIG-xxxxxxxx-...`` form."""
+    return f"MIG-{uuid.uuid5(_SIM_UUID_NAMESPACE, f'{seed}:{index}:{model_key}:mig:{slot}')}"
+
+
+def _mig_instances(model: SimModel, *, seed: str, index: int) -> tuple[GpuMigInstance, ...]:
+    return tuple(
+        GpuMigInstance(
+            uuid=sim_mig_uuid(seed=seed, index=index, model_key=model.key, slot=slot),
+            gpu_instance_id=slot + 1,
+            compute_instance_id=0,
+            memory_total_mib=model.memory_total_mib * layout.memory_eighths // 8,
+            name=f"{model.name} MIG {layout.profile}",
+            profile=layout.profile,
+            multiprocessor_count=_SMS_PER_SLICE[model.key] * layout.compute_slices,
+        )
+        for slot, layout in enumerate(MIG_LAYOUTS[model.key])
+    )
+
+
+def _sim_info(model: SimModel, *, seed: str, index: int, mig: bool = False) -> GpuInfo:
     gpu_uuid = sim_gpu_uuid(seed=seed, index=index, model_key=model.key)
     serial = None
     if model.serial:
@@ -380,6 +500,6 @@ def _sim_info(model: SimModel, *, seed: str, index: int) -> GpuInfo:
         max_mem_clock_mhz=model.max_mem_clock_mhz,
         pcie_gen_max=model.pcie_gen_max,
         pcie_width_max=model.pcie_width_max,
-        mig_mode=False if model.mig_capable else None,
-        mig_instances=(),
+        mig_mode=mig if model.mig_capable else None,
+        mig_instances=_mig_instances(model, seed=seed, index=index) if mig else (),
     )

@@ -235,7 +235,7 @@ class WorkloadManager:
             workload.handle = ProcessHandle(workload.pid, workload.start_time, poll_interval=self.check_interval)
             workload.watcher = self._own(self._watch(workload), name=f"workload-{rental_id}-watch")
         self._save_registry()
-        self._set_busy(gpus, True)
+        self._show_load()
         log.info("rental %s started (%s, pid %s, %d GPU, limits %s)", rental_id, workload.kind, workload.pid, len(gpus), result.get("limits"))
         return result
 
@@ -287,7 +287,7 @@ class WorkloadManager:
         workload.handle = self.containers.handle(workload)
         workload.watcher = self._own(self._watch(workload), name=f"workload-{rental_id}-watch")
         self._save_registry()
-        self._set_busy(gpus, True)
+        self._show_load()
         log.info("rental %s started (container %s, image %s, %d GPU)", rental_id, result["container"], spec.image, len(gpus))
         return result
 
@@ -383,7 +383,7 @@ class WorkloadManager:
         self._workloads.pop(workload.rental_id, None)
         self._unreported[workload.rental_id] = handle.returncode
         self._save_registry()
-        self._set_busy(workload.gpu_uuids, False)
+        self._show_load()
         log.info("rental %s: workload exited on its own (exit code %s)", workload.rental_id, handle.returncode)
         await self._clean_up(workload)
         self.logs.cap(workload.rental_id)
@@ -499,7 +499,7 @@ class WorkloadManager:
         self.logs.cap(workload.rental_id)
         self._workloads.pop(workload.rental_id, None)
         self._save_registry()
-        self._set_busy(workload.gpu_uuids, False)
+        self._show_load()
         log.info("rental %s stopped (exit code %s)", workload.rental_id, exit_code)
         return {"exit_code": exit_code}
 
@@ -557,12 +557,21 @@ class WorkloadManager:
         if not task.cancelled() and task.exception() is not None:
             log.error("workload task %s failed", task.get_name(), exc_info=task.exception())
 
-    def _set_busy(self, gpu_uuids: Sequence[str], busy: bool) -> None:
-        """Show the simulated GPUs busy, or idle once no workload holds them (call after dropping the workload)."""
+    def _show_load(self) -> None:
+        """Show on simulated GPUs what runs now: each running workload's GPUs or MIG instances, wholly or by its
+        share's milli. A hold runs nothing, and a workload still starting (an image pulling) nothing yet."""
         if isinstance(self.backend, SimulatedBackend):
-            known = {g.uuid for g in self.backend.gpus()}
-            held = {u for w in self._workloads.values() for u in w.gpu_uuids}
-            self.backend.set_busy([u for u in gpu_uuids if u in known and (busy or u not in held)], busy)
+            infos = self.backend.gpus()
+            known = {g.uuid for g in infos} | {m.uuid for g in infos for m in g.mig_instances}
+            loads: dict[str, list[float]] = {}
+            for workload in self._workloads.values():
+                if workload.kind == "hold":
+                    continue
+                fraction = 1.0 if workload.share is None else workload.share.milli / MILLI_PER_GPU
+                for gpu_uuid in workload.gpu_uuids:
+                    if gpu_uuid in known:
+                        loads.setdefault(gpu_uuid, []).append(fraction)
+            self.backend.set_loads(loads)
 
     # ---- logs -------------------------------------------------------------------------
 
@@ -605,7 +614,7 @@ class WorkloadManager:
         for workload in workloads:
             if workload.pid is None or (workload.start_time is not None and process_start_time(workload.pid) == workload.start_time):
                 self._workloads[workload.rental_id] = workload
-                self._set_busy(workload.gpu_uuids, True)
+                self._show_load()
                 log.info("rental %s: adopted its %s workload (pid %s)", workload.rental_id, workload.kind, workload.pid)
             else:
                 # Ended while the agent was down, or its pid now names another process: never touch that one.

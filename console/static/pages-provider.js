@@ -41,7 +41,8 @@ export function hostsPage(page, ctx) {
       host.tier ? badge(host.tier, "tier") : "—",
       "isolation" in host ? isolationBadge(host.isolation) : "—",
       num(host.score, 1),
-      host.reliability_score === null || host.reliability_score === undefined ? "—" : num(host.reliability_score, 3),
+      host.reliability_score === null || host.reliability_score === undefined ? "—"
+        : num(host.reliability_score, 3) + (host.reliability_seeded ? " (seeded)" : ""),
       rentalsCell(host.active_rentals, ctx.role),
       usd(host.earned),
       timeEl(host.last_seen_at),
@@ -103,7 +104,8 @@ export function hostPage(page, ctx) {
       ["Relay", host.relay_id],
       ["Tier", host.tier ? badge(host.tier, "tier") : "—"],
       ["Score", num(host.score, 1)],
-      ["Reliability", host.reliability_score === null || host.reliability_score === undefined ? "not scored yet" : num(host.reliability_score, 3)],
+      ["Reliability", host.reliability_score === null || host.reliability_score === undefined ? "not scored yet"
+        : num(host.reliability_score, 3) + (host.reliability_seeded ? " (includes seeded demo history, not measured)" : "")],
       ["Reliability computed", timeEl(host.reliability && host.reliability.computed_at)],
       ["Current rentals", rentalsCell(host.active_rentals, ctx.role)],
       ["Earned", usd(host.earned)],

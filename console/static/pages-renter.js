@@ -146,7 +146,8 @@ function offersTable(body, state, onSort, onRent) {
       h("td", { class: "num" }, offer.price_per_score === null ? "—" : num(offer.price_per_score, 4)),
       h("td", { class: "num" }, num(offer.performance_score, 1)),
       h("td", {}, offer.region ?? "—"),
-      h("td", { class: "num" }, offer.reliability === null ? "—" : num(offer.reliability, 3)),
+      h("td", { class: "num", title: offer.reliability_seeded ? "includes seeded demo history (gpumarket up), not measured" : null },
+        offer.reliability === null ? "—" : num(offer.reliability, 3) + (offer.reliability_seeded ? " (seeded)" : "")),
       h("td", { class: "num" }, `${mbps(offer.download_mbps)} / ${mbps(offer.upload_mbps)}`),
       h("td", {}, offer.tier ? badge(offer.tier, "tier") : "—"),
       rent ? h("td", {}, rent) : null);

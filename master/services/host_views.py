@@ -76,6 +76,7 @@ def host_view(host: Host, gpus: Sequence[Gpu], *, detail: bool = False, active_r
         "gpu_backend": host.gpu_backend,
         "last_seen_at": host.last_seen_at.isoformat() if host.last_seen_at else None,
         "reliability_score": host.reliability,
+        "reliability_seeded": reliability.is_seeded(host.reliability_inputs),
         "tier": best.tier if best is not None else None,
         "score": best.score if best is not None else None,
         "active_rentals": list(active_rentals),

@@ -75,6 +75,7 @@ from master.services.isolation import isolation_view
 from master.services.listings import PriceBounds, load_price_bounds, money, upcoming_windows, window_time
 from master.services.offerquery import Condition, Op, Value, Version
 from master.services.placement import model_matches
+from master.services.reliability import is_seeded
 from master.services.tiers import Tier
 
 __all__ = ["DEFAULT_ORDER", "OfferSearch", "Order", "Sort", "search_offers"]
@@ -340,7 +341,7 @@ def offer_page(search: OfferSearch, *, dialect: str, now: datetime, bounds: Pric
         .subquery("page")
     )
     return (
-        select(page, Host.region, Host.state, Host.latest_network, Host.isolation, HostListing)
+        select(page, Host.region, Host.state, Host.latest_network, Host.isolation, Host.reliability_inputs, HostListing)
         .join(Host, Host.id == page.c.host_id)
         .outerjoin(HostListing, HostListing.host_id == page.c.host_id)
         .order_by(*_order_by(search.sort, order, page, page.c.price_per_score, dialect))
@@ -385,6 +386,7 @@ def _offer_view(row: Any, host: Any, versions: tuple[str | None, str | None], no
         "performance_score": row.score,
         "needs_review": bool(row.needs_review),
         "reliability": row.reliability,
+        "reliability_seeded": is_seeded(host.reliability_inputs),
         "download_mbps": network.get("download_mbps"),
         "upload_mbps": network.get("upload_mbps"),
         "price_per_gpu_hour": money(price),

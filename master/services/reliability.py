@@ -19,6 +19,12 @@ Over the last 30 days (or since the host enrolled, if later)::
 * **faults** — ``0.97 ** faults``, never below 0.5: hardware fault events (the XIDs and ECC
   kinds ``master.services.faults`` counts), failed health checks, and GPUs that vanished.
 
+**Seeded history.** ``gpumarket up`` gives its simulated demo hosts a made-up past (state changes
+recorded by ``SEEDED_ACTOR`` before the host enrolled) so that a demo has scores to filter on. Such
+events count like any others, and may open the window before ``created_at``; the inputs say how
+much of the observed time they make (``uptime.seeded_s``) and ``seeded`` is true, shown by
+``GET /hosts/{id}`` and as ``reliability_seeded`` on hosts and offers. Real hosts never have any.
+
 A host observed (up + down) for less than ``MIN_OBSERVED`` (1 hour) has no score yet
 (``None``): a neutral number would be a guess, and ``master.services.tiers.classify`` applies no
 reliability penalty to ``None``. Its inputs are still computed and shown.
@@ -63,6 +69,7 @@ RENTAL_PRIOR_SUCCESSES = 4
 FAULT_FACTOR = 0.97
 FAULT_FACTOR_FLOOR = 0.5
 FORMULA = "score = uptime.fraction × rentals.factor × faults.factor"
+SEEDED_ACTOR = "demo-seed"  # the actor of made-up state changes (gpumarket up's demo hosts); see above
 
 SCORING_CHUNK = 200
 
@@ -81,6 +88,7 @@ class HostHistory:
     """What one host's score is computed from, for one window."""
 
     state_before: str | None = None  # the state when the window opened (None: nothing recorded before it)
+    state_before_seeded: bool = False  # whether a seeded event set it
     events: list[tuple[datetime, str, str, str]] = field(default_factory=list)  # (at, to_state, cause, actor), in order
     completed_rentals: int = 0
     host_failed_rentals: int = 0
@@ -101,12 +109,14 @@ async def load_histories(
         partition_by=HostEvent.host_id, order_by=(HostEvent.at.desc(), HostEvent.id.desc())
     )
     before = (
-        select(HostEvent.host_id, HostEvent.to_state, newest_first.label("rank"))
+        select(HostEvent.host_id, HostEvent.to_state, HostEvent.actor, newest_first.label("rank"))
         .where(HostEvent.host_id.in_(ids), HostEvent.at < since)
         .subquery()
     )
-    for host_id, state in (await session.execute(select(before.c.host_id, before.c.to_state).where(before.c.rank == 1))).all():
+    rows = await session.execute(select(before.c.host_id, before.c.to_state, before.c.actor).where(before.c.rank == 1))
+    for host_id, state, actor in rows.all():
         histories[host_id].state_before = state
+        histories[host_id].state_before_seeded = actor == SEEDED_ACTOR
     events = await session.execute(
         select(HostEvent.host_id, HostEvent.at, HostEvent.to_state, HostEvent.cause, HostEvent.actor)
         .where(HostEvent.host_id.in_(ids), HostEvent.at >= since, HostEvent.at <= now)
@@ -159,18 +169,25 @@ def score_history(
     history: HostHistory, *, created_at: datetime, now: datetime, window: timedelta = RELIABILITY_WINDOW
 ) -> tuple[float | None, dict[str, Any]]:
     """The score and the inputs it came from (a pure function: every number is in the inputs)."""
-    start = max(created_at, now - window)
+    seeded_at = [at for at, _state, _cause, actor in history.events if actor == SEEDED_ACTOR]
+    # A state recorded before the window means the host (or its seeded past) was there when it opened.
+    start = now - window if history.state_before is not None else max(min([created_at, *seeded_at]), now - window)
     by_state: dict[str, float] = defaultdict(float)
-    state = history.state_before or UNKNOWN_STATE
+    seeded_s = 0.0  # observed time whose state a seeded event set
+    state, state_seeded = history.state_before or UNKNOWN_STATE, history.state_before_seeded
     cursor = start
-    for at, to_state, _cause, _actor in history.events:
+    for at, to_state, _cause, actor in history.events:
         at = min(at, now)
         if at > cursor:
             by_state[state] += (at - cursor).total_seconds()
+            if state_seeded and state in UP_STATES | DOWN_STATES:
+                seeded_s += (at - cursor).total_seconds()
             cursor = at
-        state = to_state
+        state, state_seeded = to_state, actor == SEEDED_ACTOR
     if now > cursor:
         by_state[state] += (now - cursor).total_seconds()
+        if state_seeded and state in UP_STATES | DOWN_STATES:
+            seeded_s += (now - cursor).total_seconds()
     up_s = sum(s for name, s in by_state.items() if name in UP_STATES)
     down_s = sum(s for name, s in by_state.items() if name in DOWN_STATES)
     observed_s = up_s + down_s
@@ -198,6 +215,7 @@ def score_history(
             "up_s": _seconds(up_s),
             "down_s": _seconds(down_s),
             "fraction": round(uptime, 4) if uptime is not None else None,
+            "seeded_s": _seconds(seeded_s),
             "by_state_s": {name: _seconds(s) for name, s in sorted(by_state.items())},
             "up_states": sorted(UP_STATES),
             "down_states": sorted(DOWN_STATES),
@@ -220,7 +238,12 @@ def score_history(
         },
         "formula": FORMULA,
         "score": score,
+        "seeded": seeded_s > 0,
     }
+    if seeded_s > 0:
+        inputs["seeded_note"] = (
+            f"{_seconds(seeded_s)} s of the observed time is seeded demo history (gpumarket up), not measured"
+        )
     if score is None:
         inputs["note"] = (
             f"no score yet: {_seconds(observed_s)} s observed, {MIN_OBSERVED.total_seconds():g} s needed"
@@ -381,7 +404,13 @@ def reliability_view(host: Host) -> dict[str, Any]:
         "score": host.reliability,
         "computed_at": host.reliability_at.isoformat() if host.reliability_at else None,
         "inputs": host.reliability_inputs,
+        "seeded": is_seeded(host.reliability_inputs),
     }
+
+
+def is_seeded(inputs: Mapping[str, Any] | None) -> bool:
+    """Whether a score's inputs (``Host.reliability_inputs``) include seeded demo history."""
+    return bool((inputs or {}).get("seeded"))
 
 
 def classification_view(gpu: Gpu) -> dict[str, Any]:

@@ -1,0 +1,120 @@
+"""What ``gpumarket up`` gives its simulated hosts so that every example of the README has an answer.
+
+* **Seeded history.** A host that just enrolled has no uptime to score (``master.services.reliability``
+  needs an hour observed). Each demo host gets ``SEEDED_DAYS`` of made-up state changes before its
+  enrollment, with a few outages that leave it ``DEMO_UPTIMES[i]`` up, recorded by
+  ``reliability.SEEDED_ACTOR`` with a cause that says so; the score's inputs and the API say
+  ``seeded`` (``reliability_seeded`` on hosts and offers). Seeded once per host, so a restarted demo
+  keeps its past and adds its real one.
+* **A first speed test.** Real agents spread their first measurement over their interval; a demo
+  host measures its network to the relay as soon as it is connected (the agent's own
+  ``measure_network``, through the relay's speed-test endpoints), so offers show speeds at once.
+* **Shares.** The first demo host is listed by its provider for shares (``smallest_unit``
+  ``SHARE_UNIT``) at its tier's default price, once: a provider's later listing stands.
+
+MIG slices need nothing here: the A100 host of ``gpumarket.up.DEMO_FLEET`` has a GPU in MIG mode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from datetime import timedelta
+
+from sqlalchemy import select
+
+from agent.runner import Agent
+from master.context import Master
+from master.models import Account, Gpu, Host, HostEvent, HostListing
+from master.services import listings, reliability
+from master.services.accounts import Principal
+
+log = logging.getLogger(__name__)
+
+SEEDED_DAYS = 30
+SEEDED_OUTAGES = 3
+# Uptime over the seeded days, by demo host: most above 0.98 (the README's filter), one below it.
+DEMO_UPTIMES = (0.9995, 0.972, 0.9985, 0.9991, 0.991, 0.985, 0.9975, 0.96, 0.999, 0.994)
+SEEDED_CAUSE = "seeded demo history (gpumarket up): made up, not measured"
+SHARE_UNIT = "milli:250"
+READY_TIMEOUT_S = 120.0  # how long the demo set-up waits for its hosts' first hello
+_POLL_S = 0.2
+
+
+def demo_uptime(index: int) -> float:
+    return DEMO_UPTIMES[index % len(DEMO_UPTIMES)]
+
+
+async def seed_history(master: Master, host_id: str, *, uptime: float, days: int = SEEDED_DAYS, outages: int = SEEDED_OUTAGES) -> bool:
+    """Give the host ``days`` of seeded state changes ending at its enrollment, ``uptime`` of it up, and score it.
+
+    Returns False (and writes nothing) when the host has seeded history already.
+    """
+    if not 0.0 < uptime <= 1.0 or days < 1 or outages < 1:
+        raise ValueError("uptime in (0, 1], at least one day and one outage")
+    async with master.db.session() as session:
+        seeded = await session.scalar(
+            select(HostEvent.id).where(HostEvent.host_id == host_id, HostEvent.actor == reliability.SEEDED_ACTOR).limit(1)
+        )
+        host = await session.get(Host, host_id)
+        if seeded is not None or host is None:
+            return False
+        end = host.created_at - timedelta(seconds=1)  # strictly before the host's own first event
+        start = end - timedelta(days=days)
+        span = end - start
+        outage = span * (1.0 - uptime) / outages
+        events = [HostEvent(host_id=host_id, at=start, from_state=None, to_state="online", cause=SEEDED_CAUSE, actor=reliability.SEEDED_ACTOR)]
+        for n in range(outages):
+            down_at = start + span * (n + 0.5) / outages
+            events.append(HostEvent(host_id=host_id, at=down_at, from_state="online", to_state="offline", cause=SEEDED_CAUSE,
+                                    actor=reliability.SEEDED_ACTOR))  # fmt: skip
+            events.append(HostEvent(host_id=host_id, at=down_at + outage, from_state="offline", to_state="online", cause=SEEDED_CAUSE,
+                                    actor=reliability.SEEDED_ACTOR))  # fmt: skip
+        session.add_all(events)
+        await session.flush()
+        await reliability.rescore_host(session, host, now=master.clock.now())
+    return True
+
+
+async def prepare_demo_hosts(master: Master, agents: Sequence[Agent], *, provider: str, timeout: float = READY_TIMEOUT_S) -> None:
+    """Once the demo hosts are connected: a speed test on each, and the share listing on the first.
+
+    Logs what it could not do instead of raising; cancelling it (``Marketplace.stop``) is safe.
+    """
+    try:
+        async with asyncio.timeout(timeout):
+            await asyncio.gather(*(_first_speed_test(agent) for agent in agents))
+            if agents:
+                await list_for_shares(master, agents[0].host_id, provider=provider)
+    except TimeoutError:
+        log.warning("demo set-up: the demo hosts were not all connected and classified within %g s", timeout)
+    except Exception:
+        log.exception("demo set-up failed")
+
+
+async def _first_speed_test(agent: Agent) -> None:
+    await agent.connected.wait()
+    report = await agent.measure_network()
+    if report.error:
+        log.warning("demo host %s: first speed test failed: %s", agent.host_id, report.error)
+
+
+async def list_for_shares(master: Master, host_id: str, *, provider: str) -> bool:
+    """List the host for shares of ``SHARE_UNIT`` at its tier's default price, unless it has a listing; waits for
+    its GPUs to be classified (its first hello). Returns whether it listed it."""
+    while True:
+        async with master.db.session() as session:
+            if await session.get(HostListing, host_id) is not None:
+                return False
+            tiers = (await session.scalars(select(Gpu.tier).where(Gpu.host_id == host_id, Gpu.present.is_(True)))).all()
+            tier = listings.best_tier(tiers)
+            if tier is not None:
+                account = await session.get(Account, provider)
+                assert account is not None
+                terms = listings.ListingTerms(price_per_gpu_hour=listings.load_price_bounds()[tier].default, smallest_unit=SHARE_UNIT)
+                await listings.put_listing(session, Principal(account.id, account.name, account.role), host_id, terms,
+                                           now=master.clock.now())  # fmt: skip
+                log.info("demo host %s listed for shares (%s)", host_id, SHARE_UNIT)
+                return True
+        await asyncio.sleep(_POLL_S)

@@ -1,0 +1,208 @@
+"""The README's "Try it" section, run as written against a real `gpumarket up`: every curl command answers a success.
+
+The commands are read from README.md, so a changed README changes this test. Each runs in bash with real
+curl (and jq), from a folder whose ``.gpumarket`` is the demo's data dir, so the README's ``KEY=...`` line
+works as written. Only three things are adapted: ``localhost:8080`` becomes the port this `up` listens on,
+``curl -s`` also prints the status code (``-w``), and ``$HOME`` is a folder of the test's own holding a
+fresh ``~/.ssh/id_ed25519.pub``. A command this test does not know how to check fails it: add its
+expectation in ``_check`` with the README.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.upprocess import check_alive, gpumarket_up, log_tail, wait_for_credentials
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+START_S = 60.0  # `up` answering with its hosts online, speed-tested and the share host listed
+COMMAND_S = 30.0  # one README command
+RUNNING_S = 30.0  # a hold rental to be confirmed running by its agent
+STATUS_MARK = "\n@@status="
+DEMO_PORT = "localhost:8080"
+
+
+def try_it_commands(readme: str) -> list[str]:
+    """The shell commands of the first ``sh`` block under "## Try it", each whole (continuation lines and quoted
+    newlines joined as bash reads them), comment-only lines left out."""
+    section = readme.split("\n## Try it\n", 1)[1].split("\n## ", 1)[0]
+    match = re.search(r"```sh\n(.*?)```", section, re.S)
+    assert match is not None, "README's Try it section has no ```sh block"
+    commands: list[str] = []
+    pending = ""
+    for line in match.group(1).splitlines():
+        pending = f"{pending}\n{line}" if pending else line
+        try:
+            words = shlex.split(pending, comments=True)
+        except ValueError:  # a quote still open: the command goes on
+            continue
+        if pending.rstrip().endswith("\\"):
+            continue
+        if words:
+            commands.append(pending)
+        pending = ""
+    assert not pending, f"README's Try it block ends inside a command: {pending!r}"
+    return commands
+
+
+@dataclass
+class Demo:
+    folder: Path  # holds .gpumarket (the data dir) and home/
+    api_url: str
+    renter_key: str
+    env: dict[str, str]
+    rentals: list[dict[str, Any]] = field(default_factory=list)
+
+    def api(self, path: str) -> Any:
+        request = urllib.request.Request(self.api_url + path, headers={"Authorization": f"Bearer {self.renter_key}"})
+        with urllib.request.urlopen(request, timeout=COMMAND_S) as response:
+            return json.loads(response.read())
+
+    def run(self, command: str) -> tuple[int, Any]:
+        """Run one README command as bash would; the HTTP status of its (last) curl and the JSON it printed."""
+        port = self.api_url.split("://", 1)[1].split("/", 1)[0]
+        adapted = command.replace(DEMO_PORT, port).replace("curl -s ", f"curl -s --max-time {COMMAND_S:g} -w '{STATUS_MARK}%{{http_code}}' ")
+        done = subprocess.run(["bash", "-o", "pipefail", "-c", adapted], cwd=self.folder, env=self.env, capture_output=True,
+                              text=True, timeout=COMMAND_S + 5)  # fmt: skip
+        assert done.returncode == 0, f"{command}\nexited {done.returncode}: {done.stderr}"
+        body, _, status = done.stdout.rpartition(STATUS_MARK)
+        assert status.strip().isdigit(), f"{command}\nprinted no status: {done.stdout!r} {done.stderr!r}"
+        return int(status), json.loads(body)
+
+
+def _tools() -> None:
+    missing = [tool for tool in ("bash", "curl", "jq", "ssh-keygen") if shutil.which(tool) is None]
+    assert not missing, f"the README walkthrough needs {', '.join(missing)} (make docker installs them, as root)"
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
+    """`gpumarket up` (3 hosts, as `make up`) as a real process, once its hosts are online, speed-tested and listed."""
+    _tools()
+    folder = tmp_path_factory.mktemp("walkthrough")
+    data_dir, log = folder / ".gpumarket", folder / "up.log"
+    home = folder / "home"
+    (home / ".ssh").mkdir(parents=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "walkthrough", "-f", str(home / ".ssh" / "id_ed25519")],
+                   check=True)  # fmt: skip
+    # Only the settings chosen here: a GPUMARKET_DATABASE_URL or REDIS_URL of the environment must not leak in.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMARKET_")}
+    env.update(PYTHONUNBUFFERED="1", HOME=str(home))
+    with gpumarket_up(data_dir, log, env, agents=3, strict_stop=True) as process:
+        deadline = time.monotonic() + START_S
+        creds = wait_for_credentials(process, data_dir, log, role="renter", deadline=deadline, start_s=START_S)
+        demo = Demo(folder, creds["api_url"], creds["renter"]["api_key"], env)
+        while not _ready(demo):
+            check_alive(process, log, deadline, START_S)
+            time.sleep(0.5)
+        yield demo
+        assert process.poll() is None, f"gpumarket up exited during the walkthrough:\n{log_tail(log)}"
+
+
+def _ready(demo: Demo) -> bool:
+    """Three hosts offered, each with a measured download speed and a score, the RTX 4090 host listed for shares."""
+    try:
+        offers = demo.api("/offers")["items"]
+    except OSError:
+        return False
+    units = {o["gpu_name"]: o["smallest_unit"] for o in offers}
+    return (len(offers) == 3 and all(o["download_mbps"] and o["reliability"] is not None for o in offers)
+            and units.get("NVIDIA GeForce RTX 4090") == "milli:250")  # fmt: skip
+
+
+def _query(command: str) -> str:
+    match = re.search(r"--data-urlencode '(q=[^']*)'", command)
+    return match.group(1)[2:] if match else ""
+
+
+def _check(demo: Demo, command: str, status: int, body: Any, container_hosts: bool) -> None:
+    """What the README promises for ``command``'s answer."""
+    path_match = re.search(re.escape(DEMO_PORT) + r"(/api/v1/[\w/-]*)(\?\S*)?", command)
+    assert path_match is not None, f"a README command without a demo URL: {command}"
+    path, params = path_match.group(1), path_match.group(2) or ""
+    posts = " -d " in command and " -G " not in command
+    where = f"{command}\n-> {status} {json.dumps(body)[:1000]}"
+    if path == "/api/v1/offers" and not posts:
+        assert status == 200 and body["items"], where
+        for offer in body["items"]:
+            assert offer["reliability"] is not None and offer["reliability_seeded"] is True, where
+            assert offer["download_mbps"] and offer["upload_mbps"], where
+        if "gpu_model=A100" in params:
+            assert all("A100" in o["gpu_name"] for o in body["items"]), where
+        if query := _query(command):
+            assert body["query"], where
+            if "reliability>0.98" in query:
+                assert all(o["reliability"] > 0.98 for o in body["items"]), where
+            if "vram>=24" in query:
+                assert all(o["vram_mib"] >= 23.5 * 1024 and float(o["price_per_gpu_hour"]) <= 0.5 for o in body["items"]), where
+    elif path == "/api/v1/rentals" and posts:
+        asked = json.loads(re.search(r"-d '(\{.*\})'", command, re.S).group(1))  # type: ignore[union-attr]
+        if ("workload" in asked or "template" in asked) and not container_hosts:
+            # No container engine answers on this machine: no demo host runs containers, and the API says so.
+            assert status == 409 and body["code"] == "insufficient_capacity" and "container" in body["message"], where
+            return
+        assert status in (200, 201) and body["id"] and body["state"] in ("pending", "starting", "running"), where
+        if asked.get("queue") and body.get("queued"):
+            assert body["state"] == "pending", where
+        elif "mig_profile" in asked:
+            assert body["mig_profile"] == asked["mig_profile"] and [u[:4] for u in body["gpu_uuids"]] == ["MIG-"], where
+        elif "gpu_milli" in asked:
+            assert body["gpu_milli"] == asked["gpu_milli"] and len(body["gpu_uuids"]) == 1, where
+        else:
+            assert len(body["gpu_uuids"]) == asked.get("gpu_count", 1), where
+        demo.rentals.append({"request": asked, **body})
+    elif path == "/api/v1/rentals":
+        assert status == 200 and {r["id"] for r in body["items"]} == {r["id"] for r in demo.rentals}, where
+    elif path == "/api/v1/templates":
+        assert status == 200 and {"base", "pytorch", "jupyter", "vllm"} <= {t["name"] for t in body["templates"]}, where
+    elif path == "/api/v1/account":
+        assert status == 200 and body["credit"]["balance"], where
+    elif path == "/api/v1/account/ssh-keys" and posts:
+        printed = subprocess.run(["ssh-keygen", "-lf", str(Path(demo.env["HOME"]) / ".ssh" / "id_ed25519.pub")], check=True,
+                                 capture_output=True, text=True).stdout.split()[1]  # fmt: skip
+        assert status == 201 and body["fingerprint"] == printed, where
+    else:
+        pytest.fail(f"the walkthrough does not know what this README command should answer: {command}")
+
+
+def test_the_readme_try_it_block_parses_into_every_curl_command() -> None:
+    """Each curl of the block is in one parsed command, the KEY line first: nothing of the README is skipped."""
+    readme = README.read_text()
+    commands = try_it_commands(readme)
+    block = readme.split("\n## Try it\n", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    assert commands[0].startswith("KEY=$(python3 ")
+    assert sum(c.count("curl ") for c in commands) == block.count("curl ") >= 10
+
+
+def test_every_curl_command_of_the_readme_answers_a_success(demo: Demo) -> None:
+    """Run in order, each command answers what the README says (offers for every query, rentals created, ...),
+    and the hold rentals it made run on their agents: a MIG slice and a share included."""
+    commands = try_it_commands(README.read_text())
+    key_line, curls = commands[0], commands[1:]
+    hosts = demo.api("/hosts")["items"]
+    container_hosts = any("container" in ((h["isolation"] or {}).get("kinds") or []) for h in hosts)
+    for command in curls:
+        status, body = demo.run(f"{key_line}\n{command}")
+        _check(demo, command, status, body, container_hosts)
+    assert any("mig_profile" in r["request"] for r in demo.rentals) and any("gpu_milli" in r["request"] for r in demo.rentals)
+
+    holds = [r for r in demo.rentals if "workload" not in r["request"] and "template" not in r["request"] and not r.get("queued")]
+    deadline = time.monotonic() + RUNNING_S
+    waiting = {r["id"] for r in holds}
+    while waiting and time.monotonic() < deadline:
+        waiting = {rid for rid in waiting if demo.api(f"/rentals/{rid}")["state"] != "running"}
+        time.sleep(0.3)
+    assert not waiting, f"hold rentals not running within {RUNNING_S:g} s: {[demo.api(f'/rentals/{rid}') for rid in waiting]}"
