@@ -20,6 +20,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +171,10 @@ def _check(demo: Demo, command: str, status: int, body: Any, container_hosts: bo
         assert status == 200 and {"base", "pytorch", "jupyter", "vllm"} <= {t["name"] for t in body["templates"]}, where
     elif path == "/api/v1/account":
         assert status == 200 and body["credit"]["balance"], where
+    elif path == "/api/v1/account/credit" and posts:
+        asked = json.loads(re.search(r"-d '(\{.*\})'", command, re.S).group(1))  # type: ignore[union-attr]
+        assert status == 201 and body["provider"] == "demo" and body["amount"] == asked["amount"], where
+        assert Decimal(body["balance"]) >= Decimal(asked["amount"]), where
     elif path == "/api/v1/account/ssh-keys" and posts:
         printed = subprocess.run(["ssh-keygen", "-lf", str(Path(demo.env["HOME"]) / ".ssh" / "id_ed25519.pub")], check=True,
                                  capture_output=True, text=True).stdout.split()[1]  # fmt: skip
