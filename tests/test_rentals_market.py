@@ -203,8 +203,9 @@ class TestMig:
         assert_error(status, body, 409, "insufficient_capacity")
         status, big = await rent(api, mig_profile="3g.40gb")
         assert (status, big["gpu_uuids"]) == (201, [instances[2]])
-        status, body = await rent(api, gpu_count=1, gpu_model="H100")  # a MIG-mode GPU is never rented whole
-        assert_error(status, body, 409, "insufficient_capacity")
+        status, body = await rent(api, gpu_count=1, gpu_model="H100", queue=True)  # a MIG-mode GPU is never rented whole
+        assert_error(status, body, 409, "exceeds_fleet")
+        assert "has 0 whole" in body["message"]
 
         await api.as_renter("DELETE", f"/rentals/{first['id']}")
         await api.agent_reports(first["id"], "stop_workload")
@@ -221,6 +222,18 @@ class TestMig:
         assert "1g.10gb" in body["message"]
         status, body = await rent(api, mig_profile="nonsense")
         assert_error(status, body, 422, "invalid_mig_profile")
+
+    async def test_a_profile_no_host_has_is_not_queued(self, api: Api) -> None:
+        """A profile no GPU of the fleet has (rented or not) fails fast even with queue: true, naming the ones it has;
+        a profile that is only busy queues."""
+        await mig_host(api, ["1g.10gb", "3g.40gb"])
+        status, body = await rent(api, mig_profile="7g.80gb", queue=True)
+        assert_error(status, body, 409, "exceeds_fleet")
+        assert "1g.10gb, 3g.40gb" in body["message"]
+        assert await api.count(Rental) == 0
+        assert (await rent(api, mig_profile="3g.40gb"))[0] == 201
+        status, queued = await rent(api, mig_profile="3g.40gb", queue=True)
+        assert (status, queued["queued"]) == (201, True)
 
 
 class TestInterruptibleAndPreemption:

@@ -43,7 +43,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
@@ -75,10 +75,13 @@ _FIRST_FIT = get_placer("first_fit")  # probes one node at a time while looking 
 
 
 async def _largest_host(session: AsyncSession, model: str | None) -> int:
-    """How many matching GPUs the biggest host in the fleet has, rented or not."""
+    """How many matching whole GPUs the biggest host in the fleet has, rented or not (a GPU in MIG mode is not whole)."""
+    mig_mode = Gpu.info["mig_mode"].as_boolean()
     rows = (
         await session.execute(
-            select(Gpu.host_id, Gpu.name, func.count()).where(Gpu.present.is_(True)).group_by(Gpu.host_id, Gpu.name)
+            select(Gpu.host_id, Gpu.name, func.count())
+            .where(Gpu.present.is_(True), or_(mig_mode.is_(None), mig_mode.is_(False)))
+            .group_by(Gpu.host_id, Gpu.name)
         )
     ).all()
     counts: dict[str, int] = {}
@@ -86,6 +89,43 @@ async def _largest_host(session: AsyncSession, model: str | None) -> int:
         if model_matches(model, name):
             counts[host_id] = counts.get(host_id, 0) + count
     return max(counts.values(), default=0)
+
+
+async def _fleet_mig_profiles(session: AsyncSession, model: str | None) -> set[str]:
+    """The MIG profiles of the instances that the fleet's present GPUs in MIG mode have, rented or not."""
+    mig_mode = Gpu.info["mig_mode"].as_boolean()
+    rows = (await session.execute(select(Gpu.name, Gpu.info).where(Gpu.present.is_(True), mig_mode.is_(True)))).all()
+    return {
+        str(instance["profile"])
+        for name, info in rows
+        if model_matches(model, name)
+        for instance in (info or {}).get("mig_instances") or ()
+        if instance.get("profile")
+    }
+
+
+async def _beyond_fleet(session: AsyncSession, request: RentalRequest) -> InsufficientCapacity | None:
+    """Why no host could ever serve ``request`` (queueing would wait for nothing), or None."""
+    model = request.gpu_model or "any GPU"
+    if request.mig_profile is not None:
+        if request.offer_id is not None:
+            return None  # the offer's own check names the profiles it has
+        profiles = await _fleet_mig_profiles(session, request.gpu_model)
+        if request.mig_profile not in profiles:
+            have = f"the fleet has {', '.join(sorted(profiles))}" if profiles else "no GPU of the fleet is in MIG mode"
+            return InsufficientCapacity(
+                f"no host has a MIG {request.mig_profile} instance of {model}: {have}; ask for another profile",
+                code="exceeds_fleet",
+            )
+    elif request.gpu_milli == MILLI:
+        largest = await _largest_host(session, request.gpu_model)
+        if largest < request.gpu_count:
+            return InsufficientCapacity(
+                f"no host has {request.gpu_count} × {model}: the largest host with that model has {largest} whole "
+                "(GPUs in MIG mode rent as instances); ask for fewer GPUs or another model",
+                code="exceeds_fleet",
+            )
+    return None
 
 
 def placer_of(master: Master) -> Any:
@@ -340,14 +380,8 @@ async def try_place(
 ) -> tuple[list[str], ClientError | None]:
     """Place ``rental`` (new, or queued and locked); returns its commands to publish, or the reason it cannot be placed now."""
     price_cap = await _quota(master, session, rental.renter_id, request, exclude=rental.id)
-    if request.gpu_milli == MILLI and request.mig_profile is None:
-        largest = await _largest_host(session, request.gpu_model)
-        if largest < request.gpu_count:
-            return [], InsufficientCapacity(
-                f"no host has {request.gpu_count} × {request.gpu_model or 'any GPU'}: the largest host with that model has "
-                f"{largest}; ask for fewer GPUs or another model",
-                code="exceeds_fleet",
-            )
+    if (beyond := await _beyond_fleet(session, request)) is not None:
+        return [], beyond
     wanted = request.place_request()
     placer = placer_of(master)
     found = await _candidates(master, session, request, now=now, price_cap=price_cap)
