@@ -65,7 +65,15 @@ export function hostPage(page, ctx) {
   const networkErrors = errorBox();
   const measure = h("button", { type: "button", class: "secondary", id: "measure-network" }, "Measure now");
   const title = h("h1", { tabindex: "-1", class: "page-title" }, `Host ${hostId}`);
-  replace(page, h("p", { class: "crumbs" }, link("#/hosts", "← Hosts")), title, summary,
+  // The page's main action, the price, is far down below the telemetry: a button at the top takes you there.
+  const toListing = h("button", { type: "button", id: "go-to-listing" }, "Set the price");
+  toListing.addEventListener("click", () => {
+    const input = page.querySelector(".listing-form input[name=price_per_gpu_hour]");
+    if (!input) return;
+    input.scrollIntoView({ block: "center" });
+    input.focus({ preventScroll: true });
+  });
+  replace(page, h("p", { class: "crumbs" }, link("#/hosts", "← Hosts")), title, h("div", { class: "actions" }, toListing), summary,
     h("section", { "aria-labelledby": "gpus-title" }, h("h2", { id: "gpus-title" }, "GPUs"), gpusSlot),
     h("section", { "aria-labelledby": "isolation-title" }, h("h2", { id: "isolation-title" }, "Isolation and image policy"),
       h("p", { class: "hint" }, "How this host's agent keeps rentals apart, and which images renters may run on it (set in the agent's config)."),

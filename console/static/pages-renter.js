@@ -58,7 +58,7 @@ export function offersPage(page, ctx) {
     hint: "The query language: terms like field op value, all must hold (see docs/marketplace.md).", spellcheck: "false", autocomplete: "off" });
   const search = h("button", { type: "submit" }, "Search");
   const reset = h("button", { type: "reset", class: "secondary" }, "Reset");
-  const form = h("form", { class: "card filters", "aria-label": "Filter offers", novalidate: true },
+  const form = h("form", { class: "filters", "aria-label": "Filter offers", novalidate: true },
     h("div", { class: "grid" }, Object.values(inputs).map((f) => f.row), isolated.row),
     h("div", { class: "query-row" }, q.row),
     errors.el,
@@ -111,8 +111,12 @@ export function offersPage(page, ctx) {
     });
   });
 
+  // Layout: the filters beside the offers on a wide screen, folded above them on a phone (open where there is room),
+  // so the first offer's Rent button shows without scrolling.
+  const filters = h("details", { class: "card filters-box", open: matchMedia("(min-width: 721px)").matches },
+    h("summary", {}, "Filters and query"), form);
   replace(page, heading("Marketplace", ctx.role === "renter" ? "GPUs you can rent now. Filter, sort by a column, and rent." : "GPUs renters can rent now."),
-    form, count, results, dialog.el);
+    h("div", { class: "market" }, filters, h("div", { class: "market-results" }, count, results)), dialog.el);
   load();
 }
 
@@ -410,7 +414,7 @@ export function rentalPage(page, ctx) {
   const summary = h("div", { class: "rental-summary" }, loading());
   const actions = h("div", { class: "actions rental-actions" });
   const events = h("div", {});
-  const logs = h("pre", { class: "logs", tabindex: "0", "aria-label": "Workload output" });
+  const logs = h("pre", { class: "logs", tabindex: "0", role: "region", "aria-label": "Workload output" });
   const chartsSlot = h("div", {});
   const connect = connectPanel(ctx, rentalId);
   connect.el.hidden = true; // until the rental is loaded
