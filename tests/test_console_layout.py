@@ -46,6 +46,7 @@ class Page:
     hash: str  # where it is ("#/offers"), with {rental} and {host} filled in
     primary: str  # a selector for its primary action (or, where it has none, what it is for)
     charts: int = 0  # charts it draws once loaded
+    click: str | None = None  # a button to press first (what the page shows after it)
 
 
 RENTER = [
@@ -59,6 +60,7 @@ PROVIDER = [
     Page("hosts", "#/hosts", "table tbody tr:first-child a[href^='#/hosts/']"),
     Page("host", "#/hosts/{host}", "#go-to-listing", charts=4),
     Page("enroll", "#/enroll", "#create-token"),
+    Page("enroll-token", "#/enroll", "#copy-command", click="#create-token"),  # the token and the install command
     Page("earnings", "#/earnings", "#earned-total"),
 ]
 ADMIN = [
@@ -126,6 +128,8 @@ async def _check(console: Console, role: str, page: Page, size: tuple[int, int],
     """The problems of one page at one size (none: it fits, its primary action shows, axe is content)."""
     where = f"{role} {page.name} at {size[0]}×{size[1]}"
     await console.go(page.hash.format(**places))
+    if page.click:
+        await console.page.locator(page.click).click()
     primary = console.page.locator(page.primary).first
     await expect(primary).to_be_visible(timeout=WAIT_MS)
     if page.charts:
