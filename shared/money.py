@@ -19,6 +19,11 @@ so the digits the client wrote are gone (``0.45000000000000001`` arrives as ``0.
 
 The console mirrors the grammar in ``console/static/money.js`` (``AMOUNT``, ``amountProblem``)
 with the same message; the CLI calls ``parse_amount`` (``gpumarket/renter/commands.py``).
+
+**Writing money.** ``format_usd`` is the one way the CLI writes an amount, and ``formatUsd`` in
+``money.js`` the console's, with the same rules (``tests/test_money_format.py`` runs both over one
+corpus): a total in cents (``$1,234.50``), a rate with as many decimals as it has, down to a
+millionth (``$0.30/h``, ``$0.000125/s``); never an exponent.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ __all__ = [
     "AmountText",
     "amount_pattern",
     "amount_problem",
+    "format_usd",
     "parse_amount",
 ]
 
@@ -54,6 +60,8 @@ MAX_PRICE: Final = Decimal("999999.999999")  # Numeric(12, 6)
 MAX_AMOUNT_CHARS: Final = 32  # longer than any amount a column holds; refused before the pattern runs
 
 _EXAMPLES: Final = {0: "2", 1: "2.5", 2: "25.00", 3: "1.5"}
+_DECIMAL_TEXT: Final = re.compile(r"(-)?([0-9]+)(?:\.([0-9]*))?", re.ASCII)  # money.js DECIMAL: what the API writes
+_SHOWN_PLACES: Final = {"total": CENT_PLACES, "rate": PRICE_PLACES}
 
 
 @cache
@@ -173,3 +181,56 @@ class AmountText(Amount):
 
     def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
         return core_schema.no_info_plain_validator_function(self.keep)
+
+
+def _units(amount: Decimal | str | int) -> tuple[int, int] | None:
+    """``amount`` as (integer units, decimal places), exactly: "0.450" → (450, 3); None if it is no finite decimal."""
+    if isinstance(amount, Decimal):
+        if not amount.is_finite():
+            return None
+        sign, digits, exponent = amount.as_tuple()
+        units = int("".join(map(str, digits)) or "0") * (-1 if sign else 1)
+        assert isinstance(exponent, int)  # finite
+        return (units * 10**exponent, 0) if exponent >= 0 else (units, -exponent)
+    match = _DECIMAL_TEXT.fullmatch(str(amount).strip())
+    if match is None:
+        return None
+    fraction = match[3] or ""
+    return int(match[2] + fraction) * (-1 if match[1] else 1), len(fraction)
+
+
+def format_usd(amount: Decimal | str | int | None, kind: str = "total", *, per: str = "", missing: str = "—") -> str:
+    """``amount`` in US dollars as the console and the CLI write it (``formatUsd`` in ``console/static/money.js``).
+
+    A ``"total"`` (a balance, a charge, earnings) in cents, rounded half up: ``$1,234.50``; one under half a
+    cent but not zero reads ``<$0.01``, never ``$0.00``. A ``"rate"`` (a price per GPU-hour, per hour or per
+    second) keeps its decimals down to a millionth, at least two: ``$0.30``, ``$0.000125``, ``<$0.000001``.
+    Thousands are grouped with commas, a negative amount starts with ``-``, ``per="h"`` adds ``/h``; no
+    exponent, ever. ``None`` or ``""`` is ``missing``; text that is no decimal comes back as it is.
+
+    >>> format_usd("1234.5"), format_usd("0.300000", "rate", per="h"), format_usd(Decimal("0.45") / 3600, "rate", per="s")
+    ('$1,234.50', '$0.30/h', '$0.000125/s')
+    """
+    if amount is None or amount == "":
+        return missing
+    if kind not in _SHOWN_PLACES:
+        raise ValueError(f"kind must be 'total' or 'rate', not {kind!r}")
+    parsed = _units(amount)
+    if parsed is None:
+        return str(amount)
+    units, scale = parsed
+    places = _SHOWN_PLACES[kind]
+    magnitude = abs(units)
+    if scale <= places:
+        shown = magnitude * 10 ** (places - scale)
+    else:
+        factor = 10 ** (scale - places)
+        shown = (magnitude + factor // 2) // factor  # half up, on the digits
+    sign = "-" if units < 0 else ""
+    suffix = f"/{per}" if per else ""
+    if shown == 0 and magnitude != 0:
+        return f"{sign}<${'0.' + '0' * (places - 1) + '1'}{suffix}"
+    whole, fraction = divmod(shown, 10**places)
+    decimals = str(fraction).rjust(places, "0")
+    decimals = decimals[:2] + decimals[2:].rstrip("0")
+    return f"{sign}${whole:,}.{decimals}{suffix}"

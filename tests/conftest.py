@@ -246,11 +246,14 @@ async def api(master: Master) -> AsyncIterator[Api]:
         yield client
 
 
+BROWSER_MODULES = ("tests/test_console_browser.py", "tests/test_console_layout.py")  # they hold the lock exclusively
+
+
 @pytest.fixture(autouse=True)
 def _containers_wait_for_the_browser(request: pytest.FixtureRequest) -> Iterator[None]:
     """A test that may start containers (it uses ``docker_image``) waits while the browser tests run
     (``tests.dockerengine.NETWORK_LOCK``)."""
-    if "docker_image" not in request.fixturenames or request.node.nodeid.startswith("tests/test_console_browser.py"):
+    if "docker_image" not in request.fixturenames or request.node.nodeid.startswith(BROWSER_MODULES):
         yield
         return
     from tests.dockerengine import network_lock

@@ -38,6 +38,7 @@ from playwright.async_api import (
 from playwright.async_api import Error as PlaywrightError
 
 from shared.imageref import parse_image_reference
+from shared.money import format_usd
 from shared.protocol import ContainerWorkload
 from tests.dockerengine import network_lock
 from tests.helpers import eventually
@@ -238,7 +239,8 @@ async def _until_ended(console: Console, rental_id: str) -> str:
 
 
 def _usd(amount: Decimal) -> str:
-    return f"${amount.quantize(Decimal('0.01')):,}"
+    """A price per hour as the console writes it (a rate: shared.money.format_usd, which money.js agrees with)."""
+    return format_usd(amount, "rate")
 
 
 async def _charts_with_data(page: Page, selector: str = ".chart-line", count: int = 4) -> list[int]:

@@ -412,7 +412,8 @@ def test_what_rent_counts_as_failed(view: dict[str, Any], failed: bool) -> None:
     assert commands._failed({"id": "r-1", **view}) is failed
 
 
-def test_money_columns_share_their_decimals() -> None:
-    assert commands.money_column(["0.450000", "1.000000", None]) == ["$0.45", "$1.00", "-"]
-    assert commands.money_column(["0.450000", "0.003300"]) == ["$0.4500", "$0.0033"]
-    assert commands.money_column(["0.123456"]) == ["$0.1235"]
+def test_money_columns_write_amounts_as_the_console_does_aligned_on_the_point() -> None:
+    """Each cell is format_usd's (rates to the millionth, totals in cents), padded so the decimal points line up."""
+    assert commands.money_column(["0.450000", "1.000000", None], "rate") == ["$0.45", "$1.00", " -"]
+    assert commands.money_column(["0.450000", "0.003300", "1250.5"], "rate") == ["    $0.45", "    $0.0033", "$1,250.50"]
+    assert commands.money_column(["0.123456", "0.004"]) == [" $0.12", "<$0.01"]

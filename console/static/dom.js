@@ -98,6 +98,16 @@ export function table({ caption, columns, rows, empty = "Nothing yet.", classNam
   for (const row of rows) {
     body.append(row instanceof Node ? row : h("tr", {}, row.map((cell) => (cell instanceof Node && cell.tagName === "TD" ? cell : h("td", {}, cell)))));
   }
+  // Each cell names its column in data-label: on a narrow screen the rows become cards (app.css) that show it.
+  const labels = [...head.querySelectorAll("th")].map((th) => {
+    const hidden = th.querySelector(".visually-hidden");
+    return hidden ? "" : th.textContent.replace(/[↕▲▼]/g, "").trim();
+  });
+  for (const tr of body.rows) {
+    [...tr.cells].forEach((cell, i) => {
+      if (!cell.classList.contains("empty") && cell.dataset.label === undefined) cell.dataset.label = labels[i] ?? "";
+    });
+  }
   const tableEl = h("table", { class: className }, caption ? h("caption", {}, caption) : null, head, body);
   const labelId = caption ? uid("table") : null;
   if (labelId) tableEl.querySelector("caption").id = labelId;

@@ -3,7 +3,7 @@
 
 import { api } from "./api.js";
 import { facts, h, link, replace, table, timeEl, num } from "./dom.js";
-import { usd } from "./money.js";
+import { usd, usdRate } from "./money.js";
 import { loadInto, errorBox, loading } from "./ui.js";
 
 function gpus(line) {
@@ -38,7 +38,7 @@ function documentView(doc) {
     line.gpu_model ?? "—",
     gpus(line),
     line.rental_kind ?? "—",
-    usd(line.price_per_gpu_hour),
+    usdRate(line.price_per_gpu_hour),
     timeEl(line.started_at),
     timeEl(line.stopped_at),
     line.seconds_billed === null || line.seconds_billed === undefined ? "—" : num(line.seconds_billed, 0),

@@ -80,32 +80,48 @@ export function compare(a, b) {
   return xu < yu ? -1 : xu > yu ? 1 : 0;
 }
 
+const SHOWN_PLACES = { total: 2, rate: 6 };
+
 /**
- * A USD amount for display: "12.345678" → "$12.35"; amounts under a cent keep their
- * significant digits ("0.000125" → "$0.000125") so a small charge never reads as zero.
- * Rounds half up on the decimal digits, never through a float.
+ * A USD amount as the console writes it, by the rules of format_usd in shared/money.py (the CLI's):
+ * a "total" (balance, charge, earnings) in cents, rounded half up ("1234.5" → "$1,234.50"; under half a
+ * cent but not zero → "<$0.01"); a "rate" (per GPU-hour, per hour, per second) with its decimals down to
+ * a millionth, at least two ("0.300000" → "$0.30", "0.000125" → "$0.000125"). Commas group thousands,
+ * a negative amount starts with "-", `per: "h"` adds "/h"; never an exponent, never through a float.
+ * Null or "" is `missing`; text that is no decimal comes back as it is.
  */
-export function usd(text) {
-  if (text === null || text === undefined || text === "") return "—";
+export function formatUsd(text, { kind = "total", per = "", missing = "—" } = {}) {
+  if (text === null || text === undefined || text === "") return missing;
+  const places = SHOWN_PLACES[kind];
+  if (places === undefined) throw new Error(`kind must be "total" or "rate", not ${kind}`);
   const d = parseDecimal(text);
   if (!d) return String(text);
-  const negative = d.units < 0n;
-  const abs = negative ? -d.units : d.units;
+  const magnitude = d.units < 0n ? -d.units : d.units;
   let shown;
-  if (d.scale <= 2) {
-    shown = formatUnits(abs * 10n ** BigInt(2 - d.scale), 2);
+  if (d.scale <= places) {
+    shown = magnitude * 10n ** BigInt(places - d.scale);
   } else {
-    const factor = 10n ** BigInt(d.scale - 2);
-    const cents = (abs + factor / 2n) / factor;
-    if (cents === 0n && abs !== 0n) {
-      shown = formatUnits(abs, d.scale).replace(/0+$/, "");
-    } else {
-      shown = formatUnits(cents, 2);
-    }
+    const factor = 10n ** BigInt(d.scale - places);
+    shown = (magnitude + factor / 2n) / factor; // half up, on the digits
   }
-  const [whole, frac] = shown.split(".");
-  const grouped = whole.replace(/\B(?=(\d{3})+(?!\d))/g, ",");
-  return `${negative ? "−" : ""}$${grouped}${frac !== undefined ? `.${frac}` : ""}`;
+  const sign = d.units < 0n ? "-" : "";
+  const suffix = per ? `/${per}` : "";
+  if (shown === 0n && magnitude !== 0n) return `${sign}<$0.${"0".repeat(places - 1)}1${suffix}`;
+  const scale = 10n ** BigInt(places);
+  const whole = (shown / scale).toString().replace(/\B(?=(\d{3})+(?!\d))/g, ",");
+  let decimals = (shown % scale).toString().padStart(places, "0");
+  decimals = decimals.slice(0, 2) + decimals.slice(2).replace(/0+$/, "");
+  return `${sign}$${whole}.${decimals}${suffix}`;
+}
+
+/** A total ("$12.35"): formatUsd(text). */
+export function usd(text) {
+  return formatUsd(text);
+}
+
+/** A rate ("$0.45", "$0.000125"): formatUsd(text, { kind: "rate" }). */
+export function usdRate(text, per = "") {
+  return formatUsd(text, { kind: "rate", per });
 }
 
 /** Whether a decimal string is more than zero. */

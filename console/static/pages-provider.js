@@ -5,7 +5,7 @@ import { earningsSection, occupancySection } from "./charts-money.js";
 import { api } from "./api.js";
 import { badge, facts, field, h, link, num, replace, table, timeEl } from "./dom.js";
 import { invoicesSection } from "./invoices.js";
-import { amountProblem, usd } from "./money.js";
+import { amountProblem, usd, usdRate } from "./money.js";
 import { gpuCharts } from "./telemetry.js";
 import { busy, errorBox, heading, loadInto, loading } from "./ui.js";
 import { isolationBadge, isolationFacts } from "./workloads.js";
@@ -67,7 +67,15 @@ export function hostPage(page, ctx) {
   const networkErrors = errorBox();
   const measure = h("button", { type: "button", class: "secondary", id: "measure-network" }, "Measure now");
   const title = h("h1", { tabindex: "-1", class: "page-title" }, `Host ${hostId}`);
-  replace(page, h("p", { class: "crumbs" }, link("#/hosts", "← Hosts")), title, summary,
+  // The page's main action, the price, is far down below the telemetry: a button at the top takes you there.
+  const toListing = h("button", { type: "button", id: "go-to-listing" }, "Set the price");
+  toListing.addEventListener("click", () => {
+    const input = page.querySelector(".listing-form input[name=price_per_gpu_hour]");
+    if (!input) return;
+    input.scrollIntoView({ block: "center" });
+    input.focus({ preventScroll: true });
+  });
+  replace(page, h("p", { class: "crumbs" }, link("#/hosts", "← Hosts")), title, h("div", { class: "actions" }, toListing), summary,
     h("section", { "aria-labelledby": "gpus-title" }, h("h2", { id: "gpus-title" }, "GPUs"), gpusSlot),
     h("section", { "aria-labelledby": "isolation-title" }, h("h2", { id: "isolation-title" }, "Isolation and image policy"),
       h("p", { class: "hint" }, "How this host's agent keeps rentals apart, and which images renters may run on it (set in the agent's config)."),
@@ -195,8 +203,8 @@ function listingSection(ctx, hostId) {
     unit.input.value = listing.smallest_unit || "gpu";
     until.input.value = toLocalInput(listing.available_until);
     replace(current, facts([
-      ["Price", `${usd(listing.price_per_gpu_hour)} per GPU-hour`],
-      ["Minimum bid", listing.min_bid_per_gpu_hour ? `${usd(listing.min_bid_per_gpu_hour)} per GPU-hour` : "the tier's lowest price"],
+      ["Price", `${usdRate(listing.price_per_gpu_hour)} per GPU-hour`],
+      ["Minimum bid", listing.min_bid_per_gpu_hour ? `${usdRate(listing.min_bid_per_gpu_hour)} per GPU-hour` : "the tier's lowest price"],
       ["Smallest unit", listing.smallest_unit],
       ["Offered until", listing.available_until ? timeEl(listing.available_until) : "no end"],
       ["Maintenance windows", windows.length ? windows.map((w) => `${w.start} – ${w.end}`).join("; ") : "none"],
@@ -209,7 +217,7 @@ function listingSection(ctx, hostId) {
   loadInto(ctx, boundsSlot, async () => {
     const bounds = await api("GET", "/price-bounds");
     return table({ caption: "Price bounds per tier (USD per GPU-hour)", columns: ["Tier", "Lowest", "Default", "Highest"], className: "bounds",
-      rows: bounds.items.map((b) => [badge(b.tier, "tier"), usd(b.min), usd(b.default), usd(b.max)]) });
+      rows: bounds.items.map((b) => [badge(b.tier, "tier"), usdRate(b.min), usdRate(b.default), usdRate(b.max)]) });
   });
   (async () => {
     try {
@@ -251,7 +259,7 @@ function listingSection(ctx, hostId) {
       try {
         const listing = await api("PUT", `/hosts/${encodeURIComponent(hostId)}/listing`, { body });
         showListing(listing);
-        ctx.notify(`Listing saved: ${usd(listing.price_per_gpu_hour)} per GPU-hour.`);
+        ctx.notify(`Listing saved: ${usdRate(listing.price_per_gpu_hour)} per GPU-hour.`);
       } catch (error) {
         if (error.status === 401) return;
         errors.show(error);

@@ -6,7 +6,7 @@ import { connectPanel } from "./connect.js";
 import { creditSection } from "./credit.js";
 import { badge, facts, field, h, link, num, replace, table, timeEl, uid } from "./dom.js";
 import { invoicesSection } from "./invoices.js";
-import { amountProblem, multiply, usd } from "./money.js";
+import { amountProblem, multiply, usd, usdRate } from "./money.js";
 import { gpuCharts } from "./telemetry.js";
 import { busy, errorBox, heading, loadInto, loading } from "./ui.js";
 import { isolationBadge, runsShort, workloadChooser, workloadFacts } from "./workloads.js";
@@ -60,7 +60,7 @@ export function offersPage(page, ctx) {
     hint: "The query language: terms like field op value, all must hold (see docs/marketplace.md).", spellcheck: "false", autocomplete: "off" });
   const search = h("button", { type: "submit" }, "Search");
   const reset = h("button", { type: "reset", class: "secondary" }, "Reset");
-  const form = h("form", { class: "card filters", "aria-label": "Filter offers", novalidate: true },
+  const form = h("form", { class: "filters", "aria-label": "Filter offers", novalidate: true },
     h("div", { class: "grid" }, Object.values(inputs).map((f) => f.row), isolated.row),
     h("div", { class: "query-row" }, q.row),
     errors.el,
@@ -113,8 +113,12 @@ export function offersPage(page, ctx) {
     });
   });
 
+  // Layout: the filters beside the offers on a wide screen, folded above them on a phone (open where there is room),
+  // so the first offer's Rent button shows without scrolling.
+  const filters = h("details", { class: "card filters-box", open: matchMedia("(min-width: 721px)").matches },
+    h("summary", {}, "Filters and query"), form);
   replace(page, heading("Marketplace", ctx.role === "renter" ? "GPUs you can rent now. Filter, sort by a column, and rent." : "GPUs renters can rent now."),
-    form, count, results, dialog.el);
+    h("div", { class: "market" }, filters, h("div", { class: "market-results" }, count, results)), dialog.el);
   load();
 }
 
@@ -142,7 +146,7 @@ function offersTable(body, state, onSort, onRent) {
         offer.listed ? null : h("span", { class: "hint block" }, "default price")),
       h("td", { class: "num" }, String(offer.num_gpus)),
       h("td", { class: "num" }, gib(offer.vram_mib)),
-      h("td", { class: "num" }, usd(offer.price_per_gpu_hour)),
+      h("td", { class: "num" }, usdRate(offer.price_per_gpu_hour)),
       h("td", { class: "num" }, offer.price_per_score === null ? "—" : num(offer.price_per_score, 4)),
       h("td", { class: "num" }, num(offer.performance_score, 1)),
       h("td", {}, offer.region ?? "—"),
@@ -198,12 +202,12 @@ function rentDialog(ctx) {
     const kindOnDemand = field({ label: "On demand (never preempted)", name: "kind", type: "radio", value: "on_demand", checked: true });
     const kindInterruptible = field({ label: "Interruptible, with a bid (cheaper; can be preempted)", name: "kind", type: "radio", value: "interruptible" });
     const bid = field({ label: "Bid, USD per GPU-hour", name: "bid", inputmode: "decimal", placeholder: "e.g. 0.20", disabled: true,
-      hint: offer.min_bid_per_gpu_hour ? `The minimum bid is ${usd(offer.min_bid_per_gpu_hour)}.` : "At least the tier's minimum price." });
+      hint: offer.min_bid_per_gpu_hour ? `The minimum bid is ${usdRate(offer.min_bid_per_gpu_hour)}.` : "At least the tier's minimum price." });
     const run = workloadChooser(offer);
     if (!offer.min_bid_per_gpu_hour && offer.tier) {
       priceBounds().then((bounds) => {
         const tier = bounds[offer.tier];
-        if (tier) bid.row.querySelector(".hint").textContent = `The minimum bid is ${usd(tier.min)} (the ${offer.tier} tier's lowest price).`;
+        if (tier) bid.row.querySelector(".hint").textContent = `The minimum bid is ${usdRate(tier.min)} (the ${offer.tier} tier's lowest price).`;
       });
     }
     const sync = () => {
@@ -217,7 +221,7 @@ function rentDialog(ctx) {
     const cancel = h("button", { type: "button", class: "secondary" }, "Cancel");
     cancel.addEventListener("click", close);
     const form = h("form", { class: "rent-form", novalidate: true, method: "dialog" },
-      facts([["Host", h("code", {}, offer.host_id)], ["Region", offer.region], ["Price", `${usd(offer.price_per_gpu_hour)} per GPU-hour`],
+      facts([["Host", h("code", {}, offer.host_id)], ["Region", offer.region], ["Price", `${usdRate(offer.price_per_gpu_hour)} per GPU-hour`],
         ["Free GPUs", String(offer.num_gpus)], ["Tier", offer.tier], ["Isolation", isolationBadge(offer.isolation)]]),
       h("div", { class: "fieldset-pair" },
         h("fieldset", {}, h("legend", {}, "How much"), unitWhole.row, count.row, unitShare.row, milli.row),
@@ -310,10 +314,10 @@ function rentDialog(ctx) {
       });
       replace(confirmSlot, h("h3", {}, "Confirm your rental"),
         facts([["GPU", `${offer.gpu_name} on ${offer.host_id}`], ["Amount", what],
-          ["Pricing", request.kind === "interruptible" ? `interruptible, bid ${usd(rate)} per GPU-hour` : `on demand, ${usd(rate)} per GPU-hour`],
+          ["Pricing", request.kind === "interruptible" ? `interruptible, bid ${usdRate(rate)} per GPU-hour` : `on demand, ${usdRate(rate)} per GPU-hour`],
           ["What runs", h("span", { id: "confirm-runs" }, `${run.describe(request)}.`)]]),
-        h("p", { class: "price-total" }, "Price: ", h("strong", { id: "confirm-price", dataset: { perHour } }, `${usd(perHour)} per hour`),
-          h("span", { class: "hint block" }, `${usd(rate)} per GPU-hour × ${request.gpu_milli ? `${thousandths}/1000 of a GPU` : `${units} GPU${units === 1 ? "" : "s"}`} = $${perHour} per hour, billed per second while it runs.`)),
+        h("p", { class: "price-total" }, "Price: ", h("strong", { id: "confirm-price", dataset: { perHour } }, `${usdRate(perHour)} per hour`),
+          h("span", { class: "hint block" }, `${usdRate(rate)} per GPU-hour × ${request.gpu_milli ? `${thousandths}/1000 of a GPU` : `${units} GPU${units === 1 ? "" : "s"}`} = ${usdRate(perHour)} per hour, billed per second after a 60-second minimum while it runs.`)),
         h("div", { class: "actions" }, confirm, back));
       confirm.focus();
     }
@@ -347,8 +351,8 @@ export function rentalsPage(page, ctx) {
       r.gpu_model ?? "—",
       gpuAmount(r),
       runsShort(r),
-      r.kind === "interruptible" ? `interruptible (bid ${usd(r.bid_per_gpu_hour)})` : "on demand",
-      usd(r.price_per_hour),
+      r.kind === "interruptible" ? `interruptible (bid ${usdRate(r.bid_per_gpu_hour)})` : "on demand",
+      usdRate(r.price_per_hour),
       usd(r.charged),
       timeEl(r.created_at),
     ]);
@@ -413,7 +417,7 @@ export function rentalPage(page, ctx) {
   const summary = h("div", { class: "rental-summary" }, loading());
   const actions = h("div", { class: "actions rental-actions" });
   const events = h("div", {});
-  const logs = h("pre", { class: "logs", tabindex: "0", "aria-label": "Workload output" });
+  const logs = h("pre", { class: "logs", tabindex: "0", role: "region", "aria-label": "Workload output" });
   const chartsSlot = h("div", {});
   const connect = connectPanel(ctx, rentalId);
   connect.el.hidden = true; // until the rental is loaded
@@ -485,9 +489,9 @@ export function rentalPage(page, ctx) {
       ["GPU model", rental.gpu_model ?? "—"],
       ["GPUs", gpuAmount(rental)],
       ["Host", rental.host_id ? h("code", {}, rental.host_id) : "not placed yet"],
-      ["Kind", rental.kind === "interruptible" ? `interruptible, bid ${usd(rental.bid_per_gpu_hour)} per GPU-hour` : "on demand"],
-      ["Price per GPU-hour", usd(rental.price_per_gpu_hour)],
-      ["Price per hour", usd(rental.price_per_hour)],
+      ["Kind", rental.kind === "interruptible" ? `interruptible, bid ${usdRate(rental.bid_per_gpu_hour)} per GPU-hour` : "on demand"],
+      ["Price per GPU-hour", usdRate(rental.price_per_gpu_hour)],
+      ["Price per hour", usdRate(rental.price_per_hour)],
       ["Charged so far", h("span", { id: "rental-charged", dataset: { amount: rental.charged ?? "" } }, usd(rental.charged))],
       ...workloadFacts(rental),
       ["Created", timeEl(rental.created_at)],
@@ -554,12 +558,12 @@ export function billingPage(page, ctx) {
     return h("section", { "aria-labelledby": "credit-title", class: "card" }, h("h2", { id: "credit-title" }, "Credit"),
       facts([
         ["Balance", h("span", { id: "balance" }, usd(credit.balance))],
-        ["Burn rate", `${usd(credit.burn_rate_per_hour)} per hour`],
+        ["Burn rate", `${usdRate(credit.burn_rate_per_hour)} per hour`],
         ["Lasts", credit.hours_left === null || credit.hours_left === undefined ? "—" : `${num(credit.hours_left, 1)} hours at this rate`],
         ["Spent this month", usd(credit.spent_this_month)],
         ["Monthly spend cap", h("span", { id: "spend-cap" }, credit.monthly_spend_cap ? usd(credit.monthly_spend_cap) : "none")],
         ["GPUs held", `${quota.used_gpus ?? "0"}${quota.max_gpus ? ` of at most ${quota.max_gpus}` : ""}`],
-        ["Spend quota", quota.max_spend_per_hour ? `${usd(quota.max_spend_per_hour)} per hour` : "none"],
+        ["Spend quota", quota.max_spend_per_hour ? `${usdRate(quota.max_spend_per_hour)} per hour` : "none"],
       ]));
   });
   cap.input.addEventListener("input", () => {

@@ -17,7 +17,6 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ from gpumarket.renter.api import (
     normalize_url,
     save_login,
 )
-from shared.money import MAX_PRICE, PRICE_PLACES, amount_problem
+from shared.money import MAX_PRICE, PRICE_PLACES, amount_problem, format_usd
 
 # How often `rent`, `stop --wait` and `logs -f` ask the API again.
 POLL_INTERVAL_S = 1.0
@@ -97,28 +96,15 @@ def _exec(argv: list[str]) -> None:
 # ---- formatting ---------------------------------------------------------------------------------
 
 
-def money_column(values: Sequence[str | None], *, prefix: str = "$") -> list[str]:
-    """Amounts with the same number of decimals, 2 to 4 (as many as the column needs); ``-`` for none."""
-    amounts: list[Decimal | None] = []
-    for value in values:
-        try:
-            amounts.append(Decimal(value) if value is not None else None)
-        except InvalidOperation:
-            amounts.append(None)
-    places = 2
-    for amount in amounts:
-        if amount is not None:
-            for p in (2, 3, 4):
-                if amount == amount.quantize(Decimal(1).scaleb(-p)):
-                    places = max(places, p)
-                    break
-            else:
-                places = 4
-    return [f"{prefix}{a:.{places}f}" if a is not None else "-" for a in amounts]
+def money_column(values: Sequence[str | None], kind: str = "total") -> list[str]:
+    """Amounts as the console writes them (``shared.money.format_usd``), aligned on the decimal point; ``-`` for none."""
+    shown = [format_usd(value, kind, missing="-") for value in values]
+    dots = [text.find(".") if "." in text else len(text) for text in shown]
+    return [" " * (max(dots) - dot) + text for text, dot in zip(shown, dots, strict=True)]
 
 
-def money(value: str | None) -> str:
-    return money_column([value])[0]
+def money(value: str | None, kind: str = "total") -> str:
+    return format_usd(value, kind, missing="-")
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -199,7 +185,7 @@ async def cmd_offers(args: argparse.Namespace, client: Client) -> int:
     if not items:
         print(f"no offers match{' ' + repr(body.get('query')) if body.get('query') else ''}; loosen the query or try later")
         return 0
-    prices = money_column([o.get("price_per_gpu_hour") for o in items])
+    prices = money_column([o.get("price_per_gpu_hour") for o in items], "rate")
     rows = [
         [
             o["gpu_name"], str(o["num_gpus"]), _gib(o.get("vram_mib")), price, o.get("region") or "-", o.get("tier") or "-",
@@ -353,7 +339,7 @@ def _print_rental_outcome(rental: Mapping[str, Any]) -> None:
         _err(f"the workload ran and ended; its output: gpumarket logs {rid}")
         return
     gpus = f"{rental.get('gpu_count')} x {rental.get('gpu_model') or 'GPU'}"
-    price = f", {money(rental['price_per_hour'])}/h" if rental.get("price_per_hour") else ""
+    price = f", {money(rental['price_per_hour'], 'rate')}/h" if rental.get("price_per_hour") else ""
     print(f"{rid} {rstate}: {gpus}{price}")
     if rstate == "running":
         inside = f"shell: gpumarket ssh {rid}; files: gpumarket cp FILE {rid}:; " if rental.get("ssh_host_key") else ""
@@ -387,7 +373,7 @@ async def cmd_rentals(args: argparse.Namespace, client: Client) -> int:
         return 0
     host_ids = sorted({r["host_id"] for r in items if r.get("host_id")})
     regions = dict(zip(host_ids, await asyncio.gather(*(_region(client, h) for h in host_ids)), strict=True))
-    prices = money_column([r.get("price_per_hour") for r in items])
+    prices = money_column([r.get("price_per_hour") for r in items], "rate")
     charged = money_column([r.get("charged") for r in items])
     rows = [
         [
@@ -461,15 +447,15 @@ async def cmd_account(args: argparse.Namespace, client: Client) -> int:
         cap = f"{money(credit['monthly_spend_cap'])} a month" if credit.get("monthly_spend_cap") else "none"
         lines += [
             f"balance        {money(credit.get('balance'))}",
-            f"burn rate      {money(credit.get('burn_rate_per_hour'))}/h{left}",
+            f"burn rate      {money(credit.get('burn_rate_per_hour'), 'rate')}/h{left}",
             f"spend cap      {cap}; spent this month {money(credit.get('spent_this_month'))}",
         ]
     if quota:
         max_gpus = f"of at most {quota['max_gpus']}" if quota.get("max_gpus") else "(no quota)"
-        max_spend = f"of at most {money(quota['max_spend_per_hour'])}/h" if quota.get("max_spend_per_hour") else "(no quota)"
+        max_spend = f"of at most {money(quota['max_spend_per_hour'], 'rate')}/h" if quota.get("max_spend_per_hour") else "(no quota)"
         lines += [
             f"GPUs held      {quota.get('used_gpus')} {max_gpus}",
-            f"rentals cost   {money(quota.get('spend_per_hour'))}/h {max_spend}",
+            f"rentals cost   {money(quota.get('spend_per_hour'), 'rate')}/h {max_spend}",
         ]
     earnings = account.get("earnings")
     if earnings:

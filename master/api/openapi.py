@@ -17,6 +17,14 @@ from master.api.schemas import ErrorBody
 _REASONS = {400: "Bad request", 401: "Missing or invalid API key", 403: "Not allowed for this account", 404: "Not found",
             409: "Conflict", 422: "Invalid body", 429: "Too many requests; retry after Retry-After seconds",
             503: "Not ready: the database or Redis is unavailable; retry after Retry-After seconds"}
+# Every amount of money the API writes (prices, bids, charges, balances, earnings): a decimal string, never a JSON
+# number, so no client reads it through a binary float. The console and the CLI show it with shared.money.format_usd.
+MONEY_SCHEMA: dict[str, Any] = {
+    "type": "string", "pattern": r"^-?[0-9]+(\.[0-9]+)?$", "examples": ["0.450000", "1234.500000"],
+    "description": "US dollars as a decimal string: ASCII digits, an optional leading '-', at most one dot, no exponent "
+                   "or separators; ledger amounts carry six decimals (a millionth of a dollar). Read it as a decimal, not "
+                   "a float. Prices are per GPU-hour; usage is billed per second after a 60-second minimum.",
+}  # fmt: skip
 _RETRY_AFTER = {"Retry-After": {"description": "Whole seconds to wait before retrying (at least 1).",
                                 "schema": {"type": "integer", "minimum": 1}}}
 
@@ -40,7 +48,8 @@ def _success_schema(components: dict[str, Any], route: Route, media_type: str) -
 
 def build_openapi(routes: tuple[Route, ...]) -> dict[str, Any]:
     """The document of ``routes`` (the ``/api/v1`` part of the table)."""
-    components: dict[str, Any] = {"Error": ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")}
+    components: dict[str, Any] = {"Error": ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}"),
+                                  "Money": MONEY_SCHEMA}
     paths: dict[str, Any] = {}
     for route in routes:
         success = {
@@ -96,7 +105,9 @@ def build_openapi(routes: tuple[Route, ...]) -> dict[str, Any]:
         paths.setdefault(API + route.path, {})[route.method.lower()] = op
     return {
         "openapi": "3.1.0",
-        "info": {"title": "gpumarket API", "version": VERSION},
+        "info": {"title": "gpumarket API", "version": VERSION,
+                 "description": "Every money field (price_*, bid_*, charged, balance, earned, amount, total_*, ...) is "
+                                "a decimal string as #/components/schemas/Money describes."},
         "servers": [{"url": "/"}],
         "paths": paths,
         "components": {"schemas": components, "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
