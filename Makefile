@@ -30,17 +30,18 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 
 install: $(VENV)/.installed
 
-# Installs Debian's chromium when it is missing and we are root (apt-get update only if the
-# package index does not know it yet). Otherwise says how; the browser tests fail without it.
+# Installs Debian's chromium (the console's browser tests) and nodejs (the money formatter's
+# agreement test runs money.js in Node) when missing and we are root (apt-get update only if the
+# package index does not know them yet). Otherwise says how; those tests fail without them.
 chromium:
-	@if [ -x "$(CHROMIUM)" ]; then :; \
+	@if [ -x "$(CHROMIUM)" ] && command -v node >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		echo "installing Debian's chromium for the console's browser tests"; \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y chromium \
-		|| { DEBIAN_FRONTEND=noninteractive apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }; \
+		echo "installing Debian's chromium and nodejs for the console's tests"; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y chromium nodejs \
+		|| { DEBIAN_FRONTEND=noninteractive apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium nodejs; }; \
 	else \
-		echo "make: $(CHROMIUM) is missing: install Debian's chromium (sudo apt-get install chromium)" \
-		     "or point GPUMARKET_TEST_CHROMIUM at a Chromium; tests/test_console_browser.py fails without one" >&2; \
+		echo "make: $(CHROMIUM) or node is missing: install Debian's chromium and nodejs (sudo apt-get install chromium nodejs)" \
+		     "or point GPUMARKET_TEST_CHROMIUM at a Chromium; the console's tests fail without them" >&2; \
 	fi
 
 # Installs Debian's docker.io (the engine the container tests drive), busybox-static (the test
