@@ -1,4 +1,6 @@
-"""The README's "Try it" section, run as written against a real `gpumarket up`: every curl command answers a success.
+"""The README's "Try it" and "Renter CLI" sections, run as written against a real `gpumarket up`.
+
+Every curl and `gpumarket` command answers what the README says.
 
 The commands are read from README.md, so a changed README changes this test. Each runs in bash with real
 curl (and jq), from a folder whose ``.gpumarket`` is the demo's data dir, so the README's ``KEY=...`` line
@@ -16,6 +18,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -211,3 +214,90 @@ def test_every_curl_command_of_the_readme_answers_a_success(demo: Demo) -> None:
         waiting = {rid for rid in waiting if demo.api(f"/rentals/{rid}")["state"] != "running"}
         time.sleep(0.3)
     assert not waiting, f"hold rentals not running within {RUNNING_S:g} s: {[demo.api(f'/rentals/{rid}') for rid in waiting]}"
+
+
+# ---- the Renter CLI block ----------------------------------------------------------------------
+
+RENTAL_ID = re.compile(r"\br-[0-9a-f]{16}\b")
+
+
+def cli_commands(readme: str) -> list[str]:
+    """The lines of the first ``sh`` block under "### Renter CLI": one `gpumarket` command each."""
+    section = readme.split("\n### Renter CLI\n", 1)[1].split("\n## ", 1)[0]
+    match = re.search(r"```sh\n(.*?)```", section, re.S)
+    assert match is not None, "README's Renter CLI section has no ```sh block"
+    return [line for line in match.group(1).splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def _stop_everything(demo: Demo) -> None:
+    """End the rentals an earlier test left running, so the CLI's rentals find free GPUs whatever the order."""
+    for rental in demo.api("/rentals")["items"]:
+        request = urllib.request.Request(f"{demo.api_url}/rentals/{rental['id']}", method="DELETE",
+                                         headers={"Authorization": f"Bearer {demo.renter_key}"})  # fmt: skip
+        urllib.request.urlopen(request, timeout=COMMAND_S).close()
+    deadline = time.monotonic() + RUNNING_S
+    while demo.api("/rentals")["items"] and time.monotonic() < deadline:
+        time.sleep(0.3)
+
+
+def test_the_readme_cli_block_is_what_the_cli_test_runs() -> None:
+    """Every line of the block is a `gpumarket` command with a subcommand this test knows how to check."""
+    commands = cli_commands(README.read_text())
+    assert [c.split()[0] for c in commands] == ["gpumarket"] * len(commands)
+    assert {c.split()[1] for c in commands} <= {"login", "offers", "rent", "rentals", "logs", "stop", "account", "credit"}
+    assert len(commands) >= 9
+
+
+def test_every_cli_command_of_the_readme_answers_as_it_says(demo: Demo) -> None:
+    """The Renter CLI block run in order with the real `gpumarket`: login, the offers query, rentals (a hold runs;
+    container ones run or say why not), the list, `logs -f` following until `stop --wait` ends the rental, the
+    account and a demo credit."""
+    _stop_everything(demo)
+    key_line = try_it_commands(README.read_text())[0]
+    port = demo.api_url.split("://", 1)[1].split("/", 1)[0]
+    env = {**demo.env, "PATH": f"{Path(sys.executable).parent}:{demo.env.get('PATH', '')}"}
+    hosts = demo.api("/hosts")["items"]
+    container_hosts = any("container" in ((h["isolation"] or {}).get("kinds") or []) for h in hosts)
+    held: str | None = None
+    follower: subprocess.Popen[str] | None = None
+    try:
+        for command in cli_commands(README.read_text()):
+            verb = command.split()[1]
+            adapted = re.sub(r"\[(--[\w-]+)\]", r"\1", command).replace("127.0.0.1:8080", port)
+            if "RENTAL" in adapted:
+                assert held is not None, f"{command}: no rental of an earlier README command to use"
+                adapted = adapted.replace("RENTAL", held)
+            script = f"{key_line}\n{adapted}"
+            if verb == "logs":
+                follower = subprocess.Popen(["bash", "-c", script], cwd=demo.folder, env=env, text=True,
+                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+                continue
+            done = subprocess.run(["bash", "-c", script], cwd=demo.folder, env=env, capture_output=True, text=True,
+                                  timeout=COMMAND_S + RUNNING_S)  # fmt: skip
+            where = f"{command}\n-> exit {done.returncode}\n{done.stdout}\n{done.stderr}"
+            if verb == "rent" and ("--template" in command or "--image" in command):
+                if container_hosts:  # it runs, or the image cannot be pulled here (no registry): said in one line
+                    assert done.returncode == 0 or (done.returncode == 1 and "image" in done.stderr.lower()), where
+                else:
+                    assert done.returncode == 1 and "container" in done.stderr, where
+                continue
+            assert done.returncode == 0, where
+            if verb == "offers":
+                assert "RTX 4090" in done.stdout, where
+            elif verb == "rent":
+                [held] = set(RENTAL_ID.findall(done.stdout)) or [None]
+                assert held is not None and demo.api(f"/rentals/{held}")["state"] == "running", where
+            elif verb == "rentals":
+                assert held is not None and held in done.stdout, where
+            elif verb == "stop":
+                assert demo.api(f"/rentals/{held}")["state"] == "stopped", where
+                assert follower is not None, "README's `logs -f` comes before `stop`"
+                assert follower.wait(timeout=COMMAND_S) == 0, follower.communicate()
+            elif verb == "account":
+                assert "$" in done.stdout, where
+            elif verb == "credit":
+                assert "demo" in done.stdout.lower() and "$" in done.stdout, where
+    finally:
+        if follower is not None and follower.poll() is None:
+            follower.kill()
+            follower.wait()
