@@ -124,6 +124,7 @@ class World:
             "other_host_id": self.hosts[OTHER_PROVIDER], "other_provider_id": self.account(OTHER_PROVIDER),
             "name": "pytorch",  # a seeded template
             "ssh_key_id": self.ssh_keys[RENTER],
+            "start": MAINTENANCE["start"],  # the window the provider's POST adds
         }  # fmt: skip
 
 
@@ -199,6 +200,14 @@ async def ssh_key_body(world: World, who: str) -> Any:
     return {"public_key": _ssh_key_line(), "name": f"added by {who}"}
 
 
+# Far from the test clock's now, one day apart: the provider's and the admin's windows do not overlap.
+MAINTENANCE = {"start": "2099-01-01T00:00:00Z", "end": "2099-01-01T04:00:00Z"}
+
+
+async def maintenance_body(world: World, who: str) -> Any:
+    return MAINTENANCE if who == PROVIDER else {"start": "2099-01-02T00:00:00Z", "end": "2099-01-02T04:00:00Z"}
+
+
 async def session_body(world: World, who: str) -> Any:
     return {"api_key": world.keys.get(who, world.keys[RENTER])}
 
@@ -266,6 +275,11 @@ MATRIX: tuple[Rule, ...] = (
     Rule("PUT", "/hosts/{host_id}/listing", host_write(200), body=fixed(LISTING)),
     Rule("GET", "/hosts/{host_id}/listing", host_read()),
     Rule("GET", "/price-bounds", everyone(200)),
+    # After the listing's PUT (which would clear them): the provider adds MAINTENANCE, the admin another, the
+    # provider clears MAINTENANCE. The admin's 404 runs with the refusals, before any window exists.
+    Rule("POST", "/hosts/{host_id}/maintenance-windows", host_write(201), body=maintenance_body),
+    Rule("DELETE", "/hosts/{host_id}/maintenance-windows/{start}",
+         {**host_write(200), ADMIN: (404, "maintenance_window_not_found")}),
     # Alerts: providers (their own hosts') and admins.
     Rule("GET", "/alerts", only(200, "provider")),
     Rule("GET", "/alerts", only(200, "provider"), query={"host_id": "{other_host_id}"}),
@@ -457,6 +471,7 @@ class TestMatrix:
             (OTHER_RENTER, "DELETE", "/rentals/{}", world.rentals[RENTER], "r-0000000000000000"),
             (OTHER_PROVIDER, "GET", "/hosts/{}", world.hosts[PROVIDER], "h-0000000000000000"),
             (OTHER_PROVIDER, "PUT", "/hosts/{}/listing", world.hosts[PROVIDER], "h-0000000000000000"),
+            (OTHER_PROVIDER, "DELETE", "/hosts/{}/maintenance-windows/2099-01-01T00:00:00Z", world.hosts[PROVIDER], "h-0000000000000000"),
             (OTHER_PROVIDER, "POST", "/hosts/{}/revoke", world.hosts[PROVIDER], "h-0000000000000000"),
             (OTHER_PROVIDER, "GET", "/alerts/{}", world.alerts[PROVIDER], "alert-0000000000000000"),
             (OTHER_RENTER, "GET", "/invoices/{}", world.document(RENTER), f"inv-{world.month}-acct-0000000000000000"),

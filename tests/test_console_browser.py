@@ -42,6 +42,7 @@ from shared.money import format_usd
 from shared.protocol import ContainerWorkload
 from tests.dockerengine import network_lock
 from tests.helpers import eventually
+from tests.test_console_maintenance import MaintenanceWindows
 from tests.upprocess import check_alive, gpumarket_up, wait_for_credentials
 
 CHROMIUM = Path(os.environ.get("GPUMARKET_TEST_CHROMIUM", "/usr/bin/chromium"))
@@ -1016,3 +1017,7 @@ class TestConnect:
         assert fingerprints == [*map(_fingerprint, keys), None, None, None]
         assert sizes == ["0 B", "999 B", "1 kB", "12.3 MB", "1.5 GB"]
         assert console.problems == []
+
+
+class TestMaintenanceWindows(MaintenanceWindows):
+    """The provider's maintenance windows (``tests/test_console_maintenance.py``), on this module's market."""

@@ -5,6 +5,7 @@ import { earningsSection, occupancySection } from "./charts-money.js";
 import { api } from "./api.js";
 import { badge, facts, field, h, link, num, replace, table, timeEl } from "./dom.js";
 import { invoicesSection } from "./invoices.js";
+import { maintenanceSection } from "./maintenance.js";
 import { amountProblem, usd, usdRate } from "./money.js";
 import { gpuCharts } from "./telemetry.js";
 import { busy, errorBox, heading, loadInto, loading } from "./ui.js";
@@ -75,13 +76,14 @@ export function hostPage(page, ctx) {
     input.scrollIntoView({ block: "center" });
     input.focus({ preventScroll: true });
   });
+  const listingEvents = new EventTarget(); // keeps the listing form and the maintenance windows (maintenance.js) in step
   replace(page, h("p", { class: "crumbs" }, link("#/hosts", "← Hosts")), title, h("div", { class: "actions" }, toListing), summary,
     h("section", { "aria-labelledby": "gpus-title" }, h("h2", { id: "gpus-title" }, "GPUs"), gpusSlot),
     h("section", { "aria-labelledby": "isolation-title" }, h("h2", { id: "isolation-title" }, "Isolation and image policy"),
       h("p", { class: "hint" }, "How this host's agent keeps rentals apart, and which images renters may run on it (set in the agent's config)."),
       isolationSlot),
     chartsSlot,
-    listingSection(ctx, hostId),
+    listingSection(ctx, hostId, listingEvents), maintenanceSection(ctx, hostId, listingEvents),
     h("section", { "aria-labelledby": "network-title" }, h("h2", { id: "network-title" }, "Network speed tests"),
       h("div", { class: "actions" }, measure), networkErrors.el, networkSlot),
     h("section", { "aria-labelledby": "history-title" }, h("h2", { id: "history-title" }, "State history"), eventsSlot));
@@ -175,7 +177,7 @@ function toLocalInput(iso) {
   return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}T${pad(d.getHours())}:${pad(d.getMinutes())}`;
 }
 
-function listingSection(ctx, hostId) {
+function listingSection(ctx, hostId, events) {
   const errors = errorBox();
   const current = h("div", { class: "listing-current" }, loading());
   const boundsSlot = h("div", {});
@@ -191,6 +193,11 @@ function listingSection(ctx, hostId) {
   const form = h("form", { class: "card listing-form", novalidate: true, "aria-labelledby": "listing-form-title" },
     h("h3", { id: "listing-form-title" }, "Set the price"), price.row, minBid.row, unit.row, until.row, errors.el, h("div", { class: "actions" }, save));
   let windows = [];
+  events.addEventListener("windows", (event) => { // maintenance.js changed them: new windows, the form's typing kept
+    const typed = [price, minBid, unit, until].map((f) => f.input.value);
+    showListing(event.detail);
+    [price, minBid, unit, until].forEach((f, i) => { f.input.value = typed[i]; });
+  });
 
   const showListing = (listing) => {
     if (!listing) {
@@ -259,6 +266,7 @@ function listingSection(ctx, hostId) {
       try {
         const listing = await api("PUT", `/hosts/${encodeURIComponent(hostId)}/listing`, { body });
         showListing(listing);
+        events.dispatchEvent(new CustomEvent("listing", { detail: listing }));
         ctx.notify(`Listing saved: ${usdRate(listing.price_per_gpu_hour)} per GPU-hour.`);
       } catch (error) {
         if (error.status === 401) return;

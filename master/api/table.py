@@ -19,6 +19,7 @@ from master.api import (
     routes_docs,
     routes_downloads,
     routes_invoices,
+    routes_maintenance,
     routes_market,
     routes_metrics,
     routes_payments,
@@ -33,6 +34,7 @@ ROUTES: tuple[Route, ...] = (
     + routes_invoices.ROUTES + routes_console.ROUTES + routes_templates.ROUTES + routes_ssh_keys.ROUTES + routes_connect.ROUTES + routes_regions.ROUTES
     + routes_payments.ROUTES
     + routes_charts.ROUTES
+    + routes_maintenance.ROUTES
 )  # fmt: skip
 
 UNVERSIONED: tuple[Route, ...] = routes_metrics.UNVERSIONED + routes_downloads.UNVERSIONED + routes_docs.UNVERSIONED

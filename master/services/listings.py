@@ -20,6 +20,9 @@ Rules (``PUT /api/v1/hosts/{id}/listing``; ``docs/marketplace.md`` says them for
    is no longer offered. ``maintenance_windows`` (at most 32) each need ``start < end``, an
    end in the future, and no two may overlap (touching is fine). During a window the host is
    not offered. Times are stored to the second (start rounded down, end rounded up).
+   ``POST /api/v1/hosts/{id}/maintenance-windows`` adds one window to a listed host and
+   ``DELETE …/maintenance-windows/{start}`` clears one (``add_window``, ``clear_window``),
+   the other terms unchanged; windows already over are dropped as either writes.
 6. **Verified** is the platform's word on the host: only an admin may set it; a provider's
    PUT leaves it as it is.
 
@@ -62,7 +65,9 @@ __all__ = [
     "MaintenanceWindow",
     "PriceBounds",
     "TierPrice",
+    "add_window",
     "best_tier",
+    "clear_window",
     "get_listing",
     "listing_view",
     "load_price_bounds",
@@ -370,3 +375,77 @@ def listing_view(listing: HostListing, *, tier: Tier | None, now: datetime, boun
         "created_at": listing.created_at.isoformat(),
         "updated_at": listing.updated_at.isoformat(),
     }
+
+
+# ---- one maintenance window at a time ------------------------------------------------------
+
+
+async def _listing_to_change(session: AsyncSession, principal: Principal, host_id: str) -> tuple[HostListing, Tier | None]:
+    """The host's listing, locked, when ``principal`` may change it (as ``put_listing`` decides)."""
+    host = await session.get(Host, host_id)
+    if host is None or (principal.role != "admin" and host.owner_id != principal.account_id):
+        raise NotFound(f"no host {host_id!r} among your hosts", code="host_not_found")
+    if host.state == "revoked":
+        raise Conflict(f"host {host_id!r} is revoked and cannot be listed", code="host_revoked")
+    listing = await session.get(HostListing, host_id, with_for_update=True)
+    if listing is None:
+        raise NotFound(
+            f"host {host_id!r} has no listing; set its price (PUT /api/v1/hosts/{host_id}/listing) before its maintenance windows",
+            code="listing_not_found",
+        )
+    return listing, best_tier(g.tier for g in await _present_gpus(session, host_id))
+
+
+def _store_windows(listing: HostListing, windows: list[dict[str, str]], now: datetime) -> None:
+    if windows != listing.maintenance_windows:
+        listing.maintenance_windows = windows  # a new list: the JSON column sees the change
+        listing.updated_at = now
+
+
+async def add_window(
+    session: AsyncSession, principal: Principal, host_id: str, window: MaintenanceWindow, *, now: datetime
+) -> tuple[HostListing, Tier | None]:
+    """Add one maintenance window to the host's listing; the other terms stay as they are.
+
+    422 ``invalid_maintenance_window`` when it ends before it starts, is already over, overlaps
+    one of the listing's windows (touching is fine) or would be one too many. Cancelling it is
+    safe: it runs inside the caller's transaction.
+    """
+    listing, tier = await _listing_to_change(session, principal, host_id)
+    if window.start.tzinfo is None or window.end.tzinfo is None:
+        raise ValidationFailed("a maintenance window needs times with a timezone", code="invalid_maintenance_window")
+    if window.end <= window.start:
+        raise ValidationFailed("the maintenance window ends before it starts: its end must come after its start", code="invalid_maintenance_window")
+    if window.end <= now:
+        raise ValidationFailed(f"the maintenance window is already over: it ended at {window_time(window.end)}", code="invalid_maintenance_window")
+    new = {"start": window_time(window.start), "end": window_time(window.end, round_up=True)}
+    windows = upcoming_windows(listing.maintenance_windows, now)
+    for other in windows:
+        if new["start"] < other["end"] and other["start"] < new["end"]:
+            raise ValidationFailed(
+                f"the maintenance window overlaps the one from {other['start']} to {other['end']}; clear that one or pick other times",
+                code="invalid_maintenance_window",
+            )
+    if len(windows) >= MAX_MAINTENANCE_WINDOWS:
+        raise ValidationFailed(f"at most {MAX_MAINTENANCE_WINDOWS} maintenance windows; clear one first", code="invalid_maintenance_window")
+    _store_windows(listing, sorted([*windows, new], key=lambda w: (w["start"], w["end"])), now)
+    await session.flush()
+    return listing, tier
+
+
+async def clear_window(
+    session: AsyncSession, principal: Principal, host_id: str, start: datetime, *, now: datetime
+) -> tuple[HostListing, Tier | None]:
+    """Remove the listing's upcoming window that starts at ``start`` (to the second), even one open now.
+
+    404 ``maintenance_window_not_found`` when none starts then. Cancelling it is safe, as ``add_window``.
+    """
+    listing, tier = await _listing_to_change(session, principal, host_id)
+    key = window_time(start)
+    windows = upcoming_windows(listing.maintenance_windows, now)
+    kept = [w for w in windows if w.get("start") != key]
+    if len(kept) == len(windows):
+        raise NotFound(f"host {host_id!r} has no upcoming maintenance window starting at {key}", code="maintenance_window_not_found")
+    _store_windows(listing, kept, now)
+    await session.flush()
+    return listing, tier
