@@ -8,18 +8,16 @@ helpers of ``tests/test_console_browser.py``. Screenshots land in ``test-artifac
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
 import pytest
-from playwright.async_api import Browser, ViewportSize, async_playwright
+from playwright.async_api import Browser, ViewportSize
 
-from tests.dockerengine import network_lock
+from tests import test_console_browser as browser_module
 from tests.helpers import eventually
 from tests.test_console_browser import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
     WAIT_MS,
     Console,
     Market,
@@ -33,23 +31,9 @@ pytestmark = pytest.mark.slow
 PHONE: ViewportSize = {"width": 390, "height": 844}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _no_container_starts_meanwhile() -> Iterator[None]:
-    """No other test starts a container while this module's pages load (as in tests/test_console_browser.py)."""
-    with network_lock(exclusive=True):
-        yield
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    """Debian's Chromium, headless (as in tests/test_console_browser.py)."""
-    assert CHROMIUM.exists(), f"{CHROMIUM} is missing: make chromium, or set GPUMARKET_TEST_CHROMIUM"
-    async with async_playwright() as playwright:
-        launched = await playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            yield launched
-        finally:
-            await launched.close()
+# The browser module's fixtures, used here by name: Chromium, and no container starting while pages load.
+browser = browser_module.browser
+_no_container_starts_meanwhile = browser_module._no_container_starts_meanwhile
 
 
 @pytest.fixture(scope="module")

@@ -12,27 +12,15 @@ import pytest
 
 from billing import ledger
 from gpumarket.cli import main
-from master.app import close_master, open_master
-from shared.bus import InProcessBus
-from tests.apiclient import Api, serve_api
-from tests.factories import master_settings
+from tests.apiclient import Api
 from tests.stripefake import StripeFake, stripe_fake
+from tests.test_payments import market
 from tests.test_renter_cli import Cli, one_line
-
-
-async def serve(tmp_path: Path, **settings: object) -> AsyncIterator[Api]:
-    master = await open_master(master_settings(tmp_path, database_url=f"sqlite:///{tmp_path / 'test.db'}", **settings),
-                               bus=InProcessBus())  # fmt: skip
-    try:
-        async with serve_api(master) as api:
-            yield api
-    finally:
-        await close_master(master)
 
 
 @pytest.fixture
 async def demo(tmp_path: Path) -> AsyncIterator[Api]:
-    async for api in serve(tmp_path, payments="demo"):
+    async with market(tmp_path, f"sqlite:///{tmp_path / 'test.db'}", payments="demo") as api:
         yield api
 
 
@@ -89,7 +77,7 @@ class TestDemo:
 async def test_with_payments_off_it_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async for api in serve(tmp_path):
+    async with market(tmp_path, f"sqlite:///{tmp_path / 'test.db'}") as api:
         cli = Cli(api, capsys, monkeypatch, tmp_path / "home")
         code, out, err = await cli("credit", "add", "25.00")
         assert code == 1 and out == "" and "payments_disabled" in one_line(err)
@@ -101,8 +89,8 @@ async def test_with_stripe_it_prints_the_checkout_link(
     """Stripe (its real package against the local fake): the link to pay at; nothing credited yet."""
     async with stripe_fake() as fake:
         fake_: StripeFake = fake
-        async for api in serve(tmp_path, payments="stripe", stripe_secret_key="sk_test_cli", stripe_webhook_secret="whsec_cli",
-                               stripe_api_base=fake_.url):  # fmt: skip
+        async with market(tmp_path, f"sqlite:///{tmp_path / 'test.db'}", payments="stripe", stripe_secret_key="sk_test_cli",
+                          stripe_webhook_secret="whsec_cli", stripe_api_base=fake_.url) as api:  # fmt: skip
             cli = Cli(api, capsys, monkeypatch, tmp_path / "home")
             code, out, err = await cli("credit", "add", "42.50")
             assert (code, err) == (0, ""), err

@@ -6,8 +6,13 @@ Each is computed from the ledger (``billing/series.py``) or the fleet's records
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any
+
 from aiohttp import web
 from pydantic import BaseModel, Field
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from billing import series
 from master.api.base import QueryParam, Route, int_query
@@ -95,44 +100,39 @@ MONEY_DAYS = 366
 OCCUPANCY_DAYS = 31
 
 
-def _days(request: web.Request, default: int, maximum: int) -> int:
-    return int_query(request, "days", default, minimum=1, maximum=maximum)
+SeriesOf = Callable[[AsyncSession, str, int, datetime], Awaitable[dict[str, Any]]]
 
 
-async def get_spend(request: web.Request) -> web.Response:
-    master = request.app[MASTER]
-    days = _days(request, 30, MONEY_DAYS)
-    async with master.db.session() as session:
-        return web.json_response(
-            await series.spend(session, principal(request).account_id, days=days, now=master.clock.now())
-        )
+def _series(
+    compute: SeriesOf, default_days: int, max_days: int
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """A handler answering ``compute(session, the caller's account, days, now)`` for ``?days=`` (1 to ``max_days``)."""
 
-
-async def get_earnings(request: web.Request) -> web.Response:
-    master = request.app[MASTER]
-    days = _days(request, 30, MONEY_DAYS)
-    async with master.db.session() as session:
-        return web.json_response(
-            await series.earnings(session, principal(request).account_id, days=days, now=master.clock.now())
-        )
-
-
-async def get_occupancy(request: web.Request) -> web.Response:
-    master = request.app[MASTER]
-    days = _days(request, 7, OCCUPANCY_DAYS)
-    async with master.db.session() as session:
-        return web.json_response(
-            await fleet_series.gpu_occupancy(
-                session, principal(request).account_id, days=days, now=master.clock.now()
+    async def handler(request: web.Request) -> web.Response:
+        master = request.app[MASTER]
+        days = int_query(request, "days", default_days, minimum=1, maximum=max_days)
+        async with master.db.session() as session:
+            return web.json_response(
+                await compute(session, principal(request).account_id, days, master.clock.now())
             )
-        )
+
+    return handler
 
 
-async def get_marketplace(request: web.Request) -> web.Response:
-    master = request.app[MASTER]
-    days = _days(request, 30, MONEY_DAYS)
-    async with master.db.session() as session:
-        return web.json_response(await series.marketplace(session, days=days, now=master.clock.now()))
+get_spend = _series(
+    lambda s, account, days, now: series.spend(s, account, days=days, now=now), 30, MONEY_DAYS
+)
+get_earnings = _series(
+    lambda s, account, days, now: series.earnings(s, account, days=days, now=now), 30, MONEY_DAYS
+)
+get_occupancy = _series(
+    lambda s, account, days, now: fleet_series.gpu_occupancy(s, account, days=days, now=now),
+    7,
+    OCCUPANCY_DAYS,
+)
+get_marketplace = _series(
+    lambda s, _account, days, now: series.marketplace(s, days=days, now=now), 30, MONEY_DAYS
+)
 
 
 def _days_param(default: int, maximum: int) -> QueryParam:
