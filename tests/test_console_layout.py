@@ -53,7 +53,7 @@ RENTER = [
     Page("offers", "#/offers", "table.offers tbody tr:first-child button"),
     Page("rentals", "#/rentals", "table tbody tr:first-child a[href^='#/rentals/']"),
     Page("rental", "#/rentals/{rental}", "#stop-rental", charts=4),
-    Page("billing", "#/billing", "form button[type=submit]"),
+    Page("billing", "#/billing", "form.credit-form button[type=submit]"),
     Page("ssh-keys", "#/ssh-keys", "form button[type=submit]"),
 ]
 PROVIDER = [

@@ -555,7 +555,7 @@ export function billingPage(page, ctx) {
     const credit = account.credit || {};
     const quota = account.quota || {};
     if (document.activeElement !== cap.input && !form.dataset.touched) cap.input.value = credit.monthly_spend_cap ?? "";
-    return h("section", { "aria-labelledby": "credit-title", class: "card" }, h("h2", { id: "credit-title" }, "Credit"),
+    return h("section", { "aria-labelledby": "credit-title", class: "card credit-card" }, h("h2", { id: "credit-title" }, "Credit"),
       facts([
         ["Balance", h("span", { id: "balance" }, usd(credit.balance))],
         ["Burn rate", `${usdRate(credit.burn_rate_per_hour)} per hour`],
