@@ -219,6 +219,7 @@ def test_every_curl_command_of_the_readme_answers_a_success(demo: Demo) -> None:
 # ---- the Renter CLI block ----------------------------------------------------------------------
 
 RENTAL_ID = re.compile(r"\br-[0-9a-f]{16}\b")
+ACTIVE = ("pending", "starting", "running", "stopping")  # GET /rentals lists ended rentals too
 
 
 def cli_commands(readme: str) -> list[str]:
@@ -231,13 +232,17 @@ def cli_commands(readme: str) -> list[str]:
 
 def _stop_everything(demo: Demo) -> None:
     """End the rentals an earlier test left running, so the CLI's rentals find free GPUs whatever the order."""
-    for rental in demo.api("/rentals")["items"]:
+    def active() -> list[dict[str, Any]]:
+        return [r for r in demo.api("/rentals")["items"] if r["state"] in ACTIVE]
+
+    for rental in active():
         request = urllib.request.Request(f"{demo.api_url}/rentals/{rental['id']}", method="DELETE",
                                          headers={"Authorization": f"Bearer {demo.renter_key}"})  # fmt: skip
         urllib.request.urlopen(request, timeout=COMMAND_S).close()
     deadline = time.monotonic() + RUNNING_S
-    while demo.api("/rentals")["items"] and time.monotonic() < deadline:
+    while (left := active()) and time.monotonic() < deadline:
         time.sleep(0.3)
+    assert not left, f"rentals still active {RUNNING_S:g} s after they were stopped: {left}"
 
 
 def test_the_readme_cli_block_is_what_the_cli_test_runs() -> None:
