@@ -63,7 +63,7 @@ docker:
 	fi
 
 up: install
-	$(BIN)/gpumarket up $(ARGS)
+	@$(BIN)/gpumarket up $(ARGS)
 
 # The production topology as separate processes on this machine (PostgreSQL and Redis must run):
 # migration job, two masters, two relays with the geo DNS, Celery worker and beat, four agents;
