@@ -182,7 +182,7 @@ def _fresh(node: TraceNode | Node) -> Node:
     return Node(
         node.node_id, node.model, [_copy_gpu(gpu) for gpu in node.gpus], cpu_milli=node.cpu_milli,
         memory_mib=node.memory_mib, cpu_milli_free=node.cpu_milli_free, memory_mib_free=node.memory_mib_free,
-        links=node.links, affinity=node.affinity,
+        links=node.links, affinity=node.affinity, region=node.region,
     )  # fmt: skip
 
 
