@@ -11,8 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from master.scheduler import MILLI, PLACERS, Gpu, Node, Placement, Request, fits, get_placer
+from master.scheduler import MILLI, PLACERS, Fleet, Gpu, Node, Placement, Request, fits, get_placer
 from master.scheduler.gang import Rtt, place_gang
+from master.scheduler.gang_simulate import (
+    MODES,
+    Cluster,
+    place_one_at_a_time,
+    simulate_clusters,
+    with_clusters,
+)
 from shared.errors import ValidationFailed
 
 ALL_PLACERS = sorted(PLACERS)
@@ -291,3 +298,80 @@ class TestProperty:
             assert worst(hosts_of(placements), pairs) == min(
                 worst([n.node_id for n in s], pairs) for s in best_tier
             )
+
+
+# ---- the simulator's cluster mode (master.scheduler.gang_simulate), on a small synthetic fleet ----
+
+
+def synthetic_fleet() -> list[Node]:
+    """24 hosts of 8 GPUs, half A100 and half H100, all empty (regions are drawn by the simulator)."""
+    return [host(f"n{i}", 8, model="A100" if i % 2 else "H100", region=None) for i in range(24)]
+
+
+SYNTHETIC_PODS = [
+    Request(num_gpu=8, cpu_milli=16_000, memory_mib=32_000),
+    Request(num_gpu=4, cpu_milli=8_000, memory_mib=16_000),
+    Request(num_gpu=1, cpu_milli=4_000, memory_mib=8_000),
+    Request(num_gpu=1, gpu_milli=500, cpu_milli=2_000, memory_mib=4_000),
+    Request(num_gpu=3, cpu_milli=4_000, memory_mib=8_000),
+]
+
+
+class TestClusterSimulation:
+    def test_tasks_of_an_even_number_of_whole_gpus_become_two_node_clusters(self) -> None:
+        tasks = with_clusters(SYNTHETIC_PODS, share=1.0, seed=1)
+        assert tasks[0] == Cluster(Request(num_gpu=4, cpu_milli=8_000, memory_mib=16_000), 2)
+        assert tasks[1] == Cluster(Request(num_gpu=2, cpu_milli=4_000, memory_mib=8_000), 2)
+        assert tasks[2:] == SYNTHETIC_PODS[2:]  # one GPU, a share, an odd count: left alone
+        assert with_clusters(SYNTHETIC_PODS, share=0.0, seed=1) == SYNTHETIC_PODS
+        assert sum(task.gpu_milli_total for task in tasks) == sum(
+            pod.gpu_milli_total for pod in SYNTHETIC_PODS
+        )
+
+    @pytest.mark.parametrize("algorithm", ["best_fit", "fgd"])
+    def test_both_modes_replay_the_same_workload_and_gang_keeps_clusters_in_a_region(
+        self, algorithm: str
+    ) -> None:
+        results = {
+            mode: simulate_clusters(
+                synthetic_fleet(), SYNTHETIC_PODS, algorithm=algorithm, mode=mode, regions=3, seed=5
+            )
+            for mode in MODES
+        }
+        gang, greedy = results["gang"], results["one_at_a_time"]
+        assert gang.clusters == greedy.clusters > 0 and gang.tasks == greedy.tasks > 0
+        assert gang.clusters_placed > 0 and greedy.clusters_placed > 0
+        assert gang.clusters_placed <= gang.clusters and greedy.clusters_placed <= greedy.clusters
+        for result in results.values():
+            assert 0 < result.allocated_pct <= 100 and result.fragmented_pct >= 0
+            assert result.cluster_gpus <= result.allocated_pct * result.gpus / 100 + 1e-6
+        # With room in every region early on, gang placement splits no cluster there; one at a time does.
+        assert gang.clusters_split < greedy.clusters_split
+        assert simulate_clusters(synthetic_fleet(), SYNTHETIC_PODS, algorithm=algorithm, mode="gang", regions=3,
+                                 seed=5) == gang  # fmt: skip
+
+    def test_a_rolled_back_cluster_leaves_the_fleet_as_it_was(self) -> None:
+        """One free 4-GPU host of each model: node one fits, node two cannot (one model), so node one is released."""
+        nodes = [host("a", 4, model="A100"), host("h", 4, model="H100")]
+        free_before = [tuple(gpu.milli_free for gpu in node.gpus) for node in nodes]
+        signs: list[int] = []
+        placed = place_one_at_a_time(
+            Cluster(FOUR, 2), Fleet(nodes), get_placer("best_fit"), get_placer("best_fit"),
+            lambda placement, sign: signs.append(sign),
+        )  # fmt: skip
+        assert placed is None and signs == [+1, -1]
+        assert [tuple(gpu.milli_free for gpu in node.gpus) for node in nodes] == free_before
+
+    def test_one_at_a_time_puts_each_node_on_a_host_of_its_own(self) -> None:
+        """The placer's favourite after node one is the same host (4 GPUs still free): node two goes elsewhere."""
+        nodes = [host("a", 8), host("b", 8)]
+        placed = place_one_at_a_time(
+            Cluster(FOUR, 2), Fleet(nodes), get_placer("best_fit"), get_placer("best_fit"), lambda p, s: None
+        )
+        assert placed is not None and sorted(hosts_of(placed)) == ["a", "b"]
+
+    def test_bad_arguments_are_refused(self) -> None:
+        with pytest.raises(ValidationFailed, match="share"):
+            with_clusters(SYNTHETIC_PODS, share=1.5, seed=1)
+        with pytest.raises(ValidationFailed, match="regions"):
+            simulate_clusters(synthetic_fleet(), SYNTHETIC_PODS, algorithm="fgd", mode="gang", regions=0)
