@@ -171,7 +171,7 @@ class Node:
     __slots__ = (
         "_by_index", "affinity", "cpu_milli", "cpu_milli_free", "free_desc", "free_share", "free_total", "full",
         "gpu_count", "gpus", "links", "memory_mib", "memory_mib_free", "memory_tracked", "mig_free", "model", "node_id",
-        "state", "version",
+        "region", "state", "version",
     )  # fmt: skip
 
     def __init__(
@@ -186,9 +186,12 @@ class Node:
         memory_mib_free: int | None = None,
         links: Mapping[str, LinkStats] | None = None,
         affinity: Mapping[str, int] | None = None,
+        region: str | None = None,
     ) -> None:
         self.node_id = node_id
         self.model = model
+        # Where the host is (its relay's region); None: not known. Gang placement keeps a cluster in one.
+        self.region = region
         self.gpus: list[Gpu] = [Gpu(i) for i in range(gpus)] if isinstance(gpus, int) else list(gpus)
         self.cpu_milli = cpu_milli
         self.memory_mib = memory_mib

@@ -133,7 +133,7 @@ def simulate(
     ``nodes`` are copied (``TraceNode``s become fresh nodes), so one list serves many runs.
     ``progress(done, total)`` is called every ``progress_every`` pods and at the end.
     """
-    fleet = Fleet(_fresh(node) for node in nodes)
+    fleet = Fleet(fresh_node(node) for node in nodes)
     capacity = sum(node.gpu_milli_capacity for node in fleet)
     if capacity == 0:
         raise ValidationFailed("the nodes have no GPUs")
@@ -176,13 +176,14 @@ def simulate(
     return result
 
 
-def _fresh(node: TraceNode | Node) -> Node:
+def fresh_node(node: TraceNode | Node) -> Node:
+    """A copy of ``node`` to change freely (a ``TraceNode``: a fresh, empty node)."""
     if isinstance(node, TraceNode):
         return node.to_node()
     return Node(
         node.node_id, node.model, [_copy_gpu(gpu) for gpu in node.gpus], cpu_milli=node.cpu_milli,
         memory_mib=node.memory_mib, cpu_milli_free=node.cpu_milli_free, memory_mib_free=node.memory_mib_free,
-        links=node.links, affinity=node.affinity,
+        links=node.links, affinity=node.affinity, region=node.region,
     )  # fmt: skip
 
 
