@@ -100,6 +100,7 @@ async def rental_views(
         view["queue"] = standing.get(rental.id)  # queued: position, length and what happens next
         view["price_per_hour"] = ledger.money(rating.per_hour(rental)) if rental.price_per_gpu_hour is not None else None
         view["charged"] = ledger.money(charged.get(rental.id, Decimal(0)))
+        view["cluster_id"], view["node_rank"] = rental.cluster_id, rental.node_rank  # a cluster's member: one line each, grouped
         views.append(view)
     return views
 

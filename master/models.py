@@ -346,6 +346,52 @@ class Rental(Base):
     # Re-place the rental on another host if its host is lost (the new rental names this one).
     restart_on_failure: Mapped[bool] = mapped_column(default=False)
     replaces_id: Mapped[str | None] = mapped_column(ForeignKey("rentals.id", name="fk_rentals_replaces_id"), default=None)
+    # A member of a cluster (master/services/clusters.py): the cluster and the member's rank, 0 to node_count - 1.
+    cluster_id: Mapped[str | None] = mapped_column(ForeignKey("clusters.id", name="fk_rentals_cluster_id"), default=None, index=True)
+    node_rank: Mapped[int | None] = mapped_column(default=None)
+
+
+class Cluster(Base):
+    """One rental spanning several hosts: ``node_count`` member rentals (``rentals.cluster_id``), one per host.
+
+    Its state is derived from its members' (``master/services/clusterstate.py``); placement, commands,
+    telemetry and billing work per member.
+    """
+
+    __tablename__ = "clusters"
+    __table_args__ = (UniqueConstraint("renter_id", "idempotency_key", name="uq_clusters_idempotency"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    renter_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), index=True)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    node_count: Mapped[int]
+    gpus_per_node: Mapped[int]
+    gpu_model: Mapped[str | None] = mapped_column(String(255), default=None)  # model words as asked (None: any)
+    allow_mixed: Mapped[bool] = mapped_column(default=False)  # False: every member gets the same GPU model
+    workload: Mapped[dict[str, Any]] = mapped_column(default=dict)  # before the per-member environment
+    template: Mapped[str | None] = mapped_column(String(40), default=None)
+    # Limits between nodes ({"max_latency_ms", "max_loss_pct"}): stored, honoured once pairwise figures are measured.
+    network: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    kind: Mapped[str] = mapped_column(String(16), default="on_demand")  # | interruptible
+    bid_per_gpu_hour: Mapped[Decimal | None] = mapped_column(Numeric(12, 6), default=None)
+    restart_policy: Mapped[str] = mapped_column(String(16), default="stop")  # | replace
+    idempotency_key: Mapped[str | None] = mapped_column(String(255), default=None)
+    request_fingerprint: Mapped[str | None] = mapped_column(String(64), default=None)
+    failure_reason: Mapped[str | None] = mapped_column(Text, default=None)
+    created_at: Mapped[datetime] = mapped_column(default=_now)
+    started_at: Mapped[datetime | None] = mapped_column(default=None)
+    stopped_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class ClusterEvent(Base):
+    __tablename__ = "cluster_events"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime] = mapped_column(default=_now)
+    from_state: Mapped[str | None] = mapped_column(String(16))
+    to_state: Mapped[str] = mapped_column(String(16))
+    cause: Mapped[str] = mapped_column(Text)
 
 
 class GpuAllocation(Base):

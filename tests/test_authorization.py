@@ -108,6 +108,8 @@ class World:
     payouts: dict[str, str]
     month: str  # "YYYY-MM" of the top-ups on the invoices
     ssh_keys: dict[str, str] = field(default_factory=dict)  # caller → the id of an SSH key it registered
+    cluster: str = ""  # the first renter's cluster (two nodes, one on each provider's host)
+    cluster_members: frozenset[str] = frozenset()  # its member rentals, left out where a test counts the world's rentals
 
     def account(self, who: str) -> str:
         return self.accounts[who].account_id
@@ -123,7 +125,7 @@ class World:
             "account_id": self.account(RENTER), "invoice_id": self.document(RENTER), "statement_id": self.document(PROVIDER),
             "other_host_id": self.hosts[OTHER_PROVIDER], "other_provider_id": self.account(OTHER_PROVIDER),
             "name": "pytorch",  # a seeded template
-            "ssh_key_id": self.ssh_keys[RENTER],
+            "ssh_key_id": self.ssh_keys[RENTER], "cluster_id": self.cluster,
             "start": MAINTENANCE["start"],  # the window the provider's POST adds
         }  # fmt: skip
 
@@ -134,7 +136,7 @@ async def world(api: Api) -> World:
     accounts, keys = {RENTER: api.renter, PROVIDER: api.provider}, {RENTER: api.renter_key, PROVIDER: api.provider_key}
     for who, name in ((OTHER_RENTER, "renter-2"), (OTHER_PROVIDER, "provider-2"), (ADMIN, "admin-1")):
         accounts[who], keys[who] = await create_principal(master, name, ROLE[who])
-    hosts = {who: await online_host(master, accounts[who], [gpu_info(i) for i in range(8)]) for who in (PROVIDER, OTHER_PROVIDER)}
+    hosts = {who: await online_host(master, accounts[who], [gpu_info(i) for i in range(12)]) for who in (PROVIDER, OTHER_PROVIDER)}
     for who in (PROVIDER, OTHER_PROVIDER):
         status, body = await api.call("PUT", f"/hosts/{hosts[who]}/listing", keys[who], json={"price_per_gpu_hour": "0.50"})
         assert status == 201, body
@@ -156,7 +158,10 @@ async def world(api: Api) -> World:
             session.add(Payout(id=payouts[who], provider_id=accounts[who].account_id, amount=Decimal("12.00"),
                                batch="2026-11-01", ledger_key=f"test-payout:{who}", created_at=now))  # fmt: skip
         ssh = {who: (await ssh_keys.add_key(session, accounts[who].account_id, _ssh_key_line(), now=now)).id for who in CALLERS}
-    return World(api, keys, accounts, hosts, rentals, alerts, payouts, f"{now:%Y-%m}", ssh)
+    status, body = await api.call("POST", "/clusters", keys[RENTER], json={"node_count": 2})
+    assert status == 201, body
+    members = frozenset(m["rental_id"] for m in body["members"])
+    return World(api, keys, accounts, hosts, rentals, alerts, payouts, f"{now:%Y-%m}", ssh, body["id"], members)
 
 
 def _ssh_key_line() -> str:
@@ -270,6 +275,11 @@ MATRIX: tuple[Rule, ...] = (
     # the world's rental holds GPUs and runs nothing, so the renter's answer is nothing_to_log_into.
     Rule("POST", "/rentals/{rental_id}/connect", {**everyone(NO_RENTAL), RENTER: (409, "nothing_to_log_into")}, body=fixed({"port": "ssh"})),
     Rule("DELETE", "/rentals/{rental_id}", the_renters(202), last=True),
+    # Clusters: as rentals; another renter's cluster is as one that does not exist.
+    Rule("POST", "/clusters", only(201, "renter"), body=fixed({"node_count": 2})),
+    Rule("GET", "/clusters", everyone(200)),
+    Rule("GET", "/clusters/{cluster_id}", the_renters(200, others=(404, "cluster_not_found"))),
+    Rule("DELETE", "/clusters/{cluster_id}", the_renters(202, others=(404, "cluster_not_found")), last=True),
     # The marketplace.
     Rule("GET", "/offers", everyone(200)),
     Rule("PUT", "/hosts/{host_id}/listing", host_write(200), body=fixed(LISTING)),
@@ -557,9 +567,10 @@ class TestListsHoldOnlyYourOwn:
         """Each renter lists its own rentals only; providers have none; admins see all."""
         for who in (RENTER, OTHER_RENTER):
             body = await self.get(world, who, "/rentals")
-            assert ([r["id"] for r in body["items"]], body["total"]) == ([world.rentals[who]], 1)
+            mine = [r["id"] for r in body["items"] if r["id"] not in world.cluster_members]
+            assert (mine, body["total"]) == ([world.rentals[who]], 1 + (len(world.cluster_members) if who == RENTER else 0))
         assert (await self.get(world, PROVIDER, "/rentals"))["items"] == []
-        assert {r["id"] for r in (await self.get(world, ADMIN, "/rentals"))["items"]} == set(world.rentals.values())
+        assert {r["id"] for r in (await self.get(world, ADMIN, "/rentals"))["items"]} == set(world.rentals.values()) | world.cluster_members
 
     async def test_hosts_and_the_rentals_on_them(self, world: World) -> None:
         """A provider lists its own hosts; a renter every host, with only its own rentals among a host's active ones."""
@@ -571,10 +582,12 @@ class TestListsHoldOnlyYourOwn:
             listed = {h["id"]: h for h in (await self.get(world, who, "/hosts"))["items"]}
             assert set(listed) == set(world.hosts.values())
             detail = await self.get(world, who, f"/hosts/{shared}")
-            assert listed[shared]["active_rentals"] == detail["active_rentals"] == [world.rentals[who]]
+            members = world.cluster_members if who == RENTER else frozenset()
+            assert listed[shared]["active_rentals"] == detail["active_rentals"]
+            assert set(detail["active_rentals"]) - members == {world.rentals[who]}
         for who in (PROVIDER, ADMIN):
             detail = await self.get(world, who, f"/hosts/{shared}")
-            assert sorted(detail["active_rentals"]) == sorted(world.rentals.values())
+            assert set(detail["active_rentals"]) - world.cluster_members == set(world.rentals.values())
 
     async def test_a_hosts_history_names_no_rental_to_renters(self, world: World) -> None:
         """Renters see a host's state changes without cause or actor, which name other renters' rentals; its provider sees them."""

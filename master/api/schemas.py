@@ -59,6 +59,31 @@ class RentalCreate(_Body):
                                                           "(a new rental, named in this one's events).")
 
 
+class ClusterNetworkBody(_Body):
+    max_latency_ms: float | None = Field(None, gt=0, le=10_000, description="Worst round-trip time between two nodes (stored; "
+                                         "honoured once pairwise figures are measured).")
+    max_loss_pct: float | None = Field(None, ge=0, le=100, description="Worst packet loss between two nodes (stored, as above).")
+
+
+class ClusterCreate(_Body):
+    """A cluster: node_count rentals of gpus_per_node whole GPUs each, one per host, placed together or not at all."""
+
+    node_count: int = Field(ge=2, le=64, description="Nodes (hosts), each running the same workload.")
+    gpus_per_node: int = Field(1, ge=1, le=64, description="Whole GPUs on each node.")
+    gpu_model: str | None = Field(None, max_length=128, description="Model words, e.g. 'H100' or 'A100 80GB'.")
+    allow_mixed: bool = Field(False, description="Let nodes have different GPU models (default: all the model node 0 got).")
+    requirements: str | None = Field(None, max_length=2000, description="Offer filters every node's host meets (query language).")
+    kind: Literal["on_demand", "interruptible"] = Field("on_demand", description="As for rentals; interruptible nodes need a bid.")
+    bid: Bid | None = Field(None, description="Most USD per GPU-hour for an interruptible cluster.")
+    network: ClusterNetworkBody | None = Field(None, description="Limits between nodes (stored; not yet honoured).")
+    restart_policy: Literal["stop", "replace"] = Field("stop", description="What a failed node does to the cluster "
+                                                       "(stored; the cluster is degraded either way for now).")
+    queue: bool = Field(False, description="Not supported for clusters yet: true is 422 cluster_queue_unsupported.")
+    template: str | None = Field(None, pattern=NAME_PATTERN, max_length=40, description="A template from GET /templates. Excludes workload.")
+    workload: WorkloadSpec = Field(default_factory=HoldWorkload, description="What every node runs, with MASTER_ADDR, MASTER_PORT, "
+                                   "WORLD_SIZE, RANK, NODE_RANK, LOCAL_WORLD_SIZE and GPUMARKET_CLUSTER_ID added to its environment.")
+
+
 class CreditTopUp(_Body):
     account_id: str = Field(min_length=1, max_length=40, description="The renter account to credit.")
     amount: Cents = Field(description="USD in whole cents as a string, e.g. \"25.00\".")

@@ -14,6 +14,7 @@ from master.api import (
     routes_alerts,
     routes_billing,
     routes_charts,
+    routes_clusters,
     routes_connect,
     routes_console,
     routes_docs,
@@ -35,6 +36,7 @@ ROUTES: tuple[Route, ...] = (
     + routes_payments.ROUTES
     + routes_charts.ROUTES
     + routes_maintenance.ROUTES
+    + routes_clusters.ROUTES
 )  # fmt: skip
 
 UNVERSIONED: tuple[Route, ...] = routes_metrics.UNVERSIONED + routes_downloads.UNVERSIONED + routes_docs.UNVERSIONED

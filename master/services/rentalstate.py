@@ -27,6 +27,7 @@ from enum import StrEnum
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.models import Rental, RentalEvent
+from master.services import clusterstate
 from shared.errors import Conflict
 
 log = logging.getLogger(__name__)
@@ -105,3 +106,4 @@ def _apply(session: AsyncSession, rental: Rental, to_state: RentalState, cause: 
         event.at = at
     session.add(event)
     rental.state = to_state.value
+    clusterstate.member_changed(session.info, rental)  # a cluster's member: its cluster's state follows, at the flush

@@ -1,0 +1,129 @@
+"""Placing a cluster: every member on its own host, in one transaction, or none.
+
+``place_cluster`` is the whole boundary: given the cluster (flushed, in the caller's transaction)
+and its request, it adds and places one member rental per node, or raises why it cannot. It reuses
+the rental's placement (``rental_placement.try_place``: candidates, quotas, credit, the claim and
+the start command) member by member, each avoiding the hosts the earlier members took, all inside
+one savepoint: a member that cannot be placed rolls the savepoint back, so no member, claim or
+command of that attempt is left. Regions are tried one at a time, the region with the most free
+matching GPUs first, then the whole fleet. Without ``allow_mixed`` every member gets the GPU model
+the first one got.
+
+This is a first-fit search (a member placed early is never moved to make room for a later one);
+``master/scheduler/gang.py``'s ``place_gang`` can replace ``_place_members`` behind the same
+boundary.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from sqlalchemy import func, or_, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from master.context import Master
+from master.models import Cluster, Gpu, Rental
+from master.scheduler import MILLI
+from master.services import rental_placement
+from master.services.cluster_request import ClusterRequest
+from master.services.placement import model_matches
+from master.services.rentalstate import RentalState
+from shared.errors import ClientError, InsufficientCapacity
+from shared.ids import new_id
+
+log = logging.getLogger(__name__)
+
+
+async def place_cluster(master: Master, session: AsyncSession, cluster: Cluster, request: ClusterRequest, *, now: datetime) -> list[str]:
+    """Place every member of ``cluster`` (one rental per node, on distinct hosts); returns the commands to publish.
+
+    Raises ``exceeds_fleet`` when the fleet has fewer than ``node_count`` hosts with ``gpus_per_node``
+    matching GPUs, else the reason the last attempt failed (``insufficient_capacity``, a quota, credit).
+    Nothing of a failed attempt stays in the session.
+    """
+    hosts = await _hosts_big_enough(session, request)
+    if hosts < request.node_count:
+        raise InsufficientCapacity(
+            f"the fleet has {hosts} host{'s' if hosts != 1 else ''} with {request.gpus_per_node} × {request.gpu_model or 'any GPU'} "
+            f"and a cluster of {request.node_count} nodes needs one per node; ask for fewer nodes or GPUs per node",
+            code="exceeds_fleet",
+        )
+    cluster_id, renter_id = cluster.id, cluster.renter_id  # a rolled-back attempt expires the row's attributes
+    reason: ClientError | None = None
+    for region in [*await _regions_by_free_gpus(master, session, request, now=now), None]:
+        async with session.begin_nested() as attempt:
+            commands, reason = await _place_members(master, session, (cluster_id, renter_id), request, region=region, now=now)
+            if reason is None:
+                return commands
+            await attempt.rollback()
+        log.info("cluster %s does not fit%s: %s", cluster_id, f" in region {region}" if region else "", reason)
+    assert reason is not None
+    if isinstance(reason, InsufficientCapacity) and reason.code == "insufficient_capacity":
+        raise InsufficientCapacity(
+            f"no {request.node_count} distinct hosts have {request.gpus_per_node} × {request.gpu_model or 'any GPU'} free each "
+            f"right now ({reason}); try again later or ask for fewer nodes"
+        )
+    raise reason
+
+
+async def _place_members(
+    master: Master, session: AsyncSession, cluster: tuple[str, str], request: ClusterRequest, *, region: str | None, now: datetime
+) -> tuple[list[str], ClientError | None]:
+    """Place node 0, 1, … in turn, each on a host none of the others has; stops at the first that does not fit."""
+    commands: list[str] = []
+    taken: set[str] = set()
+    model: str | None = None
+    for rank in range(request.node_count):
+        member_request = request.member_request(rank, avoid_hosts=frozenset(taken), model=model, region=region)
+        member = _member(cluster, request, rank, member_request.spec(), now=now)
+        placed, reason = await rental_placement.try_place(master, session, member, member_request, now=now)
+        if reason is not None:
+            return [], reason
+        assert member.host_id is not None
+        if model is not None and member.gpu_model != model:  # model words matched a longer name: not the same model
+            return [], InsufficientCapacity(f"node {rank} got {member.gpu_model}, not {model} as node 0")
+        taken.add(member.host_id)
+        if not request.allow_mixed:
+            model = member.gpu_model
+        commands.extend(placed)
+    return commands, None
+
+
+def _member(cluster: tuple[str, str], request: ClusterRequest, rank: int, spec: dict[str, object], *, now: datetime) -> Rental:
+    """Node ``rank`` of the cluster ``(cluster_id, renter_id)``, not placed yet."""
+    cluster_id, renter_id = cluster
+    return Rental(
+        id=new_id("r"), renter_id=renter_id, host_id=None, gpu_model=request.gpu_model, gpu_count=request.gpus_per_node,
+        gpu_uuids=[], state=RentalState.PENDING.value, workload=request.member_workload(rank, cluster_id),
+        restart_on_failure=False, kind=request.kind, gpu_milli=MILLI, gpu_memory_mib=0, bid_per_gpu_hour=request.bid,
+        spec={**spec, "template": request.template}, created_at=now, cluster_id=cluster_id, node_rank=rank,
+    )  # fmt: skip
+
+
+async def _hosts_big_enough(session: AsyncSession, request: ClusterRequest) -> int:
+    """Hosts of the fleet with at least ``gpus_per_node`` whole matching GPUs of one model, rented or not."""
+    mig_mode = Gpu.info["mig_mode"].as_boolean()
+    rows = (
+        await session.execute(
+            select(Gpu.host_id, Gpu.name, func.count())
+            .where(Gpu.present.is_(True), or_(mig_mode.is_(None), mig_mode.is_(False)))
+            .group_by(Gpu.host_id, Gpu.name)
+        )
+    ).all()
+    return len({host_id for host_id, name, count in rows if count >= request.gpus_per_node and model_matches(request.gpu_model, name)})
+
+
+async def _regions_by_free_gpus(master: Master, session: AsyncSession, request: ClusterRequest, *, now: datetime) -> list[str]:
+    """Regions with at least ``node_count`` candidate hosts, the one with the most free matching GPUs first."""
+    found = await rental_placement._candidates(master, session, request.member_request(0), now=now, price_cap=None)
+    free: dict[str, int] = {}
+    hosts: dict[str, set[str]] = {}
+    for node in found.nodes:
+        host, _name, _price = found.hosts[node.node_id]
+        if host.region is None or node.full < request.gpus_per_node:
+            continue
+        free[host.region] = free.get(host.region, 0) + node.full
+        hosts.setdefault(host.region, set()).add(host.host_id)
+    eligible = [r for r in free if len(hosts[r]) >= request.node_count]
+    return sorted(eligible, key=lambda r: (-free[r], r))

@@ -1,0 +1,92 @@
+"""What a renter asks for with ``POST /clusters``: ``ClusterRequest``, its checks, its fingerprint, and each member's request.
+
+A cluster's members are rentals; ``member_request`` is the ``RentalRequest`` one node is placed
+with, and ``member_workload`` the workload it runs, with the distributed-training environment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field, replace
+from decimal import Decimal
+from typing import Any
+
+from master.services.rental_request import RentalRequest
+from shared.errors import ValidationFailed
+
+MAX_NODES = 64
+RESTART_POLICIES = ("stop", "replace")
+MASTER_PORT = 29500
+
+
+@dataclass(frozen=True)
+class ClusterRequest:
+    node_count: int
+    gpus_per_node: int = 1
+    gpu_model: str | None = None
+    allow_mixed: bool = False  # True: members may get different GPU models
+    workload: dict[str, Any] = field(default_factory=dict)
+    template: str | None = None
+    query: str = ""  # requirements every node's host meets, in the offer query language
+    kind: str = "on_demand"
+    bid: Decimal | None = None
+    network: dict[str, Any] | None = None  # {"max_latency_ms", "max_loss_pct"} between nodes: stored, not yet honoured
+    restart_policy: str = "stop"
+    queue: bool = False
+
+    def check(self, *, max_queue_timeout_s: float) -> ClusterRequest:
+        """The request normalised (model words, query), or ValidationFailed saying what is wrong."""
+        if not 2 <= self.node_count <= MAX_NODES:
+            raise ValidationFailed(f"node_count must be between 2 and {MAX_NODES} (one node is a rental: POST /rentals)",
+                                   code="invalid_node_count")  # fmt: skip
+        if self.restart_policy not in RESTART_POLICIES:
+            raise ValidationFailed(f"restart_policy must be one of {', '.join(RESTART_POLICIES)}", code="invalid_restart_policy")
+        if self.queue:
+            raise ValidationFailed(
+                "clusters cannot be queued yet: leave queue out, and try again when GET /offers shows enough hosts",
+                code="cluster_queue_unsupported",
+            )
+        member = self.member_request(0).check(max_queue_timeout_s=max_queue_timeout_s)  # the rental checks: model, bid, query
+        return replace(self, gpu_model=member.gpu_model, query=member.query)
+
+    def member_request(self, rank: int, *, avoid_hosts: frozenset[str] = frozenset(), model: str | None = None,
+                       region: str | None = None) -> RentalRequest:  # fmt: skip
+        """The request node ``rank`` is placed with: ``model`` pins the GPU model, ``region`` the hosts' region."""
+        query = self.query
+        if region is not None:
+            query = f"{query} region={json.dumps(region)}".strip()
+        return RentalRequest(
+            gpu_count=self.gpus_per_node, gpu_model=model or self.gpu_model, workload=self.workload,
+            kind=self.kind, bid=self.bid, query=query, avoid_hosts=avoid_hosts, template=self.template,
+        )  # fmt: skip
+
+    @property
+    def world_size(self) -> int:
+        return self.node_count * self.gpus_per_node
+
+    def member_workload(self, rank: int, cluster_id: str) -> dict[str, Any]:
+        """Node ``rank``'s workload: the cluster's, with the distributed-training environment (none for a hold)."""
+        workload = dict(self.workload)
+        if workload.get("kind", "hold") == "hold":
+            return workload
+        workload["env"] = {**(workload.get("env") or {}), **cluster_env(rank, cluster_id, self.node_count, self.gpus_per_node)}
+        return workload
+
+    def fingerprint(self) -> str:
+        what: dict[str, Any] = {"w": self.workload} if self.template is None else {"t": self.template}
+        fields = {
+            "n": self.node_count, "g": self.gpus_per_node, "m": self.gpu_model, "mixed": self.allow_mixed, "q": self.query,
+            "kind": self.kind, "bid": str(self.bid) if self.bid is not None else None, "net": self.network,
+            "restart": self.restart_policy, **what,
+        }  # fmt: skip
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+def cluster_env(rank: int, cluster_id: str, node_count: int, gpus_per_node: int) -> dict[str, str]:
+    """The environment of node ``rank`` (torchrun's names). ``node-0`` resolves once the cluster's private network exists."""
+    return {
+        "MASTER_ADDR": "node-0", "MASTER_PORT": str(MASTER_PORT), "WORLD_SIZE": str(node_count * gpus_per_node),
+        "RANK": str(rank), "NODE_RANK": str(rank), "LOCAL_WORLD_SIZE": str(gpus_per_node), "GPUMARKET_CLUSTER_ID": cluster_id,
+    }  # fmt: skip
+
