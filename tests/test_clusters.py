@@ -46,7 +46,7 @@ class TestCreate:
             env = start.args["workload"]["env"]
             assert env == {
                 "MASTER_ADDR": "node-0", "MASTER_PORT": "29500", "WORLD_SIZE": "6", "RANK": str(member["node_rank"]),
-                "NODE_RANK": str(member["node_rank"]), "LOCAL_WORLD_SIZE": "2", "GPUMARKET_CLUSTER_ID": cluster["id"],
+                "NODE_RANK": str(member["node_rank"]), "LOCAL_WORLD_SIZE": "2",
             }  # fmt: skip
             status, rental = await api.as_renter("GET", f"/rentals/{member['rental_id']}")
             assert (rental["cluster_id"], rental["node_rank"]) == (cluster["id"], member["node_rank"])

@@ -81,7 +81,7 @@ class ClusterCreate(_Body):
     queue: bool = Field(False, description="Not supported for clusters yet: true is 422 cluster_queue_unsupported.")
     template: str | None = Field(None, pattern=NAME_PATTERN, max_length=40, description="A template from GET /templates. Excludes workload.")
     workload: WorkloadSpec = Field(default_factory=HoldWorkload, description="What every node runs, with MASTER_ADDR, MASTER_PORT, "
-                                   "WORLD_SIZE, RANK, NODE_RANK, LOCAL_WORLD_SIZE and GPUMARKET_CLUSTER_ID added to its environment.")
+                                   "WORLD_SIZE, RANK, NODE_RANK, and LOCAL_WORLD_SIZE added to its environment.")
 
 
 class CreditTopUp(_Body):

@@ -95,7 +95,7 @@ def _member(cluster: tuple[str, str], request: ClusterRequest, rank: int, spec: 
     cluster_id, renter_id = cluster
     return Rental(
         id=new_id("r"), renter_id=renter_id, host_id=None, gpu_model=request.gpu_model, gpu_count=request.gpus_per_node,
-        gpu_uuids=[], state=RentalState.PENDING.value, workload=request.member_workload(rank, cluster_id),
+        gpu_uuids=[], state=RentalState.PENDING.value, workload=request.member_workload(rank),
         restart_on_failure=False, kind=request.kind, gpu_milli=MILLI, gpu_memory_mib=0, bid_per_gpu_hour=request.bid,
         spec={**spec, "template": request.template}, created_at=now, cluster_id=cluster_id, node_rank=rank,
     )  # fmt: skip

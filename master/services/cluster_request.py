@@ -65,12 +65,12 @@ class ClusterRequest:
     def world_size(self) -> int:
         return self.node_count * self.gpus_per_node
 
-    def member_workload(self, rank: int, cluster_id: str) -> dict[str, Any]:
+    def member_workload(self, rank: int) -> dict[str, Any]:
         """Node ``rank``'s workload: the cluster's, with the distributed-training environment (none for a hold)."""
         workload = dict(self.workload)
         if workload.get("kind", "hold") == "hold":
             return workload
-        workload["env"] = {**(workload.get("env") or {}), **cluster_env(rank, cluster_id, self.node_count, self.gpus_per_node)}
+        workload["env"] = {**(workload.get("env") or {}), **cluster_env(rank, self.node_count, self.gpus_per_node)}
         return workload
 
     def fingerprint(self) -> str:
@@ -83,10 +83,10 @@ class ClusterRequest:
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
-def cluster_env(rank: int, cluster_id: str, node_count: int, gpus_per_node: int) -> dict[str, str]:
+def cluster_env(rank: int, node_count: int, gpus_per_node: int) -> dict[str, str]:
     """The environment of node ``rank`` (torchrun's names). ``node-0`` resolves once the cluster's private network exists."""
     return {
         "MASTER_ADDR": "node-0", "MASTER_PORT": str(MASTER_PORT), "WORLD_SIZE": str(node_count * gpus_per_node),
-        "RANK": str(rank), "NODE_RANK": str(rank), "LOCAL_WORLD_SIZE": str(gpus_per_node), "GPUMARKET_CLUSTER_ID": cluster_id,
+        "RANK": str(rank), "NODE_RANK": str(rank), "LOCAL_WORLD_SIZE": str(gpus_per_node),
     }  # fmt: skip
 

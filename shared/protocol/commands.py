@@ -46,8 +46,6 @@ MAX_SHM_MIB = 1 << 20  # 1 TiB of /dev/shm
 MIN_PIDS = 16  # a shell and a few children
 MAX_PIDS = 1 << 22
 RESERVED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"})  # and every GPUMARKET_* name
-# GPUMARKET_* names the master itself sets in a workload's env (a cluster member's, master/services/cluster_request.py).
-MASTER_ENV = frozenset({"GPUMARKET_CLUSTER_ID"})
 SHARE_ENV = frozenset({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"})
 
 _RENTAL_ID_RE = re.compile(RENTAL_ID_PATTERN)
@@ -87,7 +85,7 @@ def _env(value: object) -> object:
     for name, text in value.items():
         if not isinstance(name, str) or not _ENV_NAME_RE.match(name):
             raise ValueError(f"environment variable name {name!r:.80} is not a valid NAME")
-        if name in RESERVED_ENV or (name.startswith("GPUMARKET_") and name not in MASTER_ENV):
+        if name in RESERVED_ENV or name.startswith("GPUMARKET_"):
             raise ValueError(f"'env' may not set {name}: the agent sets it to the rental's GPUs")
         if not isinstance(text, str) or "\0" in text:
             raise ValueError(f"environment variable {name} must be a string")
