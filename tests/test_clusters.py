@@ -185,10 +185,10 @@ class TestStates:
         assert derive("running", [Member("running"), Member("running", host_lost=True)]) == [ClusterState.DEGRADED]
 
     async def test_members_running_then_failing_move_the_cluster(self, api: Api) -> None:
-        """Agents confirming every start make the cluster running; a member's workload failing makes it degraded."""
+        """Agents confirming every start make the cluster running; a member's workload failing makes a ``replace`` cluster degraded."""
         for _ in range(2):
             await api.host(1)
-        _, cluster = await create(api, node_count=2, workload=IMAGE)
+        _, cluster = await create(api, node_count=2, workload=IMAGE, restart_policy="replace")
         ids = [m["rental_id"] for m in cluster["members"]]
         await api.agent_reports(ids[0], "start_workload")
         _, view = await api.as_renter("GET", f"/clusters/{cluster['id']}")
