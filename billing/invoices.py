@@ -237,10 +237,13 @@ class _RentalFacts:
     started_at: datetime | None
     stopped_at: datetime | None
     billed_seconds: int
+    cluster_id: str | None
+    node_rank: int | None
 
 
 _RENTAL_COLUMNS = (Rental.id, Rental.gpu_model, Rental.gpu_count, Rental.gpu_milli, Rental.kind, Rental.state,
-                   Rental.price_per_gpu_hour, Rental.started_at, Rental.stopped_at, Rental.billed_seconds)  # fmt: skip
+                   Rental.price_per_gpu_hour, Rental.started_at, Rental.stopped_at, Rental.billed_seconds,
+                   Rental.cluster_id, Rental.node_rank)  # fmt: skip
 
 
 async def _rentals(session: AsyncSession, account: str, month: Month) -> tuple[dict[str, _RentalFacts], set[str]]:
@@ -260,6 +263,8 @@ async def _rentals(session: AsyncSession, account: str, month: Month) -> tuple[d
 def _line_view(line: _Line, rental: _RentalFacts | None, *, whole_rental: bool, statement: bool) -> dict[str, Any]:
     view: dict[str, Any] = {
         "rental_id": line.rental_id,
+        "cluster_id": rental.cluster_id if rental else None,  # a cluster's member: its lines sit together
+        "node_rank": rental.node_rank if rental else None,
         "gpu_model": rental.gpu_model if rental else None,
         "gpu_count": rental.gpu_count if rental else None,
         "gpu_milli": rental.gpu_milli if rental else None,
@@ -284,17 +289,41 @@ def _line_view(line: _Line, rental: _RentalFacts | None, *, whole_rental: bool, 
 
 
 async def _lines(session: AsyncSession, account: str, month: Month, read: _Month, *, statement: bool) -> list[dict[str, Any]]:
+    """The month's lines, oldest start first; a cluster's members together (at its first member's start), by rank."""
     rentals, spanning = await _rentals(session, account, month)
 
-    def order(line: _Line) -> tuple[str, str]:
+    def started(rental_id: str | None) -> str:
+        rental = rentals.get(rental_id or "")
+        return rental.started_at.isoformat() if rental and rental.started_at else "~"
+
+    group_start: dict[str, str] = {}
+    for line in read.lines.values():
         rental = rentals.get(line.rental_id or "")
-        started = rental.started_at.isoformat() if rental and rental.started_at else "~"
-        return started, line.rental_id or "~"
+        if rental is not None and rental.cluster_id is not None:
+            group_start[rental.cluster_id] = min(group_start.get(rental.cluster_id, "~"), started(line.rental_id))
+
+    def order(line: _Line) -> tuple[str, str, int, str]:
+        rental = rentals.get(line.rental_id or "")
+        if rental is not None and rental.cluster_id is not None:
+            return group_start[rental.cluster_id], rental.cluster_id, rental.node_rank or 0, started(line.rental_id) + rental.id
+        return started(line.rental_id), line.rental_id or "~", 0, ""
 
     return [
         _line_view(line, rentals.get(line.rental_id or ""), whole_rental=line.rental_id not in spanning, statement=statement)
         for line in sorted(read.lines.values(), key=order)
     ]
+
+
+def _clusters(lines: list[dict[str, Any]], *, total: str) -> list[dict[str, Any]]:
+    """Each cluster's member lines summed (``total``: the lines' amount field), in the lines' order."""
+    found: dict[str, dict[str, Any]] = {}
+    for line in lines:
+        if line["cluster_id"] is None:
+            continue
+        group = found.setdefault(line["cluster_id"], {"cluster_id": line["cluster_id"], "rental_ids": [], total: Decimal(0)})
+        group["rental_ids"].append(line["rental_id"])
+        group[total] += Decimal(line[total])
+    return [{**group, total: ledger.money(group[total])} for group in found.values()]
 
 
 def _totals(read: _Month) -> dict[str, Decimal]:
@@ -341,7 +370,8 @@ async def invoice(session: AsyncSession, account_id: str, month: Month | str) ->
         **_header(doc, account),
         "opening_balance": ledger.money(opening),
         "payments": read.movements, "total_paid": ledger.money(read.moved),
-        "lines": await _lines(session, code, doc.month, read, statement=False),
+        "lines": (lines := await _lines(session, code, doc.month, read, statement=False)),
+        "clusters": _clusters(lines, total="total"),
         "totals": {kind: ledger.money(amount) for kind, amount in totals.items()},
         "total_charged": ledger.money(charged),
         "closing_balance": ledger.money(opening + read.moved - charged),

@@ -4,15 +4,19 @@
 first of ``stopped_at`` (confirmed stopped, or the preemption) and ``host_lost_at`` (the last
 time its host was heard from), less every interval its host spent ``offline`` (read from the
 host's state changes): a host that blips and comes back within the grace period does not
-bill the blip. Whole seconds, counted from the start.
+bill the blip. Whole seconds, counted from the start. **A cluster's member** (``cluster_id``)
+also leaves out every interval the host of another member of its cluster spent ``offline`` while
+that member was in it (from its start to its end, or, for a member lost with its host, to when the
+master failed it): a cluster with a silent node cannot run, so its whole meter pauses.
 
 **Price.** ``price_per_gpu_hour`` recorded at placement (a later listing change does not touch
 a running rental) × GPUs × ``gpu_milli``/1000, per second. **Duration discounts** per tier
 (``RatingPolicy.discounts``: from ``hours`` of served time on, ``pct`` off) apply to the
 seconds past each threshold. **Minimum period**: a rental that ends having served less than
 ``min_period_s`` is charged up to it — unless it was preempted (the platform cut it short);
-if its host was lost, the minimum is charged and credited back at once as a downtime credit,
-so the invoice line shows both and the reason.
+if its host was lost (or, for a cluster's member, the host of any member of its cluster), the
+minimum is charged and credited back at once as a downtime credit, so the invoice line shows both
+and the reason.
 
 **Exactness.** Every posting is the difference of cumulative amounts (``cost(0→b) −
 cost(0→a)``, each quantized), so however the periods fall the total is the cost of the whole
@@ -34,12 +38,12 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from billing import ledger
 from billing.ledger import Leg
-from master.models import Gpu, Host, HostEvent, Rental
+from master.models import Gpu, Host, HostEvent, Rental, RentalEvent
 from master.services.rentalstate import RentalState
 
 log = logging.getLogger(__name__)
@@ -136,6 +140,28 @@ async def offline_intervals(session: AsyncSession, host_id: str, start: datetime
     return _intervals((await _offline_events(session, [host_id], end)).get(host_id, []), start, end)
 
 
+def _merged(intervals: Sequence[tuple[datetime, datetime]]) -> list[tuple[datetime, datetime]]:
+    """The same time as ``intervals``, overlaps joined (so none is subtracted twice)."""
+    out: list[tuple[datetime, datetime]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+@dataclass(frozen=True)
+class _Member:
+    """A cluster member as the meter of the others reads it: its host, while it was in the cluster, its host lost."""
+
+    rental_id: str
+    host_id: str
+    since: datetime
+    until: datetime | None  # None: still in it
+    host_lost_at: datetime | None
+
+
 def served_seconds(start: datetime, upto: datetime, offline: Sequence[tuple[datetime, datetime]]) -> int:
     span = (upto - start) - sum((b - a for a, b in offline), timedelta(0))
     return max(0, int(span.total_seconds()))
@@ -156,17 +182,65 @@ class _Context:
     owners: dict[str, str]  # host → provider account
     tiers: dict[str, str | None]  # GPU uuid → tier
     events: dict[str, list[tuple[datetime, str | None, str]]]
+    clusters: dict[str, list[_Member]] = field(default_factory=dict)  # cluster id → its members that ran
 
     @classmethod
     async def load(cls, session: AsyncSession, rentals: Sequence[Rental], now: datetime) -> _Context:
-        hosts = sorted({r.host_id for r in rentals if r.host_id is not None})
+        clusters = await _cluster_members(session, sorted({r.cluster_id for r in rentals if r.cluster_id is not None}))
+        hosts = sorted({r.host_id for r in rentals if r.host_id is not None} | {m.host_id for ms in clusters.values() for m in ms})
         uuids = sorted({str(r.gpu_uuids[0]) for r in rentals if r.gpu_uuids})
         owners = {host: owner for host, owner in (await session.execute(select(Host.id, Host.owner_id).where(Host.id.in_(hosts)))).all()}
         tiers: dict[str, str | None] = {}
         if uuids:
             tiers = {uuid: tier for uuid, tier in (await session.execute(select(Gpu.uuid, Gpu.tier).where(Gpu.uuid.in_(uuids)))).all()}
         events = await _offline_events(session, hosts, now) if hosts else {}
-        return cls(owners, tiers, events)
+        return cls(owners, tiers, events, clusters)
+
+    def paused(self, rental: Rental, start: datetime, stop: datetime) -> list[tuple[datetime, datetime]]:
+        """When the rental's meter stood still between ``start`` and ``stop``: its host offline, or (a cluster's member)
+        the host of another member offline while that member was in the cluster."""
+        assert rental.host_id is not None
+        intervals = _intervals(self.events.get(rental.host_id, []), start, stop)
+        for member in self.clusters.get(rental.cluster_id or "", ()):
+            if member.rental_id == rental.id:
+                continue
+            since, until = max(start, member.since), min(stop, member.until or stop)
+            if since < until:
+                intervals += _intervals(self.events.get(member.host_id, []), since, until)
+        return _merged(intervals)
+
+    def cluster_host_lost(self, rental: Rental, upto: datetime) -> _Member | None:
+        """Another member of the rental's cluster whose host was lost before ``upto``, if any."""
+        for member in self.clusters.get(rental.cluster_id or "", ()):
+            if member.rental_id != rental.id and member.host_lost_at is not None and member.host_lost_at <= upto:
+                return member
+        return None
+
+
+async def _cluster_members(session: AsyncSession, cluster_ids: Sequence[str]) -> dict[str, list[_Member]]:
+    """Every member of the clusters that ran, with the time it was in its cluster."""
+    if not cluster_ids:
+        return {}
+    rows = (
+        await session.execute(
+            select(Rental.id, Rental.cluster_id, Rental.host_id, Rental.started_at, Rental.stopped_at, Rental.host_lost_at)
+            .where(Rental.cluster_id.in_(list(cluster_ids)), Rental.started_at.is_not(None), Rental.host_id.is_not(None))
+        )
+    ).all()
+    lost = [row.id for row in rows if row.host_lost_at is not None]
+    failed_at: dict[str, datetime] = {}
+    if lost:  # a member lost with its host ended (for the others) when the master failed it, not at its last heartbeat
+        events = await session.execute(
+            select(RentalEvent.rental_id, func.min(RentalEvent.at))
+            .where(RentalEvent.rental_id.in_(lost), RentalEvent.to_state == RentalState.FAILED.value)
+            .group_by(RentalEvent.rental_id)
+        )
+        failed_at = {rental_id: at for rental_id, at in events.all()}
+    found: dict[str, list[_Member]] = {}
+    for row in rows:
+        until = row.stopped_at if row.host_lost_at is None else failed_at.get(row.id)
+        found.setdefault(row.cluster_id, []).append(_Member(row.id, row.host_id, row.started_at, until, row.host_lost_at))
+    return found
 
 
 def _plan(rental: Rental, context: _Context, *, now: datetime, policy: RatingPolicy) -> tuple[list[Posting], Decimal] | None:
@@ -185,7 +259,7 @@ def _plan(rental: Rental, context: _Context, *, now: datetime, policy: RatingPol
     tier = context.tiers.get(str(rental.gpu_uuids[0])) if rental.gpu_uuids else None
     priced = _Pricing(rental, provider, per_second(rental), policy.discounts.get(tier or "", ()), policy, now)
     stop = max(upto, rental.started_at)
-    target = served_seconds(rental.started_at, stop, _intervals(context.events.get(rental.host_id, []), rental.started_at, stop))
+    target = served_seconds(rental.started_at, stop, context.paused(rental, rental.started_at, stop))
     postings: list[Posting] = []
     if target > rental.billed_seconds:
         postings.append(priced.span(f"rental:{rental.id}:usage:{since.isoformat()}", "usage", rental.billed_seconds, target,
@@ -200,9 +274,15 @@ def _plan(rental: Rental, context: _Context, *, now: datetime, policy: RatingPol
     if ended and rental.state != RentalState.PREEMPTED and rental.billed_seconds < policy.min_period_s:
         postings.append(priced.span(f"rental:{rental.id}:minimum", "minimum", rental.billed_seconds, policy.min_period_s, (since, upto),
                                     f"minimum billing period {policy.min_period_s}s: {policy.min_period_s - rental.billed_seconds}s not used"))  # fmt: skip
+        lost_member = context.cluster_host_lost(rental, upto)
+        reason = None
         if rental.host_lost_at is not None:
             reason = (f"host {rental.host_id} lost at {rental.host_lost_at:%Y-%m-%dT%H:%M:%SZ}: the minimum period "
                       "charged was not served")  # fmt: skip
+        elif lost_member is not None and lost_member.host_lost_at is not None:
+            reason = (f"host {lost_member.host_id} of cluster {rental.cluster_id} lost at "
+                      f"{lost_member.host_lost_at:%Y-%m-%dT%H:%M:%SZ}: the minimum period charged was not served")  # fmt: skip
+        if reason is not None:
             postings.append(priced.span(f"rental:{rental.id}:downtime-credit", "downtime_credit", rental.billed_seconds,
                                         policy.min_period_s, (since, upto), reason, sign=-1))  # fmt: skip
     return postings, sum((p.charge for p in postings), Decimal(0))

@@ -110,19 +110,45 @@ class TestCreate:
         assert_error(status, body, 422, "cluster_queue_unsupported")
         assert await rows(api, Rental) == 0
 
-    async def test_prefers_the_region_with_most_free_gpus(self, api: Api) -> None:
-        """Two nodes go to the region with the most free matching GPUs, not across regions."""
+    async def test_keeps_the_cluster_in_one_region(self, api: Api) -> None:
+        """Two nodes go to the two hosts of one region, never one in each (the gang search's first preference)."""
         from tests.test_rentals_market import set_host
 
         small = [(await api.host(1))[0] for _ in range(2)]
         big = [(await api.host(4))[0] for _ in range(2)]
-        for host in small:
+        for host in (small[0], big[0]):
             await set_host(api, host, region="eu-west")
-        for host in big:
+        for host in (small[1], big[1]):
             await set_host(api, host, region="us-east")
+        lone = (await api.host(4))[0]
+        await set_host(api, lone, region="ap-south")
         status, cluster = await create(api, node_count=2)
         assert status == 201, cluster
-        assert sorted(m["host_id"] for m in cluster["members"]) == sorted(big)
+        placed = sorted(m["host_id"] for m in cluster["members"])
+        assert placed in (sorted([small[0], big[0]]), sorted([small[1], big[1]]))
+
+    async def test_a_fragmented_fleet_still_takes_a_cluster(self, api: Api) -> None:
+        """Hosts with 4, 4, 3 and 3 free GPUs after a 3-GPU rental: a 2 × 4 cluster lands on the two 4-free hosts."""
+        fours = [(await api.host(4))[0] for _ in range(2)]
+        three = (await api.host(3))[0]
+        six = (await api.host(6))[0]
+        status, rental = await api.as_renter("POST", "/rentals", json={"offer_id": f"{six}:NVIDIA GeForce RTX 4090", "gpu_count": 3})
+        assert status == 201, rental
+        status, cluster = await create(api, node_count=2, gpus_per_node=4)
+        assert status == 201, cluster
+        assert sorted(m["host_id"] for m in cluster["members"]) == sorted(fours)
+        assert three not in {m["host_id"] for m in cluster["members"]}
+
+    async def test_one_model_chosen_among_hosts_that_have_it_for_every_node(self, api: Api) -> None:
+        """A large host of a model no other host has is never node 0 of a same-model cluster: both nodes get the other model."""
+        from tests.test_rentals_market import H100
+
+        await api.host(8, name=H100)
+        rtx = [(await api.host(2))[0] for _ in range(2)]
+        status, cluster = await create(api, node_count=2, gpus_per_node=2)
+        assert status == 201, cluster
+        assert sorted(m["host_id"] for m in cluster["members"]) == sorted(rtx)
+        assert {m["gpu_model"] for m in cluster["members"]} == {"NVIDIA GeForce RTX 4090"}
 
 
 class TestStates:
@@ -159,10 +185,10 @@ class TestStates:
         assert derive("running", [Member("running"), Member("running", host_lost=True)]) == [ClusterState.DEGRADED]
 
     async def test_members_running_then_failing_move_the_cluster(self, api: Api) -> None:
-        """Agents confirming every start make the cluster running; a member's workload failing makes it degraded."""
+        """Agents confirming every start make the cluster running; a member's workload failing makes a ``replace`` cluster degraded."""
         for _ in range(2):
             await api.host(1)
-        _, cluster = await create(api, node_count=2, workload=IMAGE)
+        _, cluster = await create(api, node_count=2, workload=IMAGE, restart_policy="replace")
         ids = [m["rental_id"] for m in cluster["members"]]
         await api.agent_reports(ids[0], "start_workload")
         _, view = await api.as_renter("GET", f"/clusters/{cluster['id']}")

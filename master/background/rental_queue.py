@@ -1,6 +1,7 @@
 """The rental queue: queued rentals placed oldest first, those past ``queue_until`` failed; placements a dead
 master left half-done repaired (``rental_queue.repair_interrupted_placements``, so within ``queue_interval`` of a
-master's start); and ended rentals' kept /workspace released once their ``workspace_until`` passed.
+master's start); broken members of ``replace`` clusters replaced (``cluster_policy``); and ended rentals' kept
+/workspace released once their ``workspace_until`` passed.
 
 One master at a time, under the ``rental-queue`` lease, every ``queue_interval``. The pass
 itself is ``master.services.rental_queue.process_queue``.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from master.background import leases
 from master.context import Master
-from master.services import rental_queue, rentals
+from master.services import cluster_policy, rental_queue, rentals
 
 QUEUE_LEASE = "rental-queue"
 
@@ -26,6 +27,7 @@ async def queue_loop(master: Master) -> None:
     async def work() -> None:
         await rental_queue.repair_interrupted_placements(master)
         await rental_queue.process_queue(master)
+        await cluster_policy.replace_broken_members(master)
         await rentals.release_expired_workspaces(master)
 
     await leases.run_leased(master, QUEUE_LEASE, every=master.settings.queue_interval, work=work)

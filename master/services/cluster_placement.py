@@ -1,22 +1,25 @@
 """Placing a cluster: every member on its own host, in one transaction, or none.
 
 ``place_cluster`` is the whole boundary: given the cluster (flushed, in the caller's transaction)
-and its request, it adds and places one member rental per node, or raises why it cannot. It reuses
-the rental's placement (``rental_placement.try_place``: candidates, quotas, credit, the claim and
-the start command) member by member, each avoiding the hosts the earlier members took, all inside
-one savepoint: a member that cannot be placed rolls the savepoint back, so no member, claim or
-command of that attempt is left. Regions are tried one at a time, the region with the most free
-matching GPUs first, then the whole fleet. Without ``allow_mixed`` every member gets the GPU model
-the first one got.
+and its request, it adds and places one member rental per node, or raises why it cannot.
 
-This is a first-fit search (a member placed early is never moved to make room for a later one);
-``master/scheduler/gang.py``'s ``place_gang`` can replace ``_place_members`` behind the same
-boundary.
+1. **Gang search.** The hosts are chosen together by ``master/scheduler/gang.py``'s ``place_gang``
+   over the rental's own candidates (``rental_placement._candidates``: requirements, isolation, bid,
+   spend quota), each node carrying its host's region: one region (and one model, unless
+   ``allow_mixed``) when any has room, then the placer's preference. Each chosen placement is then
+   claimed by the rental's placement pinned to that host and model (``try_place`` with the host's
+   offer: quotas, credit, the atomic claim, the start command), all inside one savepoint: a claim that
+   fails (a lost race) rolls the savepoint back, so no member, claim or command of it is left.
+2. **Member by member (with preemption).** When the gang search finds no set on free GPUs (or loses a
+   race), node 0, 1, … are placed in turn by ``try_place`` unpinned — which may preempt interruptible
+   rentals, as a rental does — each avoiding the hosts the earlier members took, region by region (the
+   one with the most free matching GPUs first), then the whole fleet, each attempt in its own savepoint.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from datetime import datetime
 
 from sqlalchemy import func, or_, select
@@ -24,7 +27,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
 from master.models import Cluster, Gpu, Rental
-from master.scheduler import MILLI
+from master.scheduler import MILLI, get_placer
+from master.scheduler.gang import place_gang
 from master.services import rental_placement
 from master.services.cluster_request import ClusterRequest
 from master.services.placement import model_matches
@@ -50,7 +54,12 @@ async def place_cluster(master: Master, session: AsyncSession, cluster: Cluster,
             code="exceeds_fleet",
         )
     cluster_id, renter_id = cluster.id, cluster.renter_id  # a rolled-back attempt expires the row's attributes
-    reason: ClientError | None = None
+    async with session.begin_nested() as attempt:
+        commands, reason = await _place_gang(master, session, (cluster_id, renter_id), request, now=now)
+        if reason is None:
+            return commands
+        await attempt.rollback()
+    log.info("cluster %s: no gang placement on free GPUs (%s); trying node by node", cluster_id, reason)
     for region in [*await _regions_by_free_gpus(master, session, request, now=now), None]:
         async with session.begin_nested() as attempt:
             commands, reason = await _place_members(master, session, (cluster_id, renter_id), request, region=region, now=now)
@@ -67,10 +76,38 @@ async def place_cluster(master: Master, session: AsyncSession, cluster: Cluster,
     raise reason
 
 
+async def _place_gang(
+    master: Master, session: AsyncSession, cluster: tuple[str, str], request: ClusterRequest, *, now: datetime
+) -> tuple[list[str], ClientError | None]:
+    """Choose every member's host with ``place_gang``, then claim each (pinned to its host and model)."""
+    first = request.member_request(0)
+    price_cap = await rental_placement._quota(master, session, cluster[1], first, exclude="")
+    found = await rental_placement._candidates(master, session, first, now=now, price_cap=price_cap)
+    for node in found.nodes:  # fresh nodes of this read: the gang search keeps a cluster in one region
+        node.region = found.hosts[node.node_id][0].region
+    # A placer of its own: the master's keeps its scores for the whole fleet it serves single rentals on.
+    placements = place_gang(first.place_request(), request.node_count, found.nodes, placer=get_placer(master.settings.placer),
+                            same_model=not request.allow_mixed)  # fmt: skip
+    if placements is None:
+        return [], InsufficientCapacity(f"no {request.node_count} hosts with {request.gpus_per_node} free GPUs each, one model")
+    commands: list[str] = []
+    for rank, placement in enumerate(placements):
+        host, name, _price = found.hosts[placement.node_id]
+        unpinned = request.member_request(rank)
+        member = _member(cluster, request, rank, unpinned.spec(), now=now)
+        pinned = replace(unpinned, offer_id=f"{host.host_id}:{name}", gpu_model=None)
+        placed, reason = await rental_placement.try_place(master, session, member, pinned, now=now)
+        if reason is not None:
+            return [], reason
+        commands.extend(placed)
+    return commands, None
+
+
 async def _place_members(
     master: Master, session: AsyncSession, cluster: tuple[str, str], request: ClusterRequest, *, region: str | None, now: datetime
 ) -> tuple[list[str], ClientError | None]:
-    """Place node 0, 1, … in turn, each on a host none of the others has; stops at the first that does not fit."""
+    """Place node 0, 1, … in turn (preempting where a rental would), each on a host none of the others has;
+    stops at the first that does not fit."""
     commands: list[str] = []
     taken: set[str] = set()
     model: str | None = None

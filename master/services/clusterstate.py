@@ -1,8 +1,9 @@
 """The cluster state machine: one explicit transition table, and the state derived from the members'.
 
     pending ─members placed─▶ starting ─every member running─▶ running
-    running ─a member failed or lost its host─▶ degraded ─member replaced─▶ running
+    running ─a member failed or lost its host (restart_policy replace)─▶ degraded ─member replaced─▶ running
     pending, starting, running, degraded ─stop asked, or every member ended─▶ stopping ─every member ended─▶ stopped
+    running, degraded ─a member broke (restart_policy stop), or no replacement─▶ stopping ─every member ended─▶ failed
     pending, starting ─a member failed before the cluster ran─▶ failed
     stopped and failed are final
 
@@ -17,17 +18,20 @@ lost host, billing's credit enforcement).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import event, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from master.models import Cluster, ClusterEvent, Rental
+from master.models import Command as CommandRow
+from shared import protocol
 from shared.errors import Conflict
+from shared.ids import new_id
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +51,7 @@ TRANSITIONS: dict[ClusterState, frozenset[ClusterState]] = {
     ClusterState.STARTING: frozenset({ClusterState.RUNNING, ClusterState.STOPPING, ClusterState.FAILED}),
     ClusterState.RUNNING: frozenset({ClusterState.DEGRADED, ClusterState.STOPPING}),
     ClusterState.DEGRADED: frozenset({ClusterState.RUNNING, ClusterState.STOPPING}),
-    ClusterState.STOPPING: frozenset({ClusterState.STOPPED}),
+    ClusterState.STOPPING: frozenset({ClusterState.STOPPED, ClusterState.FAILED}),
     ClusterState.STOPPED: frozenset(),
     ClusterState.FAILED: frozenset(),
 }
@@ -59,6 +63,7 @@ FINAL_CLUSTER_STATES = (ClusterState.STOPPED, ClusterState.FAILED)
 
 # Member (rental) states, as plain strings: this module sits beside rentalstate, which imports it.
 _ENDED = frozenset({"stopped", "failed", "preempted"})
+_UNSTOPPED = frozenset({"pending", "starting", "running"})
 _BROKEN = frozenset({"failed", "preempted"})
 
 
@@ -78,12 +83,14 @@ def allowed(from_state: str, to_state: ClusterState) -> bool:
     return to_state in TRANSITIONS[ClusterState(from_state)]
 
 
-def derive(current: str, members: Sequence[Member]) -> list[ClusterState]:
+def derive(current: str, members: Sequence[Member], *, failing: bool = False) -> list[ClusterState]:
     """The states a cluster in ``current`` goes through, given its members' states (empty: it stays).
 
     Every step is allowed by ``TRANSITIONS``; a path of two (``running → stopping → stopped``) is a
-    cluster whose members all ended while it ran.
+    cluster whose members all ended while it ran. ``failing``: its restart policy stopped it because a
+    member broke (``cluster_policy``), so it ends ``failed``, not ``stopped``.
     """
+    end = ClusterState.FAILED if failing else ClusterState.STOPPED
     state = ClusterState(current)
     if state in FINAL_CLUSTER_STATES or not members:
         return []
@@ -103,9 +110,9 @@ def derive(current: str, members: Sequence[Member]) -> list[ClusterState]:
             return [ClusterState.STOPPING]
         return []
     if state == ClusterState.STOPPING:
-        return [ClusterState.STOPPED] if all_ended else []
+        return [end] if all_ended else []
     if all_ended:
-        return [ClusterState.STOPPING, ClusterState.STOPPED]
+        return [ClusterState.STOPPING, end]
     if any(s == "stopping" for s in states):
         return [ClusterState.STOPPING]
     if broken:
@@ -134,6 +141,81 @@ def transition(session: Session, cluster: Cluster, to_state: ClusterState, cause
     return True
 
 
+# ---- restart policies: what a broken or stopped member does to the others (sync, in the hook) ------
+
+_ISSUED = "gpumarket_cluster_commands"  # session.info key: stop commands this session's hook wrote
+_RUNNING_STATES = (ClusterState.PENDING, ClusterState.STARTING, ClusterState.RUNNING, ClusterState.DEGRADED)
+# How a member is moved to stopping: ``rentalstate.stop_member`` (through the rental's table), handed in by
+# rentalstate's hook, since rentalstate imports this module.
+StopMember = Callable[[Session, Rental, str], object]
+
+
+def current_members(members: Sequence[Rental]) -> list[Rental]:
+    """The member of each node rank that counts now: the newest (a replacement supersedes the one it replaced)."""
+    newest: dict[int, Rental] = {}
+    for member in members:
+        rank = member.node_rank if member.node_rank is not None else -1
+        seen = newest.get(rank)
+        if seen is None or (member.created_at, member.id) > (seen.created_at, seen.id):
+            newest[rank] = member
+    return [newest[rank] for rank in sorted(newest)]
+
+
+def is_broken(member: Rental) -> bool:
+    return member.state in _BROKEN or member.host_lost_at is not None
+
+
+def act(session: Session, cluster: Cluster, members: Sequence[Rental], stop_member: StopMember) -> None:
+    """Apply ``cluster``'s policy to its current ``members`` (sync: inside the before-flush hook)."""
+    if cluster.state not in _RUNNING_STATES:
+        return  # stopping (its stop is under way), or over
+    stopped = [m for m in members if m.state == "stopping"]
+    if stopped:
+        first = stopped[0]
+        stop_members(session, cluster, members, stop_member, f"node {first.node_rank} ({first.id}) was stopped, and the cluster with it")
+        return
+    broken = [m for m in members if is_broken(m)]
+    if not broken:
+        return
+    never_ran = cluster.state in (ClusterState.PENDING, ClusterState.STARTING)
+    if cluster.restart_policy == "replace" and not never_ran:
+        return  # degraded; ``replace_broken_members`` places the replacement
+    fail_cluster(session, cluster, members, stop_member, "restart_policy stop" if not never_ran else "it never ran")
+
+
+def fail_cluster(session: Session, cluster: Cluster, members: Sequence[Rental], stop_member: StopMember, why: str) -> None:
+    """Mark ``cluster`` failing (it ends ``failed``) with its broken members as the reason, and stop the rest."""
+    broken = "; ".join(
+        f"node {m.node_rank} ({m.id}) {m.state}" + (f": {m.failure_reason}" if m.failure_reason else "")
+        for m in members if is_broken(m)
+    )  # fmt: skip
+    if cluster.failure_reason is None:
+        cluster.failure_reason = f"{broken or 'a member ended'}; {why}: every other member stopped"
+    stop_members(session, cluster, members, stop_member, f"cluster {cluster.id} failing: {broken or why}")
+
+
+def stop_members(session: Session, cluster: Cluster, members: Sequence[Rental], stop_member: StopMember, reason: str) -> None:
+    """Send each of ``members`` still running (or starting) a ``stop_workload`` and move it to stopping."""
+    issued: list[str] = session.info.setdefault(_ISSUED, [])
+    for member in members:
+        if member.state not in _UNSTOPPED or member.host_id is None:
+            continue
+        command = CommandRow(
+            id=new_id("cmd"), host_id=member.host_id, rental_id=member.id, kind="stop_workload",
+            args=protocol.command_args(protocol.StopWorkload(rental_id=member.id, reason=reason[:200])), state="pending",
+        )  # fmt: skip
+        session.add(command)
+        issued.append(command.id)
+        stop_member(session, member, reason)
+        log.info("cluster %s: stopping member %s (%s)", cluster.id, member.id, reason)
+
+
+def issued_commands(session_info: dict[str, Any]) -> list[str]:
+    """The stop commands the hook wrote in a session (read after its commit, to publish them at once)."""
+    found: list[str] = session_info.pop(_ISSUED, [])
+    return found
+
+
 # ---- the hook: members' changes move their cluster ---------------------------------------------
 
 _CHANGED = "gpumarket_clusters_changed"  # session.info key: ids of clusters whose members changed state
@@ -145,28 +227,38 @@ def member_changed(session_info: dict[str, Any], rental: Rental) -> None:
         session_info.setdefault(_CHANGED, set()).add(rental.cluster_id)
 
 
-def rederive(session: Session, cluster: Cluster, cause: str) -> None:
-    """Move ``cluster`` to what its members' states (as this session sees them) add up to."""
+def rederive(session: Session, cluster: Cluster, cause: str, stop_member: StopMember) -> None:
+    """Act on ``cluster``'s restart policy (``act``), then move it to what its current members' states (as this
+    session sees them) add up to."""
     with session.no_autoflush:
-        members = session.scalars(select(Rental).where(Rental.cluster_id == cluster.id).order_by(Rental.node_rank)).all()
+        members = current_members(
+            session.scalars(select(Rental).where(Rental.cluster_id == cluster.id).order_by(Rental.node_rank)).all()
+        )
+        act(session, cluster, members, stop_member)
+    session.info.get(_CHANGED, set()).discard(cluster.id)  # the stops above changed members: already seen here
     facts = [Member(m.state, host_lost=m.host_lost_at is not None) for m in members]
-    for step in derive(cluster.state, facts):
+    failing = cluster.failure_reason is not None
+    for step in derive(cluster.state, facts, failing=failing):
         reason = cause
-        if step in (ClusterState.FAILED, ClusterState.DEGRADED):
+        if step == ClusterState.STOPPING and failing:
+            reason = cluster.failure_reason or cause
+        elif step == ClusterState.FAILED and failing and cluster.state == ClusterState.STOPPING:
+            reason = "every member ended"
+        elif step in (ClusterState.FAILED, ClusterState.DEGRADED):
             reason = "; ".join(
                 f"node {m.node_rank} ({m.id}) {m.state}" + (f": {m.failure_reason}" if m.failure_reason else "")
                 for m in members if m.state in _BROKEN or m.host_lost_at is not None
             )  # fmt: skip
-            if step == ClusterState.FAILED:
+            if step == ClusterState.FAILED and cluster.failure_reason is None:
                 cluster.failure_reason = reason
         transition(session, cluster, step, reason)
 
 
-@event.listens_for(Session, "before_flush")
-def _rederive_changed(session: Session, _context: Any, _instances: Any) -> None:
+def rederive_changed(session: Session, stop_member: StopMember) -> None:
+    """Rederive every cluster whose members this session changed (``rentalstate``'s before-flush hook calls it)."""
     changed: set[str] = session.info.pop(_CHANGED, set())
     for cluster_id in sorted(changed):
         with session.no_autoflush:
             cluster = session.get(Cluster, cluster_id)
         if cluster is not None:
-            rederive(session, cluster, "member states changed")
+            rederive(session, cluster, "member states changed", stop_member)

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
 from master.models import Rental, RentalEvent, RentalLogChunk
-from master.services import commands, templates
+from master.services import clusterstate, commands, templates
 from master.services.accounts import Principal
 from master.services.listings import money
 from master.services.rental_placement import try_place
@@ -142,8 +142,8 @@ async def stop_rental(master: Master, principal: Principal, rental_id: str) -> R
         elif rental.workspace_until is not None:
             # Ended on its own, /workspace kept for SFTP: releasing it tells the agent to drop it now.
             command_id = _release_workspace(session, rental, by=principal.name)
-    if command_id is not None:
-        await commands.publish(master, [command_id])
+    # A cluster's member stopped on its own stops its cluster's other members (cluster_policy): send those too.
+    await commands.publish(master, [*([command_id] if command_id else []), *clusterstate.issued_commands(session.info)])
     return rental
 
 

@@ -23,8 +23,11 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 from enum import StrEnum
+from typing import Any
 
+from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
 
 from master.models import Rental, RentalEvent
 from master.services import clusterstate
@@ -107,3 +110,15 @@ def _apply(session: AsyncSession, rental: Rental, to_state: RentalState, cause: 
     session.add(event)
     rental.state = to_state.value
     clusterstate.member_changed(session.info, rental)  # a cluster's member: its cluster's state follows, at the flush
+
+
+def stop_member(session: Session, rental: Rental, reason: str) -> None:
+    """Move a cluster's member to stopping (its restart policy stops it; the caller wrote its ``stop_workload``)."""
+    if allowed(rental.state, RentalState.STOPPING) and rental.state != RentalState.STOPPING:
+        _apply(session, rental, RentalState.STOPPING, reason, at=None)  # type: ignore[arg-type]  # only adds rows
+
+
+@event.listens_for(Session, "before_flush")
+def _clusters_follow_members(session: Session, _context: Any, _instances: Any) -> None:
+    """The one place a member's change moves its cluster (and its restart policy acts): before every flush."""
+    clusterstate.rederive_changed(session, stop_member)
