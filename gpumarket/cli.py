@@ -457,12 +457,14 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--quiet", action="store_true", help="no progress bar")
     simulate.set_defaults(func=cmd_simulate)
 
+    from gpumarket.renter.clusters import add_parsers as add_cluster_parsers
     from gpumarket.renter.commands import add_parsers as add_renter_parsers
     from gpumarket.renter.credit import add_parsers as add_credit_parsers
     from gpumarket.renter.sshcmds import add_parsers as add_ssh_parsers
 
     add_renter_parsers(sub)  # login, offers, rent, rentals, logs, stop, account: the renter's side, over the REST API
     add_ssh_parsers(sub)  # ssh, ssh-config, cp, tunnel: OpenSSH to rentals through the relays
+    add_cluster_parsers(sub)  # cluster create, list, show, stop, ssh: clusters over the REST API
     add_credit_parsers(sub)  # credit add: prepaid credit through the payment provider
 
     admin = sub.add_parser("admin", help="operator tasks against the master's database and CA")
