@@ -114,7 +114,7 @@ class TestClusters:
         await page.locator("#confirm-stop-cluster").click()
 
         async def stopped() -> bool:
-            return (await console.api("renter", f"/clusters/{cluster_id}"))["state"] == "stopped"
+            return bool((await console.api("renter", f"/clusters/{cluster_id}"))["state"] == "stopped")
 
         await eventually(stopped, timeout=WAIT_MS / 1000, what="the cluster stopped")
         await expect(page.locator(".cluster-summary .badge").first).to_have_text("stopped", timeout=WAIT_MS)
