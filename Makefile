@@ -67,9 +67,9 @@ up: install
 
 # The production topology as separate processes on this machine (PostgreSQL and Redis must run):
 # migration job, two masters, two relays with the geo DNS, Celery worker and beat, four agents;
-# checks one rental end to end and stops. ARGS="--agents 8" and the like go to `gpumarket cluster`.
+# checks one rental end to end and stops. ARGS="--agents 8" and the like go to `gpumarket topology`.
 cluster: install
-	$(BIN)/gpumarket cluster --fresh --check $(ARGS)
+	$(BIN)/gpumarket topology --fresh --check $(ARGS)
 
 # ruff, and the layer contracts of pyproject.toml ([tool.importlinter]: DESIGN.md's layers, no cycles).
 lint: install

@@ -91,7 +91,7 @@ def cmd_up(args: argparse.Namespace) -> None:
     )
 
 
-def cmd_cluster(args: argparse.Namespace) -> None:
+def cmd_topology(args: argparse.Namespace) -> None:
     from gpumarket.cluster import run_cluster
 
     codes: list[int] = []
@@ -329,24 +329,24 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--verbose", action="store_true", help="show the logs here too (they always go to DATA_DIR/up.log)")
     up.set_defaults(func=cmd_up)
 
-    cluster = sub.add_parser(
-        "cluster", help="run the production topology as separate processes on this machine",
+    topology = sub.add_parser(
+        "topology", help="run the production topology as separate processes on this machine",
         formatter_class=formatter,
         description="The migration job, two masters, two relays (eu-west and us-east) with the geo DNS on loopback, a "
         "Celery worker with beat and a second worker, and N simulated agents, each its own process, on PostgreSQL and "
         "Redis. With --check it follows one rental end to end through them and stops; otherwise it stays up until "
         "Ctrl-C. Logs go to WORKDIR/logs/.",
-        epilog="example: gpumarket cluster --fresh --check  (what `make cluster` runs)",
+        epilog="examples:\n  gpumarket topology --fresh --check  (what `make cluster` runs)\n  gpumarket topology --agents 8",
     )  # fmt: skip
-    cluster.add_argument("--workdir", type=Path, default=Path(".gpumarket-cluster"), metavar="DIR", help="logs and state (default ./.gpumarket-cluster)")
-    cluster.add_argument("--database-url", default="postgresql://postgres@127.0.0.1:5432/gpumarket_cluster", metavar="URL", help="PostgreSQL database (default: gpumarket_cluster on the local server)")
-    cluster.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", metavar="URL", help="Redis (default redis://127.0.0.1:6379/0)")
-    cluster.add_argument("--bus-prefix", default="gpumarket-cluster:", metavar="P", help="key prefix in Redis (default gpumarket-cluster:)")
-    cluster.add_argument("--agents", type=_positive_int, default=4, metavar="N", help="simulated provider hosts (default 4)")
-    cluster.add_argument("--fresh", action="store_true", help="start over: drop and create the database, delete the prefix's Redis keys and the workdir's state")
-    cluster.add_argument("--check", action="store_true", help="rent, watch, get charged and stop one rental through the cluster, then stop")
-    cluster.add_argument("--log-level", default="WARNING", help="this command's own log level (default WARNING)")
-    cluster.set_defaults(func=cmd_cluster)
+    topology.add_argument("--workdir", type=Path, default=Path(".gpumarket-cluster"), metavar="DIR", help="logs and state (default ./.gpumarket-cluster)")
+    topology.add_argument("--database-url", default="postgresql://postgres@127.0.0.1:5432/gpumarket_cluster", metavar="URL", help="PostgreSQL database (default: gpumarket_cluster on the local server)")
+    topology.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", metavar="URL", help="Redis (default redis://127.0.0.1:6379/0)")
+    topology.add_argument("--bus-prefix", default="gpumarket-cluster:", metavar="P", help="key prefix in Redis (default gpumarket-cluster:)")
+    topology.add_argument("--agents", type=_positive_int, default=4, metavar="N", help="simulated provider hosts (default 4)")
+    topology.add_argument("--fresh", action="store_true", help="start over: drop and create the database, delete the prefix's Redis keys and the workdir's state")
+    topology.add_argument("--check", action="store_true", help="rent, watch, get charged and stop one rental through the cluster, then stop")
+    topology.add_argument("--log-level", default="WARNING", help="this command's own log level (default WARNING)")
+    topology.set_defaults(func=cmd_topology)
 
     master = _service_parser(
         sub, "master", MasterSettings, help="run a master API process",
@@ -457,12 +457,14 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--quiet", action="store_true", help="no progress bar")
     simulate.set_defaults(func=cmd_simulate)
 
+    from gpumarket.renter.clusters import add_parsers as add_cluster_parsers
     from gpumarket.renter.commands import add_parsers as add_renter_parsers
     from gpumarket.renter.credit import add_parsers as add_credit_parsers
     from gpumarket.renter.sshcmds import add_parsers as add_ssh_parsers
 
     add_renter_parsers(sub)  # login, offers, rent, rentals, logs, stop, account: the renter's side, over the REST API
     add_ssh_parsers(sub)  # ssh, ssh-config, cp, tunnel: OpenSSH to rentals through the relays
+    add_cluster_parsers(sub)  # cluster create, list, show, stop, ssh: clusters over the REST API
     add_credit_parsers(sub)  # credit add: prepaid credit through the payment provider
 
     admin = sub.add_parser("admin", help="operator tasks against the master's database and CA")

@@ -1,4 +1,4 @@
-"""``gpumarket cluster`` (``make cluster``): the production topology as separate processes on this machine.
+"""``gpumarket topology`` (``make cluster``): the production topology as separate processes on this machine.
 
 Unlike ``gpumarket up`` (everything in one process over SQLite), every service here is its own
 OS process, started with the same commands and settings a deployment uses:
@@ -503,7 +503,7 @@ async def run_cluster(
     workdir: Path, *, database_url: str, redis_url: str, bus_prefix: str, agents: int, fresh: bool, check: bool,
     stop: asyncio.Event,
 ) -> int:
-    """``gpumarket cluster``: start, then check one rental and stop (``check``), or stay up until ``stop``."""
+    """``gpumarket topology``: start, then check one rental and stop (``check``), or stay up until ``stop``."""
     if fresh:
         for made in ("logs", "master", "relay-pki", "agents", "worker-beat", "worker-2"):  # only what a cluster makes
             shutil.rmtree(workdir / made, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""The production topology as separate processes (`gpumarket cluster`, `make cluster`) on the real
+"""The production topology as separate processes (`gpumarket topology`, `make cluster`) on the real
 PostgreSQL and Redis: migration job, two masters, two relays in two regions behind the geo DNS,
 Celery worker and beat, simulated agents; one rental followed end to end through all of them."""
 

@@ -43,7 +43,7 @@ MIN_CHART_TEXT_PX = 11.0
 @dataclass(frozen=True)
 class Page:
     name: str
-    hash: str  # where it is ("#/offers"), with {rental} and {host} filled in
+    hash: str  # where it is ("#/offers"), with {rental}, {cluster} and {host} filled in
     primary: str  # a selector for its primary action (or, where it has none, what it is for)
     charts: int = 0  # charts it draws once loaded
     click: str | None = None  # a button to press first (what the page shows after it)
@@ -53,6 +53,8 @@ RENTER = [
     Page("offers", "#/offers", "table.offers tbody tr:first-child button"),
     Page("rentals", "#/rentals", "table tbody tr:first-child a[href^='#/rentals/']"),
     Page("rental", "#/rentals/{rental}", "#stop-rental", charts=4),
+    Page("clusters", "#/clusters", "table.clusters tbody tr:first-child a[href^='#/clusters/']"),
+    Page("cluster", "#/clusters/{cluster}", "#stop-cluster"),
     Page("billing", "#/billing", "form.credit-form button[type=submit]"),
     Page("ssh-keys", "#/ssh-keys", "form button[type=submit]"),
 ]
@@ -114,13 +116,16 @@ def _api(market: Market, role: str, method: str, path: str, body: Any = None) ->
 
 @pytest.fixture(scope="module")
 def places(market: Market) -> Iterator[dict[str, str]]:
-    """A running hold rental of the renter (its page, and a row in Rentals) and a host of the provider; the rental is
-    stopped at the end."""
+    """A running hold rental of the renter (its page, and a row in Rentals), a hold cluster of two nodes of 1 GPU (the
+    demo's three hosts are of three models: mixed) and a host of the provider; the rental and cluster are stopped at
+    the end."""
     rental = _api(market, "renter", "POST", "/rentals", {"workload": {"kind": "hold"}, "gpu_count": 1})
+    cluster = _api(market, "renter", "POST", "/clusters", {"node_count": 2, "gpus_per_node": 1, "allow_mixed": True})
     host = _api(market, "provider", "GET", "/hosts")["items"][0]["id"]
     try:
-        yield {"rental": rental["id"], "host": host}
+        yield {"rental": rental["id"], "cluster": cluster["id"], "host": host}
     finally:
+        _api(market, "renter", "DELETE", f"/clusters/{cluster['id']}")
         _api(market, "renter", "DELETE", f"/rentals/{rental['id']}")
 
 
@@ -194,7 +199,7 @@ class TestLayout:
     async def test_every_renter_page_fits_and_passes_axe(
         self, browser: Browser, market: Market, places: dict[str, str], size: tuple[int, int]
     ) -> None:
-        """Marketplace, rentals, a rental with its charts, billing and SSH keys fit the screen, show their primary
+        """Marketplace, rentals, a rental with its charts, clusters, a cluster, billing and SSH keys fit the screen, show their primary
         action without scrolling, draw chart text at 11 px or more, split no word in a table and pass axe."""
         problems = await _pages(browser, market, "renter", RENTER, size, places)
         assert not problems, "\n".join(problems)

@@ -21,7 +21,7 @@ from tests.helpers import eventually
 pytestmark = pytest.mark.slow
 
 
-# The process harness `gpumarket cluster` uses; the fault tests use it too.
+# The process harness `gpumarket topology` uses; the fault tests use it too.
 Processes = ProcessGroup
 _free_port = free_port
 

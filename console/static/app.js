@@ -8,12 +8,15 @@ import { offersPage, rentalsPage, rentalPage, billingPage } from "./pages-renter
 import { hostsPage, hostPage, enrollPage, earningsPage } from "./pages-provider.js";
 import { fleetPage } from "./pages-admin.js";
 import { sshKeysPage } from "./sshkeys.js";
+import { clustersPage, clusterPage } from "./pages-clusters.js";
 
 const ROUTES = [
   { path: /^\/fleet$/, roles: ["admin"], title: "Fleet", nav: "#/fleet", render: fleetPage },
   { path: /^\/offers$/, roles: ["renter", "admin"], title: "Marketplace", nav: "#/offers", render: offersPage },
   { path: /^\/rentals$/, roles: ["renter", "admin"], title: "Rentals", nav: "#/rentals", render: rentalsPage },
   { path: /^\/rentals\/([^/]+)$/, roles: ["renter", "admin"], title: "Rental", render: rentalPage },
+  { path: /^\/clusters$/, roles: ["renter", "admin"], title: "Clusters", nav: "#/clusters", render: clustersPage },
+  { path: /^\/clusters\/([^/]+)$/, roles: ["renter", "admin"], title: "Cluster", render: clusterPage },
   { path: /^\/billing$/, roles: ["renter"], title: "Billing", nav: "#/billing", render: billingPage },
   { path: /^\/ssh-keys$/, roles: ["renter", "admin"], title: "SSH keys", nav: "#/ssh-keys", render: sshKeysPage },
   { path: /^\/hosts$/, roles: ["provider", "admin"], title: "Hosts", nav: "#/hosts", render: hostsPage },

@@ -30,6 +30,8 @@ NEXT_STEP: dict[str, str] = {
     "offer_not_found": "list offers with `gpumarket offers`",
     "template_not_found": "`gpumarket rent --help` names the templates, or give --image",
     "rental_not_found": "list yours with `gpumarket rentals --all`",
+    "cluster_not_found": "list yours with `gpumarket cluster list --all`",
+    "cluster_queue_unsupported": "clusters cannot queue yet: try again when `gpumarket offers` shows room",
     "insufficient_capacity": "see what is free with `gpumarket offers`, or wait for GPUs with --queue",
     "exceeds_fleet": "see what there is with `gpumarket offers`",
     "quota_exceeded": "`gpumarket account` shows your quotas; stop a rental or ask an admin for more",
@@ -65,7 +67,7 @@ class ApiError(CliError):
     """The API answered with an error: its JSON ``code`` and ``message``, and the next step."""
 
     def __init__(self, http_status: int, code: str, message: str) -> None:
-        self.http_status, self.code = http_status, code
+        self.http_status, self.code, self.api_message = http_status, code, message
         text = f"{message.rstrip('.')} ({code})"
         if code in NEXT_STEP:
             text += f"; {NEXT_STEP[code]}"

@@ -74,8 +74,11 @@ def run(args: argparse.Namespace) -> None:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise SystemExit(0) from None
     except KeyboardInterrupt:
-        rental_id = args.rental_id
-        if rental_id:
+        rental_id, cluster_id = args.rental_id, getattr(args, "cluster_id", None)
+        if cluster_id:
+            _err(f"\nstopped waiting; cluster {cluster_id} keeps going: see it with `gpumarket cluster show {cluster_id}`, "
+                 f"stop it with `gpumarket cluster stop {cluster_id}`")  # fmt: skip
+        elif rental_id:
             _err(f"\nstopped waiting; rental {rental_id} keeps going: see it with `gpumarket rentals`, "
                  f"stop it with `gpumarket stop {rental_id}`")  # fmt: skip
         raise SystemExit(130) from None
@@ -275,9 +278,13 @@ def _progress_line(rental: Mapping[str, Any], state: str, cause: str | None, sta
     return f"{line}: {cause}" if cause else line
 
 
-async def wait_for(client: Client, rental_id: str, until: tuple[str, ...], *, quiet: bool = False) -> dict[str, Any]:
-    """Poll the rental until its state is one of ``until`` or it has ended; on stderr, a progress line for each
-    new event (its state and cause: ``starting: workload pulling: ... (45%)``), or for a new state without one.
+async def wait_for(
+    client: Client, rental_id: str, until: tuple[str, ...], *, quiet: bool = False,
+    collection: str = "rentals", ended: tuple[str, ...] = ENDED_STATES,
+) -> dict[str, Any]:
+    """Poll the rental (or a cluster: ``collection="clusters"`` with its ``ended`` states) until its state is one of
+    ``until`` or ``ended``; on stderr, a progress line for each new event (its state and cause: ``starting: workload
+    pulling: ... (45%)``), or for a new state without one.
 
     Cancelling it is safe: the rental is not touched.
     """
@@ -285,7 +292,7 @@ async def wait_for(client: Client, rental_id: str, until: tuple[str, ...], *, qu
     seen: int | None = None  # events already shown; None: the first poll shows the newest only
     last_state = None
     while True:
-        rental: dict[str, Any] = await client.get(f"/rentals/{rental_id}")
+        rental: dict[str, Any] = await client.get(f"/{collection}/{rental_id}")
         events: list[dict[str, Any]] = rental.get("events") or []
         fresh = events[-1:] if seen is None else events[seen:]
         seen = len(events)
@@ -297,7 +304,7 @@ async def wait_for(client: Client, rental_id: str, until: tuple[str, ...], *, qu
         # The state shown last: a poll can see an event before the rental's own state has moved to it (the answer's
         # two reads straddled the change); the next poll's state is then no news.
         last_state = (fresh[-1].get("to") or rental["state"]) if fresh else rental["state"]
-        if rental["state"] in until or rental["state"] in ENDED_STATES:
+        if rental["state"] in until or rental["state"] in ended:
             return rental
         await asyncio.sleep(POLL_INTERVAL_S)
 

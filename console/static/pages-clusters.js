@@ -1,0 +1,367 @@
+// Renter pages for clusters (several hosts rented as one, over /api/v1/clusters): the list with the
+// "Rent a cluster" dialog (#/clusters), and one cluster with its nodes, events and Stop (#/clusters/<id>).
+
+import { api, query, uuid4 } from "./api.js";
+import { badge, facts, field, h, link, replace, table, timeEl, uid } from "./dom.js";
+import { compare, formatUnits, multiply, parseDecimal, usdRate } from "./money.js";
+import { busy, errorBox, heading, loadInto, loading } from "./ui.js";
+import { describeRun, runsShort, workloadChooser } from "./workloads.js";
+
+const ACTIVE = new Set(["pending", "starting", "running", "degraded", "stopping"]);
+const MAX_NODES = 64;
+const MAX_GPUS_PER_NODE = 64;
+const OFFERS_LIMIT = 500;
+// The measurement of the private network between nodes is another part of the work: said, not invented.
+const NETWORK_NOT_MEASURED = "not measured yet";
+
+/** The exact sum of decimal strings ("0.40", "0.45" → "0.85"), or null when any is not a decimal. */
+export function addDecimals(values) {
+  const parsed = values.map(parseDecimal);
+  if (parsed.some((p) => !p)) return null;
+  const scale = Math.max(2, ...parsed.map((p) => p.scale));
+  const units = parsed.reduce((sum, p) => sum + p.units * 10n ** BigInt(scale - p.scale), 0n);
+  return formatUnits(units, scale);
+}
+
+/** What the whole cluster costs an hour: each node's price per GPU-hour × its GPUs, or null when none is priced. */
+export function clusterPerHour(cluster) {
+  const priced = (cluster.members || []).filter((m) => m.price_per_gpu_hour);
+  if (!priced.length) return null;
+  return addDecimals(priced.map((m) => multiply(m.price_per_gpu_hour, (m.gpu_uuids || []).length || cluster.gpus_per_node)));
+}
+
+export function nodeName(rank) {
+  return `node-${rank}`;
+}
+
+/** The nodes' GPU models (several when mixed), else the words asked for. */
+function modelOf(cluster) {
+  const models = [...new Set((cluster.members || []).map((m) => m.gpu_model).filter(Boolean))].sort();
+  return models.join(", ") || cluster.gpu_model || "any model";
+}
+
+function sizeOf(cluster) {
+  const gpus = cluster.node_count * cluster.gpus_per_node;
+  return `${cluster.node_count} nodes × ${cluster.gpus_per_node} GPU${cluster.gpus_per_node === 1 ? "" : "s"} (${gpus} GPUs)`;
+}
+
+/**
+ * What the cluster would cost an hour on the hosts free now, from the offers: {low, high, hosts} (the cheapest and
+ * dearest set of `nodes` distinct hosts, each with `gpus` free GPUs, of one model unless mixing), or {hosts} alone
+ * when too few hosts have room.
+ */
+export function estimate(offers, { nodes, gpus, mixed }) {
+  const fitting = offers.filter((o) => o.num_gpus >= gpus && parseDecimal(o.price_per_gpu_hour));
+  const groups = new Map(); // model (or everything, mixing) → host → [prices]
+  for (const o of fitting) {
+    const key = mixed ? "" : o.gpu_name;
+    if (!groups.has(key)) groups.set(key, new Map());
+    const hosts = groups.get(key);
+    if (!hosts.has(o.host_id)) hosts.set(o.host_id, []);
+    hosts.get(o.host_id).push(o.price_per_gpu_hour);
+  }
+  let low = null;
+  let high = null;
+  let most = 0;
+  const cmp = (a, b) => compare(a, b);
+  for (const hosts of groups.values()) {
+    most = Math.max(most, hosts.size);
+    if (hosts.size < nodes) continue;
+    const cheapest = [...hosts.values()].map((prices) => [...prices].sort(cmp)[0]).sort(cmp);
+    const dearest = [...hosts.values()].map((prices) => [...prices].sort(cmp).at(-1)).sort(cmp).reverse();
+    const lo = multiply(addDecimals(cheapest.slice(0, nodes)), gpus);
+    const hi = multiply(addDecimals(dearest.slice(0, nodes)), gpus);
+    if (low === null || cmp(lo, low) < 0) low = lo;
+    if (high === null || cmp(high, hi) < 0) high = hi;
+  }
+  return { low, high, hosts: most };
+}
+
+// ---- Clusters ----------------------------------------------------------------------
+
+export function clustersPage(page, ctx) {
+  const slot = h("div", {});
+  const refresh = h("button", { type: "button", class: "secondary" }, "Refresh");
+  const dialog = clusterDialog(ctx);
+  const rent = ctx.role === "renter" ? h("button", { type: "button", id: "rent-cluster" }, "Rent a cluster") : null;
+  if (rent) rent.addEventListener("click", () => dialog.open());
+  replace(page, heading("Clusters", "Several hosts rented as one: every node runs the same workload, placed together or not at all, stopped as one."),
+    h("div", { class: "actions" }, rent, rent ? " " : null, refresh), slot, dialog.el);
+  const load = loadInto(ctx, slot, async () => {
+    const body = await api("GET", "/clusters?limit=100");
+    const rows = body.items.map((c) => [
+      link(`#/clusters/${encodeURIComponent(c.id)}`, c.id, { class: "cluster-link" }),
+      badge(c.state),
+      String(c.node_count),
+      String(c.node_count * c.gpus_per_node),
+      modelOf(c),
+      runsShort(c),
+      usdRate(clusterPerHour(c)),
+      timeEl(c.started_at || c.created_at),
+    ]);
+    return table({ caption: `Clusters (${body.total})`, columns: ["Cluster", "State", "Nodes", "GPUs", "GPU model", "Runs", "Price / hour", "Started"],
+      rows, empty: "No clusters yet. Rent one: several hosts as one, for distributed training.", className: "clusters" });
+  });
+  refresh.addEventListener("click", () => load());
+  const timer = setInterval(() => {
+    if (!dialog.el.open) load(true);
+  }, 5000);
+  ctx.onLeave(() => clearInterval(timer));
+}
+
+/** The "Rent a cluster" form in a modal dialog: size, model, what runs; then the whole cluster's price, then confirm. */
+function clusterDialog(ctx) {
+  const titleId = uid("cluster-title");
+  const el = h("dialog", { class: "rent-dialog cluster-dialog", "aria-labelledby": titleId });
+  const close = () => {
+    if (el.open) el.close();
+  };
+  el.addEventListener("click", (event) => {
+    if (event.target === el) close(); // a click on the backdrop
+  });
+
+  function open() {
+    const errors = errorBox();
+    const nodes = field({ label: "Nodes", name: "node_count", type: "number", min: 2, max: MAX_NODES, step: 1, value: 2, inputmode: "numeric",
+      hint: `2 to ${MAX_NODES}, each on a host of its own.` });
+    const gpus = field({ label: "GPUs per node", name: "gpus_per_node", type: "number", min: 1, max: MAX_GPUS_PER_NODE, step: 1, value: 1,
+      inputmode: "numeric", hint: "Whole GPUs on each node." });
+    const model = field({ label: "GPU model (optional)", name: "gpu_model", placeholder: "e.g. A100", autocomplete: "off",
+      hint: "Every word must be in the model name. Empty: any model." });
+    const mixed = field({ label: "Allow different GPU models on different nodes", name: "allow_mixed", type: "checkbox" });
+    const run = workloadChooser({});
+    const review = h("button", { type: "submit", id: "review-cluster" }, "Review price");
+    const cancel = h("button", { type: "button", class: "secondary" }, "Cancel");
+    cancel.addEventListener("click", close);
+    const form = h("form", { class: "rent-form", novalidate: true, method: "dialog" },
+      h("fieldset", {}, h("legend", {}, "Size"), h("div", { class: "fieldset-pair" }, nodes.row, gpus.row), model.row, mixed.row),
+      run.el,
+      h("p", { class: "hint" }, "Each node gets MASTER_ADDR=node-0, MASTER_PORT, WORLD_SIZE, RANK, NODE_RANK and LOCAL_WORLD_SIZE in its environment."),
+      h("div", { class: "actions" }, review, cancel));
+    const confirmSlot = h("div", { class: "confirm" });
+    replace(el, h("div", { class: "dialog-body" }, h("h2", { id: titleId }, "Rent a cluster"), errors.el, form, confirmSlot));
+
+    const wholeNumber = (f, lo, hi, what) => {
+      const n = Number(f.input.value);
+      if (!Number.isInteger(n) || n < lo || n > hi) throw Object.assign(new Error(`Enter ${what} from ${lo} to ${hi}.`), { focus: f.input });
+      return n;
+    };
+    const readRequest = () => {
+      const request = {
+        node_count: wholeNumber(nodes, 2, MAX_NODES, "the number of nodes"),
+        gpus_per_node: wholeNumber(gpus, 1, MAX_GPUS_PER_NODE, "the GPUs per node"),
+      };
+      const words = model.input.value.trim();
+      if (words) request.gpu_model = words;
+      if (mixed.input.checked) request.allow_mixed = true;
+      return Object.assign(request, run.read());
+    };
+
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      errors.clear();
+      run.clear();
+      let request;
+      try {
+        request = readRequest();
+      } catch (error) {
+        if (error.target && run.showAt(error.target, error.message)) return;
+        errors.show(error.message);
+        if (error.focus) error.focus.focus();
+        return;
+      }
+      await busy(review, async () => {
+        let offers;
+        try {
+          offers = (await api("GET", `/offers${query({ num_gpus: request.gpus_per_node, gpu_model: request.gpu_model, sort: "price", limit: OFFERS_LIMIT })}`)).items;
+        } catch (error) {
+          if (error.status !== 401) errors.show(error);
+          return;
+        }
+        const price = estimate(offers, { nodes: request.node_count, gpus: request.gpus_per_node, mixed: Boolean(request.allow_mixed) });
+        if (price.low === null) {
+          const room = `${price.hosts} host${price.hosts === 1 ? "" : "s"}`;
+          errors.show(`Only ${room} ${price.hosts === 1 ? "has" : "have"} ${request.gpus_per_node} free GPU${request.gpus_per_node === 1 ? "" : "s"}`
+            + `${request.allow_mixed ? "" : " of one model"}${request.gpu_model ? ` matching “${request.gpu_model}”` : ""} now; ask for at most ${price.hosts} node${price.hosts === 1 ? "" : "s"}`
+            + `${request.allow_mixed ? "" : ", allow different models"}, or try later.`);
+          nodes.input.focus();
+          return;
+        }
+        showConfirmation(request, price);
+      }, "Pricing…");
+    });
+
+    function showConfirmation(request, { low, high }) {
+      const key = uuid4(); // one Idempotency-Key per confirmation: a double submit rents once
+      form.hidden = true;
+      const confirm = h("button", { type: "button", id: "confirm-cluster" }, "Confirm and rent");
+      const back = h("button", { type: "button", class: "secondary" }, "Back");
+      back.addEventListener("click", () => {
+        form.hidden = false;
+        confirmSlot.replaceChildren();
+        review.focus();
+      });
+      confirm.addEventListener("click", async () => {
+        errors.clear();
+        await busy(confirm, async () => {
+          try {
+            const cluster = await api("POST", "/clusters", { body: request, headers: { "Idempotency-Key": key } });
+            close();
+            ctx.notify(`Cluster ${cluster.id} created: ${cluster.state}.`);
+            location.hash = `#/clusters/${encodeURIComponent(cluster.id)}`;
+          } catch (error) {
+            if (error.status === 401) return;
+            form.hidden = false;
+            confirmSlot.replaceChildren();
+            if (run.showApiError(error)) return; // shown next to the field it names
+            errors.show(error);
+            nodes.input.focus();
+          }
+        }, "Renting…");
+      });
+      const same = low === high;
+      const total = same ? `${usdRate(low)} per hour` : `${usdRate(low)} to ${usdRate(high)} per hour`;
+      const gpuCount = request.node_count * request.gpus_per_node;
+      replace(confirmSlot, h("h3", {}, "Confirm your cluster"),
+        facts([["Size", sizeOf(request)], ["GPU model", request.gpu_model || "any"],
+          ["Models", request.allow_mixed ? "may differ between nodes" : "the same on every node"],
+          ["What runs", h("span", { id: "confirm-cluster-runs" }, `${run.describe(request)}, on every node.`)]]),
+        h("p", { class: "price-total" }, "Price of the whole cluster: ",
+          h("strong", { id: "confirm-cluster-price", dataset: { low, high } }, total),
+          h("span", { class: "hint block" }, `${gpuCount} GPUs at the prices of the hosts free now`
+            + `${same ? "" : " (the cheapest and the dearest set of hosts that fit; which hosts get the nodes is decided when you confirm)"}`
+            + ", billed per second for each node while it runs. The cluster's page shows its exact price.")),
+        h("div", { class: "actions" }, confirm, back));
+      confirm.focus();
+    }
+
+    if (!el.open) el.showModal();
+    nodes.input.focus();
+  }
+
+  return { el, open };
+}
+
+// ---- One cluster -------------------------------------------------------------------
+
+export function clusterPage(page, ctx) {
+  const [clusterId] = ctx.params;
+  ctx.setTitle(`Cluster ${clusterId}`);
+  const errors = errorBox();
+  const summary = h("div", { class: "cluster-summary" }, loading());
+  const actions = h("div", { class: "actions cluster-actions" });
+  const members = h("div", {});
+  const events = h("div", {});
+  replace(page, h("p", { class: "crumbs" }, link("#/clusters", "← Clusters")), heading(`Cluster ${clusterId}`), errors.el, actions, summary,
+    h("section", { "aria-labelledby": "nodes-title" }, h("h2", { id: "nodes-title" }, "Nodes"), members),
+    h("section", { "aria-labelledby": "cluster-events-title" }, h("h2", { id: "cluster-events-title" }, "Events"), events));
+
+  const hosts = new Map(); // host id → {name, region} (a host's name and region do not change while it is rented)
+  let lastState = null;
+  let confirming = false;
+
+  const renderActions = (cluster) => {
+    if (confirming) return;
+    if (!ACTIVE.has(cluster.state) || cluster.state === "stopping") {
+      actions.replaceChildren();
+      return;
+    }
+    const stop = h("button", { type: "button", class: "danger", id: "stop-cluster" }, "Stop cluster");
+    stop.addEventListener("click", () => {
+      confirming = true;
+      const yes = h("button", { type: "button", class: "danger", id: "confirm-stop-cluster" }, "Yes, stop every node");
+      const no = h("button", { type: "button", class: "secondary" }, "Keep it running");
+      no.addEventListener("click", () => {
+        confirming = false;
+        renderActions(cluster);
+        actions.querySelector("button").focus();
+      });
+      yes.addEventListener("click", async () => {
+        errors.clear();
+        await busy(yes, async () => {
+          try {
+            const stopped = await api("DELETE", `/clusters/${encodeURIComponent(clusterId)}`);
+            ctx.notify(`Cluster ${clusterId} is ${stopped.state}.`);
+            confirming = false;
+            await refresh();
+          } catch (error) {
+            confirming = false;
+            if (error.status !== 401) errors.show(error);
+          }
+        }, "Stopping…");
+      });
+      replace(actions, h("p", { class: "confirm-text" }, `Stop this cluster? All ${cluster.node_count} nodes are stopped and their billing ends.`), yes, " ", no);
+      yes.focus();
+    });
+    replace(actions, stop);
+  };
+
+  const hostOf = async (hostId) => {
+    if (!hostId) return {};
+    if (!hosts.has(hostId)) {
+      try {
+        const host = await api("GET", `/hosts/${encodeURIComponent(hostId)}`);
+        hosts.set(hostId, { name: host.name, region: host.region });
+      } catch (error) {
+        if (error.status === 401) throw error;
+        return {}; // a host gone from view: the row shows its id
+      }
+    }
+    return hosts.get(hostId);
+  };
+
+  const refresh = async () => {
+    let cluster;
+    try {
+      cluster = await api("GET", `/clusters/${encodeURIComponent(clusterId)}`);
+      await Promise.all((cluster.members || []).map((m) => hostOf(m.host_id)));
+    } catch (error) {
+      if (ctx.alive() && error.status !== 401) {
+        errors.show(error);
+        if (lastState === null) summary.replaceChildren();
+      }
+      return;
+    }
+    if (!ctx.alive()) return;
+    errors.clear();
+    summary.dataset.state = cluster.state;
+    replace(summary, facts([
+      ["State", badge(cluster.state)],
+      ["Size", sizeOf(cluster)],
+      ["GPU model", modelOf(cluster)],
+      ["What runs", describeRun(cluster)],
+      ["Kind", cluster.kind === "interruptible" ? `interruptible, bid ${usdRate(cluster.bid_per_gpu_hour)} per GPU-hour` : "on demand"],
+      ["Price per hour", h("span", { id: "cluster-price" }, usdRate(clusterPerHour(cluster)))],
+      ["Network between nodes", h("span", { id: "cluster-network" }, NETWORK_NOT_MEASURED)],
+      ["Created", timeEl(cluster.created_at)],
+      ["Started", timeEl(cluster.started_at)],
+      ["Stopped", timeEl(cluster.stopped_at)],
+      cluster.failure_reason ? ["Why it ended", cluster.failure_reason] : null,
+    ]));
+    if (cluster.state !== lastState) {
+      renderActions(cluster);
+      lastState = cluster.state;
+    }
+    replace(members, table({ caption: `Nodes (${(cluster.members || []).length})`, className: "cluster-nodes",
+      columns: ["Node", "Rental", "Host", "Region", "State", "GPUs"],
+      empty: "No nodes placed.",
+      rows: (cluster.members || []).map((m) => {
+        const host = hosts.get(m.host_id) || {};
+        return [
+          h("span", { class: "node-name" }, nodeName(m.node_rank)),
+          link(`#/rentals/${encodeURIComponent(m.rental_id)}`, m.rental_id, { class: "rental-link" }),
+          host.name ? host.name : m.host_id ? h("code", {}, m.host_id) : "—",
+          host.region || "—",
+          badge(m.state),
+          `${(m.gpu_uuids || []).length || cluster.gpus_per_node} × ${m.gpu_model || "GPU"}`,
+        ];
+      }) }));
+    replace(events, table({ caption: "State changes", columns: ["When", "From", "To", "What happened"], className: "events", empty: "No events yet.",
+      rows: (cluster.events || []).map((e) => [timeEl(e.at), e.from ?? "—", badge(e.to), e.cause ?? ""]) }));
+  };
+  refresh();
+  const timer = setInterval(() => {
+    if (lastState === null || ACTIVE.has(lastState)) refresh();
+  }, 3000);
+  ctx.onLeave(() => clearInterval(timer));
+}
