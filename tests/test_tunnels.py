@@ -117,9 +117,17 @@ def _trusting(ca_pem: str) -> ssl.SSLContext:
 
 
 async def _connect(renter: Api, rental_id: str, port: str | int) -> dict[str, Any]:
-    status, view = await renter.call("POST", f"/rentals/{rental_id}/connect", json={"port": port})
-    assert status == 200, view
-    return dict(view)
+    """A connect ticket; a 409 ``host_offline`` (the host's relay registration lapsed a moment on a loaded machine, or
+    it is moving to another relay) is asked again, as its message says, for up to 30 s."""
+
+    async def ticket() -> dict[str, Any] | None:
+        status, view = await renter.call("POST", f"/rentals/{rental_id}/connect", json={"port": port})
+        if status == 409 and view.get("code") == "host_offline":
+            return None
+        assert status == 200, view
+        return dict(view)
+
+    return await eventually(ticket, timeout=30, every=0.5, what=f"a connect ticket to port {port} of {rental_id}")
 
 
 async def _raw_http_through(view: dict[str, Any], token: str | None = None) -> bytes:
