@@ -181,6 +181,7 @@ def cluster_view(cluster: Cluster, members: Sequence[Rental], events: Sequence[C
         "started_at": cluster.started_at.isoformat() if cluster.started_at else None,
         "stopped_at": cluster.stopped_at.isoformat() if cluster.stopped_at else None,
         "members": [_member_view(m) for m in members],
+        "queued": queue is not None,
         "queue": queue,  # {position, length, message} while queued (cluster_queue.cluster_standing)
         "queue_until": min((m.queue_until for m in members if m.queue_until), default=None),
     }
