@@ -1,5 +1,6 @@
-"""The rental queue: queued rentals (``pending`` with no host) placed oldest first, or failed past ``queue_until``;
-and placements a dead master left half-done, repaired.
+"""The rental queue: queued rentals (``pending`` with no host) placed oldest first, or failed past ``queue_until``
+— a queued cluster's members as one unit, at its first member's turn (``cluster_queue``); and placements a dead
+master left half-done, repaired.
 
 **Interrupted placements.** A placement writes the claim, the rental's host and state, its events and its
 start command in one transaction (``rental_placement.try_place``), so a master killed mid-placement leaves
