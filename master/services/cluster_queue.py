@@ -72,7 +72,10 @@ async def place_queued(master: Master, cluster_id: str, *, now: datetime) -> lis
         cluster = await session.scalar(select(Cluster).where(Cluster.id == cluster_id).with_for_update(skip_locked=True))
         if cluster is None or cluster.state != ClusterState.PENDING:
             return []
-        members = (await session.scalars(select(Rental).where(Rental.cluster_id == cluster_id).order_by(Rental.node_rank))).all()
+        # Locked: a DELETE of one member waits for this placement (and then stops the placed cluster), or wins before it.
+        members = (
+            await session.scalars(select(Rental).where(Rental.cluster_id == cluster_id).order_by(Rental.node_rank).with_for_update())
+        ).all()
         if not is_queued(cluster, members) or len(members) != cluster.node_count:
             return []  # a member was cancelled: the cluster is being stopped with it
         request = ClusterRequest.of_queued(cluster, members[0])
