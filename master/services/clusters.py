@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 
 async def create_cluster(master: Master, renter: Principal, request: ClusterRequest, *, idempotency_key: str | None) -> tuple[Cluster, bool]:
-    """Place and start every node of a cluster, or none; returns ``(cluster, created)``.
+    """Place and start every node of a cluster, or none (or, with ``queue``, queue it whole); returns ``(cluster, created)``.
 
     With an ``idempotency_key``, a repeat of the same request returns the first cluster (``created``
     False); the same key with another request is a conflict. Runs to completion once called.
