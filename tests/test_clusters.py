@@ -102,14 +102,6 @@ class TestCreate:
         status, body = await create(api, headers={"Idempotency-Key": "k1"}, node_count=3)
         assert_error(status, body, 409, "idempotency_key_reused")
 
-    async def test_queue_is_refused_with_422(self, api: Api) -> None:
-        """Queueing a whole cluster is not built: a clear 422, nothing placed."""
-        await api.host(1)
-        await api.host(1)
-        status, body = await create(api, node_count=2, queue=True)
-        assert_error(status, body, 422, "cluster_queue_unsupported")
-        assert await rows(api, Rental) == 0
-
     async def test_keeps_the_cluster_in_one_region(self, api: Api) -> None:
         """Two nodes go to the two hosts of one region, never one in each (the gang search's first preference)."""
         from tests.test_rentals_market import set_host

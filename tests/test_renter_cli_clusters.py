@@ -80,15 +80,39 @@ class TestCreate:
         assert f"gpumarket cluster ssh {cluster_id} node-0" in err
         assert await api.count(Rental) == 2
 
-    async def test_no_capacity_is_one_line_without_the_rentals_queue_hint(self, cli: Cli, api: Api) -> None:
-        """409 insufficient_capacity (one of two hosts busy) is one line, exit 1, and nothing is left."""
+    async def test_no_capacity_is_one_line_that_offers_queue(self, cli: Cli, api: Api) -> None:
+        """409 insufficient_capacity (one of two hosts busy) is one line naming --queue, exit 1, and nothing is left."""
         busy, _ = await hosts(api, 2)
         status, _rental = await api.as_renter("POST", "/rentals", json={"offer_id": f"{busy}:{RTX}"})
         assert status == 201
         code, out, err = await cli("cluster", "create", "--nodes", "2")
         assert code == 1 and out == ""
-        assert "(insufficient_capacity)" in one_line(err) and "--queue" not in err and "gpumarket offers" in err
+        assert "(insufficient_capacity)" in one_line(err) and "add --queue to wait" in err and "gpumarket offers" in err
         assert await api.count(Rental) == 1
+
+    async def test_queue_waits_with_the_queue_message_until_placed_and_running(self, cli: Cli, api: Api) -> None:
+        """--queue: the cluster is created queued, the progress line carries its queue message, and once the busy host
+        frees and the queue pass places it, the command finishes with the cluster running."""
+        from master.services import rental_queue
+
+        busy, _ = await hosts(api, 2)
+        status, rental = await api.as_renter("POST", "/rentals", json={"offer_id": f"{busy}:{RTX}"})
+        assert status == 201
+        task = cli.start("cluster", "create", "--nodes", "2", "--queue")
+        cluster_id = await eventually(lambda: _one_cluster(api), what="the cluster")
+        await eventually(lambda: _async("queued: will start when 2 hosts with 1 × any GPU each are free" in cli.peek()[1]),
+                         what="the queued progress line")  # fmt: skip
+        assert not task.done()
+        await api.as_renter("DELETE", f"/rentals/{rental['id']}")
+        await api.agent_reports(rental["id"], "stop_workload")
+        assert await rental_queue.process_queue(api.master) == 1
+        _, view = await api.as_renter("GET", f"/clusters/{cluster_id}")
+        for member in view["members"]:
+            await api.agent_reports(member["rental_id"], "start_workload")
+        code = await task
+        out, err = cli.take()
+        assert code == 0, err
+        assert out.startswith(f"{cluster_id} running: 2 x 1 x {RTX}"), out
 
     async def test_wrong_options_are_one_line_exit_2(self, cli: Cli, api: Api) -> None:
         for argv, words in ((["--nodes", "1"], "gpumarket rent"), (["--nodes", "2", "--command", "true"], "--image")):

@@ -58,6 +58,8 @@ def cluster_body(args: argparse.Namespace) -> dict[str, Any]:
         body["allow_mixed"] = True
     if args.max_price:
         body["requirements"] = f"price<={args.max_price}"
+    if args.queue:
+        body["queue"] = True
     if args.command and not args.image:
         raise UsageError("--command goes with --image (a template brings its own)")
     if args.template:
@@ -112,9 +114,9 @@ async def cmd_create(args: argparse.Namespace, client: Client) -> int:
     try:
         cluster: dict[str, Any] = await client.request("POST", "/clusters", json_body=body, headers={"Idempotency-Key": key}, retry=True)
     except ApiError as exc:
-        if exc.code == "insufficient_capacity":  # the rental's hint offers --queue, which clusters do not have
+        if exc.code == "insufficient_capacity":  # the API's hint names the rental's queue field; say the option
             raise CliError(f"{exc.api_message.rstrip('.')} ({exc.code}); see what is free with "
-                           "`gpumarket offers --gpus N`, ask for fewer nodes or GPUs, or try later") from None  # fmt: skip
+                           "`gpumarket offers --gpus N`, ask for fewer nodes or GPUs, or add --queue to wait") from None  # fmt: skip
         raise
     args.cluster_id = cluster["id"]  # for Ctrl-C while waiting
     if not args.no_wait:
@@ -263,7 +265,8 @@ CREATE_EPILOG = f"""\
 Every node runs the same thing: a template, an image, or nothing (a hold, the default), with
 MASTER_ADDR=node-0, MASTER_PORT, WORLD_SIZE, RANK, NODE_RANK and LOCAL_WORLD_SIZE in its
 environment. Templates: {TEMPLATES_HINT}. The nodes are placed together or not at all, each on
-a host of its own, all of one GPU model unless --allow-mixed.
+a host of its own, all of one GPU model unless --allow-mixed. With --queue a cluster that does not
+fit now waits (as one, queued among rentals) until the hosts are free or its queue timeout passes.
 It waits until every node runs, with a progress line on stderr (Ctrl-C stops waiting, not the
 cluster), then prints the cluster's id, state and price per hour; exit status 1 if it failed.
 Each invocation sends its own Idempotency-Key: a retried call never creates two clusters.
@@ -271,7 +274,8 @@ Each invocation sends its own Idempotency-Key: a retried call never creates two 
 examples:
   gpumarket cluster create --nodes 2 --gpus-per-node 8 --model H100 --template pytorch
   gpumarket cluster create --nodes 4 --gpus-per-node 1 --image pytorch/pytorch:latest --command 'torchrun train.py'
-  gpumarket cluster create --nodes 3 --gpus-per-node 1 --allow-mixed --max-price 0.50 --no-wait --json"""
+  gpumarket cluster create --nodes 3 --gpus-per-node 1 --allow-mixed --max-price 0.50 --no-wait --json
+  gpumarket cluster create --nodes 3 --gpus-per-node 8 --model H100 --queue"""
 
 SSH_EPILOG = """\
 NODE is node-0, node-1, … (or just its rank). Everything after NODE goes to ssh, as with
@@ -307,6 +311,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     what.add_argument("--template", metavar="T", help=f"run a template on every node: {TEMPLATES_HINT}")
     what.add_argument("--image", metavar="REF", help="run this container image on every node")
     create.add_argument("--command", metavar="CMD", help="with --image: the command, replacing the image's entrypoint")
+    create.add_argument("--queue", action="store_true", help="wait (the whole cluster, as one) when the hosts are busy now")
     create.add_argument("--no-wait", action="store_true", help="print the cluster as created, do not wait until it runs")
     create.add_argument("--json", action="store_true", help="print the cluster's JSON (no progress lines)")
     common_options(create)

@@ -78,7 +78,10 @@ class ClusterCreate(_Body):
     network: ClusterNetworkBody | None = Field(None, description="Limits between nodes (stored; not yet honoured).")
     restart_policy: Literal["stop", "replace"] = Field("stop", description="What a failed node does to the cluster "
                                                        "(stored; the cluster is degraded either way for now).")
-    queue: bool = Field(False, description="Not supported for clusters yet: true is 422 cluster_queue_unsupported.")
+    queue: bool = Field(False, description="Wait, as one unit, up to queue_timeout_s when the fleet could take the cluster but "
+                        "not now (still 409 exceeds_fleet when it never could).")
+    queue_timeout_s: float = Field(600.0, ge=1, le=30 * 86400, description="How long a queued cluster waits before failing "
+                                   "(at most the master's max_queue_timeout_s, as for rentals).")
     template: str | None = Field(None, pattern=NAME_PATTERN, max_length=40, description="A template from GET /templates. Excludes workload.")
     workload: WorkloadSpec = Field(default_factory=HoldWorkload, description="What every node runs, with MASTER_ADDR, MASTER_PORT, "
                                    "WORLD_SIZE, RANK, NODE_RANK, and LOCAL_WORLD_SIZE added to its environment.")

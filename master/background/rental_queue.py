@@ -1,4 +1,5 @@
-"""The rental queue: queued rentals placed oldest first, those past ``queue_until`` failed; placements a dead
+"""The rental queue: queued rentals placed oldest first (a queued cluster whole, ``cluster_queue``), those past
+``queue_until`` failed; placements a dead
 master left half-done repaired (``rental_queue.repair_interrupted_placements``, so within ``queue_interval`` of a
 master's start); broken members of ``replace`` clusters replaced (``cluster_policy``); and ended rentals' kept
 /workspace released once their ``workspace_until`` passed.

@@ -19,6 +19,7 @@ and its request, it adds and places one member rental per node, or raises why it
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
 
@@ -39,12 +40,15 @@ from shared.ids import new_id
 log = logging.getLogger(__name__)
 
 
-async def place_cluster(master: Master, session: AsyncSession, cluster: Cluster, request: ClusterRequest, *, now: datetime) -> list[str]:
+async def place_cluster(
+    master: Master, session: AsyncSession, cluster: Cluster, request: ClusterRequest, *, now: datetime, queued: Sequence[str] = ()
+) -> list[str]:
     """Place every member of ``cluster`` (one rental per node, on distinct hosts); returns the commands to publish.
 
-    Raises ``exceeds_fleet`` when the fleet has fewer than ``node_count`` hosts with ``gpus_per_node``
-    matching GPUs, else the reason the last attempt failed (``insufficient_capacity``, a quota, credit).
-    Nothing of a failed attempt stays in the session.
+    ``queued``: the ids of a queued cluster's member rentals, by node rank, placed instead of new ones
+    (``cluster_queue``). Raises ``exceeds_fleet`` when the fleet has fewer than ``node_count`` hosts with
+    ``gpus_per_node`` matching GPUs, else the reason the last attempt failed (``insufficient_capacity``, a
+    quota, credit). Nothing of a failed attempt stays in the session: queued members are left queued.
     """
     hosts = await _hosts_big_enough(session, request)
     if hosts < request.node_count:
@@ -54,15 +58,16 @@ async def place_cluster(master: Master, session: AsyncSession, cluster: Cluster,
             code="exceeds_fleet",
         )
     cluster_id, renter_id = cluster.id, cluster.renter_id  # a rolled-back attempt expires the row's attributes
+    members = _Members((cluster_id, renter_id), request, tuple(queued), now=now)
     async with session.begin_nested() as attempt:
-        commands, reason = await _place_gang(master, session, (cluster_id, renter_id), request, now=now)
+        commands, reason = await _place_gang(master, session, members, request, now=now)
         if reason is None:
             return commands
         await attempt.rollback()
     log.info("cluster %s: no gang placement on free GPUs (%s); trying node by node", cluster_id, reason)
     for region in [*await _regions_by_free_gpus(master, session, request, now=now), None]:
         async with session.begin_nested() as attempt:
-            commands, reason = await _place_members(master, session, (cluster_id, renter_id), request, region=region, now=now)
+            commands, reason = await _place_members(master, session, members, request, region=region, now=now)
             if reason is None:
                 return commands
             await attempt.rollback()
@@ -77,11 +82,11 @@ async def place_cluster(master: Master, session: AsyncSession, cluster: Cluster,
 
 
 async def _place_gang(
-    master: Master, session: AsyncSession, cluster: tuple[str, str], request: ClusterRequest, *, now: datetime
+    master: Master, session: AsyncSession, members: _Members, request: ClusterRequest, *, now: datetime
 ) -> tuple[list[str], ClientError | None]:
     """Choose every member's host with ``place_gang``, then claim each (pinned to its host and model)."""
     first = request.member_request(0)
-    price_cap = await rental_placement._quota(master, session, cluster[1], first, exclude="")
+    price_cap = await rental_placement._quota(master, session, members.cluster[1], first, exclude="")
     found = await rental_placement._candidates(master, session, first, now=now, price_cap=price_cap)
     for node in found.nodes:  # fresh nodes of this read: the gang search keeps a cluster in one region
         node.region = found.hosts[node.node_id][0].region
@@ -94,7 +99,7 @@ async def _place_gang(
     for rank, placement in enumerate(placements):
         host, name, _price = found.hosts[placement.node_id]
         unpinned = request.member_request(rank)
-        member = _member(cluster, request, rank, unpinned.spec(), now=now)
+        member = await members.row(session, rank, unpinned.spec())
         pinned = replace(unpinned, offer_id=f"{host.host_id}:{name}", gpu_model=None)
         placed, reason = await rental_placement.try_place(master, session, member, pinned, now=now)
         if reason is not None:
@@ -104,7 +109,7 @@ async def _place_gang(
 
 
 async def _place_members(
-    master: Master, session: AsyncSession, cluster: tuple[str, str], request: ClusterRequest, *, region: str | None, now: datetime
+    master: Master, session: AsyncSession, members: _Members, request: ClusterRequest, *, region: str | None, now: datetime
 ) -> tuple[list[str], ClientError | None]:
     """Place node 0, 1, … in turn (preempting where a rental would), each on a host none of the others has;
     stops at the first that does not fit."""
@@ -113,7 +118,7 @@ async def _place_members(
     model: str | None = None
     for rank in range(request.node_count):
         member_request = request.member_request(rank, avoid_hosts=frozenset(taken), model=model, region=region)
-        member = _member(cluster, request, rank, member_request.spec(), now=now)
+        member = await members.row(session, rank, member_request.spec())
         placed, reason = await rental_placement.try_place(master, session, member, member_request, now=now)
         if reason is not None:
             return [], reason
@@ -127,7 +132,22 @@ async def _place_members(
     return commands, None
 
 
-def _member(cluster: tuple[str, str], request: ClusterRequest, rank: int, spec: dict[str, object], *, now: datetime) -> Rental:
+class _Members:
+    """The member rental each attempt places for a node: a new row, or the queued cluster's own (read afresh: a
+    rolled-back attempt expired it)."""
+
+    def __init__(self, cluster: tuple[str, str], request: ClusterRequest, queued: tuple[str, ...], *, now: datetime) -> None:
+        self.cluster, self.request, self.queued, self.now = cluster, request, queued, now
+
+    async def row(self, session: AsyncSession, rank: int, spec: dict[str, object]) -> Rental:
+        if not self.queued:
+            return new_member(self.cluster, self.request, rank, spec, now=self.now)
+        member = await session.get(Rental, self.queued[rank], populate_existing=True)
+        assert member is not None and member.host_id is None, f"queued member {self.queued[rank]} is not queued"
+        return member
+
+
+def new_member(cluster: tuple[str, str], request: ClusterRequest, rank: int, spec: dict[str, object], *, now: datetime) -> Rental:
     """Node ``rank`` of the cluster ``(cluster_id, renter_id)``, not placed yet."""
     cluster_id, renter_id = cluster
     return Rental(

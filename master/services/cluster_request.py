@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
 
+from master.models import Cluster, Rental
 from master.services.rental_request import RentalRequest
 from shared.errors import ValidationFailed
 
@@ -33,7 +34,8 @@ class ClusterRequest:
     bid: Decimal | None = None
     network: dict[str, Any] | None = None  # {"max_latency_ms", "max_loss_pct"} between nodes: stored, not yet honoured
     restart_policy: str = "stop"
-    queue: bool = False
+    queue: bool = False  # True: wait (as one unit) up to queue_timeout_s when the fleet could take it but not now
+    queue_timeout_s: float = 600.0
 
     def check(self, *, max_queue_timeout_s: float) -> ClusterRequest:
         """The request normalised (model words, query), or ValidationFailed saying what is wrong."""
@@ -42,12 +44,8 @@ class ClusterRequest:
                                    code="invalid_node_count")  # fmt: skip
         if self.restart_policy not in RESTART_POLICIES:
             raise ValidationFailed(f"restart_policy must be one of {', '.join(RESTART_POLICIES)}", code="invalid_restart_policy")
-        if self.queue:
-            raise ValidationFailed(
-                "clusters cannot be queued yet: leave queue out, and try again when GET /offers shows enough hosts",
-                code="cluster_queue_unsupported",
-            )
-        member = self.member_request(0).check(max_queue_timeout_s=max_queue_timeout_s)  # the rental checks: model, bid, query
+        # The rental's checks: model, bid, query, and queue_timeout_s within max_queue_timeout_s.
+        member = self.member_request(0).check(max_queue_timeout_s=max_queue_timeout_s)
         return replace(self, gpu_model=member.gpu_model, query=member.query)
 
     def member_request(self, rank: int, *, avoid_hosts: frozenset[str] = frozenset(), model: str | None = None,
@@ -58,7 +56,19 @@ class ClusterRequest:
             query = f"{query} region={json.dumps(region)}".strip()
         return RentalRequest(
             gpu_count=self.gpus_per_node, gpu_model=model or self.gpu_model, workload=self.workload,
-            kind=self.kind, bid=self.bid, query=query, avoid_hosts=avoid_hosts, template=self.template,
+            kind=self.kind, bid=self.bid, query=query, avoid_hosts=avoid_hosts, template=self.template, queue=self.queue,
+            queue_timeout_s=self.queue_timeout_s,
+        )  # fmt: skip
+
+    @classmethod
+    def of_queued(cls, cluster: Cluster, member: Rental) -> ClusterRequest:
+        """A queued cluster's request again, from its row and a queued member's (its requirements, queue timeout)."""
+        spec = member.spec or {}
+        return cls(
+            node_count=cluster.node_count, gpus_per_node=cluster.gpus_per_node, gpu_model=cluster.gpu_model,
+            allow_mixed=cluster.allow_mixed, workload=cluster.workload, template=cluster.template, query=spec.get("query") or "",
+            kind=cluster.kind, bid=cluster.bid_per_gpu_hour, network=cluster.network, restart_policy=cluster.restart_policy,
+            queue=True, queue_timeout_s=float(spec.get("queue_timeout_s") or 600.0),
         )  # fmt: skip
 
     @property
@@ -80,6 +90,8 @@ class ClusterRequest:
             "kind": self.kind, "bid": str(self.bid) if self.bid is not None else None, "net": self.network,
             "restart": self.restart_policy, **what,
         }  # fmt: skip
+        if self.queue:  # absent otherwise: keys of clusters created before queueing existed still match
+            fields["queue"] = self.queue_timeout_s
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 

@@ -18,19 +18,20 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
 from master.models import Cluster, ClusterEvent, Rental
-from master.services import cluster_placement, commands, rentals, templates
+from master.services import cluster_placement, cluster_queue, commands, rentals, templates
 from master.services.accounts import Principal
 from master.services.cluster_request import ClusterRequest
 from master.services.clusterstate import FINAL_CLUSTER_STATES, ClusterState, transition
 from master.services.listings import money
-from shared.errors import Conflict, NotFound
+from master.services.rentalstate import RentalState, advance
+from shared.errors import Conflict, InsufficientCapacity, NotFound
 from shared.ids import new_id
 
 log = logging.getLogger(__name__)
 
 
 async def create_cluster(master: Master, renter: Principal, request: ClusterRequest, *, idempotency_key: str | None) -> tuple[Cluster, bool]:
-    """Place and start every node of a cluster, or none; returns ``(cluster, created)``.
+    """Place and start every node of a cluster, or none (or, with ``queue``, queue it whole); returns ``(cluster, created)``.
 
     With an ``idempotency_key``, a repeat of the same request returns the first cluster (``created``
     False); the same key with another request is a conflict. Runs to completion once called.
@@ -77,15 +78,23 @@ async def _create(master: Master, renter: Principal, request: ClusterRequest, id
         bid_per_gpu_hour=request.bid, restart_policy=request.restart_policy, idempotency_key=idempotency_key,
         request_fingerprint=request.fingerprint(), created_at=now,
     )  # fmt: skip
-    # One transaction: the cluster, every member's claim, state and start command commit together, or nothing does.
+    cluster_id, renter_id = cluster.id, cluster.renter_id
+    # One transaction: the cluster, every member's claim, state and start command commit together, or nothing does
+    # (or, queued, the cluster and its queued members).
     async with master.db.serialised_session() as session:
         session.add(cluster)
         what = f"{request.node_count} nodes × {request.gpus_per_node} {request.gpu_model or 'any GPU'}"
         session.add(ClusterEvent(cluster_id=cluster.id, from_state=None, to_state=cluster.state, cause=f"asked for {what}", at=now))
         await session.flush()
-        command_ids = await cluster_placement.place_cluster(master, session, cluster, request, now=now)
+        try:
+            command_ids = await cluster_placement.place_cluster(master, session, cluster, request, now=now)
+            log.info("cluster %s placed: %s", cluster_id, what)
+        except InsufficientCapacity as reason:
+            if not request.queue or reason.code != InsufficientCapacity.code:  # exceeds_fleet: nothing to wait for
+                raise
+            await cluster_queue.enqueue(session, cluster_id, renter_id, request, reason, now=now)
+            command_ids = []
         await session.refresh(cluster)  # its state followed the members' (and a rolled-back attempt expired it)
-        log.info("cluster %s placed: %s", cluster.id, what)
     return cluster, command_ids
 
 
@@ -109,35 +118,51 @@ async def members_of(session: AsyncSession, cluster_ids: Sequence[str]) -> dict[
 
 
 async def list_clusters(session: AsyncSession, principal: Principal, *, limit: int, offset: int) -> tuple[list[dict[str, Any]], int]:
+    """A page of clusters (the caller's; an admin's: all), newest first, as ``cluster_view``s with their ``queue``."""
     query = select(Cluster)
     if principal.role != "admin":
         query = query.where(Cluster.renter_id == principal.account_id)
     total = await session.scalar(select(func.count()).select_from(query.subquery())) or 0
     rows = (await session.scalars(query.order_by(Cluster.created_at.desc(), Cluster.id).limit(limit).offset(offset))).all()
     members = await members_of(session, [c.id for c in rows])
-    return [cluster_view(c, members[c.id]) for c in rows], total
+    views = []
+    for c in rows:
+        views.append(cluster_view(c, members[c.id], queue=await cluster_queue.cluster_standing(session, c, members[c.id])))
+    return views, total
 
 
 async def cluster_detail(session: AsyncSession, principal: Principal, cluster_id: str) -> dict[str, Any]:
     cluster = await get_cluster(session, principal, cluster_id)
     events = (await session.scalars(select(ClusterEvent).where(ClusterEvent.cluster_id == cluster.id).order_by(ClusterEvent.id))).all()
-    return cluster_view(cluster, (await members_of(session, [cluster.id]))[cluster.id], events)
+    members = (await members_of(session, [cluster.id]))[cluster.id]
+    return cluster_view(cluster, members, events, queue=await cluster_queue.cluster_standing(session, cluster, members))
 
 
 async def delete_cluster(master: Master, principal: Principal, cluster_id: str) -> dict[str, Any]:
-    """Stop every member (each through the rental's stop); idempotent, and a repeat finishes an interrupted one."""
+    """Stop every member (each through the rental's stop); idempotent, and a repeat finishes an interrupted one.
+
+    A queued cluster ends at once (``stopped``, its queued members with it, in one transaction): nothing runs anywhere.
+    """
+    now = master.clock.now()
     async with master.db.session() as session:
         cluster = await get_cluster(session, principal, cluster_id, for_update=True)
+        members = (await members_of(session, [cluster.id]))[cluster.id]
+        queued = cluster_queue.is_queued(cluster, members)
         if cluster.state not in FINAL_CLUSTER_STATES:
-            transition(session.sync_session, cluster, ClusterState.STOPPING, f"stop requested by {principal.name}", at=master.clock.now())
-        member_ids = [m.id for m in (await members_of(session, [cluster.id]))[cluster.id]]
+            transition(session.sync_session, cluster, ClusterState.STOPPING, f"stop requested by {principal.name}", at=now)
+        if queued:  # the flush moves the cluster on to stopped once every member has ended
+            for member in members:
+                if advance(session, member, RentalState.STOPPED, f"cancelled while queued, with cluster {cluster.id}, by {principal.name}"):
+                    member.stopped_at = now
+        member_ids = [m.id for m in members]
     for member_id in member_ids:
         await rentals.stop_rental(master, principal, member_id)  # a no-op for a member already stopping or ended
     async with master.db.session() as session:
         return await cluster_detail(session, principal, cluster_id)
 
 
-def cluster_view(cluster: Cluster, members: Sequence[Rental], events: Sequence[ClusterEvent] | None = None) -> dict[str, Any]:
+def cluster_view(cluster: Cluster, members: Sequence[Rental], events: Sequence[ClusterEvent] | None = None, *,
+                 queue: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     view: dict[str, Any] = {
         "id": cluster.id,
         "state": cluster.state,
@@ -156,7 +181,12 @@ def cluster_view(cluster: Cluster, members: Sequence[Rental], events: Sequence[C
         "started_at": cluster.started_at.isoformat() if cluster.started_at else None,
         "stopped_at": cluster.stopped_at.isoformat() if cluster.stopped_at else None,
         "members": [_member_view(m) for m in members],
+        "queued": queue is not None,
+        "queue": queue,  # {position, length, message} while queued (cluster_queue.cluster_standing)
+        "queue_until": min((m.queue_until for m in members if m.queue_until), default=None),
     }
+    if view["queue_until"] is not None:
+        view["queue_until"] = view["queue_until"].isoformat()
     if events is not None:
         view["events"] = [{"at": e.at.isoformat(), "from": e.from_state, "to": e.to_state, "cause": e.cause} for e in events]
     return view

@@ -27,7 +27,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from master.models import Cluster, ClusterEvent, Rental
+from master.models import Cluster, ClusterEvent, Rental, RentalEvent
 from master.models import Command as CommandRow
 from shared import protocol
 from shared.errors import Conflict
@@ -169,6 +169,10 @@ def act(session: Session, cluster: Cluster, members: Sequence[Rental], stop_memb
     """Apply ``cluster``'s policy to its current ``members`` (sync: inside the before-flush hook)."""
     if cluster.state not in _RUNNING_STATES:
         return  # stopping (its stop is under way), or over
+    cancelled = [m for m in members if m.state == "stopped" and m.host_id is None]
+    if cluster.state == ClusterState.PENDING and cancelled:  # a queued member cancelled on its own: the whole queued cluster
+        cancel_queued(session, members, f"node {cancelled[0].node_rank} ({cancelled[0].id}) was cancelled while queued, and the cluster with it")
+        return
     stopped = [m for m in members if m.state == "stopping"]
     if stopped:
         first = stopped[0]
@@ -208,6 +212,18 @@ def stop_members(session: Session, cluster: Cluster, members: Sequence[Rental], 
         issued.append(command.id)
         stop_member(session, member, reason)
         log.info("cluster %s: stopping member %s (%s)", cluster.id, member.id, reason)
+
+
+def cancel_queued(session: Session, members: Sequence[Rental], reason: str) -> None:
+    """End each of ``members`` still queued (pending, no host) at once: ``stopped``, as ``DELETE`` ends a queued rental.
+
+    Written here rather than through ``rentalstate`` (which imports this module): ``pending → stopped`` is in its table.
+    """
+    now = datetime.now(UTC)
+    for member in members:
+        if member.state == "pending" and member.host_id is None:
+            session.add(RentalEvent(rental_id=member.id, from_state=member.state, to_state="stopped", cause=reason, at=now))
+            member.state, member.stopped_at = "stopped", now
 
 
 def issued_commands(session_info: dict[str, Any]) -> list[str]:

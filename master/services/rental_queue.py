@@ -1,5 +1,6 @@
-"""The rental queue: queued rentals (``pending`` with no host) placed oldest first, or failed past ``queue_until``;
-and placements a dead master left half-done, repaired.
+"""The rental queue: queued rentals (``pending`` with no host) placed oldest first, or failed past ``queue_until``
+— a queued cluster's members as one unit, at its first member's turn (``cluster_queue``); and placements a dead
+master left half-done, repaired.
 
 **Interrupted placements.** A placement writes the claim, the rental's host and state, its events and its
 start command in one transaction (``rental_placement.try_place``), so a master killed mid-placement leaves
@@ -15,15 +16,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, exists, func, or_, select
+from sqlalchemy import exists, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
 from master.models import Command, Gpu, GpuAllocation, Rental
 from master.scheduler import MILLI
-from master.services import allocation, commands
+from master.services import allocation, cluster_queue, commands
 from master.services.rental_placement import try_place
 from master.services.rental_request import RentalRequest
 from master.services.rentalstate import RentalState, advance
@@ -64,23 +66,26 @@ def queue_message(rental: Rental, position: int, length: int) -> str:
 async def queue_standing(session: AsyncSession, rentals: Sequence[Rental]) -> dict[str, dict[str, Any]]:
     """For each queued one of ``rentals``, by id: its ``position`` in the queue (1: placed first), the queue's
     ``length``, and the ``message`` that says both. The queue is everyone's, in the order ``process_queue`` tries
-    it: oldest first (ties by id)."""
+    it: oldest first (ties by id), a queued cluster counting once, at its first member's place."""
     queued = [rental for rental in rentals if is_queued(rental)]
     if not queued:
         return {}
-    waiting = (Rental.state == RentalState.PENDING.value, Rental.host_id.is_(None))
-    length = int(await session.scalar(select(func.count()).select_from(Rental).where(*waiting)) or 0)
+    length = await cluster_queue.queue_length(session)
     standing = {}
     for rental in queued:
-        ahead = await session.scalar(
-            select(func.count()).select_from(Rental).where(
-                *waiting,
-                or_(Rental.created_at < rental.created_at, and_(Rental.created_at == rental.created_at, Rental.id < rental.id)),
-            )
-        )  # fmt: skip
-        position = int(ahead or 0) + 1
+        first = rental
+        if rental.cluster_id is not None:  # a member stands where its cluster does
+            first = await session.scalar(
+                select(Rental).where(Rental.cluster_id == rental.cluster_id, Rental.state == RentalState.PENDING.value,
+                                     Rental.host_id.is_(None)).order_by(Rental.created_at, Rental.id).limit(1)
+            ) or rental  # fmt: skip
+        position = await cluster_queue.position(session, first.created_at, first.id, cluster_id=rental.cluster_id)
         length = max(length, position)  # one queued since the count: never "position 6 of 5"
-        standing[rental.id] = {"position": position, "length": length, "message": queue_message(rental, position, length)}
+        message = queue_message(rental, position, length)
+        if rental.cluster_id is not None:
+            message = message.replace("queued: ", f"queued as node {rental.node_rank} of cluster {rental.cluster_id}, placed with "
+                                      "every other node or not at all: ", 1)  # fmt: skip
+        standing[rental.id] = {"position": position, "length": length, "message": message}
     return standing
 
 
@@ -122,38 +127,60 @@ async def repair_interrupted_placements(master: Master, *, limit: int = REPAIR_B
 
 
 async def process_queue(master: Master) -> int:
-    """Expire queued rentals past their ``queue_until``, then place what can be placed, oldest first; returns how many."""
+    """Expire queued rentals and clusters past their ``queue_until``, then place what can be placed, oldest first
+    (``(created_at, id)``), a queued cluster as one unit at its first member's turn (``cluster_queue.place_queued``);
+    one that does not fit is passed over, not waited for. Returns how many rentals and clusters were placed."""
     now = master.clock.now()
     async with master.db.session() as session:
         expired = (
             await session.scalars(
                 select(Rental)
                 .where(Rental.state == RentalState.PENDING, Rental.host_id.is_(None), Rental.queue_until <= now)
+                .order_by(Rental.created_at, Rental.id)
                 .with_for_update(skip_locked=True)
             )
         ).all()
+        given_up: set[str] = set()
         for gone in expired:
+            if gone.cluster_id is not None:  # the whole cluster gives up, every member with it
+                if gone.cluster_id not in given_up:
+                    given_up.add(gone.cluster_id)
+                    await cluster_queue.expire(session, gone, now=now)
+                continue
             waited = (now - gone.created_at).total_seconds()
             if advance(session, gone, RentalState.FAILED, f"not placed within its queue timeout ({waited:.0f}s queued)"):
                 gone.failure_reason, gone.stopped_at = "queue timeout", now
         queued = (
-            await session.scalars(
-                select(Rental.id).where(Rental.state == RentalState.PENDING, Rental.host_id.is_(None)).order_by(Rental.created_at).limit(QUEUE_BATCH)
+            await session.execute(
+                select(Rental.id, Rental.cluster_id).where(Rental.state == RentalState.PENDING, Rental.host_id.is_(None))
+                .order_by(Rental.created_at, Rental.id).limit(QUEUE_BATCH)
             )
-        ).all()
+        ).all()  # fmt: skip
     placed = 0
-    for rental_id in queued:
+    tried: set[str] = set()
+    for rental_id, cluster_id in queued:
         command_ids: list[str] = []
-        async with master.db.serialised_session() as session:
-            rental = await session.scalar(select(Rental).where(Rental.id == rental_id).with_for_update(skip_locked=True))
-            if rental is None or rental.state != RentalState.PENDING or rental.host_id is not None:
-                continue
-            try:
-                command_ids, _reason = await try_place(master, session, rental, RentalRequest.from_rental(rental), now=now)
-            except ClientError as exc:  # the offer is gone, the quota shrank below one GPU...
-                if advance(session, rental, RentalState.FAILED, f"cannot be placed from the queue: {exc}"):
-                    rental.failure_reason, rental.stopped_at = str(exc), now
+        if cluster_id is not None:
+            if cluster_id not in tried:
+                tried.add(cluster_id)
+                command_ids = await cluster_queue.place_queued(master, cluster_id, now=now)
+        else:
+            command_ids = await _place_queued_rental(master, rental_id, now=now)
         if command_ids:
             placed += 1
             await commands.publish(master, command_ids)
     return placed
+
+
+async def _place_queued_rental(master: Master, rental_id: str, *, now: datetime) -> list[str]:
+    command_ids: list[str] = []
+    async with master.db.serialised_session() as session:
+        rental = await session.scalar(select(Rental).where(Rental.id == rental_id).with_for_update(skip_locked=True))
+        if rental is None or rental.state != RentalState.PENDING or rental.host_id is not None:
+            return []
+        try:
+            command_ids, _reason = await try_place(master, session, rental, RentalRequest.from_rental(rental), now=now)
+        except ClientError as exc:  # the offer is gone, the quota shrank below one GPU...
+            if advance(session, rental, RentalState.FAILED, f"cannot be placed from the queue: {exc}"):
+                rental.failure_reason, rental.stopped_at = str(exc), now
+    return command_ids
