@@ -17,13 +17,13 @@ from typing import Any
 
 from gpumarket.renter.api import ApiError, Client, CliError, UsageError
 from gpumarket.renter.commands import (
-    MAX_PAGES,
     TEMPLATES_HINT,
     _err,
     _positive_int,
     _print_json,
     _short_time,
     _usd,
+    all_pages,
     common_options,
     money,
     money_column,
@@ -33,8 +33,6 @@ from gpumarket.renter.commands import (
 )
 from gpumarket.renter.sshcmds import cmd_ssh
 
-# Clusters fetched per page (the API's most), for `cluster list`.
-PAGE_SIZE = 500
 ACTIVE_CLUSTER_STATES = ("pending", "starting", "running", "degraded", "stopping")
 ENDED_CLUSTER_STATES = ("stopped", "failed")
 NODE_RE = re.compile(r"(?:node-)?(\d{1,3})")
@@ -145,18 +143,8 @@ async def cmd_create(args: argparse.Namespace, client: Client) -> int:
 # ---- list, show ---------------------------------------------------------------------------------
 
 
-async def all_clusters(client: Client) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = []
-    for page in range(MAX_PAGES):
-        body = await client.get("/clusters", {"limit": PAGE_SIZE, "offset": page * PAGE_SIZE})
-        items.extend(body["items"])
-        if len(items) >= body["total"] or not body["items"]:
-            break
-    return items
-
-
 async def cmd_list(args: argparse.Namespace, client: Client) -> int:
-    items = await all_clusters(client)
+    items = await all_pages(client, "/clusters")
     if not args.all:
         items = [c for c in items if c["state"] in ACTIVE_CLUSTER_STATES]
     if args.json:

@@ -358,14 +358,19 @@ def _print_rental_outcome(rental: Mapping[str, Any]) -> None:
 # ---- rentals, logs, stop ------------------------------------------------------------------------
 
 
-async def all_rentals(client: Client) -> list[dict[str, Any]]:
+async def all_pages(client: Client, path: str) -> list[dict[str, Any]]:
+    """Every item of a paged list (``/rentals``, ``/clusters``), up to ``MAX_PAGES`` pages."""
     items: list[dict[str, Any]] = []
     for page in range(MAX_PAGES):
-        body = await client.get("/rentals", {"limit": PAGE_SIZE, "offset": page * PAGE_SIZE})
+        body = await client.get(path, {"limit": PAGE_SIZE, "offset": page * PAGE_SIZE})
         items.extend(body["items"])
         if len(items) >= body["total"] or not body["items"]:
             break
     return items
+
+
+async def all_rentals(client: Client) -> list[dict[str, Any]]:
+    return await all_pages(client, "/rentals")
 
 
 async def cmd_rentals(args: argparse.Namespace, client: Client) -> int:
