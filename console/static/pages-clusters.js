@@ -4,7 +4,7 @@
 import { api, query, uuid4 } from "./api.js";
 import { badge, facts, field, h, link, replace, table, timeEl, uid } from "./dom.js";
 import { compare, formatUnits, multiply, parseDecimal, usdRate } from "./money.js";
-import { busy, errorBox, heading, loadInto, loading } from "./ui.js";
+import { busy, errorBox, heading, loadInto, loading, stopWithConfirmation } from "./ui.js";
 import { describeRun, runsShort, workloadChooser } from "./workloads.js";
 
 const ACTIVE = new Set(["pending", "starting", "running", "degraded", "stopping"]);
@@ -258,40 +258,19 @@ export function clusterPage(page, ctx) {
 
   const hosts = new Map(); // host id → {name, region} (a host's name and region do not change while it is rented)
   let lastState = null;
-  let confirming = false;
+  const confirmation = { confirming: false };
 
   const renderActions = (cluster) => {
-    if (confirming) return;
+    if (confirmation.confirming) return;
     if (!ACTIVE.has(cluster.state) || cluster.state === "stopping") {
       actions.replaceChildren();
       return;
     }
-    const stop = h("button", { type: "button", class: "danger", id: "stop-cluster" }, "Stop cluster");
-    stop.addEventListener("click", () => {
-      confirming = true;
-      const yes = h("button", { type: "button", class: "danger", id: "confirm-stop-cluster" }, "Yes, stop every node");
-      const no = h("button", { type: "button", class: "secondary" }, "Keep it running");
-      no.addEventListener("click", () => {
-        confirming = false;
-        renderActions(cluster);
-        actions.querySelector("button").focus();
-      });
-      yes.addEventListener("click", async () => {
-        errors.clear();
-        await busy(yes, async () => {
-          try {
-            const stopped = await api("DELETE", `/clusters/${encodeURIComponent(clusterId)}`);
-            ctx.notify(`Cluster ${clusterId} is ${stopped.state}.`);
-            confirming = false;
-            await refresh();
-          } catch (error) {
-            confirming = false;
-            if (error.status !== 401) errors.show(error);
-          }
-        }, "Stopping…");
-      });
-      replace(actions, h("p", { class: "confirm-text" }, `Stop this cluster? All ${cluster.node_count} nodes are stopped and their billing ends.`), yes, " ", no);
-      yes.focus();
+    const stop = stopWithConfirmation(ctx, {
+      slot: actions, errors, state: confirmation, id: "stop-cluster", confirmId: "confirm-stop-cluster", label: "Stop cluster",
+      confirmLabel: "Yes, stop every node",
+      question: `Stop this cluster? All ${cluster.node_count} nodes are stopped and their billing ends.`,
+      path: `/clusters/${encodeURIComponent(clusterId)}`, what: `Cluster ${clusterId}`, refresh: () => refresh(), redraw: () => renderActions(cluster),
     });
     replace(actions, stop);
   };

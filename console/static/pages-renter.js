@@ -8,7 +8,7 @@ import { badge, facts, field, h, link, num, replace, table, timeEl, uid } from "
 import { invoicesSection } from "./invoices.js";
 import { amountProblem, multiply, usd, usdRate } from "./money.js";
 import { gpuCharts } from "./telemetry.js";
-import { busy, errorBox, heading, loadInto, loading } from "./ui.js";
+import { busy, errorBox, heading, loadInto, loading, stopWithConfirmation } from "./ui.js";
 import { isolationBadge, runsShort, workloadChooser, workloadFacts } from "./workloads.js";
 
 const TIERS = ["flagship", "datacenter", "prosumer", "consumer", "entry"];
@@ -430,41 +430,19 @@ export function rentalPage(page, ctx) {
   let logOffset = 0;
   let lastState = null;
   let changedAt = Date.now();
-  let confirming = false;
+  const confirmation = { confirming: false };
   ctx.onLeave(() => charts && charts.close());
 
   const renderActions = (rental) => {
-    if (confirming) return;
+    if (confirmation.confirming) return;
     if (!ACTIVE.has(rental.state)) {
       actions.replaceChildren();
       return;
     }
-    const stop = h("button", { type: "button", class: "danger", id: "stop-rental" }, "Stop rental");
-    stop.addEventListener("click", () => {
-      confirming = true;
-      const yes = h("button", { type: "button", class: "danger", id: "confirm-stop" }, "Yes, stop it");
-      const no = h("button", { type: "button", class: "secondary" }, "Keep it running");
-      no.addEventListener("click", () => {
-        confirming = false;
-        renderActions(rental);
-        actions.querySelector("button").focus();
-      });
-      yes.addEventListener("click", async () => {
-        errors.clear();
-        await busy(yes, async () => {
-          try {
-            const stopped = await api("DELETE", `/rentals/${encodeURIComponent(rentalId)}`);
-            ctx.notify(`Rental ${rentalId} is ${stopped.state}.`);
-            confirming = false;
-            await refresh();
-          } catch (error) {
-            confirming = false;
-            if (error.status !== 401) errors.show(error);
-          }
-        }, "Stopping…");
-      });
-      replace(actions, h("p", { class: "confirm-text" }, "Stop this rental? Its workload is stopped and billing ends."), yes, " ", no);
-      yes.focus();
+    const stop = stopWithConfirmation(ctx, {
+      slot: actions, errors, state: confirmation, id: "stop-rental", confirmId: "confirm-stop", label: "Stop rental",
+      confirmLabel: "Yes, stop it", question: "Stop this rental? Its workload is stopped and billing ends.",
+      path: `/rentals/${encodeURIComponent(rentalId)}`, what: `Rental ${rentalId}`, refresh: () => refresh(), redraw: () => renderActions(rental),
     });
     replace(actions, stop);
   };

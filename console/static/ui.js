@@ -1,5 +1,6 @@
 // Pieces every page uses: the error box next to a form, loading placeholders, page headings.
 
+import { api } from "./api.js";
 import { h, replace, uid } from "./dom.js";
 
 /** A message box for a form's errors (role="alert": read out when it changes). */
@@ -94,4 +95,41 @@ export function withError(f) {
       control.removeAttribute("aria-invalid");
     },
   };
+}
+
+/**
+ * A "Stop" button that asks first. Its click puts `question`, a confirming button and "Keep it running" into `slot`
+ * and sets `state.confirming` (a page that redraws its actions on every refresh leaves the question alone meanwhile).
+ * Confirming sends `DELETE path`, says "`what` is <state>." and calls `refresh`; an error shows in `errors`; keeping it
+ * calls `redraw` and focuses the slot's first button again.
+ */
+export function stopWithConfirmation(ctx, { slot, errors, state, id, confirmId, label, confirmLabel, question, path, what, refresh, redraw }) {
+  const stop = h("button", { type: "button", class: "danger", id }, label);
+  stop.addEventListener("click", () => {
+    state.confirming = true;
+    const yes = h("button", { type: "button", class: "danger", id: confirmId }, confirmLabel);
+    const no = h("button", { type: "button", class: "secondary" }, "Keep it running");
+    no.addEventListener("click", () => {
+      state.confirming = false;
+      redraw();
+      slot.querySelector("button").focus();
+    });
+    yes.addEventListener("click", async () => {
+      errors.clear();
+      await busy(yes, async () => {
+        try {
+          const stopped = await api("DELETE", path);
+          ctx.notify(`${what} is ${stopped.state}.`);
+          state.confirming = false;
+          await refresh();
+        } catch (error) {
+          state.confirming = false;
+          if (error.status !== 401) errors.show(error);
+        }
+      }, "Stopping…");
+    });
+    replace(slot, h("p", { class: "confirm-text" }, question), yes, " ", no);
+    yes.focus();
+  });
+  return stop;
 }
