@@ -468,6 +468,9 @@ class TestRenter:
         before = (await console.api("renter", "/rentals"))["total"]
         await _rent_button(page, await _container_offer(console)).click()
         dialog = page.get_by_role("dialog")
+        # The templates arrive after the dialog opens and push the choices down: a click before they are drawn can land
+        # where "Custom image" was (CI once: "clicking the checkbox did not change its state").
+        await expect(dialog.get_by_role("radio", name=re.compile("^base"))).to_be_checked()
         await dialog.get_by_label("Custom image").check()
         image = dialog.get_by_label("Image", exact=True)
         ports = dialog.get_by_label("Ports (optional)")
