@@ -9,6 +9,7 @@ test opens its own browser with fresh cookies. Screenshots of the main pages are
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -102,7 +103,14 @@ def _no_container_starts_meanwhile() -> Iterator[None]:
 def market(tmp_path_factory: pytest.TempPathFactory, docker_image: str) -> Iterator[Market]:
     """`gpumarket up --agents 3` as a real process on free ports, with a container engine answering
     (its demo agents then run templates); SIGINT at the end."""
-    folder = tmp_path_factory.mktemp("console")
+    with running_market(tmp_path_factory, "console") as market:
+        yield market
+
+
+@contextlib.contextmanager
+def running_market(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[Market]:
+    """`gpumarket up --agents 3` in a folder of its own, with the console tests' settings, until the block ends."""
+    folder = tmp_path_factory.mktemp(name)
     data_dir, log = folder / "data", folder / "up.log"
     # Only the settings chosen here: a GPUMARKET_DATABASE_URL or REDIS_URL of the environment must not leak in.
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMARKET_")}

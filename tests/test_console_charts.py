@@ -7,7 +7,6 @@ helpers of ``tests/test_console_browser.py``. Screenshots land in ``test-artifac
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
@@ -22,9 +21,8 @@ from tests.test_console_browser import (
     Console,
     Market,
     _console,
-    _wait_until_up,
+    running_market,
 )
-from tests.upprocess import gpumarket_up
 
 pytestmark = pytest.mark.slow
 
@@ -39,14 +37,8 @@ _no_container_starts_meanwhile = browser_module._no_container_starts_meanwhile
 @pytest.fixture(scope="module")
 def market(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Market]:
     """`gpumarket up --agents 3`, telemetry every 2 s and rating every second."""
-    folder = tmp_path_factory.mktemp("charts")
-    data_dir, log = folder / "data", folder / "up.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMARKET_")}
-    env.update(GPUMARKET_BILLING_INTERVAL="1", GPUMARKET_TELEMETRY_INTERVAL="2", GPUMARKET_HEARTBEAT_INTERVAL="2",
-               GPUMARKET_MISSED_HEARTBEATS_OFFLINE="10", PYTHONUNBUFFERED="1",
-               GPUMARKET_SIGN_IN_RATE_PER_MINUTE="600", GPUMARKET_SIGN_IN_BURST="100")  # fmt: skip
-    with gpumarket_up(data_dir, log, env, agents=3, strict_stop=True) as process:
-        yield _wait_until_up(process, data_dir, log)
+    with running_market(tmp_path_factory, "charts") as market:
+        yield market
 
 
 async def _figure_points(console: Console, title: str) -> int:

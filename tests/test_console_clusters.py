@@ -8,7 +8,6 @@ mixed), the browser and the console helpers of ``tests/test_console_browser.py``
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
@@ -18,8 +17,7 @@ from playwright.async_api import Browser, expect
 
 from tests import test_console_browser as browser_module
 from tests.helpers import eventually
-from tests.test_console_browser import WAIT_MS, Market, _console, _wait_until_up
-from tests.upprocess import gpumarket_up
+from tests.test_console_browser import WAIT_MS, Market, _console, running_market
 
 pytestmark = pytest.mark.slow
 
@@ -31,14 +29,8 @@ _no_container_starts_meanwhile = browser_module._no_container_starts_meanwhile
 @pytest.fixture(scope="module")
 def market(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Market]:
     """`gpumarket up --agents 3` (hold workloads only: no container engine needed)."""
-    folder = tmp_path_factory.mktemp("clusters")
-    data_dir, log = folder / "data", folder / "up.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMARKET_")}
-    env.update(GPUMARKET_BILLING_INTERVAL="1", GPUMARKET_TELEMETRY_INTERVAL="2", GPUMARKET_HEARTBEAT_INTERVAL="2",
-               GPUMARKET_MISSED_HEARTBEATS_OFFLINE="10", PYTHONUNBUFFERED="1",
-               GPUMARKET_SIGN_IN_RATE_PER_MINUTE="600", GPUMARKET_SIGN_IN_BURST="100")  # fmt: skip
-    with gpumarket_up(data_dir, log, env, agents=3, strict_stop=True) as process:
-        yield _wait_until_up(process, data_dir, log)
+    with running_market(tmp_path_factory, "clusters") as market:
+        yield market
 
 
 def _per_hour(cluster: dict[str, Any]) -> Decimal:
