@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from agent.clusternet import ClusterNetworkError, ClusterNetworks
 from agent.gpu.base import GpuBackend
 from agent.health import check_health
 from agent.logship import LogShipper
@@ -33,7 +34,8 @@ class CommandExecutor:
     ``measure`` measures the network (and reports it); ``install_certificate`` installs a
     renewed certificate: both belong to the agent's loops, which hand them in. ``ssh`` serves
     SSH into the rentals: a start prepares the rental's host key (the reply's ``ssh_host_key``),
-    a stop ends its SSH connections.
+    a stop ends its SSH connections. ``clusters`` joins member containers to their cluster's
+    private network (``agent.clusternet``); a stop takes the member out.
     """
 
     def __init__(
@@ -45,6 +47,7 @@ class CommandExecutor:
         measure: Callable[[], Awaitable[protocol.NetworkReportBody]],
         install_certificate: Callable[[protocol.InstallCertificate], Awaitable[protocol.CertificateInstalled]],
         ssh: RentalSshServer | None = None,
+        clusters: ClusterNetworks | None = None,
         # Limits
         remembered_results: int = 1000,
     ) -> None:
@@ -54,6 +57,7 @@ class CommandExecutor:
         self.measure = measure
         self.install_certificate = install_certificate
         self.ssh = ssh
+        self.clusters = clusters
         self.remembered_results = remembered_results
         self._results: OrderedDict[str, protocol.CommandResultBody] = OrderedDict()
 
@@ -97,6 +101,15 @@ class CommandExecutor:
                 return await self._health_check(command)
             case protocol.InstallCertificate():
                 return await self.install_certificate(command)
+            case protocol.CreateCluster():
+                return await self._cluster_networks().create(command)
+            case protocol.DeleteCluster():
+                return await self._cluster_networks().delete(command)
+
+    def _cluster_networks(self) -> ClusterNetworks:
+        if self.clusters is None:
+            raise ClusterNetworkError("this agent makes no cluster networks")
+        return self.clusters
 
     async def _start_workload(self, command: protocol.StartWorkload) -> protocol.WorkloadStarted:
         if self.ssh is not None:
@@ -121,6 +134,8 @@ class CommandExecutor:
         """The rental is released: delete its ``/workspace`` volume, its SSH host key and authorized keys, and
         (unless ``keep_log``) its folder and log; refused while its workload runs. Cancelling is safe: the
         deletion finishes."""
+        if self.clusters is not None:
+            await self.clusters.forget_rental(rental_id)
         await self.workloads.forget(rental_id, keep_log=keep_log)
         if self.ssh is not None:
             await self.ssh.close_rental(rental_id)

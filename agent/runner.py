@@ -35,6 +35,7 @@ from pathlib import Path
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
+from agent.clusternet import ClusterNetworks
 from agent.commands import CommandExecutor
 from agent.discovery import RelayDirectory
 from agent.gpu.base import GpuBackend, GpuSample
@@ -237,9 +238,11 @@ class Agent:
         self._commands: asyncio.Queue[protocol.CommandBody] = asyncio.Queue(max_pending_commands)
         self.logs = LogShipper(state.dir, self.workloads, self._send_logs)
         self.ssh = RentalSshServer(state.dir / "ssh", self.workloads)
+        # Cluster members' private network (agent.clusternet): peers reach this host where it reaches its relay from.
+        self.clusters = ClusterNetworks(state.work_dir, self.workloads.container_namespace, self._local_address)
         self.commands = CommandExecutor(
             workloads=self.workloads, backend=backend, logs=self.logs, measure=self.measure_network,
-            install_certificate=self._install_certificate, ssh=self.ssh, remembered_results=remembered_results,
+            install_certificate=self._install_certificate, ssh=self.ssh, clusters=self.clusters, remembered_results=remembered_results,
         )
         # Renters' streams the relay opens on this agent's link: SSH into a rental, its ports.
         self.tunnels = TunnelServer(self.workloads, self.ssh, max_streams_per_rental=max_streams_per_rental)
@@ -385,12 +388,25 @@ class Agent:
                 body = protocol.TunnelUsageBody(at=datetime.now(UTC), rentals=items[start:start + 1024])
                 await self._emit(*self.window.tunnel_usage(body))
 
+    def _local_address(self) -> str | None:
+        """The address this host reaches its relay from (the connection's own end; ``None`` while not connected):
+        where its cluster members' peers send their tunnel's packets."""
+        ws = self._ws
+        if ws is None:
+            return None
+        try:
+            address = ws.local_address
+        except (AttributeError, OSError):
+            return None
+        return address[0] if isinstance(address, tuple) and address and isinstance(address[0], str) else None
+
     # ---- the connection ---------------------------------------------------------------
 
     async def run(self) -> None:
         """Run until cancelled. Cancelling is safe: unacknowledged messages stay in the spool."""
         await self.refresh_isolation()
         await self.workloads.resume()  # re-adopted workloads; report those that died while we were down
+        await self.clusters.resume()
         for rental_id in self.workloads.running():
             self.logs.follow(rental_id)
         tasks = [
@@ -675,6 +691,7 @@ class Agent:
     async def close(self) -> None:
         """Release everything after ``run`` was cancelled. Workloads keep running unless told otherwise."""
         await self.tunnels.close()
+        await self.clusters.close()
         await self.ssh.close()
         await self.workloads.close(stop_workloads=self.stop_workloads_on_close)
         self.backend.close()

@@ -528,6 +528,19 @@ class ContainerRuntime:
         pid = state.get("Pid")
         return (address if isinstance(address, str) and address else None), (pid if isinstance(pid, int) and pid > 0 else None)
 
+    async def namespace(self, rental_id: str) -> tuple[int, Path] | None:
+        """(main process id, the engine's host-side ``/etc/hosts`` file) of the rental's running container, for
+        joining it to its cluster's network (``agent.clusternet``); ``None``: not running. Raises ``BadRequest`` without an engine."""
+        name = resource_name(rental_id, self.options.owner)
+        info = await self._engine_read(self.docker().containers.container(name).show())
+        state = (info or {}).get("State") or {}
+        pid, hosts = state.get("Pid"), (info or {}).get("HostsPath")
+        if info is None or not state.get("Running") or not isinstance(pid, int) or pid <= 0:
+            return None
+        if not isinstance(hosts, str) or not hosts.startswith("/"):
+            return None
+        return pid, Path(hosts)
+
     async def open_port(self, rental_id: str, port: int, *, timeout: float = 5.0) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
         """A connection to ``port`` of the rental's running container (``None``: none runs): from inside its
         network namespace to its loopback when the agent may (``agent.runtimes.netns``: listeners on

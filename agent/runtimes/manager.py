@@ -181,6 +181,14 @@ class WorkloadManager:
             return None
         return await self.containers.open_port(rental_id, port, timeout=timeout)
 
+    async def container_namespace(self, rental_id: str) -> tuple[int, Path] | None:
+        """(process id, host-side hosts file) of the rental's running container (``ContainerRuntime.namespace``);
+        ``None``: no container runs for it."""
+        workload = self._workloads.get(rental_id)
+        if workload is None or workload.container is None:
+            return None
+        return await self.containers.namespace(rental_id)
+
     def running(self) -> list[str]:
         """Rental ids whose workload runs (or holds its GPUs), stopping ones included."""
         return sorted(self._workloads)

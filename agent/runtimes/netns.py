@@ -21,6 +21,7 @@ import errno
 import os
 import socket
 import threading
+from collections.abc import Callable
 from typing import Final
 
 CLONE_NEWNET: Final = 0x40000000
@@ -37,7 +38,7 @@ def _setns(fd: int) -> None:
         raise NamespaceUnavailable(code, f"setns: {os.strerror(code)}")
 
 
-def _connect_inside(pid: int, port: int, timeout: float) -> socket.socket:
+def _inside(pid: int, make: Callable[[], socket.socket]) -> socket.socket:
     try:
         own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         target = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
@@ -46,7 +47,7 @@ def _connect_inside(pid: int, port: int, timeout: float) -> socket.socket:
     try:
         _setns(target)
         try:
-            return socket.create_connection(("127.0.0.1", port), timeout=timeout)
+            return make()
         finally:
             _setns(own)  # raises (and the thread ends with it) rather than staying inside
     finally:
@@ -54,25 +55,33 @@ def _connect_inside(pid: int, port: int, timeout: float) -> socket.socket:
         os.close(target)
 
 
-async def connect_in_namespace(pid: int, port: int, *, timeout: float = 5.0) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """Streams to ``127.0.0.1:port`` inside the network namespace of process ``pid``.
-
-    Raises ``NamespaceUnavailable`` (fall back to the container's address), ``OSError`` or
-    ``TimeoutError`` (nothing listens). Cancelling is safe: a socket made after it is closed."""
+async def socket_in_namespace(pid: int, make: Callable[[], socket.socket], *, name: str = "netns") -> socket.socket:
+    """The socket ``make()`` returns, made (bound, connected) inside the network namespace of process ``pid``;
+    non-blocking. Raises ``NamespaceUnavailable`` or whatever ``make`` raises. Cancelling is safe: a socket made
+    after it is closed."""
     loop = asyncio.get_running_loop()
     done: asyncio.Future[socket.socket] = loop.create_future()
 
     def work() -> None:
         try:
-            sock = _connect_inside(pid, port, timeout)
+            sock = _inside(pid, make)
         except BaseException as exc:  # handed to the waiting coroutine
             loop.call_soon_threadsafe(_settle, done, None, exc)
             return
         loop.call_soon_threadsafe(_settle, done, sock, None)
 
-    threading.Thread(target=work, name=f"netns-connect-{pid}-{port}", daemon=True).start()
+    threading.Thread(target=work, name=f"{name}-{pid}", daemon=True).start()
     sock = await done
     sock.setblocking(False)
+    return sock
+
+
+async def connect_in_namespace(pid: int, port: int, *, timeout: float = 5.0, host: str = "127.0.0.1") -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Streams to ``host:port`` (default the loopback) inside the network namespace of process ``pid``.
+
+    Raises ``NamespaceUnavailable`` (fall back to the container's address), ``OSError`` or
+    ``TimeoutError`` (nothing listens). Cancelling is safe: a socket made after it is closed."""
+    sock = await socket_in_namespace(pid, lambda: socket.create_connection((host, port), timeout=timeout), name=f"netns-connect-{port}")
     try:
         return await asyncio.open_connection(sock=sock)
     except BaseException:

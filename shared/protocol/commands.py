@@ -9,6 +9,7 @@ so an unknown kind or field is refused by this module on both ends.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 from typing import Annotated, Any, Final, Literal
@@ -332,9 +333,97 @@ class HealthCheck(StrictModel):
     gpu_uuids: GpuUuids = Field(default_factory=list, max_length=1024)
 
 
-AnyCommand = StartWorkload | StopWorkload | MeasureNetwork | InstallCertificate | HealthCheck
+# ---- a cluster's private network (docs/clusters.md, "The private network") ----------------------
+
+MAX_CLUSTER_NODES = 64
+CLUSTER_ID_PATTERN = r"^c-[A-Za-z0-9_-]{1,61}$"
+WIREGUARD_KEY_PATTERN = (
+    r"^[A-Za-z0-9+/]{42}[AEIMQUYcgkosw048]=$"  # 32 bytes, base64: what ``wg pubkey`` prints
+)
+CLUSTER_SUPERNET = ipaddress.IPv4Network("10.64.0.0/10")  # each cluster's /24 lies in it
+_ENDPOINT_RE = re.compile(r"^(?P<host>[0-9.]{7,15}|\[[0-9A-Fa-f:.]{2,45}\]):(?P<port>[0-9]{1,5})$")
+
+
+def _cluster_subnet(value: object) -> object:
+    try:
+        network = ipaddress.IPv4Network(value)
+    except (ValueError, TypeError):
+        raise ValueError(f"'subnet' {value!r:.40} must be an IPv4 /24 like 10.70.12.0/24") from None
+    if network.prefixlen != 24 or not network.subnet_of(CLUSTER_SUPERNET):
+        raise ValueError(f"'subnet' {value!r:.40} must be a /24 inside {CLUSTER_SUPERNET}")
+    return value
+
+
+def _endpoint(value: object) -> object:
+    found = _ENDPOINT_RE.match(value) if isinstance(value, str) else None
+    if found is None or not 1 <= int(found["port"]) <= 65535:
+        raise ValueError(
+            f"endpoint {value!r:.60} must be ADDRESS:PORT, e.g. 203.0.113.7:51820 or [2001:db8::7]:51820"
+        )
+    ipaddress.ip_address(found["host"].strip("[]"))  # a ValueError names the bad address
+    return value
+
+
+ClusterId = Annotated[str, Field(pattern=CLUSTER_ID_PATTERN)]
+NodeRank = Annotated[int, Field(ge=0, lt=MAX_CLUSTER_NODES)]
+WireguardKey = Annotated[
+    str, Field(pattern=WIREGUARD_KEY_PATTERN, description="A WireGuard public key (base64 of 32 bytes).")
+]
+Endpoint = Annotated[str, Field(max_length=64), BeforeValidator(_endpoint)]
+
+
+class ClusterPeer(StrictModel):
+    """Another member of the cluster: its rank (its address is the subnet's ``rank + 1``), its key and
+    where its agent's tunnel listens (``None``: no direct path known)."""
+
+    rank: NodeRank
+    public_key: WireguardKey
+    endpoint: Endpoint | None = None
+
+
+class CreateCluster(StrictModel):
+    """Join the member ``rental_id`` (a running container) to its cluster's private network as ``node-<rank>``.
+
+    The first command for a member has no ``peers``: the agent makes the member's tunnel (a key pair,
+    an interface inside the container with the subnet's address ``rank + 1``, ``node-N`` names in its
+    ``/etc/hosts``) and answers its public key and endpoints. Once every member has answered, the
+    master sends each one again with every other member as ``peers``: the agent sets them (replacing
+    any earlier set) and, with ``measure``, measures round trip and throughput to each peer of a higher
+    rank. Idempotent: the same request twice changes nothing more.
+    """
+
+    kind: Literal["create_cluster"] = "create_cluster"
+    cluster_id: ClusterId
+    rental_id: RentalId
+    rank: NodeRank
+    node_count: Annotated[int, Field(ge=2, le=MAX_CLUSTER_NODES)]
+    subnet: Annotated[str, Field(max_length=18), BeforeValidator(_cluster_subnet)]
+    peers: list[ClusterPeer] = Field(default_factory=list, max_length=MAX_CLUSTER_NODES - 1)
+    measure: bool = False
+
+    @model_validator(mode="after")
+    def _ranks(self) -> CreateCluster:
+        ranks = [peer.rank for peer in self.peers]
+        if self.rank >= self.node_count or any(r >= self.node_count for r in ranks):
+            raise ValueError(f"every rank must be below node_count ({self.node_count})")
+        if self.rank in ranks or len(set(ranks)) != len(ranks):
+            raise ValueError("'peers' must name each other member once, and not this one")
+        return self
+
+
+class DeleteCluster(StrictModel):
+    """Take the member ``rental_id`` out of its cluster's private network (its tunnel and names go)."""
+
+    kind: Literal["delete_cluster"] = "delete_cluster"
+    cluster_id: ClusterId
+    rental_id: RentalId
+
+
+AnyCommand = StartWorkload | StopWorkload | MeasureNetwork | InstallCertificate | HealthCheck | CreateCluster | DeleteCluster
 AgentCommand = Annotated[AnyCommand, Field(discriminator="kind")]
-COMMAND_KINDS = ("start_workload", "stop_workload", "measure_network", "install_certificate", "health_check")
+COMMAND_KINDS = (
+    "start_workload", "stop_workload", "measure_network", "install_certificate", "health_check", "create_cluster", "delete_cluster",
+)
 
 
 # Replies: the ``data`` of a successful ``command_result``. Lenient: a newer agent may say more.
@@ -383,8 +472,37 @@ class HealthCheckResult(LenientModel):
     problems: list[str] = Field(default_factory=list)
     gpus: list[GpuHealthModel] = Field(default_factory=list)
 
+class PeerMeasurement(LenientModel):
+    """What one member measured to a peer through the tunnel: round trip (median, ms) and throughput
+    (Mbit/s), or why it could not (``error``)."""
 
-CommandReply = WorkloadStarted | WorkloadStopped | NetworkReportBody | CertificateInstalled | HealthCheckResult
+    rank: int
+    rtt_ms: float | None = None
+    mbit_s: float | None = None
+    error: str | None = None
+
+
+class ClusterJoined(LenientModel):
+    """``create_cluster``: the member's tunnel key, address and endpoints; with ``peers``, how many it has
+    and (with ``measure``) what it measured."""
+
+    public_key: str
+    address: str
+    listen_port: int
+    endpoints: list[str] = Field(default_factory=list)
+    peers: int = 0
+    measurements: list[PeerMeasurement] = Field(default_factory=list)
+
+
+class ClusterLeft(LenientModel):
+    """``delete_cluster``: whether there was a tunnel to take down."""
+
+    deleted: bool
+
+
+CommandReply = (
+    WorkloadStarted | WorkloadStopped | NetworkReportBody | CertificateInstalled | HealthCheckResult | ClusterJoined | ClusterLeft
+)
 
 
 class CommandBody(StrictModel):

@@ -1,0 +1,505 @@
+"""A cluster's private network on this host: one WireGuard tunnel per member container.
+
+``create_cluster`` joins a member (a running container rental) to its cluster's network; this
+module does it with **userspace WireGuard** (Debian's ``wireguard-go``), because this kind of
+host has no kernel WireGuard module while ``/dev/net/tun`` is everywhere (docs/clusters.md says
+why WireGuard rather than a tunnel of our own over the relays' streams):
+
+1. a key pair (X25519, ``cryptography``) and a ``wireguard-go -f wgm<hash>`` process, started
+   in a session of its own (it outlives an agent restart, as the containers do); its UDP
+   socket stays in the host's namespace, so the tunnel's packets travel the host's network;
+2. its private key and a kernel-chosen listen port set through its UAPI socket
+   (``/var/run/wireguard/<name>.sock``, WireGuard's text protocol: no ``wg`` needed);
+3. the interface moved into the container's network namespace (``ip link set … netns PID``),
+   renamed ``cluster0``, given the subnet's address ``rank + 1`` and brought up there
+   (``wireguard-go`` notices "up" across namespaces by design); the rest of the container's
+   network is untouched;
+4. ``node-0 … node-(N-1)`` written into the container's ``/etc/hosts`` (the engine's file on
+   the host, written in place: the container sees a bind mount of it; never through a path the
+   container could turn into a symlink);
+5. a small responder on ``<address>:29499`` inside the container, which the other members
+   measure round trip and throughput against.
+
+The answer is the member's public key and the UDP endpoint its peers reach it at. Once every
+member answered, the master sends ``create_cluster`` again with the peers: they are set with
+``replace_peers`` (each allowed only its own ``/32``: WireGuard's cryptokey routing drops
+anything else, so no other tenant's packet enters, and this member reaches nothing but its
+cluster through the tunnel), and, with ``measure``, each member measures its peers of higher
+rank. ``delete_cluster`` (or the member's stop) ends the ``wireguard-go`` process; its
+interface goes with it. What was made is kept in ``<work>/clusters/<rental>.json`` (the key
+0600), so a restarted agent answers the same request the same and can still take it down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import ipaddress
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Final
+
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
+
+from agent.runtimes.netns import NamespaceUnavailable, socket_in_namespace
+from shared import protocol
+from shared.errors import BadRequest
+
+log = logging.getLogger(__name__)
+
+INTERFACE: Final = "cluster0"  # the tunnel's name inside the member's container
+MEASURE_PORT: Final = 29499  # the responder's TCP port on the member's private address
+UAPI_DIR: Final = Path("/var/run/wireguard")
+HOSTS_BEGIN: Final = "# gpumarket cluster network: begin"
+HOSTS_END: Final = "# gpumarket cluster network: end"
+MAX_HOSTS_BYTES: Final = 1 << 20
+KEEPALIVE_S: Final = 25  # keeps a NAT's mapping open between members that are idle
+PINGS: Final = 5
+# The stages the responder answers: "E" echoes bytes one by one (round trip), "S" + 8-byte length sinks that many and says "K".
+MAX_SINK_BYTES: Final = 256 << 20
+
+
+class ClusterNetworkError(BadRequest):
+    """The member's tunnel could not be made; ``code`` is ``cluster_network_unavailable``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="cluster_network_unavailable")
+
+
+@dataclass
+class MemberNet:
+    """One member's tunnel on this host: what ``create_cluster`` made (kept as JSON, the key aside)."""
+
+    cluster_id: str
+    rental_id: str
+    rank: int
+    subnet: str
+    node_count: int
+    device: str  # wireguard-go's own name for it (its UAPI socket's)
+    listen_port: int
+    public_key: str
+    wg_pid: int
+    peers: list[dict[str, object]] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        return address_of(self.subnet, self.rank)
+
+
+def address_of(subnet: str, rank: int) -> str:
+    """``node-<rank>``'s private address: the subnet's ``rank + 1``."""
+    return str(ipaddress.IPv4Network(subnet)[rank + 1])
+
+
+def device_name(rental_id: str) -> str:
+    """``wgm`` + 10 hex digits of the rental's id: unique on the host, under the kernel's 15 characters."""
+    return "wgm" + hashlib.sha256(rental_id.encode()).hexdigest()[:10]
+
+
+def hosts_block(subnet: str, node_count: int) -> str:
+    names = "".join(f"{address_of(subnet, rank)}\tnode-{rank}\n" for rank in range(node_count))
+    return f"{HOSTS_BEGIN}\n{names}{HOSTS_END}\n"
+
+
+def with_hosts_block(text: str, block: str | None) -> str:
+    """``text`` (an /etc/hosts) without any earlier cluster block, and with ``block`` (``None``: none) at its end."""
+    kept: list[str] = []
+    inside = False
+    for line in text.splitlines(keepends=True):
+        if line.rstrip("\n") == HOSTS_BEGIN:
+            inside = True
+        elif line.rstrip("\n") == HOSTS_END:
+            inside = False
+        elif not inside:
+            kept.append(line)
+    out = "".join(kept)
+    if out and not out.endswith("\n"):
+        out += "\n"
+    return out + (block or "")
+
+
+def rewrite_hosts(path: Path, block: str | None) -> None:
+    """Put ``block`` into the hosts file at ``path`` in place (the container sees it through a bind mount, so it is
+    never replaced); refuses a symlink or a file grown past ``MAX_HOSTS_BYTES``."""
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        with os.fdopen(fd, "r+b", closefd=False) as hosts:
+            if os.fstat(fd).st_size > MAX_HOSTS_BYTES:
+                raise ClusterNetworkError(f"the container's /etc/hosts is larger than {MAX_HOSTS_BYTES} bytes; not written")
+            text = hosts.read().decode("utf-8", errors="replace")
+            hosts.seek(0)
+            hosts.write(with_hosts_block(text, block).encode())
+            hosts.truncate()
+    finally:
+        os.close(fd)
+
+
+def wg_public_key(private: X25519PrivateKey) -> str:
+    return base64.b64encode(private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)).decode()
+
+
+def _hex_key(b64: str) -> str:
+    return base64.b64decode(b64).hex()
+
+
+def uapi_set(private_hex: str | None, peers: list[protocol.ClusterPeer] | None, subnet: str, *, listen_port: int | None = None) -> str:
+    """A UAPI ``set`` request: the private key and port (when given) and, when ``peers`` is not ``None``, the peers
+    replacing any earlier ones, each allowed only its own address."""
+    lines = ["set=1"]
+    if private_hex is not None:
+        lines.append(f"private_key={private_hex}")
+    if listen_port is not None:
+        lines.append(f"listen_port={listen_port}")
+    if peers is not None:
+        lines.append("replace_peers=true")
+        for peer in peers:
+            lines += [f"public_key={_hex_key(peer.public_key)}", "replace_allowed_ips=true", f"allowed_ip={address_of(subnet, peer.rank)}/32",
+                      f"persistent_keepalive_interval={KEEPALIVE_S}"]  # fmt: skip
+            if peer.endpoint is not None:
+                lines.append(f"endpoint={peer.endpoint}")
+    return "\n".join(lines) + "\n\n"
+
+
+async def uapi(device: str, request: str, *, directory: Path = UAPI_DIR, timeout: float = 5.0) -> dict[str, str]:
+    """Send one UAPI request to ``wireguard-go``'s socket; its answer's ``key=value`` lines (the last of each
+    key). Raises ``ClusterNetworkError`` when it answers ``errno`` other than 0."""
+    async with asyncio.timeout(timeout):
+        reader, writer = await asyncio.open_unix_connection(str(directory / f"{device}.sock"))
+        try:
+            writer.write(request.encode())
+            await writer.drain()
+            answer: dict[str, str] = {}
+            while True:
+                line = (await reader.readline()).decode().strip()
+                if not line:
+                    break
+                key, _, value = line.partition("=")
+                answer[key] = value
+        finally:
+            writer.close()
+    if answer.get("errno", "0") != "0":
+        raise ClusterNetworkError(f"wireguard-go refused its configuration (errno {answer['errno']})")
+    return answer
+
+
+async def _run(*argv: str, timeout: float = 10.0) -> None:
+    process = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    try:
+        async with asyncio.timeout(timeout):
+            _, err = await process.communicate()
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise ClusterNetworkError(f"{argv[0]} did not finish within {timeout:g}s") from None
+    if process.returncode != 0:
+        raise ClusterNetworkError(f"{' '.join(argv[:4])}… failed: {err.decode(errors='replace').strip()[:300]}")
+
+
+class ClusterNetworks:
+    """The cluster tunnels of this host's member containers (``create``/``delete``, ``forget_rental`` on a stop).
+
+    ``namespace(rental_id)`` is the workload manager's ``container_namespace``; ``local_address()`` the
+    address this host reaches its relay from (the endpoint its peers are told).
+    """
+
+    def __init__(
+        self,
+        work_dir: Path,
+        namespace: Callable[[str], Awaitable[tuple[int, Path] | None]],
+        local_address: Callable[[], str | None],
+        *,
+        wireguard_go: str = "wireguard-go",
+        uapi_dir: Path = UAPI_DIR,
+        measure_bytes: int = 8 << 20,
+        measure_timeout: float = 15.0,
+    ) -> None:
+        self.dir = work_dir / "clusters"
+        self.namespace = namespace
+        self.local_address = local_address
+        self.wireguard_go = wireguard_go
+        self.uapi_dir = uapi_dir
+        self.measure_bytes = measure_bytes
+        self.measure_timeout = measure_timeout
+        self._responders: dict[str, asyncio.Server] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    # ---- the commands ------------------------------------------------------------------------
+
+    async def create(self, command: protocol.CreateCluster) -> protocol.ClusterJoined:
+        async with self._locks.setdefault(command.rental_id, asyncio.Lock()):
+            found = await self.namespace(command.rental_id)
+            if found is None:
+                raise ClusterNetworkError(f"rental {command.rental_id} runs no container here: a cluster's network joins container members only")
+            pid, hosts = found
+            net = self._load(command.rental_id)
+            if net is not None and (net.cluster_id, net.rank, net.subnet) != (command.cluster_id, command.rank, command.subnet):
+                raise ClusterNetworkError(f"rental {command.rental_id} is already node-{net.rank} of cluster {net.cluster_id}")
+            if net is None or not _alive(net.wg_pid):
+                if net is not None:
+                    self._drop(net)
+                net = await self._make(command, pid, hosts)
+            await self._ensure_responder(net, pid)
+            measurements: list[protocol.PeerMeasurement] = []
+            if command.peers:
+                await uapi(net.device, uapi_set(None, list(command.peers), net.subnet), directory=self.uapi_dir)
+                net.peers = [peer.model_dump(mode="json") for peer in command.peers]
+                self._save(net)
+                if command.measure:
+                    measurements = await self._measure(net, pid, [p for p in command.peers if p.rank > net.rank])
+            address = self.local_address()
+            return protocol.ClusterJoined(
+                public_key=net.public_key, address=net.address, listen_port=net.listen_port,
+                endpoints=[_endpoint(address, net.listen_port)] if address else [], peers=len(net.peers), measurements=measurements,
+            )  # fmt: skip
+
+    async def delete(self, command: protocol.DeleteCluster) -> protocol.ClusterLeft:
+        async with self._locks.setdefault(command.rental_id, asyncio.Lock()):
+            net = self._load(command.rental_id)
+            if net is None or net.cluster_id != command.cluster_id:
+                return protocol.ClusterLeft(deleted=False)
+            await self._take_down(net)
+            return protocol.ClusterLeft(deleted=True)
+
+    async def forget_rental(self, rental_id: str) -> None:
+        """The rental stopped: its tunnel (if any) goes."""
+        async with self._locks.setdefault(rental_id, asyncio.Lock()):
+            net = self._load(rental_id)
+            if net is not None:
+                await self._take_down(net)
+        self._locks.pop(rental_id, None)
+
+    async def resume(self) -> None:
+        """After a restart: answer measurements again for the tunnels that outlived the agent; forget the dead ones."""
+        if not self.dir.is_dir():
+            return
+        for path in sorted(self.dir.glob("*.json")):
+            net = self._load(path.stem)
+            if net is None:
+                continue
+            found = await self.namespace(net.rental_id)
+            if found is None or not _alive(net.wg_pid):
+                await self._take_down(net)
+                continue
+            with contextlib.suppress(OSError, NamespaceUnavailable):
+                await self._ensure_responder(net, found[0])
+
+    async def close(self) -> None:
+        """Stop answering measurements; the tunnels stay (as the containers do) for the next agent."""
+        for server in self._responders.values():
+            server.close()
+        self._responders.clear()
+
+    # ---- making and taking down ---------------------------------------------------------------
+
+    async def _make(self, command: protocol.CreateCluster, pid: int, hosts: Path) -> MemberNet:
+        if shutil.which(self.wireguard_go) is None:
+            raise ClusterNetworkError("wireguard-go is not installed on this host (apt-get install wireguard-go); the cluster has no private network here")
+        device = device_name(command.rental_id)
+        private = X25519PrivateKey.generate()
+        private_raw = private.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+        process = await asyncio.create_subprocess_exec(
+            self.wireguard_go, "-f", device, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL, start_new_session=True, env={**os.environ, "LOG_LEVEL": "error"},
+        )  # fmt: skip
+        net = MemberNet(
+            cluster_id=command.cluster_id, rental_id=command.rental_id, rank=command.rank, subnet=command.subnet,
+            node_count=command.node_count, device=device, listen_port=0, public_key=wg_public_key(private), wg_pid=process.pid,
+        )  # fmt: skip
+        self._save(net, private_raw)  # first: a failure below can still take it down by its pid
+        try:
+            await self._wait_for_socket(device, process)
+            await uapi(device, uapi_set(private_raw.hex(), None, command.subnet, listen_port=0), directory=self.uapi_dir)
+            net.listen_port = int((await uapi(device, "get=1\n\n", directory=self.uapi_dir)).get("listen_port", "0"))
+            inside = ("nsenter", f"--net=/proc/{pid}/ns/net", "ip")
+            await _run("ip", "link", "set", device, "netns", str(pid))
+            await _run(*inside, "link", "set", device, "name", INTERFACE)
+            await _run(*inside, "address", "add", f"{net.address}/24", "dev", INTERFACE)
+            await _run(*inside, "link", "set", INTERFACE, "up")
+            await asyncio.to_thread(rewrite_hosts, hosts, hosts_block(command.subnet, command.node_count))
+        except BaseException:
+            await self._take_down(net)
+            raise
+        self._save(net)
+        log.info("rental %s joined cluster %s as node-%d (%s, UDP port %d)", net.rental_id, net.cluster_id, net.rank, net.address, net.listen_port)
+        return net
+
+    async def _wait_for_socket(self, device: str, process: asyncio.subprocess.Process, timeout: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not (self.uapi_dir / f"{device}.sock").exists():
+            if process.returncode is not None or time.monotonic() > deadline:
+                raise ClusterNetworkError(
+                    "wireguard-go could not make the tunnel (it needs root or CAP_NET_ADMIN and /dev/net/tun)"
+                    if process.returncode is not None else f"wireguard-go did not open its control socket within {timeout:g}s"
+                )  # fmt: skip
+            await asyncio.sleep(0.02)
+
+    async def _take_down(self, net: MemberNet) -> None:
+        server = self._responders.pop(net.rental_id, None)
+        if server is not None:
+            server.close()
+        if _alive(net.wg_pid) and _is_wireguard(net.wg_pid, net.device):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(net.wg_pid, signal.SIGTERM)  # its interface (in the container) goes with it
+        found = await self.namespace(net.rental_id)
+        if found is not None:
+            with contextlib.suppress(OSError, ClusterNetworkError):
+                await asyncio.to_thread(rewrite_hosts, found[1], None)
+        self._drop(net)
+        log.info("rental %s left cluster %s", net.rental_id, net.cluster_id)
+
+    # ---- measuring ------------------------------------------------------------------------------
+
+    async def _ensure_responder(self, net: MemberNet, pid: int) -> None:
+        server = self._responders.get(net.rental_id)
+        if server is not None and server.is_serving():
+            return
+
+        def listen() -> socket.socket:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((net.address, MEASURE_PORT))
+            sock.listen(16)
+            return sock
+
+        sock = await socket_in_namespace(pid, listen, name="cluster-responder")
+        self._responders[net.rental_id] = await asyncio.start_server(_respond, sock=sock)
+
+    async def _measure(self, net: MemberNet, pid: int, peers: list[protocol.ClusterPeer]) -> list[protocol.PeerMeasurement]:
+        return list(await asyncio.gather(*(self._measure_one(net, pid, peer.rank) for peer in peers)))
+
+    async def _measure_one(self, net: MemberNet, pid: int, rank: int) -> protocol.PeerMeasurement:
+        target = address_of(net.subnet, rank)
+        deadline = time.monotonic() + self.measure_timeout
+        last = "no answer"
+        while time.monotonic() < deadline:  # the peer may set its own peers a moment later than this one
+            try:
+                async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
+                    rtt_ms = await self._through(pid, target, _echo)
+                    mbit_s = await self._through(pid, target, lambda r, w: _sink(r, w, self.measure_bytes)) if self.measure_bytes else None
+                    return protocol.PeerMeasurement(rank=rank, rtt_ms=rtt_ms, mbit_s=mbit_s)
+            except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
+                last = str(exc) or type(exc).__name__
+                await asyncio.sleep(0.2)
+        return protocol.PeerMeasurement(rank=rank, error=f"node-{rank} did not answer through the tunnel within {self.measure_timeout:g}s ({last[:120]})")
+
+    @staticmethod
+    async def _through(pid: int, target: str, run: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[float]]) -> float:
+        """``run`` over a connection to ``target``'s responder made inside the member's namespace (so through the tunnel)."""
+        sock = await socket_in_namespace(pid, lambda: socket.create_connection((target, MEASURE_PORT), timeout=2.0), name="cluster-measure")
+        reader, writer = await asyncio.open_connection(sock=sock)
+        try:
+            return await run(reader, writer)
+        finally:
+            writer.close()
+
+    # ---- the record ------------------------------------------------------------------------------
+
+    def _path(self, rental_id: str) -> Path:
+        return self.dir / f"{rental_id}.json"
+
+    def _save(self, net: MemberNet, private_raw: bytes | None = None) -> None:
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if private_raw is not None:
+            key = self.dir / f"{net.rental_id}.key"
+            fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                out.write(private_raw)
+        tmp = self._path(net.rental_id).with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(net)))
+        tmp.replace(self._path(net.rental_id))
+
+    def _load(self, rental_id: str) -> MemberNet | None:
+        try:
+            return MemberNet(**json.loads(self._path(rental_id).read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def _drop(self, net: MemberNet) -> None:
+        for path in (self._path(net.rental_id), self.dir / f"{net.rental_id}.key"):
+            path.unlink(missing_ok=True)
+
+
+async def _respond(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        async with asyncio.timeout(60):
+            stage = await reader.readexactly(1)
+            if stage == b"E":
+                for _ in range(PINGS):
+                    writer.write(await reader.readexactly(1))
+                    await writer.drain()
+            elif stage == b"S":
+                left = min(int.from_bytes(await reader.readexactly(8), "big"), MAX_SINK_BYTES)
+                while left > 0:
+                    chunk = await reader.read(min(left, 1 << 16))
+                    if not chunk:
+                        return
+                    left -= len(chunk)
+                writer.write(b"K")
+                await writer.drain()
+    except (OSError, TimeoutError, asyncio.IncompleteReadError):
+        pass
+    finally:
+        writer.close()
+
+
+async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> float:
+    """The median of ``PINGS`` one-byte round trips, ms."""
+    rtts: list[float] = []
+    writer.write(b"E")
+    for _ in range(PINGS):
+        started = time.perf_counter()
+        writer.write(b"p")
+        await writer.drain()
+        await reader.readexactly(1)
+        rtts.append((time.perf_counter() - started) * 1000)
+    return round(statistics.median(rtts), 3)
+
+
+async def _sink(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, size: int) -> float:
+    """Mbit/s of sending ``size`` bytes until the responder says it has them all."""
+    chunk = bytes(1 << 16)
+    started = time.perf_counter()
+    writer.write(b"S" + size.to_bytes(8, "big"))
+    sent = 0
+    while sent < size:
+        part = chunk[: min(len(chunk), size - sent)]
+        writer.write(part)
+        await writer.drain()
+        sent += len(part)
+    await reader.readexactly(1)
+    return round(size * 8 / (time.perf_counter() - started) / 1e6, 1)
+
+
+def _endpoint(address: str, port: int) -> str:
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _is_wireguard(pid: int, device: str) -> bool:
+    """Whether ``pid`` is still our ``wireguard-go`` for ``device`` (a pid can be reused after a reboot)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(a.endswith(b"wireguard-go") for a in argv[:1]) and device.encode() in argv
