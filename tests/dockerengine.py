@@ -7,6 +7,12 @@ imports a rootfs made of Debian's ``busybox-static`` (``/bin/busybox``, its appl
 symlinks, ``/etc/passwd`` with root and nobody) through the Engine API (``images/create``
 with ``fromSrc=-``), tagged ``gpumarket-test/busybox:<content hash>``: nothing is pulled
 from a registry, and a second run builds nothing.
+
+``torch_image`` does the same for ``gpumarket-test/torch:<hash>``: Debian's PyTorch as this machine has it installed
+(``python3-torch``, which ``make docker`` installs) — the files of the packages it needs, the dependency closure dpkg
+records — with busybox's shell and the gloo all-reduce workload of ``tests/allreduce.py`` at
+``/opt/gpumarket/allreduce.py``. Its hash is over the packages and their versions, the few files added and the rules
+that pick the files, so a second run builds nothing; the rootfs (several hundred MB) is streamed to the engine.
 """
 
 from __future__ import annotations
@@ -16,17 +22,21 @@ import fcntl
 import hashlib
 import http.client
 import io
+import itertools
 import json
 import os
+import re
 import shutil
 import socket
+import stat
 import subprocess
 import tarfile
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Final
+from typing import IO, Any, Final
 from urllib.parse import quote, urlencode
 
 SOCKET: Final = "/var/run/docker.sock"
@@ -44,7 +54,7 @@ GROUP: Final = "root:x:0:\nnogroup:x:65534:\n"
 
 class _UnixConnection(http.client.HTTPConnection):
     def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
+        super().__init__("localhost", timeout=timeout, blocksize=1 << 16)
         self.path = path
 
     def connect(self) -> None:
@@ -54,9 +64,9 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
-def request(method: str, path: str, *, body: bytes | None = None, headers: dict[str, str] | None = None,
+def request(method: str, path: str, *, body: bytes | IO[bytes] | None = None, headers: dict[str, str] | None = None,
             timeout: float = 60.0, socket_path: str = SOCKET) -> tuple[int, bytes]:
-    """One Engine API call over the unix socket (synchronous: for fixtures)."""
+    """One Engine API call over the unix socket (synchronous: for fixtures). A file as ``body`` is streamed (chunked)."""
     connection = _UnixConnection(socket_path, timeout)
     try:
         connection.request(method, path, body=body, headers=headers or {})
@@ -147,6 +157,282 @@ def busybox_image() -> str:
     if status != 200 or b'"error"' in body:
         raise RuntimeError(f"importing {name} failed ({status}): {body[-300:]!r}")
     return name
+
+
+TORCH_REPO: Final = "gpumarket-test/torch"
+TORCH_PACKAGE: Final = "python3-torch"
+TORCH_ROOTS: Final = (TORCH_PACKAGE, "python3", "libc6")
+TORCH_PRUNED: Final = {
+    # Not needed to import torch or to run gloo, and large: the closure's walk stops at them (the image is then
+    # ~730 MB of files instead of ~940).
+    "libtorch-test": "torch's C++ test programs (~50 MB)",
+    "libgl1-mesa-dri": "Mesa's OpenGL drivers and, through them, LLVM and Z3 (~160 MB): loaded only to draw on a display",
+    "mesa-va-drivers": "Mesa's VA-API video drivers",
+    "mesa-vdpau-drivers": "Mesa's VDPAU video drivers",
+}
+TORCH_SKIPPED_TREES: Final = (
+    "usr/share/doc", "usr/share/doc-base", "usr/share/man", "usr/share/info", "usr/share/locale", "usr/share/lintian",
+    "usr/share/bug", "usr/share/gtk-doc", "usr/share/help", "usr/include",
+)
+TORCH_SKIPPED_SUFFIXES: Final = (".a", ".h", ".pyc")
+PYTHON_PACKAGES: Final = "usr/lib/python3/dist-packages/"
+TORCH_APPLETS: Final = ("sh", "ls", "cat", "env", "echo", "sleep", "ps", "ip", "hostname", "nc", "kill", "true", "false", "test")
+ALLREDUCE_SOURCE: Final = Path(__file__).with_name("allreduce.py")
+ALLREDUCE_PATH: Final = "opt/gpumarket/allreduce.py"
+NSSWITCH: Final = "passwd: files\ngroup: files\nhosts: files dns\n"
+TORCH_RECIPE: Final = "1"
+"""Part of the torch image's hash: change it when the rules above, or the way the rootfs is made, change."""
+
+_DEPENDENCY: Final = re.compile(r"\s*([a-z0-9][a-z0-9+.-]*)")
+
+
+class _Package:
+    def __init__(self, query_name: str, version: str, depends: str) -> None:
+        self.query_name, self.version, self.depends = query_name, version, depends
+
+
+def _installed_packages() -> tuple[dict[str, _Package], dict[str, list[str]]]:
+    """The installed packages of this machine's architecture (or ``all``) by name, and who provides each virtual one."""
+    native = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True, check=True).stdout.strip()
+    fields = "${binary:Package}\t${Package}\t${Architecture}\t${Version}\t${db:Status-Abbrev}\t${Provides}\t${Pre-Depends}, ${Depends}\n"
+    listing = subprocess.run(["dpkg-query", "-W", "-f", fields], capture_output=True, text=True, check=True).stdout
+    packages: dict[str, _Package] = {}
+    providers: dict[str, list[str]] = {}
+    for line in listing.splitlines():
+        query_name, name, arch, version, status, provides, depends = line.split("\t")
+        if status[1:2] != "i" or arch not in (native, "all"):  # not (fully) installed, or another architecture's
+            continue
+        packages[name] = _Package(query_name, version, depends)
+        for provided in provides.split(","):
+            if match := _DEPENDENCY.match(provided):
+                providers.setdefault(match.group(1), []).append(name)
+    return packages, {virtual: sorted(names) for virtual, names in providers.items()}
+
+
+def _dependency_closure(packages: dict[str, _Package], providers: dict[str, list[str]]) -> dict[str, _Package]:
+    """``TORCH_ROOTS`` and, recursively, what they need (Pre-Depends, Depends) as installed, but for ``TORCH_PRUNED``.
+
+    Of alternatives (``a | b``) the first one installed, itself or as a virtual package's provider, counts. Version
+    constraints and architecture qualifiers (``:any``) are dpkg's to have enforced: the installed version is taken."""
+    chosen: dict[str, _Package] = {}
+    todo = list(TORCH_ROOTS)
+    while todo:
+        name = todo.pop()
+        if name in chosen or name in TORCH_PRUNED:
+            continue
+        chosen[name] = packages[name]
+        for clause in packages[name].depends.split(","):
+            for alternative in clause.split("|"):
+                match = _DEPENDENCY.match(alternative)
+                wanted = match.group(1) if match else ""
+                if wanted in packages or wanted in providers:
+                    todo.append(wanted if wanted in packages else providers[wanted][0])
+                    break
+    return dict(sorted(chosen.items()))
+
+
+def _skipped(path: str) -> bool:
+    """Docs, manuals, translations, headers, static libraries, byte code, Python packages' tests: none is imported."""
+    if any(path == tree or path.startswith(f"{tree}/") for tree in TORCH_SKIPPED_TREES):
+        return True
+    parts = path.split("/")
+    return path.endswith(TORCH_SKIPPED_SUFFIXES) or "__pycache__" in parts or (path.startswith(PYTHON_PACKAGES) and "tests" in parts)
+
+
+def _in_rootfs(path: str) -> str:
+    """Where the host's ``path`` goes in the rootfs: under its folder's real path (``/lib/x`` is ``usr/lib/x`` on a
+    merged-/usr system), so that no entry goes through a symbolic link; no leading slash."""
+    folder, name = os.path.split(os.path.normpath(path))
+    return os.path.join(os.path.realpath(folder), name).lstrip("/")
+
+
+class _TorchRootfs:
+    """What goes into the torch image: host paths by their path in the rootfs, generated files, and the content hash."""
+
+    def __init__(self) -> None:
+        status = subprocess.run(["dpkg-query", "-W", "-f", "${db:Status-Abbrev}", TORCH_PACKAGE], capture_output=True, text=True)
+        if status.returncode != 0 or status.stdout[1:2] != "i":
+            raise RuntimeError(
+                f"Debian's {TORCH_PACKAGE} is not installed on this machine ({(status.stdout or status.stderr).strip()!r}), "
+                "and the torch test image is made of its files: run `make docker` as root (it installs python3-torch), "
+                "or `apt-get install python3-torch`"
+            )
+        packages, providers = _installed_packages()
+        self.packages = _dependency_closure(packages, providers)
+        self.host: dict[str, str] = {}  # rootfs path -> host path (files, links, folders)
+        listed = subprocess.run(
+            ["dpkg-query", "-L", *(package.query_name for package in self.packages.values())], capture_output=True, text=True, check=True
+        ).stdout
+        for line in listed.splitlines():
+            if line.startswith("/") and os.path.lexists(line):  # not "diverted by …" notes, nor what was removed since
+                self._add(line)
+        for top in ("bin", "sbin", "lib", "lib64"):  # a merged /usr's links
+            if os.path.islink(f"/{top}"):
+                self.host[top] = f"/{top}"
+        self.followed = self._add_alternatives()
+        self.followed.update(self._follow_links())
+        self.generated: dict[str, tuple[bytes, int]] = {
+            "etc/passwd": (PASSWD.encode(), 0o644),
+            "etc/group": (GROUP.encode(), 0o644),
+            "etc/nsswitch.conf": (NSSWITCH.encode(), 0o644),
+            ALLREDUCE_PATH: (ALLREDUCE_SOURCE.read_bytes(), 0o755),
+        }
+        busybox = _in_rootfs(BUSYBOX)
+        self.host[busybox] = BUSYBOX
+        bin_dir = os.path.dirname(busybox)
+        self.applets = [f"{bin_dir}/{applet}" for applet in TORCH_APPLETS if f"{bin_dir}/{applet}" not in self.host]
+        for path in self.generated:
+            self.host.pop(path, None)
+        digest = hashlib.sha256(f"recipe {TORCH_RECIPE}\n".encode())
+        for name, package in self.packages.items():
+            digest.update(f"package {name} {package.version}\n".encode())
+        for path, target in sorted(self.followed.items()):
+            digest.update(f"followed {path} {target}\n".encode())
+        for path, (data, mode) in sorted(self.generated.items()):
+            digest.update(f"file {path} {mode:o} {hashlib.sha256(data).hexdigest()}\n".encode())
+        digest.update(f"busybox {hashlib.sha256(Path(BUSYBOX).read_bytes()).hexdigest()} {' '.join(self.applets)}\n".encode())
+        self.digest = digest.hexdigest()[:16]
+
+    def _add(self, path: str) -> str | None:
+        """Add one host path (and the folders above it); its rootfs path, or ``None`` when skipped."""
+        inside = _in_rootfs(path)
+        if not inside or _skipped(inside):
+            return None
+        self.host.setdefault(inside, "/" + inside)
+        folder = os.path.dirname(inside)
+        while folder and folder not in self.host:
+            self.host[folder] = "/" + folder
+            folder = os.path.dirname(folder)
+        return inside
+
+    def _add_alternatives(self) -> dict[str, str]:
+        """The links of ``update-alternatives`` (made by maintainer scripts, so in no package's list) whose chosen file
+        is in the rootfs: ``/usr/lib/x86_64-linux-gnu/libblas.so.3`` → ``/etc/alternatives/libblas.so.3-…`` → the
+        file of ``libblas3``. Returns them, path -> link."""
+        added: dict[str, str] = {}
+        selections = subprocess.run(["update-alternatives", "--get-selections"], capture_output=True, text=True).stdout
+        for master in (line.split()[0] for line in selections.splitlines() if line.strip()):
+            query = subprocess.run(["update-alternatives", "--query", master], capture_output=True, text=True).stdout
+            links = [(master, line.removeprefix("Link: ")) for line in query.splitlines() if line.startswith("Link: ")]
+            slaves = query.split("\nSlaves:\n", 1)[1].split("\n") if "\nSlaves:\n" in query else []
+            for line in itertools.takewhile(lambda line: line.startswith(" "), slaves):
+                slave, slave_link = line.split()[:2]
+                links.append((slave, slave_link))
+            for name, link in links:
+                chosen = f"/etc/alternatives/{name}"
+                if not (os.path.islink(link) and os.path.islink(chosen) and os.readlink(link) == chosen):
+                    continue
+                value = os.path.normpath(os.path.join("/etc/alternatives", os.readlink(chosen)))
+                if _in_rootfs(value) not in self.host:
+                    continue
+                for path in (link, chosen):
+                    if (inside := self._add(path)) is not None:
+                        added[inside] = os.readlink(path)
+        return added
+
+    def _follow_links(self) -> dict[str, str]:
+        """Add what the links point at where no package of the closure has it (``/etc/localtime``'s zone, the CA bundle
+        that certifi links to); a folder so pointed at comes without its contents. Returns them, path -> link, ``file``
+        or ``folder``."""
+        followed: dict[str, str] = {}
+        todo = [path for path, source in self.host.items() if os.path.islink(source)]
+        while todo:
+            source = self.host[todo.pop()]
+            target = os.path.normpath(os.path.join(os.path.dirname(source), os.readlink(source)))
+            if not os.path.lexists(target) or _in_rootfs(target) in self.host:
+                continue
+            added = self._add(target)
+            if added is None:
+                continue
+            is_link = os.path.islink(self.host[added])
+            followed[added] = os.readlink(self.host[added]) if is_link else "folder" if os.path.isdir(self.host[added]) else "file"
+            if is_link:
+                todo.append(added)
+        return followed
+
+    def write(self, out: IO[bytes]) -> int:
+        """The rootfs as a tar stream into ``out``; returns how many bytes of file contents it holds."""
+        now = 1_700_000_000
+        content = 0
+        hard_links: dict[tuple[int, int], str] = {}
+        entries: list[str] = sorted(
+            {*self.host, *self.generated, *self.applets, "proc", "sys", "dev", "root", "tmp", "etc", os.path.dirname(ALLREDUCE_PATH), "opt"},
+            key=lambda path: path.split("/"),
+        )
+        with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+            for path in entries:
+                entry = tarfile.TarInfo(path)
+                entry.mtime, entry.mode, entry.type = now, 0o755, tarfile.DIRTYPE
+                if path in self.generated:
+                    data, entry.mode = self.generated[path]
+                    entry.type, entry.size = tarfile.REGTYPE, len(data)
+                    tar.addfile(entry, io.BytesIO(data))
+                    continue
+                if path in self.applets:
+                    entry.type, entry.linkname, entry.mode = tarfile.SYMTYPE, "busybox", 0o777
+                elif path == "tmp":
+                    entry.mode = 0o1777
+                elif path in self.host:
+                    source = self.host[path]
+                    info = os.lstat(source)
+                    entry.mode, entry.mtime, entry.uid, entry.gid = stat.S_IMODE(info.st_mode), int(info.st_mtime), info.st_uid, info.st_gid
+                    if stat.S_ISLNK(info.st_mode):
+                        entry.type, entry.linkname = tarfile.SYMTYPE, os.readlink(source)
+                    elif stat.S_ISREG(info.st_mode):
+                        first = hard_links.setdefault((info.st_dev, info.st_ino), path) if info.st_nlink > 1 else path
+                        if first != path:
+                            entry.type, entry.linkname = tarfile.LNKTYPE, first
+                        else:
+                            entry.type, entry.size = tarfile.REGTYPE, info.st_size
+                            with open(source, "rb") as file:
+                                tar.addfile(entry, file)
+                            content += info.st_size
+                            continue
+                    elif not stat.S_ISDIR(info.st_mode):
+                        continue  # no device, pipe or socket comes from a package
+                tar.addfile(entry)
+        return content
+
+
+TORCH_LOCK: Final = Path(tempfile.gettempdir()) / "gpumarket-test-torch-image.lock"
+
+
+def torch_image(*, timeout: float = 900.0) -> str:
+    """``gpumarket-test/torch:<hash>``, imported now unless the engine has it already (see the module's docstring).
+
+    Raises ``RuntimeError`` when ``python3-torch`` is not installed, or the import fails."""
+    rootfs = _TorchRootfs()
+    name = f"{TORCH_REPO}:{rootfs.digest}"
+    with open(TORCH_LOCK, "a") as lock:  # one build at a time, the others then find it built
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if image_exists(name):
+            return name
+        read_end, write_end = os.pipe()
+        failure: list[BaseException] = []
+
+        def produce() -> None:
+            try:
+                with open(write_end, "wb", buffering=1 << 20) as out:
+                    rootfs.write(out)
+            except BaseException as exc:  # reported by the caller, once the engine has answered
+                failure.append(exc)
+
+        writer = threading.Thread(target=produce, name="torch-rootfs", daemon=True)
+        writer.start()
+        changes = ['CMD ["python3", "/' + ALLREDUCE_PATH + '"]', "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+        query = urlencode({"fromSrc": "-", "repo": TORCH_REPO, "tag": rootfs.digest, "changes": changes}, doseq=True)
+        try:
+            with open(read_end, "rb", buffering=0) as stream:
+                status, body = request(
+                    "POST", f"/images/create?{query}", body=stream, headers={"Content-Type": "application/x-tar"}, timeout=timeout
+                )
+        finally:
+            writer.join()
+        if failure or status != 200 or b'"error"' in body:
+            request("DELETE", f"/images/{quote(name, safe='')}?force=1")  # a rootfs cut short must not stay under the name
+            why = f"writing the rootfs failed: {failure[0]!r}" if failure else f"the engine answered {status}: {body[-300:]!r}"
+            raise RuntimeError(f"importing {name} failed ({why})")
+        return name
 
 
 def remove_owned(owner: str) -> list[str]:
