@@ -372,6 +372,9 @@ class Cluster(Base):
     template: Mapped[str | None] = mapped_column(String(40), default=None)
     # Limits between nodes ({"max_latency_ms", "max_loss_pct"}): stored, honoured once pairwise figures are measured.
     network: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    # The private network between members (master/services/cluster_network.py): its /24 and what the agents said.
+    subnet: Mapped[str | None] = mapped_column(String(18), default=None)
+    private_network: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     kind: Mapped[str] = mapped_column(String(16), default="on_demand")  # | interruptible
     bid_per_gpu_hour: Mapped[Decimal | None] = mapped_column(Numeric(12, 6), default=None)
     restart_policy: Mapped[str] = mapped_column(String(16), default="stop")  # | replace

@@ -19,6 +19,7 @@ from sqlalchemy import func, select
 from master.api.base import API
 from master.context import Master
 from master.models import Command, Rental
+from master.services import clusterstate
 from master.services.accounts import Principal
 from master.telemetry import hosts
 from tests.factories import command_result, create_principal, envelope, gpu_info, online_host
@@ -72,10 +73,16 @@ class Api:
     async def agent_reports(self, rental_id: str, kind: str, *, ok: bool = True, detail: str = "") -> None:
         """Simulate the agent's result for the rental's one ``kind`` command, as the ingestor would apply it."""
         [command] = await self.commands(rental_id, kind)
+        await self.agent_answers(command, ok=ok, detail=detail)
+
+    async def agent_answers(self, command: Command, *, ok: bool = True, detail: str = "", data: dict[str, Any] | None = None) -> list[str]:
+        """Simulate the agent's result (``data``: its reply) for ``command``, as the ingestor would apply it; returns the
+        commands the clusters' hooks wrote meanwhile (which the ingestor publishes)."""
         async with self.master.db.session() as session:
             await hosts.handle_command_result(
-                session, envelope(command_result(command.host_id, next(self._seq), command.id, ok=ok, detail=detail))
+                session, envelope(command_result(command.host_id, next(self._seq), command.id, ok=ok, detail=detail, data=data))
             )
+        return clusterstate.issued_commands(session.info)
 
     async def count(self, model: type[Rental] | type[Command]) -> int:
         async with self.master.db.session() as session:

@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
 from master.models import Cluster, ClusterEvent, Rental
-from master.services import cluster_placement, cluster_queue, commands, rentals, templates
+from master.services import cluster_network, cluster_placement, cluster_queue, commands, rentals, templates
 from master.services.accounts import Principal
 from master.services.cluster_request import ClusterRequest
 from master.services.clusterstate import FINAL_CLUSTER_STATES, ClusterState, transition
@@ -173,6 +173,7 @@ def cluster_view(cluster: Cluster, members: Sequence[Rental], events: Sequence[C
         "template": cluster.template,
         "workload": cluster.workload,
         "network": cluster.network,
+        "private_network": cluster_network.view(cluster),
         "kind": cluster.kind,
         "bid_per_gpu_hour": money(cluster.bid_per_gpu_hour) if cluster.bid_per_gpu_hour is not None else None,
         "restart_policy": cluster.restart_policy,

@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 
 from master.models import Cluster, ClusterEvent, Rental, RentalEvent
 from master.models import Command as CommandRow
+from master.services import cluster_network
 from shared import protocol
 from shared.errors import Conflict
 from shared.ids import new_id
@@ -143,7 +144,7 @@ def transition(session: Session, cluster: Cluster, to_state: ClusterState, cause
 
 # ---- restart policies: what a broken or stopped member does to the others (sync, in the hook) ------
 
-_ISSUED = "gpumarket_cluster_commands"  # session.info key: stop commands this session's hook wrote
+_ISSUED = cluster_network.ISSUED  # session.info key: the commands this session's hooks wrote (stops, private network)
 _RUNNING_STATES = (ClusterState.PENDING, ClusterState.STARTING, ClusterState.RUNNING, ClusterState.DEGRADED)
 # How a member is moved to stopping: ``rentalstate.stop_member`` (through the rental's table), handed in by
 # rentalstate's hook, since rentalstate imports this module.
@@ -227,7 +228,7 @@ def cancel_queued(session: Session, members: Sequence[Rental], reason: str) -> N
 
 
 def issued_commands(session_info: dict[str, Any]) -> list[str]:
-    """The stop commands the hook wrote in a session (read after its commit, to publish them at once)."""
+    """The commands the hooks wrote in a session (stops, the private network's rounds; read after its commit, to publish them at once)."""
     found: list[str] = session_info.pop(_ISSUED, [])
     return found
 
@@ -268,6 +269,7 @@ def rederive(session: Session, cluster: Cluster, cause: str, stop_member: StopMe
             if step == ClusterState.FAILED and cluster.failure_reason is None:
                 cluster.failure_reason = reason
         transition(session, cluster, step, reason)
+    cluster_network.follow(session, cluster, members)
 
 
 def rederive_changed(session: Session, stop_member: StopMember) -> None:

@@ -31,7 +31,7 @@ from master.models import (
     TelemetrySample,
     TunnelUsage,
 )
-from master.services import commands, faults, reliability, rental_lifecycle, ssh_keys
+from master.services import cluster_network, commands, faults, reliability, rental_lifecycle, ssh_keys
 from master.services.hoststate import transition
 from master.services.rentalstate import ACTIVE_STATES, UNSTOPPED_STATES
 from master.telemetry.store import CleanSample, clean_sample, sampled_too_far_ahead
@@ -309,6 +309,8 @@ async def handle_command_result(session: AsyncSession, envelope: protocol.BusEnv
         await rental_lifecycle.apply_command_result(
             session, row, ok=body.ok, detail=body.detail, at=body.finished_at, code=code, data=body.data
         )
+        if row.kind in cluster_network.KINDS:
+            await cluster_network.apply_result(session, row, ok=body.ok, detail=body.detail, data=body.data, at=body.finished_at)
         if row.kind == faults.HEALTH_CHECK:
             await faults.after_health_check(session, host, ok=body.ok, detail=body.detail, data=body.data, now=envelope.received_at)
 

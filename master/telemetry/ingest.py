@@ -22,7 +22,7 @@ import logging
 from sqlalchemy import text
 
 from master.context import Master
-from master.services import commands, enrollment
+from master.services import clusterstate, commands, enrollment
 from master.telemetry import batch as batches
 from master.telemetry import hosts
 from shared import protocol
@@ -271,6 +271,8 @@ class Ingestor:
         if isinstance(envelope.message, protocol.Hello):
             # Every connection begins with a hello: a renewed certificate in use retires the ones before it.
             await enrollment.retire_superseded(master, envelope.message.host_id, envelope.cert_serial)
+        # What the clusters' hooks wrote meanwhile (a member's stop, the private network's next round): out at once.
+        resend += clusterstate.issued_commands(session.info)
         if resend:
             await commands.publish(master, resend)
 

@@ -1,0 +1,217 @@
+"""A cluster's private network, from the master's side: which ``create_cluster`` / ``delete_cluster`` to
+send, and what the members' agents answered (docs/clusters.md, "The private network").
+
+The cluster's ``private_network`` (JSON) holds one entry per node rank (the member rental it is
+for, its host, its **step**, its tunnel key and endpoint) and the pairwise figures measured.
+Three rounds, each sent to every member once the round before it is complete, so no tunnel
+carries a packet before its peers know its key (WireGuard would drop the first handshake and
+retry it only 5 s later):
+
+1. **join** — as each container member runs, ``create_cluster`` without peers: its agent makes
+   the tunnel and answers its key and endpoint (step ``creating`` → ``keyed``);
+2. **peers** — once every current member is keyed, each gets the others as peers
+   (``peering`` → ``peered``);
+3. **measure** — once every member is peered, the same again with ``measure``: each measures
+   its peers of higher rank (``measuring`` → ``measured``); the network is ``up`` with the
+   figures once all have answered.
+
+A replacement member (restart policy ``replace``) joins as in round 1, and rounds 2–3 run again
+for all. A member whose agent fails a round makes the network ``failed`` (with the reason, as a
+cluster event). Once the cluster is stopping or over, ``delete_cluster`` goes to every member
+that joined (its stop takes the tunnel down too; the command says so explicitly).
+
+``follow`` runs in ``clusterstate``'s before-flush hook (a synchronous session); ``apply_result``
+on each agent's answer. The commands either writes are published after the commit
+(``ISSUED`` in ``session.info``, read by ``clusterstate.issued_commands``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import logging
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, Final
+
+from pydantic import ValidationError
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
+
+from master.models import Cluster, ClusterEvent, Rental
+from master.models import Command as CommandRow
+from shared import protocol
+from shared.ids import new_id
+
+log = logging.getLogger(__name__)
+
+ISSUED: Final = "gpumarket_cluster_commands"  # session.info key: commands written by the cluster hooks, published after commit
+KINDS: Final = ("create_cluster", "delete_cluster")
+_OVER: Final = ("stopping", "stopped", "failed")
+_KEYED: Final = ("keyed", "peering", "peered", "measuring", "measured")
+
+
+def subnet_for(cluster_id: str) -> str:
+    """The cluster's /24 in ``protocol.CLUSTER_SUPERNET``, from its id (two clusters may share one: each
+    member's tunnel carries only its own cluster's keys, so a shared range reaches nothing of the other)."""
+    blocks = protocol.CLUSTER_SUPERNET.num_addresses // 256
+    index = int.from_bytes(hashlib.sha256(cluster_id.encode()).digest()[:4], "big") % blocks
+    return str(ipaddress.IPv4Network((int(protocol.CLUSTER_SUPERNET.network_address) + index * 256, 24)))
+
+
+def node_address(subnet: str, rank: int) -> str:
+    return str(ipaddress.IPv4Network(subnet)[rank + 1])
+
+
+def _state(cluster: Cluster) -> dict[str, Any]:
+    return dict(cluster.private_network or {"state": "pending", "members": {}, "pairs": []})
+
+
+def _issue(session: Session | AsyncSession, member_host: str, rental_id: str, command: protocol.AnyCommand) -> str:
+    row = CommandRow(id=new_id("cmd"), host_id=member_host, rental_id=rental_id, kind=command.kind, args=protocol.command_args(command),
+                     state="pending")  # fmt: skip
+    session.add(row)
+    session.info.setdefault(ISSUED, []).append(row.id)
+    return row.id
+
+
+def _event(session: Session | AsyncSession, cluster: Cluster, cause: str, at: datetime | None = None) -> None:
+    event = ClusterEvent(cluster_id=cluster.id, from_state=cluster.state, to_state=cluster.state, cause=cause)
+    if at is not None:
+        event.at = at
+    session.add(event)
+
+
+def follow(session: Session, cluster: Cluster, members: Sequence[Rental]) -> None:
+    """Send round 1 to each current container member that runs and has not joined, and ``delete_cluster`` to
+    every joined member once the cluster is over. ``members``: the current member of each rank."""
+    kind = (cluster.workload or {}).get("kind")
+    if kind != "container":
+        if cluster.private_network is None:
+            cluster.private_network = {"state": "none", "reason": f"a {kind or 'hold'} cluster runs no container: it has no private network",
+                                       "members": {}, "pairs": []}  # fmt: skip
+        return
+    net = _state(cluster)
+    entries: dict[str, dict[str, Any]] = {rank: dict(entry) for rank, entry in net.get("members", {}).items()}
+    changed = False
+    if cluster.state in _OVER:
+        for rank, entry in sorted(entries.items()):
+            if entry.get("step") not in ("deleted", None) and entry.get("host_id"):
+                delete = protocol.DeleteCluster(cluster_id=cluster.id, rental_id=entry["rental_id"])
+                _issue(session, entry["host_id"], entry["rental_id"], delete)
+                entries[rank] = {**entry, "step": "deleted"}
+                changed = True
+        if changed or net.get("state") not in ("deleted", "none"):
+            net.update(state="deleted", members=entries)
+            cluster.private_network = net
+        return
+    if cluster.subnet is None:
+        cluster.subnet = subnet_for(cluster.id)
+    for member in members:
+        if member.state != "running" or member.host_id is None or member.node_rank is None:
+            continue
+        rank = str(member.node_rank)
+        if entries.get(rank, {}).get("rental_id") == member.id:
+            continue
+        command = protocol.CreateCluster(cluster_id=cluster.id, rental_id=member.id, rank=member.node_rank, node_count=cluster.node_count,
+                                         subnet=cluster.subnet)  # fmt: skip
+        entries[rank] = {"rental_id": member.id, "host_id": member.host_id, "step": "creating", "public_key": None, "endpoint": None,
+                         "command_id": _issue(session, member.host_id, member.id, command)}  # fmt: skip
+        changed = True
+    if changed:
+        net.update(state="creating", reason=None, members=entries)
+        cluster.private_network = net
+
+
+async def apply_result(session: AsyncSession, command: CommandRow, *, ok: bool, detail: str, data: Mapping[str, object], at: datetime) -> None:
+    """What a member's agent answered to ``create_cluster`` / ``delete_cluster``: its step, and the next round when one is complete."""
+    cluster_id = command.args.get("cluster_id")
+    cluster = await session.get(Cluster, cluster_id, with_for_update=True) if isinstance(cluster_id, str) else None
+    if cluster is None or command.kind != "create_cluster" or cluster.state in _OVER:
+        return
+    net = _state(cluster)
+    entries: dict[str, dict[str, Any]] = {rank: dict(entry) for rank, entry in net.get("members", {}).items()}
+    rank = str(command.args.get("rank"))
+    entry = entries.get(rank)
+    if entry is None or entry.get("rental_id") != command.rental_id or entry.get("step") in ("failed", "deleted"):
+        return  # a replaced member's, or an answer already overtaken
+    if not ok:
+        entries[rank] = {**entry, "step": "failed", "error": detail[:300]}
+        reason = f"node-{rank} ({command.rental_id}): {detail[:300]}"
+        net.update(state="failed", reason=reason, members=entries)
+        cluster.private_network = net
+        _event(session, cluster, f"private network failed: {reason}", at)
+        log.warning("cluster %s: private network failed: %s", cluster.id, reason)
+        return
+    try:
+        joined = protocol.ClusterJoined.model_validate(dict(data))
+    except ValidationError:
+        joined = None
+    peers, measure = bool(command.args.get("peers")), bool(command.args.get("measure"))
+    if joined is None:
+        return
+    if not peers:
+        entries[rank] = {**entry, "step": "keyed", "public_key": joined.public_key, "endpoint": joined.endpoints[0] if joined.endpoints else None}
+    elif not measure:
+        entries[rank] = {**entry, "step": "peered"}
+    else:
+        entries[rank] = {**entry, "step": "measured"}
+        pairs = [p for p in net.get("pairs", []) if p.get("a") != int(rank)]
+        pairs += [{"a": int(rank), "b": m.rank, "rtt_ms": m.rtt_ms, "mbit_s": m.mbit_s, "error": m.error} for m in joined.measurements]
+        net["pairs"] = sorted(pairs, key=lambda p: (p["a"], p["b"]))
+    net["members"] = entries
+    _next_round(session, cluster, net, at)
+    cluster.private_network = net
+
+
+def _next_round(session: AsyncSession, cluster: Cluster, net: dict[str, Any], at: datetime) -> None:
+    """Send round 2 (or 3) to everyone once every rank has finished the round before; mark the network up after round 3."""
+    entries: dict[str, dict[str, Any]] = net["members"]
+    if len(entries) < cluster.node_count or any(e.get("step") in ("creating", "failed", "deleted") for e in entries.values()):
+        return
+    steps = {e["step"] for e in entries.values()}
+    if "keyed" in steps and steps <= set(_KEYED) and not steps & {"peering", "measuring"}:
+        _send_round(session, cluster, entries, measure=False)
+        net["state"] = "connecting"
+    elif steps == {"peered"}:
+        _send_round(session, cluster, entries, measure=True)
+        net["state"] = "measuring"
+    elif steps == {"measured"} and net.get("state") != "up":
+        net.update(state="up", measured_at=at.isoformat())
+        figures = ", ".join(_pair_text(p) for p in net.get("pairs", []))
+        _event(session, cluster, f"private network up on {cluster.subnet}: {figures or 'nothing measured'}", at)
+
+
+def _send_round(session: AsyncSession, cluster: Cluster, entries: dict[str, dict[str, Any]], *, measure: bool) -> None:
+    assert cluster.subnet is not None
+    keys = {int(rank): protocol.ClusterPeer(rank=int(rank), public_key=e["public_key"], endpoint=e.get("endpoint")) for rank, e in entries.items()}
+    for rank, entry in sorted(entries.items()):
+        command = protocol.CreateCluster(
+            cluster_id=cluster.id, rental_id=entry["rental_id"], rank=int(rank), node_count=cluster.node_count, subnet=cluster.subnet,
+            peers=[peer for other, peer in sorted(keys.items()) if other != int(rank)], measure=measure,
+        )  # fmt: skip
+        entry.update(step="measuring" if measure else "peering", command_id=_issue(session, entry["host_id"], entry["rental_id"], command))
+
+
+def _pair_text(pair: Mapping[str, Any]) -> str:
+    if pair.get("error"):
+        return f"node-{pair['a']} ↔ node-{pair['b']}: {pair['error']}"
+    return f"node-{pair['a']} ↔ node-{pair['b']} {pair.get('rtt_ms')} ms, {pair.get('mbit_s')} Mbit/s"
+
+
+def view(cluster: Cluster) -> dict[str, Any]:
+    """The cluster view's ``private_network``: its state, range, each node's address and step, and the pairwise figures."""
+    net = _state(cluster)
+    members = net.get("members", {})
+    return {
+        "state": net.get("state"),
+        "reason": net.get("reason"),
+        "subnet": cluster.subnet,
+        "nodes": [
+            {"node": f"node-{rank}", "address": node_address(cluster.subnet, rank) if cluster.subnet else None,
+             "rental_id": members.get(str(rank), {}).get("rental_id"), "step": members.get(str(rank), {}).get("step")}
+            for rank in range(cluster.node_count)
+        ],
+        "pairs": [{k: p.get(k) for k in ("a", "b", "rtt_ms", "mbit_s", "error")} for p in net.get("pairs", [])],
+        "measured_at": net.get("measured_at"),
+    }
