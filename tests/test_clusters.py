@@ -44,9 +44,12 @@ class TestCreate:
         for member in members:
             [start] = await api.commands(member["rental_id"], "start_workload")
             env = start.args["workload"]["env"]
+            rank = member["node_rank"]
             assert env == {
-                "MASTER_ADDR": "node-0", "MASTER_PORT": "29500", "WORLD_SIZE": "6", "RANK": str(member["node_rank"]),
-                "NODE_RANK": str(member["node_rank"]), "LOCAL_WORLD_SIZE": "2",
+                "MASTER_ADDR": "node-0", "MASTER_PORT": "29500", "WORLD_SIZE": "6", "RANK": str(rank * 2),
+                "NODE_RANK": str(rank), "LOCAL_WORLD_SIZE": "2", "NNODES": "3",
+                "PET_NNODES": "3", "PET_NPROC_PER_NODE": "2", "PET_NODE_RANK": str(rank), "PET_MASTER_ADDR": "node-0",
+                "PET_MASTER_PORT": "29500", "GLOO_SOCKET_IFNAME": "cluster0", "NCCL_SOCKET_IFNAME": "cluster0",
             }  # fmt: skip
             status, rental = await api.as_renter("GET", f"/rentals/{member['rental_id']}")
             assert (rental["cluster_id"], rental["node_rank"]) == (cluster["id"], member["node_rank"])

@@ -19,6 +19,7 @@ from shared.errors import ValidationFailed
 MAX_NODES = 64
 RESTART_POLICIES = ("stop", "replace")
 MASTER_PORT = 29500
+CLUSTER_INTERFACE = "cluster0"  # the private network's interface in a member container (agent.clusternet.INTERFACE)
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,8 @@ class ClusterRequest:
         workload = dict(self.workload)
         if workload.get("kind", "hold") == "hold":
             return workload
-        workload["env"] = {**(workload.get("env") or {}), **cluster_env(rank, self.node_count, self.gpus_per_node)}
+        container = workload.get("kind") == "container"
+        workload["env"] = {**(workload.get("env") or {}), **cluster_env(rank, self.node_count, self.gpus_per_node, container=container)}
         return workload
 
     def fingerprint(self) -> str:
@@ -95,10 +97,19 @@ class ClusterRequest:
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
-def cluster_env(rank: int, node_count: int, gpus_per_node: int) -> dict[str, str]:
-    """The environment of node ``rank`` (torchrun's names). ``node-0`` resolves once the cluster's private network exists."""
-    return {
+def cluster_env(rank: int, node_count: int, gpus_per_node: int, *, container: bool = True) -> dict[str, str]:
+    """The environment of node ``rank``: torch's names (``WORLD_SIZE`` counts GPUs; ``RANK`` is the global rank of the
+    node's first GPU, so one process per node with one GPU each needs nothing else), ``NNODES``, and torchrun's own
+    (``PET_*``: a bare ``torchrun train.py`` starts one process per GPU on every node). A container member's
+    collectives use its private network's interface (``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME=cluster0``);
+    ``node-N`` resolve there once the network is made (docs/clusters.md)."""
+    env = {
         "MASTER_ADDR": "node-0", "MASTER_PORT": str(MASTER_PORT), "WORLD_SIZE": str(node_count * gpus_per_node),
-        "RANK": str(rank), "NODE_RANK": str(rank), "LOCAL_WORLD_SIZE": str(gpus_per_node),
+        "RANK": str(rank * gpus_per_node), "NODE_RANK": str(rank), "LOCAL_WORLD_SIZE": str(gpus_per_node), "NNODES": str(node_count),
+        "PET_NNODES": str(node_count), "PET_NPROC_PER_NODE": str(gpus_per_node), "PET_NODE_RANK": str(rank),
+        "PET_MASTER_ADDR": "node-0", "PET_MASTER_PORT": str(MASTER_PORT),
     }  # fmt: skip
+    if container:
+        env |= {"GLOO_SOCKET_IFNAME": CLUSTER_INTERFACE, "NCCL_SOCKET_IFNAME": CLUSTER_INTERFACE}
+    return env
 

@@ -1,0 +1,81 @@
+"""A 3-node cluster of containers on `gpumarket up` runs a distributed all-reduce (PyTorch's gloo backend, on CPU)
+over its private network, and every rank reports the same sum.
+
+Everything is real: `gpumarket up --agents 3` (three hosts of three GPU models: models mixed), the container engine,
+the locally built torch image (``tests/dockerengine.py``: Debian's python3-torch and ``tests/allreduce.py``), the
+agents' WireGuard tunnels (``agent/clusternet.py``) and the master's three rounds (``master/services/cluster_network.py``).
+Each member sits on a bridge of its own, which the other members' bridges cannot reach (the network guard): the
+all-reduce's traffic can only have gone through the tunnels (``GLOO_SOCKET_IFNAME=cluster0``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.helpers import eventually
+from tests.test_console_browser import Market, running_market
+
+pytestmark = pytest.mark.slow
+
+TIMEOUT_S = 240  # three containers importing torch on a 2-core machine, the network's three rounds, the all-reduce
+
+
+@pytest.fixture(scope="module")
+def market(tmp_path_factory: pytest.TempPathFactory, torch_image: str) -> Iterator[Market]:
+    with running_market(tmp_path_factory, "allreduce") as market:
+        yield market
+
+
+async def call(http: aiohttp.ClientSession, market: Market, method: str, path: str, body: Any = None, **headers: str) -> tuple[int, Any]:
+    async with http.request(method, market.api + path, json=body, headers={"Authorization": f"Bearer {market.keys['renter']}", **headers}) as response:
+        return response.status, await response.json()
+
+
+async def test_three_nodes_all_reduce_through_their_private_network(market: Market, torch_image: str) -> None:
+    started = time.monotonic()
+    async with aiohttp.ClientSession() as http:
+        status, cluster = await call(http, market, "POST", "/clusters", {
+            "node_count": 3, "gpus_per_node": 1, "allow_mixed": True,
+            "workload": {"kind": "container", "image": torch_image, "command": ["python3", "/opt/gpumarket/allreduce.py"]},
+        }, **{"Idempotency-Key": str(uuid.uuid4())})  # fmt: skip
+        assert status == 201, cluster
+        cluster_id, members = cluster["id"], [m["rental_id"] for m in cluster["members"]]
+        start = cluster["members"][0]
+        assert len({m["host_id"] for m in cluster["members"]}) == 3 and start["node_rank"] == 0
+
+        async def ended() -> dict[str, Any] | None:
+            status, view = await call(http, market, "GET", f"/clusters/{cluster_id}")
+            assert status == 200, view
+            assert view["private_network"]["state"] != "failed", view["private_network"]
+            return view if view["state"] in ("stopped", "failed") else None
+
+        view = await eventually(ended, timeout=TIMEOUT_S, every=1.0, what="the cluster's all-reduce to finish")
+        causes = [e["cause"] for e in view["events"]]
+        up = next((c for c in causes if c.startswith("private network up on ")), None)
+        assert up is not None, causes
+        # Each pair measured through the tunnel: a round trip and a throughput.
+        for a, b in ((0, 1), (0, 2), (1, 2)):
+            assert f"node-{a} ↔ node-{b} " in up and "Mbit/s" in up, up
+        results = []
+        for rank, rental_id in enumerate(members):
+            status, rental = await call(http, market, "GET", f"/rentals/{rental_id}")
+            status, logs = await call(http, market, "GET", f"/rentals/{rental_id}/logs")
+            assert status == 200, logs
+            lines = [json.loads(line) for line in logs["data"].splitlines() if line.startswith("{")]
+            assert lines, (rental["state"], rental.get("failure_reason"), logs["data"][-2000:], causes)
+            results.append(lines[-1])
+            # Exit 0 ends a rental stopped, with no failure.
+            assert (rental["state"], rental["failure_reason"]) == ("stopped", None), (rental, logs["data"][-2000:], causes)
+        assert [r["rank"] for r in results] == [0, 1, 2]
+        assert all(r["ok"] and r["world_size"] == 3 for r in results), results
+        assert results[0]["sum"] == results[1]["sum"] == results[2]["sum"] == [0, 6, 12, 18]
+        assert view["state"] == "stopped", view
+        assert view["private_network"]["state"] == "deleted"
+    print(f"3-node gloo all-reduce on gpumarket up: {time.monotonic() - started:.1f}s; {up}")
