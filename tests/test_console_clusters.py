@@ -40,7 +40,7 @@ def _per_hour(cluster: dict[str, Any]) -> Decimal:
 class TestClusters:
     async def test_rent_a_cluster_watch_its_nodes_and_stop_it(self, browser: Browser, market: Market) -> None:
         """The form prices the whole cluster from the offers before confirming; its page lists each node (name, host,
-        region, state, GPUs) and the events, says the network is not measured yet, and stops it after a confirmation."""
+        region, state, GPUs) and the events, says a hold cluster has no private network, and stops it after a confirmation."""
         console = await _console(browser, market)
         await console.sign_in("renter")
         page = console.page
@@ -90,7 +90,8 @@ class TestClusters:
             await expect(row.locator("td").nth(3)).to_have_text(host["region"] or "—")
             await expect(row.locator("td").nth(4)).to_have_text("running", timeout=WAIT_MS)
             await expect(row.locator("td").nth(5)).to_have_text(f"1 × {member['gpu_model']}")
-        await expect(page.locator("#cluster-network")).to_have_text("not measured yet")
+        await expect(page.locator("#cluster-network")).to_have_text("none: a hold cluster runs no container: it has no private network")
+        await expect(page.locator("table.cluster-pairs")).to_contain_text("This cluster has no private network.")
         await expect(page.locator("#cluster-price")).to_contain_text("$")
         await expect(page.locator("table.events tbody")).to_contain_text("running")
         await console.shot("cluster-running")

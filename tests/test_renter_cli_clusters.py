@@ -19,6 +19,7 @@ from master.models import Rental
 from shared.money import format_usd
 from tests.apiclient import RTX, Api
 from tests.helpers import eventually
+from tests.test_cluster_network import answer_round, key
 from tests.test_renter_cli import Cli, _async, cli, database_url, fast_polls, one_line
 
 __all__ = ["cli", "database_url", "fast_polls"]  # the fixtures, shared with test_renter_cli
@@ -121,6 +122,34 @@ class TestCreate:
         assert await api.count(Rental) == 0
 
 
+    async def test_show_gives_the_private_network_and_each_pairs_figures(self, cli: Cli, api: Api) -> None:
+        """A container cluster's network: being made, then up with the worst round trip, the slowest pair and a table."""
+        await hosts(api, 3)
+        code, out, err = await cli("cluster", "create", "--nodes", "3", "--image", "ubuntu:24.04", "--command", "sleep infinity", "--no-wait", "--json")
+        assert code == 0, err
+        cluster = json.loads(out)
+        ids = [m["rental_id"] for m in cluster["members"]]
+        for rental_id in ids:
+            await api.agent_reports(rental_id, "start_workload")
+        code, out, err = await cli("cluster", "show", cluster["id"])
+        assert code == 0 and "network    being made\n" in out, err
+        keys = {r: key() for r in ids}
+        await answer_round(api, ids, keys)
+        await answer_round(api, ids, keys)
+        await answer_round(api, ids, keys, measure=[{"from": 0, "rank": 1, "rtt_ms": 0.4, "mbit_s": 900.0},
+                                                    {"from": 0, "rank": 2, "rtt_ms": 2.5, "mbit_s": 80.5},
+                                                    {"from": 1, "rank": 2, "error": "node-2 did not answer"}])  # fmt: skip
+        code, out, err = await cli("cluster", "show", cluster["id"])
+        assert code == 0, err
+        _, view = await api.as_renter("GET", f"/clusters/{cluster['id']}")
+        subnet = view["private_network"]["subnet"]
+        assert f"network    up on {subnet}: worst round trip 2.5 ms, slowest 80.5 Mbit/s, 1 pair(s) unreachable\n" in out
+        pairs = out.split("between nodes (through the cluster's private network):\n", 1)[1].splitlines()
+        assert pairs[0].split() == ["PAIR", "ROUND", "TRIP", "THROUGHPUT", "PROBLEM"]
+        assert pairs[1].split() == ["node-0", "<->", "node-1", "0.4", "ms", "900", "Mbit/s"]
+        assert pairs[3].split()[:5] == ["node-1", "<->", "node-2", "-", "-"] and pairs[3].endswith("node-2 did not answer")
+
+
 async def _one_cluster(api: Api) -> str | None:
     status, body = await api.as_renter("GET", "/clusters")
     assert status == 200
@@ -142,7 +171,7 @@ class TestListShowStop:
         code, out, err = await cli("cluster", "show", cid)
         assert code == 0, err
         assert out.startswith(f"{cid} running\n")
-        assert "network    between nodes: not measured yet" in out
+        assert "network    none: a hold cluster runs no container: it has no private network" in out
         member_lines = [line for line in out.splitlines() if line.split()[:1] in (["0"], ["1"], ["2"])]
         assert [line.split()[1] for line in member_lines] == ["node-0", "node-1", "node-2"]
         _, view = await api.as_renter("GET", f"/clusters/{cid}")

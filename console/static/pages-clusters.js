@@ -4,6 +4,7 @@
 import { api, query, uuid4 } from "./api.js";
 import { badge, facts, field, h, link, replace, table, timeEl, uid } from "./dom.js";
 import { compare, formatUnits, multiply, parseDecimal, usdRate } from "./money.js";
+import { networkSummary } from "./clusternet.js";
 import { busy, errorBox, heading, loadInto, loading, stopWithConfirmation } from "./ui.js";
 import { describeRun, runsShort, workloadChooser } from "./workloads.js";
 
@@ -11,8 +12,6 @@ const ACTIVE = new Set(["pending", "starting", "running", "degraded", "stopping"
 const MAX_NODES = 64;
 const MAX_GPUS_PER_NODE = 64;
 const OFFERS_LIMIT = 500;
-// The measurement of the private network between nodes is another part of the work: said, not invented.
-const NETWORK_NOT_MEASURED = "not measured yet";
 
 /** The exact sum of decimal strings ("0.40", "0.45" → "0.85"), or null when any is not a decimal. */
 export function addDecimals(values) {
@@ -251,9 +250,11 @@ export function clusterPage(page, ctx) {
   const summary = h("div", { class: "cluster-summary" }, loading());
   const actions = h("div", { class: "actions cluster-actions" });
   const members = h("div", {});
+  const network = h("div", {});
   const events = h("div", {});
   replace(page, h("p", { class: "crumbs" }, link("#/clusters", "← Clusters")), heading(`Cluster ${clusterId}`), errors.el, actions, summary,
     h("section", { "aria-labelledby": "nodes-title" }, h("h2", { id: "nodes-title" }, "Nodes"), members),
+    h("section", { "aria-labelledby": "network-title" }, h("h2", { id: "network-title" }, "Between nodes"), network),
     h("section", { "aria-labelledby": "cluster-events-title" }, h("h2", { id: "cluster-events-title" }, "Events"), events));
 
   const hosts = new Map(); // host id → {name, region} (a host's name and region do not change while it is rented)
@@ -311,7 +312,7 @@ export function clusterPage(page, ctx) {
       ["What runs", describeRun(cluster)],
       ["Kind", cluster.kind === "interruptible" ? `interruptible, bid ${usdRate(cluster.bid_per_gpu_hour)} per GPU-hour` : "on demand"],
       ["Price per hour", h("span", { id: "cluster-price" }, usdRate(clusterPerHour(cluster)))],
-      ["Network between nodes", h("span", { id: "cluster-network" }, NETWORK_NOT_MEASURED)],
+      ["Private network", h("span", { id: "cluster-network" }, networkSummary(cluster.private_network))],
       ["Created", timeEl(cluster.created_at)],
       ["Started", timeEl(cluster.started_at)],
       ["Stopped", timeEl(cluster.stopped_at)],
@@ -335,6 +336,16 @@ export function clusterPage(page, ctx) {
           `${(m.gpu_uuids || []).length || cluster.gpus_per_node} × ${m.gpu_model || "GPU"}`,
         ];
       }) }));
+    const pn = cluster.private_network || {};
+    replace(network, table({ caption: pn.subnet ? `Measured through the private network ${pn.subnet}` : "Measured through the private network",
+      className: "cluster-pairs", columns: ["Nodes", "Round trip", "Throughput", "Problem"],
+      empty: pn.state === "none" ? "This cluster has no private network." : "Not measured yet: the figures come once every node has joined.",
+      rows: (pn.pairs || []).map((p) => [
+        `${nodeName(p.a)} ↔ ${nodeName(p.b)}`,
+        p.rtt_ms === null || p.rtt_ms === undefined ? "—" : `${p.rtt_ms} ms`,
+        p.mbit_s === null || p.mbit_s === undefined ? "—" : `${p.mbit_s} Mbit/s`,
+        p.error || "",
+      ]) }));
     replace(events, table({ caption: "State changes", columns: ["When", "From", "To", "What happened"], className: "events", empty: "No events yet.",
       rows: (cluster.events || []).map((e) => [timeEl(e.at), e.from ?? "—", badge(e.to), e.cause ?? ""]) }));
   };

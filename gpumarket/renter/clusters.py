@@ -36,8 +36,42 @@ from gpumarket.renter.sshcmds import cmd_ssh
 ACTIVE_CLUSTER_STATES = ("pending", "starting", "running", "degraded", "stopping")
 ENDED_CLUSTER_STATES = ("stopped", "failed")
 NODE_RE = re.compile(r"(?:node-)?(\d{1,3})")
-# Shown where the inter-node network's figures would be: the measurement is another part of issue 24.
-NETWORK_NOT_MEASURED = "not measured yet"
+NETWORK_STEPS = {"pending": "not made yet", "creating": "being made", "connecting": "connecting the nodes",
+                 "measuring": "measuring between nodes", "deleted": "taken down"}  # fmt: skip
+
+
+def network_summary(network: Mapping[str, Any] | None) -> str:
+    """One line on the cluster's private network: its state, and once up the worst round trip and slowest throughput."""
+    if not network:
+        return "not made yet"
+    state, reason = network.get("state"), network.get("reason")
+    if state == "up":
+        pairs = [p for p in network.get("pairs") or [] if not p.get("error")]
+        failed = len(network.get("pairs") or []) - len(pairs)
+        worst = max((p["rtt_ms"] for p in pairs if p.get("rtt_ms") is not None), default=None)
+        slowest = min((p["mbit_s"] for p in pairs if p.get("mbit_s") is not None), default=None)
+        figures = [f"worst round trip {_figure(worst)} ms" if worst is not None else "", f"slowest {_figure(slowest)} Mbit/s" if slowest is not None else "",
+                   f"{failed} pair(s) unreachable" if failed else ""]  # fmt: skip
+        return f"up on {network.get('subnet')}" + (": " + ", ".join(f for f in figures if f) if any(figures) else "")
+    if state in ("failed", "none"):
+        return f"{'failed' if state == 'failed' else 'none'}: {reason}" if reason else str(state)
+    return NETWORK_STEPS.get(str(state), str(state))
+
+
+def pair_rows(network: Mapping[str, Any] | None) -> list[list[str]]:
+    """Each measured pair of nodes: round trip and throughput through the tunnel, or why not."""
+    rows = []
+    for p in (network or {}).get("pairs") or []:
+        rtt, rate = p.get("rtt_ms"), p.get("mbit_s")
+        rows.append([f"{node_name(p['a'])} <-> {node_name(p['b'])}", f"{_figure(rtt)} ms" if rtt is not None else "-",
+                     f"{_figure(rate)} Mbit/s" if rate is not None else "-", p.get("error") or ""])  # fmt: skip
+    return rows
+
+
+def _figure(value: float) -> str:
+    """A measured figure as JavaScript prints a number (the console says the same): 900.0 is "900", 0.708 is "0.708"."""
+    number = float(value)
+    return str(int(number)) if number.is_integer() else repr(number)
 
 
 def node_name(rank: int) -> str:
@@ -200,10 +234,13 @@ async def cmd_show(args: argparse.Namespace, client: Client) -> int:
         f"runs       {_runs(cluster)}",
         f"price      {money(str(rate) if rate is not None else None, 'rate')}/h for the whole cluster",
         f"started    {_short_time(cluster.get('started_at'))} UTC" if cluster.get("started_at") else f"created    {_short_time(cluster.get('created_at'))} UTC",
-        f"network    between nodes: {NETWORK_NOT_MEASURED}",
+        f"network    {network_summary(cluster.get('private_network'))}",
         "",
         table(["RANK", "NODE", "RENTAL", "HOST", "REGION", "STATE", "GPUS"], await member_rows(client, cluster)),
     ]  # fmt: skip
+    pairs = pair_rows(cluster.get("private_network"))
+    if pairs:
+        lines += ["", "between nodes (through the cluster's private network):", table(["PAIR", "ROUND TRIP", "THROUGHPUT", "PROBLEM"], pairs)]
     events: list[Mapping[str, Any]] = cluster.get("events") or []
     if events:
         lines += ["", "events:"] + [f"  {_short_time(e.get('at'))}  {e.get('from') or '-'} -> {e.get('to')}" + (f": {e['cause']}" if e.get("cause") else "")
