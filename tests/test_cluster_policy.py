@@ -79,6 +79,31 @@ class TestStopPolicy:
         body = await view(api, cluster_id)
         assert body["state"] == "failed" and "preempted" in body["failure_reason"]
 
+    async def test_a_silent_members_host_degrades_the_cluster_until_it_is_back(self, api: Api) -> None:
+        """A member's agent killed: its host goes offline (the sweep), and the cluster is degraded at once, the renter told
+        why in its events, nothing stopped; when the host is heard again within the grace period the cluster runs again."""
+        for _ in range(2):
+            await api.host(1)
+        cluster_id, ids = await running_cluster(api, 2)
+        async with api.master.db.session() as session:
+            member = await session.get(Rental, ids[1])
+            assert member is not None and member.host_id is not None
+            host_id = member.host_id
+        silent_since = api.master.clock.now() - timedelta(minutes=1)
+        await set_host(api, host_id, state="offline")
+        async with api.master.db.session() as session:  # the sweep's transaction: state changed, then the rentals told
+            await rental_lifecycle.note_host_unreachable(session, host_id, since=silent_since)
+        body = await view(api, cluster_id)
+        assert body["state"] == "degraded"
+        assert body["events"][-1]["cause"].startswith(f"node 1 ({ids[1]}): its host {host_id} went silent")
+        assert [m["state"] for m in body["members"]] == ["running", "running"]
+        assert await api.commands(ids[0], "stop_workload") == []
+        await set_host(api, host_id, state="rented")
+        async with api.master.db.session() as session:
+            await rental_lifecycle.note_host_back(session, host_id, silent_since=silent_since)
+        body = await view(api, cluster_id)
+        assert body["state"] == "running" and [e["to"] for e in body["events"]][-2:] == ["degraded", "running"]
+
     async def test_a_member_whose_host_is_lost_stops_the_cluster(self, api: Api) -> None:
         """The heartbeat sweep failing node 0 with its silent host stops node 1 in the same transaction."""
         for _ in range(2):

@@ -179,6 +179,15 @@ class TestStates:
         """A member whose host was lost counts as broken even before its rental is failed."""
         assert derive("running", [Member("running"), Member("running", host_lost=True)]) == [ClusterState.DEGRADED]
 
+    def test_a_silent_host_degrades_a_running_cluster_only(self) -> None:
+        """A member whose host is offline (within the grace period) degrades a running cluster; a starting one waits;
+        the cluster runs again once no host is silent."""
+        silent = Member("running", silent=True)
+        assert derive("running", [Member("running"), silent]) == [ClusterState.DEGRADED]
+        assert derive("starting", [Member("starting"), Member("starting", silent=True)]) == []
+        assert derive("degraded", [Member("running"), silent]) == []
+        assert derive("degraded", [Member("running"), Member("running")]) == [ClusterState.RUNNING]
+
     async def test_members_running_then_failing_move_the_cluster(self, api: Api) -> None:
         """Agents confirming every start make the cluster running; a member's workload failing makes a ``replace`` cluster degraded."""
         for _ in range(2):

@@ -27,7 +27,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from master.models import Cluster, ClusterEvent, Rental, RentalEvent
+from master.models import Cluster, ClusterEvent, Host, Rental, RentalEvent
 from master.models import Command as CommandRow
 from master.services import cluster_network
 from shared import protocol
@@ -78,6 +78,7 @@ class Member:
 
     state: str
     host_lost: bool = False  # its host went silent past the grace period (the rental is failed with it, or about to be)
+    silent: bool = False  # its host is offline now, within the grace period (its meter pauses; it may come back)
 
 
 def allowed(from_state: str, to_state: ClusterState) -> bool:
@@ -116,7 +117,7 @@ def derive(current: str, members: Sequence[Member], *, failing: bool = False) ->
         return [ClusterState.STOPPING, end]
     if any(s == "stopping" for s in states):
         return [ClusterState.STOPPING]
-    if broken:
+    if broken or any(m.silent for m in members):
         return [ClusterState.DEGRADED] if state == ClusterState.RUNNING else []
     if state == ClusterState.DEGRADED and all(s == "running" for s in states):
         return [ClusterState.RUNNING]
@@ -252,8 +253,9 @@ def rederive(session: Session, cluster: Cluster, cause: str, stop_member: StopMe
             session.scalars(select(Rental).where(Rental.cluster_id == cluster.id).order_by(Rental.node_rank)).all()
         )
         act(session, cluster, members, stop_member)
+        silent = {m.id for m in members if m.host_id is not None and m.state in _UNSTOPPED and _host_offline(session, m.host_id)}
     session.info.get(_CHANGED, set()).discard(cluster.id)  # the stops above changed members: already seen here
-    facts = [Member(m.state, host_lost=m.host_lost_at is not None) for m in members]
+    facts = [Member(m.state, host_lost=m.host_lost_at is not None, silent=m.id in silent) for m in members]
     failing = cluster.failure_reason is not None
     for step in derive(cluster.state, facts, failing=failing):
         reason = cause
@@ -265,11 +267,19 @@ def rederive(session: Session, cluster: Cluster, cause: str, stop_member: StopMe
             reason = "; ".join(
                 f"node {m.node_rank} ({m.id}) {m.state}" + (f": {m.failure_reason}" if m.failure_reason else "")
                 for m in members if m.state in _BROKEN or m.host_lost_at is not None
+            ) or "; ".join(
+                f"node {m.node_rank} ({m.id}): its host {m.host_id} went silent (not charged while it is; the member fails "
+                "if the host stays away past the grace period)" for m in members if m.id in silent
             )  # fmt: skip
             if step == ClusterState.FAILED and cluster.failure_reason is None:
                 cluster.failure_reason = reason
         transition(session, cluster, step, reason)
     cluster_network.follow(session, cluster, members)
+
+
+def _host_offline(session: Session, host_id: str) -> bool:
+    host = session.get(Host, host_id)
+    return host is not None and host.state == "offline"
 
 
 def rederive_changed(session: Session, stop_member: StopMember) -> None:

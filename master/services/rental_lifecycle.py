@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from master.context import Master
 from master.models import Command as CommandRow
 from master.models import Host, Rental, RentalEvent
-from master.services import allocation, commands
+from master.services import allocation, clusterstate, commands
 from master.services.accounts import Principal
 from master.services.hoststate import transition
 from master.services.rental_placement import cancel_commands
@@ -176,6 +176,7 @@ async def _note_rentals_of(session: AsyncSession, host_id: str, cause: str) -> i
     rentals = (await session.scalars(select(Rental).where(Rental.host_id == host_id, Rental.state.in_(ACTIVE_STATES)))).all()
     for rental in rentals:
         session.add(RentalEvent(rental_id=rental.id, from_state=rental.state, to_state=rental.state, cause=cause))
+        clusterstate.member_changed(session.info, rental)  # a member's silent host degrades its cluster, its return restores it
     return len(rentals)
 
 
