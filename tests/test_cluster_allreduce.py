@@ -64,7 +64,7 @@ async def test_three_nodes_all_reduce_through_their_private_network(market: Mark
         for a, b in ((0, 1), (0, 2), (1, 2)):
             assert f"node-{a} ↔ node-{b} " in up and "Mbit/s" in up, up
         results = []
-        for rank, rental_id in enumerate(members):
+        for rental_id in members:
             status, rental = await call(http, market, "GET", f"/rentals/{rental_id}")
             status, logs = await call(http, market, "GET", f"/rentals/{rental_id}/logs")
             assert status == 200, logs

@@ -6,6 +6,7 @@ as the ingestor would, lost hosts as the heartbeat sweep does, replacements as t
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any
 
@@ -78,6 +79,23 @@ class TestStopPolicy:
         await api.agent_reports(ids[1], "stop_workload")
         body = await view(api, cluster_id)
         assert body["state"] == "failed" and "preempted" in body["failure_reason"]
+
+    async def test_members_confirmed_at_the_same_moment_run_the_cluster(self, api: Api) -> None:
+        """Two agents' start results applied at once (two masters): neither transaction may decide from the other member's
+        old state, or the cluster would stay starting for good (the cluster row is locked, and the members re-read)."""
+        for _ in range(3):
+            await api.host(1)
+        for attempt in range(3):
+            status, cluster = await create(api, node_count=3, workload=IMAGE)
+            assert status == 201, cluster
+            starts = [c for m in cluster["members"] for c in await api.commands(m["rental_id"], "start_workload")]
+            await asyncio.gather(*(api.agent_answers(c) for c in starts))
+            body = await view(api, cluster["id"])
+            assert [m["state"] for m in body["members"]] == ["running"] * 3
+            assert body["state"] == "running", (attempt, body["events"])
+            status, _ = await api.as_renter("DELETE", f"/clusters/{cluster['id']}")
+            for m in cluster["members"]:
+                await api.agent_reports(m["rental_id"], "stop_workload")
 
     async def test_a_silent_members_host_degrades_the_cluster_until_it_is_back(self, api: Api) -> None:
         """A member's agent killed: its host goes offline (the sweep), and the cluster is degraded at once, the renter told

@@ -249,9 +249,11 @@ def rederive(session: Session, cluster: Cluster, cause: str, stop_member: StopMe
     """Act on ``cluster``'s restart policy (``act``), then move it to what its current members' states (as this
     session sees them) add up to."""
     with session.no_autoflush:
-        members = current_members(
-            session.scalars(select(Rental).where(Rental.cluster_id == cluster.id).order_by(Rental.node_rank)).all()
-        )
+        rows = session.scalars(select(Rental).where(Rental.cluster_id == cluster.id).order_by(Rental.node_rank)).all()
+        for row in rows:  # what other transactions committed since this one read a member it has not changed (see _locked)
+            if not session.is_modified(row):
+                session.refresh(row)
+        members = current_members(rows)
         act(session, cluster, members, stop_member)
         silent = {m.id for m in members if m.host_id is not None and m.state in _UNSTOPPED and _host_offline(session, m.host_id)}
     session.info.get(_CHANGED, set()).discard(cluster.id)  # the stops above changed members: already seen here
@@ -285,8 +287,19 @@ def _host_offline(session: Session, host_id: str) -> bool:
 def rederive_changed(session: Session, stop_member: StopMember) -> None:
     """Rederive every cluster whose members this session changed (``rentalstate``'s before-flush hook calls it)."""
     changed: set[str] = session.info.pop(_CHANGED, set())
-    for cluster_id in sorted(changed):
+    for cluster_id in sorted(changed):  # sorted: two transactions lock clusters in one order
         with session.no_autoflush:
-            cluster = session.get(Cluster, cluster_id)
+            cluster = _locked(session, cluster_id)
         if cluster is not None:
             rederive(session, cluster, "member states changed", stop_member)
+
+
+def _locked(session: Session, cluster_id: str) -> Cluster | None:
+    """The cluster, its row locked to the end of the transaction and re-read, unless this session changed it (then it
+    locked it already). Without the lock two masters applying two members' results at once (PostgreSQL, read
+    committed) each see the other member unchanged — write skew — and the cluster stays ``starting`` for good."""
+    session.execute(select(Cluster.id).where(Cluster.id == cluster_id).with_for_update())
+    cluster = session.get(Cluster, cluster_id)
+    if cluster is not None and not session.is_modified(cluster):
+        session.refresh(cluster)
+    return cluster
