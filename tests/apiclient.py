@@ -80,7 +80,8 @@ class Api:
         commands the clusters' hooks wrote meanwhile (which the ingestor publishes)."""
         async with self.master.db.session() as session:
             await hosts.handle_command_result(
-                session, envelope(command_result(command.host_id, next(self._seq), command.id, ok=ok, detail=detail, data=data))
+                session, envelope(command_result(command.host_id, next(self._seq), command.id, ok=ok, detail=detail, data=data)),
+                sign=self.master.ca.sign_connect_token,
             )
         return clusterstate.issued_commands(session.info)
 

@@ -17,6 +17,8 @@ import pytest
 from master.models import Command
 from master.services import cluster_network, cluster_policy
 from shared import protocol
+from shared.crypto import certificate_public_key
+from shared.crypto.tokens import verify_connect_token
 from tests.apiclient import Api
 from tests.test_cluster_policy import running_cluster, view, workload_fails
 from tests.test_clusters import create
@@ -37,6 +39,7 @@ async def answer_round(api: Api, ids: list[str], keys: dict[str, str], *, measur
         [command] = await opened(api, rental_id)
         data = {"public_key": keys[rental_id], "address": f"10.64.0.{rank + 1}", "listen_port": 51000 + rank,
                 "endpoints": [f"127.0.0.1:{51000 + rank}"], "peers": len(command.args.get("peers", [])),
+                "relay_url": f"wss://relay-{rank}.example:8443/v1/connect",
                 "measurements": [{k: v for k, v in m.items() if k != "from"} for m in (measure or [])
                                  if command.args.get("measure") and m["from"] == rank]}  # fmt: skip
         issued = await api.agent_answers(command, data=data)
@@ -64,7 +67,8 @@ class TestRounds:
         keys = {r: key() for r in ids}
         # Two of three keyed: no peers are sent yet (the third's key is unknown).
         [command] = await opened(api, ids[0])
-        await api.agent_answers(command, data={"public_key": keys[ids[0]], "address": "x", "listen_port": 1, "endpoints": ["127.0.0.1:51000"]})
+        await api.agent_answers(command, data={"public_key": keys[ids[0]], "address": "x", "listen_port": 1, "endpoints": ["127.0.0.1:51000"],
+                                               "relay_url": "wss://relay-0.example:8443/v1/connect"})  # fmt: skip
         assert await opened(api, ids[1]) and len(await api.commands(ids[0], "create_cluster")) == 1
         [command] = await opened(api, ids[1])
         await api.agent_answers(command, data={"public_key": keys[ids[1]], "address": "x", "listen_port": 1, "endpoints": ["127.0.0.1:51001"]})
@@ -73,7 +77,15 @@ class TestRounds:
         round2 = [await opened(api, r) for r in ids]
         assert sorted(issued) == sorted(c[0].id for c in round2)  # the ingestor publishes them at once
         peers0 = round2[0][0].args["peers"]
-        assert peers0 == [{"rank": 1, "public_key": keys[ids[1]], "endpoint": "127.0.0.1:51001"}, {"rank": 2, "public_key": keys[ids[2]]}]
+        assert [{k: v for k, v in p.items() if k != "relay_token"} for p in peers0] == [
+            {"rank": 1, "public_key": keys[ids[1]], "endpoint": "127.0.0.1:51001"}, {"rank": 2, "public_key": keys[ids[2]]}]
+        # Node 0 said where its relay is: the others get a token for a wg stream to it through that relay, signed by the CA.
+        peers1 = round2[1][0].args["peers"]
+        assert peers1[0]["relay_url"] == "wss://relay-0.example:8443/v1/connect"
+        claims = verify_connect_token(certificate_public_key(api.master.ca.certificate), peers1[0]["relay_token"],
+                                      now=api.master.clock.now().timestamp())  # fmt: skip
+        assert (claims.kind, claims.rental_id, claims.port) == ("wg", ids[0], cluster_network.RELAY_PORT)
+        assert claims.host_id == first[0][0].host_id and claims.expires_at > api.master.clock.now().timestamp() + 86400
         assert not round2[0][0].args["measure"]
         assert (await view(api, cluster_id))["private_network"]["state"] == "connecting"
 
@@ -81,16 +93,17 @@ class TestRounds:
         round3 = [await opened(api, r) for r in ids]
         assert all(c[0].args["measure"] and c[0].args["peers"] for c in round3)
         assert (await view(api, cluster_id))["private_network"]["state"] == "measuring"
-        measured = [{"from": 0, "rank": 1, "rtt_ms": 0.4, "mbit_s": 900.0}, {"from": 0, "rank": 2, "rtt_ms": 0.5, "mbit_s": 800.0},
-                    {"from": 1, "rank": 2, "rtt_ms": 0.6, "mbit_s": 700.0}]  # fmt: skip
+        measured = [{"from": 0, "rank": 1, "rtt_ms": 0.4, "mbit_s": 900.0, "path": "direct"},
+                    {"from": 0, "rank": 2, "rtt_ms": 0.5, "mbit_s": 800.0, "path": "relay"},
+                    {"from": 1, "rank": 2, "rtt_ms": 0.6, "mbit_s": 700.0, "path": "direct"}]  # fmt: skip
         await answer_round(api, ids, keys, measure=measured)
         body = await view(api, cluster_id)
         net = body["private_network"]
         assert net["state"] == "up" and net["measured_at"]
         assert net["pairs"] == [
-            {"a": 0, "b": 1, "rtt_ms": 0.4, "mbit_s": 900.0, "error": None},
-            {"a": 0, "b": 2, "rtt_ms": 0.5, "mbit_s": 800.0, "error": None},
-            {"a": 1, "b": 2, "rtt_ms": 0.6, "mbit_s": 700.0, "error": None},
+            {"a": 0, "b": 1, "rtt_ms": 0.4, "mbit_s": 900.0, "error": None, "path": "direct"},
+            {"a": 0, "b": 2, "rtt_ms": 0.5, "mbit_s": 800.0, "error": None, "path": "relay"},
+            {"a": 1, "b": 2, "rtt_ms": 0.6, "mbit_s": 700.0, "error": None, "path": "direct"},
         ]
         assert [n["step"] for n in net["nodes"]] == ["measured"] * 3
         assert any(e["cause"].startswith(f"private network up on {subnet}: node-0 ↔ node-1 0.4 ms, 900.0 Mbit/s") for e in body["events"])

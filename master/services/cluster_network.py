@@ -30,8 +30,8 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import logging
-from collections.abc import Mapping, Sequence
-from datetime import datetime
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import Any, Final
 
 from pydantic import ValidationError
@@ -41,6 +41,7 @@ from sqlalchemy.orm import Session
 from master.models import Cluster, ClusterEvent, Rental
 from master.models import Command as CommandRow
 from shared import protocol
+from shared.crypto.tokens import ConnectClaims, new_claims
 from shared.ids import new_id
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,10 @@ ISSUED: Final = "gpumarket_cluster_commands"  # session.info key: commands writt
 KINDS: Final = ("create_cluster", "delete_cluster")
 _OVER: Final = ("stopping", "stopped", "failed")
 _KEYED: Final = ("keyed", "peering", "peered", "measuring", "measured")
+RELAY_PORT: Final = 51820  # the port a ``wg`` stream's token names (WireGuard's usual): the member's tunnel itself
+# How long a peer's relay token opens streams: a relayed path the agent re-opens (after a drop, a restart) within it.
+RELAY_TOKEN_TTL: Final = timedelta(days=7)
+Signer = Callable[[ConnectClaims], str]
 
 
 def subnet_for(cluster_id: str) -> str:
@@ -123,8 +128,13 @@ def follow(session: Session, cluster: Cluster, members: Sequence[Rental]) -> Non
         cluster.private_network = net
 
 
-async def apply_result(session: AsyncSession, command: CommandRow, *, ok: bool, detail: str, data: Mapping[str, object], at: datetime) -> None:
-    """What a member's agent answered to ``create_cluster`` / ``delete_cluster``: its step, and the next round when one is complete."""
+async def apply_result(
+    session: AsyncSession, command: CommandRow, *, ok: bool, detail: str, data: Mapping[str, object], at: datetime, sign: Signer | None = None,
+) -> None:
+    """What a member's agent answered to ``create_cluster`` / ``delete_cluster``: its step, and the next round when one is complete.
+
+    ``sign`` signs the ``wg`` stream tokens each peer gets for reaching the others through the relays (the CA's
+    ``sign_connect_token``); without it peers get no relay path."""
     cluster_id = command.args.get("cluster_id")
     cluster = await session.get(Cluster, cluster_id, with_for_update=True) if isinstance(cluster_id, str) else None
     if cluster is None or command.kind != "create_cluster" or cluster.state in _OVER:
@@ -151,30 +161,32 @@ async def apply_result(session: AsyncSession, command: CommandRow, *, ok: bool, 
     if joined is None:
         return
     if not peers:
-        entries[rank] = {**entry, "step": "keyed", "public_key": joined.public_key, "endpoint": joined.endpoints[0] if joined.endpoints else None}
+        entries[rank] = {**entry, "step": "keyed", "public_key": joined.public_key, "endpoint": joined.endpoints[0] if joined.endpoints else None,
+                         "relay_url": joined.relay_url}  # fmt: skip
     elif not measure:
         entries[rank] = {**entry, "step": "peered"}
     else:
         entries[rank] = {**entry, "step": "measured"}
         pairs = [p for p in net.get("pairs", []) if p.get("a") != int(rank)]
-        pairs += [{"a": int(rank), "b": m.rank, "rtt_ms": m.rtt_ms, "mbit_s": m.mbit_s, "error": m.error} for m in joined.measurements]
+        pairs += [{"a": int(rank), "b": m.rank, "rtt_ms": m.rtt_ms, "mbit_s": m.mbit_s, "error": m.error, "path": m.path}
+                  for m in joined.measurements]  # fmt: skip
         net["pairs"] = sorted(pairs, key=lambda p: (p["a"], p["b"]))
     net["members"] = entries
-    _next_round(session, cluster, net, at)
+    _next_round(session, cluster, net, at, sign)
     cluster.private_network = net
 
 
-def _next_round(session: AsyncSession, cluster: Cluster, net: dict[str, Any], at: datetime) -> None:
+def _next_round(session: AsyncSession, cluster: Cluster, net: dict[str, Any], at: datetime, sign: Signer | None) -> None:
     """Send round 2 (or 3) to everyone once every rank has finished the round before; mark the network up after round 3."""
     entries: dict[str, dict[str, Any]] = net["members"]
     if len(entries) < cluster.node_count or any(e.get("step") in ("creating", "failed", "deleted") for e in entries.values()):
         return
     steps = {e["step"] for e in entries.values()}
     if "keyed" in steps and steps <= set(_KEYED) and not steps & {"peering", "measuring"}:
-        _send_round(session, cluster, entries, measure=False)
+        _send_round(session, cluster, entries, measure=False, peers=_peers(cluster, entries, at, sign))
         net["state"] = "connecting"
     elif steps == {"peered"}:
-        _send_round(session, cluster, entries, measure=True)
+        _send_round(session, cluster, entries, measure=True, peers=_peers(cluster, entries, at, sign))
         net["state"] = "measuring"
     elif steps == {"measured"} and net.get("state") != "up":
         net.update(state="up", measured_at=at.isoformat())
@@ -182,13 +194,26 @@ def _next_round(session: AsyncSession, cluster: Cluster, net: dict[str, Any], at
         _event(session, cluster, f"private network up on {cluster.subnet}: {figures or 'nothing measured'}", at)
 
 
-def _send_round(session: AsyncSession, cluster: Cluster, entries: dict[str, dict[str, Any]], *, measure: bool) -> None:
+def _peers(cluster: Cluster, entries: dict[str, dict[str, Any]], at: datetime, sign: Signer | None) -> dict[int, protocol.ClusterPeer]:
+    """Each member as a peer: its key, its direct endpoint and, with ``sign``, its relay and a ``wg`` token for it."""
+    peers = {}
+    for rank, e in entries.items():
+        relay: dict[str, str | None] = {}
+        if sign is not None and e.get("relay_url"):
+            claims = new_claims(account_id=cluster.renter_id, rental_id=e["rental_id"], host_id=e["host_id"], kind="wg", port=RELAY_PORT,
+                                expires_at=(at + RELAY_TOKEN_TTL).timestamp())  # fmt: skip
+            relay = {"relay_url": e["relay_url"], "relay_token": sign(claims)}
+        peers[int(rank)] = protocol.ClusterPeer(rank=int(rank), public_key=e["public_key"], endpoint=e.get("endpoint"), **relay)
+    return peers
+
+
+def _send_round(session: AsyncSession, cluster: Cluster, entries: dict[str, dict[str, Any]], *, measure: bool,
+                peers: dict[int, protocol.ClusterPeer]) -> None:  # fmt: skip
     assert cluster.subnet is not None
-    keys = {int(rank): protocol.ClusterPeer(rank=int(rank), public_key=e["public_key"], endpoint=e.get("endpoint")) for rank, e in entries.items()}
     for rank, entry in sorted(entries.items()):
         command = protocol.CreateCluster(
             cluster_id=cluster.id, rental_id=entry["rental_id"], rank=int(rank), node_count=cluster.node_count, subnet=cluster.subnet,
-            peers=[peer for other, peer in sorted(keys.items()) if other != int(rank)], measure=measure,
+            peers=[peer for other, peer in sorted(peers.items()) if other != int(rank)], measure=measure,
         )  # fmt: skip
         entry.update(step="measuring" if measure else "peering", command_id=_issue(session, entry["host_id"], entry["rental_id"], command))
 
@@ -212,6 +237,6 @@ def view(cluster: Cluster) -> dict[str, Any]:
              "rental_id": members.get(str(rank), {}).get("rental_id"), "step": members.get(str(rank), {}).get("step")}
             for rank in range(cluster.node_count)
         ],
-        "pairs": [{k: p.get(k) for k in ("a", "b", "rtt_ms", "mbit_s", "error")} for p in net.get("pairs", [])],
+        "pairs": [{k: p.get(k) for k in ("a", "b", "rtt_ms", "mbit_s", "error", "path")} for p in net.get("pairs", [])],
         "measured_at": net.get("measured_at"),
     }

@@ -293,7 +293,8 @@ async def stop_strays_in_batch(session: AsyncSession, running: dict[str, list[st
     return command_ids
 
 
-async def handle_command_result(session: AsyncSession, envelope: protocol.BusEnvelope) -> None:
+async def handle_command_result(session: AsyncSession, envelope: protocol.BusEnvelope, *, sign: cluster_network.Signer | None = None) -> None:
+    """Record an agent's result once and apply it (``sign``: the CA's token signer, for clusters' relay paths)."""
     message = envelope.message
     assert isinstance(message, protocol.CommandResult)
     body = message.body
@@ -310,7 +311,7 @@ async def handle_command_result(session: AsyncSession, envelope: protocol.BusEnv
             session, row, ok=body.ok, detail=body.detail, at=body.finished_at, code=code, data=body.data
         )
         if row.kind in cluster_network.KINDS:
-            await cluster_network.apply_result(session, row, ok=body.ok, detail=body.detail, data=body.data, at=body.finished_at)
+            await cluster_network.apply_result(session, row, ok=body.ok, detail=body.detail, data=body.data, at=body.finished_at, sign=sign)
         if row.kind == faults.HEALTH_CHECK:
             await faults.after_health_check(session, host, ok=body.ok, detail=body.detail, data=body.data, now=envelope.received_at)
 

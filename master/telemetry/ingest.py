@@ -245,7 +245,7 @@ class Ingestor:
                             max_future_s=master.settings.telemetry_max_future_s, stats=master.stats,
                         )
                     case protocol.CommandResult():
-                        await hosts.handle_command_result(session, envelope)
+                        await hosts.handle_command_result(session, envelope, sign=master.ca.sign_connect_token)
                     case protocol.GpuEvents():
                         await hosts.handle_gpu_events(session, envelope, settings=master.settings)
                     case protocol.NetworkReport():

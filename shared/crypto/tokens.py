@@ -31,7 +31,7 @@ from shared.errors import Unauthorized
 
 PREFIX: Final = "gmc1"
 MAX_TOKEN_CHARS: Final = 2048
-KINDS: Final = ("ssh", "tcp")
+KINDS: Final = ("ssh", "tcp", "wg")
 
 
 class TokenError(Unauthorized):
@@ -45,7 +45,7 @@ class ConnectClaims:
     account_id: str
     rental_id: str
     host_id: str
-    kind: str  # "ssh" or "tcp"
+    kind: str  # "ssh", "tcp" or "wg" (a cluster member's tunnel datagrams, from a peer's agent: agent/clusterrelay.py)
     port: int
     expires_at: float  # unix seconds
     nonce: str

@@ -379,6 +379,10 @@ class ClusterPeer(StrictModel):
     rank: NodeRank
     public_key: WireguardKey
     endpoint: Endpoint | None = None
+    # The way through the relays when no direct path works: the peer's relay (its ``wss://…/v1/connect``) and a
+    # token for a ``wg`` stream to the peer member (signed by the master, as renters' connect tokens are).
+    relay_url: Annotated[str, Field(min_length=8, max_length=512, pattern=r"^wss://[^\s]+$")] | None = None
+    relay_token: Annotated[str, Field(min_length=16, max_length=4096, pattern=r"^[A-Za-z0-9._-]+$")] | None = None
 
 
 class CreateCluster(StrictModel):
@@ -480,6 +484,7 @@ class PeerMeasurement(LenientModel):
     rtt_ms: float | None = None
     mbit_s: float | None = None
     error: str | None = None
+    path: Literal["direct", "relay"] | None = None  # how the tunnel reaches the peer
 
 
 class ClusterJoined(LenientModel):
@@ -490,6 +495,7 @@ class ClusterJoined(LenientModel):
     address: str
     listen_port: int
     endpoints: list[str] = Field(default_factory=list)
+    relay_url: str | None = None  # where peers reach this member through the relays (its relay's wss://…/v1/connect)
     peers: int = 0
     measurements: list[PeerMeasurement] = Field(default_factory=list)
 

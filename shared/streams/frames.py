@@ -169,7 +169,7 @@ def _check_payload(frame_type: FrameType, payload: bytes, error: type[Exception]
 
 # ---- the OPEN header the relay and agent use -------------------------------------------------
 
-STREAM_KINDS: Final = ("ssh", "tcp")
+STREAM_KINDS: Final = ("ssh", "tcp", "wg")
 
 
 @dataclass(frozen=True, slots=True)
