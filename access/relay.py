@@ -70,7 +70,7 @@ from access.agentlink import AgentLink, StreamOptions, close_reason, forget_hand
 from access.forwarding import decode_agent_frame, encode_ack, encode_bus_envelope
 from access.registration import RegistryLink, stop_task
 from access.tls import no_session_tickets, tracking_connection_class
-from access.tunnels import CONNECT_PATH, RenterGate, refusal_response
+from access.tunnels import RenterGate, refusal_response
 from access.webports import WebPorts
 from shared import protocol
 from shared.bus import Bus
@@ -79,7 +79,7 @@ from shared.crypto import host_id_from_der, serial_hex_from_der
 from shared.errors import BusError, ConfigError, GpumarketError, ProtocolError
 from shared.ratelimit import SourceRateLimiter, TokenBucket, source_key
 from shared.registry import Registry, RelayRecord
-from shared.streams import StreamProtocolError
+from shared.streams import CONNECT_PATH, StreamProtocolError
 from shared.streams.aio import StreamLink, bound_send_buffer
 
 log = logging.getLogger(__name__)

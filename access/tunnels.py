@@ -49,7 +49,6 @@ from shared.streams.aio import Channel, ChannelReset, StreamLink
 
 log = logging.getLogger(__name__)
 
-CONNECT_PATH = "/v1/connect"
 CLOSE_STREAM_REFUSED = 4404  # the agent refused the stream (no such rental or port here)
 CLOSE_STREAM_RESET = 4410  # the stream was reset: the rental stopped, or the host's link went
 CLOSE_RELAY_LIMIT = 4429  # the relay's limits (streams on the agent's link)

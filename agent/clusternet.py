@@ -43,9 +43,10 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Final
@@ -53,6 +54,7 @@ from typing import Final
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
+from agent.clusterrelay import RelayedPeer
 from agent.runtimes.netns import NamespaceUnavailable, socket_in_namespace
 from shared import protocol
 from shared.errors import BadRequest
@@ -92,6 +94,7 @@ class MemberNet:
     public_key: str
     wg_pid: int
     peers: list[dict[str, object]] = field(default_factory=list)
+    relayed: list[int] = field(default_factory=list)  # peer ranks reached through the relays
 
     @property
     def address(self) -> str:
@@ -172,26 +175,45 @@ def uapi_set(private_hex: str | None, peers: list[protocol.ClusterPeer] | None, 
     return "\n".join(lines) + "\n\n"
 
 
-async def uapi(device: str, request: str, *, directory: Path = UAPI_DIR, timeout: float = 5.0) -> dict[str, str]:
-    """Send one UAPI request to ``wireguard-go``'s socket; its answer's ``key=value`` lines (the last of each
-    key). Raises ``ClusterNetworkError`` when it answers ``errno`` other than 0."""
+async def uapi_lines(device: str, request: str, *, directory: Path = UAPI_DIR, timeout: float = 5.0) -> list[tuple[str, str]]:
+    """Send one UAPI request to ``wireguard-go``'s socket; its answer's ``key=value`` lines in order. Raises
+    ``ClusterNetworkError`` when it answers ``errno`` other than 0."""
     async with asyncio.timeout(timeout):
         reader, writer = await asyncio.open_unix_connection(str(directory / f"{device}.sock"))
         try:
             writer.write(request.encode())
             await writer.drain()
-            answer: dict[str, str] = {}
+            lines: list[tuple[str, str]] = []
             while True:
                 line = (await reader.readline()).decode().strip()
                 if not line:
                     break
                 key, _, value = line.partition("=")
-                answer[key] = value
+                lines.append((key, value))
         finally:
             writer.close()
-    if answer.get("errno", "0") != "0":
-        raise ClusterNetworkError(f"wireguard-go refused its configuration (errno {answer['errno']})")
-    return answer
+    errno = dict(lines).get("errno", "0")
+    if errno != "0":
+        raise ClusterNetworkError(f"wireguard-go refused its configuration (errno {errno})")
+    return lines
+
+
+async def uapi(device: str, request: str, *, directory: Path = UAPI_DIR, timeout: float = 5.0) -> dict[str, str]:
+    """``uapi_lines`` as a dict (the last line of each key wins)."""
+    return dict(await uapi_lines(device, request, directory=directory, timeout=timeout))
+
+
+async def handshakes(device: str, *, directory: Path = UAPI_DIR) -> dict[str, int]:
+    """Each peer's (public key, base64) last handshake, seconds since the epoch (0: never)."""
+    found: dict[str, int] = {}
+    key: str | None = None
+    for name, value in await uapi_lines(device, "get=1\n\n", directory=directory):
+        if name == "public_key":
+            key = base64.b64encode(bytes.fromhex(value)).decode()
+            found[key] = 0
+        elif name == "last_handshake_time_sec" and key is not None:
+            found[key] = int(value)
+    return found
 
 
 async def _run(*argv: str, timeout: float = 10.0) -> None:
@@ -211,7 +233,10 @@ class ClusterNetworks:
     """The cluster tunnels of this host's member containers (``create``/``delete``, ``forget_rental`` on a stop).
 
     ``namespace(rental_id)`` is the workload manager's ``container_namespace``; ``local_address()`` the
-    address this host reaches its relay from (the endpoint its peers are told).
+    address this host reaches its relay from (the endpoint its peers are told); ``relay_url()`` where peers reach
+    this host's members through its relay (``wss://…/v1/connect``), ``relay_tls()`` the TLS context for a peer's
+    relay (``agent.clusterrelay``). ``direct=False`` offers peers no direct endpoint and uses none of theirs:
+    every tunnel then goes through the relays (for hosts known to be unreachable, and to test that path).
     """
 
     def __init__(
@@ -222,16 +247,25 @@ class ClusterNetworks:
         *,
         wireguard_go: str = "wireguard-go",
         uapi_dir: Path = UAPI_DIR,
+        relay_url: Callable[[], str | None] = lambda: None,
+        relay_tls: Callable[[], ssl.SSLContext] | None = None,
+        direct: bool = True,
         measure_bytes: int = 8 << 20,
         measure_timeout: float = 15.0,
+        handshake_timeout: float = 6.0,
     ) -> None:
         self.dir = work_dir / "clusters"
         self.namespace = namespace
         self.local_address = local_address
         self.wireguard_go = wireguard_go
         self.uapi_dir = uapi_dir
+        self.relay_url = relay_url
+        self.relay_tls = relay_tls
+        self.direct = direct
         self.measure_bytes = measure_bytes
         self.measure_timeout = measure_timeout
+        self.handshake_timeout = handshake_timeout
+        self._relays: dict[tuple[str, int], RelayedPeer] = {}  # (member rental, peer rank) → its path through the relays
         self._responders: dict[str, asyncio.Server] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
@@ -253,16 +287,62 @@ class ClusterNetworks:
             await self._ensure_responder(net, pid)
             measurements: list[protocol.PeerMeasurement] = []
             if command.peers:
-                await uapi(net.device, uapi_set(None, list(command.peers), net.subnet), directory=self.uapi_dir)
-                net.peers = [peer.model_dump(mode="json") for peer in command.peers]
+                peers = [peer if self.direct else peer.model_copy(update={"endpoint": None}) for peer in command.peers]
+                if _identities(peers) != _identities(net.peers):  # the same peers again (the measure round): nothing to reset
+                    await self._close_relays(net.rental_id)
+                    await uapi(net.device, uapi_set(None, peers, net.subnet), directory=self.uapi_dir)
+                net.peers = [peer.model_dump(mode="json") for peer in peers]
                 self._save(net)
+                await self._choose_paths(net, peers, wait=command.measure)
                 if command.measure:
-                    measurements = await self._measure(net, pid, [p for p in command.peers if p.rank > net.rank])
-            address = self.local_address()
+                    measurements = await self._measure(net, pid, [p for p in peers if p.rank > net.rank])
+            address = self.local_address() if self.direct else None
             return protocol.ClusterJoined(
                 public_key=net.public_key, address=net.address, listen_port=net.listen_port,
-                endpoints=[_endpoint(address, net.listen_port)] if address else [], peers=len(net.peers), measurements=measurements,
+                endpoints=[_endpoint(address, net.listen_port)] if address else [], relay_url=self.relay_url(), peers=len(net.peers),
+                measurements=measurements,
             )  # fmt: skip
+
+    def listen_port(self, rental_id: str) -> int | None:
+        """The UDP port of the member's ``wireguard-go`` (where a ``wg`` stream's datagrams go); ``None``: not a member here."""
+        net = self._load(rental_id)
+        return net.listen_port if net is not None and net.listen_port else None
+
+    def path_to(self, rental_id: str, rank: int) -> str:
+        return "relay" if (rental_id, rank) in self._relays else "direct"
+
+    async def _choose_paths(self, net: MemberNet, peers: list[protocol.ClusterPeer], *, wait: bool) -> None:
+        """Direct where a peer has an endpoint and a handshake with it completes (``wait``: within ``handshake_timeout``);
+        else through the relays, when the master gave the way (``relay_url`` and token)."""
+        relayable = [p for p in peers if p.relay_url and p.relay_token and (net.rental_id, p.rank) not in self._relays]
+        now = [p for p in relayable if p.endpoint is None]
+        later = [p for p in relayable if p.endpoint is not None]
+        if later and wait:
+            deadline = time.monotonic() + self.handshake_timeout
+            while later and time.monotonic() < deadline:
+                done = await handshakes(net.device, directory=self.uapi_dir)
+                later = [p for p in later if not done.get(p.public_key)]
+                if later:
+                    await asyncio.sleep(0.2)
+            now += later
+        for peer in now:
+            await self._relay(net, peer)
+
+    async def _relay(self, net: MemberNet, peer: protocol.ClusterPeer) -> None:
+        if self.relay_tls is None or peer.relay_url is None or peer.relay_token is None:
+            return
+        relayed = RelayedPeer(peer.relay_url, peer.relay_token, net.listen_port, self.relay_tls())
+        port = relayed.start()
+        self._relays[(net.rental_id, peer.rank)] = relayed
+        await uapi(net.device, f"set=1\npublic_key={_hex_key(peer.public_key)}\nendpoint=127.0.0.1:{port}\n\n", directory=self.uapi_dir)
+        if peer.rank not in net.relayed:
+            net.relayed.append(peer.rank)
+            self._save(net)
+        log.info("rental %s: node-%d reached through the relays (%s)", net.rental_id, peer.rank, peer.relay_url)
+
+    async def _close_relays(self, rental_id: str) -> None:
+        for key in [k for k in self._relays if k[0] == rental_id]:
+            await self._relays.pop(key).close()
 
     async def delete(self, command: protocol.DeleteCluster) -> protocol.ClusterLeft:
         async with self._locks.setdefault(command.rental_id, asyncio.Lock()):
@@ -294,9 +374,17 @@ class ClusterNetworks:
                 continue
             with contextlib.suppress(OSError, NamespaceUnavailable):
                 await self._ensure_responder(net, found[0])
+            for peer in [protocol.ClusterPeer.model_validate(p) for p in net.peers]:
+                if peer.rank in net.relayed:
+                    with contextlib.suppress(OSError, ClusterNetworkError):
+                        await self._relay(net, peer)
 
     async def close(self) -> None:
-        """Stop answering measurements; the tunnels stay (as the containers do) for the next agent."""
+        """Stop answering measurements and carrying relayed datagrams; the tunnels stay (as the containers do) for the
+        next agent, which opens the relayed paths again (``resume``)."""
+        for relayed in self._relays.values():
+            await relayed.close()
+        self._relays.clear()
         for server in self._responders.values():
             server.close()
         self._responders.clear()
@@ -346,6 +434,7 @@ class ClusterNetworks:
             await asyncio.sleep(0.02)
 
     async def _take_down(self, net: MemberNet) -> None:
+        await self._close_relays(net.rental_id)
         server = self._responders.pop(net.rental_id, None)
         if server is not None:
             server.close()
@@ -388,11 +477,12 @@ class ClusterNetworks:
                 async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
                     rtt_ms = await self._through(pid, target, _echo)
                     mbit_s = await self._through(pid, target, lambda r, w: _sink(r, w, self.measure_bytes)) if self.measure_bytes else None
-                    return protocol.PeerMeasurement(rank=rank, rtt_ms=rtt_ms, mbit_s=mbit_s)
+                    return protocol.PeerMeasurement(rank=rank, rtt_ms=rtt_ms, mbit_s=mbit_s, path=self.path_to(net.rental_id, rank))
             except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
                 last = str(exc) or type(exc).__name__
                 await asyncio.sleep(0.2)
-        return protocol.PeerMeasurement(rank=rank, error=f"node-{rank} did not answer through the tunnel within {self.measure_timeout:g}s ({last[:120]})")
+        return protocol.PeerMeasurement(rank=rank, error=f"node-{rank} did not answer through the tunnel within {self.measure_timeout:g}s ({last[:120]})",
+                                        path=self.path_to(net.rental_id, rank))  # fmt: skip
 
     @staticmethod
     async def _through(pid: int, target: str, run: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[float]]) -> float:
@@ -480,6 +570,15 @@ async def _sink(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, size
         sent += len(part)
     await reader.readexactly(1)
     return round(size * 8 / (time.perf_counter() - started) / 1e6, 1)
+
+
+def _identities(peers: Sequence[protocol.ClusterPeer | Mapping[str, object]]) -> list[tuple[object, object, object]]:
+    """What a peer set means to ``wireguard-go`` (rank, key, endpoint): a new relay token alone changes nothing."""
+    found = []
+    for peer in peers:
+        p = peer.model_dump() if isinstance(peer, protocol.ClusterPeer) else peer
+        found.append((p.get("rank"), p.get("public_key"), p.get("endpoint")))
+    return sorted(found, key=repr)
 
 
 def _endpoint(address: str, port: int) -> str:

@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
@@ -61,7 +62,7 @@ from shared.crypto import (
 )
 from shared.errors import ConfigError, GpumarketError, ProtocolError
 from shared.outbound import OutboundWindow
-from shared.streams import Multiplexer, StreamProtocolError
+from shared.streams import CONNECT_PATH, Multiplexer, StreamProtocolError
 from shared.streams.aio import StreamLink, bound_send_buffer
 
 log = logging.getLogger(__name__)
@@ -198,6 +199,7 @@ class Agent:
         max_streams_per_rental: int = 32,
         max_stream_buffer: int = 64 << 20,
         link_send_buffer: int = 128 << 10,
+        cluster_direct: bool = True,
     ) -> None:
         identity = state.identity()
         state.secure()
@@ -239,13 +241,16 @@ class Agent:
         self.logs = LogShipper(state.dir, self.workloads, self._send_logs)
         self.ssh = RentalSshServer(state.dir / "ssh", self.workloads)
         # Cluster members' private network (agent.clusternet): peers reach this host where it reaches its relay from.
-        self.clusters = ClusterNetworks(state.work_dir, self.workloads.container_namespace, self._local_address)
+        self.clusters = ClusterNetworks(
+            state.work_dir, self.workloads.container_namespace, self._local_address, relay_url=self._connect_url,
+            relay_tls=lambda: client_ssl_context(self.state.ca_file), direct=cluster_direct,
+        )
         self.commands = CommandExecutor(
             workloads=self.workloads, backend=backend, logs=self.logs, measure=self.measure_network,
             install_certificate=self._install_certificate, ssh=self.ssh, clusters=self.clusters, remembered_results=remembered_results,
         )
         # Renters' streams the relay opens on this agent's link: SSH into a rental, its ports.
-        self.tunnels = TunnelServer(self.workloads, self.ssh, max_streams_per_rental=max_streams_per_rental)
+        self.tunnels = TunnelServer(self.workloads, self.ssh, clusters=self.clusters, max_streams_per_rental=max_streams_per_rental)
         self.max_streams = max_streams
         self.max_stream_buffer = max_stream_buffer
         self.link_send_buffer = link_send_buffer
@@ -387,6 +392,13 @@ class Agent:
             for start in range(0, len(items), 1024):
                 body = protocol.TunnelUsageBody(at=datetime.now(UTC), rentals=items[start:start + 1024])
                 await self._emit(*self.window.tunnel_usage(body))
+
+    def _connect_url(self) -> str | None:
+        """Where cluster peers reach this host's members through its relay: the relay's ``/v1/connect`` (``None``: not connected)."""
+        if not self.relay_url:
+            return None
+        parts = urlsplit(self.relay_url)
+        return urlunsplit((parts.scheme, parts.netloc, CONNECT_PATH, "", ""))
 
     def _local_address(self) -> str | None:
         """The address this host reaches its relay from (the connection's own end; ``None`` while not connected):

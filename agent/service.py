@@ -47,6 +47,7 @@ def agent_from_settings(settings: AgentSettings, *, container_engine: str | None
         network_max_bytes=settings.network_max_bytes,
         spool_max_messages=settings.spool_max_messages,
         spool_max_bytes=settings.spool_max_bytes,
+        cluster_direct=settings.cluster_direct,
         isolation=isolation_from_settings(settings, container_engine=container_engine),
         container=container_options(settings),
         max_streams=settings.max_streams,

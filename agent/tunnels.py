@@ -27,11 +27,13 @@ import logging
 import socket
 from typing import TYPE_CHECKING, Protocol
 
+from agent.clusterrelay import serve_stream
 from shared.errors import GpumarketError
 from shared.streams import OpenRequest, ResetCode, StreamProtocolError, TunnelCode, decode_open_header
 from shared.streams.aio import Channel, splice
 
 if TYPE_CHECKING:
+    from agent.clusternet import ClusterNetworks
     from agent.runtimes.manager import WorkloadManager
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,7 @@ class TunnelServer:
         workloads: WorkloadManager,
         ssh: SshServer | None = None,
         *,
+        clusters: ClusterNetworks | None = None,
         # Timeouts
         connect_timeout: float = 5.0,
         # Limits
@@ -60,6 +63,7 @@ class TunnelServer:
             raise ValueError("tunnel timeouts and limits must be positive")
         self.workloads = workloads
         self.ssh = ssh
+        self.clusters = clusters
         self.connect_timeout = connect_timeout
         self.max_streams_per_rental = max_streams_per_rental
         self._tasks: dict[str, dict[asyncio.Task[None], Channel]] = collections.defaultdict(dict)
@@ -111,6 +115,14 @@ class TunnelServer:
     async def _serve(self, channel: Channel, request: OpenRequest) -> None:
         if request.kind == "ssh":
             await self._serve_ssh(channel, request.rental_id)
+            return
+        if request.kind == "wg":  # a cluster peer's tunnel datagrams, through the relays (agent.clusterrelay)
+            port = self.clusters.listen_port(request.rental_id) if self.clusters is not None else None
+            if port is None:
+                channel.reset(TunnelCode.NOT_OFFERED)
+                return
+            await serve_stream(port, channel.read, channel.write)
+            channel.close()
             return
         try:
             opened = await self.workloads.open_container_port(request.rental_id, request.port, timeout=self.connect_timeout)

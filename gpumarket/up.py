@@ -34,6 +34,7 @@ from typing import Any
 
 from aiohttp import web
 from cryptography import x509
+from pydantic import TypeAdapter
 from sqlalchemy import select
 
 from access.geodns.server import GeoDnsServer
@@ -358,6 +359,8 @@ async def _demo_agent(
         stop_workloads_on_close=True,  # the demo's hosts go away with it
         isolation=isolation,
         container=container,
+        # The agent setting, read here too: GPUMARKET_CLUSTER_DIRECT=false sends every cluster tunnel through the relay.
+        cluster_direct=TypeAdapter(bool).validate_python(os.environ.get("GPUMARKET_CLUSTER_DIRECT", "true")),
     )
 
 

@@ -306,6 +306,7 @@ class AgentSettings(ServiceSettings):
     max_stream_buffer_mib: int = Field(64, ge=1, le=4096, description="MiB of renters' stream data this agent buffers unread at most (the streams' receive windows summed).")
     container_memory_mib: int | None = Field(None, ge=16, le=64 << 20, description="Memory a container gets when its rental names none, MiB; unset: no limit.")
     container_shm_mib: int = Field(64, ge=1, le=1 << 20, description="Size of a container's /dev/shm, MiB, unless its rental asks for another.")
+    cluster_direct: bool = Field(True, description="Cluster members' tunnels go straight to other hosts where a WireGuard handshake completes, else through the relays; false: always through the relays (a host that accepts no inbound UDP).")
 
     @model_validator(mode="after")
     def _uid_range_in_order(self) -> Self:

@@ -27,9 +27,12 @@ pytestmark = pytest.mark.slow
 TIMEOUT_S = 240  # three containers importing torch on a 2-core machine, the network's three rounds, the all-reduce
 
 
-@pytest.fixture(scope="module")
-def market(tmp_path_factory: pytest.TempPathFactory, torch_image: str) -> Iterator[Market]:
-    with running_market(tmp_path_factory, "allreduce") as market:
+@pytest.fixture(scope="module", params=["direct", "relay"])
+def market(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, torch_image: str) -> Iterator[Market]:
+    """`gpumarket up`; ``relay``: its agents offer no direct path (GPUMARKET_CLUSTER_DIRECT=false), so every tunnel's
+    datagrams go through the relay's streams (agent/clusterrelay.py)."""
+    env = {"GPUMARKET_CLUSTER_DIRECT": "false"} if request.param == "relay" else {}
+    with running_market(tmp_path_factory, f"allreduce-{request.param}", env) as market:
         yield market
 
 
@@ -38,7 +41,8 @@ async def call(http: aiohttp.ClientSession, market: Market, method: str, path: s
         return response.status, await response.json()
 
 
-async def test_three_nodes_all_reduce_through_their_private_network(market: Market, torch_image: str) -> None:
+async def test_three_nodes_all_reduce_through_their_private_network(market: Market, torch_image: str, request: pytest.FixtureRequest) -> None:
+    path = request.node.callspec.params["market"]  # direct, or through the relay
     started = time.monotonic()
     async with aiohttp.ClientSession() as http:
         status, cluster = await call(http, market, "POST", "/clusters", {
@@ -78,4 +82,7 @@ async def test_three_nodes_all_reduce_through_their_private_network(market: Mark
         assert results[0]["sum"] == results[1]["sum"] == results[2]["sum"] == [0, 6, 12, 18]
         assert view["state"] == "stopped", view
         assert view["private_network"]["state"] == "deleted"
-    print(f"3-node gloo all-reduce on gpumarket up: {time.monotonic() - started:.1f}s; {up}")
+        pairs = view["private_network"]["pairs"]
+        assert [(p["a"], p["b"], p["path"]) for p in pairs] == [(0, 1, path), (0, 2, path), (1, 2, path)]
+        assert all(p["rtt_ms"] > 0 and p["mbit_s"] > 0 and p["error"] is None for p in pairs), pairs
+    print(f"3-node gloo all-reduce on gpumarket up ({path}): {time.monotonic() - started:.1f}s; {up}")

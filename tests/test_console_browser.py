@@ -108,8 +108,8 @@ def market(tmp_path_factory: pytest.TempPathFactory, docker_image: str) -> Itera
 
 
 @contextlib.contextmanager
-def running_market(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[Market]:
-    """`gpumarket up --agents 3` in a folder of its own, with the console tests' settings, until the block ends."""
+def running_market(tmp_path_factory: pytest.TempPathFactory, name: str, extra_env: dict[str, str] | None = None) -> Iterator[Market]:
+    """`gpumarket up --agents 3` in a folder of its own, with the console tests' settings (and ``extra_env``), until the block ends."""
     folder = tmp_path_factory.mktemp(name)
     data_dir, log = folder / "data", folder / "up.log"
     # Only the settings chosen here: a GPUMARKET_DATABASE_URL or REDIS_URL of the environment must not leak in.
@@ -119,6 +119,7 @@ def running_market(tmp_path_factory: pytest.TempPathFactory, name: str) -> Itera
                GPUMARKET_MISSED_HEARTBEATS_OFFLINE="10", PYTHONUNBUFFERED="1",
                # Every test signs in from 127.0.0.1: the sign-in limit is for the internet (tested in test_rate_limits).
                GPUMARKET_SIGN_IN_RATE_PER_MINUTE="600", GPUMARKET_SIGN_IN_BURST="100")
+    env.update(extra_env or {})
     with gpumarket_up(data_dir, log, env, agents=3, strict_stop=True) as process:
         yield _wait_until_up(process, data_dir, log)
 

@@ -29,12 +29,12 @@ from master.services.rentals import get_rental
 from master.services.rentalstate import RentalState
 from shared.crypto.tokens import new_claims
 from shared.errors import Conflict, GpumarketError, NotFound, ValidationFailed
+from shared.streams import CONNECT_PATH
 
 log = logging.getLogger(__name__)
 
 SSH = "ssh"
 SSH_USER = "gpumarket"  # any user name logs in as the workload's user; this one reads well
-CONNECT_PATH = "/v1/connect"
 
 
 def host_alias(rental_id: str) -> str:

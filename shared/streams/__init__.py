@@ -68,6 +68,7 @@ then the next turn, keeps those on time whatever the streams carry.
 from __future__ import annotations
 
 from shared.streams.frames import (
+    CONNECT_PATH,
     HEADER,
     HEADER_SIZE,
     INITIAL_WINDOW,
@@ -100,6 +101,7 @@ from shared.streams.mux import (
 )
 
 __all__ = [
+    "CONNECT_PATH",
     "HEADER",
     "HEADER_SIZE",
     "INITIAL_WINDOW",

@@ -170,6 +170,7 @@ def _check_payload(frame_type: FrameType, payload: bytes, error: type[Exception]
 # ---- the OPEN header the relay and agent use -------------------------------------------------
 
 STREAM_KINDS: Final = ("ssh", "tcp", "wg")
+CONNECT_PATH: Final = "/v1/connect"  # the relay's websocket for streams opened with a connect token (renters; cluster peers)
 
 
 @dataclass(frozen=True, slots=True)
