@@ -136,7 +136,7 @@ class TestCreate:
         keys = {r: key() for r in ids}
         await answer_round(api, ids, keys)
         await answer_round(api, ids, keys)
-        await answer_round(api, ids, keys, measure=[{"from": 0, "rank": 1, "rtt_ms": 0.4, "mbit_s": 900.0},
+        await answer_round(api, ids, keys, measure=[{"from": 0, "rank": 1, "rtt_ms": 0.4, "mbit_s": 900.0, "path": "relay"},
                                                     {"from": 0, "rank": 2, "rtt_ms": 2.5, "mbit_s": 80.5},
                                                     {"from": 1, "rank": 2, "error": "node-2 did not answer"}])  # fmt: skip
         code, out, err = await cli("cluster", "show", cluster["id"])
@@ -145,9 +145,9 @@ class TestCreate:
         subnet = view["private_network"]["subnet"]
         assert f"network    up on {subnet}: worst round trip 2.5 ms, slowest 80.5 Mbit/s, 1 pair(s) unreachable\n" in out
         pairs = out.split("between nodes (through the cluster's private network):\n", 1)[1].splitlines()
-        assert pairs[0].split() == ["PAIR", "ROUND", "TRIP", "THROUGHPUT", "PROBLEM"]
-        assert pairs[1].split() == ["node-0", "<->", "node-1", "0.4", "ms", "900", "Mbit/s"]
-        assert pairs[3].split()[:5] == ["node-1", "<->", "node-2", "-", "-"] and pairs[3].endswith("node-2 did not answer")
+        assert pairs[0].split() == ["PAIR", "ROUND", "TRIP", "THROUGHPUT", "PATH", "PROBLEM"]
+        assert pairs[1].split() == ["node-0", "<->", "node-1", "0.4", "ms", "900", "Mbit/s", "relay"]
+        assert pairs[3].split()[:6] == ["node-1", "<->", "node-2", "-", "-", "-"] and pairs[3].endswith("node-2 did not answer")
 
 
 async def _one_cluster(api: Api) -> str | None:

@@ -338,12 +338,13 @@ export function clusterPage(page, ctx) {
       }) }));
     const pn = cluster.private_network || {};
     replace(network, table({ caption: pn.subnet ? `Measured through the private network ${pn.subnet}` : "Measured through the private network",
-      className: "cluster-pairs", columns: ["Nodes", "Round trip", "Throughput", "Problem"],
+      className: "cluster-pairs", columns: ["Nodes", "Round trip", "Throughput", "Path", "Problem"],
       empty: pn.state === "none" ? "This cluster has no private network." : "Not measured yet: the figures come once every node has joined.",
       rows: (pn.pairs || []).map((p) => [
         `${nodeName(p.a)} ↔ ${nodeName(p.b)}`,
         p.rtt_ms === null || p.rtt_ms === undefined ? "—" : `${p.rtt_ms} ms`,
         p.mbit_s === null || p.mbit_s === undefined ? "—" : `${p.mbit_s} Mbit/s`,
+        p.path === "relay" ? "through the relays" : p.path === "direct" ? "direct" : "—",
         p.error || "",
       ]) }));
     replace(events, table({ caption: "State changes", columns: ["When", "From", "To", "What happened"], className: "events", empty: "No events yet.",

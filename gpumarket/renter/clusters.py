@@ -64,7 +64,7 @@ def pair_rows(network: Mapping[str, Any] | None) -> list[list[str]]:
     for p in (network or {}).get("pairs") or []:
         rtt, rate = p.get("rtt_ms"), p.get("mbit_s")
         rows.append([f"{node_name(p['a'])} <-> {node_name(p['b'])}", f"{_figure(rtt)} ms" if rtt is not None else "-",
-                     f"{_figure(rate)} Mbit/s" if rate is not None else "-", p.get("error") or ""])  # fmt: skip
+                     f"{_figure(rate)} Mbit/s" if rate is not None else "-", p.get("path") or "-", p.get("error") or ""])  # fmt: skip
     return rows
 
 
@@ -240,7 +240,7 @@ async def cmd_show(args: argparse.Namespace, client: Client) -> int:
     ]  # fmt: skip
     pairs = pair_rows(cluster.get("private_network"))
     if pairs:
-        lines += ["", "between nodes (through the cluster's private network):", table(["PAIR", "ROUND TRIP", "THROUGHPUT", "PROBLEM"], pairs)]
+        lines += ["", "between nodes (through the cluster's private network):", table(["PAIR", "ROUND TRIP", "THROUGHPUT", "PATH", "PROBLEM"], pairs)]
     events: list[Mapping[str, Any]] = cluster.get("events") or []
     if events:
         lines += ["", "events:"] + [f"  {_short_time(e.get('at'))}  {e.get('from') or '-'} -> {e.get('to')}" + (f": {e['cause']}" if e.get("cause") else "")
