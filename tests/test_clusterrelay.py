@@ -1,0 +1,63 @@
+"""A cluster tunnel's datagrams over a byte stream (``agent/clusterrelay.py``): framing that survives any chunking,
+and the pump between ``wireguard-go``'s UDP socket and a stream. The whole path through a real relay runs in
+``tests/test_cluster_allreduce.py`` (``GPUMARKET_CLUSTER_DIRECT=false``)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent.clusterrelay import Deframer, frame, serve_stream
+
+
+@given(st.lists(st.binary(max_size=2000), max_size=20), st.lists(st.integers(min_value=1, max_value=700), min_size=1, max_size=50))
+def test_datagrams_survive_any_chunking(datagrams: list[bytes], cuts: list[int]) -> None:
+    stream = b"".join(frame(d) for d in datagrams)
+    deframer, out, at, i = Deframer(), [], 0, 0
+    while at < len(stream):
+        size = cuts[i % len(cuts)]
+        out += deframer.feed(stream[at:at + size])
+        at, i = at + size, i + 1
+    assert out == datagrams
+
+
+def _udp() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.setblocking(False)
+    return sock
+
+
+async def test_a_stream_carries_datagrams_both_ways_and_only_wireguards() -> None:
+    """The receiving side: datagrams from the stream reach ``wireguard-go``'s port; its answers (and only its) go back."""
+    loop = asyncio.get_running_loop()
+    wireguard, stranger = _udp(), _udp()
+    incoming: asyncio.Queue[bytes] = asyncio.Queue()
+    outgoing: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def write(data: bytes) -> None:
+        outgoing.put_nowait(data)
+
+    served = asyncio.create_task(serve_stream(wireguard.getsockname()[1], incoming.get, write))
+    try:
+        incoming.put_nowait(frame(b"handshake") + frame(b"data")[:3])
+        incoming.put_nowait(frame(b"data")[3:])
+        first, relay_side = await asyncio.wait_for(loop.sock_recvfrom(wireguard, 100), 5)
+        second, _ = await asyncio.wait_for(loop.sock_recvfrom(wireguard, 100), 5)
+        assert (first, second) == (b"handshake", b"data")
+        await loop.sock_sendto(stranger, b"not from wireguard", relay_side)  # dropped: not wireguard-go's address
+        await loop.sock_sendto(wireguard, b"answer", relay_side)
+        deframer = Deframer()
+        got: list[bytes] = []
+        while not got:
+            got = deframer.feed(await asyncio.wait_for(outgoing.get(), 5))
+        assert got == [b"answer"] and outgoing.empty()
+        incoming.put_nowait(b"")  # the stream ended: the pump ends
+        await asyncio.wait_for(served, 5)
+    finally:
+        served.cancel()
+        wireguard.close()
+        stranger.close()
