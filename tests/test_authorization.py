@@ -282,6 +282,7 @@ MATRIX: tuple[Rule, ...] = (
     Rule("DELETE", "/clusters/{cluster_id}", the_renters(202, others=(404, "cluster_not_found")), last=True),
     # The marketplace.
     Rule("GET", "/offers", everyone(200)),
+    Rule("GET", "/offers/clusters", everyone(200), query={"nodes": "2"}),
     Rule("PUT", "/hosts/{host_id}/listing", host_write(200), body=fixed(LISTING)),
     Rule("GET", "/hosts/{host_id}/listing", host_read()),
     Rule("GET", "/price-bounds", everyone(200)),

@@ -29,7 +29,7 @@ from master.models import Command, Rental
 from master.services import rental_lifecycle
 from master.telemetry import hosts
 from shared import protocol
-from tests.apiclient import RTX, Api
+from tests.apiclient import A100, RTX, Api
 from tests.factories import envelope
 from tests.helpers import eventually
 
@@ -192,6 +192,45 @@ class TestOffers:
         assert code == 0 and out.startswith("no offers match"), err
         code, out, err = await cli("offers", "vram>>1")
         assert code == 1 and "(invalid_query)" in one_line(err)
+
+
+class TestClusterOffers:
+    async def test_nodes_prices_the_cluster_per_group_and_json_is_the_apis_answer(self, cli: Cli, api: Api) -> None:
+        """``offers --nodes N --gpus G``: one row per group (model, region, hosts, the whole cluster's $/h from the
+        cheapest to the dearest set), the cheapest first; --json prints GET /offers/clusters as it is."""
+        from tests.test_cluster_offers import offer_host
+
+        for price in ("0.40", "0.50", "0.60"):
+            await offer_host(api, price, gpus=2)
+        for price in ("0.30", "0.35"):
+            await offer_host(api, price, gpus=2, region="us-east")
+        code, out, err = await cli("offers", "--nodes", "2", "--gpus", "2", "--json")
+        assert code == 0, err
+        _, body = await api.as_renter("GET", "/offers/clusters", params={"nodes": "2", "gpus_per_node": "2", "limit": "50"})
+        assert json.loads(out) == body
+        code, out, err = await cli("offers", "--nodes", "2", "--gpus", "2")
+        assert code == 0, err
+        header, first, second = out.splitlines()
+        assert header.split() == ["MODEL", "REGION", "HOSTS", "$/H", "(CHEAPEST", "-", "DEAREST)"]
+        assert first.startswith(RTX) and "us-east" in first and first.rstrip().endswith("$1.30")  # (0.30 + 0.35) × 2
+        assert "eu-west" in second and second.rstrip().endswith("$1.80 - $2.20")
+        assert "placement picks the hosts" in err
+
+    async def test_too_few_hosts_says_how_many_and_bad_options_exit_2(self, cli: Cli, api: Api) -> None:
+        """Three nodes on two hosts: one line with the most nodes possible; mixed models across regions then fit."""
+        from tests.test_cluster_offers import offer_host
+
+        await offer_host(api, "0.40")
+        await offer_host(api, "1.00", model=A100, region="us-east")
+        code, out, err = await cli("offers", "--nodes", "2", "reliability>=0.5")
+        assert code == 0, err
+        assert out.startswith("no 2 hosts with 1 free GPU of one model now (at most 0 nodes matching") and "--allow-mixed" in out
+        code, out, err = await cli("offers", "--nodes", "2", "--allow-mixed")
+        assert code == 0, err
+        assert out.splitlines()[1].startswith("mixed") and "across regions (eu-west, us-east)" in out and "$1.40" in out
+        for argv in (("--nodes", "1"), ("--nodes", "65"), ("--nodes", "2", "--sort", "price"), ("--allow-mixed",)):
+            code, _, err = await cli("offers", *argv)
+            assert code == 2, (argv, err)
 
 
 class TestRent:

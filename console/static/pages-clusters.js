@@ -11,7 +11,7 @@ import { describeRun, runsShort, workloadChooser } from "./workloads.js";
 const ACTIVE = new Set(["pending", "starting", "running", "degraded", "stopping"]);
 const MAX_NODES = 64;
 const MAX_GPUS_PER_NODE = 64;
-const OFFERS_LIMIT = 500;
+const GROUPS_LIMIT = 500; // GET /offers/clusters: every group (a few per model and region)
 
 /** The exact sum of decimal strings ("0.40", "0.45" → "0.85"), or null when any is not a decimal. */
 export function addDecimals(values) {
@@ -45,35 +45,22 @@ function sizeOf(cluster) {
 }
 
 /**
- * What the cluster would cost an hour on the hosts free now, from the offers: {low, high, hosts} (the cheapest and
- * dearest set of `nodes` distinct hosts, each with `gpus` free GPUs, of one model unless mixing), or {hosts} alone
- * when too few hosts have room.
+ * What the cluster would cost an hour on the hosts free now, from GET /offers/clusters' answer: {low, high, hosts} (the
+ * cheapest and the dearest set of `nodes` distinct hosts among the groups placement could take them from), or
+ * {hosts} alone (the most nodes possible now) when no group has room. Placement keeps a cluster in one region whenever
+ * a region has room, so the groups across regions count only when no group is in one region.
  */
-export function estimate(offers, { nodes, gpus, mixed }) {
-  const fitting = offers.filter((o) => o.num_gpus >= gpus && parseDecimal(o.price_per_gpu_hour));
-  const groups = new Map(); // model (or everything, mixing) → host → [prices]
-  for (const o of fitting) {
-    const key = mixed ? "" : o.gpu_name;
-    if (!groups.has(key)) groups.set(key, new Map());
-    const hosts = groups.get(key);
-    if (!hosts.has(o.host_id)) hosts.set(o.host_id, []);
-    hosts.get(o.host_id).push(o.price_per_gpu_hour);
-  }
+export function estimate(answer) {
+  const items = answer.items || [];
+  const inRegion = items.filter((i) => i.region !== null);
+  const possible = inRegion.length ? inRegion : items;
   let low = null;
   let high = null;
-  let most = 0;
-  const cmp = (a, b) => compare(a, b);
-  for (const hosts of groups.values()) {
-    most = Math.max(most, hosts.size);
-    if (hosts.size < nodes) continue;
-    const cheapest = [...hosts.values()].map((prices) => [...prices].sort(cmp)[0]).sort(cmp);
-    const dearest = [...hosts.values()].map((prices) => [...prices].sort(cmp).at(-1)).sort(cmp).reverse();
-    const lo = multiply(addDecimals(cheapest.slice(0, nodes)), gpus);
-    const hi = multiply(addDecimals(dearest.slice(0, nodes)), gpus);
-    if (low === null || cmp(lo, low) < 0) low = lo;
-    if (high === null || cmp(high, hi) < 0) high = hi;
+  for (const item of possible) {
+    if (low === null || compare(item.price_per_hour, low) < 0) low = item.price_per_hour;
+    if (high === null || compare(high, item.price_per_hour_max) < 0) high = item.price_per_hour_max;
   }
-  return { low, high, hosts: most };
+  return { low, high, hosts: low === null ? answer.max_nodes || 0 : Math.max(...possible.map((i) => i.hosts_available)) };
 }
 
 // ---- Clusters ----------------------------------------------------------------------
@@ -170,14 +157,16 @@ function clusterDialog(ctx) {
         return;
       }
       await busy(review, async () => {
-        let offers;
+        const params = { nodes: request.node_count, gpus_per_node: request.gpus_per_node, allow_mixed: String(Boolean(request.allow_mixed)),
+          gpu_model: request.gpu_model, limit: GROUPS_LIMIT };
+        let answer;
         try {
-          offers = (await api("GET", `/offers${query({ num_gpus: request.gpus_per_node, gpu_model: request.gpu_model, sort: "price", limit: OFFERS_LIMIT })}`)).items;
+          answer = await api("GET", `/offers/clusters${query(params)}`);
         } catch (error) {
           if (error.status !== 401) errors.show(error);
           return;
         }
-        const price = estimate(offers, { nodes: request.node_count, gpus: request.gpus_per_node, mixed: Boolean(request.allow_mixed) });
+        const price = estimate(answer);
         if (price.low === null) {
           const room = `${price.hosts} host${price.hosts === 1 ? "" : "s"}`;
           errors.show(`Only ${room} ${price.hosts === 1 ? "has" : "have"} ${request.gpus_per_node} free GPU${request.gpus_per_node === 1 ? "" : "s"}`

@@ -148,7 +148,7 @@ async def cmd_create(args: argparse.Namespace, client: Client) -> int:
     except ApiError as exc:
         if exc.code == "insufficient_capacity":  # the API's hint names the rental's queue field; say the option
             raise CliError(f"{exc.api_message.rstrip('.')} ({exc.code}); see what is free with "
-                           "`gpumarket offers --gpus N`, ask for fewer nodes or GPUs, or add --queue to wait") from None  # fmt: skip
+                           "`gpumarket offers --nodes N --gpus G`, ask for fewer nodes or GPUs, or add --queue to wait") from None  # fmt: skip
         raise
     args.cluster_id = cluster["id"]  # for Ctrl-C while waiting
     if not args.no_wait:

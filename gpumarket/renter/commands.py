@@ -172,7 +172,11 @@ async def cmd_login(args: argparse.Namespace, environ: Mapping[str, str]) -> int
 
 
 async def cmd_offers(args: argparse.Namespace, client: Client) -> int:
-    params: dict[str, str | int] = {"limit": args.limit, "sort": args.sort}
+    if args.nodes is not None:
+        return await cmd_cluster_offers(args, client)
+    if args.allow_mixed:
+        raise UsageError("--allow-mixed prices a cluster: give --nodes N too")
+    params: dict[str, str | int] = {"limit": args.limit, "sort": args.sort or "score"}
     query = " ".join(args.query).strip()
     if query:
         params["q"] = query
@@ -201,6 +205,53 @@ async def cmd_offers(args: argparse.Namespace, client: Client) -> int:
     shown = len(items) + int(body.get("offset", 0))
     if body.get("total", 0) > shown:
         _err(f"{len(items)} of {body['total']} offers; more with --limit (up to 500) or a narrower query")
+    return 0
+
+
+async def cmd_cluster_offers(args: argparse.Namespace, client: Client) -> int:
+    """``offers --nodes N``: ``GET /offers/clusters``, one row per group of hosts that could hold the cluster now."""
+    if not 2 <= args.nodes <= 64:
+        raise UsageError(f"a cluster has 2 to 64 nodes, not {args.nodes}; for one node leave out --nodes")
+    if args.sort:
+        raise UsageError("cluster offers are sorted by price: leave out --sort with --nodes")
+    gpus = args.gpus or 1
+    params: dict[str, str | int] = {"nodes": args.nodes, "gpus_per_node": gpus, "limit": args.limit}
+    query = " ".join(args.query).strip()
+    if query:
+        params["q"] = query
+    if args.isolated:
+        params["isolated"] = "true"
+    if args.allow_mixed:
+        params["allow_mixed"] = "true"
+    body = await client.get("/offers/clusters", params)
+    if args.json:
+        _print_json(body)
+        return 0
+    items: list[dict[str, Any]] = body["items"]
+    if not items:
+        most = body.get("max_nodes", 0)
+        models = "" if args.allow_mixed else " of one model"
+        print(f"no {args.nodes} hosts with {gpus} free GPU{'' if gpus == 1 else 's'}{models} now "
+              f"(at most {most} node{'' if most == 1 else 's'}{' matching ' + repr(body['query']) if query else ''}); "
+              f"ask for fewer nodes{'' if args.allow_mixed else ', add --allow-mixed'}, loosen the query or try later")  # fmt: skip
+        return 0
+    lows = money_column([i["price_per_hour"] for i in items], "rate")
+    highs = money_column([i["price_per_hour_max"] for i in items], "rate")
+    rows = [
+        [
+            i["gpu_name"] or "mixed", i["region"] or f"across regions ({', '.join(i['regions']) or 'unknown'})", str(i["hosts_available"]),
+            low if i["price_per_hour"] == i["price_per_hour_max"] else f"{low} - {high.strip()}",
+        ]
+        for i, low, high in zip(items, lows, highs, strict=True)
+    ]  # fmt: skip
+    print(table(["MODEL", "REGION", "HOSTS", "$/H (CHEAPEST - DEAREST)"], rows))
+    _err(f"the whole cluster ({args.nodes} x {gpus} GPU{'' if gpus == 1 else 's'}) per hour on the cheapest and the dearest "
+         "hosts of each group: placement picks the hosts (one region first), not the price")  # fmt: skip
+    if body.get("truncated"):
+        _err(f"priced from the cheapest {body['offers_considered']} of {body['offers_matching']} offers; a narrower query prices them all")
+    shown = len(items) + int(body.get("offset", 0))
+    if body.get("total", 0) > shown:
+        _err(f"{len(items)} of {body['total']} groups; more with --limit (up to 500) or a narrower query")
     return 0
 
 
@@ -537,10 +588,17 @@ num_gpus, vram (GiB), compute_capability, cuda_driver_version, price (USD per GP
 price_per_score, region, tier, score, reliability, download_mbps, upload_mbps, verified,
 isolated; ops = != < <= > >= (docs/marketplace.md).
 
+With --nodes N, the same filters price a cluster (`gpumarket cluster create`): each group of
+hosts placement could take N nodes of --gpus GPUs from (one GPU model and region; across
+regions where no region has room; any model with --allow-mixed), with the whole cluster's
+price per hour on its cheapest and its dearest hosts (docs/clusters.md).
+
 examples:
   gpumarket offers
   gpumarket offers 'vram>=24 price<=0.5' --sort price
-  gpumarket offers gpu_name=RTX_4090 num_gpus>=2 --isolated --json"""
+  gpumarket offers gpu_name=RTX_4090 num_gpus>=2 --isolated --json
+  gpumarket offers --nodes 4 --gpus 2 'gpu_name=A100 reliability>=0.95'
+  gpumarket offers --nodes 8 --allow-mixed --json"""
 
 RENT_EPILOG = f"""\
 Without --template or --image the rental holds the GPUs and runs nothing (--hold says so).
@@ -576,9 +634,13 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                             description="List offers (per host and GPU model) with price per GPU-hour, region, tier, "
                             "reliability and how the host isolates workloads.")  # fmt: skip
     offers.add_argument("query", nargs="*", metavar="QUERY", help="query language terms, e.g. 'vram>=24 price<=0.5'")
-    offers.add_argument("--sort", default="score", choices=("score", "price", "price_per_performance", "reliability"),
+    offers.add_argument("--sort", choices=("score", "price", "price_per_performance", "reliability"),
                         help="score (default, best first), price (cheapest first), price_per_performance or reliability")  # fmt: skip
-    offers.add_argument("--gpus", type=_positive_int, metavar="N", help="at least N free GPUs on one host")
+    offers.add_argument("--gpus", type=_positive_int, metavar="N", help="at least N free GPUs on one host (with --nodes: per node)")
+    offers.add_argument("--nodes", type=_positive_int, metavar="N",
+                        help="price a cluster of N nodes (2 to 64), each on a host of its own: the groups of hosts that "
+                        "could hold it now, with the whole cluster's price per hour")  # fmt: skip
+    offers.add_argument("--allow-mixed", action="store_true", help="with --nodes: nodes may have different GPU models")
     offers.add_argument("--isolated", action="store_true", help="only hosts that isolate renters' workloads")
     offers.add_argument("--limit", type=_limit, default=50, metavar="N", help="at most N offers (default 50, at most 500)")
     offers.add_argument("--json", action="store_true", help="print the API's JSON")

@@ -35,6 +35,7 @@ class QueryParam:
     minimum: int | None = None
     maximum: int | None = None
     choices: tuple[str, ...] = ()  # the only values accepted (an enum in the document)
+    required: bool = False  # left out or empty is 400 (the handler checks: ``required_int_query``)
 
 
 class RateClass(StrEnum):
@@ -118,6 +119,13 @@ def int_query(request: web.Request, name: str, default: int, *, minimum: int, ma
     if not minimum <= value <= maximum:
         raise BadRequest(f"query parameter {name!r} must be between {minimum} and {maximum}", code="invalid_query")
     return value
+
+
+def required_int_query(request: web.Request, name: str, *, minimum: int, maximum: int) -> int:
+    """An integer parameter the route cannot do without: left out or empty is 400 ``invalid_query`` saying so."""
+    if request.query.get(name, "") == "":
+        raise BadRequest(f"query parameter {name!r} is required: an integer from {minimum} to {maximum}", code="invalid_query")
+    return int_query(request, name, minimum, minimum=minimum, maximum=maximum)
 
 
 def str_query(request: web.Request, name: str, *, max_length: int = 128) -> str | None:

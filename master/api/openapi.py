@@ -74,8 +74,8 @@ def build_openapi(routes: tuple[Route, ...]) -> dict[str, Any]:
                 schema["maximum"] = q.maximum
             if q.choices:
                 schema["enum"] = list(q.choices)
-            # Every query parameter sent empty (?limit=) counts as left out (master/api/base.py).
-            params.append({"name": q.name, "in": "query", "required": False, "allowEmptyValue": True,
+            # Every query parameter sent empty (?limit=) counts as left out (master/api/base.py): a required one is 400.
+            params.append({"name": q.name, "in": "query", "required": q.required, "allowEmptyValue": not q.required,
                            "description": q.description, "schema": schema})
         for h in route.headers:
             params.append({"name": h, "in": "header", "required": False, "schema": {"type": "string", "minLength": 1, "maxLength": 255}})

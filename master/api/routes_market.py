@@ -1,18 +1,30 @@
-"""The marketplace: offer search (``/offers``), host listings and the tier price bounds.
+"""The marketplace: offer search (``/offers``), cluster offers (``/offers/clusters``), host listings and the tier
+price bounds.
 
-Handlers parse and authorize; the rules live in ``master/services/offers.py``,
+Handlers parse and authorize; the rules live in ``master/services/offers.py``, ``master/services/cluster_offers.py``,
 ``master/services/listings.py`` and the query language in ``master/services/offerquery.py``.
 """
 
 from __future__ import annotations
 
 from aiohttp import web
+from pydantic import BaseModel, Field
 
-from master.api.base import PAGING, QueryParam, Route, int_query, page, parse_body, str_query
+from master.api.base import (
+    PAGING,
+    QueryParam,
+    Route,
+    int_query,
+    page,
+    parse_body,
+    required_int_query,
+    str_query,
+)
 from master.api.keys import MASTER
 from master.api.middleware import principal
 from master.api.schemas_market import ListingPut
-from master.services import listings, offers
+from master.services import cluster_offers, listings, offers
+from master.services.cluster_request import MAX_NODES
 from master.services.offerquery import MAX_QUERY_LENGTH, Condition, Op, format_query, parse, parse_value
 from master.services.offers import OfferSearch, Order, Sort
 from shared.errors import BadRequest
@@ -81,6 +93,76 @@ async def list_offers(request: web.Request) -> web.Response:
     )
 
 
+MAX_GPUS_PER_NODE = 64
+BOOLEAN = ("true", "false")
+
+_MONEY = "USD, a decimal string (#/components/schemas/Money)."
+
+
+class ClusterOfferHost(BaseModel):
+    host_id: str
+    gpu_name: str
+    price_per_gpu_hour: str = Field(description="The host's cheapest matching offer, USD per GPU-hour.")
+    region: str | None
+    reliability: float | None
+
+
+class ClusterOfferItem(BaseModel):
+    gpu_name: str | None = Field(description="Every node's GPU model; null when models are mixed.")
+    region: str | None = Field(description="Every host's region; null: a group across regions (see regions).")
+    regions: list[str] = Field(description="The known regions of the group's hosts.")
+    hosts_available: int = Field(description="Distinct hosts of the group with room for one node.")
+    price_per_hour: str = Field(description="The whole cluster on the group's cheapest set of hosts, per hour. " + _MONEY)
+    price_per_hour_max: str = Field(description="The whole cluster on the group's dearest set of hosts, per hour. " + _MONEY)
+    price_per_gpu_hour_min: str = Field(description="The group's cheapest host, per GPU-hour. " + _MONEY)
+    price_per_gpu_hour_max: str = Field(description="The group's dearest host, per GPU-hour. " + _MONEY)
+    hosts: list[ClusterOfferHost] = Field(description="The cheapest set of hosts, cheapest first.")
+
+
+class ClusterOffersPage(BaseModel):
+    items: list[ClusterOfferItem] = Field(description="Cheapest first (price_per_hour).")
+    total: int
+    limit: int
+    offset: int
+    nodes: int
+    gpus_per_node: int
+    allow_mixed: bool
+    query: str = Field(description="Every filter applied, in the query language, the per-host num_gpus>= included.")
+    max_nodes: int = Field(description="The most nodes a cluster of these GPUs per node and filters could have now.")
+    offers_considered: int = Field(description=f"Offers read, the cheapest first (at most {cluster_offers.MAX_OFFERS_CONSIDERED:,}).")
+    offers_matching: int = Field(description="Offers matching in all.")
+    truncated: bool = Field(description="More offers matched than were read: the dearest prices may be understated.")
+
+
+async def list_cluster_offers(request: web.Request) -> web.Response:
+    master = request.app[MASTER]
+    nodes = required_int_query(request, "nodes", minimum=2, maximum=MAX_NODES)
+    gpus_per_node = int_query(request, "gpus_per_node", 1, minimum=1, maximum=MAX_GPUS_PER_NODE)
+    allow_mixed = _choice(request, "allow_mixed", BOOLEAN) == "true"
+    limit, offset = page(request)
+    conditions = offer_conditions(request)
+    async with master.db.session() as session:
+        found = await cluster_offers.find_cluster_offers(
+            session, conditions, nodes=nodes, gpus_per_node=gpus_per_node, allow_mixed=allow_mixed, now=master.clock.now()
+        )
+    return web.json_response(
+        {
+            "items": [item.view() for item in found.items[offset : offset + limit]],
+            "total": len(found.items),
+            "limit": limit,
+            "offset": offset,
+            "nodes": nodes,
+            "gpus_per_node": gpus_per_node,
+            "allow_mixed": allow_mixed,
+            "query": format_query([*conditions, cluster_offers.node_condition(gpus_per_node)]),
+            "max_nodes": found.max_nodes,
+            "offers_considered": found.offers_considered,
+            "offers_matching": found.offers_matching,
+            "truncated": found.truncated,
+        }
+    )
+
+
 async def put_listing(request: web.Request) -> web.Response:
     master = request.app[MASTER]
     body = await parse_body(request, ListingPut)
@@ -127,6 +209,24 @@ ROUTES: tuple[Route, ...] = (
             QueryParam("sort", "string", "score (default, best first), price (cheapest first), "
                        "price_per_performance (price per score point, lowest first) or reliability (highest first)."),
             QueryParam("order", "string", "asc or desc; the default is the sort's best-first direction."),
+            *PAGING,
+        ),
+        errors=(400,),
+    ),
+    Route(
+        "GET",
+        "/offers/clusters",
+        list_cluster_offers,
+        "Which groups of hosts could hold a cluster now, and at what price: per GPU model and region (across regions "
+        "only where no region has room; per region when models may mix), the whole cluster's price per hour on the "
+        "cheapest and the dearest set of hosts, cheapest first; filters as for GET /offers (docs/clusters.md).",
+        response=ClusterOffersPage,
+        query=(
+            QueryParam("nodes", "integer", "Nodes, each on a host of its own (required).", 2, MAX_NODES, required=True),
+            QueryParam("gpus_per_node", "integer", "Whole GPUs of one model on each node (default 1).", 1, MAX_GPUS_PER_NODE),
+            QueryParam("allow_mixed", "string", "true: nodes may have different GPU models (default false).", choices=BOOLEAN),
+            QueryParam("q", "string", "Query language, as for GET /offers: requirements every node's host meets."),
+            *(QueryParam(name, kind, description) for name, (_, _, kind, description) in FILTER_PARAMS.items()),
             *PAGING,
         ),
         errors=(400,),

@@ -78,7 +78,7 @@ from master.services.placement import model_matches
 from master.services.reliability import is_seeded
 from master.services.tiers import Tier
 
-__all__ = ["DEFAULT_ORDER", "OfferSearch", "Order", "Sort", "search_offers"]
+__all__ = ["DEFAULT_ORDER", "OfferPrice", "OfferSearch", "Order", "Sort", "search_offer_prices", "search_offers"]
 
 
 class Sort(StrEnum):
@@ -327,19 +327,26 @@ def _groups(search: OfferSearch, *, dialect: str, now: datetime, bounds: PriceBo
     return union_all(single, several).subquery("offer_groups")
 
 
-def offer_page(search: OfferSearch, *, dialect: str, now: datetime, bounds: PriceBounds, model_names: Sequence[str]) -> Select[Any]:
-    """``search``'s page as one statement: its offers sorted and paged, each with the number of matches in all
-    (``total``), its host's and its listing's shown values (the page's 50 hosts read by key, after the paging)."""
+def _page(search: OfferSearch, *, dialect: str, now: datetime, bounds: PriceBounds, model_names: Sequence[str]) -> Any:
+    """``search``'s offers sorted and paged (a subquery), each with its ``price_per_score`` and the number of matches in
+    all (``total``)."""
     sub = _groups(search, dialect=dialect, now=now, bounds=bounds, model_names=model_names)
     per_score = case((sub.c.score > 0, cast(sub.c.price, Float) / sub.c.score), else_=None)
     order = search.order or DEFAULT_ORDER[search.sort]
-    page = (
+    return (
         select(sub, per_score.label("price_per_score"), func.count().over().label("total"))
         .order_by(*_order_by(search.sort, order, sub, per_score, dialect))
         .limit(search.limit)
         .offset(search.offset)
         .subquery("page")
     )
+
+
+def offer_page(search: OfferSearch, *, dialect: str, now: datetime, bounds: PriceBounds, model_names: Sequence[str]) -> Select[Any]:
+    """``search``'s page as one statement: its offers sorted and paged, each with the number of matches in all
+    (``total``), its host's and its listing's shown values (the page's 50 hosts read by key, after the paging)."""
+    page = _page(search, dialect=dialect, now=now, bounds=bounds, model_names=model_names)
+    order = search.order or DEFAULT_ORDER[search.sort]
     return (
         select(page, Host.region, Host.state, Host.latest_network, Host.isolation, Host.reliability_inputs, HostListing)
         .join(Host, Host.id == page.c.host_id)
@@ -366,6 +373,43 @@ async def search_offers(session: AsyncSession, search: OfferSearch) -> tuple[lis
         groups = _groups(search, dialect=dialect, now=now, bounds=bounds, model_names=names)
         return [], int(await session.scalar(select(func.count()).select_from(groups)) or 0)
     return [_offer_view(row, row, (row.compute_capability, row.cuda_driver_version), now) for row in page], int(page[0].total)
+
+
+@dataclass(frozen=True)
+class OfferPrice:
+    """An offer reduced to what pricing many offers at once reads: no listing, no view."""
+
+    host_id: str
+    gpu_name: str
+    num_gpus: int
+    price_per_gpu_hour: Decimal
+    region: str | None
+    reliability: float | None
+
+
+async def search_offer_prices(session: AsyncSession, search: OfferSearch) -> tuple[list[OfferPrice], int]:
+    """``search_offers`` reduced to each offer's host, model, free GPUs, price, region and reliability: the same
+    matches, order, page and total, in one statement (``offer_page``'s, without the listings and the views), for a
+    caller that reads thousands (``master.services.cluster_offers``)."""
+    now = search.now or datetime.now(UTC)
+    bounds = search.bounds or load_price_bounds()
+    dialect = session.get_bind().dialect.name
+    names = await _model_names(session) if any(c.field == "gpu_name" for c in search.conditions) else ()
+    page = _page(search, dialect=dialect, now=now, bounds=bounds, model_names=names)
+    order = search.order or DEFAULT_ORDER[search.sort]
+    statement = (
+        select(page.c.host_id, page.c.gpu_name, page.c.num_gpus, page.c.price, page.c.reliability, page.c.total, Host.region)
+        .join(Host, Host.id == page.c.host_id)
+        .order_by(*_order_by(search.sort, order, page, page.c.price_per_score, dialect))
+    )
+    rows = (await session.execute(statement)).all()
+    if not rows:
+        if not search.offset:
+            return [], 0
+        groups = _groups(search, dialect=dialect, now=now, bounds=bounds, model_names=names)
+        return [], int(await session.scalar(select(func.count()).select_from(groups)) or 0)
+    prices = [OfferPrice(r.host_id, r.gpu_name, int(r.num_gpus), Decimal(r.price), r.region, r.reliability) for r in rows]
+    return prices, int(rows[0].total)
 
 
 def _offer_view(row: Any, host: Any, versions: tuple[str | None, str | None], now: datetime) -> dict[str, Any]:
