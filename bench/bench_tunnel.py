@@ -53,7 +53,6 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 
 from access.relay import Relay
-from access.tunnels import CONNECT_PATH
 from agent.gpu.sim import SimulatedBackend
 from agent.runner import Agent, AgentTimings
 from agent.state import AgentState, Identity, atomic_write
@@ -69,7 +68,7 @@ from shared.crypto import (
 )
 from shared.crypto.tokens import new_claims
 from shared.outbound import FrameStore
-from shared.streams import MAX_DATA
+from shared.streams import CONNECT_PATH, MAX_DATA
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import describe_machine, quantile, record

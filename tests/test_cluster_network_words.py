@@ -19,7 +19,7 @@ STATES = ("pending", "creating", "connecting", "measuring", "up", "failed", "non
 def _network(rng: random.Random) -> dict[str, Any] | None:
     if rng.random() < 0.05:
         return None
-    pairs = []
+    pairs: list[dict[str, object]] = []
     for a in range(rng.randint(0, 4)):
         for b in range(a + 1, 5):
             if rng.random() < 0.2:
