@@ -50,19 +50,23 @@ chromium:
 # tests compare fingerprints with), curl and jq (the README walkthrough runs the README's commands)
 # when missing and we are root; the suite starts dockerd itself when none answers.
 # Otherwise says how; those tests fail without them.
-DOCKER_PACKAGES := docker.io busybox-static python3-torch wireguard-go wireguard-tools openssh-client curl jq
+DOCKER_PACKAGES := docker.io busybox-static openssh-client curl jq
+# Without their recommends: python3-torch's are a compiler and headers, wireguard-tools' a kernel for its module.
+CLUSTER_PACKAGES := python3-torch wireguard-go wireguard-tools
 docker:
 	@if command -v dockerd >/dev/null && [ -x /bin/busybox ] && command -v ssh-keygen >/dev/null \
 		&& command -v curl >/dev/null && command -v jq >/dev/null \
 		&& command -v wireguard-go >/dev/null && command -v wg >/dev/null \
 		&& dpkg-query -W -f='$${db:Status-Abbrev}' python3-torch 2>/dev/null | grep -q '^.i'; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		echo "installing Debian's $(DOCKER_PACKAGES) for the container, torch, WireGuard, SSH and README tests"; \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y $(DOCKER_PACKAGES) \
-		|| { DEBIAN_FRONTEND=noninteractive apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $(DOCKER_PACKAGES); }; \
+		echo "installing Debian's $(DOCKER_PACKAGES) $(CLUSTER_PACKAGES) for the container, torch, WireGuard, SSH and README tests"; \
+		{ DEBIAN_FRONTEND=noninteractive apt-get install -y $(DOCKER_PACKAGES) \
+		  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(CLUSTER_PACKAGES); } \
+		|| { DEBIAN_FRONTEND=noninteractive apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $(DOCKER_PACKAGES) \
+		     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(CLUSTER_PACKAGES); }; \
 	else \
 		echo "make: dockerd, /bin/busybox, python3-torch, wireguard-go, wg, ssh-keygen, curl or jq is missing:" \
-		     "install Debian's $(DOCKER_PACKAGES) (sudo apt-get install $(DOCKER_PACKAGES));" \
+		     "install Debian's $(DOCKER_PACKAGES) $(CLUSTER_PACKAGES) (sudo apt-get install $(DOCKER_PACKAGES) $(CLUSTER_PACKAGES));" \
 		     "the container, torch image, WireGuard, SSH key and README walkthrough tests fail without them" >&2; \
 	fi
 
