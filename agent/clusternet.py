@@ -21,13 +21,20 @@ why WireGuard rather than a tunnel of our own over the relays' streams):
    measure round trip and throughput against.
 
 The answer is the member's public key and the UDP endpoint its peers reach it at. Once every
-member answered, the master sends ``create_cluster`` again with the peers: they are set with
-``replace_peers`` (each allowed only its own ``/32``: WireGuard's cryptokey routing drops
-anything else, so no other tenant's packet enters, and this member reaches nothing but its
-cluster through the tunnel), and, with ``measure``, each member measures its peers of higher
-rank. ``delete_cluster`` (or the member's stop) ends the ``wireguard-go`` process; its
+member answered, the master sends ``create_cluster`` again with the peers: those new or changed
+since the last command are set, those gone removed, the others left with their sessions (each
+allowed only its own ``/32``: WireGuard's cryptokey routing drops anything else, so no other
+tenant's packet enters, and this member reaches nothing but its cluster through the tunnel),
+and, with ``measure``, each member measures its peers of higher rank: the round trips at once,
+then the throughputs one peer at a time. Setting a peer starts a handshake at once (the
+persistent keepalive); a member that has not got its peers yet drops it (retried after 5 s),
+and handshakes of two members configured in the same instant can cross and leave the pair
+without a session for 5–15 s in wireguard-go 0.0.20220316: send the peers member after member,
+then ``measure``. ``delete_cluster`` (or the member's stop) ends the ``wireguard-go`` process; its
 interface goes with it. What was made is kept in ``<work>/clusters/<rental>.json`` (the key
-0600), so a restarted agent answers the same request the same and can still take it down.
+0600), so a restarted agent answers the same request the same and can still take it down; a
+tunnel found gone (``wireguard-go`` ended, or the container has a new network namespace) is made
+again with the same key and port, and the peers it had.
 """
 
 from __future__ import annotations
@@ -44,9 +51,10 @@ import shutil
 import signal
 import socket
 import ssl
+import stat
 import statistics
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Final
@@ -95,6 +103,7 @@ class MemberNet:
     wg_pid: int
     peers: list[dict[str, object]] = field(default_factory=list)
     relayed: list[int] = field(default_factory=list)  # peer ranks reached through the relays
+    netns: int = 0  # the inode of the container's network namespace the interface went into (0: not known)
 
     @property
     def address(self) -> str:
@@ -135,15 +144,22 @@ def with_hosts_block(text: str, block: str | None) -> str:
 
 def rewrite_hosts(path: Path, block: str | None) -> None:
     """Put ``block`` into the hosts file at ``path`` in place (the container sees it through a bind mount, so it is
-    never replaced); refuses a symlink or a file grown past ``MAX_HOSTS_BYTES``."""
-    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    never replaced); refuses (``ClusterNetworkError``) a symlink, anything but a regular file, or a file grown past
+    ``MAX_HOSTS_BYTES``. Bytes that are not UTF-8 (the container may write anything there) are kept as they were."""
     try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ClusterNetworkError(f"the container's hosts file {path} could not be opened ({exc.strerror or exc}); not written") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ClusterNetworkError(f"the container's hosts file {path} is not a regular file; not written")
         with os.fdopen(fd, "r+b", closefd=False) as hosts:
-            if os.fstat(fd).st_size > MAX_HOSTS_BYTES:
+            data = hosts.read(MAX_HOSTS_BYTES + 1)  # bounded even if the file grows after a size check
+            if len(data) > MAX_HOSTS_BYTES:
                 raise ClusterNetworkError(f"the container's /etc/hosts is larger than {MAX_HOSTS_BYTES} bytes; not written")
-            text = hosts.read().decode("utf-8", errors="replace")
+            text = data.decode("utf-8", errors="surrogateescape")
             hosts.seek(0)
-            hosts.write(with_hosts_block(text, block).encode())
+            hosts.write(with_hosts_block(text, block).encode("utf-8", errors="surrogateescape"))
             hosts.truncate()
     finally:
         os.close(fd)
@@ -166,32 +182,52 @@ def uapi_set(private_hex: str | None, peers: list[protocol.ClusterPeer] | None, 
     if listen_port is not None:
         lines.append(f"listen_port={listen_port}")
     if peers is not None:
-        lines.append("replace_peers=true")
-        for peer in peers:
-            lines += [f"public_key={_hex_key(peer.public_key)}", "replace_allowed_ips=true", f"allowed_ip={address_of(subnet, peer.rank)}/32",
-                      f"persistent_keepalive_interval={KEEPALIVE_S}"]  # fmt: skip
-            if peer.endpoint is not None:
-                lines.append(f"endpoint={peer.endpoint}")
+        lines += ["replace_peers=true", *_peer_lines(peers, subnet)]
     return "\n".join(lines) + "\n\n"
+
+
+def _peer_lines(peers: list[protocol.ClusterPeer], subnet: str) -> list[str]:
+    lines = []
+    for peer in peers:
+        lines += [f"public_key={_hex_key(peer.public_key)}", "replace_allowed_ips=true", f"allowed_ip={address_of(subnet, peer.rank)}/32",
+                  f"persistent_keepalive_interval={KEEPALIVE_S}"]  # fmt: skip
+        if peer.endpoint is not None:
+            lines.append(f"endpoint={peer.endpoint}")
+    return lines
+
+
+def uapi_peer_changes(old: list[protocol.ClusterPeer], new: list[protocol.ClusterPeer], subnet: str) -> str | None:
+    """A UAPI ``set`` request that turns the peers ``old`` into ``new`` (``None``: nothing to change): the peers
+    gone removed, the new or changed ones set; a peer that did not change is not touched. ``replace_peers`` would
+    end every session, and members setting their peers at once would then all start handshakes at once: in
+    wireguard-go (0.0.20220316) handshakes that cross can leave a pair without a session for 5–15 s."""
+    keys = {peer.public_key for peer in new}
+    lines = [f"public_key={_hex_key(peer.public_key)}\nremove=true" for peer in old if peer.public_key not in keys]
+    lines += _peer_lines([peer for peer in new if peer not in old], subnet)
+    return "\n".join(["set=1", *lines]) + "\n\n" if lines else None
 
 
 async def uapi_lines(device: str, request: str, *, directory: Path = UAPI_DIR, timeout: float = 5.0) -> list[tuple[str, str]]:
     """Send one UAPI request to ``wireguard-go``'s socket; its answer's ``key=value`` lines in order. Raises
-    ``ClusterNetworkError`` when it answers ``errno`` other than 0."""
-    async with asyncio.timeout(timeout):
-        reader, writer = await asyncio.open_unix_connection(str(directory / f"{device}.sock"))
-        try:
-            writer.write(request.encode())
-            await writer.drain()
-            lines: list[tuple[str, str]] = []
-            while True:
-                line = (await reader.readline()).decode().strip()
-                if not line:
-                    break
-                key, _, value = line.partition("=")
-                lines.append((key, value))
-        finally:
-            writer.close()
+    ``ClusterNetworkError`` when it answers ``errno`` other than 0, or cannot be asked (no socket, no answer within
+    ``timeout``)."""
+    try:
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_unix_connection(str(directory / f"{device}.sock"))
+            try:
+                writer.write(request.encode())
+                await writer.drain()
+                lines: list[tuple[str, str]] = []
+                while True:
+                    line = (await reader.readline()).decode().strip()
+                    if not line:
+                        break
+                    key, _, value = line.partition("=")
+                    lines.append((key, value))
+            finally:
+                writer.close()
+    except OSError as exc:  # TimeoutError included
+        raise ClusterNetworkError(f"wireguard-go's control socket for {device} did not answer ({exc or type(exc).__name__})") from None
     errno = dict(lines).get("errno", "0")
     if errno != "0":
         raise ClusterNetworkError(f"wireguard-go refused its configuration (errno {errno})")
@@ -272,6 +308,9 @@ class ClusterNetworks:
     # ---- the commands ------------------------------------------------------------------------
 
     async def create(self, command: protocol.CreateCluster) -> protocol.ClusterJoined:
+        """Make (or find) the member's tunnel, set its peers when given and measure them with ``measure``.
+
+        Raises ``ClusterNetworkError`` (never a bare ``OSError``: the command fails, the agent goes on)."""
         async with self._locks.setdefault(command.rental_id, asyncio.Lock()):
             found = await self.namespace(command.rental_id)
             if found is None:
@@ -280,28 +319,39 @@ class ClusterNetworks:
             net = self._load(command.rental_id)
             if net is not None and (net.cluster_id, net.rank, net.subnet) != (command.cluster_id, command.rank, command.subnet):
                 raise ClusterNetworkError(f"rental {command.rental_id} is already node-{net.rank} of cluster {net.cluster_id}")
-            if net is None or not _alive(net.wg_pid):
-                if net is not None:
-                    self._drop(net)
-                net = await self._make(command, pid, hosts)
-            await self._ensure_responder(net, pid)
-            measurements: list[protocol.PeerMeasurement] = []
-            if command.peers:
-                peers = [peer if self.direct else peer.model_copy(update={"endpoint": None}) for peer in command.peers]
-                if _identities(peers) != _identities(net.peers):  # the same peers again (the measure round): nothing to reset
-                    await self._close_relays(net.rental_id)
-                    await uapi(net.device, uapi_set(None, peers, net.subnet), directory=self.uapi_dir)
-                net.peers = [peer.model_dump(mode="json") for peer in peers]
-                self._save(net)
-                await self._choose_paths(net, peers, wait=command.measure)
-                if command.measure:
-                    measurements = await self._measure(net, pid, [p for p in peers if p.rank > net.rank])
-            address = self.local_address() if self.direct else None
-            return protocol.ClusterJoined(
-                public_key=net.public_key, address=net.address, listen_port=net.listen_port,
-                endpoints=[_endpoint(address, net.listen_port)] if address else [], relay_url=self.relay_url(), peers=len(net.peers),
-                measurements=measurements,
-            )  # fmt: skip
+            try:
+                return await self._create(command, net, pid, hosts)
+            except OSError as exc:  # a socket, file, namespace or program that failed: this command's error
+                raise ClusterNetworkError(f"rental {command.rental_id}'s cluster network could not be made: {exc}") from exc
+
+    async def _create(self, command: protocol.CreateCluster, net: MemberNet | None, pid: int, hosts: Path) -> protocol.ClusterJoined:
+        if net is None:
+            net = await self._make(command, pid, hosts)
+        elif not self._intact(net, pid):
+            await self._close_relays(net.rental_id)
+            net = await self._remake(net, command, pid, hosts)
+        await self._ensure_responder(net, pid)
+        measurements: list[protocol.PeerMeasurement] = []
+        if command.peers:
+            peers = [peer if self.direct else peer.model_copy(update={"endpoint": None}) for peer in command.peers]
+            # Only what changed: the same peers again (the command resent, or with ``measure``) keep their sessions, and a
+            # new relay token alone changes nothing for wireguard-go.
+            old = [_bare(protocol.ClusterPeer.model_validate(peer)) for peer in net.peers]
+            change = uapi_peer_changes(old, [_bare(peer) for peer in peers], net.subnet)
+            if change is not None:
+                await self._close_relays(net.rental_id)  # the paths are chosen again below
+                await uapi(net.device, change, directory=self.uapi_dir)
+            net.peers = [peer.model_dump(mode="json") for peer in peers]
+            self._save(net)
+            await self._choose_paths(net, peers, wait=command.measure)
+            if command.measure:
+                measurements = await self._measure(net, pid, [p for p in peers if p.rank > net.rank])
+        address = self.local_address() if self.direct else None
+        return protocol.ClusterJoined(
+            public_key=net.public_key, address=net.address, listen_port=net.listen_port,
+            endpoints=[_endpoint(address, net.listen_port)] if address else [], relay_url=self.relay_url(), peers=len(net.peers),
+            measurements=measurements,
+        )  # fmt: skip
 
     def listen_port(self, rental_id: str) -> int | None:
         """The UDP port of the member's ``wireguard-go`` (where a ``wg`` stream's datagrams go); ``None``: not a member here."""
@@ -369,7 +419,7 @@ class ClusterNetworks:
             if net is None:
                 continue
             found = await self.namespace(net.rental_id)
-            if found is None or not _alive(net.wg_pid):
+            if found is None or not self._intact(net, found[0]):
                 await self._take_down(net)
                 continue
             with contextlib.suppress(OSError, NamespaceUnavailable):
@@ -391,11 +441,34 @@ class ClusterNetworks:
 
     # ---- making and taking down ---------------------------------------------------------------
 
-    async def _make(self, command: protocol.CreateCluster, pid: int, hosts: Path) -> MemberNet:
+    def _intact(self, net: MemberNet, pid: int) -> bool:
+        """Whether the member's tunnel still works: its ``wireguard-go`` runs (not a process that took its pid) and its
+        interface is in the container's namespace of now (a restarted container has a new one, without it)."""
+        return _is_wireguard(net.wg_pid, net.device) and net.netns in (0, _netns_inode(pid))
+
+    async def _remake(self, net: MemberNet, command: protocol.CreateCluster, pid: int, hosts: Path) -> MemberNet:
+        """The tunnel is gone (``wireguard-go`` ended, or the container got a new namespace): make it again with the
+        same key and, when free, the same port, so the answer stays the same and the peers set earlier apply again."""
+        log.warning("rental %s: its cluster tunnel is gone (wireguard-go ended or the container's network changed); making it again",
+                    net.rental_id)  # fmt: skip
+        private_raw = self._load_key(net.rental_id)
+        peers = [protocol.ClusterPeer.model_validate(peer) for peer in net.peers]
+        await self._take_down(net)
+        remade = await self._make(command, pid, hosts, private_raw=private_raw, listen_port=net.listen_port)
+        if peers:
+            await uapi(remade.device, uapi_set(None, peers, remade.subnet), directory=self.uapi_dir)
+            remade.peers = net.peers
+            self._save(remade)
+        return remade
+
+    async def _make(self, command: protocol.CreateCluster, pid: int, hosts: Path, *, private_raw: bytes | None = None,
+                    listen_port: int = 0) -> MemberNet:  # fmt: skip
         if shutil.which(self.wireguard_go) is None:
             raise ClusterNetworkError("wireguard-go is not installed on this host (apt-get install wireguard-go); the cluster has no private network here")
         device = device_name(command.rental_id)
-        private = X25519PrivateKey.generate()
+        if not await _clear_stale_socket(self.uapi_dir / f"{device}.sock"):
+            raise ClusterNetworkError(f"another wireguard-go already serves {device} (rental {command.rental_id}) without this agent's record; not started twice")
+        private = X25519PrivateKey.from_private_bytes(private_raw) if private_raw is not None else X25519PrivateKey.generate()
         private_raw = private.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
         process = await asyncio.create_subprocess_exec(
             self.wireguard_go, "-f", device, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
@@ -404,11 +477,17 @@ class ClusterNetworks:
         net = MemberNet(
             cluster_id=command.cluster_id, rental_id=command.rental_id, rank=command.rank, subnet=command.subnet,
             node_count=command.node_count, device=device, listen_port=0, public_key=wg_public_key(private), wg_pid=process.pid,
+            netns=_netns_inode(pid),
         )  # fmt: skip
         self._save(net, private_raw)  # first: a failure below can still take it down by its pid
         try:
             await self._wait_for_socket(device, process)
-            await uapi(device, uapi_set(private_raw.hex(), None, command.subnet, listen_port=0), directory=self.uapi_dir)
+            try:
+                await uapi(device, uapi_set(private_raw.hex(), None, command.subnet, listen_port=listen_port), directory=self.uapi_dir)
+            except ClusterNetworkError:
+                if not listen_port:
+                    raise
+                await uapi(device, uapi_set(private_raw.hex(), None, command.subnet, listen_port=0), directory=self.uapi_dir)  # taken meanwhile
             net.listen_port = int((await uapi(device, "get=1\n\n", directory=self.uapi_dir)).get("listen_port", "0"))
             inside = ("nsenter", f"--net=/proc/{pid}/ns/net", "ip")
             await _run("ip", "link", "set", device, "netns", str(pid))
@@ -424,8 +503,16 @@ class ClusterNetworks:
         return net
 
     async def _wait_for_socket(self, device: str, process: asyncio.subprocess.Process, timeout: float = 5.0) -> None:
+        """Until ``wireguard-go`` answers on its control socket: the file appears when it is bound, a moment before it
+        listens (a request in between was refused)."""
+        path = self.uapi_dir / f"{device}.sock"
         deadline = time.monotonic() + timeout
-        while not (self.uapi_dir / f"{device}.sock").exists():
+        while True:
+            if path.exists():
+                with contextlib.suppress(ConnectionRefusedError, FileNotFoundError):
+                    _, writer = await asyncio.open_unix_connection(str(path))
+                    writer.close()
+                    return
             if process.returncode is not None or time.monotonic() > deadline:
                 raise ClusterNetworkError(
                     "wireguard-go could not make the tunnel (it needs root or CAP_NET_ADMIN and /dev/net/tun)"
@@ -433,14 +520,32 @@ class ClusterNetworks:
                 )  # fmt: skip
             await asyncio.sleep(0.02)
 
-    async def _take_down(self, net: MemberNet) -> None:
+    async def _take_down(self, net: MemberNet, *, stop_timeout: float = 5.0) -> None:
+        """End the member's ``wireguard-go`` (its interface goes with it) and wait for it to have ended, so that the
+        answer comes when the tunnel is gone and a new one for the rental never meets the old one's socket."""
         await self._close_relays(net.rental_id)
         server = self._responders.pop(net.rental_id, None)
         if server is not None:
             server.close()
-        if _alive(net.wg_pid) and _is_wireguard(net.wg_pid, net.device):
+        ours = _is_wireguard(net.wg_pid, net.device)
+        for sig, wait_s in ((signal.SIGTERM, stop_timeout), (signal.SIGKILL, 2.0)):
+            if not _is_wireguard(net.wg_pid, net.device):
+                break
             with contextlib.suppress(ProcessLookupError):
-                os.kill(net.wg_pid, signal.SIGTERM)  # its interface (in the container) goes with it
+                os.kill(net.wg_pid, sig)
+            deadline = time.monotonic() + wait_s
+            while _is_wireguard(net.wg_pid, net.device):
+                if time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.02)
+        if _is_wireguard(net.wg_pid, net.device):
+            log.error("rental %s: wireguard-go (pid %d) did not end after SIGKILL", net.rental_id, net.wg_pid)
+        deadline = time.monotonic() + 2.0
+        while ours and not _exited(net.wg_pid):  # its command line goes first, its files (socket, TUN device) a moment later
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.01)
+        await _clear_stale_socket(self.uapi_dir / f"{net.device}.sock")
         found = await self.namespace(net.rental_id)
         if found is not None:
             with contextlib.suppress(OSError, ClusterNetworkError):
@@ -466,23 +571,35 @@ class ClusterNetworks:
         self._responders[net.rental_id] = await asyncio.start_server(_respond, sock=sock)
 
     async def _measure(self, net: MemberNet, pid: int, peers: list[protocol.ClusterPeer]) -> list[protocol.PeerMeasurement]:
-        return list(await asyncio.gather(*(self._measure_one(net, pid, peer.rank) for peer in peers)))
+        """The round trips to every peer first (at once: a few bytes each, and where waiting for handshakes happens),
+        then the throughputs one peer at a time: a throughput run beside a round trip inflated the round trip tenfold
+        (0.3 → 10 ms here), and two beside each other share the link."""
+        targets = {peer.rank: address_of(net.subnet, peer.rank) for peer in peers}
+        rtts = await asyncio.gather(*(self._attempt(pid, target, _echo) for target in targets.values()))
+        measurements = []
+        for (rank, target), (rtt_ms, unanswered) in zip(targets.items(), rtts, strict=True):
+            if unanswered is not None:
+                why = f"node-{rank} did not answer through the tunnel within {self.measure_timeout:g}s ({unanswered[:120]})"
+                measurements.append(protocol.PeerMeasurement(rank=rank, error=why, path=self.path_to(net.rental_id, rank)))
+                continue
+            mbit_s, failed = await self._attempt(pid, target, lambda r, w: _sink(r, w, self.measure_bytes)) if self.measure_bytes else (None, None)
+            error = None if failed is None else f"node-{rank} answered, but no throughput run finished within {self.measure_timeout:g}s ({failed[:120]})"
+            measurements.append(protocol.PeerMeasurement(rank=rank, rtt_ms=rtt_ms, mbit_s=mbit_s, error=error, path=self.path_to(net.rental_id, rank)))
+        return measurements
 
-    async def _measure_one(self, net: MemberNet, pid: int, rank: int) -> protocol.PeerMeasurement:
-        target = address_of(net.subnet, rank)
+    async def _attempt(self, pid: int, target: str, run: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[float]]) -> tuple[float | None, str | None]:
+        """``run`` against ``target``'s responder, tried again until it works or ``measure_timeout`` passed (the peer
+        may set its own peers a moment later than this one): its figure, or why not."""
         deadline = time.monotonic() + self.measure_timeout
         last = "no answer"
-        while time.monotonic() < deadline:  # the peer may set its own peers a moment later than this one
+        while time.monotonic() < deadline:
             try:
                 async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
-                    rtt_ms = await self._through(pid, target, _echo)
-                    mbit_s = await self._through(pid, target, lambda r, w: _sink(r, w, self.measure_bytes)) if self.measure_bytes else None
-                    return protocol.PeerMeasurement(rank=rank, rtt_ms=rtt_ms, mbit_s=mbit_s, path=self.path_to(net.rental_id, rank))
+                    return await self._through(pid, target, run), None
             except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
                 last = str(exc) or type(exc).__name__
                 await asyncio.sleep(0.2)
-        return protocol.PeerMeasurement(rank=rank, error=f"node-{rank} did not answer through the tunnel within {self.measure_timeout:g}s ({last[:120]})",
-                                        path=self.path_to(net.rental_id, rank))  # fmt: skip
+        return None, last
 
     @staticmethod
     async def _through(pid: int, target: str, run: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[float]]) -> float:
@@ -509,6 +626,13 @@ class ClusterNetworks:
         tmp = self._path(net.rental_id).with_suffix(".tmp")
         tmp.write_text(json.dumps(asdict(net)))
         tmp.replace(self._path(net.rental_id))
+
+    def _load_key(self, rental_id: str) -> bytes | None:
+        try:
+            key = (self.dir / f"{rental_id}.key").read_bytes()
+        except OSError:
+            return None
+        return key if len(key) == 32 else None
 
     def _load(self, rental_id: str) -> MemberNet | None:
         try:
@@ -572,33 +696,55 @@ async def _sink(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, size
     return round(size * 8 / (time.perf_counter() - started) / 1e6, 1)
 
 
-def _identities(peers: Sequence[protocol.ClusterPeer | Mapping[str, object]]) -> list[tuple[object, object, object]]:
-    """What a peer set means to ``wireguard-go`` (rank, key, endpoint): a new relay token alone changes nothing."""
-    found = []
-    for peer in peers:
-        p = peer.model_dump() if isinstance(peer, protocol.ClusterPeer) else peer
-        found.append((p.get("rank"), p.get("public_key"), p.get("endpoint")))
-    return sorted(found, key=repr)
+def _bare(peer: protocol.ClusterPeer) -> protocol.ClusterPeer:
+    """The peer as ``wireguard-go`` knows it (rank, key, endpoint): its relay and token are the agent's own business."""
+    return peer.model_copy(update={"relay_url": None, "relay_token": None})
 
 
 def _endpoint(address: str, port: int) -> str:
     return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _is_wireguard(pid: int, device: str) -> bool:
-    """Whether ``pid`` is still our ``wireguard-go`` for ``device`` (a pid can be reused after a reboot)."""
+    """Whether ``pid`` runs and is still our ``wireguard-go`` for ``device`` (a pid can be reused; an ended process
+    not yet reaped has no command line)."""
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
     return any(a.endswith(b"wireguard-go") for a in argv[:1]) and device.encode() in argv
+
+
+def _exited(pid: int) -> bool:
+    """Whether process ``pid`` is gone or a zombie (its files closed)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
+def _netns_inode(pid: int) -> int:
+    """The inode of process ``pid``'s network namespace (0: not readable)."""
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        return 0
+
+
+async def _clear_stale_socket(path: Path) -> bool:
+    """Remove ``path``, a UAPI socket that a ``wireguard-go`` which ended (killed, crashed) left behind — a new
+    process would take it over, but nothing could tell its socket from the old one until then. ``False``: a live
+    process answers on it (left alone)."""
+    if not path.exists():
+        return True
+    try:
+        async with asyncio.timeout(1.0):
+            _, writer = await asyncio.open_unix_connection(str(path))
+    except TimeoutError:
+        return False  # someone holds it, slowly: not ours to remove
+    except OSError:  # refused (or gone meanwhile): nobody listens any more
+        path.unlink(missing_ok=True)
+        return True
+    writer.close()
+    return False

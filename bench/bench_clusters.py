@@ -17,24 +17,47 @@ for an even number ≥ 2 of whole GPUs become 2-node clusters, replayed to 100 %
 across regions, GPU allocation % and fragmentation % (FGD's amount), means over the seeds. Skipped,
 saying so, when the trace is not beside the checkout (``--trace-dir``).
 
-Tunnel throughput between a cluster's nodes (its private network) is not measured here yet: that is
-the network part of issue 24; this bench prints it as "not measured".
+Tunnel: throughput between two members of a cluster through their private network (``agent.clusternet``:
+userspace WireGuard, ``wireguard-go``), beside a direct TCP copy between the same two network namespaces in the
+same run. Two busybox containers (the suite's local image, ``tests/dockerengine.py``), each on a Docker network of
+its own as the agent gives each rental, both also on one shared bridge network for the baseline, joined to one
+cluster by ``ClusterNetworks`` (phase 1, then the peers member after member). The copy is the same code for both
+paths: a socket made inside member B's namespace listens, a socket made inside member A's namespace connects
+(``agent.runtimes.netns.socket_in_namespace``, from this process) to B's tunnel address or to B's address on the
+shared bridge, and ``--tunnel-mib`` MiB go A → B, timed from the first byte sent until B has said (with a token:
+a connection that succeeds proves nothing on a network with a transparent proxy) that it has them all;
+``--tunnel-runs`` runs per path, interleaved, after a 1 MiB warm-up each. Figures: the median run's MB/s (10^6
+bytes) for both and the ratio. Needs root, ``wireguard-go`` and a Docker engine; without them it prints "not
+measured (why)" and records nothing. ``--quick`` leaves it out unless ``--tunnel``.
 
 Usage: ``python bench/bench_clusters.py [--hosts 10000] [--decisions 2000] [--algorithm fgd_net]
 [--traces default,multigpu50] [--algorithms fgd_net,best_fit] [--seeds 42-46] [--skip-trace]
-[--skip-speed] [--quick]``.
+[--skip-speed] [--skip-tunnel] [--tunnel] [--tunnel-mib 64] [--tunnel-runs 3] [--quick]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import json
 import os
 import random
+import re
+import secrets
+import shutil
+import signal
+import socket
 import statistics
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import describe_machine, quantile, record
@@ -45,6 +68,7 @@ from master.scheduler.gang_simulate import MODES, ClusterResult, simulate_cluste
 from master.scheduler.trace import load_nodes, load_pods
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # the test image's builder, tests/dockerengine.py (the tunnel part)
 TRACE_DIR = REPO.parent / "shared" / "alibaba-gpu-v2023" / "csv"
 MODELS = ("A100", "H100", "L40S", "RTX4090")
 GPUS_PER_HOST = 8
@@ -193,6 +217,188 @@ def run_trace(
                    "%", "nodes one at a time, rolled back", round(base["alloc"], 2))  # fmt: skip
 
 
+# ---- tunnel -----------------------------------------------------------------------------------------
+
+TUNNEL_PORT = 29600
+CHUNK = 1 << 20
+
+
+def tunnel_unavailable() -> str | None:
+    """Why the tunnel part cannot run on this machine; ``None``: it can."""
+    if os.geteuid() != 0:
+        return "not root: wireguard-go makes a TUN device and the copy enters the containers' namespaces"
+    if shutil.which("wireguard-go") is None:
+        return "wireguard-go is not installed (make docker, or apt-get install wireguard-go)"
+    if not os.path.exists("/dev/net/tun"):
+        return "no /dev/net/tun"
+    from tests import dockerengine
+
+    why = dockerengine.ping()
+    return None if why is None else f"no Docker engine answers ({why})"
+
+
+def _engine(method: str, path: str, payload: dict[str, Any] | None = None) -> Any:
+    from tests import dockerengine
+
+    body = json.dumps(payload).encode() if payload is not None else None
+    status, answer = dockerengine.request(method, path, body=body, headers={"Content-Type": "application/json"})
+    if status >= 300:
+        raise RuntimeError(f"{method} {path}: the engine answered {status}: {answer[:300]!r}")
+    return json.loads(answer) if answer.strip() else None
+
+
+def _start_member(name: str, shared: str, image: str, owner: str) -> None:
+    """A container on a network of its own (as the agent gives each rental), connected to ``shared`` too."""
+    labels = {"gpumarket.owner": owner}
+    _engine("POST", "/networks/create", {"Name": name, "Driver": "bridge", "Labels": labels})
+    _engine("POST", f"/containers/create?name={quote(name)}",
+            {"Image": image, "Cmd": ["sleep", "100000"], "Labels": labels, "HostConfig": {"NetworkMode": name}})  # fmt: skip
+    _engine("POST", f"/networks/{quote(shared)}/connect", {"Container": name})
+    _engine("POST", f"/containers/{quote(name)}/start")
+
+
+def _timed_copy(sender: socket.socket, listener: socket.socket, size: int) -> float:
+    """Seconds from the first of ``size`` bytes sent on ``sender`` until the one connection ``listener`` accepts has
+    answered that it read them all (with a token of this run: the answer is our receiver's, not a proxy's)."""
+    token = secrets.token_bytes(16)
+    answer: list[bytes] = []
+
+    def receive() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            connection.settimeout(120)
+            buffer = bytearray(CHUNK)
+            got = 0
+            while read := connection.recv_into(buffer):
+                got += read
+            connection.sendall(token + got.to_bytes(8, "big"))
+            answer.append(b"sent")
+
+    receiver = threading.Thread(target=receive, name="tunnel-bench-receiver", daemon=True)
+    receiver.start()
+    chunk = memoryview(bytes(CHUNK))
+    started = time.perf_counter()
+    sent = 0
+    while sent < size:
+        sent += sender.send(chunk[: min(CHUNK, size - sent)])
+    sender.shutdown(socket.SHUT_WR)
+    reply = b""
+    while len(reply) < 24 and (part := sender.recv(24 - len(reply))):
+        reply += part
+    elapsed = time.perf_counter() - started
+    receiver.join(timeout=30)
+    if reply != token + size.to_bytes(8, "big") or not answer:
+        raise RuntimeError(f"the receiver did not confirm {size:,} bytes (answer {reply!r}): the copy did not reach it")
+    return elapsed
+
+
+async def _copy_once(pid_a: int, pid_b: int, address: str, size: int) -> float:
+    """One copy of ``size`` bytes from a socket in ``pid_a``'s namespace to a listener in ``pid_b``'s, via ``address``."""
+    from agent.runtimes.netns import socket_in_namespace
+
+    def listen() -> socket.socket:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("0.0.0.0", TUNNEL_PORT))
+        sock.listen(1)
+        return sock
+
+    listener = await socket_in_namespace(pid_b, listen, name="bench-listen")
+    try:
+        listener.setblocking(True)
+        listener.settimeout(60)
+        sender = await socket_in_namespace(pid_a, lambda: socket.create_connection((address, TUNNEL_PORT), timeout=15), name="bench-send")
+        with sender:
+            sender.setblocking(True)
+            sender.settimeout(120)
+            return await asyncio.to_thread(_timed_copy, sender, listener, size)
+    finally:
+        listener.close()
+
+
+async def measure_tunnel(mib: int, runs: int) -> dict[str, list[float]]:
+    """MB/s of each run through the tunnel and directly, between two members' namespaces (see the module's docstring)."""
+    from agent.clusternet import ClusterNetworks, device_name
+    from shared import protocol
+    from tests import dockerengine
+
+    image = await asyncio.to_thread(dockerengine.busybox_image)
+    tag = secrets.token_hex(3)
+    owner = f"bench-cnet-{tag}"
+    shared = f"gm-bench-cnet-{tag}-shared"
+    members = [f"gm-bench-cnet-{tag}-a", f"gm-bench-cnet-{tag}-b"]
+
+    async def namespace(rental_id: str) -> tuple[int, Path] | None:
+        info = await asyncio.to_thread(_engine, "GET", f"/containers/{quote(rental_id)}/json")
+        return (info["State"]["Pid"], Path(info["HostsPath"])) if info["State"].get("Running") else None
+
+    work = Path(tempfile.mkdtemp(prefix="gpumarket-bench-clusternet-"))
+    networks = ClusterNetworks(work, namespace, lambda: "127.0.0.1")
+    try:
+        await asyncio.to_thread(_engine, "POST", "/networks/create", {"Name": shared, "Driver": "bridge", "Labels": {"gpumarket.owner": owner}})
+        for name in members:
+            await asyncio.to_thread(_start_member, name, shared, image, owner)
+        subnet = f"10.{64 + secrets.randbelow(64)}.{secrets.randbelow(256)}.0/24"
+
+        def create(rank: int, joined: list[protocol.ClusterJoined] | None = None) -> protocol.CreateCluster:
+            peers = [protocol.ClusterPeer(rank=1 - rank, public_key=joined[1 - rank].public_key, endpoint=joined[1 - rank].endpoints[0])] if joined else []
+            return protocol.CreateCluster(cluster_id=f"c-bench-{tag}", rental_id=members[rank], rank=rank, node_count=2, subnet=subnet, peers=peers)
+
+        joined = [await networks.create(create(rank)) for rank in range(2)]
+        for rank in range(2):  # member after member: handshakes that cross are slow to settle (agent.clusternet)
+            await networks.create(create(rank, joined))
+        infos = [await asyncio.to_thread(_engine, "GET", f"/containers/{quote(name)}/json") for name in members]
+        pid_a, pid_b = (info["State"]["Pid"] for info in infos)
+        paths = {"tunnel": joined[1].address, "direct": infos[1]["NetworkSettings"]["Networks"][shared]["IPAddress"]}
+        for address in paths.values():
+            await _copy_once(pid_a, pid_b, address, CHUNK)  # warm-up (the tunnel's handshake, the ARP and route caches)
+        rates: dict[str, list[float]] = {path: [] for path in paths}
+        size = mib << 20
+        for _ in range(runs):
+            for path, address in paths.items():
+                rates[path].append(size / await _copy_once(pid_a, pid_b, address, size) / 1e6)
+        return rates
+    finally:
+        for name in members:
+            with contextlib.suppress(Exception):
+                await networks.forget_rental(name)
+        await networks.close()
+        devices = {device_name(name).encode() for name in members}
+        for entry in Path("/proc").iterdir():  # whatever a failure left running
+            with contextlib.suppress(OSError):
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+                if entry.name.isdigit() and argv[0].endswith(b"wireguard-go") and devices & set(argv):
+                    os.kill(int(entry.name), signal.SIGKILL)
+        await asyncio.to_thread(dockerengine.remove_owned, owner)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run_tunnel(mib: int, runs: int) -> None:
+    title = "\nTunnel throughput between a cluster's nodes"
+    why = tunnel_unavailable()
+    if why is not None:
+        print(f"{title}: not measured ({why})")
+        return
+    version = subprocess.run(["wireguard-go", "--version"], capture_output=True, text=True, check=False).stdout
+    found = re.search(r"v[\d.]+", version)
+    print(f"{title}: two members' namespaces on this host, {runs} × {mib} MiB A → B per path, interleaved, "
+          f"wireguard-go {found[0] if found else '(version unknown)'}; MB/s = 10^6 bytes/s")  # fmt: skip
+    from tests import dockerengine
+
+    with dockerengine.network_lock(exclusive=False):  # never while the console's browser tests run (tests/conftest.py)
+        rates = asyncio.run(measure_tunnel(mib, runs))
+    medians = {path: statistics.median(values) for path, values in rates.items()}
+    names = {"tunnel": "tunnel (cluster0, WireGuard)", "direct": "direct TCP (a shared bridge)"}
+    print(f"  {'':30} {'runs, MB/s':>24} {'median':>9}")
+    for path, values in rates.items():
+        print(f"  {names[path]:30} {' '.join(f'{v:7.1f}' for v in values):>24} {medians[path]:9.1f}")
+    ratio = medians["tunnel"] / medians["direct"]
+    print(f"  ratio tunnel / direct: {ratio:.3f}× the throughput ({1 / ratio:.1f}× slower)")
+    record("clusters", f"tunnel throughput between two members' namespaces ({runs} × {mib} MiB, wireguard-go)",
+           round(medians["tunnel"], 1), "MB/s", "direct TCP between the same two namespaces (a shared bridge)",
+           round(medians["direct"], 1), "runs, MB/s: " + "; ".join(f"{path} {', '.join(f'{v:.1f}' for v in values)}" for path, values in rates.items()))  # fmt: skip
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--hosts", type=int, help="default 10,000 (--quick: 1,000)")
@@ -207,10 +413,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seeds", help="default 42-46 (--quick: 42)")
     parser.add_argument("--skip-trace", action="store_true")
     parser.add_argument("--skip-speed", action="store_true")
+    parser.add_argument("--skip-tunnel", action="store_true")
+    parser.add_argument("--tunnel", action="store_true", help="measure the tunnel under --quick too")
+    parser.add_argument("--tunnel-mib", type=int, default=64, help="MiB per copy (default 64)")
+    parser.add_argument("--tunnel-runs", type=int, default=3, help="copies per path (default 3)")
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="smaller defaults: 1,000 hosts, 200 decisions, one trace, one seed",
+        help="smaller defaults: 1,000 hosts, 200 decisions, one trace, one seed; no tunnel (unless --tunnel)",
     )
     args = parser.parse_args(argv)
     quick = args.quick
@@ -225,7 +435,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         run_speed(hosts, decisions, args.algorithm, args.regions)
     if not args.skip_trace:
         run_trace(args.trace_dir, traces.split(","), algorithms.split(","), parse_seeds(seeds))
-    print("\nTunnel throughput between a cluster's nodes: not measured yet (the network part of issue 24)")
+    if args.skip_tunnel:
+        print("\nTunnel throughput between a cluster's nodes: not measured (--skip-tunnel)")
+    elif quick and not args.tunnel:
+        print("\nTunnel throughput between a cluster's nodes: not measured yet (--quick leaves it out; add --tunnel)")
+    else:
+        run_tunnel(args.tunnel_mib, args.tunnel_runs)
     print(f"\n{time.monotonic() - started:.1f} s in all")
 
 

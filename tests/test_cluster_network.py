@@ -35,8 +35,9 @@ async def opened(api: Api, rental_id: str) -> list[Command]:
 async def answer_round(api: Api, ids: list[str], keys: dict[str, str], *, measure: list[dict[str, Any]] | None = None) -> list[str]:
     """Each member's agent answers its open ``create_cluster``; returns what the last answer issued."""
     issued: list[str] = []
-    for rank, rental_id in enumerate(ids):
+    for rental_id in ids:
         [command] = await opened(api, rental_id)
+        rank = command.args["rank"]
         data = {"public_key": keys[rental_id], "address": f"10.64.0.{rank + 1}", "listen_port": 51000 + rank,
                 "endpoints": [f"127.0.0.1:{51000 + rank}"], "peers": len(command.args.get("peers", [])),
                 "relay_url": f"wss://relay-{rank}.example:8443/v1/connect",
@@ -74,8 +75,13 @@ class TestRounds:
         await api.agent_answers(command, data={"public_key": keys[ids[1]], "address": "x", "listen_port": 1, "endpoints": ["127.0.0.1:51001"]})
         [command] = await opened(api, ids[2])
         issued = await api.agent_answers(command, data={"public_key": keys[ids[2]], "address": "x", "listen_port": 1, "endpoints": []})
-        round2 = [await opened(api, r) for r in ids]
-        assert sorted(issued) == sorted(c[0].id for c in round2)  # the ingestor publishes them at once
+        # Round 2 one member at a time: node 0 first; node 1 once node 0 has its peers.
+        assert [len(await opened(api, r)) for r in ids] == [1, 0, 0]
+        [peers_for_0] = await opened(api, ids[0])
+        assert issued == [peers_for_0.id]  # the ingestor publishes it at once
+        issued = await api.agent_answers(peers_for_0, data={"public_key": keys[ids[0]], "address": "x", "listen_port": 1})
+        round2 = [[peers_for_0], *[await opened(api, r) for r in ids[1:]]]
+        assert [len(c) for c in round2] == [1, 1, 0] and issued == [round2[1][0].id]
         peers0 = round2[0][0].args["peers"]
         assert [{k: v for k, v in p.items() if k != "relay_token"} for p in peers0] == [
             {"rank": 1, "public_key": keys[ids[1]], "endpoint": "127.0.0.1:51001"}, {"rank": 2, "public_key": keys[ids[2]]}]
@@ -89,7 +95,7 @@ class TestRounds:
         assert not round2[0][0].args["measure"]
         assert (await view(api, cluster_id))["private_network"]["state"] == "connecting"
 
-        await answer_round(api, ids, keys)
+        await answer_round(api, ids[1:], keys)
         round3 = [await opened(api, r) for r in ids]
         assert all(c[0].args["measure"] and c[0].args["peers"] for c in round3)
         assert (await view(api, cluster_id))["private_network"]["state"] == "measuring"
@@ -175,6 +181,8 @@ class TestReplacement:
         await api.agent_answers(join, data={"public_key": keys[new], "address": "x", "listen_port": 1, "endpoints": ["127.0.0.1:52000"]})
         [peers0] = await opened(api, ids[0])
         assert peers0.args["peers"] == [{"rank": 1, "public_key": keys[new], "endpoint": "127.0.0.1:52000"}]
+        assert await opened(api, new) == []  # one member at a time: node 1 once node 0 has the new key
+        await api.agent_answers(peers0, data={"public_key": keys[ids[0]], "address": "x", "listen_port": 1})
         [peers1] = await opened(api, new)
         assert peers1.args["peers"][0]["public_key"] == keys[ids[0]]
         assert old.state == "succeeded"

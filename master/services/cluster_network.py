@@ -9,8 +9,9 @@ retry it only 5 s later):
 
 1. **join** — as each container member runs, ``create_cluster`` without peers: its agent makes
    the tunnel and answers its key and endpoint (step ``creating`` → ``keyed``);
-2. **peers** — once every current member is keyed, each gets the others as peers
-   (``peering`` → ``peered``);
+2. **peers** — once every current member is keyed, each gets the others as peers, one member at a
+   time, lowest rank first (``peering`` → ``peered``): the handshakes a member starts then reach
+   members that already know it (crossing handshakes could leave a pair without a session for 5–15 s);
 3. **measure** — once every member is peered, the same again with ``measure``: each measures
    its peers of higher rank (``measuring`` → ``measured``); the network is ``up`` with the
    figures once all have answered.
@@ -163,6 +164,9 @@ async def apply_result(
     if not peers:
         entries[rank] = {**entry, "step": "keyed", "public_key": joined.public_key, "endpoint": joined.endpoints[0] if joined.endpoints else None,
                          "relay_url": joined.relay_url}  # fmt: skip
+        for other, e in entries.items():  # a member joined late (a replacement): everyone needs its key again
+            if other != rank and e.get("step") in ("peered", "measured"):
+                entries[other] = {**e, "step": "keyed"}
     elif not measure:
         entries[rank] = {**entry, "step": "peered"}
     else:
@@ -182,8 +186,13 @@ def _next_round(session: AsyncSession, cluster: Cluster, net: dict[str, Any], at
     if len(entries) < cluster.node_count or any(e.get("step") in ("creating", "failed", "deleted") for e in entries.values()):
         return
     steps = {e["step"] for e in entries.values()}
-    if "keyed" in steps and steps <= set(_KEYED) and not steps & {"peering", "measuring"}:
-        _send_round(session, cluster, entries, measure=False, peers=_peers(cluster, entries, at, sign))
+    if steps & {"peering", "measuring"}:
+        return  # a round in flight
+    if "keyed" in steps:
+        # Round 2 one member at a time, lowest rank first: each sets its peers once those before it know it, so the
+        # handshakes it starts are answered (set at once, crossing handshakes left pairs without a session for 5-15 s).
+        first = min((r for r, e in entries.items() if e["step"] == "keyed"), key=int)
+        _send_round(session, cluster, {first: entries[first]}, measure=False, peers=_peers(cluster, entries, at, sign))
         net["state"] = "connecting"
     elif steps == {"peered"}:
         _send_round(session, cluster, entries, measure=True, peers=_peers(cluster, entries, at, sign))
