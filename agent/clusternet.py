@@ -35,15 +35,17 @@ interface goes with it. What was made is kept in ``<work>/clusters/<rental>.json
 0600), so a restarted agent answers the same request the same and can still take it down; a
 tunnel found gone (``wireguard-go`` ended, or the container has a new network namespace) is made
 again with the same key and port, and the peers it had.
+
+Beside it: ``agent.wgcontrol`` (keys and the UAPI requests), ``agent.clusterprobe`` (the responder
+and the round-trip and throughput probes) and ``agent.clusterrelay`` (a peer reached through the
+relays when no handshake completes directly, or with ``direct=False``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import hashlib
-import ipaddress
 import json
 import logging
 import os
@@ -52,7 +54,6 @@ import signal
 import socket
 import ssl
 import stat
-import statistics
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
@@ -60,32 +61,30 @@ from pathlib import Path
 from typing import Final
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
+from agent.clusterprobe import MEASURE_PORT, echo, respond, sink
 from agent.clusterrelay import RelayedPeer
 from agent.runtimes.netns import NamespaceUnavailable, socket_in_namespace
+from agent.wgcontrol import (
+    UAPI_DIR,
+    ClusterNetworkError,
+    address_of,
+    handshakes,
+    hex_key,
+    uapi,
+    uapi_peer_changes,
+    uapi_set,
+    wg_public_key,
+)
 from shared import protocol
-from shared.errors import BadRequest
 
 log = logging.getLogger(__name__)
 
 INTERFACE: Final = "cluster0"  # the tunnel's name inside the member's container
-MEASURE_PORT: Final = 29499  # the responder's TCP port on the member's private address
-UAPI_DIR: Final = Path("/var/run/wireguard")
 HOSTS_BEGIN: Final = "# gpumarket cluster network: begin"
 HOSTS_END: Final = "# gpumarket cluster network: end"
 MAX_HOSTS_BYTES: Final = 1 << 20
-KEEPALIVE_S: Final = 25  # keeps a NAT's mapping open between members that are idle
-PINGS: Final = 5
-# The stages the responder answers: "E" echoes bytes one by one (round trip), "S" + 8-byte length sinks that many and says "K".
-MAX_SINK_BYTES: Final = 256 << 20
-
-
-class ClusterNetworkError(BadRequest):
-    """The member's tunnel could not be made; ``code`` is ``cluster_network_unavailable``."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, code="cluster_network_unavailable")
 
 
 @dataclass
@@ -108,11 +107,6 @@ class MemberNet:
     @property
     def address(self) -> str:
         return address_of(self.subnet, self.rank)
-
-
-def address_of(subnet: str, rank: int) -> str:
-    """``node-<rank>``'s private address: the subnet's ``rank + 1``."""
-    return str(ipaddress.IPv4Network(subnet)[rank + 1])
 
 
 def device_name(rental_id: str) -> str:
@@ -165,93 +159,6 @@ def rewrite_hosts(path: Path, block: str | None) -> None:
         os.close(fd)
 
 
-def wg_public_key(private: X25519PrivateKey) -> str:
-    return base64.b64encode(private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)).decode()
-
-
-def _hex_key(b64: str) -> str:
-    return base64.b64decode(b64).hex()
-
-
-def uapi_set(private_hex: str | None, peers: list[protocol.ClusterPeer] | None, subnet: str, *, listen_port: int | None = None) -> str:
-    """A UAPI ``set`` request: the private key and port (when given) and, when ``peers`` is not ``None``, the peers
-    replacing any earlier ones, each allowed only its own address."""
-    lines = ["set=1"]
-    if private_hex is not None:
-        lines.append(f"private_key={private_hex}")
-    if listen_port is not None:
-        lines.append(f"listen_port={listen_port}")
-    if peers is not None:
-        lines += ["replace_peers=true", *_peer_lines(peers, subnet)]
-    return "\n".join(lines) + "\n\n"
-
-
-def _peer_lines(peers: list[protocol.ClusterPeer], subnet: str) -> list[str]:
-    lines = []
-    for peer in peers:
-        lines += [f"public_key={_hex_key(peer.public_key)}", "replace_allowed_ips=true", f"allowed_ip={address_of(subnet, peer.rank)}/32",
-                  f"persistent_keepalive_interval={KEEPALIVE_S}"]  # fmt: skip
-        if peer.endpoint is not None:
-            lines.append(f"endpoint={peer.endpoint}")
-    return lines
-
-
-def uapi_peer_changes(old: list[protocol.ClusterPeer], new: list[protocol.ClusterPeer], subnet: str) -> str | None:
-    """A UAPI ``set`` request that turns the peers ``old`` into ``new`` (``None``: nothing to change): the peers
-    gone removed, the new or changed ones set; a peer that did not change is not touched. ``replace_peers`` would
-    end every session, and members setting their peers at once would then all start handshakes at once: in
-    wireguard-go (0.0.20220316) handshakes that cross can leave a pair without a session for 5–15 s."""
-    keys = {peer.public_key for peer in new}
-    lines = [f"public_key={_hex_key(peer.public_key)}\nremove=true" for peer in old if peer.public_key not in keys]
-    lines += _peer_lines([peer for peer in new if peer not in old], subnet)
-    return "\n".join(["set=1", *lines]) + "\n\n" if lines else None
-
-
-async def uapi_lines(device: str, request: str, *, directory: Path = UAPI_DIR, timeout: float = 5.0) -> list[tuple[str, str]]:
-    """Send one UAPI request to ``wireguard-go``'s socket; its answer's ``key=value`` lines in order. Raises
-    ``ClusterNetworkError`` when it answers ``errno`` other than 0, or cannot be asked (no socket, no answer within
-    ``timeout``)."""
-    try:
-        async with asyncio.timeout(timeout):
-            reader, writer = await asyncio.open_unix_connection(str(directory / f"{device}.sock"))
-            try:
-                writer.write(request.encode())
-                await writer.drain()
-                lines: list[tuple[str, str]] = []
-                while True:
-                    line = (await reader.readline()).decode().strip()
-                    if not line:
-                        break
-                    key, _, value = line.partition("=")
-                    lines.append((key, value))
-            finally:
-                writer.close()
-    except OSError as exc:  # TimeoutError included
-        raise ClusterNetworkError(f"wireguard-go's control socket for {device} did not answer ({exc or type(exc).__name__})") from None
-    errno = dict(lines).get("errno", "0")
-    if errno != "0":
-        raise ClusterNetworkError(f"wireguard-go refused its configuration (errno {errno})")
-    return lines
-
-
-async def uapi(device: str, request: str, *, directory: Path = UAPI_DIR, timeout: float = 5.0) -> dict[str, str]:
-    """``uapi_lines`` as a dict (the last line of each key wins)."""
-    return dict(await uapi_lines(device, request, directory=directory, timeout=timeout))
-
-
-async def handshakes(device: str, *, directory: Path = UAPI_DIR) -> dict[str, int]:
-    """Each peer's (public key, base64) last handshake, seconds since the epoch (0: never)."""
-    found: dict[str, int] = {}
-    key: str | None = None
-    for name, value in await uapi_lines(device, "get=1\n\n", directory=directory):
-        if name == "public_key":
-            key = base64.b64encode(bytes.fromhex(value)).decode()
-            found[key] = 0
-        elif name == "last_handshake_time_sec" and key is not None:
-            found[key] = int(value)
-    return found
-
-
 async def _run(*argv: str, timeout: float = 10.0) -> None:
     process = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
     try:
@@ -302,7 +209,7 @@ class ClusterNetworks:
         self.measure_timeout = measure_timeout
         self.handshake_timeout = handshake_timeout
         self._relays: dict[tuple[str, int], RelayedPeer] = {}  # (member rental, peer rank) → its path through the relays
-        self._responders: dict[str, asyncio.Server] = {}
+        self.responders: dict[str, asyncio.Server] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
     # ---- the commands ------------------------------------------------------------------------
@@ -330,7 +237,7 @@ class ClusterNetworks:
         elif not self._intact(net, pid):
             await self._close_relays(net.rental_id)
             net = await self._remake(net, command, pid, hosts)
-        await self._ensure_responder(net, pid)
+        await self._ensureresponder(net, pid)
         measurements: list[protocol.PeerMeasurement] = []
         if command.peers:
             peers = [peer if self.direct else peer.model_copy(update={"endpoint": None}) for peer in command.peers]
@@ -384,7 +291,7 @@ class ClusterNetworks:
         relayed = RelayedPeer(peer.relay_url, peer.relay_token, net.listen_port, self.relay_tls())
         port = relayed.start()
         self._relays[(net.rental_id, peer.rank)] = relayed
-        await uapi(net.device, f"set=1\npublic_key={_hex_key(peer.public_key)}\nendpoint=127.0.0.1:{port}\n\n", directory=self.uapi_dir)
+        await uapi(net.device, f"set=1\npublic_key={hex_key(peer.public_key)}\nendpoint=127.0.0.1:{port}\n\n", directory=self.uapi_dir)
         if peer.rank not in net.relayed:
             net.relayed.append(peer.rank)
             self._save(net)
@@ -423,7 +330,7 @@ class ClusterNetworks:
                 await self._take_down(net)
                 continue
             with contextlib.suppress(OSError, NamespaceUnavailable):
-                await self._ensure_responder(net, found[0])
+                await self._ensureresponder(net, found[0])
             for peer in [protocol.ClusterPeer.model_validate(p) for p in net.peers]:
                 if peer.rank in net.relayed:
                     with contextlib.suppress(OSError, ClusterNetworkError):
@@ -435,9 +342,9 @@ class ClusterNetworks:
         for relayed in self._relays.values():
             await relayed.close()
         self._relays.clear()
-        for server in self._responders.values():
+        for server in self.responders.values():
             server.close()
-        self._responders.clear()
+        self.responders.clear()
 
     # ---- making and taking down ---------------------------------------------------------------
 
@@ -524,7 +431,7 @@ class ClusterNetworks:
         """End the member's ``wireguard-go`` (its interface goes with it) and wait for it to have ended, so that the
         answer comes when the tunnel is gone and a new one for the rental never meets the old one's socket."""
         await self._close_relays(net.rental_id)
-        server = self._responders.pop(net.rental_id, None)
+        server = self.responders.pop(net.rental_id, None)
         if server is not None:
             server.close()
         ours = _is_wireguard(net.wg_pid, net.device)
@@ -555,8 +462,8 @@ class ClusterNetworks:
 
     # ---- measuring ------------------------------------------------------------------------------
 
-    async def _ensure_responder(self, net: MemberNet, pid: int) -> None:
-        server = self._responders.get(net.rental_id)
+    async def _ensureresponder(self, net: MemberNet, pid: int) -> None:
+        server = self.responders.get(net.rental_id)
         if server is not None and server.is_serving():
             return
 
@@ -568,21 +475,21 @@ class ClusterNetworks:
             return sock
 
         sock = await socket_in_namespace(pid, listen, name="cluster-responder")
-        self._responders[net.rental_id] = await asyncio.start_server(_respond, sock=sock)
+        self.responders[net.rental_id] = await asyncio.start_server(respond, sock=sock)
 
     async def _measure(self, net: MemberNet, pid: int, peers: list[protocol.ClusterPeer]) -> list[protocol.PeerMeasurement]:
         """The round trips to every peer first (at once: a few bytes each, and where waiting for handshakes happens),
         then the throughputs one peer at a time: a throughput run beside a round trip inflated the round trip tenfold
         (0.3 → 10 ms here), and two beside each other share the link."""
         targets = {peer.rank: address_of(net.subnet, peer.rank) for peer in peers}
-        rtts = await asyncio.gather(*(self._attempt(pid, target, _echo) for target in targets.values()))
+        rtts = await asyncio.gather(*(self._attempt(pid, target, echo) for target in targets.values()))
         measurements = []
         for (rank, target), (rtt_ms, unanswered) in zip(targets.items(), rtts, strict=True):
             if unanswered is not None:
                 why = f"node-{rank} did not answer through the tunnel within {self.measure_timeout:g}s ({unanswered[:120]})"
                 measurements.append(protocol.PeerMeasurement(rank=rank, error=why, path=self.path_to(net.rental_id, rank)))
                 continue
-            mbit_s, failed = await self._attempt(pid, target, lambda r, w: _sink(r, w, self.measure_bytes)) if self.measure_bytes else (None, None)
+            mbit_s, failed = await self._attempt(pid, target, lambda r, w: sink(r, w, self.measure_bytes)) if self.measure_bytes else (None, None)
             error = None if failed is None else f"node-{rank} answered, but no throughput run finished within {self.measure_timeout:g}s ({failed[:120]})"
             measurements.append(protocol.PeerMeasurement(rank=rank, rtt_ms=rtt_ms, mbit_s=mbit_s, error=error, path=self.path_to(net.rental_id, rank)))
         return measurements
@@ -643,57 +550,6 @@ class ClusterNetworks:
     def _drop(self, net: MemberNet) -> None:
         for path in (self._path(net.rental_id), self.dir / f"{net.rental_id}.key"):
             path.unlink(missing_ok=True)
-
-
-async def _respond(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        async with asyncio.timeout(60):
-            stage = await reader.readexactly(1)
-            if stage == b"E":
-                for _ in range(PINGS):
-                    writer.write(await reader.readexactly(1))
-                    await writer.drain()
-            elif stage == b"S":
-                left = min(int.from_bytes(await reader.readexactly(8), "big"), MAX_SINK_BYTES)
-                while left > 0:
-                    chunk = await reader.read(min(left, 1 << 16))
-                    if not chunk:
-                        return
-                    left -= len(chunk)
-                writer.write(b"K")
-                await writer.drain()
-    except (OSError, TimeoutError, asyncio.IncompleteReadError):
-        pass
-    finally:
-        writer.close()
-
-
-async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> float:
-    """The median of ``PINGS`` one-byte round trips, ms."""
-    rtts: list[float] = []
-    writer.write(b"E")
-    for _ in range(PINGS):
-        started = time.perf_counter()
-        writer.write(b"p")
-        await writer.drain()
-        await reader.readexactly(1)
-        rtts.append((time.perf_counter() - started) * 1000)
-    return round(statistics.median(rtts), 3)
-
-
-async def _sink(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, size: int) -> float:
-    """Mbit/s of sending ``size`` bytes until the responder says it has them all."""
-    chunk = bytes(1 << 16)
-    started = time.perf_counter()
-    writer.write(b"S" + size.to_bytes(8, "big"))
-    sent = 0
-    while sent < size:
-        part = chunk[: min(len(chunk), size - sent)]
-        writer.write(part)
-        await writer.drain()
-        sent += len(part)
-    await reader.readexactly(1)
-    return round(size * 8 / (time.perf_counter() - started) / 1e6, 1)
 
 
 def _bare(peer: protocol.ClusterPeer) -> protocol.ClusterPeer:

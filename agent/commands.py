@@ -16,12 +16,13 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from agent.clusternet import ClusterNetworkError, ClusterNetworks
+from agent.clusternet import ClusterNetworks
 from agent.gpu.base import GpuBackend
 from agent.health import check_health
 from agent.logship import LogShipper
 from agent.runtimes.manager import WorkloadManager
 from agent.sshd import RentalSshServer
+from agent.wgcontrol import ClusterNetworkError
 from shared import protocol
 from shared.errors import ConfigError, GpumarketError, ProtocolError
 

@@ -41,16 +41,13 @@ from agent.clusternet import (
     HOSTS_END,
     INTERFACE,
     MAX_HOSTS_BYTES,
-    UAPI_DIR,
-    ClusterNetworkError,
     ClusterNetworks,
     device_name,
     hosts_block,
     rewrite_hosts,
-    uapi_peer_changes,
-    uapi_set,
     with_hosts_block,
 )
+from agent.wgcontrol import UAPI_DIR, ClusterNetworkError, uapi_peer_changes, uapi_set
 from shared import protocol
 from shared.errors import ProtocolError
 from shared.protocol.commands import WIREGUARD_KEY_PATTERN

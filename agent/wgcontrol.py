@@ -1,0 +1,118 @@
+"""``wireguard-go``'s control, for a cluster member's tunnel (``agent.clusternet``): keys, and the requests of
+WireGuard's text protocol (UAPI) on its control socket ``/var/run/wireguard/<device>.sock`` — no ``wg`` needed."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import ipaddress
+from pathlib import Path
+from typing import Final
+
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from shared import protocol
+from shared.errors import BadRequest
+
+UAPI_DIR: Final = Path("/var/run/wireguard")
+KEEPALIVE_S: Final = 25  # keeps a NAT's mapping open between members that are idle
+
+
+class ClusterNetworkError(BadRequest):
+    """The member's tunnel could not be made; ``code`` is ``cluster_network_unavailable``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="cluster_network_unavailable")
+
+
+def address_of(subnet: str, rank: int) -> str:
+    """``node-<rank>``'s private address: the subnet's ``rank + 1``."""
+    return str(ipaddress.IPv4Network(subnet)[rank + 1])
+
+
+def wg_public_key(private: X25519PrivateKey) -> str:
+    return base64.b64encode(private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)).decode()
+
+
+def hex_key(b64: str) -> str:
+    return base64.b64decode(b64).hex()
+
+
+def uapi_set(private_hex: str | None, peers: list[protocol.ClusterPeer] | None, subnet: str, *, listen_port: int | None = None) -> str:
+    """A UAPI ``set`` request: the private key and port (when given) and, when ``peers`` is not ``None``, the peers
+    replacing any earlier ones, each allowed only its own address."""
+    lines = ["set=1"]
+    if private_hex is not None:
+        lines.append(f"private_key={private_hex}")
+    if listen_port is not None:
+        lines.append(f"listen_port={listen_port}")
+    if peers is not None:
+        lines += ["replace_peers=true", *_peer_lines(peers, subnet)]
+    return "\n".join(lines) + "\n\n"
+
+
+def _peer_lines(peers: list[protocol.ClusterPeer], subnet: str) -> list[str]:
+    lines = []
+    for peer in peers:
+        lines += [f"public_key={hex_key(peer.public_key)}", "replace_allowed_ips=true", f"allowed_ip={address_of(subnet, peer.rank)}/32",
+                  f"persistent_keepalive_interval={KEEPALIVE_S}"]  # fmt: skip
+        if peer.endpoint is not None:
+            lines.append(f"endpoint={peer.endpoint}")
+    return lines
+
+
+def uapi_peer_changes(old: list[protocol.ClusterPeer], new: list[protocol.ClusterPeer], subnet: str) -> str | None:
+    """A UAPI ``set`` request that turns the peers ``old`` into ``new`` (``None``: nothing to change): the peers
+    gone removed, the new or changed ones set; a peer that did not change is not touched. ``replace_peers`` would
+    end every session, and members setting their peers at once would then all start handshakes at once: in
+    wireguard-go (0.0.20220316) handshakes that cross can leave a pair without a session for 5–15 s."""
+    keys = {peer.public_key for peer in new}
+    lines = [f"public_key={hex_key(peer.public_key)}\nremove=true" for peer in old if peer.public_key not in keys]
+    lines += _peer_lines([peer for peer in new if peer not in old], subnet)
+    return "\n".join(["set=1", *lines]) + "\n\n" if lines else None
+
+
+async def uapi_lines(device: str, request: str, *, directory: Path = UAPI_DIR, timeout: float = 5.0) -> list[tuple[str, str]]:
+    """Send one UAPI request to ``wireguard-go``'s socket; its answer's ``key=value`` lines in order. Raises
+    ``ClusterNetworkError`` when it answers ``errno`` other than 0, or cannot be asked (no socket, no answer within
+    ``timeout``)."""
+    try:
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_unix_connection(str(directory / f"{device}.sock"))
+            try:
+                writer.write(request.encode())
+                await writer.drain()
+                lines: list[tuple[str, str]] = []
+                while True:
+                    line = (await reader.readline()).decode().strip()
+                    if not line:
+                        break
+                    key, _, value = line.partition("=")
+                    lines.append((key, value))
+            finally:
+                writer.close()
+    except OSError as exc:  # TimeoutError included
+        raise ClusterNetworkError(f"wireguard-go's control socket for {device} did not answer ({exc or type(exc).__name__})") from None
+    errno = dict(lines).get("errno", "0")
+    if errno != "0":
+        raise ClusterNetworkError(f"wireguard-go refused its configuration (errno {errno})")
+    return lines
+
+
+async def uapi(device: str, request: str, *, directory: Path = UAPI_DIR, timeout: float = 5.0) -> dict[str, str]:
+    """``uapi_lines`` as a dict (the last line of each key wins)."""
+    return dict(await uapi_lines(device, request, directory=directory, timeout=timeout))
+
+
+async def handshakes(device: str, *, directory: Path = UAPI_DIR) -> dict[str, int]:
+    """Each peer's (public key, base64) last handshake, seconds since the epoch (0: never)."""
+    found: dict[str, int] = {}
+    key: str | None = None
+    for name, value in await uapi_lines(device, "get=1\n\n", directory=directory):
+        if name == "public_key":
+            key = base64.b64encode(bytes.fromhex(value)).decode()
+            found[key] = 0
+        elif name == "last_handshake_time_sec" and key is not None:
+            found[key] = int(value)
+    return found
