@@ -30,9 +30,15 @@ a connection that succeeds proves nothing on a network with a transparent proxy)
 bytes) for both and the ratio. Needs root, ``wireguard-go`` and a Docker engine; without them it prints "not
 measured (why)" and records nothing. ``--quick`` leaves it out unless ``--tunnel``.
 
+Links: gang placement of a 4-node cluster (1 GPU per node) over one group of ``--link-groups`` free
+hosts (one region and model) with measured links between them (``host_links.placement_rtt``, as
+``cluster_placement`` hands them to ``place_gang``): 1 % of the pairs measured, then every pair, each
+without bounds and with ``max_latency_ms`` 5, beside the same group with no link known (no RTT work).
+Round trips are uniform in 0.1–10 ms (seeded); the mean of 3 decisions.
+
 Usage: ``python bench/bench_clusters.py [--hosts 10000] [--decisions 2000] [--algorithm fgd_net]
 [--traces default,multigpu50] [--algorithms fgd_net,best_fit] [--seeds 42-46] [--skip-trace]
-[--skip-speed] [--skip-tunnel] [--tunnel] [--tunnel-mib 64] [--tunnel-runs 3] [--quick]``.
+[--skip-speed] [--link-groups 100,300,1000] [--skip-links] [--skip-tunnel] [--tunnel] [--tunnel-mib 64] [--tunnel-runs 3] [--quick]``.
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ from master.scheduler import MILLI, Fleet, Gpu, Node, Request, get_placer
 from master.scheduler.gang import place_gang
 from master.scheduler.gang_simulate import MODES, ClusterResult, simulate_clusters
 from master.scheduler.trace import load_nodes, load_pods
+from master.services import host_links
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # the test image's builder, tests/dockerengine.py (the tunnel part)
@@ -170,6 +177,39 @@ def run_speed(hosts: int, decisions: int, algorithm: str, regions: int) -> None:
            "decisions/s", "single-node placements, same placer and fleet", round(baseline["per_s"], 1))  # fmt: skip
     record("clusters", f"gang placement p99 decision at {fleet_name} ({algorithm})", round(gang["p99_ms"], 3), "ms",
            "single-node placement p99", round(baseline["p99_ms"], 3))  # fmt: skip
+
+
+# ---- links ------------------------------------------------------------------------------------------
+
+
+def run_links(sizes: Sequence[int], algorithm: str, *, repeats: int = 3) -> None:
+    """Time gang decisions over one group of free hosts whose pairs are partly or wholly measured."""
+    print(f"\nLinks: a 4-node cluster over one group of free hosts with measured round trips, {algorithm}, mean of {repeats}")
+    print(f"  {'hosts':>6} {'measured':>9} {'links':>8} {'no links ms':>12} {'no bounds ms':>13} {'≤ 5 ms ms':>10}")
+    member = Request(num_gpu=1, cpu_milli=8_000, memory_mib=65_536, gpu_models=frozenset({MODELS[0]}))
+    for size in sizes:
+        fleet = Fleet([
+            Node(f"h-{i:05d}", MODELS[0], [Gpu(g, uuid=f"h{i}-g{g}", milli_free=MILLI) for g in range(GPUS_PER_HOST)],
+                 cpu_milli=128_000, memory_mib=1_048_576, cpu_milli_free=128_000, memory_mib_free=1_048_576, region="r0")
+            for i in range(size)
+        ])  # fmt: skip
+        ids = [node.node_id for node in fleet]
+        for share in (0.01, 1.0):
+            rng = random.Random(size)
+            links = {
+                (a, b): host_links.Figures(rtt_ms=round(rng.uniform(0.1, 10), 3))
+                for i, a in enumerate(ids) for b in ids[i + 1 :] if rng.random() < share
+            }  # fmt: skip
+            timings = []
+            for bounds, known in ((host_links.NetworkBounds(), {}), (host_links.NetworkBounds(), links),
+                                  (host_links.NetworkBounds(max_latency_ms=5), links)):  # fmt: skip
+                rtt_ms, max_rtt_ms = host_links.placement_rtt(known, bounds, str)
+                started = time.perf_counter_ns()
+                for _ in range(repeats):
+                    placements = place_gang(member, 4, fleet, placer=get_placer(algorithm, seed=1), rtt_ms=rtt_ms, max_rtt_ms=max_rtt_ms)
+                    assert placements is not None
+                timings.append((time.perf_counter_ns() - started) / repeats / 1e6)
+            print(f"  {size:6,} {share:9.0%} {len(links):8,} {timings[0]:12.1f} {timings[1]:13.1f} {timings[2]:10.1f}")
 
 
 # ---- trace -----------------------------------------------------------------------------------------
@@ -417,6 +457,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--tunnel", action="store_true", help="measure the tunnel under --quick too")
     parser.add_argument("--tunnel-mib", type=int, default=64, help="MiB per copy (default 64)")
     parser.add_argument("--tunnel-runs", type=int, default=3, help="copies per path (default 3)")
+    parser.add_argument("--link-groups", help="hosts per group of the links runs; default 100,300,1000 (--quick: 100)")
+    parser.add_argument("--skip-links", action="store_true")
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -433,6 +475,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     started = time.monotonic()
     if not args.skip_speed:
         run_speed(hosts, decisions, args.algorithm, args.regions)
+    if not args.skip_links:
+        run_links([int(n) for n in (args.link_groups or ("100" if quick else "100,300,1000")).split(",")], args.algorithm)
     if not args.skip_trace:
         run_trace(args.trace_dir, traces.split(","), algorithms.split(","), parse_seeds(seeds))
     if args.skip_tunnel:

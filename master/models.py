@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    CheckConstraint,
     DateTime,
     ForeignKey,
     Index,
@@ -370,7 +371,8 @@ class Cluster(Base):
     allow_mixed: Mapped[bool] = mapped_column(default=False)  # False: every member gets the same GPU model
     workload: Mapped[dict[str, Any]] = mapped_column(default=dict)  # before the per-member environment
     template: Mapped[str | None] = mapped_column(String(40), default=None)
-    # Limits between nodes ({"max_latency_ms", "max_loss_pct"}): stored, honoured once pairwise figures are measured.
+    # Bounds between nodes ({"max_latency_ms", "max_loss_pct", "min_mbit_s"}): placement keeps host pairs measured
+    # outside them apart (host_links); once the private network is up its figures are checked against them.
     network: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     # The private network between members (master/services/cluster_network.py): its /24 and what the agents said.
     subnet: Mapped[str | None] = mapped_column(String(18), default=None)
@@ -395,6 +397,30 @@ class ClusterEvent(Base):
     from_state: Mapped[str | None] = mapped_column(String(16))
     to_state: Mapped[str] = mapped_column(String(16))
     cause: Mapped[str] = mapped_column(Text)
+
+
+class HostLink(Base):
+    """The network between two hosts as a cluster's agents last measured it through its private network
+    (``master/services/host_links.py``): one row per pair, ``host_a < host_b``, the latest figures winning.
+
+    ``reachable`` false: the tunnel carried nothing between them (``error`` says what the agent saw; the
+    figures are NULL). ``loss_pct`` is NULL where the agents do not measure it; ``mbit_s`` where they
+    measured no throughput. ``cluster_id``: the cluster whose members measured it.
+    """
+
+    __tablename__ = "host_links"
+    __table_args__ = (CheckConstraint("host_a < host_b", name="ck_host_links_ordered"),)
+
+    host_a: Mapped[str] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), primary_key=True)
+    host_b: Mapped[str] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), primary_key=True, index=True)
+    reachable: Mapped[bool] = mapped_column(default=True)
+    rtt_ms: Mapped[float | None] = mapped_column(default=None)
+    mbit_s: Mapped[float | None] = mapped_column(default=None)
+    loss_pct: Mapped[float | None] = mapped_column(default=None)
+    error: Mapped[str | None] = mapped_column(String(300), default=None)
+    path: Mapped[str | None] = mapped_column(String(8), default=None)  # direct | relay: how the tunnel reached the peer
+    measured_at: Mapped[datetime]
+    cluster_id: Mapped[str | None] = mapped_column(ForeignKey("clusters.id", ondelete="SET NULL"), default=None)
 
 
 class GpuAllocation(Base):

@@ -177,6 +177,7 @@ class MasterSettings(ServiceSettings):
     preemption_grace_s: float = Field(30.0, ge=0, le=600, description="Seconds a preempted workload has between SIGTERM and SIGKILL.")
     queue_interval: float = Field(2.0, gt=0, le=600, description="Seconds between passes over queued rentals (a release of GPUs also starts one).")
     placement_pause_after_claim_s: float = Field(0.0, ge=0, le=60, description="Fault injection for the fault suite (tests/faults), never for production: seconds every placement waits after claiming its GPUs, inside its transaction, so a test can kill the master mid-placement.")
+    host_link_max_age_s: float = Field(7 * 86400.0, ge=60, le=365 * 86400, description="Seconds the network measured between two hosts by a cluster's agents (host_links) guides cluster placement; older figures count as never measured, so a pair once measured outside a cluster's bounds is tried again.")
     max_queue_timeout_s: float = Field(86400.0, gt=0, le=30 * 86400, description="Longest queue_timeout_s a rental request may ask for.")
     default_max_gpus: Decimal | None = Field(None, ge=0, description="GPUs (fractions count) an account may hold at once unless its own quota says otherwise; unset: no limit.")
     default_max_spend_per_hour: Decimal | None = Field(None, ge=0, description="USD per hour an account's active rentals may cost at once unless its own quota says otherwise; unset: no limit.")

@@ -16,7 +16,8 @@ NUMBER = r"[\d,]+\.?\d*"
 
 
 def test_quick_run_prints_gang_placement_beside_its_baseline(tmp_path: Path) -> None:
-    """A tiny fleet and no trace (an empty --trace-dir): the speed table, the skipped trace and the tunnel's place."""
+    """A tiny fleet and no trace (an empty --trace-dir): the speed table, the links table, the skipped trace and the
+    tunnel's place."""
     results = tmp_path / "results.json"
     env = {**os.environ, "GPUMARKET_BENCH_RESULTS": str(results),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}  # fmt: skip
@@ -45,6 +46,7 @@ def test_quick_run_prints_gang_placement_beside_its_baseline(tmp_path: Path) -> 
         assert per_s > 0 and 0 < p50 <= p99 and 0 < placed <= 30
     assert re.search(rf"ratio gang / baseline: {NUMBER}× the decisions per second", out), out
     assert "Trace: skipped" in out and "Tunnel throughput between a cluster's nodes: not measured yet" in out
+    assert re.search(rf"\n\s+100\s+1%\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\n", out), out  # the links runs, 100 hosts
     figures = json.loads(results.read_text(encoding="utf-8"))["figures"]
     assert [(f["bench"], f["unit"]) for f in figures] == [("clusters", "decisions/s"), ("clusters", "ms")]
     assert all(f["value"] > 0 and f["baseline_value"] > 0 for f in figures)

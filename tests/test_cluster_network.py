@@ -107,9 +107,9 @@ class TestRounds:
         net = body["private_network"]
         assert net["state"] == "up" and net["measured_at"]
         assert net["pairs"] == [
-            {"a": 0, "b": 1, "rtt_ms": 0.4, "mbit_s": 900.0, "error": None, "path": "direct"},
-            {"a": 0, "b": 2, "rtt_ms": 0.5, "mbit_s": 800.0, "error": None, "path": "relay"},
-            {"a": 1, "b": 2, "rtt_ms": 0.6, "mbit_s": 700.0, "error": None, "path": "direct"},
+            {"a": 0, "b": 1, "rtt_ms": 0.4, "mbit_s": 900.0, "loss_pct": None, "error": None, "path": "direct"},
+            {"a": 0, "b": 2, "rtt_ms": 0.5, "mbit_s": 800.0, "loss_pct": None, "error": None, "path": "relay"},
+            {"a": 1, "b": 2, "rtt_ms": 0.6, "mbit_s": 700.0, "loss_pct": None, "error": None, "path": "direct"},
         ]
         assert [n["step"] for n in net["nodes"]] == ["measured"] * 3
         assert any(e["cause"].startswith(f"private network up on {subnet}: node-0 ↔ node-1 0.4 ms, 900.0 Mbit/s") for e in body["events"])

@@ -60,9 +60,14 @@ class RentalCreate(_Body):
 
 
 class ClusterNetworkBody(_Body):
-    max_latency_ms: float | None = Field(None, gt=0, le=10_000, description="Worst round-trip time between two nodes (stored; "
-                                         "honoured once pairwise figures are measured).")
-    max_loss_pct: float | None = Field(None, ge=0, le=100, description="Worst packet loss between two nodes (stored, as above).")
+    """Bounds between any two nodes, against what the members' agents measure through the cluster's private network."""
+
+    max_latency_ms: float | None = Field(None, gt=0, le=10_000, description="Worst round trip between two nodes, ms: hosts "
+                                         "measured further apart are never placed together (hosts never measured are).")
+    max_loss_pct: float | None = Field(None, ge=0, le=100, description="Worst packet loss between two nodes, %, where the "
+                                       "agents measure it: hosts measured losing more are never placed together.")
+    min_mbit_s: float | None = Field(None, gt=0, le=400_000, description="Least throughput between two nodes, Mbit/s: hosts "
+                                     "measured slower are never placed together.")
 
 
 class ClusterCreate(_Body):
@@ -75,7 +80,10 @@ class ClusterCreate(_Body):
     requirements: str | None = Field(None, max_length=2000, description="Offer filters every node's host meets (query language).")
     kind: Literal["on_demand", "interruptible"] = Field("on_demand", description="As for rentals; interruptible nodes need a bid.")
     bid: Bid | None = Field(None, description="Most USD per GPU-hour for an interruptible cluster.")
-    network: ClusterNetworkBody | None = Field(None, description="Limits between nodes (stored; not yet honoured).")
+    network: ClusterNetworkBody | None = Field(None, description="Bounds between any two nodes: host pairs measured outside "
+                                               "them (or unreachable) are never placed together, pairs never measured are; once "
+                                               "the private network is up, its figures are checked against them "
+                                               "(private_network.within_bounds, and an event when not; the cluster keeps running).")
     restart_policy: Literal["stop", "replace"] = Field("stop", description="What a failed node does to the cluster "
                                                        "(stored; the cluster is degraded either way for now).")
     queue: bool = Field(False, description="Wait, as one unit, up to queue_timeout_s when the fleet could take the cluster but "

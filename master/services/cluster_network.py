@@ -16,6 +16,12 @@ retry it only 5 s later):
    its peers of higher rank (``measuring`` → ``measured``); the network is ``up`` with the
    figures once all have answered.
 
+Each measure answer also teaches the fleet: every pair it measured is a pair of hosts, upserted
+into ``host_links`` (``host_links.record``), which placement reads to honour clusters' network
+bounds. Once the network is up, its figures are checked against this cluster's own bounds
+(``within_bounds``, ``out_of_bounds``, and an event naming each pair outside them); the cluster
+keeps running either way: the renter decides.
+
 A replacement member (restart policy ``replace``) joins as in round 1, and rounds 2–3 run again
 for all. A member whose agent fails a round makes the network ``failed`` (with the reason, as a
 cluster event). Once the cluster is stopping or over, ``delete_cluster`` goes to every member
@@ -41,6 +47,7 @@ from sqlalchemy.orm import Session
 
 from master.models import Cluster, ClusterEvent, Rental
 from master.models import Command as CommandRow
+from master.services import host_links
 from shared import protocol
 from shared.crypto.tokens import ConnectClaims, new_claims
 from shared.ids import new_id
@@ -55,6 +62,7 @@ RELAY_PORT: Final = 51820  # the port a ``wg`` stream's token names (WireGuard's
 # How long a peer's relay token opens streams: a relayed path the agent re-opens (after a drop, a restart) within it.
 RELAY_TOKEN_TTL: Final = timedelta(days=7)
 Signer = Callable[[ConnectClaims], str]
+_MAX_PAIRS_TOLD: Final = 8  # pairs outside the bounds one event names (the view lists them all)
 
 
 def subnet_for(cluster_id: str) -> str:
@@ -170,14 +178,60 @@ async def apply_result(
     elif not measure:
         entries[rank] = {**entry, "step": "peered"}
     else:
+        if entry.get("step") == "measuring":
+            await _learn_links(session, cluster, entries, entry, joined.measurements, at)
         entries[rank] = {**entry, "step": "measured"}
         pairs = [p for p in net.get("pairs", []) if p.get("a") != int(rank)]
-        pairs += [{"a": int(rank), "b": m.rank, "rtt_ms": m.rtt_ms, "mbit_s": m.mbit_s, "error": m.error, "path": m.path}
+        pairs += [{"a": int(rank), "b": m.rank, "rtt_ms": m.rtt_ms, "mbit_s": m.mbit_s, "loss_pct": m.loss_pct, "error": m.error,
+                   "path": m.path}
                   for m in joined.measurements]  # fmt: skip
         net["pairs"] = sorted(pairs, key=lambda p: (p["a"], p["b"]))
     net["members"] = entries
     _next_round(session, cluster, net, at, sign)
     cluster.private_network = net
+
+
+async def _learn_links(
+    session: AsyncSession, cluster: Cluster, entries: Mapping[str, Mapping[str, Any]], entry: Mapping[str, Any],
+    measurements: Sequence[protocol.PeerMeasurement], at: datetime,
+) -> None:
+    """Each pair this member measured, as a pair of hosts in ``host_links``: only peers of this measure round (a rank
+    whose member was replaced since is joining again: its new host was not what was measured)."""
+    measured: dict[tuple[str, str], host_links.Figures] = {}
+    for m in measurements:
+        peer = entries.get(str(m.rank), {})
+        if peer.get("step") not in ("measuring", "measured") or not peer.get("host_id") or peer["host_id"] == entry["host_id"]:
+            continue
+        if m.error:
+            figures = host_links.Figures(reachable=False, error=m.error, path=m.path)
+        elif m.rtt_ms is None and m.mbit_s is None and m.loss_pct is None:
+            continue  # nothing measured, nothing learnt
+        else:
+            figures = host_links.Figures(rtt_ms=m.rtt_ms, mbit_s=m.mbit_s, loss_pct=m.loss_pct, path=m.path)
+        measured[host_links.pair(entry["host_id"], peer["host_id"])] = figures
+    await host_links.record(session, measured, cluster_id=cluster.id, at=at)
+
+
+def _check_bounds(session: AsyncSession, cluster: Cluster, net: dict[str, Any], at: datetime) -> None:
+    """The measured pairs against the cluster's bounds: ``within_bounds`` (None without bounds), ``out_of_bounds``
+    (each pair and bound), and one event naming the pairs outside them. The cluster keeps running: the renter decides."""
+    bounds = host_links.NetworkBounds.of(cluster.network)
+    if not bounds:
+        net.update(within_bounds=None, out_of_bounds=[])
+        return
+    outside: list[dict[str, Any]] = []
+    lines: list[str] = []
+    for measured in net.get("pairs", []):
+        breaches = bounds.breaches(host_links.Figures.of_pair(measured))
+        outside += [{"a": measured["a"], "b": measured["b"], **b.view()} for b in breaches]
+        if breaches:
+            lines.append(f"network between node-{measured['a']} and node-{measured['b']}: {', '.join(b.text() for b in breaches)}")
+    net.update(within_bounds=not outside, out_of_bounds=outside)
+    if lines:
+        shown = "; ".join(lines[:_MAX_PAIRS_TOLD]) + (f"; and {len(lines) - _MAX_PAIRS_TOLD} more pairs" if len(lines) > _MAX_PAIRS_TOLD else "")
+        _event(session, cluster, f"{shown} (the network bounds were {bounds.text()}; the cluster keeps running: stop it if that "
+                                 "does not suit you)", at)  # fmt: skip
+        log.info("cluster %s: network out of bounds: %s", cluster.id, shown)
 
 
 def _next_round(session: AsyncSession, cluster: Cluster, net: dict[str, Any], at: datetime, sign: Signer | None) -> None:
@@ -201,6 +255,7 @@ def _next_round(session: AsyncSession, cluster: Cluster, net: dict[str, Any], at
         net.update(state="up", measured_at=at.isoformat())
         figures = ", ".join(_pair_text(p) for p in net.get("pairs", []))
         _event(session, cluster, f"private network up on {cluster.subnet}: {figures or 'nothing measured'}", at)
+        _check_bounds(session, cluster, net, at)
 
 
 def _peers(cluster: Cluster, entries: dict[str, dict[str, Any]], at: datetime, sign: Signer | None) -> dict[int, protocol.ClusterPeer]:
@@ -234,7 +289,8 @@ def _pair_text(pair: Mapping[str, Any]) -> str:
 
 
 def view(cluster: Cluster) -> dict[str, Any]:
-    """The cluster view's ``private_network``: its state, range, each node's address and step, and the pairwise figures."""
+    """The cluster view's ``private_network``: its state, range, each node's address and step, the pairwise figures, and
+    whether they keep the cluster's network bounds (``within_bounds``: None without bounds or before the network is up)."""
     net = _state(cluster)
     members = net.get("members", {})
     return {
@@ -246,6 +302,8 @@ def view(cluster: Cluster) -> dict[str, Any]:
              "rental_id": members.get(str(rank), {}).get("rental_id"), "step": members.get(str(rank), {}).get("step")}
             for rank in range(cluster.node_count)
         ],
-        "pairs": [{k: p.get(k) for k in ("a", "b", "rtt_ms", "mbit_s", "error", "path")} for p in net.get("pairs", [])],
+        "pairs": [{k: p.get(k) for k in ("a", "b", "rtt_ms", "mbit_s", "loss_pct", "error", "path")} for p in net.get("pairs", [])],
         "measured_at": net.get("measured_at"),
+        "within_bounds": net.get("within_bounds"),
+        "out_of_bounds": net.get("out_of_bounds", []),
     }

@@ -14,23 +14,29 @@ and its request, it adds and places one member rental per node, or raises why it
    race), node 0, 1, … are placed in turn by ``try_place`` unpinned — which may preempt interruptible
    rentals, as a rental does — each avoiding the hosts the earlier members took, region by region (the
    one with the most free matching GPUs first), then the whole fleet, each attempt in its own savepoint.
+
+**Network bounds** (the request's ``network``, ``host_links.NetworkBounds``): the links measured among the
+candidate hosts are read in one query and handed to the gang search as round trips
+(``host_links.placement_rtt``), so a pair measured outside the bounds is never chosen, a pair never measured
+is; the node-by-node step avoids every host measured outside them with a host already taken. When no set
+keeps them but one would without them, the 409 says the network bounds were why.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
 from master.models import Cluster, Gpu, Rental
-from master.scheduler import MILLI, get_placer
-from master.scheduler.gang import place_gang
-from master.services import rental_placement
+from master.scheduler import MILLI, Placement, get_placer
+from master.scheduler.gang import Rtt, place_gang
+from master.services import host_links, rental_placement
 from master.services.cluster_request import ClusterRequest
 from master.services.placement import model_matches
 from master.services.rentalstate import RentalState
@@ -59,42 +65,63 @@ async def place_cluster(
         )
     cluster_id, renter_id = cluster.id, cluster.renter_id  # a rolled-back attempt expires the row's attributes
     members = _Members((cluster_id, renter_id), request, tuple(queued), now=now)
+    links_since = now - timedelta(seconds=master.settings.host_link_max_age_s)
     async with session.begin_nested() as attempt:
-        commands, reason = await _place_gang(master, session, members, request, now=now)
+        commands, reason, network_why = await _place_gang(master, session, members, request, links_since=links_since, now=now)
         if reason is None:
             return commands
         await attempt.rollback()
     log.info("cluster %s: no gang placement on free GPUs (%s); trying node by node", cluster_id, reason)
     for region in [*await _regions_by_free_gpus(master, session, request, now=now), None]:
         async with session.begin_nested() as attempt:
-            commands, reason = await _place_members(master, session, members, request, region=region, now=now)
+            commands, reason = await _place_members(master, session, members, request, region=region, links_since=links_since, now=now)
             if reason is None:
                 return commands
             await attempt.rollback()
         log.info("cluster %s does not fit%s: %s", cluster_id, f" in region {region}" if region else "", reason)
     assert reason is not None
     if isinstance(reason, InsufficientCapacity) and reason.code == "insufficient_capacity":
+        wanted = f"{request.gpus_per_node} × {request.gpu_model or 'any GPU'}"
+        if network_why is not None:
+            raise InsufficientCapacity(
+                f"no {request.node_count} distinct hosts with {wanted} free each keep the cluster's network bounds between them "
+                f"right now: {network_why}; try again later, loosen network or ask for fewer nodes"
+            )
         raise InsufficientCapacity(
-            f"no {request.node_count} distinct hosts have {request.gpus_per_node} × {request.gpu_model or 'any GPU'} free each "
-            f"right now ({reason}); try again later or ask for fewer nodes"
+            f"no {request.node_count} distinct hosts have {wanted} free each right now ({reason}); try again later or ask for fewer nodes"
         )
     raise reason
 
 
 async def _place_gang(
-    master: Master, session: AsyncSession, members: _Members, request: ClusterRequest, *, now: datetime
-) -> tuple[list[str], ClientError | None]:
-    """Choose every member's host with ``place_gang``, then claim each (pinned to its host and model)."""
+    master: Master, session: AsyncSession, members: _Members, request: ClusterRequest, *, links_since: datetime, now: datetime
+) -> tuple[list[str], ClientError | None, str | None]:
+    """Choose every member's host with ``place_gang``, then claim each (pinned to its host and model). The third
+    item says why the network bounds refused every set, when a set would have been found without them."""
     first = request.member_request(0)
     price_cap = await rental_placement._quota(master, session, members.cluster[1], first, exclude="")
     found = await rental_placement._candidates(master, session, first, now=now, price_cap=price_cap)
+    host_of: dict[str, str] = {}
     for node in found.nodes:  # fresh nodes of this read: the gang search keeps a cluster in one region
-        node.region = found.hosts[node.node_id][0].region
-    # A placer of its own: the master's keeps its scores for the whole fleet it serves single rentals on.
-    placements = place_gang(first.place_request(), request.node_count, found.nodes, placer=get_placer(master.settings.placer),
-                            same_model=not request.allow_mixed)  # fmt: skip
+        host = found.hosts[node.node_id][0]
+        node.region, host_of[node.node_id] = host.region, host.host_id
+    # Links among the hosts with room for a node, in one query: the gang search's round trips.
+    roomy = {host_of[node.node_id] for node in found.nodes if node.full >= request.gpus_per_node}
+    links = await host_links.among(session, roomy, since=links_since)
+    bounds = host_links.NetworkBounds.of(request.network)
+    rtt_ms, max_rtt_ms = host_links.placement_rtt(links, bounds, host_of.__getitem__)
+
+    def search(rtt: Rtt | None = None, limit: float | None = None) -> list[Placement] | None:
+        # A placer of its own: the master's keeps its scores for the whole fleet it serves single rentals on.
+        return place_gang(first.place_request(), request.node_count, found.nodes, placer=get_placer(master.settings.placer),
+                          same_model=not request.allow_mixed, rtt_ms=rtt, max_rtt_ms=limit)  # fmt: skip
+
+    placements = search(rtt_ms, max_rtt_ms)
     if placements is None:
-        return [], InsufficientCapacity(f"no {request.node_count} hosts with {request.gpus_per_node} free GPUs each, one model")
+        network_why = None
+        if max_rtt_ms is not None and search() is not None:
+            network_why = _breaches_text(links, bounds)
+        return [], InsufficientCapacity(f"no {request.node_count} hosts with {request.gpus_per_node} free GPUs each, one model"), network_why
     commands: list[str] = []
     for rank, placement in enumerate(placements):
         host, name, _price = found.hosts[placement.node_id]
@@ -103,21 +130,35 @@ async def _place_gang(
         pinned = replace(unpinned, offer_id=f"{host.host_id}:{name}", gpu_model=None)
         placed, reason = await rental_placement.try_place(master, session, member, pinned, now=now)
         if reason is not None:
-            return [], reason
+            return [], reason, None
         commands.extend(placed)
-    return commands, None
+    return commands, None, None
+
+
+def _breaches_text(links: Mapping[tuple[str, str], host_links.Figures], bounds: host_links.NetworkBounds) -> str:
+    """``2 pairs of the hosts with room were measured outside them (round trip ≤ 2 ms), e.g. h-1 ↔ h-2: 4.2 ms round trip …``."""
+    breached = [(key, found) for key, figures in sorted(links.items()) if (found := bounds.breaches(figures))]
+    count = len(breached)
+    text = f"{count} pair{'s' if count != 1 else ''} of the hosts with room {'were' if count != 1 else 'was'} measured outside them ({bounds.text()})"
+    if breached:
+        (host_a, host_b), found = breached[0]
+        text += f", e.g. {host_a} ↔ {host_b}: {', '.join(b.text() for b in found)}"
+    return text
 
 
 async def _place_members(
-    master: Master, session: AsyncSession, members: _Members, request: ClusterRequest, *, region: str | None, now: datetime
+    master: Master, session: AsyncSession, members: _Members, request: ClusterRequest, *, region: str | None, links_since: datetime,
+    now: datetime,
 ) -> tuple[list[str], ClientError | None]:
-    """Place node 0, 1, … in turn (preempting where a rental would), each on a host none of the others has;
-    stops at the first that does not fit."""
+    """Place node 0, 1, … in turn (preempting where a rental would), each on a host none of the others has and none
+    measured outside the network bounds with theirs; stops at the first that does not fit."""
+    bounds = host_links.NetworkBounds.of(request.network)
     commands: list[str] = []
     taken: set[str] = set()
+    apart: set[str] = set()  # hosts measured outside the bounds with a host taken
     model: str | None = None
     for rank in range(request.node_count):
-        member_request = request.member_request(rank, avoid_hosts=frozenset(taken), model=model, region=region)
+        member_request = request.member_request(rank, avoid_hosts=frozenset(taken | apart), model=model, region=region)
         member = await members.row(session, rank, member_request.spec())
         placed, reason = await rental_placement.try_place(master, session, member, member_request, now=now)
         if reason is not None:
@@ -126,6 +167,8 @@ async def _place_members(
         if model is not None and member.gpu_model != model:  # model words matched a longer name: not the same model
             return [], InsufficientCapacity(f"node {rank} got {member.gpu_model}, not {model} as node 0")
         taken.add(member.host_id)
+        if bounds and rank + 1 < request.node_count:
+            apart |= await host_links.breaching_peers(session, [member.host_id], bounds, since=links_since)
         if not request.allow_mixed:
             model = member.gpu_model
         commands.extend(placed)

@@ -10,21 +10,22 @@ The synchronous half is ``clusterstate.act``: it runs in the before-flush hook, 
   ``issued_commands``).
 ``replace_broken_members`` (async: it places rentals) runs in the rental queue's pass: each
   ``degraded`` cluster whose policy is ``replace`` gets, per broken member, a new member rental of the
-  same ``node_rank`` on a host the cluster does not use (the same GPU model unless ``allow_mixed``). If
+  same ``node_rank`` on a host the cluster does not use (the same GPU model unless ``allow_mixed``) and
+  none measured outside the cluster's network bounds with its other members' hosts (``host_links``). If
   none can be placed, the cluster is stopped as ``stop`` would (it ends ``failed``).
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select
 
 from master.context import Master
 from master.models import Cluster, Rental, RentalEvent
-from master.services import commands, rental_placement
+from master.services import commands, host_links, rental_placement
 from master.services.clusterstate import (
     ClusterState,
     current_members,
@@ -78,9 +79,13 @@ async def _replace_in(master: Master, cluster_id: str) -> list[str]:
             if m.host_id is not None
         )
         model = next((m.gpu_model for m in members if not is_broken(m)), None)
+        bounds = host_links.NetworkBounds.of(cluster.network)
+        since = now - timedelta(seconds=master.settings.host_link_max_age_s)
+        staying = [m.host_id for m in members if not is_broken(m) and m.host_id is not None]
+        apart = await host_links.breaching_peers(session, staying, bounds, since=since)  # measured outside the bounds with one
         command_ids: list[str] = []
         for old in [m for m in members if is_broken(m)]:
-            new, placed, reason = await _place_replacement(master, session, cluster, old, used, model, now=now)
+            new, placed, reason = await _place_replacement(master, session, cluster, old, used | apart, model, now=now)
             if reason is not None:
                 log.warning("cluster %s: node %s could not be replaced: %s", cluster.id, old.node_rank, reason)
                 fail_cluster(session.sync_session, cluster, members, stop_member, f"no host could replace it ({reason})")
@@ -88,6 +93,7 @@ async def _replace_in(master: Master, cluster_id: str) -> list[str]:
                 break
             assert new is not None and new.host_id is not None
             used |= {new.host_id}
+            apart |= await host_links.breaching_peers(session, [new.host_id], bounds, since=since)
             session.add(RentalEvent(rental_id=old.id, from_state=old.state, to_state=old.state,
                                     cause=f"replaced in cluster {cluster.id} by rental {new.id} on host {new.host_id}", at=now))  # fmt: skip
             command_ids += placed

@@ -33,7 +33,9 @@ class ClusterRequest:
     query: str = ""  # requirements every node's host meets, in the offer query language
     kind: str = "on_demand"
     bid: Decimal | None = None
-    network: dict[str, Any] | None = None  # {"max_latency_ms", "max_loss_pct"} between nodes: stored, not yet honoured
+    # Bounds between any two nodes ({"max_latency_ms", "max_loss_pct", "min_mbit_s"}, host_links.NetworkBounds): host
+    # pairs measured outside them are never placed together, and the cluster's own figures are checked once measured.
+    network: dict[str, Any] | None = None
     restart_policy: str = "stop"
     queue: bool = False  # True: wait (as one unit) up to queue_timeout_s when the fleet could take it but not now
     queue_timeout_s: float = 600.0
@@ -87,9 +89,11 @@ class ClusterRequest:
 
     def fingerprint(self) -> str:
         what: dict[str, Any] = {"w": self.workload} if self.template is None else {"t": self.template}
+        # min_mbit_s only when given: keys of clusters created before it existed still match.
+        network = None if self.network is None else {k: v for k, v in self.network.items() if k != "min_mbit_s" or v is not None}
         fields = {
             "n": self.node_count, "g": self.gpus_per_node, "m": self.gpu_model, "mixed": self.allow_mixed, "q": self.query,
-            "kind": self.kind, "bid": str(self.bid) if self.bid is not None else None, "net": self.network,
+            "kind": self.kind, "bid": str(self.bid) if self.bid is not None else None, "net": network,
             "restart": self.restart_policy, **what,
         }  # fmt: skip
         if self.queue:  # absent otherwise: keys of clusters created before queueing existed still match

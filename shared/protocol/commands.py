@@ -477,12 +477,14 @@ class HealthCheckResult(LenientModel):
     gpus: list[GpuHealthModel] = Field(default_factory=list)
 
 class PeerMeasurement(LenientModel):
-    """What one member measured to a peer through the tunnel: round trip (median, ms) and throughput
-    (Mbit/s), or why it could not (``error``)."""
+    """What one member measured to a peer through the tunnel: round trip (median, ms), throughput
+    (Mbit/s) and, where the agent measures it, packet loss (%; absent from older agents), or why it
+    could not (``error``)."""
 
     rank: int
     rtt_ms: float | None = None
     mbit_s: float | None = None
+    loss_pct: float | None = None
     error: str | None = None
     path: Literal["direct", "relay"] | None = None  # how the tunnel reaches the peer
 
