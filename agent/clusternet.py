@@ -63,7 +63,7 @@ from typing import Final
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
-from agent.clusterprobe import MEASURE_PORT, echo, respond, sink
+from agent.clusterprobe import MEASURE_PORT, UdpEcho, echo, loss, respond, sink
 from agent.clusterrelay import RelayedPeer
 from agent.runtimes.netns import NamespaceUnavailable, socket_in_namespace
 from agent.wgcontrol import (
@@ -209,7 +209,8 @@ class ClusterNetworks:
         self.measure_timeout = measure_timeout
         self.handshake_timeout = handshake_timeout
         self._relays: dict[tuple[str, int], RelayedPeer] = {}  # (member rental, peer rank) → its path through the relays
-        self.responders: dict[str, asyncio.Server] = {}
+        self._responders: dict[str, asyncio.Server] = {}
+        self._echoes: dict[str, asyncio.DatagramTransport] = {}  # the loss probes' UDP echo, beside each responder
         self._locks: dict[str, asyncio.Lock] = {}
 
     # ---- the commands ------------------------------------------------------------------------
@@ -237,7 +238,7 @@ class ClusterNetworks:
         elif not self._intact(net, pid):
             await self._close_relays(net.rental_id)
             net = await self._remake(net, command, pid, hosts)
-        await self._ensureresponder(net, pid)
+        await self._ensure_responder(net, pid)
         measurements: list[protocol.PeerMeasurement] = []
         if command.peers:
             peers = [peer if self.direct else peer.model_copy(update={"endpoint": None}) for peer in command.peers]
@@ -330,7 +331,7 @@ class ClusterNetworks:
                 await self._take_down(net)
                 continue
             with contextlib.suppress(OSError, NamespaceUnavailable):
-                await self._ensureresponder(net, found[0])
+                await self._ensure_responder(net, found[0])
             for peer in [protocol.ClusterPeer.model_validate(p) for p in net.peers]:
                 if peer.rank in net.relayed:
                     with contextlib.suppress(OSError, ClusterNetworkError):
@@ -342,9 +343,12 @@ class ClusterNetworks:
         for relayed in self._relays.values():
             await relayed.close()
         self._relays.clear()
-        for server in self.responders.values():
+        for server in self._responders.values():
             server.close()
-        self.responders.clear()
+        self._responders.clear()
+        for transport in self._echoes.values():
+            transport.close()
+        self._echoes.clear()
 
     # ---- making and taking down ---------------------------------------------------------------
 
@@ -431,9 +435,12 @@ class ClusterNetworks:
         """End the member's ``wireguard-go`` (its interface goes with it) and wait for it to have ended, so that the
         answer comes when the tunnel is gone and a new one for the rental never meets the old one's socket."""
         await self._close_relays(net.rental_id)
-        server = self.responders.pop(net.rental_id, None)
+        server = self._responders.pop(net.rental_id, None)
         if server is not None:
             server.close()
+        echo_transport = self._echoes.pop(net.rental_id, None)
+        if echo_transport is not None:
+            echo_transport.close()
         ours = _is_wireguard(net.wg_pid, net.device)
         for sig, wait_s in ((signal.SIGTERM, stop_timeout), (signal.SIGKILL, 2.0)):
             if not _is_wireguard(net.wg_pid, net.device):
@@ -462,8 +469,8 @@ class ClusterNetworks:
 
     # ---- measuring ------------------------------------------------------------------------------
 
-    async def _ensureresponder(self, net: MemberNet, pid: int) -> None:
-        server = self.responders.get(net.rental_id)
+    async def _ensure_responder(self, net: MemberNet, pid: int) -> None:
+        server = self._responders.get(net.rental_id)
         if server is not None and server.is_serving():
             return
 
@@ -474,8 +481,18 @@ class ClusterNetworks:
             sock.listen(16)
             return sock
 
+        def bind_udp() -> socket.socket:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            sock.bind((net.address, MEASURE_PORT))
+            return sock
+
         sock = await socket_in_namespace(pid, listen, name="cluster-responder")
-        self.responders[net.rental_id] = await asyncio.start_server(respond, sock=sock)
+        self._responders[net.rental_id] = await asyncio.start_server(respond, sock=sock)
+        old = self._echoes.pop(net.rental_id, None)
+        if old is not None:
+            old.close()
+        udp = await socket_in_namespace(pid, bind_udp, name="cluster-echo")
+        self._echoes[net.rental_id], _ = await asyncio.get_running_loop().create_datagram_endpoint(UdpEcho, sock=udp)
 
     async def _measure(self, net: MemberNet, pid: int, peers: list[protocol.ClusterPeer]) -> list[protocol.PeerMeasurement]:
         """The round trips to every peer first (at once: a few bytes each, and where waiting for handshakes happens),
@@ -489,10 +506,26 @@ class ClusterNetworks:
                 why = f"node-{rank} did not answer through the tunnel within {self.measure_timeout:g}s ({unanswered[:120]})"
                 measurements.append(protocol.PeerMeasurement(rank=rank, error=why, path=self.path_to(net.rental_id, rank)))
                 continue
+            loss_pct = await self._loss(pid, target)
             mbit_s, failed = await self._attempt(pid, target, lambda r, w: sink(r, w, self.measure_bytes)) if self.measure_bytes else (None, None)
             error = None if failed is None else f"node-{rank} answered, but no throughput run finished within {self.measure_timeout:g}s ({failed[:120]})"
-            measurements.append(protocol.PeerMeasurement(rank=rank, rtt_ms=rtt_ms, mbit_s=mbit_s, error=error, path=self.path_to(net.rental_id, rank)))
+            measurements.append(protocol.PeerMeasurement(rank=rank, rtt_ms=rtt_ms, mbit_s=mbit_s, loss_pct=loss_pct, error=error,
+                                                         path=self.path_to(net.rental_id, rank)))  # fmt: skip
         return measurements
+
+    @staticmethod
+    async def _loss(pid: int, target: str) -> float | None:
+        """Loss to ``target``'s UDP echo through the tunnel (``None``: could not be probed)."""
+        try:
+            sock = await socket_in_namespace(pid, lambda: _connected_udp(target), name="cluster-loss")
+        except OSError:
+            return None
+        try:
+            return await loss(sock)
+        except OSError:
+            return None
+        finally:
+            sock.close()
 
     async def _attempt(self, pid: int, target: str, run: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[float]]) -> tuple[float | None, str | None]:
         """``run`` against ``target``'s responder, tried again until it works or ``measure_timeout`` passed (the peer
@@ -550,6 +583,12 @@ class ClusterNetworks:
     def _drop(self, net: MemberNet) -> None:
         for path in (self._path(net.rental_id), self.dir / f"{net.rental_id}.key"):
             path.unlink(missing_ok=True)
+
+
+def _connected_udp(target: str) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.connect((target, MEASURE_PORT))
+    return sock
 
 
 def _bare(peer: protocol.ClusterPeer) -> protocol.ClusterPeer:

@@ -299,6 +299,7 @@ class TestClusterNetwork:
             assert measurement.error is None, (pair, measurement)
             assert measurement.rtt_ms is not None and measurement.rtt_ms > 0, (pair, measurement)
             assert measurement.mbit_s is not None and measurement.mbit_s > 0, (pair, measurement)
+            assert measurement.loss_pct is not None and 0 <= measurement.loss_pct < 50, (pair, measurement)  # one machine: ~0
         print("measured: " + "; ".join(f"node-{a}→node-{b} {m.rtt_ms} ms {m.mbit_s} Mbit/s" for (a, b), m in pairs.items()))
 
     async def test_the_same_peers_again_keep_their_sessions(self, setting: Setting) -> None:

@@ -10,6 +10,7 @@ import socket
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agent.clusterprobe import UdpEcho, loss
 from agent.clusterrelay import Deframer, frame, serve_stream
 
 
@@ -61,3 +62,23 @@ async def test_a_stream_carries_datagrams_both_ways_and_only_wireguards() -> Non
         served.cancel()
         wireguard.close()
         stranger.close()
+
+
+async def test_loss_counts_the_probes_that_did_not_come_back() -> None:
+    """``clusterprobe.loss``: 0 % against a UDP echo, 100 % against a socket that never answers."""
+    loop = asyncio.get_running_loop()
+    transport, _ = await loop.create_datagram_endpoint(UdpEcho, local_addr=("127.0.0.1", 0))
+    silent = _udp()
+    try:
+        for target, expected in ((transport.get_extra_info("sockname"), 0.0), (silent.getsockname(), 100.0)):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            sock.setblocking(False)
+            sock.connect(target)
+            try:
+                assert await loss(sock, probes=20) == expected
+            finally:
+                sock.close()
+    finally:
+        transport.close()
+        silent.close()
+
