@@ -84,8 +84,10 @@ class ClusterCreate(_Body):
                                                "them (or unreachable) are never placed together, pairs never measured are; once "
                                                "the private network is up, its figures are checked against them "
                                                "(private_network.within_bounds, and an event when not; the cluster keeps running).")
-    restart_policy: Literal["stop", "replace"] = Field("stop", description="What a failed node does to the cluster "
-                                                       "(stored; the cluster is degraded either way for now).")
+    restart_policy: Literal["stop", "replace"] = Field("stop", description="What a node that fails, is preempted or loses "
+                                                       "its host does to the cluster: stop every other node (the cluster "
+                                                       "fails), or replace it on another host (the cluster is degraded "
+                                                       "until the replacement runs).")
     queue: bool = Field(False, description="Wait, as one unit, up to queue_timeout_s when the fleet could take the cluster but "
                         "not now (still 409 exceeds_fleet when it never could).")
     queue_timeout_s: float = Field(600.0, ge=1, le=30 * 86400, description="How long a queued cluster waits before failing "
