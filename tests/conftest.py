@@ -44,7 +44,7 @@ REDIS_URL = os.environ.get("GPUMARKET_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 ONE_WORKER_SCOPES = ("tests/faults/", "tests/test_install_agent.py::TestInstaller", "tests/test_console_browser.py",
                      "tests/test_console_layout.py", "tests/test_console_charts.py", "tests/test_console_clusters.py", "tests/test_tunnels.py",
-                     "tests/test_api_schemathesis.py", "tests/test_simulate.py", "tests/test_readme_walkthrough.py")
+                     "tests/test_simulate.py", "tests/test_readme_walkthrough.py")
 """Tests that share an expensive fixture (the fault cluster, a module's ``gpumarket up`` or browser): under
 pytest-xdist each of these runs whole on one worker, so that the fixture is set up once. Longest first (on 4 workers,
 2026-11-26: the fault scenarios about 170 s, the installer's about 110–150 s, the browser's about 70 s, the layout's
@@ -52,6 +52,16 @@ about 60 s, the tunnels' about 25 s, the last four a few seconds to 20 s): the s
 
 ONE_WORKER_STAGGER = 40
 """Single tests handed out between the starts of two of ``ONE_WORKER_SCOPES`` after the first two."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Give each schemathesis operation (``tests/test_api_schemathesis.py``) a node id of its own. schemathesis names
+    its items ``test…[GET /api/v1/…]`` after pytest 9 fixed their ids from the bare function name: the 60 operations
+    shared one id, so under pytest-xdist only one of them ran (found 2026-11-26: 1 test in 12 s instead of 60 in 177 s)."""
+    for item in items:
+        if type(item).__name__ == "SchemathesisFunction" and item.parent is not None and not item.nodeid.endswith("]"):
+            item._id = item.parent.id.child(item.name)  # what pytest computes from the name
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
