@@ -35,6 +35,7 @@ async def account_view(master: Master, who: Principal) -> dict[str, Any]:
         view = {
             "id": account.id, "name": account.name, "role": account.role, "created_at": account.created_at.isoformat(),
             "quota": (quota := await rental_placement.quota_view(master, session, account)),
+            "fair_share_weight": account.fair_share_weight,
             "credit": await credits.credit_view(session, account, burn_per_hour=Decimal(quota["spend_per_hour"]),
                                                 now=master.clock.now()),
         }  # fmt: skip

@@ -69,6 +69,7 @@ class Base(DeclarativeBase):
 
 class Account(Base):
     __tablename__ = "accounts"
+    __table_args__ = (CheckConstraint("fair_share_weight > 0", name="ck_accounts_fair_share_weight_positive"),)
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     name: Mapped[str] = mapped_column(String(128), unique=True)
@@ -79,6 +80,8 @@ class Account(Base):
     max_spend_per_hour: Mapped[Decimal | None] = mapped_column(Numeric(14, 6), default=None)
     # The renter's own hard cap on what its rentals may charge in a calendar month (UTC); NULL: none.
     monthly_spend_cap: Mapped[Decimal | None] = mapped_column(Numeric(14, 2), default=None)
+    # The account's weight in the queue's fair share (master/scheduler/fairshare.py): relative, > 0; set by an admin.
+    fair_share_weight: Mapped[int] = mapped_column(default=1, server_default="1")
 
 
 class ApiKey(Base):

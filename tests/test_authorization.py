@@ -256,6 +256,7 @@ MATRIX: tuple[Rule, ...] = (
     Rule("GET", "/regions", everyone(200)),
     Rule("GET", "/account", everyone(200)),
     Rule("PUT", "/accounts/{account_id}/quota", only(200, "admin"), body=fixed({"max_gpus": 8, "max_spend_per_hour": 50})),
+    Rule("PUT", "/accounts/{account_id}/fair-share", only(200, "admin"), body=fixed({"weight": 2})),
     Rule("POST", "/enrollment-tokens", only(201, "provider")),
     Rule("POST", "/enroll", everyone(201), body=enroll_body),
     Rule("GET", "/hosts", everyone(200)),

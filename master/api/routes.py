@@ -26,7 +26,7 @@ from master.api.base import (
 from master.api.keys import MASTER, OPENAPI_DOCUMENT
 from master.api.middleware import principal
 from master.api.responses import CommandAccepted, Enrollment, EnrollmentToken, Liveness, Readiness
-from master.api.schemas import EnrollRequest, QuotaPut, RentalCreate
+from master.api.schemas import EnrollRequest, FairSharePut, QuotaPut, RentalCreate
 from master.api.times import time_query
 from master.services import (
     account_views,
@@ -75,6 +75,13 @@ async def put_account_quota(request: web.Request) -> web.Response:
         request.app[MASTER], account_id, max_gpus=body.max_gpus, max_spend_per_hour=body.max_spend_per_hour
     )
     return web.json_response({"account_id": account_id, "quota": view})
+
+
+async def put_account_fair_share(request: web.Request) -> web.Response:
+    body = await parse_body(request, FairSharePut)
+    account_id = request.match_info["account_id"]
+    weight = await account_views.set_fair_share(request.app[MASTER], account_id, weight=body.weight)
+    return web.json_response({"account_id": account_id, "fair_share_weight": weight})
 
 
 async def create_enrollment_token(request: web.Request) -> web.Response:
@@ -233,6 +240,8 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/account", get_account, "The calling account, with its quotas and what it uses of them."),
     Route("PUT", "/accounts/{account_id}/quota", put_account_quota, "Set an account's quotas (GPUs at once, USD per hour).",
           roles=("admin",), body=QuotaPut, errors=(404, 422)),
+    Route("PUT", "/accounts/{account_id}/fair-share", put_account_fair_share, "Set an account's weight in the queue's fair "
+          "share (docs/placement.md, \"Fair queues\").", roles=("admin",), body=FairSharePut, errors=(404, 422)),
     Route("POST", "/enrollment-tokens", create_enrollment_token, "Create a one-time host enrollment token.", roles=("provider",),
           limit=RateClass.ENROLLMENT_TOKENS, response=EnrollmentToken, success=201),
     Route("POST", "/enroll", enroll, "Exchange an enrollment token and a CSR for a host certificate.", public=True, limit=RateClass.ENROLL, body=EnrollRequest, response=Enrollment, success=201, errors=(400, 403, 422)),

@@ -112,6 +112,16 @@ class QuotaPut(_Body):
     max_spend_per_hour: SpendQuota | None = Field(None, description="USD per hour of active rentals at once; null: the platform default.")
 
 
+# The largest fair-share weight: 1,000 times an account of weight 1 is already "everyone else waits".
+MAX_FAIR_SHARE_WEIGHT = 1000
+
+
+class FairSharePut(_Body):
+    weight: int = Field(ge=1, le=MAX_FAIR_SHARE_WEIGHT, strict=True,
+                        description="The account's weight in the queue's fair share, relative to others' (default 1): an account "
+                        "of weight 2 is served as if it held half the GPUs it holds.")  # fmt: skip
+
+
 class EnrollRequest(_Body):
     token: str = Field(min_length=8, max_length=256)
     csr: str = Field(min_length=64, max_length=16384, description="PEM certificate signing request of the agent's own key.")

@@ -1,6 +1,10 @@
-"""The rental queue: queued rentals (``pending`` with no host) placed oldest first, or failed past ``queue_until``
-— a queued cluster's members as one unit, at its first member's turn (``cluster_queue``); and placements a dead
-master left half-done, repaired.
+"""The rental queue: queued rentals (``pending`` with no host) placed in fair-share order, or failed past
+``queue_until`` — a queued cluster's members as one unit, one turn for the whole cluster (``cluster_queue``); and
+placements a dead master left half-done, repaired.
+
+**Order.** On-demand before interruptible; within each, the account holding the fewest GPUs per unit of its
+``fair_share_weight`` first, ties by age; within an account, oldest first (``master/scheduler/fairshare.py``,
+docs/placement.md "Fair queues"). With one account, or equal weights and nothing held, that is oldest first.
 
 **Interrupted placements.** A placement writes the claim, the rental's host and state, its events and its
 start command in one transaction (``rental_placement.try_place``), so a master killed mid-placement leaves
@@ -19,16 +23,17 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import exists, or_, select
+from sqlalchemy import exists, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
-from master.models import Command, Gpu, GpuAllocation, Rental
+from master.models import Account, Command, Gpu, GpuAllocation, Rental
 from master.scheduler import MILLI
+from master.scheduler.fairshare import FairQueue, QueuedItem
 from master.services import allocation, cluster_queue, commands
 from master.services.rental_placement import try_place
 from master.services.rental_request import RentalRequest
-from master.services.rentalstate import RentalState, advance
+from master.services.rentalstate import ACTIVE_STATES, RentalState, advance
 from shared import protocol
 from shared.errors import ClientError
 
@@ -64,9 +69,10 @@ def queue_message(rental: Rental, position: int, length: int) -> str:
 
 
 async def queue_standing(session: AsyncSession, rentals: Sequence[Rental]) -> dict[str, dict[str, Any]]:
-    """For each queued one of ``rentals``, by id: its ``position`` in the queue (1: placed first), the queue's
-    ``length``, and the ``message`` that says both. The queue is everyone's, in the order ``process_queue`` tries
-    it: oldest first (ties by id), a queued cluster counting once, at its first member's place."""
+    """For each queued one of ``rentals``, by id: its ``position`` in the queue (1: the oldest), the queue's
+    ``length``, and the ``message`` that says both. The queue is everyone's, by age (ties by id), a queued cluster
+    counting once, at its first member's place. ``process_queue`` tries on-demand rentals first and then the
+    accounts holding least per weight (fair share), so a position is where the rental stands by age, not a promise."""
     queued = [rental for rental in rentals if is_queued(rental)]
     if not queued:
         return {}
@@ -127,8 +133,9 @@ async def repair_interrupted_placements(master: Master, *, limit: int = REPAIR_B
 
 
 async def process_queue(master: Master) -> int:
-    """Expire queued rentals and clusters past their ``queue_until``, then place what can be placed, oldest first
-    (``(created_at, id)``), a queued cluster as one unit at its first member's turn (``cluster_queue.place_queued``);
+    """Expire queued rentals and clusters past their ``queue_until``, then place what can be placed in fair-share
+    order (``fairshare.FairQueue`` over the oldest ``QUEUE_BATCH`` queued rentals, each account's GPUs held now
+    and its weight), a queued cluster as one item of its renter's, taking one turn (``cluster_queue.place_queued``);
     one that does not fit is passed over, not waited for. Returns how many rentals and clusters were placed."""
     now = master.clock.now()
     async with master.db.session() as session:
@@ -150,26 +157,56 @@ async def process_queue(master: Master) -> int:
             waited = (now - gone.created_at).total_seconds()
             if advance(session, gone, RentalState.FAILED, f"not placed within its queue timeout ({waited:.0f}s queued)"):
                 gone.failure_reason, gone.stopped_at = "queue timeout", now
-        queued = (
-            await session.execute(
-                select(Rental.id, Rental.cluster_id).where(Rental.state == RentalState.PENDING, Rental.host_id.is_(None))
-                .order_by(Rental.created_at, Rental.id).limit(QUEUE_BATCH)
-            )
-        ).all()  # fmt: skip
+        queue = await _fair_queue(session)
     placed = 0
-    tried: set[str] = set()
-    for rental_id, cluster_id in queued:
-        command_ids: list[str] = []
-        if cluster_id is not None:
-            if cluster_id not in tried:
-                tried.add(cluster_id)
-                command_ids = await cluster_queue.place_queued(master, cluster_id, now=now)
+    for item in queue:
+        if item.key.startswith(_CLUSTER):
+            command_ids = await cluster_queue.place_queued(master, item.key.removeprefix(_CLUSTER), now=now)
         else:
-            command_ids = await _place_queued_rental(master, rental_id, now=now)
+            command_ids = await _place_queued_rental(master, item.key, now=now)
         if command_ids:
             placed += 1
+            queue.placed(item)
             await commands.publish(master, command_ids)
     return placed
+
+
+_CLUSTER = "cluster:"  # a cluster's item key: its id, apart from the rental ids
+
+
+async def _fair_queue(session: AsyncSession) -> FairQueue:
+    """The oldest ``QUEUE_BATCH`` queued rentals as fair-queue items (a cluster's members as one), with their accounts'
+    GPU milli held now (active placed rentals, counted as quotas count them) and weights: three queries."""
+    queued = (
+        await session.execute(
+            select(Rental.id, Rental.cluster_id, Rental.renter_id, Rental.kind, Rental.created_at, Rental.gpu_count, Rental.gpu_milli)
+            .where(Rental.state == RentalState.PENDING, Rental.host_id.is_(None))
+            .order_by(Rental.created_at, Rental.id).limit(QUEUE_BATCH)
+        )
+    ).all()  # fmt: skip
+    items: dict[str, QueuedItem] = {}
+    for rental_id, cluster_id, renter_id, kind, created_at, count, milli in queued:
+        key = rental_id if cluster_id is None else _CLUSTER + cluster_id
+        first = items.get(key)  # a cluster's first (oldest) member gives it its age; its GPUs are all of theirs
+        items[key] = QueuedItem(key, renter_id, kind, created_at, rental_id, count * milli) if first is None else \
+            QueuedItem(key, renter_id, first.kind, first.created_at, first.tie, first.milli + count * milli)  # fmt: skip
+    accounts = {item.account_id for item in items.values()}
+    held: dict[str, int] = {}
+    weights: dict[str, int] = {}
+    if accounts:
+        held = {
+            renter_id: int(total or 0)
+            for renter_id, total in await session.execute(
+                select(Rental.renter_id, func.sum(Rental.gpu_count * Rental.gpu_milli))
+                .where(Rental.renter_id.in_(accounts), Rental.state.in_(ACTIVE_STATES), Rental.host_id.is_not(None))
+                .group_by(Rental.renter_id)
+            )
+        }  # fmt: skip
+        weights = {
+            account_id: weight
+            for account_id, weight in await session.execute(select(Account.id, Account.fair_share_weight).where(Account.id.in_(accounts)))
+        }
+    return FairQueue(items.values(), held=held, weights=weights)
 
 
 async def _place_queued_rental(master: Master, rental_id: str, *, now: datetime) -> list[str]:
