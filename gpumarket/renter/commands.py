@@ -176,12 +176,7 @@ async def cmd_offers(args: argparse.Namespace, client: Client) -> int:
         return await cmd_cluster_offers(args, client)
     if args.allow_mixed:
         raise UsageError("--allow-mixed prices a cluster: give --nodes N too")
-    params: dict[str, str | int] = {"limit": args.limit, "sort": args.sort or "score"}
-    query = " ".join(args.query).strip()
-    if query:
-        params["q"] = query
-    if args.isolated:
-        params["isolated"] = "true"
+    params: dict[str, str | int] = {"limit": args.limit, "sort": args.sort or "score", **_offer_filters(args)}
     if args.gpus:
         params["num_gpus"] = args.gpus
     body = await client.get("/offers", params)
@@ -208,6 +203,17 @@ async def cmd_offers(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
+def _offer_filters(args: argparse.Namespace) -> dict[str, str | int]:
+    """The query words (``q``) and ``--isolated`` of ``gpumarket offers``, as both offer routes take them."""
+    params: dict[str, str | int] = {}
+    query = " ".join(args.query).strip()
+    if query:
+        params["q"] = query
+    if args.isolated:
+        params["isolated"] = "true"
+    return params
+
+
 async def cmd_cluster_offers(args: argparse.Namespace, client: Client) -> int:
     """``offers --nodes N``: ``GET /offers/clusters``, one row per group of hosts that could hold the cluster now."""
     if not 2 <= args.nodes <= 64:
@@ -215,12 +221,7 @@ async def cmd_cluster_offers(args: argparse.Namespace, client: Client) -> int:
     if args.sort:
         raise UsageError("cluster offers are sorted by price: leave out --sort with --nodes")
     gpus = args.gpus or 1
-    params: dict[str, str | int] = {"nodes": args.nodes, "gpus_per_node": gpus, "limit": args.limit}
-    query = " ".join(args.query).strip()
-    if query:
-        params["q"] = query
-    if args.isolated:
-        params["isolated"] = "true"
+    params: dict[str, str | int] = {"nodes": args.nodes, "gpus_per_node": gpus, "limit": args.limit, **_offer_filters(args)}
     if args.allow_mixed:
         params["allow_mixed"] = "true"
     body = await client.get("/offers/clusters", params)
@@ -232,7 +233,7 @@ async def cmd_cluster_offers(args: argparse.Namespace, client: Client) -> int:
         most = body.get("max_nodes", 0)
         models = "" if args.allow_mixed else " of one model"
         print(f"no {args.nodes} hosts with {gpus} free GPU{'' if gpus == 1 else 's'}{models} now "
-              f"(at most {most} node{'' if most == 1 else 's'}{' matching ' + repr(body['query']) if query else ''}); "
+              f"(at most {most} node{'' if most == 1 else 's'}{' matching ' + repr(body['query']) if 'q' in params else ''}); "
               f"ask for fewer nodes{'' if args.allow_mixed else ', add --allow-mixed'}, loosen the query or try later")  # fmt: skip
         return 0
     lows = money_column([i["price_per_hour"] for i in items], "rate")

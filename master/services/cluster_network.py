@@ -47,10 +47,9 @@ from sqlalchemy.orm import Session
 
 from master.models import Cluster, ClusterEvent, Rental
 from master.models import Command as CommandRow
-from master.services import host_links
+from master.services import commands, host_links
 from shared import protocol
 from shared.crypto.tokens import ConnectClaims, new_claims
-from shared.ids import new_id
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +81,7 @@ def _state(cluster: Cluster) -> dict[str, Any]:
 
 
 def _issue(session: Session | AsyncSession, member_host: str, rental_id: str, command: protocol.AnyCommand) -> str:
-    row = CommandRow(id=new_id("cmd"), host_id=member_host, rental_id=rental_id, kind=command.kind, args=protocol.command_args(command),
-                     state="pending")  # fmt: skip
-    session.add(row)
+    row = commands.new_command(session, host_id=member_host, command=command, rental_id=rental_id)
     session.info.setdefault(ISSUED, []).append(row.id)
     return row.id
 

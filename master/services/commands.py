@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
 
 from master.context import Master
 from master.models import Command as CommandRow
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 OPEN_STATES = ("pending", "sent")
 
 
-def new_command(session: AsyncSession, *, host_id: str, command: protocol.AnyCommand, rental_id: str | None) -> CommandRow:
+def new_command(session: AsyncSession | Session, *, host_id: str, command: protocol.AnyCommand, rental_id: str | None) -> CommandRow:
     """Add a pending row for ``command`` (stored as its wire ``kind`` and ``args``); the caller publishes it after the commit."""
     row = CommandRow(
         id=new_id("cmd"), host_id=host_id, rental_id=rental_id, kind=command.kind, args=protocol.command_args(command), state="pending"
