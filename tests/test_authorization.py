@@ -110,6 +110,7 @@ class World:
     ssh_keys: dict[str, str] = field(default_factory=dict)  # caller → the id of an SSH key it registered
     cluster: str = ""  # the first renter's cluster (two nodes, one on each provider's host)
     cluster_members: frozenset[str] = frozenset()  # its member rentals, left out where a test counts the world's rentals
+    service: str = ""  # the first renter's service (asleep: min_replicas 0, so no replica to count)
 
     def account(self, who: str) -> str:
         return self.accounts[who].account_id
@@ -125,7 +126,7 @@ class World:
             "account_id": self.account(RENTER), "invoice_id": self.document(RENTER), "statement_id": self.document(PROVIDER),
             "other_host_id": self.hosts[OTHER_PROVIDER], "other_provider_id": self.account(OTHER_PROVIDER),
             "name": "pytorch",  # a seeded template
-            "ssh_key_id": self.ssh_keys[RENTER], "cluster_id": self.cluster,
+            "ssh_key_id": self.ssh_keys[RENTER], "cluster_id": self.cluster, "service_id": self.service,
             "start": MAINTENANCE["start"],  # the window the provider's POST adds
         }  # fmt: skip
 
@@ -161,7 +162,10 @@ async def world(api: Api) -> World:
     status, body = await api.call("POST", "/clusters", keys[RENTER], json={"node_count": 2})
     assert status == 201, body
     members = frozenset(m["rental_id"] for m in body["members"])
-    return World(api, keys, accounts, hosts, rentals, alerts, payouts, f"{now:%Y-%m}", ssh, body["id"], members)
+    cluster = body["id"]
+    status, body = await api.call("POST", "/services", keys[RENTER], json=SERVICE)
+    assert status == 201, body
+    return World(api, keys, accounts, hosts, rentals, alerts, payouts, f"{now:%Y-%m}", ssh, cluster, members, body["id"])
 
 
 def _ssh_key_line() -> str:
@@ -247,6 +251,7 @@ class Rule:
 
 LISTING = {"price_per_gpu_hour": "0.60", "smallest_unit": "gpu"}
 TEMPLATE = {"image": "ubuntu:24.04", "command": ["sleep", "infinity"], "description": "edited"}
+SERVICE = {"name": "chat", "workload": {"image": "busybox:1", "ports": [8000]}, "port": 8000, "min_replicas": 0, "max_replicas": 2}
 
 MATRIX: tuple[Rule, ...] = (
     # Core: health, the account, enrollment, hosts, rentals.
@@ -281,6 +286,14 @@ MATRIX: tuple[Rule, ...] = (
     Rule("GET", "/clusters", everyone(200)),
     Rule("GET", "/clusters/{cluster_id}", the_renters(200, others=(404, "cluster_not_found"))),
     Rule("DELETE", "/clusters/{cluster_id}", the_renters(202, others=(404, "cluster_not_found")), last=True),
+    # Services: as clusters.
+    Rule("POST", "/services", only(201, "renter"), body=fixed(SERVICE)),
+    Rule("GET", "/services", everyone(200)),
+    Rule("GET", "/services/{service_id}", the_renters(200, others=(404, "service_not_found"))),
+    Rule("GET", "/services/{service_id}/stats", the_renters(200, others=(404, "service_not_found"))),
+    Rule("PUT", "/services/{service_id}/replicas", the_renters(200, others=(404, "service_not_found")), body=fixed({"max_replicas": 3})),
+    Rule("POST", "/services/{service_id}/token", the_renters(200, others=(404, "service_not_found"))),
+    Rule("DELETE", "/services/{service_id}", the_renters(202, others=(404, "service_not_found")), last=True),
     # The marketplace.
     Rule("GET", "/offers", everyone(200)),
     Rule("GET", "/offers/clusters", everyone(200), query={"nodes": "2"}),

@@ -97,6 +97,46 @@ class ClusterCreate(_Body):
                                    "WORLD_SIZE, RANK, NODE_RANK, and LOCAL_WORLD_SIZE added to its environment.")
 
 
+class ScalingBody(_Body):
+    """The autoscaler's rule: requests in flight per replica, or GPU utilisation over a period (docs/services.md)."""
+
+    metric: Literal["inflight", "gpu_util"] | None = Field(None, description="inflight (with target) or gpu_util "
+                                                          "(with threshold_pct and period_s); without it: 400 scaling_metric_missing.")
+    target: float | None = Field(None, description="inflight: requests in flight per replica to aim for, e.g. 4.")
+    threshold_pct: float | None = Field(None, description="gpu_util: one more replica when the replicas' GPUs average at least this.")
+    period_s: float | None = Field(None, description="gpu_util: over this many seconds (default 300).")
+    scale_down_below_pct: float | None = Field(None, description="gpu_util: one fewer below this (default half the threshold).")
+    scale_up_cooldown_s: float | None = Field(None, description="Least seconds between two scale-ups (default 30).")
+    scale_down_cooldown_s: float | None = Field(None, description="Seconds without scaling, and of low load, before a "
+                                                "scale-down (default 300).")
+
+
+class ServiceCreate(_Body):
+    """A service: replicas of one container workload behind one endpoint, between min_replicas and max_replicas."""
+
+    name: str = Field(min_length=1, max_length=63, description="Lowercase ASCII letters, digits and inner hyphens, e.g. chat-7b.")
+    template: str | None = Field(None, pattern=NAME_PATTERN, max_length=40, description="A template from GET /templates "
+                                 "(e.g. vllm). Excludes workload.")
+    workload: ContainerWorkload | None = Field(None, description="The container every replica runs; its ports include port.")
+    port: int = Field(ge=1, le=65535, description="The port the workload serves its API on (one of its ports).")
+    health_path: str = Field("/health", max_length=255, description="GET on it answers 2xx when a replica is ready.")
+    gpu_count: int = Field(1, ge=1, le=64, description="Whole GPUs per replica, on one host.")
+    gpu_model: str | None = Field(None, max_length=128, description="Model words, e.g. 'RTX 4090'.")
+    requirements: str | None = Field(None, max_length=2000, description="Offer filters every replica's host meets (query language).")
+    max_price_per_gpu_hour: Bid | None = Field(None, description="On-demand replicas only go to GPUs at this price or less.")
+    kind: Literal["on_demand", "interruptible"] = Field("on_demand", description="interruptible replicas are cheaper and "
+                                                       "may be preempted; a preempted replica is replaced.")
+    bid: Bid | None = Field(None, description="Most USD per GPU-hour for interruptible replicas.")
+    min_replicas: int = Field(1, ge=0, le=1000, description="Fewest replicas; 0 lets the service sleep (the first request waits).")
+    max_replicas: int = Field(1, ge=0, le=1000, description="Most replicas.")
+    scaling: ScalingBody | None = Field(None, description="The scaling rule; default: inflight with target 4.")
+
+
+class ServiceScale(_Body):
+    min_replicas: int | None = Field(None, ge=0, le=1000, description="Fewest replicas (unchanged when left out).")
+    max_replicas: int | None = Field(None, ge=0, le=1000, description="Most replicas (unchanged when left out).")
+
+
 class CreditTopUp(_Body):
     account_id: str = Field(min_length=1, max_length=40, description="The renter account to credit.")
     amount: Cents = Field(description="USD in whole cents as a string, e.g. \"25.00\".")

@@ -25,6 +25,7 @@ from master.api import (
     routes_metrics,
     routes_payments,
     routes_regions,
+    routes_services,
     routes_ssh_keys,
     routes_templates,
 )
@@ -37,6 +38,7 @@ ROUTES: tuple[Route, ...] = (
     + routes_charts.ROUTES
     + routes_maintenance.ROUTES
     + routes_clusters.ROUTES
+    + routes_services.ROUTES
 )  # fmt: skip
 
 UNVERSIONED: tuple[Route, ...] = routes_metrics.UNVERSIONED + routes_downloads.UNVERSIONED + routes_docs.UNVERSIONED

@@ -49,6 +49,8 @@ class RentalRequest:
     replaces: str | None = None
     template: str | None = None
     """The template the workload comes from (``workload`` empty until ``rentals.create_rental`` copies it in)."""
+    service_id: str | None = None
+    """The elastic service this rental is a replica of (``master/services/elastic.py``)."""
 
     def check(self, *, max_queue_timeout_s: float) -> RentalRequest:
         """The request with its query normalised; ValidationFailed says what is wrong."""
@@ -117,7 +119,7 @@ class RentalRequest:
             mig_profile=rental.mig_profile, offer_id=spec.get("offer_id"), query=spec.get("query") or "", kind=rental.kind,
             bid=rental.bid_per_gpu_hour, network=spec.get("network"), queue=bool(spec.get("queue")),
             queue_timeout_s=float(spec.get("queue_timeout_s") or 600.0), replaces=rental.replaces_id,
-            template=spec.get("template"),
+            template=spec.get("template"), service_id=rental.service_id,
         )  # fmt: skip
         return replace(request, **changes)
 

@@ -84,6 +84,7 @@ async def _create(master: Master, renter: Principal, request: RentalRequest, ide
         request_fingerprint=request.fingerprint(), restart_on_failure=request.restart_on_failure,
         replaces_id=request.replaces, kind=request.kind, gpu_milli=request.share, gpu_memory_mib=request.gpu_memory_mib,
         mig_profile=request.mig_profile, bid_per_gpu_hour=request.bid, spec=request.spec(), created_at=now,
+        service_id=request.service_id,
     )  # fmt: skip
     async with master.db.serialised_session() as session:  # quotas, credit and claim in one step, on SQLite too
         command_ids, reason = await try_place(master, session, rental, request, now=now)
@@ -240,6 +241,8 @@ def rental_view(rental: Rental, events: Sequence[RentalEvent] | None = None) -> 
         "ssh_host_key": rental.ssh_host_key,
         "workspace_until": rental.workspace_until.isoformat() if rental.workspace_until else None,
         "tunnel": {"bytes_in": rental.tunnel_bytes_in or 0, "bytes_out": rental.tunnel_bytes_out or 0},
+        "service_id": rental.service_id,
+        "ready_at": rental.ready_at.isoformat() if rental.ready_at else None,
     }
     if events is not None:
         view["events"] = [

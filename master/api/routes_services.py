@@ -1,0 +1,134 @@
+"""Elastic services (``/services``): replicas of one workload behind one endpoint, scaled by load.
+
+Handlers parse and authorize; the rules live in ``master/services/elastic.py`` (creating, reading,
+scaling, deleting), ``autoscale.py`` and ``scaling.py`` (the autoscaler) and ``gateway/`` (the
+endpoint, ``/svc/<id>/``). Another renter's service is 404 ``service_not_found``, as one that does
+not exist. The service token is in the answer of ``POST /services`` and ``POST /services/{id}/token``
+only.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from aiohttp import web
+
+from billing import ledger
+from billing.summaries import charged_by_rental
+from master.api.base import PAGING, QueryParam, Route, int_query, listing, page, parse_body
+from master.api.keys import MASTER
+from master.api.middleware import principal
+from master.api.schemas import ServiceCreate, ServiceScale
+from master.models import Service
+from master.services import elastic, service_series
+from master.services.service_request import ServiceRequest
+from shared.errors import BadRequest, ValidationFailed
+
+DEFAULT_SCALING = {"metric": "inflight", "target": 4}
+
+
+def endpoint_url(request: web.Request, service_id: str) -> str:
+    base = request.app[MASTER].settings.public_url or f"{request.scheme}://{request.host}"
+    return base.rstrip("/") + elastic.endpoint_path(service_id)
+
+
+async def _detail(request: web.Request, service_id: str) -> dict[str, Any]:
+    async with request.app[MASTER].db.session() as session:
+        view = await elastic.service_detail(session, principal(request), service_id)
+        charged = await charged_by_rental(session, [r["rental_id"] for r in view["replica_rentals"]])
+    view["endpoint_url"] = endpoint_url(request, service_id)
+    view["cost_so_far"] = ledger.money(sum(charged.values(), Decimal(0)))
+    return view
+
+
+async def create_service(request: web.Request) -> web.Response:
+    master = request.app[MASTER]
+    body = await parse_body(request, ServiceCreate)
+    if (body.template is None) == (body.workload is None):
+        raise ValidationFailed("give either template (a name from GET /api/v1/templates) or workload (a container), one of them",
+                               code="template_or_workload",
+                               details={"problems": [{"field": "template", "problem": "exactly one of template and workload"}]})  # fmt: skip
+    key = request.headers.get("Idempotency-Key")
+    if key is not None and not 1 <= len(key) <= 255:
+        raise BadRequest("Idempotency-Key must be 1 to 255 characters", code="invalid_idempotency_key")
+    query = body.requirements or ""
+    if body.max_price_per_gpu_hour is not None:
+        query = f"{query} price<={body.max_price_per_gpu_hour}".strip()
+    scaling = body.scaling.model_dump(exclude_none=True) if body.scaling is not None else dict(DEFAULT_SCALING)
+    wanted = ServiceRequest(
+        name=body.name, port=body.port, min_replicas=body.min_replicas, max_replicas=body.max_replicas, scaling=scaling,
+        workload=body.workload.model_dump(mode="json") if body.workload is not None else {}, template=body.template,
+        health_path=body.health_path, gpu_count=body.gpu_count, gpu_model=body.gpu_model, query=query, kind=body.kind,
+        bid=body.bid,
+    )  # fmt: skip
+    service, token = await elastic.create_service(master, principal(request), wanted, idempotency_key=key)
+    view = await _detail(request, service.id)
+    view["token"] = token
+    return web.json_response(view, status=201 if token is not None else 200)
+
+
+async def list_services(request: web.Request) -> web.Response:
+    limit, offset = page(request)
+    include_deleted = request.query.get("deleted") == "true"
+    async with request.app[MASTER].db.session() as session:
+        items, total = await elastic.list_services(session, principal(request), limit=limit, offset=offset,
+                                                   include_deleted=include_deleted)  # fmt: skip
+    for item in items:
+        item["endpoint_url"] = endpoint_url(request, item["id"])
+    return listing(items, total, limit, offset)
+
+
+async def get_service(request: web.Request) -> web.Response:
+    return web.json_response(await _detail(request, request.match_info["service_id"]))
+
+
+async def scale_service(request: web.Request) -> web.Response:
+    body = await parse_body(request, ServiceScale)
+    if body.min_replicas is None and body.max_replicas is None:
+        raise BadRequest("give min_replicas, max_replicas or both", code="invalid_replica_bounds")
+    service = await elastic.scale_service(request.app[MASTER], principal(request), request.match_info["service_id"],
+                                          min_replicas=body.min_replicas, max_replicas=body.max_replicas)  # fmt: skip
+    return web.json_response(await _detail(request, service.id))
+
+
+async def new_token(request: web.Request) -> web.Response:
+    service, token = await elastic.rotate_token(request.app[MASTER], principal(request), request.match_info["service_id"])
+    return web.json_response({"service_id": service.id, "token": token, "token_prefix": service.token_prefix})
+
+
+async def delete_service(request: web.Request) -> web.Response:
+    service = await elastic.delete_service(request.app[MASTER], principal(request), request.match_info["service_id"])
+    return web.json_response(await _detail(request, service.id), status=202)
+
+
+async def service_stats(request: web.Request) -> web.Response:
+    minutes = int_query(request, "minutes", 60, minimum=1, maximum=7 * 24 * 60)
+    master = request.app[MASTER]
+    async with master.db.session() as session:
+        service: Service = await elastic.get_service(session, principal(request), request.match_info["service_id"])
+        series = await service_series.series(session, service, now=master.clock.now(), minutes=minutes,
+                                              bucket_s=master.settings.service_stats_bucket_s)
+    return web.json_response(series)
+
+
+ROUTES: tuple[Route, ...] = (
+    Route("POST", "/services", create_service, "Make a service: replicas of a template's or an image's container behind one "
+          "endpoint (endpoint_url), scaled between min_replicas and max_replicas by its rule. The answer carries the "
+          "service token, once (200: a repeat of an Idempotency-Key, without the token).",
+          roles=("renter",), body=ServiceCreate, success=201, also_success=(200,), headers=("Idempotency-Key",),
+          errors=(400, 402, 404, 409, 422)),
+    Route("GET", "/services", list_services, "Your services, newest first (deleted ones with ?deleted=true).",
+          query=(*PAGING, QueryParam("deleted", "string", "true: deleted services too.", choices=("true", "false")))),
+    Route("GET", "/services/{service_id}", get_service, "One service: its replicas, scaling history, endpoint and cost so far.",
+          errors=(404,)),
+    Route("PUT", "/services/{service_id}/replicas", scale_service, "Set a service's replica bounds; the autoscaler "
+          "moves into them on its next pass.", body=ServiceScale, errors=(400, 404, 409, 422)),
+    Route("POST", "/services/{service_id}/token", new_token, "Replace the service token (the old one stops working at once).",
+          errors=(404, 409)),
+    Route("GET", "/services/{service_id}/stats", service_stats, "The service over time: replicas, requests/s, errors, "
+          "latency p50/p99 and requests in flight, per bucket.", query=(QueryParam("minutes", "integer", "How far back.", 1, 10080),),
+          errors=(404,)),
+    Route("DELETE", "/services/{service_id}", delete_service, "Delete a service: its replicas stop, its endpoint closes.",
+          success=202, errors=(404,)),
+)
