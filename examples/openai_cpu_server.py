@@ -45,11 +45,12 @@ WEBSOCKET_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
 
 class RequestError(Exception):
-    """A request the server refuses: an HTTP status and an OpenAI-style error body."""
+    """A request the server refuses: an HTTP status, an OpenAI-style error body and any headers the status needs."""
 
-    def __init__(self, status: int, message: str, *, code: str, kind: str = "invalid_request_error") -> None:
+    def __init__(self, status: int, message: str, *, code: str, kind: str = "invalid_request_error",
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
-        self.status, self.code, self.kind = status, code, kind
+        self.status, self.code, self.kind, self.headers = status, code, kind, headers or {}
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": str(self), "type": self.kind, "param": None, "code": self.code}}
@@ -272,7 +273,7 @@ class Handler(BaseHTTPRequestHandler):
                                    code="method_not_allowed")
             routes[path][self.command]()
         except RequestError as exc:
-            self._send_json(exc.status, exc.body())
+            self._send_json(exc.status, exc.body(), exc.headers)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
             self.log_message("%s %s: the client went away", self.command, path)
@@ -284,9 +285,11 @@ class Handler(BaseHTTPRequestHandler):
             raise RequestError(400, f"{header} must be an integer from 0 to {MAX_DELAY_MS}", code="invalid_delay")
         return int(value) / 1000
 
-    def _send_json(self, status: int, document: dict[str, Any]) -> None:
+    def _send_json(self, status: int, document: dict[str, Any], headers: dict[str, str] | None = None) -> None:
         data = json.dumps(document).encode()
         self.send_response(status)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         if self.close_connection:
@@ -356,7 +359,8 @@ class Handler(BaseHTTPRequestHandler):
             raise RequestError(400, "GET /v1/ws is a websocket: send Upgrade: websocket and a Sec-WebSocket-Key",
                                code="not_a_websocket")
         if self.headers.get("Sec-WebSocket-Version") != "13":
-            raise RequestError(426, "only websocket version 13 is spoken here", code="websocket_version")
+            raise RequestError(426, "only websocket version 13 is spoken here", code="websocket_version",
+                               headers={"Sec-WebSocket-Version": "13"})
         self.send_response(101)
         self.send_header("Upgrade", "websocket")
         self.send_header("Connection", "Upgrade")

@@ -222,9 +222,12 @@ class TestWebSocket:
                 websocket.recv()
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
 
-    def test_a_plain_get_is_400(self, endpoint: str) -> None:
+    def test_a_plain_get_is_400_and_another_version_426(self, endpoint: str) -> None:
         status, _, body = get(f"{endpoint}v1/ws")
         assert (status, json.loads(body)["error"]["code"]) == (400, "not_a_websocket")
+        upgrade = {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+        status, headers, _ = get(f"{endpoint}v1/ws", {**upgrade, "Sec-WebSocket-Version": "8"})
+        assert (status, headers["Sec-WebSocket-Version"]) == (426, "13")
 
     def test_the_accept_key_is_rfc_6455s(self) -> None:
         """RFC 6455 section 1.3's example."""
