@@ -293,10 +293,23 @@ def docker_image() -> str:
 def torch_image(docker_image: str) -> str:
     """The locally built PyTorch test image's name (``tests/dockerengine.py``: Debian's python3-torch and what it
     needs, with ``tests/allreduce.py``); fails, never skips, when python3-torch is not installed. Built by one worker
-    at a time (``dockerengine.TORCH_LOCK``); through ``docker_image``, its tests also wait for the browser tests."""
+    at a time (``dockerengine.package_image``); through ``docker_image``, its tests also wait for the browser tests."""
     from tests import dockerengine
 
     try:
         return dockerengine.torch_image()
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+
+
+@pytest.fixture(scope="session")
+def openai_image(docker_image: str) -> str:
+    """The locally built image of the OpenAI-compatible sample server (``tests/dockerengine.py``: Debian's python3
+    with ``examples/openai_cpu_server.py``, serving on port 8000). Built by one worker at a time; through
+    ``docker_image``, its tests also wait for the browser tests."""
+    from tests import dockerengine
+
+    try:
+        return dockerengine.openai_image()
     except RuntimeError as exc:
         pytest.fail(str(exc))

@@ -1,4 +1,4 @@
-"""The Docker engine for the container tests: make sure one answers, and build the test image locally.
+"""The Docker engine for the container tests: make sure one answers, and build the test images locally.
 
 ``ensure_engine`` pings the engine's socket and, when nothing answers and we are root,
 starts ``dockerd`` (logging to a file under a temporary folder) and waits for its
@@ -8,11 +8,18 @@ symlinks, ``/etc/passwd`` with root and nobody) through the Engine API (``images
 with ``fromSrc=-``), tagged ``gpumarket-test/busybox:<content hash>``: nothing is pulled
 from a registry, and a second run builds nothing.
 
-``torch_image`` does the same for ``gpumarket-test/torch:<hash>``: Debian's PyTorch as this machine has it installed
-(``python3-torch``, which ``make docker`` installs) — the files of the packages it needs, the dependency closure dpkg
-records — with busybox's shell and the gloo all-reduce workload of ``tests/allreduce.py`` at
-``/opt/gpumarket/allreduce.py``. Its hash is over the packages and their versions, the few files added and the rules
-that pick the files, so a second run builds nothing; the rootfs (several hundred MB) is streamed to the engine.
+``package_image`` does the same for an image made of Debian packages as this machine has them installed — the files
+of the packages one needs, the dependency closure dpkg records — with busybox's shell and a few files of this
+checkout (``PackageImage`` says which). Its hash is over the packages and their versions, the files added, the
+image's settings and the rules that pick the files, so a second run builds nothing; the rootfs is streamed to the
+engine. Two are built so:
+
+* ``torch_image``, ``gpumarket-test/torch:<hash>``: Debian's PyTorch (``python3-torch``, which ``make docker``
+  installs) with the gloo all-reduce workload of ``tests/allreduce.py`` at ``/opt/gpumarket/allreduce.py``
+  (~730 MB of files);
+* ``openai_image``, ``gpumarket-test/openai-cpu:<hash>``: Debian's ``python3`` with the OpenAI-compatible sample
+  server of ``examples/openai_cpu_server.py`` at ``/opt/gpumarket/openai_cpu_server.py``, its default command,
+  listening on port 8000 (~48 MB).
 """
 
 from __future__ import annotations
@@ -34,7 +41,8 @@ import tarfile
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Final
 from urllib.parse import quote, urlencode
@@ -159,29 +167,54 @@ def busybox_image() -> str:
     return name
 
 
-TORCH_REPO: Final = "gpumarket-test/torch"
-TORCH_PACKAGE: Final = "python3-torch"
-TORCH_ROOTS: Final = (TORCH_PACKAGE, "python3", "libc6")
-TORCH_PRUNED: Final = {
-    # Not needed to import torch or to run gloo, and large: the closure's walk stops at them (the image is then
-    # ~730 MB of files instead of ~940).
-    "libtorch-test": "torch's C++ test programs (~50 MB)",
-    "libgl1-mesa-dri": "Mesa's OpenGL drivers and, through them, LLVM and Z3 (~160 MB): loaded only to draw on a display",
-    "mesa-va-drivers": "Mesa's VA-API video drivers",
-    "mesa-vdpau-drivers": "Mesa's VDPAU video drivers",
-}
-TORCH_SKIPPED_TREES: Final = (
+SKIPPED_TREES: Final = (
     "usr/share/doc", "usr/share/doc-base", "usr/share/man", "usr/share/info", "usr/share/locale", "usr/share/lintian",
     "usr/share/bug", "usr/share/gtk-doc", "usr/share/help", "usr/include",
 )
-TORCH_SKIPPED_SUFFIXES: Final = (".a", ".h", ".pyc")
+SKIPPED_SUFFIXES: Final = (".a", ".h", ".pyc")
 PYTHON_PACKAGES: Final = "usr/lib/python3/dist-packages/"
-TORCH_APPLETS: Final = ("sh", "ls", "cat", "env", "echo", "sleep", "ps", "ip", "hostname", "nc", "kill", "true", "false", "test")
-ALLREDUCE_SOURCE: Final = Path(__file__).with_name("allreduce.py")
-ALLREDUCE_PATH: Final = "opt/gpumarket/allreduce.py"
+IMAGE_APPLETS: Final = ("sh", "ls", "cat", "env", "echo", "sleep", "ps", "ip", "hostname", "nc", "kill", "true", "false", "test", "wget")
 NSSWITCH: Final = "passwd: files\ngroup: files\nhosts: files dns\n"
-TORCH_RECIPE: Final = "1"
-"""Part of the torch image's hash: change it when the rules above, or the way the rootfs is made, change."""
+DEFAULT_PATH: Final = "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+RECIPE: Final = "2"
+"""Part of each package image's hash: change it when the rules above, or the way the rootfs is made, change."""
+
+
+@dataclass(frozen=True)
+class PackageImage:
+    """An image made of this machine's Debian packages: ``roots`` and what they need, but for ``pruned`` (package ->
+    why: the closure's walk stops there), with ``files`` of this checkout (rootfs path -> file, executable) and the
+    Dockerfile instructions ``changes`` (``CMD``, ``ENV``, ``EXPOSE``) that the import applies."""
+
+    repo: str
+    roots: tuple[str, ...]
+    files: Mapping[str, Path]
+    changes: tuple[str, ...]
+    pruned: Mapping[str, str]
+
+
+TORCH_IMAGE: Final = PackageImage(
+    repo="gpumarket-test/torch",
+    roots=("python3-torch", "python3", "libc6"),
+    files={"opt/gpumarket/allreduce.py": Path(__file__).with_name("allreduce.py")},
+    changes=('CMD ["python3", "/opt/gpumarket/allreduce.py"]', DEFAULT_PATH),
+    pruned={
+        # Not needed to import torch or to run gloo, and large (the image is then ~730 MB of files instead of ~940).
+        "libtorch-test": "torch's C++ test programs (~50 MB)",
+        "libgl1-mesa-dri": "Mesa's OpenGL drivers and, through them, LLVM and Z3 (~160 MB): loaded only to draw on a display",
+        "mesa-va-drivers": "Mesa's VA-API video drivers",
+        "mesa-vdpau-drivers": "Mesa's VDPAU video drivers",
+    },
+)
+OPENAI_SERVER_PATH: Final = "opt/gpumarket/openai_cpu_server.py"
+OPENAI_IMAGE: Final = PackageImage(
+    repo="gpumarket-test/openai-cpu",
+    roots=("python3", "libc6"),
+    files={OPENAI_SERVER_PATH: Path(__file__).parent.parent / "examples" / "openai_cpu_server.py"},
+    changes=(f'CMD ["python3", "/{OPENAI_SERVER_PATH}"]', "EXPOSE 8000", DEFAULT_PATH),
+    pruned={"dpkg": "Debian's package manager and, through it, tar, zstd and SELinux's library (~3.5 MB of ~51): "
+                    "nothing installs packages in the image"},
+)
 
 _DEPENDENCY: Final = re.compile(r"\s*([a-z0-9][a-z0-9+.-]*)")
 
@@ -209,16 +242,18 @@ def _installed_packages() -> tuple[dict[str, _Package], dict[str, list[str]]]:
     return packages, {virtual: sorted(names) for virtual, names in providers.items()}
 
 
-def _dependency_closure(packages: dict[str, _Package], providers: dict[str, list[str]]) -> dict[str, _Package]:
-    """``TORCH_ROOTS`` and, recursively, what they need (Pre-Depends, Depends) as installed, but for ``TORCH_PRUNED``.
+def _dependency_closure(
+    image: PackageImage, packages: dict[str, _Package], providers: dict[str, list[str]]
+) -> dict[str, _Package]:
+    """The image's roots and, recursively, what they need (Pre-Depends, Depends) as installed, but for its pruned ones.
 
     Of alternatives (``a | b``) the first one installed, itself or as a virtual package's provider, counts. Version
     constraints and architecture qualifiers (``:any``) are dpkg's to have enforced: the installed version is taken."""
     chosen: dict[str, _Package] = {}
-    todo = list(TORCH_ROOTS)
+    todo = list(image.roots)
     while todo:
         name = todo.pop()
-        if name in chosen or name in TORCH_PRUNED:
+        if name in chosen or name in image.pruned:
             continue
         chosen[name] = packages[name]
         for clause in packages[name].depends.split(","):
@@ -233,10 +268,10 @@ def _dependency_closure(packages: dict[str, _Package], providers: dict[str, list
 
 def _skipped(path: str) -> bool:
     """Docs, manuals, translations, headers, static libraries, byte code, Python packages' tests: none is imported."""
-    if any(path == tree or path.startswith(f"{tree}/") for tree in TORCH_SKIPPED_TREES):
+    if any(path == tree or path.startswith(f"{tree}/") for tree in SKIPPED_TREES):
         return True
     parts = path.split("/")
-    return path.endswith(TORCH_SKIPPED_SUFFIXES) or "__pycache__" in parts or (path.startswith(PYTHON_PACKAGES) and "tests" in parts)
+    return path.endswith(SKIPPED_SUFFIXES) or "__pycache__" in parts or (path.startswith(PYTHON_PACKAGES) and "tests" in parts)
 
 
 def _in_rootfs(path: str) -> str:
@@ -246,19 +281,17 @@ def _in_rootfs(path: str) -> str:
     return os.path.join(os.path.realpath(folder), name).lstrip("/")
 
 
-class _TorchRootfs:
-    """What goes into the torch image: host paths by their path in the rootfs, generated files, and the content hash."""
+class _PackageRootfs:
+    """What goes into a package image: host paths by their path in the rootfs, generated files, and the content hash."""
 
-    def __init__(self) -> None:
-        status = subprocess.run(["dpkg-query", "-W", "-f", "${db:Status-Abbrev}", TORCH_PACKAGE], capture_output=True, text=True)
-        if status.returncode != 0 or status.stdout[1:2] != "i":
-            raise RuntimeError(
-                f"Debian's {TORCH_PACKAGE} is not installed on this machine ({(status.stdout or status.stderr).strip()!r}), "
-                "and the torch test image is made of its files: run `make docker` as root (it installs python3-torch), "
-                "or `apt-get install python3-torch`"
-            )
+    def __init__(self, image: PackageImage) -> None:
         packages, providers = _installed_packages()
-        self.packages = _dependency_closure(packages, providers)
+        if missing := [root for root in image.roots if root not in packages]:
+            raise RuntimeError(
+                f"Debian's {' '.join(missing)} is not installed on this machine, and the {image.repo} test image is made "
+                f"of its files: run `make docker` as root, or `apt-get install {' '.join(missing)}`"
+            )
+        self.packages = _dependency_closure(image, packages, providers)
         self.host: dict[str, str] = {}  # rootfs path -> host path (files, links, folders)
         listed = subprocess.run(
             ["dpkg-query", "-L", *(package.query_name for package in self.packages.values())], capture_output=True, text=True, check=True
@@ -275,15 +308,18 @@ class _TorchRootfs:
             "etc/passwd": (PASSWD.encode(), 0o644),
             "etc/group": (GROUP.encode(), 0o644),
             "etc/nsswitch.conf": (NSSWITCH.encode(), 0o644),
-            ALLREDUCE_PATH: (ALLREDUCE_SOURCE.read_bytes(), 0o755),
+            **{path: (source.read_bytes(), 0o755) for path, source in image.files.items()},
         }
+        self.folders = {folder for path in self.generated for folder in itertools.accumulate(path.split("/")[:-1], "{}/{}".format)}
         busybox = _in_rootfs(BUSYBOX)
         self.host[busybox] = BUSYBOX
         bin_dir = os.path.dirname(busybox)
-        self.applets = [f"{bin_dir}/{applet}" for applet in TORCH_APPLETS if f"{bin_dir}/{applet}" not in self.host]
+        self.applets = [f"{bin_dir}/{applet}" for applet in IMAGE_APPLETS if f"{bin_dir}/{applet}" not in self.host]
         for path in self.generated:
             self.host.pop(path, None)
-        digest = hashlib.sha256(f"recipe {TORCH_RECIPE}\n".encode())
+        digest = hashlib.sha256(f"recipe {RECIPE}\n".encode())
+        for change in image.changes:
+            digest.update(f"change {change}\n".encode())
         for name, package in self.packages.items():
             digest.update(f"package {name} {package.version}\n".encode())
         for path, target in sorted(self.followed.items()):
@@ -356,7 +392,7 @@ class _TorchRootfs:
         content = 0
         hard_links: dict[tuple[int, int], str] = {}
         entries: list[str] = sorted(
-            {*self.host, *self.generated, *self.applets, "proc", "sys", "dev", "root", "tmp", "etc", os.path.dirname(ALLREDUCE_PATH), "opt"},
+            {*self.host, *self.generated, *self.applets, "proc", "sys", "dev", "root", "tmp", *self.folders},
             key=lambda path: path.split("/"),
         )
         with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
@@ -394,16 +430,14 @@ class _TorchRootfs:
         return content
 
 
-TORCH_LOCK: Final = Path(tempfile.gettempdir()) / "gpumarket-test-torch-image.lock"
+def package_image(image: PackageImage, *, timeout: float = 900.0) -> str:
+    """``<image.repo>:<hash>``, imported now unless the engine has it already (see the module's docstring). One
+    build at a time (a lock file per image, for pytest-xdist's workers): the others then find it built.
 
-
-def torch_image(*, timeout: float = 900.0) -> str:
-    """``gpumarket-test/torch:<hash>``, imported now unless the engine has it already (see the module's docstring).
-
-    Raises ``RuntimeError`` when ``python3-torch`` is not installed, or the import fails."""
-    rootfs = _TorchRootfs()
-    name = f"{TORCH_REPO}:{rootfs.digest}"
-    with open(TORCH_LOCK, "a") as lock:  # one build at a time, the others then find it built
+    Raises ``RuntimeError`` when a root package is not installed, or the import fails."""
+    rootfs = _PackageRootfs(image)
+    name = f"{image.repo}:{rootfs.digest}"
+    with open(Path(tempfile.gettempdir()) / f"gpumarket-test-{image.repo.rsplit('/', 1)[-1]}-image.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if image_exists(name):
             return name
@@ -417,10 +451,9 @@ def torch_image(*, timeout: float = 900.0) -> str:
             except BaseException as exc:  # reported by the caller, once the engine has answered
                 failure.append(exc)
 
-        writer = threading.Thread(target=produce, name="torch-rootfs", daemon=True)
+        writer = threading.Thread(target=produce, name=f"{image.repo}-rootfs", daemon=True)
         writer.start()
-        changes = ['CMD ["python3", "/' + ALLREDUCE_PATH + '"]', "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
-        query = urlencode({"fromSrc": "-", "repo": TORCH_REPO, "tag": rootfs.digest, "changes": changes}, doseq=True)
+        query = urlencode({"fromSrc": "-", "repo": image.repo, "tag": rootfs.digest, "changes": image.changes}, doseq=True)
         try:
             with open(read_end, "rb", buffering=0) as stream:
                 status, body = request(
@@ -433,6 +466,16 @@ def torch_image(*, timeout: float = 900.0) -> str:
             why = f"writing the rootfs failed: {failure[0]!r}" if failure else f"the engine answered {status}: {body[-300:]!r}"
             raise RuntimeError(f"importing {name} failed ({why})")
         return name
+
+
+def torch_image() -> str:
+    """``gpumarket-test/torch:<hash>`` (``TORCH_IMAGE``), built unless the engine has it; see ``package_image``."""
+    return package_image(TORCH_IMAGE)
+
+
+def openai_image() -> str:
+    """``gpumarket-test/openai-cpu:<hash>`` (``OPENAI_IMAGE``), built unless the engine has it; see ``package_image``."""
+    return package_image(OPENAI_IMAGE)
 
 
 def remove_owned(owner: str) -> list[str]:
