@@ -23,6 +23,7 @@ import pytest_asyncio
 from sqlalchemy import select, update
 from yarl import URL
 
+from examples.openai_client import chat
 from gpumarket.up import Marketplace, start_marketplace
 from master.models import Rental, Service, ServiceStat
 from master.services.gateway import gateway_of, percentile, probe
@@ -60,9 +61,9 @@ SCRIPT = (
 ENV = {"GPUMARKET_SERVICE_STATS_BUCKET_S": "1", "GPUMARKET_SERVICE_COLD_START_TIMEOUT_S": "30", **NO_RATE_LIMITS}
 
 
-async def _rent(renter: Api, image: str) -> str:
-    workload = {"kind": "container", "image": image, "command": ["sh", "-c", SCRIPT], "ports": [8000, 8001],
-                "env": {"WS_ECHO": WS_ECHO, "CGI_echo": CGI_ECHO, "CGI_sse": CGI_SSE, "CGI_die": CGI_DIE}}
+async def _rent(renter: Api, image: str, workload: dict[str, Any] | None = None) -> str:
+    workload = workload or {"kind": "container", "image": image, "command": ["sh", "-c", SCRIPT], "ports": [8000, 8001],
+                            "env": {"WS_ECHO": WS_ECHO, "CGI_echo": CGI_ECHO, "CGI_sse": CGI_SSE, "CGI_die": CGI_DIE}}
 
     async def placed() -> str | None:  # the share listing of the demo host comes a moment after it is online
         status, rental = await renter.call("POST", "/rentals", json={"gpu_count": 1, "gpu_milli": 250, "workload": workload})
@@ -86,8 +87,22 @@ async def _service(market: Marketplace, renter_id: str, name: str, port: int, re
     return service_id, token
 
 
+async def _until_healthy(market: Marketplace, service_id: str, rental_id: str) -> None:
+    """What the autoscaler does for a replica that started: probe it until it answers, then mark it ready."""
+    async with market.master.db.session() as session:
+        service, rental = await session.get(Service, service_id), await session.get(Rental, rental_id)
+    assert service is not None and rental is not None
+
+    async def healthy() -> bool:
+        return await probe(market.master, service, rental) is None
+
+    await eventually(healthy, timeout=60, every=0.2, what=f"replica {rental_id} healthy")
+    async with market.master.db.session() as session:
+        await session.execute(update(Rental).where(Rental.id == rental_id).values(ready_at=datetime.now(UTC)))
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def setting(tmp_path_factory: pytest.TempPathFactory, docker_image: str) -> AsyncIterator[dict[str, Any]]:
+async def setting(tmp_path_factory: pytest.TempPathFactory, docker_image: str, openai_image: str) -> AsyncIterator[dict[str, Any]]:
     mp = pytest.MonkeyPatch()
     for name, value in ENV.items():
         mp.setenv(name, value)
@@ -97,7 +112,8 @@ async def setting(tmp_path_factory: pytest.TempPathFactory, docker_image: str) -
     try:
         renter = Api(http, market.api_url, market.credentials["renter"]["api_key"])
         await eventually(lambda: _hosts_online(renter, 1), what="the host online")
-        a, b, c, d = await asyncio.gather(*(_rent(renter, docker_image) for _ in range(4)))
+        a, b, c, d, e = await asyncio.gather(*(_rent(renter, docker_image) for _ in range(4)),
+                                             _rent(renter, openai_image, {"kind": "container", "image": openai_image, "ports": [8000]}))  # fmt: skip
 
         async def started(rental_id: str) -> bool:
             return "ready" in (await renter.get(f"/rentals/{rental_id}/logs"))["data"]
@@ -108,10 +124,13 @@ async def setting(tmp_path_factory: pytest.TempPathFactory, docker_image: str) -
         web, web_token = await _service(market, renter_id, "web", 8000, {a: True, b: True, c: False})
         ws, ws_token = await _service(market, renter_id, "ws", 8001, {d: True})
         cold, cold_token = await _service(market, renter_id, "cold", 8000, {})
+        llm, llm_token = await _service(market, renter_id, "llm", 8000, {e: False})
+        await _until_healthy(market, llm, e)
         base = market.api_url.removesuffix("/api/v1")
         yield {"market": market, "http": http, "renter": renter, "renter_id": renter_id, "a": a, "b": b, "c": c, "d": d,
                "web": f"{base}/svc/{web}", "web_id": web, "web_token": web_token, "ws": f"{base}/svc/{ws}", "ws_token": ws_token,
-               "cold": f"{base}/svc/{cold}", "cold_id": cold, "cold_token": cold_token, "base": base}  # fmt: skip
+               "cold": f"{base}/svc/{cold}", "cold_id": cold, "cold_token": cold_token, "base": base,
+               "llm": f"{base}/svc/{llm}", "llm_token": llm_token, "e": e}  # fmt: skip
     finally:
         await http.close()
         await market.stop()
@@ -195,6 +214,42 @@ class TestStreaming:
             await ws.send_str("hello through the relay")
             message = await asyncio.wait_for(ws.receive(), 10)
             assert (message.type, message.data) == (aiohttp.WSMsgType.TEXT, "hello through the relay")
+
+
+class TestModelServer:
+    """The OpenAI-compatible sample server (examples/openai_cpu_server.py) as the replica, called as users will."""
+
+    async def test_the_openai_client_completes_and_streams_through_the_endpoint(self, setting: dict[str, Any]) -> None:
+        def ask(stream: bool) -> list[str]:
+            return list(chat(f"{setting['llm']}/", setting["llm_token"], "hello there", stream=stream))
+
+        assert await asyncio.to_thread(ask, False) == ["echo: hello there"]
+        pieces = await asyncio.to_thread(ask, True)
+        assert "".join(pieces) == "echo: hello there" and len(pieces) > 1, pieces
+
+    async def test_a_replicas_connections_are_kept_and_reused(self, setting: dict[str, Any]) -> None:
+        """Requests one after another ride one relay stream (the server keeps connections alive)."""
+        for _ in range(5):
+            async with setting["http"].get(f"{setting['llm']}/v1/models", headers=_auth(setting["llm_token"])) as response:
+                assert response.status == 200 and response.headers["X-Replica"] and await response.read()
+        assert gateway_of(setting["market"].master).pools[setting["e"]].connections == 1
+
+    async def test_websocket_messages_and_close_codes_pass_both_ways(self, setting: dict[str, Any]) -> None:
+        """Text and binary (larger than one relay message) come back as sent; the replica's close (1009: too big)
+        reaches the client with its code, and the client's close reaches the replica."""
+        url, headers = f"{setting['llm']}/v1/ws", _auth(setting["llm_token"])
+        async with setting["http"].ws_connect(url, headers=headers, max_msg_size=0) as ws:
+            await ws.send_str("héllo")
+            assert (await asyncio.wait_for(ws.receive(), 10)).data == "héllo"
+            big = bytes(range(256)) * 300
+            await ws.send_bytes(big)
+            assert (await asyncio.wait_for(ws.receive(), 10)).data == big
+            await ws.close(code=4000, message=b"done")
+        assert ws.close_code == 4000
+        async with setting["http"].ws_connect(url, headers=headers, max_msg_size=0) as ws:
+            await ws.send_bytes(b"x" * ((1 << 20) + 1))
+            message = await asyncio.wait_for(ws.receive(), 10)
+            assert message.type is aiohttp.WSMsgType.CLOSE and message.data == 1009, message
 
 
 class TestRetries:

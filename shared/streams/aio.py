@@ -278,13 +278,15 @@ def bound_send_buffer(transport: asyncio.BaseTransport, size: int) -> None:
 # ---- splicing ----------------------------------------------------------------------------------
 
 
-async def first_done(*coroutines: Coroutine[Any, Any, None]) -> None:
-    """Run ``coroutines`` (the two pumps of a splice) as tasks until the first ends, however, then cancel the others
-    and wait for them all. Their exceptions are not raised: where one pump ended is all a caller needs. Cancelling
-    is safe: every task is cancelled and waited for."""
+async def first_done(*coroutines: Coroutine[Any, Any, None], grace: float = 0.0) -> None:
+    """Run ``coroutines`` (the two pumps of a splice) as tasks until the first ends, however, then give the others
+    ``grace`` seconds to end on their own, cancel those left and wait for them all. Their exceptions are not raised:
+    where one pump ended is all a caller needs. Cancelling is safe: every task is cancelled and waited for."""
     tasks = [asyncio.ensure_future(coroutine) for coroutine in coroutines]
     try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        _, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        if pending and grace > 0:
+            await asyncio.wait(pending, timeout=grace)
     finally:
         for task in tasks:
             task.cancel()

@@ -17,7 +17,8 @@ its path and query as the client wrote them.
   opened (nothing was sent), and when the stream broke after sending only for an idempotent request
   (GET, HEAD, PUT, DELETE, OPTIONS, TRACE, or any with an ``Idempotency-Key``) whose body was kept.
   Otherwise 502 ``upstream_failed``; an answer not started within ``gateway_request_timeout_s`` is
-  504 ``upstream_timeout``.
+  504 ``upstream_timeout``. (aiohttp itself sends an idempotent request once more, to the same replica,
+  when the kept-alive connection it took turns out closed; that one is not counted.)
 * **Answer.** Status and headers as soon as the replica sends them, then the body chunk by chunk as it
   arrives (server-sent events arrive token by token), undecoded. An answer that breaks off after its
   head cannot be retried: the client's connection is dropped, so it sees a truncated body, never a
@@ -29,6 +30,7 @@ its path and query as the client wrote them.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -64,6 +66,7 @@ ORIGIN_WIDE = frozenset({"set-cookie", "strict-transport-security", "alt-svc", "
 UPSTREAM = "http://replica"  # the pool's connections are all to one replica: the name only keys aiohttp's pool
 CHUNK = 64 * 1024
 MAX_WS_MESSAGE = 4 * 1024 * 1024
+WS_CLOSE_TIMEOUT = 5.0
 T = TypeVar("T")
 UNSENDABLE_CLOSES = {1005: 1000, 1006: 1011, 1015: 1011}
 
@@ -252,6 +255,7 @@ class Attempt:
                 if exc.status == 404:  # the host left that relay: read where it is now
                     self.gateway.routes.forget(self.route.service_id)
                 failure = exc.message
+                log.info("service %s: %s", self.route.service_id, failure)
                 if not may_resend(False):
                     raise UpstreamFailed(f"replica {rental_id} of service {self.route.service_id}: {failure}") from None
             except TimeoutError:
@@ -264,6 +268,7 @@ class Attempt:
             except aiohttp.ClientError as exc:
                 pool.inflight -= 1
                 failure = f"replica {rental_id}: {type(exc).__name__}: {exc}"
+                log.info("service %s: %s", self.route.service_id, failure)
                 if not may_resend(True):
                     raise UpstreamFailed(f"replica {rental_id} of service {self.route.service_id} broke off before "
                                          "answering; the request was not sent again (not idempotent)") from None  # fmt: skip
@@ -276,7 +281,8 @@ async def forward(gateway: Gateway, request: web.Request, route: ServiceRoute, *
     """Forward ``request`` to a ready replica of ``route``'s service and stream its answer back (the module's policy).
 
     Counted in the service's figures. Errors before the answer's head are JSON answers; after it, the
-    client's connection is dropped. Cancelling (the client left) is safe: the replica's connection closes."""
+    client's connection is dropped. Cancelling (the client left: aiohttp cancels the handler) is safe: the
+    replica's connection closes, which stops its work on the answer; it is not counted as an error."""
     stats = gateway.stats.of(route.service_id)
     request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
     started = time.monotonic()
@@ -299,6 +305,9 @@ async def forward(gateway: Gateway, request: web.Request, route: ServiceRoute, *
         except GpumarketError as exc:
             error = exc.http_status >= 500
             return error_response(exc, request_id=request_id)
+    except asyncio.CancelledError:  # the client left (aiohttp cancels its handler): not the service's failure
+        error = False
+        raise
     finally:
         if not answered:
             stats.answered((time.monotonic() - started) * 1000)
@@ -384,7 +393,7 @@ async def _websocket(
         pool, upstream = await attempt.open(
             lambda pool: pool.session.ws_connect(
                 url, headers=headers, protocols=protocols, autoclose=False, autoping=True, max_msg_size=MAX_WS_MESSAGE,
-                timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=5.0),
+                timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=WS_CLOSE_TIMEOUT),
             ),
             may_resend=lambda sent: True,  # the handshake is a GET
         )  # fmt: skip
@@ -401,7 +410,9 @@ async def _websocket(
             client.headers["X-Request-Id"] = request_id
             await client.prepare(request)
             stats.answered((time.monotonic() - started) * 1000)
-            await first_done(_pump(client, upstream), _pump(upstream, client))
+            # The pump that gets a close passes it on and completes both handshakes; the other one sees its side
+            # closing and ends: both are given the time of a close handshake.
+            await first_done(_pump(client, upstream), _pump(upstream, client), grace=WS_CLOSE_TIMEOUT)
             for ws in (client, upstream):
                 if not ws.closed:
                     with contextlib.suppress(Exception):
@@ -426,6 +437,8 @@ async def _pump(source: WebSocket, sink: WebSocket) -> None:
             await sink.close(code=code, message=reason)
             await source.close(code=code)
             return
-        elif message.type in (WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
-            await sink.close(code=1011 if message.type is WSMsgType.ERROR else 1001)
+        elif message.type is WSMsgType.CLOSING:  # the other pump is closing this side: it closes the sink too
+            return
+        else:  # CLOSED, ERROR: this side went without a close (the connection dropped)
+            await sink.close(code=1011, message=b"the other side went away")
             return
