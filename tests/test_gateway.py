@@ -3,9 +3,10 @@ the master's gateway, the relay's renter streams, the agent, busybox containers 
 
 One marketplace serves the module. Four container rentals (shares of one simulated GPU) each run busybox ``httpd``
 on 8000 with a few CGI scripts (``echo``: what the replica saw; ``sse``: three events 0.3 s apart; ``die``: kills
-its own connection unless its query names this replica) and a websocket echo on 8001. Services are rows written
-here directly (until ``POST /api/v1/services`` exists): ``web`` over replicas A and B (ready) and C (running, not
-ready); ``ws`` over D on port 8001; ``cold`` with none, until C is moved to it.
+its own connection unless its query names this replica) and a websocket echo on 8001; a fifth runs the
+OpenAI-compatible sample server (examples/openai_cpu_server.py). Services are rows written here directly (until
+``POST /api/v1/services`` exists): ``web`` over replicas A and B (ready) and C (running, not ready); ``ws`` over D on
+port 8001; ``cold`` with none, until C is moved to it; ``llm`` over E, made ready once the health probe passes.
 """
 
 from __future__ import annotations
