@@ -136,8 +136,13 @@ class RouteTable:
         loading = self._loading.get(service_id)
         if loading is None:
             loading = self._loading[service_id] = asyncio.ensure_future(self._load(service_id))
-            loading.add_done_callback(lambda _: self._loading.pop(service_id, None))
+            loading.add_done_callback(lambda done: self._loaded(service_id, done))
         return await asyncio.shield(loading)
+
+    def _loaded(self, service_id: str, done: asyncio.Future[ServiceRoute | None]) -> None:
+        self._loading.pop(service_id, None)
+        if not done.cancelled():
+            done.exception()  # retrieved: when every waiter left, nobody else would (the next request loads again)
 
     def forget(self, service_id: str) -> None:
         """Drop a route (and the relays), so that the next request reads them again (after a failure)."""
