@@ -31,6 +31,8 @@ from typing import Final
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
+from shared.streams.aio import first_done
+
 log = logging.getLogger(__name__)
 
 MAX_DATAGRAM: Final = 65535
@@ -85,13 +87,7 @@ async def pump(sock: socket.socket, wg_port: int, read: Callable[[], Awaitable[b
             for datagram in deframer.feed(data):
                 await loop.sock_sendto(sock, datagram, target)
 
-    tasks = [asyncio.ensure_future(to_stream()), asyncio.ensure_future(to_socket())]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    await first_done(to_stream(), to_socket())
 
 
 async def serve_stream(wg_port: int, read: Callable[[], Awaitable[bytes]], write: Callable[[bytes], Awaitable[None]]) -> None:

@@ -9,8 +9,10 @@ What a master process holds, in the order it opens (it closes in the reverse ord
 2. **The app's** ``cleanup_ctx`` (``create_app``), in order: the master's resources when the
    app owns them (``owns_master``: closing them is its first context, so they close last), the
    API's own (``master.api.router.add_api``: the rate-limit store, the metrics exporter, the
-   agent package finder, the live streams' closing event), the alert webhook's HTTP client
-   session and the background supervisor (both with ``background``). The supervisor's module
+   agent package finder, the live streams' closing event), the services' gateway
+   (``master.api.routes_gateway``: nothing opens, its replica pools close and its last figures
+   are written at cleanup), the alert webhook's HTTP client session and the background
+   supervisor (both with ``background``). The supervisor's module
    docstring (``master.background.supervisor``) is the loops' written start, crash and stop
    policy.
 
@@ -25,8 +27,8 @@ A failed start leaks nothing: a resource that fails to open closes those opened 
 when ``runner.setup()`` fails, ``runner.cleanup()`` unwinds the contexts already entered (the
 owned master's included); and ``serve_master`` closes the master itself if the app cannot be
 built. Shutdown: the loops stop in reverse start order (each cancel is safe: whatever they had
-not acknowledged stays pending on the bus), the webhook session and the rate-limit store close,
-then the registry, the bus and the database.
+not acknowledged stays pending on the bus), the webhook session, the gateway and the rate-limit
+store close, then the registry, the bus and the database.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from console.routes import add_console_routes
 from master.api.keys import MASTER
 from master.api.middleware import MIDDLEWARES
 from master.api.router import add_api
+from master.api.routes_gateway import add_gateway_routes
 from master.background.alerts import webhook_session
 from master.background.supervisor import Supervisor, master_loops
 from master.context import Master
@@ -159,6 +162,7 @@ def create_app(master: Master, *, background: bool = True, owns_master: bool = F
     if owns_master:
         app.cleanup_ctx.append(_owned_master)
     add_api(app)
+    add_gateway_routes(app)
     add_console_routes(app)
     if background:
         app.cleanup_ctx.append(_webhook_http)

@@ -44,11 +44,12 @@ REDIS_URL = os.environ.get("GPUMARKET_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 ONE_WORKER_SCOPES = ("tests/faults/", "tests/test_install_agent.py::TestInstaller", "tests/test_console_browser.py",
                      "tests/test_console_layout.py", "tests/test_console_charts.py", "tests/test_console_clusters.py", "tests/test_tunnels.py",
+                     "tests/test_gateway.py",
                      "tests/test_simulate.py", "tests/test_readme_walkthrough.py")
 """Tests that share an expensive fixture (the fault cluster, a module's ``gpumarket up`` or browser): under
 pytest-xdist each of these runs whole on one worker, so that the fixture is set up once. Longest first (on 4 workers,
 2026-11-26: the fault scenarios about 170 s, the installer's about 110–150 s, the browser's about 70 s, the layout's
-about 60 s, the tunnels' about 25 s, the last four a few seconds to 20 s): the scheduler starts them in this order."""
+about 60 s, the tunnels' about 25 s, the gateway's about 15 s, the last four a few seconds to 20 s): the scheduler starts them in this order."""
 
 ONE_WORKER_STAGGER = 40
 """Single tests handed out between the starts of two of ``ONE_WORKER_SCOPES`` after the first two."""

@@ -533,6 +533,21 @@ class TestCompose:
         timeout = re.search(r"proxy_read_timeout\s+(\d+)s;", stream_blocks[0])
         assert timeout and int(timeout.group(1)) > MasterSettings.model_fields["stream_max_s"].default
 
+    def test_services_endpoints_stream_both_ways_and_pass_websockets(self, compose: dict[str, Any]) -> None:
+        """/svc/ (the gateway, docs/gateway.md): answers and bodies unbuffered, the gateway's body size and request
+        time allowed, websocket upgrades passed on, and no request sent to a second master."""
+        proxy = next(s for s in services(compose).values() if str(s["image"]).startswith("nginx:"))
+        config_source = next(source for source, _ in mounts(proxy).values() if source.endswith(".conf"))
+        config = (COMPOSE.parent / config_source).read_text()
+        (block,) = re.findall(r"location\s+/svc/\s*\{([^}]*)\}", config)
+        for directive in ("proxy_buffering off;", "proxy_request_buffering off;", "proxy_next_upstream off;",
+                          "proxy_set_header Upgrade $http_upgrade;", "proxy_set_header Connection $connection_upgrade;"):
+            assert directive in block, directive
+        body = re.search(r"client_max_body_size\s+(\d+)m;", block)
+        assert body and int(body.group(1)) >= MasterSettings.model_fields["gateway_max_body_mib"].default
+        timeout = re.search(r"proxy_read_timeout\s+(\d+)s;", block)
+        assert timeout and int(timeout.group(1)) > MasterSettings.model_fields["gateway_request_timeout_s"].default
+
     def test_healthchecks_ask_public_master_routes(self, compose: dict[str, Any]) -> None:
         """Master healthchecks ask the readiness route, which the master serves without an API key."""
         for name in services_running(compose, "master"):

@@ -40,6 +40,7 @@ from billing.jobs import JOBS
 from master.background.alerts import alert_loop
 from master.background.billing import billing_loop
 from master.background.commands import command_resender
+from master.background.gateway import gateway_stats_loop
 from master.background.heartbeats import heartbeat_monitor
 from master.background.ingest import ingest_loop
 from master.background.rental_queue import queue_loop
@@ -70,6 +71,7 @@ def master_loops(master: Master, *, webhook_http: aiohttp.ClientSession) -> list
         Loop("alerts", functools.partial(alert_loop, master, http=webhook_http)),
         Loop("host-scoring", functools.partial(scoring_loop, master)),
         Loop("rental-queue", functools.partial(queue_loop, master)),
+        Loop("gateway-stats", functools.partial(gateway_stats_loop, master)),
     ]
     if master.settings.billing_in_process:
         loops += [Loop(f"billing-{job.name}", functools.partial(billing_loop, master, job)) for job in JOBS.values()]

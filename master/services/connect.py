@@ -18,7 +18,7 @@ on no live relay answers 409 ``host_offline``.
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -29,6 +29,7 @@ from master.services.rentals import get_rental
 from master.services.rentalstate import RentalState
 from shared.crypto.tokens import new_claims
 from shared.errors import Conflict, GpumarketError, NotFound, ValidationFailed
+from shared.registry import RelayRecord
 from shared.streams import CONNECT_PATH
 
 log = logging.getLogger(__name__)
@@ -55,28 +56,20 @@ async def connect(master: Master, principal: Principal, rental_id: str, port: st
             raise NotFound(f"no rental {rental_id!r} in your account", code="rental_not_found")
         kind, number = _target(rental, port, now_ok=_reachable(rental, now, port))
         host = await session.get(Host, rental.host_id) if rental.host_id else None
-        relay_id = host.relay_id if host is not None and host.state not in ("offline", "revoked") else None
-    record = None
-    if relay_id is not None:
-        try:
-            record = next((r for r in await master.registry.relays() if r.relay_id == relay_id and not r.draining), None)
-        except (GpumarketError, OSError) as exc:
-            log.warning("cannot read the relay registry (%s)", exc)
+    relay_id = current_relay_id(host.relay_id, host.state) if host is not None else None
+    record = (await live_relays(master)).get(relay_id) if relay_id is not None else None
     if record is None:
         raise Conflict(f"the host of rental {rental.id} is not connected to any relay right now; try again in a minute",
                        code="host_offline")
     assert rental.host_id is not None
-    expires = now + timedelta(seconds=master.settings.connect_token_ttl_s)
-    claims = new_claims(account_id=principal.account_id, rental_id=rental.id, host_id=rental.host_id, kind=kind, port=number,
-                        expires_at=expires.timestamp())
-    token = master.ca.sign_connect_token(claims)
-    agent_url = urlsplit(record.url)
+    token, expires = connect_token(master, account_id=principal.account_id, rental_id=rental.id, host_id=rental.host_id,
+                                   kind=kind, port=number, now=now)
     view: dict[str, Any] = {
         "rental_id": rental.id,
         "kind": kind,
         "port": number,
         "relay_id": record.relay_id,
-        "relay_url": urlunsplit((agent_url.scheme, agent_url.netloc, CONNECT_PATH, "", "")),
+        "relay_url": connect_url(record),
         "token": token,
         "expires_at": expires.isoformat().replace("+00:00", "Z"),
         "ca_pem": master.ca.cert_pem.decode(),
@@ -89,6 +82,39 @@ async def connect(master: Master, principal: Principal, rental_id: str, port: st
         base = record.ports_url.replace("{label}", web_label(rental.id, number))
         view["web_url"] = f"{base}?gm_token={quote(token)}"
     return view
+
+
+def current_relay_id(relay_id: str | None, host_state: str) -> str | None:
+    """The relay a host (its ``relay_id`` and ``state`` columns) is connected through now, as far as the database
+    knows: ``None`` for a host offline or revoked, whose last relay is history."""
+    return relay_id if host_state not in ("offline", "revoked") else None
+
+
+async def live_relays(master: Master) -> dict[str, RelayRecord]:
+    """The relays registered now that take new connections (not draining), by id; none when the registry does not
+    answer (logged): a renter's connection then waits for it, as for a host on no relay."""
+    try:
+        return {r.relay_id: r for r in await master.registry.relays() if not r.draining}
+    except (GpumarketError, OSError) as exc:
+        log.warning("cannot read the relay registry (%s)", exc)
+        return {}
+
+
+def connect_token(
+    master: Master, *, account_id: str, rental_id: str, host_id: str, kind: str, port: int, now: datetime
+) -> tuple[str, datetime]:
+    """A connect token for one port (or SSH) of one rental, signed by the CA, and when it expires
+    (``connect_token_ttl_s`` from ``now``)."""
+    expires = now + timedelta(seconds=master.settings.connect_token_ttl_s)
+    claims = new_claims(account_id=account_id, rental_id=rental_id, host_id=host_id, kind=kind, port=port,
+                        expires_at=expires.timestamp())
+    return master.ca.sign_connect_token(claims), expires
+
+
+def connect_url(record: RelayRecord) -> str:
+    """``wss://<relay>/v1/connect``: where connections opened with a connect token go on that relay."""
+    agent_url = urlsplit(record.url)
+    return urlunsplit((agent_url.scheme, agent_url.netloc, CONNECT_PATH, "", ""))
 
 
 def _reachable(rental: Rental, now: Any, port: str | int) -> bool:

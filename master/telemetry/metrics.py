@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import math
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from master.context import Master
+from master.services.gateway import LATENCY_BOUNDS_MS
 from master.telemetry.snapshot import FleetSnapshot, build_snapshot
 
 # ---- Prometheus ------------------------------------------------------------------------
@@ -50,6 +52,7 @@ class SnapshotCollector:
         yield from _relay_metrics(snapshot)
         yield from _ingestion_metrics(snapshot)
         yield from _business_metrics(snapshot)
+        yield from _service_metrics(snapshot)
         yield from _meta_metrics(snapshot)
 
 
@@ -179,6 +182,29 @@ def _business_metrics(snapshot: FleetSnapshot) -> Iterator[Metric]:
     for severity, count in snapshot.alerts_firing.items():
         alerts.add_metric((severity,), count)
     yield from (rentals, alerts)
+
+
+def _service_metrics(snapshot: FleetSnapshot) -> Iterator[Metric]:
+    """Elastic services' endpoints as this process served them (each master process exports its own)."""
+    labels = ("service",)
+    requests = CounterMetricFamily("gpumarket_service_requests_total", "Requests to the service's endpoint served by this process.", labels=labels)
+    errors = CounterMetricFamily("gpumarket_service_errors_total",
+                                 "Of those, answered 5xx (by the gateway or a replica) or broken off.", labels=labels)
+    retries = CounterMetricFamily("gpumarket_service_retries_total", "Requests sent again to another replica.", labels=labels)
+    inflight = GaugeMetricFamily("gpumarket_service_requests_in_flight", "Requests (and websockets) in flight now.", labels=labels)
+    latency = HistogramMetricFamily("gpumarket_service_latency_seconds",
+                                    "Time from a request's arrival to its answer's head leaving the gateway.", labels=labels)
+    for service_id, stats in sorted(snapshot.services.items()):
+        requests.add_metric((service_id,), stats.requests)
+        errors.add_metric((service_id,), stats.errors)
+        retries.add_metric((service_id,), stats.retries)
+        inflight.add_metric((service_id,), stats.inflight)
+        cumulative, buckets = 0, []
+        for bound, count in zip((*LATENCY_BOUNDS_MS, math.inf), stats.latency_hist, strict=True):
+            cumulative += count
+            buckets.append(("+Inf" if bound == math.inf else f"{bound / 1000:g}", cumulative))
+        latency.add_metric((service_id,), buckets, sum_value=stats.latency_sum_ms / 1000)
+    yield from (requests, errors, retries, inflight, latency)
 
 
 def _meta_metrics(snapshot: FleetSnapshot) -> Iterator[Metric]:

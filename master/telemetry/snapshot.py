@@ -3,8 +3,8 @@
 A ``FleetSnapshot`` is built from five queries in one read-only transaction (hosts by
 region and state; non-revoked hosts with their latest telemetry; present GPUs joined to
 their host; rentals by state; firing alerts by severity), never one query per host, plus
-the bus backlog, the relay registry and this process's ``IngestStats``
-(``build_snapshot``). Its ``to_json`` is the body of ``GET /api/v1/metrics``; the
+the bus backlog, the relay registry, this process's ``IngestStats`` and its gateway's figures per
+elastic service (``build_snapshot``). Its ``to_json`` is the body of ``GET /api/v1/metrics``; the
 Prometheus exposition and the cache are in ``master.telemetry.metrics``.
 
 Readings that are missing (``None`` in the telemetry) or stale (the host is ``offline``)
@@ -31,6 +31,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import IngestStats, Master
 from master.models import Alert, Gpu, Host, Rental
+from master.services.gateway import Gateway, percentile
+from master.services.gateway.stats import ServiceStats
 from master.services.hoststate import HOST_STATES, RENTABLE_STATES
 from master.services.rentalstate import RENTAL_STATES
 from shared import protocol
@@ -159,6 +161,8 @@ class FleetSnapshot:
     alerts_firing: dict[str, int]
     sources: dict[str, bool] = field(default_factory=dict)
     """Whether each optional source (``bus``, ``registry``) answered; the database is not optional."""
+    services: dict[str, ServiceStats] = field(default_factory=dict)
+    """This process's gateway figures per elastic service (totals since it started), by service id."""
 
     def to_json(self) -> dict[str, Any]:
         """The body of ``GET /api/v1/metrics``: the same figures as ``/metrics``, as JSON."""
@@ -210,6 +214,11 @@ class FleetSnapshot:
             },
             "rentals": dict(self.rentals),
             "alerts_firing": dict(self.alerts_firing),
+            "services": {
+                service_id: {"requests": s.requests, "errors": s.errors, "retries": s.retries, "inflight": s.inflight,
+                             "latency_p50_ms": percentile(s.latency_hist, 0.5), "latency_p99_ms": percentile(s.latency_hist, 0.99)}
+                for service_id, s in sorted(self.services.items())
+            },
         }
 
 
@@ -262,6 +271,7 @@ async def build_snapshot(master: Master, *, source_timeout: float = 5.0) -> Flee
         rentals=rows.rentals,
         alerts_firing=rows.alerts_firing,
         sources=sources,
+        services=master.gateway.stats.snapshot() if isinstance(master.gateway, Gateway) else {},
     )
 
 

@@ -21,8 +21,8 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Awaitable, Callable
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Protocol
 
 from shared.streams.frames import MAX_DATA, ResetCode, StreamProtocolError
 from shared.streams.mux import DataReceived, Multiplexer, StreamClosed, StreamOpened, StreamReset, Writable
@@ -276,6 +276,21 @@ def bound_send_buffer(transport: asyncio.BaseTransport, size: int) -> None:
 
 
 # ---- splicing ----------------------------------------------------------------------------------
+
+
+async def first_done(*coroutines: Coroutine[Any, Any, None], grace: float = 0.0) -> None:
+    """Run ``coroutines`` (the two pumps of a splice) as tasks until the first ends, however, then give the others
+    ``grace`` seconds to end on their own, cancel those left and wait for them all. Their exceptions are not raised:
+    where one pump ended is all a caller needs. Cancelling is safe: every task is cancelled and waited for."""
+    tasks = [asyncio.ensure_future(coroutine) for coroutine in coroutines]
+    try:
+        _, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        if pending and grace > 0:
+            await asyncio.wait(pending, timeout=grace)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def splice(channel: Channel, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, chunk: int = MAX_DATA) -> None:
