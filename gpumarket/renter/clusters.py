@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
-import shlex
 import uuid
 from collections.abc import Mapping
 from decimal import Decimal
@@ -25,6 +24,7 @@ from gpumarket.renter.commands import (
     _usd,
     all_pages,
     common_options,
+    container_workload,
     money,
     money_column,
     set_command,
@@ -97,10 +97,7 @@ def cluster_body(args: argparse.Namespace) -> dict[str, Any]:
     if args.template:
         body["template"] = args.template
     elif args.image:
-        workload: dict[str, Any] = {"kind": "container", "image": args.image}
-        if args.command:
-            workload["command"] = shlex.split(args.command)
-        body["workload"] = workload
+        body["workload"] = container_workload(args.image, command=args.command)
     else:
         body["workload"] = {"kind": "hold"}
     return body

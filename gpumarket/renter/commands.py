@@ -276,6 +276,35 @@ def _env_pairs(pairs: Sequence[str]) -> dict[str, str]:
     return env
 
 
+def container_workload(image: str, *, command: str | None = None, ports: Sequence[int] = (), env: Sequence[str] = ()) -> dict[str, Any]:
+    """The container workload of ``--image`` and its options: ``--command`` split into words as a shell would,
+    ``--port`` (repeatable), ``--env NAME=VALUE`` (repeatable)."""
+    workload: dict[str, Any] = {"kind": "container", "image": image}
+    if command:
+        workload["command"] = shlex.split(command)
+    if ports:
+        workload["ports"] = list(ports)
+    if env:
+        workload["env"] = _env_pairs(env)
+    return workload
+
+
+def interruptible_fields(args: argparse.Namespace, what: str) -> dict[str, str]:
+    """``{"kind": "interruptible", "bid": ...}`` for ``--interruptible --bid USD``, ``{}`` for neither; ``UsageError`` for one alone."""
+    if not (args.interruptible or args.bid):
+        return {}
+    if not (args.interruptible and args.bid):
+        raise UsageError(f"{what} needs both --interruptible and --bid USD (per GPU-hour)")
+    return {"kind": "interruptible", "bid": args.bid}
+
+
+def add_interruptible_options(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--interruptible`` and ``--bid USD``, read by ``interruptible_fields``."""
+    parser.add_argument("--interruptible", action="store_true", help="cheaper, but preempted by on-demand rentals and higher bids (needs --bid)")
+    parser.add_argument("--bid", type=_usd, metavar="USD", help=f"the most you pay per GPU-hour for {what}: "
+                        "at least the host's minimum bid; you are charged the lower of the bid and the GPU's on-demand price")  # fmt: skip
+
+
 def rental_body(args: argparse.Namespace) -> dict[str, Any]:
     """The ``POST /rentals`` body of ``gpumarket rent``'s options; ``UsageError`` for options that do not go together."""
     body: dict[str, Any] = {"gpu_count": args.gpus}
@@ -297,21 +326,10 @@ def rental_body(args: argparse.Namespace) -> dict[str, Any]:
     if args.template:
         body["template"] = args.template
     elif args.image:
-        workload: dict[str, Any] = {"kind": "container", "image": args.image}
-        if args.command:
-            workload["command"] = shlex.split(args.command)
-        if args.port:
-            workload["ports"] = args.port
-        if args.env:
-            workload["env"] = _env_pairs(args.env)
-        body["workload"] = workload
+        body["workload"] = container_workload(args.image, command=args.command, ports=args.port, env=args.env)
     else:
         body["workload"] = {"kind": "hold"}
-    if args.interruptible or args.bid:
-        if not (args.interruptible and args.bid):
-            raise UsageError("an interruptible rental needs both --interruptible and --bid USD (per GPU-hour)")
-        body["kind"] = "interruptible"
-        body["bid"] = args.bid
+    body.update(interruptible_fields(args, "an interruptible rental"))
     if args.queue:
         body["queue"] = True
     return body
@@ -410,11 +428,11 @@ def _print_rental_outcome(rental: Mapping[str, Any]) -> None:
 # ---- rentals, logs, stop ------------------------------------------------------------------------
 
 
-async def all_pages(client: Client, path: str) -> list[dict[str, Any]]:
-    """Every item of a paged list (``/rentals``, ``/clusters``), up to ``MAX_PAGES`` pages."""
+async def all_pages(client: Client, path: str, params: Mapping[str, str | int] | None = None) -> list[dict[str, Any]]:
+    """Every item of a paged list (``/rentals``, ``/clusters``, ``/services``), up to ``MAX_PAGES`` pages."""
     items: list[dict[str, Any]] = []
     for page in range(MAX_PAGES):
-        body = await client.get(path, {"limit": PAGE_SIZE, "offset": page * PAGE_SIZE})
+        body = await client.get(path, {**(params or {}), "limit": PAGE_SIZE, "offset": page * PAGE_SIZE})
         items.extend(body["items"])
         if len(items) >= body["total"] or not body["items"]:
             break
@@ -663,9 +681,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     rent.add_argument("--command", metavar="CMD", help="with --image: the command, replacing the image's entrypoint ('python train.py')")
     rent.add_argument("--port", type=_port, action="append", default=[], metavar="P", help="with --image: a TCP port the workload serves (repeatable)")
     rent.add_argument("--env", action="append", default=[], metavar="K=V", help="with --image: an environment variable (repeatable)")
-    rent.add_argument("--interruptible", action="store_true", help="cheaper, but preempted by on-demand rentals and higher bids (needs --bid)")
-    rent.add_argument("--bid", type=_usd, metavar="USD", help="the most you pay per GPU-hour for an interruptible rental: "
-                      "at least the host's minimum bid; you are charged the lower of the bid and the GPU's on-demand price")
+    add_interruptible_options(rent, "an interruptible rental")
     rent.add_argument("--queue", action="store_true", help="wait for GPUs (up to 10 minutes) when none are free now")
     rent.add_argument("--no-wait", action="store_true", help="print the rental as created, do not wait until it runs")
     rent.add_argument("--json", action="store_true", help="print the rental's JSON (no progress lines)")
