@@ -140,6 +140,13 @@ def _print_json(value: Any) -> None:
     print(json.dumps(value, indent=2))
 
 
+def event_lines(events: Sequence[Mapping[str, Any]], what: Callable[[Mapping[str, Any]], str]) -> list[str]:
+    """A blank line, ``events:`` and a line per event (its time, ``what`` happened, its cause); none without events."""
+    if not events:
+        return []
+    return ["", "events:"] + [f"  {_short_time(e.get('at'))}  {what(e)}" + (f": {e['cause']}" if e.get("cause") else "") for e in events]
+
+
 # ---- login --------------------------------------------------------------------------------------
 
 
@@ -443,15 +450,24 @@ async def all_rentals(client: Client) -> list[dict[str, Any]]:
     return await all_pages(client, "/rentals")
 
 
+def listed_already(args: argparse.Namespace, items: Sequence[Mapping[str, Any]], *, none: str, none_at_all: str) -> bool:
+    """Whether a list command has printed all it prints: the items' JSON with ``--json``, or, when there are none, what
+    to do (``none_at_all`` with ``--all``)."""
+    if args.json:
+        _print_json({"items": items, "total": len(items)})
+        return True
+    if not items:
+        print(none_at_all if args.all else none)
+        return True
+    return False
+
+
 async def cmd_rentals(args: argparse.Namespace, client: Client) -> int:
     items = await all_rentals(client)
     if not args.all:
         items = [r for r in items if r["state"] in ACTIVE_STATES]
-    if args.json:
-        _print_json({"items": items, "total": len(items)})
-        return 0
-    if not items:
-        print("no active rentals; `--all` shows ended ones too, `gpumarket rent` makes one" if not args.all else "no rentals yet")
+    if listed_already(args, items, none="no active rentals; `--all` shows ended ones too, `gpumarket rent` makes one",
+                      none_at_all="no rentals yet"):  # fmt: skip
         return 0
     host_ids = sorted({r["host_id"] for r in items if r.get("host_id")})
     regions = dict(zip(host_ids, await asyncio.gather(*(_region(client, h) for h in host_ids)), strict=True))
@@ -564,7 +580,7 @@ def _limit(text: str) -> int:
     return value
 
 
-def _offset(text: str) -> int:
+def _non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
@@ -637,6 +653,15 @@ def set_command(parser: argparse.ArgumentParser, command: Command | None) -> Non
     parser.set_defaults(func=run, renter_func=command)
 
 
+def command_group(sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, *, help: str, description: str,
+                  examples: Sequence[str]) -> argparse._SubParsersAction[argparse.ArgumentParser]:  # fmt: skip
+    """``gpumarket NAME ACTION …`` (``cluster``, ``service``): its parser, whose epilog lists ``examples`` (each after
+    ``gpumarket NAME``), and the subparsers its actions go in."""
+    group = sub.add_parser(name, help=help, description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+                           epilog="examples:\n" + "\n".join(f"  gpumarket {name} {example}" for example in examples))  # fmt: skip
+    return group.add_subparsers(dest=f"{name}_action", required=True, metavar="ACTION")
+
+
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the renter's commands to ``gpumarket``'s subparsers; each runs through ``run``."""
     formatter = argparse.RawDescriptionHelpFormatter
@@ -701,7 +726,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                           epilog="examples:\n  gpumarket logs r_abc\n  gpumarket logs r_abc -f\n  gpumarket logs r_abc --since-offset 4096")  # fmt: skip
     logs.add_argument("rental", metavar="RENTAL", help="the rental's id")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the rental ends (Ctrl-C to stop)")
-    logs.add_argument("--since-offset", type=_offset, default=0, metavar="N", help="start at byte N of the output (default 0)")
+    logs.add_argument("--since-offset", type=_non_negative_int, default=0, metavar="N", help="start at byte N of the output (default 0)")
     common_options(logs)
     set_command(logs, cmd_logs)
 

@@ -17,6 +17,7 @@ from gpumarket.renter.commands import (
     TEMPLATES_HINT,
     Command,
     _err,
+    _non_negative_int,
     _port,
     _positive_int,
     _print_json,
@@ -24,9 +25,12 @@ from gpumarket.renter.commands import (
     _usd,
     add_interruptible_options,
     all_pages,
+    command_group,
     common_options,
     container_workload,
+    event_lines,
     interruptible_fields,
+    listed_already,
     money,
     money_column,
     set_command,
@@ -51,13 +55,6 @@ def _bounded(low: float, high: float, what: str) -> Callable[[str], float]:
         return value
 
     return parse
-
-
-def _replicas(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
-    return value
 
 
 def _idempotency_key(text: str) -> str:
@@ -197,12 +194,8 @@ async def cmd_create(args: argparse.Namespace, client: Client) -> int:
 
 async def cmd_list(args: argparse.Namespace, client: Client) -> int:
     items = await all_pages(client, "/services", {"deleted": "true"} if args.all else None)
-    if args.json:
-        _print_json({"items": items, "total": len(items)})
-        return 0
-    if not items:
-        print("no services yet; `gpumarket service create` makes one" if args.all
-              else "no services; `--all` shows deleted ones too, `gpumarket service create` makes one")  # fmt: skip
+    if listed_already(args, items, none="no services; `--all` shows deleted ones too, `gpumarket service create` makes one",
+                      none_at_all="no services yet; `gpumarket service create` makes one"):  # fmt: skip
         return 0
     rows = [[s["id"], s["name"], s["state"], _counts(s), f"{s['min_replicas']}..{s['max_replicas']}", s["endpoint_url"]] for s in items]
     print(table(["ID", "NAME", "STATE", "READY/LIVE/DESIRED", "MIN..MAX", "ENDPOINT"], rows))
@@ -239,10 +232,7 @@ async def cmd_show(args: argparse.Namespace, client: Client) -> int:
         "",
         table(["RENTAL", "STATE", "READY", "MODEL", "$/GPU-H", "CREATED (UTC)", "WHY IT ENDED"], replica_rows(service)),
     ]  # fmt: skip
-    events: list[Mapping[str, Any]] = service.get("events") or []
-    if events:
-        lines += ["", "events:"] + [f"  {_short_time(e.get('at'))}  {e.get('kind')}  {e.get('replicas')} replicas" + (f": {e['cause']}" if e.get("cause") else "")
-                                    for e in events]  # fmt: skip
+    lines += event_lines(service.get("events") or [], lambda e: f"{e.get('kind')}  {e.get('replicas')} replicas")
     print("\n".join(lines))
     return 0
 
@@ -250,36 +240,36 @@ async def cmd_show(args: argparse.Namespace, client: Client) -> int:
 # ---- scale, delete, token -----------------------------------------------------------------------
 
 
+async def _change(args: argparse.Namespace, client: Client, method: str, path: str, body: Any = None) -> dict[str, Any] | None:
+    """The API's answer to a change of ``args.service``; with ``--json`` printed as it is, and None."""
+    answer: dict[str, Any] = await client.request(method, f"/services/{args.service}{path}", json_body=body)
+    if args.json:
+        _print_json(answer)
+        return None
+    return answer
+
+
 async def cmd_scale(args: argparse.Namespace, client: Client) -> int:
     if args.min is None and args.max is None:
         raise UsageError("give --min N, --max N or both")
     bounds = {k: v for k, v in (("min_replicas", args.min), ("max_replicas", args.max)) if v is not None}
-    service: dict[str, Any] = await client.request("PUT", f"/services/{args.service}/replicas", json_body=bounds)
-    if args.json:
-        _print_json(service)
-        return 0
-    print(f"{service['id']}: {service['min_replicas']} to {service['max_replicas']} replicas, {service['desired_replicas']} wanted now, "
-          f"{(service.get('replicas') or {}).get('ready', 0)} ready")  # fmt: skip
+    if service := await _change(args, client, "PUT", "/replicas", bounds):
+        print(f"{service['id']}: {service['min_replicas']} to {service['max_replicas']} replicas, {service['desired_replicas']} wanted now, "
+              f"{(service.get('replicas') or {}).get('ready', 0)} ready")  # fmt: skip
     return 0
 
 
 async def cmd_delete(args: argparse.Namespace, client: Client) -> int:
-    service: dict[str, Any] = await client.request("DELETE", f"/services/{args.service}")
-    if args.json:
-        _print_json(service)
-        return 0
-    stopping = sum(1 for r in service.get("replica_rentals") or [] if r["state"] in ("pending", "starting", "running", "stopping"))
-    print(f"{service['id']} {service['state']}: its endpoint is closed" + (f"; {stopping} replica(s) stopping" if stopping else ""))
+    if service := await _change(args, client, "DELETE", ""):
+        stopping = sum(1 for r in service.get("replica_rentals") or [] if r["state"] in ("pending", "starting", "running", "stopping"))
+        print(f"{service['id']} {service['state']}: its endpoint is closed" + (f"; {stopping} replica(s) stopping" if stopping else ""))
     return 0
 
 
 async def cmd_token(args: argparse.Namespace, client: Client) -> int:
-    answer: dict[str, Any] = await client.request("POST", f"/services/{args.service}/token")
-    if args.json:
-        _print_json(answer)
-        return 0
-    print(f"token      {answer['token']}")
-    _err(f"the old token of {answer['service_id']} stopped working; this one is shown this once: keep it now")
+    if answer := await _change(args, client, "POST", "/token"):
+        print(f"token      {answer['token']}")
+        _err(f"the old token of {answer['service_id']} stopped working; this one is shown this once: keep it now")
     return 0
 
 
@@ -325,13 +315,11 @@ def _finish(parser: argparse.ArgumentParser, command: Command, what: str) -> Non
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``service`` and its actions to ``gpumarket``'s subparsers."""
     formatter = argparse.RawDescriptionHelpFormatter
-    service = sub.add_parser("service", help="run a model server as an elastic service: create, list, show, scale, delete, token",
-                             formatter_class=formatter, description="Services: replicas of one container behind one endpoint "
-                             "(<master>/svc/<id>/), scaled between a minimum and a maximum by the load.",
-                             epilog="examples:\n  gpumarket service create chat --template vllm --min 1 --max 4\n"
-                             "  gpumarket service list\n  gpumarket service show svc-0123456789abcdef\n"
-                             "  gpumarket service scale svc-0123456789abcdef --max 8\n  gpumarket service delete svc-0123456789abcdef")  # fmt: skip
-    actions = service.add_subparsers(dest="service_action", required=True, metavar="ACTION")
+    actions = command_group(sub, "service", help="run a model server as an elastic service: create, list, show, scale, delete, token",
+                            description="Services: replicas of one container behind one endpoint (<master>/svc/<id>/), scaled "
+                            "between a minimum and a maximum by the load.",
+                            examples=["create chat --template vllm --min 1 --max 4", "list", "show svc-0123456789abcdef",
+                                      "scale svc-0123456789abcdef --max 8", "delete svc-0123456789abcdef"])  # fmt: skip
 
     create = actions.add_parser("create", help="make a service and print its endpoint and token", formatter_class=formatter,
                                 description="Make a service NAME: replicas of an image or a template behind one endpoint.",
@@ -347,7 +335,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     create.add_argument("--gpus", type=_positive_int, default=1, metavar="N", help="whole GPUs per replica (default 1)")
     create.add_argument("--gpu-model", "--model", dest="gpu_model", metavar="M", help="GPU model words, e.g. 'RTX 4090' or 'A100 80GB'")
     create.add_argument("--max-price", type=_usd, metavar="USD", help="on-demand replicas only on GPUs at this price per GPU-hour or less")
-    create.add_argument("--min", type=_replicas, metavar="N", help="fewest replicas (default 1; 0 lets it sleep)")
+    create.add_argument("--min", type=_non_negative_int, metavar="N", help="fewest replicas (default 1; 0 lets it sleep)")
     create.add_argument("--max", type=_positive_int, metavar="N", help="most replicas (default: --min, at least 1)")
     rule = create.add_mutually_exclusive_group()
     rule.add_argument("--target-inflight", type=_bounded(0.1, 10_000, "--target-inflight"), metavar="X",
@@ -378,7 +366,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     scale = _id_action(actions, "scale", help="set a service's fewest and most replicas",
                        description="Set the replica bounds; the autoscaler moves into them on its next pass.",
                        examples=["svc-0123456789abcdef --max 8", "svc-0123456789abcdef --min 0 --max 2"])  # fmt: skip
-    scale.add_argument("--min", type=_replicas, metavar="N", help="fewest replicas (0 lets it sleep)")
+    scale.add_argument("--min", type=_non_negative_int, metavar="N", help="fewest replicas (0 lets it sleep)")
     scale.add_argument("--max", type=_positive_int, metavar="N", help="most replicas")
     _finish(scale, cmd_scale, "the service's")
 
