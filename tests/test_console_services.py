@@ -183,6 +183,9 @@ class TestServices:
         assert rotated != token
         assert rotated.startswith((await console.api("renter", f"/services/{service_id}"))["token_prefix"])
         await expect(page.locator("table.service-events tbody")).to_contain_text("token replaced")
+        await console.view_shot("service-token-rotated")
+        await page.locator("#hide-token").click()
+        await expect(page.locator("#service-token")).to_have_count(0)
 
         # The list: its row, the endpoint to copy, the cost.
         await console.go("#/services")

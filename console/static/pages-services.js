@@ -20,7 +20,7 @@ const REFRESH_MS = 5000;
 const ENDED = new Set(["stopped", "failed", "preempted"]);
 const WINDOWS = [[15, "Last 15 minutes"], [60, "Last hour"], [360, "Last 6 hours"], [1440, "Last day"]];
 
-/** "1 ready of 2 live, 2 wanted" in a few words: ready/desired, as the list shows it. */
+/** Ready replicas of those wanted, as the list shows them: "1 / 2". */
 function readyOfDesired(service) {
   const replicas = service.replicas || {};
   return `${replicas.ready ?? 0} / ${service.desired_replicas}`;
@@ -305,7 +305,12 @@ export function servicePage(page, ctx) {
       redraw: () => renderActions(service),
       act: async () => {
         const answer = await api("POST", `/services/${encodeURIComponent(serviceId)}/token`);
-        replace(tokenSlot, h("div", { class: "card" }, tokenPanel(service, answer.token)));
+        const hide = h("button", { type: "button", class: "secondary", id: "hide-token" }, "I have copied it: hide the token");
+        hide.addEventListener("click", () => {
+          tokenSlot.replaceChildren();
+          actions.querySelector("button").focus();
+        });
+        replace(tokenSlot, h("div", { class: "card" }, tokenPanel(service, answer.token), h("div", { class: "actions" }, hide)));
         ctx.notify(`A new token for ${service.name}: the old one stopped working.`);
         confirmation.confirming = false;
         renderActions(service);
