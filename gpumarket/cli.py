@@ -460,12 +460,14 @@ def build_parser() -> argparse.ArgumentParser:
     from gpumarket.renter.clusters import add_parsers as add_cluster_parsers
     from gpumarket.renter.commands import add_parsers as add_renter_parsers
     from gpumarket.renter.credit import add_parsers as add_credit_parsers
+    from gpumarket.renter.services import add_parsers as add_service_parsers
     from gpumarket.renter.sshcmds import add_parsers as add_ssh_parsers
 
     add_renter_parsers(sub)  # login, offers, rent, rentals, logs, stop, account: the renter's side, over the REST API
     add_ssh_parsers(sub)  # ssh, ssh-config, cp, tunnel: OpenSSH to rentals through the relays
     add_cluster_parsers(sub)  # cluster create, list, show, stop, ssh: clusters over the REST API
     add_credit_parsers(sub)  # credit add: prepaid credit through the payment provider
+    add_service_parsers(sub)  # service create, list, show, scale, delete, token: elastic services over the REST API
 
     admin = sub.add_parser("admin", help="operator tasks against the master's database and CA")
     admin_sub = admin.add_subparsers(dest="admin_command", required=True, metavar="ACTION")

@@ -43,8 +43,8 @@ REDIS_URL = os.environ.get("GPUMARKET_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 ONE_WORKER_SCOPES = ("tests/faults/", "tests/test_install_agent.py::TestInstaller", "tests/test_console_browser.py",
-                     "tests/test_console_layout.py", "tests/test_console_charts.py", "tests/test_console_clusters.py", "tests/test_tunnels.py",
-                     "tests/test_gateway.py",
+                     "tests/test_console_layout.py", "tests/test_console_charts.py", "tests/test_console_clusters.py",
+                     "tests/test_console_services.py", "tests/test_tunnels.py", "tests/test_gateway.py",
                      "tests/test_simulate.py", "tests/test_readme_walkthrough.py")
 """Tests that share an expensive fixture (the fault cluster, a module's ``gpumarket up`` or browser): under
 pytest-xdist each of these runs whole on one worker, so that the fixture is set up once. Longest first (on 4 workers,
@@ -257,7 +257,7 @@ async def api(master: Master) -> AsyncIterator[Api]:
         yield client
 
 
-BROWSER_MODULES = ("tests/test_console_browser.py", "tests/test_console_layout.py")  # they hold the lock exclusively
+BROWSER_MODULES = ("tests/test_console_browser.py", "tests/test_console_layout.py", "tests/test_console_services.py")  # they hold the lock exclusively
 
 
 @pytest.fixture(autouse=True)

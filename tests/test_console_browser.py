@@ -67,6 +67,7 @@ class Market:
     base: str  # http://127.0.0.1:PORT, the console
     api: str  # .../api/v1
     keys: dict[str, str]  # role → API key
+    data_dir: Path | None = None  # `gpumarket up`'s, with its SQLite database (gpumarket.db)
 
 
 def _get_json(url: str, key: str | None = None) -> Any:
@@ -79,7 +80,7 @@ def _wait_until_up(process: subprocess.Popen[bytes], data_dir: Path, log: Path) 
     deadline = time.monotonic() + START_S
     creds = wait_for_credentials(process, data_dir, log, role="admin", deadline=deadline, start_s=START_S)
     market = Market(base=creds["console_url"].rstrip("/"), api=creds["api_url"],
-                    keys={role: creds[role]["api_key"] for role in ("renter", "provider", "admin")})  # fmt: skip
+                    keys={role: creds[role]["api_key"] for role in ("renter", "provider", "admin")}, data_dir=data_dir)  # fmt: skip
     while True:  # the API answers, and every simulated host is online with its GPUs offered
         check_alive(process, log, deadline, START_S)
         try:
@@ -921,7 +922,7 @@ class TestConnect:
             await expect(panel.locator("#cp-to-command")).to_have_text(f"gpumarket cp ./data {rental_id}:")
             await expect(panel.locator("#cp-from-command")).to_have_text(f"gpumarket cp {rental_id}:results.csv .")
             await panel.get_by_role("button", name="Copy the SSH command").click()
-            await expect(panel.locator(".copy-status").first).to_have_text("Copied.")
+            await expect(panel.locator(".copy-status").first).to_have_text("Copied to the clipboard.")
             assert await page.evaluate("navigator.clipboard.readText()") == f"gpumarket ssh {rental_id}"
             await expect(panel.locator("#ssh-host-key")).to_have_attribute("data-fingerprint", _fingerprint(host_key))
             await expect(panel.locator("#ssh-host-key")).to_contain_text("(ssh-ed25519)")

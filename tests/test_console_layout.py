@@ -43,7 +43,7 @@ MIN_CHART_TEXT_PX = 11.0
 @dataclass(frozen=True)
 class Page:
     name: str
-    hash: str  # where it is ("#/offers"), with {rental}, {cluster} and {host} filled in
+    hash: str  # where it is ("#/offers"), with {rental}, {cluster}, {service} and {host} filled in
     primary: str  # a selector for its primary action (or, where it has none, what it is for)
     charts: int = 0  # charts it draws once loaded
     click: str | None = None  # a button to press first (what the page shows after it)
@@ -55,6 +55,10 @@ RENTER = [
     Page("rental", "#/rentals/{rental}", "#stop-rental", charts=4),
     Page("clusters", "#/clusters", "table.clusters tbody tr:first-child a[href^='#/clusters/']"),
     Page("cluster", "#/clusters/{cluster}", "#stop-cluster"),
+    Page("services", "#/services", "#create-service"),
+    Page("service", "#/services/{service}", "#delete-service", charts=4),
+    # The New service dialog (its first field: the form scrolls inside the dialog to its Create button, as Rent's does).
+    Page("service-new", "#/services", "dialog.service-dialog input[name=name]", click="#create-service"),
     Page("billing", "#/billing", "form.credit-form button[type=submit]"),
     Page("ssh-keys", "#/ssh-keys", "form button[type=submit]"),
 ]
@@ -70,6 +74,7 @@ ADMIN = [
     Page("offers", "#/offers", "table.offers tbody tr:first-child"),
     Page("rentals", "#/rentals", "table tbody tr:first-child a[href^='#/rentals/']"),
     Page("hosts", "#/hosts", "table tbody tr:first-child a[href^='#/hosts/']"),
+    Page("services", "#/services", "table.services tbody tr:first-child a[href^='#/services/']"),
 ]
 
 # What the page looks like from the DOM, in one evaluation: sideways scroll, the primary action's box, chart text
@@ -115,16 +120,21 @@ def _api(market: Market, role: str, method: str, path: str, body: Any = None) ->
 
 
 @pytest.fixture(scope="module")
-def places(market: Market) -> Iterator[dict[str, str]]:
+def places(market: Market, docker_image: str) -> Iterator[dict[str, str]]:
     """A running hold rental of the renter (its page, and a row in Rentals), a hold cluster of two nodes of 1 GPU (the
-    demo's three hosts are of three models: mixed) and a host of the provider; the rental and cluster are stopped at
-    the end."""
+    demo's three hosts are of three models: mixed), a service of one replica (busybox's httpd) and a host of the
+    provider; the rental, cluster and service are stopped at the end."""
     rental = _api(market, "renter", "POST", "/rentals", {"workload": {"kind": "hold"}, "gpu_count": 1})
     cluster = _api(market, "renter", "POST", "/clusters", {"node_count": 2, "gpus_per_node": 1, "allow_mixed": True})
+    service = _api(market, "renter", "POST", "/services", {
+        "name": "layout", "port": 8000, "min_replicas": 1, "max_replicas": 2,
+        "workload": {"kind": "container", "image": docker_image, "command": ["httpd", "-f", "-p", "8000", "-h", "/tmp"], "ports": [8000]},
+    })  # fmt: skip
     host = _api(market, "provider", "GET", "/hosts")["items"][0]["id"]
     try:
-        yield {"rental": rental["id"], "cluster": cluster["id"], "host": host}
+        yield {"rental": rental["id"], "cluster": cluster["id"], "service": service["id"], "host": host}
     finally:
+        _api(market, "renter", "DELETE", f"/services/{service['id']}")
         _api(market, "renter", "DELETE", f"/clusters/{cluster['id']}")
         _api(market, "renter", "DELETE", f"/rentals/{rental['id']}")
 
@@ -199,7 +209,8 @@ class TestLayout:
     async def test_every_renter_page_fits_and_passes_axe(
         self, browser: Browser, market: Market, places: dict[str, str], size: tuple[int, int]
     ) -> None:
-        """Marketplace, rentals, a rental with its charts, clusters, a cluster, billing and SSH keys fit the screen, show their primary
+        """Marketplace, rentals, a rental with its charts, clusters, a cluster, services, a service with its charts and the
+        New service dialog, billing and SSH keys fit the screen, show their primary
         action without scrolling, draw chart text at 11 px or more, split no word in a table and pass axe."""
         problems = await _pages(browser, market, "renter", RENTER, size, places)
         assert not problems, "\n".join(problems)
@@ -214,6 +225,6 @@ class TestLayout:
     async def test_every_admin_page_fits_and_passes_axe(
         self, browser: Browser, market: Market, places: dict[str, str], size: tuple[int, int]
     ) -> None:
-        """The fleet overview with its chart, the marketplace, every rental and every host: the same checks."""
+        """The fleet overview with its chart, the marketplace, every rental, every host and every service: the same checks."""
         problems = await _pages(browser, market, "admin", ADMIN, size, places)
         assert not problems, "\n".join(problems)

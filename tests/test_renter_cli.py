@@ -96,6 +96,16 @@ def cli(api: Api, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.Monkey
     return Cli(api, capsys, monkeypatch, tmp_path / "home")
 
 
+def help_examples(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """``gpumarket ARGV --help``, which exits 0: its text after ``examples:``."""
+    with pytest.raises(SystemExit) as done:
+        main([*argv, "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "examples:" in out, out
+    return out.split("examples:", 1)[1]
+
+
 def one_line(err: str) -> str:
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert err.startswith("gpumarket: "), err

@@ -9,6 +9,7 @@ import { hostsPage, hostPage, enrollPage, earningsPage } from "./pages-provider.
 import { fleetPage } from "./pages-admin.js";
 import { sshKeysPage } from "./sshkeys.js";
 import { clustersPage, clusterPage } from "./pages-clusters.js";
+import { servicesPage, servicePage } from "./pages-services.js";
 
 const ROUTES = [
   { path: /^\/fleet$/, roles: ["admin"], title: "Fleet", nav: "#/fleet", render: fleetPage },
@@ -17,6 +18,8 @@ const ROUTES = [
   { path: /^\/rentals\/([^/]+)$/, roles: ["renter", "admin"], title: "Rental", render: rentalPage },
   { path: /^\/clusters$/, roles: ["renter", "admin"], title: "Clusters", nav: "#/clusters", render: clustersPage },
   { path: /^\/clusters\/([^/]+)$/, roles: ["renter", "admin"], title: "Cluster", render: clusterPage },
+  { path: /^\/services$/, roles: ["renter", "admin"], title: "Services", nav: "#/services", render: servicesPage },
+  { path: /^\/services\/([^/]+)$/, roles: ["renter", "admin"], title: "Service", render: servicePage },
   { path: /^\/billing$/, roles: ["renter"], title: "Billing", nav: "#/billing", render: billingPage },
   { path: /^\/ssh-keys$/, roles: ["renter", "admin"], title: "SSH keys", nav: "#/ssh-keys", render: sshKeysPage },
   { path: /^\/hosts$/, roles: ["provider", "admin"], title: "Hosts", nav: "#/hosts", render: hostsPage },

@@ -10,12 +10,12 @@ const H = 230;
 const M = { top: 30, right: 14, bottom: 40, left: 54 };
 const SERIES_COLOURS = 8;
 
-/** About `count` round tick values covering [lo, hi]. */
-export function niceTicks(lo, hi, count = 4) {
+/** About `count` round tick values covering [lo, hi], at least `minStep` apart (1: whole numbers only). */
+export function niceTicks(lo, hi, count = 4, minStep = 0) {
   if (!(hi > lo)) hi = lo + 1;
   const raw = (hi - lo) / count;
   const power = 10 ** Math.floor(Math.log10(raw));
-  const step = [1, 2, 2.5, 5, 10].map((m) => m * power).find((m) => m >= raw) || raw;
+  const step = Math.max(minStep, [1, 2, 2.5, 5, 10].map((m) => m * power).find((m) => m >= raw) || raw);
   const first = Math.floor(lo / step) * step;
   const ticks = [];
   for (let v = first; v <= hi + step * 1e-9; v += step) ticks.push(Number(v.toFixed(10)));
@@ -42,9 +42,11 @@ function legend(names) {
  * A line chart of time series that can be redrawn with new data:
  *   const chart = new LineChart({title: "Utilization", unit: "%", yMax: 100});
  *   chart.update([{name: "GPU 0", points: [[Date.ms, value], ...]}]);
+ * `minStep` keeps the y axis' ticks at least that far apart (1 for counts: no "0.25 replicas").
  */
 export class LineChart {
-  constructor({ title, unit = "", yLabel, xLabel = "time", yMin = 0, yMax = null, digits = 1 }) {
+  constructor({ title, unit = "", yLabel, xLabel = "time", yMin = 0, yMax = null, digits = 1, minStep = 0 }) {
+    this.minStep = minStep;
     this.title = title;
     this.unit = unit;
     this.yLabel = yLabel || (unit ? `${title} (${unit})` : title);
@@ -75,7 +77,7 @@ export class LineChart {
     const dataMin = ys.length ? Math.min(...ys) : 0;
     const top = Math.max(this.yMax ?? 0, dataMax * 1.1, this.yMin + 1);
     const bottom = Math.min(this.yMin, dataMin);
-    const { ticks, lo, hi } = niceTicks(bottom, top, 4);
+    const { ticks, lo, hi } = niceTicks(bottom, top, 4, this.minStep);
     const pw = W - M.left - M.right;
     const ph = H - M.top - M.bottom;
     const sx = (t) => M.left + ((t - x0) / (x1 - x0)) * pw;

@@ -6,7 +6,7 @@
 
 import { api } from "./api.js";
 import { h, link, num, replace, timeEl } from "./dom.js";
-import { busy, errorBox } from "./ui.js";
+import { busy, copyable, errorBox } from "./ui.js";
 
 const JUPYTER_PORT = 8888;
 
@@ -55,31 +55,6 @@ function modeOf(rental, role) {
   if (rental.state === "pending" || rental.state === "starting") return "waiting";
   if (workspaceOpen(rental)) return "files";
   return "ended";
-}
-
-/** A command in a <code> with a Copy button and a status line saying it was copied. */
-function copyable(text, { id, label }) {
-  // Each word unbroken: a narrow screen wraps the command at its spaces, never inside "r-…" or a path.
-  const words = text.split(" ").map((word, i) => [i ? " " : null, h("span", { class: "word" }, word)]);
-  const code = h("code", { class: "command-line", id }, words);
-  const copy = h("button", { type: "button", class: "secondary small", "aria-label": `Copy ${label}` }, "Copy");
-  const status = h("span", { class: "hint copy-status", role: "status" });
-  copy.addEventListener("click", async () => {
-    let done = false;
-    try {
-      await navigator.clipboard.writeText(text);
-      done = true;
-    } catch {
-      // No clipboard API (plain HTTP, or refused): select the text so Ctrl+C copies it.
-      const range = document.createRange();
-      range.selectNodeContents(code);
-      const selection = getSelection();
-      selection.removeAllRanges();
-      selection.addRange(range);
-    }
-    status.textContent = done ? "Copied." : "Selected: press Ctrl+C to copy.";
-  });
-  return h("div", { class: "command-row" }, code, copy, status);
 }
 
 /**

@@ -5,7 +5,7 @@ import { api, query, uuid4 } from "./api.js";
 import { badge, facts, field, h, link, replace, table, timeEl, uid } from "./dom.js";
 import { compare, formatUnits, multiply, parseDecimal, usdRate } from "./money.js";
 import { networkSummary } from "./clusternet.js";
-import { busy, errorBox, heading, loadInto, loading, stopWithConfirmation } from "./ui.js";
+import { busy, errorBox, heading, loadInto, loading, modal, refreshed, stopWithConfirmation } from "./ui.js";
 import { describeRun, runsShort, workloadChooser } from "./workloads.js";
 
 const ACTIVE = new Set(["pending", "starting", "running", "degraded", "stopping"]);
@@ -98,13 +98,7 @@ export function clustersPage(page, ctx) {
 /** The "Rent a cluster" form in a modal dialog: size, model, what runs; then the whole cluster's price, then confirm. */
 function clusterDialog(ctx) {
   const titleId = uid("cluster-title");
-  const el = h("dialog", { class: "rent-dialog cluster-dialog", "aria-labelledby": titleId });
-  const close = () => {
-    if (el.open) el.close();
-  };
-  el.addEventListener("click", (event) => {
-    if (event.target === el) close(); // a click on the backdrop
-  });
+  const { el, close } = modal("rent-dialog cluster-dialog", titleId);
 
   function open() {
     const errors = errorBox();
@@ -280,19 +274,12 @@ export function clusterPage(page, ctx) {
   };
 
   const refresh = async () => {
-    let cluster;
-    try {
-      cluster = await api("GET", `/clusters/${encodeURIComponent(clusterId)}`);
-      await Promise.all((cluster.members || []).map((m) => hostOf(m.host_id)));
-    } catch (error) {
-      if (ctx.alive() && error.status !== 401) {
-        errors.show(error);
-        if (lastState === null) summary.replaceChildren();
-      }
-      return;
-    }
-    if (!ctx.alive()) return;
-    errors.clear();
+    const cluster = await refreshed(ctx, errors, async () => {
+      const found = await api("GET", `/clusters/${encodeURIComponent(clusterId)}`);
+      await Promise.all((found.members || []).map((m) => hostOf(m.host_id)));
+      return found;
+    }, () => lastState === null && summary.replaceChildren());
+    if (!cluster) return;
     summary.dataset.state = cluster.state;
     replace(summary, facts([
       ["State", badge(cluster.state)],

@@ -8,7 +8,7 @@ import { invoicesSection } from "./invoices.js";
 import { maintenanceSection } from "./maintenance.js";
 import { amountProblem, usd, usdRate } from "./money.js";
 import { gpuCharts } from "./telemetry.js";
-import { busy, errorBox, heading, loadInto, loading } from "./ui.js";
+import { busy, copyButton, errorBox, heading, loadInto, loading } from "./ui.js";
 import { isolationBadge, isolationFacts } from "./workloads.js";
 
 function gpuSummary(gpus) {
@@ -298,20 +298,8 @@ export function enrollPage(page, ctx) {
       }
       const command = h("textarea", { id: "enroll-command", readOnly: true, rows: 3, spellcheck: "false", class: "command", "aria-describedby": "enroll-hint" });
       command.value = token.enroll_command;
-      const copy = h("button", { type: "button", class: "secondary", id: "copy-command" }, "Copy");
-      const copied = h("span", { class: "hint", role: "status" });
-      copy.addEventListener("click", async () => {
-        let done = false;
-        try {
-          await navigator.clipboard.writeText(command.value);
-          done = true;
-        } catch {
-          command.focus();
-          command.select();
-          done = document.execCommand("copy");
-        }
-        copied.textContent = done ? "Copied to the clipboard." : "Select the command and copy it (Ctrl+C).";
-      });
+      const { button: copy, status: copied } = copyButton(command.value, command,
+        { label: "the install command", id: "copy-command", className: "secondary" });
       command.addEventListener("focus", () => command.select());
       replace(result, h("div", { class: "card" },
         h("label", { for: "enroll-command" }, "Run this as root on the new GPU host:"),

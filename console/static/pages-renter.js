@@ -8,7 +8,7 @@ import { badge, facts, field, h, link, num, replace, table, timeEl, uid } from "
 import { invoicesSection } from "./invoices.js";
 import { amountProblem, multiply, usd, usdRate } from "./money.js";
 import { gpuCharts } from "./telemetry.js";
-import { busy, errorBox, heading, loadInto, loading, stopWithConfirmation } from "./ui.js";
+import { busy, errorBox, heading, loadInto, loading, modal, stopWithConfirmation } from "./ui.js";
 import { isolationBadge, runsShort, workloadChooser, workloadFacts } from "./workloads.js";
 
 const TIERS = ["flagship", "datacenter", "prosumer", "consumer", "entry"];
@@ -178,15 +178,8 @@ async function priceBounds() {
 /** The rent form in a modal dialog: choose, review the price, confirm. */
 function rentDialog(ctx) {
   const titleId = uid("rent-title");
-  const el = h("dialog", { class: "rent-dialog", "aria-labelledby": titleId });
+  const { el, close } = modal("rent-dialog", titleId);
   let offer = null;
-
-  const close = () => {
-    if (el.open) el.close();
-  };
-  el.addEventListener("click", (event) => {
-    if (event.target === el) close(); // a click on the backdrop
-  });
 
   function open(chosen) {
     offer = chosen;

@@ -25,6 +25,18 @@ export function errorBox() {
   };
 }
 
+/** A modal <dialog> labelled by its title `titleId`, closed by a click on its backdrop: {el, close}. */
+export function modal(className, titleId) {
+  const el = h("dialog", { class: className, "aria-labelledby": titleId });
+  const close = () => {
+    if (el.open) el.close();
+  };
+  el.addEventListener("click", (event) => {
+    if (event.target === el) close(); // a click on the backdrop
+  });
+  return { el, close };
+}
+
 /** The page's <h1> and optional intro line. */
 export function heading(title, intro) {
   return [h("h1", { tabindex: "-1", class: "page-title" }, title), intro ? h("p", { class: "intro" }, intro) : null];
@@ -98,17 +110,18 @@ export function withError(f) {
 }
 
 /**
- * A "Stop" button that asks first. Its click puts `question`, a confirming button and "Keep it running" into `slot`
+ * A button that asks first. Its click puts `question`, a confirming button (`confirmLabel`) and `keepLabel` into `slot`
  * and sets `state.confirming` (a page that redraws its actions on every refresh leaves the question alone meanwhile).
- * Confirming sends `DELETE path`, says "`what` is <state>." and calls `refresh`; an error shows in `errors`; keeping it
- * calls `redraw` and focuses the slot's first button again.
+ * Confirming runs `act()` with `busyLabel` on the button; an error it throws shows in `errors` (a 401 does not: the
+ * sign-in page takes over). `keepLabel` calls `redraw` and focuses the slot's first button again.
  */
-export function stopWithConfirmation(ctx, { slot, errors, state, id, confirmId, label, confirmLabel, question, path, what, refresh, redraw }) {
-  const stop = h("button", { type: "button", class: "danger", id }, label);
-  stop.addEventListener("click", () => {
+export function confirmedAction({ slot, errors, state, id, confirmId, label, confirmLabel, question, keepLabel, busyLabel, act, redraw,
+  buttonClass = "danger" }) {
+  const button = h("button", { type: "button", class: buttonClass, id }, label);
+  button.addEventListener("click", () => {
     state.confirming = true;
     const yes = h("button", { type: "button", class: "danger", id: confirmId }, confirmLabel);
-    const no = h("button", { type: "button", class: "secondary" }, "Keep it running");
+    const no = h("button", { type: "button", class: "secondary" }, keepLabel);
     no.addEventListener("click", () => {
       state.confirming = false;
       redraw();
@@ -118,18 +131,99 @@ export function stopWithConfirmation(ctx, { slot, errors, state, id, confirmId, 
       errors.clear();
       await busy(yes, async () => {
         try {
-          const stopped = await api("DELETE", path);
-          ctx.notify(`${what} is ${stopped.state}.`);
-          state.confirming = false;
-          await refresh();
+          await act();
         } catch (error) {
           state.confirming = false;
           if (error.status !== 401) errors.show(error);
         }
-      }, "Stopping…");
+      }, busyLabel);
     });
     replace(slot, h("p", { class: "confirm-text" }, question), yes, " ", no);
     yes.focus();
   });
-  return stop;
+  return button;
+}
+
+/**
+ * A "Stop" button that asks first (`confirmedAction`): confirming sends `DELETE path`, says "`what` is <state>." and
+ * calls `refresh`.
+ */
+export function stopWithConfirmation(ctx, { path, what, refresh, keepLabel = "Keep it running", busyLabel = "Stopping…", ...rest }) {
+  return confirmedAction({ ...rest, keepLabel, busyLabel, act: async () => {
+    const stopped = await api("DELETE", path);
+    ctx.notify(`${what} is ${stopped.state}.`);
+    rest.state.confirming = false;
+    await refresh();
+  } });
+}
+
+/**
+ * One refresh of a page that shows one thing (a cluster, a service): `load()`'s answer, or null when it failed or the
+ * page was left meanwhile. A failure shows in `errors` (a 401 does not: the sign-in page takes over) and calls
+ * `failed`; an answer clears `errors`.
+ */
+export async function refreshed(ctx, errors, load, failed) {
+  let value;
+  try {
+    value = await load();
+  } catch (error) {
+    if (ctx.alive() && error.status !== 401) {
+      errors.show(error);
+      failed();
+    }
+    return null;
+  }
+  if (!ctx.alive()) return null;
+  errors.clear();
+  return value;
+}
+
+function selectText(target) {
+  if (typeof target.select === "function") {
+    target.focus();
+    target.select();
+    return;
+  }
+  const range = document.createRange();
+  range.selectNodeContents(target);
+  const selection = getSelection();
+  selection.removeAllRanges();
+  selection.addRange(range);
+}
+
+/**
+ * A Copy button for `text` and the status line that says what it did: {button, status}. Without the clipboard API
+ * (plain HTTP, or refused) it selects `target` (a field, or an element's text) and asks the browser to copy that,
+ * else says to press Ctrl+C. `label` names what is copied for screen readers ("Copy the token").
+ */
+export function copyButton(text, target, { label, id = null, className = "secondary small" }) {
+  const button = h("button", { type: "button", class: className, id, "aria-label": `Copy ${label}` }, "Copy");
+  const status = h("span", { class: "hint copy-status", role: "status" });
+  button.addEventListener("click", async () => {
+    let done = false;
+    try {
+      await navigator.clipboard.writeText(text);
+      done = true;
+    } catch {
+      selectText(target);
+      try {
+        done = document.execCommand("copy");
+      } catch {
+        done = false;
+      }
+    }
+    status.textContent = done ? "Copied to the clipboard." : "Selected: press Ctrl+C to copy.";
+  });
+  return { button, status };
+}
+
+/**
+ * A value in a <code> with a Copy button and its status line. A command wraps at its spaces only, never inside "r-…"
+ * or a path; with `anywhere` (a URL, a token: one long word) it wraps where it must.
+ */
+export function copyable(text, { id, label, anywhere = false }) {
+  const words = anywhere ? text : text.split(" ").map((word, i) => [i ? " " : null, h("span", { class: "word" }, word)]);
+  const code = h("code", { class: "command-line", id }, words);
+  const { button, status } = copyButton(text, code, { label });
+  return h("div", { class: "command-row" }, code, button, status);
 }

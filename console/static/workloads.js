@@ -195,10 +195,11 @@ export async function loadTemplates() {
 const fail = (message, target) => Object.assign(new Error(message), { target });
 
 /**
- * The "What to run" fieldset for an offer. Returns {el, read, clear, showApiError, describe}:
+ * The "What to run" fieldset for an offer. Returns {el, read, clear, showApiError, describe, templateOf}:
  * read() → {template} | {workload}, throwing an Error whose .target shows it next to the field.
+ * `containersOnly` offers a template or an image alone (a service's replicas), `preferred` the template chosen first.
  */
-export function workloadChooser(offer) {
+export function workloadChooser(offer, { containersOnly = false, preferred: preferredName = "base" } = {}) {
   const isolation = offer.isolation || null;
   const kinds = isolation ? isolation.kinds || ["hold"] : null;
   const group = uid("run");
@@ -209,7 +210,7 @@ export function workloadChooser(offer) {
   const useImage = choice("Custom image", "image", false, !runsContainers);
   const useProcess = choice("A command on the host (no image)", "process", false);
   const useHold = choice("Hold only (reserve GPUs, run nothing)", "hold", !runsContainers);
-  const showProcess = !kinds || kinds.includes("process");
+  const showProcess = !containersOnly && (!kinds || kinds.includes("process"));
 
   // Templates: radio cards, "base" chosen once they load.
   const templateName = uid("template");
@@ -223,7 +224,7 @@ export function workloadChooser(offer) {
       replace(cards, h("p", { class: "hint" }, "No templates yet: choose a custom image."));
       return;
     }
-    const preferred = list.some((t) => t.name === "base") ? "base" : list[0].name;
+    const preferred = list.some((t) => t.name === preferredName) ? preferredName : list[0].name;
     replace(cards, list.map((t) => {
       const id = uid("tpl");
       const input = h("input", { type: "radio", name: templateName, value: t.name, id, checked: t.name === preferred, "aria-describedby": `${id}-about` });
@@ -273,7 +274,7 @@ export function workloadChooser(offer) {
   }
 
   const el = h("fieldset", { class: "run-choice" }, h("legend", {}, "What to run"), note,
-    useTemplate.row, templateBox, useImage.row, imageBox, showProcess ? [useProcess.row, processBox] : null, useHold.row);
+    useTemplate.row, templateBox, useImage.row, imageBox, showProcess ? [useProcess.row, processBox] : null, containersOnly ? null : useHold.row);
 
   function sync() {
     templateBox.hidden = !useTemplate.input.checked;
@@ -379,5 +380,6 @@ export function workloadChooser(offer) {
     return false;
   }
 
-  return { el, read, clear, showAt, showApiError, describe: (chosen) => describeRun(chosen, templates) };
+  return { el, read, clear, showAt, showApiError, describe: (chosen) => describeRun(chosen, templates),
+    templateOf: (name) => templates.find((t) => t.name === name) || null };
 }

@@ -31,6 +31,7 @@ NEXT_STEP: dict[str, str] = {
     "template_not_found": "`gpumarket rent --help` names the templates, or give --image",
     "rental_not_found": "list yours with `gpumarket rentals --all`",
     "cluster_not_found": "list yours with `gpumarket cluster list --all`",
+    "service_not_found": "list yours with `gpumarket service list --all`",
     "insufficient_capacity": "see what is free with `gpumarket offers`, or wait for GPUs with --queue",
     "exceeds_fleet": "see what there is with `gpumarket offers`",
     "quota_exceeded": "`gpumarket account` shows your quotas; stop a rental or ask an admin for more",

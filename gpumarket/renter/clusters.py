@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
-import shlex
 import uuid
 from collections.abc import Mapping
 from decimal import Decimal
@@ -24,7 +23,11 @@ from gpumarket.renter.commands import (
     _short_time,
     _usd,
     all_pages,
+    command_group,
     common_options,
+    container_workload,
+    event_lines,
+    listed_already,
     money,
     money_column,
     set_command,
@@ -97,10 +100,7 @@ def cluster_body(args: argparse.Namespace) -> dict[str, Any]:
     if args.template:
         body["template"] = args.template
     elif args.image:
-        workload: dict[str, Any] = {"kind": "container", "image": args.image}
-        if args.command:
-            workload["command"] = shlex.split(args.command)
-        body["workload"] = workload
+        body["workload"] = container_workload(args.image, command=args.command)
     else:
         body["workload"] = {"kind": "hold"}
     return body
@@ -181,12 +181,8 @@ async def cmd_list(args: argparse.Namespace, client: Client) -> int:
     items = await all_pages(client, "/clusters")
     if not args.all:
         items = [c for c in items if c["state"] in ACTIVE_CLUSTER_STATES]
-    if args.json:
-        _print_json({"items": items, "total": len(items)})
-        return 0
-    if not items:
-        print("no clusters yet; `gpumarket cluster create` makes one" if args.all
-              else "no active clusters; `--all` shows ended ones too, `gpumarket cluster create` makes one")  # fmt: skip
+    if listed_already(args, items, none="no active clusters; `--all` shows ended ones too, `gpumarket cluster create` makes one",
+                      none_at_all="no clusters yet; `gpumarket cluster create` makes one"):  # fmt: skip
         return 0
     rates = [price_per_hour(c) for c in items]
     prices = money_column([str(r) if r is not None else None for r in rates], "rate")
@@ -241,10 +237,7 @@ async def cmd_show(args: argparse.Namespace, client: Client) -> int:
     pairs = pair_rows(cluster.get("private_network"))
     if pairs:
         lines += ["", "between nodes (through the cluster's private network):", table(["PAIR", "ROUND TRIP", "THROUGHPUT", "PATH", "PROBLEM"], pairs)]
-    events: list[Mapping[str, Any]] = cluster.get("events") or []
-    if events:
-        lines += ["", "events:"] + [f"  {_short_time(e.get('at'))}  {e.get('from') or '-'} -> {e.get('to')}" + (f": {e['cause']}" if e.get("cause") else "")
-                                    for e in events]  # fmt: skip
+    lines += event_lines(cluster.get("events") or [], lambda e: f"{e.get('from') or '-'} -> {e.get('to')}")
     print("\n".join(lines))
     return 0
 
@@ -316,13 +309,10 @@ examples:
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``cluster`` and its actions to ``gpumarket``'s subparsers."""
     formatter = argparse.RawDescriptionHelpFormatter
-    cluster = sub.add_parser("cluster", help="rent, list, show, stop and ssh into clusters (several hosts as one)",
-                             formatter_class=formatter, description="Clusters: NODES nodes of GPUS-PER-NODE GPUs, each on "
-                             "a host of its own, created and stopped as one.",
-                             epilog="examples:\n  gpumarket cluster create --nodes 2 --gpus-per-node 4 --model A100\n"
-                             "  gpumarket cluster list\n  gpumarket cluster show c-0123456789abcdef\n"
-                             "  gpumarket cluster stop c-0123456789abcdef")  # fmt: skip
-    actions = cluster.add_subparsers(dest="cluster_action", required=True, metavar="ACTION")
+    actions = command_group(sub, "cluster", help="rent, list, show, stop and ssh into clusters (several hosts as one)",
+                            description="Clusters: NODES nodes of GPUS-PER-NODE GPUs, each on a host of its own, created and "
+                            "stopped as one.", examples=["create --nodes 2 --gpus-per-node 4 --model A100", "list",
+                                                         "show c-0123456789abcdef", "stop c-0123456789abcdef"])  # fmt: skip
 
     create = actions.add_parser("create", help="rent a cluster and wait until every node runs", formatter_class=formatter,
                                 description="Rent NODES nodes of GPUS-PER-NODE whole GPUs each, on distinct hosts, all "

@@ -140,6 +140,13 @@ def _print_json(value: Any) -> None:
     print(json.dumps(value, indent=2))
 
 
+def event_lines(events: Sequence[Mapping[str, Any]], what: Callable[[Mapping[str, Any]], str]) -> list[str]:
+    """A blank line, ``events:`` and a line per event (its time, ``what`` happened, its cause); none without events."""
+    if not events:
+        return []
+    return ["", "events:"] + [f"  {_short_time(e.get('at'))}  {what(e)}" + (f": {e['cause']}" if e.get("cause") else "") for e in events]
+
+
 # ---- login --------------------------------------------------------------------------------------
 
 
@@ -276,6 +283,35 @@ def _env_pairs(pairs: Sequence[str]) -> dict[str, str]:
     return env
 
 
+def container_workload(image: str, *, command: str | None = None, ports: Sequence[int] = (), env: Sequence[str] = ()) -> dict[str, Any]:
+    """The container workload of ``--image`` and its options: ``--command`` split into words as a shell would,
+    ``--port`` (repeatable), ``--env NAME=VALUE`` (repeatable)."""
+    workload: dict[str, Any] = {"kind": "container", "image": image}
+    if command:
+        workload["command"] = shlex.split(command)
+    if ports:
+        workload["ports"] = list(ports)
+    if env:
+        workload["env"] = _env_pairs(env)
+    return workload
+
+
+def interruptible_fields(args: argparse.Namespace, what: str) -> dict[str, str]:
+    """``{"kind": "interruptible", "bid": ...}`` for ``--interruptible --bid USD``, ``{}`` for neither; ``UsageError`` for one alone."""
+    if not (args.interruptible or args.bid):
+        return {}
+    if not (args.interruptible and args.bid):
+        raise UsageError(f"{what} needs both --interruptible and --bid USD (per GPU-hour)")
+    return {"kind": "interruptible", "bid": args.bid}
+
+
+def add_interruptible_options(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--interruptible`` and ``--bid USD``, read by ``interruptible_fields``."""
+    parser.add_argument("--interruptible", action="store_true", help="cheaper, but preempted by on-demand rentals and higher bids (needs --bid)")
+    parser.add_argument("--bid", type=_usd, metavar="USD", help=f"the most you pay per GPU-hour for {what}: "
+                        "at least the host's minimum bid; you are charged the lower of the bid and the GPU's on-demand price")  # fmt: skip
+
+
 def rental_body(args: argparse.Namespace) -> dict[str, Any]:
     """The ``POST /rentals`` body of ``gpumarket rent``'s options; ``UsageError`` for options that do not go together."""
     body: dict[str, Any] = {"gpu_count": args.gpus}
@@ -297,21 +333,10 @@ def rental_body(args: argparse.Namespace) -> dict[str, Any]:
     if args.template:
         body["template"] = args.template
     elif args.image:
-        workload: dict[str, Any] = {"kind": "container", "image": args.image}
-        if args.command:
-            workload["command"] = shlex.split(args.command)
-        if args.port:
-            workload["ports"] = args.port
-        if args.env:
-            workload["env"] = _env_pairs(args.env)
-        body["workload"] = workload
+        body["workload"] = container_workload(args.image, command=args.command, ports=args.port, env=args.env)
     else:
         body["workload"] = {"kind": "hold"}
-    if args.interruptible or args.bid:
-        if not (args.interruptible and args.bid):
-            raise UsageError("an interruptible rental needs both --interruptible and --bid USD (per GPU-hour)")
-        body["kind"] = "interruptible"
-        body["bid"] = args.bid
+    body.update(interruptible_fields(args, "an interruptible rental"))
     if args.queue:
         body["queue"] = True
     return body
@@ -410,11 +435,11 @@ def _print_rental_outcome(rental: Mapping[str, Any]) -> None:
 # ---- rentals, logs, stop ------------------------------------------------------------------------
 
 
-async def all_pages(client: Client, path: str) -> list[dict[str, Any]]:
-    """Every item of a paged list (``/rentals``, ``/clusters``), up to ``MAX_PAGES`` pages."""
+async def all_pages(client: Client, path: str, params: Mapping[str, str | int] | None = None) -> list[dict[str, Any]]:
+    """Every item of a paged list (``/rentals``, ``/clusters``, ``/services``), up to ``MAX_PAGES`` pages."""
     items: list[dict[str, Any]] = []
     for page in range(MAX_PAGES):
-        body = await client.get(path, {"limit": PAGE_SIZE, "offset": page * PAGE_SIZE})
+        body = await client.get(path, {**(params or {}), "limit": PAGE_SIZE, "offset": page * PAGE_SIZE})
         items.extend(body["items"])
         if len(items) >= body["total"] or not body["items"]:
             break
@@ -425,15 +450,24 @@ async def all_rentals(client: Client) -> list[dict[str, Any]]:
     return await all_pages(client, "/rentals")
 
 
+def listed_already(args: argparse.Namespace, items: Sequence[Mapping[str, Any]], *, none: str, none_at_all: str) -> bool:
+    """Whether a list command has printed all it prints: the items' JSON with ``--json``, or, when there are none, what
+    to do (``none_at_all`` with ``--all``)."""
+    if args.json:
+        _print_json({"items": items, "total": len(items)})
+        return True
+    if not items:
+        print(none_at_all if args.all else none)
+        return True
+    return False
+
+
 async def cmd_rentals(args: argparse.Namespace, client: Client) -> int:
     items = await all_rentals(client)
     if not args.all:
         items = [r for r in items if r["state"] in ACTIVE_STATES]
-    if args.json:
-        _print_json({"items": items, "total": len(items)})
-        return 0
-    if not items:
-        print("no active rentals; `--all` shows ended ones too, `gpumarket rent` makes one" if not args.all else "no rentals yet")
+    if listed_already(args, items, none="no active rentals; `--all` shows ended ones too, `gpumarket rent` makes one",
+                      none_at_all="no rentals yet"):  # fmt: skip
         return 0
     host_ids = sorted({r["host_id"] for r in items if r.get("host_id")})
     regions = dict(zip(host_ids, await asyncio.gather(*(_region(client, h) for h in host_ids)), strict=True))
@@ -546,7 +580,7 @@ def _limit(text: str) -> int:
     return value
 
 
-def _offset(text: str) -> int:
+def _non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
@@ -619,6 +653,15 @@ def set_command(parser: argparse.ArgumentParser, command: Command | None) -> Non
     parser.set_defaults(func=run, renter_func=command)
 
 
+def command_group(sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, *, help: str, description: str,
+                  examples: Sequence[str]) -> argparse._SubParsersAction[argparse.ArgumentParser]:  # fmt: skip
+    """``gpumarket NAME ACTION …`` (``cluster``, ``service``): its parser, whose epilog lists ``examples`` (each after
+    ``gpumarket NAME``), and the subparsers its actions go in."""
+    group = sub.add_parser(name, help=help, description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+                           epilog="examples:\n" + "\n".join(f"  gpumarket {name} {example}" for example in examples))  # fmt: skip
+    return group.add_subparsers(dest=f"{name}_action", required=True, metavar="ACTION")
+
+
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the renter's commands to ``gpumarket``'s subparsers; each runs through ``run``."""
     formatter = argparse.RawDescriptionHelpFormatter
@@ -663,9 +706,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     rent.add_argument("--command", metavar="CMD", help="with --image: the command, replacing the image's entrypoint ('python train.py')")
     rent.add_argument("--port", type=_port, action="append", default=[], metavar="P", help="with --image: a TCP port the workload serves (repeatable)")
     rent.add_argument("--env", action="append", default=[], metavar="K=V", help="with --image: an environment variable (repeatable)")
-    rent.add_argument("--interruptible", action="store_true", help="cheaper, but preempted by on-demand rentals and higher bids (needs --bid)")
-    rent.add_argument("--bid", type=_usd, metavar="USD", help="the most you pay per GPU-hour for an interruptible rental: "
-                      "at least the host's minimum bid; you are charged the lower of the bid and the GPU's on-demand price")
+    add_interruptible_options(rent, "an interruptible rental")
     rent.add_argument("--queue", action="store_true", help="wait for GPUs (up to 10 minutes) when none are free now")
     rent.add_argument("--no-wait", action="store_true", help="print the rental as created, do not wait until it runs")
     rent.add_argument("--json", action="store_true", help="print the rental's JSON (no progress lines)")
@@ -685,7 +726,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                           epilog="examples:\n  gpumarket logs r_abc\n  gpumarket logs r_abc -f\n  gpumarket logs r_abc --since-offset 4096")  # fmt: skip
     logs.add_argument("rental", metavar="RENTAL", help="the rental's id")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the rental ends (Ctrl-C to stop)")
-    logs.add_argument("--since-offset", type=_offset, default=0, metavar="N", help="start at byte N of the output (default 0)")
+    logs.add_argument("--since-offset", type=_non_negative_int, default=0, metavar="N", help="start at byte N of the output (default 0)")
     common_options(logs)
     set_command(logs, cmd_logs)
 
