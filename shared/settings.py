@@ -182,7 +182,6 @@ class MasterSettings(ServiceSettings):
     autoscale_interval: float = Field(5.0, gt=0, le=600, description="Seconds between the autoscaler's passes over services (one master at a time, under the autoscaler lease): health checks, figures, scaling.")
     max_service_replicas: int = Field(32, ge=1, le=1000, description="Highest max_replicas a service may ask for.")
     service_replica_queue_s: float = Field(600.0, gt=0, le=86400, description="How long a replica waits in the rental queue for GPUs before it fails (the autoscaler then asks again).")
-    service_stats_bucket_s: float = Field(5.0, ge=1, le=300, description="Seconds of each bucket of a service's gateway figures (requests, errors, in flight, latency) written to service_stats by every master process.")
     service_unhealthy_after: int = Field(3, ge=1, le=100, description="Failed health checks in a row after which a ready replica stops getting requests, until one passes again.")
     default_max_gpus: Decimal | None = Field(None, ge=0, description="GPUs (fractions count) an account may hold at once unless its own quota says otherwise; unset: no limit.")
     default_max_spend_per_hour: Decimal | None = Field(None, ge=0, description="USD per hour an account's active rentals may cost at once unless its own quota says otherwise; unset: no limit.")

@@ -117,6 +117,7 @@ class TestBadInput:
             assert (await session.scalars(select(Rental).where(Rental.service_id.is_not(None)))).all() == []
 
     async def test_nothing_was_made(self, api: Api) -> None:
+        bad: dict[str, Any]
         for bad in ({"min_replicas": 5, "max_replicas": 1}, {"port": 1}, {"scaling": {}}):
             await create(api, **bad)
         async with api.master.db.session() as session:

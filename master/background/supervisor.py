@@ -38,6 +38,7 @@ import aiohttp
 
 from billing.jobs import JOBS
 from master.background.alerts import alert_loop
+from master.background.autoscaler import autoscaler_loop
 from master.background.billing import billing_loop
 from master.background.commands import command_resender
 from master.background.gateway import gateway_stats_loop
@@ -71,6 +72,7 @@ def master_loops(master: Master, *, webhook_http: aiohttp.ClientSession) -> list
         Loop("alerts", functools.partial(alert_loop, master, http=webhook_http)),
         Loop("host-scoring", functools.partial(scoring_loop, master)),
         Loop("rental-queue", functools.partial(queue_loop, master)),
+        Loop("autoscaler", functools.partial(autoscaler_loop, master)),
         Loop("gateway-stats", functools.partial(gateway_stats_loop, master)),
     ]
     if master.settings.billing_in_process:

@@ -6,7 +6,8 @@ service's rule (``service_request.check_scaling``). The policy, written down:
 * **Bounds first.** A target outside ``min_replicas``..``max_replicas`` (the renter just moved them)
   goes to the nearest bound at once.
 * **Cold start.** A request waiting at the endpoint of a service with no replica
-  (``wake_requested_at``) asks for one at once, whatever the cool-downs say.
+  (``wake_requested_at``) asks for one at once, whatever the cool-downs say, and while it waits
+  no scale-down goes below one (the figures may not show it yet).
 * **inflight.** Up to ``ceil(recent in-flight / target)`` when that is above the target count, at
   most once per ``scale_up_cooldown_s``. Down to ``ceil(peak / target)`` — the peak being the
   highest in-flight figure of any bucket over the last ``scale_down_cooldown_s`` — and only once
@@ -56,6 +57,8 @@ def decide(*, rule: dict[str, Any], min_replicas: int, max_replicas: int, desire
         return Decision(max_replicas, "scale_down", f"above max_replicas {max_replicas}")
     if waking and desired == 0 and max_replicas > 0:
         return Decision(1, "scale_up", "cold start: a request is waiting for a replica")
+    # A request waiting for a replica is demand the figures may not show yet: never below one while it waits.
+    floor = max(min_replicas, 1 if waking else 0)
     up_ok = _since(now, last_up) >= rule["scale_up_cooldown_s"]
     quiet = min(_since(now, last_up), _since(now, last_down))
     down_ok = quiet >= rule["scale_down_cooldown_s"]
@@ -66,7 +69,7 @@ def decide(*, rule: dict[str, Any], min_replicas: int, max_replicas: int, desire
             if wanted > desired:
                 return Decision(wanted, "scale_up", f"{load.inflight_recent:.1f} requests in flight, target {target:g} per replica")
         if down_ok:
-            wanted = max(min_replicas, math.ceil(load.inflight_peak / target - 1e-9))
+            wanted = max(floor, math.ceil(load.inflight_peak / target - 1e-9))
             if wanted < desired:
                 window = rule["scale_down_cooldown_s"]
                 return Decision(wanted, "scale_down", f"at most {load.inflight_peak:.1f} requests in flight over {window:g}s, "
@@ -76,7 +79,7 @@ def decide(*, rule: dict[str, Any], min_replicas: int, max_replicas: int, desire
     if util is not None and util >= rule["threshold_pct"] and up_ok and desired < max_replicas:
         return Decision(desired + 1, "scale_up", f"GPU utilisation {util:.0f}% over {rule['period_s']:g}s, "
                                                  f"threshold {rule['threshold_pct']:g}%")  # fmt: skip
-    if util is not None and util < rule["scale_down_below_pct"] and down_ok and desired > min_replicas:
+    if util is not None and util < rule["scale_down_below_pct"] and down_ok and desired > floor:
         return Decision(desired - 1, "scale_down", f"GPU utilisation {util:.0f}% over {rule['period_s']:g}s, "
                                                    f"below {rule['scale_down_below_pct']:g}%")  # fmt: skip
     return Decision(desired, "hold", "")

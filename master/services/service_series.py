@@ -50,18 +50,19 @@ async def series(session: AsyncSession, service: Service, *, now: datetime, minu
     ))).all()  # fmt: skip
     points = []
     for i, at in enumerate(slots):
-        slot = totals.get(i)
+        figures = totals.get(i)
         mid = at + timedelta(seconds=step)
         live = sum(1 for r in replicas if r.started_at is not None and r.started_at <= mid and (r.stopped_at is None or r.stopped_at > mid))
         ready = sum(1 for r in replicas if r.ready_at is not None and r.ready_at <= mid and (r.stopped_at is None or r.stopped_at > mid))
         point: dict[str, Any] = {"at": _iso(at), "replicas": live, "ready": ready, "requests_per_s": 0.0, "errors": 0,
                                  "retries": 0, "inflight": 0.0, "p50_ms": None, "p99_ms": None}  # fmt: skip
-        if slot is not None:
-            point.update(requests_per_s=round(slot["requests"] / step, 3), errors=slot["errors"], retries=slot["retries"],
-                         inflight=round(slot["inflight"] / max(1, len(slot["buckets"])), 3),
-                         p50_ms=percentile(slot["hist"], 0.50), p99_ms=percentile(slot["hist"], 0.99))  # fmt: skip
+        if figures is not None:
+            point.update(requests_per_s=round(figures["requests"] / step, 3), errors=figures["errors"], retries=figures["retries"],
+                         inflight=round(figures["inflight"] / max(1, len(figures["buckets"])), 3),
+                         p50_ms=percentile(figures["hist"], 0.50), p99_ms=percentile(figures["hist"], 0.99))  # fmt: skip
         points.append(point)
     requests = sum(s["requests"] for s in totals.values())
     errors = sum(s["errors"] for s in totals.values())
+    retries = sum(s["retries"] for s in totals.values())
     return {"service_id": service.id, "from": _iso(start), "to": _iso(now), "step_s": step, "points": points,
-            "totals": {"requests": requests, "errors": errors}}  # fmt: skip
+            "totals": {"requests": requests, "errors": errors, "retries": retries}}  # fmt: skip

@@ -1,0 +1,271 @@
+"""An elastic service's endpoint and autoscaler against the same replica called directly, in one run.
+
+The marketplace is the embedded one (``gpumarket.up.start_marketplace``: master, relay, three
+simulated-GPU agents, the local container engine) running the sample OpenAI-compatible image
+(``tests/dockerengine.py``: ``openai_image``, ``examples/openai_cpu_server.py``). A request through the
+endpoint takes the renter's path: the master's gateway (``/svc/<id>/``: the service token checked, a
+ready replica picked) → a kept-alive stream through the relay → the agent's link → the container's
+port. The baseline is the same request to the same container's address on its bridge, from this
+process, with the same HTTP client (aiohttp, keep-alive).
+
+Figures:
+
+1. Requests/s of ``--requests`` chat completions (``POST /v1/chat/completions``, a few words each),
+   ``--concurrency`` at once, through the endpoint and directly, interleaved in blocks. Goal: at
+   least 0.5× direct.
+2. Round trip of one request at a time, p50/p99 over ``--round-trips``, interleaved in blocks; the
+   added latency is the difference of the p50s. Goal: under 2 ms.
+3. Scale-up decision to a ready replica: a service's bounds raised from 0 to 1 ``--scale-ups`` times;
+   from the replica rental's creation (the autoscaler's decision) to its ``ready_at`` (its health
+   check passed through the gateway; the autoscaler probes every ``autoscale_interval``, here 0.25 s).
+   Baseline: the same image started with the Engine API directly until its ``/health`` answers.
+   Goal: p50 under 10 s.
+4. Cold start: the first request to a service asleep at zero replicas, to its answer.
+
+In this run the relay, the agents, the gateway and the load generator share one process and its event
+loop (in production they are different machines), so the endpoint's figures are a lower bound.
+
+Usage: ``python bench/bench_services.py [--quick] [--requests N] [--concurrency N] [--round-trips N] [--scale-ups N]``
+(root or a docker group member, an engine answering)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiodocker
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/dockerengine.py builds the image
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import describe_machine, quantile, record
+
+from gpumarket.up import Marketplace, start_marketplace
+from tests import dockerengine
+
+T = TypeVar("T")
+BODY = {"model": "gpumarket-echo", "messages": [{"role": "user", "content": "how fast is the endpoint"}]}
+SETTINGS = {"GPUMARKET_RATE_LIMITS_ENABLED": "false", "GPUMARKET_AUTOSCALE_INTERVAL": "0.25",
+            "GPUMARKET_SERVICE_STATS_BUCKET_S": "1", "GPUMARKET_QUEUE_INTERVAL": "1"}  # fmt: skip
+RPS_GOAL, ADDED_GOAL_MS, READY_GOAL_S = 0.5, 2.0, 10.0
+
+
+async def until(check: Callable[[], Awaitable[T | None]], *, timeout: float, what: str) -> T:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (value := await check()) is not None:
+            return value
+        await asyncio.sleep(0.1)
+    raise SystemExit(f"bench_services: timed out after {timeout:g}s waiting for {what}")
+
+
+class Renter:
+    def __init__(self, http: aiohttp.ClientSession, market: Marketplace) -> None:
+        self.http, self.api = http, market.api_url
+        self.headers = {"Authorization": f"Bearer {market.credentials['renter']['api_key']}"}
+
+    async def call(self, method: str, path: str, body: Any = None) -> Any:
+        async with self.http.request(method, self.api + path, json=body, headers=self.headers) as response:
+            answer = await response.json()
+            if response.status >= 300:
+                raise SystemExit(f"bench_services: {method} {path}: {response.status} {answer}")
+            return answer
+
+    async def service(self, image: str, name: str, *, low: int, high: int) -> dict[str, Any]:
+        return dict(await self.call("POST", "/services", {
+            "name": name, "workload": {"kind": "container", "image": image, "ports": [8000]}, "port": 8000,
+            "requirements": "vram<=24", "min_replicas": low, "max_replicas": high,
+            "scaling": {"metric": "inflight", "target": 1000, "scale_up_cooldown_s": 0, "scale_down_cooldown_s": 0},
+        }))  # fmt: skip
+
+    async def ready(self, service_id: str, count: int) -> dict[str, Any]:
+        async def check() -> dict[str, Any] | None:
+            view = await self.call("GET", f"/services/{service_id}")
+            return view if view["replicas"]["ready"] == count and view["replicas"]["live"] == count else None
+
+        return await until(check, timeout=120, what=f"{count} ready replicas of {service_id}")
+
+
+async def container_url(rental_id: str) -> str:
+    async with aiodocker.Docker() as docker:
+        [container] = await docker.containers.list(filters={"label": [f"gpumarket.rental={rental_id}"]})
+        info = await container.show()
+    address = next(n["IPAddress"] for n in info["NetworkSettings"]["Networks"].values() if n.get("IPAddress"))
+    return f"http://{address}:8000/"
+
+
+async def one(http: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> None:
+    async with http.post(url + "v1/chat/completions", json=BODY, headers=headers) as response:
+        answer = await response.read()
+        if response.status != 200:
+            raise SystemExit(f"bench_services: {url} answered {response.status}: {answer[:300].decode(errors='replace')}")
+
+
+async def throughput(http: aiohttp.ClientSession, url: str, headers: dict[str, str], requests: int, concurrency: int) -> float:
+    left = requests
+
+    async def worker() -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            await one(http, url, headers)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return requests / (time.perf_counter() - started)
+
+
+async def round_trips(http: aiohttp.ClientSession, url: str, headers: dict[str, str], count: int) -> list[float]:
+    times = []
+    for _ in range(count):
+        started = time.perf_counter()
+        await one(http, url, headers)
+        times.append((time.perf_counter() - started) * 1e3)
+    return times
+
+
+async def engine_start_to_health(image: str) -> float:
+    """The baseline of a scale-up: the image started by the Engine API until its /health answers, seconds."""
+    async with aiodocker.Docker() as docker, aiohttp.ClientSession() as http:
+        started = time.perf_counter()
+        container = await docker.containers.run({"Image": image})
+        try:
+            url = await _address(container)
+            while True:
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with http.get(url + "health", timeout=aiohttp.ClientTimeout(total=1)) as response:
+                        if response.status == 200:
+                            return time.perf_counter() - started
+                await asyncio.sleep(0.02)
+        finally:
+            await container.delete(force=True)
+
+
+async def _address(container: Any) -> str:
+    info = await container.show()
+    address = next(n["IPAddress"] for n in info["NetworkSettings"]["Networks"].values() if n.get("IPAddress"))
+    return f"http://{address}:8000/"
+
+
+def _at(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+async def scale_ups(renter: Renter, image: str, count: int) -> list[float]:
+    service = await renter.service(image, "scale", low=0, high=1)
+    sid, took = service["id"], []
+    for _ in range(count):
+        await renter.call("PUT", f"/services/{sid}/replicas", {"min_replicas": 1})
+        view = await renter.ready(sid, 1)
+        [replica] = [r for r in view["replica_rentals"] if r["ready"]]
+        took.append((_at(replica["ready_at"]) - _at(replica["created_at"])).total_seconds())
+        await renter.call("PUT", f"/services/{sid}/replicas", {"min_replicas": 0})
+        await until(lambda: _live(renter, sid, 0), timeout=60, what="the replica stopped")
+    await renter.call("DELETE", f"/services/{sid}")
+    return took
+
+
+async def _live(renter: Renter, service_id: str, count: int) -> bool | None:
+    view = await renter.call("GET", f"/services/{service_id}")
+    return True if view["replicas"]["live"] == count else None
+
+
+async def cold_starts(http: aiohttp.ClientSession, renter: Renter, image: str, count: int) -> list[float]:
+    service = await renter.service(image, "cold", low=0, high=1)
+    sid, headers, took = service["id"], {"Authorization": f"Bearer {service['token']}"}, []
+    for _ in range(count):
+        started = time.perf_counter()
+        await one(http, service["endpoint_url"], headers)
+        took.append(time.perf_counter() - started)
+        await renter.call("PUT", f"/services/{sid}/replicas", {"max_replicas": 0})  # asleep again at once
+        await until(lambda: _live(renter, sid, 0), timeout=60, what="the service asleep")
+        await renter.call("PUT", f"/services/{sid}/replicas", {"max_replicas": 1})
+    await renter.call("DELETE", f"/services/{sid}")
+    return took
+
+
+async def main(args: argparse.Namespace) -> None:
+    os.environ.update(SETTINGS)
+    image = await asyncio.to_thread(dockerengine.openai_image)
+    print(describe_machine())
+    with tempfile.TemporaryDirectory(prefix="bench-services-") as folder:
+        market = await start_marketplace(Path(folder) / "data", agents=3, http_port=0, relay_port=0, heartbeat_interval=1.0,
+                                         telemetry_interval=5.0, missed_heartbeats_offline=30)  # fmt: skip
+        try:
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+                await measure(http, Renter(http, market), image, args)
+        finally:
+            await market.stop()
+
+
+async def measure(http: aiohttp.ClientSession, renter: Renter, image: str, args: argparse.Namespace) -> None:
+    service = await renter.service(image, "echo", low=1, high=1)
+    view = await renter.ready(service["id"], 1)
+    [replica] = view["replica_rentals"]
+    endpoint, token = service["endpoint_url"], {"Authorization": f"Bearer {service['token']}"}
+    direct = await container_url(replica["rental_id"])
+    for url, headers in ((endpoint, token), (direct, {})):  # warm: connections opened, code paths run
+        await throughput(http, url, headers, 4 * args.concurrency, args.concurrency)
+
+    blocks = 4
+    rates: dict[str, list[float]] = {"endpoint": [], "direct": []}
+    for _ in range(blocks):
+        rates["direct"].append(await throughput(http, direct, {}, args.requests // blocks, args.concurrency))
+        rates["endpoint"].append(await throughput(http, endpoint, token, args.requests // blocks, args.concurrency))
+    via, plain = sorted(rates["endpoint"])[blocks // 2], sorted(rates["direct"])[blocks // 2]
+    print(f"requests/s, {args.concurrency} at once: endpoint {via:,.0f}, direct {plain:,.0f} ({via / plain:.2f}×, goal ≥ {RPS_GOAL}×)")
+    record("services", f"chat completions per second through the endpoint ({args.concurrency} at once)", round(via, 1), "req/s",
+           "the same replica directly", round(plain, 1), note=f"goal ≥ {RPS_GOAL}× direct; median of {blocks} blocks")
+
+    trips: dict[str, list[float]] = {"endpoint": [], "direct": []}
+    for _ in range(10):
+        trips["direct"] += await round_trips(http, direct, {}, args.round_trips // 10)
+        trips["endpoint"] += await round_trips(http, endpoint, token, args.round_trips // 10)
+    p50, p50_direct = quantile(trips["endpoint"], 0.5), quantile(trips["direct"], 0.5)
+    p99, p99_direct = quantile(trips["endpoint"], 0.99), quantile(trips["direct"], 0.99)
+    print(f"round trip p50 {p50:.2f} ms (direct {p50_direct:.2f} ms: +{p50 - p50_direct:.2f} ms, goal < {ADDED_GOAL_MS} ms), "
+          f"p99 {p99:.2f} ms (direct {p99_direct:.2f} ms)")
+    record("services", "round trip through the endpoint, p50", round(p50, 3), "ms", "the same replica directly", round(p50_direct, 3),
+           note=f"added {p50 - p50_direct:.2f} ms; goal under {ADDED_GOAL_MS} ms added")
+    record("services", "round trip through the endpoint, p99", round(p99, 3), "ms", "the same replica directly", round(p99_direct, 3))
+    await renter.call("DELETE", f"/services/{service['id']}")
+    await until(lambda: _live(renter, service["id"], 0), timeout=60, what="the benchmark's replica stopped")
+
+    ready = await scale_ups(renter, image, args.scale_ups)
+    engine = [await engine_start_to_health(image) for _ in range(args.scale_ups)]
+    print(f"scale-up decision to a ready replica: p50 {quantile(ready, 0.5):.2f} s, max {max(ready):.2f} s "
+          f"(the image by the Engine API to /health: p50 {quantile(engine, 0.5):.2f} s; goal p50 < {READY_GOAL_S:g} s)")
+    record("services", f"scale-up decision to a ready replica, p50 of {len(ready)}", round(quantile(ready, 0.5), 3), "s",
+           "the image started by the Engine API until /health answers", round(quantile(engine, 0.5), 3),
+           note=f"goal p50 under {READY_GOAL_S:g} s; ready is seen by the autoscaler's next probe (every 0.25 s here)")
+    cold = await cold_starts(http, renter, image, max(1, args.scale_ups // 2))
+    print(f"cold start (first request to a service at zero replicas, answered): p50 {quantile(cold, 0.5):.2f} s")
+    record("services", f"cold start: first request at zero replicas to its answer, p50 of {len(cold)}", round(quantile(cold, 0.5), 3), "s",
+           "a request to a ready replica", round(quantile(trips["endpoint"], 0.5) / 1e3, 4))
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--requests", type=int, default=4000, help="requests per throughput run, each way (default 4000)")
+    parser.add_argument("--concurrency", type=int, default=16, help="requests at once (default 16)")
+    parser.add_argument("--round-trips", type=int, default=1000, help="sequential requests, each way (default 1000)")
+    parser.add_argument("--scale-ups", type=int, default=5, help="scale-ups from zero to time (default 5)")
+    parser.add_argument("--quick", action="store_true", help="small sizes: 800 requests, 200 round trips, 2 scale-ups")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.requests, args.round_trips, args.scale_ups = 800, 200, 2
+    return args
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse()))
