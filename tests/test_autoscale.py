@@ -59,6 +59,15 @@ class TestRule:
         assert _decide(desired=3, load=Load(inflight_recent=0.5, inflight_peak=1.0), last_up=61) == (1, "scale_down")
         assert _decide(desired=3, load=Load(inflight_peak=3.0), last_up=61) == (2, "scale_down")
 
+    def test_a_scale_down_waits_for_the_figures_whatever_the_cooldown(self) -> None:
+        rule = {**INFLIGHT, "scale_down_cooldown_s": 0.0}
+        decision = decide(rule=rule, min_replicas=0, max_replicas=3, desired=1, load=Load(), now=T0,
+                          last_up=T0 - timedelta(seconds=2), last_down=None, waking=False, min_quiet_s=3.0)  # fmt: skip
+        assert decision.kind == "hold"
+        decision = decide(rule=rule, min_replicas=0, max_replicas=3, desired=1, load=Load(), now=T0,
+                          last_up=T0 - timedelta(seconds=4), last_down=None, waking=False, min_quiet_s=3.0)  # fmt: skip
+        assert (decision.replicas, decision.kind) == (0, "scale_down")
+
     def test_no_traffic_sends_a_min_zero_service_to_sleep_and_a_waiting_request_wakes_it(self) -> None:
         assert _decide(desired=1, low=0, load=Load(), last_up=61) == (0, "scale_down")
         assert _decide(desired=0, low=0, load=Load()) == (0, "hold")
@@ -225,6 +234,7 @@ class TestPass:
             assert service is not None and service.wake_requested_at is None
             cold = await session.scalar(select(ServiceEvent.cause).where(ServiceEvent.kind == "cold_start"))
         assert cold is not None and "8.0s" in cold
+        assert service.last_scale_up_at == clock.at  # the cool-downs count from the replica it woke to
 
     async def test_a_refusal_is_one_event_not_one_per_pass(self, api: Api, clock: MovableClock) -> None:
         await api.host(1)

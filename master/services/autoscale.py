@@ -68,6 +68,7 @@ async def autoscale_pass(master: Master, probe: Probe, memory: AutoscalerMemory)
     return len(services)
 
 
+QUIET_BUCKETS = 3  # a scale-down waits at least this many figure buckets after a scale-up (scaling.decide)
 _LIVE = [RentalState.PENDING.value, RentalState.STARTING.value, RentalState.RUNNING.value]
 
 
@@ -81,7 +82,8 @@ async def _service_pass(master: Master, service: Service, live: list[Rental], pr
             load = await load_of(session, row, live, now=now, bucket_s=master.settings.service_stats_bucket_s)
             decision = decide(rule=row.scaling, min_replicas=row.min_replicas, max_replicas=row.max_replicas,
                               desired=row.desired_replicas, load=load, now=now, last_up=row.last_scale_up_at,
-                              last_down=row.last_scale_down_at, waking=row.wake_requested_at is not None)  # fmt: skip
+                              last_down=row.last_scale_down_at, waking=row.wake_requested_at is not None,
+                              min_quiet_s=QUIET_BUCKETS * master.settings.service_stats_bucket_s)  # fmt: skip
             if decision.kind != "hold":
                 session.add(ServiceEvent(service_id=row.id, at=now, kind=decision.kind, replicas=decision.replicas,
                                          cause=f"{row.desired_replicas} → {decision.replicas}: {decision.reason}"))  # fmt: skip
@@ -123,7 +125,8 @@ async def _mark_ready(master: Master, service: Service, rental: Rental, *, now: 
         row = await session.get(Service, service.id, with_for_update=True)
         if row is not None and row.wake_requested_at is not None:
             waited = (now - row.wake_requested_at).total_seconds()
-            row.wake_requested_at = None
+            # The waiting requests go to it now: its cool-downs count from here, as after a scale-up.
+            row.wake_requested_at, row.last_scale_up_at = None, now
             session.add(ServiceEvent(service_id=row.id, at=now, kind="cold_start", replicas=row.desired_replicas,
                                      cause=f"cold start: a replica was ready {waited:.1f}s after the first request waited"))  # fmt: skip
 

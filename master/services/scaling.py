@@ -18,6 +18,8 @@ service's rule (``service_request.check_scaling``). The policy, written down:
   ``threshold_pct`` over the whole ``period_s`` (and the up cool-down passed); one fewer when they
   averaged below ``scale_down_below_pct`` (half the threshold unless given) over the period and
   the down cool-down passed.
+* **Figures lag.** Whatever the cool-down, no scale-down comes sooner after a scale-up (or a cold
+  start's replica turning ready) than the figures need to show the traffic it took (three buckets).
 """
 
 from __future__ import annotations
@@ -49,8 +51,9 @@ def _since(now: datetime, at: datetime | None) -> float:
 
 
 def decide(*, rule: dict[str, Any], min_replicas: int, max_replicas: int, desired: int, load: Load, now: datetime,
-           last_up: datetime | None, last_down: datetime | None, waking: bool) -> Decision:  # fmt: skip
-    """The replicas wanted now, and why."""
+           last_up: datetime | None, last_down: datetime | None, waking: bool, min_quiet_s: float = 0.0) -> Decision:  # fmt: skip
+    """The replicas wanted now, and why. ``min_quiet_s``: the least time without scaling before a scale-down
+    whatever the rule's cool-down (the figures' own delay: traffic a new replica took may not show sooner)."""
     if desired < min_replicas:
         return Decision(min_replicas, "scale_up", f"below min_replicas {min_replicas}")
     if desired > max_replicas:
@@ -61,7 +64,7 @@ def decide(*, rule: dict[str, Any], min_replicas: int, max_replicas: int, desire
     floor = max(min_replicas, 1 if waking else 0)
     up_ok = _since(now, last_up) >= rule["scale_up_cooldown_s"]
     quiet = min(_since(now, last_up), _since(now, last_down))
-    down_ok = quiet >= rule["scale_down_cooldown_s"]
+    down_ok = quiet >= max(rule["scale_down_cooldown_s"], min_quiet_s)
     if rule["metric"] == "inflight":
         target = float(rule["target"])
         if load.inflight_recent is not None and up_ok:
