@@ -358,6 +358,8 @@ UNVERSIONED = {
     ("GET", "/static/{path}"): "anyone: the console's static files",
     ("GET", "/api/docs"): "anyone: the API reference's page (Swagger UI over the public OpenAPI document)",
     ("GET", "/api/docs/{name}"): "anyone: the API reference's files",
+    ("*", "/svc/{service_id}"): "the service's token or its renter's API key; 404 for any other account (docs/gateway.md)",
+    ("*", "/svc/{service_id}/{tail}"): "as /svc/{service_id}: a service's endpoint, any path under it",
 }
 
 # Query parameters that name an object: each must never widen what a non-admin sees
