@@ -59,7 +59,10 @@ SCRIPT = (
     "(while :; do nc -l -p 8001 -e sh /workspace/ws.sh; done) & "
     "echo ready; sleep 3600"
 )
-ENV = {"GPUMARKET_SERVICE_STATS_BUCKET_S": "1", "GPUMARKET_SERVICE_COLD_START_TIMEOUT_S": "30", **NO_RATE_LIMITS}
+# The autoscaler's first pass comes after the module is done (600 s): these tests set replicas ready and wake
+# services by hand, as it would, to test the gateway alone (test_autoscale.py and test_services_e2e.py run both).
+ENV = {"GPUMARKET_SERVICE_STATS_BUCKET_S": "1", "GPUMARKET_SERVICE_COLD_START_TIMEOUT_S": "30",
+       "GPUMARKET_AUTOSCALE_INTERVAL": "600", **NO_RATE_LIMITS}  # fmt: skip
 
 
 async def _rent(renter: Api, image: str, workload: dict[str, Any] | None = None) -> str:
