@@ -387,7 +387,9 @@ class Relay:
             return connection.respond(HTTPStatus.NOT_FOUND, f"agents connect to {AGENT_PATH}, renters to {CONNECT_PATH}\n")
         address = connection.remote_address
         source = source_key(str(address[0])) if address else "unknown"
-        wait = (self.renter_sources if renter else self.sources).admit(source, self.clock.monotonic())
+        # A service gateway's stream (a master, for every renter of its services) is not held to the per-source limit.
+        gateway = renter and self.renters is not None and self.renters.from_gateway(request)
+        wait = 0.0 if gateway else (self.renter_sources if renter else self.sources).admit(source, self.clock.monotonic())
         if wait > 0:
             self.refused["source_rate"] += 1
             retry_after = math.ceil(wait)

@@ -43,7 +43,13 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from shared.clock import Clock
-from shared.crypto.tokens import ConnectClaims, TokenError, verify_connect_token
+from shared.crypto.tokens import (
+    SERVICE_KIND,
+    ConnectClaims,
+    TokenError,
+    names_service_kind,
+    verify_connect_token,
+)
 from shared.streams import TUNNEL_REASONS, StreamLimitError, TunnelCode, encode_open_header
 from shared.streams.aio import Channel, ChannelReset, StreamLink
 
@@ -113,6 +119,18 @@ class RenterGate:
         self._claims[connection] = claims
         return None
 
+    def from_gateway(self, request: Request) -> bool:
+        """Whether the request carries a valid service gateway's token (kind ``svc``): a master's connection, which the
+        relay does not hold to the per-source limit on renters' connections. Only a token whose claims say ``svc``
+        has its signature checked here (the rest wait for ``admit``), and a bad one is simply not a gateway's."""
+        token = token_of(request)
+        if token is None or not names_service_kind(token):
+            return False
+        try:
+            return verify_connect_token(self.token_key, token, now=self.clock.now().timestamp()).kind == SERVICE_KIND
+        except TokenError:
+            return False
+
     def claims_of(self, connection: ServerConnection) -> ConnectClaims | None:
         return self._claims.get(connection)
 
@@ -126,7 +144,7 @@ class RenterGate:
             await connection.close(CLOSE_STREAM_RESET, "the rental's host just left this relay; connect again")
             return
         try:
-            channel = link.open(encode_open_header(claims.rental_id, claims.port, claims.kind))
+            channel = link.open(encode_open_header(claims.rental_id, claims.port, claims.stream_kind))
         except (StreamLimitError, ConnectionError) as exc:
             await connection.close(CLOSE_RELAY_LIMIT, f"the host's link is full ({exc}); try again shortly"[:120])
             return

@@ -20,13 +20,14 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 from websockets.frames import Close
 
-from access.relay import SPEEDTEST_PATH, Relay
+from access.relay import AGENT_PATH, SPEEDTEST_PATH, Relay
 from agent.gpu.sim import SimulatedBackend
 from agent.runner import Agent
 from shared import protocol
 from shared.bus import InProcessBus
 from shared.crypto import (
     CertificateAuthority,
+    certificate_public_key,
     client_ssl_context,
     generate_private_key,
     make_csr,
@@ -36,7 +37,9 @@ from shared.crypto import (
 from shared.errors import BusError
 from shared.outbound import OutboundWindow
 from shared.ratelimit import SourceRateLimiter, TokenBucket, source_key
+from shared.crypto.tokens import new_claims
 from shared.registry import MemoryRegistry, RedisRegistry, RelayRecord
+from shared.streams import CONNECT_PATH
 from tests.agents import RecordingStore, enrolled_state, fast_timings
 from tests.factories import MS
 from tests.pki import relay_server_context
@@ -331,6 +334,30 @@ class TestSourceConnectionRate:
         for client in clients:
             await client.expect_ack(await client.send_heartbeat())
         assert relay.refused["source_rate"] == 1
+
+    async def test_a_service_gateway_is_not_held_to_the_renters_limit_and_a_forged_one_is(
+        self, start_relay: StartRelay, ca: CertificateAuthority
+    ) -> None:
+        """A master's gateway streams (kind svc) pass the renters' burst of 2 from one source; renters' tcp tokens, and a
+        token claiming svc under a bad signature, get 429 beyond it. (No host is connected: an admitted one is 404.)"""
+        relay = await start_relay(token_key=certificate_public_key(ca.certificate), renter_connection_burst_per_source=2,
+                                  max_renter_connections_per_source_per_minute=1.0)  # fmt: skip
+        url = relay.url.replace(AGENT_PATH, CONNECT_PATH)
+        client = ssl.create_default_context(cadata=ca.cert_pem.decode())
+
+        async def status(kind: str, *, forge: bool = False) -> int:
+            claims = new_claims(account_id="a-1", rental_id="r-1", host_id="h-away", kind=kind, port=8000, expires_at=time.time() + 60)
+            token = ca.sign_connect_token(claims)
+            if forge:
+                token = token[:-6] + ("AAAAAA" if not token.endswith("AAAAAA") else "BBBBBB")
+            with pytest.raises(InvalidStatus) as refused:
+                async with connect_to_relay(url, client, additional_headers={"Authorization": f"Bearer {token}"}):
+                    pass
+            return int(refused.value.response.status_code)
+
+        assert [await status("svc") for _ in range(5)] == [404] * 5
+        assert [await status("tcp") for _ in range(3)] == [404, 404, 429]
+        assert await status("svc", forge=True) == 429
 
     async def test_health_checks_are_not_rate_limited(
         self, start_relay: StartRelay, issue: Issue

@@ -4,7 +4,9 @@ The master signs a token with the CA's key (ECDSA P-256, SHA-256) when the renta
 ``POST /rentals/{id}/connect``; a relay verifies it with the CA certificate it already holds to
 check agents, so no secret is shared with relays. A token names the renter, the rental, the host,
 the kind of stream (``ssh``: the agent's SSH server for the rental; ``tcp``: a port of the
-rental's) and the port, and expires soon (the master's ``connect_token_ttl``, two minutes by
+rental's; ``svc``: a port of a service's replica, for the master's gateway — a ``tcp`` stream that the
+relay does not count against the per-source limit on renters' connections, since one master speaks
+for every renter of its services; only masters sign them) and the port, and expires soon (the master's ``connect_token_ttl``, two minutes by
 default): it opens connections, it does not keep them — an open connection outlives its token,
 and ends when the rental stops (the agent resets its streams).
 
@@ -31,7 +33,9 @@ from shared.errors import Unauthorized
 
 PREFIX: Final = "gmc1"
 MAX_TOKEN_CHARS: Final = 2048
-KINDS: Final = ("ssh", "tcp", "wg")
+KINDS: Final = ("ssh", "tcp", "wg", "svc")
+SERVICE_KIND: Final = "svc"
+"""A service gateway's stream: the agent sees a ``tcp`` one (``stream_kind``)."""
 
 
 class TokenError(Unauthorized):
@@ -53,6 +57,11 @@ class ConnectClaims:
     @property
     def target(self) -> str:
         return f"{self.rental_id}:{self.kind}:{self.port}"
+
+    @property
+    def stream_kind(self) -> str:
+        """The kind of stream the agent is asked for: a gateway's is a port of the rental's, as ``tcp``."""
+        return "tcp" if self.kind == SERVICE_KIND else self.kind
 
 
 def new_claims(*, account_id: str, rental_id: str, host_id: str, kind: str, port: int, expires_at: float) -> ConnectClaims:
@@ -79,6 +88,16 @@ def sign_connect_token(key: ec.EllipticCurvePrivateKey, claims: ConnectClaims) -
 
 
 _FIELDS: Final = {"account_id": str, "rental_id": str, "host_id": str, "kind": str, "port": int, "expires_at": float, "nonce": str}
+
+
+def names_service_kind(token: str) -> bool:
+    """Whether the token's claims, read *without* checking its signature, say kind ``svc``: a cheap look that decides
+    only whether the signature is worth checking before a relay's per-source limit (a forged token gains nothing)."""
+    parts = token.split(".") if isinstance(token, str) and len(token) <= MAX_TOKEN_CHARS else []
+    try:
+        return len(parts) == 3 and parts[0] == PREFIX and b'"kind":"svc"' in _unb64(parts[1])
+    except (ValueError, binascii.Error):
+        return False
 
 
 def verify_connect_token(public_key: ec.EllipticCurvePublicKey, token: str, *, now: float) -> ConnectClaims:

@@ -42,6 +42,7 @@ from master.services.connect import connect_token
 from master.services.gateway.routing import ACTIVE, KeyCache, Replica, RouteTable, ServiceRoute
 from master.services.gateway.stats import Bucket, GatewayStats
 from master.services.gateway.upstream import ReplicaPool, Target
+from shared.crypto.tokens import SERVICE_KIND
 from shared.errors import GpumarketError, NotFound, Unauthorized
 from shared.ids import secret_hash
 
@@ -167,7 +168,7 @@ class Gateway:
 
     def _sign(self, target: Target) -> str:
         token, _ = connect_token(self.master, account_id=target.renter_id, rental_id=target.rental_id,
-                                 host_id=target.host_id, kind="tcp", port=target.port, now=self.master.clock.now())  # fmt: skip
+                                 host_id=target.host_id, kind=SERVICE_KIND, port=target.port, now=self.master.clock.now())  # fmt: skip
         return token
 
     def _relay_ssl(self) -> ssl.SSLContext:
