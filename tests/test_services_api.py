@@ -47,6 +47,9 @@ class TestCreate:
         status, again = await api.as_renter("GET", f"/services/{service['id']}")
         assert "token" not in again and Decimal(again["cost_so_far"]) == 0
         assert [e["kind"] for e in again["events"]] == ["created"]
+        _, listed = await api.as_renter("GET", "/services")
+        [item] = listed["items"]
+        assert item["id"] == service["id"] and Decimal(item["cost_so_far"]) == 0 and item["replicas"]["live"] == 2
 
     async def test_a_template_gives_the_workload_and_its_port(self, api: Api) -> None:
         await api.host(1)

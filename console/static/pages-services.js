@@ -84,17 +84,12 @@ export function servicesPage(page, ctx) {
     h("div", { class: "actions" }, create, refresh), deleted.row, slot, dialog.el);
   const load = loadInto(ctx, slot, async () => {
     const body = await api("GET", `/services?limit=${LIST_LIMIT}${deleted.input.checked ? "&deleted=true" : ""}`);
-    // The list has no costs: each service's own view has its cost so far.
-    const details = await Promise.all(body.items.map((s) => api("GET", `/services/${encodeURIComponent(s.id)}`).catch((error) => {
-      if (error.status === 401) throw error;
-      return null;
-    })));
-    const rows = body.items.map((s, i) => [
+    const rows = body.items.map((s) => [
       h("span", {}, link(`#/services/${encodeURIComponent(s.id)}`, s.name, { class: "service-link" }), h("code", { class: "hint block" }, s.id)),
       badge(s.state),
       h("span", { class: "service-ready", title: replicasLine(s) }, readyOfDesired(s)),
       endpointCell(s),
-      details[i] ? usd(details[i].cost_so_far) : "—",
+      usd(s.cost_so_far),
     ]);
     return table({ caption: `Services (${body.total})`, columns: ["Service", "State", "Ready / wanted", "Endpoint", "Cost so far"],
       rows, empty: "No services yet. Make one: a model server that scales with its load, behind one endpoint.", className: "services" });

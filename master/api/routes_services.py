@@ -74,8 +74,11 @@ async def list_services(request: web.Request) -> web.Response:
     async with request.app[MASTER].db.session() as session:
         items, total = await elastic.list_services(session, principal(request), limit=limit, offset=offset,
                                                    include_deleted=include_deleted)  # fmt: skip
+        replicas = await elastic.replica_ids(session, [item["id"] for item in items])
+        charged = await charged_by_rental(session, [rid for ids in replicas.values() for rid in ids])
     for item in items:
         item["endpoint_url"] = endpoint_url(request, item["id"])
+        item["cost_so_far"] = ledger.money(sum((charged.get(rid, Decimal(0)) for rid in replicas[item["id"]]), Decimal(0)))
     return listing(items, total, limit, offset)
 
 

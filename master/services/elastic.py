@@ -143,6 +143,15 @@ async def replicas_of(session: AsyncSession, service_ids: Sequence[str], *, live
     return found
 
 
+async def replica_ids(session: AsyncSession, service_ids: Sequence[str]) -> dict[str, list[str]]:
+    """Every replica rental each service ever had (ended ones too: what it cost counts them)."""
+    found: dict[str, list[str]] = {sid: [] for sid in service_ids}
+    rows = await session.execute(select(Rental.service_id, Rental.id).where(Rental.service_id.in_(list(service_ids))))
+    for service_id, rental_id in rows:
+        found[service_id].append(rental_id)
+    return found
+
+
 async def list_services(session: AsyncSession, principal: Principal, *, limit: int, offset: int,
                         include_deleted: bool = False) -> tuple[list[dict[str, Any]], int]:  # fmt: skip
     """A page of services (the caller's; an admin's: all), newest first, with their live replicas."""
