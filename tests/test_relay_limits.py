@@ -34,10 +34,10 @@ from shared.crypto import (
     serial_hex_from_der,
     write_private_key,
 )
+from shared.crypto.tokens import new_claims
 from shared.errors import BusError
 from shared.outbound import OutboundWindow
 from shared.ratelimit import SourceRateLimiter, TokenBucket, source_key
-from shared.crypto.tokens import new_claims
 from shared.registry import MemoryRegistry, RedisRegistry, RelayRecord
 from shared.streams import CONNECT_PATH
 from tests.agents import RecordingStore, enrolled_state, fast_timings
