@@ -148,7 +148,7 @@ async def replica_ids(session: AsyncSession, service_ids: Sequence[str]) -> dict
     found: dict[str, list[str]] = {sid: [] for sid in service_ids}
     rows = await session.execute(select(Rental.service_id, Rental.id).where(Rental.service_id.in_(list(service_ids))))
     for service_id, rental_id in rows:
-        found[service_id].append(rental_id)
+        found[str(service_id)].append(rental_id)
     return found
 
 
