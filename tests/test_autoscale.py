@@ -196,6 +196,22 @@ class TestPass:
         assert replacement.id != replica.id
         assert (await events(api, service_id))[-1] == ("replicas", 1)
 
+    async def test_a_preempted_interruptible_replica_is_replaced_and_waits_for_gpus(self, api: Api, clock: MovableClock) -> None:
+        await api.host(1)
+        service_id = await make_service(api, kind="interruptible", bid="0.30")
+        await start_all(api, service_id)
+        [replica] = await live(api, service_id)
+        status, on_demand = await api.as_renter("POST", "/rentals", json={"gpu_count": 1})  # takes its GPU
+        assert status == 201, on_demand
+        await autoscale_pass(api.master, Probe(), AutoscalerMemory())
+        async with api.master.db.session() as session:
+            ended = await session.get(Rental, replica.id)
+            assert ended is not None and ended.state == "preempted"
+        [replacement] = await live(api, service_id)
+        assert replacement.id != replica.id and replacement.kind == "interruptible" and replacement.state == "pending"
+        assert replacement.host_id is None  # queued until a GPU frees
+        assert (await events(api, service_id))[-1] == ("replicas", 1)
+
     async def test_a_failing_ready_replica_leaves_the_rotation_until_it_passes(self, api: Api, clock: MovableClock) -> None:
         await api.host(1)
         service_id = await make_service(api)
