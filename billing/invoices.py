@@ -239,11 +239,12 @@ class _RentalFacts:
     billed_seconds: int
     cluster_id: str | None
     node_rank: int | None
+    service_id: str | None
 
 
 _RENTAL_COLUMNS = (Rental.id, Rental.gpu_model, Rental.gpu_count, Rental.gpu_milli, Rental.kind, Rental.state,
                    Rental.price_per_gpu_hour, Rental.started_at, Rental.stopped_at, Rental.billed_seconds,
-                   Rental.cluster_id, Rental.node_rank)  # fmt: skip
+                   Rental.cluster_id, Rental.node_rank, Rental.service_id)  # fmt: skip
 
 
 async def _rentals(session: AsyncSession, account: str, month: Month) -> tuple[dict[str, _RentalFacts], set[str]]:
@@ -265,6 +266,7 @@ def _line_view(line: _Line, rental: _RentalFacts | None, *, whole_rental: bool, 
         "rental_id": line.rental_id,
         "cluster_id": rental.cluster_id if rental else None,  # a cluster's member: its lines sit together
         "node_rank": rental.node_rank if rental else None,
+        "service_id": rental.service_id if rental else None,  # a service's replica
         "gpu_model": rental.gpu_model if rental else None,
         "gpu_count": rental.gpu_count if rental else None,
         "gpu_milli": rental.gpu_milli if rental else None,
@@ -314,13 +316,14 @@ async def _lines(session: AsyncSession, account: str, month: Month, read: _Month
     ]
 
 
-def _clusters(lines: list[dict[str, Any]], *, total: str) -> list[dict[str, Any]]:
-    """Each cluster's member lines summed (``total``: the lines' amount field), in the lines' order."""
+def _groups(lines: list[dict[str, Any]], key: str, *, total: str) -> list[dict[str, Any]]:
+    """The lines of each cluster (``key`` "cluster_id") or service (``key`` "service_id") summed (``total``: the lines'
+    amount field), in the lines' order."""
     found: dict[str, dict[str, Any]] = {}
     for line in lines:
-        if line["cluster_id"] is None:
+        if line[key] is None:
             continue
-        group = found.setdefault(line["cluster_id"], {"cluster_id": line["cluster_id"], "rental_ids": [], total: Decimal(0)})
+        group = found.setdefault(line[key], {key: line[key], "rental_ids": [], total: Decimal(0)})
         group["rental_ids"].append(line["rental_id"])
         group[total] += Decimal(line[total])
     return [{**group, total: ledger.money(group[total])} for group in found.values()]
@@ -371,7 +374,8 @@ async def invoice(session: AsyncSession, account_id: str, month: Month | str) ->
         "opening_balance": ledger.money(opening),
         "payments": read.movements, "total_paid": ledger.money(read.moved),
         "lines": (lines := await _lines(session, code, doc.month, read, statement=False)),
-        "clusters": _clusters(lines, total="total"),
+        "clusters": _groups(lines, "cluster_id", total="total"),
+        "services": _groups(lines, "service_id", total="total"),
         "totals": {kind: ledger.money(amount) for kind, amount in totals.items()},
         "total_charged": ledger.money(charged),
         "closing_balance": ledger.money(opening + read.moved - charged),

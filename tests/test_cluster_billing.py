@@ -14,7 +14,7 @@ from sqlalchemy import select
 
 from billing import invoices, ledger
 from billing.rating import rate_open_rentals
-from master.models import Cluster, Gpu, HostEvent, LedgerTransaction, Rental, RentalEvent
+from master.models import Cluster, Gpu, HostEvent, LedgerTransaction, Rental, RentalEvent, Service
 from shared.ids import new_id
 from tests.apiclient import Api
 from tests.test_billing import POLICY, T0, charges, reference
@@ -141,3 +141,25 @@ class TestInvoiceLines:
         ]  # fmt: skip
         assert [line["node_rank"] for line in doc["lines"]] == [None, 0, 1, None]
         assert doc["clusters"] == [{"cluster_id": cid, "rental_ids": [a, b], "total": "1.190000"}]
+        assert doc["services"] == [] and {line["service_id"] for line in doc["lines"]} == {None}
+
+    async def test_a_services_replicas_lines_name_it_and_sum_under_it(self, ledger_api: Api) -> None:
+        """Replicas are rentals: each has its line, naming its service, and the invoice sums them per service."""
+        api = ledger_api
+        end = T0 + timedelta(hours=1)
+        async with api.master.db.session() as session:
+            service = Service(id=new_id("svc"), renter_id=api.renter.account_id, name="chat", state="active", workload={},
+                              port=8000, min_replicas=1, max_replicas=2, desired_replicas=2, scaling={}, token_hash="0" * 64,
+                              token_prefix="gms_x", created_at=T0)  # fmt: skip
+            session.add(service)
+        first, _ = await member(api, None, 0, price="0.60", start=T0, end=end)
+        second, _ = await member(api, None, 0, price="0.60", start=T0 + timedelta(minutes=30), end=end)
+        plain, _ = await member(api, None, 0, price="0.30", start=T0, end=end)
+        async with api.master.db.session() as session:
+            for rid in (first, second):
+                (await session.get(Rental, rid)).service_id = service.id  # type: ignore[union-attr]
+        await rate_open_rentals(api.master.db, now=end + timedelta(hours=1), policy=POLICY)
+        async with api.master.db.session() as session:
+            doc = await invoices.invoice(session, api.renter.account_id, "2026-11")
+        assert {line["rental_id"]: line["service_id"] for line in doc["lines"]} == {first: service.id, second: service.id, plain: None}
+        assert doc["services"] == [{"service_id": service.id, "rental_ids": [first, second], "total": "0.900000"}]
