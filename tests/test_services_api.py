@@ -175,6 +175,8 @@ class TestChanges:
         assert listed["total"] == 0
         _, listed = await api.as_renter("GET", "/services?deleted=true")
         assert [s["id"] for s in listed["items"]] == [service["id"]]
+        status, body = await api.as_renter("GET", "/services?deleted=maybe")
+        assert_error(status, body, 400, "invalid_query")
         status, body = await api.as_renter("PUT", f"/services/{service['id']}/replicas", json={"max_replicas": 2})
         assert_error(status, body, 409, "service_deleted")
 

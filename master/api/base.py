@@ -137,6 +137,17 @@ def str_query(request: web.Request, name: str, *, max_length: int = 128) -> str 
     return raw
 
 
+BOOLEAN = ("true", "false")
+
+
+def choice_query(request: web.Request, name: str, allowed: tuple[str, ...]) -> str | None:
+    """A query parameter that must be one of ``allowed`` (absent or empty: None); 400 ``invalid_query`` otherwise."""
+    raw = str_query(request, name)
+    if raw is not None and raw not in allowed:
+        raise BadRequest(f"query parameter {name!r} must be one of {', '.join(allowed)}; got {raw[:40]!r}", code="invalid_query")
+    return raw
+
+
 def page(request: web.Request) -> tuple[int, int]:
     return int_query(request, "limit", 50, minimum=1, maximum=500), int_query(request, "offset", 0, minimum=0, maximum=10**9)
 

@@ -9,32 +9,21 @@ from typing import Literal, cast
 
 from aiohttp import web
 
-from master.api.base import PAGING, QueryParam, Route, listing, page, str_query
+from master.api.base import PAGING, QueryParam, Route, choice_query, listing, page, str_query
 from master.api.keys import MASTER
 from master.api.middleware import principal
 from master.services.alerts import views as alerts
-from shared.errors import BadRequest
 
 _STATES = ("firing", "resolved", "all")
 
 
-def _choice(request: web.Request, name: str, allowed: tuple[str, ...]) -> str | None:
-    """A query parameter that must be one of ``allowed`` (absent or empty: None)."""
-    value = str_query(request, name)
-    if value is not None and value not in allowed:
-        raise BadRequest(
-            f"query parameter {name!r} must be one of {', '.join(allowed)}; got {value!r}", code="invalid_query"
-        )
-    return value
-
-
 def alert_filter(request: web.Request) -> alerts.AlertFilter:
     """The filter of ``GET /alerts`` from its query string; 400 on a value it does not know."""
-    state = _choice(request, "state", _STATES) or "firing"
+    state = choice_query(request, "state", _STATES) or "firing"
     return alerts.AlertFilter(
         state=cast(Literal["firing", "resolved", "all"], state),
-        severity=_choice(request, "severity", alerts.SEVERITIES),
-        rule=_choice(request, "rule", alerts.RULES),
+        severity=choice_query(request, "severity", alerts.SEVERITIES),
+        rule=choice_query(request, "rule", alerts.RULES),
         host_id=str_query(request, "host_id"),
     )
 

@@ -11,9 +11,11 @@ from aiohttp import web
 from pydantic import BaseModel, Field
 
 from master.api.base import (
+    BOOLEAN,
     PAGING,
     QueryParam,
     Route,
+    choice_query,
     int_query,
     page,
     parse_body,
@@ -27,7 +29,6 @@ from master.services import cluster_offers, listings, offers
 from master.services.cluster_request import MAX_NODES
 from master.services.offerquery import MAX_QUERY_LENGTH, Condition, Op, format_query, parse, parse_value
 from master.services.offers import OfferSearch, Order, Sort
-from shared.errors import BadRequest
 
 # Each filter as its own query parameter: name → (field of the query language, operator, type, description).
 FILTER_PARAMS: dict[str, tuple[str, Op, str, str]] = {
@@ -50,13 +51,6 @@ FILTER_PARAMS: dict[str, tuple[str, Op, str, str]] = {
 }
 
 
-def _choice(request: web.Request, name: str, allowed: tuple[str, ...]) -> str | None:
-    raw = str_query(request, name)
-    if raw is not None and raw not in allowed:
-        raise BadRequest(f"query parameter {name!r} must be one of {', '.join(allowed)}; got {raw[:40]!r}", code="invalid_query")
-    return raw
-
-
 def offer_conditions(request: web.Request) -> list[Condition]:
     """The filters of a GET /offers request: ``q`` first, then each filter parameter, all ANDed."""
     conditions = parse(str_query(request, "q", max_length=MAX_QUERY_LENGTH) or "")
@@ -74,8 +68,8 @@ async def list_offers(request: web.Request) -> web.Response:
     master = request.app[MASTER]
     limit, offset = page(request)
     conditions = offer_conditions(request)
-    sort = Sort(_choice(request, "sort", tuple(Sort)) or Sort.SCORE)
-    chosen = _choice(request, "order", tuple(Order))
+    sort = Sort(choice_query(request, "sort", tuple(Sort)) or Sort.SCORE)
+    chosen = choice_query(request, "order", tuple(Order))
     order = Order(chosen) if chosen is not None else offers.DEFAULT_ORDER[sort]
     search = OfferSearch(conditions, sort=sort, order=order, limit=limit, offset=offset, now=master.clock.now())
     async with master.db.session() as session:
@@ -94,7 +88,6 @@ async def list_offers(request: web.Request) -> web.Response:
 
 
 MAX_GPUS_PER_NODE = 64
-BOOLEAN = ("true", "false")
 
 _MONEY = "USD, a decimal string (#/components/schemas/Money)."
 
@@ -138,7 +131,7 @@ async def list_cluster_offers(request: web.Request) -> web.Response:
     master = request.app[MASTER]
     nodes = required_int_query(request, "nodes", minimum=2, maximum=MAX_NODES)
     gpus_per_node = int_query(request, "gpus_per_node", 1, minimum=1, maximum=MAX_GPUS_PER_NODE)
-    allow_mixed = _choice(request, "allow_mixed", BOOLEAN) == "true"
+    allow_mixed = choice_query(request, "allow_mixed", BOOLEAN) == "true"
     limit, offset = page(request)
     conditions = offer_conditions(request)
     async with master.db.session() as session:

@@ -16,7 +16,17 @@ from aiohttp import web
 
 from billing import ledger
 from billing.summaries import charged_by_rental
-from master.api.base import PAGING, QueryParam, Route, int_query, listing, page, parse_body
+from master.api.base import (
+    BOOLEAN,
+    PAGING,
+    QueryParam,
+    Route,
+    choice_query,
+    int_query,
+    listing,
+    page,
+    parse_body,
+)
 from master.api.keys import MASTER
 from master.api.middleware import principal
 from master.api.schemas import ServiceCreate, ServiceScale
@@ -70,7 +80,7 @@ async def create_service(request: web.Request) -> web.Response:
 
 async def list_services(request: web.Request) -> web.Response:
     limit, offset = page(request)
-    include_deleted = request.query.get("deleted") == "true"
+    include_deleted = choice_query(request, "deleted", BOOLEAN) == "true"
     async with request.app[MASTER].db.session() as session:
         items, total = await elastic.list_services(session, principal(request), limit=limit, offset=offset,
                                                    include_deleted=include_deleted)  # fmt: skip
@@ -122,7 +132,7 @@ ROUTES: tuple[Route, ...] = (
           roles=("renter",), body=ServiceCreate, success=201, also_success=(200,), headers=("Idempotency-Key",),
           errors=(400, 402, 404, 409, 422)),
     Route("GET", "/services", list_services, "Your services, newest first (deleted ones with ?deleted=true).",
-          query=(*PAGING, QueryParam("deleted", "string", "true: deleted services too.", choices=("true", "false")))),
+          query=(*PAGING, QueryParam("deleted", "string", "true: deleted services too.", choices=BOOLEAN))),
     Route("GET", "/services/{service_id}", get_service, "One service: its replicas, scaling history, endpoint and cost so far.",
           errors=(404,)),
     Route("PUT", "/services/{service_id}/replicas", scale_service, "Set a service's replica bounds; the autoscaler "
