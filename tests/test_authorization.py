@@ -286,6 +286,7 @@ MATRIX: tuple[Rule, ...] = (
     Rule("GET", "/clusters", everyone(200)),
     Rule("GET", "/clusters/{cluster_id}", the_renters(200, others=(404, "cluster_not_found"))),
     Rule("DELETE", "/clusters/{cluster_id}", the_renters(202, others=(404, "cluster_not_found")), last=True),
+    Rule("GET", "/demand-forecast", only(200, "provider")),
     # Services: as clusters.
     Rule("POST", "/services", only(201, "renter"), body=fixed(SERVICE)),
     Rule("GET", "/services", everyone(200)),

@@ -19,6 +19,7 @@ from master.api import (
     routes_console,
     routes_docs,
     routes_downloads,
+    routes_forecast,
     routes_invoices,
     routes_maintenance,
     routes_market,
@@ -39,6 +40,7 @@ ROUTES: tuple[Route, ...] = (
     + routes_maintenance.ROUTES
     + routes_clusters.ROUTES
     + routes_services.ROUTES
+    + routes_forecast.ROUTES
 )  # fmt: skip
 
 UNVERSIONED: tuple[Route, ...] = routes_metrics.UNVERSIONED + routes_downloads.UNVERSIONED + routes_docs.UNVERSIONED
