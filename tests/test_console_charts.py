@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 import pytest
-from playwright.async_api import Browser, ViewportSize
+from playwright.async_api import Browser, ViewportSize, expect
 
 from tests import test_console_browser as browser_module
 from tests.helpers import eventually
@@ -150,6 +150,13 @@ class TestCharts:
         assert earnings["hosts"] and len(occupancy["gpus"]) >= 3
         assert await _figure_points(provider, "Earnings per day") == 30 * (1 + min(7, len(earnings["hosts"])))
         assert await _figure_points(provider, "Occupancy per GPU") == 7 * min(8, len(occupancy["gpus"]))
+        # The demand forecast: its chart, and a row per model and region the API forecasts (or the empty line).
+        forecast = await provider.api("provider", "/demand-forecast?hours=24")
+        await expect(provider.page.locator("figure.demand-chart")).to_have_count(1)
+        if forecast["series"]:
+            await expect(provider.page.locator("table.demand tbody tr")).to_have_count(len(forecast["series"]))
+        else:
+            await expect(provider.page.locator("#demand-title ~ div")).to_contain_text("nothing to forecast yet")
         assert await _fits(provider), "a chart is wider than a phone's screen"
         assert await _smallest_chart_text(provider) >= 11
         await provider.shot("charts-earnings-390")

@@ -7,6 +7,7 @@
 // money.js's usd(). Days are UTC days.
 
 import { api } from "./api.js";
+import { LineChart } from "./charts.js";
 import { dayChart } from "./charts-time.js";
 import { h, link, table, timeEl } from "./dom.js";
 import { usd } from "./money.js";
@@ -104,5 +105,26 @@ export function marketplaceSection(ctx, { days = 30 } = {}) {
             { name: "Mean over the day", values: body.days.map((d) => d.hosts_online) },
           ] }),
         h("p", { class: "hint" }, `GMV ${usd(body.total_gmv)}, fees ${usd(body.total_fees)} in ${days} days.`));
+    }));
+}
+
+// Providers and admins: GPUs wanted per model and region, the last day and the next (GET /demand-forecast).
+export function demandSection(ctx, { hours = 24 } = {}) {
+  return section("demand-title", "Demand forecast", `GPUs wanted per GPU model and region: the last day, then the next ${hours} hours as forecast (each hour the mean of the same hour over the last week).`,
+    loaded(ctx, async () => {
+      const body = await api("GET", `/demand-forecast?hours=${hours}`);
+      const start = Date.parse(body.from);
+      const hour = 3_600_000;
+      const busiest = [...body.series].sort((a, b) => b.peak_gpus - a.peak_gpus).slice(0, MAX_LINES / 2);
+      const chart = new LineChart({ title: "GPUs wanted", yLabel: "GPUs", digits: 1 });
+      chart.update(busiest.flatMap((one) => [
+        { name: `${one.gpu_model} · ${one.region}`, points: one.last_day.map((v, i) => [start - (one.last_day.length - i) * hour, v]) },
+        { name: `${one.gpu_model} · ${one.region}, forecast`, points: one.forecast.map((v, i) => [start + i * hour, v]) },
+      ]));
+      chart.el.classList.add("demand-chart");
+      const rows = body.series.map((one) => [one.gpu_model, one.region, count(one.peak_gpus), timeEl(one.peak_at)]);
+      return h("div", { class: "chart-grid-wide" }, chart.el,
+        table({ caption: `Forecast peaks, next ${hours} hours`, columns: ["GPU model", "Region", "Peak GPUs", "At"], rows,
+          empty: "No rentals in the last two weeks: nothing to forecast yet.", className: "demand" }));
     }));
 }

@@ -1,7 +1,7 @@
 // Admin pages: the fleet overview from GET /api/v1/metrics (the JSON of the Prometheus
 // figures), the relays and their load, open alerts, ingestion lag.
 
-import { marketplaceSection } from "./charts-money.js";
+import { demandSection, marketplaceSection } from "./charts-money.js";
 import { api } from "./api.js";
 import { stackedBarChart } from "./charts.js";
 import { badge, facts, h, num, replace, table, timeEl } from "./dom.js";
@@ -35,7 +35,7 @@ export function fleetPage(page, ctx) {
   const overview = h("div", {});
   const relays = h("div", {});
   const alerts = h("div", {});
-  replace(page, heading("Fleet", "GPUs by tier and region, relays, alerts and ingestion."), overview, marketplaceSection(ctx),
+  replace(page, heading("Fleet", "GPUs by tier and region, relays, alerts and ingestion."), overview, marketplaceSection(ctx), demandSection(ctx),
     h("section", { "aria-labelledby": "relays-title" }, h("h2", { id: "relays-title" }, "Relays"), relays),
     h("section", { "aria-labelledby": "alerts-title" }, h("h2", { id: "alerts-title" }, "Open alerts"), alerts));
 

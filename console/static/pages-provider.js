@@ -1,7 +1,7 @@
 // Provider pages: hosts and their live telemetry, listings (prices), enrollment, earnings.
 // Admins see the hosts pages too (every host).
 
-import { earningsSection, occupancySection } from "./charts-money.js";
+import { demandSection, earningsSection, occupancySection } from "./charts-money.js";
 import { api } from "./api.js";
 import { badge, facts, field, h, link, num, replace, table, timeEl } from "./dom.js";
 import { invoicesSection } from "./invoices.js";
@@ -324,7 +324,7 @@ export function earningsPage(page, ctx) {
   const totals = h("div", {});
   const payouts = h("div", {});
   replace(page, heading("Earnings and payouts", "What your hosts earned, what was paid out, and your monthly statements."),
-    totals, earningsSection(ctx), occupancySection(ctx),
+    totals, earningsSection(ctx), occupancySection(ctx), demandSection(ctx),
     h("section", { "aria-labelledby": "payouts-title" }, h("h2", { id: "payouts-title" }, "Payouts"), payouts),
     invoicesSection(ctx, { title: "Statements", empty: "No statements yet: they appear once a host of yours earns something." }));
   loadInto(ctx, totals, async () => {
