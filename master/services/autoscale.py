@@ -117,18 +117,23 @@ async def _check_health(master: Master, service: Service, live: Sequence[Rental]
 
 
 async def _mark_ready(master: Master, service: Service, rental: Rental, *, now: datetime) -> None:
-    await _set_ready(master, rental, now)
-    rental.ready_at = now
+    """Ready from ``now``: its ``ready_at``, the event, and — a cold start's replica — the wake cleared, in one transaction."""
     took = (now - rental.created_at).total_seconds()
-    await _event(master, service, "ready", f"replica {rental.id} ready {took:.1f}s after it was asked for", at=now)
     async with master.db.session() as session:
         row = await session.get(Service, service.id, with_for_update=True)
+        replica = await session.get(Rental, rental.id, with_for_update=True)
+        if replica is not None:
+            replica.ready_at = now
+        replicas = row.desired_replicas if row is not None else service.desired_replicas
+        session.add(ServiceEvent(service_id=service.id, at=now, kind="ready", replicas=replicas,
+                                 cause=f"replica {rental.id} ready {took:.1f}s after it was asked for"))  # fmt: skip
         if row is not None and row.wake_requested_at is not None:
             waited = (now - row.wake_requested_at).total_seconds()
             # The waiting requests go to it now: its cool-downs count from here, as after a scale-up.
             row.wake_requested_at, row.last_scale_up_at = None, now
             session.add(ServiceEvent(service_id=row.id, at=now, kind="cold_start", replicas=row.desired_replicas,
                                      cause=f"cold start: a replica was ready {waited:.1f}s after the first request waited"))  # fmt: skip
+    rental.ready_at = now
 
 
 async def _set_ready(master: Master, rental: Rental, at: datetime | None) -> None:
