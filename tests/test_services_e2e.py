@@ -127,6 +127,12 @@ def _ready(view: dict[str, Any]) -> int:
 async def test_a_service_grows_under_load_survives_a_killed_agent_and_shrinks_after(market: Marketplace, openai_image: str) -> None:
     async with aiohttp.ClientSession() as http:
         renter = Client(http, market, market.credentials["renter"]["api_key"])
+
+        async def hosts_offered() -> bool | None:  # the 4090 and 3060 hosts online and offered (a loaded CI is slow)
+            status, offers = await renter.call("GET", "/offers?q=vram<=24")
+            return True if status == 200 and len({o["host_id"] for o in offers["items"]}) >= 2 else None
+
+        await eventually(hosts_offered, timeout=60, every=0.5, what="the demo's two small hosts offered")
         status, service = await renter.call("POST", "/services", {
             "name": "chat", "workload": {"kind": "container", "image": openai_image, "ports": [8000]}, "port": 8000,
             "requirements": "vram<=24", "min_replicas": 1, "max_replicas": 3, "scaling": SCALING,
