@@ -454,15 +454,16 @@ class TestFleetIndexes:
 
     @pytest.mark.parametrize("name", ALL)
     def test_a_placer_that_fell_behind_a_trimmed_log_rescores_everything(self, name: str) -> None:
-        """With a change log of 4 entries, a shape not placed for 12 changes still sees the fleet as it is."""
+        """With a change log of 4 entries, a shape not placed for 6 changes still sees the fleet as it is
+        (6 one-GPU tasks on 8 idle 2-GPU nodes leave a whole node however a placer packs or spreads)."""
         fleet = Fleet([node(f"n{i}", (MILLI, MILLI)) for i in range(8)], max_log=4)
         placer = get_placer(name, seed=2, workload=workload((0, 1, MILLI, 1.0)))
         assert placer.place(Request(num_gpu=2), fleet) is not None
-        for _ in range(12):
+        for _ in range(6):
             placement = placer.place(Request(), fleet)
             assert placement is not None
             fleet.apply(placement)
-        assert fleet.changed_since(0) is None and fleet.change_count == 12
+        assert fleet.changed_since(0) is None and fleet.change_count == 6
         whole = [n.node_id for n in fleet if n.full == 2]
         placement = placer.place(Request(num_gpu=2), fleet)
         assert whole and placement is not None and placement.node_id in whole

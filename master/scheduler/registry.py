@@ -10,6 +10,7 @@ from master.scheduler.placers.fgd_net import FgdNet
 from master.scheduler.placers.first_fit import FirstFit
 from master.scheduler.placers.gpu_clustering import GpuClustering
 from master.scheduler.placers.gpu_packing import GpuPacking
+from master.scheduler.placers.learned import LearnedDdpg, LearnedDdpgTrace, LearnedPpo, LearnedPpoTrace
 from master.scheduler.placers.random_fit import RandomFit
 from master.scheduler.placers.utilization import Utilization
 from shared.errors import ConfigError
@@ -28,12 +29,18 @@ PLACERS: dict[str, PlacerFactory] = {
     "gpu_clustering": GpuClustering,
     "fgd": Fgd,
     "fgd_net": FgdNet,
+    # Trained by reinforcement learning (issue 26): a shipped numpy policy each, loaded when built.
+    "learned_ppo": LearnedPpo,
+    "learned_ddpg": LearnedDdpg,
+    "learned_ppo_trace": LearnedPpoTrace,
+    "learned_ddpg_trace": LearnedDdpgTrace,
 }
 DEFAULT_PLACER = "fgd_net"
 
 
 def get_placer(name: str, *, seed: int = 0, workload: Workload | None = None) -> Placer:
-    """A new placer of algorithm ``name`` (see ``PLACERS``); ``workload`` matters to ``fgd``/``fgd_net`` only."""
+    """A new placer of algorithm ``name`` (see ``PLACERS``); ``workload`` matters to ``fgd``, ``fgd_net`` and the
+    ``learned_*`` placers only. A ``learned_*`` placer whose policy file is missing or damaged raises ``PolicyError``."""
     factory = PLACERS.get(name)
     if factory is None:
         raise UnknownPlacer(f"unknown placement algorithm {name!r}; choose one of: {', '.join(PLACERS)}")
