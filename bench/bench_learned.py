@@ -120,6 +120,17 @@ def hetero(seeds: Sequence[int], algorithms: Sequence[str]) -> None:
     print("| " + " | ".join(r.algorithm for r in results) + " |")
     print("|" + "---|" * len(results))
     print("| " + " | ".join(f"{r.mean:.2f} ± {r.sd:.2f}" for r in results) + " |")
+    by_name = {r.algorithm: r.placed for r in results}
+    heuristics = [r for r in results if not r.algorithm.startswith("learned_")]
+    best = max(heuristics, key=lambda r: r.mean).algorithm if heuristics else None
+    for result in results:
+        if not result.algorithm.startswith("learned_"):
+            continue
+        for other in dict.fromkeys(name for name in ("fgd", best) if name in by_name):
+            diff = [a - b for a, b in zip(result.placed, by_name[other], strict=True)]
+            print(f"  {result.algorithm} − {other}, paired by seed: {statistics.fmean(diff):+.2f} ± "
+                  f"{statistics.pstdev(diff):.2f}; more on {sum(d > 0 for d in diff)}, as many on "
+                  f"{sum(d == 0 for d in diff)}, fewer on {sum(d < 0 for d in diff)} of {len(diff)} seeds")  # fmt: skip
     base = next((r.mean for r in results if r.algorithm == "fgd"), None)
     for result in results:
         record("learned", f"hetero clusters: tasks placed ({result.algorithm})", round(result.mean, 2), "tasks", "fgd",
