@@ -3,14 +3,16 @@
 1. **Inference.** Every ``place()`` of a replay of the default trace (seed 42, up to 100 % arrived) is timed
    (``perf_counter_ns``) through a ``Fleet`` kept across decisions, as the simulator and a long-lived master
    place, for a learned placer and for ``fgd`` (the baseline) in the same run: mean, p50 and p99 of one
-   decision. Beside it, the scorer alone: one ``Policy.score`` call (one candidate's MLP) in µs.
+   decision. Likewise every decision of the heterogeneous-clusters episodes of seeds 1–20 (``learned_ppo``,
+   ``learned_ddpg`` beside ``fgd``). Beside it, the scorer alone: one ``Policy.score`` call (one candidate's
+   MLP) in µs.
 2. **Heterogeneous clusters** (``master.scheduler.hetero``, the published experiment's shape): tasks placed
    out of 100 per episode, mean ± σ over the held-out seeds 1–100 (training used seeds ≥ 1000), for
    Greedy (``first_fit``), ``best_fit``, ``random``, ``utilization``, ``fgd``, ``fgd_net`` and the learned
    placers.
 3. **Trace, held out.** The FGD protocol (``master.scheduler.simulate``) on the full trace: GPU allocation %
-   at 100 % arrived, mean ± σ over seeds 42–51, for ``fgd``, ``fgd_net`` and the trace-trained learned
-   placers, on the ``default`` variant (the one they trained on, but with the whole 1,213-node fleet and
+   at 100 % arrived, mean ± σ over seeds 42–51, for ``fgd``, ``fgd_net``, the trace-trained learned
+   placers and ``learned_ppo`` (trained on the hetero experiment), on the ``default`` variant (the one they trained on, but with the whole 1,213-node fleet and
    seeds they never saw) and on variants they never saw.
 
 Usage: ``python bench/bench_learned.py [--hetero-seeds 1-100] [--traces default,cpu050,gpushare40,gpuspec33,multigpu50]
@@ -36,7 +38,7 @@ from _common import describe_machine, quantile, record
 
 from master.scheduler import Fleet, Workload, get_placer
 from master.scheduler.hetero import DEFAULT_ALGORITHMS as HETERO_ALGORITHMS
-from master.scheduler.hetero import run_hetero
+from master.scheduler.hetero import hetero_episode, run_hetero
 from master.scheduler.learned.features import FEATURE_COUNT
 from master.scheduler.learned.policy import load_policy
 from master.scheduler.simulate import arrivals, fresh_node, simulate
@@ -44,7 +46,7 @@ from master.scheduler.trace import load_nodes, load_pods
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
-TRACE_ALGORITHMS = ("fgd", "fgd_net", "learned_ppo_trace", "learned_ddpg_trace")
+TRACE_ALGORITHMS = ("fgd", "fgd_net", "learned_ppo_trace", "learned_ddpg_trace", "learned_ppo")
 SPEED_ALGORITHMS = ("fgd", "learned_ppo_trace", "learned_ddpg_trace", "learned_ppo")
 
 
@@ -98,6 +100,28 @@ def speed(trace_dir: Path, algorithms: Sequence[str]) -> None:
                None if base is None else round(base[0], 1), component="placement")  # fmt: skip
         record("learned", f"p99 decision, default trace ({algorithm})", round(p99, 1), "µs", "fgd",
                None if base is None else round(base[2], 1), component="placement")  # fmt: skip
+    print("\nInference on the heterogeneous clusters (seeds 1-20, every place() of the episodes; a fresh Fleet each)")
+    print("| placer | decisions | mean µs | p50 µs | p99 µs |")
+    print("|---|---:|---:|---:|---:|")
+    hetero_figures: dict[str, float] = {}
+    for algorithm in ("fgd", "learned_ppo", "learned_ddpg"):
+        times = []
+        for seed in range(1, 21):
+            nodes, requests = hetero_episode(seed)
+            fleet = Fleet(nodes)
+            placer = get_placer(algorithm, seed=seed, workload=Workload.from_requests(requests))
+            for request in requests:
+                started = time.perf_counter_ns()
+                placement = placer.place(request, fleet)
+                times.append(time.perf_counter_ns() - started)
+                if placement is not None:
+                    fleet.apply(placement)
+        hetero_figures[algorithm] = statistics.fmean(times) / 1e3
+        print(f"| {algorithm} | {len(times):,} | {hetero_figures[algorithm]:.0f} | {quantile(times, 0.5) / 1e3:.0f} | "
+              f"{quantile(times, 0.99) / 1e3:.0f} |")  # fmt: skip
+    for algorithm in ("learned_ppo", "learned_ddpg"):
+        record("learned", f"mean decision, hetero clusters ({algorithm})", round(hetero_figures[algorithm], 1), "µs",
+               "fgd", round(hetero_figures["fgd"], 1), component="placement")  # fmt: skip
     policy = load_policy("learned_ppo_trace")
     rows = np.random.default_rng(0).normal(size=(2_000, FEATURE_COUNT))
     started = time.perf_counter_ns()
