@@ -147,18 +147,16 @@ class PlacementEnv(gym.Env[Observation, Any]):
         if self._request is None:
             raise RuntimeError("the episode is over: call reset()")
         index = self._index(action)
-        reward = 0.0
         request = self._request
-        if index is None:
+        if index is None:  # a choice of no feasible node: the task fails
             self.failed += 1
+            reward = -self.failure_penalty * self._worth(request)
         else:
             placement = self._placer.placement_on(self._positions[index], request, self._fleet, self._choices[index])
             self._fleet.apply(placement)
             self.placed += 1
             self.milli_placed += request.gpu_milli_total
             reward = self._worth(request)
-        if index is None:
-            reward -= self.failure_penalty * self._worth(request)
         self._penalty = 0.0
         self._advance()
         reward -= self._penalty
