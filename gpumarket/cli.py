@@ -329,7 +329,7 @@ def cmd_train_placer(args: argparse.Namespace) -> None:
 
     result = train_placer(
         args.algorithm, args.setting, steps=args.steps, seed=args.seed, name=args.out, directory=args.dir,
-        trace_dir=args.trace_dir, report=report,
+        trace_dir=args.trace_dir, report=report, start_from_fgd=args.start_from_fgd,
     )  # fmt: skip
     print(f"saved {result.path} ({args.algorithm}, {args.setting}, {result.steps:,} steps in {result.seconds:.0f} s, "
           f"{result.episodes:,} episodes, mean return {result.mean_return:.2f} over the last ones)")  # fmt: skip
@@ -556,6 +556,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--out", metavar="NAME", help="policy name (default learned_ALGORITHM, learned_ALGORITHM_trace for trace)")
     train.add_argument("--dir", type=Path, metavar="DIR", help="where to save NAME.npz (default: the shipped policies, master/scheduler/policies)")
     train.add_argument("--trace-dir", type=Path, metavar="DIR", help="the trace's csv folder (the trace setting)")
+    train.add_argument("--start-from-fgd", action="store_true", help="start the actor as FGD (its score increasing in FGD's) and refine it")
     train.add_argument("--quiet", action="store_true", help="no progress lines")
     train.set_defaults(func=cmd_train_placer)
 

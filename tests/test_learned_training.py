@@ -17,11 +17,12 @@ from stable_baselines3 import DDPG
 
 from gpumarket.learn.env import PlacementEnv
 from gpumarket.learn.policies import CandidateDdpgPolicy, CandidatePpoPolicy, CandidateScorer
-from gpumarket.learn.train import train_placer
+from gpumarket.learn.train import start_like_fgd, train_placer
 from master.scheduler import Fleet, Workload
 from master.scheduler.hetero import hetero_episode
 from master.scheduler.learned.features import FEATURE_COUNT
 from master.scheduler.learned.policy import load_policy
+from master.scheduler.placers.fgd import Fgd
 from master.scheduler.placers.learned import LearnedPlacer
 
 TRACE = Path(__file__).parent / "fixtures" / "trace"
@@ -142,6 +143,28 @@ class TestExport:
         exported = actor.export("d", {"algorithm": "ddpg", "setting": "hetero"})
         assert exported.output == "tanh"
         np.testing.assert_allclose(exported.scores(features[mask].astype(np.float64)), actions[mask], rtol=1e-5, atol=1e-5)
+
+
+class TestStartFromFgd:
+    def test_a_scorer_started_like_fgd_places_as_fgd(self) -> None:
+        """The start ``--start-from-fgd`` gives scores increasing in FGD's and equal where it is equal, so the
+        learned placer with it places a held-out hetero episode exactly as ``fgd`` does."""
+        scorer = CandidateScorer(CANDIDATES, (32, 32), "tanh", [0.5] * FEATURE_COUNT, [0.2] * FEATURE_COUNT)
+        start_like_fgd(scorer)
+        policy = scorer.export("start", {"algorithm": "ppo", "setting": "hetero"})
+        nodes, requests = hetero_episode(9)
+        workload = Workload.from_requests(requests)
+        fleets = {name: Fleet(hetero_episode(9)[0]) for name in ("fgd", "learned")}
+        placers = {"fgd": Fgd(seed=9, workload=workload), "learned": LearnedPlacer(seed=9, workload=workload, policy=policy)}
+        for request in requests:
+            chosen = {}
+            for name, placer in placers.items():
+                placement = placer.place(request, fleets[name])
+                if placement is not None:
+                    fleets[name].apply(placement)
+                chosen[name] = None if placement is None else (placement.node_id, placement.gpu_indices)
+            assert chosen["learned"] == chosen["fgd"]
+        assert nodes  # the episode is not empty
 
 
 class TestTraining:

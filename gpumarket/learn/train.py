@@ -30,7 +30,7 @@ from stable_baselines3.common.noise import NormalActionNoise
 
 from gpumarket.learn.env import DEFAULT_CANDIDATES, ActionKind, PlacementEnv, Setting
 from gpumarket.learn.policies import CandidateDdpgPolicy, CandidatePpoPolicy, CandidateScorer
-from master.scheduler.learned.features import FEATURE_COUNT
+from master.scheduler.learned.features import FEATURE_COUNT, FEATURES
 from master.scheduler.learned.policy import Policy, policy_path
 
 Algorithm = Literal["ppo", "ddpg"]
@@ -122,8 +122,13 @@ def train_placer(
     report: Callable[[str], None] = print,
     report_every: int = 5_000,
     save: bool = True,
+    start_from_fgd: bool = False,
 ) -> TrainResult:
-    """Train ``algorithm`` on ``setting`` for ``steps`` env steps; save the policy as ``NAME.npz`` (see the module)."""
+    """Train ``algorithm`` on ``setting`` for ``steps`` env steps; save the policy as ``NAME.npz`` (see the module).
+
+    ``start_from_fgd``: the actor starts as FGD — its score a steep increasing function of the ``fgd_score``
+    feature (``start_like_fgd``) — so training refines FGD rather than starting from a near-uniform choice.
+    """
     th.set_num_threads(1)
     th.manual_seed(seed)
     name = name or (f"learned_{algorithm}" if setting == "hetero" else f"learned_{algorithm}_trace")
@@ -156,6 +161,9 @@ def train_placer(
             **{k: v for k, v in hyper.items() if k != "noise_sigma"},
         )  # fmt: skip
     config["hyperparameters"] = hyper
+    config["start_from_fgd"] = start_from_fgd
+    if start_from_fgd:
+        start_like_fgd(_actor(model))
     progress = _Progress(steps, report, f"train-placer {algorithm} {setting}", report_every)
     model.learn(total_timesteps=steps, callback=progress)
     seconds = time.monotonic() - started
@@ -166,6 +174,34 @@ def train_placer(
     if save:
         policy.save(path)
     return TrainResult(policy, path, steps, seconds, progress.episodes, _mean_return(model))
+
+
+FGD_LOGIT_SCALE = 4.0  # logit difference per σ of FGD's score: the start picks FGD's choice mostly, not always
+_LINEAR = 0.01  # a tanh unit this small is linear to within 0.01 %
+
+
+def start_like_fgd(scorer: CandidateScorer) -> None:
+    """Make the scorer's first hidden unit of each layer carry FGD's (normalised) score through, nearly linearly,
+    and its output read it at ``FGD_LOGIT_SCALE``; the other units keep their initialisation, the output ignores them.
+
+    ``tanh(ε·z)/ε ≈ z`` for small ε, so the score is ``≈ FGD_LOGIT_SCALE · (fgd_score − mean)/σ``: increasing in
+    FGD's integer score, equal where it is equal (ties then go to the fullest node, as FGD's do).
+    """
+    linears = [module for module in scorer.net if isinstance(module, th.nn.Linear)]
+    column = FEATURES.index("fgd_score")
+    with th.no_grad():
+        first = linears[0]
+        first.weight[0].zero_()
+        first.weight[0, column] = _LINEAR
+        first.bias[0] = 0.0
+        for layer in linears[1:-1]:
+            layer.weight[0].zero_()
+            layer.weight[0, 0] = 1.0
+            layer.bias[0] = 0.0
+        last = linears[-1]
+        last.weight.zero_()
+        last.weight[0, 0] = FGD_LOGIT_SCALE / _LINEAR
+        last.bias.zero_()
 
 
 def _actor(model: BaseAlgorithm) -> CandidateScorer:
