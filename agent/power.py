@@ -10,8 +10,8 @@ every few seconds while the agent runs), makes the GPUs match it:
 
 **Before a workload starts** the start path calls ``ready_for_start``: it reserves the GPUs (no
 reconcile lowers them meanwhile) and restores those that are lowered, one NVML call each, all within
-``restore_timeout`` (1 s). If a restore fails or takes longer, the start fails with
-``power_restore_failed``: a renter never runs on a lowered GPU.
+``restore_timeout`` (1 s, a reconcile in progress included). If a restore fails or takes longer, the start
+fails with ``power_restore_failed``: a renter never runs on a lowered GPU.
 
 **Energy saved**, per GPU, cumulative Wh: while a GPU is lowered and idle, each sampling pass adds
 ``max(0, baseline − draw) × Δt``, where the baseline is the same GPU's own idle draw measured while it
@@ -142,27 +142,27 @@ class PowerPolicy:
         ``restore_timeout``; the workload starts inside the block. Raises ``PowerLimitError``
         (``power_restore_failed``) when a GPU could not be restored in time: the start must not go on."""
         physical = self._physical(gpu_uuids)
-        async with self._lock:
-            self._reserved.update(physical)
-            try:
-                lowered = [uuid for uuid in physical if uuid in self._state.lowered]
-                if lowered:
-                    async with asyncio.timeout(self.restore_timeout):
-                        for uuid in lowered:
-                            await self._restore(uuid)
-            except (TimeoutError, PowerLimitError) as exc:
-                self._reserved.subtract(physical)
-                self._reserved = +self._reserved
-                reason = f"took longer than {self.restore_timeout:g} s" if isinstance(exc, TimeoutError) else str(exc)
-                raise PowerLimitError(
-                    f"the workload was not started: a GPU it needs is still power-limited by the off-peak policy and "
-                    f"restoring it failed ({reason})", code="power_restore_failed",
-                ) from exc
+        # Reserved at once: a reconcile that starts from now on leaves them alone; one already running (it may lower
+        # them) holds the lock, and the restore below runs after it. The bound covers that wait too.
+        self._reserved.update(physical)
+        try:
+            async with asyncio.timeout(self.restore_timeout), self._lock:
+                for uuid in [uuid for uuid in physical if uuid in self._state.lowered]:
+                    await self._restore(uuid)
+        except (TimeoutError, PowerLimitError) as exc:
+            self._release(physical)
+            reason = f"took longer than {self.restore_timeout:g} s" if isinstance(exc, TimeoutError) else str(exc)
+            raise PowerLimitError(
+                f"the workload was not started: a GPU it needs is still power-limited by the off-peak policy and "
+                f"restoring it failed ({reason})", code="power_restore_failed",
+            ) from exc
+        except BaseException:
+            self._release(physical)
+            raise
         try:
             yield
         finally:
-            self._reserved.subtract(physical)
-            self._reserved = +self._reserved
+            self._release(physical)
 
     def observe(self, samples: Iterable[GpuSample], at: float) -> None:
         """Count the energy saved since the previous sampling pass (``at``: a monotonic time in seconds)."""
@@ -260,6 +260,10 @@ class PowerPolicy:
         del self._state.lowered[uuid]
         self._save()
         log.info("power policy: GPU %d (%s) restored", info.index, uuid)
+
+    def _release(self, physical: set[str]) -> None:
+        self._reserved.subtract(physical)
+        self._reserved = +self._reserved  # drop the GPUs no start holds any more
 
     def _info(self, uuid: str) -> GpuInfo | None:
         return next((info for info in self.backend.gpus() if info.uuid == uuid), None)

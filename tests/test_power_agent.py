@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,13 +18,15 @@ from typing import Any
 import pynvml
 import pytest
 
-from agent.gpu import ReplayBackend, SimulatedBackend
+from agent.gpu import ReplayBackend, SimulatedBackend, open_backend
+from agent.gpu.base import check_power_limit
 from agent.gpu.nvml import set_power_limit
 from agent.power import PowerPolicy
 from shared import protocol
 from shared.errors import PowerLimitError
 from tests.helpers import eventually
 from tests.test_agent_runner import HOST, Harness, running
+from tests.test_gpu_backends import HAS_NVIDIA_DRIVER
 
 H100 = Path(__file__).resolve().parent / "fixtures" / "nvml" / "h100-80gb-hbm3.json"
 NOW = datetime(2026, 11, 26, 2, 0, tzinfo=UTC)
@@ -120,6 +123,27 @@ class TestNvmlSet:
         assert refused.value.code == code and "nothing changed" in refused.value.message
 
 
+class TestOnARealGpu:
+    @pytest.mark.skipif(not HAS_NVIDIA_DRIVER, reason="needs an NVIDIA driver and GPU")
+    def test_reads_the_allowed_range_and_changes_nothing(self) -> None:
+        """On a GPU host: every GPU reports a range around its default, which the policy's check accepts, and values
+        just outside it are refused before NVML is asked. Read-only: no limit is ever set here."""
+        backend = open_backend("nvml")
+        try:
+            before = [info.power_limit_w for info in backend.gpus()]
+            for info in backend.gpus():
+                if info.power_limit_min_w is None or info.power_limit_max_w is None or info.power_limit_default_w is None:
+                    continue  # a GPU that lets no limit be set (the policy leaves it out)
+                assert info.power_limit_min_w <= info.power_limit_default_w <= info.power_limit_max_w
+                assert check_power_limit(info, info.power_limit_default_w) == info.power_limit_default_w
+                for outside in (info.power_limit_min_w - 1, info.power_limit_max_w + 1):
+                    with pytest.raises(PowerLimitError):
+                        check_power_limit(info, outside)
+            assert [info.power_limit_w for info in backend.gpus()] == before
+        finally:
+            backend.close()
+
+
 class _Clock:
     def __init__(self) -> None:
         self.now = NOW
@@ -137,8 +161,21 @@ class _FailingRestore(SimulatedBackend):
         return super().set_power_limit(index, watts)
 
 
-def _policy(backend: SimulatedBackend, tmp_path: Path, in_use: set[str], clock: _Clock) -> PowerPolicy:
-    return PowerPolicy(backend, tmp_path / "power.json", in_use=lambda: in_use, clock=clock)
+class _StuckRestore(SimulatedBackend):
+    """A simulated host whose driver hangs when a limit is raised back, until ``unstick`` (test data: a stuck NVML call)."""
+
+    def __init__(self, spec: str, **kwargs: Any) -> None:
+        super().__init__(spec, **kwargs)
+        self.unstick = threading.Event()
+
+    def set_power_limit(self, index: int, watts: float) -> float:
+        if watts > (self.gpus()[index].power_limit_w or 0):
+            self.unstick.wait()
+        return super().set_power_limit(index, watts)
+
+
+def _policy(backend: SimulatedBackend, tmp_path: Path, in_use: set[str], clock: _Clock, **kwargs: Any) -> PowerPolicy:
+    return PowerPolicy(backend, tmp_path / "power.json", in_use=lambda: in_use, clock=clock, **kwargs)
 
 
 def _command(targets: Mapping[str, float], until: datetime | None) -> protocol.SetPowerPolicy:
@@ -200,6 +237,22 @@ class TestPowerPolicy:
             async with policy.ready_for_start([uuid]):
                 started = True
         assert refused.value.code == "power_restore_failed" and not started
+
+    async def test_a_start_fails_when_the_restore_hangs_past_its_bound(self, tmp_path: Path) -> None:
+        """A restore that does not come back within restore_timeout fails the start (power_restore_failed) instead of
+        holding it; the GPU stays recorded as lowered, so the next reconcile deals with it."""
+        sim, clock = _StuckRestore("sim:1xA100-80GB", seed="power-test"), _Clock()
+        uuid = sim.gpus()[0].uuid
+        policy = _policy(sim, tmp_path, set(), clock, restore_timeout=0.05)
+        await policy.apply(_command({uuid: 250}, NOW + timedelta(hours=3)))
+        try:
+            with pytest.raises(PowerLimitError) as refused:
+                async with policy.ready_for_start([uuid]):
+                    pytest.fail("the workload started on a lowered GPU")
+            assert refused.value.code == "power_restore_failed" and "longer than 0.05 s" in refused.value.message
+            assert policy.lowered() == {uuid: 250.0}
+        finally:
+            sim.unstick.set()
 
     async def test_counts_energy_saved_while_lowered_and_none_without_a_policy(self, tmp_path: Path) -> None:
         """An idle A100 sampled uncapped (the baseline), then an hour lowered to 250 W: it saved energy; its twin,
