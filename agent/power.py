@@ -131,8 +131,8 @@ class PowerPolicy:
         return await self.reconcile()
 
     async def reconcile(self) -> protocol.PowerPolicyApplied:
-        """Lower the idle GPUs the open window names, restore every other lowered one. Cancelling is safe:
-        a limit set is recorded before the next one is tried."""
+        """Lower the idle GPUs the open window names, restore every other lowered one. Cancelling is safe: a GPU is
+        recorded as lowered before its limit is set, so one cancelled half-way is restored later all the same."""
         async with self._lock:
             return await self._reconcile()
 
@@ -236,10 +236,19 @@ class PowerPolicy:
                         skipped[uuid] = "in use: a workload holds it"
                 elif lowered is None or lowered.watts != target or info.power_limit_w != target:
                     original = info.power_limit_w if lowered is None else lowered.original_w
-                    watts = await asyncio.to_thread(self.backend.set_power_limit, info.index, target)
-                    self._state.lowered[uuid] = _Lowered(original, watts)
+                    # Recorded before the call: if it is cancelled half-way (the agent stopping), the GPU may be lowered,
+                    # and a record is what gets it restored (restoring one that was not lowered is harmless).
+                    self._state.lowered[uuid] = _Lowered(original, target)
                     self._save()
-                    log.info("power policy: GPU %d (%s) lowered to %g W until %s", info.index, uuid, watts, until)
+                    try:
+                        await asyncio.to_thread(self.backend.set_power_limit, info.index, target)
+                    except PowerLimitError:
+                        if lowered is None:
+                            del self._state.lowered[uuid]  # refused: nothing was changed
+                        else:
+                            self._state.lowered[uuid] = lowered
+                        raise
+                    log.info("power policy: GPU %d (%s) lowered to %g W until %s", info.index, uuid, target, until)
             except PowerLimitError as exc:
                 skipped[uuid] = exc.message
                 log.warning("power policy: GPU %d (%s): %s", info.index, uuid, exc.message)
