@@ -52,7 +52,15 @@ export function powerSection(ctx, hostId) {
     h("p", { class: "hint" }, "Idle GPUs are lowered while demand is forecast to be low, and always restored before a rental starts on them: renters never run on a lowered GPU."),
     enabled.row, kind.row, amount.row, threshold.row, errors.el, h("div", { class: "actions" }, save));
 
+  // The form follows what the server holds until the user changes it (a slow first load must not undo a click).
+  let touched = false;
+  form.addEventListener("input", () => { touched = true; });
+  form.addEventListener("change", () => { touched = true; });
   const show = (policy) => {
+    if (!touched) fill(policy);
+    return summary(policy);
+  };
+  const fill = (policy) => {
     enabled.input.checked = policy.enabled;
     if (policy.cap_watts !== null && policy.cap_watts !== undefined) {
       kind.input.value = "watts";
@@ -62,17 +70,17 @@ export function powerSection(ctx, hostId) {
       amount.input.value = String(Number((policy.cap_fraction * 100).toFixed(2)));
     }
     threshold.input.value = String(Number((policy.off_peak_threshold * 100).toFixed(2)));
-    return h("div", {}, facts([
-      ["Policy", policy.enabled ? "on" : "off"],
-      ["Off-peak until", policy.off_peak_until ? timeEl(policy.off_peak_until) : "not off-peak now"],
-      ["The agent", agentLine(policy.agent)],
-      ["Energy saved", h("span", { class: "power-saved" }, wh(policy.energy_saved_wh))],
-    ]), table({ caption: "Power limits per GPU", className: "power-gpus",
-      columns: ["GPU", "Model", "Allowed range", "Default", "Off-peak cap", "Limit now", "Saved"],
-      rows: policy.gpus.map((g) => [String(g.index), g.name, g.min_w === null || g.min_w === undefined ? "not adjustable" : `${watts(g.min_w)} – ${watts(g.max_w)}`,
-        watts(g.default_w), g.target_w ? watts(g.target_w) : (g.left_out || "—"), watts(g.limit_w), wh(g.energy_saved_wh)]),
-      empty: "No GPUs reported yet." }));
   };
+  const summary = (policy) => h("div", {}, facts([
+    ["Policy", policy.enabled ? "on" : "off"],
+    ["Off-peak until", policy.off_peak_until ? timeEl(policy.off_peak_until) : "not off-peak now"],
+    ["The agent", agentLine(policy.agent)],
+    ["Energy saved", h("span", { class: "power-saved" }, wh(policy.energy_saved_wh))],
+    ]), table({ caption: "Power limits per GPU", className: "power-gpus",
+    columns: ["GPU", "Model", "Allowed range", "Default", "Off-peak cap", "Limit now", "Saved"],
+    rows: policy.gpus.map((g) => [String(g.index), g.name, g.min_w === null || g.min_w === undefined ? "not adjustable" : `${watts(g.min_w)} – ${watts(g.max_w)}`,
+      watts(g.default_w), g.target_w ? watts(g.target_w) : (g.left_out || "—"), watts(g.limit_w), wh(g.energy_saved_wh)]),
+    empty: "No GPUs reported yet." }));
 
   loadInto(ctx, current, async () => show(await api("GET", path)));
 
@@ -100,6 +108,7 @@ export function powerSection(ctx, hostId) {
     await busy(save, async () => {
       try {
         const policy = await api("PUT", path, { body });
+        touched = false; // saved: the form shows what the server holds again
         replace(current, show(policy));
         ctx.notify(policy.enabled ? "Power policy saved: the host's agent is told within a minute." : "Power policy off: the host's GPUs are restored.");
       } catch (error) {
