@@ -16,7 +16,8 @@ fails with ``power_restore_failed``: a renter never runs on a lowered GPU.
 **Energy saved**, per GPU, cumulative Wh: while a GPU is lowered and idle, each sampling pass adds
 ``max(0, baseline − draw) × Δt``, where the baseline is the same GPU's own idle draw measured while it
 was not lowered (a moving mean, ``baseline_weight`` per sample) and Δt the time since the previous pass
-(a gap longer than ``max_sample_gap`` counts nothing). Never ``default − cap``: an idle GPU draws far less
+(a gap longer than ``max_sample_gap`` counts nothing). Idle: no workload of the agent's holds it, no compute
+process runs on it and its utilization is at most ``IDLE_UTIL_PCT``. Never ``default − cap``: an idle GPU draws far less
 than either limit, so only a measured difference is claimed. A GPU without a baseline yet saves nothing.
 
 What it lowered, its counters and its baselines are kept in ``power.json`` in the agent's data dir, so a
@@ -172,7 +173,7 @@ class PowerPolicy:
         busy = self._physical(self.in_use()) | set(self._reserved)
         for sample in samples:
             draw = sample.power_draw_w
-            if draw is None or not math.isfinite(draw) or sample.uuid in busy:
+            if draw is None or not math.isfinite(draw) or sample.uuid in busy or not _looks_idle(sample):
                 continue
             if sample.uuid in self._state.lowered:
                 baseline = self._state.baseline_w.get(sample.uuid)
@@ -307,6 +308,15 @@ class PowerPolicy:
             atomic_write(self.state_file, json.dumps(self._state.to_json()).encode())
         except OSError as exc:
             log.warning("power policy: cannot write %s: %s", self.state_file, exc)
+
+
+IDLE_UTIL_PCT = 5.0  # at most this busy, with no compute process, is idle for the baseline and the count
+
+
+def _looks_idle(sample: GpuSample) -> bool:
+    """No compute process and next to no utilization: a GPU the provider uses outside the agent neither inflates the
+    baseline nor counts as saving."""
+    return not sample.processes and (sample.gpu_util_pct is None or sample.gpu_util_pct <= IDLE_UTIL_PCT)
 
 
 def _within(info: GpuInfo, watts: float) -> bool:

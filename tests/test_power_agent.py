@@ -272,6 +272,24 @@ class TestPowerPolicy:
         assert 4.0 < policy.energy_saved_wh(lowered) < 9.0
         assert policy.energy_saved_wh(twin) == 0.0
 
+    async def test_a_gpu_busy_outside_the_agent_neither_raises_the_baseline_nor_counts(self, tmp_path: Path) -> None:
+        """The provider's own job (a process the agent did not start) runs uncapped for ten minutes at ~380 W: it is not
+        idle, so it does not become the baseline, and an hour lowered afterwards saves what an idle A100 saves."""
+        sim, clock = _a100s(1), _Clock()
+        uuid = sim.gpus()[0].uuid
+        policy = _policy(sim, tmp_path, set(), clock)
+        at = 0.0
+        for busy, seconds in ((False, 60), (True, 600), (False, 1)):
+            sim.set_busy([uuid], busy)
+            for _ in range(seconds):
+                at += 1.0
+                policy.observe(sim.sample(), at)
+        await policy.apply(_command({uuid: 250}, NOW + timedelta(hours=3)))
+        for _ in range(3600):
+            at += 1.0
+            policy.observe(sim.sample(), at)
+        assert 4.0 < policy.energy_saved_wh(uuid) < 9.0
+
     async def test_a_restarted_agent_still_restores_what_an_earlier_one_lowered(self, tmp_path: Path) -> None:
         """What was lowered and the energy counted are kept in power.json: a new PowerPolicy restores after the window."""
         sim, clock = _a100s(1), _Clock()
