@@ -6,7 +6,8 @@ GPU's target is checked against the range its agent reported (``power_limit_min_
 default; a GPU that reports no range is left out. Bad input is 400 ``invalid_power_policy`` saying what to change.
 
 **Off-peak** (``off_peak_until``), from the demand forecast (``master/services/forecast.py``): for the host's GPU model
-and region, the seasonal forecast of the next 24 hours from the current hour; an hour is off-peak when its forecast is
+and region, the forecast of the next 24 hours from the current hour (``forecast_models.choose_forecast``, the one
+``GET /demand-forecast`` shows); an hour is off-peak when its forecast is
 below ``off_peak_threshold`` (default 0.5) × the 24 hours' peak. The window runs from now to the first hour that is not
 off-peak. A model and region with no demand at all in the history are off-peak throughout (nobody is expected; a rental
 still gets its GPU back at full power before it starts). A host with several models is off-peak only when each is, until
@@ -35,6 +36,7 @@ from master.models import Command as CommandRow
 from master.models import Gpu, Host, HostPowerPolicy
 from master.services import commands, forecast, power_savings
 from master.services.accounts import Principal
+from master.services.forecast_models import choose_forecast
 from shared import protocol
 from shared.errors import BadRequest, Conflict, NotFound
 
@@ -242,7 +244,8 @@ async def power_pass(master: Master) -> int:
         if not rows:
             return 0
         _, history = await forecast.demand_history(session, now=now, days=HISTORY_DAYS)
-        ahead = {key: forecast.seasonal_forecast(values, horizon=HORIZON_HOURS) for key, values in history.items()}
+        # The forecast the API and the console show: per series the seasonal baseline, or the learned model where it won.
+        ahead = {key: choose_forecast(values, horizon=HORIZON_HOURS).forecast for key, values in history.items()}
         gpus_of: dict[str, list[Gpu]] = {}
         for gpu in await _present_gpus(session, [host.id for _, host in rows]):
             gpus_of.setdefault(gpu.host_id, []).append(gpu)
