@@ -32,8 +32,8 @@ install: $(VENV)/.installed
 
 # The learned placer's training (issue 26): gymnasium, Stable-Baselines3 and PyTorch, the `learn` extra. The
 # marketplace never needs it (a shipped policy runs on numpy); the suite trains tiny policies, so `make test` has it.
-$(VENV)/.learn-installed: $(VENV)/.installed
-	$(call step,install the learn extra (PyTorch; a few GB the first time),$(BIN)/python -m pip install -e '.[test,learn]')
+$(VENV)/.learn-installed: $(VENV)/.installed pyproject.toml
+	$(call step,install the learn extra (PyTorch; a few GB the first time),$(BIN)/python -m pip install -e '.[learn]')
 	@touch $@
 
 learn: $(VENV)/.learn-installed
