@@ -8,7 +8,7 @@ ARGS   ?=
 # The console's browser tests drive Debian's Chromium through Playwright (never Playwright's download).
 CHROMIUM ?= $(or $(GPUMARKET_TEST_CHROMIUM),/usr/bin/chromium)
 
-.PHONY: up test install chromium docker lint typecheck bench cluster clean
+.PHONY: up test install learn chromium docker lint typecheck bench cluster clean
 
 # Each set-up step is one line on the terminal ("  ..  " while it runs, "  ok  " once done); what venv and
 # pip print goes to INSTALL_LOG, whose end is shown when a step fails.
@@ -29,6 +29,14 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	@touch $@
 
 install: $(VENV)/.installed
+
+# The learned placer's training (issue 26): gymnasium, Stable-Baselines3 and PyTorch, the `learn` extra. The
+# marketplace never needs it (a shipped policy runs on numpy); the suite trains tiny policies, so `make test` has it.
+$(VENV)/.learn-installed: $(VENV)/.installed pyproject.toml
+	$(call step,install the learn extra (PyTorch; a few GB the first time),$(BIN)/python -m pip install -e '.[learn]')
+	@touch $@
+
+learn: $(VENV)/.learn-installed
 
 # Installs Debian's chromium (the console's browser tests) and nodejs (the money formatter's
 # agreement test runs money.js in Node) when missing and we are root (apt-get update only if the
@@ -90,7 +98,7 @@ typecheck: install
 # The suite on TEST_WORKERS pytest-xdist workers: tests that share an expensive fixture (the fault cluster, a
 # module's `gpumarket up`) run on one worker (ONE_WORKER_SCOPES in tests/conftest.py); the 30 slowest are listed.
 TEST_WORKERS ?= 4
-test: install chromium docker lint typecheck
+test: install learn chromium docker lint typecheck
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --durations=30 $(ARGS)
 
 # Every benchmark, then bench/report.py: each bench records its headline figures beside their baselines

@@ -10,6 +10,7 @@ answered again without running twice.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -20,6 +21,7 @@ from agent.clusternet import ClusterNetworks
 from agent.gpu.base import GpuBackend
 from agent.health import check_health
 from agent.logship import LogShipper
+from agent.power import PowerPolicy
 from agent.runtimes.manager import WorkloadManager
 from agent.sshd import RentalSshServer
 from agent.wgcontrol import ClusterNetworkError
@@ -36,7 +38,8 @@ class CommandExecutor:
     renewed certificate: both belong to the agent's loops, which hand them in. ``ssh`` serves
     SSH into the rentals: a start prepares the rental's host key (the reply's ``ssh_host_key``),
     a stop ends its SSH connections. ``clusters`` joins member containers to their cluster's
-    private network (``agent.clusternet``); a stop takes the member out.
+    private network (``agent.clusternet``); a stop takes the member out. ``power`` keeps the off-peak power
+    policy (``agent.power``): a start restores its GPUs' limits first, and fails if that cannot be done.
     """
 
     def __init__(
@@ -49,6 +52,7 @@ class CommandExecutor:
         install_certificate: Callable[[protocol.InstallCertificate], Awaitable[protocol.CertificateInstalled]],
         ssh: RentalSshServer | None = None,
         clusters: ClusterNetworks | None = None,
+        power: PowerPolicy | None = None,
         # Limits
         remembered_results: int = 1000,
     ) -> None:
@@ -59,6 +63,7 @@ class CommandExecutor:
         self.install_certificate = install_certificate
         self.ssh = ssh
         self.clusters = clusters
+        self.power = power
         self.remembered_results = remembered_results
         self._results: OrderedDict[str, protocol.CommandResultBody] = OrderedDict()
 
@@ -106,6 +111,10 @@ class CommandExecutor:
                 return await self._cluster_networks().create(command)
             case protocol.DeleteCluster():
                 return await self._cluster_networks().delete(command)
+            case protocol.SetPowerPolicy():
+                if self.power is None:
+                    raise ConfigError("this agent keeps no power policy", code="power_policy_unavailable")
+                return await self.power.apply(command)
 
     def _cluster_networks(self) -> ClusterNetworks:
         if self.clusters is None:
@@ -115,7 +124,11 @@ class CommandExecutor:
     async def _start_workload(self, command: protocol.StartWorkload) -> protocol.WorkloadStarted:
         if self.ssh is not None:
             self.ssh.check_keys(command.authorized_keys)  # a bad key fails the start before anything runs
-        data = await self.workloads.start(command.rental_id, list(command.gpu_uuids), command.workload, share=command.share)
+        async with contextlib.AsyncExitStack() as stack:
+            if self.power is not None:
+                # Every GPU it gets back to its full limit before anything runs (or the start fails): docs/power.md.
+                await stack.enter_async_context(self.power.ready_for_start(command.gpu_uuids))
+            data = await self.workloads.start(command.rental_id, list(command.gpu_uuids), command.workload, share=command.share)
         self.logs.follow(command.rental_id, save=True)
         if self.ssh is not None:
             # Every kind gets a host key: a hold rental's login is answered with why it has no shell.

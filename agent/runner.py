@@ -11,6 +11,8 @@ Tasks the agent owns for its whole life (independent of any one connection):
 * **network** — measures download/upload/latency/jitter/loss against the relay,
   periodically (hourly ± jitter, first run at a random point) and on command.
 * **logs** — ships new workload output in bounded chunks (``agent.logship``).
+* **power** — keeps the off-peak power policy: lowers idle GPUs in the window, restores them
+  after it (``agent.power``); each sampling pass counts the energy it saved.
 
 Every outgoing message is written to the on-disk spool first (``agent.spool``) and
 leaves it only when the relay acknowledges its ``seq`` (which the relay does once the
@@ -43,6 +45,7 @@ from agent.gpu.base import GpuBackend, GpuSample
 from agent.hostfacts import collect_host_facts
 from agent.logship import LogShipper
 from agent.netmeasure import measure, next_delay
+from agent.power import PowerPolicy
 from agent.runtimes.containeropts import ContainerOptions, ProgressStage
 from agent.runtimes.isolation import HostIsolation, ProcessIsolation, isolation_facts
 from agent.runtimes.manager import WorkloadManager
@@ -245,9 +248,12 @@ class Agent:
             state.work_dir, self.workloads.container_namespace, self._local_address, relay_url=self._connect_url,
             relay_tls=lambda: client_ssl_context(self.state.ca_file), direct=cluster_direct,
         )
+        # Off-peak power limits (agent.power): what it lowered survives a restart in power.json.
+        self.power = PowerPolicy(backend, state.dir / "power.json", in_use=self.workloads.gpus_in_use)
         self.commands = CommandExecutor(
             workloads=self.workloads, backend=backend, logs=self.logs, measure=self.measure_network,
-            install_certificate=self._install_certificate, ssh=self.ssh, clusters=self.clusters, remembered_results=remembered_results,
+            install_certificate=self._install_certificate, ssh=self.ssh, clusters=self.clusters, power=self.power,
+            remembered_results=remembered_results,
         )
         # Renters' streams the relay opens on this agent's link: SSH into a rental, its ports.
         self.tunnels = TunnelServer(self.workloads, self.ssh, clusters=self.clusters, max_streams_per_rental=max_streams_per_rental)
@@ -328,6 +334,7 @@ class Agent:
         samples = await asyncio.to_thread(self.backend.sample)
         self.samples_taken += 1
         self._latest = samples
+        self.power.observe(samples, time.monotonic())
         for s in samples:
             self._windows.setdefault(s.uuid, _Window()).add(s)
         poll = getattr(self.backend, "poll_events", None)
@@ -345,7 +352,8 @@ class Agent:
         now = time.monotonic()
         body = protocol.TelemetryBody(
             sampled_at=datetime.now(UTC),
-            gpus=[protocol.GpuSampleModel.model_validate(s.to_wire()) for s in self._latest],
+            gpus=[protocol.GpuSampleModel.model_validate({**s.to_wire(), "energy_saved_wh": self.power.energy_saved_wh(s.uuid)})
+                  for s in self._latest],
             window_s=round(now - self._window_started, 3),
             aggregates=[w.model(uuid) for uuid, w in self._windows.items()],
         )
@@ -426,6 +434,7 @@ class Agent:
             asyncio.create_task(self._command_worker(), name=f"agent-{self.host_id}-commands"),
             asyncio.create_task(self._sampler(), name=f"agent-{self.host_id}-sampler"),
             asyncio.create_task(self._log_shipper(), name=f"agent-{self.host_id}-logs"),
+            asyncio.create_task(self.power.run(), name=f"agent-{self.host_id}-power"),
         ]
         if self.timings.network_interval > 0:
             tasks.append(asyncio.create_task(self._network_loop(), name=f"agent-{self.host_id}-network"))
@@ -706,5 +715,6 @@ class Agent:
         await self.clusters.close()
         await self.ssh.close()
         await self.workloads.close(stop_workloads=self.stop_workloads_on_close)
+        await self.power.close()
         self.backend.close()
         self.spool.close()

@@ -246,6 +246,39 @@ class Gpu(Base):
         self.cuda_version_key = version_key(info.get("cuda_driver_version"))
 
 
+class HostPowerPolicy(Base):
+    """A provider's off-peak power policy for one host (master/services/power.py, docs/power.md): the cap its idle GPUs
+    are lowered to off-peak, in watts or as a fraction of each GPU's default limit, and what its agent was last sent."""
+
+    __tablename__ = "host_power_policies"
+
+    host_id: Mapped[str] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), primary_key=True)
+    enabled: Mapped[bool] = mapped_column(default=True)
+    cap_watts: Mapped[float | None] = mapped_column(default=None)  # one of these two is set
+    cap_fraction: Mapped[float | None] = mapped_column(default=None)
+    # An hour is off-peak when the forecast demand for the host's GPU model and region is below this share of its peak.
+    off_peak_threshold: Mapped[float] = mapped_column(default=0.5)
+    updated_at: Mapped[datetime] = mapped_column(default=_now)
+    # The policy last sent to the agent ({"targets": {uuid: watts}, "off_peak_until": ISO | None}), when, and its command.
+    sent: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    sent_at: Mapped[datetime | None] = mapped_column(default=None)
+    command_id: Mapped[str | None] = mapped_column(String(40), default=None)
+
+
+class PowerSaving(Base):
+    """Energy a host's power policy saved on one GPU in one UTC day, Wh, folded from the agent's cumulative counter
+    (``counter_wh``: the counter when last folded; a smaller one later means the agent started counting again)."""
+
+    __tablename__ = "power_savings"
+
+    host_id: Mapped[str] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), primary_key=True)
+    gpu_uuid: Mapped[str] = mapped_column(String(128), primary_key=True)
+    day: Mapped[str] = mapped_column(String(10), primary_key=True)  # YYYY-MM-DD, UTC
+    saved_wh: Mapped[float] = mapped_column(default=0.0)
+    counter_wh: Mapped[float] = mapped_column(default=0.0)
+    updated_at: Mapped[datetime] = mapped_column(default=_now)
+
+
 class HostListing(Base):
     """A provider's terms for one host on the marketplace (``master/services/listings.py``).
 

@@ -136,6 +136,14 @@ class GpuBackendUnavailable(GpumarketError, RuntimeError):
     code = "gpu_backend_unavailable"
 
 
+class PowerLimitError(GpumarketError, ValueError):
+    """A GPU's power limit could not be set: outside the board's range, not adjustable on this GPU, or the
+    driver refused (setting a limit needs root on real drivers). Nothing was changed; the agent reports it
+    and goes on."""
+
+    code = "power_limit_refused"
+
+
 class EnrollmentError(ClientError):
     code = "enrollment_refused"
     http_status = 403

@@ -287,6 +287,11 @@ MATRIX: tuple[Rule, ...] = (
     Rule("GET", "/clusters/{cluster_id}", the_renters(200, others=(404, "cluster_not_found"))),
     Rule("DELETE", "/clusters/{cluster_id}", the_renters(202, others=(404, "cluster_not_found")), last=True),
     Rule("GET", "/demand-forecast", only(200, "provider")),
+    # Off-peak power limits: a host's policy is its provider's (admins too); the world's GPUs report no adjustable
+    # range, so the valid body opts out.
+    Rule("PUT", "/hosts/{host_id}/power-policy", host_write(200), body=fixed({"enabled": False})),
+    Rule("GET", "/hosts/{host_id}/power-policy", host_write(200)),
+    Rule("GET", "/provider/power", only(200, "provider")),
     # Services: as clusters.
     Rule("POST", "/services", only(201, "renter"), body=fixed(SERVICE)),
     Rule("GET", "/services", everyone(200)),

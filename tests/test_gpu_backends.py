@@ -61,7 +61,7 @@ GPU_SAMPLE_KEYS = {
     "pcie_width_current", "pcie_tx_kbps", "pcie_rx_kbps", "throttle_reasons", "ecc_volatile_uncorrected",
     "ecc_aggregate_uncorrected", "retired_pages_single_bit", "retired_pages_double_bit",
     "retired_pages_pending", "remapped_rows_correctable", "remapped_rows_uncorrectable",
-    "remapped_rows_pending", "remapped_rows_failure", "processes",
+    "remapped_rows_pending", "remapped_rows_failure", "processes", "power_limit_w",
 }  # fmt: skip
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "nvml"
 
@@ -279,11 +279,12 @@ class TestSimulatedBackend:
         assert turing.remapped_rows_uncorrectable is None
         assert geforce.retired_pages_double_bit is None and geforce.remapped_rows_pending is None
 
-    def test_power_limit_range_is_not_made_up(self) -> None:
-        """The default limit is the model's; the adjustable range, which the table lacks, is None."""
+    def test_power_limit_range_is_the_reference_boards(self) -> None:
+        """The default limit is the model's; the adjustable range is the reference board's (the power policy is
+        checked against it: docs/power.md)."""
         (info,) = SimulatedBackend("sim:RTX4090", seed="s").gpus()
         assert info.power_limit_default_w == info.power_limit_w == 450.0
-        assert (info.power_limit_min_w, info.power_limit_max_w) == (None, None)
+        assert (info.power_limit_min_w, info.power_limit_max_w) == (150.0, 600.0)
         assert info.mig_instances == ()
 
 
@@ -807,6 +808,7 @@ class TestNvmlBackend:
                     GpuProcess(pid=4242, used_memory_mib=20000),
                     GpuProcess(pid=4343, used_memory_mib=None),
                 ),
+                power_limit_w=700.0,  # the enforced limit read at start-up (no policy set another)
             )
         ]
 

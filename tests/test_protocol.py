@@ -224,6 +224,8 @@ class TestCommands:
         protocol.MeasureNetwork(),
         protocol.InstallCertificate(certificate="C" * 64, ca_certificate="A" * 64),
         protocol.HealthCheck(gpu_uuids=["GPU-1", "GPU-2"]),
+        protocol.SetPowerPolicy(targets=[protocol.PowerTarget(gpu_uuid="GPU-1", watts=250)],
+                                off_peak_until=datetime(2026, 11, 27, 6, tzinfo=UTC)),
     )
 
     @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c.kind)
@@ -245,6 +247,9 @@ class TestCommands:
             ("stop_workload", {"rental_id": "r-1", "grace_s": 601}, "bad_command", "grace"),
             ("measure_network", {"extra": 1}, "bad_command", "extra"),
             ("health_check", {"kind": "health_check"}, "bad_command", "kind"),
+            ("set_power_policy", {"targets": [{"gpu_uuid": "GPU-1", "watts": -5}]}, "bad_command", "watts"),
+            ("set_power_policy", {"targets": [{"gpu_uuid": "GPU-1", "watts": 250}, {"gpu_uuid": "GPU-1", "watts": 300}]},
+             "bad_command", "names a GPU twice"),
         ],
     )
     def test_unknown_kinds_and_fields_are_refused_by_the_protocol(self, kind: str, args: dict[str, object], code: str, words: str) -> None:

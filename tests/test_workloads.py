@@ -79,6 +79,12 @@ class MigEnabledBackend:
     def sample(self) -> list[GpuSample]:
         return self._sim.sample()
 
+    def set_power_limit(self, index: int, watts: float) -> float:
+        return self._sim.set_power_limit(index, watts)
+
+    def restore_power_limit(self, index: int) -> float:
+        return self._sim.restore_power_limit(index)
+
     def close(self) -> None:
         self._sim.close()
 

@@ -7,15 +7,20 @@
 ``GpuBackend`` is the seam the agent reads GPUs through. ``GpuEventSource`` is an
 optional second seam: a backend that can report XID and ECC events offers
 ``poll_events()``; ``poll_events(backend)`` asks any backend and answers ``[]`` for
-one that cannot. Nothing here imports NVML.
+one that cannot. Power limits (``set_power_limit``, ``restore_power_limit``) are part of
+``GpuBackend``: every backend checks a limit against the board's range with
+``check_power_limit`` before it changes anything. Nothing here imports NVML.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, Protocol, runtime_checkable
+
+from shared.errors import PowerLimitError
 
 MIB = 1024 * 1024
 
@@ -115,6 +120,8 @@ class GpuSample:
     remapped_rows_pending: bool | None
     remapped_rows_failure: bool | None
     processes: tuple[GpuProcess, ...]
+    # The power limit the GPU enforces now: ``GpuInfo.power_limit_w`` is the one found at start-up.
+    power_limit_w: float | None = None
 
     def to_wire(self) -> dict[str, Any]:
         """A JSON-ready dict whose keys are exactly this class's fields (tuples as lists)."""
@@ -151,6 +158,33 @@ class GpuEvent:
         return wire
 
 
+def check_power_limit(info: GpuInfo, watts: float) -> float:
+    """``watts`` as a limit GPU ``info`` accepts (within ``power_limit_min_w..power_limit_max_w``);
+    ``PowerLimitError`` saying the range otherwise, or when the GPU reports no adjustable range."""
+    low, high = info.power_limit_min_w, info.power_limit_max_w
+    if low is None or high is None:
+        raise PowerLimitError(
+            f"GPU {info.index} ({info.name}) reports no adjustable power-limit range: its limit cannot be set",
+            code="power_limit_unsupported", details={"gpu_uuid": info.uuid},
+        )
+    if not math.isfinite(watts) or not low <= watts <= high:
+        raise PowerLimitError(
+            f"{watts:g} W is outside GPU {info.index}'s ({info.name}) allowed power-limit range {low:g}-{high:g} W; nothing changed",
+            code="power_limit_out_of_range", details={"gpu_uuid": info.uuid, "min_w": low, "max_w": high},
+        )
+    return float(watts)
+
+
+def default_power_limit(info: GpuInfo) -> float:
+    """The board's default limit, which a restore sets; ``PowerLimitError`` where the GPU reports none."""
+    if info.power_limit_default_w is None:
+        raise PowerLimitError(
+            f"GPU {info.index} ({info.name}) reports no default power limit to restore", code="power_limit_unsupported",
+            details={"gpu_uuid": info.uuid},
+        )
+    return check_power_limit(info, info.power_limit_default_w)
+
+
 class GpuBackend(Protocol):
     """Where the agent's GPU readings come from: real NVML, a recording of it, or an explicit simulation.
 
@@ -163,6 +197,15 @@ class GpuBackend(Protocol):
     def gpus(self) -> list[GpuInfo]: ...
 
     def sample(self) -> list[GpuSample]: ...
+
+    def set_power_limit(self, index: int, watts: float) -> float:
+        """Set GPU ``index``'s power limit to ``watts`` (``check_power_limit``: within the board's range) and
+        return the limit now in force; ``PowerLimitError`` (and nothing changed) where it cannot be set."""
+        ...
+
+    def restore_power_limit(self, index: int) -> float:
+        """Set GPU ``index``'s power limit back to the board's default; returns it. ``PowerLimitError`` as above."""
+        ...
 
     def close(self) -> None: ...
 

@@ -8,6 +8,9 @@ stand-in offers the ``pynvml`` functions it is asked for and raises ``pynvml``'s
 ``NVMLError`` subclasses exactly as NVML would. Constants (clock types, event types,
 error codes) are NVML's ABI and always come from ``pynvml`` itself.
 
+``set_power_limit`` is the one call here that changes a GPU: ``nvmlDeviceSetPowerManagementLimit``
+(milliwatts), checked against the board's range first (``agent.gpu.base.check_power_limit``).
+
 A field NVML cannot report on this GPU (not supported, no permission, not found, or
 a function this driver or this ``pynvml`` lacks) becomes ``None``; any other NVML
 error propagates. Imports ``agent.gpu.base`` and ``shared`` only.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import logging
 import re
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -25,8 +29,18 @@ from typing import Any, TypeAlias, TypeVar
 
 import pynvml
 
-from agent.gpu.base import MIB, GpuEvent, GpuEventKind, GpuInfo, GpuMigInstance, GpuProcess, GpuSample
-from shared.errors import GpuBackendUnavailable
+from agent.gpu.base import (
+    MIB,
+    GpuEvent,
+    GpuEventKind,
+    GpuInfo,
+    GpuMigInstance,
+    GpuProcess,
+    GpuSample,
+    check_power_limit,
+    default_power_limit,
+)
+from shared.errors import GpuBackendUnavailable, PowerLimitError
 
 log = logging.getLogger(__name__)
 
@@ -362,6 +376,32 @@ def read_gpu_sample(handle: Any, index: int, uuid: str, *, nvml: NvmlApi = pynvm
     )
 
 
+# What NVML's refusal to set a limit means, and what to do about it.
+_SET_LIMIT_REFUSALS: Mapping[int, tuple[str, str]] = {
+    pynvml.NVML_ERROR_NO_PERMISSION: (
+        "power_limit_no_permission",
+        "setting a power limit needs root (or CAP_SYS_ADMIN) on this driver: run the agent with that right, or opt the host out",
+    ),
+    pynvml.NVML_ERROR_NOT_SUPPORTED: ("power_limit_unsupported", "this GPU does not let its power limit be set"),
+    pynvml.NVML_ERROR_INVALID_ARGUMENT: ("power_limit_out_of_range", "the driver refused the value as out of range"),
+}
+
+
+def set_power_limit(handle: Any, info: GpuInfo, watts: float, *, nvml: NvmlApi = pynvml) -> float:
+    """``nvmlDeviceSetPowerManagementLimit`` (milliwatts) for the GPU behind ``handle``, checked against its
+    range first; ``PowerLimitError`` with NVML's reason (no permission, not supported, ...) if it refuses."""
+    limit = check_power_limit(info, watts)
+    try:
+        nvml.nvmlDeviceSetPowerManagementLimit(handle, round(limit * 1000))
+    except pynvml.NVMLError as err:
+        code, hint = _SET_LIMIT_REFUSALS.get(err.value, ("power_limit_refused", "see the driver's log"))
+        raise PowerLimitError(
+            f"GPU {info.index} ({info.name}): NVML refused the power limit {limit:g} W ({err}): {hint}; nothing changed",
+            code=code, details={"gpu_uuid": info.uuid, "nvml_error": str(err)},
+        ) from err
+    return limit
+
+
 def _register_events(nvml: NvmlApi, handle: Any, event_types: int, event_set: Any) -> bool:
     """Register ``event_types`` of one GPU with ``event_set``; ``False`` where the GPU cannot."""
     try:
@@ -544,10 +584,28 @@ class NvmlBackend:
     def sample(self) -> list[GpuSample]:
         if self._closed:
             raise GpuBackendUnavailable("the NVML backend is closed")
+        # The limit in force is the one read at start-up or set since (no extra NVML call per pass; a limit
+        # changed behind the agent's back, with nvidia-smi, shows after a restart).
         return [
-            read_gpu_sample(handle, info.index, info.uuid, nvml=self._nvml)
+            dataclasses.replace(read_gpu_sample(handle, info.index, info.uuid, nvml=self._nvml), power_limit_w=info.power_limit_w)
             for handle, info in zip(self._handles, self._infos, strict=True)
         ]
+
+    def set_power_limit(self, index: int, watts: float) -> float:
+        """Set GPU ``index``'s limit through NVML (needs root on real drivers: refused with
+        ``power_limit_no_permission`` otherwise, and nothing changes)."""
+        if self._closed:
+            raise GpuBackendUnavailable("the NVML backend is closed")
+        if not 0 <= index < len(self._infos):
+            raise PowerLimitError(f"no GPU at index {index}", code="gpu_not_found")
+        limit = set_power_limit(self._handles[index], self._infos[index], watts, nvml=self._nvml)
+        self._infos[index] = dataclasses.replace(self._infos[index], power_limit_w=limit)
+        return limit
+
+    def restore_power_limit(self, index: int) -> float:
+        if not 0 <= index < len(self._infos):
+            raise PowerLimitError(f"no GPU at index {index}", code="gpu_not_found")
+        return self.set_power_limit(index, default_power_limit(self._infos[index]))
 
     def poll_events(self) -> list[GpuEvent]:
         """XID and ECC events NVML queued since the last call; never blocks."""

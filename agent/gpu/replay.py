@@ -40,6 +40,11 @@ available" (``None``), exactly like ``NotSupported``, and it lets a fallback cha
 (``nvmlDeviceGetTemperatureV`` → ``nvmlDeviceGetTemperature``) go on to the older
 function, as a driver without the newer one would. ``nvmlInit``, ``nvmlShutdown`` and
 ``nvmlEventSetFree`` always succeed. Constants come from ``pynvml``.
+
+Power limits: a recording holds no answer for ``nvmlDeviceSetPowerManagementLimit``, so the
+replay models it: the set is recorded (``power_limit_sets``), the limit reads answer the value
+set, recorded draws above it are capped at it, and a capped pass's clocks-event reasons gain
+``sw_power_cap``. A recorded draw below the limit is replayed as it was.
 """
 
 from __future__ import annotations
@@ -237,6 +242,10 @@ class ReplayNvml:
             self._functions.update(function for _, function, _ in tick)
         self._tick: dict[_CallKey, list[_Answer]] | None = None
         self._positions: dict[_CallKey, int] = {}
+        # Power limits set during the replay (milliwatts per SCOPE), and every set in order: the recording
+        # holds no answer for a set, so the replay models it (see ``_replay``).
+        self.power_limits_mw: dict[str, int] = {}
+        self.power_limit_sets: list[tuple[str, int]] = []
 
     @property
     def tick_count(self) -> int:
@@ -268,6 +277,28 @@ class ReplayNvml:
             if not args or not isinstance(args[0], ReplayHandle):
                 raise TypeError(f"{function} needs a device handle handed out by this replay")
             scope, args = args[0].scope, args[1:]
+        if function == SET_POWER_LIMIT:
+            (milliwatts,) = args
+            self.power_limits_mw[scope] = int(milliwatts)
+            self.power_limit_sets.append((scope, int(milliwatts)))
+            return None
+        limit = self.power_limits_mw.get(scope)
+        if limit is not None and function in _LIMIT_READS:
+            return limit
+        value = self._recorded(scope, function, args)
+        if limit is None or function not in _LIMITED_CALLS:
+            return value
+        if function == "nvmlDeviceGetPowerUsage":
+            return min(int(value), limit)
+        try:
+            recorded_draw = self._recorded(scope, "nvmlDeviceGetPowerUsage", ())
+        except pynvml.NVMLError:
+            return value
+        # A recorded draw above the limit set is held at it: the GPU says its power cap holds its clocks back.
+        return int(value) | _SW_POWER_CAP if recorded_draw is not None and int(recorded_draw) > limit else value
+
+    def _recorded(self, scope: str, function: str, args: tuple[Any, ...]) -> Any:
+        """The recorded answer (or raised error) to ``function(args)`` on ``scope`` in the current pass."""
         key = (scope, function, args_key(args, opaque_name=_opaque_name))
         answers = None if self._tick is None else self._tick.get(key)
         if answers is None:
@@ -283,6 +314,14 @@ class ReplayNvml:
         if error is not None:
             raise error()
         return value
+
+
+SET_POWER_LIMIT = "nvmlDeviceSetPowerManagementLimit"
+_LIMIT_READS = frozenset({"nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit"})
+_LIMITED_CALLS = _LIMIT_READS | {
+    "nvmlDeviceGetPowerUsage", "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons",
+}
+_SW_POWER_CAP = 0x0004  # nvmlClocksEventReasonSwPowerCap
 
 
 def _opaque_name(arg: Any) -> str | None:
@@ -347,6 +386,19 @@ class ReplayBackend:
         self._nvml.start_tick(self._next_tick)
         self._next_tick += 1
         return self._inner.sample()
+
+    def set_power_limit(self, index: int, watts: float) -> float:
+        """As on the recorded host (checked against its recorded range); the replay then serves the limit set
+        and caps recorded draws at it. Every set is in ``power_limit_sets``."""
+        return self._inner.set_power_limit(index, watts)
+
+    def restore_power_limit(self, index: int) -> float:
+        return self._inner.restore_power_limit(index)
+
+    @property
+    def power_limit_sets(self) -> list[tuple[str, int]]:
+        """Every limit set during the replay, in order: (SCOPE, milliwatts)."""
+        return list(self._nvml.power_limit_sets)
 
     def poll_events(self) -> list[GpuEvent]:
         """The events recorded in the sampling pass played last, once each."""

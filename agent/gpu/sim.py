@@ -12,6 +12,11 @@ with different seeds never report the same UUID.
 
 A GPU shows load only while workloads run on it: the agent's workload manager tells
 ``set_loads`` what each running workload uses (a hold runs nothing and is not named).
+
+Power limits: ``set_power_limit`` changes a GPU's limit within its model's range (the
+``_MODELS`` table). A busy GPU's draw is capped at the limit and its clocks drop, with
+``sw_power_cap`` among its throttle reasons; an idle GPU's draw shrinks a little under a
+lower limit (``idle_power_w``: a stated modelling assumption, see docs/power.md).
 """
 
 from __future__ import annotations
@@ -21,12 +26,20 @@ import re
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Literal
 
-from agent.gpu.base import GpuEvent, GpuInfo, GpuMigInstance, GpuProcess, GpuSample
+from agent.gpu.base import (
+    GpuEvent,
+    GpuInfo,
+    GpuMigInstance,
+    GpuProcess,
+    GpuSample,
+    check_power_limit,
+    default_power_limit,
+)
 from shared.errors import ConfigError, NotFound
 
 SIM_PREFIX = "sim:"
@@ -98,6 +111,8 @@ class SimModel:
     serial: bool  # GeForce cards report no serial number
     mig_capable: bool
     hbm: bool
+    power_limit_min_w: float
+    power_limit_max_w: float
 
     @property
     def remaps_rows(self) -> bool:
@@ -120,6 +135,8 @@ def _model(
     max_mem_clock_mhz: int,
     pcie_gen_max: int,
     kind: _Kind,
+    power_limit_min_w: float,
+    power_limit_max_w: float,
 ) -> SimModel:
     geforce = kind == "geforce"
     hbm = kind == "datacenter-hbm"
@@ -139,26 +156,30 @@ def _model(
         serial=not geforce,
         mig_capable=hbm,
         hbm=hbm,
+        power_limit_min_w=power_limit_min_w,
+        power_limit_max_w=power_limit_max_w,
     )
 
 
 # fmt: off
+# min W / max W: the range `nvidia-smi -q -d POWER` shows for the reference board (approximate: a partner
+# board's own range may differ); the simulated power policy is checked against it.
 _MODELS = (
-    #      key           NVML name                          MiB       CC      limit W  idle W  max SM  max mem  PCIe  kind
-    _model("RTX3060",     "NVIDIA GeForce RTX 3060",         12288,    "8.6",  170.0,   13.0,   2100,   7501,    4,    "geforce"),
-    _model("RTX3090",     "NVIDIA GeForce RTX 3090",         24576,    "8.6",  350.0,   25.0,   2100,   9751,    4,    "geforce"),
-    _model("RTX4090",     "NVIDIA GeForce RTX 4090",         24564,    "8.9",  450.0,   22.0,   3120,   10501,   4,    "geforce"),
-    _model("RTX5090",     "NVIDIA GeForce RTX 5090",         32607,    "12.0", 575.0,   30.0,   3090,   14001,   5,    "geforce"),
-    _model("RTXA4000",    "NVIDIA RTX A4000",                16376,    "8.6",  140.0,   10.0,   2100,   7001,    4,    "workstation"),
-    _model("RTX6000ADA",  "NVIDIA RTX 6000 Ada Generation",  49140,    "8.9",  300.0,   20.0,   3105,   10001,   4,    "workstation"),
-    _model("L4",          "NVIDIA L4",                       23034,    "8.9",  72.0,    16.0,   2040,   6251,    4,    "datacenter"),
-    _model("L40S",        "NVIDIA L40S",                     46068,    "8.9",  350.0,   35.0,   2520,   9001,    4,    "datacenter"),
-    _model("T4",          "Tesla T4",                        15360,    "7.5",  70.0,    10.0,   1590,   5001,    3,    "datacenter"),
-    _model("A10",         "NVIDIA A10",                      23028,    "8.6",  150.0,   18.0,   1695,   6251,    4,    "datacenter"),
-    _model("A100-40GB",   "NVIDIA A100-SXM4-40GB",           40960,    "8.0",  400.0,   55.0,   1410,   1215,    4,    "datacenter-hbm"),
-    _model("A100-80GB",   "NVIDIA A100-SXM4-80GB",           81920,    "8.0",  400.0,   60.0,   1410,   1593,    4,    "datacenter-hbm"),
-    _model("H100",        "NVIDIA H100 80GB HBM3",           81559,    "9.0",  700.0,   70.0,   1980,   2619,    5,    "datacenter-hbm"),
-    _model("H200",        "NVIDIA H200",                     143771,   "9.0",  700.0,   75.0,   1980,   3201,    5,    "datacenter-hbm"),
+    #      key           NVML name                          MiB       CC      limit W  idle W  max SM  max mem  PCIe  kind              min W  max W
+    _model("RTX3060",     "NVIDIA GeForce RTX 3060",         12288,    "8.6",  170.0,   13.0,   2100,   7501,    4,    "geforce",        100.0, 170.0),
+    _model("RTX3090",     "NVIDIA GeForce RTX 3090",         24576,    "8.6",  350.0,   25.0,   2100,   9751,    4,    "geforce",        100.0, 350.0),
+    _model("RTX4090",     "NVIDIA GeForce RTX 4090",         24564,    "8.9",  450.0,   22.0,   3120,   10501,   4,    "geforce",        150.0, 600.0),
+    _model("RTX5090",     "NVIDIA GeForce RTX 5090",         32607,    "12.0", 575.0,   30.0,   3090,   14001,   5,    "geforce",        400.0, 600.0),
+    _model("RTXA4000",    "NVIDIA RTX A4000",                16376,    "8.6",  140.0,   10.0,   2100,   7001,    4,    "workstation",    100.0, 140.0),
+    _model("RTX6000ADA",  "NVIDIA RTX 6000 Ada Generation",  49140,    "8.9",  300.0,   20.0,   3105,   10001,   4,    "workstation",    100.0, 300.0),
+    _model("L4",          "NVIDIA L4",                       23034,    "8.9",  72.0,    16.0,   2040,   6251,    4,    "datacenter",     40.0,  72.0),
+    _model("L40S",        "NVIDIA L40S",                     46068,    "8.9",  350.0,   35.0,   2520,   9001,    4,    "datacenter",     100.0, 350.0),
+    _model("T4",          "Tesla T4",                        15360,    "7.5",  70.0,    10.0,   1590,   5001,    3,    "datacenter",     60.0,  70.0),
+    _model("A10",         "NVIDIA A10",                      23028,    "8.6",  150.0,   18.0,   1695,   6251,    4,    "datacenter",     100.0, 150.0),
+    _model("A100-40GB",   "NVIDIA A100-SXM4-40GB",           40960,    "8.0",  400.0,   55.0,   1410,   1215,    4,    "datacenter-hbm", 100.0, 400.0),
+    _model("A100-80GB",   "NVIDIA A100-SXM4-80GB",           81920,    "8.0",  400.0,   60.0,   1410,   1593,    4,    "datacenter-hbm", 100.0, 400.0),
+    _model("H100",        "NVIDIA H100 80GB HBM3",           81559,    "9.0",  700.0,   70.0,   1980,   2619,    5,    "datacenter-hbm", 200.0, 700.0),
+    _model("H200",        "NVIDIA H200",                     143771,   "9.0",  700.0,   75.0,   1980,   3201,    5,    "datacenter-hbm", 200.0, 700.0),
 )
 # fmt: on
 
@@ -256,6 +277,11 @@ class _SimGpu:
     loads: list[float] = field(default_factory=list)
     pids: list[int] = field(default_factory=list)
     mig_slices: Mapping[str, int] = field(default_factory=dict)  # MIG instance UUID -> its compute slices
+
+    @property
+    def limit_w(self) -> float:
+        """The power limit in force (``set_power_limit`` changes it; the model's default until then)."""
+        return self.info.power_limit_w if self.info.power_limit_w is not None else self.model.power_limit_w
 
     @property
     def load(self) -> float:
@@ -364,6 +390,22 @@ class SimulatedBackend:
                 loads.pop(gpu_uuid, None)
         self.set_loads(loads)  # a GPU that stays busy keeps its pid
 
+    def set_power_limit(self, index: int, watts: float) -> float:
+        """Lower (or raise) GPU ``index``'s limit within its model's range; its readings follow (see ``_sample``)."""
+        gpu = self._gpu_at(index)
+        limit = check_power_limit(gpu.info, watts)
+        gpu.info = replace(gpu.info, power_limit_w=limit)
+        return limit
+
+    def restore_power_limit(self, index: int) -> float:
+        gpu = self._gpu_at(index)
+        return self.set_power_limit(index, default_power_limit(gpu.info))
+
+    def _gpu_at(self, index: int) -> _SimGpu:
+        if not 0 <= index < len(self._gpus):
+            raise NotFound(f"no simulated GPU at index {index}", code="gpu_not_found")
+        return self._gpus[index]
+
     def inject_xid(self, gpu_uuid: str, code: int) -> None:
         """Make the GPU with this UUID report XID ``code`` (79: fallen off the bus, ...) once.
 
@@ -384,6 +426,7 @@ class SimulatedBackend:
 
     def _sample(self, gpu: _SimGpu) -> GpuSample:
         model, rng = gpu.model, self._rng
+        limit = gpu.limit_w
         idle_memory_mib = max(1, round(model.memory_total_mib * 0.004))
         processes: tuple[GpuProcess, ...] = ()
         load = gpu.load
@@ -394,15 +437,17 @@ class SimulatedBackend:
             memory_used = max(idle_memory_mib + 1, round(model.memory_total_mib * load * rng.uniform(0.70, 0.92)))
             temperature = rng.uniform(32.0, 38.0) + load * rng.uniform(32.0, 41.0)
             busy_power = model.power_limit_w * rng.uniform(0.85, 0.99)
-            power = model.idle_power_w + load * max(0.0, busy_power - model.idle_power_w)
-            sm_clock = round(model.max_sm_clock_mhz * rng.uniform(0.85, 0.97))
+            wanted = model.idle_power_w + load * max(0.0, busy_power - model.idle_power_w)
+            power = min(wanted, limit)
+            # Under a lower limit the clocks drop until the draw fits it (power grows roughly with the clock here).
+            sm_clock = round(model.max_sm_clock_mhz * rng.uniform(0.85, 0.97) * min(1.0, limit / wanted))
             mem_clock = model.max_mem_clock_mhz
             fan = rng.uniform(27.0, 33.0) + load * rng.uniform(28.0, 47.0)
             pcie_tx = round(load * rng.randint(50_000, 2_000_000))
             pcie_rx = round(load * rng.randint(50_000, 2_000_000))
             pcie_gen = model.pcie_gen_max
             # A card drawing its whole budget is held back by the power cap.
-            throttle: tuple[str, ...] = ("sw_power_cap",) if power >= 0.97 * model.power_limit_w else ()
+            throttle: tuple[str, ...] = ("sw_power_cap",) if power >= 0.97 * limit else ()
             total = sum(gpu.loads)
             processes = tuple(
                 GpuProcess(pid=pid, used_memory_mib=max(1, round((memory_used - idle_memory_mib) * fraction / total)))
@@ -413,7 +458,7 @@ class SimulatedBackend:
             mem_util = rng.uniform(0.0, 2.0)
             memory_used = idle_memory_mib + rng.randint(0, 8)
             temperature = rng.uniform(32.0, 38.0)
-            power = model.idle_power_w * rng.uniform(0.9, 1.1)
+            power = idle_power_w(model, limit) * rng.uniform(0.9, 1.1)
             sm_clock = _IDLE_SM_CLOCK_MHZ
             mem_clock = model.max_mem_clock_mhz if model.hbm else _IDLE_GDDR_CLOCK_MHZ
             fan = rng.uniform(27.0, 33.0)
@@ -429,7 +474,7 @@ class SimulatedBackend:
             memory_used_mib=min(memory_used, model.memory_total_mib),
             memory_free_mib=model.memory_total_mib - min(memory_used, model.memory_total_mib),
             temperature_c=round(temperature, 1),
-            power_draw_w=round(min(power, model.power_limit_w), 1),
+            power_draw_w=round(min(power, limit), 1),
             sm_clock_mhz=sm_clock,
             mem_clock_mhz=mem_clock,
             fan_pct=round(min(fan, 100.0), 1) if model.has_fan else None,
@@ -448,7 +493,20 @@ class SimulatedBackend:
             remapped_rows_pending=False if model.remaps_rows else None,
             remapped_rows_failure=False if model.remaps_rows else None,
             processes=processes,
+            power_limit_w=limit,
         )
+
+
+# A modelling assumption, not a measurement: most of an idle GPU's draw is fixed (memory, fans, leakage at the
+# idle clock); the rest (boost excursions between idle periods) is taken to shrink in proportion to the limit.
+# Real boards differ; docs/power.md says what this means for the energy-saved figures the demo shows.
+IDLE_FIXED_SHARE = 0.7
+
+
+def idle_power_w(model: SimModel, limit_w: float) -> float:
+    """The simulated idle draw (before jitter) of ``model`` under ``limit_w``: the model's idle draw at its default limit."""
+    scale = min(1.0, limit_w / model.power_limit_w)
+    return model.idle_power_w * (IDLE_FIXED_SHARE + (1 - IDLE_FIXED_SHARE) * scale)
 
 
 def sim_gpu_uuid(*, seed: str, index: int, model_key: str) -> str:
@@ -493,9 +551,8 @@ def _sim_info(model: SimModel, *, seed: str, index: int, mig: bool = False) -> G
         cuda_driver_version=SIM_CUDA_DRIVER_VERSION,
         power_limit_w=model.power_limit_w,
         power_limit_default_w=model.power_limit_w,
-        # The model table carries no adjustable range; None rather than made-up numbers.
-        power_limit_min_w=None,
-        power_limit_max_w=None,
+        power_limit_min_w=model.power_limit_min_w,
+        power_limit_max_w=model.power_limit_max_w,
         max_sm_clock_mhz=model.max_sm_clock_mhz,
         max_mem_clock_mhz=model.max_mem_clock_mhz,
         pcie_gen_max=model.pcie_gen_max,

@@ -193,6 +193,10 @@ class WorkloadManager:
         """Rental ids whose workload runs (or holds its GPUs), stopping ones included."""
         return sorted(self._workloads)
 
+    def gpus_in_use(self) -> set[str]:
+        """The GPU (or MIG instance) UUIDs a workload holds: running, stopping or still starting (an image pulling)."""
+        return {gpu_uuid for workload in [*self._workloads.values(), *self._pending.values()] for gpu_uuid in workload.gpu_uuids}
+
     def access(self, rental_id: str) -> RentalAccess | None:
         """What a login into the rental's workload reaches (``agent.sshd``); ``None``: none runs here."""
         workload = self._workloads.get(rental_id)

@@ -110,7 +110,7 @@ export function marketplaceSection(ctx, { days = 30 } = {}) {
 
 // Providers and admins: GPUs wanted per model and region, the last day and the next (GET /demand-forecast).
 export function demandSection(ctx, { hours = 24 } = {}) {
-  return section("demand-title", "Demand forecast", `GPUs wanted per GPU model and region: the last day, then the next ${hours} hours as forecast (each hour the mean of the same hour over the last week).`,
+  return section("demand-title", "Demand forecast", `GPUs wanted per GPU model and region: the last day, then the next ${hours} hours as forecast: the mean of the same hour over the last week, or a learned model where it did better on the last two days.`,
     loaded(ctx, async () => {
       const body = await api("GET", `/demand-forecast?hours=${hours}`);
       const start = Date.parse(body.from);
@@ -122,9 +122,10 @@ export function demandSection(ctx, { hours = 24 } = {}) {
         { name: `${one.gpu_model} · ${one.region}, forecast`, points: one.forecast.map((v, i) => [start + i * hour, v]) },
       ]));
       chart.el.classList.add("demand-chart");
-      const rows = body.series.map((one) => [one.gpu_model, one.region, count(one.peak_gpus), timeEl(one.peak_at)]);
+      const method = (one) => one.method === "learned" ? "learned" : "same hour, last week";
+      const rows = body.series.map((one) => [one.gpu_model, one.region, count(one.peak_gpus), timeEl(one.peak_at), method(one)]);
       return h("div", { class: "chart-grid-wide" }, chart.el,
-        table({ caption: `Forecast peaks, next ${hours} hours`, columns: ["GPU model", "Region", "Peak GPUs", "At"], rows,
+        table({ caption: `Forecast peaks, next ${hours} hours`, columns: ["GPU model", "Region", "Peak GPUs", "At", "Method"], rows,
           empty: "No rentals in the last two weeks: nothing to forecast yet.", className: "demand" }));
     }));
 }

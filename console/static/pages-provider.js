@@ -6,6 +6,7 @@ import { api } from "./api.js";
 import { badge, facts, field, h, link, num, replace, table, timeEl } from "./dom.js";
 import { invoicesSection } from "./invoices.js";
 import { maintenanceSection } from "./maintenance.js";
+import { energySection, powerSection } from "./power.js";
 import { amountProblem, usd, usdRate } from "./money.js";
 import { gpuCharts } from "./telemetry.js";
 import { busy, copyButton, errorBox, heading, loadInto, loading } from "./ui.js";
@@ -84,6 +85,7 @@ export function hostPage(page, ctx) {
       isolationSlot),
     chartsSlot,
     listingSection(ctx, hostId, listingEvents), maintenanceSection(ctx, hostId, listingEvents),
+    ctx.role === "provider" || ctx.role === "admin" ? powerSection(ctx, hostId) : null,
     h("section", { "aria-labelledby": "network-title" }, h("h2", { id: "network-title" }, "Network speed tests"),
       h("div", { class: "actions" }, measure), networkErrors.el, networkSlot),
     h("section", { "aria-labelledby": "history-title" }, h("h2", { id: "history-title" }, "State history"), eventsSlot));
@@ -324,7 +326,7 @@ export function earningsPage(page, ctx) {
   const totals = h("div", {});
   const payouts = h("div", {});
   replace(page, heading("Earnings and payouts", "What your hosts earned, what was paid out, and your monthly statements."),
-    totals, earningsSection(ctx), occupancySection(ctx), demandSection(ctx),
+    totals, earningsSection(ctx), occupancySection(ctx), demandSection(ctx), energySection(ctx),
     h("section", { "aria-labelledby": "payouts-title" }, h("h2", { id: "payouts-title" }, "Payouts"), payouts),
     invoicesSection(ctx, { title: "Statements", empty: "No statements yet: they appear once a host of yours earns something." }));
   loadInto(ctx, totals, async () => {

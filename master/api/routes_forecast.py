@@ -22,7 +22,8 @@ async def demand_forecast(request: web.Request) -> web.Response:
 
 ROUTES: tuple[Route, ...] = (
     Route("GET", "/demand-forecast", demand_forecast, "GPUs wanted per GPU model and region, hour by hour: the last day "
-          "and a forecast of the next hours (the seasonal baseline: the same hour's mean over the last 7 days).",
+          "and a forecast of the next hours: the same hour's mean over the last 7 days, or a small learned model where it "
+          "beat that on the last two (held-out) days; each series says which.",
           roles=("provider",), query=(QueryParam("days", "integer", "Days of history read.", 1, 60),
                                       QueryParam("hours", "integer", "Hours forecast.", 1, 168))),
 )

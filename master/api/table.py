@@ -25,6 +25,7 @@ from master.api import (
     routes_market,
     routes_metrics,
     routes_payments,
+    routes_power,
     routes_regions,
     routes_services,
     routes_ssh_keys,
@@ -41,6 +42,7 @@ ROUTES: tuple[Route, ...] = (
     + routes_clusters.ROUTES
     + routes_services.ROUTES
     + routes_forecast.ROUTES
+    + routes_power.ROUTES
 )  # fmt: skip
 
 UNVERSIONED: tuple[Route, ...] = routes_metrics.UNVERSIONED + routes_downloads.UNVERSIONED + routes_docs.UNVERSIONED

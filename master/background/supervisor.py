@@ -44,6 +44,7 @@ from master.background.commands import command_resender
 from master.background.gateway import gateway_stats_loop
 from master.background.heartbeats import heartbeat_monitor
 from master.background.ingest import ingest_loop
+from master.background.power import power_loop
 from master.background.rental_queue import queue_loop
 from master.background.revocations import revocation_publisher
 from master.background.scoring import scoring_loop
@@ -74,6 +75,7 @@ def master_loops(master: Master, *, webhook_http: aiohttp.ClientSession) -> list
         Loop("rental-queue", functools.partial(queue_loop, master)),
         Loop("autoscaler", functools.partial(autoscaler_loop, master)),
         Loop("gateway-stats", functools.partial(gateway_stats_loop, master)),
+        Loop("power-policy", functools.partial(power_loop, master)),
     ]
     if master.settings.billing_in_process:
         loops += [Loop(f"billing-{job.name}", functools.partial(billing_loop, master, job)) for job in JOBS.values()]

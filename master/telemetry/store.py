@@ -63,6 +63,8 @@ _SAMPLE_RANGES: dict[str, tuple[float | None, float | None]] = {
     "retired_pages_double_bit": (0, None),
     "remapped_rows_correctable": (0, None),
     "remapped_rows_uncorrectable": (0, None),
+    "power_limit_w": (0, 5000),
+    "energy_saved_wh": (0, None),
 }
 _AGGREGATE_RANGES: dict[str, tuple[float | None, float | None]] = {
     "gpu_util_avg": (0, 100),

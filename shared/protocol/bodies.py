@@ -75,6 +75,11 @@ class GpuSampleModel(LenientModel):
     remapped_rows_pending: bool | None = None
     remapped_rows_failure: bool | None = None
     processes: list[GpuProcessModel] = Field(default_factory=list, max_length=1024)
+    # The power limit the GPU enforces now (a power policy may have lowered it off-peak: docs/power.md).
+    power_limit_w: float | None = None
+    # Energy the host's power policy saved on this GPU, cumulative Wh since the agent began counting (docs/power.md);
+    # None: the agent keeps no count (no policy ever applied to this GPU, or an older agent).
+    energy_saved_wh: float | None = None
 
 
 class GpuAggregateModel(LenientModel):

@@ -26,7 +26,7 @@ from pydantic import (
 
 from shared.errors import ProtocolError
 from shared.imageref import IMAGE_HINT, MAX_REFERENCE_CHARS, parse_image_reference
-from shared.protocol.base import CommandId, LenientModel, StrictModel
+from shared.protocol.base import CommandId, LenientModel, StrictModel, Timestamp
 from shared.protocol.bodies import NetworkReportBody
 
 RENTAL_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # a folder, a cgroup, a unit and a container name
@@ -423,10 +423,49 @@ class DeleteCluster(StrictModel):
     rental_id: RentalId
 
 
-AnyCommand = StartWorkload | StopWorkload | MeasureNetwork | InstallCertificate | HealthCheck | CreateCluster | DeleteCluster
+# ---- off-peak power limits (docs/power.md) -------------------------------------------------------
+
+MAX_POWER_LIMIT_W = 5000.0  # more than any board's maximum; bounds a garbage value
+
+
+def _watts(value: object) -> object:
+    if not (_is_number(value) and 0 < value <= MAX_POWER_LIMIT_W):  # type: ignore[operator]
+        raise ValueError(f"'watts' must be a number of watts above 0 and at most {MAX_POWER_LIMIT_W:g}, e.g. 250")
+    return value
+
+
+class PowerTarget(StrictModel):
+    """The power limit one GPU is lowered to while it idles off-peak (within its board's allowed range)."""
+
+    gpu_uuid: GpuUuid
+    watts: Annotated[float, Field(gt=0, le=MAX_POWER_LIMIT_W), BeforeValidator(_watts)]
+
+
+class SetPowerPolicy(StrictModel):
+    """The host's power policy, whole (it replaces the one before): until ``off_peak_until`` the agent lowers
+    each idle GPU of ``targets`` to its watts; from then on, or at once with no ``off_peak_until`` or no
+    targets, it restores every limit it lowered. A GPU is always restored before a workload starts on it,
+    and a busy one is never lowered. Idempotent: the same policy twice changes nothing more."""
+
+    kind: Literal["set_power_policy"] = "set_power_policy"
+    targets: list[PowerTarget] = Field(default_factory=list, max_length=64)
+    off_peak_until: Timestamp | None = None
+
+    @model_validator(mode="after")
+    def _one_target_per_gpu(self) -> SetPowerPolicy:
+        uuids = [target.gpu_uuid for target in self.targets]
+        if len(set(uuids)) != len(uuids):
+            raise ValueError("'targets' names a GPU twice")
+        return self
+
+
+AnyCommand = (
+    StartWorkload | StopWorkload | MeasureNetwork | InstallCertificate | HealthCheck | CreateCluster | DeleteCluster | SetPowerPolicy
+)
 AgentCommand = Annotated[AnyCommand, Field(discriminator="kind")]
 COMMAND_KINDS = (
     "start_workload", "stop_workload", "measure_network", "install_certificate", "health_check", "create_cluster", "delete_cluster",
+    "set_power_policy",
 )
 
 
@@ -508,8 +547,19 @@ class ClusterLeft(LenientModel):
     deleted: bool
 
 
+class PowerPolicyApplied(LenientModel):
+    """``set_power_policy``: whether the window is open now, the GPUs lowered now (uuid → watts), those restored
+    by this command, and those it left alone with why (busy, out of range, the driver refused: uuid → reason)."""
+
+    off_peak: bool
+    capped: dict[str, float] = Field(default_factory=dict)
+    restored: list[str] = Field(default_factory=list)
+    skipped: dict[str, str] = Field(default_factory=dict)
+
+
 CommandReply = (
     WorkloadStarted | WorkloadStopped | NetworkReportBody | CertificateInstalled | HealthCheckResult | ClusterJoined | ClusterLeft
+    | PowerPolicyApplied
 )
 
 

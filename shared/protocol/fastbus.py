@@ -73,6 +73,8 @@ class GpuSample(Struct, forbid_unknown_fields=True):
     remapped_rows_pending: bool | None = None
     remapped_rows_failure: bool | None = None
     processes: Annotated[list[GpuProcess], Meta(max_length=1024)] = []
+    power_limit_w: float | None = None
+    energy_saved_wh: float | None = None
 
 
 class GpuAggregate(Struct, forbid_unknown_fields=True):
