@@ -177,7 +177,7 @@ class TestTraining:
         assert result.path == tmp_path / "smoke.npz" and result.path.exists()
         assert lines and "steps" in lines[-1]
         policy = load_policy("smoke", directory=tmp_path)
-        assert policy.meta["algorithm"] == algorithm and policy.meta["steps"] == steps
+        assert policy.meta["algorithm"] == algorithm and policy.meta["steps"] == result.steps >= steps
         nodes, requests = hetero_episode(2)
         placer = LearnedPlacer(policy=policy, workload=Workload.from_requests(requests))
         fleet = Fleet(nodes)

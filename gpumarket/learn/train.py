@@ -44,7 +44,7 @@ MIN_STD = 1e-2  # features nearly constant in the rollout are left unscaled rath
 class TrainResult:
     policy: Policy
     path: Path
-    steps: int
+    steps: int  # env steps taken (PPO: whole rollouts, so at least those asked for)
     seconds: float
     episodes: int
     mean_return: float  # over the last episodes of training (up to 100)
@@ -95,9 +95,9 @@ class _Progress(BaseCallback):
 
     def _line(self) -> None:
         self.reported = self.num_timesteps
-        done = min(self.num_timesteps, self.total)
+        done = self.num_timesteps  # PPO collects whole rollouts: it may end past the total asked for
         self.report(
-            f"{self.label}: {done:,}/{self.total:,} steps ({100 * done / self.total:.0f}%), "
+            f"{self.label}: {done:,}/{self.total:,} steps ({min(100, round(100 * done / self.total))}%), "
             f"{time.monotonic() - self.started:.0f} s, {self.episodes:,} episodes, "
             f"mean return {_mean_return(self.model):.2f} (last 100)"
         )
@@ -169,11 +169,12 @@ def train_placer(
     seconds = time.monotonic() - started
     actor = _actor(model)
     versions = {package: metadata.version(package) for package in ("torch", "stable-baselines3", "sb3-contrib")}
+    done = int(model.num_timesteps)
     policy = actor.export(name, {"algorithm": algorithm, "setting": setting, "config": config, "seed": seed,
-                                 "steps": steps, "seconds": round(seconds, 1), "versions": versions})  # fmt: skip
+                                 "steps": done, "seconds": round(seconds, 1), "versions": versions})  # fmt: skip
     if save:
         policy.save(path)
-    return TrainResult(policy, path, steps, seconds, progress.episodes, _mean_return(model))
+    return TrainResult(policy, path, done, seconds, progress.episodes, _mean_return(model))
 
 
 FGD_LOGIT_SCALE = 4.0  # logit difference per σ of FGD's score: the start picks FGD's choice mostly, not always
