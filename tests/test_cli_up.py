@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -35,6 +36,25 @@ def taken_port() -> Iterator[int]:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         yield int(holder.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _held_port_after_a_free_one() -> Iterator[int]:
+    """A port held here whose predecessor was free a moment ago (the suite's other workers bind ports too: a CI run
+    once found the predecessor of a random held port taken)."""
+    for _ in range(50):
+        with socket.socket() as holder:
+            holder.bind(("127.0.0.1", 0))
+            holder.listen()
+            port = int(holder.getsockname()[1])
+            with socket.socket() as probe:
+                try:
+                    probe.bind(("127.0.0.1", port - 1))
+                except OSError:
+                    continue
+            yield port
+            return
+    raise AssertionError("no free port right below a held one in 50 tries")
 
 
 def _run_until_ready(data_dir: Path, *extra: str) -> tuple[str, str]:
@@ -100,10 +120,11 @@ class TestBusyPort:
         assert result.stdout == ""
         assert result.stderr == f"gpumarket: error: port {taken_port} is in use; choose another with {flag}\n"
 
-    def test_the_relays_web_port_is_the_one_after_the_relay_port(self, tmp_path: Path, taken_port: int) -> None:
+    def test_the_relays_web_port_is_the_one_after_the_relay_port(self, tmp_path: Path) -> None:
         """The web ports listen on relay port + 1: that one taken names it, and --relay-port as the way out."""
-        args = ["--http-port", "0", "--relay-port", str(taken_port - 1)]
-        result = subprocess.run(_up(tmp_path / "up", *args), capture_output=True, text=True, env=_env(), timeout=60)
+        with _held_port_after_a_free_one() as taken_port:
+            args = ["--http-port", "0", "--relay-port", str(taken_port - 1)]
+            result = subprocess.run(_up(tmp_path / "up", *args), capture_output=True, text=True, env=_env(), timeout=60)
         assert result.returncode == 2
         assert result.stderr.startswith(f"gpumarket: error: port {taken_port} is in use (the relay's web ports")
         assert result.stderr.endswith("choose another with --relay-port\n")
