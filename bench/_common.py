@@ -229,3 +229,12 @@ async def open_agent(url: str, host_id: str, context: ssl.SSLContext | None, *, 
     if welcome.get("type") != "welcome":
         raise RuntimeError(f"{host_id}: expected a welcome, got {welcome!r}")
     return ws
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``42-51`` or ``1,5,9-12`` (a bench's --seeds) as a list of seeds."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        seeds.extend(range(int(low), int(high or low) + 1))
+    return seeds

@@ -66,7 +66,7 @@ from typing import Any
 from urllib.parse import quote
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import describe_machine, quantile, record
+from _common import describe_machine, parse_seeds, quantile, record
 
 from master.scheduler import MILLI, Fleet, Gpu, Node, Request, get_placer
 from master.scheduler.gang import place_gang
@@ -79,14 +79,6 @@ sys.path.insert(0, str(REPO))  # the test image's builder, tests/dockerengine.py
 TRACE_DIR = REPO.parent / "shared" / "alibaba-gpu-v2023" / "csv"
 MODELS = ("A100", "H100", "L40S", "RTX4090")
 GPUS_PER_HOST = 8
-
-
-def parse_seeds(text: str) -> list[int]:
-    seeds: list[int] = []
-    for part in text.split(","):
-        low, _, high = part.partition("-")
-        seeds.extend(range(int(low), int(high or low) + 1))
-    return seeds
 
 
 # ---- speed -----------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import describe_machine, quantile, record
+from _common import describe_machine, parse_seeds, quantile, record
 
 from master.scheduler import Fleet, Workload, get_placer
 from master.scheduler.hetero import DEFAULT_ALGORITHMS as HETERO_ALGORITHMS
@@ -48,14 +48,6 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 TRACE_ALGORITHMS = ("fgd", "fgd_net", "learned_ppo_trace", "learned_ddpg_trace", "learned_ppo")
 SPEED_ALGORITHMS = ("fgd", "learned_ppo_trace", "learned_ddpg_trace", "learned_ppo")
-
-
-def parse_seeds(text: str) -> list[int]:
-    seeds: list[int] = []
-    for part in text.split(","):
-        low, _, high = part.partition("-")
-        seeds.extend(range(int(low), int(high or low) + 1))
-    return seeds
 
 
 def _trace(trace_dir: Path, variant: str) -> tuple[list, list]:  # type: ignore[type-arg]

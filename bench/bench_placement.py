@@ -107,7 +107,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import Progress, describe_machine, quantile, record
+from _common import Progress, describe_machine, parse_seeds, quantile, record
 
 from master.scheduler import PLACERS, Fleet, FragModel, Request, Workload, get_placer
 from master.scheduler.simulate import arrivals, simulate
@@ -126,14 +126,6 @@ PUBLISHED = {
     "gpu_packing": "04-GpuPacking", "best_fit": "05-BestFit", "fgd": "06-FGD", "fgd_net": "06-FGD",
 }  # fmt: skip
 SCALE_COPIES = 16  # 1,213 hosts × 16 = 19,408 hosts, 99,392 GPUs
-
-
-def parse_seeds(text: str) -> list[int]:
-    seeds: list[int] = []
-    for part in text.split(","):
-        low, _, high = part.partition("-")
-        seeds.extend(range(int(low), int(high or low) + 1))
-    return seeds
 
 
 # ---- quality -------------------------------------------------------------------------------------

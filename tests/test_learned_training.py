@@ -19,7 +19,7 @@ from gpumarket.learn.env import PlacementEnv
 from gpumarket.learn.policies import CandidateDdpgPolicy, CandidatePpoPolicy, CandidateScorer
 from gpumarket.learn.train import start_like_fgd, train_placer
 from master.scheduler import Fleet, Workload
-from master.scheduler.hetero import hetero_episode
+from master.scheduler.hetero import hetero_episode, place_in_order
 from master.scheduler.learned.features import FEATURE_COUNT
 from master.scheduler.learned.policy import load_policy
 from master.scheduler.placers.fgd import Fgd
@@ -180,11 +180,4 @@ class TestTraining:
         assert policy.meta["algorithm"] == algorithm and policy.meta["steps"] == result.steps >= steps
         nodes, requests = hetero_episode(2)
         placer = LearnedPlacer(policy=policy, workload=Workload.from_requests(requests))
-        fleet = Fleet(nodes)
-        placed = 0
-        for request in requests:
-            placement = placer.place(request, fleet)
-            if placement is not None:
-                fleet.apply(placement)
-                placed += 1
-        assert placed > 20
+        assert place_in_order(placer, nodes, requests) > 20

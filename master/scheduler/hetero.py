@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from master.scheduler.fleet import MILLI, Fleet, Gpu, LinkStats, NetworkLimits, Node, Request
 from master.scheduler.fragmentation import Workload
+from master.scheduler.placers.base import Placer
 from master.scheduler.registry import get_placer
 
 REGIONS = ("eu", "us", "asia")
@@ -104,8 +105,12 @@ def hetero_episode(seed: int, *, tasks: int = DEFAULT_TASKS) -> tuple[list[Node]
 
 def place_all(algorithm: str, nodes: Sequence[Node], requests: Sequence[Request], *, seed: int) -> int:
     """How many of ``requests`` the placer ``algorithm`` places on ``nodes`` (changed in place), in order."""
+    return place_in_order(get_placer(algorithm, seed=seed, workload=Workload.from_requests(requests)), nodes, requests)
+
+
+def place_in_order(placer: Placer, nodes: Sequence[Node], requests: Sequence[Request]) -> int:
+    """How many of ``requests`` ``placer`` places on ``nodes`` (changed in place), one at a time, never releasing."""
     fleet = Fleet(nodes)
-    placer = get_placer(algorithm, seed=seed, workload=Workload.from_requests(requests))
     placed = 0
     for request in requests:
         placement = placer.place(request, fleet)
@@ -157,5 +162,5 @@ def run_hetero(
 
 __all__ = [
     "CLUSTERS", "DEFAULT_ALGORITHMS", "DEFAULT_TASKS", "EVALUATION_SEEDS", "REGIONS", "TRAINING_SEED_BASE",
-    "HeteroResult", "hetero_episode", "place_all", "run_hetero",
+    "HeteroResult", "hetero_episode", "place_all", "place_in_order", "run_hetero",
 ]  # fmt: skip
