@@ -39,6 +39,7 @@ SETTINGS = {
 }  # fmt: skip
 SCALING = {"metric": "inflight", "target": 2, "scale_up_cooldown_s": 2, "scale_down_cooldown_s": 12}
 DELAY_MS = 300  # each request's time in the replica: 8 workers keep about 8 in flight, 4 replicas' worth at target 2
+SLOW_DELAY_MS = 4000  # the requests in flight when an agent dies
 
 
 @pytest.fixture
@@ -105,19 +106,22 @@ class Load:
         n = 0
         while not self._stop.is_set():
             n += 1
-            words = f"worker {number} request {n}"
-            headers = {"Authorization": f"Bearer {self.token}", "Idempotency-Key": str(uuid.uuid4()), "X-Delay-Ms": str(DELAY_MS)}
-            body = {"model": "gpumarket-echo", "messages": [{"role": "user", "content": words}]}
-            try:
-                async with self.http.post(self.url, json=body, headers=headers, timeout=aiohttp.ClientTimeout(total=60)) as response:
-                    answer = await response.json(content_type=None)
-                    if response.status != 200 or answer["choices"][0]["message"]["content"] != f"echo: {words}":
-                        self.failures.append(f"{response.status} {str(answer)[:200]}")
-                        continue
-                    self.replicas[response.headers.get("X-Replica", "?")] += 1
-                    self.outcomes["ok"] += 1
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                self.failures.append(repr(exc))
+            await self.request(f"worker {number} request {n}", DELAY_MS)
+
+    async def request(self, words: str, delay_ms: int) -> None:
+        """One idempotent chat completion that the replica holds ``delay_ms``; its outcome lands in the counters."""
+        headers = {"Authorization": f"Bearer {self.token}", "Idempotency-Key": str(uuid.uuid4()), "X-Delay-Ms": str(delay_ms)}
+        body = {"model": "gpumarket-echo", "messages": [{"role": "user", "content": words}]}
+        try:
+            async with self.http.post(self.url, json=body, headers=headers, timeout=aiohttp.ClientTimeout(total=60)) as response:
+                answer = await response.json(content_type=None)
+                if response.status != 200 or answer["choices"][0]["message"]["content"] != f"echo: {words}":
+                    self.failures.append(f"{response.status} {str(answer)[:200]}")
+                    return
+                self.replicas[response.headers.get("X-Replica", "?")] += 1
+                self.outcomes["ok"] += 1
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            self.failures.append(repr(exc))
 
 
 def _ready(view: dict[str, Any]) -> int:
@@ -176,11 +180,16 @@ async def test_a_service_grows_under_load_survives_a_killed_agent_and_shrinks_af
         [lone_host] = [host for host, n in hosts.items() if n == 1]
         index = next(i for i, agent in enumerate(market.agents) if agent.host_id == lone_host)
         before = load.outcomes["ok"]
+        # Slow requests beside the load first: least-in-flight gives every replica some, so requests surely are in flight
+        # on the dying one (the load's 300 ms ones alone left it none in flight, once in a CI run).
+        slow = [asyncio.create_task(load.request(f"slow request {n}", SLOW_DELAY_MS)) for n in range(9)]
+        await asyncio.sleep(1.0)
         market.agent_tasks[index].cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await market.agent_tasks[index]
         await market.agents[index].close()
         await asyncio.sleep(6)
+        await asyncio.gather(*slow)
         await load.stop()
         assert load.failures == [], load.failures[:5]
         assert load.outcomes["ok"] > before + 20
