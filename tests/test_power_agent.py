@@ -178,6 +178,14 @@ def _policy(backend: SimulatedBackend, tmp_path: Path, in_use: set[str], clock: 
     return PowerPolicy(backend, tmp_path / "power.json", in_use=lambda: in_use, clock=clock, **kwargs)
 
 
+def _sample_every_second(policy: PowerPolicy, sim: SimulatedBackend, seconds: int, at: float) -> float:
+    """``seconds`` sampling passes a second apart from ``at``, as the agent's sampler makes them; the time after."""
+    for _ in range(seconds):
+        at += 1.0
+        policy.observe(sim.sample(), at)
+    return at
+
+
 def _command(targets: Mapping[str, float], until: datetime | None) -> protocol.SetPowerPolicy:
     return protocol.SetPowerPolicy(
         targets=[protocol.PowerTarget(gpu_uuid=uuid, watts=watts) for uuid, watts in targets.items()], off_peak_until=until
@@ -260,14 +268,9 @@ class TestPowerPolicy:
         sim, clock = _a100s(), _Clock()
         lowered, twin = (info.uuid for info in sim.gpus())
         policy = _policy(sim, tmp_path, set(), clock)
-        at = 0.0
-        for _ in range(60):
-            at += 1.0
-            policy.observe(sim.sample(), at)
+        at = _sample_every_second(policy, sim, 60, 0.0)
         await policy.apply(_command({lowered: 250}, NOW + timedelta(hours=3)))
-        for _ in range(3600):
-            at += 1.0
-            policy.observe(sim.sample(), at)
+        _sample_every_second(policy, sim, 3600, at)
         # The model's idle draw at 250/400 of the limit is 60 W x (0.7 + 0.3 x 0.625) = 53.3 W: about 6.7 Wh in the hour.
         assert 4.0 < policy.energy_saved_wh(lowered) < 9.0
         assert policy.energy_saved_wh(twin) == 0.0
@@ -281,13 +284,9 @@ class TestPowerPolicy:
         at = 0.0
         for busy, seconds in ((False, 60), (True, 600), (False, 1)):
             sim.set_busy([uuid], busy)
-            for _ in range(seconds):
-                at += 1.0
-                policy.observe(sim.sample(), at)
+            at = _sample_every_second(policy, sim, seconds, at)
         await policy.apply(_command({uuid: 250}, NOW + timedelta(hours=3)))
-        for _ in range(3600):
-            at += 1.0
-            policy.observe(sim.sample(), at)
+        _sample_every_second(policy, sim, 3600, at)
         assert 4.0 < policy.energy_saved_wh(uuid) < 9.0
 
     async def test_a_restarted_agent_still_restores_what_an_earlier_one_lowered(self, tmp_path: Path) -> None:
