@@ -59,6 +59,7 @@ from shared.crypto import certificate_not_after, certificate_public_key, server_
 from shared.errors import ConfigError
 from shared.registry import MemoryRegistry
 from shared.settings import ENV_PREFIX, MasterSettings
+from shared.slowstop import step
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,16 @@ class Marketplace:
     agents: list[Agent] = field(default_factory=list)
     agent_tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
-    async def stop(self) -> None:
+    async def stop(self, progress: Callable[[str], None] | None = None) -> None:
+        """Stop in reverse order; a step still running after a few seconds is told to ``progress`` by name, and the
+        log gets every task's stack (``shared.slowstop``)."""
+        await step("the agents", self._stop_agents(), progress=progress)
+        await step("the relay", self.relay.close(), progress=progress)
+        await step("the geo DNS", self.dns.close(), progress=progress)
+        await step("the API and its background loops", self.runner.cleanup(), progress=progress)
+        await step("the database and the bus", close_master(self.master), progress=progress)
+
+    async def _stop_agents(self) -> None:
         for task in self.agent_tasks:
             task.cancel()
         for task in self.agent_tasks:
@@ -108,10 +118,6 @@ class Marketplace:
                 await task
         for agent in self.agents:
             await agent.close()
-        await self.relay.close()
-        await self.dns.close()
-        await self.runner.cleanup()
-        await close_master(self.master)
 
 
 async def start_marketplace(
@@ -384,7 +390,7 @@ async def run_up(
         await stop.wait()
         say("stopping…")
     finally:
-        await market.stop()
+        await market.stop(progress=say)
     say("stopped cleanly")
 
 

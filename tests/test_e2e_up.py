@@ -395,7 +395,7 @@ class TestUpCommand:
                 return lines
         raise AssertionError(f"gpumarket up exited early ({process.wait()}):\n{''.join(lines)}")
 
-    def _interrupt(self, process: subprocess.Popen[str]) -> str:
+    def _interrupt(self, process: subprocess.Popen[str], data_dir: Path) -> str:
         """SIGINT, then the output of a clean exit. Quiet, the stop takes about 0.3 s; the bound is the relay's drain
         (5 s) with room for a machine whose cores other test workers share (it once took over 5 s there)."""
         process.send_signal(signal.SIGINT)
@@ -404,7 +404,10 @@ class TestUpCommand:
         except subprocess.TimeoutExpired:
             process.kill()
             out, _ = process.communicate()
-            raise AssertionError(f"gpumarket up did not stop within {STOP_WITHIN_S} s of Ctrl-C; its output:\n{out}") from None
+            log = (data_dir / "up.log").read_text(errors="replace")[-20_000:]  # a slow step logs every task's stack
+            raise AssertionError(
+                f"gpumarket up did not stop within {STOP_WITHIN_S} s of Ctrl-C; its output:\n{out}\nthe end of its log:\n{log}"
+            ) from None
         assert process.returncode == 0, out
         return out
 
@@ -423,7 +426,7 @@ class TestUpCommand:
                 hosts = await eventually(lambda: _hosts_online(api, 2), what="2 hosts online")
                 async with http.get(creds["console_url"]) as page:
                     assert page.status == 200 and "gpumarket" in await page.text()
-            assert "stopped cleanly" in await asyncio.to_thread(self._interrupt, first)
+            assert "stopped cleanly" in await asyncio.to_thread(self._interrupt, first, data_dir)
         finally:
             if first.poll() is None:
                 first.kill()
@@ -436,7 +439,7 @@ class TestUpCommand:
                 api = Api(http, again["api_url"], again["renter"]["api_key"])
                 resumed = await eventually(lambda: _hosts_online(api, 2), what="same hosts online again")
             assert {h["id"] for h in resumed} == {h["id"] for h in hosts}
-            await asyncio.to_thread(self._interrupt, second)
+            await asyncio.to_thread(self._interrupt, second, data_dir)
         finally:
             if second.poll() is None:
                 second.kill()
