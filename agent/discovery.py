@@ -34,6 +34,7 @@ import dns.rdatatype
 import dns.resolver
 from dns.rdtypes.IN.SRV import SRV
 
+from shared.cancelling import raise_if_cancelled
 from shared.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -200,8 +201,9 @@ async def resolve_relays(
         if remaining <= 0:
             raise timed_out(name)
         try:
-            return await dns_resolver.resolve(name, rdtype, search=False, lifetime=remaining, source=source)
+            answer = await dns_resolver.resolve(name, rdtype, search=False, lifetime=remaining, source=source)
         except (dns.resolver.NXDOMAIN, dns.resolver.NoAnswer):
+            raise_if_cancelled()
             return None
         except dns.exception.Timeout:
             raise timed_out(name) from None
@@ -211,6 +213,8 @@ async def resolve_relays(
                 "check the zone's DNS servers",
                 code="relay_dns_failed",
             ) from None
+        raise_if_cancelled()  # dnspython waits with asyncio.wait_for, which can lose a cancel (shared.cancelling)
+        return answer
 
     srv_answer = await query(srv_name, dns.rdatatype.SRV)
     if srv_answer is not None:

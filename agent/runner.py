@@ -54,6 +54,7 @@ from agent.sshd import RentalSshServer
 from agent.state import AgentState, SequenceLease, atomic_write
 from agent.tunnels import TunnelServer
 from shared import protocol
+from shared.cancelling import raise_if_cancelled
 from shared.crypto import (
     client_ssl_context,
     generate_private_key,
@@ -456,6 +457,7 @@ class Agent:
         failures = 0
         await self._refresh_directory()
         while True:
+            raise_if_cancelled()  # a stop some library lost (shared.cancelling) must not become a new connection
             if self.directory.needs_refresh():
                 await self._refresh_directory()
             url = self.directory.next()

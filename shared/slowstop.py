@@ -20,14 +20,31 @@ T = TypeVar("T")
 WARN_AFTER_S = 5.0
 
 
+def await_chain(awaitable: object, limit: int = 40) -> list[str]:
+    """Where a suspended coroutine waits, outermost first: one ``file:line in function`` per coroutine it awaits.
+
+    A task's own stack shows only its outermost frame; following ``cr_await`` shows the line that really waits."""
+    lines: list[str] = []
+    current: object = awaitable
+    while current is not None and len(lines) < limit:
+        frame = getattr(current, "cr_frame", None) or getattr(current, "gi_frame", None) or getattr(current, "ag_frame", None)
+        if frame is None:
+            lines.append(f"awaiting {current!r}")
+            break
+        lines.append(f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}")
+        current = getattr(current, "cr_await", None) or getattr(current, "gi_yieldfrom", None) or getattr(current, "ag_await", None)
+    return lines
+
+
 def task_stacks(limit: int = 40) -> str:
-    """The stack of every unfinished task of the running loop, the current one included, as text."""
+    """Where every unfinished task of the running loop waits, the current one included, as text."""
     out = io.StringIO()
     for task in sorted(asyncio.all_tasks(), key=lambda t: t.get_name()):
         if task.done():
             continue
-        out.write(f"--- task {task.get_name()}: {task.get_coro()!r}\n")
-        task.print_stack(limit=limit, file=out)
+        state = " (cancelling)" if task.cancelling() else ""
+        out.write(f"--- task {task.get_name()}{state}\n")
+        out.writelines(f"    {line}\n" for line in await_chain(task.get_coro(), limit))
     return out.getvalue()
 
 

@@ -1,0 +1,98 @@
+"""``shared.cancelling``: a stop that ``asyncio.wait_for`` lost (Python 3.11) is raised again.
+
+The first test pins the loss itself where this Python has it, so the guard's reason stays true; the others show the
+guard: the task ends cancelled however ``wait_for`` behaves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import dns.message
+import dns.rcode
+import pytest
+
+from agent.discovery import resolve_relays
+from shared.cancelling import raise_if_cancelled
+
+
+async def _cancel_as_it_completes(body: object) -> asyncio.Task[str]:
+    """Run ``body(queue)``; put an item in its queue and, in the same loop pass that releases its ``wait_for``, cancel it."""
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    task = asyncio.create_task(body(queue))  # type: ignore[operator]
+    await asyncio.sleep(0.01)  # waiting in wait_for
+    queue.put_nowait(1)  # the inner get finishes...
+    await asyncio.sleep(0)  # ...its task runs; wait_for's waiter is released, the outer task not yet woken
+    task.cancel()  # the stop lands in that same pass
+    return task
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="Python 3.12's wait_for no longer loses a cancel")
+async def test_python_3_11_wait_for_loses_a_cancel_that_lands_as_it_completes() -> None:
+    async def unguarded(queue: asyncio.Queue[int]) -> str:
+        await asyncio.wait_for(queue.get(), 5)
+        assert asyncio.current_task().cancelling() == 1  # type: ignore[union-attr]  # asked, and never told
+        return "ran on"
+
+    task = await _cancel_as_it_completes(unguarded)
+    assert await task == "ran on"
+
+
+async def test_the_guard_raises_the_lost_cancel_again() -> None:
+    async def guarded(queue: asyncio.Queue[int]) -> str:
+        await asyncio.wait_for(queue.get(), 5)
+        raise_if_cancelled()
+        return "ran on"
+
+    task = await _cancel_as_it_completes(guarded)
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert task.cancelled()
+
+
+async def test_the_guard_says_nothing_when_no_cancel_is_pending() -> None:
+    raise_if_cancelled()
+
+    async def handled() -> str:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]  # handled on purpose, and said so
+        raise_if_cancelled()
+        return "handled"
+
+    task = asyncio.create_task(handled())
+    await asyncio.sleep(0)
+    task.cancel()
+    assert await task == "handled"
+
+
+@pytest.mark.parametrize("passes", range(8))
+async def test_a_relay_lookup_that_answers_as_the_agent_stops_still_stops_it(passes: int) -> None:
+    """The agent's DNS lookup of its relays (dnspython, over ``wait_for``) with a cancel that lands ``passes`` loop
+    passes after its answer was sent: ``resolve_relays`` ends cancelled whichever pass it is. One of them is the pass
+    in which dnspython's inner wait has finished and ``wait_for`` not yet returned: without the guard, the lookup
+    there goes on to its next query. The answers come from a UDP server of the test's own."""
+    loop = asyncio.get_running_loop()
+    queries: asyncio.Queue[tuple[bytes, tuple[str, int]]] = asyncio.Queue()
+
+    class Server(asyncio.DatagramProtocol):
+        def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+            queries.put_nowait((data, addr))
+
+    transport, _ = await loop.create_datagram_endpoint(Server, local_addr=("127.0.0.1", 0))
+    port = transport.get_extra_info("sockname")[1]
+    try:
+        lookup = asyncio.create_task(resolve_relays("relays.example", resolver="127.0.0.1", resolver_port=port, timeout=5.0))
+        data, addr = await queries.get()
+        reply = dns.message.make_response(dns.message.from_wire(data))
+        reply.set_rcode(dns.rcode.NXDOMAIN)  # no SRV: the lookup would go on to ask for A and AAAA
+        transport.sendto(reply.to_wire(), addr)
+        for _ in range(passes):
+            await asyncio.sleep(0)
+        lookup.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await lookup
+    finally:
+        transport.close()
