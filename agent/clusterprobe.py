@@ -107,7 +107,8 @@ async def loss(sock: socket.socket, *, probes: int = LOSS_PROBES) -> float:
             await loop.sock_sendall(sock, number.to_bytes(4, "big"))
             await asyncio.sleep(LOSS_SPACING_S)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(all_back.wait(), LOSS_WAIT_S)
+            async with asyncio.timeout(LOSS_WAIT_S):  # not wait_for: it can lose a cancel (shared/cancelling.py)
+                await all_back.wait()
     finally:
         receiving.cancel()
         await asyncio.gather(receiving, return_exceptions=True)

@@ -131,7 +131,8 @@ async def stream_host_metrics(request: web.Request) -> web.StreamResponse:
         await response.write(b"retry: 2000\n\n" + b"".join(_event(item) for item in first))
         while clock.monotonic() < deadline and not closing.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(closing.wait(), timeout=settings.stream_poll_interval)
+                async with asyncio.timeout(settings.stream_poll_interval):  # not wait_for (shared/cancelling.py)
+                    await closing.wait()
             if signed_in is not None and not await _still_signed_in(master, signed_in.session_id):
                 break  # nothing more for a session that is over, not even what was stored before it ended
             items = await series.samples_after(master, host_id, last_seq, limit=STREAM_PAGE)
