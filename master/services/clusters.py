@@ -18,13 +18,21 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
 from master.models import Cluster, ClusterEvent, Rental
-from master.services import cluster_network, cluster_placement, cluster_queue, commands, rentals, templates
+from master.services import (
+    cluster_network,
+    cluster_placement,
+    cluster_queue,
+    commands,
+    idempotency,
+    rentals,
+    templates,
+)
 from master.services.accounts import Principal
 from master.services.cluster_request import ClusterRequest
 from master.services.clusterstate import FINAL_CLUSTER_STATES, ClusterState, transition
 from master.services.listings import money
 from master.services.rentalstate import RentalState, advance
-from shared.errors import Conflict, InsufficientCapacity, NotFound
+from shared.errors import InsufficientCapacity, NotFound
 from shared.ids import new_id
 
 log = logging.getLogger(__name__)
@@ -37,36 +45,20 @@ async def create_cluster(master: Master, renter: Principal, request: ClusterRequ
     False); the same key with another request is a conflict. Runs to completion once called.
     """
     request = request.check(max_queue_timeout_s=master.settings.max_queue_timeout_s)
-    if idempotency_key is not None:
-        existing = await _by_idempotency_key(master, renter.account_id, idempotency_key)
-        if existing is not None:
-            return _check_replay(existing, request), False
+    key = (master, Cluster, renter.account_id, idempotency_key, request.fingerprint())
+    if (existing := await idempotency.earlier(*key, what="cluster")) is not None:
+        return existing, False
     if request.template is not None and not request.workload:
         async with master.db.session() as session:  # the template as it is now
             request = replace(request, workload=await templates.workload_of(session, request.template))
     try:
         cluster, command_ids = await _create(master, renter, request, idempotency_key)
-    except IntegrityError:
-        if idempotency_key is None:
+    except IntegrityError:  # a concurrent request with the same key won the race: its cluster
+        if (existing := await idempotency.earlier(*key, what="cluster")) is None:
             raise
-        existing = await _by_idempotency_key(master, renter.account_id, idempotency_key)
-        if existing is None:
-            raise
-        return _check_replay(existing, request), False
+        return existing, False
     await commands.publish(master, command_ids)
     return cluster, True
-
-
-def _check_replay(existing: Cluster, request: ClusterRequest) -> Cluster:
-    if existing.request_fingerprint != request.fingerprint():
-        raise Conflict("this Idempotency-Key was already used for a different cluster request; use a new key",
-                       code="idempotency_key_reused")  # fmt: skip
-    return existing
-
-
-async def _by_idempotency_key(master: Master, renter_id: str, key: str) -> Cluster | None:
-    async with master.db.session() as session:
-        return await session.scalar(select(Cluster).where(Cluster.renter_id == renter_id, Cluster.idempotency_key == key))
 
 
 async def _create(master: Master, renter: Principal, request: ClusterRequest, idempotency_key: str | None) -> tuple[Cluster, list[str]]:

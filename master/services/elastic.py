@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
 from master.models import Rental, Service, ServiceEvent
-from master.services import rentals, templates
+from master.services import idempotency, rentals, templates
 from master.services.accounts import Principal
 from master.services.listings import money
 from master.services.rentalstate import UNSTOPPED_STATES, RentalState
@@ -53,8 +53,9 @@ async def create_service(master: Master, renter: Principal, request: ServiceRequ
             request = replace(request, workload=await templates.workload_of(session, request.template))
     settings = master.settings
     request = request.check(replica_limit=settings.max_service_replicas, max_queue_timeout_s=settings.max_queue_timeout_s)
-    if idempotency_key is not None and (existing := await _by_idempotency_key(master, renter.account_id, idempotency_key)):
-        return _check_replay(existing, request), None
+    key = (master, Service, renter.account_id, idempotency_key, request.fingerprint())
+    if (existing := await idempotency.earlier(*key, what="service")) is not None:
+        return existing, None
     token = new_secret(TOKEN_PREFIX)
     now = master.clock.now()
     service = Service(
@@ -70,10 +71,10 @@ async def create_service(master: Master, renter: Principal, request: ServiceRequ
             session.add(service)
             session.add(ServiceEvent(service_id=service.id, at=now, kind="created", replicas=request.min_replicas,
                                      cause=f"created with {request.min_replicas} to {request.max_replicas} replicas"))  # fmt: skip
-    except IntegrityError:
-        if idempotency_key is None or not (existing := await _by_idempotency_key(master, renter.account_id, idempotency_key)):
+    except IntegrityError:  # a concurrent request with the same key won the race: its service
+        if (existing := await idempotency.earlier(*key, what="service")) is None:
             raise
-        return _check_replay(existing, request), None
+        return existing, None
     try:
         await add_replicas(master, service, request.min_replicas)
     except ClientError:
@@ -82,18 +83,6 @@ async def create_service(master: Master, renter: Principal, request: ServiceRequ
         raise
     log.info("service %s (%s) created for %s", service.id, service.name, renter.account_id)
     return service, token
-
-
-def _check_replay(existing: Service, request: ServiceRequest) -> Service:
-    if existing.request_fingerprint != request.fingerprint():
-        raise Conflict("this Idempotency-Key was already used for a different service request; use a new key",
-                       code="idempotency_key_reused")  # fmt: skip
-    return existing
-
-
-async def _by_idempotency_key(master: Master, renter_id: str, key: str) -> Service | None:
-    async with master.db.session() as session:
-        return await session.scalar(select(Service).where(Service.renter_id == renter_id, Service.idempotency_key == key))
 
 
 def request_of(service: Service) -> ServiceRequest:

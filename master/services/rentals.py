@@ -19,14 +19,14 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
 from master.models import Rental, RentalEvent, RentalLogChunk
-from master.services import clusterstate, commands, templates
+from master.services import clusterstate, commands, idempotency, templates
 from master.services.accounts import Principal
 from master.services.listings import money
 from master.services.rental_placement import try_place
 from master.services.rental_request import RentalRequest
 from master.services.rentalstate import UNSTOPPED_STATES, RentalState, advance
 from shared import protocol
-from shared.errors import Conflict, NotFound
+from shared.errors import NotFound
 from shared.ids import new_id
 
 log = logging.getLogger(__name__)
@@ -40,10 +40,9 @@ async def create_rental(master: Master, renter: Principal, request: RentalReques
     Runs to completion once called: callers must not cancel it half-way.
     """
     request = request.check(max_queue_timeout_s=master.settings.max_queue_timeout_s)
-    if idempotency_key is not None:
-        existing = await _by_idempotency_key(master, renter.account_id, idempotency_key)
-        if existing is not None:
-            return _check_replay(existing, request), False
+    key = (master, Rental, renter.account_id, idempotency_key, request.fingerprint())
+    if (existing := await idempotency.earlier(*key, what="rental")) is not None:
+        return existing, False
     if request.template is not None and not request.workload:
         # The template as it is now: a later edit or deletion does not touch this rental.
         async with master.db.session() as session:
@@ -52,28 +51,11 @@ async def create_rental(master: Master, renter: Principal, request: RentalReques
         rental, command_ids = await _create(master, renter, request, idempotency_key)
     except IntegrityError:
         # A concurrent request with the same key won the race: return its rental.
-        if idempotency_key is None:
+        if (existing := await idempotency.earlier(*key, what="rental")) is None:
             raise
-        existing = await _by_idempotency_key(master, renter.account_id, idempotency_key)
-        if existing is None:
-            raise
-        return _check_replay(existing, request), False
+        return existing, False
     await commands.publish(master, command_ids)
     return rental, True
-
-
-def _check_replay(existing: Rental, request: RentalRequest) -> Rental:
-    if existing.request_fingerprint != request.fingerprint():
-        raise Conflict(
-            "this Idempotency-Key was already used for a different rental request; use a new key",
-            code="idempotency_key_reused",
-        )
-    return existing
-
-
-async def _by_idempotency_key(master: Master, renter_id: str, key: str) -> Rental | None:
-    async with master.db.session() as session:
-        return await session.scalar(select(Rental).where(Rental.renter_id == renter_id, Rental.idempotency_key == key))
 
 
 async def _create(master: Master, renter: Principal, request: RentalRequest, idempotency_key: str | None) -> tuple[Rental, list[str]]:
