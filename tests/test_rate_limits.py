@@ -22,8 +22,11 @@ from master.api.openapi import build_openapi
 from master.api.ratelimits import RATE_LIMITS, ApiLimits, client_address
 from master.api.table import NEVER_LIMITED, ROUTES
 from master.app import close_master, open_master
+from master.models import Service
+from master.services import elastic
 from shared.bus import InProcessBus
 from shared.errors import ConfigError
+from shared.ids import new_secret, secret_hash
 from shared.ratelimit import Limit, MemoryRateStore, RateStore, RedisRateStore, retry_after
 from shared.registry import MemoryRegistry
 from shared.settings import MasterSettings
@@ -384,6 +387,7 @@ class TestSettings:
         assert ApiLimits.from_settings(settings) == ApiLimits(
             per_address=Limit(50.0, 200), per_key=Limit(20.0, 100), enrollment=Limit.per_minute(10.0, 10),
             sign_in=Limit.per_minute(10.0, 10), sign_in_failure_cost=3, trusted_proxies=(),
+            gateway_failures=Limit.per_minute(30.0, 20),
         )  # fmt: skip
 
     def test_a_trusted_proxy_must_be_an_address_or_a_network(self, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -407,3 +411,55 @@ class TestOpenApi:
                 assert "429" not in responses, route.path
             else:
                 assert responses["429"]["headers"]["Retry-After"]["schema"] == {"type": "integer", "minimum": 1}, route.path
+
+
+# ---- service endpoints (/svc/…) -----------------------------------------------------------
+
+
+async def _svc(api: Api, service_id: str, token: str, *, forwarded_for: str | None = None) -> tuple[int, Any, CIMultiDictProxy[str]]:
+    headers = {**bearer(token), **({"X-Forwarded-For": forwarded_for} if forwarded_for else {})}
+    async with api.client.request("GET", f"/svc/{service_id}/v1/models", headers=headers) as response:
+        return response.status, await response.json(), response.headers
+
+
+async def _service_of(api: Api) -> tuple[str, str]:
+    """A service of the renter's with no replica (its requests are answered 503 at once), and its token."""
+    token = new_secret(elastic.TOKEN_PREFIX)
+    service = Service(
+        id="svc_limits", renter_id=api.renter.account_id, name="limits", state="active", workload={}, port=8000,
+        min_replicas=0, max_replicas=1, desired_replicas=0, scaling={}, token_hash=secret_hash(token), token_prefix=token[:10],
+    )  # fmt: skip
+    async with api.master.db.session() as session:
+        session.add(service)
+    return service.id, token
+
+
+class TestServiceEndpoints:
+    async def test_refused_tokens_are_limited_per_address_and_accepted_ones_are_not(self, tmp_path: Path, clock: ManualClock) -> None:
+        """Burst 3 at 6 a minute. Accepted tokens take nothing, however many; refused ones (401, or 404 for a key that is
+        not the service's renter's) do: once the address is in debt every /svc request from it is 429, a right token's
+        too, until the rate has paid it off. Another address is not held back."""
+        settings = {"trusted_proxies": PROXY, "gateway_auth_failures_per_minute": 6, "gateway_auth_failure_burst": 3,
+                    "service_cold_start_timeout_s": 0}  # fmt: skip
+        async with limited_api(tmp_path, clock, **settings) as api:
+            service_id, token = await _service_of(api)
+            _, other_key = await create_principal(api.master, "renter-2", "renter")
+            for _ in range(10):
+                status, body, _ = await _svc(api, service_id, token, forwarded_for="198.51.100.7")
+                assert (status, body["code"]) == (503, "no_ready_replica"), body  # accepted: on to the replicas
+            refused = [(f"gms_{secrets.token_hex(16)}", 401), (f"gmk_{secrets.token_hex(16)}", 401), (other_key, 404),
+                       (f"gms_{secrets.token_hex(16)}", 401)]  # fmt: skip
+            for bad, expected in refused:  # 3, 2, 1, 0 tokens before each: each is still answered
+                assert (await _svc(api, service_id, bad, forwarded_for="198.51.100.7"))[0] == expected
+            what = "refused tokens at service endpoints from 198.51.100.7"
+            assert_limited(*await _svc(api, service_id, f"gms_{secrets.token_hex(16)}", forwarded_for="198.51.100.7"),
+                           retry=10, what=what)  # fmt: skip
+            assert_limited(*await _svc(api, service_id, token, forwarded_for="198.51.100.7"), retry=10, what=what)
+            assert (await _svc(api, service_id, f"gms_{secrets.token_hex(16)}", forwarded_for="198.51.100.8"))[0] == 401
+            clock.advance(10.0)
+            assert (await _svc(api, service_id, token, forwarded_for="198.51.100.7"))[0] == 503
+
+    async def test_with_limits_off_refused_tokens_are_only_refused(self, tmp_path: Path, clock: ManualClock) -> None:
+        async with limited_api(tmp_path, clock, rate_limits_enabled=False, gateway_auth_failure_burst=1) as api:
+            for _ in range(5):
+                assert (await _svc(api, "svc_nothing", f"gms_{secrets.token_hex(16)}"))[0] == 401

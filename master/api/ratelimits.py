@@ -59,6 +59,7 @@ _WHAT = {
     "enrollment-tokens": "enrollment tokens created from {address}",
     "account-enrollment-tokens": "enrollment tokens created by this account",
     "sign-in": "sign-in attempts from {address}",
+    "svc-auth": "refused tokens at service endpoints from {address}",
 }
 
 
@@ -70,6 +71,7 @@ class ApiLimits:
     sign_in: Limit
     sign_in_failure_cost: int
     trusted_proxies: tuple[IPNetwork, ...]
+    gateway_failures: Limit
 
     @classmethod
     def from_settings(cls, settings: MasterSettings) -> ApiLimits:
@@ -80,6 +82,7 @@ class ApiLimits:
             sign_in=Limit.per_minute(settings.sign_in_rate_per_minute, settings.sign_in_burst),
             sign_in_failure_cost=settings.sign_in_failure_cost,
             trusted_proxies=tuple(ipaddress.ip_network(p, strict=False) for p in settings.trusted_proxies),
+            gateway_failures=Limit.per_minute(settings.gateway_auth_failures_per_minute, settings.gateway_auth_failure_burst),
         )
 
 
@@ -173,8 +176,19 @@ class ApiRateLimits:
         if rate_class is RateClass.SIGN_IN and self.limits.sign_in_failure_cost > 1:
             await self.store.charge(f"sign-in:{address}", self.limits.sign_in, cost=self.limits.sign_in_failure_cost - 1)
 
-    async def _take(self, bucket: str, key: str, limit: Limit, *, address: str) -> None:
-        wait = await self.store.take(f"{bucket}:{key}", limit)
+    async def before_gateway(self, address: str) -> None:
+        """A service's endpoint (``/svc/…``, outside the route table): an address whose tokens were refused more often
+        than ``gateway_auth_failure_burst`` allows is refused (429) before its token is looked up. Costs nothing
+        otherwise: a service's own traffic is never limited here, however much of it there is."""
+        await self._take("svc-auth", address, self.limits.gateway_failures, address=address, cost=0.0)
+
+    async def gateway_auth_failed(self, address: str) -> None:
+        """A token a service's endpoint refused (401, or 404 for another renter's service): one from the address's budget."""
+        await self.store.charge(f"svc-auth:{address}", self.limits.gateway_failures, cost=1.0)
+
+    async def _take(self, bucket: str, key: str, limit: Limit, *, address: str, cost: float = 1.0) -> None:
+        """Take ``cost`` tokens (0: only check that the bucket is not in debt); ``RateLimited`` when it cannot."""
+        wait = await self.store.take(f"{bucket}:{key}", limit, cost=cost)
         if wait > 0:
             self.rejected[bucket] += 1
             seconds = retry_after(wait)

@@ -2,7 +2,8 @@
 
 Not part of the REST API: outside ``/api/v1``, not in the route table nor the OpenAPI document, so the API's
 middlewares leave it alone (no API-key authentication, rate limits or JSON parsing; their lookups find no
-route and pass it on). It authenticates by its own rules, reads bodies as streams with its own bound
+route and pass it on). Its one rate limit is on refused tokens (``ApiRateLimits.before_gateway``): guessing
+tokens is slow, and an address past its budget is refused before any lookup; accepted traffic is never limited. It authenticates by its own rules, reads bodies as streams with its own bound
 (``gateway_max_body_mib``) and answers errors in the API's JSON shape. The rules live in
 ``master/services/gateway/``; this module parses the request and delegates.
 
@@ -18,6 +19,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from master.api.keys import MASTER
+from master.api.ratelimits import RATE_LIMITS
 from master.services.gateway import close_gateway, gateway_of
 from master.services.gateway.proxy import error_response, forward
 from shared.errors import GpumarketError, NotFound, Unauthorized
@@ -37,12 +39,20 @@ def bearer_of(request: web.Request) -> str:
 async def serve(request: web.Request) -> web.StreamResponse:
     """Any request to a service's endpoint."""
     service_id = request.match_info["service_id"]
+    limits = request.app.get(RATE_LIMITS)
+    address = limits.address_of(request) if limits is not None else ""
     try:
+        if limits is not None:
+            await limits.before_gateway(address)
         token = bearer_of(request)
         if not SERVICE_ID.fullmatch(service_id):
             raise NotFound(f"no service {service_id!r}; check the URL", code="service_not_found")
         gateway = gateway_of(request.app[MASTER])
         route = await gateway.authorize(service_id, token)
+    except (Unauthorized, NotFound) as exc:
+        if limits is not None:
+            await limits.gateway_auth_failed(address)
+        return error_response(exc)
     except GpumarketError as exc:
         return error_response(exc)
     return await forward(gateway, request, route, prefix_len=len(f"{PREFIX}/{service_id}"))
