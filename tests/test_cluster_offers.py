@@ -8,6 +8,7 @@ hosts of given models, regions, reliabilities and listed prices.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 
 from master.scheduler import Node, Request, fits, get_placer
 from master.scheduler.gang import place_gang
+from master.services import host_links
 from master.services.cluster_offers import HostOffer, find_cluster_offers, group_cluster_offers, most_nodes
 from master.services.listings import money
 from master.services.offerquery import parse
@@ -129,6 +131,52 @@ class TestProperty:
             assert len({h.host_id for h in item.hosts}) == nodes
             assert sum(h.price_per_gpu_hour for h in item.hosts) * gpus == item.price_per_hour
             assert (item.price_per_gpu_hour_min, item.price_per_gpu_hour_max) == (min(low.values()), max(high.values()))
+
+
+class TestNetworkBounds:
+    """With a cluster's network bounds, hosts measured apart are never in one set (``apart``), as in placement."""
+
+    def test_the_cheapest_and_the_dearest_sets_skip_a_host_measured_apart(self) -> None:
+        """a < b < c < d in price, a and b measured apart: the cheapest pair is a+c, the dearest d+c; and with a apart
+        from every other host, b+c and d+c."""
+        offers = [offer("a", "0.10"), offer("b", "0.20"), offer("c", "0.30"), offer("d", "0.40")]
+        (item,) = group_cluster_offers(offers, nodes=2, gpus_per_node=1, allow_mixed=False, apart=apart_pairs(("a", "b")))
+        assert ([h.host_id for h in item.hosts], item.price_per_hour, item.price_per_hour_max) == (["a", "c"], Decimal("0.40"), Decimal("0.70"))
+        assert item.hosts_available == 4  # each host has room: the bounds choose among them
+        (item,) = group_cluster_offers(offers, nodes=2, gpus_per_node=1, allow_mixed=False,
+                                       apart=apart_pairs(("a", "b"), ("a", "c"), ("a", "d")))  # fmt: skip
+        assert [h.host_id for h in item.hosts] == ["b", "c"]
+
+    def test_a_region_with_no_set_within_the_bounds_gives_way_to_one_across_regions(self) -> None:
+        """eu's two hosts are apart: eu has no room for 2 nodes, so the model's cross-region group is shown (placement
+        spans regions only then), its set the cheapest that keeps the bounds; most_nodes counts what can be together."""
+        offers = [offer("a", "0.10"), offer("b", "0.20"), offer("c", "0.50", region="us")]
+        apart = apart_pairs(("a", "b"))
+        assert [(i.region, [h.host_id for h in i.hosts]) for i in group_cluster_offers(offers, nodes=2, gpus_per_node=1,
+                allow_mixed=False, apart=apart)] == [(None, ["a", "c"])]  # fmt: skip
+        assert group_cluster_offers(offers, nodes=3, gpus_per_node=1, allow_mixed=False, apart=apart) == []
+        assert (most_nodes(offers, allow_mixed=False), most_nodes(offers, allow_mixed=False, apart=apart)) == (3, 2)
+
+    @settings(max_examples=300, deadline=None)
+    @given(offer_sets(), st.integers(2, 4), st.booleans(), st.data())
+    def test_no_set_holds_two_hosts_measured_apart_and_without_any_nothing_changes(
+        self, offers: list[HostOffer], nodes: int, mixed: bool, data: st.DataObject
+    ) -> None:
+        hosts = sorted({o.host_id for o in offers})
+        pairs = list(itertools.combinations(hosts, 2))
+        measured_apart = data.draw(st.sets(st.sampled_from(pairs)) if pairs else st.just(set()))
+        apart = apart_pairs(*measured_apart)
+        items = group_cluster_offers(offers, nodes=nodes, gpus_per_node=1, allow_mixed=mixed, apart=apart)
+        for item in items:
+            assert not any(apart(x.host_id, y.host_id) for x, y in itertools.combinations(item.hosts, 2))
+            assert len(item.hosts) == nodes
+        plain = group_cluster_offers(offers, nodes=nodes, gpus_per_node=1, allow_mixed=mixed)
+        assert group_cluster_offers(offers, nodes=nodes, gpus_per_node=1, allow_mixed=mixed, apart=apart_pairs()) == plain
+
+
+def apart_pairs(*pairs: tuple[str, str]) -> Callable[[str, str], bool]:
+    keys = {frozenset(p) for p in pairs}
+    return lambda a, b: frozenset((a, b)) in keys
 
 
 @st.composite
@@ -325,6 +373,41 @@ class TestRoute:
         await offer_host(api, "0.40")
         status, body = await api.as_provider("GET", "/offers/clusters", params={"nodes": "2"})
         assert (status, body["items"]) == (200, [])
+
+
+class TestRouteNetworkBounds:
+    async def test_hosts_measured_outside_the_bounds_are_not_in_one_set(self, api: Api) -> None:
+        """Three RTX hosts in eu-west; the two cheapest were measured 9 ms apart (a cluster's private network), the third
+        never with them. Without bounds the cheapest set is those two; within 5 ms it is the cheapest and the third, and
+        the answer says which bounds it applied. Measured within 10 ms, they are together again."""
+        hosts = [await offer_host(api, p) for p in ("0.40", "0.50", "0.60")]
+        async with api.master.db.session() as session:
+            await host_links.record(session, {host_links.pair(hosts[0], hosts[1]): host_links.Figures(rtt_ms=9.0)},
+                                    cluster_id=None, at=api.master.clock.now())  # fmt: skip
+        plain = await cluster_offers(api, nodes=2)
+        assert ([h["host_id"] for h in plain["items"][0]["hosts"]], plain["network"]) == (hosts[:2], None)
+        bounded = await cluster_offers(api, nodes=2, max_latency_ms=5, max_loss_pct=1)
+        assert [h["host_id"] for h in bounded["items"][0]["hosts"]] == [hosts[0], hosts[2]]
+        assert (bounded["items"][0]["price_per_hour"], bounded["network"]) == ("1.000000", {"max_latency_ms": 5.0, "max_loss_pct": 1.0})
+        assert (bounded["max_nodes"], (await cluster_offers(api, nodes=3, max_latency_ms=5))["items"]) == (2, [])
+        loose = await cluster_offers(api, nodes=2, max_latency_ms=10)
+        assert [h["host_id"] for h in loose["items"][0]["hosts"]] == hosts[:2]
+
+    @pytest.mark.parametrize(
+        ("query", "words"),
+        [
+            ("max_latency_ms=0", "'max_latency_ms' must be above 0 and at most 10000"),
+            ("max_latency_ms=10001", "at most 10000"),
+            ("max_latency_ms=fast", "'max_latency_ms' must be a number"),
+            ("max_latency_ms=nan", "must be a number"),
+            ("min_mbit_s=inf", "must be a number"),
+            ("max_loss_pct=-1", "'max_loss_pct' must be at least 0 and at most 100"),
+        ],
+    )
+    async def test_bad_bounds_are_400_saying_which(self, api: Api, query: str, words: str) -> None:
+        status, body = await api.as_renter("GET", f"/offers/clusters?nodes=2&{query}")
+        assert_error(status, body, 400, "invalid_query")
+        assert words in body["message"], body
 
 
 class TestReading:

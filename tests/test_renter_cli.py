@@ -242,6 +242,23 @@ class TestClusterOffers:
             code, _, err = await cli("offers", *argv)
             assert code == 2, (argv, err)
 
+    async def test_network_bounds_go_to_the_api_and_bad_ones_are_one_line(self, cli: Cli, api: Api) -> None:
+        """``--max-latency-ms`` and its kin reach GET /offers/clusters (whose answer echoes them); without --nodes, or not
+        a number, exit 2 with one line; out of the API's range, its 400 in one line."""
+        from tests.test_cluster_offers import offer_host
+
+        for price in ("0.40", "0.50"):
+            await offer_host(api, price)
+        code, out, err = await cli("offers", "--nodes", "2", "--max-latency-ms", "5", "--min-mbit-s", "900.5", "--json")
+        assert code == 0, err
+        assert json.loads(out)["network"] == {"max_latency_ms": 5.0, "min_mbit_s": 900.5}
+        for argv, words in ((("--max-latency-ms", "5"), "--max-latency-ms prices a cluster: give --nodes N too"),
+                            (("--nodes", "2", "--max-loss-pct", "lots"), "must be a number"),
+                            (("--nodes", "2", "--max-loss-pct", "nan"), "must be a number of at least 0"),
+                            (("--nodes", "2", "--max-loss-pct", "101"), "'max_loss_pct' must be at least 0 and at most 100")):  # fmt: skip
+            code, _, err = await cli("offers", *argv)
+            assert code in (1, 2) and words in err, (argv, err)
+
 
 class TestRent:
     async def test_each_invocation_rents_once_and_a_repeated_key_does_not(self, cli: Cli, api: Api) -> None:

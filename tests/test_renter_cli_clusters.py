@@ -111,6 +111,13 @@ class TestCreate:
         assert code == 0, err
         assert out.startswith(f"{cluster_id} running: 2 x 1 x {RTX}"), out
 
+    async def test_network_bounds_are_the_clusters_network(self, cli: Cli, api: Api) -> None:
+        await hosts(api, 2)
+        code, out, err = await cli("cluster", "create", "--nodes", "2", "--max-latency-ms", "2.5", "--max-loss-pct", "0",
+                                   "--no-wait", "--json")  # fmt: skip
+        assert code == 0, err
+        assert json.loads(out)["network"] == {"max_latency_ms": 2.5, "max_loss_pct": 0.0, "min_mbit_s": None}
+
     async def test_wrong_options_are_one_line_exit_2(self, cli: Cli, api: Api) -> None:
         for argv, words in ((["--nodes", "1"], "gpumarket rent"), (["--nodes", "2", "--command", "true"], "--image")):
             code, _, err = await cli("cluster", "create", *argv)

@@ -22,6 +22,7 @@ from gpumarket.renter.commands import (
     _print_json,
     _short_time,
     _usd,
+    add_network_bounds,
     all_pages,
     command_group,
     common_options,
@@ -30,6 +31,7 @@ from gpumarket.renter.commands import (
     listed_already,
     money,
     money_column,
+    network_bounds,
     set_command,
     table,
     wait_for,
@@ -95,6 +97,8 @@ def cluster_body(args: argparse.Namespace) -> dict[str, Any]:
         body["requirements"] = f"price<={args.max_price}"
     if args.queue:
         body["queue"] = True
+    if bounds := network_bounds(args):
+        body["network"] = bounds
     if args.command and not args.image:
         raise UsageError("--command goes with --image (a template brings its own)")
     if args.template:
@@ -326,6 +330,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     what.add_argument("--template", metavar="T", help=f"run a template on every node: {TEMPLATES_HINT}")
     what.add_argument("--image", metavar="REF", help="run this container image on every node")
     create.add_argument("--command", metavar="CMD", help="with --image: the command, replacing the image's entrypoint")
+    add_network_bounds(create)
     create.add_argument("--queue", action="store_true", help="wait (the whole cluster, as one) when the hosts are busy now")
     create.add_argument("--no-wait", action="store_true", help="print the cluster as created, do not wait until it runs")
     create.add_argument("--json", action="store_true", help="print the cluster's JSON (no progress lines)")

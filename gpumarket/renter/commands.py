@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import getpass
 import json
+import math
 import os
 import shlex
 import sys
@@ -181,8 +182,9 @@ async def cmd_login(args: argparse.Namespace, environ: Mapping[str, str]) -> int
 async def cmd_offers(args: argparse.Namespace, client: Client) -> int:
     if args.nodes is not None:
         return await cmd_cluster_offers(args, client)
-    if args.allow_mixed:
-        raise UsageError("--allow-mixed prices a cluster: give --nodes N too")
+    if args.allow_mixed or network_bounds(args):
+        given = "--allow-mixed" if args.allow_mixed else "--" + next(iter(network_bounds(args))).replace("_", "-")
+        raise UsageError(f"{given} prices a cluster: give --nodes N too")
     params: dict[str, str | int] = {"limit": args.limit, "sort": args.sort or "score", **_offer_filters(args)}
     if args.gpus:
         params["num_gpus"] = args.gpus
@@ -231,6 +233,7 @@ async def cmd_cluster_offers(args: argparse.Namespace, client: Client) -> int:
     params: dict[str, str | int] = {"nodes": args.nodes, "gpus_per_node": gpus, "limit": args.limit, **_offer_filters(args)}
     if args.allow_mixed:
         params["allow_mixed"] = "true"
+    params.update({name: f"{value:g}" for name, value in network_bounds(args).items()})
     body = await client.get("/offers/clusters", params)
     if args.json:
         _print_json(body)
@@ -573,6 +576,33 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _bound(text: str) -> float:
+    """A network bound: a finite number, not negative (the API checks each bound's own range and says which)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, not {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a number of at least 0, not {text!r}")
+    return value
+
+
+NETWORK_BOUNDS = (("max_latency_ms", "MS", "no two nodes on hosts measured further apart (round trip, ms)"),
+                  ("max_loss_pct", "PCT", "no two nodes on hosts measured losing more packets (%)"),
+                  ("min_mbit_s", "MBIT", "no two nodes on hosts measured slower (Mbit/s)"))  # fmt: skip
+
+
+def add_network_bounds(parser: argparse.ArgumentParser, *, prefix: str = "") -> None:
+    """``--max-latency-ms``, ``--max-loss-pct``, ``--min-mbit-s``: a cluster's network bounds (docs/clusters.md)."""
+    for name, metavar, text in NETWORK_BOUNDS:
+        parser.add_argument(f"--{name.replace('_', '-')}", type=_bound, metavar=metavar, help=prefix + text)
+
+
+def network_bounds(args: argparse.Namespace) -> dict[str, float]:
+    """The bounds given, by their API names."""
+    return {name: value for name, _, _ in NETWORK_BOUNDS if (value := getattr(args, name, None)) is not None}
+
+
 def _limit(text: str) -> int:
     value = int(text)
     if not 1 <= value <= 500:
@@ -685,6 +715,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                         help="price a cluster of N nodes (2 to 64), each on a host of its own: the groups of hosts that "
                         "could hold it now, with the whole cluster's price per hour")  # fmt: skip
     offers.add_argument("--allow-mixed", action="store_true", help="with --nodes: nodes may have different GPU models")
+    add_network_bounds(offers, prefix="with --nodes: ")
     offers.add_argument("--isolated", action="store_true", help="only hosts that isolate renters' workloads")
     offers.add_argument("--limit", type=_limit, default=50, metavar="N", help="at most N offers (default 50, at most 500)")
     offers.add_argument("--json", action="store_true", help="print the API's JSON")

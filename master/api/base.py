@@ -8,6 +8,7 @@ the router, the middlewares and the OpenAPI builder all read that one table.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -30,10 +31,10 @@ HandlerFn = Callable[[web.Request], Awaitable[web.StreamResponse]]
 @dataclass(frozen=True)
 class QueryParam:
     name: str
-    type: str  # "string" | "integer"
+    type: str  # "string" | "integer" | "number"
     description: str
-    minimum: int | None = None
-    maximum: int | None = None
+    minimum: float | None = None
+    maximum: float | None = None
     choices: tuple[str, ...] = ()  # the only values accepted (an enum in the document)
     required: bool = False  # left out or empty is 400 (the handler checks: ``required_int_query``)
 
@@ -118,6 +119,23 @@ def int_query(request: web.Request, name: str, default: int, *, minimum: int, ma
         raise BadRequest(f"query parameter {name!r} must be an integer, got {raw!r}", code="invalid_query") from None
     if not minimum <= value <= maximum:
         raise BadRequest(f"query parameter {name!r} must be between {minimum} and {maximum}", code="invalid_query")
+    return value
+
+
+def float_query(request: web.Request, name: str, *, minimum: float, maximum: float, exclusive_minimum: bool = False) -> float | None:
+    """A number parameter (absent or empty: None); a finite decimal within the bounds, else 400 ``invalid_query``."""
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or len(raw) > 32:
+        raise BadRequest(f"query parameter {name!r} must be a number, got {raw[:40]!r}", code="invalid_query")
+    if value < minimum or value > maximum or (exclusive_minimum and value == minimum):
+        low = f"above {minimum:g}" if exclusive_minimum else f"at least {minimum:g}"
+        raise BadRequest(f"query parameter {name!r} must be {low} and at most {maximum:g}", code="invalid_query")
     return value
 
 

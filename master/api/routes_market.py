@@ -16,6 +16,7 @@ from master.api.base import (
     QueryParam,
     Route,
     choice_query,
+    float_query,
     int_query,
     page,
     parse_body,
@@ -27,6 +28,7 @@ from master.api.middleware import principal
 from master.api.schemas_market import ListingPut
 from master.services import cluster_offers, listings, offers
 from master.services.cluster_request import MAX_NODES
+from master.services.host_links import NetworkBounds
 from master.services.offerquery import MAX_QUERY_LENGTH, Condition, Op, format_query, parse, parse_value
 from master.services.offers import OfferSearch, Order, Sort
 
@@ -125,6 +127,8 @@ class ClusterOffersPage(BaseModel):
     offers_considered: int = Field(description=f"Offers read, the cheapest first (at most {cluster_offers.MAX_OFFERS_CONSIDERED:,}).")
     offers_matching: int = Field(description="Offers matching in all.")
     truncated: bool = Field(description="More offers matched than were read: the dearest prices may be understated.")
+    network: dict[str, float] | None = Field(description="The network bounds applied (max_latency_ms, max_loss_pct, "
+                                             "min_mbit_s, those given); null without any.")
 
 
 async def list_cluster_offers(request: web.Request) -> web.Response:
@@ -134,10 +138,16 @@ async def list_cluster_offers(request: web.Request) -> web.Response:
     allow_mixed = choice_query(request, "allow_mixed", BOOLEAN) == "true"
     limit, offset = page(request)
     conditions = offer_conditions(request)
+    network = NetworkBounds(
+        max_latency_ms=float_query(request, "max_latency_ms", minimum=0, maximum=10_000, exclusive_minimum=True),
+        max_loss_pct=float_query(request, "max_loss_pct", minimum=0, maximum=100),
+        min_mbit_s=float_query(request, "min_mbit_s", minimum=0, maximum=400_000, exclusive_minimum=True),
+    )
     async with master.db.session() as session:
         found = await cluster_offers.find_cluster_offers(
-            session, conditions, nodes=nodes, gpus_per_node=gpus_per_node, allow_mixed=allow_mixed, now=master.clock.now()
-        )
+            session, conditions, nodes=nodes, gpus_per_node=gpus_per_node, allow_mixed=allow_mixed, now=master.clock.now(),
+            network=network or None, links_max_age_s=master.settings.host_link_max_age_s,
+        )  # fmt: skip
     return web.json_response(
         {
             "items": [item.view() for item in found.items[offset : offset + limit]],
@@ -152,6 +162,7 @@ async def list_cluster_offers(request: web.Request) -> web.Response:
             "offers_considered": found.offers_considered,
             "offers_matching": found.offers_matching,
             "truncated": found.truncated,
+            "network": {k: v for k, v in vars(network).items() if v is not None} or None,
         }
     )
 
@@ -220,6 +231,11 @@ ROUTES: tuple[Route, ...] = (
             QueryParam("allow_mixed", "string", "true: nodes may have different GPU models (default false).", choices=BOOLEAN),
             QueryParam("q", "string", "Query language, as for GET /offers: requirements every node's host meets."),
             *(QueryParam(name, kind, description) for name, (_, _, kind, description) in FILTER_PARAMS.items()),
+            QueryParam("max_latency_ms", "number", "Network bound, as a cluster's: no two nodes on hosts measured further "
+                       "apart (round trip, ms, above 0); hosts never measured may be together.", 0, 10_000),
+            QueryParam("max_loss_pct", "number", "Network bound: no two nodes on hosts measured losing more (%).", 0, 100),
+            QueryParam("min_mbit_s", "number", "Network bound: no two nodes on hosts measured slower (Mbit/s, above 0).",
+                       0, 400_000),
             *PAGING,
         ),
         errors=(400,),

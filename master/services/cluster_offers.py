@@ -14,14 +14,15 @@ written again here — cheapest first, in pages of ``page_size``, at most ``max_
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from master.services import host_links
 from master.services.listings import PriceBounds, money
 from master.services.offerquery import Condition, Op
 from master.services.offers import OfferPrice, OfferSearch, Order, Sort, search_offer_prices
@@ -107,19 +108,60 @@ def _dearest(offers: Sequence[HostOffer]) -> HostOffer:
     return max(offers, key=lambda o: (o.price_per_gpu_hour, o.gpu_name))
 
 
+Apart = Callable[[str, str], bool]
+"""Whether two hosts were measured outside a cluster's network bounds (never placed together)."""
+
+
+SEEDS = 64
+"""With network bounds, the greedy passes tried per set: one starting from each of the first ``SEEDS`` hosts."""
+
+
+def _greedy(ordered: Sequence[str], seed: str, nodes: int, apart: Apart) -> list[str]:
+    """``seed``, then each host of ``ordered`` in turn that is measured apart from none taken, up to ``nodes``."""
+    taken = [seed]
+    for host in ordered:
+        if len(taken) == nodes:
+            break
+        if host != seed and not any(apart(host, other) for other in taken):
+            taken.append(host)
+    return taken
+
+
+def _together(ordered: Sequence[str], nodes: int, apart: Apart | None, cost: Callable[[str], Decimal]) -> list[str] | None:
+    """``nodes`` of ``ordered`` hosts (best first), no two measured apart, with the least total ``cost``; ``None``: no
+    such set found. Without ``apart``, the first ``nodes``. With it, the best of greedy passes (``_greedy``) seeded with
+    each of the first ``SEEDS`` hosts: a host measured apart from many is a poor first pick, and is then skipped (as
+    the gang search's next node avoids the hosts measured apart from those it took). A heuristic, as that search is."""
+    if len(ordered) < nodes:
+        return None
+    if apart is None:
+        return list(ordered[:nodes])
+    rank = {host: index for index, host in enumerate(ordered)}
+    best: list[str] | None = None
+    for seed in ordered[:SEEDS]:
+        taken = _greedy(ordered, seed, nodes, apart)
+        if len(taken) == nodes and (best is None or sum(map(cost, taken)) < sum(map(cost, best))):
+            best = taken
+    return None if best is None else sorted(best, key=rank.__getitem__)
+
+
 def _group(
-    hosts: dict[str, list[HostOffer]], *, gpu_name: str | None, region: str | None, nodes: int, gpus_per_node: int
-) -> ClusterOffer:
+    hosts: dict[str, list[HostOffer]], *, gpu_name: str | None, region: str | None, nodes: int, gpus_per_node: int,
+    apart: Apart | None = None,
+) -> ClusterOffer | None:
     """The group's item: its ``nodes`` cheapest hosts (each at its cheapest offer) and its ``nodes`` dearest (each at
-    its dearest: with models mixed, placement may give a node either of a host's models)."""
+    its dearest: with models mixed, placement may give a node either of a host's models), each set keeping the
+    network bounds when ``apart`` says which pairs do not; ``None`` when no such set is found."""
     low = {host_id: _cheapest(offers) for host_id, offers in hosts.items()}
     high = {host_id: _dearest(offers).price_per_gpu_hour for host_id, offers in hosts.items()}
     # Cheapest first; among equal prices the most reliable (unknown last), then by id, so the answer is stable.
-    cheapest = sorted(
-        low.values(),
-        key=lambda o: (o.price_per_gpu_hour, o.reliability is None, -(o.reliability or 0.0), o.host_id),
-    )[:nodes]
-    dearest = sorted(high.values(), reverse=True)[:nodes]
+    by_price = sorted(low, key=lambda h: (low[h].price_per_gpu_hour, low[h].reliability is None, -(low[h].reliability or 0.0), h))
+    cheapest_ids = _together(by_price, nodes, apart, lambda h: low[h].price_per_gpu_hour)
+    dearest_ids = _together(sorted(high, key=lambda h: (high[h], h), reverse=True), nodes, apart, lambda h: -high[h])
+    if cheapest_ids is None or dearest_ids is None:
+        return None
+    cheapest = [low[h] for h in cheapest_ids]
+    dearest = [high[h] for h in dearest_ids]
     # Exact: Decimal sums of the listed prices (6 places), times whole GPUs; no rounding anywhere.
     return ClusterOffer(
         gpu_name=gpu_name,
@@ -134,7 +176,9 @@ def _group(
     )
 
 
-def group_cluster_offers(offers: Iterable[HostOffer], *, nodes: int, gpus_per_node: int, allow_mixed: bool) -> list[ClusterOffer]:
+def group_cluster_offers(
+    offers: Iterable[HostOffer], *, nodes: int, gpus_per_node: int, allow_mixed: bool, apart: Apart | None = None
+) -> list[ClusterOffer]:
     """The groups of hosts that could take a cluster of ``nodes`` nodes now, cheapest first.
 
     ``offers`` are the offers that can each take one node (the caller filtered them: enough free GPUs of one model,
@@ -144,6 +188,9 @@ def group_cluster_offers(offers: Iterable[HostOffer], *, nodes: int, gpus_per_no
     together are enough. Placement never spans regions while a region has room, so a model's cross-region group is
     shown only then. Sorted by ``price_per_hour``, then the dearest set's price, regions before across regions, model
     and region.
+
+    With ``apart`` (a cluster's network bounds), a group's sets skip hosts measured apart from one already in them,
+    and a group where no set of ``nodes`` is found so is not shown (nor counts as a region with room).
     """
     if nodes < 1 or gpus_per_node < 1:
         raise ValueError("nodes and gpus_per_node are at least 1")
@@ -157,24 +204,35 @@ def group_cluster_offers(offers: Iterable[HostOffer], *, nodes: int, gpus_per_no
     items: list[ClusterOffer] = []
     for model, hosts in anywhere.items():
         regional = [
-            _group(group, gpu_name=model, region=region, nodes=nodes, gpus_per_node=gpus_per_node)
+            item
             for region, group in in_region.get(model, {}).items()
             if len(group) >= nodes
+            and (item := _group(group, gpu_name=model, region=region, nodes=nodes, gpus_per_node=gpus_per_node, apart=apart))
         ]
         if regional:
             items += regional
-        elif len(hosts) >= nodes:
-            items.append(_group(hosts, gpu_name=model, region=None, nodes=nodes, gpus_per_node=gpus_per_node))
+        elif len(hosts) >= nodes and (
+            across := _group(hosts, gpu_name=model, region=None, nodes=nodes, gpus_per_node=gpus_per_node, apart=apart)
+        ):
+            items.append(across)
     items.sort(key=lambda i: (i.price_per_hour, i.price_per_hour_max, i.region is None, i.gpu_name or "", i.region or ""))
     return items
 
 
-def most_nodes(offers: Iterable[HostOffer], *, allow_mixed: bool) -> int:
-    """The largest cluster the offers could hold now: the most distinct hosts of one model (of any, mixing)."""
-    hosts: dict[str | None, set[str]] = {}
+def most_nodes(offers: Iterable[HostOffer], *, allow_mixed: bool, apart: Apart | None = None) -> int:
+    """The largest cluster the offers could hold now: the most distinct hosts of one model (of any, mixing); with
+    ``apart``, the most that greedy passes (``_together``'s) put together keeping the bounds."""
+    hosts: dict[str | None, dict[str, Decimal]] = {}
     for offer in offers:
-        hosts.setdefault(None if allow_mixed else offer.gpu_name, set()).add(offer.host_id)
-    return max((len(ids) for ids in hosts.values()), default=0)
+        prices = hosts.setdefault(None if allow_mixed else offer.gpu_name, {})
+        prices[offer.host_id] = min(prices.get(offer.host_id, offer.price_per_gpu_hour), offer.price_per_gpu_hour)
+    if apart is None:
+        return max((len(ids) for ids in hosts.values()), default=0)
+    best = 0
+    for prices in hosts.values():
+        ordered = sorted(prices, key=lambda h: (prices[h], h))
+        best = max([best, *(len(_greedy(ordered, seed, len(ordered), apart)) for seed in ordered[:SEEDS])])
+    return best
 
 
 # ---- reading the offers ------------------------------------------------------------------------
@@ -198,6 +256,8 @@ async def find_cluster_offers(
     allow_mixed: bool = False,
     now: datetime | None = None,
     bounds: PriceBounds | None = None,
+    network: host_links.NetworkBounds | None = None,
+    links_max_age_s: float = 7 * 86400.0,
     # Limits
     max_offers: int = MAX_OFFERS_CONSIDERED,
     page_size: int = OFFERS_PAGE,
@@ -224,13 +284,25 @@ async def find_cluster_offers(
         if len(page) < search.limit or offset >= matching:
             break
     offers = list(read.values())
+    apart = await _apart(session, {o.host_id for o in offers}, network, now=now, max_age_s=links_max_age_s) if network else None
     return ClusterOffers(
-        items=group_cluster_offers(offers, nodes=nodes, gpus_per_node=gpus_per_node, allow_mixed=allow_mixed),
-        max_nodes=most_nodes(offers, allow_mixed=allow_mixed),
+        items=group_cluster_offers(offers, nodes=nodes, gpus_per_node=gpus_per_node, allow_mixed=allow_mixed, apart=apart),
+        max_nodes=most_nodes(offers, allow_mixed=allow_mixed, apart=apart),
         offers_considered=len(offers),
         offers_matching=max(matching, len(offers)),
         truncated=matching > offset,
     )
+
+
+async def _apart(
+    session: AsyncSession, host_ids: set[str], network: host_links.NetworkBounds, *, now: datetime | None, max_age_s: float
+) -> Apart:
+    """Which pairs of ``host_ids`` were measured outside ``network`` within ``max_age_s`` (placement's rule: a pair
+    never measured may be placed together), from one read of their links."""
+    since = (now or datetime.now(UTC)) - timedelta(seconds=max_age_s)
+    links = await host_links.among(session, host_ids, since=since)
+    breached = {key for key, figures in links.items() if network.breaches(figures)}
+    return lambda a, b: host_links.pair(a, b) in breached
 
 
 def _host_offer(offer: OfferPrice) -> HostOffer:
