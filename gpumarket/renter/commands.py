@@ -588,7 +588,7 @@ def _bound(text: str) -> float:
 
 
 NETWORK_BOUNDS = (("max_latency_ms", "MS", "no two nodes on hosts measured further apart (round trip, ms)"),
-                  ("max_loss_pct", "PCT", "no two nodes on hosts measured losing more packets (%)"),
+                  ("max_loss_pct", "PCT", "no two nodes on hosts measured losing more packets (%%)"),
                   ("min_mbit_s", "MBIT", "no two nodes on hosts measured slower (Mbit/s)"))  # fmt: skip
 
 
