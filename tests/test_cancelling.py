@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Callable, Coroutine
 
 import dns.message
 import dns.rcode
@@ -17,10 +18,10 @@ from agent.discovery import resolve_relays
 from shared.cancelling import raise_if_cancelled
 
 
-async def _cancel_as_it_completes(body: object) -> asyncio.Task[str]:
+async def _cancel_as_it_completes(body: Callable[[asyncio.Queue[int]], Coroutine[None, None, str]]) -> asyncio.Task[str]:
     """Run ``body(queue)``; put an item in its queue and, in the same loop pass that releases its ``wait_for``, cancel it."""
     queue: asyncio.Queue[int] = asyncio.Queue()
-    task = asyncio.create_task(body(queue))  # type: ignore[operator]
+    task = asyncio.create_task(body(queue))
     await asyncio.sleep(0.01)  # waiting in wait_for
     queue.put_nowait(1)  # the inner get finishes...
     await asyncio.sleep(0)  # ...its task runs; wait_for's waiter is released, the outer task not yet woken

@@ -131,6 +131,16 @@ class ClusterOffersPage(BaseModel):
                                              "min_mbit_s, those given); null without any.")
 
 
+# A cluster's network bounds as query parameters (ClusterNetworkBody's ranges): name, maximum, above 0 (not at
+# least 0), description.
+NETWORK_BOUNDS = (
+    ("max_latency_ms", 10_000, True, "Network bound, as a cluster's: no two nodes on hosts measured further apart "
+     "(round trip, ms, above 0); hosts never measured may be together."),
+    ("max_loss_pct", 100, False, "Network bound: no two nodes on hosts measured losing more (%)."),
+    ("min_mbit_s", 400_000, True, "Network bound: no two nodes on hosts measured slower (Mbit/s, above 0)."),
+)
+
+
 async def list_cluster_offers(request: web.Request) -> web.Response:
     master = request.app[MASTER]
     nodes = required_int_query(request, "nodes", minimum=2, maximum=MAX_NODES)
@@ -138,11 +148,10 @@ async def list_cluster_offers(request: web.Request) -> web.Response:
     allow_mixed = choice_query(request, "allow_mixed", BOOLEAN) == "true"
     limit, offset = page(request)
     conditions = offer_conditions(request)
-    network = NetworkBounds(
-        max_latency_ms=float_query(request, "max_latency_ms", minimum=0, maximum=10_000, exclusive_minimum=True),
-        max_loss_pct=float_query(request, "max_loss_pct", minimum=0, maximum=100),
-        min_mbit_s=float_query(request, "min_mbit_s", minimum=0, maximum=400_000, exclusive_minimum=True),
-    )
+    network = NetworkBounds(**{
+        name: float_query(request, name, minimum=0, maximum=maximum, exclusive_minimum=above_zero)
+        for name, maximum, above_zero, _ in NETWORK_BOUNDS
+    })  # fmt: skip
     async with master.db.session() as session:
         found = await cluster_offers.find_cluster_offers(
             session, conditions, nodes=nodes, gpus_per_node=gpus_per_node, allow_mixed=allow_mixed, now=master.clock.now(),
@@ -231,11 +240,7 @@ ROUTES: tuple[Route, ...] = (
             QueryParam("allow_mixed", "string", "true: nodes may have different GPU models (default false).", choices=BOOLEAN),
             QueryParam("q", "string", "Query language, as for GET /offers: requirements every node's host meets."),
             *(QueryParam(name, kind, description) for name, (_, _, kind, description) in FILTER_PARAMS.items()),
-            QueryParam("max_latency_ms", "number", "Network bound, as a cluster's: no two nodes on hosts measured further "
-                       "apart (round trip, ms, above 0); hosts never measured may be together.", 0, 10_000),
-            QueryParam("max_loss_pct", "number", "Network bound: no two nodes on hosts measured losing more (%).", 0, 100),
-            QueryParam("min_mbit_s", "number", "Network bound: no two nodes on hosts measured slower (Mbit/s, above 0).",
-                       0, 400_000),
+            *(QueryParam(name, "number", description, 0, maximum) for name, maximum, _, description in NETWORK_BOUNDS),
             *PAGING,
         ),
         errors=(400,),

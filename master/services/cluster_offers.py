@@ -137,11 +137,8 @@ def _together(ordered: Sequence[str], nodes: int, apart: Apart | None, cost: Cal
     if apart is None:
         return list(ordered[:nodes])
     rank = {host: index for index, host in enumerate(ordered)}
-    best: list[str] | None = None
-    for seed in ordered[:SEEDS]:
-        taken = _greedy(ordered, seed, nodes, apart)
-        if len(taken) == nodes and (best is None or sum(map(cost, taken)) < sum(map(cost, best))):
-            best = taken
+    sets = (taken for seed in ordered[:SEEDS] if len(taken := _greedy(ordered, seed, nodes, apart)) == nodes)
+    best = min(sets, key=lambda taken: sum(map(cost, taken)), default=None)  # the first of equal totals
     return None if best is None else sorted(best, key=rank.__getitem__)
 
 
