@@ -308,13 +308,13 @@ class Agent:
             await ws.send(frame)
 
     async def refresh_isolation(self) -> None:
-        """Ask the container engine (and put the network guard in place) so that the hello says
-        whether this host runs containers. Cancelling is safe: the facts stay as they were."""
+        """Ask the container engine, and put the rentals' network guard in place and self-test it, so that
+        the hello says what this host runs and whether it is isolated. Cancelling is safe: the facts stay
+        as they were."""
         facts = await self.workloads.container_facts()
-        if facts is None:
-            return
-        note = "" if facts.engine is None or facts.network_guard.active else f"container network guard off: {facts.network_guard.reason}"
-        self.isolation = self.isolation.with_container_engine(facts.engine, note=note)
+        if facts is not None:
+            self.isolation = self.isolation.with_container_engine(facts.engine)
+        self.isolation = self.isolation.with_network(await self.workloads.network_facts())
 
     def _hello(self) -> protocol.HelloBody:
         facts = collect_host_facts(workload_dir=self.state.work_dir, agent_version=AGENT_VERSION)

@@ -10,6 +10,7 @@ from agent.gpu import open_backend
 from agent.runner import Agent, AgentTimings
 from agent.runtimes.containeropts import ContainerOptions
 from agent.runtimes.isolation import HostIsolation, host_isolation, isolation_summary
+from agent.runtimes.netguard import EgressPolicy
 from agent.state import AgentState
 from shared.protocol import ImagePolicyModel
 from shared.settings import AgentSettings
@@ -65,6 +66,7 @@ def container_options(settings: AgentSettings) -> ContainerOptions:
         default_pids_limit=settings.container_pids_limit,
         default_memory_mib=settings.container_memory_mib,
         default_shm_mib=settings.container_shm_mib,
+        egress=EgressPolicy.for_host(settings.egress_allow, process_pool=settings.process_subnet_pool),
     )
 
 
@@ -78,6 +80,7 @@ def isolation_from_settings(settings: AgentSettings, *, container_engine: str | 
         uid_max=settings.rental_uid_max,
         image_policy=ImagePolicyModel(allowed=settings.allowed_images, max_image_mib=settings.max_image_mib),
         private_dirs=[settings.data_dir],
+        process_pool=settings.process_subnet_pool,
     )
     return isolation
 

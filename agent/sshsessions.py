@@ -36,6 +36,7 @@ from asyncssh.misc import SoftEOFReceived
 from agent.runtimes.base import RentalAccess
 from agent.runtimes.containeropts import WORKSPACE
 from agent.runtimes.process import workload_environment
+from agent.runtimes.procnet import netns_path
 from agent.runtimes.users import TRUSTED_PATH, IsolationTools, RentalUser, session_argv
 
 log = logging.getLogger(__name__)
@@ -146,7 +147,9 @@ def session_environment(access: RentalAccess, user: RentalUser, term: str | None
 
 def host_argv(access: RentalAccess, user: RentalUser, tools: IsolationTools, setsid: str | None, argv: Sequence[str], env: dict[str, str]) -> list[str]:
     """The whole command: ``setsid --ctty`` (a PTY), the cgroups, the namespaces and the user."""
-    command = session_argv(user, tools, argv, env)
+    netns = netns_path(user.uid)
+    # A session shares its rental's network: its loopback, never the host's.
+    command = session_argv(user, tools, argv, env, netns=netns if netns.exists() else None)
     if access.cgroup_dirs:
         command = ["/bin/sh", "-c", _ENTER_CGROUPS, "gpumarket-cgroup", *(str(d) for d in access.cgroup_dirs), "--", *command]
     if setsid is not None:

@@ -195,16 +195,21 @@ def cmd_agent_record_nvml(args: argparse.Namespace) -> None:
 
 
 def cmd_agent_netguard(args: argparse.Namespace) -> None:
-    from agent.runtimes.netguard import MARKER, install_guard, write_marker
+    from agent.runtimes.isolation import prove_rental_network
+    from agent.runtimes.netguard import MARKER, EgressPolicy, NetGuardStatus, write_marker
 
+    settings = AgentSettings.load(args.config)
     _setup_logging("WARNING")
-    status = asyncio.run(install_guard())
+    policy = EgressPolicy.for_host(settings.egress_allow, process_pool=settings.process_subnet_pool)
+    network = asyncio.run(prove_rental_network(policy, None))
     if os.geteuid() == 0:
-        write_marker(status)
-    print(f"network guard {'on' if status.active else 'off'}: {status.reason}")
-    if os.geteuid() == 0 and status.active:
+        write_marker(network.guard if network.proven else NetGuardStatus(False, network.why_not))
+    print(f"network guard {'on' if network.guard.active else 'off'}: {network.guard.reason}")
+    if network.check is not None:
+        print(network.check.line)
+    if os.geteuid() == 0 and network.proven:
         print(f"recorded in {MARKER} for the agent")
-    if not status.active:
+    if not network.proven:
         raise SystemExit(1)
 
 
@@ -498,11 +503,12 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("--seconds", type=float, default=5.0, metavar="S", help="how long to sample (default 5)")
     record.set_defaults(func=cmd_agent_record_nvml)
     netguard = agent_sub.add_parser(
-        "netguard", help="put the container rentals' firewall rules in place (as root)", formatter_class=formatter,
-        description="Install the iptables rules that keep every rental bridge (gm+) off this host's own services, "
-        "link-local metadata and other rentals (idempotent). Run as root before a non-root agent starts "
+        "netguard", help="put the rentals' firewall rules in place and self-test them (as root)", formatter_class=formatter,
+        description="Install the iptables rules that keep every rental's network (gm+) off this host's own services, "
+        "link-local metadata, other rentals and private ranges other than the agent's egress_allow (idempotent), "
+        "then prove them from a rental's network namespace. Run as root before a non-root agent starts "
         "(the installer's unit does, ExecStartPre=+): it leaves a marker in /run that the agent reads. "
-        "Exits 1 when the rules cannot be installed, saying why.",
+        "Exits 1 when the rules cannot be installed or the self-test fails, saying why.",
     )
     netguard.set_defaults(func=cmd_agent_netguard)
 

@@ -44,7 +44,7 @@ from agent.gpu import open_backend
 from agent.runner import Agent, AgentTimings
 from agent.runtimes.container import probe_container_engine
 from agent.runtimes.containeropts import ContainerOptions
-from agent.runtimes.isolation import HostIsolation, host_isolation, isolation_summary
+from agent.runtimes.isolation import HostIsolation, host_isolation, isolation_summary, prove_rental_network
 from agent.runtimes.users import DEFAULT_RENTALS_ROOT
 from agent.state import AgentState, atomic_write, make_private
 from billing import credits
@@ -156,8 +156,8 @@ async def start_marketplace(
     )
     if container_engine is None:
         engine = await probe_container_engine(ContainerOptions(docker_url=docker_url), data_dir / "agents")
-        note = "" if engine.engine is None or engine.network_guard.active else f"container network guard off: {engine.network_guard.reason}"
-        isolation = isolation.with_container_engine(engine.engine, note=note)
+        isolation = isolation.with_container_engine(engine.engine)
+    isolation = isolation.with_network(await prove_rental_network(None, isolation.users))
     settings = settings or MasterSettings.load(
         data_dir=data_dir,
         http_host=http_host,

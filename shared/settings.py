@@ -311,6 +311,8 @@ class AgentSettings(ServiceSettings):
     allow_unisolated_workloads: bool = Field(False, description="Where the agent can neither run containers nor switch users (not root), run process workloads as the agent's own user anyway; its offers then say the host is not isolated. Off: they are refused (workload_not_isolated).")
     rental_uid_min: int = Field(2_000_000, ge=65_536, le=2**31 - 2, description="First uid (and gid) of the range process rentals run under, one each (the agent runs as root); clear of real users.")
     rental_uid_max: int = Field(2_065_535, ge=65_536, le=2**31 - 2, description="Last uid of that range.")
+    egress_allow: list[str] = Field([], max_length=64, description='Private IPv4 ranges rentals may reach (e.g. ["10.20.0.0/16"] for a dataset server on the provider\'s LAN); empty: none of RFC 1918, RFC 6598 (CGNAT) and the other special ranges. 169.254.0.0/16 (link-local metadata) is never allowed. Shown on the host page and on offers (JSON list in env).')
+    process_subnet_pool: str = Field("10.214.0.0/15", description="IPv4 pool of the process rentals' network namespaces: a /31 per rental uid, so at least twice as many addresses as the uid range has uids; must not overlap the host's own networks.")
     rentals_root: Path = Field(Path("/var/lib/gpumarket/rentals"), description="Where process rentals' homes live (0711; one 0700 folder per rental, owned by its uid); outside the data dir, every folder above it passable by others.")
     docker_url: str | None = Field(None, description="Docker Engine API URL of the container engine (unix:///run/docker.sock, or Podman's compatible socket); unset: the engine's default socket.")
     allowed_images: list[str] = Field([], max_length=64, description='Images containers may run: registries ("registry.example.com/") or name patterns ("pytorch/*"); empty: any (JSON list in env).')
@@ -327,6 +329,18 @@ class AgentSettings(ServiceSettings):
     def _uid_range_in_order(self) -> Self:
         if self.rental_uid_min > self.rental_uid_max:
             raise ValueError(f"rental_uid_min ({self.rental_uid_min}) is above rental_uid_max ({self.rental_uid_max})")
+        metadata = ipaddress.IPv4Network("169.254.0.0/16")
+        for text in self.egress_allow:
+            try:
+                allowed = ipaddress.IPv4Network(text, strict=False)
+            except ValueError as exc:
+                raise ValueError(f"egress_allow: {text!r} is not an IPv4 network such as 10.20.0.0/16 ({exc})") from None
+            if allowed.overlaps(metadata):
+                raise ValueError(f"egress_allow: {text!r} overlaps 169.254.0.0/16 (link-local metadata), which rentals never reach")
+        try:
+            ipaddress.IPv4Network(self.process_subnet_pool)
+        except ValueError as exc:
+            raise ValueError(f"process_subnet_pool: {self.process_subnet_pool!r} is not an IPv4 network ({exc})") from None
         return self
 
 

@@ -144,7 +144,7 @@ class ContainerRuntime:
             guard = self.network_guard or NetGuardStatus(False, "no container engine")
             return ContainerFacts(None, str(self.unavailable(exc).message), guard)
         if self.options.isolate_network and (self.network_guard is None or not self.network_guard.active):
-            self.network_guard = await install_guard()
+            self.network_guard = await install_guard(policy=self.options.egress)
         guard = self.network_guard or NetGuardStatus(False, "isolate_network is off: rentals share the engine's default bridge")
         name = "podman" if "podman" in json.dumps(version.get("Components") or []).lower() else "docker"
         return ContainerFacts(f"{name} {version.get('Version', '?')}", "", guard)
@@ -280,7 +280,7 @@ class ContainerRuntime:
             (folder / SINCE_NAME).unlink()  # a new container: its whole log
         await self._progress(rental_id, "starting", f"starting {spec.image}", None)
         if self.options.isolate_network and self.network_guard is None:
-            self.network_guard = await install_guard()
+            self.network_guard = await install_guard(policy=self.options.egress)
             if not self.network_guard.active:
                 log.warning("container network guard is off: %s", self.network_guard.reason)
         user = image.user or self.options.user

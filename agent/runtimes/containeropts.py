@@ -20,7 +20,7 @@ from typing import Any, Final, Literal
 import aiohttp
 from aiodocker.exceptions import DockerError
 
-from agent.runtimes.netguard import BRIDGE_PREFIX, NetGuardStatus
+from agent.runtimes.netguard import BRIDGE_PREFIX, EgressPolicy, NetGuardStatus
 from shared.errors import ConfigError
 
 RENTAL_LABEL: Final = "gpumarket.rental"
@@ -52,6 +52,7 @@ class ContainerOptions:
     isolate_network: bool = True  # a bridge of its own per rental (else the engine's default bridge)
     device_requests: bool | None = None  # GPUs through DeviceRequests; None: when the GPU backend is real
     subnet_pool: str = "10.213.0.0/16"  # rental networks' subnets come from here
+    egress: EgressPolicy | None = None  # what rentals may reach (None: this host's resolvers, no private range)
     subnet_prefix: int = 28
     log_max_mib: int = 16  # the engine's own log (the "local" driver: bytes as written), per file (two files)
     # Timeouts

@@ -62,6 +62,7 @@ from agent.runtimes.cgroups import (
 from agent.runtimes.container import ContainerRuntime
 from agent.runtimes.containeropts import ContainerFacts, ContainerOptions, ProgressCallback
 from agent.runtimes.hold import HoldRuntime
+from agent.runtimes.isolation import RentalNetworkFacts, prove_rental_network
 from agent.runtimes.logs import OutputLogs
 from agent.runtimes.pids import ProcessHandle, group_alive, killpg, process_start_time, reap_if_ours
 from agent.runtimes.process import ProcessRuntime
@@ -143,6 +144,7 @@ class WorkloadManager:
         self._pulls: dict[str, asyncio.Task[Any]] = {}  # image checks and pulls in flight: a stop cancels them
         self._resumed = False
         self._closed = False
+        self._network: RentalNetworkFacts | None = None
         self.logs = OutputLogs(work_dir, max_log_bytes=max_log_bytes)
         self.registry = Registry(work_dir)
         self.holds = HoldRuntime()
@@ -161,6 +163,14 @@ class WorkloadManager:
     @property
     def cgroup_support(self) -> CgroupSupport:
         return self.cgroups.support
+
+    async def network_facts(self) -> RentalNetworkFacts:
+        """The rentals' network guard put in place and self-tested (``isolation.prove_rental_network``), once:
+        a proven answer is kept; one that is not is tried again on the next call."""
+        if self._network is None or not self._network.proven:
+            egress = None if self.container_options is None else self.container_options.egress
+            self._network = await prove_rental_network(egress, self.processes.users)
+        return self._network
 
     async def container_facts(self) -> ContainerFacts | None:
         """The container engine's version and the network guard's state, for the host's hello

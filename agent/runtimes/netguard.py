@@ -1,37 +1,42 @@
-"""The network guard of container rentals: host firewall rules that every rental bridge (``gm+``) shares.
+"""The network guard of every rental: host firewall rules that every rental interface (``gm+``) shares.
 
 Each container rental sits on a bridge of its own named ``gm`` + a short hash
-(``agent.runtimes.container.bridge_name``), so a handful of wildcard iptables rules cover
-every rental, present and future:
+(``agent.runtimes.container.bridge_name``), and each process rental in a network namespace of its
+own joined to the host by a veth pair whose host end is ``gmp<uid>`` (``agent.runtimes.procnet``),
+so a handful of wildcard rules cover every rental, present and future:
 
 - ``INPUT -i gm+ -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT`` and ``INPUT -i gm+
-  -j DROP``: a rental reaches no service of the host itself (the agent, sshd, a database on
-  0.0.0.0, the bridge gateway's address), only answers to what the host opened;
-- ``DOCKER-USER -i gm+ -d 169.254.0.0/16 -j DROP``: no link-local metadata service (cloud
-  credentials at 169.254.169.254);
-- ``DOCKER-USER -i gm+ -o gm+ -j DROP``: no other rental's bridge (the engine's own
-  isolation chains say the same; this does not depend on them);
-- ``DOCKER-USER -i gm+ -m conntrack --ctstate DNAT -j DROP``: no port the host publishes for
-  some other container.
+  -j DROP`` (IPv4 and IPv6): a rental reaches no service of the host itself (the agent, sshd, a
+  database on 0.0.0.0, the gateway's address), only answers to what the host opened;
+- ``DOCKER-USER -i gm+ -j GPUMARKET-EGRESS``, a chain rebuilt atomically (``iptables-restore
+  --noflush``) from the host's egress policy: no link-local metadata (169.254.0.0/16, whatever the
+  provider allows), no other rental (``-o gm+``), none of the engine's other networks, no port the
+  host publishes for some other container (``--ctstate DNAT``), the host's own DNS resolvers on port
+  53, the provider's ``egress_allow`` ranges, and then no private, shared or special range
+  (``BLOCKED_V4``: RFC 1918, RFC 6598 CGNAT, ...); the rest — the internet — passes;
+- ``FORWARD -i gm+ -j DROP`` for IPv6: rentals get no IPv6 beyond their own namespace (so no
+  fc00::/7 or fe80::/10 either);
+- ``DOCKER-USER -o gmp+ --ctstate ESTABLISHED,RELATED -j ACCEPT`` and a ``MASQUERADE`` for the
+  process rentals' pool: their answers come back, their traffic leaves with the host's address.
 
-Installed once, idempotently (``iptables -C`` before ``-I``), with ``iptables`` run through
+Installed idempotently (``iptables -C`` before ``-I``), with the tools run through
 ``asyncio.create_subprocess_exec`` — never a shell. An agent that is not root (the installer's
-unit runs it as a system user) cannot: the unit installs them as root before the agent
-starts (``ExecStartPre=-+… gpumarket agent netguard``), which leaves ``MARKER`` in ``/run``
-for the agent to read. Where neither happened (or there is no ``iptables``),
-``NetGuardStatus.active`` is false with the reason: the host then reports its guard off
-(rentals still reach the outside and not each other's bridges, but they may reach the host's
-services and link-local addresses).
+unit runs it as a system user) cannot: the unit installs them as root before the agent starts
+(``ExecStartPre=-+… gpumarket agent netguard``), which leaves ``MARKER`` in ``/run`` for the
+agent to read. Where neither happened (or there is no ``iptables``), ``NetGuardStatus.active`` is
+false with the reason: the host then reports its guard off and is not ``isolated``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import os
 import shutil
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
@@ -43,17 +48,107 @@ MARKER: Final = Path("/run/gpumarket-netguard")
 
 BRIDGE_PREFIX: Final = "gm"
 WILDCARD: Final = f"{BRIDGE_PREFIX}+"
+PROCESS_PREFIX: Final = "gmp"  # the host ends of process rentals' veth pairs
+EGRESS_CHAIN: Final = "GPUMARKET-EGRESS"
+DEFAULT_PROCESS_POOL: Final = "10.214.0.0/15"
 
-# (chain, rule) in the order they must be matched; INPUT's ACCEPT must precede its DROP.
+# Never reachable from a rental, whatever the provider allows: the cloud metadata service.
+LINK_LOCAL_V4: Final = "169.254.0.0/16"
+# Refused by default; a provider may allow some of them by name (``egress_allow``).
+BLOCKED_V4: Final = (
+    "0.0.0.0/8",  # "this network"
+    "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",  # RFC 1918: the provider's LAN
+    "100.64.0.0/10",  # RFC 6598: carrier-grade NAT, often the provider's side of it
+    "192.0.0.0/24", "198.18.0.0/15",  # IETF protocol assignments, benchmarking
+    "224.0.0.0/4", "240.0.0.0/4",  # multicast, reserved
+)  # fmt: skip
+
 INPUT_RULES: Final = (
     ("INPUT", ("-i", WILDCARD, "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT")),
     ("INPUT", ("-i", WILDCARD, "-j", "DROP")),
 )
+# In DOCKER-USER, in this order from the top.
 FORWARD_RULES: Final = (
-    ("DOCKER-USER", ("-i", WILDCARD, "-d", "169.254.0.0/16", "-j", "DROP")),
-    ("DOCKER-USER", ("-i", WILDCARD, "-o", WILDCARD, "-j", "DROP")),
-    ("DOCKER-USER", ("-i", WILDCARD, "-m", "conntrack", "--ctstate", "DNAT", "-j", "DROP")),
+    ("DOCKER-USER", ("-i", WILDCARD, "-j", EGRESS_CHAIN)),
+    ("DOCKER-USER", ("-o", f"{PROCESS_PREFIX}+", "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT")),
 )
+# What older agents installed in DOCKER-USER; the egress chain says all of it now.
+_OLD_FORWARD_RULES: Final = (
+    ("-i", WILDCARD, "-d", LINK_LOCAL_V4, "-j", "DROP"),
+    ("-i", WILDCARD, "-o", WILDCARD, "-j", "DROP"),
+    ("-i", WILDCARD, "-m", "conntrack", "--ctstate", "DNAT", "-j", "DROP"),
+)
+INPUT_RULES_V6: Final = INPUT_RULES
+FORWARD_RULES_V6: Final = (("FORWARD", ("-i", WILDCARD, "-j", "DROP")),)
+
+
+@dataclass(frozen=True, slots=True)
+class EgressPolicy:
+    """What a rental may reach beyond the host: everything public, the host's DNS resolvers on port 53,
+    and the private ranges of ``allow`` (the provider's ``egress_allow``); never link-local metadata."""
+
+    allow: tuple[str, ...] = ()
+    resolvers: tuple[str, ...] = ()
+    process_pool: str = DEFAULT_PROCESS_POOL
+
+    @classmethod
+    def for_host(cls, allow: Sequence[str] = (), *, process_pool: str = DEFAULT_PROCESS_POOL, resolv_conf: Path = Path("/etc/resolv.conf")) -> EgressPolicy:
+        """The policy with this host's IPv4 resolvers read from ``resolv_conf`` (loopback ones skipped:
+        a rental's loopback is its own)."""
+        return cls(tuple(normalise_ranges(allow)), tuple(host_resolvers(resolv_conf)), process_pool)
+
+    def egress_rules(self) -> list[tuple[str, ...]]:
+        """The egress chain's rules, in order (``iptables -A GPUMARKET-EGRESS`` arguments)."""
+        rules: list[tuple[str, ...]] = [
+            ("-d", LINK_LOCAL_V4, "-j", "DROP"),
+            ("-o", WILDCARD, "-j", "DROP"),
+            ("-o", "docker0", "-j", "DROP"),
+            ("-o", "br-+", "-j", "DROP"),
+            ("-m", "conntrack", "--ctstate", "DNAT", "-j", "DROP"),
+        ]
+
+        def passing(*match: str) -> list[tuple[str, ...]]:
+            # A process rental's veth has no rule of the engine's behind ours: accept it here. A
+            # container's bridge goes back to the engine's own chains (its NAT and accounting).
+            return [(*match, "-i", f"{PROCESS_PREFIX}+", "-j", "ACCEPT"), (*match, "-j", "RETURN")]
+
+        for resolver in self.resolvers:
+            for proto in ("udp", "tcp"):
+                rules += passing("-d", f"{resolver}/32", "-p", proto, "--dport", "53")
+        for allowed in self.allow:
+            rules += passing("-d", allowed)
+        rules += [("-d", blocked, "-j", "DROP") for blocked in BLOCKED_V4]
+        rules += passing()
+        return rules
+
+
+def normalise_ranges(ranges: Sequence[str]) -> list[str]:
+    """``egress_allow`` as IPv4 networks (``10.1.2.0/24``); raises ``ValueError`` naming a bad one, or one
+    that would open link-local metadata."""
+    out: list[str] = []
+    for text in ranges:
+        try:
+            net = ipaddress.IPv4Network(text.strip(), strict=False)
+        except ValueError as exc:
+            raise ValueError(f"egress_allow: {text!r} is not an IPv4 address or network ({exc})") from None
+        if net.overlaps(ipaddress.IPv4Network(LINK_LOCAL_V4)):
+            raise ValueError(f"egress_allow: {text!r} overlaps {LINK_LOCAL_V4} (link-local metadata), which is never allowed")
+        out.append(str(net))
+    return out
+
+
+def host_resolvers(resolv_conf: Path = Path("/etc/resolv.conf")) -> list[str]:
+    """The IPv4 name servers ``resolv_conf`` names, loopback ones left out."""
+    found: list[str] = []
+    with contextlib.suppress(OSError):
+        for line in resolv_conf.read_text().splitlines():
+            words = line.split()
+            if len(words) >= 2 and words[0] == "nameserver":
+                with contextlib.suppress(ValueError):
+                    address = ipaddress.IPv4Address(words[1])
+                    if not address.is_loopback and str(address) not in found:
+                        found.append(str(address))
+    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,16 +157,18 @@ class NetGuardStatus:
 
     active: bool
     reason: str
+    policy: EgressPolicy = field(default_factory=EgressPolicy)
 
 
-async def _iptables(iptables: str, *args: str, timeout: float) -> tuple[int, str]:
+async def _run(tool: str, *args: str, timeout: float, stdin: bytes | None = None) -> tuple[int, str]:
     process = await asyncio.create_subprocess_exec(
-        iptables, "-w", "5", *args,
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-    )
+        tool, *args,
+        stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
     try:
         async with asyncio.timeout(timeout):
-            _, err = await process.communicate()
+            _, err = await process.communicate(stdin)
     finally:
         if process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
@@ -81,52 +178,100 @@ async def _iptables(iptables: str, *args: str, timeout: float) -> tuple[int, str
     return process.returncode, err.decode(errors="replace").strip()
 
 
+async def _iptables(iptables: str, *args: str, timeout: float) -> tuple[int, str]:
+    return await _run(iptables, "-w", "5", *args, timeout=timeout)
+
+
+async def _ensure_first(path: str, rules: Sequence[tuple[str, tuple[str, ...]]], *, timeout: float, table: str = "filter") -> str | None:
+    """Each of ``rules`` present once, in this order, at the top of its chain; an error line, or ``None``."""
+    present = [(await _iptables(path, "-t", table, "-C", chain, *rule, timeout=timeout))[0] == 0 for chain, rule in rules]
+    if all(present):
+        return None
+    for chain, rule in rules:  # drop lone ones, then insert all in order
+        while (await _iptables(path, "-t", table, "-D", chain, *rule, timeout=timeout))[0] == 0:
+            pass
+    for chain, rule in reversed(rules):
+        code, err = await _iptables(path, "-t", table, "-I", chain, "1", *rule, timeout=timeout)
+        if code != 0:
+            return f"{os.path.basename(path)} -I {chain} failed: {err}"
+    return None
+
+
+async def _install_v6(timeout: float) -> str:
+    path = shutil.which("ip6tables")
+    if path is None:
+        return "ip6tables is not installed (rentals get no IPv6 address of ours either way)"
+    for rules in (INPUT_RULES_V6, FORWARD_RULES_V6):
+        error = await _ensure_first(path, rules, timeout=timeout)
+        if error:
+            return error
+    return ""
+
+
 async def install_guard(
-    *, iptables: str | None = None, timeout: float = 15.0, marker: Path = MARKER, euid: int | None = None
+    *,
+    policy: EgressPolicy | None = None,
+    iptables: str | None = None,
+    timeout: float = 15.0,
+    marker: Path = MARKER,
+    euid: int | None = None,
 ) -> NetGuardStatus:
-    """Put the rules in place (idempotent); never raises for a host that cannot, says why instead.
+    """Put the rules in place for ``policy`` (default: this host's resolvers, nothing private allowed;
+    idempotent); never raises for a host that cannot, says why instead.
 
     Not root (``euid``, default this process's): the rules count as in place when ``marker``,
     owned by root, says root put them there this boot.
     """
+    policy = policy or EgressPolicy.for_host()
     if (os.geteuid() if euid is None else euid) != 0:
         try:
             if marker.stat().st_uid == 0 and marker.read_text().startswith("active"):
-                return NetGuardStatus(True, f"iptables rules for {WILDCARD} bridges installed as root before the agent started ({marker})")
+                return NetGuardStatus(True, f"iptables rules for {WILDCARD} installed as root before the agent started ({marker})", policy)
         except OSError:
             pass
         return NetGuardStatus(
-            False, "the agent is not root, so it cannot add iptables rules for the rental bridges "
-            "(run `gpumarket agent netguard` as root before it starts, as the installer's unit does)",
+            False, "the agent is not root, so it cannot add iptables rules for the rentals' networks "
+            "(run `gpumarket agent netguard` as root before it starts, as the installer's unit does)", policy,
         )  # fmt: skip
     path = iptables or shutil.which("iptables")
     if path is None:
-        return NetGuardStatus(False, "iptables is not installed")
+        return NetGuardStatus(False, "iptables is not installed", policy)
     try:
         code, err = await _iptables(path, "-t", "filter", "-n", "-L", "DOCKER-USER", timeout=timeout)
         if code != 0:
             # The engine makes DOCKER-USER when it starts; make it if this engine did not (yet).
             code, err = await _iptables(path, "-t", "filter", "-N", "DOCKER-USER", timeout=timeout)
             if code != 0:
-                return NetGuardStatus(False, f"cannot find or make the DOCKER-USER chain: {err}")
+                return NetGuardStatus(False, f"cannot find or make the DOCKER-USER chain: {err}", policy)
+        if (await _iptables(path, "-t", "filter", "-C", "FORWARD", "-j", "DOCKER-USER", timeout=timeout))[0] != 0:
             await _iptables(path, "-t", "filter", "-I", "FORWARD", "1", "-j", "DOCKER-USER", timeout=timeout)
-        present = [(await _iptables(path, "-C", chain, *rule, timeout=timeout))[0] == 0 for chain, rule in INPUT_RULES]
-        if not all(present):
-            for chain, rule in INPUT_RULES:  # drop a lone one, then insert both in order
-                while (await _iptables(path, "-D", chain, *rule, timeout=timeout))[0] == 0:
-                    pass
-            for chain, rule in reversed(INPUT_RULES):
-                code, err = await _iptables(path, "-I", chain, "1", *rule, timeout=timeout)
-                if code != 0:
-                    return NetGuardStatus(False, f"iptables -I {chain} failed: {err}")
-        for chain, forward in FORWARD_RULES:
-            if (await _iptables(path, "-C", chain, *forward, timeout=timeout))[0] != 0:
-                code, err = await _iptables(path, "-I", chain, "1", *forward, timeout=timeout)
-                if code != 0:
-                    return NetGuardStatus(False, f"iptables -I {chain} failed: {err}")
+        # The egress chain in one transaction: never a moment with half a policy.
+        restore = shutil.which("iptables-restore", path=os.path.dirname(path)) or shutil.which("iptables-restore")
+        if restore is None:
+            return NetGuardStatus(False, "iptables-restore is not installed", policy)
+        lines = ["*filter", f":{EGRESS_CHAIN} - [0:0]", f"-F {EGRESS_CHAIN}"]
+        lines += [" ".join(("-A", EGRESS_CHAIN, *rule)) for rule in policy.egress_rules()]
+        lines.append("COMMIT\n")
+        code, err = await _run(restore, "-w", "5", "--noflush", timeout=timeout, stdin="\n".join(lines).encode())
+        if code != 0:
+            return NetGuardStatus(False, f"iptables-restore of {EGRESS_CHAIN} failed: {err}", policy)
+        for error in (await _ensure_first(path, INPUT_RULES, timeout=timeout), await _ensure_first(path, FORWARD_RULES, timeout=timeout)):
+            if error:
+                return NetGuardStatus(False, error, policy)
+        for rule in _OLD_FORWARD_RULES:
+            while (await _iptables(path, "-D", "DOCKER-USER", *rule, timeout=timeout))[0] == 0:
+                pass
+        masquerade = ("-s", policy.process_pool, "!", "-o", WILDCARD, "-j", "MASQUERADE")
+        if (await _iptables(path, "-t", "nat", "-C", "POSTROUTING", *masquerade, timeout=timeout))[0] != 0:
+            code, err = await _iptables(path, "-t", "nat", "-I", "POSTROUTING", "1", *masquerade, timeout=timeout)
+            if code != 0:
+                return NetGuardStatus(False, f"iptables -t nat -I POSTROUTING failed: {err}", policy)
+        v6 = await _install_v6(timeout)
     except (OSError, TimeoutError) as exc:
-        return NetGuardStatus(False, f"cannot run {path}: {exc}")
-    return NetGuardStatus(True, f"iptables rules for {WILDCARD} bridges in INPUT and DOCKER-USER")
+        return NetGuardStatus(False, f"cannot run {path}: {exc}", policy)
+    allowed = f"; private ranges allowed: {', '.join(policy.allow)}" if policy.allow else "; no private range allowed"
+    note = f"; IPv6: {v6}" if v6 else ""
+    return NetGuardStatus(True, f"iptables rules for {WILDCARD} in INPUT, DOCKER-USER and {EGRESS_CHAIN}{allowed}{note}", policy)
 
 
 def write_marker(status: NetGuardStatus, marker: Path = MARKER) -> None:

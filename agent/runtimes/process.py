@@ -13,7 +13,7 @@ spec's ``env``, the GPU variables); the output goes to ``work_dir/<rental_id>/ou
 the process runs in a cgroup of its own that carries the spec's ``cpu_cores`` and
 ``memory_mib``, entered before the renter's first instruction runs. With ``users``
 (``agent.runtimes.users``: the agent runs as root) each rental runs under a uid of its own,
-in its own PID, mount and IPC namespaces, in a home only it can read; without, only where
+in its own network (``agent.runtimes.procnet``), PID, mount and IPC namespaces, in a home only it can read; without, only where
 the ``IsolationFacts`` allow it (``allow_unisolated_workloads``), as the agent's own user
 in ``work_dir/<rental_id>/``.
 """
@@ -221,6 +221,7 @@ class ProcessRuntime:
             return self._start(rental_id, gpus, spec, share, folder, user)
         except BaseException:
             if user is not None and self.users is not None:
+                self.users.networks.remove(user.uid)
                 self.users.release(user)
             raise
 
@@ -238,7 +239,9 @@ class ProcessRuntime:
             for name in ("USER", "LOGNAME"):
                 env.setdefault(name, f"rental-{user.uid}")
             program = resolve_program_for(spec.argv[0], path=env["PATH"], home=home, user=user)
-            command, spawn_env = isolated_argv(user, self.users.tools, program, spec.argv[1:]), {"PATH": TRUSTED_PATH}
+            netns = self.users.networks.create(user.uid)  # its own loopback; a guarded veth once the guard is in place
+            command = isolated_argv(user, self.users.tools, program, spec.argv[1:], netns=netns)
+            spawn_env = {"PATH": TRUSTED_PATH}
         limits = limits_of(spec)
         placement = self.cgroups.create(rental_id, limits)
         argv = [*placement.argv_prefix, *command]
@@ -274,6 +277,7 @@ class ProcessRuntime:
         result["isolation"] = "none" if user is None else "uid"
         if user is not None:
             result["uid"] = user.uid
+            result["network"] = "own namespace, guarded egress" if self.users is not None and self.users.networks.egress else "own namespace, loopback only"
             log.info("rental %s runs as uid %d in %s", rental_id, user.uid, user.home)
         return workload, result
 
@@ -295,4 +299,5 @@ class ProcessRuntime:
             if time.monotonic() >= deadline:
                 break
             time.sleep(0.01)
+        self.users.networks.remove(user.uid)
         self.users.release(user)

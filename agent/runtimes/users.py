@@ -9,7 +9,8 @@ until the rental's workload is over and its home removed: a restarted agent find
 rental's uid there. The home, ``<root>/<rental_id>``, is owned by the uid and mode 0700;
 the root itself is 0711 (nobody can list it) and outside the agent's data dir.
 
-``isolated_argv`` builds the command that runs a program as that user:
+``isolated_argv`` builds the command that runs a program as that user: ``nsenter --net`` into
+the rental's network namespace (``agent.runtimes.procnet``), then
 ``unshare --pid --fork --kill-child --mount-proc --ipc`` (its own PID namespace, a /proc
 that shows only its processes, SysV IPC of its own), a tiny init as PID 1 (root, the
 renter cannot signal it) that mounts a private ``/tmp``, ``/var/tmp`` and ``/dev/shm``,
@@ -37,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from agent.runtimes.netguard import DEFAULT_PROCESS_POOL
+from agent.runtimes.procnet import RentalNetworks
 from shared.errors import BadRequest, ConfigError
 
 log = logging.getLogger(__name__)
@@ -77,11 +80,12 @@ class IsolationTools:
     setpriv: str
     mount: str
     env: str
+    nsenter: str
 
     @classmethod
     def find(cls) -> IsolationTools | str:
         """The tools, or a line saying which are missing."""
-        found = {name: shutil.which(name, path=TRUSTED_PATH) for name in ("unshare", "setpriv", "mount", "env")}
+        found = {name: shutil.which(name, path=TRUSTED_PATH) for name in ("unshare", "setpriv", "mount", "env", "nsenter")}
         missing = sorted(name for name, path in found.items() if path is None)
         if missing:
             return f"{' and '.join(missing)} not installed (util-linux and coreutils)"
@@ -151,9 +155,16 @@ def kill_uid(user: RentalUser, tools: IsolationTools, *, timeout: float) -> None
         subprocess.run(command, env={"PATH": TRUSTED_PATH}, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False)
 
 
-def isolated_argv(user: RentalUser, tools: IsolationTools, program: str, args: Sequence[str]) -> list[str]:
-    """The command that runs ``program`` as the rental's user in namespaces of its own (see the module)."""
+def _in_netns(tools: IsolationTools, netns: Path | None) -> list[str]:
+    # The rental's network namespace (agent.runtimes.procnet) is entered first, as root, by path.
+    return [] if netns is None else [tools.nsenter, f"--net={netns}", "--"]
+
+
+def isolated_argv(user: RentalUser, tools: IsolationTools, program: str, args: Sequence[str], *, netns: Path | None = None) -> list[str]:
+    """The command that runs ``program`` as the rental's user in namespaces of its own (see the module),
+    in the network namespace at ``netns`` when given."""
     return [
+        *_in_netns(tools, netns),
         tools.unshare, "--pid", "--fork", "--kill-child", "--mount-proc", "--ipc", "--",
         "/bin/sh", "-c", _INIT, "gpumarket-init", tools.mount, tools.env,
         tools.setpriv, f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups", "--no-new-privs",
@@ -162,11 +173,14 @@ def isolated_argv(user: RentalUser, tools: IsolationTools, program: str, args: S
     ]  # fmt: skip
 
 
-def session_argv(user: RentalUser, tools: IsolationTools, argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
+def session_argv(
+    user: RentalUser, tools: IsolationTools, argv: Sequence[str], env: Mapping[str, str], *, netns: Path | None = None
+) -> list[str]:
     """The command that runs ``argv`` as the rental's user like ``isolated_argv``, for an SSH session: it keeps
     stdin (a terminal or a pipe) and gets exactly ``env`` — variables the agent chose, handed to ``env -i``
     as arguments by the last step, already the rental's user; the root steps' environment stays the caller's."""
     return [
+        *_in_netns(tools, netns),
         tools.unshare, "--pid", "--fork", "--kill-child", "--mount-proc", "--ipc", "--",
         "/bin/sh", "-c", _SESSION_INIT, "gpumarket-init", tools.mount, tools.env,
         tools.setpriv, f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups", "--no-new-privs",
@@ -231,9 +245,19 @@ class RentalUsers:
     """
 
     def __init__(
-        self, root: Path, tools: IsolationTools, *, uid_min: int = DEFAULT_UID_MIN, uid_max: int = DEFAULT_UID_MAX
+        self,
+        root: Path,
+        tools: IsolationTools,
+        *,
+        uid_min: int = DEFAULT_UID_MIN,
+        uid_max: int = DEFAULT_UID_MAX,
+        process_pool: str = DEFAULT_PROCESS_POOL,
     ) -> None:
         check_uid_range(uid_min, uid_max)
+        if uid_max == uid_min:
+            raise ConfigError(f"rental uid range {uid_min}-{uid_max} needs two uids at least: its last is the agent's probe's")
+        # Each rental's network namespace is named by its uid (raises ConfigError without iproute2).
+        self.networks = RentalNetworks(uid_min=uid_min, uid_max=uid_max, pool=process_pool)
         if not root.is_absolute():
             raise ConfigError(f"the rentals root {root} must be an absolute path")
         self.root = root
@@ -290,7 +314,7 @@ class RentalUsers:
         return user
 
     def _new_claim(self, rental_id: str) -> RentalUser:
-        count = self.uid_max - self.uid_min + 1
+        count = self.uid_max - self.uid_min  # the last uid is the agent's probe's (procnet.RentalNetworks.probe)
         # Where to start looking follows from the rental id: spread, and the same on every agent.
         start = int.from_bytes(hashlib.sha256(rental_id.encode()).digest()[:8], "big") % count
         busy = set(self.claimed()) | set(running_uids())
@@ -310,7 +334,7 @@ class RentalUsers:
                 os.close(fd)
             return RentalUser(rental_id, uid, uid, self.root / rental_id)
         raise BadRequest(
-            f"every rental uid of {self.uid_min}-{self.uid_max} is in use on this host; stop a rental or widen the range",
+            f"every rental uid of {self.uid_min}-{self.uid_max - 1} is in use on this host; stop a rental or widen the range",
             code="no_rental_uid",
         )
 

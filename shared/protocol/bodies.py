@@ -119,9 +119,10 @@ def _hold_only() -> list[WorkloadKindName]:
 class IsolationFacts(LenientModel):
     """How this host isolates renters' workloads, as the agent found it at start-up.
 
-    ``kinds`` are the workload kinds it accepts (``hold`` always); ``isolated`` is false only
-    where its provider set ``allow_unisolated_workloads`` and a workload would run as the agent's
-    own user: such a host's offers say so and renters can filter it out.
+    ``kinds`` are the workload kinds it accepts (``hold`` always); ``isolated`` is true only where
+    what it runs cannot reach the host, other rentals or private networks and the agent proved it at
+    start (``network_guard``, ``network_check``), and no workload runs as the agent's own user
+    (``allow_unisolated_workloads``): other hosts' offers say "not isolated" and renters can filter them out.
     """
 
     kinds: list[WorkloadKindName] = Field(default_factory=_hold_only)
@@ -133,6 +134,12 @@ class IsolationFacts(LenientModel):
     # The most one workload may ask for here (the host's logical CPUs and RAM); None: not said.
     max_cpu_cores: float | None = Field(None, gt=0)
     max_memory_mib: int | None = Field(None, gt=0)
+    # The rentals' network: the guard's rules in place (every rental in a namespace of its own behind
+    # them), the private ranges the provider lets rentals reach (none by default), and the start-up
+    # self-test's line. ``isolated`` is said only where the guard is in place and the test passed.
+    network_guard: bool = False
+    egress_allow: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list, max_length=64)
+    network_check: Annotated[str, Field(max_length=512)] = ""
 
 
 class HelloBody(StrictModel):

@@ -1,0 +1,245 @@
+"""A network namespace of its own for each ``process`` rental, behind the same guard as containers.
+
+A process rental's uid (``agent.runtimes.users``) names its network: the namespace ``gmr<uid>``
+(bound at ``/run/netns/gmr<uid>`` by ``ip netns``) and, once the network guard is in place, a veth
+pair whose host end is ``gmp<uid>`` — a ``gm+`` interface, so every rule of
+``agent.runtimes.netguard`` covers it (no host address or port, no other rental, no link-local
+metadata, no private range unless the provider allows it) — with a /31 of ``pool`` chosen by the
+uid (modulo the pool's size): two live rentals never hold one uid, so never one address. Its traffic
+leaves through the guard's ``MASQUERADE`` with the host's address. Inside, the loopback is the
+rental's own: ``127.0.0.1`` is nobody else's PostgreSQL.
+
+Where the guard is not in place the namespace has only its loopback: the rental runs, isolated,
+without a network (the host's facts say so). ``check_rental_network`` is the agent's start-up
+self-test: from a probe namespace made the same way it tries every address of the host and must
+reach none.
+
+All of it runs ``ip`` (iproute2) with a fixed environment, never a shell; blocking, a few
+milliseconds per command, so callers run it in a thread where an event loop waits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import ipaddress
+import logging
+import os
+import select
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from agent.runtimes.netguard import DEFAULT_PROCESS_POOL, PROCESS_PREFIX
+from shared.errors import BadRequest, ConfigError
+
+log = logging.getLogger(__name__)
+
+NETNS_DIR: Final = Path("/run/netns")
+NETNS_PREFIX: Final = "gmr"
+PEER_PREFIX: Final = "gmq"  # the rental's end before it is moved in and renamed eth0
+PROBE_LOCK: Final = Path("/run/gpumarket-netprobe.lock")
+_TRUSTED_PATH: Final = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_CLONE_NEWNET: Final = 0x40000000
+
+
+def netns_name(uid: int) -> str:
+    return f"{NETNS_PREFIX}{uid}"
+
+
+def netns_path(uid: int) -> Path:
+    return NETNS_DIR / netns_name(uid)
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkCheck:
+    """The start-up self-test's outcome: ``passed``, and one line saying what was tried (or reached)."""
+
+    passed: bool
+    line: str
+
+
+class RentalNetworks:
+    """Makes and removes process rentals' namespaces; ``egress`` (the guard is in place) adds the veth.
+
+    ``pool`` must hold a /31 for every uid of ``uid_min``..``uid_max``. ``ip`` is iproute2's tool
+    (found on a trusted PATH when not given); ``timeout`` bounds each command.
+    """
+
+    def __init__(
+        self, *, uid_min: int, uid_max: int, pool: str = DEFAULT_PROCESS_POOL, ip: str | None = None, timeout: float = 10.0
+    ) -> None:
+        try:
+            self.pool = ipaddress.IPv4Network(pool)
+        except ValueError as exc:
+            raise ConfigError(f"process_subnet_pool {pool!r}: {exc}") from None
+        if self.pool.num_addresses < 2 * (uid_max - uid_min + 1):
+            need = 32 - (2 * (uid_max - uid_min + 1) - 1).bit_length()
+            raise ConfigError(
+                f"process_subnet_pool {pool} is too small for rental uids {uid_min}-{uid_max} (a /31 each): use a /{need} or larger"
+            )
+        found = ip or shutil.which("ip", path=_TRUSTED_PATH)
+        if found is None:
+            raise ConfigError("ip is not installed (iproute2): process rentals cannot get a network namespace")
+        self.ip = found
+        self.uid_min = uid_min
+        self.uid_max = uid_max
+        self.timeout = timeout
+        self.egress = False  # set once the network guard is in place
+
+    def addresses(self, uid: int) -> tuple[str, str]:
+        """(host end, rental end) of the uid's /31."""
+        # By the uid itself, not its place in the range: agents (and tests) with other ranges on one host
+        # collide only for uids a multiple of the pool's size apart.
+        base = int(self.pool.network_address) + 2 * (uid % (self.pool.num_addresses // 2))
+        return str(ipaddress.IPv4Address(base)), str(ipaddress.IPv4Address(base + 1))
+
+    def _ip(self, *args: str, batch: str | None = None) -> None:
+        argv = [self.ip, *args, *(("-batch", "-") if batch is not None else ())]
+        try:
+            done = subprocess.run(
+                argv, input=(batch or "").encode(), env={"PATH": _TRUSTED_PATH}, capture_output=True, timeout=self.timeout, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise OSError(f"{' '.join(argv[:4])}: {exc}") from None
+        if done.returncode != 0:
+            raise OSError(f"{' '.join(argv[:4])}: {done.stderr.decode(errors='replace').strip() or f'exit {done.returncode}'}")
+
+    def create(self, uid: int, *, egress: bool | None = None) -> Path:
+        """The uid's namespace, made afresh (a leftover of a dead rental is removed first); returns its
+        path for ``nsenter --net``. Raises ``BadRequest`` (``workload_start_failed``) when it cannot be made."""
+        egress = self.egress if egress is None else egress
+        self.remove(uid)
+        name, host_if, peer = netns_name(uid), f"{PROCESS_PREFIX}{uid}", f"{PEER_PREFIX}{uid}"
+        try:
+            self._ip("netns", "add", name)
+            if egress:
+                host_ip, rental_ip = self.addresses(uid)
+                self._ip("link", "add", host_if, "type", "veth", "peer", "name", peer, "netns", name)
+                # No IPv6 on our end: the guard drops it anyway, and no link-local address invites trying.
+                with contextlib.suppress(OSError):
+                    Path(f"/proc/sys/net/ipv6/conf/{host_if}/disable_ipv6").write_text("1")
+                self._ip("-batch", "-", batch=f"addr add {host_ip}/31 dev {host_if}\nlink set {host_if} up\n")
+                self._ip(
+                    "-n", name,
+                    batch=f"link set lo up\nlink set {peer} name eth0\naddr add {rental_ip}/31 dev eth0\n"
+                    f"link set eth0 up\nroute add default via {host_ip}\n",
+                )  # fmt: skip
+            else:
+                self._ip("-n", name, "link", "set", "lo", "up")
+        except OSError as exc:
+            self.remove(uid)
+            raise BadRequest(f"cannot make the rental's network namespace: {exc}", code="workload_start_failed") from None
+        return netns_path(uid)
+
+    def remove(self, uid: int) -> None:
+        """Remove the uid's veth and namespace (whatever of them exists); never raises."""
+        with contextlib.suppress(OSError):
+            self._ip("link", "del", f"{PROCESS_PREFIX}{uid}")
+        if netns_path(uid).exists():
+            with contextlib.suppress(OSError):
+                self._ip("netns", "del", netns_name(uid))
+
+    @contextlib.contextmanager
+    def probe(self, *, egress: bool) -> Iterator[Path]:
+        """A namespace made like a rental's in the probe's slot (the range's last uid, which no rental is
+        given), one probe at a time on this host (a lock in /run); removed on exit."""
+        PROBE_LOCK.parent.mkdir(parents=True, exist_ok=True)
+        with open(PROBE_LOCK, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield self.create(self.uid_max, egress=egress)
+            finally:
+                self.remove(self.uid_max)
+
+    def check(self, *, timeout: float = 0.5) -> NetworkCheck:
+        """The self-test: a probe namespace with the guard's veth tries every IPv4 address of the host on a
+        port the agent listens on (all addresses), and must reach none. Blocking, about ``timeout`` seconds."""
+        try:
+            with self.probe(egress=True) as path, socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+                listener.bind(("0.0.0.0", 0))
+                listener.listen(16)
+                port = listener.getsockname()[1]
+                targets = [address for address in host_addresses(self.ip) if not ipaddress.IPv4Address(address).is_loopback]
+                reached = connect_from(path, [(address, port) for address in targets], timeout=timeout)
+        except (BadRequest, OSError) as exc:
+            return NetworkCheck(False, f"network self-test could not run: {exc}")
+        if reached:
+            return NetworkCheck(False, f"network self-test failed: a rental's namespace reached the host at {', '.join(reached)}")
+        return NetworkCheck(True, f"network self-test passed: none of the host's {len(targets)} addresses answered a rental's namespace")
+
+
+def host_addresses(ip: str = "ip") -> list[str]:
+    """Every IPv4 address of this host's interfaces (rental ends excluded: they live in namespaces)."""
+    found: list[str] = []
+    done = subprocess.run([ip, "-4", "-o", "addr", "show"], env={"PATH": _TRUSTED_PATH}, capture_output=True, timeout=10, check=False)
+    for line in done.stdout.decode(errors="replace").splitlines():
+        words = line.split()
+        if "inet" in words:
+            address = words[words.index("inet") + 1].split("/")[0]
+            if address not in found:
+                found.append(address)
+    return found
+
+
+def _open_inside(netns: Path, targets: list[tuple[str, int]], out: dict[socket.socket, str]) -> None:
+    # In a thread of its own (setns changes the calling thread only): if going back failed, the
+    # thread ends with the error rather than any pooled thread living on in the wrong namespace.
+    libc = ctypes.CDLL(None, use_errno=True)
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    target = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if libc.setns(target, _CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), "setns into the probe namespace")
+        try:
+            for address, port in targets:
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sock.setblocking(False)
+                out[sock] = f"{address}:{port}"
+                sock.connect_ex((address, port))
+        finally:
+            if libc.setns(own, _CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "setns back to the agent's namespace")
+    finally:
+        os.close(own)
+        os.close(target)
+
+
+def connect_from(netns: Path, targets: list[tuple[str, int]], *, timeout: float) -> list[str]:
+    """Try a TCP connection to each of ``targets`` from inside ``netns`` at once; the ones that connected
+    (``address:port``) within ``timeout`` seconds. Blocking."""
+    sockets: dict[socket.socket, str] = {}
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            _open_inside(netns, targets, sockets)
+        except BaseException as exc:  # handed to the caller
+            errors.append(exc)
+
+    thread = threading.Thread(target=work, name="netprobe", daemon=True)
+    thread.start()
+    thread.join()
+    try:
+        if errors:
+            raise OSError(f"network self-test: {errors[0]}")
+        reached: list[str] = []
+        pending = set(sockets)
+        deadline = time.monotonic() + timeout
+        while pending and (left := deadline - time.monotonic()) > 0:
+            _, writable, _ = select.select([], list(pending), [], left)
+            for sock in writable:
+                pending.discard(sock)
+                if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:
+                    reached.append(sockets[sock])
+        return reached
+    finally:
+        for sock in sockets:
+            sock.close()
