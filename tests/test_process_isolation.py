@@ -28,6 +28,7 @@ from agent.gpu.sim import SimulatedBackend
 from agent.runtimes.cgroups import CgroupLimiter, cgroup_members
 from agent.runtimes.isolation import (
     HostIsolation,
+    RentalNetworkFacts,
     check_workload_allowed,
     host_isolation,
     isolation_facts,
@@ -35,7 +36,9 @@ from agent.runtimes.isolation import (
     process_isolation,
 )
 from agent.runtimes.manager import WorkloadManager
+from agent.runtimes.netguard import EgressPolicy, NetGuardStatus
 from agent.runtimes.process import ProcessRuntime
+from agent.runtimes.procnet import NetworkCheck
 from agent.runtimes.registry import REGISTRY_NAME
 from agent.runtimes.users import IsolationTools, RentalUser, RentalUsers, kill_uid, running_uids
 from agent.spool import SqliteSpool
@@ -257,9 +260,11 @@ class TestRentalUsers:
     def test_agents_sharing_a_root_never_share_a_uid(self, host: Host) -> None:
         """Two allocators over one rentals root (two agents, or the demo's several) hand out distinct uids."""
         assert not isinstance(TOOLS, str)
-        other = RentalUsers(host.users.root, TOOLS, uid_min=host.users.uid_min, uid_max=host.users.uid_min + 1)
+        # The last uid of a range is the agent's probe's, never a rental's.
+        other = RentalUsers(host.users.root, TOOLS, uid_min=host.users.uid_min, uid_max=host.users.uid_min + 2)
         taken = {other.claim(f"r-{i}").uid for i in range(2)}  # the whole of its range
-        mine = RentalUsers(host.users.root, TOOLS, uid_min=host.users.uid_min, uid_max=host.users.uid_min + 2)
+        assert host.users.uid_min + 2 not in taken
+        mine = RentalUsers(host.users.root, TOOLS, uid_min=host.users.uid_min, uid_max=host.users.uid_min + 3)
         assert mine.claim("r-mine").uid not in taken
         with pytest.raises(BadRequest) as caught:
             other.claim("r-late")
@@ -544,11 +549,27 @@ class TestIsolationPolicy:
         assert "\n" not in line
         assert line.startswith("demo agents run container and hold workloads; process workloads are refused: ")
 
-    def test_root_with_the_tools_isolates_by_uid(self) -> None:
-        """Root with unshare and setpriv: ``process`` runs isolated under uids."""
+    def test_root_with_the_tools_isolates_by_uid_once_the_network_is_proven(self) -> None:
+        """Root with unshare and setpriv: ``process`` runs under uids, and the host is isolated once its guard
+        is in place and self-tested — not before, and not when the self-test failed."""
         assert not isinstance(TOOLS, str)
-        facts = isolation_facts(process_isolation(euid=0, tools=TOOLS), container_engine=None, allow_unisolated=False)
-        assert facts.process_isolation == "uid" and facts.isolated and "process" in facts.kinds
+        process = process_isolation(euid=0, tools=TOOLS)
+        unknown = isolation_facts(process, container_engine=None, allow_unisolated=False)
+        assert unknown.process_isolation == "uid" and "process" in unknown.kinds
+        assert not unknown.isolated and "network guard is not yet in place" in unknown.reason
+        guard = NetGuardStatus(True, "rules in place", EgressPolicy(allow=("10.20.0.0/16",)))
+        proven = isolation_facts(
+            process, container_engine=None, allow_unisolated=False, network=RentalNetworkFacts(guard, NetworkCheck(True, "passed"))
+        )
+        assert proven.isolated and proven.network_guard and proven.egress_allow == ["10.20.0.0/16"] and proven.network_check == "passed"
+        failed = isolation_facts(
+            process, container_engine=None, allow_unisolated=False, network=RentalNetworkFacts(guard, NetworkCheck(False, "reached 10.0.0.1"))
+        )
+        assert not failed.isolated and "reached 10.0.0.1" in failed.reason
+        off = isolation_facts(process, container_engine=None, allow_unisolated=False, network=RentalNetworkFacts(NetGuardStatus(False, "no iptables")))
+        assert not off.isolated and "network guard off: no iptables" in off.reason
+        # Nothing runs on a hold-only host: nothing to isolate.
+        assert isolation_facts(process_isolation(euid=1000, tools=TOOLS), container_engine=None, allow_unisolated=False).isolated
 
     def test_this_host_detects_uid_isolation(self, host: Host) -> None:
         """As root here, the start-up probe finds uid isolation working and prepares the rentals root."""

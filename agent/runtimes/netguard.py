@@ -267,6 +267,10 @@ async def install_guard(
             if code != 0:
                 return NetGuardStatus(False, f"iptables -t nat -I POSTROUTING failed: {err}", policy)
         v6 = await _install_v6(timeout)
+        # Process rentals' traffic is routed (the engine turns this on for its bridges; without one, we do).
+        forwarding = Path("/proc/sys/net/ipv4/ip_forward")
+        if forwarding.read_text().strip() != "1":
+            forwarding.write_text("1")
     except (OSError, TimeoutError) as exc:
         return NetGuardStatus(False, f"cannot run {path}: {exc}", policy)
     allowed = f"; private ranges allowed: {', '.join(policy.allow)}" if policy.allow else "; no private range allowed"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import fcntl
 import ipaddress
 import logging
@@ -202,8 +203,11 @@ def _open_inside(netns: Path, targets: list[tuple[str, int]], out: dict[socket.s
             for address, port in targets:
                 sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                 sock.setblocking(False)
+                code = sock.connect_ex((address, port))
+                if code not in (0, errno.EINPROGRESS):  # refused at once (no route, ...): never writable as "connected"
+                    sock.close()
+                    continue
                 out[sock] = f"{address}:{port}"
-                sock.connect_ex((address, port))
         finally:
             if libc.setns(own, _CLONE_NEWNET) != 0:
                 raise OSError(ctypes.get_errno(), "setns back to the agent's namespace")
