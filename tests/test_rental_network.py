@@ -18,10 +18,12 @@ import asyncio
 import json
 import os
 import secrets
+import shutil
 import socket
 import subprocess
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -31,9 +33,10 @@ from agent.runtimes.isolation import prove_rental_network
 from agent.runtimes.manager import WorkloadManager
 from agent.runtimes.netguard import EgressPolicy, install_guard
 from agent.runtimes.procnet import host_addresses, netns_path
+from agent.runtimes.users import RentalUser, kill_uid
 from shared.protocol import ProcessWorkload
 from tests.helpers import eventually
-from tests.test_process_isolation import SYSTEM_PYTHON, TOOLS, Host, host, system_py  # noqa: F401 - host is a fixture
+from tests.test_process_isolation import SYSTEM_PYTHON, TOOLS, Host, system_py
 from tests.workloadfixtures import Exits
 
 pytestmark = pytest.mark.skipif(
@@ -136,9 +139,24 @@ async def reachable_from_host(targets: list[str]) -> list[str]:
 
 
 @pytest.fixture
-async def manager(host: Host, backend: SimulatedBackend, cgroups: CgroupLimiter, exits: Exits) -> AsyncIterator[WorkloadManager]:
+def rhost() -> Iterator[Host]:
+    """A host layout of the test's own (``tests.test_process_isolation.Host``), with a uid range of its own."""
+    base = Path(f"/tmp/gpumarket-netns-{secrets.token_hex(4)}")
+    base.mkdir(mode=0o755)
+    os.chmod(base, 0o755)
+    made = Host(base, 3_700_000 + secrets.randbelow(1000) * 1000)
+    yield made
+    assert not isinstance(TOOLS, str)
+    for uid, rental_id in made.users.claimed().items():  # after a failed test: leave no process or namespace behind
+        kill_uid(RentalUser(rental_id, uid, uid, made.users.root / rental_id), TOOLS, timeout=2)
+        made.users.networks.remove(uid)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+async def manager(rhost: Host, backend: SimulatedBackend, cgroups: CgroupLimiter, exits: Exits) -> AsyncIterator[WorkloadManager]:
     made = WorkloadManager(
-        host.work_dir, backend, on_exit=exits, cgroups=cgroups, rental_users=host.users, isolation=host.facts,
+        rhost.work_dir, backend, on_exit=exits, cgroups=cgroups, rental_users=rhost.users, isolation=rhost.facts,
         stop_timeout=2.0, kill_timeout=2.0, check_interval=0.02,
     )  # fmt: skip
     yield made
@@ -156,25 +174,25 @@ async def probe(manager: WorkloadManager, rental_id: str, gpu: str, targets: lis
     return found
 
 
-async def guarded(host: Host, allow: tuple[str, ...] = ()) -> None:
-    network = await prove_rental_network(EgressPolicy.for_host(allow), host.users)
+async def guarded(rhost: Host, allow: tuple[str, ...] = ()) -> None:
+    network = await prove_rental_network(EgressPolicy.for_host(allow), rhost.users)
     assert network.proven, network.why_not
-    host.users.networks.egress = True
+    rhost.users.networks.egress = True
 
 
 class TestProcessRentalNetwork:
     async def test_reaches_the_internet_and_nothing_of_the_host_its_neighbours_or_the_lan(
-        self, manager: WorkloadManager, host: Host, gpus: list[str], test_hosts: TestHosts
+        self, manager: WorkloadManager, rhost: Host, gpus: list[str], test_hosts: TestHosts
     ) -> None:
         """From a process rental: the public host answers; the host's PostgreSQL and Redis on 127.0.0.1, a server on
         every host address, a neighbour rental's port, the LAN and the metadata address do not."""
-        await guarded(host)
+        await guarded(rhost)
         with socket.socket() as listener:
             listener.bind(("0.0.0.0", 0))
             listener.listen(16)
             host_port = listener.getsockname()[1]
             neighbour = await manager.start("r-neighbour", [gpus[1]], ProcessWorkload(argv=system_py(SERVER.replace("int(sys.argv[1])", "8080"))))
-            neighbour_ip = host.users.networks.addresses(neighbour["uid"])[1]
+            neighbour_ip = rhost.users.networks.addresses(neighbour["uid"])[1]
             host_targets = [f"{address}:{host_port}" for address in host_addresses() if not address.startswith("127.")]
             targets = [
                 "127.0.0.1:5432", "127.0.0.1:6379", *host_targets, f"{neighbour_ip}:8080",
@@ -191,10 +209,10 @@ class TestProcessRentalNetwork:
         assert reached == [f"{WAN_HOST}:{test_hosts.port}"]
 
     async def test_a_range_the_provider_allows_is_reached_and_metadata_never(
-        self, manager: WorkloadManager, host: Host, gpus: list[str], test_hosts: TestHosts
+        self, manager: WorkloadManager, rhost: Host, gpus: list[str], test_hosts: TestHosts
     ) -> None:
         """With ``egress_allow`` naming the LAN's range the rental reaches it; 169.254.169.254 stays out of reach."""
-        await guarded(host, allow=(LAN_NET,))
+        await guarded(rhost, allow=(LAN_NET,))
         try:
             targets = [f"{LAN_HOST}:{test_hosts.port}", f"{METADATA}:{test_hosts.port}", f"{WAN_HOST}:{test_hosts.port}"]
             reached = await probe(manager, "r-allowed", gpus[0], targets)
@@ -203,16 +221,16 @@ class TestProcessRentalNetwork:
             assert (await install_guard(policy=EgressPolicy.for_host())).active  # back to the default for the other tests
 
     async def test_without_the_guard_a_rental_has_only_its_loopback(
-        self, manager: WorkloadManager, host: Host, gpus: list[str], test_hosts: TestHosts
+        self, manager: WorkloadManager, rhost: Host, gpus: list[str], test_hosts: TestHosts
     ) -> None:
         """Before the guard is in place a process rental still runs in its own namespace, with no way out at all."""
-        host.users.networks.egress = False
+        rhost.users.networks.egress = False
         reached = await probe(manager, "r-offline", gpus[0], ["127.0.0.1:5432", f"{WAN_HOST}:{test_hosts.port}"])
         assert reached == []
 
-    async def test_the_namespace_goes_with_the_rental(self, manager: WorkloadManager, host: Host, gpus: list[str]) -> None:
+    async def test_the_namespace_goes_with_the_rental(self, manager: WorkloadManager, rhost: Host, gpus: list[str]) -> None:
         """Stopping a rental removes its namespace and its veth."""
-        await guarded(host)
+        await guarded(rhost)
         started = await manager.start("r-gone", [gpus[0]], ProcessWorkload(argv=["/bin/sleep", "30"]))
         assert netns_path(started["uid"]).exists() and started["network"] == "own namespace, guarded egress"
         await manager.stop("r-gone")
