@@ -725,6 +725,10 @@ class TestProvider:
             await expect(isolation.locator(".badge")).to_have_text(re.compile(r"^(isolated · |not isolated)"))
             await expect(isolation.locator("#image-policy-allowed")).to_have_text(", ".join(policy["allowed"]) or "any image")
             await expect(isolation.locator("#image-policy-largest")).to_have_text("no limit" if policy["max_image_mib"] is None else re.compile("GiB$"))
+            network = host["isolation"]["network"]  # what its rentals may reach: the provider's egress policy
+            await expect(isolation.locator("#egress-policy")).to_have_text(
+                "rentals' network guard off" if network["guarded"] is False else re.compile(r"^egress: internet only; private ranges allowed: ")
+            )
         bounds = {b["tier"]: b for b in (await console.api("provider", "/price-bounds"))["items"]}
         await price.fill(bounds[host["tier"]]["default"])
         await page.get_by_role("button", name="Save listing").click()

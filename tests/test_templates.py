@@ -54,6 +54,7 @@ def facts(
         "kinds": ["hold", *kinds], "isolated": isolated, "container_engine": "docker 26.1.5" if "container" in kinds else None,
         "process_isolation": "uid" if "process" in kinds else "none", "reason": reason,
         "image_policy": {"allowed": list(allowed), "max_image_mib": 20480}, "max_cpu_cores": cores, "max_memory_mib": memory_mib,
+        "network_guard": isolated, "egress_allow": ["10.20.0.0/16"] if isolated else [], "network_check": "network self-test passed",
     })  # fmt: skip
 
 
@@ -244,12 +245,14 @@ class TestHostsSayHowTheyIsolate:
         assert body["isolation"] == {
             "isolated": True, "kinds": ["hold", "container"], "container_engine": "docker 26.1.5", "process_isolation": "none",
             "reason": "", "image_policy": {"allowed": ["docker.io/library/*"], "max_image_mib": 20480},
+            "network": {"guarded": True, "egress_allow": ["10.20.0.0/16"], "self_test": "network self-test passed"},
         }  # fmt: skip
         status, body = await api.as_renter("GET", f"/hosts/{legacy}")
         assert body["isolation"] is None
         status, body = await api.as_renter("GET", "/offers")
         by_host = {o["host_id"]: o for o in body["items"]}
         assert by_host[isolated]["isolation"]["kinds"] == ["hold", "container"] and by_host[legacy]["isolation"] is None
+        assert by_host[isolated]["isolation"]["network"]["egress_allow"] == ["10.20.0.0/16"]  # the renter sees the egress policy
 
     async def test_offers_filter_on_isolated_by_parameter_and_query(self, api: Api) -> None:
         """isolated=true keeps hosts whose facts say isolated; false those that say not; older agents' hosts match neither."""

@@ -118,10 +118,19 @@ export function isolationBadge(isolation) {
       `Runs: ${(isolation.kinds || []).join(", ") || "hold"}`,
       isolation.container_engine ? `engine ${isolation.container_engine}` : "no container engine",
       isolation.process_isolation === "uid" ? "host processes under a user of their own" : null,
-      isolation.isolated ? null : "workloads run as the agent's own user",
+      isolation.isolated ? null : "not proven isolated",
+      egressText(isolation.network),
     ].filter(Boolean).join("; ");
   }
   return h("span", { class: `badge isolation-${kind}`, title, dataset: { isolation: kind } }, text);
+}
+
+/** What a host's rentals may reach beyond it, in one line. */
+export function egressText(network) {
+  if (!network || network.guarded == null) return null;
+  if (!network.guarded) return "rentals' network guard off";
+  const allowed = network.egress_allow && network.egress_allow.length ? network.egress_allow.join(", ") : "none";
+  return `egress: internet only; private ranges allowed: ${allowed}`;
 }
 
 function policyText(policy) {
@@ -142,6 +151,8 @@ export function isolationFacts(isolation) {
     ["Workloads it runs", (isolation.kinds || []).join(", ") || "hold"],
     ["Container engine", isolation.container_engine || "none answers"],
     ["Host processes", isolation.process_isolation === "uid" ? "each rental under a user of its own" : "not separated (no per-rental users)"],
+    ["Rentals' network", h("span", { id: "egress-policy" }, egressText(isolation.network) || "not reported by this agent")],
+    isolation.network && isolation.network.self_test ? ["Self-test", isolation.network.self_test] : null,
     ["Allowed images", h("span", { id: "image-policy-allowed" }, allowed)],
     ["Largest image", h("span", { id: "image-policy-largest" }, largest)],
     isolation.reason ? ["Why not more", isolation.reason] : null,

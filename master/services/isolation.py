@@ -57,7 +57,11 @@ def limits_exceed(facts: dict[str, Any], workload: dict[str, Any]) -> str | None
 
 
 def isolation_view(facts: dict[str, Any] | None) -> dict[str, Any] | None:
-    """``{"isolated", "kinds", "container_engine", "process_isolation", "reason", "image_policy"}``; None: unknown."""
+    """``{"isolated", "kinds", "container_engine", "process_isolation", "reason", "image_policy", "network"}``; None: unknown.
+
+    ``network`` is the rentals' network as the agent proved it at start: ``guarded`` (its guard's rules in place;
+    ``None`` from agents older than the guard's report), ``egress_allow`` (the private ranges its provider lets
+    rentals reach; none by default) and ``self_test`` (the start-up test's line)."""
     if facts is None:
         return None
     policy = facts.get("image_policy") or {}
@@ -68,4 +72,9 @@ def isolation_view(facts: dict[str, Any] | None) -> dict[str, Any] | None:
         "process_isolation": facts.get("process_isolation") or "none",
         "reason": facts.get("reason") or "",
         "image_policy": {"allowed": list(policy.get("allowed") or []), "max_image_mib": policy.get("max_image_mib")},
+        "network": {
+            "guarded": facts.get("network_guard"),
+            "egress_allow": list(facts.get("egress_allow") or []),
+            "self_test": facts.get("network_check") or "",
+        },
     }
