@@ -6,8 +6,8 @@ host's loopback services (the machine's real PostgreSQL and Redis on 127.0.0.1),
 every address of the host, a neighbour rental's port, a "LAN" host on a private range and a
 metadata address on 169.254.169.254, and a "public" host on TEST-NET-3 (203.0.113.0/24). The LAN
 and the public host are this test's own network namespaces joined to the host by veth pairs, so
-no packet leaves the machine; a ``mangle`` DROP on the uplink for those ranges is the safety net
-should a rule ever let one through. Each refusal has a positive control: the host itself reaches
+no packet leaves the machine (``tests.nethosts``: a ``mangle`` DROP on the uplink is the safety net
+should a rule ever let one through). Each refusal has a positive control: the host itself reaches
 every one of those servers, and the rental reaches the public one (and the LAN once the provider
 allows its range), so a probe that reached nothing for a dull reason would fail the test.
 """
@@ -21,8 +21,8 @@ import secrets
 import shutil
 import socket
 import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -31,11 +31,12 @@ from agent.gpu.sim import SimulatedBackend
 from agent.runtimes.cgroups import CgroupLimiter
 from agent.runtimes.isolation import prove_rental_network
 from agent.runtimes.manager import WorkloadManager
-from agent.runtimes.netguard import EgressPolicy, install_guard
+from agent.runtimes.netguard import EgressPolicy
 from agent.runtimes.procnet import host_addresses, netns_path
 from agent.runtimes.users import RentalUser, kill_uid
 from shared.protocol import ProcessWorkload
 from tests.helpers import eventually
+from tests.nethosts import SERVER, NetHosts, net_hosts
 from tests.test_process_isolation import SYSTEM_PYTHON, TOOLS, Host, system_py
 from tests.workloadfixtures import Exits
 
@@ -45,11 +46,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 WAIT = 20.0
-LAN_NET, LAN_HOST = "192.168.231.0/24", "192.168.231.2"
-WAN_NET, WAN_HOST = "203.0.113.0/24", "203.0.113.2"
-METADATA = "169.254.169.254"
-SAFETY_NET = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", WAN_NET, "169.254.0.0/16")
-
 # Tries a TCP connection to each "host:port" of $TARGETS at once (2 s) and prints which connected.
 PROBE = r"""
 import errno, json, os, select, socket, time
@@ -70,58 +66,11 @@ while pending and (left := deadline - time.monotonic()) > 0:
             reached.append(socks[s])
 print("REPORT " + json.dumps(sorted(reached)), flush=True)
 """
-# A server inside a test host's namespace: accepts and closes, for ever.
-SERVER = "import socket,sys\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\ns.bind(('0.0.0.0',int(sys.argv[1])))\ns.listen(64)\nwhile True: s.accept()[0].close()"
-
-
-def run(*argv: str) -> None:
-    subprocess.run(argv, check=True, capture_output=True, timeout=30)
-
-
-@dataclass
-class TestHosts:
-    """The LAN and public test hosts (namespaces of this test's own), each serving ``port``."""
-
-    port: int
-    uplinks: list[str]
-
-
 @pytest.fixture(scope="module")
-def test_hosts() -> Iterator[TestHosts]:
-    tag = secrets.token_hex(3)
-    made: list[str] = []
-    servers: list[subprocess.Popen[bytes]] = []
-    port = 20000 + secrets.randbelow(20000)
-    uplinks = sorted({line.split()[4] for line in subprocess.run(["ip", "-4", "route", "show", "default"], capture_output=True, text=True).stdout.splitlines() if len(line.split()) > 4})
-    safety = [("-o", uplink, "-d", net, "-j", "DROP") for uplink in uplinks for net in SAFETY_NET]
-    try:
-        for rule in safety:
-            run("iptables", "-w", "5", "-t", "mangle", "-I", "POSTROUTING", *rule)
-        for name, net, address, extra in (("l", LAN_NET, LAN_HOST, [METADATA]), ("w", WAN_NET, WAN_HOST, [])):
-            ns, host_if, peer = f"gmtest{name}{tag}", f"gt{name}{tag}", f"gu{name}{tag}"
-            run("ip", "netns", "add", ns)
-            made.append(ns)
-            run("ip", "link", "add", host_if, "type", "veth", "peer", "name", peer, "netns", ns)
-            run("ip", "addr", "add", f"{net.rsplit('.', 1)[0]}.1/24", "dev", host_if)
-            run("ip", "link", "set", host_if, "up")
-            for extra_address in extra:
-                run("ip", "route", "add", f"{extra_address}/32", "dev", host_if)
-            run("ip", "-n", ns, "link", "set", "lo", "up")
-            run("ip", "-n", ns, "link", "set", peer, "up")
-            run("ip", "-n", ns, "addr", "add", f"{address}/24", "dev", peer)
-            for extra_address in extra:
-                run("ip", "-n", ns, "addr", "add", f"{extra_address}/32", "dev", peer)
-            run("ip", "-n", ns, "route", "add", "default", "via", f"{net.rsplit('.', 1)[0]}.1")
-            servers.append(subprocess.Popen(["ip", "netns", "exec", ns, str(SYSTEM_PYTHON), "-c", SERVER, str(port)]))
-        yield TestHosts(port, uplinks)
-    finally:
-        for server in servers:
-            server.kill()
-            server.wait()
-        for ns in made:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-        for rule in safety:
-            subprocess.run(["iptables", "-w", "5", "-t", "mangle", "-D", "POSTROUTING", *rule], capture_output=True)
+def test_hosts() -> Iterator[NetHosts]:
+    assert SYSTEM_PYTHON is not None
+    with net_hosts(SYSTEM_PYTHON) as hosts:
+        yield hosts
 
 
 async def reachable_from_host(targets: list[str]) -> list[str]:
@@ -182,7 +131,7 @@ async def guarded(rhost: Host, allow: tuple[str, ...] = ()) -> None:
 
 class TestProcessRentalNetwork:
     async def test_reaches_the_internet_and_nothing_of_the_host_its_neighbours_or_the_lan(
-        self, manager: WorkloadManager, rhost: Host, gpus: list[str], test_hosts: TestHosts
+        self, manager: WorkloadManager, rhost: Host, gpus: list[str], test_hosts: NetHosts
     ) -> None:
         """From a process rental: the public host answers; the host's PostgreSQL and Redis on 127.0.0.1, a server on
         every host address, a neighbour rental's port, the LAN and the metadata address do not."""
@@ -196,7 +145,7 @@ class TestProcessRentalNetwork:
             host_targets = [f"{address}:{host_port}" for address in host_addresses() if not address.startswith("127.")]
             targets = [
                 "127.0.0.1:5432", "127.0.0.1:6379", *host_targets, f"{neighbour_ip}:8080",
-                f"{LAN_HOST}:{test_hosts.port}", f"{METADATA}:{test_hosts.port}", f"{WAN_HOST}:{test_hosts.port}",
+                *test_hosts.targets().values(),
             ]  # fmt: skip
             # The positive control: every one of them answers the host (the neighbour once it listens).
 
@@ -206,26 +155,14 @@ class TestProcessRentalNetwork:
             await eventually(listening, timeout=WAIT, what="the neighbour to listen")
             assert sorted(await reachable_from_host(targets)) == sorted(targets)
             reached = await probe(manager, "r-attacker", gpus[0], targets)
-        assert reached == [f"{WAN_HOST}:{test_hosts.port}"]
-
-    async def test_a_range_the_provider_allows_is_reached_and_metadata_never(
-        self, manager: WorkloadManager, rhost: Host, gpus: list[str], test_hosts: TestHosts
-    ) -> None:
-        """With ``egress_allow`` naming the LAN's range the rental reaches it; 169.254.169.254 stays out of reach."""
-        await guarded(rhost, allow=(LAN_NET,))
-        try:
-            targets = [f"{LAN_HOST}:{test_hosts.port}", f"{METADATA}:{test_hosts.port}", f"{WAN_HOST}:{test_hosts.port}"]
-            reached = await probe(manager, "r-allowed", gpus[0], targets)
-            assert reached == sorted([f"{LAN_HOST}:{test_hosts.port}", f"{WAN_HOST}:{test_hosts.port}"])
-        finally:
-            assert (await install_guard(policy=EgressPolicy.for_host())).active  # back to the default for the other tests
+        assert reached == [test_hosts.targets()["wan"]]
 
     async def test_without_the_guard_a_rental_has_only_its_loopback(
-        self, manager: WorkloadManager, rhost: Host, gpus: list[str], test_hosts: TestHosts
+        self, manager: WorkloadManager, rhost: Host, gpus: list[str], test_hosts: NetHosts
     ) -> None:
         """Before the guard is in place a process rental still runs in its own namespace, with no way out at all."""
         rhost.users.networks.egress = False
-        reached = await probe(manager, "r-offline", gpus[0], ["127.0.0.1:5432", f"{WAN_HOST}:{test_hosts.port}"])
+        reached = await probe(manager, "r-offline", gpus[0], ["127.0.0.1:5432", test_hosts.targets()["wan"]])
         assert reached == []
 
     async def test_the_namespace_goes_with_the_rental(self, manager: WorkloadManager, rhost: Host, gpus: list[str]) -> None:
@@ -246,3 +183,85 @@ def answers(address: str, port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(1)
         return sock.connect_ex((address, port)) == 0
+
+
+def ip(*argv: str) -> None:
+    subprocess.run(["ip", *argv], check=True, capture_output=True, timeout=30)
+
+
+class TestEgressPolicy:
+    """The guard's rules for a policy, proven in a router of the test's own: a network namespace where the
+    guard is installed (its iptables are its own, so no other test's agents rewrite them meanwhile), a
+    rental's namespace behind a ``gmp`` veth, and a LAN and a public host behind it."""
+
+    @pytest.mark.parametrize("allowed", [False, True], ids=["default", "lan-allowed"])
+    def test_a_range_the_provider_allows_is_reached_and_metadata_never(self, allowed: bool) -> None:
+        """By default the rental reaches the public host only; with ``egress_allow`` naming the LAN's range it
+        reaches the LAN too; the link-local address and the router itself never."""
+        assert SYSTEM_PYTHON is not None
+        tag = secrets.token_hex(2)
+        router, rental, lan, wan = (f"gmte{part}{tag}" for part in "rxlw")
+        lan_net = "192.168.77.0/24"
+        policy = f"EgressPolicy(allow=({lan_net!r},) if {allowed} else (), resolvers=())"
+        made: list[str] = []
+        try:
+            for ns in (router, rental, lan, wan):
+                ip("netns", "add", ns)
+                made.append(ns)
+                ip("-n", ns, "link", "set", "lo", "up")
+            # The rental: 10.214.0.1/31 behind gmp<tag> (a process rental's veth, as procnet makes it).
+            links: tuple[tuple[str, str, str, str, str, list[str]], ...] = ((rental, f"gmp{tag}", "10.214.0.0/31", "10.214.0.1/31", "10.214.0.0", []),
+                     (lan, f"gtl{tag}", "192.168.77.1/24", "192.168.77.2/24", "192.168.77.1", ["169.254.77.254/32"]),
+                     (wan, f"gtw{tag}", "198.51.100.241/28", "198.51.100.242/28", "198.51.100.241", []))  # fmt: skip
+            for far, near_if, near_address, far_address, gateway, extra in links:
+                ip("-n", router, "link", "add", near_if, "type", "veth", "peer", "name", "eth0", "netns", far)
+                ip("-n", router, "addr", "add", near_address, "dev", near_if)
+                ip("-n", router, "link", "set", near_if, "up")
+                ip("-n", far, "addr", "add", far_address, "dev", "eth0")
+                ip("-n", far, "link", "set", "eth0", "up")
+                ip("-n", far, "route", "add", "default", "via", gateway)
+                for address in extra:
+                    ip("-n", far, "addr", "add", address, "dev", "eth0")
+                    ip("-n", router, "route", "add", address, "dev", near_if)
+            installed = subprocess.run(
+                ["ip", "netns", "exec", router, sys.executable, "-c",
+                 "import asyncio\nfrom agent.runtimes.netguard import EgressPolicy, install_guard\n"
+                 f"status = asyncio.run(install_guard(policy={policy}))\nprint(status.active, status.reason)"],
+                capture_output=True, text=True, timeout=60, check=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
+            )  # fmt: skip
+            assert installed.stdout.startswith("True"), installed
+            servers = [subprocess.Popen(["ip", "netns", "exec", ns, SYSTEM_PYTHON, "-c", SERVER, "8080"]) for ns in (lan, wan, router)]
+            try:
+                targets = {"lan": "192.168.77.2:8080", "metadata": "169.254.77.254:8080", "wan": "198.51.100.242:8080", "router": "10.214.0.0:8080"}
+                for ns, target in ((router, targets["lan"]), (router, targets["wan"]), (lan, targets["metadata"]), (lan, targets["router"])):
+                    ready = subprocess.run(["ip", "netns", "exec", ns, SYSTEM_PYTHON, "-c", WAIT_FOR, target], timeout=60, check=False)
+                    assert ready.returncode == 0, f"{target} never answered {ns} (the positive control)"
+                probed = subprocess.run(
+                    ["ip", "netns", "exec", rental, SYSTEM_PYTHON, "-c", PROBE], env={"TARGETS": json.dumps(list(targets.values()))},
+                    capture_output=True, text=True, timeout=60, check=True,
+                )
+            finally:
+                for server in servers:
+                    server.kill()
+                    server.wait()
+            reached = json.loads(probed.stdout.removeprefix("REPORT "))
+            expected = [targets["wan"], *([targets["lan"]] if allowed else [])]
+            assert sorted(reached) == sorted(expected), probed.stdout
+        finally:
+            for ns in made:
+                subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+
+
+# Waits up to 30 s until argv[1] ("host:port") accepts a connection; exit 1 if it never does.
+WAIT_FOR = """
+import socket, sys, time
+host, port = sys.argv[1].rsplit(":", 1)
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline:
+    with socket.socket() as s:
+        s.settimeout(1)
+        if s.connect_ex((host, int(port))) == 0:
+            sys.exit(0)
+    time.sleep(0.05)
+sys.exit(1)
+"""
