@@ -29,12 +29,14 @@ import pytest
 
 from agent.gpu.sim import SimulatedBackend
 from agent.runtimes.cgroups import CgroupLimiter
+from agent.runtimes.containeropts import ContainerOptions, resource_name
 from agent.runtimes.isolation import prove_rental_network
 from agent.runtimes.manager import WorkloadManager
 from agent.runtimes.netguard import EgressPolicy
 from agent.runtimes.procnet import host_addresses, netns_path
 from agent.runtimes.users import RentalUser, kill_uid
-from shared.protocol import ProcessWorkload
+from shared.protocol import ContainerWorkload, ProcessWorkload
+from tests import dockerengine
 from tests.helpers import eventually
 from tests.nethosts import SERVER, NetHosts, net_hosts
 from tests.test_process_isolation import SYSTEM_PYTHON, TOOLS, Host, system_py
@@ -183,6 +185,57 @@ def answers(address: str, port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(1)
         return sock.connect_ex((address, port)) == 0
+
+
+class TestContainerRentalNetwork:
+    async def test_a_container_reaches_the_internet_and_nothing_of_the_host_its_neighbours_or_the_lan(
+        self, tmp_path: Path, backend: SimulatedBackend, gpus: list[str], docker_image: str, test_hosts: NetHosts
+    ) -> None:
+        """From a container rental (real engine, busybox ``nc``): the public host answers; the host's PostgreSQL and
+        Redis (on 127.0.0.1 and through the bridge's gateway), a server on every host address, a neighbour
+        container's declared port, the LAN and the link-local address do not."""
+        owner = f"test-{secrets.token_hex(4)}"
+        exits = Exits()
+        manager = WorkloadManager(
+            tmp_path / "work", backend, on_exit=exits, container=ContainerOptions(owner=owner),
+            stop_timeout=2.0, kill_timeout=5.0, check_interval=0.05,
+        )  # fmt: skip
+        try:
+            with socket.socket() as listener:
+                listener.bind(("0.0.0.0", 0))
+                listener.listen(16)
+                host_port = listener.getsockname()[1]
+                victim = f"v{secrets.token_hex(3)}"
+                await manager.start(victim, [gpus[1]], ContainerWorkload(image=docker_image, command=["sh", "-c", "nc -ll -p 8080 -e cat & exec sleep 424242"]))
+
+                async def victim_ip() -> str | None:
+                    status, body = dockerengine.request("GET", f"/containers/{resource_name(victim, owner)}/json")
+                    if status != 200 or not json.loads(body)["State"]["Running"]:
+                        return None
+                    return str(next(iter(json.loads(body)["NetworkSettings"]["Networks"].values()))["IPAddress"]) or None
+
+                neighbour = f"{await eventually(victim_ip, timeout=WAIT, what='the victim running')}:8080"
+                hosts = [f"{address}:{host_port}" for address in host_addresses() if not address.startswith("127.")]
+                targets = ["127.0.0.1:5432", "127.0.0.1:6379", *hosts, neighbour, *test_hosts.targets().values()]
+                assert sorted(await reachable_from_host(targets)) == sorted(targets)  # the positive control
+                gateway_services = ["$gateway:5432", "$gateway:6379", f"$gateway:{host_port}"]
+                tries = " ".join(f"(echo x | nc -w 2 {t.replace(':', ' ')} >/dev/null 2>&1 && echo REACHED {t}) &" for t in [*targets, *gateway_services])
+                script = f"gateway=$(ip route | awk '/^default/ {{print $3}}'); echo gateway=$gateway; {tries} wait; echo probe-done"
+                attacker = f"a{secrets.token_hex(3)}"
+                await manager.start(attacker, [gpus[0]], ContainerWorkload(image=docker_image, command=["sh", "-c", script]))
+                assert await exits.wait_for(attacker) is not None
+
+                async def report() -> str | None:
+                    text = manager.logs.path(attacker).read_text(errors="replace") if manager.logs.path(attacker).exists() else ""
+                    return text if "probe-done" in text else None
+
+                text = await eventually(report, timeout=WAIT, what="the attacker's report")
+        finally:
+            await manager.close(stop_workloads=True)
+            dockerengine.remove_owned(owner)
+        assert "gateway=1" in text, text  # the bridge's gateway was found, so its services were really tried
+        reached = sorted(line.split()[1] for line in text.splitlines() if line.startswith("REACHED "))
+        assert reached == [test_hosts.targets()["wan"]], text
 
 
 def ip(*argv: str) -> None:
