@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import os
 import secrets
+import shlex
 import shutil
 import socket
 import subprocess
@@ -30,12 +31,17 @@ from agent.runtimes.cgroups import CgroupLimiter
 from agent.runtimes.containeropts import ContainerOptions, resource_name
 from agent.runtimes.isolation import isolation_facts, process_isolation
 from agent.runtimes.manager import WorkloadManager
+from agent.runtimes.procnet import netns_path
 from agent.runtimes.users import IsolationTools, RentalUsers
 from agent.sshd import EXITED, RentalSshServer
 from shared import protocol
 from shared.protocol import ContainerWorkload, HoldWorkload, ProcessWorkload
 from tests import dockerengine
 from tests.workloadfixtures import Exits
+
+SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")
+# Prints "reached" when the host's PostgreSQL on 127.0.0.1:5432 answers, else "refused".
+LOOPBACK_PROBE = "import socket\ns = socket.socket()\ns.settimeout(2)\nprint('reached' if s.connect_ex(('127.0.0.1', 5432)) == 0 else 'refused')"
 
 pytestmark = pytest.mark.skipif(shutil.which("ssh") is None, reason="needs Debian's openssh-client (make docker installs it)")
 WAIT = 30.0
@@ -404,6 +410,12 @@ class TestProcessSessions:
                     if access.cgroup_dirs:  # the session is held to the workload's limits
                         code, out, err = await site.ssh("cat /proc/self/cgroup")
                         assert code == 0 and access.cgroup_dirs[0].name in out, err
+                    # The session shares its rental's network namespace: its own loopback, never the host's PostgreSQL.
+                    code, out, err = await site.ssh(f"readlink /proc/self/ns/net; {SYSTEM_PYTHON} -c {shlex.quote(LOOPBACK_PROBE)}")
+                    assert code == 0, err
+                    namespace, answer = out.split()
+                    assert namespace == f"net:[{os.stat(netns_path(user.uid)).st_ino}]" != os.readlink("/proc/self/ns/net")
+                    assert answer == "refused", out
                     code, out, err = await site.ssh("tty; exit 2", extra=("-tt",))
                     assert code == 2 and out.strip().startswith("/dev/pts/"), err
                     (tmp_path / "up.txt").write_bytes(b"uploaded\n")
