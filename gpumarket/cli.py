@@ -198,7 +198,7 @@ def cmd_agent_netguard(args: argparse.Namespace) -> None:
     from agent.runtimes.isolation import prove_rental_network
     from agent.runtimes.netguard import MARKER, EgressPolicy, NetGuardStatus, write_marker
 
-    settings = AgentSettings.load(args.config)
+    settings = AgentSettings.load(getattr(args, "config", None))
     _setup_logging("WARNING")
     policy = EgressPolicy.for_host(settings.egress_allow, process_pool=settings.process_subnet_pool)
     network = asyncio.run(prove_rental_network(policy, None))
@@ -510,6 +510,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(the installer's unit does, ExecStartPre=+): it leaves a marker in /run that the agent reads. "
         "Exits 1 when the rules cannot be installed or the self-test fails, saying why.",
     )
+    _add_config(netguard)  # egress_allow and process_subnet_pool come from the agent's settings
     netguard.set_defaults(func=cmd_agent_netguard)
 
     from master.scheduler.registry import DEFAULT_PLACER, PLACERS

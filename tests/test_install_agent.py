@@ -130,8 +130,8 @@ class TestScript:
             f"ExecStart={prefix}/bin/gpumarket-agent", "User=gm-test", "Restart=on-failure", "KillMode=process",
             "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes",
             "StateDirectory=gpumarket-agent", "WantedBy=multi-user.target",
-            # the container rentals' firewall, as root before the (non-root) agent starts
-            f"ExecStartPre=-+{prefix}/venv/bin/gpumarket agent netguard",
+            # the rentals' firewall with the agent's egress policy, as root before the (non-root) agent starts
+            f"ExecStartPre=-+{prefix}/venv/bin/gpumarket agent netguard --config {prefix}/etc/agent.toml",
         } <= lines  # fmt: skip
         has_docker_group = subprocess.run(["getent", "group", "docker"], capture_output=True, check=False).returncode == 0
         assert ("SupplementaryGroups=docker" in lines) == has_docker_group

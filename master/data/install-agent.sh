@@ -185,7 +185,7 @@ User=$1
 Group=$1
 # As root ("+"), before the agent: the firewall rules that keep container rentals off this
 # host's services and link-local metadata; a failure ("-") leaves the agent reporting them off.
-ExecStartPre=-+$venv/bin/gpumarket agent netguard
+ExecStartPre=-+$venv/bin/gpumarket agent netguard --config $config_file
 ExecStart=$wrapper
 $docker_groups
 Restart=on-failure
