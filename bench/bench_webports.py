@@ -30,14 +30,14 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import describe_machine, record  # noqa: E402
+from _common import describe_machine, record
 
-from access.webports import WebPorts  # noqa: E402
-from shared.clock import SystemClock  # noqa: E402
-from shared.crypto import CertificateAuthority, certificate_public_key, web_ssl_context  # noqa: E402
-from shared.crypto.tokens import new_claims  # noqa: E402
-from shared.streams import Multiplexer  # noqa: E402
-from shared.streams.aio import Channel, StreamLink  # noqa: E402
+from access.webports import WebPorts
+from shared.clock import SystemClock
+from shared.crypto import CertificateAuthority, certificate_public_key, web_ssl_context
+from shared.crypto.tokens import new_claims
+from shared.streams import Multiplexer
+from shared.streams.aio import Channel, StreamLink
 
 MB = 1 << 20
 PIECE = 64 * 1024
