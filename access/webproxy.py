@@ -145,6 +145,10 @@ class HttpRelay:
         self.answered = False  # the app sent something: a reset is no longer a 502
         self.method = first.method  # of the request in flight (the app gets one at a time): HEAD answers have no body
         self._advanced = asyncio.Event()
+        self._app_out: list[bytes | bytearray] = []
+        self._app_out_size = 0
+        self._browser_out: list[bytes | bytearray] = []
+        self._browser_out_size = 0
 
     async def run(self) -> None:
         """Relay until either side ends the connection. Cancelling is safe: the caller closes both ends."""
@@ -187,6 +191,7 @@ class HttpRelay:
                 except h11.RemoteProtocolError as exc:
                     return await self._bad_request(f"malformed request: {exc}")
             if event is h11.NEED_DATA:
+                await self._flush_app()  # what the app has of a body so far goes before waiting for more
                 browser.receive_data(await self.reader.read(self.read_size))
             elif event is h11.PAUSED:
                 if self.switched:
@@ -205,18 +210,29 @@ class HttpRelay:
                 await self._to_app(self.app.send(request))
             elif isinstance(event, h11.Data):
                 for piece in self.app.send_with_data_passthrough(h11.Data(data=event.data)) or ():
-                    await self.channel.write(piece)
+                    await self._to_app(piece)
             elif isinstance(event, h11.EndOfMessage):
                 await self._to_app(self.app.send(h11.EndOfMessage(headers=event.headers)))
+                await self._flush_app()
                 if self._advance():
                     return True
             elif isinstance(event, h11.ConnectionClosed):
                 # The browser closed its half: the app hears the same; an answer under way still goes out.
+                await self._flush_app()
                 self.channel.close()
                 return self.browser.our_state in (h11.IDLE, h11.DONE)
 
-    async def _to_app(self, data: bytes | None) -> None:
+    async def _to_app(self, data: bytes | bytearray | None) -> None:
+        """Queue bytes for the app; they go in one write per ``read_size`` (a head and a small body: one frame)."""
         if data:
+            self._app_out.append(data)
+            self._app_out_size += len(data)
+            if self._app_out_size >= self.read_size:
+                await self._flush_app()
+
+    async def _flush_app(self) -> None:
+        if self._app_out:
+            data, self._app_out, self._app_out_size = b"".join(self._app_out), [], 0
             await self.channel.write(data)
 
     async def _bad_request(self, text: str) -> bool:
@@ -249,6 +265,7 @@ class HttpRelay:
                 log.info("web port: malformed answer from rental port (%s); connection closed", exc)
                 return True
             if event is h11.NEED_DATA:
+                await self._flush_browser()  # a streamed answer (server-sent events) goes out as it comes
                 try:
                     data = await self.channel.read()
                 except ChannelReset as exc:
@@ -278,17 +295,26 @@ class HttpRelay:
                     h11.Response(status_code=event.status_code, headers=headers, reason=event.reason)))  # fmt: skip
             elif isinstance(event, h11.Data):
                 for piece in self.browser.send_with_data_passthrough(h11.Data(data=event.data)) or ():
-                    self.writer.write(piece)
-                await self.writer.drain()
+                    await self._to_browser(piece)
             elif isinstance(event, h11.EndOfMessage):
                 await self._to_browser(self.browser.send(h11.EndOfMessage(headers=event.headers)))
+                await self._flush_browser()
                 if self._advance():
                     return True
             elif isinstance(event, h11.ConnectionClosed):
                 return True
 
-    async def _to_browser(self, data: bytes | None) -> None:
+    async def _to_browser(self, data: bytes | bytearray | None) -> None:
+        """Queue bytes for the browser; they go in one TLS write per ``read_size`` at most."""
         if data:
+            self._browser_out.append(data)
+            self._browser_out_size += len(data)
+            if self._browser_out_size >= self.read_size:
+                await self._flush_browser()
+
+    async def _flush_browser(self) -> None:
+        if self._browser_out:
+            data, self._browser_out, self._browser_out_size = b"".join(self._browser_out), [], 0
             self.writer.write(data)
             await self.writer.drain()
 
@@ -296,8 +322,8 @@ class HttpRelay:
         self.switched = True
         self._wake()
         data, _ = self.app.trailing_data
-        if data:
-            await self._to_browser(data)
+        await self._to_browser(data)
+        await self._flush_browser()
         while data := await self.channel.read():
             self.writer.write(data)
             await self.writer.drain()
