@@ -3,10 +3,13 @@
 A second TLS listener of the relay, for browsers. Each rental port has a host name of its own (a
 label under ``domain``, which needs a wildcard DNS record and a wildcard certificate in
 production; ``*.ports.localhost`` resolves to the loopback by itself in browsers), so the rental's
-app is served at ``/`` (Jupyter, an inference server: nothing to configure), cookies never mix
-between rentals, and one browser connection is always for one port: after the first request head
-is checked, the connection is spliced whole to a stream on the host's agent link (keep-alive,
-chunked bodies and websocket upgrades pass through untouched).
+app is served at ``/`` (Jupyter, an inference server: nothing to configure) and one browser
+connection is always for one port: after the first request head is checked, the connection is
+relayed to a stream on the host's agent link by ``access.webproxy``, which reads HTTP/1.1 both
+ways for the connection's life (keep-alive, pipelining, chunked bodies; raw bytes after a websocket
+upgrade) so that *every* request loses the ``gm_port`` cookie and every ``Set-Cookie`` of the app
+loses its ``Domain``: a rental sets cookies on its own host name only, never on a neighbour's
+(in production the ports domain also belongs on the Public Suffix List: docs/connect.md).
 
 Who may: the renter follows the ``web_url`` the master's connect answer gives (its query holds a
 connect token for that rental and port); the relay checks the token, answers ``302`` to the same
@@ -15,8 +18,9 @@ only) good for ``session_ttl``. Sessions live in this relay's memory, at most ``
 (the oldest go first): a relay restart asks the renter to open the port again from the console.
 The cookie is taken out of the request before it reaches the rental. Anything else: ``401``.
 
-Errors are one-line ``text/plain`` answers: 400 (no or a malformed head), 401 (no or a bad
-token/session), 404 (a host name that names no rental port), 502 (the host is not connected
+Errors are one-line ``text/plain`` answers: 400 (no or a malformed head, over ``max_head`` bytes
+or ``max_headers`` lines), 401 (no or a bad token/session), 404 (a host name that names no rental
+port), 421 (a later request on the connection for another port), 502 (the host is not connected
 here; nothing listens on that port), 503 (the relay's or the rental's limits).
 """
 
@@ -33,32 +37,26 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+import h11
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from access.webproxy import HttpRelay, Refused, answer_bytes, too_big
 from shared.clock import Clock
 from shared.crypto.tokens import ConnectClaims, TokenError, verify_connect_token
-from shared.streams import TUNNEL_REASONS, StreamLimitError, encode_open_header
-from shared.streams.aio import Channel, ChannelReset, StreamLink
+from shared.streams import StreamLimitError, encode_open_header
+from shared.streams.aio import StreamLink
 
 log = logging.getLogger(__name__)
 
 COOKIE = "gm_port"
 TOKEN_PARAM = "gm_token"
 _LABEL = re.compile(r"^(r-[0-9a-f]{16})-([1-9][0-9]{0,4})$")
-_STATUS = {302: "Found", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 502: "Bad Gateway", 503: "Service Unavailable"}
 
 
 @dataclass(frozen=True, slots=True)
 class _Session:
     claims: ConnectClaims
     expires: float  # monotonic
-
-
-class _Refused(Exception):
-    def __init__(self, status: int, text: str) -> None:
-        super().__init__(text)
-        self.status = status
-        self.text = text
 
 
 class WebPorts:
@@ -78,10 +76,12 @@ class WebPorts:
         session_ttl: float = 8 * 3600.0,
         # Limits
         max_head: int = 16 * 1024,
+        max_headers: int = 100,
+        read_size: int = 64 * 1024,
         max_sessions: int = 100_000,
         max_connections: int = 10_000,
     ) -> None:
-        if min(head_timeout, session_ttl) <= 0 or min(max_head, max_sessions, max_connections) < 1:
+        if min(head_timeout, session_ttl) <= 0 or min(max_head, max_headers, read_size, max_sessions, max_connections) < 1:
             raise ValueError("web port timeouts and limits must be positive")
         self.token_key = token_key
         self.ssl_context = ssl_context
@@ -94,6 +94,8 @@ class WebPorts:
         self.head_timeout = head_timeout
         self.session_ttl = session_ttl
         self.max_head = max_head
+        self.max_headers = max_headers
+        self.read_size = read_size
         self.max_sessions = max_sessions
         self.max_connections = max_connections
         self._sessions: collections.OrderedDict[str, _Session] = collections.OrderedDict()
@@ -138,6 +140,8 @@ class WebPorts:
             await self._handle(reader, writer)
         except (ConnectionError, OSError, asyncio.IncompleteReadError):
             pass
+        except asyncio.CancelledError:
+            pass  # close() ends the connection; ending quietly keeps asyncio's stream callback from logging it
         finally:
             self._handlers.discard(task)
             writer.close()
@@ -145,16 +149,21 @@ class WebPorts:
                 await writer.wait_closed()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        browser = h11.Connection(h11.SERVER, max_incomplete_event_size=self.max_head)
         try:
             async with asyncio.timeout(self.head_timeout):
-                head = await reader.readuntil(b"\r\n\r\n")
-        except (asyncio.LimitOverrunError, ValueError):
-            await _answer(writer, 400, f"request head over {self.max_head} bytes")
+                first = await _first_request(browser, reader, self.read_size)
+        except TimeoutError:
             return
-        except (TimeoutError, asyncio.IncompleteReadError):
+        except h11.RemoteProtocolError as exc:
+            await _answer(writer, 400, f"not an HTTP/1.x request head of at most {self.max_head} bytes ({exc})")
+            return
+        if first is None:
             return
         try:
-            method, target, headers = _parse_head(head)
+            target, headers = _decoded(first)
+            if (why := too_big(first, max_head=self.max_head, max_headers=self.max_headers)) is not None:
+                raise Refused(400, why)
             rental_id, port = self._target(headers)
             claims, cookie = self._authorize(target, headers, rental_id, port)
             if cookie is not None:  # a fresh token: set the session, drop the token from the address
@@ -162,16 +171,29 @@ class WebPorts:
                 return
             link = self.links(claims.host_id)
             if link is None:
-                raise _Refused(502, f"the host of rental {rental_id} is not connected to this relay; open the port again from the console")
+                raise Refused(502, f"the host of rental {rental_id} is not connected to this relay; open the port again from the console")
             try:
                 channel = link.open(encode_open_header(rental_id, port, "tcp"))
             except (StreamLimitError, ConnectionError) as exc:
-                raise _Refused(503, f"the host's link is full ({exc}); try again shortly") from None
-        except _Refused as refusal:
+                raise Refused(503, f"the host's link is full ({exc}); try again shortly") from None
+        except Refused as refusal:
             self.refused[refusal.status] += 1
             await _answer(writer, refusal.status, refusal.text)
             return
-        await _proxy(channel, _rewrite_head(method, target, headers), reader, writer)
+
+        def same_port(request: h11.Request) -> bool:
+            try:
+                return self._target(_decoded(request)[1]) == (rental_id, port)
+            except Refused:
+                return False
+
+        relay = HttpRelay(channel, reader, writer, browser, first, same_port=same_port, max_head=self.max_head,
+                          max_headers=self.max_headers, read_size=self.read_size)  # fmt: skip
+        try:
+            await relay.run()
+        finally:
+            if channel.reset_error is None:
+                channel.reset()
 
     def _target(self, headers: list[tuple[str, str]]) -> tuple[str, int]:
         host = next((v for k, v in headers if k == "host"), "")
@@ -180,7 +202,7 @@ class WebPorts:
         suffix = "." + self.domain
         match = _LABEL.match(name[: -len(suffix)]) if name.endswith(suffix) else None
         if match is None or not 0 < int(match.group(2)) < 65536:
-            raise _Refused(404, f"{host[:100]!r} names no rental port here (expected <rental>-<port>.{self.domain})")
+            raise Refused(404, f"{host[:100]!r} names no rental port here (expected <rental>-<port>.{self.domain})")
         return match.group(1), int(match.group(2))
 
     def _authorize(self, target: str, headers: list[tuple[str, str]], rental_id: str, port: int) -> tuple[ConnectClaims, str | None]:
@@ -191,9 +213,9 @@ class WebPorts:
             try:
                 claims = verify_connect_token(self.token_key, token, now=self.clock.now().timestamp())
             except TokenError as exc:
-                raise _Refused(401, exc.message) from None
+                raise Refused(401, exc.message) from None
             if (claims.rental_id, claims.kind, claims.port) != (rental_id, "tcp", port):
-                raise _Refused(401, "this token is for another rental or port")
+                raise Refused(401, "this token is for another rental or port")
             sid = secrets.token_urlsafe(24)
             self._sessions[sid] = _Session(claims, now + self.session_ttl)
             while len(self._sessions) > self.max_sessions:
@@ -209,24 +231,30 @@ class WebPorts:
                 continue
             if (session.claims.rental_id, session.claims.port) == (rental_id, port):
                 return session.claims, None
-        raise _Refused(401, "open this port from the console (Rentals → Connect) or with the web_url of POST /rentals/{id}/connect")
+        raise Refused(401, "open this port from the console (Rentals → Connect) or with the web_url of POST /rentals/{id}/connect")
 
 
-# ---- HTTP bits (only the head of the first request is read; the rest passes through) ------------
+# ---- the first request (the rest of the connection is access.webproxy's) --------------------------
 
 
-def _parse_head(head: bytes) -> tuple[str, str, list[tuple[str, str]]]:
-    lines = head.decode("latin-1")[:-4].split("\r\n")  # latin-1 decodes any byte
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not parts[1].startswith("/"):
-        raise _Refused(400, "not an HTTP/1.x request")
-    headers: list[tuple[str, str]] = []
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip() or any(c in name for c in " \t"):
-            raise _Refused(400, "malformed header line")
-        headers.append((name.lower(), value.strip()))
-    return parts[0], parts[1], headers
+async def _first_request(browser: h11.Connection, reader: asyncio.StreamReader, read_size: int) -> h11.Request | None:
+    """The connection's first request head (``None``: the browser left first); ``h11.RemoteProtocolError`` when malformed."""
+    while True:
+        event = browser.next_event()
+        if event is h11.NEED_DATA:
+            browser.receive_data(await reader.read(read_size))
+        elif isinstance(event, h11.Request):
+            return event
+        else:
+            return None
+
+
+def _decoded(request: h11.Request) -> tuple[str, list[tuple[str, str]]]:
+    """The request's target and headers (names lower case) as text; ``Refused`` (400) for what web ports never serve."""
+    target = request.target.decode("latin-1")  # latin-1 decodes any byte
+    if not target.startswith("/"):
+        raise Refused(400, "web ports serve origin-form targets only (GET /path HTTP/1.1)")
+    return target, [(name.decode("latin-1"), value.decode("latin-1")) for name, value in request.headers]
 
 
 def _cookies(headers: list[tuple[str, str]], name: str) -> list[str]:
@@ -240,19 +268,6 @@ def _cookies(headers: list[tuple[str, str]], name: str) -> list[str]:
     return found
 
 
-def _rewrite_head(method: str, target: str, headers: list[tuple[str, str]]) -> bytes:
-    """The head as the rental sees it: our session cookie taken out, the rest as sent."""
-    lines = [f"{method} {target} HTTP/1.1"]
-    for key, value in headers:
-        if key == "cookie":
-            kept = [item.strip() for item in value.split(";") if item.strip() and item.strip().partition("=")[0] != COOKIE]
-            if not kept:
-                continue
-            value = "; ".join(kept)
-        lines.append(f"{key}: {value}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-
-
 def _without_token(target: str) -> str:
     parts = urlsplit(target)
     query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True, max_num_fields=64) if k != TOKEN_PARAM]
@@ -260,40 +275,6 @@ def _without_token(target: str) -> str:
 
 
 async def _answer(writer: asyncio.StreamWriter, status: int, text: str, *, headers: list[tuple[str, str]] | None = None) -> None:
-    body = (text + "\n").encode()
-    head = [f"HTTP/1.1 {status} {_STATUS.get(status, 'Error')}", "Content-Type: text/plain; charset=utf-8",
-            f"Content-Length: {len(body)}", "Connection: close", "Cache-Control: no-store"]
-    head += [f"{k}: {v}" for k, v in headers or ()]
-    writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+    writer.write(answer_bytes(status, text, headers=headers or ()))
     with contextlib.suppress(ConnectionError, OSError):
         await writer.drain()
-
-
-async def _proxy(channel: Channel, head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Splice the browser's connection to the stream; a stream refused before any answer is a 502."""
-
-    async def upstream() -> None:
-        await channel.write(head)
-        while data := await reader.read(64 * 1024):
-            await channel.write(data)
-        channel.close()
-
-    sender = asyncio.ensure_future(upstream())
-    answered = False
-    try:
-        while data := await channel.read():
-            answered = True
-            writer.write(data)
-            await writer.drain()
-    except ChannelReset as exc:
-        if not answered:
-            reason = TUNNEL_REASONS.get(exc.code, str(exc)) if exc.by_peer else str(exc)  # type: ignore[call-overload]
-            await _answer(writer, 502, f"the rental did not answer: {reason}")
-    except (ConnectionError, OSError):
-        channel.reset()
-    finally:
-        sender.cancel()
-        with contextlib.suppress(BaseException):
-            await sender
-        if channel.reset_error is None:
-            channel.reset()

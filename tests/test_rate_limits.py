@@ -24,6 +24,7 @@ from master.api.table import NEVER_LIMITED, ROUTES
 from master.app import close_master, open_master
 from master.models import Service
 from master.services import elastic
+from master.services.gateway import gateway_of
 from shared.bus import InProcessBus
 from shared.errors import ConfigError
 from shared.ids import new_secret, secret_hash
@@ -437,8 +438,8 @@ async def _service_of(api: Api) -> tuple[str, str]:
 class TestServiceEndpoints:
     async def test_refused_tokens_are_limited_per_address_and_accepted_ones_are_not(self, tmp_path: Path, clock: ManualClock) -> None:
         """Burst 3 at 6 a minute. Accepted tokens take nothing, however many; refused ones (401, or 404 for a key that is
-        not the service's renter's) do: once the address is in debt every /svc request from it is 429, a right token's
-        too, until the rate has paid it off. Another address is not held back."""
+        not the service's renter's) do: once the address is in debt its refused requests are 429 until the rate has
+        paid the debt off, while its valid tokens go on being served. Another address is not held back."""
         settings = {"trusted_proxies": PROXY, "gateway_auth_failures_per_minute": 6, "gateway_auth_failure_burst": 3,
                     "service_cold_start_timeout_s": 0}  # fmt: skip
         async with limited_api(tmp_path, clock, **settings) as api:
@@ -454,10 +455,37 @@ class TestServiceEndpoints:
             what = "refused tokens at service endpoints from 198.51.100.7"
             assert_limited(*await _svc(api, service_id, f"gms_{secrets.token_hex(16)}", forwarded_for="198.51.100.7"),
                            retry=10, what=what)  # fmt: skip
-            assert_limited(*await _svc(api, service_id, token, forwarded_for="198.51.100.7"), retry=10, what=what)
+            assert (await _svc(api, service_id, token, forwarded_for="198.51.100.7"))[0] == 503
             assert (await _svc(api, service_id, f"gms_{secrets.token_hex(16)}", forwarded_for="198.51.100.8"))[0] == 401
             clock.advance(10.0)
-            assert (await _svc(api, service_id, token, forwarded_for="198.51.100.7"))[0] == 503
+            assert (await _svc(api, service_id, f"gms_{secrets.token_hex(16)}", forwarded_for="198.51.100.7"))[0] == 401
+
+    async def test_a_valid_token_is_served_from_an_address_past_the_burst(self, tmp_path: Path, clock: ManualClock) -> None:
+        """Regression: after more than the burst of bad tokens from one address, the service's valid token got 429 from
+        it. Now the service's token and the renter's API key (seen valid before) still get through, while a bad token
+        gets 429, and a made-up API key costs no database read."""
+        settings = {"trusted_proxies": PROXY, "gateway_auth_failures_per_minute": 6, "gateway_auth_failure_burst": 20,
+                    "service_cold_start_timeout_s": 0}  # fmt: skip
+        async with limited_api(tmp_path, clock, **settings) as api:
+            service_id, token = await _service_of(api)
+            address = "198.51.100.9"
+            assert (await _svc(api, service_id, api.renter_key, forwarded_for=address))[0] == 503  # a key seen valid
+            for _ in range(25):
+                await _svc(api, service_id, f"gms_{secrets.token_hex(16)}", forwarded_for=address)
+            what = f"refused tokens at service endpoints from {address}"
+            assert_limited(*await _svc(api, service_id, f"gms_{secrets.token_hex(16)}", forwarded_for=address),
+                           retry=10, what=what)  # fmt: skip
+            for _ in range(3):
+                status, body, _ = await _svc(api, service_id, token, forwarded_for=address)
+                assert (status, body["code"]) == (503, "no_ready_replica"), body
+            clock.advance(6.0)  # past the key table's 5 s: the renter's key is read again, the address still in debt
+            assert (await _svc(api, service_id, api.renter_key, forwarded_for=address))[0] == 503
+            keys = gateway_of(api.master).keys
+            lookups = keys.lookups
+            for _ in range(5):
+                assert_limited(*await _svc(api, service_id, f"gmk_{secrets.token_hex(16)}", forwarded_for=address),
+                               retry=4, what=what)  # fmt: skip
+            assert keys.lookups == lookups
 
     async def test_with_limits_off_refused_tokens_are_only_refused(self, tmp_path: Path, clock: ManualClock) -> None:
         async with limited_api(tmp_path, clock, rate_limits_enabled=False, gateway_auth_failure_burst=1) as api:

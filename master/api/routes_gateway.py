@@ -2,8 +2,12 @@
 
 Not part of the REST API: outside ``/api/v1``, not in the route table nor the OpenAPI document, so the API's
 middlewares leave it alone (no API-key authentication, rate limits or JSON parsing; their lookups find no
-route and pass it on). Its one rate limit is on refused tokens (``ApiRateLimits.before_gateway``): guessing
-tokens is slow, and an address past its budget is refused before any lookup; accepted traffic is never limited. It authenticates by its own rules, reads bodies as streams with its own bound
+route and pass it on). Its one rate limit is on refused tokens (``ApiRateLimits.gateway_refused``): a
+request whose token is refused costs its address one token of ``gateway_auth_failure_burst``, and once the
+address is in debt its refused requests are answered 429 instead of 401/404. A valid token is never
+limited: the service's token is judged by the service's route (cached, one read per service), and an
+address in debt gets no database read for an API key the gateway has not seen valid (429 at once), so a
+flood of made-up tokens costs the database no more than the budget allows. It authenticates by its own rules, reads bodies as streams with its own bound
 (``gateway_max_body_mib``) and answers errors in the API's JSON shape. The rules live in
 ``master/services/gateway/``; this module parses the request and delegates.
 
@@ -13,6 +17,7 @@ figures written at shutdown).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import AsyncIterator
 
@@ -22,7 +27,7 @@ from master.api.keys import MASTER
 from master.api.ratelimits import RATE_LIMITS
 from master.services.gateway import close_gateway, gateway_of
 from master.services.gateway.proxy import error_response, forward
-from shared.errors import GpumarketError, NotFound, Unauthorized
+from shared.errors import GpumarketError, NotFound, RateLimited, Unauthorized
 
 PREFIX = "/svc"
 SERVICE_ID = re.compile(r"[A-Za-z0-9_-]{1,40}")
@@ -42,16 +47,18 @@ async def serve(request: web.Request) -> web.StreamResponse:
     limits = request.app.get(RATE_LIMITS)
     address = limits.address_of(request) if limits is not None else ""
     try:
-        if limits is not None:
-            await limits.before_gateway(address)
         token = bearer_of(request)
         if not SERVICE_ID.fullmatch(service_id):
             raise NotFound(f"no service {service_id!r}; check the URL", code="service_not_found")
         gateway = gateway_of(request.app[MASTER])
-        route = await gateway.authorize(service_id, token)
+        before_key_lookup = functools.partial(limits.before_gateway, address) if limits is not None else None
+        route = await gateway.authorize(service_id, token, before_key_lookup=before_key_lookup)
     except (Unauthorized, NotFound) as exc:
         if limits is not None:
-            await limits.gateway_auth_failed(address)
+            try:
+                await limits.gateway_refused(address)
+            except RateLimited as limited:
+                return error_response(limited)
         return error_response(exc)
     except GpumarketError as exc:
         return error_response(exc)

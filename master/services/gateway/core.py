@@ -8,6 +8,9 @@ Policy, in the order a request meets it:
   ``invalid_token``, whether the service exists or not; another account's key (an admin's included),
   an unknown or deleted service: 404 ``service_not_found``. Tokens travel only in that header, never in
   the URL or a cookie, so a browser never opens a service's page on the master's origin by itself.
+  The service's token is judged by the route alone; an API key the key cache does not know is read from
+  the database only past the caller's refused-token guard (``authorize(before_key_lookup=...)``), so an
+  address that sent too many refused tokens gets no reads for made-up keys and its valid tokens still pass.
 * **Where.** Among the service's replicas that run, are ready (``rentals.ready_at``) and whose host is
   on a live relay: the one with the fewest requests in flight from this process, ties taken in turn.
   A replica whose relay stream failed (no stream, refused, reset) sits out ``eject_s`` seconds unless
@@ -29,6 +32,7 @@ import asyncio
 import hmac
 import logging
 import ssl
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -103,13 +107,20 @@ class Gateway:
 
     # ---- who -------------------------------------------------------------------------------------
 
-    async def authorize(self, service_id: str, token: str) -> ServiceRoute:
-        """The service's route if ``token`` opens it; else ``Unauthorized`` or ``NotFound`` (see the module's policy)."""
+    async def authorize(self, service_id: str, token: str, *, before_key_lookup: Callable[[], Awaitable[None]] | None = None) -> ServiceRoute:
+        """The service's route if ``token`` opens it; else ``Unauthorized`` or ``NotFound`` (see the module's policy).
+
+        The service's own token is judged by its route alone (read once per ``route_max_age`` for every caller
+        of the service). An API key the key cache does not know as valid is read from the database only after
+        ``before_key_lookup`` (the caller's refused-token limit), which may raise."""
         route = await self.routes.get(service_id)
         token_hash = secret_hash(token)
         if route is not None and route.active and hmac.compare_digest(token_hash, route.token_hash):
             return route
-        account = None if token.startswith(SERVICE_TOKEN_PREFIX) else await self.keys.account_of(token_hash, token)
+        if token.startswith(SERVICE_TOKEN_PREFIX):
+            account = None
+        else:
+            account = await self.keys.account_of(token_hash, token, before_lookup=before_key_lookup)
         if account is None:
             raise Unauthorized("the bearer token is neither a service token nor a valid API key; use the service's "
                                "token or your API key", code="invalid_token")  # fmt: skip

@@ -6,7 +6,9 @@ service's own columns the gateway needs and its running replicas with the relay 
 requests for one service that find its route stale share one reload. Unknown service ids are kept
 too (as ``None``), so a stream of requests for one costs one query per period. ``KeyCache`` keeps
 API keys' owners (and unknown keys) for ``max_age`` seconds, by the key's hash: a revoked key stops
-opening services within that time.
+opening services within that time. A key's lookup can be made to pass a guard first (``before_lookup``:
+the refused-token limit of the caller's address), except for a key that opened an account before: a
+valid key is never held back by the guard, a made-up one always is.
 
 Both tables are bounded (``max_entries``): past it the oldest entries are forgotten.
 """
@@ -16,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Generic, TypeVar
@@ -84,6 +86,11 @@ class _Bounded(Generic[V]):
 
     def forget(self, key: str) -> None:
         self._entries.pop(key, None)
+
+    def peek(self, key: str) -> tuple[V] | None:
+        """The value stored for ``key``, however old (``None``: none, or forgotten)."""
+        entry = self._entries.get(key)
+        return None if entry is None else (entry[1],)
 
 
 async def load_route(master: Master, service_id: str, relays: dict[str, RelayRecord]) -> ServiceRoute | None:
@@ -169,14 +176,24 @@ class KeyCache:
         self.master = master
         self.max_age = max_age
         self.clock = clock
+        self.lookups = 0
+        """Keys read from the database so far (to see the cache and the guard work)."""
         self._accounts: _Bounded[str | None] = _Bounded(max_entries)
 
-    async def account_of(self, key_hash: str, key: str) -> str | None:
-        """The account behind the API key ``key`` (whose ``secret_hash`` is ``key_hash``), or ``None``."""
+    async def account_of(self, key_hash: str, key: str, *, before_lookup: Callable[[], Awaitable[None]] | None = None) -> str | None:
+        """The account behind the API key ``key`` (whose ``secret_hash`` is ``key_hash``), or ``None``.
+
+        A key not in the table (or last seen unknown) that must be read from the database passes
+        ``before_lookup`` first, which may raise (the caller's refused-token limit); a key that opened an
+        account when it was last read is read again without it (revoked since: ``None``)."""
         now = self.clock()
         cached = self._accounts.get(key_hash, now=now, max_age=self.max_age)
         if cached is not None:
             return cached[0]
+        known = self._accounts.peek(key_hash)
+        if before_lookup is not None and (known is None or known[0] is None):
+            await before_lookup()
+        self.lookups += 1
         account = await _lookup(self.master, key)
         self._accounts.put(key_hash, account, now=self.clock())
         return account
