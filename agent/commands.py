@@ -144,7 +144,7 @@ class CommandExecutor:
         """The rental's keys are the command's now (an older version changes nothing): runs at once, never waits."""
         if self.ssh is None:
             # No SSH server, so nothing to log into: the list has nothing to change.
-            return protocol.AccessUpdated(applied=False, version=command.version, known=False)
+            return protocol.AccessUpdated(applied=False, version=command.version, known=False, closed=0)
         return self.ssh.update_access(command.rental_id, command.authorized_keys, version=command.version)
 
     async def _stop_workload(self, command: protocol.StopWorkload) -> protocol.WorkloadStopped:

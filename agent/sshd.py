@@ -166,22 +166,22 @@ class RentalSshServer:
         if not self.knows(rental_id):
             pending = self._pending_access.get(rental_id)
             if pending is not None and pending[0] > version:
-                return protocol.AccessUpdated(applied=False, version=pending[0], known=False)
+                return protocol.AccessUpdated(applied=False, version=pending[0], known=False, closed=0)
             self._pending_access[rental_id] = (version, lines)
             self._pending_access.move_to_end(rental_id)
             while len(self._pending_access) > self.max_pending_access:
                 self._pending_access.popitem(last=False)
-            return protocol.AccessUpdated(applied=True, version=version, known=False)
+            return protocol.AccessUpdated(applied=True, version=version, known=False, closed=0)
         held, _ = self._held_version(rental_id)
         if held > version:
             log.info("rental %s: SSH keys of version %d ignored: version %d is held", rental_id, version, held)
-            return protocol.AccessUpdated(applied=False, version=held)
+            return protocol.AccessUpdated(applied=False, version=held, known=True, closed=0)
         record = self._record(rental_id)
         record.update(authorized_keys=lines, access_version=version)
         atomic_write(self.keys_dir / rental_id / RENTAL_FILE, json.dumps(record).encode())
         closed = self._close_unlisted(rental_id, {key.public_data for key in keys})
         log.info("rental %s: SSH keys now %d (version %d); %d connection(s) closed", rental_id, len(keys), version, closed)
-        return protocol.AccessUpdated(applied=True, version=version, closed=closed)
+        return protocol.AccessUpdated(applied=True, version=version, known=True, closed=closed)
 
     def _held_version(self, rental_id: str) -> tuple[int, list[str]]:
         """The access version and key lines stored for the rental (``NO_VERSION`` when none or from before versions)."""
@@ -226,6 +226,10 @@ class RentalSshServer:
         shows them as the keys' "last used"."""
         logins, self._logins = self._logins, {}
         return logins
+
+    def logged_in(self, rental_id: str) -> set[str]:
+        """The key fingerprints of the rental's open connections that have logged in."""
+        return {c.fingerprint for c in self._connections.get(rental_id, ()) if c.fingerprint}
 
     def knows(self, rental_id: str) -> bool:
         check_rental_id(rental_id)
