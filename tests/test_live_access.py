@@ -8,12 +8,20 @@ OpenSSH in ``tests/test_agent_ssh.py::TestLiveAccess``, and end to end in ``test
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy import select
 
+from gpumarket.cli import main
+from master.db import Database, sqlite_url
 from master.models import Account, Command
 from master.services import access
+from master.services.accounts import authenticate
+from shared.errors import Unauthorized
+from shared.settings import MasterSettings
 from tests.apiclient import Api, assert_error
 from tests.factories import create_principal
 from tests.test_ssh_keys import PATH, add, ed25519_line
@@ -118,3 +126,33 @@ class TestDisabledAccount:
         [again] = await open_updates(api, rental["id"])
         assert again.args["authorized_keys"] == [canonical(line_a)] and again.args["version"] > update.args["version"]
         assert (await api.as_renter("GET", "/account"))[0] == 200
+
+
+class TestAdminCli:
+    def test_disable_account_and_enable_account_switch_its_api_key(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+        """``gpumarket admin disable-account`` makes the account's API key answer ``account_disabled``; ``enable-account``
+        lets it in again."""
+        monkeypatch.setenv("GPUMARKET_DATA_DIR", str(tmp_path))
+        monkeypatch.delenv("GPUMARKET_DATABASE_URL", raising=False)  # the data dir's own SQLite file
+        main(["admin", "create-account", "--name", "mallory", "--role", "renter"])
+        api_key = capsys.readouterr().out.strip()
+        main(["admin", "disable-account", "--name", "mallory"])
+        assert "account 'mallory' disabled" in capsys.readouterr().out
+        with pytest.raises(Unauthorized) as refused:
+            asyncio.run(_authenticate(api_key))
+        assert refused.value.code == "account_disabled"
+        main(["admin", "enable-account", "--name", "mallory"])
+        assert asyncio.run(_authenticate(api_key)) == "mallory"
+        with pytest.raises(SystemExit, match="no account named 'nobody'"):
+            main(["admin", "disable-account", "--name", "nobody"])
+
+
+async def _authenticate(api_key: str) -> str:
+    settings = MasterSettings.load()
+    database = Database(settings.database_url or sqlite_url(settings.data_dir / "gpumarket.db"))
+    try:
+        async with database.session() as session:
+            return (await authenticate(session, api_key)).name
+    finally:
+        await database.close()
