@@ -37,7 +37,8 @@ class CommandExecutor:
     ``measure`` measures the network (and reports it); ``install_certificate`` installs a
     renewed certificate: both belong to the agent's loops, which hand them in. ``ssh`` serves
     SSH into the rentals: a start prepares the rental's host key (the reply's ``ssh_host_key``),
-    a stop ends its SSH connections. ``clusters`` joins member containers to their cluster's
+    an ``update_access`` replaces its authorized keys (closing connections of removed keys), a stop
+    ends its SSH connections. ``clusters`` joins member containers to their cluster's
     private network (``agent.clusternet``); a stop takes the member out. ``power`` keeps the off-peak power
     policy (``agent.power``): a start restores its GPUs' limits first, and fails if that cannot be done.
     """
@@ -101,6 +102,8 @@ class CommandExecutor:
                 return await self._start_workload(command)
             case protocol.StopWorkload():
                 return await self._stop_workload(command)
+            case protocol.UpdateAccess():
+                return self._update_access(command)
             case protocol.MeasureNetwork():
                 return await self._measure_network()
             case protocol.HealthCheck():
@@ -132,8 +135,17 @@ class CommandExecutor:
         self.logs.follow(command.rental_id, save=True)
         if self.ssh is not None:
             # Every kind gets a host key: a hold rental's login is answered with why it has no shell.
-            data["ssh_host_key"] = self.ssh.prepare(command.rental_id, command.authorized_keys, kind=data.get("kind"))
+            data["ssh_host_key"] = self.ssh.prepare(
+                command.rental_id, command.authorized_keys, kind=data.get("kind"), version=command.access_version
+            )
         return protocol.WorkloadStarted.model_validate(data)
+
+    def _update_access(self, command: protocol.UpdateAccess) -> protocol.AccessUpdated:
+        """The rental's keys are the command's now (an older version changes nothing): runs at once, never waits."""
+        if self.ssh is None:
+            # No SSH server, so nothing to log into: the list has nothing to change.
+            return protocol.AccessUpdated(applied=False, version=command.version, known=False, closed=0)
+        return self.ssh.update_access(command.rental_id, command.authorized_keys, version=command.version)
 
     async def _stop_workload(self, command: protocol.StopWorkload) -> protocol.WorkloadStopped:
         """Stop the workload and release the rental: its ``/workspace`` and SSH keys go (a stop is the

@@ -242,6 +242,8 @@ class Agent:
         )
         self.stop_workloads_on_close = stop_workloads_on_close
         self._commands: asyncio.Queue[protocol.CommandBody] = asyncio.Queue(max_pending_commands)
+        # Access changes (a deleted key) run on their own worker: never behind a start that pulls an image for minutes.
+        self._access_commands: asyncio.Queue[protocol.CommandBody] = asyncio.Queue(max_pending_commands)
         self.logs = LogShipper(state.dir, self.workloads, self._send_logs)
         self.ssh = RentalSshServer(state.dir / "ssh", self.workloads)
         # Cluster members' private network (agent.clusternet): peers reach this host where it reaches its relay from.
@@ -433,6 +435,7 @@ class Agent:
         tasks = [
             asyncio.create_task(self._renewer(), name=f"agent-{self.host_id}-renewal"),
             asyncio.create_task(self._command_worker(), name=f"agent-{self.host_id}-commands"),
+            asyncio.create_task(self._command_worker(self._access_commands), name=f"agent-{self.host_id}-access"),
             asyncio.create_task(self._sampler(), name=f"agent-{self.host_id}-sampler"),
             asyncio.create_task(self._log_shipper(), name=f"agent-{self.host_id}-logs"),
             asyncio.create_task(self.power.run(), name=f"agent-{self.host_id}-power"),
@@ -574,8 +577,9 @@ class Agent:
                 case protocol.Ack():
                     self.window.ack(message.body.seq)
                 case protocol.Command():
+                    fast = message.body.kind == protocol.UpdateAccess.model_fields["kind"].default
                     try:
-                        self._commands.put_nowait(message.body)
+                        (self._access_commands if fast else self._commands).put_nowait(message.body)
                     except asyncio.QueueFull:
                         log.warning("command queue full; %s will be resent by the master", message.body.command_id)
                 case protocol.Move():
@@ -593,9 +597,11 @@ class Agent:
 
     # ---- commands ---------------------------------------------------------------------
 
-    async def _command_worker(self) -> None:
+    async def _command_worker(self, queue: asyncio.Queue[protocol.CommandBody] | None = None) -> None:
+        """Run the commands of ``queue`` (the main one by default) one at a time, in the order they came."""
+        queue = self._commands if queue is None else queue
         while True:
-            command = await self._commands.get()
+            command = await queue.get()
             if command.kind == "stop_workload" and isinstance(rental_id := command.args.get("rental_id"), str):
                 self.tunnels.close_rental(rental_id)  # its renters' connections end now, not after the grace
             result = await self.commands.result_for(command)

@@ -6,6 +6,13 @@ Each rental has its own ed25519 host key, made once by ``prepare`` and kept (060
 renter's authorized keys under ``keys_dir/<rental_id>/`` until ``forget``: an agent restart
 serves the same key, which the renter's client pins.
 
+Access follows the account live: ``update_access`` replaces a rental's authorized keys (the master's
+``update_access`` command, sent when the renter adds or deletes a key or the account is disabled).
+Each list carries the account's access version; a list older than the one held is ignored, so
+commands that arrive out of order or twice change nothing. A login is checked against the stored
+list each time, so a removed key is refused at once, and every open connection that logged in
+with a key no longer listed is disconnected (each connection remembers its key's fingerprint).
+
 A connection: public-key authentication only, with the rental's authorized keys; any user
 name (a session runs as the workload's user); the key's SHA256 fingerprint is logged. Then:
 
@@ -30,6 +37,7 @@ import json
 import logging
 import shutil
 import socket
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -44,6 +52,7 @@ from agent.runtimes.users import TRUSTED_PATH
 from agent.sftp import WorkspaceSFTPServer
 from agent.sshsessions import run_as_rental_user, run_in_container
 from agent.state import atomic_write
+from shared import protocol
 from shared.errors import BadRequest, ConfigError
 
 log = logging.getLogger(__name__)
@@ -53,6 +62,8 @@ RENTAL_FILE: Final = "rental.json"
 EXITED: Final = "the workload has exited; only SFTP (scp, sftp) reaches /workspace until the rental is released"
 _PROHIBITED: Final = asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED
 MAX_LOGINS_KEPT: Final = 50  # fingerprints remembered per rental between two reports (an account has at most 50 keys)
+KEY_REMOVED: Final = "your SSH key was removed from this rental's account (or the account was disabled); ask its owner"
+NO_VERSION: Final = -1  # a list from before access versions (an older master or agent): any versioned list replaces it
 
 
 class RentalSshServer:
@@ -72,6 +83,7 @@ class RentalSshServer:
         max_connections_per_rental: int = 16,
         max_sessions_per_connection: int = 10,
         max_channels_per_connection: int = 64,
+        max_pending_access: int = 1024,
     ) -> None:
         for name, value, low, high in (
             ("login_timeout", login_timeout, 0.1, 600.0),
@@ -81,6 +93,7 @@ class RentalSshServer:
             ("max_connections_per_rental", max_connections_per_rental, 1, 1024),
             ("max_sessions_per_connection", max_sessions_per_connection, 1, 256),
             ("max_channels_per_connection", max_channels_per_connection, 1, 1024),
+            ("max_pending_access", max_pending_access, 1, 1 << 16),
         ):
             if not low <= value <= high:
                 raise ConfigError(f"SSH setting {name}={value!r} must lie between {low:g} and {high:g}")
@@ -93,6 +106,9 @@ class RentalSshServer:
         self.max_connections_per_rental = max_connections_per_rental
         self.max_sessions_per_connection = max_sessions_per_connection
         self.max_channels_per_connection = max_channels_per_connection
+        self.max_pending_access = max_pending_access
+        # Lists for rentals with no SSH server here yet (their start still runs): ``prepare`` takes the newer one.
+        self._pending_access: OrderedDict[str, tuple[int, list[str]]] = OrderedDict()
         self._host_keys: dict[str, asyncssh.SSHKey] = {}
         self._connections: dict[str, set[_Connection]] = {}
         self._logins: dict[str, set[str]] = {}  # rental -> key fingerprints logged in since take_logins
@@ -102,13 +118,22 @@ class RentalSshServer:
 
     # ---- rentals ------------------------------------------------------------------------
 
-    def prepare(self, rental_id: str, authorized_keys: Sequence[str], *, kind: str | None = None) -> str:
+    def prepare(
+        self, rental_id: str, authorized_keys: Sequence[str], *, kind: str | None = None, version: int | None = None
+    ) -> str:
         """Idempotent. Makes (once) and keeps the rental's ed25519 host key (0600, under ``keys_dir``),
-        stores the renter's authorized keys (OpenSSH one-line public keys) and the workload's kind
-        (``kind``, else what runs now), and returns the host public key in OpenSSH one-line form.
-        Raises ``BadRequest`` for a key that is not an OpenSSH public key."""
+        stores the renter's authorized keys (OpenSSH one-line public keys) of access ``version`` — unless
+        a newer list is held already (stored, or from an ``update_access`` that came while the start ran)
+        — and the workload's kind (``kind``, else what runs now), and returns the host public key in
+        OpenSSH one-line form. Raises ``BadRequest`` for a key that is not an OpenSSH public key."""
         check_rental_id(rental_id)
         keys = [_parse_key(line) for line in authorized_keys]
+        version = NO_VERSION if version is None else version
+        newest = max((self._held_version(rental_id), self._pending_access.get(rental_id, (NO_VERSION, []))), key=lambda held: held[0])
+        if newest[0] > version:
+            log.info("rental %s: start's SSH keys (version %d) ignored for the newer list held (version %d)", rental_id, version, newest[0])
+            version, keys = newest[0], [_parse_key(line) for line in newest[1]]
+        self._pending_access.pop(rental_id, None)
         folder = self.keys_dir / rental_id
         self.keys_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         folder.mkdir(mode=0o700, exist_ok=True)
@@ -123,10 +148,57 @@ class RentalSshServer:
         if kind is None:
             access = self.workloads.access(rental_id)
             kind = access.kind if access is not None else self._record(rental_id).get("kind")
-        record = {"kind": kind, "authorized_keys": [k.export_public_key().decode().strip() for k in keys]}
+        record = {"kind": kind, "authorized_keys": [k.export_public_key().decode().strip() for k in keys], "access_version": version}
         atomic_write(folder / RENTAL_FILE, json.dumps(record).encode())
+        self._close_unlisted(rental_id, {key.public_data for key in keys})  # a restarted agent's start may carry fewer keys
         public: bytes = host_key.export_public_key()
         return " ".join(public.decode().split()[:2])
+
+    def update_access(self, rental_id: str, authorized_keys: Sequence[str], *, version: int) -> protocol.AccessUpdated:
+        """Replace the rental's authorized keys with ``authorized_keys`` as of access ``version``, unless a newer
+        list is held (then nothing changes). New logins see the new list at once; the open connections that
+        logged in with a key no longer listed are disconnected now. For a rental with no SSH server here yet
+        (its start still runs) the list is kept for its ``prepare``. Raises ``BadRequest`` for a key that is
+        not an OpenSSH public key (nothing changes then)."""
+        check_rental_id(rental_id)
+        keys = [_parse_key(line) for line in authorized_keys]
+        lines = [key.export_public_key().decode().strip() for key in keys]
+        if not self.knows(rental_id):
+            pending = self._pending_access.get(rental_id)
+            if pending is not None and pending[0] > version:
+                return protocol.AccessUpdated(applied=False, version=pending[0], known=False, closed=0)
+            self._pending_access[rental_id] = (version, lines)
+            self._pending_access.move_to_end(rental_id)
+            while len(self._pending_access) > self.max_pending_access:
+                self._pending_access.popitem(last=False)
+            return protocol.AccessUpdated(applied=True, version=version, known=False, closed=0)
+        held, _ = self._held_version(rental_id)
+        if held > version:
+            log.info("rental %s: SSH keys of version %d ignored: version %d is held", rental_id, version, held)
+            return protocol.AccessUpdated(applied=False, version=held, known=True, closed=0)
+        record = self._record(rental_id)
+        record.update(authorized_keys=lines, access_version=version)
+        atomic_write(self.keys_dir / rental_id / RENTAL_FILE, json.dumps(record).encode())
+        closed = self._close_unlisted(rental_id, {key.public_data for key in keys})
+        log.info("rental %s: SSH keys now %d (version %d); %d connection(s) closed", rental_id, len(keys), version, closed)
+        return protocol.AccessUpdated(applied=True, version=version, known=True, closed=closed)
+
+    def _held_version(self, rental_id: str) -> tuple[int, list[str]]:
+        """The access version and key lines stored for the rental (``NO_VERSION`` when none or from before versions)."""
+        record = self._record(rental_id)
+        version, lines = record.get("access_version"), record.get("authorized_keys")
+        if not isinstance(version, int) or isinstance(version, bool) or not isinstance(lines, list):
+            return NO_VERSION, []
+        return version, [str(line) for line in lines]
+
+    def _close_unlisted(self, rental_id: str, allowed: set[bytes]) -> int:
+        """Disconnect the rental's connections whose login key (or key under check) is not in ``allowed``; how many."""
+        closed = 0
+        for connection in list(self._connections.get(rental_id, ())):
+            if connection.key is not None and connection.key.public_data not in allowed:
+                connection.revoke()
+                closed += 1
+        return closed
 
     @staticmethod
     def check_keys(authorized_keys: Sequence[str]) -> None:
@@ -138,6 +210,7 @@ class RentalSshServer:
         """The rental is released: drop its host key and authorized keys (its connections end with ``close_rental``)."""
         check_rental_id(rental_id)
         self._host_keys.pop(rental_id, None)
+        self._pending_access.pop(rental_id, None)
         shutil.rmtree(self.keys_dir / rental_id, ignore_errors=True)
         for connection in list(self._connections.get(rental_id, ())):
             connection.close()
@@ -153,6 +226,10 @@ class RentalSshServer:
         shows them as the keys' "last used"."""
         logins, self._logins = self._logins, {}
         return logins
+
+    def logged_in(self, rental_id: str) -> set[str]:
+        """The key fingerprints of the rental's open connections that have logged in."""
+        return {c.fingerprint for c in self._connections.get(rental_id, ()) if c.fingerprint}
 
     def knows(self, rental_id: str) -> bool:
         check_rental_id(rental_id)
@@ -299,7 +376,8 @@ class _Connection(asyncssh.SSHServer):
         self.conn: asyncssh.SSHServerConnection | None = None
         self.tasks: set[asyncio.Task[Any]] = set()
         self.username = ""
-        self.key: asyncssh.SSHKey | None = None
+        self.key: asyncssh.SSHKey | None = None  # the last key accepted for this login: the one it logged in with
+        self.fingerprint = ""  # the login key's SHA256 fingerprint, once logged in
         self.sessions = 0
         self.channels = 0
 
@@ -321,6 +399,13 @@ class _Connection(asyncssh.SSHServer):
     def close(self) -> None:
         if self.conn is not None:
             self.conn.close()
+
+    def revoke(self) -> None:
+        """Its key no longer opens the rental: disconnect, telling the client why; its sessions end with it."""
+        log.info("rental %s: SSH connection with key %s closed: the key is no longer authorized", self.rental_id,
+                 self.fingerprint or (self.key.get_fingerprint("sha256") if self.key is not None else "?"))  # fmt: skip
+        if self.conn is not None:
+            self.conn.disconnect(asyncssh.DISC_BY_APPLICATION, KEY_REMOVED)
 
     # ---- login --------------------------------------------------------------------------
 
@@ -346,6 +431,7 @@ class _Connection(asyncssh.SSHServer):
 
     def auth_completed(self) -> None:
         fingerprint = "?" if self.key is None else self.key.get_fingerprint("sha256")
+        self.fingerprint = fingerprint
         log.info("rental %s: SSH login as %r with key %s", self.rental_id, self.username, fingerprint)
         if self.key is not None:
             self.server.note_login(self.rental_id, fingerprint)

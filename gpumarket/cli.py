@@ -233,6 +233,35 @@ def cmd_admin_create_account(args: argparse.Namespace) -> None:
     print(key)
 
 
+def cmd_admin_set_account_access(args: argparse.Namespace) -> None:
+    """``disable-account`` / ``enable-account``: the change and its ``update_access`` commands are written to the
+    database; the running master's resend pass sends them (within ``command_retry_interval`` / 2)."""
+    from sqlalchemy import select
+
+    from master.app import close_master, open_master
+    from master.models import Account
+    from master.services import access
+    from shared.bus import InProcessBus
+
+    settings = MasterSettings.load(args.config)
+    change = access.disable_account if args.disable else access.enable_account
+
+    async def main() -> int:
+        master = await open_master(settings, bus=InProcessBus())
+        try:
+            async with master.db.session() as session:
+                account_id = await session.scalar(select(Account.id).where(Account.name == args.name))
+                if account_id is None:
+                    raise SystemExit(f"no account named {args.name!r}")
+                return len(await change(session, account_id, now=master.clock.now()))
+        finally:
+            await close_master(master)
+
+    rentals = asyncio.run(main())
+    what = "disabled: its API keys, sessions and SSH keys stop working" if args.disable else "enabled again"
+    print(f"account {args.name!r} {what}; {rentals} live rental(s) told")
+
+
 def cmd_admin_issue_relay_cert(args: argparse.Namespace) -> None:
     from shared.crypto import CertificateAuthority
 
@@ -586,6 +615,13 @@ def build_parser() -> argparse.ArgumentParser:
     account.add_argument("--name", required=True)
     account.add_argument("--role", required=True, choices=("renter", "provider", "admin"))
     account.set_defaults(func=cmd_admin_create_account)
+    for action, disable, words in (("disable-account", True, "disable an account: its API keys, console sessions and "
+                                    "rentals' SSH access stop (open SSH connections are closed within seconds)"),
+                                   ("enable-account", False, "enable a disabled account again")):  # fmt: skip
+        toggle = admin_sub.add_parser(action, help=words)
+        _add_config(toggle)
+        toggle.add_argument("--name", required=True)
+        toggle.set_defaults(func=cmd_admin_set_account_access, disable=disable)
     relay_cert = admin_sub.add_parser("issue-relay-cert", help="issue a relay's TLS certificate from the master's CA")
     _add_config(relay_cert)
     relay_cert.add_argument("--name", action="append", required=True, help="DNS name or IP of the relay (repeatable)")

@@ -82,6 +82,10 @@ class Account(Base):
     monthly_spend_cap: Mapped[Decimal | None] = mapped_column(Numeric(14, 2), default=None)
     # The account's weight in the queue's fair share (master/scheduler/fairshare.py): relative, > 0; set by an admin.
     fair_share_weight: Mapped[int] = mapped_column(default=1, server_default="1")
+    # Counts the changes to who may log into the account's rentals (SSH keys, disabling): master/services/access.py.
+    access_version: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # When an operator disabled the account: its API keys, console sessions and rentals' SSH keys stop working.
+    disabled_at: Mapped[datetime | None] = mapped_column(default=None)
 
 
 class ApiKey(Base):

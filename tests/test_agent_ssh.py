@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import asyncssh
 import pytest
 
 from agent.commands import CommandExecutor
@@ -37,6 +38,7 @@ from agent.sshd import EXITED, RentalSshServer
 from shared import protocol
 from shared.protocol import ContainerWorkload, HoldWorkload, ProcessWorkload
 from tests import dockerengine
+from tests.helpers import eventually
 from tests.workloadfixtures import Exits
 
 SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")
@@ -309,6 +311,92 @@ class TestContainerSessions:
         assert not second.knows("r-1") and not key_file.exists()
 
 
+class TestLiveAccess:
+    """Access follows the account live (issue 35): ``update_access`` replaces a running rental's keys."""
+
+    async def test_a_removed_key_is_refused_and_its_open_session_closed_while_other_keys_work(
+        self, manager: WorkloadManager, sshd: RentalSshServer, sites: Callable[[str, str], Site],
+        client_keys: tuple[Path, str, Path], docker_image: str, tmp_path: Path,
+    ) -> None:
+        """Regression for "a deleted SSH key keeps working": after an update without key A, A's open shell is
+        disconnected and A's new logins are refused, the renter's other key B still logs in, a key C added while the
+        rental runs logs in, and an older list (A again, version 2 after 3) arriving late changes nothing."""
+        rental = f"a{secrets.token_hex(3)}"
+        assert (await manager.start(rental, [], container_spec(docker_image, "exec sleep 3600")))["kind"] == "container"
+        key_a, line_a, _ = client_keys
+        key_b, key_c = tmp_path / "second_key", tmp_path / "added_key"
+        line_b, line_c = keygen(key_b), keygen(key_c)
+        site = sites(rental, sshd.prepare(rental, [line_a, line_b], version=1))
+
+        shell = await asyncio.create_subprocess_exec(
+            "ssh", *site.options(key_a), "-p", str(site.port), "renter@127.0.0.1", "echo logged-in; exec sleep 600",
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            assert shell.stdout is not None and shell.stderr is not None
+            async with asyncio.timeout(WAIT):
+                assert (await shell.stdout.readline()).strip() == b"logged-in"
+            # B logs in too, and holds a connection with no session (ssh -N) through the change.
+            code, out, err = await site.ssh("echo b-works", key=key_b)
+            assert (code, out.strip()) == (0, "b-works"), err
+
+            updated = sshd.update_access(rental, [line_b], version=2)
+            assert (updated.applied, updated.version, updated.closed) == (True, 2, 1)
+            async with asyncio.timeout(WAIT):  # the shell ends: the agent disconnected it (the reason is best effort)
+                assert await shell.wait() == 255
+        finally:
+            if shell.returncode is None:
+                shell.kill()
+                await shell.wait()
+        code, _, err = await site.ssh("true", key=key_a)
+        assert code == 255 and "Permission denied" in err, err
+        code, out, err = await site.ssh("echo b-works", key=key_b)
+        assert (code, out.strip()) == (0, "b-works"), err
+
+        code, _, err = await site.ssh("true", key=key_c)
+        assert code == 255 and "Permission denied" in err, err
+        added = sshd.update_access(rental, [line_b, line_c], version=3)
+        assert (added.applied, added.closed) == (True, 0)
+        code, out, err = await site.ssh("echo c-works", key=key_c)
+        assert (code, out.strip()) == (0, "c-works"), err
+
+        late = sshd.update_access(rental, [line_a], version=2)
+        assert (late.applied, late.version) == (False, 3)
+        code, _, err = await site.ssh("true", key=key_a)
+        assert code == 255 and "Permission denied" in err, err
+        code, out, err = await site.ssh("echo c-works", key=key_c)
+        assert (code, out.strip()) == (0, "c-works"), err
+
+    async def test_an_empty_list_closes_a_connection_without_a_session(
+        self, manager: WorkloadManager, sshd: RentalSshServer, sites: Callable[[str, str], Site], client_keys: tuple[Path, str, Path],
+    ) -> None:
+        """A disabled account's empty list disconnects even ``ssh -N`` (a login that holds forwards, no session)."""
+        rental = f"n{secrets.token_hex(3)}"
+        await manager.start(rental, [], HoldWorkload())
+        site = sites(rental, sshd.prepare(rental, [client_keys[1]], version=4))
+        held = await asyncio.create_subprocess_exec(
+            "ssh", *site.options(), "-N", "-p", str(site.port), "renter@127.0.0.1",
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            await eventually(lambda: _logged_in(sshd, rental), timeout=WAIT, what="the ssh -N login")
+            assert len(sshd.logged_in(rental)) == 1
+            assert sshd.update_access(rental, [], version=5).closed == 1
+            async with asyncio.timeout(WAIT):
+                assert await held.wait() == 255
+        finally:
+            if held.returncode is None:
+                held.kill()
+                await held.wait()
+        assert sshd.authorized(rental) == set()
+        code, _, err = await site.ssh("true")
+        assert code == 255 and "Permission denied" in err, err
+
+
+async def _logged_in(server: RentalSshServer, rental_id: str) -> bool:
+    return bool(server.logged_in(rental_id))
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -369,6 +457,54 @@ class TestCommands:
 
             stopped = await executor.execute(protocol.CommandBody.of("c-4", protocol.StopWorkload(rental_id="r-cmd")))
             assert stopped.ok and not server.knows("r-cmd")  # a stop releases the rental: no more SSH
+        finally:
+            await server.close()
+            await manager.close()
+
+
+    async def test_update_access_is_ordered_idempotent_and_kept_for_a_start_still_running(
+        self, tmp_path: Path, client_keys: tuple[Path, str, Path]
+    ) -> None:
+        """``update_access`` older than the held version changes nothing, a resent id is answered again without
+        running, and a list that comes while the rental's start still runs wins over the start's older list."""
+        backend = SimulatedBackend("sim:1xRTX4090", seed="k")
+        manager = WorkloadManager(tmp_path / "work", backend)
+        server = RentalSshServer(tmp_path / "ssh", manager)
+        line_a, line_b = client_keys[1], keygen(tmp_path / "second_key")
+        blob_a, blob_b = (asyncssh.import_public_key(line).public_data for line in (line_a, line_b))
+
+        async def send(body: protocol.WorkloadLogsBody) -> None:
+            pass
+
+        async def unused(*args: Any) -> Any:
+            raise AssertionError("not called")
+
+        executor = CommandExecutor(
+            workloads=manager, backend=backend, logs=LogShipper(tmp_path, manager, send), measure=unused, install_certificate=unused, ssh=server,
+        )
+        try:
+            start = protocol.StartWorkload(rental_id="r-acc", gpu_uuids=[], authorized_keys=[line_a], access_version=5)
+            assert (await executor.result_for(protocol.CommandBody.of("c-1", start))).ok
+            older = protocol.UpdateAccess(rental_id="r-acc", authorized_keys=[line_b], version=4)
+            result = await executor.result_for(protocol.CommandBody.of("u-1", older))
+            assert result.ok and result.data == {"applied": False, "version": 5, "known": True, "closed": 0}
+            assert server.authorized("r-acc") == {blob_a}
+            newer = protocol.CommandBody.of("u-2", protocol.UpdateAccess(rental_id="r-acc", authorized_keys=[line_b], version=6))
+            assert (await executor.result_for(newer)).data["applied"] and server.authorized("r-acc") == {blob_b}
+            server.update_access("r-acc", [line_a], version=7)
+            again = await executor.result_for(newer)  # the same id resent: its result, not a second run
+            assert again.data["applied"] and server.authorized("r-acc") == {blob_a}
+
+            early = protocol.UpdateAccess(rental_id="r-late", authorized_keys=[line_b], version=8)
+            kept = await executor.result_for(protocol.CommandBody.of("u-3", early))
+            assert kept.ok and kept.data["known"] is False
+            late_start = protocol.StartWorkload(rental_id="r-late", gpu_uuids=[], authorized_keys=[line_a], access_version=7)
+            assert (await executor.result_for(protocol.CommandBody.of("c-2", late_start))).ok
+            assert server.authorized("r-late") == {blob_b}
+
+            bad = protocol.UpdateAccess(rental_id="r-acc", authorized_keys=["ssh-ed25519 not-base64"], version=9)
+            refused = await executor.result_for(protocol.CommandBody.of("u-4", bad))
+            assert not refused.ok and refused.data["code"] == "bad_authorized_key" and server.authorized("r-acc") == {blob_a}
         finally:
             await server.close()
             await manager.close()

@@ -10,7 +10,7 @@ from gpumarket.cli import main
 from shared.crypto import CertificateAuthority
 
 COMMANDS = [[], ["up"], ["master"], ["access"], ["dns"], ["agent"], ["agent", "run"], ["agent", "enroll"], ["agent", "record-nvml"], ["simulate"], ["worker"], ["admin"],
-            ["admin", "create-account"], ["admin", "issue-relay-cert"]]
+            ["admin", "create-account"], ["admin", "disable-account"], ["admin", "enable-account"], ["admin", "issue-relay-cert"]]
 
 
 class TestHelp:

@@ -306,6 +306,45 @@ async def test_forged_expired_and_foreign_tokens_are_refused(setting: dict[str, 
     assert status == 422 and body["code"] == "port_not_declared"
 
 
+async def test_a_key_added_while_running_works_and_once_deleted_its_open_session_is_closed(setting: dict[str, Any]) -> None:
+    """Regression for "a deleted SSH key keeps working" (issue 35), through master, bus, relay and agent: a key added
+    to the account while the rental runs logs in; deleting it ends its open ``gpumarket ssh`` session and refuses it
+    from then on, while the renter's first key keeps working."""
+    home, renter, rental_id = setting["home"], setting["renter"], setting["rental"]["id"]
+    added = home / "id_added"
+    await asyncio.to_thread(subprocess.run, ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(added)], check=True)
+    status, key = await renter.call("POST", "/account/ssh-keys", json={"public_key": (home / "id_added.pub").read_text()})
+    assert status == 201, key
+    with_added = ("-i", str(added), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes")
+
+    async def added_logs_in() -> bool:
+        done = await asyncio.to_thread(_cli, setting, "ssh", rental_id, *with_added, "--", "echo added-works")
+        return done.returncode == 0 and done.stdout.decode().strip() == "added-works"
+
+    await eventually(added_logs_in, timeout=60, every=0.5, what="the added key to reach the running rental")
+    shell = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gpumarket", "ssh", rental_id, *with_added, "--", "echo logged-in; exec sleep 600",
+        env=setting["env"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        assert shell.stdout is not None
+        async with asyncio.timeout(60):
+            assert (await shell.stdout.readline()).strip() == b"logged-in"
+        status, _ = await renter.call("DELETE", f"/account/ssh-keys/{key['id']}")
+        assert status == 200
+        async with asyncio.timeout(60):  # generous: the command goes out at once, the agent applies it at once
+            assert await shell.wait() == 255
+    finally:
+        if shell.returncode is None:
+            shell.kill()
+            await shell.wait()
+    refused = await asyncio.to_thread(_cli, setting, "ssh", rental_id, *with_added, "--", "true")
+    assert refused.returncode == 255 and "Permission denied" in refused.stderr.decode(), refused.stderr.decode()
+    first = await asyncio.to_thread(_cli, setting, "ssh", rental_id, "-i", str(setting["key"]), "-o", "IdentitiesOnly=yes", "--",
+                                    "echo first-works")  # fmt: skip
+    assert first.returncode == 0 and first.stdout.decode().strip() == "first-works", first.stderr.decode()
+
+
 async def test_when_the_hosts_relay_dies_mid_copy_the_renter_connects_again_through_the_other(setting: dict[str, Any]) -> None:
     market: Marketplace = setting["market"]
     renter, rental_id = setting["renter"], setting["rental"]["id"]

@@ -1,7 +1,9 @@
 """SSH keys (``/account/ssh-keys``): the public keys an account registers for SSH into its rentals.
 
 Any signed-in account manages its own keys and only those (admins too); another account's key id
-answers 404 as an unknown one. The rules live in ``master/services/ssh_keys.py``.
+answers 404 as an unknown one. The rules live in ``master/services/ssh_keys.py``. Adding or deleting a
+key reaches the account's live rentals at once (``master/services/access.py``): the commands are written
+with the change and published after its commit.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from master.api.keys import MASTER
 from master.api.middleware import principal
 from master.api.responses import SshKeyDeleted, SshKeyList, SshKeyView
 from master.api.schemas import SshKeyCreate
-from master.services import ssh_keys
+from master.services import access, commands, ssh_keys
 
 
 async def list_ssh_keys(request: web.Request) -> web.Response:
@@ -28,13 +30,18 @@ async def add_ssh_key(request: web.Request) -> web.Response:
     async with master.db.session() as session:
         key = await ssh_keys.add_key(session, principal(request).account_id, body.public_key, name=body.name, now=master.clock.now())
         view = ssh_keys.key_view(key)
+        issued = await access.access_changed(session, principal(request).account_id, now=master.clock.now())
+    await commands.publish(master, issued)
     return web.json_response(view, status=201)
 
 
 async def delete_ssh_key(request: web.Request) -> web.Response:
     key_id = request.match_info["ssh_key_id"]
-    async with request.app[MASTER].db.session() as session:
+    master = request.app[MASTER]
+    async with master.db.session() as session:
         await ssh_keys.delete_key(session, principal(request).account_id, key_id)
+        issued = await access.access_changed(session, principal(request).account_id, now=master.clock.now())
+    await commands.publish(master, issued)
     return web.json_response({"id": key_id, "deleted": True})
 
 
@@ -45,6 +52,7 @@ ROUTES: tuple[Route, ...] = (
           "invalid_ssh_key, ssh_key_too_weak or private_key_pasted; 409 ssh_key_exists (the same key again: nothing "
           "changes, details.id names it) or too_many_ssh_keys (50 at most).",
           body=SshKeyCreate, response=SshKeyView, success=201, errors=(409, 422)),
-    Route("DELETE", "/account/ssh-keys/{ssh_key_id}", delete_ssh_key, "Delete one of your SSH keys; SSH stops accepting it.",
+    Route("DELETE", "/account/ssh-keys/{ssh_key_id}", delete_ssh_key, "Delete one of your SSH keys; SSH into your rentals, running ones included, "
+          "stops accepting it within seconds, and open connections that logged in with it are closed.",
           response=SshKeyDeleted, errors=(404,)),
 )

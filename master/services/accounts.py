@@ -1,4 +1,8 @@
-"""Accounts, roles and API keys (stored as SHA-256 hashes, shown once)."""
+"""Accounts, roles and API keys (stored as SHA-256 hashes, shown once).
+
+A disabled account (``master/services/access.py``, ``gpumarket admin disable-account``) authenticates with
+none of its keys: 401 ``account_disabled``.
+"""
 
 from __future__ import annotations
 
@@ -63,7 +67,14 @@ async def authenticate_key(session: AsyncSession, api_key: str) -> tuple[Princip
     if row is None:
         raise Unauthorized("the API key is unknown or revoked; check it, or ask for a new one", code="invalid_api_key")
     account, key = row
+    if account.disabled_at is not None:
+        raise account_disabled()
     return Principal(account_id=account.id, name=account.name, role=account.role), key.id
+
+
+def account_disabled() -> Unauthorized:
+    return Unauthorized("this account is disabled; its API keys, sessions and SSH keys do not work (ask the operator)",
+                        code="account_disabled")  # fmt: skip
 
 
 async def key_is_valid(session: AsyncSession, api_key: str) -> bool:

@@ -51,7 +51,7 @@ from master.models import Account, Gpu, Rental, RentalEvent
 from master.models import Command as CommandRow
 from master.scheduler import MILLI, Node, Placement, get_placer
 from master.scheduler import Request as PlaceRequest
-from master.services import allocation, commands, isolation, offers, ssh_keys
+from master.services import access, allocation, commands, isolation, offers
 from master.services.allocation import Hold, HostState
 from master.services.listings import PRICE_QUANTUM, load_price_bounds, money
 from master.services.offerquery import parse
@@ -464,9 +464,11 @@ async def _start(session: AsyncSession, rental: Rental, request: RentalRequest, 
     share = None
     if request.gpu_milli < MILLI and request.mig_profile is None:
         share = protocol.GpuShare(milli=request.gpu_milli, memory_mib=placement.gpu_memory_mib)
+    # The account's row is locked (``_quota``): a key change waits for this commit and then updates the rental too.
+    keys, access_version = await access.current_keys(session, rental.renter_id)
     start = protocol.StartWorkload.model_validate(
         {"rental_id": rental.id, "gpu_uuids": rental.gpu_uuids, "workload": rental.workload, "share": share,
-         "authorized_keys": await ssh_keys.authorized_keys(session, rental.renter_id)}
+         "authorized_keys": keys, "access_version": access_version}
     )
     command = commands.new_command(session, host_id=rental.host_id, command=start, rental_id=rental.id)
     command.created_at = now + timedelta(microseconds=1)  # after any preempted workload's stop, which the agent runs first

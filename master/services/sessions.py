@@ -6,7 +6,7 @@ again; the database keeps the token's hash, the account, the key it was opened w
 CSRF token the console's scripts send back in ``X-CSRF-Token`` on every state-changing call
 (the cookie alone, which a browser attaches to any request, is never enough to change
 anything). A session ends when its owner signs out, after ``console_session_idle_s`` without
-a request, ``console_session_max_s`` after it began, or when its API key is revoked.
+a request, ``console_session_max_s`` after it began, or when its API key is revoked or its account disabled.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from sqlalchemy import delete, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.models import Account, ApiKey, ConsoleSession
-from master.services.accounts import Principal, authenticate_key
+from master.services.accounts import Principal, account_disabled, authenticate_key
 from shared.errors import Forbidden, Unauthorized
 from shared.ids import new_id, secret_hash
 from shared.settings import MasterSettings
@@ -99,6 +99,8 @@ async def resolve(session: AsyncSession, token: str, *, settings: MasterSettings
     if row is None:
         raise Unauthorized("you are not signed in; sign in with your API key", code="not_signed_in")
     console, account, key = row
+    if account.disabled_at is not None:
+        raise account_disabled()
     if (ended := _ended(console, key, settings=settings, now=now)) is not None:
         raise ended
     if now - console.last_seen_at >= TOUCH_EVERY:
@@ -124,10 +126,13 @@ async def is_live(session: AsyncSession, session_id: str, *, settings: MasterSet
     Reads only: unlike a request, a stream's poll is not activity that keeps the session from going idle."""
     row = (
         await session.execute(
-            select(ConsoleSession, ApiKey).join(ApiKey, ApiKey.id == ConsoleSession.api_key_id).where(ConsoleSession.id == session_id)
+            select(ConsoleSession, ApiKey, Account.disabled_at)
+            .join(ApiKey, ApiKey.id == ConsoleSession.api_key_id)
+            .join(Account, Account.id == ConsoleSession.account_id)
+            .where(ConsoleSession.id == session_id)
         )
     ).first()
-    return row is not None and _ended(row[0], row[1], settings=settings, now=now) is None
+    return row is not None and row[2] is None and _ended(row[0], row[1], settings=settings, now=now) is None
 
 
 async def sign_out(session: AsyncSession, session_id: str, *, now: datetime) -> bool:

@@ -12,7 +12,8 @@ existing key's id in ``details``), never a second row. An account holds at most
 ``MAX_KEYS_PER_ACCOUNT`` keys. Nobody reads or deletes another account's keys, admins included:
 another account's key id answers 404 exactly as an unknown one.
 
-``authorized_keys`` is what the agent's SSH server (a later piece of issue 20) will authorise.
+``authorized_keys`` is what the agent's SSH server authorises; a change reaches the account's running
+rentals through ``master/services/access.py`` (the caller's ``access_changed``, in the same transaction).
 """
 
 from __future__ import annotations
@@ -202,6 +203,10 @@ def _exists(existing: SshKey) -> Conflict:
 
 async def delete_key(session: AsyncSession, account_id: str, key_id: str) -> SshKey:
     """Delete the account's key ``key_id``; 404 ``ssh_key_not_found`` when it is unknown or another account's."""
+    # Serialised with the account's other key changes and placements, as in ``add_key``.
+    await session.execute(
+        update(Account).where(Account.id == account_id).values(name=Account.name).execution_options(synchronize_session=False)
+    )
     key = await session.get(SshKey, key_id) if len(key_id) <= 40 else None
     if key is None or key.account_id != account_id:
         raise not_found(key_id)

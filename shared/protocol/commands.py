@@ -42,6 +42,7 @@ MAX_STOP_REASON_CHARS = 200
 MAX_PORTS = 32  # ports one container workload may declare
 MAX_AUTHORIZED_KEYS = 50  # SSH public keys one rental accepts (= the API's most per account)
 MAX_AUTHORIZED_KEY_CHARS = 16 * 1024  # one OpenSSH public key line (RSA-16384 fits)
+MAX_ACCESS_VERSION = (1 << 63) - 1  # an account's access version is a BIGINT counter
 MIN_SHM_MIB = 1
 MAX_SHM_MIB = 1 << 20  # 1 TiB of /dev/shm
 MIN_PIDS = 16  # a shell and a few children
@@ -267,6 +268,10 @@ class GpuShare(StrictModel):
     memory_mib: Annotated[int, Field(ge=0, le=MAX_MEMORY_MIB), BeforeValidator(_share_memory)]
 
 
+AuthorizedKeys = list[Annotated[str, Field(min_length=1, max_length=MAX_AUTHORIZED_KEY_CHARS)]]
+AccessVersion = Annotated[int, Field(ge=0, le=MAX_ACCESS_VERSION)]
+
+
 def _default_hold(value: object) -> object:
     # An absent, null or kind-less workload has always meant "hold" to the agent.
     if value is None:
@@ -284,11 +289,12 @@ class StartWorkload(StrictModel):
     gpu_uuids: GpuUuids = Field(max_length=64)
     workload: Annotated[WorkloadSpec, BeforeValidator(_default_hold)] = Field(default_factory=HoldWorkload)
     share: GpuShare | None = None
-    # The renter's SSH public keys (OpenSSH one-line form) when the rental started: the agent's SSH
-    # server for this rental accepts these and nothing else.
-    authorized_keys: list[Annotated[str, Field(min_length=1, max_length=MAX_AUTHORIZED_KEY_CHARS)]] = Field(
-        default_factory=list, max_length=MAX_AUTHORIZED_KEYS
-    )
+    # The renter's SSH public keys (OpenSSH one-line form) when the command was (last) written: the agent's
+    # SSH server for this rental accepts these and nothing else, until an ``update_access`` replaces them.
+    authorized_keys: AuthorizedKeys = Field(default_factory=list, max_length=MAX_AUTHORIZED_KEYS)
+    # The account's access version those keys are of (``UpdateAccess.version``); the agent keeps a newer list
+    # it already holds. None: a master from before live access (the keys are taken as they come).
+    access_version: AccessVersion | None = None
 
     @model_validator(mode="after")
     def _share_env_is_the_agents(self) -> StartWorkload:
@@ -310,6 +316,18 @@ class StopWorkload(StrictModel):
     rental_id: RentalId
     grace_s: Annotated[float, Field(ge=0, le=MAX_STOP_GRACE_S), BeforeValidator(_grace)] | None = None
     reason: Annotated[str, Field(max_length=MAX_STOP_REASON_CHARS), BeforeValidator(_reason)] | None = None
+
+
+class UpdateAccess(StrictModel):
+    """The rental's SSH keys are now ``authorized_keys``, the whole list (empty: nobody, as for a disabled account),
+    as of the account's access ``version``. The agent stores them, refuses new logins with any other key at once
+    and closes the open connections that logged in with a key no longer listed. A ``version`` older than the one
+    the agent holds for the rental changes nothing (commands may arrive out of order), so resending is safe."""
+
+    kind: Literal["update_access"] = "update_access"
+    rental_id: RentalId
+    authorized_keys: AuthorizedKeys = Field(default_factory=list, max_length=MAX_AUTHORIZED_KEYS)
+    version: AccessVersion
 
 
 class MeasureNetwork(StrictModel):
@@ -460,12 +478,13 @@ class SetPowerPolicy(StrictModel):
 
 
 AnyCommand = (
-    StartWorkload | StopWorkload | MeasureNetwork | InstallCertificate | HealthCheck | CreateCluster | DeleteCluster | SetPowerPolicy
+    StartWorkload | StopWorkload | UpdateAccess | MeasureNetwork | InstallCertificate | HealthCheck | CreateCluster | DeleteCluster
+    | SetPowerPolicy
 )
 AgentCommand = Annotated[AnyCommand, Field(discriminator="kind")]
 COMMAND_KINDS = (
     "start_workload", "stop_workload", "measure_network", "install_certificate", "health_check", "create_cluster", "delete_cluster",
-    "set_power_policy",
+    "set_power_policy", "update_access",
 )
 
 
@@ -492,6 +511,17 @@ class WorkloadStopped(LenientModel):
 
     exit_code: int | None = None
     already_stopped: bool | None = None
+
+
+class AccessUpdated(LenientModel):
+    """``update_access``: whether the list was taken (false: the agent holds a newer ``version`` already), the
+    version it holds now, whether the rental has an SSH server here yet (``known``: a list for a rental still
+    starting is kept for its start), and how many open connections were closed because their key went."""
+
+    applied: bool
+    version: int
+    known: bool = True
+    closed: int = 0
 
 
 class CertificateInstalled(LenientModel):
@@ -558,7 +588,7 @@ class PowerPolicyApplied(LenientModel):
 
 
 CommandReply = (
-    WorkloadStarted | WorkloadStopped | NetworkReportBody | CertificateInstalled | HealthCheckResult | ClusterJoined | ClusterLeft
+    WorkloadStarted | WorkloadStopped | AccessUpdated | NetworkReportBody | CertificateInstalled | HealthCheckResult | ClusterJoined | ClusterLeft
     | PowerPolicyApplied
 )
 
