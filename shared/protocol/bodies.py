@@ -133,6 +133,17 @@ class IsolationFacts(LenientModel):
     # The most one workload may ask for here (the host's logical CPUs and RAM); None: not said.
     max_cpu_cores: float | None = Field(None, gt=0)
     max_memory_mib: int | None = Field(None, gt=0)
+    # Every rental's ceilings (shared.ceilings): the host's pid_max, what its provider keeps for the host, and
+    # how a rental's disk is bounded ("storage_opt": the engine's quota, "loop": a size-capped filesystem the
+    # agent mounts, "none": unbounded) with the largest quota one rental may have. Absent from older agents.
+    pid_max: int | None = Field(None, gt=0)
+    reserved_cpu_cores: float = Field(0.0, ge=0)
+    reserved_memory_mib: int = Field(0, ge=0)
+    reserved_pids: int = Field(0, ge=0)
+    reserved_disk_gib: int = Field(0, ge=0)
+    disk_quota: Literal["storage_opt", "loop", "none"] | None = None
+    max_disk_gib: int | None = Field(None, gt=0)
+    rental_disk_gib: int | None = Field(None, gt=0)  # a rental's disk when it names none
 
 
 class HelloBody(StrictModel):
