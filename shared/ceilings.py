@@ -8,8 +8,9 @@ its fraction; a host that reports no GPU gives every rental ``NO_GPU_FRACTION`` 
 the host has, never less than a floor that still starts a shell (``DEFAULT_FLOORS``), when the host has
 that much.
 
-Refusals (``exceeded``): a ``pids_limit`` above the rental's share of the host's ``pid_max`` (its
-neighbours' process slots), or CPU, memory or disk above what the host gives rentals at all.
+Refusals (``exceeded``): a ``pids_limit`` above the rental's share of the host's ``pid_max`` less the
+reserve (its neighbours' process slots), CPU or memory above the host's size, or disk above the largest
+quota the host gives one rental.
 """
 
 from __future__ import annotations
@@ -106,9 +107,9 @@ def pids_allowed(host: HostSize, fraction: float, *, floors: Floors = DEFAULT_FL
 def allowed(host: HostSize, fraction: float, name: CeilingField) -> float | int | None:
     """The most a rental of ``fraction`` may ask for of ``name`` here (``None``: no bound this host can say)."""
     if name == "cpu_cores":
-        return host.usable_cpu_cores
+        return host.cpu_cores  # the reserve shapes the defaults; a renter who asks may have the whole host
     if name == "memory_mib":
-        return host.usable_memory_mib
+        return host.memory_mib
     if name == "pids_limit":
         return pids_allowed(host, fraction)
     return host.max_disk_gib

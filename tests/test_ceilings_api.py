@@ -68,11 +68,11 @@ class TestPlacementWithinCeilings:
         assert status == 201, body
 
     async def test_memory_above_the_host_is_refused_naming_the_field(self, api: Api) -> None:
-        """memory_mib above the host's RAM less its reserve is 422 on ``workload.memory_mib`` with the most any host allows."""
+        """memory_mib above the host's RAM is 422 on ``workload.memory_mib`` with the most any host allows."""
         await host_with(api, ceiling_facts(memory_mib=16384))
-        status, body = await rent(api, workload={**CONTAINER, "memory_mib": 16384})
+        status, body = await rent(api, workload={**CONTAINER, "memory_mib": 16385})
         assert_error(status, body, 422, "limits_exceed_host")
-        assert problem_field(body) == "workload.memory_mib" and body["details"]["most"] == 15360
+        assert problem_field(body) == "workload.memory_mib" and body["details"]["most"] == 16384
 
     async def test_disk_is_refused_above_the_largest_quota_and_where_there_is_none(self, api: Api) -> None:
         """disk_gib above a host's largest quota, or on a host with no disk quota, is not placed there."""

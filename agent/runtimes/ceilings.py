@@ -121,7 +121,7 @@ class CeilingPolicy:
         if over is not None:
             name, asked, most = over
             has = {"cpu_cores": self.host.cpu_cores, "memory_mib": self.host.memory_mib, "pids_limit": self.host.pid_max}.get(name)
-            whole = f"this host has {has:g} {UNITS[name]}, less what its provider keeps for itself" if has is not None else "this host's disk allows"
+            whole = f"this host has {has:g}" if has is not None else "this host's disk allows"
             if name == "pids_limit":
                 whole = f"this host's pid_max is {self.host.pid_max}, of which a rental of {fraction:.3g} of its GPUs gets its share"
             raise BadRequest(

@@ -53,8 +53,8 @@ def _number(value: Any) -> float | None:
 
 def limit_over(facts: dict[str, Any], workload: dict[str, Any], *, fraction: float = 1.0) -> tuple[CeilingField, float, float] | None:
     """The first of ``workload``'s limits the host cannot give a rental of ``fraction``: (field, asked, the most it
-    allows); None: they fit. CPU and memory against the host less its reserve; pids against the rental's share of
-    the host's ``pid_max``; disk against its largest quota (0 where it sets none). What an older agent does not
+    allows); None: they fit. CPU and memory against the host's size; pids against the rental's share of the
+    host's ``pid_max`` less its reserve; disk against its largest quota (0 where it sets none). What an older agent does not
     report bounds nothing."""
     cores, memory, pid_max = _number(facts.get("max_cpu_cores")), _number(facts.get("max_memory_mib")), _number(facts.get("pid_max"))
     host = HostSize(
@@ -82,8 +82,6 @@ def limits_exceed(facts: dict[str, Any], workload: dict[str, Any], *, fraction: 
     total = f"it has {has:g}" if isinstance(has, int | float) else "it allows no more"
     if name == "pids_limit":
         total = f"its pid_max is {has:g}; a rental of this size may run {most:g}"
-    elif has is not None and most < has:
-        total += f", {most:g} of them for rentals"
     elif name == "disk_gib":
         total = f"its largest disk quota is {most:g} GiB" if most else "it sets no disk quota"
     return f"{asked:g} {UNITS[name]} ({total})"
