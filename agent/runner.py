@@ -46,6 +46,7 @@ from agent.hostfacts import collect_host_facts
 from agent.logship import LogShipper
 from agent.netmeasure import measure, next_delay
 from agent.power import PowerPolicy
+from agent.runtimes.ceilings import CeilingPolicy, with_ceilings
 from agent.runtimes.containeropts import ContainerOptions, ProgressStage
 from agent.runtimes.isolation import HostIsolation, ProcessIsolation, isolation_facts
 from agent.runtimes.manager import WorkloadManager
@@ -197,6 +198,7 @@ class Agent:
         stop_workloads_on_close: bool = False,
         isolation: HostIsolation | None = None,
         container: ContainerOptions | None = None,
+        ceilings: CeilingPolicy | None = None,
         rng: random.Random | None = None,
         # Renters' streams (agent.tunnels): on the link, and per rental
         max_streams: int = 256,
@@ -238,7 +240,7 @@ class Agent:
         self.workloads = WorkloadManager(
             state.work_dir, backend, on_exit=self._workload_exited, on_progress=self._workload_progress,
             rental_users=self.isolation.users, isolation=self.isolation.facts,
-            container=replace(container or ContainerOptions(), owner=self.host_id),
+            container=replace(container or ContainerOptions(), owner=self.host_id), ceilings=ceilings,
         )
         self.stop_workloads_on_close = stop_workloads_on_close
         self._commands: asyncio.Queue[protocol.CommandBody] = asyncio.Queue(max_pending_commands)
@@ -327,7 +329,7 @@ class Agent:
             host=facts.to_wire(),
             gpus=[protocol.GpuInfoModel.model_validate(g.to_wire()) for g in self.backend.gpus()],
             running_rentals=self.workloads.running(),
-            isolation=self.isolation.facts,
+            isolation=with_ceilings(self.isolation.facts, self.workloads.ceilings),
         )
 
     # ---- sampling ---------------------------------------------------------------------
@@ -612,7 +614,7 @@ class Agent:
         self.logs.exited(rental_id)
         body = protocol.WorkloadExitedBody(
             rental_id=rental_id, exit_code=exit_code, at=datetime.now(UTC),
-            reason="exited" if exit_code is not None else "ended while the agent was not watching",
+            reason=self.workloads.exit_reason(rental_id) or ("exited" if exit_code is not None else "ended while the agent was not watching"),
         )
         await self._emit(*self.window.workload_exited(body))
 

@@ -8,6 +8,7 @@ import logging
 
 from agent.gpu import open_backend
 from agent.runner import Agent, AgentTimings
+from agent.runtimes.ceilings import CeilingPolicy
 from agent.runtimes.containeropts import ContainerOptions
 from agent.runtimes.isolation import HostIsolation, host_isolation, isolation_summary
 from agent.runtimes.netguard import EgressPolicy
@@ -51,6 +52,12 @@ def agent_from_settings(settings: AgentSettings, *, container_engine: str | None
         cluster_direct=settings.cluster_direct,
         isolation=isolation_from_settings(settings, container_engine=container_engine),
         container=container_options(settings),
+        ceilings=CeilingPolicy.detect(
+            state.work_dir, reserved_cpu_cores=settings.reserved_cpu_cores,
+            reserved_memory_mib=settings.reserved_memory_mib, reserved_pids=settings.reserved_pids,
+            reserved_disk_gib=settings.reserved_disk_gib, rental_disk_gib=settings.rental_disk_gib, disk_quota=settings.disk_quota,
+            container_pids_limit=settings.container_pids_limit, container_memory_mib=settings.container_memory_mib,
+        ),
         max_streams=settings.max_streams,
         max_streams_per_rental=settings.max_streams_per_rental,
         max_stream_buffer=settings.max_stream_buffer_mib << 20,

@@ -23,6 +23,13 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from shared.ceilings import (
+    DEFAULT_RENTAL_DISK_GIB,
+    DEFAULT_RESERVED_CPU_CORES,
+    DEFAULT_RESERVED_DISK_GIB,
+    DEFAULT_RESERVED_MEMORY_MIB,
+    DEFAULT_RESERVED_PIDS,
+)
 from shared.errors import ConfigError
 
 ENV_PREFIX = "GPUMARKET_"
@@ -317,12 +324,18 @@ class AgentSettings(ServiceSettings):
     docker_url: str | None = Field(None, description="Docker Engine API URL of the container engine (unix:///run/docker.sock, or Podman's compatible socket); unset: the engine's default socket.")
     allowed_images: list[str] = Field([], max_length=64, description='Images containers may run: registries ("registry.example.com/") or name patterns ("pytorch/*"); empty: any (JSON list in env).')
     max_image_mib: int | None = Field(None, ge=1, le=10_000_000, description="Largest image a container may run, MiB uncompressed; unset: no limit.")
-    container_pids_limit: int = Field(4096, ge=16, le=4_194_304, description="Processes one container may run at once (its pids limit).")
+    container_pids_limit: int = Field(4096, ge=16, le=4_194_304, description="Most processes a container gets when its rental names no pids_limit (less where its share of pid_max is less).")
     max_streams: int = Field(256, ge=1, le=65536, description="Renters' streams (SSH sessions, port connections) open at once on this agent's link.")
     max_streams_per_rental: int = Field(32, ge=1, le=4096, description="Renters' streams open at once to one rental; beyond it a new one is refused.")
     max_stream_buffer_mib: int = Field(64, ge=1, le=4096, description="MiB of renters' stream data this agent buffers unread at most (the streams' receive windows summed).")
-    container_memory_mib: int | None = Field(None, ge=16, le=64 << 20, description="Memory a container gets when its rental names none, MiB; unset: no limit.")
+    container_memory_mib: int | None = Field(None, ge=16, le=64 << 20, description="Most memory a container gets when its rental names none, MiB (less where its share of the host is less); unset: its share of the host.")
     container_shm_mib: int = Field(64, ge=1, le=1 << 20, description="Size of a container's /dev/shm, MiB, unless its rental asks for another.")
+    reserved_cpu_cores: float = Field(DEFAULT_RESERVED_CPU_CORES, ge=0, le=1024, description="CPU cores kept for the host itself: rentals share the rest (each gets its GPUs' share of it when it names no cpu_cores); at most half the host's.")
+    reserved_memory_mib: int = Field(DEFAULT_RESERVED_MEMORY_MIB, ge=0, le=1 << 24, description="Memory kept for the host itself, MiB: rentals share the rest (each its GPUs' share when it names no memory_mib); at most half the host's.")
+    reserved_pids: int = Field(DEFAULT_RESERVED_PIDS, ge=0, le=1 << 22, description="Process ids kept for the host itself out of /proc/sys/kernel/pid_max: each rental may run its GPUs' share of the rest (its default pids limit, and the most it may ask for).")
+    reserved_disk_gib: int = Field(DEFAULT_RESERVED_DISK_GIB, ge=0, le=1 << 20, description="Free disk kept for the host where the agent's data dir lies, GiB: no rental's disk quota reaches into it.")
+    rental_disk_gib: int = Field(DEFAULT_RENTAL_DISK_GIB, ge=1, le=1 << 16, description="Disk quota of a rental that names no disk_gib, GiB: its /workspace (or a process rental's home), and a container's writable layer.")
+    disk_quota: bool = Field(True, description="Give every rental a size-capped disk (a loop-mounted ext4 image, or the engine's --storage-opt size where its storage driver enforces it); needs root, mkfs.ext4 and loop devices. False: no disk quota, and a rental naming disk_gib is refused.")
     cluster_direct: bool = Field(True, description="Cluster members' tunnels go straight to other hosts where a WireGuard handshake completes, else through the relays; false: always through the relays (a host that accepts no inbound UDP).")
 
     @model_validator(mode="after")

@@ -14,6 +14,7 @@ import fcntl
 import os
 import secrets
 import shutil
+import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -258,6 +259,21 @@ async def api(master: Master) -> AsyncIterator[Api]:
 
 
 BROWSER_MODULES = ("tests/test_console_browser.py", "tests/test_console_layout.py", "tests/test_console_services.py")  # they hold the lock exclusively
+
+
+@pytest.fixture(autouse=True)
+def _rental_disks_unmounted(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A root agent mounts each rental's size-capped disk under its work dir until the rental is forgotten
+    (``agent.runtimes.diskquota``); what a test's ``tmp_path`` still holds mounted is unmounted after it."""
+    if "tmp_path" not in request.fixturenames or os.geteuid() != 0:
+        yield
+        return
+    root = str(request.getfixturevalue("tmp_path")) + "/"
+    yield
+    with open("/proc/self/mounts") as mounts:
+        mounted = [line.split()[1] for line in mounts if line.split()[1].startswith(root)]
+    for point in sorted(mounted, reverse=True):
+        subprocess.run(["umount", "-l", point], check=False, capture_output=True)
 
 
 @pytest.fixture(autouse=True)

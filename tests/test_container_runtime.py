@@ -92,6 +92,14 @@ async def until(predicate: Callable[[], Any], *, what: str) -> Any:
     return await eventually(check, timeout=WAIT, every=0.05, what=what)
 
 
+def workspace_kept(manager: WorkloadManager, rental_id: str) -> bool:
+    """Whether the rental's /workspace is still there: its size-capped disk (a root agent's), else its volume."""
+    disks = manager.containers.disks
+    if disks is not None:
+        return disks.image(rental_id).exists()
+    return exists("volumes", resource_name(rental_id, manager.containers.options.owner))
+
+
 def sh(script: str, **fields: Any) -> ContainerWorkload:
     return ContainerWorkload.model_validate({"image": fields.pop("image"), "command": ["sh", "-c", script], **fields})
 
@@ -148,9 +156,9 @@ class TestLifecycle:
         text = await log_text(manager, rental, containing="to-stderr")
         assert "to-stdout" in text and b"bytes:\xff\xfe\n" in manager.logs.path(rental).read_bytes()  # not UTF-8: kept as written
         await until(lambda: not exists("containers", name), what="the container removed")
-        assert not exists("networks", name) and exists("volumes", name) and manager.running() == []
+        assert not exists("networks", name) and workspace_kept(manager, rental) and manager.running() == []
         await manager.forget(rental)
-        assert not exists("volumes", name)
+        assert not workspace_kept(manager, rental)
 
     async def test_stop_removes_the_container(self, managers: Managers, gpus: list[str], docker_image: str) -> None:
         """A stop says why in the log, ends the container (SIGTERM through its init) and removes it; no exit is reported."""
@@ -164,7 +172,7 @@ class TestLifecycle:
         host = info["HostConfig"]  # as the engine holds it: nothing of the host, no privileges
         assert not host["Binds"] and not host["PortBindings"] and not host["Privileged"] and host["CapDrop"] == ["ALL"]
         assert host["SecurityOpt"] == ["no-new-privileges"] and host["PidsLimit"] == 4096 and host["Init"]
-        assert [m["Type"] for m in info["Mounts"]] == ["volume"] and info["Config"]["User"] == "1000:1000"
+        assert [m["Destination"] for m in info["Mounts"]] == ["/workspace"] and info["Config"]["User"] == "1000:1000"
         assert info["Config"]["Labels"][RENTAL_LABEL] == rental
         assert (await manager.start(rental, [gpus[0]], sh("true", image=docker_image)))["already_running"]
         stopped = await manager.stop(rental, timeout=1, reason="renter asked")
@@ -201,7 +209,7 @@ class TestLifecycle:
         assert await exits.wait_for(rental) == 0
         assert "kept" in await log_text(manager, rental, containing="kept")
         await manager.forget(rental)
-        assert not exists("volumes", resource_name(rental, manager.containers.options.owner))
+        assert not workspace_kept(manager, rental)
 
     async def test_facts_name_the_engine_and_the_network_guard(self, managers: Managers) -> None:
         """What the host's hello can say: the engine's name and version, the guard on (root, iptables)."""
@@ -392,7 +400,7 @@ class TestRestart:
         await until(lambda: not exists("containers", resource_name("ghost", owner)), what="the ghost removed")
         await until(lambda: not exists("networks", resource_name("ghost-net", owner)), what="the ghost network removed")
         await until(lambda: not exists("volumes", resource_name("ghost-vol", owner)), what="the ghost volume removed")
-        assert exists("volumes", resource_name(keeps, owner))  # a rental's own stays
+        assert workspace_kept(second, keeps)  # a rental's own stays
         assert (await second.stop(keeps, timeout=1))["exit_code"] == -15 and inspect(resource_name(keeps, owner)) is None
 
 

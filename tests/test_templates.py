@@ -354,9 +354,9 @@ class TestPlacementByIsolation:
         assert "8 CPU cores (it has 4)" in body["message"]
         status, body = await rent(api, offer_id=f"{small}:{RTX}", workload={**CONTAINER, "memory_mib": 16384})
         assert_error(status, body, 422, "limits_exceed_host")
-        status, body = await rent(api, workload={**CONTAINER, "memory_mib": 16384})
-        assert_error(status, body, 409, "insufficient_capacity")
-        assert "smaller than the workload's CPU or memory limits" in body["message"]
+        status, body = await rent(api, workload={**CONTAINER, "memory_mib": 16384})  # no host could: the field and the most
+        assert_error(status, body, 422, "limits_exceed_host")
+        assert body["details"]["problems"][0]["field"] == "workload.memory_mib" and "at most" in body["details"]["problems"][0]["problem"]
         status, body = await rent(api, offer_id=f"{small}:{RTX}", workload={**CONTAINER, "cpu_cores": 4, "memory_mib": 8192})
         assert status == 201, body
 

@@ -471,7 +471,7 @@ class TestCgroupLimits:
         else:
             for controller in ("cpu", "memory"):
                 assert any(controller in line.split(":")[1].split(",") and line.endswith(suffix) for line in lines), seen
-            cpu_group, memory_group = groups[0], groups[-1]
+            cpu_group, memory_group = groups[0], groups[1]  # then the pids group, where that hierarchy is mounted
             assert (cpu_group / "cpu.cfs_quota_us").read_text().strip() == "150000"
             assert (cpu_group / "cpu.cfs_period_us").read_text().strip() == "100000"
             assert (memory_group / "memory.limit_in_bytes").read_text().strip() == str(256 * MIB)
@@ -500,13 +500,13 @@ class TestCgroupLimits:
         assert process_start_time(escaped) is None
 
     async def test_limits_without_cgroup_support_are_reported_unavailable(self, managers: Managers, gpus: list[str], prefix: str) -> None:
-        """Without cgroups the workload still runs, and the start result says its limits are unavailable and why."""
+        """Without cgroups the workload still runs, and the start result says its limits (its share of the host, when it names none) are unavailable and why."""
         manager = managers(cgroups=NoCgroupLimiter(CgroupSupport("none", "no cgroups in this test")))
         limited = await manager.start(f"{prefix}-limited", [gpus[0]], ProcessWorkload(argv=["sleep", "60"], cpu_cores=2.0, memory_mib=4096))
         assert limited["limits"] == "unavailable" and limited["limits_reason"] == "no cgroups in this test"
         assert process_start_time(limited["pid"]) is not None
-        unlimited = await manager.start(f"{prefix}-unlimited", [gpus[1]], SLEEP)
-        assert unlimited["limits"] == "none requested" and "limits_reason" not in unlimited
+        unnamed = await manager.start(f"{prefix}-unnamed", [gpus[1]], SLEEP)
+        assert unnamed["limits"] == "unavailable" and unnamed["pids_limit"] is not None and unnamed["memory_mib"] is not None
 
     def test_detection_explains_itself_and_creates_nothing(self) -> None:
         """Detection names what it chose (or why nothing works) and leaves the cgroup tree as it was."""

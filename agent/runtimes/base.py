@@ -39,15 +39,6 @@ def host_capacity() -> tuple[float, int]:
     return float(os.cpu_count() or 1), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)
 
 
-def check_host_limits(cpu_cores: float | None, memory_mib: int | None, *, capacity: tuple[float, int] | None = None) -> None:
-    """Refuse limits above what this host has (``limits_exceed_host``): a quota it cannot give is a promise broken."""
-    cores, memory = capacity or host_capacity()
-    if cpu_cores is not None and cpu_cores > cores:
-        raise BadRequest(f"the workload asks for {cpu_cores:g} CPU cores, but this host has {cores:g}; ask for fewer", code="limits_exceed_host")
-    if memory_mib is not None and memory_mib > memory:
-        raise BadRequest(f"the workload asks for {memory_mib} MiB of memory, but this host has {memory}; ask for less", code="limits_exceed_host")
-
-
 def check_rental_id(rental_id: str) -> None:
     # The id names a folder, a cgroup, a unit and a container: keep it to safe characters.
     if not isinstance(rental_id, str) or not _RENTAL_ID_RE.match(rental_id):
@@ -83,6 +74,7 @@ class Workload:
     placement: Placement = field(default_factory=Placement)
     container: tuple[str, str] | None = None  # (engine's container id, container name)
     share: GpuShare | None = None  # a fraction of its one GPU; None: its GPUs whole
+    disk_gib: int | None = None  # its disk quota (a container's writable layer is watched against it)
     handle: WorkloadHandle | None = None
     watcher: asyncio.Task[None] | None = None
     stop_task: asyncio.Task[dict[str, Any]] | None = None
@@ -99,6 +91,7 @@ class Workload:
             "systemd_unit": self.placement.unit,
             "container": None if self.container is None else {"id": self.container[0], "name": self.container[1]},
             "share": None if self.share is None else self.share.model_dump(),
+            "disk_gib": self.disk_gib,
         }
 
     @classmethod
@@ -128,6 +121,7 @@ class Workload:
             placement=Placement(cgroup_dirs=tuple(Path(d) for d in record.get("cgroup_dirs") or ()), unit=record.get("systemd_unit")),
             container=None if not container else (str(container.get("id") or ""), str(container["name"])),
             share=share,
+            disk_gib=record.get("disk_gib") if isinstance(record.get("disk_gib"), int) else None,
         )
 
 

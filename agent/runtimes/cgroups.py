@@ -1,4 +1,4 @@
-"""CPU and memory limits through cgroups: detecting what the host allows, and one limiter per way.
+"""CPU, memory and pids limits through cgroups: detecting what the host allows, and one limiter per way.
 
 ``detect_cgroup_support`` picks, in order of preference, cgroup v2, cgroup v1, transient
 systemd scopes, or nothing (saying why); ``cgroup_limiter`` returns the matching
@@ -33,14 +33,15 @@ _SLICE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 @dataclass(frozen=True, slots=True)
 class ResourceLimits:
-    """CPU and memory a workload may use; ``None`` is unlimited."""
+    """CPU, memory and processes (``pids``: tasks, threads included) a workload may use; ``None`` is unlimited."""
 
     cpu_cores: float | None = None
     memory_mib: int | None = None
+    pids: int | None = None
 
     @property
     def requested(self) -> bool:
-        return self.cpu_cores is not None or self.memory_mib is not None
+        return self.cpu_cores is not None or self.memory_mib is not None or self.pids is not None
 
     @property
     def cpu_quota_us(self) -> int | None:
@@ -61,7 +62,7 @@ class CgroupSupport:
     """How this host lets the agent limit a workload's CPU and memory, decided at start-up.
 
     ``slices``: where rental cgroups go — one folder for cgroup2, the cpu and the memory
-    folder for cgroup1. ``reason`` is for people: what was chosen, or why nothing could be.
+    folder for cgroup1, and its pids folder where that hierarchy is mounted. ``reason`` is for people: what was chosen, or why nothing could be.
     """
 
     mode: CgroupMode
@@ -184,7 +185,7 @@ def _detect_cgroup2(mounts: list[_Mount], own: dict[str, str], slice_name: str, 
         problem = _cgroup2_parent_problem(parent)
         if problem is None:
             slice_dir = parent / slice_name
-            return CgroupSupport("cgroup2", f"cgroup v2: a cgroup per workload under {slice_dir} (cpu.max, memory.max)", slices=(slice_dir,))
+            return CgroupSupport("cgroup2", f"cgroup v2: a cgroup per workload under {slice_dir} (cpu.max, memory.max, pids.max)", slices=(slice_dir,))
         reasons.append(problem)
     return None
 
@@ -206,9 +207,15 @@ def _detect_cgroup1(mounts: list[_Mount], own: dict[str, str], slice_name: str, 
             reasons.append(f"cgroup v1 {controller} group {own_dir} is not writable by uid {os.geteuid()}")
             return None
         slices.append(own_dir / slice_name)
+    pids = next((m for m in mounts if m.fstype == "cgroup" and "pids" in m.options), None)
+    pids_dir = None if pids is None else _visible_dir(pids, own.get("pids"))
+    pids_note = " (no pids hierarchy: processes unlimited)"
+    if pids_dir is not None and os.access(pids_dir, os.W_OK):
+        slices.append(pids_dir / slice_name)
+        pids_note = f" and {slices[2]} (pids.max)"
     return CgroupSupport(
         "cgroup1",
-        f"cgroup v1: a cgroup per workload under {slices[0]} (cpu.cfs_quota_us) and {slices[1]} (memory.limit_in_bytes)",
+        f"cgroup v1: a cgroup per workload under {slices[0]} (cpu.cfs_quota_us), {slices[1]} (memory.limit_in_bytes){pids_note}",
         slices=tuple(slices),
     )
 
@@ -275,7 +282,8 @@ def _write(path: Path, value: str) -> None:
 
 def _enable_controllers(folder: Path) -> None:
     control = folder / "cgroup.subtree_control"
-    missing = [c for c in ("cpu", "memory") if c not in control.read_text().split()]
+    offered = set((folder / "cgroup.controllers").read_text().split())
+    missing = [c for c in ("cpu", "memory", "pids") if c in offered and c not in control.read_text().split()]
     if missing:
         _write(control, " ".join(f"+{c}" for c in missing))
 
@@ -329,7 +337,7 @@ class CgroupFsLimiter:
     def create(self, rental_id: str, limits: ResourceLimits) -> Placement:
         name = f"rental-{rental_id}"
         made: list[Path] = []
-        quota, memory = limits.cpu_quota_us, limits.memory_bytes
+        quota, memory, pids = limits.cpu_quota_us, limits.memory_bytes, limits.pids
         try:
             if self._support.mode == "cgroup2":
                 (slice_dir,) = self._support.slices
@@ -342,14 +350,19 @@ class CgroupFsLimiter:
                 # Written even when unlimited: a reused cgroup must not keep an older rental's limits.
                 _write(group / "cpu.max", f"{quota or 'max'} {_CPU_PERIOD_US}")
                 _write(group / "memory.max", str(memory or "max"))
+                if (group / "pids.max").exists():
+                    _write(group / "pids.max", str(pids or "max"))
             else:
-                cpu_slice, memory_slice = self._support.slices
-                for folder in dict.fromkeys((cpu_slice, memory_slice, cpu_slice / name, memory_slice / name)):
+                cpu_slice, memory_slice, *pids_slice = self._support.slices
+                slices = (cpu_slice, memory_slice, *pids_slice)
+                for folder in dict.fromkeys((*slices, *(s / name for s in slices))):
                     folder.mkdir(exist_ok=True)
-                made.extend(dict.fromkeys((cpu_slice / name, memory_slice / name)))
+                made.extend(dict.fromkeys(s / name for s in slices))
                 _write(cpu_slice / name / "cpu.cfs_period_us", str(_CPU_PERIOD_US))
                 _write(cpu_slice / name / "cpu.cfs_quota_us", str(quota or -1))
                 _write(memory_slice / name / "memory.limit_in_bytes", str(memory or -1))
+                for pids_dir in pids_slice:
+                    _write(pids_dir / name / "pids.max", str(pids or "max"))
         except OSError as exc:
             remove_cgroups(made)
             return Placement(error=f"cannot set up the rental's cgroup: {exc.strerror or exc} ({exc.filename})")
@@ -386,6 +399,8 @@ class SystemdScopeLimiter:
             prefix += ["-p", f"CPUQuota={round(limits.cpu_cores * 100)}%"]
         if limits.memory_mib is not None:
             prefix += ["-p", f"MemoryMax={limits.memory_mib}M"]
+        if limits.pids is not None:
+            prefix += ["-p", f"TasksMax={limits.pids}"]
         return Placement(argv_prefix=(*prefix, "--"), unit=f"{unit}.scope")
 
     def attach(self, placement: Placement, pid: int) -> None:

@@ -55,6 +55,7 @@ import aiohttp
 from aiodocker.exceptions import DockerError
 
 from agent.runtimes.base import Workload
+from agent.runtimes.ceilings import DiskQuota
 from agent.runtimes.containerlogs import ContainerHandle
 from agent.runtimes.containeropts import (
     DEFAULT_SOCKET,
@@ -71,9 +72,11 @@ from agent.runtimes.containeropts import (
     bridge_name,
     resource_name,
 )
+from agent.runtimes.diskquota import LoopDisks
 from agent.runtimes.netguard import NetGuardStatus, install_guard
 from agent.runtimes.netns import NamespaceUnavailable, connect_in_namespace
 from agent.runtimes.process import share_environment
+from shared.ceilings import Ceilings
 from shared.errors import BadRequest
 from shared.imageref import ImageReference, image_allowed, parse_image_reference
 from shared.protocol import ContainerWorkload, GpuShare
@@ -102,6 +105,8 @@ class ContainerRuntime:
         self._followers: set[asyncio.Task[None]] = set()
         self._network_lock: asyncio.Lock | None = None
         self._taken_subnets: set[ipaddress.IPv4Network] = set()
+        self.disks: LoopDisks | None = None  # size-capped /workspace filesystems (the manager's ceiling policy)
+        self.disk_quota: DiskQuota = "none"  # how a rental's writable layer is bounded: "storage_opt" (the engine), "loop" (watched)
 
     # ---- the engine ---------------------------------------------------------------------
 
@@ -148,6 +153,42 @@ class ContainerRuntime:
         guard = self.network_guard or NetGuardStatus(False, "isolate_network is off: rentals share the engine's default bridge")
         name = "podman" if "podman" in json.dumps(version.get("Components") or []).lower() else "docker"
         return ContainerFacts(f"{name} {version.get('Version', '?')}", "", guard)
+
+    async def storage_opt_supported(self) -> bool:
+        """Whether the engine enforces ``--storage-opt size`` on a container's writable layer: its storage driver is
+        btrfs, zfs or devicemapper, or overlay2 on xfs — proven there by creating (not starting) a container with
+        one from a local image, as project quotas need the ``pquota`` mount option. Never raises."""
+        try:
+            async with asyncio.timeout(self.options.engine_timeout):
+                info = await self.docker().system.info()
+                driver = str(info.get("Driver") or "")
+                backing = dict((str(k), str(v)) for k, v in info.get("DriverStatus") or () if isinstance(k, str))
+                if driver in ("btrfs", "zfs", "devicemapper"):
+                    return True
+                if driver != "overlay2" or backing.get("Backing Filesystem") != "xfs":
+                    return False
+                images = await self.docker().images.list()
+                if not images:
+                    return False
+                probe = await self.docker().containers.create(
+                    {"Image": images[0]["Id"], "HostConfig": {"StorageOpt": {"size": "1G"}}}, name=f"gpumarket-probe-{os.getpid()}"
+                )
+                await probe.delete(force=True)
+                return True
+        except (ValueError, KeyError, TypeError, *ENGINE_ERRORS):
+            return False
+
+    async def writable_layer_bytes(self, workload: Workload) -> int | None:
+        """What the rental's container has written outside its mounts (the engine's ``SizeRw``); None: unknown."""
+        if workload.container is None:
+            return None
+        try:
+            async with asyncio.timeout(self.options.engine_timeout):
+                info = await self.docker()._query_json(f"containers/{workload.container[0]}/json", params={"size": "1"})
+        except (ValueError, *ENGINE_ERRORS):
+            return None
+        size = info.get("SizeRw") if isinstance(info, dict) else None
+        return size if isinstance(size, int) else None
 
     async def _ping(self) -> None:
         async with self.docker()._query("_ping", method="GET", versioned_api=False) as response:
@@ -265,12 +306,19 @@ class ContainerRuntime:
 
     # ---- start ---------------------------------------------------------------------------
 
-    async def start(self, workload: Workload, spec: ContainerWorkload, image: PreparedImage, share: GpuShare | None) -> dict[str, Any]:
-        """Make the rental's network, volume and container and start it; fills in ``workload.container``.
+    async def start(
+        self, workload: Workload, spec: ContainerWorkload, image: PreparedImage, share: GpuShare | None, ceilings: Ceilings | None = None
+    ) -> dict[str, Any]:
+        """Make the rental's network, volume (or its size-capped disk) and container and start it, within
+        ``ceilings`` (default: the options' defaults); fills in ``workload.container``.
 
         All or nothing: on any failure (or cancellation) the container and network made
-        here are removed (the volume stays, like a stopped rental's, until forgotten).
+        here are removed (the volume or disk stays, like a stopped rental's, until forgotten).
         """
+        ceilings = ceilings or Ceilings(
+            cpu_cores=self.options.default_cpu_cores or float(os.cpu_count() or 1), memory_mib=self.options.default_memory_mib or 0,
+            pids_limit=self.options.default_pids_limit, disk_gib=None,
+        )
         rental_id, owner = workload.rental_id, self.options.owner
         name = resource_name(rental_id, owner)
         labels = {RENTAL_LABEL: rental_id, OWNER_LABEL: owner}
@@ -284,14 +332,22 @@ class ContainerRuntime:
             if not self.network_guard.active:
                 log.warning("container network guard is off: %s", self.network_guard.reason)
         user = image.user or self.options.user
-        config = self.container_config(rental_id, workload.gpu_uuids, spec, image, share, user=user, name=name, labels=labels)
+        disk = None
+        if ceilings.disk_gib is not None and self.disks is not None:
+            uid, _, gid = user.partition(":")
+            disk_owner = (int(uid), int(gid or uid)) if uid.isdigit() and (not gid or gid.isdigit()) else (0, 0)  # a name: chowned below
+            disk = await asyncio.to_thread(self.disks.ensure, rental_id, ceilings.disk_gib, owner=disk_owner)
+        config = self.container_config(
+            rental_id, workload.gpu_uuids, spec, image, share, user=user, name=name, labels=labels, ceilings=ceilings, disk=disk
+        )
         docker = self.docker()
         try:
             async with asyncio.timeout(self.options.engine_timeout * 4):
                 await self._remove_container(name)  # a leftover of a start that failed half-way
                 if self.options.isolate_network:
                     await self._network(rental_id, name, labels)
-                await self._volume(name, labels)
+                if disk is None:
+                    await self._volume(name, labels)
                 container = await docker.containers.create(config, name=name)
                 workload.container = (container.id, name)
                 # /workspace belongs to the container's user: the engine chowns the tar's one dir entry to it.
@@ -306,10 +362,9 @@ class ContainerRuntime:
                 raise self.unavailable(exc) from None
             raise
         limits = {
-            "cpu_cores": spec.cpu_cores if spec.cpu_cores is not None else self.options.default_cpu_cores,
-            "memory_mib": spec.memory_mib if spec.memory_mib is not None else self.options.default_memory_mib,
-            "pids_limit": spec.pids_limit or self.options.default_pids_limit,
-            "shm_mib": spec.shm_mib or self.options.default_shm_mib,
+            "cpu_cores": ceilings.cpu_cores, "memory_mib": ceilings.memory_mib or None, "pids_limit": ceilings.pids_limit,
+            "shm_mib": spec.shm_mib or self.options.default_shm_mib, "disk_gib": ceilings.disk_gib,
+            "disk_quota": self.disk_quota if ceilings.disk_gib is not None else "none",
         }
         return {
             "kind": "container", "pid": None, "container": name, "container_id": container.id[:12], "image": spec.image,
@@ -321,8 +376,11 @@ class ContainerRuntime:
 
     def container_config(
         self, rental_id: str, gpus: list[str], spec: ContainerWorkload, image: PreparedImage, share: GpuShare | None,
-        *, user: str, name: str, labels: dict[str, str],
+        *, user: str, name: str, labels: dict[str, str], ceilings: Ceilings | None = None, disk: Path | None = None,
     ) -> dict[str, Any]:
+        """The engine's create body: ``ceilings`` (default: the options' defaults) become its memory, CPU, pids
+        and (where the engine enforces it) writable-layer limits; ``disk`` (a mounted size-capped filesystem) is
+        bind-mounted at ``/workspace`` instead of the rental's named volume."""
         options = self.options
         visible = ",".join(gpus)
         env = dict(spec.env)
@@ -336,19 +394,28 @@ class ContainerRuntime:
         )
         if share is not None:
             env.update(share_environment(share))
-        memory_mib = spec.memory_mib if spec.memory_mib is not None else options.default_memory_mib
-        cpu_cores = spec.cpu_cores if spec.cpu_cores is not None else options.default_cpu_cores
+        if ceilings is not None:
+            memory_mib: int | None = ceilings.memory_mib or None
+            cpu_cores: float | None = ceilings.cpu_cores
+            pids_limit = ceilings.pids_limit
+        else:
+            memory_mib = spec.memory_mib if spec.memory_mib is not None else options.default_memory_mib
+            cpu_cores = spec.cpu_cores if spec.cpu_cores is not None else options.default_cpu_cores
+            pids_limit = spec.pids_limit or options.default_pids_limit
+        mount: dict[str, Any] = {"Type": "volume", "Source": name, "Target": WORKSPACE}
+        if disk is not None:
+            mount = {"Type": "bind", "Source": str(disk), "Target": WORKSPACE, "BindOptions": {"Propagation": "rprivate"}}
         host: dict[str, Any] = {
             "CapDrop": ["ALL"],
             "SecurityOpt": ["no-new-privileges"],
             "Privileged": False,
             "ReadonlyRootfs": False,
             "Init": True,
-            "PidsLimit": spec.pids_limit or options.default_pids_limit,
+            "PidsLimit": pids_limit,
             "ShmSize": (spec.shm_mib or options.default_shm_mib) << 20,
             "IpcMode": "private",
             "NetworkMode": name if options.isolate_network else "bridge",
-            "Mounts": [{"Type": "volume", "Source": name, "Target": WORKSPACE}],
+            "Mounts": [mount],
             "RestartPolicy": {"Name": "no"},
             "LogConfig": {"Type": "local", "Config": {"max-size": f"{options.log_max_mib}m", "max-file": "2", "compress": "false"}},
             "PublishAllPorts": False,
@@ -357,6 +424,8 @@ class ContainerRuntime:
             host["Memory"] = host["MemorySwap"] = memory_mib << 20
         if cpu_cores is not None:
             host["NanoCpus"] = int(cpu_cores * 1e9)
+        if ceilings is not None and ceilings.disk_gib is not None and self.disk_quota == "storage_opt":
+            host["StorageOpt"] = {"size": f"{ceilings.disk_gib}G"}
         if self.device_requests and gpus:
             host["DeviceRequests"] = [{"Driver": "nvidia", "DeviceIDs": list(gpus), "Capabilities": [["gpu"]]}]
         config: dict[str, Any] = {
@@ -490,8 +559,10 @@ class ContainerRuntime:
                 raise
 
     async def forget_volume(self, rental_id: str) -> None:
-        """Remove the rental's ``/workspace`` volume (the rental is deleted); best effort."""
+        """Remove the rental's ``/workspace`` volume or size-capped disk (the rental is deleted); best effort."""
         name = resource_name(rental_id, self.options.owner)
+        if self.disks is not None:
+            await asyncio.to_thread(self.disks.release, rental_id)
         try:
             async with asyncio.timeout(self.options.engine_timeout):
                 await self.docker()._query_json(f"volumes/{name}", method="DELETE", params={"force": "1"})
@@ -504,6 +575,9 @@ class ContainerRuntime:
     async def workspace_path(self, rental_id: str) -> Path | None:
         """Where the rental's ``/workspace`` volume lies on this host (its ``Mountpoint``), also after its
         container ended, until ``forget_volume``; ``None`` when it has none. Raises ``BadRequest`` without an engine."""
+        if self.disks is not None and self.disks.image(rental_id).exists():
+            # Its own filesystem: mounted again if a reboot (or an unmount) took it away meanwhile.
+            return await asyncio.to_thread(self.disks.ensure, rental_id, 1, owner=(0, 0))
         name = resource_name(rental_id, self.options.owner)
         volume = await self._engine_read(self.docker()._query_json(f"volumes/{name}"))
         if volume is None:

@@ -22,7 +22,13 @@ its registry owns (a volume only once its rental's folder is gone too). ``close(
 workloads running unless ``stop_workloads=True``.
 
 Containers' volumes: ``stop`` (or an exit) removes a container and its network; the
-rental's ``/workspace`` volume stays until ``forget`` (the rental is deleted).
+rental's ``/workspace`` volume (or its size-capped disk) stays until ``forget`` (the rental is deleted).
+
+Ceilings (``agent.runtimes.ceilings``): every process and container runs within memory, CPU, pids
+and disk limits, the ones its rental named (refused with ``limits_exceed_host`` when the host cannot
+give them) or its share of the host. Where the engine does not bound a container's writable layer,
+its watcher reads the layer's size every ``disk_check_interval`` and stops a container over its
+rental's disk quota (exit reason ``disk_quota_exceeded``, the renter's doing).
 
 Logging: start, stop and exit at INFO; a degraded isolation or log cap at WARNING.
 """
@@ -46,10 +52,10 @@ from agent.runtimes.base import (
     Runtime,
     Workload,
     WorkloadKind,
-    check_host_limits,
     check_rental_id,
     now_iso,
 )
+from agent.runtimes.ceilings import CeilingPolicy
 from agent.runtimes.cgroups import (
     CgroupLimiter,
     CgroupSupport,
@@ -68,6 +74,7 @@ from agent.runtimes.pids import ProcessHandle, group_alive, killpg, process_star
 from agent.runtimes.process import ProcessRuntime
 from agent.runtimes.registry import Registry
 from agent.runtimes.users import RentalUsers
+from shared.ceilings import Ceilings
 from shared.errors import BadRequest, ConfigError, Conflict
 from shared.protocol import (
     MILLI_PER_GPU,
@@ -75,6 +82,7 @@ from shared.protocol import (
     GpuShare,
     HoldWorkload,
     IsolationFacts,
+    ProcessWorkload,
     WorkloadSpec,
 )
 
@@ -108,10 +116,12 @@ class WorkloadManager:
         isolation: IsolationFacts | None = None,
         container: ContainerOptions | None = None,
         on_progress: ProgressCallback | None = None,
+        ceilings: CeilingPolicy | None = None,
         # Timeouts
         stop_timeout: float = 10.0,
         kill_timeout: float = 5.0,
         check_interval: float = 1.0,
+        disk_check_interval: float = 30.0,
         # Limits
         max_log_bytes: int = 64 << 20,
         max_read_bytes: int = 1 << 20,
@@ -120,6 +130,7 @@ class WorkloadManager:
             ("stop_timeout", stop_timeout, 0.0, 3600.0),
             ("kill_timeout", kill_timeout, 0.01, 600.0),
             ("check_interval", check_interval, 0.001, 60.0),
+            ("disk_check_interval", disk_check_interval, 0.01, 3600.0),
             ("max_log_bytes", max_log_bytes, 16 << 10, 1 << 40),
             ("max_read_bytes", max_read_bytes, 1, 64 << 20),
         ):
@@ -132,6 +143,8 @@ class WorkloadManager:
         self.stop_timeout = stop_timeout
         self.kill_timeout = kill_timeout
         self.check_interval = check_interval
+        self.disk_check_interval = disk_check_interval
+        self._exit_reasons: dict[str, str] = {}  # why the agent ended a workload it stopped on its own (disk_quota_exceeded)
         self.max_log_bytes = max_log_bytes
         self.max_read_bytes = max_read_bytes
         self._workloads: dict[str, Workload] = {}
@@ -154,6 +167,13 @@ class WorkloadManager:
             work_dir, container or ContainerOptions(), device_requests=backend.name == "nvml", on_progress=on_progress
         )
         work_dir.mkdir(parents=True, exist_ok=True)
+        self.ceilings = ceilings or CeilingPolicy.detect(
+            work_dir, container_pids_limit=None if container is None else container.default_pids_limit,
+            container_memory_mib=None if container is None else container.default_memory_mib,
+        )
+        self._storage_opt_asked = False
+        self.processes.disks = self.containers.disks = self.ceilings.disks
+        self.containers.disk_quota = self.ceilings.disk_quota
         self._load_registry()
 
     @property
@@ -175,7 +195,22 @@ class WorkloadManager:
     async def container_facts(self) -> ContainerFacts | None:
         """The container engine's version and the network guard's state, for the host's hello
         (``None``: this manager runs no containers). Installs the guard when it can."""
-        return None if self.container_options is None else await self.containers.facts()
+        if self.container_options is None:
+            return None
+        facts = await self.containers.facts()
+        if facts.engine is not None and not self._storage_opt_asked:
+            self._storage_opt_asked = True
+            self.ceilings = self.ceilings.with_storage_opt(await self.containers.storage_opt_supported())
+            self.containers.disk_quota = self.ceilings.disk_quota
+        return facts
+
+    def exit_reason(self, rental_id: str) -> str | None:
+        """Why the agent itself ended the rental's workload (``disk_quota_exceeded: ...``); None: it ended on its own."""
+        return self._exit_reasons.get(rental_id)
+
+    def _ceilings_of(self, spec: ContainerWorkload | ProcessWorkload, gpus: Sequence[str], share: GpuShare | None) -> Ceilings:
+        """The workload's ceilings from what it named and its share of this host; ``limits_exceed_host`` when too large."""
+        return self.ceilings.resolve(spec, self.ceilings.fraction(gpus, share, self.backend.gpus()))
 
     def workload(self, rental_id: str) -> Workload | None:
         """The rental's workload while it runs here (``None`` once it ended or before it started)."""
@@ -245,12 +280,10 @@ class WorkloadManager:
         if existing is not None:
             return self._already_running(existing)
         gpus = self._check_gpus(gpu_uuids, share)
-        if not isinstance(spec, HoldWorkload):
-            check_host_limits(spec.cpu_cores, spec.memory_mib)
         if isinstance(spec, HoldWorkload):
             workload, result = self.holds.start(rental_id, gpus, spec, share)
         else:
-            workload, result = self.processes.start(rental_id, gpus, spec, share)
+            workload, result = self.processes.start(rental_id, gpus, spec, share, self._ceilings_of(spec, gpus, share))
         workload.share = share
         self._workloads[rental_id] = workload
         if workload.pid is not None:
@@ -285,8 +318,8 @@ class WorkloadManager:
         if existing is not None:
             return self._already_running(existing)
         gpus = self._check_gpus(gpu_uuids, share)
-        check_host_limits(spec.cpu_cores, spec.memory_mib)
-        workload = Workload(rental_id, "container", gpus, now_iso(), share=share)
+        ceilings = self._ceilings_of(spec, gpus, share)
+        workload = Workload(rental_id, "container", gpus, now_iso(), share=share, disk_gib=ceilings.disk_gib)
         self._pending[rental_id] = workload  # its GPUs are taken while the image comes and the container starts
         pull = self._own(self.containers.prepare(rental_id, spec), name=f"workload-{rental_id}-image")
         self._pulls[rental_id] = pull
@@ -302,7 +335,7 @@ class WorkloadManager:
             finally:
                 self._pulls.pop(rental_id, None)
             self._check_open()
-            result = await self.containers.start(workload, spec, image, share)
+            result = await self.containers.start(workload, spec, image, share, ceilings)
         finally:
             self._pending.pop(rental_id, None)
         self._workloads[rental_id] = workload
@@ -399,8 +432,14 @@ class WorkloadManager:
     async def _watch(self, workload: Workload) -> None:
         handle = workload.handle
         assert handle is not None
+        loop = asyncio.get_running_loop()
+        next_disk_check = loop.time() + self.disk_check_interval
         while not await handle.wait(self.check_interval):
             self.logs.cap(workload.rental_id)
+            if workload.kind == "container" and workload.disk_gib is not None and self.containers.disk_quota == "loop":
+                if loop.time() >= next_disk_check:
+                    await self._check_writable_layer(workload)
+                    next_disk_check = loop.time() + self.disk_check_interval
         # The main process ended on its own: the workload is over. (stop() cancels this task first.)
         self._workloads.pop(workload.rental_id, None)
         self._unreported[workload.rental_id] = handle.returncode
@@ -410,6 +449,18 @@ class WorkloadManager:
         await self._clean_up(workload)
         self.logs.cap(workload.rental_id)
         await self._report_exit(workload.rental_id)
+
+    async def _check_writable_layer(self, workload: Workload) -> None:
+        """Stop a container whose writable layer outgrew its rental's disk quota (the engine does not bound it here)."""
+        written = await self.containers.writable_layer_bytes(workload)
+        quota = (workload.disk_gib or 0) << 30
+        if written is None or written <= quota:
+            return
+        why = f"disk_quota_exceeded: the container wrote {written / (1 << 30):.1f} GiB outside /workspace, over its {workload.disk_gib} GiB quota"
+        self._exit_reasons[workload.rental_id] = why
+        self.logs.append(workload.rental_id, f"gpumarket: stopping ({why})")
+        log.info("rental %s: %s", workload.rental_id, why)
+        await self.containers.stop(workload, 0)
 
     def _owns(self, rental_id: str) -> bool:
         """Whether a container, network or volume of ``rental_id`` belongs to a workload of ours (running or starting)."""
@@ -426,6 +477,7 @@ class WorkloadManager:
                 log.exception("on_exit(%s, %s) failed; the exit is not reported again", rental_id, exit_code)
         # Cancelled above (close()): the exit stays recorded and the next manager reports it.
         self._unreported.pop(rental_id, None)
+        self._exit_reasons.pop(rental_id, None)
         self._save_registry()
 
     async def _clean_up(self, workload: Workload, *, kill_group: bool = True) -> None:

@@ -33,6 +33,7 @@ from typing import Any, Final
 
 from agent.runtimes.base import Workload, now_iso
 from agent.runtimes.cgroups import CgroupLimiter, Placement, ResourceLimits, remove_cgroups
+from agent.runtimes.diskquota import LoopDisks
 from agent.runtimes.isolation import ProcessIsolation, check_workload_allowed, isolation_facts
 from agent.runtimes.logs import LOG_NAME
 from agent.runtimes.pids import proc_stat
@@ -47,6 +48,7 @@ from agent.runtimes.users import (
     resolve_program_for,
     running_uids,
 )
+from shared.ceilings import Ceilings
 from shared.errors import BadRequest, ConfigError
 from shared.protocol import MILLI_PER_GPU, GpuShare, IsolationFacts, ProcessWorkload
 
@@ -76,8 +78,11 @@ _SHIM_WAIT: Final = (
 )
 
 
-def limits_of(spec: ProcessWorkload) -> ResourceLimits:
-    return ResourceLimits(cpu_cores=spec.cpu_cores, memory_mib=spec.memory_mib)
+def limits_of(spec: ProcessWorkload, ceilings: Ceilings | None = None) -> ResourceLimits:
+    """The cgroup limits of a workload: its ``ceilings`` (the manager's, every one set), else only what ``spec`` names."""
+    if ceilings is not None:
+        return ResourceLimits(cpu_cores=ceilings.cpu_cores, memory_mib=ceilings.memory_mib, pids=ceilings.pids_limit)
+    return ResourceLimits(cpu_cores=spec.cpu_cores, memory_mib=spec.memory_mib, pids=spec.pids_limit)
 
 
 def share_environment(share: GpuShare) -> dict[str, str]:
@@ -164,7 +169,7 @@ def resolve_program(name: str, *, path: str, folder: Path) -> str:
 
 
 def limits_report(limits: ResourceLimits, placement: Placement) -> dict[str, Any]:
-    report: dict[str, Any] = {"cpu_cores": limits.cpu_cores, "memory_mib": limits.memory_mib}
+    report: dict[str, Any] = {"cpu_cores": limits.cpu_cores, "memory_mib": limits.memory_mib, "pids_limit": limits.pids}
     if placement.cgroup_dirs:
         report["cgroups"] = [str(d) for d in placement.cgroup_dirs]
     if placement.unit:
@@ -206,27 +211,39 @@ class ProcessRuntime:
             raise ConfigError("the isolation facts promise uid isolation, but no rental users were given")
         self.isolation = isolation
         self.kill_timeout = kill_timeout
+        self.disks: LoopDisks | None = None  # size-capped homes (the manager's ceiling policy), under uid isolation
 
     async def prepare(self, spec: ProcessWorkload) -> None:
         """Nothing to wait for."""
 
     def start(
-        self, rental_id: str, gpus: list[str], spec: ProcessWorkload, share: GpuShare | None
+        self, rental_id: str, gpus: list[str], spec: ProcessWorkload, share: GpuShare | None, ceilings: Ceilings | None = None
     ) -> tuple[Workload, dict[str, Any]]:
+        """Start the workload within ``ceilings`` (its cgroup's CPU, memory and pids; its home's size where the
+        agent has loop disks and a user per rental). Blocking for a few ms (``mkfs`` and ``mount`` of a home)."""
         check_workload_allowed("process", self.isolation)
         folder = self.work_dir / rental_id
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         user = None if self.users is None else self.users.claim(rental_id)
         try:
-            return self._start(rental_id, gpus, spec, share, folder, user)
+            disk = None
+            if user is not None and self.disks is not None and ceilings is not None and ceilings.disk_gib is not None:
+                self.disks.ensure(rental_id, ceilings.disk_gib, owner=(user.uid, user.gid), mountpoint=user.home)
+                disk = ceilings.disk_gib
+            workload, result = self._start(rental_id, gpus, spec, share, folder, user, ceilings)
+            result.update(disk_gib=disk, disk_quota="none" if disk is None else "loop")
+            return workload, result
         except BaseException:
             if user is not None and self.users is not None:
                 self.users.networks.remove(user.uid)
+                if self.disks is not None:
+                    self.disks.release(rental_id, mountpoint=user.home)
                 self.users.release(user)
             raise
 
     def _start(
-        self, rental_id: str, gpus: list[str], spec: ProcessWorkload, share: GpuShare | None, folder: Path, user: RentalUser | None
+        self, rental_id: str, gpus: list[str], spec: ProcessWorkload, share: GpuShare | None, folder: Path, user: RentalUser | None,
+        ceilings: Ceilings | None,
     ) -> tuple[Workload, dict[str, Any]]:
         home = folder if user is None else user.home
         env = workload_environment(rental_id, gpus, spec.env, home=home, share=share)
@@ -242,7 +259,7 @@ class ProcessRuntime:
             netns = self.users.networks.create(user.uid)  # its own loopback; a guarded veth once the guard is in place
             command = isolated_argv(user, self.users.tools, program, spec.argv[1:], netns=netns)
             spawn_env = {"PATH": TRUSTED_PATH}
-        limits = limits_of(spec)
+        limits = limits_of(spec, ceilings)
         placement = self.cgroups.create(rental_id, limits)
         argv = [*placement.argv_prefix, *command]
         env_fd = None if user is None else environment_fd(env)
@@ -299,5 +316,10 @@ class ProcessRuntime:
             if time.monotonic() >= deadline:
                 break
             time.sleep(0.01)
-        self.users.networks.remove(user.uid)
+        self.users.networks.remove(user.uid)  # a survivor keeps no way out
+        if user.uid in running_uids():
+            self.users.release(user)  # keeps the uid and home (and so its disk) while a process of it survives
+            return
+        if self.disks is not None:
+            self.disks.release(user.rental_id, mountpoint=user.home)
         self.users.release(user)

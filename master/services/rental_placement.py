@@ -38,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -59,6 +59,7 @@ from master.services.placement import model_matches
 from master.services.rental_request import RentalRequest
 from master.services.rentalstate import ACTIVE_STATES, RentalState, advance
 from shared import protocol
+from shared.ceilings import UNITS, rental_fraction
 from shared.errors import (
     ClientError,
     InsufficientCapacity,
@@ -141,6 +142,8 @@ class _Candidates:
     hosts: dict[str, tuple[HostState, str, Decimal]]  # node id → (host, gpu name, price per GPU-hour)
     holds: dict[str, list[Hold]]
     excluded: dict[str, int]  # why nodes were left out: "bid", "unit", "quota", "mig", or an ``isolation.Refusal``
+    # For the workload's limits no host could give: field → the most any host left out for it allows.
+    limits: dict[str, float] = field(default_factory=dict)
 
 
 async def _quota(master: Master, session: AsyncSession, renter_id: str, request: RentalRequest, exclude: str) -> Decimal | None:
@@ -223,7 +226,12 @@ async def _candidates(
     for host in fleet.values():
         if host.host_id in request.avoid_hosts:
             continue
-        refused = isolation.refusal(host.isolation, request.workload)
+        fraction = rental_fraction(request.gpu_count * request.share / MILLI, len(host.gpus))
+        refused = isolation.refusal(host.isolation, request.workload, fraction=fraction)
+        if refused == isolation.Refusal.LIMITS:
+            over = isolation.limit_over(host.isolation or {}, request.workload, fraction=fraction)
+            if over is not None:
+                found.limits[over[0]] = max(found.limits.get(over[0], 0.0), over[2])
         for name in host.models():
             if (model is not None and name != model) or (model is None and not model_matches(request.gpu_model, name)):
                 continue
@@ -243,7 +251,7 @@ async def _candidates(
             if why is not None:
                 found.excluded[why] = found.excluded.get(why, 0) + 1
                 if request.offer_id is not None:
-                    _refuse_offer(why, request, gpus, price_cap, facts=host.isolation)
+                    _refuse_offer(why, request, gpus, price_cap, facts=host.isolation, fraction=fraction)
                 continue
             node = host.node(name, holds.get(host.host_id, ()))
             found.nodes.append(node)
@@ -269,7 +277,8 @@ def _unit_allows(unit: str, milli: int) -> bool:
 
 
 def _refuse_offer(
-    why: str, request: RentalRequest, gpus: Sequence[allocation.GpuState], price_cap: Decimal | None, *, facts: dict[str, Any] | None
+    why: str, request: RentalRequest, gpus: Sequence[allocation.GpuState], price_cap: Decimal | None, *, facts: dict[str, Any] | None,
+    fraction: float = 1.0,
 ) -> None:
     """The renter chose this offer: say exactly why it cannot take the request."""
     reason = f" ({facts['reason']})" if facts and facts.get("reason") else ""
@@ -279,9 +288,12 @@ def _refuse_offer(
             f"isolation lists {why}", code="workload_kind_unsupported",
         )  # fmt: skip
     if why == isolation.Refusal.LIMITS:
+        over = isolation.limit_over(facts or {}, request.workload, fraction=fraction)
+        field_name = f"workload.{over[0] if over else 'limits'}"
         raise ValidationFailed(
-            f"offer {request.offer_id}'s host cannot give the workload {isolation.limits_exceed(facts or {}, request.workload)}; "
-            "ask for less or choose a larger host", code="limits_exceed_host",
+            f"{field_name}: offer {request.offer_id}'s host cannot give the workload "
+            f"{isolation.limits_exceed(facts or {}, request.workload, fraction=fraction)}; ask for less or choose a larger host",
+            code="limits_exceed_host", details={"problems": [{"field": field_name, "problem": f"at most {over[2]:g}" if over else "too large"}]},
         )  # fmt: skip
     if why == isolation.Refusal.IMAGE:
         allowed = ", ".join(((facts or {}).get("image_policy") or {}).get("allowed") or ()) or "none"
@@ -347,7 +359,19 @@ def _find_victims(found: _Candidates, wanted: PlaceRequest, outranked: dict[str,
     return None
 
 
-def _no_room(request: RentalRequest, found: _Candidates) -> InsufficientCapacity:
+def _beyond_every_host(found: _Candidates) -> ValidationFailed | None:
+    """When no host at all could give the workload's limits: 422 naming the field and the most any host allows."""
+    if found.nodes or not found.limits or set(found.excluded) != {isolation.Refusal.LIMITS}:
+        return None
+    name, most = max(found.limits.items())
+    unit = UNITS.get(name, "")  # type: ignore[call-overload]
+    return ValidationFailed(
+        f"workload.{name}: no host can give a rental of this size that much; the most any host allows is {most:g} {unit}; ask for less",
+        code="limits_exceed_host", details={"problems": [{"field": f"workload.{name}", "problem": f"at most {most:g}"}], "most": most},
+    )
+
+
+def _no_room(request: RentalRequest, found: _Candidates) -> ClientError:
     what = f"{request.gpu_count} × {request.gpu_model or 'any GPU'}"
     if request.mig_profile is not None:
         what = f"a MIG {request.mig_profile} instance"
@@ -355,13 +379,15 @@ def _no_room(request: RentalRequest, found: _Candidates) -> InsufficientCapacity
         what = f"a {request.gpu_milli}-milli share of {request.gpu_model or 'any GPU'}"
     if request.offer_id is not None:
         what += f" on offer {request.offer_id}"
+    if (beyond := _beyond_every_host(found)) is not None:
+        return beyond
     image = request.workload.get("image")
     notes = {
         "bid": "bids below their minimum", "unit": "not renting shares that small", "quota": "too dear for your spend quota",
         "mig": f"without MIG {request.mig_profile} instances",
         isolation.Refusal.CONTAINER: "not running container workloads", isolation.Refusal.PROCESS: "not running process workloads",
         isolation.Refusal.IMAGE: f"refusing the image {image} by their provider's image policy",
-        isolation.Refusal.LIMITS: "smaller than the workload's CPU or memory limits",
+        isolation.Refusal.LIMITS: "smaller than the workload's CPU, memory, pids or disk limits",
     }  # fmt: skip
     left_out = "; ".join(f"{count} left out as {notes[why]}" for why, count in sorted(found.excluded.items()))
     which = "no host"

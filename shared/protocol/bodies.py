@@ -140,6 +140,17 @@ class IsolationFacts(LenientModel):
     network_guard: bool = False
     egress_allow: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list, max_length=64)
     network_check: Annotated[str, Field(max_length=512)] = ""
+    # Every rental's ceilings (shared.ceilings): the host's pid_max, what its provider keeps for the host, and
+    # how a rental's disk is bounded ("storage_opt": the engine's quota, "loop": a size-capped filesystem the
+    # agent mounts, "none": unbounded) with the largest quota one rental may have. Absent from older agents.
+    pid_max: int | None = Field(None, gt=0)
+    reserved_cpu_cores: float = Field(0.0, ge=0)
+    reserved_memory_mib: int = Field(0, ge=0)
+    reserved_pids: int = Field(0, ge=0)
+    reserved_disk_gib: int = Field(0, ge=0)
+    disk_quota: Literal["storage_opt", "loop", "none"] | None = None
+    max_disk_gib: int | None = Field(None, gt=0)
+    rental_disk_gib: int | None = Field(None, gt=0)  # a rental's disk when it names none
 
 
 class HelloBody(StrictModel):

@@ -46,7 +46,9 @@ MAX_ACCESS_VERSION = (1 << 63) - 1  # an account's access version is a BIGINT co
 MIN_SHM_MIB = 1
 MAX_SHM_MIB = 1 << 20  # 1 TiB of /dev/shm
 MIN_PIDS = 16  # a shell and a few children
-MAX_PIDS = 1 << 22
+MAX_PIDS = 1 << 22  # the kernel's own most (pid_max on 64-bit Linux); a host allows a rental its share of its pid_max
+MIN_DISK_GIB = 1
+MAX_DISK_GIB = 1 << 16  # 64 TiB
 RESERVED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"})  # and every GPUMARKET_* name
 SHARE_ENV = frozenset({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"})
 
@@ -182,22 +184,27 @@ Argv = Annotated[list[str], Field(min_length=1, max_length=256, description="Pro
 Env = Annotated[dict[str, str], Field(max_length=MAX_ENV_VARS), BeforeValidator(_env)]
 CpuCores = Annotated[float, Field(ge=MIN_CPU_CORES, le=MAX_CPU_CORES), BeforeValidator(_cpu_cores)]
 MemoryMib = Annotated[int, Field(ge=MIN_MEMORY_MIB, le=MAX_MEMORY_MIB), BeforeValidator(_memory_mib)]
+PidsLimit = Annotated[int, Field(ge=MIN_PIDS, le=MAX_PIDS), BeforeValidator(_bounded_int("pids_limit", MIN_PIDS, MAX_PIDS, 4096))]
+DiskGib = Annotated[int, Field(ge=MIN_DISK_GIB, le=MAX_DISK_GIB), BeforeValidator(_bounded_int("disk_gib", MIN_DISK_GIB, MAX_DISK_GIB, 50))]
 
 
 class ProcessWorkload(StrictModel):
-    """Run ``argv`` on the host with the rented GPUs visible, optionally limited in CPU and memory."""
+    """Run ``argv`` on the host with the rented GPUs visible, within CPU, memory, pids and disk ceilings
+    (each, unless named, the rental's share of the host)."""
 
     kind: Literal["process"] = "process"
     argv: Argv
     env: Env = Field(default_factory=dict)
-    cpu_cores: CpuCores | None = Field(None, description="CPU cores the workload may use (a cgroup quota), e.g. 2.0; none: unlimited.")
-    memory_mib: MemoryMib | None = Field(None, description="Memory the workload may use, MiB; none: unlimited.")
+    cpu_cores: CpuCores | None = Field(None, description="CPU cores the workload may use (a cgroup quota), e.g. 2.0; none: the rental's share of the host.")
+    memory_mib: MemoryMib | None = Field(None, description="Memory the workload may use, MiB; none: the rental's share of the host.")
+    pids_limit: PidsLimit | None = Field(None, description="Most processes and threads at once; none: the rental's share of the host's pid_max.")
+    disk_gib: DiskGib | None = Field(None, description="Size of the rental's home, GiB (a quota); none: the host's default.")
 
     @model_serializer(mode="wrap")
     def _omit_unset_limits(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # No limit is no key: the stored and sent form of an unlimited workload stays {kind, argv, env}.
+        # No limit is no key: the stored and sent form of a workload that names none stays {kind, argv, env}.
         data: dict[str, Any] = handler(self)
-        for name in ("cpu_cores", "memory_mib"):
+        for name in ("cpu_cores", "memory_mib", "pids_limit", "disk_gib"):
             if data.get(name) is None:
                 data.pop(name, None)
         return data
@@ -233,16 +240,15 @@ class ContainerWorkload(StrictModel):
     shm_mib: Annotated[int, Field(ge=MIN_SHM_MIB, le=MAX_SHM_MIB), BeforeValidator(_bounded_int("shm_mib", MIN_SHM_MIB, MAX_SHM_MIB, 1024))] | None = Field(
         None, description="Size of /dev/shm, MiB (PyTorch data loaders want several GiB); none: the agent's default."
     )
-    cpu_cores: CpuCores | None = Field(None, description="CPU cores the container may use, e.g. 8.0; none: the agent's default share.")
-    memory_mib: MemoryMib | None = Field(None, description="Memory the container may use, MiB; none: the agent's default.")
-    pids_limit: Annotated[int, Field(ge=MIN_PIDS, le=MAX_PIDS), BeforeValidator(_bounded_int("pids_limit", MIN_PIDS, MAX_PIDS, 4096))] | None = Field(
-        None, description="Most processes and threads at once; none: the agent's default."
-    )
+    cpu_cores: CpuCores | None = Field(None, description="CPU cores the container may use, e.g. 8.0; none: the rental's share of the host.")
+    memory_mib: MemoryMib | None = Field(None, description="Memory the container may use, MiB; none: the rental's share of the host.")
+    pids_limit: PidsLimit | None = Field(None, description="Most processes and threads at once; none: the rental's share of the host's pid_max.")
+    disk_gib: DiskGib | None = Field(None, description="Size of /workspace and of the writable layer, GiB (a quota each); none: the host's default.")
 
     @model_serializer(mode="wrap")
     def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
-        for name in ("command", "args", "shm_mib", "cpu_cores", "memory_mib", "pids_limit"):
+        for name in ("command", "args", "shm_mib", "cpu_cores", "memory_mib", "pids_limit", "disk_gib"):
             if data.get(name) is None:
                 data.pop(name, None)
         return data
@@ -501,6 +507,9 @@ class WorkloadStarted(LenientModel):
     limits_reason: str | None = None
     cpu_cores: float | None = None
     memory_mib: int | None = None
+    pids_limit: int | None = None
+    disk_gib: int | None = None
+    disk_quota: str | None = None  # how the disk quota holds: "storage_opt", "loop" or "none"
     cgroups: list[str] | None = None
     systemd_unit: str | None = None
     ssh_host_key: str | None = None  # the rental's SSH host public key (OpenSSH form), pinned by renters' clients
