@@ -54,6 +54,7 @@ class CommandExecutor:
         ssh: RentalSshServer | None = None,
         clusters: ClusterNetworks | None = None,
         power: PowerPolicy | None = None,
+        close_streams: Callable[[str], int] | None = None,
         # Limits
         remembered_results: int = 1000,
     ) -> None:
@@ -65,6 +66,7 @@ class CommandExecutor:
         self.ssh = ssh
         self.clusters = clusters
         self.power = power
+        self.close_streams = close_streams  # ends every renter stream of a rental now; returns how many
         self.remembered_results = remembered_results
         self._results: OrderedDict[str, protocol.CommandResultBody] = OrderedDict()
 
@@ -145,7 +147,11 @@ class CommandExecutor:
         if self.ssh is None:
             # No SSH server, so nothing to log into: the list has nothing to change.
             return protocol.AccessUpdated(applied=False, version=command.version, known=False, closed=0)
-        return self.ssh.update_access(command.rental_id, command.authorized_keys, version=command.version)
+        updated = self.ssh.update_access(command.rental_id, command.authorized_keys, version=command.version, disabled=command.disabled)
+        if updated.applied and command.disabled and self.close_streams is not None:
+            # A disabled account keeps no way in: its web and TCP port streams end too, not only its SSH logins.
+            updated = updated.model_copy(update={"closed": updated.closed + self.close_streams(command.rental_id)})
+        return updated
 
     async def _stop_workload(self, command: protocol.StopWorkload) -> protocol.WorkloadStopped:
         """Stop the workload and release the rental: its ``/workspace`` and SSH keys go (a stop is the

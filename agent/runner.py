@@ -67,7 +67,7 @@ from shared.crypto import (
 )
 from shared.errors import ConfigError, GpumarketError, ProtocolError
 from shared.outbound import OutboundWindow
-from shared.streams import CONNECT_PATH, Multiplexer, StreamProtocolError
+from shared.streams import CONNECT_PATH, Multiplexer, StreamProtocolError, TunnelCode
 from shared.streams.aio import StreamLink, bound_send_buffer
 
 log = logging.getLogger(__name__)
@@ -258,6 +258,7 @@ class Agent:
         self.commands = CommandExecutor(
             workloads=self.workloads, backend=backend, logs=self.logs, measure=self.measure_network,
             install_certificate=self._install_certificate, ssh=self.ssh, clusters=self.clusters, power=self.power,
+            close_streams=lambda rental_id: self.tunnels.close_rental(rental_id, TunnelCode.ACCESS_REVOKED),
             remembered_results=remembered_results,
         )
         # Renters' streams the relay opens on this agent's link: SSH into a rental, its ports.

@@ -154,7 +154,9 @@ class RentalSshServer:
         public: bytes = host_key.export_public_key()
         return " ".join(public.decode().split()[:2])
 
-    def update_access(self, rental_id: str, authorized_keys: Sequence[str], *, version: int) -> protocol.AccessUpdated:
+    def update_access(
+        self, rental_id: str, authorized_keys: Sequence[str], *, version: int, disabled: bool = False
+    ) -> protocol.AccessUpdated:
         """Replace the rental's authorized keys with ``authorized_keys`` as of access ``version``, unless a newer
         list is held (then nothing changes). New logins see the new list at once; the open connections that
         logged in with a key no longer listed are disconnected now. For a rental with no SSH server here yet
@@ -177,11 +179,15 @@ class RentalSshServer:
             log.info("rental %s: SSH keys of version %d ignored: version %d is held", rental_id, version, held)
             return protocol.AccessUpdated(applied=False, version=held, known=True, closed=0)
         record = self._record(rental_id)
-        record.update(authorized_keys=lines, access_version=version)
+        record.update(authorized_keys=lines, access_version=version, access_disabled=disabled)
         atomic_write(self.keys_dir / rental_id / RENTAL_FILE, json.dumps(record).encode())
         closed = self._close_unlisted(rental_id, {key.public_data for key in keys})
         log.info("rental %s: SSH keys now %d (version %d); %d connection(s) closed", rental_id, len(keys), version, closed)
         return protocol.AccessUpdated(applied=True, version=version, known=True, closed=closed)
+
+    def access_disabled(self, rental_id: str) -> bool:
+        """Whether the rental's account is disabled (its last ``update_access`` said so): no stream may open."""
+        return self.knows(rental_id) and self._record(rental_id).get("access_disabled") is True
 
     def _held_version(self, rental_id: str) -> tuple[int, list[str]]:
         """The access version and key lines stored for the rental (``NO_VERSION`` when none or from before versions)."""

@@ -44,6 +44,8 @@ class SshServer(Protocol):
 
     def knows(self, rental_id: str) -> bool: ...
 
+    def access_disabled(self, rental_id: str) -> bool: ...
+
     async def serve(self, rental_id: str, sock: socket.socket) -> None: ...
 
 
@@ -84,6 +86,9 @@ class TunnelServer:
             return
         if not self._known(request):
             channel.reset(TunnelCode.NOT_HERE)
+            return
+        if self.ssh is not None and self.ssh.access_disabled(request.rental_id):
+            channel.reset(TunnelCode.ACCESS_REVOKED)  # the account is disabled: not even a web port
             return
         tasks = self._tasks[request.rental_id]
         if len(tasks) >= self.max_streams_per_rental:

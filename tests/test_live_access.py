@@ -114,7 +114,7 @@ class TestDisabledAccount:
         async with api.master.db.session() as session:
             issued = await access.disable_account(session, api.renter.account_id, now=api.master.clock.now())
         [update] = await open_updates(api, rental["id"])
-        assert [update.id] == issued and update.args["authorized_keys"] == []
+        assert [update.id] == issued and update.args["authorized_keys"] == [] and update.args["disabled"] is True
         status, body = await api.as_renter("GET", "/account")
         assert_error(status, body, 401, "account_disabled")
         async with api.master.db.session() as session:
@@ -125,6 +125,7 @@ class TestDisabledAccount:
             await access.enable_account(session, api.renter.account_id, now=api.master.clock.now())
         [again] = await open_updates(api, rental["id"])
         assert again.args["authorized_keys"] == [canonical(line_a)] and again.args["version"] > update.args["version"]
+        assert again.args["disabled"] is False
         assert (await api.as_renter("GET", "/account"))[0] == 200
 
 

@@ -8,6 +8,7 @@ busybox shell on 8001) serve every check of the module, in order; the rental is 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import socket
@@ -29,6 +30,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from access.relay import Relay
 from gpumarket.up import Marketplace, start_marketplace
+from master.services import access, commands
 from shared.crypto import certificate_public_key, server_ssl_context
 from shared.crypto.tokens import new_claims
 from tests.helpers import eventually
@@ -343,6 +345,45 @@ async def test_a_key_added_while_running_works_and_once_deleted_its_open_session
     first = await asyncio.to_thread(_cli, setting, "ssh", rental_id, "-i", str(setting["key"]), "-o", "IdentitiesOnly=yes", "--",
                                     "echo first-works")  # fmt: skip
     assert first.returncode == 0 and first.stdout.decode().strip() == "first-works", first.stderr.decode()
+
+
+async def test_disabling_the_account_ends_its_open_port_streams_and_refuses_tokens_issued_before(setting: dict[str, Any]) -> None:
+    """Access follows the account live (issue 35): disabling the renter's account ends an open stream to a port of its
+    rental (not only SSH) and the agent refuses a connect token issued before; enabled again, the renter gets back in."""
+    market: Marketplace = setting["market"]
+    renter, rental_id = setting["renter"], setting["rental"]["id"]
+    master = market.master
+    account_id = (await renter.get("/account"))["id"]
+    view = await _connect(renter, rental_id, 8001)
+    earlier = await _connect(renter, rental_id, 8000)  # a token that outlives the account's access (its TTL)
+    headers = {"Authorization": f"Bearer {view['token']}"}
+    try:
+        async with ws_connect(view["relay_url"], ssl=_trusting(view["ca_pem"]), additional_headers=headers) as ws:
+            await ws.send(b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                          b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+            assert b"101" in await asyncio.wait_for(ws.recv(), 30)  # the echo is up and the stream open
+            async with master.db.session() as session:
+                issued = await access.disable_account(session, account_id, now=master.clock.now())
+            await commands.publish(master, issued)
+            with pytest.raises(ConnectionClosed):
+                async with asyncio.timeout(60):  # generous: the command goes out at once, the agent applies it at once
+                    while True:
+                        await ws.recv()
+        with contextlib.suppress(ConnectionClosed, InvalidStatus):  # refused: the stream is reset as it opens
+            answer = await _raw_http_through(earlier)
+            assert b"hello from the rental" not in answer, answer[:300]
+    finally:
+        async with master.db.session() as session:
+            issued = await access.enable_account(session, account_id, now=master.clock.now())
+        await commands.publish(master, issued)
+
+    async def served_again() -> bool:
+        again = await _connect(renter, rental_id, 8000)
+        with contextlib.suppress(ConnectionClosed, InvalidStatus):
+            return b"hello from the rental" in await _raw_http_through(again)
+        return False
+
+    await eventually(served_again, timeout=60, every=0.5, what="the enabled account's port to answer again")
 
 
 async def test_when_the_hosts_relay_dies_mid_copy_the_renter_connects_again_through_the_other(setting: dict[str, Any]) -> None:

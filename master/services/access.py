@@ -83,13 +83,14 @@ async def access_changed(session: AsyncSession, account_id: str, *, now: datetim
     if version is None:
         raise NotFound(f"no account {account_id[:60]!r}", code="account_not_found")
     keys, _ = await current_keys(session, account_id)
+    disabled = await session.scalar(select(Account.disabled_at).where(Account.id == account_id)) is not None
     issued = []
     for rental in await live_rentals(session, account_id):
         assert rental.host_id is not None
         await _supersede(session, rental.id, keys, version, at=now)
         command = commands.new_command(
             session, host_id=rental.host_id, rental_id=rental.id,
-            command=protocol.UpdateAccess(rental_id=rental.id, authorized_keys=keys, version=version),
+            command=protocol.UpdateAccess(rental_id=rental.id, authorized_keys=keys, version=version, disabled=disabled),
         )  # fmt: skip
         command.created_at = now
         issued.append(command.id)

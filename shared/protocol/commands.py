@@ -334,6 +334,9 @@ class UpdateAccess(StrictModel):
     rental_id: RentalId
     authorized_keys: AuthorizedKeys = Field(default_factory=list, max_length=MAX_AUTHORIZED_KEYS)
     version: AccessVersion
+    # The account is disabled: every stream of the rental (SSH, TCP and web ports) is closed and new ones are
+    # refused until a newer version enables it again.
+    disabled: bool = False
 
 
 class MeasureNetwork(StrictModel):

@@ -47,6 +47,7 @@ class TunnelCode(enum.IntEnum):
     NOT_OFFERED = 257  # the rental does not serve that: a port it did not declare, SSH into a hold
     RENTAL_STOPPED = 258  # the rental stopped (or was released) while the stream was open
     AGENT_LIMIT = 259  # the rental has as many streams open on the agent as it may
+    ACCESS_REVOKED = 260  # the rental's account was disabled: none of its streams may stay open
 
 
 TUNNEL_REASONS: Final = {
@@ -54,6 +55,7 @@ TUNNEL_REASONS: Final = {
     TunnelCode.NOT_OFFERED: "the rental does not serve that port (declare it in the rental's ports) or runs nothing to log into",
     TunnelCode.RENTAL_STOPPED: "the rental stopped",
     TunnelCode.AGENT_LIMIT: "the rental has as many connections open as its host allows; close one first",
+    TunnelCode.ACCESS_REVOKED: "the rental's account is disabled; ask the marketplace's support",
     ResetCode.CONNECT_FAILED: "nothing listens on that port in the rental (yet)",
 }
 
