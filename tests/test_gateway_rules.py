@@ -3,16 +3,17 @@ replica takes a request, and the rows written, on SQLite and PostgreSQL. End to 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from master.context import Master
-from master.models import Service, ServiceStat
+from master.models import ApiKey, Service, ServiceStat
 from master.services.gateway import LATENCY_BOUNDS_MS, Gateway, merge_histograms, percentile
-from master.services.gateway.routing import Replica, ServiceRoute
+from master.services.gateway.routing import KeyCache, Replica, ServiceRoute
 from master.services.gateway.stats import GatewayStats, bucket_of, empty_histogram
 from shared.errors import NotFound, Unauthorized
 from shared.ids import new_id, new_secret, secret_hash
@@ -119,6 +120,49 @@ class TestAuthorize:
         for _ in range(5):
             await gateway.authorize(service_id, renter_key)
         assert gateway.routes.loads == 1
+
+
+class TestKeyCache:
+    async def test_a_refused_key_is_read_once_per_refused_period_and_a_revoked_one_is_refused_after_the_valid_period(
+        self, master: Master
+    ) -> None:
+        """A bad key repeated is read once per ``refused_max_age``; a valid key once per ``max_age``, and once revoked
+        it stops opening after that period."""
+        now = [0.0]
+        keys = KeyCache(master, max_age=5.0, refused_max_age=30.0, clock=lambda: now[0])
+        renter, renter_key = await create_principal(master, "renter", "renter")
+        bad = new_secret("gmk")
+        for _ in range(5):
+            assert await keys.account_of(secret_hash(bad), bad) is None
+            assert await keys.account_of(secret_hash(renter_key), renter_key) == renter.account_id
+        assert keys.lookups == 2
+        async with master.db.session() as session:
+            await session.execute(update(ApiKey).where(ApiKey.account_id == renter.account_id).values(revoked_at=datetime.now(UTC)))
+        now[0] = 6.0
+        assert await keys.account_of(secret_hash(renter_key), renter_key) is None
+        assert await keys.account_of(secret_hash(bad), bad) is None
+        assert keys.lookups == 3
+        now[0] = 31.0
+        assert await keys.account_of(secret_hash(bad), bad) is None
+        assert keys.lookups == 4
+
+    async def test_a_flood_of_made_up_keys_never_pushes_valid_keys_out(self, master: Master) -> None:
+        """Refused keys have a table of their own: past its size the oldest refused key goes, never a valid one."""
+        keys = KeyCache(master, max_entries=2, refused_max_entries=2, clock=lambda: 0.0)
+        renter, renter_key = await create_principal(master, "renter", "renter")
+        assert await keys.account_of(secret_hash(renter_key), renter_key) == renter.account_id
+        for _ in range(10):
+            bad = new_secret("gmk")
+            assert await keys.account_of(secret_hash(bad), bad) is None
+        lookups = keys.lookups
+        assert await keys.account_of(secret_hash(renter_key), renter_key) == renter.account_id
+        assert keys.lookups == lookups
+
+    async def test_requests_for_one_unknown_key_share_one_read(self, master: Master) -> None:
+        keys = KeyCache(master, clock=lambda: 0.0)
+        bad = new_secret("gmk")
+        assert await asyncio.gather(*(keys.account_of(secret_hash(bad), bad) for _ in range(5))) == [None] * 5
+        assert keys.lookups == 1
 
 
 def _route(*replicas: Replica) -> ServiceRoute:

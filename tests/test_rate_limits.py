@@ -24,6 +24,7 @@ from master.api.table import NEVER_LIMITED, ROUTES
 from master.app import close_master, open_master
 from master.models import Service
 from master.services import elastic
+from master.services.accounts import create_api_key
 from master.services.gateway import gateway_of
 from shared.bus import InProcessBus
 from shared.errors import ConfigError
@@ -461,31 +462,48 @@ class TestServiceEndpoints:
             assert (await _svc(api, service_id, f"gms_{secrets.token_hex(16)}", forwarded_for="198.51.100.7"))[0] == 401
 
     async def test_a_valid_token_is_served_from_an_address_past_the_burst(self, tmp_path: Path, clock: ManualClock) -> None:
-        """Regression: after more than the burst of bad tokens from one address, the service's valid token got 429 from
-        it. Now the service's token and the renter's API key (seen valid before) still get through, while a bad token
-        gets 429, and a made-up API key costs no database read."""
+        """Regression: after more than the burst of bad tokens from one address, its valid tokens got 429 (first all of
+        them, then still an API key this master process had never seen valid). Now the service's token, the renter's
+        key and a key made a moment ago, none seen before by this process, get through from that address."""
         settings = {"trusted_proxies": PROXY, "gateway_auth_failures_per_minute": 6, "gateway_auth_failure_burst": 20,
                     "service_cold_start_timeout_s": 0}  # fmt: skip
         async with limited_api(tmp_path, clock, **settings) as api:
             service_id, token = await _service_of(api)
             address = "198.51.100.9"
-            assert (await _svc(api, service_id, api.renter_key, forwarded_for=address))[0] == 503  # a key seen valid
             for _ in range(25):
-                await _svc(api, service_id, f"gms_{secrets.token_hex(16)}", forwarded_for=address)
+                await _svc(api, service_id, f"gmk_{secrets.token_hex(16)}", forwarded_for=address)
             what = f"refused tokens at service endpoints from {address}"
-            assert_limited(*await _svc(api, service_id, f"gms_{secrets.token_hex(16)}", forwarded_for=address),
+            assert_limited(*await _svc(api, service_id, f"gmk_{secrets.token_hex(16)}", forwarded_for=address),
                            retry=10, what=what)  # fmt: skip
-            for _ in range(3):
-                status, body, _ = await _svc(api, service_id, token, forwarded_for=address)
-                assert (status, body["code"]) == (503, "no_ready_replica"), body
-            clock.advance(6.0)  # past the key table's 5 s: the renter's key is read again, the address still in debt
-            assert (await _svc(api, service_id, api.renter_key, forwarded_for=address))[0] == 503
+            async with api.master.db.session() as session:
+                new_key = await create_api_key(session, api.renter.account_id)
+            for valid in (token, api.renter_key, new_key):
+                status, body, _ = await _svc(api, service_id, valid, forwarded_for=address)
+                assert (status, body["code"]) == (503, "no_ready_replica"), body  # served: on to the replicas
+
+    async def test_a_repeated_bad_key_past_the_budget_is_not_read_each_time(self, tmp_path: Path, clock: ManualClock) -> None:
+        """Once refused, a key is kept refused for the refused table's 30 s: sent again and again from an address in
+        debt it is 429 with no database read; after 30 s it is read once more, and a key never seen is read once."""
+        settings = {"trusted_proxies": PROXY, "gateway_auth_failures_per_minute": 6, "gateway_auth_failure_burst": 2,
+                    "service_cold_start_timeout_s": 0}  # fmt: skip
+        async with limited_api(tmp_path, clock, **settings) as api:
+            service_id, _ = await _service_of(api)
+            address, bad = "198.51.100.10", f"gmk_{secrets.token_hex(16)}"
             keys = gateway_of(api.master).keys
-            lookups = keys.lookups
+            for _ in range(3):  # 2, 1, 0 tokens before each: each is still answered
+                assert (await _svc(api, service_id, bad, forwarded_for=address))[0] == 401
+            assert keys.lookups == 1
+            what = f"refused tokens at service endpoints from {address}"
             for _ in range(5):
-                assert_limited(*await _svc(api, service_id, f"gmk_{secrets.token_hex(16)}", forwarded_for=address),
-                               retry=4, what=what)  # fmt: skip
-            assert keys.lookups == lookups
+                assert_limited(*await _svc(api, service_id, bad, forwarded_for=address), retry=10, what=what)
+            clock.advance(6.0)  # past the valid keys' 5 s, within the refused keys' 30 s; the address still in debt
+            for _ in range(5):
+                assert_limited(*await _svc(api, service_id, bad, forwarded_for=address), retry=4, what=what)
+            assert keys.lookups == 1
+            clock.advance(31.0)  # past the refused table's 30 s; the address is back within its budget after 10 s
+            assert (await _svc(api, service_id, bad, forwarded_for=address))[0] == 401
+            assert (await _svc(api, service_id, f"gmk_{secrets.token_hex(16)}", forwarded_for=address))[0] == 401
+            assert keys.lookups == 3
 
     async def test_with_limits_off_refused_tokens_are_only_refused(self, tmp_path: Path, clock: ManualClock) -> None:
         async with limited_api(tmp_path, clock, rate_limits_enabled=False, gateway_auth_failure_burst=1) as api:

@@ -176,16 +176,11 @@ class ApiRateLimits:
         if rate_class is RateClass.SIGN_IN and self.limits.sign_in_failure_cost > 1:
             await self.store.charge(f"sign-in:{address}", self.limits.sign_in, cost=self.limits.sign_in_failure_cost - 1)
 
-    async def before_gateway(self, address: str) -> None:
-        """Before a service's endpoint (``/svc/…``) reads an API key it has never seen valid from the database:
-        ``RateLimited`` when the address's refused tokens put it in debt. Takes nothing (a valid token's traffic
-        is never limited, however much of it there is)."""
-        await self._take("svc-auth", address, self.limits.gateway_failures, address=address, cost=0.0)
-
     async def gateway_refused(self, address: str) -> None:
-        """A token a service's endpoint refused (401, or 404 for another renter's service): ``RateLimited`` (the
-        answer becomes 429) when the address is in debt already, else one from its budget (the answer stays)."""
-        await self.before_gateway(address)
+        """A token a service's endpoint (``/svc/…``) judged and refused (401, or 404 for another renter's service):
+        ``RateLimited`` (the answer becomes 429) when the address is in debt already, else one from its budget (the
+        answer stays). Called only after the token was judged: a valid token's traffic is never limited."""
+        await self._take("svc-auth", address, self.limits.gateway_failures, address=address, cost=0.0)
         await self.store.charge(f"svc-auth:{address}", self.limits.gateway_failures, cost=1.0)
 
     async def _take(self, bucket: str, key: str, limit: Limit, *, address: str, cost: float = 1.0) -> None:

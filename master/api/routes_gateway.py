@@ -2,13 +2,13 @@
 
 Not part of the REST API: outside ``/api/v1``, not in the route table nor the OpenAPI document, so the API's
 middlewares leave it alone (no API-key authentication, rate limits or JSON parsing; their lookups find no
-route and pass it on). Its one rate limit is on refused tokens (``ApiRateLimits.gateway_refused``): a
-request whose token is refused costs its address one token of ``gateway_auth_failure_burst``, and once the
-address is in debt its refused requests are answered 429 instead of 401/404. A valid token is never
-limited: the service's token is judged by the service's route (cached, one read per service), and an
-address in debt gets no database read for an API key the gateway has not seen valid (429 at once), so a
-flood of made-up tokens costs the database no more than the budget allows. It authenticates by its own rules, reads bodies as streams with its own bound
-(``gateway_max_body_mib``) and answers errors in the API's JSON shape. The rules live in
+route and pass it on). Its one rate limit is on refused tokens (``ApiRateLimits.gateway_refused``): every
+token is judged first (the service's token by the service's route, an API key by the gateway's key cache,
+read from the database when unknown), and only a refused one costs its address one token of
+``gateway_auth_failure_burst``; once the address is in debt its refused requests are answered 429 instead
+of 401/404. A valid token is never answered 429, whatever its address sent before. It authenticates by its
+own rules, reads bodies as streams with its own bound (``gateway_max_body_mib``) and answers errors in the
+API's JSON shape. The rules live in
 ``master/services/gateway/``; this module parses the request and delegates.
 
 ``add_gateway_routes`` registers the routes and the gateway's ``cleanup_ctx`` (its pools closed and its last
@@ -17,7 +17,6 @@ figures written at shutdown).
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import AsyncIterator
 
@@ -51,8 +50,7 @@ async def serve(request: web.Request) -> web.StreamResponse:
         if not SERVICE_ID.fullmatch(service_id):
             raise NotFound(f"no service {service_id!r}; check the URL", code="service_not_found")
         gateway = gateway_of(request.app[MASTER])
-        before_key_lookup = functools.partial(limits.before_gateway, address) if limits is not None else None
-        route = await gateway.authorize(service_id, token, before_key_lookup=before_key_lookup)
+        route = await gateway.authorize(service_id, token)
     except (Unauthorized, NotFound) as exc:
         if limits is not None:
             try:

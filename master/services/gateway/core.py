@@ -8,9 +8,9 @@ Policy, in the order a request meets it:
   ``invalid_token``, whether the service exists or not; another account's key (an admin's included),
   an unknown or deleted service: 404 ``service_not_found``. Tokens travel only in that header, never in
   the URL or a cookie, so a browser never opens a service's page on the master's origin by itself.
-  The service's token is judged by the route alone; an API key the key cache does not know is read from
-  the database only past the caller's refused-token guard (``authorize(before_key_lookup=...)``), so an
-  address that sent too many refused tokens gets no reads for made-up keys and its valid tokens still pass.
+  The service's token is judged by the route alone; an API key by the key cache, which reads a key it
+  does not know from the database whoever sends it (one indexed read; a refused key is then kept
+  ``refused_key_max_age`` seconds, so repeating it reads nothing): a valid token always opens.
 * **Where.** Among the service's replicas that run, are ready (``rentals.ready_at``) and whose host is
   on a live relay: the one with the fewest requests in flight from this process, ties taken in turn.
   A replica whose relay stream failed (no stream, refused, reset) sits out ``eject_s`` seconds unless
@@ -32,7 +32,6 @@ import asyncio
 import hmac
 import logging
 import ssl
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -80,11 +79,14 @@ class Gateway:
         # Timeouts and periods
         route_max_age: float = 1.0,
         key_max_age: float = 5.0,
+        refused_key_max_age: float = 30.0,
         eject_s: float = 5.0,
         wake_poll_s: float = 0.25,
         keepalive_s: float = 4.0,
         pool_idle_s: float = 60.0,
         open_timeout: float = 10.0,
+        # Sizes
+        refused_key_max_entries: int = 4096,
     ) -> None:
         self.master = master
         self.settings = master.settings
@@ -96,7 +98,8 @@ class Gateway:
         self.open_timeout = open_timeout
         self.stats = GatewayStats()
         self.routes = RouteTable(master, max_age=route_max_age, clock=self.clock)
-        self.keys = KeyCache(master, max_age=key_max_age, clock=self.clock)
+        self.keys = KeyCache(master, max_age=key_max_age, refused_max_age=refused_key_max_age,
+                             refused_max_entries=refused_key_max_entries, clock=self.clock)  # fmt: skip
         self.pools: dict[str, ReplicaPool] = {}
         self.closed = False
         self._turns: dict[str, list[int]] = {}
@@ -107,20 +110,17 @@ class Gateway:
 
     # ---- who -------------------------------------------------------------------------------------
 
-    async def authorize(self, service_id: str, token: str, *, before_key_lookup: Callable[[], Awaitable[None]] | None = None) -> ServiceRoute:
+    async def authorize(self, service_id: str, token: str) -> ServiceRoute:
         """The service's route if ``token`` opens it; else ``Unauthorized`` or ``NotFound`` (see the module's policy).
 
         The service's own token is judged by its route alone (read once per ``route_max_age`` for every caller
-        of the service). An API key the key cache does not know as valid is read from the database only after
-        ``before_key_lookup`` (the caller's refused-token limit), which may raise."""
+        of the service); an API key by ``KeyCache`` (read when it knows neither that the key is valid nor that
+        it was refused lately). Nothing here refuses a token without judging it: a valid one always opens."""
         route = await self.routes.get(service_id)
         token_hash = secret_hash(token)
         if route is not None and route.active and hmac.compare_digest(token_hash, route.token_hash):
             return route
-        if token.startswith(SERVICE_TOKEN_PREFIX):
-            account = None
-        else:
-            account = await self.keys.account_of(token_hash, token, before_lookup=before_key_lookup)
+        account = None if token.startswith(SERVICE_TOKEN_PREFIX) else await self.keys.account_of(token_hash, token)
         if account is None:
             raise Unauthorized("the bearer token is neither a service token nor a valid API key; use the service's "
                                "token or your API key", code="invalid_token")  # fmt: skip

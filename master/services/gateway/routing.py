@@ -5,12 +5,14 @@ service's own columns the gateway needs and its running replicas with the relay 
 — for at most ``max_age`` seconds (1 s: a replica made ready, stopped or moved is seen within it);
 requests for one service that find its route stale share one reload. Unknown service ids are kept
 too (as ``None``), so a stream of requests for one costs one query per period. ``KeyCache`` keeps
-API keys' owners (and unknown keys) for ``max_age`` seconds, by the key's hash: a revoked key stops
-opening services within that time. A key's lookup can be made to pass a guard first (``before_lookup``:
-the refused-token limit of the caller's address), except for a key that opened an account before: a
-valid key is never held back by the guard, a made-up one always is.
+valid API keys' owners for ``max_age`` seconds (5 s), by the key's hash: a revoked key stops opening
+services within that time. Every other key is read from the database (one indexed read of the hash, what
+any API request costs); a key the read refused is kept apart in a small negative table for
+``refused_max_age`` seconds (30 s), so a flood repeating the same bad keys reads each once per period, and a
+flood of distinct made-up keys never pushes valid keys out of theirs. Requests for one key that is not in
+either table share one read. No key is ever held back without being read: a valid key always opens.
 
-Both tables are bounded (``max_entries``): past it the oldest entries are forgotten.
+Every table is bounded (``max_entries``, ``refused_max_entries``): past it the oldest entries are forgotten.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Generic, TypeVar
@@ -86,11 +88,6 @@ class _Bounded(Generic[V]):
 
     def forget(self, key: str) -> None:
         self._entries.pop(key, None)
-
-    def peek(self, key: str) -> tuple[V] | None:
-        """The value stored for ``key``, however old (``None``: none, or forgotten)."""
-        entry = self._entries.get(key)
-        return None if entry is None else (entry[1],)
 
 
 async def load_route(master: Master, service_id: str, relays: dict[str, RelayRecord]) -> ServiceRoute | None:
@@ -169,33 +166,52 @@ class RouteTable:
 
 
 class KeyCache:
-    """Which account an API key opens (``None``: none), kept ``max_age`` seconds by the key's hash."""
+    """Which account an API key opens: valid keys kept ``max_age`` seconds, refused ones ``refused_max_age``, by the key's hash.
 
-    def __init__(self, master: Master, *, max_age: float = 5.0, max_entries: int = 10_000,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    A key created after it was refused (only if someone sent its secret before it existed: its 256 random bits
+    make that a guess no one wins) would open within ``refused_max_age``; no key is ever un-revoked."""
+
+    def __init__(self, master: Master, *, max_age: float = 5.0, max_entries: int = 10_000, refused_max_age: float = 30.0,
+                 refused_max_entries: int = 4096, clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         self.master = master
         self.max_age = max_age
+        self.refused_max_age = refused_max_age
         self.clock = clock
         self.lookups = 0
-        """Keys read from the database so far (to see the cache and the guard work)."""
-        self._accounts: _Bounded[str | None] = _Bounded(max_entries)
+        """Keys read from the database so far (to see the tables work)."""
+        self._accounts: _Bounded[str] = _Bounded(max_entries)
+        self._refused: _Bounded[None] = _Bounded(refused_max_entries)
+        self._loading: dict[str, asyncio.Future[str | None]] = {}
 
-    async def account_of(self, key_hash: str, key: str, *, before_lookup: Callable[[], Awaitable[None]] | None = None) -> str | None:
-        """The account behind the API key ``key`` (whose ``secret_hash`` is ``key_hash``), or ``None``.
-
-        A key not in the table (or last seen unknown) that must be read from the database passes
-        ``before_lookup`` first, which may raise (the caller's refused-token limit); a key that opened an
-        account when it was last read is read again without it (revoked since: ``None``)."""
+    async def account_of(self, key_hash: str, key: str) -> str | None:
+        """The account behind the API key ``key`` (whose ``secret_hash`` is ``key_hash``), or ``None``. Cancelling is
+        safe (a read another request waits on goes on)."""
         now = self.clock()
         cached = self._accounts.get(key_hash, now=now, max_age=self.max_age)
         if cached is not None:
             return cached[0]
-        known = self._accounts.peek(key_hash)
-        if before_lookup is not None and (known is None or known[0] is None):
-            await before_lookup()
+        if self._refused.get(key_hash, now=now, max_age=self.refused_max_age) is not None:
+            return None
+        loading = self._loading.get(key_hash)
+        if loading is None:
+            loading = self._loading[key_hash] = asyncio.ensure_future(self._load(key_hash, key))
+            loading.add_done_callback(lambda done: self._loaded(key_hash, done))
+        return await asyncio.shield(loading)
+
+    def _loaded(self, key_hash: str, done: asyncio.Future[str | None]) -> None:
+        self._loading.pop(key_hash, None)
+        if not done.cancelled():
+            done.exception()  # retrieved: when every waiter left, nobody else would (the next request reads again)
+
+    async def _load(self, key_hash: str, key: str) -> str | None:
         self.lookups += 1
         account = await _lookup(self.master, key)
-        self._accounts.put(key_hash, account, now=self.clock())
+        if account is None:
+            self._accounts.forget(key_hash)
+            self._refused.put(key_hash, None, now=self.clock())
+        else:
+            self._refused.forget(key_hash)
+            self._accounts.put(key_hash, account, now=self.clock())
         return account
 
 
