@@ -11,6 +11,7 @@ interpreter may sit where no rental user can reach.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -158,18 +159,28 @@ class Host:
         return [self.state.key_file, self.state.identity_file, self.state.dir / "spool.db", self.work_dir / REGISTRY_NAME]
 
 
-@pytest.fixture
-def host() -> Iterator[Host]:
-    base = Path(f"/tmp/gpumarket-isolation-{secrets.token_hex(4)}")
+@contextlib.contextmanager
+def host_layout(name: str, uid_base: int) -> Iterator[Host]:
+    """A ``Host`` under a fresh ``/tmp/gpumarket-<name>-…`` folder anyone may pass, with a uid range of its own from
+    ``uid_base`` (so tests running side by side never share a uid); leaves no process, namespace or folder behind."""
+    base = Path(f"/tmp/gpumarket-{name}-{secrets.token_hex(4)}")
     base.mkdir(mode=0o755)
     os.chmod(base, 0o755)
-    # A range of this test's own, so tests running side by side never share a uid.
-    made = Host(base, 3_000_000 + secrets.randbelow(1000) * 1000)
-    yield made
-    assert not isinstance(TOOLS, str)
-    for uid, rental_id in made.users.claimed().items():  # after a failed test: leave no process behind
-        kill_uid(RentalUser(rental_id, uid, uid, made.users.root / rental_id), TOOLS, timeout=2)
-    shutil.rmtree(base, ignore_errors=True)
+    made = Host(base, uid_base + secrets.randbelow(1000) * 1000)
+    try:
+        yield made
+    finally:
+        assert not isinstance(TOOLS, str)
+        for uid, rental_id in made.users.claimed().items():  # after a failed test
+            kill_uid(RentalUser(rental_id, uid, uid, made.users.root / rental_id), TOOLS, timeout=2)
+            made.users.networks.remove(uid)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def host() -> Iterator[Host]:
+    with host_layout("isolation", 3_000_000) as made:
+        yield made
 
 
 Managers = Callable[..., WorkloadManager]

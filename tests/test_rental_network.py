@@ -18,7 +18,6 @@ import asyncio
 import json
 import os
 import secrets
-import shutil
 import socket
 import subprocess
 import sys
@@ -34,12 +33,11 @@ from agent.runtimes.isolation import prove_rental_network
 from agent.runtimes.manager import WorkloadManager
 from agent.runtimes.netguard import EgressPolicy
 from agent.runtimes.procnet import host_addresses, netns_path
-from agent.runtimes.users import RentalUser, kill_uid
 from shared.protocol import ContainerWorkload, ProcessWorkload
 from tests import dockerengine
 from tests.helpers import eventually
 from tests.nethosts import SERVER, NetHosts, net_hosts
-from tests.test_process_isolation import SYSTEM_PYTHON, TOOLS, Host, system_py
+from tests.test_process_isolation import SYSTEM_PYTHON, TOOLS, Host, host_layout, system_py
 from tests.workloadfixtures import Exits
 
 pytestmark = pytest.mark.skipif(
@@ -91,17 +89,9 @@ async def reachable_from_host(targets: list[str]) -> list[str]:
 
 @pytest.fixture
 def rhost() -> Iterator[Host]:
-    """A host layout of the test's own (``tests.test_process_isolation.Host``), with a uid range of its own."""
-    base = Path(f"/tmp/gpumarket-netns-{secrets.token_hex(4)}")
-    base.mkdir(mode=0o755)
-    os.chmod(base, 0o755)
-    made = Host(base, 3_700_000 + secrets.randbelow(1000) * 1000)
-    yield made
-    assert not isinstance(TOOLS, str)
-    for uid, rental_id in made.users.claimed().items():  # after a failed test: leave no process or namespace behind
-        kill_uid(RentalUser(rental_id, uid, uid, made.users.root / rental_id), TOOLS, timeout=2)
-        made.users.networks.remove(uid)
-    shutil.rmtree(base, ignore_errors=True)
+    """A host layout of the test's own (``tests.test_process_isolation.host_layout``), uids clear of the other tests'."""
+    with host_layout("netns", 5_000_000) as made:
+        yield made
 
 
 @pytest.fixture
