@@ -308,3 +308,48 @@ while time.monotonic() < deadline:
     time.sleep(0.05)
 sys.exit(1)
 """
+
+
+# In a host namespace of the test's own: a dummy "uplink" address, then RentalNetworks.check() with or without the guard.
+SELF_TEST = """
+import asyncio, json, sys
+from agent.runtimes.netguard import EgressPolicy, install_guard
+from agent.runtimes.procnet import RentalNetworks
+uid_min = int(sys.argv[1])
+if sys.argv[2] == "guarded":
+    assert asyncio.run(install_guard(policy=EgressPolicy(resolvers=()))).active
+check = RentalNetworks(uid_min=uid_min, uid_max=uid_min + 9).check()
+print(json.dumps({"passed": check.passed, "line": check.line}))
+"""
+
+
+class TestSelfTest:
+    """The start-up self-test, run in a host namespace of the test's own (its iptables its own): it fails where the
+    guard is missing and a rental's namespace reaches the host, and passes once the guard is in place."""
+
+    @pytest.mark.parametrize("guarded", [False, True], ids=["no-guard", "guard"])
+    def test_passes_only_where_a_rentals_namespace_reaches_no_host_address(self, guarded: bool) -> None:
+        """Without the guard the probe reaches the host's address and the test says so; with it, nothing answers."""
+        tag = secrets.token_hex(2)
+        host_ns = f"gmtesth{tag}"
+        uid_min = 5_900_000 + secrets.randbelow(1000) * 10
+        ip("netns", "add", host_ns)
+        try:
+            ip("-n", host_ns, "link", "set", "lo", "up")
+            ip("-n", host_ns, "link", "add", "uplink0", "type", "veth", "peer", "name", "uplink1")  # no dummy module here
+            ip("-n", host_ns, "addr", "add", "198.51.100.250/32", "dev", "uplink0")
+            for link in ("uplink0", "uplink1"):
+                ip("-n", host_ns, "link", "set", link, "up")
+            done = subprocess.run(
+                ["ip", "netns", "exec", host_ns, sys.executable, "-c", SELF_TEST, str(uid_min), "guarded" if guarded else "bare"],
+                capture_output=True, text=True, timeout=120, check=False, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            result = json.loads(done.stdout.strip().splitlines()[-1])
+        finally:
+            subprocess.run(["ip", "netns", "del", host_ns], capture_output=True, check=False)
+            subprocess.run(["ip", "netns", "del", f"gmr{uid_min + 9}"], capture_output=True, check=False)
+        if guarded:
+            assert result["passed"] and "passed" in result["line"], result
+        else:
+            assert not result["passed"] and "198.51.100.250" in result["line"], result

@@ -33,15 +33,16 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, TypeVar
 
 from agent.runtimes.netguard import DEFAULT_PROCESS_POOL, PROCESS_PREFIX
 from shared.errors import BadRequest, ConfigError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 NETNS_DIR: Final = Path("/run/netns")
 NETNS_PREFIX: Final = "gmr"
@@ -160,16 +161,24 @@ class RentalNetworks:
             finally:
                 self.remove(self.uid_max)
 
-    def check(self, *, timeout: float = 0.5) -> NetworkCheck:
+    def check(self, *, timeout: float = 0.5, control_timeout: float = 10.0, slack: float = 20.0, max_timeout: float = 10.0) -> NetworkCheck:
         """The self-test: a probe namespace with the guard's veth tries every IPv4 address of the host on a
-        port the agent listens on (all addresses), and must reach none. Blocking, about ``timeout`` seconds."""
+        port the agent listens on (all addresses), and must reach none. A probe that is only slow must not pass
+        for one that was dropped: first a control connection from the host into the probe's namespace (the
+        same veth, the other way) must succeed, and the probes then wait ``slack`` times as long as it took
+        (at least ``timeout``, at most ``max_timeout`` seconds). Blocking."""
         try:
             with self.probe(egress=True) as path, socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
                 listener.bind(("0.0.0.0", 0))
                 listener.listen(16)
                 port = listener.getsockname()[1]
+                try:
+                    control = control_connect(path, self.addresses(self.uid_max)[1], timeout=control_timeout)
+                except OSError as exc:
+                    return NetworkCheck(False, f"network self-test could not run: the host cannot reach a rental's namespace ({exc})")
                 targets = [address for address in host_addresses(self.ip) if not ipaddress.IPv4Address(address).is_loopback]
-                reached = connect_from(path, [(address, port) for address in targets], timeout=timeout)
+                wait = min(max_timeout, max(timeout, slack * control))
+                reached = connect_from(path, [(address, port) for address in targets], timeout=wait)
         except (BadRequest, OSError) as exc:
             return NetworkCheck(False, f"network self-test could not run: {exc}")
         if reached:
@@ -190,50 +199,58 @@ def host_addresses(ip: str = "ip") -> list[str]:
     return found
 
 
-def _open_inside(netns: Path, targets: list[tuple[str, int]], out: dict[socket.socket, str]) -> None:
-    # In a thread of its own (setns changes the calling thread only): if going back failed, the
-    # thread ends with the error rather than any pooled thread living on in the wrong namespace.
-    libc = ctypes.CDLL(None, use_errno=True)
-    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-    target = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        if libc.setns(target, _CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), "setns into the probe namespace")
+def in_namespace(netns: Path, work: Callable[[], T]) -> T:
+    """``work()``'s result, run in a thread of its own inside the network namespace at ``netns`` (``setns`` changes
+    the calling thread only: a pooled thread must never be left in the wrong namespace; if going back failed,
+    that thread ends with the error). Sockets made by ``work`` keep the namespace they were made in. Blocking."""
+    results: list[T] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
         try:
-            for address, port in targets:
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                sock.setblocking(False)
-                code = sock.connect_ex((address, port))
-                if code not in (0, errno.EINPROGRESS):  # refused at once (no route, ...): never writable as "connected"
-                    sock.close()
-                    continue
-                out[sock] = f"{address}:{port}"
-        finally:
-            if libc.setns(own, _CLONE_NEWNET) != 0:
-                raise OSError(ctypes.get_errno(), "setns back to the agent's namespace")
-    finally:
-        os.close(own)
-        os.close(target)
+            own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            target = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                if libc.setns(target, _CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), f"setns into {netns}")
+                try:
+                    results.append(work())
+                finally:
+                    if libc.setns(own, _CLONE_NEWNET) != 0:
+                        raise OSError(ctypes.get_errno(), "setns back to the agent's namespace")
+            finally:
+                os.close(own)
+                os.close(target)
+        except BaseException as exc:  # handed to the caller
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name="netns-work", daemon=True)
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+    return results[0]
 
 
 def connect_from(netns: Path, targets: list[tuple[str, int]], *, timeout: float) -> list[str]:
     """Try a TCP connection to each of ``targets`` from inside ``netns`` at once; the ones that connected
     (``address:port``) within ``timeout`` seconds. Blocking."""
-    sockets: dict[socket.socket, str] = {}
-    errors: list[BaseException] = []
 
-    def work() -> None:
-        try:
-            _open_inside(netns, targets, sockets)
-        except BaseException as exc:  # handed to the caller
-            errors.append(exc)
+    def start_connects() -> dict[socket.socket, str]:
+        started: dict[socket.socket, str] = {}
+        for address, port in targets:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            code = sock.connect_ex((address, port))
+            if code not in (0, errno.EINPROGRESS):  # refused at once (no route, ...): never writable as "connected"
+                sock.close()
+                continue
+            started[sock] = f"{address}:{port}"
+        return started
 
-    thread = threading.Thread(target=work, name="netprobe", daemon=True)
-    thread.start()
-    thread.join()
+    sockets = in_namespace(netns, start_connects)
     try:
-        if errors:
-            raise OSError(f"network self-test: {errors[0]}")
         reached: list[str] = []
         pending = set(sockets)
         deadline = time.monotonic() + timeout
@@ -247,3 +264,22 @@ def connect_from(netns: Path, targets: list[tuple[str, int]], *, timeout: float)
     finally:
         for sock in sockets:
             sock.close()
+
+
+def control_connect(netns: Path, address: str, *, timeout: float) -> float:
+    """Seconds a TCP connection from the host into ``netns`` (a listener there, at ``address``) takes: the
+    self-test's positive control, which crosses the same veth the probes do. Raises ``OSError`` when it fails."""
+
+    def listen() -> socket.socket:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind((address, 0))
+        listener.listen(1)
+        return listener
+
+    listener = in_namespace(netns, listen)
+    try:
+        started = time.monotonic()
+        with socket.create_connection(listener.getsockname(), timeout=timeout):
+            return time.monotonic() - started
+    finally:
+        listener.close()
