@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +20,13 @@ import pytest
 from agent.runtimes.ceilings import CeilingPolicy
 from agent.runtimes.containeropts import resource_name
 from agent.runtimes.diskquota import LoopDisks, detect_loop_disks
+from agent.runtimes.users import RentalUsers
 from shared.ceilings import HostSize
 from shared.errors import BadRequest
-from shared.protocol import ProcessWorkload
+from shared.protocol import DISK_QUOTA_EXCEEDED, ProcessWorkload
 from tests.helpers import eventually
-from tests.test_container_runtime import Managers, backend, inspect, managers, owner, sh  # noqa: F401  (fixtures)
-from tests.test_process_isolation import WAIT, Host, host, in_home  # noqa: F401  (fixtures)
+from tests.test_container_runtime import Managers, backend, exists, inspect, managers, owner, put_file, sh  # noqa: F401  (fixtures)
+from tests.test_process_isolation import TOOLS, WAIT, Host, host, in_home  # noqa: F401  (fixtures)
 from tests.test_process_isolation import Managers as ProcessManagers
 from tests.test_process_isolation import managers as process_managers  # noqa: F401
 from tests.test_process_isolation import sh as argv_sh
@@ -137,3 +139,110 @@ class TestProcessCeilings:
         with pytest.raises(BadRequest) as refused:
             await manager.start(f"x{secrets.token_hex(3)}", [gpus[0]], ProcessWorkload(argv=argv_sh("true"), pids_limit=257))
         assert refused.value.code == "limits_exceed_host" and refused.value.message.startswith("workload.pids_limit:")
+
+
+def unmount(path: Path) -> None:
+    """Take a rental's disk away as a reboot would (the image stays, nothing is mounted)."""
+    assert not isinstance(LOOP, str)
+    subprocess.run([LOOP.umount, str(path)], check=True, capture_output=True, timeout=30)
+    assert not os.path.ismount(path)
+
+
+class TestWritableLayerQuota:
+    """Where the engine cannot bound a container's writable layer (overlay2 on ext4), the agent watches it."""
+
+    async def test_a_container_writing_past_its_quota_outside_workspace_is_stopped_alone(
+        self, managers: Managers, gpus: list[str], docker_image: str, tmp_path: Path, owner: str  # noqa: F811 (a fixture imported above)
+    ) -> None:
+        """1.1 GiB written to /tmp over a 1 GiB quota: the container is stopped, its exit's reason ``disk_quota_exceeded: ...``
+        (what the runner reports: the renter's doing at the master); the neighbour runs on."""
+        work = tmp_path / "work"
+        manager, exits = managers(work_dir=work, ceilings=small_policy(work), disk_check_interval=0.1)
+        assert manager.containers.disk_quota == "loop"  # the engine here does not enforce --storage-opt: watched
+        exits.wait = HOG_WAIT  # writing 1.1 GiB on a loaded machine takes seconds
+        reasons: dict[str, str | None] = {}
+
+        async def on_exit(rental_id: str, exit_code: int | None) -> None:
+            reasons[rental_id] = manager.exit_reason(rental_id)  # what agent.runner sends as the exit's reason
+            await exits(rental_id, exit_code)
+
+        manager.on_exit = on_exit
+        neighbour, hog = f"n{secrets.token_hex(3)}", f"h{secrets.token_hex(3)}"
+        await manager.start(neighbour, [gpus[0]], sh("exec sleep 600", image=docker_image))
+        await manager.start(hog, [gpus[1]], sh("dd if=/dev/zero of=/tmp/fill bs=1M count=1126; echo written; exec sleep 600", image=docker_image))
+        exit_code = await exits.wait_for(hog)
+        assert exit_code is not None and exit_code != 0
+        why = reasons[hog]
+        assert why is not None and why.startswith(f"{DISK_QUOTA_EXCEEDED}: the container wrote ") and why.endswith("over its 1 GiB quota"), why
+        await log_text(manager, hog, containing=f"gpumarket: stopping ({DISK_QUOTA_EXCEEDED}: ")
+        assert manager.running() == [neighbour] and not exists("containers", resource_name(hog, owner))
+        assert manager.exit_reason(hog) is None  # reported: forgotten with the exit
+        info = inspect(resource_name(neighbour, owner))
+        assert info is not None and info["State"]["Running"]
+
+
+class TestDisksMountedAgain:
+    """A rental's disk survives an agent restart and a reboot: mounted again, its files intact."""
+
+    async def test_an_adopted_container_keeps_its_disk_and_files(
+        self, managers: Managers, gpus: list[str], docker_image: str, tmp_path: Path, owner: str  # noqa: F811 (a fixture imported above)
+    ) -> None:
+        """An agent restart: the new manager adopts the running container, whose /workspace is still its mounted disk with its files."""
+        work = tmp_path / "work"
+        first, _ = managers(work_dir=work, ceilings=small_policy(work))
+        rental = f"a{secrets.token_hex(3)}"
+        script = "echo kept > /workspace/keep; echo wrote; while [ ! -e /workspace/go ]; do sleep 0.05; done; echo read=$(cat /workspace/keep); exec sleep 600"
+        await first.start(rental, [gpus[0]], sh(script, image=docker_image))
+        await log_text(first, rental, containing="wrote")
+        await first.close()  # as if killed: nothing stopped
+        second, _ = managers(work_dir=work, ceilings=small_policy(work))
+        await second.resume()
+        assert second.running() == [rental]
+        disk = small_policy(work).disks.default_mountpoint(rental)  # type: ignore[union-attr]
+        assert os.path.ismount(disk) and (disk / "keep").read_text() == "kept\n"
+        put_file(resource_name(rental, owner), "/workspace", "go")
+        await log_text(second, rental, containing="read=kept")
+
+    async def test_a_disk_unmounted_as_by_a_reboot_is_mounted_again_with_its_files(
+        self, managers: Managers, gpus: list[str], docker_image: str, tmp_path: Path  # noqa: F811 (a fixture imported above)
+    ) -> None:
+        """Stopped, its disk unmounted, the agent restarted: the renter's files (``workspace_path``, SFTP's) and a new start both find it mounted again, intact."""
+        work = tmp_path / "work"
+        first, _ = managers(work_dir=work, ceilings=small_policy(work))
+        rental = f"r{secrets.token_hex(3)}"
+        await first.start(rental, [gpus[0]], sh("echo kept > /workspace/keep; echo wrote; exec sleep 600", image=docker_image))
+        await log_text(first, rental, containing="wrote")
+        await first.stop(rental, timeout=0)
+        await first.close()
+        disk = small_policy(work).disks.default_mountpoint(rental)  # type: ignore[union-attr]
+        unmount(disk)
+        second, _ = managers(work_dir=work, ceilings=small_policy(work))
+        assert await second.containers.workspace_path(rental) == disk
+        assert os.path.ismount(disk) and (disk / "keep").read_text() == "kept\n"
+        unmount(disk)
+        await second.start(rental, [gpus[0]], sh("echo read=$(cat /workspace/keep); exec sleep 600", image=docker_image))
+        await log_text(second, rental, containing="read=kept")
+        assert os.path.ismount(disk)
+
+    async def test_an_adopted_process_rental_keeps_its_home_disk_and_files(
+        self, process_managers: ProcessManagers, host: Host, gpus: list[str]  # noqa: F811 (a fixture imported above)
+    ) -> None:
+        """An agent restart: the new manager adopts the process rental, whose home is still its mounted disk with its files;
+        stopping it then unmounts and deletes the disk."""
+        assert not isinstance(TOOLS, str)
+        first = process_managers(ceilings=small_policy(host.work_dir))
+        rental = f"p{secrets.token_hex(3)}"
+        script = "echo kept > keep; touch ready; while [ ! -e go ]; do sleep 0.05; done; cat keep > read.new; mv read.new read; exec sleep 60"
+        await first.start(rental, [gpus[0]], ProcessWorkload(argv=argv_sh(script)))
+        await in_home(host, rental, "ready")
+        home = host.users.root / rental
+        assert os.path.ismount(home)
+        await first.close()
+        fresh_users = RentalUsers(host.users.root, TOOLS, uid_min=host.users.uid_min, uid_max=host.users.uid_max)
+        policy = small_policy(host.work_dir)
+        second = process_managers(rental_users=fresh_users, ceilings=policy)
+        assert second.running() == [rental] and os.path.ismount(home) and (home / "keep").read_text() == "kept\n"
+        (home / "go").touch()
+        assert (await in_home(host, rental, "read")).read_text() == "kept\n"
+        await second.stop(rental)
+        assert not os.path.ismount(home) and not policy.disks.image(rental).exists()  # type: ignore[union-attr]

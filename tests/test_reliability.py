@@ -199,8 +199,10 @@ class TestRentals:
         assert score == round(10 / 12, 4)
 
     def test_failure_reasons_are_attributed(self) -> None:
-        """Only a workload that ran and exited, or whose program could not start, is the renter's."""
+        """Only a workload that ran and exited, whose program could not start, or that its agent stopped over its disk quota, is the renter's."""
         assert reliability.renter_caused("workload exited with code 137")
+        assert reliability.renter_caused("workload stopped by its host: disk_quota_exceeded: the container wrote 1.1 GiB outside /workspace")
+        assert not reliability.renter_caused("workload stopped by its host: disk_quota_exceededly")
         assert reliability.renter_caused("workload failed to start: cannot start 'train.py': Permission denied")
         assert not reliability.renter_caused("workload failed to start: cannot start podman: not found")
         assert not reliability.renter_caused("workload ended (ended while the agent was not watching)")

@@ -22,6 +22,7 @@ from master.api.base import API
 from master.api.openapi import build_openapi
 from master.api.table import ROUTES
 from master.models import Command, Host, LedgerTransaction, Rental
+from master.services import reliability
 from master.telemetry import hosts
 from master.telemetry.ingest import Ingestor
 from shared import protocol
@@ -467,3 +468,19 @@ class TestStartProgressAndFailures:
         _, body = await api.as_renter("GET", f"/rentals/{rental['id']}")
         assert body["state"] == "failed" and body["failure_code"] == "image_pull_failed" and body["started_at"] is None
         assert body["failure_reason"] == "image_pull_failed: no such host"
+
+    async def test_a_workload_stopped_over_its_disk_quota_fails_as_the_renters_doing(self, api: Api) -> None:
+        """An agent's exit report with reason ``disk_quota_exceeded: ...`` (not a plain exit code): failed with that code, the renter's doing."""
+        host_id = await host_with(api, facts("container"))
+        _, rental = await rent(api, template="base")
+        await api.agent_reports(rental["id"], "start_workload")
+        why = "disk_quota_exceeded: the container wrote 1.1 GiB outside /workspace, over its 1 GiB quota"
+        exited = protocol.WorkloadExited(
+            host_id=host_id, seq=next(_seq), ts=datetime.now(UTC),
+            body=protocol.WorkloadExitedBody(rental_id=rental["id"], exit_code=-9, at=datetime.now(UTC), reason=why),
+        )  # fmt: skip
+        async with api.master.db.session() as session:
+            await hosts.handle_workload_exited(session, envelope(exited))
+        _, body = await api.as_renter("GET", f"/rentals/{rental['id']}")
+        assert body["state"] == "failed" and body["failure_code"] == "disk_quota_exceeded"
+        assert body["failure_reason"] == f"workload stopped by its host: {why}" and reliability.renter_caused(body["failure_reason"])

@@ -143,6 +143,17 @@ class RentalAccess:
     home: Path | None = None
     cgroup_dirs: tuple[Path, ...] = ()
 
+    @classmethod
+    def of(cls, workload: Workload, user: tuple[int, int, Path] | None) -> RentalAccess:
+        """The access of ``workload``, a process rental's ``user`` its (uid, gid, home)."""
+        ended = workload.stop_task is not None or (workload.handle is not None and workload.handle.exited)
+        uid, gid, home = (None, None, None) if user is None else user
+        return cls(
+            workload.rental_id, workload.kind, running=not ended, gpu_uuids=tuple(workload.gpu_uuids),
+            container_id=workload.container[0] if workload.container else None, uid=uid, gid=gid, home=home,
+            cgroup_dirs=workload.placement.cgroup_dirs,
+        )
+
 
 class Runtime(Protocol[SpecT_contra]):
     """Starts one kind of workload on the host itself (``hold``, ``process``).

@@ -26,7 +26,8 @@ a ``kill -9`` up to a second of output may appear twice, none is lost while the 
 The same handle notices the exit (the stream ends, the engine's state says so) and its code.
 
 Facts for the host's hello: ``facts()`` (the engine's name and version, or why none answers;
-the network guard's state).
+the network guard's state). The create body is ``agent.runtimes.containerconfig``'s; whether the engine
+bounds the writable layer, and what a container wrote there, ``agent.runtimes.layerquota``'s.
 
 Lifetime: ``stop``/exit removes the container and its network; the volume stays until
 ``forget_volume`` (the rental is forgotten). ``sweep`` removes this owner's containers,
@@ -56,6 +57,7 @@ from aiodocker.exceptions import DockerError
 
 from agent.runtimes.base import Workload
 from agent.runtimes.ceilings import DiskQuota
+from agent.runtimes.containerconfig import create_body
 from agent.runtimes.containerlogs import ContainerHandle
 from agent.runtimes.containeropts import (
     DEFAULT_SOCKET,
@@ -63,7 +65,6 @@ from agent.runtimes.containeropts import (
     OWNER_LABEL,
     RENTAL_LABEL,
     SINCE_NAME,
-    WORKSPACE,
     ContainerFacts,
     ContainerOptions,
     PreparedImage,
@@ -75,7 +76,6 @@ from agent.runtimes.containeropts import (
 from agent.runtimes.diskquota import LoopDisks
 from agent.runtimes.netguard import NetGuardStatus, install_guard
 from agent.runtimes.netns import NamespaceUnavailable, connect_in_namespace
-from agent.runtimes.process import share_environment
 from shared.ceilings import Ceilings
 from shared.errors import BadRequest
 from shared.imageref import ImageReference, image_allowed, parse_image_reference
@@ -153,42 +153,6 @@ class ContainerRuntime:
         guard = self.network_guard or NetGuardStatus(False, "isolate_network is off: rentals share the engine's default bridge")
         name = "podman" if "podman" in json.dumps(version.get("Components") or []).lower() else "docker"
         return ContainerFacts(f"{name} {version.get('Version', '?')}", "", guard)
-
-    async def storage_opt_supported(self) -> bool:
-        """Whether the engine enforces ``--storage-opt size`` on a container's writable layer: its storage driver is
-        btrfs, zfs or devicemapper, or overlay2 on xfs — proven there by creating (not starting) a container with
-        one from a local image, as project quotas need the ``pquota`` mount option. Never raises."""
-        try:
-            async with asyncio.timeout(self.options.engine_timeout):
-                info = await self.docker().system.info()
-                driver = str(info.get("Driver") or "")
-                backing = dict((str(k), str(v)) for k, v in info.get("DriverStatus") or () if isinstance(k, str))
-                if driver in ("btrfs", "zfs", "devicemapper"):
-                    return True
-                if driver != "overlay2" or backing.get("Backing Filesystem") != "xfs":
-                    return False
-                images = await self.docker().images.list()
-                if not images:
-                    return False
-                probe = await self.docker().containers.create(
-                    {"Image": images[0]["Id"], "HostConfig": {"StorageOpt": {"size": "1G"}}}, name=f"gpumarket-probe-{os.getpid()}"
-                )
-                await probe.delete(force=True)
-                return True
-        except (ValueError, KeyError, TypeError, *ENGINE_ERRORS):
-            return False
-
-    async def writable_layer_bytes(self, workload: Workload) -> int | None:
-        """What the rental's container has written outside its mounts (the engine's ``SizeRw``); None: unknown."""
-        if workload.container is None:
-            return None
-        try:
-            async with asyncio.timeout(self.options.engine_timeout):
-                info = await self.docker()._query_json(f"containers/{workload.container[0]}/json", params={"size": "1"})
-        except (ValueError, *ENGINE_ERRORS):
-            return None
-        size = info.get("SizeRw") if isinstance(info, dict) else None
-        return size if isinstance(size, int) else None
 
     async def _ping(self) -> None:
         async with self.docker()._query("_ping", method="GET", versioned_api=False) as response:
@@ -378,71 +342,11 @@ class ContainerRuntime:
         self, rental_id: str, gpus: list[str], spec: ContainerWorkload, image: PreparedImage, share: GpuShare | None,
         *, user: str, name: str, labels: dict[str, str], ceilings: Ceilings | None = None, disk: Path | None = None,
     ) -> dict[str, Any]:
-        """The engine's create body: ``ceilings`` (default: the options' defaults) become its memory, CPU, pids
-        and (where the engine enforces it) writable-layer limits; ``disk`` (a mounted size-capped filesystem) is
-        bind-mounted at ``/workspace`` instead of the rental's named volume."""
-        options = self.options
-        visible = ",".join(gpus)
-        env = dict(spec.env)
-        image_env = {item.partition("=")[0] for item in image.env}
-        if "HOME" not in env and "HOME" not in image_env:
-            env["HOME"] = WORKSPACE
-        # The agent's GPU variables win over the spec's and the image's (CUDA images set NVIDIA_VISIBLE_DEVICES=all).
-        env.update(
-            NVIDIA_VISIBLE_DEVICES=visible or "void", CUDA_VISIBLE_DEVICES=visible,
-            GPUMARKET_GPU_UUIDS=visible, GPUMARKET_RENTAL_ID=rental_id,
+        """The engine's create body (``containerconfig.create_body``) with this runtime's options and disk quota."""
+        return create_body(
+            self.options, rental_id, gpus, spec, image, share, user=user, name=name, labels=labels, ceilings=ceilings, disk=disk,
+            device_requests=self.device_requests, storage_opt=self.disk_quota == "storage_opt",
         )
-        if share is not None:
-            env.update(share_environment(share))
-        if ceilings is not None:
-            memory_mib: int | None = ceilings.memory_mib or None
-            cpu_cores: float | None = ceilings.cpu_cores
-            pids_limit = ceilings.pids_limit
-        else:
-            memory_mib = spec.memory_mib if spec.memory_mib is not None else options.default_memory_mib
-            cpu_cores = spec.cpu_cores if spec.cpu_cores is not None else options.default_cpu_cores
-            pids_limit = spec.pids_limit or options.default_pids_limit
-        mount: dict[str, Any] = {"Type": "volume", "Source": name, "Target": WORKSPACE}
-        if disk is not None:
-            mount = {"Type": "bind", "Source": str(disk), "Target": WORKSPACE, "BindOptions": {"Propagation": "rprivate"}}
-        host: dict[str, Any] = {
-            "CapDrop": ["ALL"],
-            "SecurityOpt": ["no-new-privileges"],
-            "Privileged": False,
-            "ReadonlyRootfs": False,
-            "Init": True,
-            "PidsLimit": pids_limit,
-            "ShmSize": (spec.shm_mib or options.default_shm_mib) << 20,
-            "IpcMode": "private",
-            "NetworkMode": name if options.isolate_network else "bridge",
-            "Mounts": [mount],
-            "RestartPolicy": {"Name": "no"},
-            "LogConfig": {"Type": "local", "Config": {"max-size": f"{options.log_max_mib}m", "max-file": "2", "compress": "false"}},
-            "PublishAllPorts": False,
-        }
-        if memory_mib is not None:
-            host["Memory"] = host["MemorySwap"] = memory_mib << 20
-        if cpu_cores is not None:
-            host["NanoCpus"] = int(cpu_cores * 1e9)
-        if ceilings is not None and ceilings.disk_gib is not None and self.disk_quota == "storage_opt":
-            host["StorageOpt"] = {"size": f"{ceilings.disk_gib}G"}
-        if self.device_requests and gpus:
-            host["DeviceRequests"] = [{"Driver": "nvidia", "DeviceIDs": list(gpus), "Capabilities": [["gpu"]]}]
-        config: dict[str, Any] = {
-            "Image": image.id,
-            "User": user,
-            "WorkingDir": WORKSPACE,
-            "Env": [f"{k}={v}" for k, v in env.items()],
-            "Labels": {**labels, "gpumarket.image": spec.image},
-            "ExposedPorts": {f"{port}/tcp": {} for port in spec.ports},
-            "Tty": False, "OpenStdin": False, "AttachStdin": False,
-            "HostConfig": host,
-        }
-        if spec.command is not None:
-            config["Entrypoint"] = list(spec.command)
-        if spec.args is not None:
-            config["Cmd"] = list(spec.args)
-        return config
 
     async def _own_workspace(self, container_id: str, user: str) -> None:
         """Make ``/workspace`` the container user's: a tar of that one directory, extracted by the engine.

@@ -1,9 +1,8 @@
 """The workload manager: starts, watches, stops and re-adopts the workloads of this host's rentals.
 
 Idempotent by rental id; one runtime per kind (``hold``, ``process``, ``container``: see
-``agent.runtimes.base.Runtime``). GPUs: a workload sees only its GPUs (or MIG instances)
-and needs them unheld, or holds a ``GpuShare`` of exactly one, several shares fitting in
-one GPU while their thousandths sum to at most 1000 and their memory to at most the GPU's.
+``agent.runtimes.base.Runtime``). GPUs: a workload sees only its GPUs (or MIG instances),
+unheld or shared as ``agent.runtimes.gpuclaims`` checks.
 
 Exits. A watcher task per process (owned by the manager, cancelled by ``stop`` and
 ``close``) notices a workload that ends on its own, kills what it left behind and calls
@@ -27,8 +26,7 @@ rental's ``/workspace`` volume (or its size-capped disk) stays until ``forget`` 
 Ceilings (``agent.runtimes.ceilings``): every process and container runs within memory, CPU, pids
 and disk limits, the ones its rental named (refused with ``limits_exceed_host`` when the host cannot
 give them) or its share of the host. Where the engine does not bound a container's writable layer,
-its watcher reads the layer's size every ``disk_check_interval`` and stops a container over its
-rental's disk quota (exit reason ``disk_quota_exceeded``, the renter's doing).
+its watcher stops one over its quota every ``disk_check_interval`` (``agent.runtimes.layerquota``).
 
 Logging: start, stop and exit at INFO; a degraded isolation or log cap at WARNING.
 """
@@ -37,21 +35,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import shutil
-import signal
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, TypeVar
 
 from agent.gpu.base import GpuBackend
-from agent.gpu.sim import SimulatedBackend
 from agent.runtimes.base import (
     ExitCallback,
     RentalAccess,
     Runtime,
     Workload,
-    WorkloadKind,
     check_rental_id,
     now_iso,
 )
@@ -60,24 +54,23 @@ from agent.runtimes.cgroups import (
     CgroupLimiter,
     CgroupSupport,
     cgroup_limiter,
-    cgroup_members,
     detect_cgroup_support,
-    kill_cgroups,
-    remove_cgroups,
 )
 from agent.runtimes.container import ContainerRuntime
 from agent.runtimes.containeropts import ContainerFacts, ContainerOptions, ProgressCallback
+from agent.runtimes.gpuclaims import check_gpus, show_load
 from agent.runtimes.hold import HoldRuntime
 from agent.runtimes.isolation import RentalNetworkFacts, prove_rental_network
+from agent.runtimes.layerquota import over_quota, storage_opt_supported
 from agent.runtimes.logs import OutputLogs
-from agent.runtimes.pids import ProcessHandle, group_alive, killpg, process_start_time, reap_if_ours
+from agent.runtimes.pids import ProcessHandle
 from agent.runtimes.process import ProcessRuntime
 from agent.runtimes.registry import Registry
+from agent.runtimes.teardown import clean_up, terminate
 from agent.runtimes.users import RentalUsers
 from shared.ceilings import Ceilings
 from shared.errors import BadRequest, ConfigError, Conflict
 from shared.protocol import (
-    MILLI_PER_GPU,
     ContainerWorkload,
     GpuShare,
     HoldWorkload,
@@ -90,8 +83,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-_LEFTOVER_POLL_S: Final = 0.01
-_MIG_RE = re.compile(r"^MIG-(?:GPU-[0-9a-f-]{36}/\d+/\d+|[0-9a-f-]{36})$", re.IGNORECASE)
 
 
 class WorkloadManager:
@@ -200,7 +191,7 @@ class WorkloadManager:
         facts = await self.containers.facts()
         if facts.engine is not None and not self._storage_opt_asked:
             self._storage_opt_asked = True
-            self.ceilings = self.ceilings.with_storage_opt(await self.containers.storage_opt_supported())
+            self.ceilings = self.ceilings.with_storage_opt(await storage_opt_supported(self.containers.docker(), timeout=self.containers.options.engine_timeout))
             self.containers.disk_quota = self.ceilings.disk_quota
         return facts
 
@@ -249,12 +240,7 @@ class WorkloadManager:
             return None
         users = self.processes.users
         user = users.lookup(rental_id) if workload.kind == "process" and users is not None else None
-        ended = workload.stop_task is not None or (workload.handle is not None and workload.handle.exited)
-        return RentalAccess(
-            rental_id, workload.kind, running=not ended, gpu_uuids=tuple(workload.gpu_uuids), container_id=workload.container[0] if workload.container else None,
-            uid=None if user is None else user.uid, gid=None if user is None else user.gid,
-            home=None if user is None else user.home, cgroup_dirs=workload.placement.cgroup_dirs,
-        )
+        return RentalAccess.of(workload, None if user is None else (user.uid, user.gid, user.home))
 
     # ---- start ------------------------------------------------------------------------
 
@@ -353,51 +339,7 @@ class WorkloadManager:
 
     def _check_gpus(self, gpu_uuids: Sequence[str], share: GpuShare | None) -> list[str]:
         """The GPUs, checked to be on this host and free for the workload (whole, or room for its ``share``)."""
-        if not isinstance(gpu_uuids, list | tuple) or not all(isinstance(u, str) for u in gpu_uuids):
-            raise BadRequest("gpu_uuids must be a list of GPU UUIDs", code="bad_gpu_uuids")
-        if len(set(gpu_uuids)) != len(gpu_uuids):
-            raise BadRequest("gpu_uuids names a GPU twice", code="bad_gpu_uuids")
-        if share is not None and len(gpu_uuids) != 1:
-            raise BadRequest(f"a GPU share is a fraction of exactly one GPU, but gpu_uuids names {len(gpu_uuids)}", code="bad_gpu_share")
-        infos = self.backend.gpus()
-        memory: dict[str, int | None] = {g.uuid: g.memory_total_mib for g in infos}
-        memory.update({m.uuid: m.memory_total_mib for g in infos for m in g.mig_instances})
-        # The backend lists physical GPUs only; MIG instances are taken on a MIG-enabled host by their form.
-        mig = any(g.mig_mode for g in infos)
-        unknown = [u for u in gpu_uuids if u not in memory and not (mig and _MIG_RE.match(u))]
-        if unknown:
-            raise BadRequest(f"GPU(s) {', '.join(unknown)} are not on this host", code="gpu_not_found")
-        holders: dict[str, list[Workload]] = {}
-        for workload in [*self._workloads.values(), *self._pending.values()]:
-            for gpu_uuid in workload.gpu_uuids:
-                holders.setdefault(gpu_uuid, []).append(workload)
-        if share is None:
-            taken = [f"{u} ({_holder_names(holders[u])})" for u in gpu_uuids if u in holders]
-            if taken:
-                raise Conflict(f"GPU(s) {', '.join(taken)} already serve another rental; stop it first", code="gpu_in_use")
-            return list(gpu_uuids)
-        (gpu_uuid,) = gpu_uuids
-        total_mib = memory.get(gpu_uuid)
-        if total_mib is not None and share.memory_mib > total_mib:
-            raise BadRequest(f"the share asks for {share.memory_mib} MiB, but GPU {gpu_uuid} has {total_mib} MiB", code="bad_gpu_share")
-        sharing = holders.get(gpu_uuid, [])
-        if any(w.share is None for w in sharing):
-            raise Conflict(f"GPU {gpu_uuid} serves {_holder_names(sharing)} whole; a share cannot join it", code="gpu_in_use")
-        milli = sum(w.share.milli for w in sharing if w.share is not None) + share.milli
-        memory_mib = sum(w.share.memory_mib for w in sharing if w.share is not None) + share.memory_mib
-        if milli > MILLI_PER_GPU:
-            raise Conflict(
-                f"GPU {gpu_uuid} has {MILLI_PER_GPU + share.milli - milli}/{MILLI_PER_GPU} left, not the {share.milli} asked for: "
-                f"{_holder_names(sharing)} hold the rest",
-                code="gpu_in_use",
-            )
-        if total_mib is not None and memory_mib > total_mib:
-            raise Conflict(
-                f"GPU {gpu_uuid} has {total_mib + share.memory_mib - memory_mib} MiB left, not the {share.memory_mib} MiB asked for: "
-                f"{_holder_names(sharing)} hold the rest",
-                code="gpu_in_use",
-            )
-        return [gpu_uuid]
+        return check_gpus(self.backend, [*self._workloads.values(), *self._pending.values()], gpu_uuids, share)
 
     # ---- watching and exits -----------------------------------------------------------
 
@@ -452,11 +394,9 @@ class WorkloadManager:
 
     async def _check_writable_layer(self, workload: Workload) -> None:
         """Stop a container whose writable layer outgrew its rental's disk quota (the engine does not bound it here)."""
-        written = await self.containers.writable_layer_bytes(workload)
-        quota = (workload.disk_gib or 0) << 30
-        if written is None or written <= quota:
+        why = await over_quota(self.containers.docker(), workload, timeout=self.containers.options.engine_timeout)
+        if why is None:
             return
-        why = f"disk_quota_exceeded: the container wrote {written / (1 << 30):.1f} GiB outside /workspace, over its {workload.disk_gib} GiB quota"
         self._exit_reasons[workload.rental_id] = why
         self.logs.append(workload.rental_id, f"gpumarket: stopping ({why})")
         log.info("rental %s: %s", workload.rental_id, why)
@@ -481,24 +421,8 @@ class WorkloadManager:
         self._save_registry()
 
     async def _clean_up(self, workload: Workload, *, kill_group: bool = True) -> None:
-        """Kill what the workload left (its process group, its cgroup, its container) and remove its cgroup.
-
-        ``kill_group=False`` for a workload found dead at start-up: its pid (the group id) may
-        name another process by now, but its cgroup and its container are still its own.
-        """
-        group = workload.pid if kill_group else None
-        if group is not None:
-            killpg(group, signal.SIGKILL)
-        kill_cgroups(workload.placement.cgroup_dirs)
-        await self._runtime_of(workload).remove(workload)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.kill_timeout
-        while (group is not None and group_alive(group)) or cgroup_members(workload.placement.cgroup_dirs):
-            if loop.time() >= deadline:
-                log.warning("rental %s: processes remain %.1fs after SIGKILL", workload.rental_id, self.kill_timeout)
-                break
-            await asyncio.sleep(_LEFTOVER_POLL_S)
-        remove_cgroups(workload.placement.cgroup_dirs)
+        """Kill what the workload left and remove its cgroup (``teardown.clean_up``)."""
+        await clean_up(workload, self._runtime_of(workload).remove, kill_timeout=self.kill_timeout, kill_group=kill_group)
 
     # ---- stop -------------------------------------------------------------------------
 
@@ -544,29 +468,17 @@ class WorkloadManager:
             await asyncio.wait({workload.watcher})
         exit_code = None
         handle = workload.handle
-        if handle is not None and workload.kind == "container":
+        if handle is not None and (workload.kind == "container" or workload.pid is not None):
             if not handle.exited:
                 why = f" ({reason})" if reason else ""
                 self.logs.append(workload.rental_id, f"gpumarket: stopping{why}; SIGKILL in {grace:g}s")
                 log.info("rental %s: stopping%s, SIGKILL in %gs", workload.rental_id, why, grace)
-                await self.containers.stop(workload, grace)  # the engine's SIGTERM, then its SIGKILL
-                if not await handle.wait(self.kill_timeout):
-                    log.error("rental %s: its container still runs %.1fs after the engine's stop", workload.rental_id, self.kill_timeout)
-            exit_code = handle.returncode
-            handle.close()
-        elif handle is not None and workload.pid is not None:
-            if not handle.exited:
-                why = f" ({reason})" if reason else ""
-                self.logs.append(workload.rental_id, f"gpumarket: stopping{why}; SIGKILL in {grace:g}s")
-                log.info("rental %s: stopping%s, SIGKILL in %gs", workload.rental_id, why, grace)
-                killpg(workload.pid, signal.SIGTERM)
-                if not await handle.wait(grace):
-                    log.warning("rental %s ignored SIGTERM for %.1fs; killing it", workload.rental_id, grace)
-                    await self._runtime_of(workload).remove(workload)
-                    killpg(workload.pid, signal.SIGKILL)
-                    kill_cgroups(workload.placement.cgroup_dirs)
+                if workload.kind != "container":
+                    await terminate(workload, handle, self._runtime_of(workload).remove, grace=grace, kill_timeout=self.kill_timeout)
+                else:
+                    await self.containers.stop(workload, grace)  # the engine's SIGTERM, then its SIGKILL
                     if not await handle.wait(self.kill_timeout):
-                        log.error("rental %s: pid %d survived SIGKILL for %.1fs", workload.rental_id, workload.pid, self.kill_timeout)
+                        log.error("rental %s: its container still runs %.1fs after the engine's stop", workload.rental_id, self.kill_timeout)
             exit_code = handle.returncode
             handle.close()
         await self._clean_up(workload)
@@ -607,10 +519,7 @@ class WorkloadManager:
         self._save_registry()
 
     def _runtime_of(self, workload: Workload) -> Runtime[Any] | ContainerRuntime:
-        runtimes: dict[WorkloadKind, Runtime[Any] | ContainerRuntime] = {
-            "hold": self.holds, "process": self.processes, "container": self.containers
-        }
-        return runtimes[workload.kind]
+        return self.containers if workload.kind == "container" else self.processes if workload.kind == "process" else self.holds
 
     def _folder(self, rental_id: str) -> Path:
         return self.work_dir / rental_id
@@ -632,20 +541,7 @@ class WorkloadManager:
             log.error("workload task %s failed", task.get_name(), exc_info=task.exception())
 
     def _show_load(self) -> None:
-        """Show on simulated GPUs what runs now: each running workload's GPUs or MIG instances, wholly or by its
-        share's milli. A hold runs nothing, and a workload still starting (an image pulling) nothing yet."""
-        if isinstance(self.backend, SimulatedBackend):
-            infos = self.backend.gpus()
-            known = {g.uuid for g in infos} | {m.uuid for g in infos for m in g.mig_instances}
-            loads: dict[str, list[float]] = {}
-            for workload in self._workloads.values():
-                if workload.kind == "hold":
-                    continue
-                fraction = 1.0 if workload.share is None else workload.share.milli / MILLI_PER_GPU
-                for gpu_uuid in workload.gpu_uuids:
-                    if gpu_uuid in known:
-                        loads.setdefault(gpu_uuid, []).append(fraction)
-            self.backend.set_loads(loads)
+        show_load(self.backend, self._workloads.values())
 
     # ---- logs -------------------------------------------------------------------------
 
@@ -681,31 +577,23 @@ class WorkloadManager:
     # ---- the registry -----------------------------------------------------------------
 
     def _load_registry(self) -> None:
-        loaded = self.registry.load()
+        loaded = self.registry.adopt()
         if loaded is None:
             return
-        workloads, unreported = loaded
-        for workload in workloads:
-            if workload.pid is None or (workload.start_time is not None and process_start_time(workload.pid) == workload.start_time):
-                self._workloads[workload.rental_id] = workload
-                self._show_load()
-                log.info("rental %s: adopted its %s workload (pid %s)", workload.rental_id, workload.kind, workload.pid)
-            else:
-                # Ended while the agent was down, or its pid now names another process: never touch that one.
-                self._unreported[workload.rental_id] = reap_if_ours(workload.pid, workload.start_time)
-                self._dead_at_load.append(workload)
-                log.info("rental %s: its workload (pid %s) ended while the agent was down", workload.rental_id, workload.pid)
+        alive, dead, unreported = loaded
+        for workload in alive:
+            self._workloads[workload.rental_id] = workload
+            log.info("rental %s: adopted its %s workload (pid %s)", workload.rental_id, workload.kind, workload.pid)
+        for workload, exit_code in dead:  # never touch a pid that may name another process by now
+            self._unreported[workload.rental_id] = exit_code
+            self._dead_at_load.append(workload)
+            log.info("rental %s: its workload (pid %s) ended while the agent was down", workload.rental_id, workload.pid)
         for rental_id, exit_code in unreported.items():
             self._unreported.setdefault(rental_id, exit_code)
+        if alive:
+            self._show_load()
         self._save_registry()
 
     def _save_registry(self) -> None:
         self.registry.save(self._workloads, self._unreported)
 
-
-def _holder_names(workloads: Sequence[Workload]) -> str:
-    """``rental r-1 (250/1000)`` for each holder of a GPU: who to stop, and how much each holds."""
-    return ", ".join(
-        f"rental {w.rental_id}" + ("" if w.share is None else f" ({w.share.milli}/{MILLI_PER_GPU})")
-        for w in sorted(workloads, key=lambda w: w.rental_id)
-    )

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Final
 
 from agent.runtimes.base import Workload
+from agent.runtimes.pids import process_start_time, reap_if_ours
 from agent.state import atomic_write
 from shared.errors import GpumarketError
 
@@ -53,6 +54,23 @@ class Registry:
                 log.error("skipping unreadable workload record %r: %s", record, exc)
         exits = {r: c for r, c in unreported.items() if isinstance(r, str) and isinstance(c, int | None)}
         return workloads, exits
+
+    def adopt(self) -> tuple[list[Workload], list[tuple[Workload, int | None]], dict[str, int | None]] | None:
+        """What ``load`` found, split: the workloads still alive and genuinely the same (a pid-less one, a hold or a
+        container, always), those that ended while the agent was down or whose pid now names another process, with
+        their exit code where this agent can still reap it, and the unreported exits. ``None``: no registry yet."""
+        loaded = self.load()
+        if loaded is None:
+            return None
+        workloads, unreported = loaded
+        alive: list[Workload] = []
+        dead: list[tuple[Workload, int | None]] = []
+        for workload in workloads:
+            if workload.pid is None or (workload.start_time is not None and process_start_time(workload.pid) == workload.start_time):
+                alive.append(workload)
+            else:
+                dead.append((workload, reap_if_ours(workload.pid, workload.start_time)))
+        return alive, dead, unreported
 
     def save(self, workloads: Mapping[str, Workload], unreported: Mapping[str, int | None]) -> None:
         body = {

@@ -14,7 +14,8 @@ Over the last 30 days (or since the host enrolled, if later)::
   ``(completed + 4) / (completed + failed + 4)``. One failure on a new host costs 20 %, not
   everything; a host that keeps failing converges to its real success rate. Completed:
   ``stopped``. Failed: ``failed`` for a reason that is the host's. A renter's workload
-  that ran and exited non-zero, or whose program could not be executed, is the renter's
+  that ran and exited non-zero, whose program could not be executed, or that its agent stopped
+  for writing more than its disk quota (``disk_quota_exceeded``), is the renter's
   (``renter_caused``), so a renter cannot ruin a host's score by running broken jobs.
 * **faults** — ``0.97 ** faults``, never below 0.5: hardware fault events (the XIDs and ECC
   kinds ``master.services.faults`` counts), failed health checks, and GPUs that vanished.
@@ -56,6 +57,7 @@ from master.models import Gpu, GpuEvent, Host, HostEvent, Rental
 from master.services import faults
 from master.services.rentalstate import RentalState
 from master.services.tiers import classify
+from shared import protocol
 from shared.errors import ValidationFailed
 
 log = logging.getLogger(__name__)
@@ -73,10 +75,19 @@ SEEDED_ACTOR = "demo-seed"  # the actor of made-up state changes (gpumarket up's
 
 SCORING_CHUNK = 200
 
+# A workload its host's agent stopped for what the renter did: the exit's reason leads with one of these codes
+# (``WorkloadExitedBody.reason``), and the rental's failure reason is AGENT_STOPPED_PREFIX + that reason.
+AGENT_STOPPED_PREFIX = "workload stopped by its host: "
+RENTER_STOP_CODES = (protocol.DISK_QUOTA_EXCEEDED,)
+
 # Failure reasons that are the renter's doing (see master.services.rental_lifecycle): the workload ran
 # and exited on its own, or its program could not be executed (agent.runtimes.process quotes the
-# program's name; a missing container runtime, unquoted, stays the host's).
-RENTER_CAUSED_PREFIXES = ("workload exited with code ", "workload failed to start: cannot start '")
+# program's name; a missing container runtime, unquoted, stays the host's), or its agent stopped it
+# for exceeding what the rental may use (RENTER_STOP_CODES).
+RENTER_CAUSED_PREFIXES = (
+    "workload exited with code ", "workload failed to start: cannot start '",
+    *(f"{AGENT_STOPPED_PREFIX}{code}:" for code in RENTER_STOP_CODES),
+)
 
 
 def renter_caused(failure_reason: str | None) -> bool:

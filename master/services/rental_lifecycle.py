@@ -22,6 +22,7 @@ from master.models import Host, Rental, RentalEvent
 from master.services import allocation, clusterstate, commands
 from master.services.accounts import Principal
 from master.services.hoststate import transition
+from master.services.reliability import AGENT_STOPPED_PREFIX, RENTER_STOP_CODES
 from master.services.rental_placement import cancel_commands
 from master.services.rental_request import RentalRequest
 from master.services.rentals import create_rental
@@ -141,12 +142,16 @@ async def apply_workload_exit(
     what = f"workload exited with code {exit_code}" if exit_code is not None else f"workload ended ({reason or 'unknown'})"
     target = RentalState.STOPPED if exit_code == 0 else RentalState.FAILED
     code = None
+    stopped = _CODE.match(reason)
+    if stopped is not None and stopped.group() in RENTER_STOP_CODES and reason[stopped.end():].startswith(":"):
+        # Its agent stopped it for what the renter did (disk_quota_exceeded): failed, the renter's doing, saying why.
+        what, code, target = f"{AGENT_STOPPED_PREFIX}{reason}", stopped.group(), RentalState.FAILED
     if rental.state == RentalState.STARTING:
         if target == RentalState.STOPPED:
             target = RentalState.FAILED  # never confirmed running: treat as a failed start
-        code = failure_code({}, reason)  # an agent that reports a failed pull as the workload's end
-        if code is not None:
-            what = reason
+        start_code = failure_code({}, reason)  # an agent that reports a failed pull as the workload's end
+        if start_code is not None:
+            what, code = reason, start_code
     if advance(session, rental, target, what):
         rental.stopped_at = at
         if rental.started_at is not None and workspace_retention > timedelta(0):

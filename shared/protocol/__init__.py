@@ -55,6 +55,7 @@ from shared.protocol.base import (
     check_seq,
 )
 from shared.protocol.bodies import (
+    DISK_QUOTA_EXCEEDED,
     MAX_LOG_CHUNK,
     AckBody,
     CommandResultBody,
@@ -203,6 +204,7 @@ __all__ = [
     "CLUSTER_SUPERNET",
     "COMMAND_KINDS",
     "DEFAULT_MAX_FRAME",
+    "DISK_QUOTA_EXCEEDED",
     "INGEST_GROUP",
     "MAX_ACCESS_VERSION",
     "MAX_ARGV_BYTES",

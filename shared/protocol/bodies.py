@@ -4,7 +4,7 @@ answers with (welcome, ack, move). The envelopes that carry them are in ``messag
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import Field
 
@@ -206,6 +206,11 @@ class NetworkReportBody(StrictModel):
     probes_answered: int = Field(ge=0)
     duration_s: float = Field(ge=0)
     error: Annotated[str, Field(max_length=1024)] | None = None
+
+
+DISK_QUOTA_EXCEEDED: Final = "disk_quota_exceeded"
+"""A ``WorkloadExitedBody.reason``'s leading code: the agent stopped a container that wrote more than its disk quota
+outside ``/workspace`` (``agent.runtimes.layerquota``); the failure is the renter's (``master.services.reliability``)."""
 
 
 class WorkloadExitedBody(StrictModel):

@@ -1,0 +1,88 @@
+"""The engine's create body of a rental's container: what ``ContainerRuntime.start`` asks the engine for.
+
+Its GPUs (``DeviceRequests`` by UUID where the engine has the NVIDIA toolkit, the environment always), the agent's
+variables over the spec's and the image's, every capability dropped, ``no-new-privileges``, an init, the rental's
+ceilings (memory without swap, CPU, pids, ``/dev/shm``; its writable layer's size where the engine enforces
+``--storage-opt``), its own network and ``/workspace`` (a named volume, or its size-capped disk bind-mounted).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from agent.runtimes.containeropts import WORKSPACE, ContainerOptions, PreparedImage
+from agent.runtimes.process import share_environment
+from shared.ceilings import Ceilings
+from shared.protocol import ContainerWorkload, GpuShare
+
+
+def create_body(
+    options: ContainerOptions, rental_id: str, gpus: list[str], spec: ContainerWorkload, image: PreparedImage, share: GpuShare | None,
+    *, user: str, name: str, labels: dict[str, str], ceilings: Ceilings | None = None, disk: Path | None = None,
+    device_requests: bool, storage_opt: bool,
+) -> dict[str, Any]:
+    """The engine's create body: ``ceilings`` (default: the options' defaults) become its memory, CPU, pids
+    and (where the engine enforces it) writable-layer limits; ``disk`` (a mounted size-capped filesystem) is
+    bind-mounted at ``/workspace`` instead of the rental's named volume."""
+    visible = ",".join(gpus)
+    env = dict(spec.env)
+    image_env = {item.partition("=")[0] for item in image.env}
+    if "HOME" not in env and "HOME" not in image_env:
+        env["HOME"] = WORKSPACE
+    # The agent's GPU variables win over the spec's and the image's (CUDA images set NVIDIA_VISIBLE_DEVICES=all).
+    env.update(
+        NVIDIA_VISIBLE_DEVICES=visible or "void", CUDA_VISIBLE_DEVICES=visible,
+        GPUMARKET_GPU_UUIDS=visible, GPUMARKET_RENTAL_ID=rental_id,
+    )
+    if share is not None:
+        env.update(share_environment(share))
+    if ceilings is not None:
+        memory_mib: int | None = ceilings.memory_mib or None
+        cpu_cores: float | None = ceilings.cpu_cores
+        pids_limit = ceilings.pids_limit
+    else:
+        memory_mib = spec.memory_mib if spec.memory_mib is not None else options.default_memory_mib
+        cpu_cores = spec.cpu_cores if spec.cpu_cores is not None else options.default_cpu_cores
+        pids_limit = spec.pids_limit or options.default_pids_limit
+    mount: dict[str, Any] = {"Type": "volume", "Source": name, "Target": WORKSPACE}
+    if disk is not None:
+        mount = {"Type": "bind", "Source": str(disk), "Target": WORKSPACE, "BindOptions": {"Propagation": "rprivate"}}
+    host: dict[str, Any] = {
+        "CapDrop": ["ALL"],
+        "SecurityOpt": ["no-new-privileges"],
+        "Privileged": False,
+        "ReadonlyRootfs": False,
+        "Init": True,
+        "PidsLimit": pids_limit,
+        "ShmSize": (spec.shm_mib or options.default_shm_mib) << 20,
+        "IpcMode": "private",
+        "NetworkMode": name if options.isolate_network else "bridge",
+        "Mounts": [mount],
+        "RestartPolicy": {"Name": "no"},
+        "LogConfig": {"Type": "local", "Config": {"max-size": f"{options.log_max_mib}m", "max-file": "2", "compress": "false"}},
+        "PublishAllPorts": False,
+    }
+    if memory_mib is not None:
+        host["Memory"] = host["MemorySwap"] = memory_mib << 20
+    if cpu_cores is not None:
+        host["NanoCpus"] = int(cpu_cores * 1e9)
+    if ceilings is not None and ceilings.disk_gib is not None and storage_opt:
+        host["StorageOpt"] = {"size": f"{ceilings.disk_gib}G"}
+    if device_requests and gpus:
+        host["DeviceRequests"] = [{"Driver": "nvidia", "DeviceIDs": list(gpus), "Capabilities": [["gpu"]]}]
+    config: dict[str, Any] = {
+        "Image": image.id,
+        "User": user,
+        "WorkingDir": WORKSPACE,
+        "Env": [f"{k}={v}" for k, v in env.items()],
+        "Labels": {**labels, "gpumarket.image": spec.image},
+        "ExposedPorts": {f"{port}/tcp": {} for port in spec.ports},
+        "Tty": False, "OpenStdin": False, "AttachStdin": False,
+        "HostConfig": host,
+    }
+    if spec.command is not None:
+        config["Entrypoint"] = list(spec.command)
+    if spec.args is not None:
+        config["Cmd"] = list(spec.args)
+    return config
