@@ -312,24 +312,32 @@ sys.exit(1)
 
 # In a host namespace of the test's own: a dummy "uplink" address, then RentalNetworks.check() with or without the guard.
 SELF_TEST = """
-import asyncio, json, sys
+import asyncio, json, subprocess, sys
+from pathlib import Path
 from agent.runtimes.netguard import EgressPolicy, install_guard
 from agent.runtimes.procnet import RentalNetworks
-uid_min = int(sys.argv[1])
+uid_min, cache = int(sys.argv[1]), Path(sys.argv[3])
+networks = RentalNetworks(uid_min=uid_min, uid_max=uid_min + 9)
+checks = []
 if sys.argv[2] == "guarded":
     assert asyncio.run(install_guard(policy=EgressPolicy(resolvers=()))).active
-check = RentalNetworks(uid_min=uid_min, uid_max=uid_min + 9).check()
-print(json.dumps({"passed": check.passed, "line": check.line}))
+    checks.append(networks.check(cache=cache))
+    checks.append(networks.check(cache=cache))  # the same rules: the earlier proof holds
+    subprocess.run(["iptables", "-w", "5", "-D", "INPUT", "-i", "gm+", "-j", "DROP"], check=True)
+checks.append(networks.check(cache=cache))  # no guard (or no longer): tested again, and it fails
+print(json.dumps([{"passed": c.passed, "line": c.line} for c in checks]))
 """
 
 
 class TestSelfTest:
     """The start-up self-test, run in a host namespace of the test's own (its iptables its own): it fails where the
-    guard is missing and a rental's namespace reaches the host, and passes once the guard is in place."""
+    guard is missing and a rental's namespace reaches the host, passes once the guard is in place, and a passed
+    test is taken again only while the rules it tested are unchanged."""
 
     @pytest.mark.parametrize("guarded", [False, True], ids=["no-guard", "guard"])
-    def test_passes_only_where_a_rentals_namespace_reaches_no_host_address(self, guarded: bool) -> None:
-        """Without the guard the probe reaches the host's address and the test says so; with it, nothing answers."""
+    def test_passes_only_where_a_rentals_namespace_reaches_no_host_address(self, guarded: bool, tmp_path: Path) -> None:
+        """Without the guard the probe reaches the host's address and the test says so; with it, nothing answers, a
+        second agent takes the earlier proof, and once a rule goes the test runs again and fails."""
         tag = secrets.token_hex(2)
         host_ns = f"gmtesth{tag}"
         uid_min = 5_900_000 + secrets.randbelow(1000) * 10
@@ -341,15 +349,18 @@ class TestSelfTest:
             for link in ("uplink0", "uplink1"):
                 ip("-n", host_ns, "link", "set", link, "up")
             done = subprocess.run(
-                ["ip", "netns", "exec", host_ns, sys.executable, "-c", SELF_TEST, str(uid_min), "guarded" if guarded else "bare"],
+                ["ip", "netns", "exec", host_ns, sys.executable, "-c", SELF_TEST, str(uid_min), "guarded" if guarded else "bare",
+                 str(tmp_path / "netcheck.json")],
                 capture_output=True, text=True, timeout=120, check=False, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
             )  # fmt: skip
             assert done.returncode == 0, done.stderr
-            result = json.loads(done.stdout.strip().splitlines()[-1])
+            results = json.loads(done.stdout.strip().splitlines()[-1])
         finally:
             subprocess.run(["ip", "netns", "del", host_ns], capture_output=True, check=False)
             subprocess.run(["ip", "netns", "del", f"gmr{uid_min + 9}"], capture_output=True, check=False)
+        *proven, last = results
         if guarded:
-            assert result["passed"] and "passed" in result["line"], result
-        else:
-            assert not result["passed"] and "198.51.100.250" in result["line"], result
+            first, again = proven
+            assert first["passed"] and "earlier" not in first["line"], first
+            assert again["passed"] and "tested earlier this boot" in again["line"], again
+        assert not last["passed"] and "198.51.100.250" in last["line"], last

@@ -24,7 +24,9 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import hashlib
 import ipaddress
+import json
 import logging
 import os
 import select
@@ -48,6 +50,7 @@ NETNS_DIR: Final = Path("/run/netns")
 NETNS_PREFIX: Final = "gmr"
 PEER_PREFIX: Final = "gmq"  # the rental's end before it is moved in and renamed eth0
 PROBE_LOCK: Final = Path("/run/gpumarket-netprobe.lock")
+CHECK_CACHE: Final = Path("/run/gpumarket-netcheck.json")  # the last passed self-test, with what it tested
 _TRUSTED_PATH: Final = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _CLONE_NEWNET: Final = 0x40000000
 
@@ -150,25 +153,56 @@ class RentalNetworks:
                 self._ip("netns", "del", netns_name(uid))
 
     @contextlib.contextmanager
-    def probe(self, *, egress: bool) -> Iterator[Path]:
-        """A namespace made like a rental's in the probe's slot (the range's last uid, which no rental is
-        given), one probe at a time on this host (a lock in /run); removed on exit."""
+    def _host_lock(self) -> Iterator[None]:
+        # One probe at a time on this host: they share the probe's slot (and its namespace's name).
         PROBE_LOCK.parent.mkdir(parents=True, exist_ok=True)
         with open(PROBE_LOCK, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield self.create(self.uid_max, egress=egress)
-            finally:
-                self.remove(self.uid_max)
+            yield
 
-    def check(self, *, timeout: float = 0.5, control_timeout: float = 10.0, slack: float = 20.0, max_timeout: float = 10.0) -> NetworkCheck:
+    @contextlib.contextmanager
+    def _probe_namespace(self, *, egress: bool) -> Iterator[Path]:
+        try:
+            yield self.create(self.uid_max, egress=egress)
+        finally:
+            self.remove(self.uid_max)
+
+    @contextlib.contextmanager
+    def probe(self, *, egress: bool) -> Iterator[Path]:
+        """A namespace made like a rental's in the probe's slot (the range's last uid, which no rental is
+        given), one probe at a time on this host (a lock in /run); removed on exit."""
+        with self._host_lock(), self._probe_namespace(egress=egress) as path:
+            yield path
+
+    def check(
+        self, *, timeout: float = 0.5, control_timeout: float = 10.0, slack: float = 10.0, max_timeout: float = 3.0, cache: Path = CHECK_CACHE
+    ) -> NetworkCheck:
         """The self-test: a probe namespace with the guard's veth tries every IPv4 address of the host on a
         port the agent listens on (all addresses), and must reach none. A probe that is only slow must not pass
         for one that was dropped: first a control connection from the host into the probe's namespace (the
         same veth, the other way) must succeed, and the probes then wait ``slack`` times as long as it took
-        (at least ``timeout``, at most ``max_timeout`` seconds). Blocking."""
+        (at least ``timeout``, at most ``max_timeout`` seconds). Blocking.
+
+        A passed test holds while what it tested is unchanged: it is kept in ``cache`` (root's, in /run, gone at
+        boot) with a fingerprint of this namespace's INPUT rules and addresses, and an agent starting while the
+        fingerprint is the same takes it instead of testing again (the demo's and a test suite's many agents)."""
+        with self._host_lock():
+            fingerprint = rules_fingerprint(self.ip)
+            earlier = _cached_check(cache, fingerprint)
+            if earlier is not None:
+                return earlier
+            found = self._check(timeout=timeout, control_timeout=control_timeout, slack=slack, max_timeout=max_timeout)
+            if found.passed and fingerprint is not None:
+                with contextlib.suppress(OSError):
+                    tmp = cache.with_suffix(".tmp")
+                    tmp.write_text(json.dumps({"fingerprint": fingerprint, "line": found.line}))
+                    tmp.chmod(0o600)
+                    tmp.replace(cache)
+            return found
+
+    def _check(self, *, timeout: float, control_timeout: float, slack: float, max_timeout: float) -> NetworkCheck:
         try:
-            with self.probe(egress=True) as path, socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+            with self._probe_namespace(egress=True) as path, socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
                 listener.bind(("0.0.0.0", 0))
                 listener.listen(16)
                 port = listener.getsockname()[1]
@@ -184,6 +218,38 @@ class RentalNetworks:
         if reached:
             return NetworkCheck(False, f"network self-test failed: a rental's namespace reached the host at {', '.join(reached)}")
         return NetworkCheck(True, f"network self-test passed: none of the host's {len(targets)} addresses answered a rental's namespace")
+
+
+def rules_fingerprint(ip: str = "ip") -> str | None:
+    """What the self-test's outcome depends on, hashed: this network namespace, its INPUT rules (IPv4) and its
+    addresses; ``None`` when the rules cannot be read."""
+    iptables = shutil.which("iptables", path=_TRUSTED_PATH)
+    if iptables is None:
+        return None
+    try:
+        rules = subprocess.run([iptables, "-w", "5", "-S", "INPUT"], env={"PATH": _TRUSTED_PATH}, capture_output=True, timeout=30, check=False)
+        namespace = os.readlink("/proc/thread-self/ns/net")
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if rules.returncode != 0:
+        return None
+    text = "\n".join([namespace, rules.stdout.decode(errors="replace"), *sorted(host_addresses(ip))])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _cached_check(cache: Path, fingerprint: str | None) -> NetworkCheck | None:
+    if fingerprint is None:
+        return None
+    try:
+        st = cache.stat()
+        if st.st_uid != 0 or st.st_mode & 0o077:
+            return None
+        record = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("fingerprint") != fingerprint or not isinstance(record.get("line"), str):
+        return None
+    return NetworkCheck(True, f"{record['line']} (tested earlier this boot against the same rules)")
 
 
 def host_addresses(ip: str = "ip") -> list[str]:
