@@ -32,7 +32,7 @@ from agent.runtimes.containeropts import ContainerOptions, resource_name
 from agent.runtimes.isolation import prove_rental_network
 from agent.runtimes.manager import WorkloadManager
 from agent.runtimes.netguard import EgressPolicy
-from agent.runtimes.procnet import host_addresses, netns_path
+from agent.runtimes.procnet import netns_path
 from shared.protocol import ContainerWorkload, ProcessWorkload
 from tests import dockerengine
 from tests.helpers import eventually
@@ -71,6 +71,20 @@ def test_hosts() -> Iterator[NetHosts]:
     assert SYSTEM_PYTHON is not None
     with net_hosts(SYSTEM_PYTHON) as hosts:
         yield hosts
+
+
+def stable_host_addresses() -> list[str]:
+    """The host's own IPv4 addresses (its uplink, the engine's default bridge), not those of interfaces other tests
+    make and remove meanwhile (rentals' ``gm…`` ends, test hosts' ``gt…``, engine networks ``br-…``): the positive
+    control must not race them."""
+    listing = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True, check=True).stdout
+    found = []
+    for line in listing.splitlines():
+        words = line.split()
+        name, address = words[1].split("@")[0], words[words.index("inet") + 1].split("/")[0]
+        if not name.startswith(("gm", "gt", "gu", "br-", "veth", "lo")) and address not in found:
+            found.append(address)
+    return found
 
 
 async def reachable_from_host(targets: list[str]) -> list[str]:
@@ -134,7 +148,7 @@ class TestProcessRentalNetwork:
             host_port = listener.getsockname()[1]
             neighbour = await manager.start("r-neighbour", [gpus[1]], ProcessWorkload(argv=system_py(SERVER.replace("int(sys.argv[1])", "8080"))))
             neighbour_ip = rhost.users.networks.addresses(neighbour["uid"])[1]
-            host_targets = [f"{address}:{host_port}" for address in host_addresses() if not address.startswith("127.")]
+            host_targets = [f"{address}:{host_port}" for address in stable_host_addresses()]
             targets = [
                 "127.0.0.1:5432", "127.0.0.1:6379", *host_targets, f"{neighbour_ip}:8080",
                 *test_hosts.targets().values(),
@@ -205,7 +219,7 @@ class TestContainerRentalNetwork:
                     return str(next(iter(json.loads(body)["NetworkSettings"]["Networks"].values()))["IPAddress"]) or None
 
                 neighbour = f"{await eventually(victim_ip, timeout=WAIT, what='the victim running')}:8080"
-                hosts = [f"{address}:{host_port}" for address in host_addresses() if not address.startswith("127.")]
+                hosts = [f"{address}:{host_port}" for address in stable_host_addresses()]
                 targets = ["127.0.0.1:5432", "127.0.0.1:6379", *hosts, neighbour, *test_hosts.targets().values()]
                 assert sorted(await reachable_from_host(targets)) == sorted(targets)  # the positive control
                 gateway_services = ["$gateway:5432", "$gateway:6379", f"$gateway:{host_port}"]
