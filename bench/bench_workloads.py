@@ -92,6 +92,7 @@ async def process_starts(args: argparse.Namespace, backend: SimulatedBackend, gp
     if os.geteuid() != 0 or isinstance(tools, str):
         print(f"process rentals: skipped ({'not root' if os.geteuid() != 0 else tools})")
         return
+    os.chmod(work, 0o711)  # rental users pass through to their homes (mkdtemp made it 0700)
     users = RentalUsers(work / "rentals", tools, uid_min=3_990_000, uid_max=3_990_999)
     users.prepare()
     facts = isolation_facts(process_isolation(euid=0, tools=tools), container_engine=None, allow_unisolated=False)
