@@ -423,6 +423,20 @@ async def _http_get(port: int) -> str:
         await asyncio.sleep(0.1)
 
 
+def ssh_executor(tmp_path: Path, manager: WorkloadManager, server: RentalSshServer) -> CommandExecutor:
+    """The agent's command executor over ``manager`` and ``server``, with nothing else it could be asked to do."""
+
+    async def send(body: protocol.WorkloadLogsBody) -> None:
+        pass
+
+    async def unused(*args: Any) -> Any:
+        raise AssertionError("not called")
+
+    return CommandExecutor(
+        workloads=manager, backend=manager.backend, logs=LogShipper(tmp_path, manager, send), measure=unused, install_certificate=unused, ssh=server,
+    )
+
+
 class TestCommands:
     """The agent's commands carry SSH: a start returns the rental's host key, a bad key fails it first."""
 
@@ -432,16 +446,7 @@ class TestCommands:
         backend = SimulatedBackend("sim:1xRTX4090", seed="k")
         manager = WorkloadManager(tmp_path / "work", backend)
         server = RentalSshServer(tmp_path / "ssh", manager)
-
-        async def send(body: protocol.WorkloadLogsBody) -> None:
-            pass
-
-        async def unused(*args: Any) -> Any:
-            raise AssertionError("not called")
-
-        executor = CommandExecutor(
-            workloads=manager, backend=backend, logs=LogShipper(tmp_path, manager, send), measure=unused, install_certificate=unused, ssh=server,
-        )
+        executor = ssh_executor(tmp_path, manager, server)
         try:
             start = protocol.StartWorkload(rental_id="r-cmd", gpu_uuids=[], workload=HoldWorkload(), authorized_keys=[client_keys[1]])
             result = await executor.execute(protocol.CommandBody.of("c-1", start))
@@ -472,16 +477,7 @@ class TestCommands:
         server = RentalSshServer(tmp_path / "ssh", manager)
         line_a, line_b = client_keys[1], keygen(tmp_path / "second_key")
         blob_a, blob_b = (asyncssh.import_public_key(line).public_data for line in (line_a, line_b))
-
-        async def send(body: protocol.WorkloadLogsBody) -> None:
-            pass
-
-        async def unused(*args: Any) -> Any:
-            raise AssertionError("not called")
-
-        executor = CommandExecutor(
-            workloads=manager, backend=backend, logs=LogShipper(tmp_path, manager, send), measure=unused, install_certificate=unused, ssh=server,
-        )
+        executor = ssh_executor(tmp_path, manager, server)
         try:
             start = protocol.StartWorkload(rental_id="r-acc", gpu_uuids=[], authorized_keys=[line_a], access_version=5)
             assert (await executor.result_for(protocol.CommandBody.of("c-1", start))).ok

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Generic, TypeVar
@@ -116,6 +116,27 @@ async def load_route(master: Master, service_id: str, relays: dict[str, RelayRec
     )  # fmt: skip
 
 
+class SingleFlight(Generic[V]):
+    """One load per key at a time: requests that want the same key while it loads share that load. Cancelling a
+    waiter is safe: the load another request waits on goes on; a load every waiter left has its outcome retrieved
+    (nobody else would) and the next request loads again."""
+
+    def __init__(self) -> None:
+        self._loading: dict[str, asyncio.Future[V]] = {}
+
+    async def run(self, key: str, load: Callable[[], Awaitable[V]]) -> V:
+        loading = self._loading.get(key)
+        if loading is None:
+            loading = self._loading[key] = asyncio.ensure_future(load())
+            loading.add_done_callback(lambda done: self._loaded(key, done))
+        return await asyncio.shield(loading)
+
+    def _loaded(self, key: str, done: asyncio.Future[V]) -> None:
+        self._loading.pop(key, None)
+        if not done.cancelled():
+            done.exception()
+
+
 class RouteTable:
     """Services' routes, each reloaded when older than the age its caller accepts (``get``)."""
 
@@ -128,7 +149,7 @@ class RouteTable:
         """Routes read from the database so far (to see the cache work)."""
         self._routes: _Bounded[ServiceRoute | None] = _Bounded(max_entries)
         self._relays: _Bounded[dict[str, RelayRecord]] = _Bounded(1)
-        self._loading: dict[str, asyncio.Future[ServiceRoute | None]] = {}
+        self._loading: SingleFlight[ServiceRoute | None] = SingleFlight()
 
     async def get(self, service_id: str, *, max_age: float | None = None) -> ServiceRoute | None:
         """The service's route, no older than ``max_age`` (default: the table's). Cancelling is safe (a load
@@ -137,16 +158,7 @@ class RouteTable:
         cached = self._routes.get(service_id, now=now, max_age=self.max_age if max_age is None else max_age)
         if cached is not None:
             return cached[0]
-        loading = self._loading.get(service_id)
-        if loading is None:
-            loading = self._loading[service_id] = asyncio.ensure_future(self._load(service_id))
-            loading.add_done_callback(lambda done: self._loaded(service_id, done))
-        return await asyncio.shield(loading)
-
-    def _loaded(self, service_id: str, done: asyncio.Future[ServiceRoute | None]) -> None:
-        self._loading.pop(service_id, None)
-        if not done.cancelled():
-            done.exception()  # retrieved: when every waiter left, nobody else would (the next request loads again)
+        return await self._loading.run(service_id, lambda: self._load(service_id))
 
     def forget(self, service_id: str) -> None:
         """Drop a route (and the relays), so that the next request reads them again (after a failure)."""
@@ -181,7 +193,7 @@ class KeyCache:
         """Keys read from the database so far (to see the tables work)."""
         self._accounts: _Bounded[str] = _Bounded(max_entries)
         self._refused: _Bounded[None] = _Bounded(refused_max_entries)
-        self._loading: dict[str, asyncio.Future[str | None]] = {}
+        self._loading: SingleFlight[str | None] = SingleFlight()
 
     async def account_of(self, key_hash: str, key: str) -> str | None:
         """The account behind the API key ``key`` (whose ``secret_hash`` is ``key_hash``), or ``None``. Cancelling is
@@ -192,16 +204,7 @@ class KeyCache:
             return cached[0]
         if self._refused.get(key_hash, now=now, max_age=self.refused_max_age) is not None:
             return None
-        loading = self._loading.get(key_hash)
-        if loading is None:
-            loading = self._loading[key_hash] = asyncio.ensure_future(self._load(key_hash, key))
-            loading.add_done_callback(lambda done: self._loaded(key_hash, done))
-        return await asyncio.shield(loading)
-
-    def _loaded(self, key_hash: str, done: asyncio.Future[str | None]) -> None:
-        self._loading.pop(key_hash, None)
-        if not done.cancelled():
-            done.exception()  # retrieved: when every waiter left, nobody else would (the next request reads again)
+        return await self._loading.run(key_hash, lambda: self._load(key_hash, key))
 
     async def _load(self, key_hash: str, key: str) -> str | None:
         self.lookups += 1
