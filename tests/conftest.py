@@ -261,6 +261,15 @@ async def api(master: Master) -> AsyncIterator[Api]:
 BROWSER_MODULES = ("tests/test_console_browser.py", "tests/test_console_layout.py", "tests/test_console_services.py")  # they hold the lock exclusively
 
 
+def unmount_under(root: str) -> None:
+    """Unmount (lazily) every filesystem mounted below ``root``: rentals' loop-mounted disks (``mount -o loop``
+    detaches the loop device once the filesystem lets go)."""
+    with open("/proc/self/mounts") as mounts:
+        mounted = [line.split()[1] for line in mounts if line.split()[1].startswith(root)]
+    for point in sorted(mounted, reverse=True):
+        subprocess.run(["umount", "-l", point], check=False, capture_output=True)
+
+
 @pytest.fixture(autouse=True)
 def _rental_disks_unmounted(request: pytest.FixtureRequest) -> Iterator[None]:
     """A root agent mounts each rental's size-capped disk under its work dir until the rental is forgotten
@@ -270,10 +279,17 @@ def _rental_disks_unmounted(request: pytest.FixtureRequest) -> Iterator[None]:
         return
     root = str(request.getfixturevalue("tmp_path")) + "/"
     yield
-    with open("/proc/self/mounts") as mounts:
-        mounted = [line.split()[1] for line in mounts if line.split()[1].startswith(root)]
-    for point in sorted(mounted, reverse=True):
-        subprocess.run(["umount", "-l", point], check=False, capture_output=True)
+    unmount_under(root)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _rental_disks_unmounted_at_the_end(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The same for what module-scoped fixtures left (a module's ``gpumarket up`` keeps its rentals' disks mounted
+    for its containers, as the demo does across a restart): unmounted when this worker's session ends, so that no
+    loop device outlives the run (CI runs on one machine again and again) and pytest can remove its old folders."""
+    yield
+    if os.geteuid() == 0:
+        unmount_under(str(tmp_path_factory.getbasetemp()) + "/")
 
 
 @pytest.fixture(autouse=True)
