@@ -42,6 +42,27 @@ _NO_ANSWER_YET = (h11.IDLE, h11.SEND_RESPONSE)
 _FINISHED = (h11.DONE, h11.MUST_CLOSE, h11.CLOSED)
 
 
+
+class _Pending:
+    """Bytes queued for one side, written together (a head and a small body: one write, one frame)."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes | bytearray] = []
+        self._size = 0
+
+    def add(self, data: bytes | bytearray | None) -> int:
+        """Queue ``data``; how many bytes are queued now."""
+        if data:
+            self._parts.append(data)
+            self._size += len(data)
+        return self._size
+
+    def take(self) -> bytes:
+        """Everything queued, joined (``b""`` when nothing is), and the queue emptied."""
+        data = b"".join(self._parts)
+        self._parts, self._size = [], 0
+        return data
+
 class Refused(Exception):
     """A request the relay answers itself (``status``, one line of ``text``) before closing the connection."""
 
@@ -145,10 +166,8 @@ class HttpRelay:
         self.answered = False  # the app sent something: a reset is no longer a 502
         self.method = first.method  # of the request in flight (the app gets one at a time): HEAD answers have no body
         self._advanced = asyncio.Event()
-        self._app_out: list[bytes | bytearray] = []
-        self._app_out_size = 0
-        self._browser_out: list[bytes | bytearray] = []
-        self._browser_out_size = 0
+        self._app_out = _Pending()
+        self._browser_out = _Pending()
 
     async def run(self) -> None:
         """Relay until either side ends the connection. Cancelling is safe: the caller closes both ends."""
@@ -224,15 +243,11 @@ class HttpRelay:
 
     async def _to_app(self, data: bytes | bytearray | None) -> None:
         """Queue bytes for the app; they go in one write per ``read_size`` (a head and a small body: one frame)."""
-        if data:
-            self._app_out.append(data)
-            self._app_out_size += len(data)
-            if self._app_out_size >= self.read_size:
-                await self._flush_app()
+        if self._app_out.add(data) >= self.read_size:
+            await self._flush_app()
 
     async def _flush_app(self) -> None:
-        if self._app_out:
-            data, self._app_out, self._app_out_size = b"".join(self._app_out), [], 0
+        if data := self._app_out.take():
             await self.channel.write(data)
 
     async def _bad_request(self, text: str) -> bool:
@@ -306,15 +321,11 @@ class HttpRelay:
 
     async def _to_browser(self, data: bytes | bytearray | None) -> None:
         """Queue bytes for the browser; they go in one TLS write per ``read_size`` at most."""
-        if data:
-            self._browser_out.append(data)
-            self._browser_out_size += len(data)
-            if self._browser_out_size >= self.read_size:
-                await self._flush_browser()
+        if self._browser_out.add(data) >= self.read_size:
+            await self._flush_browser()
 
     async def _flush_browser(self) -> None:
-        if self._browser_out:
-            data, self._browser_out, self._browser_out_size = b"".join(self._browser_out), [], 0
+        if data := self._browser_out.take():
             self.writer.write(data)
             await self.writer.drain()
 

@@ -451,16 +451,18 @@ class TestWebsocket:
         assert cookies_seen(ports["rental"].seen[1]) == [b"theme=dark; lang=en"]
 
 
+async def answers_once_and_holds(app: App) -> None:
+    """An app that answers one request with an empty 200, then holds the stream open: the relay is the one that ends it."""
+    await app.request()
+    await app.answer(200, [("Content-Length", "0")])
+    await app.channel.read()
+
+
 class TestMalformedLaterMessages:
     async def test_a_malformed_later_request_is_400_and_closes_the_connection(self, ports: dict[str, Any]) -> None:
         """A second request that is not HTTP is answered 400 and the connection closed; the app never sees it."""
 
-        async def app(app: App) -> None:
-            await app.request()
-            await app.answer(200, [("Content-Length", "0")])
-            await app.channel.read()  # holds the stream open: the relay is the one that ends it
-
-        async with browser(ports, app) as b:
+        async with browser(ports, answers_once_and_holds) as b:
             await b.send(b.request())
             await b.answer()
             await b.send(b"GET / HTTP/1.1\r\nBad header line\r\n\r\n")
@@ -471,12 +473,7 @@ class TestMalformedLaterMessages:
     async def test_a_later_request_for_another_port_is_421(self, ports: dict[str, Any]) -> None:
         """A connection opened for one rental port serves no request whose Host names another (421, closed)."""
 
-        async def app(app: App) -> None:
-            await app.request()
-            await app.answer(200, [("Content-Length", "0")])
-            await app.channel.read()  # holds the stream open: the relay is the one that ends it
-
-        async with browser(ports, app) as b:
+        async with browser(ports, answers_once_and_holds) as b:
             await b.send(b.request())
             await b.answer()
             await b.send(b.request(host=f"{OTHER}-8000.{DOMAIN}"))
