@@ -32,8 +32,15 @@ install: $(VENV)/.installed
 
 # The learned placer's training (issue 26): gymnasium, Stable-Baselines3 and PyTorch, the `learn` extra. The
 # marketplace never needs it (a shipped policy runs on numpy); the suite trains tiny policies, so `make test` has it.
+# PyTorch's CPU build first (~190 MB; PyPI's Linux wheel is the CUDA build, ~5 GB with its libraries, and no test uses
+# a GPU): from PyTorch's CPU index, or a local copy of that wheel that pip's find-links name. --retries 0: where that
+# index cannot be reached, pip says so once and takes the local copy. TORCH_CPU= skips it (then pip picks a torch).
+TORCH_CPU ?= torch==2.13.0+cpu
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 $(VENV)/.learn-installed: $(VENV)/.installed pyproject.toml
-	$(call step,install the learn extra (PyTorch; a few GB the first time),$(BIN)/python -m pip install -e '.[learn]')
+	$(call step,install the learn extra (PyTorch's CPU build; ~200 MB the first time),\
+	  $(if $(TORCH_CPU),$(BIN)/python -m pip install --retries 0 --extra-index-url $(TORCH_CPU_INDEX) '$(TORCH_CPU)' && )\
+	  $(BIN)/python -m pip install -e '.[learn]')
 	@touch $@
 
 learn: $(VENV)/.learn-installed

@@ -34,7 +34,7 @@ from tests.apiclient import Api, serve_api
 from tests.factories import master_settings
 
 # The workload tests' fixtures (exits, backend, gpus, cgroups), shared by name.
-pytest_plugins = ["tests.workloadfixtures"]
+pytest_plugins = ["tests.workloadfixtures", "tests.runreport"]
 
 # A bench that a test runs records its figures in a scratch file, never in the committed bench/results.json.
 os.environ.setdefault("GPUMARKET_BENCH_RESULTS", os.path.join(tempfile.gettempdir(), f"gpumarket-test-bench-{os.getpid()}.json"))

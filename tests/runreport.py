@@ -1,0 +1,129 @@
+"""Every test's outcome and duration, kept as the run's artifact (``tests/conftest.py`` loads this plugin).
+
+A flaky test is a bug with an owner: to find it one needs what failed, on which worker, after how long, and what else
+was slow in the same run. The controlling process (pytest-xdist's, or the only one) writes, when the session ends:
+
+* ``<dir>/tests.jsonl``: one line per test, ``{"nodeid", "outcome", "duration_s", "setup_s", "call_s", "teardown_s",
+  "worker", "started"}`` (``outcome``: passed, failed, error, skipped; ``started`` in UTC);
+* ``<dir>/summary.json``: the run's totals, its wall time, the slowest 30 tests and the modules by summed duration.
+
+``<dir>`` is ``GPUMARKET_TEST_REPORT_DIR``, else ``.gpumarket/test-report`` under the checkout; each run replaces the
+last one's files. ``python -m tests.runreport [DIR]`` prints a saved summary again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SLOWEST = 30
+
+
+def report_dir() -> Path:
+    configured = os.environ.get("GPUMARKET_TEST_REPORT_DIR")
+    return Path(configured) if configured else Path(__file__).resolve().parent.parent / ".gpumarket" / "test-report"
+
+
+@dataclass
+class _Test:
+    nodeid: str
+    worker: str = "main"
+    started: float | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+    outcome: str = "passed"
+
+    def record(self, report: pytest.TestReport) -> None:
+        self.phases[report.when] = round(self.phases.get(report.when, 0.0) + report.duration, 3)
+        if self.started is None:
+            self.started = getattr(report, "start", None)
+        if report.failed:
+            self.outcome = "failed" if report.when == "call" else "error"
+        elif report.skipped and self.outcome == "passed":
+            self.outcome = "skipped"
+
+    def as_json(self) -> dict[str, Any]:
+        started = datetime.fromtimestamp(self.started, UTC).isoformat(timespec="seconds") if self.started else None
+        return {
+            "nodeid": self.nodeid, "outcome": self.outcome, "duration_s": round(sum(self.phases.values()), 3),
+            **{f"{when}_s": self.phases.get(when, 0.0) for when in ("setup", "call", "teardown")},
+            "worker": self.worker, "started": started,
+        }  # fmt: skip
+
+
+class RunReport:
+    def __init__(self) -> None:
+        self.tests: dict[str, _Test] = {}
+        self.started = time.time()
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        test = self.tests.setdefault(report.nodeid, _Test(report.nodeid))
+        node = getattr(report, "node", None)
+        if node is not None and hasattr(node, "gateway"):
+            test.worker = node.gateway.id
+        test.record(report)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if not self.tests:
+            return
+        folder = report_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        rows = [test.as_json() for test in self.tests.values()]
+        with (folder / "tests.jsonl").open("w") as out:
+            for row in rows:
+                out.write(json.dumps(row) + "\n")
+        (folder / "summary.json").write_text(json.dumps(summarize(rows, time.time() - self.started, int(exitstatus)), indent=1) + "\n")
+        session.config._gpumarket_report_dir = folder  # type: ignore[attr-defined]
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        folder = getattr(terminalreporter.config, "_gpumarket_report_dir", None)
+        if folder is not None:
+            terminalreporter.write_line(f"each test's outcome and duration: {folder}/tests.jsonl (summary: {folder}/summary.json)")
+
+
+def summarize(rows: list[dict[str, Any]], wall_s: float, exitstatus: int) -> dict[str, Any]:
+    """Totals, the slowest tests, and the modules by the sum of their tests' durations."""
+    outcomes: dict[str, int] = defaultdict(int)
+    modules: dict[str, float] = defaultdict(float)
+    for row in rows:
+        outcomes[row["outcome"]] += 1
+        modules[row["nodeid"].split("::", 1)[0]] += row["duration_s"]
+    slowest = sorted(rows, key=lambda row: row["duration_s"], reverse=True)[:SLOWEST]
+    return {
+        "finished": datetime.now(UTC).isoformat(timespec="seconds"), "exitstatus": exitstatus,
+        "wall_s": round(wall_s, 1), "tests": len(rows), "outcomes": dict(outcomes),
+        "sum_of_durations_s": round(sum(row["duration_s"] for row in rows), 1),
+        "failed": [row["nodeid"] for row in rows if row["outcome"] in ("failed", "error")],
+        "slowest": [{"nodeid": row["nodeid"], "duration_s": row["duration_s"], "worker": row["worker"]} for row in slowest],
+        "modules": {name: round(total, 1) for name, total in sorted(modules.items(), key=lambda item: -item[1])},
+    }  # fmt: skip
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the controlling process sees every worker's reports
+        config.pluginmanager.register(RunReport(), "gpumarket-run-report")
+
+
+def main(argv: list[str]) -> int:
+    folder = Path(argv[0]) if argv else report_dir()
+    summary = json.loads((folder / "summary.json").read_text())
+    print(f"{summary['tests']} tests in {summary['wall_s'] / 60:.1f} min ({summary['outcomes']}); sum of durations {summary['sum_of_durations_s']:.0f} s")
+    for name in summary["failed"]:
+        print(f"FAILED {name}")
+    for name, total in list(summary["modules"].items())[:SLOWEST]:
+        print(f"{total:8.1f} s  {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
