@@ -17,9 +17,14 @@ so a handful of wildcard rules cover every rental, present and future:
 - ``FORWARD -i gm+ -j DROP`` for IPv6: rentals get no IPv6 beyond their own namespace (so no
   fc00::/7 or fe80::/10 either);
 - ``DOCKER-USER -o gmp+ --ctstate ESTABLISHED,RELATED -j ACCEPT`` and a ``MASQUERADE`` for the
-  process rentals' pool: their answers come back, their traffic leaves with the host's address.
+  process rentals' pool: their answers come back, their traffic leaves with the host's address;
+- ``mangle FORWARD -i gm+ -j GPUMARKET-EGRESS``: the same policy's drops once more, in a table the
+  engine never writes. The engine moves its ``FORWARD -j DOCKER-USER`` to the top whenever it makes
+  a network (``iptables -D`` then ``-I``): between the two a rental's packet skips DOCKER-USER, and
+  the suite saw a container reach 169.254.169.254 in that gap while other rentals started.
 
-Installed idempotently (``iptables -C`` before ``-I``), with the tools run through
+Installed idempotently (``iptables -C`` first; a rule missing moves all of its chain's rules to the
+top in one ``iptables-restore`` transaction, never a moment without them), with the tools run through
 ``asyncio.create_subprocess_exec`` — never a shell. An agent that is not root (the installer's
 unit runs it as a system user) cannot: the unit installs them as root before the agent starts
 (``ExecStartPre=-+… gpumarket agent netguard``), which leaves ``MARKER`` in ``/run`` for the
@@ -72,6 +77,8 @@ FORWARD_RULES: Final = (
     ("DOCKER-USER", ("-i", WILDCARD, "-j", EGRESS_CHAIN)),
     ("DOCKER-USER", ("-o", f"{PROCESS_PREFIX}+", "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT")),
 )
+# In mangle's FORWARD, which the engine never writes: the policy's drops again (``EgressPolicy.mangle_rules``).
+MANGLE_RULES: Final = (("FORWARD", ("-i", WILDCARD, "-j", EGRESS_CHAIN)),)
 # What older agents installed in DOCKER-USER; the egress chain says all of it now.
 _OLD_FORWARD_RULES: Final = (
     ("-i", WILDCARD, "-d", LINK_LOCAL_V4, "-j", "DROP"),
@@ -120,6 +127,11 @@ class EgressPolicy:
         rules += [("-d", blocked, "-j", "DROP") for blocked in BLOCKED_V4]
         rules += passing()
         return rules
+
+    def mangle_rules(self) -> list[tuple[str, ...]]:
+        """The same chain for mangle's FORWARD: its drops, in the same order, and what passes returns (the filter
+        table, with the engine's rules, decides what is accepted)."""
+        return [(*rule[:-1], "RETURN") if rule[-1] == "ACCEPT" else rule for rule in self.egress_rules()]
 
 
 def normalise_ranges(ranges: Sequence[str]) -> list[str]:
@@ -182,19 +194,33 @@ async def _iptables(iptables: str, *args: str, timeout: float) -> tuple[int, str
     return await _run(iptables, "-w", "5", *args, timeout=timeout)
 
 
+def _restore_tool(iptables: str) -> str | None:
+    """``iptables-restore`` (or ``ip6tables-restore``) beside ``iptables``."""
+    name = f"{os.path.basename(iptables)}-restore"
+    return shutil.which(name, path=os.path.dirname(iptables)) or shutil.which(name)
+
+
+async def _restore(iptables: str, table: str, lines: Sequence[str], *, timeout: float) -> tuple[int, str]:
+    """``lines`` applied to ``table`` as one transaction (``iptables-restore --noflush``)."""
+    restore = _restore_tool(iptables)
+    if restore is None:
+        return 1, f"{os.path.basename(iptables)}-restore is not installed"
+    return await _run(restore, "-w", "5", "--noflush", timeout=timeout, stdin="\n".join((f"*{table}", *lines, "COMMIT\n")).encode())
+
+
 async def _ensure_first(path: str, rules: Sequence[tuple[str, tuple[str, ...]]], *, timeout: float, table: str = "filter") -> str | None:
-    """Each of ``rules`` present once, in this order, at the top of its chain; an error line, or ``None``."""
+    """Each of ``rules`` present, in this order, at the top of its chain; an error line, or ``None``.
+
+    When one is missing, one transaction deletes a copy of each present one and inserts all at the top: deleting
+    first and inserting after, as separate commands, would leave a moment without them (another agent on the host
+    may be doing the same; the suite runs many)."""
     present = [(await _iptables(path, "-t", table, "-C", chain, *rule, timeout=timeout))[0] == 0 for chain, rule in rules]
     if all(present):
         return None
-    for chain, rule in rules:  # drop lone ones, then insert all in order
-        while (await _iptables(path, "-t", table, "-D", chain, *rule, timeout=timeout))[0] == 0:
-            pass
-    for chain, rule in reversed(rules):
-        code, err = await _iptables(path, "-t", table, "-I", chain, "1", *rule, timeout=timeout)
-        if code != 0:
-            return f"{os.path.basename(path)} -I {chain} failed: {err}"
-    return None
+    lines = [" ".join(("-D", chain, *rule)) for (chain, rule), there in zip(rules, present, strict=True) if there]
+    lines += [" ".join(("-I", chain, "1", *rule)) for chain, rule in reversed(rules)]
+    code, err = await _restore(path, table, lines, timeout=timeout)
+    return None if code == 0 else f"{os.path.basename(path)}-restore of {table} {', '.join(sorted({c for c, _ in rules}))} failed: {err}"
 
 
 async def _install_v6(timeout: float) -> str:
@@ -245,17 +271,17 @@ async def install_guard(
                 return NetGuardStatus(False, f"cannot find or make the DOCKER-USER chain: {err}", policy)
         if (await _iptables(path, "-t", "filter", "-C", "FORWARD", "-j", "DOCKER-USER", timeout=timeout))[0] != 0:
             await _iptables(path, "-t", "filter", "-I", "FORWARD", "1", "-j", "DOCKER-USER", timeout=timeout)
-        # The egress chain in one transaction: never a moment with half a policy.
-        restore = shutil.which("iptables-restore", path=os.path.dirname(path)) or shutil.which("iptables-restore")
-        if restore is None:
-            return NetGuardStatus(False, "iptables-restore is not installed", policy)
-        lines = ["*filter", f":{EGRESS_CHAIN} - [0:0]", f"-F {EGRESS_CHAIN}"]
-        lines += [" ".join(("-A", EGRESS_CHAIN, *rule)) for rule in policy.egress_rules()]
-        lines.append("COMMIT\n")
-        code, err = await _run(restore, "-w", "5", "--noflush", timeout=timeout, stdin="\n".join(lines).encode())
-        if code != 0:
-            return NetGuardStatus(False, f"iptables-restore of {EGRESS_CHAIN} failed: {err}", policy)
-        for error in (await _ensure_first(path, INPUT_RULES, timeout=timeout), await _ensure_first(path, FORWARD_RULES, timeout=timeout)):
+        # Each egress chain in one transaction: never a moment with half a policy.
+        for table, rules in (("filter", policy.egress_rules()), ("mangle", policy.mangle_rules())):
+            lines = [f":{EGRESS_CHAIN} - [0:0]", f"-F {EGRESS_CHAIN}", *(" ".join(("-A", EGRESS_CHAIN, *rule)) for rule in rules)]
+            code, err = await _restore(path, table, lines, timeout=timeout)
+            if code != 0:
+                return NetGuardStatus(False, f"iptables-restore of {table} {EGRESS_CHAIN} failed: {err}", policy)
+        for error in (
+            await _ensure_first(path, INPUT_RULES, timeout=timeout),
+            await _ensure_first(path, FORWARD_RULES, timeout=timeout),
+            await _ensure_first(path, MANGLE_RULES, timeout=timeout, table="mangle"),
+        ):
             if error:
                 return NetGuardStatus(False, error, policy)
         for rule in _OLD_FORWARD_RULES:
@@ -275,7 +301,7 @@ async def install_guard(
         return NetGuardStatus(False, f"cannot run {path}: {exc}", policy)
     allowed = f"; private ranges allowed: {', '.join(policy.allow)}" if policy.allow else "; no private range allowed"
     note = f"; IPv6: {v6}" if v6 else ""
-    return NetGuardStatus(True, f"iptables rules for {WILDCARD} in INPUT, DOCKER-USER and {EGRESS_CHAIN}{allowed}{note}", policy)
+    return NetGuardStatus(True, f"iptables rules for {WILDCARD} in INPUT, DOCKER-USER, mangle FORWARD and {EGRESS_CHAIN}{allowed}{note}", policy)
 
 
 def write_marker(status: NetGuardStatus, marker: Path = MARKER) -> None:
