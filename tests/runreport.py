@@ -7,8 +7,9 @@ was slow in the same run. The controlling process (pytest-xdist's, or the only o
   "worker", "started"}`` (``outcome``: passed, failed, error, skipped; ``started`` in UTC);
 * ``<dir>/summary.json``: the run's totals, its wall time, the slowest 30 tests and the modules by summed duration.
 
-``<dir>`` is ``GPUMARKET_TEST_REPORT_DIR``, else ``.gpumarket/test-report`` under the checkout; each run replaces the
-last one's files. ``python -m tests.runreport [DIR]`` prints a saved summary again.
+``<dir>`` is a folder of its own per run, ``<root>/<UTC start>-<pid>``, with ``<root>/latest`` linking to the last
+one; ``<root>`` is ``GPUMARKET_TEST_REPORT_DIR``, else ``.gpumarket/test-report`` under the checkout, and keeps the
+last ``KEEP`` runs. ``python -m tests.runreport [DIR]`` prints a saved summary again (default: the latest run's).
 """
 
 from __future__ import annotations
@@ -26,11 +27,31 @@ from typing import Any
 import pytest
 
 SLOWEST = 30
+KEEP = 20
 
 
-def report_dir() -> Path:
+def report_root() -> Path:
     configured = os.environ.get("GPUMARKET_TEST_REPORT_DIR")
     return Path(configured) if configured else Path(__file__).resolve().parent.parent / ".gpumarket" / "test-report"
+
+
+def _new_run_dir(started: float) -> Path:
+    """A folder for this run's files; ``latest`` then links to it, and all but the last ``KEEP`` runs are removed."""
+    root = report_root()
+    stamp = datetime.fromtimestamp(started, UTC).strftime("%Y-%m-%dT%H-%M-%SZ")
+    folder = root / f"{stamp}-{os.getpid()}"
+    folder.mkdir(parents=True, exist_ok=True)
+    link = root / "latest"
+    temporary = root / f".latest-{os.getpid()}"
+    temporary.unlink(missing_ok=True)
+    temporary.symlink_to(folder.name)
+    temporary.replace(link)
+    runs = sorted(path for path in root.iterdir() if path.is_dir() and not path.is_symlink())
+    for old in runs[:-KEEP]:
+        for item in old.iterdir():
+            item.unlink()
+        old.rmdir()
+    return folder
 
 
 @dataclass
@@ -76,8 +97,7 @@ class RunReport:
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if not self.tests:
             return
-        folder = report_dir()
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = _new_run_dir(self.started)
         rows = [test.as_json() for test in self.tests.values()]
         with (folder / "tests.jsonl").open("w") as out:
             for row in rows:
@@ -115,7 +135,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def main(argv: list[str]) -> int:
-    folder = Path(argv[0]) if argv else report_dir()
+    folder = Path(argv[0]) if argv else report_root() / "latest"
     summary = json.loads((folder / "summary.json").read_text())
     print(f"{summary['tests']} tests in {summary['wall_s'] / 60:.1f} min ({summary['outcomes']}); sum of durations {summary['sum_of_durations_s']:.0f} s")
     for name in summary["failed"]:
