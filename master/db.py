@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -122,6 +123,10 @@ def alembic_config(connection: Connection | None = None) -> Config:
 
 
 def _upgrade(connection: Connection) -> None:
+    """Alembic's upgrade to head, unless the schema is there already (every master start asks; loading the
+    migration scripts to find that out took a tenth of a test's setup in the suite)."""
+    if current_revisions(connection) == head_revisions():
+        return
     command.upgrade(alembic_config(connection), "head")
 
 
@@ -131,9 +136,15 @@ class SchemaNotReady(ConfigError):
     code = "schema_not_ready"
 
 
+@functools.cache
+def _scripts() -> ScriptDirectory:
+    """This code's migration scripts, read once per process (they do not change while it runs)."""
+    return ScriptDirectory.from_config(alembic_config())
+
+
 def head_revisions() -> set[str]:
     """The newest Alembic revision(s) of this code."""
-    return set(ScriptDirectory.from_config(alembic_config()).get_heads())
+    return set(_scripts().get_heads())
 
 
 def current_revisions(conn: Connection) -> set[str]:
@@ -154,8 +165,8 @@ async def check_schema(db: Database, *, who: str) -> None:
             revisions = await conn.run_sync(current_revisions)
     except Exception as exc:
         raise ConfigError(f"{who} cannot reach the database at {where}: {exc}; check GPUMARKET_DATABASE_URL") from exc
-    scripts = ScriptDirectory.from_config(alembic_config())
-    heads = set(scripts.get_heads())
+    scripts = _scripts()
+    heads = head_revisions()
     if not revisions:
         raise SchemaNotReady(
             f"the database at {where} has no gpumarket schema and {who} do not migrate: run `gpumarket migrate` "

@@ -9,6 +9,9 @@ closing event (set at shutdown, before the open streams are waited for).
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 from aiohttp import web
 
 from master.api import routes_console, routes_downloads, routes_metrics, routes_payments
@@ -17,6 +20,13 @@ from master.api.keys import OPENAPI_DOCUMENT, ROUTE_INDEX
 from master.api.openapi import build_openapi
 from master.api.ratelimits import rate_limits_ctx
 from master.api.table import NEVER_LIMITED, ROUTES, UNVERSIONED
+
+
+@functools.cache
+def openapi_document() -> dict[str, Any]:
+    """The route table's OpenAPI document, built once per process (the table is fixed at import; building it takes
+    ~70 ms of pydantic's schema generation, which every app, and so every API test, paid)."""
+    return build_openapi(ROUTES)
 
 
 def add_api(app: web.Application) -> None:
@@ -33,7 +43,7 @@ def add_api(app: web.Application) -> None:
         for method in methods:
             by_route[resource.add_route(method, route.handler)] = route
     app[ROUTE_INDEX] = RouteIndex(by_route=by_route, never_limited=NEVER_LIMITED)
-    app[OPENAPI_DOCUMENT] = build_openapi(ROUTES)
+    app[OPENAPI_DOCUMENT] = openapi_document()
     app.cleanup_ctx.extend(
         (rate_limits_ctx, routes_metrics.exporter_ctx, routes_downloads.packages_ctx, routes_console.streams_ctx,
          routes_payments.payments_ctx)
