@@ -240,13 +240,25 @@ class TestAgentThatDoesNotRead:
                 sent.append(seq)  # before: a send cancelled while it waits has written its frame
                 await agent.ws.send(frame)
 
+        def state() -> str:
+            return (f"{len(sent)} frames sent; the relay's TLS read buffer {transport.get_read_buffer_size()} B, "  # type: ignore[attr-defined]
+                    f"its write buffer {transport.get_write_buffer_size()} B, outbox {link.queued}, refused "
+                    f"{dict(relay.refused)}, link closing: {transport.is_closing()}, agent closed: {agent.ws.state}")  # fmt: skip
+
+        # The agent reads again whatever happens below: a relay blocked writing to it would otherwise hold the
+        # teardown (closing the relay waits for its handlers) until pytest's timeout, hiding the failure's cause.
+        restore_reading = contextlib.ExitStack()
+        restore_reading.callback(agent.ws.transport.set_read_buffer_limits)  # type: ignore[attr-defined]
         flooding = asyncio.create_task(flood())
         try:
-            async with asyncio.timeout(FLOOD_TIMEOUT):
-                while True:
-                    if transport.get_read_buffer_size() >= TLS_READ_LIMIT:  # type: ignore[attr-defined]
-                        break
-                    await asyncio.sleep(0.01)
+            try:
+                async with asyncio.timeout(FLOOD_TIMEOUT):
+                    while True:
+                        if transport.get_read_buffer_size() >= TLS_READ_LIMIT:  # type: ignore[attr-defined]
+                            break
+                        await asyncio.sleep(0.01)
+            except TimeoutError:
+                raise AssertionError(f"the relay never stopped reading within {FLOOD_TIMEOUT:g} s: {state()}") from None
             # The relay has stopped reading the agent: the acks it could not write hold up its
             # receive loop, websockets' queue is full, and the TLS layer stopped reading the socket.
             high_water = transport.get_write_buffer_limits()[1]
@@ -257,11 +269,14 @@ class TestAgentThatDoesNotRead:
             flooding.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await flooding
-        agent.ws.transport.set_read_buffer_limits()  # type: ignore[attr-defined]
+            restore_reading.close()
         acked: set[int] = set()
-        async with asyncio.timeout(FLOOD_TIMEOUT):
-            while len(acked) < len(sent):
-                ack = await agent.recv()
-                assert isinstance(ack, protocol.Ack)
-                acked.add(ack.body.seq)
+        try:
+            async with asyncio.timeout(FLOOD_TIMEOUT):
+                while len(acked) < len(sent):
+                    ack = await agent.recv()
+                    assert isinstance(ack, protocol.Ack)
+                    acked.add(ack.body.seq)
+        except TimeoutError:
+            raise AssertionError(f"{len(acked)} of {len(sent)} frames acknowledged within {FLOOD_TIMEOUT:g} s: {state()}") from None
         assert acked == set(sent) and "h-deaf" in relay.agents
