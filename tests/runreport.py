@@ -4,7 +4,9 @@ A flaky test is a bug with an owner: to find it one needs what failed, on which 
 was slow in the same run. The controlling process (pytest-xdist's, or the only one) writes, when the session ends:
 
 * ``<dir>/tests.jsonl``: one line per test, ``{"nodeid", "outcome", "duration_s", "setup_s", "call_s", "teardown_s",
-  "worker", "started"}`` (``outcome``: passed, failed, error, skipped; ``started`` in UTC);
+  "cpu_s", "worker", "started"}`` (``outcome``: passed, failed, error, skipped; ``started`` in UTC; ``cpu_s``: the
+  CPU time of the pytest process running it and of the child processes it waited for — not the servers', so a
+  test that mostly waits on PostgreSQL or a `gpumarket up` shows less than it costs);
 * ``<dir>/summary.json``: the run's totals, its wall time, the slowest 30 tests and the modules by summed duration.
 
 ``<dir>`` is a folder of its own per run, ``<root>/<UTC start>-<pid>``, with ``<root>/latest`` linking to the last
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 import time
 from collections import defaultdict
@@ -26,6 +29,7 @@ from typing import Any
 
 import pytest
 
+CPU_PROPERTY = "gpumarket_cpu_s"
 SLOWEST = 30
 KEEP = 20
 
@@ -62,7 +66,12 @@ class _Test:
     phases: dict[str, float] = field(default_factory=dict)
     outcome: str = "passed"
 
+    cpu_s: float = 0.0
+
     def record(self, report: pytest.TestReport) -> None:
+        for name, value in report.user_properties:
+            if name == CPU_PROPERTY:
+                self.cpu_s += float(value)
         self.phases[report.when] = round(self.phases.get(report.when, 0.0) + report.duration, 3)
         if self.started is None:
             self.started = getattr(report, "start", None)
@@ -76,7 +85,7 @@ class _Test:
         return {
             "nodeid": self.nodeid, "outcome": self.outcome, "duration_s": round(sum(self.phases.values()), 3),
             **{f"{when}_s": self.phases.get(when, 0.0) for when in ("setup", "call", "teardown")},
-            "worker": self.worker, "started": started,
+            "cpu_s": round(self.cpu_s, 3), "worker": self.worker, "started": started,
         }  # fmt: skip
 
 
@@ -115,9 +124,11 @@ def summarize(rows: list[dict[str, Any]], wall_s: float, exitstatus: int) -> dic
     """Totals, the slowest tests, and the modules by the sum of their tests' durations."""
     outcomes: dict[str, int] = defaultdict(int)
     modules: dict[str, float] = defaultdict(float)
+    cpu: dict[str, float] = defaultdict(float)
     for row in rows:
         outcomes[row["outcome"]] += 1
         modules[row["nodeid"].split("::", 1)[0]] += row["duration_s"]
+        cpu[row["nodeid"].split("::", 1)[0]] += row.get("cpu_s", 0.0)
     slowest = sorted(rows, key=lambda row: row["duration_s"], reverse=True)[:SLOWEST]
     return {
         "finished": datetime.now(UTC).isoformat(timespec="seconds"), "exitstatus": exitstatus,
@@ -125,11 +136,36 @@ def summarize(rows: list[dict[str, Any]], wall_s: float, exitstatus: int) -> dic
         "sum_of_durations_s": round(sum(row["duration_s"] for row in rows), 1),
         "failed": [row["nodeid"] for row in rows if row["outcome"] in ("failed", "error")],
         "slowest": [{"nodeid": row["nodeid"], "duration_s": row["duration_s"], "worker": row["worker"]} for row in slowest],
+        "sum_of_cpu_s": round(sum(cpu.values()), 1),
         "modules": {name: round(total, 1) for name, total in sorted(modules.items(), key=lambda item: -item[1])},
+        "modules_cpu_s": {name: round(total, 1) for name, total in sorted(cpu.items(), key=lambda item: -item[1])},
     }  # fmt: skip
 
 
+def _cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+class CpuMeter:
+    """In the process that runs the tests: each test's CPU seconds, handed to the controller with its teardown report
+    (``user_properties`` travel with pytest-xdist's reports)."""
+
+    def __init__(self) -> None:
+        self.started: dict[str, float] = {}
+
+    def pytest_runtest_logstart(self, nodeid: str) -> None:
+        self.started[nodeid] = _cpu_seconds()
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+        if call.when == "teardown" and item.nodeid in self.started:
+            item.user_properties.append((CPU_PROPERTY, round(_cpu_seconds() - self.started.pop(item.nodeid), 3)))
+        return (yield)
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(CpuMeter(), "gpumarket-cpu-meter")
     if not hasattr(config, "workerinput"):  # the controlling process sees every worker's reports
         config.pluginmanager.register(RunReport(), "gpumarket-run-report")
 
@@ -140,8 +176,10 @@ def main(argv: list[str]) -> int:
     print(f"{summary['tests']} tests in {summary['wall_s'] / 60:.1f} min ({summary['outcomes']}); sum of durations {summary['sum_of_durations_s']:.0f} s")
     for name in summary["failed"]:
         print(f"FAILED {name}")
+    cpu = summary.get("modules_cpu_s", {})
+    print(f"{'duration':>9} {'cpu':>8}  module (by duration; cpu: the test processes' own and their children's)")
     for name, total in list(summary["modules"].items())[:SLOWEST]:
-        print(f"{total:8.1f} s  {name}")
+        print(f"{total:8.1f}s {cpu.get(name, 0.0):7.1f}s  {name}")
     return 0
 
 
