@@ -31,6 +31,7 @@ from master.db import migrate_or_wait
 from shared.bus import InProcessBus
 from shared.crypto import CertificateAuthority
 from tests.apiclient import Api, serve_api
+from tests.browserns import BrowserNamespace, browser_namespace
 from tests.factories import master_settings
 
 # The workload tests' fixtures (exits, backend, gpus, cgroups), shared by name.
@@ -68,9 +69,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Under pytest-xdist, start the Docker engine (``tests/dockerengine.py``) before any worker does, where this
-    suite may start one: its bridge's address then exists before Chromium starts, which aborts requests in flight
-    (ERR_NETWORK_CHANGED) when an address of the machine changes. A failure here is the ``docker_image`` fixture's
-    to report, in the tests that need the engine."""
+    suite may start one: once, rather than by each worker that finds none answering at the same moment (each would
+    start a dockerd of its own). A failure here is the ``docker_image`` fixture's to report, in the tests that need
+    the engine."""
     config = session.config
     if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
         return
@@ -258,9 +259,6 @@ async def api(master: Master) -> AsyncIterator[Api]:
         yield client
 
 
-BROWSER_MODULES = ("tests/test_console_browser.py", "tests/test_console_layout.py", "tests/test_console_services.py")  # they hold the lock exclusively
-
-
 def unmount_under(root: str) -> None:
     """Unmount (lazily) every filesystem mounted below ``root``: rentals' loop-mounted disks (``mount -o loop``
     detaches the loop device once the filesystem lets go)."""
@@ -292,17 +290,12 @@ def _rental_disks_unmounted_at_the_end(tmp_path_factory: pytest.TempPathFactory)
         unmount_under(str(tmp_path_factory.getbasetemp()) + "/")
 
 
-@pytest.fixture(autouse=True)
-def _containers_wait_for_the_browser(request: pytest.FixtureRequest) -> Iterator[None]:
-    """A test that may start containers (it uses ``docker_image``) waits while the browser tests run
-    (``tests.dockerengine.NETWORK_LOCK``)."""
-    if "docker_image" not in request.fixturenames or request.node.nodeid.startswith(BROWSER_MODULES):
-        yield
-        return
-    from tests.dockerengine import network_lock
-
-    with network_lock(exclusive=False):
-        yield
+@pytest.fixture(scope="session")
+def browser_netns() -> Iterator[BrowserNamespace]:
+    """Where this worker's Chromium runs (``tests/browserns.py``): a network namespace of its own, whose addresses the
+    suite's containers, veths and WireGuard devices never change, with a proxy to the host's loopback."""
+    with browser_namespace() as namespace:
+        yield namespace
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,6 @@ engine. Two are built so:
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import http.client
@@ -41,7 +40,7 @@ import tarfile
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Final
@@ -497,18 +496,3 @@ def remove_owned(owner: str) -> list[str]:
         removed.append(volume["Name"])
     return removed
 
-
-NETWORK_LOCK = Path(tempfile.gettempdir()) / "gpumarket-test-network.lock"
-"""Chromium aborts requests in flight (ERR_NETWORK_CHANGED) when an address of the machine changes, as it does when
-a container starts (a veth on Docker's bridge). The console's browser tests hold this lock exclusively for their
-module; tests that start containers hold it shared while they run: under pytest-xdist the two never overlap."""
-
-
-@contextlib.contextmanager
-def network_lock(*, exclusive: bool) -> Iterator[None]:
-    with open(NETWORK_LOCK, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)

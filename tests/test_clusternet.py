@@ -26,7 +26,7 @@ import secrets
 import shutil
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -206,15 +206,8 @@ def free_subnets(count: int) -> list[str]:
     return [str(ipaddress.IPv4Network(f"{first + 256 * i}/24")) for i in range(count)]
 
 
-@pytest.fixture(scope="module")
-def _network_lock_for_the_module(docker_image: str) -> Iterator[None]:
-    """The module's containers start before any test's own share of the browser tests' lock: hold it throughout."""
-    with dockerengine.network_lock(exclusive=False):
-        yield
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def setting(docker_image: str, _network_lock_for_the_module: None, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Setting]:
+async def setting(docker_image: str, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Setting]:
     if os.geteuid() != 0:
         pytest.fail("the cluster network tests need root (wireguard-go makes a TUN device; the interface moves into a container)")
     if shutil.which("wireguard-go") is None:

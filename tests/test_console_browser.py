@@ -4,7 +4,8 @@ One marketplace (three simulated hosts, rating every second) serves the whole mo
 test opens its own browser with fresh cookies. Screenshots of the main pages are written to
 ``test-artifacts/console/``. Chromium is never downloaded: the tests use the system's
 (``/usr/bin/chromium``, or ``GPUMARKET_TEST_CHROMIUM``) and fail when it is missing
-(``make test`` installs Debian's package first).
+(``make test`` installs Debian's package first). It runs in a network namespace of its own, through a proxy to the
+host's loopback (``tests/browserns.py``), where the other tests' containers and interfaces change no address.
 """
 
 from __future__ import annotations
@@ -32,25 +33,18 @@ from playwright.async_api import (
     ConsoleMessage,
     Locator,
     Page,
-    Request,
     async_playwright,
     expect,
 )
-from playwright.async_api import Error as PlaywrightError
 
 from shared.imageref import parse_image_reference
 from shared.money import format_usd
 from shared.protocol import ContainerWorkload
-from tests.dockerengine import network_lock
+from tests.browserns import BrowserNamespace
 from tests.helpers import eventually
 from tests.test_console_maintenance import MaintenanceWindows
 from tests.upprocess import check_alive, gpumarket_up, wait_for_credentials
 
-CHROMIUM = Path(os.environ.get("GPUMARKET_TEST_CHROMIUM", "/usr/bin/chromium"))
-CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-    "--disable-sync", "--no-first-run",
-]  # fmt: skip
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts" / "console"
 CSP = (
     "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
@@ -93,13 +87,6 @@ def _wait_until_up(process: subprocess.Popen[bytes], data_dir: Path, log: Path) 
         time.sleep(0.3)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _no_container_starts_meanwhile() -> Iterator[None]:
-    """No other test starts a container while this module's pages load (``tests.dockerengine.NETWORK_LOCK``)."""
-    with network_lock(exclusive=True):
-        yield
-
-
 @pytest.fixture(scope="module")
 def market(tmp_path_factory: pytest.TempPathFactory, docker_image: str) -> Iterator[Market]:
     """`gpumarket up --agents 3` as a real process on free ports, with a container engine answering
@@ -126,14 +113,11 @@ def running_market(tmp_path_factory: pytest.TempPathFactory, name: str, extra_en
 
 
 @pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    """Debian's Chromium, headless; a missing browser fails the test (it is part of `make test`)."""
-    assert CHROMIUM.exists(), (
-        f"{CHROMIUM} is missing: the console's browser tests need Debian's chromium "
-        "(make chromium, or apt-get install chromium; or set GPUMARKET_TEST_CHROMIUM)"
-    )
+async def browser(browser_netns: BrowserNamespace) -> AsyncIterator[Browser]:
+    """Debian's Chromium, headless, in this worker's network namespace for browsers (``tests/browserns.py``); a
+    missing browser fails the test (it is part of `make test`)."""
     async with async_playwright() as playwright:
-        launched = await playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        launched = await playwright.chromium.launch(executable_path=str(browser_netns.executable), args=browser_netns.args)
         try:
             yield launched
         finally:
@@ -158,28 +142,8 @@ class Console:
         self.page.on("pageerror", lambda error: self.problems.append(f"uncaught: {error}"))
 
     async def open(self, hash_: str = "") -> None:
-        """Load the console. Chromium aborts requests in flight when an address of the machine changes
-        (ERR_NETWORK_CHANGED), and other tests of the suite start containers (a veth on Docker's bridge each) while
-        this one runs: a load that lost a request to that is done again (at most three loads). Not the console's."""
-        for attempt in range(3):
-            changed: list[str] = []
-
-            def on_failed(request: Request, changed: list[str] = changed) -> None:
-                if "ERR_NETWORK_CHANGED" in (request.failure or ""):
-                    changed.append(request.url)
-
-            self.page.on("requestfailed", on_failed)
-            try:
-                await self.page.goto(f"{self.market.base}/{hash_}")
-            except PlaywrightError as exc:
-                if "ERR_NETWORK_CHANGED" not in str(exc) or attempt == 2:
-                    raise
-                continue
-            finally:
-                self.page.remove_listener("requestfailed", on_failed)
-            if not changed:
-                return
-        raise AssertionError(f"the console's requests kept failing with ERR_NETWORK_CHANGED: {changed}")
+        """Load the console."""
+        await self.page.goto(f"{self.market.base}/{hash_}")
 
     async def sign_in(self, role: str) -> None:
         await self.open()
@@ -945,19 +909,10 @@ class TestConnect:
             while not await ready():
                 assert time.monotonic() < deadline, "the rental's web server did not start"
                 await page.wait_for_timeout(200)
-            for attempt in range(2):
-                async with console.context.expect_page() as opened:
-                    await page.get_by_role("button", name="Open port 8000 in a new tab").click()
-                tab = await opened.value
-                try:
-                    await tab.wait_for_url(re.compile(rf"^https://{re.escape(rental_id)}-8000\.ports\.localhost:\d+/"))
-                    break
-                except PlaywrightError as exc:
-                    # Chromium aborted the tab's load because an address of the machine changed (a container of
-                    # another test came or went): close it and click Open again, as a user would.
-                    if "ERR_NETWORK_CHANGED" not in str(exc) or attempt == 1:
-                        raise
-                    await tab.close()
+            async with console.context.expect_page() as opened:
+                await page.get_by_role("button", name="Open port 8000 in a new tab").click()
+            tab = await opened.value
+            await tab.wait_for_url(re.compile(rf"^https://{re.escape(rental_id)}-8000\.ports\.localhost:\d+/"))
             await expect(tab.locator("body")).to_contain_text("hello from the rental")
             assert "gm_token" not in tab.url  # the relay set its cookie and took the token out of the address
             await tab.close()

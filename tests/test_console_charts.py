@@ -29,9 +29,8 @@ pytestmark = pytest.mark.slow
 PHONE: ViewportSize = {"width": 390, "height": 844}
 
 
-# The browser module's fixtures, used here by name: Chromium, and no container starting while pages load.
+# The browser module's fixture, used here by name: Chromium.
 browser = browser_module.browser
-_no_container_starts_meanwhile = browser_module._no_container_starts_meanwhile
 
 
 @pytest.fixture(scope="module")

@@ -21,9 +21,8 @@ from tests.test_console_browser import WAIT_MS, Market, _console, running_market
 
 pytestmark = pytest.mark.slow
 
-# The browser module's fixtures, used here by name: Chromium, and no container starting while pages load.
+# The browser module's fixture, used here by name: Chromium.
 browser = browser_module.browser
-_no_container_starts_meanwhile = browser_module._no_container_starts_meanwhile
 
 
 @pytest.fixture(scope="module")

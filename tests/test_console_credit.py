@@ -17,9 +17,8 @@ from tests import test_console_browser as browser_module
 from tests.test_console_browser import WAIT_MS, Market, _console, _wait_until_up
 from tests.upprocess import gpumarket_up
 
-# The browser module's fixtures, used here by name: Chromium, and no container starting while pages load.
+# The browser module's fixture, used here by name: Chromium.
 browser = browser_module.browser
-no_container_starts_meanwhile = browser_module._no_container_starts_meanwhile
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,7 @@ scrolling, no table cell breaks a word across two lines, every chart's text is d
 through Playwright) finds no serious or critical violation. A full-page screenshot of each lands in
 ``test-artifacts/console/layout-<role>-<page>-<width>x<height>.png``.
 
-One marketplace (``tests/test_console_browser.py``'s fixture, which holds the network lock exclusively)
-and one Chromium serve the module.
+One marketplace (``tests/test_console_browser.py``'s fixture) and one Chromium serve the module.
 """
 
 from __future__ import annotations
@@ -27,9 +26,7 @@ from playwright.async_api import Browser, expect
 from tests import test_console_browser as browser_module
 from tests.test_console_browser import WAIT_MS, Console, Market, _console
 
-# The browser module's fixtures serve this one too: its marketplace (a module's own), Chromium, and the network lock
-# held exclusively while the module runs (tests/conftest.py BROWSER_MODULES).
-_no_container_starts_meanwhile = browser_module._no_container_starts_meanwhile
+# The browser module's fixtures serve this one too: its marketplace (a module's own) and Chromium.
 browser = browser_module.browser
 market = browser_module.market
 

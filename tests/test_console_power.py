@@ -23,7 +23,6 @@ from tests.test_console_browser import WAIT_MS, Market, _console, running_market
 pytestmark = pytest.mark.slow
 
 browser = browser_module.browser
-_no_container_starts_meanwhile = browser_module._no_container_starts_meanwhile
 
 
 @pytest.fixture(scope="module")

@@ -27,9 +27,8 @@ from tests.test_console_browser import WAIT_MS, Market, _console, running_market
 
 pytestmark = pytest.mark.slow
 
-# The browser module's fixtures, used here by name: Chromium, and no other test starting a container while pages load.
+# The browser module's fixture, used here by name: Chromium.
 browser = browser_module.browser
-_no_container_starts_meanwhile = browser_module._no_container_starts_meanwhile
 
 BUCKET_S = 5  # service_stats_bucket_s, the master's default
 # Figures of the seeded buckets, newest first: requests, errors, retries and a latency histogram (counts per bucket of
