@@ -104,9 +104,11 @@ typecheck: install
 
 # The suite on TEST_WORKERS pytest-xdist workers: tests that share an expensive fixture (the fault cluster, a
 # module's `gpumarket up`) run on one worker (ONE_WORKER_SCOPES in tests/conftest.py); the 30 slowest are listed.
+# Byte code is written even where the environment says not to (PYTHONDONTWRITEBYTECODE, set on some CI machines): each
+# worker otherwise rewrites the assertions of every test module again, ~10 s of CPU per worker and run.
 TEST_WORKERS ?= 4
 test: install learn chromium docker lint typecheck
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --durations=30 $(ARGS)
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -n $(TEST_WORKERS) --durations=30 $(ARGS)
 
 # Every benchmark, then bench/report.py: each bench records its headline figures beside their baselines
 # from the same run in bench/results.json (bench/_common.py: record), and the report turns that file into

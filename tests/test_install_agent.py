@@ -77,7 +77,9 @@ def _clean_env() -> dict[str, str]:
 
 # The installer's pip writes no byte code here: compiling every module of every dependency was half of each install's
 # CPU (40 of 75 s on a loaded machine), and what these tests check is the installer, not pip's byte code. (A provider's
-# install compiles as usual; the agent started here compiles what it imports, as root, into the venv.)
+# install compiles as usual; the agent started here compiles what it imports, as root, into the venv.) And while the
+# module's market runs, pip takes the dependencies from a folder of exactly their wheels (one built from an sdist too) (``market``): finding them in
+# this machine's package index took ~14 s of CPU per install, on a provider's machine it is PyPI's.
 INSTALLER_ENV = {"PIP_COMPILE": "false"}
 
 
@@ -392,7 +394,18 @@ def market(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Market]:
     with gpumarket_up(data_dir, log, env, agents=0, strict_stop=False) as process:
         creds = wait_for_credentials(process, data_dir, log, role="provider", deadline=time.monotonic() + START_S,
                                      start_s=START_S)  # fmt: skip
-        yield Market(base=creds["console_url"].rstrip("/"), provider_key=creds["provider"]["api_key"])
+        market = Market(base=creds["console_url"].rstrip("/"), provider_key=creds["provider"]["api_key"])
+        wheelhouse = folder / "wheelhouse"
+        fetched = subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(wheelhouse), str(market.download_package(folder))],
+            capture_output=True, text=True, env=_clean_env(), timeout=INSTALL_S, check=False,
+        )  # fmt: skip
+        assert fetched.returncode == 0, f"pip wheel of the agent package's dependencies failed:\n{fetched.stderr[-3000:]}"
+        INSTALLER_ENV.update(PIP_NO_INDEX="1", PIP_FIND_LINKS=str(wheelhouse))
+        try:
+            yield market
+        finally:
+            del INSTALLER_ENV["PIP_NO_INDEX"], INSTALLER_ENV["PIP_FIND_LINKS"]
 
 
 def _wait_for(check: Callable[[], Any], *, timeout: float, what: str) -> Any:
