@@ -1,4 +1,4 @@
-"""Shared fixtures: real PostgreSQL (a fresh database per test), real Redis, a master on either database.
+"""Shared fixtures: real PostgreSQL (a database per test, as fresh as a new one), real Redis, a master on either database.
 
 The servers are the machine's own (PostgreSQL at 127.0.0.1:5432, Redis at 6379), or
 the ones named by ``GPUMARKET_TEST_POSTGRES_URL`` / ``GPUMARKET_REDIS_URL``. A server
@@ -17,7 +17,6 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from master.context import Master
 from master.db import migrate_or_wait
 from shared.bus import InProcessBus
 from shared.crypto import CertificateAuthority
+from tests import pgpool
 from tests.apiclient import Api, serve_api
 from tests.browserns import BrowserNamespace, browser_namespace
 from tests.factories import master_settings
@@ -119,11 +119,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return OneWorkerScopes(config, log)
 
 
-def _with_database(url: str, name: str) -> str:
-    base = url.rsplit("/", 1)[0]
-    return f"{base}/{name}"
-
-
 async def _admin() -> asyncpg.Connection:
     try:
         return await asyncpg.connect(PG_ADMIN_URL, timeout=10)
@@ -134,30 +129,24 @@ async def _admin() -> asyncpg.Connection:
         )
 
 
-@asynccontextmanager
-async def _fresh_postgres(template: str | None = None) -> AsyncIterator[str]:
-    """A new database (a copy of ``template``, or empty), dropped on the way out."""
-    name = f"gm_test_{secrets.token_hex(6)}"
+@pytest.fixture
+async def postgres_url() -> AsyncIterator[str]:
+    """A fresh, empty PostgreSQL database for one test, dropped afterwards (what the migration tests start from)."""
+    name = pgpool.new_name()
     admin = await _admin()
     try:
-        await admin.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
-        yield _with_database(PG_ADMIN_URL, name)
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        yield pgpool.database_url(PG_ADMIN_URL, name)
     finally:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await admin.close()
 
 
-@pytest.fixture
-async def postgres_url() -> AsyncIterator[str]:
-    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
-    async with _fresh_postgres() as url:
-        yield url
-
-
 @pytest.fixture(scope="session")
 def _postgres_template() -> Iterator[str]:
-    """A database migrated to head once per session (per xdist worker), never opened again: the tests'
-    migrated databases are copies of it (``CREATE DATABASE … TEMPLATE``, a tenth of migrating one)."""
+    """A database migrated to head once per session (per xdist worker), opened again only to record what it holds
+    (``_postgres_pool``): the tests' migrated databases are copies of it (``CREATE DATABASE … TEMPLATE``, a tenth of
+    migrating one)."""
 
     async def create() -> str:
         name = f"gm_template_{secrets.token_hex(6)}"
@@ -166,7 +155,7 @@ def _postgres_template() -> Iterator[str]:
             await admin.execute(f'CREATE DATABASE "{name}"')
         finally:
             await admin.close()
-        await migrate_or_wait(_with_database(PG_ADMIN_URL, name), check_only=False, wait_s=0)
+        await migrate_or_wait(pgpool.database_url(PG_ADMIN_URL, name), check_only=False, wait_s=0)
         return name
 
     async def drop(name: str) -> None:
@@ -183,11 +172,34 @@ def _postgres_template() -> Iterator[str]:
         asyncio.run(drop(name))
 
 
+@pytest.fixture(scope="session")
+def _postgres_pool(_postgres_template: str) -> Iterator[pgpool.PostgresPool]:
+    """The session's (xdist worker's) copies of the template, reset between tests (``tests/pgpool.py``) and dropped at
+    its end."""
+
+    async def record() -> pgpool.TemplateState:
+        connection = await asyncpg.connect(pgpool.database_url(PG_ADMIN_URL, _postgres_template), timeout=10)
+        try:
+            return await pgpool.record(connection)
+        finally:
+            await connection.close()
+
+    pool = pgpool.PostgresPool(PG_ADMIN_URL, _admin, _postgres_template, asyncio.run(record()))
+    try:
+        yield pool
+    finally:
+        asyncio.run(pool.close())
+
+
 @pytest.fixture
-async def migrated_postgres_url(_postgres_template: str) -> AsyncIterator[str]:
-    """A fresh PostgreSQL database with the schema at head and no rows, dropped afterwards."""
-    async with _fresh_postgres(_postgres_template) as url:
+async def migrated_postgres_url(_postgres_pool: pgpool.PostgresPool) -> AsyncIterator[str]:
+    """A PostgreSQL database with the schema at head and only the rows the migrations seed, as a fresh copy of the
+    template would be (ids included), under a name of its own: one of the worker's pool, reset and put back afterwards."""
+    url = await _postgres_pool.take()
+    try:
         yield url
+    finally:
+        await _postgres_pool.put_back(url)
 
 
 @pytest.fixture(scope="session")
@@ -234,7 +246,8 @@ def bus_prefix() -> str:
 @pytest.fixture(params=["sqlite", "postgres"])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """Each persistence test runs on SQLite and on PostgreSQL: a database of its own with the schema at head
-    and no rows (a copy of the session's migrated template; ``postgres_url`` is an empty one)."""
+    and only the seeded rows (a copy of the session's migrated template, or on PostgreSQL one reset to be like a copy;
+    ``postgres_url`` is an empty one)."""
     if request.param == "sqlite":
         path = tmp_path / "test.db"
         shutil.copyfile(request.getfixturevalue("_sqlite_template"), path)
