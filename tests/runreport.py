@@ -70,8 +70,8 @@ class _Test:
 
     def record(self, report: pytest.TestReport) -> None:
         for name, value in report.user_properties:
-            if name == CPU_PROPERTY:
-                self.cpu_s += float(value)
+            if name == CPU_PROPERTY and isinstance(value, float | int):
+                self.cpu_s += value
         self.phases[report.when] = round(self.phases.get(report.when, 0.0) + report.duration, 3)
         if self.started is None:
             self.started = getattr(report, "start", None)
