@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -63,7 +64,7 @@ from typing import Final
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
-from agent.clusterprobe import MEASURE_PORT, UdpEcho, echo, loss, respond, sink
+from agent.clusterprobe import MEASURE_PORT, Run, UdpEcho, echo, loss, respond, throughput
 from agent.clusterrelay import RelayedPeer
 from agent.runtimes.netns import NamespaceUnavailable, socket_in_namespace
 from agent.wgcontrol import (
@@ -507,7 +508,7 @@ class ClusterNetworks:
                 measurements.append(protocol.PeerMeasurement(rank=rank, error=why, path=self.path_to(net.rental_id, rank)))
                 continue
             loss_pct = await self._loss(pid, target)
-            mbit_s, failed = await self._attempt(pid, target, lambda r, w: sink(r, w, self.measure_bytes)) if self.measure_bytes else (None, None)
+            mbit_s, failed = await throughput(functools.partial(self._attempt, pid, target), self.measure_bytes) if self.measure_bytes else (None, None)
             error = None if failed is None else f"node-{rank} answered, but no throughput run finished within {self.measure_timeout:g}s ({failed[:120]})"
             measurements.append(protocol.PeerMeasurement(rank=rank, rtt_ms=rtt_ms, mbit_s=mbit_s, loss_pct=loss_pct, error=error,
                                                          path=self.path_to(net.rental_id, rank)))  # fmt: skip
@@ -527,7 +528,7 @@ class ClusterNetworks:
         finally:
             sock.close()
 
-    async def _attempt(self, pid: int, target: str, run: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[float]]) -> tuple[float | None, str | None]:
+    async def _attempt(self, pid: int, target: str, run: Run) -> tuple[float | None, str | None]:
         """``run`` against ``target``'s responder, tried again until it works or ``measure_timeout`` passed (the peer
         may set its own peers a moment later than this one): its figure, or why not."""
         deadline = time.monotonic() + self.measure_timeout
@@ -542,7 +543,7 @@ class ClusterNetworks:
         return None, last
 
     @staticmethod
-    async def _through(pid: int, target: str, run: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[float]]) -> float:
+    async def _through(pid: int, target: str, run: Run) -> float:
         """``run`` over a connection to ``target``'s responder made inside the member's namespace (so through the tunnel)."""
         sock = await socket_in_namespace(pid, lambda: socket.create_connection((target, MEASURE_PORT), timeout=2.0), name="cluster-measure")
         reader, writer = await asyncio.open_connection(sock=sock)

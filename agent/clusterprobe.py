@@ -1,7 +1,11 @@
 """Measuring between cluster members through their tunnel (``agent.clusternet``): each member answers a responder
 on its private address (``MEASURE_PORT``), and the others measure against it — ``echo``: the median of a few
 one-byte round trips; ``sink``: the throughput of sending a number of bytes until the responder says it has them;
-``loss``: the share of ``LOSS_PROBES`` datagrams the UDP echo (``UdpEcho``, on the same port) did not send back."""
+``loss``: the share of ``LOSS_PROBES`` datagrams the UDP echo (``UdpEcho``, on the same port) did not send back.
+
+A throughput is two ``sink`` runs: ``PROBE_BYTES`` first, then as many bytes as that rate carries in
+``RUN_BUDGET_S`` (``run_size``), so that a slow link (a loaded relay: a few Mbit/s) yields its figure in seconds
+instead of timing out on a fixed size; the responder's protocol is unchanged."""
 
 from __future__ import annotations
 
@@ -10,12 +14,18 @@ import contextlib
 import socket
 import statistics
 import time
+from collections.abc import Awaitable, Callable
 from typing import Final, cast
+
+Run = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[float]]
+"""One measurement over a fresh connection to a responder (``echo``, or ``sink`` with its size)."""
 
 MEASURE_PORT: Final = 29499  # the responder's TCP port on the member's private address
 PINGS: Final = 5
 # The stages the responder answers: "E" echoes bytes one by one (round trip), "S" + 8-byte length sinks that many and says "K".
 MAX_SINK_BYTES: Final = 256 << 20
+PROBE_BYTES: Final = 256 << 10  # the first run: long enough for a rate, short on any link that answers at all
+RUN_BUDGET_S: Final = 2.0  # how long the second run is sized to last at the first run's rate
 LOSS_PROBES: Final = 100
 LOSS_SPACING_S: Final = 0.002  # between two probes: 100 probes take 0.2 s
 LOSS_WAIT_S: Final = 1.0  # after the last probe, for late answers
@@ -70,6 +80,26 @@ async def sink(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, size:
         sent += len(part)
     await reader.readexactly(1)
     return round(size * 8 / (time.perf_counter() - started) / 1e6, 1)
+
+
+def run_size(probe_mbit_s: float, limit: int) -> int:
+    """Bytes for the second throughput run: what ``probe_mbit_s`` carries in ``RUN_BUDGET_S``, between
+    ``PROBE_BYTES`` and ``limit``."""
+    return max(PROBE_BYTES, min(limit, int(probe_mbit_s * 1e6 / 8 * RUN_BUDGET_S)))
+
+
+async def throughput(attempt: Callable[[Run], Awaitable[tuple[float | None, str | None]]], limit: int) -> tuple[float | None, str | None]:
+    """Mbit/s (or why not) of a ``PROBE_BYTES`` run, then of one sized by ``run_size`` to its rate (at most ``limit``
+    bytes), each run made by ``attempt`` (which tries until its deadline). A fixed 8 MiB took past the 15 s deadline
+    at 6 Mbit/s (a relay path on a loaded host) and left the pair without a figure. Where the second run fails, the
+    first's figure stands."""
+    probe = min(PROBE_BYTES, limit)
+    first, failed = await attempt(lambda r, w: sink(r, w, probe))
+    if first is None or probe == limit:
+        return first, failed
+    size = run_size(first, limit)
+    second, _ = await attempt(lambda r, w: sink(r, w, size))
+    return (second if second is not None else first), None
 
 
 class UdpEcho(asyncio.DatagramProtocol):

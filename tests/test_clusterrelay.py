@@ -10,7 +10,7 @@ import socket
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.clusterprobe import UdpEcho, loss
+from agent.clusterprobe import PROBE_BYTES, Run, UdpEcho, loss, respond, throughput
 from agent.clusterrelay import Deframer, frame, serve_stream
 
 
@@ -82,3 +82,52 @@ async def test_loss_counts_the_probes_that_did_not_come_back() -> None:
         transport.close()
         silent.close()
 
+
+
+async def test_a_slow_link_gets_a_throughput_figure_from_a_run_sized_to_its_rate() -> None:
+    """``clusterprobe.throughput`` against the responder behind a link of about 2 Mbit/s: the second run is sized from the
+    first's rate, far below the 8 MiB limit (which would take ~34 s there), and the figure comes back without an error."""
+    limit = 8 << 20
+    responder = await asyncio.start_server(respond, "127.0.0.1", 0)
+    target = responder.sockets[0].getsockname()
+
+    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:  # at most 2 Mbit/s towards the responder
+        up_reader, up_writer = await asyncio.open_connection(*target)
+        header = await reader.readexactly(9)  # b"S" and the run's size
+        sizes.append(int.from_bytes(header[1:], "big"))
+        up_writer.write(header)
+
+        async def down() -> None:
+            while data := await up_reader.read(1 << 16):
+                writer.write(data)
+                await writer.drain()
+
+        answers = asyncio.create_task(down())
+        try:
+            while data := await reader.read(4096):
+                up_writer.write(data)
+                await up_writer.drain()
+                await asyncio.sleep(4096 * 8 / 2e6)
+            await answers
+        finally:
+            answers.cancel()
+            up_writer.close()
+            writer.close()
+
+    link = await asyncio.start_server(slow, "127.0.0.1", 0)
+    sizes: list[int] = []
+
+    async def attempt(run: Run) -> tuple[float | None, str | None]:
+        reader, writer = await asyncio.open_connection(*link.sockets[0].getsockname())
+        try:
+            return await run(reader, writer), None
+        finally:
+            writer.close()
+
+    try:
+        mbit_s, error = await throughput(attempt, limit)
+    finally:
+        link.close()
+        responder.close()
+    assert error is None and mbit_s is not None and 0 < mbit_s <= 2.5, (mbit_s, error)
+    assert len(sizes) == 2 and sizes[0] == PROBE_BYTES and PROBE_BYTES <= sizes[1] < limit // 8, sizes
