@@ -16,6 +16,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
+from shared.cancelling import raise_if_cancelled
 from shared.errors import GpumarketError
 from shared.registry import Registry, RelayRecord
 
@@ -96,6 +97,7 @@ class RegistryLink:
         while True:
             await asyncio.sleep(self.register_interval)
             await self.publish()
+            raise_if_cancelled()  # redis-py writes with asyncio.wait_for, which can lose a cancel (shared.cancelling)
 
     async def _poll_revocations(self) -> None:
         """Read the revoked serials and hand them on, forever. Cancelling is safe."""
@@ -111,6 +113,7 @@ class RegistryLink:
                 self.revoked = revoked
                 if revoked:
                     self._on_revoked(revoked)
+            raise_if_cancelled()  # as in _register
             await asyncio.sleep(self.revocation_poll_interval)
 
 

@@ -74,6 +74,7 @@ from access.tunnels import RenterGate, refusal_response
 from access.webports import WebPorts
 from shared import protocol
 from shared.bus import Bus
+from shared.cancelling import raise_if_cancelled
 from shared.clock import Clock, SystemClock
 from shared.crypto import host_id_from_der, serial_hex_from_der
 from shared.errors import BusError, ConfigError, GpumarketError, ProtocolError
@@ -596,6 +597,9 @@ class Relay:
         backoff = 0.5
         first = True
         while True:
+            # redis-py writes with asyncio.wait_for, which can lose a cancel (shared.cancelling): a relay's close then
+            # waited on this loop until SIGKILL (tests/test_cluster.py, once under load).
+            raise_if_cancelled()
             try:
                 if first:
                     # Whatever a previous run of this relay left pending: deliver or drop (the master resends).

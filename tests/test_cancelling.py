@@ -7,6 +7,8 @@ guard: the task ends cancelled however ``wait_for`` behaves.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ssl
 import sys
 from collections.abc import Callable, Coroutine
 
@@ -14,8 +16,12 @@ import dns.message
 import dns.rcode
 import pytest
 
+from access.registration import RegistryLink
+from access.relay import Relay
 from agent.discovery import resolve_relays
+from shared.bus import BusMessage, InProcessBus
 from shared.cancelling import raise_if_cancelled
+from shared.registry import MemoryRegistry, RelayRecord
 
 
 async def _cancel_as_it_completes(body: Callable[[asyncio.Queue[int]], Coroutine[None, None, str]]) -> asyncio.Task[str]:
@@ -97,3 +103,73 @@ async def test_a_relay_lookup_that_answers_as_the_agent_stops_still_stops_it(pas
             await lookup
     finally:
         transport.close()
+
+
+class _WaitForBus(InProcessBus):
+    """A bus whose reads wait as redis-py's writes do (``asyncio.wait_for``), on a queue the test fills."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answers: asyncio.Queue[int] = asyncio.Queue()
+
+    async def claim_stale(self, stream: str, group: str, consumer: str, *, min_idle: float, count: int = 100) -> list[BusMessage]:
+        return []
+
+    async def read(self, stream: str, group: str, consumer: str, *, count: int = 100, block: float | None = 1.0) -> list[BusMessage]:
+        await asyncio.wait_for(self.answers.get(), 60)
+        return []
+
+
+async def _stopped(task: asyncio.Task[None]) -> bool:
+    """Whether ``task`` ends within 5 s of a cancel landing as its ``wait_for`` completes (``_cancel_as_it_completes``)."""
+    with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+        async with asyncio.timeout(5):
+            await asyncio.shield(task)
+    return task.done()
+
+
+async def test_a_relays_command_consumer_stops_when_its_read_answers_as_the_relay_closes() -> None:
+    """A relay's close stops its command consumer; a cancel that redis-py's ``wait_for`` lost made the consumer read on
+    and the close wait until SIGKILL (tests/test_cluster.py, once under load)."""
+    bus = _WaitForBus()
+    relay = Relay(relay_id="relay-t", bus=bus, ssl_context=ssl.create_default_context(ssl.Purpose.CLIENT_AUTH))
+    consumer = asyncio.create_task(relay._consume_commands())
+    await asyncio.sleep(0.01)  # waiting in its read
+    bus.answers.put_nowait(1)
+    await asyncio.sleep(0)
+    consumer.cancel()
+    try:
+        assert await _stopped(consumer) and consumer.cancelled()
+    finally:
+        consumer.cancel()
+
+
+class _WaitForRegistry(MemoryRegistry):
+    """A registry whose every call waits as redis-py's writes do, on a queue the test fills."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answers: asyncio.Queue[int] = asyncio.Queue()
+
+    async def put_relay(self, record: RelayRecord, *, ttl: float) -> None:
+        await asyncio.wait_for(self.answers.get(), 60)
+
+    async def revoked(self) -> frozenset[str]:
+        await asyncio.wait_for(self.answers.get(), 60)
+        return frozenset()
+
+
+@pytest.mark.parametrize("loop", ["_register", "_poll_revocations"])
+async def test_a_relays_registry_loops_stop_when_a_call_answers_as_they_are_cancelled(loop: str) -> None:
+    registry = _WaitForRegistry()
+    link = RegistryLink(registry, relay_id="relay-t", record=lambda: RelayRecord("relay-t", "r", "wss://x", "x", 1, 0, 1, False, 0.0),
+                        on_revoked=lambda _: None, register_interval=0.001, revocation_poll_interval=0.001, timeout=60)  # fmt: skip
+    task = asyncio.create_task(getattr(link, loop)())
+    await asyncio.sleep(0.05)  # waiting in its registry call
+    registry.answers.put_nowait(1)
+    await asyncio.sleep(0)
+    task.cancel()
+    try:
+        assert await _stopped(task) and task.cancelled()
+    finally:
+        task.cancel()
