@@ -201,6 +201,11 @@ async def enroll_body(world: World, who: str) -> Any:
     return {"token": token, "csr": make_csr(generate_private_key(), "test-host").decode(), "hostname": f"host-of-{who}"}
 
 
+async def enroll_check_body(world: World, who: str) -> Any:
+    token, _ = await enrollment.create_token(world.api.master, world.account(PROVIDER))
+    return {"token": token}
+
+
 async def top_up_body(world: World, who: str) -> Any:
     return {"account_id": world.account(RENTER), "amount": "10.00", "reference": f"payment-by-{who}"}
 
@@ -264,6 +269,7 @@ MATRIX: tuple[Rule, ...] = (
     Rule("PUT", "/accounts/{account_id}/fair-share", only(200, "admin"), body=fixed({"weight": 2})),
     Rule("POST", "/enrollment-tokens", only(201, "provider")),
     Rule("POST", "/enroll", everyone(201), body=enroll_body),
+    Rule("POST", "/enroll/check", everyone(200), body=enroll_check_body),
     Rule("GET", "/hosts", everyone(200)),
     Rule("GET", "/hosts/{host_id}", host_read()),
     Rule("GET", "/hosts/{host_id}/metrics", host_read()),

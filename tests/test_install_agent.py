@@ -10,6 +10,7 @@ cache, which is most of this module's time.
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import io
 import json
@@ -40,11 +41,12 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from master.app import close_master, create_app, open_master
 from master.context import Master
+from master.services import enrollment
 from master.services.agent_package import AgentPackages, copy_sources
 from shared.bus import InProcessBus
 from shared.errors import NotFound
 from shared.registry import RelayRecord
-from tests.factories import master_settings
+from tests.factories import create_principal, master_settings
 from tests.upprocess import gpumarket_up, wait_for_credentials
 
 pytestmark = pytest.mark.slow
@@ -336,7 +338,9 @@ class TestRegion:
             assert await response.json() == {"regions": ["eu-west", "us-east"]}
         base = str(served.client.make_url("")).rstrip("/")
         prefix = tmp_path / "agent"
-        common = ("--master", base, "--token", "gmt_x", "--prefix", prefix, "--no-systemd", "--gpus", "sim:1xT4")
+        provider, _ = await create_principal(served.master, "provider", "provider")
+        token, _ = await enrollment.create_token(served.master, provider.account_id)
+        common = ("--master", base, "--token", token, "--prefix", prefix, "--no-systemd", "--gpus", "sim:1xT4")
 
         unknown = await asyncio.to_thread(_run_installer, *common, "--region", "mars")
         assert unknown.returncode != 0
@@ -345,10 +349,11 @@ class TestRegion:
         assert rest == ["install-agent: nothing was installed (status 1)"]  # as every failure before the install
         assert not prefix.exists()
 
-        missing = tmp_path / "gpumarket-0-py3-none-any.whl"  # past the region check, the package step fails on it
+        missing = tmp_path / "gpumarket-0-py3-none-any.whl"  # past the region and token checks, the package step fails on it
         known = await asyncio.to_thread(_run_installer, *common, "--region", "eu-west", "--package", missing)
         assert known.returncode != 0
         assert "unknown region" not in known.stderr and str(missing) in known.stderr, known.stderr
+        assert "the master accepts the enrollment token" in known.stdout, known.stdout
         assert not prefix.exists()
 
 
@@ -454,6 +459,24 @@ def _seen_since(market: Market, host_id: str, since: datetime, agent: RunningAge
     return None
 
 
+def _rebuilt(wheel: Path, folder: Path, marker: str) -> Path:
+    """``wheel`` with ``marker`` appended to gpumarket/__init__.py (and its RECORD line to match), saved under the same
+    name in ``folder``: the same version with other code, as a rebuilt wheel is."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rebuilt = folder / wheel.name
+    with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(rebuilt, "w", zipfile.ZIP_DEFLATED) as target:
+        init = source.read("gpumarket/__init__.py") + marker.encode()
+        digest = base64.urlsafe_b64encode(hashlib.sha256(init).digest()).rstrip(b"=").decode()
+        for item in source.infolist():
+            data = source.read(item)
+            if item.filename == "gpumarket/__init__.py":
+                data = init
+            elif item.filename.endswith(".dist-info/RECORD"):
+                data = re.sub(rb"(?m)^gpumarket/__init__\.py,.*$", f"gpumarket/__init__.py,sha256={digest},{len(init)}".encode(), data)
+            target.writestr(item, data)
+    return rebuilt
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -464,12 +487,15 @@ def _free_port() -> int:
 class TestInstaller:
     def test_install_run_upgrade_and_uninstall(self, market: Market, tmp_path: Path) -> None:
         """The one-liner's install brings a new host online; a re-run upgrades in place with the same identity,
-        needing no token (a used one does no harm); --uninstall removes the prefix."""
+        needing no token (a used one does no harm), keeps the very same package and installs a rebuilt one;
+        --uninstall removes the prefix."""
         prefix = tmp_path / "agent"
         token = market.new_token()
-        host_id = _host_id(_run_one_liner(
+        installed = _run_one_liner(
             token["enroll_command"], "--prefix", prefix, "--no-systemd", "--gpus", "sim:2xRTX4090", "--zone", "relays.example.test"
-        ))  # fmt: skip
+        )  # fmt: skip
+        host_id = _host_id(installed)
+        assert "the master accepts the enrollment token" in installed.stdout and "installing gpumarket-" in installed.stdout
         config = tomllib.loads((prefix / "etc" / "agent.toml").read_text())
         assert config == {"agent": {"data_dir": str(prefix / "state"), "gpus": "sim:2xRTX4090", "zone": "relays.example.test"}}
         assert json.loads((prefix / "state" / "identity.json").read_text())["host_id"] == host_id
@@ -484,15 +510,22 @@ class TestInstaller:
             agent.stop()
 
         upgrade = _run_one_liner(token["enroll_command"], "--prefix", prefix, "--no-systemd", "--gpus", "sim:2xRTX4090")
-        assert _host_id(upgrade) == host_id  # the used token did no harm
+        assert _host_id(upgrade) == host_id  # the used token did no harm (an enrolled host's re-run does not check it)
         assert "keeping the enrollment" in upgrade.stdout and "upgrading" in upgrade.stdout
-        # No token, no master: as recorded. And a local wheel instead of the master's download.
-        wheel = market.download_package(tmp_path)
+        assert "is installed already (the same sha256); keeping it" in upgrade.stdout  # the master's wheel again
+        assert "installing" not in upgrade.stdout and "accepts the enrollment token" not in upgrade.stdout
+        # No token, no master: as recorded. And a local wheel instead of the master's download: the same version
+        # rebuilt with other code, which replaces the installed package.
+        marker = f"# rebuilt {secrets.token_hex(8)}\n"
+        wheel = _rebuilt(market.download_package(tmp_path), tmp_path / "rebuilt", marker)
         again = _run_installer("--prefix", prefix, "--no-systemd", "--package", wheel)
         assert _host_id(again) == host_id
-        assert "downloading" not in again.stdout
+        assert "downloading" not in again.stdout and f"installing {wheel.name}" in again.stdout
+        [init] = (prefix / "venv").glob("lib/python3*/site-packages/gpumarket/__init__.py")
+        assert init.read_text().endswith(marker)
         unreachable = _run_installer("--prefix", prefix, "--no-systemd", "--master", f"http://127.0.0.1:{_free_port()}")
         assert unreachable.returncode != 0 and "nothing was changed" in unreachable.stderr
+        assert "cannot download" in unreachable.stderr and "reachable" in unreachable.stderr
         assert json.loads((prefix / "state" / "identity.json").read_text())["host_id"] == host_id
         assert tomllib.loads((prefix / "etc" / "agent.toml").read_text())["agent"]["zone"] == "relays.example.test"
 
@@ -511,14 +544,15 @@ class TestInstaller:
         assert repeated.returncode == 0 and "nothing installed" in repeated.stdout
 
     def test_unreachable_master_and_bad_token_fail_clearly_and_leave_nothing(self, market: Market, tmp_path: Path) -> None:
-        """An unreachable master fails before anything is installed; a refused token undoes the install."""
+        """An unreachable master fails before anything is installed; so does a token the master refuses (asked before
+        the download)."""
         prefix = tmp_path / "agent"
         unreachable = _run_installer(
             "--master", f"http://127.0.0.1:{_free_port()}", "--token", "gmt_x", "--prefix", prefix, "--no-systemd",
             "--gpus", "sim:1xT4",
         )  # fmt: skip
         assert unreachable.returncode != 0
-        assert "cannot download" in unreachable.stderr and "reachable" in unreachable.stderr
+        assert "cannot reach" in unreachable.stderr and "reachable from this host" in unreachable.stderr
         assert not prefix.exists()
 
         refused = _run_installer(
@@ -527,6 +561,7 @@ class TestInstaller:
         assert refused.returncode != 0
         assert "the master refused enrollment" in refused.stderr, refused.stderr
         assert "create a new one in the console" in refused.stderr and "nothing was installed" in refused.stderr
+        assert "downloading" not in refused.stdout and "installing" not in refused.stdout
         assert not prefix.exists()
 
     @pytest.mark.skipif(os.geteuid() != 0, reason="creating a system user needs root")

@@ -306,6 +306,21 @@ class TestEnrollment:
             clock.advance(10.0)
             assert (await send(api, "POST", "/enroll", forwarded_for="198.51.100.7", json=enroll_body()))[0] != 429
 
+    async def test_token_checks_are_limited_per_address_in_a_bucket_of_their_own(self, tmp_path: Path, clock: ManualClock) -> None:
+        """Token checks (POST /enroll/check, the installer's first question) have enrollment's limits in a bucket of
+        their own: an address past their burst still enrolls, and another address still checks."""
+        async with limited_api(tmp_path, clock, trusted_proxies=PROXY, enrollment_rate_per_minute=6, enrollment_burst=2) as api:
+            check = {"token": "not-a-real-token"}
+            for _ in range(2):
+                status, body, _ = await send(api, "POST", "/enroll/check", forwarded_for="198.51.100.7", json=check)
+                assert status == 403, body
+            assert_limited(*await send(api, "POST", "/enroll/check", forwarded_for="198.51.100.7", json=check), retry=10,
+                           what="enrollment token checks from 198.51.100.7")  # fmt: skip
+            assert (await send(api, "POST", "/enroll", forwarded_for="198.51.100.7", json=enroll_body()))[0] != 429
+            assert (await send(api, "POST", "/enroll/check", forwarded_for="198.51.100.8", json=check))[0] == 403
+            clock.advance(10.0)
+            assert (await send(api, "POST", "/enroll/check", forwarded_for="198.51.100.7", json=check))[0] == 403
+
     async def test_enrollment_tokens_are_limited_per_account_and_per_address(self, tmp_path: Path, clock: ManualClock) -> None:
         """A provider past its burst is refused from any address; another provider is not, until its address is spent."""
         async with limited_api(tmp_path, clock, trusted_proxies=PROXY, enrollment_rate_per_minute=6, enrollment_burst=2) as api:

@@ -45,6 +45,7 @@ class RateClass(StrEnum):
     NONE = "none"  # never limited: the health probes, and everything outside /api/v1
     DEFAULT = "default"  # the client address's and the credential's buckets
     ENROLL = "enroll"  # and the address's enrollment bucket
+    ENROLL_CHECK = "enroll-check"  # and the address's bucket of enrollment token checks (the enrollment settings)
     ENROLLMENT_TOKENS = "enrollment-tokens"  # and the address's and (after authentication) the account's
     SIGN_IN = "sign-in"  # and the address's sign-in bucket; a failed sign-in costs more
 

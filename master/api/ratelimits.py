@@ -8,9 +8,9 @@ request but the health probes' (``RateClass.NONE``) takes a token from:
 * ``key``: the API key or console session it carries (a hash of it; checked before the key
   is looked up, so a flood of made-up keys costs no database work), ``rate_limit_per_key`` /
   ``rate_burst_per_key``;
-* ``ENROLL`` (``POST /enroll``) and ``ENROLLMENT_TOKENS`` (``POST /enrollment-tokens``): the
-  address's bucket of that route (``enrollment_rate_per_minute`` / ``enrollment_burst``), and
-  for token creation also the account's (taken after authentication);
+* ``ENROLL`` (``POST /enroll``), ``ENROLL_CHECK`` (``POST /enroll/check``) and ``ENROLLMENT_TOKENS``
+  (``POST /enrollment-tokens``): the address's bucket of that route (``enrollment_rate_per_minute`` /
+  ``enrollment_burst``), and for token creation also the account's (taken after authentication);
 * ``SIGN_IN`` (``POST /sessions``, console sign-in): the address's ``sign-in`` bucket; a sign-in
   that fails (unknown or revoked key) takes ``sign_in_failure_cost`` tokens in all, so guessing
   keys there is slow.
@@ -51,11 +51,15 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 # The bucket each special class takes from besides the address's and the credential's.
-_ROUTE_BUCKETS = {RateClass.ENROLL: "enroll", RateClass.ENROLLMENT_TOKENS: "enrollment-tokens", RateClass.SIGN_IN: "sign-in"}
+_ROUTE_BUCKETS = {
+    RateClass.ENROLL: "enroll", RateClass.ENROLL_CHECK: "enroll-check", RateClass.ENROLLMENT_TOKENS: "enrollment-tokens",
+    RateClass.SIGN_IN: "sign-in",
+}  # fmt: skip
 _WHAT = {
     "address": "requests from {address}",
     "key": "requests with this API key or session",
     "enroll": "enrollment attempts from {address}",
+    "enroll-check": "enrollment token checks from {address}",
     "enrollment-tokens": "enrollment tokens created from {address}",
     "account-enrollment-tokens": "enrollment tokens created by this account",
     "sign-in": "sign-in attempts from {address}",

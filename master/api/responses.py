@@ -37,6 +37,11 @@ class Enrollment(BaseModel):
     not_after: str
 
 
+class EnrollmentCheck(BaseModel):
+    usable: bool = Field(description="Always true: a token that cannot enroll a host is 403 with the reason's code, as POST /enroll answers it.")
+    expires_at: str = Field(description="Until when the token can enroll a host (if no other host uses it first).")
+
+
 class CommandAccepted(BaseModel):
     command_id: str
     host_id: str

@@ -25,8 +25,15 @@ from master.api.base import (
 )
 from master.api.keys import MASTER, OPENAPI_DOCUMENT
 from master.api.middleware import principal
-from master.api.responses import CommandAccepted, Enrollment, EnrollmentToken, Liveness, Readiness
-from master.api.schemas import EnrollRequest, FairSharePut, QuotaPut, RentalCreate
+from master.api.responses import (
+    CommandAccepted,
+    Enrollment,
+    EnrollmentCheck,
+    EnrollmentToken,
+    Liveness,
+    Readiness,
+)
+from master.api.schemas import EnrollCheckRequest, EnrollRequest, FairSharePut, QuotaPut, RentalCreate
 from master.api.times import time_query
 from master.services import (
     account_views,
@@ -115,6 +122,13 @@ async def enroll(request: web.Request) -> web.Response:
         },
         status=201,
     )
+
+
+async def check_enrollment_token(request: web.Request) -> web.Response:
+    """Whether a token can enroll a host, without using it (the installer asks before it installs anything)."""
+    body = await parse_body(request, EnrollCheckRequest)
+    expires_at = await enrollment.check_token(request.app[MASTER], body.token)
+    return web.json_response({"usable": True, "expires_at": expires_at.isoformat()})
 
 
 async def list_hosts(request: web.Request) -> web.Response:
@@ -245,6 +259,9 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/enrollment-tokens", create_enrollment_token, "Create a one-time host enrollment token.", roles=("provider",),
           limit=RateClass.ENROLLMENT_TOKENS, response=EnrollmentToken, success=201),
     Route("POST", "/enroll", enroll, "Exchange an enrollment token and a CSR for a host certificate.", public=True, limit=RateClass.ENROLL, body=EnrollRequest, response=Enrollment, success=201, errors=(400, 403, 422)),
+    Route("POST", "/enroll/check", check_enrollment_token, "Whether an enrollment token can enroll a host now, without "
+          "using it: 200, or 403 with POST /enroll's code (token_unknown, token_used, token_expired).", public=True,
+          limit=RateClass.ENROLL_CHECK, body=EnrollCheckRequest, response=EnrollmentCheck, errors=(400, 403, 422)),
     Route("GET", "/hosts", list_hosts, "Hosts you can see (providers: their own).", query=PAGING),
     Route("GET", "/hosts/{host_id}", get_host, "One host with its GPUs, latest telemetry and recent state changes.", errors=(404,)),
     Route(

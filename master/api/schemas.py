@@ -168,6 +168,10 @@ class EnrollRequest(_Body):
     hostname: str = Field("", max_length=255)
 
 
+class EnrollCheckRequest(_Body):
+    token: str = Field(min_length=8, max_length=256, description="The enrollment token, as POST /enroll takes it.")
+
+
 class ErrorBody(BaseModel):
     code: str
     message: str

@@ -14,8 +14,10 @@
 #   /etc/systemd/system/gpumarket-agent.service
 #
 # PREFIX is /opt/gpumarket-agent for root, else ~/.local/share/gpumarket-agent. Re-running the
-# script upgrades in place: the package is reinstalled, the identity kept (no token needed) and
-# the service restarted. A first install that fails removes what it created.
+# script upgrades in place: the package is reinstalled (kept when it is the very same wheel), the
+# identity kept (no token needed) and the service restarted. A token the master would refuse stops
+# a first install before anything is downloaded; a first install that fails later removes what it
+# created.
 #
 # Everything runs from main, called on the last line, so that `curl … | sh` has read the whole
 # script before any of it runs. The file lives in master/data/ as package data, so every master
@@ -29,6 +31,7 @@ UNIT_FILE=/etc/systemd/system/$UNIT_NAME
 SYSTEM_STATE_DIR=/var/lib/gpumarket-agent
 DEFAULT_USER=gpumarket-agent
 MIN_PYTHON=3.11
+PACKAGE_SHA_FILE=gpumarket-package.sha256
 
 usage() {
     cat <<'EOF'
@@ -43,7 +46,8 @@ upgrades the agent in place and keeps the host's identity (no token needed then)
 
 Options:
   --master URL       the master, e.g. https://gpumarket.example (a re-run reuses the last one)
-  --token TOKEN      one-time enrollment token (console: Enroll a host); only for a first install
+  --token TOKEN      one-time enrollment token (console: Enroll a host); only for a first install;
+                     checked with the master (not used up) before anything is installed
   --zone ZONE        DNS zone with the relays' SRV records (written to the config)
   --region REGION    the region this host is in, one of the master's (GET /api/v1/regions):
                      its network is measured to that region's relay (checked before anything
@@ -414,22 +418,63 @@ header_value() {
         END { print value }'
 }
 
+# request URL OUT HEADERS [BODY]: GET URL (with BODY, POST that JSON file) into OUT, its response headers into
+# HEADERS and its HTTP status into $code; dies with a hint on a connection error.
+request() {
+    req_url=$1 req_out=$2 req_headers=$3 req_body=${4-}
+    [ -n "$fetcher" ] || die "curl or wget is needed to reach $req_url: install one (e.g. apt-get install curl)"
+    if [ -n "$req_body" ]; then
+        failed="cannot reach $req_url"
+    else
+        failed="cannot download $req_url"
+    fi
+    if [ "$fetcher" = curl ]; then
+        set --  # (a redirect keeps a POST a POST: curl's default turns it into a GET)
+        [ -z "$req_body" ] || set -- --post301 --post302 -H 'Content-Type: application/json' --data-binary "@$req_body"
+        code=$(curl -sS -L --proto '=http,https' --retry 2 --connect-timeout 15 -D "$req_headers" -o "$req_out" -w '%{http_code}' "$@" "$req_url") ||
+            die "$failed: is the master's URL right and reachable from this host? (curl exit status $?)"
+    else
+        set --
+        [ -z "$req_body" ] || set -- --header='Content-Type: application/json' --post-file="$req_body"
+        wget -nv -S --content-on-error -O "$req_out" "$@" "$req_url" 2>"$req_headers" || grep -q 'HTTP/' "$req_headers" ||
+            die "$failed: is the master's URL right and reachable from this host?"
+        code=$(sed -n 's/^[[:space:]]*HTTP\/[0-9.]* \([0-9][0-9][0-9]\).*/\1/p' "$req_headers" | tail -n 1)
+    fi
+}
+
+# The "message" of the master's error body (JSON) in file $1, or "".
+message_of() {
+    sed -n 's/.*"message": *"\([^"]*\)".*/\1/p' "$1" 2>/dev/null | head -n 1
+}
+
 # fetch URL OUT HEADERS: download URL to OUT and its response headers to HEADERS; dies with the
 # server's message on an HTTP error, and with a hint on a connection error.
 fetch() {
-    [ -n "$fetcher" ] || die "curl or wget is needed to download $1: install one (e.g. apt-get install curl)"
-    if [ "$fetcher" = curl ]; then
-        code=$(curl -sS -L --proto '=http,https' --retry 2 --connect-timeout 15 -D "$3" -o "$2" -w '%{http_code}' "$1") ||
-            die "cannot download $1: is the master's URL right and reachable from this host? (curl exit status $?)"
-    else
-        wget -nv -S --content-on-error -O "$2" "$1" 2>"$3" || grep -q 'HTTP/' "$3" ||
-            die "cannot download $1: is the master's URL right and reachable from this host?"
-        code=$(sed -n 's/^[[:space:]]*HTTP\/[0-9.]* \([0-9][0-9][0-9]\).*/\1/p' "$3" | tail -n 1)
-    fi
+    request "$1" "$2" "$3"
     if [ "$code" != 200 ]; then
-        message=$(sed -n 's/.*"message": *"\([^"]*\)".*/\1/p' "$2" 2>/dev/null | head -n 1)
+        message=$(message_of "$2")
         die "$1 answered HTTP ${code:-?}${message:+: $message}"
     fi
+}
+
+# Whether the master would enroll this host with --token (POST /api/v1/enroll/check: known, unused,
+# unexpired), asked before anything is downloaded; the token stays unused. Enrolling checks again,
+# as the token may be used or expire in between.
+check_token() {
+    url=$master/api/v1/enroll/check
+    "$python" -c 'import json, sys; print(json.dumps({"token": sys.argv[1]}))' "$token" >"$work/token.json"
+    request "$url" "$work/check.json" "$work/check.headers" "$work/token.json"
+    message=$(message_of "$work/check.json")
+    case $code in
+        200)
+            expires=$(sed -n 's/.*"expires_at": *"\([^"]*\)".*/\1/p' "$work/check.json")
+            say "the master accepts the enrollment token (until ${expires:-?})"
+            ;;
+        403) die "the master refused enrollment: ${message:-HTTP 403}" ;;
+        422) die "the master refused enrollment: ${message:-HTTP 422}; copy the token again from the console" ;;
+        404 | 405) warn "$master does not check enrollment tokens beforehand (an older master?); enrolling will" ;;
+        *) die "$url answered HTTP ${code:-?}${message:+: $message}" ;;
+    esac
 }
 
 # The master's regions (GET /api/v1/regions: those of its live relays); --region must be one of them.
@@ -460,7 +505,7 @@ valid_wheel_name() {
     esac
 }
 
-# Download (or copy) the package into $work and check it; sets $wheel and $wheel_name.
+# Download (or copy) the package into $work and check it; sets $wheel, $wheel_name and $wheel_sha.
 get_package() {
     expected_sha=""
     case $package in
@@ -491,11 +536,11 @@ get_package() {
     valid_wheel_name "$wheel_name" || die "the package must be a gpumarket wheel (gpumarket-<version>-....whl), not '$wheel_name'"
     wheel=$work/$wheel_name
     mv "$work/download" "$wheel"
+    wheel_sha=$(sha256_of "$wheel")
     if [ -n "$expected_sha" ]; then
-        actual_sha=$(sha256_of "$wheel")
-        [ "$actual_sha" = "$expected_sha" ] ||
-            die "the downloaded package is damaged: sha256 $actual_sha, the master says $expected_sha; run this again"
-        say "package $wheel_name verified (sha256 $actual_sha)"
+        [ "$wheel_sha" = "$expected_sha" ] ||
+            die "the downloaded package is damaged: sha256 $wheel_sha, the master says $expected_sha; run this again"
+        say "package $wheel_name verified (sha256 $wheel_sha)"
     fi
 }
 
@@ -545,16 +590,28 @@ pip_install() {
     "$venv/bin/python" -m pip install --disable-pip-version-check --no-input --quiet "$@"
 }
 
+# Install the package into the venv (created if missing or broken). The sha256 of the wheel installed last is kept
+# in the venv (PACKAGE_SHA_FILE): a re-run with the very same wheel keeps it while it runs (gpumarket --version), as
+# installing it again would put back the same files. Remove PREFIX/venv to have everything installed afresh.
 install_package() {
+    new_venv=no
     if ! { [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import sys' 2>/dev/null; }; then
         rm -rf "$venv"
         "$python" -m venv "$venv"
+        new_venv=yes
     fi
+    if [ "$(cat "$venv/$PACKAGE_SHA_FILE" 2>/dev/null)" = "$wheel_sha" ] && "$venv/bin/gpumarket" --version >/dev/null 2>&1; then
+        say "$wheel_name is installed already (the same sha256); keeping it"
+        return 0
+    fi
+    rm -f "$venv/$PACKAGE_SHA_FILE"
     say "installing $wheel_name and its dependencies into $venv"
     pip_install "$wheel"
-    # The same version number may carry new code (a rebuilt wheel): replace the package itself too.
-    pip_install --no-deps --force-reinstall "$wheel"
+    # The same version number may carry new code (a rebuilt wheel): replace the package itself too, unless the
+    # venv is new (then it holds this wheel's package).
+    [ "$new_venv" = yes ] || pip_install --no-deps --force-reinstall "$wheel"
     "$venv/bin/gpumarket" --version >/dev/null || die "the installed package does not run: $venv/bin/gpumarket --version failed"
+    echo "$wheel_sha" >"$venv/$PACKAGE_SHA_FILE"
 }
 
 enroll() {
@@ -635,6 +692,7 @@ install() {
     trap 'exit 130' INT
     trap 'exit 143' TERM
     [ -z "$region" ] || check_region
+    [ "$enrolled" = yes ] || check_token
     get_package
 
     changing=yes

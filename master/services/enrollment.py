@@ -54,17 +54,35 @@ async def create_token(master: Master, account_id: str) -> tuple[str, datetime]:
     return token, expires_at
 
 
+async def _usable_token(session: AsyncSession, token: str, now: datetime) -> EnrollmentToken:
+    """The token's row if it can enroll a host at ``now``; else ``EnrollmentError`` saying why (its code: ``token_unknown``,
+    ``token_used`` or ``token_expired``)."""
+    row = await session.scalar(select(EnrollmentToken).where(EnrollmentToken.token_hash == secret_hash(token)))
+    if row is None:
+        raise EnrollmentError("unknown enrollment token; create a new one in the console", code="token_unknown")
+    if row.used_at is not None:
+        raise EnrollmentError("this enrollment token was already used; create a new one", code="token_used")
+    if row.expires_at <= now:
+        raise EnrollmentError("this enrollment token has expired; create a new one", code="token_expired")
+    return row
+
+
+async def check_token(master: Master, token: str) -> datetime:
+    """Whether ``token`` can enroll a host now, without using it: its expiry, or the ``EnrollmentError`` that ``enroll``
+    would raise. Changes nothing.
+
+    The installer asks before it downloads anything, so that a refused token costs a provider no install;
+    ``enroll`` checks again, since a token may be used or expire in between."""
+    async with master.db.session() as session:
+        row = await _usable_token(session, token, master.clock.now())
+        return row.expires_at
+
+
 async def enroll(master: Master, token: str, csr_pem: str, *, hostname: str = "") -> EnrollmentResult:
     """Redeem a token: create the host and sign its certificate. A token works once."""
     now = master.clock.now()
     async with master.db.session() as session:
-        row = await session.scalar(select(EnrollmentToken).where(EnrollmentToken.token_hash == secret_hash(token)))
-        if row is None:
-            raise EnrollmentError("unknown enrollment token; create a new one in the console", code="token_unknown")
-        if row.used_at is not None:
-            raise EnrollmentError("this enrollment token was already used; create a new one", code="token_used")
-        if row.expires_at <= now:
-            raise EnrollmentError("this enrollment token has expired; create a new one", code="token_expired")
+        row = await _usable_token(session, token, now)
         host_id = new_id("h")
         # Conditional update: of two agents racing with one token, exactly one wins.
         claimed = await session.execute(
