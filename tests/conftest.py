@@ -22,7 +22,9 @@ from typing import Any
 
 import asyncpg
 import pytest
+import pytest_asyncio
 import redis.asyncio as aioredis
+from playwright.async_api import Browser, Playwright, async_playwright
 
 from master.app import close_master, open_master
 from master.context import Master
@@ -61,10 +63,15 @@ ONE_WORKER_STAGGER = 40
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Give each schemathesis operation (``tests/test_api_schemathesis.py``) a node id of its own. schemathesis names
     its items ``test…[GET /api/v1/…]`` after pytest 9 fixed their ids from the bare function name: the 60 operations
-    shared one id, so under pytest-xdist only one of them ran (found 2026-11-26: 1 test in 12 s instead of 60 in 177 s)."""
+    shared one id, so under pytest-xdist only one of them ran (found 2026-11-26: 1 test in 12 s instead of 60 in 177 s).
+
+    A test that uses the worker's Chromium (the ``browser`` fixture below) runs on the session's event loop, the one
+    Playwright's objects belong to: the other tests keep a loop of their own each."""
     for item in items:
         if type(item).__name__ == "SchemathesisFunction" and item.parent is not None and not item.nodeid.endswith("]"):
             item._id = item.parent.id.child(item.name)  # what pytest computes from the name
+        if "_chromium" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.asyncio(loop_scope="session"), append=False)  # before asyncio_mode's own mark
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -309,6 +316,53 @@ def browser_netns() -> Iterator[BrowserNamespace]:
     suite's containers, veths and WireGuard devices never change, with a proxy to the host's loopback."""
     with browser_namespace() as namespace:
         yield namespace
+
+
+class SharedChromium:
+    """One Chromium for the tests of a worker, launched at the first that asks (again if it went away: a crash in
+    one test is not every later test's failure)."""
+
+    def __init__(self, playwright: Playwright, namespace: BrowserNamespace) -> None:
+        self._playwright = playwright
+        self._namespace = namespace
+        self._browser: Browser | None = None
+
+    async def browser(self) -> Browser:
+        if self._browser is None or not self._browser.is_connected():
+            self._browser = await self._playwright.chromium.launch(
+                executable_path=str(self._namespace.executable), args=self._namespace.args)  # fmt: skip
+        return self._browser
+
+    async def close(self) -> None:
+        if self._browser is not None and self._browser.is_connected():
+            await self._browser.close()
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def _chromium(browser_netns: BrowserNamespace) -> AsyncIterator[SharedChromium]:
+    """Playwright's driver and Debian's Chromium, headless, in this worker's network namespace for browsers
+    (``tests/browserns.py``), once per worker rather than per test (each launch cost ~4 s of CPU). On the session's
+    event loop: ``pytest_collection_modifyitems`` puts the tests that use it there."""
+    async with async_playwright() as playwright:
+        shared = SharedChromium(playwright, browser_netns)
+        try:
+            yield shared
+        finally:
+            await shared.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def browser(_chromium: SharedChromium) -> AsyncIterator[Browser]:
+    """The worker's Chromium; a missing browser fails the test (it is part of `make test`). A test opens its own
+    contexts (``browser.new_context``: cookies, storage and permissions of their own, as a fresh browser's), and
+    every context it leaves open is closed after it. Its other async fixtures must be on the session's loop too."""
+    browser = await _chromium.browser()
+    assert not browser.contexts, "a context of an earlier test is still open"
+    try:
+        yield browser
+    finally:
+        for context in list(browser.contexts):
+            await context.close()
 
 
 @pytest.fixture(scope="session")

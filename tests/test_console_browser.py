@@ -1,7 +1,7 @@
 """The web console in a real browser: Debian's Chromium, driven by Playwright, against `gpumarket up` run as a process.
 
 One marketplace (three simulated hosts, rating every second) serves the whole module; each
-test opens its own browser with fresh cookies. Screenshots of the main pages are written to
+test opens its own browser context (fresh cookies and storage) in the worker's one Chromium (``tests/conftest.py``). Screenshots of the main pages are written to
 ``test-artifacts/console/``. Chromium is never downloaded: the tests use the system's
 (``/usr/bin/chromium``, or ``GPUMARKET_TEST_CHROMIUM``) and fail when it is missing
 (``make test`` installs Debian's package first). It runs in a network namespace of its own, through a proxy to the
@@ -18,7 +18,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -33,14 +33,12 @@ from playwright.async_api import (
     ConsoleMessage,
     Locator,
     Page,
-    async_playwright,
     expect,
 )
 
 from shared.imageref import parse_image_reference
 from shared.money import format_usd
 from shared.protocol import ContainerWorkload
-from tests.browserns import BrowserNamespace
 from tests.helpers import eventually
 from tests.test_console_maintenance import MaintenanceWindows
 from tests.upprocess import check_alive, gpumarket_up, wait_for_credentials
@@ -110,18 +108,6 @@ def running_market(tmp_path_factory: pytest.TempPathFactory, name: str, extra_en
     env.update(extra_env or {})
     with gpumarket_up(data_dir, log, env, agents=3, strict_stop=True) as process:
         yield _wait_until_up(process, data_dir, log)
-
-
-@pytest.fixture
-async def browser(browser_netns: BrowserNamespace) -> AsyncIterator[Browser]:
-    """Debian's Chromium, headless, in this worker's network namespace for browsers (``tests/browserns.py``); a
-    missing browser fails the test (it is part of `make test`)."""
-    async with async_playwright() as playwright:
-        launched = await playwright.chromium.launch(executable_path=str(browser_netns.executable), args=browser_netns.args)
-        try:
-            yield launched
-        finally:
-            await launched.close()
 
 
 @dataclass

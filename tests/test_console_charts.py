@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from playwright.async_api import Browser, ViewportSize, expect
 
-from tests import test_console_browser as browser_module
 from tests.helpers import eventually
 from tests.test_console_browser import (
     WAIT_MS,
@@ -28,9 +27,6 @@ pytestmark = pytest.mark.slow
 
 PHONE: ViewportSize = {"width": 390, "height": 844}
 
-
-# The browser module's fixture, used here by name: Chromium.
-browser = browser_module.browser
 
 
 @pytest.fixture(scope="module")

@@ -22,13 +22,9 @@ from sqlalchemy.orm import Session
 
 from master.models import ServiceStat
 from shared.money import format_usd
-from tests import test_console_browser as browser_module
 from tests.test_console_browser import WAIT_MS, Market, _console, running_market
 
 pytestmark = pytest.mark.slow
-
-# The browser module's fixture, used here by name: Chromium.
-browser = browser_module.browser
 
 BUCKET_S = 5  # service_stats_bucket_s, the master's default
 # Figures of the seeded buckets, newest first: requests, errors, retries and a latency histogram (counts per bucket of
