@@ -16,9 +16,10 @@ import secrets
 import shutil
 import subprocess
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import asyncpg
 import pytest
@@ -36,6 +37,8 @@ from tests.apiclient import Api, serve_api
 from tests.browserns import BrowserNamespace, browser_namespace
 from tests.factories import master_settings
 
+T = TypeVar("T")
+
 # The workload tests' fixtures (exits, backend, gpus, cgroups), shared by name.
 pytest_plugins = ["tests.workloadfixtures", "tests.runreport"]
 
@@ -46,14 +49,18 @@ PG_ADMIN_URL = os.environ.get("GPUMARKET_TEST_POSTGRES_URL", "postgresql://postg
 REDIS_URL = os.environ.get("GPUMARKET_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
-ONE_WORKER_SCOPES = ("tests/faults/", "tests/test_install_agent.py::TestInstaller", "tests/test_console_browser.py",
-                     "tests/test_console_layout.py", "tests/test_console_charts.py", "tests/test_console_clusters.py",
-                     "tests/test_console_services.py", "tests/test_tunnels.py", "tests/test_gateway.py",
-                     "tests/test_simulate.py", "tests/test_readme_walkthrough.py")
+ONE_WORKER_SCOPES: tuple[tuple[str, ...], ...] = (
+    ("tests/faults/",), ("tests/test_install_agent.py::TestInstaller",),
+    ("tests/test_console_browser.py", "tests/test_console_layout.py"), ("tests/test_console_charts.py",),
+    ("tests/test_console_clusters.py",), ("tests/test_console_services.py",), ("tests/test_tunnels.py",),
+    ("tests/test_gateway.py",), ("tests/test_simulate.py",), ("tests/test_readme_walkthrough.py",),
+)  # fmt: skip
 """Tests that share an expensive fixture (the fault cluster, a module's ``gpumarket up`` or browser): under
-pytest-xdist each of these runs whole on one worker, so that the fixture is set up once. Longest first (on 4 workers,
-2026-11-26: the fault scenarios about 170 s, the installer's about 110–150 s, the browser's about 70 s, the layout's
-about 60 s, the tunnels' about 25 s, the gateway's about 15 s, the last four a few seconds to 20 s): the scheduler starts them in this order."""
+pytest-xdist each of these scopes (the tests under any of its node id prefixes, named by the first) runs whole on one
+worker, so that the fixture is set up once; the console's browser and layout modules share one `gpumarket up`
+(``_console_market``). Longest first (on 4 workers, 2026-11-26: the fault scenarios about 170 s, the installer's about
+110–150 s, the browser's about 70 s and the layout's about 60 s, the tunnels' about 25 s, the gateway's about 15 s,
+the last four a few seconds to 20 s): the scheduler starts them in this order."""
 
 ONE_WORKER_STAGGER = 40
 """Single tests handed out between the starts of two of ``ONE_WORKER_SCOPES`` after the first two."""
@@ -88,6 +95,58 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         dockerengine.ensure_engine()
 
 
+class WhileUsed(Generic[T]):
+    """A resource for the modules next to each other that use it: opened by the first test that asks (``get``), closed
+    after the last of those modules (``pytest_runtest_teardown``), opened again if a later module asks. Modules that
+    share it and run one after the other (one scope of ``ONE_WORKER_SCOPES``) share one, and it does not idle through
+    the rest of the session."""
+
+    def __init__(self) -> None:
+        self._stack = contextlib.ExitStack()
+        self._value: T | None = None
+
+    def get(self, open_: Callable[[], AbstractContextManager[T]]) -> T:
+        if self._value is None:
+            self._value = self._stack.enter_context(open_())
+        return self._value
+
+    def close(self) -> None:
+        self._value = None
+        self._stack.close()
+
+
+_CONSOLE_MARKET = pytest.StashKey[WhileUsed[Any]]()
+
+
+@pytest.fixture(scope="session")
+def _console_market(request: pytest.FixtureRequest) -> Iterator[WhileUsed[Any]]:
+    """The `gpumarket up` of ``tests/test_console_browser.py``'s ``market`` fixture, which ``tests/test_console_layout.py``
+    uses too: one for both while they run one after the other, stopped after the last test that uses it."""
+    shared: WhileUsed[Any] = WhileUsed()
+    request.config.stash[_CONSOLE_MARKET] = shared
+    try:
+        yield shared
+    finally:
+        shared.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After the last test of a module: close ``_console_market``'s `gpumarket up` unless the next test uses it (as
+    a module fixture that uses it caches it till the module's end). A failure to stop cleanly fails this test's
+    teardown, as a module fixture's would."""
+    try:
+        return (yield)
+    finally:
+        shared = item.config.stash.get(_CONSOLE_MARKET, None)
+        if shared is not None and (
+            nextitem is None
+            or (nextitem.getparent(pytest.Module) is not item.getparent(pytest.Module)
+                and "_console_market" not in getattr(nextitem, "fixturenames", ()))
+        ):  # fmt: skip
+            shared.close()
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``-n N`` (``--dist load`` or ``loadgroup``): every test on its own, but each of ``ONE_WORKER_SCOPES`` as one
     unit of work. pytest-xdist's own ``xdist_group`` marks do not take under pytest 9 (it renames ``item._nodeid``,
@@ -106,12 +165,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         _order: list[str] | None = None
 
         def _split_scope(self, nodeid: str) -> str:
-            return next((scope for scope in ONE_WORKER_SCOPES if nodeid.startswith(scope)), nodeid)
+            return next((scope[0] for scope in ONE_WORKER_SCOPES if nodeid.startswith(scope)), nodeid)
 
         def _assign_work_unit(self, node: Any) -> None:
             if self._order is None:  # the whole queue is known at the first assignment
-                shared = [scope for scope in ONE_WORKER_SCOPES if scope in self.workqueue]
-                single = [scope for scope in self.workqueue if scope not in ONE_WORKER_SCOPES]
+                names = [scope[0] for scope in ONE_WORKER_SCOPES]
+                shared = [name for name in names if name in self.workqueue]
+                single = [scope for scope in self.workqueue if scope not in names]
                 self._order = shared[:2]
                 for scope in shared[2:]:
                     self._order += [*single[:ONE_WORKER_STAGGER], scope]

@@ -39,6 +39,7 @@ from playwright.async_api import (
 from shared.imageref import parse_image_reference
 from shared.money import format_usd
 from shared.protocol import ContainerWorkload
+from tests.conftest import WhileUsed
 from tests.helpers import eventually
 from tests.test_console_maintenance import MaintenanceWindows
 from tests.upprocess import check_alive, gpumarket_up, wait_for_credentials
@@ -86,11 +87,11 @@ def _wait_until_up(process: subprocess.Popen[bytes], data_dir: Path, log: Path) 
 
 
 @pytest.fixture(scope="module")
-def market(tmp_path_factory: pytest.TempPathFactory, docker_image: str) -> Iterator[Market]:
+def market(tmp_path_factory: pytest.TempPathFactory, docker_image: str, _console_market: WhileUsed[Market]) -> Market:
     """`gpumarket up --agents 3` as a real process on free ports, with a container engine answering
-    (its demo agents then run templates); SIGINT at the end."""
-    with running_market(tmp_path_factory, "console") as market:
-        yield market
+    (its demo agents then run templates); SIGINT at the module's end, or at the end of
+    ``tests/test_console_layout.py`` when that runs next, on the same one (``_console_market`` in ``tests/conftest.py``)."""
+    return _console_market.get(lambda: running_market(tmp_path_factory, "console"))
 
 
 @contextlib.contextmanager

@@ -7,7 +7,8 @@ scrolling, no table cell breaks a word across two lines, every chart's text is d
 through Playwright) finds no serious or critical violation. A full-page screenshot of each lands in
 ``test-artifacts/console/layout-<role>-<page>-<width>x<height>.png``.
 
-One marketplace (``tests/test_console_browser.py``'s fixture) serves the module, the worker's Chromium its pages.
+One marketplace (``tests/test_console_browser.py``'s, shared with that module) serves the module, the worker's Chromium
+its pages.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from playwright.async_api import Browser, expect
 from tests import test_console_browser as browser_module
 from tests.test_console_browser import WAIT_MS, Console, Market, _console
 
-# The browser module's marketplace serves this one too (a module's own).
+# The browser module's marketplace serves this one too: the same `gpumarket up` when this module runs right after that
+# one (as under pytest-xdist, where the two are one of ONE_WORKER_SCOPES), else one of its own.
 market = browser_module.market
 
 pytestmark = pytest.mark.slow
