@@ -50,6 +50,8 @@ CSP = (
     "connect-src 'self'; frame-ancestors 'none'"
 )
 WAIT_MS = 20_000  # a loaded CI machine: rentals start, samples arrive, charges post within this
+POLL_MS = 100  # how often page.wait_for_function checks (its default, every animation frame, keeps Chromium drawing)
+API_POLL_S = 0.2  # how often a test asks the market's API while it waits (eventually's default, 20 ms, costs the server)
 START_S = 90.0
 
 pytestmark = pytest.mark.slow
@@ -209,7 +211,7 @@ async def _charts_with_data(page: Page, selector: str = ".chart-line", count: in
     """Wait until `count` charts draw points; their data-points."""
     await page.wait_for_function(
         "([sel, n]) => { const c = [...document.querySelectorAll(sel)]; return c.length === n && c.every(e => +e.dataset.points > 0); }",
-        arg=[selector, count], timeout=WAIT_MS,
+        arg=[selector, count], timeout=WAIT_MS, polling=POLL_MS,
     )  # fmt: skip
     return [int(await c.get_attribute("data-points") or 0) for c in await page.locator(selector).all()]
 
@@ -318,14 +320,16 @@ class TestRenter:
         legend = page.locator(".chart-line").first.locator(".legend li")
         await expect(legend).to_have_count(2)
         await page.wait_for_function(
-            "n => +document.querySelector('.chart-line').dataset.points > n", arg=points[0], timeout=30_000
+            "n => +document.querySelector('.chart-line').dataset.points > n", arg=points[0], timeout=30_000,
+            polling=POLL_MS,
         )
         await console.shot("rental")
 
         await page.get_by_role("button", name="Stop rental").click()
         await page.get_by_role("button", name="Yes, stop it").click()
         await expect(page.locator('.rental-summary[data-state="stopped"]')).to_be_visible()
-        await page.wait_for_function("() => Number(document.querySelector('#rental-charged').dataset.amount) > 0", timeout=WAIT_MS)
+        await page.wait_for_function("() => Number(document.querySelector('#rental-charged').dataset.amount) > 0", timeout=WAIT_MS,
+                                      polling=POLL_MS)
         charged = (await console.api("renter", f"/rentals/{rental_id}"))["charged"]
         assert Decimal(charged) > 0
         await console.shot("rental-stopped")
@@ -858,7 +862,8 @@ class TestConnect:
                 rental = await console.api("renter", f"/rentals/{rental_id}")
                 return str(rental["ssh_host_key"]) if rental["state"] == "running" and rental["ssh_host_key"] else None
 
-            host_key = await eventually(reported, timeout=60, what="the rental running with its SSH host key")
+            host_key = await eventually(reported, timeout=60, every=API_POLL_S,
+                                        what="the rental running with its SSH host key")
             assert host_key.startswith("ssh-ed25519 "), host_key
             kept: dict[str, str] = {}
 
@@ -903,7 +908,8 @@ class TestConnect:
             await expect(tab.locator("body")).to_contain_text("hello from the rental")
             assert "gm_token" not in tab.url  # the relay set its cookie and took the token out of the address
             await tab.close()
-            await page.wait_for_function("() => +document.querySelector('#tunnel-out').dataset.bytes > 0", timeout=WAIT_MS)
+            await page.wait_for_function("() => +document.querySelector('#tunnel-out').dataset.bytes > 0", timeout=WAIT_MS,
+                                          polling=POLL_MS)
             await expect(panel.locator("#tunnel-out")).to_have_text(re.compile(r"^[\d.,]+ (B|kB|MB)$"))
 
             # A refused connect: the API's one-line message in the port's row, and the tab opened for it closed again.
