@@ -121,7 +121,7 @@ _CONSOLE_MARKET = pytest.StashKey[WhileUsed[Any]]()
 @pytest.fixture(scope="session")
 def _console_market(request: pytest.FixtureRequest) -> Iterator[WhileUsed[Any]]:
     """The `gpumarket up` of ``tests/test_console_browser.py``'s ``market`` fixture, which ``tests/test_console_layout.py``
-    uses too: one for both while they run one after the other, stopped after the last test that uses it."""
+    uses too: one for both when they run one after the other, stopped after the last of them."""
     shared: WhileUsed[Any] = WhileUsed()
     request.config.stash[_CONSOLE_MARKET] = shared
     try:
@@ -401,7 +401,7 @@ class SharedChromium:
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def _chromium(browser_netns: BrowserNamespace) -> AsyncIterator[SharedChromium]:
     """Playwright's driver and Debian's Chromium, headless, in this worker's network namespace for browsers
-    (``tests/browserns.py``), once per worker rather than per test (each launch cost ~4 s of CPU). On the session's
+    (``tests/browserns.py``), once per worker rather than per test (a launch costs ~1.4 s of CPU). On the session's
     event loop: ``pytest_collection_modifyitems`` puts the tests that use it there."""
     async with async_playwright() as playwright:
         shared = SharedChromium(playwright, browser_netns)
