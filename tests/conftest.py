@@ -16,13 +16,16 @@ import secrets
 import shutil
 import subprocess
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import asyncpg
 import pytest
+import pytest_asyncio
 import redis.asyncio as aioredis
+from playwright.async_api import Browser, Playwright, async_playwright
 
 from master.app import close_master, open_master
 from master.context import Master
@@ -34,6 +37,8 @@ from tests.apiclient import Api, serve_api
 from tests.browserns import BrowserNamespace, browser_namespace
 from tests.factories import master_settings
 
+T = TypeVar("T")
+
 # The workload tests' fixtures (exits, backend, gpus, cgroups), shared by name.
 pytest_plugins = ["tests.workloadfixtures", "tests.runreport"]
 
@@ -44,14 +49,18 @@ PG_ADMIN_URL = os.environ.get("GPUMARKET_TEST_POSTGRES_URL", "postgresql://postg
 REDIS_URL = os.environ.get("GPUMARKET_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
-ONE_WORKER_SCOPES = ("tests/faults/", "tests/test_install_agent.py::TestInstaller", "tests/test_console_browser.py",
-                     "tests/test_console_layout.py", "tests/test_console_charts.py", "tests/test_console_clusters.py",
-                     "tests/test_console_services.py", "tests/test_tunnels.py", "tests/test_gateway.py",
-                     "tests/test_simulate.py", "tests/test_readme_walkthrough.py")
+ONE_WORKER_SCOPES: tuple[tuple[str, ...], ...] = (
+    ("tests/faults/",), ("tests/test_install_agent.py::TestInstaller",),
+    ("tests/test_console_browser.py", "tests/test_console_layout.py"), ("tests/test_console_charts.py",),
+    ("tests/test_console_clusters.py",), ("tests/test_console_services.py",), ("tests/test_tunnels.py",),
+    ("tests/test_gateway.py",), ("tests/test_simulate.py",), ("tests/test_readme_walkthrough.py",),
+)  # fmt: skip
 """Tests that share an expensive fixture (the fault cluster, a module's ``gpumarket up`` or browser): under
-pytest-xdist each of these runs whole on one worker, so that the fixture is set up once. Longest first (on 4 workers,
-2026-11-26: the fault scenarios about 170 s, the installer's about 110–150 s, the browser's about 70 s, the layout's
-about 60 s, the tunnels' about 25 s, the gateway's about 15 s, the last four a few seconds to 20 s): the scheduler starts them in this order."""
+pytest-xdist each of these scopes (the tests under any of its node id prefixes, named by the first) runs whole on one
+worker, so that the fixture is set up once; the console's browser and layout modules share one `gpumarket up`
+(``_console_market``). Longest first (on 4 workers, 2026-11-26: the fault scenarios about 170 s, the installer's about
+110–150 s, the browser's about 70 s and the layout's about 60 s, the tunnels' about 25 s, the gateway's about 15 s,
+the last four a few seconds to 20 s): the scheduler starts them in this order."""
 
 ONE_WORKER_STAGGER = 40
 """Single tests handed out between the starts of two of ``ONE_WORKER_SCOPES`` after the first two."""
@@ -61,10 +70,15 @@ ONE_WORKER_STAGGER = 40
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Give each schemathesis operation (``tests/test_api_schemathesis.py``) a node id of its own. schemathesis names
     its items ``test…[GET /api/v1/…]`` after pytest 9 fixed their ids from the bare function name: the 60 operations
-    shared one id, so under pytest-xdist only one of them ran (found 2026-11-26: 1 test in 12 s instead of 60 in 177 s)."""
+    shared one id, so under pytest-xdist only one of them ran (found 2026-11-26: 1 test in 12 s instead of 60 in 177 s).
+
+    A test that uses the worker's Chromium (the ``browser`` fixture below) runs on the session's event loop, the one
+    Playwright's objects belong to: the other tests keep a loop of their own each."""
     for item in items:
         if type(item).__name__ == "SchemathesisFunction" and item.parent is not None and not item.nodeid.endswith("]"):
             item._id = item.parent.id.child(item.name)  # what pytest computes from the name
+        if "_chromium" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.asyncio(loop_scope="session"), append=False)  # before asyncio_mode's own mark
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -79,6 +93,58 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
     with contextlib.suppress(RuntimeError, OSError):
         dockerengine.ensure_engine()
+
+
+class WhileUsed(Generic[T]):
+    """A resource for the modules next to each other that use it: opened by the first test that asks (``get``), closed
+    after the last of those modules (``pytest_runtest_teardown``), opened again if a later module asks. Modules that
+    share it and run one after the other (one scope of ``ONE_WORKER_SCOPES``) share one, and it does not idle through
+    the rest of the session."""
+
+    def __init__(self) -> None:
+        self._stack = contextlib.ExitStack()
+        self._value: T | None = None
+
+    def get(self, open_: Callable[[], AbstractContextManager[T]]) -> T:
+        if self._value is None:
+            self._value = self._stack.enter_context(open_())
+        return self._value
+
+    def close(self) -> None:
+        self._value = None
+        self._stack.close()
+
+
+_CONSOLE_MARKET = pytest.StashKey[WhileUsed[Any]]()
+
+
+@pytest.fixture(scope="session")
+def _console_market(request: pytest.FixtureRequest) -> Iterator[WhileUsed[Any]]:
+    """The `gpumarket up` of ``tests/test_console_browser.py``'s ``market`` fixture, which ``tests/test_console_layout.py``
+    uses too: one for both when they run one after the other, stopped after the last of them."""
+    shared: WhileUsed[Any] = WhileUsed()
+    request.config.stash[_CONSOLE_MARKET] = shared
+    try:
+        yield shared
+    finally:
+        shared.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After the last test of a module: close ``_console_market``'s `gpumarket up` unless the next test uses it (as
+    a module fixture that uses it caches it till the module's end). A failure to stop cleanly fails this test's
+    teardown, as a module fixture's would."""
+    try:
+        return (yield)
+    finally:
+        shared = item.config.stash.get(_CONSOLE_MARKET, None)
+        if shared is not None and (
+            nextitem is None
+            or (nextitem.getparent(pytest.Module) is not item.getparent(pytest.Module)
+                and "_console_market" not in getattr(nextitem, "fixturenames", ()))
+        ):  # fmt: skip
+            shared.close()
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
@@ -99,12 +165,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         _order: list[str] | None = None
 
         def _split_scope(self, nodeid: str) -> str:
-            return next((scope for scope in ONE_WORKER_SCOPES if nodeid.startswith(scope)), nodeid)
+            return next((scope[0] for scope in ONE_WORKER_SCOPES if nodeid.startswith(scope)), nodeid)
 
         def _assign_work_unit(self, node: Any) -> None:
             if self._order is None:  # the whole queue is known at the first assignment
-                shared = [scope for scope in ONE_WORKER_SCOPES if scope in self.workqueue]
-                single = [scope for scope in self.workqueue if scope not in ONE_WORKER_SCOPES]
+                names = [scope[0] for scope in ONE_WORKER_SCOPES]
+                shared = [name for name in names if name in self.workqueue]
+                single = [scope for scope in self.workqueue if scope not in names]
                 self._order = shared[:2]
                 for scope in shared[2:]:
                     self._order += [*single[:ONE_WORKER_STAGGER], scope]
@@ -309,6 +376,53 @@ def browser_netns() -> Iterator[BrowserNamespace]:
     suite's containers, veths and WireGuard devices never change, with a proxy to the host's loopback."""
     with browser_namespace() as namespace:
         yield namespace
+
+
+class SharedChromium:
+    """One Chromium for the tests of a worker, launched at the first that asks (again if it went away: a crash in
+    one test is not every later test's failure)."""
+
+    def __init__(self, playwright: Playwright, namespace: BrowserNamespace) -> None:
+        self._playwright = playwright
+        self._namespace = namespace
+        self._browser: Browser | None = None
+
+    async def browser(self) -> Browser:
+        if self._browser is None or not self._browser.is_connected():
+            self._browser = await self._playwright.chromium.launch(
+                executable_path=str(self._namespace.executable), args=self._namespace.args)  # fmt: skip
+        return self._browser
+
+    async def close(self) -> None:
+        if self._browser is not None and self._browser.is_connected():
+            await self._browser.close()
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def _chromium(browser_netns: BrowserNamespace) -> AsyncIterator[SharedChromium]:
+    """Playwright's driver and Debian's Chromium, headless, in this worker's network namespace for browsers
+    (``tests/browserns.py``), once per worker rather than per test (a launch costs ~1.4 s of CPU). On the session's
+    event loop: ``pytest_collection_modifyitems`` puts the tests that use it there."""
+    async with async_playwright() as playwright:
+        shared = SharedChromium(playwright, browser_netns)
+        try:
+            yield shared
+        finally:
+            await shared.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def browser(_chromium: SharedChromium) -> AsyncIterator[Browser]:
+    """The worker's Chromium; a missing browser fails the test (it is part of `make test`). A test opens its own
+    contexts (``browser.new_context``: cookies, storage and permissions of their own, as a fresh browser's), and
+    every context it leaves open is closed after it. Its other async fixtures must be on the session's loop too."""
+    browser = await _chromium.browser()
+    assert not browser.contexts, "a context of an earlier test is still open"
+    try:
+        yield browser
+    finally:
+        for context in list(browser.contexts):
+            await context.close()
 
 
 @pytest.fixture(scope="session")

@@ -82,7 +82,9 @@ async def test_swagger_ui_renders_every_operation_under_the_csp(api: Api, browse
             page.on("request", lambda r: None if r.url.startswith(base.split("/api/")[0]) or r.url.startswith("data:")
                     else outside.append(r.url))  # fmt: skip
             await page.goto(base)
-            await page.wait_for_function(f"document.querySelectorAll('.opblock').length >= {operations}", timeout=20_000)
+            # A function, evaluated once: Playwright evaluates a bare expression again at each poll, which the page's CSP
+            # (no 'unsafe-eval') refuses once it is no longer the first check (a failure whenever the page was slow).
+            await page.wait_for_function("n => document.querySelectorAll('.opblock').length >= n", arg=operations, timeout=20_000)
             assert await page.locator(".opblock").count() == operations
             assert "gpumarket API" in (await page.locator(".info .title").inner_text())
         finally:

@@ -1,7 +1,7 @@
 """The web console in a real browser: Debian's Chromium, driven by Playwright, against `gpumarket up` run as a process.
 
 One marketplace (three simulated hosts, rating every second) serves the whole module; each
-test opens its own browser with fresh cookies. Screenshots of the main pages are written to
+test opens its own browser context (fresh cookies and storage) in the worker's one Chromium (``tests/conftest.py``). Screenshots of the main pages are written to
 ``test-artifacts/console/``. Chromium is never downloaded: the tests use the system's
 (``/usr/bin/chromium``, or ``GPUMARKET_TEST_CHROMIUM``) and fail when it is missing
 (``make test`` installs Debian's package first). It runs in a network namespace of its own, through a proxy to the
@@ -18,7 +18,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -33,14 +33,13 @@ from playwright.async_api import (
     ConsoleMessage,
     Locator,
     Page,
-    async_playwright,
     expect,
 )
 
 from shared.imageref import parse_image_reference
 from shared.money import format_usd
 from shared.protocol import ContainerWorkload
-from tests.browserns import BrowserNamespace
+from tests.conftest import WhileUsed
 from tests.helpers import eventually
 from tests.test_console_maintenance import MaintenanceWindows
 from tests.upprocess import check_alive, gpumarket_up, wait_for_credentials
@@ -51,6 +50,8 @@ CSP = (
     "connect-src 'self'; frame-ancestors 'none'"
 )
 WAIT_MS = 20_000  # a loaded CI machine: rentals start, samples arrive, charges post within this
+POLL_MS = 100  # how often page.wait_for_function checks (its default, every animation frame, keeps Chromium drawing)
+API_POLL_S = 0.2  # how often a test asks the market's API while it waits (eventually's default, 20 ms, costs the server)
 START_S = 90.0
 
 pytestmark = pytest.mark.slow
@@ -88,11 +89,11 @@ def _wait_until_up(process: subprocess.Popen[bytes], data_dir: Path, log: Path) 
 
 
 @pytest.fixture(scope="module")
-def market(tmp_path_factory: pytest.TempPathFactory, docker_image: str) -> Iterator[Market]:
+def market(tmp_path_factory: pytest.TempPathFactory, docker_image: str, _console_market: WhileUsed[Market]) -> Market:
     """`gpumarket up --agents 3` as a real process on free ports, with a container engine answering
-    (its demo agents then run templates); SIGINT at the end."""
-    with running_market(tmp_path_factory, "console") as market:
-        yield market
+    (its demo agents then run templates); SIGINT at the module's end, or at the end of
+    ``tests/test_console_layout.py`` when that runs next, on the same one (``_console_market`` in ``tests/conftest.py``)."""
+    return _console_market.get(lambda: running_market(tmp_path_factory, "console"))
 
 
 @contextlib.contextmanager
@@ -110,18 +111,6 @@ def running_market(tmp_path_factory: pytest.TempPathFactory, name: str, extra_en
     env.update(extra_env or {})
     with gpumarket_up(data_dir, log, env, agents=3, strict_stop=True) as process:
         yield _wait_until_up(process, data_dir, log)
-
-
-@pytest.fixture
-async def browser(browser_netns: BrowserNamespace) -> AsyncIterator[Browser]:
-    """Debian's Chromium, headless, in this worker's network namespace for browsers (``tests/browserns.py``); a
-    missing browser fails the test (it is part of `make test`)."""
-    async with async_playwright() as playwright:
-        launched = await playwright.chromium.launch(executable_path=str(browser_netns.executable), args=browser_netns.args)
-        try:
-            yield launched
-        finally:
-            await launched.close()
 
 
 @dataclass
@@ -222,7 +211,7 @@ async def _charts_with_data(page: Page, selector: str = ".chart-line", count: in
     """Wait until `count` charts draw points; their data-points."""
     await page.wait_for_function(
         "([sel, n]) => { const c = [...document.querySelectorAll(sel)]; return c.length === n && c.every(e => +e.dataset.points > 0); }",
-        arg=[selector, count], timeout=WAIT_MS,
+        arg=[selector, count], timeout=WAIT_MS, polling=POLL_MS,
     )  # fmt: skip
     return [int(await c.get_attribute("data-points") or 0) for c in await page.locator(selector).all()]
 
@@ -331,14 +320,16 @@ class TestRenter:
         legend = page.locator(".chart-line").first.locator(".legend li")
         await expect(legend).to_have_count(2)
         await page.wait_for_function(
-            "n => +document.querySelector('.chart-line').dataset.points > n", arg=points[0], timeout=30_000
+            "n => +document.querySelector('.chart-line').dataset.points > n", arg=points[0], timeout=30_000,
+            polling=POLL_MS,
         )
         await console.shot("rental")
 
         await page.get_by_role("button", name="Stop rental").click()
         await page.get_by_role("button", name="Yes, stop it").click()
         await expect(page.locator('.rental-summary[data-state="stopped"]')).to_be_visible()
-        await page.wait_for_function("() => Number(document.querySelector('#rental-charged').dataset.amount) > 0", timeout=WAIT_MS)
+        await page.wait_for_function("() => Number(document.querySelector('#rental-charged').dataset.amount) > 0", timeout=WAIT_MS,
+                                      polling=POLL_MS)
         charged = (await console.api("renter", f"/rentals/{rental_id}"))["charged"]
         assert Decimal(charged) > 0
         await console.shot("rental-stopped")
@@ -871,7 +862,8 @@ class TestConnect:
                 rental = await console.api("renter", f"/rentals/{rental_id}")
                 return str(rental["ssh_host_key"]) if rental["state"] == "running" and rental["ssh_host_key"] else None
 
-            host_key = await eventually(reported, timeout=60, what="the rental running with its SSH host key")
+            host_key = await eventually(reported, timeout=60, every=API_POLL_S,
+                                        what="the rental running with its SSH host key")
             assert host_key.startswith("ssh-ed25519 "), host_key
             kept: dict[str, str] = {}
 
@@ -916,7 +908,8 @@ class TestConnect:
             await expect(tab.locator("body")).to_contain_text("hello from the rental")
             assert "gm_token" not in tab.url  # the relay set its cookie and took the token out of the address
             await tab.close()
-            await page.wait_for_function("() => +document.querySelector('#tunnel-out').dataset.bytes > 0", timeout=WAIT_MS)
+            await page.wait_for_function("() => +document.querySelector('#tunnel-out').dataset.bytes > 0", timeout=WAIT_MS,
+                                          polling=POLL_MS)
             await expect(panel.locator("#tunnel-out")).to_have_text(re.compile(r"^[\d.,]+ (B|kB|MB)$"))
 
             # A refused connect: the API's one-line message in the port's row, and the tab opened for it closed again.

@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 from playwright.async_api import Browser, ViewportSize, expect
 
-from tests import test_console_browser as browser_module
 from tests.helpers import eventually
 from tests.test_console_browser import (
+    API_POLL_S,
+    POLL_MS,
     WAIT_MS,
     Console,
     Market,
@@ -28,9 +29,6 @@ pytestmark = pytest.mark.slow
 
 PHONE: ViewportSize = {"width": 390, "height": 844}
 
-
-# The browser module's fixture, used here by name: Chromium.
-browser = browser_module.browser
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +73,7 @@ async def _hold_rental(console: Console) -> dict[str, Any]:
         )
 
     await eventually(
-        samples_before, timeout=WAIT_MS / 1000, what="three samples of the host before the rental"
+        samples_before, timeout=WAIT_MS / 1000, every=API_POLL_S, what="three samples of the host before the rental"
     )
     rental = await console.api(
         "renter", "/rentals", "POST", {"offer_id": offer["id"], "workload": {"kind": "hold"}}
@@ -86,7 +84,7 @@ async def _hold_rental(console: Console) -> dict[str, Any]:
         view: dict[str, Any] = await console.api("renter", f"/rentals/{rental['id']}")
         return view if view["state"] == "running" and view.get("started_at") else None
 
-    result: dict[str, Any] = await eventually(running, timeout=WAIT_MS / 1000, what="the rental running")
+    result: dict[str, Any] = await eventually(running, timeout=WAIT_MS / 1000, every=API_POLL_S, what="the rental running")
     return result
 
 
@@ -103,7 +101,7 @@ class TestCharts:
         page = console.page
         await page.wait_for_function(
             "() => { const c = [...document.querySelectorAll('.telemetry .chart-line')]; return c.length === 4 && c.every(e => +e.dataset.points > 0); }",
-            timeout=WAIT_MS * 2,
+            timeout=WAIT_MS * 2, polling=POLL_MS,
         )  # fmt: skip
         firsts = [
             float(await c.get_attribute("data-first") or "nan")
@@ -132,7 +130,7 @@ class TestCharts:
             spend = await console.api("renter", "/account/spend?days=30")
             return any(r["rental_id"] == rental["id"] and r["amount"] != "0.000000" for r in spend["rentals"])
 
-        await eventually(charged, timeout=WAIT_MS / 1000, what="the rental's first charge")
+        await eventually(charged, timeout=WAIT_MS / 1000, every=API_POLL_S, what="the rental's first charge")
         await console.go("#/billing")
         assert await _figure_points(console, "Spend per day") == 30
         await console.page.locator("table.spend-per-rental").get_by_text(rental["id"]).wait_for()

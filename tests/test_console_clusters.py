@@ -15,14 +15,10 @@ from typing import Any
 import pytest
 from playwright.async_api import Browser, expect
 
-from tests import test_console_browser as browser_module
 from tests.helpers import eventually
-from tests.test_console_browser import WAIT_MS, Market, _console, running_market
+from tests.test_console_browser import API_POLL_S, WAIT_MS, Market, _console, running_market
 
 pytestmark = pytest.mark.slow
-
-# The browser module's fixture, used here by name: Chromium.
-browser = browser_module.browser
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +71,7 @@ class TestClusters:
             view: dict[str, Any] = await console.api("renter", f"/clusters/{cluster_id}")
             return view if view["state"] == "running" else None
 
-        cluster = await eventually(running, timeout=WAIT_MS / 1000, what="the cluster running")
+        cluster = await eventually(running, timeout=WAIT_MS / 1000, every=API_POLL_S, what="the cluster running")
         assert low <= _per_hour(cluster) <= high
         rows = page.locator("table.cluster-nodes tbody tr")
         await expect(rows).to_have_count(2)
@@ -108,7 +104,7 @@ class TestClusters:
         async def stopped() -> bool:
             return bool((await console.api("renter", f"/clusters/{cluster_id}"))["state"] == "stopped")
 
-        await eventually(stopped, timeout=WAIT_MS / 1000, what="the cluster stopped")
+        await eventually(stopped, timeout=WAIT_MS / 1000, every=API_POLL_S, what="the cluster stopped")
         await expect(page.locator(".cluster-summary .badge").first).to_have_text("stopped", timeout=WAIT_MS)
         await expect(page.locator("#stop-cluster")).to_have_count(0)
         assert not console.problems, console.problems

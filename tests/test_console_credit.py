@@ -13,12 +13,8 @@ from decimal import Decimal
 import pytest
 from playwright.async_api import Browser, Route, expect
 
-from tests import test_console_browser as browser_module
 from tests.test_console_browser import WAIT_MS, Market, _console, _wait_until_up
 from tests.upprocess import gpumarket_up
-
-# The browser module's fixture, used here by name: Chromium.
-browser = browser_module.browser
 
 pytestmark = pytest.mark.slow
 

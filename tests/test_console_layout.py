@@ -7,7 +7,8 @@ scrolling, no table cell breaks a word across two lines, every chart's text is d
 through Playwright) finds no serious or critical violation. A full-page screenshot of each lands in
 ``test-artifacts/console/layout-<role>-<page>-<width>x<height>.png``.
 
-One marketplace (``tests/test_console_browser.py``'s fixture) and one Chromium serve the module.
+One marketplace (``tests/test_console_browser.py``'s, shared with that module) serves the module, the worker's Chromium
+its pages.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ import pytest
 from playwright.async_api import Browser, expect
 
 from tests import test_console_browser as browser_module
-from tests.test_console_browser import WAIT_MS, Console, Market, _console
+from tests.test_console_browser import POLL_MS, WAIT_MS, Console, Market, _console
 
-# The browser module's fixtures serve this one too: its marketplace (a module's own) and Chromium.
-browser = browser_module.browser
+# The browser module's marketplace serves this one too: the same `gpumarket up` when this module runs right after that
+# one (as under pytest-xdist, where the two are one of ONE_WORKER_SCOPES), else one of its own.
 market = browser_module.market
 
 pytestmark = pytest.mark.slow
@@ -147,9 +148,11 @@ async def _check(console: Console, role: str, page: Page, size: tuple[int, int],
     if page.charts:
         await console.page.wait_for_function(
             "n => document.querySelectorAll('figure.chart svg text').length > 0"
-            " && document.querySelectorAll('figure.chart').length >= n", arg=page.charts, timeout=WAIT_MS)  # fmt: skip
+            " && document.querySelectorAll('figure.chart').length >= n", arg=page.charts, timeout=WAIT_MS, polling=POLL_MS)  # fmt: skip
+    # Every part the page loads has come (ui.js's loadInto shows a .loading placeholder until then): a late table is
+    # measured too, however long it takes.
+    await console.page.wait_for_function("() => !document.querySelector('main .loading')", timeout=WAIT_MS, polling=POLL_MS)
     await console.page.evaluate("() => window.scrollTo(0, 0)")
-    await console.page.wait_for_timeout(150)  # the layout settles (fonts, a late table)
     seen = await console.page.evaluate(MEASURE, [page.primary, MIN_CHART_TEXT_PX])
     await console.shot(f"layout-{role}-{page.name}-{size[0]}x{size[1]}")
     problems = []
@@ -170,8 +173,10 @@ async def _check(console: Console, role: str, page: Page, size: tuple[int, int],
 
 
 async def _axe(console: Console, where: str) -> list[str]:
-    """axe-core's serious and critical violations of the page as it is now."""
-    await console.page.evaluate(AXE_SCRIPT)
+    """axe-core's serious and critical violations of the page as it is now (axe.min.js, 570 kB, is injected once per
+    document: the console's pages are hash routes of one)."""
+    if not await console.page.evaluate("() => typeof window.axe?.run === 'function'"):
+        await console.page.evaluate(AXE_SCRIPT)
     result = await console.page.evaluate("() => axe.run(document, { resultTypes: ['violations'] })")
     return [
         f"{where}: axe {v['id']} ({v['impact']}): {v['help']} — {[n['target'] for n in v['nodes']][:4]}"

@@ -16,13 +16,10 @@ from typing import Any
 import pytest
 from playwright.async_api import Browser, expect
 
-from tests import test_console_browser as browser_module
 from tests.helpers import eventually
 from tests.test_console_browser import WAIT_MS, Market, _console, running_market
 
 pytestmark = pytest.mark.slow
-
-browser = browser_module.browser
 
 
 @pytest.fixture(scope="module")

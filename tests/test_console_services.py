@@ -22,13 +22,9 @@ from sqlalchemy.orm import Session
 
 from master.models import ServiceStat
 from shared.money import format_usd
-from tests import test_console_browser as browser_module
-from tests.test_console_browser import WAIT_MS, Market, _console, running_market
+from tests.test_console_browser import POLL_MS, WAIT_MS, Market, _console, running_market
 
 pytestmark = pytest.mark.slow
-
-# The browser module's fixture, used here by name: Chromium.
-browser = browser_module.browser
 
 BUCKET_S = 5  # service_stats_bucket_s, the master's default
 # Figures of the seeded buckets, newest first: requests, errors, retries and a latency histogram (counts per bucket of
@@ -235,7 +231,8 @@ class TestServices:
         await console.view_shot("services-token-phone")
         await dialog.locator("#open-service").click()
         await expect(page.locator("#service-cost")).to_be_visible()
-        await page.wait_for_function("() => +document.querySelector('figure.chart[data-title=Replicas]').dataset.points > 0")
+        await page.wait_for_function("() => +document.querySelector('figure.chart[data-title=Replicas]').dataset.points > 0",
+                                     polling=POLL_MS)
         assert await console.fits_sideways("main")
         await console.shot("service-phone")
         service_id = page.url.rsplit("/", 1)[1]
