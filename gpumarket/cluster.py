@@ -4,6 +4,9 @@ Unlike ``gpumarket up`` (everything in one process over SQLite), every service h
 OS process, started with the same commands and settings a deployment uses:
 
 * a migration job (``gpumarket migrate``) before anything else; the masters do not migrate;
+* an admin, a provider and a renter account, written by the cluster itself in one transaction (the
+  rows ``gpumarket admin create-account`` writes, without a process per account), and the relays'
+  certificate (``gpumarket admin issue-relay-cert``, which creates the CA);
 * two masters (``gpumarket master``, ``migrate_on_start=false``, ``billing_in_process=false``)
   on one PostgreSQL database and one Redis, sharing a CA folder;
 * two relays (``gpumarket access``) in two regions, ``eu-west`` and ``us-east``, with
@@ -48,6 +51,7 @@ import aiohttp
 
 from gpumarket.up import DEMO_FLEET
 from master.db import Database
+from master.services.accounts import create_account
 from shared.bus import delete_prefix
 from shared.errors import ConfigError, GpumarketError
 
@@ -56,6 +60,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 CLUSTER_ZONE = "relays.cluster.test"
+ACCOUNT_ROLES = ("admin", "provider", "renter")  # one account each, named cluster-<role>
 
 
 class ClusterError(GpumarketError):
@@ -290,10 +295,7 @@ class Cluster:
         self.on_step("migration job (gpumarket migrate)")
         await asyncio.to_thread(procs.cli, "migrate", "--wait", "30", env=admin_env)
         self.on_step("accounts and the relays' certificates")
-        for role in ("admin", "provider", "renter"):
-            out = await asyncio.to_thread(procs.cli, "admin", "create-account", "--name", f"cluster-{role}", "--role", role,
-                                          env=admin_env)  # fmt: skip
-            self.keys[role] = out.strip()
+        await self._create_accounts()
         await asyncio.to_thread(
             procs.cli, "admin", "issue-relay-cert", "--name", "localhost", "--name", "127.0.0.1",
             "--out", str(self.workdir / "relay-pki"), env=admin_env,
@@ -327,6 +329,15 @@ class Cluster:
                 await self._enroll_and_run(http, i)
             await self.until(lambda: self._agents_on_their_relays(http), timeout, "every agent online on its region's relay")
         self.on_step("up")
+
+    async def _create_accounts(self) -> None:
+        """The admin, provider and renter accounts and their API keys (``keys``), in one transaction here.
+
+        The same rows ``gpumarket admin create-account`` writes; a command process per account would spend a second
+        or two of CPU each on importing the master to write one row."""
+        async with self.database() as db, db.session() as session:
+            for role in ACCOUNT_ROLES:
+                _, self.keys[role] = await create_account(session, f"cluster-{role}", role)
 
     async def _enroll_and_run(self, http: aiohttp.ClientSession, i: int) -> None:
         name = self.agent_names()[i]
