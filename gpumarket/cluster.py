@@ -183,9 +183,11 @@ class Cluster:
     bus_prefix: str = "gpumarket-cluster:"
     agents: int = 4
     masters: int = 2
-    # Seconds; short so a check through the cluster takes seconds, not minutes.
-    heartbeat_interval: float = 0.5
-    telemetry_interval: float = 0.5
+    # Seconds; short so a check through the cluster takes seconds, not minutes: production's 10 s heartbeats and
+    # telemetry and 3 missed heartbeats before a host is offline, scaled to 1 s (offline after 3 s). Each halving
+    # of these doubles what the masters ingest and sweep while the cluster sits idle.
+    heartbeat_interval: float = 1.0
+    telemetry_interval: float = 1.0
     billing_interval: float = 1.0
     processes: ProcessGroup = field(init=False)
     master_ports: list[int] = field(default_factory=list)
@@ -241,9 +243,9 @@ class Cluster:
             **self._common_env(), "GPUMARKET_DATABASE_URL": self.database_url,
             "GPUMARKET_DATA_DIR": str(self.workdir / "master"), "GPUMARKET_MIGRATE_ON_START": "false",
             "GPUMARKET_BILLING_IN_PROCESS": "false", "GPUMARKET_BILLING_INTERVAL": str(self.billing_interval),
-            "GPUMARKET_MISSED_HEARTBEATS_OFFLINE": "6", "GPUMARKET_STALE_MESSAGE_IDLE": "5",
+            "GPUMARKET_MISSED_HEARTBEATS_OFFLINE": "3", "GPUMARKET_STALE_MESSAGE_IDLE": "5",
             "GPUMARKET_RELAY_URLS": json.dumps([f"wss://localhost:{p}/v1/agent" for p in self.relay_ports.values()]),
-            "GPUMARKET_QUEUE_INTERVAL": "0.5", "GPUMARKET_RELIABILITY_INTERVAL": "5",
+            "GPUMARKET_QUEUE_INTERVAL": "1", "GPUMARKET_RELIABILITY_INTERVAL": "5",
         }  # fmt: skip
         if i is not None:
             env |= {"GPUMARKET_HTTP_PORT": str(self.master_ports[i]), "GPUMARKET_INSTANCE_ID": f"master-{i + 1}",
