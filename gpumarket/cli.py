@@ -10,11 +10,14 @@ import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.runtimes.users import DEFAULT_RENTALS_ROOT
 from shared.errors import GpumarketError
 from shared.settings import AccessSettings, AgentSettings, DnsSettings, MasterSettings, ServiceSettings
+
+if TYPE_CHECKING:
+    from master.db import Database
 
 log = logging.getLogger("gpumarket")
 
@@ -213,21 +216,30 @@ def cmd_agent_netguard(args: argparse.Namespace) -> None:
         raise SystemExit(1)
 
 
+async def _admin_database(settings: MasterSettings) -> Database:
+    """The master's database for an admin command: migrated as a master would (``migrate_on_start``), or its schema
+    checked. Only the database: an admin command opens no bus, registry or CA, and does not import the master's app."""
+    from master.db import open_database, sqlite_url
+
+    if not settings.database_url:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+    url = settings.database_url or sqlite_url(settings.data_dir / "gpumarket.db")
+    return await open_database(url, migrate=settings.migrate_on_start, who="admin commands with migrate_on_start=false")
+
+
 def cmd_admin_create_account(args: argparse.Namespace) -> None:
-    from master.app import close_master, open_master
     from master.services.accounts import create_account
-    from shared.bus import InProcessBus
 
     settings = MasterSettings.load(args.config)
 
     async def main() -> str:
-        master = await open_master(settings, bus=InProcessBus())
+        db = await _admin_database(settings)
         try:
-            async with master.db.session() as session:
+            async with db.session() as session:
                 _, key = await create_account(session, args.name, args.role)
             return key
         finally:
-            await close_master(master)
+            await db.close()
 
     key = asyncio.run(main())
     print(key)
@@ -238,24 +250,23 @@ def cmd_admin_set_account_access(args: argparse.Namespace) -> None:
     database; the running master's resend pass sends them (within ``command_retry_interval`` / 2)."""
     from sqlalchemy import select
 
-    from master.app import close_master, open_master
     from master.models import Account
     from master.services import access
-    from shared.bus import InProcessBus
+    from shared.clock import SystemClock
 
     settings = MasterSettings.load(args.config)
     change = access.disable_account if args.disable else access.enable_account
 
     async def main() -> int:
-        master = await open_master(settings, bus=InProcessBus())
+        db = await _admin_database(settings)
         try:
-            async with master.db.session() as session:
+            async with db.session() as session:
                 account_id = await session.scalar(select(Account.id).where(Account.name == args.name))
                 if account_id is None:
                     raise SystemExit(f"no account named {args.name!r}")
-                return len(await change(session, account_id, now=master.clock.now()))
+                return len(await change(session, account_id, now=SystemClock().now()))
         finally:
-            await close_master(master)
+            await db.close()
 
     rentals = asyncio.run(main())
     what = "disabled: its API keys, sessions and SSH keys stop working" if args.disable else "enabled again"

@@ -4,6 +4,9 @@ Unlike ``gpumarket up`` (everything in one process over SQLite), every service h
 OS process, started with the same commands and settings a deployment uses:
 
 * a migration job (``gpumarket migrate``) before anything else; the masters do not migrate;
+* an admin, a provider and a renter account, written by the cluster itself in one transaction (the
+  rows ``gpumarket admin create-account`` writes, without a process per account), and the relays'
+  certificate (``gpumarket admin issue-relay-cert``, which creates the CA);
 * two masters (``gpumarket master``, ``migrate_on_start=false``, ``billing_in_process=false``)
   on one PostgreSQL database and one Redis, sharing a CA folder;
 * two relays (``gpumarket access``) in two regions, ``eu-west`` and ``us-east``, with
@@ -48,6 +51,7 @@ import aiohttp
 
 from gpumarket.up import DEMO_FLEET
 from master.db import Database
+from master.services.accounts import create_account
 from shared.bus import delete_prefix
 from shared.errors import ConfigError, GpumarketError
 
@@ -56,6 +60,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 CLUSTER_ZONE = "relays.cluster.test"
+ACCOUNT_ROLES = ("admin", "provider", "renter")  # one account each, named cluster-<role>
 
 
 class ClusterError(GpumarketError):
@@ -178,9 +183,11 @@ class Cluster:
     bus_prefix: str = "gpumarket-cluster:"
     agents: int = 4
     masters: int = 2
-    # Seconds; short so a check through the cluster takes seconds, not minutes.
-    heartbeat_interval: float = 0.5
-    telemetry_interval: float = 0.5
+    # Seconds; short so a check through the cluster takes seconds, not minutes: production's 10 s heartbeats and
+    # telemetry and 3 missed heartbeats before a host is offline, scaled to 1 s (offline after 3 s). Each halving
+    # of these doubles what the masters ingest and sweep while the cluster sits idle.
+    heartbeat_interval: float = 1.0
+    telemetry_interval: float = 1.0
     billing_interval: float = 1.0
     processes: ProcessGroup = field(init=False)
     master_ports: list[int] = field(default_factory=list)
@@ -236,9 +243,9 @@ class Cluster:
             **self._common_env(), "GPUMARKET_DATABASE_URL": self.database_url,
             "GPUMARKET_DATA_DIR": str(self.workdir / "master"), "GPUMARKET_MIGRATE_ON_START": "false",
             "GPUMARKET_BILLING_IN_PROCESS": "false", "GPUMARKET_BILLING_INTERVAL": str(self.billing_interval),
-            "GPUMARKET_MISSED_HEARTBEATS_OFFLINE": "6", "GPUMARKET_STALE_MESSAGE_IDLE": "5",
+            "GPUMARKET_MISSED_HEARTBEATS_OFFLINE": "3", "GPUMARKET_STALE_MESSAGE_IDLE": "5",
             "GPUMARKET_RELAY_URLS": json.dumps([f"wss://localhost:{p}/v1/agent" for p in self.relay_ports.values()]),
-            "GPUMARKET_QUEUE_INTERVAL": "0.5", "GPUMARKET_RELIABILITY_INTERVAL": "5",
+            "GPUMARKET_QUEUE_INTERVAL": "1", "GPUMARKET_RELIABILITY_INTERVAL": "5",
         }  # fmt: skip
         if i is not None:
             env |= {"GPUMARKET_HTTP_PORT": str(self.master_ports[i]), "GPUMARKET_INSTANCE_ID": f"master-{i + 1}",
@@ -290,10 +297,7 @@ class Cluster:
         self.on_step("migration job (gpumarket migrate)")
         await asyncio.to_thread(procs.cli, "migrate", "--wait", "30", env=admin_env)
         self.on_step("accounts and the relays' certificates")
-        for role in ("admin", "provider", "renter"):
-            out = await asyncio.to_thread(procs.cli, "admin", "create-account", "--name", f"cluster-{role}", "--role", role,
-                                          env=admin_env)  # fmt: skip
-            self.keys[role] = out.strip()
+        await self._create_accounts()
         await asyncio.to_thread(
             procs.cli, "admin", "issue-relay-cert", "--name", "localhost", "--name", "127.0.0.1",
             "--out", str(self.workdir / "relay-pki"), env=admin_env,
@@ -327,6 +331,15 @@ class Cluster:
                 await self._enroll_and_run(http, i)
             await self.until(lambda: self._agents_on_their_relays(http), timeout, "every agent online on its region's relay")
         self.on_step("up")
+
+    async def _create_accounts(self) -> None:
+        """The admin, provider and renter accounts and their API keys (``keys``), in one transaction here.
+
+        The same rows ``gpumarket admin create-account`` writes; a command process per account would spend a second
+        or two of CPU each on importing the master to write one row."""
+        async with self.database() as db, db.session() as session:
+            for role in ACCOUNT_ROLES:
+                _, self.keys[role] = await create_account(session, f"cluster-{role}", role)
 
     async def _enroll_and_run(self, http: aiohttp.ClientSession, i: int) -> None:
         name = self.agent_names()[i]

@@ -52,7 +52,7 @@ from master.api.routes_gateway import add_gateway_routes
 from master.background.alerts import webhook_session
 from master.background.supervisor import Supervisor, master_loops
 from master.context import Master
-from master.db import Database, check_schema, sqlite_url
+from master.db import Database, open_database, sqlite_url
 from master.scheduler import get_placer
 from shared.bus import Bus, open_bus
 from shared.clock import Clock, SystemClock
@@ -72,19 +72,7 @@ SUPERVISOR = web.AppKey("supervisor", Supervisor)
 async def _open_database(settings: MasterSettings) -> Database:
     """The database, migrated (or its schema checked); closed again if that fails."""
     url = settings.database_url or sqlite_url(settings.data_dir / "gpumarket.db")
-    db = Database(url)
-    try:
-        if settings.migrate_on_start:
-            await db.migrate()
-        else:
-            await check_schema(db, who="masters with migrate_on_start=false")
-    except ConfigError:
-        await db.close()
-        raise
-    except Exception as exc:
-        await db.close()
-        raise ConfigError(f"cannot open the database at {db.engine.url!r}: {exc}; check GPUMARKET_DATABASE_URL") from exc
-    return db
+    return await open_database(url, migrate=settings.migrate_on_start, who="masters with migrate_on_start=false")
 
 
 async def open_master(

@@ -182,6 +182,27 @@ async def check_schema(db: Database, *, who: str) -> None:
         )
 
 
+async def open_database(url: str, *, migrate: bool, who: str) -> Database:
+    """The database at ``url``, migrated (``migrate``) or its schema checked; closed again if that fails.
+
+    ``who`` names the processes that do not migrate, for ``check_schema``'s message. Any other failure to
+    reach or migrate it is a ``ConfigError`` naming the URL.
+    """
+    db = Database(url)
+    try:
+        if migrate:
+            await db.migrate()
+        else:
+            await check_schema(db, who=who)
+    except ConfigError:
+        await db.close()
+        raise
+    except Exception as exc:
+        await db.close()
+        raise ConfigError(f"cannot open the database at {db.engine.url!r}: {exc}; check GPUMARKET_DATABASE_URL") from exc
+    return db
+
+
 async def migrate_or_wait(url: str, *, check_only: bool, wait_s: float, poll_s: float = 2.0) -> tuple[set[str], set[str]]:
     """``gpumarket migrate``: bring the schema at ``url`` to head (or, with ``check_only``, wait until it is).
 

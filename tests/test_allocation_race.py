@@ -14,7 +14,8 @@ import aiohttp
 import pytest
 
 from master.db import Database
-from master.models import Account, Command, Gpu, Host, Rental, RentalEvent
+from master.models import Command, Gpu, Host, Rental, RentalEvent
+from master.services.accounts import create_account
 from shared.ids import new_id
 from tests.apiclient import Api
 from tests.factories import create_principal
@@ -26,12 +27,16 @@ pytestmark = pytest.mark.slow
 HOSTS, GPUS_PER_HOST, REQUESTS = 10, 4, 200
 
 
-async def _seed_fleet(url: str, provider_name: str) -> list[str]:
-    """40 free GPUs on 10 online hosts, written straight into the shared database."""
+async def _seed_fleet(url: str) -> tuple[list[str], str, str]:
+    """A provider, a renter and an admin account (written as ``gpumarket admin create-account`` writes them) and
+    40 free GPUs on 10 online hosts of the provider, straight into the shared database; the GPUs' uuids and the
+    renter's and the admin's API keys."""
     db = Database(url)
     try:
         async with db.session() as session:
-            provider = await _account(session, provider_name)
+            provider = (await create_account(session, "prov", "provider"))[0].id
+            _, renter_key = await create_account(session, "rent", "renter")
+            _, admin_key = await create_account(session, "ops", "admin")
             uuids = []
             hosts = [Host(id=new_id("h"), owner_id=provider, name=f"race-{h}", state="online", region="local") for h in range(HOSTS)]
             session.add_all(hosts)
@@ -42,29 +47,19 @@ async def _seed_fleet(url: str, provider_name: str) -> list[str]:
                     uuids.append(uuid)
                     session.add(Gpu(id=new_id("gpu"), host_id=host.id, index=i, uuid=uuid, name="NVIDIA GeForce RTX 4090",
                                     memory_total_mib=24564, info={}, present=True))
-        return uuids
+        return uuids, renter_key, admin_key
     finally:
         await db.close()
 
 
-async def _account(session: Any, name: str) -> str:
-    from sqlalchemy import select
-
-    account_id = await session.scalar(select(Account.id).where(Account.name == name))
-    assert account_id is not None
-    return str(account_id)
-
-
-async def test_two_masters_never_give_one_gpu_twice(processes: Processes, tmp_path: Path, postgres_url: str,  # noqa: F811
-                                                    redis_url: str, bus_prefix: str) -> None:
+async def test_two_masters_never_give_one_gpu_twice(migrated_postgres_url: str, processes: Processes,  # noqa: F811
+                                                    tmp_path: Path, redis_url: str, bus_prefix: str) -> None:
+    postgres_url = migrated_postgres_url  # put back only after `processes` has stopped the masters
     env = {**os.environ, "GPUMARKET_DATABASE_URL": postgres_url, "GPUMARKET_REDIS_URL": redis_url,
            "GPUMARKET_BUS_PREFIX": bus_prefix, "GPUMARKET_DATA_DIR": str(tmp_path / "master"), "GPUMARKET_LOG_LEVEL": "WARNING",
            # 200 requests at once from one key on loopback: this test is about the race, not the rate limits
            "GPUMARKET_RATE_LIMITS_ENABLED": "false"}
-    processes.cli("admin", "create-account", "--name", "prov", "--role", "provider", env=env)
-    renter_key = processes.cli("admin", "create-account", "--name", "rent", "--role", "renter", env=env).strip()
-    admin_key = processes.cli("admin", "create-account", "--name", "ops", "--role", "admin", env=env).strip()
-    uuids = await _seed_fleet(postgres_url, "prov")
+    uuids, renter_key, admin_key = await _seed_fleet(postgres_url)
     ports = [_free_port(), _free_port()]
     for n, port in enumerate(ports):
         processes.start(f"master-{n}", "master", env={**env, "GPUMARKET_HTTP_PORT": str(port), "GPUMARKET_INSTANCE_ID": f"race-{n}"})

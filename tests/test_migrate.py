@@ -105,6 +105,27 @@ class TestMastersThatDoNotMigrate:
         await close_master(master)
 
 
+class TestAdminCommands:
+    def test_an_admin_command_opens_only_the_database_and_migrates_as_a_master_would(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """`admin create-account` with migrate_on_start=false refuses an unmigrated database as a master does; after
+        `gpumarket migrate` it creates the account. It opens the database only: no CA appears in the data dir."""
+        monkeypatch.setenv("GPUMARKET_DATA_DIR", str(tmp_path))
+        monkeypatch.delenv("GPUMARKET_DATABASE_URL", raising=False)  # the data dir's own SQLite file
+        monkeypatch.setenv("GPUMARKET_MIGRATE_ON_START", "false")
+        with pytest.raises(SystemExit) as refused:
+            main(["admin", "create-account", "--name", "ops", "--role", "admin"])
+        assert refused.value.code == 2
+        err = capsys.readouterr().err
+        assert "has no gpumarket schema and admin commands with migrate_on_start=false" in err and "gpumarket migrate" in err, err
+        main(["migrate"])
+        capsys.readouterr()
+        main(["admin", "create-account", "--name", "ops", "--role", "admin"])
+        assert capsys.readouterr().out.strip()
+        assert not (tmp_path / "ca").exists()
+
+
 class TestHealthProbesAndOutages:
     async def test_readiness_follows_the_database_and_liveness_does_not(self, api: Api) -> None:
         status, body = await api.call("GET", "/health", None)

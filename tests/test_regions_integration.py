@@ -13,6 +13,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from master.db import Database
+from master.services.accounts import create_account
 from tests.helpers import eventually
 from tests.test_services_integration import Processes, _free_port, _json, _ok
 
@@ -33,9 +35,10 @@ def processes(tmp_path: Path) -> Any:
 
 class TestRegions:
     async def test_agents_use_their_regions_relay_and_move_when_it_drains(
-        self, processes: Processes, tmp_path: Path, postgres_url: str, redis_url: str, bus_prefix: str
+        self, migrated_postgres_url: str, processes: Processes, tmp_path: Path, redis_url: str, bus_prefix: str
     ) -> None:
         """Each agent connects to its own region's relay via geo DNS; when that relay stops, the agent moves."""
+        postgres_url = migrated_postgres_url  # put back only after `processes` has stopped every process
         http_port, dns_port = _free_port(), _free_port()
         common = {
             **os.environ, "GPUMARKET_REDIS_URL": redis_url, "GPUMARKET_BUS_PREFIX": bus_prefix,
@@ -45,8 +48,7 @@ class TestRegions:
             **common, "GPUMARKET_DATA_DIR": str(tmp_path / "master"), "GPUMARKET_DATABASE_URL": postgres_url,
             "GPUMARKET_HTTP_PORT": str(http_port), "GPUMARKET_MISSED_HEARTBEATS_OFFLINE": "10",
         }
-        provider_key = processes.cli("admin", "create-account", "--name", "prov", "--role", "provider", env=master_env).strip()
-        admin_key = processes.cli("admin", "create-account", "--name", "ops", "--role", "admin", env=master_env).strip()
+        provider_key, admin_key = await _create_accounts(postgres_url, "provider", "admin")
         processes.cli("admin", "issue-relay-cert", "--name", "localhost", "--name", "127.0.0.1", "--out", str(tmp_path / "relay"),
                       env=master_env)
         processes.start("master", "master", env=master_env)
@@ -117,6 +119,17 @@ class TestRegions:
             raise
         for name in ("agent-eu", "agent-us", "relay-us", "dns", "master"):
             assert processes.stop(name) == 0, processes.logs()
+
+
+async def _create_accounts(url: str, *roles: str) -> list[str]:
+    """One account per role, written as `gpumarket admin create-account` writes it (the command itself is run in
+    tests/test_services_integration.py and tests/test_migrate.py), in one transaction; their API keys."""
+    db = Database(url)
+    try:
+        async with db.session() as session:
+            return [(await create_account(session, f"{role}-1", role))[1] for role in roles]
+    finally:
+        await db.close()
 
 
 async def _one_relay(http: aiohttp.ClientSession, api: str, key: str) -> bool:

@@ -12,8 +12,8 @@ plus:
 * ``agent_link``: a ``FaultProxy`` between a fifth agent (``link_agent``, one RTX 4090, pinned to
   that URL: no DNS, no other relay to flee to) and ``relay-eu-west``: its network.
 
-Settings are the cluster's short ones (heartbeats and telemetry every 0.5 s, a host offline after
-6 missed heartbeats = 3 s, billing every 1 s), with ``rental_grace_period`` 8 s, stale bus
+Settings are the cluster's short ones (heartbeats and telemetry every 1 s, a host offline after
+3 missed heartbeats = 3 s, billing every 1 s), with ``rental_grace_period`` 8 s, stale bus
 messages claimed after 2 s and unanswered commands resent after 3 s.
 
 ``Scenario`` is one test's view: an HTTP session, the report, and helpers to rent and to check
@@ -46,8 +46,8 @@ T = TypeVar("T")
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "faults"
 BUS_PREFIX = "gmfaults:"
 GRACE_S = 8.0
-OFFLINE_AFTER_S = 3.0  # the cluster's 6 missed heartbeats of 0.5 s
-TELEMETRY_S = 0.5
+OFFLINE_AFTER_S = 3.0  # the cluster's 3 missed heartbeats of 1 s
+TELEMETRY_S = 1.0  # the cluster's telemetry_interval
 ACTIVE = ("pending", "starting", "running", "stopping")
 
 

@@ -7,7 +7,7 @@ spooling, and its spool is replayed when the network comes back; a stopped agent
 
 **Scaled timing.** Production: heartbeats every 10 s, a host offline after 3 missed (30 s), rentals of
 an offline host failed after ``rental_grace_period`` 120 s; the issue's outages are 20 s and 5 minutes.
-Here: heartbeats every 0.5 s, offline after 3 s, grace 8 s. The short outage is 5 s: longer than the
+Here: heartbeats every 1 s, offline after 3 s, grace 8 s. The short outage is 5 s: longer than the
 offline threshold, so the host does go offline and comes back within the grace period (the harder case:
 production's 20 s stays under its 30 s threshold). The long one is 13 s (> 3 s + 8 s), ended by
 resetting the connections, as a 5-minute outage ends once pings have given up on both sides.
