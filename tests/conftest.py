@@ -32,7 +32,7 @@ from master.context import Master
 from master.db import migrate_or_wait
 from shared.bus import InProcessBus
 from shared.crypto import CertificateAuthority
-from tests import pgpool
+from tests import pgpool, sqlcache
 from tests.apiclient import Api, serve_api
 from tests.browserns import BrowserNamespace, browser_namespace
 from tests.factories import master_settings
@@ -41,6 +41,9 @@ T = TypeVar("T")
 
 # The workload tests' fixtures (exits, backend, gpus, cgroups), shared by name.
 pytest_plugins = ["tests.workloadfixtures", "tests.runreport"]
+
+# Every engine this process opens (a master's per test) shares one statement cache (tests/sqlcache.py).
+sqlcache.share_statement_caches()
 
 # A bench that a test runs records its figures in a scratch file, never in the committed bench/results.json.
 os.environ.setdefault("GPUMARKET_BENCH_RESULTS", os.path.join(tempfile.gettempdir(), f"gpumarket-test-bench-{os.getpid()}.json"))
