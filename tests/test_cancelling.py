@@ -16,6 +16,7 @@ import dns.message
 import dns.rcode
 import pytest
 
+from access.geodns.server import GeoDnsServer
 from access.registration import RegistryLink
 from access.relay import Relay
 from agent.discovery import resolve_relays
@@ -166,6 +167,34 @@ async def test_a_relays_registry_loops_stop_when_a_call_answers_as_they_are_canc
                         on_revoked=lambda _: None, register_interval=0.001, revocation_poll_interval=0.001, timeout=60)  # fmt: skip
     task = asyncio.create_task(getattr(link, loop)())
     await asyncio.sleep(0.05)  # waiting in its registry call
+    registry.answers.put_nowait(1)
+    await asyncio.sleep(0)
+    task.cancel()
+    try:
+        assert await _stopped(task) and task.cancelled()
+    finally:
+        task.cancel()
+
+
+class _WaitForRelays(MemoryRegistry):
+    """A registry whose relay list is read as redis-py reads (``asyncio.wait_for``), on a queue the test fills."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answers: asyncio.Queue[int] = asyncio.Queue()
+
+    async def relays(self) -> list[RelayRecord]:
+        await asyncio.wait_for(self.answers.get(), 60)
+        return []
+
+
+async def test_the_geo_dns_refresh_loop_stops_when_its_read_answers_as_it_is_cancelled() -> None:
+    """The geo DNS's close stops its refresh loop; a cancel that redis-py's ``wait_for`` lost made the loop sleep and read
+    on, so ``close`` (and ``gpumarket dns`` on SIGTERM) waited forever (tests/test_cluster.py, under load)."""
+    registry = _WaitForRelays()
+    server = GeoDnsServer(registry, zone="relays.test", refresh_interval=0.001)
+    task = asyncio.create_task(server._refresh_forever())
+    await asyncio.sleep(0.05)  # waiting in its registry read
     registry.answers.put_nowait(1)
     await asyncio.sleep(0)
     task.cancel()

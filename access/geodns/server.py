@@ -30,6 +30,7 @@ from access.geodns.regions import (
     parse_region_distance,
 )
 from access.geodns.zone import CLASSIC_UDP_PAYLOAD, GeoZone, render_udp
+from shared.cancelling import raise_if_cancelled
 from shared.errors import BusError, ConfigError
 from shared.ratelimit import SourceRateLimiter, source_key
 from shared.registry import Registry, open_registry
@@ -270,6 +271,9 @@ class GeoDnsServer:
         while True:
             await asyncio.sleep(self.refresh_interval)
             await self.refresh()
+            # redis-py sends with asyncio.wait_for, which can lose a cancel (shared.cancelling): close() then waited on
+            # this loop forever, and `gpumarket dns` ignored SIGTERM (tests/test_cluster.py, under load).
+            raise_if_cancelled()
 
     # ---- messages ------------------------------------------------------------------
 
