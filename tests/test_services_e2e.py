@@ -183,7 +183,14 @@ async def test_a_service_grows_under_load_survives_a_killed_agent_and_shrinks_af
         # Slow requests beside the load first: least-in-flight gives every replica some, so requests surely are in flight
         # on the dying one (the load's 300 ms ones alone left it none in flight, once in a CI run).
         slow = [asyncio.create_task(load.request(f"slow request {n}", SLOW_DELAY_MS)) for n in range(9)]
-        await asyncio.sleep(1.0)
+        # Until the gateway has some on the dying replica: a fixed 1 s left it none on a loaded machine (no retry).
+        [lone_rental] = [r["rental_id"] for r in view["replica_rentals"] if r["ready"] and r["host_id"] == lone_host]
+
+        async def in_flight_on_the_lone_replica() -> bool:
+            pool = market.master.gateway.pools.get(lone_rental) if market.master.gateway is not None else None
+            return pool is not None and pool.inflight > 0
+
+        await eventually(in_flight_on_the_lone_replica, timeout=60, what="slow requests in flight on the lone replica")
         market.agent_tasks[index].cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await market.agent_tasks[index]
