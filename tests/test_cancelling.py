@@ -121,6 +121,19 @@ class _WaitForBus(InProcessBus):
         return []
 
 
+async def _cancelled_as_answered(task: asyncio.Task[None], answers: asyncio.Queue[int]) -> bool:
+    """Whether ``task``, waiting on ``answers`` under ``wait_for``, ends cancelled when a cancel lands in the same loop
+    pass as its answer."""
+    await asyncio.sleep(0.05)  # waiting in its call
+    answers.put_nowait(1)
+    await asyncio.sleep(0)
+    task.cancel()
+    try:
+        return await _stopped(task) and task.cancelled()
+    finally:
+        task.cancel()
+
+
 async def _stopped(task: asyncio.Task[None]) -> bool:
     """Whether ``task`` ends within 5 s of a cancel landing as its ``wait_for`` completes (``_cancel_as_it_completes``)."""
     with contextlib.suppress(TimeoutError, asyncio.CancelledError):
@@ -135,14 +148,7 @@ async def test_a_relays_command_consumer_stops_when_its_read_answers_as_the_rela
     bus = _WaitForBus()
     relay = Relay(relay_id="relay-t", bus=bus, ssl_context=ssl.create_default_context(ssl.Purpose.CLIENT_AUTH))
     consumer = asyncio.create_task(relay._consume_commands())
-    await asyncio.sleep(0.01)  # waiting in its read
-    bus.answers.put_nowait(1)
-    await asyncio.sleep(0)
-    consumer.cancel()
-    try:
-        assert await _stopped(consumer) and consumer.cancelled()
-    finally:
-        consumer.cancel()
+    assert await _cancelled_as_answered(consumer, bus.answers)
 
 
 class _WaitForRegistry(MemoryRegistry):
@@ -159,6 +165,10 @@ class _WaitForRegistry(MemoryRegistry):
         await asyncio.wait_for(self.answers.get(), 60)
         return frozenset()
 
+    async def relays(self) -> list[RelayRecord]:
+        await asyncio.wait_for(self.answers.get(), 60)
+        return []
+
 
 @pytest.mark.parametrize("loop", ["_register", "_poll_revocations"])
 async def test_a_relays_registry_loops_stop_when_a_call_answers_as_they_are_cancelled(loop: str) -> None:
@@ -166,39 +176,13 @@ async def test_a_relays_registry_loops_stop_when_a_call_answers_as_they_are_canc
     link = RegistryLink(registry, relay_id="relay-t", record=lambda: RelayRecord("relay-t", "r", "wss://x", "x", 1, 0, 1, False, 0.0),
                         on_revoked=lambda _: None, register_interval=0.001, revocation_poll_interval=0.001, timeout=60)  # fmt: skip
     task = asyncio.create_task(getattr(link, loop)())
-    await asyncio.sleep(0.05)  # waiting in its registry call
-    registry.answers.put_nowait(1)
-    await asyncio.sleep(0)
-    task.cancel()
-    try:
-        assert await _stopped(task) and task.cancelled()
-    finally:
-        task.cancel()
-
-
-class _WaitForRelays(MemoryRegistry):
-    """A registry whose relay list is read as redis-py reads (``asyncio.wait_for``), on a queue the test fills."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.answers: asyncio.Queue[int] = asyncio.Queue()
-
-    async def relays(self) -> list[RelayRecord]:
-        await asyncio.wait_for(self.answers.get(), 60)
-        return []
+    assert await _cancelled_as_answered(task, registry.answers)
 
 
 async def test_the_geo_dns_refresh_loop_stops_when_its_read_answers_as_it_is_cancelled() -> None:
     """The geo DNS's close stops its refresh loop; a cancel that redis-py's ``wait_for`` lost made the loop sleep and read
     on, so ``close`` (and ``gpumarket dns`` on SIGTERM) waited forever (tests/test_cluster.py, under load)."""
-    registry = _WaitForRelays()
+    registry = _WaitForRegistry()
     server = GeoDnsServer(registry, zone="relays.test", refresh_interval=0.001)
     task = asyncio.create_task(server._refresh_forever())
-    await asyncio.sleep(0.05)  # waiting in its registry read
-    registry.answers.put_nowait(1)
-    await asyncio.sleep(0)
-    task.cancel()
-    try:
-        assert await _stopped(task) and task.cancelled()
-    finally:
-        task.cancel()
+    assert await _cancelled_as_answered(task, registry.answers)
