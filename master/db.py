@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import sqlite3
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -55,7 +56,7 @@ class Database:
         kwargs: dict[str, Any] = {"echo": echo}
         self.is_sqlite = self.url.startswith("sqlite")
         if self.is_sqlite:
-            kwargs["connect_args"] = {"timeout": 30}
+            kwargs["connect_args"] = {"timeout": 30, "factory": RollingBackConnection}
         else:
             kwargs.update(pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
         self.engine: AsyncEngine = create_async_engine(self.url, **kwargs)
@@ -97,6 +98,25 @@ class Database:
 
     async def close(self) -> None:
         await self.engine.dispose()
+
+
+class RollingBackConnection(sqlite3.Connection):
+    """A SQLite connection that rolls its transaction back when it is closed.
+
+    A call cancelled in the middle of a transaction (a request whose client went away, a loop stopped at shutdown)
+    has SQLAlchemy close the connection with the cancelled call's statement not yet finalized: Python's
+    ``sqlite3`` then leaves the connection a "zombie" (``sqlite3_close_v2``) that keeps its transaction, and with it
+    SQLite's one write lock, until the garbage collector frees that statement's cursor, which can take minutes.
+    Every writer meanwhile waits out its ``busy_timeout`` and fails with "database is locked" (found when
+    `gpumarket up` took over 45 s to stop). A rollback ends the transaction whatever statements are pending.
+    """
+
+    def close(self) -> None:
+        try:
+            if self.in_transaction:
+                self.rollback()
+        finally:
+            super().close()
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
