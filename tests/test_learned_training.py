@@ -1,23 +1,21 @@
 """Training the learned placer: the Gymnasium environment, the torch actors and their numpy export, a smoke run.
 
-Needs the ``learn`` extra (gymnasium, stable-baselines3, sb3-contrib, torch), which CI installs.
+Needs the ``learn`` extra (gymnasium, stable-baselines3, sb3-contrib, torch), which CI installs. torch and the
+modules built on it are imported by the tests that use them, not at collection: every pytest-xdist worker collects
+this module, and importing them costs ~1.5 s of CPU each, for the one worker that runs these tests.
 """
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
-import torch as th
 from gymnasium.utils.env_checker import check_env
-from sb3_contrib import MaskablePPO
-from stable_baselines3 import DDPG
 
 from gpumarket.learn.env import PlacementEnv
-from gpumarket.learn.policies import CandidateDdpgPolicy, CandidatePpoPolicy, CandidateScorer
-from gpumarket.learn.train import start_like_fgd, train_placer
 from master.scheduler import Fleet, Workload
 from master.scheduler.hetero import hetero_episode, place_in_order
 from master.scheduler.learned.features import FEATURE_COUNT
@@ -29,9 +27,13 @@ TRACE = Path(__file__).parent / "fixtures" / "trace"
 CANDIDATES = 32
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> None:
-    th.set_num_threads(1)
+@pytest.fixture
+def th() -> ModuleType:
+    """torch, on one thread (the suite runs several workers on few cores)."""
+    import torch
+
+    torch.set_num_threads(1)
+    return torch
 
 
 @pytest.fixture
@@ -110,8 +112,12 @@ class TestEnvironment:
 
 
 class TestExport:
-    def test_the_numpy_policy_scores_as_the_ppo_actor(self) -> None:
+    def test_the_numpy_policy_scores_as_the_ppo_actor(self, th: ModuleType) -> None:
         """MaskablePPO's per-candidate logits equal the exported numpy policy's scores on every feasible row."""
+        from sb3_contrib import MaskablePPO
+
+        from gpumarket.learn.policies import CandidatePpoPolicy
+
         env = PlacementEnv("hetero", max_candidates=CANDIDATES)
         scorer = {"candidates": CANDIDATES, "hidden": (16, 16), "activation": "tanh",
                   "mean": list(np.linspace(0, 1, FEATURE_COUNT)), "std": list(np.linspace(0.5, 2, FEATURE_COUNT))}  # fmt: skip
@@ -128,7 +134,11 @@ class TestExport:
         exported = policy.scorer.export("p", {"algorithm": "ppo", "setting": "hetero"})
         np.testing.assert_allclose(exported.scores(features[mask].astype(np.float64)), logits[mask], rtol=1e-5, atol=1e-5)
 
-    def test_the_numpy_policy_scores_as_the_ddpg_actor(self) -> None:
+    def test_the_numpy_policy_scores_as_the_ddpg_actor(self, th: ModuleType) -> None:
+        from stable_baselines3 import DDPG
+
+        from gpumarket.learn.policies import CandidateDdpgPolicy, CandidateScorer
+
         env = PlacementEnv("hetero", action="box", max_candidates=CANDIDATES)
         scorer = {"candidates": CANDIDATES, "hidden": (16,), "activation": "tanh", "mean": [0.1] * FEATURE_COUNT,
                   "std": [0.7] * FEATURE_COUNT}  # fmt: skip
@@ -146,9 +156,12 @@ class TestExport:
 
 
 class TestStartFromFgd:
-    def test_a_scorer_started_like_fgd_places_as_fgd(self) -> None:
+    def test_a_scorer_started_like_fgd_places_as_fgd(self, th: ModuleType) -> None:
         """The start ``--start-from-fgd`` gives scores increasing in FGD's and equal where it is equal, so the
         learned placer with it places a held-out hetero episode exactly as ``fgd`` does."""
+        from gpumarket.learn.policies import CandidateScorer
+        from gpumarket.learn.train import start_like_fgd
+
         scorer = CandidateScorer(CANDIDATES, (32, 32), "tanh", [0.5] * FEATURE_COUNT, [0.2] * FEATURE_COUNT)
         start_like_fgd(scorer)
         policy = scorer.export("start", {"algorithm": "ppo", "setting": "hetero"})
@@ -169,8 +182,10 @@ class TestStartFromFgd:
 
 class TestTraining:
     @pytest.mark.parametrize(("algorithm", "steps"), [("ppo", 300), ("ddpg", 1_200)])
-    def test_a_short_run_saves_a_policy_the_placer_loads(self, algorithm: str, steps: int, tmp_path: Path) -> None:
+    def test_a_short_run_saves_a_policy_the_placer_loads(self, algorithm: str, steps: int, tmp_path: Path, th: ModuleType) -> None:
         """A few hundred steps (DDPG: past its 1,000 warm-up steps) give a policy file that places an episode."""
+        from gpumarket.learn.train import train_placer
+
         lines: list[str] = []
         result = train_placer(algorithm, "hetero", steps=steps, seed=5, name="smoke", directory=tmp_path,  # type: ignore[arg-type]
                               max_candidates=CANDIDATES, normalisation_steps=200, report=lines.append)  # fmt: skip
