@@ -73,6 +73,8 @@ from agent.wgcontrol import (
     address_of,
     handshakes,
     hex_key,
+    peer_state_text,
+    peer_states,
     uapi,
     uapi_peer_changes,
     uapi_set,
@@ -504,7 +506,8 @@ class ClusterNetworks:
         measurements = []
         for (rank, target), (rtt_ms, unanswered) in zip(targets.items(), rtts, strict=True):
             if unanswered is not None:
-                why = f"node-{rank} did not answer through the tunnel within {self.measure_timeout:g}s ({unanswered[:120]})"
+                why = (f"node-{rank} did not answer through the tunnel within {self.measure_timeout:g}s ({unanswered[:160]}; "
+                       f"{await self._peer_text(net, peers, rank)})")  # fmt: skip
                 measurements.append(protocol.PeerMeasurement(rank=rank, error=why, path=self.path_to(net.rental_id, rank)))
                 continue
             loss_pct = await self._loss(pid, target)
@@ -528,19 +531,29 @@ class ClusterNetworks:
         finally:
             sock.close()
 
+    async def _peer_text(self, net: MemberNet, peers: list[protocol.ClusterPeer], rank: int) -> str:
+        """What this member's ``wireguard-go`` says of the peer of ``rank`` (its handshake, bytes each way, endpoint)."""
+        key = next((p.public_key for p in peers if p.rank == rank), None)
+        try:
+            states = await peer_states(net.device, directory=self.uapi_dir)
+        except ClusterNetworkError as exc:
+            return str(exc)
+        return peer_state_text(states.get(key) if key else None, time.time())
+
     async def _attempt(self, pid: int, target: str, run: Run) -> tuple[float | None, str | None]:
         """``run`` against ``target``'s responder, tried again until it works or ``measure_timeout`` passed (the peer
-        may set its own peers a moment later than this one): its figure, or why not."""
+        may set its own peers a moment later than this one): its figure, or why not (each distinct error, how often)."""
         deadline = time.monotonic() + self.measure_timeout
-        last = "no answer"
+        errors: dict[str, int] = {}
         while time.monotonic() < deadline:
             try:
                 async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
                     return await self._through(pid, target, run), None
             except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
-                last = str(exc) or type(exc).__name__
+                why = str(exc) or type(exc).__name__
+                errors[why] = errors.get(why, 0) + 1
                 await asyncio.sleep(0.2)
-        return None, last
+        return None, ", ".join(f"{why} ×{n}" if n > 1 else why for why, n in errors.items()) or "no answer"
 
     @staticmethod
     async def _through(pid: int, target: str, run: Run) -> float:

@@ -105,14 +105,28 @@ async def uapi(device: str, request: str, *, directory: Path = UAPI_DIR, timeout
     return dict(await uapi_lines(device, request, directory=directory, timeout=timeout))
 
 
-async def handshakes(device: str, *, directory: Path = UAPI_DIR) -> dict[str, int]:
-    """Each peer's (public key, base64) last handshake, seconds since the epoch (0: never)."""
-    found: dict[str, int] = {}
-    key: str | None = None
+async def peer_states(device: str, *, directory: Path = UAPI_DIR) -> dict[str, dict[str, str]]:
+    """Each peer's (public key, base64) state as ``wireguard-go`` reports it: ``endpoint``, ``last_handshake_time_sec``
+    (0: never), ``rx_bytes``, ``tx_bytes`` and the rest of its lines."""
+    found: dict[str, dict[str, str]] = {}
+    peer: dict[str, str] | None = None
     for name, value in await uapi_lines(device, "get=1\n\n", directory=directory):
         if name == "public_key":
-            key = base64.b64encode(bytes.fromhex(value)).decode()
-            found[key] = 0
-        elif name == "last_handshake_time_sec" and key is not None:
-            found[key] = int(value)
+            peer = found.setdefault(base64.b64encode(bytes.fromhex(value)).decode(), {})
+        elif peer is not None:
+            peer[name] = value
     return found
+
+
+async def handshakes(device: str, *, directory: Path = UAPI_DIR) -> dict[str, int]:
+    """Each peer's (public key, base64) last handshake, seconds since the epoch (0: never)."""
+    return {key: int(state.get("last_handshake_time_sec", "0")) for key, state in (await peer_states(device, directory=directory)).items()}
+
+
+def peer_state_text(state: dict[str, str] | None, now: float) -> str:
+    """What WireGuard says of one peer, in words (for an error that says why a peer did not answer)."""
+    if state is None:
+        return "WireGuard does not know this peer"
+    last = int(state.get("last_handshake_time_sec", "0") or 0)
+    handshake = "no handshake yet" if last == 0 else f"last handshake {max(0, round(now - last))}s ago"
+    return f"{handshake}, {state.get('tx_bytes', '0')} bytes sent and {state.get('rx_bytes', '0')} received, endpoint {state.get('endpoint', 'none')}"

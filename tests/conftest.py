@@ -57,6 +57,7 @@ ONE_WORKER_SCOPES: tuple[tuple[str, ...], ...] = (
     ("tests/test_console_browser.py", "tests/test_console_layout.py"), ("tests/test_console_charts.py",),
     ("tests/test_console_clusters.py",), ("tests/test_console_services.py",), ("tests/test_tunnels.py",),
     ("tests/test_gateway.py",), ("tests/test_simulate.py",), ("tests/test_readme_walkthrough.py",),
+    ("tests/test_clusternet.py::TestClusterNetwork",),
 )  # fmt: skip
 """Tests that share an expensive fixture (the fault cluster, a module's ``gpumarket up`` or browser): under
 pytest-xdist each of these scopes (the tests under any of its node id prefixes, named by the first) runs whole on one

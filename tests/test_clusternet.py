@@ -47,7 +47,14 @@ from agent.clusternet import (
     rewrite_hosts,
     with_hosts_block,
 )
-from agent.wgcontrol import UAPI_DIR, ClusterNetworkError, uapi_peer_changes, uapi_set
+from agent.wgcontrol import (
+    UAPI_DIR,
+    ClusterNetworkError,
+    peer_state_text,
+    peer_states,
+    uapi_peer_changes,
+    uapi_set,
+)
 from shared import protocol
 from shared.errors import ProtocolError
 from shared.protocol.commands import WIREGUARD_KEY_PATTERN
@@ -308,6 +315,14 @@ class TestClusterNetwork:
             assert after[key]["last_handshake_time_sec"] == peer["last_handshake_time_sec"]
             assert int(after[key]["rx_bytes"]) >= int(peer["rx_bytes"])
 
+    async def test_peer_states_name_each_peers_handshake_and_bytes(self, setting: Setting) -> None:
+        """``peer_states`` (what an unanswered measurement reports) reads each peer of the member's ``wireguard-go``."""
+        states = await peer_states(device_name(setting.members[0]))
+        assert sorted(states) == sorted(setting.phase_one[rank].public_key for rank in (1, 2))
+        for state in states.values():
+            assert int(state["last_handshake_time_sec"]) > 0 and int(state["rx_bytes"]) > 0, state
+            assert peer_state_text(state, time.time()).startswith("last handshake "), state
+
     async def test_members_reach_each_other_by_name_and_nobody_else_does(self, setting: Setting) -> None:
         """node-0 and node-1 read node-2's token (by name, by address); a member of another cluster and a container in
         no cluster do not, at node-2's private address — and the server still answers afterwards."""
@@ -448,6 +463,15 @@ class TestHostsFile:
 
 
 class TestUapiAndNames:
+    def test_a_peers_state_in_words(self) -> None:
+        """What a measurement that got no answer says of the peer: never shaken hands, or how long ago, and the bytes."""
+        assert peer_state_text(None, 1000.0) == "WireGuard does not know this peer"
+        never = {"last_handshake_time_sec": "0", "tx_bytes": "148", "rx_bytes": "0", "endpoint": "127.0.0.1:40000"}
+        assert peer_state_text(never, 1000.0) == "no handshake yet, 148 bytes sent and 0 received, endpoint 127.0.0.1:40000"
+        recent = {**never, "last_handshake_time_sec": "993", "rx_bytes": "92"}
+        assert peer_state_text(recent, 1000.0) == "last handshake 7s ago, 148 bytes sent and 92 received, endpoint 127.0.0.1:40000"
+        assert peer_state_text({}, 1000.0) == "no handshake yet, 0 bytes sent and 0 received, endpoint none"
+
     def test_uapi_set_with_a_key_and_a_port(self) -> None:
         """Phase 1: the private key and the port, no peers touched."""
         assert uapi_set("ab" * 32, None, "10.70.3.0/24", listen_port=0) == f"set=1\nprivate_key={'ab' * 32}\nlisten_port=0\n\n"
