@@ -534,11 +534,15 @@ class ClusterNetworks:
     async def _peer_text(self, net: MemberNet, peers: list[protocol.ClusterPeer], rank: int) -> str:
         """What this member's ``wireguard-go`` says of the peer of ``rank`` (its handshake, bytes each way, endpoint)."""
         key = next((p.public_key for p in peers if p.rank == rank), None)
+        relayed = self._relays.get((net.rental_id, rank))
+        path = "" if relayed is None else (
+            "; the relay path is open" if relayed.connected.is_set() else f"; the relay path is not open ({relayed.last_error or 'not yet tried'})"
+        )  # fmt: skip
         try:
             states = await peer_states(net.device, directory=self.uapi_dir)
         except ClusterNetworkError as exc:
-            return str(exc)
-        return peer_state_text(states.get(key) if key else None, time.time())
+            return str(exc) + path
+        return peer_state_text(states.get(key) if key else None, time.time()) + path
 
     async def _attempt(self, pid: int, target: str, run: Run) -> tuple[float | None, str | None]:
         """``run`` against ``target``'s responder, tried again until it works or ``measure_timeout`` passed (the peer
