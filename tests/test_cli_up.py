@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -57,8 +57,9 @@ def _held_port_after_a_free_one() -> Iterator[int]:
     raise AssertionError("no free port right below a held one in 50 tries")
 
 
-def _run_until_ready(data_dir: Path, *extra: str) -> tuple[str, str]:
-    """Start `up` on free ports, read its terminal until the box closes, Ctrl-C it; its stdout and stderr."""
+def _run_until_ready(data_dir: Path, *extra: str, while_up: Callable[[str], None] = lambda box: None) -> tuple[str, str]:
+    """Start `up` on free ports, read its terminal until the box closes, call ``while_up`` with what it said, Ctrl-C
+    it; its stdout and stderr."""
     process = subprocess.Popen(
         _up(data_dir, "--http-port", "0", "--relay-port", "0", *extra),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
@@ -73,6 +74,7 @@ def _run_until_ready(data_dir: Path, *extra: str) -> tuple[str, str]:
                 break
         else:
             raise AssertionError(f"gpumarket up exited early ({process.wait()}):\n{''.join(lines)}")
+        while_up("".join(lines))
         process.send_signal(signal.SIGINT)
         rest, err = process.communicate(timeout=STOP_WITHIN_S)
     finally:
@@ -83,12 +85,21 @@ def _run_until_ready(data_dir: Path, *extra: str) -> tuple[str, str]:
     return "".join(lines) + rest, err
 
 
+def _docs_answer(box: str) -> None:
+    """The API docs line of the box names a page that the running `up` serves."""
+    [docs] = [line.split()[3] for line in box.splitlines() if "API docs" in line]
+    assert docs.endswith("/api/docs"), docs
+    with urllib.request.urlopen(docs, timeout=10) as page:
+        assert page.status == 200 and b"swagger-ui" in page.read()
+
+
 class TestTerminal:
     def test_one_line_per_step_then_the_box_and_logs_only_in_the_file(self, tmp_path: Path) -> None:
-        """Steps are one line each in order, the box shows the console, the three keys, API, docs and Ctrl-C, and the
-        INFO logs are in DATA_DIR/up.log, not on the terminal."""
+        """Steps are one line each in order, the box shows the console, the three keys, API, docs and Ctrl-C, the
+        reference the box points at is served by the running `up`, and the INFO logs are in DATA_DIR/up.log, not on
+        the terminal. (One `up` for all of it: each start costs seconds of CPU.)"""
         data_dir = tmp_path / "up"
-        out, err = _run_until_ready(data_dir)
+        out, err = _run_until_ready(data_dir, while_up=_docs_answer)
         creds = json.loads((data_dir / "credentials.json").read_text())
         step_lines = [line for line in out.splitlines() if line.startswith("  ok  ")]
         assert [line[6:].split("  ")[0].strip() for line in step_lines] == list(STEPS)
@@ -129,26 +140,3 @@ class TestBusyPort:
         assert result.stderr.startswith(f"gpumarket: error: port {taken_port} is in use (the relay's web ports")
         assert result.stderr.endswith("choose another with --relay-port\n")
         assert result.stderr.count("\n") == 1
-
-    def test_the_docs_url_in_the_box_answers(self, tmp_path: Path) -> None:
-        """The reference the box points at is served by the running `up`."""
-        data_dir = tmp_path / "up"
-        process = subprocess.Popen(_up(data_dir, "--http-port", "0", "--relay-port", "0"), stdout=subprocess.PIPE,
-                                   stderr=subprocess.DEVNULL, text=True, env=_env())  # fmt: skip
-        assert process.stdout is not None
-        try:
-            docs = ""
-            for line in process.stdout:
-                if "API docs" in line:
-                    docs = line.split()[3]
-                    break
-            assert docs.endswith("/api/docs"), docs
-            with urllib.request.urlopen(docs, timeout=10) as page:
-                assert page.status == 200 and b"swagger-ui" in page.read()
-        finally:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.communicate(timeout=STOP_WITHIN_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.communicate()
