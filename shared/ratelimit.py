@@ -30,7 +30,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -228,7 +228,12 @@ class MemoryRateStore:
 # It holds burst - (TAT - now) * rate tokens; taking `cost` moves TAT by cost / rate. Times are
 # seconds (the caller's clock, so every master must agree on it: the wall clock, NTP-synced).
 # Returns "0" when taken (or charged), else the seconds to wait, as a string (Lua numbers
-# returned to Redis become integers). The key expires when its bucket would be full again.
+# returned to Redis become integers). The key expires EXPIRY_GRACE_S after its bucket would be full
+# again, by Redis's clock: a key gone early hands out tokens the budget does not have (a master whose
+# clock runs behind Redis's, or one stalled between reading its clock and Redis running the script —
+# a loaded CI machine stalled a test 3 s and its bucket of 3 came back full), while one kept a little
+# longer costs a few bytes and changes nothing (a TAT in the past counts as now).
+EXPIRY_GRACE_S: Final = 30.0
 _GCRA = """
 local now = tonumber(ARGV[1])
 local interval = tonumber(ARGV[2])
@@ -241,7 +246,7 @@ local excess = new_tat - now - capacity
 if excess > 1e-6 and ARGV[5] ~= '1' then
   return string.format('%.6f', excess)
 end
-redis.call('SET', KEYS[1], string.format('%.6f', new_tat), 'PX', math.max(1, math.ceil((new_tat - now) * 1000)))
+redis.call('SET', KEYS[1], string.format('%.6f', new_tat), 'PX', math.max(1, math.ceil((new_tat - now + tonumber(ARGV[6])) * 1000)))
 return '0'
 """
 
@@ -304,7 +309,8 @@ class RedisRateStore:
         if now < self._skip_until:
             self.failed_open += 1
             return 0.0
-        args = [repr(now), repr(1.0 / limit.rate), repr(float(limit.burst)), repr(float(cost)), "1" if force else "0"]
+        args = [repr(now), repr(1.0 / limit.rate), repr(float(limit.burst)), repr(float(cost)), "1" if force else "0",
+                repr(EXPIRY_GRACE_S)]
         try:
             async with asyncio.timeout(self.timeout):
                 reply = await self._script(keys=[self.key(key)], args=args)
