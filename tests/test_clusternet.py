@@ -134,24 +134,6 @@ async def namespace(rental_id: str) -> tuple[int, Path] | None:
     return info["State"]["Pid"], Path(info["HostsPath"])
 
 
-async def wireguard_peers(device: str) -> dict[str, dict[str, str]]:
-    """``wireguard-go``'s own view of its peers (UAPI ``get``), by public key in hex."""
-    reader, writer = await asyncio.open_unix_connection(str(UAPI_DIR / f"{device}.sock"))
-    try:
-        writer.write(b"get=1\n\n")
-        answer = (await reader.readuntil(b"\n\n")).decode()
-    finally:
-        writer.close()
-    peers: dict[str, dict[str, str]] = {}
-    current: dict[str, str] = {}
-    for line in answer.splitlines():
-        key, _, value = line.partition("=")
-        if key == "public_key":
-            current = peers.setdefault(value, {})
-        current[key] = value
-    return peers
-
-
 def process_running(pid: int) -> bool:
     """Whether ``pid`` runs (an ended process not reaped yet does not)."""
     try:
@@ -307,10 +289,10 @@ class TestClusterNetwork:
         command — the same peers again — ended every session on every member at once and the handshakes that followed
         crossed, leaving pairs without a session for up to 15 s (measurements failed). Now an unchanged peer is not touched."""
         device = device_name(setting.members[0])
-        before = await wireguard_peers(device)
+        before = await peer_states(device)
         assert len(before) == NODES - 1 and all(int(peer["rx_bytes"]) > 0 and peer["last_handshake_time_sec"] != "0" for peer in before.values())
         await setting.networks.create(setting.create(0, peers=True))
-        after = await wireguard_peers(device)
+        after = await peer_states(device)
         for key, peer in before.items():
             assert after[key]["last_handshake_time_sec"] == peer["last_handshake_time_sec"]
             assert int(after[key]["rx_bytes"]) >= int(peer["rx_bytes"])
