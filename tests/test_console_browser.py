@@ -373,7 +373,13 @@ class TestRenter:
         await dialog.get_by_label(re.compile("^Interruptible")).check()
         await dialog.get_by_label("Bid, USD per GPU-hour").fill("0.001")
         await dialog.get_by_role("button", name="Review price").click()
-        await dialog.get_by_role("button", name="Confirm and rent").click()
+        confirm = dialog.get_by_role("button", name="Confirm and rent")
+        try:  # no confirmation once in a quiet CI run (2026-11-29), cause unknown: say what the dialog showed instead
+            await expect(confirm).to_be_visible(timeout=WAIT_MS)
+        except AssertionError:
+            values = await dialog.locator("input").evaluate_all("els => els.map((e) => `${e.name}=${e.value}${e.checked ? ' (checked)' : ''}${e.disabled ? ' (disabled)' : ''}`)")
+            raise AssertionError(f"no confirmation after Review price; the dialog said: {await dialog.inner_text()!r}; its inputs: {values}") from None
+        await confirm.click()
         await expect(alert).to_contain_text("below the minimum bid")
         await expect(alert).to_have_attribute("data-code", "bid_below_minimum")
         await expect(dialog.get_by_label("Bid, USD per GPU-hour")).to_be_focused()
