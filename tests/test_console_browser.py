@@ -378,7 +378,7 @@ class TestRenter:
             await expect(confirm).to_be_visible(timeout=WAIT_MS)
         except AssertionError:
             values = await dialog.locator("input").evaluate_all("els => els.map((e) => `${e.name}=${e.value}${e.checked ? ' (checked)' : ''}${e.disabled ? ' (disabled)' : ''}`)")
-            raise AssertionError(f"no confirmation after Review price; the dialog said: {await dialog.inner_text()!r}; its inputs: {values}") from None
+            raise AssertionError(f"no confirmation after Review price; the dialog said: {await dialog.inner_text()!r}; its inputs: {values}; page errors: {console.problems}") from None
         await confirm.click()
         await expect(alert).to_contain_text("below the minimum bid")
         await expect(alert).to_have_attribute("data-code", "bid_below_minimum")
