@@ -53,18 +53,19 @@ REDIS_URL = os.environ.get("GPUMARKET_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 ONE_WORKER_SCOPES: tuple[tuple[str, ...], ...] = (
-    ("tests/faults/",), ("tests/test_install_agent.py::TestInstaller",),
-    ("tests/test_console_browser.py", "tests/test_console_layout.py"), ("tests/test_console_charts.py",),
-    ("tests/test_console_clusters.py",), ("tests/test_console_services.py",), ("tests/test_tunnels.py",),
+    ("tests/test_console_browser.py", "tests/test_console_charts.py", "tests/test_console_clusters.py",
+     "tests/test_console_credit.py", "tests/test_console_layout.py", "tests/test_console_services.py"),
+    ("tests/faults/",), ("tests/test_install_agent.py::TestInstaller",), ("tests/test_tunnels.py",),
     ("tests/test_gateway.py",), ("tests/test_simulate.py",), ("tests/test_readme_walkthrough.py",),
     ("tests/test_clusternet.py::TestClusterNetwork",),
 )  # fmt: skip
 """Tests that share an expensive fixture (the fault cluster, a module's ``gpumarket up`` or browser): under
 pytest-xdist each of these scopes (the tests under any of its node id prefixes, named by the first) runs whole on one
-worker, so that the fixture is set up once; the console's browser and layout modules share one `gpumarket up`
-(``_console_market``). Longest first (on 4 workers, 2026-11-26: the fault scenarios about 170 s, the installer's about
-110–150 s, the browser's about 70 s and the layout's about 60 s, the tunnels' about 25 s, the gateway's about 15 s,
-the last four a few seconds to 20 s): the scheduler starts them in this order."""
+worker, so that the fixture is set up once; the console's browser modules but the power policy's (which needs a
+marketplace with no rental in its history) share one `gpumarket up` (``_console_market``). Longest first (on 4
+workers, 2026-11-26: the console's about 180 s, the fault scenarios about 170 s, the installer's about 110–150 s, the
+tunnels' about 25 s, the gateway's about 15 s, the last three a few seconds to 20 s): the scheduler starts them in
+this order."""
 
 ONE_WORKER_STAGGER = 40
 """Single tests handed out between the starts of two of ``ONE_WORKER_SCOPES`` after the first two."""
@@ -124,8 +125,9 @@ _CONSOLE_MARKET = pytest.StashKey[WhileUsed[Any]]()
 
 @pytest.fixture(scope="session")
 def _console_market(request: pytest.FixtureRequest) -> Iterator[WhileUsed[Any]]:
-    """The `gpumarket up` of ``tests/test_console_browser.py``'s ``market`` fixture, which ``tests/test_console_layout.py``
-    uses too: one for both when they run one after the other, stopped after the last of them."""
+    """The `gpumarket up` of ``tests/test_console_browser.py``'s ``market`` fixture, which the console's charts, clusters,
+    credit, layout and services modules use too: one for all when they run one after the other, stopped after the last
+    of them."""
     shared: WhileUsed[Any] = WhileUsed()
     request.config.stash[_CONSOLE_MARKET] = shared
     try:

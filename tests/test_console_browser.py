@@ -91,8 +91,9 @@ def _wait_until_up(process: subprocess.Popen[bytes], data_dir: Path, log: Path) 
 @pytest.fixture(scope="module")
 def market(tmp_path_factory: pytest.TempPathFactory, docker_image: str, _console_market: WhileUsed[Market]) -> Market:
     """`gpumarket up --agents 3` as a real process on free ports, with a container engine answering
-    (its demo agents then run templates); SIGINT at the module's end, or at the end of
-    ``tests/test_console_layout.py`` when that runs next, on the same one (``_console_market`` in ``tests/conftest.py``)."""
+    (its demo agents then run templates); SIGINT at the module's end, or at the end of the last of the console's
+    modules that use it and run right after (``_console_market`` in ``tests/conftest.py``). Each test leaves it as
+    it found it: its rentals, clusters and services stopped."""
     return _console_market.get(lambda: running_market(tmp_path_factory, "console"))
 
 

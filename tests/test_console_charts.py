@@ -1,19 +1,19 @@
 """The console's charts in a real browser: spend, earnings, occupancy and the marketplace per day (uPlot), and the
 rental page's live charts clipped to the rental's own time.
 
-Its own `gpumarket up --agents 3` (hold rentals only: no container engine needed), the browser and the console
-helpers of ``tests/test_console_browser.py``. Screenshots land in ``test-artifacts/console/``.
+On the marketplace of ``tests/test_console_browser.py`` (its `gpumarket up --agents 3`, shared by the console's
+browser modules that run one after the other; hold rentals only here), with its browser and console helpers. Screenshots land in ``test-artifacts/console/``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
 import pytest
 from playwright.async_api import Browser, ViewportSize, expect
 
+from tests import test_console_browser as browser_module
 from tests.helpers import eventually
 from tests.test_console_browser import (
     API_POLL_S,
@@ -22,7 +22,6 @@ from tests.test_console_browser import (
     Console,
     Market,
     _console,
-    running_market,
 )
 
 pytestmark = pytest.mark.slow
@@ -31,11 +30,8 @@ PHONE: ViewportSize = {"width": 390, "height": 844}
 
 
 
-@pytest.fixture(scope="module")
-def market(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Market]:
-    """`gpumarket up --agents 3`, telemetry every 2 s and rating every second."""
-    with running_market(tmp_path_factory, "charts") as market:
-        yield market
+# The browser module's marketplace (telemetry every 2 s, rating every second), shared as in test_console_layout.
+market = browser_module.market
 
 
 async def _figure_points(console: Console, title: str) -> int:

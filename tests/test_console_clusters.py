@@ -1,31 +1,28 @@
 """The console's Clusters tab in a real browser: rent a cluster through the form (the whole cluster's price shown
 before confirming), watch its page (nodes with their host, region, state and GPUs; events), stop it.
 
-Its own `gpumarket up --agents 3` (three hosts of three GPU models: a hold cluster of 1 GPU per node, models
-mixed), the browser and the console helpers of ``tests/test_console_browser.py``. Screenshots land in
+On the marketplace of ``tests/test_console_browser.py`` (its `gpumarket up --agents 3`: three hosts of three GPU
+models, so a hold cluster of 1 GPU per node, models mixed), with its browser and console helpers. Screenshots land in
 ``test-artifacts/console/``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
 import pytest
 from playwright.async_api import Browser, expect
 
+from tests import test_console_browser as browser_module
 from tests.helpers import eventually
-from tests.test_console_browser import API_POLL_S, WAIT_MS, Market, _console, running_market
+from tests.test_console_browser import API_POLL_S, WAIT_MS, Market, _console
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def market(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Market]:
-    """`gpumarket up --agents 3` (hold workloads only: no container engine needed)."""
-    with running_market(tmp_path_factory, "clusters") as market:
-        yield market
+# The browser module's marketplace, shared as in test_console_layout (hold workloads only here).
+market = browser_module.market
 
 
 def _per_hour(cluster: dict[str, Any]) -> Decimal:

@@ -1,33 +1,24 @@
 """The Billing page's "Add credit" form in Debian's Chromium, against `gpumarket up` (the demo payment provider).
 
-Reuses the browser module's fixtures and helpers (``tests/test_console_browser.py``); its own marketplace
-runs without a container engine. One test, so that the module's `gpumarket up` starts once on one worker.
+Reuses the browser module's fixtures, helpers and marketplace (``tests/test_console_browser.py``'s `gpumarket up`,
+shared by the console's browser modules that run one after the other).
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from decimal import Decimal
 
 import pytest
 from playwright.async_api import Browser, Route, expect
 
-from tests.test_console_browser import WAIT_MS, Market, _console, _wait_until_up
-from tests.upprocess import gpumarket_up
+from tests import test_console_browser as browser_module
+from tests.test_console_browser import WAIT_MS, Market, _console
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def market(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Market]:
-    """`gpumarket up --agents 3` as a real process, with its default (demo) payments."""
-    folder = tmp_path_factory.mktemp("console-credit")
-    data_dir, log = folder / "data", folder / "up.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMARKET_")}
-    env.update(PYTHONUNBUFFERED="1", GPUMARKET_SIGN_IN_RATE_PER_MINUTE="600", GPUMARKET_SIGN_IN_BURST="100")
-    with gpumarket_up(data_dir, log, env, agents=3, strict_stop=True) as process:
-        yield _wait_until_up(process, data_dir, log)
+# The browser module's marketplace, shared as in test_console_layout.
+market = browser_module.market
 
 
 async def test_add_credit_with_a_preset_see_the_demo_balance_refuse_a_bad_amount_and_go_to_a_checkout(

@@ -2,7 +2,8 @@
 see it listed, open it (charts over time from /stats, cost so far, replicas, events), set its bounds, rotate its token,
 delete it; and the pages at a phone's width.
 
-Its own `gpumarket up --agents 3` with a container engine answering: the replica runs the busybox test image's httpd
+On the marketplace of ``tests/test_console_browser.py`` (its `gpumarket up --agents 3` with a container engine
+answering, shared by the console's browser modules that run one after the other): the replica runs the busybox test image's httpd
 (``tests/dockerengine.py``). The gateway's figures are rows of ``service_stats``, written here into the marketplace's
 SQLite database as the gateway's stats loop writes them, so that requests, errors and latency have points to draw.
 Screenshots land in ``test-artifacts/console/``.
@@ -11,7 +12,6 @@ Screenshots land in ``test-artifacts/console/``.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -22,7 +22,8 @@ from sqlalchemy.orm import Session
 
 from master.models import ServiceStat
 from shared.money import format_usd
-from tests.test_console_browser import POLL_MS, WAIT_MS, Market, _console, running_market
+from tests import test_console_browser as browser_module
+from tests.test_console_browser import POLL_MS, WAIT_MS, Market, _console
 
 pytestmark = pytest.mark.slow
 
@@ -32,11 +33,9 @@ BUCKET_S = 5  # service_stats_bucket_s, the master's default
 SEEDED = [(40 + 10 * i, i % 3, i % 2, [0, 0, 0, 0, 5, 20 + i, 10, 4, 1]) for i in range(12)]
 
 
-@pytest.fixture(scope="module")
-def market(tmp_path_factory: pytest.TempPathFactory, docker_image: str) -> Iterator[Market]:
-    """`gpumarket up --agents 3` with a container engine answering (the replicas run the test image)."""
-    with running_market(tmp_path_factory, "services") as market:
-        yield market
+# The browser module's marketplace, shared as in test_console_layout: a container engine answers (the replicas run
+# the test image).
+market = browser_module.market
 
 
 def seed_stats(market: Market, service_id: str, since: datetime) -> int:
