@@ -87,15 +87,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Under pytest-xdist, start the Docker engine (``tests/dockerengine.py``) before any worker does, where this
-    suite may start one: once, rather than by each worker that finds none answering at the same moment (each would
-    start a dockerd of its own). A failure here is the ``docker_image`` fixture's to report, in the tests that need
-    the engine."""
+    """Under pytest-xdist, before any worker starts: rewrite the test modules' asserts once for all of them
+    (``tests/rewritecache.py``), and start the Docker engine (``tests/dockerengine.py``) where this suite may start
+    one: once, rather than by each worker that finds none answering at the same moment (each would start a dockerd
+    of its own). A failure to start it is the ``docker_image`` fixture's to report, in the tests that need the
+    engine."""
     config = session.config
     if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
         return
-    from tests import dockerengine
+    from tests import dockerengine, rewritecache
 
+    rewritecache.rewrite_test_modules(config, Path(__file__).parent)
     with contextlib.suppress(RuntimeError, OSError):
         dockerengine.ensure_engine()
 
