@@ -17,14 +17,14 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from agent.clusternet import ClusterNetworks
+from agent.cluster.net import ClusterNetworks
+from agent.cluster.wgcontrol import ClusterNetworkError
 from agent.gpu.base import GpuBackend
 from agent.health import check_health
 from agent.logship import LogShipper
 from agent.power import PowerPolicy
+from agent.reach.sshd import RentalSshServer
 from agent.runtimes.manager import WorkloadManager
-from agent.sshd import RentalSshServer
-from agent.wgcontrol import ClusterNetworkError
 from shared import protocol
 from shared.errors import ConfigError, GpumarketError, ProtocolError
 
@@ -39,7 +39,7 @@ class CommandExecutor:
     SSH into the rentals: a start prepares the rental's host key (the reply's ``ssh_host_key``),
     an ``update_access`` replaces its authorized keys (closing connections of removed keys), a stop
     ends its SSH connections. ``clusters`` joins member containers to their cluster's
-    private network (``agent.clusternet``); a stop takes the member out. ``power`` keeps the off-peak power
+    private network (``agent.cluster.net``); a stop takes the member out. ``power`` keeps the off-peak power
     policy (``agent.power``): a start restores its GPUs' limits first, and fails if that cannot be done.
     """
 

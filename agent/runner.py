@@ -5,7 +5,9 @@ Tasks the agent owns for its whole life (independent of any one connection):
 * **sampler** — reads every GPU each ``sample_interval`` (1 s), keeps per-window
   aggregates, and every ``telemetry_interval`` (10 s) writes one telemetry message with
   the latest sample and the window's aggregates. XID and ECC events found on any pass
-  are written at once as ``gpu_events``.
+  are written at once as ``gpu_events`` (``agent.sampling``).
+* **renewal** — asks for a new certificate at 70 % of its lifetime and installs it when it
+  comes (``agent.certificates``).
 * **commands** — executes the master's commands one at a time, at most once per id
   (``agent.commands``: decoding and the handlers).
 * **network** — measures download/upload/latency/jitter/loss against the relay,
@@ -32,38 +34,33 @@ import ssl
 import time
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
-from agent.clusternet import ClusterNetworks
+from agent.certificates import CertificateKeeper
+from agent.cluster.net import ClusterNetworks
 from agent.commands import CommandExecutor
 from agent.discovery import RelayDirectory
-from agent.gpu.base import GpuBackend, GpuSample
+from agent.gpu.base import GpuBackend
 from agent.hostfacts import collect_host_facts
 from agent.logship import LogShipper
 from agent.netmeasure import measure, next_delay
 from agent.power import PowerPolicy
+from agent.reach.sshd import RentalSshServer
+from agent.reach.tunnels import TunnelServer
 from agent.runtimes.ceilings import CeilingPolicy, with_ceilings
 from agent.runtimes.containeropts import ContainerOptions, ProgressStage
 from agent.runtimes.isolation import HostIsolation, ProcessIsolation, isolation_facts
 from agent.runtimes.manager import WorkloadManager
+from agent.sampling import Sampler
 from agent.spool import SqliteSpool
-from agent.sshd import RentalSshServer
-from agent.state import AgentState, SequenceLease, atomic_write
-from agent.tunnels import TunnelServer
+from agent.state import AgentState, SequenceLease
 from shared import protocol
 from shared.cancelling import raise_if_cancelled
 from shared.crypto import (
     client_ssl_context,
-    generate_private_key,
-    host_id_from_certificate,
-    load_certificate,
-    load_private_key,
-    make_csr,
-    write_private_key,
 )
 from shared.errors import ConfigError, GpumarketError, ProtocolError
 from shared.outbound import OutboundWindow
@@ -75,48 +72,6 @@ log = logging.getLogger(__name__)
 AGENT_VERSION = "0.2.0"
 # Close codes after which the relay should not be retried first.
 _MOVE_ON_CODES = frozenset({protocol.CLOSE_GOING_AWAY, protocol.CLOSE_BUS_UNAVAILABLE, protocol.CLOSE_TOO_MANY_CONNECTIONS})
-
-
-@dataclass
-class _Window:
-    """Aggregates of one GPU over the current telemetry window."""
-
-    samples: int = 0
-    util_sum: float = 0.0
-    util_n: int = 0
-    util_max: float | None = None
-    mem_max: int | None = None
-    temp_max: float | None = None
-    power_sum: float = 0.0
-    power_n: int = 0
-    power_max: float | None = None
-
-    def add(self, s: GpuSample) -> None:
-        self.samples += 1
-        if s.gpu_util_pct is not None:
-            self.util_sum += s.gpu_util_pct
-            self.util_n += 1
-            self.util_max = max(self.util_max or 0.0, s.gpu_util_pct)
-        if s.memory_used_mib is not None:
-            self.mem_max = max(self.mem_max or 0, s.memory_used_mib)
-        if s.temperature_c is not None:
-            self.temp_max = s.temperature_c if self.temp_max is None else max(self.temp_max, s.temperature_c)
-        if s.power_draw_w is not None:
-            self.power_sum += s.power_draw_w
-            self.power_n += 1
-            self.power_max = s.power_draw_w if self.power_max is None else max(self.power_max, s.power_draw_w)
-
-    def model(self, uuid: str) -> protocol.GpuAggregateModel:
-        return protocol.GpuAggregateModel(
-            uuid=uuid,
-            samples=self.samples,
-            gpu_util_avg=round(self.util_sum / self.util_n, 2) if self.util_n else None,
-            gpu_util_max=self.util_max,
-            memory_used_max_mib=self.mem_max,
-            temperature_max_c=self.temp_max,
-            power_avg_w=round(self.power_sum / self.power_n, 2) if self.power_n else None,
-            power_max_w=self.power_max,
-        )
 
 
 class Pacer:
@@ -200,7 +155,7 @@ class Agent:
         container: ContainerOptions | None = None,
         ceilings: CeilingPolicy | None = None,
         rng: random.Random | None = None,
-        # Renters' streams (agent.tunnels): on the link, and per rental
+        # Renters' streams (agent.reach.tunnels): on the link, and per rental
         max_streams: int = 256,
         max_streams_per_rental: int = 32,
         max_stream_buffer: int = 64 << 20,
@@ -211,10 +166,14 @@ class Agent:
         state.secure()
         self.state = state
         self.host_id = identity.host_id
-        self._check_certificate()
+        self.timings = timings or AgentTimings()
+        # Its lifetime is checked here, before anything is opened: an expired certificate means enrolling again.
+        self.certificate = CertificateKeeper(
+            state, self.host_id, lambda body: self._emit(*self.window.renew_certificate(body)),
+            renew_at_fraction=self.timings.renew_at_fraction, renewal_retry=self.timings.renewal_retry,
+        )
         self.backend = backend
         self.region = region
-        self.timings = timings or AgentTimings()
         self.network_probes = network_probes
         self.network_max_bytes = network_max_bytes
         self.network_target_seconds = network_target_seconds
@@ -248,7 +207,7 @@ class Agent:
         self._access_commands: asyncio.Queue[protocol.CommandBody] = asyncio.Queue(max_pending_commands)
         self.logs = LogShipper(state.dir, self.workloads, self._send_logs)
         self.ssh = RentalSshServer(state.dir / "ssh", self.workloads)
-        # Cluster members' private network (agent.clusternet): peers reach this host where it reaches its relay from.
+        # Cluster members' private network (agent.cluster.net): peers reach this host where it reaches its relay from.
         self.clusters = ClusterNetworks(
             state.work_dir, self.workloads.container_namespace, self._local_address, relay_url=self._connect_url,
             relay_tls=lambda: client_ssl_context(self.state.ca_file), direct=cluster_direct,
@@ -257,7 +216,7 @@ class Agent:
         self.power = PowerPolicy(backend, state.dir / "power.json", in_use=self.workloads.gpus_in_use)
         self.commands = CommandExecutor(
             workloads=self.workloads, backend=backend, logs=self.logs, measure=self.measure_network,
-            install_certificate=self._install_certificate, ssh=self.ssh, clusters=self.clusters, power=self.power,
+            install_certificate=self.certificate.install, ssh=self.ssh, clusters=self.clusters, power=self.power,
             close_streams=lambda rental_id: self.tunnels.close_rental(rental_id, TunnelCode.ACCESS_REVOKED),
             remembered_results=remembered_results,
         )
@@ -267,35 +226,14 @@ class Agent:
         self.max_stream_buffer = max_stream_buffer
         self.link_send_buffer = link_send_buffer
         self.streams: StreamLink | None = None
-        self._windows: dict[str, _Window] = {}
-        self._window_started = time.monotonic()
-        self._latest: list[GpuSample] = []
+        self.sampler = Sampler(self.host_id, backend, self.power, self.window, self._emit)
         self._ws: ClientConnection | None = None
         self._started = time.monotonic()
         self.connected = asyncio.Event()
-        self._renewed = asyncio.Event()
         self.pacer = Pacer()
         self.relay_id: str | None = None
         self.relay_url: str | None = None
         self.connections = 0
-        self.samples_taken = 0
-
-    def _check_certificate(self) -> None:
-        """Load the certificate's lifetime; an expired one means re-enrolling (a token is needed)."""
-        cert = load_certificate(self.state.cert_file.read_bytes())
-        self.cert_not_before = cert.not_valid_before_utc
-        self.cert_not_after = cert.not_valid_after_utc
-        if self.cert_not_after <= datetime.now(UTC):
-            raise ConfigError(
-                f"this host's certificate expired at {self.cert_not_after:%Y-%m-%d %H:%M UTC}: an agent that stayed offline "
-                "past its certificate's lifetime must enroll again with a new token (move the data dir "
-                f"{self.state.dir} away, then run `gpumarket agent enroll --master URL --token TOKEN`)"
-            )
-
-    @property
-    def renew_at(self) -> datetime:
-        lifetime = self.cert_not_after - self.cert_not_before
-        return self.cert_not_before + lifetime * self.timings.renew_at_fraction
 
     def _ssl(self) -> ssl.SSLContext:
         return client_ssl_context(self.state.ca_file, cert_file=self.state.cert_file, key_file=self.state.key_file)
@@ -333,54 +271,19 @@ class Agent:
             isolation=with_ceilings(self.isolation.facts, self.workloads.ceilings),
         )
 
-    # ---- sampling ---------------------------------------------------------------------
+    # ---- sampling (agent.sampling) -----------------------------------------------------
 
     async def sample_once(self) -> None:
         """One sampling pass: read the GPUs, update the window, push any GPU events at once."""
-        samples = await asyncio.to_thread(self.backend.sample)
-        self.samples_taken += 1
-        self._latest = samples
-        self.power.observe(samples, time.monotonic())
-        for s in samples:
-            self._windows.setdefault(s.uuid, _Window()).add(s)
-        poll = getattr(self.backend, "poll_events", None)
-        events = await asyncio.to_thread(poll) if callable(poll) else []
-        if events:
-            body = protocol.GpuEventsBody(
-                events=[protocol.GpuEventModel(uuid=e.uuid, kind=e.kind, code=e.code, at=e.at) for e in events]
-            )
-            await self._emit(*self.window.gpu_events(body))
+        await self.sampler.sample_once()
 
     async def report_telemetry(self) -> None:
         """Write one telemetry message: the latest sample and the window's aggregates."""
-        if not self._latest:
-            return
-        now = time.monotonic()
-        body = protocol.TelemetryBody(
-            sampled_at=datetime.now(UTC),
-            gpus=[protocol.GpuSampleModel.model_validate({**s.to_wire(), "energy_saved_wh": self.power.energy_saved_wh(s.uuid)})
-                  for s in self._latest],
-            window_s=round(now - self._window_started, 3),
-            aggregates=[w.model(uuid) for uuid, w in self._windows.items()],
-        )
-        self._windows = {}
-        self._window_started = now
-        await self._emit(*self.window.telemetry(body))
+        await self.sampler.report_telemetry()
 
-    async def _sampler(self) -> None:
-        loop = asyncio.get_running_loop()
-        last_report: float | None = None  # report right after the first sample, then every interval
-        while True:
-            try:
-                await self.sample_once()
-                # The interval is read each pass: the relay's welcome may change it at any time.
-                if last_report is None or loop.time() - last_report >= self.timings.telemetry_interval:
-                    last_report = loop.time()
-                    await self.report_telemetry()
-            except Exception:
-                # A GPU that fails to answer must not stop the agent; log and try next time.
-                log.exception("host %s: sampling failed", self.host_id)
-            await asyncio.sleep(self.timings.sample_interval)
+    @property
+    def samples_taken(self) -> int:
+        return self.sampler.taken
 
     async def _heartbeats(self) -> None:
         while True:
@@ -436,10 +339,13 @@ class Agent:
         for rental_id in self.workloads.running():
             self.logs.follow(rental_id)
         tasks = [
-            asyncio.create_task(self._renewer(), name=f"agent-{self.host_id}-renewal"),
+            asyncio.create_task(self.certificate.run(self.connected), name=f"agent-{self.host_id}-renewal"),
             asyncio.create_task(self._command_worker(), name=f"agent-{self.host_id}-commands"),
             asyncio.create_task(self._command_worker(self._access_commands), name=f"agent-{self.host_id}-access"),
-            asyncio.create_task(self._sampler(), name=f"agent-{self.host_id}-sampler"),
+            asyncio.create_task(
+                self.sampler.run(lambda: self.timings.sample_interval, lambda: self.timings.telemetry_interval),
+                name=f"agent-{self.host_id}-sampler",
+            ),
             asyncio.create_task(self._log_shipper(), name=f"agent-{self.host_id}-logs"),
             asyncio.create_task(self.power.run(), name=f"agent-{self.host_id}-power"),
         ]
@@ -467,7 +373,7 @@ class Agent:
             if self.directory.needs_refresh():
                 await self._refresh_directory()
             url = self.directory.next()
-            self._check_certificate()  # raises once it has expired: retrying cannot help
+            self.certificate.check()  # raises once it has expired: retrying cannot help
             started = time.monotonic()
             try:
                 await self._session(url)
@@ -624,58 +530,23 @@ class Agent:
         body = protocol.WorkloadProgressBody(rental_id=rental_id, at=datetime.now(UTC), stage=stage, text=text[:512], percent=percent)
         await self._emit(*self.window.workload_progress(body))
 
-    # ---- certificate renewal ----------------------------------------------------------
+    # ---- certificate renewal (agent.certificates) ---------------------------------------
 
     @property
-    def _next_key_file(self) -> Path:
-        return self.state.dir / "key.next.pem"
+    def cert_not_before(self) -> datetime:
+        return self.certificate.not_before
+
+    @property
+    def cert_not_after(self) -> datetime:
+        return self.certificate.not_after
+
+    @property
+    def renew_at(self) -> datetime:
+        return self.certificate.renew_at
 
     async def request_renewal(self) -> None:
         """Send a CSR for a fresh key (kept in ``key.next.pem`` until the certificate arrives)."""
-        if self._next_key_file.exists():
-            key = load_private_key(self._next_key_file.read_bytes())
-        else:
-            key = generate_private_key()
-            write_private_key(self._next_key_file, key)
-        csr = make_csr(key, self.host_id).decode()
-        await self._emit(*self.window.renew_certificate(protocol.RenewCertificateBody(csr=csr)))
-        log.info("host %s asked for a new certificate (current one valid until %s)", self.host_id, self.cert_not_after)
-
-    async def _renewer(self) -> None:
-        while True:
-            wait = (self.renew_at - datetime.now(UTC)).total_seconds()
-            if wait > 0:
-                await asyncio.sleep(min(wait, 3600.0))
-                continue
-            await self.connected.wait()
-            self._renewed.clear()
-            await self.request_renewal()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.timings.renewal_retry):
-                    await self._renewed.wait()
-
-    async def _install_certificate(self, command: protocol.InstallCertificate) -> protocol.CertificateInstalled:
-        """Install a renewed certificate for the key we generated; idempotent."""
-        pem = command.certificate.encode()
-        cert = load_certificate(pem)
-        if host_id_from_certificate(cert) != self.host_id:
-            raise ConfigError("the certificate offered is for another host; not installed")
-        offered = cert.public_key().public_numbers()  # type: ignore[union-attr]
-        candidates = [self._next_key_file, self.state.key_file]
-        match = next(
-            (f for f in candidates if f.exists() and load_private_key(f.read_bytes()).public_key().public_numbers() == offered),
-            None,
-        )
-        if match is None:
-            raise ConfigError("the certificate offered does not match this host's key; not installed")
-        atomic_write(self.state.ca_file, (command.ca_certificate or self.state.ca_file.read_text()).encode())
-        atomic_write(self.state.cert_file, pem)
-        if match == self._next_key_file:
-            self._next_key_file.replace(self.state.key_file)  # atomic: cert and key now belong together
-        self._check_certificate()
-        self._renewed.set()
-        log.info("host %s installed a new certificate valid until %s", self.host_id, self.cert_not_after)
-        return protocol.CertificateInstalled(serial=format(cert.serial_number, "040x"), not_after=self.cert_not_after.isoformat())
+        await self.certificate.request_renewal()
 
     # ---- network ----------------------------------------------------------------------
 

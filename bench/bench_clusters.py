@@ -17,7 +17,7 @@ for an even number ≥ 2 of whole GPUs become 2-node clusters, replayed to 100 %
 across regions, GPU allocation % and fragmentation % (FGD's amount), means over the seeds. Skipped,
 saying so, when the trace is not beside the checkout (``--trace-dir``).
 
-Tunnel: throughput between two members of a cluster through their private network (``agent.clusternet``:
+Tunnel: throughput between two members of a cluster through their private network (``agent.cluster.net``:
 userspace WireGuard, ``wireguard-go``), beside a direct TCP copy between the same two network namespaces in the
 same run. Two busybox containers (the suite's local image, ``tests/dockerengine.py``), each on a Docker network of
 its own as the agent gives each rental, both also on one shared bridge network for the baseline, joined to one
@@ -350,7 +350,7 @@ async def _copy_once(pid_a: int, pid_b: int, address: str, size: int) -> float:
 
 async def measure_tunnel(mib: int, runs: int) -> dict[str, list[float]]:
     """MB/s of each run through the tunnel and directly, between two members' namespaces (see the module's docstring)."""
-    from agent.clusternet import ClusterNetworks, device_name
+    from agent.cluster.net import ClusterNetworks, device_name
     from shared import protocol
     from tests import dockerengine
 
@@ -377,7 +377,7 @@ async def measure_tunnel(mib: int, runs: int) -> dict[str, list[float]]:
             return protocol.CreateCluster(cluster_id=f"c-bench-{tag}", rental_id=members[rank], rank=rank, node_count=2, subnet=subnet, peers=peers)
 
         joined = [await networks.create(create(rank)) for rank in range(2)]
-        for rank in range(2):  # member after member: handshakes that cross are slow to settle (agent.clusternet)
+        for rank in range(2):  # member after member: handshakes that cross are slow to settle (agent.cluster.net)
             await networks.create(create(rank, joined))
         infos = [await asyncio.to_thread(_engine, "GET", f"/containers/{quote(name)}/json") for name in members]
         pid_a, pid_b = (info["State"]["Pid"] for info in infos)

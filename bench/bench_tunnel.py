@@ -56,7 +56,7 @@ from access.relay import Relay
 from agent.gpu.sim import SimulatedBackend
 from agent.runner import Agent, AgentTimings
 from agent.state import AgentState, Identity, atomic_write
-from agent.tunnels import TunnelServer
+from agent.reach.tunnels import TunnelServer
 from shared.bus import InProcessBus
 from shared.crypto import (
     CertificateAuthority,

@@ -1,4 +1,4 @@
-"""SSH into rentals, served by the agent (``agent.sshd``), driven by Debian's real ``ssh``, ``scp`` and ``sftp``.
+"""SSH into rentals, served by the agent (``agent.reach.sshd``), driven by Debian's real ``ssh``, ``scp`` and ``sftp``.
 
 A TCP listener on 127.0.0.1 port 0 hands each accepted socket to ``RentalSshServer.serve``
 (in production a relay stream does). The clients pin the rental's host key in a
@@ -34,7 +34,7 @@ from agent.runtimes.isolation import isolation_facts, process_isolation
 from agent.runtimes.manager import WorkloadManager
 from agent.runtimes.procnet import netns_path
 from agent.runtimes.users import IsolationTools, RentalUsers
-from agent.sshd import EXITED, RentalSshServer
+from agent.reach.sshd import EXITED, RentalSshServer
 from shared import protocol
 from shared.protocol import ContainerWorkload, HoldWorkload, ProcessWorkload
 from tests import dockerengine

@@ -3,7 +3,7 @@ over its private network, and every rank reports the same sum.
 
 Everything is real: `gpumarket up --agents 3` (three hosts of three GPU models: models mixed), the container engine,
 the locally built torch image (``tests/dockerengine.py``: Debian's python3-torch and ``tests/allreduce.py``), the
-agents' WireGuard tunnels (``agent/clusternet.py``) and the master's three rounds (``master/services/cluster_network.py``).
+agents' WireGuard tunnels (``agent/cluster/net.py``) and the master's three rounds (``master/services/cluster_network.py``).
 Each member sits on a bridge of its own, which the other members' bridges cannot reach (the network guard): the
 all-reduce's traffic can only have gone through the tunnels (``GLOO_SOCKET_IFNAME=cluster0``).
 """
@@ -30,7 +30,7 @@ TIMEOUT_S = 240  # three containers importing torch on a 2-core machine, the net
 @pytest.fixture(scope="module", params=["direct", "relay"])
 def market(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, torch_image: str) -> Iterator[Market]:
     """`gpumarket up`; ``relay``: its agents offer no direct path (GPUMARKET_CLUSTER_DIRECT=false), so every tunnel's
-    datagrams go through the relay's streams (agent/clusterrelay.py)."""
+    datagrams go through the relay's streams (agent/cluster/relay.py)."""
     env = {"GPUMARKET_CLUSTER_DIRECT": "false"} if request.param == "relay" else {}
     with running_market(tmp_path_factory, f"allreduce-{request.param}", env) as market:
         yield market

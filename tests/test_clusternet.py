@@ -1,4 +1,4 @@
-"""A cluster's private network (``agent.clusternet``) on a real Docker engine with real ``wireguard-go``.
+"""A cluster's private network (``agent.cluster.net``) on a real Docker engine with real ``wireguard-go``.
 
 One module-wide setting: three member containers of one cluster and a member of another cluster, each on a Docker
 network of its own (as the agent gives each rental), and a plain container in no cluster; the containers' names are
@@ -36,7 +36,7 @@ import pytest
 import pytest_asyncio
 from pydantic import ValidationError
 
-from agent.clusternet import (
+from agent.cluster.net import (
     HOSTS_BEGIN,
     HOSTS_END,
     INTERFACE,
@@ -47,7 +47,7 @@ from agent.clusternet import (
     rewrite_hosts,
     with_hosts_block,
 )
-from agent.wgcontrol import (
+from agent.cluster.wgcontrol import (
     UAPI_DIR,
     ClusterNetworkError,
     peer_state_text,

@@ -1,4 +1,4 @@
-"""A cluster tunnel's datagrams over a byte stream (``agent/clusterrelay.py``): framing that survives any chunking,
+"""A cluster tunnel's datagrams over a byte stream (``agent/cluster/relay.py``): framing that survives any chunking,
 and the pump between ``wireguard-go``'s UDP socket and a stream. The whole path through a real relay runs in
 ``tests/test_cluster_allreduce.py`` (``GPUMARKET_CLUSTER_DIRECT=false``)."""
 
@@ -10,8 +10,8 @@ import socket
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.clusterprobe import PROBE_BYTES, Run, UdpEcho, loss, respond, throughput
-from agent.clusterrelay import Deframer, frame, serve_stream
+from agent.cluster.probe import PROBE_BYTES, Run, UdpEcho, loss, respond, throughput
+from agent.cluster.relay import Deframer, frame, serve_stream
 
 
 @given(st.lists(st.binary(max_size=2000), max_size=20), st.lists(st.integers(min_value=1, max_value=700), min_size=1, max_size=50))

@@ -508,7 +508,7 @@ class ContainerRuntime:
 
     async def namespace(self, rental_id: str) -> tuple[int, Path] | None:
         """(main process id, the engine's host-side ``/etc/hosts`` file) of the rental's running container, for
-        joining it to its cluster's network (``agent.clusternet``); ``None``: not running. Raises ``BadRequest`` without an engine."""
+        joining it to its cluster's network (``agent.cluster.net``); ``None``: not running. Raises ``BadRequest`` without an engine."""
         name = resource_name(rental_id, self.options.owner)
         info = await self._engine_read(self.docker().containers.container(name).show())
         state = (info or {}).get("State") or {}

@@ -234,7 +234,7 @@ class WorkloadManager:
         return {gpu_uuid for workload in [*self._workloads.values(), *self._pending.values()] for gpu_uuid in workload.gpu_uuids}
 
     def access(self, rental_id: str) -> RentalAccess | None:
-        """What a login into the rental's workload reaches (``agent.sshd``); ``None``: none runs here."""
+        """What a login into the rental's workload reaches (``agent.reach.sshd``); ``None``: none runs here."""
         workload = self._workloads.get(rental_id)
         if workload is None:
             return None

@@ -19,7 +19,7 @@ from shared.errors import ValidationFailed
 MAX_NODES = 64
 RESTART_POLICIES = ("stop", "replace")
 MASTER_PORT = 29500
-CLUSTER_INTERFACE = "cluster0"  # the private network's interface in a member container (agent.clusternet.INTERFACE)
+CLUSTER_INTERFACE = "cluster0"  # the private network's interface in a member container (agent.cluster.net.INTERFACE)
 
 
 @dataclass(frozen=True)

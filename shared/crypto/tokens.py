@@ -49,7 +49,7 @@ class ConnectClaims:
     account_id: str
     rental_id: str
     host_id: str
-    kind: str  # "ssh", "tcp" or "wg" (a cluster member's tunnel datagrams, from a peer's agent: agent/clusterrelay.py)
+    kind: str  # "ssh", "tcp" or "wg" (a cluster member's tunnel datagrams, from a peer's agent: agent/cluster/relay.py)
     port: int
     expires_at: float  # unix seconds
     nonce: str

@@ -9,7 +9,7 @@ a 2-byte big-endian length and its bytes, over a ``wg`` stream:
   member, as a renter's client does), which opens a stream on the peer's agent link; what comes
   back is handed to ``wireguard-go`` from that socket. A dropped websocket is opened again (with a
   back-off) while the token is valid;
-* **the receiving side** (``serve_stream``, for ``agent.tunnels``) gives each such stream a UDP socket
+* **the receiving side** (``serve_stream``, for ``agent.reach.tunnels``) gives each such stream a UDP socket
   of its own on ``127.0.0.1`` and exchanges datagrams with the member's ``wireguard-go``, which sees
   the peer at that socket's address (WireGuard follows a peer that roams) and answers there.
 

@@ -16,10 +16,10 @@ with a key no longer listed is disconnected (each connection remembers its key's
 A connection: public-key authentication only, with the rental's authorized keys; any user
 name (a session runs as the workload's user); the key's SHA256 fingerprint is logged. Then:
 
-- sessions (``agent.sshsessions``): a shell (PTY or not) or a command, in the rental's
+- sessions (``agent.reach.sessions``): a shell (PTY or not) or a command, in the rental's
   container (``docker exec``) or as its process rental's uid; refused with one line once the
   workload has exited, and for hold rentals;
-- SFTP (and so ``scp``) in the rental's workspace (``agent.sftp``), also after its workload
+- SFTP (and so ``scp``) in the rental's workspace (``agent.reach.sftp``), also after its workload
   exited, until the rental is released;
 - ``-L`` forwarding (direct-tcpip) to a port of the rental's container (its address, or
   ``localhost``, which means it); nothing else: no ``-R``, agent or X11 forwarding.
@@ -45,12 +45,12 @@ from typing import Any, Final
 import asyncssh
 from asyncssh.stream import SSHTCPStreamSession
 
+from agent.reach.sessions import run_as_rental_user, run_in_container
+from agent.reach.sftp import WorkspaceSFTPServer
 from agent.runtimes.base import WorkloadKind, check_rental_id
 from agent.runtimes.containeropts import WORKSPACE
 from agent.runtimes.manager import WorkloadManager
 from agent.runtimes.users import TRUSTED_PATH
-from agent.sftp import WorkspaceSFTPServer
-from agent.sshsessions import run_as_rental_user, run_in_container
 from agent.state import atomic_write
 from shared import protocol
 from shared.errors import BadRequest, ConfigError

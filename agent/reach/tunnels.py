@@ -8,7 +8,7 @@ header the rental, the port and the kind. The agent checks again what only it kn
   (``ContainerRuntime.open_port``: inside its network namespace when the agent may, else its
   address on its private network), nowhere else — never a port of the host. Process and hold
   rentals serve no ports (``NOT_OFFERED``). Nothing listening: ``CONNECT_FAILED``.
-* ``ssh``: the agent's own SSH server for the rental (``agent.sshd``) over a socket pair; it keeps
+* ``ssh``: the agent's own SSH server for the rental (``agent.reach.sshd``) over a socket pair; it keeps
   serving SFTP after the workload exited, until the rental is released.
 
 Streams are counted per rental (at most ``max_streams_per_rental`` at once: ``AGENT_LIMIT``) and
@@ -27,20 +27,20 @@ import logging
 import socket
 from typing import TYPE_CHECKING, Protocol
 
-from agent.clusterrelay import serve_stream
+from agent.cluster.relay import serve_stream
 from shared.errors import GpumarketError
 from shared.streams import OpenRequest, ResetCode, StreamProtocolError, TunnelCode, decode_open_header
 from shared.streams.aio import Channel, splice
 
 if TYPE_CHECKING:
-    from agent.clusternet import ClusterNetworks
+    from agent.cluster.net import ClusterNetworks
     from agent.runtimes.manager import WorkloadManager
 
 log = logging.getLogger(__name__)
 
 
 class SshServer(Protocol):
-    """What ``agent.sshd.RentalSshServer`` offers the tunnels."""
+    """What ``agent.reach.sshd.RentalSshServer`` offers the tunnels."""
 
     def knows(self, rental_id: str) -> bool: ...
 
@@ -121,7 +121,7 @@ class TunnelServer:
         if request.kind == "ssh":
             await self._serve_ssh(channel, request.rental_id)
             return
-        if request.kind == "wg":  # a cluster peer's tunnel datagrams, through the relays (agent.clusterrelay)
+        if request.kind == "wg":  # a cluster peer's tunnel datagrams, through the relays (agent.cluster.relay)
             port = self.clusters.listen_port(request.rental_id) if self.clusters is not None else None
             if port is None:
                 channel.reset(TunnelCode.NOT_OFFERED)

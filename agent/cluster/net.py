@@ -36,8 +36,8 @@ interface goes with it. What was made is kept in ``<work>/clusters/<rental>.json
 tunnel found gone (``wireguard-go`` ended, or the container has a new network namespace) is made
 again with the same key and port, and the peers it had.
 
-Beside it: ``agent.wgcontrol`` (keys and the UAPI requests), ``agent.clusterprobe`` (the responder
-and the round-trip and throughput probes) and ``agent.clusterrelay`` (a peer reached through the
+Beside it: ``agent.cluster.wgcontrol`` (keys and the UAPI requests), ``agent.cluster.probe`` (the responder
+and the round-trip and throughput probes) and ``agent.cluster.relay`` (a peer reached through the
 relays when no handshake completes directly, or with ``direct=False``).
 """
 
@@ -64,10 +64,9 @@ from typing import Final
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
-from agent.clusterprobe import MEASURE_PORT, Run, UdpEcho, echo, loss, respond, throughput
-from agent.clusterrelay import RelayedPeer
-from agent.runtimes.netns import NamespaceUnavailable, socket_in_namespace
-from agent.wgcontrol import (
+from agent.cluster.probe import MEASURE_PORT, Run, UdpEcho, echo, loss, respond, throughput
+from agent.cluster.relay import RelayedPeer
+from agent.cluster.wgcontrol import (
     UAPI_DIR,
     ClusterNetworkError,
     address_of,
@@ -80,6 +79,7 @@ from agent.wgcontrol import (
     uapi_set,
     wg_public_key,
 )
+from agent.runtimes.netns import NamespaceUnavailable, socket_in_namespace
 from shared import protocol
 
 log = logging.getLogger(__name__)
@@ -181,7 +181,7 @@ class ClusterNetworks:
     ``namespace(rental_id)`` is the workload manager's ``container_namespace``; ``local_address()`` the
     address this host reaches its relay from (the endpoint its peers are told); ``relay_url()`` where peers reach
     this host's members through its relay (``wss://…/v1/connect``), ``relay_tls()`` the TLS context for a peer's
-    relay (``agent.clusterrelay``). ``direct=False`` offers peers no direct endpoint and uses none of theirs:
+    relay (``agent.cluster.relay``). ``direct=False`` offers peers no direct endpoint and uses none of theirs:
     every tunnel then goes through the relays (for hosts known to be unreachable, and to test that path).
     """
 

@@ -1,4 +1,4 @@
-"""``wireguard-go``'s control, for a cluster member's tunnel (``agent.clusternet``): keys, and the requests of
+"""``wireguard-go``'s control, for a cluster member's tunnel (``agent.cluster.net``): keys, and the requests of
 WireGuard's text protocol (UAPI) on its control socket ``/var/run/wireguard/<device>.sock`` — no ``wg`` needed."""
 
 from __future__ import annotations

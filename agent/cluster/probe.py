@@ -1,4 +1,4 @@
-"""Measuring between cluster members through their tunnel (``agent.clusternet``): each member answers a responder
+"""Measuring between cluster members through their tunnel (``agent.cluster.net``): each member answers a responder
 on its private address (``MEASURE_PORT``), and the others measure against it — ``echo``: the median of a few
 one-byte round trips; ``sink``: the throughput of sending a number of bytes until the responder says it has them;
 ``loss``: the share of ``LOSS_PROBES`` datagrams the UDP echo (``UdpEcho``, on the same port) did not send back.
