@@ -41,7 +41,7 @@ from billing import invoices, ledger
 from billing.rating import RatingPolicy, cumulative_cost, rate_open_rentals
 from master.db import Database
 from master.models import Account, Gpu, Host, LedgerAccount, LedgerEntry, LedgerTransaction, Rental
-from master.services.accounts import Principal
+from master.services.accounts.core import Principal
 
 MONTH = datetime(2026, 11, 1, tzinfo=UTC)
 MONTH_END = datetime(2026, 12, 1, tzinfo=UTC)

@@ -123,7 +123,7 @@ from agent.gpu.sim import SimulatedBackend
 from master.app import close_master, open_master
 from master.context import Master
 from master.models import Gpu, Host
-from master.services.accounts import create_account
+from master.services.accounts.core import create_account
 from master.telemetry.batch import LZ4_FOR_THIS_TRANSACTION
 from master.telemetry.ingest import Ingestor
 from shared import protocol

@@ -1,8 +1,8 @@
 """Offer search at scale: p50/p99 of ``GET /api/v1/offers`` searches over 100,000 GPUs on PostgreSQL.
 
-What is timed: ``master.services.offers.search_offers`` inside ``Database.session()``, exactly what the
+What is timed: ``master.services.market.offers.search_offers`` inside ``Database.session()``, exactly what the
 ``GET /api/v1/offers`` handler runs (``master/api/routes_market.py``), minus HTTP and JSON encoding.
-Each search parses its ``q`` with ``master.services.offerquery.parse`` once, outside the timing.
+Each search parses its ``q`` with ``master.services.market.query.parse`` once, outside the timing.
 
 Set-up: a throwaway database on the PostgreSQL server of ``--admin-url`` (``gm_bench_<random>``,
 created with asyncpg and dropped at the end, on failure too), migrated with the project's Alembic
@@ -12,7 +12,7 @@ inserted in bulk (multi-row executemany, a progress line on stderr):
 * 14 GPU models with the names, memory and info the agent's simulated backend reports as NVML
   does (``agent.gpu.sim``: compute capability 7.5-12.0, PCIe, clocks), each host's driver and its
   ``cuda_driver_version`` (12.2-12.8), the integer version keys the search filters on; tier, score,
-  ``needs_review`` from ``master.services.tiers.classify`` with the host's network and reliability, as the
+  ``needs_review`` from ``master.services.market.tiers.classify`` with the host's network and reliability, as the
   master ranks them. One host in 16 mixes two models 4 + 4; 0.3 % of GPUs are absent.
 * six regions; host states 93 % online (``rented`` when it holds a rental), 4 % offline, 3 % in
   maintenance or faulty; reliability 0.80-1.00 (5 % not scored yet); a measured network on 96 %
@@ -119,12 +119,12 @@ from sqlalchemy import insert, text
 from agent.gpu.sim import SIM_MODELS, SimulatedBackend
 from master.db import Database
 from master.models import Account, Gpu, GpuAllocation, Host, HostListing, Rental, version_key
-from master.services.hoststate import RENTABLE_STATES
-from master.services.listings import TIER_ORDER, PriceBounds, load_price_bounds, window_time
-from master.services.offerquery import Condition, Op, Version, parse
-from master.services.offers import DEFAULT_ORDER, OfferSearch, Sort, search_offers
-from master.services.placement import model_matches
-from master.services.tiers import Tier, classify
+from master.services.lifecycle.hosts import RENTABLE_STATES
+from master.services.market.listings import TIER_ORDER, PriceBounds, load_price_bounds, window_time
+from master.services.market.offers import DEFAULT_ORDER, OfferSearch, Sort, search_offers
+from master.services.market.placement import model_matches
+from master.services.market.query import Condition, Op, Version, parse
+from master.services.market.tiers import Tier, classify
 from shared import protocol
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -439,7 +439,7 @@ def _sort_key(sort: Sort, offer: Expected) -> tuple[Any, ...]:
 
 
 def expected_offers(fleet: Fleet, search: OfferSearch, *, bounds: PriceBounds | None = None) -> list[Expected]:
-    """Every offer ``search`` matches, in its order, by the rules of ``master/services/offers.py``'s docstring."""
+    """Every offer ``search`` matches, in its order, by the rules of ``master/services/market/offers.py``'s docstring."""
     if search.order not in (None, DEFAULT_ORDER[search.sort]):
         raise ValueError("the reference knows each sort's default direction only")
     bounds = bounds or load_price_bounds()

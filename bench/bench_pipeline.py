@@ -12,7 +12,7 @@ generous rate limits (every simulated agent comes from 127.0.0.1). The database 
 temporary directory, then PostgreSQL when its server answers: a fresh database created on it
 with asyncpg and dropped at the end (the PostgreSQL server is the only other process).
 
-``--agents`` hosts (200) are enrolled directly through ``master.services.enrollment``
+``--agents`` hosts (200) are enrolled directly through ``master.services.hosts.enrollment``
 (``create_token`` + ``enroll`` with a CSR; one P-256 key serves every CSR, to keep set-up
 short: each host still gets its own host id, certificate, serial and ``SSLContext``). Each is a
 lightweight ``websockets`` client over TLS 1.3 presenting its certificate, not a full
@@ -96,8 +96,8 @@ from master.background.revocations import revocation_publisher
 from master.context import Master
 from master.models import Host as HostRow
 from master.models import HostEvent, TelemetrySample
-from master.services import enrollment
-from master.services.accounts import create_account
+from master.services.accounts.core import create_account
+from master.services.hosts import enrollment
 from master.telemetry import batch as batches
 from master.telemetry.ingest import Ingestor
 from shared import protocol

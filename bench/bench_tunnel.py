@@ -54,9 +54,9 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from access.relay import Relay
 from agent.gpu.sim import SimulatedBackend
+from agent.reach.tunnels import TunnelServer
 from agent.runner import Agent, AgentTimings
 from agent.state import AgentState, Identity, atomic_write
-from agent.reach.tunnels import TunnelServer
 from shared.bus import InProcessBus
 from shared.crypto import (
     CertificateAuthority,

@@ -34,7 +34,7 @@ from billing.rating import per_second
 from master.db import Database
 from master.models import Account, LedgerEntry, LedgerTransaction, Rental, RentalEvent
 from master.services import commands
-from master.services.rentalstate import UNSTOPPED_STATES, RentalState, transition
+from master.services.lifecycle.rentals import UNSTOPPED_STATES, RentalState, transition
 from shared import protocol
 from shared.errors import ClientError
 from shared.settings import MasterSettings

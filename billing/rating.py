@@ -44,7 +44,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from billing import ledger
 from billing.ledger import Leg
 from master.models import Gpu, Host, HostEvent, Rental, RentalEvent
-from master.services.rentalstate import RentalState
+from master.services.lifecycle.rentals import RentalState
 
 log = logging.getLogger(__name__)
 

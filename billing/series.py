@@ -16,7 +16,7 @@ it is listed, with zero where nothing was posted. Sums run in SQL over integer m
   payouts — per day and per host (the rental's host).
 * **GMV** (admins): what all renters were charged per day, and the platform's fee of it.
 
-``marketplace`` adds the fleet's occupancy and hosts online (``master.services.fleet_series``)
+``marketplace`` adds the fleet's occupancy and hosts online (``master.services.platform.fleet``)
 to the GMV. This module reads the ledger and the models; it must not import ``master.api``.
 """
 
@@ -32,8 +32,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from billing import ledger
 from billing.ledger import from_micros, micros_sum
 from master.models import Host, LedgerEntry, LedgerTransaction, Rental
-from master.services import fleet_series
-from master.services.fleet_series import Window
+from master.services.platform import fleet as fleet_series
+from master.services.platform.fleet import Window
 
 MAX_DAYS = fleet_series.MAX_DAYS
 ZERO = Decimal(0)

@@ -20,9 +20,12 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from billing import credits, ledger, rating, summaries
 from master.context import Master
 from master.models import Account, Rental, RentalEvent
-from master.services import host_views, rental_placement, rental_queue, rentals
-from master.services.accounts import Principal
-from master.services.rental_request import RentalRequest
+from master.services import queue as rental_queue
+from master.services.accounts.core import Principal
+from master.services.hosts import views as host_views
+from master.services.rentals import core as rentals
+from master.services.rentals import placement as rental_placement
+from master.services.rentals.request import RentalRequest
 
 # ---- the account -----------------------------------------------------------------------------
 

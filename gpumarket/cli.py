@@ -228,7 +228,7 @@ async def _admin_database(settings: MasterSettings) -> Database:
 
 
 def cmd_admin_create_account(args: argparse.Namespace) -> None:
-    from master.services.accounts import create_account
+    from master.services.accounts.core import create_account
 
     settings = MasterSettings.load(args.config)
 
@@ -251,7 +251,7 @@ def cmd_admin_set_account_access(args: argparse.Namespace) -> None:
     from sqlalchemy import select
 
     from master.models import Account
-    from master.services import access
+    from master.services.accounts import access
     from shared.clock import SystemClock
 
     settings = MasterSettings.load(args.config)

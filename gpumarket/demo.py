@@ -1,6 +1,6 @@
 """What ``gpumarket up`` gives its simulated hosts so that every example of the README has an answer.
 
-* **Seeded history.** A host that just enrolled has no uptime to score (``master.services.reliability``
+* **Seeded history.** A host that just enrolled has no uptime to score (``master.services.market.reliability``
   needs an hour observed). Each demo host gets ``SEEDED_DAYS`` of made-up state changes before its
   enrollment, with a few outages that leave it ``DEMO_UPTIMES[i]`` up, recorded by
   ``reliability.SEEDED_ACTOR`` with a cause that says so; the score's inputs and the API say
@@ -27,8 +27,8 @@ from sqlalchemy import select
 from agent.runner import Agent
 from master.context import Master
 from master.models import Account, Gpu, Host, HostEvent, HostListing
-from master.services import listings, reliability
-from master.services.accounts import Principal
+from master.services.accounts.core import Principal
+from master.services.market import listings, reliability
 
 log = logging.getLogger(__name__)
 

@@ -52,8 +52,8 @@ from gpumarket import demo
 from master.app import bound_port, close_master, create_app, open_master
 from master.context import Master
 from master.models import Account
-from master.services import enrollment
-from master.services.accounts import create_account, create_api_key, key_is_valid
+from master.services.accounts.core import create_account, create_api_key, key_is_valid
+from master.services.hosts import enrollment
 from shared.bus import InProcessBus
 from shared.crypto import certificate_not_after, certificate_public_key, server_ssl_context, web_ssl_context
 from shared.errors import ConfigError

@@ -80,7 +80,7 @@ class Master:
     instance_id: str = "master"
     registry: Registry = field(default_factory=MemoryRegistry)
     stats: IngestStats = field(default_factory=IngestStats)
-    # The rental placer (master/services/rental_placement.py::placer_of builds it from settings.placer on first use).
+    # The rental placer (master/services/rentals/placement.py::placer_of builds it from settings.placer on first use).
     placer: Any = None
     # The elastic services' gateway of this process (master/services/gateway/core.py::gateway_of builds it on first use;
     # the app closes it at shutdown).

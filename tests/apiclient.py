@@ -19,8 +19,8 @@ from sqlalchemy import func, select
 from master.api.base import API
 from master.context import Master
 from master.models import Command, Rental
-from master.services import clusterstate
-from master.services.accounts import Principal
+from master.services.accounts.core import Principal
+from master.services.lifecycle import clusters as clusterstate
 from master.telemetry import hosts
 from tests.factories import command_result, create_principal, envelope, gpu_info, online_host
 

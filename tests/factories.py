@@ -8,8 +8,8 @@ from typing import Any
 from uuid import uuid4
 
 from master.context import Master
-from master.services import enrollment
-from master.services.accounts import Principal, create_account
+from master.services.accounts.core import Principal, create_account
+from master.services.hosts import enrollment
 from master.telemetry import hosts
 from shared import protocol
 from shared.crypto import generate_private_key, make_csr

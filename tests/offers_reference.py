@@ -1,7 +1,7 @@
 """The offer search as it was before ``offer_summary`` (migration 0018): the reference the summary is checked against.
 
 It groups the GPU rows themselves (``gpus`` joined to ``hosts`` and ``host_listings``) in one SQL query, as
-``master.services.offers.search_offers`` did until 2026-11-26, and shows each offer with the same view. The
+``master.services.market.offers.search_offers`` did until 2026-11-26, and shows each offer with the same view. The
 property test (``tests/test_offer_summary.py``) and ``bench/bench_offers.py`` (its same-run baseline) use it.
 """
 
@@ -14,10 +14,10 @@ from sqlalchemy import Float, Integer, and_, case, cast, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.models import Gpu, Host, HostListing
-from master.services import offers
-from master.services.hoststate import RENTABLE_STATES
-from master.services.listings import load_price_bounds
-from master.services.offers import DEFAULT_ORDER, OfferSearch
+from master.services.lifecycle.hosts import RENTABLE_STATES
+from master.services.market import offers
+from master.services.market.listings import load_price_bounds
+from master.services.market.offers import DEFAULT_ORDER, OfferSearch
 
 __all__ = ["reference_search"]
 

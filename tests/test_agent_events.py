@@ -14,8 +14,9 @@ from sqlalchemy import func, select
 from master.app import create_app
 from master.context import Master
 from master.models import Command, Gpu, GpuEvent, Host, Rental
-from master.services import rental_request, rentals
-from master.services.accounts import Principal
+from master.services.accounts.core import Principal
+from master.services.rentals import core as rentals
+from master.services.rentals import request as rental_request
 from master.telemetry import hosts
 from shared import protocol
 from tests.factories import (
@@ -220,7 +221,7 @@ class TestMetricsAndHello:
 
 class TestCertificates:
     async def _renew(self, world: World, host_id: str, seq: int, csr: str) -> str | None:
-        from master.services import enrollment
+        from master.services.hosts import enrollment
 
         message = protocol.RenewCertificate(host_id=host_id, seq=seq, ts=_now(), body=protocol.RenewCertificateBody(csr=csr))
         async with world.master.db.session() as session:
@@ -247,7 +248,7 @@ class TestCertificates:
 
     async def test_a_revoked_host_cannot_renew_and_its_messages_are_dropped(self, world: World) -> None:
         """After revocation, renewal is refused and telemetry from the host is not stored."""
-        from master.services import enrollment
+        from master.services.hosts import enrollment
         from shared.crypto import generate_private_key, make_csr
 
         gpus = [gpu_info(0)]
@@ -277,7 +278,7 @@ def _relayed(message: protocol.AnyAgentMessage, serial: str) -> protocol.BusEnve
 class TestCertificateHistory:
     async def _renewed(self, world: World, host_id: str, seq: int) -> str:
         """Renew ``host_id``'s certificate; returns the new serial."""
-        from master.services import enrollment
+        from master.services.hosts import enrollment
         from shared.crypto import generate_private_key, make_csr
 
         message = protocol.RenewCertificate(host_id=host_id, seq=seq, ts=_now(),
@@ -297,7 +298,7 @@ class TestCertificateHistory:
     async def test_revoking_a_host_refuses_every_certificate_it_was_issued(self, world: World) -> None:
         """Regression (issue 21): only the newest serial was revoked, so a certificate from before a renewal still
         connected. Now the enrolment's and every renewal's serials reach the registry, and are republished."""
-        from master.services import enrollment
+        from master.services.hosts import enrollment
         from shared.registry import MemoryRegistry
 
         host_id = await online_host(world.master, world.provider, [gpu_info(0)])
@@ -349,7 +350,7 @@ class TestCertificateHistory:
         """Regression (issue 21): a renewal with seq 2**62 would have set last_renewal_seq for good, refusing every
         later renewal. It is refused, and the next ordinary renewal is signed."""
         host_id = await online_host(world.master, world.provider, [gpu_info(0)])
-        from master.services import enrollment
+        from master.services.hosts import enrollment
         from shared.crypto import generate_private_key, make_csr
 
         csr = make_csr(generate_private_key(), "x").decode()
@@ -394,7 +395,7 @@ class TestRevocation:
 
     async def test_revocations_are_republished_into_an_empty_registry(self, world: World) -> None:
         """A registry that lost its data (a Redis restart) is refilled from the database."""
-        from master.services import enrollment
+        from master.services.hosts import enrollment
         from shared.registry import MemoryRegistry
 
         host_id = await online_host(world.master, world.provider, [gpu_info(0)])
@@ -423,7 +424,7 @@ class TestRevocation:
 class TestHostEvents:
     async def test_every_transition_is_listed_with_cause_and_actor(self, world: World) -> None:
         """GET /hosts/{id}/events lists the host's state changes newest first, paginated; other providers get 404."""
-        from master.services import enrollment
+        from master.services.hosts import enrollment
 
         host_id = await online_host(world.master, world.provider, [gpu_info(0)])
         await enrollment.revoke_host(world.master, world.provider, host_id)

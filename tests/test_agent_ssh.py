@@ -28,13 +28,13 @@ import pytest
 from agent.commands import CommandExecutor
 from agent.gpu.sim import SimulatedBackend
 from agent.logship import LogShipper
+from agent.reach.sshd import EXITED, RentalSshServer
 from agent.runtimes.cgroups import CgroupLimiter
 from agent.runtimes.containeropts import ContainerOptions, resource_name
 from agent.runtimes.isolation import isolation_facts, process_isolation
 from agent.runtimes.manager import WorkloadManager
 from agent.runtimes.procnet import netns_path
 from agent.runtimes.users import IsolationTools, RentalUsers
-from agent.reach.sshd import EXITED, RentalSshServer
 from shared import protocol
 from shared.protocol import ContainerWorkload, HoldWorkload, ProcessWorkload
 from tests import dockerengine

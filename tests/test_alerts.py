@@ -28,10 +28,10 @@ from master.app import create_app
 from master.background.alerts import alert_loop
 from master.context import Master
 from master.models import Alert, AlertNotification, Host, Rental
-from master.services.accounts import Principal
+from master.services.accounts.core import Principal
 from master.services.alerts import delivery, rules
 from master.services.alerts.rules import Condition, evaluate
-from master.services.hoststate import transition
+from master.services.lifecycle.hosts import transition
 from master.telemetry import hosts
 from shared import protocol
 from shared.bus import InProcessBus

@@ -15,7 +15,7 @@ import pytest
 
 from master.db import Database
 from master.models import Command, Gpu, Host, Rental, RentalEvent
-from master.services.accounts import create_account
+from master.services.accounts.core import create_account
 from shared.ids import new_id
 from tests.apiclient import Api
 from tests.factories import create_principal

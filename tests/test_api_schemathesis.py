@@ -41,8 +41,8 @@ from master.api.table import ROUTES
 from master.app import close_master, create_app, open_master
 from master.context import Master
 from master.models import Alert
-from master.services import ssh_keys
-from master.services.accounts import Principal
+from master.services.accounts import ssh_keys
+from master.services.accounts.core import Principal
 from shared.bus import InProcessBus
 from shared.ids import new_id
 from tests import hostile

@@ -40,8 +40,9 @@ from billing import credits
 from master.api.base import API
 from master.api.table import ROUTES
 from master.models import Alert, ApiKey, Base, Payout
-from master.services import enrollment, sessions, ssh_keys
-from master.services.accounts import Principal
+from master.services.accounts import sessions, ssh_keys
+from master.services.accounts.core import Principal
+from master.services.hosts import enrollment
 from shared.crypto import generate_private_key, make_csr
 from shared.ids import new_id
 from tests.apiclient import RTX, Api, bearer

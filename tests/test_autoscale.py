@@ -17,8 +17,8 @@ import pytest
 from sqlalchemy import select
 
 from master.models import Rental, Service, ServiceEvent, ServiceStat
-from master.services.autoscale import AutoscalerMemory, autoscale_pass
-from master.services.scaling import Load, decide
+from master.services.endpoints.autoscale import AutoscalerMemory, autoscale_pass
+from master.services.endpoints.scaling import Load, decide
 from tests.apiclient import Api
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)

@@ -17,7 +17,7 @@ from sqlalchemy import func, select, text
 
 from master.db import Database
 from master.models import Gpu, GpuAllocation, Host, HostListing, Rental, version_key
-from master.services.offers import search_offers
+from master.services.market.offers import search_offers
 from tests.conftest import PG_ADMIN_URL
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench_offers.py"

@@ -20,7 +20,7 @@ from billing.ledger import LedgerError, Leg
 from billing.payouts import payout_pass
 from billing.rating import Discount, RatingPolicy, cumulative_cost, rate_open_rentals, rate_rental
 from master.models import Gpu, HostEvent, LedgerEntry, LedgerTransaction, Rental
-from master.services import rentalstate
+from master.services.lifecycle import rentals as rentalstate
 from shared.ids import new_id
 from tests.apiclient import Api, assert_error
 from tests.factories import create_principal

@@ -18,7 +18,7 @@ from sqlalchemy import select
 from billing import ledger, series
 from billing.ledger import Leg
 from master.models import Gpu, GpuAllocation, Host, HostEvent
-from master.services import fleet_series
+from master.services.platform import fleet as fleet_series
 from tests.apiclient import Api, assert_error
 from tests.factories import create_principal
 from tests.helpers import ManualClock

@@ -3,7 +3,7 @@ over its private network, and every rank reports the same sum.
 
 Everything is real: `gpumarket up --agents 3` (three hosts of three GPU models: models mixed), the container engine,
 the locally built torch image (``tests/dockerengine.py``: Debian's python3-torch and ``tests/allreduce.py``), the
-agents' WireGuard tunnels (``agent/cluster/net.py``) and the master's three rounds (``master/services/cluster_network.py``).
+agents' WireGuard tunnels (``agent/cluster/net.py``) and the master's three rounds (``master/services/lifecycle/cluster_network.py``).
 Each member sits on a bridge of its own, which the other members' bridges cannot reach (the network guard): the
 all-reduce's traffic can only have gone through the tunnels (``GLOO_SOCKET_IFNAME=cluster0``).
 """

@@ -19,8 +19,9 @@ import pytest
 from sqlalchemy import select
 
 from master.models import Cluster, Command, GpuAllocation, HostLink, Rental
-from master.services import cluster_policy, host_links
-from master.services.cluster_request import ClusterRequest
+from master.services import host_links
+from master.services.clusters import policy as cluster_policy
+from master.services.clusters.request import ClusterRequest
 from master.services.host_links import Figures, NetworkBounds
 from tests.apiclient import RTX, Api, assert_error
 from tests.test_cluster_network import answer_round, key

@@ -1,5 +1,5 @@
 """The master's side of a cluster's private network: the three rounds of ``create_cluster``, the figures, failures,
-``delete_cluster`` at the end, a replacement joining (``master/services/cluster_network.py``).
+``delete_cluster`` at the end, a replacement joining (``master/services/lifecycle/cluster_network.py``).
 
 Driven through ``/api/v1`` on SQLite and PostgreSQL (the ``api`` fixture); the agents' answers are applied as the
 ingestor would. The agent's side, on a real engine and real WireGuard, is ``tests/test_clusternet.py``.
@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from master.models import Command
-from master.services import cluster_network, cluster_policy
+from master.services.clusters import policy as cluster_policy
+from master.services.lifecycle import cluster_network
 from shared import protocol
 from shared.crypto import certificate_public_key
 from shared.crypto.tokens import verify_connect_token

@@ -1,6 +1,6 @@
 """Cluster offers (``GET /api/v1/offers/clusters``): which groups of hosts could hold a cluster now, at what price.
 
-The grouping is a pure function (``master.services.cluster_offers.group_cluster_offers``), checked here against
+The grouping is a pure function (``master.services.market.cluster_offers.group_cluster_offers``), checked here against
 brute force over small random offer sets; the route is driven on SQLite and PostgreSQL (the ``api`` fixture) with
 hosts of given models, regions, reliabilities and listed prices.
 """
@@ -19,10 +19,15 @@ from hypothesis import strategies as st
 from master.scheduler import Node, Request, fits, get_placer
 from master.scheduler.gang import place_gang
 from master.services import host_links
-from master.services.cluster_offers import HostOffer, find_cluster_offers, group_cluster_offers, most_nodes
-from master.services.listings import money
-from master.services.offerquery import parse
-from master.services.offers import OfferSearch, Sort, search_offer_prices, search_offers
+from master.services.market.cluster_offers import (
+    HostOffer,
+    find_cluster_offers,
+    group_cluster_offers,
+    most_nodes,
+)
+from master.services.market.listings import money
+from master.services.market.offers import OfferSearch, Sort, search_offer_prices, search_offers
+from master.services.market.query import parse
 from tests.apiclient import A100, RTX, Api, assert_error
 from tests.test_gang import host as gang_host
 from tests.test_rentals_market import set_host

@@ -13,7 +13,8 @@ from typing import Any
 from sqlalchemy import select
 
 from master.models import Rental
-from master.services import cluster_policy, rental_lifecycle
+from master.services.clusters import policy as cluster_policy
+from master.services.rentals import lifecycle as rental_lifecycle
 from tests.apiclient import Api
 from tests.test_clusters import IMAGE, create
 from tests.test_rentals_market import set_host
@@ -222,7 +223,7 @@ class TestReplacePolicy:
 class TestDerive:
     def test_a_failing_cluster_ends_failed_not_stopped(self) -> None:
         """A cluster its stop policy is stopping ends failed once every member ended; without failing, stopped."""
-        from master.services.clusterstate import ClusterState, Member, derive
+        from master.services.lifecycle.clusters import ClusterState, Member, derive
 
         ended = [Member("stopped"), Member("failed")]
         assert derive("stopping", ended, failing=True) == [ClusterState.FAILED]

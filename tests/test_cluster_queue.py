@@ -14,7 +14,8 @@ from sqlalchemy import func, select, update
 
 from billing.rating import RatingPolicy, rate_open_rentals
 from master.models import Cluster, Command, GpuAllocation, LedgerTransaction, Rental
-from master.services import cluster_placement, rental_queue
+from master.services import queue as rental_queue
+from master.services.clusters import placement as cluster_placement
 from tests.apiclient import Api, assert_error
 
 RTX = "NVIDIA GeForce RTX 4090"
@@ -110,7 +111,7 @@ class TestQueuePass:
 
     async def test_a_member_claim_failing_leaves_the_whole_cluster_queued(self, api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
         """A claim lost on node 2 rolls back nodes 0 and 1 too: the cluster stays queued with no allocation, then places."""
-        from master.services import allocation
+        from master.services.rentals import allocation
 
         _hosts, cluster, blockers = await queued_cluster(api)
         for blocker in blockers:

@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy import func, select
 
 from master.models import Cluster, Command, GpuAllocation, Rental
-from master.services import allocation
-from master.services.clusterstate import TRANSITIONS, ClusterState, Member, derive
+from master.services.lifecycle.clusters import TRANSITIONS, ClusterState, Member, derive
+from master.services.rentals import allocation
 from tests.apiclient import Api, assert_error
 from tests.factories import create_principal
 
@@ -201,7 +201,7 @@ class TestStates:
         _, view = await api.as_renter("GET", f"/clusters/{cluster['id']}")
         assert view["state"] == "running" and view["started_at"] is not None
         async with api.master.db.session() as session:
-            from master.services.rental_lifecycle import fail_rental
+            from master.services.rentals.lifecycle import fail_rental
 
             rental = await session.get(Rental, ids[1])
             assert rental is not None

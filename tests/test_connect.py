@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from master.models import Rental
-from master.services import rentals
+from master.services.rentals import core as rentals
 from master.telemetry import hosts
 from shared import protocol
 from shared.crypto import certificate_public_key

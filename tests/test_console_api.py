@@ -20,7 +20,7 @@ from billing.payouts import payout_pass
 from billing.rating import rate_open_rentals
 from master.api.base import API
 from master.models import ApiKey, Rental
-from master.services.sessions import COOKIE, CSRF_HEADER
+from master.services.accounts.sessions import COOKIE, CSRF_HEADER
 from master.telemetry import hosts
 from tests.apiclient import Api, assert_error
 from tests.factories import MS, create_principal, envelope, gpu_info, online_host, telemetry

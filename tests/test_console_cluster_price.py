@@ -1,7 +1,7 @@
 """The "Rent a cluster" dialog's price of the whole cluster (``estimate`` in ``console/static/pages-clusters.js``, over
 ``GET /offers/clusters``' answer), run in Node (``/usr/bin/node``, or ``GPUMARKET_TEST_NODE``) as
 ``tests/test_money_format.py`` runs ``money.js``. The answers are the server's own grouping
-(``master.services.cluster_offers``) of the offers below."""
+(``master.services.market.cluster_offers``) of the offers below."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from master.services.cluster_offers import HostOffer, group_cluster_offers, most_nodes
+from master.services.market.cluster_offers import HostOffer, group_cluster_offers, most_nodes
 from tests.test_money_format import _node
 
 STATIC = Path(__file__).resolve().parent.parent / "console" / "static"

@@ -15,9 +15,11 @@ from sqlalchemy import select
 from master.context import Master
 from master.models import Command as CommandRow
 from master.models import GpuEvent, Host, HostEvent
-from master.services import faults, rental_request, rentals
-from master.services.accounts import Principal
-from master.services.hoststate import transition
+from master.services.accounts.core import Principal
+from master.services.lifecycle.hosts import transition
+from master.services.market import faults
+from master.services.rentals import core as rentals
+from master.services.rentals import request as rental_request
 from shared import protocol
 from shared.errors import Conflict, NotFound
 from tests.factories import create_principal, enroll_host, gpu_info, online_host

@@ -13,8 +13,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from master.models import Host, Rental
-from master.services.forecast import hourly_demand, mean_absolute_error, seasonal_forecast
-from master.services.forecast_models import (
+from master.services.market.forecast import hourly_demand, mean_absolute_error, seasonal_forecast
+from master.services.market.forecast_models import (
     BASELINE,
     LEARNED,
     MIN_HOURS,

@@ -18,8 +18,11 @@ from master.app import close_master, open_master
 from master.background.heartbeats import ingested_until, sweep
 from master.context import Master
 from master.models import Command, Gpu, Host, LedgerTransaction, Rental, TelemetrySample
-from master.services import enrollment, rental_lifecycle, rental_request, rentals
-from master.services.accounts import Principal
+from master.services.accounts.core import Principal
+from master.services.hosts import enrollment
+from master.services.rentals import core as rentals
+from master.services.rentals import lifecycle as rental_lifecycle
+from master.services.rentals import request as rental_request
 from master.telemetry import batch as batches
 from master.telemetry import hosts
 from master.telemetry.ingest import Ingestor

@@ -28,7 +28,7 @@ from master.api.jsonbody import (
     largest_body,
 )
 from master.models import Rental
-from master.services.sessions import CSRF_HEADER
+from master.services.accounts.sessions import CSRF_HEADER
 from tests import hostile
 from tests.apiclient import Api, bearer
 from tests.factories import create_principal

@@ -9,7 +9,13 @@ from sqlalchemy import select
 
 from master.context import Master
 from master.models import Host, HostEvent
-from master.services.hoststate import HOST_STATES, RENTABLE_STATES, TRANSITIONS, IllegalTransition, transition
+from master.services.lifecycle.hosts import (
+    HOST_STATES,
+    RENTABLE_STATES,
+    TRANSITIONS,
+    IllegalTransition,
+    transition,
+)
 from tests.factories import create_principal, enroll_host
 
 PAIRS = [(a, b) for a, b in itertools.product(HOST_STATES, HOST_STATES) if a != b]

@@ -41,8 +41,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from master.app import close_master, create_app, open_master
 from master.context import Master
-from master.services import enrollment
-from master.services.agent_package import AgentPackages, copy_sources
+from master.services.hosts import enrollment
+from master.services.hosts.agent_package import AgentPackages, copy_sources
 from shared.bus import InProcessBus
 from shared.errors import NotFound
 from shared.registry import RelayRecord

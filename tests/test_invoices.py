@@ -20,7 +20,7 @@ from billing import credits, invoices, ledger
 from billing.payouts import payout_pass
 from billing.rating import rate_open_rentals
 from master.models import Account, LedgerEntry, LedgerTransaction, Rental
-from master.services.accounts import Principal
+from master.services.accounts.core import Principal
 from shared.errors import BadRequest, NotFound
 from tests.apiclient import Api, assert_error
 from tests.factories import create_principal

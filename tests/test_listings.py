@@ -18,7 +18,7 @@ from sqlalchemy import func, select
 
 from master.context import Master
 from master.models import HostListing
-from master.services.listings import (
+from master.services.market.listings import (
     TIER_ORDER,
     ListingTerms,
     best_tier,
@@ -27,7 +27,7 @@ from master.services.listings import (
     put_listing,
     window_time,
 )
-from master.services.tiers import Tier
+from master.services.market.tiers import Tier
 from shared.errors import ConfigError, ValidationFailed
 from tests.factories import create_principal, enroll_host
 from tests.test_offers import A100, H100, Market, gpus, open_market

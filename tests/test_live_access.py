@@ -1,4 +1,4 @@
-"""Access that follows the account live (issue 35, ``master/services/access.py``): every SSH key change and a
+"""Access that follows the account live (issue 35, ``master/services/accounts/access.py``): every SSH key change and a
 disabled account reach the agents of the account's live rentals as ``update_access`` commands.
 
 Driven through the REST API on SQLite and PostgreSQL (the ``api`` fixture); the agent's side is simulated by
@@ -18,8 +18,8 @@ from sqlalchemy import select
 from gpumarket.cli import main
 from master.db import Database, sqlite_url
 from master.models import Account, Command
-from master.services import access
-from master.services.accounts import authenticate
+from master.services.accounts import access
+from master.services.accounts.core import authenticate
 from shared.errors import Unauthorized
 from shared.settings import MasterSettings
 from tests.apiclient import Api, assert_error

@@ -14,7 +14,7 @@ from urllib.parse import quote
 import pytest
 
 from master.context import Master
-from master.services.listings import MAX_MAINTENANCE_WINDOWS, window_time
+from master.services.market.listings import MAX_MAINTENANCE_WINDOWS, window_time
 from tests.factories import create_principal
 from tests.test_offers import Market, gpus, open_market
 

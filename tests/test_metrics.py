@@ -30,7 +30,7 @@ from master.api.routes_metrics import METRICS_EXPORTER, accepts_gzip
 from master.app import create_app
 from master.context import Master
 from master.models import Alert, Gpu, Host, Rental
-from master.services.accounts import Principal
+from master.services.accounts.core import Principal
 from master.telemetry import hosts
 from master.telemetry.snapshot import MIB
 from shared import protocol

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
-from gpumarket.renter import commands
+from gpumarket.renter import options
 from shared.errors import ValidationFailed
 from shared.money import CENT_PLACES, MAX_PRICE, PRICE_PLACES, Amount, amount_pattern, parse_amount
 from tests.apiclient import Api, assert_error
@@ -168,12 +168,12 @@ class TestTheCli:
     def test_cli_refuses_the_same_strings(self, text: str) -> None:
         """``gpumarket rent --bid`` / ``--max-price`` refuse what the API refuses, with the same message."""
         with pytest.raises(argparse.ArgumentTypeError, match=r"must be a plain amount like 0\.45"):
-            commands._usd(text)
+            options.usd(text)
 
     @given(text=amounts().filter(lambda t: Decimal(t) > 0))
     def test_cli_sends_a_valid_amount_as_typed(self, text: str) -> None:
         """A valid amount goes to the API as it was typed."""
-        assert commands._usd(text) == text
+        assert options.usd(text) == text
 
 
 async def _expect_refused(api: Api, send: Callable[[Any], Any], strings: list[str], code: str) -> None:

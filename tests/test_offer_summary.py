@@ -22,9 +22,9 @@ from sqlalchemy import delete, func, insert, select, text, update
 
 from master.db import Database, alembic_config
 from master.models import Account, Gpu, Host, HostListing, OfferSummary, Rental
-from master.services.listings import window_time
-from master.services.offerquery import parse
-from master.services.offers import OfferSearch, Order, Sort, search_offers
+from master.services.market.listings import window_time
+from master.services.market.offers import OfferSearch, Order, Sort, search_offers
+from master.services.market.query import parse
 from tests.loopthread import LoopThread
 from tests.offers_reference import reference_search
 

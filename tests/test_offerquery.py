@@ -1,4 +1,4 @@
-"""The offer query language (``master/services/offerquery.py``): what parses, to what, and the errors.
+"""The offer query language (``master/services/market/query.py``): what parses, to what, and the errors.
 
 Hypothesis is not a dependency of the project, so the properties (formatting parses back;
 any text either parses or fails with ``OfferQueryError``) run over seeded random inputs.
@@ -11,7 +11,7 @@ from decimal import Decimal
 
 import pytest
 
-from master.services.offerquery import (
+from master.services.market.query import (
     FIELDS,
     MAX_ALTERNATIVES,
     MAX_QUERY_LENGTH,
@@ -26,7 +26,7 @@ from master.services.offerquery import (
     parse,
     parse_value,
 )
-from master.services.tiers import Tier
+from master.services.market.tiers import Tier
 from shared.errors import BadRequest
 
 

@@ -22,12 +22,12 @@ from master.api.base import API
 from master.app import create_app
 from master.context import Master
 from master.models import Host, HostListing
-from master.services import offers
-from master.services.accounts import Principal, authenticate
-from master.services.listings import load_price_bounds
-from master.services.offerquery import parse
-from master.services.offers import OfferSearch, Sort
-from master.services.tiers import Tier
+from master.services.accounts.core import Principal, authenticate
+from master.services.market import offers
+from master.services.market.listings import load_price_bounds
+from master.services.market.offers import OfferSearch, Sort
+from master.services.market.query import parse
+from master.services.market.tiers import Tier
 from shared import protocol
 from tests.factories import create_principal, gpu_info, online_host
 from tests.helpers import ManualClock

@@ -13,9 +13,10 @@ from master.context import Master
 from master.db import MIGRATIONS_DIR, head_revisions
 from master.models import ApiKey, EnrollmentToken, Gpu, Host, HostEvent, TelemetrySample, version_key
 from master.models import Command as CommandRow
-from master.services import commands, enrollment
-from master.services.accounts import authenticate, create_account
-from master.services.hoststate import IllegalTransition, transition
+from master.services import commands
+from master.services.accounts.core import authenticate, create_account
+from master.services.hosts import enrollment
+from master.services.lifecycle.hosts import IllegalTransition, transition
 from master.telemetry import hosts
 from shared import protocol
 from shared.crypto import generate_private_key, make_csr

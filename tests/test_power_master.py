@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy import select
 
 from master.models import Command, Host, HostPowerPolicy, Rental
-from master.services import power, power_savings
-from master.services.forecast import hour_start
+from master.services.hosts import power, power_savings
+from master.services.market.forecast import hour_start
 from shared import protocol
 from shared.ids import new_id
 from tests.apiclient import Api

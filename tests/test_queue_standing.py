@@ -1,6 +1,6 @@
 """What a queued rental tells its renter: what it waits for, its place in the queue, when it gives up.
 
-The ``queue`` field of a rental's view (``master/services/rental_queue.py``: ``queue_standing``), on
+The ``queue`` field of a rental's view (``master/services/queue.py``: ``queue_standing``), on
 ``GET /rentals/{id}``, ``GET /rentals`` and ``POST /rentals``; and the line ``gpumarket rent`` prints.
 """
 
@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from gpumarket.renter.commands import _progress_line
-from master.services import rental_queue
+from master.services import queue as rental_queue
 from tests.apiclient import RTX, Api
 
 

@@ -23,8 +23,8 @@ from master.api.ratelimits import RATE_LIMITS, ApiLimits, client_address
 from master.api.table import NEVER_LIMITED, ROUTES
 from master.app import close_master, open_master
 from master.models import Service
-from master.services import elastic
-from master.services.accounts import create_api_key
+from master.services.accounts.core import create_api_key
+from master.services.endpoints import core as elastic
 from master.services.gateway import gateway_of
 from shared.bus import InProcessBus
 from shared.errors import ConfigError

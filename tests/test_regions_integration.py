@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from master.db import Database
-from master.services.accounts import create_account
+from master.services.accounts.core import create_account
 from tests.helpers import eventually
 from tests.test_services_integration import Processes, _free_port, _json, _ok
 

@@ -18,8 +18,8 @@ from master.background.scoring import scoring_loop
 from master.context import Master
 from master.models import Command as CommandRow
 from master.models import Gpu, GpuEvent, Host, HostEvent, Rental
-from master.services import faults, reliability
-from master.services.accounts import Principal
+from master.services.accounts.core import Principal
+from master.services.market import faults, reliability
 from shared.ids import new_id
 from tests.factories import MS, create_principal, gpu_info, online_host
 from tests.helpers import eventually

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from master.models import Rental
-from master.services import rental_queue
+from master.services import queue as rental_queue
 from tests.apiclient import Api, assert_error
 from tests.factories import create_principal
 

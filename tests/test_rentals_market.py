@@ -16,7 +16,8 @@ from sqlalchemy import delete, select, update
 from master.app import open_master
 from master.models import Account, Command, Gpu, GpuAllocation, Host, Rental, RentalEvent
 from master.scheduler import UnknownPlacer
-from master.services import rental_lifecycle, rental_queue
+from master.services import queue as rental_queue
+from master.services.rentals import lifecycle as rental_lifecycle
 from shared import protocol
 from tests.apiclient import A100, RTX, Api, assert_error
 from tests.factories import create_principal, gpu_info, master_settings, online_host

@@ -9,7 +9,7 @@ from sqlalchemy import select
 
 from master.context import Master
 from master.models import Rental, RentalEvent
-from master.services.rentalstate import (
+from master.services.lifecycle.rentals import (
     ACTIVE_STATES,
     FINAL_STATES,
     RENTAL_STATES,

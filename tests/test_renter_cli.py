@@ -24,9 +24,9 @@ from sqlalchemy import select
 
 from gpumarket.cli import main
 from gpumarket.renter import api as api_module
-from gpumarket.renter import commands
+from gpumarket.renter import commands, output
 from master.models import Command, Rental
-from master.services import rental_lifecycle
+from master.services.rentals import lifecycle as rental_lifecycle
 from master.telemetry import hosts
 from shared import protocol
 from tests.apiclient import A100, RTX, Api
@@ -480,6 +480,6 @@ def test_what_rent_counts_as_failed(view: dict[str, Any], failed: bool) -> None:
 
 def test_money_columns_write_amounts_as_the_console_does_aligned_on_the_point() -> None:
     """Each cell is format_usd's (rates to the millionth, totals in cents), padded so the decimal points line up."""
-    assert commands.money_column(["0.450000", "1.000000", None], "rate") == ["$0.45", "$1.00", " -"]
-    assert commands.money_column(["0.450000", "0.003300", "1250.5"], "rate") == ["    $0.45", "    $0.0033", "$1,250.50"]
-    assert commands.money_column(["0.123456", "0.004"]) == [" $0.12", "<$0.01"]
+    assert output.money_column(["0.450000", "1.000000", None], "rate") == ["$0.45", "$1.00", " -"]
+    assert output.money_column(["0.450000", "0.003300", "1250.5"], "rate") == ["    $0.45", "    $0.0033", "$1,250.50"]
+    assert output.money_column(["0.123456", "0.004"]) == [" $0.12", "<$0.01"]

@@ -90,7 +90,7 @@ class TestCreate:
     async def test_queue_waits_with_the_queue_message_until_placed_and_running(self, cli: Cli, api: Api) -> None:
         """--queue: the cluster is created queued, the progress line carries its queue message, and once the busy host
         frees and the queue pass places it, the command finishes with the cluster running."""
-        from master.services import rental_queue
+        from master.services import queue as rental_queue
 
         busy, _ = await hosts(api, 2)
         status, rental = await api.as_renter("POST", "/rentals", json={"offer_id": f"{busy}:{RTX}"})

@@ -26,7 +26,7 @@ from master.api.openapi import build_openapi
 from master.api.table import ROUTES
 from master.context import Master
 from master.db import alembic_config
-from master.services import ssh_keys
+from master.services.accounts import ssh_keys
 from shared.errors import ValidationFailed
 from tests.apiclient import Api, assert_error
 from tests.factories import create_principal

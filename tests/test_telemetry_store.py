@@ -16,7 +16,7 @@ from sqlalchemy import func, select, text
 from master.app import close_master, create_app, open_master
 from master.context import Master
 from master.models import Host, TelemetryRollup, TelemetrySample
-from master.services.accounts import Principal
+from master.services.accounts.core import Principal
 from master.telemetry import batch as batches
 from master.telemetry import hosts, rollups, store
 from master.telemetry.ingest import Ingestor

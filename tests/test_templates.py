@@ -22,7 +22,7 @@ from master.api.base import API
 from master.api.openapi import build_openapi
 from master.api.table import ROUTES
 from master.models import Command, Host, LedgerTransaction, Rental
-from master.services import reliability
+from master.services.market import reliability
 from master.telemetry import hosts
 from master.telemetry.ingest import Ingestor
 from shared import protocol

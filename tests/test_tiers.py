@@ -7,7 +7,7 @@ import tomllib
 
 import pytest
 
-from master.services.tiers import (
+from master.services.market.tiers import (
     CONSUMER_MIN_GIB,
     CONSUMER_MIN_SCORE,
     DATACENTER_MIN_SCORE,

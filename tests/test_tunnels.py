@@ -30,7 +30,8 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from access.relay import Relay
 from gpumarket.up import Marketplace, start_marketplace
-from master.services import access, commands
+from master.services import commands
+from master.services.accounts import access
 from shared.crypto import certificate_public_key, server_ssl_context
 from shared.crypto.tokens import new_claims
 from tests.helpers import eventually

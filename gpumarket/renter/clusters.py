@@ -17,25 +17,15 @@ from typing import Any
 from gpumarket.renter.api import ApiError, Client, CliError, UsageError
 from gpumarket.renter.commands import (
     TEMPLATES_HINT,
-    _err,
-    _positive_int,
-    _print_json,
-    _short_time,
-    _usd,
-    add_network_bounds,
     all_pages,
     command_group,
-    common_options,
     container_workload,
-    event_lines,
     listed_already,
-    money,
-    money_column,
-    network_bounds,
     set_command,
-    table,
     wait_for,
 )
+from gpumarket.renter.options import add_network_bounds, common_options, network_bounds, positive_int, usd
+from gpumarket.renter.output import err, event_lines, money, money_column, print_json, short_time, table
 from gpumarket.renter.sshcmds import cmd_ssh
 
 ACTIVE_CLUSTER_STATES = ("pending", "starting", "running", "degraded", "stopping")
@@ -161,20 +151,20 @@ async def cmd_create(args: argparse.Namespace, client: Client) -> int:
         except CliError as exc:  # the cluster exists all the same: say which
             raise CliError(f"cluster {cluster['id']} was created, but waiting for it failed: {exc.message}") from None
     if args.json:
-        _print_json(cluster)
+        print_json(cluster)
         return 0 if cluster["state"] not in ENDED_CLUSTER_STATES else 1
     cid, state = cluster["id"], cluster["state"]
     if state in ENDED_CLUSTER_STATES:
         print(f"{cid} {state}")
-        _err(f"gpumarket: cluster {cid} {state}: {cluster.get('failure_reason') or 'no reason given'}; "
+        err(f"gpumarket: cluster {cid} {state}: {cluster.get('failure_reason') or 'no reason given'}; "
              f"see `gpumarket cluster show {cid}`")  # fmt: skip
         return 1
     rate = price_per_hour(cluster)
     print(f"{cid} {state}: {_size(cluster)} x {model_of(cluster)}" + (f", {money(str(rate), 'rate')}/h" if rate is not None else ""))
     if state == "running":
-        _err(f"nodes: gpumarket cluster show {cid}; shell: gpumarket cluster ssh {cid} node-0; stop: gpumarket cluster stop {cid}")
+        err(f"nodes: gpumarket cluster show {cid}; shell: gpumarket cluster ssh {cid} node-0; stop: gpumarket cluster stop {cid}")
     else:
-        _err(f"follow it with `gpumarket cluster show {cid}`; stop it with `gpumarket cluster stop {cid}`")
+        err(f"follow it with `gpumarket cluster show {cid}`; stop it with `gpumarket cluster stop {cid}`")
     return 0
 
 
@@ -192,7 +182,7 @@ async def cmd_list(args: argparse.Namespace, client: Client) -> int:
     prices = money_column([str(r) if r is not None else None for r in rates], "rate")
     rows = [
         [c["id"], c["state"], str(c["node_count"]), str(c["node_count"] * c["gpus_per_node"]), model_of(c),
-         _runs(c), price, _short_time(c.get("started_at"))]
+         _runs(c), price, short_time(c.get("started_at"))]
         for c, price in zip(items, prices, strict=True)
     ]  # fmt: skip
     print(table(["ID", "STATE", "NODES", "GPUS", "MODEL", "RUNS", "$/H", "STARTED (UTC)"], rows))
@@ -225,7 +215,7 @@ async def member_rows(client: Client, cluster: Mapping[str, Any]) -> list[list[s
 async def cmd_show(args: argparse.Namespace, client: Client) -> int:
     cluster: dict[str, Any] = await client.get(f"/clusters/{args.cluster}")
     if args.json:
-        _print_json(cluster)
+        print_json(cluster)
         return 0
     rate = price_per_hour(cluster)
     lines = [
@@ -233,7 +223,7 @@ async def cmd_show(args: argparse.Namespace, client: Client) -> int:
         f"size       {_size(cluster)} GPUs of {model_of(cluster)}" + (" (mixed models allowed)" if cluster.get("allow_mixed") else ""),
         f"runs       {_runs(cluster)}",
         f"price      {money(str(rate) if rate is not None else None, 'rate')}/h for the whole cluster",
-        f"started    {_short_time(cluster.get('started_at'))} UTC" if cluster.get("started_at") else f"created    {_short_time(cluster.get('created_at'))} UTC",
+        f"started    {short_time(cluster.get('started_at'))} UTC" if cluster.get("started_at") else f"created    {short_time(cluster.get('created_at'))} UTC",
         f"network    {network_summary(cluster.get('private_network'))}",
         "",
         table(["RANK", "NODE", "RENTAL", "HOST", "REGION", "STATE", "GPUS"], await member_rows(client, cluster)),
@@ -254,7 +244,7 @@ async def cmd_stop(args: argparse.Namespace, client: Client) -> int:
     if args.wait and cluster["state"] not in ENDED_CLUSTER_STATES:
         cluster = await wait_for(client, cluster["id"], ENDED_CLUSTER_STATES, quiet=args.json, collection="clusters", ended=ENDED_CLUSTER_STATES)
     if args.json:
-        _print_json(cluster)
+        print_json(cluster)
     else:
         ended = cluster["state"] in ENDED_CLUSTER_STATES
         print(f"{cluster['id']} {cluster['state']}" + ("" if ended else "; every node's GPUs are freed once its host confirms"))
@@ -321,11 +311,11 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     create = actions.add_parser("create", help="rent a cluster and wait until every node runs", formatter_class=formatter,
                                 description="Rent NODES nodes of GPUS-PER-NODE whole GPUs each, on distinct hosts, all "
                                 "running the same template, image, or nothing (a hold).", epilog=CREATE_EPILOG)  # fmt: skip
-    create.add_argument("--nodes", type=_positive_int, required=True, metavar="N", help="nodes, 2 to 64, each on its own host")
-    create.add_argument("--gpus-per-node", type=_positive_int, default=1, metavar="G", help="whole GPUs on each node (default 1)")
+    create.add_argument("--nodes", type=positive_int, required=True, metavar="N", help="nodes, 2 to 64, each on its own host")
+    create.add_argument("--gpus-per-node", type=positive_int, default=1, metavar="G", help="whole GPUs on each node (default 1)")
     create.add_argument("--model", metavar="M", help="GPU model words, e.g. 'H100' or 'A100 80GB'")
     create.add_argument("--allow-mixed", action="store_true", help="let nodes have different GPU models")
-    create.add_argument("--max-price", type=_usd, metavar="USD", help="at most this price per GPU-hour on every node")
+    create.add_argument("--max-price", type=usd, metavar="USD", help="at most this price per GPU-hour on every node")
     what = create.add_mutually_exclusive_group()
     what.add_argument("--template", metavar="T", help=f"run a template on every node: {TEMPLATES_HINT}")
     what.add_argument("--image", metavar="REF", help="run this container image on every node")

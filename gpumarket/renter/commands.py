@@ -1,6 +1,8 @@
 """The renter's commands (``gpumarket login | offers | rent | rentals | logs | stop | account``) and their parsers.
 
-Each command is a coroutine over a ``Client``; ``run`` turns a ``CliError`` into one line on
+``offers`` lives in ``offers.py``; what every command writes (errors, tables, amounts, JSON) in ``output.py``; the
+argument types and option groups they share in ``options.py``; ``cluster``, ``service``, ``credit``, ``ssh`` and
+the file copies in modules of their own. Each command is a coroutine over a ``Client``; ``run`` turns a ``CliError`` into one line on
 stderr and its exit status, and execs the program a command left in ``args.exec_argv`` (``ssh``). Tables go to stdout, progress to stderr, ``--json`` prints the API's JSON.
 """
 
@@ -10,8 +12,6 @@ import argparse
 import asyncio
 import contextlib
 import getpass
-import json
-import math
 import os
 import shlex
 import sys
@@ -31,7 +31,17 @@ from gpumarket.renter.api import (
     normalize_url,
     save_login,
 )
-from shared.money import MAX_PRICE, PRICE_PLACES, amount_problem, format_usd
+from gpumarket.renter.offers import OFFERS_EPILOG, cmd_offers
+from gpumarket.renter.options import (
+    add_network_bounds,
+    common_options,
+    limit,
+    non_negative_int,
+    port,
+    positive_int,
+    usd,
+)
+from gpumarket.renter.output import err, money, money_column, print_json, short_time, table
 
 # How often `rent`, `stop --wait` and `logs -f` ask the API again.
 POLL_INTERVAL_S = 1.0
@@ -42,10 +52,6 @@ ENDED_STATES = ("stopped", "failed", "preempted")
 TEMPLATES_HINT = "base, pytorch, jupyter, vllm (GET /api/v1/templates lists them all)"
 
 Command = Callable[[argparse.Namespace, Client], Coroutine[Any, Any, int]]
-
-
-def _err(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -68,7 +74,7 @@ def run(args: argparse.Namespace) -> None:
         if exec_argv and not code:
             _exec(exec_argv)
     except CliError as exc:
-        _err(f"gpumarket: {exc.message}")
+        err(f"gpumarket: {exc.message}")
         raise SystemExit(exc.status) from None
     except BrokenPipeError:  # `gpumarket logs R | head`: the reader has gone, which is fine
         with contextlib.suppress(OSError, ValueError):  # no "Exception ignored" when Python flushes stdout at exit
@@ -77,10 +83,10 @@ def run(args: argparse.Namespace) -> None:
     except KeyboardInterrupt:
         rental_id, cluster_id = args.rental_id, getattr(args, "cluster_id", None)
         if cluster_id:
-            _err(f"\nstopped waiting; cluster {cluster_id} keeps going: see it with `gpumarket cluster show {cluster_id}`, "
+            err(f"\nstopped waiting; cluster {cluster_id} keeps going: see it with `gpumarket cluster show {cluster_id}`, "
                  f"stop it with `gpumarket cluster stop {cluster_id}`")  # fmt: skip
         elif rental_id:
-            _err(f"\nstopped waiting; rental {rental_id} keeps going: see it with `gpumarket rentals`, "
+            err(f"\nstopped waiting; rental {rental_id} keeps going: see it with `gpumarket rentals`, "
                  f"stop it with `gpumarket stop {rental_id}`")  # fmt: skip
         raise SystemExit(130) from None
     if code:
@@ -97,34 +103,6 @@ def _exec(argv: list[str]) -> None:
         raise CliError(f"cannot run {argv[0]} ({exc.strerror or exc}); install OpenSSH's client (apt install openssh-client)") from None
 
 
-# ---- formatting ---------------------------------------------------------------------------------
-
-
-def money_column(values: Sequence[str | None], kind: str = "total") -> list[str]:
-    """Amounts as the console writes them (``shared.money.format_usd``), aligned on the decimal point; ``-`` for none."""
-    shown = [format_usd(value, kind, missing="-") for value in values]
-    dots = [text.find(".") if "." in text else len(text) for text in shown]
-    return [" " * (max(dots) - dot) + text for text, dot in zip(shown, dots, strict=True)]
-
-
-def money(value: str | None, kind: str = "total") -> str:
-    return format_usd(value, kind, missing="-")
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in [headers, *rows]]
-    return "\n".join(lines)
-
-
-def _short_time(iso: str | None) -> str:
-    return iso[:19].replace("T", " ") if iso else "-"
-
-
-def _gib(mib: Any) -> str:
-    return f"{round(mib / 1024)} GiB" if isinstance(mib, int | float) else "-"
-
-
 def _what(rental: Mapping[str, Any]) -> str:
     if rental.get("template"):
         return f"template {rental['template']}"
@@ -135,17 +113,6 @@ def _what(rental: Mapping[str, Any]) -> str:
     if kind == "process":
         return " ".join(workload.get("argv") or ["process"])[:40]
     return str(kind)
-
-
-def _print_json(value: Any) -> None:
-    print(json.dumps(value, indent=2))
-
-
-def event_lines(events: Sequence[Mapping[str, Any]], what: Callable[[Mapping[str, Any]], str]) -> list[str]:
-    """A blank line, ``events:`` and a line per event (its time, ``what`` happened, its cause); none without events."""
-    if not events:
-        return []
-    return ["", "events:"] + [f"  {_short_time(e.get('at'))}  {what(e)}" + (f": {e['cause']}" if e.get("cause") else "") for e in events]
 
 
 # ---- login --------------------------------------------------------------------------------------
@@ -177,100 +144,6 @@ async def cmd_login(args: argparse.Namespace, environ: Mapping[str, str]) -> int
 
 
 # ---- offers -------------------------------------------------------------------------------------
-
-
-async def cmd_offers(args: argparse.Namespace, client: Client) -> int:
-    if args.nodes is not None:
-        return await cmd_cluster_offers(args, client)
-    if args.allow_mixed or network_bounds(args):
-        given = "--allow-mixed" if args.allow_mixed else "--" + next(iter(network_bounds(args))).replace("_", "-")
-        raise UsageError(f"{given} prices a cluster: give --nodes N too")
-    params: dict[str, str | int] = {"limit": args.limit, "sort": args.sort or "score", **_offer_filters(args)}
-    if args.gpus:
-        params["num_gpus"] = args.gpus
-    body = await client.get("/offers", params)
-    if args.json:
-        _print_json(body)
-        return 0
-    items: list[dict[str, Any]] = body["items"]
-    if not items:
-        print(f"no offers match{' ' + repr(body.get('query')) if body.get('query') else ''}; loosen the query or try later")
-        return 0
-    prices = money_column([o.get("price_per_gpu_hour") for o in items], "rate")
-    rows = [
-        [
-            o["gpu_name"], str(o["num_gpus"]), _gib(o.get("vram_mib")), price, o.get("region") or "-", o.get("tier") or "-",
-            f"{o['reliability']:.3f}" if isinstance(o.get("reliability"), int | float) else "-",
-            _isolation(o.get("isolation")), o["id"],
-        ]
-        for o, price in zip(items, prices, strict=True)
-    ]  # fmt: skip
-    print(table(["MODEL", "FREE", "VRAM", "$/GPU-H", "REGION", "TIER", "RELIAB", "ISOLATION", "OFFER"], rows))
-    shown = len(items) + int(body.get("offset", 0))
-    if body.get("total", 0) > shown:
-        _err(f"{len(items)} of {body['total']} offers; more with --limit (up to 500) or a narrower query")
-    return 0
-
-
-def _offer_filters(args: argparse.Namespace) -> dict[str, str | int]:
-    """The query words (``q``) and ``--isolated`` of ``gpumarket offers``, as both offer routes take them."""
-    params: dict[str, str | int] = {}
-    query = " ".join(args.query).strip()
-    if query:
-        params["q"] = query
-    if args.isolated:
-        params["isolated"] = "true"
-    return params
-
-
-async def cmd_cluster_offers(args: argparse.Namespace, client: Client) -> int:
-    """``offers --nodes N``: ``GET /offers/clusters``, one row per group of hosts that could hold the cluster now."""
-    if not 2 <= args.nodes <= 64:
-        raise UsageError(f"a cluster has 2 to 64 nodes, not {args.nodes}; for one node leave out --nodes")
-    if args.sort:
-        raise UsageError("cluster offers are sorted by price: leave out --sort with --nodes")
-    gpus = args.gpus or 1
-    params: dict[str, str | int] = {"nodes": args.nodes, "gpus_per_node": gpus, "limit": args.limit, **_offer_filters(args)}
-    if args.allow_mixed:
-        params["allow_mixed"] = "true"
-    params.update({name: f"{value:g}" for name, value in network_bounds(args).items()})
-    body = await client.get("/offers/clusters", params)
-    if args.json:
-        _print_json(body)
-        return 0
-    items: list[dict[str, Any]] = body["items"]
-    if not items:
-        most = body.get("max_nodes", 0)
-        models = "" if args.allow_mixed else " of one model"
-        print(f"no {args.nodes} hosts with {gpus} free GPU{'' if gpus == 1 else 's'}{models} now "
-              f"(at most {most} node{'' if most == 1 else 's'}{' matching ' + repr(body['query']) if 'q' in params else ''}); "
-              f"ask for fewer nodes{'' if args.allow_mixed else ', add --allow-mixed'}, loosen the query or try later")  # fmt: skip
-        return 0
-    lows = money_column([i["price_per_hour"] for i in items], "rate")
-    highs = money_column([i["price_per_hour_max"] for i in items], "rate")
-    rows = [
-        [
-            i["gpu_name"] or "mixed", i["region"] or f"across regions ({', '.join(i['regions']) or 'unknown'})", str(i["hosts_available"]),
-            low if i["price_per_hour"] == i["price_per_hour_max"] else f"{low} - {high.strip()}",
-        ]
-        for i, low, high in zip(items, lows, highs, strict=True)
-    ]  # fmt: skip
-    print(table(["MODEL", "REGION", "HOSTS", "$/H (CHEAPEST - DEAREST)"], rows))
-    _err(f"the whole cluster ({args.nodes} x {gpus} GPU{'' if gpus == 1 else 's'}) per hour on the cheapest and the dearest "
-         "hosts of each group: placement picks the hosts (one region first), not the price")  # fmt: skip
-    if body.get("truncated"):
-        _err(f"priced from the cheapest {body['offers_considered']} of {body['offers_matching']} offers; a narrower query prices them all")
-    shown = len(items) + int(body.get("offset", 0))
-    if body.get("total", 0) > shown:
-        _err(f"{len(items)} of {body['total']} groups; more with --limit (up to 500) or a narrower query")
-    return 0
-
-
-def _isolation(view: Any) -> str:
-    if not isinstance(view, dict):
-        return "unknown"
-    kinds = ",".join(k for k in view.get("kinds", []) if k != "hold") or "hold"
-    return f"{kinds}" if view.get("isolated") else f"{kinds} (not isolated)"
 
 
 # ---- rent ---------------------------------------------------------------------------------------
@@ -311,7 +184,7 @@ def interruptible_fields(args: argparse.Namespace, what: str) -> dict[str, str]:
 def add_interruptible_options(parser: argparse.ArgumentParser, what: str) -> None:
     """``--interruptible`` and ``--bid USD``, read by ``interruptible_fields``."""
     parser.add_argument("--interruptible", action="store_true", help="cheaper, but preempted by on-demand rentals and higher bids (needs --bid)")
-    parser.add_argument("--bid", type=_usd, metavar="USD", help=f"the most you pay per GPU-hour for {what}: "
+    parser.add_argument("--bid", type=usd, metavar="USD", help=f"the most you pay per GPU-hour for {what}: "
                         "at least the host's minimum bid; you are charged the lower of the bid and the GPU's on-demand price")  # fmt: skip
 
 
@@ -378,9 +251,9 @@ async def wait_for(
         seen = len(events)
         if not quiet:
             for event in fresh:
-                _err(_progress_line(rental, event.get("to") or rental["state"], event.get("cause"), started))
+                err(_progress_line(rental, event.get("to") or rental["state"], event.get("cause"), started))
             if not fresh and rental["state"] != last_state:
-                _err(_progress_line(rental, rental["state"], None, started))
+                err(_progress_line(rental, rental["state"], None, started))
         # The state shown last: a poll can see an event before the rental's own state has moved to it (the answer's
         # two reads straddled the change); the next poll's state is then no news.
         last_state = (fresh[-1].get("to") or rental["state"]) if fresh else rental["state"]
@@ -401,7 +274,7 @@ async def cmd_rent(args: argparse.Namespace, client: Client) -> int:
         except CliError as exc:  # the rental exists all the same: say which
             raise CliError(f"rental {rental['id']} was created, but waiting for it failed: {exc.message}") from None
     if args.json:
-        _print_json(rental)
+        print_json(rental)
     else:
         _print_rental_outcome(rental)
     return 1 if _failed(rental) else 0
@@ -419,20 +292,20 @@ def _print_rental_outcome(rental: Mapping[str, Any]) -> None:
     if _failed(rental):
         reason = rental.get("failure_reason") or ("it was stopped before it ran" if rstate == "stopped" else "no reason given")
         print(f"{rid} {rstate}")
-        _err(f"gpumarket: rental {rid} {rstate}: {reason}; see `gpumarket logs {rid}`, or rent elsewhere")
+        err(f"gpumarket: rental {rid} {rstate}: {reason}; see `gpumarket logs {rid}`, or rent elsewhere")
         return
     if rstate in ENDED_STATES:  # it ran, and its workload has already ended
         print(f"{rid} {rstate}")
-        _err(f"the workload ran and ended; its output: gpumarket logs {rid}")
+        err(f"the workload ran and ended; its output: gpumarket logs {rid}")
         return
     gpus = f"{rental.get('gpu_count')} x {rental.get('gpu_model') or 'GPU'}"
     price = f", {money(rental['price_per_hour'], 'rate')}/h" if rental.get("price_per_hour") else ""
     print(f"{rid} {rstate}: {gpus}{price}")
     if rstate == "running":
         inside = f"shell: gpumarket ssh {rid}; files: gpumarket cp FILE {rid}:; " if rental.get("ssh_host_key") else ""
-        _err(f"{inside}logs: gpumarket logs {rid} -f; stop: gpumarket stop {rid}")
+        err(f"{inside}logs: gpumarket logs {rid} -f; stop: gpumarket stop {rid}")
     else:
-        _err(f"follow it with `gpumarket rentals`; stop it with `gpumarket stop {rid}`")
+        err(f"follow it with `gpumarket rentals`; stop it with `gpumarket stop {rid}`")
 
 
 # ---- rentals, logs, stop ------------------------------------------------------------------------
@@ -457,7 +330,7 @@ def listed_already(args: argparse.Namespace, items: Sequence[Mapping[str, Any]],
     """Whether a list command has printed all it prints: the items' JSON with ``--json``, or, when there are none, what
     to do (``none_at_all`` with ``--all``)."""
     if args.json:
-        _print_json({"items": items, "total": len(items)})
+        print_json({"items": items, "total": len(items)})
         return True
     if not items:
         print(none_at_all if args.all else none)
@@ -479,7 +352,7 @@ async def cmd_rentals(args: argparse.Namespace, client: Client) -> int:
     rows = [
         [
             r["id"], r["state"] + (_queued_note(r) if r.get("queued") else ""), _gpus(r), r.get("gpu_model") or "-",
-            regions.get(r.get("host_id") or "", "-"), _what(r), price, paid, _short_time(r.get("started_at")),
+            regions.get(r.get("host_id") or "", "-"), _what(r), price, paid, short_time(r.get("started_at")),
         ]
         for r, price, paid in zip(items, prices, charged, strict=True)
     ]  # fmt: skip
@@ -507,7 +380,7 @@ async def cmd_logs(args: argparse.Namespace, client: Client) -> int:
     while True:
         body = await client.get(f"/rentals/{args.rental}/logs", {"offset": offset})
         if body["offset"] > offset:
-            _err(f"(output before byte {body['offset']} was pruned)")
+            err(f"(output before byte {body['offset']} was pruned)")
         data: str = body["data"]
         if data:
             out.flush()
@@ -527,7 +400,7 @@ async def cmd_stop(args: argparse.Namespace, client: Client) -> int:
     if args.wait and rental["state"] not in ENDED_STATES:
         rental = await wait_for(client, rental["id"], ENDED_STATES)
     if args.json:
-        _print_json(rental)
+        print_json(rental)
     else:
         print(f"{rental['id']} {rental['state']}" + ("" if rental["state"] in ENDED_STATES else "; the GPUs are freed once the host confirms"))
     return 0
@@ -539,7 +412,7 @@ async def cmd_stop(args: argparse.Namespace, client: Client) -> int:
 async def cmd_account(args: argparse.Namespace, client: Client) -> int:
     account: dict[str, Any] = await client.get("/account")
     if args.json:
-        _print_json(account)
+        print_json(account)
         return 0
     credit, quota = account.get("credit") or {}, account.get("quota") or {}
     lines = [f"{account['name']} ({account['role']}), account {account['id']}"]
@@ -569,75 +442,6 @@ async def cmd_account(args: argparse.Namespace, client: Client) -> int:
 # ---- parsers ------------------------------------------------------------------------------------
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
-def _bound(text: str) -> float:
-    """A network bound: a finite number, not negative (the API checks each bound's own range and says which)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, not {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a number of at least 0, not {text!r}")
-    return value
-
-
-NETWORK_BOUNDS = (("max_latency_ms", "MS", "no two nodes on hosts measured further apart (round trip, ms)"),
-                  ("max_loss_pct", "PCT", "no two nodes on hosts measured losing more packets (%%)"),
-                  ("min_mbit_s", "MBIT", "no two nodes on hosts measured slower (Mbit/s)"))  # fmt: skip
-
-
-def add_network_bounds(parser: argparse.ArgumentParser, *, prefix: str = "") -> None:
-    """``--max-latency-ms``, ``--max-loss-pct``, ``--min-mbit-s``: a cluster's network bounds (docs/clusters.md)."""
-    for name, metavar, text in NETWORK_BOUNDS:
-        parser.add_argument(f"--{name.replace('_', '-')}", type=_bound, metavar=metavar, help=prefix + text)
-
-
-def network_bounds(args: argparse.Namespace) -> dict[str, float]:
-    """The bounds given, by their API names."""
-    return {name: value for name, _, _ in NETWORK_BOUNDS if (value := getattr(args, name, None)) is not None}
-
-
-def _limit(text: str) -> int:
-    value = int(text)
-    if not 1 <= value <= 500:
-        raise argparse.ArgumentTypeError(f"must be 1 to 500, not {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
-    return value
-
-
-def _usd(text: str) -> str:
-    """A price in USD per GPU-hour as the API takes it (shared/money.py: 0.45; no sign, exponent, separator, "$" or spaces)."""
-    problem, amount = amount_problem(text, places=PRICE_PLACES, maximum=MAX_PRICE, positive=True)
-    if amount is None:
-        raise argparse.ArgumentTypeError(problem)
-    return text
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be 1 to 65535, not {value}")
-    return value
-
-
-def common_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=Path, metavar="FILE",
-                        help="the login file (default $XDG_CONFIG_HOME/gpumarket/config.json, or $GPUMARKET_CONFIG)")  # fmt: skip
-    parser.add_argument("--timeout", type=float, default=30.0, metavar="S", help="seconds one API call may take (default 30)")
-
-
 LOGIN_EPILOG = """\
 The key is read from stdin when it is not a terminal, else prompted for without echo; --key
 works too but shows in the process list. GPUMARKET_API_URL and GPUMARKET_API_KEY, when set,
@@ -646,24 +450,6 @@ override the saved login for every command.
 examples:
   gpumarket login --api https://gpumarket.example
   echo "$KEY" | gpumarket login --api http://127.0.0.1:8080"""
-
-OFFERS_EPILOG = """\
-The query language: space-separated 'field op value' terms, all ANDed; fields gpu_name,
-num_gpus, vram (GiB), compute_capability, cuda_driver_version, price (USD per GPU-hour),
-price_per_score, region, tier, score, reliability, download_mbps, upload_mbps, verified,
-isolated; ops = != < <= > >= (docs/marketplace.md).
-
-With --nodes N, the same filters price a cluster (`gpumarket cluster create`): each group of
-hosts placement could take N nodes of --gpus GPUs from (one GPU model and region; across
-regions where no region has room; any model with --allow-mixed), with the whole cluster's
-price per hour on its cheapest and its dearest hosts (docs/clusters.md).
-
-examples:
-  gpumarket offers
-  gpumarket offers 'vram>=24 price<=0.5' --sort price
-  gpumarket offers gpu_name=RTX_4090 num_gpus>=2 --isolated --json
-  gpumarket offers --nodes 4 --gpus 2 'gpu_name=A100 reliability>=0.95'
-  gpumarket offers --nodes 8 --allow-mixed --json"""
 
 RENT_EPILOG = f"""\
 Without --template or --image the rental holds the GPUs and runs nothing (--hold says so).
@@ -710,14 +496,14 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     offers.add_argument("query", nargs="*", metavar="QUERY", help="query language terms, e.g. 'vram>=24 price<=0.5'")
     offers.add_argument("--sort", choices=("score", "price", "price_per_performance", "reliability"),
                         help="score (default, best first), price (cheapest first), price_per_performance or reliability")  # fmt: skip
-    offers.add_argument("--gpus", type=_positive_int, metavar="N", help="at least N free GPUs on one host (with --nodes: per node)")
-    offers.add_argument("--nodes", type=_positive_int, metavar="N",
+    offers.add_argument("--gpus", type=positive_int, metavar="N", help="at least N free GPUs on one host (with --nodes: per node)")
+    offers.add_argument("--nodes", type=positive_int, metavar="N",
                         help="price a cluster of N nodes (2 to 64), each on a host of its own: the groups of hosts that "
                         "could hold it now, with the whole cluster's price per hour")  # fmt: skip
     offers.add_argument("--allow-mixed", action="store_true", help="with --nodes: nodes may have different GPU models")
     add_network_bounds(offers, prefix="with --nodes: ")
     offers.add_argument("--isolated", action="store_true", help="only hosts that isolate renters' workloads")
-    offers.add_argument("--limit", type=_limit, default=50, metavar="N", help="at most N offers (default 50, at most 500)")
+    offers.add_argument("--limit", type=limit, default=50, metavar="N", help="at most N offers (default 50, at most 500)")
     offers.add_argument("--json", action="store_true", help="print the API's JSON")
     common_options(offers)
     set_command(offers, cmd_offers)
@@ -726,16 +512,16 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                           description="Rent GPUs from an offer, or from any host matching --model / --max-price / --where, "
                           "running a template, an image, or nothing (a hold).")  # fmt: skip
     rent.add_argument("offer_id", nargs="?", metavar="OFFER_ID", help="an offer from `gpumarket offers` (host_id:gpu_name)")
-    rent.add_argument("--gpus", type=_positive_int, default=1, metavar="N", help="whole GPUs on one host (default 1)")
+    rent.add_argument("--gpus", type=positive_int, default=1, metavar="N", help="whole GPUs on one host (default 1)")
     rent.add_argument("--model", metavar="M", help="GPU model words, e.g. 'RTX 4090' or 'A100 80GB'")
-    rent.add_argument("--max-price", type=_usd, metavar="USD", help="at most this price per GPU-hour")
+    rent.add_argument("--max-price", type=usd, metavar="USD", help="at most this price per GPU-hour")
     rent.add_argument("--where", metavar="QUERY", help="other offer filters in the query language, e.g. 'vram>=24 reliability>0.98'")
     what = rent.add_mutually_exclusive_group()
     what.add_argument("--template", metavar="NAME", help=f"run a template: {TEMPLATES_HINT}")
     what.add_argument("--image", metavar="REF", help="run this container image, e.g. ubuntu:24.04")
     what.add_argument("--hold", action="store_true", help="run nothing: hold the GPUs (the default)")
     rent.add_argument("--command", metavar="CMD", help="with --image: the command, replacing the image's entrypoint ('python train.py')")
-    rent.add_argument("--port", type=_port, action="append", default=[], metavar="P", help="with --image: a TCP port the workload serves (repeatable)")
+    rent.add_argument("--port", type=port, action="append", default=[], metavar="P", help="with --image: a TCP port the workload serves (repeatable)")
     rent.add_argument("--env", action="append", default=[], metavar="K=V", help="with --image: an environment variable (repeatable)")
     add_interruptible_options(rent, "an interruptible rental")
     rent.add_argument("--queue", action="store_true", help="wait for GPUs (up to 10 minutes) when none are free now")
@@ -757,7 +543,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                           epilog="examples:\n  gpumarket logs r_abc\n  gpumarket logs r_abc -f\n  gpumarket logs r_abc --since-offset 4096")  # fmt: skip
     logs.add_argument("rental", metavar="RENTAL", help="the rental's id")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the rental ends (Ctrl-C to stop)")
-    logs.add_argument("--since-offset", type=_non_negative_int, default=0, metavar="N", help="start at byte N of the output (default 0)")
+    logs.add_argument("--since-offset", type=non_negative_int, default=0, metavar="N", help="start at byte N of the output (default 0)")
     common_options(logs)
     set_command(logs, cmd_logs)
 

@@ -14,7 +14,9 @@ import uuid
 from typing import Any
 
 from gpumarket.renter.api import Client, UsageError
-from gpumarket.renter.commands import common_options, money, set_command
+from gpumarket.renter.commands import set_command
+from gpumarket.renter.options import common_options
+from gpumarket.renter.output import money
 from shared.money import CENT_PLACES, amount_problem
 
 CREDIT_EPILOG = """\

@@ -16,26 +16,16 @@ from gpumarket.renter.api import Client, UsageError
 from gpumarket.renter.commands import (
     TEMPLATES_HINT,
     Command,
-    _err,
-    _non_negative_int,
-    _port,
-    _positive_int,
-    _print_json,
-    _short_time,
-    _usd,
     add_interruptible_options,
     all_pages,
     command_group,
-    common_options,
     container_workload,
-    event_lines,
     interruptible_fields,
     listed_already,
-    money,
-    money_column,
     set_command,
-    table,
 )
+from gpumarket.renter.options import common_options, non_negative_int, port, positive_int, usd
+from gpumarket.renter.output import err, event_lines, money, money_column, print_json, short_time, table
 
 # The rule a service gets when only cooldowns are given (the API's own default when no rule is: 4 in flight per replica).
 DEFAULT_TARGET_INFLIGHT = 4.0
@@ -174,7 +164,7 @@ async def cmd_create(args: argparse.Namespace, client: Client) -> int:
     key = args.idempotency_key or str(uuid.uuid4())
     service: dict[str, Any] = await client.request("POST", "/services", json_body=body, headers={"Idempotency-Key": key}, retry=True)
     if args.json:
-        _print_json(service)
+        print_json(service)
         return 0
     sid, token = service["id"], service.get("token")
     print(f"{sid} {service['name']} {service['state']}: {service['min_replicas']} to {service['max_replicas']} replicas of "
@@ -182,10 +172,10 @@ async def cmd_create(args: argparse.Namespace, client: Client) -> int:
     print(f"endpoint   {service['endpoint_url']}")
     print("\n".join(token_lines(sid, token)))
     if token is not None:
-        _err("the token is shown this once: keep it now (the master keeps only its hash); "
+        err("the token is shown this once: keep it now (the master keeps only its hash); "
              f"`gpumarket service token {sid}` replaces it")  # fmt: skip
-        _err("\n".join(usage_lines(service, token)))
-    _err(f"follow it with `gpumarket service show {sid}`; delete it with `gpumarket service delete {sid}`")
+        err("\n".join(usage_lines(service, token)))
+    err(f"follow it with `gpumarket service show {sid}`; delete it with `gpumarket service delete {sid}`")
     return 0
 
 
@@ -207,7 +197,7 @@ def replica_rows(service: Mapping[str, Any]) -> list[list[str]]:
     prices = money_column([r.get("price_per_gpu_hour") for r in replicas], "rate")
     return [
         [r["rental_id"], r["state"], "yes" if r.get("ready") else "no", r.get("gpu_model") or "-", price,
-         _short_time(r.get("created_at")), r.get("failure_reason") or ""]
+         short_time(r.get("created_at")), r.get("failure_reason") or ""]
         for r, price in zip(replicas, prices, strict=True)
     ]  # fmt: skip
 
@@ -215,7 +205,7 @@ def replica_rows(service: Mapping[str, Any]) -> list[list[str]]:
 async def cmd_show(args: argparse.Namespace, client: Client) -> int:
     service: dict[str, Any] = await client.get(f"/services/{args.service}")
     if args.json:
-        _print_json(service)
+        print_json(service)
         return 0
     replicas = service.get("replicas") or {}
     lines = [
@@ -228,7 +218,7 @@ async def cmd_show(args: argparse.Namespace, client: Client) -> int:
         f"GPUs       {_gpus(service)}" + (f", where {service['requirements']}" if service.get("requirements") else ""),
         f"cost       {money(service.get('cost_so_far'))} so far",
         f"token      {service.get('token_prefix') or '-'}… (`gpumarket service token {service['id']}` replaces it)",
-        f"created    {_short_time(service.get('created_at'))} UTC" + (f", deleted {_short_time(service['deleted_at'])} UTC" if service.get("deleted_at") else ""),
+        f"created    {short_time(service.get('created_at'))} UTC" + (f", deleted {short_time(service['deleted_at'])} UTC" if service.get("deleted_at") else ""),
         "",
         table(["RENTAL", "STATE", "READY", "MODEL", "$/GPU-H", "CREATED (UTC)", "WHY IT ENDED"], replica_rows(service)),
     ]  # fmt: skip
@@ -244,7 +234,7 @@ async def _change(args: argparse.Namespace, client: Client, method: str, path: s
     """The API's answer to a change of ``args.service``; with ``--json`` printed as it is, and None."""
     answer: dict[str, Any] = await client.request(method, f"/services/{args.service}{path}", json_body=body)
     if args.json:
-        _print_json(answer)
+        print_json(answer)
         return None
     return answer
 
@@ -269,7 +259,7 @@ async def cmd_delete(args: argparse.Namespace, client: Client) -> int:
 async def cmd_token(args: argparse.Namespace, client: Client) -> int:
     if answer := await _change(args, client, "POST", "/token"):
         print(f"token      {answer['token']}")
-        _err(f"the old token of {answer['service_id']} stopped working; this one is shown this once: keep it now")
+        err(f"the old token of {answer['service_id']} stopped working; this one is shown this once: keep it now")
     return 0
 
 
@@ -328,15 +318,15 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     what = create.add_mutually_exclusive_group()
     what.add_argument("--image", metavar="IMAGE", help="run this container image (with --port)")
     what.add_argument("--template", metavar="T", help=f"run a template: {TEMPLATES_HINT}")
-    create.add_argument("--port", type=_port, metavar="N", help="the port the workload serves its API on (a template's own when it has one)")
+    create.add_argument("--port", type=port, metavar="N", help="the port the workload serves its API on (a template's own when it has one)")
     create.add_argument("--command", metavar="CMD", help="with --image: the command, replacing the image's entrypoint")
     create.add_argument("--env", action="append", default=[], metavar="K=V", help="with --image: an environment variable (repeatable)")
     create.add_argument("--health-path", metavar="P", help="GET P answers 2xx when a replica is ready (default /health)")
-    create.add_argument("--gpus", type=_positive_int, default=1, metavar="N", help="whole GPUs per replica (default 1)")
+    create.add_argument("--gpus", type=positive_int, default=1, metavar="N", help="whole GPUs per replica (default 1)")
     create.add_argument("--gpu-model", "--model", dest="gpu_model", metavar="M", help="GPU model words, e.g. 'RTX 4090' or 'A100 80GB'")
-    create.add_argument("--max-price", type=_usd, metavar="USD", help="on-demand replicas only on GPUs at this price per GPU-hour or less")
-    create.add_argument("--min", type=_non_negative_int, metavar="N", help="fewest replicas (default 1; 0 lets it sleep)")
-    create.add_argument("--max", type=_positive_int, metavar="N", help="most replicas (default: --min, at least 1)")
+    create.add_argument("--max-price", type=usd, metavar="USD", help="on-demand replicas only on GPUs at this price per GPU-hour or less")
+    create.add_argument("--min", type=non_negative_int, metavar="N", help="fewest replicas (default 1; 0 lets it sleep)")
+    create.add_argument("--max", type=positive_int, metavar="N", help="most replicas (default: --min, at least 1)")
     rule = create.add_mutually_exclusive_group()
     rule.add_argument("--target-inflight", type=_bounded(0.1, 10_000, "--target-inflight"), metavar="X",
                       help="scale on requests in flight: X per replica (default 4)")  # fmt: skip
@@ -366,8 +356,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     scale = _id_action(actions, "scale", help="set a service's fewest and most replicas",
                        description="Set the replica bounds; the autoscaler moves into them on its next pass.",
                        examples=["svc-0123456789abcdef --max 8", "svc-0123456789abcdef --min 0 --max 2"])  # fmt: skip
-    scale.add_argument("--min", type=_non_negative_int, metavar="N", help="fewest replicas (0 lets it sleep)")
-    scale.add_argument("--max", type=_positive_int, metavar="N", help="most replicas")
+    scale.add_argument("--min", type=non_negative_int, metavar="N", help="fewest replicas (0 lets it sleep)")
+    scale.add_argument("--max", type=positive_int, metavar="N", help="most replicas")
     _finish(scale, cmd_scale, "the service's")
 
     delete = _id_action(actions, "delete", help="delete a service: its replicas stop, its endpoint closes",

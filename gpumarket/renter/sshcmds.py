@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpumarket.renter.api import ApiError, Client, UsageError
-from gpumarket.renter.commands import all_rentals, common_options, set_command
+from gpumarket.renter.commands import all_rentals, set_command
 from gpumarket.renter.connect import NAME_RE, SSH, Ticket, request_ticket
+from gpumarket.renter.options import common_options
 from gpumarket.renter.sshfiles import (
     host_entry,
     include_line,
@@ -44,7 +45,7 @@ NO_SSH_NOW = ("no_ssh_host_key", "host_offline", "rental_not_running", "rental_n
 INSTALL_SSH = "install OpenSSH's client (apt install openssh-client)"
 
 
-def _err(text: str) -> None:
+def err(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
@@ -125,7 +126,7 @@ async def cmd_ssh_config(args: argparse.Namespace, client: Client) -> int:
             except ApiError as exc:
                 if exc.code not in NO_SSH_NOW:
                     raise
-                _err(f"# {rental_id}: skipped, {exc.message}")
+                err(f"# {rental_id}: skipped, {exc.message}")
                 return None
 
     tickets = [t for t in await asyncio.gather(*(ticket_or_none(r) for r in running)) if t is not None and t.ssh]
@@ -137,7 +138,7 @@ async def cmd_ssh_config(args: argparse.Namespace, client: Client) -> int:
     if not args.write:
         print("\n".join(entries), end="")
         if not entries:
-            _err("# no running rental serves SSH; `gpumarket rentals` lists yours")
+            err("# no running rental serves SSH; `gpumarket rentals` lists yours")
         return 0
     path = ssh_config_path(os.environ)
     write_ssh_config(path, entries)

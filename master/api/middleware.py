@@ -21,8 +21,8 @@ from sqlalchemy import exc as sa_exc
 from master.api.base import API, RateClass, Route
 from master.api.keys import MASTER, ROUTE_INDEX
 from master.api.ratelimits import RATE_LIMITS
-from master.services import sessions
-from master.services.accounts import Principal, authenticate
+from master.services.accounts import sessions
+from master.services.accounts.core import Principal, authenticate
 from shared.errors import BadRequest, GpumarketError, RateLimited, Unauthorized
 
 log = logging.getLogger(__name__)

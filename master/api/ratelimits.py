@@ -40,7 +40,7 @@ from aiohttp import web
 from master.api.base import RateClass
 from master.api.keys import MASTER
 from master.context import Master
-from master.services import sessions
+from master.services.accounts import sessions
 from shared.errors import RateLimited
 from shared.ratelimit import Limit, MemoryRateStore, RateStore, RedisRateStore, retry_after, source_key
 from shared.settings import MasterSettings

@@ -35,15 +35,13 @@ from master.api.responses import (
 )
 from master.api.schemas import EnrollCheckRequest, EnrollRequest, FairSharePut, QuotaPut, RentalCreate
 from master.api.times import time_query
-from master.services import (
-    account_views,
-    enrollment,
-    faults,
-    host_views,
-    platform_views,
-    rental_request,
-    rentals,
-)
+from master.services.hosts import enrollment
+from master.services.hosts import views as host_views
+from master.services.market import faults
+from master.services.platform import views as platform_views
+from master.services.rentals import core as rentals
+from master.services.rentals import quotas as account_views
+from master.services.rentals import request as rental_request
 from master.telemetry import series
 from master.telemetry import store as telemetry
 from shared.errors import BadRequest, ValidationFailed

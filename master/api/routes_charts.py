@@ -1,7 +1,7 @@
 """Read-only series for the console's charts: spend, earnings, occupancy, the marketplace over time.
 
 Each is computed from the ledger (``billing/series.py``) or the fleet's records
-(``master/services/fleet_series.py``) when asked; days are UTC days, money decimal strings.
+(``master/services/platform/fleet.py``) when asked; days are UTC days, money decimal strings.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from billing import series
 from master.api.base import QueryParam, Route, int_query
 from master.api.keys import MASTER
 from master.api.middleware import principal
-from master.services import fleet_series
+from master.services.platform import fleet as fleet_series
 
 # ---- response bodies (for the OpenAPI document) ----------------------------------------------
 

@@ -1,6 +1,6 @@
 """Clusters (``/clusters``): one rental over several hosts, created and deleted as one.
 
-Handlers parse and authorize; the rules live in ``master/services/clusters.py`` (creating,
+Handlers parse and authorize; the rules live in ``master/services/clusters/core.py`` (creating,
 reading, deleting), ``cluster_placement.py`` (every node or none) and ``clusterstate.py``.
 Another renter's cluster is 404 ``cluster_not_found``, as one that does not exist.
 """
@@ -13,8 +13,8 @@ from master.api.base import PAGING, Route, listing, page, parse_body
 from master.api.keys import MASTER
 from master.api.middleware import principal
 from master.api.schemas import ClusterCreate
-from master.services import clusters
-from master.services.cluster_request import ClusterRequest
+from master.services.clusters import core as clusters
+from master.services.clusters.request import ClusterRequest
 from shared.errors import BadRequest, ValidationFailed
 
 

@@ -1,6 +1,6 @@
 """Connecting to a rental (``/rentals/{rental_id}/connect``): a short-lived token and the relay to use it at.
 
-The rules live in ``master/services/connect.py``; the relay's side in ``access/tunnels.py``.
+The rules live in ``master/services/rentals/connect.py``; the relay's side in ``access/tunnels.py``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from master.api.keys import MASTER
 from master.api.middleware import principal
 from master.api.responses import ConnectView
 from master.api.schemas import ConnectBody
-from master.services import connect
+from master.services.rentals import connect
 
 
 async def connect_rental(request: web.Request) -> web.Response:

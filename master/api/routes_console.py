@@ -1,6 +1,6 @@
 """What the web console needs beyond the rest of the API: signing in and out, and live telemetry.
 
-``POST /sessions`` exchanges an API key for a session cookie (``master/services/sessions.py``);
+``POST /sessions`` exchanges an API key for a session cookie (``master/services/accounts/sessions.py``);
 every other route then accepts that cookie in place of the ``Authorization`` header
 (``master/api/middleware.py``), with the session's CSRF token on every change.
 ``GET /hosts/{id}/metrics/stream`` pushes a host's raw telemetry as Server-Sent Events.
@@ -22,7 +22,7 @@ from master.api.keys import MASTER
 from master.api.middleware import SESSION, principal
 from master.api.responses import ConsoleSession, SignedOut
 from master.context import Master
-from master.services import sessions
+from master.services.accounts import sessions
 from master.telemetry import series
 from shared.errors import ClientError, NotFound
 

@@ -1,5 +1,5 @@
 """What a provider's host downloads to install the agent: ``GET /downloads/install-agent.sh`` and
-``GET /downloads/agent`` (the gpumarket wheel; see ``master.services.agent_package``).
+``GET /downloads/agent`` (the gpumarket wheel; see ``master.services.hosts.agent_package``).
 
 Both live outside ``/api/v1`` and are public, like the console: a host is admitted by its
 one-time enrollment token, not by these files. HEAD answers too (aiohttp adds it to every GET
@@ -16,7 +16,7 @@ from aiohttp import web
 
 from master.api.base import RateClass, Route
 from master.api.keys import MASTER
-from master.services.agent_package import AgentPackages, source_checkout
+from master.services.hosts.agent_package import AgentPackages, source_checkout
 from shared.errors import NotFound
 
 PACKAGE_HEADER = "X-Gpumarket-Package"

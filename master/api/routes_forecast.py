@@ -1,6 +1,6 @@
 """Demand forecasts (``GET /demand-forecast``): GPUs wanted per GPU model and region for the next hours.
 
-For providers (when to have capacity ready) and admins; the rules live in ``master/services/forecast.py``.
+For providers (when to have capacity ready) and admins; the rules live in ``master/services/market/forecast.py``.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from aiohttp import web
 
 from master.api.base import QueryParam, Route, int_query
 from master.api.keys import MASTER
-from master.services import forecast
+from master.services.market import forecast
 
 
 async def demand_forecast(request: web.Request) -> web.Response:

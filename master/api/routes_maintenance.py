@@ -2,7 +2,7 @@
 
 A provider (or an admin) adds a window to a listed host or clears one, the listing's other terms
 unchanged; both answer the whole listing, as ``GET /hosts/{host_id}/listing``. The rules live in
-``master/services/listings.py`` (``add_window``, ``clear_window``).
+``master/services/market/listings.py`` (``add_window``, ``clear_window``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from master.api.keys import MASTER
 from master.api.middleware import principal
 from master.api.schemas_market import MaintenanceWindowBody
 from master.api.times import in_range_utc
-from master.services import listings
+from master.services.market import listings
 from shared.errors import BadRequest
 
 

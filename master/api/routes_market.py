@@ -1,8 +1,8 @@
 """The marketplace: offer search (``/offers``), cluster offers (``/offers/clusters``), host listings and the tier
 price bounds.
 
-Handlers parse and authorize; the rules live in ``master/services/offers.py``, ``master/services/cluster_offers.py``,
-``master/services/listings.py`` and the query language in ``master/services/offerquery.py``.
+Handlers parse and authorize; the rules live in ``master/services/market/offers.py``, ``master/services/market/cluster_offers.py``,
+``master/services/market/listings.py`` and the query language in ``master/services/market/query.py``.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from master.api.base import (
 from master.api.keys import MASTER
 from master.api.middleware import principal
 from master.api.schemas_market import ListingPut
-from master.services import cluster_offers, listings, offers
-from master.services.cluster_request import MAX_NODES
+from master.services.clusters.request import MAX_NODES
 from master.services.host_links import NetworkBounds
-from master.services.offerquery import MAX_QUERY_LENGTH, Condition, Op, format_query, parse, parse_value
-from master.services.offers import OfferSearch, Order, Sort
+from master.services.market import cluster_offers, listings, offers
+from master.services.market.offers import OfferSearch, Order, Sort
+from master.services.market.query import MAX_QUERY_LENGTH, Condition, Op, format_query, parse, parse_value
 
 # Each filter as its own query parameter: name → (field of the query language, operator, type, description).
 FILTER_PARAMS: dict[str, tuple[str, Op, str, str]] = {

@@ -1,6 +1,6 @@
 """Off-peak power limits (docs/power.md): a host's power policy (``/hosts/{host_id}/power-policy``) and the energy
-the provider's policies saved (``/provider/power``). The rules live in ``master/services/power.py`` and
-``master/services/power_savings.py``; the master tells agents in its ``power-policy`` pass, never in the request.
+the provider's policies saved (``/provider/power``). The rules live in ``master/services/hosts/power.py`` and
+``master/services/hosts/power_savings.py``; the master tells agents in its ``power-policy`` pass, never in the request.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from master.api.base import QueryParam, Route, int_query, parse_body
 from master.api.keys import MASTER
 from master.api.middleware import principal
-from master.services import power, power_savings
+from master.services.hosts import power, power_savings
 from shared.errors import BadRequest, ValidationFailed
 
 

@@ -7,7 +7,7 @@ from aiohttp import web
 
 from master.api.base import Route
 from master.api.keys import MASTER
-from master.services import enrollment
+from master.services.hosts import enrollment
 
 
 async def list_regions(request: web.Request) -> web.Response:

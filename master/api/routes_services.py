@@ -1,6 +1,6 @@
 """Elastic services (``/services``): replicas of one workload behind one endpoint, scaled by load.
 
-Handlers parse and authorize; the rules live in ``master/services/elastic.py`` (creating, reading,
+Handlers parse and authorize; the rules live in ``master/services/endpoints/core.py`` (creating, reading,
 scaling, deleting), ``autoscale.py`` and ``scaling.py`` (the autoscaler) and ``gateway/`` (the
 endpoint, ``/svc/<id>/``). Another renter's service is 404 ``service_not_found``, as one that does
 not exist. The service token is in the answer of ``POST /services`` and ``POST /services/{id}/token``
@@ -31,8 +31,9 @@ from master.api.keys import MASTER
 from master.api.middleware import principal
 from master.api.schemas import ServiceCreate, ServiceScale
 from master.models import Service
-from master.services import elastic, service_series
-from master.services.service_request import ServiceRequest
+from master.services.endpoints import core as elastic
+from master.services.endpoints import series as service_series
+from master.services.endpoints.request import ServiceRequest
 from shared.errors import BadRequest, ValidationFailed
 
 DEFAULT_SCALING = {"metric": "inflight", "target": 4}

@@ -1,8 +1,8 @@
 """SSH keys (``/account/ssh-keys``): the public keys an account registers for SSH into its rentals.
 
 Any signed-in account manages its own keys and only those (admins too); another account's key id
-answers 404 as an unknown one. The rules live in ``master/services/ssh_keys.py``. Adding or deleting a
-key reaches the account's live rentals at once (``master/services/access.py``): the commands are written
+answers 404 as an unknown one. The rules live in ``master/services/accounts/ssh_keys.py``. Adding or deleting a
+key reaches the account's live rentals at once (``master/services/accounts/access.py``): the commands are written
 with the change and published after its commit.
 """
 
@@ -15,7 +15,8 @@ from master.api.keys import MASTER
 from master.api.middleware import principal
 from master.api.responses import SshKeyDeleted, SshKeyList, SshKeyView
 from master.api.schemas import SshKeyCreate
-from master.services import access, commands, ssh_keys
+from master.services import commands
+from master.services.accounts import access, ssh_keys
 
 
 async def list_ssh_keys(request: web.Request) -> web.Response:

@@ -1,7 +1,7 @@
 """Templates (``/templates``): named container workloads a rental can start by name.
 
 Anyone signed in reads them; admins create, replace and delete them. The rules live in
-``master/services/templates.py``.
+``master/services/rentals/templates.py``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from master.api.base import Route, parse_body
 from master.api.keys import MASTER
 from master.api.responses import TemplateDeleted, TemplateList, TemplateView
 from master.api.schemas import TemplatePut
-from master.services import templates
+from master.services.rentals import templates
 
 
 async def list_templates(request: web.Request) -> web.Response:

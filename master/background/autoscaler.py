@@ -1,7 +1,7 @@
 """The autoscaler: every service's replicas health-checked, counted against its rule, rented or stopped.
 
 One master at a time, under the ``autoscaler`` lease, every ``autoscale_interval``. The pass is
-``master.services.autoscale.autoscale_pass``; health checks go through this master's gateway
+``master.services.endpoints.autoscale.autoscale_pass``; health checks go through this master's gateway
 (``master.services.gateway.probe``), the same path requests take.
 """
 
@@ -11,7 +11,8 @@ import functools
 
 from master.background import leases
 from master.context import Master
-from master.services import autoscale, gateway
+from master.services import gateway
+from master.services.endpoints import autoscale
 
 AUTOSCALER_LEASE = "autoscaler"
 

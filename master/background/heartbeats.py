@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 from master.background import leases
 from master.context import Master
-from master.services import rental_lifecycle
+from master.services.rentals import lifecycle as rental_lifecycle
 from master.telemetry import hosts
 from shared import protocol
 

@@ -1,7 +1,7 @@
 """Off-peak power limits: each opted-in host's policy sent to its agent when it changes, and the energy saved folded
 into days, every ``power_interval``.
 
-One master at a time, under the ``power-policy`` lease. The pass itself is ``master.services.power.power_pass``.
+One master at a time, under the ``power-policy`` lease. The pass itself is ``master.services.hosts.power.power_pass``.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import logging
 
 from master.background import leases
 from master.context import Master
-from master.services import power
+from master.services.hosts import power
 
 log = logging.getLogger(__name__)
 

@@ -5,14 +5,16 @@ master's start); broken members of ``replace`` clusters replaced (``cluster_poli
 /workspace released once their ``workspace_until`` passed.
 
 One master at a time, under the ``rental-queue`` lease, every ``queue_interval``. The pass
-itself is ``master.services.rental_queue.process_queue``.
+itself is ``master.services.queue.process_queue``.
 """
 
 from __future__ import annotations
 
 from master.background import leases
 from master.context import Master
-from master.services import cluster_policy, rental_queue, rentals
+from master.services import queue as rental_queue
+from master.services.clusters import policy as cluster_policy
+from master.services.rentals import core as rentals
 
 QUEUE_LEASE = "rental-queue"
 

@@ -2,7 +2,7 @@
 
 Every master runs it (no lease): publishing the same serials twice is harmless. It makes a
 registry that lost its data (a Redis restart) whole again within one period. The pass itself is
-``master.services.enrollment.publish_revocations``.
+``master.services.hosts.enrollment.publish_revocations``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import asyncio
 import logging
 
 from master.context import Master
-from master.services import enrollment
+from master.services.hosts import enrollment
 
 log = logging.getLogger(__name__)
 

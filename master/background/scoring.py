@@ -1,7 +1,7 @@
 """Host scoring: every host's reliability and its GPUs' tiers, re-computed every ``reliability_interval``.
 
 One master at a time, under the ``host-scoring`` lease. The pass itself is
-``master.services.reliability.rescore_all``.
+``master.services.market.reliability.rescore_all``.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import logging
 
 from master.background import leases
 from master.context import Master
-from master.services import reliability
+from master.services.market import reliability
 
 log = logging.getLogger(__name__)
 

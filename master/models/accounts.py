@@ -34,7 +34,7 @@ class Account(Base):
     monthly_spend_cap: Mapped[Decimal | None] = mapped_column(Numeric(14, 2), default=None)
     # The account's weight in the queue's fair share (master/scheduler/fairshare.py): relative, > 0; set by an admin.
     fair_share_weight: Mapped[int] = mapped_column(default=1, server_default="1")
-    # Counts the changes to who may log into the account's rentals (SSH keys, disabling): master/services/access.py.
+    # Counts the changes to who may log into the account's rentals (SSH keys, disabling): master/services/accounts/access.py.
     access_version: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     # When an operator disabled the account: its API keys, console sessions and rentals' SSH keys stop working.
     disabled_at: Mapped[datetime | None] = mapped_column(default=None)
@@ -52,7 +52,7 @@ class ApiKey(Base):
 
 
 class ConsoleSession(Base):
-    """A web console sign-in (master/services/sessions.py): the browser holds only a random token in an
+    """A web console sign-in (master/services/accounts/sessions.py): the browser holds only a random token in an
     HTTP-only cookie; the row holds its hash. Revoking the API key it was opened with ends it too."""
 
     __tablename__ = "console_sessions"
@@ -69,7 +69,7 @@ class ConsoleSession(Base):
 
 
 class SshKey(Base):
-    """A renter's SSH public key (``master/services/ssh_keys.py``): the agent's SSH server authorises it
+    """A renter's SSH public key (``master/services/accounts/ssh_keys.py``): the agent's SSH server authorises it
     for the account's rentals. ``public_key`` is canonical OpenSSH (``type base64``, no comment);
     ``fingerprint`` is as ``ssh-keygen -lf`` prints it (``SHA256:`` and unpadded base64)."""
 

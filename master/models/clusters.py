@@ -24,7 +24,7 @@ from master.models.base import Base, _now
 class Cluster(Base):
     """One rental spanning several hosts: ``node_count`` member rentals (``rentals.cluster_id``), one per host.
 
-    Its state is derived from its members' (``master/services/clusterstate.py``); placement, commands,
+    Its state is derived from its members' (``master/services/lifecycle/clusters.py``); placement, commands,
     telemetry and billing work per member.
     """
 
@@ -43,7 +43,7 @@ class Cluster(Base):
     # Bounds between nodes ({"max_latency_ms", "max_loss_pct", "min_mbit_s"}): placement keeps host pairs measured
     # outside them apart (host_links); once the private network is up its figures are checked against them.
     network: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
-    # The private network between members (master/services/cluster_network.py): its /24 and what the agents said.
+    # The private network between members (master/services/lifecycle/cluster_network.py): its /24 and what the agents said.
     subnet: Mapped[str | None] = mapped_column(String(18), default=None)
     private_network: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     kind: Mapped[str] = mapped_column(String(16), default="on_demand")  # | interruptible

@@ -26,7 +26,7 @@ class Service(Base):
     """An elastic service: replicas of one container workload behind one endpoint, scaled between bounds.
 
     Each replica is a rental (``rentals.service_id``); ``desired_replicas`` is what the autoscaler last chose
-    (``master/services/scaling.py``), ``wake_requested_at`` a request that found no ready replica (scale from zero).
+    (``master/services/endpoints/scaling.py``), ``wake_requested_at`` a request that found no ready replica (scale from zero).
     """
 
     __tablename__ = "services"

@@ -113,7 +113,7 @@ class Gpu(Base):
     memory_total_mib: Mapped[int]
     info: Mapped[dict[str, Any]] = mapped_column(default=dict)
     present: Mapped[bool] = mapped_column(default=True)
-    # Classification (master/services/tiers.py), refreshed when the host reports or is re-scored.
+    # Classification (master/services/market/tiers.py), refreshed when the host reports or is re-scored.
     tier: Mapped[str | None] = mapped_column(String(16), default=None, index=True)
     score: Mapped[float | None] = mapped_column(default=None)
     model_key: Mapped[str | None] = mapped_column(String(64), default=None)
@@ -122,7 +122,7 @@ class Gpu(Base):
     # The allocation, claimed with conditional UPDATEs so one GPU is never given twice: a whole-GPU
     # rental sets ``rental_id`` (WHERE rental_id IS NULL AND milli_used = 0); fractional shares add to
     # ``milli_used``/``memory_used_mib`` (WHERE the sums stay within the GPU). MIG slices are rows of
-    # gpu_allocations whose ``active_mig`` is unique. See master/services/allocation.py.
+    # gpu_allocations whose ``active_mig`` is unique. See master/services/rentals/allocation.py.
     rental_id: Mapped[str | None] = mapped_column(ForeignKey("rentals.id"), default=None, index=True)
     milli_used: Mapped[int] = mapped_column(default=0, server_default="0")
     memory_used_mib: Mapped[int] = mapped_column(default=0, server_default="0")
@@ -138,7 +138,7 @@ class Gpu(Base):
 
 
 class HostPowerPolicy(Base):
-    """A provider's off-peak power policy for one host (master/services/power.py, docs/power.md): the cap its idle GPUs
+    """A provider's off-peak power policy for one host (master/services/hosts/power.py, docs/power.md): the cap its idle GPUs
     are lowered to off-peak, in watts or as a fraction of each GPU's default limit, and what its agent was last sent."""
 
     __tablename__ = "host_power_policies"

@@ -23,7 +23,7 @@ from master.models.base import Base, _now
 
 
 class HostListing(Base):
-    """A provider's terms for one host on the marketplace (``master/services/listings.py``).
+    """A provider's terms for one host on the marketplace (``master/services/market/listings.py``).
 
     Prices are USD per GPU-hour, exact decimals with six places. ``maintenance_windows`` is a
     list of ``{"start", "end"}`` UTC times written as ``YYYY-MM-DDTHH:MM:SSZ``: that fixed
@@ -79,7 +79,7 @@ class OfferSummary(Base):
 
 
 class Template(Base):
-    """A named container workload renters can start by name (``master/services/templates.py``).
+    """A named container workload renters can start by name (``master/services/rentals/templates.py``).
 
     ``workload`` is a ``shared.protocol.ContainerWorkload`` as JSON (kind, image, command, args, env,
     ports, shm_mib, limits); a rental copies it when it is created, so editing a template never

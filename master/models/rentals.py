@@ -68,10 +68,10 @@ class Rental(Base):
     # Re-place the rental on another host if its host is lost (the new rental names this one).
     restart_on_failure: Mapped[bool] = mapped_column(default=False)
     replaces_id: Mapped[str | None] = mapped_column(ForeignKey("rentals.id", name="fk_rentals_replaces_id"), default=None)
-    # A member of a cluster (master/services/clusters.py): the cluster and the member's rank, 0 to node_count - 1.
+    # A member of a cluster (master/services/clusters/core.py): the cluster and the member's rank, 0 to node_count - 1.
     cluster_id: Mapped[str | None] = mapped_column(ForeignKey("clusters.id", name="fk_rentals_cluster_id"), default=None, index=True)
     node_rank: Mapped[int | None] = mapped_column(default=None)
-    # A replica of an elastic service (master/services/elastic.py), and when its health check first passed
+    # A replica of an elastic service (master/services/endpoints/core.py), and when its health check first passed
     # (the gateway balances over replicas with ready_at set; created_at is when the autoscaler decided on it).
     service_id: Mapped[str | None] = mapped_column(ForeignKey("services.id", name="fk_rentals_service_id"), default=None, index=True)
     ready_at: Mapped[datetime | None] = mapped_column(default=None)

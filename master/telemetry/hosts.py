@@ -31,9 +31,13 @@ from master.models import (
     TelemetrySample,
     TunnelUsage,
 )
-from master.services import cluster_network, commands, faults, reliability, rental_lifecycle, ssh_keys
-from master.services.hoststate import transition
-from master.services.rentalstate import ACTIVE_STATES, UNSTOPPED_STATES
+from master.services import commands
+from master.services.accounts import ssh_keys
+from master.services.lifecycle import cluster_network
+from master.services.lifecycle.hosts import transition
+from master.services.lifecycle.rentals import ACTIVE_STATES, UNSTOPPED_STATES
+from master.services.market import faults, reliability
+from master.services.rentals import lifecycle as rental_lifecycle
 from master.telemetry.store import CleanSample, clean_sample, sampled_too_far_ahead
 from shared import protocol
 from shared.clock import utcnow
@@ -322,7 +326,7 @@ _DEFAULT_SETTINGS = MasterSettings.model_construct()
 async def handle_gpu_events(session: AsyncSession, envelope: protocol.BusEnvelope, *, settings: MasterSettings | None = None) -> int:
     """Record XID / ECC events once per ``(host, seq, position)``; returns how many were new.
 
-    New hardware faults count towards making the host faulty (``master/services/faults.py``).
+    New hardware faults count towards making the host faulty (``master/services/market/faults.py``).
     """
     message = envelope.message
     assert isinstance(message, protocol.GpuEvents)

@@ -22,7 +22,9 @@ import logging
 from sqlalchemy import text
 
 from master.context import Master
-from master.services import clusterstate, commands, enrollment
+from master.services import commands
+from master.services.hosts import enrollment
+from master.services.lifecycle import clusters as clusterstate
 from master.telemetry import batch as batches
 from master.telemetry import hosts
 from shared import protocol

@@ -33,8 +33,8 @@ from master.context import IngestStats, Master
 from master.models import Alert, Gpu, Host, Rental
 from master.services.gateway import Gateway, percentile
 from master.services.gateway.stats import ServiceStats
-from master.services.hoststate import HOST_STATES, RENTABLE_STATES
-from master.services.rentalstate import RENTAL_STATES
+from master.services.lifecycle.hosts import HOST_STATES, RENTABLE_STATES
+from master.services.lifecycle.rentals import RENTAL_STATES
 from shared import protocol
 from shared.bus import Backlog
 

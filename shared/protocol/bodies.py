@@ -210,7 +210,7 @@ class NetworkReportBody(StrictModel):
 
 DISK_QUOTA_EXCEEDED: Final = "disk_quota_exceeded"
 """A ``WorkloadExitedBody.reason``'s leading code: the agent stopped a container that wrote more than its disk quota
-outside ``/workspace`` (``agent.runtimes.layerquota``); the failure is the renter's (``master.services.reliability``)."""
+outside ``/workspace`` (``agent.runtimes.layerquota``); the failure is the renter's (``master.services.market.reliability``)."""
 
 
 class WorkloadExitedBody(StrictModel):

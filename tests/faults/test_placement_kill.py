@@ -26,8 +26,8 @@ from sqlalchemy import select, update
 
 from master.db import Database
 from master.models import Command, Gpu, GpuAllocation, Host, Rental, RentalEvent
-from master.services.accounts import create_account
-from master.services.rental_queue import INTERRUPTED
+from master.services.accounts.core import create_account
+from master.services.queue import INTERRUPTED
 from shared.ids import new_id
 from tests.faults.checks import check_allocations
 from tests.faults.harness import Report

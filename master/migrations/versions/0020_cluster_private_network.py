@@ -7,7 +7,7 @@ Create Date: 2026-11-26 17:40:00.000000
 ``clusters.subnet`` is the cluster's /24 in 10.64.0.0/10 (``node-N`` is its ``N + 1``);
 ``clusters.private_network`` what the members' agents answered to ``create_cluster`` (each
 member's key, endpoint and step) and the pairwise figures they measured
-(``master/services/cluster_network.py``). ``host_links`` is what the fleet learns from those
+(``master/services/lifecycle/cluster_network.py``). ``host_links`` is what the fleet learns from those
 figures: the latest round trip, throughput and loss (or unreachable) measured between two hosts,
 which placement reads to honour a cluster's network bounds (``master/services/host_links.py``).
 """

@@ -7,7 +7,7 @@ Create Date: 2026-11-28 10:00:00.000000
 ``accounts.access_version`` counts the changes to who may log into the account's rentals (an SSH key
 added or deleted, the account disabled or enabled again): each change sends the agents the whole key
 list with the new version, and an agent ignores a list older than the one it holds
-(``master/services/access.py``, docs/isolation.md "SSH into a rental"). ``accounts.disabled_at`` is
+(``master/services/accounts/access.py``, docs/isolation.md "SSH into a rental"). ``accounts.disabled_at`` is
 when an operator disabled the account (``gpumarket admin disable-account``): its API keys and console
 sessions stop working and its rentals accept no SSH key.
 """

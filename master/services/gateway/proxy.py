@@ -44,7 +44,7 @@ from aiohttp import WSMsgType, web
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from master.services import sessions
+from master.services.accounts import sessions
 from master.services.gateway.core import Gateway
 from master.services.gateway.routing import ServiceRoute
 from master.services.gateway.stats import ServiceStats

@@ -1,0 +1,11 @@
+"""Elastic services, the product (REST paths ``/api/v1/services``; "endpoints" here so that the name does not
+collide with this layer's, ``master.services``): replicas behind one gateway endpoint, scaled on load.
+
+* ``core.py``: create (idempotent), read, list, scale the bounds of and delete a service; ``request.py``: the
+  typed request.
+* ``scaling.py``: the scaling rule; ``autoscale.py``: one autoscaler pass over every service.
+* ``figures.py``, ``series.py``: a service's figures and their series over time (from the gateway's stats).
+
+Imports ``master.services.rentals`` (a replica is a rental), ``master.services.gateway`` (its figures) and what
+rentals may import; never clusters or hosts.
+"""
