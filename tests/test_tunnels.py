@@ -58,6 +58,9 @@ while :; do
 done
 """
 SCRIPT = (
+    # The shell ignores SIGTERM (the container's init forwards the engine's stop to it), so a stop ends the rental
+    # only at the SIGKILL its grace later: test_stopping_the_rental_closes_its_open_streams_and_refuses_new_ones.
+    "trap '' TERM; "
     'mkdir -p /workspace/www && echo "hello from the rental" > /workspace/www/index.html && '
     'printf "%s" "$WS_ECHO" > /workspace/ws.sh && '
     "httpd -p 8000 -h /workspace/www && httpd -p 127.0.0.1:8002 -h /workspace/www && "
@@ -447,8 +450,10 @@ async def test_stopping_the_rental_closes_its_open_streams_and_refuses_new_ones(
                 while True:
                     await ws.recv()
         closed_at = datetime.now(UTC)
-        # The agent resets the streams as the stop arrives, before the workload's grace (its sh, the
-        # container's init, ignores SIGTERM: it ends only at the SIGKILL 10 s later, when the rental stops).
+        # The agent resets the streams as the stop arrives, before the workload's grace (its sh ignores SIGTERM:
+        # SCRIPT's trap; it ends only at the SIGKILL 10 s later, when the rental stops). Without the trap the
+        # container's init passed the stop to a shell that died of it at once, and beside a CPU hog the renter saw
+        # its stream close 25 ms after the rental had stopped (2026-11-29).
         # Read by the order of events, not by how soon the state is read: a loaded machine may read it after.
         rental = await renter.get(f"/rentals/{rental_id}")
         stopped = [datetime.fromisoformat(e["at"]) for e in rental["events"] if e["to"] == "stopped"]
@@ -461,6 +466,11 @@ async def test_stopping_the_rental_closes_its_open_streams_and_refuses_new_ones(
 
     body = await eventually(refused, what="connect to refuse the stopped rental")
     assert body["code"] == "rental_not_running"
+
+    async def ended() -> bool:
+        return bool((await renter.get(f"/rentals/{rental_id}"))["state"] == "stopped")
+
+    await eventually(ended, timeout=120, what="the rental stopped (its grace past)")
     # And the token issued while it ran opens nothing now: the agent knows the rental no more.
     with pytest.raises((ConnectionClosed, InvalidStatus)):
         async with ws_connect(view["relay_url"], ssl=_trusting(view["ca_pem"]), additional_headers=headers) as ws:

@@ -59,7 +59,7 @@ class AgentPackage:
 
 def source_checkout(module_file: str = __file__) -> Path | None:
     """The gpumarket source checkout this code runs from, or ``None`` for an installed package."""
-    root = Path(module_file).resolve().parents[2]
+    root = Path(module_file).resolve().parents[__name__.count(".")]  # master/services/hosts/agent_package.py: 3 up
     try:
         project = tomllib.loads((root / "pyproject.toml").read_text())
     except (OSError, tomllib.TOMLDecodeError):
