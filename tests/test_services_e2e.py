@@ -93,6 +93,9 @@ class Load:
         self.replicas: Counter[str] = Counter()
         self.failures: list[str] = []
         self._stop = asyncio.Event()
+        self._go = asyncio.Event()  # cleared while held: the workers send nothing new
+        self._go.set()
+        self.in_flight = 0  # the workers' requests not yet answered
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -100,13 +103,31 @@ class Load:
 
     async def stop(self) -> None:
         self._stop.set()
+        self._go.set()
         await asyncio.gather(*self._tasks)
+
+    async def hold(self) -> None:
+        """Until ``resume``: no new requests, and back once the workers' last ones are answered."""
+        self._go.clear()
+
+        async def answered() -> bool:
+            return self.in_flight == 0
+
+        await eventually(answered, timeout=60, what="the load's requests answered")
+
+    def resume(self) -> None:
+        self._go.set()
 
     async def _worker(self, number: int) -> None:
         n = 0
         while not self._stop.is_set():
+            await self._go.wait()
             n += 1
-            await self.request(f"worker {number} request {n}", DELAY_MS)
+            self.in_flight += 1
+            try:
+                await self.request(f"worker {number} request {n}", DELAY_MS)
+            finally:
+                self.in_flight -= 1
 
     async def request(self, words: str, delay_ms: int) -> None:
         """One idempotent chat completion that the replica holds ``delay_ms``; its outcome lands in the counters."""
@@ -187,10 +208,11 @@ async def test_a_service_grows_under_load_survives_a_killed_agent_and_shrinks_af
         [lone_host] = [host for host, n in hosts.items() if n == 1]
         index = next(i for i, agent in enumerate(market.agents) if agent.host_id == lone_host)
         before = load.outcomes["ok"]
-        # Slow requests beside the load first: least-in-flight gives every replica some, so requests surely are in flight
-        # on the dying one (the load's 300 ms ones alone left it none in flight, once in a CI run).
+        # Requests surely in flight on the dying replica: the load held and answered first, so that only slow ones are
+        # in flight when the gateway counts some on it. (Slow ones beside the load left it none once in a CI run: the
+        # wait saw a 300 ms request in flight on it, the slow ones not yet sent, and the kill came as it was answered.)
+        await load.hold()
         slow = [asyncio.create_task(load.request(f"slow request {n}", SLOW_DELAY_MS)) for n in range(9)]
-        # Until the gateway has some on the dying replica: a fixed 1 s left it none on a loaded machine (no retry).
         [lone_rental] = [r["rental_id"] for r in view["replica_rentals"] if r["ready"] and r["host_id"] == lone_host]
 
         async def in_flight_on_the_lone_replica() -> bool:
@@ -198,6 +220,7 @@ async def test_a_service_grows_under_load_survives_a_killed_agent_and_shrinks_af
             return pool is not None and pool.inflight > 0
 
         await eventually(in_flight_on_the_lone_replica, timeout=60, what="slow requests in flight on the lone replica")
+        load.resume()
         market.agent_tasks[index].cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await market.agent_tasks[index]
