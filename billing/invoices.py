@@ -35,7 +35,7 @@ from billing import ledger
 from billing.ledger import from_micros as _from_micros
 from billing.ledger import micros_sum as _micros
 from master.models import Account, LedgerEntry, LedgerTransaction, Rental
-from master.services.accounts.core import Principal
+from master.services.accounts import Principal
 from shared.errors import BadRequest, NotFound
 
 CURRENCY = "USD"

@@ -28,7 +28,7 @@ from billing import ledger
 from billing.ledger import Leg
 from master.db import Database
 from master.models import Account, LedgerAccount, Payout
-from master.services.accounts.core import Principal
+from master.services.accounts import Principal
 from shared.files import atomic_write
 from shared.ids import new_id
 from shared.settings import MasterSettings

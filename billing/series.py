@@ -32,10 +32,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from billing import ledger
 from billing.ledger import from_micros, micros_sum
 from master.models import Host, LedgerEntry, LedgerTransaction, Rental
-from master.services.platform import fleet as fleet_series
-from master.services.platform.fleet import Window
+from master.services import platform
+from master.services.platform import Window
 
-MAX_DAYS = fleet_series.MAX_DAYS
+MAX_DAYS = platform.MAX_DAYS
 ZERO = Decimal(0)
 
 
@@ -190,8 +190,8 @@ async def marketplace(session: AsyncSession, *, days: int, now: datetime) -> dic
     """The admin's view per UTC day: GMV and fees (the ledger), GPU occupancy and hosts online (the fleet)."""
     window = Window.ending(now, days)
     money = await gmv(session, days=days, now=now)
-    occupancy = await fleet_series.fleet_occupancy(session, window)
-    online = await fleet_series.hosts_online(session, window)
+    occupancy = await platform.fleet_occupancy(session, window)
+    online = await platform.hosts_online(session, window)
     for point, share, (mean, most) in zip(money["days"], occupancy, online, strict=True):
         point["occupancy"] = share
         point["hosts_online"] = mean

@@ -20,12 +20,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from billing import credits, ledger, rating, summaries
 from master.context import Master
 from master.models import Account, Rental, RentalEvent
+from master.services import hosts, rentals
 from master.services import queue as rental_queue
-from master.services.accounts.core import Principal
-from master.services.hosts import views as host_views
-from master.services.rentals import core as rentals
-from master.services.rentals import placement as rental_placement
-from master.services.rentals.request import RentalRequest
+from master.services.accounts import Principal
+from master.services.rentals import RentalRequest, quota_view
 
 # ---- the account -----------------------------------------------------------------------------
 
@@ -37,7 +35,7 @@ async def account_view(master: Master, who: Principal) -> dict[str, Any]:
         assert account is not None
         view = {
             "id": account.id, "name": account.name, "role": account.role, "created_at": account.created_at.isoformat(),
-            "quota": (quota := await rental_placement.quota_view(master, session, account)),
+            "quota": (quota := await quota_view(master, session, account)),
             "fair_share_weight": account.fair_share_weight,
             "credit": await credits.credit_view(session, account, burn_per_hour=Decimal(quota["spend_per_hour"]),
                                                 now=master.clock.now()),
@@ -78,14 +76,14 @@ async def _with_earnings(session: AsyncSession, who: Principal, views: list[dict
 async def host_page(master: Master, who: Principal, *, limit: int, offset: int) -> tuple[list[dict[str, Any]], int]:
     """Hosts the caller can see, with their earnings; and how many there are."""
     async with master.db.session() as session:
-        items, total = await host_views.list_hosts(session, who, limit=limit, offset=offset)
+        items, total = await hosts.list_hosts(session, who, limit=limit, offset=offset)
         return await _with_earnings(session, who, items), total
 
 
 async def host_detail(master: Master, who: Principal, host_id: str) -> dict[str, Any]:
     """One host the caller can see, with its earnings."""
     async with master.db.session() as session:
-        view = await host_views.get_host(session, who, host_id)
+        view = await hosts.get_host(session, who, host_id)
         return (await _with_earnings(session, who, [view]))[0]
 
 

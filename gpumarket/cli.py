@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.runtimes.users import DEFAULT_RENTALS_ROOT
+from gpumarket.renter.options import positive_int
 from shared.errors import GpumarketError
 from shared.settings import AccessSettings, AgentSettings, DnsSettings, MasterSettings, ServiceSettings
 
@@ -228,7 +229,7 @@ async def _admin_database(settings: MasterSettings) -> Database:
 
 
 def cmd_admin_create_account(args: argparse.Namespace) -> None:
-    from master.services.accounts.core import create_account
+    from master.services.accounts import create_account
 
     settings = MasterSettings.load(args.config)
 
@@ -251,11 +252,11 @@ def cmd_admin_set_account_access(args: argparse.Namespace) -> None:
     from sqlalchemy import select
 
     from master.models import Account
-    from master.services.accounts import access
+    from master.services import accounts
     from shared.clock import SystemClock
 
     settings = MasterSettings.load(args.config)
-    change = access.disable_account if args.disable else access.enable_account
+    change = accounts.disable_account if args.disable else accounts.enable_account
 
     async def main() -> int:
         db = await _admin_database(settings)
@@ -284,110 +285,7 @@ def cmd_admin_issue_relay_cert(args: argparse.Namespace) -> None:
     print(f"GPUMARKET_CERT_FILE={cert_path}\nGPUMARKET_KEY_FILE={key_path}\nGPUMARKET_CA_FILE={ca_copy}")
 
 
-def cmd_simulate(args: argparse.Namespace) -> None:
-    import json
-
-    from master.scheduler.simulate import ProgressBar, simulate
-    from master.scheduler.trace import load_nodes, load_pods
-    from shared.errors import ValidationFailed
-
-    if args.hetero:
-        cmd_simulate_hetero(args)
-        return
-    if args.nodes is None or args.pods is None:
-        raise ValidationFailed("simulate needs --nodes and --pods (the trace's CSVs), or --hetero for the heterogeneous-clusters experiment")
-    nodes = load_nodes(args.nodes)
-    pods = [pod.request for pod in load_pods(args.pods)]
-    progress = None if args.quiet else ProgressBar(f"simulate {args.algorithm} seed {args.seed}")
-    result = simulate(
-        nodes, pods, algorithm=args.algorithm, inflate=args.inflate, seed=args.seed, stop_at_pct=args.stop_at,
-        progress=progress,
-    )  # fmt: skip
-    if args.json:
-        print(json.dumps(result.to_json()))
-        return
-    print(f"{result.algorithm} (seed {result.seed}): {result.nodes:,} nodes, {result.gpus:,} GPUs, "
-          f"{result.pods:,} pods arriving: {result.placed:,} placed, {result.failed:,} failed")  # fmt: skip
-    print("arrived %  GPU allocated %  fragmented %")
-    for pct in (50, 80, 90, 95, 100, 110, 120, 130):
-        allocated, fragmented = result.allocated_at(pct), result.fragmented_at(pct)
-        if allocated is not None and fragmented is not None:
-            print(f"{pct:9d}  {allocated:15.2f}  {fragmented:12.2f}")
-
-
-def _seed_list(text: str) -> list[int]:
-    """``1-100`` or ``1,5,9-12`` as a list of seeds."""
-    seeds: list[int] = []
-    try:
-        for part in text.split(","):
-            low, _, high = part.strip().partition("-")
-            seeds.extend(range(int(low), int(high or low) + 1))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"seeds are like 1-100 or 1,5,9-12, not {text!r}") from None
-    if not seeds:
-        raise argparse.ArgumentTypeError("no seeds given")
-    return seeds
-
-
-def cmd_simulate_hetero(args: argparse.Namespace) -> None:
-    import json
-
-    from master.scheduler.hetero import DEFAULT_ALGORITHMS, run_hetero
-    from shared.errors import ValidationFailed
-
-    if args.nodes is not None or args.pods is not None:
-        raise ValidationFailed("--hetero draws its own fleet and tasks: drop --nodes and --pods")
-    algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()] if args.algorithms else list(DEFAULT_ALGORITHMS)
-    def progress(done: int, total: int) -> None:
-        if not args.quiet and (done == total or done % max(1, total // 10) == 0):
-            print(f"simulate --hetero: {done}/{total} seeds", file=sys.stderr, flush=True)
-
-    results = run_hetero(algorithms, args.seeds, tasks=args.tasks, progress=progress)
-    if args.json:
-        print(json.dumps({"experiment": "hetero", "tasks": args.tasks, "seeds": args.seeds,
-                          "results": [result.to_json() for result in results]}))  # fmt: skip
-        return
-    print(f"heterogeneous clusters: {args.tasks} tasks arriving, seeds {args.seeds[0]}..{args.seeds[-1]} "
-          f"({len(args.seeds)}); tasks placed, mean ± σ over the seeds")  # fmt: skip
-    for result in results:
-        print(f"  {result.algorithm:20s} {result.mean:6.2f} ± {result.sd:5.2f}   (min {min(result.placed)}, max {max(result.placed)})")
-
-
-def cmd_train_placer(args: argparse.Namespace) -> None:
-    from shared.errors import ConfigError
-
-    try:
-        from gpumarket.learn.train import train_placer
-    except ImportError as exc:
-        raise ConfigError(
-            f"train-placer needs the learn extra ({exc.name or exc} is not installed): pip install 'gpumarket[learn]'"
-        ) from None
-    if args.setting == "trace":
-        if args.trace_dir is None:
-            raise ConfigError("the trace setting needs --trace-dir DIR: the folder holding openb_node_list_gpu_node.csv")
-        if not (args.trace_dir / "openb_node_list_gpu_node.csv").is_file():
-            raise ConfigError(f"{args.trace_dir} holds no openb_node_list_gpu_node.csv: pass the trace's csv folder as --trace-dir")
-
-    def report(line: str) -> None:
-        if not args.quiet:
-            print(line, file=sys.stderr, flush=True)
-
-    result = train_placer(
-        args.algorithm, args.setting, steps=args.steps, seed=args.seed, name=args.out, directory=args.dir,
-        trace_dir=args.trace_dir, report=report, start_from_fgd=args.start_from_fgd,
-    )  # fmt: skip
-    print(f"saved {result.path} ({args.algorithm}, {args.setting}, {result.steps:,} steps in {result.seconds:.0f} s, "
-          f"{result.episodes:,} episodes, mean return {result.mean_return:.2f} over the last ones)")  # fmt: skip
-
-
 # ---- parser -------------------------------------------------------------------------
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
 
 
 def _service_parser(
@@ -458,7 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     topology.add_argument("--database-url", default="postgresql://postgres@127.0.0.1:5432/gpumarket_cluster", metavar="URL", help="PostgreSQL database (default: gpumarket_cluster on the local server)")
     topology.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", metavar="URL", help="Redis (default redis://127.0.0.1:6379/0)")
     topology.add_argument("--bus-prefix", default="gpumarket-cluster:", metavar="P", help="key prefix in Redis (default gpumarket-cluster:)")
-    topology.add_argument("--agents", type=_positive_int, default=4, metavar="N", help="simulated provider hosts (default 4)")
+    topology.add_argument("--agents", type=positive_int, default=4, metavar="N", help="simulated provider hosts (default 4)")
     topology.add_argument("--fresh", action="store_true", help="start over: drop and create the database, delete the prefix's Redis keys and the workdir's state")
     topology.add_argument("--check", action="store_true", help="rent, watch, get charged and stop one rental through the cluster, then stop")
     topology.add_argument("--log-level", default="WARNING", help="this command's own log level (default WARNING)")
@@ -490,7 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
         "billing_in_process=false on the masters. Workers do not migrate the database: run `gpumarket migrate` (or a master) first.",
     )  # fmt: skip
     worker.add_argument("--beat", action="store_true", help="also run the scheduler (exactly one worker in a deployment may)")
-    worker.add_argument("--concurrency", type=_positive_int, default=2, metavar="N", help="worker processes (default 2)")
+    worker.add_argument("--concurrency", type=positive_int, default=2, metavar="N", help="worker processes (default 2)")
     worker.add_argument("--loglevel", metavar="L", help="DEBUG, INFO, WARNING or ERROR (default: GPUMARKET_LOG_LEVEL)")
     worker.set_defaults(func=cmd_worker)
 
@@ -553,59 +451,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config(netguard)  # egress_allow and process_subnet_pool come from the agent's settings
     netguard.set_defaults(func=cmd_agent_netguard)
 
-    from master.scheduler.registry import DEFAULT_PLACER, PLACERS
+    from gpumarket.research import add_parsers as add_research_parsers
 
-    simulate = sub.add_parser(
-        "simulate", help="replay a GPU cluster trace through a placement algorithm", formatter_class=formatter,
-        description="Replay the Alibaba GPU cluster trace v2023 (FGD paper) through the scheduler's placers: top the "
-        "trace's pods up to INFLATE x the GPU capacity with copies of random pods, shuffle them with the seed, place "
-        "them one at a time, never release, drop the ones that fail. Reports GPU allocation and fragmentation at each "
-        "whole percent of arrived GPU demand; a progress bar goes to stderr.",
-        epilog=f"algorithms: {', '.join(PLACERS)} (default {DEFAULT_PLACER}).\n"
-        "example: gpumarket simulate --nodes openb_node_list_gpu_node.csv --pods openb_pod_list_default.csv "
-        "--algorithm fgd --seed 42 --json\n"
-        "example: gpumarket simulate --hetero --seeds 1-100 --json",
-    )  # fmt: skip
-    simulate.add_argument("--nodes", type=Path, metavar="NODES.csv", help="trace node list (sn,cpu_milli,memory_mib,gpu,model)")
-    simulate.add_argument("--pods", type=Path, metavar="PODS.csv", help="trace pod list (name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec,...])")
-    simulate.add_argument("--algorithm", default=DEFAULT_PLACER, choices=tuple(PLACERS), metavar="NAME", help=f"placement algorithm (default {DEFAULT_PLACER})")
-    simulate.add_argument("--inflate", type=float, default=1.3, metavar="X", help="arriving GPU demand as a multiple of capacity (default 1.3)")
-    simulate.add_argument("--seed", type=int, default=42, help="seed for the workload and the algorithm (default 42)")
-    simulate.add_argument("--stop-at", type=float, metavar="PCT", help="stop once this %% of capacity has arrived (default: all of it)")
-    simulate.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
-    simulate.add_argument("--quiet", action="store_true", help="no progress bar")
-    hetero = simulate.add_argument_group(
-        "heterogeneous clusters (--hetero)", "three clusters of different GPU models and networks, tasks with GPU shares "
-        "and network limits; counts the tasks each algorithm places (docs/placement.md, the learned placer)",
-    )  # fmt: skip
-    hetero.add_argument("--hetero", action="store_true", help="run the heterogeneous-clusters experiment instead of a trace")
-    hetero.add_argument("--algorithms", metavar="A,B,...", help="algorithms to compare (default: first_fit, best_fit, random, utilization, fgd, fgd_net, learned_ppo, learned_ddpg)")
-    hetero.add_argument("--seeds", type=_seed_list, default=list(range(1, 101)), metavar="1-100", help="episodes' seeds (default 1-100, never trained on)")
-    hetero.add_argument("--tasks", type=_positive_int, default=100, metavar="N", help="tasks arriving per episode (default 100)")
-    simulate.set_defaults(func=cmd_simulate)
-
-    train = sub.add_parser(
-        "train-placer", help="train the learned placer by reinforcement learning (needs gpumarket[learn])",
-        formatter_class=formatter,
-        description="Train the learned placer's scorer — one small MLP shared across candidate nodes — with "
-        "Stable-Baselines3 in the placement simulator as a Gymnasium environment: MaskablePPO (ppo) or DDPG (ddpg), on "
-        "the heterogeneous-clusters experiment (hetero, episode seeds from 1000 on) or on random 48-64-node subsets of "
-        "the Alibaba trace with its default variant's pods (trace). Saves the numpy policy as DIR/NAME.npz, which "
-        "gpumarket simulate --algorithm NAME and the master's placer setting load by name. CPU only, one thread; a "
-        "progress line goes to stderr.",
-        epilog="needs the optional extra: pip install 'gpumarket[learn]'\n"
-        "example: gpumarket train-placer --algorithm ppo --setting hetero --steps 300000 --seed 1",
-    )  # fmt: skip
-    train.add_argument("--algorithm", required=True, choices=("ppo", "ddpg"), help="MaskablePPO (ppo) or DDPG (ddpg)")
-    train.add_argument("--setting", default="hetero", choices=("hetero", "trace"), help="what to train on (default hetero)")
-    train.add_argument("--steps", type=_positive_int, default=200_000, metavar="N", help="environment steps (default 200000)")
-    train.add_argument("--seed", type=int, default=0, help="seed of the training run (default 0)")
-    train.add_argument("--out", metavar="NAME", help="policy name (default learned_ALGORITHM, learned_ALGORITHM_trace for trace)")
-    train.add_argument("--dir", type=Path, metavar="DIR", help="where to save NAME.npz (default: the shipped policies, master/scheduler/policies)")
-    train.add_argument("--trace-dir", type=Path, metavar="DIR", help="the trace's csv folder (the trace setting)")
-    train.add_argument("--start-from-fgd", action="store_true", help="start the actor as FGD (its score increasing in FGD's) and refine it")
-    train.add_argument("--quiet", action="store_true", help="no progress lines")
-    train.set_defaults(func=cmd_train_placer)
+    add_research_parsers(sub)  # simulate, train-placer: the scheduler's experiments on the trace and the simulator
 
     from gpumarket.renter.clusters import add_parsers as add_cluster_parsers
     from gpumarket.renter.commands import add_parsers as add_renter_parsers

@@ -51,7 +51,7 @@ import aiohttp
 
 from gpumarket.up import DEMO_FLEET
 from master.db import Database
-from master.services.accounts.core import create_account
+from master.services.accounts import create_account
 from shared.bus import delete_prefix
 from shared.errors import ConfigError, GpumarketError
 

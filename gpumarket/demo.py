@@ -27,8 +27,8 @@ from sqlalchemy import select
 from agent.runner import Agent
 from master.context import Master
 from master.models import Account, Gpu, Host, HostEvent, HostListing
-from master.services.accounts.core import Principal
-from master.services.market import listings, reliability
+from master.services import market
+from master.services.accounts import Principal
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ async def seed_history(master: Master, host_id: str, *, uptime: float, days: int
         raise ValueError("uptime in (0, 1], at least one day and one outage")
     async with master.db.session() as session:
         seeded = await session.scalar(
-            select(HostEvent.id).where(HostEvent.host_id == host_id, HostEvent.actor == reliability.SEEDED_ACTOR).limit(1)
+            select(HostEvent.id).where(HostEvent.host_id == host_id, HostEvent.actor == market.SEEDED_ACTOR).limit(1)
         )
         host = await session.get(Host, host_id)
         if seeded is not None or host is None:
@@ -64,16 +64,16 @@ async def seed_history(master: Master, host_id: str, *, uptime: float, days: int
         start = end - timedelta(days=days)
         span = end - start
         outage = span * (1.0 - uptime) / outages
-        events = [HostEvent(host_id=host_id, at=start, from_state=None, to_state="online", cause=SEEDED_CAUSE, actor=reliability.SEEDED_ACTOR)]
+        events = [HostEvent(host_id=host_id, at=start, from_state=None, to_state="online", cause=SEEDED_CAUSE, actor=market.SEEDED_ACTOR)]
         for n in range(outages):
             down_at = start + span * (n + 0.5) / outages
             events.append(HostEvent(host_id=host_id, at=down_at, from_state="online", to_state="offline", cause=SEEDED_CAUSE,
-                                    actor=reliability.SEEDED_ACTOR))  # fmt: skip
+                                    actor=market.SEEDED_ACTOR))  # fmt: skip
             events.append(HostEvent(host_id=host_id, at=down_at + outage, from_state="offline", to_state="online", cause=SEEDED_CAUSE,
-                                    actor=reliability.SEEDED_ACTOR))  # fmt: skip
+                                    actor=market.SEEDED_ACTOR))  # fmt: skip
         session.add_all(events)
         await session.flush()
-        await reliability.rescore_host(session, host, now=master.clock.now())
+        await market.rescore_host(session, host, now=master.clock.now())
     return True
 
 
@@ -108,12 +108,12 @@ async def list_for_shares(master: Master, host_id: str, *, provider: str) -> boo
             if await session.get(HostListing, host_id) is not None:
                 return False
             tiers = (await session.scalars(select(Gpu.tier).where(Gpu.host_id == host_id, Gpu.present.is_(True)))).all()
-            tier = listings.best_tier(tiers)
+            tier = market.best_tier(tiers)
             if tier is not None:
                 account = await session.get(Account, provider)
                 assert account is not None
-                terms = listings.ListingTerms(price_per_gpu_hour=listings.load_price_bounds()[tier].default, smallest_unit=SHARE_UNIT)
-                await listings.put_listing(session, Principal(account.id, account.name, account.role), host_id, terms,
+                terms = market.ListingTerms(price_per_gpu_hour=market.load_price_bounds()[tier].default, smallest_unit=SHARE_UNIT)
+                await market.put_listing(session, Principal(account.id, account.name, account.role), host_id, terms,
                                            now=master.clock.now())  # fmt: skip
                 log.info("demo host %s listed for shares (%s)", host_id, SHARE_UNIT)
                 return True

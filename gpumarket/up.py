@@ -52,8 +52,8 @@ from gpumarket import demo
 from master.app import bound_port, close_master, create_app, open_master
 from master.context import Master
 from master.models import Account
-from master.services.accounts.core import create_account, create_api_key, key_is_valid
-from master.services.hosts import enrollment
+from master.services import hosts
+from master.services.accounts import create_account, create_api_key, key_is_valid
 from shared.bus import InProcessBus
 from shared.crypto import certificate_not_after, certificate_public_key, server_ssl_context, web_ssl_context
 from shared.errors import ConfigError
@@ -341,7 +341,7 @@ async def _demo_agent(
     state = AgentState(folder)
     spec = DEMO_FLEET[i % len(DEMO_FLEET)]
     if not state.enrolled:
-        token, _ = await enrollment.create_token(master, provider_id)
+        token, _ = await hosts.create_token(master, provider_id)
         await enroll(base_url, token, folder, hostname=f"demo-host-{i:02d}", gpus=spec, relay_url=relay_url)
     identity = state.identity()
     await demo.seed_history(master, identity.host_id, uptime=demo.demo_uptime(i))  # once per host

@@ -21,8 +21,8 @@ from sqlalchemy import exc as sa_exc
 from master.api.base import API, RateClass, Route
 from master.api.keys import MASTER, ROUTE_INDEX
 from master.api.ratelimits import RATE_LIMITS
-from master.services.accounts import sessions
-from master.services.accounts.core import Principal, authenticate
+from master.services import accounts
+from master.services.accounts import Principal, authenticate
 from shared.errors import BadRequest, GpumarketError, RateLimited, Unauthorized
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 PRINCIPAL = web.RequestKey("principal", Principal)
-SESSION = web.RequestKey("console_session", sessions.SignedIn)
+SESSION = web.RequestKey("console_session", accounts.SignedIn)
 # Methods that change something: a call authenticated by the console's cookie must also carry its CSRF token.
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
@@ -177,13 +177,13 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if not public:
         master = request.app[MASTER]
         header = request.headers.get("Authorization")
-        cookie = request.cookies.get(sessions.COOKIE)
+        cookie = request.cookies.get(accounts.COOKIE)
         if header is None and cookie:
             # The web console: a session cookie, and for any change the session's CSRF token too.
             async with master.db.session() as session:
-                signed_in = await sessions.resolve(session, cookie, settings=master.settings, now=master.clock.now())
+                signed_in = await accounts.resolve(session, cookie, settings=master.settings, now=master.clock.now())
             if request.method in UNSAFE_METHODS:
-                signed_in.check_csrf(request.headers.get(sessions.CSRF_HEADER))
+                signed_in.check_csrf(request.headers.get(accounts.CSRF_HEADER))
             request[PRINCIPAL], request[SESSION] = signed_in.principal, signed_in
             return await handler(request)
         scheme, _, key = (header or "").partition(" ")

@@ -40,7 +40,7 @@ from aiohttp import web
 from master.api.base import RateClass
 from master.api.keys import MASTER
 from master.context import Master
-from master.services.accounts import sessions
+from master.services import accounts
 from shared.errors import RateLimited
 from shared.ratelimit import Limit, MemoryRateStore, RateStore, RedisRateStore, retry_after, source_key
 from shared.settings import MasterSettings
@@ -127,7 +127,7 @@ def credential_of(request: web.Request) -> str | None:
     header = request.headers.get("Authorization")
     if header is not None:
         return header.partition(" ")[2].strip() or header
-    return request.cookies.get(sessions.COOKIE) or None
+    return request.cookies.get(accounts.COOKIE) or None
 
 
 class ApiRateLimits:

@@ -35,13 +35,8 @@ from master.api.responses import (
 )
 from master.api.schemas import EnrollCheckRequest, EnrollRequest, FairSharePut, QuotaPut, RentalCreate
 from master.api.times import time_query
-from master.services.hosts import enrollment
-from master.services.hosts import views as host_views
-from master.services.market import faults
-from master.services.platform import views as platform_views
-from master.services.rentals import core as rentals
-from master.services.rentals import quotas as account_views
-from master.services.rentals import request as rental_request
+from master.services import hosts, market, platform, rentals
+from master.services.rentals import RentalRequest, set_fair_share, set_quota
 from master.telemetry import series
 from master.telemetry import store as telemetry
 from shared.errors import BadRequest, ValidationFailed
@@ -54,7 +49,7 @@ RENTAL_TARGETS = frozenset({"offer_id", "gpu_model", "requirements", "gpu_count"
 
 async def health(request: web.Request) -> web.Response:
     master = request.app[MASTER]
-    checks = await platform_views.dependency_checks(master)
+    checks = await platform.dependency_checks(master)
     ok = all(v == "ok" for v in checks.values())
     return web.json_response(
         {"status": "ok" if ok else "degraded", "version": VERSION, "instance": master.instance_id, "checks": checks},
@@ -76,7 +71,7 @@ async def get_account(request: web.Request) -> web.Response:
 async def put_account_quota(request: web.Request) -> web.Response:
     body = await parse_body(request, QuotaPut)
     account_id = request.match_info["account_id"]
-    view = await account_views.set_quota(
+    view = await set_quota(
         request.app[MASTER], account_id, max_gpus=body.max_gpus, max_spend_per_hour=body.max_spend_per_hour
     )
     return web.json_response({"account_id": account_id, "quota": view})
@@ -85,14 +80,14 @@ async def put_account_quota(request: web.Request) -> web.Response:
 async def put_account_fair_share(request: web.Request) -> web.Response:
     body = await parse_body(request, FairSharePut)
     account_id = request.match_info["account_id"]
-    weight = await account_views.set_fair_share(request.app[MASTER], account_id, weight=body.weight)
+    weight = await set_fair_share(request.app[MASTER], account_id, weight=body.weight)
     return web.json_response({"account_id": account_id, "fair_share_weight": weight})
 
 
 async def create_enrollment_token(request: web.Request) -> web.Response:
     master = request.app[MASTER]
     who = principal(request)
-    token, expires_at = await enrollment.create_token(master, who.account_id)
+    token, expires_at = await hosts.create_token(master, who.account_id)
     public = shlex.quote((master.settings.public_url or f"http://{request.host}").rstrip("/"))
     return web.json_response(
         {
@@ -109,7 +104,7 @@ async def create_enrollment_token(request: web.Request) -> web.Response:
 
 async def enroll(request: web.Request) -> web.Response:
     body = await parse_body(request, EnrollRequest)
-    result = await enrollment.enroll(request.app[MASTER], body.token, body.csr, hostname=body.hostname)
+    result = await hosts.enroll(request.app[MASTER], body.token, body.csr, hostname=body.hostname)
     return web.json_response(
         {
             "host_id": result.host_id,
@@ -125,7 +120,7 @@ async def enroll(request: web.Request) -> web.Response:
 async def check_enrollment_token(request: web.Request) -> web.Response:
     """Whether a token can enroll a host, without using it (the installer asks before it installs anything)."""
     body = await parse_body(request, EnrollCheckRequest)
-    expires_at = await enrollment.check_token(request.app[MASTER], body.token)
+    expires_at = await hosts.check_token(request.app[MASTER], body.token)
     return web.json_response({"usable": True, "expires_at": expires_at.isoformat()})
 
 
@@ -155,29 +150,29 @@ async def get_host_metrics(request: web.Request) -> web.Response:
 async def get_host_events(request: web.Request) -> web.Response:
     limit, offset = page(request)
     async with request.app[MASTER].db.session() as session:
-        items, total = await host_views.host_events(session, principal(request), request.match_info["host_id"], limit=limit, offset=offset)
+        items, total = await hosts.host_events(session, principal(request), request.match_info["host_id"], limit=limit, offset=offset)
     return listing(items, total, limit, offset)
 
 
 async def get_host_network(request: web.Request) -> web.Response:
     limit = int_query(request, "limit", 50, minimum=1, maximum=1000)
     async with request.app[MASTER].db.session() as session:
-        items = await host_views.host_network(session, principal(request), request.match_info["host_id"], limit=limit)
+        items = await hosts.host_network(session, principal(request), request.match_info["host_id"], limit=limit)
     return web.json_response({"host_id": request.match_info["host_id"], "items": items})
 
 
 async def start_network_test(request: web.Request) -> web.Response:
-    command_id = await host_views.request_network_test(request.app[MASTER], principal(request), request.match_info["host_id"])
+    command_id = await hosts.request_network_test(request.app[MASTER], principal(request), request.match_info["host_id"])
     return web.json_response({"command_id": command_id, "host_id": request.match_info["host_id"]}, status=202)
 
 
 async def revoke_host(request: web.Request) -> web.Response:
-    host = await enrollment.revoke_host(request.app[MASTER], principal(request), request.match_info["host_id"])
+    host = await hosts.revoke_host(request.app[MASTER], principal(request), request.match_info["host_id"])
     return web.json_response({"id": host.id, "state": host.state, "revoked_at": host.revoked_at.isoformat() if host.revoked_at else None})
 
 
 async def list_relays(request: web.Request) -> web.Response:
-    items = await platform_views.relay_list(request.app[MASTER])
+    items = await platform.relay_list(request.app[MASTER])
     return web.json_response({"items": items, "total": len(items)})
 
 
@@ -191,7 +186,7 @@ async def get_rental_logs(request: web.Request) -> web.Response:
 
 async def start_health_check(request: web.Request) -> web.Response:
     host_id = request.match_info["host_id"]
-    command_id = await faults.request_health_check(request.app[MASTER], principal(request), host_id)
+    command_id = await market.request_health_check(request.app[MASTER], principal(request), host_id)
     return web.json_response({"command_id": command_id, "host_id": host_id}, status=202)
 
 
@@ -212,7 +207,7 @@ async def create_rental(request: web.Request) -> web.Response:
     key = request.headers.get("Idempotency-Key")
     if key is not None and not 1 <= len(key) <= 255:
         raise BadRequest("Idempotency-Key must be 1 to 255 characters", code="invalid_idempotency_key")
-    request_ = rental_request.RentalRequest(
+    request_ = RentalRequest(
         gpu_count=body.gpu_count, gpu_model=body.gpu_model, template=body.template,
         workload={} if body.template is not None else body.workload.model_dump(mode="json"),
         restart_on_failure=body.restart_on_failure, gpu_milli=body.gpu_milli, gpu_memory_mib=body.gpu_memory_mib,

@@ -12,7 +12,7 @@ from aiohttp import web
 from master.api.base import PAGING, QueryParam, Route, choice_query, listing, page, str_query
 from master.api.keys import MASTER
 from master.api.middleware import principal
-from master.services.alerts import views as alerts
+from master.services import alerts
 
 _STATES = ("firing", "resolved", "all")
 

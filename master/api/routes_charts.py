@@ -18,7 +18,7 @@ from billing import series
 from master.api.base import QueryParam, Route, int_query
 from master.api.keys import MASTER
 from master.api.middleware import principal
-from master.services.platform import fleet as fleet_series
+from master.services import platform
 
 # ---- response bodies (for the OpenAPI document) ----------------------------------------------
 
@@ -126,7 +126,7 @@ get_earnings = _series(
     lambda s, account, days, now: series.earnings(s, account, days=days, now=now), 30, MONEY_DAYS
 )
 get_occupancy = _series(
-    lambda s, account, days, now: fleet_series.gpu_occupancy(s, account, days=days, now=now),
+    lambda s, account, days, now: platform.gpu_occupancy(s, account, days=days, now=now),
     7,
     OCCUPANCY_DAYS,
 )

@@ -13,8 +13,8 @@ from master.api.base import PAGING, Route, listing, page, parse_body
 from master.api.keys import MASTER
 from master.api.middleware import principal
 from master.api.schemas import ClusterCreate
-from master.services.clusters import core as clusters
-from master.services.clusters.request import ClusterRequest
+from master.services import clusters
+from master.services.clusters import ClusterRequest
 from shared.errors import BadRequest, ValidationFailed
 
 

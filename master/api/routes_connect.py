@@ -12,12 +12,12 @@ from master.api.keys import MASTER
 from master.api.middleware import principal
 from master.api.responses import ConnectView
 from master.api.schemas import ConnectBody
-from master.services.rentals import connect
+from master.services import rentals
 
 
 async def connect_rental(request: web.Request) -> web.Response:
     body = await parse_body(request, ConnectBody)
-    view = await connect.connect(request.app[MASTER], principal(request), request.match_info["rental_id"], body.port)
+    view = await rentals.connect(request.app[MASTER], principal(request), request.match_info["rental_id"], body.port)
     return web.json_response(view)
 
 

@@ -22,7 +22,7 @@ from master.api.keys import MASTER
 from master.api.middleware import SESSION, principal
 from master.api.responses import ConsoleSession, SignedOut
 from master.context import Master
-from master.services.accounts import sessions
+from master.services import accounts
 from master.telemetry import series
 from shared.errors import ClientError, NotFound
 
@@ -59,16 +59,16 @@ async def create_session(request: web.Request) -> web.Response:
     body = await parse_body(request, SessionCreate)
     master = request.app[MASTER]
     async with master.db.session() as session:
-        token, signed_in = await sessions.sign_in(session, body.api_key.strip(), settings=master.settings, now=master.clock.now())
+        token, signed_in = await accounts.sign_in(session, body.api_key.strip(), settings=master.settings, now=master.clock.now())
     response = web.json_response(signed_in.view(), status=201, headers={"Cache-Control": "no-store"})
     response.set_cookie(
-        sessions.COOKIE, token, httponly=True, samesite="Strict", secure=_secure_cookie(request), path="/",
+        accounts.COOKIE, token, httponly=True, samesite="Strict", secure=_secure_cookie(request), path="/",
         max_age=int(master.settings.console_session_max_s),
     )  # fmt: skip
     return response
 
 
-def _signed_in(request: web.Request) -> sessions.SignedIn:
+def _signed_in(request: web.Request) -> accounts.SignedIn:
     if SESSION not in request:
         raise NotFound("this call was made with an API key, not a console session", code="no_session")
     return request[SESSION]
@@ -82,9 +82,9 @@ async def delete_session(request: web.Request) -> web.Response:
     signed_in = _signed_in(request)
     master = request.app[MASTER]
     async with master.db.session() as session:
-        await sessions.sign_out(session, signed_in.session_id, now=master.clock.now())
+        await accounts.sign_out(session, signed_in.session_id, now=master.clock.now())
     response = web.json_response({"signed_out": True})
-    response.del_cookie(sessions.COOKIE, path="/")
+    response.del_cookie(accounts.COOKIE, path="/")
     return response
 
 
@@ -148,7 +148,7 @@ async def stream_host_metrics(request: web.Request) -> web.StreamResponse:
 
 async def _still_signed_in(master: Master, session_id: str) -> bool:
     async with master.db.session() as session:
-        return await sessions.is_live(session, session_id, settings=master.settings, now=master.clock.now())
+        return await accounts.is_live(session, session_id, settings=master.settings, now=master.clock.now())
 
 
 async def streams_ctx(app: web.Application) -> AsyncIterator[None]:

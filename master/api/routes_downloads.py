@@ -16,7 +16,7 @@ from aiohttp import web
 
 from master.api.base import RateClass, Route
 from master.api.keys import MASTER
-from master.services.hosts.agent_package import AgentPackages, source_checkout
+from master.services.hosts import AgentPackages, source_checkout
 from shared.errors import NotFound
 
 PACKAGE_HEADER = "X-Gpumarket-Package"

@@ -9,7 +9,7 @@ from aiohttp import web
 
 from master.api.base import QueryParam, Route, int_query
 from master.api.keys import MASTER
-from master.services.market import forecast
+from master.services import market
 
 
 async def demand_forecast(request: web.Request) -> web.Response:
@@ -17,7 +17,7 @@ async def demand_forecast(request: web.Request) -> web.Response:
     hours = int_query(request, "hours", 24, minimum=1, maximum=168)
     master = request.app[MASTER]
     async with master.db.session() as session:
-        return web.json_response(await forecast.demand_forecast(session, now=master.clock.now(), days=days, horizon=hours))
+        return web.json_response(await market.demand_forecast(session, now=master.clock.now(), days=days, horizon=hours))
 
 
 ROUTES: tuple[Route, ...] = (

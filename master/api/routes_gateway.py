@@ -24,8 +24,7 @@ from aiohttp import web
 
 from master.api.keys import MASTER
 from master.api.ratelimits import RATE_LIMITS
-from master.services.gateway import close_gateway, gateway_of
-from master.services.gateway.proxy import error_response, forward
+from master.services.gateway import close_gateway, error_response, forward, gateway_of
 from shared.errors import GpumarketError, NotFound, RateLimited, Unauthorized
 
 PREFIX = "/svc"

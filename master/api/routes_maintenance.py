@@ -16,7 +16,7 @@ from master.api.keys import MASTER
 from master.api.middleware import principal
 from master.api.schemas_market import MaintenanceWindowBody
 from master.api.times import in_range_utc
-from master.services.market import listings
+from master.services import market
 from shared.errors import BadRequest
 
 
@@ -40,10 +40,10 @@ async def add_maintenance_window(request: web.Request) -> web.Response:
     body = await parse_body(request, MaintenanceWindowBody)
     now = master.clock.now()
     async with master.db.session() as session:
-        listing, tier = await listings.add_window(
-            session, principal(request), request.match_info["host_id"], listings.MaintenanceWindow(body.start, body.end), now=now
+        listing, tier = await market.add_window(
+            session, principal(request), request.match_info["host_id"], market.MaintenanceWindow(body.start, body.end), now=now
         )
-        view = listings.listing_view(listing, tier=tier, now=now)
+        view = market.listing_view(listing, tier=tier, now=now)
     return web.json_response(view, status=201)
 
 
@@ -52,8 +52,8 @@ async def clear_maintenance_window(request: web.Request) -> web.Response:
     start = _start(request.match_info["start"])
     now = master.clock.now()
     async with master.db.session() as session:
-        listing, tier = await listings.clear_window(session, principal(request), request.match_info["host_id"], start, now=now)
-        view = listings.listing_view(listing, tier=tier, now=now)
+        listing, tier = await market.clear_window(session, principal(request), request.match_info["host_id"], start, now=now)
+        view = market.listing_view(listing, tier=tier, now=now)
     return web.json_response(view)
 
 

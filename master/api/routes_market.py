@@ -26,11 +26,20 @@ from master.api.base import (
 from master.api.keys import MASTER
 from master.api.middleware import principal
 from master.api.schemas_market import ListingPut
-from master.services.clusters.request import MAX_NODES
+from master.services import market
+from master.services.clusters import MAX_NODES
 from master.services.host_links import NetworkBounds
-from master.services.market import cluster_offers, listings, offers
-from master.services.market.offers import OfferSearch, Order, Sort
-from master.services.market.query import MAX_QUERY_LENGTH, Condition, Op, format_query, parse, parse_value
+from master.services.market import (
+    MAX_QUERY_LENGTH,
+    Condition,
+    OfferSearch,
+    Op,
+    Order,
+    Sort,
+    format_query,
+    parse,
+    parse_value,
+)
 
 # Each filter as its own query parameter: name → (field of the query language, operator, type, description).
 FILTER_PARAMS: dict[str, tuple[str, Op, str, str]] = {
@@ -72,10 +81,10 @@ async def list_offers(request: web.Request) -> web.Response:
     conditions = offer_conditions(request)
     sort = Sort(choice_query(request, "sort", tuple(Sort)) or Sort.SCORE)
     chosen = choice_query(request, "order", tuple(Order))
-    order = Order(chosen) if chosen is not None else offers.DEFAULT_ORDER[sort]
+    order = Order(chosen) if chosen is not None else market.DEFAULT_ORDER[sort]
     search = OfferSearch(conditions, sort=sort, order=order, limit=limit, offset=offset, now=master.clock.now())
     async with master.db.session() as session:
-        items, total = await offers.search_offers(session, search)
+        items, total = await market.search_offers(session, search)
     return web.json_response(
         {
             "items": items,
@@ -124,7 +133,7 @@ class ClusterOffersPage(BaseModel):
     allow_mixed: bool
     query: str = Field(description="Every filter applied, in the query language, the per-host num_gpus>= included.")
     max_nodes: int = Field(description="The most nodes a cluster of these GPUs per node and filters could have now.")
-    offers_considered: int = Field(description=f"Offers read, the cheapest first (at most {cluster_offers.MAX_OFFERS_CONSIDERED:,}).")
+    offers_considered: int = Field(description=f"Offers read, the cheapest first (at most {market.MAX_OFFERS_CONSIDERED:,}).")
     offers_matching: int = Field(description="Offers matching in all.")
     truncated: bool = Field(description="More offers matched than were read: the dearest prices may be understated.")
     network: dict[str, float] | None = Field(description="The network bounds applied (max_latency_ms, max_loss_pct, "
@@ -153,7 +162,7 @@ async def list_cluster_offers(request: web.Request) -> web.Response:
         for name, maximum, above_zero, _ in NETWORK_BOUNDS
     })  # fmt: skip
     async with master.db.session() as session:
-        found = await cluster_offers.find_cluster_offers(
+        found = await market.find_cluster_offers(
             session, conditions, nodes=nodes, gpus_per_node=gpus_per_node, allow_mixed=allow_mixed, now=master.clock.now(),
             network=network or None, links_max_age_s=master.settings.host_link_max_age_s,
         )  # fmt: skip
@@ -166,7 +175,7 @@ async def list_cluster_offers(request: web.Request) -> web.Response:
             "nodes": nodes,
             "gpus_per_node": gpus_per_node,
             "allow_mixed": allow_mixed,
-            "query": format_query([*conditions, cluster_offers.node_condition(gpus_per_node)]),
+            "query": format_query([*conditions, market.node_condition(gpus_per_node)]),
             "max_nodes": found.max_nodes,
             "offers_considered": found.offers_considered,
             "offers_matching": found.offers_matching,
@@ -179,32 +188,32 @@ async def list_cluster_offers(request: web.Request) -> web.Response:
 async def put_listing(request: web.Request) -> web.Response:
     master = request.app[MASTER]
     body = await parse_body(request, ListingPut)
-    terms = listings.ListingTerms(
-        price_per_gpu_hour=listings.price_of(body.price_per_gpu_hour, field="price_per_gpu_hour", code="invalid_price"),
+    terms = market.ListingTerms(
+        price_per_gpu_hour=market.price_of(body.price_per_gpu_hour, field="price_per_gpu_hour", code="invalid_price"),
         min_bid_per_gpu_hour=None if body.min_bid_per_gpu_hour is None
-        else listings.price_of(body.min_bid_per_gpu_hour, field="min_bid_per_gpu_hour", code="invalid_min_bid"),
+        else market.price_of(body.min_bid_per_gpu_hour, field="min_bid_per_gpu_hour", code="invalid_min_bid"),
         smallest_unit=body.smallest_unit,
         available_until=body.available_until,
-        maintenance_windows=[listings.MaintenanceWindow(w.start, w.end) for w in body.maintenance_windows],
+        maintenance_windows=[market.MaintenanceWindow(w.start, w.end) for w in body.maintenance_windows],
         verified=body.verified,
     )
     now = master.clock.now()
     async with master.db.session() as session:
-        listing, created, tier = await listings.put_listing(session, principal(request), request.match_info["host_id"], terms, now=now)
-        view = listings.listing_view(listing, tier=tier, now=now)
+        listing, created, tier = await market.put_listing(session, principal(request), request.match_info["host_id"], terms, now=now)
+        view = market.listing_view(listing, tier=tier, now=now)
     return web.json_response(view, status=201 if created else 200)
 
 
 async def get_listing(request: web.Request) -> web.Response:
     master = request.app[MASTER]
     async with master.db.session() as session:
-        listing, tier = await listings.get_listing(session, principal(request), request.match_info["host_id"])
-        view = listings.listing_view(listing, tier=tier, now=master.clock.now())
+        listing, tier = await market.get_listing(session, principal(request), request.match_info["host_id"])
+        view = market.listing_view(listing, tier=tier, now=master.clock.now())
     return web.json_response(view)
 
 
 async def get_price_bounds(request: web.Request) -> web.Response:
-    return web.json_response({"currency": "USD", "unit": "GPU-hour", "items": listings.load_price_bounds().view()})
+    return web.json_response({"currency": "USD", "unit": "GPU-hour", "items": market.load_price_bounds().view()})
 
 
 ROUTES: tuple[Route, ...] = (

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from master.api.base import QueryParam, Route, int_query, parse_body
 from master.api.keys import MASTER
 from master.api.middleware import principal
-from master.services.hosts import power, power_savings
+from master.services import hosts
 from shared.errors import BadRequest, ValidationFailed
 
 
@@ -24,7 +24,7 @@ class PowerPolicyPut(BaseModel):
     enabled: bool = Field(True, description="false: opt out (every lowered GPU is restored).")
     cap_watts: float | None = Field(None, gt=0, le=5000, description="The limit off-peak, W, within every GPU's allowed range; e.g. 250.")
     cap_fraction: float | None = Field(None, gt=0, lt=1, description="The limit off-peak as a share of each GPU's default limit, e.g. 0.6.")
-    off_peak_threshold: float = Field(power.DEFAULT_THRESHOLD, gt=0, le=1, description="An hour is off-peak when its forecast demand is below this share of the next 24 hours' peak.")
+    off_peak_threshold: float = Field(hosts.DEFAULT_THRESHOLD, gt=0, le=1, description="An hour is off-peak when its forecast demand is below this share of the next 24 hours' peak.")
 
 
 async def put_power_policy(request: web.Request) -> web.Response:
@@ -33,17 +33,17 @@ async def put_power_policy(request: web.Request) -> web.Response:
         body = await parse_body(request, PowerPolicyPut)
     except ValidationFailed as exc:  # every malformed policy is the caller's 400, as the service's own checks
         raise BadRequest(exc.message, code="invalid_power_policy", details=exc.details) from None
-    asked = power.PolicyInput(enabled=body.enabled, cap_watts=body.cap_watts, cap_fraction=body.cap_fraction,
+    asked = hosts.PolicyInput(enabled=body.enabled, cap_watts=body.cap_watts, cap_fraction=body.cap_fraction,
                               off_peak_threshold=body.off_peak_threshold)  # fmt: skip
     async with master.db.session() as session:
-        view = await power.put_policy(session, principal(request), request.match_info["host_id"], asked, now=master.clock.now())
+        view = await hosts.put_policy(session, principal(request), request.match_info["host_id"], asked, now=master.clock.now())
     return web.json_response(view)
 
 
 async def get_power_policy(request: web.Request) -> web.Response:
     master = request.app[MASTER]
     async with master.db.session() as session:
-        view = await power.get_policy(session, principal(request), request.match_info["host_id"], now=master.clock.now())
+        view = await hosts.get_policy(session, principal(request), request.match_info["host_id"], now=master.clock.now())
     return web.json_response(view)
 
 
@@ -51,7 +51,7 @@ async def get_provider_power(request: web.Request) -> web.Response:
     days = int_query(request, "days", 30, minimum=1, maximum=400)
     master = request.app[MASTER]
     async with master.db.session() as session:
-        view = await power_savings.account_view(session, principal(request), now=master.clock.now(), days=days)
+        view = await hosts.account_view(session, principal(request), now=master.clock.now(), days=days)
     return web.json_response(view)
 
 

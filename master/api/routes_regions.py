@@ -7,11 +7,11 @@ from aiohttp import web
 
 from master.api.base import Route
 from master.api.keys import MASTER
-from master.services.hosts import enrollment
+from master.services import hosts
 
 
 async def list_regions(request: web.Request) -> web.Response:
-    regions = await enrollment.known_regions(request.app[MASTER])
+    regions = await hosts.known_regions(request.app[MASTER])
     return web.json_response({"regions": regions})
 
 

@@ -31,9 +31,8 @@ from master.api.keys import MASTER
 from master.api.middleware import principal
 from master.api.schemas import ServiceCreate, ServiceScale
 from master.models import Service
-from master.services.endpoints import core as elastic
-from master.services.endpoints import series as service_series
-from master.services.endpoints.request import ServiceRequest
+from master.services import endpoints
+from master.services.endpoints import ServiceRequest
 from shared.errors import BadRequest, ValidationFailed
 
 DEFAULT_SCALING = {"metric": "inflight", "target": 4}
@@ -41,12 +40,12 @@ DEFAULT_SCALING = {"metric": "inflight", "target": 4}
 
 def endpoint_url(request: web.Request, service_id: str) -> str:
     base = request.app[MASTER].settings.public_url or f"{request.scheme}://{request.host}"
-    return base.rstrip("/") + elastic.endpoint_path(service_id)
+    return base.rstrip("/") + endpoints.endpoint_path(service_id)
 
 
 async def _detail(request: web.Request, service_id: str) -> dict[str, Any]:
     async with request.app[MASTER].db.session() as session:
-        view = await elastic.service_detail(session, principal(request), service_id)
+        view = await endpoints.service_detail(session, principal(request), service_id)
         charged = await charged_by_rental(session, [r["rental_id"] for r in view["replica_rentals"]])
     view["endpoint_url"] = endpoint_url(request, service_id)
     view["cost_so_far"] = ledger.money(sum(charged.values(), Decimal(0)))
@@ -73,7 +72,7 @@ async def create_service(request: web.Request) -> web.Response:
         health_path=body.health_path, gpu_count=body.gpu_count, gpu_model=body.gpu_model, query=query, kind=body.kind,
         bid=body.bid,
     )  # fmt: skip
-    service, token = await elastic.create_service(master, principal(request), wanted, idempotency_key=key)
+    service, token = await endpoints.create_service(master, principal(request), wanted, idempotency_key=key)
     view = await _detail(request, service.id)
     view["token"] = token
     return web.json_response(view, status=201 if token is not None else 200)
@@ -83,9 +82,9 @@ async def list_services(request: web.Request) -> web.Response:
     limit, offset = page(request)
     include_deleted = choice_query(request, "deleted", BOOLEAN) == "true"
     async with request.app[MASTER].db.session() as session:
-        items, total = await elastic.list_services(session, principal(request), limit=limit, offset=offset,
+        items, total = await endpoints.list_services(session, principal(request), limit=limit, offset=offset,
                                                    include_deleted=include_deleted)  # fmt: skip
-        replicas = await elastic.replica_ids(session, [item["id"] for item in items])
+        replicas = await endpoints.replica_ids(session, [item["id"] for item in items])
         charged = await charged_by_rental(session, [rid for ids in replicas.values() for rid in ids])
     for item in items:
         item["endpoint_url"] = endpoint_url(request, item["id"])
@@ -101,18 +100,18 @@ async def scale_service(request: web.Request) -> web.Response:
     body = await parse_body(request, ServiceScale)
     if body.min_replicas is None and body.max_replicas is None:
         raise BadRequest("give min_replicas, max_replicas or both", code="invalid_replica_bounds")
-    service = await elastic.scale_service(request.app[MASTER], principal(request), request.match_info["service_id"],
+    service = await endpoints.scale_service(request.app[MASTER], principal(request), request.match_info["service_id"],
                                           min_replicas=body.min_replicas, max_replicas=body.max_replicas)  # fmt: skip
     return web.json_response(await _detail(request, service.id))
 
 
 async def new_token(request: web.Request) -> web.Response:
-    service, token = await elastic.rotate_token(request.app[MASTER], principal(request), request.match_info["service_id"])
+    service, token = await endpoints.rotate_token(request.app[MASTER], principal(request), request.match_info["service_id"])
     return web.json_response({"service_id": service.id, "token": token, "token_prefix": service.token_prefix})
 
 
 async def delete_service(request: web.Request) -> web.Response:
-    service = await elastic.delete_service(request.app[MASTER], principal(request), request.match_info["service_id"])
+    service = await endpoints.delete_service(request.app[MASTER], principal(request), request.match_info["service_id"])
     return web.json_response(await _detail(request, service.id), status=202)
 
 
@@ -120,8 +119,8 @@ async def service_stats(request: web.Request) -> web.Response:
     minutes = int_query(request, "minutes", 60, minimum=1, maximum=7 * 24 * 60)
     master = request.app[MASTER]
     async with master.db.session() as session:
-        service: Service = await elastic.get_service(session, principal(request), request.match_info["service_id"])
-        series = await service_series.series(session, service, now=master.clock.now(), minutes=minutes,
+        service: Service = await endpoints.get_service(session, principal(request), request.match_info["service_id"])
+        series = await endpoints.series(session, service, now=master.clock.now(), minutes=minutes,
                                               bucket_s=master.settings.service_stats_bucket_s)
     return web.json_response(series)
 

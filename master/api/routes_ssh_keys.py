@@ -15,23 +15,22 @@ from master.api.keys import MASTER
 from master.api.middleware import principal
 from master.api.responses import SshKeyDeleted, SshKeyList, SshKeyView
 from master.api.schemas import SshKeyCreate
-from master.services import commands
-from master.services.accounts import access, ssh_keys
+from master.services import accounts, commands
 
 
 async def list_ssh_keys(request: web.Request) -> web.Response:
     async with request.app[MASTER].db.session() as session:
-        rows = await ssh_keys.list_keys(session, principal(request).account_id)
-        return web.json_response({"ssh_keys": [ssh_keys.key_view(k) for k in rows]})
+        rows = await accounts.list_keys(session, principal(request).account_id)
+        return web.json_response({"ssh_keys": [accounts.key_view(k) for k in rows]})
 
 
 async def add_ssh_key(request: web.Request) -> web.Response:
     master = request.app[MASTER]
     body = await parse_body(request, SshKeyCreate)
     async with master.db.session() as session:
-        key = await ssh_keys.add_key(session, principal(request).account_id, body.public_key, name=body.name, now=master.clock.now())
-        view = ssh_keys.key_view(key)
-        issued = await access.access_changed(session, principal(request).account_id, now=master.clock.now())
+        key = await accounts.add_key(session, principal(request).account_id, body.public_key, name=body.name, now=master.clock.now())
+        view = accounts.key_view(key)
+        issued = await accounts.access_changed(session, principal(request).account_id, now=master.clock.now())
     await commands.publish(master, issued)
     return web.json_response(view, status=201)
 
@@ -40,8 +39,8 @@ async def delete_ssh_key(request: web.Request) -> web.Response:
     key_id = request.match_info["ssh_key_id"]
     master = request.app[MASTER]
     async with master.db.session() as session:
-        await ssh_keys.delete_key(session, principal(request).account_id, key_id)
-        issued = await access.access_changed(session, principal(request).account_id, now=master.clock.now())
+        await accounts.delete_key(session, principal(request).account_id, key_id)
+        issued = await accounts.access_changed(session, principal(request).account_id, now=master.clock.now())
     await commands.publish(master, issued)
     return web.json_response({"id": key_id, "deleted": True})
 

@@ -12,37 +12,37 @@ from master.api.base import Route, parse_body
 from master.api.keys import MASTER
 from master.api.responses import TemplateDeleted, TemplateList, TemplateView
 from master.api.schemas import TemplatePut
-from master.services.rentals import templates
+from master.services import rentals
 
 
 async def list_templates(request: web.Request) -> web.Response:
     async with request.app[MASTER].db.session() as session:
-        rows = await templates.list_templates(session)
-        return web.json_response({"templates": [templates.template_view(t) for t in rows]})
+        rows = await rentals.list_templates(session)
+        return web.json_response({"templates": [rentals.template_view(t) for t in rows]})
 
 
 async def get_template(request: web.Request) -> web.Response:
     async with request.app[MASTER].db.session() as session:
-        template = await templates.get_template(session, request.match_info["name"])
-        return web.json_response(templates.template_view(template))
+        template = await rentals.get_template(session, request.match_info["name"])
+        return web.json_response(rentals.template_view(template))
 
 
 async def put_template(request: web.Request) -> web.Response:
     master = request.app[MASTER]
-    name = templates.check_name(request.match_info["name"])
+    name = rentals.check_name(request.match_info["name"])
     body = await parse_body(request, TemplatePut)
     async with master.db.session() as session:
-        template, created = await templates.put_template(
+        template, created = await rentals.put_template(
             session, name, description=body.description, workload=body.workload(), now=master.clock.now()
         )
-        view = templates.template_view(template)
+        view = rentals.template_view(template)
     return web.json_response(view, status=201 if created else 200)
 
 
 async def delete_template(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     async with request.app[MASTER].db.session() as session:
-        await templates.delete_template(session, name)
+        await rentals.delete_template(session, name)
     return web.json_response({"name": name, "deleted": True})
 
 

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from master.services.rentals.templates import MAX_DESCRIPTION_CHARS, NAME_PATTERN
+from master.services.rentals import MAX_DESCRIPTION_CHARS, NAME_PATTERN
 from shared.money import CENT_PLACES, GPU_PLACES, MAX_PRICE, Amount, AmountText
 from shared.protocol import ContainerWorkload, HoldWorkload, WorkloadSpec
 

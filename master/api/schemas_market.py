@@ -7,7 +7,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 
 from master.api.times import UtcTime
-from master.services.market.listings import MAX_MAINTENANCE_WINDOWS
+from master.services.market import MAX_MAINTENANCE_WINDOWS
 from shared.money import MAX_PRICE, AmountText
 
 # Read by master.services.market.listings.price_of: outside the grammar of shared/money.py is 422 invalid_price / invalid_min_bid.

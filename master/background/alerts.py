@@ -14,7 +14,7 @@ import aiohttp
 
 from master.background import leases
 from master.context import Master
-from master.services.alerts import delivery, rules
+from master.services import alerts
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +39,10 @@ async def alert_loop(master: Master, *, http: aiohttp.ClientSession | None = Non
         session = http if http is not None else await owned.enter_async_context(webhook_session())
 
         async def tick() -> None:
-            result = await rules.evaluate(master)
+            result = await alerts.evaluate(master)
             if result.changed:
                 log.info("alerts: %d raised, %d escalated, %d resolved, %d still firing",
                          result.raised, result.escalated, result.resolved, result.updated)
-            await delivery.deliver_due(master, session)
+            await alerts.deliver_due(master, session)
 
         await leases.run_leased(master, ALERT_LEASE, every=interval, work=tick)

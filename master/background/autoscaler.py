@@ -11,8 +11,7 @@ import functools
 
 from master.background import leases
 from master.context import Master
-from master.services import gateway
-from master.services.endpoints import autoscale
+from master.services import endpoints, gateway
 
 AUTOSCALER_LEASE = "autoscaler"
 
@@ -24,10 +23,10 @@ async def autoscaler_loop(master: Master) -> None:
     its own transaction; what a pass left undone the next one (on any master) does, from the
     database's counts.
     """
-    memory = autoscale.AutoscalerMemory()
+    memory = endpoints.AutoscalerMemory()
     probe = functools.partial(gateway.probe, master)
 
     async def work() -> None:
-        await autoscale.autoscale_pass(master, probe, memory)
+        await endpoints.autoscale_pass(master, probe, memory)
 
     await leases.run_leased(master, AUTOSCALER_LEASE, every=master.settings.autoscale_interval, work=work)

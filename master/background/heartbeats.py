@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 from master.background import leases
 from master.context import Master
-from master.services.rentals import lifecycle as rental_lifecycle
+from master.services import rentals
 from master.telemetry import hosts
 from shared import protocol
 
@@ -53,12 +53,12 @@ async def sweep(master: Master) -> tuple[list[str], list[str]]:
     if gone:
         log.warning("hosts offline after %gs of silence: %s", deadline.total_seconds(), ", ".join(gone))
     async with master.db.session() as session:
-        lost = await rental_lifecycle.fail_rentals_of_lost_hosts(
+        lost = await rentals.fail_rentals_of_lost_hosts(
             session, now=horizon, grace=timedelta(seconds=settings.rental_grace_period)
         )
     for rental_id in lost:
         try:
-            await rental_lifecycle.replace_lost(master, rental_id)
+            await rentals.replace_lost(master, rental_id)
         except Exception:
             log.exception("placing lost rental %s again failed", rental_id)
     return gone, lost

@@ -10,7 +10,7 @@ import logging
 
 from master.background import leases
 from master.context import Master
-from master.services.hosts import power
+from master.services import hosts
 
 log = logging.getLogger(__name__)
 
@@ -23,8 +23,8 @@ async def power_loop(master: Master, *, every: float | None = None) -> None:
     """
 
     async def work() -> None:
-        sent = await power.power_pass(master)
+        sent = await hosts.power_pass(master)
         if sent:
             log.info("sent %d host power polic%s", sent, "y" if sent == 1 else "ies")
 
-    await leases.run_leased(master, power.POWER_LEASE, every=every or master.settings.power_interval, work=work)
+    await leases.run_leased(master, hosts.POWER_LEASE, every=every or master.settings.power_interval, work=work)

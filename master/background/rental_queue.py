@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from master.background import leases
 from master.context import Master
+from master.services import clusters, rentals
 from master.services import queue as rental_queue
-from master.services.clusters import policy as cluster_policy
-from master.services.rentals import core as rentals
 
 QUEUE_LEASE = "rental-queue"
 
@@ -30,7 +29,7 @@ async def queue_loop(master: Master) -> None:
     async def work() -> None:
         await rental_queue.repair_interrupted_placements(master)
         await rental_queue.process_queue(master)
-        await cluster_policy.replace_broken_members(master)
+        await clusters.replace_broken_members(master)
         await rentals.release_expired_workspaces(master)
 
     await leases.run_leased(master, QUEUE_LEASE, every=master.settings.queue_interval, work=work)

@@ -11,7 +11,7 @@ import asyncio
 import logging
 
 from master.context import Master
-from master.services.hosts import enrollment
+from master.services import hosts
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ async def revocation_publisher(master: Master, *, every: float = 30.0) -> None:
     """
     while True:
         try:
-            await enrollment.publish_revocations(master)
+            await hosts.publish_revocations(master)
         except Exception:
             log.exception("publishing revocations failed; retrying next interval")
         await asyncio.sleep(every)

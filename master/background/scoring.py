@@ -10,7 +10,7 @@ import logging
 
 from master.background import leases
 from master.context import Master
-from master.services.market import reliability
+from master.services import market
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ async def scoring_loop(master: Master, *, every: float | None = None) -> None:
     """
 
     async def work() -> None:
-        n = await reliability.rescore_all(master)
+        n = await market.rescore_all(master)
         log.info("re-scored %d host(s)", n)
 
     await leases.run_leased(master, SCORING_LEASE, every=every or master.settings.reliability_interval, work=work)

@@ -30,12 +30,9 @@ from master.context import Master
 from master.models import Account, Command, Gpu, GpuAllocation, Rental
 from master.scheduler import MILLI
 from master.scheduler.fairshare import FairQueue, QueuedItem
-from master.services import commands
-from master.services.clusters import queue as cluster_queue
+from master.services import clusters, commands
 from master.services.lifecycle.rentals import ACTIVE_STATES, RentalState, advance
-from master.services.rentals import allocation
-from master.services.rentals.placement import try_place
-from master.services.rentals.request import RentalRequest
+from master.services.rentals import RentalRequest, release, try_place
 from shared import protocol
 from shared.errors import ClientError
 
@@ -78,7 +75,7 @@ async def queue_standing(session: AsyncSession, rentals: Sequence[Rental]) -> di
     queued = [rental for rental in rentals if is_queued(rental)]
     if not queued:
         return {}
-    length = await cluster_queue.queue_length(session)
+    length = await clusters.queue_length(session)
     standing = {}
     for rental in queued:
         first = rental
@@ -87,7 +84,7 @@ async def queue_standing(session: AsyncSession, rentals: Sequence[Rental]) -> di
                 select(Rental).where(Rental.cluster_id == rental.cluster_id, Rental.state == RentalState.PENDING.value,
                                      Rental.host_id.is_(None)).order_by(Rental.created_at, Rental.id).limit(1)
             ) or rental  # fmt: skip
-        position = await cluster_queue.position(session, first.created_at, first.id, cluster_id=rental.cluster_id)
+        position = await clusters.position(session, first.created_at, first.id, cluster_id=rental.cluster_id)
         length = max(length, position)  # one queued since the count: never "position 6 of 5"
         message = queue_message(rental, position, length)
         if rental.cluster_id is not None:
@@ -122,7 +119,7 @@ async def repair_interrupted_placements(master: Master, *, limit: int = REPAIR_B
             )
             if rental is None:
                 continue
-            released = await allocation.release(session, rental.id, at=now)
+            released = await release(session, rental.id, at=now)
             where = f" on host {rental.host_id}" if rental.host_id is not None else ""
             cause = (f"{INTERRUPTED}: the master placing it{where} stopped before its start command was written; "
                      f"{released} GPU allocation(s) released, nothing charged; rent again")  # fmt: skip
@@ -154,7 +151,7 @@ async def process_queue(master: Master) -> int:
             if gone.cluster_id is not None:  # the whole cluster gives up, every member with it
                 if gone.cluster_id not in given_up:
                     given_up.add(gone.cluster_id)
-                    await cluster_queue.expire(session, gone, now=now)
+                    await clusters.expire(session, gone, now=now)
                 continue
             waited = (now - gone.created_at).total_seconds()
             if advance(session, gone, RentalState.FAILED, f"not placed within its queue timeout ({waited:.0f}s queued)"):
@@ -163,7 +160,7 @@ async def process_queue(master: Master) -> int:
     placed = 0
     for item in queue:
         if item.key.startswith(_CLUSTER):
-            command_ids = await cluster_queue.place_queued(master, item.key.removeprefix(_CLUSTER), now=now)
+            command_ids = await clusters.place_queued(master, item.key.removeprefix(_CLUSTER), now=now)
         else:
             command_ids = await _place_queued_rental(master, item.key, now=now)
         if command_ids:

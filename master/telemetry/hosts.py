@@ -31,13 +31,10 @@ from master.models import (
     TelemetrySample,
     TunnelUsage,
 )
-from master.services import commands
-from master.services.accounts import ssh_keys
+from master.services import accounts, commands, market, rentals
 from master.services.lifecycle import cluster_network
 from master.services.lifecycle.hosts import transition
 from master.services.lifecycle.rentals import ACTIVE_STATES, UNSTOPPED_STATES
-from master.services.market import faults, reliability
-from master.services.rentals import lifecycle as rental_lifecycle
 from master.telemetry.store import CleanSample, clean_sample, sampled_too_far_ahead
 from shared import protocol
 from shared.clock import utcnow
@@ -116,7 +113,7 @@ async def _has_active_rentals(session: AsyncSession, host_id: str) -> bool:
 async def come_online(session: AsyncSession, host: Host, cause: str) -> None:
     """An offline or enrolling host heard from again goes online (rented, where it has active rentals)."""
     if host.state == "offline":
-        await rental_lifecycle.note_host_back(session, host.id, silent_since=host.state_changed_at)
+        await rentals.note_host_back(session, host.id, silent_since=host.state_changed_at)
     if host.state in ("enrolling", "offline"):
         target = "rented" if await _has_active_rentals(session, host.id) else "online"
         if host.state == "enrolling":
@@ -169,11 +166,11 @@ async def handle_hello(session: AsyncSession, envelope: protocol.BusEnvelope) ->
             row.present = False
             vanished.append(uuid)
     # Before coming online: an offline host that comes back short of a GPU goes straight to faulty.
-    await faults.after_gpus_vanished(session, host, vanished, now=envelope.received_at)
+    await market.after_gpus_vanished(session, host, vanished, now=envelope.received_at)
     await come_online(session, host, cause=f"hello via relay {envelope.relay_id}")
     # New GPUs are ranked at once, not at the next scoring pass.
-    reliability.classify_host_gpus(host, (await session.scalars(select(Gpu).where(Gpu.host_id == host.id))).all())
-    if await rental_lifecycle.stop_strays(session, host.id, body.running_rentals):
+    market.classify_host_gpus(host, (await session.scalars(select(Gpu).where(Gpu.host_id == host.id))).all())
+    if await rentals.stop_strays(session, host.id, body.running_rentals):
         await session.flush()
     return await commands.open_command_ids(session, host.id)
 
@@ -187,7 +184,7 @@ async def handle_heartbeat(session: AsyncSession, envelope: protocol.BusEnvelope
         host.spool_stats = message.body.spool.model_dump(mode="json")
     if host.state == "offline":
         await come_online(session, host, cause="heartbeat resumed")
-    return await rental_lifecycle.stop_strays(session, host.id, message.body.running_rentals)
+    return await rentals.stop_strays(session, host.id, message.body.running_rentals)
 
 
 def _telemetry_row(host_id: str, envelope: protocol.BusEnvelope, clean: CleanSample) -> dict[str, Any]:
@@ -293,7 +290,7 @@ async def stop_strays_in_batch(session: AsyncSession, running: dict[str, list[st
     command_ids: list[str] = []
     for host_id, ids in sorted(running.items()):
         if any((rental_id, host_id) not in active for rental_id in ids):
-            command_ids += await rental_lifecycle.stop_strays(session, host_id, ids)
+            command_ids += await rentals.stop_strays(session, host_id, ids)
     return command_ids
 
 
@@ -310,14 +307,14 @@ async def handle_command_result(session: AsyncSession, envelope: protocol.BusEnv
     host = await _host_seen(session, envelope)
     result = {"ok": body.ok, "detail": body.detail, "data": body.data, "finished_at": body.finished_at.isoformat()}
     if commands.complete(row, ok=body.ok, result=result, at=body.finished_at):
-        code = None if body.ok else rental_lifecycle.failure_code(body.data, body.detail)
-        await rental_lifecycle.apply_command_result(
+        code = None if body.ok else rentals.failure_code(body.data, body.detail)
+        await rentals.apply_command_result(
             session, row, ok=body.ok, detail=body.detail, at=body.finished_at, code=code, data=body.data
         )
         if row.kind in cluster_network.KINDS:
             await cluster_network.apply_result(session, row, ok=body.ok, detail=body.detail, data=body.data, at=body.finished_at, sign=sign)
-        if row.kind == faults.HEALTH_CHECK:
-            await faults.after_health_check(session, host, ok=body.ok, detail=body.detail, data=body.data, now=envelope.received_at)
+        if row.kind == market.HEALTH_CHECK:
+            await market.after_health_check(session, host, ok=body.ok, detail=body.detail, data=body.data, now=envelope.received_at)
 
 
 _DEFAULT_SETTINGS = MasterSettings.model_construct()
@@ -340,7 +337,7 @@ async def handle_gpu_events(session: AsyncSession, envelope: protocol.BusEnvelop
         new.append(row)
         log.warning("host %s GPU %s: %s event%s", host.id, event.uuid, event.kind, f" {event.code}" if event.code is not None else "")
     if new:
-        await faults.after_gpu_events(session, host, new, settings=settings or _DEFAULT_SETTINGS, now=envelope.received_at)
+        await market.after_gpu_events(session, host, new, settings=settings or _DEFAULT_SETTINGS, now=envelope.received_at)
     return len(new)
 
 
@@ -360,7 +357,7 @@ async def handle_network_report(session: AsyncSession, envelope: protocol.BusEnv
     if host.latest_network is None or str(host.latest_network.get("measured_at", "")) <= data["measured_at"]:
         host.latest_network = data
         # The measured network is an input of every GPU's tier: re-rank them now.
-        reliability.classify_host_gpus(host, (await session.scalars(select(Gpu).where(Gpu.host_id == host.id))).all())
+        market.classify_host_gpus(host, (await session.scalars(select(Gpu).where(Gpu.host_id == host.id))).all())
     return True
 
 
@@ -369,7 +366,7 @@ async def handle_workload_exited(session: AsyncSession, envelope: protocol.BusEn
     assert isinstance(message, protocol.WorkloadExited)
     host = await _host_seen(session, envelope)
     retention = timedelta(hours=(settings or _DEFAULT_SETTINGS).workspace_retention_hours)
-    await rental_lifecycle.apply_workload_exit(
+    await rentals.apply_workload_exit(
         session, host.id, message.body.rental_id, exit_code=message.body.exit_code, reason=message.body.reason, at=message.body.at,
         workspace_retention=retention,
     )
@@ -381,7 +378,7 @@ async def handle_workload_progress(session: AsyncSession, envelope: protocol.Bus
     assert isinstance(message, protocol.WorkloadProgress)
     host = await _host_seen(session, envelope)
     body = message.body
-    return await rental_lifecycle.apply_workload_progress(
+    return await rentals.apply_workload_progress(
         session, host.id, body.rental_id, stage=body.stage, text=body.text, percent=body.percent, at=body.at
     )
 
@@ -404,7 +401,7 @@ async def handle_tunnel_usage(session: AsyncSession, envelope: protocol.BusEnvel
             rental.tunnel_bytes_in += item.bytes_in
             rental.tunnel_bytes_out += item.bytes_out
             for fingerprint in item.keys_used:  # the SSH keys page's "last used"
-                await ssh_keys.mark_used(session, rental.renter_id, fingerprint, now=message.body.at)
+                await accounts.mark_used(session, rental.renter_id, fingerprint, now=message.body.at)
             counted += 1
     return counted
 
@@ -451,5 +448,5 @@ async def mark_silent_hosts_offline(
         since = host.last_seen_at or now
         transition(session, host, "offline", cause=f"no heartbeat since {since:%Y-%m-%dT%H:%M:%SZ}", actor="monitor", at=changed_at)
         # The renters hear it now, not when the grace period ends: billing pauses from this change on.
-        await rental_lifecycle.note_host_unreachable(session, host.id, since=since, until=(changed_at or now) + grace if grace else None)
+        await rentals.note_host_unreachable(session, host.id, since=since, until=(changed_at or now) + grace if grace else None)
     return [h.id for h in hosts]

@@ -23,7 +23,7 @@ from sqlalchemy import text
 
 from master.context import Master
 from master.services import commands
-from master.services.hosts import enrollment
+from master.services.hosts import renew, retire_superseded
 from master.services.lifecycle import clusters as clusterstate
 from master.telemetry import batch as batches
 from master.telemetry import hosts
@@ -261,7 +261,7 @@ class Ingestor:
                     case protocol.TunnelUsage():
                         await hosts.handle_tunnel_usage(session, envelope)
                     case protocol.RenewCertificate():
-                        command_id = await enrollment.renew(master, session, envelope)
+                        command_id = await renew(master, session, envelope)
                         resend = [command_id] if command_id else []
         except hosts.UnknownHost:
             log.warning("message from unknown host %s via %s dropped", envelope.message.host_id, envelope.relay_id)
@@ -272,7 +272,7 @@ class Ingestor:
             return
         if isinstance(envelope.message, protocol.Hello):
             # Every connection begins with a hello: a renewed certificate in use retires the ones before it.
-            await enrollment.retire_superseded(master, envelope.message.host_id, envelope.cert_serial)
+            await retire_superseded(master, envelope.message.host_id, envelope.cert_serial)
         # What the clusters' hooks wrote meanwhile (a member's stop, the private network's next round): out at once.
         resend += clusterstate.issued_commands(session.info)
         if resend:

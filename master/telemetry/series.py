@@ -13,8 +13,8 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
-from master.services.accounts.core import Principal
-from master.services.hosts.views import visible_host
+from master.services.accounts import Principal
+from master.services.hosts import visible_host
 from master.telemetry import store as telemetry
 from master.telemetry.store import raw_series, rollup_series
 

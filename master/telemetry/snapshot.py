@@ -31,8 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import IngestStats, Master
 from master.models import Alert, Gpu, Host, Rental
-from master.services.gateway import Gateway, percentile
-from master.services.gateway.stats import ServiceStats
+from master.services.gateway import Gateway, ServiceStats, percentile
 from master.services.lifecycle.hosts import HOST_STATES, RENTABLE_STATES
 from master.services.lifecycle.rentals import RENTAL_STATES
 from shared import protocol

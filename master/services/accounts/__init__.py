@@ -8,3 +8,48 @@
 The lowest of the aggregates: it imports ``master.services.lifecycle`` and ``master.services.commands`` (``access``
 tells hosts) and nothing else of ``master.services``; every other aggregate may import it.
 """
+
+from master.services.accounts.access import access_changed, current_keys, disable_account, enable_account
+from master.services.accounts.core import (
+    Principal,
+    authenticate,
+    authenticate_key,
+    create_account,
+    create_api_key,
+    key_is_valid,
+)
+from master.services.accounts.sessions import (
+    COOKIE,
+    CSRF_HEADER,
+    SignedIn,
+    is_live,
+    resolve,
+    sign_in,
+    sign_out,
+)
+from master.services.accounts.ssh_keys import add_key, delete_key, key_view, list_keys, mark_used
+
+__all__ = [
+    "COOKIE",
+    "CSRF_HEADER",
+    "Principal",
+    "SignedIn",
+    "access_changed",
+    "add_key",
+    "authenticate",
+    "authenticate_key",
+    "create_account",
+    "create_api_key",
+    "current_keys",
+    "delete_key",
+    "disable_account",
+    "enable_account",
+    "is_live",
+    "key_is_valid",
+    "key_view",
+    "list_keys",
+    "mark_used",
+    "resolve",
+    "sign_in",
+    "sign_out",
+]

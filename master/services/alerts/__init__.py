@@ -7,3 +7,17 @@ import ``master.services``, ``master.telemetry``, ``master.models``, ``master.co
 ``shared``; never ``master.api``, ``master.background``, ``billing`` or ``gpumarket``. The loop
 that runs them is ``master.background.alerts``.
 """
+
+from master.services.alerts.delivery import deliver_due
+from master.services.alerts.rules import evaluate
+from master.services.alerts.views import RULES, SEVERITIES, AlertFilter, get_alert, list_alerts
+
+__all__ = [
+    "RULES",
+    "SEVERITIES",
+    "AlertFilter",
+    "deliver_due",
+    "evaluate",
+    "get_alert",
+    "list_alerts",
+]

@@ -34,7 +34,7 @@ from master.context import Master
 from master.models import Alert, AlertNotification, GpuEvent, Host, Rental
 from master.services.alerts.views import Severity, alert_view
 from master.services.lifecycle.rentals import ACTIVE_STATES
-from master.services.market.faults import FAULT_XIDS
+from master.services.market import FAULT_XIDS
 from shared import protocol
 from shared.bus import Backlog
 from shared.ids import new_id

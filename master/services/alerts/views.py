@@ -13,7 +13,7 @@ from sqlalchemy import Select, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.models import Alert, Host
-from master.services.accounts.core import Principal
+from master.services.accounts import Principal
 from shared.errors import NotFound
 
 Severity = Literal["critical", "warning", "info"]

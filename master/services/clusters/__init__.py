@@ -8,3 +8,22 @@ The cluster state machine and its network's commands are ``master.services.lifec
 ``master.services.lifecycle.cluster_network``. Imports ``master.services.rentals`` and what rentals may import;
 never endpoints or hosts.
 """
+
+from master.services.clusters.core import cluster_detail, create_cluster, delete_cluster, list_clusters
+from master.services.clusters.policy import replace_broken_members
+from master.services.clusters.queue import expire, place_queued, position, queue_length
+from master.services.clusters.request import MAX_NODES, ClusterRequest
+
+__all__ = [
+    "MAX_NODES",
+    "ClusterRequest",
+    "cluster_detail",
+    "create_cluster",
+    "delete_cluster",
+    "expire",
+    "list_clusters",
+    "place_queued",
+    "position",
+    "queue_length",
+    "replace_broken_members",
+]

@@ -18,17 +18,16 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
 from master.models import Cluster, ClusterEvent, Rental
-from master.services import commands, idempotency
-from master.services.accounts.core import Principal
+from master.services import commands, idempotency, rentals
+from master.services.accounts import Principal
 from master.services.clusters import placement as cluster_placement
 from master.services.clusters import queue as cluster_queue
 from master.services.clusters.request import ClusterRequest
 from master.services.lifecycle import cluster_network
 from master.services.lifecycle.clusters import FINAL_CLUSTER_STATES, ClusterState, transition
 from master.services.lifecycle.rentals import RentalState, advance
-from master.services.market.listings import money
-from master.services.rentals import core as rentals
-from master.services.rentals import templates
+from master.services.market import money
+from master.services.rentals import workload_of
 from shared.errors import InsufficientCapacity, NotFound
 from shared.ids import new_id
 
@@ -47,7 +46,7 @@ async def create_cluster(master: Master, renter: Principal, request: ClusterRequ
         return existing, False
     if request.template is not None and not request.workload:
         async with master.db.session() as session:  # the template as it is now
-            request = replace(request, workload=await templates.workload_of(session, request.template))
+            request = replace(request, workload=await workload_of(session, request.template))
     try:
         cluster, command_ids = await _create(master, renter, request, idempotency_key)
     except IntegrityError:  # a concurrent request with the same key won the race: its cluster

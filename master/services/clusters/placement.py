@@ -4,7 +4,7 @@
 and its request, it adds and places one member rental per node, or raises why it cannot.
 
 1. **Gang search.** The hosts are chosen together by ``master/scheduler/gang.py``'s ``place_gang``
-   over the rental's own candidates (``rental_placement._candidates``: requirements, isolation, bid,
+   over the rental's own candidates (``rental_placement.find_candidates``: requirements, isolation, bid,
    spend quota), each node carrying its host's region: one region (and one model, unless
    ``allow_mixed``) when any has room, then the placer's preference. Each chosen placement is then
    claimed by the rental's placement pinned to that host and model (``try_place`` with the host's
@@ -36,11 +36,10 @@ from master.context import Master
 from master.models import Cluster, Gpu, Rental
 from master.scheduler import MILLI, Placement, get_placer
 from master.scheduler.gang import Rtt, place_gang
-from master.services import host_links
+from master.services import host_links, rentals
 from master.services.clusters.request import ClusterRequest
 from master.services.lifecycle.rentals import RentalState
-from master.services.market.placement import model_matches
-from master.services.rentals import placement as rental_placement
+from master.services.market import model_matches
 from shared.errors import ClientError, InsufficientCapacity
 from shared.ids import new_id
 
@@ -100,8 +99,8 @@ async def _place_gang(
     """Choose every member's host with ``place_gang``, then claim each (pinned to its host and model). The third
     item says why the network bounds refused every set, when a set would have been found without them."""
     first = request.member_request(0)
-    price_cap = await rental_placement._quota(master, session, members.cluster[1], first, exclude="")
-    found = await rental_placement._candidates(master, session, first, now=now, price_cap=price_cap)
+    price_cap = await rentals.check_quota(master, session, members.cluster[1], first, exclude="")
+    found = await rentals.find_candidates(master, session, first, now=now, price_cap=price_cap)
     host_of: dict[str, str] = {}
     for node in found.nodes:  # fresh nodes of this read: the gang search keeps a cluster in one region
         host = found.hosts[node.node_id][0]
@@ -129,7 +128,7 @@ async def _place_gang(
         unpinned = request.member_request(rank)
         member = await members.row(session, rank, unpinned.spec())
         pinned = replace(unpinned, offer_id=f"{host.host_id}:{name}", gpu_model=None)
-        placed, reason = await rental_placement.try_place(master, session, member, pinned, now=now)
+        placed, reason = await rentals.try_place(master, session, member, pinned, now=now)
         if reason is not None:
             return [], reason, None
         commands.extend(placed)
@@ -161,7 +160,7 @@ async def _place_members(
     for rank in range(request.node_count):
         member_request = request.member_request(rank, avoid_hosts=frozenset(taken | apart), model=model, region=region)
         member = await members.row(session, rank, member_request.spec())
-        placed, reason = await rental_placement.try_place(master, session, member, member_request, now=now)
+        placed, reason = await rentals.try_place(master, session, member, member_request, now=now)
         if reason is not None:
             return [], reason
         assert member.host_id is not None
@@ -217,7 +216,7 @@ async def _hosts_big_enough(session: AsyncSession, request: ClusterRequest) -> i
 
 async def _regions_by_free_gpus(master: Master, session: AsyncSession, request: ClusterRequest, *, now: datetime) -> list[str]:
     """Regions with at least ``node_count`` candidate hosts, the one with the most free matching GPUs first."""
-    found = await rental_placement._candidates(master, session, request.member_request(0), now=now, price_cap=None)
+    found = await rentals.find_candidates(master, session, request.member_request(0), now=now, price_cap=None)
     free: dict[str, int] = {}
     hosts: dict[str, set[str]] = {}
     for node in found.nodes:

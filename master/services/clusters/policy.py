@@ -25,7 +25,7 @@ from sqlalchemy import select
 
 from master.context import Master
 from master.models import Cluster, Rental, RentalEvent
-from master.services import commands, host_links
+from master.services import commands, host_links, rentals
 from master.services.lifecycle.clusters import (
     ClusterState,
     current_members,
@@ -34,8 +34,7 @@ from master.services.lifecycle.clusters import (
     issued_commands,
 )
 from master.services.lifecycle.rentals import RentalState, stop_member
-from master.services.rentals import placement as rental_placement
-from master.services.rentals.request import RentalRequest
+from master.services.rentals import RentalRequest
 from shared.errors import ClientError, InsufficientCapacity
 from shared.ids import new_id
 
@@ -119,7 +118,7 @@ async def _place_replacement(
         cluster_id=cluster.id, node_rank=old.node_rank, replaces_id=old.id,
     )  # fmt: skip
     async with session.begin_nested() as attempt:
-        placed, reason = await rental_placement.try_place(master, session, new, request, now=now)
+        placed, reason = await rentals.try_place(master, session, new, request, now=now)
         if reason is None and pin is not None and new.gpu_model != pin:
             reason = InsufficientCapacity(f"the only host left has {new.gpu_model}, not the cluster's {pin}")
         if reason is not None:

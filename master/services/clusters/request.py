@@ -13,7 +13,7 @@ from decimal import Decimal
 from typing import Any
 
 from master.models import Cluster, Rental
-from master.services.rentals.request import RentalRequest
+from master.services.rentals import RentalRequest
 from shared.errors import ValidationFailed
 
 MAX_NODES = 64

@@ -9,3 +9,34 @@ collide with this layer's, ``master.services``): replicas behind one gateway end
 Imports ``master.services.rentals`` (a replica is a rental), ``master.services.gateway`` (its figures) and what
 rentals may import; never clusters or hosts.
 """
+
+from master.services.endpoints.autoscale import AutoscalerMemory, autoscale_pass
+from master.services.endpoints.core import (
+    create_service,
+    delete_service,
+    endpoint_path,
+    get_service,
+    list_services,
+    replica_ids,
+    rotate_token,
+    scale_service,
+    service_detail,
+)
+from master.services.endpoints.request import ServiceRequest
+from master.services.endpoints.series import series
+
+__all__ = [
+    "AutoscalerMemory",
+    "ServiceRequest",
+    "autoscale_pass",
+    "create_service",
+    "delete_service",
+    "endpoint_path",
+    "get_service",
+    "list_services",
+    "replica_ids",
+    "rotate_token",
+    "scale_service",
+    "series",
+    "service_detail",
+]

@@ -31,11 +31,11 @@ from sqlalchemy import or_, select
 
 from master.context import Master
 from master.models import Rental, Service, ServiceEvent
+from master.services import rentals
 from master.services.endpoints import core as elastic
 from master.services.endpoints.figures import load_of
 from master.services.endpoints.scaling import decide
 from master.services.lifecycle.rentals import RentalState
-from master.services.rentals import core as rentals
 from shared.errors import ClientError
 
 log = logging.getLogger(__name__)

@@ -21,13 +21,12 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
 from master.models import Rental, Service, ServiceEvent
-from master.services import idempotency
-from master.services.accounts.core import Principal
+from master.services import idempotency, rentals
+from master.services.accounts import Principal
 from master.services.endpoints.request import ServiceRequest
 from master.services.lifecycle.rentals import UNSTOPPED_STATES, RentalState
-from master.services.market.listings import money
-from master.services.rentals import core as rentals
-from master.services.rentals import templates
+from master.services.market import money
+from master.services.rentals import workload_of
 from shared.errors import BadRequest, ClientError, Conflict, NotFound
 from shared.ids import new_id, new_secret, secret_hash
 
@@ -52,7 +51,7 @@ async def create_service(master: Master, renter: Principal, request: ServiceRequ
     """
     if request.template is not None and not request.workload:
         async with master.db.session() as session:
-            request = replace(request, workload=await templates.workload_of(session, request.template))
+            request = replace(request, workload=await workload_of(session, request.template))
     settings = master.settings
     request = request.check(replica_limit=settings.max_service_replicas, max_queue_timeout_s=settings.max_queue_timeout_s)
     key = (master, Service, renter.account_id, idempotency_key, request.fingerprint())

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
 
-from master.services.rentals.request import RentalRequest
+from master.services.rentals import RentalRequest
 from shared.errors import BadRequest
 
 NAME = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")

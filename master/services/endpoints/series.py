@@ -17,7 +17,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.models import Rental, Service, ServiceStat
-from master.services.gateway.stats import LATENCY_BOUNDS_MS, percentile
+from master.services.gateway import LATENCY_BOUNDS_MS, percentile
 
 MAX_POINTS = 240
 

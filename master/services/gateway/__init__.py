@@ -19,3 +19,14 @@ from master.services.gateway.probe import probe
 from master.services.gateway.stats import LATENCY_BOUNDS_MS, merge_histograms, percentile
 
 __all__ = ["LATENCY_BOUNDS_MS", "Gateway", "NoReadyReplica", "close_gateway", "gateway_of", "merge_histograms", "percentile", "probe"]
+
+from master.services.gateway.proxy import error_response, forward
+from master.services.gateway.stats import ServiceStats
+
+__all__ = [
+    "LATENCY_BOUNDS_MS",
+    "ServiceStats",
+    "error_response",
+    "forward",
+    "percentile",
+]

@@ -44,7 +44,7 @@ from master.models import Service, ServiceStat
 from master.services.gateway.routing import ACTIVE, KeyCache, Replica, RouteTable, ServiceRoute
 from master.services.gateway.stats import Bucket, GatewayStats
 from master.services.gateway.upstream import ReplicaPool, Target
-from master.services.rentals.connect import connect_token
+from master.services.rentals import connect_token
 from shared.crypto.tokens import SERVICE_KIND
 from shared.errors import GpumarketError, NotFound, Unauthorized
 from shared.ids import secret_hash

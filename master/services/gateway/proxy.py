@@ -44,7 +44,7 @@ from aiohttp import WSMsgType, web
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from master.services.accounts import sessions
+from master.services import accounts
 from master.services.gateway.core import Gateway
 from master.services.gateway.routing import ServiceRoute
 from master.services.gateway.stats import ServiceStats
@@ -153,7 +153,7 @@ def forwarded_headers(request: web.Request, request_id: str, *, websocket: bool 
     headers: CIMultiDict[str] = CIMultiDict()
     for name, value in request.headers.items():
         lower = name.lower()
-        if lower in dropped or lower == sessions.CSRF_HEADER.lower():
+        if lower in dropped or lower == accounts.CSRF_HEADER.lower():
             continue
         if lower == "cookie":
             value = _without_console_cookie(value)
@@ -171,7 +171,7 @@ def forwarded_headers(request: web.Request, request_id: str, *, websocket: bool 
 
 def _without_console_cookie(header: str) -> str:
     parts = [part.strip() for part in header.split(";")]
-    return "; ".join(p for p in parts if p and p.split("=", 1)[0].strip() != sessions.COOKIE)
+    return "; ".join(p for p in parts if p and p.split("=", 1)[0].strip() != accounts.COOKIE)
 
 
 def answer_headers(upstream: CIMultiDictProxy[str], request_id: str) -> CIMultiDict[str]:

@@ -29,9 +29,9 @@ from sqlalchemy import select
 
 from master.context import Master
 from master.models import Host, Rental, Service
-from master.services.accounts.core import authenticate_key
+from master.services.accounts import authenticate_key
 from master.services.lifecycle.rentals import RentalState
-from master.services.rentals.connect import connect_url, current_relay_id, live_relays
+from master.services.rentals import connect_url, current_relay_id, live_relays
 from shared.errors import Unauthorized
 from shared.registry import RelayRecord
 

@@ -8,3 +8,58 @@
 The host state machine is ``master.services.lifecycle.hosts``. The highest of the aggregates: it may import
 accounts, market and rentals (an enrolled host's rentals), and nothing imports it but the callers of this layer.
 """
+
+from master.services.hosts.agent_package import AgentPackages, source_checkout
+from master.services.hosts.enrollment import (
+    check_token,
+    create_token,
+    enroll,
+    known_regions,
+    publish_revocations,
+    renew,
+    retire_superseded,
+    revoke_host,
+)
+from master.services.hosts.power import (
+    DEFAULT_THRESHOLD,
+    POWER_LEASE,
+    PolicyInput,
+    get_policy,
+    power_pass,
+    put_policy,
+)
+from master.services.hosts.power_savings import account_view
+from master.services.hosts.views import (
+    get_host,
+    host_events,
+    host_network,
+    list_hosts,
+    request_network_test,
+    visible_host,
+)
+
+__all__ = [
+    "DEFAULT_THRESHOLD",
+    "POWER_LEASE",
+    "AgentPackages",
+    "PolicyInput",
+    "account_view",
+    "check_token",
+    "create_token",
+    "enroll",
+    "get_host",
+    "get_policy",
+    "host_events",
+    "host_network",
+    "known_regions",
+    "list_hosts",
+    "power_pass",
+    "publish_revocations",
+    "put_policy",
+    "renew",
+    "request_network_test",
+    "retire_superseded",
+    "revoke_host",
+    "source_checkout",
+    "visible_host",
+]

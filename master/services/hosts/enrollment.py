@@ -22,11 +22,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
 from master.models import EnrollmentToken, Gpu, Host, HostCertificate, Rental
-from master.services import commands
-from master.services.accounts.core import Principal
+from master.services import commands, rentals
+from master.services.accounts import Principal
 from master.services.lifecycle.hosts import record_initial_state, transition
 from master.services.lifecycle.rentals import ACTIVE_STATES
-from master.services.rentals import lifecycle as rental_lifecycle
 from shared import protocol
 from shared.errors import EnrollmentError, NotFound, SequenceJump
 from shared.ids import new_id, new_secret, secret_hash
@@ -183,7 +182,7 @@ async def revoke_host(master: Master, principal: Principal, host_id: str) -> Hos
             ).all()
             for rental in active:
                 # Credited like a lost host's: the renter is not charged a minimum the host cannot serve.
-                await rental_lifecycle.fail_rental(session, rental, reason="the host was revoked", at=now, lost_at=now)
+                await rentals.fail_rental(session, rental, reason="the host was revoked", at=now, lost_at=now)
             await session.execute(update(Gpu).where(Gpu.host_id == host.id).values(present=False))
             await session.execute(
                 update(HostCertificate)

@@ -34,11 +34,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from master.context import Master
 from master.models import Command as CommandRow
 from master.models import Gpu, Host, HostPowerPolicy
-from master.services import commands
-from master.services.accounts.core import Principal
+from master.services import commands, market
+from master.services.accounts import Principal
 from master.services.hosts import power_savings
-from master.services.market import forecast
-from master.services.market.forecast_models import choose_forecast
+from master.services.market import choose_forecast
 from shared import protocol
 from shared.errors import BadRequest, Conflict, NotFound
 
@@ -124,10 +123,10 @@ def off_peak_until(ahead: Sequence[float] | None, *, start: datetime, threshold:
 
 
 def host_window(
-    models: Sequence[str], region: str | None, ahead: Mapping[forecast.Key, Sequence[float]], *, start: datetime, threshold: float
+    models: Sequence[str], region: str | None, ahead: Mapping[market.Key, Sequence[float]], *, start: datetime, threshold: float
 ) -> datetime | None:
     """The host's off-peak window: every model's, ending at the earliest; ``None`` when any of them is not off-peak."""
-    ends = [off_peak_until(ahead.get((model, region or forecast.ANY)), start=start, threshold=threshold) for model in models]
+    ends = [off_peak_until(ahead.get((model, region or market.ANY)), start=start, threshold=threshold) for model in models]
     if not ends or any(end is None for end in ends):
         return None
     return min(end for end in ends if end is not None)
@@ -219,7 +218,7 @@ def _iso(at: datetime) -> str:
 # ---- the pass ----------------------------------------------------------------------------
 
 
-def desired_policy(policy: HostPowerPolicy, host: Host, gpus: Sequence[Gpu], ahead: Mapping[forecast.Key, Sequence[float]],
+def desired_policy(policy: HostPowerPolicy, host: Host, gpus: Sequence[Gpu], ahead: Mapping[market.Key, Sequence[float]],
                    *, start: datetime) -> dict[str, Any]:  # fmt: skip
     """What the host's agent should hold now: ``{"targets": {uuid: watts}, "off_peak_until": ISO | None}``; no targets
     and no window when the policy is off, fits no GPU, or the hour is not off-peak (the agent then restores every GPU)."""
@@ -239,13 +238,13 @@ async def power_pass(master: Master) -> int:
     """Send each opted-in host's policy where it changed; fold the agents' energy counters. Returns commands sent.
     Cancelling is safe: a command row and its policy's ``sent`` are written in one transaction, published after it."""
     now = master.clock.now()
-    start = forecast.hour_start(now)
+    start = market.hour_start(now)
     issued: list[str] = []
     async with master.db.session() as session:
         rows = (await session.execute(select(HostPowerPolicy, Host).join(Host, Host.id == HostPowerPolicy.host_id))).all()
         if not rows:
             return 0
-        _, history = await forecast.demand_history(session, now=now, days=HISTORY_DAYS)
+        _, history = await market.demand_history(session, now=now, days=HISTORY_DAYS)
         # The forecast the API and the console show: per series the seasonal baseline, or the learned model where it won.
         ahead = {key: choose_forecast(values, horizon=HORIZON_HOURS).forecast for key, values in history.items()}
         gpus_of: dict[str, list[Gpu]] = {}

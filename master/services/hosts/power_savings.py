@@ -18,7 +18,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.models import Host, HostPowerPolicy, PowerSaving
-from master.services.accounts.core import Principal
+from master.services.accounts import Principal
 
 
 def _counters(host: Host) -> dict[str, float]:

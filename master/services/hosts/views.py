@@ -15,11 +15,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
 from master.models import Gpu, Host, HostEvent, NetworkMeasurement, Rental
-from master.services import commands
-from master.services.accounts.core import Principal
+from master.services import commands, market
+from master.services.accounts import Principal
 from master.services.isolation import isolation_view
 from master.services.lifecycle.rentals import ACTIVE_STATES
-from master.services.market import reliability
 from shared import protocol
 from shared.errors import NotFound
 
@@ -33,7 +32,7 @@ def _gpu_view(gpu: Gpu) -> dict[str, Any]:
         "present": gpu.present,
         "rented": gpu.rental_id is not None,
         "milli_used": gpu.milli_used,  # fractional shares and whole rentals alike (1000: all of it)
-        "classification": reliability.classification_view(gpu),
+        "classification": market.classification_view(gpu),
         "info": gpu.info,
     }
 
@@ -77,7 +76,7 @@ def host_view(host: Host, gpus: Sequence[Gpu], *, detail: bool = False, active_r
         "gpu_backend": host.gpu_backend,
         "last_seen_at": host.last_seen_at.isoformat() if host.last_seen_at else None,
         "reliability_score": host.reliability,
-        "reliability_seeded": reliability.is_seeded(host.reliability_inputs),
+        "reliability_seeded": market.is_seeded(host.reliability_inputs),
         "tier": best.tier if best is not None else None,
         "score": best.score if best is not None else None,
         "active_rentals": list(active_rentals),
@@ -91,7 +90,7 @@ def host_view(host: Host, gpus: Sequence[Gpu], *, detail: bool = False, active_r
         view["last_seq"] = host.last_seq
         view["latest_network"] = host.latest_network
         view["spool"] = host.spool_stats
-        view["reliability"] = reliability.reliability_view(host)
+        view["reliability"] = market.reliability_view(host)
         view["faults_since"] = host.faults_since.isoformat() if host.faults_since else None
         view["rejected_fields"] = host.rejected_fields
         view["cert_not_after"] = host.cert_not_after.isoformat() if host.cert_not_after else None

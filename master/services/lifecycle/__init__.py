@@ -7,5 +7,6 @@
 
 They sit below every aggregate because every aggregate moves them: a host's fault fails its rentals (market), a
 member rental moves its cluster, a replica's state its service. Imports ``master.services.commands`` and
-``master.services.host_links`` only.
+``master.services.host_links`` only. Unlike the aggregates' packages, whose modules only they import, its public names
+are these modules: each machine has its own ``transition``, so the others import ``lifecycle.hosts`` and the like.
 """

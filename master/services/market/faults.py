@@ -36,7 +36,7 @@ from master.context import Master
 from master.models import Command as CommandRow
 from master.models import Gpu, GpuEvent, Host, Rental
 from master.services import commands
-from master.services.accounts.core import Principal
+from master.services.accounts import Principal
 from master.services.lifecycle.hosts import TRANSITIONS, transition
 from master.services.lifecycle.rentals import ACTIVE_STATES
 from shared import protocol

@@ -52,7 +52,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.models import Gpu, Host, HostListing
-from master.services.accounts.core import Principal
+from master.services.accounts import Principal
 from master.services.market.tiers import Tier
 from shared.errors import ConfigError, Conflict, Forbidden, NotFound, ValidationFailed
 from shared.money import MAX_PRICE, PRICE_PLACES, amount_problem, parse_amount

@@ -12,3 +12,85 @@ The rental state machine itself is ``master.services.lifecycle.rentals`` (every 
 ``master.services.accounts``, ``master.services.market``, ``master.services.lifecycle`` and the top-level modules;
 never clusters, endpoints or hosts, which build on it.
 """
+
+from master.services.rentals.allocation import release
+from master.services.rentals.connect import connect, connect_token, connect_url, current_relay_id, live_relays
+from master.services.rentals.core import (
+    create_rental,
+    get_rental,
+    list_rentals,
+    release_expired_workspaces,
+    rental_events,
+    rental_logs,
+    rental_view,
+    stop_rental,
+)
+from master.services.rentals.lifecycle import (
+    apply_command_result,
+    apply_workload_exit,
+    apply_workload_progress,
+    fail_rental,
+    fail_rentals_of_lost_hosts,
+    failure_code,
+    note_host_back,
+    note_host_unreachable,
+    replace_lost,
+    stop_strays,
+)
+from master.services.rentals.placement import check_quota, find_candidates, quota_view, try_place
+from master.services.rentals.quotas import set_fair_share, set_quota
+from master.services.rentals.request import RentalRequest
+from master.services.rentals.templates import (
+    MAX_DESCRIPTION_CHARS,
+    NAME_PATTERN,
+    check_name,
+    delete_template,
+    get_template,
+    list_templates,
+    put_template,
+    template_view,
+    workload_of,
+)
+
+__all__ = [
+    "MAX_DESCRIPTION_CHARS",
+    "NAME_PATTERN",
+    "RentalRequest",
+    "apply_command_result",
+    "apply_workload_exit",
+    "apply_workload_progress",
+    "check_name",
+    "check_quota",
+    "connect",
+    "connect_token",
+    "connect_url",
+    "create_rental",
+    "current_relay_id",
+    "delete_template",
+    "fail_rental",
+    "fail_rentals_of_lost_hosts",
+    "failure_code",
+    "find_candidates",
+    "get_rental",
+    "get_template",
+    "list_rentals",
+    "list_templates",
+    "live_relays",
+    "note_host_back",
+    "note_host_unreachable",
+    "put_template",
+    "quota_view",
+    "release",
+    "release_expired_workspaces",
+    "rental_events",
+    "rental_logs",
+    "rental_view",
+    "replace_lost",
+    "set_fair_share",
+    "set_quota",
+    "stop_rental",
+    "stop_strays",
+    "template_view",
+    "try_place",
+    "workload_of",
+]

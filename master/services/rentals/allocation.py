@@ -36,9 +36,7 @@ from master.models import Gpu, GpuAllocation, Host, HostListing, Rental
 from master.scheduler import MILLI, LinkStats, MigSlot, Node, Placement
 from master.scheduler import Gpu as SchedGpu
 from master.services.lifecycle.hosts import RENTABLE_STATES
-from master.services.market.listings import PriceBounds
-from master.services.market.offers import price_expression, unavailable_hosts
-from master.services.market.tiers import Tier
+from master.services.market import PriceBounds, Tier, price_expression, unavailable_hosts
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from master.context import Master
 from master.models import Host, Rental
-from master.services.accounts.core import Principal
+from master.services.accounts import Principal
 from master.services.lifecycle.rentals import RentalState
 from master.services.rentals.core import get_rental
 from shared.crypto.tokens import new_claims

@@ -20,10 +20,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from master.context import Master
 from master.models import Rental, RentalEvent, RentalLogChunk
 from master.services import commands, idempotency
-from master.services.accounts.core import Principal
+from master.services.accounts import Principal
 from master.services.lifecycle import clusters as clusterstate
 from master.services.lifecycle.rentals import UNSTOPPED_STATES, RentalState, advance
-from master.services.market.listings import money
+from master.services.market import money
 from master.services.rentals import templates
 from master.services.rentals.placement import try_place
 from master.services.rentals.request import RentalRequest

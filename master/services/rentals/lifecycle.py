@@ -20,11 +20,11 @@ from master.context import Master
 from master.models import Command as CommandRow
 from master.models import Host, Rental, RentalEvent
 from master.services import commands
-from master.services.accounts.core import Principal
+from master.services.accounts import Principal
 from master.services.lifecycle import clusters as clusterstate
 from master.services.lifecycle.hosts import transition
 from master.services.lifecycle.rentals import ACTIVE_STATES, UNSTOPPED_STATES, RentalState, advance
-from master.services.market.reliability import AGENT_STOPPED_PREFIX, RENTER_STOP_CODES
+from master.services.market import AGENT_STOPPED_PREFIX, RENTER_STOP_CODES
 from master.services.rentals import allocation
 from master.services.rentals.core import create_rental
 from master.services.rentals.placement import cancel_commands

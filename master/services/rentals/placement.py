@@ -51,13 +51,9 @@ from master.models import Account, Gpu, Rental, RentalEvent
 from master.models import Command as CommandRow
 from master.scheduler import MILLI, Node, Placement, get_placer
 from master.scheduler import Request as PlaceRequest
-from master.services import commands, isolation
-from master.services.accounts import access
+from master.services import accounts, commands, isolation, market
 from master.services.lifecycle.rentals import ACTIVE_STATES, RentalState, advance
-from master.services.market import offers
-from master.services.market.listings import PRICE_QUANTUM, load_price_bounds, money
-from master.services.market.placement import model_matches
-from master.services.market.query import parse
+from master.services.market import PRICE_QUANTUM, load_price_bounds, model_matches, money, parse
 from master.services.rentals import allocation
 from master.services.rentals.allocation import Hold, HostState
 from master.services.rentals.request import RentalRequest
@@ -140,7 +136,7 @@ def placer_of(master: Master) -> Any:
 
 
 @dataclass
-class _Candidates:
+class Candidates:
     nodes: list[Node]
     hosts: dict[str, tuple[HostState, str, Decimal]]  # node id → (host, gpu name, price per GPU-hour)
     holds: dict[str, list[Hold]]
@@ -149,7 +145,7 @@ class _Candidates:
     limits: dict[str, float] = field(default_factory=dict)
 
 
-async def _quota(master: Master, session: AsyncSession, renter_id: str, request: RentalRequest, exclude: str) -> Decimal | None:
+async def check_quota(master: Master, session: AsyncSession, renter_id: str, request: RentalRequest, exclude: str) -> Decimal | None:
     """Check the account's GPU quota; returns the most one GPU-hour may cost under its spend quota (None: no limit).
 
     Locks the account's row first, quota or not: the account's placements are serialised from here to their commit,
@@ -211,11 +207,11 @@ async def quota_view(master: Master, session: AsyncSession, account: Account) ->
     }
 
 
-async def _candidates(
+async def find_candidates(
     master: Master, session: AsyncSession, request: RentalRequest, *, now: datetime, price_cap: Decimal | None
-) -> _Candidates:
+) -> Candidates:
     bounds = load_price_bounds()
-    conditions = await offers.row_conditions(session, parse(request.query), bounds=bounds) if request.query else []
+    conditions = await market.row_conditions(session, parse(request.query), bounds=bounds) if request.query else []
     host_ids, model = None, None
     if request.offer_id is not None:
         host_id, model = request.offer_id.split(":", 1)
@@ -225,7 +221,7 @@ async def _candidates(
             raise NotFound(f"no offer {request.offer_id!r}; list offers with GET /api/v1/offers", code="offer_not_found")
     fleet = await allocation.load_fleet(session, now=now, bounds=bounds, conditions=conditions, host_ids=host_ids)
     holds = await allocation.active_holds(session, host_ids)
-    found = _Candidates([], {}, holds, {})
+    found = Candidates([], {}, holds, {})
     for host in fleet.values():
         if host.host_id in request.avoid_hosts:
             continue
@@ -331,7 +327,7 @@ async def _preemptible(session: AsyncSession, request: RentalRequest) -> dict[st
     return {rid: (bid or Decimal(0), created) for rid, bid, created in (await session.execute(query)).all()}
 
 
-def _find_victims(found: _Candidates, wanted: PlaceRequest, outranked: dict[str, tuple[Decimal, datetime]]) -> tuple[list[str], Placement] | None:
+def _find_victims(found: Candidates, wanted: PlaceRequest, outranked: dict[str, tuple[Decimal, datetime]]) -> tuple[list[str], Placement] | None:
     """The cheapest interruptible rentals whose GPUs make room for ``wanted`` on one node, and the placement."""
     if not outranked:
         return None
@@ -362,7 +358,7 @@ def _find_victims(found: _Candidates, wanted: PlaceRequest, outranked: dict[str,
     return None
 
 
-def _beyond_every_host(found: _Candidates) -> ValidationFailed | None:
+def _beyond_every_host(found: Candidates) -> ValidationFailed | None:
     """When no host at all could give the workload's limits: 422 naming the field and the most any host allows."""
     if found.nodes or not found.limits or set(found.excluded) != {isolation.Refusal.LIMITS}:
         return None
@@ -374,7 +370,7 @@ def _beyond_every_host(found: _Candidates) -> ValidationFailed | None:
     )
 
 
-def _no_room(request: RentalRequest, found: _Candidates) -> ClientError:
+def _no_room(request: RentalRequest, found: Candidates) -> ClientError:
     what = f"{request.gpu_count} × {request.gpu_model or 'any GPU'}"
     if request.mig_profile is not None:
         what = f"a MIG {request.mig_profile} instance"
@@ -408,12 +404,12 @@ async def try_place(
     master: Master, session: AsyncSession, rental: Rental, request: RentalRequest, *, now: datetime
 ) -> tuple[list[str], ClientError | None]:
     """Place ``rental`` (new, or queued and locked); returns its commands to publish, or the reason it cannot be placed now."""
-    price_cap = await _quota(master, session, rental.renter_id, request, exclude=rental.id)
+    price_cap = await check_quota(master, session, rental.renter_id, request, exclude=rental.id)
     if (beyond := await _beyond_fleet(session, request)) is not None:
         return [], beyond
     wanted = request.place_request()
     placer = placer_of(master)
-    found = await _candidates(master, session, request, now=now, price_cap=price_cap)
+    found = await find_candidates(master, session, request, now=now, price_cap=price_cap)
     for _round in range(MAX_PLACEMENT_ROUNDS):
         victims: list[str] = []
         placement = placer.place(wanted, found.nodes)
@@ -440,7 +436,7 @@ async def try_place(
                 log.info("lost a race for GPUs on host %s; reading the fleet again", host.host_id)
                 await attempt.rollback()
         if not claimed:
-            found = await _candidates(master, session, request, now=now, price_cap=price_cap)
+            found = await find_candidates(master, session, request, now=now, price_cap=price_cap)
             continue
         assert stops is not None
         if master.settings.placement_pause_after_claim_s:  # fault injection: the fault suite kills the master here
@@ -493,8 +489,8 @@ async def _start(session: AsyncSession, rental: Rental, request: RentalRequest, 
     share = None
     if request.gpu_milli < MILLI and request.mig_profile is None:
         share = protocol.GpuShare(milli=request.gpu_milli, memory_mib=placement.gpu_memory_mib)
-    # The account's row is locked (``_quota``): a key change waits for this commit and then updates the rental too.
-    keys, access_version = await access.current_keys(session, rental.renter_id)
+    # The account's row is locked (``check_quota``): a key change waits for this commit and then updates the rental too.
+    keys, access_version = await accounts.current_keys(session, rental.renter_id)
     start = protocol.StartWorkload.model_validate(
         {"rental_id": rental.id, "gpu_uuids": rental.gpu_uuids, "workload": rental.workload, "share": share,
          "authorized_keys": keys, "access_version": access_version}

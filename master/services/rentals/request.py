@@ -15,9 +15,7 @@ from typing import Any
 from master.models import Rental
 from master.scheduler import MILLI, NetworkLimits
 from master.scheduler import Request as PlaceRequest
-from master.services.market.listings import PRICE_QUANTUM
-from master.services.market.placement import model_filter_problem, normalise_name
-from master.services.market.query import format_query, parse
+from master.services.market import PRICE_QUANTUM, format_query, model_filter_problem, normalise_name, parse
 from master.services.rentals.allocation import mig_milli
 from shared.errors import BadRequest, ValidationFailed
 
