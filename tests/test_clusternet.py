@@ -36,17 +36,15 @@ import pytest
 import pytest_asyncio
 from pydantic import ValidationError
 
-from agent.cluster.net import (
+from agent.cluster.hosts import (
     HOSTS_BEGIN,
     HOSTS_END,
-    INTERFACE,
     MAX_HOSTS_BYTES,
-    ClusterNetworks,
-    device_name,
     hosts_block,
     rewrite_hosts,
     with_hosts_block,
 )
+from agent.cluster.net import INTERFACE, ClusterNetworks, device_name
 from agent.cluster.wgcontrol import (
     UAPI_DIR,
     ClusterNetworkError,

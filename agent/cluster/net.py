@@ -36,7 +36,8 @@ interface goes with it. What was made is kept in ``<work>/clusters/<rental>.json
 tunnel found gone (``wireguard-go`` ended, or the container has a new network namespace) is made
 again with the same key and port, and the peers it had.
 
-Beside it: ``agent.cluster.wgcontrol`` (keys and the UAPI requests), ``agent.cluster.probe`` (the responder
+Beside it: ``agent.cluster.wgcontrol`` (keys, the UAPI requests and the ``wireguard-go`` process), ``agent.cluster.hosts`` (the
+``/etc/hosts`` block), ``agent.cluster.probe`` (the responder
 and the round-trip and throughput probes) and ``agent.cluster.relay`` (a peer reached through the
 relays when no handshake completes directly, or with ``direct=False``).
 """
@@ -54,7 +55,6 @@ import shutil
 import signal
 import socket
 import ssl
-import stat
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
@@ -64,14 +64,18 @@ from typing import Final
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
+from agent.cluster.hosts import hosts_block, rewrite_hosts
 from agent.cluster.probe import MEASURE_PORT, Run, UdpEcho, echo, loss, respond, throughput
 from agent.cluster.relay import RelayedPeer
 from agent.cluster.wgcontrol import (
     UAPI_DIR,
     ClusterNetworkError,
     address_of,
+    clear_stale_socket,
+    exited,
     handshakes,
     hex_key,
+    is_wireguard,
     peer_state_text,
     peer_states,
     uapi,
@@ -85,9 +89,6 @@ from shared import protocol
 log = logging.getLogger(__name__)
 
 INTERFACE: Final = "cluster0"  # the tunnel's name inside the member's container
-HOSTS_BEGIN: Final = "# gpumarket cluster network: begin"
-HOSTS_END: Final = "# gpumarket cluster network: end"
-MAX_HOSTS_BYTES: Final = 1 << 20
 
 
 @dataclass
@@ -115,51 +116,6 @@ class MemberNet:
 def device_name(rental_id: str) -> str:
     """``wgm`` + 10 hex digits of the rental's id: unique on the host, under the kernel's 15 characters."""
     return "wgm" + hashlib.sha256(rental_id.encode()).hexdigest()[:10]
-
-
-def hosts_block(subnet: str, node_count: int) -> str:
-    names = "".join(f"{address_of(subnet, rank)}\tnode-{rank}\n" for rank in range(node_count))
-    return f"{HOSTS_BEGIN}\n{names}{HOSTS_END}\n"
-
-
-def with_hosts_block(text: str, block: str | None) -> str:
-    """``text`` (an /etc/hosts) without any earlier cluster block, and with ``block`` (``None``: none) at its end."""
-    kept: list[str] = []
-    inside = False
-    for line in text.splitlines(keepends=True):
-        if line.rstrip("\n") == HOSTS_BEGIN:
-            inside = True
-        elif line.rstrip("\n") == HOSTS_END:
-            inside = False
-        elif not inside:
-            kept.append(line)
-    out = "".join(kept)
-    if out and not out.endswith("\n"):
-        out += "\n"
-    return out + (block or "")
-
-
-def rewrite_hosts(path: Path, block: str | None) -> None:
-    """Put ``block`` into the hosts file at ``path`` in place (the container sees it through a bind mount, so it is
-    never replaced); refuses (``ClusterNetworkError``) a symlink, anything but a regular file, or a file grown past
-    ``MAX_HOSTS_BYTES``. Bytes that are not UTF-8 (the container may write anything there) are kept as they were."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ClusterNetworkError(f"the container's hosts file {path} could not be opened ({exc.strerror or exc}); not written") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ClusterNetworkError(f"the container's hosts file {path} is not a regular file; not written")
-        with os.fdopen(fd, "r+b", closefd=False) as hosts:
-            data = hosts.read(MAX_HOSTS_BYTES + 1)  # bounded even if the file grows after a size check
-            if len(data) > MAX_HOSTS_BYTES:
-                raise ClusterNetworkError(f"the container's /etc/hosts is larger than {MAX_HOSTS_BYTES} bytes; not written")
-            text = data.decode("utf-8", errors="surrogateescape")
-            hosts.seek(0)
-            hosts.write(with_hosts_block(text, block).encode("utf-8", errors="surrogateescape"))
-            hosts.truncate()
-    finally:
-        os.close(fd)
 
 
 async def _run(*argv: str, timeout: float = 10.0) -> None:
@@ -358,7 +314,7 @@ class ClusterNetworks:
     def _intact(self, net: MemberNet, pid: int) -> bool:
         """Whether the member's tunnel still works: its ``wireguard-go`` runs (not a process that took its pid) and its
         interface is in the container's namespace of now (a restarted container has a new one, without it)."""
-        return _is_wireguard(net.wg_pid, net.device) and net.netns in (0, _netns_inode(pid))
+        return is_wireguard(net.wg_pid, net.device) and net.netns in (0, _netns_inode(pid))
 
     async def _remake(self, net: MemberNet, command: protocol.CreateCluster, pid: int, hosts: Path) -> MemberNet:
         """The tunnel is gone (``wireguard-go`` ended, or the container got a new namespace): make it again with the
@@ -380,7 +336,7 @@ class ClusterNetworks:
         if shutil.which(self.wireguard_go) is None:
             raise ClusterNetworkError("wireguard-go is not installed on this host (apt-get install wireguard-go); the cluster has no private network here")
         device = device_name(command.rental_id)
-        if not await _clear_stale_socket(self.uapi_dir / f"{device}.sock"):
+        if not await clear_stale_socket(self.uapi_dir / f"{device}.sock"):
             raise ClusterNetworkError(f"another wireguard-go already serves {device} (rental {command.rental_id}) without this agent's record; not started twice")
         private = X25519PrivateKey.from_private_bytes(private_raw) if private_raw is not None else X25519PrivateKey.generate()
         private_raw = private.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
@@ -444,25 +400,25 @@ class ClusterNetworks:
         echo_transport = self._echoes.pop(net.rental_id, None)
         if echo_transport is not None:
             echo_transport.close()
-        ours = _is_wireguard(net.wg_pid, net.device)
+        ours = is_wireguard(net.wg_pid, net.device)
         for sig, wait_s in ((signal.SIGTERM, stop_timeout), (signal.SIGKILL, 2.0)):
-            if not _is_wireguard(net.wg_pid, net.device):
+            if not is_wireguard(net.wg_pid, net.device):
                 break
             with contextlib.suppress(ProcessLookupError):
                 os.kill(net.wg_pid, sig)
             deadline = time.monotonic() + wait_s
-            while _is_wireguard(net.wg_pid, net.device):
+            while is_wireguard(net.wg_pid, net.device):
                 if time.monotonic() > deadline:
                     break
                 await asyncio.sleep(0.02)
-        if _is_wireguard(net.wg_pid, net.device):
+        if is_wireguard(net.wg_pid, net.device):
             log.error("rental %s: wireguard-go (pid %d) did not end after SIGKILL", net.rental_id, net.wg_pid)
         deadline = time.monotonic() + 2.0
-        while ours and not _exited(net.wg_pid):  # its command line goes first, its files (socket, TUN device) a moment later
+        while ours and not exited(net.wg_pid):  # its command line goes first, its files (socket, TUN device) a moment later
             if time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.01)
-        await _clear_stale_socket(self.uapi_dir / f"{net.device}.sock")
+        await clear_stale_socket(self.uapi_dir / f"{net.device}.sock")
         found = await self.namespace(net.rental_id)
         if found is not None:
             with contextlib.suppress(OSError, ClusterNetworkError):
@@ -618,46 +574,9 @@ def _endpoint(address: str, port: int) -> str:
     return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
-def _is_wireguard(pid: int, device: str) -> bool:
-    """Whether ``pid`` runs and is still our ``wireguard-go`` for ``device`` (a pid can be reused; an ended process
-    not yet reaped has no command line)."""
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return any(a.endswith(b"wireguard-go") for a in argv[:1]) and device.encode() in argv
-
-
-def _exited(pid: int) -> bool:
-    """Whether process ``pid`` is gone or a zombie (its files closed)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state in ("Z", "X")
-
-
 def _netns_inode(pid: int) -> int:
     """The inode of process ``pid``'s network namespace (0: not readable)."""
     try:
         return os.stat(f"/proc/{pid}/ns/net").st_ino
     except OSError:
         return 0
-
-
-async def _clear_stale_socket(path: Path) -> bool:
-    """Remove ``path``, a UAPI socket that a ``wireguard-go`` which ended (killed, crashed) left behind — a new
-    process would take it over, but nothing could tell its socket from the old one until then. ``False``: a live
-    process answers on it (left alone)."""
-    if not path.exists():
-        return True
-    try:
-        async with asyncio.timeout(1.0):
-            _, writer = await asyncio.open_unix_connection(str(path))
-    except TimeoutError:
-        return False  # someone holds it, slowly: not ours to remove
-    except OSError:  # refused (or gone meanwhile): nobody listens any more
-        path.unlink(missing_ok=True)
-        return True
-    writer.close()
-    return False

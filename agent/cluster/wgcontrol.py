@@ -1,5 +1,6 @@
 """``wireguard-go``'s control, for a cluster member's tunnel (``agent.cluster.net``): keys, and the requests of
-WireGuard's text protocol (UAPI) on its control socket ``/var/run/wireguard/<device>.sock`` — no ``wg`` needed."""
+WireGuard's text protocol (UAPI) on its control socket ``/var/run/wireguard/<device>.sock`` — no ``wg`` needed —, and
+the process itself: whether a pid is still our ``wireguard-go``, and a socket an ended one left behind."""
 
 from __future__ import annotations
 
@@ -130,3 +131,40 @@ def peer_state_text(state: dict[str, str] | None, now: float) -> str:
     last = int(state.get("last_handshake_time_sec", "0") or 0)
     handshake = "no handshake yet" if last == 0 else f"last handshake {max(0, round(now - last))}s ago"
     return f"{handshake}, {state.get('tx_bytes', '0')} bytes sent and {state.get('rx_bytes', '0')} received, endpoint {state.get('endpoint', 'none')}"
+
+
+def is_wireguard(pid: int, device: str) -> bool:
+    """Whether ``pid`` runs and is still our ``wireguard-go`` for ``device`` (a pid can be reused; an ended process
+    not yet reaped has no command line)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(a.endswith(b"wireguard-go") for a in argv[:1]) and device.encode() in argv
+
+
+def exited(pid: int) -> bool:
+    """Whether process ``pid`` is gone or a zombie (its files closed)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
+async def clear_stale_socket(path: Path) -> bool:
+    """Remove ``path``, a UAPI socket that a ``wireguard-go`` which ended (killed, crashed) left behind — a new
+    process would take it over, but nothing could tell its socket from the old one until then. ``False``: a live
+    process answers on it (left alone)."""
+    if not path.exists():
+        return True
+    try:
+        async with asyncio.timeout(1.0):
+            _, writer = await asyncio.open_unix_connection(str(path))
+    except TimeoutError:
+        return False  # someone holds it, slowly: not ours to remove
+    except OSError:  # refused (or gone meanwhile): nobody listens any more
+        path.unlink(missing_ok=True)
+        return True
+    writer.close()
+    return False

@@ -18,7 +18,7 @@ Its modules, each importing only those before it:
 
 - ``base``: version, frame limit, close codes, shared field types, the strict/lenient models;
 - ``bodies``: the message bodies;
-- ``commands``: one model per command and per reply, ``CommandBody``, ``decode_command``;
+- ``commands``: one model per command, ``CommandBody``, ``decode_command``; ``replies``: one model per reply;
 - ``messages``: the envelopes and the frame codec (``encode``, ``decode_*_frame``);
 - ``bus``: the relay ⇄ master bus records;
 - ``fastbus``: the master's msgspec decoder of heartbeat and telemetry bus records (imports nothing of
@@ -117,33 +117,24 @@ from shared.protocol.commands import (
     RESERVED_ENV,
     SHARE_ENV,
     WORKLOAD_KINDS,
-    AccessUpdated,
     AgentCommand,
     AnyCommand,
     Argv,
-    CertificateInstalled,
-    ClusterJoined,
-    ClusterLeft,
     ClusterPeer,
     CommandBody,
-    CommandReply,
     ContainerWorkload,
     CpuCores,
     CreateCluster,
     DeleteCluster,
     Env,
-    GpuHealthModel,
     GpuShare,
     GpuUuid,
     GpuUuids,
     HealthCheck,
-    HealthCheckResult,
     HoldWorkload,
     InstallCertificate,
     MeasureNetwork,
     MemoryMib,
-    PeerMeasurement,
-    PowerPolicyApplied,
     PowerTarget,
     ProcessWorkload,
     RentalId,
@@ -152,8 +143,6 @@ from shared.protocol.commands import (
     StopWorkload,
     UpdateAccess,
     WorkloadSpec,
-    WorkloadStarted,
-    WorkloadStopped,
     command_args,
     decode_command,
 )
@@ -183,6 +172,19 @@ from shared.protocol.messages import (
     decode_agent_frame,
     decode_server_frame,
     encode,
+)
+from shared.protocol.replies import (
+    AccessUpdated,
+    CertificateInstalled,
+    ClusterJoined,
+    ClusterLeft,
+    CommandReply,
+    GpuHealthModel,
+    HealthCheckResult,
+    PeerMeasurement,
+    PowerPolicyApplied,
+    WorkloadStarted,
+    WorkloadStopped,
 )
 
 __all__ = [
