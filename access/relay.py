@@ -67,16 +67,15 @@ from websockets.http11 import Request, Response
 
 from access import speedtest
 from access.agentlink import AgentLink, StreamOptions, close_reason, forget_handshake
+from access.commands import COMMAND_GROUP, consume_commands, deliver
 from access.forwarding import decode_agent_frame, encode_ack, encode_bus_envelope
 from access.registration import RegistryLink, stop_task
-from access.tls import no_session_tickets, tracking_connection_class
+from access.tls import no_session_tickets, peer_identity, tracking_connection_class
 from access.tunnels import RenterGate, refusal_response
 from access.webports import WebPorts
 from shared import protocol
 from shared.bus import Bus
-from shared.cancelling import raise_if_cancelled
 from shared.clock import Clock, SystemClock
-from shared.crypto import host_id_from_der, serial_hex_from_der
 from shared.errors import BusError, ConfigError, GpumarketError, ProtocolError
 from shared.ratelimit import SourceRateLimiter, TokenBucket, source_key
 from shared.registry import Registry, RelayRecord
@@ -87,7 +86,6 @@ log = logging.getLogger(__name__)
 
 AGENT_PATH = "/v1/agent"
 SPEEDTEST_PATH = "/v1/speedtest"  # speed tests: access.speedtest
-COMMAND_GROUP = "relay"
 REVOKED_REASON = "certificate revoked; re-enroll with a new token"
 GOING_AWAY_REASON = "relay shutting down; reconnect to another relay"
 
@@ -435,7 +433,7 @@ class Relay:
                 self.renters.forget(connection)
             return
         try:
-            host_id, serial = _peer_identity(connection)
+            host_id, serial = peer_identity(connection)
         except GpumarketError as exc:
             log.warning("refused a connection from %s: %s", connection.remote_address, exc)
             await connection.close(protocol.CLOSE_IDENTITY_MISMATCH, close_reason(f"no usable client certificate: {exc}"))
@@ -592,52 +590,11 @@ class Relay:
     # ---- the master's commands ---------------------------------------------------------
 
     async def _consume_commands(self) -> None:
-        """Deliver commands to connected agents. Cancelling is safe: undelivered ones stay pending."""
-        stream = protocol.commands_stream(self.relay_id)
-        backoff = 0.5
-        first = True
-        while True:
-            # redis-py writes with asyncio.wait_for, which can lose a cancel (shared.cancelling): a relay's close then
-            # waited on this loop until SIGKILL (tests/test_cluster.py, once under load).
-            raise_if_cancelled()
-            try:
-                if first:
-                    # Whatever a previous run of this relay left pending: deliver or drop (the master resends).
-                    batch = await self.bus.claim_stale(stream, COMMAND_GROUP, self.relay_id, min_idle=0)
-                    first = False
-                else:
-                    batch = await self.bus.read(stream, COMMAND_GROUP, self.relay_id, count=100, block=1.0)
-                for item in batch:
-                    self._deliver(item.payload)
-                if batch:
-                    await self.bus.ack(stream, COMMAND_GROUP, [m.id for m in batch])
-                backoff = 0.5
-            except BusError as exc:
-                log.warning("command stream unavailable (%s); retrying in %.1fs", exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
+        await consume_commands(self.bus, self.relay_id, self._deliver)
 
     def _deliver(self, payload: bytes) -> None:
-        try:
-            delivery = protocol.decode_command_delivery(payload)
-        except ProtocolError as exc:
-            log.error("dropping malformed command record: %s", exc)
-            return
-        link = self.agents.get(delivery.host_id)
-        if link is None or link.close_request is not None:
-            log.info("host %s not connected here; command %s waits for the master to resend", delivery.host_id, delivery.command.body.command_id)
-            return
-        link.queue(protocol.encode(delivery.command))
-        self.commands_delivered += 1
-
-
-def _peer_identity(connection: ServerConnection) -> tuple[str, str]:
-    """The host id and certificate serial (hex) of the connection's client certificate (read here,
-    so that the handler does not hold the certificate's DER for the connection's life). Raises
-    ``GpumarketError`` when there is no usable certificate."""
-    ssl_object = connection.transport.get_extra_info("ssl_object")
-    der = ssl_object.getpeercert(binary_form=True) if ssl_object else None
-    return host_id_from_der(der), serial_hex_from_der(der)
+        if deliver(payload, self.agents):
+            self.commands_delivered += 1
 
 
 def _url_host(host: str) -> str:

@@ -1,5 +1,6 @@
 """What TLS costs a relay per connection, what it cuts, and the relay's connection class
-(``tracking_connection_class``) that applies it to every connection once its handshake is done.
+(``tracking_connection_class``) that applies it to every connection once its handshake is done; and
+``peer_identity``, the host a connection's client certificate names.
 
 * **One read buffer per event loop.** CPython's asyncio gives every TLS connection its own read
   buffer of ``SSLProtocol.max_size`` bytes (256 KiB by default, zero-filled, so resident) that
@@ -42,6 +43,8 @@ from typing import Any
 from websockets.asyncio.server import Server, ServerConnection
 from websockets.frames import Frame
 from websockets.server import ServerProtocol
+
+from shared.crypto import host_id_from_der, serial_hex_from_der
 
 # Each loop's buffer, as the memoryview asyncio reads into (it keeps the bytearray alive).
 _read_buffers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, memoryview] = weakref.WeakKeyDictionary()
@@ -123,3 +126,12 @@ def tracking_connection_class(tracked: set[ServerConnection], tls_read_limit: in
             super().connection_lost(exc)
 
     return TrackedConnection
+
+
+def peer_identity(connection: ServerConnection) -> tuple[str, str]:
+    """The host id and certificate serial (hex) of the connection's client certificate (read here,
+    so that the handler does not hold the certificate's DER for the connection's life). Raises
+    ``GpumarketError`` when there is no usable certificate."""
+    ssl_object = connection.transport.get_extra_info("ssl_object")
+    der = ssl_object.getpeercert(binary_form=True) if ssl_object else None
+    return host_id_from_der(der), serial_hex_from_der(der)

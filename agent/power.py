@@ -42,13 +42,10 @@ from typing import Any
 from agent.gpu.base import GpuBackend, GpuInfo, GpuSample
 from agent.state import atomic_write
 from shared import protocol
+from shared.clock import utcnow
 from shared.errors import PowerLimitError
 
 log = logging.getLogger(__name__)
-
-
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
 
 
 @dataclass
@@ -97,7 +94,7 @@ class PowerPolicy:
         state_file: Path,
         *,
         in_use: Callable[[], Iterable[str]],
-        clock: Callable[[], datetime] = _utc_now,
+        clock: Callable[[], datetime] = utcnow,
         # Timeouts
         restore_timeout: float = 1.0,
         # Measuring

@@ -21,14 +21,15 @@ import json
 import os
 import time
 from collections.abc import Callable, Hashable, Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import pynvml
 
-from agent.gpu.nvml import NvmlApi, NvmlBackend, handle_key
+from agent.gpu.nvml import NvmlApi, handle_key
+from agent.gpu.nvmlbackend import NvmlBackend
 from agent.gpu.replay import (
     EVENT_SET,
     LIFECYCLE_CALLS,
@@ -41,6 +42,7 @@ from agent.gpu.replay import (
     args_key,
     takes_handle,
 )
+from shared.clock import utcnow
 from shared.errors import ConfigError
 
 # An hour at one pass a second; a longer recording is a mistake, not a fixture.
@@ -52,10 +54,6 @@ REDACTED_CALLS = frozenset({"nvmlDeviceGetSerial"})
 # field name alone: nvmlPciInfo_t.device is the PCI device number.
 _HANDLE_FIELDS = {"nvmlEventSetWait": frozenset({"device"}), "nvmlEventSetWait_v2": frozenset({"device"})}
 _HOW = "recorded through NVML by gpumarket (agent.record.record_nvml)"
-
-
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
 
 
 def _hashable_key(value: Any) -> Hashable | None:
@@ -224,7 +222,7 @@ def record_nvml(
     interval: float = 1.0,
     nvml: NvmlApi = pynvml,
     sleep: Callable[[float], None] = time.sleep,
-    clock: Callable[[], datetime] = _utc_now,
+    clock: Callable[[], datetime] = utcnow,
     source: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Record this host's GPUs through NVML for ``seconds``, one sampling pass every ``interval``.

@@ -25,7 +25,8 @@ import pynvml
 import pytest
 
 from agent.gpu import GpuEvent, GpuEventSource, ReplayBackend
-from agent.gpu.nvml import NvmlBackend, handle_key
+from agent.gpu.nvml import handle_key
+from agent.gpu.nvmlbackend import NvmlBackend
 from agent.gpu.replay import ReplayNvml, iter_calls, load_recording
 from agent.record import main as record_main
 from agent.record import record_nvml

@@ -22,7 +22,7 @@ from agent.gpu.base import (
     GpuSample,
     poll_events,
 )
-from agent.gpu.nvml import NvmlBackend
+from agent.gpu.nvmlbackend import NvmlBackend
 from agent.gpu.replay import REPLAY_PREFIX, ReplayBackend
 from agent.gpu.sim import SIM_MODELS, SIM_PREFIX, SimulatedBackend, parse_sim_items, parse_sim_spec
 from shared.errors import ConfigError

@@ -8,7 +8,8 @@ stand-in offers the ``pynvml`` functions it is asked for and raises ``pynvml``'s
 ``NVMLError`` subclasses exactly as NVML would. Constants (clock types, event types,
 error codes) are NVML's ABI and always come from ``pynvml`` itself.
 
-``set_power_limit`` is the one call here that changes a GPU: ``nvmlDeviceSetPowerManagementLimit``
+``agent.gpu.nvmlbackend.NvmlBackend`` holds them together: NVML started, the GPUs' identity read once, sampled, watched
+for events. ``set_power_limit`` is the one call here that changes a GPU: ``nvmlDeviceSetPowerManagementLimit``
 (milliwatts), checked against the board's range first (``agent.gpu.base.check_power_limit``).
 
 A field NVML cannot report on this GPU (not supported, no permission, not found, or
@@ -20,11 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import dataclasses
 import logging
 import re
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, TypeAlias, TypeVar
 
 import pynvml
@@ -38,7 +38,6 @@ from agent.gpu.base import (
     GpuProcess,
     GpuSample,
     check_power_limit,
-    default_power_limit,
 )
 from shared.errors import GpuBackendUnavailable, PowerLimitError
 
@@ -94,19 +93,6 @@ _NO_INSTANCE = 0xFFFFFFFF
 _MAX_MIG_DEVICES = 64
 _MIG_PROFILE_RE = re.compile(r"\bMIG\s+(\S+)\s*$")
 
-_NO_DRIVER_HINT = (
-    "Install the NVIDIA driver (on Ubuntu: `sudo ubuntu-drivers install`; otherwise the "
-    "driver for your GPU from https://www.nvidia.com/Download/index.aspx or your "
-    "distribution's packages), reboot, check that `nvidia-smi` lists your GPUs, then start "
-    "the agent again. To demo the agent on a machine without NVIDIA GPUs, choose simulated "
-    "GPUs explicitly with `--gpus sim:4xRTX4090`; a real provider host must never use them."
-)
-
-
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
 def _maybe(fn: Callable[..., _T], *args: Any) -> _T | None:
     """``fn(*args)``, or ``None`` where NVML says the value is unavailable on this GPU."""
     try:
@@ -138,7 +124,7 @@ def _first_available(nvml: NvmlApi, names: Sequence[str], *args: Any) -> Any:
     return None
 
 
-def _call(nvml: NvmlApi, name: str, *args: Any) -> Any:
+def nvml_call(nvml: NvmlApi, name: str, *args: Any) -> Any:
     """``nvml.<name>(*args)``; ``None`` where it is unavailable, including a ``pynvml`` without it."""
     return _first_available(nvml, (name,), *args)
 
@@ -220,25 +206,25 @@ def read_driver_versions(nvml: NvmlApi = pynvml) -> tuple[str | None, str | None
 
 def read_mig_instances(handle: Any, *, nvml: NvmlApi = pynvml) -> tuple[GpuMigInstance, ...]:
     """The MIG devices configured on the MIG-enabled GPU behind ``handle``, by slot."""
-    slots = _call(nvml, "nvmlDeviceGetMaxMigDeviceCount", handle)
+    slots = nvml_call(nvml, "nvmlDeviceGetMaxMigDeviceCount", handle)
     instances: list[GpuMigInstance] = []
     for slot in range(min(int(slots or 0), _MAX_MIG_DEVICES)):
         # An empty slot answers NVML_ERROR_NOT_FOUND.
-        mig = _call(nvml, "nvmlDeviceGetMigDeviceHandleByIndex", handle, slot)
+        mig = nvml_call(nvml, "nvmlDeviceGetMigDeviceHandleByIndex", handle, slot)
         if mig is None:
             continue
-        uuid = _text(_call(nvml, "nvmlDeviceGetUUID", mig))
+        uuid = _text(nvml_call(nvml, "nvmlDeviceGetUUID", mig))
         if uuid is None:
             continue
-        name = _text(_call(nvml, "nvmlDeviceGetName", mig))
+        name = _text(nvml_call(nvml, "nvmlDeviceGetName", mig))
         profile = None if name is None else _MIG_PROFILE_RE.search(name)
-        memory = _call(nvml, "nvmlDeviceGetMemoryInfo", mig)
-        attributes = _call(nvml, "nvmlDeviceGetAttributes", mig)
+        memory = nvml_call(nvml, "nvmlDeviceGetMemoryInfo", mig)
+        attributes = nvml_call(nvml, "nvmlDeviceGetAttributes", mig)
         instances.append(
             GpuMigInstance(
                 uuid=uuid,
-                gpu_instance_id=_int(_call(nvml, "nvmlDeviceGetGpuInstanceId", mig)),
-                compute_instance_id=_int(_call(nvml, "nvmlDeviceGetComputeInstanceId", mig)),
+                gpu_instance_id=_int(nvml_call(nvml, "nvmlDeviceGetGpuInstanceId", mig)),
+                compute_instance_id=_int(nvml_call(nvml, "nvmlDeviceGetComputeInstanceId", mig)),
                 memory_total_mib=None if memory is None else _bytes_to_mib(memory.total),
                 name=name,
                 profile=None if profile is None else profile.group(1),
@@ -267,7 +253,7 @@ def read_gpu_info(
     power_limit = _first_available(
         nvml, ("nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit"), handle
     )
-    limit_range = _call(nvml, "nvmlDeviceGetPowerManagementLimitConstraints", handle)
+    limit_range = nvml_call(nvml, "nvmlDeviceGetPowerManagementLimitConstraints", handle)
     return GpuInfo(
         index=index,
         uuid=_required_text(nvml.nvmlDeviceGetUUID(handle), "GPU UUID"),
@@ -280,7 +266,7 @@ def read_gpu_info(
         cuda_driver_version=cuda_driver_version,
         power_limit_w=_milliwatts_to_watts(power_limit),
         power_limit_default_w=_milliwatts_to_watts(
-            _call(nvml, "nvmlDeviceGetPowerManagementDefaultLimit", handle)
+            nvml_call(nvml, "nvmlDeviceGetPowerManagementDefaultLimit", handle)
         ),
         power_limit_min_w=None if limit_range is None else _milliwatts_to_watts(limit_range[0]),
         power_limit_max_w=None if limit_range is None else _milliwatts_to_watts(limit_range[1]),
@@ -321,16 +307,16 @@ def read_gpu_sample(handle: Any, index: int, uuid: str, *, nvml: NvmlApi = pynvm
         pynvml.NVML_AGGREGATE_ECC,
     )
     # Only pre-Ampere GPUs retire pages; Ampere and later data-centre GPUs remap rows instead.
-    retired_single = _call(
+    retired_single = nvml_call(
         nvml,
         "nvmlDeviceGetRetiredPages",
         handle,
         pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
     )
-    retired_double = _call(
+    retired_double = nvml_call(
         nvml, "nvmlDeviceGetRetiredPages", handle, pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
     )
-    remapped = _call(
+    remapped = nvml_call(
         nvml, "nvmlDeviceGetRemappedRows", handle
     )  # (correctable, uncorrectable, pending, failure)
     processes = _first_available(
@@ -354,8 +340,8 @@ def read_gpu_sample(handle: Any, index: int, uuid: str, *, nvml: NvmlApi = pynvm
         sm_clock_mhz=_int(sm_clock),
         mem_clock_mhz=_int(mem_clock),
         fan_pct=None if fan is None else float(fan),
-        pcie_gen_current=_int(_call(nvml, "nvmlDeviceGetCurrPcieLinkGeneration", handle)),
-        pcie_width_current=_int(_call(nvml, "nvmlDeviceGetCurrPcieLinkWidth", handle)),
+        pcie_gen_current=_int(nvml_call(nvml, "nvmlDeviceGetCurrPcieLinkGeneration", handle)),
+        pcie_width_current=_int(nvml_call(nvml, "nvmlDeviceGetCurrPcieLinkWidth", handle)),
         pcie_tx_kbps=_int(pcie_tx),
         pcie_rx_kbps=_int(pcie_rx),
         throttle_reasons=None if throttle is None else decode_throttle_reasons(int(throttle)),
@@ -363,7 +349,7 @@ def read_gpu_sample(handle: Any, index: int, uuid: str, *, nvml: NvmlApi = pynvm
         ecc_aggregate_uncorrected=_int(ecc_aggregate),
         retired_pages_single_bit=None if retired_single is None else len(retired_single),
         retired_pages_double_bit=None if retired_double is None else len(retired_double),
-        retired_pages_pending=_flag(_call(nvml, "nvmlDeviceGetRetiredPagesPendingStatus", handle)),
+        retired_pages_pending=_flag(nvml_call(nvml, "nvmlDeviceGetRetiredPagesPendingStatus", handle)),
         remapped_rows_correctable=None if remapped is None else int(remapped[0]),
         remapped_rows_uncorrectable=None if remapped is None else int(remapped[1]),
         remapped_rows_pending=None if remapped is None else bool(remapped[2]),
@@ -422,13 +408,13 @@ def open_event_set(
     one whose registration fails (logged). ``None``, with nothing left allocated, when
     NVML offers no events at all or no GPU could be registered.
     """
-    event_set = _call(nvml, "nvmlEventSetCreate")
+    event_set = nvml_call(nvml, "nvmlEventSetCreate")
     if event_set is None:
         return None
     registered = 0
     for index, handle in enumerate(handles):
         try:
-            supported = _call(nvml, "nvmlDeviceGetSupportedEventTypes", handle)
+            supported = nvml_call(nvml, "nvmlDeviceGetSupportedEventTypes", handle)
             wanted = event_types if supported is None else event_types & int(supported)
             if not wanted:
                 continue
@@ -443,7 +429,7 @@ def open_event_set(
             log.warning("GPU %d: cannot watch it for XID and ECC events (NVML: %s)", index, err)
     if not registered:
         with contextlib.suppress(pynvml.NVMLError):
-            _call(nvml, "nvmlEventSetFree", event_set)
+            nvml_call(nvml, "nvmlEventSetFree", event_set)
         return None
     return event_set
 
@@ -491,143 +477,3 @@ def read_events(
             )
         )
     return events
-
-
-def _unavailable_message(err: BaseException) -> str:
-    if isinstance(err, OSError) or (
-        isinstance(err, pynvml.NVMLError) and err.value == pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
-    ):
-        problem = (
-            "No NVIDIA driver found on this host: the NVML library (libnvidia-ml.so.1) could not be loaded."
-        )
-    elif isinstance(err, pynvml.NVMLError) and err.value == pynvml.NVML_ERROR_DRIVER_NOT_LOADED:
-        problem = (
-            "The NVIDIA driver is not loaded on this host (NVML: driver not loaded); "
-            "the driver may be missing, or installed but its kernel module not running."
-        )
-    elif isinstance(err, pynvml.NVMLError) and err.value == pynvml.NVML_ERROR_NO_PERMISSION:
-        problem = (
-            "The agent may not use the NVIDIA driver (NVML: no permission); "
-            "give its user access to /dev/nvidia*."
-        )
-    else:
-        problem = f"The NVIDIA driver could not be initialized (NVML: {err})."
-    return f"{problem} {_NO_DRIVER_HINT}"
-
-
-class NvmlBackend:
-    """Every GPU NVML sees on this host, identity read once at construction.
-
-    Raises ``GpuBackendUnavailable``, saying how to install the driver and that
-    ``--gpus sim:...`` exists for demos, when NVML cannot start. Never falls back to
-    simulated GPUs. Watches every GPU that supports them for XID and ECC events;
-    ``poll_events()`` hands them over (stamped with ``clock()``), at most
-    ``max_events_per_poll`` per call.
-    """
-
-    name: str = "nvml"
-
-    def __init__(
-        self,
-        *,
-        nvml: NvmlApi = pynvml,
-        clock: Callable[[], datetime] = _utc_now,
-        max_events_per_poll: int = 256,
-    ) -> None:
-        if max_events_per_poll < 1:
-            raise ValueError("max_events_per_poll must be at least 1")
-        self._nvml = nvml
-        self._clock = clock
-        self._max_events_per_poll = max_events_per_poll
-        self._event_set: Any = None
-        try:
-            nvml.nvmlInit()
-        except (pynvml.NVMLError, OSError) as err:
-            raise GpuBackendUnavailable(_unavailable_message(err), details={"nvml_error": str(err)}) from err
-        self._closed = False
-        try:
-            count = int(nvml.nvmlDeviceGetCount())
-            self._handles = [nvml.nvmlDeviceGetHandleByIndex(index) for index in range(count)]
-            driver_version, cuda_driver_version = read_driver_versions(nvml)
-            self._infos = [
-                read_gpu_info(
-                    handle,
-                    index,
-                    driver_version=driver_version,
-                    cuda_driver_version=cuda_driver_version,
-                    nvml=nvml,
-                )
-                for index, handle in enumerate(self._handles)
-            ]
-        except pynvml.NVMLError as err:
-            self.close()
-            raise GpuBackendUnavailable(
-                f"NVML started but could not read this host's GPUs ({err}); check `nvidia-smi` and the "
-                "kernel log (`dmesg`) for GPU errors.",
-                details={"nvml_error": str(err)},
-            ) from err
-        except BaseException:
-            self.close()
-            raise
-        self._uuid_by_handle = {
-            handle_key(handle): info.uuid for handle, info in zip(self._handles, self._infos, strict=True)
-        }
-        try:
-            self._event_set = open_event_set(nvml, self._handles)
-        except pynvml.NVMLError as err:
-            # Events are worth having, not worth refusing to report the GPUs over.
-            log.warning("cannot watch the GPUs for XID and ECC events (NVML: %s)", err)
-
-    def gpus(self) -> list[GpuInfo]:
-        return list(self._infos)
-
-    def sample(self) -> list[GpuSample]:
-        if self._closed:
-            raise GpuBackendUnavailable("the NVML backend is closed")
-        # The limit in force is the one read at start-up or set since (no extra NVML call per pass; a limit
-        # changed behind the agent's back, with nvidia-smi, shows after a restart).
-        return [
-            dataclasses.replace(read_gpu_sample(handle, info.index, info.uuid, nvml=self._nvml), power_limit_w=info.power_limit_w)
-            for handle, info in zip(self._handles, self._infos, strict=True)
-        ]
-
-    def set_power_limit(self, index: int, watts: float) -> float:
-        """Set GPU ``index``'s limit through NVML (needs root on real drivers: refused with
-        ``power_limit_no_permission`` otherwise, and nothing changes)."""
-        if self._closed:
-            raise GpuBackendUnavailable("the NVML backend is closed")
-        if not 0 <= index < len(self._infos):
-            raise PowerLimitError(f"no GPU at index {index}", code="gpu_not_found")
-        limit = set_power_limit(self._handles[index], self._infos[index], watts, nvml=self._nvml)
-        self._infos[index] = dataclasses.replace(self._infos[index], power_limit_w=limit)
-        return limit
-
-    def restore_power_limit(self, index: int) -> float:
-        if not 0 <= index < len(self._infos):
-            raise PowerLimitError(f"no GPU at index {index}", code="gpu_not_found")
-        return self.set_power_limit(index, default_power_limit(self._infos[index]))
-
-    def poll_events(self) -> list[GpuEvent]:
-        """XID and ECC events NVML queued since the last call; never blocks."""
-        if self._closed or self._event_set is None:
-            return []
-        return read_events(
-            self._nvml,
-            self._event_set,
-            self._uuid_by_handle,
-            now=self._clock(),
-            max_events=self._max_events_per_poll,
-        )
-
-    def close(self) -> None:
-        """Free the event set and shut NVML down; calling it again does nothing."""
-        if self._closed:
-            return
-        self._closed = True
-        # Shutting down is best effort: a lost GPU must not keep the agent from exiting.
-        if self._event_set is not None:
-            with contextlib.suppress(pynvml.NVMLError):
-                _call(self._nvml, "nvmlEventSetFree", self._event_set)
-            self._event_set = None
-        with contextlib.suppress(pynvml.NVMLError):
-            self._nvml.nvmlShutdown()

@@ -52,7 +52,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -60,7 +60,8 @@ from typing import Any
 import pynvml
 
 from agent.gpu.base import GpuEvent, GpuInfo, GpuSample
-from agent.gpu.nvml import NvmlBackend
+from agent.gpu.nvmlbackend import NvmlBackend
+from shared.clock import utcnow
 from shared.errors import ConfigError, GpuBackendUnavailable
 
 REPLAY_PREFIX = "replay:"
@@ -89,10 +90,6 @@ class ReplayOpaque:
     """Something NVML allocates and the caller only passes back (the event set)."""
 
     name: str
-
-
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
 
 
 def takes_handle(function: str) -> bool:
@@ -340,14 +337,14 @@ class ReplayBackend:
     name: str = "replay"
 
     def __init__(
-        self, path: Path | str, *, loop: bool = True, clock: Callable[[], datetime] = _utc_now
+        self, path: Path | str, *, loop: bool = True, clock: Callable[[], datetime] = utcnow
     ) -> None:
         self.path: Path | None = Path(path)
         self._start(load_recording(self.path), loop=loop, clock=clock)
 
     @classmethod
     def from_recording(
-        cls, recording: Mapping[str, Any], *, loop: bool = True, clock: Callable[[], datetime] = _utc_now
+        cls, recording: Mapping[str, Any], *, loop: bool = True, clock: Callable[[], datetime] = utcnow
     ) -> ReplayBackend:
         """A backend replaying a recording already in memory."""
         backend = cls.__new__(cls)

@@ -27,7 +27,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from types import MappingProxyType
 from typing import Literal
 
@@ -40,6 +40,7 @@ from agent.gpu.base import (
     check_power_limit,
     default_power_limit,
 )
+from shared.clock import utcnow
 from shared.errors import ConfigError, NotFound
 
 SIM_PREFIX = "sim:"
@@ -288,10 +289,6 @@ class _SimGpu:
         return min(1.0, sum(self.loads))
 
 
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
 class SimulatedBackend:
     """Made-up GPUs of real models, with plausible live readings.
 
@@ -313,7 +310,7 @@ class SimulatedBackend:
         seed: str,
         rng: random.Random | None = None,
         max_gpus: int = MAX_SIM_GPUS,
-        clock: Callable[[], datetime] = _utc_now,
+        clock: Callable[[], datetime] = utcnow,
         max_pending_events: int = MAX_PENDING_SIM_EVENTS,
     ) -> None:
         if not seed:
