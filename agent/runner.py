@@ -530,24 +530,6 @@ class Agent:
         body = protocol.WorkloadProgressBody(rental_id=rental_id, at=datetime.now(UTC), stage=stage, text=text[:512], percent=percent)
         await self._emit(*self.window.workload_progress(body))
 
-    # ---- certificate renewal (agent.certificates) ---------------------------------------
-
-    @property
-    def cert_not_before(self) -> datetime:
-        return self.certificate.not_before
-
-    @property
-    def cert_not_after(self) -> datetime:
-        return self.certificate.not_after
-
-    @property
-    def renew_at(self) -> datetime:
-        return self.certificate.renew_at
-
-    async def request_renewal(self) -> None:
-        """Send a CSR for a fresh key (kept in ``key.next.pem`` until the certificate arrives)."""
-        await self.certificate.request_renewal()
-
     # ---- network ----------------------------------------------------------------------
 
     async def measure_network(self) -> protocol.NetworkReportBody:

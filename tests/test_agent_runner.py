@@ -503,7 +503,7 @@ class TestCertificates:
         agent = harness.agent([relay.url])
         async with running(agent):
             await agent.connected.wait()
-            await agent.request_renewal()
+            await agent.certificate.request_renewal()
 
             async def csr() -> str | None:
                 found = [m.body.csr for m in await harness.of_type(protocol.RenewCertificate)]
@@ -571,6 +571,6 @@ class TestCertificates:
     def test_renewal_is_due_at_seventy_percent_of_the_lifetime(self, harness: Harness) -> None:
         """renew_at lies 70 % of the way from not-before to not-after."""
         agent = harness.agent(["wss://127.0.0.1:1/v1/agent"])
-        lifetime = agent.cert_not_after - agent.cert_not_before
-        assert agent.renew_at == agent.cert_not_before + lifetime * 0.7
+        lifetime = agent.certificate.not_after - agent.certificate.not_before
+        assert agent.certificate.renew_at == agent.certificate.not_before + lifetime * 0.7
         agent.spool.close()

@@ -28,7 +28,8 @@ import pytest
 from agent.commands import CommandExecutor
 from agent.gpu.sim import SimulatedBackend
 from agent.logship import LogShipper
-from agent.reach.sshd import EXITED, RentalSshServer
+from agent.reach.forward import EXITED
+from agent.reach.sshd import RentalSshServer
 from agent.runtimes.cgroups import CgroupLimiter
 from agent.runtimes.containeropts import ContainerOptions, resource_name
 from agent.runtimes.isolation import isolation_facts, process_isolation

@@ -353,7 +353,7 @@ class TestEmbeddedMarketplace:
                     return exc.rcvd.code if exc.rcvd else None
             return None
 
-        await agent.request_renewal()
+        await agent.certificate.request_renewal()
         await eventually(lambda: _true(agent.state.cert_file.read_bytes() != old_cert.read_bytes()), what="renewed certificate installed")
         assert not await market.master.registry.is_revoked(old_serial)  # still the connection's certificate
         await market.relay.agents[agent.host_id].connection.close(1012, "test: reconnect")  # the agent reconnects with the new one

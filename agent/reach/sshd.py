@@ -45,6 +45,7 @@ from typing import Any, Final
 import asyncssh
 from asyncssh.stream import SSHTCPStreamSession
 
+from agent.reach.forward import EXITED, open_container_port, pump
 from agent.reach.sessions import run_as_rental_user, run_in_container
 from agent.reach.sftp import WorkspaceSFTPServer
 from agent.runtimes.base import WorkloadKind, check_rental_id
@@ -59,7 +60,6 @@ log = logging.getLogger(__name__)
 
 HOST_KEY: Final = "host_key"
 RENTAL_FILE: Final = "rental.json"
-EXITED: Final = "the workload has exited; only SFTP (scp, sftp) reaches /workspace until the rental is released"
 _PROHIBITED: Final = asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED
 MAX_LOGINS_KEPT: Final = 50  # fingerprints remembered per rental between two reports (an account has at most 50 keys)
 KEY_REMOVED: Final = "your SSH key was removed from this rental's account (or the account was disabled); ask its owner"
@@ -525,32 +525,15 @@ class _Connection(asyncssh.SSHServer):
         return self._forward(dest_host, dest_port)
 
     async def _forward(self, dest_host: str, dest_port: int) -> asyncssh.SSHTCPSession[bytes]:
-        kind = self.server.kind_of(self.rental_id)
-        if kind != "container":
+        if self.server.kind_of(self.rental_id) != "container":
             raise asyncssh.ChannelOpenError(
                 _PROHIBITED, f"rental {self.rental_id} declares no ports: only a container rental's ports can be forwarded (ssh -L)"
             )
         if self.channels >= self.server.max_channels_per_connection:
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_RESOURCE_SHORTAGE, f"at most {self.server.max_channels_per_connection} channels per connection")
-        try:
-            address = await self.server.workloads.containers.container_address(self.rental_id)
-        except BadRequest as exc:
-            raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, exc.message) from None
-        if address is None:
-            raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, EXITED)
-        if dest_host not in (address, "localhost", "127.0.0.1"):
-            raise asyncssh.ChannelOpenError(
-                _PROHIBITED, f"only the rental's container ({address}, or localhost) can be reached, not {dest_host[:100]}"
-            )
-        try:
-            opened = await self.server.workloads.containers.open_port(self.rental_id, dest_port, timeout=self.server.login_timeout)
-        except BadRequest as exc:
-            raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, exc.message) from None
-        except (OSError, TimeoutError) as exc:
-            raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, f"port {dest_port} of the rental's container does not answer ({exc})") from None
-        if opened is None:
-            raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, EXITED)
-        reader, writer = opened
+        reader, writer = await open_container_port(
+            self.server.workloads.containers, self.rental_id, dest_host, dest_port, timeout=self.server.login_timeout
+        )
         self.channels += 1
         log.info("rental %s: SSH forward to port %d of its container", self.rental_id, dest_port)
         return SSHTCPStreamSession[bytes](lambda chan_reader, chan_writer: self._pump(reader, writer, chan_reader, chan_writer))
@@ -560,22 +543,8 @@ class _Connection(asyncssh.SSHServer):
         chan_reader: asyncssh.SSHReader[bytes], chan_writer: asyncssh.SSHWriter[bytes],
     ) -> None:
         done = self.server.own(self)
-
-        async def inbound() -> None:
-            while data := await chan_reader.read(32 << 10):
-                writer.write(data)
-                await writer.drain()
-            if writer.can_write_eof():
-                writer.write_eof()
-
-        async def outbound() -> None:
-            while data := await reader.read(32 << 10):
-                chan_writer.write(data)
-                await chan_writer.drain()
-            chan_writer.write_eof()
-
         try:
-            await asyncio.gather(inbound(), outbound())
+            await pump(reader, writer, chan_reader, chan_writer)
         except (OSError, asyncssh.Error) as exc:
             log.info("rental %s: SSH forward ended: %s", self.rental_id, exc)
         finally:
