@@ -17,7 +17,8 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.frames import Close
 
-from access.relay import COMMAND_GROUP, Relay
+from access.commands import COMMAND_GROUP
+from access.relay import Relay
 from shared import protocol
 from shared.bus import InProcessBus
 from shared.crypto import (

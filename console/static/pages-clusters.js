@@ -1,11 +1,11 @@
 // Renter pages for clusters (several hosts rented as one, over /api/v1/clusters): the list with the
 // "Rent a cluster" dialog (#/clusters), and one cluster with its nodes, events and Stop (#/clusters/<id>).
 
-import { api, query, uuid4 } from "./api.js";
+import { api, query } from "./api.js";
 import { badge, facts, field, h, link, replace, table, timeEl, uid } from "./dom.js";
 import { compare, formatUnits, multiply, parseDecimal, usdRate } from "./money.js";
 import { networkSummary } from "./clusternet.js";
-import { busy, errorBox, heading, loadInto, loading, modal, refreshed, stopWithConfirmation } from "./ui.js";
+import { busy, confirmAndRent, errorBox, heading, loadInto, loading, modal, refreshed, stopWithConfirmation } from "./ui.js";
 import { describeRun, runsShort, workloadChooser } from "./workloads.js";
 
 const ACTIVE = new Set(["pending", "starting", "running", "degraded", "stopping"]);
@@ -174,47 +174,26 @@ function clusterDialog(ctx) {
     });
 
     function showConfirmation(request, { low, high }) {
-      const key = uuid4(); // one Idempotency-Key per confirmation: a double submit rents once
-      form.hidden = true;
-      const confirm = h("button", { type: "button", id: "confirm-cluster" }, "Confirm and rent");
-      const back = h("button", { type: "button", class: "secondary" }, "Back");
-      back.addEventListener("click", () => {
-        form.hidden = false;
-        confirmSlot.replaceChildren();
-        review.focus();
-      });
-      confirm.addEventListener("click", async () => {
-        errors.clear();
-        await busy(confirm, async () => {
-          try {
-            const cluster = await api("POST", "/clusters", { body: request, headers: { "Idempotency-Key": key } });
-            close();
-            ctx.notify(`Cluster ${cluster.id} created: ${cluster.state}.`);
-            location.hash = `#/clusters/${encodeURIComponent(cluster.id)}`;
-          } catch (error) {
-            if (error.status === 401) return;
-            form.hidden = false;
-            confirmSlot.replaceChildren();
-            if (run.showApiError(error)) return; // shown next to the field it names
-            errors.show(error);
-            nodes.input.focus();
-          }
-        }, "Renting…");
-      });
       const same = low === high;
       const total = same ? `${usdRate(low)} per hour` : `${usdRate(low)} to ${usdRate(high)} per hour`;
       const gpuCount = request.node_count * request.gpus_per_node;
-      replace(confirmSlot, h("h3", {}, "Confirm your cluster"),
-        facts([["Size", sizeOf(request)], ["GPU model", request.gpu_model || "any"],
-          ["Models", request.allow_mixed ? "may differ between nodes" : "the same on every node"],
-          ["What runs", h("span", { id: "confirm-cluster-runs" }, `${run.describe(request)}, on every node.`)]]),
-        h("p", { class: "price-total" }, "Price of the whole cluster: ",
-          h("strong", { id: "confirm-cluster-price", dataset: { low, high } }, total),
-          h("span", { class: "hint block" }, `${gpuCount} GPUs at the prices of the hosts free now`
-            + `${same ? "" : " (the cheapest and the dearest set of hosts that fit; which hosts get the nodes is decided when you confirm)"}`
-            + ", billed per second for each node while it runs. The cluster's page shows its exact price.")),
-        h("div", { class: "actions" }, confirm, back));
-      confirm.focus();
+      confirmAndRent(ctx, { form, slot: confirmSlot, backTo: review, errors, close }, {
+        confirmId: "confirm-cluster", path: "/clusters", request, noun: "Cluster", page: "clusters",
+        summary: [h("h3", {}, "Confirm your cluster"),
+          facts([["Size", sizeOf(request)], ["GPU model", request.gpu_model || "any"],
+            ["Models", request.allow_mixed ? "may differ between nodes" : "the same on every node"],
+            ["What runs", h("span", { id: "confirm-cluster-runs" }, `${run.describe(request)}, on every node.`)]]),
+          h("p", { class: "price-total" }, "Price of the whole cluster: ",
+            h("strong", { id: "confirm-cluster-price", dataset: { low, high } }, total),
+            h("span", { class: "hint block" }, `${gpuCount} GPUs at the prices of the hosts free now`
+              + `${same ? "" : " (the cheapest and the dearest set of hosts that fit; which hosts get the nodes is decided when you confirm)"}`
+              + ", billed per second for each node while it runs. The cluster's page shows its exact price."))],
+        onError(error) {
+          if (run.showApiError(error)) return; // shown next to the field it names
+          errors.show(error);
+          nodes.input.focus();
+        },
+      });
     }
 
     if (!el.open) el.showModal();

@@ -1,14 +1,14 @@
 // Renter pages: the marketplace (offers, renting), rentals with live GPU charts, billing.
 
 import { spendSection } from "./charts-money.js";
-import { api, query, uuid4 } from "./api.js";
+import { api, query } from "./api.js";
 import { connectPanel } from "./connect.js";
 import { creditSection } from "./credit.js";
 import { badge, facts, field, h, link, num, replace, table, timeEl, uid } from "./dom.js";
 import { invoicesSection } from "./invoices.js";
 import { amountProblem, multiply, usd, usdRate } from "./money.js";
 import { gpuCharts } from "./telemetry.js";
-import { busy, errorBox, heading, loadInto, loading, modal, stopWithConfirmation } from "./ui.js";
+import { busy, confirmAndRent, errorBox, heading, loadInto, loading, modal, stopWithConfirmation } from "./ui.js";
 import { isolationBadge, runsShort, workloadChooser, workloadFacts } from "./workloads.js";
 
 const TIERS = ["flagship", "datacenter", "prosumer", "consumer", "entry"];
@@ -276,43 +276,22 @@ function rentDialog(ctx) {
     });
 
     function showConfirmation({ request, perHour, rate, units, thousandths }) {
-      const key = uuid4(); // one Idempotency-Key per confirmation: a double submit rents once
-      form.hidden = true;
       const what = request.gpu_milli ? `${thousandths / 10} % of one GPU` : `${units} GPU${units === 1 ? "" : "s"}`;
-      const confirm = h("button", { type: "button", id: "confirm-rent" }, "Confirm and rent");
-      const back = h("button", { type: "button", class: "secondary" }, "Back");
-      back.addEventListener("click", () => {
-        form.hidden = false;
-        confirmSlot.replaceChildren();
-        review.focus();
+      confirmAndRent(ctx, { form, slot: confirmSlot, backTo: review, errors, close }, {
+        confirmId: "confirm-rent", path: "/rentals", request, noun: "Rental", page: "rentals",
+        summary: [h("h3", {}, "Confirm your rental"),
+          facts([["GPU", `${offer.gpu_name} on ${offer.host_id}`], ["Amount", what],
+            ["Pricing", request.kind === "interruptible" ? `interruptible, bid ${usdRate(rate)} per GPU-hour` : `on demand, ${usdRate(rate)} per GPU-hour`],
+            ["What runs", h("span", { id: "confirm-runs" }, `${run.describe(request)}.`)]]),
+          h("p", { class: "price-total" }, "Price: ", h("strong", { id: "confirm-price", dataset: { perHour } }, `${usdRate(perHour)} per hour`),
+            h("span", { class: "hint block" }, `${usdRate(rate)} per GPU-hour × ${request.gpu_milli ? `${thousandths}/1000 of a GPU` : `${units} GPU${units === 1 ? "" : "s"}`} = ${usdRate(perHour)} per hour, billed per second after a 60-second minimum while it runs.`))],
+        onError(error) {
+          if (run.showApiError(error)) return; // shown next to the field it names
+          errors.show(error);
+          const target = error.code === "bid_below_minimum" ? bid.input : error.code && error.code.includes("capacity") ? count.input : review;
+          if (!target.disabled) target.focus();
+        },
       });
-      confirm.addEventListener("click", async () => {
-        errors.clear();
-        await busy(confirm, async () => {
-          try {
-            const rental = await api("POST", "/rentals", { body: request, headers: { "Idempotency-Key": key } });
-            close();
-            ctx.notify(`Rental ${rental.id} created: ${rental.state}.`);
-            location.hash = `#/rentals/${encodeURIComponent(rental.id)}`;
-          } catch (error) {
-            if (error.status === 401) return;
-            form.hidden = false;
-            confirmSlot.replaceChildren();
-            if (run.showApiError(error)) return; // shown next to the field it names
-            errors.show(error);
-            const target = error.code === "bid_below_minimum" ? bid.input : error.code && error.code.includes("capacity") ? count.input : review;
-            if (!target.disabled) target.focus();
-          }
-        }, "Renting…");
-      });
-      replace(confirmSlot, h("h3", {}, "Confirm your rental"),
-        facts([["GPU", `${offer.gpu_name} on ${offer.host_id}`], ["Amount", what],
-          ["Pricing", request.kind === "interruptible" ? `interruptible, bid ${usdRate(rate)} per GPU-hour` : `on demand, ${usdRate(rate)} per GPU-hour`],
-          ["What runs", h("span", { id: "confirm-runs" }, `${run.describe(request)}.`)]]),
-        h("p", { class: "price-total" }, "Price: ", h("strong", { id: "confirm-price", dataset: { perHour } }, `${usdRate(perHour)} per hour`),
-          h("span", { class: "hint block" }, `${usdRate(rate)} per GPU-hour × ${request.gpu_milli ? `${thousandths}/1000 of a GPU` : `${units} GPU${units === 1 ? "" : "s"}`} = ${usdRate(perHour)} per hour, billed per second after a 60-second minimum while it runs.`)),
-        h("div", { class: "actions" }, confirm, back));
-      confirm.focus();
     }
 
     sync();

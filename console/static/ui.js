@@ -1,6 +1,6 @@
 // Pieces every page uses: the error box next to a form, loading placeholders, page headings.
 
-import { api } from "./api.js";
+import { api, uuid4 } from "./api.js";
 import { h, replace, uid } from "./dom.js";
 
 /** A message box for a form's errors (role="alert": read out when it changes). */
@@ -189,6 +189,44 @@ function selectText(target) {
   const selection = getSelection();
   selection.removeAllRanges();
   selection.addRange(range);
+}
+
+/**
+ * A rent dialog's last step: `form` hides and `slot` shows `summary` with "Confirm and rent" (`confirmId`) and Back
+ * (back to the form, focus on `backTo`). Confirm POSTs `request` to `path` under one Idempotency-Key (a double
+ * submit rents once), closes the dialog, says what was made and opens its page (`#/<page>/<id>`); on an error the
+ * form shows again and `onError` gets it (a 401 has already sent the user to sign in).
+ */
+export function confirmAndRent(ctx, { form, slot, backTo, errors, close }, { confirmId, path, request, noun, page, summary, onError }) {
+  const key = uuid4();
+  form.hidden = true;
+  const confirm = h("button", { type: "button", id: confirmId }, "Confirm and rent");
+  const back = h("button", { type: "button", class: "secondary" }, "Back");
+  const showForm = () => {
+    form.hidden = false;
+    slot.replaceChildren();
+  };
+  back.addEventListener("click", () => {
+    showForm();
+    backTo.focus();
+  });
+  confirm.addEventListener("click", async () => {
+    errors.clear();
+    await busy(confirm, async () => {
+      try {
+        const made = await api("POST", path, { body: request, headers: { "Idempotency-Key": key } });
+        close();
+        ctx.notify(`${noun} ${made.id} created: ${made.state}.`);
+        location.hash = `#/${page}/${encodeURIComponent(made.id)}`;
+      } catch (error) {
+        if (error.status === 401) return;
+        showForm();
+        onError(error);
+      }
+    }, "Renting…");
+  });
+  replace(slot, ...summary, h("div", { class: "actions" }, confirm, back));
+  confirm.focus();
 }
 
 /**

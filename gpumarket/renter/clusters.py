@@ -20,6 +20,7 @@ from gpumarket.renter.commands import (
     all_pages,
     command_group,
     container_workload,
+    finish,
     listed_already,
     set_command,
     wait_for,
@@ -323,27 +324,21 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     add_network_bounds(create)
     create.add_argument("--queue", action="store_true", help="wait (the whole cluster, as one) when the hosts are busy now")
     create.add_argument("--no-wait", action="store_true", help="print the cluster as created, do not wait until it runs")
-    create.add_argument("--json", action="store_true", help="print the cluster's JSON (no progress lines)")
-    common_options(create)
-    set_command(create, cmd_create)
+    finish(create, cmd_create, json="the cluster's JSON (no progress lines)")
 
     listing = actions.add_parser("list", help="your clusters", formatter_class=formatter,
                                  description="Your active clusters (pending, starting, running, degraded, stopping), newest first, "
                                  "with nodes, GPUs, model and the whole cluster's price per hour.",
                                  epilog="examples:\n  gpumarket cluster list\n  gpumarket cluster list --all --json")  # fmt: skip
     listing.add_argument("--all", action="store_true", help="ended clusters too")
-    listing.add_argument("--json", action="store_true", help="print the clusters' JSON")
-    common_options(listing)
-    set_command(listing, cmd_list)
+    finish(listing, cmd_list, json="the clusters' JSON")
 
     show = actions.add_parser("show", help="one cluster: its nodes and events", formatter_class=formatter,
                               description="One cluster: size, state, price, each node (rank, name, rental, host, region, "
                               "state, GPUs) and its state history.",
                               epilog="examples:\n  gpumarket cluster show c-0123456789abcdef\n  gpumarket cluster show c-0123456789abcdef --json")  # fmt: skip
     show.add_argument("cluster", metavar="CLUSTER", help="the cluster's id")
-    show.add_argument("--json", action="store_true", help="print the cluster's JSON")
-    common_options(show)
-    set_command(show, cmd_show)
+    finish(show, cmd_show, json="the cluster's JSON")
 
     stop = actions.add_parser("stop", help="stop every node of a cluster", formatter_class=formatter,
                               description="Stop a cluster: every node's workload is stopped and billing ends; it is stopped "
@@ -351,9 +346,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                               epilog="examples:\n  gpumarket cluster stop c-0123456789abcdef\n  gpumarket cluster stop c-0123456789abcdef --wait")  # fmt: skip
     stop.add_argument("cluster", metavar="CLUSTER", help="the cluster's id")
     stop.add_argument("--wait", action="store_true", help="wait until every node has stopped")
-    stop.add_argument("--json", action="store_true", help="print the cluster's JSON")
-    common_options(stop)
-    set_command(stop, cmd_stop)
+    finish(stop, cmd_stop, json="the cluster's JSON")
 
     ssh = actions.add_parser("ssh", help="open a shell (or run a command) on one node", formatter_class=formatter,
                              description="Run the system ssh to one running node of a cluster (`gpumarket ssh` to "

@@ -469,6 +469,14 @@ def set_command(parser: argparse.ArgumentParser, command: Command | None) -> Non
     parser.set_defaults(func=run, renter_func=command)
 
 
+def finish(parser: argparse.ArgumentParser, command: Command, *, json: str | None = None) -> None:
+    """A renter command's last options: ``--json`` ("print ``json``"), the login file and the timeout; and what it runs."""
+    if json is not None:
+        parser.add_argument("--json", action="store_true", help=f"print {json}")
+    common_options(parser)
+    set_command(parser, command)
+
+
 def command_group(sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, *, help: str, description: str,
                   examples: Sequence[str]) -> argparse._SubParsersAction[argparse.ArgumentParser]:  # fmt: skip
     """``gpumarket NAME ACTION …`` (``cluster``, ``service``): its parser, whose epilog lists ``examples`` (each after
@@ -504,9 +512,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     add_network_bounds(offers, prefix="with --nodes: ")
     offers.add_argument("--isolated", action="store_true", help="only hosts that isolate renters' workloads")
     offers.add_argument("--limit", type=limit, default=50, metavar="N", help="at most N offers (default 50, at most 500)")
-    offers.add_argument("--json", action="store_true", help="print the API's JSON")
-    common_options(offers)
-    set_command(offers, cmd_offers)
+    finish(offers, cmd_offers, json="the API's JSON")
 
     rent = sub.add_parser("rent", help="rent GPUs and wait until the rental runs", formatter_class=formatter, epilog=RENT_EPILOG,
                           description="Rent GPUs from an offer, or from any host matching --model / --max-price / --where, "
@@ -526,17 +532,13 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     add_interruptible_options(rent, "an interruptible rental")
     rent.add_argument("--queue", action="store_true", help="wait for GPUs (up to 10 minutes) when none are free now")
     rent.add_argument("--no-wait", action="store_true", help="print the rental as created, do not wait until it runs")
-    rent.add_argument("--json", action="store_true", help="print the rental's JSON (no progress lines)")
-    common_options(rent)
-    set_command(rent, cmd_rent)
+    finish(rent, cmd_rent, json="the rental's JSON (no progress lines)")
 
     rentals = sub.add_parser("rentals", help="your rentals", formatter_class=formatter,
                              description="Your active rentals (pending, starting, running, stopping), newest first.",
                              epilog="examples:\n  gpumarket rentals\n  gpumarket rentals --all --json")  # fmt: skip
     rentals.add_argument("--all", action="store_true", help="ended rentals too")
-    rentals.add_argument("--json", action="store_true", help="print the rentals' JSON")
-    common_options(rentals)
-    set_command(rentals, cmd_rentals)
+    finish(rentals, cmd_rentals, json="the rentals' JSON")
 
     logs = sub.add_parser("logs", help="a rental's output", formatter_class=formatter,
                           description="Print a rental's workload output (as far as its host has sent it) to stdout, as it is.",
@@ -544,21 +546,16 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     logs.add_argument("rental", metavar="RENTAL", help="the rental's id")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the rental ends (Ctrl-C to stop)")
     logs.add_argument("--since-offset", type=non_negative_int, default=0, metavar="N", help="start at byte N of the output (default 0)")
-    common_options(logs)
-    set_command(logs, cmd_logs)
+    finish(logs, cmd_logs)
 
     stop = sub.add_parser("stop", help="stop a rental", formatter_class=formatter,
                           description="Stop a rental: its workload is stopped and billing ends; the GPUs are freed when "
                           "its host confirms.", epilog="examples:\n  gpumarket stop r_abc\n  gpumarket stop r_abc --wait")  # fmt: skip
     stop.add_argument("rental", metavar="RENTAL", help="the rental's id")
     stop.add_argument("--wait", action="store_true", help="wait until the host has confirmed the stop")
-    stop.add_argument("--json", action="store_true", help="print the rental's JSON")
-    common_options(stop)
-    set_command(stop, cmd_stop)
+    finish(stop, cmd_stop, json="the rental's JSON")
 
     account = sub.add_parser("account", help="your balance, burn rate, spend cap and quotas", formatter_class=formatter,
                              description="Your account: balance, what your rentals burn per hour, spend cap, quotas; "
                              "a provider's earnings.", epilog="examples:\n  gpumarket account\n  gpumarket account --json")  # fmt: skip
-    account.add_argument("--json", action="store_true", help="print the API's JSON")
-    common_options(account)
-    set_command(account, cmd_account)
+    finish(account, cmd_account, json="the API's JSON")

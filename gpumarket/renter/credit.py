@@ -14,8 +14,7 @@ import uuid
 from typing import Any
 
 from gpumarket.renter.api import Client, UsageError
-from gpumarket.renter.commands import set_command
-from gpumarket.renter.options import common_options
+from gpumarket.renter.commands import finish
 from gpumarket.renter.output import money
 from shared.money import CENT_PLACES, amount_problem
 
@@ -63,6 +62,4 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     add = credit_sub.add_parser("add", help="add AMOUNT USD of credit", formatter_class=formatter, epilog=CREDIT_EPILOG,
                                 description="Add prepaid credit: the new balance (demo), or the page to pay at.")  # fmt: skip
     add.add_argument("amount", metavar="AMOUNT", help='USD in whole cents, e.g. 25.00')
-    add.add_argument("--json", action="store_true", help="print the API's JSON")
-    common_options(add)
-    set_command(add, cmd_credit_add)
+    finish(add, cmd_credit_add, json="the API's JSON")

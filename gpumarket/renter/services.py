@@ -15,16 +15,15 @@ from typing import Any
 from gpumarket.renter.api import Client, UsageError
 from gpumarket.renter.commands import (
     TEMPLATES_HINT,
-    Command,
     add_interruptible_options,
     all_pages,
     command_group,
     container_workload,
+    finish,
     interruptible_fields,
     listed_already,
-    set_command,
 )
-from gpumarket.renter.options import common_options, non_negative_int, port, positive_int, usd
+from gpumarket.renter.options import non_negative_int, port, positive_int, usd
 from gpumarket.renter.output import err, event_lines, money, money_column, print_json, short_time, table
 
 # The rule a service gets when only cooldowns are given (the API's own default when no rule is: 4 in flight per replica).
@@ -296,12 +295,6 @@ def _id_action(actions: argparse._SubParsersAction[argparse.ArgumentParser], nam
     return parser
 
 
-def _finish(parser: argparse.ArgumentParser, command: Command, what: str) -> None:
-    parser.add_argument("--json", action="store_true", help=f"print {what} JSON")
-    common_options(parser)
-    set_command(parser, command)
-
-
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``service`` and its actions to ``gpumarket``'s subparsers."""
     formatter = argparse.RawDescriptionHelpFormatter
@@ -340,32 +333,32 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     add_interruptible_options(create, "interruptible replicas (a preempted one is replaced)")
     create.add_argument("--idempotency-key", type=_idempotency_key, metavar="K", help="send this Idempotency-Key: the same K "
                         "with the same options makes one service however often it runs")  # fmt: skip
-    _finish(create, cmd_create, "the service's")
+    finish(create, cmd_create, json="the service's JSON")
 
     listing = actions.add_parser("list", help="your services", formatter_class=formatter,
                                  description="Your services, newest first: state, replicas ready/live/wanted, bounds and endpoint.",
                                  epilog="examples:\n  gpumarket service list\n  gpumarket service list --all --json")  # fmt: skip
     listing.add_argument("--all", action="store_true", help="deleted services too")
-    _finish(listing, cmd_list, "the services'")
+    finish(listing, cmd_list, json="the services' JSON")
 
     show = _id_action(actions, "show", help="one service: replicas, scaling, cost and events",
                       description="One service: endpoint, what runs, replicas, its scaling rule, GPUs, cost so far, each "
                       "replica's rental and the recent events.", examples=["svc-0123456789abcdef", "svc-0123456789abcdef --json"])  # fmt: skip
-    _finish(show, cmd_show, "the service's")
+    finish(show, cmd_show, json="the service's JSON")
 
     scale = _id_action(actions, "scale", help="set a service's fewest and most replicas",
                        description="Set the replica bounds; the autoscaler moves into them on its next pass.",
                        examples=["svc-0123456789abcdef --max 8", "svc-0123456789abcdef --min 0 --max 2"])  # fmt: skip
     scale.add_argument("--min", type=non_negative_int, metavar="N", help="fewest replicas (0 lets it sleep)")
     scale.add_argument("--max", type=positive_int, metavar="N", help="most replicas")
-    _finish(scale, cmd_scale, "the service's")
+    finish(scale, cmd_scale, json="the service's JSON")
 
     delete = _id_action(actions, "delete", help="delete a service: its replicas stop, its endpoint closes",
                         description="Delete a service: every replica is stopped (billing ends as each host confirms) and "
                         "its endpoint answers no more.", examples=["svc-0123456789abcdef"])  # fmt: skip
-    _finish(delete, cmd_delete, "the service's")
+    finish(delete, cmd_delete, json="the service's JSON")
 
     token = _id_action(actions, "token", help="replace a service's token (the old one stops working)",
                        description="Make a new service token and print it, once; the old one stops working at once.",
                        examples=["svc-0123456789abcdef", "svc-0123456789abcdef --json"])  # fmt: skip
-    _finish(token, cmd_token, "the new token's")
+    finish(token, cmd_token, json="the new token's JSON")

@@ -3,20 +3,23 @@
 A repeat of a request with the same key answers what the first one made; the same key with another request (its
 fingerprint differs) is a 409 ``idempotency_key_reused``. Keys are per renter: each table has a unique
 ``(renter_id, idempotency_key)``, so of two concurrent requests with one key one insert fails and that request
-answers the other's object (``earlier`` again, after the ``IntegrityError``).
+answers the other's object (``earlier`` again, after the ``IntegrityError``): ``create_once`` does both.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 
 from master.context import Master
 from master.models import Cluster, Rental, Service
 from shared.errors import Conflict
 
 Keyed = TypeVar("Keyed", Rental, Cluster, Service)
+Extra = TypeVar("Extra")
 
 
 async def earlier(
@@ -34,3 +37,19 @@ async def earlier(
             code="idempotency_key_reused",
         )
     return existing
+
+
+async def create_once(
+    master: Master, model: type[Keyed], renter_id: str, key: str | None, fingerprint: str, *, what: str,
+    create: Callable[[], Awaitable[tuple[Keyed, Extra]]],
+) -> tuple[Keyed, Extra | None]:
+    """``create()``'s object and what else it returns, or, where a request with ``key`` made one already (before, or
+    racing this one into the unique index), that object and ``None``."""
+    if (existing := await earlier(master, model, renter_id, key, fingerprint, what=what)) is not None:
+        return existing, None
+    try:
+        return await create()
+    except IntegrityError:  # a concurrent request with the same key won the race: its object
+        if (existing := await earlier(master, model, renter_id, key, fingerprint, what=what)) is None:
+            raise
+        return existing, None

@@ -13,7 +13,6 @@ from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import func, select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
@@ -41,23 +40,20 @@ async def create_cluster(master: Master, renter: Principal, request: ClusterRequ
     False); the same key with another request is a conflict. Runs to completion once called.
     """
     request = request.check(max_queue_timeout_s=master.settings.max_queue_timeout_s)
-    key = (master, Cluster, renter.account_id, idempotency_key, request.fingerprint())
-    if (existing := await idempotency.earlier(*key, what="cluster")) is not None:
-        return existing, False
-    if request.template is not None and not request.workload:
-        async with master.db.session() as session:  # the template as it is now
-            request = replace(request, workload=await workload_of(session, request.template))
-    try:
-        cluster, command_ids = await _create(master, renter, request, idempotency_key)
-    except IntegrityError:  # a concurrent request with the same key won the race: its cluster
-        if (existing := await idempotency.earlier(*key, what="cluster")) is None:
-            raise
-        return existing, False
+    cluster, command_ids = await idempotency.create_once(
+        master, Cluster, renter.account_id, idempotency_key, request.fingerprint(), what="cluster",
+        create=lambda: _create(master, renter, request, idempotency_key),
+    )  # fmt: skip
+    if command_ids is None:
+        return cluster, False
     await commands.publish(master, command_ids)
     return cluster, True
 
 
 async def _create(master: Master, renter: Principal, request: ClusterRequest, idempotency_key: str | None) -> tuple[Cluster, list[str]]:
+    if request.template is not None and not request.workload:
+        async with master.db.session() as session:  # the template as it is now
+            request = replace(request, workload=await workload_of(session, request.template))
     now = master.clock.now()
     cluster = Cluster(
         id=new_id("c"), renter_id=renter.account_id, state=ClusterState.PENDING.value, node_count=request.node_count,

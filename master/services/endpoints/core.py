@@ -16,7 +16,6 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select, update
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
@@ -54,28 +53,29 @@ async def create_service(master: Master, renter: Principal, request: ServiceRequ
             request = replace(request, workload=await workload_of(session, request.template))
     settings = master.settings
     request = request.check(replica_limit=settings.max_service_replicas, max_queue_timeout_s=settings.max_queue_timeout_s)
-    key = (master, Service, renter.account_id, idempotency_key, request.fingerprint())
-    if (existing := await idempotency.earlier(*key, what="service")) is not None:
-        return existing, None
-    token = new_secret(TOKEN_PREFIX)
     now = master.clock.now()
-    service = Service(
-        id=new_id("svc"), renter_id=renter.account_id, name=request.name, state=ACTIVE, workload=request.workload,
-        template=request.template, port=request.port, health_path=request.health_path, gpu_count=request.gpu_count,
-        gpu_model=request.gpu_model, query=request.query, kind=request.kind, bid_per_gpu_hour=request.bid,
-        min_replicas=request.min_replicas, max_replicas=request.max_replicas, desired_replicas=request.min_replicas,
-        scaling=request.scaling, token_hash=secret_hash(token), token_prefix=token[:10], idempotency_key=idempotency_key,
-        request_fingerprint=request.fingerprint(), created_at=now,
-    )  # fmt: skip
-    try:
+
+    async def insert() -> tuple[Service, str]:
+        token = new_secret(TOKEN_PREFIX)
+        service = Service(
+            id=new_id("svc"), renter_id=renter.account_id, name=request.name, state=ACTIVE, workload=request.workload,
+            template=request.template, port=request.port, health_path=request.health_path, gpu_count=request.gpu_count,
+            gpu_model=request.gpu_model, query=request.query, kind=request.kind, bid_per_gpu_hour=request.bid,
+            min_replicas=request.min_replicas, max_replicas=request.max_replicas, desired_replicas=request.min_replicas,
+            scaling=request.scaling, token_hash=secret_hash(token), token_prefix=token[:10], idempotency_key=idempotency_key,
+            request_fingerprint=request.fingerprint(), created_at=now,
+        )  # fmt: skip
         async with master.db.session() as session:
             session.add(service)
             session.add(ServiceEvent(service_id=service.id, at=now, kind="created", replicas=request.min_replicas,
                                      cause=f"created with {request.min_replicas} to {request.max_replicas} replicas"))  # fmt: skip
-    except IntegrityError:  # a concurrent request with the same key won the race: its service
-        if (existing := await idempotency.earlier(*key, what="service")) is None:
-            raise
-        return existing, None
+        return service, token
+
+    service, token = await idempotency.create_once(
+        master, Service, renter.account_id, idempotency_key, request.fingerprint(), what="service", create=insert
+    )
+    if token is None:
+        return service, None
     try:
         await add_replicas(master, service, request.min_replicas)
     except ClientError:

@@ -14,7 +14,6 @@ from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import func, select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
@@ -42,25 +41,21 @@ async def create_rental(master: Master, renter: Principal, request: RentalReques
     Runs to completion once called: callers must not cancel it half-way.
     """
     request = request.check(max_queue_timeout_s=master.settings.max_queue_timeout_s)
-    key = (master, Rental, renter.account_id, idempotency_key, request.fingerprint())
-    if (existing := await idempotency.earlier(*key, what="rental")) is not None:
-        return existing, False
-    if request.template is not None and not request.workload:
-        # The template as it is now: a later edit or deletion does not touch this rental.
-        async with master.db.session() as session:
-            request = replace(request, workload=await templates.workload_of(session, request.template))
-    try:
-        rental, command_ids = await _create(master, renter, request, idempotency_key)
-    except IntegrityError:
-        # A concurrent request with the same key won the race: return its rental.
-        if (existing := await idempotency.earlier(*key, what="rental")) is None:
-            raise
-        return existing, False
+    rental, command_ids = await idempotency.create_once(
+        master, Rental, renter.account_id, idempotency_key, request.fingerprint(), what="rental",
+        create=lambda: _create(master, renter, request, idempotency_key),
+    )  # fmt: skip
+    if command_ids is None:
+        return rental, False
     await commands.publish(master, command_ids)
     return rental, True
 
 
 async def _create(master: Master, renter: Principal, request: RentalRequest, idempotency_key: str | None) -> tuple[Rental, list[str]]:
+    if request.template is not None and not request.workload:
+        # The template as it is now: a later edit or deletion does not touch this rental.
+        async with master.db.session() as session:
+            request = replace(request, workload=await templates.workload_of(session, request.template))
     now = master.clock.now()
     rental = Rental(
         id=new_id("r"), renter_id=renter.account_id, host_id=None, gpu_model=request.gpu_model, gpu_count=request.gpu_count,
