@@ -1,7 +1,7 @@
 """Clusters (``/clusters``): one rental over several hosts, created and deleted as one.
 
 Handlers parse and authorize; the rules live in ``master/services/clusters/core.py`` (creating,
-reading, deleting), ``cluster_placement.py`` (every node or none) and ``clusterstate.py``.
+reading, deleting), ``placement.py`` beside it (every node or none) and ``master/services/lifecycle/clusters.py``.
 Another renter's cluster is 404 ``cluster_not_found``, as one that does not exist.
 """
 

@@ -7,7 +7,7 @@ placements a dead master left half-done, repaired.
 docs/placement.md "Fair queues"). With one account, or equal weights and nothing held, that is oldest first.
 
 **Interrupted placements.** A placement writes the claim, the rental's host and state, its events and its
-start command in one transaction (``rental_placement.try_place``), so a master killed mid-placement leaves
+start command in one transaction (``rentals.try_place``), so a master killed mid-placement leaves
 nothing behind. A rental ``pending`` on a host, or holding GPUs, without a start command can only come from an
 older master (on SQLite its claim was committed on its own before the start command was written) or a bug.
 ``repair_interrupted_placements`` fails each one with an event that says so and releases its GPUs. It is not put

@@ -8,7 +8,7 @@ version; the caller publishes the returned command ids after the commit. The age
 keys at once and closes the connections that logged in with them.
 
 Ordering: the version is a per-account counter bumped under the account's row lock, the lock placement
-takes first too (``rental_placement.check_quota``), so a start and a change never interleave: either the
+takes first too (``rentals.check_quota``), so a start and a change never interleave: either the
 start reads the new list, or its rental is committed before the change looks for rentals. An agent
 ignores a list older than the one it holds, so commands that arrive late or twice change nothing. An
 older ``update_access`` still open for the rental is superseded (the new one carries everything), and a

@@ -1,7 +1,7 @@
 """Clusters as a renter sees them: creating one (idempotently), reading, listing, deleting, and its view.
 
 A cluster is ``node_count`` member rentals, one per host (``rentals.cluster_id``). Where they go:
-``cluster_placement.py``; how the cluster's state follows theirs: ``clusterstate.py``. Deleting
+``placement.py``; how the cluster's state follows theirs: ``master/services/lifecycle/clusters.py``. Deleting
 a cluster stops each member through the rental's own stop (``rentals.stop_rental``).
 """
 

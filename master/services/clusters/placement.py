@@ -4,7 +4,7 @@
 and its request, it adds and places one member rental per node, or raises why it cannot.
 
 1. **Gang search.** The hosts are chosen together by ``master/scheduler/gang.py``'s ``place_gang``
-   over the rental's own candidates (``rental_placement.find_candidates``: requirements, isolation, bid,
+   over the rental's own candidates (``rentals.find_candidates``: requirements, isolation, bid,
    spend quota), each node carrying its host's region: one region (and one model, unless
    ``allow_mixed``) when any has room, then the placer's preference. Each chosen placement is then
    claimed by the rental's placement pinned to that host and model (``try_place`` with the host's
@@ -29,17 +29,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
-from master.models import Cluster, Gpu, Rental
+from master.models import Cluster, Rental
 from master.scheduler import MILLI, Placement, get_placer
 from master.scheduler.gang import Rtt, place_gang
 from master.services import host_links, rentals
 from master.services.clusters.request import ClusterRequest
 from master.services.lifecycle.rentals import RentalState
-from master.services.market import model_matches
 from shared.errors import ClientError, InsufficientCapacity
 from shared.ids import new_id
 
@@ -203,15 +201,8 @@ def new_member(cluster: tuple[str, str], request: ClusterRequest, rank: int, spe
 
 async def _hosts_big_enough(session: AsyncSession, request: ClusterRequest) -> int:
     """Hosts of the fleet with at least ``gpus_per_node`` whole matching GPUs of one model, rented or not."""
-    mig_mode = Gpu.info["mig_mode"].as_boolean()
-    rows = (
-        await session.execute(
-            select(Gpu.host_id, Gpu.name, func.count())
-            .where(Gpu.present.is_(True), or_(mig_mode.is_(None), mig_mode.is_(False)))
-            .group_by(Gpu.host_id, Gpu.name)
-        )
-    ).all()
-    return len({host_id for host_id, name, count in rows if count >= request.gpus_per_node and model_matches(request.gpu_model, name)})
+    gpus = await rentals.whole_gpus(session, request.gpu_model)
+    return len({host_id for host_id, _, count in gpus if count >= request.gpus_per_node})
 
 
 async def _regions_by_free_gpus(master: Master, session: AsyncSession, request: ClusterRequest, *, now: datetime) -> list[str]:

@@ -8,7 +8,7 @@
     stopped and failed are final
 
 A cluster's members are rentals (``rentals.cluster_id``) with their own state machine
-(``rentalstate.py``). Whenever a member's state changes, ``rentalstate`` names the member's
+(``rentals.py``, beside this). Whenever a member's state changes, ``rentals`` names the member's
 cluster here (``member_changed``); before the session flushes, every cluster so named is moved
 to what ``derive`` says its members add up to, each change recorded in ``cluster_events`` —
 one place, whatever code path changed the member (a command result, a workload exit, a stop, a

@@ -37,7 +37,7 @@ from master.services.rentals.lifecycle import (
     replace_lost,
     stop_strays,
 )
-from master.services.rentals.placement import check_quota, find_candidates, quota_view, try_place
+from master.services.rentals.placement import check_quota, find_candidates, quota_view, try_place, whole_gpus
 from master.services.rentals.quotas import set_fair_share, set_quota
 from master.services.rentals.request import RentalRequest
 from master.services.rentals.templates import (
@@ -92,5 +92,6 @@ __all__ = [
     "stop_strays",
     "template_view",
     "try_place",
+    "whole_gpus",
     "workload_of",
 ]

@@ -1,8 +1,8 @@
 """Rentals as a renter sees them: creating one (idempotently), reading, listing, stopping, its logs and its view.
 
 States and their changes: ``master/services/lifecycle/rentals.py``. Where a new rental goes:
-``rental_placement.py``; a queued one: ``rental_queue.py``; what happens after it starts (agent
-results, workload exits, lost hosts, re-placement, stray workloads): ``rental_lifecycle.py``.
+``placement.py``; a queued one: ``master/services/queue.py``; what happens after it starts (agent
+results, workload exits, lost hosts, re-placement, stray workloads): ``lifecycle.py``.
 """
 
 from __future__ import annotations

@@ -74,8 +74,9 @@ MAX_PLACEMENT_ROUNDS = 16
 _FIRST_FIT = get_placer("first_fit")  # probes one node at a time while looking for rentals to preempt
 
 
-async def _largest_host(session: AsyncSession, model: str | None) -> int:
-    """How many matching whole GPUs the biggest host in the fleet has, rented or not (a GPU in MIG mode is not whole)."""
+async def whole_gpus(session: AsyncSession, model: str | None) -> list[tuple[str, str, int]]:
+    """``(host id, GPU model, count)`` of the fleet's present whole GPUs matching ``model``, rented or not (a GPU in MIG
+    mode is not whole)."""
     mig_mode = Gpu.info["mig_mode"].as_boolean()
     rows = (
         await session.execute(
@@ -84,10 +85,14 @@ async def _largest_host(session: AsyncSession, model: str | None) -> int:
             .group_by(Gpu.host_id, Gpu.name)
         )
     ).all()
+    return [(host_id, name, count) for host_id, name, count in rows if model_matches(model, name)]
+
+
+async def _largest_host(session: AsyncSession, model: str | None) -> int:
+    """How many matching whole GPUs the biggest host in the fleet has."""
     counts: dict[str, int] = {}
-    for host_id, name, count in rows:
-        if model_matches(model, name):
-            counts[host_id] = counts.get(host_id, 0) + count
+    for host_id, _, count in await whole_gpus(session, model):
+        counts[host_id] = counts.get(host_id, 0) + count
     return max(counts.values(), default=0)
 
 
