@@ -1,5 +1,5 @@
 """The rental queue: queued rentals (``pending`` with no host) placed in fair-share order, or failed past
-``queue_until`` — a queued cluster's members as one unit, one turn for the whole cluster (``cluster_queue``); and
+``queue_until`` — a queued cluster's members as one unit, one turn for the whole cluster (``master.services.clusters``' queue); and
 placements a dead master left half-done, repaired.
 
 **Order.** On-demand before interruptible; within each, the account holding the fewest GPUs per unit of its
@@ -134,7 +134,7 @@ async def repair_interrupted_placements(master: Master, *, limit: int = REPAIR_B
 async def process_queue(master: Master) -> int:
     """Expire queued rentals and clusters past their ``queue_until``, then place what can be placed in fair-share
     order (``fairshare.FairQueue`` over the oldest ``QUEUE_BATCH`` queued rentals, each account's GPUs held now
-    and its weight), a queued cluster as one item of its renter's, taking one turn (``cluster_queue.place_queued``);
+    and its weight), a queued cluster as one item of its renter's, taking one turn (``clusters.place_queued``);
     one that does not fit is passed over, not waited for. Returns how many rentals and clusters were placed."""
     now = master.clock.now()
     async with master.db.session() as session:

@@ -6,7 +6,7 @@ a queued rental carries (the request, the deadline), so nothing new is stored, b
 them as they skip any queued rental (neither counts a rental without a host), and every check that
 guards a rental (its renter, ``DELETE /rentals/{id}``) guards them too.
 
-The rental queue (``rental_queue.process_queue``) walks queued rentals in fair-share order
+The rental queue (``master.services.queue.process_queue``) walks queued rentals in fair-share order
 (``master/scheduler/fairshare.py``: on-demand first, then the accounts holding least per weight, each
 account's oldest first); a cluster is one item of its renter's, as old as its first member, and it is placed as one unit by
 ``cluster_placement.place_cluster`` over its queued members: all of them in one transaction, or none
