@@ -459,6 +459,16 @@ async def test_stopping_the_rental_closes_its_open_streams_and_refuses_new_ones(
         stopped = [datetime.fromisoformat(e["at"]) for e in rental["events"] if e["to"] == "stopped"]
         assert rental["state"] == "stopping" or (rental["state"] == "stopped" and stopped and closed_at < stopped[0]), rental
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 4410, closed.value
+    # Nor does the token issued while it ran open a new stream during the stop's grace: it is still signed and
+    # unexpired, but the agent refuses a stopping rental's ports (with its grace past, it knows the rental no more).
+    with pytest.raises(ConnectionClosed) as again:
+        async with ws_connect(view["relay_url"], ssl=_trusting(view["ca_pem"]), additional_headers=headers) as ws:
+            await ws.send(b"GET / HTTP/1.0\r\n\r\n")
+            async with asyncio.timeout(30):
+                while True:
+                    await ws.recv()
+    if (await renter.get(f"/rentals/{rental_id}"))["state"] == "stopping":
+        assert again.value.rcvd is not None and again.value.rcvd.code == 4410, again.value
 
     async def refused() -> dict[str, Any] | None:
         status, body = await renter.call("POST", f"/rentals/{rental_id}/connect", json={"port": 8001})

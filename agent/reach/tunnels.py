@@ -13,7 +13,9 @@ header the rental, the port and the kind. The agent checks again what only it kn
 
 Streams are counted per rental (at most ``max_streams_per_rental`` at once: ``AGENT_LIMIT``) and
 their bytes summed per rental for the master (``take_usage``, sent as ``tunnel_usage``). When a
-rental stops, ``close_rental`` resets its streams at once (``RENTAL_STOPPED``).
+rental stops, ``close_rental`` resets its streams at once (``RENTAL_STOPPED``), and refuses its ports' new ones while
+its workload's stop grace runs (a connect token issued before the stop is still signed and unexpired); SSH goes on,
+SFTP into the workspace until the rental is released.
 
 Every stream's task is owned here: ``close`` cancels them all.
 """
@@ -25,6 +27,7 @@ import collections
 import contextlib
 import logging
 import socket
+import weakref
 from typing import TYPE_CHECKING, Protocol
 
 from agent.cluster.relay import serve_stream
@@ -34,6 +37,7 @@ from shared.streams.aio import Channel, splice
 
 if TYPE_CHECKING:
     from agent.cluster.net import ClusterNetworks
+    from agent.runtimes.base import Workload
     from agent.runtimes.manager import WorkloadManager
 
 log = logging.getLogger(__name__)
@@ -71,6 +75,8 @@ class TunnelServer:
         self._tasks: dict[str, dict[asyncio.Task[None], Channel]] = collections.defaultdict(dict)
         self._usage: dict[str, list[int]] = {}  # rental -> [bytes from renters, bytes to renters], not yet reported
         self._reported: dict[Channel, tuple[int, int]] = {}  # what take_usage counted already of open streams
+        # Rental -> its workload told to stop (while it is still the rental's workload: a new start is another one).
+        self._stopped: weakref.WeakValueDictionary[str, Workload] = weakref.WeakValueDictionary()
         self.streams_served = 0
 
     def open_streams(self, rental_id: str) -> int:
@@ -90,6 +96,9 @@ class TunnelServer:
         if self.ssh is not None and self.ssh.access_disabled(request.rental_id):
             channel.reset(TunnelCode.ACCESS_REVOKED)  # the account is disabled: not even a web port
             return
+        if request.kind != "ssh" and self._stopping(request.rental_id):
+            channel.reset(TunnelCode.RENTAL_STOPPED)
+            return
         tasks = self._tasks[request.rental_id]
         if len(tasks) >= self.max_streams_per_rental:
             channel.reset(TunnelCode.AGENT_LIMIT)
@@ -102,6 +111,10 @@ class TunnelServer:
         if self.workloads.workload(request.rental_id) is not None:
             return True
         return request.kind == "ssh" and self.ssh is not None and self.ssh.knows(request.rental_id)
+
+    def _stopping(self, rental_id: str) -> bool:
+        stopped = self._stopped.get(rental_id)
+        return stopped is not None and stopped is self.workloads.workload(rental_id)
 
     def _done(self, rental_id: str, task: asyncio.Task[None], channel: Channel) -> None:
         tasks = self._tasks.get(rental_id)
@@ -165,7 +178,10 @@ class TunnelServer:
             theirs.close()
 
     def close_rental(self, rental_id: str, code: int = TunnelCode.RENTAL_STOPPED) -> int:
-        """Reset every stream of the rental now (it stopped); returns how many there were."""
+        """Reset every stream of the rental now (it stopped); returns how many there were. ``RENTAL_STOPPED``: its
+        workload is being stopped, so new streams to its ports are refused too."""
+        if code == TunnelCode.RENTAL_STOPPED and (workload := self.workloads.workload(rental_id)) is not None:
+            self._stopped[rental_id] = workload
         tasks = self._tasks.get(rental_id, {})
         for channel in list(tasks.values()):
             channel.reset(code)
