@@ -336,6 +336,23 @@ class TestProbe:
         assert other is not None
         assert "not a running replica" in (await probe(market.master, other, rental) or "")
 
+    async def test_a_replica_that_answers_its_probe_is_not_kept_out_for_failures_before(self, setting: dict[str, Any]) -> None:
+        """Regression: probes that failed while a replica started (its port not open yet) ejected it for ``eject_s``
+        after the probe that made it ready, so a new replica of a loaded service took no requests for seconds."""
+        market: Marketplace = setting["market"]
+        async with market.master.db.session() as session:
+            service = await session.get(Service, setting["web_id"])
+            rental = await session.get(Rental, setting["a"])
+        assert service is not None and rental is not None
+        gateway = gateway_of(market.master)
+        route = await gateway.routes.get(service.id, max_age=0)
+        assert route is not None
+        pool = gateway.pool(route, next(r for r in route.replicas if r.rental_id == rental.id))
+        pool.failed()  # as a probe of the starting replica would
+        assert gateway.ejected(pool)
+        assert await probe(market.master, service, rental) is None
+        assert not gateway.ejected(pool)
+
 
 class TestFigures:
     async def test_rows_are_written_per_bucket_and_metrics_list_the_service(self, setting: dict[str, Any]) -> None:

@@ -201,8 +201,11 @@ async def test_a_service_grows_under_load_survives_a_killed_agent_and_shrinks_af
         grew_in = time.monotonic() - started
         hosts = Counter(r["host_id"] for r in view["replica_rentals"] if r["ready"])
         assert sorted(hosts.values()) == [1, 2], hosts  # the 4090 host's two GPUs and the 3060 host's one
-        await asyncio.sleep(3)
-        assert len(load.replicas) == 3, load.replicas  # every replica answered
+
+        async def every_replica_answered() -> bool:  # within the route's 1 s cache, once ready (run 8, 2026-11-29: a
+            return len(load.replicas) == 3  # replica failed while starting sat out 5 s after it was ready, since fixed)
+
+        await eventually(every_replica_answered, timeout=30, what="every replica answering the load")
 
         # The agent of the host with one replica dies while requests are in flight on it.
         [lone_host] = [host for host, n in hosts.items() if n == 1]

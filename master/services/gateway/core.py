@@ -14,7 +14,7 @@ Policy, in the order a request meets it:
 * **Where.** Among the service's replicas that run, are ready (``rentals.ready_at``) and whose host is
   on a live relay: the one with the fewest requests in flight from this process, ties taken in turn.
   A replica whose relay stream failed (no stream, refused, reset) sits out ``eject_s`` seconds unless
-  every ready replica does.
+  every ready replica does, or until its health probe passes (``probe``).
 * **None ready.** The service is woken (``services.wake_requested_at`` set, if unset; the autoscaler
   starts a replica and clears it) and the request waits, its route read again every ``wake_poll_s``,
   up to ``service_cold_start_timeout_s``; then 503 ``no_ready_replica`` with ``Retry-After``.

@@ -2,7 +2,8 @@
 
 ``probe`` sends ``GET {service.health_path}`` to the replica through the gateway's own pool of
 connections to it (the path a request would take: the relay, the agent, the container's port), and
-calls the replica healthy when it answers 2xx within ``timeout`` seconds.
+calls the replica healthy when it answers 2xx within ``timeout`` seconds. A healthy answer ends the replica's
+ejection: the probes that failed while it was starting (its port not yet open) do not keep it out once it is ready.
 """
 
 from __future__ import annotations
@@ -48,4 +49,7 @@ async def probe(master: Master, service: Service, rental: Rental, *, timeout: fl
         return f"GET {path} did not answer within {timeout:g} s"
     except aiohttp.ClientError as exc:
         return f"GET {path} failed: {type(exc).__name__}: {exc}"
-    return None if 200 <= status < 300 else f"GET {path} answered {status}"
+    if not 200 <= status < 300:
+        return f"GET {path} answered {status}"
+    pool.recovered()  # a replica that failed its probes while starting takes requests once ready, not eject_s later
+    return None

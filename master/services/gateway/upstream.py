@@ -190,6 +190,10 @@ class ReplicaPool:
     def failed(self) -> None:
         self.failed_at = self._clock()
 
+    def recovered(self) -> None:
+        """The replica answered its health probe: whatever failed before (a probe while it was starting) is over."""
+        self.failed_at = None
+
     async def _dial(self) -> ClientConnection:
         target = self.target
         if target.relay_url is None:
