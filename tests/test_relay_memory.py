@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import gc
 import secrets
 import socket
 import ssl
+import struct
+import termios
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -135,6 +138,23 @@ class TestIdleAgent:
         assert link._outbox is None  # not even an empty deque
 
 
+def _flow(transport: Any) -> str:
+    """Where a TLS connection's bytes wait, for a failure's message: asyncio's buffers and pauses on
+    both layers and the kernel's queues of its socket."""
+    protocol_ = transport._ssl_protocol
+    below = protocol_._transport
+    sock = transport.get_extra_info("socket")
+    queues = ""
+    if sock is not None:
+        unread, unsent = (struct.unpack("i", fcntl.ioctl(sock.fileno(), request, b"\0" * 4))[0]
+                          for request in (termios.FIONREAD, termios.TIOCOUTQ))
+        queues = f", kernel: {unread} B unread, {unsent} B unsent"
+    return (f"(TLS: {protocol_._incoming.pending} B to decrypt, {protocol_._outgoing.pending} B encrypted, "
+            f"app reading paused {protocol_._app_reading_paused}, socket reading paused {protocol_._ssl_reading_paused}, "
+            f"writing paused {protocol_._ssl_writing_paused}, app writing paused {protocol_._app_writing_paused}; "
+            f"socket transport: {below.get_write_buffer_size()} B to write, reading {below.is_reading()}{queues})")
+
+
 def _holders(marker: str | bytes) -> list[object]:
     """Every object that references a string (``str`` or ``bytes``-like, as ``marker``) containing
     ``marker``, other than ``marker`` itself and bus records (they are what the relay forwards, the
@@ -222,10 +242,14 @@ class TestAgentThatDoesNotRead:
             link_send_buffer=SOCKET_BUFFER, write_limit=WRITE_LIMIT, tls_read_limit=TLS_READ_LIMIT, max_messages_per_second=1e9,
             message_burst=1_000_000, ping_interval=60.0,
         )
-        # Small kernel buffers on the agent's side too, so that its flood backs up in a few thousand frames.
+        # A small send buffer on the agent's side too, so that its flood backs up in a few thousand frames. Its
+        # receive buffer stays the kernel's to size: one fixed by SO_RCVBUF fills with the acks' small segments
+        # (each costs the kernel far more than its bytes) while its window is still open, and the kernel drops
+        # what arrives next; the relay's later segments then lie beyond the agent's window, so the agent ignores
+        # the acknowledgements they carry and its flood stalls until the relay's retransmission timer, backing
+        # off, fires again (1,588 frames, then 29 s without a send, on a loaded machine: TcpExtTCPRcvQDrop).
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-            sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
         sock.setblocking(False)
         await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", relay.port))
         agent = await _connect(relay, ca, tmp_path, stack, "h-deaf", sock=sock, max_queue=1)
@@ -233,17 +257,22 @@ class TestAgentThatDoesNotRead:
         link = relay.agents["h-deaf"]
         transport = link.connection.transport
         sent: list[int] = []
+        loop = asyncio.get_running_loop()
+        last_sent = loop.time()
 
         async def flood() -> None:
+            nonlocal last_sent
             while True:
                 seq, frame = agent.heartbeat()
                 sent.append(seq)  # before: a send cancelled while it waits has written its frame
                 await agent.ws.send(frame)
+                last_sent = loop.time()
 
         def state() -> str:
-            return (f"{len(sent)} frames sent; the relay's TLS read buffer {transport.get_read_buffer_size()} B, "  # type: ignore[attr-defined]
+            return (f"{len(sent)} frames sent, the last send returned {loop.time() - last_sent:.1f} s ago; the relay's TLS read buffer {transport.get_read_buffer_size()} B, "  # type: ignore[attr-defined]
                     f"its write buffer {transport.get_write_buffer_size()} B, outbox {link.queued}, refused "
-                    f"{dict(relay.refused)}, link closing: {transport.is_closing()}, agent closed: {agent.ws.state}")  # fmt: skip
+                    f"{dict(relay.refused)}, link closing: {transport.is_closing()}, agent state: {agent.ws.state.name}; "
+                    f"relay {_flow(transport)}; agent {_flow(agent.ws.transport)}")  # fmt: skip
 
         # The agent reads again whatever happens below: a relay blocked writing to it would otherwise hold the
         # teardown (closing the relay waits for its handlers) until pytest's timeout, hiding the failure's cause.
