@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import sys
 import time
 from collections import defaultdict
@@ -50,11 +51,11 @@ def _new_run_dir(started: float) -> Path:
     temporary.unlink(missing_ok=True)
     temporary.symlink_to(folder.name)
     temporary.replace(link)
-    runs = sorted(path for path in root.iterdir() if path.is_dir() and not path.is_symlink())
-    for old in runs[:-KEEP]:
-        for item in old.iterdir():
-            item.unlink()
-        old.rmdir()
+    # Never this run's own folder: its name is its start, older than those of the short runs that ended meanwhile.
+    # Another run may be pruning the same folders at once.
+    runs = sorted(path for path in root.iterdir() if path.is_dir() and not path.is_symlink() and path != folder)
+    for old in runs[: max(len(runs) - (KEEP - 1), 0)]:
+        shutil.rmtree(old, ignore_errors=True)
     return folder
 
 
