@@ -155,6 +155,13 @@ async def test_a_declared_port_answers_through_the_renter_websocket(setting: dic
     assert answer.startswith(b"HTTP/1.") and b"hello from the rental" in answer, answer[:300]
 
 
+async def _random_file(path: Path, size: int) -> None:
+    """Write ``size`` random bytes to ``path`` off the event loop: the marketplace's agent and relay share this loop,
+    and 200 MB of ``os.urandom`` written on it stalled their heartbeats past the host's 3 s offline threshold on a
+    loaded machine (the host went offline and `gpumarket cp` was refused before the copy began)."""
+    await asyncio.to_thread(lambda: path.write_bytes(os.urandom(size)))
+
+
 def _cli(setting: dict[str, Any], *args: str, stdin: bytes = b"", timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run([sys.executable, "-m", "gpumarket", *args], input=stdin, capture_output=True, env=setting["env"],
                           timeout=timeout, check=False)
@@ -208,7 +215,7 @@ async def test_ssh_forwards_a_local_port_to_the_rentals_loopback(setting: dict[s
 async def test_scp_round_trips_50_mb_with_an_equal_checksum(setting: dict[str, Any]) -> None:
     home, rental_id = setting["home"], setting["rental"]["id"]
     payload = home / "payload.bin"
-    payload.write_bytes(os.urandom(50 << 20))
+    await _random_file(payload, 50 << 20)
     key = ("-i", str(setting["key"]), "-q")
     up = await asyncio.to_thread(_cli, setting, "cp", *key, str(payload), f"{rental_id}:payload.bin")
     assert up.returncode == 0, up.stderr.decode()
@@ -406,12 +413,15 @@ async def test_when_the_hosts_relay_dies_mid_copy_the_renter_connects_again_thro
     await second.start()
     try:
         big = setting["home"] / "big.bin"
-        big.write_bytes(os.urandom(200 << 20))
+        await _random_file(big, 200 << 20)
         key = ("-i", str(setting["key"]), "-q")
         agent = market.agents[0]
         copy = asyncio.create_task(asyncio.to_thread(_cli, setting, "cp", *key, str(big), f"{rental_id}:big.bin"))
 
         async def copying() -> bool:  # the upload is under way through the first relay
+            if copy.done():
+                ended = copy.result()
+                raise AssertionError(f"the copy ended (exit {ended.returncode}) before it was seen under way: {ended.stderr.decode()[-800:]}")
             return first.renters is not None and bool(first.renters.open_per_rental.get(rental_id)) and agent.tunnels.open_streams(rental_id) > 0
 
         await eventually(copying, timeout=30, what="the copy to be under way")
@@ -428,7 +438,7 @@ async def test_when_the_hosts_relay_dies_mid_copy_the_renter_connects_again_thro
         again = await asyncio.to_thread(_cli, setting, "cp", *key, str(big), f"{rental_id}:big.bin")
         assert again.returncode == 0, again.stderr.decode()
         digest = await asyncio.to_thread(_cli, setting, "ssh", rental_id, *key[:2], "--", "sha1sum /workspace/big.bin")
-        assert digest.stdout.decode().split()[0] == hashlib.sha1(big.read_bytes()).hexdigest()
+        assert digest.stdout.decode().split()[0] == await asyncio.to_thread(lambda: hashlib.sha1(big.read_bytes()).hexdigest())
         assert b"hello from the rental" in await _raw_http_through(await _connect(renter, rental_id, 8000))
     finally:
         market.relay = second  # the marketplace closes it when it stops
