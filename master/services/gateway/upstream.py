@@ -168,6 +168,8 @@ class ReplicaPool:
         self.failed_at: float | None = None
         """When the replica last failed (monotonic): no stream, or its stream refused or reset."""
         self.last_used = clock()
+        self.dialed = 0
+        """Relay streams this pool opened, ever (each a new connection to the replica)."""
         self._sign = sign
         self._ssl = ssl_context
         self._clock = clock
@@ -201,7 +203,7 @@ class ReplicaPool:
             raise UpstreamUnavailable(f"the host of replica {target.rental_id} is on no relay right now")
         where = target.relay_url
         try:
-            return await connect(
+            stream = await connect(
                 target.relay_url, additional_headers={"Authorization": f"Bearer {self._sign(target)}"}, ssl=self._ssl,
                 proxy=None, compression=None, user_agent_header="gpumarket-gateway", open_timeout=self._open_timeout,
                 close_timeout=self._close_timeout, ping_interval=self._ping_interval, ping_timeout=self._ping_interval,
@@ -218,6 +220,8 @@ class ReplicaPool:
             self.failed()
             raise UpstreamUnavailable(f"cannot reach the relay at {where} for replica {target.rental_id}: "
                                       f"{exc or type(exc).__name__}") from None  # fmt: skip
+        self.dialed += 1
+        return stream
 
     def _closed_by_relay(self, code: int | None) -> None:
         if code in REPLICA_GONE_CLOSES:
