@@ -93,6 +93,13 @@ class QuotaExceeded(Forbidden):
     code = "quota_exceeded"
 
 
+class ServiceUnavailable(GpumarketError):
+    """A server we depend on (the mail server, …) cannot do it now: 503, the client may try again later."""
+
+    code = "unavailable"
+    http_status = 503
+
+
 class ConfigError(GpumarketError, ValueError):
     """A setting is missing or invalid; the message names the setting."""
 

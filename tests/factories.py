@@ -31,6 +31,9 @@ def master_settings(tmp_path: Path, **overrides: Any) -> MasterSettings:
         "require_credit": False,  # billing tests turn it on; the rest rent without topping up
         # Tests call the API from 127.0.0.1 as fast as it answers; tests/test_rate_limits.py turns limits on.
         "rate_limits_enabled": False,
+        # Argon2id at its smallest: the tests that sign in by password check the hashing, not its cost.
+        "password_hash_time_cost": 1,
+        "password_hash_memory_kib": 8192,
     }
     values.update(overrides)
     return MasterSettings.load(**values)

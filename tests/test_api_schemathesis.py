@@ -26,6 +26,7 @@ from aiohttp import web
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from hypothesis import strategies as st
+from pydantic import SecretStr
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
@@ -35,6 +36,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from billing import credits
+from gpumarket.mailsink import MailSink
 from master.api.base import API
 from master.api.openapi import build_openapi
 from master.api.table import ROUTES
@@ -107,7 +109,11 @@ def live_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveApi]:
         tmp_path, database_url=f"sqlite:///{tmp_path / 'api.db'}", stream_max_s=0.05, stream_poll_interval=0.01, payments="demo",
     )  # fmt: skip
 
+    mail = MailSink()
+
     async def start() -> tuple[Master, web.AppRunner, int, dict[str, Principal], dict[str, str], dict[str, str]]:
+        await mail.start()  # sign-up and password resets mail their links here
+        settings.smtp_url = SecretStr(mail.url)
         master = await open_master(settings, bus=InProcessBus())
         principals, keys, ids = await _seed(master)
         runner = web.AppRunner(create_app(master, background=False))
@@ -120,6 +126,7 @@ def live_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveApi]:
     async def stop(master: Master, runner: web.AppRunner) -> None:
         await runner.cleanup()
         await close_master(master)
+        await mail.close()
 
     with LoopThread() as thread:
         master, runner, port, principals, keys, ids = thread.run(start())

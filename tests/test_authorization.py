@@ -348,6 +348,15 @@ MATRIX: tuple[Rule, ...] = (
     Rule("POST", "/sessions", everyone(201), body=session_body),
     Rule("GET", "/sessions/current", everyone((404, "no_session"))),
     Rule("DELETE", "/sessions/current", everyone((404, "no_session"))),
+    # Self-service accounts (tests/test_signup.py): public, each answers everyone alike; the seeded accounts have no
+    # address to verify, and signing an API-key caller out everywhere ends no session.
+    Rule("POST", "/accounts", everyone(422), body=fixed({"email": "not an address", "password": "x", "role": "renter"})),
+    Rule("POST", "/accounts/verify", everyone(400), body=fixed({"token": "not-a-token"})),
+    Rule("POST", "/accounts/verify/resend", everyone(200)),
+    Rule("POST", "/password-resets", everyone(422), body=fixed({"email": ""})),
+    Rule("POST", "/password-resets/confirm", everyone(400), body=fixed({"token": "not-a-token", "password": "x"})),
+    Rule("DELETE", "/sessions", everyone(200)),
+    Rule("GET", "/audit-events", everyone(200)),
     Rule("GET", "/hosts/{host_id}/metrics/stream", host_read(), stream=True),
     # Templates: everyone signed in reads them, admins edit them.
     Rule("GET", "/templates", everyone(200)),

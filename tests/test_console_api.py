@@ -50,7 +50,7 @@ class TestSignIn:
             assert response.status == 201
             body = await response.json()
             cookie = response.cookies[COOKIE]
-        assert body["account"] == {"id": api.renter.account_id, "name": api.renter.name, "role": "renter"}
+        assert body["account"] == {"id": api.renter.account_id, "name": api.renter.name, "role": "renter", "email_verified": True}
         assert len(body["csrf_token"]) >= 32
         assert cookie["httponly"] and cookie["samesite"] == "Strict" and cookie["path"] == "/"
         assert not cookie["secure"]  # plain http on loopback; https or an https public_url makes it Secure

@@ -351,6 +351,28 @@ class TestSignIn:
             clock.advance(30.0)
             assert (await send(api, "POST", "/sessions", json=right))[0] == 201
 
+    async def test_password_guesses_at_one_address_are_limited_whatever_the_client_address(
+        self, tmp_path: Path, clock: ManualClock
+    ) -> None:
+        """The email's bucket (burst 3) counts sign-ins and reset requests for that address from every client address
+        (through a trusted proxy here); another address is not affected, and the bucket refills with time."""
+        settings = {"account_email_burst": 3, "account_email_rate_per_hour": 60, "trusted_proxies": ["127.0.0.1/32"],
+                    "sign_in_burst": 100}
+        async with limited_api(tmp_path, clock, **settings) as api:
+            guess = {"email": "victim@example.com", "password": "not the password"}
+            for n in range(3):
+                status, body, _ = await send(api, "POST", "/sessions", json=guess, forwarded_for=f"203.0.113.{n}")
+                assert (status, body["code"]) == (401, "invalid_credentials")
+            assert_limited(*await send(api, "POST", "/sessions", json=guess, forwarded_for="203.0.113.99"), retry=60,
+                           what="sign-ins, password resets and verification mails for this address")  # fmt: skip
+            assert_limited(*await send(api, "POST", "/password-resets", json={"email": "VICTIM@example.com"}), retry=60,
+                           what="sign-ins, password resets and verification mails for this address")  # fmt: skip
+            status, body, _ = await send(api, "POST", "/sessions", json={**guess, "email": "other@example.com"})
+            assert (status, body["code"]) == (401, "invalid_credentials")
+            clock.advance(60.0)
+            status, body, _ = await send(api, "POST", "/sessions", json=guess)
+            assert (status, body["code"]) == (401, "invalid_credentials")
+
 
 # ---- several masters, one budget ----------------------------------------------------------
 
@@ -410,7 +432,7 @@ class TestSettings:
         assert ApiLimits.from_settings(settings) == ApiLimits(
             per_address=Limit(50.0, 200), per_key=Limit(20.0, 100), enrollment=Limit.per_minute(10.0, 10),
             sign_in=Limit.per_minute(10.0, 10), sign_in_failure_cost=3, trusted_proxies=(),
-            gateway_failures=Limit.per_minute(30.0, 20),
+            gateway_failures=Limit.per_minute(30.0, 20), per_email=Limit(20.0 / 3600, 10),
         )  # fmt: skip
 
     def test_a_trusted_proxy_must_be_an_address_or_a_network(self, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -60,6 +60,7 @@ class Route:
     summary: str
     roles: tuple[str, ...] = ()  # empty + public=False: any signed-in account; admins pass every role check
     public: bool = False  # no API key or session needed
+    verified: bool = False  # the account's email address must be verified (self-service accounts: signup.py)
     limit: RateClass = RateClass.DEFAULT
     body: type[BaseModel] | None = None
     response: type[BaseModel] | None = None  # the success body's model, where one is declared (else: any object)

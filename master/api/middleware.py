@@ -23,7 +23,7 @@ from master.api.keys import MASTER, ROUTE_INDEX
 from master.api.ratelimits import RATE_LIMITS
 from master.services import accounts
 from master.services.accounts import Principal, authenticate
-from shared.errors import BadRequest, GpumarketError, RateLimited, Unauthorized
+from shared.errors import BadRequest, Forbidden, GpumarketError, RateLimited, Unauthorized
 
 log = logging.getLogger(__name__)
 
@@ -155,13 +155,21 @@ async def account_rate_limit_middleware(request: web.Request, handler: Handler) 
 
 @web.middleware
 async def roles_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """The roles the route declares (admins pass every role check): 403 ``forbidden`` for any other caller.
+    """The roles the route declares (admins pass every role check): 403 ``forbidden`` for any other caller; 403
+    ``email_not_verified`` on a route that needs a verified address (``Route.verified``) for an account without one.
 
     After the account's rate limits, so a refused call still takes from the account's buckets."""
     route = declared_route(request)
     if route is not None and route.roles:
         principal(request).require(*route.roles)
+    if route is not None and route.verified and not principal(request).email_verified:
+        raise EmailNotVerified("verify your email address first: open the link we mailed you, or ask for a new one "
+                               "(POST /api/v1/accounts/verify/resend, or the console's banner)")  # fmt: skip
     return await handler(request)
+
+
+class EmailNotVerified(Forbidden):
+    code = "email_not_verified"
 
 
 @web.middleware
@@ -189,7 +197,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         scheme, _, key = (header or "").partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
             if header is None and request.path.startswith("/api/v1/sessions"):
-                raise Unauthorized("you are not signed in; sign in with your API key", code="not_signed_in")
+                raise Unauthorized("you are not signed in; sign in again", code="not_signed_in")
             raise Unauthorized("send your API key as 'Authorization: Bearer <key>'", code="missing_api_key")
         async with master.db.session() as session:
             request[PRINCIPAL] = await authenticate(session, key.strip())

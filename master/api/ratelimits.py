@@ -11,9 +11,10 @@ request but the health probes' (``RateClass.NONE``) takes a token from:
 * ``ENROLL`` (``POST /enroll``), ``ENROLL_CHECK`` (``POST /enroll/check``) and ``ENROLLMENT_TOKENS``
   (``POST /enrollment-tokens``): the address's bucket of that route (``enrollment_rate_per_minute`` /
   ``enrollment_burst``), and for token creation also the account's (taken after authentication);
-* ``SIGN_IN`` (``POST /sessions``, console sign-in): the address's ``sign-in`` bucket; a sign-in
-  that fails (unknown or revoked key) takes ``sign_in_failure_cost`` tokens in all, so guessing
-  keys there is slow.
+* ``SIGN_IN`` (``POST /sessions``, sign-up, verification and password resets): the address's ``sign-in``
+  bucket; a sign-in that fails (unknown or revoked key, wrong password) takes ``sign_in_failure_cost`` tokens
+  in all, so guessing there is slow. The handlers also take from the bucket of the email address they act on
+  (``for_email``: ``account_email_rate_per_hour`` / ``account_email_burst``), whatever the client address.
 
 A request under ``/api/v1`` that matches no route (404, 405) takes from the default buckets.
 
@@ -63,6 +64,7 @@ _WHAT = {
     "enrollment-tokens": "enrollment tokens created from {address}",
     "account-enrollment-tokens": "enrollment tokens created by this account",
     "sign-in": "sign-in attempts from {address}",
+    "email": "sign-ins, password resets and verification mails for this address",
     "svc-auth": "refused tokens at service endpoints from {address}",
 }
 
@@ -76,6 +78,7 @@ class ApiLimits:
     sign_in_failure_cost: int
     trusted_proxies: tuple[IPNetwork, ...]
     gateway_failures: Limit
+    per_email: Limit
 
     @classmethod
     def from_settings(cls, settings: MasterSettings) -> ApiLimits:
@@ -87,6 +90,7 @@ class ApiLimits:
             sign_in_failure_cost=settings.sign_in_failure_cost,
             trusted_proxies=tuple(ipaddress.ip_network(p, strict=False) for p in settings.trusted_proxies),
             gateway_failures=Limit.per_minute(settings.gateway_auth_failures_per_minute, settings.gateway_auth_failure_burst),
+            per_email=Limit(settings.account_email_rate_per_hour / 3600.0, settings.account_email_burst),
         )
 
 
@@ -180,6 +184,12 @@ class ApiRateLimits:
         if rate_class is RateClass.SIGN_IN and self.limits.sign_in_failure_cost > 1:
             await self.store.charge(f"sign-in:{address}", self.limits.sign_in, cost=self.limits.sign_in_failure_cost - 1)
 
+    async def for_email(self, email: str) -> None:
+        """Take from the bucket of an email address (sign-in, password reset, verification mail): guessing one
+        account's password, or flooding one inbox, is slow from however many client addresses."""
+        digest = hashlib.sha256(email.strip().lower().encode()).hexdigest()[:32]  # no address in Redis
+        await self._take("email", digest, self.limits.per_email, address="")
+
     async def gateway_refused(self, address: str) -> None:
         """A token a service's endpoint (``/svc/…``) judged and refused (401, or 404 for another renter's service):
         ``RateLimited`` (the answer becomes 429) when the address is in debt already, else one from its budget (the
@@ -213,3 +223,16 @@ async def rate_limits_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         await limits.store.close()
+
+
+def request_address(request: web.Request) -> str:
+    """The client's address as the rate limits see it (through ``trusted_proxies``), for the audit log."""
+    trusted = tuple(ipaddress.ip_network(p, strict=False) for p in request.app[MASTER].settings.trusted_proxies)
+    return client_address(request.remote, request.headers.getall("X-Forwarded-For", []), trusted)[:64]
+
+
+async def limit_email(request: web.Request, email: str) -> None:
+    """Take from the email address's bucket, when rate limits are on."""
+    limits = request.app.get(RATE_LIMITS)
+    if limits is not None:
+        await limits.for_email(email)

@@ -51,6 +51,7 @@ class SessionAccount(BaseModel):
     id: str
     name: str
     role: str
+    email_verified: bool = Field(description="False for a self-service account whose address is not verified yet: it cannot rent or enrol hosts.")
 
 
 class ConsoleSession(BaseModel):
@@ -123,3 +124,21 @@ class ConnectView(BaseModel):
     ssh: SshEndpoint | None = None
     web_url: str | None = Field(None, description="For a TCP port: an https:// address of the port for a browser (the relay's "
                                 "web ports), the token in its query; it sets a cookie and redirects.")
+
+
+class MailSent(BaseModel):
+    status: str = Field(description="What was mailed; the same answer whether the address has an account or not.")
+
+
+class EmailVerified(BaseModel):
+    email: str
+    verified: bool
+
+
+class PasswordReset(BaseModel):
+    reset: bool
+    sessions_ended: int = Field(description="Console sessions the new password ended (every one of the account's).")
+
+
+class SignedOutEverywhere(BaseModel):
+    sessions_ended: int

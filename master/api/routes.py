@@ -249,7 +249,7 @@ ROUTES: tuple[Route, ...] = (
           roles=("admin",), body=QuotaPut, errors=(404, 422)),
     Route("PUT", "/accounts/{account_id}/fair-share", put_account_fair_share, "Set an account's weight in the queue's fair "
           "share (docs/placement.md, \"Fair queues\").", roles=("admin",), body=FairSharePut, errors=(404, 422)),
-    Route("POST", "/enrollment-tokens", create_enrollment_token, "Create a one-time host enrollment token.", roles=("provider",),
+    Route("POST", "/enrollment-tokens", create_enrollment_token, "Create a one-time host enrollment token.", verified=True, roles=("provider",),
           limit=RateClass.ENROLLMENT_TOKENS, response=EnrollmentToken, success=201),
     Route("POST", "/enroll", enroll, "Exchange an enrollment token and a CSR for a host certificate.", public=True, limit=RateClass.ENROLL, body=EnrollRequest, response=Enrollment, success=201, errors=(400, 403, 422)),
     Route("POST", "/enroll/check", check_enrollment_token, "Whether an enrollment token can enroll a host now, without "
@@ -278,7 +278,7 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/hosts/{host_id}/network-test", start_network_test, "Ask the host's agent to measure its network now.",
           roles=("provider",), response=CommandAccepted, success=202, errors=(404,)),
     Route("POST", "/rentals", create_rental, "Rent GPUs (200: a repeat of an Idempotency-Key, answered with the rental it made).",
-          roles=("renter",), body=RentalCreate, success=201, also_success=(200,), headers=("Idempotency-Key",), errors=(404, 409, 422)),
+          verified=True, roles=("renter",), body=RentalCreate, success=201, also_success=(200,), headers=("Idempotency-Key",), errors=(404, 409, 422)),
     Route("GET", "/rentals", list_rentals, "Your rentals, newest first.", query=PAGING),
     Route("GET", "/rentals/{rental_id}", get_rental, "One rental with its state history.", errors=(404,)),
     Route("POST", "/hosts/{host_id}/revoke", revoke_host, "Revoke a host: refuse its certificate and close its connections.",

@@ -62,7 +62,7 @@ async def delete_cluster(request: web.Request) -> web.Response:
 ROUTES: tuple[Route, ...] = (
     Route("POST", "/clusters", create_cluster, "Rent a cluster: node_count nodes of gpus_per_node GPUs, each on its own host, placed "
           "together or not at all (200: a repeat of an Idempotency-Key, answered with the cluster it made).",
-          roles=("renter",), body=ClusterCreate, success=201, also_success=(200,), headers=("Idempotency-Key",), errors=(404, 409, 422)),
+          verified=True, roles=("renter",), body=ClusterCreate, success=201, also_success=(200,), headers=("Idempotency-Key",), errors=(404, 409, 422)),
     Route("GET", "/clusters", list_clusters, "Your clusters with their members, newest first.", query=PAGING),
     Route("GET", "/clusters/{cluster_id}", get_cluster, "One cluster with its members (host, state, GPUs) and state history.", errors=(404,)),
     Route("DELETE", "/clusters/{cluster_id}", delete_cluster, "Stop every node of a cluster; it is stopped when every node is.",

@@ -15,11 +15,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from master.api.base import QueryParam, RateClass, Route, int_query, parse_body
 from master.api.keys import MASTER
 from master.api.middleware import SESSION, principal
+from master.api.ratelimits import limit_email, request_address
 from master.api.responses import ConsoleSession, SignedOut
 from master.context import Master
 from master.services import accounts
@@ -33,10 +34,21 @@ STREAMS_CLOSING = web.AppKey("streams_closing", asyncio.Event)
 
 
 class SessionCreate(BaseModel):
+    """Either an email and a password, or an API key."""
+
     model_config = ConfigDict(extra="forbid")
 
+    email: str | None = Field(None, min_length=1, max_length=254, description="Your account's email address (with password).")
+    password: str | None = Field(None, min_length=1, max_length=1024, description="Your password (with email).")
     # Any length is a key to check: a short one is refused as a wrong key (401), not as malformed input.
-    api_key: str = Field(min_length=1, max_length=256, description="Your API key; the console keeps a session cookie instead.")
+    api_key: str | None = Field(None, min_length=1, max_length=256, description="Or your API key; the console keeps a session cookie instead.")
+
+    @model_validator(mode="after")
+    def one_way_in(self) -> SessionCreate:
+        by_password = self.email is not None or self.password is not None
+        if by_password == (self.api_key is not None) or (by_password and (self.email is None or self.password is None)):
+            raise ValueError("send either email and password, or api_key")
+        return self
 
 
 class UnsupportedMediaType(ClientError):
@@ -55,11 +67,22 @@ def _secure_cookie(request: web.Request) -> bool:
 async def create_session(request: web.Request) -> web.Response:
     # A JSON body only: a cross-site HTML form cannot send one, so nobody signs a browser in behind its back.
     if request.content_type != "application/json":
-        raise UnsupportedMediaType("send the API key as a JSON body: {\"api_key\": \"...\"}")
+        raise UnsupportedMediaType("send a JSON body: {\"email\": \"...\", \"password\": \"...\"} or {\"api_key\": \"...\"}")
     body = await parse_body(request, SessionCreate)
     master = request.app[MASTER]
-    async with master.db.session() as session:
-        token, signed_in = await accounts.sign_in(session, body.api_key.strip(), settings=master.settings, now=master.clock.now())
+    address, now = request_address(request), master.clock.now()
+    if body.email is not None and body.password is not None:
+        await limit_email(request, body.email)
+        async with master.db.session() as session:  # a failure's audit record commits before the 401
+            opened = await accounts.sign_in_password(session, body.email, body.password, settings=master.settings, now=now,
+                                                     address=address)  # fmt: skip
+        if opened is None:
+            raise accounts.wrong_password()
+        token, signed_in = opened
+    else:
+        assert body.api_key is not None
+        async with master.db.session() as session:
+            token, signed_in = await accounts.sign_in(session, body.api_key.strip(), settings=master.settings, now=now, address=address)
     response = web.json_response(signed_in.view(), status=201, headers={"Cache-Control": "no-store"})
     response.set_cookie(
         accounts.COOKIE, token, httponly=True, samesite="Strict", secure=_secure_cookie(request), path="/",
@@ -164,8 +187,8 @@ async def close_streams(app: web.Application) -> None:
 
 
 ROUTES: tuple[Route, ...] = (
-    Route("POST", "/sessions", create_session, "Sign in to the web console: an API key for a session cookie (HttpOnly, "
-          "SameSite=Strict) and the CSRF token every change must send in X-CSRF-Token.",
+    Route("POST", "/sessions", create_session, "Sign in to the web console: an email and password, or an API key, for a "
+          "session cookie (HttpOnly, SameSite=Strict) and the CSRF token every change must send in X-CSRF-Token.",
           public=True, limit=RateClass.SIGN_IN, body=SessionCreate, response=ConsoleSession, success=201, errors=(401, 415, 422)),
     Route("GET", "/sessions/current", get_session, "The console session of the cookie: account, CSRF token, end.",
           response=ConsoleSession, errors=(401, 404)),

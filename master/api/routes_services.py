@@ -129,7 +129,7 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/services", create_service, "Make a service: replicas of a template's or an image's container behind one "
           "endpoint (endpoint_url), scaled between min_replicas and max_replicas by its rule. The answer carries the "
           "service token, once (200: a repeat of an Idempotency-Key, without the token).",
-          roles=("renter",), body=ServiceCreate, success=201, also_success=(200,), headers=("Idempotency-Key",),
+          verified=True, roles=("renter",), body=ServiceCreate, success=201, also_success=(200,), headers=("Idempotency-Key",),
           errors=(400, 402, 404, 409, 422)),
     Route("GET", "/services", list_services, "Your services, newest first (deleted ones with ?deleted=true).",
           query=(*PAGING, QueryParam("deleted", "string", "true: deleted services too.", choices=BOOLEAN))),

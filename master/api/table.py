@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from master.api import (
     routes,
+    routes_accounts,
     routes_alerts,
     routes_billing,
     routes_charts,
@@ -43,6 +44,7 @@ ROUTES: tuple[Route, ...] = (
     + routes_services.ROUTES
     + routes_forecast.ROUTES
     + routes_power.ROUTES
+    + routes_accounts.ROUTES
 )  # fmt: skip
 
 UNVERSIONED: tuple[Route, ...] = routes_metrics.UNVERSIONED + routes_downloads.UNVERSIONED + routes_docs.UNVERSIONED

@@ -1,9 +1,10 @@
-"""Accounts and how they sign in: API keys, console sessions, SSH keys."""
+"""Accounts and how they sign in: passwords, email tokens, API keys, console sessions, SSH keys, the audit log."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -38,6 +39,13 @@ class Account(Base):
     access_version: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     # When an operator disabled the account: its API keys, console sessions and rentals' SSH keys stop working.
     disabled_at: Mapped[datetime | None] = mapped_column(default=None)
+    # Self-service accounts (master/services/accounts/signup.py): the address they signed up with, lower-case; NULL for
+    # accounts an operator made (gpumarket admin create-account, the demo's), which sign in with API keys only.
+    email: Mapped[str | None] = mapped_column(String(254), unique=True, default=None)
+    # When the owner opened the verification link; an account with an email may rent only once it is set.
+    email_verified_at: Mapped[datetime | None] = mapped_column(default=None)
+    # Argon2id, in the PHC string format (parameters and salt included); NULL: no password sign-in.
+    password_hash: Mapped[str | None] = mapped_column(String(256), default=None)
 
 
 class ApiKey(Base):
@@ -60,7 +68,8 @@ class ConsoleSession(Base):
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 hex of the cookie's value
     account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"), index=True)
-    api_key_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id", ondelete="CASCADE"), index=True)
+    # The API key it was opened with (revoking it ends the session); NULL for a sign-in by password.
+    api_key_id: Mapped[str | None] = mapped_column(ForeignKey("api_keys.id", ondelete="CASCADE"), index=True, default=None)
     csrf_token: Mapped[str] = mapped_column(String(64))  # sent back in X-CSRF-Token on every state-changing call
     created_at: Mapped[datetime] = mapped_column(default=_now)
     last_seen_at: Mapped[datetime] = mapped_column(default=_now)
@@ -84,3 +93,32 @@ class SshKey(Base):
     fingerprint: Mapped[str] = mapped_column(String(60))
     created_at: Mapped[datetime] = mapped_column(default=_now)
     last_used_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class EmailToken(Base):
+    """A link mailed to an account's address (``master/services/accounts/signup.py``): ``verify`` proves the address,
+    ``reset`` sets a new password. The mail holds the token; the row its hash. Used once, then ``used_at`` is set."""
+
+    __tablename__ = "email_tokens"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"), index=True)
+    purpose: Mapped[str] = mapped_column(String(16))  # verify | reset
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=_now)
+    expires_at: Mapped[datetime]
+    used_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class AuditEvent(Base):
+    """A security event of an account (``master/services/accounts/audit.py``): signed up, signed in (or failed to),
+    verified, password reset, signed out everywhere. The owner reads its own (``GET /audit-events``)."""
+
+    __tablename__ = "audit_events"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime] = mapped_column(default=_now, index=True)
+    kind: Mapped[str] = mapped_column(String(40))
+    address: Mapped[str | None] = mapped_column(String(64), default=None)  # the client address, where a request made it
+    detail: Mapped[dict[str, Any]] = mapped_column(default=dict)

@@ -1,7 +1,10 @@
 """Accounts: who they are and how they sign in and reach their rentals.
 
-* ``core.py``: accounts, roles and API keys, and the ``Principal`` a request acts as.
-* ``sessions.py``: the console's sessions (cookie, CSRF token, expiry).
+* ``core.py``: accounts, roles and API keys, email addresses, and the ``Principal`` a request acts as.
+* ``passwords.py``: the password policy and Argon2id hashes.
+* ``signup.py``: self-service sign-up, the address's verification, password resets (the mails they send).
+* ``sessions.py``: the console's sessions (cookie, CSRF token, expiry), signing in by password or API key, out everywhere.
+* ``audit.py``: each account's security log.
 * ``ssh_keys.py``: a renter's SSH public keys (parsing, fingerprints, limits).
 * ``access.py``: what a renter's keys reach: ``update_access`` commands to the hosts of the account's rentals.
 
@@ -10,6 +13,7 @@ tells hosts) and nothing else of ``master.services``; every other aggregate may 
 """
 
 from master.services.accounts.access import access_changed, current_keys, disable_account, enable_account
+from master.services.accounts.audit import Audit, audit_log
 from master.services.accounts.core import (
     Principal,
     authenticate,
@@ -25,16 +29,30 @@ from master.services.accounts.sessions import (
     is_live,
     resolve,
     sign_in,
+    sign_in_password,
     sign_out,
+    sign_out_everywhere,
+    wrong_password,
+)
+from master.services.accounts.signup import (
+    ROLES_AT_SIGN_UP,
+    request_reset,
+    resend_verification,
+    reset_password,
+    sign_up,
+    verify_email,
 )
 from master.services.accounts.ssh_keys import add_key, delete_key, key_view, list_keys, mark_used
 
 __all__ = [
     "COOKIE",
     "CSRF_HEADER",
+    "ROLES_AT_SIGN_UP",
+    "Audit",
     "Principal",
     "SignedIn",
     "access_changed",
+    "audit_log",
     "add_key",
     "authenticate",
     "authenticate_key",
@@ -49,7 +67,15 @@ __all__ = [
     "key_view",
     "list_keys",
     "mark_used",
+    "request_reset",
+    "resend_verification",
+    "reset_password",
     "resolve",
     "sign_in",
+    "sign_in_password",
     "sign_out",
+    "sign_out_everywhere",
+    "sign_up",
+    "verify_email",
+    "wrong_password",
 ]

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from email_validator import EmailNotValidError, validate_email
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.models import Account, ApiKey
-from shared.errors import Conflict, Forbidden, Unauthorized
+from shared.errors import Conflict, Forbidden, Unauthorized, ValidationFailed
 from shared.ids import new_id, new_secret, secret_hash
 
 ROLES = ("renter", "provider", "admin")
@@ -21,11 +22,18 @@ API_KEY_PREFIX = "gmk"
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling: the account behind a valid API key."""
+    """Who is calling: the account behind a valid API key or console session. ``email_verified``: false only for a
+    self-service account whose address is not proved yet (it may not rent or enrol hosts)."""
 
     account_id: str
     name: str
     role: str
+    email_verified: bool = True
+
+    @classmethod
+    def of(cls, account: Account) -> Principal:
+        return cls(account_id=account.id, name=account.name, role=account.role,
+                   email_verified=account.email is None or account.email_verified_at is not None)  # fmt: skip
 
     def require(self, *roles: str) -> None:
         if self.role not in roles and self.role != "admin":
@@ -69,7 +77,7 @@ async def authenticate_key(session: AsyncSession, api_key: str) -> tuple[Princip
     account, key = row
     if account.disabled_at is not None:
         raise account_disabled()
-    return Principal(account_id=account.id, name=account.name, role=account.role), key.id
+    return Principal.of(account), key.id
 
 
 def account_disabled() -> Unauthorized:
@@ -83,3 +91,23 @@ async def key_is_valid(session: AsyncSession, api_key: str) -> bool:
     except Unauthorized:
         return False
     return True
+
+
+class InvalidEmail(ValidationFailed):
+    code = "invalid_email"
+
+
+def normalize_email(raw: str) -> str:
+    """The address as stored and compared: checked by ``email_validator`` (no DNS lookup), ASCII only (a look-alike
+    Unicode domain cannot pass for a Latin one), lower-case. 422 ``invalid_email`` saying what is wrong."""
+    try:
+        checked = validate_email(raw, check_deliverability=False, allow_smtputf8=False)
+    except EmailNotValidError as exc:
+        raise InvalidEmail(f"email: {exc}") from None
+    if not checked.normalized.isascii():
+        raise InvalidEmail("email: use the address's ASCII form (internationalised domains are not accepted)")
+    return checked.normalized.lower()
+
+
+async def find_by_email(session: AsyncSession, email: str) -> Account | None:
+    return await session.scalar(select(Account).where(Account.email == email))

@@ -1,12 +1,16 @@
 """Web console sign-ins: server-side sessions behind an HTTP-only cookie, with a CSRF token each.
 
-Signing in exchanges an API key for a session. The browser keeps only a random token in a
+Signing in exchanges an email and password (``sign_in_password``) or an API key (``sign_in``) for a session. The browser keeps only a random token in a
 cookie (``HttpOnly``, ``SameSite=Strict``; ``Secure`` over HTTPS) and never sees the key
 again; the database keeps the token's hash, the account, the key it was opened with and a
 CSRF token the console's scripts send back in ``X-CSRF-Token`` on every state-changing call
 (the cookie alone, which a browser attaches to any request, is never enough to change
 anything). A session ends when its owner signs out, after ``console_session_idle_s`` without
-a request, ``console_session_max_s`` after it began, or when its API key is revoked or its account disabled.
+a request, ``console_session_max_s`` after it began, when its owner signs out everywhere or resets the password,
+or when its API key (for one opened with a key) is revoked or its account disabled.
+
+A password sign-in that fails says the same whether the address has an account or not, and takes as long
+(``passwords.verify_password`` checks a dummy hash for an unknown address); the account's audit log has it.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ from sqlalchemy import delete, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.models import Account, ApiKey, ConsoleSession
-from master.services.accounts.core import Principal, account_disabled, authenticate_key
+from master.services.accounts import passwords
+from master.services.accounts.audit import Audit, record
+from master.services.accounts.core import InvalidEmail, Principal, account_disabled, authenticate_key, find_by_email, normalize_email
 from shared.errors import Forbidden, Unauthorized
 from shared.ids import new_id, secret_hash
 from shared.settings import MasterSettings
@@ -47,7 +53,8 @@ class SignedIn:
 
     def view(self) -> dict[str, object]:
         return {
-            "account": {"id": self.principal.account_id, "name": self.principal.name, "role": self.principal.role},
+            "account": {"id": self.principal.account_id, "name": self.principal.name, "role": self.principal.role,
+                        "email_verified": self.principal.email_verified},
             "csrf_token": self.csrf_token,
             "expires_at": self.expires_at.isoformat(),
         }
@@ -64,9 +71,48 @@ def _idle_end(row: ConsoleSession, settings: MasterSettings) -> datetime:
     return row.last_seen_at + timedelta(seconds=settings.console_session_idle_s)
 
 
-async def sign_in(session: AsyncSession, api_key: str, *, settings: MasterSettings, now: datetime) -> tuple[str, SignedIn]:
+async def sign_in(
+    session: AsyncSession, api_key: str, *, settings: MasterSettings, now: datetime, address: str | None = None
+) -> tuple[str, SignedIn]:
     """Open a session for a valid API key; returns the cookie's token (the only time it exists) and the session."""
     principal, key_id = await authenticate_key(session, api_key)
+    token, signed_in = await _open(session, principal, key_id, settings=settings, now=now)
+    record(session, principal.account_id, Audit.SIGNED_IN, at=now, address=address, method="api_key", session_id=signed_in.session_id)
+    return token, signed_in
+
+
+def wrong_password() -> Unauthorized:
+    return Unauthorized("the email address or the password is wrong; try again, or reset your password from the sign-in page",
+                        code="invalid_credentials")  # fmt: skip
+
+
+async def sign_in_password(
+    session: AsyncSession, email: str, password: str, *, settings: MasterSettings, now: datetime, address: str | None
+) -> tuple[str, SignedIn] | None:
+    """Open a session for an account's email and password; ``None`` when they do not match (the same for an unknown
+    address): the caller commits the failure's audit record, then answers ``wrong_password()``. A hash made under
+    older settings is made again."""
+    try:
+        account = await find_by_email(session, normalize_email(email))
+    except InvalidEmail:
+        account = None
+    matches, rehashed = await passwords.verify_password(account.password_hash if account else None, password, settings)
+    if account is None or not matches:
+        if account is not None:
+            record(session, account.id, Audit.SIGN_IN_FAILED, at=now, address=address, method="password")
+        return None
+    if account.disabled_at is not None:
+        raise account_disabled()
+    if rehashed is not None:
+        account.password_hash = rehashed
+    token, signed_in = await _open(session, Principal.of(account), None, settings=settings, now=now)
+    record(session, account.id, Audit.SIGNED_IN, at=now, address=address, method="password", session_id=signed_in.session_id)
+    return token, signed_in
+
+
+async def _open(
+    session: AsyncSession, principal: Principal, key_id: str | None, *, settings: MasterSettings, now: datetime
+) -> tuple[str, SignedIn]:
     # The account's dead sessions go as it opens a new one, so the table stays as small as the live ones.
     await session.execute(
         delete(ConsoleSession).where(
@@ -92,12 +138,12 @@ async def resolve(session: AsyncSession, token: str, *, settings: MasterSettings
         await session.execute(
             select(ConsoleSession, Account, ApiKey)
             .join(Account, Account.id == ConsoleSession.account_id)
-            .join(ApiKey, ApiKey.id == ConsoleSession.api_key_id)
+            .outerjoin(ApiKey, ApiKey.id == ConsoleSession.api_key_id)
             .where(ConsoleSession.token_hash == secret_hash(token))
         )
     ).first()
     if row is None:
-        raise Unauthorized("you are not signed in; sign in with your API key", code="not_signed_in")
+        raise Unauthorized("you are not signed in; sign in again", code="not_signed_in")
     console, account, key = row
     if account.disabled_at is not None:
         raise account_disabled()
@@ -105,15 +151,14 @@ async def resolve(session: AsyncSession, token: str, *, settings: MasterSettings
         raise ended
     if now - console.last_seen_at >= TOUCH_EVERY:
         await session.execute(update(ConsoleSession).where(ConsoleSession.id == console.id).values(last_seen_at=now))
-    principal = Principal(account_id=account.id, name=account.name, role=account.role)
-    return SignedIn(principal, console.id, console.csrf_token, console.expires_at)
+    return SignedIn(Principal.of(account), console.id, console.csrf_token, console.expires_at)
 
 
-def _ended(console: ConsoleSession, key: ApiKey, *, settings: MasterSettings, now: datetime) -> Unauthorized | None:
+def _ended(console: ConsoleSession, key: ApiKey | None, *, settings: MasterSettings, now: datetime) -> Unauthorized | None:
     """Why the session is over (signed out, its key revoked, past its end or idle too long); ``None`` while it is live."""
     if console.ended_at is not None:
-        return Unauthorized("you are not signed in; sign in with your API key", code="not_signed_in")
-    if key.revoked_at is not None:
+        return Unauthorized("you are not signed in; sign in again", code="not_signed_in")
+    if key is not None and key.revoked_at is not None:
         return Unauthorized("the API key of this session was revoked; sign in with a valid key", code="session_expired")
     if now >= console.expires_at or now >= _idle_end(console, settings):
         return Unauthorized("your session expired; sign in again", code="session_expired")
@@ -127,7 +172,7 @@ async def is_live(session: AsyncSession, session_id: str, *, settings: MasterSet
     row = (
         await session.execute(
             select(ConsoleSession, ApiKey, Account.disabled_at)
-            .join(ApiKey, ApiKey.id == ConsoleSession.api_key_id)
+            .outerjoin(ApiKey, ApiKey.id == ConsoleSession.api_key_id)
             .join(Account, Account.id == ConsoleSession.account_id)
             .where(ConsoleSession.id == session_id)
         )
@@ -141,3 +186,18 @@ async def sign_out(session: AsyncSession, session_id: str, *, now: datetime) -> 
         update(ConsoleSession).where(ConsoleSession.id == session_id, ConsoleSession.ended_at.is_(None)).values(ended_at=now)
     )
     return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+async def end_all(session: AsyncSession, account_id: str, *, now: datetime) -> int:
+    """End every live console session of the account; how many."""
+    result = await session.execute(
+        update(ConsoleSession).where(ConsoleSession.account_id == account_id, ConsoleSession.ended_at.is_(None)).values(ended_at=now)
+    )
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+async def sign_out_everywhere(session: AsyncSession, account_id: str, *, now: datetime, address: str | None) -> int:
+    """Sign the account out of every browser (its API keys keep working: revoke those one by one)."""
+    ended = await end_all(session, account_id, now=now)
+    record(session, account_id, Audit.SIGNED_OUT_EVERYWHERE, at=now, address=address, sessions_ended=ended)
+    return ended

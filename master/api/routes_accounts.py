@@ -1,0 +1,166 @@
+"""Self-service accounts: sign up, verify the address, reset a password, sign out everywhere, read the audit log.
+
+Every public route here is in the ``SIGN_IN`` rate class (the client address's sign-in bucket) and takes from the
+bucket of the email address it acts on too (``ratelimits.limit_email``). The mail a route sends goes out before its
+transaction commits: if the mail server refuses it, the answer is 503 ``mail_unavailable`` and nothing changed.
+Sign-up and password resets answer the same whether the address has an account or not (docs/accounts.md).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
+
+from master.api.base import PAGING, RateClass, Route, listing, page, parse_body
+from master.api.keys import MASTER
+from master.api.middleware import principal
+from master.api.ratelimits import limit_email, request_address
+from master.api.responses import EmailVerified, MailSent, PasswordReset, SignedOutEverywhere
+from master.context import Master
+from master.services import accounts
+from shared import mail
+from shared.errors import Forbidden
+
+EMAIL = Field(min_length=3, max_length=254, description="Your email address.")
+PASSWORD = Field(min_length=1, max_length=1024, description="At least password_min_length (10) characters; not a common one.")
+TOKEN = Field(min_length=1, max_length=128, description="The token of the mailed link (after #/verify/ or #/reset/).")
+
+
+class SignUp(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    email: str = EMAIL
+    password: str = PASSWORD
+    role: Literal["renter", "provider"] = Field(description="renter: rent GPUs; provider: list your hosts' GPUs.")
+
+
+class VerifyEmail(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    token: str = TOKEN
+
+
+class ResetRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    email: str = EMAIL
+
+
+class ResetConfirm(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    token: str = TOKEN
+    password: str = PASSWORD
+
+
+class SignUpClosed(Forbidden):
+    code = "sign_up_closed"
+
+
+def _smtp(master: Master) -> str:
+    if master.settings.smtp_url is None:
+        raise mail.MailUnavailable("this marketplace sends no mail (no smtp_url is set), so it cannot mail you a link; ask its operator")
+    return master.settings.smtp_url.get_secret_value()
+
+
+async def _send(master: Master, message: mail.Mail | None) -> None:
+    if message is not None:
+        await mail.send(_smtp(master), master.settings.mail_from, message)
+
+
+SENT = "we sent a link to that address; open it to go on (check the spam folder too)"
+
+
+async def sign_up(request: web.Request) -> web.Response:
+    master = request.app[MASTER]
+    if not master.settings.sign_up_enabled:
+        raise SignUpClosed("this marketplace does not take sign-ups; ask its operator for an account")
+    body = await parse_body(request, SignUp)
+    await limit_email(request, body.email)  # (no mail server: 503 when the mail is sent, and the transaction rolls back)
+    async with master.db.session() as session:
+        message = await accounts.sign_up(session, email=body.email, password=body.password, role=body.role,
+                                         settings=master.settings, now=master.clock.now(), address=request_address(request))  # fmt: skip
+        await _send(master, message)
+    return web.json_response({"status": SENT}, status=202)
+
+
+async def verify(request: web.Request) -> web.Response:
+    body = await parse_body(request, VerifyEmail)
+    master = request.app[MASTER]
+    async with master.db.session() as session:
+        account = await accounts.verify_email(session, body.token, now=master.clock.now(), address=request_address(request))
+        email = account.email or ""
+    return web.json_response({"email": email, "verified": True})
+
+
+async def resend(request: web.Request) -> web.Response:
+    master, who = request.app[MASTER], principal(request)
+    await limit_email(request, who.account_id)
+    async with master.db.session() as session:
+        message = await accounts.resend_verification(session, who.account_id, settings=master.settings,
+                                                     now=master.clock.now(), address=request_address(request))  # fmt: skip
+        if message is None:
+            return web.json_response({"status": "nothing to verify: the address is verified already (or the account has none)"})
+        await _send(master, message)
+    return web.json_response({"status": SENT}, status=202)
+
+
+async def request_reset(request: web.Request) -> web.Response:
+    body = await parse_body(request, ResetRequest)
+    master = request.app[MASTER]
+    await limit_email(request, body.email)
+    _smtp(master)  # before anything: an unknown address, which gets no mail, must answer as a known one
+    async with master.db.session() as session:
+        message = await accounts.request_reset(session, body.email, settings=master.settings, now=master.clock.now(),
+                                               address=request_address(request))  # fmt: skip
+        await _send(master, message)
+    return web.json_response({"status": "if an account has that address, we sent it a link to choose a new password"}, status=202)
+
+
+async def confirm_reset(request: web.Request) -> web.Response:
+    body = await parse_body(request, ResetConfirm)
+    master = request.app[MASTER]
+    async with master.db.session() as session:
+        _, ended = await accounts.reset_password(session, body.token, body.password, settings=master.settings,
+                                                 now=master.clock.now(), address=request_address(request))  # fmt: skip
+    return web.json_response({"reset": True, "sessions_ended": ended})
+
+
+async def sign_out_everywhere(request: web.Request) -> web.Response:
+    master, who = request.app[MASTER], principal(request)
+    async with master.db.session() as session:
+        ended = await accounts.sign_out_everywhere(session, who.account_id, now=master.clock.now(), address=request_address(request))
+    response = web.json_response({"sessions_ended": ended})
+    response.del_cookie(accounts.COOKIE, path="/")
+    return response
+
+
+async def audit_events(request: web.Request) -> web.Response:
+    master, who = request.app[MASTER], principal(request)
+    limit, offset = page(request)
+    async with master.db.session() as session:
+        items, total = await accounts.audit_log(session, who.account_id, limit=limit, offset=offset)
+    return listing(items, total, limit, offset)
+
+
+ROUTES: tuple[Route, ...] = (
+    Route("POST", "/accounts", sign_up, "Sign up with an email address and a password, as a renter or a provider. The "
+          "address gets a verification link; the answer is the same whether it had an account already.",
+          public=True, limit=RateClass.SIGN_IN, body=SignUp, response=MailSent, success=202, errors=(403, 422, 503)),
+    Route("POST", "/accounts/verify", verify, "Verify an account's address with the token of its mailed link.",
+          public=True, limit=RateClass.SIGN_IN, body=VerifyEmail, response=EmailVerified, errors=(400, 422)),
+    Route("POST", "/accounts/verify/resend", resend, "Mail the signed-in account's address a new verification link "
+          "(earlier ones stop working).", response=MailSent, success=202, also_success=(200,), errors=(401, 403, 503)),
+    Route("POST", "/password-resets", request_reset, "Mail a link to choose a new password to the account of an "
+          "address; the answer is the same whether it has one or not.",
+          public=True, limit=RateClass.SIGN_IN, body=ResetRequest, response=MailSent, success=202, errors=(422, 503)),
+    Route("POST", "/password-resets/confirm", confirm_reset, "Set a new password with the token of a reset link: every "
+          "console session of the account ends.",
+          public=True, limit=RateClass.SIGN_IN, body=ResetConfirm, response=PasswordReset, errors=(400, 422)),
+    Route("DELETE", "/sessions", sign_out_everywhere, "Sign out everywhere: end every console session of the account "
+          "(API keys keep working).", response=SignedOutEverywhere, errors=(401, 403)),
+    Route("GET", "/audit-events", audit_events, "The account's security log, newest first: sign-ups, sign-ins (and "
+          "failed ones), verified addresses, password resets, sign-outs everywhere.", query=PAGING, errors=(401,)),
+)  # fmt: skip

@@ -1,0 +1,77 @@
+"""accounts: sign-up by email and password, email tokens, the audit log
+
+Revision ID: 0025
+Revises: 0024
+Create Date: 2026-11-29 22:00:00.000000
+
+Self-service accounts (``master/services/accounts/signup.py``, docs/accounts.md): ``accounts.email`` (unique,
+lower-case; NULL for accounts an operator made), ``email_verified_at`` and ``password_hash`` (Argon2id, PHC string).
+``email_tokens`` holds the hashes of the mailed verification and password-reset links. ``audit_events`` is each
+account's security log. A console session opened by password has no API key: ``console_sessions.api_key_id`` may
+be NULL.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = '0025'
+down_revision = '0024'
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table('accounts') as batch:
+        batch.add_column(sa.Column('email', sa.String(length=254), nullable=True))
+        batch.add_column(sa.Column('email_verified_at', sa.DateTime(timezone=True), nullable=True))
+        batch.add_column(sa.Column('password_hash', sa.String(length=256), nullable=True))
+        batch.create_unique_constraint('uq_accounts_email', ['email'])
+    with op.batch_alter_table('console_sessions') as batch:
+        batch.alter_column('api_key_id', existing_type=sa.String(length=40), nullable=True)
+    op.create_table('email_tokens',
+    sa.Column('id', sa.String(length=40), nullable=False),
+    sa.Column('account_id', sa.String(length=40), nullable=False),
+    sa.Column('purpose', sa.String(length=16), nullable=False),
+    sa.Column('token_hash', sa.String(length=64), nullable=False),
+    sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
+    sa.Column('expires_at', sa.DateTime(timezone=True), nullable=False),
+    sa.Column('used_at', sa.DateTime(timezone=True), nullable=True),
+    sa.ForeignKeyConstraint(['account_id'], ['accounts.id'], ondelete='CASCADE'),
+    sa.PrimaryKeyConstraint('id'),
+    sa.UniqueConstraint('token_hash')
+    )
+    with op.batch_alter_table('email_tokens', schema=None) as batch_op:
+        batch_op.create_index(batch_op.f('ix_email_tokens_account_id'), ['account_id'], unique=False)
+    op.create_table('audit_events',
+    sa.Column('id', sa.String(length=40), nullable=False),
+    sa.Column('account_id', sa.String(length=40), nullable=False),
+    sa.Column('at', sa.DateTime(timezone=True), nullable=False),
+    sa.Column('kind', sa.String(length=40), nullable=False),
+    sa.Column('address', sa.String(length=64), nullable=True),
+    sa.Column('detail', sa.JSON(), nullable=False),
+    sa.ForeignKeyConstraint(['account_id'], ['accounts.id'], ondelete='CASCADE'),
+    sa.PrimaryKeyConstraint('id')
+    )
+    with op.batch_alter_table('audit_events', schema=None) as batch_op:
+        batch_op.create_index(batch_op.f('ix_audit_events_account_id'), ['account_id'], unique=False)
+        batch_op.create_index(batch_op.f('ix_audit_events_at'), ['at'], unique=False)
+
+
+def downgrade() -> None:
+    with op.batch_alter_table('audit_events', schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f('ix_audit_events_at'))
+        batch_op.drop_index(batch_op.f('ix_audit_events_account_id'))
+    op.drop_table('audit_events')
+    with op.batch_alter_table('email_tokens', schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f('ix_email_tokens_account_id'))
+    op.drop_table('email_tokens')
+    op.execute("DELETE FROM console_sessions WHERE api_key_id IS NULL")
+    with op.batch_alter_table('console_sessions') as batch:
+        batch.alter_column('api_key_id', existing_type=sa.String(length=40), nullable=False)
+    with op.batch_alter_table('accounts') as batch:
+        batch.drop_constraint('uq_accounts_email', type_='unique')
+        batch.drop_column('password_hash')
+        batch.drop_column('email_verified_at')
+        batch.drop_column('email')
