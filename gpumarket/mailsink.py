@@ -66,7 +66,7 @@ class MailSink:
             await self._server.wait_closed()
             self._server = None
 
-    async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:  # noqa: N802 (aiosmtpd's name)
+    async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
         content = envelope.original_content or envelope.content or b""
         raw = content if isinstance(content, bytes) else content.encode()
         message = message_from_bytes(raw, policy=policy.default)

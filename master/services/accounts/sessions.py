@@ -26,7 +26,14 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from master.models import Account, ApiKey, ConsoleSession
 from master.services.accounts import passwords
 from master.services.accounts.audit import Audit, record
-from master.services.accounts.core import InvalidEmail, Principal, account_disabled, authenticate_key, find_by_email, normalize_email
+from master.services.accounts.core import (
+    InvalidEmail,
+    Principal,
+    account_disabled,
+    authenticate_key,
+    find_by_email,
+    normalize_email,
+)
 from shared.errors import Forbidden, Unauthorized
 from shared.ids import new_id, secret_hash
 from shared.settings import MasterSettings
