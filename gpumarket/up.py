@@ -7,7 +7,9 @@ HTTP with a one-time token, hold their own key and certificate, and talk to the
 relay over TLS websockets. Nothing bypasses the relay.
 
 Data dir layout: ``gpumarket.db``, ``ca/``, ``relay/``, ``agents/agent-NN/``,
-``credentials.json`` (0600). Starting again with the same data dir resumes the same
+``credentials.json`` (0600), ``mail/`` (what the master mailed: sign-up and password-reset links, one
+``.eml`` file each, kept by a local SMTP sink, ``gpumarket.mailsink``, unless ``GPUMARKET_SMTP_URL`` names a
+real mail server). Starting again with the same data dir resumes the same
 accounts and hosts.
 
 Rentals cannot read any of it: the data dir is made 0700 (its files 0600), and when ``up``
@@ -34,7 +36,7 @@ from typing import Any
 
 from aiohttp import web
 from cryptography import x509
-from pydantic import TypeAdapter
+from pydantic import SecretStr, TypeAdapter
 from sqlalchemy import select
 
 from access.geodns.server import GeoDnsServer
@@ -49,6 +51,7 @@ from agent.runtimes.users import DEFAULT_RENTALS_ROOT
 from agent.state import AgentState, atomic_write, make_private
 from billing import credits
 from gpumarket import demo
+from gpumarket.mailsink import MailSink
 from master.app import bound_port, close_master, create_app, open_master
 from master.context import Master
 from master.models import Account
@@ -97,6 +100,7 @@ class Marketplace:
     console_url: str
     credentials: dict[str, Any]
     isolation: HostIsolation
+    mail: MailSink | None = None  # None: the master mails through GPUMARKET_SMTP_URL
     agents: list[Agent] = field(default_factory=list)
     agent_tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -108,6 +112,8 @@ class Marketplace:
         await step("the geo DNS", self.dns.close(), progress=progress)
         await step("the API and its background loops", self.runner.cleanup(), progress=progress)
         await step("the database and the bus", close_master(self.master), progress=progress)
+        if self.mail is not None:
+            await step("the mail sink", self.mail.close(), progress=progress)
 
     async def _stop_agents(self) -> None:
         for task in self.agent_tasks:
@@ -158,6 +164,12 @@ async def start_marketplace(
         engine = await probe_container_engine(ContainerOptions(docker_url=docker_url), data_dir / "agents")
         isolation = isolation.with_container_engine(engine.engine)
     isolation = isolation.with_network(await prove_rental_network(None, isolation.users))
+    # Sign-up and password resets mail their links: to a local SMTP sink, unless a real server is configured.
+    real_server = f"{ENV_PREFIX}SMTP_URL" in os.environ or (settings is not None and settings.smtp_url is not None)
+    sink = None if real_server else MailSink(host=http_host, folder=data_dir / "mail")
+    if sink is not None:
+        await sink.start()
+        step(f"mail sink   {sink.url}, messages in {sink.folder}")
     settings = settings or MasterSettings.load(
         data_dir=data_dir,
         http_host=http_host,
@@ -169,9 +181,15 @@ async def start_marketplace(
         # Renters add credit from the console at once, no card charged (GPUMARKET_PAYMENTS=stripe to try Checkout).
         payments=None if f"{ENV_PREFIX}PAYMENTS" in os.environ else "demo",
     )
+    if sink is not None:
+        settings.smtp_url = SecretStr(sink.url)
     bus = InProcessBus()
     registry = MemoryRegistry()
-    master = await open_master(settings, bus=bus, registry=registry)
+    try:
+        master = await open_master(settings, bus=bus, registry=registry)
+    except BaseException:
+        await _close_sink(sink)
+        raise
     step(f"database    {_database_name(settings)}")
     try:
         relay_dir = data_dir / "relay"
@@ -212,6 +230,7 @@ async def start_marketplace(
         step(f"geo DNS     {DEMO_ZONE} on {http_host} port {dns.port} (UDP and TCP)")
     except BaseException:
         await close_master(master)
+        await _close_sink(sink)
         raise
     settings.relay_urls = [relay.url]
     # Every demo agent enrolls from 127.0.0.1 at start: let them all through (the API stays rate-limited).
@@ -226,6 +245,7 @@ async def start_marketplace(
         await relay.close()
         await dns.close()
         await close_master(master)
+        await _close_sink(sink)
         raise listen_error(exc, http_host, http_port, "--http-port") from None
     port = bound_port(site)
     base = f"http://{http_host}:{port}"
@@ -237,7 +257,7 @@ async def start_marketplace(
     make_private(data_dir)  # again, now that the master made its folders (ca/, relay/) and database
     market = Marketplace(
         master=master, relay=relay, dns=dns, runner=runner, api_url=api_url, console_url=console_url, credentials=credentials,
-        isolation=isolation,
+        isolation=isolation, mail=sink,
     )
     try:
         async with master.db.session() as session:  # once per data dir: the reference makes it idempotent
@@ -260,6 +280,11 @@ async def start_marketplace(
         raise
     step(f"agents      {agents} simulated provider host(s) enrolled, connecting through the relay")
     return market
+
+
+async def _close_sink(sink: MailSink | None) -> None:
+    if sink is not None:
+        await sink.close()
 
 
 def up_ports(http_port: int, relay_port: int, dns_port: int) -> list[tuple[int, str, str]]:
@@ -408,6 +433,7 @@ def ready_box(market: Marketplace, credentials_file: Path) -> str:
         "sign in with an API key:",
         *(f"  {role:<9} {market.credentials[role]['api_key']}" for role, _ in DEMO_ACCOUNTS),
         f"  (also in {credentials_file})",
+        *([f"or sign up: links mailed land in {market.mail.folder}/"] if market.mail is not None and market.mail.folder else []),
         f"API       {market.api_url}",
         f"API docs  {base}/api/docs",
         "",

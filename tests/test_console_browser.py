@@ -138,7 +138,7 @@ class Console:
     async def sign_in(self, role: str) -> None:
         await self.open()
         await self.page.get_by_label("API key").fill(self.market.keys[role])
-        await self.page.get_by_role("button", name="Sign in").click()
+        await self.page.get_by_role("button", name="Sign in with the API key").click()
         await expect(self.page.locator(".account-name")).to_be_visible(timeout=WAIT_MS)
 
     async def go(self, hash_: str) -> None:
@@ -548,7 +548,7 @@ class TestRenter:
         await expect(page.get_by_role("alert")).to_contain_text("Your session expired — sign in again")
         await console.shot("session-expired")
         await page.get_by_label("API key").fill(market.keys["renter"])
-        await page.get_by_role("button", name="Sign in").click()
+        await page.get_by_role("button", name="Sign in with the API key").click()
         await expect(page).to_have_url(re.compile(r"#/billing$"))
         await expect(page.locator("#balance")).to_contain_text("$")
 

@@ -201,10 +201,11 @@ async def _pages(browser: Browser, market: Market, role: str, pages: list[Page],
 @pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
 class TestLayout:
     async def test_the_sign_in_page_fits_and_passes_axe(self, browser: Browser, market: Market, size: tuple[int, int]) -> None:
-        """The sign-in page: no sideways scroll, the Sign in button on screen, no serious axe violation."""
+        """The sign-in and sign-up pages: no sideways scroll, the submit button on screen, no serious axe violation."""
         console = await _console(browser, market, viewport={"width": size[0], "height": size[1]})
         await console.open()
         problems = await _check(console, "anyone", Page("signin", "#/", "form button[type=submit]"), size, {})
+        problems += await _check(console, "anyone", Page("signup", "#/signup", "form button[type=submit]"), size, {})
         problems += console.problems
         assert not problems, "\n".join(problems)
 

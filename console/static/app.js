@@ -1,15 +1,16 @@
 // The console's entry point: the session, the hash router (#/offers, #/rentals/<id>, ...),
-// the role's navigation, and the sign-in page.
+// the role's navigation; the pages a visitor sees before signing in are join.js's.
 
 import { api, ApiError, onSignedOut, session } from "./api.js";
 import { h, replace } from "./dom.js";
-import { errorBox, heading, busy } from "./ui.js";
+import { errorBox, busy } from "./ui.js";
 import { offersPage, rentalsPage, rentalPage, billingPage } from "./pages-renter.js";
 import { hostsPage, hostPage, enrollPage, earningsPage } from "./pages-provider.js";
 import { fleetPage } from "./pages-admin.js";
 import { sshKeysPage } from "./sshkeys.js";
 import { clustersPage, clusterPage } from "./pages-clusters.js";
 import { servicesPage, servicePage } from "./pages-services.js";
+import { PUBLIC, securityPage, signInPage, verifyBanner } from "./join.js";
 
 const ROUTES = [
   { path: /^\/fleet$/, roles: ["admin"], title: "Fleet", nav: "#/fleet", render: fleetPage },
@@ -26,6 +27,7 @@ const ROUTES = [
   { path: /^\/hosts\/([^/]+)$/, roles: ["provider", "admin"], title: "Host", render: hostPage },
   { path: /^\/enroll$/, roles: ["provider"], title: "Enroll a host", nav: "#/enroll", render: enrollPage },
   { path: /^\/earnings$/, roles: ["provider"], title: "Earnings", nav: "#/earnings", render: earningsPage },
+  { path: /^\/security$/, roles: ["renter", "provider", "admin"], title: "Security", nav: "#/security", render: securityPage },
 ];
 
 const HOME = { renter: "#/offers", provider: "#/hosts", admin: "#/fleet" };
@@ -37,6 +39,7 @@ const main = document.getElementById("main");
 const nav = document.getElementById("nav");
 const who = document.getElementById("who");
 const notice = document.getElementById("notice");
+const banner = document.getElementById("banner");
 
 let current = { cleanups: [], token: 0 };
 let wantedHash = null; // where to go after signing in
@@ -66,6 +69,7 @@ function leavePage() {
 
 function renderChrome() {
   const account = session.current && session.current.account;
+  replace(banner, verifyBanner(account));
   if (!account) {
     nav.replaceChildren();
     who.replaceChildren();
@@ -100,45 +104,27 @@ async function signOutNow(button) {
 function showSignIn(message, isProblem = true) {
   leavePage();
   renderChrome();
-  document.title = "Sign in · gpumarket";
-  const box = errorBox();
-  const info = h("p", { class: "info", role: "status" });
-  if (message && isProblem) box.show(message);
-  else if (message) info.textContent = message;
-  const key = h("input", { id: "api-key", name: "api_key", type: "password", autocomplete: "current-password", required: true,
-    spellcheck: "false", "aria-describedby": "api-key-hint" });
-  const submit = h("button", { type: "submit" }, "Sign in");
-  const form = h("form", { class: "card signin", novalidate: true },
-    h("div", { class: "field" }, h("label", { for: "api-key" }, "API key"), key,
-      h("p", { class: "hint", id: "api-key-hint" }, "Your account's API key (gmk_…). The demo's keys are in credentials.json in the data directory.")),
-    box.el, h("div", { class: "actions" }, submit));
-  form.addEventListener("submit", async (event) => {
-    event.preventDefault();
-    box.clear();
-    info.textContent = "";
-    const value = key.value.trim();
-    if (!value) {
-      box.show("Enter your API key.");
-      key.focus();
-      return;
-    }
-    await busy(submit, async () => {
-      try {
-        session.current = await api("POST", "/sessions", { body: { api_key: value }, quietAuth: true });
-      } catch (error) {
-        box.show(error);
-        key.select();
-        return;
-      }
-      key.value = "";
-      const target = wantedHash && wantedHash !== "#/signin" ? wantedHash : HOME[session.current.account.role] || "#/";
-      wantedHash = null;
-      if (location.hash === target) route();
-      else location.hash = target;
-    }, "Signing in…");
-  });
-  replace(main, h("div", { class: "page page-signin" }, heading("Sign in to gpumarket"), info, form));
-  key.focus();
+  signInPage(main, { message, isProblem, done: signedIn });
+}
+
+function signedIn(opened) {
+  session.current = opened;
+  const target = wantedHash && wantedHash !== "#/signin" ? wantedHash : HOME[opened.account.role] || "#/";
+  wantedHash = null;
+  if (location.hash === target) route();
+  else location.hash = target;
+}
+
+/** A page anyone may open (sign up, the mailed links): rendered whether signed in or not; false when `path` is none. */
+function publicPage(path) {
+  const found = PUBLIC.map((r) => ({ r, m: r.path.exec(path) })).find(({ m }) => m);
+  if (!found || (path === "/signin" && session.current)) return false;
+  leavePage();
+  renderChrome();
+  found.r.render(main, { params: found.m.slice(1).map(decodeURIComponent), done: signedIn, message: null });
+  const title = main.querySelector("h1");
+  if (title) title.focus({ preventScroll: true });
+  return true;
 }
 
 onSignedOut((error) => {
@@ -151,6 +137,7 @@ onSignedOut((error) => {
 function route() {
   const hash = location.hash || "#/";
   if (!hash.startsWith("#/")) return; // an in-page anchor, not a page
+  if (publicPage(hash.slice(1).split("?")[0])) return;
   if (!session.current) {
     if (hash !== "#/signin") wantedHash = hash;
     showSignIn(null);
@@ -214,7 +201,7 @@ async function boot() {
       return;
     }
   }
-  if (session.current && (location.hash === "" || location.hash === "#/" || location.hash === "#/signin")) {
+  if (session.current && (location.hash === "" || location.hash === "#/" || location.hash === "#/signin" || location.hash === "#/signup")) {
     location.replace(HOME[session.current.account.role] || "#/offers");
     return;
   }

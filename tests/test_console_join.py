@@ -1,0 +1,107 @@
+"""A stranger joins in Debian's Chromium, against `gpumarket up` and the SMTP sink it runs: signs up, reads the
+verification mail, verifies, signs in by password, adds credit with the demo provider, sees its security log, signs out
+everywhere, and resets a forgotten password from the mailed link.
+
+Reuses the browser module's fixtures, helpers and marketplace (``tests/test_console_browser.py``'s `gpumarket up`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import secrets
+from email import message_from_bytes, policy
+from email.message import EmailMessage
+from pathlib import Path
+
+import pytest
+from playwright.async_api import Browser, expect
+
+from tests import test_console_browser as browser_module
+from tests.test_console_browser import WAIT_MS, Market, _console
+
+pytestmark = pytest.mark.slow
+
+market = browser_module.market
+PASSWORD = "four unrelated words here"
+
+
+async def _mail(market: Market, to: str, subject: str) -> EmailMessage:
+    """The newest message the marketplace's SMTP sink kept for ``to`` with ``subject`` (up's data dir, mail/*.eml)."""
+    assert market.data_dir is not None
+    folder = Path(market.data_dir) / "mail"
+    for _ in range(int(WAIT_MS / 100)):
+        for path in sorted(folder.glob("*.eml"), reverse=True) if folder.is_dir() else []:
+            message = message_from_bytes(path.read_bytes(), policy=policy.default)
+            if isinstance(message, EmailMessage) and message["To"] == to and message["Subject"] == subject:
+                return message
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no mail {subject!r} to {to} in {folder}")
+
+
+def _link(message: EmailMessage, purpose: str) -> str:
+    body = message.get_body(preferencelist=("plain",))
+    assert body is not None
+    found = re.search(rf"https?://\S+/#/{purpose}/\S+", body.get_content())
+    assert found, body.get_content()
+    return found.group(0)
+
+
+async def test_a_stranger_signs_up_verifies_adds_credit_and_signs_out_everywhere(browser: Browser, market: Market) -> None:
+    console = await _console(browser, market)
+    page = console.page
+    email = f"newcomer-{secrets.token_hex(4)}@example.com"
+    await console.open("#/signin")
+    await page.get_by_role("link", name="Create an account").click()
+    await page.get_by_label("Email").fill(email)
+    await page.get_by_label("Password").fill("password1234")  # one of the most common: refused, saying so
+    await page.get_by_role("button", name="Create account").click()
+    await expect(page.get_by_role("alert")).to_contain_text("one of the most common passwords")
+    await page.get_by_label("Password").fill(PASSWORD)
+    await page.get_by_role("button", name="Create account").click()
+    await expect(page.locator("#signup-sent")).to_contain_text("sent a link to that address", timeout=WAIT_MS)
+    await console.shot("join-check-your-mail")
+    mail = await _mail(market, email, "Verify your gpumarket address")
+
+    await page.get_by_role("link", name="Sign in").click()
+    await page.get_by_label("Email").fill(email)
+    await page.get_by_label("Password").fill(PASSWORD)
+    await page.get_by_role("button", name="Sign in", exact=True).click()
+    await expect(page.locator(".account-name")).to_have_text(email, timeout=WAIT_MS)
+    banner = page.locator("#verify-banner")
+    await expect(banner).to_contain_text("Verify your email address to rent GPUs")
+    await console.shot("join-unverified")
+
+    await page.goto(_link(mail, "verify"))
+    await expect(page.locator("#verify-status")).to_contain_text(f"{email} is verified", timeout=WAIT_MS)
+    await console.go("#/billing")
+    await expect(banner).to_have_count(0)
+    await page.locator("form.credit-form").get_by_role("button", name="$25.00").click()
+    await page.locator("form.credit-form").get_by_role("button", name="Add credit").click()
+    await expect(page.locator("#credit-result")).to_contain_text("demo payment: no card charged", timeout=WAIT_MS)
+
+    await console.go("#/security")
+    log = page.locator("table.audit")
+    for kind in ("signed up", "signed in", "email verified"):
+        await expect(log).to_contain_text(kind)
+    await console.shot("join-security")
+    await page.get_by_role("button", name="Sign out everywhere").click()
+    await expect(page.get_by_role("heading", name="Sign in to gpumarket")).to_be_visible(timeout=WAIT_MS)
+    await console.go("#/billing")
+    await expect(page.get_by_role("heading", name="Sign in to gpumarket")).to_be_visible()
+
+    await page.get_by_role("link", name="Forgot your password?").click()
+    await page.get_by_label("Email").fill(email)
+    await page.get_by_role("button", name="Mail me a link").click()
+    await expect(page.get_by_role("status").filter(has_text="an account has that address")).to_be_visible(timeout=WAIT_MS)
+    reset = await _mail(market, email, "Reset your gpumarket password")
+    await page.goto(_link(reset, "reset"))
+    await page.get_by_label("New password").fill("a different set of words")
+    await page.get_by_role("button", name="Set the password").click()
+    await expect(page.get_by_role("status").filter(has_text="Your password is set")).to_be_visible(timeout=WAIT_MS)
+    await page.get_by_label("Email").fill(email)
+    await page.get_by_label("Password").fill("a different set of words")
+    await page.get_by_role("button", name="Sign in", exact=True).click()
+    await expect(page.locator(".account-name")).to_have_text(email, timeout=WAIT_MS)
+    assert not console.problems, console.problems
+    await console.context.close()
