@@ -433,7 +433,7 @@ def ready_box(market: Marketplace, credentials_file: Path) -> str:
         "sign in with an API key:",
         *(f"  {role:<9} {market.credentials[role]['api_key']}" for role, _ in DEMO_ACCOUNTS),
         f"  (also in {credentials_file})",
-        *([f"or sign up: links mailed land in {market.mail.folder}/"] if market.mail is not None and market.mail.folder else []),
+        *([f"or sign up in the console: its mail lands in {market.mail.folder}/"] if market.mail is not None and market.mail.folder else []),
         f"API       {market.api_url}",
         f"API docs  {base}/api/docs",
         "",

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-STEPS = ("database", "relay", "geo DNS", "API", "agents")
+STEPS = ("mail sink", "database", "relay", "geo DNS", "API", "agents")
 STOP_WITHIN_S = 20
 START_WITHIN_S = 90
 
@@ -95,7 +95,7 @@ def _docs_answer(box: str) -> None:
 
 class TestTerminal:
     def test_one_line_per_step_then_the_box_and_logs_only_in_the_file(self, tmp_path: Path) -> None:
-        """Steps are one line each in order, the box shows the console, the three keys, API, docs and Ctrl-C, the
+        """Steps are one line each in order, the box shows the console, the three keys, where mail lands, API, docs and Ctrl-C, the
         reference the box points at is served by the running `up`, and the INFO logs are in DATA_DIR/up.log, not on
         the terminal. (One `up` for all of it: each start costs seconds of CPU.)"""
         data_dir = tmp_path / "up"
@@ -108,6 +108,7 @@ class TestTerminal:
         assert creds["api_url"].removesuffix("/v1") + "/docs" in box
         for role in ("renter", "provider", "admin"):
             assert re.search(rf"{role}\s+{re.escape(creds[role]['api_key'])}", box), role
+        assert f"its mail lands in {data_dir.resolve() / 'mail'}/" in box  # sign-up's links, offline (docs/accounts.md)
         assert out.rstrip().splitlines()[-1] == "stopped cleanly"
         log = (data_dir / "up.log").read_text()
         assert " INFO " in log and " master." in log  # the master logs what it starts…
