@@ -40,7 +40,7 @@ from billing import credits
 from master.api.base import API
 from master.api.table import ROUTES
 from master.models import Alert, ApiKey, Base, Payout
-from master.services.accounts import sessions, ssh_keys
+from master.services.accounts import make_api_key, sessions, ssh_keys
 from master.services.accounts.core import Principal
 from master.services.hosts import enrollment
 from shared.crypto import generate_private_key, make_csr
@@ -112,6 +112,7 @@ class World:
     cluster: str = ""  # the first renter's cluster (two nodes, one on each provider's host)
     cluster_members: frozenset[str] = frozenset()  # its member rentals, left out where a test counts the world's rentals
     service: str = ""  # the first renter's service (asleep: min_replicas 0, so no replica to count)
+    api_key: str = ""  # the id of a second API key of the first renter (read only)
 
     def account(self, who: str) -> str:
         return self.accounts[who].account_id
@@ -129,6 +130,7 @@ class World:
             "name": "pytorch",  # a seeded template
             "ssh_key_id": self.ssh_keys[RENTER], "cluster_id": self.cluster, "service_id": self.service,
             "start": MAINTENANCE["start"],  # the window the provider's POST adds
+            "key_id": self.api_key,
         }  # fmt: skip
 
 
@@ -160,13 +162,15 @@ async def world(api: Api) -> World:
             session.add(Payout(id=payouts[who], provider_id=accounts[who].account_id, amount=Decimal("12.00"),
                                batch="2026-11-01", ledger_key=f"test-payout:{who}", created_at=now))  # fmt: skip
         ssh = {who: (await ssh_keys.add_key(session, accounts[who].account_id, _ssh_key_line(), now=now)).id for who in CALLERS}
+        second_key, _ = await make_api_key(session, accounts[RENTER].account_id, name="second", scopes=["read"], expires_at=None,
+                                           allowed_networks=None, now=now)  # fmt: skip
     status, body = await api.call("POST", "/clusters", keys[RENTER], json={"node_count": 2})
     assert status == 201, body
     members = frozenset(m["rental_id"] for m in body["members"])
     cluster = body["id"]
     status, body = await api.call("POST", "/services", keys[RENTER], json=SERVICE)
     assert status == 201, body
-    return World(api, keys, accounts, hosts, rentals, alerts, payouts, f"{now:%Y-%m}", ssh, cluster, members, body["id"])
+    return World(api, keys, accounts, hosts, rentals, alerts, payouts, f"{now:%Y-%m}", ssh, cluster, members, body["id"], second_key.id)
 
 
 def _ssh_key_line() -> str:
@@ -357,6 +361,10 @@ MATRIX: tuple[Rule, ...] = (
     Rule("POST", "/password-resets/confirm", everyone(400), body=fixed({"token": "not-a-token", "password": "x"})),
     Rule("DELETE", "/sessions", everyone(200)),
     Rule("GET", "/audit-events", everyone(200)),
+    # API keys: the account's own; another account's key is as one that does not exist.
+    Rule("POST", "/api-keys", everyone(201), body=fixed({"name": "matrix", "scopes": ["read"]})),
+    Rule("GET", "/api-keys", everyone(200)),
+    Rule("DELETE", "/api-keys/{key_id}", {**everyone((404, "api_key_not_found")), RENTER: 200}, last=True),
     Rule("GET", "/hosts/{host_id}/metrics/stream", host_read(), stream=True),
     # Templates: everyone signed in reads them, admins edit them.
     Rule("GET", "/templates", everyone(200)),
@@ -425,13 +433,21 @@ def as_caller(world: World, who: str) -> dict[str, str]:
     return bearer(world.keys[who])
 
 
+# What authenticating writes whatever the answer: when a key was last used (to the minute). A refused call used it.
+NOT_CHANGES = {"api_keys": {"last_used_at"}}
+
+
 async def snapshot(world: World) -> dict[str, list[str]]:
-    """Every row of every table, to show that a refused call wrote nothing."""
+    """Every row of every table (but ``NOT_CHANGES``), to show that a refused call wrote nothing."""
     async with world.api.master.db.session() as session:
         return {
-            table.name: sorted(repr(tuple(row)) for row in (await session.execute(select(table))).all())
+            table.name: sorted(
+                repr(tuple(row)) for row in (await session.execute(
+                    select(*(c for c in table.columns if c.name not in NOT_CHANGES.get(table.name, ())))
+                )).all()
+            )
             for table in Base.metadata.sorted_tables
-        }
+        }  # fmt: skip
 
 
 def changed_tables(before: dict[str, list[str]], after: dict[str, list[str]]) -> list[str]:

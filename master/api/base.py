@@ -61,6 +61,7 @@ class Route:
     roles: tuple[str, ...] = ()  # empty + public=False: any signed-in account; admins pass every role check
     public: bool = False  # no API key or session needed
     verified: bool = False  # the account's email address must be verified (self-service accounts: signup.py)
+    scope: str | None = None  # the API key scope it needs; None: derived (``needs``)
     limit: RateClass = RateClass.DEFAULT
     body: type[BaseModel] | None = None
     response: type[BaseModel] | None = None  # the success body's model, where one is declared (else: any object)
@@ -70,6 +71,21 @@ class Route:
     headers: tuple[str, ...] = ()
     errors: tuple[int, ...] = field(default=())
     media_types: tuple[str, ...] = ("application/json",)  # of the success response; JSON is an object, others text
+
+
+    @property
+    def needs(self) -> str:
+        """The API key scope a call needs (master/services/accounts/keys.py): ``scope`` where the route says; else
+        ``read`` for a GET, ``admin``, ``provider`` or ``rent`` after the role a change needs, ``rent`` for a change
+        any account may make (its rentals, clusters, services, SSH keys, connections)."""
+        if self.scope is not None:
+            return self.scope
+        if self.method in ("GET", "HEAD"):
+            return "read"
+        for role, scope in (("admin", "admin"), ("provider", "provider")):
+            if self.roles == (role,):
+                return scope
+        return "rent"
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from sqlalchemy import exc as sa_exc
 
 from master.api.base import API, RateClass, Route
 from master.api.keys import MASTER, ROUTE_INDEX
-from master.api.ratelimits import RATE_LIMITS
+from master.api.ratelimits import RATE_LIMITS, request_address
 from master.services import accounts
 from master.services.accounts import Principal, authenticate
 from shared.errors import BadRequest, Forbidden, GpumarketError, RateLimited, Unauthorized
@@ -156,12 +156,18 @@ async def account_rate_limit_middleware(request: web.Request, handler: Handler) 
 @web.middleware
 async def roles_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """The roles the route declares (admins pass every role check): 403 ``forbidden`` for any other caller; 403
+    ``scope_missing`` for an API key without the scope the route needs (``Route.needs``); 403
     ``email_not_verified`` on a route that needs a verified address (``Route.verified``) for an account without one.
 
     After the account's rate limits, so a refused call still takes from the account's buckets."""
     route = declared_route(request)
     if route is not None and route.roles:
         principal(request).require(*route.roles)
+    scopes = principal(request).scopes if route is not None and not route.public else None
+    if route is not None and scopes is not None and route.needs not in scopes:
+        raise accounts.ScopeMissing(f"this API key may not call {route.method} {API}{route.path}: it needs the "
+                                    f"'{route.needs}' scope and has {', '.join(sorted(scopes))}; make a key with it "
+                                    f"(gpumarket keys create --scope {route.needs})")  # fmt: skip
     if route is not None and route.verified and not principal(request).email_verified:
         raise EmailNotVerified("verify your email address first: open the link we mailed you, or ask for a new one "
                                "(POST /api/v1/accounts/verify/resend, or the console's banner)")  # fmt: skip
@@ -200,7 +206,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
                 raise Unauthorized("you are not signed in; sign in again", code="not_signed_in")
             raise Unauthorized("send your API key as 'Authorization: Bearer <key>'", code="missing_api_key")
         async with master.db.session() as session:
-            request[PRINCIPAL] = await authenticate(session, key.strip())
+            request[PRINCIPAL] = await authenticate(session, key.strip(), address=request_address(request), now=master.clock.now())
     return await handler(request)
 
 

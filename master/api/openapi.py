@@ -91,6 +91,7 @@ def build_openapi(routes: tuple[Route, ...]) -> dict[str, Any]:
         statuses = set(route.errors) | {400}
         if not route.public:
             op["security"] = [{"bearer": []}]
+            op["x-api-key-scope"] = route.needs  # what a scoped API key must have (master/services/accounts/keys.py)
             statuses |= {401, 403}
         if route.limit is not RateClass.NONE:
             statuses.add(429)  # rate limits (master/api/ratelimits.py), when enabled

@@ -152,7 +152,7 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/accounts/verify", verify, "Verify an account's address with the token of its mailed link.",
           public=True, limit=RateClass.SIGN_IN, body=VerifyEmail, response=EmailVerified, errors=(400, 422)),
     Route("POST", "/accounts/verify/resend", resend, "Mail the signed-in account's address a new verification link "
-          "(earlier ones stop working).", response=MailSent, success=202, also_success=(200,), errors=(401, 403, 503)),
+          "(earlier ones stop working).", response=MailSent, success=202, also_success=(200,), errors=(401, 403, 503), scope="read"),
     Route("POST", "/password-resets", request_reset, "Mail a link to choose a new password to the account of an "
           "address; the answer is the same whether it has one or not.",
           public=True, limit=RateClass.SIGN_IN, body=ResetRequest, response=MailSent, success=202, errors=(422, 503)),
@@ -160,7 +160,7 @@ ROUTES: tuple[Route, ...] = (
           "console session of the account ends.",
           public=True, limit=RateClass.SIGN_IN, body=ResetConfirm, response=PasswordReset, errors=(400, 422)),
     Route("DELETE", "/sessions", sign_out_everywhere, "Sign out everywhere: end every console session of the account "
-          "(API keys keep working).", response=SignedOutEverywhere, errors=(401, 403)),
+          "(API keys keep working).", response=SignedOutEverywhere, errors=(401, 403), scope="read"),
     Route("GET", "/audit-events", audit_events, "The account's security log, newest first: sign-ups, sign-ins (and "
           "failed ones), verified addresses, password resets, sign-outs everywhere.", query=PAGING, errors=(401,)),
 )  # fmt: skip

@@ -44,9 +44,9 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/account/credits", post_credits, "Top up a renter's prepaid credit (admins; the payment integration point).",
           roles=("admin",), body=CreditTopUp, success=201, also_success=(200,), errors=(404, 422)),
     Route("PUT", "/account/spend-cap", put_spend_cap, "Set your monthly spend cap (USD; null: none): rentals are refused or stopped before going past it.",
-          roles=("renter",), body=SpendCapPut, errors=(422,)),
+          roles=("renter",), body=SpendCapPut, errors=(422,), scope="billing"),
     Route("GET", "/payouts", get_payouts, "Payouts to providers, newest first: a provider's own; admins all or ?provider_id=.",
-          roles=("provider",), query=(QueryParam("provider_id", "string", "Admins: one provider's payouts."), *PAGING)),
+          roles=("provider",), query=(QueryParam("provider_id", "string", "Admins: one provider's payouts."), *PAGING), scope="billing"),
     Route("GET", "/admin/ledger/trial-balance", get_trial_balance, "Every ledger account's debits, credits and balance; balanced when they match.",
           roles=("admin",)),
 )  # fmt: skip

@@ -141,9 +141,9 @@ def _days_param(default: int, maximum: int) -> QueryParam:
 
 ROUTES: tuple[Route, ...] = (
     Route("GET", "/account/spend", get_spend, "Your charges per UTC day and per rental (USD strings; top-ups excluded).",
-          roles=("renter",), response=Spend, query=(_days_param(30, MONEY_DAYS),)),
+          roles=("renter",), response=Spend, query=(_days_param(30, MONEY_DAYS),), scope="billing"),
     Route("GET", "/provider/earnings", get_earnings, "Your earnings per UTC day, in total and per host (USD strings; payouts excluded).",
-          roles=("provider",), response=Earnings, query=(_days_param(30, MONEY_DAYS),)),
+          roles=("provider",), response=Earnings, query=(_days_param(30, MONEY_DAYS),), scope="billing"),
     Route("GET", "/provider/occupancy", get_occupancy, "Each of your GPUs' occupancy per UTC day (0–1: the share of the day held).",
           roles=("provider",), response=Occupancy, query=(_days_param(7, OCCUPANCY_DAYS),)),
     Route("GET", "/admin/marketplace", get_marketplace, "Per UTC day: GMV, platform fees, GPU occupancy and mean hosts online (admins).",

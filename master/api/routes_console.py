@@ -193,7 +193,7 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/sessions/current", get_session, "The console session of the cookie: account, CSRF token, end.",
           response=ConsoleSession, errors=(401, 404)),
     Route("DELETE", "/sessions/current", delete_session, "Sign out: end the console session and clear its cookie.",
-          response=SignedOut, errors=(401, 403, 404)),
+          response=SignedOut, errors=(401, 403, 404), scope="read"),
     Route("GET", "/hosts/{host_id}/metrics/stream", stream_host_metrics,
           "Live raw telemetry of a host as Server-Sent Events ('sample' events, id = sequence number): the recent "
           "samples, then each new one. Resumes after Last-Event-ID.",

@@ -47,9 +47,9 @@ async def get_invoice(request: web.Request) -> web.Response:
 
 ROUTES: tuple[Route, ...] = (
     Route("GET", "/invoices", list_invoices, "Your monthly invoices (renters) or statements (providers), newest first.",
-          query=(QueryParam("account_id", "string", "Admins (required): whose documents to list."),), errors=(404,)),
+          query=(QueryParam("account_id", "string", "Admins (required): whose documents to list."),), errors=(404,), scope="billing"),
     Route("GET", "/invoices/{invoice_id}", get_invoice,
           "One invoice (inv-YYYY-MM-<account>) or statement (stm-YYYY-MM-<account>); ?format=html for a printable page.",
           query=(QueryParam("format", "string", "json (default) or html.", choices=FORMATS),), errors=(404,),
-          media_types=("application/json", "text/html")),
+          media_types=("application/json", "text/html"), scope="billing"),
 )  # fmt: skip

@@ -78,7 +78,7 @@ async def post_stripe_webhook(request: web.Request) -> web.Response:
 ROUTES: tuple[Route, ...] = (
     Route("POST", "/account/credit", post_credit, "Add prepaid credit yourself through the payment provider: demo credits at once "
           "(no card charged), Stripe answers a checkout_url to pay at (credited by its webhook). 200: a repeated Idempotency-Key.",
-          roles=("renter",), body=CreditAdd, success=201, also_success=(200,), headers=("Idempotency-Key",), errors=(409, 422, 502)),
+          roles=("renter",), body=CreditAdd, success=201, also_success=(200,), headers=("Idempotency-Key",), errors=(409, 422, 502), scope="billing"),
     Route("POST", "/payments/stripe/webhook", post_stripe_webhook, "Stripe's webhook (signed with Stripe-Signature; no API key): "
           "a paid checkout session is credited once.", public=True, headers=("Stripe-Signature",), errors=(404, 422)),
 )  # fmt: skip

@@ -22,6 +22,7 @@ from master.api import (
     routes_downloads,
     routes_forecast,
     routes_invoices,
+    routes_keys,
     routes_maintenance,
     routes_market,
     routes_metrics,
@@ -45,6 +46,7 @@ ROUTES: tuple[Route, ...] = (
     + routes_forecast.ROUTES
     + routes_power.ROUTES
     + routes_accounts.ROUTES
+    + routes_keys.ROUTES
 )  # fmt: skip
 
 UNVERSIONED: tuple[Route, ...] = routes_metrics.UNVERSIONED + routes_downloads.UNVERSIONED + routes_docs.UNVERSIONED

@@ -57,6 +57,13 @@ class ApiKey(Base):
     key_prefix: Mapped[str] = mapped_column(String(16))  # shown to users to tell keys apart
     created_at: Mapped[datetime] = mapped_column(default=_now)
     revoked_at: Mapped[datetime | None] = mapped_column(default=None)
+    # What the account's owner calls it, and what it may do (master/services/accounts/keys.py): a list of scopes, or
+    # NULL for every scope of the account (the keys operators and `gpumarket up` make).
+    name: Mapped[str] = mapped_column(String(100), default="default", server_default="default")
+    scopes: Mapped[list[Any] | None] = mapped_column(default=None)
+    expires_at: Mapped[datetime | None] = mapped_column(default=None)
+    allowed_networks: Mapped[list[Any] | None] = mapped_column(default=None)  # CIDRs it may be used from; NULL: any
+    last_used_at: Mapped[datetime | None] = mapped_column(default=None)  # to the minute
 
 
 class ConsoleSession(Base):

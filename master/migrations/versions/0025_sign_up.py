@@ -7,7 +7,8 @@ Create Date: 2026-11-29 22:00:00.000000
 Self-service accounts (``master/services/accounts/signup.py``, docs/accounts.md): ``accounts.email`` (unique,
 lower-case; NULL for accounts an operator made), ``email_verified_at`` and ``password_hash`` (Argon2id, PHC string).
 ``email_tokens`` holds the hashes of the mailed verification and password-reset links. ``audit_events`` is each
-account's security log. A console session opened by password has no API key: ``console_sessions.api_key_id`` may
+account's security log. ``api_keys`` gain a name, scopes, an expiry, the networks they may be used from and when
+they were last used (``master/services/accounts/keys.py``); the existing keys keep every scope (``scopes`` NULL). A console session opened by password has no API key: ``console_sessions.api_key_id`` may
 be NULL.
 """
 
@@ -30,6 +31,12 @@ def upgrade() -> None:
         batch.create_unique_constraint('uq_accounts_email', ['email'])
     with op.batch_alter_table('console_sessions') as batch:
         batch.alter_column('api_key_id', existing_type=sa.String(length=40), nullable=True)
+    with op.batch_alter_table('api_keys') as batch:
+        batch.add_column(sa.Column('name', sa.String(length=100), server_default='default', nullable=False))
+        batch.add_column(sa.Column('scopes', sa.JSON(), nullable=True))
+        batch.add_column(sa.Column('expires_at', sa.DateTime(timezone=True), nullable=True))
+        batch.add_column(sa.Column('allowed_networks', sa.JSON(), nullable=True))
+        batch.add_column(sa.Column('last_used_at', sa.DateTime(timezone=True), nullable=True))
     op.create_table('email_tokens',
     sa.Column('id', sa.String(length=40), nullable=False),
     sa.Column('account_id', sa.String(length=40), nullable=False),
@@ -67,6 +74,9 @@ def downgrade() -> None:
     with op.batch_alter_table('email_tokens', schema=None) as batch_op:
         batch_op.drop_index(batch_op.f('ix_email_tokens_account_id'))
     op.drop_table('email_tokens')
+    with op.batch_alter_table('api_keys') as batch:
+        for column in ('last_used_at', 'allowed_networks', 'expires_at', 'scopes', 'name'):
+            batch.drop_column(column)
     op.execute("DELETE FROM console_sessions WHERE api_key_id IS NULL")
     with op.batch_alter_table('console_sessions') as batch:
         batch.alter_column('api_key_id', existing_type=sa.String(length=40), nullable=False)

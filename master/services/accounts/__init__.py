@@ -4,6 +4,7 @@
 * ``passwords.py``: the password policy and Argon2id hashes.
 * ``signup.py``: self-service sign-up, the address's verification, password resets (the mails they send).
 * ``sessions.py``: the console's sessions (cookie, CSRF token, expiry), signing in by password or API key, out everywhere.
+* ``keys.py``: the API keys an account manages (scopes, expiry, networks).
 * ``audit.py``: each account's security log.
 * ``ssh_keys.py``: a renter's SSH public keys (parsing, fingerprints, limits).
 * ``access.py``: what a renter's keys reach: ``update_access`` commands to the hosts of the account's rentals.
@@ -22,6 +23,11 @@ from master.services.accounts.core import (
     create_api_key,
     key_is_valid,
 )
+from master.services.accounts.keys import ALL_SCOPES, Scope, ScopeMissing
+from master.services.accounts.keys import key_view as api_key_view
+from master.services.accounts.keys import list_keys as list_api_keys
+from master.services.accounts.keys import make_key as make_api_key
+from master.services.accounts.keys import revoke_key as revoke_api_key
 from master.services.accounts.sessions import (
     COOKIE,
     CSRF_HEADER,
@@ -45,14 +51,18 @@ from master.services.accounts.signup import (
 from master.services.accounts.ssh_keys import add_key, delete_key, key_view, list_keys, mark_used
 
 __all__ = [
+    "ALL_SCOPES",
     "COOKIE",
     "CSRF_HEADER",
     "ROLES_AT_SIGN_UP",
     "Audit",
     "Principal",
+    "Scope",
+    "ScopeMissing",
     "SignedIn",
     "access_changed",
     "add_key",
+    "api_key_view",
     "audit_log",
     "authenticate",
     "authenticate_key",
@@ -65,12 +75,15 @@ __all__ = [
     "is_live",
     "key_is_valid",
     "key_view",
+    "list_api_keys",
     "list_keys",
+    "make_api_key",
     "mark_used",
     "request_reset",
     "resend_verification",
     "reset_password",
     "resolve",
+    "revoke_api_key",
     "sign_in",
     "sign_in_password",
     "sign_out",

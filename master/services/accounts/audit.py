@@ -30,6 +30,8 @@ class Audit(StrEnum):
     SIGNED_OUT_EVERYWHERE = "signed_out_everywhere"
     PASSWORD_RESET_REQUESTED = "password_reset_requested"
     PASSWORD_RESET = "password_reset"
+    KEY_CREATED = "api_key_created"
+    KEY_REVOKED = "api_key_revoked"
 
 
 def record(

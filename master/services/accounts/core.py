@@ -7,17 +7,19 @@ none of its keys: 401 ``account_disabled``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from email_validator import EmailNotValidError, validate_email
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.models import Account, ApiKey
+from master.services.accounts import keys
+from shared.clock import utcnow
 from shared.errors import Conflict, Forbidden, Unauthorized, ValidationFailed
 from shared.ids import new_id, new_secret, secret_hash
 
 ROLES = ("renter", "provider", "admin")
-API_KEY_PREFIX = "gmk"
 
 
 @dataclass(frozen=True)
@@ -29,11 +31,17 @@ class Principal:
     name: str
     role: str
     email_verified: bool = True
+    # The API key the request came with and its scopes (master/services/accounts/keys.py); None: a console session,
+    # or a key with every scope.
+    key_id: str | None = None
+    scopes: frozenset[str] | None = None
 
     @classmethod
-    def of(cls, account: Account) -> Principal:
+    def of(cls, account: Account, key: ApiKey | None = None) -> Principal:
         return cls(account_id=account.id, name=account.name, role=account.role,
-                   email_verified=account.email is None or account.email_verified_at is not None)  # fmt: skip
+                   email_verified=account.email is None or account.email_verified_at is not None,
+                   key_id=key.id if key is not None else None,
+                   scopes=frozenset(key.scopes) if key is not None and key.scopes is not None else None)  # fmt: skip
 
     def require(self, *roles: str) -> None:
         if self.role not in roles and self.role != "admin":
@@ -53,18 +61,26 @@ async def create_account(session: AsyncSession, name: str, role: str) -> tuple[A
 
 
 async def create_api_key(session: AsyncSession, account_id: str) -> str:
-    key = new_secret(API_KEY_PREFIX)
+    """A key with every scope of the account, named "default" (an operator's, the demo's)."""
+    key = new_secret(keys.API_KEY_PREFIX)
     session.add(ApiKey(id=new_id("key"), account_id=account_id, key_hash=secret_hash(key), key_prefix=key[:12]))
     await session.flush()
     return key
 
 
-async def authenticate(session: AsyncSession, api_key: str) -> Principal:
-    return (await authenticate_key(session, api_key))[0]
+async def authenticate(session: AsyncSession, api_key: str, *, address: str | None = None, now: datetime | None = None) -> Principal:
+    return (await authenticate_key(session, api_key, address=address, now=now))[0]
 
 
-async def authenticate_key(session: AsyncSession, api_key: str) -> tuple[Principal, str]:
-    """The account behind a valid API key, and the key's id."""
+# Writing last_used_at on every call would make every read a write; to the minute is enough.
+TOUCH_EVERY = timedelta(seconds=60)
+
+
+async def authenticate_key(
+    session: AsyncSession, api_key: str, *, address: str | None = None, now: datetime | None = None
+) -> tuple[Principal, str]:
+    """The account behind a valid API key, and the key's id: 401 for an unknown, revoked or expired key, 403 for one
+    called from outside its networks (``address``; not checked when ``None``)."""
     row = (
         await session.execute(
             select(Account, ApiKey)
@@ -77,7 +93,15 @@ async def authenticate_key(session: AsyncSession, api_key: str) -> tuple[Princip
     account, key = row
     if account.disabled_at is not None:
         raise account_disabled()
-    return Principal.of(account), key.id
+    now = now or utcnow()
+    if key.expires_at is not None and now >= key.expires_at:
+        raise Unauthorized(f"this API key expired at {key.expires_at.isoformat()}; make a new one (gpumarket keys create)",
+                           code="api_key_expired")  # fmt: skip
+    if address is not None and not keys.allows(key.allowed_networks, address):
+        raise keys.AddressNotAllowed(f"this API key works only from {', '.join(key.allowed_networks or [])}; this call came from {address}")
+    if key.last_used_at is None or now - key.last_used_at >= TOUCH_EVERY:
+        await session.execute(update(ApiKey).where(ApiKey.id == key.id).values(last_used_at=now))
+    return Principal.of(account, key), key.id
 
 
 def account_disabled() -> Unauthorized:

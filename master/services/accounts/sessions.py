@@ -82,7 +82,7 @@ async def sign_in(
     session: AsyncSession, api_key: str, *, settings: MasterSettings, now: datetime, address: str | None = None
 ) -> tuple[str, SignedIn]:
     """Open a session for a valid API key; returns the cookie's token (the only time it exists) and the session."""
-    principal, key_id = await authenticate_key(session, api_key)
+    principal, key_id = await authenticate_key(session, api_key, address=address, now=now)
     token, signed_in = await _open(session, principal, key_id, settings=settings, now=now)
     record(session, principal.account_id, Audit.SIGNED_IN, at=now, address=address, method="api_key", session_id=signed_in.session_id)
     return token, signed_in
@@ -158,7 +158,8 @@ async def resolve(session: AsyncSession, token: str, *, settings: MasterSettings
         raise ended
     if now - console.last_seen_at >= TOUCH_EVERY:
         await session.execute(update(ConsoleSession).where(ConsoleSession.id == console.id).values(last_seen_at=now))
-    return SignedIn(Principal.of(account), console.id, console.csrf_token, console.expires_at)
+    # A session opened with a key has that key's scopes: a read-only key cannot become a session that rents.
+    return SignedIn(Principal.of(account, key), console.id, console.csrf_token, console.expires_at)
 
 
 def _ended(console: ConsoleSession, key: ApiKey | None, *, settings: MasterSettings, now: datetime) -> Unauthorized | None:
