@@ -62,7 +62,7 @@ class TestScopes:
         status, body = await make(api, read["key"])  # every scope: more than it has
         assert_error(status, body, 403, "scope_missing")
         other_read = await made(api, read["key"], name="also-read", scopes=["read"])
-        full_id = [k for k in (await api.as_renter("GET", "/api-keys"))[1]["items"] if k["all_scopes"]][0]["id"]
+        full_id = next(k for k in (await api.as_renter("GET", "/api-keys"))[1]["items"] if k["all_scopes"])["id"]
         status, body = await api.call("DELETE", f"/api-keys/{full_id}", read["key"])
         assert_error(status, body, 403, "scope_missing")
         assert (await api.call("DELETE", f"/api-keys/{other_read['id']}", read["key"]))[0] == 200
