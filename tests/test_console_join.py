@@ -8,8 +8,11 @@ Reuses the browser module's fixtures, helpers and marketplace (``tests/test_cons
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import secrets
+import subprocess
+import sys
 from email import message_from_bytes, policy
 from email.message import EmailMessage
 from pathlib import Path
@@ -80,9 +83,25 @@ async def test_a_stranger_signs_up_verifies_adds_credit_and_signs_out_everywhere
     await page.locator("form.credit-form").get_by_role("button", name="Add credit").click()
     await expect(page.locator("#credit-result")).to_contain_text("demo payment: no card charged", timeout=WAIT_MS)
 
+    await console.go("#/api-keys")
+    await page.get_by_label("Name").fill("laptop-cli")
+    await page.get_by_label("rent: rentals, clusters, services, SSH keys").check()
+    await page.get_by_role("button", name="Make key").click()
+    key = (await page.locator("#new-api-key").text_content(timeout=WAIT_MS) or "").strip()
+    assert key.startswith("gmk_")
+    await expect(page.locator("#api-key-list")).to_contain_text("laptop-cli")
+    await console.shot("join-api-keys")
+    env = {**os.environ, "GPUMARKET_API_URL": market.base, "GPUMARKET_API_KEY": key, "XDG_CONFIG_HOME": str(Path(market.data_dir or ".") / "cli-home")}
+    listed = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "gpumarket", "keys", "list"], env=env, capture_output=True,
+                                     text=True, timeout=60)  # fmt: skip
+    assert listed.returncode == 0 and "laptop-cli" in listed.stdout and "read,rent" in listed.stdout, listed.stderr
+    refused = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "gpumarket", "credit", "add", "5"], env=env,
+                                      capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert refused.returncode == 1 and "scope_missing" in refused.stderr  # no billing scope
+
     await console.go("#/security")
-    log = page.locator("table.audit")
-    for kind in ("signed up", "signed in", "email verified"):
+    log = page.locator("ul.audit")
+    for kind in ("signed up", "signed in", "email verified", "api key created"):
         await expect(log).to_contain_text(kind)
     await console.shot("join-security")
     await page.get_by_role("button", name="Sign out everywhere").click()

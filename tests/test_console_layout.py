@@ -59,6 +59,8 @@ RENTER = [
     Page("service-new", "#/services", "dialog.service-dialog input[name=name]", click="#create-service"),
     Page("billing", "#/billing", "form.credit-form button[type=submit]"),
     Page("ssh-keys", "#/ssh-keys", "form button[type=submit]"),
+    Page("api-keys", "#/api-keys", "form.key-form button[type=submit]"),
+    Page("security", "#/security", "#sign-out-everywhere"),
 ]
 PROVIDER = [
     Page("hosts", "#/hosts", "table tbody tr:first-child a[href^='#/hosts/']"),

@@ -11,6 +11,7 @@ import { sshKeysPage } from "./sshkeys.js";
 import { clustersPage, clusterPage } from "./pages-clusters.js";
 import { servicesPage, servicePage } from "./pages-services.js";
 import { PUBLIC, securityPage, signInPage, verifyBanner } from "./join.js";
+import { apiKeysPage } from "./apikeys.js";
 
 const ROUTES = [
   { path: /^\/fleet$/, roles: ["admin"], title: "Fleet", nav: "#/fleet", render: fleetPage },
@@ -27,6 +28,7 @@ const ROUTES = [
   { path: /^\/hosts\/([^/]+)$/, roles: ["provider", "admin"], title: "Host", render: hostPage },
   { path: /^\/enroll$/, roles: ["provider"], title: "Enroll a host", nav: "#/enroll", render: enrollPage },
   { path: /^\/earnings$/, roles: ["provider"], title: "Earnings", nav: "#/earnings", render: earningsPage },
+  { path: /^\/api-keys$/, roles: ["renter", "provider", "admin"], title: "API keys", nav: "#/api-keys", render: apiKeysPage },
   { path: /^\/security$/, roles: ["renter", "provider", "admin"], title: "Security", nav: "#/security", render: securityPage },
 ];
 

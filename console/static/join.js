@@ -172,11 +172,11 @@ export function securityPage(el, ctx) {
     h("div", { class: "actions" }, everywhere), status, log);
   api("GET", "/audit-events?limit=100").then((page_) => {
     if (!ctx.alive()) return;
-    const rows = page_.items.map((item) => h("tr", {}, h("td", {}, new Date(item.at).toLocaleString()),
-      h("td", {}, item.kind.replaceAll("_", " ")), h("td", {}, item.address || "—"),
-      h("td", {}, Object.entries(item.detail).map(([k, v]) => `${k.replaceAll("_", " ")}: ${v}`).join(", "))));
-    replace(log, rows.length ? h("table", { class: "audit" }, h("thead", {}, h("tr", {}, ["When", "What", "From", "Detail"].map((t) =>
-      h("th", { scope: "col" }, t)))), h("tbody", {}, rows)) : h("p", {}, "Nothing yet."));
+    const rows = page_.items.map((item) => h("li", {},
+      h("div", { class: "item-head" }, h("strong", {}, item.kind.replaceAll("_", " ")), ` · ${new Date(item.at).toLocaleString()}`,
+        ` · from ${item.address || "—"}`),
+      h("p", { class: "item-detail" }, Object.entries(item.detail).map(([k, v]) => `${k.replaceAll("_", " ")}: ${v}`).join(", "))));
+    replace(log, rows.length ? h("ul", { class: "items audit" }, rows) : h("p", {}, "Nothing yet."));
   }, (error) => {
     const box = errorBox();
     box.show(error);
