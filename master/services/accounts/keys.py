@@ -44,6 +44,7 @@ class Scope(StrEnum):
 
 
 ALL_SCOPES = frozenset(Scope)
+ORDER = [scope.value for scope in Scope]  # read, rent, billing, provider, admin: how lists show them
 
 
 class ScopeMissing(Forbidden):
@@ -83,7 +84,7 @@ def allows(networks: Sequence[str] | None, address: str | None) -> bool:
 
 
 def _scope_list(scopes: Sequence[str] | None) -> list[str] | None:
-    return None if scopes is None else sorted(set(scopes), key=list(Scope).index)
+    return None if scopes is None else sorted(set(scopes), key=ORDER.index)
 
 
 async def make_key(
@@ -119,7 +120,7 @@ async def make_key(
 def key_view(row: ApiKey, *, now: datetime) -> dict[str, Any]:
     state = "revoked" if row.revoked_at else "expired" if row.expires_at is not None and now >= row.expires_at else "active"
     return {
-        "id": row.id, "name": row.name, "prefix": row.key_prefix, "scopes": row.scopes or sorted(ALL_SCOPES, key=list(Scope).index),
+        "id": row.id, "name": row.name, "prefix": row.key_prefix, "scopes": row.scopes or ORDER,
         "all_scopes": row.scopes is None, "state": state, "created_at": row.created_at.isoformat(),
         "expires_at": row.expires_at.isoformat() if row.expires_at else None,
         "allowed_networks": row.allowed_networks, "last_used_at": row.last_used_at.isoformat() if row.last_used_at else None,
