@@ -361,6 +361,11 @@ MATRIX: tuple[Rule, ...] = (
     Rule("POST", "/password-resets/confirm", everyone(400), body=fixed({"token": "not-a-token", "password": "x"})),
     Rule("DELETE", "/sessions", everyone(200)),
     Rule("GET", "/audit-events", everyone(200)),
+    # The second factor: read by anyone signed in; changed from a console session only (these calls carry keys).
+    Rule("GET", "/account/totp", everyone(200)),
+    Rule("POST", "/account/totp", everyone((403, "console_session_required"))),
+    Rule("POST", "/account/totp/confirm", everyone((403, "console_session_required")), body=fixed({"code": "123456"})),
+    Rule("POST", "/account/totp/disable", everyone((403, "console_session_required")), body=fixed({"code": "123456"})),
     # API keys: the account's own; another account's key is as one that does not exist.
     Rule("POST", "/api-keys", everyone(201), body=fixed({"name": "matrix", "scopes": ["read"]})),
     Rule("GET", "/api-keys", everyone(200)),

@@ -1,6 +1,7 @@
 """A stranger joins in Debian's Chromium, against `gpumarket up` and the SMTP sink it runs: signs up, reads the
-verification mail, verifies, signs in by password, adds credit with the demo provider, sees its security log, signs out
-everywhere, and resets a forgotten password from the mailed link.
+verification mail, verifies, signs in by password, adds credit with the demo provider, makes a scoped API key and uses it
+from the CLI, turns on a second factor, signs out everywhere, resets a forgotten password from the mailed link and signs
+in with a recovery code.
 
 Reuses the browser module's fixtures, helpers and marketplace (``tests/test_console_browser.py``'s `gpumarket up`).
 """
@@ -17,6 +18,7 @@ from email import message_from_bytes, policy
 from email.message import EmailMessage
 from pathlib import Path
 
+import pyotp
 import pytest
 from playwright.async_api import Browser, expect
 
@@ -103,6 +105,12 @@ async def test_a_stranger_signs_up_verifies_adds_credit_and_signs_out_everywhere
     log = page.locator("ul.audit")
     for kind in ("signed up", "signed in", "email verified", "api key created"):
         await expect(log).to_contain_text(kind)
+    await page.get_by_role("button", name="Turn on a second factor").click()
+    secret = (await page.locator("#totp-secret").text_content(timeout=WAIT_MS) or "").replace(" ", "")
+    await page.get_by_label("Code from the app").fill(pyotp.TOTP(secret).now())
+    await page.get_by_role("button", name="Confirm").click()
+    await expect(page.locator("#recovery-codes code")).to_have_count(10, timeout=WAIT_MS)
+    recovery = [code.strip() for code in await page.locator("#recovery-codes code").all_text_contents()]
     await console.shot("join-security")
     await page.get_by_role("button", name="Sign out everywhere").click()
     await expect(page.get_by_role("heading", name="Sign in to gpumarket")).to_be_visible(timeout=WAIT_MS)
@@ -120,6 +128,9 @@ async def test_a_stranger_signs_up_verifies_adds_credit_and_signs_out_everywhere
     await expect(page.get_by_role("status").filter(has_text="Your password is set")).to_be_visible(timeout=WAIT_MS)
     await page.get_by_label("Email").fill(email)
     await page.get_by_label("Password").fill("a different set of words")
+    await page.get_by_role("button", name="Sign in", exact=True).click()
+    await expect(page.get_by_role("alert")).to_contain_text("second factor", timeout=WAIT_MS)  # the reset left it on
+    await page.get_by_label("Code from your authenticator app").fill(recovery[0])
     await page.get_by_role("button", name="Sign in", exact=True).click()
     await expect(page.locator(".account-name")).to_have_text(email, timeout=WAIT_MS)
     assert not console.problems, console.problems

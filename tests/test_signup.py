@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import socket
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aiohttp
+import pyotp
 import pytest
 from pydantic import SecretStr
 from sqlalchemy import func, select
@@ -22,6 +24,7 @@ from master.models import Account, AuditEvent
 from master.services.accounts import passwords
 from master.services.accounts.sessions import COOKIE, CSRF_HEADER
 from tests.apiclient import Api, assert_error
+from tests.helpers import ManualClock
 
 EMAIL = "Alice.Renter@Example.com"
 STORED = "alice.renter@example.com"
@@ -277,3 +280,61 @@ async def test_the_password_hash_is_argon2id_with_the_settings_parameters(api: A
     assert (await passwords.verify_password(stored, PASSWORD + "x", settings))[0] is False
     assert (await passwords.verify_password(None, PASSWORD, settings))[0] is False
 
+
+
+class TestSecondFactor:
+    clock: ManualClock
+
+    async def _enable(self, api: Api, sink: MailSink) -> tuple[str, list[str], str]:
+        """Sign up, verify, sign in and turn TOTP on (the master's clock stopped: the codes' steps are the test's to
+        choose); returns the secret, the recovery codes and the CSRF token."""
+        api.master.clock = self.clock = ManualClock(datetime.now(UTC))
+        mail = await sign_up(api, sink)
+        await post(api, "/accounts/verify", {"token": token_of(mail, "verify")})
+        _, session = await sign_in(api)
+        csrf = session["csrf_token"]
+        status, begun = await post(api, "/account/totp", {}, csrf=csrf)
+        assert status == 200 and begun["otpauth_uri"].startswith("otpauth://totp/gpumarket:alice.renter%40example.com?")
+        status, body = await post(api, "/account/totp/confirm", {"code": "000000"}, csrf=csrf)
+        assert_error(status, body, 401, "invalid_totp")
+        assert (await call(api, "GET", "/account/totp"))[1] == {"enabled": False, "recovery_codes_left": 0}
+        status, body = await post(api, "/account/totp/confirm", {"code": pyotp.TOTP(begun["secret"]).at(self.clock.now())}, csrf=csrf)
+        assert status == 200 and body["enabled"] is True and len(set(body["recovery_codes"])) == 10
+        return begun["secret"], body["recovery_codes"], csrf
+
+    async def test_a_password_sign_in_then_needs_the_code_and_a_code_works_once(self, api: Api, sink: MailSink) -> None:
+        secret, _, _ = await self._enable(api, sink)
+        status, body = await sign_in(api)
+        assert_error(status, body, 401, "totp_required")
+        wrong = await post(api, "/sessions", {"email": EMAIL, "password": "not the password", "totp_code": "123456"})
+        assert_error(*wrong, 401, "invalid_credentials")  # the code is not even looked at
+        status, body = await post(api, "/sessions", {"email": EMAIL, "password": PASSWORD, "totp_code": "000000"})
+        assert_error(status, body, 401, "invalid_totp")
+        now = pyotp.TOTP(secret).at(self.clock.now())
+        status, body = await post(api, "/sessions", {"email": EMAIL, "password": PASSWORD, "totp_code": now})
+        assert_error(status, body, 401, "invalid_totp")  # the code that turned it on: used once already
+        code = pyotp.TOTP(secret).at(self.clock.now() + timedelta(seconds=30))  # the next step's: a phone a little ahead
+        status, body = await post(api, "/sessions", {"email": EMAIL, "password": PASSWORD, "totp_code": pyotp.TOTP(secret).at(
+            self.clock.now() + timedelta(seconds=90))})  # three steps ahead: too far
+        assert_error(status, body, 401, "invalid_totp")
+        assert (await post(api, "/sessions", {"email": EMAIL, "password": PASSWORD, "totp_code": code}))[0] == 201
+        status, body = await post(api, "/sessions", {"email": EMAIL, "password": PASSWORD, "totp_code": code})
+        assert_error(status, body, 401, "invalid_totp")  # seen once: not again
+        kinds = await audit_kinds(api, EMAIL)
+        assert kinds.count("sign_in_failed") == 5 and "totp_enabled" in kinds
+
+    async def test_a_recovery_code_signs_in_once_and_turns_the_factor_off(self, api: Api, sink: MailSink) -> None:
+        _, codes, _ = await self._enable(api, sink)
+        assert (await post(api, "/sessions", {"email": EMAIL, "password": PASSWORD, "totp_code": codes[0]}))[0] == 201
+        status, body = await post(api, "/sessions", {"email": EMAIL, "password": PASSWORD, "totp_code": codes[0]})
+        assert_error(status, body, 401, "invalid_totp")
+        _, session = await post(api, "/sessions", {"email": EMAIL, "password": PASSWORD, "totp_code": codes[1].upper()})
+        assert (await call(api, "GET", "/account/totp"))[1] == {"enabled": True, "recovery_codes_left": 8}
+        status, body = await post(api, "/account/totp/disable", {"code": codes[2]}, csrf=session["csrf_token"])
+        assert (status, body) == (200, {"enabled": False, "recovery_codes_left": 0})
+        assert (await sign_in(api))[0] == 201
+        assert "totp_disabled" in await audit_kinds(api, EMAIL)
+
+    async def test_an_api_key_cannot_turn_a_second_factor_on(self, api: Api) -> None:
+        status, body = await api.as_renter("POST", "/account/totp", json={})
+        assert_error(status, body, 403, "console_session_required")

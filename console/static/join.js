@@ -5,7 +5,7 @@
 
 import { api, session } from "./api.js";
 import { h, replace } from "./dom.js";
-import { busy, errorBox, heading } from "./ui.js";
+import { busy, copyable, errorBox, heading } from "./ui.js";
 
 /** Public pages by path; each renders into `main` and calls `done(session)` once the visitor is signed in. */
 export const PUBLIC = [
@@ -65,9 +65,24 @@ export function signInPage(main, { message, isProblem, done }) {
   else if (message) info.textContent = message;
   const email = field("email", "Email", { type: "email", autocomplete: "username" });
   const password = field("password", "Password", { type: "password", autocomplete: "current-password" });
-  const byPassword = form("signin-password", [email, password], "Sign in", "Signing in…", async () => {
-    const opened = await api("POST", "/sessions", { body: { email: email.input.value.trim(), password: password.input.value },
-      quietAuth: true });
+  const code = field("totp-code", "Code from your authenticator app", { autocomplete: "one-time-code", inputmode: "numeric" },
+    "Six digits, or one of your recovery codes.");
+  const fields = [email, password];
+  const byPassword = form("signin-password", fields, "Sign in", "Signing in…", async () => {
+    const body = { email: email.input.value.trim(), password: password.input.value };
+    if (fields.includes(code)) body.totp_code = code.input.value.trim();
+    let opened;
+    try {
+      opened = await api("POST", "/sessions", { body, quietAuth: true });
+    } catch (error) {
+      if (error.code === "totp_required" && !fields.includes(code)) {
+        fields.push(code);
+        password.el.after(code.el);
+        code.input.focus();
+        throw new Error("Your account has a second factor: type the code your authenticator app shows.");
+      }
+      throw error;
+    }
     password.input.value = "";
     done(opened);
   });
@@ -168,8 +183,10 @@ export function securityPage(el, ctx) {
     session.current = null;
     setTimeout(() => location.reload(), 1500);
   }, "Signing out…"));
-  replace(el, heading("Security", "What happened to how your account signs in, newest first."),
-    h("div", { class: "actions" }, everywhere), status, log);
+  const factor = h("div", { class: "card", id: "second-factor" }, "Loading…");
+  replace(el, heading("Security", "Your second factor, signing out everywhere, and what happened to how your account signs in."),
+    factor, h("div", { class: "actions" }, everywhere), status, h("h2", {}, "Recent events"), log);
+  secondFactor(factor, ctx);
   api("GET", "/audit-events?limit=100").then((page_) => {
     if (!ctx.alive()) return;
     const rows = page_.items.map((item) => h("li", {},
@@ -181,5 +198,47 @@ export function securityPage(el, ctx) {
     const box = errorBox();
     box.show(error);
     replace(log, box.el);
+  });
+}
+
+/** The TOTP second factor: turn it on (secret, confirm with a code, recovery codes once) or off. */
+function secondFactor(card, ctx) {
+  const box = errorBox();
+  const show = (state) => {
+    if (!ctx.alive()) return;
+    if (state.enabled) {
+      const off = field("totp-off", "Code (or a recovery code)", { autocomplete: "one-time-code" });
+      const el = form("totp-disable", [off], "Turn off", "Turning off…", async () => {
+        show(await api("POST", "/account/totp/disable", { body: { code: off.input.value.trim() } }));
+        ctx.notify("The second factor is off.");
+      });
+      replace(card, h("h2", {}, "Second factor: on"), h("p", {}, `Signing in by password asks for a code. Recovery codes left: ${state.recovery_codes_left}.`), el);
+      return;
+    }
+    const start = h("button", { type: "button", id: "totp-start" }, "Turn on a second factor");
+    start.addEventListener("click", () => busy(start, async () => {
+      try {
+        const begun = await api("POST", "/account/totp", { body: {} });
+        const confirm = field("totp-confirm", "Code from the app", { autocomplete: "one-time-code", inputmode: "numeric" });
+        const el = form("totp-confirm", [confirm], "Confirm", "Confirming…", async () => {
+          const on = await api("POST", "/account/totp/confirm", { body: { code: confirm.input.value.trim() } });
+          replace(card, h("h2", {}, "Second factor: on"),
+            h("p", {}, "Store these recovery codes somewhere safe now: each signs in once if you lose your phone. They are not shown again."),
+            h("ul", { class: "recovery-codes", id: "recovery-codes" }, on.recovery_codes.map((c) => h("li", {}, h("code", {}, c)))));
+        });
+        replace(card, h("h2", {}, "Set up the second factor"),
+          h("p", {}, "Add this key to your authenticator app (or open the link on your phone), then type the code it shows."),
+          copyable(begun.secret.match(/.{1,4}/g).join(" "), { id: "totp-secret", label: "Copy the key" }),
+          copyable(begun.otpauth_uri, { id: "totp-uri", label: "Copy the link", anywhere: true }), el);
+      } catch (error) {
+        box.show(error);
+      }
+    }, "Starting…"));
+    replace(card, h("h2", {}, "Second factor: off"), h("p", {}, "With it on, signing in by password also asks for a code from an authenticator app."),
+      box.el, h("div", { class: "actions" }, start));
+  };
+  api("GET", "/account/totp").then(show, (error) => {
+    box.show(error);
+    replace(card, box.el);
   });
 }

@@ -8,17 +8,21 @@ Sign-up and password resets answer the same whether the address has an account o
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, Literal
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.api.base import PAGING, RateClass, Route, listing, page, parse_body
 from master.api.keys import MASTER
-from master.api.middleware import principal
+from master.api.middleware import SESSION, principal
 from master.api.ratelimits import limit_email, request_address
 from master.api.responses import EmailVerified, MailSent, PasswordReset, SignedOutEverywhere
 from master.context import Master
+from master.models import Account
 from master.services import accounts
 from shared import mail
 from shared.errors import Forbidden
@@ -137,6 +141,59 @@ async def sign_out_everywhere(request: web.Request) -> web.Response:
     return response
 
 
+class TotpCode(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    code: str = Field(min_length=1, max_length=32, description="The code your authenticator app shows (or, to turn it off, "
+                      "a recovery code).")  # fmt: skip
+
+
+class ConsoleSessionRequired(Forbidden):
+    code = "console_session_required"
+
+
+def _session_only(request: web.Request) -> None:
+    if SESSION not in request:
+        raise ConsoleSessionRequired("a second factor is set up from a signed-in console session, never with an API key")
+
+
+async def _with_account(request: web.Request, change: Callable[[AsyncSession, Account, datetime, str], Any]) -> Any:
+    master, who = request.app[MASTER], principal(request)
+    _session_only(request)
+    async with master.db.session() as session:
+        account = await session.get(Account, who.account_id, with_for_update=True)
+        assert account is not None  # the session resolved it
+        return change(session, account, master.clock.now(), request_address(request))
+
+
+async def totp_state(request: web.Request) -> web.Response:
+    master, who = request.app[MASTER], principal(request)
+    async with master.db.session() as session:
+        account = await session.get(Account, who.account_id)
+        assert account is not None
+        return web.json_response({"enabled": account.totp_secret is not None,
+                                  "recovery_codes_left": len(account.totp_recovery or []) if account.totp_secret else 0})  # fmt: skip
+
+
+async def totp_begin(request: web.Request) -> web.Response:
+    answer = await _with_account(request, lambda session, account, now, address: accounts.totp_begin(account))
+    return web.json_response(answer, headers={"Cache-Control": "no-store"})
+
+
+async def totp_confirm(request: web.Request) -> web.Response:
+    body = await parse_body(request, TotpCode)
+    codes = await _with_account(request, lambda session, account, now, address: accounts.totp_confirm(
+        session, account, body.code, now=now, address=address))  # fmt: skip
+    return web.json_response({"enabled": True, "recovery_codes": codes}, headers={"Cache-Control": "no-store"})
+
+
+async def totp_disable(request: web.Request) -> web.Response:
+    body = await parse_body(request, TotpCode)
+    await _with_account(request, lambda session, account, now, address: accounts.totp_disable(
+        session, account, body.code, now=now, address=address))  # fmt: skip
+    return web.json_response({"enabled": False, "recovery_codes_left": 0})
+
+
 async def audit_events(request: web.Request) -> web.Response:
     master, who = request.app[MASTER], principal(request)
     limit, offset = page(request)
@@ -161,6 +218,14 @@ ROUTES: tuple[Route, ...] = (
           public=True, limit=RateClass.SIGN_IN, body=ResetConfirm, response=PasswordReset, errors=(400, 422)),
     Route("DELETE", "/sessions", sign_out_everywhere, "Sign out everywhere: end every console session of the account "
           "(API keys keep working).", response=SignedOutEverywhere, errors=(401, 403), scope="read"),
+    Route("GET", "/account/totp", totp_state, "Whether the account signs in with a second factor (TOTP), and how many "
+          "recovery codes are left.", errors=(401,)),
+    Route("POST", "/account/totp", totp_begin, "Start setting up a second factor: a new secret (and its otpauth:// URI) to "
+          "enter in an authenticator app. A console session only.", scope="read", errors=(401, 403, 409)),
+    Route("POST", "/account/totp/confirm", totp_confirm, "Turn the second factor on with a code from the app: answers ten "
+          "recovery codes, shown once. A console session only.", scope="read", body=TotpCode, errors=(400, 401, 403, 422)),
+    Route("POST", "/account/totp/disable", totp_disable, "Turn the second factor off with a current code or a recovery "
+          "code. A console session only.", scope="read", body=TotpCode, errors=(401, 403, 422)),
     Route("GET", "/audit-events", audit_events, "The account's security log, newest first: sign-ups, sign-ins (and "
           "failed ones), verified addresses, password resets, sign-outs everywhere.", query=PAGING, errors=(401,)),
 )  # fmt: skip

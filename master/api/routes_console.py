@@ -40,6 +40,8 @@ class SessionCreate(BaseModel):
 
     email: str | None = Field(None, min_length=1, max_length=254, description="Your account's email address (with password).")
     password: str | None = Field(None, min_length=1, max_length=1024, description="Your password (with email).")
+    totp_code: str | None = Field(None, min_length=1, max_length=32, description="With a second factor: the code of your "
+                                  "authenticator app, or a recovery code.")  # fmt: skip
     # Any length is a key to check: a short one is refused as a wrong key (401), not as malformed input.
     api_key: str | None = Field(None, min_length=1, max_length=256, description="Or your API key; the console keeps a session cookie instead.")
 
@@ -47,7 +49,9 @@ class SessionCreate(BaseModel):
     def one_way_in(self) -> SessionCreate:
         by_password = self.email is not None or self.password is not None
         if by_password == (self.api_key is not None) or (by_password and (self.email is None or self.password is None)):
-            raise ValueError("send either email and password, or api_key")
+            raise ValueError("send either email and password (and totp_code), or api_key")
+        if self.totp_code is not None and not by_password:
+            raise ValueError("totp_code goes with email and password")
         return self
 
 
@@ -75,9 +79,9 @@ async def create_session(request: web.Request) -> web.Response:
         await limit_email(request, body.email)
         async with master.db.session() as session:  # a failure's audit record commits before the 401
             opened = await accounts.sign_in_password(session, body.email, body.password, settings=master.settings, now=now,
-                                                     address=address)  # fmt: skip
-        if opened is None:
-            raise accounts.wrong_password()
+                                                     address=address, totp_code=body.totp_code)  # fmt: skip
+        if isinstance(opened, Exception):
+            raise opened
         token, signed_in = opened
     else:
         assert body.api_key is not None

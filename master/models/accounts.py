@@ -46,6 +46,12 @@ class Account(Base):
     email_verified_at: Mapped[datetime | None] = mapped_column(default=None)
     # Argon2id, in the PHC string format (parameters and salt included); NULL: no password sign-in.
     password_hash: Mapped[str | None] = mapped_column(String(256), default=None)
+    # The TOTP second factor (master/services/accounts/totp.py): its secret (base32) once confirmed, one being set up,
+    # the last time step accepted (a code works once), and the SHA-256 of the unused recovery codes.
+    totp_secret: Mapped[str | None] = mapped_column(String(64), default=None)
+    totp_pending: Mapped[str | None] = mapped_column(String(64), default=None)
+    totp_last_step: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    totp_recovery: Mapped[list[Any] | None] = mapped_column(default=None)
 
 
 class ApiKey(Base):

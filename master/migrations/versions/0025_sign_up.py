@@ -5,7 +5,7 @@ Revises: 0024
 Create Date: 2026-11-29 22:00:00.000000
 
 Self-service accounts (``master/services/accounts/signup.py``, docs/accounts.md): ``accounts.email`` (unique,
-lower-case; NULL for accounts an operator made), ``email_verified_at`` and ``password_hash`` (Argon2id, PHC string).
+lower-case; NULL for accounts an operator made), ``email_verified_at``, ``password_hash`` (Argon2id, PHC string) and the TOTP second factor's columns.
 ``email_tokens`` holds the hashes of the mailed verification and password-reset links. ``audit_events`` is each
 account's security log. ``api_keys`` gain a name, scopes, an expiry, the networks they may be used from and when
 they were last used (``master/services/accounts/keys.py``); the existing keys keep every scope (``scopes`` NULL). A console session opened by password has no API key: ``console_sessions.api_key_id`` may
@@ -28,6 +28,10 @@ def upgrade() -> None:
         batch.add_column(sa.Column('email', sa.String(length=254), nullable=True))
         batch.add_column(sa.Column('email_verified_at', sa.DateTime(timezone=True), nullable=True))
         batch.add_column(sa.Column('password_hash', sa.String(length=256), nullable=True))
+        batch.add_column(sa.Column('totp_secret', sa.String(length=64), nullable=True))
+        batch.add_column(sa.Column('totp_pending', sa.String(length=64), nullable=True))
+        batch.add_column(sa.Column('totp_last_step', sa.BigInteger(), nullable=True))
+        batch.add_column(sa.Column('totp_recovery', sa.JSON(), nullable=True))
         batch.create_unique_constraint('uq_accounts_email', ['email'])
     with op.batch_alter_table('console_sessions') as batch:
         batch.alter_column('api_key_id', existing_type=sa.String(length=40), nullable=True)
@@ -82,6 +86,7 @@ def downgrade() -> None:
         batch.alter_column('api_key_id', existing_type=sa.String(length=40), nullable=False)
     with op.batch_alter_table('accounts') as batch:
         batch.drop_constraint('uq_accounts_email', type_='unique')
-        batch.drop_column('password_hash')
+        for column in ('totp_recovery', 'totp_last_step', 'totp_pending', 'totp_secret', 'password_hash'):
+            batch.drop_column(column)
         batch.drop_column('email_verified_at')
         batch.drop_column('email')

@@ -5,6 +5,7 @@
 * ``signup.py``: self-service sign-up, the address's verification, password resets (the mails they send).
 * ``sessions.py``: the console's sessions (cookie, CSRF token, expiry), signing in by password or API key, out everywhere.
 * ``keys.py``: the API keys an account manages (scopes, expiry, networks).
+* ``totp.py``: the TOTP second factor and its recovery codes.
 * ``audit.py``: each account's security log.
 * ``ssh_keys.py``: a renter's SSH public keys (parsing, fingerprints, limits).
 * ``access.py``: what a renter's keys reach: ``update_access`` commands to the hosts of the account's rentals.
@@ -49,6 +50,9 @@ from master.services.accounts.signup import (
     verify_email,
 )
 from master.services.accounts.ssh_keys import add_key, delete_key, key_view, list_keys, mark_used
+from master.services.accounts.totp import begin as totp_begin
+from master.services.accounts.totp import confirm as totp_confirm
+from master.services.accounts.totp import disable as totp_disable
 
 __all__ = [
     "ALL_SCOPES",
@@ -89,6 +93,9 @@ __all__ = [
     "sign_out",
     "sign_out_everywhere",
     "sign_up",
+    "totp_begin",
+    "totp_confirm",
+    "totp_disable",
     "verify_email",
     "wrong_password",
 ]

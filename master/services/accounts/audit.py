@@ -32,6 +32,9 @@ class Audit(StrEnum):
     PASSWORD_RESET = "password_reset"
     KEY_CREATED = "api_key_created"
     KEY_REVOKED = "api_key_revoked"
+    TOTP_ENABLED = "totp_enabled"
+    TOTP_DISABLED = "totp_disabled"
+    RECOVERY_CODE_USED = "recovery_code_used"
 
 
 def record(

@@ -24,7 +24,7 @@ from sqlalchemy import delete, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.models import Account, ApiKey, ConsoleSession
-from master.services.accounts import passwords
+from master.services.accounts import passwords, totp
 from master.services.accounts.audit import Audit, record
 from master.services.accounts.core import (
     InvalidEmail,
@@ -94,11 +94,13 @@ def wrong_password() -> Unauthorized:
 
 
 async def sign_in_password(
-    session: AsyncSession, email: str, password: str, *, settings: MasterSettings, now: datetime, address: str | None
-) -> tuple[str, SignedIn] | None:
-    """Open a session for an account's email and password; ``None`` when they do not match (the same for an unknown
-    address): the caller commits the failure's audit record, then answers ``wrong_password()``. A hash made under
-    older settings is made again."""
+    session: AsyncSession, email: str, password: str, *, settings: MasterSettings, now: datetime, address: str | None,
+    totp_code: str | None = None,
+) -> tuple[str, SignedIn] | Unauthorized:
+    """Open a session for an account's email and password (and its TOTP code, when it has a second factor); else the
+    401 to answer once the caller has committed the failure's audit record: ``wrong_password()`` (the same for an
+    unknown address), ``totp_required`` (the password was right; ask for the code), ``invalid_totp``. A hash made
+    under older settings is made again."""
     try:
         account = await find_by_email(session, normalize_email(email))
     except InvalidEmail:
@@ -107,11 +109,18 @@ async def sign_in_password(
     if account is None or not matches:
         if account is not None:
             record(session, account.id, Audit.SIGN_IN_FAILED, at=now, address=address, method="password")
-        return None
+        return wrong_password()
     if account.disabled_at is not None:
         raise account_disabled()
     if rehashed is not None:
         account.password_hash = rehashed
+    if account.totp_secret is not None:
+        if not totp_code:
+            return totp.TotpRequired("this account has a second factor: send totp_code, the code your authenticator app shows "
+                                     "(or a recovery code)")  # fmt: skip
+        if not totp.check(account, totp_code, now=now, address=address, session=session):
+            record(session, account.id, Audit.SIGN_IN_FAILED, at=now, address=address, method="totp")
+            return totp.InvalidTotp("that code does not match (or was used already); type the newest code from your app")
     token, signed_in = await _open(session, Principal.of(account), None, settings=settings, now=now)
     record(session, account.id, Audit.SIGNED_IN, at=now, address=address, method="password", session_id=signed_in.session_id)
     return token, signed_in
