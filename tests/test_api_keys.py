@@ -6,10 +6,14 @@ revocation, and an aiohttp client with a cookie jar as the console.
 
 from __future__ import annotations
 
+import asyncio
+import json
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from sqlalchemy import select, update
 
@@ -22,6 +26,8 @@ from master.services.accounts.sessions import CSRF_HEADER
 from shared.bus import InProcessBus
 from tests.apiclient import Api, assert_error, bearer
 from tests.factories import master_settings
+from tests.helpers import eventually
+from tests.test_renter_cli import Cli
 
 
 async def make(api: Api, key: str, **body: Any) -> tuple[int, Any]:
@@ -155,3 +161,51 @@ class TestLifetime:
         assert [item["kind"] for item in log["items"]] == ["api_key_revoked", "api_key_created"]
         assert log["items"][1]["detail"] == {"key_id": view["id"], "prefix": view["key"][:12], "name": "ci", "scopes": ["read"]}
         assert view["key"] not in str(log)
+
+
+class TestDeviceLogin:
+    async def test_a_cli_gets_a_key_of_the_scopes_its_user_approves_once(self, api: Api) -> None:
+        status, started = await api.call("POST", "/device-codes", None, json={"client_name": "gpumarket CLI on laptop"})
+        assert status == 200 and re.fullmatch(r"[B-Z]{4}-[B-Z]{4}", started["user_code"]) and started["interval"] >= 1
+        assert started["verification_uri_complete"].endswith(f"/#/device/{started['user_code']}")
+        token = {"device_code": started["device_code"]}
+        assert_error(*await api.call("POST", "/device-codes/token", None, json=token), 400, "authorization_pending")
+        user_code = started["user_code"]
+        assert_error(*await api.as_renter("GET", f"/device-codes/{user_code}"), 403, "console_session_required")
+        assert_error(*await api.as_renter("POST", f"/device-codes/{user_code}/approve", json={}), 403, "console_session_required")
+
+        async with api.client.post(API + "/sessions", json={"api_key": api.renter_key}) as response:
+            csrf = (await response.json())["csrf_token"]
+        async with api.client.get(API + f"/device-codes/{user_code.lower()}") as response:
+            assert (await response.json())["client_name"] == "gpumarket CLI on laptop"
+        async with api.client.post(API + f"/device-codes/{user_code}/approve", json={"scopes": ["read"]}, headers={CSRF_HEADER: csrf}) as response:
+            assert response.status == 200
+        status, made = await api.call("POST", "/device-codes/token", None, json=token)
+        assert status == 200 and made["scopes"] == ["read"] and made["name"] == "gpumarket CLI on laptop"
+        assert (await api.call("GET", "/rentals", made["key"]))[0] == 200
+        assert_error(*await api.call("POST", "/device-codes/token", None, json=token), 400, "expired_token")  # once
+        async with api.client.post(API + f"/device-codes/{user_code}/approve", json={}, headers={CSRF_HEADER: csrf}) as response:
+            assert response.status == 404
+
+
+async def test_login_through_the_browser_saves_the_key_the_console_approved(
+    api: Api, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    cli = Cli(api, capsys, monkeypatch, tmp_path / "home")
+    cli.env(url=None, key=None)
+    login = cli.start("login", "--api", cli.url, "--browser")
+
+    async def shown() -> str | None:
+        found = re.search(r"approve the code ([B-Z]{4}-[B-Z]{4})", cli.peek()[1])
+        return found.group(1) if found else None
+
+    user_code = await eventually(shown, timeout=30, what="the CLI to show its code")
+    async with api.client.post(API + "/sessions", json={"api_key": api.renter_key}) as response:
+        csrf = (await response.json())["csrf_token"]
+    async with api.client.post(API + f"/device-codes/{user_code}/approve", json={"scopes": ["read", "rent"]}, headers={CSRF_HEADER: csrf}) as response:
+        assert response.status == 200
+    assert await asyncio.wait_for(login, 60) == 0
+    out, err = cli.take()
+    assert "logged in to" in out and "renter-1" in out, (out, err)
+    code, out, err = await cli("keys", "list", "--json")
+    assert code == 0 and [k["scopes"] for k in json.loads(out) if k["name"].startswith("gpumarket CLI on ")] == [["read", "rent"]]

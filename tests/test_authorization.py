@@ -130,7 +130,7 @@ class World:
             "name": "pytorch",  # a seeded template
             "ssh_key_id": self.ssh_keys[RENTER], "cluster_id": self.cluster, "service_id": self.service,
             "start": MAINTENANCE["start"],  # the window the provider's POST adds
-            "key_id": self.api_key,
+            "key_id": self.api_key, "user_code": "BCDF-GHJK",
         }  # fmt: skip
 
 
@@ -370,6 +370,11 @@ MATRIX: tuple[Rule, ...] = (
     Rule("POST", "/api-keys", everyone(201), body=fixed({"name": "matrix", "scopes": ["read"]})),
     Rule("GET", "/api-keys", everyone(200)),
     Rule("DELETE", "/api-keys/{key_id}", {**everyone((404, "api_key_not_found")), RENTER: 200}, last=True),
+    # The CLI's sign-in through the browser: anyone may start one and poll; approving is a console session's.
+    Rule("POST", "/device-codes", everyone(200), body=fixed({"client_name": "matrix"})),
+    Rule("POST", "/device-codes/token", everyone(400), body=fixed({"device_code": "not-a-code"})),
+    Rule("GET", "/device-codes/{user_code}", everyone((403, "console_session_required"))),
+    Rule("POST", "/device-codes/{user_code}/approve", everyone((403, "console_session_required")), body=fixed({})),
     Rule("GET", "/hosts/{host_id}/metrics/stream", host_read(), stream=True),
     # Templates: everyone signed in reads them, admins edit them.
     Rule("GET", "/templates", everyone(200)),

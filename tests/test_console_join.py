@@ -101,6 +101,26 @@ async def test_a_stranger_signs_up_verifies_adds_credit_and_signs_out_everywhere
                                       capture_output=True, text=True, timeout=60)  # fmt: skip
     assert refused.returncode == 1 and "scope_missing" in refused.stderr  # no billing scope
 
+    # The CLI signs in through this browser: it shows a link and a code, the page approves it with read only.
+    home = Path(market.data_dir or ".") / "cli-browser-home"
+    login = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gpumarket", "login", "--api", market.base, "--browser",
+        env={k: v for k, v in env.items() if k != "GPUMARKET_API_KEY"} | {"XDG_CONFIG_HOME": str(home)},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert login.stderr is not None
+    line = (await asyncio.wait_for(login.stderr.readline(), WAIT_MS / 1000)).decode()
+    found = re.search(r"open (\S+) in a browser", line)
+    assert found, line
+    await page.goto(found.group(1))
+    await expect(page.locator("#device-client")).to_contain_text("gpumarket CLI on", timeout=WAIT_MS)
+    await page.get_by_label("rent: rentals, clusters, services, SSH keys").uncheck()
+    await page.get_by_label("billing: credit, spend cap, invoices").uncheck()
+    await page.get_by_role("button", name="Approve").click()
+    await expect(page.get_by_role("heading", name="Approved")).to_be_visible(timeout=WAIT_MS)
+    out, errors = await asyncio.wait_for(login.communicate(), 60)
+    assert login.returncode == 0 and email.encode() in out, errors
+
     await console.go("#/security")
     log = page.locator("ul.audit")
     for kind in ("signed up", "signed in", "email verified", "api key created"):

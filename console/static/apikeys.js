@@ -95,3 +95,52 @@ export function apiKeysPage(el, ctx) {
     replace(list, failed.el);
   });
 }
+
+/** #/device/<code>: approve a CLI's sign-in (`gpumarket login --browser`) with the scopes its key may have. */
+export function devicePage(el, ctx) {
+  const box = errorBox();
+  const given = ctx.params[0] || "";
+  const code = h("input", { id: "device-code", name: "code", value: given, autocomplete: "off", spellcheck: "false",
+    placeholder: "e.g. BCDF-GHJK" });
+  const mine = { renter: ["read", "rent", "billing"], provider: ["read", "provider", "billing"] }[ctx.role];
+  const boxes = SCOPES.filter(([scope]) => !mine || mine.includes(scope)).map(([scope, label]) => {
+    const input = h("input", { type: "checkbox", id: `device-scope-${scope}`, value: scope, checked: scope !== "admin" });
+    return { scope, input, el: h("label", { for: `device-scope-${scope}` }, input, ` ${label}`) };
+  });
+  const who = h("p", { id: "device-client", role: "status" });
+  const approve = h("button", { type: "submit" }, "Approve");
+  const form = h("form", { class: "card key-form", novalidate: true },
+    h("div", { class: "field" }, h("label", { for: "device-code" }, "Code the CLI shows"), code), who,
+    h("fieldset", { class: "field scopes" }, h("legend", {}, "The new key's scopes"), boxes.map((b) => b.el)),
+    box.el, h("div", { class: "actions" }, approve));
+  const look = async () => {
+    if (!code.value.trim()) return;
+    try {
+      const waiting = await api("GET", `/device-codes/${encodeURIComponent(code.value.trim())}`);
+      who.textContent = `${waiting.client_name} asks to sign in as you.`;
+    } catch (error) {
+      box.show(error);
+    }
+  };
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    box.clear();
+    const scopes = boxes.filter((b) => b.input.checked).map((b) => b.scope);
+    if (!scopes.length) {
+      box.show("Choose at least one scope.");
+      return;
+    }
+    await busy(approve, async () => {
+      try {
+        await api("POST", `/device-codes/${encodeURIComponent(code.value.trim())}/approve`, { body: { scopes } });
+        replace(el, heading("Approved", "The CLI is signed in: it saved a new API key with the scopes you chose. You can close this page."),
+          h("p", {}, h("a", { href: "#/api-keys" }, "See your API keys")));
+      } catch (error) {
+        box.show(error);
+      }
+    }, "Approving…");
+  });
+  code.addEventListener("change", look);
+  replace(el, heading("Sign in the CLI", "Approve only a code you started yourself with gpumarket login --browser."), form);
+  look();
+}

@@ -11,7 +11,7 @@ import { sshKeysPage } from "./sshkeys.js";
 import { clustersPage, clusterPage } from "./pages-clusters.js";
 import { servicesPage, servicePage } from "./pages-services.js";
 import { PUBLIC, securityPage, signInPage, verifyBanner } from "./join.js";
-import { apiKeysPage } from "./apikeys.js";
+import { apiKeysPage, devicePage } from "./apikeys.js";
 
 const ROUTES = [
   { path: /^\/fleet$/, roles: ["admin"], title: "Fleet", nav: "#/fleet", render: fleetPage },
@@ -29,6 +29,7 @@ const ROUTES = [
   { path: /^\/enroll$/, roles: ["provider"], title: "Enroll a host", nav: "#/enroll", render: enrollPage },
   { path: /^\/earnings$/, roles: ["provider"], title: "Earnings", nav: "#/earnings", render: earningsPage },
   { path: /^\/api-keys$/, roles: ["renter", "provider", "admin"], title: "API keys", nav: "#/api-keys", render: apiKeysPage },
+  { path: /^\/device(?:\/([^/]+))?$/, roles: ["renter", "provider", "admin"], title: "Sign in the CLI", render: devicePage },
   { path: /^\/security$/, roles: ["renter", "provider", "admin"], title: "Security", nav: "#/security", render: securityPage },
 ];
 
@@ -159,7 +160,7 @@ function route() {
   replace(main, page);
   document.title = `${found.r.title} · gpumarket`;
   const ctx = {
-    params: found.m.slice(1).map(decodeURIComponent),
+    params: found.m.slice(1).map((v) => (v === undefined ? "" : decodeURIComponent(v))),
     query: new URLSearchParams(hash.split("?")[1] || ""),
     role,
     account: session.current.account,

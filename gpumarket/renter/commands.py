@@ -14,6 +14,7 @@ import contextlib
 import getpass
 import os
 import shlex
+import socket
 import sys
 import time
 import uuid
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gpumarket.renter.api import (
+    ApiError,
     Client,
     CliError,
     Login,
@@ -130,12 +132,34 @@ def _read_key(args: argparse.Namespace) -> str:
     return key
 
 
+async def _browser_key(api_url: str, args: argparse.Namespace) -> str:
+    """A new API key through the console (the device flow, docs/accounts.md): show the link and the code, then poll
+    until the signed-in user approves it there."""
+    if args.key:
+        raise UsageError("--browser makes a new key: leave out --key")
+    async with Client(Login(api_url, ""), timeout=args.timeout) as client:
+        started = await client.request("POST", "/device-codes", json_body={"client_name": f"gpumarket CLI on {socket.gethostname()[:60]}"})
+        minutes = started["expires_in"] // 60
+        err(f"open {started['verification_uri_complete']} in a browser signed in to the console and approve the code "
+            f"{started['user_code']} (waiting up to {minutes} min; Ctrl-C stops)")  # fmt: skip
+        while True:
+            await asyncio.sleep(started["interval"])
+            try:
+                made = await client.request("POST", "/device-codes/token", json_body={"device_code": started["device_code"]})
+            except ApiError as exc:
+                if exc.code == "authorization_pending":
+                    continue
+                raise
+            return str(made["key"])
+
+
 async def cmd_login(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     path: Path = args.config or default_config_path(environ)
     url = args.api or environ.get("GPUMARKET_API_URL")
     if not url:
         raise UsageError("which API? give --api URL, e.g. `gpumarket login --api https://gpumarket.example`")
-    login = Login(normalize_url(url), _read_key(args))
+    api_url = normalize_url(url)
+    login = Login(api_url, await _browser_key(api_url, args) if args.browser else _read_key(args))
     async with Client(login, timeout=args.timeout) as client:
         account = await client.get("/account")
     save_login(path, login)
@@ -447,8 +471,12 @@ The key is read from stdin when it is not a terminal, else prompted for without 
 works too but shows in the process list. GPUMARKET_API_URL and GPUMARKET_API_KEY, when set,
 override the saved login for every command.
 
+With --browser no key is typed: the command prints a link and a code, you approve it in the console
+(signed in), and it saves the new key the console made (the scopes you chose there).
+
 examples:
   gpumarket login --api https://gpumarket.example
+  gpumarket login --api https://gpumarket.example --browser
   echo "$KEY" | gpumarket login --api http://127.0.0.1:8080"""
 
 RENT_EPILOG = f"""\
@@ -495,6 +523,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                            "only you can read (0600).")  # fmt: skip
     login.add_argument("--api", metavar="URL", help="the master's URL, e.g. https://gpumarket.example (default: $GPUMARKET_API_URL)")
     login.add_argument("--key", metavar="KEY", help="the API key (better: on stdin or at the prompt)")
+    login.add_argument("--browser", action="store_true", help="make a new key by approving this sign-in in the console instead")
     common_options(login)
     set_command(login, None)  # cmd_login: no saved login needed
 

@@ -8,11 +8,12 @@ from datetime import UTC, datetime
 from aiohttp import web
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from master.api.base import Route, parse_body
+from master.api.base import RateClass, Route, parse_body
 from master.api.keys import MASTER
-from master.api.middleware import principal
+from master.api.middleware import SESSION, principal
 from master.api.ratelimits import request_address
 from master.services import accounts
+from shared.errors import Forbidden
 
 ScopeName = accounts.Scope
 
@@ -60,6 +61,71 @@ async def revoke_key(request: web.Request) -> web.Response:
     return web.json_response(view)
 
 
+class DeviceStart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    client_name: str = Field(min_length=1, max_length=100, pattern=r"^[^\x00-\x1f\x7f]+$",
+                             description="What asks, as the approval page shows it, e.g. gpumarket CLI on laptop.")  # fmt: skip
+
+
+class DeviceToken(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    device_code: str = Field(min_length=1, max_length=128)
+
+
+class DeviceApprove(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    scopes: list[ScopeName] | None = Field(None, min_length=1, max_length=5, description="The key's scopes; left out: every scope.")
+
+
+class ConsoleSessionOnly(Forbidden):
+    code = "console_session_required"
+
+
+def _console_only(request: web.Request) -> None:
+    if SESSION not in request:
+        raise ConsoleSessionOnly("approve a sign-in from the console, signed in: an API key cannot approve one")
+
+
+async def device_start(request: web.Request) -> web.Response:
+    body = await parse_body(request, DeviceStart)
+    master = request.app[MASTER]
+    async with master.db.session() as session:
+        started = await accounts.devices.start(session, client_name=body.client_name.strip(), now=master.clock.now())
+    base = (master.settings.public_url or f"http://{request.host}").rstrip("/")
+    return web.json_response({**started, "verification_uri": f"{base}/#/device",
+                              "verification_uri_complete": f"{base}/#/device/{started['user_code']}"},
+                             headers={"Cache-Control": "no-store"})  # fmt: skip
+
+
+async def device_token(request: web.Request) -> web.Response:
+    body = await parse_body(request, DeviceToken)
+    master = request.app[MASTER]
+    async with master.db.session() as session:
+        made = await accounts.devices.exchange(session, body.device_code, now=master.clock.now(), address=request_address(request))
+    return web.json_response(made, headers={"Cache-Control": "no-store"})
+
+
+async def device_describe(request: web.Request) -> web.Response:
+    _console_only(request)
+    master = request.app[MASTER]
+    async with master.db.session() as session:
+        return web.json_response(await accounts.devices.describe(session, request.match_info["user_code"], now=master.clock.now()))
+
+
+async def device_approve(request: web.Request) -> web.Response:
+    _console_only(request)
+    body = await parse_body(request, DeviceApprove)
+    master, who = request.app[MASTER], principal(request)
+    async with master.db.session() as session:
+        approved = await accounts.devices.approve(session, request.match_info["user_code"], who.account_id,
+                                                  scopes=[scope.value for scope in body.scopes] if body.scopes else None,
+                                                  now=master.clock.now())  # fmt: skip
+    return web.json_response(approved)
+
+
 ROUTES: tuple[Route, ...] = (
     Route("POST", "/api-keys", create_key, "Make an API key: named, with scopes, an optional expiry and networks. Its "
           "secret is in this answer only.", scope="read", body=KeyCreate, success=201, errors=(401, 403, 422)),
@@ -67,4 +133,14 @@ ROUTES: tuple[Route, ...] = (
           "expiry, networks, last use.", errors=(401,)),
     Route("DELETE", "/api-keys/{key_id}", revoke_key, "Revoke an API key: it stops working at once, on every master, "
           "with the console sessions opened with it.", scope="read", errors=(401, 403, 404)),
+    Route("POST", "/device-codes", device_start, "A CLI's sign-in through the browser (RFC 8628): a device code to poll "
+          "with and a user code to approve in the console at verification_uri.", public=True, limit=RateClass.SIGN_IN,
+          body=DeviceStart, errors=(422,)),
+    Route("POST", "/device-codes/token", device_token, "Poll for the API key of an approved sign-in (400 "
+          "authorization_pending until then, expired_token after): the key once.", public=True, body=DeviceToken,
+          errors=(400, 422)),
+    Route("GET", "/device-codes/{user_code}", device_describe, "The sign-in waiting for a user code: which client asks. "
+          "A console session only.", errors=(401, 403, 404)),
+    Route("POST", "/device-codes/{user_code}/approve", device_approve, "Approve a CLI's sign-in with the scopes its key "
+          "may have. A console session only.", scope="read", body=DeviceApprove, errors=(401, 403, 404, 422)),
 )  # fmt: skip

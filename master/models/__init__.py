@@ -8,7 +8,7 @@ Import a table from the package (``from master.models import Rental``): the modu
 
 from __future__ import annotations
 
-from master.models.accounts import Account, ApiKey, AuditEvent, ConsoleSession, EmailToken, SshKey
+from master.models.accounts import Account, ApiKey, AuditEvent, ConsoleSession, DeviceCode, EmailToken, SshKey
 from master.models.alerts import Alert, AlertNotification
 from master.models.base import Base, UTCDateTime, version_key
 from master.models.clusters import Cluster, ClusterEvent
@@ -33,7 +33,7 @@ from master.models.telemetry import GpuEvent, TelemetryRollup, TelemetrySample
 
 __all__ = [
     "Account", "Alert", "AlertNotification", "ApiKey", "AuditEvent", "Base", "Cluster", "ClusterEvent", "Command",
-    "ConsoleSession", "EmailToken", "EnrollmentToken", "Gpu", "GpuAllocation", "GpuEvent", "Host", "HostCertificate", "HostEvent",
+    "ConsoleSession", "DeviceCode", "EmailToken", "EnrollmentToken", "Gpu", "GpuAllocation", "GpuEvent", "Host", "HostCertificate", "HostEvent",
     "HostLink", "HostListing", "HostPowerPolicy", "Lease", "LedgerAccount", "LedgerEntry", "LedgerTransaction",
     "NetworkMeasurement", "OfferSummary", "Payout", "PowerSaving", "Rental", "RentalEvent", "RentalLogChunk",
     "Service", "ServiceEvent", "ServiceStat", "SshKey", "TelemetryRollup", "TelemetrySample", "Template",

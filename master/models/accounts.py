@@ -135,3 +135,22 @@ class AuditEvent(Base):
     kind: Mapped[str] = mapped_column(String(40))
     address: Mapped[str | None] = mapped_column(String(64), default=None)  # the client address, where a request made it
     detail: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class DeviceCode(Base):
+    """A CLI's sign-in through the browser (RFC 8628, ``master/services/accounts/devices.py``): the CLI holds the
+    device code (the row keeps its hash) and shows the user code; a signed-in console approves the user code, and the
+    CLI's next poll gets an API key of the scopes approved."""
+
+    __tablename__ = "device_codes"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    device_code_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    user_code: Mapped[str] = mapped_column(String(16), unique=True)
+    client_name: Mapped[str] = mapped_column(String(100))
+    created_at: Mapped[datetime] = mapped_column(default=_now)
+    expires_at: Mapped[datetime]
+    account_id: Mapped[str | None] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"), default=None)
+    scopes: Mapped[list[Any] | None] = mapped_column(default=None)
+    approved_at: Mapped[datetime | None] = mapped_column(default=None)
+    used_at: Mapped[datetime | None] = mapped_column(default=None)

@@ -7,7 +7,7 @@ Create Date: 2026-11-29 22:00:00.000000
 Self-service accounts (``master/services/accounts/signup.py``, docs/accounts.md): ``accounts.email`` (unique,
 lower-case; NULL for accounts an operator made), ``email_verified_at``, ``password_hash`` (Argon2id, PHC string) and the TOTP second factor's columns.
 ``email_tokens`` holds the hashes of the mailed verification and password-reset links. ``audit_events`` is each
-account's security log. ``api_keys`` gain a name, scopes, an expiry, the networks they may be used from and when
+account's security log; ``device_codes`` the CLI's sign-ins through the browser. ``api_keys`` gain a name, scopes, an expiry, the networks they may be used from and when
 they were last used (``master/services/accounts/keys.py``); the existing keys keep every scope (``scopes`` NULL). A console session opened by password has no API key: ``console_sessions.api_key_id`` may
 be NULL.
 """
@@ -55,6 +55,22 @@ def upgrade() -> None:
     )
     with op.batch_alter_table('email_tokens', schema=None) as batch_op:
         batch_op.create_index(batch_op.f('ix_email_tokens_account_id'), ['account_id'], unique=False)
+    op.create_table('device_codes',
+    sa.Column('id', sa.String(length=40), nullable=False),
+    sa.Column('device_code_hash', sa.String(length=64), nullable=False),
+    sa.Column('user_code', sa.String(length=16), nullable=False),
+    sa.Column('client_name', sa.String(length=100), nullable=False),
+    sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
+    sa.Column('expires_at', sa.DateTime(timezone=True), nullable=False),
+    sa.Column('account_id', sa.String(length=40), nullable=True),
+    sa.Column('scopes', sa.JSON(), nullable=True),
+    sa.Column('approved_at', sa.DateTime(timezone=True), nullable=True),
+    sa.Column('used_at', sa.DateTime(timezone=True), nullable=True),
+    sa.ForeignKeyConstraint(['account_id'], ['accounts.id'], ondelete='CASCADE'),
+    sa.PrimaryKeyConstraint('id'),
+    sa.UniqueConstraint('device_code_hash'),
+    sa.UniqueConstraint('user_code')
+    )
     op.create_table('audit_events',
     sa.Column('id', sa.String(length=40), nullable=False),
     sa.Column('account_id', sa.String(length=40), nullable=False),
@@ -75,6 +91,7 @@ def downgrade() -> None:
         batch_op.drop_index(batch_op.f('ix_audit_events_at'))
         batch_op.drop_index(batch_op.f('ix_audit_events_account_id'))
     op.drop_table('audit_events')
+    op.drop_table('device_codes')
     with op.batch_alter_table('email_tokens', schema=None) as batch_op:
         batch_op.drop_index(batch_op.f('ix_email_tokens_account_id'))
     op.drop_table('email_tokens')

@@ -6,6 +6,7 @@
 * ``sessions.py``: the console's sessions (cookie, CSRF token, expiry), signing in by password or API key, out everywhere.
 * ``keys.py``: the API keys an account manages (scopes, expiry, networks).
 * ``totp.py``: the TOTP second factor and its recovery codes.
+* ``devices.py``: the CLI's sign-in through the browser (device codes).
 * ``audit.py``: each account's security log.
 * ``ssh_keys.py``: a renter's SSH public keys (parsing, fingerprints, limits).
 * ``access.py``: what a renter's keys reach: ``update_access`` commands to the hosts of the account's rentals.
@@ -14,6 +15,7 @@ The lowest of the aggregates: it imports ``master.services.lifecycle`` and ``mas
 tells hosts) and nothing else of ``master.services``; every other aggregate may import it.
 """
 
+from master.services.accounts import devices
 from master.services.accounts.access import access_changed, current_keys, disable_account, enable_account
 from master.services.accounts.audit import Audit, audit_log
 from master.services.accounts.core import (
@@ -74,6 +76,7 @@ __all__ = [
     "create_api_key",
     "current_keys",
     "delete_key",
+    "devices",
     "disable_account",
     "enable_account",
     "is_live",
