@@ -241,11 +241,13 @@ class TestServing:
 
 class TestSignIn:
     async def test_a_wrong_api_key_shows_the_apis_message(self, browser: Browser, market: Market) -> None:
-        """A wrong key, typed and sent with Enter, leaves the sign-in page showing why in an alert."""
+        """A wrong key, typed and sent with Enter, leaves the sign-in page showing why in an alert (the page opens with
+        the email field focused: most people sign in by password)."""
         console = await _console(browser, market)
         await console.open()
+        await expect(console.page.get_by_label("Email")).to_be_focused()
         key = console.page.get_by_label("API key")
-        await expect(key).to_be_focused()
+        await key.click()
         await console.page.keyboard.type("gmk_" + "x" * 43)
         await console.page.keyboard.press("Enter")
         alert = console.page.get_by_role("alert")
