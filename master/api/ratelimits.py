@@ -227,7 +227,10 @@ async def rate_limits_ctx(app: web.Application) -> AsyncIterator[None]:
 
 def request_address(request: web.Request) -> str:
     """The client's address as the rate limits see it (through ``trusted_proxies``), for the audit log."""
-    trusted = tuple(ipaddress.ip_network(p, strict=False) for p in request.app[MASTER].settings.trusted_proxies)
+    limits = request.app.get(RATE_LIMITS)  # its networks are parsed once; without limits, parse the setting here
+    trusted = limits.limits.trusted_proxies if limits is not None else tuple(
+        ipaddress.ip_network(p, strict=False) for p in request.app[MASTER].settings.trusted_proxies
+    )
     return client_address(request.remote, request.headers.getall("X-Forwarded-For", []), trusted)[:64]
 
 
