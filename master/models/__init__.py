@@ -8,7 +8,7 @@ Import a table from the package (``from master.models import Rental``): the modu
 
 from __future__ import annotations
 
-from master.models.accounts import Account, ApiKey, AuditEvent, ConsoleSession, DeviceCode, EmailToken, SshKey
+from master.models.accounts import Account, ApiKey, AuditEvent, ConsoleSession, DeviceCode, EmailToken, SshKey, TeamInvitation, TeamMember
 from master.models.alerts import Alert, AlertNotification
 from master.models.base import Base, UTCDateTime, version_key
 from master.models.clusters import Cluster, ClusterEvent
@@ -36,6 +36,6 @@ __all__ = [
     "ConsoleSession", "DeviceCode", "EmailToken", "EnrollmentToken", "Gpu", "GpuAllocation", "GpuEvent", "Host", "HostCertificate", "HostEvent",
     "HostLink", "HostListing", "HostPowerPolicy", "Lease", "LedgerAccount", "LedgerEntry", "LedgerTransaction",
     "NetworkMeasurement", "OfferSummary", "Payout", "PowerSaving", "Rental", "RentalEvent", "RentalLogChunk",
-    "Service", "ServiceEvent", "ServiceStat", "SshKey", "TelemetryRollup", "TelemetrySample", "Template",
+    "Service", "ServiceEvent", "ServiceStat", "SshKey", "TeamInvitation", "TeamMember", "TelemetryRollup", "TelemetrySample", "Template",
     "TunnelUsage", "UTCDateTime", "version_key",
 ]

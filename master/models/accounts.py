@@ -27,6 +27,9 @@ class Account(Base):
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     name: Mapped[str] = mapped_column(String(128), unique=True)
     role: Mapped[str] = mapped_column(String(16))  # renter | provider | admin
+    # person: someone who signs in; team: an account people act for (master/services/accounts/teams.py), which owns
+    # rentals, clusters, services, SSH keys, credit and invoices like a person's and is reached through its members.
+    kind: Mapped[str] = mapped_column(String(8), default="person", server_default="person")
     created_at: Mapped[datetime] = mapped_column(default=_now)
     # Quotas enforced at placement (NULL: the master's default_max_* settings apply).
     max_gpus: Mapped[Decimal | None] = mapped_column(Numeric(10, 3), default=None)
@@ -69,6 +72,8 @@ class ApiKey(Base):
     scopes: Mapped[list[Any] | None] = mapped_column(default=None)
     expires_at: Mapped[datetime | None] = mapped_column(default=None)
     allowed_networks: Mapped[list[Any] | None] = mapped_column(default=None)  # CIDRs it may be used from; NULL: any
+    # A key made in a team's context acts for that team only, within its maker's role there (NULL: the maker's own).
+    team_id: Mapped[str | None] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"), index=True, default=None)
     last_used_at: Mapped[datetime | None] = mapped_column(default=None)  # to the minute
 
 
@@ -106,6 +111,8 @@ class SshKey(Base):
     fingerprint: Mapped[str] = mapped_column(String(60))
     created_at: Mapped[datetime] = mapped_column(default=_now)
     last_used_at: Mapped[datetime | None] = mapped_column(default=None)
+    # Who added it to a team's account (removing the member removes the keys they added); NULL: the account's own.
+    added_by: Mapped[str | None] = mapped_column(ForeignKey("accounts.id", ondelete="SET NULL"), default=None)
 
 
 class EmailToken(Base):
@@ -154,3 +161,34 @@ class DeviceCode(Base):
     scopes: Mapped[list[Any] | None] = mapped_column(default=None)
     approved_at: Mapped[datetime | None] = mapped_column(default=None)
     used_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class TeamMember(Base):
+    """A person's place in a team (``master/services/accounts/teams.py``): ``role`` is owner, admin, member or billing."""
+
+    __tablename__ = "team_members"
+
+    team_id: Mapped[str] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"), primary_key=True, index=True)
+    role: Mapped[str] = mapped_column(String(16))
+    added_at: Mapped[datetime] = mapped_column(default=_now)
+    added_by: Mapped[str | None] = mapped_column(ForeignKey("accounts.id", ondelete="SET NULL"), default=None)
+
+
+class TeamInvitation(Base):
+    """An invitation mailed to an address (``master/services/accounts/teams.py``): the mail holds the token, the row its
+    hash; the account that accepts must have proved that address. Used once."""
+
+    __tablename__ = "team_invitations"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    team_id: Mapped[str] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"), index=True)
+    email: Mapped[str] = mapped_column(String(254))
+    role: Mapped[str] = mapped_column(String(16))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    invited_by: Mapped[str | None] = mapped_column(ForeignKey("accounts.id", ondelete="SET NULL"), default=None)
+    created_at: Mapped[datetime] = mapped_column(default=_now)
+    expires_at: Mapped[datetime]
+    accepted_at: Mapped[datetime | None] = mapped_column(default=None)
+    accepted_by: Mapped[str | None] = mapped_column(ForeignKey("accounts.id", ondelete="SET NULL"), default=None)
+    revoked_at: Mapped[datetime | None] = mapped_column(default=None)
