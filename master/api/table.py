@@ -31,6 +31,7 @@ from master.api import (
     routes_regions,
     routes_services,
     routes_ssh_keys,
+    routes_teams,
     routes_templates,
 )
 from master.api.base import API, RateClass, Route
@@ -47,6 +48,7 @@ ROUTES: tuple[Route, ...] = (
     + routes_power.ROUTES
     + routes_accounts.ROUTES
     + routes_keys.ROUTES
+    + routes_teams.ROUTES
 )  # fmt: skip
 
 UNVERSIONED: tuple[Route, ...] = routes_metrics.UNVERSIONED + routes_downloads.UNVERSIONED + routes_docs.UNVERSIONED

@@ -8,7 +8,17 @@ Import a table from the package (``from master.models import Rental``): the modu
 
 from __future__ import annotations
 
-from master.models.accounts import Account, ApiKey, AuditEvent, ConsoleSession, DeviceCode, EmailToken, SshKey, TeamInvitation, TeamMember
+from master.models.accounts import (
+    Account,
+    ApiKey,
+    AuditEvent,
+    ConsoleSession,
+    DeviceCode,
+    EmailToken,
+    SshKey,
+    TeamInvitation,
+    TeamMember,
+)
 from master.models.alerts import Alert, AlertNotification
 from master.models.base import Base, UTCDateTime, version_key
 from master.models.clusters import Cluster, ClusterEvent

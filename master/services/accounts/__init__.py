@@ -7,6 +7,7 @@
 * ``keys.py``: the API keys an account manages (scopes, expiry, networks).
 * ``totp.py``: the TOTP second factor and its recovery codes.
 * ``devices.py``: the CLI's sign-in through the browser (device codes).
+* ``teams.py``: teams (accounts people act for), their members, roles and invitations.
 * ``audit.py``: each account's security log.
 * ``ssh_keys.py``: a renter's SSH public keys (parsing, fingerprints, limits).
 * ``access.py``: what a renter's keys reach: ``update_access`` commands to the hosts of the account's rentals.
@@ -15,7 +16,7 @@ The lowest of the aggregates: it imports ``master.services.lifecycle`` and ``mas
 tells hosts) and nothing else of ``master.services``; every other aggregate may import it.
 """
 
-from master.services.accounts import devices
+from master.services.accounts import devices, teams
 from master.services.accounts.access import access_changed, current_keys, disable_account, enable_account
 from master.services.accounts.audit import Audit, audit_log
 from master.services.accounts.core import (
@@ -52,6 +53,9 @@ from master.services.accounts.signup import (
     verify_email,
 )
 from master.services.accounts.ssh_keys import add_key, delete_key, key_view, list_keys, mark_used
+from master.services.accounts.teams import HEADER as TEAM_HEADER
+from master.services.accounts.teams import act_for
+from master.services.accounts.teams import check_role_allows as check_team_role
 from master.services.accounts.totp import begin as totp_begin
 from master.services.accounts.totp import confirm as totp_confirm
 from master.services.accounts.totp import disable as totp_disable
@@ -61,17 +65,20 @@ __all__ = [
     "COOKIE",
     "CSRF_HEADER",
     "ROLES_AT_SIGN_UP",
+    "TEAM_HEADER",
     "Audit",
     "Principal",
     "Scope",
     "ScopeMissing",
     "SignedIn",
     "access_changed",
+    "act_for",
     "add_key",
     "api_key_view",
     "audit_log",
     "authenticate",
     "authenticate_key",
+    "check_team_role",
     "create_account",
     "create_api_key",
     "current_keys",
@@ -96,6 +103,7 @@ __all__ = [
     "sign_out",
     "sign_out_everywhere",
     "sign_up",
+    "teams",
     "totp_begin",
     "totp_confirm",
     "totp_disable",

@@ -35,6 +35,12 @@ class Audit(StrEnum):
     TOTP_ENABLED = "totp_enabled"
     TOTP_DISABLED = "totp_disabled"
     RECOVERY_CODE_USED = "recovery_code_used"
+    TEAM_CREATED = "team_created"
+    MEMBER_INVITED = "member_invited"
+    INVITATION_REVOKED = "invitation_revoked"
+    MEMBER_ADDED = "member_added"
+    MEMBER_ROLE_CHANGED = "member_role_changed"
+    MEMBER_REMOVED = "member_removed"
 
 
 def record(
