@@ -40,7 +40,7 @@ from billing import credits
 from master.api.base import API
 from master.api.table import ROUTES
 from master.models import Alert, ApiKey, Base, Payout
-from master.services.accounts import make_api_key, sessions, ssh_keys
+from master.services.accounts import add_registry_credential, make_api_key, sessions, ssh_keys
 from master.services.accounts.core import Principal
 from master.services.hosts import enrollment
 from shared.crypto import generate_private_key, make_csr
@@ -113,6 +113,7 @@ class World:
     cluster_members: frozenset[str] = frozenset()  # its member rentals, left out where a test counts the world's rentals
     service: str = ""  # the first renter's service (asleep: min_replicas 0, so no replica to count)
     api_key: str = ""  # the id of a second API key of the first renter (read only)
+    registry_credential: str = ""  # the id of the first renter's registry credential
 
     def account(self, who: str) -> str:
         return self.accounts[who].account_id
@@ -130,7 +131,7 @@ class World:
             "name": "pytorch",  # a seeded template
             "ssh_key_id": self.ssh_keys[RENTER], "cluster_id": self.cluster, "service_id": self.service,
             "start": MAINTENANCE["start"],  # the window the provider's POST adds
-            "key_id": self.api_key, "user_code": "BCDF-GHJK",
+            "key_id": self.api_key, "user_code": "BCDF-GHJK", "credential_id": self.registry_credential,
         }  # fmt: skip
 
 
@@ -164,13 +165,16 @@ async def world(api: Api) -> World:
         ssh = {who: (await ssh_keys.add_key(session, accounts[who].account_id, _ssh_key_line(), now=now)).id for who in CALLERS}
         second_key, _ = await make_api_key(session, accounts[RENTER].account_id, name="second", scopes=["read"], expires_at=None,
                                            allowed_networks=None, now=now)  # fmt: skip
+        registry, _ = await add_registry_credential(session, accounts[RENTER].account_id, prefix="registry.example.com/team/",
+                                                    username="robot", password="token", settings=master.settings, now=now)  # fmt: skip
     status, body = await api.call("POST", "/clusters", keys[RENTER], json={"node_count": 2})
     assert status == 201, body
     members = frozenset(m["rental_id"] for m in body["members"])
     cluster = body["id"]
     status, body = await api.call("POST", "/services", keys[RENTER], json=SERVICE)
     assert status == 201, body
-    return World(api, keys, accounts, hosts, rentals, alerts, payouts, f"{now:%Y-%m}", ssh, cluster, members, body["id"], second_key.id)
+    return World(api, keys, accounts, hosts, rentals, alerts, payouts, f"{now:%Y-%m}", ssh, cluster, members, body["id"], second_key.id,
+                 registry.id)  # fmt: skip
 
 
 def _ssh_key_line() -> str:
@@ -385,6 +389,12 @@ MATRIX: tuple[Rule, ...] = (
     Rule("GET", "/account/ssh-keys", everyone(200)),
     Rule("POST", "/account/ssh-keys", everyone(201), body=ssh_key_body),
     Rule("DELETE", "/account/ssh-keys/{ssh_key_id}", {**everyone(NO_SSH_KEY), RENTER: 200}, last=True),
+    # Registry credentials: as SSH keys; their secrets never in an answer (tests/test_registry_credentials.py).
+    Rule("GET", "/registry-credentials", everyone(200)),
+    Rule("POST", "/registry-credentials", everyone(201), body=fixed({"prefix": "registry.example.com:5000/matrix/",
+                                                                      "username": "robot", "password": "token"})),
+    Rule("DELETE", "/registry-credentials/{credential_id}", {**everyone((404, "registry_credential_not_found")), RENTER: 200},
+         last=True),
 )  # fmt: skip
 
 PUBLIC = {(route.method, route.path) for route in ROUTES if route.public}

@@ -35,6 +35,8 @@ class Audit(StrEnum):
     TOTP_ENABLED = "totp_enabled"
     TOTP_DISABLED = "totp_disabled"
     RECOVERY_CODE_USED = "recovery_code_used"
+    REGISTRY_CREDENTIAL_ADDED = "registry_credential_added"
+    REGISTRY_CREDENTIAL_REMOVED = "registry_credential_removed"
 
 
 def record(
