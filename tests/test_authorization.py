@@ -40,7 +40,14 @@ from billing import credits
 from master.api.base import API
 from master.api.table import ROUTES
 from master.models import Account, Alert, ApiKey, Base, Payout, TeamInvitation, TeamMember
-from master.services.accounts import TEAM_HEADER, make_api_key, sessions, ssh_keys, teams
+from master.services.accounts import (
+    TEAM_HEADER,
+    add_registry_credential,
+    make_api_key,
+    sessions,
+    ssh_keys,
+    teams,
+)
 from master.services.accounts.core import Principal
 from master.services.hosts import enrollment
 from shared.crypto import generate_private_key, make_csr
@@ -114,6 +121,7 @@ class World:
     cluster_members: frozenset[str] = frozenset()  # its member rentals, left out where a test counts the world's rentals
     service: str = ""  # the first renter's service (asleep: min_replicas 0, so no replica to count)
     api_key: str = ""  # the id of a second API key of the first renter (read only)
+    registry_credential: str = ""  # the id of the first renter's registry credential
     team: str = ""  # the first renter's team (it is its owner, alone)
     invitation: str = ""  # an open invitation of that team
 
@@ -133,7 +141,7 @@ class World:
             "name": "pytorch",  # a seeded template
             "ssh_key_id": self.ssh_keys[RENTER], "cluster_id": self.cluster, "service_id": self.service,
             "start": MAINTENANCE["start"],  # the window the provider's POST adds
-            "key_id": self.api_key, "user_code": "BCDF-GHJK",
+            "key_id": self.api_key, "user_code": "BCDF-GHJK", "credential_id": self.registry_credential,
             "team_id": self.team, "invitation_id": self.invitation, "team_owner": self.account(RENTER),
         }  # fmt: skip
 
@@ -168,6 +176,8 @@ async def world(api: Api) -> World:
         ssh = {who: (await ssh_keys.add_key(session, accounts[who].account_id, _ssh_key_line(), now=now)).id for who in CALLERS}
         second_key, _ = await make_api_key(session, accounts[RENTER].account_id, name="second", scopes=["read"], expires_at=None,
                                            allowed_networks=None, now=now)  # fmt: skip
+        registry, _ = await add_registry_credential(session, accounts[RENTER].account_id, prefix="registry.example.com/team/",
+                                                    username="robot", password="token", settings=master.settings, now=now)  # fmt: skip
     status, body = await api.call("POST", "/clusters", keys[RENTER], json={"node_count": 2})
     assert status == 201, body
     members = frozenset(m["rental_id"] for m in body["members"])
@@ -181,7 +191,7 @@ async def world(api: Api) -> World:
                                     token_hash=new_id("hash"), created_at=now, expires_at=now + timedelta(days=1))  # fmt: skip
         session.add(invitation)
     return World(api, keys, accounts, hosts, rentals, alerts, payouts, f"{now:%Y-%m}", ssh, cluster, members, service,
-                 second_key.id, team.id, invitation.id)  # fmt: skip
+                 second_key.id, registry.id, team.id, invitation.id)  # fmt: skip
 
 
 def _ssh_key_line() -> str:
@@ -414,6 +424,12 @@ MATRIX: tuple[Rule, ...] = (
          body=fixed({"role": "owner"})),
     Rule("DELETE", "/teams/{team_id}/members/{account_id}", {**everyone(NO_TEAM), RENTER: (409, "last_owner")},
          ids={"account_id": "team_owner"}),
+    # Registry credentials: as SSH keys; their secrets never in an answer (tests/test_registry_credentials.py).
+    Rule("GET", "/registry-credentials", everyone(200)),
+    Rule("POST", "/registry-credentials", everyone(201), body=fixed({"prefix": "registry.example.com:5000/matrix/",
+                                                                      "username": "robot", "password": "token"})),
+    Rule("DELETE", "/registry-credentials/{credential_id}", {**everyone((404, "registry_credential_not_found")), RENTER: 200},
+         last=True),
 )  # fmt: skip
 
 PUBLIC = {(route.method, route.path) for route in ROUTES if route.public}

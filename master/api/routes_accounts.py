@@ -176,21 +176,22 @@ async def totp_state(request: web.Request) -> web.Response:
 
 
 async def totp_begin(request: web.Request) -> web.Response:
-    answer = await _with_account(request, lambda session, account, now, address: accounts.totp_begin(account))
+    answer = await _with_account(request, lambda session, account, now, address: accounts.totp_begin(
+        account, key=accounts.secrets_key_of(request.app[MASTER].settings)))  # fmt: skip
     return web.json_response(answer, headers={"Cache-Control": "no-store"})
 
 
 async def totp_confirm(request: web.Request) -> web.Response:
     body = await parse_body(request, TotpCode)
     codes = await _with_account(request, lambda session, account, now, address: accounts.totp_confirm(
-        session, account, body.code, now=now, address=address))  # fmt: skip
+        session, account, body.code, now=now, address=address, key=accounts.secrets_key_of(request.app[MASTER].settings)))  # fmt: skip
     return web.json_response({"enabled": True, "recovery_codes": codes}, headers={"Cache-Control": "no-store"})
 
 
 async def totp_disable(request: web.Request) -> web.Response:
     body = await parse_body(request, TotpCode)
     await _with_account(request, lambda session, account, now, address: accounts.totp_disable(
-        session, account, body.code, now=now, address=address))  # fmt: skip
+        session, account, body.code, now=now, address=address, key=accounts.secrets_key_of(request.app[MASTER].settings)))  # fmt: skip
     return web.json_response({"enabled": False, "recovery_codes_left": 0})
 
 

@@ -15,6 +15,7 @@ from master.models.accounts import (
     ConsoleSession,
     DeviceCode,
     EmailToken,
+    RegistryCredential,
     SshKey,
     TeamInvitation,
     TeamMember,
@@ -45,7 +46,7 @@ __all__ = [
     "Account", "Alert", "AlertNotification", "ApiKey", "AuditEvent", "Base", "Cluster", "ClusterEvent", "Command",
     "ConsoleSession", "DeviceCode", "EmailToken", "EnrollmentToken", "Gpu", "GpuAllocation", "GpuEvent", "Host", "HostCertificate", "HostEvent",
     "HostLink", "HostListing", "HostPowerPolicy", "Lease", "LedgerAccount", "LedgerEntry", "LedgerTransaction",
-    "NetworkMeasurement", "OfferSummary", "Payout", "PowerSaving", "Rental", "RentalEvent", "RentalLogChunk",
+    "NetworkMeasurement", "OfferSummary", "Payout", "PowerSaving", "RegistryCredential", "Rental", "RentalEvent", "RentalLogChunk",
     "Service", "ServiceEvent", "ServiceStat", "SshKey", "TeamInvitation", "TeamMember", "TelemetryRollup", "TelemetrySample", "Template",
     "TunnelUsage", "UTCDateTime", "version_key",
 ]

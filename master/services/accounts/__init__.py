@@ -9,6 +9,8 @@
 * ``devices.py``: the CLI's sign-in through the browser (device codes).
 * ``teams.py``: teams (accounts people act for), their members, roles and invitations.
 * ``audit.py``: each account's security log.
+* ``registries.py``: private registry credentials (one per image prefix, sealed; sent only inside a start command).
+* ``vault.py``: the ``secrets_key`` setting as registry credentials and TOTP secrets use it.
 * ``ssh_keys.py``: a renter's SSH public keys (parsing, fingerprints, limits).
 * ``access.py``: what a renter's keys reach: ``update_access`` commands to the hosts of the account's rentals.
 
@@ -32,6 +34,11 @@ from master.services.accounts.keys import key_view as api_key_view
 from master.services.accounts.keys import list_keys as list_api_keys
 from master.services.accounts.keys import make_key as make_api_key
 from master.services.accounts.keys import revoke_key as revoke_api_key
+from master.services.accounts.registries import RegistryLogins
+from master.services.accounts.registries import add as add_registry_credential
+from master.services.accounts.registries import list_credentials as list_registry_credentials
+from master.services.accounts.registries import remove as remove_registry_credential
+from master.services.accounts.registries import view as registry_credential_view
 from master.services.accounts.sessions import (
     COOKIE,
     CSRF_HEADER,
@@ -59,6 +66,7 @@ from master.services.accounts.teams import check_role_allows as check_team_role
 from master.services.accounts.totp import begin as totp_begin
 from master.services.accounts.totp import confirm as totp_confirm
 from master.services.accounts.totp import disable as totp_disable
+from master.services.accounts.vault import key_of as secrets_key_of
 
 __all__ = [
     "ALL_SCOPES",
@@ -68,12 +76,14 @@ __all__ = [
     "TEAM_HEADER",
     "Audit",
     "Principal",
+    "RegistryLogins",
     "Scope",
     "ScopeMissing",
     "SignedIn",
     "access_changed",
     "act_for",
     "add_key",
+    "add_registry_credential",
     "api_key_view",
     "audit_log",
     "authenticate",
@@ -91,13 +101,17 @@ __all__ = [
     "key_view",
     "list_api_keys",
     "list_keys",
+    "list_registry_credentials",
     "make_api_key",
     "mark_used",
+    "registry_credential_view",
+    "remove_registry_credential",
     "request_reset",
     "resend_verification",
     "reset_password",
     "resolve",
     "revoke_api_key",
+    "secrets_key_of",
     "sign_in",
     "sign_in_password",
     "sign_out",

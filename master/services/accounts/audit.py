@@ -41,6 +41,8 @@ class Audit(StrEnum):
     MEMBER_ADDED = "member_added"
     MEMBER_ROLE_CHANGED = "member_role_changed"
     MEMBER_REMOVED = "member_removed"
+    REGISTRY_CREDENTIAL_ADDED = "registry_credential_added"
+    REGISTRY_CREDENTIAL_REMOVED = "registry_credential_removed"
 
 
 def record(
