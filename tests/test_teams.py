@@ -18,7 +18,7 @@ from sqlalchemy import select, update
 
 from billing import credits
 from gpumarket.mailsink import MailSink
-from master.models import Account, AuditEvent, Rental, SshKey, TeamInvitation
+from master.models import Account, AuditEvent, Rental, SshKey, TeamInvitation, TeamMember
 from master.services.accounts import TEAM_HEADER
 from tests.apiclient import Api, assert_error
 from tests.factories import create_principal
@@ -107,7 +107,7 @@ async def crew(api: Api, sink: MailSink) -> Crew:
 class TestMembership:
     async def test_members_list_their_teams_and_see_the_members(self, api: Api, crew: Crew) -> None:
         listed = await ok(api, "GET", "/teams", crew.member.key)
-        assert listed["items"] == [{"id": crew.team_id, "name": "Acme ML", "role": "member", "members": 3,
+        assert listed["items"] == [{"id": crew.team_id, "name": "Acme ML", "kind": "renter", "role": "member", "members": 3,
                                     "created_at": listed["items"][0]["created_at"]}]  # fmt: skip
         view = await ok(api, "GET", f"/teams/{crew.team_id}", crew.member.key)
         assert {m["email"]: m["role"] for m in view["members"]} == {"olga@example.com": "owner", "mo@example.com": "member",
@@ -382,3 +382,35 @@ class TestActingForTheTeam:
         assert (await ok(api, "GET", "/audit-events", crew.owner.key))[
             "items"
         ] == []  # the person's own log is apart
+
+
+class TestProviderTeams:
+    async def test_a_provider_team_enrols_hosts_for_its_members_and_not_for_its_billing_member(
+        self, api: Api, sink: MailSink, crew: Crew
+    ) -> None:
+        made = await ok(api, "POST", "/teams", crew.owner.key, 201, json={"name": "Acme Hosts", "kind": "provider"})
+        assert made["kind"] == "provider"
+        await join(api, sink, made["id"], crew.owner, crew.member, "member")
+        await join(api, sink, made["id"], crew.owner, crew.billing, "billing")
+        token = await ok(api, "POST", "/enrollment-tokens", crew.member.key, 201, headers=team(made["id"]))
+        assert token["token"]
+        status, body = await api.call("POST", "/enrollment-tokens", crew.billing.key, headers=team(made["id"]))
+        assert_error(status, body, 403, "team_role_forbids")
+        # The renter team lists no hosts, and the provider team rents nothing: the route's role decides first.
+        assert_error(*await api.call("POST", "/enrollment-tokens", crew.member.key, headers=team(crew.team_id)), 403, "forbidden")
+        status, body = await api.call("POST", "/rentals", crew.member.key, json={"gpu_count": 1}, headers=team(made["id"]))
+        assert_error(status, body, 403, "forbidden")
+
+    async def test_signing_up_as_both_makes_a_renter_with_a_provider_team(self, api: Api, sink: MailSink) -> None:
+        before = len(sink.messages)
+        status, body = await api.call("POST", "/accounts", None, json={"email": "Both@Example.com", "password": "correct horse battery staple",
+                                                                         "role": "both"})  # fmt: skip
+        assert status == 202, body
+        await sink.wait_for("both@example.com", after=before)
+        async with api.master.db.session() as session:
+            person = await session.scalar(select(Account).where(Account.email == "both@example.com"))
+            assert person is not None and person.role == "renter"
+            hosts = await session.scalar(select(Account).where(Account.name == "both@example.com hosts"))
+            assert hosts is not None and (hosts.kind, hosts.role) == ("team", "provider")
+            member = await session.get(TeamMember, (hosts.id, person.id))
+            assert member is not None and member.role == "owner"

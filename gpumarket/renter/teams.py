@@ -39,13 +39,14 @@ async def cmd_team_list(args: argparse.Namespace, client: Client) -> int:
     if not teams:
         print("you are in no team; make one with `gpumarket team create NAME`")
         return 0
-    rows = [["*" if team["id"] == client.login.team else "", team["name"], team["id"], team["role"], str(team["members"])] for team in teams]
-    print(table(["", "NAME", "ID", "YOUR ROLE", "MEMBERS"], rows))
+    rows = [["*" if team["id"] == client.login.team else "", team["name"], team["id"], team["kind"], team["role"], str(team["members"])]
+            for team in teams]  # fmt: skip
+    print(table(["", "NAME", "ID", "KIND", "YOUR ROLE", "MEMBERS"], rows))
     return 0
 
 
 async def cmd_team_create(args: argparse.Namespace, client: Client) -> int:
-    team = await client.request("POST", "/teams", json_body={"name": args.name}, personal=True)
+    team = await client.request("POST", "/teams", json_body={"name": args.name, "kind": args.kind}, personal=True)
     _print(args, team, f"made team {team['name']} ({team['id']}), you are its owner; act for it with "
                        f"`gpumarket team use {team['name']!r}` and invite people with `gpumarket team invite EMAIL`")  # fmt: skip
     return 0
@@ -137,7 +138,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     finish(listing, cmd_team_list, json="the teams as JSON")
     create = team.add_parser("create", help="make a team (you are its owner)", formatter_class=formatter,
                              description="Make a team with you as its owner. It starts with no credit.")
-    create.add_argument("name", metavar="NAME", help="1 to 64 letters, digits, spaces, '.', '_' or '-'")
+    create.add_argument("name", metavar="NAME", help="1 to 64 letters, digits, spaces, '.', '_', '@', '+' or '-'")
+    create.add_argument("--kind", choices=("renter", "provider"), default="renter",
+                        help="renter (default): the team rents GPUs; provider: it lists hosts")  # fmt: skip
     finish(create, cmd_team_create, json="the team as JSON")
     show = team.add_parser("show", help="the team's members and open invitations", formatter_class=formatter,
                            description="The team in use (or --team NAME): its members, their roles and (owners and admins) its open invitations.")  # fmt: skip

@@ -37,7 +37,8 @@ class SignUp(BaseModel):
 
     email: str = EMAIL
     password: str = PASSWORD
-    role: Literal["renter", "provider"] = Field(description="renter: rent GPUs; provider: list your hosts' GPUs.")
+    role: Literal["renter", "provider", "both"] = Field(description="renter: rent GPUs; provider: list your hosts' GPUs; both: "
+                                                        "a renter account with a provider team of your own to switch to.")  # fmt: skip
 
 
 class VerifyEmail(BaseModel):

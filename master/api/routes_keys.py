@@ -37,7 +37,7 @@ def _granted(who: accounts.Principal) -> frozenset[str] | None:
     """What a new key may hold at most: the calling key's scopes, within the caller's role in a team it acts for."""
     if who.team_role is None:
         return who.scopes
-    return (who.scopes or accounts.ALL_SCOPES) & accounts.teams.ROLE_SCOPES[who.team_role]
+    return (who.scopes or accounts.ALL_SCOPES) & accounts.teams.rights(who)
 
 
 def _scopes(body: KeyCreate, who: accounts.Principal) -> list[str] | None:

@@ -29,9 +29,8 @@ ROLE = Field(
 class TeamCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(
-        min_length=1, max_length=64, description="1 to 64 letters, digits, spaces, '.', '_' or '-'."
-    )
+    name: str = Field(min_length=1, max_length=64, description="1 to 64 letters, digits, spaces, '.', '_', '@', '+' or '-'.")
+    kind: Literal["renter", "provider"] = Field("renter", description="renter: the team rents GPUs; provider: it lists hosts.")
 
 
 class InvitationCreate(BaseModel):
@@ -60,7 +59,7 @@ async def create_team(request: web.Request) -> web.Response:
     master = request.app[MASTER]
     async with master.db.session() as session:
         team = await accounts.teams.create_team(session, principal(request), body.name, now=master.clock.now(),
-                                                address=request_address(request))  # fmt: skip
+                                                address=request_address(request), kind=body.kind)  # fmt: skip
         view = await accounts.teams.team_view(
             session, team.id, principal(request).person_id, now=master.clock.now()
         )

@@ -10,9 +10,15 @@ team's, after checking the membership on every request: a removed member's next 
 Roles, and what each may do in the team's context (``ROLE_SCOPES``, the API key scopes of ``keys.py``):
 
 * ``owner``: everything, and the team's owners (at least one is always left);
-* ``admin``: rent and pay, invite and remove members, change roles other than an owner's;
-* ``member``: rent (rentals, clusters, services, the team's SSH keys) and read everything;
-* ``billing``: read everything and pay (credit, the spend cap, invoices); renting is refused (403 ``team_role_forbids``).
+* ``admin``: work and pay, invite and remove members, change roles other than an owner's;
+* ``member``: work — rent (rentals, clusters, services, the team's SSH keys) in a renter team, run hosts (enrolment,
+  listings, maintenance) in a provider team — and read everything;
+* ``billing``: read everything and pay (credit, the spend cap, invoices, payouts); working is refused (403
+  ``team_role_forbids``).
+
+A team is a renter (the default) or a provider (``kind`` at creation): a provider team's hosts, listings, earnings
+and payouts are the team's. A person who both rents and provides signs up as ``both``: a renter account and a
+provider team of their own (``sign_up``), between which they switch as between any teams.
 
 Invitations go to an address by mail (``#/invite/<token>``, the row keeps the token's hash) and are accepted by a
 signed-in person whose verified address is the invited one, once, before they expire. Removing a member (or a
@@ -47,7 +53,8 @@ HEADER = "Gpumarket-Team"
 MAX_OWNED = 20  # teams a person may own
 MAX_MEMBERS = 200
 INVITATION_TTL = timedelta(days=7)
-TEAM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._-]{0,62}[A-Za-z0-9._-]|[A-Za-z0-9]")
+TEAM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._@+-]{0,62}[A-Za-z0-9._-]|[A-Za-z0-9]")
+KINDS = ("renter", "provider")  # what a team is: it rents, or it lists hosts
 
 
 class Role(StrEnum):
@@ -57,13 +64,22 @@ class Role(StrEnum):
     BILLING = "billing"
 
 
+# A renter team's routes are the renters' and a provider team's the providers' (the route's roles decide first), so
+# ``rent`` and ``provider`` are one right: working with what the team does.
 ROLE_SCOPES: dict[str, frozenset[str]] = {
-    Role.OWNER: frozenset({Scope.READ, Scope.RENT, Scope.BILLING}),
-    Role.ADMIN: frozenset({Scope.READ, Scope.RENT, Scope.BILLING}),
-    Role.MEMBER: frozenset({Scope.READ, Scope.RENT}),
+    Role.OWNER: frozenset({Scope.READ, Scope.RENT, Scope.PROVIDER, Scope.BILLING}),
+    Role.ADMIN: frozenset({Scope.READ, Scope.RENT, Scope.PROVIDER, Scope.BILLING}),
+    Role.MEMBER: frozenset({Scope.READ, Scope.RENT, Scope.PROVIDER}),
     Role.BILLING: frozenset({Scope.READ, Scope.BILLING}),
 }
 MANAGERS = frozenset({Role.OWNER, Role.ADMIN})
+
+
+def rights(who: Principal) -> frozenset[str]:
+    """What the caller's role in the team it acts for gives, for what the team does: a renter team's members rent, a
+    provider team's run hosts (a key made in the team's context holds at most these)."""
+    assert who.team_role is not None
+    return ROLE_SCOPES[who.team_role] - {Scope.PROVIDER if who.role == "renter" else Scope.RENT}
 
 
 class TeamNotFound(NotFound):
@@ -141,9 +157,12 @@ def _check_name(name: str) -> str:
 
 
 async def create_team(
-    session: AsyncSession, who: Principal, name: str, *, now: datetime, address: str | None
+    session: AsyncSession, who: Principal, name: str, *, now: datetime, address: str | None, kind: str = "renter"
 ) -> Account:
-    """A new team named ``name`` with the caller (a person, not acting for a team) as its owner."""
+    """A new team named ``name`` that rents (``kind`` renter) or lists hosts (provider), with the caller (a person, not
+    acting for a team) as its owner."""
+    if kind not in KINDS:
+        raise ValidationFailed(f"kind: renter or provider, not {kind[:20]!r}")
     if who.team_role is not None:
         raise ValidationFailed(
             f"a team cannot make a team; leave out the {HEADER} header (your personal context)"
@@ -157,7 +176,7 @@ async def create_team(
         raise ValidationFailed(f"a person may own {MAX_OWNED} teams; delete or hand over one first")
     if await session.scalar(select(Account.id).where(Account.name == _check_name(name))) is not None:
         raise Conflict(f"the name {name!r} is taken; choose another", code="team_name_taken")
-    team = Account(id=new_id("team"), name=name, role="renter", kind="team", created_at=now)
+    team = Account(id=new_id("team"), name=name, role=kind, kind="team", created_at=now)
     session.add(team)
     await session.flush()
     session.add(
@@ -165,7 +184,7 @@ async def create_team(
             team_id=team.id, account_id=who.person_id, role=Role.OWNER, added_at=now, added_by=who.person_id
         )
     )
-    record(session, team.id, Audit.TEAM_CREATED, at=now, address=address, by=who.person_id, name=name)
+    record(session, team.id, Audit.TEAM_CREATED, at=now, address=address, by=who.person_id, name=name, kind=kind)
     await session.flush()
     return team
 
@@ -180,8 +199,8 @@ async def list_teams(session: AsyncSession, person_id: str) -> list[dict[str, An
         .where(TeamMember.account_id == person_id, Account.kind == "team")
         .order_by(Account.name)
     )
-    return [{"id": team.id, "name": team.name, "role": role, "members": count, "created_at": team.created_at.isoformat()}
-            for team, role, count in rows]  # fmt: skip
+    return [{"id": team.id, "name": team.name, "kind": team.role, "role": role, "members": count,
+             "created_at": team.created_at.isoformat()} for team, role, count in rows]  # fmt: skip
 
 
 async def _membership(session: AsyncSession, team_id: str, person_id: str, *, lock: bool = False) -> str:
@@ -219,6 +238,7 @@ async def team_view(session: AsyncSession, team_id: str, person_id: str, *, now:
     view: dict[str, Any] = {
         "id": team.id,
         "name": team.name,
+        "kind": team.role,
         "role": role,
         "members": members,
         "created_at": team.created_at.isoformat(),
