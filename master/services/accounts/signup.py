@@ -154,14 +154,20 @@ async def resend_verification(
 async def request_reset(
     session: AsyncSession, email: str, *, settings: MasterSettings, now: datetime, address: str | None
 ) -> Mail | None:
-    """The reset mail for the account of ``email``; ``None`` (and the caller answers the same) when there is none."""
+    """The reset mail for the account of ``email``; for an address with no account, a mail that says so (as sign-up
+    mails an address that has one): a mail goes out either way, so neither the answer nor its time tells whether the
+    address has an account. ``None`` only for what is no address at all."""
     try:
         email = normalize_email(email)
     except InvalidEmail:
         return None
     account = await find_by_email(session, email)
     if account is None:
-        return None
+        return Mail(email, "No gpumarket account has this address", (
+            "Someone (you, we hope) asked to reset the password of a gpumarket account with this address, but no "
+            f"account has it.\n\nSign up at {_link(settings, 'signup', '').removesuffix('/')} if you meant to, or "
+            "ask again with the address you signed up with.\n\nIf it was not you, ignore this mail: nothing changed.\n"
+        ))  # fmt: skip
     token = await _new_token(session, account.id, RESET, ttl_s=settings.password_reset_ttl_s, now=now)
     record(session, account.id, Audit.PASSWORD_RESET_REQUESTED, at=now, address=address)
     minutes = settings.password_reset_ttl_s / 60
