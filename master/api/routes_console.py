@@ -87,10 +87,15 @@ async def create_session(request: web.Request) -> web.Response:
         assert body.api_key is not None
         async with master.db.session() as session:
             token, signed_in = await accounts.sign_in(session, body.api_key.strip(), settings=master.settings, now=now, address=address)
+    return session_opened(request, token, signed_in)
+
+
+def session_opened(request: web.Request, token: str, signed_in: accounts.SignedIn) -> web.Response:
+    """The 201 of a sign-in (by password, key or passkey): the session's view, its token in the HttpOnly cookie."""
     response = web.json_response(signed_in.view(), status=201, headers={"Cache-Control": "no-store"})
     response.set_cookie(
         accounts.COOKIE, token, httponly=True, samesite="Strict", secure=_secure_cookie(request), path="/",
-        max_age=int(master.settings.console_session_max_s),
+        max_age=int(request.app[MASTER].settings.console_session_max_s),
     )  # fmt: skip
     return response
 

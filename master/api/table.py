@@ -26,6 +26,7 @@ from master.api import (
     routes_maintenance,
     routes_market,
     routes_metrics,
+    routes_passkeys,
     routes_payments,
     routes_power,
     routes_regions,
@@ -47,6 +48,7 @@ ROUTES: tuple[Route, ...] = (
     + routes_power.ROUTES
     + routes_accounts.ROUTES
     + routes_keys.ROUTES
+    + routes_passkeys.ROUTES
 )  # fmt: skip
 
 UNVERSIONED: tuple[Route, ...] = routes_metrics.UNVERSIONED + routes_downloads.UNVERSIONED + routes_docs.UNVERSIONED

@@ -8,7 +8,19 @@ Import a table from the package (``from master.models import Rental``): the modu
 
 from __future__ import annotations
 
-from master.models.accounts import Account, ApiKey, AuditEvent, ConsoleSession, DeviceCode, EmailToken, SshKey, TeamInvitation, TeamMember
+from master.models.accounts import (
+    Account,
+    ApiKey,
+    AuditEvent,
+    ConsoleSession,
+    DeviceCode,
+    EmailToken,
+    Passkey,
+    PasskeyChallenge,
+    SshKey,
+    TeamInvitation,
+    TeamMember,
+)
 from master.models.alerts import Alert, AlertNotification
 from master.models.base import Base, UTCDateTime, version_key
 from master.models.clusters import Cluster, ClusterEvent
@@ -35,7 +47,7 @@ __all__ = [
     "Account", "Alert", "AlertNotification", "ApiKey", "AuditEvent", "Base", "Cluster", "ClusterEvent", "Command",
     "ConsoleSession", "DeviceCode", "EmailToken", "EnrollmentToken", "Gpu", "GpuAllocation", "GpuEvent", "Host", "HostCertificate", "HostEvent",
     "HostLink", "HostListing", "HostPowerPolicy", "Lease", "LedgerAccount", "LedgerEntry", "LedgerTransaction",
-    "NetworkMeasurement", "OfferSummary", "Payout", "PowerSaving", "Rental", "RentalEvent", "RentalLogChunk",
+    "NetworkMeasurement", "OfferSummary", "Passkey", "PasskeyChallenge", "Payout", "PowerSaving", "Rental", "RentalEvent", "RentalLogChunk",
     "Service", "ServiceEvent", "ServiceStat", "SshKey", "TeamInvitation", "TeamMember", "TelemetryRollup", "TelemetrySample", "Template",
     "TunnelUsage", "UTCDateTime", "version_key",
 ]
