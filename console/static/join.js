@@ -1,10 +1,11 @@
 // The pages a stranger sees: sign in (email and password, or an API key), sign up, verify the address from the
 // mailed link (#/verify/<token>), ask for a reset link (#/reset) and choose a new password (#/reset/<token>); and,
-// signed in, the account's security page (#/security: its audit log, sign out everywhere) and the banner that asks
-// an unverified account to open its link.
+// signed in, the account's security page (#/security: second factor, passkeys, audit log, sign out everywhere) and the
+// banner that asks an unverified account to open its link.
 
 import { api, session } from "./api.js";
 import { h, replace } from "./dom.js";
+import { passkeySignIn, passkeysCard } from "./passkeys.js";
 import { busy, copyable, errorBox, heading } from "./ui.js";
 
 /** Public pages by path; each renders into `main` and calls `done(session)` once the visitor is signed in. */
@@ -93,7 +94,7 @@ export function signInPage(main, { message, isProblem, done }) {
     key.input.value = "";
     done(opened);
   });
-  page(main, "Sign in to gpumarket", info, box.el, byPassword,
+  page(main, "Sign in to gpumarket", info, box.el, byPassword, passkeySignIn(done),
     links(h("a", { href: "#/signup" }, "Create an account"), h("a", { href: "#/reset" }, "Forgot your password?")),
     h("h2", { class: "signin-or" }, "Or with an API key"), byKey);
   email.input.focus();
@@ -172,7 +173,7 @@ export function verifyBanner(account) {
     "Verify your email address to rent GPUs or enrol hosts: open the link we mailed you. ", again, status);
 }
 
-/** #/security: the account's audit log, and signing out of every browser. */
+/** #/security: the second factor, passkeys, the account's audit log, and signing out of every browser. */
 export function securityPage(el, ctx) {
   const log = h("div", { class: "card" }, "Loading…");
   const everywhere = h("button", { type: "button", class: "secondary", id: "sign-out-everywhere" }, "Sign out everywhere");
@@ -184,9 +185,11 @@ export function securityPage(el, ctx) {
     setTimeout(() => location.reload(), 1500);
   }, "Signing out…"));
   const factor = h("div", { class: "card", id: "second-factor" }, "Loading…");
-  replace(el, heading("Security", "Your second factor, signing out everywhere, and what happened to how your account signs in."),
-    factor, h("div", { class: "actions" }, everywhere), status, h("h2", {}, "Recent events"), log);
+  const keys = h("div", { class: "card", id: "passkeys" }, "Loading…");
+  replace(el, heading("Security", "Your second factor, passkeys, signing out everywhere, and what happened to how your account signs in."),
+    factor, keys, h("div", { class: "actions" }, everywhere), status, h("h2", {}, "Recent events"), log);
   secondFactor(factor, ctx);
+  passkeysCard(keys, ctx);
   api("GET", "/audit-events?limit=100").then((page_) => {
     if (!ctx.alive()) return;
     const rows = page_.items.map((item) => h("li", {},
