@@ -7,15 +7,19 @@ browser could send, right or deliberately wrong. The relying party is ``public_u
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pyotp
+import pytest
 from sqlalchemy import select
 from webauthn.helpers import bytes_to_base64url
 
 from master.models import Passkey
+from master.services.accounts import passkeys
 from tests import test_signup
 from tests.apiclient import Api, bearer
+from tests.factories import master_settings
 from tests.test_signup import EMAIL, audit_kinds, call, post, sign_in, sign_up
 from tests.webauthnsim import Authenticator
 
@@ -258,3 +262,42 @@ class TestSigningInWithAPasskey:
         assert (await passkey_sign_in(api, authenticator, sign_count=6))[0] == 201
         kinds = await audit_kinds(api, EMAIL)
         assert kinds.count("sign_in_failed") == 2
+
+
+class TestRelyingParty:
+    """Which RP id and origins the passkeys are for, from the settings (docs/operations.md, "Passkeys")."""
+
+    def _party(self, tmp_path: Path, **settings: Any) -> passkeys.RelyingParty:
+        return passkeys.relying_party(
+            master_settings(tmp_path, database_url="sqlite+aiosqlite://", **settings)
+        )
+
+    def test_public_urls_host_and_origin_by_default(self, tmp_path: Path) -> None:
+        party = self._party(tmp_path, public_url="https://console.example.com/")
+        assert (party.rp_id, party.origins) == ("console.example.com", ("https://console.example.com",))
+
+    def test_a_loopback_address_is_localhost(self, tmp_path: Path) -> None:
+        """gpumarket up's console (http://127.0.0.1:PORT) has passkeys at http://localhost:PORT."""
+        party = self._party(tmp_path, public_url="http://127.0.0.1:8080")
+        assert (party.rp_id, party.origins) == ("localhost", ("http://localhost:8080",))
+        assert self._party(tmp_path, public_url="http://[::1]:9000").origins == ("http://localhost:9000",)
+
+    def test_the_settings_name_a_parent_domain_and_the_origins(self, tmp_path: Path) -> None:
+        party = self._party(
+            tmp_path,
+            public_url="http://10.0.0.5:8080",
+            webauthn_rp_id="Example.com",
+            webauthn_origins=["https://console.example.com/", "https://example.com"],
+        )
+        assert party.rp_id == "example.com"
+        assert party.origins == ("https://console.example.com", "https://example.com")
+
+    def test_an_ip_address_has_no_passkeys(self, tmp_path: Path) -> None:
+        with pytest.raises(passkeys.PasskeysUnavailable, match="webauthn_rp_id"):
+            self._party(tmp_path, public_url="http://10.0.0.5:8080")
+
+    async def test_the_routes_say_so(self, api: Api) -> None:
+        """A master at an IP address answers its passkey routes 503 passkeys_unavailable, saying what to set."""
+        api.master.settings.public_url = "http://192.0.2.7:8080"
+        status, body = await post(api, "/sessions/passkey/options", {})
+        assert status == 503 and body["code"] == "passkeys_unavailable"
