@@ -133,7 +133,8 @@ class CommandExecutor:
             if self.power is not None:
                 # Every GPU it gets back to its full limit before anything runs (or the start fails): docs/power.md.
                 await stack.enter_async_context(self.power.ready_for_start(command.gpu_uuids))
-            data = await self.workloads.start(command.rental_id, list(command.gpu_uuids), command.workload, share=command.share)
+            data = await self.workloads.start(command.rental_id, list(command.gpu_uuids), command.workload, share=command.share,
+                                             registry_auth=command.registry_auth)  # fmt: skip
         self.logs.follow(command.rental_id, save=True)
         if self.ssh is not None:
             # Every kind gets a host key: a hold rental's login is answered with why it has no shell.

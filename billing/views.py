@@ -29,12 +29,14 @@ from master.services.rentals import RentalRequest, quota_view
 
 
 async def account_view(master: Master, who: Principal) -> dict[str, Any]:
-    """The calling account with its quotas (and what it uses of them), its credit, and (not renters) its earnings."""
+    """The calling account with its quotas (and what it uses of them), its credit, and (not renters) its earnings. In a
+    team's context, the team's (``kind`` team), with the caller's ``person_id`` and ``team_role``."""
     async with master.db.session() as session:
         account = await session.get(Account, who.account_id)
         assert account is not None
         view = {
             "id": account.id, "name": account.name, "role": account.role, "created_at": account.created_at.isoformat(),
+            "kind": account.kind, "person_id": who.person_id, "team_role": who.team_role,
             "quota": (quota := await quota_view(master, session, account)),
             "fair_share_weight": account.fair_share_weight,
             "credit": await credits.credit_view(session, account, burn_per_hour=Decimal(quota["spend_per_hour"]),

@@ -459,14 +459,18 @@ def build_parser() -> argparse.ArgumentParser:
     from gpumarket.renter.commands import add_parsers as add_renter_parsers
     from gpumarket.renter.credit import add_parsers as add_credit_parsers
     from gpumarket.renter.keys import add_parsers as add_key_parsers
+    from gpumarket.renter.registries import add_parsers as add_registry_parsers
     from gpumarket.renter.services import add_parsers as add_service_parsers
     from gpumarket.renter.sshcmds import add_parsers as add_ssh_parsers
+    from gpumarket.renter.teams import add_parsers as add_team_parsers
 
     add_renter_parsers(sub)  # login, offers, rent, rentals, logs, stop, account: the renter's side, over the REST API
     add_ssh_parsers(sub)  # ssh, ssh-config, cp, tunnel: OpenSSH to rentals through the relays
     add_cluster_parsers(sub)  # cluster create, list, show, stop, ssh: clusters over the REST API
     add_credit_parsers(sub)  # credit add: prepaid credit through the payment provider
     add_key_parsers(sub)  # keys create, list, revoke: the account's API keys
+    add_team_parsers(sub)  # team list, create, show, invite, accept, role, remove, leave, use: teams and the context
+    add_registry_parsers(sub)  # registry login, list, remove: private registries' credentials
     add_service_parsers(sub)  # service create, list, show, scale, delete, token: elastic services over the REST API
 
     admin = sub.add_parser("admin", help="operator tasks against the master's database and CA")

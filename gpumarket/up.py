@@ -58,7 +58,13 @@ from master.models import Account
 from master.services import hosts
 from master.services.accounts import create_account, create_api_key, key_is_valid
 from shared.bus import InProcessBus
-from shared.crypto import certificate_not_after, certificate_public_key, server_ssl_context, web_ssl_context
+from shared.crypto import (
+    certificate_not_after,
+    certificate_public_key,
+    sealed,
+    server_ssl_context,
+    web_ssl_context,
+)
 from shared.errors import ConfigError
 from shared.registry import MemoryRegistry
 from shared.settings import ENV_PREFIX, MasterSettings
@@ -126,6 +132,21 @@ class Marketplace:
             await agent.close()
 
 
+SECRETS_KEY_FILE = "secrets.key"
+
+
+def demo_secrets_key(path: Path) -> str:
+    """The demo's ``secrets_key``: read from ``path``, or made there (mode 0600) on the first start."""
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        key = sealed.new_key()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as file:
+            file.write(key + "\n")
+        return key
+
+
 async def start_marketplace(
     data_dir: Path,
     *,
@@ -183,6 +204,9 @@ async def start_marketplace(
     )
     if sink is not None:
         settings.smtp_url = SecretStr(sink.url)
+    if settings.secrets_key is None:
+        # Registry credentials and TOTP secrets are sealed with a key of the data dir's own, kept across restarts.
+        settings.secrets_key = SecretStr(demo_secrets_key(data_dir / SECRETS_KEY_FILE))
     bus = InProcessBus()
     registry = MemoryRegistry()
     try:

@@ -54,6 +54,7 @@ from master.background.supervisor import Supervisor, master_loops
 from master.context import Master
 from master.db import Database, open_database, sqlite_url
 from master.scheduler import get_placer
+from master.services import accounts
 from shared.bus import Bus, open_bus
 from shared.clock import Clock, SystemClock
 from shared.crypto import CertificateAuthority
@@ -101,7 +102,7 @@ async def open_master(
         opened.pop_all()  # all open: from here on they are close_master's
     return Master(
         settings=settings, db=db, bus=bus, ca=ca, credit_gate=PrepaidCreditGate(), clock=clock or SystemClock(), instance_id=instance, registry=registry,
-        placer=placer,
+        placer=placer, command_secrets=accounts.RegistryLogins(settings),
     )  # fmt: skip
 
 

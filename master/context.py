@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from decimal import Decimal
 from typing import Any, Protocol
 
@@ -68,6 +70,14 @@ class CreditGate(Protocol):
         """Raise a ``ClientError`` (402 ``insufficient_credit``) unless the renter can pay the minimum billing period."""
 
 
+class CommandSecrets(Protocol):
+    """What a command carries as it is sent but never at rest in its row (``master/services/commands.py::publish``):
+    a start's registry login (``master/services/accounts/registries.py::RegistryLogins``, handed over at assembly)."""
+
+    async def extra_args(self, session: AsyncSession, commands: Sequence[Any], *, now: datetime) -> dict[str, dict[str, Any]]:
+        """Per command id, the args to add to what the row holds."""
+
+
 @dataclass
 class Master:
     settings: MasterSettings
@@ -85,3 +95,5 @@ class Master:
     # The elastic services' gateway of this process (master/services/gateway/core.py::gateway_of builds it on first use;
     # the app closes it at shutdown).
     gateway: Any = None
+    # Secrets added to commands as they are sent, never stored with them (open_master hands the accounts' in).
+    command_secrets: CommandSecrets | None = None

@@ -30,6 +30,7 @@ from shared.ceilings import (
     DEFAULT_RESERVED_MEMORY_MIB,
     DEFAULT_RESERVED_PIDS,
 )
+from shared.crypto import sealed
 from shared.errors import ConfigError
 
 ENV_PREFIX = "GPUMARKET_"
@@ -207,6 +208,7 @@ class MasterSettings(ServiceSettings):
     # Self-service accounts (master/services/accounts/signup.py, docs/accounts.md)
     sign_up_enabled: bool = Field(True, description="Let strangers create accounts (POST /accounts, the console's sign-up); false: only operators make them (gpumarket admin create-account).")
     smtp_url: SecretStr | None = Field(None, description="Where the master sends mail (verification and password-reset links): smtp://[user:password@]host:port, smtps:// for TLS from the start, or smtp+starttls://. Unset: nothing is sent and sign-up is refused (503 mail_unavailable).")
+    secrets_key: SecretStr | None = Field(None, description="The key that seals secrets the master keeps (private registry credentials, TOTP secrets; shared.crypto.sealed): 32 random bytes in URL-safe base64 (gpumarket up makes one in its data dir). Every master of a deployment needs the same one. Unset: registry credentials are refused (503 secrets_key_unset) and TOTP secrets are stored unsealed.")
     mail_from: str = Field("gpumarket <no-reply@gpumarket.local>", description="The From: of the mail the master sends.")
     email_token_ttl_s: float = Field(86400.0, ge=60, le=30 * 86400, description="Seconds a mailed verification link works.")
     password_reset_ttl_s: float = Field(3600.0, ge=60, le=7 * 86400, description="Seconds a mailed password-reset link works.")
@@ -252,6 +254,13 @@ class MasterSettings(ServiceSettings):
         if self.payments == "stripe" and (self.stripe_secret_key is None or self.stripe_webhook_secret is None):
             raise ValueError("payments = stripe needs stripe_secret_key and stripe_webhook_secret")
         return self
+
+    @field_validator("secrets_key")
+    @classmethod
+    def _secrets_key_is_32_bytes(cls, key: SecretStr | None) -> SecretStr | None:
+        if key is not None:
+            sealed.parse_key(key.get_secret_value())  # ValueError says how to make one
+        return key
 
     @field_validator("trusted_proxies")
     @classmethod

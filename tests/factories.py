@@ -19,6 +19,9 @@ from shared.settings import MasterSettings
 MS = 0.001
 
 
+TEST_SECRETS_KEY = "dGVzdC1zZWNyZXRzLWtleS1vZi0zMi1ieXRlcy0hISE="  # 32 bytes, URL-safe base64
+
+
 def master_settings(tmp_path: Path, **overrides: Any) -> MasterSettings:
     values: dict[str, Any] = {
         "data_dir": tmp_path / "master",
@@ -34,6 +37,8 @@ def master_settings(tmp_path: Path, **overrides: Any) -> MasterSettings:
         # Argon2id at its smallest: the tests that sign in by password check the hashing, not its cost.
         "password_hash_time_cost": 1,
         "password_hash_memory_kib": 8192,
+        # Registry credentials and TOTP secrets are sealed with it (tests/test_registry_credentials.py turns it off).
+        "secrets_key": TEST_SECRETS_KEY,
     }
     values.update(overrides)
     return MasterSettings.load(**values)

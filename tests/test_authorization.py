@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -39,8 +39,15 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from billing import credits
 from master.api.base import API
 from master.api.table import ROUTES
-from master.models import Alert, ApiKey, Base, Payout
-from master.services.accounts import make_api_key, sessions, ssh_keys
+from master.models import Account, Alert, ApiKey, Base, Payout, TeamInvitation, TeamMember
+from master.services.accounts import (
+    TEAM_HEADER,
+    add_registry_credential,
+    make_api_key,
+    sessions,
+    ssh_keys,
+    teams,
+)
 from master.services.accounts.core import Principal
 from master.services.hosts import enrollment
 from shared.crypto import generate_private_key, make_csr
@@ -67,6 +74,7 @@ NO_HOST: Outcome = (404, "host_not_found")
 NO_INVOICE: Outcome = (404, "invoice_not_found")
 NO_ACCOUNT: Outcome = (404, "account_not_found")
 NO_SSH_KEY: Outcome = (404, "ssh_key_not_found")
+NO_TEAM: Outcome = (404, "team_not_found")
 
 
 def everyone(outcome: Outcome) -> dict[str, Outcome]:
@@ -113,6 +121,9 @@ class World:
     cluster_members: frozenset[str] = frozenset()  # its member rentals, left out where a test counts the world's rentals
     service: str = ""  # the first renter's service (asleep: min_replicas 0, so no replica to count)
     api_key: str = ""  # the id of a second API key of the first renter (read only)
+    registry_credential: str = ""  # the id of the first renter's registry credential
+    team: str = ""  # the first renter's team (it is its owner, alone)
+    invitation: str = ""  # an open invitation of that team
 
     def account(self, who: str) -> str:
         return self.accounts[who].account_id
@@ -130,7 +141,8 @@ class World:
             "name": "pytorch",  # a seeded template
             "ssh_key_id": self.ssh_keys[RENTER], "cluster_id": self.cluster, "service_id": self.service,
             "start": MAINTENANCE["start"],  # the window the provider's POST adds
-            "key_id": self.api_key, "user_code": "BCDF-GHJK", "passkey_id": "pk-0000000000000000",
+            "key_id": self.api_key, "user_code": "BCDF-GHJK", "passkey_id": "pk-0000000000000000", "credential_id": self.registry_credential,
+            "team_id": self.team, "invitation_id": self.invitation, "team_owner": self.account(RENTER),
         }  # fmt: skip
 
 
@@ -164,13 +176,22 @@ async def world(api: Api) -> World:
         ssh = {who: (await ssh_keys.add_key(session, accounts[who].account_id, _ssh_key_line(), now=now)).id for who in CALLERS}
         second_key, _ = await make_api_key(session, accounts[RENTER].account_id, name="second", scopes=["read"], expires_at=None,
                                            allowed_networks=None, now=now)  # fmt: skip
+        registry, _ = await add_registry_credential(session, accounts[RENTER].account_id, prefix="registry.example.com/team/",
+                                                    username="robot", password="token", settings=master.settings, now=now)  # fmt: skip
     status, body = await api.call("POST", "/clusters", keys[RENTER], json={"node_count": 2})
     assert status == 201, body
     members = frozenset(m["rental_id"] for m in body["members"])
     cluster = body["id"]
     status, body = await api.call("POST", "/services", keys[RENTER], json=SERVICE)
     assert status == 201, body
-    return World(api, keys, accounts, hosts, rentals, alerts, payouts, f"{now:%Y-%m}", ssh, cluster, members, body["id"], second_key.id)
+    service = body["id"]
+    async with master.db.session() as session:
+        team = await teams.create_team(session, accounts[RENTER], "first renters team", now=now, address=None)
+        invitation = TeamInvitation(id=new_id("inv"), team_id=team.id, email="someone@example.com", role="member",
+                                    token_hash=new_id("hash"), created_at=now, expires_at=now + timedelta(days=1))  # fmt: skip
+        session.add(invitation)
+    return World(api, keys, accounts, hosts, rentals, alerts, payouts, f"{now:%Y-%m}", ssh, cluster, members, service,
+                 second_key.id, registry.id, team.id, invitation.id)  # fmt: skip
 
 
 def _ssh_key_line() -> str:
@@ -225,6 +246,10 @@ MAINTENANCE = {"start": "2099-01-01T00:00:00Z", "end": "2099-01-01T04:00:00Z"}
 
 async def maintenance_body(world: World, who: str) -> Any:
     return MAINTENANCE if who == PROVIDER else {"start": "2099-01-02T00:00:00Z", "end": "2099-01-02T04:00:00Z"}
+
+
+async def team_body(world: World, who: str) -> Any:
+    return {"name": f"team of {who}"}
 
 
 async def session_body(world: World, who: str) -> Any:
@@ -393,6 +418,26 @@ MATRIX: tuple[Rule, ...] = (
     Rule("GET", "/account/ssh-keys", everyone(200)),
     Rule("POST", "/account/ssh-keys", everyone(201), body=ssh_key_body),
     Rule("DELETE", "/account/ssh-keys/{ssh_key_id}", {**everyone(NO_SSH_KEY), RENTER: 200}, last=True),
+    # Teams (tests/test_teams.py; the team dimension: TestTeamDimension): the caller's own; someone else's team is as
+    # one that does not exist. The world has none to begin with, so each caller makes one (names must differ).
+    Rule("POST", "/teams", everyone(201), body=team_body),
+    Rule("GET", "/teams", everyone(200)),
+    Rule("GET", "/teams/{team_id}", {**everyone(NO_TEAM), RENTER: 200}),
+    # No mail server here: the owner's invitation is 503 and leaves nothing behind (tests/test_teams.py mails them).
+    Rule("POST", "/teams/{team_id}/invitations", {**everyone(NO_TEAM), RENTER: (503, "mail_unavailable")},
+         body=fixed({"email": "invited@example.com", "role": "member"})),
+    Rule("DELETE", "/teams/{team_id}/invitations/{invitation_id}", {**everyone(NO_TEAM), RENTER: 200}),
+    Rule("POST", "/team-invitations/accept", everyone((400, "invalid_invitation")), body=fixed({"token": "not-a-token"})),
+    Rule("PATCH", "/teams/{team_id}/members/{account_id}", {**everyone(NO_TEAM), RENTER: 200}, ids={"account_id": "team_owner"},
+         body=fixed({"role": "owner"})),
+    Rule("DELETE", "/teams/{team_id}/members/{account_id}", {**everyone(NO_TEAM), RENTER: (409, "last_owner")},
+         ids={"account_id": "team_owner"}),
+    # Registry credentials: as SSH keys; their secrets never in an answer (tests/test_registry_credentials.py).
+    Rule("GET", "/registry-credentials", everyone(200)),
+    Rule("POST", "/registry-credentials", everyone(201), body=fixed({"prefix": "registry.example.com:5000/matrix/",
+                                                                      "username": "robot", "password": "token"})),
+    Rule("DELETE", "/registry-credentials/{credential_id}", {**everyone((404, "registry_credential_not_found")), RENTER: 200},
+         last=True),
 )  # fmt: skip
 
 PUBLIC = {(route.method, route.path) for route in ROUTES if route.public}
@@ -722,6 +767,50 @@ class TestListsHoldOnlyYourOwn:
         for who in CALLERS:
             body = await self.get(world, who, "/account")
             assert (body["id"], body["role"]) == (world.account(who), ROLE[who])
+
+
+class TestTeamDimension:
+    """The matrix again, acting for a team (the ``Gpumarket-Team`` header) of which the first renter is the owner: on
+    every private route a non-member is told the team does not exist (404 ``team_not_found``), and a member or a
+    ``billing`` member is refused (403) every route its role there does not give — ``member``: no billing, ``billing``:
+    no renting — before anything is read or written. What members may do is tests/test_teams.py's."""
+
+    async def test_each_team_role_is_refused_what_it_may_not_do_and_a_stranger_everything(self, world: World) -> None:
+        master = world.api.master
+        async with master.db.session() as session:
+            team = Account(id=new_id("team"), name="matrix team", role="renter", kind="team")
+            session.add(team)
+            await session.flush()
+            session.add(TeamMember(team_id=team.id, account_id=world.account(RENTER), role="owner"))
+        callers = {"stranger": world.keys[OTHER_RENTER]}
+        for role in ("member", "billing"):
+            person, callers[role] = await create_principal(master, f"team-{role}", "renter")
+            async with master.db.session() as session:
+                session.add(TeamMember(team_id=team.id, account_id=person.account_id, role=role))
+        rights = {"member": {"read", "rent"}, "billing": {"read", "billing"}}
+        routes = {(route.method, route.path): route for route in ROUTES}
+        before = await snapshot(world)
+        wrong, checked = [], {"stranger": 0, "member": 0, "billing": 0}
+        for rule in MATRIX:
+            route = routes[(rule.method, rule.path)]
+            if route.public:
+                continue
+            for who, key in callers.items():
+                if who == "stranger":
+                    expected: Outcome = (404, "team_not_found")
+                elif route.roles and "renter" not in route.roles:
+                    expected = FORBIDDEN  # a team rents: provider and admin routes are refused it, as a renter
+                elif route.needs not in rights[who]:
+                    expected = (403, "team_role_forbids")
+                else:
+                    continue
+                checked[who] += 1
+                answer = await call(world, rule, {**bearer(key), TEAM_HEADER: team.id}, RENTER)
+                if not answer.matches(expected):
+                    wrong.append(f"{rule} as the team's {who}: expected {expected}, got {answer.status} {answer.code}")
+        assert wrong == [], "\n".join(wrong)
+        assert changed_tables(before, await snapshot(world)) == []
+        assert checked["member"] >= 5 and checked["billing"] >= 20 and checked["stranger"] > 80, checked
 
 
 class TestUnversionedRoutes:

@@ -79,10 +79,27 @@ from agent.runtimes.netns import NamespaceUnavailable, connect_in_namespace
 from shared.ceilings import Ceilings
 from shared.errors import BadRequest
 from shared.imageref import ImageReference, image_allowed, parse_image_reference
-from shared.protocol import ContainerWorkload, GpuShare
+from shared.protocol import ContainerWorkload, GpuShare, RegistryAuth
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+DOCKER_HUB_INDEX = "https://index.docker.io/v1/"
+# What registries (through the engine) answer a pull they refuse: the renter's login, or the renter's image name.
+_REFUSED_LOGIN = ("unauthorized", "authentication required", "no basic auth credentials", "access denied", "denied:",
+                  "incorrect username or password")  # fmt: skip
+_UNKNOWN_IMAGE = ("manifest unknown", "name unknown", "not found: manifest")
+
+
+def pull_failure_code(message: str) -> str:
+    """The stable code of a failed pull: ``registry_auth_failed`` (the registry refused the login, or wants one),
+    ``image_not_found`` (it has no such image or tag) — both the renter's — else ``image_pull_failed``."""
+    lowered = message.lower()
+    if any(words in lowered for words in _REFUSED_LOGIN):
+        return "registry_auth_failed"
+    if any(words in lowered for words in _UNKNOWN_IMAGE):
+        return "image_not_found"
+    return "image_pull_failed"
 
 
 class ContainerRuntime:
@@ -186,17 +203,21 @@ class ContainerRuntime:
             )
         return reference
 
-    async def prepare(self, rental_id: str, spec: ContainerWorkload) -> PreparedImage:
+    async def prepare(self, rental_id: str, spec: ContainerWorkload, registry_auth: RegistryAuth | None = None) -> PreparedImage:
         """Check the image against the policy, pull it when it is not here (reporting progress), check its size.
 
-        Cancelling is safe: a pull cancelled half-way leaves the engine's partial layers, as ``docker pull`` would.
+        ``registry_auth`` goes to the engine with this pull only (the ``X-Registry-Auth`` header); nothing keeps it.
+        A registry that refuses the login or knows no such image fails the start as the renter's doing
+        (``registry_auth_failed``, ``image_not_found``, with the registry's words); any other pull failure is
+        ``image_pull_failed``. Cancelling is safe: a pull cancelled half-way leaves the engine's partial layers, as
+        ``docker pull`` would.
         """
         reference = self.check_image(spec.image)
         await self.ping()
         pulled = False
         info = await self._inspect_image(spec.image)
         if info is None:
-            await self._pull(rental_id, spec.image, reference)
+            await self._pull(rental_id, spec.image, reference, registry_auth)
             pulled = True
             info = await self._inspect_image(spec.image)
             if info is None:
@@ -232,13 +253,19 @@ class ContainerRuntime:
         except ENGINE_ERRORS as exc:
             raise self.unavailable(exc) from None
 
-    async def _pull(self, rental_id: str, image: str, reference: ImageReference) -> None:
+    async def _pull(self, rental_id: str, image: str, reference: ImageReference, registry_auth: RegistryAuth | None = None) -> None:
         await self._progress(rental_id, "pulling", f"pulling {reference.canonical}", None)
         layers: dict[str, tuple[int, int]] = {}
         last = 0.0
+        auth: dict[str, Any] | None = None
+        if registry_auth is not None:
+            # With a login the engine wants the registry named (Docker Hub's own, its index URL).
+            server = DOCKER_HUB_INDEX if registry_auth.server == "docker.io" else registry_auth.server
+            auth = {"username": registry_auth.username, "password": registry_auth.password, "serveraddress": server}
+            image = reference.canonical
         try:
             async with asyncio.timeout(self.options.pull_timeout):
-                async for event in self.docker().images.pull(image, stream=True):
+                async for event in self.docker().images.pull(image, auth=auth, stream=True):
                     if "error" in event:
                         raise DockerError(500, str(event.get("error")))
                     detail = event.get("progressDetail") or {}
@@ -255,7 +282,7 @@ class ContainerRuntime:
         except TimeoutError:
             raise BadRequest(f"pulling {reference.canonical} took longer than {self.options.pull_timeout:g}s", code="image_pull_failed") from None
         except DockerError as exc:
-            raise BadRequest(f"cannot pull {reference.canonical}: {exc.message}", code="image_pull_failed") from None
+            raise BadRequest(f"cannot pull {reference.canonical}: {exc.message}", code=pull_failure_code(str(exc.message))) from None
         except (aiohttp.ClientError, OSError) as exc:
             raise self.unavailable(exc) from None
         await self._progress(rental_id, "pulled", f"pulled {reference.canonical}", 100.0)

@@ -76,6 +76,7 @@ from shared.protocol import (
     HoldWorkload,
     IsolationFacts,
     ProcessWorkload,
+    RegistryAuth,
     WorkloadSpec,
 )
 
@@ -245,7 +246,8 @@ class WorkloadManager:
     # ---- start ------------------------------------------------------------------------
 
     async def start(
-        self, rental_id: str, gpu_uuids: list[str], spec: WorkloadSpec, *, share: GpuShare | None = None
+        self, rental_id: str, gpu_uuids: list[str], spec: WorkloadSpec, *, share: GpuShare | None = None,
+        registry_auth: RegistryAuth | None = None,
     ) -> dict[str, Any]:
         """Start the rental's workload unless it already runs (then report it again).
 
@@ -255,13 +257,14 @@ class WorkloadManager:
         | "none requested", ...}`` (with ``limits_reason`` when unavailable). A container
         start waits on the engine (an image pull, the container's creation) with its GPUs
         reserved; a second start of the same rental waits for the first. Cancelling is safe:
-        a container start cancelled half-way removes what it made.
+        a container start cancelled half-way removes what it made. ``registry_auth``: the login for a container's
+        image pull, used for that pull only (never stored, never logged).
         """
         self._check_open()
         check_rental_id(rental_id)
         await self.resume()
         if isinstance(spec, ContainerWorkload):
-            return await self._start_container(rental_id, gpu_uuids, spec, share)
+            return await self._start_container(rental_id, gpu_uuids, spec, share, registry_auth)
         existing = self._workloads.get(rental_id) or self._pending.get(rental_id)
         if existing is not None:
             return self._already_running(existing)
@@ -280,7 +283,9 @@ class WorkloadManager:
         log.info("rental %s started (%s, pid %s, %d GPU, limits %s)", rental_id, workload.kind, workload.pid, len(gpus), result.get("limits"))
         return result
 
-    async def _start_container(self, rental_id: str, gpu_uuids: list[str], spec: ContainerWorkload, share: GpuShare | None) -> dict[str, Any]:
+    async def _start_container(
+        self, rental_id: str, gpu_uuids: list[str], spec: ContainerWorkload, share: GpuShare | None, registry_auth: RegistryAuth | None
+    ) -> dict[str, Any]:
         if self.container_options is None:
             raise BadRequest(
                 "this agent runs no container workloads: it was started without container settings "
@@ -291,13 +296,13 @@ class WorkloadManager:
         lock = self._start_locks.setdefault(rental_id, asyncio.Lock())
         try:
             async with lock:
-                return await self._start_container_locked(rental_id, gpu_uuids, spec, share)
+                return await self._start_container_locked(rental_id, gpu_uuids, spec, share, registry_auth)
         finally:
             if not lock.locked() and self._start_locks.get(rental_id) is lock:
                 del self._start_locks[rental_id]
 
     async def _start_container_locked(
-        self, rental_id: str, gpu_uuids: list[str], spec: ContainerWorkload, share: GpuShare | None
+        self, rental_id: str, gpu_uuids: list[str], spec: ContainerWorkload, share: GpuShare | None, registry_auth: RegistryAuth | None
     ) -> dict[str, Any]:
         self._check_open()
         existing = self._workloads.get(rental_id)
@@ -307,7 +312,7 @@ class WorkloadManager:
         ceilings = self._ceilings_of(spec, gpus, share)
         workload = Workload(rental_id, "container", gpus, now_iso(), share=share, disk_gib=ceilings.disk_gib)
         self._pending[rental_id] = workload  # its GPUs are taken while the image comes and the container starts
-        pull = self._own(self.containers.prepare(rental_id, spec), name=f"workload-{rental_id}-image")
+        pull = self._own(self.containers.prepare(rental_id, spec, registry_auth), name=f"workload-{rental_id}-image")
         self._pulls[rental_id] = pull
         try:
             try:

@@ -21,6 +21,8 @@ API_PREFIX = "/api/v1"
 ENV_URL = "GPUMARKET_API_URL"
 ENV_KEY = "GPUMARKET_API_KEY"
 ENV_CONFIG = "GPUMARKET_CONFIG"
+ENV_TEAM = "GPUMARKET_TEAM"
+TEAM_HEADER = "Gpumarket-Team"  # the team a call acts for (docs/accounts.md, "Teams")
 
 # What to do next after the API's error codes (the API's own message says what went wrong).
 NEXT_STEP: dict[str, str] = {
@@ -44,6 +46,8 @@ NEXT_STEP: dict[str, str] = {
     "host_offline": "its host is not connected to a relay now; try again in a minute",
     "port_not_declared": "connect to a port the rental declared with `gpumarket rent --port P`, or to --port ssh",
     "no_ssh_host_key": "this rental serves no SSH (or has not reported its key yet); try again once it runs",
+    "team_not_found": "`gpumarket team list` shows your teams; `gpumarket team use personal` acts for yourself again",
+    "team_role_forbids": "`gpumarket team show` shows your role; ask the team's owner or an admin",
 }
 
 
@@ -108,6 +112,7 @@ def normalize_url(url: str) -> str:
 class Login:
     api_url: str
     api_key: str
+    team: str | None = None  # the team id calls act for (``gpumarket team use``); None: the account's own
 
 
 def read_config(path: Path) -> dict[str, str]:
@@ -132,7 +137,8 @@ def load_login(path: Path | None, environ: Mapping[str, str]) -> Login:
     if not url or not key:
         missing = " and ".join(n for n, v in (("API URL", url), ("API key", key)) if not v)
         raise UsageError(f"no {missing}: run `gpumarket login --api URL`, or set {ENV_URL} and {ENV_KEY}")
-    return Login(normalize_url(url), key)
+    team = environ.get(ENV_TEAM, saved.get("team")) or None
+    return Login(normalize_url(url), key, None if team == "personal" else team)
 
 
 def save_login(path: Path, login: Login) -> None:
@@ -144,7 +150,8 @@ def save_login(path: Path, login: Login) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         with os.fdopen(fd, "w") as out:
-            json.dump({"api_url": login.api_url, "api_key": login.api_key}, out, indent=2)
+            saved = {"api_url": login.api_url, "api_key": login.api_key} | ({"team": login.team} if login.team else {})
+            json.dump(saved, out, indent=2)
             out.write("\n")
         os.chmod(tmp, 0o600)  # whatever the umask
         os.replace(tmp, path)
@@ -187,9 +194,12 @@ class Client:
 
     async def request(
         self, method: str, path: str, *, params: Mapping[str, str | int] | None = None, json_body: Any = None,
-        headers: Mapping[str, str] | None = None, retry: bool = False,
+        headers: Mapping[str, str] | None = None, retry: bool = False, personal: bool = False,
     ) -> Any:  # fmt: skip
-        """The JSON body of a 2xx answer; ``ApiError`` for the API's errors, ``Unreachable`` for no answer."""
+        """The JSON body of a 2xx answer; ``ApiError`` for the API's errors, ``Unreachable`` for no answer. The call
+        acts for the login's team (``Gpumarket-Team``) unless ``personal``."""
+        if self.login.team and not personal:
+            headers = {**(headers or {}), TEAM_HEADER: self.login.team}
         attempts = 1 + (self.retries if retry else 0)
         for attempt in range(attempts):
             try:

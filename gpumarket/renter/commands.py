@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import getpass
 import os
 import shlex
@@ -68,7 +69,11 @@ def run(args: argparse.Namespace) -> None:
             command: Command = args.renter_func
 
             async def main() -> int:
-                async with Client(login, timeout=args.timeout) as client:
+                chosen = login
+                if getattr(args, "team", None):
+                    async with Client(login, timeout=args.timeout) as client:
+                        chosen = dataclasses.replace(login, team=await team_id(client, args.team))
+                async with Client(chosen, timeout=args.timeout) as client:
                     return await command(args, client)
 
             code = asyncio.run(main())
@@ -118,6 +123,18 @@ def _what(rental: Mapping[str, Any]) -> str:
 
 
 # ---- login --------------------------------------------------------------------------------------
+
+
+async def team_id(client: Client, text: str) -> str | None:
+    """The id of the team named ``text`` (a name or an id) among the caller's; ``None`` for 'personal'."""
+    if text == "personal":
+        return None
+    teams = (await client.request("GET", "/teams", personal=True, retry=True))["items"]
+    for team in teams:
+        if text in (team["id"], team["name"]):
+            return str(team["id"])
+    names = ", ".join(repr(team["name"]) for team in teams) or "none"
+    raise UsageError(f"you are in no team {text!r} (yours: {names}); make one with `gpumarket team create NAME`")
 
 
 def _read_key(args: argparse.Namespace) -> str:

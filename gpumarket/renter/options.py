@@ -77,3 +77,5 @@ def common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, metavar="FILE",
                         help="the login file (default $XDG_CONFIG_HOME/gpumarket/config.json, or $GPUMARKET_CONFIG)")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=30.0, metavar="S", help="seconds one API call may take (default 30)")
+    parser.add_argument("--team", metavar="TEAM", help="act for this team (its name or id; 'personal': yourself) instead of "
+                        "the one `gpumarket team use` chose (or $GPUMARKET_TEAM)")  # fmt: skip

@@ -163,6 +163,8 @@ async def roles_middleware(request: web.Request, handler: Handler) -> web.Stream
     route = declared_route(request)
     if route is not None and route.roles:
         principal(request).require(*route.roles)
+    if route is not None and not route.public:
+        accounts.check_team_role(principal(request), route.needs)
     scopes = principal(request).scopes if route is not None and not route.public else None
     if route is not None and scopes is not None and route.needs not in scopes:
         raise accounts.ScopeMissing(f"this API key may not call {route.method} {API}{route.path}: it needs the "
@@ -196,9 +198,10 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
             # The web console: a session cookie, and for any change the session's CSRF token too.
             async with master.db.session() as session:
                 signed_in = await accounts.resolve(session, cookie, settings=master.settings, now=master.clock.now())
-            if request.method in UNSAFE_METHODS:
-                signed_in.check_csrf(request.headers.get(accounts.CSRF_HEADER))
-            request[PRINCIPAL], request[SESSION] = signed_in.principal, signed_in
+                if request.method in UNSAFE_METHODS:
+                    signed_in.check_csrf(request.headers.get(accounts.CSRF_HEADER))
+                request[PRINCIPAL] = await accounts.act_for(session, signed_in.principal, team_named(request))
+            request[SESSION] = signed_in
             return await handler(request)
         scheme, _, key = (header or "").partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
@@ -206,8 +209,19 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
                 raise Unauthorized("you are not signed in; sign in again", code="not_signed_in")
             raise Unauthorized("send your API key as 'Authorization: Bearer <key>'", code="missing_api_key")
         async with master.db.session() as session:
-            request[PRINCIPAL] = await authenticate(session, key.strip(), address=request_address(request), now=master.clock.now())
+            person = await authenticate(session, key.strip(), address=request_address(request), now=master.clock.now())
+            request[PRINCIPAL] = await accounts.act_for(session, person, team_named(request))
     return await handler(request)
+
+
+def team_named(request: web.Request) -> str | None:
+    """The team the request acts for (``Gpumarket-Team``: its id), or ``None`` for the caller's own account."""
+    value = request.headers.get(accounts.TEAM_HEADER)
+    if value is None:
+        return None
+    if not value.isascii() or not value.isprintable() or not 0 < len(value) <= 40 or value != value.strip():
+        raise BadRequest(f"{accounts.TEAM_HEADER}: give a team's id (gpumarket team list shows them)", code="invalid_team")
+    return value
 
 
 def principal(request: web.Request) -> Principal:

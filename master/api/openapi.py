@@ -108,7 +108,10 @@ def build_openapi(routes: tuple[Route, ...]) -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {"title": "gpumarket API", "version": VERSION,
                  "description": "Every money field (price_*, bid_*, charged, balance, earned, amount, total_*, ...) is "
-                                "a decimal string as #/components/schemas/Money describes."},
+                                "a decimal string as #/components/schemas/Money describes. A call acts for a team "
+                                "(its rentals, credit, SSH keys) with the header Gpumarket-Team: <team id> (GET "
+                                "/api/v1/teams lists yours; 404 team_not_found for one you are not in, 403 "
+                                "team_role_forbids where your role there does not allow the call)."},
         "servers": [{"url": "/"}],
         "paths": paths,
         "components": {"schemas": components, "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},

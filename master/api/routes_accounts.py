@@ -37,7 +37,8 @@ class SignUp(BaseModel):
 
     email: str = EMAIL
     password: str = PASSWORD
-    role: Literal["renter", "provider"] = Field(description="renter: rent GPUs; provider: list your hosts' GPUs.")
+    role: Literal["renter", "provider", "both"] = Field(description="renter: rent GPUs; provider: list your hosts' GPUs; both: "
+                                                        "a renter account with a provider team of your own to switch to.")  # fmt: skip
 
 
 class VerifyEmail(BaseModel):
@@ -69,7 +70,7 @@ def _smtp(master: Master) -> str:
     return master.settings.smtp_url.get_secret_value()
 
 
-async def _send(master: Master, message: mail.Mail | None) -> None:
+async def send_mail(master: Master, message: mail.Mail | None) -> None:
     if message is not None:
         await mail.send(_smtp(master), master.settings.mail_from, message)
 
@@ -86,7 +87,7 @@ async def sign_up(request: web.Request) -> web.Response:
     async with master.db.session() as session:
         message = await accounts.sign_up(session, email=body.email, password=body.password, role=body.role,
                                          settings=master.settings, now=master.clock.now(), address=request_address(request))  # fmt: skip
-        await _send(master, message)
+        await send_mail(master, message)
     return web.json_response({"status": SENT}, status=202)
 
 
@@ -101,13 +102,13 @@ async def verify(request: web.Request) -> web.Response:
 
 async def resend(request: web.Request) -> web.Response:
     master, who = request.app[MASTER], principal(request)
-    await limit_email(request, who.account_id)
+    await limit_email(request, who.person_id)
     async with master.db.session() as session:
-        message = await accounts.resend_verification(session, who.account_id, settings=master.settings,
+        message = await accounts.resend_verification(session, who.person_id, settings=master.settings,
                                                      now=master.clock.now(), address=request_address(request))  # fmt: skip
         if message is None:
             return web.json_response({"status": "nothing to verify: the address is verified already (or the account has none)"})
-        await _send(master, message)
+        await send_mail(master, message)
     return web.json_response({"status": SENT}, status=202)
 
 
@@ -119,7 +120,7 @@ async def request_reset(request: web.Request) -> web.Response:
     async with master.db.session() as session:
         message = await accounts.request_reset(session, body.email, settings=master.settings, now=master.clock.now(),
                                                address=request_address(request))  # fmt: skip
-        await _send(master, message)
+        await send_mail(master, message)
     return web.json_response({"status": "if an account has that address, we sent it a link to choose a new password"}, status=202)
 
 
@@ -135,7 +136,7 @@ async def confirm_reset(request: web.Request) -> web.Response:
 async def sign_out_everywhere(request: web.Request) -> web.Response:
     master, who = request.app[MASTER], principal(request)
     async with master.db.session() as session:
-        ended = await accounts.sign_out_everywhere(session, who.account_id, now=master.clock.now(), address=request_address(request))
+        ended = await accounts.sign_out_everywhere(session, who.person_id, now=master.clock.now(), address=request_address(request))
     response = web.json_response({"sessions_ended": ended})
     response.del_cookie(accounts.COOKIE, path="/")
     return response
@@ -161,7 +162,7 @@ async def _with_account(request: web.Request, change: Callable[[AsyncSession, Ac
     master, who = request.app[MASTER], principal(request)
     _session_only(request)
     async with master.db.session() as session:
-        account = await session.get(Account, who.account_id, with_for_update=True)
+        account = await session.get(Account, who.person_id, with_for_update=True)
         assert account is not None  # the session resolved it
         return change(session, account, master.clock.now(), request_address(request))
 
@@ -169,34 +170,37 @@ async def _with_account(request: web.Request, change: Callable[[AsyncSession, Ac
 async def totp_state(request: web.Request) -> web.Response:
     master, who = request.app[MASTER], principal(request)
     async with master.db.session() as session:
-        account = await session.get(Account, who.account_id)
+        account = await session.get(Account, who.person_id)
         assert account is not None
         return web.json_response({"enabled": account.totp_secret is not None,
                                   "recovery_codes_left": len(account.totp_recovery or []) if account.totp_secret else 0})  # fmt: skip
 
 
 async def totp_begin(request: web.Request) -> web.Response:
-    answer = await _with_account(request, lambda session, account, now, address: accounts.totp_begin(account))
+    answer = await _with_account(request, lambda session, account, now, address: accounts.totp_begin(
+        account, key=accounts.secrets_key_of(request.app[MASTER].settings)))  # fmt: skip
     return web.json_response(answer, headers={"Cache-Control": "no-store"})
 
 
 async def totp_confirm(request: web.Request) -> web.Response:
     body = await parse_body(request, TotpCode)
     codes = await _with_account(request, lambda session, account, now, address: accounts.totp_confirm(
-        session, account, body.code, now=now, address=address))  # fmt: skip
+        session, account, body.code, now=now, address=address, key=accounts.secrets_key_of(request.app[MASTER].settings)))  # fmt: skip
     return web.json_response({"enabled": True, "recovery_codes": codes}, headers={"Cache-Control": "no-store"})
 
 
 async def totp_disable(request: web.Request) -> web.Response:
     body = await parse_body(request, TotpCode)
     await _with_account(request, lambda session, account, now, address: accounts.totp_disable(
-        session, account, body.code, now=now, address=address))  # fmt: skip
+        session, account, body.code, now=now, address=address, key=accounts.secrets_key_of(request.app[MASTER].settings)))  # fmt: skip
     return web.json_response({"enabled": False, "recovery_codes_left": 0})
 
 
 async def audit_events(request: web.Request) -> web.Response:
     master, who = request.app[MASTER], principal(request)
     limit, offset = page(request)
+    if who.team_role is not None and who.team_role not in accounts.teams.MANAGERS:
+        raise accounts.teams.TeamRoleForbids(f"a team's security log is for its owners and admins; you are a {who.team_role}")
     async with master.db.session() as session:
         items, total = await accounts.audit_log(session, who.account_id, limit=limit, offset=offset)
     return listing(items, total, limit, offset)
@@ -227,5 +231,6 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/account/totp/disable", totp_disable, "Turn the second factor off with a current code or a recovery "
           "code. A console session only.", scope="read", body=TotpCode, errors=(401, 403, 422)),
     Route("GET", "/audit-events", audit_events, "The account's security log, newest first: sign-ups, sign-ins (and "
-          "failed ones), verified addresses, password resets, sign-outs everywhere.", query=PAGING, errors=(401,)),
+          "failed ones), verified addresses, password resets, sign-outs everywhere; in a team's context, the team's "
+          "(members invited, added, removed, roles changed; its owners and admins only).", query=PAGING, errors=(401,)),
 )  # fmt: skip

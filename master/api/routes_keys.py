@@ -33,14 +33,29 @@ def _utc(moment: datetime | None) -> datetime | None:
     return None if moment is None else moment.astimezone(UTC)
 
 
+def _granted(who: accounts.Principal) -> frozenset[str] | None:
+    """What a new key may hold at most: the calling key's scopes, within the caller's role in a team it acts for."""
+    if who.team_role is None:
+        return who.scopes
+    return (who.scopes or accounts.ALL_SCOPES) & accounts.teams.rights(who)
+
+
+def _scopes(body: KeyCreate, who: accounts.Principal) -> list[str] | None:
+    """The scopes asked for; left out: every scope, or in a team's context every right of the caller's role there."""
+    if body.scopes:
+        return [scope.value for scope in body.scopes]
+    granted = _granted(who) if who.team_role is not None else None
+    return None if granted is None else [scope.value for scope in accounts.Scope if scope in granted]
+
+
 async def create_key(request: web.Request) -> web.Response:
     body = await parse_body(request, KeyCreate)
     master, who = request.app[MASTER], principal(request)
     async with master.db.session() as session:
         row, secret = await accounts.make_api_key(
-            session, who.account_id, name=body.name.strip(), scopes=[scope.value for scope in body.scopes] if body.scopes else None,
+            session, who.person_id, name=body.name.strip(), scopes=_scopes(body, who),
             expires_at=_utc(body.expires_at), allowed_networks=body.allowed_networks, now=master.clock.now(),
-            granted_by=who.scopes, address=request_address(request),
+            granted_by=_granted(who), address=request_address(request), team_id=who.account_id if who.team_role else None,
         )  # fmt: skip
         view = accounts.api_key_view(row, now=master.clock.now())
     return web.json_response({**view, "key": secret}, status=201, headers={"Cache-Control": "no-store"})
@@ -49,14 +64,14 @@ async def create_key(request: web.Request) -> web.Response:
 async def list_keys(request: web.Request) -> web.Response:
     master, who = request.app[MASTER], principal(request)
     async with master.db.session() as session:
-        items = await accounts.list_api_keys(session, who.account_id, now=master.clock.now())
+        items = await accounts.list_api_keys(session, who.person_id, now=master.clock.now())
     return web.json_response({"items": items, "total": len(items)})
 
 
 async def revoke_key(request: web.Request) -> web.Response:
     master, who = request.app[MASTER], principal(request)
     async with master.db.session() as session:
-        view = await accounts.revoke_api_key(session, who.account_id, request.match_info["key_id"], now=master.clock.now(),
+        view = await accounts.revoke_api_key(session, who.person_id, request.match_info["key_id"], now=master.clock.now(),
                                              revoked_by=(who.key_id, who.scopes), address=request_address(request))  # fmt: skip
     return web.json_response(view)
 
@@ -120,7 +135,7 @@ async def device_approve(request: web.Request) -> web.Response:
     body = await parse_body(request, DeviceApprove)
     master, who = request.app[MASTER], principal(request)
     async with master.db.session() as session:
-        approved = await accounts.devices.approve(session, request.match_info["user_code"], who.account_id,
+        approved = await accounts.devices.approve(session, request.match_info["user_code"], who.person_id,
                                                   scopes=[scope.value for scope in body.scopes] if body.scopes else None,
                                                   now=master.clock.now())  # fmt: skip
     return web.json_response(approved)

@@ -28,7 +28,9 @@ async def add_ssh_key(request: web.Request) -> web.Response:
     master = request.app[MASTER]
     body = await parse_body(request, SshKeyCreate)
     async with master.db.session() as session:
-        key = await accounts.add_key(session, principal(request).account_id, body.public_key, name=body.name, now=master.clock.now())
+        who = principal(request)
+        key = await accounts.add_key(session, who.account_id, body.public_key, name=body.name, now=master.clock.now(),
+                                     added_by=who.person if who.team_role else None)  # fmt: skip
         view = accounts.key_view(key)
         issued = await accounts.access_changed(session, principal(request).account_id, now=master.clock.now())
     await commands.publish(master, issued)

@@ -30,8 +30,10 @@ from master.api import (
     routes_payments,
     routes_power,
     routes_regions,
+    routes_registries,
     routes_services,
     routes_ssh_keys,
+    routes_teams,
     routes_templates,
 )
 from master.api.base import API, RateClass, Route
@@ -49,6 +51,8 @@ ROUTES: tuple[Route, ...] = (
     + routes_accounts.ROUTES
     + routes_keys.ROUTES
     + routes_passkeys.ROUTES
+    + routes_teams.ROUTES
+    + routes_registries.ROUTES
 )  # fmt: skip
 
 UNVERSIONED: tuple[Route, ...] = routes_metrics.UNVERSIONED + routes_downloads.UNVERSIONED + routes_docs.UNVERSIONED

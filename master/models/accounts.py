@@ -50,10 +50,11 @@ class Account(Base):
     email_verified_at: Mapped[datetime | None] = mapped_column(default=None)
     # Argon2id, in the PHC string format (parameters and salt included); NULL: no password sign-in.
     password_hash: Mapped[str | None] = mapped_column(String(256), default=None)
-    # The TOTP second factor (master/services/accounts/totp.py): its secret (base32) once confirmed, one being set up,
-    # the last time step accepted (a code works once), and the SHA-256 of the unused recovery codes.
-    totp_secret: Mapped[str | None] = mapped_column(String(64), default=None)
-    totp_pending: Mapped[str | None] = mapped_column(String(64), default=None)
+    # The TOTP second factor (master/services/accounts/totp.py): its secret once confirmed, one being set up (each
+    # sealed under the secrets_key setting, ``sealed:v1:...``, or base32 in the clear on a master without one), the
+    # last time step accepted (a code works once), and the SHA-256 of the unused recovery codes.
+    totp_secret: Mapped[str | None] = mapped_column(String(128), default=None)
+    totp_pending: Mapped[str | None] = mapped_column(String(128), default=None)
     totp_last_step: Mapped[int | None] = mapped_column(BigInteger, default=None)
     totp_recovery: Mapped[list[Any] | None] = mapped_column(default=None)
 
@@ -225,3 +226,22 @@ class PasskeyChallenge(Base):
     account_id: Mapped[str | None] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"), index=True, default=None)
     created_at: Mapped[datetime] = mapped_column(default=_now)
     expires_at: Mapped[datetime] = mapped_column(index=True)
+
+
+class RegistryCredential(Base):
+    """A login to a private image registry (``master/services/accounts/registries.py``), for the images under
+    ``prefix`` (``registry.example.com:5000/myorg/``): the longest prefix matching a rental's image is sent to its
+    agent inside the start command, for that pull only. ``secret`` is the password or token sealed under the
+    ``secrets_key`` setting for this account (``sealed:v1:...``); it is never shown again."""
+
+    __tablename__ = "registry_credentials"
+    __table_args__ = (UniqueConstraint("account_id", "prefix", name="uq_registry_credentials_account_prefix"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"), index=True)
+    prefix: Mapped[str] = mapped_column(String(255))
+    username: Mapped[str] = mapped_column(String(255))
+    secret: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=_now)
+    updated_at: Mapped[datetime] = mapped_column(default=_now)
+    last_used_at: Mapped[datetime | None] = mapped_column(default=None)  # the last start command it went out with

@@ -56,13 +56,17 @@ async def publish(master: Master, command_ids: list[str]) -> int:
             )
         ).all()
         deliveries: list[tuple[CommandRow, str]] = [(c, relay) for c, relay in rows if relay]
+        # Secrets the row never holds (a start's registry login), added to this sending only.
+        extra = {} if master.command_secrets is None or not deliveries else await master.command_secrets.extra_args(
+            session, [c for c, _ in deliveries], now=master.clock.now())  # fmt: skip
     sent: list[str] = []
     for command, relay_id in deliveries:
         delivery = protocol.CommandDelivery(
             host_id=command.host_id,
-            # The row holds what ``new_command`` built from a typed command: sent as stored.
-            command=protocol.Command(body=protocol.CommandBody(command_id=command.id, kind=command.kind, args=command.args)),
-        )
+            # The row holds what ``new_command`` built from a typed command: sent as stored, plus ``extra``.
+            command=protocol.Command(body=protocol.CommandBody(command_id=command.id, kind=command.kind,
+                                                               args={**command.args, **extra.get(command.id, {})})),
+        )  # fmt: skip
         try:
             await master.bus.publish(protocol.commands_stream(relay_id), delivery.model_dump_json().encode())
         except BusError as exc:

@@ -13,12 +13,13 @@ there is no CRL here.
 
 Modules: ``keys`` (private keys, key files, CSRs), ``certs`` (reading certificates and
 the host id and serial they carry), ``ca`` (the ``CertificateAuthority``), ``tls`` (the
-``ssl.SSLContext`` factories). This module is the package's public API: import from
+``ssl.SSLContext`` factories), ``sealed`` (secrets at rest under the master's ``secrets_key``). This module is the package's public API: import from
 ``shared.crypto``.
 
 Must not import from agent/, access/, master/, console/ or billing/.
 """
 
+from shared.crypto import sealed
 from shared.crypto.ca import (
     CA_CERT_FILENAME,
     CA_KEY_FILENAME,
@@ -67,6 +68,7 @@ __all__ = [
     "load_private_key",
     "make_csr",
     "private_key_to_pem",
+    "sealed",
     "serial_hex_from_der",
     "server_ssl_context",
     "web_ssl_context",

@@ -286,6 +286,19 @@ def _default_hold(value: object) -> object:
     return value
 
 
+MAX_REGISTRY_SECRET_CHARS = 4096  # a password or token (a cloud registry's can run to a few KiB)
+
+
+class RegistryAuth(StrictModel):
+    """A login to the registry of a container workload's image, for that pull only (never stored by the agent, never
+    logged: ``password`` is left out of every repr). The master adds it to the start command as it sends it; the
+    command's row never holds it (docs/accounts.md, Private registries)."""
+
+    server: str = Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9.\-]+(:[0-9]{1,5})?$")
+    username: str = Field(min_length=1, max_length=255, pattern=r"^[^\x00-\x1f\x7f]+$")
+    password: str = Field(min_length=1, max_length=MAX_REGISTRY_SECRET_CHARS, pattern=r"^[^\x00-\x1f\x7f]+$", repr=False)
+
+
 class StartWorkload(StrictModel):
     """Start the rental's workload on ``gpu_uuids`` (whole GPUs, or a ``share`` of exactly one)."""
 
@@ -300,6 +313,8 @@ class StartWorkload(StrictModel):
     # The account's access version those keys are of (``UpdateAccess.version``); the agent keeps a newer list
     # it already holds. None: a master from before live access (the keys are taken as they come).
     access_version: AccessVersion | None = None
+    # The registry login for a container workload's image pull (``RegistryAuth``); none: the pull is anonymous.
+    registry_auth: RegistryAuth | None = Field(None, repr=False)
 
     @model_validator(mode="after")
     def _share_env_is_the_agents(self) -> StartWorkload:

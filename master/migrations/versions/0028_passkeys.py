@@ -1,7 +1,7 @@
 """accounts: passkeys (WebAuthn credentials) and the challenges handed out for them
 
 Revision ID: 0028
-Revises: 0026
+Revises: 0027
 Create Date: 2026-12-01 01:00:00.000000
 
 A person signs in with a passkey (``master/services/accounts/passkeys.py``, docs/accounts.md): ``passkeys`` holds each
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0028"
-down_revision = "0026"
+down_revision = "0027"
 branch_labels = None
 depends_on = None
 

@@ -37,6 +37,14 @@ class Audit(StrEnum):
     RECOVERY_CODE_USED = "recovery_code_used"
     PASSKEY_ADDED = "passkey_added"
     PASSKEY_REMOVED = "passkey_removed"
+    TEAM_CREATED = "team_created"
+    MEMBER_INVITED = "member_invited"
+    INVITATION_REVOKED = "invitation_revoked"
+    MEMBER_ADDED = "member_added"
+    MEMBER_ROLE_CHANGED = "member_role_changed"
+    MEMBER_REMOVED = "member_removed"
+    REGISTRY_CREDENTIAL_ADDED = "registry_credential_added"
+    REGISTRY_CREDENTIAL_REMOVED = "registry_credential_removed"
 
 
 def record(

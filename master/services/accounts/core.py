@@ -35,13 +35,24 @@ class Principal:
     # or a key with every scope.
     key_id: str | None = None
     scopes: frozenset[str] | None = None
+    # Acting for a team (master/services/accounts/teams.py): ``account_id`` and ``name`` are the team's, ``person`` the
+    # one who signed in and ``team_role`` their role there. ``key_team``: the team the API key was made for, if any.
+    person: str | None = None
+    team_role: str | None = None
+    key_team: str | None = None
+
+    @property
+    def person_id(self) -> str:
+        """The person behind the request (their own account's id), whether or not they act for a team."""
+        return self.person or self.account_id
 
     @classmethod
     def of(cls, account: Account, key: ApiKey | None = None) -> Principal:
         return cls(account_id=account.id, name=account.name, role=account.role,
                    email_verified=account.email is None or account.email_verified_at is not None,
                    key_id=key.id if key is not None else None,
-                   scopes=frozenset(key.scopes) if key is not None and key.scopes is not None else None)  # fmt: skip
+                   scopes=frozenset(key.scopes) if key is not None and key.scopes is not None else None,
+                   key_team=key.team_id if key is not None else None)  # fmt: skip
 
     def require(self, *roles: str) -> None:
         if self.role not in roles and self.role != "admin":

@@ -90,10 +90,11 @@ def _scope_list(scopes: Sequence[str] | None) -> list[str] | None:
 async def make_key(
     session: AsyncSession, account_id: str, *, name: str, scopes: Sequence[str] | None, expires_at: datetime | None,
     allowed_networks: Sequence[str] | None, now: datetime, granted_by: frozenset[str] | None = None,
-    address: str | None = None,
+    address: str | None = None, team_id: str | None = None,
 ) -> tuple[ApiKey, str]:
     """Make a key; returns its row and its secret (the only time it exists). ``granted_by``: the scopes of the key the
-    request came with (``None``: a console session or a key with every scope), which the new key may not exceed."""
+    request came with (``None``: a console session or a key with every scope), which the new key may not exceed.
+    ``team_id``: the key acts for that team only (made in the team's context; ``granted_by`` holds the role's rights)."""
     if scopes is not None and not scopes:
         raise ValidationFailed("scopes: give at least one of read, rent, billing, provider, admin")
     wanted = frozenset(scopes) if scopes is not None else ALL_SCOPES
@@ -109,7 +110,8 @@ async def make_key(
         raise ValidationFailed(f"an account may hold {MAX_KEYS} live keys; revoke one first")
     secret = new_secret(API_KEY_PREFIX)
     row = ApiKey(id=new_id("key"), account_id=account_id, key_hash=secret_hash(secret), key_prefix=secret[:12], created_at=now,
-                 name=name, scopes=_scope_list(scopes), expires_at=expires_at, allowed_networks=normalize_networks(allowed_networks))  # fmt: skip
+                 name=name, scopes=_scope_list(scopes), expires_at=expires_at, allowed_networks=normalize_networks(allowed_networks),
+                 team_id=team_id)  # fmt: skip
     session.add(row)
     await session.flush()
     record(session, account_id, Audit.KEY_CREATED, at=now, address=address, key_id=row.id, prefix=row.key_prefix, name=name,
@@ -124,7 +126,7 @@ def key_view(row: ApiKey, *, now: datetime) -> dict[str, Any]:
         "all_scopes": row.scopes is None, "state": state, "created_at": row.created_at.isoformat(),
         "expires_at": row.expires_at.isoformat() if row.expires_at else None,
         "allowed_networks": row.allowed_networks, "last_used_at": row.last_used_at.isoformat() if row.last_used_at else None,
-        "revoked_at": row.revoked_at.isoformat() if row.revoked_at else None,
+        "revoked_at": row.revoked_at.isoformat() if row.revoked_at else None, "team_id": row.team_id,
     }  # fmt: skip
 
 

@@ -25,7 +25,7 @@ from sqlalchemy import delete, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.models import Account, ApiKey, ConsoleSession
-from master.services.accounts import passwords, totp
+from master.services.accounts import passwords, totp, vault
 from master.services.accounts.audit import Audit, record
 from master.services.accounts.core import (
     InvalidEmail,
@@ -119,7 +119,7 @@ async def sign_in_password(
         if not totp_code:
             return totp.TotpRequired("this account has a second factor: send totp_code, the code your authenticator app shows "
                                      "(or a recovery code)")  # fmt: skip
-        if not totp.check(account, totp_code, now=now, address=address, session=session):
+        if not totp.check(account, totp_code, now=now, address=address, session=session, key=vault.key_of(settings)):
             record(session, account.id, Audit.SIGN_IN_FAILED, at=now, address=address, method="totp")
             return totp.InvalidTotp("that code does not match (or was used already); type the newest code from your app")
     token, signed_in = await _open(session, Principal.of(account), None, settings=settings, now=now)

@@ -6,7 +6,8 @@ the owner of the address learns which. The links carry a random token (the row k
 expire (``email_token_ttl_s``, ``password_reset_ttl_s``); the console reads them from its URL's fragment
 (``#/verify/<token>``, ``#/reset/<token>``), which browsers never send to a server.
 
-A new account is a renter or a provider, named by its address. It may sign in at once, and may rent (or enrol hosts)
+A new account is a renter or a provider, named by its address; one that signs up as both is a renter with a provider
+team of its own (``teams.py``: "<address> hosts"), for which it acts as for any team. It may sign in at once, and may rent (or enrol hosts)
 once its address is verified (403 ``email_not_verified`` before: ``Principal.email_verified``) and, for renting, it
 has credit. A password reset proves the address too, sets the new password and ends every console session of the
 account. Every step is in the account's audit log (``audit.py``).
@@ -24,16 +25,17 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.models import Account, EmailToken
-from master.services.accounts import passwords
+from master.services.accounts import passwords, teams
 from master.services.accounts.audit import Audit, record
-from master.services.accounts.core import InvalidEmail, find_by_email, normalize_email
+from master.services.accounts.core import InvalidEmail, Principal, find_by_email, normalize_email
 from master.services.accounts.sessions import end_all
-from shared.errors import BadRequest, ValidationFailed
+from shared.errors import BadRequest, Conflict, ValidationFailed
 from shared.ids import new_id, secret_hash
 from shared.mail import Mail
 from shared.settings import MasterSettings
 
-ROLES_AT_SIGN_UP = ("renter", "provider")
+ROLES_AT_SIGN_UP = ("renter", "provider", "both")
+BOTH = "both"  # a renter account and a provider team of its own (teams.py), between which the person switches
 VERIFY, RESET = "verify", "reset"
 
 
@@ -92,13 +94,25 @@ async def sign_up(
         record(session, existing.id, Audit.SIGNED_UP, at=now, address=address, outcome="the address has an account already")
         return _already_mail(settings, email)
     name = email if await session.scalar(select(Account.id).where(Account.name == email)) is None else f"{email}-{new_id('a')}"
-    account = Account(id=new_id("acct"), name=name, role=role, email=email,
+    account = Account(id=new_id("acct"), name=name, role="renter" if role == BOTH else role, email=email,
                       password_hash=await passwords.hash_password(password, settings), created_at=now)  # fmt: skip
     session.add(account)
     await session.flush()
     record(session, account.id, Audit.SIGNED_UP, at=now, address=address, role=role)
+    if role == BOTH:
+        await _provider_team(session, account, now=now, address=address)
     token = await _new_token(session, account.id, VERIFY, ttl_s=settings.email_token_ttl_s, now=now)
     return verification_mail(settings, email, token)
+
+
+async def _provider_team(session: AsyncSession, account: Account, *, now: datetime, address: str | None) -> None:
+    """The provider side of a person who signed up as both: a provider team they own, named after their address."""
+    owner = Principal.of(account)
+    try:
+        async with session.begin_nested():
+            await teams.create_team(session, owner, f"{account.email} hosts", now=now, address=address, kind="provider")
+    except (ValidationFailed, Conflict):  # an address the team names refuse, or the name taken
+        await teams.create_team(session, owner, f"hosts {account.id}", now=now, address=address, kind="provider")
 
 
 async def _use_token(session: AsyncSession, token: str, purpose: str, *, now: datetime) -> Account:
@@ -140,14 +154,20 @@ async def resend_verification(
 async def request_reset(
     session: AsyncSession, email: str, *, settings: MasterSettings, now: datetime, address: str | None
 ) -> Mail | None:
-    """The reset mail for the account of ``email``; ``None`` (and the caller answers the same) when there is none."""
+    """The reset mail for the account of ``email``; for an address with no account, a mail that says so (as sign-up
+    mails an address that has one): a mail goes out either way, so neither the answer nor its time tells whether the
+    address has an account. ``None`` only for what is no address at all."""
     try:
         email = normalize_email(email)
     except InvalidEmail:
         return None
     account = await find_by_email(session, email)
     if account is None:
-        return None
+        return Mail(email, "No gpumarket account has this address", (
+            "Someone (you, we hope) asked to reset the password of a gpumarket account with this address, but no "
+            f"account has it.\n\nSign up at {_link(settings, 'signup', '').removesuffix('/')} if you meant to, or "
+            "ask again with the address you signed up with.\n\nIf it was not you, ignore this mail: nothing changed.\n"
+        ))  # fmt: skip
     token = await _new_token(session, account.id, RESET, ttl_s=settings.password_reset_ttl_s, now=now)
     record(session, account.id, Audit.PASSWORD_RESET_REQUESTED, at=now, address=address)
     minutes = settings.password_reset_ttl_s / 60

@@ -163,10 +163,11 @@ async def list_keys(session: AsyncSession, account_id: str) -> Sequence[SshKey]:
 
 async def add_key(
     session: AsyncSession, account_id: str, public_key: str, *, name: str | None = None, now: datetime,
-    max_keys: int = MAX_KEYS_PER_ACCOUNT,
+    max_keys: int = MAX_KEYS_PER_ACCOUNT, added_by: str | None = None,
 ) -> SshKey:  # fmt: skip
     """Register ``public_key`` on the account. 422 as ``parse_public_key`` (and ``invalid_ssh_key_name``); 409
-    ``ssh_key_exists`` when the account has it already, ``too_many_ssh_keys`` at ``max_keys``."""
+    ``ssh_key_exists`` when the account has it already, ``too_many_ssh_keys`` at ``max_keys``. ``added_by``: the member
+    who adds it to a team's account (removing the member removes it: ``teams.remove_member``)."""
     parsed = parse_public_key(public_key)
     stored_name = key_name(name, parsed)
     # Two adds of one account are serialised, so the limit and the duplicate check hold: a write to the account's
@@ -183,7 +184,7 @@ async def add_key(
         raise Conflict(f"your account has {count} SSH keys, the most it may hold ({max_keys}); delete one you no longer use "
                        "first", code="too_many_ssh_keys")  # fmt: skip
     key = SshKey(id=new_id("sshk"), account_id=account_id, name=stored_name, algorithm=parsed.algorithm,
-                 public_key=parsed.public_key, fingerprint=parsed.fingerprint, created_at=now)  # fmt: skip
+                 public_key=parsed.public_key, fingerprint=parsed.fingerprint, created_at=now, added_by=added_by)  # fmt: skip
     try:
         async with session.begin_nested():
             session.add(key)

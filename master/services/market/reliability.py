@@ -79,14 +79,17 @@ SCORING_CHUNK = 200
 # (``WorkloadExitedBody.reason``), and the rental's failure reason is AGENT_STOPPED_PREFIX + that reason.
 AGENT_STOPPED_PREFIX = "workload stopped by its host: "
 RENTER_STOP_CODES = (protocol.DISK_QUOTA_EXCEEDED,)
+RENTER_START_CODES = ("registry_auth_failed", "image_not_found")
 
 # Failure reasons that are the renter's doing (see master.services.rentals.lifecycle): the workload ran
 # and exited on its own, or its program could not be executed (agent.runtimes.process quotes the
 # program's name; a missing container runtime, unquoted, stays the host's), or its agent stopped it
-# for exceeding what the rental may use (RENTER_STOP_CODES).
+# for exceeding what the rental may use (RENTER_STOP_CODES), or its image's registry refused the renter's login
+# or has no such image (RENTER_START_CODES: the start's failure reason is "<code>: <the registry's words>").
 RENTER_CAUSED_PREFIXES = (
     "workload exited with code ", "workload failed to start: cannot start '",
     *(f"{AGENT_STOPPED_PREFIX}{code}:" for code in RENTER_STOP_CODES),
+    *(f"{code}:" for code in RENTER_START_CODES),
 )
 
 

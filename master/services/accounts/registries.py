@@ -1,0 +1,255 @@
+"""Private registry credentials: an account's logins to image registries, one per image prefix, sealed at rest.
+
+A credential is for the images under its ``prefix``: a registry host (``registry.example.com:5000/``, every image
+there) or a path under it (``registry.example.com:5000/myorg/``); ``docker.io/myorg/`` for Docker Hub. A rental's
+image gets the credential of the longest prefix it falls under (path components match whole: ``…/myorg/`` is not
+``…/myorg2/``).
+
+Where the secret lives: the API takes it once (``add``) and seals it at once (``shared.crypto.sealed``, AES-256-GCM
+under the ``secrets_key`` setting, bound to the account and the credential's id): the row holds only the sealed
+value, no answer holds it, no log line or audit event names it. A start command's row (``commands.args``) never
+holds it either: ``RegistryLogins.extra_args`` opens it as the command is sent (``master.services.commands.
+publish``), each time it is sent, and adds it as ``registry_auth`` to the delivery only; the agent uses it for that
+pull and keeps nothing. A credential added, replaced or removed before a start command goes out is the one it takes.
+A master without ``secrets_key`` refuses to store one (503 ``secrets_key_unset``).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, Final
+
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from master.models import Account, Command, RegistryCredential, Rental
+from master.services.accounts import vault
+from master.services.accounts.audit import Audit, record
+from shared import protocol
+from shared.crypto import sealed
+from shared.errors import Conflict, GpumarketError, NotFound, ValidationFailed
+from shared.ids import new_id
+from shared.imageref import parse_image_reference
+from shared.settings import MasterSettings
+
+log = logging.getLogger(__name__)
+
+MAX_CREDENTIALS: Final = 50  # per account
+PURPOSE: Final = "registry"
+DOCKER_HUB: Final = "docker.io"
+_DOMAIN_COMPONENT = r"(?:[a-z0-9]|[a-z0-9][a-z0-9-]*[a-z0-9])"
+_PATH_COMPONENT = r"(?:[a-z0-9]+(?:(?:[._]|__|[-]+)[a-z0-9]+)*)"
+PREFIX_RE: Final = re.compile(
+    rf"(?P<host>{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*(?::[0-9]{{1,5}})?)(?P<path>(?:/{_PATH_COMPONENT})*)/?"
+)
+PREFIX_HINT: Final = "a registry host and optionally a path, e.g. registry.example.com:5000/myorg/ (docker.io/myorg/ for Docker Hub)"
+
+
+class RegistryCredentialNotFound(NotFound):
+    code = "registry_credential_not_found"
+
+
+def normalize_prefix(text: str) -> str:
+    """``host[:port]/[path/]`` with the host lower-case and one trailing slash; 422 for anything else, as given (a
+    trailing newline or a scheme is a mistake to report, not to mend)."""
+    candidate = text.lower() if text.isascii() else ""
+    match = PREFIX_RE.fullmatch(candidate)
+    host = match.group("host") if match else ""
+    if match is None or len(text) > 255 or not ("." in host or ":" in host or host == "localhost"):
+        raise ValidationFailed(f"prefix: {text[:80]!r} is not {PREFIX_HINT}")
+    return f"{host}{match.group('path')}/"
+
+
+def prefix_matches(prefix: str, image: str) -> bool:
+    """Whether ``image`` (a reference as a rental names it) is under the normalized ``prefix``."""
+    try:
+        reference = parse_image_reference(image)
+    except ValueError:
+        return False
+    return f"{reference.registry.lower()}/{reference.repository}/".startswith(prefix)
+
+
+def view(row: RegistryCredential) -> dict[str, Any]:
+    """What the API shows of a credential: never its secret."""
+    return {
+        "id": row.id, "prefix": row.prefix, "username": row.username, "created_at": row.created_at.isoformat(),
+        "updated_at": row.updated_at.isoformat(), "last_used_at": row.last_used_at.isoformat() if row.last_used_at else None,
+    }  # fmt: skip
+
+
+def _owner(account_id: str, credential_id: str) -> str:
+    return vault.owner(PURPOSE, f"{account_id}:{credential_id}")
+
+
+async def add(
+    session: AsyncSession,
+    account_id: str,
+    *,
+    prefix: str,
+    username: str,
+    password: str,
+    settings: MasterSettings,
+    now: datetime,
+    address: str | None = None,
+) -> tuple[RegistryCredential, bool]:
+    """Store (or replace: one per prefix, as ``docker login`` does) the account's login for ``prefix``; returns the
+    row and whether it is new. 503 ``secrets_key_unset`` on a master without the key; 409 past ``MAX_CREDENTIALS``."""
+    key = vault.require_key(settings, "registry credentials")
+    normalized = normalize_prefix(prefix)
+    # Two adds of one account are serialised (as SSH keys' are): the limit and the one-per-prefix rule hold.
+    await session.execute(
+        update(Account)
+        .where(Account.id == account_id)
+        .values(name=Account.name)
+        .execution_options(synchronize_session=False)
+    )
+    row = await session.scalar(
+        select(RegistryCredential).where(
+            RegistryCredential.account_id == account_id, RegistryCredential.prefix == normalized
+        )
+    )
+    created = row is None
+    if row is None:
+        count = await session.scalar(
+            select(func.count())
+            .select_from(RegistryCredential)
+            .where(RegistryCredential.account_id == account_id)
+        )
+        if (count or 0) >= MAX_CREDENTIALS:
+            raise Conflict(f"your account has {count} registry credentials, the most it may hold ({MAX_CREDENTIALS}); remove one "
+                           "you no longer use first", code="too_many_registry_credentials")  # fmt: skip
+        credential_id = new_id("regc")
+        row = RegistryCredential(id=credential_id, account_id=account_id, prefix=normalized, username=username,
+                                 secret=sealed.seal(key, password, owner=_owner(account_id, credential_id)), created_at=now, updated_at=now)  # fmt: skip
+        try:
+            async with session.begin_nested():
+                session.add(row)
+                await session.flush()
+        except IntegrityError:  # the same prefix added at the same moment by another request
+            raise Conflict(f"a credential for {normalized} was added at the same moment; list them and try again",
+                           code="registry_credential_exists") from None  # fmt: skip
+    else:
+        row.username, row.updated_at = username, now
+        row.secret = sealed.seal(key, password, owner=_owner(account_id, row.id))
+    record(session, account_id, Audit.REGISTRY_CREDENTIAL_ADDED, at=now, address=address, credential_id=row.id, prefix=normalized,
+           username=username, replaced=not created)  # fmt: skip
+    return row, created
+
+
+async def list_credentials(session: AsyncSession, account_id: str) -> list[dict[str, Any]]:
+    rows = await session.scalars(
+        select(RegistryCredential)
+        .where(RegistryCredential.account_id == account_id)
+        .order_by(RegistryCredential.prefix)
+    )
+    return [view(row) for row in rows]
+
+
+async def remove(
+    session: AsyncSession, account_id: str, credential_id: str, *, now: datetime, address: str | None = None
+) -> dict[str, Any]:
+    """Delete one of the account's credentials; 404 ``registry_credential_not_found`` for another account's or an unknown id."""
+    row = await session.scalar(
+        select(RegistryCredential).where(
+            RegistryCredential.id == credential_id, RegistryCredential.account_id == account_id
+        )
+    )
+    if row is None:
+        raise RegistryCredentialNotFound(f"no registry credential {credential_id[:60]!r} in this account; list them with "
+                                         "GET /registry-credentials")  # fmt: skip
+    answer = view(row)
+    await session.delete(row)
+    record(
+        session,
+        account_id,
+        Audit.REGISTRY_CREDENTIAL_REMOVED,
+        at=now,
+        address=address,
+        credential_id=row.id,
+        prefix=row.prefix,
+    )
+    return answer
+
+
+def choose(rows: Sequence[RegistryCredential], image: str) -> RegistryCredential | None:
+    """The credential of the longest prefix ``image`` is under, if any."""
+    matching = [row for row in rows if prefix_matches(row.prefix, image)]
+    return max(matching, key=lambda row: len(row.prefix), default=None)
+
+
+def server_of(prefix: str) -> str:
+    return prefix.split("/", 1)[0]
+
+
+class RegistryLogins:
+    """``master.context.CommandSecrets`` for registry logins: what a start command carries besides its stored args."""
+
+    def __init__(self, settings: MasterSettings) -> None:
+        self.settings = settings
+
+    async def extra_args(
+        self, session: AsyncSession, commands: Sequence[Command], *, now: datetime
+    ) -> dict[str, dict[str, Any]]:
+        """Per command id, ``{"registry_auth": ...}`` for the start commands whose container image is under one of their
+        renter's credentials (its ``last_used_at`` set). A credential that does not open is left out and logged (its
+        id, never its secret): the pull then goes without it."""
+        starts = {
+            c.rental_id: c
+            for c in commands
+            if c.kind == START and c.rental_id is not None and _image(c.args) is not None
+        }
+        if not starts:
+            return {}
+        renters = {
+            r: a
+            for r, a in (
+                await session.execute(select(Rental.id, Rental.renter_id).where(Rental.id.in_(list(starts))))
+            ).all()
+        }
+        rows = (
+            await session.scalars(
+                select(RegistryCredential).where(RegistryCredential.account_id.in_(set(renters.values())))
+            )
+        ).all()
+        if not rows:
+            return {}
+        key = vault.key_of(self.settings)
+        extra: dict[str, dict[str, Any]] = {}
+        for rental_id, command in starts.items():
+            account_id = renters.get(rental_id)
+            image = _image(command.args)
+            row = choose([r for r in rows if r.account_id == account_id], image or "") if account_id else None
+            if row is None:
+                continue
+            try:
+                if key is None:
+                    raise vault.SecretsKeyUnset("secrets_key is unset")
+                password = sealed.unseal(key, row.secret, owner=_owner(row.account_id, row.id))
+            except GpumarketError as exc:
+                log.error("registry credential %s (%s) of account %s does not open (%s): rental %s pulls without it",
+                          row.id, row.prefix, row.account_id, exc.code, rental_id)  # fmt: skip
+                continue
+            auth = protocol.RegistryAuth(
+                server=server_of(row.prefix), username=row.username, password=password
+            )
+            extra[command.id] = {"registry_auth": auth.model_dump()}
+            row.last_used_at = now
+        return extra
+
+
+START: Final = protocol.StartWorkload.model_fields["kind"].default
+
+
+def _image(args: dict[str, Any]) -> str | None:
+    workload = args.get("workload")
+    if (
+        isinstance(workload, dict)
+        and workload.get("kind") == "container"
+        and isinstance(workload.get("image"), str)
+    ):
+        return str(workload["image"])
+    return None
