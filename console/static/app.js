@@ -32,7 +32,7 @@ const ROUTES = [
   { path: /^\/api-keys$/, roles: ["renter", "provider", "admin"], title: "API keys", nav: "#/api-keys", render: apiKeysPage },
   { path: /^\/device(?:\/([^/]+))?$/, roles: ["renter", "provider", "admin"], title: "Sign in the CLI", render: devicePage },
   { path: /^\/security$/, roles: ["renter", "provider", "admin"], title: "Security", nav: "#/security", render: securityPage },
-  { path: /^\/teams$/, roles: ["renter", "provider", "admin"], title: "Teams", render: teamsPage },
+  { path: /^\/teams$/, roles: ["renter", "provider", "admin"], title: "Teams", nav: "#/teams", navClass: "nav-teams", render: teamsPage },
   { path: /^\/teams\/([^/]+)$/, roles: ["renter", "provider", "admin"], title: "Team", render: teamPage },
 ];
 // Pages with an id that belongs to one account: switching context goes to their list instead.
@@ -46,6 +46,7 @@ const EXPIRED_CODES = new Set(["session_expired", "not_signed_in", "missing_api_
 const main = document.getElementById("main");
 const nav = document.getElementById("nav");
 const who = document.getElementById("who");
+const context = document.getElementById("context");
 const notice = document.getElementById("notice");
 const banner = document.getElementById("banner");
 
@@ -116,6 +117,7 @@ function renderChrome() {
   replace(banner, verifyBanner(account), account ? contextBanner() : null);
   if (!account) {
     nav.replaceChildren();
+    context.replaceChildren();
     who.replaceChildren();
     return;
   }
@@ -124,12 +126,12 @@ function renderChrome() {
   const items = ROUTES.filter((r) => r.nav && r.roles.includes(role));
   nav.replaceChildren(h("ul", {}, items.map((r) => {
     const active = path === r.nav.slice(1) || path.startsWith(`${r.nav.slice(1)}/`);
-    return h("li", {}, h("a", { href: r.nav, "aria-current": active ? "page" : null }, r.title));
+    return h("li", { class: r.navClass || null }, h("a", { href: r.nav, "aria-current": active ? "page" : null }, r.title));
   })));
   const signOut = h("button", { type: "button", class: "secondary", id: "sign-out" }, "Sign out");
   signOut.addEventListener("click", () => signOutNow(signOut));
-  who.replaceChildren(contextSwitcher((team) => teamsApi.switchTo(team), { current: path === "/teams" || path.startsWith("/teams/") }),
-    h("span", { class: "account" }, h("span", { class: "account-name" }, account.name), " ",
+  context.replaceChildren(contextSwitcher((team) => teamsApi.switchTo(team), { current: path === "/teams" || path.startsWith("/teams/") }));
+  who.replaceChildren(h("span", { class: "account" }, h("span", { class: "account-name" }, account.name), " ",
       h("span", { class: `badge role-${account.role}` }, account.role)), signOut);
 }
 
