@@ -159,7 +159,7 @@ function showSignIn(message, isProblem = true) {
 async function signedIn(opened) {
   session.current = opened;
   await loadContext().catch(() => {});
-  const invite = pendingInvite();
+  const invite = pendingInvite({ take: true }); // once: the mail's link opens it again
   const target = invite ? `#/invite/${invite}`
     : wantedHash && wantedHash !== "#/signin" ? wantedHash : HOME[actingRole()] || "#/";
   wantedHash = null;
