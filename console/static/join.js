@@ -190,7 +190,7 @@ export function securityPage(el, ctx) {
     factor, keys, h("div", { class: "actions" }, everywhere), status, h("h2", {}, "Recent events"), log);
   secondFactor(factor, ctx);
   passkeysCard(keys, ctx);
-  api("GET", "/audit-events?limit=100").then((page_) => {
+  api("GET", "/audit-events?limit=100", { personal: true }).then((page_) => {
     if (!ctx.alive()) return;
     const rows = page_.items.map((item) => h("li", {},
       h("div", { class: "item-head" }, h("strong", {}, item.kind.replaceAll("_", " ")), ` · ${new Date(item.at).toLocaleString()}`,
