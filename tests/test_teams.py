@@ -82,7 +82,7 @@ async def invite(api: Api, sink: MailSink, team_id: str, by: Person, who: Person
 async def join(api: Api, sink: MailSink, team_id: str, by: Person, who: Person, role: str) -> None:
     token = await invite(api, sink, team_id, by, who, role)
     joined = await ok(api, "POST", "/team-invitations/accept", who.key, json={"token": token})
-    assert joined == {"id": team_id, "name": joined["name"], "role": role}
+    assert joined == {"id": team_id, "name": joined["name"], "kind": joined["kind"], "role": role}
 
 
 @dataclass

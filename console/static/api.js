@@ -11,7 +11,7 @@ const UNSAFE = new Set(["POST", "PUT", "PATCH", "DELETE"]);
 export const TEAM_HEADER = "Gpumarket-Team";
 // Calls that are always the person's own, whatever the context: the session, the account and its second factor,
 // password resets, and the teams routes (which act for the caller on the team their path names).
-const PERSONAL_PATHS = /^\/(sessions|accounts|password-resets|account\/totp|teams|team-invitations)(\/|\?|$)/;
+const PERSONAL_PATHS = /^\/(sessions|accounts|password-resets|account\/totp|account\/passkeys|teams|team-invitations)(\/|\?|$)/;
 
 /** The signed-in session: {account: {id, name, role}, csrf_token, expires_at}, or null. */
 export const session = { current: null };

@@ -76,9 +76,9 @@ function leavePage() {
   current = { cleanups: [], token: current.token + 1 };
 }
 
-/** The role pages are chosen by: a team is a renter account, whatever the person is. */
+/** The role pages are chosen by: a team's is what it does (a renter or a provider team), whatever the person is. */
 function actingRole() {
-  return acting.team ? "renter" : session.current.account.role;
+  return acting.team ? acting.team.kind || "renter" : session.current.account.role;
 }
 
 /** The team context, for the pages that change it. */

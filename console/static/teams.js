@@ -36,9 +36,9 @@ function store(team) {
   }
 }
 
-/** Act for `team` ({id, name, role}) or, with null, for the person's own account; remembered in this browser. */
+/** Act for `team` ({id, name, role, kind}) or, with null, for the person's own account; remembered in this browser. */
 export function actFor(team) {
-  acting.team = team ? { id: team.id, name: team.name, role: team.role } : null;
+  acting.team = team ? { id: team.id, name: team.name, role: team.role, kind: team.kind || "renter" } : null;
   store(acting.team);
 }
 
@@ -262,7 +262,7 @@ export function teamPage(page, ctx) {
     title.textContent = `Team ${team.name}`;
     const here = acting.team && acting.team.id === team.id;
     const switchButton = h("button", { type: "button", id: "act-for-team", disabled: here }, here ? "Acting for this team" : "Act for this team");
-    switchButton.addEventListener("click", () => ctx.teams.switchTo({ id: team.id, name: team.name, role: team.role }));
+    switchButton.addEventListener("click", () => ctx.teams.switchTo({ id: team.id, name: team.name, role: team.role, kind: team.kind }));
     replace(slot, h("p", { class: "crumbs" }, h("a", { href: "#/teams" }, "← All teams")),
       h("p", { class: "team-summary" }, `Your role: ${team.role}. `, h("span", { class: "hint" }, `Created `, timeEl(team.created_at), ".")),
       h("div", { class: "actions" }, switchButton),

@@ -49,7 +49,7 @@ def _signed_in_person(request: web.Request) -> str:
     if SESSION not in request or principal(request).key_id is not None:
         raise ConsoleSessionRequired("passkeys are added and removed from a console session signed in with your password or "
                                      "a passkey, never with an API key")  # fmt: skip
-    return principal(request).account_id
+    return principal(request).person_id
 
 
 def _raise(outcome: Any) -> None:
@@ -60,7 +60,7 @@ def _raise(outcome: Any) -> None:
 async def list_passkeys(request: web.Request) -> web.Response:
     master, who = request.app[MASTER], principal(request)
     async with master.db.session() as session:
-        return web.json_response({"passkeys": await accounts.passkeys.list_passkeys(session, who.account_id)})
+        return web.json_response({"passkeys": await accounts.passkeys.list_passkeys(session, who.person_id)})
 
 
 async def passkey_registration_options(request: web.Request) -> web.Response:
