@@ -18,9 +18,10 @@ from sqlalchemy import select, update
 
 from billing import credits
 from gpumarket.mailsink import MailSink
+from master.api.base import API
 from master.models import Account, AuditEvent, Rental, SshKey, TeamInvitation, TeamMember
 from master.services.accounts import TEAM_HEADER
-from tests.apiclient import Api, assert_error
+from tests.apiclient import Api, assert_error, bearer
 from tests.factories import create_principal
 from tests.test_ssh_keys import ed25519_line
 
@@ -414,3 +415,18 @@ class TestProviderTeams:
             assert hosts is not None and (hosts.kind, hosts.role) == ("team", "provider")
             member = await session.get(TeamMember, (hosts.id, person.id))
             assert member is not None and member.role == "owner"
+
+
+class TestTheBrowsersStream:
+    async def test_the_metrics_stream_takes_the_team_in_its_query_and_only_it(self, api: Api, crew: Crew) -> None:
+        """An EventSource sends no header: the one streaming route names the team in ``?team=``, checked as the header is."""
+        api.master.settings.stream_max_s = 0.05
+        host, _ = await api.host(1)
+        path = f"/hosts/{host}/metrics/stream"
+        async with api.client.get(API + path, params={"team": crew.team_id}, headers=bearer(crew.member.key)) as response:
+            assert response.status == 200 and response.content_type == "text/event-stream"
+            await response.read()
+        async with api.client.get(API + path, params={"team": crew.team_id}, headers=bearer(crew.stranger.key)) as response:
+            assert (response.status, (await response.json())["code"]) == (404, "team_not_found")
+        status, body = await api.call("GET", "/rentals", crew.member.key, params={"team": crew.team_id})
+        assert_error(status, body, 400, "unknown_parameter")

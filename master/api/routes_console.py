@@ -208,6 +208,8 @@ ROUTES: tuple[Route, ...] = (
           "samples, then each new one. Resumes after Last-Event-ID.",
           query=(QueryParam("backlog", "integer", "Recent samples sent first (default 60).", 0, 1000),
                  QueryParam("after_seq", "string", "Send only samples after this sequence number (any value that is not "
-                            "an integer starts from the recent samples, as a stale Last-Event-ID does).")),
+                            "an integer starts from the recent samples, as a stale Last-Event-ID does)."),
+                 QueryParam("team", "string", "Act for this team (its id), as the Gpumarket-Team header says elsewhere: "
+                            "a browser's EventSource cannot send headers.")),
           errors=(404,), media_types=("text/event-stream",)),
 )  # fmt: skip
