@@ -1,6 +1,7 @@
 """Teams in Debian's Chromium, against `gpumarket up` and its SMTP sink: an owner makes a team and invites a teammate
 by mail; the teammate opens the mailed link signed out, signs in, comes back to it and joins; both act for the team
-with the header's switcher, and what one does in the team's context (a rental, a registry login) the other sees in it,
+with the header's switcher; the teammate rents on the team's credit (refused on their own, which has none), and what one
+does in the team's context (that rental, a registry login) the other sees in it,
 never in their own. Removed from the team, the teammate's console falls back to the personal account, saying so.
 
 Reuses the browser module's fixtures, helpers and marketplace (``tests/test_console_browser.py``'s `gpumarket up`).
@@ -104,9 +105,8 @@ async def test_an_owner_and_an_invited_teammate_act_for_their_team(browser: Brow
         "demo payment: no card charged", timeout=WAIT_MS
     )
     offer = await _container_offer(owner)
-    rental = await _in_page(
-        page, "POST", "/rentals", {"offer_id": offer["id"], "gpu_count": 1, "workload": {"kind": "hold"}}
-    )
+    hold = {"offer_id": offer["id"], "gpu_count": 1, "workload": {"kind": "hold"}}
+    rental: dict[str, Any] = {}
     try:
         # The teammate opens the link signed out, signs in and comes back to it, joins and acts for the team.
         mate = await _console(browser, market, viewport=PHONE)
@@ -127,9 +127,19 @@ async def test_an_owner_and_an_invited_teammate_act_for_their_team(browser: Brow
         assert await mate.fits_sideways("main")
         await mate.shot("teams-team-390")
 
+        # The teammate rents on the team's credit (the owner's top-up): on their own, with none, they are refused.
+        personal = await mpage.evaluate(
+            "async (body) => { const m = await import('/static/api.js');"
+            " try { await m.api('POST', '/rentals', { body, personal: true }); return null; } catch (e) { return e.code; } }",
+            hold,
+        )
+        assert personal == "insufficient_credit"
+        rental.update(await _in_page(mpage, "POST", "/rentals", hold))
         await mate.go("#/rentals")
         await expect(mpage.locator("a.rental-link", has_text=rental["id"])).to_be_visible(timeout=WAIT_MS)
         assert await _team_header_sent(mate, "/rentals") == team_id
+        await owner.go("#/rentals")
+        await expect(page.locator("a.rental-link", has_text=rental["id"])).to_be_visible(timeout=WAIT_MS)
         await mate.go("#/ssh-keys")
         registries = mpage.locator("#registries")
         await registries.get_by_label("Images under").fill("registry.example.com:5000/acme/")
@@ -182,11 +192,12 @@ async def test_an_owner_and_an_invited_teammate_act_for_their_team(browser: Brow
         assert not mate.problems, mate.problems
         await mate.context.close()
     finally:
-        await page.locator("#team-context").select_option(team_id)
-        await _in_page(page, "DELETE", f"/rentals/{rental['id']}")
-        for _ in range(int(WAIT_MS / 200)):
-            if (await _in_page(page, "GET", f"/rentals/{rental['id']}"))["state"] not in ACTIVE:
-                break
-            await page.wait_for_timeout(200)
-    assert not owner.problems, owner.problems
-    await owner.context.close()
+        if rental:  # the teammate rented: stop it
+            await page.locator("#team-context").select_option(team_id)
+            await _in_page(page, "DELETE", f"/rentals/{rental['id']}")
+            for _ in range(int(WAIT_MS / 200)):
+                if (await _in_page(page, "GET", f"/rentals/{rental['id']}"))["state"] not in ACTIVE:
+                    break
+                await page.wait_for_timeout(200)
+        assert not owner.problems, owner.problems
+        await owner.context.close()
