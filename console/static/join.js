@@ -106,11 +106,14 @@ function signUpPage(main) {
     "At least 10 characters, not a common password. A few unrelated words are easy to remember.");
   const renter = h("input", { type: "radio", name: "role", id: "role-renter", value: "renter", checked: true });
   const provider = h("input", { type: "radio", name: "role", id: "role-provider", value: "provider" });
+  // Both: a renter account with a provider team of its own, switched to in the header ("Acting for").
+  const both = h("input", { type: "radio", name: "role", id: "role-both", value: "both" });
   const roles = { input: { value: "x" }, el: h("fieldset", { class: "field roles" }, h("legend", {}, "I want to"),
-    h("label", { for: "role-renter" }, renter, " rent GPUs"), h("label", { for: "role-provider" }, provider, " offer my GPUs")) };
+    h("label", { for: "role-renter" }, renter, " rent GPUs"), h("label", { for: "role-provider" }, provider, " offer my GPUs"),
+    h("label", { for: "role-both" }, both, " do both")) };
   const el = form("signup", [email, password, roles], "Create account", "Creating…", async () => {
     const answer = await api("POST", "/accounts", { body: { email: email.input.value.trim(), password: password.input.value,
-      role: provider.checked ? "provider" : "renter" }, quietAuth: true });
+      role: [renter, provider, both].find((input) => input.checked).value }, quietAuth: true });
     page(main, "Check your mail", h("p", { class: "info", role: "status", id: "signup-sent" },
       `${answer.status[0].toUpperCase()}${answer.status.slice(1)}. Then sign in with your email and password.`),
     links(h("a", { href: "#/signin" }, "Sign in")));
