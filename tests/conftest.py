@@ -26,7 +26,9 @@ import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 from playwright.async_api import Browser, Playwright, async_playwright
+from pydantic import SecretStr
 
+from gpumarket.mailsink import MailSink
 from master.app import close_master, open_master
 from master.context import Master
 from master.db import migrate_or_wait
@@ -346,6 +348,19 @@ async def master(database_url: str, tmp_path: Path) -> AsyncIterator[Master]:
 async def api(master: Master) -> AsyncIterator[Api]:
     async with serve_api(master) as client:
         yield client
+
+@pytest.fixture
+async def sink(api: Api) -> AsyncIterator[MailSink]:
+    """A real SMTP server on loopback (aiosmtpd) that the ``api`` fixture's master mails through; its links point at
+    http://console.test."""
+    mailbox = await MailSink().start()
+    api.master.settings.smtp_url = SecretStr(mailbox.url)
+    api.master.settings.public_url = "http://console.test"
+    try:
+        yield mailbox
+    finally:
+        await mailbox.close()
+
 
 
 def unmount_under(root: str) -> None:

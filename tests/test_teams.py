@@ -7,13 +7,11 @@ the team with the ``Gpumarket-Team`` header, or with an API key made in the team
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from pydantic import SecretStr
 from sqlalchemy import select, update
 
 from billing import credits
@@ -26,17 +24,6 @@ from tests.factories import create_principal
 from tests.test_ssh_keys import ed25519_line
 
 pytestmark = pytest.mark.usefixtures("sink")
-
-
-@pytest.fixture
-async def sink(api: Api) -> AsyncIterator[MailSink]:
-    mailbox = await MailSink().start()
-    api.master.settings.smtp_url = SecretStr(mailbox.url)
-    api.master.settings.public_url = "http://console.test"
-    try:
-        yield mailbox
-    finally:
-        await mailbox.close()
 
 
 @dataclass
