@@ -64,7 +64,7 @@ class CertificateKeeper:
 
     @property
     def _next_key_file(self) -> Path:
-        return self.state.dir / "key.next.pem"
+        return self.state.next_key_file
 
     async def request_renewal(self) -> None:
         """Send a CSR for a fresh key (kept in ``key.next.pem`` until the certificate arrives)."""
@@ -108,6 +108,9 @@ class CertificateKeeper:
         atomic_write(self.state.ca_file, (command.ca_certificate or self.state.ca_file.read_text()).encode())
         atomic_write(self.state.cert_file, pem)
         if match == self._next_key_file:
+            # The replaced key stays (key.prev.pem) until the next renewal: a registry login sealed to it just before
+            # the master signed this certificate may still be on its way (AgentState.opening_keys).
+            atomic_write(self.state.previous_key_file, self.state.key_file.read_bytes())
             self._next_key_file.replace(self.state.key_file)  # atomic: cert and key now belong together
         self.check()
         self._renewed.set()

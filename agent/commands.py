@@ -13,9 +13,11 @@ import asyncio
 import contextlib
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from agent.cluster.net import ClusterNetworks
 from agent.cluster.wgcontrol import ClusterNetworkError
@@ -25,6 +27,7 @@ from agent.logship import LogShipper
 from agent.power import PowerPolicy
 from agent.reach.sshd import RentalSshServer
 from agent.runtimes.manager import WorkloadManager
+from agent.runtimes.registry_login import SealedLogin
 from shared import protocol
 from shared.errors import ConfigError, GpumarketError, ProtocolError
 
@@ -55,6 +58,8 @@ class CommandExecutor:
         clusters: ClusterNetworks | None = None,
         power: PowerPolicy | None = None,
         close_streams: Callable[[str], int] | None = None,
+        host_id: str | None = None,
+        opening_keys: Callable[[], Sequence[ec.EllipticCurvePrivateKey]] | None = None,
         # Limits
         remembered_results: int = 1000,
     ) -> None:
@@ -67,6 +72,9 @@ class CommandExecutor:
         self.clusters = clusters
         self.power = power
         self.close_streams = close_streams  # ends every renter stream of a rental now; returns how many
+        # This host's id and private keys (``AgentState.opening_keys``): what a start's sealed registry login opens with.
+        self.host_id = host_id
+        self.opening_keys = opening_keys
         self.remembered_results = remembered_results
         self._results: OrderedDict[str, protocol.CommandResultBody] = OrderedDict()
 
@@ -90,7 +98,7 @@ class CommandExecutor:
             log.warning("command %s (%s) refused: %s", body.command_id, body.kind, exc)
             return _result(body.command_id, ok=False, detail=str(exc), data={"code": exc.code})
         try:
-            reply = await self._handle(command)
+            reply = await self._handle(command, body.command_id)
         except (GpumarketError, TypeError, ValueError) as exc:
             log.warning("command %s (%s) failed: %s", body.command_id, body.kind, exc)
             # The stable code (workload_not_isolated, gpu_in_use, ...) lets the master tell the renter why.
@@ -98,10 +106,10 @@ class CommandExecutor:
             return _result(body.command_id, ok=False, detail=str(exc), data=code)
         return _result(body.command_id, ok=True, data=reply.model_dump(mode="json", exclude_unset=True))
 
-    async def _handle(self, command: protocol.AnyCommand) -> protocol.CommandReply:
+    async def _handle(self, command: protocol.AnyCommand, command_id: str) -> protocol.CommandReply:
         match command:
             case protocol.StartWorkload():
-                return await self._start_workload(command)
+                return await self._start_workload(command, command_id)
             case protocol.StopWorkload():
                 return await self._stop_workload(command)
             case protocol.UpdateAccess():
@@ -126,7 +134,11 @@ class CommandExecutor:
             raise ClusterNetworkError("this agent makes no cluster networks")
         return self.clusters
 
-    async def _start_workload(self, command: protocol.StartWorkload) -> protocol.WorkloadStarted:
+    async def _start_workload(self, command: protocol.StartWorkload, command_id: str) -> protocol.WorkloadStarted:
+        login = None
+        if command.sealed_registry_auth is not None:
+            # Opened by the container runtime at pull time, with this host's keys; never here.
+            login = SealedLogin(command.sealed_registry_auth, self.host_id or "", command_id, self.opening_keys or _no_keys)
         if self.ssh is not None:
             self.ssh.check_keys(command.authorized_keys)  # a bad key fails the start before anything runs
         async with contextlib.AsyncExitStack() as stack:
@@ -134,7 +146,7 @@ class CommandExecutor:
                 # Every GPU it gets back to its full limit before anything runs (or the start fails): docs/power.md.
                 await stack.enter_async_context(self.power.ready_for_start(command.gpu_uuids))
             data = await self.workloads.start(command.rental_id, list(command.gpu_uuids), command.workload, share=command.share,
-                                             registry_auth=command.registry_auth)  # fmt: skip
+                                             registry_auth=login)  # fmt: skip
         self.logs.follow(command.rental_id, save=True)
         if self.ssh is not None:
             # Every kind gets a host key: a hold rental's login is answered with why it has no shell.
@@ -190,3 +202,7 @@ def _result(command_id: str, *, ok: bool, detail: str = "", data: dict[str, Any]
     return protocol.CommandResultBody(
         command_id=command_id, ok=ok, detail=detail[:4096], data=data or {}, finished_at=datetime.now(UTC)
     )
+
+
+def _no_keys() -> Sequence[ec.EllipticCurvePrivateKey]:
+    return ()

@@ -218,7 +218,7 @@ class Agent:
             workloads=self.workloads, backend=backend, logs=self.logs, measure=self.measure_network,
             install_certificate=self.certificate.install, ssh=self.ssh, clusters=self.clusters, power=self.power,
             close_streams=lambda rental_id: self.tunnels.close_rental(rental_id, TunnelCode.ACCESS_REVOKED),
-            remembered_results=remembered_results,
+            host_id=self.host_id, opening_keys=state.opening_keys, remembered_results=remembered_results,
         )
         # Renters' streams the relay opens on this agent's link: SSH into a rental, its ports.
         self.tunnels = TunnelServer(self.workloads, self.ssh, clusters=self.clusters, max_streams_per_rental=max_streams_per_rental)

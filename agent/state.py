@@ -3,6 +3,8 @@
 Layout of the data dir::
 
     key.pem        the host's private key (0600; never leaves the host)
+    key.next.pem   a renewal's fresh key, until its certificate is installed (then it becomes key.pem)
+    key.prev.pem   the key key.pem replaced at the last renewal, kept until the next one (see ``opening_keys``)
     cert.pem       client certificate from the master's CA (the host's identity)
     ca.pem         the CA that relays' certificates must chain to
     identity.json  host id, master URL, relay URLs
@@ -24,6 +26,9 @@ import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from shared.crypto import load_private_key
 from shared.errors import ConfigError
 from shared.files import atomic_write as _atomic_write
 
@@ -60,11 +65,21 @@ class AgentState:
     def __init__(self, data_dir: Path) -> None:
         self.dir = data_dir
         self.key_file = data_dir / "key.pem"
+        self.next_key_file = data_dir / "key.next.pem"
+        self.previous_key_file = data_dir / "key.prev.pem"
         self.cert_file = data_dir / "cert.pem"
         self.ca_file = data_dir / "ca.pem"
         self.identity_file = data_dir / "identity.json"
         self.lease_file = data_dir / "seq.lease"
         self.work_dir = data_dir / "work"
+
+    def opening_keys(self) -> list[ec.EllipticCurvePrivateKey]:
+        """The private keys a secret sealed to this host may be sealed to, in the order to try them: the current
+        key, a renewal's pending key (the master seals to a certificate it signed before this agent installed it),
+        then the key the last renewal replaced (a delivery sealed just before the master signed the renewal).
+        Read from disk each time, kept nowhere else."""
+        files = (self.key_file, self.next_key_file, self.previous_key_file)
+        return [load_private_key(path.read_bytes()) for path in files if path.exists()]
 
     def secure(self) -> None:
         """Make the data dir and the work dir the agent's alone (0700; their files 0600)."""

@@ -26,7 +26,9 @@ import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 from playwright.async_api import Browser, Playwright, async_playwright
+from pydantic import SecretStr
 
+from gpumarket.mailsink import MailSink
 from master.app import close_master, open_master
 from master.context import Master
 from master.db import migrate_or_wait
@@ -55,7 +57,7 @@ REDIS_URL = os.environ.get("GPUMARKET_REDIS_URL", "redis://127.0.0.1:6379/0")
 ONE_WORKER_SCOPES: tuple[tuple[str, ...], ...] = (
     ("tests/test_console_browser.py", "tests/test_console_charts.py", "tests/test_console_clusters.py",
      "tests/test_console_credit.py", "tests/test_console_join.py", "tests/test_console_layout.py",
-     "tests/test_console_services.py"),
+     "tests/test_console_services.py", "tests/test_console_teams.py"),
     ("tests/faults/",), ("tests/test_install_agent.py::TestInstaller",), ("tests/test_tunnels.py",),
     ("tests/test_gateway.py",), ("tests/test_simulate.py",), ("tests/test_readme_walkthrough.py",),
     ("tests/test_clusternet.py::TestClusterNetwork",),
@@ -346,6 +348,19 @@ async def master(database_url: str, tmp_path: Path) -> AsyncIterator[Master]:
 async def api(master: Master) -> AsyncIterator[Api]:
     async with serve_api(master) as client:
         yield client
+
+@pytest.fixture
+async def sink(api: Api) -> AsyncIterator[MailSink]:
+    """A real SMTP server on loopback (aiosmtpd) that the ``api`` fixture's master mails through; its links point at
+    http://console.test."""
+    mailbox = await MailSink().start()
+    api.master.settings.smtp_url = SecretStr(mailbox.url)
+    api.master.settings.public_url = "http://console.test"
+    try:
+        yield mailbox
+    finally:
+        await mailbox.close()
+
 
 
 def unmount_under(root: str) -> None:

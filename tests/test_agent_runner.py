@@ -500,6 +500,7 @@ class TestCertificates:
 
         relay = await harness.relay("relay-a")
         old_cert = harness.state.cert_file.read_bytes()
+        old_key = harness.state.key_file.read_bytes()
         agent = harness.agent([relay.url])
         async with running(agent):
             await agent.connected.wait()
@@ -518,6 +519,9 @@ class TestCertificates:
             assert result.ok, result.detail
             assert harness.state.cert_file.read_bytes() == issued.cert_pem != old_cert
             assert not (harness.state.dir / "key.next.pem").exists()
+            # The replaced key stays until the next renewal: a registry login sealed to it may be on its way.
+            assert harness.state.previous_key_file.read_bytes() == old_key != harness.state.key_file.read_bytes()
+            assert len(harness.state.opening_keys()) == 2
             # Reconnect: the relay must see the new certificate (and the key must match it, or TLS would fail).
             first = relay.agents[HOST].connection
             await first.close(1012, "test restart")

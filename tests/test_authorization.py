@@ -141,7 +141,7 @@ class World:
             "name": "pytorch",  # a seeded template
             "ssh_key_id": self.ssh_keys[RENTER], "cluster_id": self.cluster, "service_id": self.service,
             "start": MAINTENANCE["start"],  # the window the provider's POST adds
-            "key_id": self.api_key, "user_code": "BCDF-GHJK", "credential_id": self.registry_credential,
+            "key_id": self.api_key, "user_code": "BCDF-GHJK", "passkey_id": "pk-0000000000000000", "credential_id": self.registry_credential,
             "team_id": self.team, "invitation_id": self.invitation, "team_owner": self.account(RENTER),
         }  # fmt: skip
 
@@ -391,6 +391,14 @@ MATRIX: tuple[Rule, ...] = (
     Rule("POST", "/account/totp", everyone((403, "console_session_required"))),
     Rule("POST", "/account/totp/confirm", everyone((403, "console_session_required")), body=fixed({"code": "123456"})),
     Rule("POST", "/account/totp/disable", everyone((403, "console_session_required")), body=fixed({"code": "123456"})),
+    # Passkeys (tests/test_passkeys.py): read by anyone signed in; added and removed from a password or passkey console
+    # session only (these calls carry keys); signing in with one is public, and garbage is no answer.
+    Rule("GET", "/account/passkeys", everyone(200)),
+    Rule("POST", "/account/passkeys/options", everyone((403, "console_session_required"))),
+    Rule("POST", "/account/passkeys", everyone((403, "console_session_required")), body=fixed({"name": "x", "credential": {}})),
+    Rule("DELETE", "/account/passkeys/{passkey_id}", everyone((403, "console_session_required"))),
+    Rule("POST", "/sessions/passkey/options", everyone(200), body=fixed({})),
+    Rule("POST", "/sessions/passkey", everyone(400), body=fixed({"credential": {}})),
     # API keys: the account's own; another account's key is as one that does not exist.
     Rule("POST", "/api-keys", everyone(201), body=fixed({"name": "matrix", "scopes": ["read"]})),
     Rule("GET", "/api-keys", everyone(200)),

@@ -1,7 +1,7 @@
 """A stranger joins in Debian's Chromium, against `gpumarket up` and the SMTP sink it runs: signs up, reads the
 verification mail, verifies, signs in by password, adds credit with the demo provider, makes a scoped API key and uses it
 from the CLI, turns on a second factor, signs out everywhere, resets a forgotten password from the mailed link and signs
-in with a recovery code.
+in with a recovery code; adds a passkey with Chromium's virtual authenticator and signs in with it.
 
 Reuses the browser module's fixtures, helpers and marketplace (``tests/test_console_browser.py``'s `gpumarket up`).
 """
@@ -9,6 +9,7 @@ Reuses the browser module's fixtures, helpers and marketplace (``tests/test_cons
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import re
 import secrets
@@ -153,5 +154,58 @@ async def test_a_stranger_signs_up_verifies_adds_credit_and_signs_out_everywhere
     await page.get_by_label("Code from your authenticator app").fill(recovery[0])
     await page.get_by_role("button", name="Sign in", exact=True).click()
     await expect(page.locator(".account-name")).to_have_text(email, timeout=WAIT_MS)
+    assert not console.problems, console.problems
+    await console.context.close()
+
+
+async def test_a_person_adds_a_passkey_and_signs_in_with_it(browser: Browser, market: Market) -> None:
+    """Chromium's virtual authenticator (CTAP2, resident keys, user verification) as the device: a new account adds a
+    passkey on #/security, signs out, and signs back in with it, no email typed. The console is opened at
+    ``localhost``: `gpumarket up`'s relying party (its public URL's loopback address as a name; an IP address is never
+    an RP id), which the browser namespace's proxy reaches as it does 127.0.0.1."""
+    local = dataclasses.replace(market, base=market.base.replace("://127.0.0.1:", "://localhost:"))
+    assert local.base.startswith("http://localhost:"), market.base
+    console = await _console(browser, local)
+    page = console.page
+    cdp = await console.context.new_cdp_session(page)
+    await cdp.send("WebAuthn.enable")
+    added = await cdp.send("WebAuthn.addVirtualAuthenticator", {"options": {
+        "protocol": "ctap2", "transport": "internal", "hasResidentKey": True, "hasUserVerification": True,
+        "isUserVerified": True}})  # fmt: skip
+    email = f"passkey-{secrets.token_hex(4)}@example.com"
+    await console.open("#/signup")
+    await page.get_by_label("Email").fill(email)
+    await page.get_by_label("Password").fill(PASSWORD)
+    await page.get_by_role("button", name="Create account").click()
+    await expect(page.locator("#signup-sent")).to_contain_text("sent a link to that address", timeout=WAIT_MS)
+    await page.get_by_role("link", name="Sign in").click()
+    await page.get_by_label("Email").fill(email)
+    await page.get_by_label("Password").fill(PASSWORD)
+    await page.get_by_role("button", name="Sign in", exact=True).click()
+    await expect(page.locator(".account-name")).to_have_text(email, timeout=WAIT_MS)
+
+    await console.go("#/security")
+    passkeys = page.locator("#passkeys")
+    await expect(passkeys).to_contain_text("No passkeys yet.", timeout=WAIT_MS)
+    await page.get_by_label("Name of the new passkey").fill("virtual laptop")
+    await page.get_by_role("button", name="Add a passkey").click()
+    await expect(page.locator("#passkey-list .passkey-name")).to_have_text(["virtual laptop"], timeout=WAIT_MS)
+    await expect(passkeys).to_contain_text("never used")
+    credentials = await cdp.send("WebAuthn.getCredentials", {"authenticatorId": added["authenticatorId"]})
+    assert [c["isResidentCredential"] for c in credentials["credentials"]] == [True]
+    await console.shot("join-passkeys")
+
+    await page.locator("#sign-out").click()
+    await expect(page.get_by_role("heading", name="Sign in to gpumarket")).to_be_visible(timeout=WAIT_MS)
+    await page.get_by_role("button", name="Sign in with a passkey").click()
+    await expect(page.locator(".account-name")).to_have_text(email, timeout=WAIT_MS)
+    await console.go("#/security")
+    await expect(passkeys).to_contain_text("last used", timeout=WAIT_MS)
+    await expect(page.locator("ul.audit")).to_contain_text("passkey added")
+    await expect(page.locator("ul.audit")).to_contain_text("method: passkey")
+    # At 127.0.0.1, which is no RP id, the page says where passkeys work instead of failing in the browser's prompt.
+    await page.goto(f"{market.base}/#/signin")
+    await page.get_by_role("button", name="Sign in with a passkey").click()
+    await expect(page.get_by_role("alert").filter(has_text="Passkeys work")).to_contain_text(local.base, timeout=WAIT_MS)
     assert not console.problems, console.problems
     await console.context.close()

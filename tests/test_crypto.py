@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
 import contextlib
 import ipaddress
@@ -30,11 +31,14 @@ from shared.crypto import (
     host_id_from_der,
     load_certificate,
     load_private_key,
+    load_public_key,
     make_csr,
     private_key_to_pem,
+    public_key_to_pem,
     server_ssl_context,
     write_private_key,
 )
+from shared.crypto.sealed_to import PREFIX, SealedToError, is_sealed_to, open_with, seal_to
 from shared.errors import BadRequest, ConfigError, EnrollmentError, Unauthorized
 
 # Every network step in these tests is on loopback; a hang means a bug, not a slow network.
@@ -633,3 +637,74 @@ class TestHostIdFromCertificate:
         _, cert_pem = ca.issue_server_certificate(["*.example.com"])  # ...a wildcard is not a host id
         with pytest.raises(Unauthorized, match="malformed"):
             host_id_from_certificate(load_certificate(cert_pem))
+
+
+class TestSealedTo:
+    CONTEXT = "registry_auth:h_1:cmd_1"
+    SECRET = b"s3cret-registry-token"
+
+    def test_a_sealed_value_opens_with_the_recipients_key_under_its_context(self) -> None:
+        """A round trip: sealed to the public key, opened with the private key, under the same context."""
+        key = generate_private_key()
+        token = seal_to(key.public_key(), self.SECRET, self.CONTEXT)
+        assert open_with(key, token, self.CONTEXT) == self.SECRET
+        assert self.SECRET.decode() not in token and is_sealed_to(token)
+
+    def test_each_sealing_is_fresh(self) -> None:
+        """Two sealings of one value share no ephemeral key, nonce or ciphertext."""
+        key = generate_private_key()
+        first, second = (seal_to(key.public_key(), self.SECRET, self.CONTEXT) for _ in range(2))
+        assert set(first.split(":")[2:]).isdisjoint(second.split(":")[2:])
+
+    def test_the_format_is_versioned_and_self_describing(self) -> None:
+        """``ecies:v1:<point>:<nonce>:<ciphertext>``: a 65-byte point, a 12-byte nonce, the ciphertext and its tag."""
+        token = seal_to(generate_private_key().public_key(), self.SECRET, self.CONTEXT)
+        scheme, version, point, nonce, ciphertext = token.split(":")
+        assert (scheme, version) == ("ecies", "v1") and token.startswith(PREFIX)
+        lengths = [len(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))) for part in (point, nonce, ciphertext)]
+        assert lengths == [65, 12, len(self.SECRET) + 16]
+        with pytest.raises(SealedToError):
+            open_with(generate_private_key(), token.replace("ecies:v1:", "ecies:v2:"), self.CONTEXT)
+
+    def test_another_key_does_not_open_it(self) -> None:
+        token = seal_to(generate_private_key().public_key(), self.SECRET, self.CONTEXT)
+        with pytest.raises(SealedToError) as refused:
+            open_with(generate_private_key(), token, self.CONTEXT)
+        assert self.SECRET.decode() not in str(refused.value) and refused.value.code == "sealed_token_unreadable"
+
+    @pytest.mark.parametrize("context", ["registry_auth:h_2:cmd_1", "registry_auth:h_1:cmd_2", ""])
+    def test_another_context_does_not_open_it(self, context: str) -> None:
+        """A token copied to another host's or another command's delivery does not open there."""
+        key = generate_private_key()
+        token = seal_to(key.public_key(), self.SECRET, self.CONTEXT)
+        with pytest.raises(SealedToError):
+            open_with(key, token, context)
+
+    def test_a_flipped_byte_anywhere_does_not_open(self) -> None:
+        """Every byte of the point, the nonce and the ciphertext (tag included) is checked."""
+        key = generate_private_key()
+        token = seal_to(key.public_key(), self.SECRET, self.CONTEXT)
+        parts = token[len(PREFIX):].split(":")
+        for index, part in enumerate(parts):
+            raw = bytearray(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
+            for position in (0, len(raw) // 2, len(raw) - 1):
+                changed = bytearray(raw)
+                changed[position] ^= 0x01
+                altered = list(parts)
+                altered[index] = base64.urlsafe_b64encode(bytes(changed)).decode().rstrip("=")
+                with pytest.raises(SealedToError):
+                    open_with(key, PREFIX + ":".join(altered), self.CONTEXT)
+
+    @pytest.mark.parametrize("token", ["", "sealed:v1:abc", "ecies:v1:a:b", "ecies:v1:a:b:c", "ecies:v1:a:b:c:d",
+                                       "ecies:v1:AAAA:AAAA:AAAA"])  # fmt: skip
+    def test_what_is_not_a_token_is_refused(self, token: str) -> None:
+        with pytest.raises(SealedToError):
+            open_with(generate_private_key(), token, self.CONTEXT)
+
+    def test_a_public_key_survives_its_pem(self) -> None:
+        """The master keeps a certificate's key as PEM and seals to what it reads back."""
+        key = generate_private_key()
+        token = seal_to(load_public_key(public_key_to_pem(key.public_key())), self.SECRET, self.CONTEXT)
+        assert open_with(key, token, self.CONTEXT) == self.SECRET
+        with pytest.raises(ConfigError):
+            load_public_key("not a key")

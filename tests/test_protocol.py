@@ -12,6 +12,7 @@ import pytest
 
 from agent.state import SequenceLease
 from shared import protocol
+from shared.crypto import generate_private_key, sealed_to
 from shared.errors import ProtocolError
 from shared.outbound import MemoryStore, OutboundWindow
 from shared.protocol import fastbus
@@ -257,6 +258,27 @@ class TestCommands:
         with pytest.raises(ProtocolError, match=words) as refused:
             protocol.decode_command(protocol.CommandBody(command_id="cmd-1", kind=kind, args=args))
         assert refused.value.code == code
+
+    def test_a_start_carries_a_registry_login_only_sealed(self) -> None:
+        """``sealed_registry_auth`` takes an ``ecies:v1`` token and nothing else: a login in the clear (the old
+        ``registry_auth`` object, or a password where the token goes) is refused before anything runs."""
+        start = {"rental_id": "r-1", "gpu_uuids": [], "workload": {"kind": "container", "image": "registry.example.com/a:1"}}
+        key = generate_private_key()
+        login = protocol.RegistryAuth(server="registry.example.com", username="robot", password="hunter2")
+        context = protocol.registry_auth_context("h-1", "cmd-1")
+        token = sealed_to.seal_to(key.public_key(), login.model_dump_json().encode(), context)
+        command = protocol.decode_command(protocol.CommandBody(command_id="cmd-1", kind="start_workload",
+                                                               args={**start, "sealed_registry_auth": token}))  # fmt: skip
+        assert isinstance(command, protocol.StartWorkload) and command.sealed_registry_auth == token
+        assert token not in repr(command) and "hunter2" not in repr(command)
+        opened = protocol.RegistryAuth.model_validate_json(sealed_to.open_with(key, token, context))
+        assert opened == login
+        assert protocol.commands.SEALED_TOKEN_PATTERN == sealed_to.TOKEN_PATTERN
+        for refused in ({"registry_auth": login.model_dump()}, {"sealed_registry_auth": "hunter2"},
+                        {"sealed_registry_auth": login.model_dump()}, {"sealed_registry_auth": "sealed:v1:abc"}):  # fmt: skip
+            with pytest.raises(ProtocolError) as error:
+                protocol.decode_command(protocol.CommandBody(command_id="cmd-1", kind="start_workload", args={**start, **refused}))
+            assert error.value.code == "bad_command" and "hunter2" not in str(error.value)
 
     def test_an_absent_workload_is_a_hold(self) -> None:
         """``start_workload`` without ``workload`` (or with one that names no kind) holds the GPUs."""

@@ -7,21 +7,23 @@ bus as its relay would. ``tests/test_registry_pull.py`` pulls through a real reg
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pyotp
 import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
 from sqlalchemy import select, text, update
 
 from master.app import close_master, open_master
-from master.models import Account, Host, RegistryCredential
-from master.services import accounts, commands
+from master.models import Account, Host, HostCertificate, RegistryCredential
+from master.services import accounts, commands, hosts
 from master.services.accounts.registries import normalize_prefix, prefix_matches
-from master.services.market.reliability import renter_caused
+from master.services.market.reliability import platform_caused, renter_caused
 from shared import protocol
 from shared.bus import InProcessBus
-from shared.crypto import sealed
+from shared.crypto import generate_private_key, make_csr, sealed, sealed_to
 from shared.errors import ValidationFailed
 from tests.apiclient import Api, assert_error, serve_api
 from tests.factories import create_principal, master_settings
@@ -143,9 +145,40 @@ class TestApi:
             await close_master(master)
 
 
+async def enroll_key(api: Api, host_id: str, *, later: timedelta = timedelta(0)) -> ec.EllipticCurvePrivateKey:
+    """A certificate the master's CA signs for ``host_id`` (as at enrollment or, ``later``, a renewal), recorded with
+    its key; returns the host's private key."""
+    key = generate_private_key()
+    issued = api.master.ca.sign_agent_csr(make_csr(key, host_id), host_id=host_id, validity=timedelta(hours=1))
+    async with api.master.db.session() as session:
+        session.add(hosts.certificate_row(host_id, issued, issued_at=api.master.clock.now() + later))
+    return key
+
+
+async def delivered_start(api: Api, host_id: str, command_id: str) -> tuple[str, protocol.StartWorkload]:
+    """Send the start as ``publish`` does and read it off the host's relay's stream, as the relay would: the raw
+    delivery and its command."""
+    async with api.master.db.session() as session:
+        await session.execute(update(Host).where(Host.id == host_id).values(relay_id="relay-t"))
+    stream = protocol.commands_stream("relay-t")
+    await api.master.bus.ensure_group(stream, "t")
+    await commands.publish(api.master, [command_id])
+    payloads = [m.payload.decode() for m in await api.master.bus.read(stream, "t", "t", block=0)]
+    mine = [(raw, protocol.CommandDelivery.model_validate_json(raw)) for raw in payloads]
+    raw, delivery = [(raw, d) for raw, d in mine if d.command.body.command_id == command_id][-1]
+    command = protocol.decode_command(delivery.command.body)
+    assert isinstance(command, protocol.StartWorkload)
+    return raw, command
+
+
 class TestStartCommand:
-    async def test_the_longest_prefix_goes_out_with_the_start_and_never_into_its_row(self, api: Api) -> None:
+    async def test_the_longest_prefix_goes_out_with_the_start_sealed_to_the_host_and_never_into_its_row(
+        self, api: Api
+    ) -> None:
+        """The delivery on the bus holds only an ``ecies:v1`` token, which opens with the host's certificate key, for
+        that host and that command, and with nothing else."""
         host_id, _ = await api.host(1)
+        host_key = await enroll_key(api, host_id)
         await add(api, api.renter_key, prefix="registry.example.com:5000/")
         await add(api, api.renter_key, prefix="registry.example.com:5000/myorg/", username="org-robot")
         _, other_key = await create_principal(api.master, "renter-2", "renter")
@@ -154,22 +187,17 @@ class TestStartCommand:
             "kind": "container", "image": "registry.example.com:5000/myorg/app:1"}})  # fmt: skip
         assert status == 201, rental
         [start] = await api.commands(rental["id"], "start_workload")
-        assert "registry_auth" not in start.args
-        async with api.master.db.session() as session:
-            await session.execute(update(Host).where(Host.id == host_id).values(relay_id="relay-t"))
-        stream = protocol.commands_stream("relay-t")
-        await api.master.bus.ensure_group(stream, "t")
-        await commands.publish(api.master, [start.id])
-        deliveries = [
-            protocol.CommandDelivery.model_validate_json(m.payload)
-            for m in await api.master.bus.read(stream, "t", "t", block=0)
-        ]
-        bodies = [d.command.body for d in deliveries if d.command.body.command_id == start.id]
-        assert bodies  # (the rental's own request may have sent it already: each sending carries it)
-        command = protocol.decode_command(bodies[-1])
-        assert isinstance(command, protocol.StartWorkload) and command.registry_auth is not None
-        assert (command.registry_auth.server, command.registry_auth.username, command.registry_auth.password) == (
-            "registry.example.com:5000", "org-robot", PASSWORD)  # fmt: skip
+        assert "registry_auth" not in start.args and "sealed_registry_auth" not in start.args
+        raw, command = await delivered_start(api, host_id, start.id)
+        assert PASSWORD not in raw and "org-robot" not in raw and '"registry_auth"' not in raw  # the bus sees a token only
+        assert command.sealed_registry_auth is not None and sealed_to.is_sealed_to(command.sealed_registry_auth)
+        context = protocol.registry_auth_context(host_id, start.id)
+        opened = protocol.RegistryAuth.model_validate_json(sealed_to.open_with(host_key, command.sealed_registry_auth, context))
+        assert (opened.server, opened.username, opened.password) == ("registry.example.com:5000", "org-robot", PASSWORD)
+        for key, where in ((generate_private_key(), context), (host_key, protocol.registry_auth_context(host_id, "cmd_other")),
+                           (host_key, protocol.registry_auth_context("h_other", start.id))):  # fmt: skip
+            with pytest.raises(sealed_to.SealedToError):
+                sealed_to.open_with(key, command.sealed_registry_auth, where)
         assert PASSWORD not in repr(command)
         assert PASSWORD not in await database_text(api)
         _, listed = await api.as_renter("GET", "/registry-credentials")
@@ -178,6 +206,43 @@ class TestStartCommand:
             used["registry.example.com:5000/myorg/"] is not None
             and used["registry.example.com:5000/"] is None
         )
+
+    async def test_a_renewed_certificate_gets_the_next_sending(self, api: Api) -> None:
+        """Sealed to the host's newest unrevoked certificate: once the master signed a renewal, the next sending is
+        sealed to the renewal's key (the agent holds it from its CSR on), and a revoked one is never used."""
+        host_id, _ = await api.host(1)
+        first = await enroll_key(api, host_id)
+        await add(api, api.renter_key)
+        _, rental = await api.as_renter("POST", "/rentals", json={"gpu_count": 1, "workload": {
+            "kind": "container", "image": "registry.example.com:5000/myorg/app:1"}})  # fmt: skip
+        [start] = await api.commands(rental["id"], "start_workload")
+        context = protocol.registry_auth_context(host_id, start.id)
+        _, command = await delivered_start(api, host_id, start.id)
+        assert command.sealed_registry_auth is not None
+        assert PASSWORD.encode() in sealed_to.open_with(first, command.sealed_registry_auth, context)
+        renewed = await enroll_key(api, host_id, later=timedelta(minutes=1))
+        _, command = await delivered_start(api, host_id, start.id)
+        assert command.sealed_registry_auth is not None
+        assert PASSWORD.encode() in sealed_to.open_with(renewed, command.sealed_registry_auth, context)
+        async with api.master.db.session() as session:
+            await session.execute(update(HostCertificate).where(HostCertificate.host_id == host_id)
+                                  .values(revoked_at=api.master.clock.now()))  # fmt: skip
+        _, command = await delivered_start(api, host_id, start.id)
+        assert command.sealed_registry_auth is None
+
+    async def test_a_host_without_a_known_key_gets_no_login(self, api: Api, caplog: pytest.LogCaptureFixture) -> None:
+        """A host whose certificate's key the master never recorded (signed before keys were) is sent no login: the
+        login never crosses the bus in the clear, and the log says why."""
+        host_id, _ = await api.host(1)
+        async with api.master.db.session() as session:
+            await session.execute(update(HostCertificate).where(HostCertificate.host_id == host_id).values(public_key=None))
+        await add(api, api.renter_key)
+        _, rental = await api.as_renter("POST", "/rentals", json={"gpu_count": 1, "workload": {
+            "kind": "container", "image": "registry.example.com:5000/myorg/app:1"}})  # fmt: skip
+        [start] = await api.commands(rental["id"], "start_workload")
+        raw, command = await delivered_start(api, host_id, start.id)
+        assert command.sealed_registry_auth is None and PASSWORD not in raw
+        assert "no certificate whose key is known" in caplog.text and PASSWORD not in caplog.text
 
     async def test_a_refused_login_fails_the_rental_as_the_renters_doing(self, api: Api) -> None:
         await api.host(1)
@@ -189,6 +254,20 @@ class TestStartCommand:
         _, failed = await api.as_renter("GET", f"/rentals/{rental['id']}")
         assert failed["state"] == "failed" and failed["failure_code"] == "registry_auth_failed"
         assert renter_caused(failed["failure_reason"]) and "unauthorized" in failed["failure_reason"]
+
+
+    async def test_a_login_the_host_cannot_open_fails_the_rental_as_the_platforms_doing(self, api: Api) -> None:
+        """``registry_auth_unreadable`` (the sealed login opened with none of the host's keys) blames neither the
+        renter nor the host."""
+        await api.host(1)
+        _, rental = await api.as_renter("POST", "/rentals", json={"gpu_count": 1, "workload": {
+            "kind": "container", "image": "registry.example.com:5000/myorg/app:1"}})  # fmt: skip
+        [start] = await api.commands(rental["id"], "start_workload")
+        detail = "the registry login the platform sent for this start does not open with this host's keys"
+        await api.agent_answers(start, ok=False, detail=detail, data={"code": "registry_auth_unreadable"})
+        _, failed = await api.as_renter("GET", f"/rentals/{rental['id']}")
+        assert failed["state"] == "failed" and failed["failure_code"] == "registry_auth_unreadable"
+        assert platform_caused(failed["failure_reason"]) and not renter_caused(failed["failure_reason"])
 
 
 class TestSealedTotp:

@@ -26,8 +26,12 @@ import pytest
 from agent.gpu.sim import SimulatedBackend
 from agent.runtimes.containeropts import ContainerOptions
 from agent.runtimes.manager import WorkloadManager
+from agent.runtimes.registry_login import SealedLogin
+from agent.state import AgentState
+from master.services.market.reliability import platform_caused, renter_caused
+from shared.crypto import generate_private_key, sealed_to, write_private_key
 from shared.errors import BadRequest
-from shared.protocol import ContainerWorkload, RegistryAuth
+from shared.protocol import ContainerWorkload, RegistryAuth, registry_auth_context
 from tests import dockerengine
 from tests.workloadfixtures import Exits
 
@@ -118,21 +122,40 @@ async def manager(tmp_path: Path, docker_image: str) -> AsyncIterator[WorkloadMa
     dockerengine.remove_owned(owner)
 
 
+HOST_ID = "h-registry-test"
+
+
+@pytest.fixture
+def host_keys(tmp_path: Path) -> AgentState:
+    """An agent's data dir holding the host's key, as enrollment leaves it."""
+    state = AgentState(tmp_path / "agent")
+    write_private_key(state.key_file, generate_private_key())
+    return state
+
+
+def _sealed(auth: RegistryAuth, state: AgentState, command_id: str, *, to: AgentState | None = None) -> SealedLogin:
+    """``auth`` as the master sends it: sealed to the key of ``to`` (default: this host), for ``command_id``."""
+    recipient = (to or state).opening_keys()[0].public_key()
+    token = sealed_to.seal_to(recipient, auth.model_dump_json().encode(), registry_auth_context(HOST_ID, command_id))
+    return SealedLogin(token, HOST_ID, command_id, state.opening_keys)
+
+
 def _gpu(manager: WorkloadManager) -> list[str]:
     return [manager.backend.gpus()[0].uuid]
 
 
 class TestPrivatePull:
     async def test_the_right_login_pulls_and_starts_and_nothing_keeps_it(
-        self, manager: WorkloadManager, private_image: str, registry: str, tmp_path: Path
+        self, manager: WorkloadManager, private_image: str, registry: str, tmp_path: Path, host_keys: AgentState
     ) -> None:
+        """The login sealed to the host's key opens there, at pull time, and the pull with it succeeds."""
         _forget(private_image)
         auth = RegistryAuth(server=registry, username=USER, password=PASSWORD)
         result = await manager.start(
             "rpriv1",
             _gpu(manager),
             ContainerWorkload(image=private_image, command=["sleep", "30"]),
-            registry_auth=auth,
+            registry_auth=_sealed(auth, host_keys, "cmd-1"),
         )
         assert result["kind"] == "container" and result["image"] == private_image
         assert manager.running() == ["rpriv1"]
@@ -146,10 +169,11 @@ class TestPrivatePull:
 
     @pytest.mark.parametrize("password", ["wrong-password", None])
     async def test_a_wrong_or_missing_login_fails_as_the_renters_with_the_registrys_reason(
-        self, manager: WorkloadManager, private_image: str, registry: str, password: str | None
+        self, manager: WorkloadManager, private_image: str, registry: str, password: str | None, host_keys: AgentState
     ) -> None:
         _forget(private_image)
-        auth = None if password is None else RegistryAuth(server=registry, username=USER, password=password)
+        login = RegistryAuth(server=registry, username=USER, password=password or "unused")
+        auth = None if password is None else _sealed(login, host_keys, "cmd-2")
         with pytest.raises(BadRequest) as refused:
             await manager.start(
                 "rpriv2", _gpu(manager), ContainerWorkload(image=private_image), registry_auth=auth
@@ -159,3 +183,56 @@ class TestPrivatePull:
             "unauthorized" in refused.value.message.lower() or "auth" in refused.value.message.lower()
         )
         assert "wrong-password" not in refused.value.message and manager.running() == []
+        assert renter_caused(f"{refused.value.code}: {refused.value.message}")
+
+    async def test_a_login_sealed_to_another_key_fails_as_the_platforms_before_the_registry_is_asked(
+        self, manager: WorkloadManager, private_image: str, registry: str, tmp_path: Path, host_keys: AgentState
+    ) -> None:
+        """A token this host cannot open (another host's key) is ``registry_auth_unreadable``: not the renter's."""
+        _forget(private_image)
+        other = AgentState(tmp_path / "other")
+        write_private_key(other.key_file, generate_private_key())
+        auth = _sealed(RegistryAuth(server=registry, username=USER, password=PASSWORD), host_keys, "cmd-3", to=other)
+        with pytest.raises(BadRequest) as refused:
+            await manager.start("rpriv3", _gpu(manager), ContainerWorkload(image=private_image), registry_auth=auth)
+        assert refused.value.code == "registry_auth_unreadable" and PASSWORD not in refused.value.message
+        reason = f"{refused.value.code}: {refused.value.message}"
+        assert platform_caused(reason) and not renter_caused(reason) and manager.running() == []
+
+
+class TestSealedLogin:
+    """The agent's side of a sealed login, without an engine: which keys open it, and what it never says."""
+
+    LOGIN = RegistryAuth(server="registry.example.com:5000", username=USER, password=PASSWORD)
+
+    def test_it_opens_with_the_hosts_key_for_its_own_command_only(self, host_keys: AgentState) -> None:
+        login = _sealed(self.LOGIN, host_keys, "cmd-1")
+        assert login.open() == self.LOGIN and PASSWORD not in repr(login) and login.token not in repr(login)
+        moved = SealedLogin(login.token, HOST_ID, "cmd-2", host_keys.opening_keys)
+        with pytest.raises(BadRequest) as refused:
+            moved.open()
+        assert refused.value.code == "registry_auth_unreadable"
+        elsewhere = SealedLogin(login.token, "h-other", "cmd-1", host_keys.opening_keys)
+        with pytest.raises(BadRequest):
+            elsewhere.open()
+
+    def test_a_renewal_in_flight_keeps_it_opening(self, host_keys: AgentState) -> None:
+        """Sealed to a renewed certificate's key before the agent installed it (``key.next.pem``), or to the key the
+        last renewal replaced (``key.prev.pem``), it still opens."""
+        pending = AgentState(host_keys.dir / "pending")
+        write_private_key(pending.key_file, generate_private_key())
+        to_next = _sealed(self.LOGIN, host_keys, "cmd-1", to=pending)
+        with pytest.raises(BadRequest):
+            to_next.open()
+        host_keys.next_key_file.write_bytes(pending.key_file.read_bytes())
+        assert to_next.open() == self.LOGIN
+        host_keys.next_key_file.unlink()
+        host_keys.previous_key_file.write_bytes(pending.key_file.read_bytes())
+        assert to_next.open() == self.LOGIN
+
+    def test_an_altered_token_does_not_open(self, host_keys: AgentState) -> None:
+        login = _sealed(self.LOGIN, host_keys, "cmd-1")
+        flipped = login.token[:-2] + ("A" if login.token[-2] != "A" else "B") + login.token[-1]
+        with pytest.raises(BadRequest) as refused:
+            SealedLogin(flipped, HOST_ID, "cmd-1", host_keys.opening_keys).open()
+        assert refused.value.code == "registry_auth_unreadable" and PASSWORD not in str(refused.value)

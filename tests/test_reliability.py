@@ -191,9 +191,11 @@ class TestRentals:
         await history.rental(host_id, "failed", NOW - 3 * DAY, "workload failed to start: cannot start docker: not found")
         await history.rental(host_id, "failed", NOW - 4 * DAY, "workload exited with code 1")
         await history.rental(host_id, "failed", NOW - 5 * DAY, "workload failed to start: cannot start 'python3': No such file")
+        # The platform's doing (a registry login sealed to a key the host does not hold): not the host's either.
+        await history.rental(host_id, "failed", NOW - 6 * DAY, "registry_auth_unreadable: the registry login the platform sent")
         score, inputs = await history.score(host_id)
         assert inputs["rentals"] == {
-            "completed": 6, "failed": 2, "failed_by_renter": 2, "prior_successes": 4, "factor": round(10 / 12, 4),
+            "completed": 6, "failed": 2, "failed_by_renter": 2, "failed_by_platform": 1, "prior_successes": 4, "factor": round(10 / 12, 4),
             "formula": "(completed + 4) / (completed + failed + 4)",
         }  # fmt: skip
         assert score == round(10 / 12, 4)

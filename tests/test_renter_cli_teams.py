@@ -16,7 +16,7 @@ from gpumarket.mailsink import MailSink
 from master.models import Rental
 from tests.apiclient import Api
 from tests.test_renter_cli import Cli
-from tests.test_teams import person, sink  # noqa: F401 (the fixture)
+from tests.test_teams import person
 
 
 def test_team_and_registry_have_help_with_examples(capsys: pytest.CaptureFixture[str]) -> None:
@@ -29,7 +29,7 @@ def test_team_and_registry_have_help_with_examples(capsys: pytest.CaptureFixture
 
 
 async def test_invite_join_act_for_the_team_and_be_removed(
-    api: Api, sink: MailSink, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path  # noqa: F811
+    api: Api, sink: MailSink, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     await api.host(1)
     owner, bob = await person(api, "olga"), await person(api, "bob")

@@ -8,7 +8,6 @@ links are read from the mails as a person would.
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -29,17 +28,6 @@ from tests.helpers import ManualClock
 EMAIL = "Alice.Renter@Example.com"
 STORED = "alice.renter@example.com"
 PASSWORD = "correct horse battery staple"
-
-
-@pytest.fixture
-async def sink(api: Api) -> AsyncIterator[MailSink]:
-    mailbox = await MailSink().start()
-    api.master.settings.smtp_url = SecretStr(mailbox.url)
-    api.master.settings.public_url = "http://console.test"
-    try:
-        yield mailbox
-    finally:
-        await mailbox.close()
 
 
 async def post(api: Api, path: str, body: Any, *, csrf: str | None = None) -> tuple[int, Any]:

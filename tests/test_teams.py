@@ -7,35 +7,23 @@ the team with the ``Gpumarket-Team`` header, or with an API key made in the team
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from pydantic import SecretStr
 from sqlalchemy import select, update
 
 from billing import credits
 from gpumarket.mailsink import MailSink
+from master.api.base import API
 from master.models import Account, AuditEvent, Rental, SshKey, TeamInvitation, TeamMember
 from master.services.accounts import TEAM_HEADER
-from tests.apiclient import Api, assert_error
+from tests.apiclient import Api, assert_error, bearer
 from tests.factories import create_principal
 from tests.test_ssh_keys import ed25519_line
 
 pytestmark = pytest.mark.usefixtures("sink")
-
-
-@pytest.fixture
-async def sink(api: Api) -> AsyncIterator[MailSink]:
-    mailbox = await MailSink().start()
-    api.master.settings.smtp_url = SecretStr(mailbox.url)
-    api.master.settings.public_url = "http://console.test"
-    try:
-        yield mailbox
-    finally:
-        await mailbox.close()
 
 
 @dataclass
@@ -82,7 +70,7 @@ async def invite(api: Api, sink: MailSink, team_id: str, by: Person, who: Person
 async def join(api: Api, sink: MailSink, team_id: str, by: Person, who: Person, role: str) -> None:
     token = await invite(api, sink, team_id, by, who, role)
     joined = await ok(api, "POST", "/team-invitations/accept", who.key, json={"token": token})
-    assert joined == {"id": team_id, "name": joined["name"], "role": role}
+    assert joined == {"id": team_id, "name": joined["name"], "kind": joined["kind"], "role": role}
 
 
 @dataclass
@@ -414,3 +402,18 @@ class TestProviderTeams:
             assert hosts is not None and (hosts.kind, hosts.role) == ("team", "provider")
             member = await session.get(TeamMember, (hosts.id, person.id))
             assert member is not None and member.role == "owner"
+
+
+class TestTheBrowsersStream:
+    async def test_the_metrics_stream_takes_the_team_in_its_query_and_only_it(self, api: Api, crew: Crew) -> None:
+        """An EventSource sends no header: the one streaming route names the team in ``?team=``, checked as the header is."""
+        api.master.settings.stream_max_s = 0.05
+        host, _ = await api.host(1)
+        path = f"/hosts/{host}/metrics/stream"
+        async with api.client.get(API + path, params={"team": crew.team_id}, headers=bearer(crew.member.key)) as response:
+            assert response.status == 200 and response.content_type == "text/event-stream"
+            await response.read()
+        async with api.client.get(API + path, params={"team": crew.team_id}, headers=bearer(crew.stranger.key)) as response:
+            assert (response.status, (await response.json())["code"]) == (404, "team_not_found")
+        status, body = await api.call("GET", "/rentals", crew.member.key, params={"team": crew.team_id})
+        assert_error(status, body, 400, "unknown_parameter")

@@ -1130,7 +1130,7 @@ class TestContainers:
         manager = managers(container=ContainerOptions(owner=prefix, docker_url=f"unix://{tmp_path}/none.sock"))
         pulling = asyncio.Event()
 
-        async def slow_pull(rental_id: str, spec: ContainerWorkload) -> PreparedImage:
+        async def slow_pull(rental_id: str, spec: ContainerWorkload, registry_auth: object = None) -> PreparedImage:
             pulling.set()
             await asyncio.sleep(3600)
             raise AssertionError("not cancelled")

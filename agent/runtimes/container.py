@@ -76,10 +76,11 @@ from agent.runtimes.containeropts import (
 from agent.runtimes.diskquota import LoopDisks
 from agent.runtimes.netguard import NetGuardStatus, install_guard
 from agent.runtimes.netns import NamespaceUnavailable, connect_in_namespace
+from agent.runtimes.registry_login import SealedLogin
 from shared.ceilings import Ceilings
 from shared.errors import BadRequest
 from shared.imageref import ImageReference, image_allowed, parse_image_reference
-from shared.protocol import ContainerWorkload, GpuShare, RegistryAuth
+from shared.protocol import ContainerWorkload, GpuShare
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -203,10 +204,12 @@ class ContainerRuntime:
             )
         return reference
 
-    async def prepare(self, rental_id: str, spec: ContainerWorkload, registry_auth: RegistryAuth | None = None) -> PreparedImage:
+    async def prepare(self, rental_id: str, spec: ContainerWorkload, registry_auth: SealedLogin | None = None) -> PreparedImage:
         """Check the image against the policy, pull it when it is not here (reporting progress), check its size.
 
-        ``registry_auth`` goes to the engine with this pull only (the ``X-Registry-Auth`` header); nothing keeps it.
+        ``registry_auth`` is opened with the host's key only when a pull is needed, and goes to the engine with that
+        pull only (the ``X-Registry-Auth`` header); nothing keeps it. One that does not open fails the start with
+        ``registry_auth_unreadable`` (the platform's fault) before the registry is asked.
         A registry that refuses the login or knows no such image fails the start as the renter's doing
         (``registry_auth_failed``, ``image_not_found``, with the registry's words); any other pull failure is
         ``image_pull_failed``. Cancelling is safe: a pull cancelled half-way leaves the engine's partial layers, as
@@ -253,15 +256,16 @@ class ContainerRuntime:
         except ENGINE_ERRORS as exc:
             raise self.unavailable(exc) from None
 
-    async def _pull(self, rental_id: str, image: str, reference: ImageReference, registry_auth: RegistryAuth | None = None) -> None:
+    async def _pull(self, rental_id: str, image: str, reference: ImageReference, registry_auth: SealedLogin | None = None) -> None:
         await self._progress(rental_id, "pulling", f"pulling {reference.canonical}", None)
         layers: dict[str, tuple[int, int]] = {}
         last = 0.0
         auth: dict[str, Any] | None = None
         if registry_auth is not None:
+            login = registry_auth.open()  # here, for this pull only
             # With a login the engine wants the registry named (Docker Hub's own, its index URL).
-            server = DOCKER_HUB_INDEX if registry_auth.server == "docker.io" else registry_auth.server
-            auth = {"username": registry_auth.username, "password": registry_auth.password, "serveraddress": server}
+            server = DOCKER_HUB_INDEX if login.server == "docker.io" else login.server
+            auth = {"username": login.username, "password": login.password, "serveraddress": server}
             image = reference.canonical
         try:
             async with asyncio.timeout(self.options.pull_timeout):

@@ -66,6 +66,7 @@ from agent.runtimes.logs import OutputLogs
 from agent.runtimes.pids import ProcessHandle
 from agent.runtimes.process import ProcessRuntime
 from agent.runtimes.registry import Registry
+from agent.runtimes.registry_login import SealedLogin
 from agent.runtimes.teardown import clean_up, terminate
 from agent.runtimes.users import RentalUsers
 from shared.ceilings import Ceilings
@@ -76,7 +77,6 @@ from shared.protocol import (
     HoldWorkload,
     IsolationFacts,
     ProcessWorkload,
-    RegistryAuth,
     WorkloadSpec,
 )
 
@@ -247,7 +247,7 @@ class WorkloadManager:
 
     async def start(
         self, rental_id: str, gpu_uuids: list[str], spec: WorkloadSpec, *, share: GpuShare | None = None,
-        registry_auth: RegistryAuth | None = None,
+        registry_auth: SealedLogin | None = None,
     ) -> dict[str, Any]:
         """Start the rental's workload unless it already runs (then report it again).
 
@@ -258,7 +258,7 @@ class WorkloadManager:
         start waits on the engine (an image pull, the container's creation) with its GPUs
         reserved; a second start of the same rental waits for the first. Cancelling is safe:
         a container start cancelled half-way removes what it made. ``registry_auth``: the login for a container's
-        image pull, used for that pull only (never stored, never logged).
+        image pull, sealed to this host (opened only if a pull is needed, for that pull; never stored, never logged).
         """
         self._check_open()
         check_rental_id(rental_id)
@@ -284,7 +284,7 @@ class WorkloadManager:
         return result
 
     async def _start_container(
-        self, rental_id: str, gpu_uuids: list[str], spec: ContainerWorkload, share: GpuShare | None, registry_auth: RegistryAuth | None
+        self, rental_id: str, gpu_uuids: list[str], spec: ContainerWorkload, share: GpuShare | None, registry_auth: SealedLogin | None
     ) -> dict[str, Any]:
         if self.container_options is None:
             raise BadRequest(
@@ -302,7 +302,7 @@ class WorkloadManager:
                 del self._start_locks[rental_id]
 
     async def _start_container_locked(
-        self, rental_id: str, gpu_uuids: list[str], spec: ContainerWorkload, share: GpuShare | None, registry_auth: RegistryAuth | None
+        self, rental_id: str, gpu_uuids: list[str], spec: ContainerWorkload, share: GpuShare | None, registry_auth: SealedLogin | None
     ) -> dict[str, Any]:
         self._check_open()
         existing = self._workloads.get(rental_id)

@@ -1,20 +1,35 @@
 // The console's only way to the server: the REST API under /api/v1, authenticated by the
 // HTTP-only session cookie (credentials: "same-origin"), with the session's CSRF token on
 // every request that changes something. Errors become ApiError with the API's code and
-// message; a 401 means the session is gone and the app shows the sign-in page.
+// message; a 401 means the session is gone and the app shows the sign-in page. In a team's
+// context (teams.js's switcher) every call carries `Gpumarket-Team: <team id>` but the
+// person's own: signing in and out, the account's security, and managing teams.
 
 export const API = "/api/v1";
 
 const UNSAFE = new Set(["POST", "PUT", "PATCH", "DELETE"]);
+export const TEAM_HEADER = "Gpumarket-Team";
+// Calls that are always the person's own, whatever the context: the session, the account and its second factor,
+// password resets, and the teams routes (which act for the caller on the team their path names).
+const PERSONAL_PATHS = /^\/(sessions|accounts|password-resets|account\/totp|account\/passkeys|teams|team-invitations)(\/|\?|$)/;
 
 /** The signed-in session: {account: {id, name, role}, csrf_token, expires_at}, or null. */
 export const session = { current: null };
 
+/** The team the console acts for: {id, name, role}, or null for the person's own account (teams.js sets it). */
+export const acting = { team: null };
+
 let signedOutHandler = () => {};
+let teamLostHandler = () => {};
 
 /** Called with the ApiError whenever the API says the session is missing or expired. */
 export function onSignedOut(handler) {
   signedOutHandler = handler;
+}
+
+/** Called with the ApiError when a call in a team's context answers that the caller is not in that team (any more). */
+export function onTeamLost(handler) {
+  teamLostHandler = handler;
 }
 
 export class ApiError extends Error {
@@ -49,10 +64,13 @@ export function query(params) {
 
 /**
  * Call the API: api("GET", "/offers?sort=price"), api("POST", "/rentals", {body, headers}).
+ * `personal: true` leaves out the team header (the person's own account) where the path does not already.
  * Resolves to the parsed JSON body; rejects with ApiError.
  */
-export async function api(method, path, { body, headers = {}, signal, quietAuth = false } = {}) {
+export async function api(method, path, { body, headers = {}, signal, quietAuth = false, personal = false } = {}) {
   const init = { method, credentials: "same-origin", cache: "no-store", headers: { Accept: "application/json", ...headers }, signal };
+  const team = !personal && !PERSONAL_PATHS.test(path) && acting.team ? acting.team.id : null;
+  if (team) init.headers[TEAM_HEADER] = team;
   if (body !== undefined) {
     init.body = JSON.stringify(body);
     init.headers["Content-Type"] = "application/json";
@@ -76,6 +94,7 @@ export async function api(method, path, { body, headers = {}, signal, quietAuth 
   }
   if (!response.ok) {
     const error = new ApiError(response.status, data);
+    if (team && error.code === "team_not_found" && acting.team && acting.team.id === team) teamLostHandler(error);
     if (response.status === 401 && !quietAuth) {
       session.current = null;
       signedOutHandler(error);

@@ -1,7 +1,7 @@
 // The console's entry point: the session, the hash router (#/offers, #/rentals/<id>, ...),
 // the role's navigation; the pages a visitor sees before signing in are join.js's.
 
-import { api, ApiError, onSignedOut, session } from "./api.js";
+import { acting, api, ApiError, onSignedOut, onTeamLost, session } from "./api.js";
 import { h, replace } from "./dom.js";
 import { errorBox, busy } from "./ui.js";
 import { offersPage, rentalsPage, rentalPage, billingPage } from "./pages-renter.js";
@@ -12,6 +12,7 @@ import { clustersPage, clusterPage } from "./pages-clusters.js";
 import { servicesPage, servicePage } from "./pages-services.js";
 import { PUBLIC, securityPage, signInPage, verifyBanner } from "./join.js";
 import { apiKeysPage, devicePage } from "./apikeys.js";
+import { actFor, contextBanner, contextLabel, contextSwitcher, invitePage, loadTeams, lostTeam, pendingInvite, teamPage, teamsPage } from "./teams.js";
 
 const ROUTES = [
   { path: /^\/fleet$/, roles: ["admin"], title: "Fleet", nav: "#/fleet", render: fleetPage },
@@ -31,7 +32,11 @@ const ROUTES = [
   { path: /^\/api-keys$/, roles: ["renter", "provider", "admin"], title: "API keys", nav: "#/api-keys", render: apiKeysPage },
   { path: /^\/device(?:\/([^/]+))?$/, roles: ["renter", "provider", "admin"], title: "Sign in the CLI", render: devicePage },
   { path: /^\/security$/, roles: ["renter", "provider", "admin"], title: "Security", nav: "#/security", render: securityPage },
+  { path: /^\/teams$/, roles: ["renter", "provider", "admin"], title: "Teams", nav: "#/teams", navClass: "nav-teams", render: teamsPage },
+  { path: /^\/teams\/([^/]+)$/, roles: ["renter", "provider", "admin"], title: "Team", render: teamPage },
 ];
+// Pages with an id that belongs to one account: switching context goes to their list instead.
+const OWNED_DETAIL = /^\/(rentals|clusters|services|hosts)\/[^/]+$/;
 
 const HOME = { renter: "#/offers", provider: "#/hosts", admin: "#/fleet" };
 // A 401 in the middle of using the console means the session is gone (expired, signed out
@@ -41,6 +46,7 @@ const EXPIRED_CODES = new Set(["session_expired", "not_signed_in", "missing_api_
 const main = document.getElementById("main");
 const nav = document.getElementById("nav");
 const who = document.getElementById("who");
+const context = document.getElementById("context");
 const notice = document.getElementById("notice");
 const banner = document.getElementById("banner");
 
@@ -70,24 +76,63 @@ function leavePage() {
   current = { cleanups: [], token: current.token + 1 };
 }
 
+/** The role pages are chosen by: a team's is what it does (a renter or a provider team), whatever the person is. */
+function actingRole() {
+  return acting.team ? acting.team.kind || "renter" : session.current.account.role;
+}
+
+/** The team context, for the pages that change it. */
+const teamsApi = {
+  /** Ask for the person's teams again (after making, joining or leaving one); falls back to personal, saying so. */
+  async refresh() {
+    const lost = await loadTeams();
+    if (lost) notify(lost);
+    renderChrome();
+  },
+  /** Act for `team` ({id, name, role}) or personal (null), and load the page again in that context. */
+  switchTo(team, { quiet = false } = {}) {
+    actFor(team);
+    if (!quiet) notify(team ? `Acting for ${contextLabel(team)}.` : "Acting for your personal account.");
+    const path = location.hash.replace(/^#/, "").split("?")[0];
+    const list = OWNED_DETAIL.exec(path) ? `#/${path.split("/")[1]}` : null;
+    if (list && location.hash !== list) location.hash = list;
+    else route();
+  },
+  notify,
+};
+
+/** Take up the remembered team context; a failure to ask leaves the personal one. */
+async function loadContext() {
+  try {
+    const lost = await loadTeams();
+    if (lost) notify(lost);
+  } catch (error) {
+    acting.team = null; // this page only: the remembered team is asked for again next time
+    if (error instanceof ApiError && error.status === 401) throw error;
+  }
+}
+
 function renderChrome() {
   const account = session.current && session.current.account;
-  replace(banner, verifyBanner(account));
+  replace(banner, verifyBanner(account), account ? contextBanner() : null);
   if (!account) {
     nav.replaceChildren();
+    context.replaceChildren();
     who.replaceChildren();
     return;
   }
   const path = location.hash.replace(/^#/, "");
-  const items = ROUTES.filter((r) => r.nav && r.roles.includes(account.role));
+  const role = actingRole();
+  const items = ROUTES.filter((r) => r.nav && r.roles.includes(role));
   nav.replaceChildren(h("ul", {}, items.map((r) => {
     const active = path === r.nav.slice(1) || path.startsWith(`${r.nav.slice(1)}/`);
-    return h("li", {}, h("a", { href: r.nav, "aria-current": active ? "page" : null }, r.title));
+    return h("li", { class: r.navClass || null }, h("a", { href: r.nav, "aria-current": active ? "page" : null }, r.title));
   })));
   const signOut = h("button", { type: "button", class: "secondary", id: "sign-out" }, "Sign out");
   signOut.addEventListener("click", () => signOutNow(signOut));
+  context.replaceChildren(contextSwitcher((team) => teamsApi.switchTo(team), { current: path === "/teams" || path.startsWith("/teams/") }));
   who.replaceChildren(h("span", { class: "account" }, h("span", { class: "account-name" }, account.name), " ",
-    h("span", { class: `badge role-${account.role}` }, account.role)), signOut);
+      h("span", { class: `badge role-${account.role}` }, account.role)), signOut);
 }
 
 async function signOutNow(button) {
@@ -99,6 +144,7 @@ async function signOutNow(button) {
     }
   }, "Signing out…");
   session.current = null;
+  acting.team = null;
   wantedHash = null;
   history.replaceState(null, "", "#/signin");
   showSignIn("You are signed out.", false);
@@ -110,9 +156,12 @@ function showSignIn(message, isProblem = true) {
   signInPage(main, { message, isProblem, done: signedIn });
 }
 
-function signedIn(opened) {
+async function signedIn(opened) {
   session.current = opened;
-  const target = wantedHash && wantedHash !== "#/signin" ? wantedHash : HOME[opened.account.role] || "#/";
+  await loadContext().catch(() => {});
+  const invite = pendingInvite({ take: true }); // once: the mail's link opens it again
+  const target = invite ? `#/invite/${invite}`
+    : wantedHash && wantedHash !== "#/signin" ? wantedHash : HOME[actingRole()] || "#/";
   wantedHash = null;
   if (location.hash === target) route();
   else location.hash = target;
@@ -120,11 +169,12 @@ function signedIn(opened) {
 
 /** A page anyone may open (sign up, the mailed links): rendered whether signed in or not; false when `path` is none. */
 function publicPage(path) {
-  const found = PUBLIC.map((r) => ({ r, m: r.path.exec(path) })).find(({ m }) => m);
+  const pages = [...PUBLIC, { path: /^\/invite\/([^/]+)$/, render: invitePage }];
+  const found = pages.map((r) => ({ r, m: r.path.exec(path) })).find(({ m }) => m);
   if (!found || (path === "/signin" && session.current)) return false;
   leavePage();
   renderChrome();
-  found.r.render(main, { params: found.m.slice(1).map(decodeURIComponent), done: signedIn, message: null });
+  found.r.render(main, { params: found.m.slice(1).map(decodeURIComponent), done: signedIn, message: null, teamsApi });
   const title = main.querySelector("h1");
   if (title) title.focus({ preventScroll: true });
   return true;
@@ -137,6 +187,11 @@ onSignedOut((error) => {
   showSignIn(message);
 });
 
+onTeamLost(() => {
+  notify(lostTeam());
+  loadContext().finally(route);
+});
+
 function route() {
   const hash = location.hash || "#/";
   if (!hash.startsWith("#/")) return; // an in-page anchor, not a page
@@ -146,7 +201,7 @@ function route() {
     showSignIn(null);
     return;
   }
-  const role = session.current.account.role;
+  const role = actingRole();
   const path = hash.slice(1).split("?")[0];
   const found = ROUTES.map((r) => ({ r, m: r.path.exec(path) })).find(({ r, m }) => m && r.roles.includes(role));
   if (!found) {
@@ -164,6 +219,8 @@ function route() {
     query: new URLSearchParams(hash.split("?")[1] || ""),
     role,
     account: session.current.account,
+    team: acting.team,
+    teams: teamsApi,
     alive: () => current.token === token,
     onLeave: (fn) => current.cleanups.push(fn),
     notify,
@@ -204,8 +261,15 @@ async function boot() {
       return;
     }
   }
+  if (session.current) {
+    try {
+      await loadContext();
+    } catch {
+      return; // the session ended meanwhile: the sign-in page is shown
+    }
+  }
   if (session.current && (location.hash === "" || location.hash === "#/" || location.hash === "#/signin" || location.hash === "#/signup")) {
-    location.replace(HOME[session.current.account.role] || "#/offers");
+    location.replace(HOME[actingRole()] || "#/offers");
     return;
   }
   route();

@@ -150,3 +150,8 @@ export function badge(text, kind = "state") {
 export function link(hash, text, attrs = {}) {
   return h("a", { href: hash, ...attrs }, text);
 }
+
+/** Text that may wrap before each "@" and after each "/" or ":" (an address, an image prefix), never elsewhere. */
+export function wrapAt(text) {
+  return String(text).split(/(?=@)|(?<=[/:])/).flatMap((part, i) => (i ? [h("wbr", {}), part] : [part]));
+}

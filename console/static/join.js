@@ -1,10 +1,11 @@
 // The pages a stranger sees: sign in (email and password, or an API key), sign up, verify the address from the
 // mailed link (#/verify/<token>), ask for a reset link (#/reset) and choose a new password (#/reset/<token>); and,
-// signed in, the account's security page (#/security: its audit log, sign out everywhere) and the banner that asks
-// an unverified account to open its link.
+// signed in, the account's security page (#/security: second factor, passkeys, audit log, sign out everywhere) and the
+// banner that asks an unverified account to open its link.
 
 import { api, session } from "./api.js";
 import { h, replace } from "./dom.js";
+import { passkeySignIn, passkeysCard } from "./passkeys.js";
 import { busy, copyable, errorBox, heading } from "./ui.js";
 
 /** Public pages by path; each renders into `main` and calls `done(session)` once the visitor is signed in. */
@@ -93,7 +94,7 @@ export function signInPage(main, { message, isProblem, done }) {
     key.input.value = "";
     done(opened);
   });
-  page(main, "Sign in to gpumarket", info, box.el, byPassword,
+  page(main, "Sign in to gpumarket", info, box.el, byPassword, passkeySignIn(done),
     links(h("a", { href: "#/signup" }, "Create an account"), h("a", { href: "#/reset" }, "Forgot your password?")),
     h("h2", { class: "signin-or" }, "Or with an API key"), byKey);
   email.input.focus();
@@ -105,11 +106,14 @@ function signUpPage(main) {
     "At least 10 characters, not a common password. A few unrelated words are easy to remember.");
   const renter = h("input", { type: "radio", name: "role", id: "role-renter", value: "renter", checked: true });
   const provider = h("input", { type: "radio", name: "role", id: "role-provider", value: "provider" });
+  // Both: a renter account with a provider team of its own, switched to in the header ("Acting for").
+  const both = h("input", { type: "radio", name: "role", id: "role-both", value: "both" });
   const roles = { input: { value: "x" }, el: h("fieldset", { class: "field roles" }, h("legend", {}, "I want to"),
-    h("label", { for: "role-renter" }, renter, " rent GPUs"), h("label", { for: "role-provider" }, provider, " offer my GPUs")) };
+    h("label", { for: "role-renter" }, renter, " rent GPUs"), h("label", { for: "role-provider" }, provider, " offer my GPUs"),
+    h("label", { for: "role-both" }, both, " do both")) };
   const el = form("signup", [email, password, roles], "Create account", "Creating…", async () => {
     const answer = await api("POST", "/accounts", { body: { email: email.input.value.trim(), password: password.input.value,
-      role: provider.checked ? "provider" : "renter" }, quietAuth: true });
+      role: [renter, provider, both].find((input) => input.checked).value }, quietAuth: true });
     page(main, "Check your mail", h("p", { class: "info", role: "status", id: "signup-sent" },
       `${answer.status[0].toUpperCase()}${answer.status.slice(1)}. Then sign in with your email and password.`),
     links(h("a", { href: "#/signin" }, "Sign in")));
@@ -172,7 +176,7 @@ export function verifyBanner(account) {
     "Verify your email address to rent GPUs or enrol hosts: open the link we mailed you. ", again, status);
 }
 
-/** #/security: the account's audit log, and signing out of every browser. */
+/** #/security: the second factor, passkeys, the account's audit log, and signing out of every browser. */
 export function securityPage(el, ctx) {
   const log = h("div", { class: "card" }, "Loading…");
   const everywhere = h("button", { type: "button", class: "secondary", id: "sign-out-everywhere" }, "Sign out everywhere");
@@ -184,10 +188,12 @@ export function securityPage(el, ctx) {
     setTimeout(() => location.reload(), 1500);
   }, "Signing out…"));
   const factor = h("div", { class: "card", id: "second-factor" }, "Loading…");
-  replace(el, heading("Security", "Your second factor, signing out everywhere, and what happened to how your account signs in."),
-    factor, h("div", { class: "actions" }, everywhere), status, h("h2", {}, "Recent events"), log);
+  const keys = h("div", { class: "card", id: "passkeys" }, "Loading…");
+  replace(el, heading("Security", "Your second factor, passkeys, signing out everywhere, and what happened to how your account signs in."),
+    factor, keys, h("div", { class: "actions" }, everywhere), status, h("h2", {}, "Recent events"), log);
   secondFactor(factor, ctx);
-  api("GET", "/audit-events?limit=100").then((page_) => {
+  passkeysCard(keys, ctx);
+  api("GET", "/audit-events?limit=100", { personal: true }).then((page_) => {
     if (!ctx.alive()) return;
     const rows = page_.items.map((item) => h("li", {},
       h("div", { class: "item-head" }, h("strong", {}, item.kind.replaceAll("_", " ")), ` · ${new Date(item.at).toLocaleString()}`,

@@ -1,10 +1,12 @@
 // The SSH keys page (#/ssh-keys): the public keys SSH into your rentals accepts. Paste a .pub
 // file's line to add one (the API's refusal is shown at the field it is about), delete one after
-// confirming. Every key shown is the signed-in account's own (GET /account/ssh-keys).
+// confirming. Every key shown is the acting account's own (GET /account/ssh-keys): a team's in its context. Below
+// them, the private registry logins (registries.js).
 
-import { api } from "./api.js";
+import { acting, api } from "./api.js";
 import { field, h, replace, table, timeEl } from "./dom.js";
 import { busy, errorBox, heading, loadInto, withError } from "./ui.js";
+import { registriesSection } from "./registries.js";
 
 export function sshKeysPage(page, ctx) {
   const errors = errorBox();
@@ -103,5 +105,8 @@ export function sshKeysPage(page, ctx) {
     }, "Adding…");
   });
 
-  replace(page, heading("SSH keys", "The public keys SSH into your rentals accepts. Only you see them."), form, listSlot);
+  replace(page, heading("SSH keys", acting.team
+    ? `The public keys SSH into team ${acting.team.name}'s rentals accepts. The team's members see them.`
+    : "The public keys SSH into your rentals accepts. Only you see them."), form, listSlot,
+    registriesSection(ctx));
 }

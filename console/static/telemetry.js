@@ -4,7 +4,7 @@
 // It replays recent samples first, then pushes new ones. Where the stream cannot be opened
 // the feed falls back to polling the raw metrics every few seconds.
 
-import { API, api } from "./api.js";
+import { API, acting, api } from "./api.js";
 import { LineChart } from "./charts.js";
 import { h } from "./dom.js";
 
@@ -25,7 +25,9 @@ export class TelemetryFeed {
   }
 
   open() {
-    const url = `${API}/hosts/${encodeURIComponent(this.hostId)}/metrics/stream`;
+    // An EventSource sends no headers: the team a console acts for goes in the query instead.
+    const team = acting.team ? `?team=${encodeURIComponent(acting.team.id)}` : "";
+    const url = `${API}/hosts/${encodeURIComponent(this.hostId)}/metrics/stream${team}`;
     let source;
     try {
       source = new EventSource(url, { withCredentials: true });

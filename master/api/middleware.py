@@ -217,6 +217,8 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
 def team_named(request: web.Request) -> str | None:
     """The team the request acts for (``Gpumarket-Team``: its id), or ``None`` for the caller's own account."""
     value = request.headers.get(accounts.TEAM_HEADER)
+    if value is None and request.method == "GET" and "team" in request.query:
+        value = request.query["team"]  # an EventSource (a browser's stream) sends no header; only routes declaring it
     if value is None:
         return None
     if not value.isascii() or not value.isprintable() or not 0 < len(value) <= 40 or value != value.strip():

@@ -142,3 +142,20 @@ class PasswordReset(BaseModel):
 
 class SignedOutEverywhere(BaseModel):
     sessions_ended: int
+
+
+class PasskeyView(BaseModel):
+    id: str
+    name: str
+    created_at: str
+    last_used_at: str | None = Field(description="When it last signed in; null: never.")
+    transports: list[str] = Field(description="How the browser said it reaches the authenticator (internal, usb, hybrid, …).")
+
+
+class PasskeyList(BaseModel):
+    passkeys: list[PasskeyView]
+
+
+class PasskeyDeleted(BaseModel):
+    id: str
+    deleted: bool

@@ -87,10 +87,15 @@ async def create_session(request: web.Request) -> web.Response:
         assert body.api_key is not None
         async with master.db.session() as session:
             token, signed_in = await accounts.sign_in(session, body.api_key.strip(), settings=master.settings, now=now, address=address)
+    return session_opened(request, token, signed_in)
+
+
+def session_opened(request: web.Request, token: str, signed_in: accounts.SignedIn) -> web.Response:
+    """The 201 of a sign-in (by password, key or passkey): the session's view, its token in the HttpOnly cookie."""
     response = web.json_response(signed_in.view(), status=201, headers={"Cache-Control": "no-store"})
     response.set_cookie(
         accounts.COOKIE, token, httponly=True, samesite="Strict", secure=_secure_cookie(request), path="/",
-        max_age=int(master.settings.console_session_max_s),
+        max_age=int(request.app[MASTER].settings.console_session_max_s),
     )  # fmt: skip
     return response
 
@@ -203,6 +208,8 @@ ROUTES: tuple[Route, ...] = (
           "samples, then each new one. Resumes after Last-Event-ID.",
           query=(QueryParam("backlog", "integer", "Recent samples sent first (default 60).", 0, 1000),
                  QueryParam("after_seq", "string", "Send only samples after this sequence number (any value that is not "
-                            "an integer starts from the recent samples, as a stale Last-Event-ID does).")),
+                            "an integer starts from the recent samples, as a stale Last-Event-ID does)."),
+                 QueryParam("team", "string", "Act for this team (its id), as the Gpumarket-Team header says elsewhere: "
+                            "a browser's EventSource cannot send headers.")),
           errors=(404,), media_types=("text/event-stream",)),
 )  # fmt: skip

@@ -26,6 +26,7 @@ from master.api import (
     routes_maintenance,
     routes_market,
     routes_metrics,
+    routes_passkeys,
     routes_payments,
     routes_power,
     routes_regions,
@@ -49,6 +50,7 @@ ROUTES: tuple[Route, ...] = (
     + routes_power.ROUTES
     + routes_accounts.ROUTES
     + routes_keys.ROUTES
+    + routes_passkeys.ROUTES
     + routes_teams.ROUTES
     + routes_registries.ROUTES
 )  # fmt: skip

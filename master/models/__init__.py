@@ -15,6 +15,8 @@ from master.models.accounts import (
     ConsoleSession,
     DeviceCode,
     EmailToken,
+    Passkey,
+    PasskeyChallenge,
     RegistryCredential,
     SshKey,
     TeamInvitation,
@@ -46,7 +48,7 @@ __all__ = [
     "Account", "Alert", "AlertNotification", "ApiKey", "AuditEvent", "Base", "Cluster", "ClusterEvent", "Command",
     "ConsoleSession", "DeviceCode", "EmailToken", "EnrollmentToken", "Gpu", "GpuAllocation", "GpuEvent", "Host", "HostCertificate", "HostEvent",
     "HostLink", "HostListing", "HostPowerPolicy", "Lease", "LedgerAccount", "LedgerEntry", "LedgerTransaction",
-    "NetworkMeasurement", "OfferSummary", "Payout", "PowerSaving", "RegistryCredential", "Rental", "RentalEvent", "RentalLogChunk",
+    "NetworkMeasurement", "OfferSummary", "Passkey", "PasskeyChallenge", "Payout", "PowerSaving", "RegistryCredential", "Rental", "RentalEvent", "RentalLogChunk",
     "Service", "ServiceEvent", "ServiceStat", "SshKey", "TeamInvitation", "TeamMember", "TelemetryRollup", "TelemetrySample", "Template",
     "TunnelUsage", "UTCDateTime", "version_key",
 ]

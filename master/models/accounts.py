@@ -1,4 +1,4 @@
-"""Accounts and how they sign in: passwords, email tokens, API keys, console sessions, SSH keys, the audit log."""
+"""Accounts and how they sign in: passwords, email tokens, API keys, console sessions, passkeys, SSH keys, the audit log."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from sqlalchemy import (
     BigInteger,
     CheckConstraint,
     ForeignKey,
+    LargeBinary,
     Numeric,
     String,
     Text,
@@ -193,6 +194,38 @@ class TeamInvitation(Base):
     accepted_at: Mapped[datetime | None] = mapped_column(default=None)
     accepted_by: Mapped[str | None] = mapped_column(ForeignKey("accounts.id", ondelete="SET NULL"), default=None)
     revoked_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class Passkey(Base):
+    """A WebAuthn credential a person signs in with (``master/services/accounts/passkeys.py``): the authenticator keeps
+    the private key; the row its credential id (base64url), COSE public key and signature counter."""
+
+    __tablename__ = "passkeys"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(100))
+    credential_id: Mapped[str] = mapped_column(String(1400), unique=True)  # base64url, unpadded (at most 1023 bytes)
+    public_key: Mapped[bytes] = mapped_column(LargeBinary)  # COSE_Key, as the attestation carried it
+    sign_count: Mapped[int] = mapped_column(BigInteger, default=0)
+    transports: Mapped[list[Any] | None] = mapped_column(default=None)  # what the browser said it reaches it by
+    created_at: Mapped[datetime] = mapped_column(default=_now)
+    last_used_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class PasskeyChallenge(Base):
+    """A WebAuthn challenge handed out and not answered yet (``master/services/accounts/passkeys.py``): its SHA-256, for
+    which purpose (``register``: bound to the account adding a passkey; ``sign_in``: to nobody) and until when. Each is
+    deleted as it is answered, right or wrong, so it is good once."""
+
+    __tablename__ = "passkey_challenges"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    challenge_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    purpose: Mapped[str] = mapped_column(String(16))  # register | sign_in
+    account_id: Mapped[str | None] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"), index=True, default=None)
+    created_at: Mapped[datetime] = mapped_column(default=_now)
+    expires_at: Mapped[datetime] = mapped_column(index=True)
 
 
 class RegistryCredential(Base):

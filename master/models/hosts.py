@@ -86,6 +86,9 @@ class HostCertificate(Base):
     issued_at: Mapped[datetime] = mapped_column(default=_now)
     not_after: Mapped[datetime]
     revoked_at: Mapped[datetime | None] = mapped_column(default=None, index=True)
+    # The certificate's public key (SubjectPublicKeyInfo PEM): what a start's registry login is sealed to
+    # (master/services/accounts/registries.py). NULL for a certificate signed before it was recorded.
+    public_key: Mapped[str | None] = mapped_column(Text, default=None)
 
 
 class HostEvent(Base):

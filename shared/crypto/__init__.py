@@ -13,13 +13,14 @@ there is no CRL here.
 
 Modules: ``keys`` (private keys, key files, CSRs), ``certs`` (reading certificates and
 the host id and serial they carry), ``ca`` (the ``CertificateAuthority``), ``tls`` (the
-``ssl.SSLContext`` factories), ``sealed`` (secrets at rest under the master's ``secrets_key``). This module is the package's public API: import from
-``shared.crypto``.
+``ssl.SSLContext`` factories), ``sealed`` (secrets at rest under the master's ``secrets_key``), ``sealed_to``
+(secrets sealed to one agent's key, ECIES, for what crosses the bus and the relay). This module is the package's
+public API: import from ``shared.crypto``.
 
 Must not import from agent/, access/, master/, console/ or billing/.
 """
 
-from shared.crypto import sealed
+from shared.crypto import sealed, sealed_to
 from shared.crypto.ca import (
     CA_CERT_FILENAME,
     CA_KEY_FILENAME,
@@ -42,8 +43,10 @@ from shared.crypto.certs import (
 from shared.crypto.keys import (
     generate_private_key,
     load_private_key,
+    load_public_key,
     make_csr,
     private_key_to_pem,
+    public_key_to_pem,
     write_private_key,
 )
 from shared.crypto.tls import client_ssl_context, server_ssl_context, web_ssl_context
@@ -66,9 +69,12 @@ __all__ = [
     "host_id_from_der",
     "load_certificate",
     "load_private_key",
+    "load_public_key",
     "make_csr",
     "private_key_to_pem",
+    "public_key_to_pem",
     "sealed",
+    "sealed_to",
     "serial_hex_from_der",
     "server_ssl_context",
     "web_ssl_context",

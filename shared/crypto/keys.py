@@ -53,6 +53,22 @@ def load_private_key(pem: bytes) -> ec.EllipticCurvePrivateKey:
     return key
 
 
+def public_key_to_pem(key: ec.EllipticCurvePublicKey) -> str:
+    """Serialize ``key`` as SubjectPublicKeyInfo PEM (how the master records a host certificate's key)."""
+    return key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+
+
+def load_public_key(pem: str | bytes) -> ec.EllipticCurvePublicKey:
+    """Parse a PEM public key; it must be an EC key (``ConfigError`` otherwise: it was written by ``public_key_to_pem``)."""
+    try:
+        key = serialization.load_pem_public_key(pem.encode() if isinstance(pem, str) else pem)
+    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
+        raise ConfigError(f"cannot read public key: {exc}") from exc
+    if not isinstance(key, ec.EllipticCurvePublicKey):
+        raise ConfigError(f"expected an EC public key, got {type(key).__name__}")
+    return key
+
+
 def write_private_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
     """Write ``key`` to ``path`` as PKCS#8 PEM, atomically, with mode 0600.
 
@@ -101,6 +117,6 @@ def _fsync_directory(directory: Path) -> None:
 
 
 __all__ = [
-    "PEM_CERT_MODE", "PEM_PRIVATE_KEY_MODE", "atomic_write", "generate_private_key", "load_private_key", "make_csr",
-    "private_key_to_pem", "write_private_key",
+    "PEM_CERT_MODE", "PEM_PRIVATE_KEY_MODE", "atomic_write", "generate_private_key", "load_private_key", "load_public_key",
+    "make_csr", "private_key_to_pem", "public_key_to_pem", "write_private_key",
 ]  # fmt: skip

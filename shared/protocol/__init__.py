@@ -139,6 +139,7 @@ from shared.protocol.commands import (
     ProcessWorkload,
     RegistryAuth,
     RentalId,
+    SealedRegistryAuth,
     SetPowerPolicy,
     StartWorkload,
     StopWorkload,
@@ -146,6 +147,7 @@ from shared.protocol.commands import (
     WorkloadSpec,
     command_args,
     decode_command,
+    registry_auth_context,
 )
 from shared.protocol.messages import (
     AGENT_TYPES,
@@ -300,6 +302,7 @@ __all__ = [
     "RenewCertificate",
     "RenewCertificateBody",
     "RentalId",
+    "SealedRegistryAuth",
     "ServerMessage",
     "SetPowerPolicy",
     "ShortText",
@@ -336,4 +339,5 @@ __all__ = [
     "decode_server_frame",
     "encode",
     "encode_bus_envelope",
+    "registry_auth_context",
 ]

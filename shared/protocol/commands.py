@@ -287,16 +287,30 @@ def _default_hold(value: object) -> object:
 
 
 MAX_REGISTRY_SECRET_CHARS = 4096  # a password or token (a cloud registry's can run to a few KiB)
+# A sealed ``RegistryAuth`` (``shared.crypto.sealed_to``: ``ecies:v1:<point>:<nonce>:<ciphertext>``): its JSON of
+# at most ~5 KiB, in base64, with the point and the nonce.
+MAX_SEALED_REGISTRY_AUTH_CHARS = 8192
+SEALED_TOKEN_PATTERN: Final = r"^ecies:v1:[A-Za-z0-9_-]+:[A-Za-z0-9_-]+:[A-Za-z0-9_-]+$"  # = shared.crypto.sealed_to's
 
 
 class RegistryAuth(StrictModel):
     """A login to the registry of a container workload's image, for that pull only (never stored by the agent, never
-    logged: ``password`` is left out of every repr). The master adds it to the start command as it sends it; the
-    command's row never holds it (docs/accounts.md, Private registries)."""
+    logged: ``password`` is left out of every repr). It never crosses the wire as is: the master seals its JSON to the
+    host's certificate key (``StartWorkload.sealed_registry_auth``) as it sends the start; the command's row never
+    holds it (docs/accounts.md, Private registries)."""
 
     server: str = Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9.\-]+(:[0-9]{1,5})?$")
     username: str = Field(min_length=1, max_length=255, pattern=r"^[^\x00-\x1f\x7f]+$")
     password: str = Field(min_length=1, max_length=MAX_REGISTRY_SECRET_CHARS, pattern=r"^[^\x00-\x1f\x7f]+$", repr=False)
+
+
+SealedRegistryAuth = Annotated[str, Field(min_length=1, max_length=MAX_SEALED_REGISTRY_AUTH_CHARS, pattern=SEALED_TOKEN_PATTERN)]
+
+
+def registry_auth_context(host_id: str, command_id: str) -> str:
+    """What a start's sealed registry login is bound to: its host and its command (a token copied into another
+    host's or another command's delivery does not open)."""
+    return f"registry_auth:{host_id}:{command_id}"
 
 
 class StartWorkload(StrictModel):
@@ -313,8 +327,10 @@ class StartWorkload(StrictModel):
     # The account's access version those keys are of (``UpdateAccess.version``); the agent keeps a newer list
     # it already holds. None: a master from before live access (the keys are taken as they come).
     access_version: AccessVersion | None = None
-    # The registry login for a container workload's image pull (``RegistryAuth``); none: the pull is anonymous.
-    registry_auth: RegistryAuth | None = Field(None, repr=False)
+    # The registry login for a container workload's image pull: a ``RegistryAuth``'s JSON sealed to the host's
+    # certificate key under ``registry_auth_context`` (only the agent opens it, at pull time); none: the pull is
+    # anonymous. Only a sealed token is accepted here, never a login in the clear.
+    sealed_registry_auth: SealedRegistryAuth | None = Field(None, repr=False)
 
     @model_validator(mode="after")
     def _share_env_is_the_agents(self) -> StartWorkload:

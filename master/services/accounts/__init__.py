@@ -6,6 +6,7 @@
 * ``sessions.py``: the console's sessions (cookie, CSRF token, expiry), signing in by password or API key, out everywhere.
 * ``keys.py``: the API keys an account manages (scopes, expiry, networks).
 * ``totp.py``: the TOTP second factor and its recovery codes.
+* ``passkeys.py``: passkeys (WebAuthn through py_webauthn): adding, listing, removing them, and signing in with one.
 * ``devices.py``: the CLI's sign-in through the browser (device codes).
 * ``teams.py``: teams (accounts people act for), their members, roles and invitations.
 * ``audit.py``: each account's security log.
@@ -18,7 +19,7 @@ The lowest of the aggregates: it imports ``master.services.lifecycle`` and ``mas
 tells hosts) and nothing else of ``master.services``; every other aggregate may import it.
 """
 
-from master.services.accounts import devices, teams
+from master.services.accounts import devices, passkeys, teams
 from master.services.accounts.access import access_changed, current_keys, disable_account, enable_account
 from master.services.accounts.audit import Audit, audit_log
 from master.services.accounts.core import (
@@ -104,6 +105,7 @@ __all__ = [
     "list_registry_credentials",
     "make_api_key",
     "mark_used",
+    "passkeys",
     "registry_credential_view",
     "remove_registry_credential",
     "request_reset",

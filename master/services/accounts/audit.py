@@ -35,6 +35,8 @@ class Audit(StrEnum):
     TOTP_ENABLED = "totp_enabled"
     TOTP_DISABLED = "totp_disabled"
     RECOVERY_CODE_USED = "recovery_code_used"
+    PASSKEY_ADDED = "passkey_added"
+    PASSKEY_REMOVED = "passkey_removed"
     TEAM_CREATED = "team_created"
     MEMBER_INVITED = "member_invited"
     INVITATION_REVOKED = "invitation_revoked"

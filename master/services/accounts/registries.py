@@ -9,8 +9,8 @@ Where the secret lives: the API takes it once (``add``) and seals it at once (``
 under the ``secrets_key`` setting, bound to the account and the credential's id): the row holds only the sealed
 value, no answer holds it, no log line or audit event names it. A start command's row (``commands.args``) never
 holds it either: ``RegistryLogins.extra_args`` opens it as the command is sent (``master.services.commands.
-publish``), each time it is sent, and adds it as ``registry_auth`` to the delivery only; the agent uses it for that
-pull and keeps nothing. A credential added, replaced or removed before a start command goes out is the one it takes.
+publish``), each time it is sent, seals it to the host's certificate key (``shared.crypto.sealed_to``) and adds that
+as ``sealed_registry_auth`` to the delivery only; only the agent opens it, for that pull, and keeps nothing. A credential added, replaced or removed before a start command goes out is the one it takes.
 A master without ``secrets_key`` refuses to store one (503 ``secrets_key_unset``).
 """
 
@@ -22,16 +22,17 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Final
 
+from cryptography.hazmat.primitives.asymmetric import ec
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from master.models import Account, Command, RegistryCredential, Rental
+from master.models import Account, Command, HostCertificate, RegistryCredential, Rental
 from master.services.accounts import vault
 from master.services.accounts.audit import Audit, record
 from shared import protocol
-from shared.crypto import sealed
-from shared.errors import Conflict, GpumarketError, NotFound, ValidationFailed
+from shared.crypto import load_public_key, sealed, sealed_to
+from shared.errors import ConfigError, Conflict, GpumarketError, NotFound, ValidationFailed
 from shared.ids import new_id
 from shared.imageref import parse_image_reference
 from shared.settings import MasterSettings
@@ -194,9 +195,11 @@ class RegistryLogins:
     async def extra_args(
         self, session: AsyncSession, commands: Sequence[Command], *, now: datetime
     ) -> dict[str, dict[str, Any]]:
-        """Per command id, ``{"registry_auth": ...}`` for the start commands whose container image is under one of their
-        renter's credentials (its ``last_used_at`` set). A credential that does not open is left out and logged (its
-        id, never its secret): the pull then goes without it."""
+        """Per command id, ``{"sealed_registry_auth": <ecies:v1 token>}`` for the start commands whose container image is
+        under one of their renter's credentials (its ``last_used_at`` set): the login sealed to the key of the host's
+        newest unrevoked certificate, bound to the host and the command (``protocol.registry_auth_context``), so that
+        neither the bus nor the relay reads it. A credential that does not open, or a host with no known key, is left
+        out and logged (ids, never the secret): the pull then goes without it."""
         starts = {
             c.rental_id: c
             for c in commands
@@ -218,12 +221,19 @@ class RegistryLogins:
         if not rows:
             return {}
         key = vault.key_of(self.settings)
+        host_keys = await _host_keys(session, {c.host_id for c in starts.values()}, now=now)
         extra: dict[str, dict[str, Any]] = {}
         for rental_id, command in starts.items():
             account_id = renters.get(rental_id)
             image = _image(command.args)
             row = choose([r for r in rows if r.account_id == account_id], image or "") if account_id else None
             if row is None:
+                continue
+            host_key = host_keys.get(command.host_id)
+            if host_key is None:
+                log.error("registry credential %s (%s) of account %s not sent to host %s: the host has no certificate "
+                          "whose key is known (signed before keys were recorded? it gets one at its next renewal); "
+                          "rental %s pulls without it", row.id, row.prefix, row.account_id, command.host_id, rental_id)  # fmt: skip
                 continue
             try:
                 if key is None:
@@ -233,12 +243,38 @@ class RegistryLogins:
                 log.error("registry credential %s (%s) of account %s does not open (%s): rental %s pulls without it",
                           row.id, row.prefix, row.account_id, exc.code, rental_id)  # fmt: skip
                 continue
-            auth = protocol.RegistryAuth(
-                server=server_of(row.prefix), username=row.username, password=password
-            )
-            extra[command.id] = {"registry_auth": auth.model_dump()}
+            auth = protocol.RegistryAuth(server=server_of(row.prefix), username=row.username, password=password)
+            context = protocol.registry_auth_context(command.host_id, command.id)
+            token = sealed_to.seal_to(host_key, auth.model_dump_json().encode(), context)
+            extra[command.id] = {"sealed_registry_auth": token}
             row.last_used_at = now
         return extra
+
+
+async def _host_keys(
+    session: AsyncSession, host_ids: set[str], *, now: datetime
+) -> dict[str, ec.EllipticCurvePublicKey]:
+    """Per host, the public key of its newest certificate that is neither revoked nor expired: the one its agent
+    holds the key of (a renewal's new key waits in the agent's ``key.next.pem`` from before the master signs it,
+    and the agent tries it too: ``agent/certificates.py``). A host whose newest certificate has no recorded key
+    (signed before keys were) is left out."""
+    rows = await session.execute(
+        select(HostCertificate.host_id, HostCertificate.public_key)
+        .where(HostCertificate.host_id.in_(host_ids), HostCertificate.revoked_at.is_(None), HostCertificate.not_after > now)
+        .order_by(HostCertificate.host_id, HostCertificate.issued_at.desc(), HostCertificate.serial.desc())
+    )
+    newest: dict[str, str | None] = {}
+    for host_id, public_key in rows.all():
+        newest.setdefault(host_id, public_key)
+    keys: dict[str, ec.EllipticCurvePublicKey] = {}
+    for host_id, pem in newest.items():
+        if pem is None:
+            continue
+        try:
+            keys[host_id] = load_public_key(pem)
+        except ConfigError as exc:
+            log.error("host %s: its certificate's recorded key does not load (%s)", host_id, exc)
+    return keys
 
 
 START: Final = protocol.StartWorkload.model_fields["kind"].default

@@ -1,6 +1,7 @@
 """Web console sign-ins: server-side sessions behind an HTTP-only cookie, with a CSRF token each.
 
-Signing in exchanges an email and password (``sign_in_password``) or an API key (``sign_in``) for a session. The browser keeps only a random token in a
+Signing in exchanges an email and password (``sign_in_password``), an API key (``sign_in``) or a passkey
+(``passkeys.sign_in``, through ``open_session``) for a session. The browser keeps only a random token in a
 cookie (``HttpOnly``, ``SameSite=Strict``; ``Secure`` over HTTPS) and never sees the key
 again; the database keeps the token's hash, the account, the key it was opened with and a
 CSRF token the console's scripts send back in ``X-CSRF-Token`` on every state-changing call
@@ -124,6 +125,13 @@ async def sign_in_password(
     token, signed_in = await _open(session, Principal.of(account), None, settings=settings, now=now)
     record(session, account.id, Audit.SIGNED_IN, at=now, address=address, method="password", session_id=signed_in.session_id)
     return token, signed_in
+
+
+async def open_session(
+    session: AsyncSession, principal: Principal, *, settings: MasterSettings, now: datetime
+) -> tuple[str, SignedIn]:
+    """Open a session for an account a sign-in method has proved (``passkeys.sign_in``), with every scope."""
+    return await _open(session, principal, None, settings=settings, now=now)
 
 
 async def _open(

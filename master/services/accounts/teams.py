@@ -384,7 +384,7 @@ async def accept(
     await session.flush()
     team = await session.get(Account, row.team_id)
     assert team is not None
-    return {"id": team.id, "name": team.name, "role": existing.role if existing is not None else row.role}
+    return {"id": team.id, "name": team.name, "kind": team.role, "role": existing.role if existing is not None else row.role}
 
 
 async def _owners(session: AsyncSession, team_id: str) -> int:

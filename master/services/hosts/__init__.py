@@ -11,6 +11,7 @@ accounts, market and rentals (an enrolled host's rentals), and nothing imports i
 
 from master.services.hosts.agent_package import AgentPackages, source_checkout
 from master.services.hosts.enrollment import (
+    certificate_row,
     check_token,
     create_token,
     enroll,
@@ -44,6 +45,7 @@ __all__ = [
     "AgentPackages",
     "PolicyInput",
     "account_view",
+    "certificate_row",
     "check_token",
     "create_token",
     "enroll",

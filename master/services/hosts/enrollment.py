@@ -27,6 +27,7 @@ from master.services.accounts import Principal
 from master.services.lifecycle.hosts import record_initial_state, transition
 from master.services.lifecycle.rentals import ACTIVE_STATES
 from shared import protocol
+from shared.crypto import IssuedCertificate, certificate_public_key, load_certificate, public_key_to_pem
 from shared.errors import EnrollmentError, NotFound, SequenceJump
 from shared.ids import new_id, new_secret, secret_hash
 
@@ -78,6 +79,14 @@ async def check_token(master: Master, token: str) -> datetime:
         return row.expires_at
 
 
+def certificate_row(host_id: str, issued: IssuedCertificate, *, issued_at: datetime) -> HostCertificate:
+    """The ``host_certificates`` row of a certificate just signed for ``host_id``, with its public key (what a
+    start's registry login is sealed to)."""
+    public_key = public_key_to_pem(certificate_public_key(load_certificate(issued.cert_pem)))
+    return HostCertificate(serial=issued.serial_hex, host_id=host_id, issued_at=issued_at, not_after=issued.not_after,
+                           public_key=public_key)  # fmt: skip
+
+
 async def enroll(master: Master, token: str, csr_pem: str, *, hostname: str = "") -> EnrollmentResult:
     """Redeem a token: create the host and sign its certificate. A token works once."""
     now = master.clock.now()
@@ -105,7 +114,7 @@ async def enroll(master: Master, token: str, csr_pem: str, *, hostname: str = ""
         )
         session.add(host)
         await session.flush()
-        session.add(HostCertificate(serial=issued.serial_hex, host_id=host_id, issued_at=now, not_after=issued.not_after))
+        session.add(certificate_row(host_id, issued, issued_at=now))
         record_initial_state(session, host, cause="enrolled with a one-time token", actor=f"account:{row.account_id}")
     log.info("host %s enrolled for account %s", host_id, row.account_id)
     return EnrollmentResult(
@@ -149,8 +158,7 @@ async def renew(master: Master, session: AsyncSession, envelope: protocol.BusEnv
     host.cert_serial, host.cert_not_after = issued.serial_hex, issued.not_after
     # The previous certificates stay valid until the agent connects with this one (``retire_superseded``):
     # revoking them now would close the connection the agent still uses, with a code that stops it.
-    session.add(HostCertificate(serial=issued.serial_hex, host_id=host.id, issued_at=master.clock.now(),
-                                not_after=issued.not_after))
+    session.add(certificate_row(host.id, issued, issued_at=master.clock.now()))
     command = commands.new_command(
         session,
         host_id=host.id,

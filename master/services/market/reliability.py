@@ -93,8 +93,19 @@ RENTER_CAUSED_PREFIXES = (
 )
 
 
+# Start failures that are the platform's doing, neither the renter's nor the host's: a registry login the master
+# sealed to a key the host's agent does not hold, or that was altered on the way (agent/runtimes/registry_login.py).
+# They count against no host's reliability and charge no renter (the rental never started).
+PLATFORM_START_CODES = ("registry_auth_unreadable",)
+PLATFORM_CAUSED_PREFIXES = tuple(f"{code}:" for code in PLATFORM_START_CODES)
+
+
 def renter_caused(failure_reason: str | None) -> bool:
     return failure_reason is not None and failure_reason.startswith(RENTER_CAUSED_PREFIXES)
+
+
+def platform_caused(failure_reason: str | None) -> bool:
+    return failure_reason is not None and failure_reason.startswith(PLATFORM_CAUSED_PREFIXES)
 
 
 @dataclass
@@ -107,6 +118,7 @@ class HostHistory:
     completed_rentals: int = 0
     host_failed_rentals: int = 0
     renter_failed_rentals: int = 0
+    platform_failed_rentals: int = 0
     fault_events: int = 0
     failed_health_checks: int = 0
 
@@ -151,6 +163,8 @@ async def load_histories(
             history.completed_rentals += 1
         elif renter_caused(reason):
             history.renter_failed_rentals += 1
+        elif platform_caused(reason):
+            history.platform_failed_rentals += 1
         else:
             history.host_failed_rentals += 1
     counted = await session.execute(
@@ -238,6 +252,7 @@ def score_history(
             "completed": completed,
             "failed": failed,
             "failed_by_renter": history.renter_failed_rentals,
+            "failed_by_platform": history.platform_failed_rentals,
             "prior_successes": RENTAL_PRIOR_SUCCESSES,
             "factor": round(rental_factor, 4),
             "formula": f"(completed + {RENTAL_PRIOR_SUCCESSES}) / (completed + failed + {RENTAL_PRIOR_SUCCESSES})",
