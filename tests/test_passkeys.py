@@ -17,13 +17,11 @@ from webauthn.helpers import bytes_to_base64url
 
 from master.models import Passkey
 from master.services.accounts import passkeys
-from tests import test_signup
 from tests.apiclient import Api, bearer
 from tests.factories import master_settings
 from tests.test_signup import EMAIL, audit_kinds, call, post, sign_in, sign_up
 from tests.webauthnsim import Authenticator
 
-sink = test_signup.sink
 ORIGIN = "http://console.test"
 
 
