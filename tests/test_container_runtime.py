@@ -264,6 +264,17 @@ class TestIsolation:
             assert info is not None
             victim_ip = next(iter(info["NetworkSettings"]["Networks"].values()))["IPAddress"]
             assert victim_ip
+
+            async def victim_listening() -> bool:
+                try:
+                    _, writer = await asyncio.wait_for(asyncio.open_connection(victim_ip, 8080), 5)
+                except (OSError, TimeoutError):
+                    return False
+                writer.close()
+                return True
+
+            # Running is not listening: the victim's port must answer the host before "not reached" means anything.
+            await eventually(victim_listening, timeout=WAIT, what="the victim's nc listening on 8080")
             script = f"""
                 find / \\( -path /proc -o -path /sys \\) -prune -o \\( -name '*.pem' -o -name credentials.json -o -name identity.json \
                     -o -name {REGISTRY_NAME} -o -name 'docker.sock' -o -name 'secret-of-victim' -o -name output.log \\) -print | sed 's/^/FOUND /'
@@ -271,7 +282,8 @@ class TestIsolation:
                 ls /var/run/docker.sock /run/docker.sock 2>/dev/null | sed 's/^/FOUND /'
                 ps -o pid,args | grep -v grep | grep -q 424242 && echo FOUND-victim-process
                 cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n' | grep -q victim-env-secret && echo FOUND-victim-env
-                nc -ll -p 9999 -e cat & sleep 0.3
+                nc -ll -p 9999 -e cat &
+                i=0; until echo | nc -w 1 127.0.0.1 9999 >/dev/null 2>&1 || [ $i -ge 600 ]; do sleep 0.1; i=$((i+1)); done
                 gateway=$(ip route | awk '/^default/ {{print $3}}')
                 echo gateway=$gateway
                 (echo x | nc -w 2 127.0.0.1 9999 >/dev/null && echo REACHED-self) & p1=$!

@@ -219,6 +219,12 @@ class TestContainerRentalNetwork:
                     return str(next(iter(json.loads(body)["NetworkSettings"]["Networks"].values()))["IPAddress"]) or None
 
                 neighbour = f"{await eventually(victim_ip, timeout=WAIT, what='the victim running')}:8080"
+
+                async def victim_listening() -> list[str]:
+                    return await reachable_from_host([neighbour])
+
+                # Running is not listening: nc binds after the container's process starts (fresh run 23 probed first).
+                await eventually(victim_listening, timeout=WAIT, what="the victim's nc listening on 8080")
                 hosts = [f"{address}:{host_port}" for address in stable_host_addresses()]
                 targets = ["127.0.0.1:5432", "127.0.0.1:6379", *hosts, neighbour, *test_hosts.targets().values()]
                 assert sorted(await reachable_from_host(targets)) == sorted(targets)  # the positive control
