@@ -33,7 +33,7 @@ from billing import ledger
 from billing.rating import per_second
 from master.db import Database
 from master.models import Account, LedgerEntry, LedgerTransaction, Rental, RentalEvent
-from master.services import commands
+from master.services import accounts, commands
 from master.services.lifecycle.rentals import UNSTOPPED_STATES, RentalState, transition
 from shared import protocol
 from shared.errors import ClientError
@@ -98,14 +98,15 @@ async def has_credit_for(session: AsyncSession, renter_id: str, price_per_gpu_ho
     room, burn, limit = await _room(session, renter_id, active, datetime.now(UTC))
     needed = (price_per_gpu_hour * gpus / 3600 + burn) * max(min_period_s, 1)
     if room < needed:
+        whose = "the team's" if accounts.teams.is_team(renter_id) else "your"
         if limit == "cap":
             raise InsufficientCredit(
-                f"your monthly spend cap leaves {ledger.money(room)} USD; this rental needs at least {ledger.money(ledger.quantize(needed))} "
+                f"{whose} monthly spend cap leaves {ledger.money(room)} USD; this rental needs at least {ledger.money(ledger.quantize(needed))} "
                 "(its minimum billing period on top of what you run): raise the cap with PUT /api/v1/account/spend-cap",
                 code="spend_cap_reached",
             )
         raise InsufficientCredit(
-            f"your prepaid credit is {ledger.money(room)} USD; this rental needs at least {ledger.money(ledger.quantize(needed))} "
+            f"{whose} prepaid credit is {ledger.money(room)} USD; this rental needs at least {ledger.money(ledger.quantize(needed))} "
             "(its minimum billing period on top of what you run): top up your credit first"
         )
 

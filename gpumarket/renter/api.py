@@ -28,7 +28,7 @@ TEAM_HEADER = "Gpumarket-Team"  # the team a call acts for (docs/accounts.md, "T
 NEXT_STEP: dict[str, str] = {
     "invalid_api_key": "log in again with `gpumarket login` (or fix GPUMARKET_API_KEY)",
     "missing_api_key": "log in with `gpumarket login` (or set GPUMARKET_API_KEY)",
-    "forbidden": "this needs another role of account; `gpumarket account` shows yours",
+    "forbidden": "this needs another role of account; `gpumarket account` shows yours, `gpumarket team list` the teams you can act for",
     "offer_not_found": "list offers with `gpumarket offers`",
     "template_not_found": "`gpumarket rent --help` names the templates, or give --image",
     "rental_not_found": "list yours with `gpumarket rentals --all`",

@@ -50,6 +50,7 @@ from shared.mail import Mail
 from shared.settings import MasterSettings
 
 HEADER = "Gpumarket-Team"
+ID_PREFIX = "team"  # a team's account id is "team-…" (a person's "acct-…")
 MAX_OWNED = 20  # teams a person may own
 MAX_MEMBERS = 200
 INVITATION_TTL = timedelta(days=7)
@@ -148,6 +149,10 @@ async def act_for(session: AsyncSession, who: Principal, team_id: str | None) ->
                      key_id=who.key_id, scopes=who.scopes, person=who.person_id, team_role=role, key_team=who.key_team)  # fmt: skip
 
 
+def is_team(account_id: str) -> bool:
+    return account_id.startswith(f"{ID_PREFIX}-")
+
+
 def _check_name(name: str) -> str:
     if not TEAM_NAME.fullmatch(name):
         raise ValidationFailed(
@@ -176,7 +181,7 @@ async def create_team(
         raise ValidationFailed(f"a person may own {MAX_OWNED} teams; delete or hand over one first")
     if await session.scalar(select(Account.id).where(Account.name == _check_name(name))) is not None:
         raise Conflict(f"the name {name!r} is taken; choose another", code="team_name_taken")
-    team = Account(id=new_id("team"), name=name, role=kind, kind="team", created_at=now)
+    team = Account(id=new_id(ID_PREFIX), name=name, role=kind, kind="team", created_at=now)
     session.add(team)
     await session.flush()
     session.add(
