@@ -13,10 +13,12 @@ master failed it): a cluster with a silent node cannot run, so its whole meter p
 a running rental) × GPUs × ``gpu_milli``/1000, per second. **Duration discounts** per tier
 (``RatingPolicy.discounts``: from ``hours`` of served time on, ``pct`` off) apply to the
 seconds past each threshold. **Minimum period**: a rental that ends having served less than
-``min_period_s`` is charged up to it — unless it was preempted (the platform cut it short);
-if its host was lost (or, for a cluster's member, the host of any member of its cluster), the
-minimum is charged and credited back at once as a downtime credit, so the invoice line shows both
-and the reason.
+``min_period_s`` is charged up to it — unless it was preempted or failed for the platform's reason
+(``failure_owner`` ``platform``: the platform cut it short); if its host was lost (or, for a cluster's
+member, the host of any member of its cluster) or it failed for the provider's reason (``failure_owner``
+``provider``: ``master.services.market.failures``), the minimum is charged and credited back at once as a
+downtime credit, so the invoice line shows both and the reason. A failure that is the renter's is charged
+like any ended rental: its served seconds and the minimum.
 
 **Exactness.** Every posting is the difference of cumulative amounts (``cost(0→b) −
 cost(0→a)``, each quantized), so however the periods fall the total is the cost of the whole
@@ -45,6 +47,7 @@ from billing import ledger
 from billing.ledger import Leg
 from master.models import Gpu, Host, HostEvent, Rental, RentalEvent
 from master.services.lifecycle.rentals import RentalState
+from master.services.market import Owner
 
 log = logging.getLogger(__name__)
 
@@ -271,7 +274,10 @@ def _plan(rental: Rental, context: _Context, *, now: datetime, policy: RatingPol
         rental.billed_seconds = target
     rental.rated_until = upto if ended else max(upto, since)
     rental.billed_seconds = max(rental.billed_seconds, target)
-    if ended and rental.state != RentalState.PREEMPTED and rental.billed_seconds < policy.min_period_s:
+    # The minimum period follows whose failure ended the rental (master.services.market.failures): the platform's
+    # charges none (the platform cut it short, as a preemption does); the provider's is charged and credited back.
+    platform_failed = rental.failure_owner == Owner.PLATFORM
+    if ended and rental.state != RentalState.PREEMPTED and not platform_failed and rental.billed_seconds < policy.min_period_s:
         postings.append(priced.span(f"rental:{rental.id}:minimum", "minimum", rental.billed_seconds, policy.min_period_s, (since, upto),
                                     f"minimum billing period {policy.min_period_s}s: {policy.min_period_s - rental.billed_seconds}s not used"))  # fmt: skip
         lost_member = context.cluster_host_lost(rental, upto)
@@ -282,6 +288,9 @@ def _plan(rental: Rental, context: _Context, *, now: datetime, policy: RatingPol
         elif lost_member is not None and lost_member.host_lost_at is not None:
             reason = (f"host {lost_member.host_id} of cluster {rental.cluster_id} lost at "
                       f"{lost_member.host_lost_at:%Y-%m-%dT%H:%M:%SZ}: the minimum period charged was not served")  # fmt: skip
+        elif rental.failure_owner == Owner.PROVIDER:
+            reason = (f"{rental.failure_code or 'a failure'} on host {rental.host_id}, the host's failure: the minimum "
+                      "period charged was not served")  # fmt: skip
         if reason is not None:
             postings.append(priced.span(f"rental:{rental.id}:downtime-credit", "downtime_credit", rental.billed_seconds,
                                         policy.min_period_s, (since, upto), reason, sign=-1))  # fmt: skip

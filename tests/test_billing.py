@@ -21,6 +21,7 @@ from billing.payouts import payout_pass
 from billing.rating import Discount, RatingPolicy, cumulative_cost, rate_open_rentals, rate_rental
 from master.models import Gpu, HostEvent, LedgerEntry, LedgerTransaction, Rental
 from master.services.lifecycle import rentals as rentalstate
+from master.services.market import FailureCode, record_failure
 from shared.ids import new_id
 from tests.apiclient import Api, assert_error
 from tests.factories import create_principal
@@ -48,7 +49,8 @@ def reference(price: str, seconds: int, *, gpus: int = 1, milli: int = 1000, ban
 
 
 async def make_rental(api: Api, host_id: str, *, price: str, start: datetime, end: datetime | None, state: str = "stopped",
-                      gpus: int = 1, milli: int = 1000, host_lost: bool = False, kind: str = "on_demand") -> str:  # fmt: skip
+                      gpus: int = 1, milli: int = 1000, host_lost: bool = False, kind: str = "on_demand",
+                      failure: FailureCode | None = None) -> str:  # fmt: skip
     async with api.master.db.session() as session:
         uuids = list((await session.scalars(select(Gpu.uuid).where(Gpu.host_id == host_id).order_by(Gpu.index).limit(gpus))).all())
         rental = Rental(
@@ -57,6 +59,8 @@ async def make_rental(api: Api, host_id: str, *, price: str, start: datetime, en
             gpu_milli=milli, price_per_gpu_hour=Decimal(price), started_at=start, stopped_at=end,
             host_lost_at=end if host_lost else None, created_at=start,
         )  # fmt: skip
+        if failure is not None:
+            record_failure(rental, failure, failure.value)
         session.add(rental)
     return rental.id
 
@@ -236,6 +240,31 @@ class TestRating:
         async with books.master.db.session() as session:
             memo = await session.scalar(select(LedgerTransaction.memo).where(LedgerTransaction.kind == "downtime_credit"))
         assert memo is not None and f"host {host_id} lost" in memo
+
+    @pytest.mark.parametrize(
+        ("failure", "minimum", "credited"),
+        [(FailureCode.WORKLOAD_EXITED, True, False), (FailureCode.IMAGE_NOT_FOUND, True, False),
+         (FailureCode.WORKLOAD_LOST, True, True), (FailureCode.GPU_NOT_FOUND, True, True),
+         (FailureCode.PLACEMENT_INTERRUPTED, False, False), (FailureCode.GPU_IN_USE, False, False)],
+    )  # fmt: skip
+    async def test_the_minimum_follows_whose_failure_it_was(
+        self, books: Api, failure: FailureCode, minimum: bool, credited: bool
+    ) -> None:
+        """A failure after 20 s served: the renter's is charged the minimum, the provider's charged and credited back
+        (with the code in the memo), the platform's charged no minimum; the 20 s served are charged in every case."""
+        host_id, _ = await books.host(1)
+        rental_id = await make_rental(books, host_id, price="0.36", start=T0, end=T0 + timedelta(seconds=20), state="failed",
+                                      failure=failure)  # fmt: skip
+        await rate_open_rentals(books.master.db, now=T0 + timedelta(minutes=5), policy=POLICY)
+        got = await charges(books, rental_id)
+        assert got["usage"] == reference("0.36", 20)
+        assert got.get("minimum", Decimal(0)) == (reference("0.36", 60) - reference("0.36", 20) if minimum else Decimal(0))
+        assert got.get("downtime_credit", Decimal(0)) == (-got["minimum"] if credited else Decimal(0))
+        if credited:
+            async with books.master.db.session() as session:
+                memo = await session.scalar(select(LedgerTransaction.memo).where(LedgerTransaction.rental_id == rental_id,
+                                                                                 LedgerTransaction.kind == "downtime_credit"))  # fmt: skip
+            assert memo is not None and failure.value in memo and "the host's failure" in memo
 
     async def test_redelivery_concurrency_and_a_clock_going_back_post_nothing_twice(self, books: Api) -> None:
         """Two passes at once, a repeated pass and a pass with an earlier clock leave the same postings."""

@@ -14,6 +14,7 @@ from sqlalchemy import select
 
 from master.models import Rental
 from master.services.clusters import policy as cluster_policy
+from master.services.market import FailureCode
 from master.services.rentals import lifecycle as rental_lifecycle
 from tests.apiclient import Api
 from tests.test_clusters import IMAGE, create
@@ -40,7 +41,7 @@ async def workload_fails(api: Api, rental_id: str) -> None:
     async with api.master.db.session() as session:
         rental = await session.get(Rental, rental_id)
         assert rental is not None
-        await rental_lifecycle.fail_rental(session, rental, reason="workload exited with code 1", at=api.master.clock.now())
+        await rental_lifecycle.fail_rental(session, rental, code=FailureCode.WORKLOAD_EXITED, reason="workload exited with code 1", at=api.master.clock.now())
 
 
 class TestStopPolicy:

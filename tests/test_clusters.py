@@ -13,6 +13,7 @@ from sqlalchemy import func, select
 
 from master.models import Cluster, Command, GpuAllocation, Rental
 from master.services.lifecycle.clusters import TRANSITIONS, ClusterState, Member, derive
+from master.services.market import FailureCode
 from master.services.rentals import allocation
 from tests.apiclient import Api, assert_error
 from tests.factories import create_principal
@@ -205,7 +206,7 @@ class TestStates:
 
             rental = await session.get(Rental, ids[1])
             assert rental is not None
-            await fail_rental(session, rental, reason="workload exited 1", at=api.master.clock.now())
+            await fail_rental(session, rental, code=FailureCode.WORKLOAD_EXITED, reason="workload exited 1", at=api.master.clock.now())
         _, view = await api.as_renter("GET", f"/clusters/{cluster['id']}")
         assert view["state"] == "degraded"
         assert [e["to"] for e in view["events"]] == ["pending", "starting", "running", "degraded"]

@@ -383,7 +383,7 @@ class TestWhoTheRentalIs:
         blocked.chmod(0o755)
         with pytest.raises(BadRequest, match="rental's user") as caught:
             await managers().start("r-x", [gpus[0]], ProcessWorkload(argv=[str(blocked)]))
-        assert caught.value.code == "workload_start_failed"
+        assert caught.value.code == "program_not_executable"  # the renter's (master.services.market.failures)
         assert host.users.lookup("r-x") is None  # the claim was given back
 
 

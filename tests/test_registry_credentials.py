@@ -20,7 +20,6 @@ from master.app import close_master, open_master
 from master.models import Account, Host, HostCertificate, RegistryCredential
 from master.services import accounts, commands, hosts
 from master.services.accounts.registries import normalize_prefix, prefix_matches
-from master.services.market.reliability import platform_caused, renter_caused
 from shared import protocol
 from shared.bus import InProcessBus
 from shared.crypto import generate_private_key, make_csr, sealed, sealed_to
@@ -253,7 +252,7 @@ class TestStartCommand:
         await api.agent_answers(start, ok=False, detail=detail, data={"code": "registry_auth_failed"})
         _, failed = await api.as_renter("GET", f"/rentals/{rental['id']}")
         assert failed["state"] == "failed" and failed["failure_code"] == "registry_auth_failed"
-        assert renter_caused(failed["failure_reason"]) and "unauthorized" in failed["failure_reason"]
+        assert failed["failure_owner"] == "renter" and "unauthorized" in failed["failure_reason"]
 
 
     async def test_a_login_the_host_cannot_open_fails_the_rental_as_the_platforms_doing(self, api: Api) -> None:
@@ -267,7 +266,7 @@ class TestStartCommand:
         await api.agent_answers(start, ok=False, detail=detail, data={"code": "registry_auth_unreadable"})
         _, failed = await api.as_renter("GET", f"/rentals/{rental['id']}")
         assert failed["state"] == "failed" and failed["failure_code"] == "registry_auth_unreadable"
-        assert platform_caused(failed["failure_reason"]) and not renter_caused(failed["failure_reason"])
+        assert failed["failure_owner"] == "platform"
 
 
 class TestSealedTotp:

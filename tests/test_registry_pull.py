@@ -28,7 +28,7 @@ from agent.runtimes.containeropts import ContainerOptions
 from agent.runtimes.manager import WorkloadManager
 from agent.runtimes.registry_login import SealedLogin
 from agent.state import AgentState
-from master.services.market.reliability import platform_caused, renter_caused
+from master.services.market import Owner, owner_of
 from shared.crypto import generate_private_key, sealed_to, write_private_key
 from shared.errors import BadRequest
 from shared.protocol import ContainerWorkload, RegistryAuth, registry_auth_context
@@ -183,7 +183,7 @@ class TestPrivatePull:
             "unauthorized" in refused.value.message.lower() or "auth" in refused.value.message.lower()
         )
         assert "wrong-password" not in refused.value.message and manager.running() == []
-        assert renter_caused(f"{refused.value.code}: {refused.value.message}")
+        assert owner_of(refused.value.code) == Owner.RENTER
 
     async def test_a_login_sealed_to_another_key_fails_as_the_platforms_before_the_registry_is_asked(
         self, manager: WorkloadManager, private_image: str, registry: str, tmp_path: Path, host_keys: AgentState
@@ -196,8 +196,7 @@ class TestPrivatePull:
         with pytest.raises(BadRequest) as refused:
             await manager.start("rpriv3", _gpu(manager), ContainerWorkload(image=private_image), registry_auth=auth)
         assert refused.value.code == "registry_auth_unreadable" and PASSWORD not in refused.value.message
-        reason = f"{refused.value.code}: {refused.value.message}"
-        assert platform_caused(reason) and not renter_caused(reason) and manager.running() == []
+        assert owner_of(refused.value.code) == Owner.PLATFORM and manager.running() == []
 
 
 class TestSealedLogin:

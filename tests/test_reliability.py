@@ -19,7 +19,7 @@ from master.context import Master
 from master.models import Command as CommandRow
 from master.models import Gpu, GpuEvent, Host, HostEvent, Rental
 from master.services.accounts.core import Principal
-from master.services.market import faults, reliability
+from master.services.market import FailureCode, faults, record_failure, reliability
 from shared.ids import new_id
 from tests.factories import MS, create_principal, gpu_info, online_host
 from tests.helpers import eventually
@@ -55,10 +55,13 @@ class History:
                                 memory_total_mib=info.memory_total_mib, info=info.model_dump(mode="json")))  # fmt: skip
         return host_id
 
-    async def rental(self, host_id: str, state: str, stopped_at: datetime, reason: str | None = None) -> None:
+    async def rental(self, host_id: str, state: str, stopped_at: datetime, code: FailureCode | None = None, reason: str = "") -> None:
         async with self.master.db.session() as session:
-            session.add(Rental(id=new_id("r"), renter_id=self.renter.account_id, host_id=host_id, gpu_count=1, state=state,
-                               created_at=stopped_at - timedelta(hours=1), stopped_at=stopped_at, failure_reason=reason))  # fmt: skip
+            rental = Rental(id=new_id("r"), renter_id=self.renter.account_id, host_id=host_id, gpu_count=1, state=state,
+                            created_at=stopped_at - timedelta(hours=1), stopped_at=stopped_at)  # fmt: skip
+            if code is not None:
+                record_failure(rental, code, reason or code.value)
+            session.add(rental)
 
     async def gpu_event(self, host_id: str, kind: str, code: int | None, received_at: datetime) -> None:
         self._seq += 1
@@ -187,29 +190,27 @@ class TestRentals:
         for day in range(1, 7):
             await history.rental(host_id, "stopped", NOW - day * DAY)
         await history.rental(host_id, "stopped", NOW - 31 * DAY)  # before the window
-        await history.rental(host_id, "failed", NOW - 2 * DAY, "host lost: no heartbeat for 120 s")
-        await history.rental(host_id, "failed", NOW - 3 * DAY, "workload failed to start: cannot start docker: not found")
-        await history.rental(host_id, "failed", NOW - 4 * DAY, "workload exited with code 1")
-        await history.rental(host_id, "failed", NOW - 5 * DAY, "workload failed to start: cannot start 'python3': No such file")
+        await history.rental(host_id, "failed", NOW - 2 * DAY, FailureCode.HOST_LOST)
+        await history.rental(host_id, "failed", NOW - 3 * DAY, FailureCode.CONTAINER_RUNTIME_UNAVAILABLE)
+        await history.rental(host_id, "failed", NOW - 4 * DAY, FailureCode.WORKLOAD_EXITED)
+        await history.rental(host_id, "failed", NOW - 5 * DAY, FailureCode.PROGRAM_NOT_EXECUTABLE)
         # The platform's doing (a registry login sealed to a key the host does not hold): not the host's either.
-        await history.rental(host_id, "failed", NOW - 6 * DAY, "registry_auth_unreadable: the registry login the platform sent")
+        await history.rental(host_id, "failed", NOW - 6 * DAY, FailureCode.REGISTRY_AUTH_UNREADABLE)
         score, inputs = await history.score(host_id)
         assert inputs["rentals"] == {
-            "completed": 6, "failed": 2, "failed_by_renter": 2, "failed_by_platform": 1, "prior_successes": 4, "factor": round(10 / 12, 4),
-            "formula": "(completed + 4) / (completed + failed + 4)",
+            "completed": 6, "failed": 2, "failed_by_provider": 2, "failed_by_renter": 2, "failed_by_platform": 1,
+            "prior_successes": 4, "factor": round(10 / 12, 4), "formula": "(completed + 4) / (completed + failed + 4)",
         }  # fmt: skip
         assert score == round(10 / 12, 4)
 
-    def test_failure_reasons_are_attributed(self) -> None:
-        """Only a workload that ran and exited, whose program could not start, or that its agent stopped over its disk quota, is the renter's."""
-        assert reliability.renter_caused("workload exited with code 137")
-        assert reliability.renter_caused("workload stopped by its host: disk_quota_exceeded: the container wrote 1.1 GiB outside /workspace")
-        assert not reliability.renter_caused("workload stopped by its host: disk_quota_exceededly")
-        assert reliability.renter_caused("workload failed to start: cannot start 'train.py': Permission denied")
-        assert not reliability.renter_caused("workload failed to start: cannot start podman: not found")
-        assert not reliability.renter_caused("workload ended (ended while the agent was not watching)")
-        assert not reliability.renter_caused("the host was revoked")
-        assert not reliability.renter_caused(None)
+    async def test_the_owner_decides_whatever_the_reason_says(self, history: History) -> None:
+        """Regression (issue 39): attribution was a prefix match on the reason's text; now only the stored owner counts."""
+        host_id = await history.host(NOW - 40 * DAY, _always_online())
+        # Words that the old prefixes read as the renter's, on a provider's code, and the other way round.
+        await history.rental(host_id, "failed", NOW - DAY, FailureCode.HOST_LOST, "workload exited with code 1")
+        await history.rental(host_id, "failed", NOW - 2 * DAY, FailureCode.IMAGE_NOT_FOUND, "host h-1 lost: silent since ...")
+        _, inputs = await history.score(host_id)
+        assert (inputs["rentals"]["failed"], inputs["rentals"]["failed_by_renter"]) == (1, 1)
 
 
 class TestFaults:
@@ -269,6 +270,7 @@ class TestClassification:
         assert host.reliability == 1.0 and host.reliability_at == now
         assert reliability.reliability_view(host) == {
             "score": 1.0, "computed_at": now.isoformat(), "inputs": host.reliability_inputs, "seeded": False,
+            "failed_rentals": {"renter": 0, "provider": 0, "platform": 0},
         }  # fmt: skip
         assert host.reliability_inputs is not None and host.reliability_inputs["score"] == 1.0
         for gpu in gpus:
@@ -330,7 +332,7 @@ class TestRescoringTheFleet:
             await history.host(created, [(created, "online"), (NOW - 6 * DAY, "faulty")]),
         ]
         revoked = await history.host(created, [(created, "online"), (NOW - DAY, "revoked")], gpus=1)
-        await history.rental(ids[0], "failed", NOW - DAY, "host lost")
+        await history.rental(ids[0], "failed", NOW - DAY, FailureCode.HOST_LOST)
         await history.gpu_event(ids[1], "xid", 79, NOW - 3 * DAY)
         assert await reliability.rescore_all(history.master, now=NOW, chunk=2) == 3
         async with history.master.db.session() as session:

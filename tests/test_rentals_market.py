@@ -17,6 +17,7 @@ from master.app import open_master
 from master.models import Account, Command, Gpu, GpuAllocation, Host, Rental, RentalEvent
 from master.scheduler import UnknownPlacer
 from master.services import queue as rental_queue
+from master.services.market import FailureCode
 from master.services.rentals import lifecycle as rental_lifecycle
 from shared import protocol
 from tests.apiclient import A100, RTX, Api, assert_error
@@ -577,7 +578,7 @@ class TestAllocationRecords:
         async with api.master.db.session() as session:
             row = await session.get(Rental, rental["id"])
             assert row is not None
-            await rental_lifecycle.fail_rental(session, row, reason="again", at=api.master.clock.now())  # already failed: no-op
+            await rental_lifecycle.fail_rental(session, row, code=FailureCode.HOST_LOST, reason="again", at=api.master.clock.now())  # already failed: no-op
         assert all(a.released_at is not None for a in await allocations(api, rental["id"]))
         assert all(g.rental_id is None and g.milli_used == 0 and g.memory_used_mib == 0 for g in await gpu_rows(api, host_id))
         async with api.master.db.session() as session:

@@ -22,7 +22,6 @@ from master.api.base import API
 from master.api.openapi import build_openapi
 from master.api.table import ROUTES
 from master.models import Command, Host, LedgerTransaction, Rental
-from master.services.market import reliability
 from master.telemetry import hosts
 from master.telemetry.ingest import Ingestor
 from shared import protocol
@@ -483,4 +482,4 @@ class TestStartProgressAndFailures:
             await hosts.handle_workload_exited(session, envelope(exited))
         _, body = await api.as_renter("GET", f"/rentals/{rental['id']}")
         assert body["state"] == "failed" and body["failure_code"] == "disk_quota_exceeded"
-        assert body["failure_reason"] == f"workload stopped by its host: {why}" and reliability.renter_caused(body["failure_reason"])
+        assert body["failure_reason"] == f"workload stopped by its host: {why}" and body["failure_owner"] == "renter"

@@ -1072,7 +1072,7 @@ class TestStartAndValidation:
         manager = managers()
         with pytest.raises(BadRequest, match="gpumarket-no-such-program") as refused:
             await manager.start(f"{prefix}-missing", [gpus[0]], ProcessWorkload(argv=["gpumarket-no-such-program"]))
-        assert refused.value.code == "workload_start_failed" and manager.running() == []
+        assert refused.value.code == "program_not_executable" and manager.running() == []
 
     async def test_rental_id_cannot_escape_the_work_dir(self, managers: Managers, gpus: list[str]) -> None:
         """A rental id is a folder name, so one that could climb out of the work dir is refused."""

@@ -90,6 +90,15 @@ DOCKER_HUB_INDEX = "https://index.docker.io/v1/"
 _REFUSED_LOGIN = ("unauthorized", "authentication required", "no basic auth credentials", "access denied", "denied:",
                   "incorrect username or password")  # fmt: skip
 _UNKNOWN_IMAGE = ("manifest unknown", "name unknown", "not found: manifest")
+# What runc (through the engine) says when the container's program cannot be executed: `exec: "x": executable file not
+# found in $PATH`, `exec: "/x": stat /x: no such file or directory`, `exec: "/x": permission denied`.
+_PROGRAM_NOT_EXECUTABLE = "unable to start container process: exec:"
+
+
+def start_failure_code(message: str) -> str:
+    """The stable code of a container the engine would not start: ``program_not_executable`` when the OCI runtime
+    could not execute the image's program (the renter's command or entrypoint), else ``workload_start_failed``."""
+    return "program_not_executable" if _PROGRAM_NOT_EXECUTABLE in message else "workload_start_failed"
 
 
 def pull_failure_code(message: str) -> str:
@@ -352,7 +361,7 @@ class ContainerRuntime:
             await asyncio.shield(self._remove_named(name))
             workload.container = None
             if isinstance(exc, DockerError):
-                raise BadRequest(f"the engine refused to start {spec.image}: {exc.message}", code="workload_start_failed") from None
+                raise BadRequest(f"the engine refused to start {spec.image}: {exc.message}", code=start_failure_code(str(exc.message))) from None
             if isinstance(exc, aiohttp.ClientError | OSError | TimeoutError):
                 raise self.unavailable(exc) from None
             raise

@@ -161,10 +161,10 @@ def resolve_program(name: str, *, path: str, folder: Path) -> str:
         candidate = Path(name) if os.path.isabs(name) else folder / name
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return str(candidate)
-        raise BadRequest(f"cannot start {name!r}: no executable file at {candidate}", code="workload_start_failed")
+        raise BadRequest(f"cannot start {name!r}: no executable file at {candidate}", code="program_not_executable")
     found = shutil.which(name, path=path)
     if found is None:
-        raise BadRequest(f"cannot start {name!r}: not found on PATH {path}", code="workload_start_failed")
+        raise BadRequest(f"cannot start {name!r}: not found on PATH {path}", code="program_not_executable")
     return found
 
 

@@ -229,11 +229,11 @@ def resolve_program_for(name: str, *, path: str, home: Path, user: RentalUser) -
         candidate = Path(name) if os.path.isabs(name) else home / name
         if executable_by(candidate, user.uid, user.gid):
             return str(candidate)
-        raise BadRequest(f"cannot start {name!r}: no file at {candidate} that the rental's user may execute", code="workload_start_failed")
+        raise BadRequest(f"cannot start {name!r}: no file at {candidate} that the rental's user may execute", code="program_not_executable")
     for folder in path.split(os.pathsep):
         if folder and os.path.isabs(folder) and executable_by(Path(folder) / name, user.uid, user.gid):
             return str(Path(folder) / name)
-    raise BadRequest(f"cannot start {name!r}: not found on PATH {path} (as the rental's user)", code="workload_start_failed")
+    raise BadRequest(f"cannot start {name!r}: not found on PATH {path} (as the rental's user)", code="program_not_executable")
 
 
 class RentalUsers:

@@ -25,6 +25,13 @@ function rentalsCell(ids, role) {
     role === "admin" ? link(`#/rentals/${encodeURIComponent(id)}`, id) : h("code", {}, id)]));
 }
 
+// Failed rentals by whose failure it was: only the provider's lower the host's reliability.
+function failedRentals(counts) {
+  if (!counts) return "—";
+  return `${counts.provider ?? 0} the host's (counted in the score) · ${counts.renter ?? 0} the renters' · `
+    + `${counts.platform ?? 0} the platform's (not counted)`;
+}
+
 // ---- Hosts ----------------------------------------------------------------------------
 
 export function hostsPage(page, ctx) {
@@ -119,6 +126,7 @@ export function hostPage(page, ctx) {
       ["Reliability", host.reliability_score === null || host.reliability_score === undefined ? "not scored yet"
         : num(host.reliability_score, 3) + (host.reliability_seeded ? " (includes seeded demo history, not measured)" : "")],
       ["Reliability computed", timeEl(host.reliability && host.reliability.computed_at)],
+      ["Failed rentals (score window)", failedRentals(host.reliability && host.reliability.failed_rentals)],
       ["Current rentals", rentalsCell(host.active_rentals, ctx.role)],
       ["Earned", usd(host.earned)],
       ["Agent", `${host.agent_version ?? "—"} (${host.gpu_backend ?? "—"})`],

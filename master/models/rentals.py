@@ -50,8 +50,12 @@ class Rental(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(255), default=None)
     request_fingerprint: Mapped[str | None] = mapped_column(String(64), default=None)
     failure_reason: Mapped[str | None] = mapped_column(Text, default=None)
-    # The agent's stable code for a start that failed (image_pull_failed, image_not_allowed, ...); NULL otherwise.
+    # Why it failed, as a stable code (master.services.market.failures.FailureCode: image_not_found, host_lost, ...);
+    # NULL unless failed.
     failure_code: Mapped[str | None] = mapped_column(String(64), default=None)
+    # Whose failure it is (renter, provider, platform), from failure_code (master.services.market.failures); NULL
+    # unless failed. Reliability counts only the provider's; billing follows it too (docs/reliability.md).
+    failure_owner: Mapped[str | None] = mapped_column(String(16), default=None)
     # The agent's SSH host key for this rental (OpenSSH one-line form): pinned in what connect returns.
     ssh_host_key: Mapped[str | None] = mapped_column(Text, default=None)
     # Until when the ended rental's /workspace stays reachable over SFTP (its workload exited on its own);

@@ -32,6 +32,7 @@ from master.scheduler import MILLI
 from master.scheduler.fairshare import FairQueue, QueuedItem
 from master.services import clusters, commands
 from master.services.lifecycle.rentals import ACTIVE_STATES, RentalState, advance
+from master.services.market import FailureCode, record_failure
 from master.services.rentals import RentalRequest, release, try_place
 from shared import protocol
 from shared.errors import ClientError
@@ -124,7 +125,8 @@ async def repair_interrupted_placements(master: Master, *, limit: int = REPAIR_B
             cause = (f"{INTERRUPTED}: the master placing it{where} stopped before its start command was written; "
                      f"{released} GPU allocation(s) released, nothing charged; rent again")  # fmt: skip
             if advance(session, rental, RentalState.FAILED, cause, at=now):
-                rental.failure_reason, rental.stopped_at = INTERRUPTED, now
+                record_failure(rental, FailureCode.PLACEMENT_INTERRUPTED, INTERRUPTED)
+                rental.stopped_at = now
                 repaired.append(rental.id)
     if repaired:
         log.warning("failed %d rental(s) left pending by an interrupted placement: %s", len(repaired), ", ".join(repaired))
@@ -155,7 +157,8 @@ async def process_queue(master: Master) -> int:
                 continue
             waited = (now - gone.created_at).total_seconds()
             if advance(session, gone, RentalState.FAILED, f"not placed within its queue timeout ({waited:.0f}s queued)"):
-                gone.failure_reason, gone.stopped_at = "queue timeout", now
+                record_failure(gone, FailureCode.QUEUE_TIMEOUT, "queue timeout")
+                gone.stopped_at = now
         queue = await _fair_queue(session)
     placed = 0
     for item in queue:
@@ -218,5 +221,6 @@ async def _place_queued_rental(master: Master, rental_id: str, *, now: datetime)
             command_ids, _reason = await try_place(master, session, rental, RentalRequest.from_rental(rental), now=now)
         except ClientError as exc:  # the offer is gone, the quota shrank below one GPU...
             if advance(session, rental, RentalState.FAILED, f"cannot be placed from the queue: {exc}"):
-                rental.failure_reason, rental.stopped_at = str(exc), now
+                record_failure(rental, FailureCode.PLACEMENT_FAILED, str(exc))
+                rental.stopped_at = now
     return command_ids

@@ -31,6 +31,7 @@ from master.services.clusters import placement as cluster_placement
 from master.services.clusters.request import ClusterRequest
 from master.services.lifecycle.clusters import ClusterState
 from master.services.lifecycle.rentals import RentalState, advance
+from master.services.market import FailureCode, record_failure
 from shared.errors import ClientError, InsufficientCapacity
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ async def place_queued(master: Master, cluster_id: str, *, now: datetime) -> lis
             log.debug("queued cluster %s does not fit yet: %s", cluster_id, exc)
             return []
         except ClientError as exc:
-            await _fail(session, cluster_id, f"cannot be placed from the queue: {exc}", str(exc), now=now)
+            await _fail(session, cluster_id, f"cannot be placed from the queue: {exc}", str(exc), FailureCode.PLACEMENT_FAILED, now=now)
             return []
         log.info("queued cluster %s placed: %d nodes", cluster_id, len(queued))
         return commands
@@ -98,10 +99,13 @@ async def expire(session: AsyncSession, member: Rental, *, now: datetime) -> Non
     every queued member with it (the before-flush hook moves the cluster to ``failed``). Nothing was placed or billed."""
     assert member.cluster_id is not None
     waited = (now - member.created_at).total_seconds()
-    await _fail(session, member.cluster_id, f"not placed within its queue timeout ({waited:.0f}s queued)", QUEUE_TIMEOUT, now=now)
+    await _fail(session, member.cluster_id, f"not placed within its queue timeout ({waited:.0f}s queued)", QUEUE_TIMEOUT, FailureCode.QUEUE_TIMEOUT,
+                now=now)
 
 
-async def _fail(session: AsyncSession, cluster_id: str, cause: str, member_reason: str, *, now: datetime) -> None:
+async def _fail(
+    session: AsyncSession, cluster_id: str, cause: str, member_reason: str, code: FailureCode, *, now: datetime
+) -> None:
     cluster = await session.get(Cluster, cluster_id)  # an expired row (a rolled-back attempt) is read again
     if cluster is None or cluster.state != ClusterState.PENDING:
         return
@@ -111,7 +115,8 @@ async def _fail(session: AsyncSession, cluster_id: str, cause: str, member_reaso
     members = (await session.scalars(select(Rental).where(Rental.cluster_id == cluster_id, *_waiting()))).all()
     for member in members:
         if advance(session, member, RentalState.FAILED, f"cluster {cluster_id} {cause}", at=now):
-            member.failure_reason, member.stopped_at = member_reason, now
+            record_failure(member, code, member_reason)
+            member.stopped_at = now
 
 
 # ---- where a queued item stands ---------------------------------------------------------------

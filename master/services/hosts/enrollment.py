@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
 from master.models import EnrollmentToken, Gpu, Host, HostCertificate, Rental
-from master.services import commands, rentals
+from master.services import commands, market, rentals
 from master.services.accounts import Principal
 from master.services.lifecycle.hosts import record_initial_state, transition
 from master.services.lifecycle.rentals import ACTIVE_STATES
@@ -190,7 +190,7 @@ async def revoke_host(master: Master, principal: Principal, host_id: str) -> Hos
             ).all()
             for rental in active:
                 # Credited like a lost host's: the renter is not charged a minimum the host cannot serve.
-                await rentals.fail_rental(session, rental, reason="the host was revoked", at=now, lost_at=now)
+                await rentals.fail_rental(session, rental, code=market.FailureCode.HOST_REVOKED, reason="the host was revoked", at=now, lost_at=now)
             await session.execute(update(Gpu).where(Gpu.host_id == host.id).values(present=False))
             await session.execute(
                 update(HostCertificate)

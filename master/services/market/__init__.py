@@ -5,8 +5,8 @@
   against NVML's.
 * ``offers.py``, ``query.py``: the offers renters search (the summary table, the filter language);
   ``cluster_offers.py``: the offers for a cluster (hosts near each other, by measured links).
-* ``faults.py``, ``reliability.py``: typed failures with their owner, and each host's reliability from those the
-  provider owns.
+* ``failures.py``: every code a rental fails with and its owner (renter, provider, platform), from the code alone;
+  ``faults.py``: hardware faults; ``reliability.py``: each host's reliability from the failures the provider owns.
 * ``forecast.py``, ``forecast_models.py``: the demand forecast (the console's chart, the power policy's off-peak).
 
 Imports ``master.services.accounts``, ``master.services.lifecycle`` and the top-level modules of
@@ -15,6 +15,17 @@ build on it.
 """
 
 from master.services.market.cluster_offers import MAX_OFFERS_CONSIDERED, find_cluster_offers, node_condition
+from master.services.market.failures import (
+    AGENT_STOP_CODES,
+    AGENT_STOPPED_PREFIX,
+    OWNERS,
+    FailureCode,
+    Owner,
+    UnknownFailureCode,
+    agent_failure_code,
+    owner_of,
+    record_failure,
+)
 from master.services.market.faults import (
     FAULT_XIDS,
     HEALTH_CHECK,
@@ -54,8 +65,6 @@ from master.services.market.offers import (
 from master.services.market.placement import model_filter_problem, model_matches, normalise_name
 from master.services.market.query import MAX_QUERY_LENGTH, Condition, Op, format_query, parse, parse_value
 from master.services.market.reliability import (
-    AGENT_STOPPED_PREFIX,
-    RENTER_STOP_CODES,
     SEEDED_ACTOR,
     classification_view,
     classify_host_gpus,
@@ -68,6 +77,7 @@ from master.services.market.tiers import Tier
 
 __all__ = [
     "AGENT_STOPPED_PREFIX",
+    "AGENT_STOP_CODES",
     "ANY",
     "DEFAULT_ORDER",
     "FAULT_XIDS",
@@ -75,23 +85,27 @@ __all__ = [
     "MAX_MAINTENANCE_WINDOWS",
     "MAX_OFFERS_CONSIDERED",
     "MAX_QUERY_LENGTH",
+    "OWNERS",
     "PRICE_QUANTUM",
-    "RENTER_STOP_CODES",
     "SEEDED_ACTOR",
     "Condition",
+    "FailureCode",
     "Key",
     "ListingTerms",
     "MaintenanceWindow",
     "OfferSearch",
     "Op",
     "Order",
+    "Owner",
     "PriceBounds",
     "Sort",
     "Tier",
+    "UnknownFailureCode",
     "add_window",
     "after_gpu_events",
     "after_gpus_vanished",
     "after_health_check",
+    "agent_failure_code",
     "best_tier",
     "choose_forecast",
     "classification_view",
@@ -111,11 +125,13 @@ __all__ = [
     "money",
     "node_condition",
     "normalise_name",
+    "owner_of",
     "parse",
     "parse_value",
     "price_expression",
     "price_of",
     "put_listing",
+    "record_failure",
     "reliability_view",
     "request_health_check",
     "rescore_all",

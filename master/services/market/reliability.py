@@ -13,10 +13,11 @@ Over the last 30 days (or since the host enrolled, if later)::
   with a prior of ``RENTAL_PRIOR_SUCCESSES`` completed rentals:
   ``(completed + 4) / (completed + failed + 4)``. One failure on a new host costs 20 %, not
   everything; a host that keeps failing converges to its real success rate. Completed:
-  ``stopped``. Failed: ``failed`` for a reason that is the host's. A renter's workload
-  that ran and exited non-zero, whose program could not be executed, or that its agent stopped
-  for writing more than its disk quota (``disk_quota_exceeded``), is the renter's
-  (``renter_caused``), so a renter cannot ruin a host's score by running broken jobs.
+  ``stopped``. Failed: ``failed`` with ``failure_owner`` ``provider``, the owner its failure code has
+  (``master.services.market.failures``: decided from the code, never the reason's text). The
+  renter's failures (an image that does not exist, a registry that refused the renter's login, a
+  workload that exited non-zero ...) and the platform's (placement, the master) are counted apart
+  and never move the score, so a renter cannot ruin a host's score by running broken jobs.
 * **faults** — ``0.97 ** faults``, never below 0.5: hardware fault events (the XIDs and ECC
   kinds ``master.services.market.faults`` counts), failed health checks, and GPUs that vanished.
 
@@ -56,8 +57,8 @@ from master.models import Command as CommandRow
 from master.models import Gpu, GpuEvent, Host, HostEvent, Rental
 from master.services.lifecycle.rentals import RentalState
 from master.services.market import faults
+from master.services.market.failures import Owner
 from master.services.market.tiers import classify
-from shared import protocol
 from shared.errors import ValidationFailed
 
 log = logging.getLogger(__name__)
@@ -74,39 +75,6 @@ FORMULA = "score = uptime.fraction × rentals.factor × faults.factor"
 SEEDED_ACTOR = "demo-seed"  # the actor of made-up state changes (gpumarket up's demo hosts); see above
 
 SCORING_CHUNK = 200
-
-# A workload its host's agent stopped for what the renter did: the exit's reason leads with one of these codes
-# (``WorkloadExitedBody.reason``), and the rental's failure reason is AGENT_STOPPED_PREFIX + that reason.
-AGENT_STOPPED_PREFIX = "workload stopped by its host: "
-RENTER_STOP_CODES = (protocol.DISK_QUOTA_EXCEEDED,)
-RENTER_START_CODES = ("registry_auth_failed", "image_not_found")
-
-# Failure reasons that are the renter's doing (see master.services.rentals.lifecycle): the workload ran
-# and exited on its own, or its program could not be executed (agent.runtimes.process quotes the
-# program's name; a missing container runtime, unquoted, stays the host's), or its agent stopped it
-# for exceeding what the rental may use (RENTER_STOP_CODES), or its image's registry refused the renter's login
-# or has no such image (RENTER_START_CODES: the start's failure reason is "<code>: <the registry's words>").
-RENTER_CAUSED_PREFIXES = (
-    "workload exited with code ", "workload failed to start: cannot start '",
-    *(f"{AGENT_STOPPED_PREFIX}{code}:" for code in RENTER_STOP_CODES),
-    *(f"{code}:" for code in RENTER_START_CODES),
-)
-
-
-# Start failures that are the platform's doing, neither the renter's nor the host's: a registry login the master
-# sealed to a key the host's agent does not hold, or that was altered on the way (agent/runtimes/registry_login.py).
-# They count against no host's reliability and charge no renter (the rental never started).
-PLATFORM_START_CODES = ("registry_auth_unreadable",)
-PLATFORM_CAUSED_PREFIXES = tuple(f"{code}:" for code in PLATFORM_START_CODES)
-
-
-def renter_caused(failure_reason: str | None) -> bool:
-    return failure_reason is not None and failure_reason.startswith(RENTER_CAUSED_PREFIXES)
-
-
-def platform_caused(failure_reason: str | None) -> bool:
-    return failure_reason is not None and failure_reason.startswith(PLATFORM_CAUSED_PREFIXES)
-
 
 @dataclass
 class HostHistory:
@@ -151,21 +119,21 @@ async def load_histories(
     for host_id, at, to_state, cause, actor in events.all():
         histories[host_id].events.append((at, to_state, cause, actor))
     ended = await session.execute(
-        select(Rental.host_id, Rental.state, Rental.failure_reason).where(
+        select(Rental.host_id, Rental.state, Rental.failure_owner).where(
             Rental.host_id.in_(ids), Rental.state.in_((RentalState.STOPPED, RentalState.FAILED)), Rental.stopped_at >= since, Rental.stopped_at <= now
         )
     )
-    for host_id, state, reason in ended.all():
+    for host_id, state, owner in ended.all():
         if host_id is None:
             continue
         history = histories[host_id]
         if state == RentalState.STOPPED:
             history.completed_rentals += 1
-        elif renter_caused(reason):
+        elif owner == Owner.RENTER:
             history.renter_failed_rentals += 1
-        elif platform_caused(reason):
+        elif owner == Owner.PLATFORM:
             history.platform_failed_rentals += 1
-        else:
+        else:  # the provider's (0030 gave every failed rental an owner; a NULL would be a bug: counted as before)
             history.host_failed_rentals += 1
     counted = await session.execute(
         select(GpuEvent.host_id, func.count())
@@ -250,7 +218,8 @@ def score_history(
         },
         "rentals": {
             "completed": completed,
-            "failed": failed,
+            "failed": failed,  # the provider's: the only ones the factor counts
+            "failed_by_provider": failed,
             "failed_by_renter": history.renter_failed_rentals,
             "failed_by_platform": history.platform_failed_rentals,
             "prior_successes": RENTAL_PRIOR_SUCCESSES,
@@ -434,6 +403,17 @@ def reliability_view(host: Host) -> dict[str, Any]:
         "computed_at": host.reliability_at.isoformat() if host.reliability_at else None,
         "inputs": host.reliability_inputs,
         "seeded": is_seeded(host.reliability_inputs),
+        "failed_rentals": failed_rentals(host.reliability_inputs),
+    }
+
+
+def failed_rentals(inputs: Mapping[str, Any] | None) -> dict[str, int]:
+    """The rentals that failed on the host in the score's window, by owner (only the provider's lower the score)."""
+    rentals = (inputs or {}).get("rentals") or {}
+    return {
+        Owner.PROVIDER.value: int(rentals.get("failed_by_provider", rentals.get("failed", 0)) or 0),
+        Owner.RENTER.value: int(rentals.get("failed_by_renter", 0) or 0),
+        Owner.PLATFORM.value: int(rentals.get("failed_by_platform", 0) or 0),
     }
 
 

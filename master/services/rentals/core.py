@@ -198,6 +198,7 @@ def rental_view(rental: Rental, events: Sequence[RentalEvent] | None = None) -> 
         "workload": rental.workload,
         "failure_reason": rental.failure_reason,
         "failure_code": rental.failure_code,
+        "failure_owner": rental.failure_owner,  # renter, provider or platform (docs/reliability.md)
         "template": (rental.spec or {}).get("template"),
         "created_at": rental.created_at.isoformat(),
         "started_at": rental.started_at.isoformat() if rental.started_at else None,

@@ -24,7 +24,13 @@ from master.services.accounts import Principal
 from master.services.lifecycle import clusters as clusterstate
 from master.services.lifecycle.hosts import transition
 from master.services.lifecycle.rentals import ACTIVE_STATES, UNSTOPPED_STATES, RentalState, advance
-from master.services.market import AGENT_STOPPED_PREFIX, RENTER_STOP_CODES
+from master.services.market import (
+    AGENT_STOP_CODES,
+    AGENT_STOPPED_PREFIX,
+    FailureCode,
+    agent_failure_code,
+    record_failure,
+)
 from master.services.rentals import allocation
 from master.services.rentals.core import create_rental
 from master.services.rentals.placement import cancel_commands
@@ -34,11 +40,12 @@ from shared.errors import ClientError
 
 log = logging.getLogger(__name__)
 
-# The agent's codes for a start that could not happen (``data.code`` of a failed ``start_workload``).
+# The agent's codes for a start that could not happen, recognised where an agent reports one as a workload's end
+# (its reason leads with the code). A failed ``start_workload`` carries its code in ``data.code``: any ``FailureCode``.
 # Such a rental ends ``failed`` with the code; it never started, so nothing is charged (docs/billing.md).
 START_FAILURE_CODES = frozenset(
     {"image_pull_failed", "image_not_allowed", "image_too_large", "container_runtime_unavailable", "workload_not_isolated",
-     "limits_exceed_host", "registry_auth_failed", "image_not_found", "registry_auth_unreadable"}
+     "limits_exceed_host", "registry_auth_failed", "image_not_found", "registry_auth_unreadable", "program_not_executable"}
 )
 _CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
@@ -85,8 +92,8 @@ async def apply_command_result(
             reason = detail if code is None or detail.startswith(code) else f"{code}: {detail}" if detail else code
             if advance(session, rental, RentalState.FAILED, f"workload failed to start: {reason}"):
                 # Never confirmed started: ``started_at`` stays unset, so billing charges nothing, not even the minimum.
-                rental.failure_reason = reason
-                rental.failure_code = code
+                # The owner follows the code (no code, or one this master does not know: the agent's failure).
+                record_failure(rental, agent_failure_code(code), reason or "the agent gave no reason")
                 rental.stopped_at = at
                 await _release(session, rental, at=at)
     elif command.kind == "stop_workload" and ok:
@@ -143,24 +150,24 @@ async def apply_workload_exit(
         return  # already stopping/stopped by request, or failed: nothing to add
     what = f"workload exited with code {exit_code}" if exit_code is not None else f"workload ended ({reason or 'unknown'})"
     target = RentalState.STOPPED if exit_code == 0 else RentalState.FAILED
-    code = None
+    # An exit status: the renter's program ended (an OOM kill inside its own limit too). None: the agent lost track of it.
+    code = FailureCode.WORKLOAD_EXITED if exit_code is not None else FailureCode.WORKLOAD_LOST
     stopped = _CODE.match(reason)
-    if stopped is not None and stopped.group() in RENTER_STOP_CODES and reason[stopped.end():].startswith(":"):
+    if stopped is not None and stopped.group() in AGENT_STOP_CODES and reason[stopped.end():].startswith(":"):
         # Its agent stopped it for what the renter did (disk_quota_exceeded): failed, the renter's doing, saying why.
-        what, code, target = f"{AGENT_STOPPED_PREFIX}{reason}", stopped.group(), RentalState.FAILED
+        what, code, target = f"{AGENT_STOPPED_PREFIX}{reason}", FailureCode(stopped.group()), RentalState.FAILED
     if rental.state == RentalState.STARTING:
         if target == RentalState.STOPPED:
-            target = RentalState.FAILED  # never confirmed running: treat as a failed start
+            target = RentalState.FAILED  # never confirmed running: treat as a failed start (it exited 0: the renter's)
         start_code = failure_code({}, reason)  # an agent that reports a failed pull as the workload's end
         if start_code is not None:
-            what, code = reason, start_code
+            what, code = reason, agent_failure_code(start_code)
     if advance(session, rental, target, what):
         rental.stopped_at = at
         if rental.started_at is not None and workspace_retention > timedelta(0):
             rental.workspace_until = at + workspace_retention
         if target == RentalState.FAILED:
-            rental.failure_reason = what
-            rental.failure_code = code
+            record_failure(rental, code, what)
         await _release(session, rental, at=at)
 
 
@@ -187,8 +194,10 @@ async def _note_rentals_of(session: AsyncSession, host_id: str, cause: str) -> i
     return len(rentals)
 
 
-async def fail_rental(session: AsyncSession, rental: Rental, *, reason: str, at: datetime, lost_at: datetime | None = None) -> None:
-    """End an active rental as failed (its host is gone or untrusted) and free its GPUs.
+async def fail_rental(
+    session: AsyncSession, rental: Rental, *, code: FailureCode, reason: str, at: datetime, lost_at: datetime | None = None
+) -> None:
+    """End an active rental as failed (its host is gone or untrusted: ``code`` says which) and free its GPUs.
 
     Its unanswered commands are cancelled, so a host that comes back is not told to start it.
     ``lost_at``: the host was lost (silent, revoked) as of then — billing stops there and the
@@ -197,7 +206,7 @@ async def fail_rental(session: AsyncSession, rental: Rental, *, reason: str, at:
     if lost_at is not None and rental.host_lost_at is None:
         rental.host_lost_at = lost_at
     if advance(session, rental, RentalState.FAILED, reason):
-        rental.failure_reason = reason
+        record_failure(rental, code, reason)
         rental.stopped_at = at
         await allocation.release(session, rental.id, at=at)
         await cancel_commands(session, rental.id, at=at, reason=reason)
@@ -221,7 +230,7 @@ async def fail_rentals_of_lost_hosts(session: AsyncSession, *, now: datetime, gr
         lost_at = last_seen or now
         rental.host_lost_at = lost_at
         await fail_rental(
-            session, rental, at=lost_at,
+            session, rental, code=FailureCode.HOST_LOST, at=lost_at,
             reason=f"host {rental.host_id} lost: silent since {lost_at:%Y-%m-%dT%H:%M:%SZ}, past the {grace.total_seconds():g}s grace period",
         )
         log.warning("rental %s failed: host %s lost", rental.id, rental.host_id)
