@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from sqlalchemy import delete, func, insert, select, text, update
 
 from master.db import Database, alembic_config
-from master.models import Account, Gpu, Host, HostListing, OfferSummary, Rental
+from master.models import Account, Gpu, GpuAllocation, Host, HostListing, OfferSummary, Rental
 from master.services.market.listings import window_time
 from master.services.market.offers import OfferSearch, Order, Sort, search_offers
 from master.services.market.query import parse
@@ -56,7 +56,9 @@ gpu_rows = st.fixed_dictionaries({
     "score": st.sampled_from([None, 0.0, 40.5, 55.0, 100.0]),
     "needs_review": st.booleans(),
     "present": st.sampled_from([True, True, True, False]),
-    "use": st.sampled_from(["free", "free", "free", "rented", "shared"]),
+    "use": st.sampled_from(["free", "free", "free", "rented", "shared", "mig"]),
+    # In MIG mode ("mig"): its instances' profiles, and which of them a rental holds.
+    "mig": st.lists(st.tuples(st.sampled_from(["1g.10gb", "3g.40gb", ""]), st.booleans()), max_size=3),
 })  # fmt: skip
 listings = st.none() | st.fixed_dictionaries({
     "price_per_gpu_hour": st.sampled_from([Decimal("0.2"), Decimal("0.45"), Decimal("0.5"), Decimal("1.25")]),
@@ -85,8 +87,9 @@ changes = st.lists(
         st.tuples(st.just("gpu"), st.integers(0, 99), st.sampled_from([
             {"rental_id": None, "milli_used": 0}, {"milli_used": 500}, {"present": False}, {"present": True},
             {"tier": "datacenter", "score": 80.0}, {"tier": None, "score": None}, {"name": "NVIDIA A100-SXM4-80GB"},
-            {"needs_review": True}, "rent", "delete",
+            {"needs_review": True}, "rent", "delete", {"info": {"mig_mode": False}},
         ])),
+        st.tuples(st.just("instance"), st.integers(0, 99), st.sampled_from(["release", "take", "delete"])),
         st.tuples(st.just("host"), st.integers(0, 99), st.sampled_from([
             {"state": "online"}, {"state": "offline"}, {"region": "us-east"}, {"region": None}, {"reliability": 0.99},
             {"latest_network": {"download_mbps": 1000.0, "upload_mbps": 900.0}}, {"latest_network": None},
@@ -119,7 +122,7 @@ def db(database_url: str, loop: LoopThread) -> Iterator[Database]:
 
 async def _write_fleet(db: Database, fleet: list[dict[str, Any]]) -> None:
     async with db.session() as session:
-        for model in (Gpu, Rental, Host, Account):
+        for model in (GpuAllocation, Gpu, Rental, Host, Account):
             await session.execute(delete(model))
         await session.execute(insert(Account), [{"id": "provider", "name": "provider", "role": "provider"},
                                                 {"id": "renter", "name": "renter", "role": "renter"}])  # fmt: skip
@@ -140,8 +143,16 @@ async def _write_fleet(db: Database, fleet: list[dict[str, Any]]) -> None:
                     memory_total_mib=memory, present=gpu["present"], tier=gpu["tier"], score=gpu["score"],
                     needs_review=gpu["needs_review"], rental_id=rental_id, milli_used=500 if gpu["use"] == "shared" else 0,
                 )  # fmt: skip
-                row.set_info({"compute_capability": capability, "cuda_driver_version": host["cuda"]})
+                info: dict[str, Any] = {"compute_capability": capability, "cuda_driver_version": host["cuda"]}
+                if gpu["use"] == "mig":
+                    info |= {"mig_mode": True, "mig_instances": [{"uuid": f"MIG-{number}-{index}-{n}" if profile else "", "profile": profile}
+                                                                 for n, (profile, _) in enumerate(gpu["mig"])]}  # fmt: skip
+                row.set_info(info)
                 session.add(row)
+                await session.flush()
+                for n, (profile, taken) in enumerate(gpu["mig"] if gpu["use"] == "mig" else ()):
+                    if profile and taken:
+                        await _take(session, f"g{number}-{index}", f"MIG-{number}-{index}-{n}")
             if host["listing"] is not None:
                 session.add(HostListing(host_id=host_id, **host["listing"]))
 
@@ -150,6 +161,9 @@ async def _apply(db: Database, todo: list[tuple[str, int, Any]]) -> None:
     """``todo`` in one transaction, as Core statements (bulk updates and deletes), not through the ORM's objects."""
     async with db.session() as session:
         for table, pick, change in todo:
+            if table == "instance":
+                await _change_instance(session, pick, change)
+                continue
             model: Any = {"gpu": Gpu, "host": Host, "listing": HostListing}[table]
             key = model.host_id if model is HostListing else model.id
             keys = list((await session.scalars(select(key).order_by(key))).all())
@@ -164,10 +178,13 @@ async def _apply(db: Database, todo: list[tuple[str, int, Any]]) -> None:
             chosen = keys[pick % len(keys)]
             if change == "delete" and model is Host:
                 # A host goes with its GPUs (cascade) once no rental row points at it.
+                await session.execute(delete(GpuAllocation).where(GpuAllocation.gpu_id.in_(select(Gpu.id).where(Gpu.host_id == chosen))))
                 await session.execute(delete(Gpu).where(Gpu.host_id == chosen))
                 await session.execute(delete(Rental).where(Rental.host_id == chosen))
                 await session.execute(delete(Host).where(Host.id == chosen))
             elif change == "delete":
+                if model is Gpu:
+                    await session.execute(delete(GpuAllocation).where(GpuAllocation.gpu_id == chosen))
                 await session.execute(delete(model).where(key == chosen))
             elif change == "rent":
                 rental_id = f"rent-{chosen}"
@@ -177,6 +194,34 @@ async def _apply(db: Database, todo: list[tuple[str, int, Any]]) -> None:
                 await session.execute(update(Gpu).where(Gpu.id == chosen).values(rental_id=rental_id))
             else:
                 await session.execute(update(model).where(key == chosen).values(**change))
+
+
+async def _take(session: Any, gpu_id: str, instance: str) -> None:
+    """A rental holds MIG ``instance`` of ``gpu_id``, as ``allocation.claim`` records it."""
+    rental_id = f"r-{instance}"
+    host_id = await session.scalar(select(Gpu.host_id).where(Gpu.id == gpu_id))
+    await session.execute(insert(Rental).values(id=rental_id, renter_id="renter", host_id=host_id, gpu_count=1, state="running"))
+    await session.execute(insert(GpuAllocation).values(rental_id=rental_id, gpu_id=gpu_id, milli=142, memory_mib=0, mig_uuid=instance,
+                                                       active_mig=instance))  # fmt: skip
+
+
+async def _change_instance(session: Any, pick: int, change: str) -> None:
+    """Release, take or delete the allocation of one MIG instance (picked modulo the instances the GPUs report)."""
+    rows = (await session.execute(select(Gpu.id, Gpu.info).order_by(Gpu.id))).all()
+    instances = [(gpu_id, str(m["uuid"])) for gpu_id, info in rows for m in (info or {}).get("mig_instances") or () if m.get("uuid")]
+    if not instances:
+        return
+    gpu_id, instance = instances[pick % len(instances)]
+    held = await session.scalar(select(GpuAllocation.id).where(GpuAllocation.active_mig == instance))
+    if change == "take" and held is None:
+        if await session.get(Rental, f"r-{instance}") is None:
+            await _take(session, gpu_id, instance)
+        else:
+            await session.execute(update(GpuAllocation).where(GpuAllocation.mig_uuid == instance).values(active_mig=instance, released_at=None))
+    elif change == "release" and held is not None:
+        await session.execute(update(GpuAllocation).where(GpuAllocation.id == held).values(active_mig=None, released_at=NOW))
+    elif change == "delete" and held is not None:
+        await session.execute(delete(GpuAllocation).where(GpuAllocation.id == held))
 
 
 async def _compare(db: Database, search: OfferSearch) -> None:
@@ -234,12 +279,13 @@ def _host(*, uses: tuple[str, ...], listed: bool = False) -> dict[str, Any]:
     return {
         "state": "online", "region": "eu-west", "reliability": 0.97, "latest_network": None, "isolation": {"isolated": True},
         "cuda": "12.4", "listing": listing if listed else None,
-        "gpus": [{"name": "NVIDIA GeForce RTX 4090", "tier": "consumer", "score": 55.0, "needs_review": False, "present": True, "use": use}
+        "gpus": [{"name": "NVIDIA GeForce RTX 4090", "tier": "consumer", "score": 55.0, "needs_review": False, "present": True, "use": use,
+                  "mig": []}
                  for use in uses],
     }  # fmt: skip
 
 
-MIGRATION = importlib.import_module("master.migrations.versions.0018_offer_summary")
+MIGRATION = importlib.import_module("master.migrations.versions.0030_offer_summary_mig")
 
 
 async def _kept_and_recomputed(db: Database, *, recompute: bool = False) -> list[tuple[Any, ...]]:
@@ -290,7 +336,7 @@ class TestConcurrentCommits:
             await _write_fleet(db, [{
                 "state": "online", "region": None, "reliability": None, "latest_network": None, "isolation": None, "cuda": "12.4",
                 "listing": None, "gpus": [{"name": "NVIDIA H100 80GB HBM3", "tier": "flagship", "score": 100.0,
-                                           "needs_review": False, "present": True, "use": "free"}] * 4,
+                                           "needs_review": False, "present": True, "use": "free", "mig": []}] * 4,
             }])  # fmt: skip
             async with db.sessionmaker() as first, db.sessionmaker() as second:
                 await first.execute(update(Gpu).where(Gpu.id == "h0-x").values(present=False))  # nothing: warms the session

@@ -30,7 +30,7 @@ from master.services.rentals import lifecycle as rental_lifecycle
 from master.telemetry import hosts
 from shared import protocol
 from tests.apiclient import A100, RTX, Api
-from tests.factories import envelope
+from tests.factories import envelope, gpu_info, online_host
 from tests.helpers import eventually
 
 RENTER_COMMANDS = ["login", "offers", "rent", "rentals", "logs", "stop", "account"]
@@ -189,10 +189,28 @@ class TestOffers:
         code, out, err = await cli("offers")
         assert code == 0, err
         header, row = out.splitlines()
-        assert header.split()[:4] == ["MODEL", "FREE", "VRAM", "$/GPU-H"]
+        assert header.split()[:5] == ["MODEL", "FREE", "MIG", "VRAM", "$/GPU-H"]
         assert row.startswith(RTX) and row.endswith(offer["id"])
         price = f"${float(offer['price_per_gpu_hour']):.2f}"
         assert price in row and "24 GiB" in row
+
+    async def test_a_gpu_in_mig_mode_shows_its_free_instances_not_a_free_gpu_and_rent_mig_takes_one(self, cli: Cli, api: Api) -> None:
+        """Regression test for issue 39: the demo's A100 in MIG mode showed ``FREE 1`` and ``rent --model A100`` then
+        answered insufficient_capacity. Its offer says FREE 0 and lists the instances; ``rent --mig`` rents one."""
+        instances = [protocol.GpuMigInstanceModel(uuid=f"MIG-cli-{n}", profile=p) for n, p in enumerate(["3g.40gb", "1g.10gb", "1g.10gb"])]
+        gpu = gpu_info(0, name=A100, memory=81920).model_copy(update={"mig_mode": True, "mig_instances": instances})
+        host_id = await online_host(api.master, api.provider, [gpu])
+        code, out, err = await cli("offers")
+        assert code == 0, err
+        [row] = [line for line in out.splitlines()[1:] if host_id in line]
+        assert row.split()[row.split().index("3g.40gb") - 1] == "0" and "3g.40gb x1 1g.10gb x2" in row
+        code, _out, err = await cli("rent", "--model", "A100", "--no-wait", "--json")
+        assert code != 0 and "MIG" in err
+        code, out, err = await cli("rent", f"{host_id}:{A100}", "--mig", "3g.40gb", "--no-wait", "--json")
+        assert code == 0, err
+        assert json.loads(out)["mig_profile"] == "3g.40gb"
+        code, out, err = await cli("offers")
+        assert "1g.10gb x2" in out and "3g.40gb" not in out
 
     async def test_the_query_words_filter_and_a_bad_query_is_one_line(self, cli: Cli, api: Api) -> None:
         await api.host(2)

@@ -144,7 +144,7 @@ function offersTable(body, state, onSort, onRent) {
     return h("tr", { dataset: { offerId: offer.id } },
       h("td", {}, h("span", { class: "model" }, offer.gpu_name), h("span", { class: "offer-isolation" }, isolationBadge(offer.isolation)),
         offer.listed ? null : h("span", { class: "hint block" }, "default price")),
-      h("td", { class: "num" }, String(offer.num_gpus)),
+      h("td", { class: "num" }, String(offer.num_gpus), offer.mig && offer.mig.length ? h("span", { class: "hint block" }, `MIG: ${migText(offer)}`) : null),
       h("td", { class: "num" }, gib(offer.vram_mib)),
       h("td", { class: "num" }, usdRate(offer.price_per_gpu_hour)),
       h("td", { class: "num" }, offer.price_per_score === null ? "—" : num(offer.price_per_score, 4)),
@@ -157,6 +157,16 @@ function offersTable(body, state, onSort, onRent) {
       rent ? h("td", {}, rent) : null);
   });
   return table({ caption: "Offers", columns, rows, empty: "No offers match these filters.", className: "offers" });
+}
+
+/** An offer's free MIG instances per profile ("3g.40gb × 1, 1g.10gb × 2"): a GPU in MIG mode rents only as these. */
+function migText(offer) {
+  return (offer.mig || []).map((m) => `${m.profile} × ${m.free}`).join(", ");
+}
+
+/** Thousandths of a GPU a MIG profile's compute is, as billing counts it (seven slices: "3g.40gb" = 3/7). */
+function migMilli(profile) {
+  return Math.max(1, Math.floor((Number(profile.split("g")[0]) * 1000) / 7));
 }
 
 function pager(body, go) {
@@ -190,8 +200,14 @@ function rentDialog(ctx) {
     const milli = field({ label: "Share of one GPU (thousandths)", name: "gpu_milli", type: "number", min: share || 1, max: 999, step: 1,
       value: share ? Math.max(share, 250) : "", disabled: !share,
       hint: share ? `At least ${share} (${share / 10} % of the GPU).` : "This host rents whole GPUs only." });
-    const unitWhole = field({ label: "Whole GPUs", name: "unit", type: "radio", value: "whole", checked: true });
+    const migs = offer.mig || [];
+    const unitWhole = field({ label: "Whole GPUs", name: "unit", type: "radio", value: "whole", checked: offer.num_gpus > 0, disabled: offer.num_gpus === 0 });
     const unitShare = field({ label: "A fractional share of one GPU", name: "unit", type: "radio", value: "share", disabled: !share });
+    const unitMig = field({ label: "One MIG instance", name: "unit", type: "radio", value: "mig", checked: offer.num_gpus === 0 && migs.length > 0,
+      disabled: migs.length === 0 });
+    const migProfile = field({ label: "MIG profile", name: "mig_profile", type: "select", value: migs.length ? migs[0].profile : "",
+      options: migs.map((m) => [m.profile, `${m.profile} (${m.free} free)`]),
+      hint: migs.length ? "A GPU in MIG mode rents only as its instances, one per rental." : "This offer has no GPU in MIG mode." });
     const kindOnDemand = field({ label: "On demand (never preempted)", name: "kind", type: "radio", value: "on_demand", checked: true });
     const kindInterruptible = field({ label: "Interruptible, with a bid (cheaper; can be preempted)", name: "kind", type: "radio", value: "interruptible" });
     const bid = field({ label: "Bid, USD per GPU-hour", name: "bid", inputmode: "decimal", placeholder: "e.g. 0.20", disabled: true,
@@ -204,20 +220,23 @@ function rentDialog(ctx) {
       });
     }
     const sync = () => {
-      count.input.disabled = unitShare.input.checked;
+      count.input.disabled = !unitWhole.input.checked;
       milli.input.disabled = !unitShare.input.checked;
+      migProfile.input.disabled = !unitMig.input.checked;
       bid.input.disabled = !kindInterruptible.input.checked;
     };
-    for (const f of [unitWhole, unitShare, kindOnDemand, kindInterruptible]) f.input.addEventListener("change", sync);
+    for (const f of [unitWhole, unitShare, unitMig, kindOnDemand, kindInterruptible]) f.input.addEventListener("change", sync);
 
     const review = h("button", { type: "submit" }, "Review price");
     const cancel = h("button", { type: "button", class: "secondary" }, "Cancel");
     cancel.addEventListener("click", close);
     const form = h("form", { class: "rent-form", novalidate: true, method: "dialog" },
       facts([["Host", h("code", {}, offer.host_id)], ["Region", offer.region], ["Price", `${usdRate(offer.price_per_gpu_hour)} per GPU-hour`],
-        ["Free GPUs", String(offer.num_gpus)], ["Tier", offer.tier], ["Isolation", isolationBadge(offer.isolation)]]),
+        ["Free GPUs", String(offer.num_gpus)], ...(migs.length ? [["Free MIG instances", migText(offer)]] : []),
+        ["Tier", offer.tier], ["Isolation", isolationBadge(offer.isolation)]]),
       h("div", { class: "fieldset-pair" },
-        h("fieldset", {}, h("legend", {}, "How much"), unitWhole.row, count.row, unitShare.row, milli.row),
+        h("fieldset", {}, h("legend", {}, "How much"), unitWhole.row, count.row, unitShare.row, milli.row,
+          ...(migs.length ? [unitMig.row, migProfile.row] : [])),
         h("fieldset", {}, h("legend", {}, "Pricing"), kindOnDemand.row, kindInterruptible.row, bid.row)),
       run.el,
       h("div", { class: "actions" }, review, cancel));
@@ -229,7 +248,11 @@ function rentDialog(ctx) {
       const request = { offer_id: offer.id, kind: kindInterruptible.input.checked ? "interruptible" : "on_demand" };
       let units = 1;
       let thousandths = 1000;
-      if (unitShare.input.checked) {
+      if (unitMig.input.checked) {
+        request.gpu_count = 1;
+        request.mig_profile = migProfile.input.value;
+        thousandths = migMilli(request.mig_profile);
+      } else if (unitShare.input.checked) {
         const m = Number(milli.input.value);
         if (!Number.isInteger(m) || m < (share || 1) || m > 999) {
           throw Object.assign(new Error(`Enter a share between ${share || 1} and 999 thousandths of the GPU.`), { focus: milli.input });
@@ -276,7 +299,8 @@ function rentDialog(ctx) {
     });
 
     function showConfirmation({ request, perHour, rate, units, thousandths }) {
-      const what = request.gpu_milli ? `${thousandths / 10} % of one GPU` : `${units} GPU${units === 1 ? "" : "s"}`;
+      const what = request.mig_profile ? `one MIG ${request.mig_profile} instance`
+        : request.gpu_milli ? `${thousandths / 10} % of one GPU` : `${units} GPU${units === 1 ? "" : "s"}`;
       confirmAndRent(ctx, { form, slot: confirmSlot, backTo: review, errors, close }, {
         confirmId: "confirm-rent", path: "/rentals", request, noun: "Rental", page: "rentals",
         summary: [h("h3", {}, "Confirm your rental"),
@@ -284,7 +308,7 @@ function rentDialog(ctx) {
             ["Pricing", request.kind === "interruptible" ? `interruptible, bid ${usdRate(rate)} per GPU-hour` : `on demand, ${usdRate(rate)} per GPU-hour`],
             ["What runs", h("span", { id: "confirm-runs" }, `${run.describe(request)}.`)]]),
           h("p", { class: "price-total" }, "Price: ", h("strong", { id: "confirm-price", dataset: { perHour } }, `${usdRate(perHour)} per hour`),
-            h("span", { class: "hint block" }, `${usdRate(rate)} per GPU-hour × ${request.gpu_milli ? `${thousandths}/1000 of a GPU` : `${units} GPU${units === 1 ? "" : "s"}`} = ${usdRate(perHour)} per hour, billed per second after a 60-second minimum while it runs.`))],
+            h("span", { class: "hint block" }, `${usdRate(rate)} per GPU-hour × ${request.gpu_milli || request.mig_profile ? `${thousandths}/1000 of a GPU` : `${units} GPU${units === 1 ? "" : "s"}`} = ${usdRate(perHour)} per hour, billed per second after a 60-second minimum while it runs.`))],
         onError(error) {
           if (run.showApiError(error)) return; // shown next to the field it names
           errors.show(error);
@@ -296,7 +320,7 @@ function rentDialog(ctx) {
 
     sync();
     if (!el.open) el.showModal();
-    count.input.focus();
+    (unitWhole.input.checked ? count.input : unitMig.input.checked ? migProfile.input : review).focus();
   }
 
   return { el, open };

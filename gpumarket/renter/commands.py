@@ -232,6 +232,10 @@ def add_interruptible_options(parser: argparse.ArgumentParser, what: str) -> Non
 def rental_body(args: argparse.Namespace) -> dict[str, Any]:
     """The ``POST /rentals`` body of ``gpumarket rent``'s options; ``UsageError`` for options that do not go together."""
     body: dict[str, Any] = {"gpu_count": args.gpus}
+    if args.mig:
+        if args.gpus != 1:
+            raise UsageError("--mig rents one MIG instance: leave out --gpus")
+        body["mig_profile"] = args.mig
     if args.offer_id:
         if args.model or args.max_price or args.where:
             raise UsageError("an OFFER_ID names host and model already: leave out --model, --max-price and --where")
@@ -507,7 +511,8 @@ examples:
   gpumarket rent --gpus 2 --model 'RTX 4090' --template pytorch
   gpumarket rent 'h_abc:NVIDIA GeForce RTX 4090' --image ubuntu:24.04 --command 'sleep infinity'
   gpumarket rent --image python:3.12 --command 'python -m http.server 8000' --port 8000 --env DEBUG=1
-  gpumarket rent --interruptible --bid 0.20 --max-price 0.30 --no-wait"""
+  gpumarket rent --interruptible --bid 0.20 --max-price 0.30 --no-wait
+  gpumarket rent --model A100 --mig 3g.40gb"""
 
 
 def set_command(parser: argparse.ArgumentParser, command: Command | None) -> None:
@@ -565,6 +570,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                           "running a template, an image, or nothing (a hold).")  # fmt: skip
     rent.add_argument("offer_id", nargs="?", metavar="OFFER_ID", help="an offer from `gpumarket offers` (host_id:gpu_name)")
     rent.add_argument("--gpus", type=positive_int, default=1, metavar="N", help="whole GPUs on one host (default 1)")
+    rent.add_argument("--mig", metavar="PROFILE", help="one MIG instance of this profile (e.g. 3g.40gb) instead of whole GPUs: "
+                      "`gpumarket offers` lists the free ones (MIG)")
     rent.add_argument("--model", metavar="M", help="GPU model words, e.g. 'RTX 4090' or 'A100 80GB'")
     rent.add_argument("--max-price", type=usd, metavar="USD", help="at most this price per GPU-hour")
     rent.add_argument("--where", metavar="QUERY", help="other offer filters in the query language, e.g. 'vram>=24 reliability>0.98'")

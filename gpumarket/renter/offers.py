@@ -16,6 +16,9 @@ num_gpus, vram (GiB), compute_capability, cuda_driver_version, price (USD per GP
 price_per_score, region, tier, score, reliability, download_mbps, upload_mbps, verified,
 isolated; ops = != < <= > >= (docs/marketplace.md).
 
+FREE counts whole GPUs; a GPU in MIG mode never rents whole: MIG lists its free instances per
+profile (3g.40gb x1), which `gpumarket rent OFFER_ID --mig 3g.40gb` rents one at a time.
+
 With --nodes N, the same filters price a cluster (`gpumarket cluster create`): each group of
 hosts placement could take N nodes of --gpus GPUs from (one GPU model and region; across
 regions where no region has room; any model with --allow-mixed), with the whole cluster's
@@ -49,13 +52,13 @@ async def cmd_offers(args: argparse.Namespace, client: Client) -> int:
     prices = money_column([o.get("price_per_gpu_hour") for o in items], "rate")
     rows = [
         [
-            o["gpu_name"], str(o["num_gpus"]), gib(o.get("vram_mib")), price, o.get("region") or "-", o.get("tier") or "-",
+            o["gpu_name"], str(o["num_gpus"]), mig_column(o), gib(o.get("vram_mib")), price, o.get("region") or "-", o.get("tier") or "-",
             f"{o['reliability']:.3f}" if isinstance(o.get("reliability"), int | float) else "-",
             _isolation(o.get("isolation")), o["id"],
         ]
         for o, price in zip(items, prices, strict=True)
     ]  # fmt: skip
-    print(table(["MODEL", "FREE", "VRAM", "$/GPU-H", "REGION", "TIER", "RELIAB", "ISOLATION", "OFFER"], rows))
+    print(table(["MODEL", "FREE", "MIG", "VRAM", "$/GPU-H", "REGION", "TIER", "RELIAB", "ISOLATION", "OFFER"], rows))
     shown = len(items) + int(body.get("offset", 0))
     if body.get("total", 0) > shown:
         err(f"{len(items)} of {body['total']} offers; more with --limit (up to 500) or a narrower query")
@@ -114,6 +117,11 @@ async def cmd_cluster_offers(args: argparse.Namespace, client: Client) -> int:
     if body.get("total", 0) > shown:
         err(f"{len(items)} of {body['total']} groups; more with --limit (up to 500) or a narrower query")
     return 0
+
+
+def mig_column(offer: dict[str, Any]) -> str:
+    """An offer's free MIG instances per profile (``3g.40gb x1 1g.10gb x2``), or ``-`` when it has none."""
+    return " ".join(f"{m['profile']} x{m['free']}" for m in offer.get("mig") or ()) or "-"
 
 
 def _isolation(view: Any) -> str:

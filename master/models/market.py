@@ -45,7 +45,7 @@ class HostListing(Base):
 
 class OfferSummary(Base):
     """A host's free GPUs of one kind (every per-GPU value the offer search reads), with its host's and listing's
-    searched values: what ``GET /api/v1/offers`` reads. Written only by the database's triggers (migration 0018)."""
+    searched values: what ``GET /api/v1/offers`` reads. Written only by the database's triggers (migrations 0018, 0030)."""
 
     __tablename__ = "offer_summary"
     # The rows the search groups (a host's model of several kinds): few, found without a scan.
@@ -56,7 +56,9 @@ class OfferSummary(Base):
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
     host_id: Mapped[str] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), index=True)
     gpu_name: Mapped[str] = mapped_column(String(255), index=True)
-    free_gpus: Mapped[int]
+    free_gpus: Mapped[int]  # GPUs outside MIG mode that rent whole now
+    # Free MIG instances of the kind's GPUs in MIG mode (migration 0030): counted apart, never as whole GPUs.
+    mig_free: Mapped[int] = mapped_column(default=0, server_default="0")
     memory_total_mib: Mapped[int]
     tier: Mapped[str | None] = mapped_column(String(16), index=True)
     score: Mapped[float | None]

@@ -69,7 +69,7 @@ from sqlalchemy import (
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
-from master.models import Gpu, Host, HostListing, OfferSummary
+from master.models import Gpu, GpuAllocation, Host, HostListing, OfferSummary
 from master.services.isolation import isolation_view
 from master.services.lifecycle.hosts import RENTABLE_STATES
 from master.services.market.listings import (
@@ -296,6 +296,7 @@ def _groups(search: OfferSearch, *, dialect: str, now: datetime, bounds: PriceBo
         s.host_id.label("host_id"),
         s.gpu_name.label("gpu_name"),
         s.free_gpus.label("num_gpus"),
+        s.mig_free.label("mig_free"),
         s.memory_total_mib.label("vram_mib"),
         s.tier.label("tier"),
         s.score.label("score"),
@@ -316,6 +317,7 @@ def _groups(search: OfferSearch, *, dialect: str, now: datetime, bounds: PriceBo
             s.host_id,
             s.gpu_name,
             total_gpus,
+            func.sum(s.mig_free),
             func.max(s.memory_total_mib),
             func.max(s.tier),  # one model on one host: one classification
             func.max(s.score),
@@ -378,7 +380,45 @@ async def search_offers(session: AsyncSession, search: OfferSearch) -> tuple[lis
             return [], 0
         groups = _groups(search, dialect=dialect, now=now, bounds=bounds, model_names=names)
         return [], int(await session.scalar(select(func.count()).select_from(groups)) or 0)
-    return [_offer_view(row, row, (row.compute_capability, row.cuda_driver_version), now) for row in page], int(page[0].total)
+    migs = await mig_free_by_profile(session, [(row.host_id, row.gpu_name) for row in page if row.mig_free])
+    views = [
+        _offer_view(row, row, (row.compute_capability, row.cuda_driver_version), now, migs.get((row.host_id, row.gpu_name), {}))
+        for row in page
+    ]
+    return views, int(page[0].total)
+
+
+async def mig_free_by_profile(session: AsyncSession, offers: Sequence[tuple[str, str]]) -> dict[tuple[str, str], dict[str, int]]:
+    """The free MIG instances per profile of each ``(host id, GPU model)`` in ``offers``: the instances its present GPUs
+    in MIG mode report (with a uuid and a profile) that no active allocation holds, as placement reads them
+    (``master.services.rentals.allocation.load_fleet``). Two statements for a whole page, none when ``offers`` is empty."""
+    if not offers:
+        return {}
+    wanted = set(offers)
+    rows = (
+        await session.execute(
+            select(Gpu.host_id, Gpu.name, Gpu.info).where(
+                Gpu.host_id.in_(sorted({host for host, _ in wanted})), Gpu.present.is_(True), Gpu.info["mig_mode"].as_boolean().is_(True)
+            )
+        )
+    ).all()
+    instances: list[tuple[tuple[str, str], str, str]] = [
+        ((host_id, name), str(m["uuid"]), str(m["profile"]))
+        for host_id, name, info in rows
+        if (host_id, name) in wanted
+        for m in (info or {}).get("mig_instances") or ()
+        if isinstance(m, dict) and m.get("uuid") and m.get("profile")
+    ]
+    taken: set[str | None] = set()
+    if instances:
+        uuids = sorted({uuid for _, uuid, _ in instances})
+        taken = set((await session.scalars(select(GpuAllocation.active_mig).where(GpuAllocation.active_mig.in_(uuids)))).all())
+    free: dict[tuple[str, str], dict[str, int]] = {}
+    for key, uuid, profile in instances:
+        if uuid not in taken:
+            profiles = free.setdefault(key, {})
+            profiles[profile] = profiles.get(profile, 0) + 1
+    return free
 
 
 @dataclass(frozen=True)
@@ -418,7 +458,15 @@ async def search_offer_prices(session: AsyncSession, search: OfferSearch) -> tup
     return prices, int(rows[0].total)
 
 
-def _offer_view(row: Any, host: Any, versions: tuple[str | None, str | None], now: datetime) -> dict[str, Any]:
+def _profile_order(item: tuple[str, int]) -> tuple[int, str]:
+    """Largest MIG profile first (``7g.80gb`` before ``1g.10gb``), then by name."""
+    slices = item[0].split("g", 1)[0]
+    return (-int(slices) if slices.isdigit() else 0, item[0])
+
+
+def _offer_view(
+    row: Any, host: Any, versions: tuple[str | None, str | None], now: datetime, mig: dict[str, int] | None = None
+) -> dict[str, Any]:
     network = host.latest_network or {}
     listing: HostListing | None = host.HostListing
     price = Decimal(row.price)
@@ -427,6 +475,9 @@ def _offer_view(row: Any, host: Any, versions: tuple[str | None, str | None], no
         "host_id": row.host_id,
         "gpu_name": row.gpu_name,
         "num_gpus": int(row.num_gpus),
+        # GPUs in MIG mode rent only as their instances (``mig_profile``), never whole: counted apart, per profile.
+        "mig_instances_free": int(row.mig_free or 0),
+        "mig": [{"profile": profile, "free": count} for profile, count in sorted((mig or {}).items(), key=_profile_order)],
         "vram_mib": row.vram_mib,
         "compute_capability": versions[0],
         "cuda_driver_version": versions[1],
