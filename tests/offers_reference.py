@@ -2,7 +2,7 @@
 
 It groups the GPU rows themselves (``gpus`` joined to ``hosts`` and ``host_listings``) in one SQL query, as
 ``master.services.market.offers.search_offers`` did until 2026-11-26, and shows each offer with the same view; since
-migration 0030 a GPU in MIG mode counts its free instances (``mig_free``), never as a free whole GPU. The
+migration 0031 a GPU in MIG mode counts its free instances (``mig_free``), never as a free whole GPU. The
 property test (``tests/test_offer_summary.py``) and ``bench/bench_offers.py`` (its same-run baseline) use it.
 """
 

@@ -285,7 +285,7 @@ def _host(*, uses: tuple[str, ...], listed: bool = False) -> dict[str, Any]:
     }  # fmt: skip
 
 
-MIGRATION = importlib.import_module("master.migrations.versions.0030_offer_summary_mig")
+MIGRATION = importlib.import_module("master.migrations.versions.0031_offer_summary_mig")
 
 
 async def _kept_and_recomputed(db: Database, *, recompute: bool = False) -> list[tuple[Any, ...]]:

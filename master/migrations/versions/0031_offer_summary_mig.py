@@ -1,7 +1,7 @@
 """offer_summary: a GPU in MIG mode is not a free whole GPU; its free MIG instances are counted apart
 
-Revision ID: 0030
-Revises: 0029
+Revision ID: 0031
+Revises: 0030
 Create Date: 2026-12-01 09:00:00.000000
 
 Placement never rents a GPU in MIG mode whole (``master.scheduler.fleet.Node``: its GPUs in MIG mode have no
@@ -25,8 +25,8 @@ from collections.abc import Callable
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0030'
-down_revision = '0029'
+revision = '0031'
+down_revision = '0030'
 branch_labels = None
 depends_on = None
 
