@@ -333,6 +333,12 @@ class TestControlCharacters:
         assert_invalid_character(status, answer, field)
         assert await api.count(Rental) == 0
 
+    async def test_a_services_endpoint_forwards_its_renters_paths_and_queries_as_they_are(self, api: Api) -> None:
+        """``/svc/…`` is outside the table: a line feed in its path or query is its renter's server's to judge, so the
+        app answers as for any request (here: no such service; this app may serve no gateway), not ``invalid_character``."""
+        async with api.client.get(URL("/svc/s-none/a%0Ab?q=x%0Ay", encoded=True), headers=bearer(api.renter_key)) as response:
+            assert (response.status, (await response.json())["code"]) in {(404, "service_not_found"), (404, "not_found")}
+
     async def test_a_nul_in_an_admin_credits_account_id(self, api: Api) -> None:
         """The report's admin credit: a 500 on PostgreSQL before."""
         _, admin_key = await create_principal(api.master, "admin-credits", "admin")

@@ -4,7 +4,8 @@ PostgreSQL cannot store NUL in text (asyncpg's ``CharacterNotInRepertoireError``
 ``?region=eu%00`` reached a query), and no name, id, filter or time the API takes holds a control
 character. So a path parameter or a query parameter (its name or its value) with any C0 control
 character or DEL is 400 ``invalid_character``, checked by ``master.api.middleware.query_middleware``
-before authentication for every route; a string in a JSON body (a key or a value, at any depth) is
+before authentication for every route of the table (a service's endpoint, ``/svc/…``, forwards its
+renter's paths and queries as they are); a string in a JSON body (a key or a value, at any depth) is
 refused the same by ``master.api.jsonbody`` unless the character is a tab, a line feed or a carriage
 return, which multi-line fields take (a CSR's PEM, a script); each single-line field's own pattern
 (matched in full: ``fullmatch``, or pydantic's patterns, where ``$`` is the end of the text) refuses those.

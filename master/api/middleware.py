@@ -157,19 +157,20 @@ def check_query(route: Route, names: Iterable[str]) -> None:
 
 @web.middleware
 async def query_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """No path or query parameter of any route holds a control character (400 ``invalid_character``,
-    ``master.api.characters``), and every ``/api/v1`` route's query parameters are the ones its row of
-    the table declares (``Route.query``).
+    """No path or query parameter of a route of the table holds a control character (400
+    ``invalid_character``, ``master.api.characters``), and every ``/api/v1`` route's query parameters
+    are the ones its row of the table declares (``Route.query``).
 
-    Before authentication: a malformed call costs no database lookup. The declared parameters are
-    checked only under ``/api/v1`` and the table (the console's files, downloads, the API reference
-    take what they take)."""
-    for name, value in request.match_info.items():
-        check_line(f"path parameter {name!r}", value)
-    for name, value in request.query.items():
-        check_line(f"query parameter name {name!r}", name)
-        check_line(f"query parameter {name!r}", value)
+    Before authentication: a malformed call costs no database lookup. Routes outside the table are
+    left alone: the console's files, and a service's endpoint (``/svc/…``), whose path and query
+    are its renter's server's to judge (the gateway checks the service's id itself)."""
     route = declared_route(request)
+    if route is not None:
+        for name, value in request.match_info.items():
+            check_line(f"path parameter {name!r}", value)
+        for name, value in request.query.items():
+            check_line(f"query parameter name {name!r}", name)
+            check_line(f"query parameter {name!r}", value)
     if route is not None and request.query and request.path.startswith(f"{API}/"):
         check_query(route, request.query.keys())
     return await handler(request)
