@@ -200,7 +200,7 @@ class WebPorts:
         name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
         name = name.lower().rstrip(".")
         suffix = "." + self.domain
-        match = _LABEL.match(name[: -len(suffix)]) if name.endswith(suffix) else None
+        match = _LABEL.fullmatch(name[: -len(suffix)]) if name.endswith(suffix) else None
         if match is None or not 0 < int(match.group(2)) < 65536:
             raise Refused(404, f"{host[:100]!r} names no rental port here (expected <rental>-<port>.{self.domain})")
         return match.group(1), int(match.group(2))

@@ -26,6 +26,7 @@ import errno
 import json
 import logging
 import os
+import secrets
 import socket
 import sys
 from collections.abc import Callable
@@ -133,14 +134,16 @@ class Marketplace:
 
 
 SECRETS_KEY_FILE = "secrets.key"
+METRICS_TOKEN_FILE = "metrics.token"
 
 
-def demo_secrets_key(path: Path) -> str:
-    """The demo's ``secrets_key``: read from ``path``, or made there (mode 0600) on the first start."""
+def demo_secrets_key(path: Path, make: Callable[[], str] = sealed.new_key) -> str:
+    """The demo's ``secrets_key`` (or another secret ``make`` makes): read from ``path``, or made there (mode 0600) on
+    the first start."""
     try:
         return path.read_text().strip()
     except FileNotFoundError:
-        key = sealed.new_key()
+        key = make()
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as file:
             file.write(key + "\n")
@@ -207,6 +210,9 @@ async def start_marketplace(
     if settings.secrets_key is None:
         # Registry credentials and TOTP secrets are sealed with a key of the data dir's own, kept across restarts.
         settings.secrets_key = SecretStr(demo_secrets_key(data_dir / SECRETS_KEY_FILE))
+    if settings.metrics_token is None and not settings.metrics_open:
+        # /metrics is closed without a token: the demo makes one of its own, kept across restarts, printed when up.
+        settings.metrics_token = demo_secrets_key(data_dir / METRICS_TOKEN_FILE, lambda: secrets.token_urlsafe(24))
     bus = InProcessBus()
     registry = MemoryRegistry()
     try:
@@ -276,7 +282,7 @@ async def start_marketplace(
     step(f"API         {base}/api/v1 and the console at {base}/")
     settings.public_url = base
     api_url, console_url = f"{base}/api/v1", f"{base}/"
-    credentials = await _demo_credentials(master, data_dir / "credentials.json", api_url, console_url)
+    credentials = await _demo_credentials(master, data_dir / "credentials.json", api_url, console_url, metrics=_metrics_access(settings, base))
     make_private(data_dir / "agents")
     make_private(data_dir)  # again, now that the master made its folders (ca/, relay/) and database
     market = Marketplace(
@@ -359,13 +365,22 @@ async def _account_id(master: Master, name: str) -> str:
     return account_id
 
 
-async def _demo_credentials(master: Master, path: Path, api_url: str, console_url: str) -> dict[str, Any]:
-    """Reuse the demo accounts' keys from ``credentials.json`` when still valid, else mint new ones."""
+def _metrics_access(settings: MasterSettings, base: str) -> dict[str, Any]:
+    """How to scrape ``/metrics``: its URL and token (``None`` when it is open on purpose: ``metrics_open``)."""
+    return {"url": f"{base}/metrics", "token": settings.metrics_token}
+
+
+async def _demo_credentials(master: Master, path: Path, api_url: str, console_url: str, *,
+                            metrics: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Reuse the demo accounts' keys from ``credentials.json`` when still valid, else mint new ones; ``metrics``: how to
+    scrape /metrics, written beside them."""
     old: dict[str, Any] = {}
     if path.exists():
         with contextlib.suppress(ValueError):
             old = json.loads(path.read_text())
     creds: dict[str, Any] = {"api_url": api_url, "console_url": console_url}
+    if metrics is not None:
+        creds["metrics"] = metrics
     async with master.db.session() as session:
         for role, name in DEMO_ACCOUNTS:
             key = (old.get(role) or {}).get("api_key")
@@ -460,6 +475,7 @@ def ready_box(market: Marketplace, credentials_file: Path) -> str:
         *([f"or sign up in the console: its mail lands in {market.mail.folder}/"] if market.mail is not None and market.mail.folder else []),
         f"API       {market.api_url}",
         f"API docs  {base}/api/docs",
+        *_metrics_rows(market),
         "",
         "Press Ctrl-C to stop.",
     ]
@@ -472,6 +488,15 @@ def ready_box(market: Marketplace, credentials_file: Path) -> str:
         top = bottom = f"+{'-' * (width + 2)}+"
         side = "|"
     return "\n".join([top, *(f"{side} {row:<{width}} {side}" for row in rows), bottom])
+
+
+def _metrics_rows(market: Marketplace) -> list[str]:
+    metrics = market.credentials.get("metrics")
+    if not isinstance(metrics, dict):
+        return []
+    token = metrics.get("token")
+    how = f"(Authorization: Bearer {token})" if token else "(open: metrics_open is set)"
+    return [f"metrics   {metrics['url']} {how}"]
 
 
 def _dns_names(cert_file: Path) -> list[str]:

@@ -58,7 +58,7 @@ def parse_image_reference(text: str) -> ImageReference:
     """Parse ``text``; raises ``ValueError`` saying what a valid reference looks like."""
     if not isinstance(text, str) or not text or len(text) > MAX_REFERENCE_CHARS:
         raise ValueError(f"'image' must be {IMAGE_HINT} (1 to {MAX_REFERENCE_CHARS} characters)")
-    match = _REFERENCE_RE.match(text)
+    match = _REFERENCE_RE.fullmatch(text)
     if match is None:
         raise ValueError(f"{text[:80]!r} is not a valid image reference: write {IMAGE_HINT} (lower-case ASCII path)")
     name = match.group("name")

@@ -331,7 +331,7 @@ class TestRegressions:
 
     def test_an_unknown_offer_is_a_documented_404(self, live_api: LiveApi) -> None:
         """Regression: a rental of an offer that does not exist answered 404 offer_not_found, undocumented."""
-        response = call(live_api, "POST", "/rentals", fresh_renter_with_a_free_gpu(live_api), body={"offer_id": "\u00ee\u0099:\u007f\bd", "gpu_milli": 268})
+        response = call(live_api, "POST", "/rentals", fresh_renter_with_a_free_gpu(live_api), body={"offer_id": "\u00ee\u0099:bd", "gpu_milli": 268})
         assert (response.status_code, response.json()["code"]) == (404, "offer_not_found")
 
     def test_the_first_listing_of_a_host_is_a_documented_201(self, live_api: LiveApi) -> None:

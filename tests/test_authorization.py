@@ -444,7 +444,7 @@ PUBLIC = {(route.method, route.path) for route in ROUTES if route.public}
 
 # Routes outside /api/v1 (API keys do not apply there) and who may call them.
 UNVERSIONED = {
-    ("GET", "/metrics"): "the metrics_token setting when set, anyone otherwise (docs/operations.md)",
+    ("GET", "/metrics"): "the metrics_token setting; nobody without one, unless metrics_open (docs/operations.md)",
     ("GET", "/downloads/agent"): "anyone: a host is admitted by its enrollment token, not by the wheel",
     ("GET", "/downloads/install-agent.sh"): "anyone, as the agent wheel",
     ("GET", "/"): "anyone: the console's page, a client of this API",
@@ -822,4 +822,16 @@ class TestUnversionedRoutes:
             async with client.get("/metrics", headers=headers) as response:
                 assert (response.status, (await response.json())["code"]) == (401, expected)
         async with client.get("/metrics", headers=bearer("scrape-token")) as response:
+            assert response.status == 200
+
+    async def test_metrics_are_closed_without_a_metrics_token(self, world: World) -> None:
+        """Without metrics_token, /metrics refuses everyone, an admin's API key too (401 metrics_token_unset), unless
+        the operator opened it on purpose (metrics_open). Issue 39: it answered anyone and listed service ids."""
+        world.api.master.settings.metrics_token = None
+        client = world.api.client
+        for headers in ({}, bearer(world.keys[ADMIN]), bearer("scrape-token")):
+            async with client.get("/metrics", headers=headers) as response:
+                assert (response.status, (await response.json())["code"]) == (401, "metrics_token_unset")
+        world.api.master.settings.metrics_open = True
+        async with client.get("/metrics") as response:
             assert response.status == 200

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -93,13 +94,34 @@ def _docs_answer(box: str) -> None:
         assert page.status == 200 and b"swagger-ui" in page.read()
 
 
+def _metrics_answer(box: str, credentials: Path) -> None:
+    """The metrics line of the box names /metrics and its token, as credentials.json does; the token opens it, and
+    nothing else does (issue 39: /metrics answered anyone)."""
+    [line] = [line for line in box.splitlines() if "metrics   " in line]
+    found = re.search(r"metrics\s+(\S+) \(Authorization: Bearer (\S+)\)", line)
+    assert found is not None, line
+    url, token = found.groups()
+    assert json.loads(credentials.read_text())["metrics"] == {"url": url, "token": token}
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(url, timeout=10)
+    assert refused.value.code == 401
+    with urllib.request.urlopen(urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"}), timeout=10) as page:
+        assert page.status == 200 and b"gpumarket_" in page.read()
+
+
 class TestTerminal:
     def test_one_line_per_step_then_the_box_and_logs_only_in_the_file(self, tmp_path: Path) -> None:
-        """Steps are one line each in order, the box shows the console, the three keys, where mail lands, API, docs and Ctrl-C, the
-        reference the box points at is served by the running `up`, and the INFO logs are in DATA_DIR/up.log, not on
-        the terminal. (One `up` for all of it: each start costs seconds of CPU.)"""
+        """Steps are one line each in order, the box shows the console, the three keys, where mail lands, API, docs,
+        /metrics with its token and Ctrl-C, the reference and the metrics the box points at are served by the running
+        `up`, and the INFO logs are in DATA_DIR/up.log, not on the terminal. (One `up` for all of it: each start costs
+        seconds of CPU.)"""
         data_dir = tmp_path / "up"
-        out, err = _run_until_ready(data_dir, while_up=_docs_answer)
+
+        def while_up(box: str) -> None:
+            _docs_answer(box)
+            _metrics_answer(box, data_dir / "credentials.json")
+
+        out, err = _run_until_ready(data_dir, while_up=while_up)
         creds = json.loads((data_dir / "credentials.json").read_text())
         step_lines = [line for line in out.splitlines() if line.startswith("  ok  ")]
         assert [line[6:].split("  ")[0].strip() for line in step_lines] == list(STEPS)

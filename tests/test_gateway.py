@@ -374,7 +374,9 @@ class TestFigures:
         assert sum(r.errors for r in written) >= 1 and sum(r.retries for r in written) >= 2
         hist = [sum(column) for column in zip(*(r.latency_hist for r in written), strict=True)]
         assert percentile(hist, 0.5) is not None
-        async with setting["http"].get(f"{setting['base']}/metrics") as response:
+        scrape = {"Authorization": f"Bearer {market.master.settings.metrics_token}"}  # the token `up` made
+        async with setting["http"].get(f"{setting['base']}/metrics", headers=scrape) as response:
+            assert response.status == 200
             text = await response.text()
         assert f'gpumarket_service_requests_total{{service="{setting["web_id"]}"}}' in text
         assert f'gpumarket_service_latency_seconds_bucket{{le="+Inf",service="{setting["web_id"]}"}}' in text

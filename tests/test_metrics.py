@@ -121,7 +121,8 @@ async def metrics(master: Master) -> AsyncIterator[Metrics]:
     _, admin_key = await create_principal(master, "ops", "admin")
     _, renter_key = await create_principal(master, "renter-1", "renter")
     provider, _ = await create_principal(master, "provider-1", "provider")
-    master.settings = master.settings.model_copy(update={"metrics_cache_seconds": 0.0, "metrics_token": None})
+    # Open on purpose (metrics_open), so each test scrapes without a token; TestAccess closes it.
+    master.settings = master.settings.model_copy(update={"metrics_cache_seconds": 0.0, "metrics_token": None, "metrics_open": True})
     client: TestClient[Any, Any] = TestClient(TestServer(create_app(master, background=False)))
     await client.start_server()
     try:
@@ -365,8 +366,14 @@ class TestPrometheusPipelineAndBusiness:
 
 
 class TestAccess:
-    async def test_open_without_a_metrics_token(self, metrics: Metrics) -> None:
-        """With no ``metrics_token`` set, /metrics answers without any credentials (API keys do not apply)."""
+    async def test_closed_without_a_metrics_token_unless_opened_on_purpose(self, metrics: Metrics) -> None:
+        """With no ``metrics_token`` set, /metrics refuses every scrape (401 ``metrics_token_unset``; an admin's API key
+        does not apply), and answers without credentials only with ``metrics_open``. Issue 39: it answered anyone."""
+        metrics.settings(metrics_open=False)
+        for headers in (None, {"Authorization": f"Bearer {metrics.admin_key}"}):
+            status, _, body = await metrics.scrape(headers)
+            assert (status, json.loads(body)["code"]) == (401, "metrics_token_unset")
+        metrics.settings(metrics_open=True)
         status, _, _ = await metrics.scrape()
         assert status == 200
 

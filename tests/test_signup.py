@@ -131,7 +131,7 @@ class TestSignUp:
             ("carol@example.com", "short", "weak_password"),
             ("carol@example.com", "password1234", "weak_password"),  # one of the most common
             ("carol@example.com", "Carol@Example.com", "weak_password"),  # the address itself
-            ("carol@example.com", "a long pass\x00phrase here", "weak_password"),
+            ("carol@example.com", "a long pass\x00phrase here", "invalid_character"),  # the body reader's, 400
             ("carol@example.com\n", PASSWORD, "invalid_email"),
             ("carol@xn--80ak6aa92e.com", PASSWORD, "invalid_email"),  # аррӏе.com: Cyrillic letters that read as apple.com
             ("carol@éxample.com", PASSWORD, "invalid_email"),
@@ -144,7 +144,7 @@ class TestSignUp:
     ) -> None:
         role = "admin" if code == "validation_failed" else "renter"
         status, body = await post(api, "/accounts", {"email": email, "password": password, "role": role})
-        assert_error(status, body, 422, code)
+        assert_error(status, body, 400 if code == "invalid_character" else 422, code)
         assert password not in body["message"]
         async with api.master.db.session() as session:
             assert await session.scalar(select(func.count()).select_from(Account).where(Account.email.is_not(None))) == 0

@@ -172,8 +172,10 @@ class TestRefusals:
         assert ".pub" in body["message"] or "accepted:" in body["message"], body
 
     async def test_a_control_character_is_refused(self, api: Api) -> None:
-        body = await self.refused(api, ed25519_line("evil\x1b[31mred"), "invalid_ssh_key")
-        assert "U+001B" in body["message"]
+        # C0 controls: the body reader's 400 invalid_character naming the field (master/api/characters.py).
+        status, body = await add(api, ed25519_line("evil\x1b[31mred"))
+        assert_error(status, body, 400, "invalid_character")
+        assert "U+001B" in body["message"] and "'public_key'" in body["message"]
         await self.refused(api, ed25519_line("spoof\u202etxt.exe"), "invalid_ssh_key")
         # A lone surrogate: the API's body reader refuses it as not JSON; the service, called directly, too.
         status, body = await add(api, ed25519_line("lone \ud800 surrogate"))

@@ -247,7 +247,7 @@ def parse_sim_items(spec: str, *, max_gpus: int = MAX_SIM_GPUS) -> list[SimItem]
         item = item.strip()
         if not item:
             raise _spec_error(spec, "empty entry between commas")
-        match = _COUNT_RE.match(item)
+        match = _COUNT_RE.fullmatch(item)
         assert match is not None  # the pattern matches every string
         count_text, model_text = match.group(1), match.group(2).strip()
         mig = model_text.lower().endswith(_MIG_SUFFIX)

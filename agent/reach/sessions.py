@@ -55,7 +55,7 @@ def terminal(process: Process) -> str | None:
     term = process.term_type
     if term is None:
         return None
-    return term if _TERM_RE.match(term) else "xterm"
+    return term if _TERM_RE.fullmatch(term) else "xterm"
 
 
 def shell_argv(shell: str, command: str | None) -> list[str]:

@@ -41,7 +41,7 @@ def host_capacity() -> tuple[float, int]:
 
 def check_rental_id(rental_id: str) -> None:
     # The id names a folder, a cgroup, a unit and a container: keep it to safe characters.
-    if not isinstance(rental_id, str) or not _RENTAL_ID_RE.match(rental_id):
+    if not isinstance(rental_id, str) or not _RENTAL_ID_RE.fullmatch(rental_id):
         raise BadRequest(f"rental id {rental_id!r} must be 1-64 letters, digits, '.', '_' or '-'", code="bad_rental_id")
 
 

@@ -258,7 +258,7 @@ def detect_cgroup_support(*, slice_name: str = DEFAULT_SLICE, probe_timeout: flo
     Creates nothing (the slice is made with the first workload); only the systemd probe
     runs a command (``true`` in a transient scope, up to ``probe_timeout`` seconds).
     """
-    if not _SLICE_RE.match(slice_name):
+    if not _SLICE_RE.fullmatch(slice_name):
         raise ConfigError(f"cgroup slice name {slice_name!r} must be letters, digits, '.', '_' or '-'")
     reasons: list[str] = []
     try:

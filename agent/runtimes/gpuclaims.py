@@ -33,7 +33,7 @@ def check_gpus(backend: GpuBackend, held: Iterable[Workload], gpu_uuids: Sequenc
     memory.update({m.uuid: m.memory_total_mib for g in infos for m in g.mig_instances})
     # The backend lists physical GPUs only; MIG instances are taken on a MIG-enabled host by their form.
     mig = any(g.mig_mode for g in infos)
-    unknown = [u for u in gpu_uuids if u not in memory and not (mig and _MIG_RE.match(u))]
+    unknown = [u for u in gpu_uuids if u not in memory and not (mig and _MIG_RE.fullmatch(u))]
     if unknown:
         raise BadRequest(f"GPU(s) {', '.join(unknown)} are not on this host", code="gpu_not_found")
     holders: dict[str, list[Workload]] = {}

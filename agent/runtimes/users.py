@@ -185,13 +185,13 @@ def session_argv(
         "/bin/sh", "-c", _SESSION_INIT, "gpumarket-init", tools.mount, tools.env,
         tools.setpriv, f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups", "--no-new-privs",
         "--inh-caps=-all", "--bounding-set=-all", "--",
-        tools.env, "-i", *(f"{name}={value}" for name, value in env.items() if _NAME_RE.match(name)), *argv,
+        tools.env, "-i", *(f"{name}={value}" for name, value in env.items() if _NAME_RE.fullmatch(name)), *argv,
     ]  # fmt: skip
 
 
 def environment_fd(env: Mapping[str, str]) -> int:
     """A memfd holding ``env`` as shell ``export`` lines, at offset 0, for ``ENV_FD``; the caller closes it."""
-    lines = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in env.items() if _NAME_RE.match(name))
+    lines = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in env.items() if _NAME_RE.fullmatch(name))
     fd = os.memfd_create("gpumarket-env", os.MFD_CLOEXEC)
     try:
         os.write(fd, lines.encode())

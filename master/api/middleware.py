@@ -19,6 +19,7 @@ from redis import exceptions as redis_exceptions
 from sqlalchemy import exc as sa_exc
 
 from master.api.base import API, RateClass, Route
+from master.api.characters import check_line
 from master.api.keys import MASTER, ROUTE_INDEX
 from master.api.ratelimits import RATE_LIMITS, request_address
 from master.services import accounts
@@ -71,6 +72,12 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
             message = "request body too large"
         return error_response(exc.status, code, message)
     except Exception as exc:
+        if not_storable_text(exc):
+            # A safety net: the middlewares refuse control characters in paths, queries and bodies before any
+            # handler runs, so this is text from elsewhere (a header?) that PostgreSQL cannot hold. The caller's, not ours.
+            log.warning("%s %s: text PostgreSQL cannot store: %s", request.method, request.path, exc)
+            return error_response(400, "invalid_character", "the request holds a character the database cannot "
+                                  "store (NUL, or an escape it cannot translate); remove it")  # fmt: skip
         dependency = unavailable_dependency(exc)
         if dependency is not None:
             # An outage, not a bug: the client may retry (with the same Idempotency-Key) once it is back.
@@ -84,6 +91,22 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
 
 
 UNAVAILABLE_RETRY_AFTER_S = 5
+_NOT_STORABLE = (asyncpg.exceptions.CharacterNotInRepertoireError, asyncpg.exceptions.UntranslatableCharacterError)
+_NOT_STORABLE_SQLSTATES = frozenset({"22021", "22P05"})  # character_not_in_repertoire, untranslatable_character
+
+
+def not_storable_text(exc: BaseException) -> bool:
+    """Whether ``exc`` is PostgreSQL refusing text it cannot store (NUL; a ``\\u0000`` in JSON), however wrapped: by
+    SQLAlchemy (``DBAPIError``, its adapted driver error) or not at all."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, _NOT_STORABLE) or getattr(cause, "sqlstate", None) in _NOT_STORABLE_SQLSTATES:
+            return True
+        orig = getattr(cause, "orig", None)
+        cause = orig if isinstance(orig, BaseException) and id(orig) not in seen else cause.__cause__
+    return False
 
 
 def unavailable_dependency(exc: BaseException) -> str | None:
@@ -134,11 +157,20 @@ def check_query(route: Route, names: Iterable[str]) -> None:
 
 @web.middleware
 async def query_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every ``/api/v1`` route's query parameters are the ones its row of the table declares (``Route.query``).
+    """No path or query parameter of a route of the table holds a control character (400
+    ``invalid_character``, ``master.api.characters``), and every ``/api/v1`` route's query parameters
+    are the ones its row of the table declares (``Route.query``).
 
-    Before authentication: a malformed call costs no database lookup. Routes outside ``/api/v1`` and
-    outside the table (the console's files, downloads, the API reference) are left alone."""
+    Before authentication: a malformed call costs no database lookup. Routes outside the table are
+    left alone: the console's files, and a service's endpoint (``/svc/…``), whose path and query
+    are its renter's server's to judge (the gateway checks the service's id itself)."""
     route = declared_route(request)
+    if route is not None:
+        for name, value in request.match_info.items():
+            check_line(f"path parameter {name!r}", value)
+        for name, value in request.query.items():
+            check_line(f"query parameter name {name!r}", name)
+            check_line(f"query parameter {name!r}", value)
     if route is not None and request.query and request.path.startswith(f"{API}/"):
         check_query(route, request.query.keys())
     return await handler(request)

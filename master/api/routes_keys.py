@@ -6,12 +6,13 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from aiohttp import web
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from master.api.base import RateClass, Route, parse_body
 from master.api.keys import MASTER
 from master.api.middleware import SESSION, principal
 from master.api.ratelimits import request_address
+from master.api.times import UtcTime
 from master.services import accounts
 from shared.errors import Forbidden
 
@@ -24,7 +25,7 @@ class KeyCreate(BaseModel):
     name: str = Field(min_length=1, max_length=100, pattern=r"^[^\x00-\x1f\x7f]+$", description="What you call it, e.g. ci-runner.")
     scopes: list[ScopeName] | None = Field(None, min_length=1, max_length=5, description="What it may do: read, rent, billing, "
                                            "provider, admin (within your role). Left out: every scope (and at most those of the key you call with).")  # fmt: skip
-    expires_at: AwareDatetime | None = Field(None, description="When it stops working (with a time zone); left out: never.")
+    expires_at: UtcTime | None = Field(None, description="When it stops working (RFC 3339, with a time zone); left out: never.")
     allowed_networks: list[str] | None = Field(None, min_length=1, max_length=20, description="Addresses or networks (CIDR) it "
                                                "may be used from; left out: any.")  # fmt: skip
 

@@ -15,21 +15,18 @@ from master.api.base import Route, parse_body
 from master.api.keys import MASTER
 from master.api.middleware import principal
 from master.api.schemas_market import MaintenanceWindowBody
-from master.api.times import in_range_utc
+from master.api.times import parse_time
 from master.services import market
 from shared.errors import BadRequest
 
 
 def _start(raw: str) -> datetime:
-    """The ``{start}`` of the path: an ISO 8601 time with a timezone (as the listing shows it); 400 otherwise."""
+    """The ``{start}`` of the path: an RFC 3339 time with a timezone (as the listing shows it); 400 otherwise."""
     try:
-        value = datetime.fromisoformat(raw)
-        if value.tzinfo is None:
-            raise ValueError("no timezone")
-        return in_range_utc(value)
+        return parse_time(raw)
     except ValueError:
         raise BadRequest(
-            f"the window's start must be an ISO 8601 time with a timezone, as the listing shows it "
+            f"the window's start must be an RFC 3339 time with a timezone, as the listing shows it "
             f"(e.g. 2027-01-01T00:00:00Z); got {raw[:64]!r}",
             code="invalid_maintenance_window",
         ) from None

@@ -1,8 +1,11 @@
 """Operator metrics: ``GET /metrics`` (Prometheus) and ``GET /api/v1/metrics`` (JSON).
 
 Both serve the one cached snapshot of ``master.telemetry.metrics.MetricsExporter`` (one per app).
-``/metrics`` lives outside ``/api/v1``, so API keys do not apply to it: it is open, or
-guarded by the ``metrics_token`` setting alone. ``/api/v1/metrics`` is for admins.
+``/metrics`` lives outside ``/api/v1``, so API keys do not apply to it: it takes the
+``metrics_token`` setting as a bearer token, and without one set it refuses every scrape (401
+``metrics_token_unset``), unless the operator opened it on purpose (``metrics_open``, for a listener
+only a private network reaches): the figures name hosts, services and rentals. ``gpumarket up`` makes
+a token of its own. ``/api/v1/metrics`` is for admins.
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ async def scrape(request: web.Request) -> web.Response:
     master = request.app[MASTER]
     if master.settings.metrics_token is not None:
         _check_token(request, master.settings.metrics_token)
+    elif not master.settings.metrics_open:
+        raise Unauthorized("GET /metrics needs a scrape token and this master has none: set its metrics_token (Prometheus "
+                           "sends it as 'Authorization: Bearer <token>'), or metrics_open = true for a listener only a "
+                           "private network reaches", code="metrics_token_unset")  # fmt: skip
     gzipped = accepts_gzip(request.headers.get("Accept-Encoding", ""))
     body = await request.app[METRICS_EXPORTER].exposition(master, gzipped=gzipped)
     headers = {"Content-Type": CONTENT_TYPE_LATEST, "Vary": "Accept-Encoding"}
@@ -81,6 +88,6 @@ ROUTES: tuple[Route, ...] = (
 )
 
 UNVERSIONED: tuple[Route, ...] = (
-    Route("GET", "/metrics", scrape, "Prometheus exposition (guarded by the metrics_token setting alone).", public=True,
+    Route("GET", "/metrics", scrape, "Prometheus exposition (the metrics_token setting as a bearer token; closed without one).", public=True,
           limit=RateClass.NONE, media_types=(CONTENT_TYPE_LATEST,)),
 )  # fmt: skip

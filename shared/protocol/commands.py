@@ -61,7 +61,7 @@ def _is_number(value: object) -> bool:
 
 
 def _rental_id(value: object) -> object:
-    if not isinstance(value, str) or not _RENTAL_ID_RE.match(value):
+    if not isinstance(value, str) or not _RENTAL_ID_RE.fullmatch(value):
         raise ValueError(f"rental id {value!r:.80} must be 1-64 letters, digits, '.', '_' or '-'")
     return value
 
@@ -86,7 +86,7 @@ def _env(value: object) -> object:
     if len(value) > MAX_ENV_VARS:
         raise ValueError(f"'env' has more than {MAX_ENV_VARS} variables")
     for name, text in value.items():
-        if not isinstance(name, str) or not _ENV_NAME_RE.match(name):
+        if not isinstance(name, str) or not _ENV_NAME_RE.fullmatch(name):
             raise ValueError(f"environment variable name {name!r:.80} is not a valid NAME")
         if name in RESERVED_ENV or name.startswith("GPUMARKET_"):
             raise ValueError(f"'env' may not set {name}: the agent sets it to the rental's GPUs")
@@ -412,7 +412,7 @@ def _cluster_subnet(value: object) -> object:
 
 
 def _endpoint(value: object) -> object:
-    found = _ENDPOINT_RE.match(value) if isinstance(value, str) else None
+    found = _ENDPOINT_RE.fullmatch(value) if isinstance(value, str) else None
     if found is None or not 1 <= int(found["port"]) <= 65535:
         raise ValueError(
             f"endpoint {value!r:.60} must be ADDRESS:PORT, e.g. 203.0.113.7:51820 or [2001:db8::7]:51820"

@@ -102,7 +102,7 @@ class Policy:
 
 
 def policy_path(name: str, directory: Path | None = None) -> Path:
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise PolicyError(f"policy name {name!r} is not valid: use lowercase letters, digits, '_', '-' and '.'")
     return (directory or POLICY_DIR) / f"{name}.npz"
 

@@ -192,7 +192,7 @@ def _tokens(name: str) -> tuple[str, ...]:
 
 
 def _family(tokens: Sequence[str]) -> tuple[str, ...]:
-    return tuple(word for word in tokens if not _VARIANT_WORD.match(word))
+    return tuple(word for word in tokens if not _VARIANT_WORD.fullmatch(word))
 
 
 class ModelTable:

@@ -27,7 +27,7 @@ _NAME_RE = re.compile(NAME_PATTERN)
 
 def check_name(name: str) -> str:
     """``name`` if it is a valid template name; ``ValidationFailed`` (field ``name``) otherwise."""
-    if not _NAME_RE.match(name):
+    if not _NAME_RE.fullmatch(name):
         raise ValidationFailed(
             f"name: a template name is 1 to 40 lower-case letters, digits or '-', starting with a letter or digit, not {name[:60]!r}",
             code="invalid_template_name",
@@ -45,7 +45,7 @@ async def list_templates(session: AsyncSession) -> Sequence[Template]:
 
 
 async def get_template(session: AsyncSession, name: str) -> Template:
-    template = await session.get(Template, name) if _NAME_RE.match(name) else None
+    template = await session.get(Template, name) if _NAME_RE.fullmatch(name) else None
     if template is None:
         raise not_found(name)
     return template
