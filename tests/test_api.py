@@ -267,7 +267,7 @@ class TestHostsAndOffers:
         status, detail = await api.as_provider("GET", f"/hosts/{rtx}")
         assert detail["gpus"][0]["classification"]["tier"] == "prosumer"
         assert detail["gpus"][0]["classification"]["reasons"]
-        assert set(detail["reliability"]) == {"score", "computed_at", "inputs", "seeded"}
+        assert set(detail["reliability"]) == {"score", "computed_at", "inputs", "seeded", "failed_rentals"}
         assert detail["reliability"]["seeded"] is False  # measured here, not the demo's seeded history
 
     async def test_a_provider_asks_its_host_for_a_health_check(self, api: Api) -> None:

@@ -125,6 +125,14 @@ class TestEmbeddedMarketplace:
         """A rental becomes running when the agent confirms, its GPUs stay idle (a hold runs nothing), and stopping
         frees them."""
         await eventually(lambda: _hosts_online(renter, 3), what="hosts online")
+
+        async def a100s_offered() -> tuple[int, int]:
+            """The A100s offered whole, and the free MIG instances (DEMO_FLEET: 4 whole, the fifth in MIG mode)."""
+            offers = (await renter.get("/offers?gpu_model=A100"))["items"]
+            return sum(o["num_gpus"] for o in offers), sum(o["mig_instances_free"] for o in offers)
+
+        before = await a100s_offered()
+        assert before[0] == 4 and before[1] >= 1, before  # the MIG GPU is never offered whole
         status, rental = await renter.call("POST", "/rentals", json={"gpu_count": 2, "gpu_model": "A100 80GB"})
         assert status == 201, rental
 
@@ -151,10 +159,9 @@ class TestEmbeddedMarketplace:
         assert agent.workloads.running() == []
 
         async def a100s_free() -> bool:
-            offers = (await renter.get("/offers?gpu_model=A100"))["items"]
-            return bool(sum(o["num_gpus"] for o in offers) == 5)  # 4, and the fifth in MIG mode (DEMO_FLEET)
+            return await a100s_offered() == before
 
-        await eventually(a100s_free, what="all 5 A100s offered again")
+        await eventually(a100s_free, what="the A100s offered as before the rental")
 
     async def test_shares_and_preemption_run_on_the_real_agents(self, market: Marketplace, renter: Api) -> None:
         """Two half-GPU shares run side by side on one agent's GPU; an on-demand rental preempts an interruptible one,

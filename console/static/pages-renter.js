@@ -144,7 +144,9 @@ function offersTable(body, state, onSort, onRent) {
     return h("tr", { dataset: { offerId: offer.id } },
       h("td", {}, h("span", { class: "model" }, offer.gpu_name), h("span", { class: "offer-isolation" }, isolationBadge(offer.isolation)),
         offer.listed ? null : h("span", { class: "hint block" }, "default price")),
-      h("td", { class: "num" }, String(offer.num_gpus), offer.mig && offer.mig.length ? h("span", { class: "hint block" }, `MIG: ${migText(offer)}`) : null),
+      h("td", { class: "num" }, String(offer.num_gpus), offer.mig && offer.mig.length
+        // Short: the per-profile list (in its title and the Rent dialog) widened the column past a laptop's viewport.
+        ? h("span", { class: "hint", title: `MIG instances free: ${migText(offer)}` }, ` + ${offer.mig_instances_free} MIG`) : null),
       h("td", { class: "num" }, gib(offer.vram_mib)),
       h("td", { class: "num" }, usdRate(offer.price_per_gpu_hour)),
       h("td", { class: "num" }, offer.price_per_score === null ? "—" : num(offer.price_per_score, 4)),
