@@ -60,7 +60,8 @@ RENTER = [
     Page("billing", "#/billing", "form.credit-form button[type=submit]"),
     Page("ssh-keys", "#/ssh-keys", "form button[type=submit]"),
     Page("api-keys", "#/api-keys", "form.key-form button[type=submit]"),
-    Page("security", "#/security", "#sign-out-everywhere"),
+    # Its first card's action: sign-out-everywhere sits below the second factor and the passkeys (off a phone's first screen).
+    Page("security", "#/security", "#totp-start"),
 ]
 PROVIDER = [
     Page("hosts", "#/hosts", "table tbody tr:first-child a[href^='#/hosts/']"),
