@@ -18,6 +18,7 @@ from master.services.accounts import keys
 from shared.clock import utcnow
 from shared.errors import Conflict, Forbidden, Unauthorized, ValidationFailed
 from shared.ids import new_id, new_secret, secret_hash
+from shared.settings import MasterSettings
 
 ROLES = ("renter", "provider", "admin")
 
@@ -142,6 +143,16 @@ def normalize_email(raw: str) -> str:
     if not checked.normalized.isascii():
         raise InvalidEmail("email: use the address's ASCII form (internationalised domains are not accepted)")
     return checked.normalized.lower()
+
+
+def console_base(settings: MasterSettings) -> str:
+    """The console's URL as people reach it (``public_url``, else the master's own address), without a trailing slash."""
+    return (settings.public_url or f"http://{settings.http_host}:{settings.http_port}").rstrip("/")
+
+
+def console_link(settings: MasterSettings, purpose: str, token: str) -> str:
+    """A link into the console's page ``#/<purpose>/<token>`` (mailed: verification, resets, invitations)."""
+    return f"{console_base(settings)}/#/{purpose}/{token}"
 
 
 async def find_by_email(session: AsyncSession, email: str) -> Account | None:

@@ -44,7 +44,7 @@ from webauthn.helpers.structs import (
 from master.models import Account, Passkey, PasskeyChallenge
 from master.services.accounts import sessions
 from master.services.accounts.audit import Audit, record
-from master.services.accounts.core import Principal, account_disabled
+from master.services.accounts.core import Principal, account_disabled, console_base
 from shared.errors import BadRequest, ClientError, Conflict, NotFound, ServiceUnavailable, Unauthorized
 from shared.ids import new_id, secret_hash
 from shared.settings import MasterSettings
@@ -93,7 +93,7 @@ def relying_party(settings: MasterSettings) -> RelyingParty:
     """The relying party of the settings: ``webauthn_rp_id`` and ``webauthn_origins``, or what ``public_url`` says (a
     loopback address as ``localhost``: an IP address is never an RP id); 503 ``passkeys_unavailable`` where neither names
     a domain."""
-    public = urlsplit(settings.public_url or f"http://{settings.http_host}:{settings.http_port}")
+    public = urlsplit(console_base(settings))
     host = (public.hostname or "").lower()
     if _loopback(host):
         host = "localhost"

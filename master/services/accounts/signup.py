@@ -27,7 +27,13 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from master.models import Account, EmailToken
 from master.services.accounts import passwords, teams
 from master.services.accounts.audit import Audit, record
-from master.services.accounts.core import InvalidEmail, Principal, find_by_email, normalize_email
+from master.services.accounts.core import (
+    InvalidEmail,
+    Principal,
+    console_link,
+    find_by_email,
+    normalize_email,
+)
 from master.services.accounts.sessions import end_all
 from shared.errors import BadRequest, Conflict, ValidationFailed
 from shared.ids import new_id, secret_hash
@@ -41,11 +47,6 @@ VERIFY, RESET = "verify", "reset"
 
 class InvalidLink(BadRequest):
     code = "invalid_link"
-
-
-def _link(settings: MasterSettings, purpose: str, token: str) -> str:
-    base = (settings.public_url or f"http://{settings.http_host}:{settings.http_port}").rstrip("/")
-    return f"{base}/#/{purpose}/{token}"
 
 
 async def _new_token(session: AsyncSession, account_id: str, purpose: str, *, ttl_s: float, now: datetime) -> str:
@@ -66,14 +67,14 @@ def verification_mail(settings: MasterSettings, email: str, token: str) -> Mail:
     hours = settings.email_token_ttl_s / 3600
     return Mail(email, "Verify your gpumarket address", (
         f"Welcome to gpumarket.\n\nOpen this link to verify your address (it works once, for {hours:g} hours):\n\n"
-        f"{_link(settings, VERIFY, token)}\n\nIf you did not sign up, ignore this mail: nothing happens without the link.\n"
+        f"{console_link(settings, VERIFY, token)}\n\nIf you did not sign up, ignore this mail: nothing happens without the link.\n"
     ))  # fmt: skip
 
 
 def _already_mail(settings: MasterSettings, email: str) -> Mail:
     return Mail(email, "You already have a gpumarket account", (
         "Someone (you, we hope) tried to sign up to gpumarket with this address, which has an account already.\n\n"
-        f"Sign in at {_link(settings, 'signin', '').removesuffix('/')}, or, if you lost your password, ask for a "
+        f"Sign in at {console_link(settings, 'signin', '').removesuffix('/')}, or, if you lost your password, ask for a "
         "reset link on the sign-in page.\n\nIf it was not you, ignore this mail: nothing changed.\n"
     ))  # fmt: skip
 
@@ -165,7 +166,7 @@ async def request_reset(
     if account is None:
         return Mail(email, "No gpumarket account has this address", (
             "Someone (you, we hope) asked to reset the password of a gpumarket account with this address, but no "
-            f"account has it.\n\nSign up at {_link(settings, 'signup', '').removesuffix('/')} if you meant to, or "
+            f"account has it.\n\nSign up at {console_link(settings, 'signup', '').removesuffix('/')} if you meant to, or "
             "ask again with the address you signed up with.\n\nIf it was not you, ignore this mail: nothing changed.\n"
         ))  # fmt: skip
     token = await _new_token(session, account.id, RESET, ttl_s=settings.password_reset_ttl_s, now=now)
@@ -173,7 +174,7 @@ async def request_reset(
     minutes = settings.password_reset_ttl_s / 60
     return Mail(email, "Reset your gpumarket password", (
         f"Open this link to choose a new password (it works once, for {minutes:g} minutes):\n\n"
-        f"{_link(settings, RESET, token)}\n\nSetting a new password signs you out of every browser.\n"
+        f"{console_link(settings, RESET, token)}\n\nSetting a new password signs you out of every browser.\n"
         "If you did not ask for it, ignore this mail: your password stays as it is.\n"
     ))  # fmt: skip
 

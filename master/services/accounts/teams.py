@@ -42,7 +42,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from master.models import Account, ApiKey, SshKey, TeamInvitation, TeamMember
 from master.services.accounts.access import access_changed, lock_account
 from master.services.accounts.audit import Audit, record
-from master.services.accounts.core import Principal, account_disabled, normalize_email
+from master.services.accounts.core import Principal, account_disabled, console_link, normalize_email
 from master.services.accounts.keys import Scope
 from shared.errors import BadRequest, Conflict, Forbidden, NotFound, ValidationFailed
 from shared.ids import new_id, secret_hash
@@ -265,8 +265,7 @@ def invitation_view(row: TeamInvitation) -> dict[str, Any]:
 
 
 def _link(settings: MasterSettings, token: str) -> str:
-    base = (settings.public_url or f"http://{settings.http_host}:{settings.http_port}").rstrip("/")
-    return f"{base}/#/invite/{token}"
+    return console_link(settings, "invite", token)
 
 
 async def invite(
