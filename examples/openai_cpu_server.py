@@ -5,7 +5,7 @@ It stands in for a real model server (vLLM answers on the same port and paths) w
 that starts in a second and needs nothing but Python's standard library (the test image holds Debian's python3
 only). A chat completion answers ``"echo: "`` and the last user message's words; tokens are words.
 
-Routes: ``GET /health`` (503 until ``READY_DELAY_S`` seconds after start, then 200), ``GET /v1/models``,
+Routes: ``GET /`` (a page saying what this is), ``GET /health`` (503 until ``READY_DELAY_S`` seconds after start, then 200), ``GET /v1/models``,
 ``POST /v1/chat/completions`` (``stream`` as OpenAI streams it: server-sent events, chunked), and ``GET /v1/ws``, a
 websocket echo (RFC 6455: text, binary, ping, close). Every response names the replica that answered in
 ``X-Replica`` (the host name). Test hooks, as request headers: ``X-Delay-Ms`` waits before answering and
@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import html
 import json
 import os
 import signal
@@ -42,6 +43,20 @@ IDLE_TIMEOUT_S = 300.0
 LINGER_S = 2.0
 """How long a closing connection drains what the client still sends (a refused body), so it reads the answer."""
 WEBSOCKET_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>gpumarket demo: {model}</title></head>
+<body>
+<h1>gpumarket's OpenAI-compatible sample server</h1>
+<p>This is replica <code>{replica}</code> serving the model <code>{model}</code>: a chat completion answers
+<code>echo:</code> and your last message's words.</p>
+<ul>
+<li><code>GET /health</code>, <code>GET /v1/models</code></li>
+<li><code>POST /v1/chat/completions</code> (<code>"stream": true</code> streams it)</li>
+<li><code>GET /v1/ws</code>: a websocket echo</li>
+</ul>
+<pre>curl -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "hello"}}]}}' URL/v1/chat/completions</pre>
+</body></html>
+"""
 
 
 class RequestError(Exception):
@@ -262,6 +277,7 @@ class Handler(BaseHTTPRequestHandler):
     def _dispatch(self) -> None:
         path = self.path.split("?", 1)[0]
         routes: dict[str, dict[str, Callable[[], None]]] = {
+            "/": {"GET": self._page},
             "/health": {"GET": self._health},
             "/v1/models": {"GET": self._models},
             "/v1/chat/completions": {"POST": self._chat},
@@ -297,6 +313,15 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         if self.close_connection:
             self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _page(self) -> None:
+        """A page for a browser (or curl) at ``/``: what this is and how to call it."""
+        data = PAGE.format(model=html.escape(self.server.model), replica=html.escape(socket.gethostname())).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
 

@@ -8,11 +8,8 @@ symlinks, ``/etc/passwd`` with root and nobody) through the Engine API (``images
 with ``fromSrc=-``), tagged ``gpumarket-test/busybox:<content hash>``: nothing is pulled
 from a registry, and a second run builds nothing.
 
-``package_image`` does the same for an image made of Debian packages as this machine has them installed — the files
-of the packages one needs, the dependency closure dpkg records — with busybox's shell and a few files of this
-checkout (``PackageImage`` says which). Its hash is over the packages and their versions, the files added, the
-image's settings and the rules that pick the files, so a second run builds nothing; the rootfs is streamed to the
-engine. Two are built so:
+``gpumarket/images.py`` builds images of Debian packages as this machine has them installed (``package_image``; the
+demo's ``gpumarket/demo`` image is one); the suite builds two more so:
 
 * ``torch_image``, ``gpumarket-test/torch:<hash>``: Debian's PyTorch (``python3-torch``, which ``make docker``
   installs) with the gloo all-reduce workload of ``tests/allreduce.py`` at ``/opt/gpumarket/allreduce.py``
@@ -24,30 +21,37 @@ engine. Two are built so:
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
-import http.client
 import io
-import itertools
 import json
 import os
-import re
 import shutil
-import socket
-import stat
 import subprocess
 import tarfile
 import tempfile
-import threading
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import Any, Final
 from urllib.parse import quote, urlencode
 
-SOCKET: Final = "/var/run/docker.sock"
-BUSYBOX: Final = "/bin/busybox"
+from gpumarket.images import (
+    BUSYBOX,
+    DEFAULT_PATH,
+    GROUP,
+    PASSWD,
+    SOCKET,
+    PackageImage,
+    _PackageRootfs,
+    image_exists,
+    package_image,
+    ping,
+    request,
+)
+
+__all__ = [
+    "OPENAI_IMAGE", "OPENAI_SERVER_PATH", "TORCH_IMAGE", "PackageImage", "_PackageRootfs", "busybox_image", "ensure_engine",
+    "image_exists", "openai_image", "package_image", "remove_owned", "request", "torch_image",
+]
 IMAGE_REPO: Final = "gpumarket-test/busybox"
 APPLETS: Final = (
     "sh", "ash", "ls", "cat", "id", "ps", "wget", "nc", "env", "sleep", "head", "kill", "echo", "grep", "find",
@@ -55,41 +59,6 @@ APPLETS: Final = (
     "timeout", "ip", "stat", "hostname", "yes", "tr", "cut", "sort", "xargs", "date", "chmod", "readlink",
     "httpd", "sha1sum", "base64", "od",
 )
-PASSWD: Final = "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/sh\n"
-GROUP: Final = "root:x:0:\nnogroup:x:65534:\n"
-
-
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout, blocksize=1 << 16)
-        self.path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        sock.connect(self.path)
-        self.sock = sock
-
-
-def request(method: str, path: str, *, body: bytes | IO[bytes] | None = None, headers: dict[str, str] | None = None,
-            timeout: float = 60.0, socket_path: str = SOCKET) -> tuple[int, bytes]:
-    """One Engine API call over the unix socket (synchronous: for fixtures). A file as ``body`` is streamed (chunked)."""
-    connection = _UnixConnection(socket_path, timeout)
-    try:
-        connection.request(method, path, body=body, headers=headers or {})
-        response = connection.getresponse()
-        return response.status, response.read()
-    finally:
-        connection.close()
-
-
-def ping(socket_path: str = SOCKET) -> str | None:
-    """``None`` when the engine answers, else why not."""
-    try:
-        status, body = request("GET", "/_ping", timeout=5.0, socket_path=socket_path)
-    except OSError as exc:
-        return f"{socket_path}: {exc}"
-    return None if status == 200 else f"{socket_path} answered {status}: {body[:200]!r}"
 
 
 def ensure_engine(*, timeout: float = 60.0) -> str:
@@ -148,11 +117,6 @@ def _rootfs() -> tuple[bytes, str]:
     return data, hashlib.sha256(data).hexdigest()[:16]
 
 
-def image_exists(name: str) -> bool:
-    status, _ = request("GET", f"/images/{quote(name, safe='')}/json")
-    return status == 200
-
-
 def busybox_image() -> str:
     """``gpumarket-test/busybox:<hash>``, imported now unless the engine has it already."""
     data, digest = _rootfs()
@@ -164,32 +128,6 @@ def busybox_image() -> str:
     if status != 200 or b'"error"' in body:
         raise RuntimeError(f"importing {name} failed ({status}): {body[-300:]!r}")
     return name
-
-
-SKIPPED_TREES: Final = (
-    "usr/share/doc", "usr/share/doc-base", "usr/share/man", "usr/share/info", "usr/share/locale", "usr/share/lintian",
-    "usr/share/bug", "usr/share/gtk-doc", "usr/share/help", "usr/include",
-)
-SKIPPED_SUFFIXES: Final = (".a", ".h", ".pyc")
-PYTHON_PACKAGES: Final = "usr/lib/python3/dist-packages/"
-IMAGE_APPLETS: Final = ("sh", "ls", "cat", "env", "echo", "sleep", "ps", "ip", "hostname", "nc", "kill", "true", "false", "test", "wget")
-NSSWITCH: Final = "passwd: files\ngroup: files\nhosts: files dns\n"
-DEFAULT_PATH: Final = "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-RECIPE: Final = "2"
-"""Part of each package image's hash: change it when the rules above, or the way the rootfs is made, change."""
-
-
-@dataclass(frozen=True)
-class PackageImage:
-    """An image made of this machine's Debian packages: ``roots`` and what they need, but for ``pruned`` (package ->
-    why: the closure's walk stops there), with ``files`` of this checkout (rootfs path -> file, executable) and the
-    Dockerfile instructions ``changes`` (``CMD``, ``ENV``, ``EXPOSE``) that the import applies."""
-
-    repo: str
-    roots: tuple[str, ...]
-    files: Mapping[str, Path]
-    changes: tuple[str, ...]
-    pruned: Mapping[str, str]
 
 
 TORCH_IMAGE: Final = PackageImage(
@@ -214,258 +152,6 @@ OPENAI_IMAGE: Final = PackageImage(
     pruned={"dpkg": "Debian's package manager and, through it, tar, zstd and SELinux's library (~3.5 MB of ~51): "
                     "nothing installs packages in the image"},
 )
-
-_DEPENDENCY: Final = re.compile(r"\s*([a-z0-9][a-z0-9+.-]*)")
-
-
-class _Package:
-    def __init__(self, query_name: str, version: str, depends: str) -> None:
-        self.query_name, self.version, self.depends = query_name, version, depends
-
-
-def _installed_packages() -> tuple[dict[str, _Package], dict[str, list[str]]]:
-    """The installed packages of this machine's architecture (or ``all``) by name, and who provides each virtual one."""
-    native = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True, check=True).stdout.strip()
-    fields = "${binary:Package}\t${Package}\t${Architecture}\t${Version}\t${db:Status-Abbrev}\t${Provides}\t${Pre-Depends}, ${Depends}\n"
-    listing = subprocess.run(["dpkg-query", "-W", "-f", fields], capture_output=True, text=True, check=True).stdout
-    packages: dict[str, _Package] = {}
-    providers: dict[str, list[str]] = {}
-    for line in listing.splitlines():
-        query_name, name, arch, version, status, provides, depends = line.split("\t")
-        if status[1:2] != "i" or arch not in (native, "all"):  # not (fully) installed, or another architecture's
-            continue
-        packages[name] = _Package(query_name, version, depends)
-        for provided in provides.split(","):
-            if match := _DEPENDENCY.match(provided):
-                providers.setdefault(match.group(1), []).append(name)
-    return packages, {virtual: sorted(names) for virtual, names in providers.items()}
-
-
-def _dependency_closure(
-    image: PackageImage, packages: dict[str, _Package], providers: dict[str, list[str]]
-) -> dict[str, _Package]:
-    """The image's roots and, recursively, what they need (Pre-Depends, Depends) as installed, but for its pruned ones.
-
-    Of alternatives (``a | b``) the first one installed, itself or as a virtual package's provider, counts. Version
-    constraints and architecture qualifiers (``:any``) are dpkg's to have enforced: the installed version is taken."""
-    chosen: dict[str, _Package] = {}
-    todo = list(image.roots)
-    while todo:
-        name = todo.pop()
-        if name in chosen or name in image.pruned:
-            continue
-        chosen[name] = packages[name]
-        for clause in packages[name].depends.split(","):
-            for alternative in clause.split("|"):
-                match = _DEPENDENCY.match(alternative)
-                wanted = match.group(1) if match else ""
-                if wanted in packages or wanted in providers:
-                    todo.append(wanted if wanted in packages else providers[wanted][0])
-                    break
-    return dict(sorted(chosen.items()))
-
-
-def _skipped(path: str) -> bool:
-    """Docs, manuals, translations, headers, static libraries, byte code, Python packages' tests: none is imported."""
-    if any(path == tree or path.startswith(f"{tree}/") for tree in SKIPPED_TREES):
-        return True
-    parts = path.split("/")
-    return path.endswith(SKIPPED_SUFFIXES) or "__pycache__" in parts or (path.startswith(PYTHON_PACKAGES) and "tests" in parts)
-
-
-def _in_rootfs(path: str) -> str:
-    """Where the host's ``path`` goes in the rootfs: under its folder's real path (``/lib/x`` is ``usr/lib/x`` on a
-    merged-/usr system), so that no entry goes through a symbolic link; no leading slash."""
-    folder, name = os.path.split(os.path.normpath(path))
-    return os.path.join(os.path.realpath(folder), name).lstrip("/")
-
-
-class _PackageRootfs:
-    """What goes into a package image: host paths by their path in the rootfs, generated files, and the content hash."""
-
-    def __init__(self, image: PackageImage) -> None:
-        packages, providers = _installed_packages()
-        if missing := [root for root in image.roots if root not in packages]:
-            raise RuntimeError(
-                f"Debian's {' '.join(missing)} is not installed on this machine, and the {image.repo} test image is made "
-                f"of its files: run `make docker` as root, or `apt-get install {' '.join(missing)}`"
-            )
-        self.packages = _dependency_closure(image, packages, providers)
-        self.host: dict[str, str] = {}  # rootfs path -> host path (files, links, folders)
-        listed = subprocess.run(
-            ["dpkg-query", "-L", *(package.query_name for package in self.packages.values())], capture_output=True, text=True, check=True
-        ).stdout
-        for line in listed.splitlines():
-            if line.startswith("/") and os.path.lexists(line):  # not "diverted by …" notes, nor what was removed since
-                self._add(line)
-        for top in ("bin", "sbin", "lib", "lib64"):  # a merged /usr's links
-            if os.path.islink(f"/{top}"):
-                self.host[top] = f"/{top}"
-        self.followed = self._add_alternatives()
-        self.followed.update(self._follow_links())
-        self.generated: dict[str, tuple[bytes, int]] = {
-            "etc/passwd": (PASSWD.encode(), 0o644),
-            "etc/group": (GROUP.encode(), 0o644),
-            "etc/nsswitch.conf": (NSSWITCH.encode(), 0o644),
-            **{path: (source.read_bytes(), 0o755) for path, source in image.files.items()},
-        }
-        self.folders = {folder for path in self.generated for folder in itertools.accumulate(path.split("/")[:-1], "{}/{}".format)}
-        busybox = _in_rootfs(BUSYBOX)
-        self.host[busybox] = BUSYBOX
-        bin_dir = os.path.dirname(busybox)
-        self.applets = [f"{bin_dir}/{applet}" for applet in IMAGE_APPLETS if f"{bin_dir}/{applet}" not in self.host]
-        for path in self.generated:
-            self.host.pop(path, None)
-        digest = hashlib.sha256(f"recipe {RECIPE}\n".encode())
-        for change in image.changes:
-            digest.update(f"change {change}\n".encode())
-        for name, package in self.packages.items():
-            digest.update(f"package {name} {package.version}\n".encode())
-        for path, target in sorted(self.followed.items()):
-            digest.update(f"followed {path} {target}\n".encode())
-        for path, (data, mode) in sorted(self.generated.items()):
-            digest.update(f"file {path} {mode:o} {hashlib.sha256(data).hexdigest()}\n".encode())
-        digest.update(f"busybox {hashlib.sha256(Path(BUSYBOX).read_bytes()).hexdigest()} {' '.join(self.applets)}\n".encode())
-        self.digest = digest.hexdigest()[:16]
-
-    def _add(self, path: str) -> str | None:
-        """Add one host path (and the folders above it); its rootfs path, or ``None`` when skipped."""
-        inside = _in_rootfs(path)
-        if not inside or _skipped(inside):
-            return None
-        self.host.setdefault(inside, "/" + inside)
-        folder = os.path.dirname(inside)
-        while folder and folder not in self.host:
-            self.host[folder] = "/" + folder
-            folder = os.path.dirname(folder)
-        return inside
-
-    def _add_alternatives(self) -> dict[str, str]:
-        """The links of ``update-alternatives`` (made by maintainer scripts, so in no package's list) whose chosen file
-        is in the rootfs: ``/usr/lib/x86_64-linux-gnu/libblas.so.3`` → ``/etc/alternatives/libblas.so.3-…`` → the
-        file of ``libblas3``. Returns them, path -> link."""
-        added: dict[str, str] = {}
-        selections = subprocess.run(["update-alternatives", "--get-selections"], capture_output=True, text=True).stdout
-        for master in (line.split()[0] for line in selections.splitlines() if line.strip()):
-            query = subprocess.run(["update-alternatives", "--query", master], capture_output=True, text=True).stdout
-            links = [(master, line.removeprefix("Link: ")) for line in query.splitlines() if line.startswith("Link: ")]
-            slaves = query.split("\nSlaves:\n", 1)[1].split("\n") if "\nSlaves:\n" in query else []
-            for line in itertools.takewhile(lambda line: line.startswith(" "), slaves):
-                slave, slave_link = line.split()[:2]
-                links.append((slave, slave_link))
-            for name, link in links:
-                chosen = f"/etc/alternatives/{name}"
-                if not (os.path.islink(link) and os.path.islink(chosen) and os.readlink(link) == chosen):
-                    continue
-                value = os.path.normpath(os.path.join("/etc/alternatives", os.readlink(chosen)))
-                if _in_rootfs(value) not in self.host:
-                    continue
-                for path in (link, chosen):
-                    if (inside := self._add(path)) is not None:
-                        added[inside] = os.readlink(path)
-        return added
-
-    def _follow_links(self) -> dict[str, str]:
-        """Add what the links point at where no package of the closure has it (``/etc/localtime``'s zone, the CA bundle
-        that certifi links to); a folder so pointed at comes without its contents. Returns them, path -> link, ``file``
-        or ``folder``."""
-        followed: dict[str, str] = {}
-        todo = [path for path, source in self.host.items() if os.path.islink(source)]
-        while todo:
-            source = self.host[todo.pop()]
-            target = os.path.normpath(os.path.join(os.path.dirname(source), os.readlink(source)))
-            if not os.path.lexists(target) or _in_rootfs(target) in self.host:
-                continue
-            added = self._add(target)
-            if added is None:
-                continue
-            is_link = os.path.islink(self.host[added])
-            followed[added] = os.readlink(self.host[added]) if is_link else "folder" if os.path.isdir(self.host[added]) else "file"
-            if is_link:
-                todo.append(added)
-        return followed
-
-    def write(self, out: IO[bytes]) -> int:
-        """The rootfs as a tar stream into ``out``; returns how many bytes of file contents it holds."""
-        now = 1_700_000_000
-        content = 0
-        hard_links: dict[tuple[int, int], str] = {}
-        entries: list[str] = sorted(
-            {*self.host, *self.generated, *self.applets, "proc", "sys", "dev", "root", "tmp", *self.folders},
-            key=lambda path: path.split("/"),
-        )
-        with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-            for path in entries:
-                entry = tarfile.TarInfo(path)
-                entry.mtime, entry.mode, entry.type = now, 0o755, tarfile.DIRTYPE
-                if path in self.generated:
-                    data, entry.mode = self.generated[path]
-                    entry.type, entry.size = tarfile.REGTYPE, len(data)
-                    tar.addfile(entry, io.BytesIO(data))
-                    continue
-                if path in self.applets:
-                    entry.type, entry.linkname, entry.mode = tarfile.SYMTYPE, "busybox", 0o777
-                elif path == "tmp":
-                    entry.mode = 0o1777
-                elif path in self.host:
-                    source = self.host[path]
-                    info = os.lstat(source)
-                    entry.mode, entry.mtime, entry.uid, entry.gid = stat.S_IMODE(info.st_mode), int(info.st_mtime), info.st_uid, info.st_gid
-                    if stat.S_ISLNK(info.st_mode):
-                        entry.type, entry.linkname = tarfile.SYMTYPE, os.readlink(source)
-                    elif stat.S_ISREG(info.st_mode):
-                        first = hard_links.setdefault((info.st_dev, info.st_ino), path) if info.st_nlink > 1 else path
-                        if first != path:
-                            entry.type, entry.linkname = tarfile.LNKTYPE, first
-                        else:
-                            entry.type, entry.size = tarfile.REGTYPE, info.st_size
-                            with open(source, "rb") as file:
-                                tar.addfile(entry, file)
-                            content += info.st_size
-                            continue
-                    elif not stat.S_ISDIR(info.st_mode):
-                        continue  # no device, pipe or socket comes from a package
-                tar.addfile(entry)
-        return content
-
-
-def package_image(image: PackageImage, *, timeout: float = 900.0) -> str:
-    """``<image.repo>:<hash>``, imported now unless the engine has it already (see the module's docstring). One
-    build at a time (a lock file per image, for pytest-xdist's workers): the others then find it built.
-
-    Raises ``RuntimeError`` when a root package is not installed, or the import fails."""
-    rootfs = _PackageRootfs(image)
-    name = f"{image.repo}:{rootfs.digest}"
-    with open(Path(tempfile.gettempdir()) / f"gpumarket-test-{image.repo.rsplit('/', 1)[-1]}-image.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if image_exists(name):
-            return name
-        read_end, write_end = os.pipe()
-        failure: list[BaseException] = []
-
-        def produce() -> None:
-            try:
-                with open(write_end, "wb", buffering=1 << 20) as out:
-                    rootfs.write(out)
-            except BaseException as exc:  # reported by the caller, once the engine has answered
-                failure.append(exc)
-
-        writer = threading.Thread(target=produce, name=f"{image.repo}-rootfs", daemon=True)
-        writer.start()
-        query = urlencode({"fromSrc": "-", "repo": image.repo, "tag": rootfs.digest, "changes": image.changes}, doseq=True)
-        try:
-            with open(read_end, "rb", buffering=0) as stream:
-                status, body = request(
-                    "POST", f"/images/create?{query}", body=stream, headers={"Content-Type": "application/x-tar"}, timeout=timeout
-                )
-        finally:
-            writer.join()
-        if failure or status != 200 or b'"error"' in body:
-            request("DELETE", f"/images/{quote(name, safe='')}?force=1")  # a rootfs cut short must not stay under the name
-            why = f"writing the rootfs failed: {failure[0]!r}" if failure else f"the engine answered {status}: {body[-300:]!r}"
-            raise RuntimeError(f"importing {name} failed ({why})")
-        return name
-
 
 def torch_image() -> str:
     """``gpumarket-test/torch:<hash>`` (``TORCH_IMAGE``), built unless the engine has it; see ``package_image``."""
