@@ -12,6 +12,13 @@
 * **Shares.** The first demo host is listed by its provider for shares (``smallest_unit``
   ``SHARE_UNIT``) at its tier's default price, once: a provider's later listing stands.
 
+* **The demo image and template.** Where a container engine answers, ``build_demo_image`` builds (or finds)
+  ``gpumarket/demo:<hash>`` from this machine's own packages (``gpumarket.images.DEMO_IMAGE``: a shell, Python 3 and
+  the OpenAI-compatible sample server on port 8000), and ``register_demo_template`` points the ``demo`` template at
+  it at every start, so the README's rentals, SSH sessions, ports and services work offline. Where none answers (or
+  the build fails), the template stays, saying why in its description and naming ``gpumarket/demo:latest``; no demo
+  host then runs containers, and a rental of it is refused saying so.
+
 MIG slices need nothing here: the A100 host of ``gpumarket.up.DEMO_FLEET`` has a GPU in MIG mode.
 """
 
@@ -19,16 +26,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 
 from sqlalchemy import select
 
 from agent.runner import Agent
+from gpumarket import images
 from master.context import Master
 from master.models import Account, Gpu, Host, HostEvent, HostListing
-from master.services import market
+from master.services import market, rentals
 from master.services.accounts import Principal
+from shared import protocol
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +51,58 @@ SEEDED_CAUSE = "seeded demo history (gpumarket up): made up, not measured"
 SHARE_UNIT = "milli:250"
 READY_TIMEOUT_S = 120.0  # how long the demo set-up waits for its hosts' first hello
 _POLL_S = 0.2
+DEMO_TEMPLATE = "demo"
+DEMO_DESCRIPTION = (
+    "gpumarket up's demo image, built on this machine from its own packages (no registry needed): busybox's shell and "
+    "tools, Python 3 and an OpenAI-compatible sample server on port 8000 (GET / a page, POST /v1/chat/completions). "
+    "Rent it, gpumarket ssh into it, open its port 8000, or run it as a service."
+)
+
+
+@dataclass(frozen=True)
+class DemoImage:
+    """What ``build_demo_image`` made: the image's name, or why there is none."""
+
+    image: str | None
+    why: str = ""
+
+
+def engine_socket(docker_url: str | None) -> str | None:
+    """The unix socket of the engine ``docker_url`` (else ``$DOCKER_HOST``, else the system's) names; ``None`` for
+    one over TCP."""
+    url = docker_url or os.environ.get("DOCKER_HOST") or f"unix://{images.SOCKET}"
+    return url.removeprefix("unix://") if url.startswith("unix://") else None
+
+
+async def build_demo_image(engine: str | None, engine_reason: str, *, docker_url: str | None = None,
+                           progress: Callable[[str], None] | None = None) -> DemoImage:
+    """Build (or find: instant once built) the demo image through the engine, which ``engine`` names (``None``: none
+    answers, ``engine_reason`` says why). Never raises for a build that cannot be done: says why instead.
+    Cancelling is safe: the build's thread finishes on its own, and a later one finds the image or builds it again."""
+    if engine is None:
+        return DemoImage(None, f"no container engine answers ({engine_reason})")
+    socket_path = engine_socket(docker_url)
+    if socket_path is None:
+        return DemoImage(None, f"the engine at {docker_url or os.environ.get('DOCKER_HOST')} is not a unix socket, "
+                               "which gpumarket up builds the demo image through")  # fmt: skip
+    try:
+        return DemoImage(await asyncio.to_thread(images.demo_image, socket_path=socket_path, progress=progress))
+    except (images.ImageBuildError, OSError) as exc:
+        return DemoImage(None, f"building it failed: {exc}")
+
+
+async def register_demo_template(master: Master, built: DemoImage) -> None:
+    """Point the ``demo`` template at the image built now or, without one, keep it saying why (idempotent)."""
+    if built.image is not None:
+        description = DEMO_DESCRIPTION
+        workload = protocol.ContainerWorkload(image=built.image, ports=[images.DEMO_PORT])
+    else:
+        description = (f"Not available on this demo: {built.why}. Start a Docker engine and run gpumarket up again: it "
+                       "builds the demo image (a shell, Python 3 and an OpenAI-compatible sample server on port 8000).")
+        workload = protocol.ContainerWorkload(image=images.DEMO_LATEST, ports=[images.DEMO_PORT])
+    async with master.db.session() as session:
+        await rentals.put_template(session, DEMO_TEMPLATE, description=description[: rentals.MAX_DESCRIPTION_CHARS],
+                                   workload=workload, now=master.clock.now())  # fmt: skip
 
 
 def demo_uptime(index: int) -> float:

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import socket
 import sys
 from collections.abc import Callable
@@ -51,7 +52,7 @@ from agent.runtimes.isolation import HostIsolation, host_isolation, isolation_su
 from agent.runtimes.users import DEFAULT_RENTALS_ROOT
 from agent.state import AgentState, atomic_write, make_private
 from billing import credits
-from gpumarket import demo
+from gpumarket import demo, images
 from gpumarket.mailsink import MailSink
 from master.app import bound_port, close_master, create_app, open_master
 from master.context import Master
@@ -108,6 +109,7 @@ class Marketplace:
     credentials: dict[str, Any]
     isolation: HostIsolation
     mail: MailSink | None = None  # None: the master mails through GPUMARKET_SMTP_URL
+    demo_image: str | None = None  # the demo template's image, when built
     agents: list[Agent] = field(default_factory=list)
     agent_tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -168,11 +170,14 @@ async def start_marketplace(
     allow_unisolated_workloads: bool = False,
     container_engine: str | None = None,
     docker_url: str | None = None,
+    demo_image: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> Marketplace:
     """Start it all. ``container_engine`` is what the engine probe answered (``None``: none answers); by
     default the engine at ``docker_url`` (or the system's socket) is asked. ``progress`` is told one line
-    per step done (database, relay, geo DNS, API, agents).
+    per step done (database, relay, geo DNS, API, agents), and lines starting ``"  ..  "`` while the demo image builds.
+    ``demo_image``: build the demo image (``gpumarket.demo.build_demo_image``; a few seconds the first time, then
+    found) and point the ``demo`` template at it, or have the template say why there is none.
 
     Raises ``ConfigError`` saying which port and which flag when a port it must bind is taken; it checks
     them all before it starts anything."""
@@ -184,9 +189,15 @@ async def start_marketplace(
         host_isolation, allow_unisolated=allow_unisolated_workloads, container_engine=container_engine, rentals_root=rentals_root,
         private_dirs=[data_dir],
     )
+    engine_name, engine_reason = container_engine, ""
     if container_engine is None:
         engine = await probe_container_engine(ContainerOptions(docker_url=docker_url), data_dir / "agents")
         isolation = isolation.with_container_engine(engine.engine)
+        engine_name, engine_reason = engine.engine, engine.reason
+    built: demo.DemoImage | None = None
+    if demo_image:
+        built = await demo.build_demo_image(engine_name, engine_reason, docker_url=docker_url,
+                                            progress=lambda line: step(f"  ..  demo image  {line}"))  # fmt: skip
     isolation = isolation.with_network(await prove_rental_network(None, isolation.users))
     # Sign-up and password resets mail their links: to a local SMTP sink, unless a real server is configured.
     real_server = f"{ENV_PREFIX}SMTP_URL" in os.environ or (settings is not None and settings.smtp_url is not None)
@@ -287,9 +298,14 @@ async def start_marketplace(
     make_private(data_dir)  # again, now that the master made its folders (ca/, relay/) and database
     market = Marketplace(
         master=master, relay=relay, dns=dns, runner=runner, api_url=api_url, console_url=console_url, credentials=credentials,
-        isolation=isolation, mail=sink,
+        isolation=isolation, mail=sink, demo_image=built.image if built is not None else None,
     )
     try:
+        if built is not None:
+            await demo.register_demo_template(master, built)
+            step(f"demo image  {built.image}: the {demo.DEMO_TEMPLATE} template (a shell, Python 3, a server on port "
+                 f"{images.DEMO_PORT})" if built.image else f"demo image  not built: {built.why}; the {demo.DEMO_TEMPLATE} "
+                 "template says so")  # fmt: skip
         async with master.db.session() as session:  # once per data dir: the reference makes it idempotent
             await credits.top_up(session, await _account_id(master, "demo-renter"), DEMO_CREDIT, reference="demo-credit",
                                  at=master.clock.now())  # fmt: skip
@@ -445,7 +461,7 @@ async def run_up(
     market = await start_marketplace(
         data_dir, agents=agents, http_host=http_host, http_port=http_port, relay_port=relay_port, dns_port=dns_port,
         rentals_root=rentals_root, allow_unisolated_workloads=allow_unisolated_workloads, container_engine=container_engine,
-        progress=lambda line: say(f"  ok  {line}"),
+        demo_image=True, progress=lambda line: say(line if line.startswith("  ") else f"  ok  {line}"),
     )
     try:
         say(f"  web ports:   {_web_ports(market)}")
@@ -476,6 +492,8 @@ def ready_box(market: Marketplace, credentials_file: Path) -> str:
         f"API       {market.api_url}",
         f"API docs  {base}/api/docs",
         *_metrics_rows(market),
+        f"CLI       {cli_hint()}",
+        *([f"try       gpumarket rent --template {demo.DEMO_TEMPLATE}, then gpumarket ssh RENTAL -- echo hi"] if market.demo_image else []),
         "",
         "Press Ctrl-C to stop.",
     ]
@@ -488,6 +506,19 @@ def ready_box(market: Marketplace, credentials_file: Path) -> str:
         top = bottom = f"+{'-' * (width + 2)}+"
         side = "|"
     return "\n".join([top, *(f"{side} {row:<{width}} {side}" for row in rows), bottom])
+
+
+def cli_hint(executable: str | None = None, path: str | None = None) -> str:
+    """How to run ``gpumarket`` from this shell: plainly when ``path`` (default ``$PATH``) finds this one, else the
+    virtual environment's own (``.venv/bin/gpumarket``) or ``. .venv/bin/activate`` first."""
+    bin_dir = Path(executable or sys.executable).parent
+    script = bin_dir / "gpumarket"
+    found = shutil.which("gpumarket", path=path)
+    if found is not None and Path(found).resolve() == script.resolve():
+        return "gpumarket (on your PATH)"
+    with contextlib.suppress(ValueError):
+        bin_dir = bin_dir.absolute().relative_to(Path.cwd())
+    return f"{bin_dir}/gpumarket, or `. {bin_dir}/activate` first to type gpumarket"
 
 
 def _metrics_rows(market: Marketplace) -> list[str]:
