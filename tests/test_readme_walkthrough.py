@@ -171,7 +171,11 @@ def _check(demo: Demo, command: str, status: int, body: Any, container_hosts: bo
     elif path == "/api/v1/rentals":
         assert status == 200 and {r["id"] for r in body["items"]} == {r["id"] for r in demo.rentals}, where
     elif path == "/api/v1/templates":
-        assert status == 200 and {"base", "pytorch", "jupyter", "vllm"} <= {t["name"] for t in body["templates"]}, where
+        templates = {t["name"]: t for t in body["templates"]}
+        assert status == 200 and {"demo", "base", "pytorch", "jupyter", "vllm"} <= set(templates), where
+        # `up` built the demo image where an engine answers, and points the template at it; else it says why.
+        assert templates["demo"]["image"].startswith("gpumarket/demo:"), where
+        assert container_hosts != templates["demo"]["description"].startswith("Not available"), where
     elif path == "/api/v1/account":
         assert status == 200 and body["credit"]["balance"], where
     elif path == "/api/v1/account/credit" and posts:
@@ -281,8 +285,10 @@ def test_every_cli_command_of_the_readme_answers_as_it_says(demo: Demo) -> None:
                                   timeout=COMMAND_S + RUNNING_S)  # fmt: skip
             where = f"{command}\n-> exit {done.returncode}\n{done.stdout}\n{done.stderr}"
             if verb == "rent" and ("--template" in command or "--image" in command):
-                if container_hosts:  # it runs, or the image cannot be pulled here (no registry): said in one line
-                    assert done.returncode == 0 or (done.returncode == 1 and "image" in done.stderr.lower()), where
+                if container_hosts:  # the demo image, which `up` built here: it runs, no registry asked
+                    assert done.returncode == 0, where
+                    [made] = set(RENTAL_ID.findall(done.stdout)) or [None]
+                    assert made is not None and demo.api(f"/rentals/{made}")["state"] == "running", where
                 else:
                     assert done.returncode == 1 and "container" in done.stderr, where
                 continue
