@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-STEPS = ("mail sink", "database", "relay", "geo DNS", "API", "agents")
+STEPS = ("mail sink", "database", "relay", "geo DNS", "API", "demo image", "agents")
 STOP_WITHIN_S = 20
 START_WITHIN_S = 90
 
@@ -131,6 +131,7 @@ class TestTerminal:
         for role in ("renter", "provider", "admin"):
             assert re.search(rf"{role}\s+{re.escape(creds[role]['api_key'])}", box), role
         assert f"its mail lands in {data_dir.resolve() / 'mail'}/" in box  # sign-up's links, offline (docs/accounts.md)
+        assert re.search(r"CLI\s+\S*gpumarket", box)  # how to run the CLI: on the PATH, or .venv's
         assert out.rstrip().splitlines()[-1] == "stopped cleanly"
         log = (data_dir / "up.log").read_text()
         assert " INFO " in log and " master." in log  # the master logs what it starts…

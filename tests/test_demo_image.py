@@ -109,7 +109,8 @@ class TestImage:
             def page() -> str | None:
                 try:
                     with urllib.request.urlopen(endpoint, timeout=5) as response:
-                        return str(response.headers["Content-Type"]) + "\n" + response.read().decode()
+                        body: bytes = response.read()
+                        return f"{response.headers['Content-Type']}\n{body.decode()}"
                 except OSError:  # not listening yet
                     return None
 
