@@ -49,8 +49,8 @@ from gpumarket.images import (
 )
 
 __all__ = [
-    "OPENAI_IMAGE", "OPENAI_SERVER_PATH", "TORCH_IMAGE", "PackageImage", "_PackageRootfs", "busybox_image", "ensure_engine",
-    "image_exists", "openai_image", "package_image", "remove_owned", "request", "torch_image",
+    "OPENAI_IMAGE", "OPENAI_SERVER_PATH", "SOCKET", "TORCH_IMAGE", "PackageImage", "_PackageRootfs", "busybox_image",
+    "ensure_engine", "image_exists", "openai_image", "package_image", "ping", "remove_owned", "request", "torch_image",
 ]
 IMAGE_REPO: Final = "gpumarket-test/busybox"
 APPLETS: Final = (
