@@ -41,8 +41,9 @@ from shared.errors import GpumarketError
 
 SOCKET: Final = "/var/run/docker.sock"
 BUSYBOX: Final = "/bin/busybox"
-PASSWD: Final = "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/sh\n"
-GROUP: Final = "root:x:0:\nnogroup:x:65534:\n"
+# 1000: the user a rental runs as when its image names none (agent/runtimes/containeropts.py), so `whoami` answers.
+PASSWD: Final = "root:x:0:0:root:/root:/bin/sh\nrental:x:1000:1000:rental:/workspace:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/sh\n"
+GROUP: Final = "root:x:0:\nrental:x:1000:\nnogroup:x:65534:\n"
 
 
 class ImageBuildError(GpumarketError, RuntimeError):

@@ -4,7 +4,7 @@
 starts ``dockerd`` (logging to a file under a temporary folder) and waits for its
 ``/_ping``; it fails — never skips — saying what is missing otherwise. ``busybox_image``
 imports a rootfs made of Debian's ``busybox-static`` (``/bin/busybox``, its applets as
-symlinks, ``/etc/passwd`` with root and nobody) through the Engine API (``images/create``
+symlinks, ``/etc/passwd`` with root, the rental user (1000) and nobody) through the Engine API (``images/create``
 with ``fromSrc=-``), tagged ``gpumarket-test/busybox:<content hash>``: nothing is pulled
 from a registry, and a second run builds nothing.
 

@@ -186,7 +186,7 @@ async def run(*argv: str, env: dict[str, str]) -> tuple[int, str, str]:
 class TestUp:
     @pytest.mark.timeout(180)
     async def test_the_demo_template_rents_answers_ssh_and_its_port(self, market: Marketplace, tmp_path: Path) -> None:
-        """``demo`` is listed; a rental of it runs; `gpumarket ssh RENTAL -- echo hi` says hi from inside (a shell
+        """``demo`` is listed; a rental of it runs; `gpumarket ssh RENTAL -- echo hi; whoami` says hi, as `rental`, from inside (a shell
         through the agent, no sshd in the image); its port 8000 answers the sample server's page at its web URL."""
         missing = [tool for tool in ("ssh", "ssh-keygen", "curl") if shutil.which(tool) is None]
         assert not missing, f"install {' '.join(missing)} (make docker does, as root)"
@@ -220,9 +220,9 @@ class TestUp:
                 return bool(now["state"] == "running")
 
             await eventually(running, timeout=60, what="the demo rental running")
-            said = await run(sys.executable, "-m", "gpumarket.cli", "ssh", rental["id"], "--", "-i", str(identity), "echo", "hi",
+            said = await run(sys.executable, "-m", "gpumarket.cli", "ssh", rental["id"], "--", "-i", str(identity), "echo hi; whoami",
                              env=env)  # fmt: skip
-            assert said[:2] == (0, "hi\n"), said
+            assert said[:2] == (0, "hi\nrental\n"), said  # the image knows the user a rental runs as (uid 1000)
 
             status, ticket = await call("POST", f"/rentals/{rental['id']}/connect", {"port": 8000})
             assert status == 200 and ticket["web_url"], ticket
