@@ -176,7 +176,7 @@ async def cmd_ssh_config(args: argparse.Namespace, client: Client) -> int:
     path = ssh_config_path(os.environ)
     write_ssh_config(path, entries)
     print(f"wrote {len(entries)} host{'s' if len(entries) != 1 else ''} to {path}: "
-          + (", ".join(t.ssh.host_alias for t in tickets if t.ssh) or "none running"))  # fmt: skip
+          + (", ".join(t.ssh.host_alias for t in tickets if t.ssh) or "none serves SSH"))  # fmt: skip
     user_config = Path.home() / ".ssh" / "config"
     if not includes(user_config, path):
         print(f"add this line at the top of {user_config} (before any Host or Match line):\n  {include_line(path)}")
