@@ -13,6 +13,8 @@ user would, expecting exit status 0. How each kind is run:
   API for the ticket and pins the host key as the real run does, then prints the ssh/scp command line;
 * a placeholder in capitals (``FILE``) is replaced by a real one.
 
+* ``login --api URL --browser`` waits for an approval in the console: run, it must start a new sign-in.
+
 Also here: ``ssh-config`` skipping what it cannot log into, ``open``, and how ``ssh`` and ``cp`` take options.
 """
 
@@ -26,13 +28,14 @@ import shlex
 import shutil
 import stat
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from gpumarket.renter.sshcmds import SCP_OPTIONS_WITH_VALUE, split_options
-from master.models import Command
+from master.models import Command, DeviceCode
 from shared.registry import RelayRecord
 from tests.apiclient import Api
 from tests.helpers import eventually
@@ -370,3 +373,31 @@ def test_hints_are_found_in_backticks_and_after_labels() -> None:
     text = "shell: gpumarket ssh r-1; files: gpumarket cp FILE r-1:\nsee `gpumarket cluster show c-1`, or (`gpumarket offers` lists)"
     assert hints(text) == [["ssh", "r-1"], ["cp", "FILE", "r-1:"], ["cluster", "show", "c-1"], ["offers"]]
     assert hints("gpumarket: rental r-1 failed") == []
+
+
+# ---- login --browser ----------------------------------------------------------------------------
+
+
+async def test_an_expired_browser_sign_in_names_the_login_command_with_its_url(cli: Cli, api: Api) -> None:
+    """The API's hint, `gpumarket login --browser`, fails without a saved login ("which API?"): the CLI names the URL.
+    Run again, the hint starts a new sign-in (the second code), which would save a key once approved in the console."""
+    cli.env(url=None, key=None)
+
+    async def expire_codes(count: int) -> None:
+        async with api.master.db.session() as session:
+            rows = (await session.scalars(select(DeviceCode))).all()
+            assert len(rows) == count
+            for row in rows:
+                row.expires_at = datetime.now(UTC) - timedelta(minutes=1)
+
+    task = cli.start("login", "--api", cli.url, "--browser")
+    await eventually(lambda: _async("approve the code" in cli.peek()[1]), what="the sign-in's link and code")
+    await expire_codes(1)
+    assert await task == 1
+    _, err = cli.take()
+    [hint] = hints(err.splitlines()[-1])
+    assert hint == ["login", "--api", cli.url, "--browser"] and "(expired_token)" in err
+    again = cli.start(*hint)
+    await eventually(lambda: _async("approve the code" in cli.peek()[1]), what="the new sign-in's link and code")
+    await expire_codes(2)
+    assert await again == 1

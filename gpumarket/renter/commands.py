@@ -167,6 +167,9 @@ async def _browser_key(api_url: str, args: argparse.Namespace) -> str:
             except ApiError as exc:
                 if exc.code == "authorization_pending":
                     continue
+                if exc.code in ("expired_token", "device_code_not_found"):  # the API's hint lacks the URL: say it whole
+                    raise CliError(f"this sign-in has expired or was used ({exc.code}); run "
+                                   f"`gpumarket login --api {api_url} --browser` again") from None  # fmt: skip
                 raise
             return str(made["key"])
 
