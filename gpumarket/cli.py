@@ -459,6 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
     from gpumarket.renter.commands import add_parsers as add_renter_parsers
     from gpumarket.renter.credit import add_parsers as add_credit_parsers
     from gpumarket.renter.keys import add_parsers as add_key_parsers
+    from gpumarket.renter.ports import add_parsers as add_port_parsers
     from gpumarket.renter.registries import add_parsers as add_registry_parsers
     from gpumarket.renter.services import add_parsers as add_service_parsers
     from gpumarket.renter.sshcmds import add_parsers as add_ssh_parsers
@@ -466,6 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_renter_parsers(sub)  # login, offers, rent, rentals, logs, stop, account: the renter's side, over the REST API
     add_ssh_parsers(sub)  # ssh, ssh-config, cp, tunnel: OpenSSH to rentals through the relays
+    add_port_parsers(sub)  # open: a rental's web port through its relay
     add_cluster_parsers(sub)  # cluster create, list, show, stop, ssh: clusters over the REST API
     add_credit_parsers(sub)  # credit add: prepaid credit through the payment provider
     add_key_parsers(sub)  # keys create, list, revoke: the account's API keys

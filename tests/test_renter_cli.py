@@ -24,7 +24,7 @@ from sqlalchemy import select
 
 from gpumarket.cli import main
 from gpumarket.renter import api as api_module
-from gpumarket.renter import commands, output
+from gpumarket.renter import commands, outcome, output
 from master.models import Command, Rental
 from master.services.rentals import lifecycle as rental_lifecycle
 from master.telemetry import hosts
@@ -493,7 +493,7 @@ async def ship_logs(api: Api, host_id: str, rental_id: str, offset: int, text: s
     ],
 )
 def test_what_rent_counts_as_failed(view: dict[str, Any], failed: bool) -> None:
-    assert commands._failed({"id": "r-1", **view}) is failed
+    assert outcome.failed({"id": "r-1", **view}) is failed
 
 
 def test_money_columns_write_amounts_as_the_console_does_aligned_on_the_point() -> None:

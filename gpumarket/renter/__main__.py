@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from gpumarket import __version__
 from gpumarket.renter.commands import add_parsers as add_renter_parsers
+from gpumarket.renter.ports import add_parsers as add_port_parsers
 from gpumarket.renter.sshcmds import add_parsers as add_ssh_parsers
 
 
@@ -17,6 +18,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_renter_parsers(sub)
     add_ssh_parsers(sub)
+    add_port_parsers(sub)
     args = parser.parse_args(argv)
     try:
         args.func(args)

@@ -44,7 +44,7 @@ NEXT_STEP: dict[str, str] = {
     "rate_limited": "wait a moment and try again",
     "rental_not_running": "`gpumarket rentals` shows its state; connect once it is running",
     "host_offline": "its host is not connected to a relay now; try again in a minute",
-    "port_not_declared": "connect to a port the rental declared with `gpumarket rent --port P`, or to --port ssh",
+    "port_not_declared": "use a port it declared (ports are declared when renting: `gpumarket rent --image REF --port P`)",
     "no_ssh_host_key": "this rental serves no SSH (or has not reported its key yet); try again once it runs",
     "team_not_found": "`gpumarket team list` shows your teams; `gpumarket team use personal` acts for yourself again",
     "team_role_forbids": "`gpumarket team show` shows your role; ask the team's owner or an admin",

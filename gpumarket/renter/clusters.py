@@ -27,7 +27,7 @@ from gpumarket.renter.commands import (
 )
 from gpumarket.renter.options import add_network_bounds, common_options, network_bounds, positive_int, usd
 from gpumarket.renter.output import err, event_lines, money, money_column, print_json, short_time, table
-from gpumarket.renter.sshcmds import cmd_ssh
+from gpumarket.renter.sshcmds import add_ssh_options, cmd_ssh
 
 ACTIVE_CLUSTER_STATES = ("pending", "starting", "running", "degraded", "stopping")
 ENDED_CLUSTER_STATES = ("stopped", "failed")
@@ -163,7 +163,9 @@ async def cmd_create(args: argparse.Namespace, client: Client) -> int:
     rate = price_per_hour(cluster)
     print(f"{cid} {state}: {_size(cluster)} x {model_of(cluster)}" + (f", {money(str(rate), 'rate')}/h" if rate is not None else ""))
     if state == "running":
-        err(f"nodes: gpumarket cluster show {cid}; shell: gpumarket cluster ssh {cid} node-0; stop: gpumarket cluster stop {cid}")
+        holds = (cluster.get("workload") or {}).get("kind", "hold") == "hold" and not cluster.get("template")
+        shell = "" if holds else f"shell: gpumarket cluster ssh {cid} node-0; "  # a hold's nodes have nothing to log into
+        err(f"nodes: gpumarket cluster show {cid}; {shell}stop: gpumarket cluster stop {cid}")
     else:
         err(f"follow it with `gpumarket cluster show {cid}`; stop it with `gpumarket cluster stop {cid}`")
     return 0
@@ -291,13 +293,15 @@ examples:
   gpumarket cluster create --nodes 3 --gpus-per-node 8 --model H100 --queue"""
 
 SSH_EPILOG = """\
-NODE is node-0, node-1, … (or just its rank). Everything after NODE goes to ssh, as with
-`gpumarket ssh`: the node is a rental of its own, reached through its relay with its host key
-pinned.
+NODE is node-0, node-1, … (or just its rank). Options before CLUSTER (-i, -o, -q, -v,
+--dry-run) and everything after NODE go as with `gpumarket ssh`: the node is a rental of its
+own, reached through its relay with its host key pinned. The nodes of a cluster that holds GPUs
+and runs nothing have nothing to log into.
 
 examples:
   gpumarket cluster ssh c-0123456789abcdef node-0
   gpumarket cluster ssh c-0123456789abcdef node-1 nvidia-smi
+  gpumarket cluster ssh -i ~/.ssh/id_ed25519 c-0123456789abcdef node-0
   gpumarket cluster ssh c-0123456789abcdef 1 -- -L 6006:localhost:6006"""
 
 
@@ -352,7 +356,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                              description="Run the system ssh to one running node of a cluster (`gpumarket ssh` to "
                              "that node's rental).", epilog=SSH_EPILOG)  # fmt: skip
     common_options(ssh)
+    add_ssh_options(ssh, "ssh")
     ssh.add_argument("cluster", metavar="CLUSTER", help="the cluster's id")
     ssh.add_argument("node", type=node_arg, metavar="NODE", help="node-0, node-1, … (or the rank)")
-    ssh.add_argument("ssh_args", nargs=argparse.REMAINDER, metavar="SSH ARGS", help="ssh's options, then a command")
+    ssh.add_argument("ssh_args", nargs=argparse.REMAINDER, metavar="SSH ARGS", help="ssh's own options, then a command")
     set_command(ssh, cmd_ssh_node)

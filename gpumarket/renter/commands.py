@@ -44,6 +44,7 @@ from gpumarket.renter.options import (
     positive_int,
     usd,
 )
+from gpumarket.renter.outcome import ENDED_STATES, failed, print_rental_outcome
 from gpumarket.renter.output import err, money, money_column, print_json, short_time, table
 
 # How often `rent`, `stop --wait` and `logs -f` ask the API again.
@@ -51,7 +52,6 @@ POLL_INTERVAL_S = 1.0
 # Rentals fetched per page, and pages at most, for `rentals`.
 PAGE_SIZE, MAX_PAGES = 500, 20
 ACTIVE_STATES = ("pending", "starting", "running", "stopping")
-ENDED_STATES = ("stopped", "failed", "preempted")
 TEMPLATES_HINT = "base, pytorch, jupyter, vllm (GET /api/v1/templates lists them all)"
 
 Command = Callable[[argparse.Namespace, Client], Coroutine[Any, Any, int]]
@@ -166,6 +166,9 @@ async def _browser_key(api_url: str, args: argparse.Namespace) -> str:
             except ApiError as exc:
                 if exc.code == "authorization_pending":
                     continue
+                if exc.code in ("expired_token", "device_code_not_found"):  # the API's hint lacks the URL: say it whole
+                    raise CliError(f"this sign-in has expired or was used ({exc.code}); run "
+                                   f"`gpumarket login --api {api_url} --browser` again") from None  # fmt: skip
                 raise
             return str(made["key"])
 
@@ -321,36 +324,8 @@ async def cmd_rent(args: argparse.Namespace, client: Client) -> int:
     if args.json:
         print_json(rental)
     else:
-        _print_rental_outcome(rental)
-    return 1 if _failed(rental) else 0
-
-
-def _failed(rental: Mapping[str, Any]) -> bool:
-    """Ended without having run to its end: failed, preempted, or stopped before it started (or with a reason)."""
-    if rental["state"] == "stopped":
-        return bool(rental.get("failure_reason")) or not rental.get("started_at")
-    return rental["state"] in ENDED_STATES
-
-
-def _print_rental_outcome(rental: Mapping[str, Any]) -> None:
-    rid, rstate = rental["id"], rental["state"]
-    if _failed(rental):
-        reason = rental.get("failure_reason") or ("it was stopped before it ran" if rstate == "stopped" else "no reason given")
-        print(f"{rid} {rstate}")
-        err(f"gpumarket: rental {rid} {rstate}: {reason}; see `gpumarket logs {rid}`, or rent elsewhere")
-        return
-    if rstate in ENDED_STATES:  # it ran, and its workload has already ended
-        print(f"{rid} {rstate}")
-        err(f"the workload ran and ended; its output: gpumarket logs {rid}")
-        return
-    gpus = f"{rental.get('gpu_count')} x {rental.get('gpu_model') or 'GPU'}"
-    price = f", {money(rental['price_per_hour'], 'rate')}/h" if rental.get("price_per_hour") else ""
-    print(f"{rid} {rstate}: {gpus}{price}")
-    if rstate == "running":
-        inside = f"shell: gpumarket ssh {rid}; files: gpumarket cp FILE {rid}:; " if rental.get("ssh_host_key") else ""
-        err(f"{inside}logs: gpumarket logs {rid} -f; stop: gpumarket stop {rid}")
-    else:
-        err(f"follow it with `gpumarket rentals`; stop it with `gpumarket stop {rid}`")
+        await print_rental_outcome(client, rental)
+    return 1 if failed(rental) else 0
 
 
 # ---- rentals, logs, stop ------------------------------------------------------------------------
@@ -504,8 +479,11 @@ RENT_EPILOG = f"""\
 Without --template or --image the rental holds the GPUs and runs nothing (--hold says so).
 Templates: {TEMPLATES_HINT}.
 It waits until the rental runs, with a progress line on stderr (Ctrl-C stops waiting, not
-the rental), then prints the rental's id and state; exit status 1 if it failed. Each invocation rents anew: it sends its own Idempotency-Key, so a retried
-call of the same invocation never rents twice.
+the rental), then prints the rental's id and state, the web address of each port it declared
+(for about two minutes: `gpumarket open RENTAL PORT` makes a new one) and on stderr the commands
+that reach it; exit status 1 if it failed, with the failure's code and whose it is. Each
+invocation rents anew: it sends its own Idempotency-Key, so a retried call of the same
+invocation never rents twice.
 
 examples:
   gpumarket rent --gpus 2 --model 'RTX 4090' --template pytorch

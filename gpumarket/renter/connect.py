@@ -9,11 +9,13 @@ it is checked strictly: a malformed answer is an error, never text pasted into a
 
 from __future__ import annotations
 
+import argparse
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpumarket.renter.api import Client, CliError
+from gpumarket.renter.api import ApiError, Client, CliError
 
 SSH = "ssh"
 # What an alias, a login user or a rental id may be: safe in argv, ssh_config and known_hosts.
@@ -102,6 +104,42 @@ def _parse_ssh(raw: Any) -> SshEndpoint:
             raise _bad(f"a malformed ssh.{name}")
     assert isinstance(alias, str) and isinstance(user, str)
     return SshEndpoint(host_key=f"{match[1]} {match[2]}", host_alias=alias, user=user)
+
+
+def rental_arg(text: str) -> str:
+    """A rental id as an argparse type."""
+    if not NAME_RE.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"not a rental id: {text!r} (`gpumarket rentals` lists yours)")
+    return text
+
+
+# ---- web ports ----------------------------------------------------------------------------------
+
+
+def declared_ports(rental: Mapping[str, Any]) -> list[int]:
+    """The TCP ports a rental's container workload declared (a template's included); none for a hold or a process."""
+    workload = rental.get("workload") or {}
+    if workload.get("kind") != "container":
+        return []
+    return [int(p) for p in workload.get("ports") or []]
+
+
+def no_web_port(rental_id: str, number: int) -> str:
+    return f"its relay serves no web ports; pipe the port with `gpumarket tunnel {rental_id} --port {number}`"
+
+
+async def port_lines(client: Client, rental: Mapping[str, Any]) -> list[str]:
+    """``port 8000  https://…`` for each port the running ``rental`` declared: its web address through the relay, or
+    why there is none now (its host offline, say)."""
+    lines = []
+    for number in declared_ports(rental):
+        try:
+            ticket = await request_ticket(client, rental["id"], number)
+        except ApiError as exc:
+            lines.append(f"port {number}  no address now: {exc.message}")
+            continue
+        lines.append(f"port {number}  {ticket.web_url or no_web_port(rental['id'], number)}")
+    return lines
 
 
 def _bad(what: str) -> BadAnswer:

@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import os
 import re
+import shlex
 import shutil
 import sys
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from gpumarket.renter.api import ApiError, Client, UsageError
 from gpumarket.renter.commands import all_rentals, set_command
-from gpumarket.renter.connect import NAME_RE, SSH, Ticket, request_ticket
+from gpumarket.renter.connect import NAME_RE, SSH, Ticket, rental_arg, request_ticket
 from gpumarket.renter.options import common_options
 from gpumarket.renter.sshfiles import (
     host_entry,
@@ -36,12 +37,13 @@ from gpumarket.renter.sshfiles import (
 )
 from gpumarket.renter.tunnel import port_arg, run_tunnel
 
-# ssh's options that take a value (OpenSSH 9's getopt string), to tell its options from the command.
+# ssh's and scp's options that take a value (OpenSSH 9's getopt strings), to tell their options from the rest.
 SSH_OPTIONS_WITH_VALUE = frozenset("BDEFIJLOPQRSWbceilmopw")
+SCP_OPTIONS_WITH_VALUE = frozenset("DFJPSXcilo")
 # `gpumarket ssh-config` asks for this many rentals' tickets at once.
 CONNECT_CONCURRENCY = 8
 # What `ssh-config` skips with a note rather than failing on: the rental has no SSH to offer now.
-NO_SSH_NOW = ("no_ssh_host_key", "host_offline", "rental_not_running", "rental_not_found")
+NO_SSH_NOW = ("nothing_to_log_into", "no_ssh_host_key", "host_offline", "rental_not_running", "rental_not_found")
 INSTALL_SSH = "install OpenSSH's client (apt install openssh-client)"
 
 
@@ -54,12 +56,6 @@ def find_program(name: str) -> str:
     if path is None:
         raise UsageError(f"`{name}` is not installed (or not on PATH): {INSTALL_SSH}")
     return path
-
-
-def rental_arg(text: str) -> str:
-    if not NAME_RE.fullmatch(text):
-        raise argparse.ArgumentTypeError(f"not a rental id: {text!r} (`gpumarket rentals` lists yours)")
-    return text
 
 
 async def ssh_ticket(client: Client, rental_id: str) -> Ticket:
@@ -76,11 +72,47 @@ def _pinning(args: argparse.Namespace, ticket: Ticket) -> list[str]:
     return option_args(options)
 
 
+def add_ssh_options(parser: argparse.ArgumentParser, program: str) -> None:
+    """The options ``ssh``, ``cluster ssh`` and ``cp`` take alike, before their RENTAL (or SRC): ``-i KEY``,
+    ``-o OPTION``, ``-q``, ``-v`` and ``--dry-run``; ``ssh_option_args`` hands the first four to ``program``."""
+    parser.add_argument("-i", dest="identity", type=Path, metavar="KEY", help=f"the SSH private key to log in with ({program} -i)")
+    parser.add_argument("-o", dest="ssh_options", action="append", default=[], metavar="OPTION",
+                        help="an ssh option, e.g. -o IdentitiesOnly=yes (repeatable)")  # fmt: skip
+    parser.add_argument("-q", dest="quiet", action="store_true", help=f"{program} -q: no warnings" + (" or progress meter" if program == "scp" else ""))
+    parser.add_argument("-v", dest="verbose", action="count", default=0, help=f"{program} -v: debug output (-vv, -vvv: more)")
+    parser.add_argument("--dry-run", action="store_true", help=f"ask for the ticket and pin the host key, then print the {program} "
+                        "command line instead of running it")  # fmt: skip
+
+
+def ssh_option_args(args: argparse.Namespace) -> list[str]:
+    """The options of ``add_ssh_options`` as ssh's and scp's own arguments."""
+    extra = ["-i", str(args.identity)] if args.identity else []
+    extra += ["-q"] if args.quiet else []
+    extra += ["-" + "v" * args.verbose] if args.verbose else []
+    for option in args.ssh_options:
+        extra += ["-o", option]
+    return extra
+
+
+def hand_over(args: argparse.Namespace, argv: list[str]) -> None:
+    """Exec ``argv`` once the command returns (``run``), or with ``--dry-run`` print it as a shell would read it."""
+    if args.dry_run:
+        print(shlex.join(argv))
+    else:
+        args.exec_argv = argv
+
+
 # ---- ssh ----------------------------------------------------------------------------------------
 
 
 def split_ssh_args(args: list[str]) -> tuple[list[str], list[str]]:
     """ssh's options, and the remote command after them (or after ``--``), as ssh's getopt sees them."""
+    return split_options(args, SSH_OPTIONS_WITH_VALUE, "ssh")
+
+
+def split_options(args: list[str], with_value: frozenset[str], program: str) -> tuple[list[str], list[str]]:
+    """``program``'s options (``with_value``: the letters that take a value), and the words after them (or after
+    ``--``), as its getopt sees them."""
     options: list[str] = []
     i = 0
     while i < len(args):
@@ -91,10 +123,10 @@ def split_ssh_args(args: list[str]) -> tuple[list[str], list[str]]:
             return options, args[i:]
         options.append(arg)
         for j, letter in enumerate(arg[1:], start=1):
-            if letter in SSH_OPTIONS_WITH_VALUE:
+            if letter in with_value:
                 if j == len(arg) - 1:  # `-i KEY`, not `-iKEY`
                     if i + 1 >= len(args):
-                        raise UsageError(f"ssh's option -{letter} needs a value; see `man ssh`")
+                        raise UsageError(f"{program}'s option -{letter} needs a value; see `man {program}`")
                     i += 1
                     options.append(args[i])
                 break
@@ -108,7 +140,8 @@ async def cmd_ssh(args: argparse.Namespace, client: Client) -> int:
     options, command = split_ssh_args(passed)
     ticket = await ssh_ticket(client, args.rental)
     assert ticket.ssh is not None
-    args.exec_argv = [ssh, *_pinning(args, ticket), *options, "-o", f"User={ticket.ssh.user}", ticket.ssh.host_alias, *command]
+    hand_over(args, [ssh, *_pinning(args, ticket), *ssh_option_args(args), *options, "-o", f"User={ticket.ssh.user}",
+                     ticket.ssh.host_alias, *command])  # fmt: skip
     return 0
 
 
@@ -143,7 +176,7 @@ async def cmd_ssh_config(args: argparse.Namespace, client: Client) -> int:
     path = ssh_config_path(os.environ)
     write_ssh_config(path, entries)
     print(f"wrote {len(entries)} host{'s' if len(entries) != 1 else ''} to {path}: "
-          + (", ".join(t.ssh.host_alias for t in tickets if t.ssh) or "none running"))  # fmt: skip
+          + (", ".join(t.ssh.host_alias for t in tickets if t.ssh) or "none serves SSH"))  # fmt: skip
     user_config = Path.home() / ".ssh" / "config"
     if not includes(user_config, path):
         print(f"add this line at the top of {user_config} (before any Host or Match line):\n  {include_line(path)}")
@@ -179,33 +212,37 @@ async def cmd_cp(args: argparse.Namespace, client: Client) -> int:
         raise UsageError("neither SRC nor DST is RENTAL:path; e.g. `gpumarket cp data.tar r-0123:data/`")
     if len(rentals) > 1:
         raise UsageError("copy between two rentals in two steps, through a local folder")
+    passed = args.scp_args[1:] if args.scp_args[:1] == ["--"] else args.scp_args
+    scp_options, rest = split_options(passed, SCP_OPTIONS_WITH_VALUE, "scp")
+    if rest:
+        raise UsageError(f"one SRC and one DST, then only scp's options (after `--`), not {rest[0][:60]!r}")
     scp = find_program("scp")
     ticket = await ssh_ticket(client, rentals.pop())
     assert ticket.ssh is not None
-    extra = (["-i", str(args.identity)] if args.identity else []) + (["-q"] if args.quiet else [])
-    for option in args.ssh_options:
-        extra += ["-o", option]
-    args.exec_argv = [
-        scp, "-r", *_pinning(args, ticket), *extra, "-o", f"User={ticket.ssh.user}",
+    hand_over(args, [
+        scp, "-r", *_pinning(args, ticket), *ssh_option_args(args), *scp_options, "-o", f"User={ticket.ssh.user}",
         src.for_scp(ticket.ssh.host_alias), dst.for_scp(ticket.ssh.host_alias),
-    ]  # fmt: skip
+    ])  # fmt: skip
     return 0
 
 
 # ---- parsers ------------------------------------------------------------------------------------
 
 SSH_EPILOG = """\
-Everything after RENTAL goes to ssh: its options first, then the remote command (a `--` may
-separate them). The host key is the one the rental's host reported, pinned in
-$XDG_CONFIG_HOME/gpumarket/known_hosts: ssh refuses any other (StrictHostKeyChecking yes).
-You log in with an SSH key registered on your account (POST /api/v1/account/ssh-keys);
--i picks one.
+Options before RENTAL are gpumarket's (-i, -o, -q, -v: handed to ssh, as `gpumarket cp` takes
+them; --dry-run). Everything after RENTAL goes to ssh: its own options first (-L, -A, …), then
+the remote command; a `--` may separate them. The host key is the one the rental's host
+reported, pinned in $XDG_CONFIG_HOME/gpumarket/known_hosts: ssh refuses any other
+(StrictHostKeyChecking yes). You log in with an SSH key registered on your account
+(POST /api/v1/account/ssh-keys); -i picks one. A rental that holds GPUs and runs nothing has
+nothing to log into.
 
 examples:
   gpumarket ssh r-0123456789abcdef
   gpumarket ssh r-0123456789abcdef nvidia-smi
-  gpumarket ssh r-0123456789abcdef -i ~/.ssh/id_ed25519 -L 8888:localhost:8888
-  gpumarket ssh r-0123456789abcdef -- -v 'cd /workspace && python train.py'"""
+  gpumarket ssh -i ~/.ssh/id_ed25519 r-0123456789abcdef -- -L 8888:localhost:8888
+  gpumarket ssh -v r-0123456789abcdef 'cd /workspace && python train.py'
+  gpumarket ssh --dry-run r-0123456789abcdef"""
 
 SSH_CONFIG_EPILOG = """\
 Each running rental with SSH gets a `Host <alias> <rental id>` entry whose ProxyCommand is
@@ -218,6 +255,8 @@ rentals change:
   Include ~/.config/gpumarket/ssh_config
 
 Then plain ssh, scp, sftp, rsync -e ssh and editors' Remote-SSH reach the rentals by name.
+Rentals with nothing to log into now (a hold, a host offline, no SSH host key) are skipped
+with a note on stderr; the others are printed or written all the same (exit status 0).
 
 examples:
   gpumarket ssh-config
@@ -228,13 +267,16 @@ CP_EPILOG = """\
 One side is RENTAL:PATH, like scp's HOST:PATH; the other a local path (write a local path with a
 colon as ./name:x). A relative remote path is relative to the rental's /workspace (the SFTP
 server's root); directories are copied recursively. It runs the system scp with the same
-pinned host key as `gpumarket ssh`; scp shows the progress.
+pinned host key as `gpumarket ssh`; scp shows the progress. Options before SRC are gpumarket's
+(-i, -o, -q, -v, as `gpumarket ssh` takes them; --dry-run); scp's own options go after DST and
+`--`.
 
 examples:
   gpumarket cp train.py r-0123456789abcdef:
   gpumarket cp data/ r-0123456789abcdef:data
   gpumarket cp r-0123456789abcdef:checkpoints/last.pt .
-  gpumarket cp -i ~/.ssh/gpu_ed25519 -o IdentitiesOnly=yes results.csv r-0123456789abcdef:out/"""
+  gpumarket cp -i ~/.ssh/gpu_ed25519 -o IdentitiesOnly=yes results.csv r-0123456789abcdef:out/
+  gpumarket cp big.tar r-0123456789abcdef: -- -l 100000"""
 
 TUNNEL_EPILOG = """\
 Bytes on stdin go to the port, the port's bytes come out on stdout: ssh's ProxyCommand (what
@@ -254,8 +296,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                          description="Run the system ssh to a running rental through its relay, with the rental's "
                          "host key pinned.", epilog=SSH_EPILOG)  # fmt: skip
     common_options(ssh)
+    add_ssh_options(ssh, "ssh")
     ssh.add_argument("rental", type=rental_arg, metavar="RENTAL", help="the rental's id")
-    ssh.add_argument("ssh_args", nargs=argparse.REMAINDER, metavar="SSH ARGS", help="ssh's options, then a command")
+    ssh.add_argument("ssh_args", nargs=argparse.REMAINDER, metavar="SSH ARGS", help="ssh's own options, then a command")
     set_command(ssh, cmd_ssh)
 
     config = sub.add_parser("ssh-config", help="ssh_config entries for your running rentals", formatter_class=formatter,
@@ -269,12 +312,10 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                         description="Copy files and folders between here and a rental's /workspace with the system "
                         "scp, through the relay.", epilog=CP_EPILOG)  # fmt: skip
     common_options(cp)
+    add_ssh_options(cp, "scp")
     cp.add_argument("src", metavar="SRC", help="RENTAL:PATH or a local path")
     cp.add_argument("dst", metavar="DST", help="RENTAL:PATH or a local path")
-    cp.add_argument("-i", dest="identity", type=Path, metavar="KEY", help="the SSH private key to log in with (scp -i)")
-    cp.add_argument("-q", dest="quiet", action="store_true", help="no progress meter")
-    cp.add_argument("-o", dest="ssh_options", action="append", default=[], metavar="OPTION",
-                    help="an ssh option for scp, e.g. -o IdentitiesOnly=yes (repeatable)")  # fmt: skip
+    cp.add_argument("scp_args", nargs=argparse.REMAINDER, metavar="-- SCP OPTIONS", help="scp's own options, after `--`")
     set_command(cp, cmd_cp)
 
     tunnel = sub.add_parser("tunnel", help="stdin/stdout to a rental's SSH or TCP port (ssh's ProxyCommand)",
