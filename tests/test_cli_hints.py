@@ -57,8 +57,17 @@ HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9ok
 # A command the CLI names: after "gpumarket ", up to the end of its clause (`;`, a backtick, `,`, `)` or the line's end).
 HINT_RE = re.compile(r"\bgpumarket ([a-z][^;`,)\n]*)")
 
-needs_openssh = pytest.mark.skipif(shutil.which("ssh") is None or shutil.which("scp") is None,
-                                   reason="OpenSSH's client is not installed (tests/test_renter_tunnel.py fails for it)")  # fmt: skip
+
+
+@pytest.fixture
+def openssh() -> None:
+    """The hints run ssh and scp (in their --dry-run form, which still reads the client's version): a missing client
+    is a failure of the machine's set-up, never a skip."""
+    missing = [tool for tool in ("ssh", "scp") if shutil.which(tool) is None]
+    assert not missing, f"install OpenSSH's client ({' '.join(missing)} missing): make docker does, as root"
+
+
+needs_openssh = pytest.mark.usefixtures("openssh")
 
 
 def hints(*texts: str) -> list[list[str]]:
