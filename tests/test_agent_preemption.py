@@ -21,6 +21,7 @@ from agent.logship import LogShipper
 from agent.runtimes.containeropts import ContainerOptions
 from agent.runtimes.manager import WorkloadManager
 from shared import protocol
+from shared.errors import ProtocolError
 from shared.protocol import ContainerWorkload, HoldWorkload
 from tests import dockerengine
 
@@ -101,3 +102,21 @@ class TestOrderedPreemption:
         assert manager.running() == sorted([victim, bystander])
         taken = await commands.execute(start(taker, first, HoldWorkload(), victim))
         assert taken.ok and taken.data["preempted"] == [victim] and manager.running() == sorted([bystander, taker])
+
+
+class TestWire:
+    def test_a_start_without_victims_carries_no_preempts_so_older_agents_take_it(self) -> None:
+        """``preempts`` is left off the wire when there is none: an agent older than it still runs every other start."""
+        plain = protocol.StartWorkload(rental_id="r-1", gpu_uuids=["GPU-1"])
+        assert "preempts" not in protocol.command_args(plain)
+        taking = protocol.StartWorkload(rental_id="r-2", gpu_uuids=["GPU-1"], preempts=[protocol.Preemption(rental_id="r-1", grace_s=30)])
+        assert protocol.command_args(taking)["preempts"] == [{"rental_id": "r-1", "grace_s": 30.0}]
+
+    @pytest.mark.parametrize("victim", [{"rental_id": "r-1", "grace_s": 601}, {"rental_id": "r-1", "reason": "two\nlines"}, {"rental_id": ""}])
+    def test_a_victim_is_checked_as_a_stop_is(self, victim: dict[str, Any]) -> None:
+        """Each victim's grace, reason and id are bounded as ``stop_workload``'s: a bad one refuses the whole start."""
+        body = protocol.CommandBody.of("c-1", protocol.StartWorkload(rental_id="r-2", gpu_uuids=["GPU-1"]))
+        bad = body.model_copy(update={"args": {**body.args, "preempts": [victim]}})
+        with pytest.raises(ProtocolError) as refused:
+            protocol.decode_command(bad)
+        assert refused.value.code == "bad_command"
