@@ -5,6 +5,10 @@
 (unknown kind or field) or one that fails is answered with a failed result saying why. The
 result of each of the last ``remembered_results`` ids is kept, so a resent command is
 answered again without running twice.
+
+A ``start_workload`` that ``preempts`` other rentals stops them only once its image is here
+(``WorkloadManager.start``'s ``before_start``), each as its own ``stop_workload`` would; its
+reply, or its failed result's ``data``, lists in ``preempted`` the ones it stopped.
 """
 
 from __future__ import annotations
@@ -77,6 +81,7 @@ class CommandExecutor:
         self.opening_keys = opening_keys
         self.remembered_results = remembered_results
         self._results: OrderedDict[str, protocol.CommandResultBody] = OrderedDict()
+        self._preempted: dict[str, list[str]] = {}  # command id → rentals its start stopped (while it runs)
 
     async def result_for(self, body: protocol.CommandBody) -> protocol.CommandResultBody:
         """The command's result: run now, or remembered from an earlier delivery of the same id."""
@@ -102,8 +107,12 @@ class CommandExecutor:
         except (GpumarketError, TypeError, ValueError) as exc:
             log.warning("command %s (%s) failed: %s", body.command_id, body.kind, exc)
             # The stable code (workload_not_isolated, gpu_in_use, ...) lets the master tell the renter why.
-            code = {"code": exc.code} if isinstance(exc, GpumarketError) and exc.code else None
-            return _result(body.command_id, ok=False, detail=str(exc), data=code)
+            data: dict[str, Any] = {"code": exc.code} if isinstance(exc, GpumarketError) and exc.code else {}
+            if isinstance(command, protocol.StartWorkload) and command.preempts is not None:
+                data["preempted"] = self._preempted.get(body.command_id, [])  # stopped before the start failed
+            return _result(body.command_id, ok=False, detail=str(exc), data=data or None)
+        finally:
+            self._preempted.pop(body.command_id, None)
         return _result(body.command_id, ok=True, data=reply.model_dump(mode="json", exclude_unset=True))
 
     async def _handle(self, command: protocol.AnyCommand, command_id: str) -> protocol.CommandReply:
@@ -141,12 +150,26 @@ class CommandExecutor:
             login = SealedLogin(command.sealed_registry_auth, self.host_id or "", command_id, self.opening_keys or _no_keys)
         if self.ssh is not None:
             self.ssh.check_keys(command.authorized_keys)  # a bad key fails the start before anything runs
+        preempts = command.preempts or []
+        stopped = self._preempted.setdefault(command_id, [])
+
+        async def stop_preempted() -> None:
+            """Stop the rentals this start takes the GPUs of: called once nothing before the start can fail on its own."""
+            for victim in preempts:
+                if victim.rental_id not in stopped:
+                    await self._stop_workload(protocol.StopWorkload(rental_id=victim.rental_id, grace_s=victim.grace_s, reason=victim.reason))
+                    stopped.append(victim.rental_id)
+
         async with contextlib.AsyncExitStack() as stack:
             if self.power is not None:
                 # Every GPU it gets back to its full limit before anything runs (or the start fails): docs/power.md.
                 await stack.enter_async_context(self.power.ready_for_start(command.gpu_uuids))
-            data = await self.workloads.start(command.rental_id, list(command.gpu_uuids), command.workload, share=command.share,
-                                             registry_auth=login)  # fmt: skip
+            data = await self.workloads.start(
+                command.rental_id, list(command.gpu_uuids), command.workload, share=command.share, registry_auth=login,
+                preempts=[victim.rental_id for victim in preempts], before_start=stop_preempted if preempts else None,
+            )  # fmt: skip
+        if command.preempts is not None:
+            data["preempted"] = list(stopped)
         self.logs.follow(command.rental_id, save=True)
         if self.ssh is not None:
             # Every kind gets a host key: a hold rental's login is answered with why it has no shell.

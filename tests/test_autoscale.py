@@ -203,6 +203,7 @@ class TestPass:
         [replica] = await live(api, service_id)
         status, on_demand = await api.as_renter("POST", "/rentals", json={"gpu_count": 1})  # takes its GPU
         assert status == 201, on_demand
+        await api.agent_reports(on_demand["id"], "start_workload")  # which stopped it first
         await autoscale_pass(api.master, Probe(), AutoscalerMemory())
         async with api.master.db.session() as session:
             ended = await session.get(Rental, replica.id)

@@ -212,6 +212,9 @@ class TestPlacementHonoursTheBounds:
         await learn(api, (free[0], free[1], Figures(rtt_ms=5.0)))
         placed = await placed_on(api, node_count=2, network={"max_latency_ms": 2})
         assert busy in placed and placed != set(free)
+        _, marked = await api.as_renter("GET", f"/rentals/{victim['id']}")
+        assert marked["state"] == "running" and marked["preempting_by"] is not None  # until its taker really starts
+        await api.agent_reports(marked["preempting_by"], "start_workload")
         _, preempted = await api.as_renter("GET", f"/rentals/{victim['id']}")
         assert preempted["state"] == "preempted"
 

@@ -66,7 +66,7 @@ class TestStopPolicy:
         assert [e["to"] for e in body["events"]] == ["pending", "starting", "running", "stopping", "failed"]
 
     async def test_a_preempted_member_stops_the_cluster(self, api: Api) -> None:
-        """An on-demand rental preempting an interruptible cluster's node 0 stops node 1 too."""
+        """An on-demand rental preempting an interruptible cluster's node 0 stops node 1 too, once its start is confirmed."""
         hosts = [(await api.host(1))[0] for _ in range(2)]
         cluster_id, ids = await running_cluster(api, 2, kind="interruptible", bid="0.20")
         async with api.master.db.session() as session:
@@ -75,6 +75,9 @@ class TestStopPolicy:
             target = first.host_id
         status, rental = await api.as_renter("POST", "/rentals", json={"offer_id": f"{target}:NVIDIA GeForce RTX 4090"})
         assert status == 201, rental
+        body = await view(api, cluster_id)
+        assert [m["state"] for m in body["members"]] == ["running", "running"]  # until the new rental really starts
+        await api.agent_reports(rental["id"], "start_workload")
         body = await view(api, cluster_id)
         assert [m["state"] for m in body["members"]] == ["preempted", "stopping"]
         assert len(await api.commands(ids[1], "stop_workload")) == 1

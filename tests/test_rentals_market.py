@@ -257,72 +257,7 @@ class TestInterruptibleAndPreemption:
         status, rental = await rent(api, kind="interruptible", bid="0.25")
         assert (status, rental["kind"], rental["price_per_gpu_hour"]) == (201, "interruptible", "0.250000")
 
-    async def test_on_demand_preempts_the_cheapest_bid_first(self, api: Api) -> None:
-        """Preemption frees the lowest bid, ends it as preempted at once, and stops its workload with a grace period."""
-        await api.host(2)
-        _, cheap = await rent(api, kind="interruptible", bid="0.20")
-        _, dear = await rent(api, kind="interruptible", bid="0.30")
-        for rental in (cheap, dear):
-            await api.agent_reports(rental["id"], "start_workload")
-        status, on_demand = await rent(api, gpu_count=1)
-        assert status == 201, on_demand
-        assert on_demand["gpu_uuids"] == cheap["gpu_uuids"]
-
-        _, victim = await api.as_renter("GET", f"/rentals/{cheap['id']}")
-        assert victim["state"] == "preempted"
-        assert victim["preempted_by"] == on_demand["id"]
-        assert victim["events"][-1]["to"] == "preempted" and on_demand["id"] in victim["events"][-1]["cause"]
-        [stop] = await api.commands(cheap["id"], "stop_workload")
-        assert stop.args == {"rental_id": cheap["id"], "grace_s": 30.0, "reason": f"preempted by rental {on_demand['id']}"}
-        [start] = await api.commands(on_demand["id"], "start_workload")
-        assert start.created_at > stop.created_at  # the agent runs the stop first
-        _, survivor = await api.as_renter("GET", f"/rentals/{dear['id']}")
-        assert survivor["state"] == "running"
-
-    async def test_billing_stops_at_the_preemption(self, api: Api) -> None:
-        """A preempted rental's stopped_at is the preemption, and the agent's later stop confirmation changes nothing."""
-        await api.host(1)
-        _, victim = await rent(api, kind="interruptible", bid="0.20")
-        await api.agent_reports(victim["id"], "start_workload")
-        _, winner = await rent(api, gpu_count=1)
-        _, preempted = await api.as_renter("GET", f"/rentals/{victim['id']}")
-        stopped_at = preempted["stopped_at"]
-        assert stopped_at is not None and stopped_at == preempted["events"][-1]["at"]
-        await api.agent_reports(victim["id"], "stop_workload")
-        _, after = await api.as_renter("GET", f"/rentals/{victim['id']}")
-        assert (after["state"], after["stopped_at"]) == ("preempted", stopped_at)
-        assert len(after["events"]) == len(preempted["events"])
-        assert winner["state"] == "starting"
-
-    async def test_a_higher_bid_preempts_a_lower_one_but_not_the_reverse(self, api: Api) -> None:
-        """Interruptible rentals outrank lower bids only; an equal or lower bid waits, and on-demand rentals are never preempted."""
-        await api.host(1)
-        _, low = await rent(api, kind="interruptible", bid="0.20")
-        status, body = await rent(api, kind="interruptible", bid="0.20")
-        assert_error(status, body, 409, "insufficient_capacity")
-        status, high = await rent(api, kind="interruptible", bid="0.35")
-        assert status == 201, high
-        _, low_now = await api.as_renter("GET", f"/rentals/{low['id']}")
-        assert low_now["state"] == "preempted"
-        status, on_demand = await rent(api, gpu_count=1)
-        assert status == 201
-        status, body = await rent(api, gpu_count=1)
-        assert_error(status, body, 409, "insufficient_capacity")  # on-demand never preempts on-demand
-        _, high_now = await api.as_renter("GET", f"/rentals/{high['id']}")
-        assert (high_now["state"], high_now["preempted_by"]) == ("preempted", on_demand["id"])
-
-    async def test_preemption_takes_only_the_victims_it_needs(self, api: Api) -> None:
-        """Freeing two GPUs on a four-GPU host preempts the two cheapest there and leaves the others running."""
-        await api.host(4)
-        bids = ["0.40", "0.10", "0.30", "0.20"]
-        made = [(await rent(api, kind="interruptible", bid=bid))[1] for bid in bids]
-        status, on_demand = await rent(api, gpu_count=2)
-        assert status == 201, on_demand
-        states = {}
-        for rental, bid in zip(made, bids, strict=True):
-            _, now = await api.as_renter("GET", f"/rentals/{rental['id']}")
-            states[bid] = now["state"]
-        assert states == {"0.10": "preempted", "0.20": "preempted", "0.30": "starting", "0.40": "starting"}
+    # Preemption itself: tests/test_preemption.py.
 
 
 class TestBidsAreBoundedByOnDemand:

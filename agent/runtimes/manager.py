@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -247,7 +247,8 @@ class WorkloadManager:
 
     async def start(
         self, rental_id: str, gpu_uuids: list[str], spec: WorkloadSpec, *, share: GpuShare | None = None,
-        registry_auth: SealedLogin | None = None,
+        registry_auth: SealedLogin | None = None, preempts: Sequence[str] = (),
+        before_start: Callable[[], Awaitable[None]] | None = None,
     ) -> dict[str, Any]:
         """Start the rental's workload unless it already runs (then report it again).
 
@@ -259,16 +260,24 @@ class WorkloadManager:
         reserved; a second start of the same rental waits for the first. Cancelling is safe:
         a container start cancelled half-way removes what it made. ``registry_auth``: the login for a container's
         image pull, sealed to this host (opened only if a pull is needed, for that pull; never stored, never logged).
+
+        Preemption: ``preempts`` names rentals whose GPUs this one takes; they count as gone for the GPUs'
+        first check. ``before_start`` (which stops them) is awaited once everything that can fail without
+        touching them is done — the check, a container's image pull — and before the workload is made; the
+        GPUs are checked again after it. A start that fails before ``before_start`` leaves them running.
         """
         self._check_open()
         check_rental_id(rental_id)
         await self.resume()
         if isinstance(spec, ContainerWorkload):
-            return await self._start_container(rental_id, gpu_uuids, spec, share, registry_auth)
+            return await self._start_container(rental_id, gpu_uuids, spec, share, registry_auth, preempts, before_start)
         existing = self._workloads.get(rental_id) or self._pending.get(rental_id)
         if existing is not None:
             return self._already_running(existing)
-        gpus = self._check_gpus(gpu_uuids, share)
+        gpus = self._check_gpus(gpu_uuids, share, ignoring=preempts)
+        if before_start is not None:
+            await before_start()  # nothing to fetch for a hold or a process: the victims go now
+            gpus = self._check_gpus(gpu_uuids, share)
         if isinstance(spec, HoldWorkload):
             workload, result = self.holds.start(rental_id, gpus, spec, share)
         else:
@@ -284,7 +293,8 @@ class WorkloadManager:
         return result
 
     async def _start_container(
-        self, rental_id: str, gpu_uuids: list[str], spec: ContainerWorkload, share: GpuShare | None, registry_auth: SealedLogin | None
+        self, rental_id: str, gpu_uuids: list[str], spec: ContainerWorkload, share: GpuShare | None, registry_auth: SealedLogin | None,
+        preempts: Sequence[str] = (), before_start: Callable[[], Awaitable[None]] | None = None,
     ) -> dict[str, Any]:
         if self.container_options is None:
             raise BadRequest(
@@ -296,19 +306,20 @@ class WorkloadManager:
         lock = self._start_locks.setdefault(rental_id, asyncio.Lock())
         try:
             async with lock:
-                return await self._start_container_locked(rental_id, gpu_uuids, spec, share, registry_auth)
+                return await self._start_container_locked(rental_id, gpu_uuids, spec, share, registry_auth, preempts, before_start)
         finally:
             if not lock.locked() and self._start_locks.get(rental_id) is lock:
                 del self._start_locks[rental_id]
 
     async def _start_container_locked(
-        self, rental_id: str, gpu_uuids: list[str], spec: ContainerWorkload, share: GpuShare | None, registry_auth: SealedLogin | None
+        self, rental_id: str, gpu_uuids: list[str], spec: ContainerWorkload, share: GpuShare | None, registry_auth: SealedLogin | None,
+        preempts: Sequence[str], before_start: Callable[[], Awaitable[None]] | None,
     ) -> dict[str, Any]:
         self._check_open()
         existing = self._workloads.get(rental_id)
         if existing is not None:
             return self._already_running(existing)
-        gpus = self._check_gpus(gpu_uuids, share)
+        gpus = self._check_gpus(gpu_uuids, share, ignoring=preempts)
         ceilings = self._ceilings_of(spec, gpus, share)
         workload = Workload(rental_id, "container", gpus, now_iso(), share=share, disk_gib=ceilings.disk_gib)
         self._pending[rental_id] = workload  # its GPUs are taken while the image comes and the container starts
@@ -326,6 +337,9 @@ class WorkloadManager:
             finally:
                 self._pulls.pop(rental_id, None)
             self._check_open()
+            if before_start is not None:
+                await before_start()  # the image is here: only now do the preempted workloads go
+                self._check_gpus(gpu_uuids, share, ignoring=(rental_id,))  # ... and their GPUs are free
             result = await self.containers.start(workload, spec, image, share, ceilings)
         finally:
             self._pending.pop(rental_id, None)
@@ -342,9 +356,11 @@ class WorkloadManager:
             raise Conflict(f"rental {workload.rental_id}'s workload is stopping; start it again once stopped", code="workload_stopping")
         return {"already_running": True, "kind": workload.kind, "pid": workload.pid}
 
-    def _check_gpus(self, gpu_uuids: Sequence[str], share: GpuShare | None) -> list[str]:
-        """The GPUs, checked to be on this host and free for the workload (whole, or room for its ``share``)."""
-        return check_gpus(self.backend, [*self._workloads.values(), *self._pending.values()], gpu_uuids, share)
+    def _check_gpus(self, gpu_uuids: Sequence[str], share: GpuShare | None, *, ignoring: Sequence[str] = ()) -> list[str]:
+        """The GPUs, checked to be on this host and free for the workload (whole, or room for its ``share``);
+        ``ignoring``: rentals whose workloads count as gone (ones it preempts, its own pending start)."""
+        held = [w for w in [*self._workloads.values(), *self._pending.values()] if w.rental_id not in ignoring]
+        return check_gpus(self.backend, held, gpu_uuids, share)
 
     # ---- watching and exits -----------------------------------------------------------
 

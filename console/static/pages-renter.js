@@ -475,6 +475,8 @@ export function rentalPage(page, ctx) {
       ["Stopped", timeEl(rental.stopped_at)],
       rental.failure_reason ? ["Why it ended", rental.failure_reason] : null,
       rental.preempted_by ? ["Preempted by", link(`#/rentals/${encodeURIComponent(rental.preempted_by)}`, rental.preempted_by)] : null,
+      rental.preempting_by ? ["Being preempted by", link(`#/rentals/${encodeURIComponent(rental.preempting_by)}`, rental.preempting_by)] : null,
+      rental.requeued_from ? ["Queued again after", link(`#/rentals/${encodeURIComponent(rental.requeued_from)}`, rental.requeued_from)] : null,
     ]));
     if (rental.state !== lastState) {
       renderActions(rental);

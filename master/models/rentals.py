@@ -43,6 +43,13 @@ class Rental(Base):
     spec: Mapped[dict[str, Any]] = mapped_column(default=dict)
     queue_until: Mapped[datetime | None] = mapped_column(default=None)
     preempted_by_id: Mapped[str | None] = mapped_column(ForeignKey("rentals.id", name="fk_rentals_preempted_by_id"), default=None)
+    # A preemption in flight: the rental taking this one's GPUs, whose agent stops this one's workload once it has
+    # its image (master/services/rentals/preemption.py). This one runs (and is billed) until then; cleared if it fails.
+    preempting_by_id: Mapped[str | None] = mapped_column(
+        ForeignKey("rentals.id", name="fk_rentals_preempting_by_id"), default=None, index=True
+    )
+    # A preempted ``queue: true`` rental queued again as this one (it keeps the first one's ``created_at``: its place).
+    requeued_from_id: Mapped[str | None] = mapped_column(ForeignKey("rentals.id", name="fk_rentals_requeued_from_id"), default=None)
     # Billing (billing/rating.py): usage is posted to the ledger up to here; NULL: nothing rated yet.
     rated_until: Mapped[datetime | None] = mapped_column(default=None)
     billed_seconds: Mapped[int] = mapped_column(default=0, server_default="0")

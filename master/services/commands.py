@@ -123,3 +123,12 @@ def complete(row: CommandRow, *, ok: bool, result: dict[str, Any], at: datetime)
     row.completed_at = at
     row.result = result
     return True
+
+
+async def cancel_open(session: AsyncSession, rental_id: str, *, at: datetime, reason: str) -> None:
+    """Fail the rental's unanswered commands as cancelled (a host that comes back is not told to run them)."""
+    await session.execute(
+        update(CommandRow)
+        .where(CommandRow.rental_id == rental_id, CommandRow.state.in_(OPEN_STATES))
+        .values(state="failed", completed_at=at, result={"ok": False, "detail": f"cancelled: {reason}"})
+    )

@@ -313,8 +313,26 @@ def registry_auth_context(host_id: str, command_id: str) -> str:
     return f"registry_auth:{host_id}:{command_id}"
 
 
+class Preemption(StrictModel):
+    """A rental whose workload a ``start_workload`` stops before it starts (``StartWorkload.preempts``)."""
+
+    rental_id: RentalId
+    grace_s: Annotated[float, Field(ge=0, le=MAX_STOP_GRACE_S), BeforeValidator(_grace)] | None = None
+    reason: Annotated[str, Field(max_length=MAX_STOP_REASON_CHARS), BeforeValidator(_reason)] | None = None
+
+
+MAX_PREEMPTIONS = 64  # rentals one start may preempt (a host has at most 64 GPUs, each with at most a few shares)
+
+
 class StartWorkload(StrictModel):
-    """Start the rental's workload on ``gpu_uuids`` (whole GPUs, or a ``share`` of exactly one)."""
+    """Start the rental's workload on ``gpu_uuids`` (whole GPUs, or a ``share`` of exactly one).
+
+    ``preempts``: rentals whose GPUs this one takes. The agent first does everything that can fail
+    without touching them (the GPUs' check, the image's pull), then stops each (as a ``stop_workload``
+    with its grace and reason would), then starts this one; the reply, or the failed result's
+    ``data``, lists in ``preempted`` the ones it stopped. A failure before that stops none of them.
+    An agent older than this field refuses the command (``bad_command``) and so touches nothing.
+    """
 
     kind: Literal["start_workload"] = "start_workload"
     rental_id: RentalId
@@ -331,6 +349,7 @@ class StartWorkload(StrictModel):
     # certificate key under ``registry_auth_context`` (only the agent opens it, at pull time); none: the pull is
     # anonymous. Only a sealed token is accepted here, never a login in the clear.
     sealed_registry_auth: SealedRegistryAuth | None = Field(None, repr=False)
+    preempts: list[Preemption] | None = Field(None, max_length=MAX_PREEMPTIONS)
 
     @model_validator(mode="after")
     def _share_env_is_the_agents(self) -> StartWorkload:

@@ -27,6 +27,7 @@ class WorkloadStarted(LenientModel):
     cgroups: list[str] | None = None
     systemd_unit: str | None = None
     ssh_host_key: str | None = None  # the rental's SSH host public key (OpenSSH form), pinned by renters' clients
+    preempted: list[str] | None = None  # the rentals of ``StartWorkload.preempts`` it stopped before starting
 
 
 class WorkloadStopped(LenientModel):

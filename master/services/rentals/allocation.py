@@ -276,3 +276,45 @@ async def release(session: AsyncSession, rental_id: str, *, at: datetime) -> int
             )
     return released
 
+
+
+async def reclaim(session: AsyncSession, rental_id: str, *, at: datetime) -> bool:
+    """Take back what ``rental_id`` held when it was last released (a preemption rolled back: ``preemption.settle``);
+    False when part of it is taken (the caller's savepoint undoes the rest). Same conditional statements as ``claim``."""
+    last = await session.scalar(
+        select(GpuAllocation.released_at).where(GpuAllocation.rental_id == rental_id, GpuAllocation.released_at.is_not(None))
+        .order_by(GpuAllocation.released_at.desc()).limit(1)
+    )  # fmt: skip
+    if last is None:
+        return False
+    held = (
+        await session.scalars(select(GpuAllocation).where(GpuAllocation.rental_id == rental_id, GpuAllocation.released_at == last))
+    ).all()
+    for old in held:
+        if old.mig_uuid is not None:
+            taken = await session.scalar(select(GpuAllocation.id).where(GpuAllocation.active_mig == old.mig_uuid))
+            if taken is not None:
+                return False
+        elif old.whole:
+            result = await session.execute(
+                update(Gpu)
+                .where(Gpu.id == old.gpu_id, Gpu.rental_id.is_(None), Gpu.milli_used == 0)
+                .values(rental_id=rental_id, milli_used=MILLI, memory_used_mib=Gpu.memory_total_mib)
+            )
+            if result.rowcount != 1:  # type: ignore[attr-defined]
+                return False
+        else:
+            result = await session.execute(
+                update(Gpu)
+                .where(
+                    Gpu.id == old.gpu_id, Gpu.rental_id.is_(None), Gpu.milli_used + old.milli <= MILLI,
+                    Gpu.memory_used_mib + old.memory_mib <= Gpu.memory_total_mib,
+                )
+                .values(milli_used=Gpu.milli_used + old.milli, memory_used_mib=Gpu.memory_used_mib + old.memory_mib)
+            )  # fmt: skip
+            if result.rowcount != 1:  # type: ignore[attr-defined]
+                return False
+        session.add(GpuAllocation(rental_id=rental_id, gpu_id=old.gpu_id, milli=old.milli, memory_mib=old.memory_mib, whole=old.whole,
+                                  mig_uuid=old.mig_uuid, active_mig=old.mig_uuid, created_at=at))  # fmt: skip
+    await session.flush()  # a concurrent claim of the same MIG instance fails here (unique active_mig)
+    return bool(held)

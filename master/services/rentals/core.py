@@ -218,6 +218,8 @@ def rental_view(rental: Rental, events: Sequence[RentalEvent] | None = None) -> 
         "queued": rental.state == RentalState.PENDING and rental.host_id is None,
         "queue_until": rental.queue_until.isoformat() if rental.queue_until else None,
         "preempted_by": rental.preempted_by_id,
+        "preempting_by": rental.preempting_by_id,  # a preemption in flight: it runs until that rental's host has its image
+        "requeued_from": rental.requeued_from_id,
         "ssh_host_key": rental.ssh_host_key,
         "workspace_until": rental.workspace_until.isoformat() if rental.workspace_until else None,
         "tunnel": {"bytes_in": rental.tunnel_bytes_in or 0, "bytes_out": rental.tunnel_bytes_out or 0},

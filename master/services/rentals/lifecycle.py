@@ -31,7 +31,7 @@ from master.services.market import (
     agent_failure_code,
     record_failure,
 )
-from master.services.rentals import allocation
+from master.services.rentals import allocation, preemption
 from master.services.rentals.core import create_rental
 from master.services.rentals.placement import cancel_commands
 from master.services.rentals.request import RentalRequest
@@ -96,6 +96,8 @@ async def apply_command_result(
                 record_failure(rental, agent_failure_code(code), reason or "the agent gave no reason")
                 rental.stopped_at = at
                 await _release(session, rental, at=at)
+        # The rentals it preempts: ended if its agent stopped them, else given their GPUs back (after its own release).
+        await preemption.settle(session, rental, ok=ok, detail=detail, data=data, at=at)
     elif command.kind == "stop_workload" and ok:
         if advance(session, rental, RentalState.STOPPED, "agent confirmed the workload stopped"):
             rental.stopped_at = at

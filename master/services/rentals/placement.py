@@ -18,10 +18,11 @@
 3. **Preempt** if nothing fits and the request outranks someone: on-demand outranks every
    interruptible rental, an interruptible one every lower bid. Interruptible rentals are
    freed cheapest bid first (newest first among equal bids) until the request fits on one
-   node; victims that turn out not to be needed are kept. Victims end ``preempted`` at once
-   (billing stops then), their GPUs pass to the new rental, and their workloads get
-   ``stop_workload`` with a grace period (SIGTERM, SIGKILL after ``preemption_grace_s``),
-   sent before the new rental's start so the agent runs them in that order.
+   node; victims that turn out not to be needed are kept. Victims are only marked
+   (``preemption.mark``): their GPUs pass to the new rental, whose ``start_workload`` names them
+   (``preempts``, with the ``preemption_grace_s`` grace). Its agent stops them once it has the
+   image, and they end ``preempted`` when that start is confirmed; a start that fails before
+   gives them their GPUs back and they keep running (``preemption.settle``).
 4. **Claim** atomically (``allocation.claim``) in a savepoint; a lost race reads the fleet
    again (up to ``MAX_PLACEMENT_ROUNDS``).
 
@@ -43,18 +44,18 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import exists, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import aliased
 
 from master.context import Master
 from master.models import Account, Gpu, Rental, RentalEvent
-from master.models import Command as CommandRow
 from master.scheduler import MILLI, Node, Placement, get_placer
 from master.scheduler import Request as PlaceRequest
 from master.services import accounts, commands, isolation, market
 from master.services.lifecycle.rentals import ACTIVE_STATES, RentalState, advance
 from master.services.market import PRICE_QUANTUM, load_price_bounds, model_matches, money, parse
-from master.services.rentals import allocation
+from master.services.rentals import allocation, preemption
 from master.services.rentals.allocation import Hold, HostState
 from master.services.rentals.request import RentalRequest
 from shared import protocol
@@ -323,9 +324,12 @@ def _refuse_offer(
 
 
 async def _preemptible(session: AsyncSession, request: RentalRequest) -> dict[str, tuple[Decimal, datetime]]:
-    """Active interruptible rentals the request outranks: id → (bid, created)."""
+    """Active interruptible rentals the request outranks: id → (bid, created). Not those in a preemption in flight,
+    as victims or as takers (a chain of them could not be rolled back)."""
+    victim = aliased(Rental)
     query = select(Rental.id, Rental.bid_per_gpu_hour, Rental.created_at).where(
-        Rental.kind == "interruptible", Rental.state.in_(ACTIVE_STATES), Rental.host_id.is_not(None)
+        Rental.kind == "interruptible", Rental.state.in_(ACTIVE_STATES), Rental.host_id.is_not(None), Rental.preempting_by_id.is_(None),
+        ~exists().where(victim.preempting_by_id == Rental.id),
     )
     if request.priority is not None:
         query = query.where(Rental.bid_per_gpu_hour < request.priority)
@@ -435,52 +439,28 @@ async def try_place(
             if rental not in session:
                 session.add(rental)
             await session.flush()
-            stops = await _preempt(master, session, victims, rental, now=now) if victims else []
-            claimed = stops is not None and await allocation.claim(session, rental, placement, host, name, at=now)
+            grace = master.settings.preemption_grace_s
+            preempts = await preemption.mark(session, victims, rental, grace_s=grace, now=now) if victims else []
+            claimed = preempts is not None and await allocation.claim(session, rental, placement, host, name, at=now)
             if not claimed:
                 log.info("lost a race for GPUs on host %s; reading the fleet again", host.host_id)
                 await attempt.rollback()
         if not claimed:
             found = await find_candidates(master, session, request, now=now, price_cap=price_cap)
             continue
-        assert stops is not None
+        assert preempts is not None
         if master.settings.placement_pause_after_claim_s:  # fault injection: the fault suite kills the master here
             log.warning("placement of rental %s paused %gs after its claim (placement_pause_after_claim_s)", rental.id,
                         master.settings.placement_pause_after_claim_s)  # fmt: skip
             await asyncio.sleep(master.settings.placement_pause_after_claim_s)
-        return [*stops, await _start(session, rental, request, placement, now=now)], None
+        return [await _start(session, rental, request, placement, preempts, now=now)], None
     return [], _no_room(request, found)
 
 
-async def _preempt(master: Master, session: AsyncSession, victims: Sequence[str], by: Rental, *, now: datetime) -> list[str] | None:
-    """End ``victims`` as preempted by ``by`` and free their GPUs; None if one of them is no longer preemptible."""
-    rows = (
-        await session.scalars(select(Rental).where(Rental.id.in_(list(victims))).order_by(Rental.id).with_for_update())
-    ).all()
-    if len(rows) != len(victims) or any(r.state not in ACTIVE_STATES or r.kind != "interruptible" for r in rows):
-        return None
-    grace = master.settings.preemption_grace_s
-    stop_ids = []
-    for victim in rows:
-        what = "an on-demand rental" if by.kind == "on_demand" else f"a higher bid ({money(by.bid_per_gpu_hour or Decimal(0))})"
-        advance(session, victim, RentalState.PREEMPTED, f"preempted by {what}, rental {by.id}; workload given {grace:g}s to stop", at=now)
-        victim.stopped_at = now  # billing ends here, not when the workload has stopped
-        victim.preempted_by_id = by.id
-        victim.failure_reason = f"preempted by rental {by.id}"
-        await allocation.release(session, victim.id, at=now)
-        await cancel_commands(session, victim.id, at=now, reason="the rental was preempted")
-        assert victim.host_id is not None
-        command = commands.new_command(
-            session, host_id=victim.host_id, rental_id=victim.id,
-            command=protocol.StopWorkload(rental_id=victim.id, grace_s=grace, reason=f"preempted by rental {by.id}"),
-        )  # fmt: skip
-        command.created_at = now
-        stop_ids.append(command.id)
-        log.info("rental %s preempted by %s on host %s", victim.id, by.id, victim.host_id)
-    return stop_ids
-
-
-async def _start(session: AsyncSession, rental: Rental, request: RentalRequest, placement: Placement, *, now: datetime) -> str:
+async def _start(
+    session: AsyncSession, rental: Rental, request: RentalRequest, placement: Placement, preempts: list[protocol.Preemption], *,
+    now: datetime,
+) -> str:
     assert rental.host_id is not None
     if request.replaces:
         cause = f"placed again after rental {request.replaces} lost its host"
@@ -498,18 +478,14 @@ async def _start(session: AsyncSession, rental: Rental, request: RentalRequest, 
     keys, access_version = await accounts.current_keys(session, rental.renter_id)
     start = protocol.StartWorkload.model_validate(
         {"rental_id": rental.id, "gpu_uuids": rental.gpu_uuids, "workload": rental.workload, "share": share,
-         "authorized_keys": keys, "access_version": access_version}
+         "authorized_keys": keys, "access_version": access_version, "preempts": preempts or None}
     )
     command = commands.new_command(session, host_id=rental.host_id, command=start, rental_id=rental.id)
-    command.created_at = now + timedelta(microseconds=1)  # after any preempted workload's stop, which the agent runs first
+    command.created_at = now + timedelta(microseconds=1)  # after the commands the rental's placement follows
     advance(session, rental, RentalState.STARTING, f"start command {command.id} sent to host {rental.host_id}")
     log.info("rental %s placed on host %s (%d × %d milli)", rental.id, rental.host_id, request.gpu_count, rental.gpu_milli)
     return command.id
 
 
 async def cancel_commands(session: AsyncSession, rental_id: str, *, at: datetime, reason: str) -> None:
-    await session.execute(
-        update(CommandRow)
-        .where(CommandRow.rental_id == rental_id, CommandRow.state.in_(commands.OPEN_STATES))
-        .values(state="failed", completed_at=at, result={"ok": False, "detail": f"cancelled: {reason}"})
-    )
+    await commands.cancel_open(session, rental_id, at=at, reason=reason)
