@@ -173,6 +173,22 @@ class TestBackoff:
             ready = await session.scalar(select(Rental.ready_at).where(Rental.id == replica.id))
         assert ready is not None
 
+    async def test_replicas_asked_for_together_count_whichever_fails_last(self, api: Api, clock: MovableClock) -> None:
+        """Three replicas started at once whose oldest fails after the two newer ones: the third failure still counts."""
+        for _ in range(3):
+            await api.host(1)
+        service_id, _ = await new_service(api, min_replicas=3, max_replicas=3)
+        oldest, *newer = sorted(await live(api, service_id), key=lambda r: (r.created_at, r.id))  # the streak's order
+        for replica in newer:
+            await fail_start(api, replica.id)
+        await autoscale_pass(api.master, Probe(), AutoscalerMemory())
+        assert (await service_row(api, service_id)).failure_count == 2
+        await fail_start(api, oldest.id)
+        clock.at += timedelta(seconds=1)
+        await autoscale_pass(api.master, Probe(), AutoscalerMemory())
+        service = await service_row(api, service_id)
+        assert (service.state, service.failure_count) == ("failing", 3)
+
     async def test_a_service_waiting_between_failures_answers_at_once_too(self, api: Api, clock: MovableClock) -> None:
         await api.host(1)
         service_id, token = await new_service(api)

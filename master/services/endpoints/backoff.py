@@ -94,8 +94,8 @@ async def observe(session: AsyncSession, service: Service, settings: MasterSetti
 
     A failure not seen before sets the wait before the next replica from ``now``; returns whether one was seen."""
     streak = streak_of(await failed_replicas(session, service))
-    if streak is None or streak.newest == service.failure_rental_id:
-        return False
+    if streak is None or (streak.newest, streak.count) == (service.failure_rental_id, service.failure_count):
+        return False  # nothing new (a replica asked for at once with others may fail after a newer one: the count says)
     new_cause = streak.code != service.failure_code
     service.failure_code, service.failure_owner, service.failure_message = streak.code, streak.owner, streak.message[:2000]
     service.failure_count, service.failure_rental_id = streak.count, streak.newest
