@@ -209,6 +209,50 @@ class TestServices:
         assert not console.problems, console.problems
         await console.context.close()
 
+    async def test_a_service_whose_image_cannot_be_had_says_why_folds_its_failures_and_tries_again(
+        self, browser: Browser, market: Market
+    ) -> None:
+        """Issue 39, point 2: an image no registry gives this offline marketplace. The service's page says why its
+        replica did not start and when the next comes, counts the failed replicas ("Show 1 failed" lists them), the
+        Rentals page folds them into one row for the service, and "Try again now" resumes it."""
+        console = await _console(browser, market, viewport={"width": 1366, "height": 900})
+        await console.sign_in("renter")
+        page = console.page
+        made = await console.api("renter", "/services", method="POST", body={
+            "name": "nopull", "workload": {"kind": "container", "image": "gpumarket-test/no-such-image:404", "ports": [8000]},
+            "port": 8000, "min_replicas": 1, "max_replicas": 1})  # fmt: skip
+        service_id = made["id"]
+        await console.go(f"#/services/{service_id}")
+        failure = page.locator("#service-failure")
+        await expect(failure).to_contain_text(re.compile(r"\d+ replicas? in a row since"), timeout=WAIT_MS)
+        view = await console.api("renter", f"/services/{service_id}")
+        code = view["failure"]["code"]
+        assert code in ("image_pull_failed", "image_not_found") and view["replicas"]["failed"] >= 1, view
+        await expect(failure.locator("code")).to_have_text(code)
+        await expect(page.locator(".service-summary")).to_contain_text(re.compile("Not starting|Failing"))  # 3 failures: failing
+        toggle = page.locator("#toggle-failed-replicas")
+        await expect(toggle).to_have_text(re.compile(r"^Show \d+ failed$"))
+        await toggle.click()
+        await expect(toggle).to_have_attribute("aria-pressed", "true")
+        await expect(page.locator("table.service-replicas tbody")).to_contain_text(code)
+        await console.shot("service-not-starting")
+
+        await console.go("#/rentals")
+        folded = page.locator("table.rentals a.folded-replicas")
+        await expect(folded).to_have_count(1)
+        await expect(folded).to_contain_text(f"of service {service_id}")
+        await expect(folded).to_have_attribute("href", f"#/services/{service_id}")
+        await page.get_by_label("List services' failed replicas one by one").check()
+        await expect(folded).to_have_count(0)
+
+        await console.go(f"#/services/{service_id}")
+        await page.locator("#resume-service").click()
+        await expect(page.locator("#notice")).to_contain_text("replicas are rented again")
+        await expect(page.locator("table.service-events tbody")).to_contain_text("resumed by")
+        await console.api("renter", f"/services/{service_id}", method="DELETE")
+        assert not console.problems, console.problems
+        await console.context.close()
+
     async def test_the_pages_fit_a_phone(self, browser: Browser, market: Market, docker_image: str) -> None:
         """At 390×844 the list, the dialog with its token and the service's page with its charts do not scroll sideways."""
         console = await _console(browser, market, viewport={"width": 390, "height": 844})

@@ -1,4 +1,4 @@
-"""``gpumarket service create | list | show | scale | delete | token`` against a real master served on loopback.
+"""``gpumarket service create | list | show | scale | resume | delete | token`` against a real master served on loopback.
 
 As in ``tests/test_renter_cli_clusters.py``: the CLI runs as ``main(argv)`` in a thread (``tests/test_renter_cli.py``'s
 ``Cli``) while the test's loop serves the API; the agents' side is played by applying their command results as the
@@ -14,14 +14,17 @@ from decimal import Decimal
 import pytest
 
 from master.models import Rental, Service
+from master.services.endpoints import AutoscalerMemory
 from shared.ids import secret_hash
 from shared.money import format_usd
 from tests.apiclient import Api
+from tests.test_autoscale import MovableClock
 from tests.test_renter_cli import Cli, cli, database_url, fast_polls, help_examples, one_line
+from tests.test_service_backoff import PULL_DETAIL, fail_until, new_service
 
 __all__ = ["cli", "database_url", "fast_polls"]  # the fixtures, shared with test_renter_cli
 
-ACTIONS = ["create", "list", "show", "scale", "delete", "token"]
+ACTIONS = ["create", "list", "show", "scale", "resume", "delete", "token"]
 IMAGE = "gpumarket-test/openai-cpu:1"
 TOKEN_LINE = re.compile(r"^token      (gms_\S+)$", re.MULTILINE)
 
@@ -179,3 +182,33 @@ class TestListShowScaleDelete:
             code, out, err = await cli("service", argv[0], "svc-nosuchservice", *argv[1:])
             assert code == 1 and out == ""
             assert "(service_not_found)" in one_line(err) and "gpumarket service list --all" in err
+
+
+class TestFailing:
+    async def test_show_says_why_folds_the_failed_replicas_and_resume_tries_again(self, cli: Cli, api: Api) -> None:
+        """A service whose image cannot be pulled: the cause and what happens next, the failed replicas counted (listed
+        with --all), and ``service resume`` makes it active again."""
+        await api.host(1)
+        clock = MovableClock(at=api.master.clock.now())
+        api.master.clock = clock
+        sid, _ = await new_service(api)
+        await fail_until(api, clock, sid, AutoscalerMemory(), failures=api.master.settings.service_failing_after)
+
+        code, out, err = await cli("service", "show", sid)
+        assert code == 0, err
+        assert out.startswith(f"{sid} chat failing\n")
+        assert "failure    image_pull_failed (provider's), 3 replica(s) in a row since " in out and PULL_DETAIL in out
+        assert "next       a replica at " in out and f"`gpumarket service resume {sid}` tries now" in out
+        assert f"(3 failed: `gpumarket service show {sid} --all` lists them)" in out
+        _, full = await api.as_renter("GET", f"/services/{sid}?failed=true")
+        failed = [str(r["rental_id"]) for r in full["replica_rentals"]]
+        assert len(failed) == 3 and not any(line.startswith(tuple(failed)) for line in out.splitlines())
+        code, out, err = await cli("service", "show", sid, "--all")
+        assert code == 0, err
+        assert sorted(line.split()[0] for line in out.splitlines() if line.startswith(tuple(failed))) == sorted(failed)
+
+        code, out, err = await cli("service", "resume", sid)
+        assert code == 0, err
+        assert out.startswith(f"{sid} active: replicas are rented again")
+        _, view = await api.as_renter("GET", f"/services/{sid}")
+        assert view["state"] == "active" and view["failure"] is None and view["events"][-1]["kind"] == "resumed"

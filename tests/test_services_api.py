@@ -71,7 +71,7 @@ class TestCreate:
         await api.host(1)
         status, body = await create(api, max_price_per_gpu_hour="0.01")
         assert status == 201 and body["requirements"] == "price<=0.01"
-        assert body["replicas"] == {"live": 1, "ready": 0, "starting": 0, "queued": 1}  # no GPU that cheap: it waits
+        assert body["replicas"] == {"live": 1, "ready": 0, "starting": 0, "queued": 1, "failed": 0}  # no GPU that cheap: it waits
 
 
 class TestBadInput:

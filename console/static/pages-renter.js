@@ -339,25 +339,46 @@ function gpuAmount(rental) {
 export function rentalsPage(page, ctx) {
   const slot = h("div", {});
   const refresh = h("button", { type: "button", class: "secondary" }, "Refresh");
+  const unfold = field({ label: "List services' failed replicas one by one", name: "failed_replicas", type: "checkbox" });
   replace(page, heading("Rentals", ctx.role === "admin" ? "Every rental, newest first." : "Your rentals, newest first."),
-    h("div", { class: "actions" }, refresh, ctx.role === "renter" ? [" ", link("#/offers", "Rent more GPUs")] : null), slot);
+    h("div", { class: "actions" }, refresh, ctx.role === "renter" ? [" ", link("#/offers", "Rent more GPUs")] : null), unfold.row, slot);
   const load = loadInto(ctx, slot, async () => {
     const body = await api("GET", "/rentals?limit=100");
-    const rows = body.items.map((r) => [
-      link(`#/rentals/${encodeURIComponent(r.id)}`, r.id, { class: "rental-link" }),
-      badge(r.state),
-      r.gpu_model ?? "—",
-      gpuAmount(r),
-      runsShort(r),
-      r.kind === "interruptible" ? `interruptible (bid ${usdRate(r.bid_per_gpu_hour)})` : "on demand",
-      usdRate(r.price_per_hour),
-      usd(r.charged),
-      timeEl(r.created_at),
-    ]);
+    // A service whose replicas cannot start leaves a failed rental per attempt: one row per service, where its first is.
+    const folded = new Map();
+    const rows = [];
+    for (const r of body.items) {
+      if (!unfold.input.checked && r.service_id && r.state === "failed") {
+        let group = folded.get(r.service_id);
+        if (!group) {
+          group = { count: 0, label: h("span", {}) };
+          folded.set(r.service_id, group);
+          rows.push([link(`#/services/${encodeURIComponent(r.service_id)}`, group.label, { class: "folded-replicas" }), badge(r.state),
+            r.gpu_model ?? "—", gpuAmount(r), runsShort(r), "service replicas", "—", "on the service's page", timeEl(r.created_at)]);
+        }
+        group.count += 1;
+        continue;
+      }
+      rows.push([
+        link(`#/rentals/${encodeURIComponent(r.id)}`, r.id, { class: "rental-link" }),
+        badge(r.state),
+        r.gpu_model ?? "—",
+        gpuAmount(r),
+        runsShort(r),
+        r.kind === "interruptible" ? `interruptible (bid ${usdRate(r.bid_per_gpu_hour)})` : "on demand",
+        usdRate(r.price_per_hour),
+        usd(r.charged),
+        timeEl(r.created_at),
+      ]);
+    }
+    for (const [serviceId, group] of folded) {
+      group.label.textContent = `${group.count} failed replica${group.count === 1 ? "" : "s"} of service ${serviceId}`;
+    }
     return table({ caption: `Rentals (${body.total})`, columns: ["Rental", "State", "GPU model", "GPUs", "Runs", "Kind", "Price / hour", "Charged", "Created"],
       rows, empty: "No rentals yet. Find GPUs in the marketplace.", className: "rentals" });
   });
   refresh.addEventListener("click", () => load());
+  unfold.input.addEventListener("change", () => load());
   const timer = setInterval(() => load(true), 5000);
   ctx.onLeave(() => clearInterval(timer));
 }

@@ -32,6 +32,15 @@ function replicasLine(service) {
     + `${service.desired_replicas} wanted, between ${service.min_replicas} and ${service.max_replicas}`;
 }
 
+/** Why the service's replicas do not start, and what happens next (``failure``: the start failures in a row). */
+function failureLine(service) {
+  const f = service.failure;
+  const next = !f.retried ? "not retried until you fix the cause and try again"
+    : service.next_attempt_at ? h("span", {}, "the next replica ", timeEl(service.next_attempt_at)) : "a replica is starting";
+  return h("span", { id: "service-failure" }, h("code", {}, f.code), ` (the ${f.owner}'s): ${f.message}; `,
+    `${f.consecutive} replica${f.consecutive === 1 ? "" : "s"} in a row since `, timeEl(f.since), "; ", next, ".");
+}
+
 function ruleLine(scaling) {
   const s = scaling || {};
   const cooldowns = s.scale_up_cooldown_s === undefined ? ""
@@ -285,11 +294,12 @@ export function servicePage(page, ctx) {
     h("section", { "aria-labelledby": "service-events-title" }, h("h2", { id: "service-events-title" }, "Events"), events));
 
   let last = null;
+  let showFailed = false; // failed replicas are counted; listed only on demand (a service that cannot start has dozens)
   const confirmation = { confirming: false };
 
   const renderActions = (service) => {
     if (confirmation.confirming) return;
-    if (service.state !== "active") {
+    if (service.state === "deleted") {
       actions.replaceChildren();
       return;
     }
@@ -318,11 +328,28 @@ export function servicePage(page, ctx) {
       question: `Delete ${service.name}? Its ${service.replicas.live} replica${service.replicas.live === 1 ? "" : "s"} stop, their billing ends and its endpoint closes.`,
       path: `/services/${encodeURIComponent(serviceId)}`, what: `Service ${service.name}`, refresh: () => refresh(), redraw: () => renderActions(service),
     });
-    replace(actions, rotate, remove);
+    if (!service.failure) {
+      replace(actions, rotate, remove);
+      return;
+    }
+    // Setting the bounds again (unchanged) ends the back-off: PUT …/replicas is the renter asking again.
+    const retry = h("button", { type: "button", id: "resume-service" }, "Try again now");
+    retry.addEventListener("click", () => busy(retry, async () => {
+      try {
+        const body = { min_replicas: service.min_replicas, max_replicas: service.max_replicas };
+        const resumed = await api("PUT", `/services/${encodeURIComponent(serviceId)}/replicas`, { body });
+        ctx.notify(`${resumed.name}: replicas are rented again.`);
+        renderActions(resumed);
+        show(resumed, false);
+      } catch (error) {
+        if (error.status !== 401) errors.show(error);
+      }
+    }, "Trying…"));
+    replace(actions, retry, rotate, remove);
   };
 
   const renderBounds = (service) => {
-    if (service.state !== "active") {
+    if (service.state === "deleted") {
       replace(bounds, h("p", { class: "hint" }, "A deleted service has no replicas."));
       return;
     }
@@ -371,7 +398,8 @@ export function servicePage(page, ctx) {
     summary.dataset.state = service.state;
     replace(summary, facts([
       ["State", badge(service.state)],
-      ["Endpoint", service.state === "active" ? copyable(service.endpoint_url, { id: "service-endpoint", label: "the endpoint URL", anywhere: true })
+      service.failure ? [service.state === "failing" ? "Failing" : "Not starting", failureLine(service)] : null,
+      ["Endpoint", service.state !== "deleted" ? copyable(service.endpoint_url, { id: "service-endpoint", label: "the endpoint URL", anywhere: true })
         : h("span", {}, h("code", {}, service.endpoint_url), " (closed)")],
       ["What runs", `${describeRun(service)}, port ${service.port}; health check GET ${service.health_path}`],
       ["Replicas", h("span", { id: "service-replicas" }, replicasLine(service))],
@@ -383,8 +411,15 @@ export function servicePage(page, ctx) {
       service.deleted_at ? ["Deleted", timeEl(service.deleted_at)] : null,
     ]));
     if (boundsToo) renderBounds(service);
+    const failed = service.replicas?.failed ?? 0;
+    const toggle = failed === 0 ? null : h("button", { type: "button", class: "secondary", id: "toggle-failed-replicas", "aria-pressed": String(showFailed) },
+      showFailed ? `Hide the ${failed} failed` : `Show ${failed} failed`);
+    toggle?.addEventListener("click", () => {
+      showFailed = !showFailed;
+      refresh();
+    });
     replace(replicas, table({ caption: `Replica rentals (${(service.replica_rentals || []).length})`, className: "service-replicas",
-      columns: ["Rental", "State", "Ready", "GPU model", "Price / GPU-hour", "Created"], empty: "No replicas yet.",
+      columns: ["Rental", "State", "Ready", "GPU model", "Price / GPU-hour", "Created", "Why it ended"], empty: failed ? "No live replica." : "No replicas yet.",
       rows: (service.replica_rentals || []).map((r) => [
         link(`#/rentals/${encodeURIComponent(r.rental_id)}`, r.rental_id, { class: "rental-link" }),
         badge(r.state),
@@ -392,7 +427,8 @@ export function servicePage(page, ctx) {
         r.gpu_model || "—",
         usdRate(r.price_per_gpu_hour),
         timeEl(r.created_at),
-      ]) }));
+        r.failure_reason || "",
+      ]) }), toggle ? h("div", { class: "actions" }, toggle) : null);
     replace(events, table({ caption: "Scaling and changes, newest last", className: "events service-events", columns: ["When", "What", "Replicas", "Why"],
       empty: "No events yet.",
       rows: (service.events || []).map((e) => [timeEl(e.at), badge(e.kind, "event"), String(e.replicas), e.cause ?? ""]) }));
@@ -407,19 +443,19 @@ export function servicePage(page, ctx) {
 
   const refresh = async () => {
     const service = await refreshed(ctx, errors, async () => {
-      const found = await api("GET", `/services/${encodeURIComponent(serviceId)}`);
+      const found = await api("GET", `/services/${encodeURIComponent(serviceId)}${showFailed ? "?failed=true" : ""}`);
       await loadStats(found);
       return found;
     }, () => last === null && summary.replaceChildren());
     if (!service) return;
     const changed = last === null || last.state !== service.state || last.min_replicas !== service.min_replicas || last.max_replicas !== service.max_replicas;
-    if (last === null || last.state !== service.state) renderActions(service);
+    if (last === null || last.state !== service.state || Boolean(last.failure) !== Boolean(service.failure)) renderActions(service);
     show(service, changed);
   };
   chartWindow.input.addEventListener("change", () => last && loadStats(last).catch((error) => error.status !== 401 && errors.show(error)));
   refresh();
   const timer = setInterval(() => {
-    if (last === null || last.state === "active" || (last.replica_rentals || []).some((r) => !ENDED.has(r.state))) refresh();
+    if (last === null || last.state !== "deleted" || (last.replica_rentals || []).some((r) => !ENDED.has(r.state))) refresh();
   }, REFRESH_MS);
   ctx.onLeave(() => clearInterval(timer));
 }

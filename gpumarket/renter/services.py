@@ -201,18 +201,38 @@ def replica_rows(service: Mapping[str, Any]) -> list[list[str]]:
     ]  # fmt: skip
 
 
+def failure_lines(service: Mapping[str, Any]) -> list[str]:
+    """Why replicas do not start (the streak of start failures, ``failure``), and what happens next."""
+    failure = service.get("failure")
+    if not failure:
+        return []
+    sid = service["id"]
+    lines = [f"failure    {failure['code']} ({failure.get('owner')}'s), {failure.get('consecutive')} replica(s) in a row "
+             f"since {short_time(failure.get('since'))} UTC: {failure.get('message')}"]  # fmt: skip
+    if not failure.get("retried"):
+        lines.append(f"next       not retried: fix the cause, then `gpumarket service resume {sid}`")
+    elif service.get("next_attempt_at"):
+        lines.append(f"next       a replica at {short_time(service['next_attempt_at'])} UTC; `gpumarket service resume {sid}` tries now")
+    return lines
+
+
 async def cmd_show(args: argparse.Namespace, client: Client) -> int:
-    service: dict[str, Any] = await client.get(f"/services/{args.service}")
+    service: dict[str, Any] = await client.get(f"/services/{args.service}", {"failed": "true"} if args.all else None)
     if args.json:
         print_json(service)
         return 0
     replicas = service.get("replicas") or {}
+    failed = replicas.get("failed", 0)
+    folded = f" ({failed} failed: `gpumarket service show {service['id']} --all` lists them)" if failed and not args.all else (
+        f", {failed} failed" if failed else "")  # fmt: skip
     lines = [
         f"{service['id']} {service['name']} {service['state']}",
-        f"endpoint   {service['endpoint_url']}" + (" (closed)" if service["state"] != "active" else ""),
+        f"endpoint   {service['endpoint_url']}" + (" (closed)" if service["state"] == "deleted" else ""),
+        *failure_lines(service),
         f"runs       {_runs(service)}, port {service['port']}, health check GET {service['health_path']}",
         f"replicas   {replicas.get('ready', 0)} ready, {replicas.get('live', 0)} live ({replicas.get('starting', 0)} starting, "
-        f"{replicas.get('queued', 0)} queued), {service['desired_replicas']} wanted, between {service['min_replicas']} and {service['max_replicas']}",
+        f"{replicas.get('queued', 0)} queued), {service['desired_replicas']} wanted, between {service['min_replicas']} and "
+        f"{service['max_replicas']}{folded}",
         f"scaling    {_rule(service.get('scaling') or {})}",
         f"GPUs       {_gpus(service)}" + (f", where {service['requirements']}" if service.get("requirements") else ""),
         f"cost       {money(service.get('cost_so_far'))} so far",
@@ -245,6 +265,16 @@ async def cmd_scale(args: argparse.Namespace, client: Client) -> int:
     if service := await _change(args, client, "PUT", "/replicas", bounds):
         print(f"{service['id']}: {service['min_replicas']} to {service['max_replicas']} replicas, {service['desired_replicas']} wanted now, "
               f"{(service.get('replicas') or {}).get('ready', 0)} ready")  # fmt: skip
+    return 0
+
+
+async def cmd_resume(args: argparse.Namespace, client: Client) -> int:
+    """Ask again after start failures: the same bounds set again (``PUT …/replicas`` ends the back-off)."""
+    current: dict[str, Any] = await client.get(f"/services/{args.service}")
+    bounds = {"min_replicas": current["min_replicas"], "max_replicas": current["max_replicas"]}
+    if service := await _change(args, client, "PUT", "/replicas", bounds):
+        print(f"{service['id']} {service['state']}: replicas are rented again on the autoscaler's next pass; "
+              f"`gpumarket service show {service['id']}` follows them")  # fmt: skip
     return 0
 
 
@@ -298,7 +328,7 @@ def _id_action(actions: argparse._SubParsersAction[argparse.ArgumentParser], nam
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``service`` and its actions to ``gpumarket``'s subparsers."""
     formatter = argparse.RawDescriptionHelpFormatter
-    actions = command_group(sub, "service", help="run a model server as an elastic service: create, list, show, scale, delete, token",
+    actions = command_group(sub, "service", help="run a model server as an elastic service: create, list, show, scale, resume, delete, token",
                             description="Services: replicas of one container behind one endpoint (<master>/svc/<id>/), scaled "
                             "between a minimum and a maximum by the load.",
                             examples=["create chat --template vllm --min 1 --max 4", "list", "show svc-0123456789abcdef",
@@ -343,7 +373,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
     show = _id_action(actions, "show", help="one service: replicas, scaling, cost and events",
                       description="One service: endpoint, what runs, replicas, its scaling rule, GPUs, cost so far, each "
-                      "replica's rental and the recent events.", examples=["svc-0123456789abcdef", "svc-0123456789abcdef --json"])  # fmt: skip
+                      "replica's rental and the recent events. Failed replicas are counted; --all lists them.",
+                      examples=["svc-0123456789abcdef", "svc-0123456789abcdef --all", "svc-0123456789abcdef --json"])  # fmt: skip
+    show.add_argument("--all", action="store_true", help="list the failed replicas too, not only their count")
     finish(show, cmd_show, json="the service's JSON")
 
     scale = _id_action(actions, "scale", help="set a service's fewest and most replicas",
@@ -352,6 +384,13 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     scale.add_argument("--min", type=non_negative_int, metavar="N", help="fewest replicas (0 lets it sleep)")
     scale.add_argument("--max", type=positive_int, metavar="N", help="most replicas")
     finish(scale, cmd_scale, json="the service's JSON")
+
+    resume = _id_action(actions, "resume", help="try a failing service's replicas again now",
+                        description="A service whose replicas failed to start waits longer after each failure, and one "
+                        "failing for a cause of yours (an image that does not exist) is not retried at all. Once the cause "
+                        "is fixed, resume ends the wait: replicas are rented again on the autoscaler's next pass.",
+                        examples=["svc-0123456789abcdef"])  # fmt: skip
+    finish(resume, cmd_resume, json="the service's JSON")
 
     delete = _id_action(actions, "delete", help="delete a service: its replicas stop, its endpoint closes",
                         description="Delete a service: every replica is stopped (billing ends as each host confirms) and "

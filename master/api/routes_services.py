@@ -43,10 +43,11 @@ def endpoint_url(request: web.Request, service_id: str) -> str:
     return base.rstrip("/") + endpoints.endpoint_path(service_id)
 
 
-async def _detail(request: web.Request, service_id: str) -> dict[str, Any]:
+async def _detail(request: web.Request, service_id: str, *, failed: bool = False) -> dict[str, Any]:
     async with request.app[MASTER].db.session() as session:
-        view = await endpoints.service_detail(session, principal(request), service_id)
-        charged = await charged_by_rental(session, [r["rental_id"] for r in view["replica_rentals"]])
+        view = await endpoints.service_detail(session, principal(request), service_id, failed=failed)
+        replicas = await endpoints.replica_ids(session, [service_id])
+        charged = await charged_by_rental(session, replicas[service_id])
     view["endpoint_url"] = endpoint_url(request, service_id)
     view["cost_so_far"] = ledger.money(sum(charged.values(), Decimal(0)))
     return view
@@ -93,7 +94,8 @@ async def list_services(request: web.Request) -> web.Response:
 
 
 async def get_service(request: web.Request) -> web.Response:
-    return web.json_response(await _detail(request, request.match_info["service_id"]))
+    failed = choice_query(request, "failed", BOOLEAN) == "true"
+    return web.json_response(await _detail(request, request.match_info["service_id"], failed=failed))
 
 
 async def scale_service(request: web.Request) -> web.Response:
@@ -133,10 +135,13 @@ ROUTES: tuple[Route, ...] = (
           errors=(400, 402, 404, 409, 422)),
     Route("GET", "/services", list_services, "Your services, newest first (deleted ones with ?deleted=true).",
           query=(*PAGING, QueryParam("deleted", "string", "true: deleted services too.", choices=BOOLEAN))),
-    Route("GET", "/services/{service_id}", get_service, "One service: its replicas, scaling history, endpoint and cost so far.",
-          errors=(404,)),
+    Route("GET", "/services/{service_id}", get_service, "One service: its replicas, scaling history, endpoint and cost so far; "
+          "its failure (state failing: replicas failed to start) and next attempt. Failed replicas are counted "
+          "(replicas.failed), listed with ?failed=true.",
+          query=(QueryParam("failed", "string", "true: list the failed replicas too.", choices=BOOLEAN),), errors=(404,)),
     Route("PUT", "/services/{service_id}/replicas", scale_service, "Set a service's replica bounds; the autoscaler "
-          "moves into them on its next pass.", body=ServiceScale, errors=(400, 404, 409, 422)),
+          "moves into them on its next pass. A failing service (or one waiting between start failures) is resumed: "
+          "replicas are rented again at once.", body=ServiceScale, errors=(400, 404, 409, 422)),
     Route("POST", "/services/{service_id}/token", new_token, "Replace the service token (the old one stops working at once).",
           errors=(404, 409)),
     Route("GET", "/services/{service_id}/stats", service_stats, "The service over time: replicas, requests/s, errors, "

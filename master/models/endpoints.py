@@ -27,6 +27,8 @@ class Service(Base):
 
     Each replica is a rental (``rentals.service_id``); ``desired_replicas`` is what the autoscaler last chose
     (``master/services/endpoints/scaling.py``), ``wake_requested_at`` a request that found no ready replica (scale from zero).
+    ``failure_*`` is the streak of replicas that failed to start with one code (``master/services/endpoints/backoff.py``):
+    no replacement before ``next_attempt_at``; after ``service_failing_after`` of them the state is ``failing``.
     """
 
     __tablename__ = "services"
@@ -38,7 +40,7 @@ class Service(Base):
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     renter_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), index=True)
     name: Mapped[str] = mapped_column(String(63))
-    state: Mapped[str] = mapped_column(String(16), index=True)  # active | deleted
+    state: Mapped[str] = mapped_column(String(16), index=True)  # active | failing | deleted
     workload: Mapped[dict[str, Any]] = mapped_column(default=dict)  # the container workload every replica runs
     template: Mapped[str | None] = mapped_column(String(40), default=None)
     port: Mapped[int]  # the port the workload serves the API on
@@ -63,6 +65,16 @@ class Service(Base):
     last_scale_up_at: Mapped[datetime | None] = mapped_column(default=None)
     last_scale_down_at: Mapped[datetime | None] = mapped_column(default=None)
     wake_requested_at: Mapped[datetime | None] = mapped_column(default=None)
+    # The start failures' streak (backoff.py): replicas asked for since ``backoff_from`` that failed before they were
+    # ready, newest first, while they share one code. Reset by a ready replica and by the renter (PUT replicas).
+    backoff_from: Mapped[datetime | None] = mapped_column(default=None)
+    failure_code: Mapped[str | None] = mapped_column(String(64), default=None)
+    failure_owner: Mapped[str | None] = mapped_column(String(16), default=None)
+    failure_message: Mapped[str | None] = mapped_column(Text, default=None)
+    failure_since: Mapped[datetime | None] = mapped_column(default=None)  # the streak's first failure seen
+    failure_count: Mapped[int] = mapped_column(default=0)  # replicas in the streak
+    failure_rental_id: Mapped[str | None] = mapped_column(String(40), default=None)  # the streak's newest
+    next_attempt_at: Mapped[datetime | None] = mapped_column(default=None)  # no replacement replica before it
 
 
 class ServiceEvent(Base):
@@ -73,7 +85,7 @@ class ServiceEvent(Base):
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
     service_id: Mapped[str] = mapped_column(ForeignKey("services.id", ondelete="CASCADE"), index=True)
     at: Mapped[datetime] = mapped_column(default=_now)
-    kind: Mapped[str] = mapped_column(String(16))  # created | scale_up | scale_down | replaced | ready | cold_start | deleted
+    kind: Mapped[str] = mapped_column(String(16))  # created | scale_up | scale_down | replicas | ready | cold_start | start_failed | failing | recovered | resumed | deleted
     replicas: Mapped[int]  # desired replicas after it
     cause: Mapped[str] = mapped_column(Text)
 

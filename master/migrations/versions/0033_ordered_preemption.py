@@ -1,7 +1,7 @@
 """rentals: a preemption in flight (``preempting_by_id``) and a preempted rental queued again (``requeued_from_id``)
 
 Revision ID: 0033
-Revises: 0031
+Revises: 0032
 Create Date: 2026-12-02 09:00:00.000000
 
 A preemption no longer ends its victims when it is decided: they keep running, marked with the rental that takes
@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = '0033'
-down_revision = '0031'
+down_revision = '0032'
 branch_labels = None
 depends_on = None
 

@@ -3,7 +3,8 @@ collide with this layer's, ``master.services``): replicas behind one gateway end
 
 * ``core.py``: create (idempotent), read, list, scale the bounds of and delete a service; ``request.py``: the
   typed request.
-* ``scaling.py``: the scaling rule; ``autoscale.py``: one autoscaler pass over every service.
+* ``scaling.py``: the scaling rule; ``autoscale.py``: one autoscaler pass over every service; ``backoff.py``:
+  replicas that cannot start (the wait before the next, the ``failing`` state, the renter's resume).
 * ``figures.py``, ``series.py``: a service's figures and their series over time (from the gateway's stats).
 
 Imports ``master.services.rentals`` (a replica is a rental), ``master.services.gateway`` (its figures) and what
@@ -11,6 +12,7 @@ rentals may import; never clusters or hosts.
 """
 
 from master.services.endpoints.autoscale import AutoscalerMemory, autoscale_pass
+from master.services.endpoints.backoff import FAILING
 from master.services.endpoints.core import (
     create_service,
     delete_service,
@@ -26,6 +28,7 @@ from master.services.endpoints.request import ServiceRequest
 from master.services.endpoints.series import series
 
 __all__ = [
+    "FAILING",
     "AutoscalerMemory",
     "ServiceRequest",
     "autoscale_pass",

@@ -15,6 +15,10 @@ For each service, in order:
    not ready, then the newest ready ones, which are first *drained* — taken out of the gateway's
    rotation for one pass, so requests in flight on them finish — and stopped on the next pass.
    A deleted service's live replicas are all stopped.
+4. **Back-off.** Replicas that fail before they are ready (an image that cannot be pulled) are not replaced at
+   once: ``backoff.py`` keeps the streak per cause, waits longer after each failure, rents one replica at a
+   time, and after ``service_failing_after`` turns the service ``failing`` (its endpoint answers 503 with the
+   cause); a ready replica or the renter's ``PUT …/replicas`` ends it.
 
 A rental the marketplace refuses (no credit, a fleet that can never hold it) is one event per
 distinct reason, not one per pass.
@@ -32,6 +36,7 @@ from sqlalchemy import or_, select
 from master.context import Master
 from master.models import Rental, Service, ServiceEvent
 from master.services import rentals
+from master.services.endpoints import backoff
 from master.services.endpoints import core as elastic
 from master.services.endpoints.figures import load_of
 from master.services.endpoints.scaling import decide
@@ -54,10 +59,10 @@ class AutoscalerMemory:
 
 
 async def autoscale_pass(master: Master, probe: Probe, memory: AutoscalerMemory) -> int:
-    """One pass over every active service (and every deleted one with replicas left); returns how many."""
+    """One pass over every active or failing service (and every deleted one with replicas left); returns how many."""
     async with master.db.session() as session:
         services = (await session.scalars(select(Service).where(or_(
-            Service.state == elastic.ACTIVE,
+            Service.state.in_(elastic.OPEN_STATES),
             Service.id.in_(select(Rental.service_id).where(Rental.service_id.is_not(None), Rental.state.in_(_LIVE))),
         )).order_by(Service.created_at))).all()  # fmt: skip
         replicas = await elastic.replicas_of(session, [s.id for s in services], live_only=True)
@@ -79,7 +84,9 @@ async def _service_pass(master: Master, service: Service, live: list[Rental], pr
     async with master.db.session() as session:
         row = await session.get(Service, service.id, with_for_update=True)
         assert row is not None
-        if row.state == elastic.ACTIVE:
+        if row.state in elastic.OPEN_STATES:
+            await backoff.observe(session, row, master.settings, now=now)
+        if row.state in elastic.OPEN_STATES:
             load = await load_of(session, row, live, now=now, bucket_s=master.settings.service_stats_bucket_s)
             decision = decide(rule=row.scaling, min_replicas=row.min_replicas, max_replicas=row.max_replicas,
                               desired=row.desired_replicas, load=load, now=now, last_up=row.last_scale_up_at,
@@ -94,7 +101,7 @@ async def _service_pass(master: Master, service: Service, live: list[Rental], pr
                 else:
                     row.last_scale_down_at = now
                 log.info("service %s: %s to %d (%s)", row.id, decision.kind, decision.replicas, decision.reason)
-        desired = row.desired_replicas if row.state == elastic.ACTIVE else 0
+        desired = row.desired_replicas if row.state in elastic.OPEN_STATES else 0
         service = row
     await _reconcile(master, service, live, desired, memory, now=now)
 
@@ -134,6 +141,13 @@ async def _mark_ready(master: Master, service: Service, rental: Rental, *, now: 
             row.wake_requested_at, row.last_scale_up_at = None, now
             session.add(ServiceEvent(service_id=row.id, at=now, kind="cold_start", replicas=row.desired_replicas,
                                      cause=f"cold start: a replica was ready {waited:.1f}s after the first request waited"))  # fmt: skip
+        if row is not None and (row.failure_count or row.state == backoff.FAILING):
+            had = backoff.cause(row)
+            if backoff.reset(row, now=now):
+                session.add(ServiceEvent(service_id=row.id, at=now, kind="recovered", replicas=row.desired_replicas,
+                                         cause=f"replica {rental.id} ready: no longer failing ({had})"))  # fmt: skip
+        elif row is not None:
+            row.backoff_from = now  # failures of replicas asked for before this one no longer count
     rental.ready_at = now
 
 
@@ -150,7 +164,10 @@ async def _reconcile(master: Master, service: Service, live: list[Rental], desir
     for rental_id in [r for r in memory.draining if r not in {x.id for x in live}]:
         memory.draining.pop(rental_id, None)
     if len(live) < desired:
-        await _add(master, service, desired - len(live), desired, memory, now=now)
+        allowed = backoff.may_add(service, live, now=now)
+        count = desired - len(live) if allowed is None else min(allowed, desired - len(live))
+        if count > 0:
+            await _add(master, service, count, desired, memory, now=now)
         return
     surplus = len(live) - desired
     if surplus <= 0:
@@ -158,7 +175,7 @@ async def _reconcile(master: Master, service: Service, live: list[Rental], desir
     order = sorted(live, key=lambda r: (r.state == RentalState.RUNNING, r.ready_at is not None, r.id not in memory.draining,
                                         -r.created_at.timestamp()))  # fmt: skip
     for rental in order[:surplus]:
-        if rental.ready_at is not None and rental.id not in memory.draining and service.state == elastic.ACTIVE:
+        if rental.ready_at is not None and rental.id not in memory.draining and service.state in elastic.OPEN_STATES:
             memory.draining[rental.id] = now  # out of the rotation now, stopped next pass
             await _set_ready(master, rental, None)
             continue
@@ -178,6 +195,8 @@ async def _add(master: Master, service: Service, count: int, desired: int, memor
             await _event(master, service, "refused", reason, at=now)
         return
     memory.refusals.pop(service.id, None)
+    if service.failure_count:
+        return  # an attempt of a start failures' streak: its cause's event said it once (backoff.py)
     names = ", ".join(r.id for r in made)
     await _event(master, service, "replicas", f"rented {names} to have {desired} live", at=now)
 

@@ -22,6 +22,7 @@ from master.context import Master
 from master.models import Rental, Service, ServiceEvent
 from master.services import idempotency, rentals
 from master.services.accounts import Principal
+from master.services.endpoints import backoff
 from master.services.endpoints.request import ServiceRequest
 from master.services.lifecycle.rentals import UNSTOPPED_STATES, RentalState
 from master.services.market import money
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 
 TOKEN_PREFIX = "gms"
 ACTIVE, DELETED = "active", "deleted"
+OPEN_STATES = (ACTIVE, backoff.FAILING)  # not deleted: its endpoint answers, its bounds and token may change
 ENDPOINT_PATH = "/svc/{id}/"
 
 
@@ -149,20 +151,22 @@ async def list_services(session: AsyncSession, principal: Principal, *, limit: i
     if principal.role != "admin":
         query = query.where(Service.renter_id == principal.account_id)
     if not include_deleted:
-        query = query.where(Service.state == ACTIVE)
+        query = query.where(Service.state.in_(OPEN_STATES))
     total = await session.scalar(select(func.count()).select_from(query.subquery())) or 0
     rows = (await session.scalars(query.order_by(Service.created_at.desc(), Service.id).limit(limit).offset(offset))).all()
     replicas = await replicas_of(session, [s.id for s in rows], live_only=True)
     return [service_view(s, replicas[s.id]) for s in rows], total
 
 
-async def service_detail(session: AsyncSession, principal: Principal, service_id: str, *, events: int = 50) -> dict[str, Any]:
+async def service_detail(session: AsyncSession, principal: Principal, service_id: str, *, events: int = 50,
+                         failed: bool = False) -> dict[str, Any]:  # fmt: skip
+    """One service with its replicas (``failed``: the failed ones listed too, not only counted) and latest events."""
     service = await get_service(session, principal, service_id)
     recent = (await session.scalars(
         select(ServiceEvent).where(ServiceEvent.service_id == service.id).order_by(ServiceEvent.id.desc()).limit(events)
     )).all()  # fmt: skip
     replicas = (await replicas_of(session, [service.id]))[service.id]
-    return service_view(service, replicas, list(reversed(recent)))
+    return service_view(service, replicas, list(reversed(recent)), failed=failed)
 
 
 def replica_view(rental: Rental) -> dict[str, Any]:
@@ -171,11 +175,14 @@ def replica_view(rental: Rental) -> dict[str, Any]:
         "kind": rental.kind, "ready": rental.state == RentalState.RUNNING and rental.ready_at is not None,
         "created_at": _iso(rental.created_at), "ready_at": _iso(rental.ready_at), "stopped_at": _iso(rental.stopped_at),
         "price_per_gpu_hour": money(rental.price_per_gpu_hour) if rental.price_per_gpu_hour is not None else None,
-        "failure_reason": rental.failure_reason,
+        "failure_code": rental.failure_code, "failure_reason": rental.failure_reason,
     }  # fmt: skip
 
 
-def service_view(service: Service, replicas: Sequence[Rental], events: Sequence[ServiceEvent] | None = None) -> dict[str, Any]:
+def service_view(service: Service, replicas: Sequence[Rental], events: Sequence[ServiceEvent] | None = None, *,
+                 failed: bool = False) -> dict[str, Any]:  # fmt: skip
+    """The service as the API shows it; with ``events``, its replica rentals too: failed ones folded into
+    ``replicas.failed`` unless ``failed`` (a service whose replicas cannot start would list them by the dozen)."""
     live = [r for r in replicas if r.state in UNSTOPPED_STATES]
     view: dict[str, Any] = {
         "id": service.id, "name": service.name, "state": service.state, "endpoint_path": endpoint_path(service.id),
@@ -187,12 +194,14 @@ def service_view(service: Service, replicas: Sequence[Rental], events: Sequence[
         "desired_replicas": service.desired_replicas, "scaling": service.scaling,
         "replicas": {"live": len(live), "ready": sum(1 for r in live if r.state == RentalState.RUNNING and r.ready_at is not None),
                      "starting": sum(1 for r in live if r.state == RentalState.STARTING or (r.state == RentalState.RUNNING and r.ready_at is None)),
-                     "queued": sum(1 for r in live if r.state == RentalState.PENDING)},
+                     "queued": sum(1 for r in live if r.state == RentalState.PENDING),
+                     "failed": sum(1 for r in replicas if r.state == RentalState.FAILED)},
         "token_prefix": service.token_prefix, "created_at": _iso(service.created_at), "deleted_at": _iso(service.deleted_at),
         "waking": service.wake_requested_at is not None,
+        "failure": backoff.failure_view(service), "next_attempt_at": _iso(service.next_attempt_at),
     }  # fmt: skip
     if events is not None:
-        view["replica_rentals"] = [replica_view(r) for r in replicas]
+        view["replica_rentals"] = [replica_view(r) for r in replicas if failed or r.state != RentalState.FAILED]
         view["events"] = [{"at": _iso(e.at), "kind": e.kind, "replicas": e.replicas, "cause": e.cause} for e in events]
     return view
 
@@ -210,8 +219,9 @@ async def scale_service(master: Master, principal: Principal, service_id: str, *
     now = master.clock.now()
     async with master.db.session() as session:
         service = await get_service(session, principal, service_id, for_update=True)
-        if service.state != ACTIVE:
+        if service.state not in OPEN_STATES:
             raise Conflict(f"service {service_id} is deleted; make a new one", code="service_deleted")
+        backoff.resume(session, service, now=now, by=principal.name)  # setting the replicas is asking again
         low = service.min_replicas if min_replicas is None else min_replicas
         high = service.max_replicas if max_replicas is None else max_replicas
         if not 0 <= low <= high:
@@ -233,7 +243,7 @@ async def rotate_token(master: Master, principal: Principal, service_id: str) ->
     token = new_secret(TOKEN_PREFIX)
     async with master.db.session() as session:
         service = await get_service(session, principal, service_id, for_update=True)
-        if service.state != ACTIVE:
+        if service.state not in OPEN_STATES:
             raise Conflict(f"service {service_id} is deleted; make a new one", code="service_deleted")
         service.token_hash, service.token_prefix = secret_hash(token), token[:10]
         session.add(ServiceEvent(service_id=service.id, at=master.clock.now(), kind="token", replicas=service.desired_replicas,
@@ -246,7 +256,7 @@ async def delete_service(master: Master, principal: Principal, service_id: str) 
     now = master.clock.now()
     async with master.db.session() as session:
         service = await get_service(session, principal, service_id, for_update=True)
-        if service.state == ACTIVE:
+        if service.state in OPEN_STATES:
             service.state, service.deleted_at, service.desired_replicas = DELETED, now, 0
             session.add(ServiceEvent(service_id=service.id, at=now, kind="deleted", replicas=0, cause=f"deleted by {principal.name}"))
         live = (await replicas_of(session, [service.id], live_only=True))[service.id]

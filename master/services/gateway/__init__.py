@@ -14,11 +14,11 @@ and ``shared``, never ``master.api`` or ``master.background`` (the HTTP handler 
 the stats loop ``master/background/gateway.py``).
 """
 
-from master.services.gateway.core import Gateway, NoReadyReplica, close_gateway, gateway_of
+from master.services.gateway.core import Gateway, NoReadyReplica, ServiceFailing, close_gateway, gateway_of
 from master.services.gateway.probe import probe
 from master.services.gateway.stats import LATENCY_BOUNDS_MS, merge_histograms, percentile
 
-__all__ = ["LATENCY_BOUNDS_MS", "Gateway", "NoReadyReplica", "close_gateway", "gateway_of", "merge_histograms", "percentile", "probe"]
+__all__ = ["LATENCY_BOUNDS_MS", "Gateway", "NoReadyReplica", "ServiceFailing", "close_gateway", "gateway_of", "merge_histograms", "percentile", "probe"]
 
 from master.services.gateway.proxy import error_response, forward
 from master.services.gateway.stats import ServiceStats

@@ -18,6 +18,11 @@ Policy, in the order a request meets it:
 * **None ready.** The service is woken (``services.wake_requested_at`` set, if unset; the autoscaler
   starts a replica and clears it) and the request waits, its route read again every ``wake_poll_s``,
   up to ``service_cold_start_timeout_s``; then 503 ``no_ready_replica`` with ``Retry-After``.
+* **None ready, and replicas fail to start.** A service whose last replicas failed to start
+  (``master/services/endpoints/backoff.py``: ``failing``, or waiting before its next attempt) is not
+  held for: 503 ``service_failing`` at once, the message led by the cause (``image_pull_failed: …``),
+  ``details`` with its code, and ``Retry-After`` until the next attempt when one is planned. A request
+  already waiting gets the same answer as soon as its route shows a failure.
 
 Forwarding itself (bodies, retries, streaming, websockets) is ``master/services/gateway/proxy.py``.
 
@@ -31,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import math
 import ssl
 from datetime import UTC, datetime
 from typing import Any
@@ -41,7 +47,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from master.context import Master
 from master.models import Service, ServiceStat
-from master.services.gateway.routing import ACTIVE, KeyCache, Replica, RouteTable, ServiceRoute
+from master.services.gateway.routing import OPEN_STATES, KeyCache, Replica, RouteTable, ServiceRoute
 from master.services.gateway.stats import Bucket, GatewayStats
 from master.services.gateway.upstream import ReplicaPool, Target
 from master.services.rentals import connect_token
@@ -62,6 +68,29 @@ class NoReadyReplica(GpumarketError):
 
     def __init__(self, message: str, *, retry_after: int = NO_READY_RETRY_AFTER_S) -> None:
         super().__init__(message)
+        self.retry_after = retry_after
+
+
+class ServiceFailing(GpumarketError):
+    """No ready replica, and the service's last replicas failed to start: answered at once, with the cause."""
+
+    code = "service_failing"
+    http_status = 503
+
+    def __init__(self, route: ServiceRoute, *, now: datetime) -> None:
+        cause = route.failure or "unknown"
+        retry_after: int | None = None
+        if route.next_attempt_at is not None:
+            retry_after = max(1, math.ceil((route.next_attempt_at - now).total_seconds()))
+        if route.failing and route.next_attempt_at is None:
+            then = "it is not retried: fix the cause, then run `gpumarket service resume " + route.service_id + "`"
+        else:
+            then = (f"the next replica starts in {retry_after} s; " if retry_after else "another replica is starting; ") + \
+                f"`gpumarket service show {route.service_id}` says why"
+        state = "is failing" if route.failing else "has no ready replica"
+        super().__init__(f"{cause} (service {route.service_id} {state}: its replicas failed to start; {then})",
+                         details={"service_id": route.service_id, "failure_code": cause.split(":", 1)[0],
+                                  "failing": route.failing})  # fmt: skip
         self.retry_after = retry_after
 
 
@@ -196,6 +225,8 @@ class Gateway:
         ``service_cold_start_timeout_s``). Cancelling is safe (the wake stays requested)."""
         if route.ready:
             return route
+        if route.failure is not None:
+            raise ServiceFailing(route, now=self.master.clock.now())
         deadline = self.clock() + self.settings.service_cold_start_timeout_s
         while True:
             await self.wake(route)
@@ -210,6 +241,8 @@ class Gateway:
                 raise service_not_found(route.service_id)
             if fresh.ready:
                 return fresh
+            if fresh.failure is not None:
+                raise ServiceFailing(fresh, now=self.master.clock.now())
             route = fresh
 
     async def wake(self, route: ServiceRoute) -> None:
@@ -223,7 +256,7 @@ class Gateway:
         async with self.master.db.session() as session:
             await session.execute(
                 update(Service)
-                .where(Service.id == route.service_id, Service.state == ACTIVE, Service.wake_requested_at.is_(None))
+                .where(Service.id == route.service_id, Service.state.in_(OPEN_STATES), Service.wake_requested_at.is_(None))
                 .values(wake_requested_at=self.master.clock.now())
             )
         log.info("service %s: no ready replica; woken", route.service_id)

@@ -36,6 +36,7 @@ from shared.errors import Unauthorized
 from shared.registry import RelayRecord
 
 ACTIVE = "active"
+OPEN_STATES = (ACTIVE, "failing")  # endpoints.core.OPEN_STATES: the service's endpoint answers
 V = TypeVar("V")
 
 
@@ -60,6 +61,12 @@ class ServiceRoute:
     wake_requested_at: datetime | None
     replicas: tuple[Replica, ...]
     """The service's running replicas, ready or not, in rental id order."""
+    failure: str | None = None
+    """``code: message`` of the replicas' start failures in a row (``endpoints/backoff.py``); None: none."""
+    failing: bool = False
+    """The service is ``failing``: not one of its last attempts started."""
+    next_attempt_at: datetime | None = None
+    """When the autoscaler may try another replica (None: now, or never while failing for a renter's cause)."""
 
     @property
     def ready(self) -> tuple[Replica, ...]:
@@ -110,10 +117,19 @@ async def load_route(master: Master, service_id: str, relays: dict[str, RelayRec
         record = relays.get(live) if live is not None else None
         replicas.append(Replica(rental_id, str(host_id), ready_at is not None, connect_url(record) if record is not None else None))
     return ServiceRoute(
-        service_id=service.id, renter_id=service.renter_id, token_hash=service.token_hash, active=service.state == ACTIVE,
+        service_id=service.id, renter_id=service.renter_id, token_hash=service.token_hash, active=service.state in OPEN_STATES,
         port=service.port, health_path=service.health_path, wake_requested_at=service.wake_requested_at,
-        replicas=tuple(replicas),
+        replicas=tuple(replicas), failure=_cause(service), failing=service.state == "failing",
+        next_attempt_at=service.next_attempt_at,
     )  # fmt: skip
+
+
+def _cause(service: Service) -> str | None:
+    """The streak's cause as ``endpoints.backoff.cause`` words it (the gateway may not import the endpoints package)."""
+    if service.failure_code is None:
+        return None
+    message = service.failure_message or ""
+    return message if message.startswith(service.failure_code) else f"{service.failure_code}: {message}".rstrip(": ")
 
 
 class SingleFlight(Generic[V]):
