@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 import urllib.error
 import urllib.request
 import uuid
@@ -33,6 +34,7 @@ from typing import Any
 import pytest
 from playwright.async_api import Browser, expect
 
+from gpumarket.cli import build_parser
 from tests import test_console_browser as browser_module
 from tests.helpers import eventually
 from tests.test_console_browser import (
@@ -339,7 +341,8 @@ async def _hold_cluster_has_no_ssh(console: Console, where: str, places: dict[st
 
 
 async def _cluster_ssh_lines(console: Console, where: str, places: dict[str, str]) -> list[str]:
-    """Each running node's `gpumarket cluster ssh` line, as the CLI takes it, and the ssh-config route."""
+    """Each running node's `gpumarket cluster ssh` line, the ssh-config route and a file copy: each a command the CLI's
+    own parser takes, naming the cluster's node or rental."""
     cluster = await console.api("renter", f"/clusters/{places['running_cluster']}")
     panel = console.page.locator(".cluster-connect")
     for member in cluster["members"]:
@@ -349,6 +352,13 @@ async def _cluster_ssh_lines(console: Console, where: str, places: dict[str, str
     await expect(panel.locator("#cluster-ssh-config")).to_have_text("gpumarket ssh-config --write")
     await expect(panel.locator("#cluster-ssh-plain")).to_have_text(f"ssh {first['rental_id']}.gpumarket")
     await expect(panel.locator("#cluster-cp")).to_have_text(f"gpumarket cp ./data {first['rental_id']}:")
+    parser = build_parser()
+    commands = [c for c in await panel.locator("code").all_inner_texts() if c.startswith("gpumarket ")]
+    parsed = [vars(parser.parse_args(shlex.split(c)[1:])) for c in commands]  # a command it refuses exits: the test fails
+    nodes = {(p["cluster"], p["node"]) for p in parsed if p["command"] == "cluster"}
+    rentals = {p["rental"] for p in parsed if p["command"] == "ssh"} | {p["dst"].split(":")[0] for p in parsed if p["command"] == "cp"}
+    if nodes != {(cluster["id"], m["node_rank"]) for m in cluster["members"]} or rentals != {first["rental_id"]}:
+        return [f"{where}: the Connect panel's commands {commands} name nodes {nodes} and rentals {rentals}"]
     return []
 
 
