@@ -37,6 +37,7 @@ const FAILED_WINDOW_MS = 24 * 3600 * 1000;
 const RELIABILITY_MIN = 0.9; // master/services/market/tiers.py: below it a host's offers score less
 const PAGE = 500;
 const MAX_PAGES = 4; // the newest 2000 rentals: a failure of the last day among older ones is not counted (said so)
+const ATTENTION_EVERY_MS = 60_000;
 
 /** Every item of a paged list, up to MAX_PAGES pages; `enough(items)` stops early. {items, complete}. */
 async function pages(path, enough = () => false) {
@@ -108,8 +109,13 @@ export function fleetPage(page, ctx) {
     }
   });
 
+  let lastAttention = null;
+  let attentionAt = 0;
   const showOverview = loadInto(ctx, overview, async () => {
-    const [m, seen] = await Promise.all([api("GET", "/metrics"), attention()]);
+    // The lists behind the attention figures are read once a minute, not on every 10-second refresh.
+    const fresh = Date.now() - attentionAt < ATTENTION_EVERY_MS && lastAttention;
+    const [m, seen] = await Promise.all([api("GET", "/metrics"), fresh ? lastAttention : attention()]);
+    if (!fresh) [lastAttention, attentionAt] = [seen, Date.now()];
     const gpuRows = (m.fleet && m.fleet.gpus) || [];
     const byRegion = pivot(gpuRows, "region", "tier", TIER_ORDER);
     const byTier = pivot(gpuRows, "tier", "state", ["allocated", "available", "unavailable"]);
