@@ -243,6 +243,9 @@ async function boot() {
   document.querySelector(".skip-link").addEventListener("click", (event) => {
     event.preventDefault();
     const target = main.querySelector("h1") || main;
+    // Only here does the heading show a focus box (app.css): a keyboard user moved to it, and sees where they are.
+    target.classList.add("skip-target");
+    target.addEventListener("blur", () => target.classList.remove("skip-target"), { once: true });
     target.focus();
   });
   window.addEventListener("hashchange", route);

@@ -149,7 +149,9 @@ export class LineChart {
  */
 export function stackedBarChart({ title, categories, series, yLabel = "", xLabel = "" }) {
   const totals = categories.map((_, c) => series.reduce((sum, one) => sum + (one.values[c] || 0), 0));
-  const { ticks, lo, hi } = niceTicks(0, Math.max(1, ...totals), 4);
+  // Room above the tallest bar for its total: a fifth of the axis, so the number never reaches the title (12 px up to
+  // 31 SVG units high on a phone's narrow figure, see --k in app.css).
+  const { ticks, lo, hi } = niceTicks(0, Math.max(1, ...totals) * 1.2, 4, 1);
   const pw = W - M.left - M.right;
   const ph = H - M.top - M.bottom;
   const sy = (v) => M.top + ph - ((v - lo) / (hi - lo)) * ph;

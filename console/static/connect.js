@@ -225,3 +225,52 @@ export function connectPanel(ctx, rentalId) {
 
   return { el, update };
 }
+
+/**
+ * A cluster's Connect panel: {el, update(cluster)}, called with every fresh GET /clusters/{id}. Each running node's
+ * `gpumarket cluster ssh` line, the ssh-config lines that name every node for plain ssh, and a file copy; only while
+ * they work: a hold cluster runs nothing to log in to, and a node that is not running refuses a shell.
+ */
+export function clusterConnectPanel(clusterId, role) {
+  const body = h("div", { class: "connect-body" });
+  const el = h("section", { class: "card connect cluster-connect", "aria-labelledby": "cluster-connect-title", hidden: true },
+    h("h2", { id: "cluster-connect-title" }, "Connect"), body);
+  let drawn = null; // what the panel shows now: redrawn only when it changes (a Copy's status and the focus stay)
+
+  const update = (cluster) => {
+    const kind = cluster.template ? "template" : (cluster.workload || { kind: "hold" }).kind || "hold";
+    const active = ["pending", "starting", "running", "degraded"].includes(cluster.state);
+    const running = (cluster.members || []).filter((m) => m.state === "running").sort((a, b) => a.node_rank - b.node_rank);
+    const key = !active ? "ended" : kind === "hold" ? "hold" : role !== "renter" ? "others" : running.map((m) => `${m.node_rank}:${m.rental_id}`).join(",") || "waiting";
+    if (key === drawn) return;
+    drawn = key;
+    el.hidden = key === "ended";
+    if (key === "ended") {
+      body.replaceChildren();
+    } else if (key === "hold") {
+      replace(body, h("p", { id: "cluster-connect-none" }, "This cluster holds GPUs and runs nothing to log in to. Rent one with a template or an image to reach its nodes by SSH."));
+    } else if (key === "others") {
+      replace(body, h("p", { id: "cluster-connect-none" }, "Only the cluster's renter can connect to its nodes."));
+    } else if (key === "waiting") {
+      replace(body, h("p", { id: "cluster-connect-none" }, "The SSH commands show here once a node runs."));
+    } else {
+      const first = running[0];
+      replace(body, h("div", { class: "connect-grid" },
+        h("div", { class: "connect-part" },
+          h("h3", {}, "SSH"),
+          h("p", { class: "connect-label" }, "Open a shell on a node:"),
+          running.map((m) => copyable(`gpumarket cluster ssh ${clusterId} node-${m.node_rank}`,
+            { id: `cluster-ssh-node-${m.node_rank}`, label: `the SSH command of node-${m.node_rank}` })),
+          h("p", { class: "hint" }, "Each node is a rental of its own: ", h("code", {}, `gpumarket ssh ${first.rental_id}`), " reaches node-", String(first.node_rank), " too.")),
+        h("div", { class: "connect-part" },
+          h("h3", {}, "Plain ssh, scp, editors"),
+          h("p", { class: "connect-label" }, "Write an ssh_config entry for every running rental:"),
+          copyable("gpumarket ssh-config --write", { id: "cluster-ssh-config", label: "the ssh-config command" }),
+          h("p", { class: "hint" }, "Once, at the top of ~/.ssh/config: ", h("code", {}, "Include ~/.config/gpumarket/ssh_config"), ". Then:"),
+          copyable(`ssh ${first.rental_id}.gpumarket`, { id: "cluster-ssh-plain", label: `the plain ssh command of node-${first.node_rank}` }),
+          h("p", { class: "connect-label" }, "Copy files to a node's /workspace:"),
+          copyable(`gpumarket cp ./data ${first.rental_id}:`, { id: "cluster-cp", label: `the command that copies ./data to node-${first.node_rank}` }))));
+    }
+  };
+  return { el, update };
+}

@@ -96,7 +96,7 @@ export function table({ caption, columns, rows, empty = "Nothing yet.", classNam
     body.append(h("tr", {}, h("td", { colspan: columns.length, class: "empty" }, empty)));
   }
   for (const row of rows) {
-    body.append(row instanceof Node ? row : h("tr", {}, row.map((cell) => (cell instanceof Node && cell.tagName === "TD" ? cell : h("td", {}, cell)))));
+    body.append(row instanceof Node ? row : h("tr", {}, row.map((cell) => (cell instanceof Node && cell.tagName === "TD" ? cell : h("td", {}, idText(cell))))));
   }
   // Each cell names its column in data-label: on a narrow screen the rows become cards (app.css) that show it.
   const labels = [...head.querySelectorAll("th")].map((th) => {
@@ -114,9 +114,9 @@ export function table({ caption, columns, rows, empty = "Nothing yet.", classNam
   return h("div", { class: "table-wrap", tabindex: "0", role: "region", "aria-labelledby": labelId, "aria-label": labelId ? null : "table" }, tableEl);
 }
 
-/** A definition list of [term, value] pairs. */
+/** A definition list of [term, value] pairs (ids in a text value never break inside). */
 export function facts(pairs) {
-  return h("dl", { class: "facts" }, pairs.filter(Boolean).map(([k, v]) => [h("dt", {}, k), h("dd", {}, v ?? "—")]));
+  return h("dl", { class: "facts" }, pairs.filter(Boolean).map(([k, v]) => [h("dt", {}, k), h("dd", {}, idText(v ?? "—"))]));
 }
 
 /** The ISO time as the reader's local date and time ("—" when missing). */
@@ -146,12 +146,26 @@ export function badge(text, kind = "state") {
   return h("span", { class: `badge ${kind}-${safe}` }, text ?? "unknown");
 }
 
-/** A link to a console page. */
+/** A link to a console page (an id in its text never breaks inside). */
 export function link(hash, text, attrs = {}) {
-  return h("a", { href: hash, ...attrs }, text);
+  return h("a", { href: hash, ...attrs }, idText(text));
 }
 
 /** Text that may wrap before each "@" and after each "/" or ":" (an address, an image prefix), never elsewhere. */
 export function wrapAt(text) {
   return String(text).split(/(?=@)|(?<=[/:])/).flatMap((part, i) => (i ? [h("wbr", {}), part] : [part]));
+}
+
+/** An object's id ("r-" and 16 hex digits, as shared/ids.py makes them) in text. */
+export const ID_PATTERN = /\b([a-z]{1,4}-[0-9a-f]{16})\b/;
+
+/**
+ * Text with each id in it as a <span class="id">, which never breaks inside (app.css), after a <wbr>: a line may end
+ * before an id that follows a hyphen or a slash ("stm-2026-11-acct-…"). Other text stays as it is.
+ */
+export function idText(text) {
+  if (typeof text !== "string") return text;
+  const parts = text.split(new RegExp(ID_PATTERN.source, "g"));
+  if (parts.length === 1) return text;
+  return parts.map((part, i) => (i % 2 ? [i > 1 || parts[0] ? h("wbr", {}) : null, h("span", { class: "id" }, part)] : part)).filter((part) => part !== "");
 }

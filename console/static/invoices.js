@@ -2,7 +2,7 @@
 // GET /invoices/{id} is one document as JSON, and its html_url a printable page.
 
 import { api } from "./api.js";
-import { facts, h, link, replace, table, timeEl, num } from "./dom.js";
+import { facts, h, idText, link, replace, table, timeEl, num } from "./dom.js";
 import { usd, usdRate } from "./money.js";
 import { loadInto, errorBox, loading } from "./ui.js";
 
@@ -34,7 +34,7 @@ function documentView(doc) {
   const columns = ["Rental", "GPU model", "GPUs", "Kind", "Price / GPU-hour", "Started", "Stopped", "Seconds billed",
     statement ? "Earned" : "Total"];
   const rows = (doc.lines || []).map((line) => [
-    line.rental_id ? h("code", {}, line.rental_id) : "—",
+    line.rental_id ? h("code", { class: "id" }, line.rental_id) : "—",
     line.gpu_model ?? "—",
     gpus(line),
     line.rental_kind ?? "—",
@@ -68,7 +68,7 @@ export function invoicesSection(ctx, { title = "Invoices", empty = "No invoices 
           replace(detail, box.el);
         }
       });
-      return [item.month, item.kind, h("code", {}, item.id), h("span", { class: "row-actions" }, open, " ",
+      return [item.month, item.kind, h("code", {}, idText(item.id)), h("span", { class: "row-actions" }, open, " ",
         link(item.html_url, "Printable page", { target: "_blank", rel: "noopener" }))];
     });
     return table({ caption: title, columns: ["Month", "Kind", "Id", "Open"], rows, empty });

@@ -4,7 +4,7 @@
 // banner that asks an unverified account to open its link.
 
 import { api, session } from "./api.js";
-import { h, replace } from "./dom.js";
+import { h, idText, replace } from "./dom.js";
 import { passkeySignIn, passkeysCard } from "./passkeys.js";
 import { busy, copyable, errorBox, heading } from "./ui.js";
 
@@ -198,7 +198,7 @@ export function securityPage(el, ctx) {
     const rows = page_.items.map((item) => h("li", {},
       h("div", { class: "item-head" }, h("strong", {}, item.kind.replaceAll("_", " ")), ` · ${new Date(item.at).toLocaleString()}`,
         ` · from ${item.address || "—"}`),
-      h("p", { class: "item-detail" }, Object.entries(item.detail).map(([k, v]) => `${k.replaceAll("_", " ")}: ${v}`).join(", "))));
+      h("p", { class: "item-detail" }, idText(Object.entries(item.detail).map(([k, v]) => `${k.replaceAll("_", " ")}: ${v}`).join(", ")))));
     replace(log, rows.length ? h("ul", { class: "items audit" }, rows) : h("p", {}, "Nothing yet."));
   }, (error) => {
     const box = errorBox();

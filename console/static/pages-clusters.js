@@ -5,8 +5,9 @@ import { api, query } from "./api.js";
 import { badge, facts, field, h, link, replace, table, timeEl, uid } from "./dom.js";
 import { compare, formatUnits, multiply, parseDecimal, usdRate } from "./money.js";
 import { networkSummary } from "./clusternet.js";
+import { clusterConnectPanel } from "./connect.js";
 import { busy, confirmAndRent, errorBox, heading, loadInto, loading, modal, refreshed, stopWithConfirmation } from "./ui.js";
-import { describeRun, runsShort, workloadChooser } from "./workloads.js";
+import { describeRun, portsFact, runsShort, workloadChooser } from "./workloads.js";
 
 const ACTIVE = new Set(["pending", "starting", "running", "degraded", "stopping"]);
 const MAX_NODES = 64;
@@ -182,7 +183,7 @@ function clusterDialog(ctx) {
         summary: [h("h3", {}, "Confirm your cluster"),
           facts([["Size", sizeOf(request)], ["GPU model", request.gpu_model || "any"],
             ["Models", request.allow_mixed ? "may differ between nodes" : "the same on every node"],
-            ["What runs", h("span", { id: "confirm-cluster-runs" }, `${run.describe(request)}, on every node.`)]]),
+            ["What runs", h("span", { id: "confirm-cluster-runs" }, `${run.describe(request)}, on every node.`)], portsFact(request, run.templateOf)]),
           h("p", { class: "price-total" }, "Price of the whole cluster: ",
             h("strong", { id: "confirm-cluster-price", dataset: { low, high } }, total),
             h("span", { class: "hint block" }, `${gpuCount} GPUs at the prices of the hosts free now`
@@ -214,7 +215,8 @@ export function clusterPage(page, ctx) {
   const members = h("div", {});
   const network = h("div", {});
   const events = h("div", {});
-  replace(page, h("p", { class: "crumbs" }, link("#/clusters", "← Clusters")), heading(`Cluster ${clusterId}`), errors.el, actions, summary,
+  const connect = clusterConnectPanel(clusterId, ctx.role);
+  replace(page, h("p", { class: "crumbs" }, link("#/clusters", "← Clusters")), heading(`Cluster ${clusterId}`), errors.el, actions, summary, connect.el,
     h("section", { "aria-labelledby": "nodes-title" }, h("h2", { id: "nodes-title" }, "Nodes"), members),
     h("section", { "aria-labelledby": "network-title" }, h("h2", { id: "network-title" }, "Between nodes"), network),
     h("section", { "aria-labelledby": "cluster-events-title" }, h("h2", { id: "cluster-events-title" }, "Events"), events));
@@ -273,6 +275,7 @@ export function clusterPage(page, ctx) {
       ["Stopped", timeEl(cluster.stopped_at)],
       cluster.failure_reason ? ["Why it ended", cluster.failure_reason] : null,
     ]));
+    connect.update(cluster);
     if (cluster.state !== lastState) {
       renderActions(cluster);
       lastState = cluster.state;

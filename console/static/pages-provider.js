@@ -22,7 +22,7 @@ function rentalsCell(ids, role) {
   if (!Array.isArray(ids)) return "—";
   if (ids.length === 0) return "none";
   return h("span", { class: "id-list" }, ids.map((id, i) => [i ? ", " : "",
-    role === "admin" ? link(`#/rentals/${encodeURIComponent(id)}`, id) : h("code", {}, id)]));
+    role === "admin" ? link(`#/rentals/${encodeURIComponent(id)}`, id) : h("code", { class: "id" }, id)]));
 }
 
 // Failed rentals by whose failure it was: only the provider's lower the host's reliability.

@@ -9,7 +9,7 @@ import { invoicesSection } from "./invoices.js";
 import { amountProblem, multiply, usd, usdRate } from "./money.js";
 import { gpuCharts } from "./telemetry.js";
 import { busy, confirmAndRent, errorBox, heading, loadInto, loading, modal, stopWithConfirmation } from "./ui.js";
-import { isolationBadge, runsShort, workloadChooser, workloadFacts } from "./workloads.js";
+import { isolationBadge, portsFact, runsShort, workloadChooser, workloadFacts } from "./workloads.js";
 
 const TIERS = ["flagship", "datacenter", "prosumer", "consumer", "entry"];
 const ACTIVE = new Set(["pending", "starting", "running"]);
@@ -308,7 +308,7 @@ function rentDialog(ctx) {
         summary: [h("h3", {}, "Confirm your rental"),
           facts([["GPU", `${offer.gpu_name} on ${offer.host_id}`], ["Amount", what],
             ["Pricing", request.kind === "interruptible" ? `interruptible, bid ${usdRate(rate)} per GPU-hour` : `on demand, ${usdRate(rate)} per GPU-hour`],
-            ["What runs", h("span", { id: "confirm-runs" }, `${run.describe(request)}.`)]]),
+            ["What runs", h("span", { id: "confirm-runs" }, `${run.describe(request)}.`)], portsFact(request, run.templateOf)]),
           h("p", { class: "price-total" }, "Price: ", h("strong", { id: "confirm-price", dataset: { perHour } }, `${usdRate(perHour)} per hour`),
             h("span", { class: "hint block" }, `${usdRate(rate)} per GPU-hour × ${request.gpu_milli || request.mig_profile ? `${thousandths}/1000 of a GPU` : `${units} GPU${units === 1 ? "" : "s"}`} = ${usdRate(perHour)} per hour, billed per second after a 60-second minimum while it runs.`))],
         onError(error) {

@@ -1,7 +1,7 @@
 // Pieces every page uses: the error box next to a form, loading placeholders, page headings.
 
 import { api, uuid4 } from "./api.js";
-import { h, replace, uid } from "./dom.js";
+import { h, idText, replace, uid, wrapAt } from "./dom.js";
 
 /** A message box for a form's errors (role="alert": read out when it changes). */
 export function errorBox() {
@@ -37,9 +37,9 @@ export function modal(className, titleId) {
   return { el, close };
 }
 
-/** The page's <h1> and optional intro line. */
+/** The page's <h1> and optional intro line; an id in the title ("Rental r-47c3…") never breaks inside (idText). */
 export function heading(title, intro) {
-  return [h("h1", { tabindex: "-1", class: "page-title" }, title), intro ? h("p", { class: "intro" }, intro) : null];
+  return [h("h1", { tabindex: "-1", class: "page-title" }, idText(title)), intro ? h("p", { class: "intro" }, intro) : null];
 }
 
 /** A placeholder shown while something loads. */
@@ -257,10 +257,11 @@ export function copyButton(text, target, { label, id = null, className = "second
 
 /**
  * A value in a <code> with a Copy button and its status line. A command wraps at its spaces only, never inside "r-…"
- * or a path; with `anywhere` (a URL, a token: one long word) it wraps where it must.
+ * or a path; with `anywhere` (a URL, a token: one long word) it wraps after a "/" or ":" first, else where it must,
+ * never inside an id.
  */
 export function copyable(text, { id, label, anywhere = false }) {
-  const words = anywhere ? text : text.split(" ").map((word, i) => [i ? " " : null, h("span", { class: "word" }, word)]);
+  const words = anywhere ? wrapAt(text).map(idText) : text.split(" ").map((word, i) => [i ? " " : null, h("span", { class: "word" }, word)]);
   const code = h("code", { class: "command-line", id }, words);
   const { button, status } = copyButton(text, code, { label });
   return h("div", { class: "command-row" }, code, button, status);

@@ -3,7 +3,7 @@
 // workload and a host's isolation read on the other pages.
 
 import { api } from "./api.js";
-import { facts, field, h, num, replace, uid } from "./dom.js";
+import { facts, field, h, num, replace, uid, wrapAt } from "./dom.js";
 import { withError } from "./ui.js";
 
 // The API's image-reference grammar (shared/imageref.py, the distribution project's), ASCII only.
@@ -178,7 +178,7 @@ export function describeRun({ template, workload }, templates = []) {
 export function runsShort({ template, workload }) {
   if (template) return `template ${template}`;
   if (!workload || !workload.kind || workload.kind === "hold") return "hold";
-  if (workload.kind === "container") return h("code", {}, workload.image);
+  if (workload.kind === "container") return h("code", { class: "image-ref" }, wrapAt(workload.image)); // breaks at "/", ":", "@" only
   return workload.kind === "process" ? "command on the host" : workload.kind;
 }
 
@@ -187,7 +187,7 @@ export function workloadFacts(rental) {
   const w = rental.workload || { kind: "hold" };
   const pairs = [["What runs", h("span", { id: "rental-runs" }, describeRun(rental))]];
   if (w.kind === "container") {
-    pairs.push(["Image", h("code", {}, w.image)]);
+    pairs.push(["Image", h("code", { class: "image-ref" }, wrapAt(w.image))]);
     if (w.command && w.command.length) pairs.push(["Command", h("code", {}, wordsText(w.command))]);
     if (w.args && w.args.length) pairs.push(["Arguments", h("code", {}, wordsText(w.args))]);
     if (w.ports && w.ports.length) pairs.push(["Ports", portsText(w.ports)]);
@@ -196,6 +196,23 @@ export function workloadFacts(rental) {
     pairs.push(["Command", h("code", {}, wordsText(w.argv))]);
   }
   return pairs;
+}
+
+/**
+ * The confirmation's "Ports" fact for a request ({template} or {workload}), or null when it runs nothing that serves
+ * ports (a hold, a command on the host): each declared port with the web address it gets once the rental runs (a
+ * name of its own under the relay's ports domain, opened from the rental's page). `templateOf(name)` gives a template.
+ */
+export function portsFact(request, templateOf = () => null) {
+  const template = request.template ? templateOf(request.template) : null;
+  const workload = request.workload || {};
+  if (!template && workload.kind !== "container") return null;
+  const ports = (template ? template.ports : workload.ports) || [];
+  if (!ports.length) return ["Ports", h("span", { id: "confirm-ports" }, "none declared: reach it by SSH")];
+  return ["Ports", [h("ul", { class: "confirm-ports", id: "confirm-ports" }, ports.map((port) => h("li", { dataset: { port } },
+    h("strong", {}, String(port)), port === 8888 ? " (Jupyter)" : "", " → ",
+    h("code", {}, "https://", h("wbr", {}), h("span", { class: "id" }, `‹rental›-${port}`), h("wbr", {}), ".‹relay’s domain›/")))),
+  h("span", { class: "hint block" }, "Each its own web address through the relay, opened from the rental’s page once it runs.")]];
 }
 
 /** The platform's templates, as they are now (an admin may have changed them since the last dialog). */
