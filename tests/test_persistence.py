@@ -231,10 +231,13 @@ class TestCommands:
         assert [protocol.decode_command_delivery(m.payload).command.body.command_id for m in delivered] == [command_id]
         async with master.db.session() as session:
             row = await session.get(CommandRow, command_id)
-            assert row is not None and (row.state, row.send_count) == ("sent", 1)
-        later = datetime.now(UTC) + timedelta(seconds=master.settings.command_retry_interval + 1)
-        assert await commands.due_for_resend(master, datetime.now(UTC)) == []
-        assert await commands.due_for_resend(master, later) == [command_id]
+            assert row is not None and (row.state, row.send_count) == ("sent", 1) and row.last_sent_at is not None
+            sent_at = row.last_sent_at
+        # Measured from when it was sent, not from the wall clock now: a loaded machine may take longer than the retry
+        # interval between the send and the check.
+        retry = timedelta(seconds=master.settings.command_retry_interval)
+        assert await commands.due_for_resend(master, sent_at + retry - timedelta(milliseconds=1)) == []
+        assert await commands.due_for_resend(master, sent_at + retry + timedelta(seconds=1)) == [command_id]
 
     async def test_a_result_is_recorded_once(self, master: Master) -> None:
         """The first result completes the command; a duplicate report changes nothing."""
