@@ -30,6 +30,7 @@ from master.models.hosts import (
     Command,
     EnrollmentToken,
     Gpu,
+    GpuVerification,
     Host,
     HostCertificate,
     HostEvent,
@@ -46,7 +47,7 @@ from master.models.telemetry import GpuEvent, TelemetryRollup, TelemetrySample
 
 __all__ = [
     "Account", "Alert", "AlertNotification", "ApiKey", "AuditEvent", "Base", "Cluster", "ClusterEvent", "Command",
-    "ConsoleSession", "DeviceCode", "EmailToken", "EnrollmentToken", "Gpu", "GpuAllocation", "GpuEvent", "Host", "HostCertificate", "HostEvent",
+    "ConsoleSession", "DeviceCode", "EmailToken", "EnrollmentToken", "Gpu", "GpuAllocation", "GpuEvent", "GpuVerification", "Host", "HostCertificate", "HostEvent",
     "HostLink", "HostListing", "HostPowerPolicy", "Lease", "LedgerAccount", "LedgerEntry", "LedgerTransaction",
     "NetworkMeasurement", "OfferSummary", "Passkey", "PasskeyChallenge", "Payout", "PowerSaving", "RegistryCredential", "Rental", "RentalEvent", "RentalLogChunk",
     "Service", "ServiceEvent", "ServiceStat", "SshKey", "TeamInvitation", "TeamMember", "TelemetryRollup", "TelemetrySample", "Template",

@@ -134,6 +134,17 @@ class Gpu(Base):
     compute_capability_key: Mapped[int | None] = mapped_column(default=None, index=True)
     cuda_version_key: Mapped[int | None] = mapped_column(default=None, index=True)
 
+    # What the GPU proved by computation (issue 40, docs/verification.md): the newest finished challenge's outcome
+    # (``passed`` | ``failed``), its reason code when failed, when it passed last, the throughput it measured
+    # (TFLOP/s in the challenge's precision) and the memory it proved; ``verification_failures`` counts failures in a
+    # row (a pass resets it). NULL: never challenged.
+    verified_at: Mapped[datetime | None] = mapped_column(default=None)
+    verified_tflops: Mapped[float | None] = mapped_column(default=None)
+    verified_vram_mib: Mapped[int | None] = mapped_column(default=None)
+    verification_outcome: Mapped[str | None] = mapped_column(String(16), default=None)
+    verification_reason: Mapped[str | None] = mapped_column(String(64), default=None)
+    verification_failures: Mapped[int] = mapped_column(default=0, server_default="0")
+
     def set_info(self, info: dict[str, Any]) -> None:
         self.info = info
         self.compute_capability_key = version_key(info.get("compute_capability"))
@@ -232,3 +243,35 @@ class NetworkMeasurement(Base):
     jitter_ms: Mapped[float | None] = mapped_column(default=None)
     loss: Mapped[float] = mapped_column(default=0.0)
     data: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class GpuVerification(Base):
+    """One challenge put to a host's GPUs (docs/verification.md): the secret seed and size chosen from what the GPUs
+    claim, the deadline, the host's commitment (a Merkle root per GPU), what the master then revealed (rows and
+    columns to open), and the verdict per GPU. ``trigger``: ``enrollment`` (before the host is first listed), ``idle``
+    (at a random time while no rental holds the GPUs) or ``admin`` (on demand). ``state``: ``issued`` → ``committed`` →
+    ``revealed`` → ``passed`` | ``failed`` (or ``cancelled`` when a rental or the host's loss comes first)."""
+
+    __tablename__ = "gpu_verifications"
+    __table_args__ = (Index("ix_gpu_verifications_host_created", "host_id", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    host_id: Mapped[str] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"))
+    trigger: Mapped[str] = mapped_column(String(16))
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    gpu_uuids: Mapped[list[str]] = mapped_column(JSON)
+    seed: Mapped[str] = mapped_column(String(64))  # hex; secret until the challenge is sent
+    size: Mapped[int]  # n: A and B are n × n
+    dtype: Mapped[str] = mapped_column(String(16))  # the precision the tier is sold in (bf16, fp16, fp32)
+    deadline_at: Mapped[datetime | None] = mapped_column(default=None)  # the commitment's, set when sent
+    created_at: Mapped[datetime] = mapped_column(default=_now)
+    sent_at: Mapped[datetime | None] = mapped_column(default=None)
+    committed_at: Mapped[datetime | None] = mapped_column(default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)
+    command_id: Mapped[str | None] = mapped_column(String(40), default=None)
+    commitment: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    reveal: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)  # per GPU uuid: outcome, reason, figures
+    reason_code: Mapped[str | None] = mapped_column(String(64), default=None)
+    reason: Mapped[str | None] = mapped_column(Text, default=None)
+    requested_by: Mapped[str | None] = mapped_column(String(40), default=None)  # the admin's account, for ``admin``
