@@ -39,11 +39,17 @@ const PAGE = 500;
 const MAX_PAGES = 4; // the newest 2000 rentals: a failure of the last day among older ones is not counted (said so)
 const ATTENTION_EVERY_MS = 60_000;
 
+// Page n of each list read here, each call written out so that the suite checks its parameters (test_api_query).
+const LIST_PAGE = {
+  "/rentals": (n) => api("GET", `/rentals?limit=${PAGE}&offset=${n * PAGE}`),
+  "/hosts": (n) => api("GET", `/hosts?limit=${PAGE}&offset=${n * PAGE}`),
+};
+
 /** Every item of a paged list, up to MAX_PAGES pages; `enough(items)` stops early. {items, complete}. */
 async function pages(path, enough = () => false) {
   const items = [];
   for (let n = 0; n < MAX_PAGES; n += 1) {
-    const body = await api("GET", `${path}?limit=${PAGE}&offset=${n * PAGE}`);
+    const body = await LIST_PAGE[path](n);
     items.push(...body.items);
     if (items.length >= body.total || body.items.length < PAGE || enough(body.items)) return { items, complete: true };
   }

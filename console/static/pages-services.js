@@ -443,7 +443,8 @@ export function servicePage(page, ctx) {
 
   const refresh = async () => {
     const service = await refreshed(ctx, errors, async () => {
-      const found = await api("GET", `/services/${encodeURIComponent(serviceId)}${showFailed ? "?failed=true" : ""}`);
+      const found = await (showFailed ? api("GET", `/services/${encodeURIComponent(serviceId)}?failed=true`)
+        : api("GET", `/services/${encodeURIComponent(serviceId)}`));
       await loadStats(found);
       return found;
     }, () => last === null && summary.replaceChildren());
