@@ -117,29 +117,6 @@ class PackageImage:
     applets: tuple[str, ...] = field(default=IMAGE_APPLETS)
 
 
-TORCH_IMAGE: Final = PackageImage(
-    repo="gpumarket-test/torch",
-    roots=("python3-torch", "python3", "libc6"),
-    files={"opt/gpumarket/allreduce.py": Path(__file__).with_name("allreduce.py")},
-    changes=('CMD ["python3", "/opt/gpumarket/allreduce.py"]', DEFAULT_PATH),
-    pruned={
-        # Not needed to import torch or to run gloo, and large (the image is then ~730 MB of files instead of ~940).
-        "libtorch-test": "torch's C++ test programs (~50 MB)",
-        "libgl1-mesa-dri": "Mesa's OpenGL drivers and, through them, LLVM and Z3 (~160 MB): loaded only to draw on a display",
-        "mesa-va-drivers": "Mesa's VA-API video drivers",
-        "mesa-vdpau-drivers": "Mesa's VDPAU video drivers",
-    },
-)
-OPENAI_SERVER_PATH: Final = "opt/gpumarket/openai_cpu_server.py"
-OPENAI_IMAGE: Final = PackageImage(
-    repo="gpumarket-test/openai-cpu",
-    roots=("python3", "libc6"),
-    files={OPENAI_SERVER_PATH: Path(__file__).parent.parent / "examples" / "openai_cpu_server.py"},
-    changes=(f'CMD ["python3", "/{OPENAI_SERVER_PATH}"]', "EXPOSE 8000", DEFAULT_PATH),
-    pruned={"dpkg": "Debian's package manager and, through it, tar, zstd and SELinux's library (~3.5 MB of ~51): "
-                    "nothing installs packages in the image"},
-)
-
 _DEPENDENCY: Final = re.compile(r"\s*([a-z0-9][a-z0-9+.-]*)")
 
 
