@@ -4,7 +4,8 @@ Pure: stdlib and numpy (torch only inside the ``backend="torch"`` paths, importe
 of gpumarket, because the challenge image copies this file beside ``program.py`` and runs it with Debian's python3.
 
 * **Generator.** Element (i, j) of A (tag ``"A"``) or B (tag ``"B"``) of an n×n matrix is
-  ``splitmix64(key + (i·n + j + 1)·γ)``'s bits 33..63 mod 3, minus 1: a ternary value in {-1, 0, 1}, where
+  ``splitmix64(key + (i·n + j + 1)·γ)``'s top 31 bits scaled to 0..2 (``(z >> 33)·3 >> 31``), minus 1: a
+  ternary value in {-1, 0, 1}, where
   ``key`` is the first 8 bytes (little-endian) of SHA-256 over the seed and the tag. Any row of A or column of B
   is built alone in O(n) (``element_rows``, ``element_cols``), on the CPU (numpy, uint64) or a GPU (torch, int64
   with the shifts masked to be logical): the same numbers.
@@ -61,13 +62,24 @@ def gpu_seed(seed: bytes, uuid: str) -> bytes:
 
 
 def _ternary(key: int, index: np.ndarray) -> np.ndarray:
-    """Element values for the flat indices ``index`` (uint64): int8 in {-1, 0, 1}."""
+    """Element values for the flat indices ``index`` (uint64, consumed: the work is done in place in it): int8
+    in {-1, 0, 1}."""
     u64 = np.uint64
-    z = (index + u64(1)) * u64(GAMMA) + u64(key)
-    z = (z ^ (z >> u64(30))) * u64(MIX1)
-    z = (z ^ (z >> u64(27))) * u64(MIX2)
-    z = z ^ (z >> u64(31))
-    return ((z >> u64(33)) % u64(3)).astype(np.int8) - np.int8(1)
+    z = index
+    z += u64(1)
+    z *= u64(GAMMA)
+    z += u64(key)
+    z ^= z >> u64(30)
+    z *= u64(MIX1)
+    z ^= z >> u64(27)
+    z *= u64(MIX2)
+    z ^= z >> u64(31)
+    z >>= u64(33)
+    z *= u64(3)
+    z >>= u64(31)
+    out = z.astype(np.int8)
+    out -= np.int8(1)
+    return out
 
 
 def element_rows(seed: bytes, tag: str, rows: Sequence[int] | np.ndarray, n: int) -> np.ndarray:
@@ -103,7 +115,7 @@ def _torch_ternary(torch: Any, key: int, index: Any) -> Any:
     z = (z ^ shr(z, 30)) * _signed(MIX1)
     z = (z ^ shr(z, 27)) * _signed(MIX2)
     z = z ^ shr(z, 31)
-    return (shr(z, 33) % 3).to(torch.int8) - 1
+    return ((shr(z, 33) * 3) >> 31).to(torch.int8) - 1
 
 
 def torch_rows(seed: bytes, tag: str, start: int, stop: int, n: int, *, device: Any = None) -> Any:
