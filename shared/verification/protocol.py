@@ -176,7 +176,9 @@ def verify(challenge: Mapping[str, Any], commitment: Mapping[str, Any], reveal: 
         elif entry.get("reason") is not None:
             reason = Reason(entry["reason"]) if entry["reason"] in (Reason.MEMORY_SHORT, Reason.WORKLOAD_FAILED) else Reason.WORKLOAD_FAILED
             verdicts[uuid] = _failed(reason, str(entry.get("message") or entry["reason"])[:500])
-        elif entry.get("root") in seen_roots:
+        elif not isinstance(entry.get("root"), str):
+            verdicts[uuid] = _failed(Reason.BAD_PROOF, f"the commitment's root for GPU {uuid} is not a hex string")
+        elif entry["root"] in seen_roots:
             verdicts[uuid] = _failed(Reason.REPLAYED_COMMITMENT, f"GPU {uuid}'s root was committed to an earlier challenge")
         elif committed_after_s > challenge["deadline_s"]:
             verdicts[uuid] = _failed(Reason.TOO_SLOW, f"committed after {committed_after_s:.1f} s; the deadline was {challenge['deadline_s']:.1f} s")
