@@ -226,7 +226,7 @@ class HostState:
     challenge_id: str
     uuid: str
     n: int
-    rows: Any = field(repr=False)  # C as int32: a numpy array, or a torch tensor on the device
+    rows: Any = field(repr=False)  # C: an int32 numpy array, or an fp32 torch tensor on the device
     levels: list[list[bytes]] = field(repr=False)
     seconds: dict[str, float]
 
@@ -235,10 +235,18 @@ class HostState:
         return self.levels[-1][0]
 
     def row_bytes(self, index: int) -> bytes:
-        row = self.rows[index]
-        if not isinstance(row, np.ndarray):  # torch
-            row = row.cpu().numpy()
-        return np.ascontiguousarray(row, dtype="<i4").tobytes()
+        row: bytes = _int32_rows(self.rows[index : index + 1])[0].tobytes()
+        return row
+
+
+def _int32_rows(block: Any) -> np.ndarray:
+    """Rows of C as a little-endian int32 numpy array: C is int32 on the CPU, and fp32 on a GPU (a second,
+    int32 copy of C would not fit beside A and B), converted a block at a time."""
+    if not isinstance(block, np.ndarray):  # torch
+        import torch
+
+        block = block.to(torch.int32).cpu().numpy()
+    return np.ascontiguousarray(block, dtype="<i4")
 
 
 def _multiply_torch(a: Any, b: Any, dtype: str) -> Any:
@@ -281,10 +289,13 @@ def multiply_and_commit(seed: bytes, n: int, challenge_id: str, *, uuid: str = "
 
         try:
             a, b = generate(seed, n, "torch", device, dtype=dtype)
-            torch.cuda.synchronize(device) if torch.cuda.is_available() and device is not None else None
+            if a.is_cuda:
+                torch.cuda.synchronize(a.device)
             seconds["generate"] = time.perf_counter() - started
-            c = _multiply_torch(a, b, dtype).to(torch.int32)
+            c = _multiply_torch(a, b, dtype)  # fp32, exact integers
             del a, b
+            if c.is_cuda:
+                torch.cuda.synchronize(c.device)
         except torch.OutOfMemoryError as exc:
             raise MemoryShort(f"the device could not hold A, B and C at n = {n} ({need / 2**20:.0f} MiB): {exc}") from exc
     seconds["multiply"] = time.perf_counter() - started - seconds["generate"]
@@ -292,8 +303,7 @@ def multiply_and_commit(seed: bytes, n: int, challenge_id: str, *, uuid: str = "
     ctx = context(challenge_id, uuid)
     leaves: list[bytes] = []
     for start in range(0, n, hash_chunk_rows):
-        block = c[start : start + hash_chunk_rows]
-        block = np.ascontiguousarray(block if isinstance(block, np.ndarray) else block.cpu().numpy(), dtype="<i4")
+        block = _int32_rows(c[start : start + hash_chunk_rows])
         leaves.extend(leaf_hash(ctx, start + k, block[k].tobytes()) for k in range(block.shape[0]))
     levels = merkle_levels(leaves)
     seconds["hash"] = time.perf_counter() - hashed
