@@ -56,7 +56,8 @@ FILTER_PARAMS: dict[str, tuple[str, Op, str, str]] = {
     "min_reliability": ("reliability", Op.GE, "number", "At least this host reliability (0 to 1)."),
     "min_download_mbps": ("download_mbps", Op.GE, "number", "At least this measured download speed, Mbit/s."),
     "min_upload_mbps": ("upload_mbps", Op.GE, "number", "At least this measured upload speed, Mbit/s."),
-    "verified": ("verified", Op.EQ, "boolean", "true: verified listings only; false: unverified only."),
+    "verified": ("verified", Op.EQ, "boolean", "true: hosts proven by the GPU challenge only (every GPU passed within "
+                 "the last 7 days: docs/verification.md); false: the others."),
     "isolated": ("isolated", Op.EQ, "boolean", "true: hosts that isolate renters' workloads (containers or per-rental "
                  "users) only; false: hosts that say they do not. Hosts of older agents, which do not say, match neither."),
 }
