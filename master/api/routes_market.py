@@ -222,8 +222,10 @@ ROUTES: tuple[Route, ...] = (
         "GET",
         "/offers",
         list_offers,
-        "GPUs that can be rented now, grouped per host and model, with price, tier, performance score and "
-        "reliability; filter with parameters or the query language in q (docs/marketplace.md).",
+        "GPUs that can be rented now, grouped per host and model, with price, tier, performance score, "
+        "reliability and what the GPU challenge proved (verified: every GPU of the host passed within 7 days; "
+        "verification: the measured TFLOP/s min and median beside the model's expectation); filter with parameters or "
+        "the query language in q (docs/marketplace.md).",
         query=(
             QueryParam("q", "string", "Query language: space-separated 'field op value' terms, e.g. "
                        "'gpu_name=RTX_4090 num_gpus>=2 reliability>0.98 price<=0.5'."),
