@@ -12,11 +12,17 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from master.context import Master
-from master.models import Gpu
-from master.services.market import VERIFICATION_MAX_AGE, expected_tflops
+from master.models import Gpu, Host, HostListing
+from master.services.market import (
+    VERIFICATION_MAX_AGE,
+    expected_tflops,
+    load_price_bounds,
+    parse,
+    row_conditions,
+)
 from tests.test_offers import Market, gpus, open_market
 
 RTX_4090_EXPECTED = 198.0  # 330 dense fp16 tensor TFLOP/s × 0.6 sustained (docs/verification-measurements.md)
@@ -83,6 +89,19 @@ class TestVerifiedFilter:
         """Nothing is written: the master's clock passing the max age is enough."""
         market.clock.advance(VERIFICATION_MAX_AGE.total_seconds())
         assert await market.offered(verified="true") == []
+
+
+class TestPlacementFilter:
+    async def test_a_rentals_verified_requirement_takes_the_same_hosts(self, market: Market, hosts: Hosts) -> None:
+        """Placement's conditions over GPU rows (``row_conditions``) apply the offers' rule: the stale host too is out."""
+        bounds = load_price_bounds()
+        async with market.master.db.session() as session:
+            wanted = await row_conditions(session, parse("verified=true"), bounds=bounds, now=market.clock.now())
+            rows = await session.scalars(
+                select(Gpu.host_id).join(Host, Host.id == Gpu.host_id).outerjoin(HostListing, HostListing.host_id == Gpu.host_id)
+                .where(*wanted).distinct()
+            )  # fmt: skip
+            assert set(rows.all()) == {hosts.proven}
 
 
 class TestOfferFigures:
