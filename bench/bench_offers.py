@@ -18,8 +18,9 @@ inserted in bulk (multi-row executemany, a progress line on stderr):
   maintenance or faulty; reliability 0.80-1.00 (5 % not scored yet); a measured network on 96 %
   (download log-normal around 800 Mbit/s, 5 % under 100).
 * a listing on 70 % of the hosts, priced 0.6-1.5 × its best tier's default within the tier's
-  bounds, 25 % verified, 30 % with a minimum bid; 2 % in a maintenance window now and 3 % past
-  their ``available_until`` (not offered), 10 % with a window coming up. Unlisted hosts are offered
+  bounds, 25 % verified (every GPU passed its challenge an hour ago), 30 % with a minimum bid;
+  2 % in a maintenance window now and 3 % past their ``available_until`` (not offered), 10 % with
+  a window coming up. Unlisted hosts are offered
   at their tiers' default prices.
 * running rentals (rows in ``rentals`` and ``gpu_allocations``, the GPUs' ``rental_id`` set) of
   1-8 whole GPUs on 30 % of the rentable hosts, about 10.5 % of the GPUs; fractional shares
@@ -310,6 +311,7 @@ def build_fleet(gpus: int, *, seed: int = 42) -> Fleet:
                 "id": f"gpu-{number:06d}-{index}", "host_id": host_id, "index": index, "uuid": uuid,
                 "info": dict(info, index=index, uuid=uuid, pci_bus_id=f"00000000:{0x01 + 0x10 * index:02X}:00.0"),
                 "present": rng.random() >= 0.003, "rental_id": None, "milli_used": 0, "memory_used_mib": 0, **columns,
+                "verification_outcome": None, "verified_at": None,
             })  # fmt: skip
         if state in RENTABLE_STATES and rng.random() < 0.30:
             free = [g for g in gpu_rows if g["present"]]
@@ -324,6 +326,10 @@ def build_fleet(gpus: int, *, seed: int = 42) -> Fleet:
                 host["state"] = "rented"
         if rng.random() < 0.70:
             fleet.listings.append(_listing(host_id, (g["tier"] for g in gpu_rows if g["present"]), rng, bounds))
+            if fleet.listings[-1]["verified"]:
+                # Verified as the GPU challenge leaves it: every GPU passed, recently (master/services/market/proven.py).
+                for gpu in gpu_rows:
+                    gpu.update(verification_outcome="passed", verified_at=NOW - timedelta(hours=1))
         fleet.hosts.append(host)
         fleet.gpus.extend(gpu_rows)
     return fleet

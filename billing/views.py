@@ -78,14 +78,14 @@ async def _with_earnings(session: AsyncSession, who: Principal, views: list[dict
 async def host_page(master: Master, who: Principal, *, limit: int, offset: int) -> tuple[list[dict[str, Any]], int]:
     """Hosts the caller can see, with their earnings; and how many there are."""
     async with master.db.session() as session:
-        items, total = await hosts.list_hosts(session, who, limit=limit, offset=offset)
+        items, total = await hosts.list_hosts(session, who, limit=limit, offset=offset, now=master.clock.now())
         return await _with_earnings(session, who, items), total
 
 
 async def host_detail(master: Master, who: Principal, host_id: str) -> dict[str, Any]:
     """One host the caller can see, with its earnings."""
     async with master.db.session() as session:
-        view = await hosts.get_host(session, who, host_id)
+        view = await hosts.get_host(session, who, host_id, now=master.clock.now())
         return (await _with_earnings(session, who, [view]))[0]
 
 

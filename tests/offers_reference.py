@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.models import Gpu, GpuAllocation, Host, HostListing
 from master.services.lifecycle.hosts import RENTABLE_STATES
-from master.services.market import offers
+from master.services.market import offers, proven
 from master.services.market.listings import load_price_bounds
 from master.services.market.offers import DEFAULT_ORDER, OfferSearch
 
@@ -36,7 +36,7 @@ async def reference_search(session: AsyncSession, search: OfferSearch) -> tuple[
     free = (or_(whole, Gpu.id.in_(sorted(mig_counts))),)
     needs_names = any(c.field == "gpu_name" for c in search.conditions)
     names = list((await session.scalars(select(Gpu.name).where(*free).distinct())).all()) if needs_names else []
-    columns = offers._gpu_columns(bounds, names)
+    columns = offers._gpu_columns(bounds, names, cutoff=now - search.verification_max_age)
     count = func.sum(case((whole, 1), else_=0))
     mig_free = func.sum(case(mig_counts, value=Gpu.id, else_=0)) if mig_counts else literal(0)
     grouped = (
@@ -93,9 +93,11 @@ async def reference_search(session: AsyncSession, search: OfferSearch) -> tuple[
         known = versions.get((gpu_host, gpu_name), (None, None))
         versions[(gpu_host, gpu_name)] = (known[0] or capability, known[1] or cuda)
     migs = await offers.mig_free_by_profile(session, [(row.host_id, row.gpu_name) for row in page if row.mig_free])
+    flags = [(row.host_id, row.gpu_name, bool(hosts[row.host_id].HostListing and hosts[row.host_id].HostListing.verified)) for row in page]
+    proofs = await proven.offer_verifications(session, flags, now=now, max_age=search.verification_max_age)
     views = [
         offers._offer_view(row, hosts[row.host_id], versions.get((row.host_id, row.gpu_name), (None, None)), now,
-                           migs.get((row.host_id, row.gpu_name), {}))
+                           migs.get((row.host_id, row.gpu_name), {}), proofs[(row.host_id, row.gpu_name)])
         for row in page
     ]  # fmt: skip
     return views, int(page[0].total)

@@ -42,6 +42,7 @@ from shared.protocol import ContainerWorkload
 from tests.conftest import WhileUsed
 from tests.helpers import eventually
 from tests.test_console_maintenance import MaintenanceWindows
+from tests.test_console_verification import Verification
 from tests.upprocess import check_alive, gpumarket_up, wait_for_credentials
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts" / "console"
@@ -995,3 +996,7 @@ class TestConnect:
 
 class TestMaintenanceWindows(MaintenanceWindows):
     """The provider's maintenance windows (``tests/test_console_maintenance.py``), on this module's market."""
+
+
+class TestVerification(Verification):
+    """Issue 40's verified badge, filter and host figures (``tests/test_console_verification.py``), on this module's market."""

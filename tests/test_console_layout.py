@@ -12,7 +12,8 @@ finds no serious or critical violation. A full-page screenshot of each lands in
 
 What some pages say is checked too: the Fleet page's figures of failed rentals and weak hosts agree with the API,
 a hold cluster's page offers no SSH and a running one's shows each node's ``gpumarket cluster ssh`` line, and the
-rent confirmation lists the declared ports with the web address each gets.
+rent confirmation lists the declared ports with the web address each gets. The provider's host shows what the GPU
+challenge proved (one GPU passed, the others failed: the bar and a failure's advice), so the pages are laid out with them.
 
 One marketplace (``tests/test_console_browser.py``'s, shared with that module) serves the module, the worker's Chromium
 its pages.
@@ -47,6 +48,7 @@ from tests.test_console_browser import (
     _container_offer,
     _rent_button,
 )
+from tests.test_console_verification import write_proofs
 
 # The browser module's marketplace serves this one too: the same `gpumarket up` when this module runs right after that
 # one (as under pytest-xdist, where the two are one of ONE_WORKER_SCOPES), else one of its own.
@@ -224,7 +226,13 @@ def places(market: Market, docker_image: str) -> Iterator[dict[str, str]]:
         "name": "layout", "port": 8000, "min_replicas": 1, "max_replicas": 2,
         "workload": {"kind": "container", "image": docker_image, "command": ["httpd", "-f", "-p", "8000", "-h", "/tmp"], "ports": [8000]},
     })  # fmt: skip
-    host = _api(market, "provider", "GET", "/hosts")["items"][0]["id"]
+    first = _api(market, "provider", "GET", "/hosts")["items"][0]
+    host = first["id"]
+    # What the GPU challenge proved, on the provider's host page and the offers (issue 40): its first GPU passed, the
+    # others failed (the bar and a failure's advice both drawn at every size); cleared again at the end.
+    proofs = {host: {g["index"]: "passed" if g["index"] == 0 else "failed" for g in first["gpus"]}}
+    for host_id, outcomes in proofs.items():
+        write_proofs(market, host_id, outcomes)
     try:
         async def nodes_run() -> bool:
             members = [m for made in (cluster, running) for m in _api(market, "renter", "GET", f"/clusters/{made['id']}")["members"]]
@@ -237,6 +245,8 @@ def places(market: Market, docker_image: str) -> Iterator[dict[str, str]]:
         asyncio.run(eventually(failed, timeout=120, every=API_POLL_S, what="the rental of a missing image failed"))
         yield {"rental": rental["id"], "cluster": cluster["id"], "running_cluster": running["id"], "service": service["id"], "host": host}
     finally:
+        for host_id, outcomes in proofs.items():
+            write_proofs(market, host_id, dict.fromkeys(outcomes))
         _api(market, "renter", "DELETE", f"/services/{service['id']}")
         for made in (cluster, running):
             _api(market, "renter", "DELETE", f"/clusters/{made['id']}")
@@ -387,12 +397,28 @@ async def _rent_confirmation(console: Console, where: str, places: dict[str, str
     return [f"{where}, the rent confirmation: past the viewport or their clipping box: {seen['overflowing'][:8]}"] if seen["overflowing"] else []
 
 
+async def _host_proofs(console: Console, where: str, places: dict[str, str]) -> list[str]:
+    """The host page draws what the GPU challenge proved: a row per GPU, the passed one's bar (a meter: its model's
+    expectation is known) and each failed one's advice (the fixture's proofs)."""
+    section = console.page.locator(".host-proof")
+    gpus = (await console.api("provider", f"/hosts/{places['host']}"))["gpus"]
+    problems = []
+    if await section.locator("table.proofs tbody tr").count() != len(gpus):
+        problems.append(f"{where}: the GPU verification table has not a row per GPU ({len(gpus)})")
+    if gpus[0]["verification"]["tflops_expected"] and await section.locator("meter").count() != 1:
+        problems.append(f"{where}: no throughput bar for the GPU that passed")
+    if await section.locator(".proof-failure").count() != len(gpus) - 1:
+        problems.append(f"{where}: not one failure note per failed GPU ({len(gpus) - 1})")
+    return problems
+
+
 # What a page says, checked after its layout: (role, page) → a check returning problems.
 WHAT_IT_SAYS: dict[tuple[str, str], Callable[[Console, str, dict[str, str]], Awaitable[list[str]]]] = {
     ("admin", "fleet"): _fleet_figures,
     ("renter", "cluster"): _hold_cluster_has_no_ssh,
     ("renter", "cluster-ssh"): _cluster_ssh_lines,
     ("renter", "offers"): _rent_confirmation,
+    ("provider", "host"): _host_proofs,
 }
 
 

@@ -205,6 +205,7 @@ class TestPutListing:
                 {"start": f"2999-01-{d:02d}T00:00:00Z", "end": f"2999-01-{d:02d}T01:00:00Z"} for d in range(1, 31)
             ] * 2}, 422, "validation_failed"),  # more than 32
             ({"price_per_gpu_hour": "0.3", "verified": True}, 403, "forbidden"),
+            ({"price_per_gpu_hour": "0.3", "verified": False}, 403, "forbidden"),
         ],
     )
     async def test_bad_terms_are_refused_and_change_nothing(
@@ -253,12 +254,18 @@ class TestPutListing:
         status, body = await market.call("GET", f"/hosts/{host_id}/listing", market.renter_key)
         assert (status, body["price_per_gpu_hour"]) == (200, "0.300000")
 
-    async def test_verified_is_set_by_admins_and_kept_by_provider_puts(self, market: Market) -> None:
-        """An admin marks a listing verified; the provider's next PUT keeps the mark."""
+    async def test_verified_is_proven_never_set_and_kept_by_provider_puts(self, market: Market) -> None:
+        """An admin's PUT of ``verified`` is refused, pointing to the GPU challenge; the flag the challenge set is kept
+        by the provider's next PUT."""
         host_id = await market.host(gpus(1))
         await market.put_listing(host_id, price_per_gpu_hour="0.3")
-        body = await market.put_listing(host_id, key=market.admin_key, expect=200, price_per_gpu_hour="0.3", verified=True)
-        assert body["verified"] is True
+        for value in (True, False):
+            status, body = await market.call("PUT", f"/hosts/{host_id}/listing", market.admin_key,
+                                             json={"price_per_gpu_hour": "0.3", "verified": value})  # fmt: skip
+            assert (status, body["code"]) == (422, "verified_by_challenge")
+            assert f"POST /api/v1/admin/hosts/{host_id}/verify" in body["message"]
+        assert (await market.put_listing(host_id, key=market.admin_key, expect=200, price_per_gpu_hour="0.3"))["verified"] is False
+        await market.prove(host_id)
         body = await market.put_listing(host_id, expect=200, price_per_gpu_hour="0.35")
         assert (body["verified"], body["price_per_gpu_hour"]) == (True, "0.350000")
         assert (await market.offers(q="verified=true"))["total"] == 1

@@ -50,6 +50,14 @@ def _window(hours_from_now: int, length: int) -> dict[str, str]:
     return {"start": window_time(start), "end": window_time(start + timedelta(hours=length), round_up=True)}
 
 
+PROOFS: dict[str | None, dict[str, Any]] = {
+    None: {},
+    "passed": {"verification_outcome": "passed", "verified_at": NOW - timedelta(hours=2), "verified_tflops": 95.5},
+    "stale": {"verification_outcome": "passed", "verified_at": NOW - timedelta(days=30), "verified_tflops": 90.0},
+    "failed": {"verification_outcome": "failed", "verified_at": None, "verification_reason": "too_slow", "verification_failures": 1},
+}
+
+
 gpu_rows = st.fixed_dictionaries({
     "name": st.sampled_from(sorted(MODELS)),
     "tier": st.sampled_from([None, "flagship", "datacenter", "consumer", "entry"]),
@@ -59,6 +67,8 @@ gpu_rows = st.fixed_dictionaries({
     "use": st.sampled_from(["free", "free", "free", "rented", "shared", "mig"]),
     # In MIG mode ("mig"): its instances' profiles, and which of them a rental holds.
     "mig": st.lists(st.tuples(st.sampled_from(["1g.10gb", "3g.40gb", ""]), st.booleans()), max_size=3),
+    # What its GPU challenge proved (issue 40): a recent pass, a stale one, a failure, or never challenged.
+    "proof": st.sampled_from([None, "passed", "passed", "passed", "stale", "failed"]),
 })  # fmt: skip
 listings = st.none() | st.fixed_dictionaries({
     "price_per_gpu_hour": st.sampled_from([Decimal("0.2"), Decimal("0.45"), Decimal("0.5"), Decimal("1.25")]),
@@ -142,6 +152,7 @@ async def _write_fleet(db: Database, fleet: list[dict[str, Any]]) -> None:
                     id=f"g{number}-{index}", host_id=host_id, index=index, uuid=f"GPU-{number}-{index}", name=gpu["name"],
                     memory_total_mib=memory, present=gpu["present"], tier=gpu["tier"], score=gpu["score"],
                     needs_review=gpu["needs_review"], rental_id=rental_id, milli_used=500 if gpu["use"] == "shared" else 0,
+                    **PROOFS[gpu.get("proof")],
                 )  # fmt: skip
                 info: dict[str, Any] = {"compute_capability": capability, "cuda_driver_version": host["cuda"]}
                 if gpu["use"] == "mig":

@@ -21,7 +21,7 @@ from sqlalchemy import event, update
 from master.api.base import API
 from master.app import create_app
 from master.context import Master
-from master.models import Host, HostListing
+from master.models import Gpu, Host, HostListing
 from master.services.accounts.core import Principal, authenticate
 from master.services.market import offers
 from master.services.market.listings import load_price_bounds
@@ -91,6 +91,22 @@ class Market:
         assert isinstance(body, dict)
         return body
 
+    async def prove(
+        self, host_id: str, outcome: str | None = "passed", *, age: timedelta = timedelta(hours=1), tflops: float | None = 100.0,
+        reason: str | None = None, failures: int = 0, flag: bool | None = None,
+    ) -> None:
+        """Write what the GPU challenge flow writes: every GPU of the host's outcome, time, figures, and the listing's
+        ``verified`` (by default: the outcome passed and the listing exists)."""
+        at = self.clock.now() - age
+        proven = outcome == "passed"
+        async with self.master.db.session() as session:
+            await session.execute(update(Gpu).where(Gpu.host_id == host_id).values(
+                verification_outcome=outcome, verified_at=at if outcome is not None else None,
+                verified_tflops=tflops if proven else None, verified_vram_mib=Gpu.memory_total_mib if proven else None,
+                verification_reason=None if proven else reason, verification_failures=failures,
+            ))  # fmt: skip
+            await session.execute(update(HostListing).where(HostListing.host_id == host_id).values(verified=proven if flag is None else flag))
+
     async def provider(self) -> Principal:
         """The provider account, as the API sees it."""
         async with self.master.db.session() as session:
@@ -123,7 +139,7 @@ async def market(master: Master) -> AsyncIterator[Market]:
 class Fleet:
     """Four hosts that differ in every filtered attribute."""
 
-    rtx_pair: str  # 2× RTX 4090, eu-west, 0.99, 900/500 Mbps, listed at 0.35, verified
+    rtx_pair: str  # 2× RTX 4090, eu-west, 0.99, 900/500 Mbps, listed at 0.35, proven by the GPU challenge
     rtx_single: str  # 1× RTX 4090, us-east, 0.95, 100/50 Mbps, unlisted (prosumer default 0.40)
     a100s: str  # 4× A100 80GB, eu-west, no reliability yet, no network, listed at 1.20
     h100: str  # 1× H100, ap-south, 0.999, 2000/2000 Mbps, unlisted (flagship default 2.50)
@@ -137,7 +153,7 @@ async def fleet(market: Market) -> Fleet:
     h100 = await market.host(gpus(1, H100, memory=81559, cc="9.0", cuda="12.9"), region="ap-south", reliability=0.999,
                              download=2000, upload=2000)
     await market.put_listing(rtx_pair, price_per_gpu_hour="0.35")
-    await market.put_listing(rtx_pair, key=market.admin_key, expect=200, price_per_gpu_hour="0.35", verified=True)
+    await market.prove(rtx_pair)  # the GPU challenge passed on both, an hour ago
     await market.put_listing(a100s, price_per_gpu_hour="1.2", min_bid_per_gpu_hour="0.6", smallest_unit="mig:1g.10gb")
     return Fleet(rtx_pair, rtx_single, a100s, h100)
 
@@ -425,8 +441,8 @@ class TestOfferErrors:
 
 class TestOfferSearchCost:
     async def test_the_search_runs_the_same_queries_for_any_fleet_size(self, market: Market) -> None:
-        """The search's statements do not grow with the number of hosts (no per-host queries): one statement, and
-        one more for the model names when a query names a model."""
+        """The search's statements do not grow with the number of hosts (no per-host queries): the page's statement and
+        its GPUs' challenge proofs (one for the page), and one more for the model names when a query names a model."""
         search = OfferSearch([], sort=Sort.PRICE, limit=500, now=market.clock.now())
         filtered = OfferSearch(
             parse("gpu_name=RTX_4090 price<=1 num_gpus>=1"),
@@ -438,7 +454,7 @@ class TestOfferSearchCost:
                 host_id = await market.host(gpus(2))
                 await market.put_listing(host_id, price_per_gpu_hour="0.3")
             counts.append((await self._statements(market, search, hosts), await self._statements(market, filtered, hosts)))
-        assert counts[0] == counts[1] == (1, 2)
+        assert counts[0] == counts[1] == (2, 3)
 
     @staticmethod
     async def _statements(market: Market, search: OfferSearch, expected: int) -> int:

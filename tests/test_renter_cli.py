@@ -16,16 +16,17 @@ import sys
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from gpumarket.cli import main
 from gpumarket.renter import api as api_module
 from gpumarket.renter import commands, outcome, output
-from master.models import Command, Rental
+from master.models import Command, Gpu, HostListing, Rental
 from master.services.rentals import lifecycle as rental_lifecycle
 from master.telemetry import hosts
 from shared import protocol
@@ -220,6 +221,34 @@ class TestOffers:
         assert code == 0 and out.startswith("no offers match"), err
         code, out, err = await cli("offers", "vram>>1")
         assert code == 1 and "(invalid_query)" in one_line(err)
+
+
+    async def test_the_verified_column_and_filter(self, cli: Cli, api: Api) -> None:
+        """VERIFIED says what the GPU challenge proved (the measured median / expected TFLOP/s); --verified sends
+        verified=true and lists only the proven hosts."""
+        proven, _ = await api.host(2)
+        failed, _ = await api.host(1)
+        never, _ = await api.host(1)
+        now = datetime.now(UTC)
+        async with api.master.db.session() as session:
+            for host_id, outcome, tflops in ((proven, "passed", 160.4), (failed, "failed", None)):
+                await session.execute(update(Gpu).where(Gpu.host_id == host_id).values(
+                    verification_outcome=outcome, verified_at=now, verified_tflops=tflops))  # fmt: skip
+            session.add(HostListing(host_id=proven, price_per_gpu_hour=Decimal("0.4"), verified=True, created_at=now, updated_at=now))
+        code, out, err = await cli("offers")
+        assert code == 0, err
+        header, *rows = out.splitlines()
+        column = header.split().index("VERIFIED")
+        shown = {host_id: next(row for row in rows if host_id in row) for host_id in (proven, failed, never)}
+        assert "yes 160/198TF" in shown[proven] and " failed " in shown[failed] and " no " in shown[never]
+        assert header.split()[column + 1] == "OFFER"
+        code, out, err = await cli("offers", "--verified")
+        assert code == 0, err
+        [row] = out.splitlines()[1:]
+        assert proven in row
+        code, out, err = await cli("offers", "verified=false", "--json")
+        assert code == 0, err
+        assert {o["host_id"] for o in json.loads(out)["items"]} == {failed, never}
 
 
 class TestClusterOffers:

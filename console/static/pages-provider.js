@@ -10,6 +10,7 @@ import { energySection, powerSection } from "./power.js";
 import { amountProblem, usd, usdRate } from "./money.js";
 import { gpuCharts } from "./telemetry.js";
 import { busy, copyButton, errorBox, heading, loadInto, loading } from "./ui.js";
+import { proofSection } from "./verification.js";
 import { isolationBadge, isolationFacts } from "./workloads.js";
 
 function gpuSummary(gpus) {
@@ -70,6 +71,7 @@ export function hostPage(page, ctx) {
   const summary = h("div", {}, loading());
   const gpusSlot = h("div", {});
   const isolationSlot = h("div", { class: "host-isolation" });
+  const proofSlot = h("div", {});
   const chartsSlot = h("div", {});
   const eventsSlot = h("div", {});
   const networkSlot = h("div", {});
@@ -87,6 +89,9 @@ export function hostPage(page, ctx) {
   const listingEvents = new EventTarget(); // keeps the listing form and the maintenance windows (maintenance.js) in step
   replace(page, h("p", { class: "crumbs" }, link("#/hosts", "← Hosts")), title, h("div", { class: "actions" }, toListing), summary,
     h("section", { "aria-labelledby": "gpus-title" }, h("h2", { id: "gpus-title" }, "GPUs"), gpusSlot),
+    h("section", { "aria-labelledby": "proof-title" }, h("h2", { id: "proof-title" }, "GPU verification"),
+      h("p", { class: "hint" }, "The platform's GPU challenge: each GPU multiplies matrices sized for the memory it claims, within a "
+        + "deadline set by its model's expected speed (docs/verification.md)."), proofSlot),
     h("section", { "aria-labelledby": "isolation-title" }, h("h2", { id: "isolation-title" }, "Isolation and image policy"),
       h("p", { class: "hint" }, "How this host's agent keeps rentals apart, and which images renters may run on it (set in the agent's config)."),
       isolationSlot),
@@ -115,6 +120,7 @@ export function hostPage(page, ctx) {
       empty: "No GPUs reported yet.",
     }));
     replace(isolationSlot, isolationFacts(host.isolation));
+    replace(proofSlot, proofSection(host, ctx.role));
     return facts([
       ["Host id", h("code", {}, host.id)],
       ["State", badge(host.state)],

@@ -9,6 +9,7 @@ import { invoicesSection } from "./invoices.js";
 import { amountProblem, multiply, usd, usdRate } from "./money.js";
 import { gpuCharts } from "./telemetry.js";
 import { busy, confirmAndRent, errorBox, heading, loadInto, loading, modal, stopWithConfirmation } from "./ui.js";
+import { verificationFact, verifiedBadge } from "./verification.js";
 import { isolationBadge, portsFact, runsShort, workloadChooser, workloadFacts } from "./workloads.js";
 
 const TIERS = ["flagship", "datacenter", "prosumer", "consumer", "entry"];
@@ -56,12 +57,15 @@ export function offersPage(page, ctx) {
   const isolated = field({ label: "Isolated hosts only", name: "isolated", type: "checkbox",
     hint: "Hosts whose agent runs each rental in a container or under a user of its own." });
   isolated.row.classList.add("filter-check");
+  const verified = field({ label: "Verified hosts only", name: "verified", type: "checkbox",
+    hint: "Hosts whose every GPU passed the platform's GPU challenge in the last 7 days." });
+  verified.row.classList.add("filter-check");
   const q = field({ label: "Query", name: "q", placeholder: "gpu_name=RTX_4090 num_gpus>=2 reliability>0.98 price<=0.5",
     hint: "The query language: terms like field op value, all must hold (see docs/marketplace.md).", spellcheck: "false", autocomplete: "off" });
   const search = h("button", { type: "submit" }, "Search");
   const reset = h("button", { type: "reset", class: "secondary" }, "Reset");
   const form = h("form", { class: "filters", "aria-label": "Filter offers", novalidate: true },
-    h("div", { class: "grid" }, Object.values(inputs).map((f) => f.row), isolated.row),
+    h("div", { class: "grid" }, Object.values(inputs).map((f) => f.row), isolated.row, verified.row),
     h("div", { class: "query-row" }, q.row),
     errors.el,
     h("div", { class: "actions" }, search, reset));
@@ -102,6 +106,7 @@ export function offersPage(page, ctx) {
     event.preventDefault();
     state.filters = Object.fromEntries([...Object.entries(inputs), ["q", q]].map(([k, f]) => [k, f.input.value]));
     if (isolated.input.checked) state.filters.isolated = "true";
+    if (verified.input.checked) state.filters.verified = "true";
     state.offset = 0;
     load();
   });
@@ -142,7 +147,8 @@ function offersTable(body, state, onSort, onRent) {
       rent.addEventListener("click", () => onRent(offer));
     }
     return h("tr", { dataset: { offerId: offer.id } },
-      h("td", {}, h("span", { class: "model" }, offer.gpu_name), h("span", { class: "offer-isolation" }, isolationBadge(offer.isolation)),
+      h("td", {}, h("span", { class: "model" }, offer.gpu_name), h("span", { class: "offer-isolation" }, isolationBadge(offer.isolation),
+        offer.verified ? " " : null, verifiedBadge(offer)),
         offer.listed ? null : h("span", { class: "hint block" }, "default price")),
       h("td", { class: "num" }, String(offer.num_gpus), offer.mig && offer.mig.length
         // Short: the per-profile list (in its title and the Rent dialog) widened the column past a laptop's viewport.
@@ -235,7 +241,7 @@ function rentDialog(ctx) {
     const form = h("form", { class: "rent-form", novalidate: true, method: "dialog" },
       facts([["Host", h("code", {}, offer.host_id)], ["Region", offer.region], ["Price", `${usdRate(offer.price_per_gpu_hour)} per GPU-hour`],
         ["Free GPUs", String(offer.num_gpus)], ...(migs.length ? [["Free MIG instances", migText(offer)]] : []),
-        ["Tier", offer.tier], ["Isolation", isolationBadge(offer.isolation)]]),
+        ["Tier", offer.tier], ["Isolation", isolationBadge(offer.isolation)], ["Verified", verificationFact(offer)]]),
       h("div", { class: "fieldset-pair" },
         h("fieldset", {}, h("legend", {}, "How much"), unitWhole.row, count.row, unitShare.row, milli.row,
           ...(migs.length ? [unitMig.row, migProfile.row] : [])),

@@ -529,7 +529,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
     offers = sub.add_parser("offers", help="GPUs you can rent now", formatter_class=formatter, epilog=OFFERS_EPILOG,
                             description="List offers (per host and GPU model) with price per GPU-hour, region, tier, "
-                            "reliability and how the host isolates workloads.")  # fmt: skip
+                            "reliability, how the host isolates workloads and whether the GPU challenge proved its GPUs.")  # fmt: skip
     offers.add_argument("query", nargs="*", metavar="QUERY", help="query language terms, e.g. 'vram>=24 price<=0.5'")
     offers.add_argument("--sort", choices=("score", "price", "price_per_performance", "reliability"),
                         help="score (default, best first), price (cheapest first), price_per_performance or reliability")  # fmt: skip
@@ -540,6 +540,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     offers.add_argument("--allow-mixed", action="store_true", help="with --nodes: nodes may have different GPU models")
     add_network_bounds(offers, prefix="with --nodes: ")
     offers.add_argument("--isolated", action="store_true", help="only hosts that isolate renters' workloads")
+    offers.add_argument("--verified", action="store_true", help="only hosts the platform's GPU challenge proved (verified=true)")
     offers.add_argument("--limit", type=limit, default=50, metavar="N", help="at most N offers (default 50, at most 500)")
     finish(offers, cmd_offers, json="the API's JSON")
 

@@ -16,6 +16,11 @@ num_gpus, vram (GiB), compute_capability, cuda_driver_version, price (USD per GP
 price_per_score, region, tier, score, reliability, download_mbps, upload_mbps, verified,
 isolated; ops = != < <= > >= (docs/marketplace.md).
 
+VERIFIED: yes when the platform's GPU challenge proved every GPU of the host within the last
+7 days, with the measured median and the model's expected TFLOP/s (yes 160/198TF); failed when
+a GPU failed its last challenge; no otherwise. --verified (or verified=true) shows only those
+(docs/verification.md).
+
 FREE counts whole GPUs; a GPU in MIG mode never rents whole: MIG lists its free instances per
 profile (3g.40gb x1), which `gpumarket rent OFFER_ID --mig 3g.40gb` rents one at a time.
 
@@ -28,6 +33,7 @@ examples:
   gpumarket offers
   gpumarket offers 'vram>=24 price<=0.5' --sort price
   gpumarket offers gpu_name=RTX_4090 num_gpus>=2 --isolated --json
+  gpumarket offers --verified 'vram>=80'
   gpumarket offers --nodes 4 --gpus 2 'gpu_name=A100 reliability>=0.95'
   gpumarket offers --nodes 8 --allow-mixed --json"""
 
@@ -54,11 +60,11 @@ async def cmd_offers(args: argparse.Namespace, client: Client) -> int:
         [
             o["gpu_name"], str(o["num_gpus"]), mig_column(o), gib(o.get("vram_mib")), price, o.get("region") or "-", o.get("tier") or "-",
             f"{o['reliability']:.3f}" if isinstance(o.get("reliability"), int | float) else "-",
-            _isolation(o.get("isolation")), o["id"],
+            _isolation(o.get("isolation")), verified_column(o), o["id"],
         ]
         for o, price in zip(items, prices, strict=True)
     ]  # fmt: skip
-    print(table(["MODEL", "FREE", "MIG", "VRAM", "$/GPU-H", "REGION", "TIER", "RELIAB", "ISOLATION", "OFFER"], rows))
+    print(table(["MODEL", "FREE", "MIG", "VRAM", "$/GPU-H", "REGION", "TIER", "RELIAB", "ISOLATION", "VERIFIED", "OFFER"], rows))
     shown = len(items) + int(body.get("offset", 0))
     if body.get("total", 0) > shown:
         err(f"{len(items)} of {body['total']} offers; more with --limit (up to 500) or a narrower query")
@@ -73,7 +79,22 @@ def _offer_filters(args: argparse.Namespace) -> dict[str, str | int]:
         params["q"] = query
     if args.isolated:
         params["isolated"] = "true"
+    if args.verified:
+        params["verified"] = "true"
     return params
+
+
+def verified_column(offer: dict[str, Any]) -> str:
+    """VERIFIED: ``yes`` with the measured median / expected TFLOP/s (``yes 160/198TF``) when the GPU challenge proved
+    the host recently; ``failed`` when one of the offer's GPUs failed its last challenge; ``no`` otherwise (never
+    challenged, or its pass is stale)."""
+    proof = offer.get("verification") or {}
+    if offer.get("verified"):
+        measured, expected = proof.get("tflops_median"), proof.get("tflops_expected")
+        if isinstance(measured, int | float):
+            return f"yes {measured:.0f}/{expected:.0f}TF" if isinstance(expected, int | float) else f"yes {measured:.0f}TF"
+        return "yes"
+    return "failed" if proof.get("gpus_failed") else "no"
 
 
 async def cmd_cluster_offers(args: argparse.Namespace, client: Client) -> int:

@@ -256,7 +256,8 @@ ROUTES: tuple[Route, ...] = (
           "using it: 200, or 403 with POST /enroll's code (token_unknown, token_used, token_expired).", public=True,
           limit=RateClass.ENROLL_CHECK, body=EnrollCheckRequest, response=EnrollmentCheck, errors=(400, 403, 422)),
     Route("GET", "/hosts", list_hosts, "Hosts you can see (providers: their own).", query=PAGING),
-    Route("GET", "/hosts/{host_id}", get_host, "One host with its GPUs, latest telemetry and recent state changes.", errors=(404,)),
+    Route("GET", "/hosts/{host_id}", get_host, "One host with its GPUs (each with what the GPU challenge proved: "
+          "verification), latest telemetry and recent state changes (docs/marketplace.md).", errors=(404,)),
     Route(
         "GET", "/hosts/{host_id}/metrics", get_host_metrics, "Telemetry of a host, oldest first: raw samples with sequence numbers, or 1-minute / 1-hour roll-ups.",
         query=(

@@ -56,7 +56,8 @@ FILTER_PARAMS: dict[str, tuple[str, Op, str, str]] = {
     "min_reliability": ("reliability", Op.GE, "number", "At least this host reliability (0 to 1)."),
     "min_download_mbps": ("download_mbps", Op.GE, "number", "At least this measured download speed, Mbit/s."),
     "min_upload_mbps": ("upload_mbps", Op.GE, "number", "At least this measured upload speed, Mbit/s."),
-    "verified": ("verified", Op.EQ, "boolean", "true: verified listings only; false: unverified only."),
+    "verified": ("verified", Op.EQ, "boolean", "true: hosts proven by the GPU challenge only (every GPU passed within "
+                 "the last 7 days: docs/verification.md); false: the others."),
     "isolated": ("isolated", Op.EQ, "boolean", "true: hosts that isolate renters' workloads (containers or per-rental "
                  "users) only; false: hosts that say they do not. Hosts of older agents, which do not say, match neither."),
 }
@@ -221,8 +222,10 @@ ROUTES: tuple[Route, ...] = (
         "GET",
         "/offers",
         list_offers,
-        "GPUs that can be rented now, grouped per host and model, with price, tier, performance score and "
-        "reliability; filter with parameters or the query language in q (docs/marketplace.md).",
+        "GPUs that can be rented now, grouped per host and model, with price, tier, performance score, "
+        "reliability and what the GPU challenge proved (verified: every GPU of the host passed within 7 days; "
+        "verification: the measured TFLOP/s min and median beside the model's expectation); filter with parameters or "
+        "the query language in q (docs/marketplace.md).",
         query=(
             QueryParam("q", "string", "Query language: space-separated 'field op value' terms, e.g. "
                        "'gpu_name=RTX_4090 num_gpus>=2 reliability>0.98 price<=0.5'."),

@@ -38,4 +38,7 @@ class ListingPut(_Body):
     maintenance_windows: list[MaintenanceWindowBody] = Field(
         default_factory=list, max_length=MAX_MAINTENANCE_WINDOWS, description="Times the host is not offered; no overlaps."
     )
-    verified: bool | None = Field(None, description="Admins only: the platform verified this host.")
+    verified: bool | None = Field(
+        None, description="Leave it out: verified is proven by the GPU challenge (docs/verification.md), never set by hand. "
+        "A provider naming it gets 403, an admin 422 verified_by_challenge: run POST /api/v1/admin/hosts/{id}/verify instead."
+    )

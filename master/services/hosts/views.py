@@ -8,6 +8,7 @@ providers their own; ``owned_host`` is a host the caller may operate.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import func, select
@@ -23,7 +24,7 @@ from shared import protocol
 from shared.errors import NotFound
 
 
-def _gpu_view(gpu: Gpu) -> dict[str, Any]:
+def _gpu_view(gpu: Gpu, now: datetime) -> dict[str, Any]:
     return {
         "index": gpu.index,
         "uuid": gpu.uuid,
@@ -34,6 +35,8 @@ def _gpu_view(gpu: Gpu) -> dict[str, Any]:
         "milli_used": gpu.milli_used,  # fractional shares and whole rentals alike (1000: all of it)
         "classification": market.classification_view(gpu),
         "info": gpu.info,
+        # What the GPU challenge proved (docs/verification.md): outcome, when, measured vs expected TFLOP/s, VRAM proven.
+        "verification": market.gpu_verification(gpu, now=now),
     }
 
 
@@ -63,7 +66,9 @@ async def active_rentals_by_host(
     return found
 
 
-def host_view(host: Host, gpus: Sequence[Gpu], *, detail: bool = False, active_rentals: Sequence[str] = ()) -> dict[str, Any]:
+def host_view(
+    host: Host, gpus: Sequence[Gpu], *, now: datetime, detail: bool = False, active_rentals: Sequence[str] = ()
+) -> dict[str, Any]:
     best = _best_gpu(gpus)
     view: dict[str, Any] = {
         "id": host.id,
@@ -82,7 +87,9 @@ def host_view(host: Host, gpus: Sequence[Gpu], *, detail: bool = False, active_r
         "active_rentals": list(active_rentals),
         "isolation": isolation_view(host.isolation),
         "gpu_count": sum(1 for g in gpus if g.present),
-        "gpus": [_gpu_view(g) for g in sorted(gpus, key=lambda g: g.index) if g.present],
+        "gpus": [_gpu_view(g, now) for g in sorted(gpus, key=lambda g: g.index) if g.present],
+        # Every present GPU passed its challenge within the market's max age (the offers' ``verified``, less the flag).
+        "verified": market.host_verified(gpus, now=now),
     }
     if detail:
         view["facts"] = host.facts
@@ -117,7 +124,11 @@ def _event_view(event: HostEvent, principal: Principal) -> dict[str, Any]:
     }  # fmt: skip
 
 
-async def list_hosts(session: AsyncSession, principal: Principal, *, limit: int, offset: int) -> tuple[list[dict[str, Any]], int]:
+async def list_hosts(
+    session: AsyncSession, principal: Principal, *, limit: int, offset: int, now: datetime | None = None
+) -> tuple[list[dict[str, Any]], int]:
+    """A page of the hosts the caller sees; ``now`` (the master's clock; None: the wall clock) judges fresh proofs."""
+    now = now or datetime.now(UTC)
     query = select(Host)
     condition = _visible(principal)
     if condition is not None:
@@ -129,17 +140,17 @@ async def list_hosts(session: AsyncSession, principal: Principal, *, limit: int,
     for gpu in gpus:
         by_host.setdefault(gpu.host_id, []).append(gpu)
     active = await active_rentals_by_host(session, [h.id for h in hosts], renter_id=_own_rentals_only(principal))
-    return [host_view(h, by_host.get(h.id, []), active_rentals=active.get(h.id, [])) for h in hosts], total
+    return [host_view(h, by_host.get(h.id, []), now=now, active_rentals=active.get(h.id, [])) for h in hosts], total
 
 
-async def get_host(session: AsyncSession, principal: Principal, host_id: str) -> dict[str, Any]:
+async def get_host(session: AsyncSession, principal: Principal, host_id: str, *, now: datetime | None = None) -> dict[str, Any]:
     host = await session.get(Host, host_id)
     condition_ok = principal.role in ("admin", "renter") or (host is not None and host.owner_id == principal.account_id)
     if host is None or not condition_ok:
         raise NotFound(f"no host {host_id!r}", code="host_not_found")
     gpus = (await session.scalars(select(Gpu).where(Gpu.host_id == host.id))).all()
     active = await active_rentals_by_host(session, [host.id], renter_id=_own_rentals_only(principal))
-    view = host_view(host, gpus, detail=True, active_rentals=active.get(host.id, []))
+    view = host_view(host, gpus, now=now or datetime.now(UTC), detail=True, active_rentals=active.get(host.id, []))
     events = (await session.scalars(select(HostEvent).where(HostEvent.host_id == host.id).order_by(HostEvent.id.desc()).limit(20))).all()
     view["recent_events"] = [_event_view(e, principal) for e in events]
     return view

@@ -5,6 +5,8 @@
   against NVML's.
 * ``offers.py``, ``query.py``: the offers renters search (the summary table, the filter language);
   ``cluster_offers.py``: the offers for a cluster (hosts near each other, by measured links).
+* ``proven.py``: what each GPU proved by the GPU challenge (issue 40), as host views, offers and the ``verified``
+  filter read it.
 * ``failures.py``: every code a rental fails with and its owner (renter, provider, platform), from the code alone;
   ``faults.py``: hardware faults; ``reliability.py``: each host's reliability from the failures the provider owns.
 * ``forecast.py``, ``forecast_models.py``: the demand forecast (the console's chart, the power policy's off-peak).
@@ -63,6 +65,12 @@ from master.services.market.offers import (
     unavailable_hosts,
 )
 from master.services.market.placement import model_filter_problem, model_matches, normalise_name
+from master.services.market.proven import (
+    VERIFICATION_MAX_AGE,
+    expected_tflops,
+    gpu_verification,
+    host_verified,
+)
 from master.services.market.query import MAX_QUERY_LENGTH, Condition, Op, format_query, parse, parse_value
 from master.services.market.reliability import (
     SEEDED_ACTOR,
@@ -88,6 +96,7 @@ __all__ = [
     "OWNERS",
     "PRICE_QUANTUM",
     "SEEDED_ACTOR",
+    "VERIFICATION_MAX_AGE",
     "Condition",
     "FailureCode",
     "Key",
@@ -113,9 +122,12 @@ __all__ = [
     "clear_window",
     "demand_forecast",
     "demand_history",
+    "expected_tflops",
     "find_cluster_offers",
     "format_query",
     "get_listing",
+    "gpu_verification",
+    "host_verified",
     "hour_start",
     "is_seeded",
     "listing_view",

@@ -23,8 +23,11 @@ Rules (``PUT /api/v1/hosts/{id}/listing``; ``docs/marketplace.md`` says them for
    ``POST /api/v1/hosts/{id}/maintenance-windows`` adds one window to a listed host and
    ``DELETE …/maintenance-windows/{start}`` clears one (``add_window``, ``clear_window``),
    the other terms unchanged; windows already over are dropped as either writes.
-6. **Verified** is the platform's word on the host: only an admin may set it; a provider's
-   PUT leaves it as it is.
+6. **Verified** means *proven by the GPU challenge* (issue 40, ``docs/verification.md``): the
+   challenge flow sets it when every present GPU of the host has passed, and clears it when one
+   fails. Nobody sets it by hand: a PUT that names ``verified`` is refused (a provider's: 403
+   ``forbidden``; an admin's: 422 ``verified_by_challenge``, pointing to
+   ``POST /api/v1/admin/hosts/{id}/verify``); a PUT without it leaves the flag as it is.
 
 A PUT replaces the whole listing (optional fields left out go back to their defaults) and
 is idempotent: repeating it changes nothing, not even ``updated_at``.
@@ -180,7 +183,7 @@ class MaintenanceWindow:
 
 @dataclass(frozen=True)
 class ListingTerms:
-    """What a PUT asks for; ``verified=None`` keeps the current flag."""
+    """What a PUT asks for; ``verified`` must be None (the GPU challenge sets the flag): any other value is refused."""
 
     price_per_gpu_hour: Decimal
     min_bid_per_gpu_hour: Decimal | None = None
@@ -302,8 +305,13 @@ async def put_listing(
         raise NotFound(f"no host {host_id!r} among your hosts", code="host_not_found")
     if host.state == "revoked":
         raise Conflict(f"host {host_id!r} is revoked and cannot be listed", code="host_revoked")
-    if terms.verified is not None and principal.role != "admin":
-        raise Forbidden("only the platform (an admin) may set verified; leave it out")
+    if terms.verified is not None:
+        if principal.role != "admin":
+            raise Forbidden("verified is proven by the platform's GPU challenge, never set by a provider; leave it out")
+        raise ValidationFailed(
+            f"verified is set by the GPU challenge, not by hand; leave it out and run POST /api/v1/admin/hosts/{host_id}/verify",
+            code="verified_by_challenge",
+        )
     gpus = await _present_gpus(session, host_id)
     tier = best_tier(g.tier for g in gpus)
     if tier is None:
@@ -312,8 +320,6 @@ async def put_listing(
             code="host_not_classified",
         )
     columns = _checked(terms, tier, bounds or load_price_bounds(), gpus, now)
-    if terms.verified is not None:
-        columns["verified"] = terms.verified
     listing = await session.get(HostListing, host_id, with_for_update=True)
     if listing is None:
         listing = HostListing(host_id=host_id, verified=False, created_at=now, updated_at=now, **columns)

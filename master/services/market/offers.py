@@ -18,13 +18,19 @@ to one statement over it (``offer_page``) that filters, groups, sorts, pages and
 one kind is its one row; models of several kinds on a host are grouped (``GROUP BY host, model``; the
 ``num_gpus`` condition is its ``HAVING``); the total is a ``count(*) OVER ()``; the page's 50 hosts and
 listings are joined after the paging, by key. One statement whatever the fleet's size, none per host (a
-page past the end runs a plain count as well). The only filter not written in SQL is the GPU model words
+page past the end runs a plain count as well), and one more for the page's GPU challenge proofs (each offer's
+``verification``: ``master.services.market.proven``). The only filter not written in SQL is the GPU model words
 match (``master.services.market.placement.model_matches``): it is evaluated over the distinct model names (a
 fourth, small query), and the statement then filters on ``gpu_name IN (...)``. ``compute_capability`` /
 ``cuda_driver_version`` compare integer version keys, not the info JSON. Placement filters GPU rows with
 the same conditions (``row_conditions``), joined to their hosts and listings. At 100,000 GPUs see
 ``bench/bench_offers.py`` and the README's performance table; ``tests/offers_reference.py`` keeps the search
 over GPU rows this replaced, which ``tests/test_offer_summary.py`` checks it against.
+
+**Verified** (the ``verified`` field and filter) means proven by the GPU challenge (``docs/verification.md``): the
+listing's flag, which the challenge flow sets, and every present GPU of the host passed within
+``OfferSearch.verification_max_age`` (a ``NOT EXISTS`` over the host's GPUs: a stale pass no longer counts, even
+before the flow clears the flag).
 
 Conditions come from ``master/services/market/query.py``; unknown values (no reliability score yet,
 no network measurement) fail every comparison except ``!=``.
@@ -40,7 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from enum import StrEnum
 from typing import Any
@@ -80,6 +86,7 @@ from master.services.market.listings import (
     window_time,
 )
 from master.services.market.placement import model_matches
+from master.services.market.proven import VERIFICATION_MAX_AGE, offer_verifications, unproven_gpu
 from master.services.market.query import Condition, Op, Value, Version
 from master.services.market.reliability import is_seeded
 from master.services.market.tiers import Tier
@@ -113,6 +120,7 @@ class OfferSearch:
     limit: int = 50
     offset: int = 0
     now: datetime | None = None  # when "now" is, for availability and maintenance windows
+    verification_max_age: timedelta = VERIFICATION_MAX_AGE  # how long a passed GPU challenge counts as verified
     bounds: PriceBounds | None = field(default=None, compare=False)
 
 
@@ -209,31 +217,43 @@ class _Columns:
         raise ValueError(f"no SQL for offer field {c.field!r}")  # the parser only makes known fields
 
 
-def _gpu_columns(bounds: PriceBounds, model_names: Sequence[str] = ()) -> _Columns:
+def _proven(flag: SQLColumnExpression[bool], host_id: SQLColumnExpression[str], cutoff: datetime | None) -> ColumnElement[bool]:
+    """``verified``: the listing's flag (set by the GPU challenge) and, with ``cutoff``, no present GPU of the host that
+    has not passed since then (a stale pass no longer counts; ``master.services.market.proven``)."""
+    if cutoff is None:
+        return and_(flag)
+    return and_(flag, not_(unproven_gpu(host_id, cutoff)))
+
+
+def _gpu_columns(bounds: PriceBounds, model_names: Sequence[str] = (), *, cutoff: datetime | None = None) -> _Columns:
     return _Columns(
         Gpu.name, Gpu.memory_total_mib, Gpu.compute_capability_key, Gpu.cuda_version_key, price_expression(bounds),
         Host.region, Gpu.tier, Gpu.score, Host.reliability, Host.latest_network["download_mbps"].as_float(),
-        Host.latest_network["upload_mbps"].as_float(), func.coalesce(HostListing.verified, false()),
+        Host.latest_network["upload_mbps"].as_float(), _proven(func.coalesce(HostListing.verified, false()), Host.id, cutoff),
         Host.isolation["isolated"].as_boolean(), model_names,
     )  # fmt: skip
 
 
-def _summary_columns(bounds: PriceBounds, model_names: Sequence[str] = ()) -> _Columns:
+def _summary_columns(bounds: PriceBounds, model_names: Sequence[str] = (), *, cutoff: datetime | None = None) -> _Columns:
     s = OfferSummary
     price = func.coalesce(s.listed_price, _default_price(bounds, s.tier))
     return _Columns(
         s.gpu_name, s.memory_total_mib, s.compute_capability_key, s.cuda_version_key, price, s.region, s.tier,
-        s.score, s.reliability, s.download_mbps, s.upload_mbps, s.verified, s.isolated, model_names,
+        s.score, s.reliability, s.download_mbps, s.upload_mbps, _proven(s.verified, s.host_id, cutoff), s.isolated, model_names,
     )  # fmt: skip
 
 
 async def row_conditions(
-    session: AsyncSession, conditions: Sequence[Condition], *, bounds: PriceBounds
+    session: AsyncSession, conditions: Sequence[Condition], *, bounds: PriceBounds, now: datetime | None = None,
+    verification_max_age: timedelta = VERIFICATION_MAX_AGE,
 ) -> list[ColumnElement[bool]]:
     """SQL over ``gpus`` joined to ``hosts`` and (outer) ``host_listings`` for every condition but
-    ``num_gpus`` (a property of a group of GPUs): what placement filters a rental's requirements by."""
+    ``num_gpus`` (a property of a group of GPUs): what placement filters a rental's requirements by.
+    ``verified`` needs every present GPU of the host to have passed since ``now - verification_max_age``
+    (``now`` None: the wall clock)."""
     needs_names = any(c.field == "gpu_name" for c in conditions)
-    columns = _gpu_columns(bounds, await _model_names(session) if needs_names else ())
+    cutoff = (now or datetime.now(UTC)) - verification_max_age
+    columns = _gpu_columns(bounds, await _model_names(session) if needs_names else (), cutoff=cutoff)
     return [columns.condition(c) for c in conditions if c.field != "num_gpus"]
 
 
@@ -282,7 +302,7 @@ def _groups(search: OfferSearch, *, dialect: str, now: datetime, bounds: PriceBo
     The version texts shown are those of the group's free GPUs, whichever conditions picked the group.
     """
     s = OfferSummary
-    columns = _summary_columns(bounds, model_names)
+    columns = _summary_columns(bounds, model_names, cutoff=now - search.verification_max_age)
     row_conditions = [columns.condition(c) for c in search.conditions if c.field != "num_gpus"]
     counts = [c for c in search.conditions if c.field == "num_gpus"]
     no_window_open = text(f"NOT {_in_window(dialect, 'offer_summary.maintenance_windows')}")
@@ -381,10 +401,12 @@ async def search_offers(session: AsyncSession, search: OfferSearch) -> tuple[lis
         groups = _groups(search, dialect=dialect, now=now, bounds=bounds, model_names=names)
         return [], int(await session.scalar(select(func.count()).select_from(groups)) or 0)
     migs = await mig_free_by_profile(session, [(row.host_id, row.gpu_name) for row in page if row.mig_free])
+    proofs = await verification_by_offer(session, page, now=now, max_age=search.verification_max_age)
     views = [
-        _offer_view(row, row, (row.compute_capability, row.cuda_driver_version), now, migs.get((row.host_id, row.gpu_name), {}))
+        _offer_view(row, row, (row.compute_capability, row.cuda_driver_version), now, migs.get((row.host_id, row.gpu_name), {}),
+                    proofs[(row.host_id, row.gpu_name)])
         for row in page
-    ]
+    ]  # fmt: skip
     return views, int(page[0].total)
 
 
@@ -419,6 +441,15 @@ async def mig_free_by_profile(session: AsyncSession, offers: Sequence[tuple[str,
             profiles = free.setdefault(key, {})
             profiles[profile] = profiles.get(profile, 0) + 1
     return free
+
+
+async def verification_by_offer(
+    session: AsyncSession, page: Sequence[Any], *, now: datetime, max_age: timedelta = VERIFICATION_MAX_AGE
+) -> dict[tuple[str, str], dict[str, Any]]:
+    """Each offer row's ``verification`` summary (``master.services.market.proven.offer_verification``): one statement
+    for the page. A row carries ``host_id``, ``gpu_name`` and its listing (``HostListing``, None when unlisted)."""
+    keys = [(row.host_id, row.gpu_name, bool(row.HostListing is not None and row.HostListing.verified)) for row in page]
+    return await offer_verifications(session, keys, now=now, max_age=max_age)
 
 
 @dataclass(frozen=True)
@@ -465,7 +496,8 @@ def _profile_order(item: tuple[str, int]) -> tuple[int, str]:
 
 
 def _offer_view(
-    row: Any, host: Any, versions: tuple[str | None, str | None], now: datetime, mig: dict[str, int] | None = None
+    row: Any, host: Any, versions: tuple[str | None, str | None], now: datetime, mig: dict[str, int] | None = None,
+    verification: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     network = host.latest_network or {}
     listing: HostListing | None = host.HostListing
@@ -493,7 +525,9 @@ def _offer_view(
         "price_per_gpu_hour": money(price),
         "price_per_score": None if row.price_per_score is None else float(row.price_per_score),
         "listed": listing is not None,
-        "verified": bool(listing is not None and listing.verified),
+        # Proven by the GPU challenge: the listing's flag, and every present GPU of the host passed recently.
+        "verified": bool(verification and verification["verified"]),
+        "verification": verification,
         "min_bid_per_gpu_hour": None if listing is None or listing.min_bid_per_gpu_hour is None else money(listing.min_bid_per_gpu_hour),
         "smallest_unit": "gpu" if listing is None else listing.smallest_unit,
         "available_until": None if listing is None or listing.available_until is None else listing.available_until.isoformat(),

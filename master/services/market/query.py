@@ -130,7 +130,8 @@ FIELDS: dict[str, FieldSpec] = {
         FieldSpec("reliability", Kind.NUMBER, "The host's reliability, 0 to 1."),
         FieldSpec("download_mbps", Kind.NUMBER, "Measured download speed, Mbit/s."),
         FieldSpec("upload_mbps", Kind.NUMBER, "Measured upload speed, Mbit/s."),
-        FieldSpec("verified", Kind.BOOL, "The listing was verified by the platform (true or false)."),
+        FieldSpec("verified", Kind.BOOL, "Proven by the GPU challenge: every GPU of the host passed within the last 7 days "
+                  "(true or false; docs/verification.md)."),
         FieldSpec("isolated", Kind.BOOL, "The host isolates renters' workloads (containers or per-rental users): true or "
                   "false; hosts of older agents, which do not say, match neither."),
     )

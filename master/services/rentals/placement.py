@@ -217,7 +217,7 @@ async def find_candidates(
     master: Master, session: AsyncSession, request: RentalRequest, *, now: datetime, price_cap: Decimal | None
 ) -> Candidates:
     bounds = load_price_bounds()
-    conditions = await market.row_conditions(session, parse(request.query), bounds=bounds) if request.query else []
+    conditions = await market.row_conditions(session, parse(request.query), bounds=bounds, now=now) if request.query else []
     host_ids, model = None, None
     if request.offer_id is not None:
         host_id, model = request.offer_id.split(":", 1)
