@@ -30,6 +30,7 @@ from sqlalchemy.orm import aliased
 
 from master.models import Gpu
 from master.services.market.tiers import load_models
+from shared.verification import protocol
 
 __all__ = [
     "VERIFICATION_MAX_AGE",
@@ -44,24 +45,18 @@ __all__ = [
 VERIFICATION_MAX_AGE = timedelta(days=7)
 PASSED = "passed"
 
-# Sustained throughput as a fraction of the datasheet's peak: a 90 %-VRAM bf16 product on an H200 ran ~600 of 990
-# TFLOP/s under its power cap, fp32 53 of 67 (docs/verification-measurements.md).
-_SUSTAINED_TENSOR = 0.6
-_SUSTAINED_FP32 = 0.8
-
-
 def expected_tflops(model_key: str | None, dtype: str | None = None) -> float | None:
-    """The sustained TFLOP/s a GPU of ``model_key`` is expected to reach in the challenge (None: unknown model).
-
-    ``dtype`` None: the precision the model is sold for (bf16 on tensor cores, fp32 without them). A stand-in for
-    ``shared.verification.protocol.expected_tflops`` with the same arguments, until the core lands.
-    """
+    """The sustained TFLOP/s a GPU of ``model_key`` is expected to reach in the challenge (None: unknown model): the
+    challenge's own expectation (``shared.verification.protocol.expected_tflops``), in ``dtype`` or, None, in the
+    precision the model is sold for (bf16 where it has it, fp16 on tensor cores without bf16, else fp32)."""
     model = load_models().get(model_key) if model_key else None
-    if model is None:
+    if model is None or model_key is None:
         return None
-    tensor = model.tensor_fp16_tflops > 0 and dtype in (None, "bf16", "fp16")
-    peak = model.tensor_fp16_tflops * _SUSTAINED_TENSOR if tensor else model.fp32_tflops * _SUSTAINED_FP32
-    return round(peak, 1)
+    tried = (dtype,) if dtype is not None else ("bf16", "fp16" if model.tensor_fp16_tflops > 0 else "fp32", "fp32")
+    for precision in tried:
+        if (rate := protocol.expected_tflops(model_key, precision)) is not None:
+            return round(rate, 1)
+    return None
 
 
 def _fresh(gpu: Any, now: datetime, max_age: timedelta) -> bool:
