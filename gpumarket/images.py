@@ -10,7 +10,9 @@ run builds nothing; the rootfs is streamed to the engine.
 ``gpumarket/demo:latest``: busybox's shell and tools, Debian's ``python3`` and the OpenAI-compatible sample server of
 ``examples/openai_cpu_server.py`` at ``/opt/gpumarket/openai_cpu_server.py``, its default command, serving on port
 8000 (``GET /`` a page, ``/v1/chat/completions``; ~50 MB). The demo's ``demo`` template runs it, so that a machine
-without a registry still rents, SSHes into and reaches a port of a container. The suite builds its test images
+without a registry still rents, SSHes into and reaches a port of a container. ``CHALLENGE_IMAGE`` (``challenge_image``),
+``gpumarket/verify``, is the GPU verification challenge's workload (``shared/verification/program.py`` and
+``compute.py`` on Debian's python3 and python3-numpy; docs/verification.md). The suite builds its test images
 (``tests/dockerengine.py``) with the same functions.
 
 Synchronous (blocking sockets and subprocesses): callers on an event loop run them in a thread.
@@ -463,4 +465,31 @@ def demo_image(*, socket_path: str = SOCKET, progress: Callable[[str], None] | N
     too; see ``package_image``."""
     name = package_image(DEMO_IMAGE, socket_path=socket_path, progress=progress)
     tag_image(name, DEMO_LATEST, socket_path=socket_path)
+    return name
+
+
+# ---- the verification challenge's image (issue 40, docs/verification.md) -------------------------
+
+CHALLENGE_REPO: Final = "gpumarket/verify"
+CHALLENGE_LATEST: Final = f"{CHALLENGE_REPO}:latest"
+CHALLENGE_PROGRAM_PATH: Final = "opt/gpumarket/verify/program.py"
+_VERIFICATION_SOURCE: Final = Path(__file__).resolve().parents[1] / "shared" / "verification"
+CHALLENGE_IMAGE: Final = PackageImage(
+    repo=CHALLENGE_REPO,
+    roots=("python3", "python3-numpy", "libc6"),
+    files={CHALLENGE_PROGRAM_PATH: _VERIFICATION_SOURCE / "program.py",
+           "opt/gpumarket/verify/compute.py": _VERIFICATION_SOURCE / "compute.py"},
+    changes=(f'CMD ["python3", "/{CHALLENGE_PROGRAM_PATH}", "/workspace"]', DEFAULT_PATH, "ENV HOME=/workspace"),
+    pruned={"dpkg": "Debian's package manager and, through it, tar, zstd and SELinux's library: nothing installs "
+                    "packages in the challenge image"},
+)
+"""The challenge workload on the CPU (numpy: the simulated hosts, and a host whose container sees no GPU). A real
+GPU's challenge needs a CUDA build of torch in the image, which Debian's packages do not have."""
+
+
+def challenge_image(*, socket_path: str = SOCKET, progress: Callable[[str], None] | None = None) -> str:
+    """``gpumarket/verify:<hash>`` (``CHALLENGE_IMAGE``), built unless the engine has it, and tagged
+    ``gpumarket/verify:latest`` too; see ``package_image``."""
+    name = package_image(CHALLENGE_IMAGE, socket_path=socket_path, progress=progress)
+    tag_image(name, CHALLENGE_LATEST, socket_path=socket_path)
     return name

@@ -1,0 +1,312 @@
+"""The challenge's arithmetic: the seeded matrices, the product, the Merkle commitment over C's rows and its proofs.
+
+Pure: stdlib and numpy (torch only inside the ``backend="torch"`` paths, imported there), and no import of the rest
+of gpumarket, because the challenge image copies this file beside ``program.py`` and runs it with Debian's python3.
+
+* **Generator.** Element (i, j) of A (tag ``"A"``) or B (tag ``"B"``) of an n×n matrix is
+  ``splitmix64(key + (i·n + j + 1)·γ)``'s bits 33..63 mod 3, minus 1: a ternary value in {-1, 0, 1}, where
+  ``key`` is the first 8 bytes (little-endian) of SHA-256 over the seed and the tag. Any row of A or column of B
+  is built alone in O(n) (``element_rows``, ``element_cols``), on the CPU (numpy, uint64) or a GPU (torch, int64
+  with the shifts masked to be logical): the same numbers.
+* **Exact product.** With ternary inputs every partial sum of C = A·B is an integer of magnitude ≤ n < 2²⁴, so
+  fp32 (and any tensor-core accumulation in fp32) computes C exactly, in any order, in every precision the tier is
+  sold in (-1, 0, 1 are exact in fp8, fp16, bf16, tf32). Rows are committed as little-endian int32.
+* **Commitment.** Leaf i = SHA-256(0x00 ‖ ctx ‖ i as 8 bytes LE ‖ row i as int32 LE), where
+  ctx = SHA-256(challenge id ‖ 0x00 ‖ GPU uuid): a root binds the challenge and the GPU, so it never verifies
+  for another. Node = SHA-256(0x01 ‖ left ‖ right); a level's odd last node is promoted unchanged.
+* **Seeds per GPU.** ``gpu_seed(seed, uuid)``: each claimed GPU multiplies its own matrices, so one GPU's product
+  never answers for another's.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import time
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+
+GAMMA: Final = 0x9E3779B97F4A7C15
+MIX1: Final = 0xBF58476D1CE4E5B9
+MIX2: Final = 0x94D049BB133111EB
+DOMAIN: Final = b"gpumarket-verify/1\x00"
+DTYPE_BYTES: Final = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+"""Bytes per element of A and B in each precision the challenge runs in (C is always 4 bytes: fp32)."""
+MAX_N: Final = (1 << 24) - 1  # |C_ij| ≤ n must stay exact in fp32
+
+
+class MemoryShort(MemoryError):
+    """The device cannot hold A, B and C at the challenge's size."""
+
+
+def bytes_needed(n: int, dtype: str) -> int:
+    """Memory A and B (in ``dtype``) and C (fp32) take at size n."""
+    return n * n * (2 * DTYPE_BYTES[dtype] + 4)
+
+
+def matrix_key(seed: bytes, tag: str) -> int:
+    return int.from_bytes(hashlib.sha256(DOMAIN + seed + b"\x00" + tag.encode()).digest()[:8], "little")
+
+
+def gpu_seed(seed: bytes, uuid: str) -> bytes:
+    """The seed of one GPU's matrices, derived from the challenge's seed and the GPU's uuid."""
+    return hashlib.sha256(DOMAIN + seed + b"\x00" + uuid.encode()).digest()
+
+
+# ---- the generator (numpy) -----------------------------------------------------------------------
+
+
+def _ternary(key: int, index: np.ndarray) -> np.ndarray:
+    """Element values for the flat indices ``index`` (uint64): int8 in {-1, 0, 1}."""
+    u64 = np.uint64
+    z = (index + u64(1)) * u64(GAMMA) + u64(key)
+    z = (z ^ (z >> u64(30))) * u64(MIX1)
+    z = (z ^ (z >> u64(27))) * u64(MIX2)
+    z = z ^ (z >> u64(31))
+    return ((z >> u64(33)) % u64(3)).astype(np.int8) - np.int8(1)
+
+
+def element_rows(seed: bytes, tag: str, rows: Sequence[int] | np.ndarray, n: int) -> np.ndarray:
+    """Rows ``rows`` of the n×n matrix ``tag``: an int8 array of shape (len(rows), n)."""
+    r = np.asarray(rows, dtype=np.uint64).reshape(-1, 1)
+    index = r * np.uint64(n) + np.arange(n, dtype=np.uint64).reshape(1, -1)
+    with np.errstate(over="ignore"):
+        return _ternary(matrix_key(seed, tag), index)
+
+
+def element_cols(seed: bytes, tag: str, cols: Sequence[int] | np.ndarray, n: int) -> np.ndarray:
+    """Columns ``cols`` of the n×n matrix ``tag``: an int8 array of shape (n, len(cols))."""
+    c = np.asarray(cols, dtype=np.uint64).reshape(1, -1)
+    index = np.arange(n, dtype=np.uint64).reshape(-1, 1) * np.uint64(n) + c
+    with np.errstate(over="ignore"):
+        return _ternary(matrix_key(seed, tag), index)
+
+
+# ---- the generator (torch) -----------------------------------------------------------------------
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _torch_ternary(torch: Any, key: int, index: Any) -> Any:
+    """``_ternary`` in torch's int64 (wrapping multiplication; ``>>`` is arithmetic, so each shift is masked)."""
+
+    def shr(z: Any, k: int) -> Any:
+        return (z >> k) & ((1 << (64 - k)) - 1)
+
+    z = (index + 1) * _signed(GAMMA) + _signed(key)
+    z = (z ^ shr(z, 30)) * _signed(MIX1)
+    z = (z ^ shr(z, 27)) * _signed(MIX2)
+    z = z ^ shr(z, 31)
+    return (shr(z, 33) % 3).to(torch.int8) - 1
+
+
+def torch_rows(seed: bytes, tag: str, start: int, stop: int, n: int, *, device: Any = None) -> Any:
+    """Rows ``start:stop`` of the matrix ``tag`` as a torch int8 tensor on ``device``."""
+    import torch
+
+    rows = torch.arange(start, stop, dtype=torch.int64, device=device).reshape(-1, 1)
+    index = rows * n + torch.arange(n, dtype=torch.int64, device=device).reshape(1, -1)
+    return _torch_ternary(torch, matrix_key(seed, tag), index)
+
+
+def _torch_dtype(torch: Any, dtype: str) -> Any:
+    return {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+            "fp8": torch.float8_e4m3fn}[dtype]  # fmt: skip
+
+
+def generate(seed: bytes, n: int, backend: str = "numpy", device: Any = None, *, dtype: str = "fp32",
+             chunk_elements: int = 1 << 26) -> tuple[Any, Any]:  # fmt: skip
+    """A and B of size n: int8 numpy arrays, or torch tensors in ``dtype`` on ``device`` built ``chunk_elements``
+    at a time (the int64 temporaries of a chunk are 8 bytes an element)."""
+    if backend == "numpy":
+        everything = np.arange(n)
+        return element_rows(seed, "A", everything, n), element_rows(seed, "B", everything, n)
+    if backend != "torch":
+        raise ValueError(f"backend {backend!r}: use 'numpy' or 'torch'")
+    import torch
+
+    kind = _torch_dtype(torch, dtype)
+    step = max(1, chunk_elements // max(n, 1))
+    out = []
+    for tag in ("A", "B"):
+        matrix = torch.empty((n, n), dtype=kind, device=device)
+        for start in range(0, n, step):
+            stop = min(n, start + step)
+            matrix[start:stop] = torch_rows(seed, tag, start, stop, n, device=device).to(kind)
+        out.append(matrix)
+    return out[0], out[1]
+
+
+# ---- the Merkle tree -----------------------------------------------------------------------------
+
+
+def context(challenge_id: str, uuid: str) -> bytes:
+    return hashlib.sha256(challenge_id.encode() + b"\x00" + uuid.encode()).digest()
+
+
+def leaf_hash(ctx: bytes, index: int, row: bytes) -> bytes:
+    return hashlib.sha256(b"\x00" + ctx + index.to_bytes(8, "little") + row).digest()
+
+
+def _node(left: bytes, right: bytes) -> bytes:
+    return hashlib.sha256(b"\x01" + left + right).digest()
+
+
+def merkle_levels(leaves: Sequence[bytes]) -> list[list[bytes]]:
+    """Every level of the tree, leaves first, root last (a one-element list)."""
+    if not leaves:
+        raise ValueError("a Merkle tree needs at least one leaf")
+    levels = [list(leaves)]
+    while len(levels[-1]) > 1:
+        below = levels[-1]
+        above = [_node(below[k], below[k + 1]) for k in range(0, len(below) - 1, 2)]
+        if len(below) % 2:
+            above.append(below[-1])
+        levels.append(above)
+    return levels
+
+
+def merkle_root(leaves: Sequence[bytes]) -> bytes:
+    return merkle_levels(leaves)[-1][0]
+
+
+def merkle_proof(levels: Sequence[Sequence[bytes]], index: int) -> list[bytes]:
+    """The siblings from leaf ``index`` up (a promoted node has none at its level)."""
+    proof = []
+    for level in levels[:-1]:
+        sibling = index ^ 1
+        if sibling < len(level):
+            proof.append(level[sibling])
+        index //= 2
+    return proof
+
+
+def verify_proof(root: bytes, leaf: bytes, index: int, count: int, proof: Sequence[bytes]) -> bool:
+    """Whether ``leaf`` is leaf ``index`` of the ``count``-leaf tree whose root is ``root``."""
+    if not 0 <= index < count:
+        return False
+    node, width, used = leaf, count, 0
+    while width > 1:
+        sibling = index ^ 1
+        if sibling < width:
+            if used >= len(proof):
+                return False
+            node = _node(proof[used], node) if index % 2 else _node(node, proof[used])
+            used += 1
+        index //= 2
+        width = (width + 1) // 2
+    return used == len(proof) and node == root
+
+
+# ---- the host's side -----------------------------------------------------------------------------
+
+
+@dataclass
+class HostState:
+    """One GPU's product and tree, kept between the commitment and the openings."""
+
+    challenge_id: str
+    uuid: str
+    n: int
+    rows: Any = field(repr=False)  # C as int32: a numpy array, or a torch tensor on the device
+    levels: list[list[bytes]] = field(repr=False)
+    seconds: dict[str, float]
+
+    @property
+    def root(self) -> bytes:
+        return self.levels[-1][0]
+
+    def row_bytes(self, index: int) -> bytes:
+        row = self.rows[index]
+        if not isinstance(row, np.ndarray):  # torch
+            row = row.cpu().numpy()
+        return np.ascontiguousarray(row, dtype="<i4").tobytes()
+
+
+def _multiply_torch(a: Any, b: Any, dtype: str) -> Any:
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+    # Split-K reductions in bf16/fp16 would round the integer partial sums: keep them in fp32.
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+    if dtype == "fp8":
+        one = torch.ones((), dtype=torch.float32, device=a.device)
+        return torch._scaled_mm(a, b.t().contiguous().t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
+    if dtype in ("bf16", "fp16"):
+        try:
+            return torch.mm(a, b, out_dtype=torch.float32)
+        except (TypeError, NotImplementedError, RuntimeError):  # no fp32 output here (an old torch, the CPU build): upcast
+            return torch.mm(a.float(), b.float())
+    return torch.mm(a, b)
+
+
+def multiply_and_commit(seed: bytes, n: int, challenge_id: str, *, uuid: str = "", backend: str = "numpy",
+                        device: Any = None, dtype: str = "fp32", memory_limit_bytes: int | None = None,
+                        hash_chunk_rows: int = 1024) -> HostState:  # fmt: skip
+    """Build A and B from ``seed``, compute C = A·B, hash C's rows and build the tree. ``MemoryShort`` when
+    ``memory_limit_bytes`` (a simulated device's memory) or the device cannot hold A, B and C."""
+    if not 0 < n <= MAX_N:
+        raise ValueError(f"n = {n}: it must be between 1 and {MAX_N}")
+    need = bytes_needed(n, dtype)
+    if memory_limit_bytes is not None and need > memory_limit_bytes:
+        raise MemoryShort(f"A, B and C at n = {n} take {need / 2**20:.1f} MiB; the device has {memory_limit_bytes / 2**20:.1f} MiB")
+    seconds: dict[str, float] = {}
+    started = time.perf_counter()
+    if backend == "numpy":
+        a, b = generate(seed, n)
+        seconds["generate"] = time.perf_counter() - started
+        c = (a.astype(np.float32) @ b.astype(np.float32)).astype(np.int32)
+        del a, b
+    else:
+        import torch
+
+        try:
+            a, b = generate(seed, n, "torch", device, dtype=dtype)
+            torch.cuda.synchronize(device) if torch.cuda.is_available() and device is not None else None
+            seconds["generate"] = time.perf_counter() - started
+            c = _multiply_torch(a, b, dtype).to(torch.int32)
+            del a, b
+        except torch.OutOfMemoryError as exc:
+            raise MemoryShort(f"the device could not hold A, B and C at n = {n} ({need / 2**20:.0f} MiB): {exc}") from exc
+    seconds["multiply"] = time.perf_counter() - started - seconds["generate"]
+    hashed = time.perf_counter()
+    ctx = context(challenge_id, uuid)
+    leaves: list[bytes] = []
+    for start in range(0, n, hash_chunk_rows):
+        block = c[start : start + hash_chunk_rows]
+        block = np.ascontiguousarray(block if isinstance(block, np.ndarray) else block.cpu().numpy(), dtype="<i4")
+        leaves.extend(leaf_hash(ctx, start + k, block[k].tobytes()) for k in range(block.shape[0]))
+    levels = merkle_levels(leaves)
+    seconds["hash"] = time.perf_counter() - hashed
+    return HostState(challenge_id, uuid, n, c, levels, seconds)
+
+
+def encode_row(values: bytes) -> str:
+    return base64.b64encode(zlib.compress(values, 1)).decode()
+
+
+def decode_row(text: str, n: int, *, limit: int | None = None) -> bytes:
+    """The int32 bytes of an opened row; ``ValueError`` when it is not n values."""
+    raw = zlib.decompressobj()
+    values = raw.decompress(base64.b64decode(text, validate=True), limit or 4 * n + 1)
+    if len(values) != 4 * n or raw.unconsumed_tail:
+        raise ValueError(f"an opened row holds {len(values) // 4} values, not {n}")
+    return values
+
+
+def open_rows(state: HostState, rows: Sequence[int]) -> list[dict[str, Any]]:
+    """Each asked row's values (int32 LE, zlib, base64) and its Merkle proof (hex siblings)."""
+    out = []
+    for index in rows:
+        if not 0 <= index < state.n:
+            raise ValueError(f"row {index} is not a row of an n = {state.n} product")
+        out.append({"row": int(index), "values": encode_row(state.row_bytes(index)),
+                    "proof": [h.hex() for h in merkle_proof(state.levels, index)]})  # fmt: skip
+    return out

@@ -1,0 +1,221 @@
+"""The challenge's rules, Sans-I/O: its size and deadline from the claimed GPU, what the host is sent, which rows and
+columns the master opens once the host has committed, and the verdict per GPU (docs/verification.md).
+
+Imports stdlib, numpy and ``shared.verification.compute``; reads the model table ``master/data/gpu_models.toml``
+(data, not code) for the datasheet rates ``expected_tflops`` scales.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import math
+import random
+import tomllib
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+
+from shared.verification import compute
+
+VERSION: Final = 1
+FILL: Final = 0.90
+"""A, B and C fill at least this share of the claimed GPU's memory."""
+SIZE_STEP: Final = 8
+SUSTAINED: Final = {"bf16": 0.6, "fp16": 0.6, "fp8": 0.6, "tf32": 0.6, "fp32": 0.8}
+"""Sustained share of the datasheet rate at a 90 %-memory product (one H200, docs/verification-measurements.md:
+bf16 587–627 of 989, fp8 1160–1175 of 1979, tf32 307–319 of 494, fp32 53 of 67)."""
+SLACK: Final = 1.5
+"""The deadline allows the product this many times its expected time (cooling, power limits, board variants)."""
+GENERATE_ELEMENTS_PER_S: Final = 5e9
+"""Allowance for building A and B on the GPU (measured: 11 G elements/s with unfused torch ops on an H200)."""
+HASH_BYTES_PER_S: Final = 1e9
+"""Allowance for hashing C's rows: copied to the host and hashed there (measured: 1.0–1.4 GB/s on the H200's VM)."""
+OVERHEAD_S: Final = 30.0
+"""Allowance for what is not arithmetic: the command's way to the host and back, the container's start, CUDA's."""
+ROWS: Final = 32
+COLUMNS: Final = 32
+SIM_VRAM_DIVISOR: Final = 16384
+"""A simulated host's claimed memory is divided by this (an 80 GB card: n ≈ 770), ..."""
+SIM_TFLOPS_DIVISOR: Final = 1e6
+"""... and its expected rate by this (an H100's 600 TFLOP/s: 0.6 GFLOP/s, ~1.5 s for n = 770 on the CPU's ~0.1 s)."""
+MODELS_TOML: Final = Path(__file__).resolve().parents[2] / "master" / "data" / "gpu_models.toml"
+_TENSOR_ARCHITECTURES: Final = {"Ampere", "Ada Lovelace", "Hopper", "Blackwell"}  # bf16, tf32
+_FP8_ARCHITECTURES: Final = {"Ada Lovelace", "Hopper", "Blackwell"}
+
+
+class Reason(enum.StrEnum):
+    """Why a GPU's challenge ended as it did; every one but ``PASSED`` is the provider's failure."""
+
+    PASSED = "passed"
+    WRONG_RESULT = "wrong_result"  # an opened entry is not A_i · B_:j
+    BAD_PROOF = "bad_proof"  # an opened row is not the committed one (proof, length, a row not asked or missing)
+    TOO_SLOW = "too_slow"  # the commitment came after the deadline
+    MEMORY_SHORT = "memory_short"  # the host could not hold the claimed size
+    REPLAYED_COMMITMENT = "replayed_commitment"  # a commitment of another challenge
+    NO_ANSWER = "no_answer"  # nothing came back: the host lost, a timeout
+    WORKLOAD_FAILED = "workload_failed"  # the container did not run or could not see its GPU
+
+
+@dataclass(frozen=True)
+class Verdict:
+    outcome: str  # "passed" | "failed"
+    reason: Reason
+    message: str
+    tflops: float  # 2n³ / the time to commit, in the claimed model's units (0 when it failed)
+    vram_mib: int  # what A, B and C took, in the claimed model's units (0 when it failed)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "reason": str(self.reason)}
+
+
+def _failed(reason: Reason, message: str) -> Verdict:
+    return Verdict("failed", reason, message, 0.0, 0)
+
+
+def size_for(vram_mib: float, dtype: str) -> int:
+    """The smallest n, a multiple of 8, whose A and B in ``dtype`` and C in fp32 fill ≥ 90 % of ``vram_mib``."""
+    per_element = 2 * compute.DTYPE_BYTES[dtype] + 4
+    n = math.ceil(math.sqrt(FILL * vram_mib * 2**20 / per_element) / SIZE_STEP) * SIZE_STEP
+    return min(max(n, SIZE_STEP), compute.MAX_N // SIZE_STEP * SIZE_STEP)
+
+
+@functools.cache
+def _models() -> dict[str, dict[str, Any]]:
+    with MODELS_TOML.open("rb") as table:
+        return {entry["key"]: entry for entry in tomllib.load(table)["gpu"]}
+
+
+def expected_tflops(model_key: str, dtype: str) -> float | None:
+    """The sustained rate a ``model_key`` GPU should reach in ``dtype`` (TFLOP/s): its datasheet figure times
+    ``SUSTAINED``; ``None`` for an unknown model or a precision it has no tensor path for."""
+    model = _models().get(model_key)
+    if model is None or dtype not in SUSTAINED:
+        return None
+    tensor, architecture = float(model["tensor_fp16_tflops"]), model["architecture"]
+    if dtype == "fp32":
+        peak = float(model["fp32_tflops"])
+    elif dtype == "fp16":
+        peak = tensor or float(model["fp32_tflops"])
+    elif dtype == "bf16" and architecture in _TENSOR_ARCHITECTURES:
+        peak = tensor
+    elif dtype == "tf32" and architecture in _TENSOR_ARCHITECTURES:
+        peak = tensor / 2
+    elif dtype == "fp8" and architecture in _FP8_ARCHITECTURES:
+        peak = tensor * 2
+    else:
+        return None
+    return peak * SUSTAINED[dtype]
+
+
+def deadline_s(n: int, model_key: str, dtype: str, *, slack: float = SLACK, scale: float = 1.0,
+               overhead_s: float = OVERHEAD_S, fallback_tflops: float = 10.0) -> float:  # fmt: skip
+    """Seconds from the challenge's sending to its commitment's arrival: the product at the claimed model's
+    expected rate (divided by ``scale``; ``fallback_tflops`` for an unknown model) times ``slack``, plus the
+    allowances for building A and B, hashing C and ``overhead_s``."""
+    tflops = (expected_tflops(model_key, dtype) or fallback_tflops) / scale
+    product = 2 * n**3 / (tflops * 1e12)
+    return product * slack + 2 * n * n / GENERATE_ELEMENTS_PER_S + 4 * n * n / HASH_BYTES_PER_S + overhead_s
+
+
+def make_challenge(*, challenge_id: str, seed: bytes, gpus: Sequence[Mapping[str, Any]], dtype: str,
+                   slack: float = SLACK, overhead_s: float = OVERHEAD_S, simulation: bool = False) -> dict[str, Any]:  # fmt: skip
+    """What the agent is sent: per claimed GPU (``{"uuid", "model_key", "vram_mib"}``, the claim) its size and
+    expected rate, and one deadline for all (they run at once). ``simulation`` scales the claim down for a CPU
+    (``SIM_*_DIVISOR``); the verdicts report figures in the claimed model's units either way."""
+    if dtype not in compute.DTYPE_BYTES:
+        raise ValueError(f"dtype {dtype!r}: use one of {', '.join(compute.DTYPE_BYTES)}")
+    if not gpus:
+        raise ValueError("a challenge needs at least one GPU")
+    vram_scale, tflops_scale = (SIM_VRAM_DIVISOR, SIM_TFLOPS_DIVISOR) if simulation else (1, 1.0)
+    entries = []
+    for gpu in gpus:
+        n = size_for(gpu["vram_mib"] / vram_scale, dtype)
+        rate = expected_tflops(gpu["model_key"], dtype)
+        entries.append({"uuid": gpu["uuid"], "model_key": gpu["model_key"], "n": n,
+                        "expected_tflops": rate,  # in the claimed model's units
+                        "deadline_s": deadline_s(n, gpu["model_key"], dtype, slack=slack, scale=tflops_scale,
+                                                 overhead_s=overhead_s)})  # fmt: skip
+    return {"version": VERSION, "challenge_id": challenge_id, "seed": seed.hex(), "dtype": dtype,
+            "deadline_s": max(entry["deadline_s"] for entry in entries), "gpus": entries,
+            "scale": {"vram": vram_scale, "tflops": tflops_scale}}  # fmt: skip
+
+
+def choose_reveal(rng: random.Random, challenge: Mapping[str, Any], *, rows: int = ROWS, columns: int = COLUMNS) -> dict[str, Any]:
+    """After the commitment: per GPU, ``rows`` distinct rows the host must open and ``columns`` distinct columns
+    whose entries of those rows the master recomputes. ``rng`` must be unpredictable to the host
+    (``random.SystemRandom()``; a seeded ``random.Random`` in tests)."""
+    chosen = {}
+    for gpu in challenge["gpus"]:
+        n = gpu["n"]
+        chosen[gpu["uuid"]] = {"rows": sorted(rng.sample(range(n), min(rows, n))),
+                               "columns": sorted(rng.sample(range(n), min(columns, n)))}  # fmt: skip
+    return {"challenge_id": challenge["challenge_id"], "gpus": chosen}
+
+
+def verify(challenge: Mapping[str, Any], commitment: Mapping[str, Any], reveal: Mapping[str, Any],
+           openings: Mapping[str, Any], *, committed_after_s: float, seen_roots: Collection[str] = ()) -> dict[str, Verdict]:  # fmt: skip
+    """The verdict for each challenged GPU. ``committed_after_s``: the master's own clock from sending the
+    challenge to receiving the commitment; ``seen_roots``: roots committed to earlier challenges (any of them
+    again is a replay). ``openings`` may be empty when the commitment failed or came late."""
+    verdicts = {}
+    replayed = commitment.get("challenge_id") != challenge["challenge_id"]
+    committed = commitment.get("gpus") or {}
+    opened = openings.get("gpus") or {}  # openings of another challenge fail their proofs: the leaves bind the id
+    seed = bytes.fromhex(challenge["seed"])
+    for gpu in challenge["gpus"]:
+        uuid = gpu["uuid"]
+        entry = committed.get(uuid)
+        if replayed:
+            verdicts[uuid] = _failed(Reason.REPLAYED_COMMITMENT, f"the commitment answers challenge {commitment.get('challenge_id')!r}, not {challenge['challenge_id']!r}")
+        elif not isinstance(entry, Mapping):
+            verdicts[uuid] = _failed(Reason.NO_ANSWER, f"the commitment has nothing for GPU {uuid}")
+        elif entry.get("reason") is not None:
+            reason = Reason(entry["reason"]) if entry["reason"] in (Reason.MEMORY_SHORT, Reason.WORKLOAD_FAILED) else Reason.WORKLOAD_FAILED
+            verdicts[uuid] = _failed(reason, str(entry.get("message") or entry["reason"])[:500])
+        elif entry.get("root") in seen_roots:
+            verdicts[uuid] = _failed(Reason.REPLAYED_COMMITMENT, f"GPU {uuid}'s root was committed to an earlier challenge")
+        elif committed_after_s > challenge["deadline_s"]:
+            verdicts[uuid] = _failed(Reason.TOO_SLOW, f"committed after {committed_after_s:.1f} s; the deadline was {challenge['deadline_s']:.1f} s")
+        else:
+            verdicts[uuid] = _check(challenge, gpu, compute.gpu_seed(seed, uuid), entry, reveal["gpus"][uuid], opened.get(uuid),
+                                    committed_after_s=committed_after_s)  # fmt: skip
+    return verdicts
+
+
+def _check(challenge: Mapping[str, Any], gpu: Mapping[str, Any], seed: bytes, entry: Mapping[str, Any],
+           asked: Mapping[str, Any], rows: Any, *, committed_after_s: float) -> Verdict:  # fmt: skip
+    uuid, n = gpu["uuid"], gpu["n"]
+    if rows is None:
+        return _failed(Reason.NO_ANSWER, f"no openings came back for GPU {uuid}")
+    try:
+        root = bytes.fromhex(entry["root"])
+        by_row = {int(item["row"]): item for item in rows}
+        if sorted(by_row) != sorted(asked["rows"]) or len(rows) != len(by_row):
+            return _failed(Reason.BAD_PROOF, f"GPU {uuid} opened rows {sorted(by_row)[:8]}…, not the {len(asked['rows'])} asked")
+        ctx = compute.context(challenge["challenge_id"], uuid)
+        values = []
+        for index in asked["rows"]:
+            row = compute.decode_row(by_row[index]["values"], n)
+            proof = [bytes.fromhex(h) for h in by_row[index]["proof"]]
+            if not compute.verify_proof(root, compute.leaf_hash(ctx, index, row), index, n, proof):
+                return _failed(Reason.BAD_PROOF, f"GPU {uuid}'s row {index} does not match its committed root")
+            values.append(np.frombuffer(row, dtype="<i4"))
+    except (KeyError, TypeError, ValueError) as exc:
+        return _failed(Reason.BAD_PROOF, f"GPU {uuid}'s openings are malformed: {exc}")
+    columns = np.asarray(asked["columns"])
+    a = compute.element_rows(seed, "A", asked["rows"], n).astype(np.float64)
+    b = compute.element_cols(seed, "B", columns, n).astype(np.float64)
+    expected = (a @ b).astype(np.int64)
+    got = np.stack(values)[:, columns].astype(np.int64)
+    wrong = np.argwhere(expected != got)
+    if len(wrong):
+        k, j = wrong[0]
+        return _failed(Reason.WRONG_RESULT, f"GPU {uuid}: C[{asked['rows'][k]}, {columns[j]}] is {got[k, j]}, not {expected[k, j]} "
+                                            f"({len(wrong)} of {got.size} checked entries wrong)")  # fmt: skip
+    tflops = 2 * n**3 / max(committed_after_s, 1e-9) / 1e12 * challenge["scale"]["tflops"]
+    vram_mib = round(compute.bytes_needed(n, challenge["dtype"]) / 2**20 * challenge["scale"]["vram"])
+    return Verdict("passed", Reason.PASSED, f"{len(asked['rows'])} rows and {got.size} entries checked", tflops, vram_mib)
