@@ -5,8 +5,9 @@ exchanges files with it in its private ``/workspace``.
 ``start`` starts the workload (rental id ``verify-<challenge id>``; never reported as a rental), writes
 ``challenge.json`` and waits for ``commitment.json``; ``reveal`` writes ``reveal.json``, waits for ``openings.json``
 and removes the workload and its folder; ``cancel`` and ``yield_gpus`` (a rental's start needs the GPUs) stop it,
-and a ``start`` or ``reveal`` waiting on it then fails with ``challenge_cancelled``. The program waits for its
-``challenge.json`` (the agent writes it once the container runs), so nothing secret is in the container's spec.
+and a ``start`` or ``reveal`` waiting on it then fails with ``challenge_cancelled``. The program
+(``shared/verification/program.py``, the image's command) waits for its ``challenge.json``, which the agent writes
+once the container runs, so the seed is never in the container's spec.
 
 ``simulate`` (only for a simulated GPU backend: the agent's settings, never the master's) is added to the challenge
 as its ``simulate`` field: how the simulated host behaves (docs/verification.md, "Simulated hosts").
@@ -31,9 +32,6 @@ from shared.errors import GpumarketError
 log = logging.getLogger(__name__)
 
 DEFAULT_IMAGE: Final = "gpumarket/verify:latest"
-PROGRAM: Final = "/opt/gpumarket/verify/program.py"
-# The container starts before the agent can write into its volume: the program starts once challenge.json is there.
-_WAIT_AND_RUN: Final = f"while [ ! -f /workspace/challenge.json ]; do sleep 0.05; done; cd /workspace && exec python3 {PROGRAM}"
 _MAX_ANSWER_BYTES: Final = 32 << 20  # commitment.json or openings.json
 
 
@@ -82,10 +80,12 @@ class ChallengeRunner:
         self.simulate = simulate
         self.poll_interval = poll_interval
         self._runs: dict[str, _Run] = {}
+        self._cancelled: dict[str, str] = {}  # challenge id → why, for a late start or reveal of it (the newest 1000)
 
     async def start(self, command: protocol.StartChallenge) -> protocol.ChallengeCommitted:
         """Start the challenge and return its commitment. Idempotent: a resend of a run that committed answers again,
         one that is still running waits for it. Cancelling is safe: the workload is stopped and removed."""
+        self._refuse_cancelled(command.challenge_id)
         run = self._runs.get(command.challenge_id)
         if run is not None and run.commitment is not None:
             return protocol.ChallengeCommitted(challenge_id=run.challenge_id, commitment=run.commitment)
@@ -97,7 +97,7 @@ class ChallengeRunner:
                 if run.cancelled.is_set():
                     raise Cancelled(f"challenge {run.challenge_id} cancelled: {run.reason}")
                 if not run.started:
-                    spec = protocol.ContainerWorkload(image=self.image, command=["sh", "-c", _WAIT_AND_RUN])
+                    spec = protocol.ContainerWorkload(image=self.image)  # its own command: the program, on /workspace
                     await self.workloads.start(rental_id, list(command.gpu_uuids), spec)
                     run.started = True
                     folder = await self._folder(rental_id)
@@ -116,6 +116,7 @@ class ChallengeRunner:
 
     async def reveal(self, command: protocol.RevealChallenge) -> protocol.ChallengeOpened:
         """Hand the program the master's reveal and return its openings; the workload and its folder go after."""
+        self._refuse_cancelled(command.challenge_id)
         run = self._runs.get(command.challenge_id)
         if run is None or not run.started:
             raise ChallengeError(f"challenge {command.challenge_id} is not running here (the agent restarted?); the master fails it")
@@ -152,9 +153,17 @@ class ChallengeRunner:
             await self._stop_and_forget(rental_id)
         return orphans
 
+    def _refuse_cancelled(self, challenge_id: str) -> None:
+        reason = self._cancelled.get(challenge_id)
+        if reason is not None:
+            raise Cancelled(f"challenge {challenge_id} cancelled: {reason}")
+
     async def _cancel(self, run: _Run, reason: str) -> None:
         run.reason = reason
         run.cancelled.set()
+        self._cancelled[run.challenge_id] = reason
+        while len(self._cancelled) > 1000:
+            del self._cancelled[next(iter(self._cancelled))]
         async with run.lock:  # a start half-way finishes first, then its workload goes
             await self._remove(run)
 
