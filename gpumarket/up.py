@@ -201,13 +201,13 @@ async def start_marketplace(
     # GPU verification (docs/verification.md): the demo's hosts are listed once they pass their enrollment challenge,
     # which runs in the challenge image; without an engine to build it in, they are listed unverified.
     verify, challenge = False, images.CHALLENGE_LATEST
+    challenge_note = "challenge   image not built (no container engine to build it in): hosts are listed unverified"
     if built is not None and built.image is not None and (socket_path := demo.engine_socket(docker_url)) is not None:
         try:
             challenge = await asyncio.to_thread(images.challenge_image, socket_path=socket_path)
-            step(f"challenge   {challenge}: hosts are listed once their GPUs pass it")
-            verify = True
+            challenge_note, verify = f"challenge   {challenge}: hosts are listed once their GPUs pass it", True
         except (images.ImageBuildError, OSError) as exc:
-            step(f"challenge   image not built ({exc}): hosts are listed unverified")
+            challenge_note = f"challenge   image not built ({exc}): hosts are listed unverified"
     isolation = isolation.with_network(await prove_rental_network(None, isolation.users))
     # Sign-up and password resets mail their links: to a local SMTP sink, unless a real server is configured.
     real_server = f"{ENV_PREFIX}SMTP_URL" in os.environ or (settings is not None and settings.smtp_url is not None)
@@ -317,6 +317,7 @@ async def start_marketplace(
             step(f"demo image  {built.image}: the {demo.DEMO_TEMPLATE} template (a shell, Python 3, a server on port "
                  f"{images.DEMO_PORT})" if built.image else f"demo image  not built: {built.why}; the {demo.DEMO_TEMPLATE} "
                  "template says so")  # fmt: skip
+            step(challenge_note)
         async with master.db.session() as session:  # once per data dir: the reference makes it idempotent
             await credits.top_up(session, await _account_id(master, "demo-renter"), DEMO_CREDIT, reference="demo-credit",
                                  at=master.clock.now())  # fmt: skip
