@@ -276,3 +276,11 @@ def test_a_row_of_the_wrong_length_is_a_bad_proof() -> None:
     openings["gpus"]["GPU-a"][0]["values"] = compute.encode_row(b"\x00" * 8)
     (verdict,) = protocol.verify(challenge, commitment_of(challenge, states), reveal, openings, committed_after_s=1.0).values()
     assert verdict.reason is Reason.BAD_PROOF and "malformed" in verdict.message
+
+
+def test_a_root_that_is_not_a_string_is_a_bad_proof() -> None:
+    challenge = challenge_for()
+    reveal = protocol.choose_reveal(random.Random(8), challenge)
+    commitment = {"challenge_id": "ch-1", "gpus": {"GPU-a": {"root": ["not", "hex"]}}}
+    (verdict,) = protocol.verify(challenge, commitment, reveal, {}, committed_after_s=1.0, seen_roots={"ab"}).values()
+    assert verdict.reason is Reason.BAD_PROOF

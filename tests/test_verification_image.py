@@ -16,7 +16,7 @@ import pytest
 
 from agent.runtimes.containeropts import OWNER_LABEL
 from gpumarket import images
-from shared.verification import protocol
+from shared.verification import program, protocol
 from shared.verification.protocol import Reason
 from tests import dockerengine
 
@@ -117,3 +117,24 @@ def test_an_honest_run_passes_and_each_dishonest_one_is_caught(challenge_image: 
     commitment, reveal, openings, code = run_challenge(challenge_image, tmp_path / "replay", replayed)
     verdicts = protocol.verify(replayed, commitment, reveal, openings, committed_after_s=5.0, seen_roots=seen)
     assert code == 0 and {v.reason for v in verdicts.values()} == {Reason.PASSED}, "the same seed, a new id: new roots"
+
+
+# ---- the program's own answers, in this process ------------------------------------------------------
+
+
+def test_the_program_says_why_it_stops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """No challenge.json within GPUMARKET_VERIFY_WAIT_S: exit 3; one that is not a challenge: exit 2; every GPU
+    short of memory: commitment.json with the reasons, exit 0 without waiting for a reveal."""
+    monkeypatch.setenv("GPUMARKET_VERIFY_WAIT_S", "0.2")
+    assert program.main(["program.py", str(tmp_path)]) == 3
+    assert json.loads((tmp_path / "ready.json").read_text()) == {"backend": "numpy", "devices": 0}
+    assert "challenge.json did not come" in capsys.readouterr().err
+    (tmp_path / "challenge.json").write_text(json.dumps({"challenge_id": "x", "gpus": []}))
+    assert program.main(["program.py", str(tmp_path)]) == 2
+    assert "is not a challenge" in capsys.readouterr().err
+    small = simulated("ch-small", {"memory_mib": 1024})
+    (tmp_path / "challenge.json").write_text(json.dumps(small))
+    assert program.main(["program.py", str(tmp_path)]) == 0
+    commitment = json.loads((tmp_path / "commitment.json").read_text())
+    assert {entry["reason"] for entry in commitment["gpus"].values()} == {"memory_short"}
+    assert not (tmp_path / "openings.json").exists()

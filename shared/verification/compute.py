@@ -4,7 +4,8 @@ Pure: stdlib and numpy (torch only inside the ``backend="torch"`` paths, importe
 of gpumarket, because the challenge image copies this file beside ``program.py`` and runs it with Debian's python3.
 
 * **Generator.** Element (i, j) of A (tag ``"A"``) or B (tag ``"B"``) of an n×n matrix is
-  ``splitmix64(key + (i·n + j + 1)·γ)``'s bits 33..63 mod 3, minus 1: a ternary value in {-1, 0, 1}, where
+  ``splitmix64(key + (i·n + j + 1)·γ)``'s top 31 bits scaled to 0..2 (``(z >> 33)·3 >> 31``), minus 1: a
+  ternary value in {-1, 0, 1}, where
   ``key`` is the first 8 bytes (little-endian) of SHA-256 over the seed and the tag. Any row of A or column of B
   is built alone in O(n) (``element_rows``, ``element_cols``), on the CPU (numpy, uint64) or a GPU (torch, int64
   with the shifts masked to be logical): the same numbers.
@@ -61,13 +62,24 @@ def gpu_seed(seed: bytes, uuid: str) -> bytes:
 
 
 def _ternary(key: int, index: np.ndarray) -> np.ndarray:
-    """Element values for the flat indices ``index`` (uint64): int8 in {-1, 0, 1}."""
+    """Element values for the flat indices ``index`` (uint64, consumed: the work is done in place in it): int8
+    in {-1, 0, 1}."""
     u64 = np.uint64
-    z = (index + u64(1)) * u64(GAMMA) + u64(key)
-    z = (z ^ (z >> u64(30))) * u64(MIX1)
-    z = (z ^ (z >> u64(27))) * u64(MIX2)
-    z = z ^ (z >> u64(31))
-    return ((z >> u64(33)) % u64(3)).astype(np.int8) - np.int8(1)
+    z = index
+    z += u64(1)
+    z *= u64(GAMMA)
+    z += u64(key)
+    z ^= z >> u64(30)
+    z *= u64(MIX1)
+    z ^= z >> u64(27)
+    z *= u64(MIX2)
+    z ^= z >> u64(31)
+    z >>= u64(33)
+    z *= u64(3)
+    z >>= u64(31)
+    out = z.astype(np.int8)
+    out -= np.int8(1)
+    return out
 
 
 def element_rows(seed: bytes, tag: str, rows: Sequence[int] | np.ndarray, n: int) -> np.ndarray:
@@ -103,7 +115,7 @@ def _torch_ternary(torch: Any, key: int, index: Any) -> Any:
     z = (z ^ shr(z, 30)) * _signed(MIX1)
     z = (z ^ shr(z, 27)) * _signed(MIX2)
     z = z ^ shr(z, 31)
-    return (shr(z, 33) % 3).to(torch.int8) - 1
+    return ((shr(z, 33) * 3) >> 31).to(torch.int8) - 1
 
 
 def torch_rows(seed: bytes, tag: str, start: int, stop: int, n: int, *, device: Any = None) -> Any:
@@ -214,7 +226,7 @@ class HostState:
     challenge_id: str
     uuid: str
     n: int
-    rows: Any = field(repr=False)  # C as int32: a numpy array, or a torch tensor on the device
+    rows: Any = field(repr=False)  # C: an int32 numpy array, or an fp32 torch tensor on the device
     levels: list[list[bytes]] = field(repr=False)
     seconds: dict[str, float]
 
@@ -223,10 +235,18 @@ class HostState:
         return self.levels[-1][0]
 
     def row_bytes(self, index: int) -> bytes:
-        row = self.rows[index]
-        if not isinstance(row, np.ndarray):  # torch
-            row = row.cpu().numpy()
-        return np.ascontiguousarray(row, dtype="<i4").tobytes()
+        row: bytes = _int32_rows(self.rows[index : index + 1])[0].tobytes()
+        return row
+
+
+def _int32_rows(block: Any) -> np.ndarray:
+    """Rows of C as a little-endian int32 numpy array: C is int32 on the CPU, and fp32 on a GPU (a second,
+    int32 copy of C would not fit beside A and B), converted a block at a time."""
+    if not isinstance(block, np.ndarray):  # torch
+        import torch
+
+        block = block.to(torch.int32).cpu().numpy()
+    return np.ascontiguousarray(block, dtype="<i4")
 
 
 def _multiply_torch(a: Any, b: Any, dtype: str) -> Any:
@@ -269,10 +289,13 @@ def multiply_and_commit(seed: bytes, n: int, challenge_id: str, *, uuid: str = "
 
         try:
             a, b = generate(seed, n, "torch", device, dtype=dtype)
-            torch.cuda.synchronize(device) if torch.cuda.is_available() and device is not None else None
+            if a.is_cuda:
+                torch.cuda.synchronize(a.device)
             seconds["generate"] = time.perf_counter() - started
-            c = _multiply_torch(a, b, dtype).to(torch.int32)
+            c = _multiply_torch(a, b, dtype)  # fp32, exact integers
             del a, b
+            if c.is_cuda:
+                torch.cuda.synchronize(c.device)
         except torch.OutOfMemoryError as exc:
             raise MemoryShort(f"the device could not hold A, B and C at n = {n} ({need / 2**20:.0f} MiB): {exc}") from exc
     seconds["multiply"] = time.perf_counter() - started - seconds["generate"]
@@ -280,8 +303,7 @@ def multiply_and_commit(seed: bytes, n: int, challenge_id: str, *, uuid: str = "
     ctx = context(challenge_id, uuid)
     leaves: list[bytes] = []
     for start in range(0, n, hash_chunk_rows):
-        block = c[start : start + hash_chunk_rows]
-        block = np.ascontiguousarray(block if isinstance(block, np.ndarray) else block.cpu().numpy(), dtype="<i4")
+        block = _int32_rows(c[start : start + hash_chunk_rows])
         leaves.extend(leaf_hash(ctx, start + k, block[k].tobytes()) for k in range(block.shape[0]))
     levels = merkle_levels(leaves)
     seconds["hash"] = time.perf_counter() - hashed
