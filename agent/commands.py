@@ -32,6 +32,7 @@ from agent.power import PowerPolicy
 from agent.reach.sshd import RentalSshServer
 from agent.runtimes.manager import WorkloadManager
 from agent.runtimes.registry_login import SealedLogin
+from agent.verification import ChallengeRunner, is_challenge
 from shared import protocol
 from shared.errors import ConfigError, GpumarketError, ProtocolError
 
@@ -47,7 +48,8 @@ class CommandExecutor:
     an ``update_access`` replaces its authorized keys (closing connections of removed keys), a stop
     ends its SSH connections. ``clusters`` joins member containers to their cluster's
     private network (``agent.cluster.net``); a stop takes the member out. ``power`` keeps the off-peak power
-    policy (``agent.power``): a start restores its GPUs' limits first, and fails if that cannot be done.
+    policy (``agent.power``): a start restores its GPUs' limits first, and fails if that cannot be done. ``challenges``
+    runs the master's GPU challenges (``agent.verification``): a rental's start stops any challenge on its GPUs first.
     """
 
     def __init__(
@@ -61,6 +63,7 @@ class CommandExecutor:
         ssh: RentalSshServer | None = None,
         clusters: ClusterNetworks | None = None,
         power: PowerPolicy | None = None,
+        challenges: ChallengeRunner | None = None,
         close_streams: Callable[[str], int] | None = None,
         host_id: str | None = None,
         opening_keys: Callable[[], Sequence[ec.EllipticCurvePrivateKey]] | None = None,
@@ -75,6 +78,7 @@ class CommandExecutor:
         self.ssh = ssh
         self.clusters = clusters
         self.power = power
+        self.challenges = challenges
         self.close_streams = close_streams  # ends every renter stream of a rental now; returns how many
         # This host's id and private keys (``AgentState.opening_keys``): what a start's sealed registry login opens with.
         self.host_id = host_id
@@ -137,6 +141,17 @@ class CommandExecutor:
                 if self.power is None:
                     raise ConfigError("this agent keeps no power policy", code="power_policy_unavailable")
                 return await self.power.apply(command)
+            case protocol.StartChallenge():
+                return await self._challenges().start(command)
+            case protocol.RevealChallenge():
+                return await self._challenges().reveal(command)
+            case protocol.CancelChallenge():
+                return await self._challenges().cancel(command.challenge_id, command.reason or "cancelled by the master")
+
+    def _challenges(self) -> ChallengeRunner:
+        if self.challenges is None:
+            raise ConfigError("this agent runs no GPU challenges (no container runtime)", code="container_runtime_unavailable")
+        return self.challenges
 
     def _cluster_networks(self) -> ClusterNetworks:
         if self.clusters is None:
@@ -160,6 +175,9 @@ class CommandExecutor:
                     await self._stop_workload(protocol.StopWorkload(rental_id=victim.rental_id, grace_s=victim.grace_s, reason=victim.reason))
                     stopped.append(victim.rental_id)
 
+        if self.challenges is not None and not is_challenge(command.rental_id):
+            # A challenge never delays a rental (docs/verification.md): it stops, the master hears it was cancelled.
+            await self.challenges.yield_gpus(command.gpu_uuids, reason=f"rental {command.rental_id} needs the GPU")
         async with contextlib.AsyncExitStack() as stack:
             if self.power is not None:
                 # Every GPU it gets back to its full limit before anything runs (or the start fails): docs/power.md.

@@ -34,6 +34,7 @@ import ssl
 import time
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from websockets.asyncio.client import ClientConnection, connect
@@ -57,6 +58,8 @@ from agent.runtimes.manager import WorkloadManager
 from agent.sampling import Sampler
 from agent.spool import SqliteSpool
 from agent.state import AgentState, SequenceLease
+from agent.verification import DEFAULT_IMAGE as DEFAULT_CHALLENGE_IMAGE
+from agent.verification import ChallengeRunner, is_challenge
 from shared import protocol
 from shared.cancelling import raise_if_cancelled
 from shared.crypto import (
@@ -71,6 +74,7 @@ log = logging.getLogger(__name__)
 
 AGENT_VERSION = "0.2.0"
 # Close codes after which the relay should not be retried first.
+_CHALLENGE_KINDS = frozenset({"start_challenge", "reveal_challenge"})  # on their own worker: they wait on the program
 _MOVE_ON_CODES = frozenset({protocol.CLOSE_GOING_AWAY, protocol.CLOSE_BUS_UNAVAILABLE, protocol.CLOSE_TOO_MANY_CONNECTIONS})
 
 
@@ -161,6 +165,9 @@ class Agent:
         max_stream_buffer: int = 64 << 20,
         link_send_buffer: int = 128 << 10,
         cluster_direct: bool = True,
+        # GPU challenges (agent.verification): the challenge image, and a simulated host's behaviour (sim backends only)
+        challenge_image: str = DEFAULT_CHALLENGE_IMAGE,
+        challenge_simulate: dict[str, Any] | None = None,
     ) -> None:
         identity = state.identity()
         state.secure()
@@ -214,9 +221,15 @@ class Agent:
         )
         # Off-peak power limits (agent.power): what it lowered survives a restart in power.json.
         self.power = PowerPolicy(backend, state.dir / "power.json", in_use=self.workloads.gpus_in_use)
+        self.challenges = ChallengeRunner(
+            self.workloads, image=challenge_image, simulate=challenge_simulate if backend.name == "sim" else None
+        )
+        # Challenges run on a worker of their own: one waiting for its commitment never holds up a rental's start.
+        self._challenge_commands: asyncio.Queue[protocol.CommandBody] = asyncio.Queue(max_pending_commands)
         self.commands = CommandExecutor(
             workloads=self.workloads, backend=backend, logs=self.logs, measure=self.measure_network,
             install_certificate=self.certificate.install, ssh=self.ssh, clusters=self.clusters, power=self.power,
+            challenges=self.challenges,
             close_streams=lambda rental_id: self.tunnels.close_rental(rental_id, TunnelCode.ACCESS_REVOKED),
             host_id=self.host_id, opening_keys=state.opening_keys, remembered_results=remembered_results,
         )
@@ -267,7 +280,7 @@ class Agent:
             region=self.region,
             host=facts.to_wire(),
             gpus=[protocol.GpuInfoModel.model_validate(g.to_wire()) for g in self.backend.gpus()],
-            running_rentals=self.workloads.running(),
+            running_rentals=self._rentals_running(),
             isolation=with_ceilings(self.isolation.facts, self.workloads.ceilings),
         )
 
@@ -290,7 +303,7 @@ class Agent:
             await asyncio.sleep(self.timings.heartbeat_interval)
             body = protocol.HeartbeatBody(
                 uptime_s=time.monotonic() - self._started,
-                running_rentals=self.workloads.running(),
+                running_rentals=self._rentals_running(),
                 spool=protocol.SpoolStats(pending=len(self.spool), evicted=self.spool.evicted),
             )
             await self._emit(*self.window.heartbeat(body))
@@ -336,12 +349,14 @@ class Agent:
         await self.refresh_isolation()
         await self.workloads.resume()  # re-adopted workloads; report those that died while we were down
         await self.clusters.resume()
+        await self.challenges.remove_orphans()  # a challenge from before a restart is over: the master fails it
         for rental_id in self.workloads.running():
             self.logs.follow(rental_id)
         tasks = [
             asyncio.create_task(self.certificate.run(self.connected), name=f"agent-{self.host_id}-renewal"),
             asyncio.create_task(self._command_worker(), name=f"agent-{self.host_id}-commands"),
             asyncio.create_task(self._command_worker(self._access_commands), name=f"agent-{self.host_id}-access"),
+            asyncio.create_task(self._command_worker(self._challenge_commands), name=f"agent-{self.host_id}-challenges"),
             asyncio.create_task(
                 self.sampler.run(lambda: self.timings.sample_interval, lambda: self.timings.telemetry_interval),
                 name=f"agent-{self.host_id}-sampler",
@@ -487,8 +502,11 @@ class Agent:
                     self.window.ack(message.body.seq)
                 case protocol.Command():
                     fast = message.body.kind == protocol.UpdateAccess.model_fields["kind"].default
+                    queue = self._access_commands if fast else self._commands
+                    if message.body.kind in _CHALLENGE_KINDS:
+                        queue = self._challenge_commands
                     try:
-                        (self._access_commands if fast else self._commands).put_nowait(message.body)
+                        queue.put_nowait(message.body)
                     except asyncio.QueueFull:
                         log.warning("command queue full; %s will be resent by the master", message.body.command_id)
                 case protocol.Move():
@@ -516,8 +534,14 @@ class Agent:
             result = await self.commands.result_for(command)
             await self._emit(*self.window.command_result(result))
 
+    def _rentals_running(self) -> list[str]:
+        """The rentals whose workloads run (a GPU challenge's workload is the agent's, not a rental's)."""
+        return [rental_id for rental_id in self.workloads.running() if not is_challenge(rental_id)]
+
     async def _workload_exited(self, rental_id: str, exit_code: int | None) -> None:
         """Called by the workload manager when a workload ends on its own."""
+        if is_challenge(rental_id):
+            return  # its runner sees it end (agent.verification)
         self.logs.exited(rental_id)
         body = protocol.WorkloadExitedBody(
             rental_id=rental_id, exit_code=exit_code, at=datetime.now(UTC),

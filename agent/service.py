@@ -61,6 +61,8 @@ def agent_from_settings(settings: AgentSettings, *, container_engine: str | None
         max_streams=settings.max_streams,
         max_streams_per_rental=settings.max_streams_per_rental,
         max_stream_buffer=settings.max_stream_buffer_mib << 20,
+        challenge_image=settings.challenge_image,
+        challenge_simulate=settings.challenge_simulate,
     )
 
 
@@ -68,7 +70,8 @@ def container_options(settings: AgentSettings) -> ContainerOptions:
     """The container runtime's options from the agent's settings (the owner is the host id, set by ``Agent``)."""
     return ContainerOptions(
         docker_url=settings.docker_url,
-        allowed_images=tuple(settings.allowed_images),
+        # The platform's challenge image runs whatever the provider allows renters (an empty list allows every image).
+        allowed_images=tuple(settings.allowed_images) + ((settings.challenge_image,) if settings.allowed_images else ()),
         max_image_mib=settings.max_image_mib,
         default_pids_limit=settings.container_pids_limit,
         default_memory_mib=settings.container_memory_mib,

@@ -198,6 +198,16 @@ async def start_marketplace(
     if demo_image:
         built = await demo.build_demo_image(engine_name, engine_reason, docker_url=docker_url,
                                             progress=lambda line: step(f"  ..  demo image  {line}"))  # fmt: skip
+    # GPU verification (docs/verification.md): the demo's hosts are listed once they pass their enrollment challenge,
+    # which runs in the challenge image; without an engine to build it in, they are listed unverified.
+    verify, challenge = False, images.CHALLENGE_LATEST
+    challenge_note = "challenge   image not built (no container engine to build it in): hosts are listed unverified"
+    if built is not None and built.image is not None and (socket_path := demo.engine_socket(docker_url)) is not None:
+        try:
+            challenge = await asyncio.to_thread(images.challenge_image, socket_path=socket_path)
+            challenge_note, verify = f"challenge   {challenge}: hosts are listed once their GPUs pass it", True
+        except (images.ImageBuildError, OSError) as exc:
+            challenge_note = f"challenge   image not built ({exc}): hosts are listed unverified"
     isolation = isolation.with_network(await prove_rental_network(None, isolation.users))
     # Sign-up and password resets mail their links: to a local SMTP sink, unless a real server is configured.
     real_server = f"{ENV_PREFIX}SMTP_URL" in os.environ or (settings is not None and settings.smtp_url is not None)
@@ -215,6 +225,7 @@ async def start_marketplace(
         instance_id="master-embedded",
         # Renters add credit from the console at once, no card charged (GPUMARKET_PAYMENTS=stripe to try Checkout).
         payments=None if f"{ENV_PREFIX}PAYMENTS" in os.environ else "demo",
+        verification_required=verify,
     )
     if sink is not None:
         settings.smtp_url = SecretStr(sink.url)
@@ -306,6 +317,7 @@ async def start_marketplace(
             step(f"demo image  {built.image}: the {demo.DEMO_TEMPLATE} template (a shell, Python 3, a server on port "
                  f"{images.DEMO_PORT})" if built.image else f"demo image  not built: {built.why}; the {demo.DEMO_TEMPLATE} "
                  "template says so")  # fmt: skip
+            step(challenge_note)
         async with master.db.session() as session:  # once per data dir: the reference makes it idempotent
             await credits.top_up(session, await _account_id(master, "demo-renter"), DEMO_CREDIT, reference="demo-credit",
                                  at=master.clock.now())  # fmt: skip
@@ -314,7 +326,7 @@ async def start_marketplace(
             agent = await _demo_agent(
                 master, data_dir / "agents" / f"agent-{i:02d}", i, base, relay.url, provider_id,
                 network_interval=network_interval, dns=(http_host, dns.port), isolation=isolation,
-                container=ContainerOptions(docker_url=docker_url),
+                container=ContainerOptions(docker_url=docker_url), challenge_image=challenge,
             )
             market.agents.append(agent)
             market.agent_tasks.append(asyncio.create_task(agent.run(), name=f"agent-{i:02d}"))
@@ -417,6 +429,7 @@ async def _demo_credentials(master: Master, path: Path, api_url: str, console_ur
 async def _demo_agent(
     master: Master, folder: Path, i: int, base_url: str, relay_url: str, provider_id: str, *,
     network_interval: float, dns: tuple[str, int], isolation: HostIsolation, container: ContainerOptions,
+    challenge_image: str = images.CHALLENGE_LATEST,
 ) -> Agent:
     state = AgentState(folder)
     spec = DEMO_FLEET[i % len(DEMO_FLEET)]
@@ -447,6 +460,7 @@ async def _demo_agent(
         container=container,
         # The agent setting, read here too: GPUMARKET_CLUSTER_DIRECT=false sends every cluster tunnel through the relay.
         cluster_direct=TypeAdapter(bool).validate_python(os.environ.get("GPUMARKET_CLUSTER_DIRECT", "true")),
+        challenge_image=challenge_image,  # the one built now, by its content's name (another build may move :latest)
     )
 
 

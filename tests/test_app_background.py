@@ -121,7 +121,7 @@ class TestApp:
             supervisor = app[SUPERVISOR]
             assert supervisor.running == [
                 "ingest", "heartbeat-monitor", "command-resender", "revocation-publisher", "telemetry-maintenance",
-                "alerts", "host-scoring", "rental-queue", "autoscaler", "gateway-stats", "power-policy", "billing-rate", "billing-enforce", "billing-payouts",
+                "alerts", "host-scoring", "rental-queue", "autoscaler", "gateway-stats", "power-policy", "gpu-verification", "billing-rate", "billing-enforce", "billing-payouts",
             ]  # fmt: skip
         finally:
             await client.close()

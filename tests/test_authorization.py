@@ -327,6 +327,10 @@ MATRIX: tuple[Rule, ...] = (
     # range, so the valid body opts out.
     Rule("PUT", "/hosts/{host_id}/power-policy", host_write(200), body=fixed({"enabled": False})),
     Rule("GET", "/hosts/{host_id}/power-policy", host_write(200)),
+    # GPU verification: a host's challenges for its provider and admins; a challenge on demand for admins alone
+    # (the world's host has a running rental, which a challenge never interrupts: 409 host_busy).
+    Rule("GET", "/hosts/{host_id}/verifications", host_write(200)),
+    Rule("POST", "/admin/hosts/{host_id}/verify", only((409, "host_busy"), "admin")),
     Rule("GET", "/provider/power", only(200, "provider")),
     # Services: as clusters.
     Rule("POST", "/services", only(201, "renter"), body=fixed(SERVICE)),

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-STEPS = ("mail sink", "database", "relay", "geo DNS", "API", "demo image", "agents")
+STEPS = ("mail sink", "database", "relay", "geo DNS", "API", "demo image", "challenge", "agents")
 STOP_WITHIN_S = 20
 START_WITHIN_S = 90
 

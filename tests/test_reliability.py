@@ -232,7 +232,7 @@ class TestFaults:
         await history.health_check(host_id, NOW - 2 * DAY, healthy=True)
         score, inputs = await history.score(host_id)
         assert inputs["faults"] == {
-            "gpu_events": 2, "failed_health_checks": 1, "vanished_gpus": 1, "count": 4, "factor": round(0.97**4, 4),
+            "gpu_events": 2, "failed_health_checks": 1, "failed_verifications": 0, "vanished_gpus": 1, "count": 4, "factor": round(0.97**4, 4),
             "formula": "max(0.5, 0.97 ** count)",
         }  # fmt: skip
         assert inputs["uptime"]["fraction"] == round(29 / 30, 4)

@@ -35,6 +35,7 @@ from master.api import (
     routes_ssh_keys,
     routes_teams,
     routes_templates,
+    routes_verification,
 )
 from master.api.base import API, RateClass, Route
 
@@ -53,6 +54,7 @@ ROUTES: tuple[Route, ...] = (
     + routes_passkeys.ROUTES
     + routes_teams.ROUTES
     + routes_registries.ROUTES
+    + routes_verification.ROUTES
 )  # fmt: skip
 
 UNVERSIONED: tuple[Route, ...] = routes_metrics.UNVERSIONED + routes_downloads.UNVERSIONED + routes_docs.UNVERSIONED

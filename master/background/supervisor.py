@@ -49,6 +49,7 @@ from master.background.rental_queue import queue_loop
 from master.background.revocations import revocation_publisher
 from master.background.scoring import scoring_loop
 from master.background.telemetry import maintenance_loop
+from master.background.verification import verification_loop
 from master.context import Master
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ def master_loops(master: Master, *, webhook_http: aiohttp.ClientSession) -> list
         Loop("autoscaler", functools.partial(autoscaler_loop, master)),
         Loop("gateway-stats", functools.partial(gateway_stats_loop, master)),
         Loop("power-policy", functools.partial(power_loop, master)),
+        Loop("gpu-verification", functools.partial(verification_loop, master)),
     ]
     if master.settings.billing_in_process:
         loops += [Loop(f"billing-{job.name}", functools.partial(billing_loop, master, job)) for job in JOBS.values()]

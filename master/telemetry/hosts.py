@@ -32,6 +32,7 @@ from master.models import (
     TunnelUsage,
 )
 from master.services import accounts, commands, market, rentals
+from master.services.hosts import VERIFICATION_KINDS, after_verification_result, verification_at_hello
 from master.services.lifecycle import cluster_network
 from master.services.lifecycle.hosts import transition
 from master.services.lifecycle.rentals import ACTIVE_STATES, UNSTOPPED_STATES
@@ -121,8 +122,13 @@ async def come_online(session: AsyncSession, host: Host, cause: str) -> None:
         transition(session, host, target, cause=cause, actor=ACTOR)
 
 
-async def handle_hello(session: AsyncSession, envelope: protocol.BusEnvelope) -> list[str]:
-    """Register the host's facts and GPUs; returns the ids of open commands to resend."""
+async def handle_hello(
+    session: AsyncSession, envelope: protocol.BusEnvelope, *, settings: MasterSettings | None = None, now: datetime | None = None
+) -> list[str]:
+    """Register the host's facts and GPUs; returns the ids of open commands to resend.
+
+    With ``settings.verification_required`` a new host stays ``enrolling`` (unlisted) and gets its enrollment
+    challenge (``master.services.hosts.verification``), published by the caller after the commit."""
     message = envelope.message
     assert isinstance(message, protocol.Hello)
     body = message.body
@@ -167,9 +173,15 @@ async def handle_hello(session: AsyncSession, envelope: protocol.BusEnvelope) ->
             vanished.append(uuid)
     # Before coming online: an offline host that comes back short of a GPU goes straight to faulty.
     await market.after_gpus_vanished(session, host, vanished, now=envelope.received_at)
-    await come_online(session, host, cause=f"hello via relay {envelope.relay_id}")
+    unverified = settings is not None and settings.verification_required and host.state == "enrolling"
+    if not unverified:
+        await come_online(session, host, cause=f"hello via relay {envelope.relay_id}")
     # New GPUs are ranked at once, not at the next scoring pass.
     market.classify_host_gpus(host, (await session.scalars(select(Gpu).where(Gpu.host_id == host.id))).all())
+    if unverified:
+        assert settings is not None
+        await session.flush()
+        await verification_at_hello(session, host, settings=settings, now=now or envelope.received_at)
     if await rentals.stop_strays(session, host.id, body.running_rentals):
         await session.flush()
     return await commands.open_command_ids(session, host.id)
@@ -294,8 +306,12 @@ async def stop_strays_in_batch(session: AsyncSession, running: dict[str, list[st
     return command_ids
 
 
-async def handle_command_result(session: AsyncSession, envelope: protocol.BusEnvelope, *, sign: cluster_network.Signer | None = None) -> None:
-    """Record an agent's result once and apply it (``sign``: the CA's token signer, for clusters' relay paths)."""
+async def handle_command_result(
+    session: AsyncSession, envelope: protocol.BusEnvelope, *, sign: cluster_network.Signer | None = None,
+    settings: MasterSettings | None = None, now: datetime | None = None,
+) -> None:
+    """Record an agent's result once and apply it (``sign``: the CA's token signer, for clusters' relay paths;
+    ``now``: the master's clock, which times a GPU challenge's commitment)."""
     message = envelope.message
     assert isinstance(message, protocol.CommandResult)
     body = message.body
@@ -315,6 +331,9 @@ async def handle_command_result(session: AsyncSession, envelope: protocol.BusEnv
             await cluster_network.apply_result(session, row, ok=body.ok, detail=body.detail, data=body.data, at=body.finished_at, sign=sign)
         if row.kind == market.HEALTH_CHECK:
             await market.after_health_check(session, host, ok=body.ok, detail=body.detail, data=body.data, now=envelope.received_at)
+        if row.kind in VERIFICATION_KINDS:
+            await after_verification_result(session, row, host, ok=body.ok, detail=body.detail, data=body.data,
+                                            now=now or envelope.received_at, settings=settings or _DEFAULT_SETTINGS)  # fmt: skip
 
 
 _DEFAULT_SETTINGS = MasterSettings.model_construct()

@@ -23,7 +23,7 @@ from sqlalchemy import text
 
 from master.context import Master
 from master.services import commands
-from master.services.hosts import renew, retire_superseded
+from master.services.hosts import renew, retire_superseded, verification_commands
 from master.services.lifecycle import clusters as clusterstate
 from master.telemetry import batch as batches
 from master.telemetry import hosts
@@ -238,7 +238,7 @@ class Ingestor:
             async with master.db.session() as session:
                 match envelope.message:
                     case protocol.Hello():
-                        resend = await hosts.handle_hello(session, envelope)
+                        resend = await hosts.handle_hello(session, envelope, settings=master.settings, now=master.clock.now())
                     case protocol.Heartbeat():
                         resend = await hosts.handle_heartbeat(session, envelope)
                     case protocol.Telemetry():
@@ -247,7 +247,9 @@ class Ingestor:
                             max_future_s=master.settings.telemetry_max_future_s, stats=master.stats,
                         )
                     case protocol.CommandResult():
-                        await hosts.handle_command_result(session, envelope, sign=master.ca.sign_connect_token)
+                        await hosts.handle_command_result(
+                            session, envelope, sign=master.ca.sign_connect_token, settings=master.settings, now=master.clock.now()
+                        )
                     case protocol.GpuEvents():
                         await hosts.handle_gpu_events(session, envelope, settings=master.settings)
                     case protocol.NetworkReport():
@@ -275,6 +277,7 @@ class Ingestor:
             await retire_superseded(master, envelope.message.host_id, envelope.cert_serial)
         # What the clusters' hooks wrote meanwhile (a member's stop, the private network's next round): out at once.
         resend += clusterstate.issued_commands(session.info)
+        resend += verification_commands(session.info)  # a challenge's start or reveal
         if resend:
             await commands.publish(master, resend)
 

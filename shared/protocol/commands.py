@@ -10,6 +10,7 @@ so an unknown kind or field is refused by this module on both ends.
 from __future__ import annotations
 
 import ipaddress
+import json
 import math
 import re
 from typing import Annotated, Any, Final, Literal
@@ -535,14 +536,73 @@ class SetPowerPolicy(StrictModel):
         return self
 
 
+# ---- GPU verification (docs/verification.md) -----------------------------------------------------
+
+CHALLENGE_ID_PATTERN = r"^gv-[A-Za-z0-9_-]{1,37}$"  # a gpu_verifications id
+MAX_CHALLENGE_JSON_BYTES = 64 << 10  # a challenge or a reveal: seeds, sizes, row and column indices
+CHALLENGE_WORKLOAD_PREFIX = "verify-"  # the challenge's workload runs as the rental id ``verify-<challenge id>``
+
+
+def _challenge_document(what: str) -> Any:
+    def check(value: object) -> object:
+        if not isinstance(value, dict):
+            raise ValueError(f"'{what}' must be an object")
+        try:
+            size = len(json.dumps(value, separators=(",", ":")))
+        except (TypeError, ValueError):
+            raise ValueError(f"'{what}' must be plain JSON") from None
+        if size > MAX_CHALLENGE_JSON_BYTES:
+            raise ValueError(f"'{what}' is longer than {MAX_CHALLENGE_JSON_BYTES} bytes")
+        return value
+
+    return check
+
+
+ChallengeId = Annotated[str, Field(pattern=CHALLENGE_ID_PATTERN)]
+
+
+class StartChallenge(StrictModel):
+    """Run the GPU challenge ``challenge`` on ``gpu_uuids`` (docs/verification.md): the challenge image as a platform
+    workload in the container runtime, with those GPUs by UUID, in a work folder of its own. The result comes when the
+    program has committed (``ChallengeCommitted``: its Merkle roots) or failed; the master then sends
+    ``reveal_challenge``. A rental that needs one of the GPUs meanwhile cancels it (failed result, code
+    ``challenge_cancelled``). Idempotent per ``challenge_id``: a resend waits for the same run."""
+
+    kind: Literal["start_challenge"] = "start_challenge"
+    challenge_id: ChallengeId
+    gpu_uuids: GpuUuids = Field(min_length=1, max_length=64)
+    challenge: Annotated[dict[str, Any], BeforeValidator(_challenge_document("challenge"))]
+    # How long the agent waits for the commitment before it gives up (the master's own deadline is kept by its clock).
+    timeout_s: Annotated[float, Field(gt=0, le=24 * 3600)] = 3600.0
+
+
+class RevealChallenge(StrictModel):
+    """The master's reveal for a committed challenge: the rows and columns to open. The result's ``data`` is the
+    program's openings (``ChallengeOpened``); the challenge's workload then ends and its folder is removed."""
+
+    kind: Literal["reveal_challenge"] = "reveal_challenge"
+    challenge_id: ChallengeId
+    reveal: Annotated[dict[str, Any], BeforeValidator(_challenge_document("reveal"))]
+    timeout_s: Annotated[float, Field(gt=0, le=3600)] = 300.0
+
+
+class CancelChallenge(StrictModel):
+    """Stop the challenge's workload and remove its folder (the master gave up on it); a challenge not running is
+    already cancelled."""
+
+    kind: Literal["cancel_challenge"] = "cancel_challenge"
+    challenge_id: ChallengeId
+    reason: Annotated[str, Field(max_length=MAX_STOP_REASON_CHARS), BeforeValidator(_reason)] | None = None
+
+
 AnyCommand = (
     StartWorkload | StopWorkload | UpdateAccess | MeasureNetwork | InstallCertificate | HealthCheck | CreateCluster | DeleteCluster
-    | SetPowerPolicy
+    | SetPowerPolicy | StartChallenge | RevealChallenge | CancelChallenge
 )
 AgentCommand = Annotated[AnyCommand, Field(discriminator="kind")]
 COMMAND_KINDS = (
     "start_workload", "stop_workload", "measure_network", "install_certificate", "health_check", "create_cluster", "delete_cluster",
-    "set_power_policy", "update_access",
+    "set_power_policy", "update_access", "start_challenge", "reveal_challenge", "cancel_challenge",
 )
 
 

@@ -3,7 +3,7 @@ model per command kind (``CommandReply``). Lenient: a newer agent may say more."
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -111,7 +111,29 @@ class PowerPolicyApplied(LenientModel):
     skipped: dict[str, str] = Field(default_factory=dict)
 
 
+class ChallengeCommitted(LenientModel):
+    """``start_challenge``: the program's commitment (per GPU uuid its Merkle root, or the reason it could not
+    commit, e.g. ``memory_short``), as ``commitment.json`` holds it."""
+
+    challenge_id: str
+    commitment: dict[str, Any]
+
+
+class ChallengeOpened(LenientModel):
+    """``reveal_challenge``: the program's openings (per GPU uuid the opened rows with their Merkle proofs)."""
+
+    challenge_id: str
+    openings: dict[str, Any]
+
+
+class ChallengeCancelled(LenientModel):
+    """``cancel_challenge``: whether a run was stopped (false: none was running)."""
+
+    challenge_id: str
+    stopped: bool
+
+
 CommandReply = (
     WorkloadStarted | WorkloadStopped | AccessUpdated | NetworkReportBody | CertificateInstalled | HealthCheckResult | ClusterJoined | ClusterLeft
-    | PowerPolicyApplied
+    | PowerPolicyApplied | ChallengeCommitted | ChallengeOpened | ChallengeCancelled
 )

@@ -31,7 +31,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
-from master.models import Alert, AlertNotification, GpuEvent, Host, Rental
+from master.models import Alert, AlertNotification, Gpu, GpuEvent, Host, Rental
 from master.services.alerts.views import Severity, alert_view
 from master.services.lifecycle.rentals import ACTIVE_STATES
 from master.services.market import FAULT_XIDS
@@ -341,6 +341,35 @@ async def host_state_conditions(session: AsyncSession) -> list[Condition]:
     return conditions
 
 
+async def verification_conditions(session: AsyncSession) -> list[Condition]:
+    """``gpu_verification``: a host whose present GPU failed its last verification challenge (docs/verification.md);
+    resolved when a challenge passes. Its provider sees it (alerts of their hosts) with the reason."""
+    rows = (
+        await session.execute(
+            select(Gpu.host_id, Gpu.uuid, Gpu.index, Gpu.name, Gpu.verification_reason, Host.name)
+            .join(Host, Host.id == Gpu.host_id)
+            .where(Gpu.present.is_(True), Gpu.verification_outcome == "failed", Host.state != "revoked")
+            .order_by(Gpu.host_id, Gpu.index)
+        )
+    ).all()
+    failing: dict[str, list[tuple[str, int, str, str | None]]] = {}
+    names: dict[str, str | None] = {}
+    for host_id, uuid, index, gpu_name, reason, host_name in rows:
+        failing.setdefault(host_id, []).append((uuid, index, gpu_name, reason))
+        names[host_id] = host_name
+    conditions: list[Condition] = []
+    for host_id, gpus in failing.items():
+        label = f"host {host_id}" + (f" ({names[host_id]})" if names[host_id] else "")
+        reasons = sorted({reason or "failed" for *_rest, reason in gpus})
+        conditions.append(Condition(
+            rule="gpu_verification", key=f"gpu_verification:{host_id}", severity="critical",
+            summary=f"{label} failed GPU verification ({', '.join(reasons)}) and is unlisted; GET /api/v1/hosts/{host_id}/verifications says why",
+            host_id=host_id,
+            details={"gpus": [{"gpu_uuid": uuid, "gpu_index": index, "name": name, "reason": reason} for uuid, index, name, reason in gpus]},
+        ))  # fmt: skip
+    return conditions
+
+
 def ingestion_lag_conditions(backlog: Backlog, *, now: datetime, threshold_s: float) -> list[Condition]:
     """``ingestion_lag`` when the oldest unprocessed agent message has waited over ``threshold_s``."""
     lag = backlog.lag(now.timestamp())
@@ -408,6 +437,7 @@ async def evaluate(master: Master, *, now: datetime | None = None, probe_timeout
         conditions = await gpu_event_conditions(session, since=now - timedelta(minutes=window), window_minutes=window)
         conditions += await telemetry_conditions(session, threshold_c=settings.alert_temperature_c)
         conditions += await host_state_conditions(session)
+        conditions += await verification_conditions(session)
         if backlog is not None:
             conditions += ingestion_lag_conditions(backlog, now=now, threshold_s=settings.alert_ingestion_lag_s)
         if relays is not None:

@@ -87,6 +87,9 @@ class FailureCode(StrEnum):
     CONFIG_ERROR = "config_error"  # the agent's configuration
     UNAVAILABLE = "unavailable"
     WORKLOAD_LOG_UNREADABLE = "workload_log_unreadable"
+    # (never ends a rental) a GPU failed its verification challenge (master/services/hosts/verification.py): counted
+    # against the host's reliability after ``verification_failures`` failures in a row
+    GPU_VERIFICATION_FAILED = "gpu_verification_failed"
 
     # ---- the platform's: the master, placement, what it sent ----
     PLACEMENT_INTERRUPTED = "placement_interrupted"  # the master placing it stopped before its start command was written
@@ -123,6 +126,7 @@ class FailureCode(StrEnum):
     INSUFFICIENT_CAPACITY = "insufficient_capacity"
     RATE_LIMITED = "rate_limited"
     QUOTA_EXCEEDED = "quota_exceeded"
+    CHALLENGE_CANCELLED = "challenge_cancelled"  # (never ends a rental) a GPU challenge stopped for a rental or by the master
 
 
 _RENTER: Final = frozenset({
@@ -140,7 +144,7 @@ _PROVIDER: Final = frozenset({
     FailureCode.POWER_LIMIT_OUT_OF_RANGE, FailureCode.POWER_POLICY_UNAVAILABLE, FailureCode.CLUSTER_NETWORK_UNAVAILABLE,
     FailureCode.NETWORK_MEASUREMENT_FAILED, FailureCode.RELAY_DNS_FAILED, FailureCode.RELAY_DNS_NOT_FOUND,
     FailureCode.RELAY_DNS_TIMEOUT, FailureCode.ENROLLMENT_REFUSED, FailureCode.CONFIG_ERROR, FailureCode.UNAVAILABLE,
-    FailureCode.WORKLOAD_LOG_UNREADABLE,
+    FailureCode.WORKLOAD_LOG_UNREADABLE, FailureCode.GPU_VERIFICATION_FAILED,
 })  # fmt: skip
 
 # A workload its host's agent stopped for what the renter did: the exit's reason leads with one of these codes

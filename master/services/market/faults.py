@@ -238,6 +238,13 @@ async def after_health_check(
     if host.state != "faulty":
         log.info("host %s passed a health check while %s", host.id, host.state)
         return
+    failed_gpu = await session.scalar(
+        select(Gpu.uuid).where(Gpu.host_id == host.id, Gpu.present.is_(True), Gpu.verification_outcome == "failed").limit(1)
+    )
+    if failed_gpu is not None:
+        # Only a passing challenge lists it again (master/services/hosts/verification.py): health is not proof.
+        log.info("host %s passed a health check but GPU %s failed its verification; it stays faulty", host.id, failed_gpu)
+        return
     transition(session, host, "online", cause=CHECK_PASSED_CAUSE, actor=ACTOR)
     active = await session.scalar(
         select(func.count()).select_from(Rental).where(Rental.host_id == host.id, Rental.state.in_(ACTIVE_STATES))

@@ -19,7 +19,8 @@ Over the last 30 days (or since the host enrolled, if later)::
   workload that exited non-zero ...) and the platform's (placement, the master) are counted apart
   and never move the score, so a renter cannot ruin a host's score by running broken jobs.
 * **faults** — ``0.97 ** faults``, never below 0.5: hardware fault events (the XIDs and ECC
-  kinds ``master.services.market.faults`` counts), failed health checks, and GPUs that vanished.
+  kinds ``master.services.market.faults`` counts), failed health checks, GPUs that vanished, and failed GPU
+  verifications from a GPU's ``verification_failures``-th in a row on (``gpu_verification_failed``, the provider's).
 
 **Seeded history.** ``gpumarket up`` gives its simulated demo hosts a made-up past (state changes
 recorded by ``SEEDED_ACTOR`` before the host enrolled) so that a demo has scores to filter on. Such
@@ -54,7 +55,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
 from master.models import Command as CommandRow
-from master.models import Gpu, GpuEvent, Host, HostEvent, Rental
+from master.models import Gpu, GpuEvent, GpuVerification, Host, HostEvent, Rental
 from master.services.lifecycle.rentals import RentalState
 from master.services.market import faults
 from master.services.market.failures import Owner
@@ -89,6 +90,7 @@ class HostHistory:
     platform_failed_rentals: int = 0
     fault_events: int = 0
     failed_health_checks: int = 0
+    failed_verifications: int = 0  # counted ones: a GPU's ``verification_failures``-th failed challenge in a row or later
 
 
 async def load_histories(
@@ -154,6 +156,16 @@ async def load_histories(
         result = result or {}
         if not faults.check_passed(bool(result.get("ok")), result.get("data") or {}):
             histories[host_id].failed_health_checks += 1
+    verifications = await session.execute(
+        select(GpuVerification.host_id, GpuVerification.result).where(
+            GpuVerification.host_id.in_(ids), GpuVerification.state == "failed",
+            GpuVerification.finished_at >= since, GpuVerification.finished_at <= now,
+        )
+    )  # fmt: skip
+    for host_id, result in verifications.all():
+        # master/services/hosts/verification.py marks a GPU's verdict "counted" from its verification_failures-th failure on.
+        if any(isinstance(verdict, dict) and verdict.get("counted") for verdict in (result or {}).values()):
+            histories[host_id].failed_verifications += 1
     return histories
 
 
@@ -197,7 +209,7 @@ def score_history(
         for _at, to_state, cause, actor in history.events
         if to_state == "faulty" and actor == faults.ACTOR and cause.startswith(faults.VANISHED_CAUSE)
     )
-    fault_count = history.fault_events + history.failed_health_checks + vanished
+    fault_count = history.fault_events + history.failed_health_checks + history.failed_verifications + vanished
     fault_factor = max(FAULT_FACTOR_FLOOR, FAULT_FACTOR**fault_count)
 
     score: float | None = None
@@ -229,6 +241,7 @@ def score_history(
         "faults": {
             "gpu_events": history.fault_events,
             "failed_health_checks": history.failed_health_checks,
+            "failed_verifications": history.failed_verifications,  # provider-caused: gpu_verification_failed
             "vanished_gpus": vanished,
             "count": fault_count,
             "factor": round(fault_factor, 4),
