@@ -171,7 +171,7 @@ export function fleetPage(page, ctx) {
     const body = await api("GET", "/alerts?state=firing&limit=100");
     return table({ caption: `Firing alerts (${body.total})`, columns: ["Severity", "Rule", "Summary", "Host", "Raised", "Seen", "Times"],
       className: "alerts",
-      rows: body.items.map((a) => [badge(a.severity, "severity"), a.rule, a.summary, a.host_id ? h("code", {}, a.host_id) : a.relay_id ?? "—",
+      rows: body.items.map((a) => [badge(a.severity, "severity"), a.rule, a.summary, a.host_id ? h("code", { class: "id" }, a.host_id) : a.relay_id ?? "—",
         timeEl(a.raised_at), timeEl(a.last_seen_at), String(a.occurrences)]),
       empty: "No alerts are firing." });
   });
