@@ -4,8 +4,9 @@ At each size n, on this CPU, in one run:
 
 * host: ``compute.multiply_and_commit`` (build A and B from the seed, C = A·B in fp32, hash C's rows into the
   Merkle tree), the work a challenged GPU does;
-* verifier: ``protocol.choose_reveal`` + ``protocol.verify`` of an honest host's commitment and openings (32 rows'
-  proofs, a 32 × 32 block of C recomputed from the seed), the master's work;
+* verifier: ``protocol.choose_reveal`` + ``protocol.verify`` of an honest host's commitment and openings (one
+  chunk of each of 32 rows with its two-level proof, 16 entries of each chunk recomputed from the seed), the
+  master's work;
 * baseline: numpy's float32 matmul of two n × n matrices alone (what the host's product costs without the
   challenge's generation and hashing).
 
@@ -62,7 +63,7 @@ def one_size(n: int, rounds: int) -> tuple[float, float, float]:
     commitment = {"challenge_id": "bench", "gpus": {uuid: {"root": state.root.hex(), "n": n}}}
     rng = random.Random(1)
     reveals = [protocol.choose_reveal(rng, challenge) for _ in range(rounds + 1)]
-    openings = [{"gpus": {uuid: compute.open_rows(state, r["gpus"][uuid]["rows"])}} for r in reveals]
+    openings = [{"gpus": {uuid: compute.open_chunks(state, r["gpus"][uuid])}} for r in reveals]
     verdicts: list[str] = []
     turn = iter(range(rounds + 1))
 
@@ -81,24 +82,27 @@ def one_size(n: int, rounds: int) -> tuple[float, float, float]:
 
 
 def verifier_at(n: int, rounds: int) -> float:
-    """The verifier's arithmetic at size n without a host: 32 rows of A, 32 columns of B, the block product, and
-    the 32 rows' leaf hashes and proofs (random stand-ins for the rows and the siblings)."""
-    rows = random.Random(2).sample(range(n), protocol.ROWS)
-    columns = random.Random(3).sample(range(n), protocol.COLUMNS)
-    values = np.random.default_rng(4).integers(-200, 200, size=(protocol.ROWS, n), dtype=np.int32)
-    depth = max(1, (n - 1).bit_length())
-    siblings = [hashlib.sha256(bytes([k])).digest() for k in range(depth)]
+    """The verifier's arithmetic at size n without a host: 32 rows of A, 16 columns of B inside each row's opened
+    chunk (512 columns), their entries, and the 32 chunks' leaf hashes and two-level proofs (random stand-ins for
+    the values and the siblings)."""
+    challenge = {"challenge_id": "bench", "gpus": [{"uuid": "GPU-bench", "n": n}]}
+    asked = protocol.choose_reveal(random.Random(2), challenge)["gpus"]["GPU-bench"]
+    width, count = compute.chunk_width(n), compute.chunk_count(n)
+    values = np.random.default_rng(4).integers(-200, 200, size=(protocol.ROWS, width), dtype=np.int32)
+    sibling = hashlib.sha256(b"sibling").digest()
     ctx = compute.context("bench", "GPU-bench")
-
-    encoded = [compute.encode_row(values[k].tobytes()) for k in range(len(rows))]  # the host's part
+    encoded = [compute.encode_values(values[k].tobytes()) for k in range(protocol.ROWS)]  # the host's part
+    proofs = [(compute.encode_proof([sibling] * compute.proof_length(chunk, count)), compute.encode_proof([sibling] * compute.proof_length(row, n)))
+              for row, chunk in zip(asked["rows"], asked["chunks"], strict=True)]  # fmt: skip
 
     def work() -> None:
-        a = compute.element_rows(SEED, "A", rows, n).astype(np.float32)
-        b = compute.element_cols(SEED, "B", columns, n).astype(np.float32)
-        _ = np.einsum("ik,kj->ij", a, b)  # as protocol.verify
-        for k, index in enumerate(rows):
-            leaf = compute.leaf_hash(ctx, index, compute.decode_row(encoded[k], n))
-            compute.verify_proof(leaf, leaf, index, n, siblings)
+        a = compute.element_rows(SEED, "A", asked["rows"], n).astype(np.float32)
+        for k, (row, chunk) in enumerate(zip(asked["rows"], asked["chunks"], strict=True)):  # as protocol.verify
+            b = compute.element_cols(SEED, "B", asked["columns"][k], n).astype(np.float32)
+            _ = np.einsum("k,kj->j", a[k], b)
+            leaf = compute.leaf_hash(ctx, row, chunk, compute.decode_values(encoded[k], width))
+            node = compute.proof_root(leaf, chunk, count, compute.decode_proof(proofs[k][0]))
+            compute.verify_proof(leaf, node or leaf, row, n, compute.decode_proof(proofs[k][1]))
 
     return median_s(work, rounds)
 
@@ -116,7 +120,8 @@ def main() -> int:
         parser.error(f"--rounds must be at least 1 and every size at least {protocol.ROWS}")
 
     print(describe_machine())
-    print(f"s = {protocol.ROWS} rows opened, |J| = {protocol.COLUMNS} columns checked; median of {rounds} runs")
+    print(f"s = {protocol.ROWS} rows opened, one chunk of K = {compute.CHUNK} columns each, t = {protocol.COLUMNS} entries "
+          f"checked per chunk; median of {rounds} runs")
     print(f"{'n':>6} {'host (gen+mul+hash)':>20} {'numpy matmul':>13} {'verifier':>10} {'verifier/host':>14}")
     for n in sizes:
         host, verify, matmul = one_size(n, rounds)

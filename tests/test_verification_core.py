@@ -4,6 +4,7 @@ fail for any other; ``verify`` passes an honest host and names each dishonest on
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from typing import Any
@@ -35,8 +36,7 @@ def host(challenge: dict[str, Any], *, wrong: Any = None) -> dict[str, compute.H
                                             challenge["challenge_id"], uuid=gpu["uuid"])  # fmt: skip
         if wrong is not None:
             wrong(state.rows)
-            ctx = compute.context(challenge["challenge_id"], gpu["uuid"])
-            state.levels = compute.merkle_levels([compute.leaf_hash(ctx, i, state.row_bytes(i)) for i in range(state.n)])
+            state.rehash()
         states[gpu["uuid"]] = state
     return states
 
@@ -46,7 +46,7 @@ def commitment_of(challenge: dict[str, Any], states: dict[str, compute.HostState
 
 
 def openings_of(reveal: dict[str, Any], states: dict[str, compute.HostState]) -> dict[str, Any]:
-    return {"challenge_id": reveal["challenge_id"], "gpus": {u: compute.open_rows(s, reveal["gpus"][u]["rows"]) for u, s in states.items()}}
+    return {"challenge_id": reveal["challenge_id"], "gpus": {u: compute.open_chunks(s, reveal["gpus"][u]) for u, s in states.items()}}
 
 
 def run(challenge: dict[str, Any], states: dict[str, compute.HostState], *, rng_seed: int = 1, after: float = 1.0,
@@ -171,7 +171,7 @@ def test_one_wrong_entry_in_an_opened_row_is_caught() -> None:
     challenge = challenge_for()
     reveal = protocol.choose_reveal(random.Random(7), challenge)
     asked = reveal["gpus"]["GPU-a"]
-    row, column = asked["rows"][3], asked["columns"][5]
+    row, column = asked["rows"][3], asked["columns"][3][5]
 
     def tamper(c: np.ndarray) -> None:
         c[row, column] += 1
@@ -212,7 +212,8 @@ def test_a_bad_proof_or_a_row_not_asked_is_refused(two_gpus: tuple[dict[str, Any
     challenge, states = two_gpus
     reveal = protocol.choose_reveal(random.Random(3), challenge)
     openings = openings_of(reveal, states)
-    openings["gpus"]["GPU-a"][0]["proof"][0] = "00" * 32
+    proof = compute.decode_proof(openings["gpus"]["GPU-a"][0]["row_proof"])
+    openings["gpus"]["GPU-a"][0]["row_proof"] = compute.encode_proof([b"\x00" * 32, *proof[1:]])
     del openings["gpus"]["GPU-b"][-1]
     verdicts = protocol.verify(challenge, commitment_of(challenge, states), reveal, openings, committed_after_s=1.0)
     assert verdicts["GPU-a"].reason is Reason.BAD_PROOF and "does not match its committed root" in verdicts["GPU-a"].message
@@ -236,8 +237,8 @@ def test_a_commitment_from_another_challenge_is_replayed(two_gpus: tuple[dict[st
     assert {v.reason for v in verdicts.values()} == {Reason.BAD_PROOF}
     swapped = {"challenge_id": "ch-1", "gpus": {"GPU-a": stale["gpus"]["GPU-b"], "GPU-b": stale["gpus"]["GPU-a"]}}
     reveal = protocol.choose_reveal(random.Random(4), old)
-    crossed = {"gpus": {"GPU-a": compute.open_rows(states["GPU-b"], reveal["gpus"]["GPU-a"]["rows"]),
-                        "GPU-b": compute.open_rows(states["GPU-a"], reveal["gpus"]["GPU-b"]["rows"])}}  # fmt: skip
+    crossed = {"gpus": {"GPU-a": compute.open_chunks(states["GPU-b"], reveal["gpus"]["GPU-a"]),
+                        "GPU-b": compute.open_chunks(states["GPU-a"], reveal["gpus"]["GPU-b"])}}  # fmt: skip
     verdicts = protocol.verify(old, swapped, reveal, crossed, committed_after_s=1.0)
     assert {v.reason for v in verdicts.values()} == {Reason.BAD_PROOF}
 
@@ -273,7 +274,7 @@ def test_a_row_of_the_wrong_length_is_a_bad_proof() -> None:
     states = host(challenge)
     reveal = protocol.choose_reveal(random.Random(6), challenge)
     openings = openings_of(reveal, states)
-    openings["gpus"]["GPU-a"][0]["values"] = compute.encode_row(b"\x00" * 8)
+    openings["gpus"]["GPU-a"][0]["values"] = compute.encode_values(b"\x00" * 8)
     (verdict,) = protocol.verify(challenge, commitment_of(challenge, states), reveal, openings, committed_after_s=1.0).values()
     assert verdict.reason is Reason.BAD_PROOF and "malformed" in verdict.message
 
@@ -284,3 +285,95 @@ def test_a_root_that_is_not_a_string_is_a_bad_proof() -> None:
     commitment = {"challenge_id": "ch-1", "gpus": {"GPU-a": {"root": ["not", "hex"]}}}
     (verdict,) = protocol.verify(challenge, commitment, reveal, {}, committed_after_s=1.0, seen_roots={"ab"}).values()
     assert verdict.reason is Reason.BAD_PROOF
+
+
+# ---- the chunked openings ------------------------------------------------------------------------------
+
+
+@settings(max_examples=30, deadline=None)
+@given(values=st.lists(st.integers(-compute.MAX_N, compute.MAX_N), min_size=1, max_size=50))
+def test_an_opened_chunk_travels_as_int24_and_comes_back_as_its_int32_bytes(values: list[int]) -> None:
+    raw = np.asarray(values, dtype="<i4").tobytes()
+    text = compute.encode_values(raw)
+    assert compute.decode_values(text, len(values)) == raw and len(text) == 4 * math.ceil(3 * len(values) / 3)
+    with pytest.raises(ValueError, match="values, not"):
+        compute.decode_values(text, len(values) + 1)
+
+
+@settings(max_examples=30, deadline=None)
+@given(count=st.integers(1, 300), data=st.data())
+def test_the_proof_length_is_known_from_the_index_and_the_count(count: int, data: st.DataObject) -> None:
+    levels = compute.merkle_levels([bytes([k % 256]) * 32 for k in range(count)])
+    index = data.draw(st.integers(0, count - 1))
+    assert compute.proof_length(index, count) == len(compute.merkle_proof(levels, index))
+
+
+def test_rows_are_cut_into_chunks_and_an_opening_is_one_chunk_of_each_asked_row(
+        two_gpus: tuple[dict[str, Any], dict[str, compute.HostState]]) -> None:  # fmt: skip
+    challenge, states = two_gpus
+    n = challenge["gpus"][0]["n"]
+    assert n > compute.CHUNK and compute.chunk_count(n) == 2  # two chunks, the last one shorter
+    reveal = protocol.choose_reveal(random.Random(9), challenge)
+    asked = reveal["gpus"]["GPU-a"]
+    assert len(asked["rows"]) == len(asked["chunks"]) == len(asked["columns"]) == protocol.ROWS
+    for chunk, columns in zip(asked["chunks"], asked["columns"], strict=True):
+        assert len(columns) == protocol.COLUMNS and all(chunk * compute.CHUNK <= j < min(n, (chunk + 1) * compute.CHUNK) for j in columns)
+    items = compute.open_chunks(states["GPU-a"], asked)
+    for item in items:
+        width = min(n, (item["chunk"] + 1) * compute.CHUNK) - item["chunk"] * compute.CHUNK
+        values = np.frombuffer(compute.decode_values(item["values"], width), dtype="<i4")
+        assert np.array_equal(values, states["GPU-a"].rows[item["row"], item["chunk"] * compute.CHUNK :][:width])
+    verdicts = protocol.verify(challenge, commitment_of(challenge, states), reveal, openings_of(reveal, states), committed_after_s=1.0)
+    assert verdicts["GPU-a"].reason is Reason.PASSED and f"{protocol.ROWS * protocol.COLUMNS} entries" in verdicts["GPU-a"].message
+
+
+def test_a_chunk_not_asked_or_proved_in_another_place_is_refused(two_gpus: tuple[dict[str, Any], dict[str, compute.HostState]]) -> None:
+    """The other chunk of the row, opened honestly, is not the asked one; another row's chunk with its own chunk
+    proof does not prove as the asked row's (its leaf binds its row); a chunk proof cut short does not prove."""
+    challenge, states = two_gpus
+    reveal = protocol.choose_reveal(random.Random(10), challenge)
+    commitment = commitment_of(challenge, states)
+    asked = reveal["gpus"]["GPU-a"]
+    other = {**asked, "chunks": [1 - k for k in asked["chunks"]]}
+    wrong_chunk = {"gpus": {"GPU-a": compute.open_chunks(states["GPU-a"], other), "GPU-b": compute.open_chunks(states["GPU-b"], reveal["gpus"]["GPU-b"])}}
+    verdicts = protocol.verify(challenge, commitment, reveal, wrong_chunk, committed_after_s=1.0)
+    assert verdicts["GPU-a"].reason is Reason.BAD_PROOF and "not chunk" in verdicts["GPU-a"].message
+    assert verdicts["GPU-b"].reason is Reason.PASSED
+    relabelled = openings_of(reveal, states)
+    item = relabelled["gpus"]["GPU-a"][0]
+    elsewhere = next(i for i in range(challenge["gpus"][0]["n"]) if i not in asked["rows"])
+    honest = compute.open_chunks(states["GPU-a"], {"rows": [elsewhere], "chunks": [item["chunk"]]})[0]
+    item.update(values=honest["values"], chunk_proof=honest["chunk_proof"])  # another row's chunk, its own chunk proof
+    verdicts = protocol.verify(challenge, commitment, reveal, relabelled, committed_after_s=1.0)
+    assert verdicts["GPU-a"].reason is Reason.BAD_PROOF and "does not match its committed root" in verdicts["GPU-a"].message
+    short = openings_of(reveal, states)
+    short["gpus"]["GPU-b"][0]["chunk_proof"] = ""
+    verdicts = protocol.verify(challenge, commitment, reveal, short, committed_after_s=1.0)
+    assert verdicts["GPU-b"].reason is Reason.BAD_PROOF and "does not match its committed root" in verdicts["GPU-b"].message
+
+
+def test_eight_h200s_openings_fit_one_agent_frame_with_room_to_spare() -> None:
+    """At an H200's bf16 size (n = 130 232), the openings of 8 GPUs, built from the format alone (values and
+    sibling hashes of the right lengths, the deepest proofs, the largest indices), travel in one command result
+    frame: under 1 MiB by ≥ 20 %, ≤ 100 KiB per GPU, and the agent protocol's decoder takes the frame."""
+    from datetime import UTC, datetime
+
+    from shared import protocol as agent_protocol
+
+    n = protocol.size_for(143771, "bf16")
+    width, count = compute.chunk_width(n), compute.chunk_count(n)
+    chunk_depth = max(compute.proof_length(k, count) for k in range(count))
+    row_depth = max(compute.proof_length(i, n) for i in range(n - 2048, n))
+    assert (width, count, chunk_depth, row_depth) == (512, 255, 8, 17)
+    item = {"row": n - 1, "chunk": count - 2, "values": compute.encode_values(bytes(4 * width)),
+            "chunk_proof": compute.encode_proof([b"\xff" * 32] * chunk_depth), "row_proof": compute.encode_proof([b"\xff" * 32] * row_depth)}  # fmt: skip
+    uuids = [f"GPU-{k:08x}-1111-2222-3333-444455556666" for k in range(8)]
+    openings = {"challenge_id": "c" * 36, "gpus": {u: [item] * protocol.ROWS for u in uuids}}
+    per_gpu = len(json.dumps([item] * protocol.ROWS, separators=(",", ":")))
+    reply = agent_protocol.ChallengeOpened(challenge_id="c" * 36, openings=openings)
+    frame = agent_protocol.encode(agent_protocol.CommandResult(
+        host_id="h" * 36, seq=2**40, ts=datetime.now(UTC),
+        body=agent_protocol.CommandResultBody(command_id="cmd-" + "0" * 32, ok=True, data=reply.model_dump(mode="json"), finished_at=datetime.now(UTC))))  # fmt: skip
+    assert per_gpu <= 100 * 1024, per_gpu
+    assert len(frame.encode()) <= 0.8 * agent_protocol.DEFAULT_MAX_FRAME, len(frame)
+    assert agent_protocol.decode_agent_frame(frame).type == "command_result"

@@ -85,7 +85,7 @@ class Agent:
     async def open(self) -> None:
         command = await self.open_command("reveal_challenge")
         reveal = command.args["reveal"]
-        openings = {"gpus": {uuid: compute.open_rows(self.states[uuid], asked["rows"]) for uuid, asked in reveal["gpus"].items()}}
+        openings = {"gpus": {uuid: compute.open_chunks(self.states[uuid], asked) for uuid, asked in reveal["gpus"].items()}}
         await self.answer(command, data={"challenge_id": command.args["challenge_id"], "openings": openings})
 
 

@@ -12,9 +12,12 @@ of gpumarket, because the challenge image copies this file beside ``program.py``
 * **Exact product.** With ternary inputs every partial sum of C = A·B is an integer of magnitude ≤ n < 2²⁴, so
   fp32 (and any tensor-core accumulation in fp32) computes C exactly, in any order, in every precision the tier is
   sold in (-1, 0, 1 are exact in fp8, fp16, bf16, tf32). Rows are committed as little-endian int32.
-* **Commitment.** Leaf i = SHA-256(0x00 ‖ ctx ‖ i as 8 bytes LE ‖ row i as int32 LE), where
-  ctx = SHA-256(challenge id ‖ 0x00 ‖ GPU uuid): a root binds the challenge and the GPU, so it never verifies
-  for another. Node = SHA-256(0x01 ‖ left ‖ right); a level's odd last node is promoted unchanged.
+* **Commitment** (two levels). Each row of C is cut into chunks of K = ``chunk_width(n)`` columns (the last one
+  shorter). Chunk leaf (i, k) = SHA-256(0x00 ‖ ctx ‖ i as 8 bytes LE ‖ k as 8 bytes LE ‖ the chunk as int32 LE),
+  where ctx = SHA-256(challenge id ‖ 0x00 ‖ GPU uuid): a root binds the challenge and the GPU, so it never
+  verifies for another. Row i's hash is the Merkle root over its chunk leaves; the GPU's root is the Merkle root
+  over the n row hashes. Node = SHA-256(0x01 ‖ left ‖ right); a level's odd last node is promoted unchanged.
+  Opening one chunk costs K values and two proofs (⌈log₂ ⌈n/K⌉⌉ + ⌈log₂ n⌉ siblings), never a whole row.
 * **Seeds per GPU.** ``gpu_seed(seed, uuid)``: each claimed GPU multiplies its own matrices, so one GPU's product
   never answers for another's.
 """
@@ -24,8 +27,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import time
-import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -37,7 +39,10 @@ MIX2: Final = 0x94D049BB133111EB
 DOMAIN: Final = b"gpumarket-verify/1\x00"
 DTYPE_BYTES: Final = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 """Bytes per element of A and B in each precision the challenge runs in (C is always 4 bytes: fp32)."""
-MAX_N: Final = (1 << 24) - 1  # |C_ij| ≤ n must stay exact in fp32
+MAX_N: Final = (1 << 23) - 1  # |C_ij| ≤ n must stay exact in fp32 (< 2²⁴) and fit an opening's int24 (< 2²³)
+CHUNK: Final = 512
+"""Columns per chunk of a row (the leaf of the commitment): 2 KiB of int32, so hashing a leaf releases the GIL
+(CPython hashes ≥ 2048 bytes without it) and costs little more than hashing whole rows (docs/verification.md)."""
 
 
 class MemoryShort(MemoryError):
@@ -162,8 +167,31 @@ def context(challenge_id: str, uuid: str) -> bytes:
     return hashlib.sha256(challenge_id.encode() + b"\x00" + uuid.encode()).digest()
 
 
-def leaf_hash(ctx: bytes, index: int, row: bytes) -> bytes:
-    return hashlib.sha256(b"\x00" + ctx + index.to_bytes(8, "little") + row).digest()
+def chunk_width(n: int) -> int:
+    """K: the columns per chunk of an n-column row."""
+    return min(CHUNK, n)
+
+
+def chunk_count(n: int) -> int:
+    return -(-n // chunk_width(n))
+
+
+def leaf_hash(ctx: bytes, row: int, chunk: int, values: bytes | memoryview) -> bytes:
+    """Chunk ``chunk`` of row ``row``: ``values`` its int32 LE bytes."""
+    return hashlib.sha256(b"\x00" + ctx + row.to_bytes(8, "little") + chunk.to_bytes(8, "little") + values).digest()
+
+
+def chunk_leaves(ctx: bytes, row: int, values: bytes) -> list[bytes]:
+    """The chunk leaves of one row (``values``: the row as int32 LE)."""
+    n = len(values) // 4
+    width = 4 * chunk_width(n)
+    view = memoryview(values)
+    return [leaf_hash(ctx, row, k, view[start : start + width]) for k, start in enumerate(range(0, len(values), width))]
+
+
+def row_hash(ctx: bytes, row: int, values: bytes) -> bytes:
+    """Row ``row``'s leaf in the top tree: the Merkle root over its chunk leaves."""
+    return merkle_root(chunk_leaves(ctx, row, values))
 
 
 def _node(left: bytes, right: bytes) -> bytes:
@@ -199,21 +227,38 @@ def merkle_proof(levels: Sequence[Sequence[bytes]], index: int) -> list[bytes]:
     return proof
 
 
-def verify_proof(root: bytes, leaf: bytes, index: int, count: int, proof: Sequence[bytes]) -> bool:
-    """Whether ``leaf`` is leaf ``index`` of the ``count``-leaf tree whose root is ``root``."""
+def proof_length(index: int, count: int) -> int:
+    """How many siblings leaf ``index`` of a ``count``-leaf tree has (fewer than ⌈log₂ count⌉ where a node is
+    promoted)."""
+    length, width = 0, count
+    while width > 1:
+        length += (index ^ 1) < width
+        index //= 2
+        width = (width + 1) // 2
+    return length
+
+
+def proof_root(leaf: bytes, index: int, count: int, proof: Sequence[bytes]) -> bytes | None:
+    """The root that ``proof`` leads to from ``leaf`` at ``index`` of a ``count``-leaf tree; None when the proof
+    has not the tree's shape."""
     if not 0 <= index < count:
-        return False
+        return None
     node, width, used = leaf, count, 0
     while width > 1:
         sibling = index ^ 1
         if sibling < width:
             if used >= len(proof):
-                return False
+                return None
             node = _node(proof[used], node) if index % 2 else _node(node, proof[used])
             used += 1
         index //= 2
         width = (width + 1) // 2
-    return used == len(proof) and node == root
+    return node if used == len(proof) else None
+
+
+def verify_proof(root: bytes, leaf: bytes, index: int, count: int, proof: Sequence[bytes]) -> bool:
+    """Whether ``leaf`` is leaf ``index`` of the ``count``-leaf tree whose root is ``root``."""
+    return proof_root(leaf, index, count, proof) == root
 
 
 # ---- the host's side -----------------------------------------------------------------------------
@@ -233,6 +278,11 @@ class HostState:
     @property
     def root(self) -> bytes:
         return self.levels[-1][0]
+
+    def rehash(self) -> None:
+        """Commit again to ``rows`` as they are now (a simulated or tested host that tampered with C)."""
+        ctx = context(self.challenge_id, self.uuid)
+        self.levels = merkle_levels([row_hash(ctx, i, self.row_bytes(i)) for i in range(self.n)])
 
     def row_bytes(self, index: int) -> bytes:
         row: bytes = _int32_rows(self.rows[index : index + 1])[0].tobytes()
@@ -304,31 +354,57 @@ def multiply_and_commit(seed: bytes, n: int, challenge_id: str, *, uuid: str = "
     leaves: list[bytes] = []
     for start in range(0, n, hash_chunk_rows):
         block = _int32_rows(c[start : start + hash_chunk_rows])
-        leaves.extend(leaf_hash(ctx, start + k, block[k].tobytes()) for k in range(block.shape[0]))
+        leaves.extend(row_hash(ctx, start + k, block[k].tobytes()) for k in range(block.shape[0]))
     levels = merkle_levels(leaves)
     seconds["hash"] = time.perf_counter() - hashed
     return HostState(challenge_id, uuid, n, c, levels, seconds)
 
 
-def encode_row(values: bytes) -> str:
-    return base64.b64encode(zlib.compress(values, 1)).decode()
+def encode_values(values: bytes) -> str:
+    """A chunk's int32 LE values as sent: base64 of their low 3 bytes (int24 LE; |C_ij| ≤ n ≤ MAX_N < 2²³), 3/4 of
+    int32 and a fixed size, so the openings' size is known from the format alone."""
+    wide = np.frombuffer(values, dtype="<i4")
+    return base64.b64encode(wide.view(np.uint8).reshape(-1, 4)[:, :3].tobytes()).decode()
 
 
-def decode_row(text: str, n: int, *, limit: int | None = None) -> bytes:
-    """The int32 bytes of an opened row; ``ValueError`` when it is not n values."""
-    raw = zlib.decompressobj()
-    values = raw.decompress(base64.b64decode(text, validate=True), limit or 4 * n + 1)
-    if len(values) != 4 * n or raw.unconsumed_tail:
-        raise ValueError(f"an opened row holds {len(values) // 4} values, not {n}")
-    return values
+def decode_values(text: str, count: int) -> bytes:
+    """The int32 LE bytes of an opened chunk of ``count`` values; ``ValueError`` when it holds another number."""
+    raw = base64.b64decode(text, validate=True)
+    if len(raw) != 3 * count:
+        raise ValueError(f"an opened chunk holds {len(raw) / 3:g} values, not {count}")
+    narrow = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 3)
+    wide = np.empty((count, 4), dtype=np.uint8)
+    wide[:, :3] = narrow
+    wide[:, 3] = np.where(narrow[:, 2] & 0x80, 0xFF, 0)  # sign extension
+    return wide.tobytes()
 
 
-def open_rows(state: HostState, rows: Sequence[int]) -> list[dict[str, Any]]:
-    """Each asked row's values (int32 LE, zlib, base64) and its Merkle proof (hex siblings)."""
+def encode_proof(proof: Sequence[bytes]) -> str:
+    return base64.b64encode(b"".join(proof)).decode()
+
+
+def decode_proof(text: str) -> list[bytes]:
+    raw = base64.b64decode(text, validate=True)
+    if len(raw) % 32:
+        raise ValueError(f"a proof of {len(raw)} bytes is not a list of SHA-256 hashes")
+    return [raw[k : k + 32] for k in range(0, len(raw), 32)]
+
+
+def open_chunks(state: HostState, asked: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The openings of one GPU's reveal (``{"rows": [i…], "chunks": [k…], …}``, one chunk per row): per row the
+    chunk's values (``encode_values``), its proof inside the row (``chunk_proof``) and the row's proof in the
+    top tree (``row_proof``), each a base64 of the concatenated sibling hashes."""
+    rows, chunks = list(asked["rows"]), list(asked["chunks"])
+    if len(rows) != len(chunks):
+        raise ValueError(f"{len(rows)} rows but {len(chunks)} chunks asked")
+    n, width = state.n, 4 * chunk_width(state.n)
+    ctx = context(state.challenge_id, state.uuid)
     out = []
-    for index in rows:
-        if not 0 <= index < state.n:
-            raise ValueError(f"row {index} is not a row of an n = {state.n} product")
-        out.append({"row": int(index), "values": encode_row(state.row_bytes(index)),
-                    "proof": [h.hex() for h in merkle_proof(state.levels, index)]})  # fmt: skip
+    for index, chunk in zip(rows, chunks, strict=True):
+        if not 0 <= index < n or not 0 <= chunk < chunk_count(n):
+            raise ValueError(f"row {index}, chunk {chunk} is not a chunk of an n = {n} product")
+        values = state.row_bytes(index)
+        proof = merkle_proof(merkle_levels(chunk_leaves(ctx, index, values)), chunk)
+        out.append({"row": int(index), "chunk": int(chunk), "values": encode_values(values[chunk * width : (chunk + 1) * width]),
+                    "chunk_proof": encode_proof(proof), "row_proof": encode_proof(merkle_proof(state.levels, index))})  # fmt: skip
     return out

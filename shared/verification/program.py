@@ -13,9 +13,11 @@ Files in WORKDIR, each written whole (a temporary name, then renamed), so a read
    {"root": hex, "n": n} | {"reason": "memory_short" | "workload_failed", "message"}}, "seconds": {uuid:
    {"generate", "multiply", "hash"}}}``. ``seconds`` is the host's own account, never trusted: the master times the
    commitment on its clock.
-4. ``reveal.json`` (the agent, the master's reveal): ``{"challenge_id", "gpus": {uuid: {"rows": [...], ...}}}``,
+4. ``reveal.json`` (the agent, the master's reveal): ``{"challenge_id", "gpus": {uuid: {"rows": [...], "chunks":
+   [...], ...}}}``,
    waited for like ``challenge.json``. Not waited for when no GPU committed a root.
-5. ``openings.json`` (the program): ``{"challenge_id", "gpus": {uuid: [{"row", "values", "proof"}]}}``; exit 0.
+5. ``openings.json`` (the program): ``{"challenge_id", "gpus": {uuid: [{"row", "chunk", "values", "chunk_proof",
+   "row_proof"}]}}`` (``compute.open_chunks``); exit 0.
 
 Exit 2: ``challenge.json`` or ``reveal.json`` unusable (the message on stderr says which); 3: one never came.
 
@@ -110,8 +112,7 @@ def run_gpu(challenge: dict[str, Any], gpu: dict[str, Any], devices: dict[str, A
     if fraction > 0:
         skipped = max(1, round(fraction * n))
         state.rows[n - skipped :] = 0
-        ctx = compute.context(challenge["challenge_id"], uuid)
-        state.levels = compute.merkle_levels([compute.leaf_hash(ctx, i, state.row_bytes(i)) for i in range(n)])
+        state.rehash()
     return uuid, state
 
 
@@ -148,9 +149,9 @@ def main(argv: list[str]) -> int:
         if reveal.get("challenge_id") != challenge["challenge_id"]:
             raise Unusable(f"reveal.json answers challenge {reveal.get('challenge_id')!r}, not {challenge['challenge_id']!r}")
         try:
-            openings = {uuid: compute.open_rows(state, [int(r) for r in reveal["gpus"][uuid]["rows"]]) for uuid, state in states.items()}
+            openings = {uuid: compute.open_chunks(state, reveal["gpus"][uuid]) for uuid, state in states.items()}
         except (KeyError, TypeError, ValueError) as exc:
-            raise Unusable(f"reveal.json does not name rows for every committed GPU: {exc!r}") from exc
+            raise Unusable(f"reveal.json does not name rows and chunks for every committed GPU: {exc!r}") from exc
         write_json(workdir / "openings.json", {"challenge_id": challenge["challenge_id"], "gpus": openings})
         return 0
     except Unusable as exc:

@@ -37,7 +37,9 @@ HASH_BYTES_PER_S: Final = 1e9
 OVERHEAD_S: Final = 30.0
 """Allowance for what is not arithmetic: the command's way to the host and back, the container's start, CUDA's."""
 ROWS: Final = 32
-COLUMNS: Final = 32
+"""s: rows opened per GPU, one chunk of each (docs/verification.md: the openings' size and the detection)."""
+COLUMNS: Final = 16
+"""t: entries recomputed in each opened chunk."""
 SIM_VRAM_DIVISOR: Final = 16384
 """A simulated host's claimed memory is divided by this (an 80 GB card: n ≈ 770), ..."""
 SIM_TFLOPS_DIVISOR: Final = 1e6
@@ -145,14 +147,21 @@ def make_challenge(*, challenge_id: str, seed: bytes, gpus: Sequence[Mapping[str
 
 
 def choose_reveal(rng: random.Random, challenge: Mapping[str, Any], *, rows: int = ROWS, columns: int = COLUMNS) -> dict[str, Any]:
-    """After the commitment: per GPU, ``rows`` distinct rows the host must open and ``columns`` distinct columns
-    whose entries of those rows the master recomputes. ``rng`` must be unpredictable to the host
+    """After the commitment: per GPU, ``rows`` distinct rows, in each one chunk (``chunks``, aligned with
+    ``rows``) the host must open, and in each opened chunk ``columns`` distinct columns (``columns``: a list per
+    row, global column indices) whose entries the master recomputes. ``rng`` must be unpredictable to the host
     (``random.SystemRandom()``; a seeded ``random.Random`` in tests)."""
     chosen = {}
     for gpu in challenge["gpus"]:
         n = gpu["n"]
-        chosen[gpu["uuid"]] = {"rows": sorted(rng.sample(range(n), min(rows, n))),
-                               "columns": sorted(rng.sample(range(n), min(columns, n)))}  # fmt: skip
+        width, count = compute.chunk_width(n), compute.chunk_count(n)
+        opened = sorted(rng.sample(range(n), min(rows, n)))
+        chunks = [rng.randrange(count) for _ in opened]
+        cells = []
+        for k in chunks:
+            inside = range(k * width, min(n, (k + 1) * width))
+            cells.append(sorted(rng.sample(inside, min(columns, len(inside)))))
+        chosen[gpu["uuid"]] = {"rows": opened, "chunks": chunks, "columns": cells}
     return {"challenge_id": challenge["challenge_id"], "gpus": chosen}
 
 
@@ -189,37 +198,46 @@ def verify(challenge: Mapping[str, Any], commitment: Mapping[str, Any], reveal: 
 
 
 def _check(challenge: Mapping[str, Any], gpu: Mapping[str, Any], seed: bytes, entry: Mapping[str, Any],
-           asked: Mapping[str, Any], rows: Any, *, committed_after_s: float) -> Verdict:  # fmt: skip
+           asked: Mapping[str, Any], items: Any, *, committed_after_s: float) -> Verdict:  # fmt: skip
     uuid, n = gpu["uuid"], gpu["n"]
-    if rows is None:
+    if items is None:
         return _failed(Reason.NO_ANSWER, f"no openings came back for GPU {uuid}")
+    width, count = compute.chunk_width(n), compute.chunk_count(n)
     try:
         root = bytes.fromhex(entry["root"])
-        by_row = {int(item["row"]): item for item in rows}
-        if sorted(by_row) != sorted(asked["rows"]) or len(rows) != len(by_row):
+        by_row = {int(item["row"]): item for item in items}
+        if sorted(by_row) != sorted(asked["rows"]) or len(items) != len(by_row):
             return _failed(Reason.BAD_PROOF, f"GPU {uuid} opened rows {sorted(by_row)[:8]}…, not the {len(asked['rows'])} asked")
         ctx = compute.context(challenge["challenge_id"], uuid)
         values = []
-        for index in asked["rows"]:
-            row = compute.decode_row(by_row[index]["values"], n)
-            proof = [bytes.fromhex(h) for h in by_row[index]["proof"]]
-            if not compute.verify_proof(root, compute.leaf_hash(ctx, index, row), index, n, proof):
-                return _failed(Reason.BAD_PROOF, f"GPU {uuid}'s row {index} does not match its committed root")
-            values.append(np.frombuffer(row, dtype="<i4"))
+        for index, chunk in zip(asked["rows"], asked["chunks"], strict=True):
+            item = by_row[index]
+            if int(item["chunk"]) != chunk:
+                return _failed(Reason.BAD_PROOF, f"GPU {uuid} opened chunk {item['chunk']} of row {index}, not chunk {chunk}")
+            start = chunk * width
+            opened = compute.decode_values(item["values"], min(n, start + width) - start)
+            leaf = compute.leaf_hash(ctx, index, chunk, opened)
+            row = compute.proof_root(leaf, chunk, count, compute.decode_proof(item["chunk_proof"]))
+            if row is None or not compute.verify_proof(root, row, index, n, compute.decode_proof(item["row_proof"])):
+                return _failed(Reason.BAD_PROOF, f"GPU {uuid}'s row {index}, chunk {chunk} does not match its committed root")
+            values.append((start, np.frombuffer(opened, dtype="<i4")))
     except (KeyError, TypeError, ValueError) as exc:
         return _failed(Reason.BAD_PROOF, f"GPU {uuid}'s openings are malformed: {exc}")
-    columns = np.asarray(asked["columns"])
     a = compute.element_rows(seed, "A", asked["rows"], n).astype(np.float32)
-    b = compute.element_cols(seed, "B", columns, n).astype(np.float32)
-    # Exact in fp32 (|partial sums| ≤ n < 2²⁴). einsum, not BLAS: a (s × n)·(n × |J|) product with a long inner
-    # dimension ran 10–40× slower through numpy's BLAS here.
-    expected = np.einsum("ik,kj->ij", a, b).astype(np.int64)
-    got = np.stack(values)[:, columns].astype(np.int64)
-    wrong = np.argwhere(expected != got)
-    if len(wrong):
-        k, j = wrong[0]
-        return _failed(Reason.WRONG_RESULT, f"GPU {uuid}: C[{asked['rows'][k]}, {columns[j]}] is {got[k, j]}, not {expected[k, j]} "
-                                            f"({len(wrong)} of {got.size} checked entries wrong)")  # fmt: skip
+    checked = 0
+    for k, (index, (start, chunk_values)) in enumerate(zip(asked["rows"], values, strict=True)):
+        columns = np.asarray(asked["columns"][k], dtype=np.int64)
+        b = compute.element_cols(seed, "B", columns, n).astype(np.float32)
+        # Exact in fp32 (|partial sums| ≤ n < 2²⁴). einsum, not BLAS: a product with a long inner dimension ran
+        # 10–40× slower through numpy's BLAS here.
+        expected = np.einsum("k,kj->j", a[k], b).astype(np.int64)
+        got = chunk_values[columns - start].astype(np.int64)
+        wrong = np.flatnonzero(expected != got)
+        if len(wrong):
+            j = wrong[0]
+            return _failed(Reason.WRONG_RESULT, f"GPU {uuid}: C[{index}, {columns[j]}] is {got[j]}, not {expected[j]} "
+                                                f"({len(wrong)} of the row's {got.size} checked entries wrong)")  # fmt: skip
+        checked += got.size
     tflops = 2 * n**3 / max(committed_after_s, 1e-9) / 1e12 * challenge["scale"]["tflops"]
     vram_mib = round(compute.bytes_needed(n, challenge["dtype"]) / 2**20 * challenge["scale"]["vram"])
-    return Verdict("passed", Reason.PASSED, f"{len(asked['rows'])} rows and {got.size} entries checked", tflops, vram_mib)
+    return Verdict("passed", Reason.PASSED, f"{len(asked['rows'])} chunks and {checked} entries checked", tflops, vram_mib)
