@@ -53,6 +53,13 @@ def logs(container: str) -> str:
     return body.decode(errors="replace")[-2000:]
 
 
+def write_whole(path: Path, document: Any) -> None:
+    """As the agent writes: a temporary name, then renamed, so the program never reads half a file."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(json.dumps(document))
+    temporary.replace(path)
+
+
 def run_challenge(image: str, workdir: Path, challenge: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], int]:
     """The program in a container as a rental runs it (a non-root user), ``workdir`` as its /workspace: the
     commitment, the reveal, the openings (empty when it committed no root) and its exit code."""
@@ -64,12 +71,12 @@ def run_challenge(image: str, workdir: Path, challenge: dict[str, Any]) -> tuple
         container: str = engine("POST", f"/containers/create?name={quote(owner)}", spec)["Id"]
         engine("POST", f"/containers/{container}/start")
         assert wait_for(workdir / "ready.json", container) == {"backend": "numpy", "devices": 0}
-        (workdir / "challenge.json").write_text(json.dumps(challenge))
+        write_whole(workdir / "challenge.json", challenge)
         commitment = wait_for(workdir / "commitment.json", container)
         reveal = protocol.choose_reveal(random.Random(11), challenge)
         openings: dict[str, Any] = {}
         if any("root" in entry for entry in commitment["gpus"].values()):
-            (workdir / "reveal.json").write_text(json.dumps(reveal))
+            write_whole(workdir / "reveal.json", reveal)
             openings = wait_for(workdir / "openings.json", container)
         code = engine("POST", f"/containers/{container}/wait")["StatusCode"]
         return commitment, reveal, openings, code
