@@ -1,5 +1,5 @@
-"""The challenge's rules, Sans-I/O: its size and deadline from the claimed GPU, what the host is sent, which rows and
-columns the master opens once the host has committed, and the verdict per GPU (docs/verification.md).
+"""The challenge's rules, Sans-I/O: its size and deadline from the claimed GPU, what the host is sent, which rows,
+chunks and columns the master opens once the host has committed, and the verdict per GPU (docs/verification.md).
 
 Imports stdlib, numpy and ``shared.verification.compute``; reads the model table ``master/data/gpu_models.toml``
 (data, not code) for the datasheet rates ``expected_tflops`` scales.
@@ -54,7 +54,7 @@ class Reason(enum.StrEnum):
 
     PASSED = "passed"
     WRONG_RESULT = "wrong_result"  # an opened entry is not A_i · B_:j
-    BAD_PROOF = "bad_proof"  # an opened row is not the committed one (proof, length, a row not asked or missing)
+    BAD_PROOF = "bad_proof"  # an opened chunk is not the committed one (proofs, length, a row or chunk not asked or missing)
     TOO_SLOW = "too_slow"  # the commitment came after the deadline
     MEMORY_SHORT = "memory_short"  # the host could not hold the claimed size
     REPLAYED_COMMITMENT = "replayed_commitment"  # a commitment of another challenge
