@@ -147,8 +147,8 @@ function offersTable(body, state, onSort, onRent) {
       rent.addEventListener("click", () => onRent(offer));
     }
     return h("tr", { dataset: { offerId: offer.id } },
-      h("td", {}, h("span", { class: "model" }, offer.gpu_name), h("span", { class: "offer-isolation" }, isolationBadge(offer.isolation),
-        offer.verified ? " " : null, verifiedBadge(offer)),
+      h("td", {}, h("span", { class: "model" }, offer.gpu_name), h("span", { class: "offer-isolation" }, isolationBadge(offer.isolation)),
+        offer.verified ? h("span", { class: "offer-verified" }, " ", verifiedBadge(offer)) : null,
         offer.listed ? null : h("span", { class: "hint block" }, "default price")),
       h("td", { class: "num" }, String(offer.num_gpus), offer.mig && offer.mig.length
         // Short: the per-profile list (in its title and the Rent dialog) widened the column past a laptop's viewport.
