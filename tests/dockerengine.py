@@ -50,7 +50,7 @@ from gpumarket.images import (
 
 __all__ = [
     "OPENAI_IMAGE", "OPENAI_SERVER_PATH", "SOCKET", "TORCH_IMAGE", "PackageImage", "_PackageRootfs", "busybox_image",
-    "ensure_engine", "image_exists", "openai_image", "package_image", "ping", "remove_owned", "request", "torch_image",
+    "engine_json", "ensure_engine", "image_exists", "openai_image", "package_image", "ping", "remove_owned", "request", "torch_image",
 ]
 IMAGE_REPO: Final = "gpumarket-test/busybox"
 APPLETS: Final = (
@@ -161,6 +161,14 @@ def torch_image() -> str:
 def openai_image() -> str:
     """``gpumarket-test/openai-cpu:<hash>`` (``OPENAI_IMAGE``), built unless the engine has it; see ``package_image``."""
     return package_image(OPENAI_IMAGE)
+
+
+def engine_json(method: str, path: str, document: dict[str, Any] | None = None) -> Any:
+    """One Engine API call that must succeed (200, 201 or 204), its JSON answer (None when empty)."""
+    body = None if document is None else json.dumps(document).encode()
+    status, answer = request(method, path, body=body, headers={"Content-Type": "application/json"})
+    assert status in (200, 201, 204), f"{method} {path}: {status} {answer[-300:]!r}"
+    return json.loads(answer) if answer else None
 
 
 def remove_owned(owner: str) -> list[str]:

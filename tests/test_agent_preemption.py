@@ -7,7 +7,6 @@ fails, this machine being offline), holds with none. The master's side: ``tests/
 
 from __future__ import annotations
 
-import contextlib
 import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,29 +15,18 @@ from typing import Any
 import pytest
 
 from agent.commands import CommandExecutor
-from agent.gpu.sim import SimulatedBackend
 from agent.logship import LogShipper
-from agent.runtimes.containeropts import ContainerOptions
 from agent.runtimes.manager import WorkloadManager
 from shared import protocol
 from shared.errors import ProtocolError
 from shared.protocol import ContainerWorkload, HoldWorkload
-from tests import dockerengine
+from tests.workloadfixtures import container_manager
 
 
 @pytest.fixture
 async def manager(tmp_path: Path, docker_image: str) -> AsyncIterator[WorkloadManager]:
-    owner = f"test-{secrets.token_hex(4)}"
-    made = WorkloadManager(
-        tmp_path / "work", SimulatedBackend("sim:2xRTX4090", seed="p"), container=ContainerOptions(owner=owner),
-        stop_timeout=2.0, kill_timeout=5.0, check_interval=0.05,
-    )  # fmt: skip
-    try:
+    async with container_manager(tmp_path / "work", seed="p") as made:
         yield made
-    finally:
-        with contextlib.suppress(Exception):
-            await made.close(stop_workloads=True)
-        dockerengine.remove_owned(owner)
 
 
 def executor(tmp_path: Path, manager: WorkloadManager) -> CommandExecutor:

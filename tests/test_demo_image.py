@@ -11,7 +11,6 @@ demo has.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import secrets
@@ -51,11 +50,7 @@ def demo_image(docker_image: str) -> str:
         pytest.fail(str(exc))
 
 
-def engine(method: str, path: str, document: dict[str, Any] | None = None) -> Any:
-    body = None if document is None else json.dumps(document).encode()
-    status, answer = dockerengine.request(method, path, body=body, headers={"Content-Type": "application/json"})
-    assert status in (200, 201, 204), f"{method} {path}: {status} {answer[-300:]!r}"
-    return json.loads(answer) if answer else None
+engine = dockerengine.engine_json
 
 
 def run_in(image: str, owner: str, command: list[str] | None = None, *, user: str = "65534") -> str:

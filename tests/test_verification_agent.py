@@ -10,7 +10,6 @@ The master's side of the flow: tests/test_verification_flow.py.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import random
 import secrets
@@ -22,9 +21,8 @@ from urllib.parse import quote
 import pytest
 
 from agent.commands import CommandExecutor
-from agent.gpu.sim import SimulatedBackend
 from agent.logship import LogShipper
-from agent.runtimes.containeropts import ContainerOptions, resource_name
+from agent.runtimes.containeropts import resource_name
 from agent.runtimes.manager import WorkloadManager
 from agent.verification import ChallengeRunner, is_challenge, workload_id
 from gpumarket import images
@@ -32,6 +30,7 @@ from shared import protocol
 from shared.ids import new_id
 from shared.verification import protocol as challenge_protocol
 from tests import dockerengine
+from tests.workloadfixtures import container_manager
 
 
 @pytest.fixture(scope="module")
@@ -44,17 +43,8 @@ def challenge_image(docker_image: str) -> str:
 
 @pytest.fixture
 async def manager(tmp_path: Path, challenge_image: str) -> AsyncIterator[WorkloadManager]:
-    owner = f"test-{secrets.token_hex(4)}"
-    made = WorkloadManager(
-        tmp_path / "work", SimulatedBackend("sim:2xRTX4090", seed="v"), container=ContainerOptions(owner=owner),
-        stop_timeout=2.0, kill_timeout=5.0, check_interval=0.05,
-    )  # fmt: skip
-    try:
+    async with container_manager(tmp_path / "work", seed="v") as made:
         yield made
-    finally:
-        with contextlib.suppress(Exception):
-            await made.close(stop_workloads=True)
-        dockerengine.remove_owned(owner)
 
 
 @pytest.fixture

@@ -30,11 +30,7 @@ def challenge_image(docker_image: str) -> str:
         pytest.fail(str(exc))
 
 
-def engine(method: str, path: str, document: dict[str, Any] | None = None) -> Any:
-    body = None if document is None else json.dumps(document).encode()
-    status, answer = dockerengine.request(method, path, body=body, headers={"Content-Type": "application/json"})
-    assert status in (200, 201, 204), f"{method} {path}: {status} {answer[-300:]!r}"
-    return json.loads(answer) if answer else None
+engine = dockerengine.engine_json
 
 
 def wait_for(path: Path, container: str, *, timeout: float = 120.0) -> Any:

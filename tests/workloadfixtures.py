@@ -10,12 +10,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
 from agent.gpu.sim import SimulatedBackend
 from agent.runtimes.cgroups import CgroupLimiter, cgroup_limiter, detect_cgroup_support
+from agent.runtimes.containeropts import ContainerOptions
+from agent.runtimes.manager import WorkloadManager
+from tests import dockerengine
 
 
 class Exits:
@@ -40,6 +44,23 @@ class Exits:
                 self._changed.clear()
                 await self._changed.wait()
         return self.of(rental_id)[0]
+
+
+@contextlib.asynccontextmanager
+async def container_manager(work: Path, *, seed: str) -> AsyncIterator[WorkloadManager]:
+    """A workload manager of a simulated 2 × RTX 4090 host running containers under an owner of its own, with short
+    stop and kill timeouts; at the end it is closed and everything its owner made in the engine removed."""
+    owner = f"test-{secrets.token_hex(4)}"
+    made = WorkloadManager(
+        work, SimulatedBackend("sim:2xRTX4090", seed=seed), container=ContainerOptions(owner=owner),
+        stop_timeout=2.0, kill_timeout=5.0, check_interval=0.05,
+    )  # fmt: skip
+    try:
+        yield made
+    finally:
+        with contextlib.suppress(Exception):
+            await made.close(stop_workloads=True)
+        dockerengine.remove_owned(owner)
 
 
 @pytest.fixture
