@@ -320,6 +320,7 @@ export function servicePage(page, ctx) {
         confirmation.confirming = false;
         renderActions(service);
         tokenSlot.querySelector("button").focus();
+        refresh(); // the events say "token replaced" now, not at the next poll
       },
     });
     const remove = stopWithConfirmation(ctx, {
