@@ -10,6 +10,7 @@ host's loopback (``tests/browserns.py``), where the other tests' containers and 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -33,6 +34,7 @@ from playwright.async_api import (
     ConsoleMessage,
     Locator,
     Page,
+    Route,
     expect,
 )
 
@@ -389,6 +391,29 @@ class TestRenter:
         await expect(dialog.get_by_label("Bid, USD per GPU-hour")).to_be_focused()
         await console.shot("rent-refused")
         assert (await console.api("renter", "/rentals"))["total"] == before
+        assert console.problems == []
+
+    async def test_review_before_the_templates_arrive_waits_for_them(self, browser: Browser, market: Market) -> None:
+        """Review price pressed while the templates are still loading waits for them and confirms the default template,
+        rather than saying none was chosen (seen once on a loaded CI machine, fresh run 38)."""
+        console = await _console(browser, market)
+        page = console.page
+        await console.sign_in("renter")
+        release = asyncio.Event()
+
+        async def held(route: Route) -> None:
+            await release.wait()
+            await route.continue_()
+
+        await page.route("**/api/v1/templates", held)
+        await _rent_button(page, await _container_offer(console)).click()
+        dialog = page.get_by_role("dialog")
+        await expect(dialog.get_by_text("Loading templates…")).to_be_visible()
+        await dialog.get_by_role("button", name="Review price").click()
+        await expect(dialog.get_by_text("Choose a template, or a custom image.")).to_have_count(0)
+        release.set()
+        await expect(dialog.get_by_role("button", name="Confirm and rent")).to_be_visible(timeout=WAIT_MS)
+        await expect(dialog.locator("#confirm-runs")).to_contain_text("Runs template base")
         assert console.problems == []
 
     async def test_renting_with_the_default_template_runs_base(self, browser: Browser, market: Market) -> None:

@@ -140,6 +140,7 @@ function clusterDialog(ctx) {
 
     form.addEventListener("submit", async (event) => {
       event.preventDefault();
+      await run.ready;
       errors.clear();
       run.clear();
       let request;

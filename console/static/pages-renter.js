@@ -290,8 +290,9 @@ function rentDialog(ctx) {
       return { request, perHour: multiply(rate, units, thousandths), rate, units, thousandths };
     };
 
-    form.addEventListener("submit", (event) => {
+    form.addEventListener("submit", async (event) => {
       event.preventDefault();
+      await run.ready;
       errors.clear();
       run.clear();
       let chosen;

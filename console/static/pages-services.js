@@ -185,6 +185,7 @@ function serviceDialog(ctx, onMade) {
 
     form.addEventListener("submit", async (event) => {
       event.preventDefault();
+      await run.ready;
       errors.clear();
       run.clear();
       for (const f of [name, port, health, gpus, low, high, target]) f.clear();

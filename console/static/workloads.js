@@ -223,8 +223,9 @@ export async function loadTemplates() {
 const fail = (message, target) => Object.assign(new Error(message), { target });
 
 /**
- * The "What to run" fieldset for an offer. Returns {el, read, clear, showApiError, describe, templateOf}:
- * read() → {template} | {workload}, throwing an Error whose .target shows it next to the field.
+ * The "What to run" fieldset for an offer. Returns {el, ready, read, clear, showApiError, describe, templateOf}:
+ * read() → {template} | {workload}, throwing an Error whose .target shows it next to the field; await `ready` (the
+ * templates loaded or failed) before read().
  * `containersOnly` offers a template or an image alone (a service's replicas), `preferred` the template chosen first.
  */
 export function workloadChooser(offer, { containersOnly = false, preferred: preferredName = "base" } = {}) {
@@ -246,7 +247,9 @@ export function workloadChooser(offer, { containersOnly = false, preferred: pref
   const templateError = h("p", { class: "field-error", id: uid("error"), hidden: true });
   const templateBox = h("div", { class: "run-part", "data-part": "template" }, cards, templateError);
   let templates = [];
-  loadTemplates().then((list) => {
+  // Settles once the templates are shown (or could not be): a Review pressed before then waits for it, so the default
+  // template is chosen rather than refused as "no template chosen" (seen on a loaded machine).
+  const ready = loadTemplates().then((list) => {
     templates = list;
     if (list.length === 0) {
       replace(cards, h("p", { class: "hint" }, "No templates yet: choose a custom image."));
@@ -408,6 +411,6 @@ export function workloadChooser(offer, { containersOnly = false, preferred: pref
     return false;
   }
 
-  return { el, read, clear, showAt, showApiError, describe: (chosen) => describeRun(chosen, templates),
+  return { el, ready, read, clear, showAt, showApiError, describe: (chosen) => describeRun(chosen, templates),
     templateOf: (name) => templates.find((t) => t.name === name) || null };
 }
