@@ -147,6 +147,9 @@ class CommandExecutor:
                 return await self._challenges().reveal(command)
             case protocol.CancelChallenge():
                 return await self._challenges().cancel(command.challenge_id, command.reason or "cancelled by the master")
+            case protocol.CreateVolume() | protocol.DeleteVolume():
+                # docs/volumes.md: agent/volumes.py's VolumeStore is wired in by the volumes work (issue 41).
+                raise ConfigError("this agent keeps no volumes yet", code="volume_unsupported")
 
     def _challenges(self) -> ChallengeRunner:
         if self.challenges is None:

@@ -44,6 +44,7 @@ from master.models.market import HostListing, OfferSummary, Template
 from master.models.platform import Lease
 from master.models.rentals import GpuAllocation, Rental, RentalEvent, RentalLogChunk, TunnelUsage
 from master.models.telemetry import GpuEvent, TelemetryRollup, TelemetrySample
+from master.models.volumes import Volume, VolumeAttachment, VolumeEvent
 
 __all__ = [
     "Account", "Alert", "AlertNotification", "ApiKey", "AuditEvent", "Base", "Cluster", "ClusterEvent", "Command",
@@ -51,5 +52,5 @@ __all__ = [
     "HostLink", "HostListing", "HostPowerPolicy", "Lease", "LedgerAccount", "LedgerEntry", "LedgerTransaction",
     "NetworkMeasurement", "OfferSummary", "Passkey", "PasskeyChallenge", "Payout", "PowerSaving", "RegistryCredential", "Rental", "RentalEvent", "RentalLogChunk",
     "Service", "ServiceEvent", "ServiceStat", "SshKey", "TeamInvitation", "TeamMember", "TelemetryRollup", "TelemetrySample", "Template",
-    "TunnelUsage", "UTCDateTime", "version_key",
+    "TunnelUsage", "UTCDateTime", "Volume", "VolumeAttachment", "VolumeEvent", "version_key",
 ]

@@ -39,6 +39,10 @@ class HostListing(Base):
     available_until: Mapped[datetime | None] = mapped_column(default=None)
     maintenance_windows: Mapped[list[Any]] = mapped_column(default=list)
     verified: Mapped[bool] = mapped_column(default=False)  # set by an admin, never by the provider
+    # Volumes (docs/volumes.md): USD per GiB-hour of a volume's size, and how much of its disk the host lends to them
+    # (0: none). Both set by the provider.
+    storage_price_per_gib_hour: Mapped[Decimal | None] = mapped_column(Numeric(12, 6), default=None)
+    volume_gib: Mapped[int] = mapped_column(default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(default=_now)
     updated_at: Mapped[datetime] = mapped_column(default=_now)
 

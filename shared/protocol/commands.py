@@ -28,6 +28,7 @@ from pydantic import (
 from shared.errors import ProtocolError
 from shared.imageref import IMAGE_HINT, MAX_REFERENCE_CHARS, parse_image_reference
 from shared.protocol.base import CommandId, StrictModel, Timestamp
+from shared.protocol.volumes import MAX_VOLUMES_PER_RENTAL, CreateVolume, DeleteVolume, VolumeMount
 
 RENTAL_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # a folder, a cgroup, a unit and a container name
 MILLI_PER_GPU = 1000  # a share's compute is counted in thousandths of one GPU
@@ -351,6 +352,17 @@ class StartWorkload(StrictModel):
     # anonymous. Only a sealed token is accepted here, never a login in the clear.
     sealed_registry_auth: SealedRegistryAuth | None = Field(None, repr=False)
     preempts: list[Preemption] | None = Field(None, max_length=MAX_PREEMPTIONS)
+    # The renter's volumes its container mounts (docs/volumes.md); none: an agent older than volumes refuses nothing.
+    volumes: list[VolumeMount] | None = Field(None, max_length=MAX_VOLUMES_PER_RENTAL)
+
+    @model_validator(mode="after")
+    def _volumes_need_a_container(self) -> StartWorkload:
+        if self.volumes and not isinstance(self.workload, ContainerWorkload):
+            raise ValueError("volumes are mounted into a container workload only")
+        mounts = [v.mount for v in self.volumes or ()]
+        if len(set(mounts)) != len(mounts) or len({v.volume_id for v in self.volumes or ()}) != len(mounts):
+            raise ValueError("each volume is mounted once, each at a mount point of its own")
+        return self
 
     @model_validator(mode="after")
     def _share_env_is_the_agents(self) -> StartWorkload:
@@ -597,12 +609,12 @@ class CancelChallenge(StrictModel):
 
 AnyCommand = (
     StartWorkload | StopWorkload | UpdateAccess | MeasureNetwork | InstallCertificate | HealthCheck | CreateCluster | DeleteCluster
-    | SetPowerPolicy | StartChallenge | RevealChallenge | CancelChallenge
+    | SetPowerPolicy | StartChallenge | RevealChallenge | CancelChallenge | CreateVolume | DeleteVolume
 )
 AgentCommand = Annotated[AnyCommand, Field(discriminator="kind")]
 COMMAND_KINDS = (
     "start_workload", "stop_workload", "measure_network", "install_certificate", "health_check", "create_cluster", "delete_cluster",
-    "set_power_policy", "update_access", "start_challenge", "reveal_challenge", "cancel_challenge",
+    "set_power_policy", "update_access", "start_challenge", "reveal_challenge", "cancel_challenge", "create_volume", "delete_volume",
 )
 
 

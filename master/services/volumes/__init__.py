@@ -1,0 +1,8 @@
+"""Volumes (docs/volumes.md; REST ``/api/v1/volumes``): a renter's disk on one host that outlives its rentals,
+which rentals mount it, what it costs to keep, and how its files move.
+
+Below ``rentals`` (placement asks it where a rental with volumes may go, and records the attachments), above
+``market`` (hosts' storage terms) and ``accounts``; never imports rentals, clusters or endpoints.
+"""
+
+__all__: list[str] = []
