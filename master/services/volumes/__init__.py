@@ -3,6 +3,10 @@ which rentals mount it, what it costs to keep, and how its files move.
 
 Below ``rentals`` (placement asks it where a rental with volumes may go, and records the attachments), above
 ``market`` (hosts' storage terms) and ``accounts``; never imports rentals, clusters or endpoints.
+
+* ``lifecycle.py``: the states and their table (``transition``), deletion asked (``request_deletion``).
 """
 
-__all__: list[str] = []
+from master.services.volumes.lifecycle import LIVE, VolumeState, request_deletion, transition
+
+__all__ = ["LIVE", "VolumeState", "request_deletion", "transition"]
