@@ -38,8 +38,12 @@ OVERHEAD_S: Final = 30.0
 """Allowance for what is not arithmetic: the command's way to the host and back, the container's start, CUDA's."""
 ROWS: Final = 32
 """s: rows opened per GPU, one chunk of each (docs/verification.md: the openings' size and the detection)."""
-COLUMNS: Final = 16
-"""t: entries recomputed in each opened chunk."""
+GROUPS: Final = 8
+"""g: the opened rows fall into this many groups (of s/g = 4 rows); a group's rows open the same chunk, distinct
+chunks for distinct groups, so the columns the master checks in it are shared by its rows (its cost: the
+distinct columns of B it builds, g·t of them, not s·t)."""
+COLUMNS: Final = 8
+"""t: entries recomputed in each opened chunk, the same columns for every row of the chunk's group."""
 SIM_VRAM_DIVISOR: Final = 16384
 """A simulated host's claimed memory is divided by this (an 80 GB card: n ≈ 770), ..."""
 SIM_TFLOPS_DIVISOR: Final = 1e6
@@ -146,23 +150,48 @@ def make_challenge(*, challenge_id: str, seed: bytes, gpus: Sequence[Mapping[str
             "scale": {"vram": vram_scale, "tflops": tflops_scale}}  # fmt: skip
 
 
-def choose_reveal(rng: random.Random, challenge: Mapping[str, Any], *, rows: int = ROWS, columns: int = COLUMNS) -> dict[str, Any]:
-    """After the commitment: per GPU, ``rows`` distinct rows, in each one chunk (``chunks``, aligned with
-    ``rows``) the host must open, and in each opened chunk ``columns`` distinct columns (``columns``: a list per
-    row, global column indices) whose entries the master recomputes. ``rng`` must be unpredictable to the host
+def choose_reveal(rng: random.Random, challenge: Mapping[str, Any], *, rows: int = ROWS, groups: int = GROUPS,
+                  columns: int = COLUMNS) -> dict[str, Any]:  # fmt: skip
+    """After the commitment: per GPU, ``rows`` distinct rows (``rows``, ascending), in each one chunk the host
+    must open (``chunks``, aligned with ``rows``) and in each opened chunk ``columns`` distinct columns
+    (``columns``: a list per row, global column indices) whose entries the master recomputes. The rows fall at
+    random into ``groups`` groups; a group's rows open one chunk (distinct groups distinct chunks where the row
+    has as many) and are checked at the same columns. ``rng`` must be unpredictable to the host
     (``random.SystemRandom()``; a seeded ``random.Random`` in tests)."""
     chosen = {}
     for gpu in challenge["gpus"]:
         n = gpu["n"]
         width, count = compute.chunk_width(n), compute.chunk_count(n)
-        opened = sorted(rng.sample(range(n), min(rows, n)))
-        chunks = [rng.randrange(count) for _ in opened]
-        cells = []
-        for k in chunks:
+        opened = rng.sample(range(n), min(rows, n))  # in random order: the k-th row joins group k mod g
+        shared = max(1, min(groups, len(opened)))
+        group_chunks = rng.sample(range(count), shared) if count >= shared else [rng.randrange(count) for _ in range(shared)]
+        group_cells = []
+        for k in group_chunks:
             inside = range(k * width, min(n, (k + 1) * width))
-            cells.append(sorted(rng.sample(inside, min(columns, len(inside)))))
-        chosen[gpu["uuid"]] = {"rows": opened, "chunks": chunks, "columns": cells}
+            group_cells.append(sorted(rng.sample(inside, min(columns, len(inside)))))
+        asked = sorted((row, m % shared) for m, row in enumerate(opened))
+        chosen[gpu["uuid"]] = {"rows": [row for row, _ in asked], "chunks": [group_chunks[g] for _, g in asked],
+                               "columns": [list(group_cells[g]) for _, g in asked]}  # fmt: skip
     return {"challenge_id": challenge["challenge_id"], "gpus": chosen}
+
+
+def checked_entries(seed: bytes, n: int, rows: Sequence[int], columns: Sequence[Sequence[int]]) -> list[np.ndarray]:
+    """``A[rows[k], :] · B[:, columns[k]]`` for each k (int64), from a GPU's seed: the rows of A and each distinct
+    column of B built once (``compute.element_rows``/``element_cols``), so rows checked at the same columns (a
+    reveal's group) share the columns' cost. Exact: fp32 sums of n ternary products (|·| ≤ n < 2²⁴)."""
+    distinct = sorted({int(j) for cells in columns for j in cells})
+    where = {j: k for k, j in enumerate(distinct)}
+    a = compute.element_rows(seed, "A", rows, n)
+    b = compute.element_cols(seed, "B", distinct, n).T  # one contiguous row per distinct column
+    by_columns: dict[tuple[int, ...], list[int]] = {}
+    for k, cells in enumerate(columns):
+        by_columns.setdefault(tuple(int(j) for j in cells), []).append(k)
+    out: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * len(rows)
+    for cells, members in by_columns.items():
+        block = a[members].astype(np.float32) @ b[[where[j] for j in cells]].astype(np.float32).T
+        for m, k in enumerate(members):
+            out[k] = block[m].astype(np.int64)
+    return out
 
 
 def verify(challenge: Mapping[str, Any], commitment: Mapping[str, Any], reveal: Mapping[str, Any],
@@ -223,14 +252,11 @@ def _check(challenge: Mapping[str, Any], gpu: Mapping[str, Any], seed: bytes, en
             values.append((start, np.frombuffer(opened, dtype="<i4")))
     except (KeyError, TypeError, ValueError) as exc:
         return _failed(Reason.BAD_PROOF, f"GPU {uuid}'s openings are malformed: {exc}")
-    a = compute.element_rows(seed, "A", asked["rows"], n).astype(np.float32)
     checked = 0
+    expected_rows = checked_entries(seed, n, asked["rows"], asked["columns"])
     for k, (index, (start, chunk_values)) in enumerate(zip(asked["rows"], values, strict=True)):
         columns = np.asarray(asked["columns"][k], dtype=np.int64)
-        b = compute.element_cols(seed, "B", columns, n).astype(np.float32)
-        # Exact in fp32 (|partial sums| ≤ n < 2²⁴). einsum, not BLAS: a product with a long inner dimension ran
-        # 10–40× slower through numpy's BLAS here.
-        expected = np.einsum("k,kj->j", a[k], b).astype(np.int64)
+        expected = expected_rows[k]
         got = chunk_values[columns - start].astype(np.int64)
         wrong = np.flatnonzero(expected != got)
         if len(wrong):
