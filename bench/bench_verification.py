@@ -31,7 +31,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from shared.verification import compute, protocol
+from master.services.hosts import challenge as protocol
+from shared.verification import compute
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import describe_machine, record

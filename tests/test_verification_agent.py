@@ -26,9 +26,9 @@ from agent.runtimes.containeropts import resource_name
 from agent.runtimes.manager import WorkloadManager
 from agent.verification import ChallengeRunner, is_challenge, workload_id
 from gpumarket import images
+from master.services.hosts import challenge as challenge_protocol
 from shared import protocol
 from shared.ids import new_id
-from shared.verification import protocol as challenge_protocol
 from tests import dockerengine
 from tests.workloadfixtures import container_manager
 

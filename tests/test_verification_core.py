@@ -15,8 +15,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.verification import compute, protocol
-from shared.verification.protocol import Reason
+from master.services.hosts import challenge as protocol
+from master.services.hosts.challenge import Reason
+from shared.verification import compute
 
 SEED = bytes(range(32))
 

@@ -1,33 +1,30 @@
-"""The challenge's rules, Sans-I/O: its size and deadline from the claimed GPU, what the host is sent, which rows,
-chunks and columns the master opens once the host has committed, and the verdict per GPU (docs/verification.md).
+"""The GPU challenge's rules, the master's half, Sans-I/O: its size and deadline from the claimed GPU, what the host
+is sent, which rows, chunks and columns the master opens once the host has committed, and the verdict per GPU
+(docs/verification.md). The host's half (the arithmetic, the Merkle tree, the in-container program) is
+``shared.verification``, which this builds on and which never imports this.
 
-Imports stdlib, numpy and ``shared.verification.compute``; reads the model table ``master/data/gpu_models.toml``
-(data, not code) for the datasheet rates ``expected_tflops`` scales.
+Imports stdlib, numpy, ``shared.verification.compute`` and ``master.services.market`` (the model table's sustained
+rates, ``sustained_tflops``); no database, no network.
 """
 
 from __future__ import annotations
 
 import enum
-import functools
 import math
 import random
-import tomllib
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
 
+from master.services.market import sustained_tflops
 from shared.verification import compute
 
 VERSION: Final = 1
 FILL: Final = 0.90
 """A, B and C fill at least this share of the claimed GPU's memory."""
 SIZE_STEP: Final = 8
-SUSTAINED: Final = {"bf16": 0.6, "fp16": 0.6, "fp8": 0.6, "tf32": 0.6, "fp32": 0.8}
-"""Sustained share of the datasheet rate at a 90 %-memory product (one H200, docs/verification-measurements.md:
-bf16 587–627 of 989, fp8 1160–1175 of 1979, tf32 307–319 of 494, fp32 53 of 67)."""
 SLACK: Final = 1.5
 """The deadline allows the product this many times its expected time (cooling, power limits, board variants)."""
 GENERATE_ELEMENTS_PER_S: Final = 5e9
@@ -48,9 +45,6 @@ SIM_VRAM_DIVISOR: Final = 16384
 """A simulated host's claimed memory is divided by this (an 80 GB card: n ≈ 770), ..."""
 SIM_TFLOPS_DIVISOR: Final = 1e6
 """... and its expected rate by this (an H100's 600 TFLOP/s: 0.6 GFLOP/s, ~1.5 s for n = 770 on the CPU's ~0.1 s)."""
-MODELS_TOML: Final = Path(__file__).resolve().parents[2] / "master" / "data" / "gpu_models.toml"
-_TENSOR_ARCHITECTURES: Final = {"Ampere", "Ada Lovelace", "Hopper", "Blackwell"}  # bf16, tf32
-_FP8_ARCHITECTURES: Final = {"Ada Lovelace", "Hopper", "Blackwell"}
 
 
 class Reason(enum.StrEnum):
@@ -89,32 +83,11 @@ def size_for(vram_mib: float, dtype: str) -> int:
     return min(max(n, SIZE_STEP), compute.MAX_N // SIZE_STEP * SIZE_STEP)
 
 
-@functools.cache
-def _models() -> dict[str, dict[str, Any]]:
-    with MODELS_TOML.open("rb") as table:
-        return {entry["key"]: entry for entry in tomllib.load(table)["gpu"]}
-
-
 def expected_tflops(model_key: str, dtype: str) -> float | None:
-    """The sustained rate a ``model_key`` GPU should reach in ``dtype`` (TFLOP/s): its datasheet figure times
-    ``SUSTAINED``; ``None`` for an unknown model or a precision it has no tensor path for."""
-    model = _models().get(model_key)
-    if model is None or dtype not in SUSTAINED:
-        return None
-    tensor, architecture = float(model["tensor_fp16_tflops"]), model["architecture"]
-    if dtype == "fp32":
-        peak = float(model["fp32_tflops"])
-    elif dtype == "fp16":
-        peak = tensor or float(model["fp32_tflops"])
-    elif dtype == "bf16" and architecture in _TENSOR_ARCHITECTURES:
-        peak = tensor
-    elif dtype == "tf32" and architecture in _TENSOR_ARCHITECTURES:
-        peak = tensor / 2
-    elif dtype == "fp8" and architecture in _FP8_ARCHITECTURES:
-        peak = tensor * 2
-    else:
-        return None
-    return peak * SUSTAINED[dtype]
+    """The sustained rate a ``model_key`` GPU should reach in ``dtype`` (TFLOP/s; ``None`` for an unknown model or a
+    precision it has no tensor path for): ``master.services.market.sustained_tflops``, the datasheet figure of the
+    model table times the share measured on an H200."""
+    return sustained_tflops(model_key, dtype)
 
 
 def deadline_s(n: int, model_key: str, dtype: str, *, slack: float = SLACK, scale: float = 1.0,
