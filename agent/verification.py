@@ -28,18 +28,19 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from agent.challenge_image import CPU_IMAGE
 from agent.runtimes.manager import WorkloadManager
 from shared import protocol
 from shared.errors import GpumarketError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_IMAGE: Final = "gpumarket/verify:latest"
+DEFAULT_IMAGE: Final = CPU_IMAGE
 WAIT_ENV: Final = "GPUMARKET_VERIFY_WAIT_S"  # the program's wait for challenge.json and reveal.json (shared/verification/program.py)
 _MAX_ANSWER_BYTES: Final = 32 << 20  # commitment.json or openings.json
 
@@ -81,12 +82,14 @@ class ChallengeRunner:
 
     def __init__(
         self, workloads: WorkloadManager, *, image: str = DEFAULT_IMAGE, simulate: dict[str, Any] | None = None,
+        prepare: Callable[[], Awaitable[str]] | None = None,
         # Timeouts
         poll_interval: float = 0.05, reveal_margin_s: float = 120.0,
     ) -> None:  # fmt: skip
         self.workloads = workloads
         self.image = image
         self.simulate = simulate
+        self.prepare = prepare  # makes ``image`` (the CUDA image's build: agent.challenge_image); None: it is there
         self.poll_interval = poll_interval
         self.reveal_margin_s = reveal_margin_s
         self._runs: dict[str, _Run] = {}
@@ -107,6 +110,7 @@ class ChallengeRunner:
                 if run.cancelled.is_set():
                     raise Cancelled(f"challenge {run.challenge_id} cancelled: {run.reason}")
                 if not run.started:
+                    await self.prepare_image()
                     # Its own command: the program, on /workspace; its waits bounded by the challenge's deadline. A
                     # renter's spec may not set a GPUMARKET_* variable (validation refuses it); the agent, for its
                     # own platform workload, may.
@@ -130,6 +134,16 @@ class ChallengeRunner:
             raise
         run.commitment = answer
         return protocol.ChallengeCommitted(challenge_id=run.challenge_id, commitment=answer)
+
+    async def prepare_image(self) -> None:
+        """Make the challenge's image where it is built on this host (the CUDA image); ``ChallengeError`` when it cannot
+        be. The agent calls it once at its start, so the first challenge does not wait for the build."""
+        if self.prepare is None:
+            return
+        try:
+            await self.prepare()
+        except GpumarketError as exc:
+            raise ChallengeError(f"the challenge's image {self.image} is not available: {exc}") from None
 
     def program_wait_s(self, command: protocol.StartChallenge) -> float:
         """How long the program waits for each of its inputs: the challenge's ``deadline_s`` plus
