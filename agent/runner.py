@@ -41,6 +41,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from agent.certificates import CertificateKeeper
+from agent.challenge_image import DEFAULT_CUDA_BASE, CudaImageBuilder, challenge_image_for, cuda_image
 from agent.cluster.net import ClusterNetworks
 from agent.commands import CommandExecutor
 from agent.discovery import RelayDirectory
@@ -58,7 +59,6 @@ from agent.runtimes.manager import WorkloadManager
 from agent.sampling import Sampler
 from agent.spool import SqliteSpool
 from agent.state import AgentState, SequenceLease
-from agent.verification import DEFAULT_IMAGE as DEFAULT_CHALLENGE_IMAGE
 from agent.verification import ChallengeRunner, is_challenge
 from shared import protocol
 from shared.cancelling import raise_if_cancelled
@@ -165,8 +165,10 @@ class Agent:
         max_stream_buffer: int = 64 << 20,
         link_send_buffer: int = 128 << 10,
         cluster_direct: bool = True,
-        # GPU challenges (agent.verification): the challenge image, and a simulated host's behaviour (sim backends only)
-        challenge_image: str = DEFAULT_CHALLENGE_IMAGE,
+        # GPU challenges (agent.verification): the challenge image (None: the CUDA image built FROM challenge_cuda_base on
+        # NVML, the CPU image on sim and replay; agent.challenge_image), and a simulated host's behaviour (sim only)
+        challenge_image: str | None = None,
+        challenge_cuda_base: str = DEFAULT_CUDA_BASE,
         challenge_simulate: dict[str, Any] | None = None,
     ) -> None:
         identity = state.identity()
@@ -221,8 +223,12 @@ class Agent:
         )
         # Off-peak power limits (agent.power): what it lowered survives a restart in power.json.
         self.power = PowerPolicy(backend, state.dir / "power.json", in_use=self.workloads.gpus_in_use)
+        cuda = cuda_image(challenge_cuda_base)
+        image = challenge_image_for(backend.name, challenge_image, cuda)
+        builder = CudaImageBuilder(lambda: self.workloads.containers.docker(), cuda) if image == cuda.name else None
         self.challenges = ChallengeRunner(
-            self.workloads, image=challenge_image, simulate=challenge_simulate if backend.name == "sim" else None
+            self.workloads, image=image, simulate=challenge_simulate if backend.name == "sim" else None,
+            prepare=builder.ensure if builder is not None else None,
         )
         # Challenges run on a worker of their own: one waiting for its commitment never holds up a rental's start.
         self._challenge_commands: asyncio.Queue[protocol.CommandBody] = asyncio.Queue(max_pending_commands)
@@ -363,6 +369,7 @@ class Agent:
             ),
             asyncio.create_task(self._log_shipper(), name=f"agent-{self.host_id}-logs"),
             asyncio.create_task(self.power.run(), name=f"agent-{self.host_id}-power"),
+            asyncio.create_task(self._prepare_challenge_image(), name=f"agent-{self.host_id}-challenge-image"),
         ]
         if self.timings.network_interval > 0:
             tasks.append(asyncio.create_task(self._network_loop(), name=f"agent-{self.host_id}-network"))
@@ -374,6 +381,14 @@ class Agent:
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+
+    async def _prepare_challenge_image(self) -> None:
+        """Build the GPU challenge's image now where this host builds it (the CUDA image: a base of several GB to pull),
+        so that the first challenge does not wait for it; a failure is logged, and the next challenge tries again."""
+        try:
+            await self.challenges.prepare_image()
+        except GpumarketError as exc:
+            log.warning("the GPU challenge's image is not ready (the next challenge tries again): %s", exc)
 
     def backoff(self, failures: int) -> float:
         """Full jitter: uniform in [0, min(cap, base · 2^failures)] (AWS architecture blog, 2015)."""

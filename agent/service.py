@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 
+from agent.challenge_image import CPU_IMAGE, CUDA_REPO
 from agent.gpu import open_backend
 from agent.runner import Agent, AgentTimings
 from agent.runtimes.ceilings import CeilingPolicy
@@ -13,6 +14,7 @@ from agent.runtimes.containeropts import ContainerOptions
 from agent.runtimes.isolation import HostIsolation, host_isolation, isolation_summary
 from agent.runtimes.netguard import EgressPolicy
 from agent.state import AgentState
+from shared.imageref import parse_image_reference
 from shared.protocol import ImagePolicyModel
 from shared.settings import AgentSettings
 
@@ -62,6 +64,7 @@ def agent_from_settings(settings: AgentSettings, *, container_engine: str | None
         max_streams_per_rental=settings.max_streams_per_rental,
         max_stream_buffer=settings.max_stream_buffer_mib << 20,
         challenge_image=settings.challenge_image,
+        challenge_cuda_base=settings.challenge_cuda_base,
         challenge_simulate=settings.challenge_simulate,
     )
 
@@ -71,13 +74,20 @@ def container_options(settings: AgentSettings) -> ContainerOptions:
     return ContainerOptions(
         docker_url=settings.docker_url,
         # The platform's challenge image runs whatever the provider allows renters (an empty list allows every image).
-        allowed_images=tuple(settings.allowed_images) + ((settings.challenge_image,) if settings.allowed_images else ()),
+        allowed_images=tuple(settings.allowed_images) + (challenge_image_names(settings) if settings.allowed_images else ()),
         max_image_mib=settings.max_image_mib,
         default_pids_limit=settings.container_pids_limit,
         default_memory_mib=settings.container_memory_mib,
         default_shm_mib=settings.container_shm_mib,
         egress=EgressPolicy.for_host(settings.egress_allow, process_pool=settings.process_subnet_pool),
     )
+
+
+def challenge_image_names(settings: AgentSettings) -> tuple[str, ...]:
+    """The challenge images' names as ``allowed_images`` patterns (canonical, any tag): the configured image's, or
+    both defaults' (the CPU image and the CUDA one, whichever the backend takes)."""
+    images = (settings.challenge_image,) if settings.challenge_image else (CPU_IMAGE, CUDA_REPO)
+    return tuple(parse_image_reference(image).name for image in images)
 
 
 def isolation_from_settings(settings: AgentSettings, *, container_engine: str | None) -> HostIsolation:

@@ -9,6 +9,14 @@ and a ``start`` or ``reveal`` waiting on it then fails with ``challenge_cancelle
 (``shared/verification/program.py``, the image's command) waits for its ``challenge.json``, which the agent writes
 once the container runs, so the seed is never in the container's spec.
 
+**Never long past its agent.** The program waits for each of its inputs at most the challenge's deadline plus
+``reveal_margin_s`` (``GPUMARKET_VERIFY_WAIT_S``, set in the workload's environment): the master reveals as soon as the
+commitment comes, and a commitment after the deadline fails anyway, so a program whose agent died (no reveal will
+come) exits on its own soon after the deadline; a start that failed (no commitment in time, or the program exited)
+removes its workload; and ``remove_orphans``, at the agent's start after the workloads are re-adopted, removes every
+challenge workload an earlier life left (its answers cannot reach the master any more: it fails them as
+``no_answer``), running or not.
+
 ``simulate`` (only for a simulated GPU backend: the agent's settings, never the master's) is added to the challenge
 as its ``simulate`` field: how the simulated host behaves (docs/verification.md, "Simulated hosts").
 """
@@ -20,18 +28,20 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from agent.challenge_image import CPU_IMAGE
 from agent.runtimes.manager import WorkloadManager
 from shared import protocol
 from shared.errors import GpumarketError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_IMAGE: Final = "gpumarket/verify:latest"
+DEFAULT_IMAGE: Final = CPU_IMAGE
+WAIT_ENV: Final = "GPUMARKET_VERIFY_WAIT_S"  # the program's wait for challenge.json and reveal.json (shared/verification/program.py)
 _MAX_ANSWER_BYTES: Final = 32 << 20  # commitment.json or openings.json
 
 
@@ -72,13 +82,16 @@ class ChallengeRunner:
 
     def __init__(
         self, workloads: WorkloadManager, *, image: str = DEFAULT_IMAGE, simulate: dict[str, Any] | None = None,
+        prepare: Callable[[], Awaitable[str]] | None = None,
         # Timeouts
-        poll_interval: float = 0.05,
+        poll_interval: float = 0.05, reveal_margin_s: float = 120.0,
     ) -> None:  # fmt: skip
         self.workloads = workloads
         self.image = image
         self.simulate = simulate
+        self.prepare = prepare  # makes ``image`` (the CUDA image's build: agent.challenge_image); None: it is there
         self.poll_interval = poll_interval
+        self.reveal_margin_s = reveal_margin_s
         self._runs: dict[str, _Run] = {}
         self._cancelled: dict[str, str] = {}  # challenge id → why, for a late start or reveal of it (the newest 1000)
 
@@ -97,7 +110,13 @@ class ChallengeRunner:
                 if run.cancelled.is_set():
                     raise Cancelled(f"challenge {run.challenge_id} cancelled: {run.reason}")
                 if not run.started:
-                    spec = protocol.ContainerWorkload(image=self.image)  # its own command: the program, on /workspace
+                    await self.prepare_image()
+                    # Its own command: the program, on /workspace; its waits bounded by the challenge's deadline. A
+                    # renter's spec may not set a GPUMARKET_* variable (validation refuses it); the agent, for its
+                    # own platform workload, may.
+                    spec = protocol.ContainerWorkload(image=self.image).model_copy(
+                        update={"env": {WAIT_ENV: f"{self.program_wait_s(command):.0f}"}}
+                    )
                     await self.workloads.start(rental_id, list(command.gpu_uuids), spec)
                     run.started = True
                     folder = await self._folder(rental_id)
@@ -107,12 +126,34 @@ class ChallengeRunner:
                     _write_json(folder / "challenge.json", challenge)
             folder = await self._folder(rental_id)
             answer = await self._wait_for(run, rental_id, folder / "commitment.json", timeout=command.timeout_s)
-        except BaseException:
-            if run.cancelled.is_set() or not run.started:
+        except BaseException as exc:
+            # A failed run goes (the master fails it; a resend starts afresh); one whose command was cancelled stays
+            # for a resend to wait on.
+            if run.cancelled.is_set() or not run.started or isinstance(exc, ChallengeError):
                 await self._remove(run)
             raise
         run.commitment = answer
         return protocol.ChallengeCommitted(challenge_id=run.challenge_id, commitment=answer)
+
+    async def prepare_image(self) -> None:
+        """Make the challenge's image where it is built on this host (the CUDA image); ``ChallengeError`` when it cannot
+        be. The agent calls it once at its start, so the first challenge does not wait for the build."""
+        if self.prepare is None:
+            return
+        try:
+            await self.prepare()
+        except GpumarketError as exc:
+            raise ChallengeError(f"the challenge's image {self.image} is not available: {exc}") from None
+
+    def program_wait_s(self, command: protocol.StartChallenge) -> float:
+        """How long the program waits for each of its inputs: the challenge's ``deadline_s`` plus
+        ``reveal_margin_s`` (the reveal follows the commitment, which must come before the deadline), at most the
+        command's ``timeout_s``, at least 1 s."""
+        try:
+            deadline = float(command.challenge["deadline_s"])
+        except (KeyError, TypeError, ValueError):
+            deadline = command.timeout_s
+        return max(1.0, min(command.timeout_s, deadline + self.reveal_margin_s))
 
     async def reveal(self, command: protocol.RevealChallenge) -> protocol.ChallengeOpened:
         """Hand the program the master's reveal and return its openings; the workload and its folder go after."""
@@ -146,10 +187,17 @@ class ChallengeRunner:
         return [run.challenge_id for run in runs]
 
     async def remove_orphans(self) -> list[str]:
-        """Stop and remove challenge workloads no run of this process owns (the agent restarted: their answers are
-        lost, and the master fails them as ``no_answer``); returns their workload ids."""
-        orphans = [r for r in self.workloads.running() if is_challenge(r) and r[len(protocol.CHALLENGE_WORKLOAD_PREFIX):] not in self._runs]
+        """Stop and remove the challenge workloads no run of this process owns (the agent restarted: their answers are
+        lost, and the master fails them as ``no_answer``): running ones, and the folders of those that ended while the
+        agent was down. Returns their workload ids. Call it after the workload manager re-adopted its workloads."""
+        owned = {workload_id(challenge_id) for challenge_id in self._runs}
+        running = [r for r in self.workloads.running() if is_challenge(r) and r not in owned]
+        left: list[str] = []
+        with contextlib.suppress(OSError):
+            left = [p.name for p in self.workloads.work_dir.iterdir() if p.is_dir() and is_challenge(p.name)]
+        orphans = sorted({*running, *(name for name in left if name not in owned)})
         for rental_id in orphans:
+            log.info("removing the challenge workload %s of an earlier agent", rental_id)
             await self._stop_and_forget(rental_id)
         return orphans
 

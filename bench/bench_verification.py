@@ -5,8 +5,8 @@ At each size n, on this CPU, in one run:
 * host: ``compute.multiply_and_commit`` (build A and B from the seed, C = A·B in fp32, hash C's rows into the
   Merkle tree), the work a challenged GPU does;
 * verifier: ``protocol.choose_reveal`` + ``protocol.verify`` of an honest host's commitment and openings (one
-  chunk of each of 32 rows with its two-level proof, 16 entries of each chunk recomputed from the seed), the
-  master's work;
+  chunk of each of 32 rows with its two-level proof; the rows in 8 groups of 4 that open the same chunk, 8
+  entries of each opened chunk, the same 8 columns in a group, recomputed from the seed), the master's work;
 * baseline: numpy's float32 matmul of two n × n matrices alone (what the host's product costs without the
   challenge's generation and hashing).
 
@@ -31,7 +31,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from shared.verification import compute, protocol
+from master.services.hosts import challenge as protocol
+from shared.verification import compute
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import describe_machine, record
@@ -82,9 +83,9 @@ def one_size(n: int, rounds: int) -> tuple[float, float, float]:
 
 
 def verifier_at(n: int, rounds: int) -> float:
-    """The verifier's arithmetic at size n without a host: 32 rows of A, 16 columns of B inside each row's opened
-    chunk (512 columns), their entries, and the 32 chunks' leaf hashes and two-level proofs (random stand-ins for
-    the values and the siblings)."""
+    """The verifier's arithmetic at size n without a host: 32 rows of A, the 8 columns of B of each of the 8
+    groups' opened chunks (64 columns), their 256 entries, and the 32 chunks' leaf hashes and two-level proofs
+    (random stand-ins for the values and the siblings)."""
     challenge = {"challenge_id": "bench", "gpus": [{"uuid": "GPU-bench", "n": n}]}
     asked = protocol.choose_reveal(random.Random(2), challenge)["gpus"]["GPU-bench"]
     width, count = compute.chunk_width(n), compute.chunk_count(n)
@@ -96,13 +97,11 @@ def verifier_at(n: int, rounds: int) -> float:
               for row, chunk in zip(asked["rows"], asked["chunks"], strict=True)]  # fmt: skip
 
     def work() -> None:
-        a = compute.element_rows(SEED, "A", asked["rows"], n).astype(np.float32)
         for k, (row, chunk) in enumerate(zip(asked["rows"], asked["chunks"], strict=True)):  # as protocol.verify
-            b = compute.element_cols(SEED, "B", asked["columns"][k], n).astype(np.float32)
-            _ = np.einsum("k,kj->j", a[k], b)
             leaf = compute.leaf_hash(ctx, row, chunk, compute.decode_values(encoded[k], width))
             node = compute.proof_root(leaf, chunk, count, compute.decode_proof(proofs[k][0]))
             compute.verify_proof(leaf, node or leaf, row, n, compute.decode_proof(proofs[k][1]))
+        protocol.checked_entries(SEED, n, asked["rows"], asked["columns"])
 
     return median_s(work, rounds)
 
@@ -120,8 +119,8 @@ def main() -> int:
         parser.error(f"--rounds must be at least 1 and every size at least {protocol.ROWS}")
 
     print(describe_machine())
-    print(f"s = {protocol.ROWS} rows opened, one chunk of K = {compute.CHUNK} columns each, t = {protocol.COLUMNS} entries "
-          f"checked per chunk; median of {rounds} runs")
+    print(f"s = {protocol.ROWS} rows opened, one chunk of K = {compute.CHUNK} columns each, in g = {protocol.GROUPS} groups "
+          f"sharing their chunk and its t = {protocol.COLUMNS} checked columns; median of {rounds} runs")
     print(f"{'n':>6} {'host (gen+mul+hash)':>20} {'numpy matmul':>13} {'verifier':>10} {'verifier/host':>14}")
     for n in sizes:
         host, verify, matmul = one_size(n, rounds)

@@ -3,7 +3,9 @@
 real ``WorkloadManager``, with the claimed GPUs by UUID (simulated GPUs), the files exchanged in its private
 ``/workspace``; the commands go through the agent's ``CommandExecutor``. An honest run's commitment and openings pass
 the master's ``verify``; a rental's start on the GPU cancels a challenge (the rental starts, the challenge's late
-reveal answers ``challenge_cancelled``); the challenge's workload is never reported as a rental's.
+reveal answers ``challenge_cancelled``); the challenge's workload is never reported as a rental's. A challenge never
+outlives its agent for long: the next agent removes what an earlier one left, and the program stops waiting for a
+reveal soon after the challenge's deadline.
 
 The master's side of the flow: tests/test_verification_flow.py.
 """
@@ -21,15 +23,17 @@ from urllib.parse import quote
 import pytest
 
 from agent.commands import CommandExecutor
+from agent.gpu.sim import SimulatedBackend
 from agent.logship import LogShipper
-from agent.runtimes.containeropts import resource_name
+from agent.runtimes.containeropts import ContainerOptions, resource_name
 from agent.runtimes.manager import WorkloadManager
-from agent.verification import ChallengeRunner, is_challenge, workload_id
+from agent.verification import WAIT_ENV, ChallengeError, ChallengeRunner, is_challenge, workload_id
 from gpumarket import images
+from master.services.hosts import challenge as challenge_protocol
 from shared import protocol
 from shared.ids import new_id
-from shared.verification import protocol as challenge_protocol
 from tests import dockerengine
+from tests.helpers import eventually
 from tests.workloadfixtures import container_manager
 
 
@@ -123,3 +127,75 @@ class TestChallenge:
         _, second = challenge_for(gpus[:1])
         refused = await agent.result_for(second)
         assert not refused.ok and refused.data.get("code") == "gpu_in_use", refused
+
+
+def start_command(challenge: dict[str, Any], gpu_uuids: list[str]) -> protocol.StartChallenge:
+    return protocol.StartChallenge(challenge_id=challenge["challenge_id"], gpu_uuids=gpu_uuids, challenge=challenge, timeout_s=300)
+
+
+class TestNeverPastItsAgent:
+    async def test_a_challenge_an_agent_left_running_is_removed_when_the_next_agent_starts(
+        self, tmp_path: Path, manager: WorkloadManager, challenge_image: str
+    ) -> None:  # fmt: skip
+        """The agent died after its challenge committed: its container runs on, waiting for a reveal that can never
+        reach it. The next agent re-adopts it (same work folder, same owner) and removes it, container and folder."""
+        gpus = uuids(manager)
+        challenge, _ = challenge_for(gpus[:1])
+        committed = await ChallengeRunner(manager, image=challenge_image).start(start_command(challenge, gpus[:1]))
+        assert committed.commitment["challenge_id"] == challenge["challenge_id"]
+        rental_id = workload_id(challenge["challenge_id"])
+        name = resource_name(rental_id, manager.containers.options.owner)
+        await manager.close(stop_workloads=False)  # the agent goes; its workloads stay, recorded for the next one
+        assert dockerengine.request("GET", f"/containers/{quote(name, safe='')}/json")[0] == 200
+        after = WorkloadManager(manager.work_dir, SimulatedBackend("sim:2xRTX4090", seed="v"),
+                                container=ContainerOptions(owner=manager.containers.options.owner),
+                                stop_timeout=2.0, kill_timeout=5.0, check_interval=0.05)  # fmt: skip
+        try:
+            await after.resume()
+            assert rental_id in after.running()  # re-adopted
+            assert await ChallengeRunner(after, image=challenge_image).remove_orphans() == [rental_id]
+            assert rental_id not in after.running() and not (after.work_dir / rental_id).exists()
+            assert dockerengine.request("GET", f"/containers/{quote(name, safe='')}/json")[0] == 404
+        finally:
+            await after.close(stop_workloads=True)
+
+    async def test_a_challenge_that_ended_while_its_agent_was_down_leaves_nothing(
+        self, tmp_path: Path, manager: WorkloadManager, challenge_image: str
+    ) -> None:  # fmt: skip
+        """Its folder (the seed, the answers) is removed too when the next agent starts, though nothing runs."""
+        (manager.work_dir / workload_id("gv-gone")).mkdir()
+        (manager.work_dir / workload_id("gv-gone") / "challenge.json").write_text("{}")
+        (manager.work_dir / "r-kept").mkdir()
+        assert await ChallengeRunner(manager, image=challenge_image).remove_orphans() == [workload_id("gv-gone")]
+        assert not (manager.work_dir / workload_id("gv-gone")).exists() and (manager.work_dir / "r-kept").exists()
+
+    async def test_the_program_waits_for_its_reveal_until_the_deadline_and_a_margin_then_ends(
+        self, manager: WorkloadManager, challenge_image: str
+    ) -> None:  # fmt: skip
+        """The agent sets the program's wait from the challenge's deadline (not its 600 s default): with no reveal
+        (the agent gone, the master silent) the container ends on its own soon after; a late reveal then fails and
+        the run's folder goes. A failed start removes its workload at once."""
+        gpus = uuids(manager)
+        challenge, _ = challenge_for(gpus[:1])
+        challenge["deadline_s"] = 1.0
+        runner = ChallengeRunner(manager, image=challenge_image, reveal_margin_s=2.0)
+        command = start_command(challenge, gpus[:1])
+        assert runner.program_wait_s(command) == 3.0
+        assert runner.program_wait_s(command.model_copy(update={"challenge": {"gpus": []}})) == 300.0  # no deadline: the command's
+        await runner.start(command)
+        rental_id = workload_id(challenge["challenge_id"])
+        assert container_env(manager, rental_id)[WAIT_ENV] == "3"
+        await eventually(lambda: _not_running(manager, rental_id), timeout=60, what="the program to stop waiting")
+        reveal = challenge_protocol.choose_reveal(random.Random(7), challenge)
+        with pytest.raises(ChallengeError, match=r"exited without writing openings\.json"):
+            await runner.reveal(protocol.RevealChallenge(challenge_id=challenge["challenge_id"], reveal=reveal))
+        assert not (manager.work_dir / rental_id).exists()
+        # No commitment in time: the start fails and its workload goes (it does not compute on for nobody).
+        slow, _ = challenge_for(gpus[:1])
+        with pytest.raises(ChallengeError, match=r"no commitment\.json"):
+            await runner.start(protocol.StartChallenge(challenge_id=slow["challenge_id"], gpu_uuids=gpus[:1], challenge=slow, timeout_s=0.001))
+        assert workload_id(slow["challenge_id"]) not in manager.running()
+
+
+async def _not_running(manager: WorkloadManager, rental_id: str) -> bool:
+    return rental_id not in manager.running()

@@ -15,8 +15,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.verification import compute, protocol
-from shared.verification.protocol import Reason
+from master.services.hosts import challenge as protocol
+from master.services.hosts.challenge import Reason
+from shared.verification import compute
 
 SEED = bytes(range(32))
 
@@ -68,6 +69,30 @@ def test_a_row_or_column_built_alone_is_that_of_the_whole_matrix(seed: bytes, n:
     assert np.array_equal(compute.element_cols(seed, "B", rows, n), b[:, rows])
     again, _ = compute.generate(seed, n)
     assert np.array_equal(a, again) and a.dtype == np.int8 and set(np.unique(a)) <= {-1, 0, 1}
+
+
+def splitmix_element(seed: bytes, tag: str, index: int) -> int:
+    """Element ``index`` (flat, i·n + j) of matrix ``tag`` as docs/verification.md writes it, in Python's integers."""
+    mask = (1 << 64) - 1
+    z = (compute.matrix_key(seed, tag) + (index + 1) * compute.GAMMA) & mask
+    z = ((z ^ (z >> 30)) * compute.MIX1) & mask
+    z = ((z ^ (z >> 27)) * compute.MIX2) & mask
+    z ^= z >> 31
+    return ((z >> 33) * 3 >> 31) - 1
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.binary(min_size=1, max_size=40), n=st.integers(1, 200), block=st.integers(1, 3000), data=st.data())
+def test_the_generator_is_the_documented_splitmix64_at_any_block_size(seed: bytes, n: int, block: int, data: st.DataObject) -> None:
+    """The numpy generator works a block at a time and skips splitmix64's last step (it never reaches the bits
+    kept): every element is still the documented formula's, whatever the block."""
+    rows = data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=3))
+    a = compute.element_rows(seed, "A", rows, n, block=block)
+    b = compute.element_cols(seed, "B", rows, n, block=block)
+    assert a.shape == (len(rows), n) and b.shape == (n, len(rows))
+    for k, i in enumerate(rows):
+        assert a[k].tolist() == [splitmix_element(seed, "A", i * n + j) for j in range(n)]
+        assert b[:, k].tolist() == [splitmix_element(seed, "B", j * n + i) for j in range(n)]
 
 
 @settings(max_examples=15, deadline=None)
@@ -204,6 +229,63 @@ def test_skipped_rows_are_caught_with_the_stated_probability() -> None:
     s = protocol.ROWS
     exact = math.comb(n - skipped, s) / math.comb(n, s)
     assert exact <= (1 - skipped / n) ** s
+    sigma = math.sqrt(trials * exact * (1 - exact))
+    assert abs(escapes - trials * exact) <= 4 * sigma, (escapes, trials * exact)
+
+
+def test_a_groups_rows_open_one_chunk_at_the_same_columns_and_groups_open_distinct_chunks() -> None:
+    """At an H200's size the 32 rows fall into 8 groups of 4: a group's rows open one chunk and are checked at the
+    same 8 columns of it, the groups' chunks differ, so the verifier builds 64 columns of B, not 256."""
+    n = protocol.size_for(143771, "bf16")
+    challenge = {"challenge_id": "c", "gpus": [{"uuid": "GPU-a", "n": n}]}
+    asked = protocol.choose_reveal(random.Random(11), challenge)["gpus"]["GPU-a"]
+    assert asked["rows"] == sorted(set(asked["rows"])) and len(asked["rows"]) == protocol.ROWS
+    groups: dict[int, list[tuple[int, ...]]] = {}
+    for chunk, columns in zip(asked["chunks"], asked["columns"], strict=True):
+        assert len(columns) == protocol.COLUMNS and all(chunk * compute.CHUNK <= j < (chunk + 1) * compute.CHUNK for j in columns)
+        groups.setdefault(chunk, []).append(tuple(columns))
+    assert len(groups) == protocol.GROUPS
+    assert all(len(members) == protocol.ROWS // protocol.GROUPS and len(set(members)) == 1 for members in groups.values())
+    assert len({j for columns in asked["columns"] for j in columns}) == protocol.GROUPS * protocol.COLUMNS
+
+
+def test_skipped_chunks_are_caught_with_the_stated_probability() -> None:
+    """A host that left whole column chunks of C uncomputed escapes only when no group opens one of them. On 5
+    chunks (fewer than the 8 groups, so each group draws its chunk alone) with 1 skipped that is (1 - 1/5)^8
+    exactly; over 150 reveals (a fixed rng) the escapes match it."""
+    n = 5 * compute.CHUNK
+    challenge = {**challenge_for(), "gpus": [{"uuid": "GPU-a", "model_key": "h100-sxm", "n": n}]}
+    skipped = 2  # the third chunk
+
+    def skip(c: np.ndarray) -> None:
+        c[:, skipped * compute.CHUNK : (skipped + 1) * compute.CHUNK] = 0
+
+    states = host(challenge, wrong=skip)
+    commitment = commitment_of(challenge, states)
+    rng = random.Random(2027)
+    trials, escapes = 150, 0
+    for _ in range(trials):
+        reveal = protocol.choose_reveal(rng, challenge)
+        (verdict,) = protocol.verify(challenge, commitment, reveal, openings_of(reveal, states), committed_after_s=1.0).values()
+        assert verdict.reason is (Reason.WRONG_RESULT if skipped in reveal["gpus"]["GPU-a"]["chunks"] else Reason.PASSED)
+        escapes += verdict.reason is Reason.PASSED
+    exact = (1 - 1 / 5) ** protocol.GROUPS
+    sigma = math.sqrt(trials * exact * (1 - exact))
+    assert abs(escapes - trials * exact) <= 4 * sigma, (escapes, trials * exact)
+
+
+def test_at_an_h200s_size_skipped_chunks_escape_at_the_hypergeometric_rate() -> None:
+    """With 255 chunks a row and a quarter of them skipped, a reveal misses every skipped chunk with probability
+    C(255 - 64, 8) / C(255, 8) ≤ (3/4)^8 ≈ 10 % (the groups' chunks are distinct): so over 3000 reveals."""
+    n = protocol.size_for(143771, "bf16")
+    count = compute.chunk_count(n)
+    challenge = {"challenge_id": "c", "gpus": [{"uuid": "GPU-a", "n": n}]}
+    skipped = set(random.Random(5).sample(range(count), 64))
+    rng = random.Random(2028)
+    trials = 3000
+    escapes = sum(not skipped & set(protocol.choose_reveal(rng, challenge)["gpus"]["GPU-a"]["chunks"]) for _ in range(trials))
+    exact = math.comb(count - 64, protocol.GROUPS) / math.comb(count, protocol.GROUPS)
+    assert exact <= (1 - 64 / count) ** protocol.GROUPS
     sigma = math.sqrt(trials * exact * (1 - exact))
     assert abs(escapes - trials * exact) <= 4 * sigma, (escapes, trials * exact)
 

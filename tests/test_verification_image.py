@@ -16,8 +16,9 @@ import pytest
 
 from agent.runtimes.containeropts import OWNER_LABEL
 from gpumarket import images
-from shared.verification import program, protocol
-from shared.verification.protocol import Reason
+from master.services.hosts import challenge as protocol
+from master.services.hosts.challenge import Reason
+from shared.verification import program
 from tests import dockerengine
 
 

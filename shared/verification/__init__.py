@@ -4,7 +4,8 @@ row, rows within the GPU) bound to the challenge, and opens one chunk of each ro
 recomputes some entries of each opened chunk from the seed (O(n) per row and column, never whole matrices) and
 checks the proofs and the time.
 
-``compute``: the generator (numpy, torch), the product and the Merkle tree (stdlib + numpy; copied into the
-challenge image). ``protocol``: sizes, deadlines, the challenge, the reveal and ``verify`` with its ``Reason`` codes.
-``program``: the in-container entry point (``python3 /opt/gpumarket/verify/program.py /workspace``).
+This package is what both sides need: ``compute``, the generator (numpy, torch), the product and the Merkle tree
+(stdlib + numpy; copied into the challenge image), and ``program``, the in-container entry point (``python3
+/opt/gpumarket/verify/program.py /workspace``). The master's half (sizes, deadlines, the challenge, the reveal and
+``verify`` with its ``Reason`` codes) is ``master.services.hosts.challenge``; nothing here imports it.
 """

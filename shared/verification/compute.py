@@ -66,41 +66,64 @@ def gpu_seed(seed: bytes, uuid: str) -> bytes:
 # ---- the generator (numpy) -----------------------------------------------------------------------
 
 
-def _ternary(key: int, index: np.ndarray) -> np.ndarray:
-    """Element values for the flat indices ``index`` (uint64, consumed: the work is done in place in it): int8
-    in {-1, 0, 1}."""
+GENERATOR_BLOCK: Final = 1 << 15
+"""Elements the numpy generator works on at a time: its two uint64 temporaries (256 KiB each) stay in the CPU's
+cache, where whole-array passes over millions of elements would go to memory at every one of their ~12 steps."""
+_AT_LEAST_1: Final = 715827883 << 33
+_AT_LEAST_2: Final = 1431655766 << 33
+"""``(z >> 33)·3 >> 31`` is ≥ 1 exactly when z ≥ ⌈2³¹/3⌉·2³³ and ≥ 2 when z ≥ ⌈2³²/3⌉·2³³, so the element
+(that minus 1) is [z ≥ ⌈2³²/3⌉·2³³] − [z < ⌈2³¹/3⌉·2³³]: two comparisons instead of three uint64 passes."""
+
+
+def _mix(z: np.ndarray, scratch: np.ndarray, out: np.ndarray) -> None:
+    """``out`` (int8) = the ternary values of the pre-mixed words ``z`` (uint64, consumed; ``scratch`` the same
+    shape). splitmix64's last step (``z ^= z >> 31``) changes only bits 0..32, which ``>> 33`` drops: skipped."""
     u64 = np.uint64
-    z = index
-    z += u64(1)
-    z *= u64(GAMMA)
-    z += u64(key)
-    z ^= z >> u64(30)
+    np.right_shift(z, u64(30), out=scratch)
+    z ^= scratch
     z *= u64(MIX1)
-    z ^= z >> u64(27)
+    np.right_shift(z, u64(27), out=scratch)
+    z ^= scratch
     z *= u64(MIX2)
-    z ^= z >> u64(31)
-    z >>= u64(33)
-    z *= u64(3)
-    z >>= u64(31)
-    out = z.astype(np.int8)
-    out -= np.int8(1)
+    np.subtract(np.greater_equal(z, u64(_AT_LEAST_2)).view(np.int8), np.less(z, u64(_AT_LEAST_1)).view(np.int8), out=out)
+
+
+def _elements(key: int, outer: np.ndarray, inner: np.ndarray, block: int) -> np.ndarray:
+    """The int8 matrix whose (p, q) is the element at flat index ``outer[p] + inner[q]`` (uint64 arrays), built
+    ``block`` elements at a time: ``(outer + inner + 1)·γ + key`` is ``outer·γ`` plus
+    ``(inner + 1)·γ + key`` (mod 2⁶⁴), so each block starts from one addition."""
+    u64 = np.uint64
+    with np.errstate(over="ignore"):
+        high = outer * u64(GAMMA)
+        low = (inner + u64(1)) * u64(GAMMA) + u64(key)
+    out = np.empty((outer.size, inner.size), dtype=np.int8)
+    width = max(1, min(inner.size, block))
+    height = max(1, block // width)
+    words, scratch = np.empty(height * width, dtype=np.uint64), np.empty(height * width, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for p in range(0, outer.size, height):
+            tall = min(height, outer.size - p)
+            for q in range(0, inner.size, width):
+                wide = min(width, inner.size - q)
+                z = words[: tall * wide].reshape(tall, wide)
+                np.add(high[p : p + tall].reshape(-1, 1), low[q : q + wide].reshape(1, -1), out=z)
+                _mix(z, scratch[: tall * wide].reshape(tall, wide), out[p : p + tall, q : q + wide])
     return out
 
 
-def element_rows(seed: bytes, tag: str, rows: Sequence[int] | np.ndarray, n: int) -> np.ndarray:
+def element_rows(seed: bytes, tag: str, rows: Sequence[int] | np.ndarray, n: int, *,
+                 block: int = GENERATOR_BLOCK) -> np.ndarray:  # fmt: skip
     """Rows ``rows`` of the n×n matrix ``tag``: an int8 array of shape (len(rows), n)."""
-    r = np.asarray(rows, dtype=np.uint64).reshape(-1, 1)
-    index = r * np.uint64(n) + np.arange(n, dtype=np.uint64).reshape(1, -1)
-    with np.errstate(over="ignore"):
-        return _ternary(matrix_key(seed, tag), index)
+    outer = np.asarray(rows, dtype=np.uint64).reshape(-1) * np.uint64(n)
+    return _elements(matrix_key(seed, tag), outer, np.arange(n, dtype=np.uint64), block)
 
 
-def element_cols(seed: bytes, tag: str, cols: Sequence[int] | np.ndarray, n: int) -> np.ndarray:
-    """Columns ``cols`` of the n×n matrix ``tag``: an int8 array of shape (n, len(cols))."""
-    c = np.asarray(cols, dtype=np.uint64).reshape(1, -1)
-    index = np.arange(n, dtype=np.uint64).reshape(-1, 1) * np.uint64(n) + c
-    with np.errstate(over="ignore"):
-        return _ternary(matrix_key(seed, tag), index)
+def element_cols(seed: bytes, tag: str, cols: Sequence[int] | np.ndarray, n: int, *,
+                 block: int = GENERATOR_BLOCK) -> np.ndarray:  # fmt: skip
+    """Columns ``cols`` of the n×n matrix ``tag``: an int8 array of shape (n, len(cols)), a transposed view of
+    the columns built one after the other (each column contiguous: long blocks, few passes)."""
+    inner = np.arange(n, dtype=np.uint64) * np.uint64(n)
+    return _elements(matrix_key(seed, tag), np.asarray(cols, dtype=np.uint64).reshape(-1), inner, block).T
 
 
 # ---- the generator (torch) -----------------------------------------------------------------------
@@ -111,7 +134,7 @@ def _signed(value: int) -> int:
 
 
 def _torch_ternary(torch: Any, key: int, index: Any) -> Any:
-    """``_ternary`` in torch's int64 (wrapping multiplication; ``>>`` is arithmetic, so each shift is masked)."""
+    """The numpy generator's arithmetic in torch's int64 (wrapping multiplication; ``>>`` is arithmetic, so each shift is masked)."""
 
     def shr(z: Any, k: int) -> Any:
         return (z >> k) & ((1 << (64 - k)) - 1)

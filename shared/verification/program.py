@@ -7,8 +7,9 @@ Files in WORKDIR, each written whole (a temporary name, then renamed), so a read
 1. ``ready.json`` (written by the program, once its imports and devices are up): ``{"backend": "torch-cuda" |
    "numpy", "devices": N}``. An agent that writes ``challenge.json`` only after it sees this starts the
    challenge's clock without the container's start; writing ``challenge.json`` before the start works too.
-2. ``challenge.json`` (the agent): ``protocol.make_challenge``'s document, waited for (every 50 ms, at most
-   ``GPUMARKET_VERIFY_WAIT_S`` seconds, 600 by default).
+2. ``challenge.json`` (the agent): ``master.services.hosts.challenge.make_challenge``'s document, waited for (every 50 ms, at most
+   ``GPUMARKET_VERIFY_WAIT_S`` seconds: the agent sets it to the challenge's deadline plus a margin, so a program
+   whose agent died never waits long; 600 without it).
 3. ``commitment.json`` (the program), once every GPU is done: ``{"challenge_id", "backend", "gpus": {uuid:
    {"root": hex, "n": n} | {"reason": "memory_short" | "workload_failed", "message"}}, "seconds": {uuid:
    {"generate", "multiply", "hash"}}}``. ``seconds`` is the host's own account, never trusted: the master times the

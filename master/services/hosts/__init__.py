@@ -5,6 +5,8 @@
 * ``agent_package.py``: the agent's package the master serves to installers.
 * ``power.py``, ``power_savings.py``: the off-peak power policy and the energy it saved.
 * ``verification.py``: GPU verification's flow: challenges issued, answered, verified; what a verdict does.
+* ``challenge.py``: the challenge's rules, Sans-I/O: sizes, deadlines, the reveal and the verdict (over
+  ``shared.verification.compute``, the host's arithmetic).
 
 The host state machine is ``master.services.lifecycle.hosts``. The highest of the aggregates: it may import
 accounts, market and rentals (an enrolled host's rentals), and nothing imports it but the callers of this layer.

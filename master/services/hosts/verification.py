@@ -4,7 +4,7 @@ clock, reveals sent, openings verified, and what each verdict does to the GPU, t
 A challenge (``GpuVerification``) goes ``issued`` → ``committed`` → ``revealed`` → ``passed`` | ``failed`` (or
 ``cancelled``): ``issue`` writes it with its ``start_challenge`` command; ``after_result`` applies the agent's answers
 (the commitment: its time is the master's clock when the result is applied, checked against ``deadline_at``; then the
-openings, checked by ``shared.verification.protocol.verify``); ``verification_pass`` (one master, under ``LEASE``)
+openings, checked by ``challenge.verify``); ``verification_pass`` (one master, under ``LEASE``)
 fails challenges that got no answer, re-checks idle hosts at random times and keeps listings' ``verified`` true only
 while every present GPU passed within ``verification_max_age_h``.
 
@@ -34,14 +34,14 @@ from master.models import Command as CommandRow
 from master.models import Gpu, GpuVerification, Host, HostEvent, HostListing, Rental
 from master.services import commands
 from master.services.accounts import Principal
+from master.services.hosts import challenge as challenge_protocol
+from master.services.hosts.challenge import Reason
 from master.services.lifecycle.hosts import transition
 from master.services.lifecycle.rentals import ACTIVE_STATES
 from shared import protocol
 from shared.errors import Conflict, NotFound
 from shared.ids import new_id
 from shared.settings import MasterSettings
-from shared.verification import protocol as challenge_protocol
-from shared.verification.protocol import Reason
 
 log = logging.getLogger(__name__)
 

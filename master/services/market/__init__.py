@@ -6,7 +6,7 @@
 * ``offers.py``, ``query.py``: the offers renters search (the summary table, the filter language);
   ``cluster_offers.py``: the offers for a cluster (hosts near each other, by measured links).
 * ``proven.py``: what each GPU proved by the GPU challenge (issue 40), as host views, offers and the ``verified``
-  filter read it.
+  filter read it, and the sustained rate the challenge expects of each model (``sustained_tflops``).
 * ``failures.py``: every code a rental fails with and its owner (renter, provider, platform), from the code alone;
   ``faults.py``: hardware faults; ``reliability.py``: each host's reliability from the failures the provider owns.
 * ``forecast.py``, ``forecast_models.py``: the demand forecast (the console's chart, the power policy's off-peak).
@@ -70,6 +70,7 @@ from master.services.market.proven import (
     expected_tflops,
     gpu_verification,
     host_verified,
+    sustained_tflops,
 )
 from master.services.market.query import MAX_QUERY_LENGTH, Condition, Op, format_query, parse, parse_value
 from master.services.market.reliability import (
@@ -150,5 +151,6 @@ __all__ = [
     "rescore_host",
     "row_conditions",
     "search_offers",
+    "sustained_tflops",
     "unavailable_hosts",
 ]

@@ -22,39 +22,69 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Final
 
 from sqlalchemy import ColumnElement, Exists, SQLColumnExpression, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
 from master.models import Gpu
-from master.services.market.tiers import load_models
-from shared.verification import protocol
+from master.services.market.tiers import Architecture, load_models
 
 __all__ = [
+    "SUSTAINED",
     "VERIFICATION_MAX_AGE",
     "expected_tflops",
     "gpu_verification",
     "host_verified",
     "offer_verification",
     "offer_verifications",
+    "sustained_tflops",
     "unproven_gpu",
 ]
 
 VERIFICATION_MAX_AGE = timedelta(days=7)
 PASSED = "passed"
+SUSTAINED: Final = {"bf16": 0.6, "fp16": 0.6, "fp8": 0.6, "tf32": 0.6, "fp32": 0.8}
+"""Sustained share of the datasheet rate at a 90 %-memory product (one H200, docs/verification-measurements.md:
+bf16 587–627 of 989, fp8 1160–1175 of 1979, tf32 307–319 of 494, fp32 53 of 67)."""
+_TENSOR_ARCHITECTURES: Final = frozenset({Architecture.AMPERE, Architecture.ADA_LOVELACE, Architecture.HOPPER,
+                                          Architecture.BLACKWELL})  # bf16, tf32  # fmt: skip
+_FP8_ARCHITECTURES: Final = frozenset({Architecture.ADA_LOVELACE, Architecture.HOPPER, Architecture.BLACKWELL})
+
+
+def sustained_tflops(model_key: str, dtype: str) -> float | None:
+    """The sustained rate a ``model_key`` GPU should reach in the challenge's ``dtype`` (TFLOP/s, unrounded): its
+    datasheet figure in the model table times ``SUSTAINED``; ``None`` for an unknown model or a precision it has no
+    tensor path for. The challenge's deadline (``master.services.hosts.challenge``) is set from it."""
+    model = load_models().get(model_key)
+    if model is None or dtype not in SUSTAINED:
+        return None
+    tensor, architecture = model.tensor_fp16_tflops, model.architecture
+    if dtype == "fp32":
+        peak = model.fp32_tflops
+    elif dtype == "fp16":
+        peak = tensor or model.fp32_tflops
+    elif dtype == "bf16" and architecture in _TENSOR_ARCHITECTURES:
+        peak = tensor
+    elif dtype == "tf32" and architecture in _TENSOR_ARCHITECTURES:
+        peak = tensor / 2
+    elif dtype == "fp8" and architecture in _FP8_ARCHITECTURES:
+        peak = tensor * 2
+    else:
+        return None
+    return peak * SUSTAINED[dtype]
 
 def expected_tflops(model_key: str | None, dtype: str | None = None) -> float | None:
     """The sustained TFLOP/s a GPU of ``model_key`` is expected to reach in the challenge (None: unknown model): the
-    challenge's own expectation (``shared.verification.protocol.expected_tflops``), in ``dtype`` or, None, in the
+    challenge's own expectation (``sustained_tflops``), in ``dtype`` or, None, in the
     precision the model is sold for (bf16 where it has it, fp16 on tensor cores without bf16, else fp32)."""
     model = load_models().get(model_key) if model_key else None
     if model is None or model_key is None:
         return None
     tried = (dtype,) if dtype is not None else ("bf16", "fp16" if model.tensor_fp16_tflops > 0 else "fp32", "fp32")
     for precision in tried:
-        if (rate := protocol.expected_tflops(model_key, precision)) is not None:
+        if (rate := sustained_tflops(model_key, precision)) is not None:
             return round(rate, 1)
     return None
 

@@ -1,33 +1,30 @@
-"""The challenge's rules, Sans-I/O: its size and deadline from the claimed GPU, what the host is sent, which rows,
-chunks and columns the master opens once the host has committed, and the verdict per GPU (docs/verification.md).
+"""The GPU challenge's rules, the master's half, Sans-I/O: its size and deadline from the claimed GPU, what the host
+is sent, which rows, chunks and columns the master opens once the host has committed, and the verdict per GPU
+(docs/verification.md). The host's half (the arithmetic, the Merkle tree, the in-container program) is
+``shared.verification``, which this builds on and which never imports this.
 
-Imports stdlib, numpy and ``shared.verification.compute``; reads the model table ``master/data/gpu_models.toml``
-(data, not code) for the datasheet rates ``expected_tflops`` scales.
+Imports stdlib, numpy, ``shared.verification.compute`` and ``master.services.market`` (the model table's sustained
+rates, ``sustained_tflops``); no database, no network.
 """
 
 from __future__ import annotations
 
 import enum
-import functools
 import math
 import random
-import tomllib
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
 
+from master.services.market import sustained_tflops
 from shared.verification import compute
 
 VERSION: Final = 1
 FILL: Final = 0.90
 """A, B and C fill at least this share of the claimed GPU's memory."""
 SIZE_STEP: Final = 8
-SUSTAINED: Final = {"bf16": 0.6, "fp16": 0.6, "fp8": 0.6, "tf32": 0.6, "fp32": 0.8}
-"""Sustained share of the datasheet rate at a 90 %-memory product (one H200, docs/verification-measurements.md:
-bf16 587–627 of 989, fp8 1160–1175 of 1979, tf32 307–319 of 494, fp32 53 of 67)."""
 SLACK: Final = 1.5
 """The deadline allows the product this many times its expected time (cooling, power limits, board variants)."""
 GENERATE_ELEMENTS_PER_S: Final = 5e9
@@ -38,15 +35,16 @@ OVERHEAD_S: Final = 30.0
 """Allowance for what is not arithmetic: the command's way to the host and back, the container's start, CUDA's."""
 ROWS: Final = 32
 """s: rows opened per GPU, one chunk of each (docs/verification.md: the openings' size and the detection)."""
-COLUMNS: Final = 16
-"""t: entries recomputed in each opened chunk."""
+GROUPS: Final = 8
+"""g: the opened rows fall into this many groups (of s/g = 4 rows); a group's rows open the same chunk, distinct
+chunks for distinct groups, so the columns the master checks in it are shared by its rows (its cost: the
+distinct columns of B it builds, g·t of them, not s·t)."""
+COLUMNS: Final = 8
+"""t: entries recomputed in each opened chunk, the same columns for every row of the chunk's group."""
 SIM_VRAM_DIVISOR: Final = 16384
 """A simulated host's claimed memory is divided by this (an 80 GB card: n ≈ 770), ..."""
 SIM_TFLOPS_DIVISOR: Final = 1e6
 """... and its expected rate by this (an H100's 600 TFLOP/s: 0.6 GFLOP/s, ~1.5 s for n = 770 on the CPU's ~0.1 s)."""
-MODELS_TOML: Final = Path(__file__).resolve().parents[2] / "master" / "data" / "gpu_models.toml"
-_TENSOR_ARCHITECTURES: Final = {"Ampere", "Ada Lovelace", "Hopper", "Blackwell"}  # bf16, tf32
-_FP8_ARCHITECTURES: Final = {"Ada Lovelace", "Hopper", "Blackwell"}
 
 
 class Reason(enum.StrEnum):
@@ -85,32 +83,11 @@ def size_for(vram_mib: float, dtype: str) -> int:
     return min(max(n, SIZE_STEP), compute.MAX_N // SIZE_STEP * SIZE_STEP)
 
 
-@functools.cache
-def _models() -> dict[str, dict[str, Any]]:
-    with MODELS_TOML.open("rb") as table:
-        return {entry["key"]: entry for entry in tomllib.load(table)["gpu"]}
-
-
 def expected_tflops(model_key: str, dtype: str) -> float | None:
-    """The sustained rate a ``model_key`` GPU should reach in ``dtype`` (TFLOP/s): its datasheet figure times
-    ``SUSTAINED``; ``None`` for an unknown model or a precision it has no tensor path for."""
-    model = _models().get(model_key)
-    if model is None or dtype not in SUSTAINED:
-        return None
-    tensor, architecture = float(model["tensor_fp16_tflops"]), model["architecture"]
-    if dtype == "fp32":
-        peak = float(model["fp32_tflops"])
-    elif dtype == "fp16":
-        peak = tensor or float(model["fp32_tflops"])
-    elif dtype == "bf16" and architecture in _TENSOR_ARCHITECTURES:
-        peak = tensor
-    elif dtype == "tf32" and architecture in _TENSOR_ARCHITECTURES:
-        peak = tensor / 2
-    elif dtype == "fp8" and architecture in _FP8_ARCHITECTURES:
-        peak = tensor * 2
-    else:
-        return None
-    return peak * SUSTAINED[dtype]
+    """The sustained rate a ``model_key`` GPU should reach in ``dtype`` (TFLOP/s; ``None`` for an unknown model or a
+    precision it has no tensor path for): ``master.services.market.sustained_tflops``, the datasheet figure of the
+    model table times the share measured on an H200."""
+    return sustained_tflops(model_key, dtype)
 
 
 def deadline_s(n: int, model_key: str, dtype: str, *, slack: float = SLACK, scale: float = 1.0,
@@ -146,23 +123,48 @@ def make_challenge(*, challenge_id: str, seed: bytes, gpus: Sequence[Mapping[str
             "scale": {"vram": vram_scale, "tflops": tflops_scale}}  # fmt: skip
 
 
-def choose_reveal(rng: random.Random, challenge: Mapping[str, Any], *, rows: int = ROWS, columns: int = COLUMNS) -> dict[str, Any]:
-    """After the commitment: per GPU, ``rows`` distinct rows, in each one chunk (``chunks``, aligned with
-    ``rows``) the host must open, and in each opened chunk ``columns`` distinct columns (``columns``: a list per
-    row, global column indices) whose entries the master recomputes. ``rng`` must be unpredictable to the host
+def choose_reveal(rng: random.Random, challenge: Mapping[str, Any], *, rows: int = ROWS, groups: int = GROUPS,
+                  columns: int = COLUMNS) -> dict[str, Any]:  # fmt: skip
+    """After the commitment: per GPU, ``rows`` distinct rows (``rows``, ascending), in each one chunk the host
+    must open (``chunks``, aligned with ``rows``) and in each opened chunk ``columns`` distinct columns
+    (``columns``: a list per row, global column indices) whose entries the master recomputes. The rows fall at
+    random into ``groups`` groups; a group's rows open one chunk (distinct groups distinct chunks where the row
+    has as many) and are checked at the same columns. ``rng`` must be unpredictable to the host
     (``random.SystemRandom()``; a seeded ``random.Random`` in tests)."""
     chosen = {}
     for gpu in challenge["gpus"]:
         n = gpu["n"]
         width, count = compute.chunk_width(n), compute.chunk_count(n)
-        opened = sorted(rng.sample(range(n), min(rows, n)))
-        chunks = [rng.randrange(count) for _ in opened]
-        cells = []
-        for k in chunks:
+        opened = rng.sample(range(n), min(rows, n))  # in random order: the k-th row joins group k mod g
+        shared = max(1, min(groups, len(opened)))
+        group_chunks = rng.sample(range(count), shared) if count >= shared else [rng.randrange(count) for _ in range(shared)]
+        group_cells = []
+        for k in group_chunks:
             inside = range(k * width, min(n, (k + 1) * width))
-            cells.append(sorted(rng.sample(inside, min(columns, len(inside)))))
-        chosen[gpu["uuid"]] = {"rows": opened, "chunks": chunks, "columns": cells}
+            group_cells.append(sorted(rng.sample(inside, min(columns, len(inside)))))
+        asked = sorted((row, m % shared) for m, row in enumerate(opened))
+        chosen[gpu["uuid"]] = {"rows": [row for row, _ in asked], "chunks": [group_chunks[g] for _, g in asked],
+                               "columns": [list(group_cells[g]) for _, g in asked]}  # fmt: skip
     return {"challenge_id": challenge["challenge_id"], "gpus": chosen}
+
+
+def checked_entries(seed: bytes, n: int, rows: Sequence[int], columns: Sequence[Sequence[int]]) -> list[np.ndarray]:
+    """``A[rows[k], :] · B[:, columns[k]]`` for each k (int64), from a GPU's seed: the rows of A and each distinct
+    column of B built once (``compute.element_rows``/``element_cols``), so rows checked at the same columns (a
+    reveal's group) share the columns' cost. Exact: fp32 sums of n ternary products (|·| ≤ n < 2²⁴)."""
+    distinct = sorted({int(j) for cells in columns for j in cells})
+    where = {j: k for k, j in enumerate(distinct)}
+    a = compute.element_rows(seed, "A", rows, n)
+    b = compute.element_cols(seed, "B", distinct, n).T  # one contiguous row per distinct column
+    by_columns: dict[tuple[int, ...], list[int]] = {}
+    for k, cells in enumerate(columns):
+        by_columns.setdefault(tuple(int(j) for j in cells), []).append(k)
+    out: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * len(rows)
+    for cells, members in by_columns.items():
+        block = a[members].astype(np.float32) @ b[[where[j] for j in cells]].astype(np.float32).T
+        for m, k in enumerate(members):
+            out[k] = block[m].astype(np.int64)
+    return out
 
 
 def verify(challenge: Mapping[str, Any], commitment: Mapping[str, Any], reveal: Mapping[str, Any],
@@ -223,14 +225,11 @@ def _check(challenge: Mapping[str, Any], gpu: Mapping[str, Any], seed: bytes, en
             values.append((start, np.frombuffer(opened, dtype="<i4")))
     except (KeyError, TypeError, ValueError) as exc:
         return _failed(Reason.BAD_PROOF, f"GPU {uuid}'s openings are malformed: {exc}")
-    a = compute.element_rows(seed, "A", asked["rows"], n).astype(np.float32)
     checked = 0
+    expected_rows = checked_entries(seed, n, asked["rows"], asked["columns"])
     for k, (index, (start, chunk_values)) in enumerate(zip(asked["rows"], values, strict=True)):
         columns = np.asarray(asked["columns"][k], dtype=np.int64)
-        b = compute.element_cols(seed, "B", columns, n).astype(np.float32)
-        # Exact in fp32 (|partial sums| ≤ n < 2²⁴). einsum, not BLAS: a product with a long inner dimension ran
-        # 10–40× slower through numpy's BLAS here.
-        expected = np.einsum("k,kj->j", a[k], b).astype(np.int64)
+        expected = expected_rows[k]
         got = chunk_values[columns - start].astype(np.int64)
         wrong = np.flatnonzero(expected != got)
         if len(wrong):
