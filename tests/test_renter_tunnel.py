@@ -47,6 +47,9 @@ from tests.tunnelharness import (
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = ["ssh", "ssh-config", "cp", "tunnel"]
 SSH = shutil.which("ssh")
+# Only a guard against a hang: each command starts two or three Python processes (the CLI, ssh's ProxyCommand),
+# which took longer than 15 s together on a loaded 2-core CI machine (fresh run 39).
+HANG_S = 120
 
 
 def test_openssh_is_installed() -> None:
@@ -100,7 +103,7 @@ class Gm:
 
     async def __call__(self, *argv: str, stdin: bytes = b"", program: str | None = None) -> tuple[int, bytes, str]:
         process = await self.start(*argv, program=program)
-        async with asyncio.timeout(15):
+        async with asyncio.timeout(HANG_S):
             out, err = await process.communicate(stdin)
         assert process.returncode is not None
         return process.returncode, out, err.decode(errors="replace")
@@ -139,7 +142,7 @@ async def test_the_tunnel_carries_5_mb_both_ways_binary_safe(gm: Gm, market: Mar
         process.stdin.write(data)
         await process.stdin.drain()
 
-    async with asyncio.timeout(15):
+    async with asyncio.timeout(HANG_S):
         feeding = asyncio.create_task(feed())
         echoed = await process.stdout.readexactly(len(data))
         await feeding
@@ -156,7 +159,7 @@ async def test_the_tunnel_carries_5_mb_both_ways_binary_safe(gm: Gm, market: Mar
 async def test_the_far_end_finishing_ends_the_tunnel_with_all_its_bytes(gm: Gm) -> None:
     process = await gm.start("tunnel", SSH_RENTAL, "--port", str(SPEAKER_PORT))
     assert process.stdout and process.stderr
-    async with asyncio.timeout(15):
+    async with asyncio.timeout(HANG_S):
         out = await process.stdout.read()  # stdin stays open: the relay's 1000 alone ends it
         assert await process.wait() == 0, await process.stderr.read()
     assert out == SPOKEN
@@ -165,7 +168,7 @@ async def test_the_far_end_finishing_ends_the_tunnel_with_all_its_bytes(gm: Gm) 
 async def test_stdout_may_be_a_regular_file(gm: Gm, tmp_path: Path) -> None:
     with (tmp_path / "out.bin").open("wb") as out:
         process = await gm.start("tunnel", SSH_RENTAL, "--port", str(SPEAKER_PORT), stdout=out)
-        async with asyncio.timeout(15):
+        async with asyncio.timeout(HANG_S):
             assert await process.wait() == 0
     assert (tmp_path / "out.bin").read_bytes() == SPOKEN
 
@@ -174,7 +177,7 @@ async def test_sighup_from_ssh_closes_the_websocket_normally(gm: Gm, market: Mar
     process = await gm.start("tunnel", SSH_RENTAL, "--port", str(ECHO_PORT))
     assert process.stdin and process.stdout
     process.stdin.write(b"ping")
-    async with asyncio.timeout(15):
+    async with asyncio.timeout(HANG_S):
         assert await process.stdout.readexactly(4) == b"ping"
         process.send_signal(signal.SIGHUP)  # what ssh sends its ProxyCommand as it exits
         assert await process.wait() == 0
@@ -184,7 +187,7 @@ async def test_sighup_from_ssh_closes_the_websocket_normally(gm: Gm, market: Mar
 async def test_a_relay_close_code_is_one_line_with_its_reason(gm: Gm) -> None:
     process = await gm.start("tunnel", SSH_RENTAL, "--port", str(CLOSING_PORT))
     assert process.stdout and process.stderr
-    async with asyncio.timeout(15):  # stdin stays open, as ssh keeps it: the relay's close alone ends it
+    async with asyncio.timeout(HANG_S):  # stdin stays open, as ssh keeps it: the relay's close alone ends it
         code, out, err = await process.wait(), await process.stdout.read(), (await process.stderr.read()).decode()
     assert code == 255 and out == b""
     assert f"{RELAY_CLOSE[1]} ({RELAY_CLOSE[0]})" in one_line(err)
