@@ -99,7 +99,9 @@ def _plan(volume: Volume, provider: str, *, now: datetime, fee_rate: Decimal) ->
     # Fewer seconds than before only when a pass rated past the deletion (its clock ahead of the deleting
     # request's): the difference is given back, in a posting of the same kind.
     before, after = kept_seconds(volume, since), kept_seconds(volume, upto)
-    rated = volume.rated_until = end if ended and end is not None else volume.ready_at + timedelta(seconds=after)
+    rated = volume.rated_until = (
+        end if ended and end is not None else volume.ready_at + timedelta(seconds=after)
+    )
     if after == before:
         return None
     rate = per_second(volume)
@@ -123,19 +125,6 @@ def _plan(volume: Volume, provider: str, *, now: datetime, fee_rate: Decimal) ->
 async def _providers(session: AsyncSession, host_ids: Collection[str]) -> dict[str, str]:
     rows = await session.execute(select(Host.id, Host.owner_id).where(Host.id.in_(sorted(set(host_ids)))))
     return {host_id: owner for host_id, owner in rows.all()}
-
-
-async def rate_volume(
-    session: AsyncSession, volume: Volume, *, now: datetime, fee_rate: Decimal
-) -> StorageRated | None:
-    """Post the volume's storage since ``rated_until``. The caller holds the row lock."""
-    provider = (await _providers(session, [volume.host_id])).get(volume.host_id)
-    draft = _plan(volume, provider, now=now, fee_rate=fee_rate) if provider is not None else None
-    if draft is None:
-        return None
-    posted = await ledger.post_many(session, [draft], at=now)
-    charge = draft.legs[0].amount if draft.key in posted else Decimal(0)
-    return StorageRated(volume.id, kept_seconds(volume, volume.rated_until or now), charge, sorted(posted))
 
 
 async def rate_open_volumes(
