@@ -6,7 +6,8 @@ next month's first day 00:00)``. An **invoice** (``inv-YYYY-MM-<account>``) read
 period, downtime credits with their reason, corrections), the month's top-ups as payments,
 and the opening and closing balance. A **statement** (``stm-YYYY-MM-<account>``) reads the
 provider's ``provider:<account>:payable``: per rental what it earned and the platform fee
-taken from the same postings, the payouts, and the opening and closing payable.
+taken from the same postings, the payouts, and the opening and closing payable. Both list volumes'
+storage apart, a line per volume (``storage``, ``billing/invoice_storage.py``), counted in their totals.
 
 Every figure is a sum of ledger entries, so a document agrees with the ledger by
 construction: total paid − total charged is exactly the Σ of the account's entries in the
@@ -32,8 +33,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
 from billing import ledger
+from billing.invoice_storage import storage_month, storage_rows, storage_view
 from billing.ledger import from_micros as _from_micros
 from billing.ledger import micros_sum as _micros
+from billing.volumes import STORAGE
 from master.models import Account, LedgerEntry, LedgerTransaction, Rental
 from master.services.accounts import Principal
 from shared.errors import BadRequest, NotFound
@@ -200,7 +203,7 @@ async def _read_month(session: AsyncSession, account: str, month: Month, *, move
         await session.execute(
             with_fee.add_columns(LedgerTransaction.created_at, LedgerTransaction.kind, LedgerTransaction.memo,
                                  LedgerTransaction.rental_id, LedgerTransaction.key, LedgerEntry.amount, fee.amount)
-            .where(_in_month(month), LedgerTransaction.kind != "usage")
+            .where(_in_month(month), LedgerTransaction.kind.not_in(("usage", STORAGE)))  # storage: invoice_storage.py
             .order_by(LedgerTransaction.created_at, LedgerTransaction.id)
         )
     ).all()  # fmt: skip
@@ -368,7 +371,8 @@ async def invoice(session: AsyncSession, account_id: str, month: Month | str) ->
     opening = ledger.balance_of(code, await _debits_minus_credits_before(session, code, doc.month.start))
     read = await _read_month(session, code, doc.month, movement="top_up", sign=1)
     totals = _totals(read)
-    charged = sum(totals.values(), Decimal(0))
+    storage = await storage_month(session, code, doc.month.start, doc.month.end, statement=False)
+    charged = sum(totals.values(), Decimal(0)) + storage.amount
     return {
         **_header(doc, account),
         "opening_balance": ledger.money(opening),
@@ -376,6 +380,7 @@ async def invoice(session: AsyncSession, account_id: str, month: Month | str) ->
         "lines": (lines := await _lines(session, code, doc.month, read, statement=False)),
         "clusters": _groups(lines, "cluster_id", total="total"),
         "services": _groups(lines, "service_id", total="total"),
+        "storage": storage_view(storage, statement=False),
         "totals": {kind: ledger.money(amount) for kind, amount in totals.items()},
         "total_charged": ledger.money(charged),
         "closing_balance": ledger.money(opening + read.moved - charged),
@@ -395,12 +400,14 @@ async def statement(session: AsyncSession, account_id: str, month: Month | str) 
     opening = ledger.balance_of(code, await _debits_minus_credits_before(session, code, doc.month.start))
     read = await _read_month(session, code, doc.month, movement="payout", sign=-1)
     totals = _totals(read)
-    earned = sum(totals.values(), Decimal(0))
-    fees = sum((line.fees for line in read.lines.values()), Decimal(0))
+    storage = await storage_month(session, code, doc.month.start, doc.month.end, statement=True)
+    earned = sum(totals.values(), Decimal(0)) + storage.amount
+    fees = sum((line.fees for line in read.lines.values()), Decimal(0)) + storage.fee
     return {
         **_header(doc, account),
         "opening_payable": ledger.money(opening),
         "lines": await _lines(session, code, doc.month, read, statement=True),
+        "storage": storage_view(storage, statement=True),
         "totals": {kind: ledger.money(amount) for kind, amount in totals.items()},
         "total_charged": ledger.money(earned + fees), "total_platform_fee": ledger.money(fees), "total_earned": ledger.money(earned),
         "payouts": read.movements, "total_paid_out": ledger.money(read.moved),
@@ -546,9 +553,13 @@ def _body(doc: dict[str, Any], layout: _Layout) -> str:
         rows.append("<tr>" + "".join(f"<td>{e(c)}</td>" for c in cells)
                     + "".join(f"<td class='num'>{e(format_cents(a))}</td>" for a in layout.amounts(line)) + "</tr>")  # fmt: skip
         rows.extend(_detail_rows(line, len(head)))
+    storage_head, storage = storage_rows(doc, format_cents)
+    rows_of_storage = ["<tr>" + "".join(f"<td class='num'>{e(c)}</td>" if i >= 3 else f"<td>{e(c)}</td>" for i, c in enumerate(cells)) + "</tr>"
+                       for cells in storage]  # fmt: skip
     movements = [f"<tr><td>{e(m['at'][:19])}Z</td><td>{e(m['memo'])}</td><td>{e(m['posting'])}</td>"
                  f"<td class='num'>{e(format_cents(m['amount']))}</td></tr>" for m in doc[layout.movements]]  # fmt: skip
     return (_table(layout.lines_title, head, rows, numeric_from=4)
+            + (_table("Storage", storage_head, rows_of_storage, numeric_from=3) if storage else "")
             + _table(layout.movements_title, ("Date", "Description", "Reference", "Amount"), movements, numeric_from=3))  # fmt: skip
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from billing.enforce import enforcement_pass
 from billing.payouts import payout_pass
 from billing.rating import RatingPolicy, rate_open_rentals
+from billing.volumes import rate_open_volumes
 from master.db import Database
 from shared.settings import MasterSettings
 
@@ -25,12 +26,13 @@ log = logging.getLogger(__name__)
 
 
 async def rating_pass(db: Database, settings: MasterSettings, now: datetime) -> dict[str, Any]:
-    """Post every running or newly ended rental's usage up to ``now``."""
+    """Post every running or newly ended rental's usage, and every kept volume's storage, up to ``now``."""
     rated = await rate_open_rentals(db, now=now, policy=RatingPolicy.from_settings(settings))
-    posted = sum(len(r.posted) for r in rated)
+    stored = await rate_open_volumes(db, now=now, fee_rate=settings.platform_fee_rate)
+    posted = sum(len(r.posted) for r in rated) + sum(len(v.posted) for v in stored)
     if posted:
-        log.info("rating pass: %d postings over %d rentals", posted, len(rated))
-    return {"rentals": len(rated), "postings": posted}
+        log.info("rating pass: %d postings over %d rentals and %d volumes", posted, len(rated), len(stored))
+    return {"rentals": len(rated), "volumes": len(stored), "postings": posted}
 
 
 @dataclass(frozen=True)

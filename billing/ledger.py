@@ -120,6 +120,7 @@ class Draft:
     memo: str = ""
     rental_id: str | None = None
     period: tuple[datetime, datetime] | None = None
+    volume_id: str | None = None
 
 
 def _checked(draft: Draft) -> list[Leg]:
@@ -153,7 +154,8 @@ async def post_many(session: AsyncSession, drafts: Sequence[Draft], *, at: datet
         return set()
     await _ensure_accounts(session, {leg.account for _, legs in fresh for leg in legs})
     rows = [
-        {"key": draft.key, "kind": draft.kind, "memo": draft.memo, "rental_id": draft.rental_id, "created_at": at,
+        {"key": draft.key, "kind": draft.kind, "memo": draft.memo, "rental_id": draft.rental_id, "volume_id": draft.volume_id,
+         "created_at": at,
          "period_start": draft.period[0] if draft.period else None, "period_end": draft.period[1] if draft.period else None}
         for draft, _ in fresh
     ]  # fmt: skip

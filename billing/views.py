@@ -18,8 +18,9 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from billing import credits, ledger, rating, summaries
+from billing import volumes as volume_billing
 from master.context import Master
-from master.models import Account, Rental, RentalEvent
+from master.models import Account, Rental, RentalEvent, Volume
 from master.services import hosts, rentals
 from master.services import queue as rental_queue
 from master.services.accounts import Principal
@@ -34,13 +35,14 @@ async def account_view(master: Master, who: Principal) -> dict[str, Any]:
     async with master.db.session() as session:
         account = await session.get(Account, who.account_id)
         assert account is not None
+        storage = await summaries.storage_per_hour(session, account.id)  # volumes cost too (billing/volumes.py)
         view = {
             "id": account.id, "name": account.name, "role": account.role, "created_at": account.created_at.isoformat(),
             "kind": account.kind, "person_id": who.person_id, "team_role": who.team_role,
             "quota": (quota := await quota_view(master, session, account)),
             "fair_share_weight": account.fair_share_weight,
-            "credit": await credits.credit_view(session, account, burn_per_hour=Decimal(quota["spend_per_hour"]),
-                                                now=master.clock.now()),
+            "credit": await credits.credit_view(session, account, burn_per_hour=Decimal(quota["spend_per_hour"]) + storage,
+                                                now=master.clock.now()) | {"storage_per_hour": ledger.money(storage)},
         }  # fmt: skip
         if account.role != "renter":
             view["earnings"] = await summaries.provider_earnings(session, account.id)
@@ -62,6 +64,14 @@ async def set_spend_cap(master: Master, account_id: str, cap: str | int | None) 
         account = await credits.set_spend_cap(session, account_id, cap)
         view = await credits.credit_view(session, account, burn_per_hour=Decimal(0), now=master.clock.now())
     return {"monthly_spend_cap": view["monthly_spend_cap"], "spent_this_month": view["spent_this_month"]}
+
+
+async def volume_money(session: AsyncSession, rows: Sequence[Volume]) -> dict[str, dict[str, str]]:
+    """Per volume id, its ``price_per_hour`` (its whole size) and what its storage has ``charged`` so far: what a
+    volume's view shows beside its state (``GET /volumes``)."""
+    charged = await summaries.charged_by_volume(session, [v.id for v in rows])
+    return {v.id: {"price_per_hour": ledger.money(ledger.quantize(volume_billing.per_hour(v))),
+                   "charged": ledger.money(charged.get(v.id, Decimal(0)))} for v in rows}  # fmt: skip
 
 
 # ---- hosts -----------------------------------------------------------------------------------

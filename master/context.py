@@ -62,12 +62,18 @@ class IngestStats:
 
 
 class CreditGate(Protocol):
-    """Whether a renter may start one more rental (``billing/enforce.py::PrepaidCreditGate``)."""
+    """Whether a renter may start one more rental, or make one more volume (``billing/enforce.py::PrepaidCreditGate``)."""
 
     async def has_credit_for(
         self, session: AsyncSession, renter_id: str, price_per_gpu_hour: Decimal, gpus: Decimal, *, min_period_s: int
     ) -> None:
         """Raise a ``ClientError`` (402 ``insufficient_credit``) unless the renter can pay the minimum billing period."""
+
+    async def has_credit_for_volume(
+        self, session: AsyncSession, renter_id: str, size_gib: int, price_per_gib_hour: Decimal, *, min_period_s: int
+    ) -> None:
+        """Raise a ``ClientError`` (402 ``insufficient_credit``) unless the renter can pay an hour of the volume's
+        storage (docs/volumes.md#billing), on top of the minimum billing period of what it runs and keeps."""
 
 
 class CommandSecrets(Protocol):

@@ -209,6 +209,7 @@ class MasterSettings(ServiceSettings):
     require_credit: bool = Field(True, description="Refuse a rental whose renter's prepaid credit does not cover its minimum billing period (402 insufficient_credit).")
     credit_stop_margin_s: float = Field(120.0, ge=0, le=86400, description="Stop a renter's rentals when its credit would last less than this many seconds at its burn rate.")
     credit_warning_s: float = Field(1800.0, ge=0, le=7 * 86400, description="Warn (an event on each rental) when a renter's credit would last less than this many seconds.")
+    volume_grace_days: float = Field(3.0, gt=0, le=365, description="Days a renter's volumes are kept once its credit has run out (or its monthly spend cap is reached): credit added before then keeps them; after, they are deleted (docs/volumes.md#billing).")
     payout_interval: float = Field(86400.0, ge=60, le=31 * 86400, description="Seconds between provider payout batches.")
     payout_minimum: Decimal = Field(Decimal("10.00"), ge=0, description="Smallest payable balance (USD) paid out in a batch; less waits for the next.")
     payout_dir: Path | None = Field(None, description="Where the CSV payout exporter writes payouts-<batch>.csv (default: DATA_DIR/payouts).")

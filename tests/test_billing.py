@@ -348,7 +348,7 @@ class TestCreditEnforcement:
             [stop] = await books.commands(rental_id, "stop_workload")
             assert stop.state == "pending" and stop.args["reason"] == "the renter's prepaid credit ran out"
         again = await enforcement_pass(books.master.db, books.master.settings, now)
-        assert again == {"stopped": [], "warned": []}
+        assert (again["stopped"], again["warned"]) == ([], [])
 
     async def test_low_credit_warns_once(self, books: Api) -> None:
         """Credit for less than credit_warning_s puts one warning event on each active rental."""

@@ -44,8 +44,17 @@ function documentView(doc) {
     line.seconds_billed === null || line.seconds_billed === undefined ? "—" : num(line.seconds_billed, 0),
     usd(statement ? line.earned : line.total),
   ]);
+  // Volumes' storage: a line per volume (GiB, hours, amount), counted in the totals above.
+  const storageLines = (doc.storage && doc.storage.lines) || [];
+  const storage = storageLines.length === 0 ? null : table({
+    caption: `Storage, ${doc.month}`, columns: ["Volume", "GiB", "Price / GiB-hour", "Hours", statement ? "Earned" : "Amount"],
+    rows: storageLines.map((line) => [h("code", { class: "id" }, line.name ? `${line.name} (${line.volume_id})` : line.volume_id),
+      String(line.size_gib ?? "—"), usdRate(line.price_per_gib_hour), line.hours, usd(statement ? line.earned : line.amount)]),
+    className: "invoice-storage",
+  });
   return h("div", { class: "invoice-doc" }, summary,
-    table({ caption: `${statement ? "Statement" : "Invoice"} lines, ${doc.month}`, columns, rows, empty: "No rentals this month.", className: "invoice-lines" }));
+    table({ caption: `${statement ? "Statement" : "Invoice"} lines, ${doc.month}`, columns, rows, empty: "No rentals this month.", className: "invoice-lines" }),
+    storage);
 }
 
 /** The list of the account's invoices or statements, each opening its lines. */

@@ -10,6 +10,7 @@ from __future__ import annotations
 from billing.jobs import Job
 from master.background import leases
 from master.context import Master
+from master.services import commands
 
 
 async def billing_loop(master: Master, job: Job) -> None:
@@ -20,6 +21,8 @@ async def billing_loop(master: Master, job: Job) -> None:
     """
 
     async def work() -> None:
-        await job.run(master.db, master.settings, master.clock.now())
+        result = await job.run(master.db, master.settings, master.clock.now())
+        # Commands the job wrote (a volume deleted at its grace's end), committed: out now, not at the next resend.
+        await commands.publish(master, list(result.get("commands", [])))
 
     await leases.run_leased(master, f"billing-{job.name}", every=job.every(master.settings), work=work)

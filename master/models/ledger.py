@@ -37,9 +37,13 @@ class LedgerTransaction(Base):
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
     key: Mapped[str] = mapped_column(String(255), unique=True)
-    kind: Mapped[str] = mapped_column(String(32), index=True)  # top_up | usage | minimum | downtime_credit | payout
+    kind: Mapped[str] = mapped_column(String(32), index=True)  # top_up | usage | minimum | downtime_credit | storage | payout
     memo: Mapped[str] = mapped_column(Text, default="")
     rental_id: Mapped[str | None] = mapped_column(ForeignKey("rentals.id"), default=None, index=True)
+    # A volume's storage (billing/volumes.py): its invoice line and what it has charged.
+    volume_id: Mapped[str | None] = mapped_column(
+        ForeignKey("volumes.id", name="fk_ledger_transactions_volume_id"), default=None, index=True
+    )
     period_start: Mapped[datetime | None] = mapped_column(default=None)
     period_end: Mapped[datetime | None] = mapped_column(default=None)
     created_at: Mapped[datetime] = mapped_column(default=_now, index=True)

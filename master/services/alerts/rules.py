@@ -32,6 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
 from master.models import Alert, AlertNotification, Gpu, GpuEvent, Host, Rental
+from master.services.alerts import storage
 from master.services.alerts.views import Severity, alert_view
 from master.services.lifecycle.rentals import ACTIVE_STATES
 from master.services.market import FAULT_XIDS
@@ -438,6 +439,8 @@ async def evaluate(master: Master, *, now: datetime | None = None, probe_timeout
         conditions += await telemetry_conditions(session, threshold_c=settings.alert_temperature_c)
         conditions += await host_state_conditions(session)
         conditions += await verification_conditions(session)
+        conditions += [Condition(rule=storage.RULE, key=key, severity=severity, summary=summary, details=details)
+                       for key, severity, summary, details in await storage.volume_grace(session, now=now)]  # fmt: skip
         if backlog is not None:
             conditions += ingestion_lag_conditions(backlog, now=now, threshold_s=settings.alert_ingestion_lag_s)
         if relays is not None:

@@ -19,7 +19,8 @@ from shared.errors import NotFound
 Severity = Literal["critical", "warning", "info"]
 SEVERITIES: tuple[Severity, ...] = get_args(Severity)
 
-RULES = ("xid", "ecc", "temperature", "host_offline", "host_faulty", "ingestion_lag", "relay_dead", "gpu_verification")
+RULES = ("xid", "ecc", "temperature", "host_offline", "host_faulty", "ingestion_lag", "relay_dead", "gpu_verification",
+         "volume_grace")
 ALERT_STATES = ("firing", "resolved")
 
 
