@@ -273,3 +273,60 @@ class TestQueue:
         status, _ = await api.as_renter("DELETE", f"/rentals/{queued['id']}")
         assert status == 202
         assert await attachments(api, volume_id) == [(queued["id"], False, True)]
+
+
+class TestClusters:
+    async def test_each_node_goes_to_its_own_volumes_host_and_mounts_it(self, api: Api) -> None:
+        """``ckpt-{rank}``: node r mounts ckpt-r and is placed on its host, though another host has room too."""
+        await api.host(2)
+        hosts = [(await api.host(1))[0] for _ in range(2)]
+        ids = [await volume(api, host, f"ckpt-{rank}") for rank, host in enumerate(hosts)]
+        status, cluster = await api.as_renter("POST", "/clusters", json={
+            "node_count": 2, "workload": CONTAINER, "volumes": [{"name": "ckpt-{rank}", "mount": "/ckpt"}]})  # fmt: skip
+        assert status == 201, cluster
+        members = sorted(cluster["members"], key=lambda m: m["node_rank"])
+        assert [m["host_id"] for m in members] == hosts
+        for member, volume_id in zip(members, ids, strict=True):
+            assert await start_volumes(api, member["rental_id"]) == [{"volume_id": volume_id, "mount": "/ckpt", "read_only": False}]
+            assert await attachments(api, volume_id) == [(member["rental_id"], False, False)]
+
+    async def test_a_volume_without_rank_or_two_nodes_on_one_host_are_refused(self, api: Api) -> None:
+        host, _ = await api.host(2)
+        await api.host(2)
+        await volume(api, host, "ckpt-0")
+        await volume(api, host, "ckpt-1")
+        body = {"node_count": 2, "workload": CONTAINER}
+        status, refused = await api.as_renter("POST", "/clusters", json={**body, "volumes": [{"name": "ckpt-0", "mount": "/c"}]})
+        assert_error(status, refused, 422, "invalid_volumes")
+        status, refused = await api.as_renter("POST", "/clusters", json={**body, "volumes": [{"name": "ckpt-{rank}", "mount": "/c"}]})
+        assert_error(status, refused, 409, "volumes_share_a_host")
+        assert await api.count(Rental) == 0
+
+
+SERVICE = {"name": "chat", "workload": {"kind": "container", "image": "gpumarket-test/openai-cpu:1", "ports": [8000]},
+           "port": 8000, "min_replicas": 2, "max_replicas": 2}  # fmt: skip
+
+
+class TestServices:
+    async def test_replicas_go_only_where_a_copy_of_the_weights_lives_and_mount_it_read_only(self, api: Api) -> None:
+        """Copies of the weights on two hosts at one mount point: a replica on each, each mounting its host's copy."""
+        await api.host(2)
+        hosts = [(await api.host(1))[0] for _ in range(2)]
+        ids = {host: await volume(api, host, f"weights-{n}") for n, host in enumerate(hosts)}
+        copies = [{"name": f"weights-{n}", "mount": "/weights", "read_only": True} for n in range(2)]
+        status, service = await api.as_renter("POST", "/services", json={**SERVICE, "volumes": copies})
+        assert status == 201, service
+        assert service["volumes"] == copies
+        replicas = [r["rental_id"] for r in service["replica_rentals"]]
+        placed = set()
+        for rental_id in replicas:
+            _, rental = await api.as_renter("GET", f"/rentals/{rental_id}")
+            placed.add(rental["host_id"])
+            assert await start_volumes(api, rental_id) == [{"volume_id": ids[rental["host_id"]], "mount": "/weights", "read_only": True}]
+        assert placed == set(hosts)
+
+    async def test_a_read_write_volume_is_422(self, api: Api) -> None:
+        host, _ = await api.host(1)
+        await volume(api, host, "weights")
+        status, refused = await api.as_renter("POST", "/services", json={**SERVICE, "volumes": [{"name": "weights", "mount": "/w"}]})
+        assert_error(status, refused, 422, "invalid_volumes")

@@ -120,6 +120,8 @@ class ClusterCreate(_Body):
     template: str | None = Field(None, pattern=NAME_PATTERN, max_length=40, description="A template from GET /templates. Excludes workload.")
     workload: WorkloadSpec = Field(default_factory=HoldWorkload, description="What every node runs, with MASTER_ADDR, MASTER_PORT, "
                                    "WORLD_SIZE, RANK, NODE_RANK, and LOCAL_WORLD_SIZE added to its environment.")
+    volumes: VolumeMounts | None = Field(None, max_length=MAX_VOLUMES_PER_RENTAL, description="Volumes each node mounts: a name "
+                                         "holding {rank} is node r's own (ckpt-{rank}), and node r goes to its host.")  # fmt: skip
 
 
 class ScalingBody(_Body):
@@ -155,6 +157,9 @@ class ServiceCreate(_Body):
     min_replicas: int = Field(1, ge=0, le=1000, description="Fewest replicas; 0 lets the service sleep (the first request waits).")
     max_replicas: int = Field(1, ge=0, le=1000, description="Most replicas.")
     scaling: ScalingBody | None = Field(None, description="The scaling rule; default: inflight with target 4.")
+    volumes: VolumeMounts | None = Field(None, max_length=4 * MAX_VOLUMES_PER_RENTAL, description="Read-only volumes every "
+                                         "replica mounts (shared weights); entries at one mount point are copies on different "
+                                         "hosts, and a replica goes only to a host with one of each (docs/volumes.md).")  # fmt: skip
 
 
 class ServiceScale(_Body):
