@@ -13,12 +13,16 @@ import os
 import secrets
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from agent.commands import CommandExecutor
+from agent.logship import LogShipper
 from agent.runtimes.containeropts import resource_name
 from agent.runtimes.diskquota import detect_loop_disks
 from agent.volumes import VolumeStore
+from shared import protocol
 from shared.errors import BadRequest
 from shared.protocol import VolumeMount
 from tests.test_container_runtime import Managers, backend, inspect, log_text, managers, owner, put_file, sh  # noqa: F401  (fixtures)
@@ -195,3 +199,36 @@ class TestRestarts:
         )
         await log_text(second, nxt, containing="read=before-reboot")
         assert os.path.ismount(path)
+
+
+class TestStartCommand:
+    async def test_a_start_command_mounts_its_volumes_and_one_not_here_fails_volume_not_found(
+        self,
+        managers: Managers,  # noqa: F811 (a fixture imported above)
+        gpus: list[str],
+        docker_image: str,
+        tmp_path: Path,
+    ) -> None:
+        """``start_workload.volumes`` reaches the container; a volume the host lacks fails the command with the code."""
+        manager, _ = managers(volumes=store(tmp_path))
+
+        async def unused(*args: Any) -> Any:
+            raise AssertionError("not called")
+
+        async def send(body: protocol.WorkloadLogsBody) -> None:
+            pass
+
+        commands = CommandExecutor(workloads=manager, backend=manager.backend, logs=LogShipper(tmp_path, manager, send),
+                                   measure=unused, install_certificate=unused)  # fmt: skip
+        volume_id = new_volume(tmp_path)
+        (store(tmp_path).path(volume_id) / "note").write_text("from-the-host\n")
+        workload = sh("echo read=$(cat /data/note); exec sleep 600", image=docker_image)
+        for rental, vid, ok in ((f"c{secrets.token_hex(3)}", "vol-0123456789abcdef", False), (f"c{secrets.token_hex(3)}", volume_id, True)):
+            start = protocol.StartWorkload(rental_id=rental, gpu_uuids=[gpus[0]], workload=workload,
+                                           volumes=[VolumeMount(volume_id=vid, mount="/data")])  # fmt: skip
+            result = await commands.execute(protocol.CommandBody.of(f"cmd-{secrets.token_hex(4)}", start))
+            assert result.ok is ok, result
+            if not ok:
+                assert result.data.get("code") == "volume_not_found", result
+            else:
+                await log_text(manager, rental, containing="read=from-the-host")
