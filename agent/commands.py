@@ -188,6 +188,7 @@ class CommandExecutor:
             data = await self.workloads.start(
                 command.rental_id, list(command.gpu_uuids), command.workload, share=command.share, registry_auth=login,
                 preempts=[victim.rental_id for victim in preempts], before_start=stop_preempted if preempts else None,
+                volumes=command.volumes or (),
             )  # fmt: skip
         if command.preempts is not None:
             data["preempted"] = list(stopped)

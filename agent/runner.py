@@ -55,7 +55,7 @@ from agent.reach.tunnels import TunnelServer
 from agent.runtimes.ceilings import CeilingPolicy, with_ceilings
 from agent.runtimes.containeropts import ContainerOptions, ProgressStage
 from agent.runtimes.isolation import HostIsolation, ProcessIsolation, isolation_facts
-from agent.runtimes.manager import WorkloadManager
+from agent.runtimes.manager import VolumePaths, WorkloadManager
 from agent.sampling import Sampler
 from agent.spool import SqliteSpool
 from agent.state import AgentState, SequenceLease
@@ -158,6 +158,7 @@ class Agent:
         isolation: HostIsolation | None = None,
         container: ContainerOptions | None = None,
         ceilings: CeilingPolicy | None = None,
+        volumes: VolumePaths | None = None,
         rng: random.Random | None = None,
         # Renters' streams (agent.reach.tunnels): on the link, and per rental
         max_streams: int = 256,
@@ -208,7 +209,7 @@ class Agent:
         self.workloads = WorkloadManager(
             state.work_dir, backend, on_exit=self._workload_exited, on_progress=self._workload_progress,
             rental_users=self.isolation.users, isolation=self.isolation.facts,
-            container=replace(container or ContainerOptions(), owner=self.host_id), ceilings=ceilings,
+            container=replace(container or ContainerOptions(), owner=self.host_id), ceilings=ceilings, volumes=volumes,
         )
         self.stop_workloads_on_close = stop_workloads_on_close
         self._commands: asyncio.Queue[protocol.CommandBody] = asyncio.Queue(max_pending_commands)

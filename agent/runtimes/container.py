@@ -47,7 +47,7 @@ import math
 import os
 import tarfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -57,7 +57,7 @@ from aiodocker.exceptions import DockerError
 
 from agent.runtimes.base import Workload
 from agent.runtimes.ceilings import DiskQuota
-from agent.runtimes.containerconfig import create_body
+from agent.runtimes.containerconfig import VolumeBind, create_body
 from agent.runtimes.containerlogs import ContainerHandle
 from agent.runtimes.containeropts import (
     DEFAULT_SOCKET,
@@ -311,10 +311,12 @@ class ContainerRuntime:
     # ---- start ---------------------------------------------------------------------------
 
     async def start(
-        self, workload: Workload, spec: ContainerWorkload, image: PreparedImage, share: GpuShare | None, ceilings: Ceilings | None = None
+        self, workload: Workload, spec: ContainerWorkload, image: PreparedImage, share: GpuShare | None, ceilings: Ceilings | None = None,
+        volumes: Sequence[VolumeBind] = (),
     ) -> dict[str, Any]:
         """Make the rental's network, volume (or its size-capped disk) and container and start it, within
-        ``ceilings`` (default: the options' defaults); fills in ``workload.container``.
+        ``ceilings`` (default: the options' defaults), with the renter's ``volumes`` bind-mounted; fills in
+        ``workload.container``.
 
         All or nothing: on any failure (or cancellation) the container and network made
         here are removed (the volume or disk stays, like a stopped rental's, until forgotten).
@@ -342,7 +344,8 @@ class ContainerRuntime:
             disk_owner = (int(uid), int(gid or uid)) if uid.isdigit() and (not gid or gid.isdigit()) else (0, 0)  # a name: chowned below
             disk = await asyncio.to_thread(self.disks.ensure, rental_id, ceilings.disk_gib, owner=disk_owner)
         config = self.container_config(
-            rental_id, workload.gpu_uuids, spec, image, share, user=user, name=name, labels=labels, ceilings=ceilings, disk=disk
+            rental_id, workload.gpu_uuids, spec, image, share, user=user, name=name, labels=labels, ceilings=ceilings, disk=disk,
+            volumes=volumes,
         )
         docker = self.docker()
         try:
@@ -381,11 +384,12 @@ class ContainerRuntime:
     def container_config(
         self, rental_id: str, gpus: list[str], spec: ContainerWorkload, image: PreparedImage, share: GpuShare | None,
         *, user: str, name: str, labels: dict[str, str], ceilings: Ceilings | None = None, disk: Path | None = None,
+        volumes: Sequence[VolumeBind] = (),
     ) -> dict[str, Any]:
         """The engine's create body (``containerconfig.create_body``) with this runtime's options and disk quota."""
         return create_body(
             self.options, rental_id, gpus, spec, image, share, user=user, name=name, labels=labels, ceilings=ceilings, disk=disk,
-            device_requests=self.device_requests, storage_opt=self.disk_quota == "storage_opt",
+            device_requests=self.device_requests, storage_opt=self.disk_quota == "storage_opt", volumes=volumes,
         )
 
     async def _own_workspace(self, container_id: str, user: str) -> None:

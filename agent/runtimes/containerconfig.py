@@ -3,13 +3,15 @@
 Its GPUs (``DeviceRequests`` by UUID where the engine has the NVIDIA toolkit, the environment always), the agent's
 variables over the spec's and the image's, every capability dropped, ``no-new-privileges``, an init, the rental's
 ceilings (memory without swap, CPU, pids, ``/dev/shm``; its writable layer's size where the engine enforces
-``--storage-opt``), its own network and ``/workspace`` (a named volume, or its size-capped disk bind-mounted).
+``--storage-opt``), its own network and ``/workspace`` (a named volume, or its size-capped disk bind-mounted), and the
+renter's volumes it mounts (``VolumeBind``: each a mounted filesystem of ``agent/volumes.py``, read-only where asked).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from agent.runtimes.containeropts import WORKSPACE, ContainerOptions, PreparedImage
 from agent.runtimes.process import share_environment
@@ -17,14 +19,22 @@ from shared.ceilings import Ceilings
 from shared.protocol import ContainerWorkload, GpuShare
 
 
+class VolumeBind(NamedTuple):
+    """One of the renter's volumes in the container: the host's mounted filesystem ``source`` at ``target``."""
+
+    source: Path
+    target: str
+    read_only: bool
+
+
 def create_body(
     options: ContainerOptions, rental_id: str, gpus: list[str], spec: ContainerWorkload, image: PreparedImage, share: GpuShare | None,
     *, user: str, name: str, labels: dict[str, str], ceilings: Ceilings | None = None, disk: Path | None = None,
-    device_requests: bool, storage_opt: bool,
+    device_requests: bool, storage_opt: bool, volumes: Sequence[VolumeBind] = (),
 ) -> dict[str, Any]:
     """The engine's create body: ``ceilings`` (default: the options' defaults) become its memory, CPU, pids
     and (where the engine enforces it) writable-layer limits; ``disk`` (a mounted size-capped filesystem) is
-    bind-mounted at ``/workspace`` instead of the rental's named volume."""
+    bind-mounted at ``/workspace`` instead of the rental's named volume; each of ``volumes`` at its target."""
     visible = ",".join(gpus)
     env = dict(spec.env)
     image_env = {item.partition("=")[0] for item in image.env}
@@ -58,7 +68,10 @@ def create_body(
         "ShmSize": (spec.shm_mib or options.default_shm_mib) << 20,
         "IpcMode": "private",
         "NetworkMode": name if options.isolate_network else "bridge",
-        "Mounts": [mount],
+        "Mounts": [mount, *(
+            {"Type": "bind", "Source": str(v.source), "Target": v.target, "ReadOnly": v.read_only,
+             "BindOptions": {"Propagation": "rprivate"}} for v in volumes
+        )],
         "RestartPolicy": {"Name": "no"},
         "LogConfig": {"Type": "local", "Config": {"max-size": f"{options.log_max_mib}m", "max-file": "2", "compress": "false"}},
         "PublishAllPorts": False,

@@ -38,7 +38,7 @@ import logging
 import shutil
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from agent.gpu.base import GpuBackend
 from agent.runtimes.base import (
@@ -57,6 +57,7 @@ from agent.runtimes.cgroups import (
     detect_cgroup_support,
 )
 from agent.runtimes.container import ContainerRuntime
+from agent.runtimes.containerconfig import VolumeBind
 from agent.runtimes.containeropts import ContainerFacts, ContainerOptions, ProgressCallback
 from agent.runtimes.gpuclaims import check_gpus, show_load
 from agent.runtimes.hold import HoldRuntime
@@ -77,6 +78,7 @@ from shared.protocol import (
     HoldWorkload,
     IsolationFacts,
     ProcessWorkload,
+    VolumeMount,
     WorkloadSpec,
 )
 
@@ -84,6 +86,13 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+
+class VolumePaths(Protocol):
+    """The renter's volumes on this host (``agent/volumes.py``'s ``VolumeStore``): where each is mounted."""
+
+    def path(self, volume_id: str) -> Path:
+        """The volume's mounted filesystem; raises ``BadRequest`` (``volume_not_found``) when it is not here."""
+        ...
 
 
 class WorkloadManager:
@@ -109,6 +118,7 @@ class WorkloadManager:
         container: ContainerOptions | None = None,
         on_progress: ProgressCallback | None = None,
         ceilings: CeilingPolicy | None = None,
+        volumes: VolumePaths | None = None,
         # Timeouts
         stop_timeout: float = 10.0,
         kill_timeout: float = 5.0,
@@ -155,6 +165,7 @@ class WorkloadManager:
         self.holds = HoldRuntime()
         self.processes = ProcessRuntime(work_dir, self.cgroups, users=rental_users, isolation=isolation, kill_timeout=kill_timeout)
         self.container_options = container
+        self.volumes = volumes  # the renter's volumes on this host (agent/volumes.py's VolumeStore); None: it keeps none
         self.containers = ContainerRuntime(
             work_dir, container or ContainerOptions(), device_requests=backend.name == "nvml", on_progress=on_progress
         )
@@ -248,9 +259,12 @@ class WorkloadManager:
     async def start(
         self, rental_id: str, gpu_uuids: list[str], spec: WorkloadSpec, *, share: GpuShare | None = None,
         registry_auth: SealedLogin | None = None, preempts: Sequence[str] = (),
-        before_start: Callable[[], Awaitable[None]] | None = None,
+        before_start: Callable[[], Awaitable[None]] | None = None, volumes: Sequence[VolumeMount] = (),
     ) -> dict[str, Any]:
         """Start the rental's workload unless it already runs (then report it again).
+
+        ``volumes``: the renter's volumes a container mounts (each must be on this host: else the start fails
+        ``volume_not_found`` before the image is pulled).
 
         ``spec`` and ``share`` come validated (``shared.protocol.StartWorkload``). ``share`` gives
         the workload a fraction of its one GPU, which other shares may hold too; without it the workload
@@ -270,7 +284,9 @@ class WorkloadManager:
         check_rental_id(rental_id)
         await self.resume()
         if isinstance(spec, ContainerWorkload):
-            return await self._start_container(rental_id, gpu_uuids, spec, share, registry_auth, preempts, before_start)
+            return await self._start_container(rental_id, gpu_uuids, spec, share, registry_auth, preempts, before_start, volumes)
+        if volumes:
+            raise BadRequest("volumes are mounted into a container workload only", code="bad_workload_spec")
         existing = self._workloads.get(rental_id) or self._pending.get(rental_id)
         if existing is not None:
             return self._already_running(existing)
@@ -294,7 +310,7 @@ class WorkloadManager:
 
     async def _start_container(
         self, rental_id: str, gpu_uuids: list[str], spec: ContainerWorkload, share: GpuShare | None, registry_auth: SealedLogin | None,
-        preempts: Sequence[str] = (), before_start: Callable[[], Awaitable[None]] | None = None,
+        preempts: Sequence[str] = (), before_start: Callable[[], Awaitable[None]] | None = None, volumes: Sequence[VolumeMount] = (),
     ) -> dict[str, Any]:
         if self.container_options is None:
             raise BadRequest(
@@ -306,20 +322,22 @@ class WorkloadManager:
         lock = self._start_locks.setdefault(rental_id, asyncio.Lock())
         try:
             async with lock:
-                return await self._start_container_locked(rental_id, gpu_uuids, spec, share, registry_auth, preempts, before_start)
+                return await self._start_container_locked(rental_id, gpu_uuids, spec, share, registry_auth, preempts, before_start,
+                                                          volumes)  # fmt: skip
         finally:
             if not lock.locked() and self._start_locks.get(rental_id) is lock:
                 del self._start_locks[rental_id]
 
     async def _start_container_locked(
         self, rental_id: str, gpu_uuids: list[str], spec: ContainerWorkload, share: GpuShare | None, registry_auth: SealedLogin | None,
-        preempts: Sequence[str], before_start: Callable[[], Awaitable[None]] | None,
+        preempts: Sequence[str], before_start: Callable[[], Awaitable[None]] | None, volumes: Sequence[VolumeMount] = (),
     ) -> dict[str, Any]:
         self._check_open()
         existing = self._workloads.get(rental_id)
         if existing is not None:
             return self._already_running(existing)
         gpus = self._check_gpus(gpu_uuids, share, ignoring=preempts)
+        binds = [VolumeBind(await asyncio.to_thread(self._volume_path, v.volume_id), v.mount, v.read_only) for v in volumes]
         ceilings = self._ceilings_of(spec, gpus, share)
         workload = Workload(rental_id, "container", gpus, now_iso(), share=share, disk_gib=ceilings.disk_gib)
         self._pending[rental_id] = workload  # its GPUs are taken while the image comes and the container starts
@@ -340,7 +358,7 @@ class WorkloadManager:
             if before_start is not None:
                 await before_start()  # the image is here: only now do the preempted workloads go
                 self._check_gpus(gpu_uuids, share, ignoring=(rental_id,))  # ... and their GPUs are free
-            result = await self.containers.start(workload, spec, image, share, ceilings)
+            result = await self.containers.start(workload, spec, image, share, ceilings, volumes=binds)
         finally:
             self._pending.pop(rental_id, None)
         self._workloads[rental_id] = workload
@@ -350,6 +368,12 @@ class WorkloadManager:
         self._show_load()
         log.info("rental %s started (container %s, image %s, %d GPU)", rental_id, result["container"], spec.image, len(gpus))
         return result
+
+    def _volume_path(self, volume_id: str) -> Path:
+        """Where the volume is mounted on this host (mounted again if a restart or a reboot left it unmounted)."""
+        if self.volumes is None:
+            raise BadRequest(f"volume {volume_id} is not on this host: it keeps no volumes", code="volume_not_found")
+        return self.volumes.path(volume_id)
 
     def _already_running(self, workload: Workload) -> dict[str, Any]:
         if workload.stop_task is not None:

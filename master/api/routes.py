@@ -213,7 +213,7 @@ async def create_rental(request: web.Request) -> web.Response:
         restart_on_failure=body.restart_on_failure, gpu_milli=body.gpu_milli, gpu_memory_mib=body.gpu_memory_mib,
         mig_profile=body.mig_profile, offer_id=body.offer_id, query=body.requirements or "", kind=body.kind, bid=body.bid,
         network=body.network.model_dump() if body.network is not None else None, queue=body.queue,
-        queue_timeout_s=body.queue_timeout_s,
+        queue_timeout_s=body.queue_timeout_s, volumes=tuple(v.ask() for v in body.volumes or ()),
     )  # fmt: skip
     view, created = await money.create_rental(request.app[MASTER], principal(request), request_, idempotency_key=key)
     return web.json_response(view, status=201 if created else 200)

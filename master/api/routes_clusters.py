@@ -34,7 +34,7 @@ async def create_cluster(request: web.Request) -> web.Response:
         workload={} if body.template is not None else body.workload.model_dump(mode="json"), template=body.template,
         query=body.requirements or "", kind=body.kind, bid=body.bid,
         network=body.network.model_dump() if body.network is not None else None, restart_policy=body.restart_policy,
-        queue=body.queue, queue_timeout_s=body.queue_timeout_s,
+        queue=body.queue, queue_timeout_s=body.queue_timeout_s, volumes=tuple(v.ask() for v in body.volumes or ()),
     )  # fmt: skip
     cluster, created = await clusters.create_cluster(master, principal(request), wanted, idempotency_key=key)
     async with master.db.session() as session:

@@ -11,8 +11,15 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from master.services.rentals import MAX_DESCRIPTION_CHARS, NAME_PATTERN
+from master.services.volumes import VolumeAsk
 from shared.money import CENT_PLACES, GPU_PLACES, MAX_PRICE, Amount, AmountText
-from shared.protocol import ContainerWorkload, HoldWorkload, WorkloadSpec
+from shared.protocol import (
+    MAX_VOLUMES_PER_RENTAL,
+    VOLUME_ID_PATTERN,
+    ContainerWorkload,
+    HoldWorkload,
+    WorkloadSpec,
+)
 
 # Money and quantities (shared/money.py): ASCII digits, at most one dot, bounded decimals; a string or a JSON integer.
 Bid = Annotated[Decimal, Amount(maximum=MAX_PRICE, positive=True)]
@@ -30,6 +37,22 @@ class NetworkLimitsBody(_Body):
     max_latency_ms: float | None = Field(None, gt=0, le=10_000, description="Worst round-trip time to your region you accept.")
     max_jitter_ms: float | None = Field(None, ge=0, le=10_000)
     max_loss_pct: float | None = Field(None, ge=0, le=100)
+
+
+class VolumeMountBody(_Body):
+    """One of the renter's volumes the container mounts (docs/volumes.md): by name or by id, at an absolute mount point."""
+
+    name: str | None = Field(None, min_length=1, max_length=64, description="The volume's name (a cluster's may hold {rank}).")
+    id: str | None = Field(None, pattern=VOLUME_ID_PATTERN, description="Or its id, vol-<16 hex>.")
+    mount: str = Field(min_length=1, max_length=200, description="Where it appears in the container, e.g. /data (not /workspace "
+                       "itself nor a system folder).")  # fmt: skip
+    read_only: bool = Field(False, description="Mount it read-only: any number of rentals may; read-write, one at a time.")
+
+    def ask(self) -> VolumeAsk:
+        return VolumeAsk(mount=self.mount, name=self.name, id=self.id, read_only=self.read_only)
+
+
+VolumeMounts = list[VolumeMountBody]
 
 
 class RentalCreate(_Body):
@@ -57,6 +80,8 @@ class RentalCreate(_Body):
                                    "with neither this nor template, a hold (GPUs reserved, nothing run).")
     restart_on_failure: bool = Field(False, description="If the host is lost, start the workload again on another host "
                                                           "(a new rental, named in this one's events).")
+    volumes: VolumeMounts | None = Field(None, max_length=MAX_VOLUMES_PER_RENTAL, description="Your volumes the container "
+                                         "mounts; the rental then goes only to their host (docs/volumes.md).")  # fmt: skip
 
 
 class ClusterNetworkBody(_Body):
@@ -95,6 +120,8 @@ class ClusterCreate(_Body):
     template: str | None = Field(None, pattern=NAME_PATTERN, max_length=40, description="A template from GET /templates. Excludes workload.")
     workload: WorkloadSpec = Field(default_factory=HoldWorkload, description="What every node runs, with MASTER_ADDR, MASTER_PORT, "
                                    "WORLD_SIZE, RANK, NODE_RANK, and LOCAL_WORLD_SIZE added to its environment.")
+    volumes: VolumeMounts | None = Field(None, max_length=MAX_VOLUMES_PER_RENTAL, description="Volumes each node mounts: a name "
+                                         "holding {rank} is node r's own (ckpt-{rank}), and node r goes to its host.")  # fmt: skip
 
 
 class ScalingBody(_Body):
@@ -130,6 +157,9 @@ class ServiceCreate(_Body):
     min_replicas: int = Field(1, ge=0, le=1000, description="Fewest replicas; 0 lets the service sleep (the first request waits).")
     max_replicas: int = Field(1, ge=0, le=1000, description="Most replicas.")
     scaling: ScalingBody | None = Field(None, description="The scaling rule; default: inflight with target 4.")
+    volumes: VolumeMounts | None = Field(None, max_length=4 * MAX_VOLUMES_PER_RENTAL, description="Read-only volumes every "
+                                         "replica mounts (shared weights); entries at one mount point are copies on different "
+                                         "hosts, and a replica goes only to a host with one of each (docs/volumes.md).")  # fmt: skip
 
 
 class ServiceScale(_Body):

@@ -56,6 +56,8 @@ class Service(Base):
     # {"metric": "inflight", "target": 4} or {"metric": "gpu_util", "threshold_pct": 80, "period_s": 300},
     # with "scale_up_cooldown_s" and "scale_down_cooldown_s".
     scaling: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # The volumes every replica mounts read-only, as asked ([{"name" | "id", "mount", "read_only"}]; docs/volumes.md).
+    volumes: Mapped[list[Any] | None] = mapped_column(default=None)
     token_hash: Mapped[str] = mapped_column(String(64), index=True)  # SHA-256 of the service token, hex
     token_prefix: Mapped[str] = mapped_column(String(16))  # its first characters, to tell tokens apart
     idempotency_key: Mapped[str | None] = mapped_column(String(255), default=None)

@@ -27,6 +27,7 @@ from master.services.lifecycle.clusters import FINAL_CLUSTER_STATES, ClusterStat
 from master.services.lifecycle.rentals import RentalState, advance
 from master.services.market import money
 from master.services.rentals import workload_of
+from master.services.volumes import check_asks
 from shared.errors import InsufficientCapacity, NotFound
 from shared.ids import new_id
 
@@ -54,6 +55,7 @@ async def _create(master: Master, renter: Principal, request: ClusterRequest, id
     if request.template is not None and not request.workload:
         async with master.db.session() as session:  # the template as it is now
             request = replace(request, workload=await workload_of(session, request.template))
+        check_asks(request.volumes, request.workload, ranked=True)
     now = master.clock.now()
     cluster = Cluster(
         id=new_id("c"), renter_id=renter.account_id, state=ClusterState.PENDING.value, node_count=request.node_count,

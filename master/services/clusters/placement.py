@@ -35,10 +35,10 @@ from master.context import Master
 from master.models import Cluster, Rental
 from master.scheduler import MILLI, Placement, get_placer
 from master.scheduler.gang import Rtt, place_gang
-from master.services import host_links, rentals
+from master.services import host_links, rentals, volumes
 from master.services.clusters.request import ClusterRequest
 from master.services.lifecycle.rentals import RentalState
-from shared.errors import ClientError, InsufficientCapacity
+from shared.errors import ClientError, Conflict, InsufficientCapacity
 from shared.ids import new_id
 
 log = logging.getLogger(__name__)
@@ -64,13 +64,19 @@ async def place_cluster(
     cluster_id, renter_id = cluster.id, cluster.renter_id  # a rolled-back attempt expires the row's attributes
     members = _Members((cluster_id, renter_id), request, tuple(queued), now=now)
     links_since = now - timedelta(seconds=master.settings.host_link_max_age_s)
-    async with session.begin_nested() as attempt:
-        commands, reason, network_why = await _place_gang(master, session, members, request, links_since=links_since, now=now)
-        if reason is None:
-            return commands
-        await attempt.rollback()
-    log.info("cluster %s: no gang placement on free GPUs (%s); trying node by node", cluster_id, reason)
-    for region in [*await _regions_by_free_gpus(master, session, request, now=now), None]:
+    network_why: str | None = None
+    regions: list[str | None] = [None]
+    if request.volumes:  # each node's volumes chose its host: node by node, each to its own (try_place keeps it there)
+        await member_volume_hosts(session, renter_id, request, queued)
+    else:
+        async with session.begin_nested() as attempt:
+            commands, reason, network_why = await _place_gang(master, session, members, request, links_since=links_since, now=now)
+            if reason is None:
+                return commands
+            await attempt.rollback()
+        log.info("cluster %s: no gang placement on free GPUs (%s); trying node by node", cluster_id, reason)
+        regions = [*await _regions_by_free_gpus(master, session, request, now=now), None]
+    for region in regions:
         async with session.begin_nested() as attempt:
             commands, reason = await _place_members(master, session, members, request, region=region, links_since=links_since, now=now)
             if reason is None:
@@ -78,7 +84,7 @@ async def place_cluster(
             await attempt.rollback()
         log.info("cluster %s does not fit%s: %s", cluster_id, f" in region {region}" if region else "", reason)
     assert reason is not None
-    if isinstance(reason, InsufficientCapacity) and reason.code == "insufficient_capacity":
+    if isinstance(reason, InsufficientCapacity) and reason.code == "insufficient_capacity" and not request.volumes:
         wanted = f"{request.gpus_per_node} × {request.gpu_model or 'any GPU'}"
         if network_why is not None:
             raise InsufficientCapacity(
@@ -195,8 +201,32 @@ def new_member(cluster: tuple[str, str], request: ClusterRequest, rank: int, spe
         id=new_id("r"), renter_id=renter_id, host_id=None, gpu_model=request.gpu_model, gpu_count=request.gpus_per_node,
         gpu_uuids=[], state=RentalState.PENDING.value, workload=request.member_workload(rank),
         restart_on_failure=False, kind=request.kind, gpu_milli=MILLI, gpu_memory_mib=0, bid_per_gpu_hour=request.bid,
-        spec={**spec, "template": request.template}, created_at=now, cluster_id=cluster_id, node_rank=rank,
+        spec={**spec, "template": request.template, **_cluster_volumes(request)}, created_at=now, cluster_id=cluster_id,
+        node_rank=rank,
     )  # fmt: skip
+
+
+def _cluster_volumes(request: ClusterRequest) -> dict[str, object]:
+    """The cluster's own volume entries ({rank} and all), kept on each member for a queued cluster's request."""
+    return {"cluster_volumes": [ask.to_json() for ask in request.volumes]} if request.volumes else {}
+
+
+async def member_volume_hosts(session: AsyncSession, renter_id: str, request: ClusterRequest, queued: Sequence[str] = ()) -> list[str]:
+    """Each node's host, as its own volumes decide it (``volumes.resolve``: 404, 409 as for a rental); 409
+    ``volumes_share_a_host`` when two nodes' volumes are on one host (a cluster's nodes are on distinct hosts)."""
+    hosts: list[str] = []
+    for rank in range(request.node_count):
+        asks = request.member_request(rank).volumes
+        tied = await volumes.resolve(session, renter_id, asks, rental_id=queued[rank] if queued else None)
+        [host] = tied.hosts
+        if host in hosts:
+            other = hosts.index(host)
+            raise Conflict(
+                f"nodes {other} and {rank} would both go to host {host}, where both their volumes are ({tied.describe()}); "
+                "a cluster's nodes are on distinct hosts: copy one node's volume to another host", code="volumes_share_a_host",
+            )  # fmt: skip
+        hosts.append(host)
+    return hosts
 
 
 async def _hosts_big_enough(session: AsyncSession, request: ClusterRequest) -> int:

@@ -27,6 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
 from master.models import Cluster, ClusterEvent, Rental, RentalEvent
+from master.services import volumes
 from master.services.clusters import placement as cluster_placement
 from master.services.clusters.request import ClusterRequest
 from master.services.lifecycle.clusters import ClusterState
@@ -52,10 +53,14 @@ async def enqueue(session: AsyncSession, cluster_id: str, renter_id: str, reques
     """Queue the (flushed, pending) cluster: one queued member rental per node, each giving up at ``queue_until``."""
     until = now + timedelta(seconds=request.queue_timeout_s)
     for rank in range(request.node_count):
-        member = cluster_placement.new_member((cluster_id, renter_id), request, rank, request.member_request(rank).spec(), now=now)
+        member_request = request.member_request(rank)
+        member = cluster_placement.new_member((cluster_id, renter_id), request, rank, member_request.spec(), now=now)
         member.queue_until = until
         session.add(member)
         await session.flush()
+        if member_request.volumes:  # each node holds its own volumes while the cluster waits, as a queued rental does
+            [mounts] = (await volumes.resolve(session, renter_id, member_request.volumes, rental_id=member.id)).options.values()
+            await volumes.attach(session, member.id, mounts, at=now)
         session.add(RentalEvent(rental_id=member.id, from_state=None, to_state=RentalState.PENDING.value,
                                 cause=f"queued as node {rank} of cluster {cluster_id}"))  # fmt: skip
     cause = f"queued for up to {request.queue_timeout_s:g}s: {reason}"

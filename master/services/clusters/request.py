@@ -14,6 +14,7 @@ from typing import Any
 
 from master.models import Cluster, Rental
 from master.services.rentals import RentalRequest
+from master.services.volumes import VolumeAsk, asks_of, check_asks
 from shared.errors import ValidationFailed
 
 MAX_NODES = 64
@@ -39,6 +40,7 @@ class ClusterRequest:
     restart_policy: str = "stop"
     queue: bool = False  # True: wait (as one unit) up to queue_timeout_s when the fleet could take it but not now
     queue_timeout_s: float = 600.0
+    volumes: tuple[VolumeAsk, ...] = ()  # each names {rank}: node r mounts its own volume, and goes to its host
 
     def check(self, *, max_queue_timeout_s: float) -> ClusterRequest:
         """The request normalised (model words, query), or ValidationFailed saying what is wrong."""
@@ -47,8 +49,10 @@ class ClusterRequest:
                                    code="invalid_node_count")  # fmt: skip
         if self.restart_policy not in RESTART_POLICIES:
             raise ValidationFailed(f"restart_policy must be one of {', '.join(RESTART_POLICIES)}", code="invalid_restart_policy")
+        if self.volumes and self.template is None:  # a template's workload is checked once copied in (create_cluster)
+            check_asks(self.volumes, self.workload, ranked=True)
         # The rental's checks: model, bid, query, and queue_timeout_s within max_queue_timeout_s.
-        member = self.member_request(0).check(max_queue_timeout_s=max_queue_timeout_s)
+        member = replace(self.member_request(0), volumes=()).check(max_queue_timeout_s=max_queue_timeout_s)
         return replace(self, gpu_model=member.gpu_model, query=member.query)
 
     def member_request(self, rank: int, *, avoid_hosts: frozenset[str] = frozenset(), model: str | None = None,
@@ -60,7 +64,7 @@ class ClusterRequest:
         return RentalRequest(
             gpu_count=self.gpus_per_node, gpu_model=model or self.gpu_model, workload=self.workload,
             kind=self.kind, bid=self.bid, query=query, avoid_hosts=avoid_hosts, template=self.template, queue=self.queue,
-            queue_timeout_s=self.queue_timeout_s,
+            queue_timeout_s=self.queue_timeout_s, volumes=tuple(ask.for_rank(rank) for ask in self.volumes),
         )  # fmt: skip
 
     @classmethod
@@ -72,6 +76,7 @@ class ClusterRequest:
             allow_mixed=cluster.allow_mixed, workload=cluster.workload, template=cluster.template, query=spec.get("query") or "",
             kind=cluster.kind, bid=cluster.bid_per_gpu_hour, network=cluster.network, restart_policy=cluster.restart_policy,
             queue=True, queue_timeout_s=float(spec.get("queue_timeout_s") or 600.0),
+            volumes=asks_of({"volumes": spec.get("cluster_volumes")}),
         )  # fmt: skip
 
     @property
@@ -98,6 +103,8 @@ class ClusterRequest:
         }  # fmt: skip
         if self.queue:  # absent otherwise: keys of clusters created before queueing existed still match
             fields["queue"] = self.queue_timeout_s
+        if self.volumes:
+            fields["vol"] = [ask.to_json() for ask in self.volumes]
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 

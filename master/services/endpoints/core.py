@@ -27,6 +27,7 @@ from master.services.endpoints.request import ServiceRequest
 from master.services.lifecycle.rentals import UNSTOPPED_STATES, RentalState
 from master.services.market import money
 from master.services.rentals import workload_of
+from master.services.volumes import asks_of
 from shared.errors import BadRequest, ClientError, Conflict, NotFound
 from shared.ids import new_id, new_secret, secret_hash
 
@@ -66,6 +67,7 @@ async def create_service(master: Master, renter: Principal, request: ServiceRequ
             min_replicas=request.min_replicas, max_replicas=request.max_replicas, desired_replicas=request.min_replicas,
             scaling=request.scaling, token_hash=secret_hash(token), token_prefix=token[:10], idempotency_key=idempotency_key,
             request_fingerprint=request.fingerprint(), created_at=now,
+            volumes=[ask.to_json() for ask in request.volumes] or None,
         )  # fmt: skip
         async with master.db.session() as session:
             session.add(service)
@@ -94,7 +96,7 @@ def request_of(service: Service) -> ServiceRequest:
         name=service.name, port=service.port, min_replicas=service.min_replicas, max_replicas=service.max_replicas,
         scaling=service.scaling, workload=service.workload, template=service.template, health_path=service.health_path,
         gpu_count=service.gpu_count, gpu_model=service.gpu_model, query=service.query, kind=service.kind,
-        bid=service.bid_per_gpu_hour,
+        bid=service.bid_per_gpu_hour, volumes=asks_of({"volumes": service.volumes}),
     )  # fmt: skip
 
 
@@ -191,7 +193,7 @@ def service_view(service: Service, replicas: Sequence[Rental], events: Sequence[
         "gpu_model": service.gpu_model, "requirements": service.query or None, "kind": service.kind,
         "bid_per_gpu_hour": money(service.bid_per_gpu_hour) if service.bid_per_gpu_hour is not None else None,
         "min_replicas": service.min_replicas, "max_replicas": service.max_replicas,
-        "desired_replicas": service.desired_replicas, "scaling": service.scaling,
+        "desired_replicas": service.desired_replicas, "scaling": service.scaling, "volumes": service.volumes or [],
         "replicas": {"live": len(live), "ready": sum(1 for r in live if r.state == RentalState.RUNNING and r.ready_at is not None),
                      "starting": sum(1 for r in live if r.state == RentalState.STARTING or (r.state == RentalState.RUNNING and r.ready_at is None)),
                      "queued": sum(1 for r in live if r.state == RentalState.PENDING),

@@ -15,6 +15,7 @@ from decimal import Decimal
 from typing import Any
 
 from master.services.rentals import RentalRequest
+from master.services.volumes import VolumeAsk, check_asks
 from shared.errors import BadRequest
 
 NAME = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
@@ -40,6 +41,7 @@ class ServiceRequest:
     query: str = ""  # requirements every replica's host meets, in the offer query language
     kind: str = "on_demand"
     bid: Decimal | None = None
+    volumes: tuple[VolumeAsk, ...] = ()  # read-only; entries at one mount point are copies on different hosts
 
     def check(self, *, replica_limit: int, max_queue_timeout_s: float) -> ServiceRequest:
         """The request normalised (scaling rule with its defaults, model words, query); BadRequest says what is wrong.
@@ -64,8 +66,11 @@ class ServiceRequest:
                              "give one of them, or declare it in workload.ports", code="port_not_served")  # fmt: skip
         if not HEALTH_PATH.fullmatch(self.health_path):
             raise BadRequest("health_path must be a URL path starting with /, e.g. /health", code="invalid_health_path")
+        check_asks(self.volumes, self.workload, alternatives=True)
         # The rental's own checks (GPU count, model words, kind and bid, the query), on a replica's request.
-        replica = self.replica_request("", queue_timeout_s=max_queue_timeout_s).check(max_queue_timeout_s=max_queue_timeout_s)
+        replica = replace(self.replica_request("", queue_timeout_s=max_queue_timeout_s), volumes=()).check(
+            max_queue_timeout_s=max_queue_timeout_s
+        )
         return replace(self, scaling=check_scaling(self.scaling), gpu_model=replica.gpu_model, query=replica.query)
 
     def fingerprint(self) -> str:
@@ -75,6 +80,8 @@ class ServiceRequest:
             "health": self.health_path, "n": self.gpu_count, "m": self.gpu_model, "q": self.query, "kind": self.kind,
             "bid": str(self.bid) if self.bid is not None else None, **what,
         }  # fmt: skip
+        if self.volumes:  # absent otherwise: keys of services made before volumes still match
+            fields["vol"] = [ask.to_json() for ask in self.volumes]
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
     def replica_request(self, service_id: str, *, queue_timeout_s: float) -> RentalRequest:
@@ -82,6 +89,7 @@ class ServiceRequest:
         return RentalRequest(
             gpu_count=self.gpu_count, gpu_model=self.gpu_model, workload=self.workload, query=self.query, kind=self.kind,
             bid=self.bid, queue=True, queue_timeout_s=queue_timeout_s, template=self.template, service_id=service_id or None,
+            volumes=self.volumes,
         )  # fmt: skip
 
 

@@ -21,15 +21,15 @@ Two ways to change a rental's state, both through the table:
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import event
+from sqlalchemy import event, update
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, attributes
 
-from master.models import Rental, RentalEvent
+from master.models import Rental, RentalEvent, VolumeAttachment
 from master.services.lifecycle import clusters as clusterstate
 from shared.errors import Conflict
 
@@ -120,5 +120,35 @@ def stop_member(session: Session, rental: Rental, reason: str) -> None:
 
 @event.listens_for(Session, "before_flush")
 def _clusters_follow_members(session: Session, _context: Any, _instances: Any) -> None:
-    """The one place a member's change moves its cluster (and its restart policy acts): before every flush."""
+    """The one place a member's change moves its cluster (and its restart policy acts): before every flush. Then the
+    rentals that ended in it let go of their volumes."""
     clusterstate.rederive_changed(session, stop_member)
+    release_volumes(session)
+
+
+def release_volumes(session: Session) -> int:
+    """Release the volume attachments of every rental this flush ends (whichever path ended it: a stop, an exit, a
+    failed start, a lost host, a preemption, a cancelled queue place, billing); returns how many rentals.
+    Its volumes can then be mounted read-write by the next rental, or deleted (docs/volumes.md)."""
+    ended = {
+        obj.id: obj.stopped_at
+        for obj in (*session.new, *session.dirty)
+        if isinstance(obj, Rental) and obj.state in FINAL_STATES and attributes.get_history(obj, "state").added
+    }
+    if not ended:
+        return 0
+    now = datetime.now(UTC)
+    for obj in session.new:  # written in this very transaction, not flushed yet
+        if isinstance(obj, VolumeAttachment) and obj.rental_id in ended and obj.released_at is None:
+            obj.released_at = ended[obj.rental_id] or now
+    by_time: dict[datetime, list[str]] = {}
+    for rental_id, at in ended.items():
+        by_time.setdefault(at or now, []).append(rental_id)
+    for at, ids in by_time.items():
+        session.execute(
+            update(VolumeAttachment)
+            .where(VolumeAttachment.rental_id.in_(ids), VolumeAttachment.released_at.is_(None))
+            .values(released_at=at)
+            .execution_options(synchronize_session=False)
+        )
+    return len(ended)

@@ -90,6 +90,7 @@ class FailureCode(StrEnum):
     # (never ends a rental) a GPU failed its verification challenge (master/services/hosts/verification.py): counted
     # against the host's reliability after ``verification_failures`` failures in a row
     GPU_VERIFICATION_FAILED = "gpu_verification_failed"
+    VOLUME_NO_SPACE = "volume_no_space"  # (never ends a rental) the host's disk cannot hold a volume it lends (agent/volumes.py)
 
     # ---- the platform's: the master, placement, what it sent ----
     PLACEMENT_INTERRUPTED = "placement_interrupted"  # the master placing it stopped before its start command was written
@@ -127,6 +128,8 @@ class FailureCode(StrEnum):
     RATE_LIMITED = "rate_limited"
     QUOTA_EXCEEDED = "quota_exceeded"
     CHALLENGE_CANCELLED = "challenge_cancelled"  # (never ends a rental) a GPU challenge stopped for a rental or by the master
+    VOLUME_NOT_FOUND = "volume_not_found"  # a start named a volume its host does not have (the master's record is wrong)
+    VOLUME_UNSUPPORTED = "volume_unsupported"  # a volume sent to a host that keeps none
 
 
 _RENTER: Final = frozenset({
@@ -144,7 +147,7 @@ _PROVIDER: Final = frozenset({
     FailureCode.POWER_LIMIT_OUT_OF_RANGE, FailureCode.POWER_POLICY_UNAVAILABLE, FailureCode.CLUSTER_NETWORK_UNAVAILABLE,
     FailureCode.NETWORK_MEASUREMENT_FAILED, FailureCode.RELAY_DNS_FAILED, FailureCode.RELAY_DNS_NOT_FOUND,
     FailureCode.RELAY_DNS_TIMEOUT, FailureCode.ENROLLMENT_REFUSED, FailureCode.CONFIG_ERROR, FailureCode.UNAVAILABLE,
-    FailureCode.WORKLOAD_LOG_UNREADABLE, FailureCode.GPU_VERIFICATION_FAILED,
+    FailureCode.WORKLOAD_LOG_UNREADABLE, FailureCode.GPU_VERIFICATION_FAILED, FailureCode.VOLUME_NO_SPACE,
 })  # fmt: skip
 
 # A workload its host's agent stopped for what the renter did: the exit's reason leads with one of these codes

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, select
@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
 from master.models import Rental, RentalEvent, RentalLogChunk
-from master.services import commands, idempotency
+from master.services import commands, idempotency, volumes
 from master.services.accounts import Principal
 from master.services.lifecycle import clusters as clusterstate
 from master.services.lifecycle.rentals import UNSTOPPED_STATES, RentalState, advance
@@ -56,6 +56,7 @@ async def _create(master: Master, renter: Principal, request: RentalRequest, ide
         # The template as it is now: a later edit or deletion does not touch this rental.
         async with master.db.session() as session:
             request = replace(request, workload=await templates.workload_of(session, request.template))
+        volumes.check_asks(request.volumes, request.workload, alternatives=request.service_id is not None)
     now = master.clock.now()
     rental = Rental(
         id=new_id("r"), renter_id=renter.account_id, host_id=None, gpu_model=request.gpu_model, gpu_count=request.gpu_count,
@@ -75,10 +76,23 @@ async def _create(master: Master, renter: Principal, request: RentalRequest, ide
         rental.queue_until = now + timedelta(seconds=request.queue_timeout_s)
         session.add(rental)
         await session.flush()
+        await _hold_volumes(session, rental, request, now=now)
         cause = f"queued for up to {request.queue_timeout_s:g}s: {reason}"
         session.add(RentalEvent(rental_id=rental.id, from_state=None, to_state=RentalState.PENDING.value, cause=cause))
         log.info("rental %s queued: %s", rental.id, reason)
     return rental, []
+
+
+async def _hold_volumes(session: AsyncSession, rental: Rental, request: RentalRequest, *, now: datetime) -> None:
+    """A queued rental holds its volumes while it waits (a second writer is refused, the volume cannot be deleted
+    under it), where they are on one host; a service's replica with copies on several hosts attaches once placed."""
+    if not request.volumes:
+        return
+    tied = await volumes.resolve(session, rental.renter_id, request.volumes, rental_id=rental.id,
+                                 alternatives=request.service_id is not None)  # fmt: skip
+    if len(tied.options) == 1:
+        [mounts] = tied.options.values()
+        await volumes.attach(session, rental.id, mounts, at=now)
 
 
 # ---- reading and ending -----------------------------------------------------------------------
@@ -225,6 +239,7 @@ def rental_view(rental: Rental, events: Sequence[RentalEvent] | None = None) -> 
         "tunnel": {"bytes_in": rental.tunnel_bytes_in or 0, "bytes_out": rental.tunnel_bytes_out or 0},
         "service_id": rental.service_id,
         "ready_at": rental.ready_at.isoformat() if rental.ready_at else None,
+        "volumes": (rental.spec or {}).get("volumes") or [],  # as asked: [{"name" | "id", "mount", "read_only"}]
     }
     if events is not None:
         view["events"] = [

@@ -45,7 +45,8 @@ log = logging.getLogger(__name__)
 # Such a rental ends ``failed`` with the code; it never started, so nothing is charged (docs/billing.md).
 START_FAILURE_CODES = frozenset(
     {"image_pull_failed", "image_not_allowed", "image_too_large", "container_runtime_unavailable", "workload_not_isolated",
-     "limits_exceed_host", "registry_auth_failed", "image_not_found", "registry_auth_unreadable", "program_not_executable"}
+     "limits_exceed_host", "registry_auth_failed", "image_not_found", "registry_auth_unreadable", "program_not_executable",
+     "volume_not_found"}
 )
 _CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -52,7 +52,7 @@ from master.context import Master
 from master.models import Account, Gpu, Rental, RentalEvent
 from master.scheduler import MILLI, Node, Placement, get_placer
 from master.scheduler import Request as PlaceRequest
-from master.services import accounts, commands, isolation, market
+from master.services import accounts, commands, isolation, market, volumes
 from master.services.lifecycle.rentals import ACTIVE_STATES, RentalState, advance
 from master.services.market import PRICE_QUANTUM, load_price_bounds, model_matches, money, parse
 from master.services.rentals import allocation, preemption
@@ -62,6 +62,7 @@ from shared import protocol
 from shared.ceilings import UNITS, rental_fraction
 from shared.errors import (
     ClientError,
+    Conflict,
     InsufficientCapacity,
     NotFound,
     QuotaExceeded,
@@ -110,9 +111,22 @@ async def _fleet_mig_profiles(session: AsyncSession, model: str | None) -> set[s
     }
 
 
-async def _beyond_fleet(session: AsyncSession, request: RentalRequest) -> InsufficientCapacity | None:
-    """Why no host could ever serve ``request`` (queueing would wait for nothing), or None."""
+async def _beyond_fleet(session: AsyncSession, request: RentalRequest, only_hosts: Sequence[str] | None = None) -> InsufficientCapacity | None:
+    """Why no host could ever serve ``request`` (queueing would wait for nothing), or None. ``only_hosts``: its
+    volumes' hosts, the only ones it may go to."""
     model = request.gpu_model or "any GPU"
+    if only_hosts is not None and request.mig_profile is None and request.gpu_milli == MILLI:
+        counts: dict[str, int] = {}
+        for host_id, _, count in await whole_gpus(session, request.gpu_model):
+            if host_id in only_hosts:
+                counts[host_id] = counts.get(host_id, 0) + count
+        if max(counts.values(), default=0) < request.gpu_count:
+            return InsufficientCapacity(
+                f"its volumes tie the rental to host {', '.join(only_hosts)}, which has {max(counts.values(), default=0)} "
+                f"whole {model}, not {request.gpu_count}; ask for fewer GPUs or copy the volume to a larger host",
+                code="exceeds_fleet",
+            )  # fmt: skip
+        return None
     if request.mig_profile is not None:
         if request.offer_id is not None:
             return None  # the offer's own check names the profiles it has
@@ -214,8 +228,10 @@ async def quota_view(master: Master, session: AsyncSession, account: Account) ->
 
 
 async def find_candidates(
-    master: Master, session: AsyncSession, request: RentalRequest, *, now: datetime, price_cap: Decimal | None
+    master: Master, session: AsyncSession, request: RentalRequest, *, now: datetime, price_cap: Decimal | None,
+    only_hosts: Collection[str] | None = None,
 ) -> Candidates:
+    """``only_hosts``: the hosts the rental's volumes tie it to (``volumes.resolve``), none other."""
     bounds = load_price_bounds()
     conditions = await market.row_conditions(session, parse(request.query), bounds=bounds, now=now) if request.query else []
     host_ids, model = None, None
@@ -225,6 +241,8 @@ async def find_candidates(
         exists = await session.scalar(select(Gpu.id).where(Gpu.host_id == host_id, Gpu.name == model, Gpu.present.is_(True)).limit(1))
         if exists is None:
             raise NotFound(f"no offer {request.offer_id!r}; list offers with GET /api/v1/offers", code="offer_not_found")
+    if only_hosts is not None:
+        host_ids = [h for h in (host_ids if host_ids is not None else only_hosts) if h in only_hosts]
     fleet = await allocation.load_fleet(session, now=now, bounds=bounds, conditions=conditions, host_ids=host_ids)
     holds = await allocation.active_holds(session, host_ids)
     found = Candidates([], {}, holds, {})
@@ -379,7 +397,15 @@ def _beyond_every_host(found: Candidates) -> ValidationFailed | None:
     )
 
 
-def _no_room(request: RentalRequest, found: Candidates) -> ClientError:
+def _no_room(request: RentalRequest, found: Candidates, tied: volumes.Resolved | None = None) -> ClientError:
+    reason = _no_room_anywhere(request, found)
+    if tied is None or not isinstance(reason, InsufficientCapacity):
+        return reason
+    # The rental's volumes tie it to their host: say so, so the renter knows why other hosts with room were not asked.
+    return InsufficientCapacity(f"the rental's {tied.describe()}, the only host it may go to: {reason.message}")
+
+
+def _no_room_anywhere(request: RentalRequest, found: Candidates) -> ClientError:
     what = f"{request.gpu_count} × {request.gpu_model or 'any GPU'}"
     if request.mig_profile is not None:
         what = f"a MIG {request.mig_profile} instance"
@@ -409,23 +435,52 @@ def _no_room(request: RentalRequest, found: Candidates) -> ClientError:
     )
 
 
+async def _volume_hosts_refuse(session: AsyncSession, request: RentalRequest, tied: volumes.Resolved) -> ClientError | None:
+    """Why the rental's volumes' hosts cannot take it now (offline, or a lost host it must avoid), or None; raises
+    409 ``volume_on_other_host`` for an offer on another host."""
+    hosts = tied.hosts
+    if request.offer_id is not None and request.offer_id.split(":", 1)[0] not in hosts:
+        raise Conflict(f"offer {request.offer_id} is on another host than the rental's {tied.describe()}: choose an offer "
+                       "of that host, or leave offer_id out", code="volume_on_other_host")  # fmt: skip
+    usable = [h for h in hosts if h not in request.avoid_hosts]
+    if not usable:
+        return Conflict(f"the rental's {tied.describe()}, which it may not use again (the host was lost)", code="volume_host_offline")
+    down = await volumes.hosts_down(session, usable)
+    if len(down) < len(usable):
+        return None
+    states = ", ".join(f"{host} is {state}" for host, state in sorted(down.items()))
+    return Conflict(f"the rental's {tied.describe()}, which cannot take it now ({states}); try again when it is back, "
+                    "or send queue: true to wait for it", code="volume_host_offline")  # fmt: skip
+
+
 async def try_place(
     master: Master, session: AsyncSession, rental: Rental, request: RentalRequest, *, now: datetime
 ) -> tuple[list[str], ClientError | None]:
-    """Place ``rental`` (new, or queued and locked); returns its commands to publish, or the reason it cannot be placed now."""
+    """Place ``rental`` (new, or queued and locked); returns its commands to publish, or the reason it cannot be placed now.
+
+    With volumes, only on their host (``volumes.resolve``: raises when they cannot be mounted at all); the reason says
+    which volume and why its host cannot take the rental now (offline, no room), and the attachments are written with
+    the claim (``volumes.attach``)."""
     price_cap = await check_quota(master, session, rental.renter_id, request, exclude=rental.id)
-    if (beyond := await _beyond_fleet(session, request)) is not None:
+    tied: volumes.Resolved | None = None
+    if request.volumes:
+        tied = await volumes.resolve(session, rental.renter_id, request.volumes, rental_id=rental.id,
+                                     alternatives=request.service_id is not None)  # fmt: skip
+        if (refused := await _volume_hosts_refuse(session, request, tied)) is not None:
+            return [], refused
+    if (beyond := await _beyond_fleet(session, request, None if tied is None else tied.hosts)) is not None:
         return [], beyond
     wanted = request.place_request()
     placer = placer_of(master)
-    found = await find_candidates(master, session, request, now=now, price_cap=price_cap)
+    only = None if tied is None else tied.hosts
+    found = await find_candidates(master, session, request, now=now, price_cap=price_cap, only_hosts=only)
     for _round in range(MAX_PLACEMENT_ROUNDS):
         victims: list[str] = []
         placement = placer.place(wanted, found.nodes)
         if placement is None:
             chosen = _find_victims(found, wanted, await _preemptible(session, request))
             if chosen is None:
-                return [], _no_room(request, found)
+                return [], _no_room(request, found, tied)
             victims, placement = chosen
         host, name, price = found.hosts[placement.node_id]
         if master.settings.require_credit:
@@ -445,21 +500,24 @@ async def try_place(
             if not claimed:
                 log.info("lost a race for GPUs on host %s; reading the fleet again", host.host_id)
                 await attempt.rollback()
+            elif tied is not None:  # a second writer raises volume_in_use, and this savepoint goes with it
+                await volumes.attach(session, rental.id, tied.options[host.host_id], at=now)
         if not claimed:
-            found = await find_candidates(master, session, request, now=now, price_cap=price_cap)
+            found = await find_candidates(master, session, request, now=now, price_cap=price_cap, only_hosts=only)
             continue
         assert preempts is not None
         if master.settings.placement_pause_after_claim_s:  # fault injection: the fault suite kills the master here
             log.warning("placement of rental %s paused %gs after its claim (placement_pause_after_claim_s)", rental.id,
                         master.settings.placement_pause_after_claim_s)  # fmt: skip
             await asyncio.sleep(master.settings.placement_pause_after_claim_s)
-        return [await _start(session, rental, request, placement, preempts, now=now)], None
-    return [], _no_room(request, found)
+        mounts = None if tied is None else list(tied.options[host.host_id])
+        return [await _start(session, rental, request, placement, preempts, now=now, mounts=mounts)], None
+    return [], _no_room(request, found, tied)
 
 
 async def _start(
     session: AsyncSession, rental: Rental, request: RentalRequest, placement: Placement, preempts: list[protocol.Preemption], *,
-    now: datetime,
+    now: datetime, mounts: list[protocol.VolumeMount] | None = None,
 ) -> str:
     assert rental.host_id is not None
     if request.replaces:
@@ -478,7 +536,7 @@ async def _start(
     keys, access_version = await accounts.current_keys(session, rental.renter_id)
     start = protocol.StartWorkload.model_validate(
         {"rental_id": rental.id, "gpu_uuids": rental.gpu_uuids, "workload": rental.workload, "share": share,
-         "authorized_keys": keys, "access_version": access_version, "preempts": preempts or None}
+         "authorized_keys": keys, "access_version": access_version, "preempts": preempts or None, "volumes": mounts or None}
     )
     command = commands.new_command(session, host_id=rental.host_id, command=start, rental_id=rental.id)
     command.created_at = now + timedelta(microseconds=1)  # after the commands the rental's placement follows

@@ -17,6 +17,7 @@ from master.scheduler import MILLI, NetworkLimits
 from master.scheduler import Request as PlaceRequest
 from master.services.market import PRICE_QUANTUM, format_query, model_filter_problem, normalise_name, parse
 from master.services.rentals.allocation import mig_milli
+from master.services.volumes import VolumeAsk, asks_of, check_asks
 from shared.errors import BadRequest, ValidationFailed
 
 KINDS = ("on_demand", "interruptible")
@@ -49,6 +50,9 @@ class RentalRequest:
     """The template the workload comes from (``workload`` empty until ``rentals.create_rental`` copies it in)."""
     service_id: str | None = None
     """The elastic service this rental is a replica of (``master/services/endpoints/core.py``)."""
+    volumes: tuple[VolumeAsk, ...] = ()
+    """The renter's volumes its container mounts: placement then goes only to their host (docs/volumes.md). A service's
+    replica (``service_id``): entries at one mount point are copies on different hosts, read-only."""
 
     def check(self, *, max_queue_timeout_s: float) -> RentalRequest:
         """The request with its query normalised; ValidationFailed says what is wrong."""
@@ -89,6 +93,8 @@ class RentalRequest:
         if self.queue and not 1 <= self.queue_timeout_s <= max_queue_timeout_s:
             raise ValidationFailed(f"queue_timeout_s must be between 1 and {max_queue_timeout_s:g} seconds", code="invalid_queue_timeout")
         query = format_query(parse(self.query)) if self.query else ""
+        if self.volumes and self.template is None:  # a template's workload is checked once copied in (create_rental)
+            check_asks(self.volumes, self.workload, alternatives=self.service_id is not None)
         return replace(self, query=query, gpu_model=gpu_model)
 
     @property
@@ -102,10 +108,13 @@ class RentalRequest:
         return self.bid if self.kind == "interruptible" else None
 
     def spec(self) -> dict[str, Any]:
-        return {
+        spec: dict[str, Any] = {
             "offer_id": self.offer_id, "query": self.query, "gpu_model": self.gpu_model, "network": self.network,
             "queue": self.queue, "queue_timeout_s": self.queue_timeout_s, "template": self.template,
         }  # fmt: skip
+        if self.volumes:  # absent otherwise: specs written before volumes read the same
+            spec["volumes"] = [ask.to_json() for ask in self.volumes]
+        return spec
 
     @classmethod
     def from_rental(cls, rental: Rental, **changes: Any) -> RentalRequest:
@@ -117,7 +126,7 @@ class RentalRequest:
             mig_profile=rental.mig_profile, offer_id=spec.get("offer_id"), query=spec.get("query") or "", kind=rental.kind,
             bid=rental.bid_per_gpu_hour, network=spec.get("network"), queue=bool(spec.get("queue")),
             queue_timeout_s=float(spec.get("queue_timeout_s") or 600.0), replaces=rental.replaces_id,
-            template=spec.get("template"), service_id=rental.service_id,
+            template=spec.get("template"), service_id=rental.service_id, volumes=asks_of(spec),
         )  # fmt: skip
         return replace(request, **changes)
 
@@ -132,6 +141,7 @@ class RentalRequest:
             "mig": self.mig_profile, "offer": self.offer_id, "q": self.query or None,
             "kind": self.kind if self.kind != "on_demand" else None, "bid": str(self.bid) if self.bid is not None else None,
             "net": self.network, "queue": [self.queue, self.queue_timeout_s] if self.queue else None,
+            "vol": [ask.to_json() for ask in self.volumes] or None,
         }  # fmt: skip
         fields.update({key: value for key, value in extra.items() if value is not None})
         blob = json.dumps(fields, sort_keys=True)

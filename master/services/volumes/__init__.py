@@ -5,8 +5,37 @@ Below ``rentals`` (placement asks it where a rental with volumes may go, and rec
 ``market`` (hosts' storage terms) and ``accounts``; never imports rentals, clusters or endpoints.
 
 * ``lifecycle.py``: the states and their table (``transition``), deletion asked (``request_deletion``).
+* ``attach.py``: rentals mount them: a request's entries (``VolumeAsk``, ``check_asks``), the volumes and hosts they
+  name (``resolve``), the attachments (``attach``; released by the rentals' state machine when a rental ends).
 """
 
+from master.services.volumes.attach import (
+    RANK,
+    Resolved,
+    VolumeAsk,
+    asks_of,
+    attach,
+    check_asks,
+    holders,
+    hosts_down,
+    resolve,
+    writer,
+)
 from master.services.volumes.lifecycle import LIVE, VolumeState, request_deletion, transition
 
-__all__ = ["LIVE", "VolumeState", "request_deletion", "transition"]
+__all__ = [
+    "LIVE",
+    "RANK",
+    "Resolved",
+    "VolumeAsk",
+    "VolumeState",
+    "asks_of",
+    "attach",
+    "check_asks",
+    "holders",
+    "hosts_down",
+    "request_deletion",
+    "resolve",
+    "transition",
+    "writer",
+]
