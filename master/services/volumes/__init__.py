@@ -5,8 +5,10 @@ Below ``rentals`` (placement asks it where a rental with volumes may go, and rec
 ``market`` (hosts' storage terms) and ``accounts``; never imports rentals, clusters or endpoints.
 
 * ``lifecycle.py``: the states and their table (``transition``), deletion asked (``request_deletion``).
+* ``files.py``: a volume's files without a rental (``connect_volume``: a token to its file-only session).
 """
 
+from master.services.volumes.files import connect_volume
 from master.services.volumes.lifecycle import LIVE, VolumeState, request_deletion, transition
 
-__all__ = ["LIVE", "VolumeState", "request_deletion", "transition"]
+__all__ = ["LIVE", "VolumeState", "connect_volume", "request_deletion", "transition"]
