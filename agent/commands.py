@@ -29,7 +29,7 @@ from agent.gpu.base import GpuBackend
 from agent.health import check_health
 from agent.logship import LogShipper
 from agent.power import PowerPolicy
-from agent.reach.sshd import RentalSshServer
+from agent.reach.sshd import VOLUME, RentalSshServer
 from agent.runtimes.manager import WorkloadManager
 from agent.runtimes.registry_login import SealedLogin
 from agent.verification import ChallengeRunner, is_challenge
@@ -147,6 +147,8 @@ class CommandExecutor:
                 return await self._challenges().reveal(command)
             case protocol.CancelChallenge():
                 return await self._challenges().cancel(command.challenge_id, command.reason or "cancelled by the master")
+            case protocol.OpenVolume():
+                return await self._open_volume(command)
             case protocol.CreateVolume() | protocol.DeleteVolume():
                 # docs/volumes.md: agent/volumes.py's VolumeStore is wired in by the volumes work (issue 41).
                 raise ConfigError("this agent keeps no volumes yet", code="volume_unsupported")
@@ -210,6 +212,14 @@ class CommandExecutor:
             # A disabled account keeps no way in: its web and TCP port streams end too, not only its SSH logins.
             updated = updated.model_copy(update={"closed": updated.closed + self.close_streams(command.rental_id)})
         return updated
+
+    async def _open_volume(self, command: protocol.OpenVolume) -> protocol.VolumeOpened:
+        """Serve the volume's files to its renter's keys (a file-only session: ``agent.reach.volumefiles``)."""
+        if self.ssh is None or self.ssh.volumes is None:
+            raise ConfigError("this agent keeps no volumes", code="volume_unsupported")
+        await asyncio.to_thread(self.ssh.volumes.path, command.volume_id)  # volume_not_found when not made here
+        key = self.ssh.prepare(command.volume_id, command.authorized_keys, kind=VOLUME, version=command.version)
+        return protocol.VolumeOpened(ssh_host_key=key)
 
     async def _stop_workload(self, command: protocol.StopWorkload) -> protocol.WorkloadStopped:
         """Stop the workload and release the rental: its ``/workspace`` and SSH keys go (a stop is the

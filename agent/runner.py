@@ -54,12 +54,14 @@ from agent.reach.sshd import RentalSshServer
 from agent.reach.tunnels import TunnelServer
 from agent.runtimes.ceilings import CeilingPolicy, with_ceilings
 from agent.runtimes.containeropts import ContainerOptions, ProgressStage
+from agent.runtimes.diskquota import detect_loop_disks
 from agent.runtimes.isolation import HostIsolation, ProcessIsolation, isolation_facts
 from agent.runtimes.manager import VolumePaths, WorkloadManager
 from agent.sampling import Sampler
 from agent.spool import SqliteSpool
 from agent.state import AgentState, SequenceLease
 from agent.verification import ChallengeRunner, is_challenge
+from agent.volumes import VolumeStore
 from shared import protocol
 from shared.cancelling import raise_if_cancelled
 from shared.crypto import (
@@ -75,6 +77,7 @@ log = logging.getLogger(__name__)
 AGENT_VERSION = "0.2.0"
 # Close codes after which the relay should not be retried first.
 _CHALLENGE_KINDS = frozenset({"start_challenge", "reveal_challenge"})  # on their own worker: they wait on the program
+_FAST_KINDS = frozenset({"update_access", "open_volume"})  # on the access worker: never behind a start pulling an image
 _MOVE_ON_CODES = frozenset({protocol.CLOSE_GOING_AWAY, protocol.CLOSE_BUS_UNAVAILABLE, protocol.CLOSE_TOO_MANY_CONNECTIONS})
 
 
@@ -216,7 +219,8 @@ class Agent:
         # Access changes (a deleted key) run on their own worker: never behind a start that pulls an image for minutes.
         self._access_commands: asyncio.Queue[protocol.CommandBody] = asyncio.Queue(max_pending_commands)
         self.logs = LogShipper(state.dir, self.workloads, self._send_logs)
-        self.ssh = RentalSshServer(state.dir / "ssh", self.workloads)
+        self.volumes = VolumeStore(state.dir / "volumes", detect_loop_disks())  # docs/volumes.md (vcore builds it too)
+        self.ssh = RentalSshServer(state.dir / "ssh", self.workloads, volumes=self.volumes)
         # Cluster members' private network (agent.cluster.net): peers reach this host where it reaches its relay from.
         self.clusters = ClusterNetworks(
             state.work_dir, self.workloads.container_namespace, self._local_address, relay_url=self._connect_url,
@@ -517,7 +521,7 @@ class Agent:
                 case protocol.Ack():
                     self.window.ack(message.body.seq)
                 case protocol.Command():
-                    fast = message.body.kind == protocol.UpdateAccess.model_fields["kind"].default
+                    fast = message.body.kind in _FAST_KINDS
                     queue = self._access_commands if fast else self._commands
                     if message.body.kind in _CHALLENGE_KINDS:
                         queue = self._challenge_commands

@@ -474,6 +474,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_team_parsers(sub)  # team list, create, show, invite, accept, role, remove, leave, use: teams and the context
     add_registry_parsers(sub)  # registry login, list, remove: private registries' credentials
     add_service_parsers(sub)  # service create, list, show, scale, delete, token: elastic services over the REST API
+    from gpumarket.renter.volumefiles import add_parsers as add_volume_file_parsers
+
+    volume = sub.add_parser("volume", help="your volumes: a disk on one host that outlives rentals (docs/volumes.md)")
+    add_volume_file_parsers(volume.add_subparsers(dest="volume_command", required=True, metavar="ACTION"))  # open, copy
 
     admin = sub.add_parser("admin", help="operator tasks against the master's database and CA")
     admin_sub = admin.add_subparsers(dest="admin_command", required=True, metavar="ACTION")

@@ -317,6 +317,8 @@ MATRIX: tuple[Rule, ...] = (
     # the world's rental holds GPUs and runs nothing, so the renter's answer is nothing_to_log_into.
     Rule("POST", "/rentals/{rental_id}/connect", {**everyone(NO_RENTAL), RENTER: (409, "nothing_to_log_into")}, body=fixed({"port": "ssh"})),
     Rule("DELETE", "/rentals/{rental_id}", the_renters(202), last=True),
+    # A volume's file-only session (docs/volumes.md): only its renter's own volume; no caller here has one by this name.
+    Rule("POST", "/volumes/{volume}/connect", everyone((404, "volume_not_found")), ids={"volume": "name"}),
     # Clusters: as rentals; another renter's cluster is as one that does not exist.
     Rule("POST", "/clusters", only(201, "renter"), body=fixed({"node_count": 2})),
     Rule("GET", "/clusters", everyone(200)),

@@ -48,17 +48,20 @@ from asyncssh.stream import SSHTCPStreamSession
 from agent.reach.forward import EXITED, open_container_port, pump
 from agent.reach.sessions import run_as_rental_user, run_in_container
 from agent.reach.sftp import WorkspaceSFTPServer
+from agent.reach.volumefiles import run_volume_command
 from agent.runtimes.base import WorkloadKind, check_rental_id
 from agent.runtimes.containeropts import WORKSPACE
 from agent.runtimes.manager import WorkloadManager
 from agent.runtimes.users import TRUSTED_PATH
 from agent.state import atomic_write
+from agent.volumes import VolumeStore
 from shared import protocol
 from shared.errors import BadRequest, ConfigError
 
 log = logging.getLogger(__name__)
 
 HOST_KEY: Final = "host_key"
+VOLUME: Final = "volume"  # the kind of a volume's file-only session (agent.reach.volumefiles)
 RENTAL_FILE: Final = "rental.json"
 _PROHIBITED: Final = asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED
 MAX_LOGINS_KEPT: Final = 50  # fingerprints remembered per rental between two reports (an account has at most 50 keys)
@@ -74,6 +77,7 @@ class RentalSshServer:
         keys_dir: Path,
         workloads: WorkloadManager,
         *,
+        volumes: VolumeStore | None = None,
         # Timeouts
         login_timeout: float = 30.0,
         keepalive_interval: float = 30.0,
@@ -99,6 +103,7 @@ class RentalSshServer:
                 raise ConfigError(f"SSH setting {name}={value!r} must lie between {low:g} and {high:g}")
         self.keys_dir = keys_dir
         self.workloads = workloads
+        self.volumes = volumes  # a volume's file-only session (``prepare(volume_id, ..., kind=VOLUME)``): SFTP and rsync
         self.login_timeout = login_timeout
         self.keepalive_interval = keepalive_interval
         self.keepalive_count_max = keepalive_count_max
@@ -263,6 +268,10 @@ class RentalSshServer:
         kind = self._record(rental_id).get("kind")
         return kind if kind in ("hold", "process", "container") else None
 
+    def is_volume(self, rental_id: str) -> bool:
+        """Whether the id is a volume's file-only session (docs/volumes.md): files only, no shell, no forwarding."""
+        return self.volumes is not None and self._record(rental_id).get("kind") == VOLUME
+
     def _host_key(self, rental_id: str) -> asyncssh.SSHKey:
         key = self._host_keys.get(rental_id)
         if key is None:
@@ -341,8 +350,14 @@ class RentalSshServer:
 
     # ---- what a session reaches ---------------------------------------------------------
 
-    async def workspace(self, rental_id: str, kind: WorkloadKind) -> tuple[Path, str, tuple[int, int] | None]:
-        """The rental's files on this host, how the rental names that folder, and the owner of what is made there."""
+    async def workspace(self, rental_id: str, kind: str) -> tuple[Path, str, tuple[int, int] | None]:
+        """The rental's files on this host, how the rental names that folder, and the owner of what is made there
+        (a volume's session: the volume, at ``/``)."""
+        if kind == VOLUME and self.volumes is not None:
+            try:
+                return await asyncio.to_thread(self.volumes.path, rental_id), "", self.volumes.owner
+            except BadRequest as exc:
+                raise BadRequest(f"volume {rental_id} cannot be served: {exc.message}", code="ssh_refused") from None
         if kind == "container":
             path = await self.workloads.containers.workspace_path(rental_id)
             if path is None:
@@ -445,7 +460,7 @@ class _Connection(asyncssh.SSHServer):
     # ---- sessions -----------------------------------------------------------------------
 
     def session_requested(self) -> asyncssh.SSHServerSession[bytes]:
-        kind = self.server.kind_of(self.rental_id)
+        kind: str | None = VOLUME if self.server.is_volume(self.rental_id) else self.server.kind_of(self.rental_id)
         if kind is None or kind == "hold":
             what = "a hold rental" if kind == "hold" else "it is not known here"
             raise asyncssh.ChannelOpenError(_PROHIBITED, f"rental {self.rental_id} runs nothing to log into ({what})")
@@ -481,6 +496,10 @@ class _Connection(asyncssh.SSHServer):
             done()
 
     async def _run(self, process: asyncssh.SSHServerProcess[bytes]) -> int:
+        if self.server.is_volume(self.rental_id):
+            root, _, owner = await self.server.workspace(self.rental_id, VOLUME)
+            assert self.server.volumes is not None and owner is not None
+            return await run_volume_command(process, root, owner, self.server.volumes.root / ".jail")
         access = self.server.workloads.access(self.rental_id)
         if access is None or not access.running:
             raise _Refused(EXITED)
@@ -505,7 +524,7 @@ class _Connection(asyncssh.SSHServer):
     def _setsid(self) -> str | None:
         return self.server._setsid
 
-    async def sftp(self, chan: asyncssh.SSHServerChannel[bytes], kind: WorkloadKind) -> asyncssh.SFTPServer:
+    async def sftp(self, chan: asyncssh.SSHServerChannel[bytes], kind: str) -> asyncssh.SFTPServer:
         try:
             root, alias, owner = await self.server.workspace(self.rental_id, kind)
         except BadRequest as exc:
@@ -565,7 +584,7 @@ class _Refused(Exception):
 class _Session(asyncssh.SSHServerProcess[bytes]):
     """A session channel: a shell or command (``_Connection.run``), or SFTP/scp in the workspace."""
 
-    def __init__(self, connection: _Connection, kind: WorkloadKind) -> None:
+    def __init__(self, connection: _Connection, kind: str) -> None:
         def sftp(chan: asyncssh.SSHServerChannel[bytes]) -> Awaitable[asyncssh.SFTPServer]:
             return connection.sftp(chan, kind)
 

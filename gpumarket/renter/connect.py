@@ -61,8 +61,21 @@ async def request_ticket(client: Client, rental_id: str, port: str | int) -> Tic
     ``host_offline``, ``port_not_declared``, ``no_ssh_host_key``) and ``BadAnswer`` for a
     malformed ticket. Not retried: each call mints a token.
     """
+    if is_volume(rental_id):
+        if port != SSH:
+            raise CliError(f"{rental_id} is a volume: it serves files over SSH only (sftp, scp, rsync), no ports")
+        body = await client.request("POST", f"/volumes/{rental_id}/connect", json_body={})
+        if isinstance(body, dict) and "rental_id" not in body:
+            body = {**body, "rental_id": body.get("volume_id")}  # the stream's target: the volume's id
+        return parse_ticket(body, want_ssh=True)
     body = await client.request("POST", f"/rentals/{rental_id}/connect", json_body=port_body(port))
     return parse_ticket(body, want_ssh=port == SSH)
+
+
+def is_volume(target: str) -> bool:
+    """Whether a connect target names a volume (``vol-…`` or a volume's name) rather than a rental: rental ids are
+    ``r-…`` (docs/volumes.md; a volume named ``r-…`` is reached by its id)."""
+    return target.startswith("vol-") or not target.startswith("r-")
 
 
 def parse_ticket(body: Any, *, want_ssh: bool) -> Ticket:

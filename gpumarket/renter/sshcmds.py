@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpumarket.renter.api import ApiError, Client, UsageError
-from gpumarket.renter.commands import all_rentals, set_command
+from gpumarket.renter.commands import all_pages, all_rentals, set_command
 from gpumarket.renter.connect import NAME_RE, SSH, Ticket, rental_arg, request_ticket
 from gpumarket.renter.options import common_options
 from gpumarket.renter.sshfiles import (
@@ -43,7 +43,8 @@ SCP_OPTIONS_WITH_VALUE = frozenset("DFJPSXcilo")
 # `gpumarket ssh-config` asks for this many rentals' tickets at once.
 CONNECT_CONCURRENCY = 8
 # What `ssh-config` skips with a note rather than failing on: the rental has no SSH to offer now.
-NO_SSH_NOW = ("nothing_to_log_into", "no_ssh_host_key", "host_offline", "rental_not_running", "rental_not_found")
+NO_SSH_NOW = ("nothing_to_log_into", "no_ssh_host_key", "host_offline", "rental_not_running", "rental_not_found",
+              "volume_not_ready", "volume_opening", "volume_unsupported", "volume_not_found")
 INSTALL_SSH = "install OpenSSH's client (apt install openssh-client)"
 
 
@@ -150,6 +151,7 @@ async def cmd_ssh(args: argparse.Namespace, client: Client) -> int:
 
 async def cmd_ssh_config(args: argparse.Namespace, client: Client) -> int:
     running = [r["id"] for r in await all_rentals(client) if r.get("state") == "running"]
+    running += await ready_volumes(client)  # their file-only sessions (docs/volumes.md): sftp, scp, rsync by name
     gate = asyncio.Semaphore(CONNECT_CONCURRENCY)
 
     async def ticket_or_none(rental_id: str) -> Ticket | None:
@@ -181,6 +183,17 @@ async def cmd_ssh_config(args: argparse.Namespace, client: Client) -> int:
     if not includes(user_config, path):
         print(f"add this line at the top of {user_config} (before any Host or Match line):\n  {include_line(path)}")
     return 0
+
+
+async def ready_volumes(client: Client) -> list[str]:
+    """The ids of the account's ready volumes (none where the master keeps no volumes)."""
+    try:
+        volumes = await all_pages(client, "/volumes")
+    except ApiError as exc:
+        if exc.http_status == 404:
+            return []
+        raise
+    return [str(v["id"]) for v in volumes if v.get("state") == "ready" and isinstance(v.get("id"), str)]
 
 
 # ---- cp -----------------------------------------------------------------------------------------

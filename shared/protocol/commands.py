@@ -28,7 +28,7 @@ from pydantic import (
 from shared.errors import ProtocolError
 from shared.imageref import IMAGE_HINT, MAX_REFERENCE_CHARS, parse_image_reference
 from shared.protocol.base import CommandId, StrictModel, Timestamp
-from shared.protocol.volumes import MAX_VOLUMES_PER_RENTAL, CreateVolume, DeleteVolume, VolumeMount
+from shared.protocol.volumes import MAX_VOLUMES_PER_RENTAL, CreateVolume, DeleteVolume, VolumeId, VolumeMount
 
 RENTAL_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # a folder, a cgroup, a unit and a container name
 MILLI_PER_GPU = 1000  # a share's compute is counted in thousandths of one GPU
@@ -401,6 +401,18 @@ class UpdateAccess(StrictModel):
     disabled: bool = False
 
 
+class OpenVolume(StrictModel):
+    """Serve the volume's files to its renter without a rental (docs/volumes.md, "Data in and out"): an SSH server
+    for ``volume_id`` that takes ``authorized_keys`` (as of the account's access ``version``, the same rule as
+    ``UpdateAccess``, which keeps the list live afterwards) and serves SFTP and rsync jailed in the volume, no shell.
+    Idempotent: the reply names the volume's SSH host key, made once and kept (the renter's client pins it)."""
+
+    kind: Literal["open_volume"] = "open_volume"
+    volume_id: VolumeId
+    authorized_keys: AuthorizedKeys = Field(default_factory=list, max_length=MAX_AUTHORIZED_KEYS)
+    version: AccessVersion
+
+
 class MeasureNetwork(StrictModel):
     """Measure the network to the relay now; the result's ``data`` is the ``NetworkReportBody``."""
 
@@ -610,11 +622,13 @@ class CancelChallenge(StrictModel):
 AnyCommand = (
     StartWorkload | StopWorkload | UpdateAccess | MeasureNetwork | InstallCertificate | HealthCheck | CreateCluster | DeleteCluster
     | SetPowerPolicy | StartChallenge | RevealChallenge | CancelChallenge | CreateVolume | DeleteVolume
+    | OpenVolume
 )
 AgentCommand = Annotated[AnyCommand, Field(discriminator="kind")]
 COMMAND_KINDS = (
     "start_workload", "stop_workload", "measure_network", "install_certificate", "health_check", "create_cluster", "delete_cluster",
     "set_power_policy", "update_access", "start_challenge", "reveal_challenge", "cancel_challenge", "create_volume", "delete_volume",
+    "open_volume",
 )
 
 

@@ -3,7 +3,7 @@ model per command kind (``CommandReply``). Lenient: a newer agent may say more."
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -133,7 +133,14 @@ class ChallengeCancelled(LenientModel):
     stopped: bool
 
 
+class VolumeOpened(LenientModel):
+    """``open_volume``: the volume's SSH host key (OpenSSH one-line form), the same at every open."""
+
+    ssh_host_key: Annotated[str, Field(min_length=1, max_length=1024)]
+
+
 CommandReply = (
     WorkloadStarted | WorkloadStopped | AccessUpdated | NetworkReportBody | CertificateInstalled | HealthCheckResult | ClusterJoined | ClusterLeft
     | PowerPolicyApplied | ChallengeCommitted | ChallengeOpened | ChallengeCancelled
+    | VolumeOpened
 )

@@ -27,7 +27,7 @@ from datetime import datetime
 from sqlalchemy import or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from master.models import Account, Rental
+from master.models import Account, Rental, Volume
 from master.models import Command as CommandRow
 from master.services import commands
 from master.services.accounts import ssh_keys
@@ -92,6 +92,17 @@ async def access_changed(session: AsyncSession, account_id: str, *, now: datetim
         command = commands.new_command(
             session, host_id=rental.host_id, rental_id=rental.id,
             command=protocol.UpdateAccess(rental_id=rental.id, authorized_keys=keys, version=version, disabled=disabled),
+        )  # fmt: skip
+        command.created_at = now
+        issued.append(command.id)
+    # A ready volume's file-only session takes the account's keys too (docs/volumes.md; the agent keeps a list only
+    # for a volume opened there, and ignores an older version).
+    for volume_id, host_id in await session.execute(
+        select(Volume.id, Volume.host_id).where(Volume.account_id == account_id, Volume.state == "ready").order_by(Volume.id)
+    ):
+        command = commands.new_command(
+            session, host_id=host_id, rental_id=None,
+            command=protocol.UpdateAccess(rental_id=volume_id, authorized_keys=keys, version=version, disabled=disabled),
         )  # fmt: skip
         command.created_at = now
         issued.append(command.id)

@@ -7,6 +7,7 @@ Below ``rentals`` (placement asks it where a rental with volumes may go, and rec
 * ``lifecycle.py``: the states and their table (``transition``), deletion asked (``request_deletion``).
 * ``attach.py``: rentals mount them: a request's entries (``VolumeAsk``, ``check_asks``), the volumes and hosts they
   name (``resolve``), the attachments (``attach``; released by the rentals' state machine when a rental ends).
+* ``files.py``: a volume's files without a rental (``connect_volume``: a token to its file-only session).
 """
 
 from master.services.volumes.attach import (
@@ -21,6 +22,7 @@ from master.services.volumes.attach import (
     resolve,
     writer,
 )
+from master.services.volumes.files import connect_volume
 from master.services.volumes.lifecycle import LIVE, VolumeState, request_deletion, transition
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     "asks_of",
     "attach",
     "check_asks",
+    "connect_volume",
     "holders",
     "hosts_down",
     "request_deletion",
