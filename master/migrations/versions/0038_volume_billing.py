@@ -1,7 +1,7 @@
 """ledger_transactions.volume_id: a volume's storage postings name it (issue 41, billing)
 
 Revision ID: 0038
-Revises: 0035
+Revises: 0037
 Create Date: 2026-12-03 12:00:00.000000
 
 A volume is billed per GiB-hour (``billing/volumes.py``) with postings of kind ``storage``; each names its volume,
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0038"
-down_revision = "0035"
+down_revision = "0037"
 branch_labels = None
 depends_on = None
 
