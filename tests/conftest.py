@@ -60,7 +60,7 @@ ONE_WORKER_SCOPES: tuple[tuple[str, ...], ...] = (
      "tests/test_console_services.py", "tests/test_console_teams.py"),
     ("tests/faults/",), ("tests/test_install_agent.py::TestInstaller",), ("tests/test_tunnels.py",),
     ("tests/test_gateway.py",), ("tests/test_simulate.py",), ("tests/test_readme_walkthrough.py",),
-    ("tests/test_clusternet.py::TestClusterNetwork",),
+    ("tests/test_clusternet.py::TestClusterNetwork",), ("tests/test_volume_files.py",),
 )  # fmt: skip
 """Tests that share an expensive fixture (the fault cluster, a module's ``gpumarket up`` or browser): under
 pytest-xdist each of these scopes (the tests under any of its node id prefixes, named by the first) runs whole on one
