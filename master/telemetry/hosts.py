@@ -410,6 +410,8 @@ async def handle_tunnel_usage(session: AsyncSession, envelope: protocol.BusEnvel
     host = await _host_seen(session, envelope)
     counted = 0
     for item in message.body.rentals:
+        if item.rental_id.startswith("vol-"):  # a volume's file-only session (docs/volumes.md): no rental's bytes
+            continue
         rental = await session.get(Rental, item.rental_id, with_for_update=True)
         if rental is None or rental.host_id != host.id:
             log.warning("host %s reported tunnel bytes of rental %s it does not run; dropped", host.id, item.rental_id[:80])
