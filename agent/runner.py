@@ -60,6 +60,7 @@ from agent.spool import SqliteSpool
 from agent.state import AgentState, SequenceLease
 from agent.verification import DEFAULT_IMAGE as DEFAULT_CHALLENGE_IMAGE
 from agent.verification import ChallengeRunner, is_challenge
+from agent.volumes import VolumeStore, with_volumes
 from shared import protocol
 from shared.cancelling import raise_if_cancelled
 from shared.crypto import (
@@ -168,6 +169,7 @@ class Agent:
         # GPU challenges (agent.verification): the challenge image, and a simulated host's behaviour (sim backends only)
         challenge_image: str = DEFAULT_CHALLENGE_IMAGE,
         challenge_simulate: dict[str, Any] | None = None,
+        volumes: VolumeStore | None = None,
     ) -> None:
         identity = state.identity()
         state.secure()
@@ -224,12 +226,18 @@ class Agent:
         self.challenges = ChallengeRunner(
             self.workloads, image=challenge_image, simulate=challenge_simulate if backend.name == "sim" else None
         )
+        # Renters' volumes (agent.volumes): loop disks under <data_dir>/volumes where rentals' disks are loop disks too.
+        policy = self.workloads.ceilings
+        self.volumes = volumes or VolumeStore(
+            state.dir / "volumes", policy.disks.tools if policy.disks is not None else policy.disk_reason or "no disk quotas here",
+            reserved_disk_gib=policy.reserved_disk_gib,
+        )
         # Challenges run on a worker of their own: one waiting for its commitment never holds up a rental's start.
         self._challenge_commands: asyncio.Queue[protocol.CommandBody] = asyncio.Queue(max_pending_commands)
         self.commands = CommandExecutor(
             workloads=self.workloads, backend=backend, logs=self.logs, measure=self.measure_network,
             install_certificate=self.certificate.install, ssh=self.ssh, clusters=self.clusters, power=self.power,
-            challenges=self.challenges,
+            challenges=self.challenges, volumes=self.volumes,
             close_streams=lambda rental_id: self.tunnels.close_rental(rental_id, TunnelCode.ACCESS_REVOKED),
             host_id=self.host_id, opening_keys=state.opening_keys, remembered_results=remembered_results,
         )
@@ -281,7 +289,7 @@ class Agent:
             host=facts.to_wire(),
             gpus=[protocol.GpuInfoModel.model_validate(g.to_wire()) for g in self.backend.gpus()],
             running_rentals=self._rentals_running(),
-            isolation=with_ceilings(self.isolation.facts, self.workloads.ceilings),
+            isolation=with_volumes(with_ceilings(self.isolation.facts, self.workloads.ceilings), self.volumes),
         )
 
     # ---- sampling (agent.sampling) -----------------------------------------------------
@@ -350,6 +358,7 @@ class Agent:
         await self.workloads.resume()  # re-adopted workloads; report those that died while we were down
         await self.clusters.resume()
         await self.challenges.remove_orphans()  # a challenge from before a restart is over: the master fails it
+        await asyncio.to_thread(self.volumes.remount_all)  # volumes outlive the agent and a reboot (docs/volumes.md)
         for rental_id in self.workloads.running():
             self.logs.follow(rental_id)
         tasks = [

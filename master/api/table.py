@@ -36,6 +36,7 @@ from master.api import (
     routes_teams,
     routes_templates,
     routes_verification,
+    routes_volumes,
 )
 from master.api.base import API, RateClass, Route
 
@@ -55,6 +56,7 @@ ROUTES: tuple[Route, ...] = (
     + routes_teams.ROUTES
     + routes_registries.ROUTES
     + routes_verification.ROUTES
+    + routes_volumes.ROUTES
 )  # fmt: skip
 
 UNVERSIONED: tuple[Route, ...] = routes_metrics.UNVERSIONED + routes_downloads.UNVERSIONED + routes_docs.UNVERSIONED

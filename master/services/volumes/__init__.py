@@ -5,8 +5,43 @@ Below ``rentals`` (placement asks it where a rental with volumes may go, and rec
 ``market`` (hosts' storage terms) and ``accounts``; never imports rentals, clusters or endpoints.
 
 * ``lifecycle.py``: the states and their table (``transition``), deletion asked (``request_deletion``).
+* ``request.py``: the typed create request (``VolumeRequest``), names and their rule.
+* ``core.py``: create (idempotent, the host chosen), get by id or name, list, delete, views, and the agents' results
+  (``apply_result``).
 """
 
+from master.services.volumes.core import (
+    KINDS,
+    apply_result,
+    choose_host,
+    create_volume,
+    delete_volume,
+    get_volume,
+    list_volumes,
+    mounted_by,
+    volume_detail,
+    volume_view,
+)
 from master.services.volumes.lifecycle import LIVE, VolumeState, request_deletion, transition
+from master.services.volumes.request import NAME_PATTERN, VolumeRequest, is_volume_id, name_problem
 
-__all__ = ["LIVE", "VolumeState", "request_deletion", "transition"]
+__all__ = [
+    "KINDS",
+    "LIVE",
+    "NAME_PATTERN",
+    "VolumeRequest",
+    "VolumeState",
+    "apply_result",
+    "choose_host",
+    "create_volume",
+    "delete_volume",
+    "get_volume",
+    "is_volume_id",
+    "list_volumes",
+    "mounted_by",
+    "name_problem",
+    "request_deletion",
+    "transition",
+    "volume_detail",
+    "volume_view",
+]
