@@ -26,10 +26,11 @@ KEEPS_NONE = protocol.IsolationFacts(
 
 
 async def lending_host(api: Api, *, price: str | None = "0.0002", gib: int = 100, region: str | None = None,
-                       isolation: protocol.IsolationFacts = KEEPS, listed: bool = True) -> str:  # fmt: skip
+                       isolation: protocol.IsolationFacts = KEEPS, listed: bool = True,
+                       gpus: list[protocol.GpuInfoModel] | None = None) -> str:  # fmt: skip
     """An online host of the provider whose agent keeps volumes (``isolation``), listed at its tier's default GPU price
-    lending ``gib`` GiB at ``price`` per GiB-hour (``listed=False``: no listing at all)."""
-    host_id = await online_host(api.master, api.provider, [gpu_info(0)], isolation=isolation)
+    lending ``gib`` GiB at ``price`` per GiB-hour (``listed=False``: no listing at all), with ``gpus`` (one RTX 4090)."""
+    host_id = await online_host(api.master, api.provider, gpus or [gpu_info(0)], isolation=isolation)
     if region is not None:
         async with api.master.db.session() as session:
             await session.execute(update(Host).where(Host.id == host_id).values(region=region))
