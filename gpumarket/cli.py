@@ -464,6 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
     from gpumarket.renter.services import add_parsers as add_service_parsers
     from gpumarket.renter.sshcmds import add_parsers as add_ssh_parsers
     from gpumarket.renter.teams import add_parsers as add_team_parsers
+    from gpumarket.renter.volumes import add_parsers as add_volume_parsers
 
     add_renter_parsers(sub)  # login, offers, rent, rentals, logs, stop, account: the renter's side, over the REST API
     add_ssh_parsers(sub)  # ssh, ssh-config, cp, tunnel: OpenSSH to rentals through the relays
@@ -474,6 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_team_parsers(sub)  # team list, create, show, invite, accept, role, remove, leave, use: teams and the context
     add_registry_parsers(sub)  # registry login, list, remove: private registries' credentials
     add_service_parsers(sub)  # service create, list, show, scale, delete, token: elastic services over the REST API
+    add_volume_parsers(sub)  # volume create, list, show, delete: disks that outlive rentals, over the REST API
 
     admin = sub.add_parser("admin", help="operator tasks against the master's database and CA")
     admin_sub = admin.add_subparsers(dest="admin_command", required=True, metavar="ACTION")
