@@ -135,3 +135,18 @@ class TestListShowDelete:
 
 async def _says(cli: Cli, text: str) -> bool | None:
     return True if text in cli.peek()[1] else None
+
+
+class TestOffers:
+    async def test_offers_show_what_each_host_lends_to_volumes(self, cli: Cli, api: Api) -> None:
+        """STORAGE: the GiB still free for volumes and the price per GiB-hour; - where the host lends none."""
+        lending = await lending_host(api, price="0.0002", gib=100)
+        unlisted = await lending_host(api, listed=False)
+        await api.as_renter("POST", "/volumes", json={"name": "data", "size_gib": 30, "host_id": lending})
+        code, out, err = await cli("offers")
+        assert code == 0, err
+        header, *rows = out.splitlines()
+        column = header.split().index("STORAGE")
+        shown = {host_id: next(row for row in rows if host_id in row) for host_id in (lending, unlisted)}
+        assert "70G $0.0002" in shown[lending] and " - " in shown[unlisted]
+        assert header.split()[column + 1] == "VERIFIED"

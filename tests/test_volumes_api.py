@@ -8,6 +8,7 @@ Driven on SQLite and PostgreSQL (the ``api`` fixture); the agents' answers are a
 
 from __future__ import annotations
 
+import asyncio
 from decimal import Decimal
 from typing import Any
 
@@ -147,6 +148,25 @@ class TestCreate:
         assert status == 202
         status, second = await create(api, name="second", host_id=host_id, size_gib=30)
         assert status == 201, second
+
+    async def test_two_volumes_made_at_once_never_take_the_same_gib(self, api: Api) -> None:
+        """Concurrent creates on a host with room for one: one is made, the other is refused as full (the listing's
+        row locked while its room is read), named host or chosen alike."""
+        for where in ("host", "anywhere"):
+            host_id = await lending_host(api, gib=10)
+            body = {"host_id": host_id} if where == "host" else {}
+            answers = await asyncio.gather(
+                *(create(api, name=f"{where}-{i}", size_gib=6, **body) for i in range(4))
+            )
+            assert sorted(status for status, _ in answers) == [201, 409, 409, 409], answers
+            assert all(b["code"] == "volume_host_full" for status, b in answers if status == 409), answers
+            async with api.master.db.session() as session:
+                sizes = (
+                    await session.scalars(select(Volume.size_gib).where(Volume.host_id == host_id))
+                ).all()
+            assert list(sizes) == [6]
+            async with api.master.db.session() as session:  # the next round's host is the only one with room
+                await session.execute(update(Host).where(Host.id == host_id).values(state="offline"))
 
 
 class TestRefusals:

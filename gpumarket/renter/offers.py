@@ -63,11 +63,11 @@ async def cmd_offers(args: argparse.Namespace, client: Client) -> int:
         [
             o["gpu_name"], str(o["num_gpus"]), mig_column(o), gib(o.get("vram_mib")), price, o.get("region") or "-", o.get("tier") or "-",
             f"{o['reliability']:.3f}" if isinstance(o.get("reliability"), int | float) else "-",
-            _isolation(o.get("isolation")), verified_column(o), storage_column(o), o["id"],
+            _isolation(o.get("isolation")), storage_column(o), verified_column(o), o["id"],
         ]
         for o, price in zip(items, prices, strict=True)
     ]  # fmt: skip
-    print(table(["MODEL", "FREE", "MIG", "VRAM", "$/GPU-H", "REGION", "TIER", "RELIAB", "ISOLATION", "VERIFIED", "STORAGE", "OFFER"],
+    print(table(["MODEL", "FREE", "MIG", "VRAM", "$/GPU-H", "REGION", "TIER", "RELIAB", "ISOLATION", "STORAGE", "VERIFIED", "OFFER"],
                 rows))  # fmt: skip
     shown = len(items) + int(body.get("offset", 0))
     if body.get("total", 0) > shown:
