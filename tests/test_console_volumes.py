@@ -31,7 +31,11 @@ async def lending_hosts(console: Console) -> list[dict[str, Any]]:
         lending = [o for o in offers if o.get("volume_gib_free") and o.get("volumes_kept")]
         return lending or None
 
-    return list(await eventually(found, timeout=START_S, every=API_POLL_S, what="demo hosts that lend storage to volumes"))
+    return list(
+        await eventually(
+            found, timeout=START_S, every=API_POLL_S, what="demo hosts that lend storage to volumes"
+        )
+    )
 
 
 class TestVolumes:
@@ -41,7 +45,9 @@ class TestVolumes:
         page = console.page
         cheapest = min(await lending_hosts(console), key=lambda o: float(o["storage_price_per_gib_hour"]))
         await console.go("#/volumes")
-        await expect(page.get_by_role("link", name="Volumes", exact=True)).to_have_attribute("aria-current", "page")
+        await expect(page.get_by_role("link", name="Volumes", exact=True)).to_have_attribute(
+            "aria-current", "page"
+        )
         await expect(page.locator("table.volumes")).to_contain_text("No volumes yet")
 
         name = page.get_by_label("Name", exact=True)
@@ -57,10 +63,12 @@ class TestVolumes:
         await expect(page.locator("#notice")).to_contain_text("Volume data is creating on host")
         row = page.locator("table.volumes tbody tr").first
         await expect(row.locator(".volume-name")).to_have_text("data")
-        await expect(row.locator(".badge")).to_have_text("ready", timeout=WAIT_MS)  # its host's agent made it, for real
+        # Its host's agent made it, for real.
+        await expect(row.locator(".badge")).to_have_text("ready", timeout=WAIT_MS)
         [volume] = (await console.api("renter", "/volumes"))["items"]
         assert volume["state"] == "ready" and volume["size_gib"] == 1
-        assert volume["price_per_gib_hour"] == cheapest["storage_price_per_gib_hour"]  # no host named: the cheapest
+        cheapest_price = cheapest["storage_price_per_gib_hour"]
+        assert volume["price_per_gib_hour"] == cheapest_price  # no host named: the cheapest
         await expect(row).to_contain_text(volume["host_id"])
         await expect(row).to_contain_text("per GiB-hour")
         await console.shot("volumes")
@@ -73,9 +81,11 @@ class TestVolumes:
             await row.get_by_role("button", name="Delete").click()
             await row.locator(f"#confirm-delete-{volume['id']}").click()
             await expect(page.locator("#notice")).to_contain_text("Volume data is deleting: billing stopped.")
-            await expect(page.locator("table.volumes")).to_contain_text("No volumes yet", timeout=WAIT_MS)  # its agent deleted it
+            # Its agent deleted it.
+            await expect(page.locator("table.volumes")).to_contain_text("No volumes yet", timeout=WAIT_MS)
         finally:
-            await console.api("renter", f"/volumes/{volume['id']}", method="DELETE")  # the market as it was found
+            # The market as it was found.
+            await console.api("renter", f"/volumes/{volume['id']}", method="DELETE")
         assert (await console.api("renter", f"/volumes/{volume['id']}"))["state"] == "deleted"
         assert not console.problems, console.problems
         await console.context.close()

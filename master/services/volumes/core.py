@@ -202,9 +202,7 @@ async def get_volume(
         )
         volume = await session.scalar(query.with_for_update() if for_update else query)
     if volume is None or (principal.role != "admin" and volume.account_id != principal.account_id):
-        raise NotFound(
-            f"no volume {ref[:80]!r} in your account", code="volume_not_found"
-        )
+        raise NotFound(f"no volume {ref[:80]!r} in your account", code="volume_not_found")
     return volume
 
 
