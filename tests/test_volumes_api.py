@@ -154,7 +154,7 @@ class TestCreate:
         row locked while its room is read), named host or chosen alike."""
         for where in ("host", "anywhere"):
             host_id = await lending_host(api, gib=10)
-            body = {"host_id": host_id} if where == "host" else {}
+            body: dict[str, Any] = {"host_id": host_id} if where == "host" else {}
             answers = await asyncio.gather(
                 *(create(api, name=f"{where}-{i}", size_gib=6, **body) for i in range(4))
             )
