@@ -24,7 +24,7 @@ const ROUTES = [
   { path: /^\/clusters\/([^/]+)$/, roles: ["renter", "admin"], title: "Cluster", render: clusterPage },
   { path: /^\/services$/, roles: ["renter", "admin"], title: "Services", nav: "#/services", render: servicesPage },
   { path: /^\/services\/([^/]+)$/, roles: ["renter", "admin"], title: "Service", render: servicePage },
-  { path: /^\/volumes$/, roles: ["renter", "admin"], title: "Volumes", nav: "#/volumes", render: volumesPage },
+  { path: /^\/volumes$/, roles: ["renter"], title: "Volumes", nav: "#/volumes", render: volumesPage },
   { path: /^\/billing$/, roles: ["renter"], title: "Billing", nav: "#/billing", render: billingPage },
   { path: /^\/ssh-keys$/, roles: ["renter", "admin"], title: "SSH keys", nav: "#/ssh-keys", render: sshKeysPage },
   { path: /^\/hosts$/, roles: ["provider", "admin"], title: "Hosts", nav: "#/hosts", render: hostsPage },

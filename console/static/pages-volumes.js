@@ -32,19 +32,18 @@ export function volumesPage(page, ctx) {
   const errors = errorBox();
   const listErrors = errorBox();
   const name = withError(field({ label: "Name", name: "name", autocomplete: "off", spellcheck: "false", autocapitalize: "off",
-    placeholder: "data", hint: "Lower-case letters, digits, '-', '_' and '.', unique among your volumes. Rentals mount it by this name." }));
+    placeholder: "data", hint: "Lower-case letters, digits, '-', '_', '.'; rentals mount it by this name." }));
   const size = withError(field({ label: "Size, GiB", name: "size_gib", type: "number", min: "1", max: String(MAX_GIB), step: "1",
-    inputmode: "numeric", value: "10", hint: "A hard limit: writes past it fail. Billed per GiB-hour, mounted or not, until you delete it." }));
+    inputmode: "numeric", value: "10", hint: "A hard limit, billed per GiB-hour until you delete it." }));
   const region = withError(field({ label: "Region (optional)", name: "region", autocomplete: "off", spellcheck: "false", autocapitalize: "off",
-    placeholder: "eu-west", hint: "The cheapest host with room in this region; left empty, anywhere." }));
+    placeholder: "eu-west", hint: "The cheapest host with room there; empty: anywhere." }));
   const host = withError(field({ label: "Host (optional)", name: "host_id", autocomplete: "off", spellcheck: "false", autocapitalize: "off",
-    placeholder: "h-0123456789abcdef", hint: "This host and no other (the marketplace shows each host's storage price and room)." }));
+    placeholder: "h-0123456789abcdef", hint: "This host only (offers show each host's storage price and room)." }));
   const fields = { name, size_gib: size, region, host_id: host };
   const create = h("button", { type: "submit", id: "create-volume" }, "Create volume");
   const form = h("form", { class: "card volume-form", novalidate: true, "aria-labelledby": "volume-form-title" },
     h("h2", { id: "volume-form-title" }, "New volume"),
-    h("p", { class: "hint block" }, "It lives on one provider's host and outlives your rentals, the agent's restarts and the host's reboots. "
-      + "It does not survive the loss of that host's disk: keep what you cannot lose elsewhere too."),
+    h("p", { class: "hint block" }, "It outlives your rentals and the host's reboots, not the loss of the host's disk: keep a copy of what you cannot lose."),
     h("div", { class: "grid" }, name.row, size.row, region.row, host.row), errors.el, h("div", { class: "actions" }, create));
   const showDeleted = field({ label: "Show deleted volumes", name: "deleted", type: "checkbox" });
   const slot = h("div", {});
