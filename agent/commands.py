@@ -33,6 +33,7 @@ from agent.reach.sshd import VOLUME, RentalSshServer
 from agent.runtimes.manager import WorkloadManager
 from agent.runtimes.registry_login import SealedLogin
 from agent.verification import ChallengeRunner, is_challenge
+from agent.volumes import VolumeStore
 from shared import protocol
 from shared.errors import ConfigError, GpumarketError, ProtocolError
 
@@ -64,6 +65,7 @@ class CommandExecutor:
         clusters: ClusterNetworks | None = None,
         power: PowerPolicy | None = None,
         challenges: ChallengeRunner | None = None,
+        volumes: VolumeStore | None = None,
         close_streams: Callable[[str], int] | None = None,
         host_id: str | None = None,
         opening_keys: Callable[[], Sequence[ec.EllipticCurvePrivateKey]] | None = None,
@@ -79,6 +81,7 @@ class CommandExecutor:
         self.clusters = clusters
         self.power = power
         self.challenges = challenges
+        self.volumes = volumes  # renters' volumes (agent.volumes): create_volume, delete_volume
         self.close_streams = close_streams  # ends every renter stream of a rental now; returns how many
         # This host's id and private keys (``AgentState.opening_keys``): what a start's sealed registry login opens with.
         self.host_id = host_id
@@ -149,9 +152,18 @@ class CommandExecutor:
                 return await self._challenges().cancel(command.challenge_id, command.reason or "cancelled by the master")
             case protocol.OpenVolume():
                 return await self._open_volume(command)
-            case protocol.CreateVolume() | protocol.DeleteVolume():
-                # docs/volumes.md: agent/volumes.py's VolumeStore is wired in by the volumes work (issue 41).
-                raise ConfigError("this agent keeps no volumes yet", code="volume_unsupported")
+            case protocol.CreateVolume():
+                return await asyncio.to_thread(self._volumes().run_create, command)  # mkfs and mount block
+            case protocol.DeleteVolume():
+                deleted = await asyncio.to_thread(self._volumes().run_delete, command)
+                if self.ssh is not None:
+                    self.ssh.forget(command.volume_id)  # its file-only session's keys and logins go with it
+                return deleted
+
+    def _volumes(self) -> VolumeStore:
+        if self.volumes is None:
+            raise ConfigError("this agent keeps no volumes", code="volume_unsupported")
+        return self.volumes
 
     def _challenges(self) -> ChallengeRunner:
         if self.challenges is None:

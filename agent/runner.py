@@ -54,14 +54,13 @@ from agent.reach.sshd import RentalSshServer
 from agent.reach.tunnels import TunnelServer
 from agent.runtimes.ceilings import CeilingPolicy, with_ceilings
 from agent.runtimes.containeropts import ContainerOptions, ProgressStage
-from agent.runtimes.diskquota import detect_loop_disks
 from agent.runtimes.isolation import HostIsolation, ProcessIsolation, isolation_facts
-from agent.runtimes.manager import VolumePaths, WorkloadManager
+from agent.runtimes.manager import WorkloadManager
 from agent.sampling import Sampler
 from agent.spool import SqliteSpool
 from agent.state import AgentState, SequenceLease
 from agent.verification import ChallengeRunner, is_challenge
-from agent.volumes import VolumeStore
+from agent.volumes import VolumeStore, with_volumes
 from shared import protocol
 from shared.cancelling import raise_if_cancelled
 from shared.crypto import (
@@ -161,7 +160,6 @@ class Agent:
         isolation: HostIsolation | None = None,
         container: ContainerOptions | None = None,
         ceilings: CeilingPolicy | None = None,
-        volumes: VolumePaths | None = None,
         rng: random.Random | None = None,
         # Renters' streams (agent.reach.tunnels): on the link, and per rental
         max_streams: int = 256,
@@ -174,6 +172,7 @@ class Agent:
         challenge_image: str | None = None,
         challenge_cuda_base: str = DEFAULT_CUDA_BASE,
         challenge_simulate: dict[str, Any] | None = None,
+        volumes: VolumeStore | None = None,
     ) -> None:
         identity = state.identity()
         state.secure()
@@ -212,14 +211,21 @@ class Agent:
         self.workloads = WorkloadManager(
             state.work_dir, backend, on_exit=self._workload_exited, on_progress=self._workload_progress,
             rental_users=self.isolation.users, isolation=self.isolation.facts,
-            container=replace(container or ContainerOptions(), owner=self.host_id), ceilings=ceilings, volumes=volumes,
+            container=replace(container or ContainerOptions(), owner=self.host_id), ceilings=ceilings,
         )
         self.stop_workloads_on_close = stop_workloads_on_close
         self._commands: asyncio.Queue[protocol.CommandBody] = asyncio.Queue(max_pending_commands)
         # Access changes (a deleted key) run on their own worker: never behind a start that pulls an image for minutes.
         self._access_commands: asyncio.Queue[protocol.CommandBody] = asyncio.Queue(max_pending_commands)
         self.logs = LogShipper(state.dir, self.workloads, self._send_logs)
-        self.volumes = VolumeStore(state.dir / "volumes", detect_loop_disks())  # docs/volumes.md (vcore builds it too)
+        # Renters' volumes (agent.volumes): loop disks under <data_dir>/volumes where rentals' disks are loop disks too;
+        # mounted into containers (the workloads) and served by the file-only sessions (the SSH server).
+        policy = self.workloads.ceilings
+        self.volumes = volumes or VolumeStore(
+            state.dir / "volumes", policy.disks.tools if policy.disks is not None else policy.disk_reason or "no disk quotas here",
+            reserved_disk_gib=policy.reserved_disk_gib,
+        )
+        self.workloads.volumes = self.volumes
         self.ssh = RentalSshServer(state.dir / "ssh", self.workloads, volumes=self.volumes)
         # Cluster members' private network (agent.cluster.net): peers reach this host where it reaches its relay from.
         self.clusters = ClusterNetworks(
@@ -240,7 +246,7 @@ class Agent:
         self.commands = CommandExecutor(
             workloads=self.workloads, backend=backend, logs=self.logs, measure=self.measure_network,
             install_certificate=self.certificate.install, ssh=self.ssh, clusters=self.clusters, power=self.power,
-            challenges=self.challenges,
+            challenges=self.challenges, volumes=self.volumes,
             close_streams=lambda rental_id: self.tunnels.close_rental(rental_id, TunnelCode.ACCESS_REVOKED),
             host_id=self.host_id, opening_keys=state.opening_keys, remembered_results=remembered_results,
         )
@@ -292,7 +298,7 @@ class Agent:
             host=facts.to_wire(),
             gpus=[protocol.GpuInfoModel.model_validate(g.to_wire()) for g in self.backend.gpus()],
             running_rentals=self._rentals_running(),
-            isolation=with_ceilings(self.isolation.facts, self.workloads.ceilings),
+            isolation=with_volumes(with_ceilings(self.isolation.facts, self.workloads.ceilings), self.volumes),
         )
 
     # ---- sampling (agent.sampling) -----------------------------------------------------
@@ -361,6 +367,7 @@ class Agent:
         await self.workloads.resume()  # re-adopted workloads; report those that died while we were down
         await self.clusters.resume()
         await self.challenges.remove_orphans()  # a challenge from before a restart is over: the master fails it
+        await asyncio.to_thread(self.volumes.remount_all)  # volumes outlive the agent and a reboot (docs/volumes.md)
         for rental_id in self.workloads.running():
             self.logs.follow(rental_id)
         tasks = [

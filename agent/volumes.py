@@ -19,7 +19,14 @@ from typing import Final
 
 from agent.runtimes.diskquota import LoopDisks, LoopTools, free_gib
 from shared.errors import BadRequest
-from shared.protocol.volumes import VOLUME_ID_PATTERN
+from shared.protocol import IsolationFacts
+from shared.protocol.volumes import (
+    VOLUME_ID_PATTERN,
+    CreateVolume,
+    DeleteVolume,
+    VolumeCreated,
+    VolumeDeleted,
+)
 
 log = logging.getLogger(__name__)
 
@@ -95,3 +102,28 @@ class VolumeStore:
             except BadRequest as exc:
                 log.warning("volume %s: %s", volume_id, exc.message)
         return mounted
+
+    # ---- the master's commands (blocking: the executor runs them in a thread) ----------------------
+
+    def run_create(self, command: CreateVolume) -> VolumeCreated:
+        """``create_volume``: made and mounted (``already``: it was made before; it keeps its size and files)."""
+        already = self.exists(command.volume_id)
+        self.create(command.volume_id, command.size_gib)
+        return VolumeCreated(volume_id=command.volume_id, size_gib=command.size_gib, already=already)
+
+    def run_delete(self, command: DeleteVolume) -> VolumeDeleted:
+        """``delete_volume``: unmounted and its files deleted (``already``: there was none here)."""
+        already = not self.exists(command.volume_id)
+        self.delete(command.volume_id)
+        return VolumeDeleted(volume_id=command.volume_id, already=already)
+
+
+def with_volumes(facts: IsolationFacts, store: VolumeStore | None) -> IsolationFacts:
+    """``facts`` saying whether this agent keeps volumes, and why not (the master refuses hosts that keep none)."""
+    if store is None:
+        return facts.model_copy(
+            update={"volumes": False, "volumes_unavailable": "this agent was started without volumes"}
+        )
+    if store.unavailable is not None:
+        return facts.model_copy(update={"volumes": False, "volumes_unavailable": store.unavailable[:512]})
+    return facts.model_copy(update={"volumes": True, "volumes_unavailable": ""})

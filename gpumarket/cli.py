@@ -464,6 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
     from gpumarket.renter.services import add_parsers as add_service_parsers
     from gpumarket.renter.sshcmds import add_parsers as add_ssh_parsers
     from gpumarket.renter.teams import add_parsers as add_team_parsers
+    from gpumarket.renter.volumes import add_parsers as add_volume_parsers
 
     add_renter_parsers(sub)  # login, offers, rent, rentals, logs, stop, account: the renter's side, over the REST API
     add_ssh_parsers(sub)  # ssh, ssh-config, cp, tunnel: OpenSSH to rentals through the relays
@@ -476,8 +477,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_service_parsers(sub)  # service create, list, show, scale, delete, token: elastic services over the REST API
     from gpumarket.renter.volumefiles import add_parsers as add_volume_file_parsers
 
-    volume = sub.add_parser("volume", help="your volumes: a disk on one host that outlives rentals (docs/volumes.md)")
-    add_volume_file_parsers(volume.add_subparsers(dest="volume_command", required=True, metavar="ACTION"))  # open, copy
+    # volume create, list, show, delete over the REST API; open and copy, its files without a rental
+    add_volume_file_parsers(add_volume_parsers(sub))
 
     admin = sub.add_parser("admin", help="operator tasks against the master's database and CA")
     admin_sub = admin.add_subparsers(dest="admin_command", required=True, metavar="ACTION")

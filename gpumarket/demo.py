@@ -9,8 +9,10 @@
 * **A first speed test.** Real agents spread their first measurement over their interval; a demo
   host measures its network to the relay as soon as it is connected (the agent's own
   ``measure_network``, through the relay's speed-test endpoints), so offers show speeds at once.
-* **Shares.** The first demo host is listed by its provider for shares (``smallest_unit``
-  ``SHARE_UNIT``) at its tier's default price, once: a provider's later listing stands.
+* **Shares and storage.** Every demo host is listed by its provider at its tier's default price, lending
+  ``DEMO_VOLUME_GIB`` of its disk to volumes at a storage price of its own (``demo_storage_price``: the cheapest
+  differ, so ``gpumarket volume create`` has a choice); the first for shares (``smallest_unit`` ``SHARE_UNIT``). Once:
+  a provider's later listing stands. Its agent keeps volumes where ``gpumarket up`` runs as root (loop disks).
 
 * **The demo image and template.** Where a container engine answers, ``build_demo_image`` builds (or finds)
   ``gpumarket/demo:<hash>`` from this machine's own packages (``gpumarket.images.DEMO_IMAGE``: a shell, Python 3 and
@@ -30,6 +32,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from decimal import Decimal
 
 from sqlalchemy import select
 
@@ -49,6 +52,7 @@ SEEDED_OUTAGES = 3
 DEMO_UPTIMES = (0.9995, 0.972, 0.9985, 0.9991, 0.991, 0.985, 0.9975, 0.96, 0.999, 0.994)
 SEEDED_CAUSE = "seeded demo history (gpumarket up): made up, not measured"
 SHARE_UNIT = "milli:250"
+DEMO_VOLUME_GIB = 64  # each demo host lends this much of its disk to volumes (sparse images: taken as written)
 READY_TIMEOUT_S = 120.0  # how long the demo set-up waits for its hosts' first hello
 _POLL_S = 0.2
 DEMO_TEMPLATE = "demo"
@@ -141,15 +145,15 @@ async def seed_history(master: Master, host_id: str, *, uptime: float, days: int
 
 
 async def prepare_demo_hosts(master: Master, agents: Sequence[Agent], *, provider: str, timeout: float = READY_TIMEOUT_S) -> None:
-    """Once the demo hosts are connected: a speed test on each, and the share listing on the first.
+    """Once the demo hosts are connected: a speed test on each, and their listings (shares on the first, storage on all).
 
     Logs what it could not do instead of raising; cancelling it (``Marketplace.stop``) is safe.
     """
     try:
         async with asyncio.timeout(timeout):
             await asyncio.gather(*(_first_speed_test(agent) for agent in agents))
-            if agents:
-                await list_for_shares(master, agents[0].host_id, provider=provider)
+            for i, agent in enumerate(agents):
+                await list_demo_host(master, agent.host_id, provider=provider, index=i)
     except TimeoutError:
         log.warning("demo set-up: the demo hosts were not all connected and classified within %g s", timeout)
     except Exception:
@@ -163,9 +167,16 @@ async def _first_speed_test(agent: Agent) -> None:
         log.warning("demo host %s: first speed test failed: %s", agent.host_id, report.error)
 
 
-async def list_for_shares(master: Master, host_id: str, *, provider: str) -> bool:
-    """List the host for shares of ``SHARE_UNIT`` at its tier's default price, unless it has a listing; waits for
-    its GPUs to be classified (its first hello). Returns whether it listed it."""
+def demo_storage_price(index: int) -> Decimal:
+    """USD per GiB-hour the ``index``-th demo host asks for its volumes' storage (0.0001 to 0.00025)."""
+    return Decimal("0.0001") + Decimal("0.00005") * (index % 4)
+
+
+async def list_demo_host(master: Master, host_id: str, *, provider: str, index: int) -> bool:
+    """List the host at its tier's default price, lending ``DEMO_VOLUME_GIB`` to volumes (the first host: for shares
+    of ``SHARE_UNIT``), unless it has a listing; waits for its GPUs to be classified (its first hello). Returns
+    whether it listed it."""
+    unit = SHARE_UNIT if index == 0 else "gpu"
     while True:
         async with master.db.session() as session:
             if await session.get(HostListing, host_id) is not None:
@@ -175,9 +186,10 @@ async def list_for_shares(master: Master, host_id: str, *, provider: str) -> boo
             if tier is not None:
                 account = await session.get(Account, provider)
                 assert account is not None
-                terms = market.ListingTerms(price_per_gpu_hour=market.load_price_bounds()[tier].default, smallest_unit=SHARE_UNIT)
+                terms = market.ListingTerms(price_per_gpu_hour=market.load_price_bounds()[tier].default, smallest_unit=unit,
+                                            storage_price_per_gib_hour=demo_storage_price(index), volume_gib=DEMO_VOLUME_GIB)  # fmt: skip
                 await market.put_listing(session, Principal(account.id, account.name, account.role), host_id, terms,
                                            now=master.clock.now())  # fmt: skip
-                log.info("demo host %s listed for shares (%s)", host_id, SHARE_UNIT)
+                log.info("demo host %s listed (%s, %d GiB for volumes)", host_id, unit, DEMO_VOLUME_GIB)
                 return True
         await asyncio.sleep(_POLL_S)

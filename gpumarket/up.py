@@ -330,7 +330,7 @@ async def start_marketplace(
             )
             market.agents.append(agent)
             market.agent_tasks.append(asyncio.create_task(agent.run(), name=f"agent-{i:02d}"))
-        # First speed tests and the share listing, once the hosts are connected; stopped with the agents.
+        # First speed tests and the listings (shares, storage for volumes), once the hosts are connected; stopped with the agents.
         market.agent_tasks.append(asyncio.create_task(demo.prepare_demo_hosts(master, market.agents, provider=provider_id),
                                                       name="demo-setup"))  # fmt: skip
     except BaseException:

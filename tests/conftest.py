@@ -57,7 +57,7 @@ REDIS_URL = os.environ.get("GPUMARKET_REDIS_URL", "redis://127.0.0.1:6379/0")
 ONE_WORKER_SCOPES: tuple[tuple[str, ...], ...] = (
     ("tests/test_console_browser.py", "tests/test_console_charts.py", "tests/test_console_clusters.py",
      "tests/test_console_credit.py", "tests/test_console_join.py", "tests/test_console_layout.py",
-     "tests/test_console_services.py", "tests/test_console_teams.py"),
+     "tests/test_console_services.py", "tests/test_console_teams.py", "tests/test_console_volumes.py"),
     ("tests/faults/",), ("tests/test_install_agent.py::TestInstaller",), ("tests/test_tunnels.py",),
     ("tests/test_gateway.py",), ("tests/test_simulate.py",), ("tests/test_readme_walkthrough.py",),
     ("tests/test_clusternet.py::TestClusterNetwork",), ("tests/test_volume_files.py",),

@@ -39,7 +39,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from billing import credits
 from master.api.base import API
 from master.api.table import ROUTES
-from master.models import Account, Alert, ApiKey, Base, Payout, TeamInvitation, TeamMember
+from master.models import Account, Alert, ApiKey, Base, Payout, TeamInvitation, TeamMember, Volume
 from master.services.accounts import (
     TEAM_HEADER,
     add_registry_credential,
@@ -124,6 +124,7 @@ class World:
     registry_credential: str = ""  # the id of the first renter's registry credential
     team: str = ""  # the first renter's team (it is its owner, alone)
     invitation: str = ""  # an open invitation of that team
+    volume: str = ""  # the first renter's volume (ready, on the first provider's host)
 
     def account(self, who: str) -> str:
         return self.accounts[who].account_id
@@ -143,6 +144,7 @@ class World:
             "start": MAINTENANCE["start"],  # the window the provider's POST adds
             "key_id": self.api_key, "user_code": "BCDF-GHJK", "passkey_id": "pk-0000000000000000", "credential_id": self.registry_credential,
             "team_id": self.team, "invitation_id": self.invitation, "team_owner": self.account(RENTER),
+            "volume_id": self.volume,
         }  # fmt: skip
 
 
@@ -190,8 +192,11 @@ async def world(api: Api) -> World:
         invitation = TeamInvitation(id=new_id("inv"), team_id=team.id, email="someone@example.com", role="member",
                                     token_hash=new_id("hash"), created_at=now, expires_at=now + timedelta(days=1))  # fmt: skip
         session.add(invitation)
+        volume = Volume(id="vol-00000000000000aa", account_id=accounts[RENTER].account_id, name="data", size_gib=10,
+                        host_id=hosts[PROVIDER], state="ready", price_per_gib_hour=Decimal("0.0002"), created_at=now, ready_at=now)  # fmt: skip
+        session.add(volume)
     return World(api, keys, accounts, hosts, rentals, alerts, payouts, f"{now:%Y-%m}", ssh, cluster, members, service,
-                 second_key.id, registry.id, team.id, invitation.id)  # fmt: skip
+                 second_key.id, registry.id, team.id, invitation.id, volume.id)  # fmt: skip
 
 
 def _ssh_key_line() -> str:
@@ -342,6 +347,11 @@ MATRIX: tuple[Rule, ...] = (
     Rule("PUT", "/services/{service_id}/replicas", the_renters(200, others=(404, "service_not_found")), body=fixed({"max_replicas": 3})),
     Rule("POST", "/services/{service_id}/token", the_renters(200, others=(404, "service_not_found"))),
     Rule("DELETE", "/services/{service_id}", the_renters(202, others=(404, "service_not_found")), last=True),
+    # Volumes: as services; the world's hosts lend no storage, so a renter's valid request is refused for that.
+    Rule("POST", "/volumes", only((409, "volume_host_lends_none"), "renter"), body=fixed({"name": "scratch", "size_gib": 1})),
+    Rule("GET", "/volumes", everyone(200)),
+    Rule("GET", "/volumes/{volume_id}", the_renters(200, others=(404, "volume_not_found"))),
+    Rule("DELETE", "/volumes/{volume_id}", the_renters(202, others=(404, "volume_not_found")), last=True),
     # The marketplace.
     Rule("GET", "/offers", everyone(200)),
     Rule("GET", "/offers/clusters", everyone(200), query={"nodes": "2"}),

@@ -83,6 +83,7 @@ RENTER = [
     Page("service", "#/services/{service}", "#delete-service", charts=4),
     # The New service dialog (its first field: the form scrolls inside the dialog to its Create button, as Rent's does).
     Page("service-new", "#/services", "dialog.service-dialog input[name=name]", click="#create-service"),
+    Page("volumes", "#/volumes", "#create-volume"),
     Page("billing", "#/billing", "form.credit-form button[type=submit]"),
     Page("ssh-keys", "#/ssh-keys", "form button[type=submit]"),
     Page("api-keys", "#/api-keys", "form.key-form button[type=submit]"),

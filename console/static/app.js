@@ -10,6 +10,7 @@ import { fleetPage } from "./pages-admin.js";
 import { sshKeysPage } from "./sshkeys.js";
 import { clustersPage, clusterPage } from "./pages-clusters.js";
 import { servicesPage, servicePage } from "./pages-services.js";
+import { volumesPage } from "./pages-volumes.js";
 import { PUBLIC, securityPage, signInPage, verifyBanner } from "./join.js";
 import { apiKeysPage, devicePage } from "./apikeys.js";
 import { actFor, contextBanner, contextLabel, contextSwitcher, invitePage, loadTeams, lostTeam, pendingInvite, teamPage, teamsPage } from "./teams.js";
@@ -23,6 +24,7 @@ const ROUTES = [
   { path: /^\/clusters\/([^/]+)$/, roles: ["renter", "admin"], title: "Cluster", render: clusterPage },
   { path: /^\/services$/, roles: ["renter", "admin"], title: "Services", nav: "#/services", render: servicesPage },
   { path: /^\/services\/([^/]+)$/, roles: ["renter", "admin"], title: "Service", render: servicePage },
+  { path: /^\/volumes$/, roles: ["renter"], title: "Volumes", nav: "#/volumes", render: volumesPage },
   { path: /^\/billing$/, roles: ["renter"], title: "Billing", nav: "#/billing", render: billingPage },
   { path: /^\/ssh-keys$/, roles: ["renter", "admin"], title: "SSH keys", nav: "#/ssh-keys", render: sshKeysPage },
   { path: /^\/hosts$/, roles: ["provider", "admin"], title: "Hosts", nav: "#/hosts", render: hostsPage },

@@ -205,14 +205,21 @@ function listingSection(ctx, hostId, events) {
     hint: "gpu (whole GPUs), milli:<n> (shares of n thousandths and up, e.g. milli:250) or mig:<profile> (e.g. mig:1g.10gb)." });
   const until = field({ label: "Offered until (optional)", name: "available_until", type: "datetime-local",
     hint: "Your local time. After it the host is not offered. Empty: no end." });
+  // Volumes (docs/volumes.md): what the host lends to renters' volumes, at what price per GiB-hour.
+  const storage = field({ label: "Storage price, USD per GiB-hour (optional)", name: "storage_price_per_gib_hour", inputmode: "decimal",
+    placeholder: "e.g. 0.0002", hint: "What renters pay per GiB-hour of their volumes on this host; needed to lend any." });
+  const lent = field({ label: "Disk lent to volumes, GiB", name: "volume_gib", type: "number", min: "0", step: "1", inputmode: "numeric", value: "0",
+    hint: "How much of the host's disk renters' volumes may take in all (0: none). Its agent must keep volumes (root, loop devices)." });
   const save = h("button", { type: "submit" }, "Save listing");
   const form = h("form", { class: "card listing-form", novalidate: true, "aria-labelledby": "listing-form-title" },
-    h("h3", { id: "listing-form-title" }, "Set the price"), price.row, minBid.row, unit.row, until.row, errors.el, h("div", { class: "actions" }, save));
+    h("h3", { id: "listing-form-title" }, "Set the price"), price.row, minBid.row, unit.row, until.row, storage.row, lent.row, errors.el,
+    h("div", { class: "actions" }, save));
   let windows = [];
+  const editable = [price, minBid, unit, until, storage, lent];
   events.addEventListener("windows", (event) => { // maintenance.js changed them: new windows, the form's typing kept
-    const typed = [price, minBid, unit, until].map((f) => f.input.value);
+    const typed = editable.map((f) => f.input.value);
     showListing(event.detail);
-    [price, minBid, unit, until].forEach((f, i) => { f.input.value = typed[i]; });
+    editable.forEach((f, i) => { f.input.value = typed[i]; });
   });
 
   const showListing = (listing) => {
@@ -225,12 +232,16 @@ function listingSection(ctx, hostId, events) {
     minBid.input.value = listing.min_bid_per_gpu_hour ?? "";
     unit.input.value = listing.smallest_unit || "gpu";
     until.input.value = toLocalInput(listing.available_until);
+    storage.input.value = listing.storage_price_per_gib_hour ?? "";
+    lent.input.value = String(listing.volume_gib ?? 0);
     replace(current, facts([
       ["Price", `${usdRate(listing.price_per_gpu_hour)} per GPU-hour`],
       ["Minimum bid", listing.min_bid_per_gpu_hour ? `${usdRate(listing.min_bid_per_gpu_hour)} per GPU-hour` : "the tier's lowest price"],
       ["Smallest unit", listing.smallest_unit],
       ["Offered until", listing.available_until ? timeEl(listing.available_until) : "no end"],
       ["Maintenance windows", windows.length ? windows.map((w) => `${w.start} – ${w.end}`).join("; ") : "none"],
+      ["Storage for volumes", listing.storage_price_per_gib_hour && listing.volume_gib
+        ? `${listing.volume_gib} GiB at ${usdRate(listing.storage_price_per_gib_hour)} per GiB-hour` : "none lent"],
       ["Tier", listing.tier ?? "—"],
       ["Verified", listing.verified ? "yes" : "no"],
       ["Updated", timeEl(listing.updated_at)],
@@ -262,13 +273,20 @@ function listingSection(ctx, hostId, events) {
     const priceProblem = amountProblem(price.input.value, { places: 6, positive: true, label: "The price per GPU-hour" });
     const minBidText = minBid.input.value.trim() === "" ? "" : minBid.input.value;
     const minBidProblem = minBidText && amountProblem(minBidText, { places: 6, positive: true, label: "The minimum bid" });
-    if (priceProblem || minBidProblem) {
-      errors.show(priceProblem || minBidProblem);
-      (priceProblem ? price : minBid).input.focus();
+    const storageText = storage.input.value.trim() === "" ? "" : storage.input.value;
+    const storageProblem = storageText && amountProblem(storageText, { places: 6, positive: true, label: "The storage price per GiB-hour" });
+    const gib = lent.input.value.trim() === "" ? 0 : Number(lent.input.value);
+    const gibProblem = !Number.isInteger(gib) || gib < 0 ? "The disk lent to volumes is a whole number of GiB, 0 or more." : "";
+    const problem = priceProblem || minBidProblem || storageProblem || gibProblem;
+    if (problem) {
+      errors.show(problem);
+      (priceProblem ? price : minBidProblem ? minBid : storageProblem ? storage : lent).input.focus();
       return;
     }
-    const body = { price_per_gpu_hour: price.input.value, smallest_unit: unit.input.value.trim() || "gpu", maintenance_windows: windows };
+    const body = { price_per_gpu_hour: price.input.value, smallest_unit: unit.input.value.trim() || "gpu", maintenance_windows: windows,
+      volume_gib: gib };
     if (minBidText) body.min_bid_per_gpu_hour = minBidText;
+    if (storageText) body.storage_price_per_gib_hour = storageText;
     if (until.input.value) {
       const d = new Date(until.input.value);
       if (Number.isNaN(d.getTime())) {

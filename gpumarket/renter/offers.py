@@ -8,7 +8,7 @@ from typing import Any
 
 from gpumarket.renter.api import Client, UsageError
 from gpumarket.renter.options import network_bounds
-from gpumarket.renter.output import err, gib, money_column, print_json, table
+from gpumarket.renter.output import err, gib, money, money_column, print_json, table
 
 OFFERS_EPILOG = """\
 The query language: space-separated 'field op value' terms, all ANDed; fields gpu_name,
@@ -20,6 +20,9 @@ VERIFIED: yes when the platform's GPU challenge proved every GPU of the host wit
 7 days, with the measured median and the model's expected TFLOP/s (yes 160/198TF); failed when
 a GPU failed its last challenge; no otherwise. --verified (or verified=true) shows only those
 (docs/verification.md).
+
+STORAGE: what the host lends to volumes (`gpumarket volume create`): the GiB still free and
+the price per GiB-hour (64G $0.0002); - where it lends none (docs/volumes.md).
 
 FREE counts whole GPUs; a GPU in MIG mode never rents whole: MIG lists its free instances per
 profile (3g.40gb x1), which `gpumarket rent OFFER_ID --mig 3g.40gb` rents one at a time.
@@ -60,11 +63,12 @@ async def cmd_offers(args: argparse.Namespace, client: Client) -> int:
         [
             o["gpu_name"], str(o["num_gpus"]), mig_column(o), gib(o.get("vram_mib")), price, o.get("region") or "-", o.get("tier") or "-",
             f"{o['reliability']:.3f}" if isinstance(o.get("reliability"), int | float) else "-",
-            _isolation(o.get("isolation")), verified_column(o), o["id"],
+            _isolation(o.get("isolation")), storage_column(o), verified_column(o), o["id"],
         ]
         for o, price in zip(items, prices, strict=True)
     ]  # fmt: skip
-    print(table(["MODEL", "FREE", "MIG", "VRAM", "$/GPU-H", "REGION", "TIER", "RELIAB", "ISOLATION", "VERIFIED", "OFFER"], rows))
+    print(table(["MODEL", "FREE", "MIG", "VRAM", "$/GPU-H", "REGION", "TIER", "RELIAB", "ISOLATION", "STORAGE", "VERIFIED", "OFFER"],
+                rows))  # fmt: skip
     shown = len(items) + int(body.get("offset", 0))
     if body.get("total", 0) > shown:
         err(f"{len(items)} of {body['total']} offers; more with --limit (up to 500) or a narrower query")
@@ -82,6 +86,14 @@ def _offer_filters(args: argparse.Namespace) -> dict[str, str | int]:
     if args.verified:
         params["verified"] = "true"
     return params
+
+
+def storage_column(offer: dict[str, Any]) -> str:
+    """What the host lends to volumes (docs/volumes.md): the GiB free and the price per GiB-hour, e.g. ``64G $0.0002``."""
+    free = offer.get("volume_gib_free") or 0
+    if not free or not offer.get("storage_price_per_gib_hour"):
+        return "-"
+    return f"{free}G {money(offer['storage_price_per_gib_hour'], 'rate')}"
 
 
 def verified_column(offer: dict[str, Any]) -> str:

@@ -197,6 +197,9 @@ async def put_listing(request: web.Request) -> web.Response:
         available_until=body.available_until,
         maintenance_windows=[market.MaintenanceWindow(w.start, w.end) for w in body.maintenance_windows],
         verified=body.verified,
+        storage_price_per_gib_hour=None if body.storage_price_per_gib_hour is None
+        else market.price_of(body.storage_price_per_gib_hour, field="storage_price_per_gib_hour", code="invalid_storage_price"),
+        volume_gib=body.volume_gib,
     )
     now = master.clock.now()
     async with master.db.session() as session:
@@ -262,7 +265,7 @@ ROUTES: tuple[Route, ...] = (
         "/hosts/{host_id}/listing",
         put_listing,
         "List a host: price per GPU-hour within its tier's bounds, minimum bid, smallest unit, end date, "
-        "maintenance windows. Replaces the whole listing; repeating it changes nothing.",
+        "maintenance windows, the storage it lends to volumes and its price per GiB-hour. Replaces the whole listing; repeating it changes nothing.",
         roles=("provider",),
         body=ListingPut,
         also_success=(201,),  # the first listing of the host

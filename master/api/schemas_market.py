@@ -38,6 +38,11 @@ class ListingPut(_Body):
     maintenance_windows: list[MaintenanceWindowBody] = Field(
         default_factory=list, max_length=MAX_MAINTENANCE_WINDOWS, description="Times the host is not offered; no overlaps."
     )
+    storage_price_per_gib_hour: Price | None = Field(
+        None, description="USD per GiB-hour renters pay for a volume on this host (\"0.0002\"; at most 6 decimals); "
+        "needed to lend volume_gib (docs/volumes.md)."
+    )
+    volume_gib: int = Field(0, ge=0, le=1 << 20, description="GiB of the host's disk lent to renters' volumes (0: none).")
     verified: bool | None = Field(
         None, description="Leave it out: verified is proven by the GPU challenge (docs/verification.md), never set by hand. "
         "A provider naming it gets 403, an admin 422 verified_by_challenge: run POST /api/v1/admin/hosts/{id}/verify instead."

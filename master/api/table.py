@@ -37,6 +37,7 @@ from master.api import (
     routes_templates,
     routes_verification,
     routes_volume_files,
+    routes_volumes,
 )
 from master.api.base import API, RateClass, Route
 
@@ -56,6 +57,7 @@ ROUTES: tuple[Route, ...] = (
     + routes_teams.ROUTES
     + routes_registries.ROUTES
     + routes_verification.ROUTES
+    + routes_volumes.ROUTES
     + routes_volume_files.ROUTES
 )  # fmt: skip
 

@@ -151,6 +151,10 @@ class IsolationFacts(LenientModel):
     disk_quota: Literal["storage_opt", "loop", "none"] | None = None
     max_disk_gib: int | None = Field(None, gt=0)
     rental_disk_gib: int | None = Field(None, gt=0)  # a rental's disk when it names none
+    # Volumes (docs/volumes.md): whether this agent keeps renters' volumes (size-capped loop disks: root, mkfs.ext4,
+    # loop devices), and why not where it does not. Absent (False) from agents older than volumes.
+    volumes: bool = False
+    volumes_unavailable: Annotated[str, Field(max_length=512)] = ""
 
 
 class HelloBody(StrictModel):

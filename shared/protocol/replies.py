@@ -9,6 +9,7 @@ from pydantic import Field
 
 from shared.protocol.base import LenientModel
 from shared.protocol.bodies import NetworkReportBody
+from shared.protocol.volumes import VolumeCreated, VolumeDeleted
 
 
 class WorkloadStarted(LenientModel):
@@ -141,6 +142,6 @@ class VolumeOpened(LenientModel):
 
 CommandReply = (
     WorkloadStarted | WorkloadStopped | AccessUpdated | NetworkReportBody | CertificateInstalled | HealthCheckResult | ClusterJoined | ClusterLeft
-    | PowerPolicyApplied | ChallengeCommitted | ChallengeOpened | ChallengeCancelled
+    | PowerPolicyApplied | ChallengeCommitted | ChallengeOpened | ChallengeCancelled | VolumeCreated | VolumeDeleted
     | VolumeOpened
 )

@@ -13,7 +13,7 @@ from typing import Annotated, Final, Literal
 
 from pydantic import BeforeValidator, Field
 
-from shared.protocol.base import StrictModel
+from shared.protocol.base import LenientModel, StrictModel
 
 VOLUME_ID_PATTERN: Final = r"^vol-[0-9a-f]{16}$"
 _VOLUME_ID_RE: Final = re.compile(VOLUME_ID_PATTERN)
@@ -89,3 +89,18 @@ class DeleteVolume(StrictModel):
 
     kind: Literal["delete_volume"] = "delete_volume"
     volume_id: VolumeId
+
+
+class VolumeCreated(LenientModel):
+    """``create_volume``'s reply: the volume is made (``already``: it was, from an earlier delivery) and mounted."""
+
+    volume_id: str
+    size_gib: int
+    already: bool = False
+
+
+class VolumeDeleted(LenientModel):
+    """``delete_volume``'s reply: its files are gone (``already``: there was nothing to delete)."""
+
+    volume_id: str
+    already: bool = False

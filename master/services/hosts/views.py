@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
-from master.models import Gpu, Host, HostEvent, NetworkMeasurement, Rental
+from master.models import Gpu, Host, HostEvent, HostListing, NetworkMeasurement, Rental
 from master.services import commands, market
 from master.services.accounts import Principal
 from master.services.isolation import isolation_view
@@ -66,8 +66,17 @@ async def active_rentals_by_host(
     return found
 
 
+async def storage_by_host(session: AsyncSession, hosts: Sequence[Host]) -> dict[str, dict[str, Any]]:
+    """Each host's storage terms for volumes (``market.storage_view``): two statements for a page of hosts."""
+    ids = [h.id for h in hosts]
+    listings = {row.host_id: row for row in (await session.scalars(select(HostListing).where(HostListing.host_id.in_(ids)))).all()}
+    used = await market.volume_gib_used(session, ids)
+    return {h.id: market.storage_view(listings.get(h.id), used.get(h.id, 0), h.isolation) for h in hosts}
+
+
 def host_view(
-    host: Host, gpus: Sequence[Gpu], *, now: datetime, detail: bool = False, active_rentals: Sequence[str] = ()
+    host: Host, gpus: Sequence[Gpu], *, now: datetime, detail: bool = False, active_rentals: Sequence[str] = (),
+    storage: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     best = _best_gpu(gpus)
     view: dict[str, Any] = {
@@ -90,6 +99,7 @@ def host_view(
         "gpus": [_gpu_view(g, now) for g in sorted(gpus, key=lambda g: g.index) if g.present],
         # Every present GPU passed its challenge within the market's max age (the offers' ``verified``, less the flag).
         "verified": market.host_verified(gpus, now=now),
+        **(storage or {}),  # volumes (docs/volumes.md): storage_price_per_gib_hour, volume_gib, volume_gib_free, ...
     }
     if detail:
         view["facts"] = host.facts
@@ -140,7 +150,9 @@ async def list_hosts(
     for gpu in gpus:
         by_host.setdefault(gpu.host_id, []).append(gpu)
     active = await active_rentals_by_host(session, [h.id for h in hosts], renter_id=_own_rentals_only(principal))
-    return [host_view(h, by_host.get(h.id, []), now=now, active_rentals=active.get(h.id, [])) for h in hosts], total
+    storage = await storage_by_host(session, hosts)
+    return [host_view(h, by_host.get(h.id, []), now=now, active_rentals=active.get(h.id, []), storage=storage[h.id])
+            for h in hosts], total  # fmt: skip
 
 
 async def get_host(session: AsyncSession, principal: Principal, host_id: str, *, now: datetime | None = None) -> dict[str, Any]:
@@ -150,7 +162,9 @@ async def get_host(session: AsyncSession, principal: Principal, host_id: str, *,
         raise NotFound(f"no host {host_id!r}", code="host_not_found")
     gpus = (await session.scalars(select(Gpu).where(Gpu.host_id == host.id))).all()
     active = await active_rentals_by_host(session, [host.id], renter_id=_own_rentals_only(principal))
-    view = host_view(host, gpus, now=now or datetime.now(UTC), detail=True, active_rentals=active.get(host.id, []))
+    storage = await storage_by_host(session, [host])
+    view = host_view(host, gpus, now=now or datetime.now(UTC), detail=True, active_rentals=active.get(host.id, []),
+                     storage=storage[host.id])  # fmt: skip
     events = (await session.scalars(select(HostEvent).where(HostEvent.host_id == host.id).order_by(HostEvent.id.desc()).limit(20))).all()
     view["recent_events"] = [_event_view(e, principal) for e in events]
     return view

@@ -9,6 +9,7 @@
   filter read it, and the sustained rate the challenge expects of each model (``sustained_tflops``).
 * ``failures.py``: every code a rental fails with and its owner (renter, provider, platform), from the code alone;
   ``faults.py``: hardware faults; ``reliability.py``: each host's reliability from the failures the provider owns.
+* ``storage.py``: hosts' storage terms for volumes (the GiB lent, its price, what live volumes take).
 * ``forecast.py``, ``forecast_models.py``: the demand forecast (the console's chart, the power policy's off-peak).
 
 Imports ``master.services.accounts``, ``master.services.lifecycle`` and the top-level modules of
@@ -82,6 +83,14 @@ from master.services.market.reliability import (
     rescore_all,
     rescore_host,
 )
+from master.services.market.storage import (
+    MAX_STORAGE_PRICE,
+    check_storage_terms,
+    storage_view,
+    volume_gib_free,
+    volume_gib_used,
+    volumes_kept,
+)
 from master.services.market.tiers import Tier
 
 __all__ = [
@@ -94,6 +103,7 @@ __all__ = [
     "MAX_MAINTENANCE_WINDOWS",
     "MAX_OFFERS_CONSIDERED",
     "MAX_QUERY_LENGTH",
+    "MAX_STORAGE_PRICE",
     "OWNERS",
     "PRICE_QUANTUM",
     "SEEDED_ACTOR",
@@ -117,6 +127,7 @@ __all__ = [
     "after_health_check",
     "agent_failure_code",
     "best_tier",
+    "check_storage_terms",
     "choose_forecast",
     "classification_view",
     "classify_host_gpus",
@@ -151,6 +162,10 @@ __all__ = [
     "rescore_host",
     "row_conditions",
     "search_offers",
+    "storage_view",
     "sustained_tflops",
     "unavailable_hosts",
+    "volume_gib_free",
+    "volume_gib_used",
+    "volumes_kept",
 ]

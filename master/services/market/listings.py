@@ -23,7 +23,11 @@ Rules (``PUT /api/v1/hosts/{id}/listing``; ``docs/marketplace.md`` says them for
    ``POST /api/v1/hosts/{id}/maintenance-windows`` adds one window to a listed host and
    ``DELETE …/maintenance-windows/{start}`` clears one (``add_window``, ``clear_window``),
    the other terms unchanged; windows already over are dropped as either writes.
-6. **Verified** means *proven by the GPU challenge* (issue 40, ``docs/verification.md``): the
+6. **Storage for volumes** (docs/volumes.md): ``storage_price_per_gib_hour`` (USD per GiB-hour, more than 0, at
+   most 6 decimals and ``MAX_STORAGE_PRICE``) and ``volume_gib`` (how much of the host's disk it lends to renters'
+   volumes, 0 by default: none), both optional; GiB lent need a price (422 ``storage_price_needed``). Lowering either
+   leaves the volumes already made as they are (each keeps the price it was made at); new ones see the new terms.
+7. **Verified** means *proven by the GPU challenge* (issue 40, ``docs/verification.md``): the
    challenge flow sets it when every present GPU of the host has passed, and clears it when one
    fails. Nobody sets it by hand: a PUT that names ``verified`` is refused (a provider's: 403
    ``forbidden``; an admin's: 422 ``verified_by_challenge``, pointing to
@@ -56,6 +60,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.models import Gpu, Host, HostListing
 from master.services.accounts import Principal
+from master.services.market.storage import check_storage_terms
 from master.services.market.tiers import Tier
 from shared.errors import ConfigError, Conflict, Forbidden, NotFound, ValidationFailed
 from shared.money import MAX_PRICE, PRICE_PLACES, amount_problem, parse_amount
@@ -191,6 +196,8 @@ class ListingTerms:
     available_until: datetime | None = None
     maintenance_windows: Sequence[MaintenanceWindow] = ()
     verified: bool | None = None
+    storage_price_per_gib_hour: Decimal | None = None
+    volume_gib: int = 0
 
 
 def window_time(moment: datetime, *, round_up: bool = False) -> str:
@@ -203,9 +210,9 @@ def window_time(moment: datetime, *, round_up: bool = False) -> str:
     return moment.strftime(WINDOW_FORMAT)
 
 
-def _check_price(price: Decimal, name: str, code: str) -> None:
+def _check_price(price: Decimal, name: str, code: str, *, unit: str = "GPU-hour") -> None:
     if not price.is_finite() or price <= 0:
-        raise ValidationFailed(f"{name} must be more than 0 USD per GPU-hour; got {price}", code=code)
+        raise ValidationFailed(f"{name} must be more than 0 USD per {unit}; got {price}", code=code)
     if price > MAX_PRICE or price != price.quantize(PRICE_QUANTUM):  # in this order: quantize needs a bounded value
         raise ValidationFailed(f"{name} takes at most 6 decimal places and at most {MAX_PRICE}; got {price}", code=code)
 
@@ -275,12 +282,18 @@ def _checked(terms: ListingTerms, tier: Tier, bounds: PriceBounds, gpus: Sequenc
             raise ValidationFailed("available_until needs a timezone (e.g. 2027-01-01T00:00:00Z)", code="invalid_available_until")
         if until <= now:
             raise ValidationFailed(f"available_until must be in the future; got {until.isoformat()}", code="invalid_available_until")
+    storage = terms.storage_price_per_gib_hour
+    if storage is not None:
+        _check_price(storage, "storage_price_per_gib_hour", "invalid_storage_price", unit="GiB-hour")
+    check_storage_terms(storage, terms.volume_gib)
     return {
         "price_per_gpu_hour": price.quantize(PRICE_QUANTUM),
         "min_bid_per_gpu_hour": None if min_bid is None else min_bid.quantize(PRICE_QUANTUM),
         "smallest_unit": _smallest_unit(terms.smallest_unit, gpus),
         "available_until": None if until is None else until.astimezone(UTC),
         "maintenance_windows": _windows(terms.maintenance_windows, now),
+        "storage_price_per_gib_hour": None if storage is None else storage.quantize(PRICE_QUANTUM),
+        "volume_gib": terms.volume_gib,
     }
 
 
@@ -376,6 +389,8 @@ def listing_view(listing: HostListing, *, tier: Tier | None, now: datetime, boun
         "available_until": None if listing.available_until is None else listing.available_until.isoformat(),
         "maintenance_windows": upcoming_windows(listing.maintenance_windows, now),
         "verified": listing.verified,
+        "storage_price_per_gib_hour": None if listing.storage_price_per_gib_hour is None else money(listing.storage_price_per_gib_hour),
+        "volume_gib": listing.volume_gib,
         "tier": None if tier is None else tier.value,
         "price_bounds": limits,
         "created_at": listing.created_at.isoformat(),

@@ -89,6 +89,7 @@ from master.services.market.placement import model_matches
 from master.services.market.proven import VERIFICATION_MAX_AGE, offer_verifications, unproven_gpu
 from master.services.market.query import Condition, Op, Value, Version
 from master.services.market.reliability import is_seeded
+from master.services.market.storage import storage_view, volume_gib_used
 from master.services.market.tiers import Tier
 
 __all__ = ["DEFAULT_ORDER", "OfferPrice", "OfferSearch", "Order", "Sort", "search_offer_prices", "search_offers"]
@@ -402,9 +403,10 @@ async def search_offers(session: AsyncSession, search: OfferSearch) -> tuple[lis
         return [], int(await session.scalar(select(func.count()).select_from(groups)) or 0)
     migs = await mig_free_by_profile(session, [(row.host_id, row.gpu_name) for row in page if row.mig_free])
     proofs = await verification_by_offer(session, page, now=now, max_age=search.verification_max_age)
+    used = await volume_gib_used(session, (row.host_id for row in page))
     views = [
         _offer_view(row, row, (row.compute_capability, row.cuda_driver_version), now, migs.get((row.host_id, row.gpu_name), {}),
-                    proofs[(row.host_id, row.gpu_name)])
+                    proofs[(row.host_id, row.gpu_name)], volume_gib=used.get(row.host_id, 0))
         for row in page
     ]  # fmt: skip
     return views, int(page[0].total)
@@ -497,8 +499,9 @@ def _profile_order(item: tuple[str, int]) -> tuple[int, str]:
 
 def _offer_view(
     row: Any, host: Any, versions: tuple[str | None, str | None], now: datetime, mig: dict[str, int] | None = None,
-    verification: dict[str, Any] | None = None,
+    verification: dict[str, Any] | None = None, *, volume_gib: int = 0,
 ) -> dict[str, Any]:
+    """One offer as the API shows it; ``volume_gib``: what its host's live volumes take (docs/volumes.md)."""
     network = host.latest_network or {}
     listing: HostListing | None = host.HostListing
     price = Decimal(row.price)
@@ -533,4 +536,6 @@ def _offer_view(
         "available_until": None if listing is None or listing.available_until is None else listing.available_until.isoformat(),
         "maintenance_windows": [] if listing is None else upcoming_windows(listing.maintenance_windows, now),
         "isolation": isolation_view(host.isolation),
+        # Volumes (docs/volumes.md): the storage the host lends, its price per GiB-hour, the GiB still free.
+        **storage_view(listing, volume_gib, host.isolation),
     }

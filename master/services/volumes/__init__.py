@@ -8,6 +8,9 @@ Below ``rentals`` (placement asks it where a rental with volumes may go, and rec
 * ``attach.py``: rentals mount them: a request's entries (``VolumeAsk``, ``check_asks``), the volumes and hosts they
   name (``resolve``), the attachments (``attach``; released by the rentals' state machine when a rental ends).
 * ``files.py``: a volume's files without a rental (``connect_volume``: a token to its file-only session).
+* ``request.py``: the typed create request (``VolumeRequest``), names and their rule.
+* ``core.py``: create (idempotent, the host chosen), get by id or name, list, delete, views, and the agents' results
+  (``apply_result``).
 """
 
 from master.services.volumes.attach import (
@@ -22,23 +25,50 @@ from master.services.volumes.attach import (
     resolve,
     writer,
 )
+from master.services.volumes.core import (
+    KINDS,
+    apply_result,
+    choose_host,
+    create_volume,
+    delete_volume,
+    get_volume,
+    list_volumes,
+    mounted_by,
+    volume_detail,
+    volume_view,
+)
 from master.services.volumes.files import connect_volume
 from master.services.volumes.lifecycle import LIVE, VolumeState, request_deletion, transition
+from master.services.volumes.request import NAME_PATTERN, VolumeRequest, is_volume_id, name_problem
 
 __all__ = [
+    "KINDS",
     "LIVE",
+    "NAME_PATTERN",
     "RANK",
     "Resolved",
     "VolumeAsk",
+    "VolumeRequest",
     "VolumeState",
+    "apply_result",
     "asks_of",
     "attach",
     "check_asks",
+    "choose_host",
     "connect_volume",
+    "create_volume",
+    "delete_volume",
+    "get_volume",
     "holders",
     "hosts_down",
+    "is_volume_id",
+    "list_volumes",
+    "mounted_by",
+    "name_problem",
     "request_deletion",
     "resolve",
     "transition",
+    "volume_detail",
+    "volume_view",
     "writer",
 ]
