@@ -170,6 +170,23 @@ class TestCreate:
 
 
 class TestRefusals:
+    async def test_without_credit_for_an_hour_of_it_nothing_is_made(self, api: Api) -> None:
+        """With ``require_credit`` a volume needs credit for an hour of its storage: 402, no volume, no command; a
+        top-up lets the same request through."""
+        api.master.settings.require_credit = True
+        host_id = await lending_host(api, price="0.01")
+        status, body = await create(api, host_id=host_id, size_gib=50)  # 0.50 an hour
+        assert_error(status, body, 402, "insufficient_credit")
+        async with api.master.db.session() as session:
+            assert (await session.scalars(select(Volume))).all() == []
+            assert (await session.scalars(select(Command).where(Command.kind == "create_volume"))).all() == []
+        _, admin_key = await create_principal(api.master, "admin-credit", "admin")
+        status, paid = await api.call("POST", "/account/credits", admin_key,
+                                      json={"account_id": api.renter.account_id, "amount": "5.00", "reference": "v1"})  # fmt: skip
+        assert status == 201, paid
+        status, body = await create(api, host_id=host_id, size_gib=50)
+        assert status == 201 and body["state"] == "creating", body
+
     async def test_an_unknown_host_is_404(self, api: Api) -> None:
         status, body = await create(api, host_id="h-0000000000000000")
         assert_error(status, body, 404, "host_not_found")

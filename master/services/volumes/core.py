@@ -78,6 +78,11 @@ async def create_volume(master: Master, principal: Principal, request: VolumeReq
                 raise _name_taken(request.name)
             host, listing = await choose_host(session, request)
             assert listing.storage_price_per_gib_hour is not None  # choose_host takes only hosts with a price
+            if master.settings.require_credit:  # an hour of its storage, on top of what the account runs and keeps
+                await master.credit_gate.has_credit_for_volume(
+                    session, principal.account_id, request.size_gib, listing.storage_price_per_gib_hour,
+                    min_period_s=master.settings.billing_min_period_s,
+                )  # fmt: skip
             volume = Volume(
                 id=new_volume_id(), account_id=principal.account_id, name=request.name, size_gib=request.size_gib,
                 host_id=host.id, state=VolumeState.CREATING, price_per_gib_hour=listing.storage_price_per_gib_hour,
