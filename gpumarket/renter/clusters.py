@@ -17,6 +17,7 @@ from typing import Any
 from gpumarket.renter.api import ApiError, Client, CliError, UsageError
 from gpumarket.renter.commands import (
     TEMPLATES_HINT,
+    add_volume_option,
     all_pages,
     command_group,
     container_workload,
@@ -98,6 +99,12 @@ def cluster_body(args: argparse.Namespace) -> dict[str, Any]:
         body["workload"] = container_workload(args.image, command=args.command)
     else:
         body["workload"] = {"kind": "hold"}
+    if args.volume:
+        if not args.image and not args.template:
+            raise UsageError("--volume mounts into a container: add --template or --image")
+        if any("{rank}" not in (v.get("name") or v.get("id") or "") for v in args.volume):
+            raise UsageError("a cluster's --volume names each member's own volume with {rank}, e.g. ckpt-{rank}:/ckpt")
+        body["volumes"] = args.volume
     return body
 
 
@@ -290,7 +297,8 @@ examples:
   gpumarket cluster create --nodes 2 --gpus-per-node 8 --model H100 --template pytorch
   gpumarket cluster create --nodes 4 --gpus-per-node 1 --image pytorch/pytorch:latest --command 'torchrun train.py'
   gpumarket cluster create --nodes 3 --gpus-per-node 1 --allow-mixed --max-price 0.50 --no-wait --json
-  gpumarket cluster create --nodes 3 --gpus-per-node 8 --model H100 --queue"""
+  gpumarket cluster create --nodes 3 --gpus-per-node 8 --model H100 --queue
+  gpumarket cluster create --nodes 2 --gpus-per-node 1 --template demo --volume 'ckpt-{{rank}}:/ckpt'"""
 
 SSH_EPILOG = """\
 NODE is node-0, node-1, … (or just its rank). Options before CLUSTER (-i, -o, -q, -v,
@@ -325,6 +333,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     what.add_argument("--template", metavar="T", help=f"run a template on every node: {TEMPLATES_HINT}")
     what.add_argument("--image", metavar="REF", help="run this container image on every node")
     create.add_argument("--command", metavar="CMD", help="with --image: the command, replacing the image's entrypoint")
+    add_volume_option(create, "each member: NAME has {rank}, member r mounts its own (ckpt-{rank}:/ckpt)")
     add_network_bounds(create)
     create.add_argument("--queue", action="store_true", help="wait (the whole cluster, as one) when the hosts are busy now")
     create.add_argument("--no-wait", action="store_true", help="print the cluster as created, do not wait until it runs")

@@ -232,6 +232,25 @@ def add_interruptible_options(parser: argparse.ArgumentParser, what: str) -> Non
                         "at least the host's minimum bid; you are charged the lower of the bid and the GPU's on-demand price")  # fmt: skip
 
 
+def volume_mount(text: str) -> dict[str, Any]:
+    """``--volume NAME:/MOUNT[:ro]`` as a request's volume entry (``{"name" | "id", "mount", "read_only"}``)."""
+    name, sep, rest = text.partition(":")
+    mount, _, flag = rest.partition(":")
+    if not name or not sep or not mount.startswith("/") or flag not in ("", "ro", "rw"):
+        raise argparse.ArgumentTypeError(f"--volume takes NAME:/MOUNT or NAME:/MOUNT:ro, e.g. data:/data, not {text!r:.80}")
+    entry: dict[str, Any] = {"id" if name.startswith("vol-") else "name": name, "mount": mount}
+    if flag == "ro":
+        entry["read_only"] = True
+    return entry
+
+
+def add_volume_option(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--volume NAME:/MOUNT[:ro]`` (repeatable), read as ``args.volume``: the renter's volumes ``what`` mounts."""
+    parser.add_argument("--volume", type=volume_mount, action="append", default=[], metavar="NAME:/MOUNT[:ro]",
+                        help=f"mount one of your volumes (`gpumarket volume list`) in {what}, read-only with :ro; "
+                        "it then runs on the volume's host (repeatable; docs/volumes.md)")  # fmt: skip
+
+
 def rental_body(args: argparse.Namespace) -> dict[str, Any]:
     """The ``POST /rentals`` body of ``gpumarket rent``'s options; ``UsageError`` for options that do not go together."""
     body: dict[str, Any] = {"gpu_count": args.gpus}
@@ -260,6 +279,10 @@ def rental_body(args: argparse.Namespace) -> dict[str, Any]:
         body["workload"] = container_workload(args.image, command=args.command, ports=args.port, env=args.env)
     else:
         body["workload"] = {"kind": "hold"}
+    if args.volume:
+        if not args.image and not args.template:
+            raise UsageError("--volume mounts into a container: add --template or --image (a hold runs nothing to mount it in)")
+        body["volumes"] = args.volume
     body.update(interruptible_fields(args, "an interruptible rental"))
     if args.queue:
         body["queue"] = True
@@ -490,7 +513,8 @@ examples:
   gpumarket rent 'h_abc:NVIDIA GeForce RTX 4090' --image ubuntu:24.04 --command 'sleep infinity'
   gpumarket rent --image python:3.12 --command 'python -m http.server 8000' --port 8000 --env DEBUG=1
   gpumarket rent --interruptible --bid 0.20 --max-price 0.30 --no-wait
-  gpumarket rent --model A100 --mig 3g.40gb"""
+  gpumarket rent --model A100 --mig 3g.40gb
+  gpumarket rent --template demo --volume data:/data   (on the volume's host; docs/volumes.md)"""
 
 
 def set_command(parser: argparse.ArgumentParser, command: Command | None) -> None:
@@ -561,6 +585,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     rent.add_argument("--command", metavar="CMD", help="with --image: the command, replacing the image's entrypoint ('python train.py')")
     rent.add_argument("--port", type=port, action="append", default=[], metavar="P", help="with --image: a TCP port the workload serves (repeatable)")
     rent.add_argument("--env", action="append", default=[], metavar="K=V", help="with --image: an environment variable (repeatable)")
+    add_volume_option(rent, "the rental's container")
     add_interruptible_options(rent, "an interruptible rental")
     rent.add_argument("--queue", action="store_true", help="wait for GPUs (up to 10 minutes) when none are free now")
     rent.add_argument("--no-wait", action="store_true", help="print the rental as created, do not wait until it runs")

@@ -16,6 +16,7 @@ from gpumarket.renter.api import Client, UsageError
 from gpumarket.renter.commands import (
     TEMPLATES_HINT,
     add_interruptible_options,
+    add_volume_option,
     all_pages,
     command_group,
     container_workload,
@@ -97,6 +98,10 @@ async def service_body(args: argparse.Namespace, client: Client) -> dict[str, An
     for key, value in (("gpu_model", args.gpu_model), ("max_price_per_gpu_hour", args.max_price), ("health_path", args.health_path)):
         if value:
             body[key] = value
+    if args.volume:
+        if any(not v.get("read_only") for v in args.volume):
+            raise UsageError("a service's replicas share their volumes read-only: write --volume NAME:/MOUNT:ro")
+        body["volumes"] = args.volume
     body.update(interruptible_fields(args, "an interruptible service"))
     return body
 
@@ -360,6 +365,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                         help="seconds between two scale-ups (default 30)")  # fmt: skip
     create.add_argument("--scale-down-cooldown", type=_bounded(0, 86_400, "--scale-down-cooldown"), metavar="S",
                         help="seconds between two scale-downs (default 300)")  # fmt: skip
+    add_volume_option(create, "each replica, read-only (:ro; replicas then run only where one lives)")
     add_interruptible_options(create, "interruptible replicas (a preempted one is replaced)")
     create.add_argument("--idempotency-key", type=_idempotency_key, metavar="K", help="send this Idempotency-Key: the same K "
                         "with the same options makes one service however often it runs")  # fmt: skip

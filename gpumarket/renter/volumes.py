@@ -93,8 +93,8 @@ async def cmd_create(args: argparse.Namespace, client: Client) -> int:
     if volume["state"] == "creating":
         err(f"its host's agent is making it; `gpumarket volume show {volume['name']}` says when it is ready")
     else:
-        err(f"rentals on {volume['host_id']} mount it by its name (docs/volumes.md); `gpumarket volume delete {volume['name']}` "
-            "deletes it (it is billed until then)")  # fmt: skip
+        err(f"`gpumarket rent --template demo --volume {volume['name']}:/data` mounts it at /data (the rental runs on its "
+            f"host, {volume['host_id']}); `gpumarket volume delete {volume['name']}` deletes it (it is billed until then)")  # fmt: skip
     return 0
 
 
