@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from gpumarket.cli import build_parser
+from gpumarket.renter.api import UsageError
 from gpumarket.renter.clusters import cluster_body
-from gpumarket.renter.commands import UsageError, rental_body
+from gpumarket.renter.commands import rental_body
 from gpumarket.renter.services import service_body
 
 
