@@ -9,6 +9,7 @@ browser modules), whose demo hosts lend storage to volumes (``gpumarket/demo.py`
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -16,7 +17,16 @@ from playwright.async_api import Browser, expect
 
 from tests import test_console_browser as browser_module
 from tests.helpers import eventually
-from tests.test_console_browser import API_POLL_S, START_S, WAIT_MS, Console, Market, _console
+from tests.test_console_browser import (
+    API_POLL_S,
+    START_S,
+    WAIT_MS,
+    Console,
+    Market,
+    _console,
+    _rent_button,
+    _until_ended,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -89,6 +99,56 @@ class TestVolumes:
         assert (await console.api("renter", f"/volumes/{volume['id']}"))["state"] == "deleted"
         assert not console.problems, console.problems
         await console.context.close()
+
+    async def test_the_rent_dialog_mounts_a_volume_of_that_host_and_one_writer_only(self, browser: Browser, market: Market) -> None:
+        """The Rent dialog offers the renter's ready volumes on the offer's host: ticked, the confirmation names it,
+        the rental mounts it; a second rental asking it read-write is refused, naming the first."""
+        console = await _console(browser, market, viewport={"width": 1366, "height": 900})
+        await console.sign_in("renter")
+        page = console.page
+        # A host with two free GPUs: the second rental is refused for its volume, not for want of a GPU.
+        offer = max(await lending_hosts(console), key=lambda o: int(o["num_gpus"]))
+        assert offer["num_gpus"] >= 2, offer
+        made = await console.api("renter", "/volumes", method="POST", body={"name": "dialog-data", "size_gib": 1, "host_id": offer["host_id"]})
+        rentals: list[str] = []
+        try:
+
+            async def ready() -> bool:
+                return bool((await console.api("renter", f"/volumes/{made['id']}"))["state"] == "ready")
+
+            await eventually(ready, timeout=WAIT_MS / 1000, every=API_POLL_S, what="the volume made")
+            for attempt in range(2):
+                await console.go("#/offers")
+                await _rent_button(page, offer).click()
+                dialog = page.get_by_role("dialog")
+                await dialog.get_by_role("radio", name=re.compile("^demo")).check()  # runs offline (base pulls ubuntu)
+                await dialog.get_by_label("Mount dialog-data (1 GiB)").check()
+                await expect(dialog.get_by_label("Mount point of dialog-data")).to_have_value("/data")
+                await dialog.get_by_role("button", name="Review price").click()
+                await expect(dialog.locator("#confirm-volumes")).to_have_text("dialog-data at /data.")
+                if attempt == 0:
+                    await console.view_shot("rent-dialog-volume")
+                    async with page.expect_request(lambda r: r.method == "POST" and r.url.endswith("/api/v1/rentals")) as sent:
+                        await dialog.get_by_role("button", name="Confirm and rent").click()
+                    assert (await sent.value).post_data_json["volumes"] == [{"name": "dialog-data", "mount": "/data"}]
+                    await page.wait_for_url("**#/rentals/r-*")
+                    rentals.append(page.url.rsplit("/", 1)[1])
+                else:
+                    await dialog.get_by_role("button", name="Confirm and rent").click()
+                    alert = dialog.get_by_role("alert")
+                    await expect(alert).to_contain_text("mounted read-write")
+                    await expect(alert).to_have_attribute("data-code", "volume_in_use")
+                    await expect(alert).to_contain_text(rentals[0])
+            rental = await console.api("renter", f"/rentals/{rentals[0]}")
+            assert rental["state"] in ("starting", "running") and rental["host_id"] == offer["host_id"]
+            assert rental["volumes"] == [{"name": "dialog-data", "mount": "/data", "read_only": False}], rental
+            assert not console.problems, console.problems
+        finally:
+            for rental_id in rentals:
+                await console.api("renter", f"/rentals/{rental_id}", method="DELETE")
+                await _until_ended(console, rental_id)
+            await console.api("renter", f"/volumes/{made['id']}", method="DELETE")
+            await console.context.close()
 
     async def test_the_page_fits_a_phone(self, browser: Browser, market: Market) -> None:
         console = await _console(browser, market, viewport={"width": 390, "height": 844})

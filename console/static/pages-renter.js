@@ -10,6 +10,7 @@ import { amountProblem, multiply, usd, usdRate } from "./money.js";
 import { gpuCharts } from "./telemetry.js";
 import { busy, confirmAndRent, errorBox, heading, loadInto, loading, modal, stopWithConfirmation } from "./ui.js";
 import { verificationFact, verifiedBadge } from "./verification.js";
+import { volumeChooser } from "./volume-mounts.js";
 import { isolationBadge, portsFact, runsShort, workloadChooser, workloadFacts } from "./workloads.js";
 
 const TIERS = ["flagship", "datacenter", "prosumer", "consumer", "entry"];
@@ -221,6 +222,7 @@ function rentDialog(ctx) {
     const bid = field({ label: "Bid, USD per GPU-hour", name: "bid", inputmode: "decimal", placeholder: "e.g. 0.20", disabled: true,
       hint: offer.min_bid_per_gpu_hour ? `The minimum bid is ${usdRate(offer.min_bid_per_gpu_hour)}.` : "At least the tier's minimum price." });
     const run = workloadChooser(offer);
+    const volumes = volumeChooser(offer);
     if (!offer.min_bid_per_gpu_hour && offer.tier) {
       priceBounds().then((bounds) => {
         const tier = bounds[offer.tier];
@@ -247,6 +249,7 @@ function rentDialog(ctx) {
           ...(migs.length ? [unitMig.row, migProfile.row] : [])),
         h("fieldset", {}, h("legend", {}, "Pricing"), kindOnDemand.row, kindInterruptible.row, bid.row)),
       run.el,
+      volumes.el,
       h("div", { class: "actions" }, review, cancel));
     const confirmSlot = h("div", { class: "confirm" });
     const body = h("div", { class: "dialog-body" }, h("h2", { id: titleId }, `Rent ${offer.gpu_name}`), errors.el, form, confirmSlot);
@@ -287,12 +290,20 @@ function rentDialog(ctx) {
         rate = text;
       }
       Object.assign(request, run.read());
+      const mounts = volumes.read();
+      if (mounts.length) {
+        if (request.workload && request.workload.kind !== "container") {
+          throw Object.assign(new Error("Volumes mount into a container: choose a template or a custom image, or untick the volumes."),
+            { focus: el.querySelector(".volume-choice input") });
+        }
+        request.volumes = mounts;
+      }
       return { request, perHour: multiply(rate, units, thousandths), rate, units, thousandths };
     };
 
     form.addEventListener("submit", async (event) => {
       event.preventDefault();
-      await run.ready;
+      await Promise.all([run.ready, volumes.ready]);
       errors.clear();
       run.clear();
       let chosen;
@@ -315,7 +326,8 @@ function rentDialog(ctx) {
         summary: [h("h3", {}, "Confirm your rental"),
           facts([["GPU", `${offer.gpu_name} on ${offer.host_id}`], ["Amount", what],
             ["Pricing", request.kind === "interruptible" ? `interruptible, bid ${usdRate(rate)} per GPU-hour` : `on demand, ${usdRate(rate)} per GPU-hour`],
-            ["What runs", h("span", { id: "confirm-runs" }, `${run.describe(request)}.`)], portsFact(request, run.templateOf)]),
+            ["What runs", h("span", { id: "confirm-runs" }, `${run.describe(request)}.`)], portsFact(request, run.templateOf),
+            ...(request.volumes ? [["Volumes", h("span", { id: "confirm-volumes" }, `${volumes.describe(request.volumes)}.`)]] : [])]),
           h("p", { class: "price-total" }, "Price: ", h("strong", { id: "confirm-price", dataset: { perHour } }, `${usdRate(perHour)} per hour`),
             h("span", { class: "hint block" }, `${usdRate(rate)} per GPU-hour × ${request.gpu_milli || request.mig_profile ? `${thousandths}/1000 of a GPU` : `${units} GPU${units === 1 ? "" : "s"}`} = ${usdRate(perHour)} per hour, billed per second after a 60-second minimum while it runs.`))],
         onError(error) {
