@@ -6,7 +6,7 @@
 import { api, uuid4 } from "./api.js";
 import { badge, field, h, replace, table, timeEl } from "./dom.js";
 import { usdRate } from "./money.js";
-import { busy, confirmedAction, errorBox, heading, loadInto, withError } from "./ui.js";
+import { busy, confirmedAction, errorBox, heading, loadInto, showAtField, withError } from "./ui.js";
 
 const NAME_RE = /^[a-z0-9][a-z0-9._-]{0,63}$/;
 const ID_RE = /^vol-[0-9a-f]{16}$/;
@@ -126,12 +126,8 @@ export function volumesPage(page, ctx) {
         await load(true);
       } catch (error) {
         if (error.status === 401) return;
-        const problem = error.details && Array.isArray(error.details.problems) ? error.details.problems[0] : null;
-        const target = problem && fields[String(problem.field || "").split(".").pop()];
-        if (target) {
-          target.show(error.message.replace(/^\w+: /, ""));
-          target.input.focus();
-        } else if (error.code === "invalid_volume_name" || error.code === "volume_name_taken") {
+        if (showAtField(error, fields)) return;
+        if (error.code === "invalid_volume_name" || error.code === "volume_name_taken") {
           name.show(error.message);
           name.input.focus();
         } else {

@@ -4,7 +4,7 @@
 
 import { api } from "./api.js";
 import { field, h, replace, table, timeEl, wrapAt } from "./dom.js";
-import { busy, errorBox, loadInto, withError } from "./ui.js";
+import { busy, errorBox, loadInto, showAtField, withError } from "./ui.js";
 
 export function registriesSection(ctx) {
   const errors = errorBox();
@@ -62,14 +62,7 @@ export function registriesSection(ctx) {
         await show(true);
       } catch (error) {
         if (error.status === 401) return;
-        const problem = error.details && Array.isArray(error.details.problems) ? error.details.problems[0] : null;
-        const target = problem && fields[String(problem.field || "").split(".").pop()];
-        if (target) {
-          target.show(error.message.replace(/^\w+: /, ""));
-          target.input.focus();
-        } else {
-          errors.show(error);
-        }
+        if (!showAtField(error, fields)) errors.show(error);
       } finally {
         password.input.value = "";
       }

@@ -5,7 +5,7 @@
 
 import { acting, api } from "./api.js";
 import { field, h, replace, table, timeEl } from "./dom.js";
-import { busy, errorBox, heading, loadInto, withError } from "./ui.js";
+import { busy, errorBox, heading, loadInto, showAtField, withError } from "./ui.js";
 import { registriesSection } from "./registries.js";
 
 export function sshKeysPage(page, ctx) {
@@ -30,12 +30,7 @@ export function sshKeysPage(page, ctx) {
 
   /** The API's refusal at the field it names (details.problems[0].field), else in the form's box. */
   const showError = (error) => {
-    const problem = error.details && Array.isArray(error.details.problems) ? error.details.problems[0] : null;
-    const target = problem && fields[problem.field];
-    if (target) {
-      target.show(error.message.replace(/^\w+: /, ""));
-      target.input.focus();
-    } else {
+    if (!showAtField(error, fields)) {
       errors.show(error);
       if (error.code === "ssh_key_exists" || error.code === "too_many_ssh_keys") key.input.focus();
     }

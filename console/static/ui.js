@@ -85,6 +85,19 @@ export async function busy(button, work, label = "Working…") {
   }
 }
 
+/**
+ * The API's refusal at the field it names (`details.problems[0].field`, its last part, a key of `fields`: each a
+ * `withError` field), focused; returns whether one took it (else the caller shows it elsewhere).
+ */
+export function showAtField(error, fields) {
+  const problem = error.details && Array.isArray(error.details.problems) ? error.details.problems[0] : null;
+  const target = problem && fields[String(problem.field || "").split(".").pop()];
+  if (!target) return false;
+  target.show(error.message.replace(/^\w+: /, ""));
+  target.input.focus();
+  return true;
+}
+
 /** A field's own error line (next to the control, named by its aria-describedby). */
 export function withError(f) {
   const id = uid("error");
