@@ -205,13 +205,17 @@ from shared.protocol.volumes import (
     MAX_VOLUME_GIB,
     MAX_VOLUMES_PER_RENTAL,
     VOLUME_ID_PATTERN,
+    CopyLogin,
+    CopyVolume,
     CreateVolume,
     DeleteVolume,
     MountPath,
+    VolumeCopied,
     VolumeGib,
     VolumeId,
     VolumeMount,
     mount_problem,
+    volume_copy_context,
 )
 
 __all__ = [
@@ -294,6 +298,8 @@ __all__ = [
     "CommandResult",
     "CommandResultBody",
     "ContainerWorkload",
+    "CopyLogin",
+    "CopyVolume",
     "CpuCores",
     "CreateCluster",
     "CreateVolume",
@@ -358,6 +364,7 @@ __all__ = [
     "TunnelUsageBody",
     "TunnelUsageItem",
     "UpdateAccess",
+    "VolumeCopied",
     "VolumeGib",
     "VolumeId",
     "VolumeMount",
@@ -386,4 +393,5 @@ __all__ = [
     "encode_bus_envelope",
     "mount_problem",
     "registry_auth_context",
+    "volume_copy_context",
 ]

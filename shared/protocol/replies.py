@@ -9,6 +9,7 @@ from pydantic import Field
 
 from shared.protocol.base import LenientModel
 from shared.protocol.bodies import NetworkReportBody
+from shared.protocol.volumes import VolumeCopied
 
 
 class WorkloadStarted(LenientModel):
@@ -142,5 +143,5 @@ class VolumeOpened(LenientModel):
 CommandReply = (
     WorkloadStarted | WorkloadStopped | AccessUpdated | NetworkReportBody | CertificateInstalled | HealthCheckResult | ClusterJoined | ClusterLeft
     | PowerPolicyApplied | ChallengeCommitted | ChallengeOpened | ChallengeCancelled
-    | VolumeOpened
+    | VolumeOpened | VolumeCopied
 )

@@ -8,6 +8,8 @@ Below ``rentals`` (placement asks it where a rental with volumes may go, and rec
 * ``attach.py``: rentals mount them: a request's entries (``VolumeAsk``, ``check_asks``), the volumes and hosts they
   name (``resolve``), the attachments (``attach``; released by the rentals' state machine when a rental ends).
 * ``files.py``: a volume's files without a rental (``connect_volume``: a token to its file-only session).
+* ``copy.py``: a volume copied host to host by the destination's agent (``start_copy``, ``copy_status``; the agent's
+  progress and result: ``apply_copy_progress``, ``apply_copy_result``).
 """
 
 from master.services.volumes.attach import (
@@ -22,23 +24,30 @@ from master.services.volumes.attach import (
     resolve,
     writer,
 )
+from master.services.volumes.copy import KIND as COPY_KIND
+from master.services.volumes.copy import apply_copy_progress, apply_copy_result, copy_status, start_copy
 from master.services.volumes.files import connect_volume
 from master.services.volumes.lifecycle import LIVE, VolumeState, request_deletion, transition
 
 __all__ = [
+    "COPY_KIND",
     "LIVE",
     "RANK",
     "Resolved",
     "VolumeAsk",
     "VolumeState",
+    "apply_copy_progress",
+    "apply_copy_result",
     "asks_of",
     "attach",
     "check_asks",
     "connect_volume",
+    "copy_status",
     "holders",
     "hosts_down",
     "request_deletion",
     "resolve",
+    "start_copy",
     "transition",
     "writer",
 ]
