@@ -24,14 +24,19 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
+from cryptography.hazmat.primitives.asymmetric import ec
 from sqlalchemy import select
 
 from agent.reach.volumefiles import NOT_A_SHELL, rsync_argv, tree_sha256
+from agent.volumecopy import VolumeCopyError, open_login
 from gpumarket.renter.connect import SshEndpoint, is_volume
 from gpumarket.renter.sshfiles import option_args, pinning_options
 from gpumarket.up import start_marketplace
 from master.models import Command as CommandRow
 from master.models import Volume
+from master.services.volumes.copy import mint_key
+from shared import protocol
+from shared.crypto import sealed_to
 from tests.helpers import eventually
 from tests.test_e2e_up import MISSED, NO_RATE_LIMITS, TICK, Api, _hosts_online
 
@@ -302,6 +307,28 @@ class TestHostCopy:
         assert (status, body["code"]) == (422, "volume_copy_same_volume")
         status, body = await renter.call("POST", "/volumes/data-c/copy", json={"from": "nope"})
         assert (status, body["code"]) == (404, "volume_not_found")
+
+
+class TestCopyLogin:
+    async def test_only_the_destination_host_opens_it_for_its_copy(self) -> None:
+        """The login sealed to one host's key for one copy opens there only: not with another key, not for another
+        copy; and the command's repr never shows it."""
+        host_key, other_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+        private_key, public_key = mint_key("vcp-0123456789abcdef")
+        login = protocol.CopyLogin(private_key=private_key, token="t0ken")
+        context = protocol.volume_copy_context("h-1", "vcp-0123456789abcdef")
+        sealed = sealed_to.seal_to(host_key.public_key(), login.model_dump_json().encode(), context)
+        assert open_login(sealed, "h-1", "vcp-0123456789abcdef", [other_key, host_key]) == login
+        for host, copy_id, keys in (("h-1", "vcp-0123456789abcdef", [other_key]), ("h-2", "vcp-0123456789abcdef", [host_key]),
+                                    ("h-1", "vcp-fedcba9876543210", [host_key])):  # fmt: skip
+            with pytest.raises(VolumeCopyError) as caught:
+                open_login(sealed, host, copy_id, keys)
+            assert caught.value.code == "volume_copy_login_unreadable"
+        assert "PRIVATE" not in repr(login) and public_key.startswith("ssh-ed25519 ")
+        command = protocol.decode_command(protocol.CommandBody(command_id="cmd-1", kind="copy_volume", args={
+            "copy_id": "vcp-0123456789abcdef", "volume_id": "vol-0123456789abcdef", "source_volume_id": "vol-fedcba9876543210",
+            "relay_url": "wss://relay:1/connect", "source_host_key": "ssh-ed25519 AAAA", "sealed_login": sealed}))  # fmt: skip
+        assert isinstance(command, protocol.CopyVolume) and command.sealed_login == sealed
 
 
 class TestTreeDigest:
