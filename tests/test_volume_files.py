@@ -268,6 +268,13 @@ class TestHostCopy:
         # The private key crossed the commands table and the bus sealed to data-c's host only.
         row = await _copy_row(setting, view["copy_id"])
         assert row.args["sealed_login"].startswith("ecies:v1:") and "PRIVATE KEY" not in json.dumps(row.args)
+        carried = [
+            entry
+            for stream in setting["market"].master.bus._streams.values()
+            for entry in stream.entries.values()
+        ]
+        assert any(row.args["sealed_login"].encode() in entry for entry in carried)  # the delivery, as sealed
+        assert not any(b"PRIVATE KEY" in entry for entry in carried)
         # Interrupted: one file missing, another half-written under its partial name.
         (dst / "hc" / "part-07.bin").unlink()
         (dst / "hc" / "part-00.bin").unlink()
