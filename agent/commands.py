@@ -33,6 +33,7 @@ from agent.reach.sshd import VOLUME, RentalSshServer
 from agent.runtimes.manager import WorkloadManager
 from agent.runtimes.registry_login import SealedLogin
 from agent.verification import ChallengeRunner, is_challenge
+from agent.volumecopy import VolumeCopier
 from agent.volumes import VolumeStore
 from shared import protocol
 from shared.errors import ConfigError, GpumarketError, ProtocolError
@@ -69,6 +70,7 @@ class CommandExecutor:
         close_streams: Callable[[str], int] | None = None,
         host_id: str | None = None,
         opening_keys: Callable[[], Sequence[ec.EllipticCurvePrivateKey]] | None = None,
+        copier: VolumeCopier | None = None,
         # Limits
         remembered_results: int = 1000,
     ) -> None:
@@ -86,6 +88,7 @@ class CommandExecutor:
         # This host's id and private keys (``AgentState.opening_keys``): what a start's sealed registry login opens with.
         self.host_id = host_id
         self.opening_keys = opening_keys
+        self.copier = copier  # copy_volume: pulls another host's volume into one of ours (agent.volumecopy)
         self.remembered_results = remembered_results
         self._results: OrderedDict[str, protocol.CommandResultBody] = OrderedDict()
         self._preempted: dict[str, list[str]] = {}  # command id → rentals its start stopped (while it runs)
@@ -152,6 +155,10 @@ class CommandExecutor:
                 return await self._challenges().cancel(command.challenge_id, command.reason or "cancelled by the master")
             case protocol.OpenVolume():
                 return await self._open_volume(command)
+            case protocol.CopyVolume():
+                if self.copier is None:
+                    raise ConfigError("this agent keeps no volumes", code="volume_unsupported")
+                return await self.copier.copy(command)
             case protocol.CreateVolume():
                 return await asyncio.to_thread(self._volumes().run_create, command)  # mkfs and mount block
             case protocol.DeleteVolume():

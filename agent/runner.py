@@ -60,6 +60,7 @@ from agent.sampling import Sampler
 from agent.spool import SqliteSpool
 from agent.state import AgentState, SequenceLease
 from agent.verification import ChallengeRunner, is_challenge
+from agent.volumecopy import VolumeCopier
 from agent.volumes import VolumeStore, with_volumes
 from shared import protocol
 from shared.cancelling import raise_if_cancelled
@@ -76,6 +77,7 @@ log = logging.getLogger(__name__)
 AGENT_VERSION = "0.2.0"
 # Close codes after which the relay should not be retried first.
 _CHALLENGE_KINDS = frozenset({"start_challenge", "reveal_challenge"})  # on their own worker: they wait on the program
+_COPY_KINDS = frozenset({"copy_volume"})  # on their own worker: a copy runs for minutes or hours
 _FAST_KINDS = frozenset({"update_access", "open_volume"})  # on the access worker: never behind a start pulling an image
 _MOVE_ON_CODES = frozenset({protocol.CLOSE_GOING_AWAY, protocol.CLOSE_BUS_UNAVAILABLE, protocol.CLOSE_TOO_MANY_CONNECTIONS})
 
@@ -243,12 +245,15 @@ class Agent:
         )
         # Challenges run on a worker of their own: one waiting for its commitment never holds up a rental's start.
         self._challenge_commands: asyncio.Queue[protocol.CommandBody] = asyncio.Queue(max_pending_commands)
+        self._copy_commands: asyncio.Queue[protocol.CommandBody] = asyncio.Queue(max_pending_commands)
+        copier = VolumeCopier(self.volumes, host_id=self.host_id, opening_keys=state.opening_keys,
+                              ssl_context=lambda: client_ssl_context(self.state.ca_file), progress=self._copy_progress)  # fmt: skip
         self.commands = CommandExecutor(
             workloads=self.workloads, backend=backend, logs=self.logs, measure=self.measure_network,
             install_certificate=self.certificate.install, ssh=self.ssh, clusters=self.clusters, power=self.power,
             challenges=self.challenges, volumes=self.volumes,
             close_streams=lambda rental_id: self.tunnels.close_rental(rental_id, TunnelCode.ACCESS_REVOKED),
-            host_id=self.host_id, opening_keys=state.opening_keys, remembered_results=remembered_results,
+            host_id=self.host_id, opening_keys=state.opening_keys, remembered_results=remembered_results, copier=copier,
         )
         # Renters' streams the relay opens on this agent's link: SSH into a rental, its ports.
         self.tunnels = TunnelServer(self.workloads, self.ssh, clusters=self.clusters, max_streams_per_rental=max_streams_per_rental)
@@ -375,6 +380,7 @@ class Agent:
             asyncio.create_task(self._command_worker(), name=f"agent-{self.host_id}-commands"),
             asyncio.create_task(self._command_worker(self._access_commands), name=f"agent-{self.host_id}-access"),
             asyncio.create_task(self._command_worker(self._challenge_commands), name=f"agent-{self.host_id}-challenges"),
+            asyncio.create_task(self._command_worker(self._copy_commands), name=f"agent-{self.host_id}-copies"),
             asyncio.create_task(
                 self.sampler.run(lambda: self.timings.sample_interval, lambda: self.timings.telemetry_interval),
                 name=f"agent-{self.host_id}-sampler",
@@ -532,6 +538,8 @@ class Agent:
                     queue = self._access_commands if fast else self._commands
                     if message.body.kind in _CHALLENGE_KINDS:
                         queue = self._challenge_commands
+                    elif message.body.kind in _COPY_KINDS:
+                        queue = self._copy_commands
                     try:
                         queue.put_nowait(message.body)
                     except asyncio.QueueFull:
@@ -579,6 +587,11 @@ class Agent:
     async def _workload_progress(self, rental_id: str, stage: ProgressStage, text: str, percent: float | None) -> None:
         """Called by the workload manager on a step of a start (an image pull): a rental event for the renter."""
         body = protocol.WorkloadProgressBody(rental_id=rental_id, at=datetime.now(UTC), stage=stage, text=text[:512], percent=percent)
+        await self._emit(*self.window.workload_progress(body))
+
+    async def _copy_progress(self, volume_id: str, text: str, percent: float | None) -> None:
+        """Called by a running volume copy now and then: a volume event for the renter (stage ``copying``)."""
+        body = protocol.WorkloadProgressBody(rental_id=volume_id, at=datetime.now(UTC), stage="copying", text=text[:512], percent=percent)
         await self._emit(*self.window.workload_progress(body))
 
     # ---- network ----------------------------------------------------------------------

@@ -324,6 +324,8 @@ MATRIX: tuple[Rule, ...] = (
     Rule("DELETE", "/rentals/{rental_id}", the_renters(202), last=True),
     # A volume's file-only session (docs/volumes.md): only its renter's own volume; no caller here has one by this name.
     Rule("POST", "/volumes/{volume}/connect", everyone((404, "volume_not_found")), ids={"volume": "name"}),
+    Rule("POST", "/volumes/{volume}/copy", everyone((404, "volume_not_found")), ids={"volume": "name"}, body=fixed({"from": "other"})),
+    Rule("GET", "/volumes/{volume}/copy", everyone((404, "volume_not_found")), ids={"volume": "name"}),
     # Clusters: as rentals; another renter's cluster is as one that does not exist.
     Rule("POST", "/clusters", only(201, "renter"), body=fixed({"node_count": 2})),
     Rule("GET", "/clusters", everyone(200)),

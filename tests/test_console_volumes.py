@@ -130,7 +130,8 @@ class TestVolumes:
                     await console.view_shot("rent-dialog-volume")
                     async with page.expect_request(lambda r: r.method == "POST" and r.url.endswith("/api/v1/rentals")) as sent:
                         await dialog.get_by_role("button", name="Confirm and rent").click()
-                    assert (await sent.value).post_data_json["volumes"] == [{"name": "dialog-data", "mount": "/data"}]
+                    posted = (await sent.value).post_data_json
+                    assert posted is not None and posted["volumes"] == [{"name": "dialog-data", "mount": "/data"}]
                     await page.wait_for_url("**#/rentals/r-*")
                     rentals.append(page.url.rsplit("/", 1)[1])
                 else:

@@ -1,6 +1,7 @@
 """A volume's files without a rental, end to end on ``gpumarket up`` with two real agents (root, loop disks):
 ``POST /volumes/{id}/connect``, the relay, the agent's file-only session (SFTP, scp, jailed rsync, no shell), and
-``gpumarket volume copy`` from one host's volume to the other's, resumed, with both trees' SHA-256 compared.
+``gpumarket volume copy`` from one host's volume to the other's, resumed, with both trees' SHA-256 compared: driven by
+the CLI (``--via-client``) and host to host (the destination's agent pulls through the relays: ``copy_volume``).
 
 The volumes are made on each agent's own ``VolumeStore`` and their rows written directly (making them through the
 API is another part of issue 41); everything after that goes the renter's way.
@@ -9,6 +10,7 @@ API is another part of issue 41); everything after that goes the renter's way.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 import shlex
@@ -22,12 +24,19 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
+from cryptography.hazmat.primitives.asymmetric import ec
+from sqlalchemy import select
 
 from agent.reach.volumefiles import NOT_A_SHELL, rsync_argv, tree_sha256
+from agent.volumecopy import VolumeCopyError, open_login
 from gpumarket.renter.connect import SshEndpoint, is_volume
 from gpumarket.renter.sshfiles import option_args, pinning_options
 from gpumarket.up import start_marketplace
+from master.models import Command as CommandRow
 from master.models import Volume
+from master.services.volumes.copy import mint_key
+from shared import protocol
+from shared.crypto import sealed_to
 from tests.helpers import eventually
 from tests.test_e2e_up import MISSED, NO_RATE_LIMITS, TICK, Api, _hosts_online
 
@@ -58,7 +67,8 @@ async def setting(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[dic
         )
         assert status == 201
         account_id = (await renter.get("/account"))["id"]
-        for name, agent in zip(("data-a", "data-b"), market.agents, strict=True):
+        placed = (("data-a", market.agents[0]), ("data-b", market.agents[1]), ("data-c", market.agents[1]))
+        for name, agent in placed:
             volume_id = f"vol-{secrets.token_hex(8)}"
             assert agent.volumes.unavailable is None, agent.volumes.unavailable
             await asyncio.to_thread(agent.volumes.create, volume_id, 1)
@@ -163,7 +173,9 @@ class TestFileOnlySession:
         root = setting["volumes"]["data-a"]["root"]
         (root / "escape").unlink(missing_ok=True)
         os.symlink("/etc", root / "escape")
-        (root / "marker.txt").write_text("in the volume\n")  # this test's own: another test's files may be elsewhere
+        (root / "marker.txt").write_text(
+            "in the volume\n"
+        )  # this test's own: another test's files may be elsewhere
         options, where = await _ssh_options(setting, "data-a")
         batch = f"lcd {setting['home']}\nls /../../..\n-get /../../etc/hostname leaked1\n-get escape/hostname leaked2\n-get /escape/passwd leaked3\n"
         done = await asyncio.to_thread(subprocess.run, ["sftp", "-b", "-", *options, where], input=batch.encode(),
@@ -202,7 +214,7 @@ class TestCopy:
             (src / "ckpt" / f"shard-{i:02}.bin").write_bytes(os.urandom(64 << 10 if i else 5 << 20))
         (src / "ckpt" / "deep" / "empty").write_bytes(b"")
         os.symlink("shard-00.bin", src / "ckpt" / "latest")
-        args = ("volume", "copy", "data-a", "data-b", "-i", str(setting["key"]))
+        args = ("volume", "copy", "data-a", "data-b", "--via-client", "-i", str(setting["key"]))
         first = await asyncio.to_thread(_cli, setting, *args, timeout=300)
         assert first.returncode == 0, first.stderr.decode()
         digest = await asyncio.to_thread(tree_sha256, src)
@@ -218,6 +230,112 @@ class TestCopy:
         assert "copied 2 files" in second.stdout.decode()
         assert await asyncio.to_thread(tree_sha256, dst) == digest
         assert not (dst / "ckpt" / "shard-00.bin.gmpart").exists()
+
+
+async def _copy_row(setting: dict[str, Any], copy_id: str) -> Any:
+    async with setting["market"].master.db.session() as session:
+        rows = (await session.scalars(select(CommandRow).where(CommandRow.kind == "copy_volume"))).all()
+    return next(row for row in rows if row.args["copy_id"] == copy_id)
+
+
+class TestHostCopy:
+    async def test_the_destination_host_pulls_a_copy_that_matches_and_resumes(
+        self, setting: dict[str, Any]
+    ) -> None:
+        """`gpumarket volume copy` host to host: data-c's agent pulls data-a through the relay; the trees' SHA-256
+        equal, progress and the end are volume events, and a second run after the destination lost a file and kept
+        a half-written one copies only that file."""
+        src = setting["volumes"]["data-a"]["root"]
+        dst = setting["volumes"]["data-c"]["root"]
+        (src / "hc" / "deep").mkdir(parents=True, exist_ok=True)
+        for i in range(12):
+            (src / "hc" / f"part-{i:02}.bin").write_bytes(os.urandom(32 << 10 if i else 24 << 20))
+        (src / "hc" / "deep" / "empty").write_bytes(b"")
+        (src / "hc" / "latest").unlink(missing_ok=True)
+        os.symlink("part-00.bin", src / "hc" / "latest")
+        first = await asyncio.to_thread(_cli, setting, "volume", "copy", "data-a", "data-c", timeout=300)
+        assert first.returncode == 0, first.stderr.decode() + first.stdout.decode()
+        digest = await asyncio.to_thread(tree_sha256, src)
+        assert await asyncio.to_thread(tree_sha256, dst) == digest
+        assert f"sha256 tree {digest.sha256} {digest.files} {digest.bytes} on both" in first.stdout.decode()
+        assert (dst / "hc" / "latest").readlink() == Path("part-00.bin")
+        assert (dst / "hc" / "part-03.bin").stat().st_uid == 1000
+        view = await setting["renter"].get("/volumes/data-c/copy")
+        assert view["state"] == "succeeded" and view["events"][0]["phase"] == "started"
+        assert view["events"][-1]["phase"] == "succeeded" and "progress" in {
+            e["phase"] for e in view["events"]
+        }
+        # The private key crossed the commands table and the bus sealed to data-c's host only.
+        row = await _copy_row(setting, view["copy_id"])
+        assert row.args["sealed_login"].startswith("ecies:v1:") and "PRIVATE KEY" not in json.dumps(row.args)
+        carried = [
+            entry
+            for stream in setting["market"].master.bus._streams.values()
+            for entry in stream.entries.values()
+        ]
+        assert any(row.args["sealed_login"].encode() in entry for entry in carried)  # the delivery, as sealed
+        assert not any(b"PRIVATE KEY" in entry for entry in carried)
+        # Interrupted: one file missing, another half-written under its partial name.
+        (dst / "hc" / "part-07.bin").unlink()
+        (dst / "hc" / "part-00.bin").unlink()
+        (dst / "hc" / "part-00.bin.gmpart").write_bytes(b"half")
+        second = await asyncio.to_thread(
+            _cli, setting, "volume", "copy", "data-a", "data-c", "-q", timeout=300
+        )
+        assert second.returncode == 0, second.stderr.decode()
+        assert "2 files, " in second.stdout.decode() and await asyncio.to_thread(tree_sha256, dst) == digest
+        assert not (dst / "hc" / "part-00.bin.gmpart").exists()
+
+    async def test_a_copy_that_does_not_match_fails_loudly(self, setting: dict[str, Any]) -> None:
+        """A destination file changed with its size and time kept is skipped as complete: the trees differ, and the
+        copy fails with volume_copy_mismatch (exit 1, saying so)."""
+        src = setting["volumes"]["data-a"]["root"]
+        dst = setting["volumes"]["data-c"]["root"]
+        (src / "tamper.txt").write_bytes(b"the source's bytes\n")
+        done = await asyncio.to_thread(_cli, setting, "volume", "copy", "data-a", "data-c", "-q", timeout=300)
+        assert done.returncode == 0, done.stderr.decode()
+        info = (dst / "tamper.txt").stat()
+        (dst / "tamper.txt").write_bytes(b"the altered bytes!\n")
+        os.utime(dst / "tamper.txt", ns=(info.st_atime_ns, info.st_mtime_ns))
+        again = await asyncio.to_thread(
+            _cli, setting, "volume", "copy", "data-a", "data-c", "-q", timeout=300
+        )
+        assert again.returncode == 1 and "volume_copy_mismatch" in again.stderr.decode(), again
+        view = await setting["renter"].get("/volumes/data-c/copy")
+        assert view["state"] == "failed" and view["detail"].startswith("volume_copy_mismatch")
+        (dst / "tamper.txt").unlink()  # the next run copies it again
+
+    async def test_refusals(self, setting: dict[str, Any]) -> None:
+        """Same host, same volume, unknown volume: refused before anything is sent."""
+        renter = setting["renter"]
+        status, body = await renter.call("POST", "/volumes/data-c/copy", json={"from": "data-b"})
+        assert (status, body["code"]) == (409, "volume_copy_same_host")
+        status, body = await renter.call("POST", "/volumes/data-c/copy", json={"from": "data-c"})
+        assert (status, body["code"]) == (422, "volume_copy_same_volume")
+        status, body = await renter.call("POST", "/volumes/data-c/copy", json={"from": "nope"})
+        assert (status, body["code"]) == (404, "volume_not_found")
+
+
+class TestCopyLogin:
+    async def test_only_the_destination_host_opens_it_for_its_copy(self) -> None:
+        """The login sealed to one host's key for one copy opens there only: not with another key, not for another
+        copy; and the command's repr never shows it."""
+        host_key, other_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+        private_key, public_key = mint_key("vcp-0123456789abcdef")
+        login = protocol.CopyLogin(private_key=private_key, token="t0ken")
+        context = protocol.volume_copy_context("h-1", "vcp-0123456789abcdef")
+        sealed = sealed_to.seal_to(host_key.public_key(), login.model_dump_json().encode(), context)
+        assert open_login(sealed, "h-1", "vcp-0123456789abcdef", [other_key, host_key]) == login
+        for host, copy_id, keys in (("h-1", "vcp-0123456789abcdef", [other_key]), ("h-2", "vcp-0123456789abcdef", [host_key]),
+                                    ("h-1", "vcp-fedcba9876543210", [host_key])):  # fmt: skip
+            with pytest.raises(VolumeCopyError) as caught:
+                open_login(sealed, host, copy_id, keys)
+            assert caught.value.code == "volume_copy_login_unreadable"
+        assert "PRIVATE" not in repr(login) and public_key.startswith("ssh-ed25519 ")
+        command = protocol.decode_command(protocol.CommandBody(command_id="cmd-1", kind="copy_volume", args={
+            "copy_id": "vcp-0123456789abcdef", "volume_id": "vol-0123456789abcdef", "source_volume_id": "vol-fedcba9876543210",
+            "relay_url": "wss://relay:1/connect", "source_host_key": "ssh-ed25519 AAAA", "sealed_login": sealed}))  # fmt: skip
+        assert isinstance(command, protocol.CopyVolume) and command.sealed_login == sealed
 
 
 class TestTreeDigest:

@@ -1,9 +1,10 @@
 """``gpumarket volume open | copy``: a volume's files without a rental (docs/volumes.md, "Data in and out").
 
 ``open`` asks for the volume's file-only session (``POST /volumes/{id}/connect``), pins its host key and prints how
-to reach it with sftp, scp and rsync. ``copy SRC DST`` copies one volume's files to another (on another host): two
-file-only sessions through the relays, driven from here (each file read from SRC's host and written to DST's as it
-comes, never kept on this machine). It resumes: a file already at DST with the same size and modification time is
+to reach it with sftp, scp and rsync. ``copy SRC DST`` copies one volume's files to another (on another host): by
+default DST's host pulls them from SRC's through the relays (``POST /volumes/{dst}/copy``) and this follows its
+progress (``GET /volumes/{dst}/copy``) to the end; with ``--via-client`` two file-only sessions are driven from here
+instead (each file read from SRC's host and written to DST's as it comes, never kept on this machine). It resumes: a file already at DST with the same size and modification time is
 skipped, a file is written under ``<name>.gmpart`` and renamed once complete. At the end each host computes the
 SHA-256 of its volume's tree (``gpumarket-sha256-tree``, ``agent/reach/volumefiles.py``), and a mismatch fails.
 """
@@ -175,6 +176,8 @@ async def tree_sha256(conn: asyncssh.SSHClientConnection) -> str:
 async def cmd_volume_copy(args: argparse.Namespace, client: Client) -> int:
     if args.src == args.dst:
         raise CliError("SRC and DST are the same volume")
+    if not args.via_client:
+        return await host_copy(args, client)
     src_ticket, dst_ticket = await ssh_ticket(client, args.src), await ssh_ticket(client, args.dst)
     config = getattr(args, "config", None)
     async with (
@@ -190,6 +193,28 @@ async def cmd_volume_copy(args: argparse.Namespace, client: Client) -> int:
                            "run the copy again (it resumes), and report it if it persists")  # fmt: skip
     print(f"copied {progress.files} files ({progress.bytes} bytes; {progress.skipped} already there) from {args.src} "
           f"to {args.dst}; sha256 {src_sum.split()[0]} on both")  # fmt: skip
+    return 0
+
+
+async def host_copy(args: argparse.Namespace, client: Client, *, every: float = 1.0) -> int:
+    """Start the host-to-host copy and follow it: progress on stderr, the result on stdout; exit 1 if it failed."""
+    started = await client.request("POST", f"/volumes/{args.dst}/copy", json_body={"from": args.src})
+    copy_id = str(started["copy_id"])
+    shown = ""
+    while True:
+        view = await client.get(f"/volumes/{args.dst}/copy", params={"copy_id": copy_id})
+        line = str(view.get("progress") or "")
+        if line and line != shown and not args.quiet:
+            print(f"  {line}", end="\r", file=sys.stderr, flush=True)
+            shown = line
+        if view["state"] != "running":
+            break
+        await asyncio.sleep(every)
+    if shown and not args.quiet:
+        print(file=sys.stderr)
+    if view["state"] == "failed":
+        raise CopyMismatch(f"copy {copy_id} from {args.src} to {args.dst} failed: {view.get('detail', '')}")
+    print(f"copied {args.src} to {args.dst} host to host (copy {copy_id}): {view.get('detail', '')}")
     return 0
 
 
@@ -216,12 +241,16 @@ def add_parsers(volume: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     opener.add_argument("volume", type=rental_arg, metavar="VOLUME", help="the volume's name or id")
     finish(opener, cmd_volume_open)
     copier = volume.add_parser("copy", help="copy a volume's files to another volume (another host), resumable, checked",
-                               description="Copy SRC's files to DST through both hosts' relays: resumable (files already "
-                               "complete at DST are skipped), with progress, and a SHA-256 of both trees compared at the end.")  # fmt: skip
+                               description="Copy SRC's files to DST host to host through the relays (DST's host pulls them): "
+                               "resumable (files already complete at DST are skipped), with progress, and a SHA-256 of both "
+                               "trees compared at the end.")  # fmt: skip
     copier.add_argument("src", type=rental_arg, metavar="SRC", help="the volume to copy from (name or id)")
     copier.add_argument("dst", type=rental_arg, metavar="DST", help="the volume to copy to (name or id)")
     copier.add_argument(
         "-i", "--identity", help="the SSH private key to log in with (default: ssh's usual keys and agent)"
     )
     copier.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    copier.add_argument("--via-client", action="store_true",
+                        help="drive the copy from this machine (two file-only sessions; slower: every byte passes "
+                        "through here) instead of DST's host pulling from SRC's")  # fmt: skip
     finish(copier, cmd_volume_copy)

@@ -331,6 +331,8 @@ async def handle_command_result(
             await cluster_network.apply_result(session, row, ok=body.ok, detail=body.detail, data=body.data, at=body.finished_at, sign=sign)
         if row.kind in volumes.KINDS:
             await volumes.apply_result(session, row, ok=body.ok, code=code, detail=body.detail, at=body.finished_at)
+        if row.kind == volumes.COPY_KIND:
+            await volumes.apply_copy_result(session, row, ok=body.ok, detail=body.detail, data=body.data, at=body.finished_at)
         if row.kind == market.HEALTH_CHECK:
             await market.after_health_check(session, host, ok=body.ok, detail=body.detail, data=body.data, now=envelope.received_at)
         if row.kind in VERIFICATION_KINDS:
@@ -399,6 +401,8 @@ async def handle_workload_progress(session: AsyncSession, envelope: protocol.Bus
     assert isinstance(message, protocol.WorkloadProgress)
     host = await _host_seen(session, envelope)
     body = message.body
+    if body.stage == "copying":  # a volume copy's (copy_volume), under the destination volume's id
+        return await volumes.apply_copy_progress(session, host.id, body.rental_id, text=body.text, at=body.at)
     return await rentals.apply_workload_progress(
         session, host.id, body.rental_id, stage=body.stage, text=body.text, percent=body.percent, at=body.at
     )

@@ -205,15 +205,19 @@ from shared.protocol.volumes import (
     MAX_VOLUME_GIB,
     MAX_VOLUMES_PER_RENTAL,
     VOLUME_ID_PATTERN,
+    CopyLogin,
+    CopyVolume,
     CreateVolume,
     DeleteVolume,
     MountPath,
+    VolumeCopied,
     VolumeCreated,
     VolumeDeleted,
     VolumeGib,
     VolumeId,
     VolumeMount,
     mount_problem,
+    volume_copy_context,
 )
 
 __all__ = [
@@ -296,6 +300,8 @@ __all__ = [
     "CommandResult",
     "CommandResultBody",
     "ContainerWorkload",
+    "CopyLogin",
+    "CopyVolume",
     "CpuCores",
     "CreateCluster",
     "CreateVolume",
@@ -360,6 +366,7 @@ __all__ = [
     "TunnelUsageBody",
     "TunnelUsageItem",
     "UpdateAccess",
+    "VolumeCopied",
     "VolumeCreated",
     "VolumeDeleted",
     "VolumeGib",
@@ -390,4 +397,5 @@ __all__ = [
     "encode_bus_envelope",
     "mount_problem",
     "registry_auth_context",
+    "volume_copy_context",
 ]

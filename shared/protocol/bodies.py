@@ -229,7 +229,7 @@ class WorkloadProgressBody(StrictModel):
 
     rental_id: CommandId
     at: Timestamp
-    stage: Literal["pulling", "pulled", "starting"]
+    stage: Literal["pulling", "pulled", "starting", "copying"]  # copying: a copy_volume's, rental_id the volume's id
     text: Annotated[str, Field(max_length=512)]
     percent: float | None = Field(None, ge=0, le=100)
 

@@ -28,7 +28,14 @@ from pydantic import (
 from shared.errors import ProtocolError
 from shared.imageref import IMAGE_HINT, MAX_REFERENCE_CHARS, parse_image_reference
 from shared.protocol.base import CommandId, StrictModel, Timestamp
-from shared.protocol.volumes import MAX_VOLUMES_PER_RENTAL, CreateVolume, DeleteVolume, VolumeId, VolumeMount
+from shared.protocol.volumes import (
+    MAX_VOLUMES_PER_RENTAL,
+    CopyVolume,
+    CreateVolume,
+    DeleteVolume,
+    VolumeId,
+    VolumeMount,
+)
 
 RENTAL_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # a folder, a cgroup, a unit and a container name
 MILLI_PER_GPU = 1000  # a share's compute is counted in thousandths of one GPU
@@ -622,13 +629,13 @@ class CancelChallenge(StrictModel):
 AnyCommand = (
     StartWorkload | StopWorkload | UpdateAccess | MeasureNetwork | InstallCertificate | HealthCheck | CreateCluster | DeleteCluster
     | SetPowerPolicy | StartChallenge | RevealChallenge | CancelChallenge | CreateVolume | DeleteVolume
-    | OpenVolume
+    | OpenVolume | CopyVolume
 )
 AgentCommand = Annotated[AnyCommand, Field(discriminator="kind")]
 COMMAND_KINDS = (
     "start_workload", "stop_workload", "measure_network", "install_certificate", "health_check", "create_cluster", "delete_cluster",
     "set_power_policy", "update_access", "start_challenge", "reveal_challenge", "cancel_challenge", "create_volume", "delete_volume",
-    "open_volume",
+    "open_volume", "copy_volume",
 )
 
 

@@ -9,7 +9,7 @@ from pydantic import Field
 
 from shared.protocol.base import LenientModel
 from shared.protocol.bodies import NetworkReportBody
-from shared.protocol.volumes import VolumeCreated, VolumeDeleted
+from shared.protocol.volumes import VolumeCopied, VolumeCreated, VolumeDeleted
 
 
 class WorkloadStarted(LenientModel):
@@ -143,5 +143,5 @@ class VolumeOpened(LenientModel):
 CommandReply = (
     WorkloadStarted | WorkloadStopped | AccessUpdated | NetworkReportBody | CertificateInstalled | HealthCheckResult | ClusterJoined | ClusterLeft
     | PowerPolicyApplied | ChallengeCommitted | ChallengeOpened | ChallengeCancelled | VolumeCreated | VolumeDeleted
-    | VolumeOpened
+    | VolumeOpened | VolumeCopied
 )

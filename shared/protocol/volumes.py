@@ -2,7 +2,9 @@
 
 The master sends ``create_volume`` once the volume is decided (idempotent: an existing volume keeps its size and
 files), ``delete_volume`` when it is deleted (its files are gone; deleting one that is not there succeeds), and a
-``start_workload`` names the volumes its container mounts (``VolumeMount``). The agent keeps each volume as a
+``start_workload`` names the volumes its container mounts (``VolumeMount``). ``copy_volume`` has the destination's
+agent pull another host's volume into one of its own through the relays (``VolumeCopied``; its progress travels as
+``workload_progress`` of stage ``copying`` under the destination volume's id). The agent keeps each volume as a
 size-capped filesystem of its own (``agent/volumes.py``), mounted again after an agent restart or a reboot.
 """
 
@@ -104,3 +106,54 @@ class VolumeDeleted(LenientModel):
 
     volume_id: str
     already: bool = False
+
+
+SEALED_COPY_PATTERN: Final = (
+    r"^ecies:v1:[A-Za-z0-9_-]+:[A-Za-z0-9_-]+:[A-Za-z0-9_-]+$"  # = shared.crypto.sealed_to's
+)
+MAX_SEALED_COPY_CHARS: Final = 8192
+COPY_ID_PATTERN: Final = r"^vcp-[0-9a-f]{16}$"
+
+
+def volume_copy_context(host_id: str, copy_id: str) -> str:
+    """What a ``copy_volume``'s sealed login is bound to: the destination host and the copy (a token copied into
+    another host's or another copy's command does not open)."""
+    return f"volume_copy:{host_id}:{copy_id}"
+
+
+class CopyLogin(StrictModel):
+    """What ``CopyVolume.sealed_login`` holds once opened: an SSH private key (OpenSSH form) the source volume's
+    session takes for this copy, and a connect token for the relay the source's host is on. Never logged."""
+
+    private_key: str = Field(min_length=1, max_length=4096, repr=False)
+    token: str = Field(min_length=1, max_length=4096, repr=False)
+
+
+class CopyVolume(StrictModel):
+    """Pull the files of the volume ``source_volume_id`` (another host's, reached through ``relay_url`` as the
+    renter's ``gpumarket tunnel`` would) into this host's volume ``volume_id``, over SFTP; resumable (a file already
+    here with the source's size and modification time is skipped); at the end the SHA-256 trees of both must match
+    (``volume_copy_mismatch`` otherwise). ``sealed_login`` is a ``CopyLogin`` sealed to this host's certificate key
+    (``volume_copy_context``). The result is ``VolumeCopied``."""
+
+    kind: Literal["copy_volume"] = "copy_volume"
+    copy_id: Annotated[str, Field(pattern=COPY_ID_PATTERN)]
+    volume_id: VolumeId
+    source_volume_id: VolumeId
+    relay_url: Annotated[str, Field(min_length=1, max_length=2048, pattern=r"^wss?://")]
+    source_host_key: Annotated[str, Field(min_length=1, max_length=1024)]
+    sealed_login: Annotated[
+        str, Field(min_length=1, max_length=MAX_SEALED_COPY_CHARS, pattern=SEALED_COPY_PATTERN)
+    ]
+    timeout_s: Annotated[float, Field(gt=0, le=7 * 24 * 3600)] = 24 * 3600.0
+
+
+class VolumeCopied(LenientModel):
+    """``copy_volume``: what was copied (``files``/``bytes``: this run; ``skipped``: already complete here) and the
+    tree both hosts computed (``<sha256> <files> <bytes>``)."""
+
+    copy_id: str
+    files: int
+    bytes: int
+    skipped: int
+    tree: str

@@ -35,7 +35,7 @@ from master.services.accounts.keys import key_view as api_key_view
 from master.services.accounts.keys import list_keys as list_api_keys
 from master.services.accounts.keys import make_key as make_api_key
 from master.services.accounts.keys import revoke_key as revoke_api_key
-from master.services.accounts.registries import RegistryLogins
+from master.services.accounts.registries import RegistryLogins, host_certificate_keys
 from master.services.accounts.registries import add as add_registry_credential
 from master.services.accounts.registries import list_credentials as list_registry_credentials
 from master.services.accounts.registries import remove as remove_registry_credential
@@ -97,6 +97,7 @@ __all__ = [
     "devices",
     "disable_account",
     "enable_account",
+    "host_certificate_keys",
     "is_live",
     "key_is_valid",
     "key_view",

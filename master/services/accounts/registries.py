@@ -277,6 +277,8 @@ async def _host_keys(
     return keys
 
 
+host_certificate_keys = _host_keys  # also what a volume copy's login is sealed to (master/services/volumes/copy.py)
+
 START: Final = protocol.StartWorkload.model_fields["kind"].default
 
 

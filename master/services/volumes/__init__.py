@@ -11,6 +11,8 @@ Below ``rentals`` (placement asks it where a rental with volumes may go, and rec
 * ``request.py``: the typed create request (``VolumeRequest``), names and their rule.
 * ``core.py``: create (idempotent, the host chosen), get by id or name, list, delete, views, and the agents' results
   (``apply_result``).
+* ``copy.py``: a volume copied host to host by the destination's agent (``start_copy``, ``copy_status``; the agent's
+  progress and result: ``apply_copy_progress``, ``apply_copy_result``).
 """
 
 from master.services.volumes.attach import (
@@ -25,6 +27,8 @@ from master.services.volumes.attach import (
     resolve,
     writer,
 )
+from master.services.volumes.copy import KIND as COPY_KIND
+from master.services.volumes.copy import apply_copy_progress, apply_copy_result, copy_status, start_copy
 from master.services.volumes.core import (
     KINDS,
     apply_result,
@@ -42,6 +46,7 @@ from master.services.volumes.lifecycle import LIVE, VolumeState, request_deletio
 from master.services.volumes.request import NAME_PATTERN, VolumeRequest, is_volume_id, name_problem
 
 __all__ = [
+    "COPY_KIND",
     "KINDS",
     "LIVE",
     "NAME_PATTERN",
@@ -50,12 +55,15 @@ __all__ = [
     "VolumeAsk",
     "VolumeRequest",
     "VolumeState",
+    "apply_copy_progress",
+    "apply_copy_result",
     "apply_result",
     "asks_of",
     "attach",
     "check_asks",
     "choose_host",
     "connect_volume",
+    "copy_status",
     "create_volume",
     "delete_volume",
     "get_volume",
@@ -67,6 +75,7 @@ __all__ = [
     "name_problem",
     "request_deletion",
     "resolve",
+    "start_copy",
     "transition",
     "volume_detail",
     "volume_view",

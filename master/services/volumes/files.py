@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
@@ -67,10 +68,13 @@ async def find_volume(master: Master, principal: Principal, ref: str) -> Volume:
 
 
 async def connect_volume(master: Master, principal: Principal, ref: str, *, open_timeout: float = 15.0,
-                         poll_interval: float = 0.05) -> dict[str, Any]:  # fmt: skip
+                         poll_interval: float = 0.05, extra_keys: Sequence[str] = ()) -> dict[str, Any]:  # fmt: skip
     """A connect token to the volume's file-only session (see the module). 404 ``volume_not_found``; 409
     ``volume_not_ready`` (creating, failed, deleting), ``host_offline``, ``volume_opening`` (the agent did not answer
     within ``open_timeout``: try again) or the agent's own refusal (``volume_unsupported``, ``volume_not_found``).
+
+    ``extra_keys`` join the account's for this open (a volume copy's ephemeral key: ``copy.py``); the next change
+    of the account's keys, or the copy's end, drops them.
 
     Cancelling is safe: the ``open_volume`` stays in the outbox and is sent again like any command."""
     volume = await find_volume(master, principal, ref)
@@ -84,6 +88,7 @@ async def connect_volume(master: Master, principal: Principal, ref: str, *, open
         host = await session.get(Host, volume.host_id)
         record = await _relay_of(master, host)
         keys, version = await current_keys(session, volume.account_id)
+        keys = [*keys, *extra_keys]
         row = commands.new_command(
             session, host_id=volume.host_id,
             command=protocol.OpenVolume(volume_id=volume.id, authorized_keys=keys, version=version), rental_id=None,
