@@ -475,7 +475,8 @@ UNVERSIONED = {
 
 # Query parameters that name an object: each must never widen what a non-admin sees
 # (TestListsHoldOnlyYourOwn checks each).
-SCOPING_PARAMETERS = {("GET", "/alerts", "host_id"), ("GET", "/invoices", "account_id"), ("GET", "/payouts", "provider_id")}
+SCOPING_PARAMETERS = {("GET", "/alerts", "host_id"), ("GET", "/invoices", "account_id"), ("GET", "/payouts", "provider_id"),
+                      ("GET", "/volumes/{volume}/copy", "copy_id")}  # fmt: skip
 
 
 # ---- calling -----------------------------------------------------------------------------------

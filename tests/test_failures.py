@@ -103,10 +103,13 @@ class TestTheTable:
         assert missing == {}, f"codes the agent emits with no owner: {missing}"
         assert {"image_not_found", "workload_start_failed", "registry_auth_unreadable", "bad_command"} <= codes.keys()
 
-    def test_every_code_has_exactly_one_owner_and_the_migration_copies_them(self) -> None:
-        """The table is total, and 0030's copy (a migration never imports the app) says the same."""
+    def test_every_code_has_exactly_one_owner_and_the_migration_agrees(self) -> None:
+        """The table is total, and 0030's copy (a migration never imports the app, and is never edited once shipped: it
+        holds the codes of its day, a later code is not in it) gives each of its codes the owner the table gives."""
         assert set(OWNERS) == set(FailureCode) and all(isinstance(owner, Owner) for owner in OWNERS.values())
-        assert {code.value: owner.value for code, owner in OWNERS.items()} == MIGRATION.OWNERS
+        now = {code.value: owner.value for code, owner in OWNERS.items()}
+        assert set(MIGRATION.OWNERS) <= set(now)
+        assert {code: now[code] for code in MIGRATION.OWNERS} == MIGRATION.OWNERS
 
     @pytest.mark.parametrize(
         ("code", "owner"),

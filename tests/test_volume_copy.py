@@ -15,6 +15,7 @@ from master.models import Volume, VolumeEvent
 from master.services import commands, volumes
 from shared import protocol
 from tests.apiclient import Api, assert_error
+from tests.factories import create_principal
 from tests.test_volume_attach import volume
 
 COPY_ID = "vcp-0123456789abcdef"
@@ -121,3 +122,10 @@ class TestCopyEvents:
         assert not any(
             "gpumarket-volume-copy" in key for key in given_back[0].args.get("authorized_keys", [])
         )
+        # ?copy_id= never widens: another renter naming this copy on a volume of its own learns nothing of it.
+        other, other_key = await create_principal(api.master, "renter-2", "renter")
+        await volume(api, host_b, "theirs", account_id=other.account_id)
+        status, body = await api.call("GET", f"/volumes/theirs/copy?copy_id={COPY_ID}", other_key)
+        assert status == 404 and COPY_ID not in str(body), body
+        status, body = await api.call("GET", f"/volumes/{dst}/copy?copy_id={COPY_ID}", other_key)
+        assert_error(status, body, 404, "volume_not_found")

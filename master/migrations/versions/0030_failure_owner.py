@@ -32,14 +32,13 @@ PROVIDER = ("host_lost", "host_revoked", "workload_lost", "agent_failure", "inte
             "power_limit_no_permission",
             "power_limit_unsupported", "power_limit_out_of_range", "power_policy_unavailable", "cluster_network_unavailable",
             "network_measurement_failed", "relay_dns_failed", "relay_dns_not_found", "relay_dns_timeout", "enrollment_refused",
-            "config_error", "unavailable", "workload_log_unreadable", "gpu_verification_failed", "volume_no_space")  # fmt: skip
+            "config_error", "unavailable", "workload_log_unreadable", "gpu_verification_failed")  # fmt: skip
 PLATFORM = ("placement_interrupted", "queue_timeout", "placement_failed", "registry_auth_unreadable", "gpu_in_use",
             "workload_running", "workload_stopping", "bad_gpu_uuids", "bad_gpu_share", "bad_rental_id", "bad_log_offset",
             "bad_log_limit", "workload_log_not_found", "bad_command", "unknown_command", "bad_frame", "bad_bus_record",
             "frame_too_big", "identity_mismatch", "unknown_type", "unsupported_version", "protocol_error", "seq_jump",
             "bus_error", "bus_timeout", "bad_request", "validation_failed", "unauthorized", "forbidden", "not_found",
-            "conflict", "insufficient_capacity", "rate_limited", "quota_exceeded", "challenge_cancelled", "volume_not_found",
-            "volume_unsupported")  # fmt: skip
+            "conflict", "insufficient_capacity", "rate_limited", "quota_exceeded", "challenge_cancelled")  # fmt: skip
 OWNERS = {**dict.fromkeys(RENTER, "renter"), **dict.fromkeys(PROVIDER, "provider"), **dict.fromkeys(PLATFORM, "platform")}
 
 # What the master wrote as a failure's reason before it wrote a code for every failure (in the order they are tried).

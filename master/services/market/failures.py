@@ -130,6 +130,11 @@ class FailureCode(StrEnum):
     CHALLENGE_CANCELLED = "challenge_cancelled"  # (never ends a rental) a GPU challenge stopped for a rental or by the master
     VOLUME_NOT_FOUND = "volume_not_found"  # a start named a volume its host does not have (the master's record is wrong)
     VOLUME_UNSUPPORTED = "volume_unsupported"  # a volume sent to a host that keeps none
+    # (never end a rental) a volume copy host to host (agent/volumecopy.py): it broke off (resumable), the trees differ
+    # at the end, or the destination could not open its sealed login
+    VOLUME_COPY_FAILED = "volume_copy_failed"
+    VOLUME_COPY_MISMATCH = "volume_copy_mismatch"
+    VOLUME_COPY_LOGIN_UNREADABLE = "volume_copy_login_unreadable"
 
 
 _RENTER: Final = frozenset({
