@@ -89,17 +89,16 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id"),
     )
     op.create_index(op.f("ix_volume_events_volume_id"), "volume_events", ["volume_id"], unique=False)
-    with op.batch_alter_table("host_listings") as batch:
-        batch.add_column(
-            sa.Column("storage_price_per_gib_hour", sa.Numeric(precision=12, scale=6), nullable=True)
-        )
-        batch.add_column(sa.Column("volume_gib", sa.Integer(), nullable=False, server_default="0"))
+    # In place, never batch mode's copy-and-rename: the offer summary's triggers name host_listings (0018, 0031).
+    op.add_column("host_listings", sa.Column("storage_price_per_gib_hour", sa.Numeric(precision=12, scale=6), nullable=True))
+    op.add_column("host_listings", sa.Column("volume_gib", sa.Integer(), nullable=False, server_default="0"))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("host_listings") as batch:
-        batch.drop_column("volume_gib")
-        batch.drop_column("storage_price_per_gib_hour")
+    # In place (SQLite 3.35+ drops a column itself): batch mode's copy of the table would fail on the offer summary's
+    # triggers that name host_listings while it is gone.
+    op.execute("ALTER TABLE host_listings DROP COLUMN volume_gib")
+    op.execute("ALTER TABLE host_listings DROP COLUMN storage_price_per_gib_hour")
     op.drop_index(op.f("ix_volume_events_volume_id"), table_name="volume_events")
     op.drop_table("volume_events")
     op.drop_index("uq_volume_attachments_writer", table_name="volume_attachments")
