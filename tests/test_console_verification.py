@@ -85,8 +85,11 @@ class Verification:
             bounds = {b["tier"]: b for b in (await console.api("provider", "/price-bounds"))["items"]}
             listed = await console.api("provider", path, "PUT", {"price_per_gpu_hour": bounds[proven["tier"]]["default"]})
             assert listed["host_id"] == proven["id"], listed
-        written = {proven["id"]: {g["index"]: "passed" for g in proven["gpus"]},
-                   failing["id"]: {g["index"]: "failed" for g in failing["gpus"]}}  # fmt: skip
+        # The market's own challenges proved its hosts at enrollment: every other host is written never challenged, so
+        # that only `proven` carries the badge (fresh run 40 saw another host's from its enrollment).
+        written = {h["id"]: {g["index"]: None for g in h["gpus"]} for h in hosts}
+        written.update({proven["id"]: {g["index"]: "passed" for g in proven["gpus"]},
+                        failing["id"]: {g["index"]: "failed" for g in failing["gpus"]}})  # fmt: skip
         with proofs(market, written):
             offers = (await console.api("renter", "/offers?limit=500"))["items"]
             offer = next(o for o in offers if o["host_id"] == proven["id"])

@@ -165,9 +165,11 @@ async def stream_host_metrics(request: web.Request) -> web.StreamResponse:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(settings.stream_poll_interval):  # not wait_for (shared/cancelling.py)
                     await closing.wait()
+            items = await series.samples_after(master, host_id, last_seq, limit=STREAM_PAGE)
+            # Checked after the read: a session that ended before it (and so before anything stored after its end)
+            # gets none of it. Checked before, a sign-out and a sample stored between the two went out (fresh run 40).
             if signed_in is not None and not await _still_signed_in(master, signed_in.session_id):
                 break  # nothing more for a session that is over, not even what was stored before it ended
-            items = await series.samples_after(master, host_id, last_seq, limit=STREAM_PAGE)
             if items:
                 last_seq = items[-1]["seq"]
                 await response.write(b"".join(_event(item) for item in items))
