@@ -58,14 +58,7 @@ class InsufficientCredit(ClientError):
 
 def unrated_usage(rentals: list[Rental], now: datetime) -> tuple[Decimal, Decimal]:
     """What the rentals have run up since their last rating, and their burn rate per second."""
-    unrated = burn = Decimal(0)
-    for rental in rentals:
-        rate = per_second(rental)
-        burn += rate
-        since = rental.rated_until or rental.started_at
-        if since is not None and now > since:
-            unrated += rate * int((now - since).total_seconds())
-    return unrated, burn
+    return ledger.accrued(((per_second(r), r.rated_until or r.started_at) for r in rentals), now)
 
 CHARGE_KINDS = ("usage", "minimum", "downtime_credit", "correction", STORAGE)
 

@@ -24,7 +24,7 @@ Balances: a liability's or revenue's balance is what was credited less what was 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import ROUND_HALF_EVEN, Decimal
@@ -62,6 +62,17 @@ def provider_payable(account_id: str) -> str:
 def quantize(amount: Decimal) -> Decimal:
     """``amount`` to the ledger's quantum, half to even (the rounding of every computed amount)."""
     return amount.quantize(QUANTUM, rounding=ROUND_HALF_EVEN)
+
+
+def accrued(streams: Iterable[tuple[Decimal, datetime | None]], now: datetime) -> tuple[Decimal, Decimal]:
+    """What charge streams (a rate per second, from when it was last rated) have run up by ``now`` in whole seconds,
+    and their rates' sum: a renter's unrated rentals and volumes, as enforcement reads them."""
+    unrated = burn = Decimal(0)
+    for rate, since in streams:
+        burn += rate
+        if since is not None and now > since:
+            unrated += rate * int((now - since).total_seconds())
+    return unrated, burn
 
 
 def money(amount: Decimal) -> str:

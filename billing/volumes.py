@@ -66,16 +66,7 @@ def billing(volume: Volume) -> bool:
 
 def unrated_storage(volumes: Sequence[Volume], now: datetime) -> tuple[Decimal, Decimal]:
     """What the volumes being billed have run up since their last rating, and their burn rate per second."""
-    unrated = burn = Decimal(0)
-    for volume in volumes:
-        if not billing(volume):
-            continue
-        rate = per_second(volume)
-        burn += rate
-        since = volume.rated_until or volume.ready_at
-        if since is not None and now > since:
-            unrated += rate * int((now - since).total_seconds())
-    return unrated, burn
+    return ledger.accrued(((per_second(v), v.rated_until or v.ready_at) for v in volumes if billing(v)), now)
 
 
 @dataclass(frozen=True)
