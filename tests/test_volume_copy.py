@@ -72,6 +72,26 @@ async def _volume_id(api: Api, name: str) -> str:
 
 
 class TestCopyEvents:
+    async def test_a_long_copy_still_shows_where_it_started(self, api: Api) -> None:
+        """However many progress lines a slow copy wrote, its view shows its start and the newest ones (fresh run 41:
+        a loaded machine's copy wrote enough of them to push the start out)."""
+        host_a, _ = await api.host(1)
+        host_b, _ = await api.host(1)
+        await volume(api, host_a, "src")
+        dst = await volume(api, host_b, "dst")
+        at = datetime.now(UTC)
+        async with api.master.db.session() as session:
+            session.add(VolumeEvent(volume_id=dst, at=at, from_state="ready", to_state="ready",
+                                    cause=f"copy {COPY_ID} started: from src"))  # fmt: skip
+            for i in range(30):
+                assert await volumes.apply_copy_progress(session, host_b, dst, text=f"{COPY_ID} {i}/30 files", at=at)
+            await session.commit()
+        status, view = await api.as_renter("GET", "/volumes/dst/copy")
+        assert status == 200 and view["state"] == "running" and view["progress"] == "29/30 files"
+        phases = [e["phase"] for e in view["events"]]
+        assert phases[0] == "started" and phases[1:] == ["progress"] * (len(phases) - 1) and len(phases) == 20
+        assert [e["text"] for e in view["events"][1:]] == [f"{i}/30 files" for i in range(11, 30)]
+
     async def test_progress_and_the_result_are_the_destinations_events_and_the_source_gets_its_keys_back(
         self, api: Api
     ) -> None:

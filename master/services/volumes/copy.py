@@ -167,9 +167,11 @@ async def copy_status(
     state = next((p[1] for _, p in mine if p[1] in FINISHED), "running")
     progress = next((p[2] for _, p in mine if p[1] == "progress"), "")
     ending = next((p[2] for _, p in mine if p[1] in FINISHED), "")
+    # The newest events, and always the first (its start: where from), however many progress lines came between.
+    shown = mine[:MAX_EVENTS_SHOWN] if len(mine) <= MAX_EVENTS_SHOWN else [*mine[: MAX_EVENTS_SHOWN - 1], mine[-1]]
     return {
         "copy_id": copy_id, "volume_id": dst.id, "state": state, "progress": progress, "detail": ending,
-        "events": [{"at": _iso(e.at), "phase": p[1], "text": p[2]} for e, p in reversed(mine[:MAX_EVENTS_SHOWN])],
+        "events": [{"at": _iso(e.at), "phase": p[1], "text": p[2]} for e, p in reversed(shown)],
     }  # fmt: skip
 
 

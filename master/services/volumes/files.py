@@ -93,9 +93,16 @@ async def connect_volume(master: Master, principal: Principal, ref: str, *, open
             session, host_id=volume.host_id,
             command=protocol.OpenVolume(volume_id=volume.id, authorized_keys=keys, version=version), rental_id=None,
         )  # fmt: skip
+        # Any access change for this host not yet sent goes first, in the order it was made: a copy's end gives the
+        # source the account's keys back (same access version), and arriving after this open it would drop the keys
+        # this open adds (a second copy's; fresh run 41).
+        earlier = (await session.scalars(
+            select(CommandRow.id).where(CommandRow.host_id == volume.host_id, CommandRow.state == "pending",
+                                        CommandRow.kind.in_(("update_access", "open_volume")))
+        )).all()  # fmt: skip
         await session.commit()
         command_id = row.id
-    await commands.publish(master, [command_id])
+    await commands.publish(master, [*earlier, command_id])
     result = await _answer(master, command_id, timeout=open_timeout, every=poll_interval)
     if result is None:
         raise Conflict(
