@@ -38,15 +38,15 @@ from pydantic import ValidationError
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
-from agent.reach.volumefiles import SKIPPED_AT_ROOT, TREE_SHA256, tree_sha256
+from agent.reach.volumefiles import tree_sha256
 from agent.volumes import VolumeStore
 from shared import protocol
 from shared.crypto import sealed_to
 from shared.errors import GpumarketError
+from shared.volumetree import PARTIAL, TREE_SHA256, Entry, walk
 
 log = logging.getLogger(__name__)
 
-PARTIAL: Final = ".gmpart"
 SSH_USER: Final = "gpumarket"
 Progress = Callable[[str, str, float | None], Awaitable[None]]  # (volume id, text, percent)
 
@@ -54,16 +54,6 @@ Progress = Callable[[str, str, float | None], Awaitable[None]]  # (volume id, te
 class VolumeCopyError(GpumarketError):
     """A copy that did not finish: ``code`` says why (``volume_copy_failed``, ``volume_copy_mismatch``,
     ``volume_no_space``, ``volume_copy_login_unreadable``)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    path: str  # relative, "a/b"
-    kind: str  # "d", "f" or "l"
-    size: int = 0
-    mtime: int = 0
-    mode: int = 0o644
-    target: str = ""
 
 
 @dataclass
@@ -202,27 +192,6 @@ class LocalTree:
             if fd >= 0:
                 os.close(fd)
             os.close(folder)
-
-
-async def walk(sftp: asyncssh.SFTPClient, folder: str = "") -> list[Entry]:
-    """Every entry under the source session's root, folders before what they hold."""
-    found: list[Entry] = []
-    async for name in sftp.scandir(folder or "/"):
-        text = name.filename if isinstance(name.filename, str) else name.filename.decode()
-        if text in (".", "..") or (not folder and text in SKIPPED_AT_ROOT):
-            continue
-        path = f"{folder}/{text}" if folder else text
-        mode = name.attrs.permissions or 0
-        if stat.S_ISDIR(mode):
-            found.append(Entry(path, "d", mode=mode & 0o7777))
-            found += await walk(sftp, path)
-        elif stat.S_ISLNK(mode):
-            found.append(Entry(path, "l", target=await sftp.readlink("/" + path)))
-        elif stat.S_ISREG(mode) and not path.endswith(PARTIAL):
-            found.append(
-                Entry(path, "f", size=name.attrs.size or 0, mtime=name.attrs.mtime or 0, mode=mode & 0o777)
-            )
-    return found
 
 
 @contextlib.asynccontextmanager

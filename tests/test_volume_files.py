@@ -61,7 +61,7 @@ async def setting(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[dic
     volumes: dict[str, Any] = {}
     try:
         renter = Api(http, market.api_url, market.credentials["renter"]["api_key"])
-        await eventually(lambda: _hosts_online(renter, 2), timeout=30, what="both hosts online")
+        await eventually(lambda: _hosts_online(renter, 2), timeout=120, what="both hosts online")
         status, _ = await renter.call(
             "POST", "/account/ssh-keys", json={"public_key": (home / "id_ed25519.pub").read_text()}
         )
@@ -102,7 +102,8 @@ async def _ticket(setting: dict[str, Any], ref: str) -> dict[str, Any]:
         assert status == 200, view
         return dict(view)
 
-    return await eventually(ticket, timeout=30, every=0.5, what=f"a connect ticket to volume {ref}")
+    # A hang guard, not a speed: each try waits up to 15 s for the host (volume_opening), longer on a loaded machine.
+    return await eventually(ticket, timeout=120, every=0.5, what=f"a connect ticket to volume {ref}")
 
 
 async def _ssh_options(setting: dict[str, Any], ref: str) -> tuple[list[str], str]:

@@ -31,17 +31,14 @@ from typing import Final
 from agent.reach.sessions import Process
 from agent.reach.sessions import _run_piped as run_piped
 from agent.runtimes.users import TRUSTED_PATH
+from shared.volumetree import SKIPPED_AT_ROOT, TREE_SHA256
 
 log = logging.getLogger(__name__)
 
-TREE_SHA256: Final = "gpumarket-sha256-tree"
 NOT_A_SHELL: Final = (
     "a volume's session serves files only (sftp, scp, rsync -e ssh, gpumarket cp): no shell or command; "
     "mount the volume in a rental to run things on it"
 )
-SKIPPED_AT_ROOT: Final = frozenset(
-    {"lost+found"}
-)  # ext4's own folder at a filesystem's root: not the renter's
 JAIL_DATA: Final = "/data"
 _CHUNK: Final = 1 << 20
 

@@ -20,7 +20,6 @@ import stat
 import sys
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -31,25 +30,13 @@ from gpumarket.renter.commands import finish
 from gpumarket.renter.connect import Ticket, rental_arg
 from gpumarket.renter.sshcmds import ssh_ticket
 from gpumarket.renter.sshfiles import known_hosts_path, option_args, pinning_options
+from shared.volumetree import PARTIAL, TREE_SHA256, Entry, walk
 
-TREE_SHA256: Final = "gpumarket-sha256-tree"
-PARTIAL: Final = ".gmpart"
-SKIPPED_AT_ROOT: Final = frozenset({"lost+found"})
 CHUNK: Final = 8 << 20  # one read or write call; asyncssh splits it into parallel requests
 
 
 class CopyMismatch(CliError):
     """The two volumes' trees differ after the copy."""
-
-
-@dataclass(frozen=True)
-class Entry:
-    path: str  # relative, "a/b"
-    kind: str  # "d", "f" or "l"
-    size: int = 0
-    mtime: int = 0
-    mode: int = 0o644
-    target: str = ""
 
 
 def tunnel_argv(target: str, config: Path | None) -> list[str]:
@@ -74,27 +61,6 @@ async def session(
             yield conn
     except (asyncssh.Error, OSError) as exc:
         raise CliError(f"cannot open volume {target}'s files: {exc}") from None
-
-
-async def walk(sftp: asyncssh.SFTPClient, folder: str = "") -> list[Entry]:
-    """Every entry under the session's root, folders before what they hold."""
-    found: list[Entry] = []
-    async for name in sftp.scandir(folder or "/"):
-        text = name.filename if isinstance(name.filename, str) else name.filename.decode()
-        if text in (".", "..") or (not folder and text in SKIPPED_AT_ROOT):
-            continue
-        path = f"{folder}/{text}" if folder else text
-        mode = name.attrs.permissions or 0
-        if stat.S_ISDIR(mode):
-            found.append(Entry(path, "d", mode=mode & 0o7777))
-            found += await walk(sftp, path)
-        elif stat.S_ISLNK(mode):
-            found.append(Entry(path, "l", target=await sftp.readlink("/" + path)))
-        elif stat.S_ISREG(mode) and not path.endswith(PARTIAL):
-            found.append(
-                Entry(path, "f", size=name.attrs.size or 0, mtime=name.attrs.mtime or 0, mode=mode & 0o777)
-            )
-    return found
 
 
 class Progress:
