@@ -166,7 +166,7 @@ class TestFileOnlySession:
     async def test_no_shell_and_no_command(self, setting: dict[str, Any]) -> None:
         options, where = await _ssh_options(setting, "data-a")
         done = await asyncio.to_thread(subprocess.run, ["ssh", *options, where, "id; cat /etc/hostname"], capture_output=True, env=setting["env"],
-                                       timeout=60, check=False)  # fmt: skip
+                                       timeout=180, check=False)  # fmt: skip
         assert done.returncode == 1 and NOT_A_SHELL in done.stderr.decode() and not done.stdout
 
     async def test_no_path_leads_outside_the_volume(self, setting: dict[str, Any]) -> None:
@@ -180,7 +180,7 @@ class TestFileOnlySession:
         options, where = await _ssh_options(setting, "data-a")
         batch = f"lcd {setting['home']}\nls /../../..\n-get /../../etc/hostname leaked1\n-get escape/hostname leaked2\n-get /escape/passwd leaked3\n"
         done = await asyncio.to_thread(subprocess.run, ["sftp", "-b", "-", *options, where], input=batch.encode(),
-                                       capture_output=True, env=setting["env"], timeout=60, check=False)  # fmt: skip
+                                       capture_output=True, env=setting["env"], timeout=180, check=False)  # fmt: skip
         assert done.returncode == 0, (
             done.stderr.decode()
         )  # each get fails ("-": and goes on): no /etc in the volume
@@ -191,13 +191,13 @@ class TestFileOnlySession:
         pulled = setting["home"] / "pulled"
         ssh = "ssh " + shlex.join(options)
         got = await asyncio.to_thread(subprocess.run, ["rsync", "-a", "-e", ssh, f"{where}:/../../etc/", f"{pulled}/"],
-                                      capture_output=True, env=setting["env"], timeout=60, check=False)  # fmt: skip
+                                      capture_output=True, env=setting["env"], timeout=180, check=False)  # fmt: skip
         assert got.returncode != 0 and not pulled.exists(), got
         source = setting["home"] / "tree"
         (source / "sub").mkdir(parents=True)
         (source / "sub" / "a.txt").write_text("rsync'd\n")
         pushed = await asyncio.to_thread(subprocess.run, ["rsync", "-a", "-e", ssh, f"{source}/", f"{where}:/synced/"],
-                                         capture_output=True, env=setting["env"], timeout=60, check=False)  # fmt: skip
+                                         capture_output=True, env=setting["env"], timeout=180, check=False)  # fmt: skip
         assert pushed.returncode == 0, pushed.stderr.decode()
         assert (root / "synced" / "sub" / "a.txt").read_text() == "rsync'd\n"
         assert (root / "synced" / "sub" / "a.txt").stat().st_uid == 1000
