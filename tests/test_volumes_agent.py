@@ -6,11 +6,9 @@ round trip through a real agent behind a real relay, its results applied by the 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import os
 import random
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -31,6 +29,7 @@ from tests.agents import FAST, enrolled_state, fast_timings
 from tests.apiclient import Api
 from tests.conftest import unmount_under
 from tests.helpers import eventually
+from tests.test_agent_runner import running
 from tests.test_volumes_api import lending_host
 
 LOOP = detect_loop_disks()
@@ -190,18 +189,6 @@ class Link:
         if self.relay is not None:
             await self.relay.close()
         await self.bus.close()
-
-
-@contextlib.asynccontextmanager
-async def running(agent: Agent) -> AsyncIterator[Agent]:
-    task = asyncio.create_task(agent.run())
-    try:
-        yield agent
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        await agent.close()
 
 
 async def only_command(api: Api, kind: str) -> Command:
