@@ -46,7 +46,7 @@ from master.api.table import ROUTES
 from master.models import Rental
 from master.services.accounts.sessions import CSRF_HEADER
 from shared.imageref import parse_image_reference
-from shared.protocol.commands import Env
+from shared.protocol import Env
 from tests import hostile
 from tests.apiclient import Api, bearer
 from tests.factories import create_principal
