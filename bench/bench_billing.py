@@ -37,7 +37,7 @@ from typing import Any
 from _common import Progress, describe_machine, fresh_database, record
 from sqlalchemy import func, insert, select
 
-from billing import invoices, ledger
+from billing import invoice_html, invoices, ledger
 from billing.rating import RatingPolicy, cumulative_cost, rate_open_rentals
 from master.db import Database
 from master.models import Account, Gpu, Host, LedgerAccount, LedgerEntry, LedgerTransaction, Rental
@@ -138,7 +138,7 @@ async def invoice_month(db: Database) -> tuple[float, int, Decimal]:
     for account_id, role in accounts:
         async with db.session() as session:
             doc = await invoices.document(session, admin, f"{'inv' if role == 'renter' else 'stm'}-2026-11-{account_id}")
-            invoices.render_html(doc)
+            invoice_html.render_html(doc)
         if role == "renter":
             total += Decimal(doc["total_charged"])
     return time.perf_counter() - started, len(accounts), total

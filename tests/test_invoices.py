@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
-from billing import credits, invoices, ledger
+from billing import credits, invoice_html, invoices, ledger
 from billing.payouts import payout_pass
 from billing.rating import rate_open_rentals
 from master.models import Account, LedgerEntry, LedgerTransaction, Rental
@@ -371,5 +371,5 @@ class TestHtml:
 
     def test_cents_never_show_minus_zero(self) -> None:
         """A credit of less than half a cent shows as 0.00, not -0.00; halves round to even."""
-        assert invoices.format_cents("-0.004") == "0.00"
-        assert (invoices.format_cents("0.005"), invoices.format_cents("0.015"), invoices.format_cents("1234.5")) == ("0.00", "0.02", "1,234.50")
+        assert invoice_html.format_cents("-0.004") == "0.00"
+        assert (invoice_html.format_cents("0.005"), invoice_html.format_cents("0.015"), invoice_html.format_cents("1234.5")) == ("0.00", "0.02", "1,234.50")

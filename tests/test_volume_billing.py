@@ -20,7 +20,8 @@ from sqlalchemy import select
 
 from billing import credits, ledger
 from billing.enforce import enforcement_pass, has_credit_for_volume, month_spent
-from billing.invoices import invoice, render_html, statement
+from billing.invoice_html import render_html
+from billing.invoices import invoice, statement
 from billing.jobs import JOBS, Job
 from billing.volumes import rate_open_volumes
 from gpumarket.mailsink import MailSink

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from billing import invoices
+from billing import invoice_html, invoices
 from master.api.base import API, QueryParam, Route, str_query
 from master.api.keys import MASTER
 from master.api.middleware import principal
@@ -41,7 +41,7 @@ async def get_invoice(request: web.Request) -> web.Response:
     async with request.app[MASTER].db.session() as session:
         doc = await invoices.document(session, principal(request), request.match_info["invoice_id"])
     if wanted == "html":
-        return web.Response(text=invoices.render_html(doc), content_type="text/html", charset="utf-8", headers=HTML_HEADERS)
+        return web.Response(text=invoice_html.render_html(doc), content_type="text/html", charset="utf-8", headers=HTML_HEADERS)
     return web.json_response(doc, headers={"Cache-Control": "private, no-store"})
 
 
