@@ -11,7 +11,7 @@ import pytest
 from gpumarket.cli import build_parser
 from gpumarket.renter.api import UsageError
 from gpumarket.renter.clusters import cluster_body
-from gpumarket.renter.commands import rental_body
+from gpumarket.renter.renting import rental_body
 from gpumarket.renter.services import service_body
 
 

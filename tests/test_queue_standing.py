@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from gpumarket.renter.commands import _progress_line
+from gpumarket.renter.renting import _progress_line
 from master.services import queue as rental_queue
 from tests.apiclient import RTX, Api
 

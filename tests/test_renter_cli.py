@@ -25,7 +25,7 @@ from sqlalchemy import select, update
 
 from gpumarket.cli import main
 from gpumarket.renter import api as api_module
-from gpumarket.renter import commands, outcome, output
+from gpumarket.renter import outcome, output, renting
 from master.models import Command, Gpu, HostListing, Rental
 from master.services.rentals import lifecycle as rental_lifecycle
 from master.telemetry import hosts
@@ -44,7 +44,7 @@ def database_url(tmp_path: Path) -> str:
 
 @pytest.fixture(autouse=True)
 def fast_polls(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(commands, "POLL_INTERVAL_S", 0.05)
+    monkeypatch.setattr(renting, "POLL_INTERVAL_S", 0.05)
 
 
 class Cli:
@@ -392,7 +392,7 @@ class TestRent:
                 assert path == "/rentals/r-1"
                 return next(answers)
 
-        rental = await commands.wait_for(Client(), "r-1", ("running",))  # type: ignore[arg-type]
+        rental = await renting.wait_for(Client(), "r-1", ("running",))  # type: ignore[arg-type]
         assert rental["state"] == "running"
         lines = [line.split("] ", 1)[1] for line in capsys.readouterr().err.splitlines()]
         assert lines == ["r-1: starting: start command sent", "r-1: running: agent confirmed the workload started"]

@@ -17,17 +17,15 @@ from typing import Any
 from gpumarket.renter.api import ApiError, Client, CliError, UsageError
 from gpumarket.renter.commands import (
     TEMPLATES_HINT,
-    add_volume_option,
     all_pages,
     command_group,
-    container_workload,
     finish,
     listed_already,
     set_command,
-    wait_for,
 )
 from gpumarket.renter.options import add_network_bounds, common_options, network_bounds, positive_int, usd
 from gpumarket.renter.output import err, event_lines, money, money_column, print_json, short_time, table
+from gpumarket.renter.renting import add_volume_option, container_workload, wait_for
 from gpumarket.renter.sshcmds import add_ssh_options, cmd_ssh
 
 ACTIVE_CLUSTER_STATES = ("pending", "starting", "running", "degraded", "stopping")

@@ -1,6 +1,6 @@
 """The renter's commands (``gpumarket login | offers | rent | rentals | logs | stop | account``) and their parsers.
 
-``offers`` lives in ``offers.py``; what every command writes (errors, tables, amounts, JSON) in ``output.py``; the
+``offers`` lives in ``offers.py``; what ``rent`` asks for and the wait until it runs in ``renting.py``; what every command writes (errors, tables, amounts, JSON) in ``output.py``; the
 argument types and option groups they share in ``options.py``; ``cluster``, ``service``, ``credit``, ``ssh`` and
 the file copies in modules of their own. Each command is a coroutine over a ``Client``; ``run`` turns a ``CliError`` into one line on
 stderr and its exit status, and execs the program a command left in ``args.exec_argv`` (``ssh``). Tables go to stdout, progress to stderr, ``--json`` prints the API's JSON.
@@ -14,15 +14,14 @@ import contextlib
 import dataclasses
 import getpass
 import os
-import shlex
 import socket
 import sys
-import time
 import uuid
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpumarket.renter import renting
 from gpumarket.renter.api import (
     ApiError,
     Client,
@@ -46,9 +45,8 @@ from gpumarket.renter.options import (
 )
 from gpumarket.renter.outcome import ENDED_STATES, failed, print_rental_outcome
 from gpumarket.renter.output import err, money, money_column, print_json, short_time, table
+from gpumarket.renter.renting import add_interruptible_options, add_volume_option, rental_body, wait_for
 
-# How often `rent`, `stop --wait` and `logs -f` ask the API again.
-POLL_INTERVAL_S = 1.0
 # Rentals fetched per page, and pages at most, for `rentals`.
 PAGE_SIZE, MAX_PAGES = 500, 20
 ACTIVE_STATES = ("pending", "starting", "running", "stopping")
@@ -193,144 +191,9 @@ async def cmd_login(args: argparse.Namespace, environ: Mapping[str, str]) -> int
 # ---- rent ---------------------------------------------------------------------------------------
 
 
-def _env_pairs(pairs: Sequence[str]) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
-            raise UsageError(f"--env takes NAME=VALUE, not {pair!r}")
-        env[name] = value
-    return env
-
-
-def container_workload(image: str, *, command: str | None = None, ports: Sequence[int] = (), env: Sequence[str] = ()) -> dict[str, Any]:
-    """The container workload of ``--image`` and its options: ``--command`` split into words as a shell would,
-    ``--port`` (repeatable), ``--env NAME=VALUE`` (repeatable)."""
-    workload: dict[str, Any] = {"kind": "container", "image": image}
-    if command:
-        workload["command"] = shlex.split(command)
-    if ports:
-        workload["ports"] = list(ports)
-    if env:
-        workload["env"] = _env_pairs(env)
-    return workload
-
-
-def interruptible_fields(args: argparse.Namespace, what: str) -> dict[str, str]:
-    """``{"kind": "interruptible", "bid": ...}`` for ``--interruptible --bid USD``, ``{}`` for neither; ``UsageError`` for one alone."""
-    if not (args.interruptible or args.bid):
-        return {}
-    if not (args.interruptible and args.bid):
-        raise UsageError(f"{what} needs both --interruptible and --bid USD (per GPU-hour)")
-    return {"kind": "interruptible", "bid": args.bid}
-
-
-def add_interruptible_options(parser: argparse.ArgumentParser, what: str) -> None:
-    """``--interruptible`` and ``--bid USD``, read by ``interruptible_fields``."""
-    parser.add_argument("--interruptible", action="store_true", help="cheaper, but preempted by on-demand rentals and higher bids (needs --bid)")
-    parser.add_argument("--bid", type=usd, metavar="USD", help=f"the most you pay per GPU-hour for {what}: "
-                        "at least the host's minimum bid; you are charged the lower of the bid and the GPU's on-demand price")  # fmt: skip
-
-
-def volume_mount(text: str) -> dict[str, Any]:
-    """``--volume NAME:/MOUNT[:ro]`` as a request's volume entry (``{"name" | "id", "mount", "read_only"}``)."""
-    name, sep, rest = text.partition(":")
-    mount, _, flag = rest.partition(":")
-    if not name or not sep or not mount.startswith("/") or flag not in ("", "ro", "rw"):
-        raise argparse.ArgumentTypeError(f"--volume takes NAME:/MOUNT or NAME:/MOUNT:ro, e.g. data:/data, not {text!r:.80}")
-    entry: dict[str, Any] = {"id" if name.startswith("vol-") else "name": name, "mount": mount}
-    if flag == "ro":
-        entry["read_only"] = True
-    return entry
-
-
-def add_volume_option(parser: argparse.ArgumentParser, what: str) -> None:
-    """``--volume NAME:/MOUNT[:ro]`` (repeatable), read as ``args.volume``: the renter's volumes ``what`` mounts."""
-    parser.add_argument("--volume", type=volume_mount, action="append", default=[], metavar="NAME:/MOUNT[:ro]",
-                        help=f"mount one of your volumes (`gpumarket volume list`) in {what}, read-only with :ro; "
-                        "it then runs on the volume's host (repeatable; docs/volumes.md)")  # fmt: skip
-
-
-def rental_body(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``POST /rentals`` body of ``gpumarket rent``'s options; ``UsageError`` for options that do not go together."""
-    body: dict[str, Any] = {"gpu_count": args.gpus}
-    if args.mig:
-        if args.gpus != 1:
-            raise UsageError("--mig rents one MIG instance: leave out --gpus")
-        body["mig_profile"] = args.mig
-    if args.offer_id:
-        if args.model or args.max_price or args.where:
-            raise UsageError("an OFFER_ID names host and model already: leave out --model, --max-price and --where")
-        body["offer_id"] = args.offer_id
-    if args.model:
-        body["gpu_model"] = args.model
-    requirements = [args.where] if args.where else []
-    if args.max_price:
-        requirements.append(f"price<={args.max_price}")
-    if requirements:
-        body["requirements"] = " ".join(requirements)
-    container_only = [n for n, v in (("--command", args.command), ("--port", args.port), ("--env", args.env)) if v]
-    if container_only and not args.image:
-        verb = "goes" if len(container_only) == 1 else "go"
-        raise UsageError(f"{', '.join(container_only)} {verb} with --image (a template brings its own)")
-    if args.template:
-        body["template"] = args.template
-    elif args.image:
-        body["workload"] = container_workload(args.image, command=args.command, ports=args.port, env=args.env)
-    else:
-        body["workload"] = {"kind": "hold"}
-    if args.volume:
-        if not args.image and not args.template:
-            raise UsageError("--volume mounts into a container: add --template or --image (a hold runs nothing to mount it in)")
-        body["volumes"] = args.volume
-    body.update(interruptible_fields(args, "an interruptible rental"))
-    if args.queue:
-        body["queue"] = True
-    return body
-
-
 def _queued_note(rental: Mapping[str, Any]) -> str:
     standing = rental.get("queue") or {}
     return f" (queued {standing['position']}/{standing['length']})" if standing else " (queued)"
-
-
-def _progress_line(rental: Mapping[str, Any], state: str, cause: str | None, started: float) -> str:
-    line = f"[{time.monotonic() - started:4.0f}s] {rental['id']}: {state}"
-    if rental.get("queued"):
-        standing = rental.get("queue") or {}
-        line += f" ({standing.get('message') or 'queued: waiting for GPUs'})"
-    return f"{line}: {cause}" if cause else line
-
-
-async def wait_for(
-    client: Client, rental_id: str, until: tuple[str, ...], *, quiet: bool = False,
-    collection: str = "rentals", ended: tuple[str, ...] = ENDED_STATES,
-) -> dict[str, Any]:
-    """Poll the rental (or a cluster: ``collection="clusters"`` with its ``ended`` states) until its state is one of
-    ``until`` or ``ended``; on stderr, a progress line for each new event (its state and cause: ``starting: workload
-    pulling: ... (45%)``), or for a new state without one.
-
-    Cancelling it is safe: the rental is not touched.
-    """
-    started = time.monotonic()
-    seen: int | None = None  # events already shown; None: the first poll shows the newest only
-    last_state = None
-    while True:
-        rental: dict[str, Any] = await client.get(f"/{collection}/{rental_id}")
-        events: list[dict[str, Any]] = rental.get("events") or []
-        fresh = events[-1:] if seen is None else events[seen:]
-        seen = len(events)
-        if not quiet:
-            for event in fresh:
-                err(_progress_line(rental, event.get("to") or rental["state"], event.get("cause"), started))
-            if not fresh and rental["state"] != last_state:
-                err(_progress_line(rental, rental["state"], None, started))
-        # The state shown last: a poll can see an event before the rental's own state has moved to it (the answer's
-        # two reads straddled the change); the next poll's state is then no news.
-        last_state = (fresh[-1].get("to") or rental["state"]) if fresh else rental["state"]
-        if rental["state"] in until or rental["state"] in ended:
-            return rental
-        await asyncio.sleep(POLL_INTERVAL_S)
 
 
 async def cmd_rent(args: argparse.Namespace, client: Client) -> int:
@@ -435,7 +298,7 @@ async def cmd_logs(args: argparse.Namespace, client: Client) -> int:
             continue
         if not args.follow or body["state"] in ENDED_STATES:
             return 0
-        await asyncio.sleep(POLL_INTERVAL_S)
+        await asyncio.sleep(renting.POLL_INTERVAL_S)
 
 
 async def cmd_stop(args: argparse.Namespace, client: Client) -> int:

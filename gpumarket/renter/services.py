@@ -15,17 +15,19 @@ from typing import Any
 from gpumarket.renter.api import Client, UsageError
 from gpumarket.renter.commands import (
     TEMPLATES_HINT,
-    add_interruptible_options,
-    add_volume_option,
     all_pages,
     command_group,
-    container_workload,
     finish,
-    interruptible_fields,
     listed_already,
 )
 from gpumarket.renter.options import non_negative_int, port, positive_int, usd
 from gpumarket.renter.output import err, event_lines, money, money_column, print_json, short_time, table
+from gpumarket.renter.renting import (
+    add_interruptible_options,
+    add_volume_option,
+    container_workload,
+    interruptible_fields,
+)
 
 # The rule a service gets when only cooldowns are given (the API's own default when no rule is: 4 in flight per replica).
 DEFAULT_TARGET_INFLIGHT = 4.0

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from gpumarket.renter import commands
+from gpumarket.renter import renting
 from gpumarket.renter.api import Client, CliError
 from gpumarket.renter.commands import all_pages, command_group, finish, listed_already
 from gpumarket.renter.options import positive_int
@@ -66,7 +66,7 @@ async def wait_ready(client: Client, volume: dict[str, Any], *, quiet: bool) -> 
         if not quiet and (shown == 0.0 or waited - shown >= 5):
             err(f"waiting for {_where(volume)} to make volume {volume['name']} ({waited:.0f} s)")
             shown = max(waited, 0.001)
-        await asyncio.sleep(commands.POLL_INTERVAL_S)
+        await asyncio.sleep(renting.POLL_INTERVAL_S)
         volume = await client.get(f"/volumes/{volume['id']}")
     return volume
 
