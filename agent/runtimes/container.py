@@ -26,8 +26,9 @@ a ``kill -9`` up to a second of output may appear twice, none is lost while the 
 The same handle notices the exit (the stream ends, the engine's state says so) and its code.
 
 Facts for the host's hello: ``facts()`` (the engine's name and version, or why none answers;
-the network guard's state). The create body is ``agent.runtimes.containerconfig``'s; whether the engine
-bounds the writable layer, and what a container wrote there, ``agent.runtimes.layerquota``'s.
+the network guard's state). The image's policy check and pull are ``agent.runtimes.containerimages``'; the create
+body is ``agent.runtimes.containerconfig``'s; whether the engine bounds the writable layer, and what a container
+wrote there, ``agent.runtimes.layerquota``'s.
 
 Lifetime: ``stop``/exit removes the container and its network; the volume stays until
 ``forget_volume`` (the rental is forgotten). ``sweep`` removes this owner's containers,
@@ -58,6 +59,7 @@ from aiodocker.exceptions import DockerError
 from agent.runtimes.base import Workload
 from agent.runtimes.ceilings import DiskQuota
 from agent.runtimes.containerconfig import VolumeBind, create_body
+from agent.runtimes.containerimages import check_image, pull_image
 from agent.runtimes.containerlogs import ContainerHandle
 from agent.runtimes.containeropts import (
     DEFAULT_SOCKET,
@@ -79,17 +81,12 @@ from agent.runtimes.netns import NamespaceUnavailable, connect_in_namespace
 from agent.runtimes.registry_login import SealedLogin
 from shared.ceilings import Ceilings
 from shared.errors import BadRequest
-from shared.imageref import ImageReference, image_allowed, parse_image_reference
+from shared.imageref import ImageReference
 from shared.protocol import ContainerWorkload, GpuShare
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-DOCKER_HUB_INDEX = "https://index.docker.io/v1/"
-# What registries (through the engine) answer a pull they refuse: the renter's login, or the renter's image name.
-_REFUSED_LOGIN = ("unauthorized", "authentication required", "no basic auth credentials", "access denied", "denied:",
-                  "incorrect username or password")  # fmt: skip
-_UNKNOWN_IMAGE = ("manifest unknown", "name unknown", "not found: manifest")
 # What runc (through the engine) says when the container's program cannot be executed: `exec: "x": executable file not
 # found in $PATH`, `exec: "/x": stat /x: no such file or directory`, `exec: "/x": permission denied`.
 _PROGRAM_NOT_EXECUTABLE = "unable to start container process: exec:"
@@ -99,17 +96,6 @@ def start_failure_code(message: str) -> str:
     """The stable code of a container the engine would not start: ``program_not_executable`` when the OCI runtime
     could not execute the image's program (the renter's command or entrypoint), else ``workload_start_failed``."""
     return "program_not_executable" if _PROGRAM_NOT_EXECUTABLE in message else "workload_start_failed"
-
-
-def pull_failure_code(message: str) -> str:
-    """The stable code of a failed pull: ``registry_auth_failed`` (the registry refused the login, or wants one),
-    ``image_not_found`` (it has no such image or tag) — both the renter's — else ``image_pull_failed``."""
-    lowered = message.lower()
-    if any(words in lowered for words in _REFUSED_LOGIN):
-        return "registry_auth_failed"
-    if any(words in lowered for words in _UNKNOWN_IMAGE):
-        return "image_not_found"
-    return "image_pull_failed"
 
 
 class ContainerRuntime:
@@ -201,17 +187,8 @@ class ContainerRuntime:
     # ---- images -------------------------------------------------------------------------
 
     def check_image(self, image: str) -> ImageReference:
-        try:
-            reference = parse_image_reference(image)
-        except ValueError as exc:
-            raise BadRequest(str(exc), code="bad_workload_spec") from None
-        if not image_allowed(reference, self.options.allowed_images):
-            raise BadRequest(
-                f"image {reference.canonical} is not allowed on this host: its provider runs only "
-                f"{', '.join(self.options.allowed_images)}",
-                code="image_not_allowed",
-            )
-        return reference
+        """``image`` parsed and allowed by this host's policy, else ``BadRequest`` (``containerimages.check_image``)."""
+        return check_image(image, self.options.allowed_images)
 
     async def prepare(self, rental_id: str, spec: ContainerWorkload, registry_auth: SealedLogin | None = None) -> PreparedImage:
         """Check the image against the policy, pull it when it is not here (reporting progress), check its size.
@@ -266,39 +243,13 @@ class ContainerRuntime:
             raise self.unavailable(exc) from None
 
     async def _pull(self, rental_id: str, image: str, reference: ImageReference, registry_auth: SealedLogin | None = None) -> None:
-        await self._progress(rental_id, "pulling", f"pulling {reference.canonical}", None)
-        layers: dict[str, tuple[int, int]] = {}
-        last = 0.0
-        auth: dict[str, Any] | None = None
-        if registry_auth is not None:
-            login = registry_auth.open()  # here, for this pull only
-            # With a login the engine wants the registry named (Docker Hub's own, its index URL).
-            server = DOCKER_HUB_INDEX if login.server == "docker.io" else login.server
-            auth = {"username": login.username, "password": login.password, "serveraddress": server}
-            image = reference.canonical
+        async def progress(stage: ProgressStage, text: str, percent: float | None) -> None:
+            await self._progress(rental_id, stage, text, percent)
+
         try:
-            async with asyncio.timeout(self.options.pull_timeout):
-                async for event in self.docker().images.pull(image, auth=auth, stream=True):
-                    if "error" in event:
-                        raise DockerError(500, str(event.get("error")))
-                    detail = event.get("progressDetail") or {}
-                    layer = event.get("id")
-                    if layer and isinstance(detail.get("total"), int) and event.get("status") == "Downloading":
-                        layers[str(layer)] = (int(detail.get("current") or 0), int(detail["total"]))
-                    now = time.monotonic()
-                    if now - last >= self.options.progress_interval:
-                        last = now
-                        total = sum(t for _, t in layers.values())
-                        percent = round(100.0 * sum(c for c, _ in layers.values()) / total, 1) if total else None
-                        text = f"pulling {reference.canonical}: {event.get('status', '')}"[:512]
-                        await self._progress(rental_id, "pulling", text, percent)
-        except TimeoutError:
-            raise BadRequest(f"pulling {reference.canonical} took longer than {self.options.pull_timeout:g}s", code="image_pull_failed") from None
-        except DockerError as exc:
-            raise BadRequest(f"cannot pull {reference.canonical}: {exc.message}", code=pull_failure_code(str(exc.message))) from None
+            await pull_image(self.docker(), self.options, image, reference, registry_auth, progress)
         except (aiohttp.ClientError, OSError) as exc:
             raise self.unavailable(exc) from None
-        await self._progress(rental_id, "pulled", f"pulled {reference.canonical}", 100.0)
 
     async def _progress(self, rental_id: str, stage: ProgressStage, text: str, percent: float | None) -> None:
         if self.on_progress is None:
