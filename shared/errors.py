@@ -9,6 +9,7 @@ one table in ``shared.protocol``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -104,6 +105,14 @@ class ConfigError(GpumarketError, ValueError):
     """A setting is missing or invalid; the message names the setting."""
 
     code = "config_error"
+
+    @classmethod
+    def check_bounds(cls, what: str, bounds: Iterable[tuple[str, float, float, float]]) -> None:
+        """Raise one naming the first ``(name, value, low, high)`` whose value lies outside ``[low, high]``
+        (``what``: whose settings, e.g. ``"container setting"``)."""
+        for name, value, low, high in bounds:
+            if not low <= value <= high:
+                raise cls(f"{what} {name}={value!r} must lie between {low:g} and {high:g}")
 
 
 class ProtocolError(GpumarketError, ValueError):

@@ -9,14 +9,16 @@ renter's volumes it mounts (``VolumeBind``: each a mounted filesystem of ``agent
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from agent.runtimes.containeropts import WORKSPACE, ContainerOptions, PreparedImage
 from agent.runtimes.process import share_environment
 from shared.ceilings import Ceilings
-from shared.protocol import ContainerWorkload, GpuShare
+from shared.errors import BadRequest
+from shared.protocol import ContainerWorkload, GpuShare, VolumeMount
 
 
 class VolumeBind(NamedTuple):
@@ -25,6 +27,26 @@ class VolumeBind(NamedTuple):
     source: Path
     target: str
     read_only: bool
+
+
+class VolumePaths(Protocol):
+    """The renter's volumes on this host (``agent/volumes.py``'s ``VolumeStore``): where each is mounted."""
+
+    def path(self, volume_id: str) -> Path:
+        """The volume's mounted filesystem; raises ``BadRequest`` (``volume_not_found``) when it is not here."""
+        ...
+
+
+async def volume_binds(volumes: VolumePaths | None, mounts: Sequence[VolumeMount]) -> list[VolumeBind]:
+    """Where each of ``mounts`` lies on this host (mounted again if a restart or a reboot left it unmounted), as the
+    container's binds; ``BadRequest`` (``volume_not_found``) for one that is not here (``None``: this host keeps none)."""
+
+    def path(volume_id: str) -> Path:
+        if volumes is None:
+            raise BadRequest(f"volume {volume_id} is not on this host: it keeps no volumes", code="volume_not_found")
+        return volumes.path(volume_id)
+
+    return [VolumeBind(await asyncio.to_thread(path, mount.volume_id), mount.mount, mount.read_only) for mount in mounts]
 
 
 def create_body(

@@ -64,7 +64,7 @@ class ContainerOptions:
     def __post_init__(self) -> None:
         if not isinstance(self.owner, str) or not 1 <= len(self.owner) <= 256 or not self.owner.isprintable():
             raise ConfigError("container owner must be 1-256 printable characters (the agent's host id)")
-        for name, value, low, high in (
+        ConfigError.check_bounds("container setting", (
             ("default_pids_limit", self.default_pids_limit, 16, 1 << 22),
             ("default_shm_mib", self.default_shm_mib, 1, 1 << 20),
             ("subnet_prefix", self.subnet_prefix, 16, 29),
@@ -73,16 +73,13 @@ class ContainerOptions:
             ("engine_timeout", self.engine_timeout, 0.1, 600.0),
             ("progress_interval", self.progress_interval, 0.01, 60.0),
             ("retry_interval", self.retry_interval, 0.01, 60.0),
-        ):
-            if not low <= value <= high:
-                raise ConfigError(f"container setting {name}={value!r} must lie between {low:g} and {high:g}")
-        for name, optional, low, high in (
+        ))
+        optional = (
             ("max_image_mib", self.max_image_mib, 1, 1 << 30),
             ("default_memory_mib", self.default_memory_mib, 6, 1 << 30),
             ("default_cpu_cores", self.default_cpu_cores, 0.01, 4096),
-        ):
-            if optional is not None and not low <= optional <= high:
-                raise ConfigError(f"container setting {name}={optional!r} must lie between {low:g} and {high:g}")
+        )
+        ConfigError.check_bounds("container setting", ((n, v, low, high) for n, v, low, high in optional if v is not None))
         try:
             pool = ipaddress.ip_network(self.subnet_pool)
         except ValueError as exc:

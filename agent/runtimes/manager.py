@@ -38,26 +38,14 @@ import logging
 import shutil
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from agent.gpu.base import GpuBackend
-from agent.runtimes.base import (
-    ExitCallback,
-    RentalAccess,
-    Runtime,
-    Workload,
-    check_rental_id,
-    now_iso,
-)
+from agent.runtimes.base import ExitCallback, RentalAccess, Runtime, Workload, check_rental_id, now_iso
 from agent.runtimes.ceilings import CeilingPolicy
-from agent.runtimes.cgroups import (
-    CgroupLimiter,
-    CgroupSupport,
-    cgroup_limiter,
-    detect_cgroup_support,
-)
+from agent.runtimes.cgroups import CgroupLimiter, CgroupSupport, cgroup_limiter, detect_cgroup_support
 from agent.runtimes.container import ContainerRuntime
-from agent.runtimes.containerconfig import VolumeBind
+from agent.runtimes.containerconfig import VolumePaths, volume_binds
 from agent.runtimes.containeropts import ContainerFacts, ContainerOptions, ProgressCallback
 from agent.runtimes.gpuclaims import check_gpus, show_load
 from agent.runtimes.hold import HoldRuntime
@@ -68,6 +56,7 @@ from agent.runtimes.pids import ProcessHandle
 from agent.runtimes.process import ProcessRuntime
 from agent.runtimes.registry import Registry
 from agent.runtimes.registry_login import SealedLogin
+from agent.runtimes.starts import StartsInFlight
 from agent.runtimes.teardown import clean_up, terminate
 from agent.runtimes.users import RentalUsers
 from shared.ceilings import Ceilings
@@ -85,14 +74,6 @@ from shared.protocol import (
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-class VolumePaths(Protocol):
-    """The renter's volumes on this host (``agent/volumes.py``'s ``VolumeStore``): where each is mounted."""
-
-    def path(self, volume_id: str) -> Path:
-        """The volume's mounted filesystem; raises ``BadRequest`` (``volume_not_found``) when it is not here."""
-        ...
 
 
 class WorkloadManager:
@@ -128,16 +109,14 @@ class WorkloadManager:
         max_log_bytes: int = 64 << 20,
         max_read_bytes: int = 1 << 20,
     ) -> None:
-        for name, value, low, high in (
+        ConfigError.check_bounds("workload setting", (
             ("stop_timeout", stop_timeout, 0.0, 3600.0),
             ("kill_timeout", kill_timeout, 0.01, 600.0),
             ("check_interval", check_interval, 0.001, 60.0),
             ("disk_check_interval", disk_check_interval, 0.01, 3600.0),
             ("max_log_bytes", max_log_bytes, 16 << 10, 1 << 40),
             ("max_read_bytes", max_read_bytes, 1, 64 << 20),
-        ):
-            if not low <= value <= high:
-                raise ConfigError(f"workload setting {name}={value!r} must lie between {low:g} and {high:g}")
+        ))
         self.work_dir = work_dir
         self.backend = backend
         self.on_exit = on_exit
@@ -155,8 +134,7 @@ class WorkloadManager:
         self._tasks: set[asyncio.Task[Any]] = set()  # watchers, reports, clean-ups: cancelled by close()
         self._stops: set[asyncio.Task[Any]] = set()  # stops in flight: awaited by close()
         self._pending: dict[str, Workload] = {}  # container starts in flight: their GPUs are taken
-        self._start_locks: dict[str, asyncio.Lock] = {}
-        self._pulls: dict[str, asyncio.Task[Any]] = {}  # image checks and pulls in flight: a stop cancels them
+        self._starts = StartsInFlight()  # a lock per container start, its image's pull: a stop cancels it
         self._resumed = False
         self._closed = False
         self._network: RentalNetworkFacts | None = None
@@ -319,14 +297,8 @@ class WorkloadManager:
                 code="container_runtime_unavailable",
             )
         self.containers.check_image(spec.image)  # a refusal by policy needs no engine
-        lock = self._start_locks.setdefault(rental_id, asyncio.Lock())
-        try:
-            async with lock:
-                return await self._start_container_locked(rental_id, gpu_uuids, spec, share, registry_auth, preempts, before_start,
-                                                          volumes)  # fmt: skip
-        finally:
-            if not lock.locked() and self._start_locks.get(rental_id) is lock:
-                del self._start_locks[rental_id]
+        async with self._starts.one_at_a_time(rental_id):
+            return await self._start_container_locked(rental_id, gpu_uuids, spec, share, registry_auth, preempts, before_start, volumes)
 
     async def _start_container_locked(
         self, rental_id: str, gpu_uuids: list[str], spec: ContainerWorkload, share: GpuShare | None, registry_auth: SealedLogin | None,
@@ -337,23 +309,13 @@ class WorkloadManager:
         if existing is not None:
             return self._already_running(existing)
         gpus = self._check_gpus(gpu_uuids, share, ignoring=preempts)
-        binds = [VolumeBind(await asyncio.to_thread(self._volume_path, v.volume_id), v.mount, v.read_only) for v in volumes]
+        binds = await volume_binds(self.volumes, volumes)
         ceilings = self._ceilings_of(spec, gpus, share)
         workload = Workload(rental_id, "container", gpus, now_iso(), share=share, disk_gib=ceilings.disk_gib)
         self._pending[rental_id] = workload  # its GPUs are taken while the image comes and the container starts
         pull = self._own(self.containers.prepare(rental_id, spec, registry_auth), name=f"workload-{rental_id}-image")
-        self._pulls[rental_id] = pull
         try:
-            try:
-                image = await pull
-            except asyncio.CancelledError:
-                current = asyncio.current_task()
-                if pull.cancelled() and current is not None and not current.cancelling():
-                    self._check_open()  # close() cancelled it: the agent is shutting down
-                    raise Conflict(f"rental {rental_id} was stopped while its image was being pulled", code="workload_stopped") from None
-                raise
-            finally:
-                self._pulls.pop(rental_id, None)
+            image = await self._starts.image(rental_id, pull, check_open=self._check_open)
             self._check_open()
             if before_start is not None:
                 await before_start()  # the image is here: only now do the preempted workloads go
@@ -368,12 +330,6 @@ class WorkloadManager:
         self._show_load()
         log.info("rental %s started (container %s, image %s, %d GPU)", rental_id, result["container"], spec.image, len(gpus))
         return result
-
-    def _volume_path(self, volume_id: str) -> Path:
-        """Where the volume is mounted on this host (mounted again if a restart or a reboot left it unmounted)."""
-        if self.volumes is None:
-            raise BadRequest(f"volume {volume_id} is not on this host: it keeps no volumes", code="volume_not_found")
-        return self.volumes.path(volume_id)
 
     def _already_running(self, workload: Workload) -> dict[str, Any]:
         if workload.stop_task is not None:
@@ -449,7 +405,7 @@ class WorkloadManager:
 
     def _owns(self, rental_id: str) -> bool:
         """Whether a container, network or volume of ``rental_id`` belongs to a workload of ours (running or starting)."""
-        return rental_id in self._workloads or rental_id in self._pending or rental_id in self._start_locks
+        return rental_id in self._workloads or rental_id in self._pending or rental_id in self._starts
 
     async def _report_exit(self, rental_id: str) -> None:
         if rental_id not in self._unreported:
@@ -492,13 +448,7 @@ class WorkloadManager:
         self._check_open()
         check_rental_id(rental_id)
         await self.resume()
-        starting = self._start_locks.get(rental_id)
-        if starting is not None:
-            pull = self._pulls.get(rental_id)
-            if pull is not None:
-                pull.cancel()  # the start then fails with "workload_stopped"
-            async with starting:  # a container still being made: stop it once started
-                pass
+        await self._starts.stop(rental_id)  # a pull still running is cancelled; a container still being made is stopped once made
         workload = self._workloads.get(rental_id)
         if workload is None:
             return {"already_stopped": True}
@@ -626,13 +576,9 @@ class WorkloadManager:
         if loaded is None:
             return
         alive, dead, unreported = loaded
-        for workload in alive:
-            self._workloads[workload.rental_id] = workload
-            log.info("rental %s: adopted its %s workload (pid %s)", workload.rental_id, workload.kind, workload.pid)
-        for workload, exit_code in dead:  # never touch a pid that may name another process by now
-            self._unreported[workload.rental_id] = exit_code
-            self._dead_at_load.append(workload)
-            log.info("rental %s: its workload (pid %s) ended while the agent was down", workload.rental_id, workload.pid)
+        self._workloads.update((workload.rental_id, workload) for workload in alive)
+        self._unreported.update((workload.rental_id, exit_code) for workload, exit_code in dead)
+        self._dead_at_load.extend(workload for workload, _ in dead)  # never touch a pid that may name another process by now
         for rental_id, exit_code in unreported.items():
             self._unreported.setdefault(rental_id, exit_code)
         if alive:

@@ -58,7 +58,8 @@ class Registry:
     def adopt(self) -> tuple[list[Workload], list[tuple[Workload, int | None]], dict[str, int | None]] | None:
         """What ``load`` found, split: the workloads still alive and genuinely the same (a pid-less one, a hold or a
         container, always), those that ended while the agent was down or whose pid now names another process, with
-        their exit code where this agent can still reap it, and the unreported exits. ``None``: no registry yet."""
+        their exit code where this agent can still reap it, and the unreported exits (each workload logged at INFO). ``None``: no
+        registry yet."""
         loaded = self.load()
         if loaded is None:
             return None
@@ -68,8 +69,10 @@ class Registry:
         for workload in workloads:
             if workload.pid is None or (workload.start_time is not None and process_start_time(workload.pid) == workload.start_time):
                 alive.append(workload)
+                log.info("rental %s: adopted its %s workload (pid %s)", workload.rental_id, workload.kind, workload.pid)
             else:
                 dead.append((workload, reap_if_ours(workload.pid, workload.start_time)))
+                log.info("rental %s: its workload (pid %s) ended while the agent was down", workload.rental_id, workload.pid)
         return alive, dead, unreported
 
     def save(self, workloads: Mapping[str, Workload], unreported: Mapping[str, int | None]) -> None:
