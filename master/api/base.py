@@ -184,6 +184,25 @@ def choice_query(request: web.Request, name: str, allowed: tuple[str, ...]) -> s
     return raw
 
 
+def idempotency_key(request: web.Request) -> str | None:
+    """The request's ``Idempotency-Key`` header (None: none sent) for a create that must happen once; 400
+    ``invalid_idempotency_key`` unless it is 1 to 255 characters."""
+    key = request.headers.get("Idempotency-Key")
+    if key is not None and not 1 <= len(key) <= 255:
+        raise BadRequest("Idempotency-Key must be 1 to 255 characters", code="invalid_idempotency_key")
+    return key
+
+
+def refuse_template_with_workload(template: str | None, given: set[str]) -> None:
+    """422 ``template_and_workload`` when a create names a ``template`` and also sent a ``workload`` (``given``: the
+    body's fields that were sent)."""
+    if template is not None and "workload" in given:
+        raise ValidationFailed(
+            "give either template (a name from GET /api/v1/templates) or workload, not both",
+            code="template_and_workload", details={"problems": [{"field": "template", "problem": "excludes workload"}]},
+        )
+
+
 def page(request: web.Request) -> tuple[int, int]:
     return int_query(request, "limit", 50, minimum=1, maximum=500), int_query(request, "offset", 0, minimum=0, maximum=10**9)
 

@@ -17,10 +17,12 @@ from master.api.base import (
     QueryParam,
     RateClass,
     Route,
+    idempotency_key,
     int_query,
     listing,
     page,
     parse_body,
+    refuse_template_with_workload,
     str_query,
 )
 from master.api.keys import MASTER, OPENAPI_DOCUMENT
@@ -39,7 +41,7 @@ from master.services import hosts, market, platform, rentals
 from master.services.rentals import RentalRequest, set_fair_share, set_quota
 from master.telemetry import series
 from master.telemetry import store as telemetry
-from shared.errors import BadRequest, ValidationFailed
+from shared.errors import ValidationFailed
 
 # ---- handlers -------------------------------------------------------------------------
 
@@ -199,14 +201,8 @@ async def create_rental(request: web.Request) -> web.Response:
             "(e.g. {\"gpu_count\": 1, \"gpu_model\": \"RTX 4090\"} or {\"offer_id\": ...} from GET /api/v1/offers)",
             code="rental_target_missing", details={"problems": [{"field": "body", "problem": "names no GPUs or workload"}]},
         )
-    if body.template is not None and "workload" in body.model_fields_set:
-        raise ValidationFailed(
-            "give either template (a name from GET /api/v1/templates) or workload, not both",
-            code="template_and_workload", details={"problems": [{"field": "template", "problem": "excludes workload"}]},
-        )
-    key = request.headers.get("Idempotency-Key")
-    if key is not None and not 1 <= len(key) <= 255:
-        raise BadRequest("Idempotency-Key must be 1 to 255 characters", code="invalid_idempotency_key")
+    refuse_template_with_workload(body.template, body.model_fields_set)
+    key = idempotency_key(request)
     request_ = RentalRequest(
         gpu_count=body.gpu_count, gpu_model=body.gpu_model, template=body.template,
         workload={} if body.template is not None else body.workload.model_dump(mode="json"),

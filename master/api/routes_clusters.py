@@ -9,26 +9,27 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from master.api.base import PAGING, Route, listing, page, parse_body
+from master.api.base import (
+    PAGING,
+    Route,
+    idempotency_key,
+    listing,
+    page,
+    parse_body,
+    refuse_template_with_workload,
+)
 from master.api.keys import MASTER
 from master.api.middleware import principal
 from master.api.schemas import ClusterCreate
 from master.services import clusters
 from master.services.clusters import ClusterRequest
-from shared.errors import BadRequest, ValidationFailed
 
 
 async def create_cluster(request: web.Request) -> web.Response:
     master = request.app[MASTER]
     body = await parse_body(request, ClusterCreate)
-    if body.template is not None and "workload" in body.model_fields_set:
-        raise ValidationFailed(
-            "give either template (a name from GET /api/v1/templates) or workload, not both",
-            code="template_and_workload", details={"problems": [{"field": "template", "problem": "excludes workload"}]},
-        )
-    key = request.headers.get("Idempotency-Key")
-    if key is not None and not 1 <= len(key) <= 255:
-        raise BadRequest("Idempotency-Key must be 1 to 255 characters", code="invalid_idempotency_key")
+    refuse_template_with_workload(body.template, body.model_fields_set)
+    key = idempotency_key(request)
     wanted = ClusterRequest(
         node_count=body.node_count, gpus_per_node=body.gpus_per_node, gpu_model=body.gpu_model, allow_mixed=body.allow_mixed,
         workload={} if body.template is not None else body.workload.model_dump(mode="json"), template=body.template,

@@ -22,6 +22,7 @@ from master.api.base import (
     QueryParam,
     Route,
     choice_query,
+    idempotency_key,
     int_query,
     listing,
     page,
@@ -60,9 +61,7 @@ async def create_service(request: web.Request) -> web.Response:
         raise ValidationFailed("give either template (a name from GET /api/v1/templates) or workload (a container), one of them",
                                code="template_or_workload",
                                details={"problems": [{"field": "template", "problem": "exactly one of template and workload"}]})  # fmt: skip
-    key = request.headers.get("Idempotency-Key")
-    if key is not None and not 1 <= len(key) <= 255:
-        raise BadRequest("Idempotency-Key must be 1 to 255 characters", code="invalid_idempotency_key")
+    key = idempotency_key(request)
     query = body.requirements or ""
     if body.max_price_per_gpu_hour is not None:
         query = f"{query} price<={body.max_price_per_gpu_hour}".strip()

@@ -9,19 +9,26 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from master.api.base import BOOLEAN, PAGING, QueryParam, Route, choice_query, listing, page, parse_body
+from master.api.base import (
+    BOOLEAN,
+    PAGING,
+    QueryParam,
+    Route,
+    choice_query,
+    idempotency_key,
+    listing,
+    page,
+    parse_body,
+)
 from master.api.keys import MASTER
 from master.api.middleware import principal
 from master.api.schemas_volumes import VolumeCreate
 from master.services import volumes
-from shared.errors import BadRequest
 
 
 async def create_volume(request: web.Request) -> web.Response:
     body = await parse_body(request, VolumeCreate)
-    key = request.headers.get("Idempotency-Key")
-    if key is not None and not 1 <= len(key) <= 255:
-        raise BadRequest("Idempotency-Key must be 1 to 255 characters", code="invalid_idempotency_key")
+    key = idempotency_key(request)
     wanted = volumes.VolumeRequest(
         name=body.name, size_gib=body.size_gib, host_id=body.host_id, region=body.region
     )
