@@ -69,6 +69,17 @@ def read_all(mux: Multiplexer, stream_id: int) -> bytes:
     return bytes(out)
 
 
+def filled_stream(window: int) -> tuple[Multiplexer, int]:
+    """The agent's side with ``window`` (both sides start at 4 KiB) and a stream the relay sent it ``window`` bytes on."""
+    agent = Multiplexer(initiator=True, initial_window=4 * KIB, window=window)
+    relay = Multiplexer(initiator=False, initial_window=4 * KIB)
+    stream_id = agent.open_stream()
+    settle(agent, relay)
+    relay.send(stream_id, b"x" * window)
+    settle(agent, relay)
+    return agent, stream_id
+
+
 def opened(events: list[Event]) -> list[int]:
     return [event.stream_id for event in events if isinstance(event, StreamOpened)]
 
@@ -181,12 +192,7 @@ class TestExchange:
 
     def test_a_larger_window_is_granted_at_open(self) -> None:
         """A side with ``window`` above the initial one grants the difference in one WINDOW frame."""
-        agent = Multiplexer(initiator=True, initial_window=4 * KIB, window=64 * KIB)
-        relay = Multiplexer(initiator=False, initial_window=4 * KIB)
-        stream_id = agent.open_stream()
-        settle(agent, relay)
-        relay.send(stream_id, b"x" * 64 * KIB)
-        settle(agent, relay)
+        agent, stream_id = filled_stream(64 * KIB)
         assert agent.readable(stream_id) == 64 * KIB
 
 
@@ -312,12 +318,7 @@ class TestBounds:
 
     def test_a_stream_grants_back_half_of_its_own_window(self) -> None:
         """A stream with the larger window sends WINDOW after reading half of it, not half of the initial one."""
-        agent = Multiplexer(initiator=True, initial_window=4 * KIB, window=16 * KIB)
-        relay = Multiplexer(initiator=False, initial_window=4 * KIB)
-        stream_id = agent.open_stream()
-        settle(agent, relay)
-        relay.send(stream_id, b"x" * 16 * KIB)
-        settle(agent, relay)
+        agent, stream_id = filled_stream(16 * KIB)
         agent.read(stream_id, 4 * KIB)
         assert agent.data_to_send() == []  # a quarter read: nothing granted yet
         agent.read(stream_id, 4 * KIB)
