@@ -67,6 +67,8 @@ class StreamOptions:
     max_streams: int
     max_buffer: int
     turn_bytes: int
+    window: int  # per stream while the link has room (``shared.streams``)
+    link_send_buffer: int  # the agent socket's kernel buffers (``shared.streams.aio.bound_send_buffer``)
 
 
 @dataclass(slots=True, eq=False)
@@ -188,7 +190,8 @@ class AgentLink:
         if self._streams is None:
             options = self.stream_options
             self._streams = StreamLink(
-                Multiplexer(initiator=False, max_streams=options.max_streams, max_link_buffer=options.max_buffer),
+                Multiplexer(initiator=False, max_streams=options.max_streams, max_link_buffer=options.max_buffer,
+                            window=options.window),
                 self.connection.send, turn_bytes=options.turn_bytes,
             )
             self._pump = asyncio.create_task(self._run_pump(self._streams), name=f"relay-streams-{self.host_id}")

@@ -134,6 +134,7 @@ class Relay:
         max_streams_per_agent: int = 256,
         max_streams_per_rental: int = 16,
         max_stream_buffer_per_agent: int = 64 << 20,
+        stream_window: int = 1 << 20,  # per stream while the agent's link has room (shared.streams)
         stream_turn_bytes: int = 64 << 10,
         link_send_buffer: int = 128 << 10,
         max_renter_connections_per_source_per_minute: float = 120.0,
@@ -184,11 +185,8 @@ class Relay:
         self.sources = SourceRateLimiter(
             rate=max_connections_per_source_per_minute / 60.0, burst=connection_burst_per_source, max_sources=max_tracked_sources
         )
-        self.max_streams_per_agent = max_streams_per_agent
-        self.max_stream_buffer_per_agent = max_stream_buffer_per_agent
-        self.stream_turn_bytes = stream_turn_bytes
-        self.link_send_buffer = link_send_buffer
-        self._stream_options = StreamOptions(max_streams_per_agent, max_stream_buffer_per_agent, stream_turn_bytes)
+        self.stream_options = StreamOptions(
+            max_streams_per_agent, max_stream_buffer_per_agent, stream_turn_bytes, stream_window, link_send_buffer)  # fmt: skip
         self.renters = (
             RenterGate(token_key=token_key, clock=self.clock, max_streams_per_rental=max_streams_per_rental)
             if token_key is not None else None
@@ -464,10 +462,10 @@ class Relay:
             connection=connection,
             messages=TokenBucket(self.max_messages_per_second, self.message_burst, self.clock.monotonic()),
             max_outbound_queue=self.max_outbound_queue,
-            stream_options=self._stream_options,
+            stream_options=self.stream_options,
             on_slow_consumer=self._slow_consumer,
         )
-        bound_send_buffer(connection.transport, self.link_send_buffer)
+        bound_send_buffer(connection.transport, self.stream_options.link_send_buffer)
         forget_handshake(connection)
         # Welcome queued and link swapped in before any await: a racing reconnect cannot leave one
         # untracked, and a drain starting now finds the link (its move goes after the welcome).

@@ -61,6 +61,7 @@ def relay_from_settings(settings: AccessSettings, bus: Bus, registry: Registry |
         max_streams_per_agent=settings.max_streams_per_agent,
         max_streams_per_rental=settings.max_streams_per_rental,
         max_stream_buffer_per_agent=settings.max_stream_buffer_per_agent_mib << 20,
+        stream_window=settings.stream_window_kib << 10,
         ports_domain=settings.ports_domain,
         ports_ssl_context=web_ssl_context(settings.cert_file, settings.key_file) if settings.ports_domain else None,
         ports_port=settings.ports_port,

@@ -326,6 +326,8 @@ class HttpRelay:
 
     async def _flush_browser(self) -> None:
         if data := self._browser_out.take():
+            if self.writer.is_closing():  # asyncio drops the write, uvloop raises RuntimeError: both a closed socket
+                raise ConnectionResetError("the browser's connection closed")
             self.writer.write(data)
             await self.writer.drain()
 
@@ -336,6 +338,8 @@ class HttpRelay:
         await self._to_browser(data)
         await self._flush_browser()
         while data := await self.channel.read():
+            if self.writer.is_closing():
+                raise ConnectionResetError("the browser's connection closed")
             self.writer.write(data)
             await self.writer.drain()
         return True

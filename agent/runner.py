@@ -32,7 +32,7 @@ import logging
 import random
 import ssl
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -59,6 +59,7 @@ from agent.runtimes.manager import WorkloadManager
 from agent.sampling import Sampler
 from agent.spool import SqliteSpool
 from agent.state import AgentState, SequenceLease
+from agent.timings import AgentTimings, Pacer
 from agent.verification import ChallengeRunner, is_challenge
 from agent.volumecopy import VolumeCopier
 from agent.volumes import VolumeStore, with_volumes
@@ -80,60 +81,6 @@ _CHALLENGE_KINDS = frozenset({"start_challenge", "reveal_challenge"})  # on thei
 _COPY_KINDS = frozenset({"copy_volume"})  # on their own worker: a copy runs for minutes or hours
 _FAST_KINDS = frozenset({"update_access", "open_volume"})  # on the access worker: never behind a start pulling an image
 _MOVE_ON_CODES = frozenset({protocol.CLOSE_GOING_AWAY, protocol.CLOSE_BUS_UNAVAILABLE, protocol.CLOSE_TOO_MANY_CONNECTIONS})
-
-
-class Pacer:
-    """Keeps this agent under the relay's message budget (a token bucket at a safety margin).
-
-    Cancelling ``take`` is safe: nothing was sent and no token is lost.
-    """
-
-    def __init__(self, *, margin: float = 0.8) -> None:
-        self.margin = margin
-        self.rate: float | None = None
-        self.burst = 1.0
-        self.tokens = 0.0
-        self.updated = time.monotonic()
-        self._lock = asyncio.Lock()
-
-    def configure(self, rate: float | None, burst: int | None) -> None:
-        if rate is None:
-            self.rate = None
-            return
-        self.rate = rate * self.margin
-        self.burst = max(1.0, (burst or 1) * self.margin)
-        self.tokens, self.updated = self.burst, time.monotonic()
-
-    async def take(self) -> None:
-        if self.rate is None:
-            return
-        async with self._lock:
-            now = time.monotonic()
-            self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate)
-            self.updated = now
-            if self.tokens < 1.0:
-                wait = (1.0 - self.tokens) / self.rate
-                await asyncio.sleep(wait)
-                self.tokens, self.updated = 1.0, time.monotonic()
-            self.tokens -= 1.0
-
-
-@dataclass
-class AgentTimings:
-    """Intervals and timeouts of one agent (seconds); every one bounded and explicit."""
-
-    sample_interval: float = 1.0
-    telemetry_interval: float = 10.0
-    heartbeat_interval: float = 10.0
-    network_interval: float = 3600.0  # 0 disables periodic measurement
-    log_ship_interval: float = 2.0
-    open_timeout: float = 10.0
-    welcome_timeout: float = 10.0
-    reconnect_base_delay: float = 0.5
-    reconnect_max_delay: float = 30.0
-    stable_after: float = 10.0  # a connection up this long resets the back-off
-    renew_at_fraction: float = 0.7  # renew the certificate when this much of its lifetime has passed
-    renewal_retry: float = 300.0  # ask again if no certificate came back within this
 
 
 class Agent:
@@ -167,6 +114,7 @@ class Agent:
         max_streams: int = 256,
         max_streams_per_rental: int = 32,
         max_stream_buffer: int = 64 << 20,
+        stream_window: int = 1 << 20,
         link_send_buffer: int = 128 << 10,
         cluster_direct: bool = True,
         # GPU challenges (agent.verification): the challenge image (None: the CUDA image built FROM challenge_cuda_base on
@@ -259,6 +207,7 @@ class Agent:
         self.tunnels = TunnelServer(self.workloads, self.ssh, clusters=self.clusters, max_streams_per_rental=max_streams_per_rental)
         self.max_streams = max_streams
         self.max_stream_buffer = max_stream_buffer
+        self.stream_window = stream_window
         self.link_send_buffer = link_send_buffer
         self.streams: StreamLink | None = None
         self.sampler = Sampler(self.host_id, backend, self.power, self.window, self._emit)
@@ -492,7 +441,8 @@ class Agent:
                     await ws.send(frame)
             bound_send_buffer(ws.transport, self.link_send_buffer)
             self.streams = StreamLink(
-                Multiplexer(initiator=True, max_streams=self.max_streams, max_link_buffer=self.max_stream_buffer),
+                Multiplexer(initiator=True, max_streams=self.max_streams, max_link_buffer=self.max_stream_buffer,
+                            window=self.stream_window),
                 ws.send, on_open=self.tunnels.accept,
             )
             pump = asyncio.create_task(self._pump(self.streams), name=f"agent-{self.host_id}-streams")

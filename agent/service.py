@@ -8,12 +8,13 @@ import logging
 
 from agent.challenge_image import CPU_IMAGE, CUDA_REPO
 from agent.gpu import open_backend
-from agent.runner import Agent, AgentTimings
+from agent.runner import Agent
 from agent.runtimes.ceilings import CeilingPolicy
 from agent.runtimes.containeropts import ContainerOptions
 from agent.runtimes.isolation import HostIsolation, host_isolation, isolation_summary
 from agent.runtimes.netguard import EgressPolicy
 from agent.state import AgentState
+from agent.timings import AgentTimings
 from shared.imageref import parse_image_reference
 from shared.protocol import ImagePolicyModel
 from shared.settings import AgentSettings
@@ -63,6 +64,7 @@ def agent_from_settings(settings: AgentSettings, *, container_engine: str | None
         max_streams=settings.max_streams,
         max_streams_per_rental=settings.max_streams_per_rental,
         max_stream_buffer=settings.max_stream_buffer_mib << 20,
+        stream_window=settings.stream_window_kib << 10,
         challenge_image=settings.challenge_image,
         challenge_cuda_base=settings.challenge_cuda_base,
         challenge_simulate=settings.challenge_simulate,

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.runtimes.users import DEFAULT_RENTALS_ROOT
 from gpumarket.renter.options import positive_int
+from shared import eventloop
 from shared.errors import GpumarketError
 from shared.settings import AccessSettings, AgentSettings, DnsSettings, MasterSettings, ServiceSettings
 
@@ -51,10 +52,12 @@ def _setup_file_logging(log_file: Path, level: str, *, verbose: bool) -> None:
 
 
 def _run_until_signal(
-    main: Callable[[asyncio.Event], Coroutine[Any, Any, None]], *, log_level: str, configured: bool = False
+    main: Callable[[asyncio.Event], Coroutine[Any, Any, None]], *, log_level: str, configured: bool = False,
+    loop: str | None = "asyncio",
 ) -> None:
-    """Log at ``log_level`` (unless ``configured`` already), then run ``main(stop)``; SIGINT/SIGTERM set ``stop`` so
-    ``main`` shuts down in order."""
+    """Log at ``log_level`` (unless ``configured`` already), then run ``main(stop)`` on the event loop ``loop`` names
+    (``shared.eventloop``; ``None``: ``GPUMARKET_EVENT_LOOP``, else uvloop where it imports); SIGINT/SIGTERM set
+    ``stop`` so ``main`` shuts down in order."""
     if not configured:
         _setup_logging(log_level)
 
@@ -65,7 +68,7 @@ def _run_until_signal(
             loop.add_signal_handler(sig, stop.set)
         await main(stop)
 
-    asyncio.run(runner())
+    eventloop.run(runner(), kind=loop)
 
 
 def _settings_epilog(cls: type[ServiceSettings]) -> str:
@@ -163,7 +166,9 @@ def cmd_access(args: argparse.Namespace) -> None:
     from access.service import serve_access
 
     settings = AccessSettings.load(args.config, port=args.port, region=args.region, relay_id=args.relay_id)
-    _run_until_signal(lambda stop: serve_access(settings, stop=stop), log_level=settings.log_level)
+    # The relay and the agent carry renters' bytes: uvloop (issue 42). The rest stays on asyncio's loop, whose internals
+    # some of it reads (the master's bound port).
+    _run_until_signal(lambda stop: serve_access(settings, stop=stop), log_level=settings.log_level, loop=None)
 
 
 def cmd_dns(args: argparse.Namespace) -> None:
@@ -177,7 +182,7 @@ def cmd_agent_run(args: argparse.Namespace) -> None:
     from agent.service import serve_agent
 
     settings = AgentSettings.load(args.config, data_dir=args.data_dir, gpus=args.gpus, relay_url=args.relay_url)
-    _run_until_signal(lambda stop: serve_agent(settings, stop=stop), log_level=settings.log_level)
+    _run_until_signal(lambda stop: serve_agent(settings, stop=stop), log_level=settings.log_level, loop=None)
 
 
 def cmd_agent_enroll(args: argparse.Namespace) -> None:

@@ -45,12 +45,13 @@ from access.geodns.server import GeoDnsServer
 from access.relay import Relay
 from agent.enroll import enroll
 from agent.gpu import open_backend
-from agent.runner import Agent, AgentTimings
+from agent.runner import Agent
 from agent.runtimes.container import probe_container_engine
 from agent.runtimes.containeropts import ContainerOptions
 from agent.runtimes.isolation import HostIsolation, host_isolation, isolation_summary, prove_rental_network
 from agent.runtimes.users import DEFAULT_RENTALS_ROOT
 from agent.state import AgentState, atomic_write, make_private
+from agent.timings import AgentTimings
 from billing import credits
 from gpumarket import demo, images
 from gpumarket.mailsink import MailSink

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from agent.runner import AgentTimings
 from agent.state import AgentState, Identity, atomic_write
+from agent.timings import AgentTimings
 from shared.crypto import CertificateAuthority
 from shared.outbound import FrameStore
 from tests.factories import MS

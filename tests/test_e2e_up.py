@@ -23,7 +23,8 @@ from websockets.exceptions import ConnectionClosed
 
 from access.relay import Relay
 from agent.gpu import open_backend
-from agent.runner import Agent, AgentTimings
+from agent.runner import Agent
+from agent.timings import AgentTimings
 from gpumarket.up import Marketplace, start_marketplace
 from master.models import TelemetrySample
 from shared.crypto import server_ssl_context

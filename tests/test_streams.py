@@ -69,6 +69,17 @@ def read_all(mux: Multiplexer, stream_id: int) -> bytes:
     return bytes(out)
 
 
+def filled_stream(window: int) -> tuple[Multiplexer, int]:
+    """The agent's side with ``window`` (both sides start at 4 KiB) and a stream the relay sent it ``window`` bytes on."""
+    agent = Multiplexer(initiator=True, initial_window=4 * KIB, window=window)
+    relay = Multiplexer(initiator=False, initial_window=4 * KIB)
+    stream_id = agent.open_stream()
+    settle(agent, relay)
+    relay.send(stream_id, b"x" * window)
+    settle(agent, relay)
+    return agent, stream_id
+
+
 def opened(events: list[Event]) -> list[int]:
     return [event.stream_id for event in events if isinstance(event, StreamOpened)]
 
@@ -181,12 +192,7 @@ class TestExchange:
 
     def test_a_larger_window_is_granted_at_open(self) -> None:
         """A side with ``window`` above the initial one grants the difference in one WINDOW frame."""
-        agent = Multiplexer(initiator=True, initial_window=4 * KIB, window=64 * KIB)
-        relay = Multiplexer(initiator=False, initial_window=4 * KIB)
-        stream_id = agent.open_stream()
-        settle(agent, relay)
-        relay.send(stream_id, b"x" * 64 * KIB)
-        settle(agent, relay)
+        agent, stream_id = filled_stream(64 * KIB)
         assert agent.readable(stream_id) == 64 * KIB
 
 
@@ -295,6 +301,28 @@ class TestBounds:
         settle(agent, relay)
         assert opened(relay.events()) == [1, 3]
         assert StreamReset(5, ResetCode.REFUSED, by_peer=True) in agent.events()
+
+    def test_the_larger_window_goes_to_streams_while_half_the_link_buffer_is_free(self) -> None:
+        """Streams get ``window`` while the windows given leave half of ``max_link_buffer`` free, then the
+        initial window, and the link still admits streams until their windows fill it."""
+        agent = Multiplexer(initiator=True, initial_window=4 * KIB)
+        relay = Multiplexer(initiator=False, initial_window=4 * KIB, window=16 * KIB, max_link_buffer=40 * KIB)
+        for _ in range(8):
+            stream_id = agent.open_stream()
+            agent.send(stream_id, b"x" * 32 * KIB)
+        for _ in range(4):
+            settle(agent, relay)
+        # 16 KiB (24 left free), then 4 KiB windows (16 + 16 would leave less than half): 7 streams fill 40 KiB.
+        assert [relay.readable(stream_id) for stream_id in range(1, 15, 2)] == [16 * KIB] + [4 * KIB] * 6
+        assert StreamReset(15, ResetCode.REFUSED, by_peer=True) in agent.events()
+
+    def test_a_stream_grants_back_half_of_its_own_window(self) -> None:
+        """A stream with the larger window sends WINDOW after reading half of it, not half of the initial one."""
+        agent, stream_id = filled_stream(16 * KIB)
+        agent.read(stream_id, 4 * KIB)
+        assert agent.data_to_send() == []  # a quarter read: nothing granted yet
+        agent.read(stream_id, 4 * KIB)
+        assert agent.data_to_send() == [encode_frame(FrameType.WINDOW, stream_id, struct.pack("!I", 8 * KIB))]
 
     def test_a_peer_that_overruns_its_window_is_reset(self) -> None:
         """DATA beyond the credit given resets that stream with FLOW_CONTROL; the link and other streams go on."""

@@ -50,6 +50,8 @@ async def pump(
 
     async def inbound() -> None:
         while data := await chan_reader.read(CHUNK):
+            if writer.is_closing():  # asyncio drops the write, uvloop raises RuntimeError: both a closed socket
+                raise ConnectionResetError("the forwarded connection closed")
             writer.write(data)
             await writer.drain()
         if writer.can_write_eof():

@@ -47,10 +47,14 @@ and the caller closes the websocket with its ``close_code``.
 Flow control: each direction of each stream starts with ``initial_window`` bytes of credit
 (part of the protocol: both ends of a link use the same; the default ``INITIAL_WINDOW`` is
 protocol version 1's). A receiver with a larger ``window`` grants the difference by a WINDOW
-frame when the stream opens. ``read`` consumes received bytes and grants them back, by one
-WINDOW frame once at least half the window is consumed. The bytes received but not yet read
-are therefore at most ``window`` per stream; the link reserves ``window`` per open stream and
-refuses a stream (RESET ``REFUSED``) whose reservation would pass ``max_link_buffer``.
+frame when the stream opens (the relay and the agent use 1 MiB: a stream moves at most a window
+per round trip, and 256 KiB over a 20 ms path is 13 MB/s). ``read`` consumes received bytes and
+grants them back, by one WINDOW frame once at least half the stream's window is consumed. The
+bytes received but not yet read are therefore at most the stream's window; the link reserves
+each open stream's window and refuses a stream (RESET ``REFUSED``) whose reservation would pass
+``max_link_buffer``. A stream gets the larger window while the windows already given leave half
+of ``max_link_buffer`` free and ``initial_window`` after that, so a link holds as many streams
+as it would at ``initial_window`` less the few large ones.
 
 Sending: ``send`` copies into the stream's send buffer up to ``max_send_buffer`` and returns
 how many bytes it took; the caller keeps the rest and retries on ``Writable``.

@@ -300,6 +300,8 @@ async def splice(channel: Channel, reader: asyncio.StreamReader, writer: asyncio
 
     async def to_socket() -> None:
         while data := await channel.read(chunk):
+            if writer.is_closing():  # asyncio drops the write, uvloop raises RuntimeError: both are a closed socket
+                raise ConnectionResetError("the socket closed")
             writer.write(data)
             await writer.drain()
         if writer.can_write_eof():

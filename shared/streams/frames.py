@@ -112,6 +112,14 @@ def encode_frame(frame_type: FrameType, stream_id: int, payload: bytes = b"") ->
 
 def decode_frame(message: bytes | bytearray | memoryview) -> Frame:
     """Parse one binary message; anything but exactly one valid frame raises ``StreamProtocolError``."""
+    frame_type, stream_id, payload = parse_frame(message)
+    return Frame(frame_type, stream_id, bytes(payload))
+
+
+def parse_frame(message: bytes | bytearray | memoryview) -> tuple[FrameType, int, memoryview]:
+    """``decode_frame`` without copying the payload: it is a view of ``message`` (which must not change
+    while the view is in use). The multiplexer's receive path: a DATA payload is copied once, into the
+    stream's buffer."""
     if len(message) < HEADER_SIZE:
         raise StreamProtocolError(
             f"stream frame of {len(message)} bytes is shorter than its header", code="stream_bad_frame"
@@ -138,12 +146,12 @@ def decode_frame(message: bytes | bytearray | memoryview) -> Frame:
             f"stream frame says {length} payload bytes and carries {len(message) - HEADER_SIZE}",
             code="stream_bad_length",
         )
-    payload = bytes(message[HEADER_SIZE:])
+    payload = memoryview(message)[HEADER_SIZE:]
     _check_payload(frame_type, payload, StreamProtocolError)
-    return Frame(frame_type, stream_id, payload)
+    return frame_type, stream_id, payload
 
 
-def _check_payload(frame_type: FrameType, payload: bytes, error: type[Exception]) -> None:
+def _check_payload(frame_type: FrameType, payload: bytes | memoryview, error: type[Exception]) -> None:
     size = len(payload)
     problem = None
     if frame_type is FrameType.OPEN:

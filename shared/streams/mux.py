@@ -6,12 +6,14 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from shared.streams.frames import (
+    HEADER,
     INITIAL_WINDOW,
     MAX_DATA,
     MAX_OPEN_HEADER,
     MAX_STREAM_ID,
     MAX_WINDOW,
     RESET_FIELD,
+    VERSION,
     WINDOW_FIELD,
     FrameType,
     ResetCode,
@@ -19,8 +21,8 @@ from shared.streams.frames import (
     StreamLimitError,
     StreamProtocolError,
     StreamState,
-    decode_frame,
     encode_frame,
+    parse_frame,
 )
 
 
@@ -75,6 +77,7 @@ class _Stream:
     stream_id: int
     send_credit: int  # DATA bytes the peer lets us send now
     recv_credit: int  # DATA bytes we let the peer send now
+    window: int  # the most this side buffers unread on this stream (its share of max_link_buffer)
     send_buffer: bytearray = field(default_factory=bytearray)
     recv_buffer: bytearray = field(default_factory=bytearray)
     unacked: int = 0  # bytes read and not yet granted back
@@ -101,7 +104,10 @@ class Multiplexer:
     ``initiator``: this side dialled the link (the agent: odd ids); the relay passes ``False``.
     ``initial_window``: the credit each stream starts with in each direction; equal on both ends.
     ``window``: this side's receive window per stream (default ``initial_window``), the most it
-    buffers unread per stream. ``max_frame_payload``: the largest DATA this side sends.
+    buffers unread per stream: a stream gets it while the windows already given leave half of
+    ``max_link_buffer`` free, the protocol's ``initial_window`` after that (so a link still opens
+    as many streams as before, and the first ones run at the larger window).
+    ``max_frame_payload``: the largest DATA this side sends.
     ``max_streams``, ``max_link_buffer``: open streams, and the sum of their windows, per link.
     ``max_send_buffer``: unsent bytes ``send`` takes per stream. ``max_pending_control``:
     control frames the peer may make this side queue before the caller drains them.
@@ -173,7 +179,7 @@ class Multiplexer:
             raise StreamLimitError("this link used all its stream ids; open a new link")
         self._next_id += 2
         self._streams[stream_id] = _Stream(
-            stream_id, send_credit=self.initial_window, recv_credit=self.initial_window
+            stream_id, send_credit=self.initial_window, recv_credit=self.initial_window, window=self._next_window()
         )
         self._control.append(encode_frame(FrameType.OPEN, stream_id, header))
         self._grant_extra(stream_id)
@@ -223,11 +229,12 @@ class Multiplexer:
         stream = self._streams.get(stream_id)
         if stream is None or not stream.recv_buffer or max_bytes <= 0:
             return b""
-        chunk = bytes(stream.recv_buffer[:max_bytes])
+        with memoryview(stream.recv_buffer) as view:  # one copy, not two (a slice, then bytes of it)
+            chunk = bytes(view[:max_bytes])
         del stream.recv_buffer[:max_bytes]
         if not stream.fin_received:
             stream.unacked += len(chunk)
-            if stream.unacked >= self.window // 2:
+            if stream.unacked >= stream.window // 2:
                 self._control.append(encode_frame(FrameType.WINDOW, stream_id, WINDOW_FIELD.pack(stream.unacked)))
                 stream.recv_credit += stream.unacked
                 stream.unacked = 0
@@ -272,10 +279,9 @@ class Multiplexer:
     def receive_frame(self, message: bytes | bytearray | memoryview) -> None:
         """Feed one binary websocket message. Raises ``StreamProtocolError`` for a link error (close the
         link); a stream's violation resets that stream only."""
-        frame = decode_frame(message)
-        stream_id = frame.stream_id
+        frame_type, stream_id, payload = parse_frame(message)  # a view: DATA is copied once, into the stream's buffer
         peer_parity = 0 if self.initiator else 1
-        if frame.type is FrameType.OPEN:
+        if frame_type is FrameType.OPEN:
             if stream_id % 2 != peer_parity:
                 raise StreamProtocolError(
                     f"the peer opened stream {stream_id}, an id of this side's parity", code="stream_bad_id"
@@ -287,10 +293,10 @@ class Multiplexer:
                 self._queue_control(encode_frame(FrameType.RESET, stream_id, RESET_FIELD.pack(ResetCode.REFUSED)))
                 return
             self._streams[stream_id] = _Stream(
-                stream_id, send_credit=self.initial_window, recv_credit=self.initial_window
+                stream_id, send_credit=self.initial_window, recv_credit=self.initial_window, window=self._next_window()
             )
             self._grant_extra(stream_id, by_peer=True)
-            self._events.append(StreamOpened(stream_id, frame.payload))
+            self._events.append(StreamOpened(stream_id, bytes(payload)))
             return
         stream = self._streams.get(stream_id)
         if stream is None:
@@ -300,23 +306,23 @@ class Multiplexer:
                 opened = stream_id < self._next_id
             if not opened:
                 raise StreamProtocolError(
-                    f"{frame.type.name} for stream {stream_id}, which was never opened", code="stream_bad_id"
+                    f"{frame_type.name} for stream {stream_id}, which was never opened", code="stream_bad_id"
                 )
             return  # a stream already reset or finished: frames still in flight are dropped
-        if frame.type is FrameType.DATA:
+        if frame_type is FrameType.DATA:
             if stream.fin_received:
                 self._reset_by_us(stream, ResetCode.STREAM_CLOSED)
-            elif len(frame.payload) > stream.recv_credit:
+            elif len(payload) > stream.recv_credit:
                 self._reset_by_us(stream, ResetCode.FLOW_CONTROL)
             else:
-                stream.recv_credit -= len(frame.payload)
-                stream.recv_buffer += frame.payload
-                self.bytes_received += len(frame.payload)
+                stream.recv_credit -= len(payload)
+                stream.recv_buffer += payload
+                self.bytes_received += len(payload)
                 if stream_id not in self._readable:
                     self._readable.add(stream_id)
                     self._events.append(DataReceived(stream_id))
-        elif frame.type is FrameType.WINDOW:
-            (increment,) = WINDOW_FIELD.unpack(frame.payload)
+        elif frame_type is FrameType.WINDOW:
+            (increment,) = WINDOW_FIELD.unpack(payload)
             if stream.send_credit + increment > MAX_WINDOW:
                 raise StreamProtocolError(
                     f"stream {stream_id}'s credit would pass 2**31-1", code="stream_bad_window"
@@ -324,7 +330,7 @@ class Multiplexer:
             stream.send_credit += increment
             if stream.send_buffer or (stream.fin_wanted and not stream.fin_sent):
                 self._mark_ready(stream_id)
-        elif frame.type is FrameType.CLOSE:
+        elif frame_type is FrameType.CLOSE:
             if stream.fin_received:
                 self._reset_by_us(stream, ResetCode.STREAM_CLOSED)
                 return
@@ -332,7 +338,7 @@ class Multiplexer:
             self._events.append(StreamClosed(stream_id))
             self._forget_if_done(stream)
         else:  # RESET
-            (code,) = RESET_FIELD.unpack(frame.payload)
+            (code,) = RESET_FIELD.unpack(payload)
             del self._streams[stream_id]
             self._events.append(StreamReset(stream_id, code, by_peer=True))
 
@@ -354,11 +360,12 @@ class Multiplexer:
                 continue
             chunk_size = min(len(stream.send_buffer), stream.send_credit, self.max_frame_payload)
             if chunk_size > 0:
-                chunk = bytes(stream.send_buffer[:chunk_size])
+                # The frame in one copy out of the send buffer (not a slice, bytes of it, then header + those).
+                with memoryview(stream.send_buffer) as view:
+                    frame = HEADER.pack(VERSION, FrameType.DATA, 0, stream_id, chunk_size) + view[:chunk_size]
                 del stream.send_buffer[:chunk_size]
                 stream.send_credit -= chunk_size
                 self.bytes_sent += chunk_size
-                frame = encode_frame(FrameType.DATA, stream_id, chunk)
             elif stream.fin_wanted and not stream.fin_sent and not stream.send_buffer:
                 stream.fin_sent = True
                 frame = encode_frame(FrameType.CLOSE, stream_id)
@@ -391,14 +398,23 @@ class Multiplexer:
 
     # ---- internals ----
 
+    def _reserved(self) -> int:
+        return sum(stream.window for stream in self._streams.values())
+
     def _has_room(self) -> bool:
         return (
             len(self._streams) < self.max_streams
-            and (len(self._streams) + 1) * self.window <= self.max_link_buffer
+            and self._reserved() + self.initial_window <= self.max_link_buffer
         )
 
+    def _next_window(self) -> int:
+        """A new stream's window: ``window`` while the windows given leave half the link's buffer free."""
+        if self._reserved() + self.window <= max(self.max_link_buffer // 2, self.window):
+            return self.window
+        return self.initial_window
+
     def _grant_extra(self, stream_id: int, *, by_peer: bool = False) -> None:
-        extra = self.window - self.initial_window
+        extra = self._streams[stream_id].window - self.initial_window
         if extra > 0:
             frame = encode_frame(FrameType.WINDOW, stream_id, WINDOW_FIELD.pack(extra))
             if by_peer:
