@@ -12,17 +12,18 @@ rental's program (a sink, a source and an echo, chosen by the first bytes of a c
 
 The baseline is the same renter code talking to the same server directly over loopback TCP.
 
-Processes: the relay, the agent and the rental's server share this process and its event loop
-(in production the relay and the agent are separate machines, so the tunnel's figures here are a
-lower bound); the renter runs in a child process. On a 2-core machine the two processes get a
-core each at best.
+Processes (``--layout``): by default the relay runs in a child process of its own and the agent with
+the rental's server in this one, as in production, where the relay and the agent are separate
+machines (the rental's program is on the agent's). ``--layout one-process`` puts the relay in this
+process and its event loop too (one core for both hops: a lower bound). The renter runs in a child
+process either way. On a 2-core machine the three processes share the two cores.
 
 Figures:
 
 1. Bulk throughput, ``--mb`` MiB uploaded (renter → rental) and downloaded (rental → renter), in
    64 KiB websocket messages (the relay's renter message size), against a direct TCP copy of the
    same bytes in 64 KiB writes. Goals (issue 42): at least 0.3× direct and at least 300 MB/s. Beside each,
-   the relay's and the agent's CPU per MB moved (this process's CPU time over the bytes): on a machine
+   the relay's and the agent's CPU per MB moved (their processes' CPU time over the bytes): on a machine
    other work shares, it says what a cut saved where the throughput swings with the load.
 2. Round trip: a 64-byte request echoed by the rental, p50/p99 over ``--round-trips``, against the
    same echo over direct TCP; blocks of 100 interleaved. Goal: p50 added under 1 ms.
@@ -34,7 +35,8 @@ Figures:
 The event loop is the one production runs (``shared.eventloop``: uvloop where it imports); ``--loop
 asyncio`` measures asyncio's own.
 
-Usage: ``python bench/bench_tunnel.py [--quick] [--mb N] [--round-trips N] [--seconds S] [--loop KIND]``
+Usage: ``python bench/bench_tunnel.py [--quick] [--mb N] [--round-trips N] [--seconds S] [--loop KIND]
+[--layout processes|one-process]``
 """
 
 from __future__ import annotations
@@ -226,19 +228,85 @@ def enrolled_state(ca: CertificateAuthority, folder: Path) -> AgentState:
     return state
 
 
-@contextlib.asynccontextmanager
-async def host_side(directory: Path, heartbeat_interval: float) -> AsyncIterator[tuple[dict[str, Any], AckTimes]]:
-    """The relay, the agent connected to it and the rental's program; yields the renter's settings."""
+def start_relay(directory: Path, heartbeat_interval: float) -> Relay:
+    """The relay over ``directory``'s CA and server certificate (``prepare_ca`` wrote them), on the in-process bus."""
     ca = CertificateAuthority.load_or_create(directory / "ca")
-    key_file, cert_file = ca.write_server_certificate(directory, ["127.0.0.1", "localhost"])
-    bus = InProcessBus()
-    relay = Relay(
-        relay_id="bench-relay", bus=bus, ssl_context=server_ssl_context(cert_file, key_file, ca.cert_path, require_client_cert=False),  # as `gpumarket up`: renters have none
+    return Relay(
+        relay_id="bench-relay", bus=InProcessBus(),
+        ssl_context=server_ssl_context(directory / "server.crt", directory / "server.key", ca.cert_path,
+                                       require_client_cert=False),  # as `gpumarket up`: renters have none
         heartbeat_interval=heartbeat_interval, telemetry_interval=1.0,
         token_key=certificate_public_key(ca.certificate),
         renter_connection_burst_per_source=1000,  # every renter connection here comes from 127.0.0.1
     )  # fmt: skip
+
+
+class RelayHere:
+    """The relay in this process (``--layout one-process``): its CPU is this process's."""
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+        self.url, self.port = relay.url, relay.port
+
+    async def cpu_seconds(self) -> float:
+        return 0.0
+
+    async def close(self) -> None:
+        await self.relay.close()
+        await self.relay.bus.close()
+
+
+class RelayProcess:
+    """The relay in a child process (``--layout processes``), as in production, where it runs on
+    another machine than the agent: answers its URL, then its CPU time when asked."""
+
+    def __init__(self, child: Child, settings: dict[str, Any]) -> None:
+        self.child = child
+        self.url, self.port = settings["url"], settings["port"]
+
+    @classmethod
+    async def start(cls, directory: Path, args: argparse.Namespace) -> RelayProcess:
+        child = await Child.spawn("--relay-process", "--loop", args.loop)
+        await child.send({"directory": str(directory), "heartbeat_interval": args.heartbeat_interval})
+        return cls(child, await child.answer("start"))
+
+    async def cpu_seconds(self) -> float:
+        return float(await self.child.ask("cpu"))
+
+    async def close(self) -> None:
+        await self.child.stop()
+
+
+async def relay_main() -> None:
+    """The relay's child process: the settings line, then ``cpu`` or ``exit`` commands."""
+    commands = await stdin_lines()
+    settings = json.loads(await commands.readline())
+    relay = start_relay(Path(settings["directory"]), settings["heartbeat_interval"])
     await relay.start()
+    try:
+        answer({"url": relay.url, "port": relay.port})
+        while line := await commands.readline():
+            op = json.loads(line)["op"]
+            if op == "exit":
+                return
+            answer(time.process_time())
+    finally:
+        await relay.close()
+        await relay.bus.close()
+
+
+@contextlib.asynccontextmanager
+async def host_side(directory: Path, args: argparse.Namespace) -> AsyncIterator[tuple[dict[str, Any], AckTimes, RelayHere | RelayProcess]]:
+    """The relay, the agent connected to it and the rental's program; yields the renter's settings."""
+    ca = CertificateAuthority.load_or_create(directory / "ca")
+    ca.write_server_certificate(directory, ["127.0.0.1", "localhost"])  # server.key, server.crt
+    relay: RelayHere | RelayProcess
+    if args.layout == "processes":
+        relay = await RelayProcess.start(directory, args)
+    else:
+        here = start_relay(directory, args.heartbeat_interval)
+        await here.start()
+        relay = RelayHere(here)
     program = RentalProgram()
     server = await asyncio.start_server(program, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
@@ -264,7 +332,7 @@ async def host_side(directory: Path, heartbeat_interval: float) -> AsyncIterator
             "port": port, "connect_url": f"wss://127.0.0.1:{relay.port}{CONNECT_PATH}",
             "ca_pem": ca.cert_pem.decode(), "tokens": tokens,
         }  # fmt: skip
-        yield settings, acks
+        yield settings, acks, relay
     finally:
         running.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -273,7 +341,6 @@ async def host_side(directory: Path, heartbeat_interval: float) -> AsyncIterator
         server.close()
         program.close()
         await relay.close()
-        await bus.close()
 
 
 # ---- the renter's side (a child process) --------------------------------------------------------
@@ -434,41 +501,73 @@ class Renter:
         return {"rtts": rtts, "bulk_bytes_per_s": bulk_rate}
 
 
+async def stdin_lines() -> asyncio.StreamReader:
+    """A child's commands: this process's standard input, a line each."""
+    reader = asyncio.StreamReader(limit=64 * MiB)
+    await asyncio.get_running_loop().connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    return reader
+
+
+def answer(value: Any) -> None:
+    sys.stdout.write(json.dumps(value) + "\n")
+    sys.stdout.flush()
+
+
 async def renter_main() -> None:
     """The child: read the settings, then one JSON command a line; answer each with one JSON line."""
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    renter = Renter(json.loads(await reader.readline()))
-    while line := await reader.readline():
+    commands = await stdin_lines()
+    renter = Renter(json.loads(await commands.readline()))
+    while line := await commands.readline():
         command = json.loads(line)
         op = command.pop("op")
         if op == "exit":
             return
-        result = await getattr(renter, op)(**command)
-        sys.stdout.write(json.dumps(result) + "\n")
-        sys.stdout.flush()
+        answer(await getattr(renter, op)(**command))
 
 
 # ---- the report -----------------------------------------------------------------------------------
 
 
 class Child:
+    """A child process of this script (the renter; the relay in ``--layout processes``), one JSON line each way."""
+
     def __init__(self, process: asyncio.subprocess.Process) -> None:
         self.process = process
+
+    @classmethod
+    async def spawn(cls, *args: str) -> Child:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, os.path.abspath(__file__), *args,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env, limit=64 * MiB,
+        )  # fmt: skip
+        return cls(process)
 
     async def send(self, message: dict[str, Any]) -> None:
         assert self.process.stdin is not None
         self.process.stdin.write((json.dumps(message) + "\n").encode())
         await self.process.stdin.drain()
 
-    async def ask(self, op: str, **args: Any) -> Any:
-        await self.send({"op": op, **args})
+    async def answer(self, op: str) -> Any:
         assert self.process.stdout is not None
         line = await self.process.stdout.readline()
         if not line:
-            raise RuntimeError(f"the renter process ended during {op} (exit {await self.process.wait()})")
+            raise RuntimeError(f"the child process ended during {op} (exit {await self.process.wait()})")
         return json.loads(line)
+
+    async def ask(self, op: str, **args: Any) -> Any:
+        await self.send({"op": op, **args})
+        return await self.answer(op)
+
+    async def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.send({"op": "exit"})
+        try:
+            async with asyncio.timeout(10):
+                await self.process.wait()
+        except TimeoutError:
+            self.process.kill()
+            await self.process.wait()
 
 
 def percentiles(values: list[float]) -> str:
@@ -479,44 +578,35 @@ def verdict(ok: bool) -> str:
     return "OK" if ok else "MISSED"
 
 
+LAYOUTS = {
+    "processes": "the relay in a child process; the agent and the rental's stand-in TCP server in this one",
+    "one-process": "relay + agent + the rental's stand-in TCP server in this process, one event loop",
+}
+
+
 async def run(args: argparse.Namespace) -> int:
     print(describe_machine(with_openssl=True))
-    print(
-        "layout: relay + agent (real, TLS both hops) + the rental's stand-in TCP server in this process, one event loop "
-        f"({loop_name()}); the renter in a child process"
-    )
+    print(f"layout: {LAYOUTS[args.layout]} ({loop_name()}; both hops TLS); the renter in a child process")
     with tempfile.TemporaryDirectory(prefix="gm-bench-tunnel-") as tmp:
-        async with host_side(Path(tmp), args.heartbeat_interval) as (settings, acks):
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
-            process = await asyncio.create_subprocess_exec(
-                sys.executable, os.path.abspath(__file__), "--renter", "--loop", args.loop,
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env, limit=64 * MiB,
-            )  # fmt: skip
-            child = Child(process)
+        async with host_side(Path(tmp), args) as (settings, acks, relay):
+            child = await Child.spawn("--renter", "--loop", args.loop)
             try:
                 await child.send(settings)
-                return await report(args, child, acks)
+                return await report(args, child, acks, relay)
             finally:
-                with contextlib.suppress(Exception):
-                    await child.send({"op": "exit"})
-                try:
-                    async with asyncio.timeout(10):
-                        await process.wait()
-                except TimeoutError:
-                    process.kill()
-                    await process.wait()
+                await child.stop()
 
 
-async def report(args: argparse.Namespace, child: Child, acks: AckTimes) -> int:
+async def report(args: argparse.Namespace, child: Child, acks: AckTimes, relay: RelayHere | RelayProcess) -> int:
     size = args.mb * MiB
     # 1. Bulk.
     print(f"\nbulk: {args.mb} MiB each way in {CHUNK // 1024} KiB messages/writes, one connection")
     print(f"  {'':<34} {'tunnel':>12} {'direct TCP':>12} {'ratio':>7}   goals")
     for direction, label in (("upload", "upload   renter → rental"), ("download", "download rental → renter")):
         direct = await child.ask("bulk", path="direct", direction=direction, size=size)
-        cpu = time.process_time()
+        cpu = time.process_time() + await relay.cpu_seconds()
         tunnel = await child.ask("bulk", path="tunnel", direction=direction, size=size)
-        host_cpu_s = time.process_time() - cpu
+        host_cpu_s = time.process_time() + await relay.cpu_seconds() - cpu
         host_cpu = host_cpu_s / tunnel["seconds"]
         d_rate = direct["bytes"] / direct["seconds"] / MB
         t_rate = tunnel["bytes"] / tunnel["seconds"] / MB
@@ -525,7 +615,7 @@ async def report(args: argparse.Namespace, child: Child, acks: AckTimes) -> int:
               f"≥300 MB/s {verdict(t_rate >= 300)}, ≥0.3× {verdict(ratio >= 0.3)}   CPU: relay+agent {host_cpu:.0%} ({host_cpu_s * 1e3 / (tunnel['bytes'] / MB):.1f} ms/MB), renter {tunnel['cpu_s'] / tunnel['seconds']:.0%} of a core")  # fmt: skip
         record("tunnel", f"bulk {label.split()[0]}, {args.mb} MiB in {CHUNK // 1024} KiB messages", t_rate, "MB/s",
                "direct TCP", d_rate, f"goals ≥ 300 MB/s and ≥ 0.3× direct; relay+agent at {host_cpu:.0%} of a core, "
-               f"{host_cpu_s * 1e3 / (tunnel['bytes'] / MB):.1f} ms CPU per MB; {loop_name()}")  # fmt: skip
+               f"{host_cpu_s * 1e3 / (tunnel['bytes'] / MB):.1f} ms CPU per MB; {loop_name()}, layout {args.layout}")  # fmt: skip
 
     # 2. Round trips.
     times = await child.ask("echo", count=args.round_trips, block=100)
@@ -555,7 +645,8 @@ async def report(args: argparse.Namespace, child: Child, acks: AckTimes) -> int:
     print(f"  {'direct TCP, 20 direct copies':<34} {percentiles(direct['rtts'])} {len(direct['rtts']):>5}  "
           f"{direct['bulk_bytes_per_s'] / MB:,.0f} MB/s")  # fmt: skip
     print(f"  {'through the tunnel at rest':<34} {percentiles(times['tunnel'])} {len(times['tunnel']):>5}")
-    print(f"  {'event-loop lag, relay+agent process':<34} {percentiles(lags)} {len(lags):>5}")
+    lag_of = "relay+agent" if args.layout == "one-process" else "the agent's"
+    print(f"  {'event-loop lag, ' + lag_of + ' process':<34} {percentiles(lags)} {len(lags):>5}")
     p99 = quantile(tunnel["rtts"], 0.99)
     print(f"  tunnel p99 {p99:.1f} ms: {p99 / quantile(times['tunnel'], 0.99):.0f}× at rest, "
           f"{p99 / quantile(direct['rtts'], 0.99):.1f}× direct under load; goal < 20 ms: {verdict(p99 < 20)}")  # fmt: skip
@@ -589,10 +680,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heartbeat-interval", type=float, default=0.1, help="the agent's heartbeat (default 0.1 s)")
     parser.add_argument("--loop", choices=LOOP_KINDS, default="auto",
                         help="the event loop of the relay, the agent and the renter (default: uvloop where it imports)")
+    parser.add_argument("--layout", choices=tuple(LAYOUTS), default="processes",
+                        help="the relay in its own process as in production (default), or relay and agent in one")
     parser.add_argument("--renter", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--relay-process", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.renter:
-        run_on_loop(renter_main(), kind=args.loop)
+    if args.renter or args.relay_process:
+        run_on_loop(renter_main() if args.renter else relay_main(), kind=args.loop)
         return 0
     args.mb = args.mb or (32 if args.quick else 512)
     args.round_trips = args.round_trips or (300 if args.quick else 2000)

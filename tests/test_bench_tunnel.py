@@ -19,11 +19,12 @@ NUMBER = r"[\d,]+\.?\d*"
 
 
 @pytest.mark.slow
-def test_quick_run_prints_every_figure_beside_its_baseline(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("layout", "lag_of"), [("processes", "the agent's"), ("one-process", "relay+agent")])
+def test_quick_run_prints_every_figure_beside_its_baseline(tmp_path: Path, layout: str, lag_of: str) -> None:
     results = tmp_path / "results.json"
     env = {**os.environ, "GPUMARKET_BENCH_RESULTS": str(results),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}  # fmt: skip
-    result = subprocess.run([sys.executable, str(BENCH), "--quick"], capture_output=True, text=True, timeout=120,
+    result = subprocess.run([sys.executable, str(BENCH), "--quick", "--layout", layout], capture_output=True, text=True, timeout=120,
                             cwd=ROOT, env=env)  # fmt: skip
     out = result.stdout
     assert result.returncode == 0, out + result.stderr
@@ -32,7 +33,7 @@ def test_quick_run_prints_every_figure_beside_its_baseline(tmp_path: Path) -> No
         assert re.search(rf"{direction}\s+{NUMBER} MB/s\s+{NUMBER} MB/s\s+{NUMBER}×\s+≥300 MB/s (OK|MISSED), ≥0.3× (OK|MISSED)\s+CPU: relay\+agent \d+%", out), out
     rows = {name: re.search(rf"  {re.escape(name)}\s+({NUMBER})\s+({NUMBER})\s+({NUMBER})", out) for name in (
         "tunnel", "direct TCP (baseline)", "through the tunnel, same link", "direct TCP, 20 direct copies",
-        "through the tunnel at rest", "event-loop lag, relay+agent process", "beside 20 tunnel copies", "idle (baseline)",
+        "through the tunnel at rest", f"event-loop lag, {lag_of} process", "beside 20 tunnel copies", "idle (baseline)",
     )}  # fmt: skip
     assert all(rows.values()), {name: bool(row) for name, row in rows.items()}
     for name, row in rows.items():
@@ -48,3 +49,4 @@ def test_quick_run_prints_every_figure_beside_its_baseline(tmp_path: Path) -> No
         ("tunnel", "ms", "direct TCP beside 20 direct copies"),
     ]  # fmt: skip
     assert all(f["value"] > 0 and f["baseline_value"] > 0 for f in figures)
+    assert all(f"layout {layout}" in f["note"] for f in figures[:2]), figures
