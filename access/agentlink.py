@@ -30,7 +30,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 
 from shared.ratelimit import TokenBucket
-from shared.streams import Multiplexer
+from shared.streams import LARGE_DATA, MAX_DATA, MAX_DATA_HEADER, Multiplexer, agree_max_data
 from shared.streams.aio import StreamLink
 
 log = logging.getLogger(__name__)
@@ -69,6 +69,7 @@ class StreamOptions:
     turn_bytes: int
     window: int  # per stream while the link has room (``shared.streams``)
     link_send_buffer: int  # the agent socket's kernel buffers (``shared.streams.aio.bound_send_buffer``)
+    max_data: int = LARGE_DATA  # the largest DATA frame the relay agrees to where the agent offers one
 
 
 @dataclass(slots=True, eq=False)
@@ -88,6 +89,12 @@ class AgentLink:
     _writer: asyncio.Task[None] | None = field(default=None, repr=False)
     _streams: StreamLink | None = field(default=None, repr=False)
     _pump: asyncio.Task[None] | None = field(default=None, repr=False)
+    agreed_max_data: int | None = field(default=None, init=False)  # None: the agent offered none, 64 KiB frames
+
+    def __post_init__(self) -> None:
+        request = self.connection.request  # read before ``forget_handshake``
+        offered = request.headers.get(MAX_DATA_HEADER) if request is not None else None
+        self.agreed_max_data = agree_max_data(offered, self.stream_options.max_data)
 
     # ---- frames to the agent -------------------------------------------------------------
 
@@ -191,7 +198,7 @@ class AgentLink:
             options = self.stream_options
             self._streams = StreamLink(
                 Multiplexer(initiator=False, max_streams=options.max_streams, max_link_buffer=options.max_buffer,
-                            window=options.window),
+                            window=options.window, max_data=self.agreed_max_data or MAX_DATA),
                 self.connection.send, turn_bytes=options.turn_bytes,
             )
             self._pump = asyncio.create_task(self._run_pump(self._streams), name=f"relay-streams-{self.host_id}")

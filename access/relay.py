@@ -469,7 +469,7 @@ class Relay:
         forget_handshake(connection)
         # Welcome queued and link swapped in before any await: a racing reconnect cannot leave one
         # untracked, and a drain starting now finds the link (its move goes after the welcome).
-        link.queue(self._welcome(host_id))
+        link.queue(self._welcome(host_id, link.agreed_max_data))
         previous, self.agents[host_id] = self.agents.get(host_id), link
         if previous is not None:
             log.info("host %s reconnected; closing its previous connection", host_id)
@@ -484,22 +484,16 @@ class Relay:
                 del self.agents[host_id]
             await link.finish(self.close_timeout)
 
-    def _welcome(self, host_id: str) -> str:
-        """The welcome frame (built here, so that its model is not held by the handler for the
-        connection's life)."""
-        return protocol.encode(
-            protocol.Welcome(
-                body=protocol.WelcomeBody(
-                    relay_id=self.relay_id,
-                    host_id=host_id,
-                    heartbeat_interval=self.heartbeat_interval,
-                    telemetry_interval=self.telemetry_interval,
-                    max_frame=self.max_frame,
-                    max_messages_per_second=self.max_messages_per_second,
-                    message_burst=self.message_burst,
-                )
-            )
-        )
+    def _welcome(self, host_id: str, max_stream_data: int | None) -> str:
+        """The welcome frame (built here, so that its model is not held by the handler for the connection's
+        life); ``max_stream_data`` only where the agent offered one (older agents refuse a field they lack)."""
+        body = protocol.WelcomeBody(
+            relay_id=self.relay_id, host_id=host_id, heartbeat_interval=self.heartbeat_interval,
+            telemetry_interval=self.telemetry_interval, max_frame=self.max_frame,
+            max_messages_per_second=self.max_messages_per_second, message_burst=self.message_burst,
+            max_stream_data=max_stream_data,
+        )  # fmt: skip
+        return protocol.Welcome(body=body).model_dump_json(exclude={"body": {"max_stream_data"}} if max_stream_data is None else None)
 
     async def _receive(self, link: AgentLink) -> None:
         connection = link.connection

@@ -50,7 +50,7 @@ from shared.crypto.tokens import (
     names_service_kind,
     verify_connect_token,
 )
-from shared.streams import TUNNEL_REASONS, StreamLimitError, TunnelCode, encode_open_header
+from shared.streams import MAX_DATA, TUNNEL_REASONS, StreamLimitError, TunnelCode, encode_open_header
 from shared.streams.aio import Channel, ChannelReset, StreamLink
 
 log = logging.getLogger(__name__)
@@ -163,7 +163,9 @@ class RenterGate:
 
 async def _splice_websocket(connection: ServerConnection, channel: Channel) -> None:
     async def to_renter() -> None:
-        while data := await channel.read():
+        # Renters' clients bound their messages (the service gateway's at 2 × MAX_DATA): whatever the agent
+        # link agreed, a renter gets protocol v1's message size.
+        while data := await channel.read(MAX_DATA):
             await connection.send(data)
 
     async def to_agent() -> None:

@@ -65,12 +65,10 @@ from agent.volumecopy import VolumeCopier
 from agent.volumes import VolumeStore, with_volumes
 from shared import protocol
 from shared.cancelling import raise_if_cancelled
-from shared.crypto import (
-    client_ssl_context,
-)
+from shared.crypto import client_ssl_context
 from shared.errors import ConfigError, GpumarketError, ProtocolError
 from shared.outbound import OutboundWindow
-from shared.streams import CONNECT_PATH, Multiplexer, StreamProtocolError, TunnelCode
+from shared.streams import CONNECT_PATH, Multiplexer, StreamProtocolError, TunnelCode, frames
 from shared.streams.aio import StreamLink, bound_send_buffer
 
 log = logging.getLogger(__name__)
@@ -414,7 +412,7 @@ class Agent:
             open_timeout=self.timings.open_timeout,
             max_size=self.max_frame,
             max_queue=4,  # frames waiting here are in order whatever their stream: few, so a keystroke is not behind MBs
-            compression=None,
+            compression=None, additional_headers={frames.MAX_DATA_HEADER: str(frames.LARGE_DATA)},  # the welcome agrees
             close_timeout=2.0,
         ) as ws:
             async with asyncio.timeout(self.timings.welcome_timeout):
@@ -440,9 +438,10 @@ class Agent:
                     await self.pacer.take()  # a long outage's replay stays within the relay's budget
                     await ws.send(frame)
             bound_send_buffer(ws.transport, self.link_send_buffer)
+            max_data = frames.welcomed_max_data(first.body.max_stream_data, frames.LARGE_DATA)
             self.streams = StreamLink(
                 Multiplexer(initiator=True, max_streams=self.max_streams, max_link_buffer=self.max_stream_buffer,
-                            window=self.stream_window),
+                            window=self.stream_window, max_data=max_data),
                 ws.send, on_open=self.tunnels.accept,
             )
             pump = asyncio.create_task(self._pump(self.streams), name=f"agent-{self.host_id}-streams")

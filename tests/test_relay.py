@@ -27,6 +27,7 @@ from shared.crypto import (
 )
 from shared.errors import BusError
 from shared.outbound import OutboundWindow
+from shared.streams import LARGE_DATA, MAX_DATA, MAX_DATA_HEADER
 from tests.factories import MS
 from tests.pki import agent_client_context, relay_server_context
 from tests.relayharness import (
@@ -195,6 +196,22 @@ class TestForwarding:
         assert agent.welcome.body.host_id == "h-1"
         assert agent.welcome.body.max_frame == MAX_FRAME
         assert set(relay.agents) == {"h-1"}
+
+    async def test_agrees_larger_stream_frames_only_with_an_agent_that_offers_them(
+        self, relay: Relay, agent_context: MakeAgentContext
+    ) -> None:
+        """An agent offering larger DATA frames in its upgrade request gets the size in its welcome and a link of that
+        size; one offering none (an older agent) gets a welcome without the field, which it would refuse, and 64 KiB."""
+        offer = {MAX_DATA_HEADER: str(LARGE_DATA)}
+        async with connect_to_relay(relay.url, agent_context("h-new"), additional_headers=offer) as ws:
+            welcome = await read_welcome(ws)
+            assert welcome.body.max_stream_data == LARGE_DATA
+            assert relay.agents["h-new"].streams.mux.max_data == LARGE_DATA
+        async with connect_to_relay(relay.url, agent_context("h-old")) as ws:
+            async with asyncio.timeout(IO_TIMEOUT):
+                raw = json.loads(await ws.recv())
+            assert raw["type"] == "welcome" and "max_stream_data" not in raw["body"]
+            assert relay.agents["h-old"].streams.mux.max_data == MAX_DATA
 
     async def test_puts_telemetry_and_heartbeats_on_the_bus_and_acks_their_seq(
         self, relay: Relay, bus: InProcessBus, connect_agent: ConnectAgent

@@ -39,7 +39,7 @@ from shared.errors import BusError
 from shared.outbound import OutboundWindow
 from shared.ratelimit import SourceRateLimiter, TokenBucket, source_key
 from shared.registry import MemoryRegistry, RedisRegistry, RelayRecord
-from shared.streams import CONNECT_PATH
+from shared.streams import CONNECT_PATH, LARGE_DATA
 from tests.agents import RecordingStore, enrolled_state, fast_timings
 from tests.factories import MS
 from tests.pki import relay_server_context
@@ -667,6 +667,9 @@ class TestAgentMoves:
         task = asyncio.create_task(agent.run())
         try:
             await wait_for(lambda: agent.relay_id == "relay-a" and agent.samples_taken > 5)
+            # The real agent offers larger stream frames and the relay agrees them (shared.streams.agree_max_data).
+            assert agent.streams is not None and agent.streams.mux.max_data == LARGE_DATA
+            assert relay_a.agents[HOST].streams.mux.max_data == LARGE_DATA
             async with asyncio.timeout(IO_TIMEOUT):
                 await relay_a.close()
             await wait_for(lambda: agent.relay_id == "relay-b" and agent.connected.is_set())

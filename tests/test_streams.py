@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
 from datetime import timedelta
 from pathlib import Path
@@ -14,6 +15,8 @@ from hypothesis import strategies as st
 from shared.errors import ProtocolError
 from shared.streams import (
     HEADER,
+    HEADER_SIZE,
+    LARGE_DATA,
     MAX_DATA,
     MAX_OPEN_HEADER,
     DataReceived,
@@ -31,10 +34,12 @@ from shared.streams import (
     StreamReset,
     StreamState,
     Writable,
+    agree_max_data,
     decode_frame,
     decode_open_header,
     encode_frame,
     encode_open_header,
+    welcomed_max_data,
 )
 from tests.fuzzing import run_atheris_harness
 
@@ -391,6 +396,65 @@ class TestLinkErrors:
         settle(agent, relay)
         with pytest.raises(StreamProtocolError):
             agent.receive_frame(encode_frame(FrameType.WINDOW, stream_id, struct.pack("!I", 2**31 - 1)))
+
+
+class TestAgreedFrameSize:
+    """A link may agree DATA frames above protocol v1's 64 KiB (the agent offers, the relay's welcome says)."""
+
+    def test_a_link_that_agreed_larger_frames_sends_them_and_delivers_every_byte(self) -> None:
+        """With ``max_data=LARGE_DATA`` a full stream goes in LARGE_DATA frames, read back intact."""
+        agent, relay = pair(max_data=LARGE_DATA, window=1 << 20, max_send_buffer=1 << 20)
+        stream_id = agent.open_stream()
+        settle(agent, relay)
+        payload = os.urandom(1 << 20)
+        assert agent.send(stream_id, payload) == len(payload)
+        frames = deliver(agent, relay, max_bytes=1 << 20)
+        sizes = [len(frame) - HEADER_SIZE for frame in frames if frame[1] == FrameType.DATA]
+        assert sizes == [LARGE_DATA] * 4
+        assert read_all(relay, stream_id) == payload
+
+    @pytest.mark.parametrize("max_data", [MAX_DATA, LARGE_DATA])
+    def test_a_frame_over_the_agreed_size_closes_the_link(self, max_data: int) -> None:
+        """DATA of exactly the agreed size is taken; one byte more is a link error, whatever was agreed."""
+        relay = Multiplexer(initiator=False, max_data=max_data, initial_window=1 << 20)
+        relay.receive_frame(encode_frame(FrameType.OPEN, 1))
+        relay.receive_frame(HEADER.pack(1, FrameType.DATA, 0, 1, max_data) + b"x" * max_data)
+        assert relay.readable(1) == max_data
+        with pytest.raises(StreamProtocolError) as raised:
+            relay.receive_frame(HEADER.pack(1, FrameType.DATA, 0, 1, max_data + 1) + b"x" * (max_data + 1))
+        assert raised.value.code == "stream_too_big"
+
+    @pytest.mark.parametrize("limits", [{"max_data": MAX_DATA - 1}, {"max_data": LARGE_DATA + 1},
+                                        {"max_frame_payload": MAX_DATA + 1}])  # fmt: skip
+    def test_sizes_outside_the_protocol_are_refused(self, limits: dict[str, int]) -> None:
+        """``max_data`` lies in MAX_DATA .. LARGE_DATA, and a side sends no frame above it."""
+        with pytest.raises(ValueError):
+            Multiplexer(initiator=True, **limits)
+
+    @pytest.mark.parametrize(
+        ("offered", "ours", "agreed"),
+        [
+            (str(LARGE_DATA), LARGE_DATA, LARGE_DATA),
+            ("131072", LARGE_DATA, 131072),  # the agent's smaller offer
+            (str(4 * LARGE_DATA), LARGE_DATA, LARGE_DATA),  # the relay's limit
+            (str(4 * LARGE_DATA), 4 * LARGE_DATA, LARGE_DATA),  # never above the protocol's
+            (str(LARGE_DATA), MAX_DATA, None),  # a relay that keeps 64 KiB says nothing
+            (str(MAX_DATA), LARGE_DATA, None),
+            ("-1", LARGE_DATA, None),
+            ("lots", LARGE_DATA, None),
+            (None, LARGE_DATA, None),  # an agent that offers nothing: an older one
+        ],
+    )
+    def test_the_relay_agrees_the_smaller_offer_or_nothing(self, offered: str | None, ours: int, agreed: int | None) -> None:
+        assert agree_max_data(offered, ours) == agreed
+
+    def test_the_agent_takes_what_the_welcome_says_within_its_offer(self) -> None:
+        """No field: 64 KiB (an older relay). A size outside (64 KiB, offer] is a protocol error."""
+        assert welcomed_max_data(None, LARGE_DATA) == MAX_DATA
+        assert welcomed_max_data(131072, LARGE_DATA) == 131072
+        for wrong in (LARGE_DATA + 1, MAX_DATA, 1):
+            with pytest.raises(StreamProtocolError):
+                welcomed_max_data(wrong, LARGE_DATA)
 
 
 class TestHalfCloseAndReset:

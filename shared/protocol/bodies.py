@@ -285,6 +285,9 @@ class WelcomeBody(StrictModel):
     # outage included) to stay under it instead of being closed with 4004.
     max_messages_per_second: float | None = Field(None, gt=0)
     message_burst: int | None = Field(None, ge=1)
+    # The largest DATA payload of a stream frame on this link, both ways (``shared.streams.agree_max_data``): said
+    # only to an agent that offered one in its upgrade request; absent, protocol v1's 64 KiB.
+    max_stream_data: int | None = Field(None, gt=0)
 
 
 class AckBody(StrictModel):

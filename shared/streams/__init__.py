@@ -17,7 +17,9 @@ type       payload
 =========  ====================================================================================
 OPEN  0    what the stream is for: opaque bytes the upper layer defines, at most
            ``MAX_OPEN_HEADER`` (see ``encode_open_header`` for the relay's JSON)
-DATA  1    1 .. ``MAX_DATA`` bytes of the stream
+DATA  1    1 .. ``MAX_DATA`` bytes of the stream (64 KiB; up to ``LARGE_DATA`` where the link agreed more:
+           the agent offers it in its upgrade request's ``MAX_DATA_HEADER``, the relay's welcome says
+           the size agreed, ``max_stream_data``; a link whose welcome says none keeps 64 KiB)
 WINDOW 2   u32 credit increment, >= 1: the sender may send that many more DATA bytes
 CLOSE 3    empty: the sender's half is finished (FIN); it still reads
 RESET 4    u16 code (``ResetCode`` or an application code >= 256): abort both halves
@@ -76,7 +78,9 @@ from shared.streams.frames import (
     HEADER,
     HEADER_SIZE,
     INITIAL_WINDOW,
+    LARGE_DATA,
     MAX_DATA,
+    MAX_DATA_HEADER,
     MAX_OPEN_HEADER,
     TUNNEL_REASONS,
     VERSION,
@@ -89,10 +93,12 @@ from shared.streams.frames import (
     StreamProtocolError,
     StreamState,
     TunnelCode,
+    agree_max_data,
     decode_frame,
     decode_open_header,
     encode_frame,
     encode_open_header,
+    welcomed_max_data,
 )
 from shared.streams.mux import (
     DataReceived,
@@ -109,7 +115,9 @@ __all__ = [
     "HEADER",
     "HEADER_SIZE",
     "INITIAL_WINDOW",
+    "LARGE_DATA",
     "MAX_DATA",
+    "MAX_DATA_HEADER",
     "MAX_OPEN_HEADER",
     "TUNNEL_REASONS",
     "VERSION",
@@ -129,8 +137,10 @@ __all__ = [
     "StreamState",
     "TunnelCode",
     "Writable",
+    "agree_max_data",
     "decode_frame",
     "decode_open_header",
     "encode_frame",
     "encode_open_header",
+    "welcomed_max_data",
 ]

@@ -24,7 +24,7 @@ import socket
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
-from shared.streams.frames import MAX_DATA, ResetCode, StreamProtocolError
+from shared.streams.frames import ResetCode, StreamProtocolError
 from shared.streams.mux import DataReceived, Multiplexer, StreamClosed, StreamOpened, StreamReset, Writable
 
 log = logging.getLogger(__name__)
@@ -67,10 +67,11 @@ class Channel:
     def reset_error(self) -> ChannelReset | None:
         return self._reset
 
-    async def read(self, max_bytes: int = MAX_DATA) -> bytes:
-        """Up to ``max_bytes`` received bytes, waiting for some; ``b""`` once the peer closed its half.
-        Raises ``ChannelReset``. Cancelling is safe."""
+    async def read(self, max_bytes: int | None = None) -> bytes:
+        """Up to ``max_bytes`` (default: the link's largest DATA frame) received bytes, waiting for some; ``b""``
+        once the peer closed its half. Raises ``ChannelReset``. Cancelling is safe."""
         mux = self.link.mux
+        max_bytes = mux.max_data if max_bytes is None else max_bytes
         while True:
             if self._reset is not None:
                 raise self._reset
@@ -293,10 +294,12 @@ async def first_done(*coroutines: Coroutine[Any, Any, None], grace: float = 0.0)
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def splice(channel: Channel, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, chunk: int = MAX_DATA) -> None:
+async def splice(channel: Channel, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, chunk: int | None = None) -> None:
     """Copy both ways between ``channel`` and a socket until both directions end (EOF is passed on as
-    a half-close) or either fails (the channel is reset, the socket closed). Cancelling is safe:
-    both are torn down. Returns quietly; counts stay on the channel."""
+    a half-close) or either fails (the channel is reset, the socket closed), ``chunk`` bytes a read at most
+    (default: the link's largest DATA frame). Cancelling is safe: both are torn down. Returns quietly;
+    counts stay on the channel."""
+    chunk = channel.link.mux.max_data if chunk is None else chunk
 
     async def to_socket() -> None:
         while data := await channel.read(chunk):

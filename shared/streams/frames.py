@@ -13,7 +13,10 @@ from shared.errors import GpumarketError, ProtocolError
 VERSION: Final = 1
 HEADER: Final = struct.Struct("!BBHII")
 HEADER_SIZE: Final = HEADER.size  # 12
-MAX_DATA: Final = 64 * 1024  # the largest DATA payload a receiver accepts (protocol version 1)
+MAX_DATA: Final = 64 * 1024  # the largest DATA payload a receiver accepts (protocol version 1), unless its link agreed more
+LARGE_DATA: Final = 256 * 1024  # the largest DATA a link may agree (``agree_max_data``): fewer frames per MB, each
+# one a websocket message; larger would put a keystroke behind more bulk in the link's kernel buffer
+MAX_DATA_HEADER: Final = "Gpumarket-Stream-Data"  # the agent's offer, in its websocket upgrade request
 MAX_OPEN_HEADER: Final = 4096
 INITIAL_WINDOW: Final = 256 * 1024
 MAX_WINDOW: Final = 2**31 - 1
@@ -116,10 +119,10 @@ def decode_frame(message: bytes | bytearray | memoryview) -> Frame:
     return Frame(frame_type, stream_id, bytes(payload))
 
 
-def parse_frame(message: bytes | bytearray | memoryview) -> tuple[FrameType, int, memoryview]:
+def parse_frame(message: bytes | bytearray | memoryview, max_data: int = MAX_DATA) -> tuple[FrameType, int, memoryview]:
     """``decode_frame`` without copying the payload: it is a view of ``message`` (which must not change
     while the view is in use). The multiplexer's receive path: a DATA payload is copied once, into the
-    stream's buffer."""
+    stream's buffer. ``max_data``: the largest DATA payload the link agreed (``agree_max_data``)."""
     if len(message) < HEADER_SIZE:
         raise StreamProtocolError(
             f"stream frame of {len(message)} bytes is shorter than its header", code="stream_bad_frame"
@@ -147,19 +150,19 @@ def parse_frame(message: bytes | bytearray | memoryview) -> tuple[FrameType, int
             code="stream_bad_length",
         )
     payload = memoryview(message)[HEADER_SIZE:]
-    _check_payload(frame_type, payload, StreamProtocolError)
+    _check_payload(frame_type, payload, StreamProtocolError, max_data)
     return frame_type, stream_id, payload
 
 
-def _check_payload(frame_type: FrameType, payload: bytes | memoryview, error: type[Exception]) -> None:
+def _check_payload(frame_type: FrameType, payload: bytes | memoryview, error: type[Exception], max_data: int = MAX_DATA) -> None:
     size = len(payload)
     problem = None
     if frame_type is FrameType.OPEN:
         if size > MAX_OPEN_HEADER:
             problem = f"OPEN header of {size} bytes is over {MAX_OPEN_HEADER}"
     elif frame_type is FrameType.DATA:
-        if not 0 < size <= MAX_DATA:
-            problem = f"DATA of {size} bytes; 1 to {MAX_DATA} allowed"
+        if not 0 < size <= max_data:
+            problem = f"DATA of {size} bytes; 1 to {max_data} allowed"
     elif frame_type is FrameType.WINDOW:
         if size != WINDOW_FIELD.size:
             problem = f"WINDOW payload of {size} bytes; 4 expected"
@@ -172,9 +175,29 @@ def _check_payload(frame_type: FrameType, payload: bytes | memoryview, error: ty
         problem = f"RESET payload of {size} bytes; 2 expected"
     if problem is not None:
         if error is StreamProtocolError:
-            code = "stream_too_big" if size > MAX_DATA else "stream_bad_length"
+            code = "stream_too_big" if size > max_data else "stream_bad_length"
             raise StreamProtocolError(problem, code=code)
         raise error(problem)
+
+
+def agree_max_data(offered: str | int | None, ours: int) -> int | None:
+    """The largest DATA payload a link agrees: the agent offers one (``MAX_DATA_HEADER`` in its upgrade request),
+    the relay takes the smaller of that and ``ours`` and says it in its welcome. ``None`` (nothing to say: the
+    link keeps ``MAX_DATA``) when the offer is absent, malformed or not above ``MAX_DATA``."""
+    try:
+        value = min(int(offered), ours, LARGE_DATA) if offered is not None else 0
+    except ValueError:
+        return None
+    return value if value > MAX_DATA else None
+
+
+def welcomed_max_data(welcomed: int | None, offered: int) -> int:
+    """The agent's side of ``agree_max_data``: the relay's answer, which may not pass what the agent offered."""
+    if welcomed is None:
+        return MAX_DATA
+    if not MAX_DATA < welcomed <= offered:
+        raise StreamProtocolError(f"the relay agreed DATA of {welcomed} bytes; {offered} was offered", code="stream_bad_frame")
+    return welcomed
 
 
 # ---- the OPEN header the relay and agent use -------------------------------------------------

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from shared.streams.frames import (
     HEADER,
     INITIAL_WINDOW,
+    LARGE_DATA,
     MAX_DATA,
     MAX_OPEN_HEADER,
     MAX_STREAM_ID,
@@ -107,7 +108,9 @@ class Multiplexer:
     buffers unread per stream: a stream gets it while the windows already given leave half of
     ``max_link_buffer`` free, the protocol's ``initial_window`` after that (so a link still opens
     as many streams as before, and the first ones run at the larger window).
-    ``max_frame_payload``: the largest DATA this side sends.
+    ``max_data``: the largest DATA payload on this link, both ways: ``MAX_DATA`` unless the link agreed more
+    (``agree_max_data``); a larger one received is a link error. ``max_frame_payload``: the largest DATA
+    this side sends (default ``max_data``).
     ``max_streams``, ``max_link_buffer``: open streams, and the sum of their windows, per link.
     ``max_send_buffer``: unsent bytes ``send`` takes per stream. ``max_pending_control``:
     control frames the peer may make this side queue before the caller drains them.
@@ -131,7 +134,8 @@ class Multiplexer:
         initial_window: int = INITIAL_WINDOW,
         window: int | None = None,
         # Limits
-        max_frame_payload: int = MAX_DATA,
+        max_data: int = MAX_DATA,
+        max_frame_payload: int | None = None,
         max_streams: int = 256,
         max_send_buffer: int = 256 * 1024,
         max_link_buffer: int = 64 * 1024 * 1024,
@@ -140,8 +144,11 @@ class Multiplexer:
         window = initial_window if window is None else window
         if not 0 < initial_window <= window <= MAX_WINDOW:
             raise ValueError("need 0 < initial_window <= window <= 2**31-1")
-        if not 0 < max_frame_payload <= MAX_DATA:
-            raise ValueError(f"max_frame_payload must be 1 .. {MAX_DATA}")
+        max_frame_payload = max_data if max_frame_payload is None else max_frame_payload
+        if not MAX_DATA <= max_data <= LARGE_DATA:
+            raise ValueError(f"max_data must be {MAX_DATA} .. {LARGE_DATA}")
+        if not 0 < max_frame_payload <= max_data:
+            raise ValueError(f"max_frame_payload must be 1 .. {max_data}")
         if max_streams < 1 or max_send_buffer < 1 or max_pending_control < 1:
             raise ValueError("limits must be positive")
         if max_link_buffer < window:
@@ -149,6 +156,7 @@ class Multiplexer:
         self.initiator = initiator
         self.initial_window = initial_window
         self.window = window
+        self.max_data = max_data
         self.max_frame_payload = max_frame_payload
         self.max_streams = max_streams
         self.max_send_buffer = max_send_buffer
@@ -279,7 +287,7 @@ class Multiplexer:
     def receive_frame(self, message: bytes | bytearray | memoryview) -> None:
         """Feed one binary websocket message. Raises ``StreamProtocolError`` for a link error (close the
         link); a stream's violation resets that stream only."""
-        frame_type, stream_id, payload = parse_frame(message)  # a view: DATA is copied once, into the stream's buffer
+        frame_type, stream_id, payload = parse_frame(message, self.max_data)  # a view: DATA is copied once, into the stream's buffer
         peer_parity = 0 if self.initiator else 1
         if frame_type is FrameType.OPEN:
             if stream_id % 2 != peer_parity:
