@@ -113,6 +113,7 @@ class Agent:
         max_streams_per_rental: int = 32,
         max_stream_buffer: int = 64 << 20,
         stream_window: int = 1 << 20,
+        stream_data: int = frames.LARGE_DATA,  # the DATA frame size offered to the relay (MAX_DATA: protocol v1's)
         link_send_buffer: int = 128 << 10,
         cluster_direct: bool = True,
         # GPU challenges (agent.verification): the challenge image (None: the CUDA image built FROM challenge_cuda_base on
@@ -205,7 +206,7 @@ class Agent:
         self.tunnels = TunnelServer(self.workloads, self.ssh, clusters=self.clusters, max_streams_per_rental=max_streams_per_rental)
         self.max_streams = max_streams
         self.max_stream_buffer = max_stream_buffer
-        self.stream_window = stream_window
+        self.stream_window, self.stream_data = stream_window, stream_data
         self.link_send_buffer = link_send_buffer
         self.streams: StreamLink | None = None
         self.sampler = Sampler(self.host_id, backend, self.power, self.window, self._emit)
@@ -412,7 +413,7 @@ class Agent:
             open_timeout=self.timings.open_timeout,
             max_size=self.max_frame,
             max_queue=4,  # frames waiting here are in order whatever their stream: few, so a keystroke is not behind MBs
-            compression=None, additional_headers={frames.MAX_DATA_HEADER: str(frames.LARGE_DATA)},  # the welcome agrees
+            compression=None, additional_headers={frames.MAX_DATA_HEADER: str(self.stream_data)},  # the welcome agrees
             close_timeout=2.0,
         ) as ws:
             async with asyncio.timeout(self.timings.welcome_timeout):
@@ -438,7 +439,7 @@ class Agent:
                     await self.pacer.take()  # a long outage's replay stays within the relay's budget
                     await ws.send(frame)
             bound_send_buffer(ws.transport, self.link_send_buffer)
-            max_data = frames.welcomed_max_data(first.body.max_stream_data, frames.LARGE_DATA)
+            max_data = frames.welcomed_max_data(first.body.max_stream_data, self.stream_data)
             self.streams = StreamLink(
                 Multiplexer(initiator=True, max_streams=self.max_streams, max_link_buffer=self.max_stream_buffer,
                             window=self.stream_window, max_data=max_data),

@@ -78,7 +78,7 @@ from shared.crypto.tokens import new_claims
 from shared.eventloop import LOOP_KINDS, loop_name
 from shared.eventloop import run as run_on_loop
 from shared.outbound import FrameStore
-from shared.streams import CONNECT_PATH, MAX_DATA
+from shared.streams import CONNECT_PATH, LARGE_DATA, MAX_DATA
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import describe_machine, quantile, record
@@ -312,7 +312,7 @@ async def host_side(directory: Path, args: argparse.Namespace) -> AsyncIterator[
     port = server.sockets[0].getsockname()[1]
     timings = AgentTimings(network_interval=0, reconnect_base_delay=0.05, reconnect_max_delay=0.5)
     agent = Agent(enrolled_state(ca, directory / "agent"), SimulatedBackend("sim:8xH100", seed=HOST_ID),
-                  relay_urls=[relay.url], timings=timings, rng=random.Random(7))  # fmt: skip
+                  relay_urls=[relay.url], timings=timings, rng=random.Random(7), stream_data=args.stream_data)  # fmt: skip
     agent.tunnels = TunnelServer(ContainerStandIn())  # type: ignore[arg-type]  # the container's stand-in
     acks = AckTimes(agent.window.store)
     agent.window.store = acks
@@ -586,7 +586,8 @@ LAYOUTS = {
 
 async def run(args: argparse.Namespace) -> int:
     print(describe_machine(with_openssl=True))
-    print(f"layout: {LAYOUTS[args.layout]} ({loop_name()}; both hops TLS); the renter in a child process")
+    print(f"layout: {LAYOUTS[args.layout]} ({loop_name()}; both hops TLS); the renter in a child process; "
+          f"the agent offers {args.stream_data // 1024} KiB DATA frames")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="gm-bench-tunnel-") as tmp:
         async with host_side(Path(tmp), args) as (settings, acks, relay):
             child = await Child.spawn("--renter", "--loop", args.loop)
@@ -615,7 +616,8 @@ async def report(args: argparse.Namespace, child: Child, acks: AckTimes, relay: 
               f"≥300 MB/s {verdict(t_rate >= 300)}, ≥0.3× {verdict(ratio >= 0.3)}   CPU: relay+agent {host_cpu:.0%} ({host_cpu_s * 1e3 / (tunnel['bytes'] / MB):.1f} ms/MB), renter {tunnel['cpu_s'] / tunnel['seconds']:.0%} of a core")  # fmt: skip
         record("tunnel", f"bulk {label.split()[0]}, {args.mb} MiB in {CHUNK // 1024} KiB messages", t_rate, "MB/s",
                "direct TCP", d_rate, f"goals ≥ 300 MB/s and ≥ 0.3× direct; relay+agent at {host_cpu:.0%} of a core, "
-               f"{host_cpu_s * 1e3 / (tunnel['bytes'] / MB):.1f} ms CPU per MB; {loop_name()}, layout {args.layout}")  # fmt: skip
+               f"{host_cpu_s * 1e3 / (tunnel['bytes'] / MB):.1f} ms CPU per MB; {loop_name()}, layout {args.layout}, "
+               f"{args.stream_data // 1024} KiB DATA frames offered")  # fmt: skip
 
     # 2. Round trips.
     times = await child.ask("echo", count=args.round_trips, block=100)
@@ -682,6 +684,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the event loop of the relay, the agent and the renter (default: uvloop where it imports)")
     parser.add_argument("--layout", choices=tuple(LAYOUTS), default="processes",
                         help="the relay in its own process as in production (default), or relay and agent in one")
+    parser.add_argument("--stream-data", type=int, default=LARGE_DATA,
+                        help=f"the DATA frame size the agent offers the relay (default {LARGE_DATA}; {MAX_DATA}: protocol v1's)")
     parser.add_argument("--renter", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--relay-process", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
