@@ -413,6 +413,20 @@ class TestAgreedFrameSize:
         assert sizes == [LARGE_DATA] * 4
         assert read_all(relay, stream_id) == payload
 
+    def test_beside_another_sending_stream_frames_keep_protocol_v1s_size(self) -> None:
+        """Two bulk streams share the link in 64 KiB frames (a keystroke waits behind no larger one); once one
+        is done, the other goes on in the agreed size."""
+        agent, relay = pair(max_data=LARGE_DATA, window=1 << 20, max_send_buffer=1 << 20)
+        first, second = agent.open_stream(), agent.open_stream()
+        settle(agent, relay)
+        agent.send(first, b"a" * (512 * KIB))
+        agent.send(second, b"b" * (128 * KIB))
+        frames = [HEADER.unpack_from(frame)[3:] for frame in deliver(agent, relay)]  # (stream id, payload size)
+        last_of_second = max(index for index, (stream_id, _) in enumerate(frames) if stream_id == second)
+        assert all(size <= MAX_DATA for _, size in frames[: last_of_second + 1]), frames
+        assert (first, LARGE_DATA) in frames[last_of_second + 1 :], frames
+        assert read_all(relay, first) == b"a" * (512 * KIB) and read_all(relay, second) == b"b" * (128 * KIB)
+
     @pytest.mark.parametrize("max_data", [MAX_DATA, LARGE_DATA])
     def test_a_frame_over_the_agreed_size_closes_the_link(self, max_data: int) -> None:
         """DATA of exactly the agreed size is taken; one byte more is a link error, whatever was agreed."""

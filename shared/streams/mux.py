@@ -110,7 +110,7 @@ class Multiplexer:
     as many streams as before, and the first ones run at the larger window).
     ``max_data``: the largest DATA payload on this link, both ways: ``MAX_DATA`` unless the link agreed more
     (``agree_max_data``); a larger one received is a link error. ``max_frame_payload``: the largest DATA
-    this side sends (default ``max_data``).
+    this side sends (default ``max_data``); above ``MAX_DATA`` only while one stream alone has data to send.
     ``max_streams``, ``max_link_buffer``: open streams, and the sum of their windows, per link.
     ``max_send_buffer``: unsent bytes ``send`` takes per stream. ``max_pending_control``:
     control frames the peer may make this side queue before the caller drains them.
@@ -366,7 +366,10 @@ class Multiplexer:
             if stream is None:
                 self._ready_set.discard(stream_id)
                 continue
-            chunk_size = min(len(stream.send_buffer), stream.send_credit, self.max_frame_payload)
+            # Frames above protocol v1's size only while this stream is the only one sending: beside others, a
+            # larger frame would put a keystroke behind more bulk at every hop.
+            largest = self.max_frame_payload if len(self._ready_set) <= 1 else min(self.max_frame_payload, MAX_DATA)
+            chunk_size = min(len(stream.send_buffer), stream.send_credit, largest)
             if chunk_size > 0:
                 # The frame in one copy out of the send buffer (not a slice, bytes of it, then header + those).
                 with memoryview(stream.send_buffer) as view:
