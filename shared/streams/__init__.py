@@ -58,17 +58,17 @@ each open stream's window and refuses a stream (RESET ``REFUSED``) whose reserva
 of ``max_link_buffer`` free and ``initial_window`` after that, so a link holds as many streams
 as it would at ``initial_window`` less the few large ones.
 
-Sending: ``send`` copies into the stream's send buffer up to ``max_send_buffer`` and returns
-how many bytes it took; the caller keeps the rest and retries on ``Writable``.
-``data_to_send`` hands out frames: first control frames (OPEN, WINDOW, RESET), then DATA and
-CLOSE round-robin, one frame of at most ``max_frame_payload`` (``MAX_DATA`` beside other
-sending streams) per stream per round, the rotation kept across calls. As in fq_codel, a stream that had nothing to send and now has
-(a keystroke on an idle shell) goes before the rotation for its first frame, then joins its
-end, and leaves the rotation only when its turn finds it empty: a write on an idle stream
-waits behind no bulk frame, one on a busy stream at most one round, and no stream gets more
-than one frame per round however it writes. Its ``max_bytes`` bounds one turn: a caller that
-sends at most ``max_bytes`` of stream frames, then its own JSON messages (heartbeats, acks),
-then the next turn, keeps those on time whatever the streams carry.
+Sending: ``send`` copies into the stream's send buffer up to ``max_send_buffer`` and returns how
+many bytes it took; the caller keeps the rest and retries on ``Writable``. ``data_to_send``
+hands out frames: first control frames (OPEN, WINDOW, RESET), then DATA and CLOSE round-robin,
+one frame of at most ``max_frame_payload`` (``MAX_DATA`` beside other sending streams) per
+stream per round, the rotation kept across calls. As in fq_codel, a stream that had nothing to
+send and now has (a keystroke on an idle shell) goes before the rotation for its first frame,
+then joins its end, and leaves the rotation only when its turn finds it empty: a write on an
+idle stream waits behind no bulk frame, one on a busy stream at most one round, and no stream
+gets more than one frame per round however it writes. Its ``max_bytes`` bounds one turn: a
+caller that sends at most ``max_bytes`` of stream frames, then its own JSON messages
+(heartbeats, acks), then the next turn, keeps those on time whatever the streams carry.
 """
 
 from __future__ import annotations
