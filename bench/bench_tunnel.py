@@ -36,7 +36,10 @@ The event loop is the one production runs (``shared.eventloop``: uvloop where it
 asyncio`` measures asyncio's own.
 
 Usage: ``python bench/bench_tunnel.py [--quick] [--mb N] [--round-trips N] [--seconds S] [--loop KIND]
-[--layout processes|one-process]``
+[--layout processes|one-process] [--stream-data BYTES]``
+
+``--stream-data``: the DATA frame size the agent offers its relay (default 256 KiB, ``LARGE_DATA``; 65536 keeps
+protocol v1's frames): the agent link's frame size, renters' messages are 64 KiB either way.
 """
 
 from __future__ import annotations
