@@ -64,6 +64,7 @@ from typing import Final
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
+from agent.cluster import fabric
 from agent.cluster.hosts import hosts_block, rewrite_hosts
 from agent.cluster.probe import MEASURE_PORT, Run, UdpEcho, echo, loss, respond, throughput
 from agent.cluster.relay import RelayedPeer
@@ -107,6 +108,8 @@ class MemberNet:
     peers: list[dict[str, object]] = field(default_factory=list)
     relayed: list[int] = field(default_factory=list)  # peer ranks reached through the relays
     netns: int = 0  # the inode of the container's network namespace the interface went into (0: not known)
+    fabric_address: str | None = None  # its ``fabric0``'s address (``agent.cluster.fabric``; None: not on the fabric)
+    fabric_peers: dict[str, list[str]] = field(default_factory=dict)  # rank → [cluster address, fabric address]
 
     @property
     def address(self) -> str:
@@ -152,6 +155,7 @@ class ClusterNetworks:
         relay_url: Callable[[], str | None] = lambda: None,
         relay_tls: Callable[[], ssl.SSLContext] | None = None,
         direct: bool = True,
+        fabric: protocol.FabricDeclaration | None = None,
         measure_bytes: int = 8 << 20,
         measure_timeout: float = 15.0,
         handshake_timeout: float = 6.0,
@@ -164,6 +168,7 @@ class ClusterNetworks:
         self.relay_url = relay_url
         self.relay_tls = relay_tls
         self.direct = direct
+        self.fabric = fabric  # the trusted fabric this host's provider declared (None: none)
         self.measure_bytes = measure_bytes
         self.measure_timeout = measure_timeout
         self.handshake_timeout = handshake_timeout
@@ -198,6 +203,7 @@ class ClusterNetworks:
             await self._close_relays(net.rental_id)
             net = await self._remake(net, command, pid, hosts)
         await self._ensure_responder(net, pid)
+        await self._join_fabric(net, command, pid)
         measurements: list[protocol.PeerMeasurement] = []
         if command.peers:
             peers = [peer if self.direct else peer.model_copy(update={"endpoint": None}) for peer in command.peers]
@@ -210,14 +216,15 @@ class ClusterNetworks:
                 await uapi(net.device, change, directory=self.uapi_dir)
             net.peers = [peer.model_dump(mode="json") for peer in peers]
             self._save(net)
-            await self._choose_paths(net, peers, wait=command.measure)
+            await self._set_fabric_peers(net, peers, pid)
+            await self._choose_paths(net, [p for p in peers if str(p.rank) not in net.fabric_peers], wait=command.measure)
             if command.measure:
                 measurements = await self._measure(net, pid, [p for p in peers if p.rank > net.rank])
         address = self.local_address() if self.direct else None
         return protocol.ClusterJoined(
             public_key=net.public_key, address=net.address, listen_port=net.listen_port,
             endpoints=[_endpoint(address, net.listen_port)] if address else [], relay_url=self.relay_url(), peers=len(net.peers),
-            measurements=measurements,
+            measurements=measurements, tunnel="wireguard-go", fabric_address=net.fabric_address,
         )  # fmt: skip
 
     def listen_port(self, rental_id: str) -> int | None:
@@ -226,7 +233,31 @@ class ClusterNetworks:
         return net.listen_port if net is not None and net.listen_port else None
 
     def path_to(self, rental_id: str, rank: int) -> str:
+        net = self._load(rental_id)
+        if net is not None and str(rank) in net.fabric_peers:
+            return "fabric"
         return "relay" if (rental_id, rank) in self._relays else "direct"
+
+    async def _join_fabric(self, net: MemberNet, command: protocol.CreateCluster, pid: int) -> None:
+        """``fabric0`` on the declared fabric when the command gives the member an address on it (again when the
+        address changed); a command for a fabric this host does not declare fails."""
+        if command.fabric is None or command.fabric.address == net.fabric_address:
+            return
+        if self.fabric is None or self.fabric.name != command.fabric.name:
+            raise ClusterNetworkError(f"this host declares no fabric {command.fabric.name} (its fabric: {self.fabric.name if self.fabric else 'none'})")
+        await fabric.join(pid, net.rental_id, self.fabric, command.fabric.address, net.address)
+        net.fabric_address, net.fabric_peers = command.fabric.address, {}
+        self._save(net)
+
+    async def _set_fabric_peers(self, net: MemberNet, peers: list[protocol.ClusterPeer], pid: int) -> None:
+        """The peers the master put on the fabric with this member get their routes and rules (``fabric.set_peers``)."""
+        wanted = {str(p.rank): [address_of(net.subnet, p.rank), p.fabric_address] for p in peers if p.fabric_address and net.fabric_address}
+        if wanted == net.fabric_peers:
+            return
+        as_pairs = {int(rank): (pair[0], pair[1]) for rank, pair in wanted.items()}
+        await fabric.set_peers(pid, net.address, as_pairs, {int(r): (p[0], p[1]) for r, p in net.fabric_peers.items()})
+        net.fabric_peers = wanted
+        self._save(net)
 
     async def _choose_paths(self, net: MemberNet, peers: list[protocol.ClusterPeer], *, wait: bool) -> None:
         """Direct where a peer has an endpoint and a handshake with it completes (``wait``: within ``handshake_timeout``);
@@ -420,6 +451,9 @@ class ClusterNetworks:
             await asyncio.sleep(0.01)
         await clear_stale_socket(self.uapi_dir / f"{net.device}.sock")
         found = await self.namespace(net.rental_id)
+        if net.fabric_address is not None:
+            with contextlib.suppress(OSError, ClusterNetworkError):
+                await fabric.leave(found[0] if found is not None else None, net.rental_id)
         if found is not None:
             with contextlib.suppress(OSError, ClusterNetworkError):
                 await asyncio.to_thread(rewrite_hosts, found[1], None)

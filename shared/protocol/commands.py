@@ -28,6 +28,7 @@ from pydantic import (
 from shared.errors import ProtocolError
 from shared.imageref import IMAGE_HINT, MAX_REFERENCE_CHARS, parse_image_reference
 from shared.protocol.base import CommandId, StrictModel, Timestamp
+from shared.protocol.clusterpaths import FabricJoin, IPv4Text
 from shared.protocol.volumes import (
     MAX_VOLUMES_PER_RENTAL,
     CopyVolume,
@@ -491,6 +492,9 @@ class ClusterPeer(StrictModel):
     # token for a ``wg`` stream to the peer member (signed by the master, as renters' connect tokens are).
     relay_url: Annotated[str, Field(min_length=8, max_length=512, pattern=r"^wss://[^\s]+$")] | None = None
     relay_token: Annotated[str, Field(min_length=16, max_length=4096, pattern=r"^[A-Za-z0-9._-]+$")] | None = None
+    # The pair's path is the trusted fabric (both hosts one provider's, on the same declared fabric): the peer's
+    # address on it, through which this member reaches the peer's cluster address (``None``: the tunnel).
+    fabric_address: IPv4Text | None = None
 
 
 class CreateCluster(StrictModel):
@@ -512,6 +516,7 @@ class CreateCluster(StrictModel):
     subnet: Annotated[str, Field(max_length=18), BeforeValidator(_cluster_subnet)]
     peers: list[ClusterPeer] = Field(default_factory=list, max_length=MAX_CLUSTER_NODES - 1)
     measure: bool = False
+    fabric: FabricJoin | None = None  # the member's interface on its host's declared fabric (``None``: none)
 
     @model_validator(mode="after")
     def _ranks(self) -> CreateCluster:
