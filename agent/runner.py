@@ -171,6 +171,7 @@ class Agent:
         link_send_buffer: int = 128 << 10,
         cluster_direct: bool = True,
         cluster_fabric: protocol.FabricDeclaration | None = None,
+        cluster_tunnel_mtu: int | None = None,
         # GPU challenges (agent.verification): the challenge image (None: the CUDA image built FROM challenge_cuda_base on
         # NVML, the CPU image on sim and replay; agent.challenge_image), and a simulated host's behaviour (sim only)
         challenge_image: str | None = None,
@@ -235,7 +236,7 @@ class Agent:
         self.clusters = ClusterNetworks(
             state.work_dir, self.workloads.container_namespace, self._local_address, relay_url=self._connect_url,
             relay_tls=lambda: client_ssl_context(self.state.ca_file), direct=cluster_direct,
-            fabric=cluster_fabric,
+            fabric=cluster_fabric, tunnel_mtu=cluster_tunnel_mtu,
         )
         self.cluster_network: protocol.ClusterNetworkFacts | None = None  # refresh_isolation finds it
         # Off-peak power limits (agent.power): what it lowered survives a restart in power.json.

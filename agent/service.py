@@ -52,6 +52,7 @@ def agent_from_settings(settings: AgentSettings, *, container_engine: str | None
         spool_max_messages=settings.spool_max_messages,
         spool_max_bytes=settings.spool_max_bytes,
         cluster_direct=settings.cluster_direct,
+        cluster_tunnel_mtu=settings.cluster_tunnel_mtu,
         cluster_fabric=FabricDeclaration.model_validate(settings.cluster_fabric) if settings.cluster_fabric else None,
         isolation=isolation_from_settings(settings, container_engine=container_engine),
         container=container_options(settings),

@@ -156,6 +156,7 @@ class ClusterNetworks:
         relay_tls: Callable[[], ssl.SSLContext] | None = None,
         direct: bool = True,
         fabric: protocol.FabricDeclaration | None = None,
+        tunnel_mtu: int | None = None,
         measure_bytes: int = 8 << 20,
         measure_timeout: float = 15.0,
         handshake_timeout: float = 6.0,
@@ -169,6 +170,7 @@ class ClusterNetworks:
         self.relay_tls = relay_tls
         self.direct = direct
         self.fabric = fabric  # the trusted fabric this host's provider declared (None: none)
+        self.tunnel_mtu = tunnel_mtu  # cluster0's MTU (None: wireguard-go's own, 1420)
         self.measure_bytes = measure_bytes
         self.measure_timeout = measure_timeout
         self.handshake_timeout = handshake_timeout
@@ -394,6 +396,8 @@ class ClusterNetworks:
             await _run("ip", "link", "set", device, "netns", str(pid))
             await _run(*inside, "link", "set", device, "name", INTERFACE)
             await _run(*inside, "address", "add", f"{net.address}/24", "dev", INTERFACE)
+            if self.tunnel_mtu is not None:
+                await _run(*inside, "link", "set", INTERFACE, "mtu", str(self.tunnel_mtu))
             await _run(*inside, "link", "set", INTERFACE, "up")
             await asyncio.to_thread(rewrite_hosts, hosts, hosts_block(command.subnet, command.node_count))
         except BaseException:
