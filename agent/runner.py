@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import shutil
 import ssl
 import time
 from dataclasses import dataclass, replace
@@ -43,6 +44,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from agent.certificates import CertificateKeeper
 from agent.challenge_image import DEFAULT_CUDA_BASE, CudaImageBuilder, challenge_image_for, cuda_image
 from agent.cluster import paths as cluster_paths
+from agent.cluster import wgkernel
 from agent.cluster.net import ClusterNetworks
 from agent.commands import CommandExecutor
 from agent.discovery import RelayDirectory
@@ -299,6 +301,8 @@ class Agent:
             self.isolation = self.isolation.with_container_engine(facts.engine)
         self.isolation = self.isolation.with_network(await self.workloads.network_facts())
         self.cluster_network = await cluster_paths.detect(self.clusters.fabric, wireguard_go=self.clusters.wireguard_go)
+        # New tunnels use kernel WireGuard where the host has it and ``wg`` to configure it (agent.cluster.wgkernel).
+        self.clusters.kernel = self.cluster_network.kernel_wireguard and shutil.which(wgkernel.WG) is not None
 
     def _hello(self) -> protocol.HelloBody:
         facts = collect_host_facts(workload_dir=self.state.work_dir, agent_version=AGENT_VERSION)

@@ -10,6 +10,7 @@ cluster goes over it, and nobody else reaches them or the provider's address thr
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import secrets
 import shutil
@@ -23,9 +24,10 @@ import pytest
 import pytest_asyncio
 from pydantic import ValidationError
 
-from agent.cluster import paths
+from agent.cluster import paths, wgkernel
 from agent.cluster.fabric import FABRIC_INTERFACE, filter_rules
 from agent.cluster.net import ClusterNetworks, device_name
+from agent.cluster.wgcontrol import ClusterNetworkError, peer_states_of, uapi_peer_changes, uapi_set
 from master.services.lifecycle import cluster_paths
 from shared import protocol
 from tests import dockerengine
@@ -252,3 +254,42 @@ class TestPathChoice:
         while (more := cluster_paths.allocate("10.200.0.0/28", every, rental_id="r-a")) is not None:
             every.append(more)
         assert sorted(every, key=lambda a: int(a.rsplit(".", 1)[1])) == [f"10.200.0.{n}" for n in range(2, 15)]
+
+
+KEY_A = "yAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk="
+KEY_B = "xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg="
+
+
+class TestKernelWireguard:
+    """``wgkernel`` turns ``net``'s UAPI requests into ``wg`` command lines and ``wg show dump`` into UAPI answers."""
+
+    def test_a_set_with_key_port_and_peers_is_one_wg_set(self) -> None:
+        peers = [protocol.ClusterPeer(rank=1, public_key=KEY_B, endpoint="203.0.113.7:51820")]
+        request = uapi_set(bytes(32).hex(), peers, "10.70.1.0/24", listen_port=0)
+        argv, private = wgkernel.wg_set_argv("cluster0", request, current_peers=[KEY_A, KEY_B])
+        assert argv == ["wg", "set", "cluster0", "private-key", "/dev/stdin", "listen-port", "0", "peer", KEY_A, "remove",
+                        "peer", KEY_B, "persistent-keepalive", "25", "endpoint", "203.0.113.7:51820", "allowed-ips", "10.70.1.2/32"]  # fmt: skip
+        assert private == base64.b64encode(bytes(32)).decode()
+
+    def test_changes_remove_and_set_only_what_changed(self) -> None:
+        old = [protocol.ClusterPeer(rank=1, public_key=KEY_A)]
+        new = [protocol.ClusterPeer(rank=2, public_key=KEY_B)]
+        change = uapi_peer_changes(old, new, "10.70.1.0/24")
+        assert change is not None
+        argv, private = wgkernel.wg_set_argv("cluster0", change)
+        assert private is None
+        assert argv == ["wg", "set", "cluster0", "peer", KEY_A, "remove", "peer", KEY_B, "persistent-keepalive", "25",
+                        "allowed-ips", "10.70.1.3/32"]  # fmt: skip
+
+    def test_a_dump_reads_as_the_uapi_answer_peer_states_reads(self) -> None:
+        dump = (f"{base64.b64encode(bytes(32)).decode()}\t{KEY_A}\t41234\toff\n"
+                f"{KEY_B}\t(none)\t203.0.113.7:51820\t10.70.1.2/32\t1700000000\t1200\t3400\t25\n")  # fmt: skip
+        lines = wgkernel.dump_lines(dump)
+        assert dict(lines)["listen_port"] == "41234"
+        states = peer_states_of(lines)
+        assert states[KEY_B]["last_handshake_time_sec"] == "1700000000"
+        assert (states[KEY_B]["rx_bytes"], states[KEY_B]["tx_bytes"], states[KEY_B]["endpoint"]) == ("1200", "3400", "203.0.113.7:51820")
+
+    def test_an_unknown_uapi_line_is_refused(self) -> None:
+        with pytest.raises(ClusterNetworkError):
+            wgkernel.wg_set_argv("cluster0", "set=1\nfwmark=7\n\n")
