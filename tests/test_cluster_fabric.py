@@ -30,6 +30,7 @@ from agent.cluster.net import ClusterNetworks, device_name
 from agent.cluster.wgcontrol import ClusterNetworkError, peer_states_of, uapi_peer_changes, uapi_set
 from master.services.lifecycle import cluster_paths
 from shared import protocol
+from shared.settings import AgentSettings
 from tests import dockerengine
 from tests.helpers import eventually
 from tests.test_clusternet import (
@@ -221,6 +222,14 @@ class TestPathFacts:
     def test_the_grammar_refuses_bad_declarations(self, declaration: dict[str, object]) -> None:
         with pytest.raises(ValidationError):
             protocol.FabricDeclaration.model_validate(declaration)
+
+
+class TestAgentSettings:
+    def test_cluster_fabric_is_checked_at_load_and_names_the_field(self) -> None:
+        good = {"name": "dc1", "parent": "eth1", "subnet": "10.200.0.0/16", "vlan": 120}
+        assert AgentSettings(cluster_fabric=good).cluster_fabric == good
+        with pytest.raises(ValidationError, match="cluster_fabric"):
+            AgentSettings(cluster_fabric={**good, "subnet": "8.8.8.0/24"})
 
 
 def _entry(owner: str, fabric: str | None, address: str | None, *, kernel: bool = False, tunnel: str = "wireguard-go") -> dict[str, object]:

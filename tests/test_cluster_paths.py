@@ -10,14 +10,19 @@ would (``answer_round``). The agent's side, with real interfaces, is ``tests/tes
 from __future__ import annotations
 
 import ipaddress
+from datetime import UTC, datetime
 from typing import Any
 
+import pytest
+from pydantic import ValidationError
 from sqlalchemy import select
 
 from master.models import Host
 from master.services.lifecycle import cluster_paths
+from master.telemetry.hosts import handle_hello
 from shared import protocol
 from tests.apiclient import Api
+from tests.factories import envelope, gpu_info
 from tests.test_cluster_bounds import hosts_of, placed_on, stop
 from tests.test_cluster_network import answer_round, key, opened
 from tests.test_cluster_policy import running_cluster, view
@@ -107,9 +112,23 @@ class TestFabricPlacement:
 
 class TestHostFacts:
     async def test_the_hello_keeps_cluster_network_and_the_host_view_shows_it(self, api: Api) -> None:
-        host_id, _ = await api.host(1)
-        await declare(api, host_id, fabric=FABRIC, kernel=True)
+        """Through ``handle_hello``, as the ingestor applies a hello: kept beside the host's own facts, shown on its view."""
+        host_id, uuids = await api.host(1)
+        facts = protocol.ClusterNetworkFacts(kernel_wireguard=True, wireguard_go=True, fabric=FABRIC, rdma_names=["mlx5_0"],
+                                             rdma_devices=["/dev/infiniband/uverbs0"])  # fmt: skip
+        message = protocol.Hello(host_id=host_id, seq=10_000, ts=datetime.now(UTC), body=protocol.HelloBody(
+            agent_version="test", gpu_backend="sim", host={"hostname": "test", "cluster_network": "forged by the agent's dict"},
+            gpus=[gpu_info(0, uuid=uuids[0])], cluster_network=facts,
+        ))  # fmt: skip
+        async with api.master.db.session() as session:
+            await handle_hello(session, envelope(message))
+            await session.commit()
         status, host = await api.as_provider("GET", f"/hosts/{host_id}")
         assert status == 200, host
+        assert host["cluster_network"] == facts.model_dump(mode="json")
         assert host["cluster_network"]["fabric"] == {**FABRIC, "vlan": None}
-        assert host["cluster_network"]["kernel_wireguard"] is True
+
+    def test_a_hello_whose_paths_do_not_parse_is_refused(self) -> None:
+        with pytest.raises(ValidationError):
+            protocol.HelloBody(agent_version="t", gpu_backend="sim", gpus=[],
+                               cluster_network={"fabric": {"name": "dc1", "parent": "eth1", "subnet": "8.8.8.0/24"}})
