@@ -28,6 +28,8 @@ from agent.cluster import paths, wgkernel
 from agent.cluster.fabric import FABRIC_INTERFACE, filter_rules
 from agent.cluster.net import ClusterNetworks, device_name
 from agent.cluster.wgcontrol import ClusterNetworkError, peer_states_of, uapi_peer_changes, uapi_set
+from agent.runtimes.containerconfig import create_body
+from agent.runtimes.containeropts import ContainerOptions, PreparedImage
 from master.services.lifecycle import cluster_paths
 from shared import protocol
 from shared.settings import AgentSettings
@@ -222,6 +224,37 @@ class TestPathFacts:
     def test_the_grammar_refuses_bad_declarations(self, declaration: dict[str, object]) -> None:
         with pytest.raises(ValidationError):
             protocol.FabricDeclaration.model_validate(declaration)
+
+
+class TestRdmaPassthrough:
+    """A fabric member's container gets the RDMA devices its start command lists, where the host has them (the device
+    list only: no RDMA hardware here)."""
+
+    def test_the_container_gets_the_devices_and_unbounded_locked_memory(self) -> None:
+        image = PreparedImage(id="sha256:x", user="", env=(), size=1, pulled=False)
+        spec = protocol.ContainerWorkload(image="ubuntu:24.04")
+        devices = ["/dev/infiniband/rdma_cm", "/dev/infiniband/uverbs0"]
+        body = create_body(ContainerOptions(), "r-1", [], spec, image, None, user="u", name="n", labels={}, device_requests=False,
+                           storage_opt=False, devices=devices)  # fmt: skip
+        host = body["HostConfig"]
+        assert host["Devices"] == [{"PathOnHost": d, "PathInContainer": d, "CgroupPermissions": "rw"} for d in devices]
+        assert host["Ulimits"] == [{"Name": "memlock", "Soft": -1, "Hard": -1}] and host["CapDrop"] == ["ALL"]
+        plain = create_body(ContainerOptions(), "r-1", [], spec, image, None, user="u", name="n", labels={}, device_requests=False,
+                            storage_opt=False)["HostConfig"]  # fmt: skip
+        assert "Devices" not in plain and "Ulimits" not in plain
+
+    def test_only_character_devices_present_here_are_passed(self, tmp_path: Path) -> None:
+        nodes = tmp_path / "dev/infiniband"
+        nodes.mkdir(parents=True)
+        (nodes / "notadevice").write_text("")
+        if os.geteuid() == 0:
+            os.mknod(nodes / "uverbs0", 0o600 | 0o020000, os.makedev(231, 192))
+        asked = ["/dev/infiniband/uverbs0", "/dev/infiniband/uverbs1", "/dev/infiniband/notadevice", "/dev/infiniband/../../etc/passwd"]
+        assert paths.present_devices(asked, root=tmp_path) == (["/dev/infiniband/uverbs0"] if os.geteuid() == 0 else [])
+
+    def test_the_start_command_refuses_a_device_outside_dev_infiniband(self) -> None:
+        with pytest.raises(ValidationError):
+            protocol.StartWorkload(rental_id="r-1", gpu_uuids=[], rdma_devices=["/dev/sda"])
 
 
 class TestAgentSettings:

@@ -31,9 +31,11 @@ from tests.test_clusters import IMAGE, create
 FABRIC = {"name": "dc1", "parent": "eth1", "subnet": "10.200.0.0/24"}
 
 
-async def declare(api: Api, *host_ids: str, fabric: dict[str, Any] | None = None, kernel: bool = False, owner: str | None = None) -> None:
+async def declare(api: Api, *host_ids: str, fabric: dict[str, Any] | None = None, kernel: bool = False, owner: str | None = None,
+                  rdma: list[str] | None = None) -> None:  # fmt: skip
     """What these hosts' hellos said of their cluster network (as ``handle_hello`` keeps it)."""
-    facts = protocol.ClusterNetworkFacts(kernel_wireguard=kernel, wireguard_go=True, fabric=fabric)
+    facts = protocol.ClusterNetworkFacts.model_validate({"kernel_wireguard": kernel, "wireguard_go": True, "fabric": fabric,
+                                                         "rdma_devices": rdma or []})  # fmt: skip
     async with api.master.db.session() as session:
         for host in (await session.scalars(select(Host).where(Host.id.in_(host_ids)))).all():
             host.facts = {**(host.facts or {}), "cluster_network": facts.model_dump(mode="json")}
@@ -88,6 +90,20 @@ async def _another_owner(api: Api) -> str:
     status, account = await api.as_renter("GET", "/account")
     assert status == 200, account
     return str(account["id"])
+
+
+class TestRdmaDevices:
+    async def test_members_on_a_fabric_that_lets_rdma_through_are_started_with_the_hosts_devices(self, api: Api) -> None:
+        """The fabric says ``rdma``: each member's start command lists its host's devices; a fabric without it, none."""
+        hosts = [(await api.host(1))[0] for _ in range(2)]
+        await declare(api, *hosts, fabric={**FABRIC, "rdma": True}, rdma=["/dev/infiniband/uverbs0"])
+        _, ids = await running_cluster(api, 2)
+        assert [(await api.commands(r, "start_workload"))[0].args.get("rdma_devices") for r in ids] == [["/dev/infiniband/uverbs0"]] * 2
+        await declare(api, *hosts, fabric=FABRIC, rdma=["/dev/infiniband/uverbs0"])
+        more = [(await api.host(1))[0] for _ in range(2)]
+        await declare(api, *more, fabric=FABRIC, rdma=["/dev/infiniband/uverbs0"])
+        _, others = await running_cluster(api, 2)
+        assert [(await api.commands(r, "start_workload"))[0].args.get("rdma_devices") for r in others] == [None, None]
 
 
 class TestFabricPlacement:

@@ -23,12 +23,12 @@ filter lets out only packets to its peers' cluster addresses.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import ipaddress
 from collections.abc import Mapping
 from typing import Final
 
+from agent.cluster.tools import run
 from agent.cluster.wgcontrol import ClusterNetworkError
 from shared import protocol
 
@@ -54,23 +54,6 @@ def filter_rules(own: str, peers: Mapping[int, tuple[str, str]]) -> str:
     return "\n".join(lines)
 
 
-async def _run(*argv: str, stdin: bytes | None = None, timeout: float = 10.0, check: bool = True) -> int:
-    process = await asyncio.create_subprocess_exec(
-        *argv, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        async with asyncio.timeout(timeout):
-            _, err = await process.communicate(stdin)
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        raise ClusterNetworkError(f"{argv[0]} did not finish within {timeout:g}s") from None
-    if check and process.returncode != 0:
-        raise ClusterNetworkError(f"{' '.join(argv[:6])}… failed: {err.decode(errors='replace').strip()[:300]}")
-    return process.returncode or 0
-
-
 def _inside(pid: int, *argv: str) -> tuple[str, ...]:
     return ("nsenter", f"--net=/proc/{pid}/ns/net", *argv)
 
@@ -80,9 +63,9 @@ async def _lower(declaration: protocol.FabricDeclaration) -> str:
     if declaration.vlan is None:
         return declaration.parent
     lower = f"fv{declaration.vlan}"
-    if await _run("ip", "link", "show", lower, check=False) != 0:
-        await _run("ip", "link", "add", "link", declaration.parent, "name", lower, "type", "vlan", "id", str(declaration.vlan))
-    await _run("ip", "link", "set", lower, "up")
+    if (await run("ip", "link", "show", lower, check=False))[0] != 0:
+        await run("ip", "link", "add", "link", declaration.parent, "name", lower, "type", "vlan", "id", str(declaration.vlan))
+    await run("ip", "link", "set", lower, "up")
     return lower
 
 
@@ -92,23 +75,23 @@ async def join(pid: int, rental_id: str, declaration: protocol.FabricDeclaration
     network = ipaddress.IPv4Network(declaration.subnet)
     if ipaddress.IPv4Address(address) not in network:
         raise ClusterNetworkError(f"fabric address {address} is not in the fabric {declaration.name}'s subnet {declaration.subnet}")
-    if await _run(*_inside(pid, "ip", "link", "show", FABRIC_INTERFACE), check=False) == 0:
-        await _run(*_inside(pid, "ip", "link", "del", FABRIC_INTERFACE))  # an older one (an agent restarted midway): made again
+    if (await run(*_inside(pid, "ip", "link", "show", FABRIC_INTERFACE), check=False))[0] == 0:
+        await run(*_inside(pid, "ip", "link", "del", FABRIC_INTERFACE))  # an older one (an agent restarted midway): made again
     device = fabric_device(rental_id)
-    await _run("ip", "link", "del", device, check=False)
+    await run("ip", "link", "del", device, check=False)
     lower = await _lower(declaration)
-    await _run("ip", "link", "add", device, "link", lower, "type", "macvlan", "mode", "bridge")
+    await run("ip", "link", "add", device, "link", lower, "type", "macvlan", "mode", "bridge")
     try:
-        await _run("ip", "link", "set", device, "addrgenmode", "none")  # no IPv6 link-local address, ever
-        await _run("ip", "link", "set", device, "netns", str(pid))
+        await run("ip", "link", "set", device, "addrgenmode", "none")  # no IPv6 link-local address, ever
+        await run("ip", "link", "set", device, "netns", str(pid))
     except BaseException:
-        await _run("ip", "link", "del", device, check=False)
+        await run("ip", "link", "del", device, check=False)
         raise
-    await _run(*_inside(pid, "ip", "link", "set", device, "name", FABRIC_INTERFACE))
-    await _run(*_inside(pid, "iptables-restore"), stdin=filter_rules(own, {}).encode())
-    await _run(*_inside(pid, "sysctl", "-q", "-w", f"net.ipv6.conf.{FABRIC_INTERFACE}.disable_ipv6=1"), check=False)  # no IPv6 in the namespace: nothing to turn off
-    await _run(*_inside(pid, "ip", "address", "add", f"{address}/{network.prefixlen}", "dev", FABRIC_INTERFACE))
-    await _run(*_inside(pid, "ip", "link", "set", FABRIC_INTERFACE, "up"))
+    await run(*_inside(pid, "ip", "link", "set", device, "name", FABRIC_INTERFACE))
+    await run(*_inside(pid, "iptables-restore"), stdin=filter_rules(own, {}).encode())
+    await run(*_inside(pid, "sysctl", "-q", "-w", f"net.ipv6.conf.{FABRIC_INTERFACE}.disable_ipv6=1"), check=False)  # no IPv6 in the namespace: nothing to turn off
+    await run(*_inside(pid, "ip", "address", "add", f"{address}/{network.prefixlen}", "dev", FABRIC_INTERFACE))
+    await run(*_inside(pid, "ip", "link", "set", FABRIC_INTERFACE, "up"))
 
 
 async def set_peers(pid: int, own: str, peers: Mapping[int, tuple[str, str]], old: Mapping[int, tuple[str, str]]) -> None:
@@ -116,15 +99,15 @@ async def set_peers(pid: int, own: str, peers: Mapping[int, tuple[str, str]], ol
     through (``filter_rules``); routes of peers no longer on the fabric go (their tunnel's ``/24`` takes over)."""
     for rank, (cluster_address, _fabric) in old.items():
         if rank not in peers:
-            await _run(*_inside(pid, "ip", "route", "del", f"{cluster_address}/32", "dev", FABRIC_INTERFACE), check=False)
-    await _run(*_inside(pid, "iptables-restore"), stdin=filter_rules(own, peers).encode())
+            await run(*_inside(pid, "ip", "route", "del", f"{cluster_address}/32", "dev", FABRIC_INTERFACE), check=False)
+    await run(*_inside(pid, "iptables-restore"), stdin=filter_rules(own, peers).encode())
     for cluster_address, fabric_address in peers.values():
-        await _run(*_inside(pid, "ip", "route", "replace", f"{cluster_address}/32", "via", fabric_address, "dev", FABRIC_INTERFACE,
+        await run(*_inside(pid, "ip", "route", "replace", f"{cluster_address}/32", "via", fabric_address, "dev", FABRIC_INTERFACE,
                             "src", own))  # fmt: skip
 
 
 async def leave(pid: int | None, rental_id: str) -> None:
     """Take the member's ``fabric0`` away (with its routes); its filter stays, dropping what ``fabric0`` would carry."""
     if pid is not None:
-        await _run(*_inside(pid, "ip", "link", "del", FABRIC_INTERFACE), check=False)
-    await _run("ip", "link", "del", fabric_device(rental_id), check=False)  # made, never moved (a failure midway)
+        await run(*_inside(pid, "ip", "link", "del", FABRIC_INTERFACE), check=False)
+    await run("ip", "link", "del", fabric_device(rental_id), check=False)  # made, never moved (a failure midway)

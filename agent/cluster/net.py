@@ -36,10 +36,17 @@ interface goes with it. What was made is kept in ``<work>/clusters/<rental>.json
 tunnel found gone (``wireguard-go`` ended, or the container has a new network namespace) is made
 again with the same key and port, and the peers it had.
 
+Since issue 42 (docs/clusters.md, "Three paths"): where the host has kernel WireGuard (``kernel``), the tunnel is a
+kernel interface made and moved the same way, configured through ``agent.cluster.wgkernel`` (the same UAPI requests,
+as ``wg`` command lines); where the command gives the member a fabric address, it also gets ``fabric0`` on the
+provider's declared fabric (``agent.cluster.fabric``), and the peers the master put on the fabric with it are routed
+there (their cluster addresses unchanged) instead of through the tunnel.
+
 Beside it: ``agent.cluster.wgcontrol`` (keys, the UAPI requests and the ``wireguard-go`` process), ``agent.cluster.hosts`` (the
 ``/etc/hosts`` block), ``agent.cluster.probe`` (the responder
-and the round-trip and throughput probes) and ``agent.cluster.relay`` (a peer reached through the
-relays when no handshake completes directly, or with ``direct=False``).
+and the round-trip and throughput probes), ``agent.cluster.relay`` (a peer reached through the
+relays when no handshake completes directly, or with ``direct=False``), ``agent.cluster.tools`` (running ``ip``,
+``nsenter``, ``wg``) and ``agent.cluster.paths`` (what the hello says of this host's paths).
 """
 
 from __future__ import annotations
@@ -68,6 +75,7 @@ from agent.cluster import fabric, wgkernel
 from agent.cluster.hosts import hosts_block, rewrite_hosts
 from agent.cluster.probe import MEASURE_PORT, UdpEcho, attempt, echo, loss_to, respond, throughput
 from agent.cluster.relay import RelayedPeer
+from agent.cluster.tools import run
 from agent.cluster.wgcontrol import (
     UAPI_DIR,
     ClusterNetworkError,
@@ -120,19 +128,6 @@ class MemberNet:
 def device_name(rental_id: str) -> str:
     """``wgm`` + 10 hex digits of the rental's id: unique on the host, under the kernel's 15 characters."""
     return "wgm" + hashlib.sha256(rental_id.encode()).hexdigest()[:10]
-
-
-async def _run(*argv: str, timeout: float = 10.0) -> None:
-    process = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
-    try:
-        async with asyncio.timeout(timeout):
-            _, err = await process.communicate()
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        raise ClusterNetworkError(f"{argv[0]} did not finish within {timeout:g}s") from None
-    if process.returncode != 0:
-        raise ClusterNetworkError(f"{' '.join(argv[:4])}… failed: {err.decode(errors='replace').strip()[:300]}")
 
 
 class ClusterNetworks:
@@ -391,7 +386,7 @@ class ClusterNetworks:
         self._save(net, private_raw)  # first: a failure below can still take it down by its pid
         try:
             if process is None:
-                await _run("ip", "link", "add", device, "type", "wireguard")  # its UDP socket stays in the host's namespace
+                await run("ip", "link", "add", device, "type", "wireguard")  # its UDP socket stays in the host's namespace
             else:
                 await self._wait_for_socket(device, process)
             try:
@@ -402,13 +397,13 @@ class ClusterNetworks:
                 await self._request(net, uapi_set(private_raw.hex(), None, command.subnet, listen_port=0))  # taken meanwhile
             net.listen_port = int((await self._request(net, "get=1\n\n")).get("listen_port", "0"))
             inside = ("nsenter", f"--net=/proc/{pid}/ns/net", "ip")
-            await _run("ip", "link", "set", device, "netns", str(pid))
-            await _run(*inside, "link", "set", device, "name", INTERFACE)
+            await run("ip", "link", "set", device, "netns", str(pid))
+            await run(*inside, "link", "set", device, "name", INTERFACE)
             net.ns_pid = pid if kernel else 0
-            await _run(*inside, "address", "add", f"{net.address}/24", "dev", INTERFACE)
+            await run(*inside, "address", "add", f"{net.address}/24", "dev", INTERFACE)
             if self.tunnel_mtu is not None:
-                await _run(*inside, "link", "set", INTERFACE, "mtu", str(self.tunnel_mtu))
-            await _run(*inside, "link", "set", INTERFACE, "up")
+                await run(*inside, "link", "set", INTERFACE, "mtu", str(self.tunnel_mtu))
+            await run(*inside, "link", "set", INTERFACE, "up")
             await asyncio.to_thread(rewrite_hosts, hosts, hosts_block(command.subnet, command.node_count))
         except BaseException:
             await self._take_down(net)

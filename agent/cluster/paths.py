@@ -14,6 +14,7 @@ import os
 import secrets
 import shutil
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 
 from shared import protocol
@@ -85,3 +86,17 @@ async def detect(
     return protocol.ClusterNetworkFacts(
         kernel_wireguard=kernel, wireguard_go=userspace, fabric=fabric, rdma_names=names, rdma_devices=devices, reason="; ".join(reasons)[:512],
     )  # fmt: skip
+
+
+def present_devices(devices: Sequence[str], root: Path = Path("/")) -> list[str]:
+    """Those of ``devices`` (a start command's RDMA devices) that are character devices under ``/dev/infiniband`` here:
+    the master's list is of the host's last hello, and a device gone since would fail the container's creation."""
+    found = []
+    for device in devices:
+        path = root / device.lstrip("/")
+        try:
+            if device.startswith("/dev/infiniband/") and "/.." not in device and stat.S_ISCHR(path.lstat().st_mode):
+                found.append(device)
+        except OSError:
+            continue
+    return found

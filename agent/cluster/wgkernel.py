@@ -12,12 +12,13 @@ translations are tested.
 
 from __future__ import annotations
 
-import asyncio
 import base64
+import contextlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
+from agent.cluster.tools import run
 from agent.cluster.wgcontrol import ClusterNetworkError
 
 WG: Final = "wg"
@@ -97,19 +98,9 @@ def dump_lines(dump: str) -> list[tuple[str, str]]:
     return lines
 
 
-async def _wg(netns_pid: int | None, argv: list[str], stdin: str | None = None, *, timeout: float = 5.0) -> str:
+async def _wg(netns_pid: int | None, argv: list[str], stdin: str | None = None) -> str:
     full = ["nsenter", f"--net=/proc/{netns_pid}/ns/net", *argv] if netns_pid is not None else argv
-    process = await asyncio.create_subprocess_exec(*full, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                                                   stderr=asyncio.subprocess.PIPE)  # fmt: skip
-    try:
-        async with asyncio.timeout(timeout):
-            out, err = await process.communicate(stdin.encode() if stdin is not None else b"")
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        raise ClusterNetworkError(f"wg did not answer within {timeout:g}s") from None
-    if process.returncode != 0:
-        raise ClusterNetworkError(f"kernel WireGuard refused its configuration: {err.decode(errors='replace').strip()[:300]}")
+    _, out = await run(*full, stdin=stdin.encode() if stdin is not None else b"", timeout=5.0)
     return out.decode()
 
 
@@ -144,10 +135,5 @@ async def take_down(device: str, name: str, netns_pid: int | None) -> None:
         if not has_interface(netns_pid, name):
             return
         argv = ["nsenter", f"--net=/proc/{netns_pid}/ns/net", *argv]
-    process = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
-    try:
-        async with asyncio.timeout(10):
-            await process.wait()
-    except TimeoutError:
-        process.kill()
-        await process.wait()
+    with contextlib.suppress(ClusterNetworkError):
+        await run(*argv, check=False)

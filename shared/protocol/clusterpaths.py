@@ -57,12 +57,16 @@ RdmaDevice = Annotated[str, Field(pattern=r"^/dev/infiniband/[A-Za-z0-9_.-]{1,64
 class FabricDeclaration(StrictModel):
     """A provider's private network between their hosts, as the agent's config declares it: members get an
     interface on ``parent`` (on its VLAN ``vlan`` where given) with an address of ``subnet`` (addresses the provider
-    keeps for cluster members, not their hosts'), and the RDMA devices the host has (``/dev/infiniband/*``)."""
+    keeps for cluster members, not their hosts'); ``rdma``: members get the host's RDMA devices (``/dev/infiniband/*``)."""
 
     name: FabricName
     parent: InterfaceName
     subnet: FabricSubnet
     vlan: Annotated[int, Field(ge=1, le=4094)] | None = None
+    # RDMA verbs bypass the members' filter on ``fabric0`` (the adapter moves the bytes): the provider says with ``rdma``
+    # that the fabric partitions RDMA per tenant itself (InfiniBand P_Keys, RoCE on per-tenant VLANs), and only then
+    # do cluster members on it get the host's ``/dev/infiniband`` devices.
+    rdma: bool = False
 
 
 class ClusterNetworkFacts(StrictModel):

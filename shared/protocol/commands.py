@@ -28,7 +28,7 @@ from pydantic import (
 from shared.errors import ProtocolError
 from shared.imageref import IMAGE_HINT, MAX_REFERENCE_CHARS, parse_image_reference
 from shared.protocol.base import CommandId, StrictModel, Timestamp
-from shared.protocol.clusterpaths import FabricJoin, IPv4Text
+from shared.protocol.clusterpaths import MAX_RDMA_DEVICES, FabricJoin, IPv4Text, RdmaDevice
 from shared.protocol.volumes import (
     MAX_VOLUMES_PER_RENTAL,
     CopyVolume,
@@ -362,6 +362,9 @@ class StartWorkload(StrictModel):
     preempts: list[Preemption] | None = Field(None, max_length=MAX_PREEMPTIONS)
     # The renter's volumes its container mounts (docs/volumes.md); none: an agent older than volumes refuses nothing.
     volumes: list[VolumeMount] | None = Field(None, max_length=MAX_VOLUMES_PER_RENTAL)
+    # A cluster member on its host's trusted fabric, whose provider lets RDMA through (``FabricDeclaration.rdma``): the
+    # host's RDMA devices, passed into the container (docs/clusters.md, "Three paths"). None: none.
+    rdma_devices: list[RdmaDevice] | None = Field(None, max_length=MAX_RDMA_DEVICES)
 
     @model_validator(mode="after")
     def _volumes_need_a_container(self) -> StartWorkload:
