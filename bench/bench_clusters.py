@@ -371,9 +371,9 @@ async def measure_tunnel(mib: int, runs: int) -> dict[str, list[float]]:
     fabric = protocol.FabricDeclaration(name="bench-fabric", parent=bridge, subnet=f"10.251.{octet}.0/24")
     networks = ClusterNetworks(work, namespace, lambda: "127.0.0.1", fabric=fabric)
     try:
-        for argv in (("add", bridge, "type", "bridge"), ("add", f"{bridge}c", "type", "veth", "peer", "name", f"{bridge}p"),
+        for ip_args in (("add", bridge, "type", "bridge"), ("add", f"{bridge}c", "type", "veth", "peer", "name", f"{bridge}p"),
                      ("set", f"{bridge}p", "master", bridge), ("set", bridge, "up"), ("set", f"{bridge}p", "up"), ("set", f"{bridge}c", "up")):
-            await asyncio.to_thread(subprocess.run, ["ip", "link", *argv], check=True, capture_output=True, timeout=10)
+            await asyncio.to_thread(subprocess.run, ["ip", "link", *ip_args], check=True, capture_output=True, timeout=10)
         await asyncio.to_thread(_engine, "POST", "/networks/create", {"Name": shared, "Driver": "bridge", "Labels": {"gpumarket.owner": owner}})
         for name in members:
             await asyncio.to_thread(_start_member, name, shared, image, owner)
