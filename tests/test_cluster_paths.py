@@ -142,7 +142,7 @@ class TestHostFacts:
         status, host = await api.as_provider("GET", f"/hosts/{host_id}")
         assert status == 200, host
         assert host["cluster_network"] == facts.model_dump(mode="json")
-        assert host["cluster_network"]["fabric"] == {**FABRIC, "vlan": None}
+        assert host["cluster_network"]["fabric"] == {**FABRIC, "vlan": None, "rdma": False}
 
     def test_a_hello_whose_paths_do_not_parse_is_refused(self) -> None:
         with pytest.raises(ValidationError):
