@@ -65,11 +65,11 @@ class WebsocketTransport(asyncio.Transport):
         finally:
             self._closing = True
             self._outgoing.clear()
+            self._protocol.connection_lost(None)  # at once: aiohttp need not wait for the websocket's closing handshake
             with contextlib.suppress(Exception):
                 await self._ws.close()
             received = self._ws.protocol.close_rcvd
             self._on_close(received.code if received is not None and self._ws.protocol.close_rcvd_then_sent else None)
-            self._protocol.connection_lost(None)
 
     async def _receive(self) -> None:
         async for message in self._ws:
