@@ -24,6 +24,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from agent.cluster.net import ClusterNetworks
+from agent.cluster.paths import present_devices
 from agent.cluster.wgcontrol import ClusterNetworkError
 from agent.gpu.base import GpuBackend
 from agent.health import check_health
@@ -209,7 +210,7 @@ class CommandExecutor:
             data = await self.workloads.start(
                 command.rental_id, list(command.gpu_uuids), command.workload, share=command.share, registry_auth=login,
                 preempts=[victim.rental_id for victim in preempts], before_start=stop_preempted if preempts else None,
-                volumes=command.volumes or (),
+                volumes=command.volumes or (), devices=present_devices(command.rdma_devices or ()),
             )  # fmt: skip
         if command.preempts is not None:
             data["preempted"] = list(stopped)

@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import shutil
 import ssl
 import time
 from dataclasses import replace
@@ -42,6 +43,8 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from agent.certificates import CertificateKeeper
 from agent.challenge_image import DEFAULT_CUDA_BASE, CudaImageBuilder, challenge_image_for, cuda_image
+from agent.cluster import paths as cluster_paths
+from agent.cluster import wgkernel
 from agent.cluster.net import ClusterNetworks
 from agent.commands import CommandExecutor
 from agent.discovery import RelayDirectory
@@ -116,6 +119,8 @@ class Agent:
         stream_data: int = frames.LARGE_DATA,  # the DATA frame size offered to the relay (MAX_DATA: protocol v1's)
         link_send_buffer: int = 128 << 10,
         cluster_direct: bool = True,
+        cluster_fabric: protocol.FabricDeclaration | None = None,
+        cluster_tunnel_mtu: int | None = None,
         # GPU challenges (agent.verification): the challenge image (None: the CUDA image built FROM challenge_cuda_base on
         # NVML, the CPU image on sim and replay; agent.challenge_image), and a simulated host's behaviour (sim only)
         challenge_image: str | None = None,
@@ -180,7 +185,9 @@ class Agent:
         self.clusters = ClusterNetworks(
             state.work_dir, self.workloads.container_namespace, self._local_address, relay_url=self._connect_url,
             relay_tls=lambda: client_ssl_context(self.state.ca_file), direct=cluster_direct,
+            fabric=cluster_fabric, tunnel_mtu=cluster_tunnel_mtu,
         )
+        self.cluster_network: protocol.ClusterNetworkFacts | None = None  # refresh_isolation finds it
         # Off-peak power limits (agent.power): what it lowered survives a restart in power.json.
         self.power = PowerPolicy(backend, state.dir / "power.json", in_use=self.workloads.gpus_in_use)
         cuda = cuda_image(challenge_cuda_base)
@@ -241,6 +248,9 @@ class Agent:
         if facts is not None:
             self.isolation = self.isolation.with_container_engine(facts.engine)
         self.isolation = self.isolation.with_network(await self.workloads.network_facts())
+        self.cluster_network = await cluster_paths.detect(self.clusters.fabric, wireguard_go=self.clusters.wireguard_go)
+        # New tunnels use kernel WireGuard where the host has it and ``wg`` to configure it (agent.cluster.wgkernel).
+        self.clusters.kernel = self.cluster_network.kernel_wireguard and shutil.which(wgkernel.WG) is not None
 
     def _hello(self) -> protocol.HelloBody:
         facts = collect_host_facts(workload_dir=self.state.work_dir, agent_version=AGENT_VERSION)
@@ -252,6 +262,7 @@ class Agent:
             gpus=[protocol.GpuInfoModel.model_validate(g.to_wire()) for g in self.backend.gpus()],
             running_rentals=self._rentals_running(),
             isolation=with_volumes(with_ceilings(self.isolation.facts, self.workloads.ceilings), self.volumes),
+            cluster_network=self.cluster_network,
         )
 
     # ---- sampling (agent.sampling) -----------------------------------------------------

@@ -16,7 +16,7 @@ from agent.runtimes.netguard import EgressPolicy
 from agent.state import AgentState
 from agent.timings import AgentTimings
 from shared.imageref import parse_image_reference
-from shared.protocol import ImagePolicyModel
+from shared.protocol import FabricDeclaration, ImagePolicyModel
 from shared.settings import AgentSettings
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,8 @@ def agent_from_settings(settings: AgentSettings, *, container_engine: str | None
         spool_max_messages=settings.spool_max_messages,
         spool_max_bytes=settings.spool_max_bytes,
         cluster_direct=settings.cluster_direct,
+        cluster_tunnel_mtu=settings.cluster_tunnel_mtu,
+        cluster_fabric=FabricDeclaration.model_validate(settings.cluster_fabric) if settings.cluster_fabric else None,
         isolation=isolation_from_settings(settings, container_engine=container_engine),
         container=container_options(settings),
         ceilings=CeilingPolicy.detect(

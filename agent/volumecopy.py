@@ -40,7 +40,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from agent.reach.volumefiles import tree_sha256
 from agent.volumes import VolumeStore
-from shared import protocol
+from shared import protocol, sshwire
 from shared.crypto import sealed_to
 from shared.errors import GpumarketError
 from shared.volumetree import PARTIAL, TREE_SHA256, Entry, walk
@@ -284,7 +284,8 @@ class VolumeCopier:
         async with (
             relay_socket(command.relay_url, login.token, self.ssl_context()) as sock,
             asyncssh.connect(sock=sock, host=f"{command.source_volume_id}.gpumarket", username=SSH_USER, known_hosts=known,
-                             client_keys=[key], agent_path=None, config=None, preferred_auth="publickey") as conn,
+                             client_keys=[key], agent_path=None, config=None, preferred_auth="publickey",
+                             encryption_algs=list(sshwire.CIPHERS), window=sshwire.WINDOW, max_pktsize=sshwire.MAX_PACKET) as conn,
             conn.start_sftp_client() as sftp,
         ):  # fmt: skip
             entries = await walk(sftp)

@@ -252,6 +252,7 @@ def run_trace(
 # ---- tunnel -----------------------------------------------------------------------------------------
 
 TUNNEL_PORT = 29600
+JUMBO_MTU = 8920  # a 9000-byte frame less WireGuard's 80 bytes
 CHUNK = 1 << 20
 
 
@@ -365,16 +366,26 @@ async def measure_tunnel(mib: int, runs: int) -> dict[str, list[float]]:
         return (info["State"]["Pid"], Path(info["HostsPath"])) if info["State"].get("Running") else None
 
     work = Path(tempfile.mkdtemp(prefix="gpumarket-bench-clusternet-"))
-    networks = ClusterNetworks(work, namespace, lambda: "127.0.0.1")
+    bridge = f"gmbfab{tag}"  # the "fabric": a bridge (a veth in it for its carrier), as a provider's private network
+    octet = 16 + secrets.randbelow(200)
+    fabric = protocol.FabricDeclaration(name="bench-fabric", parent=bridge, subnet=f"10.251.{octet}.0/24")
+    networks = ClusterNetworks(work, namespace, lambda: "127.0.0.1", fabric=fabric)
     try:
+        for ip_args in (("add", bridge, "type", "bridge"), ("add", f"{bridge}c", "type", "veth", "peer", "name", f"{bridge}p"),
+                     ("set", f"{bridge}p", "master", bridge), ("set", bridge, "up"), ("set", f"{bridge}p", "up"), ("set", f"{bridge}c", "up")):
+            await asyncio.to_thread(subprocess.run, ["ip", "link", *ip_args], check=True, capture_output=True, timeout=10)
         await asyncio.to_thread(_engine, "POST", "/networks/create", {"Name": shared, "Driver": "bridge", "Labels": {"gpumarket.owner": owner}})
         for name in members:
             await asyncio.to_thread(_start_member, name, shared, image, owner)
         subnet = f"10.{64 + secrets.randbelow(64)}.{secrets.randbelow(256)}.0/24"
 
-        def create(rank: int, joined: list[protocol.ClusterJoined] | None = None) -> protocol.CreateCluster:
-            peers = [protocol.ClusterPeer(rank=1 - rank, public_key=joined[1 - rank].public_key, endpoint=joined[1 - rank].endpoints[0])] if joined else []
-            return protocol.CreateCluster(cluster_id=f"c-bench-{tag}", rental_id=members[rank], rank=rank, node_count=2, subnet=subnet, peers=peers)
+        fabric_addresses = [f"10.251.{octet}.{10 + rank}" for rank in range(2)]
+
+        def create(rank: int, joined: list[protocol.ClusterJoined] | None = None, *, on_fabric: bool = False) -> protocol.CreateCluster:
+            peers = [protocol.ClusterPeer(rank=1 - rank, public_key=joined[1 - rank].public_key, endpoint=joined[1 - rank].endpoints[0],
+                                          fabric_address=fabric_addresses[1 - rank] if on_fabric else None)] if joined else []  # fmt: skip
+            return protocol.CreateCluster(cluster_id=f"c-bench-{tag}", rental_id=members[rank], rank=rank, node_count=2, subnet=subnet, peers=peers,
+                                          fabric=protocol.FabricJoin(name=fabric.name, address=fabric_addresses[rank]))  # fmt: skip
 
         joined = [await networks.create(create(rank)) for rank in range(2)]
         for rank in range(2):  # member after member: handshakes that cross are slow to settle (agent.cluster.net)
@@ -384,8 +395,25 @@ async def measure_tunnel(mib: int, runs: int) -> dict[str, list[float]]:
         paths = {"tunnel": joined[1].address, "direct": infos[1]["NetworkSettings"]["Networks"][shared]["IPAddress"]}
         for address in paths.values():
             await _copy_once(pid_a, pid_b, address, CHUNK)  # warm-up (the tunnel's handshake, the ARP and route caches)
-        rates: dict[str, list[float]] = {path: [] for path in paths}
+        rates: dict[str, list[float]] = {"tunnel": [], "direct": [], f"tunnel-{JUMBO_MTU}": [], "fabric": []}
         size = mib << 20
+        for _ in range(runs):
+            for path, address in paths.items():
+                rates[path].append(size / await _copy_once(pid_a, pid_b, address, size) / 1e6)
+        # wireguard-go tuned: cluster0's MTU for a network that carries 9000-byte frames (``cluster_tunnel_mtu``).
+        for pid in (pid_a, pid_b):
+            await asyncio.to_thread(subprocess.run, ["nsenter", f"--net=/proc/{pid}/ns/net", "ip", "link", "set", "cluster0", "mtu", str(JUMBO_MTU)],
+                                    check=True, capture_output=True, timeout=10)  # fmt: skip
+        await _copy_once(pid_a, pid_b, paths["tunnel"], CHUNK)
+        for _ in range(runs):
+            for path, address in paths.items():
+                rates[path if path == "direct" else f"tunnel-{JUMBO_MTU}"].append(size / await _copy_once(pid_a, pid_b, address, size) / 1e6)
+        # The same pair on the fabric (each member told the other's fabric address): node-1's address is now routed
+        # through fabric0, unencrypted; interleaved with the direct copy again.
+        for rank in range(2):
+            await networks.create(create(rank, joined, on_fabric=True))
+        paths = {"fabric": joined[1].address, "direct": paths["direct"]}
+        await _copy_once(pid_a, pid_b, paths["fabric"], CHUNK)
         for _ in range(runs):
             for path, address in paths.items():
                 rates[path].append(size / await _copy_once(pid_a, pid_b, address, size) / 1e6)
@@ -402,6 +430,8 @@ async def measure_tunnel(mib: int, runs: int) -> dict[str, list[float]]:
                 if entry.name.isdigit() and argv[0].endswith(b"wireguard-go") and devices & set(argv):
                     os.kill(int(entry.name), signal.SIGKILL)
         await asyncio.to_thread(dockerengine.remove_owned, owner)
+        for link in (f"{bridge}c", bridge):
+            await asyncio.to_thread(subprocess.run, ["ip", "link", "del", link], capture_output=True, timeout=10, check=False)
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -415,20 +445,26 @@ def run_tunnel(mib: int, runs: int) -> None:
     found = re.search(r"v[\d.]+", version)
     print(f"{title}: two members' namespaces on this host, {runs} × {mib} MiB A → B per path, interleaved, "
           f"wireguard-go {found[0] if found else '(version unknown)'}; MB/s = 10^6 bytes/s")  # fmt: skip
-    from tests import dockerengine
-
-    with dockerengine.network_lock(exclusive=False):  # never while the console's browser tests run (tests/conftest.py)
-        rates = asyncio.run(measure_tunnel(mib, runs))
+    rates = asyncio.run(measure_tunnel(mib, runs))
     medians = {path: statistics.median(values) for path, values in rates.items()}
-    names = {"tunnel": "tunnel (cluster0, WireGuard)", "direct": "direct TCP (a shared bridge)"}
-    print(f"  {'':30} {'runs, MB/s':>24} {'median':>9}")
+    names = {"tunnel": "tunnel (wireguard-go, MTU 1420)", f"tunnel-{JUMBO_MTU}": f"tunnel (wireguard-go, MTU {JUMBO_MTU})",
+             "fabric": "fabric (fabric0, macvlan)", "direct": "direct TCP (a shared bridge)"}
+    print(f"  {'':32} {'runs, MB/s':>48} {'median':>9}")
     for path, values in rates.items():
-        print(f"  {names[path]:30} {' '.join(f'{v:7.1f}' for v in values):>24} {medians[path]:9.1f}")
-    ratio = medians["tunnel"] / medians["direct"]
-    print(f"  ratio tunnel / direct: {ratio:.3f}× the throughput ({1 / ratio:.1f}× slower)")
+        print(f"  {names[path]:32} {' '.join(f'{v:7.1f}' for v in values):>48} {medians[path]:9.1f}")
+    runs_text = "runs, MB/s: " + "; ".join(f"{path} {', '.join(f'{v:.1f}' for v in values)}" for path, values in rates.items())
+    for path in ("tunnel", f"tunnel-{JUMBO_MTU}", "fabric"):
+        ratio = medians[path] / medians["direct"]
+        print(f"  ratio {path} / direct: {ratio:.3f}× the throughput")
     record("clusters", f"tunnel throughput between two members' namespaces ({runs} × {mib} MiB, wireguard-go)",
            round(medians["tunnel"], 1), "MB/s", "direct TCP between the same two namespaces (a shared bridge)",
-           round(medians["direct"], 1), "runs, MB/s: " + "; ".join(f"{path} {', '.join(f'{v:.1f}' for v in values)}" for path, values in rates.items()))  # fmt: skip
+           round(medians["direct"], 1), runs_text)  # fmt: skip
+    record("clusters", f"tunnel throughput between two members' namespaces ({runs} × {mib} MiB, wireguard-go, cluster0 MTU {JUMBO_MTU})",
+           round(medians[f"tunnel-{JUMBO_MTU}"], 1), "MB/s", "direct TCP between the same two namespaces (a shared bridge)",
+           round(medians["direct"], 1), runs_text)  # fmt: skip
+    record("clusters", f"fabric path throughput between two members' namespaces ({runs} × {mib} MiB, macvlan on a bridge parent)",
+           round(medians["fabric"], 1), "MB/s", "direct TCP between the same two namespaces (a shared bridge)",
+           round(medians["direct"], 1), runs_text)  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -91,6 +91,15 @@ class Renter:
             "scaling": {"metric": "inflight", "target": 1000, "scale_up_cooldown_s": 0, "scale_down_cooldown_s": 0},
         }))  # fmt: skip
 
+    async def offered(self) -> None:
+        """Wait until a host that fits the services' requirements is online and offered (the agents connect after start)."""
+
+        async def check() -> bool | None:
+            offers = await self.call("GET", "/offers?q=vram<=24")
+            return True if offers["items"] else None
+
+        await until(check, timeout=120, what="a host with vram<=24 offered")
+
     async def ready(self, service_id: str, count: int) -> dict[str, Any]:
         async def check() -> dict[str, Any] | None:
             view = await self.call("GET", f"/services/{service_id}")
@@ -225,6 +234,7 @@ async def main(args: argparse.Namespace) -> None:
 
 
 async def measure(http: aiohttp.ClientSession, renter: Renter, image: str, args: argparse.Namespace) -> None:
+    await renter.offered()
     service = await renter.service(image, "echo", low=1, high=1)
     view = await renter.ready(service["id"], 1)
     [replica] = view["replica_rentals"]

@@ -378,6 +378,8 @@ class AgentSettings(ServiceSettings):
     reserved_disk_gib: int = Field(DEFAULT_RESERVED_DISK_GIB, ge=0, le=1 << 20, description="Free disk kept for the host where the agent's data dir lies, GiB: no rental's disk quota reaches into it.")
     rental_disk_gib: int = Field(DEFAULT_RENTAL_DISK_GIB, ge=1, le=1 << 16, description="Disk quota of a rental that names no disk_gib, GiB: its /workspace (or a process rental's home), and a container's writable layer.")
     disk_quota: bool = Field(True, description="Give every rental a size-capped disk (a loop-mounted ext4 image, or the engine's --storage-opt size where its storage driver enforces it); needs root, mkfs.ext4 and loop devices. False: no disk quota, and a rental naming disk_gib is refused.")
+    cluster_fabric: dict[str, Any] | None = Field(None, description='The trusted fabric: a private network between this provider\'s hosts that cluster members on two of them use unencrypted (docs/clusters.md, "Three paths"): {"name": "dc1", "parent": "eth1", "subnet": "10.200.0.0/16", "vlan": 120} (vlan optional; subnet: the addresses kept for members, not the hosts\'). Unset: none (JSON object in env).')
+    cluster_tunnel_mtu: int | None = Field(None, ge=1280, le=8920, description="MTU of cluster members' WireGuard interface (cluster0). Unset: 1420, right for 1500-byte networks. A provider whose hosts reach each other over 9000-byte frames sets 8920: wireguard-go then carries ~4x more (docs/performance.md, \"Issue 42: the cluster network's paths\"); over a path that does not carry them the tunnel's packets fragment.")
     cluster_direct: bool = Field(True, description="Cluster members' tunnels go straight to other hosts where a WireGuard handshake completes, else through the relays; false: always through the relays (a host that accepts no inbound UDP).")
 
     @model_validator(mode="after")
@@ -392,6 +394,13 @@ class AgentSettings(ServiceSettings):
                 raise ValueError(f"egress_allow: {text!r} is not an IPv4 network such as 10.20.0.0/16 ({exc})") from None
             if allowed.overlaps(metadata):
                 raise ValueError(f"egress_allow: {text!r} overlaps 169.254.0.0/16 (link-local metadata), which rentals never reach")
+        if self.cluster_fabric is not None:
+            from shared.protocol.clusterpaths import FabricDeclaration
+
+            try:
+                FabricDeclaration.model_validate(self.cluster_fabric)
+            except ValidationError as exc:
+                raise ValueError(f"cluster_fabric: {exc.errors()[0]['msg']} (e.g. {{\"name\": \"dc1\", \"parent\": \"eth1\", \"subnet\": \"10.200.0.0/16\"}})") from None
         try:
             ipaddress.IPv4Network(self.process_subnet_pool)
         except ValueError as exc:

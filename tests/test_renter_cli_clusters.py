@@ -149,8 +149,9 @@ class TestCreate:
         assert f"network    up on {subnet}: worst round trip 2.5 ms, slowest 80.5 Mbit/s, 1 pair(s) unreachable\n" in out
         pairs = out.split("between nodes (through the cluster's private network):\n", 1)[1].splitlines()
         assert pairs[0].split() == ["PAIR", "ROUND", "TRIP", "THROUGHPUT", "PATH", "PROBLEM"]
-        assert pairs[1].split() == ["node-0", "<->", "node-1", "0.4", "ms", "900", "Mbit/s", "relay"]
-        assert pairs[3].split()[:6] == ["node-1", "<->", "node-2", "-", "-", "-"] and pairs[3].endswith("node-2 did not answer")
+        assert pairs[1].split() == ["node-0", "<->", "node-1", "0.4", "ms", "900", "Mbit/s", "through", "the", "relays"]
+        assert pairs[2].split() == ["node-0", "<->", "node-2", "2.5", "ms", "80.5", "Mbit/s", "wireguard-go"]  # each pair's path
+        assert pairs[3].split()[:6] == ["node-1", "<->", "node-2", "-", "-", "wireguard-go"] and pairs[3].endswith("node-2 did not answer")
 
 
 async def _one_cluster(api: Api) -> str | None:

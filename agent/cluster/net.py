@@ -36,10 +36,17 @@ interface goes with it. What was made is kept in ``<work>/clusters/<rental>.json
 tunnel found gone (``wireguard-go`` ended, or the container has a new network namespace) is made
 again with the same key and port, and the peers it had.
 
+Since issue 42 (docs/clusters.md, "Three paths"): where the host has kernel WireGuard (``kernel``), the tunnel is a
+kernel interface made and moved the same way, configured through ``agent.cluster.wgkernel`` (the same UAPI requests,
+as ``wg`` command lines); where the command gives the member a fabric address, it also gets ``fabric0`` on the
+provider's declared fabric (``agent.cluster.fabric``), and the peers the master put on the fabric with it are routed
+there (their cluster addresses unchanged) instead of through the tunnel.
+
 Beside it: ``agent.cluster.wgcontrol`` (keys, the UAPI requests and the ``wireguard-go`` process), ``agent.cluster.hosts`` (the
 ``/etc/hosts`` block), ``agent.cluster.probe`` (the responder
-and the round-trip and throughput probes) and ``agent.cluster.relay`` (a peer reached through the
-relays when no handshake completes directly, or with ``direct=False``).
+and the round-trip and throughput probes), ``agent.cluster.relay`` (a peer reached through the
+relays when no handshake completes directly, or with ``direct=False``), ``agent.cluster.tools`` (running ``ip``,
+``nsenter``, ``wg``) and ``agent.cluster.paths`` (what the hello says of this host's paths).
 """
 
 from __future__ import annotations
@@ -64,21 +71,22 @@ from typing import Final
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
+from agent.cluster import fabric, wgkernel
 from agent.cluster.hosts import hosts_block, rewrite_hosts
-from agent.cluster.probe import MEASURE_PORT, Run, UdpEcho, echo, loss, respond, throughput
+from agent.cluster.probe import MEASURE_PORT, UdpEcho, attempt, echo, loss_to, respond, throughput
 from agent.cluster.relay import RelayedPeer
+from agent.cluster.tools import run
 from agent.cluster.wgcontrol import (
     UAPI_DIR,
     ClusterNetworkError,
     address_of,
     clear_stale_socket,
     exited,
-    handshakes,
     hex_key,
     is_wireguard,
     peer_state_text,
-    peer_states,
-    uapi,
+    peer_states_of,
+    uapi_lines,
     uapi_peer_changes,
     uapi_set,
     wg_public_key,
@@ -107,6 +115,10 @@ class MemberNet:
     peers: list[dict[str, object]] = field(default_factory=list)
     relayed: list[int] = field(default_factory=list)  # peer ranks reached through the relays
     netns: int = 0  # the inode of the container's network namespace the interface went into (0: not known)
+    fabric_address: str | None = None  # its ``fabric0``'s address (``agent.cluster.fabric``; None: not on the fabric)
+    fabric_peers: dict[str, list[str]] = field(default_factory=dict)  # rank → [cluster address, fabric address]
+    tunnel: str = "wireguard-go"  # or "kernel": kernel WireGuard (``agent.cluster.wgkernel``), where the host has it
+    ns_pid: int = 0  # kernel: a process in the namespace its interface moved into (0: not moved yet)
 
     @property
     def address(self) -> str:
@@ -116,19 +128,6 @@ class MemberNet:
 def device_name(rental_id: str) -> str:
     """``wgm`` + 10 hex digits of the rental's id: unique on the host, under the kernel's 15 characters."""
     return "wgm" + hashlib.sha256(rental_id.encode()).hexdigest()[:10]
-
-
-async def _run(*argv: str, timeout: float = 10.0) -> None:
-    process = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
-    try:
-        async with asyncio.timeout(timeout):
-            _, err = await process.communicate()
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        raise ClusterNetworkError(f"{argv[0]} did not finish within {timeout:g}s") from None
-    if process.returncode != 0:
-        raise ClusterNetworkError(f"{' '.join(argv[:4])}… failed: {err.decode(errors='replace').strip()[:300]}")
 
 
 class ClusterNetworks:
@@ -152,6 +151,9 @@ class ClusterNetworks:
         relay_url: Callable[[], str | None] = lambda: None,
         relay_tls: Callable[[], ssl.SSLContext] | None = None,
         direct: bool = True,
+        fabric: protocol.FabricDeclaration | None = None,
+        tunnel_mtu: int | None = None,
+        kernel: bool = False,
         measure_bytes: int = 8 << 20,
         measure_timeout: float = 15.0,
         handshake_timeout: float = 6.0,
@@ -164,6 +166,9 @@ class ClusterNetworks:
         self.relay_url = relay_url
         self.relay_tls = relay_tls
         self.direct = direct
+        self.fabric = fabric  # the trusted fabric this host's provider declared (None: none)
+        self.tunnel_mtu = tunnel_mtu  # cluster0's MTU (None: wireguard-go's own, 1420)
+        self.kernel = kernel  # kernel WireGuard for new tunnels (the hello's facts said the host has it, and ``wg`` is here)
         self.measure_bytes = measure_bytes
         self.measure_timeout = measure_timeout
         self.handshake_timeout = handshake_timeout
@@ -198,6 +203,7 @@ class ClusterNetworks:
             await self._close_relays(net.rental_id)
             net = await self._remake(net, command, pid, hosts)
         await self._ensure_responder(net, pid)
+        await self._join_fabric(net, command, pid)
         measurements: list[protocol.PeerMeasurement] = []
         if command.peers:
             peers = [peer if self.direct else peer.model_copy(update={"endpoint": None}) for peer in command.peers]
@@ -207,17 +213,18 @@ class ClusterNetworks:
             change = uapi_peer_changes(old, [_bare(peer) for peer in peers], net.subnet)
             if change is not None:
                 await self._close_relays(net.rental_id)  # the paths are chosen again below
-                await uapi(net.device, change, directory=self.uapi_dir)
+                await self._request(net, change)
             net.peers = [peer.model_dump(mode="json") for peer in peers]
             self._save(net)
-            await self._choose_paths(net, peers, wait=command.measure)
+            await self._set_fabric_peers(net, peers, pid)
+            await self._choose_paths(net, [p for p in peers if str(p.rank) not in net.fabric_peers], wait=command.measure)
             if command.measure:
                 measurements = await self._measure(net, pid, [p for p in peers if p.rank > net.rank])
         address = self.local_address() if self.direct else None
         return protocol.ClusterJoined(
             public_key=net.public_key, address=net.address, listen_port=net.listen_port,
             endpoints=[_endpoint(address, net.listen_port)] if address else [], relay_url=self.relay_url(), peers=len(net.peers),
-            measurements=measurements,
+            measurements=measurements, tunnel="kernel" if net.tunnel == "kernel" else "wireguard-go", fabric_address=net.fabric_address,
         )  # fmt: skip
 
     def listen_port(self, rental_id: str) -> int | None:
@@ -226,7 +233,31 @@ class ClusterNetworks:
         return net.listen_port if net is not None and net.listen_port else None
 
     def path_to(self, rental_id: str, rank: int) -> str:
+        net = self._load(rental_id)
+        if net is not None and str(rank) in net.fabric_peers:
+            return "fabric"
         return "relay" if (rental_id, rank) in self._relays else "direct"
+
+    async def _join_fabric(self, net: MemberNet, command: protocol.CreateCluster, pid: int) -> None:
+        """``fabric0`` on the declared fabric when the command gives the member an address on it (again when the
+        address changed); a command for a fabric this host does not declare fails."""
+        if command.fabric is None or command.fabric.address == net.fabric_address:
+            return
+        if self.fabric is None or self.fabric.name != command.fabric.name:
+            raise ClusterNetworkError(f"this host declares no fabric {command.fabric.name} (its fabric: {self.fabric.name if self.fabric else 'none'})")
+        await fabric.join(pid, net.rental_id, self.fabric, command.fabric.address, net.address)
+        net.fabric_address, net.fabric_peers = command.fabric.address, {}
+        self._save(net)
+
+    async def _set_fabric_peers(self, net: MemberNet, peers: list[protocol.ClusterPeer], pid: int) -> None:
+        """The peers the master put on the fabric with this member get their routes and rules (``fabric.set_peers``)."""
+        wanted = {str(p.rank): [address_of(net.subnet, p.rank), p.fabric_address] for p in peers if p.fabric_address and net.fabric_address}
+        if wanted == net.fabric_peers:
+            return
+        as_pairs = {int(rank): (pair[0], pair[1]) for rank, pair in wanted.items()}
+        await fabric.set_peers(pid, net.address, as_pairs, {int(r): (p[0], p[1]) for r, p in net.fabric_peers.items()})
+        net.fabric_peers = wanted
+        self._save(net)
 
     async def _choose_paths(self, net: MemberNet, peers: list[protocol.ClusterPeer], *, wait: bool) -> None:
         """Direct where a peer has an endpoint and a handshake with it completes (``wait``: within ``handshake_timeout``);
@@ -237,7 +268,7 @@ class ClusterNetworks:
         if later and wait:
             deadline = time.monotonic() + self.handshake_timeout
             while later and time.monotonic() < deadline:
-                done = await handshakes(net.device, directory=self.uapi_dir)
+                done = {key: int(state.get("last_handshake_time_sec", "0")) for key, state in (await self._peer_states(net)).items()}
                 later = [p for p in later if not done.get(p.public_key)]
                 if later:
                     await asyncio.sleep(0.2)
@@ -251,7 +282,7 @@ class ClusterNetworks:
         relayed = RelayedPeer(peer.relay_url, peer.relay_token, net.listen_port, self.relay_tls())
         port = relayed.start()
         self._relays[(net.rental_id, peer.rank)] = relayed
-        await uapi(net.device, f"set=1\npublic_key={hex_key(peer.public_key)}\nendpoint=127.0.0.1:{port}\n\n", directory=self.uapi_dir)
+        await self._request(net, f"set=1\npublic_key={hex_key(peer.public_key)}\nendpoint=127.0.0.1:{port}\n\n")
         if peer.rank not in net.relayed:
             net.relayed.append(peer.rank)
             self._save(net)
@@ -314,6 +345,8 @@ class ClusterNetworks:
     def _intact(self, net: MemberNet, pid: int) -> bool:
         """Whether the member's tunnel still works: its ``wireguard-go`` runs (not a process that took its pid) and its
         interface is in the container's namespace of now (a restarted container has a new one, without it)."""
+        if net.tunnel == "kernel":
+            return net.netns == _netns_inode(pid) and wgkernel.has_interface(pid, INTERFACE)
         return is_wireguard(net.wg_pid, net.device) and net.netns in (0, _netns_inode(pid))
 
     async def _remake(self, net: MemberNet, command: protocol.CreateCluster, pid: int, hosts: Path) -> MemberNet:
@@ -326,44 +359,51 @@ class ClusterNetworks:
         await self._take_down(net)
         remade = await self._make(command, pid, hosts, private_raw=private_raw, listen_port=net.listen_port)
         if peers:
-            await uapi(remade.device, uapi_set(None, peers, remade.subnet), directory=self.uapi_dir)
+            await self._request(remade, uapi_set(None, peers, remade.subnet))
             remade.peers = net.peers
             self._save(remade)
         return remade
 
     async def _make(self, command: protocol.CreateCluster, pid: int, hosts: Path, *, private_raw: bytes | None = None,
                     listen_port: int = 0) -> MemberNet:  # fmt: skip
-        if shutil.which(self.wireguard_go) is None:
+        kernel = self.kernel
+        if not kernel and shutil.which(self.wireguard_go) is None:
             raise ClusterNetworkError("wireguard-go is not installed on this host (apt-get install wireguard-go); the cluster has no private network here")
         device = device_name(command.rental_id)
-        if not await clear_stale_socket(self.uapi_dir / f"{device}.sock"):
+        if not kernel and not await clear_stale_socket(self.uapi_dir / f"{device}.sock"):
             raise ClusterNetworkError(f"another wireguard-go already serves {device} (rental {command.rental_id}) without this agent's record; not started twice")
         private = X25519PrivateKey.from_private_bytes(private_raw) if private_raw is not None else X25519PrivateKey.generate()
         private_raw = private.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
-        process = await asyncio.create_subprocess_exec(
+        process = None if kernel else await asyncio.create_subprocess_exec(
             self.wireguard_go, "-f", device, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL, start_new_session=True, env={**os.environ, "LOG_LEVEL": "error"},
         )  # fmt: skip
         net = MemberNet(
             cluster_id=command.cluster_id, rental_id=command.rental_id, rank=command.rank, subnet=command.subnet,
-            node_count=command.node_count, device=device, listen_port=0, public_key=wg_public_key(private), wg_pid=process.pid,
-            netns=_netns_inode(pid),
+            node_count=command.node_count, device=device, listen_port=0, public_key=wg_public_key(private),
+            wg_pid=process.pid if process is not None else 0, netns=_netns_inode(pid), tunnel="kernel" if kernel else "wireguard-go",
         )  # fmt: skip
         self._save(net, private_raw)  # first: a failure below can still take it down by its pid
         try:
-            await self._wait_for_socket(device, process)
+            if process is None:
+                await run("ip", "link", "add", device, "type", "wireguard")  # its UDP socket stays in the host's namespace
+            else:
+                await self._wait_for_socket(device, process)
             try:
-                await uapi(device, uapi_set(private_raw.hex(), None, command.subnet, listen_port=listen_port), directory=self.uapi_dir)
+                await self._request(net, uapi_set(private_raw.hex(), None, command.subnet, listen_port=listen_port))
             except ClusterNetworkError:
                 if not listen_port:
                     raise
-                await uapi(device, uapi_set(private_raw.hex(), None, command.subnet, listen_port=0), directory=self.uapi_dir)  # taken meanwhile
-            net.listen_port = int((await uapi(device, "get=1\n\n", directory=self.uapi_dir)).get("listen_port", "0"))
+                await self._request(net, uapi_set(private_raw.hex(), None, command.subnet, listen_port=0))  # taken meanwhile
+            net.listen_port = int((await self._request(net, "get=1\n\n")).get("listen_port", "0"))
             inside = ("nsenter", f"--net=/proc/{pid}/ns/net", "ip")
-            await _run("ip", "link", "set", device, "netns", str(pid))
-            await _run(*inside, "link", "set", device, "name", INTERFACE)
-            await _run(*inside, "address", "add", f"{net.address}/24", "dev", INTERFACE)
-            await _run(*inside, "link", "set", INTERFACE, "up")
+            await run("ip", "link", "set", device, "netns", str(pid))
+            await run(*inside, "link", "set", device, "name", INTERFACE)
+            net.ns_pid = pid if kernel else 0
+            await run(*inside, "address", "add", f"{net.address}/24", "dev", INTERFACE)
+            if self.tunnel_mtu is not None:
+                await run(*inside, "link", "set", INTERFACE, "mtu", str(self.tunnel_mtu))
+            await run(*inside, "link", "set", INTERFACE, "up")
             await asyncio.to_thread(rewrite_hosts, hosts, hosts_block(command.subnet, command.node_count))
         except BaseException:
             await self._take_down(net)
@@ -400,7 +440,9 @@ class ClusterNetworks:
         echo_transport = self._echoes.pop(net.rental_id, None)
         if echo_transport is not None:
             echo_transport.close()
-        ours = is_wireguard(net.wg_pid, net.device)
+        if net.tunnel == "kernel":
+            await wgkernel.take_down(net.device, INTERFACE, net.ns_pid if net.ns_pid and _netns_inode(net.ns_pid) == net.netns else None)
+        ours = net.tunnel != "kernel" and is_wireguard(net.wg_pid, net.device)
         for sig, wait_s in ((signal.SIGTERM, stop_timeout), (signal.SIGKILL, 2.0)):
             if not is_wireguard(net.wg_pid, net.device):
                 break
@@ -420,6 +462,9 @@ class ClusterNetworks:
             await asyncio.sleep(0.01)
         await clear_stale_socket(self.uapi_dir / f"{net.device}.sock")
         found = await self.namespace(net.rental_id)
+        if net.fabric_address is not None:
+            with contextlib.suppress(OSError, ClusterNetworkError):
+                await fabric.leave(found[0] if found is not None else None, net.rental_id)
         if found is not None:
             with contextlib.suppress(OSError, ClusterNetworkError):
                 await asyncio.to_thread(rewrite_hosts, found[1], None)
@@ -458,7 +503,7 @@ class ClusterNetworks:
         then the throughputs one peer at a time: a throughput run beside a round trip inflated the round trip tenfold
         (0.3 → 10 ms here), and two beside each other share the link."""
         targets = {peer.rank: address_of(net.subnet, peer.rank) for peer in peers}
-        rtts = await asyncio.gather(*(self._attempt(pid, target, echo) for target in targets.values()))
+        rtts = await asyncio.gather(*(attempt(pid, target, echo, timeout=self.measure_timeout) for target in targets.values()))
         measurements = []
         for (rank, target), (rtt_ms, unanswered) in zip(targets.items(), rtts, strict=True):
             if unanswered is not None:
@@ -466,26 +511,13 @@ class ClusterNetworks:
                        f"{await self._peer_text(net, peers, rank)})")  # fmt: skip
                 measurements.append(protocol.PeerMeasurement(rank=rank, error=why, path=self.path_to(net.rental_id, rank)))
                 continue
-            loss_pct = await self._loss(pid, target)
-            mbit_s, failed = await throughput(functools.partial(self._attempt, pid, target), self.measure_bytes) if self.measure_bytes else (None, None)
+            loss_pct = await loss_to(pid, target)
+            tries = functools.partial(attempt, pid, target, timeout=self.measure_timeout)
+            mbit_s, failed = await throughput(tries, self.measure_bytes) if self.measure_bytes else (None, None)
             error = None if failed is None else f"node-{rank} answered, but no throughput run finished within {self.measure_timeout:g}s ({failed[:120]})"
             measurements.append(protocol.PeerMeasurement(rank=rank, rtt_ms=rtt_ms, mbit_s=mbit_s, loss_pct=loss_pct, error=error,
                                                          path=self.path_to(net.rental_id, rank)))  # fmt: skip
         return measurements
-
-    @staticmethod
-    async def _loss(pid: int, target: str) -> float | None:
-        """Loss to ``target``'s UDP echo through the tunnel (``None``: could not be probed)."""
-        try:
-            sock = await socket_in_namespace(pid, lambda: _connected_udp(target), name="cluster-loss")
-        except OSError:
-            return None
-        try:
-            return await loss(sock)
-        except OSError:
-            return None
-        finally:
-            sock.close()
 
     async def _peer_text(self, net: MemberNet, peers: list[protocol.ClusterPeer], rank: int) -> str:
         """What this member's ``wireguard-go`` says of the peer of ``rank`` (its handshake, bytes each way, endpoint)."""
@@ -495,35 +527,23 @@ class ClusterNetworks:
             "; the relay path is open" if relayed.connected.is_set() else f"; the relay path is not open ({relayed.last_error or 'not yet tried'})"
         )  # fmt: skip
         try:
-            states = await peer_states(net.device, directory=self.uapi_dir)
+            states = await self._peer_states(net)
         except ClusterNetworkError as exc:
             return str(exc) + path
         return peer_state_text(states.get(key) if key else None, time.time()) + path
 
-    async def _attempt(self, pid: int, target: str, run: Run) -> tuple[float | None, str | None]:
-        """``run`` against ``target``'s responder, tried again until it works or ``measure_timeout`` passed (the peer
-        may set its own peers a moment later than this one): its figure, or why not (each distinct error, how often)."""
-        deadline = time.monotonic() + self.measure_timeout
-        errors: dict[str, int] = {}
-        while time.monotonic() < deadline:
-            try:
-                async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
-                    return await self._through(pid, target, run), None
-            except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
-                why = str(exc) or type(exc).__name__
-                errors[why] = errors.get(why, 0) + 1
-                await asyncio.sleep(0.2)
-        return None, ", ".join(f"{why} ×{n}" if n > 1 else why for why, n in errors.items()) or "no answer"
+    # ---- the tunnel's control: wireguard-go's UAPI socket, or kernel WireGuard through ``wg`` -----------------------
 
-    @staticmethod
-    async def _through(pid: int, target: str, run: Run) -> float:
-        """``run`` over a connection to ``target``'s responder made inside the member's namespace (so through the tunnel)."""
-        sock = await socket_in_namespace(pid, lambda: socket.create_connection((target, MEASURE_PORT), timeout=2.0), name="cluster-measure")
-        reader, writer = await asyncio.open_connection(sock=sock)
-        try:
-            return await run(reader, writer)
-        finally:
-            writer.close()
+    async def _lines(self, net: MemberNet, text: str) -> list[tuple[str, str]]:
+        if net.tunnel == "kernel":
+            return await wgkernel.request(INTERFACE if net.ns_pid else net.device, text, netns_pid=net.ns_pid or None)
+        return await uapi_lines(net.device, text, directory=self.uapi_dir)
+
+    async def _request(self, net: MemberNet, text: str) -> dict[str, str]:
+        return dict(await self._lines(net, text))
+
+    async def _peer_states(self, net: MemberNet) -> dict[str, dict[str, str]]:
+        return peer_states_of(await self._lines(net, "get=1\n\n"))
 
     # ---- the record ------------------------------------------------------------------------------
 
@@ -557,12 +577,6 @@ class ClusterNetworks:
     def _drop(self, net: MemberNet) -> None:
         for path in (self._path(net.rental_id), self.dir / f"{net.rental_id}.key"):
             path.unlink(missing_ok=True)
-
-
-def _connected_udp(target: str) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.connect((target, MEASURE_PORT))
-    return sock
 
 
 def _bare(peer: protocol.ClusterPeer) -> protocol.ClusterPeer:

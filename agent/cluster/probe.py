@@ -5,7 +5,8 @@ one-byte round trips; ``sink``: the throughput of sending a number of bytes unti
 
 A throughput is two ``sink`` runs: ``PROBE_BYTES`` first, then as many bytes as that rate carries in
 ``RUN_BUDGET_S`` (``run_size``), so that a slow link (a loaded relay: a few Mbit/s) yields its figure in seconds
-instead of timing out on a fixed size; the responder's protocol is unchanged."""
+instead of timing out on a fixed size; the responder's protocol is unchanged. ``attempt`` (tried again until a deadline),
+``through`` and ``loss_to`` run them from inside a member's network namespace, so over the member's path to the peer."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import statistics
 import time
 from collections.abc import Awaitable, Callable
 from typing import Final, cast
+
+from agent.runtimes.netns import socket_in_namespace
 
 Run = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[float]]
 """One measurement over a fresh connection to a responder (``echo``, or ``sink`` with its size)."""
@@ -144,3 +147,50 @@ async def loss(sock: socket.socket, *, probes: int = LOSS_PROBES) -> float:
         await asyncio.gather(receiving, return_exceptions=True)
     return round(100.0 * (probes - len(answered)) / probes, 1)
 
+
+
+async def loss_to(pid: int, target: str) -> float | None:
+    """Loss to ``target``'s UDP echo from inside ``pid``'s namespace, so through the member's path (``None``: could
+    not be probed)."""
+    try:
+        sock = await socket_in_namespace(pid, lambda: _connected_udp(target), name="cluster-loss")
+    except OSError:
+        return None
+    try:
+        return await loss(sock)
+    except OSError:
+        return None
+    finally:
+        sock.close()
+
+
+async def attempt(pid: int, target: str, run: Run, *, timeout: float) -> tuple[float | None, str | None]:
+    """``run`` against ``target``'s responder, tried again until it works or ``timeout`` passed (the peer may set its
+    own peers a moment later than this one): its figure, or why not (each distinct error, how often)."""
+    deadline = time.monotonic() + timeout
+    errors: dict[str, int] = {}
+    while time.monotonic() < deadline:
+        try:
+            async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
+                return await through(pid, target, run), None
+        except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
+            why = str(exc) or type(exc).__name__
+            errors[why] = errors.get(why, 0) + 1
+            await asyncio.sleep(0.2)
+    return None, ", ".join(f"{why} ×{n}" if n > 1 else why for why, n in errors.items()) or "no answer"
+
+
+async def through(pid: int, target: str, run: Run) -> float:
+    """``run`` over a connection to ``target``'s responder made inside the member's namespace (so through its path)."""
+    sock = await socket_in_namespace(pid, lambda: socket.create_connection((target, MEASURE_PORT), timeout=2.0), name="cluster-measure")
+    reader, writer = await asyncio.open_connection(sock=sock)
+    try:
+        return await run(reader, writer)
+    finally:
+        writer.close()
+
+
+def _connected_udp(target: str) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.connect((target, MEASURE_PORT))
+    return sock

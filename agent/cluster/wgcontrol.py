@@ -109,9 +109,14 @@ async def uapi(device: str, request: str, *, directory: Path = UAPI_DIR, timeout
 async def peer_states(device: str, *, directory: Path = UAPI_DIR) -> dict[str, dict[str, str]]:
     """Each peer's (public key, base64) state as ``wireguard-go`` reports it: ``endpoint``, ``last_handshake_time_sec``
     (0: never), ``rx_bytes``, ``tx_bytes`` and the rest of its lines."""
+    return peer_states_of(await uapi_lines(device, "get=1\n\n", directory=directory))
+
+
+def peer_states_of(lines: list[tuple[str, str]]) -> dict[str, dict[str, str]]:
+    """``peer_states`` of a UAPI ``get`` answer's lines (``wireguard-go``'s, or kernel WireGuard's as ``wgkernel`` gives them)."""
     found: dict[str, dict[str, str]] = {}
     peer: dict[str, str] | None = None
-    for name, value in await uapi_lines(device, "get=1\n\n", directory=directory):
+    for name, value in lines:
         if name == "public_key":
             peer = found.setdefault(base64.b64encode(bytes.fromhex(value)).decode(), {})
         elif peer is not None:

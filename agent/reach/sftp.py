@@ -15,7 +15,8 @@ answers with that path (``scp`` and ``sftp`` land in ``/workspace``).
 
 What the server refuses: hard links; opening anything but a regular file or a folder; giving
 a file to another owner; setuid/setgid bits. Files and folders it makes belong to ``owner``
-(the workload's uid and gid) when the agent runs as root. File I/O runs in threads.
+(the workload's uid and gid) when the agent runs as root. File I/O that may wait for the disk runs in
+threads; writes go on behind the session (``agent.reach.openfile``: asyncssh serves one request at a time).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from typing import Final
 
 import asyncssh
 from asyncssh import SFTPAttrs, SFTPName
+
+from agent.reach.openfile import OpenFile
 
 _O_PATH: Final = getattr(os, "O_PATH", 0)
 _WALK: Final = _O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -140,11 +143,6 @@ class Jail:
         return Resolved(os.dup(stack[-1][0]), name, "/" + "/".join(names))
 
 
-class _OpenFile:
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-
-
 class WorkspaceSFTPServer(asyncssh.SFTPServer):
     """One SFTP session in a rental's workspace (``root``, shown at ``alias`` too); what it makes
     belongs to ``owner`` (uid, gid) when the agent is root. Ends with its channel."""
@@ -153,6 +151,13 @@ class WorkspaceSFTPServer(asyncssh.SFTPServer):
         super().__init__(chan)
         self.jail = Jail(root, alias=alias)
         self.owner = owner if owner is not None and os.geteuid() == 0 else None
+        self.files: set[OpenFile] = set()  # open, in this session
+
+    async def _settle(self) -> None:
+        """Let every open file's queued writes land (``agent.reach.openfile``) before a path shows a file's size
+        or bytes, or changes them."""
+        for file in [f for f in self.files if f.writing]:
+            await file.settled()
 
     # ---- paths --------------------------------------------------------------------------
 
@@ -167,15 +172,18 @@ class WorkspaceSFTPServer(asyncssh.SFTPServer):
         with self._resolve(path, follow=True) as resolved:
             return os.fsencode(self.jail.shown(resolved.path))
 
-    def stat(self, path: bytes) -> os.stat_result:
+    async def stat(self, path: bytes) -> os.stat_result:
+        await self._settle()
         with self._resolve(path, follow=True) as resolved:
             return os.stat(resolved.name, dir_fd=resolved.dir_fd, follow_symlinks=False)
 
-    def lstat(self, path: bytes) -> os.stat_result:
+    async def lstat(self, path: bytes) -> os.stat_result:
+        await self._settle()
         with self._resolve(path, follow=False) as resolved:
             return os.stat(resolved.name, dir_fd=resolved.dir_fd, follow_symlinks=False)
 
     async def scandir(self, path: bytes) -> AsyncIterator[SFTPName]:
+        await self._settle()
         for name in await asyncio.to_thread(self._list, path):
             yield name
 
@@ -250,10 +258,12 @@ class WorkspaceSFTPServer(asyncssh.SFTPServer):
 
     # ---- attributes ---------------------------------------------------------------------
 
-    def setstat(self, path: bytes, attrs: SFTPAttrs) -> None:
+    async def setstat(self, path: bytes, attrs: SFTPAttrs) -> None:
+        await self._settle()
         self._setstat_path(path, attrs, follow=True)
 
-    def lsetstat(self, path: bytes, attrs: SFTPAttrs) -> None:
+    async def lsetstat(self, path: bytes, attrs: SFTPAttrs) -> None:
+        await self._settle()
         self._setstat_path(path, attrs, follow=False)
 
     def _setstat_path(self, path: bytes, attrs: SFTPAttrs, *, follow: bool) -> None:
@@ -270,8 +280,9 @@ class WorkspaceSFTPServer(asyncssh.SFTPServer):
         finally:
             os.close(fd)
 
-    def fsetstat(self, file_obj: object, attrs: SFTPAttrs) -> None:
-        assert isinstance(file_obj, _OpenFile)
+    async def fsetstat(self, file_obj: object, attrs: SFTPAttrs) -> None:
+        assert isinstance(file_obj, OpenFile)
+        await file_obj.flush()
         self._apply(file_obj.fd, attrs)
 
     def _apply(self, fd: int, attrs: SFTPAttrs) -> None:
@@ -290,9 +301,12 @@ class WorkspaceSFTPServer(asyncssh.SFTPServer):
     # ---- files --------------------------------------------------------------------------
 
     async def open(self, path: bytes, pflags: int, attrs: SFTPAttrs) -> object:
-        return await asyncio.to_thread(self._open, path, pflags, attrs)
+        await self._settle()
+        file = OpenFile(await asyncio.to_thread(self._open, path, pflags, attrs))
+        self.files.add(file)
+        return file
 
-    def _open(self, path: bytes, pflags: int, attrs: SFTPAttrs) -> _OpenFile:
+    def _open(self, path: bytes, pflags: int, attrs: SFTPAttrs) -> int:
         if pflags & asyncssh.FXF_READ and pflags & asyncssh.FXF_WRITE:
             flags = os.O_RDWR
         elif pflags & (asyncssh.FXF_WRITE | asyncssh.FXF_APPEND):
@@ -325,41 +339,40 @@ class WorkspaceSFTPServer(asyncssh.SFTPServer):
         except BaseException:
             os.close(fd)
             raise
-        return _OpenFile(fd)
+        return fd
 
     async def read(self, file_obj: object, offset: int, size: int) -> bytes:
-        assert isinstance(file_obj, _OpenFile)
-        return await asyncio.to_thread(os.pread, file_obj.fd, size, offset)
+        assert isinstance(file_obj, OpenFile)
+        return await file_obj.read(offset, size)
 
     async def write(self, file_obj: object, offset: int, data: bytes) -> int:
-        assert isinstance(file_obj, _OpenFile)
-        fd = file_obj.fd
+        assert isinstance(file_obj, OpenFile)
+        await file_obj.write(offset, data)  # done behind the session's back: a failure comes with a later request
+        return len(data)
 
-        def write_all() -> int:
-            done = 0
-            while done < len(data):
-                done += os.pwrite(fd, data[done:], offset + done)
-            return done
-
-        return await asyncio.to_thread(write_all)
-
-    def fstat(self, file_obj: object) -> os.stat_result:
-        assert isinstance(file_obj, _OpenFile)
+    async def fstat(self, file_obj: object) -> os.stat_result:
+        assert isinstance(file_obj, OpenFile)
+        await file_obj.flush()
         return os.fstat(file_obj.fd)
 
     def fstatvfs(self, file_obj: object) -> os.statvfs_result:
-        assert isinstance(file_obj, _OpenFile)
+        assert isinstance(file_obj, OpenFile)
         return os.fstatvfs(file_obj.fd)
 
-    def fsync(self, file_obj: object) -> None:
-        assert isinstance(file_obj, _OpenFile)
-        os.fsync(file_obj.fd)
+    async def fsync(self, file_obj: object) -> None:
+        assert isinstance(file_obj, OpenFile)
+        await file_obj.flush()
+        await asyncio.to_thread(os.fsync, file_obj.fd)
 
-    def close(self, file_obj: object) -> None:
-        assert isinstance(file_obj, _OpenFile)
-        if file_obj.fd >= 0:
-            os.close(file_obj.fd)
-            file_obj.fd = -1
+    async def close(self, file_obj: object) -> None:
+        assert isinstance(file_obj, OpenFile)
+        self.files.discard(file_obj)
+        try:
+            await file_obj.close()
+        except OSError:
+            if not self.channel.is_closing():
+                raise
+            # The session ends with the file open (asyncssh closes what is left): no client to tell, and exit() must run.
 
     def exit(self) -> None:
         self.jail.close()

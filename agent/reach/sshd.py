@@ -24,6 +24,9 @@ name (a session runs as the workload's user); the key's SHA256 fingerprint is lo
 - ``-L`` forwarding (direct-tcpip) to a port of the rental's container (its address, or
   ``localhost``, which means it); nothing else: no ``-R``, agent or X11 forwarding.
 
+Transport (``shared.sshwire``): AES-GCM offered first (asyncssh encrypts in Python; GCM is one call per packet),
+ChaCha20 and AES-CTR still offered to clients without it; an 8 MiB window and 128 KiB packets per channel.
+
 Logging: logins, refusals and client misbehaviour at INFO; our own failures at ERROR.
 Cancellation: cancelling ``serve`` closes its connection; ``close_rental`` and ``close`` end
 connections and wait for their sessions' tasks, which own the execs and processes they ran.
@@ -55,7 +58,7 @@ from agent.runtimes.manager import WorkloadManager
 from agent.runtimes.users import TRUSTED_PATH
 from agent.state import atomic_write
 from agent.volumes import VolumeStore
-from shared import protocol
+from shared import protocol, sshwire
 from shared.errors import BadRequest, ConfigError
 
 log = logging.getLogger(__name__)
@@ -302,6 +305,7 @@ class RentalSshServer:
                 agent_forwarding=False, x11_forwarding=False, allow_pty=True, line_editor=False, encoding=None,
                 login_timeout=self.login_timeout, connect_timeout=self.login_timeout,
                 keepalive_interval=self.keepalive_interval, keepalive_count_max=self.keepalive_count_max,
+                encryption_algs=list(sshwire.CIPHERS), window=sshwire.WINDOW, max_pktsize=sshwire.MAX_PACKET,
             )
             await conn.wait_closed()
         except (asyncssh.Error, OSError, TimeoutError) as exc:

@@ -263,7 +263,7 @@ class ContainerRuntime:
 
     async def start(
         self, workload: Workload, spec: ContainerWorkload, image: PreparedImage, share: GpuShare | None, ceilings: Ceilings | None = None,
-        volumes: Sequence[VolumeBind] = (),
+        volumes: Sequence[VolumeBind] = (), devices: Sequence[str] = (),
     ) -> dict[str, Any]:
         """Make the rental's network, volume (or its size-capped disk) and container and start it, within
         ``ceilings`` (default: the options' defaults), with the renter's ``volumes`` bind-mounted; fills in
@@ -296,7 +296,7 @@ class ContainerRuntime:
             disk = await asyncio.to_thread(self.disks.ensure, rental_id, ceilings.disk_gib, owner=disk_owner)
         config = self.container_config(
             rental_id, workload.gpu_uuids, spec, image, share, user=user, name=name, labels=labels, ceilings=ceilings, disk=disk,
-            volumes=volumes,
+            volumes=volumes, devices=devices,
         )
         docker = self.docker()
         try:
@@ -335,12 +335,12 @@ class ContainerRuntime:
     def container_config(
         self, rental_id: str, gpus: list[str], spec: ContainerWorkload, image: PreparedImage, share: GpuShare | None,
         *, user: str, name: str, labels: dict[str, str], ceilings: Ceilings | None = None, disk: Path | None = None,
-        volumes: Sequence[VolumeBind] = (),
+        volumes: Sequence[VolumeBind] = (), devices: Sequence[str] = (),
     ) -> dict[str, Any]:
         """The engine's create body (``containerconfig.create_body``) with this runtime's options and disk quota."""
         return create_body(
             self.options, rental_id, gpus, spec, image, share, user=user, name=name, labels=labels, ceilings=ceilings, disk=disk,
-            device_requests=self.device_requests, storage_opt=self.disk_quota == "storage_opt", volumes=volumes,
+            device_requests=self.device_requests, storage_opt=self.disk_quota == "storage_opt", volumes=volumes, devices=devices,
         )
 
     async def _own_workspace(self, container_id: str, user: str) -> None:

@@ -52,11 +52,13 @@ async def volume_binds(volumes: VolumePaths | None, mounts: Sequence[VolumeMount
 def create_body(
     options: ContainerOptions, rental_id: str, gpus: list[str], spec: ContainerWorkload, image: PreparedImage, share: GpuShare | None,
     *, user: str, name: str, labels: dict[str, str], ceilings: Ceilings | None = None, disk: Path | None = None,
-    device_requests: bool, storage_opt: bool, volumes: Sequence[VolumeBind] = (),
+    device_requests: bool, storage_opt: bool, volumes: Sequence[VolumeBind] = (), devices: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The engine's create body: ``ceilings`` (default: the options' defaults) become its memory, CPU, pids
     and (where the engine enforces it) writable-layer limits; ``disk`` (a mounted size-capped filesystem) is
-    bind-mounted at ``/workspace`` instead of the rental's named volume; each of ``volumes`` at its target."""
+    bind-mounted at ``/workspace`` instead of the rental's named volume; each of ``volumes`` at its target; ``devices``
+    (a cluster member's RDMA devices on a trusted fabric, ``/dev/infiniband/*``) at their own paths, read-write, with
+    locked memory unbounded (RDMA registers its buffers: no capability is given back for it)."""
     visible = ",".join(gpus)
     env = dict(spec.env)
     image_env = {item.partition("=")[0] for item in image.env}
@@ -104,6 +106,9 @@ def create_body(
         host["NanoCpus"] = int(cpu_cores * 1e9)
     if ceilings is not None and ceilings.disk_gib is not None and storage_opt:
         host["StorageOpt"] = {"size": f"{ceilings.disk_gib}G"}
+    if devices:
+        host["Devices"] = [{"PathOnHost": d, "PathInContainer": d, "CgroupPermissions": "rw"} for d in devices]
+        host["Ulimits"] = [{"Name": "memlock", "Soft": -1, "Hard": -1}]
     if device_requests and gpus:
         host["DeviceRequests"] = [{"Driver": "nvidia", "DeviceIDs": list(gpus), "Capabilities": [["gpu"]]}]
     config: dict[str, Any] = {

@@ -237,12 +237,13 @@ class WorkloadManager:
     async def start(
         self, rental_id: str, gpu_uuids: list[str], spec: WorkloadSpec, *, share: GpuShare | None = None,
         registry_auth: SealedLogin | None = None, preempts: Sequence[str] = (),
-        before_start: Callable[[], Awaitable[None]] | None = None, volumes: Sequence[VolumeMount] = (),
+        before_start: Callable[[], Awaitable[None]] | None = None, volumes: Sequence[VolumeMount] = (), devices: Sequence[str] = (),
     ) -> dict[str, Any]:
         """Start the rental's workload unless it already runs (then report it again).
 
         ``volumes``: the renter's volumes a container mounts (each must be on this host: else the start fails
-        ``volume_not_found`` before the image is pulled).
+        ``volume_not_found`` before the image is pulled). ``devices``: host devices a container gets (a cluster member's
+        RDMA devices on a trusted fabric).
 
         ``spec`` and ``share`` come validated (``shared.protocol.StartWorkload``). ``share`` gives
         the workload a fraction of its one GPU, which other shares may hold too; without it the workload
@@ -262,7 +263,7 @@ class WorkloadManager:
         check_rental_id(rental_id)
         await self.resume()
         if isinstance(spec, ContainerWorkload):
-            return await self._start_container(rental_id, gpu_uuids, spec, share, registry_auth, preempts, before_start, volumes)
+            return await self._start_container(rental_id, gpu_uuids, spec, share, registry_auth, preempts, before_start, volumes, devices)
         if volumes:
             raise BadRequest("volumes are mounted into a container workload only", code="bad_workload_spec")
         existing = self._workloads.get(rental_id) or self._pending.get(rental_id)
@@ -289,6 +290,7 @@ class WorkloadManager:
     async def _start_container(
         self, rental_id: str, gpu_uuids: list[str], spec: ContainerWorkload, share: GpuShare | None, registry_auth: SealedLogin | None,
         preempts: Sequence[str] = (), before_start: Callable[[], Awaitable[None]] | None = None, volumes: Sequence[VolumeMount] = (),
+        devices: Sequence[str] = (),
     ) -> dict[str, Any]:
         if self.container_options is None:
             raise BadRequest(
@@ -298,11 +300,13 @@ class WorkloadManager:
             )
         self.containers.check_image(spec.image)  # a refusal by policy needs no engine
         async with self._starts.one_at_a_time(rental_id):
-            return await self._start_container_locked(rental_id, gpu_uuids, spec, share, registry_auth, preempts, before_start, volumes)
+            return await self._start_container_locked(rental_id, gpu_uuids, spec, share, registry_auth, preempts, before_start, volumes,
+                                                       devices)  # fmt: skip
 
     async def _start_container_locked(
         self, rental_id: str, gpu_uuids: list[str], spec: ContainerWorkload, share: GpuShare | None, registry_auth: SealedLogin | None,
         preempts: Sequence[str], before_start: Callable[[], Awaitable[None]] | None, volumes: Sequence[VolumeMount] = (),
+        devices: Sequence[str] = (),
     ) -> dict[str, Any]:
         self._check_open()
         existing = self._workloads.get(rental_id)
@@ -320,7 +324,7 @@ class WorkloadManager:
             if before_start is not None:
                 await before_start()  # the image is here: only now do the preempted workloads go
                 self._check_gpus(gpu_uuids, share, ignoring=(rental_id,))  # ... and their GPUs are free
-            result = await self.containers.start(workload, spec, image, share, ceilings, volumes=binds)
+            result = await self.containers.start(workload, spec, image, share, ceilings, volumes=binds, devices=devices)
         finally:
             self._pending.pop(rental_id, None)
         self._workloads[rental_id] = workload

@@ -11,6 +11,8 @@ import { describeRun, portsFact, runsShort, workloadChooser } from "./workloads.
 
 const ACTIVE = new Set(["pending", "starting", "running", "degraded", "stopping"]);
 const MAX_NODES = 64;
+// A pair's path in words (master.services.lifecycle.cluster_paths; "direct" from agents' measurements before the paths).
+const PATH_WORDS = { fabric: "fabric (unencrypted)", kernel: "kernel WireGuard", "wireguard-go": "wireguard-go", relay: "through the relays", direct: "direct" };
 const MAX_GPUS_PER_NODE = 64;
 const GROUPS_LIMIT = 500; // GET /offers/clusters: every group (a few per model and region)
 
@@ -296,14 +298,18 @@ export function clusterPage(page, ctx) {
         ];
       }) }));
     const pn = cluster.private_network || {};
+    // Every pair with its path (links: fabric, kernel WireGuard, wireguard-go, the relays), and its figures once measured.
+    const measured = new Map((pn.pairs || []).map((p) => [`${p.a}-${p.b}`, p]));
+    const pairs = (pn.links || []).filter((l) => l.path).map((l) => ({ ...(measured.get(`${l.a}-${l.b}`) || {}), a: l.a, b: l.b, link: l.path }));
+    for (const p of pn.pairs || []) if (!pairs.some((q) => q.a === p.a && q.b === p.b)) pairs.push(p);
     replace(network, table({ caption: pn.subnet ? `Measured through the private network ${pn.subnet}` : "Measured through the private network",
       className: "cluster-pairs", columns: ["Nodes", "Round trip", "Throughput", "Path", "Problem"],
       empty: pn.state === "none" ? "This cluster has no private network." : "Not measured yet: the figures come once every node has joined.",
-      rows: (pn.pairs || []).map((p) => [
+      rows: pairs.map((p) => [
         `${nodeName(p.a)} ↔ ${nodeName(p.b)}`,
         p.rtt_ms === null || p.rtt_ms === undefined ? "—" : `${p.rtt_ms} ms`,
         p.mbit_s === null || p.mbit_s === undefined ? "—" : `${p.mbit_s} Mbit/s`,
-        p.path === "relay" ? "through the relays" : p.path === "direct" ? "direct" : "—",
+        PATH_WORDS[p.link || p.path] || "—",
         p.error || "",
       ]) }));
     replace(events, table({ caption: "State changes", columns: ["When", "From", "To", "What happened"], className: "events", empty: "No events yet.",

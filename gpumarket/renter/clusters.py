@@ -12,7 +12,7 @@ import re
 import uuid
 from collections.abc import Mapping
 from decimal import Decimal
-from typing import Any
+from typing import Any, Final
 
 from gpumarket.renter.api import ApiError, Client, CliError, UsageError
 from gpumarket.renter.commands import (
@@ -53,13 +53,23 @@ def network_summary(network: Mapping[str, Any] | None) -> str:
     return NETWORK_STEPS.get(str(state), str(state))
 
 
+PATH_WORDS: Final = {"fabric": "fabric (unencrypted)", "kernel": "kernel WireGuard", "wireguard-go": "wireguard-go",
+                     "relay": "through the relays", "direct": "direct"}  # fmt: skip
+
+
 def pair_rows(network: Mapping[str, Any] | None) -> list[list[str]]:
-    """Each measured pair of nodes: round trip and throughput through the tunnel, or why not."""
+    """Each pair of nodes: its path (``links``: fabric, kernel WireGuard, wireguard-go or the relays) and, once measured,
+    round trip and throughput, or why not."""
+    paths = {(link["a"], link["b"]): link.get("path") for link in (network or {}).get("links") or []}
+    measured = {(p["a"], p["b"]): p for p in (network or {}).get("pairs") or []}
     rows = []
-    for p in (network or {}).get("pairs") or []:
+    for a, b in sorted(set(measured) | {pair for pair, path in paths.items() if path}):
+        p = measured.get((a, b), {})
         rtt, rate = p.get("rtt_ms"), p.get("mbit_s")
-        rows.append([f"{node_name(p['a'])} <-> {node_name(p['b'])}", f"{_figure(rtt)} ms" if rtt is not None else "-",
-                     f"{_figure(rate)} Mbit/s" if rate is not None else "-", p.get("path") or "-", p.get("error") or ""])  # fmt: skip
+        path = paths.get((a, b)) or p.get("path")
+        rows.append([f"{node_name(a)} <-> {node_name(b)}", f"{_figure(rtt)} ms" if rtt is not None else "-",
+                     f"{_figure(rate)} Mbit/s" if rate is not None else "-", PATH_WORDS.get(str(path), "-") if path else "-",
+                     p.get("error") or ""])  # fmt: skip
     return rows
 
 

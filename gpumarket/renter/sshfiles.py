@@ -5,7 +5,8 @@ alias, ``<alias> <type> <base64> rental=<id>``, replaced (never duplicated) when
 hands out the key again. ``ssh_config`` next to it holds ``gpumarket ssh-config --write``'s
 ``Host`` entries, for an ``Include`` in ``~/.ssh/config``. Every ssh and scp this CLI runs gets
 the same options: the ProxyCommand through ``gpumarket tunnel``, that file as the only known
-hosts, ``HostKeyAlias`` and ``StrictHostKeyChecking yes`` (no trust on first use).
+hosts, ``HostKeyAlias`` and ``StrictHostKeyChecking yes`` (no trust on first use), and AES-GCM
+first among the ciphers (``shared.sshwire``: the agent's SSH server encrypts in Python).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from gpumarket.renter.api import UsageError, config_dir
 from gpumarket.renter.connect import SshEndpoint
+from shared.sshwire import openssh_ciphers
 
 KNOWN_HOSTS = "known_hosts"
 SSH_CONFIG = "ssh_config"
@@ -68,6 +70,7 @@ def pinning_options(rental_id: str, endpoint: SshEndpoint, known_hosts: Path, *,
         "UpdateHostKeys": "no",
         "CheckHostIP": "no",
         "ServerAliveInterval": str(SERVER_ALIVE_INTERVAL_S),
+        "Ciphers": openssh_ciphers(),  # AES-GCM first: the agent's SSH server encrypts in Python (shared/sshwire.py)
     }
 
 

@@ -30,6 +30,7 @@ from gpumarket.renter.commands import finish
 from gpumarket.renter.connect import Ticket, rental_arg
 from gpumarket.renter.sshcmds import ssh_ticket
 from gpumarket.renter.sshfiles import known_hosts_path, option_args, pinning_options
+from shared import sshwire
 from shared.volumetree import PARTIAL, TREE_SHA256, Entry, walk
 
 CHUNK: Final = 8 << 20  # one read or write call; asyncssh splits it into parallel requests
@@ -57,6 +58,7 @@ async def session(
         async with asyncssh.connect(
             ticket.ssh.host_alias, username=ticket.ssh.user, proxy_command=tunnel_argv(target, config),
             known_hosts=([asyncssh.import_public_key(ticket.ssh.host_key)], [], []), **options,
+            encryption_algs=list(sshwire.CIPHERS), window=sshwire.WINDOW, max_pktsize=sshwire.MAX_PACKET,
         ) as conn:  # fmt: skip
             yield conn
     except (asyncssh.Error, OSError) as exc:

@@ -139,7 +139,9 @@ async def handle_hello(
     host.last_hello_seq = message.seq
     host.agent_version = body.agent_version
     host.gpu_backend = body.gpu_backend
-    host.facts = body.host
+    # The cluster network's paths (``protocol.ClusterNetworkFacts``, validated with the hello) beside the host's own facts.
+    host.facts = {**{k: v for k, v in body.host.items() if k != "cluster_network"},
+                  **({"cluster_network": body.cluster_network.model_dump(mode="json")} if body.cluster_network is not None else {})}  # fmt: skip
     # None from an agent older than container workloads: placement treats the host as it always did.
     host.isolation = body.isolation.model_dump(mode="json") if body.isolation is not None else None
     host.region = body.region or host.region

@@ -17,6 +17,8 @@ description. Nothing here does I/O, and it imports nothing of ours but ``shared.
 Its modules, each importing only those before it:
 
 - ``base``: version, frame limit, close codes, shared field types, the strict/lenient models;
+- ``clusterpaths``: a host's cluster network paths (kernel WireGuard, ``wireguard-go``, a trusted fabric, RDMA
+  devices) as its hello reports them, and the fabric a cluster member joins;
 - ``bodies``: the message bodies;
 - ``workloads``: what a rental runs (the workload specs, their ceilings and bounds, the rental id and GPU field types);
 - ``volumes``: the volume commands and their fields;
@@ -93,6 +95,13 @@ from shared.protocol.bus import (
     decode_bus_envelope,
     decode_command_delivery,
     encode_bus_envelope,
+)
+from shared.protocol.clusterpaths import (
+    ClusterNetworkFacts,
+    FabricDeclaration,
+    FabricJoin,
+    PathName,
+    TunnelKind,
 )
 from shared.protocol.commands import (
     CHALLENGE_ID_PATTERN,
@@ -295,6 +304,7 @@ __all__ = [
     "ChallengeOpened",
     "ClusterJoined",
     "ClusterLeft",
+    "ClusterNetworkFacts",
     "ClusterPeer",
     "Command",
     "CommandBody",
@@ -312,6 +322,8 @@ __all__ = [
     "DeleteCluster",
     "DeleteVolume",
     "Env",
+    "FabricDeclaration",
+    "FabricJoin",
     "GpuAggregateModel",
     "GpuEventModel",
     "GpuEvents",
@@ -344,6 +356,7 @@ __all__ = [
     "NetworkReport",
     "NetworkReportBody",
     "OpenVolume",
+    "PathName",
     "PeerMeasurement",
     "PowerPolicyApplied",
     "PowerTarget",
@@ -366,6 +379,7 @@ __all__ = [
     "Telemetry",
     "TelemetryBody",
     "Timestamp",
+    "TunnelKind",
     "TunnelUsage",
     "TunnelUsageBody",
     "TunnelUsageItem",

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import Field
 
 from shared.protocol.base import CommandId, HostId, LenientModel, ShortText, StrictModel, Timestamp
+from shared.protocol.clusterpaths import ClusterNetworkFacts
 
 
 class GpuMigInstanceModel(LenientModel):
@@ -165,6 +166,7 @@ class HelloBody(StrictModel):
     gpus: list[GpuInfoModel] = Field(max_length=64)
     running_rentals: list[CommandId] = Field(default_factory=list, max_length=1024)
     isolation: IsolationFacts | None = None  # absent from agents older than container workloads
+    cluster_network: ClusterNetworkFacts | None = None  # absent from agents older than the three paths
 
 
 class SpoolStats(StrictModel):

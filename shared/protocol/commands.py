@@ -19,6 +19,7 @@ from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError, model
 
 from shared.errors import ProtocolError
 from shared.protocol.base import CommandId, StrictModel, Timestamp
+from shared.protocol.clusterpaths import MAX_RDMA_DEVICES, FabricJoin, IPv4Text, RdmaDevice
 from shared.protocol.volumes import (
     MAX_VOLUMES_PER_RENTAL,
     CopyVolume,
@@ -139,6 +140,9 @@ class StartWorkload(StrictModel):
     preempts: list[Preemption] | None = Field(None, max_length=MAX_PREEMPTIONS)
     # The renter's volumes its container mounts (docs/volumes.md); none: an agent older than volumes refuses nothing.
     volumes: list[VolumeMount] | None = Field(None, max_length=MAX_VOLUMES_PER_RENTAL)
+    # A cluster member on its host's trusted fabric, whose provider lets RDMA through (``FabricDeclaration.rdma``): the
+    # host's RDMA devices, passed into the container (docs/clusters.md, "Three paths"). None: none.
+    rdma_devices: list[RdmaDevice] | None = Field(None, max_length=MAX_RDMA_DEVICES)
 
     @model_validator(mode="after")
     def _volumes_need_a_container(self) -> StartWorkload:
@@ -269,6 +273,9 @@ class ClusterPeer(StrictModel):
     # token for a ``wg`` stream to the peer member (signed by the master, as renters' connect tokens are).
     relay_url: Annotated[str, Field(min_length=8, max_length=512, pattern=r"^wss://[^\s]+$")] | None = None
     relay_token: Annotated[str, Field(min_length=16, max_length=4096, pattern=r"^[A-Za-z0-9._-]+$")] | None = None
+    # The pair's path is the trusted fabric (both hosts one provider's, on the same declared fabric): the peer's
+    # address on it, through which this member reaches the peer's cluster address (``None``: the tunnel).
+    fabric_address: IPv4Text | None = None
 
 
 class CreateCluster(StrictModel):
@@ -290,6 +297,7 @@ class CreateCluster(StrictModel):
     subnet: Annotated[str, Field(max_length=18), BeforeValidator(_cluster_subnet)]
     peers: list[ClusterPeer] = Field(default_factory=list, max_length=MAX_CLUSTER_NODES - 1)
     measure: bool = False
+    fabric: FabricJoin | None = None  # the member's interface on its host's declared fabric (``None``: none)
 
     @model_validator(mode="after")
     def _ranks(self) -> CreateCluster:

@@ -80,7 +80,7 @@ class PeerMeasurement(LenientModel):
     mbit_s: float | None = None
     loss_pct: float | None = None
     error: str | None = None
-    path: Literal["direct", "relay"] | None = None  # how the tunnel reaches the peer
+    path: Literal["direct", "relay", "fabric"] | None = None  # how this member reaches the peer
 
 
 class ClusterJoined(LenientModel):
@@ -94,6 +94,8 @@ class ClusterJoined(LenientModel):
     relay_url: str | None = None  # where peers reach this member through the relays (its relay's wss://…/v1/connect)
     peers: int = 0
     measurements: list[PeerMeasurement] = Field(default_factory=list)
+    tunnel: Literal["kernel", "wireguard-go"] | None = None  # the member's WireGuard (absent from older agents: wireguard-go)
+    fabric_address: str | None = None  # the member's address on its host's fabric (None: not on one)
 
 
 class ClusterLeft(LenientModel):

@@ -19,24 +19,28 @@ and its request, it adds and places one member rental per node, or raises why it
 candidate hosts are read in one query and handed to the gang search as round trips
 (``host_links.placement_rtt``), so a pair measured outside the bounds is never chosen, a pair never measured
 is; the node-by-node step avoids every host measured outside them with a host already taken. When no set
-keeps them but one would without them, the 409 says the network bounds were why.
+keeps them but one would without them, the 409 says the network bounds were why. A ``min_mbit_s`` above what a
+tunnel carries (``cluster_paths.TUNNEL_MAX_MBIT_S``) tries one fabric's hosts first (one provider's hosts that declare
+the same fabric: their members talk over it unencrypted; docs/clusters.md, "Three paths"), then the whole fleet.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
-from master.models import Cluster, Rental
-from master.scheduler import MILLI, Placement, get_placer
+from master.models import Cluster, Host, Rental
+from master.scheduler import MILLI, Node, Placement, get_placer
 from master.scheduler.gang import Rtt, place_gang
 from master.services import host_links, rentals, volumes
 from master.services.clusters.request import ClusterRequest
+from master.services.lifecycle import cluster_paths
 from master.services.lifecycle.rentals import RentalState
 from shared.errors import ClientError, Conflict, InsufficientCapacity
 from shared.ids import new_id
@@ -115,12 +119,24 @@ async def _place_gang(
     bounds = host_links.NetworkBounds.of(request.network)
     rtt_ms, max_rtt_ms = host_links.placement_rtt(links, bounds, host_of.__getitem__)
 
-    def search(rtt: Rtt | None = None, limit: float | None = None) -> list[Placement] | None:
+    def search(rtt: Rtt | None = None, limit: float | None = None, nodes: Sequence[Node] = found.nodes) -> list[Placement] | None:
         # A placer of its own: the master's keeps its scores for the whole fleet it serves single rentals on.
-        return place_gang(first.place_request(), request.node_count, found.nodes, placer=get_placer(master.settings.placer),
+        return place_gang(first.place_request(), request.node_count, list(nodes), placer=get_placer(master.settings.placer),
                           same_model=not request.allow_mixed, rtt_ms=rtt, max_rtt_ms=limit)  # fmt: skip
 
-    placements = search(rtt_ms, max_rtt_ms)
+    placements = None
+    if bounds.min_mbit_s is not None and bounds.min_mbit_s > cluster_paths.TUNNEL_MAX_MBIT_S:
+        # More than a tunnel carries: one fabric's hosts first (the largest group first), judged only by what was
+        # measured over the fabric (a tunnel's figure between two of them says nothing of it).
+        for group in await _fabric_groups(session, roomy, request.node_count):
+            on_fabric = {key: figures for key, figures in links.items() if figures.path == "fabric" and set(key) <= group}
+            rtt, limit = host_links.placement_rtt(on_fabric, bounds, host_of.__getitem__)
+            placements = search(rtt, limit, [node for node in found.nodes if host_of[node.node_id] in group])
+            if placements is not None:
+                log.info("cluster %s: on one fabric (%d hosts), for its %s", members.cluster[0], len(group), bounds.text())
+                break
+    if placements is None:
+        placements = search(rtt_ms, max_rtt_ms)
     if placements is None:
         network_why = None
         if max_rtt_ms is not None and search() is not None:
@@ -137,6 +153,17 @@ async def _place_gang(
             return [], reason, None
         commands.extend(placed)
     return commands, None, None
+
+
+async def _fabric_groups(session: AsyncSession, hosts: Collection[str], node_count: int) -> list[set[str]]:
+    """The ``hosts`` that share a fabric (one owner, one declared fabric name), in groups of at least ``node_count``,
+    the largest first."""
+    groups: dict[str, set[str]] = {}
+    for host_id, owner_id, facts in (await session.execute(select(Host.id, Host.owner_id, Host.facts).where(Host.id.in_(hosts)))).all():
+        key = cluster_paths.fabric_key({"net": cluster_paths.member_facts(owner_id, facts)})
+        if key is not None:
+            groups.setdefault(key, set()).add(host_id)
+    return sorted((g for g in groups.values() if len(g) >= node_count), key=lambda g: (-len(g), sorted(g)))
 
 
 def _breaches_text(links: Mapping[tuple[str, str], host_links.Figures], bounds: host_links.NetworkBounds) -> str:

@@ -5,6 +5,7 @@ master API process and balanced over the service's ready replicas through the re
   the per-process ``Gateway`` (``gateway_of``, ``close_gateway``) and its figures' rows.
 * ``proxy.py``: forwarding one request (headers, body, retries, streamed answers, websockets).
 * ``upstream.py``: a replica's pool of HTTP connections, each a stream through the relay.
+* ``wstransport.py``: the asyncio transport through which aiohttp's client speaks to one such stream.
 * ``routing.py``: services' routes and API keys' owners, read from the database and kept briefly.
 * ``stats.py``: the figures per service (``LATENCY_BOUNDS_MS``, ``percentile``).
 * ``probe.py``: the autoscaler's health probe (``probe``).

@@ -22,7 +22,10 @@ its path and query as the client wrote them.
 * **Answer.** Status and headers as soon as the replica sends them, then the body chunk by chunk as it
   arrives (server-sent events arrive token by token), undecoded. An answer that breaks off after its
   head cannot be retried: the client's connection is dropped, so it sees a truncated body, never a
-  complete-looking one. The whole request is bounded by ``gateway_request_timeout_s``.
+  complete-looking one. A small answer (a ``Content-Length`` up to ``WHOLE_ANSWER_MAX``, 64 KiB, no
+  ``Transfer-Encoding``) is read whole first and sent in one write, head and body (one send to the
+  client instead of two: most of an API's answers); if it breaks off, its head goes out and the
+  connection drops, as for a streamed one. The whole request is bounded by ``gateway_request_timeout_s``.
 * **Websockets.** An upgrade request is opened on a replica first (the same retries: the handshake is a
   GET), then accepted with the subprotocol the replica chose; messages pass both ways as they come,
   and a close passes on with its code and reason (1005/1006, which cannot be sent, as 1000/1011).
@@ -65,6 +68,7 @@ WEBSOCKET_HANDSHAKE = frozenset({"sec-websocket-key", "sec-websocket-version", "
 ORIGIN_WIDE = frozenset({"set-cookie", "strict-transport-security", "alt-svc", "clear-site-data"})
 UPSTREAM = "http://replica"  # the pool's connections are all to one replica: the name only keys aiohttp's pool
 CHUNK = 64 * 1024
+WHOLE_ANSWER_MAX = 64 * 1024
 MAX_WS_MESSAGE = 4 * 1024 * 1024
 WS_CLOSE_TIMEOUT = 5.0
 T = TypeVar("T")
@@ -340,10 +344,21 @@ async def _http(
 async def _stream_answer(
     request: web.Request, upstream: aiohttp.ClientResponse, attempt: Attempt, request_id: str, started: float
 ) -> tuple[web.StreamResponse, bool]:
+    error = upstream.status >= 500
+    broken: BaseException | None = None
+    if _small(request, upstream):
+        try:
+            body = await upstream.read()  # the request's timeout (aiohttp's total) bounds it
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            broken = exc  # as a streamed answer that breaks off: the head goes out, then the connection drops
+        else:
+            whole = web.Response(status=upstream.status, reason=upstream.reason, headers=answer_headers(upstream.headers, request_id))
+            whole.body = body
+            attempt.stats.answered((time.monotonic() - started) * 1000)
+            return whole, error
     response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
     response.headers.extend(answer_headers(upstream.headers, request_id))
     attempt.stats.answered((time.monotonic() - started) * 1000)
-    error = upstream.status >= 500
     try:
         await response.prepare(request)
     except (ConnectionError, RuntimeError):
@@ -351,6 +366,8 @@ async def _stream_answer(
     chunks = upstream.content.iter_any().__aiter__()
     while True:
         try:
+            if broken is not None:
+                raise broken
             chunk = await anext(chunks)  # the request's timeout (aiohttp's total) bounds the whole answer
         except StopAsyncIteration:
             break
@@ -369,6 +386,13 @@ async def _stream_answer(
     with contextlib.suppress(ConnectionError):
         await response.write_eof()
     return response, error
+
+
+def _small(request: web.Request, upstream: aiohttp.ClientResponse) -> bool:
+    """Whether the answer is read whole before its head goes out: a body of a known length up to ``WHOLE_ANSWER_MAX``."""
+    length = upstream.content_length
+    return (length is not None and length <= WHOLE_ANSWER_MAX and request.method != "HEAD"
+            and upstream.status not in (204, 304) and "Transfer-Encoding" not in upstream.headers)  # fmt: skip
 
 
 def _drop(request: web.Request) -> None:

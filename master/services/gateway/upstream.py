@@ -7,8 +7,8 @@ service's port. Each websocket is one byte stream to that port.
 
 HTTP runs over those streams through aiohttp's client, so keep-alive, chunked bodies, streamed answers
 and websocket upgrades are aiohttp's: ``RelayConnector`` is an aiohttp connector whose every new
-connection is a fresh relay websocket spliced to one end of a socket pair, aiohttp's protocol
-reading and writing the other end. Each replica has one ``ReplicaPool`` (one ``ClientSession``) of at
+connection is a fresh relay websocket that aiohttp's protocol reads and writes through a
+``WebsocketTransport`` (``wstransport.py``: no socket between them). Each replica has one ``ReplicaPool`` (one ``ClientSession``) of at
 most ``limit`` such connections, kept open ``keepalive_timeout`` seconds after their last request —
 a little less than common servers' own idle limit (uvicorn's 5 s), so the pool rarely reuses a
 connection the server is closing.
@@ -20,16 +20,15 @@ open, the relay may still close it with ``4404`` (the agent refused: the port is
 is gone) or ``4410`` (reset: the rental stopped, the host's link went); the pool remembers that as
 a failure of the replica (``failed_at``), which the balancer reads as passive health.
 
-Ownership: every splice is a task in its pool's set; ``ReplicaPool.close`` closes the session (so
-every connection's socket) and then waits for them. Cancelling a splice is safe: both ends close.
+Ownership: every connection's task (``WebsocketTransport.run``) is in its pool's set; ``ReplicaPool.close``
+closes the session (so every connection's transport) and then waits for them. Cancelling one is safe:
+its websocket closes and aiohttp is told the connection is lost.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -41,8 +40,8 @@ from aiohttp.tracing import Trace
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
 
+from master.services.gateway.wstransport import WebsocketTransport
 from shared.streams import MAX_DATA
-from shared.streams.aio import first_done
 
 log = logging.getLogger(__name__)
 
@@ -80,64 +79,25 @@ Dial = Callable[[], Awaitable[ClientConnection]]
 
 
 class RelayConnector(aiohttp.BaseConnector):
-    """An aiohttp connector whose connections are relay streams (``dial``), each spliced to a socket pair."""
+    """An aiohttp connector whose connections are relay streams (``dial``), each aiohttp's through a ``WebsocketTransport``."""
 
     def __init__(
-        self, dial: Dial, *, on_close: Callable[[int | None], None], splices: set[asyncio.Task[None]], limit: int,
+        self, dial: Dial, *, on_close: Callable[[int | None], None], streams: set[asyncio.Task[None]], limit: int,
         keepalive_timeout: float,
     ) -> None:  # fmt: skip
         super().__init__(limit=limit, limit_per_host=0, keepalive_timeout=keepalive_timeout)
         self._dial = dial
         self._on_close = on_close
-        self._splices = splices
+        self._streams = streams
 
     async def _create_connection(self, req: ClientRequest, traces: list[Trace], timeout: aiohttp.ClientTimeout) -> ResponseHandler:
         ws = await self._dial()  # UpstreamUnavailable: aiohttp has sent nothing yet
-        ours, theirs = socket.socketpair()
-        try:
-            _, protocol = await self._loop.create_unix_connection(self._factory, sock=ours)
-        except BaseException:
-            ours.close()
-            theirs.close()
-            await ws.close()
-            raise
-        task = asyncio.create_task(splice(theirs, ws, self._on_close), name="gateway-splice")
-        self._splices.add(task)
-        task.add_done_callback(self._splices.discard)
+        protocol = self._factory()
+        transport = WebsocketTransport(ws, protocol, on_close=self._on_close)
+        task = asyncio.create_task(transport.run(), name="gateway-stream")
+        self._streams.add(task)
+        task.add_done_callback(self._streams.discard)
         return protocol
-
-
-async def splice(sock: socket.socket, ws: ClientConnection, on_close: Callable[[int | None], None]) -> None:
-    """Copy bytes between aiohttp's end of a socket pair and a relay websocket until either side ends.
-
-    aiohttp closing its end closes the websocket normally (1000); the relay closing the websocket closes
-    the socket, which aiohttp reads as the connection's end. ``on_close`` gets the relay's close code
-    when the relay closed first (``None`` otherwise). Cancelling is safe: both ends are closed.
-    """
-    try:
-        reader, writer = await asyncio.open_unix_connection(sock=sock, limit=2 * MAX_DATA)
-    except BaseException:
-        sock.close()
-        await ws.close()
-        raise
-
-    async def to_relay() -> None:
-        while data := await reader.read(MAX_DATA):  # the relay takes renters' messages up to MAX_DATA
-            await ws.send(data)
-
-    async def from_relay() -> None:
-        async for message in ws:
-            writer.write(message if isinstance(message, bytes) else message.encode())
-            await writer.drain()
-
-    try:
-        await first_done(to_relay(), from_relay())
-    finally:
-        writer.close()
-        with contextlib.suppress(Exception):
-            await ws.close()
-        received = ws.protocol.close_rcvd
-        on_close(received.code if received is not None and ws.protocol.close_rcvd_then_sent else None)
 
 
 class ReplicaPool:
@@ -176,8 +136,8 @@ class ReplicaPool:
         self._open_timeout = open_timeout
         self._close_timeout = close_timeout
         self._ping_interval = ping_interval
-        self._splices: set[asyncio.Task[None]] = set()
-        connector = RelayConnector(self._dial, on_close=self._closed_by_relay, splices=self._splices, limit=limit,
+        self._streams: set[asyncio.Task[None]] = set()
+        connector = RelayConnector(self._dial, on_close=self._closed_by_relay, streams=self._streams, limit=limit,
                                    keepalive_timeout=keepalive_timeout)  # fmt: skip
         self.session = aiohttp.ClientSession(
             connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(), trust_env=False,
@@ -187,7 +147,7 @@ class ReplicaPool:
     @property
     def connections(self) -> int:
         """Relay streams open now (in use or idle in the pool)."""
-        return len(self._splices)
+        return len(self._streams)
 
     def failed(self) -> None:
         self.failed_at = self._clock()
@@ -228,12 +188,12 @@ class ReplicaPool:
             self.failed()
 
     async def close(self) -> None:
-        """Close every connection and wait for their splices."""
+        """Close every connection and wait for their tasks."""
         await self.session.close()
-        splices = list(self._splices)
-        for task in splices:
+        tasks = list(self._streams)
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*splices, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 __all__ = ["ReplicaPool", "Target", "UpstreamUnavailable"]

@@ -95,6 +95,8 @@ def host_view(
         "score": best.score if best is not None else None,
         "active_rentals": list(active_rentals),
         "isolation": isolation_view(host.isolation),
+        # Its cluster network's paths, from its hello (protocol.ClusterNetworkFacts; None: an older agent).
+        "cluster_network": (host.facts or {}).get("cluster_network"),
         "gpu_count": sum(1 for g in gpus if g.present),
         "gpus": [_gpu_view(g, now) for g in sorted(gpus, key=lambda g: g.index) if g.present],
         # Every present GPU passed its challenge within the market's max age (the offers' ``verified``, less the flag).

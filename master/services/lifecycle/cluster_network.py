@@ -42,12 +42,14 @@ from datetime import datetime, timedelta
 from typing import Any, Final
 
 from pydantic import ValidationError
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
-from master.models import Cluster, ClusterEvent, Rental
+from master.models import Cluster, ClusterEvent, Host, Rental
 from master.models import Command as CommandRow
 from master.services import commands, host_links
+from master.services.lifecycle import cluster_paths
 from shared import protocol
 from shared.crypto.tokens import ConnectClaims, new_claims
 
@@ -124,14 +126,43 @@ def follow(session: Session, cluster: Cluster, members: Sequence[Rental]) -> Non
         rank = str(member.node_rank)
         if entries.get(rank, {}).get("rental_id") == member.id:
             continue
-        command = protocol.CreateCluster(cluster_id=cluster.id, rental_id=member.id, rank=member.node_rank, node_count=cluster.node_count,
-                                         subnet=cluster.subnet)  # fmt: skip
-        entries[rank] = {"rental_id": member.id, "host_id": member.host_id, "step": "creating", "public_key": None, "endpoint": None,
-                         "command_id": _issue(session, member.host_id, member.id, command)}  # fmt: skip
+        entries[rank] = _join(session, cluster, member, entries)
         changed = True
     if changed:
         net.update(state="creating", reason=None, members=entries)
         cluster.private_network = net
+
+
+def _join(session: Session, cluster: Cluster, member: Rental, entries: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Round 1 for ``member``: its entry, with its host's path facts and (on a declared fabric) its fabric address."""
+    assert member.host_id is not None and member.node_rank is not None and cluster.subnet is not None
+    host = session.get(Host, member.host_id)
+    facts = cluster_paths.member_facts(host.owner_id, host.facts) if host is not None else cluster_paths.member_facts("", None)
+    joining: dict[str, Any] = {"rental_id": member.id, "host_id": member.host_id, "step": "creating", "public_key": None, "endpoint": None,
+                             "net": facts, "fabric_address": None}  # fmt: skip
+    fabric = None
+    if facts["fabric"]:
+        address = cluster_paths.allocate(facts["fabric_subnet"], _fabric_addresses(session, cluster, entries, facts), rental_id=member.id)
+        if address is not None:
+            fabric = protocol.FabricJoin(name=facts["fabric"], address=address)
+            joining["fabric_address"] = address
+        else:
+            log.warning("cluster %s: fabric %s of host %s has no free address: node-%d uses its tunnel", cluster.id, facts["fabric"],
+                        member.host_id, member.node_rank)  # fmt: skip
+    command = protocol.CreateCluster(cluster_id=cluster.id, rental_id=member.id, rank=member.node_rank, node_count=cluster.node_count,
+                                     subnet=cluster.subnet, fabric=fabric)  # fmt: skip
+    return {**joining, "command_id": _issue(session, member.host_id, member.id, command)}
+
+
+def _fabric_addresses(session: Session, cluster: Cluster, entries: Mapping[str, Mapping[str, Any]], facts: Mapping[str, Any]) -> set[str]:
+    """The addresses live members hold on the fabric ``facts`` names (this cluster's, and every other cluster's not over)."""
+    key = cluster_paths.fabric_key({"net": facts})
+    networks = [cluster.private_network or {}, {"members": entries}]
+    rows = session.execute(select(Cluster.private_network).where(Cluster.id != cluster.id, Cluster.state.not_in(_OVER),
+                                                                 Cluster.private_network.is_not(None)))  # fmt: skip
+    networks += [net for (net,) in rows if net]
+    return {e["fabric_address"] for net in networks for e in (net.get("members") or {}).values()
+            if e.get("fabric_address") and e.get("step") != "deleted" and cluster_paths.fabric_key(e) == key}  # fmt: skip
 
 
 async def apply_result(
@@ -168,7 +199,7 @@ async def apply_result(
         return
     if not peers:
         entries[rank] = {**entry, "step": "keyed", "public_key": joined.public_key, "endpoint": joined.endpoints[0] if joined.endpoints else None,
-                         "relay_url": joined.relay_url}  # fmt: skip
+                         "relay_url": joined.relay_url, "tunnel": joined.tunnel or "wireguard-go"}  # fmt: skip
         for other, e in entries.items():  # a member joined late (a replacement): everyone needs its key again
             if other != rank and e.get("step") in ("peered", "measured"):
                 entries[other] = {**e, "step": "keyed"}
@@ -243,10 +274,11 @@ def _next_round(session: AsyncSession, cluster: Cluster, net: dict[str, Any], at
         # Round 2 one member at a time, lowest rank first: each sets its peers once those before it know it, so the
         # handshakes it starts are answered (set at once, crossing handshakes left pairs without a session for 5-15 s).
         first = min((r for r, e in entries.items() if e["step"] == "keyed"), key=int)
-        _send_round(session, cluster, {first: entries[first]}, measure=False, peers=_peers(cluster, entries, at, sign))
+        _send_round(session, cluster, {first: entries[first]}, measure=False, peers=_peers(cluster, entries, at, sign),
+                    everyone=entries)
         net["state"] = "connecting"
     elif steps == {"peered"}:
-        _send_round(session, cluster, entries, measure=True, peers=_peers(cluster, entries, at, sign))
+        _send_round(session, cluster, entries, measure=True, peers=_peers(cluster, entries, at, sign), everyone=entries)
         net["state"] = "measuring"
     elif steps == {"measured"} and net.get("state") != "up":
         net.update(state="up", measured_at=at.isoformat())
@@ -269,14 +301,25 @@ def _peers(cluster: Cluster, entries: dict[str, dict[str, Any]], at: datetime, s
 
 
 def _send_round(session: AsyncSession, cluster: Cluster, entries: dict[str, dict[str, Any]], *, measure: bool,
-                peers: dict[int, protocol.ClusterPeer]) -> None:  # fmt: skip
+                peers: dict[int, protocol.ClusterPeer], everyone: Mapping[str, Mapping[str, Any]]) -> None:  # fmt: skip
+    """``create_cluster`` with ``peers`` to each of ``entries`` (of ``everyone``, the cluster's members): each peer
+    with its fabric address where the pair's path is the fabric (``cluster_paths.same_fabric``)."""
     assert cluster.subnet is not None
     for rank, entry in sorted(entries.items()):
+        fabric = protocol.FabricJoin(name=entry["net"]["fabric"], address=entry["fabric_address"]) if entry.get("fabric_address") else None
         command = protocol.CreateCluster(
             cluster_id=cluster.id, rental_id=entry["rental_id"], rank=int(rank), node_count=cluster.node_count, subnet=cluster.subnet,
-            peers=[peer for other, peer in sorted(peers.items()) if other != int(rank)], measure=measure,
+            peers=[_on_path(peer, entry, everyone.get(str(other), {})) for other, peer in sorted(peers.items()) if other != int(rank)],
+            measure=measure, fabric=fabric,
         )  # fmt: skip
         entry.update(step="measuring" if measure else "peering", command_id=_issue(session, entry["host_id"], entry["rental_id"], command))
+
+
+def _on_path(peer: protocol.ClusterPeer, entry: Mapping[str, Any], other: Mapping[str, Any]) -> protocol.ClusterPeer:
+    """The peer as ``entry``'s member gets it: with its fabric address where the pair's path is the fabric."""
+    if cluster_paths.same_fabric(entry, other):
+        return peer.model_copy(update={"fabric_address": other["fabric_address"]})
+    return peer
 
 
 def _pair_text(pair: Mapping[str, Any]) -> str:
@@ -296,10 +339,13 @@ def view(cluster: Cluster) -> dict[str, Any]:
         "subnet": cluster.subnet,
         "nodes": [
             {"node": f"node-{rank}", "address": node_address(cluster.subnet, rank) if cluster.subnet else None,
-             "rental_id": members.get(str(rank), {}).get("rental_id"), "step": members.get(str(rank), {}).get("step")}
+             "rental_id": members.get(str(rank), {}).get("rental_id"), "step": members.get(str(rank), {}).get("step"),
+             "fabric": (members.get(str(rank), {}).get("net") or {}).get("fabric"),
+             "fabric_address": members.get(str(rank), {}).get("fabric_address")}
             for rank in range(cluster.node_count)
         ],
         "pairs": [{k: p.get(k) for k in ("a", "b", "rtt_ms", "mbit_s", "loss_pct", "error", "path")} for p in net.get("pairs", [])],
+        "links": cluster_paths.links(members, net.get("pairs", []), cluster.node_count),  # every pair's path
         "measured_at": net.get("measured_at"),
         "within_bounds": net.get("within_bounds"),
         "out_of_bounds": net.get("out_of_bounds", []),

@@ -49,7 +49,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
 from master.context import Master
-from master.models import Account, Gpu, Rental, RentalEvent
+from master.models import Account, Gpu, Host, Rental, RentalEvent
 from master.scheduler import MILLI, Node, Placement, get_placer
 from master.scheduler import Request as PlaceRequest
 from master.services import accounts, commands, isolation, market, volumes
@@ -536,13 +536,30 @@ async def _start(
     keys, access_version = await accounts.current_keys(session, rental.renter_id)
     start = protocol.StartWorkload.model_validate(
         {"rental_id": rental.id, "gpu_uuids": rental.gpu_uuids, "workload": rental.workload, "share": share,
-         "authorized_keys": keys, "access_version": access_version, "preempts": preempts or None, "volumes": mounts or None}
+         "authorized_keys": keys, "access_version": access_version, "preempts": preempts or None, "volumes": mounts or None,
+         "rdma_devices": await _rdma_devices(session, rental)}
     )
     command = commands.new_command(session, host_id=rental.host_id, command=start, rental_id=rental.id)
     command.created_at = now + timedelta(microseconds=1)  # after the commands the rental's placement follows
     advance(session, rental, RentalState.STARTING, f"start command {command.id} sent to host {rental.host_id}")
     log.info("rental %s placed on host %s (%d × %d milli)", rental.id, rental.host_id, request.gpu_count, rental.gpu_milli)
     return command.id
+
+
+async def _rdma_devices(session: AsyncSession, rental: Rental) -> list[str] | None:
+    """A cluster member's container on a host whose declared fabric lets RDMA through (``FabricDeclaration.rdma``):
+    the host's RDMA devices, as its hello listed them (docs/clusters.md, "Three paths"); else ``None``."""
+    if rental.cluster_id is None or (rental.workload or {}).get("kind") != "container" or rental.host_id is None:
+        return None
+    host = await session.get(Host, rental.host_id)
+    network = (host.facts or {}).get("cluster_network") if host is not None else None
+    try:
+        facts = protocol.ClusterNetworkFacts.model_validate(network) if network else None
+    except ValueError:
+        return None
+    if facts is None or facts.fabric is None or not facts.fabric.rdma or not facts.rdma_devices:
+        return None
+    return list(facts.rdma_devices)
 
 
 async def cancel_commands(session: AsyncSession, rental_id: str, *, at: datetime, reason: str) -> None:
