@@ -19,7 +19,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -40,6 +40,32 @@ from shared import protocol
 from shared.errors import ConfigError, GpumarketError, ProtocolError
 
 log = logging.getLogger(__name__)
+
+
+class CommandLanes:
+    """The agent's command queues, each run by a worker of its own, one command at a time in the order they came: the
+    main lane (starts, stops: a start may pull an image for minutes), ``access`` (an access change never waits behind a
+    start), ``challenges`` (a GPU challenge waits on its program) and ``copies`` (a volume copy runs for hours)."""
+
+    FAST: Final = frozenset({"update_access", "open_volume"})
+    CHALLENGES: Final = frozenset({"start_challenge", "reveal_challenge"})
+    COPIES: Final = frozenset({"copy_volume"})
+
+    def __init__(self, max_pending: int) -> None:
+        self.queues: dict[str, asyncio.Queue[protocol.CommandBody]] = {
+            lane: asyncio.Queue(max_pending) for lane in ("commands", "access", "challenges", "copies")
+        }
+
+    def lane(self, kind: str) -> str:
+        return ("challenges" if kind in self.CHALLENGES else "copies" if kind in self.COPIES
+                else "access" if kind in self.FAST else "commands")  # fmt: skip
+
+    def put(self, command: protocol.CommandBody) -> None:
+        """Queue ``command`` on its lane; a full lane drops it (the master resends what has no result)."""
+        try:
+            self.queues[self.lane(command.kind)].put_nowait(command)
+        except asyncio.QueueFull:
+            log.warning("command queue full; %s will be resent by the master", command.command_id)
 
 
 class CommandExecutor:

@@ -46,7 +46,7 @@ from agent.challenge_image import DEFAULT_CUDA_BASE, CudaImageBuilder, challenge
 from agent.cluster import paths as cluster_paths
 from agent.cluster import wgkernel
 from agent.cluster.net import ClusterNetworks
-from agent.commands import CommandExecutor
+from agent.commands import CommandExecutor, CommandLanes
 from agent.discovery import RelayDirectory
 from agent.gpu.base import GpuBackend
 from agent.hostfacts import collect_host_facts
@@ -78,9 +78,6 @@ log = logging.getLogger(__name__)
 
 AGENT_VERSION = "0.2.0"
 # Close codes after which the relay should not be retried first.
-_CHALLENGE_KINDS = frozenset({"start_challenge", "reveal_challenge"})  # on their own worker: they wait on the program
-_COPY_KINDS = frozenset({"copy_volume"})  # on their own worker: a copy runs for minutes or hours
-_FAST_KINDS = frozenset({"update_access", "open_volume"})  # on the access worker: never behind a start pulling an image
 _MOVE_ON_CODES = frozenset({protocol.CLOSE_GOING_AWAY, protocol.CLOSE_BUS_UNAVAILABLE, protocol.CLOSE_TOO_MANY_CONNECTIONS})
 
 
@@ -168,9 +165,7 @@ class Agent:
             container=replace(container or ContainerOptions(), owner=self.host_id), ceilings=ceilings,
         )
         self.stop_workloads_on_close = stop_workloads_on_close
-        self._commands: asyncio.Queue[protocol.CommandBody] = asyncio.Queue(max_pending_commands)
-        # Access changes (a deleted key) run on their own worker: never behind a start that pulls an image for minutes.
-        self._access_commands: asyncio.Queue[protocol.CommandBody] = asyncio.Queue(max_pending_commands)
+        self.lanes = CommandLanes(max_pending_commands)  # a worker each: an access change never waits behind a start
         self.logs = LogShipper(state.dir, self.workloads, self._send_logs)
         # Renters' volumes (agent.volumes): loop disks under <data_dir>/volumes where rentals' disks are loop disks too;
         # mounted into containers (the workloads) and served by the file-only sessions (the SSH server).
@@ -197,9 +192,6 @@ class Agent:
             self.workloads, image=image, simulate=challenge_simulate if backend.name == "sim" else None,
             prepare=builder.ensure if builder is not None else None,
         )
-        # Challenges run on a worker of their own: one waiting for its commitment never holds up a rental's start.
-        self._challenge_commands: asyncio.Queue[protocol.CommandBody] = asyncio.Queue(max_pending_commands)
-        self._copy_commands: asyncio.Queue[protocol.CommandBody] = asyncio.Queue(max_pending_commands)
         copier = VolumeCopier(self.volumes, host_id=self.host_id, opening_keys=state.opening_keys,
                               ssl_context=lambda: client_ssl_context(self.state.ca_file), progress=self._copy_progress)  # fmt: skip
         self.commands = CommandExecutor(
@@ -336,10 +328,7 @@ class Agent:
             self.logs.follow(rental_id)
         tasks = [
             asyncio.create_task(self.certificate.run(self.connected), name=f"agent-{self.host_id}-renewal"),
-            asyncio.create_task(self._command_worker(), name=f"agent-{self.host_id}-commands"),
-            asyncio.create_task(self._command_worker(self._access_commands), name=f"agent-{self.host_id}-access"),
-            asyncio.create_task(self._command_worker(self._challenge_commands), name=f"agent-{self.host_id}-challenges"),
-            asyncio.create_task(self._command_worker(self._copy_commands), name=f"agent-{self.host_id}-copies"),
+            *(asyncio.create_task(self._command_worker(queue), name=f"agent-{self.host_id}-{lane}") for lane, queue in self.lanes.queues.items()),
             asyncio.create_task(
                 self.sampler.run(lambda: self.timings.sample_interval, lambda: self.timings.telemetry_interval),
                 name=f"agent-{self.host_id}-sampler",
@@ -495,16 +484,7 @@ class Agent:
                 case protocol.Ack():
                     self.window.ack(message.body.seq)
                 case protocol.Command():
-                    fast = message.body.kind in _FAST_KINDS
-                    queue = self._access_commands if fast else self._commands
-                    if message.body.kind in _CHALLENGE_KINDS:
-                        queue = self._challenge_commands
-                    elif message.body.kind in _COPY_KINDS:
-                        queue = self._copy_commands
-                    try:
-                        queue.put_nowait(message.body)
-                    except asyncio.QueueFull:
-                        log.warning("command queue full; %s will be resent by the master", message.body.command_id)
+                    self.lanes.put(message.body)
                 case protocol.Move():
                     log.info("relay asks us to move: %s", message.body.reason)
                     if self.relay_url:
@@ -520,9 +500,8 @@ class Agent:
 
     # ---- commands ---------------------------------------------------------------------
 
-    async def _command_worker(self, queue: asyncio.Queue[protocol.CommandBody] | None = None) -> None:
-        """Run the commands of ``queue`` (the main one by default) one at a time, in the order they came."""
-        queue = self._commands if queue is None else queue
+    async def _command_worker(self, queue: asyncio.Queue[protocol.CommandBody]) -> None:
+        """Run the commands of ``queue`` (a lane of ``self.lanes``) one at a time, in the order they came."""
         while True:
             command = await queue.get()
             if command.kind == "stop_workload" and isinstance(rental_id := command.args.get("rental_id"), str):
