@@ -92,7 +92,7 @@ class RentalSshServer:
         max_channels_per_connection: int = 64,
         max_pending_access: int = 1024,
     ) -> None:
-        for name, value, low, high in (
+        ConfigError.check_bounds("SSH setting", (
             ("login_timeout", login_timeout, 0.1, 600.0),
             ("keepalive_interval", keepalive_interval, 0.1, 3600.0),
             ("keepalive_count_max", keepalive_count_max, 1, 100),
@@ -101,9 +101,7 @@ class RentalSshServer:
             ("max_sessions_per_connection", max_sessions_per_connection, 1, 256),
             ("max_channels_per_connection", max_channels_per_connection, 1, 1024),
             ("max_pending_access", max_pending_access, 1, 1 << 16),
-        ):
-            if not low <= value <= high:
-                raise ConfigError(f"SSH setting {name}={value!r} must lie between {low:g} and {high:g}")
+        ))
         self.keys_dir = keys_dir
         self.workloads = workloads
         self.volumes = volumes  # a volume's file-only session (``prepare(volume_id, ..., kind=VOLUME)``): SFTP and rsync
