@@ -37,6 +37,7 @@ from agent.runtimes.manager import WorkloadManager
 from agent.runtimes.procnet import netns_path
 from agent.runtimes.users import IsolationTools, RentalUsers
 from shared import protocol
+from shared.errors import ConfigError
 from shared.protocol import ContainerWorkload, HoldWorkload, ProcessWorkload
 from tests import dockerengine
 from tests.helpers import eventually
@@ -570,3 +571,9 @@ class TestProcessSessions:
                 await manager.close(stop_workloads=True)
         finally:
             shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.parametrize(("name", "value"), [("login_timeout", 0.0), ("max_connections_per_rental", 2000), ("keepalive_count_max", 0)])
+def test_an_ssh_setting_out_of_bounds_is_refused_by_name(tmp_path: Path, name: str, value: float) -> None:
+    with pytest.raises(ConfigError, match=f"SSH setting {name}={value!r} must lie between"):
+        RentalSshServer(tmp_path / "ssh", workloads=None, **{name: value})  # type: ignore[arg-type]
