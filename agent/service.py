@@ -67,6 +67,7 @@ def agent_from_settings(settings: AgentSettings, *, container_engine: str | None
         max_streams_per_rental=settings.max_streams_per_rental,
         max_stream_buffer=settings.max_stream_buffer_mib << 20,
         stream_window=settings.stream_window_kib << 10,
+        stream_data=settings.stream_data_kib << 10,
         challenge_image=settings.challenge_image,
         challenge_cuda_base=settings.challenge_cuda_base,
         challenge_simulate=settings.challenge_simulate,

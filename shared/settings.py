@@ -370,6 +370,7 @@ class AgentSettings(ServiceSettings):
     max_streams_per_rental: int = Field(32, ge=1, le=4096, description="Renters' streams open at once to one rental; beyond it a new one is refused.")
     max_stream_buffer_mib: int = Field(64, ge=1, le=4096, description="MiB of renters' stream data this agent buffers unread at most (the streams' receive windows summed).")
     stream_window_kib: int = Field(1024, ge=256, le=65536, description="Receive window of one renter's stream on this agent's link, in KiB, while half the stream buffer is free (the protocol's 256 after that): an upload moves at most this per round trip to the relay.")
+    stream_data_kib: int = Field(256, ge=64, le=256, description="Largest DATA frame of a renter's stream this agent offers its relay, KiB (the relay may agree less; 64 is protocol version 1's): larger frames cost less CPU per MB while one stream alone sends.")
     container_memory_mib: int | None = Field(None, ge=16, le=64 << 20, description="Most memory a container gets when its rental names none, MiB (less where its share of the host is less); unset: its share of the host.")
     container_shm_mib: int = Field(64, ge=1, le=1 << 20, description="Size of a container's /dev/shm, MiB, unless its rental asks for another.")
     reserved_cpu_cores: float = Field(DEFAULT_RESERVED_CPU_CORES, ge=0, le=1024, description="CPU cores kept for the host itself: rentals share the rest (each gets its GPUs' share of it when it names no cpu_cores); at most half the host's.")

@@ -23,6 +23,7 @@ from websockets.frames import Close
 from access.relay import AGENT_PATH, SPEEDTEST_PATH, Relay
 from agent.gpu.sim import SimulatedBackend
 from agent.runner import Agent
+from agent.service import agent_from_settings
 from shared import protocol
 from shared.bus import InProcessBus
 from shared.crypto import (
@@ -39,6 +40,7 @@ from shared.errors import BusError
 from shared.outbound import OutboundWindow
 from shared.ratelimit import SourceRateLimiter, TokenBucket, source_key
 from shared.registry import MemoryRegistry, RedisRegistry, RelayRecord
+from shared.settings import AgentSettings
 from shared.streams import CONNECT_PATH, LARGE_DATA
 from tests.agents import RecordingStore, enrolled_state, fast_timings
 from tests.factories import MS
@@ -729,3 +731,31 @@ class TestTlsBuffer:
             assert asyncio.sslproto.SSLProtocol.max_size == 32 * 1024
         finally:
             asyncio.sslproto.SSLProtocol.max_size = before
+
+
+class TestStreamDataSetting:
+    """``stream_data_kib`` decides the DATA frame an agent built from its settings offers, and the relay agrees it."""
+
+    @pytest.mark.parametrize("kib", [64, 128])
+    async def test_the_agent_offers_its_setting_and_the_link_uses_it(
+        self, start_relay: StartRelay, ca: CertificateAuthority, tmp_path: Path, kib: int
+    ) -> None:
+        relay = await start_relay()
+        enrolled_state(ca, tmp_path / "agent", HOST)
+        agent = agent_from_settings(AgentSettings(data_dir=tmp_path / "agent", gpus="sim:1xRTX4090", relay_url=relay.url, stream_data_kib=kib))
+        agent.timings = fast_timings()
+        task = asyncio.create_task(agent.run())
+        try:
+            await wait_for(lambda: agent.streams is not None and HOST in relay.agents)
+            assert agent.streams is not None and agent.streams.mux.max_data == kib << 10
+            assert relay.agents[HOST].streams.mux.max_data == kib << 10
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await agent.close()
+
+    def test_a_setting_outside_64_to_256_is_refused(self) -> None:
+        for kib in (32, 512):
+            with pytest.raises(ValueError, match="stream_data_kib"):
+                AgentSettings(stream_data_kib=kib)
