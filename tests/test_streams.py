@@ -456,6 +456,12 @@ class TestAgreedFrameSize:
             (str(MAX_DATA), LARGE_DATA, None),
             ("-1", LARGE_DATA, None),
             ("lots", LARGE_DATA, None),
+            ("+262144", LARGE_DATA, None),  # what int() would take, our grammar does not
+            ("262_144", LARGE_DATA, None),
+            (" 262144", LARGE_DATA, None),
+            ("262144\n", LARGE_DATA, None),
+            ("\u0662\u0666\u0662\u0661\u0664\u0664", LARGE_DATA, None),  # Arabic-Indic digits
+            ("9" * 400, LARGE_DATA, None),
             (None, LARGE_DATA, None),  # an agent that offers nothing: an older one
         ],
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 import struct
 from dataclasses import dataclass
 from typing import Final
@@ -180,14 +181,19 @@ def _check_payload(frame_type: FrameType, payload: bytes | memoryview, error: ty
         raise error(problem)
 
 
+_DECIMAL: Final = re.compile(r"[0-9]{1,8}")
+
+
 def agree_max_data(offered: str | int | None, ours: int) -> int | None:
     """The largest DATA payload a link agrees: the agent offers one (``MAX_DATA_HEADER`` in its upgrade request),
     the relay takes the smaller of that and ``ours`` and says it in its welcome. ``None`` (nothing to say: the
-    link keeps ``MAX_DATA``) when the offer is absent, malformed or not above ``MAX_DATA``."""
-    try:
-        value = min(int(offered), ours, LARGE_DATA) if offered is not None else 0
-    except ValueError:
-        return None
+    link keeps ``MAX_DATA``) when the offer is absent, malformed (anything but 1–8 ASCII digits: no sign, ``_``,
+    spaces or other scripts' digits, which ``int()`` would take) or not above ``MAX_DATA``."""
+    if isinstance(offered, str):
+        if not _DECIMAL.fullmatch(offered):
+            return None
+        offered = int(offered)
+    value = min(offered, ours, LARGE_DATA) if offered is not None else 0
     return value if value > MAX_DATA else None
 
 
