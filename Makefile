@@ -62,15 +62,17 @@ chromium:
 # Installs Debian's docker.io (the engine the container tests drive), busybox-static (the test
 # image's rootfs), python3-torch (the torch test image's rootfs: a gloo all-reduce across
 # containers), wireguard-go and wireguard-tools (wg), openssh-client (ssh-keygen, which the SSH key
-# tests compare fingerprints with), curl and jq (the README walkthrough runs the README's commands),
+# tests compare fingerprints with), openssh-server and rsync (bench_scp's baseline sshd and its rsync copies; rsync
+# also goes into the demo image), curl and jq (the README walkthrough runs the README's commands),
 # docker-registry and apache2-utils (a private registry with htpasswd auth: tests/test_registry_pull.py)
 # when missing and we are root; the suite starts dockerd itself when none answers.
 # Otherwise says how; those tests fail without them.
-DOCKER_PACKAGES := docker.io busybox-static openssh-client curl jq docker-registry apache2-utils
+DOCKER_PACKAGES := docker.io busybox-static openssh-client openssh-server rsync curl jq docker-registry apache2-utils
 # Without their recommends: python3-torch's are a compiler and headers, wireguard-tools' a kernel for its module.
 CLUSTER_PACKAGES := python3-torch wireguard-go wireguard-tools
 docker:
 	@if command -v dockerd >/dev/null && [ -x /bin/busybox ] && command -v ssh-keygen >/dev/null \
+		&& [ -x /usr/sbin/sshd ] && command -v rsync >/dev/null \
 		&& command -v curl >/dev/null && command -v jq >/dev/null \
 		&& command -v docker-registry >/dev/null && command -v htpasswd >/dev/null \
 		&& command -v wireguard-go >/dev/null && command -v wg >/dev/null \
@@ -82,7 +84,7 @@ docker:
 		|| { DEBIAN_FRONTEND=noninteractive apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $(DOCKER_PACKAGES) \
 		     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(CLUSTER_PACKAGES); }; \
 	else \
-		echo "make: dockerd, /bin/busybox, python3-torch, wireguard-go, wg, ssh-keygen, curl, jq, docker-registry or htpasswd is missing:" \
+		echo "make: dockerd, /bin/busybox, python3-torch, wireguard-go, wg, ssh-keygen, sshd, rsync, curl, jq, docker-registry or htpasswd is missing:" \
 		     "install Debian's $(DOCKER_PACKAGES) $(CLUSTER_PACKAGES) (sudo apt-get install $(DOCKER_PACKAGES) $(CLUSTER_PACKAGES));" \
 		     "the container, torch image, WireGuard, SSH key and README walkthrough tests fail without them" >&2; \
 	fi

@@ -468,11 +468,13 @@ def build_parser() -> argparse.ArgumentParser:
     from gpumarket.renter.registries import add_parsers as add_registry_parsers
     from gpumarket.renter.services import add_parsers as add_service_parsers
     from gpumarket.renter.sshcmds import add_parsers as add_ssh_parsers
+    from gpumarket.renter.sshkeys import add_parsers as add_ssh_key_parsers
     from gpumarket.renter.teams import add_parsers as add_team_parsers
     from gpumarket.renter.volumes import add_parsers as add_volume_parsers
 
     add_renter_parsers(sub)  # login, offers, rent, rentals, logs, stop, account: the renter's side, over the REST API
     add_ssh_parsers(sub)  # ssh, ssh-config, cp, tunnel: OpenSSH to rentals through the relays
+    add_ssh_key_parsers(sub)  # ssh-key add, list, delete: the SSH keys the account's rentals accept
     add_port_parsers(sub)  # open: a rental's web port through its relay
     add_cluster_parsers(sub)  # cluster create, list, show, stop, ssh: clusters over the REST API
     add_credit_parsers(sub)  # credit add: prepaid credit through the payment provider

@@ -109,7 +109,8 @@ class PackageImage:
     """An image made of this machine's Debian packages: ``roots`` and what they need, but for ``pruned`` (package ->
     why: the closure's walk stops there), with ``files`` of this checkout (rootfs path -> file, executable), the
     Dockerfile instructions ``changes`` (``CMD``, ``ENV``, ``EXPOSE``) that the import applies, and busybox's
-    ``applets`` (links beside it, where no package has that command)."""
+    ``applets`` (links beside it, where no package has that command). ``extras`` are roots taken only where this
+    machine has them installed: commands the image's users expect that it works without (the hash says which came)."""
 
     repo: str
     roots: tuple[str, ...]
@@ -117,6 +118,7 @@ class PackageImage:
     changes: tuple[str, ...]
     pruned: Mapping[str, str]
     applets: tuple[str, ...] = field(default=IMAGE_APPLETS)
+    extras: tuple[str, ...] = ()
 
 
 _DEPENDENCY: Final = re.compile(r"\s*([a-z0-9][a-z0-9+.-]*)")
@@ -153,7 +155,7 @@ def _dependency_closure(
     Of alternatives (``a | b``) the first one installed, itself or as a virtual package's provider, counts. Version
     constraints and architecture qualifiers (``:any``) are dpkg's to have enforced: the installed version is taken."""
     chosen: dict[str, _Package] = {}
-    todo = list(image.roots)
+    todo = [*image.roots, *(extra for extra in image.extras if extra in packages)]
     while todo:
         name = todo.pop()
         if name in chosen or name in image.pruned:
@@ -434,6 +436,7 @@ DEMO_IMAGE: Final = PackageImage(
     pruned={"dpkg": "Debian's package manager and, through it, tar, zstd and SELinux's library: nothing installs "
                     "packages in the demo image"},
     applets=DEMO_APPLETS,
+    extras=("rsync",),  # `rsync -e ssh` into a rental (README): the client's peer runs `rsync --server` in the container
 )
 
 

@@ -508,7 +508,7 @@ def ready_box(market: Marketplace, credentials_file: Path) -> str:
         f"API docs  {base}/api/docs",
         *_metrics_rows(market),
         f"CLI       {cli_hint()}",
-        *([f"try       gpumarket rent --template {demo.DEMO_TEMPLATE}, then gpumarket ssh RENTAL -- echo hi"] if market.demo_image else []),
+        *(try_rows(market) if market.demo_image else []),
         "",
         "Press Ctrl-C to stop.",
     ]
@@ -534,6 +534,17 @@ def cli_hint(executable: str | None = None, path: str | None = None) -> str:
     with contextlib.suppress(ValueError):
         bin_dir = bin_dir.absolute().relative_to(Path.cwd())
     return f"{bin_dir}/gpumarket, or `. {bin_dir}/activate` first to type gpumarket"
+
+
+def try_rows(market: Marketplace) -> list[str]:
+    """A newcomer's first rental from the CLI, each step one that works as printed: log in as the demo renter, register
+    an SSH key (``gpumarket ssh`` says the same when there is none), rent the demo, SSH in."""
+    base = market.api_url.removesuffix("/api/v1")
+    return [
+        f"try       gpumarket login --api {base} <<< {market.credentials['renter']['api_key']}",
+        "          gpumarket ssh-key add   (~/.ssh/id_ed25519.pub; none yet? ssh-keygen -t ed25519 first)",
+        f"          gpumarket rent --template {demo.DEMO_TEMPLATE}, then gpumarket ssh RENTAL -- echo hi",
+    ]
 
 
 def _metrics_rows(market: Marketplace) -> list[str]:

@@ -20,9 +20,11 @@ NUMBER = r"[\d,]+\.\d"
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0 or not os.access("/usr/sbin/sshd", os.X_OK) or shutil.which("rsync") is None,
-                    reason="needs root (loop-mounted volumes), openssh-server and rsync")  # fmt: skip
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (loop-mounted volumes)")
 def test_quick_run_prints_every_copy_beside_openssh(tmp_path: Path) -> None:
+    missing = [tool for tool, there in (("openssh-server", os.access("/usr/sbin/sshd", os.X_OK)),
+                                        ("rsync", shutil.which("rsync") is not None)) if not there]  # fmt: skip
+    assert not missing, f"`make docker` installs Debian's {' '.join(missing)} (the baseline's sshd, the copies' rsync)"
     results = tmp_path / "results.json"
     env = {**os.environ, "GPUMARKET_BENCH_RESULTS": str(results),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}  # fmt: skip

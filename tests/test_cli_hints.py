@@ -31,6 +31,7 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import asyncssh
 import pytest
 from sqlalchemy import select
 
@@ -68,6 +69,20 @@ def openssh() -> None:
 
 
 needs_openssh = pytest.mark.usefixtures("openssh")
+
+
+@pytest.fixture
+async def renter_ssh_key(cli: Cli, tmp_path: Path) -> Path:
+    """An SSH key registered on the renter's account with `gpumarket ssh-key add` (``ssh`` and ``cp`` refuse without
+    one): its public key file."""
+    public = tmp_path / "renter_ed25519.pub"
+    public.write_text(asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode())
+    code, _, err = await cli("ssh-key", "add", str(public))
+    assert code == 0, err
+    return public
+
+
+with_ssh_key = pytest.mark.usefixtures("renter_ssh_key")
 
 
 def hints(*texts: str) -> list[list[str]]:
@@ -156,6 +171,7 @@ async def run_all(cli: Cli, api: Api, found: list[list[str]], tmp_path: Path, *,
 # ---- the states -----------------------------------------------------------------------------------
 
 
+@with_ssh_key
 @needs_openssh
 async def test_a_running_container_with_a_port_prints_its_web_address_and_every_hint_works(cli: Cli, api: Api, tmp_path: Path) -> None:
     await api.host(1)
@@ -225,6 +241,7 @@ async def test_a_hold_cluster_offers_no_shell_and_its_hints_work(cli: Cli, api: 
     await run_all(cli, api, found, tmp_path)
 
 
+@with_ssh_key
 @needs_openssh
 async def test_a_container_cluster_offers_a_shell_that_works(cli: Cli, api: Api, tmp_path: Path) -> None:
     for _ in range(2):
@@ -252,6 +269,7 @@ async def _cluster_id(api: Api) -> str | None:
 # ---- ssh-config -----------------------------------------------------------------------------------
 
 
+@with_ssh_key
 async def test_ssh_config_skips_a_hold_with_a_note_and_writes_the_others(cli: Cli, api: Api, tmp_path: Path) -> None:
     """Regression test for issue 39: one running hold made `ssh-config` (and `--write`) exit 1 with nothing_to_log_into."""
     await api.host(2)
@@ -332,6 +350,7 @@ def test_open_has_help_with_examples(capsys: pytest.CaptureFixture[str]) -> None
 # ---- how ssh and cp take options ----------------------------------------------------------------
 
 
+@with_ssh_key
 @needs_openssh
 async def test_ssh_and_cp_take_the_same_options_before_their_target_and_their_programs_after_dashes(cli: Cli, api: Api, tmp_path: Path) -> None:
     await api.host(1)

@@ -11,9 +11,12 @@ demo has.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import os
 import re
 import secrets
+import shlex
 import shutil
 import sys
 import time
@@ -29,7 +32,7 @@ import pytest
 from agent.runtimes.containeropts import OWNER_LABEL
 from examples import openai_client
 from gpumarket import demo, images
-from gpumarket.up import Marketplace, cli_hint, start_marketplace
+from gpumarket.up import Marketplace, cli_hint, start_marketplace, try_rows
 from master.context import Master
 from master.services import rentals
 from tests import dockerengine
@@ -86,10 +89,10 @@ class TestImage:
     def test_its_shell_has_the_everyday_tools_and_python(self, demo_image: str) -> None:
         owner = f"test-demo-{secrets.token_hex(4)}"
         try:
-            script = "echo hi; ls /opt/gpumarket; id -u; python3 -c 'print(6 * 7)'; for tool in grep ps wget vi; do command -v $tool; done"
+            script = "echo hi; ls /opt/gpumarket; id -u; python3 -c 'print(6 * 7)'; for tool in grep ps wget vi rsync; do command -v $tool; done"
             text = output(run_in(demo_image, owner, ["sh", "-c", script]))
             assert text.splitlines()[:4] == ["hi", "openai_cpu_server.py", "65534", "42"], text
-            assert len(text.splitlines()) == 8, text
+            assert len(text.splitlines()) == 9 and text.splitlines()[-1] == "/usr/bin/rsync", text
         finally:
             dockerengine.remove_owned(owner)
 
@@ -170,65 +173,97 @@ async def market(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, demo_image: st
         await m.stop()
 
 
-async def run(*argv: str, env: dict[str, str]) -> tuple[int, str, str]:
-    """A command run without blocking the event loop the marketplace runs on."""
-    process = await asyncio.create_subprocess_exec(*argv, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(process.communicate(), timeout=60)
+async def run(*argv: str, env: dict[str, str], stdin: str | None = None) -> tuple[int, str, str]:
+    """A command run without blocking the event loop the marketplace runs on (``stdin``: what it reads)."""
+    process = await asyncio.create_subprocess_exec(*argv, env=env, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+                                                   stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)  # fmt: skip
+    out, err = await asyncio.wait_for(process.communicate(stdin.encode() if stdin is not None else None), timeout=60)
     assert process.returncode is not None
     return process.returncode, out.decode(), err.decode()
 
 
 class TestUp:
-    @pytest.mark.timeout(180)
-    async def test_the_demo_template_rents_answers_ssh_and_its_port(self, market: Marketplace, tmp_path: Path) -> None:
-        """``demo`` is listed; a rental of it runs; `gpumarket ssh RENTAL -- echo hi; whoami` says hi, as `rental`, from inside (a shell
-        through the agent, no sshd in the image); its port 8000 answers the sample server's page at its web URL."""
-        missing = [tool for tool in ("ssh", "ssh-keygen", "curl") if shutil.which(tool) is None]
+    @pytest.mark.timeout(240)
+    async def test_what_the_box_says_to_try_works_then_scp_and_rsync(self, market: Marketplace, tmp_path: Path) -> None:
+        """What the box tells a newcomer to try works as printed, in a fresh home with no login and no SSH key: log in
+        as the demo renter; `gpumarket ssh` refuses in one line until a key is registered (not ssh's "Permission
+        denied"); `ssh-key add` registers ~/.ssh/id_ed25519.pub; `rent --template demo` runs; `gpumarket ssh RENTAL --
+        echo hi; whoami` says hi, as `rental`, from inside (a shell through the agent, no sshd in the image); `scp` and
+        `rsync -e ssh` through `ssh-config` copy a file in (the image has rsync); its port 8000 answers the sample
+        server's page at its web URL."""
+        missing = [tool for tool in ("ssh", "ssh-keygen", "scp", "rsync", "curl") if shutil.which(tool) is None]
         assert not missing, f"install {' '.join(missing)} (make docker does, as root)"
+        login, add_key, rent_then_ssh = try_rows(market)
+        home = tmp_path / "home"
+        (home / ".ssh").mkdir(parents=True)
+        env = {name: value for name, value in os.environ.items() if not name.startswith("GPUMARKET_")}
+        env.update(HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"))
+        cli = (sys.executable, "-m", "gpumarket.cli")
+
+        command, key = login.removeprefix("try").strip().split(" <<< ")
+        assert command.split()[:2] == ["gpumarket", "login"]
+        said = await run(*cli, *command.split()[1:], env=env, stdin=key + "\n")
+        assert said[0] == 0 and "logged in" in said[1], said
+        assert f"--template {demo.DEMO_TEMPLATE}" in rent_then_ssh and "gpumarket ssh RENTAL -- echo hi" in rent_then_ssh
+
         key = market.credentials["renter"]["api_key"]
         async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as http:
-            async def call(method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
-                async with http.request(method, market.api_url + path, json=body) as response:
-                    return response.status, await response.json()
-
-            _, listed = await call("GET", "/templates")
-            assert {t["name"]: t["image"] for t in listed["templates"]}["demo"] == market.demo_image
-            home = tmp_path / "home"
-            (home / ".ssh").mkdir(parents=True)
-            identity = home / ".ssh" / "id_ed25519"
-            env = {**os.environ, "HOME": str(home), "GPUMARKET_API_URL": market.api_url.removesuffix("/api/v1"), "GPUMARKET_API_KEY": key}
-            assert (await run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(identity), env=env))[0] == 0
-            status, _ = await call("POST", "/account/ssh-keys", {"public_key": identity.with_suffix(".pub").read_text()})
-            assert status == 201
-
             async def online() -> bool:
-                _, hosts = await call("GET", "/hosts")
+                async with http.get(market.api_url + "/hosts") as response:
+                    hosts = await response.json()
                 return any(h["state"] == "online" and "container" in (h["isolation"] or {}).get("kinds", []) for h in hosts["items"])
 
             await eventually(online, timeout=60, what="the demo host online, running containers")
-            status, rental = await call("POST", "/rentals", {"gpu_count": 1, "template": "demo"})
-            assert status == 201, rental
+        said = await run(*cli, "rent", "--template", demo.DEMO_TEMPLATE, "--json", env=env)
+        assert said[0] == 0, said
+        rental = json.loads(said[1])
+        assert rental["state"] == "running", rental
 
-            async def running() -> bool:
-                _, now = await call("GET", f"/rentals/{rental['id']}")
-                assert now["state"] in ("pending", "starting", "running"), now
-                return bool(now["state"] == "running")
+        refused = await run(*cli, "ssh", rental["id"], "--", "echo hi", env=env)
+        assert refused[0] == 1 and "no SSH key" in refused[2] and "ssh-keygen -t ed25519" in refused[2], refused
+        assert len(refused[2].strip().splitlines()) == 1, refused  # one line, before ssh runs
 
-            await eventually(running, timeout=60, what="the demo rental running")
-            said = await run(sys.executable, "-m", "gpumarket.cli", "ssh", rental["id"], "--", "-i", str(identity), "echo hi; whoami",
-                             env=env)  # fmt: skip
-            assert said[:2] == (0, "hi\nrental\n"), said  # the image knows the user a rental runs as (uid 1000)
+        assert "gpumarket ssh-key add" in add_key and "ssh-keygen -t ed25519" in add_key
+        identity = home / ".ssh" / "id_ed25519"
+        assert (await run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(identity), env=env))[0] == 0
+        said = await run(*cli, "ssh-key", "add", env=env)
+        assert said[0] == 0 and "ssh-ed25519" in said[1], said
 
-            status, ticket = await call("POST", f"/rentals/{rental['id']}/connect", {"port": 8000})
-            assert status == 200 and ticket["web_url"], ticket
-            where = urlsplit(ticket["web_url"])
+        async def logged_in() -> tuple[int, str, str] | None:  # a running rental accepts a new key within seconds
+            said = await run(*cli, "ssh", "-i", str(identity), rental["id"], "--", "echo hi; whoami", env=env)
+            return said if said[0] != 255 or "Permission denied" not in said[2] else None
 
-            async def page() -> str | None:
-                done = await run("curl", "-sk", "-L", "-c", str(tmp_path / "jar"), "-b", str(tmp_path / "jar"), "--max-time", "10",
-                                 "--resolve", f"{where.hostname}:{where.port}:127.0.0.1", ticket["web_url"], env=env)  # fmt: skip
-                return done[1] if "gpumarket-echo" in done[1] else None
+        said = await eventually(logged_in, timeout=60, what="the rental accepting the key just added")
+        assert said[:2] == (0, "hi\nrental\n"), said  # the image knows the user a rental runs as (uid 1000)
 
-            assert "sample server" in await eventually(page, timeout=60, what="the rental's port 8000 through the relay")
+        payload = tmp_path / "payload.bin"
+        payload.write_bytes(os.urandom(300_000))
+        config = home / "ssh_config"
+        said = await run(*cli, "ssh-config", env=env)
+        assert said[0] == 0, said
+        config.write_text(said[1])
+        alias = f"{rental['id']}.gpumarket"
+        # ssh finds its default key through the password database, not $HOME: name this home's
+        ssh = ("-F", str(config), "-i", str(identity))
+        assert (await run("scp", "-q", *ssh, str(payload), f"{alias}:/workspace/by-scp", env=env))[0] == 0
+        said = await run("rsync", "-e", shlex.join(["ssh", *ssh]), str(payload), f"{alias}:/workspace/by-rsync", env=env)
+        assert said[0] == 0, said
+        said = await run(*cli, "ssh", "-i", str(identity), rental["id"], "--", "sha256sum /workspace/by-scp /workspace/by-rsync", env=env)
+        digest = hashlib.sha256(payload.read_bytes()).hexdigest()
+        assert said[0] == 0 and [line.split()[0] for line in said[1].splitlines()] == [digest, digest], said
+
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as http:
+            async with http.post(market.api_url + f"/rentals/{rental['id']}/connect", json={"port": 8000}) as response:
+                ticket = await response.json()
+                assert response.status == 200 and ticket["web_url"], ticket
+        where = urlsplit(ticket["web_url"])
+
+        async def page() -> str | None:
+            done = await run("curl", "-sk", "-L", "-c", str(tmp_path / "jar"), "-b", str(tmp_path / "jar"), "--max-time", "10",
+                             "--resolve", f"{where.hostname}:{where.port}:127.0.0.1", ticket["web_url"], env=env)  # fmt: skip
+            return done[1] if "gpumarket-echo" in done[1] else None
+
+        assert "sample server" in await eventually(page, timeout=60, what="the rental's port 8000 through the relay")
 
 
 # ---- the README --------------------------------------------------------------------------------

@@ -249,11 +249,16 @@ def _stop_everything(demo: Demo) -> None:
     assert not left, f"rentals still active {RUNNING_S:g} s after they were stopped: {left}"
 
 
+def _home_public_key(demo: Demo) -> list[str]:
+    """The type and key of this test's ``~/.ssh/id_ed25519.pub`` (the comment aside: the API keeps it as the name)."""
+    return (Path(demo.env["HOME"]) / ".ssh" / "id_ed25519.pub").read_text().split()[:2]
+
+
 def test_the_readme_cli_block_is_what_the_cli_test_runs() -> None:
     """Every line of the block is a `gpumarket` command with a subcommand this test knows how to check."""
     commands = cli_commands(README.read_text())
     assert [c.split()[0] for c in commands] == ["gpumarket"] * len(commands)
-    assert {c.split()[1] for c in commands} <= {"login", "offers", "rent", "rentals", "logs", "stop", "account", "credit"}
+    assert {c.split()[1] for c in commands} <= {"login", "ssh-key", "offers", "rent", "rentals", "logs", "stop", "account", "credit"}
     assert len(commands) >= 9
 
 
@@ -308,6 +313,9 @@ def test_every_cli_command_of_the_readme_answers_as_it_says(demo: Demo) -> None:
                 assert "$" in done.stdout, where
             elif verb == "credit":
                 assert "demo" in done.stdout.lower() and "$" in done.stdout, where
+            elif verb == "ssh-key":  # this home's key; the Try it block's curl may have registered it already
+                assert "ssh-ed25519" in done.stdout or "already on your account" in done.stdout, where
+                assert any(k["public_key"].split()[:2] == _home_public_key(demo) for k in demo.api("/account/ssh-keys")["ssh_keys"]), where
     finally:
         if follower is not None and follower.poll() is None:
             follower.kill()

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import secrets
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
@@ -205,6 +205,14 @@ def _key_line(key: asyncssh.SSHKey) -> str:
     return f"{kind} {blob}"
 
 
+def _ssh_keys_handler(public_key: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """``GET /account/ssh-keys``: the one key the stand-in's SSH server accepts (``gpumarket ssh`` asks first)."""
+    async def handler(request: web.Request) -> web.Response:
+        return web.json_response({"ssh_keys": [{"id": "sshk-0000000000000001", "name": "test", "public_key": public_key}]})
+
+    return handler
+
+
 @contextlib.asynccontextmanager
 async def running_market(tmp: Path, ca: CertificateAuthority, client_public_key: str) -> AsyncIterator[Market]:
     """The whole stand-in, up on loopback until the block ends."""
@@ -242,6 +250,7 @@ async def running_market(tmp: Path, ca: CertificateAuthority, client_public_key:
     app[MARKET] = market
     app.router.add_post("/api/v1/rentals/{rental_id}/connect", connect_handler)
     app.router.add_get("/api/v1/rentals", rentals_handler)
+    app.router.add_get("/api/v1/account/ssh-keys", _ssh_keys_handler(client_public_key))
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -35,6 +35,7 @@ from gpumarket.renter.sshfiles import (
     update_known_hosts,
     write_ssh_config,
 )
+from gpumarket.renter.sshkeys import NO_KEY, has_ssh_key, require_ssh_key
 from gpumarket.renter.tunnel import port_arg, run_tunnel
 
 # ssh's and scp's options that take a value (OpenSSH 9's getopt strings), to tell their options from the rest.
@@ -60,8 +61,10 @@ def find_program(name: str) -> str:
 
 
 async def ssh_ticket(client: Client, rental_id: str) -> Ticket:
-    """A ticket to the rental's SSH server, its host key pinned in gpumarket's known_hosts."""
-    ticket = await request_ticket(client, rental_id, SSH)
+    """A ticket to the rental's SSH server, its host key pinned in gpumarket's known_hosts; refused in one line when
+    the account has no SSH key to log in with."""
+    ticket = await request_ticket(client, rental_id, SSH)  # first: why there is nothing to log into comes before keys
+    await require_ssh_key(client)
     assert ticket.ssh is not None
     update_known_hosts(known_hosts_path(os.environ), {ticket.ssh.host_alias: known_host_line(ticket.rental_id, ticket.ssh)})
     return ticket
@@ -170,6 +173,8 @@ async def cmd_ssh_config(args: argparse.Namespace, client: Client) -> int:
     alive = set(running)
     update_known_hosts(known_hosts, pinned, drop=lambda rental_id: rental_id not in alive)
     entries = [host_entry(t.rental_id, t.ssh, known_hosts, config=args.config) for t in tickets if t.ssh]
+    if entries and not await has_ssh_key(client):
+        err(f"# {NO_KEY}")
     if not args.write:
         print("\n".join(entries), end="")
         if not entries:
