@@ -2,8 +2,8 @@
 
 The engine keeps a container's output with its ``local`` log driver; the handle follows that
 stream (stdout and stderr, with timestamps), appends it to the rental's log, and keeps the
-last timestamp copied in ``container.since`` (at most a second old), so a restarted agent
-resumes from there. The stream ending and the engine's state tell the exit and its code;
+last timestamp copied in ``container.since`` (at most a second old, written in a thread: its
+fsync stays off the event loop), so a restarted agent resumes from there. The stream ending and the engine's state tell the exit and its code;
 ``wait``/``exited``/``returncode``/``close`` are the manager's ``WorkloadHandle``.
 """
 
@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import struct
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -61,6 +62,7 @@ class ContainerHandle(EndsOnce):
         self._since = self._read_since()
         self._saved_since = self._since
         self._saved_at = 0.0
+        self._save_lock = threading.Lock()  # the thread's write and close()'s share the temporary file
         self.task = self._loop.create_task(self._follow(), name=f"container-{container_id[:12]}-follow")
 
     def close(self) -> None:
@@ -97,7 +99,7 @@ class ContainerHandle(EndsOnce):
                 break
             if time.monotonic() - began < 0.05:
                 await asyncio.sleep(min(retry, 0.2))  # the stream ended at once: never spin
-        self._save_since(force=True)
+        await asyncio.to_thread(self._save_since, force=True)
         self._exited.set_result(None)
 
     async def _copy(self, *, follow: bool) -> None:
@@ -122,7 +124,8 @@ class ContainerHandle(EndsOnce):
                         self._since = max(self._since, at)
                     if data:
                         os.write(fd, data)
-                    self._save_since()
+                    if self._since != self._saved_since and time.monotonic() - self._saved_at >= 1.0:
+                        await asyncio.to_thread(self._save_since, force=True)
             finally:
                 os.close(fd)
 
@@ -133,12 +136,13 @@ class ContainerHandle(EndsOnce):
             return 0
 
     def _save_since(self, *, force: bool = False) -> None:
-        now = time.monotonic()
-        if self._since == self._saved_since or (not force and now - self._saved_at < 1.0):
+        now, since = time.monotonic(), self._since
+        if since == self._saved_since or (not force and now - self._saved_at < 1.0):
             return
-        with contextlib.suppress(OSError):
-            atomic_write(self.folder / SINCE_NAME, str(self._since).encode(), mode=0o600)
-            self._saved_since, self._saved_at = self._since, now
+        with self._save_lock, contextlib.suppress(OSError):
+            if since > self._saved_since:  # a later value written meanwhile stays
+                atomic_write(self.folder / SINCE_NAME, str(since).encode(), mode=0o600)
+                self._saved_since, self._saved_at = since, now
 
 
 async def _frames(stream: aiohttp.StreamReader) -> AsyncIterator[bytes]:
