@@ -51,7 +51,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/dockerengine.py builds the image
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import describe_machine, quantile, record
+from _common import describe_machine, quantile, record, unmount_under
 
 from gpumarket.up import Marketplace, start_marketplace
 from tests import dockerengine
@@ -231,6 +231,7 @@ async def main(args: argparse.Namespace) -> None:
                 await measure(http, Renter(http, market), image, args)
         finally:
             await market.stop()
+            unmount_under(Path(folder))  # the stopped replicas' disks, kept until forgotten
 
 
 async def measure(http: aiohttp.ClientSession, renter: Renter, image: str, args: argparse.Namespace) -> None:
@@ -246,10 +247,13 @@ async def measure(http: aiohttp.ClientSession, renter: Renter, image: str, args:
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as renter_process:
         blocks = 4
         rates: dict[str, list[float]] = {"endpoint": [], "direct": []}
+        cpu: dict[str, list[float]] = {"endpoint": [], "direct": []}  # this process's CPU (all its threads) per request
         for _ in range(blocks):
             for name, url, headers in (("direct", direct, {}), ("endpoint", endpoint, token)):
+                began = time.process_time()
                 rates[name].append(await loop.run_in_executor(renter_process, throughput_in_child, url, headers,
                                                               args.requests // blocks, args.concurrency))  # fmt: skip
+                cpu[name].append((time.process_time() - began) / (args.requests // blocks) * 1e6)
         trips: dict[str, list[float]] = {"endpoint": [], "direct": []}
         for _ in range(10):
             for name, url, headers in (("direct", direct, {}), ("endpoint", endpoint, token)):
@@ -258,6 +262,14 @@ async def measure(http: aiohttp.ClientSession, renter: Renter, image: str, args:
     print(f"requests/s, {args.concurrency} at once: endpoint {via:,.0f}, direct {plain:,.0f} ({via / plain:.2f}×, goal ≥ {RPS_GOAL}×)")
     record("services", f"chat completions per second through the endpoint ({args.concurrency} at once)", round(via, 1), "req/s",
            "the same replica directly", round(plain, 1), note=f"goal ≥ {RPS_GOAL}× direct; median of {blocks} blocks")
+    # The marketplace's process (gateway, relay, agents, master) per request; beside the direct blocks' figure, which is
+    # what the agents spend following and shipping the replica's log lines (the request itself skips this process).
+    cpu_via, cpu_direct = quantile(cpu["endpoint"], 0.5), quantile(cpu["direct"], 0.5)
+    print(f"the marketplace process's CPU per request: endpoint {cpu_via:,.0f} µs, direct {cpu_direct:,.0f} µs "
+          f"(its logs and background loops only), blocks {' '.join(f'{v:,.0f}' for v in cpu['endpoint'])}")
+    record("services", "the marketplace process's CPU per endpoint request (gateway, relay, agents, master in one)",
+           round(cpu_via, 1), "µs", "the same process's CPU per direct request (the replica's logs, background loops)",
+           round(cpu_direct, 1), note=f"median of {blocks} blocks; all the process's threads")
     p50, p50_direct = quantile(trips["endpoint"], 0.5), quantile(trips["direct"], 0.5)
     p99, p99_direct = quantile(trips["endpoint"], 0.99), quantile(trips["direct"], 0.99)
     print(f"round trip p50 {p50:.2f} ms (direct {p50_direct:.2f} ms: +{p50 - p50_direct:.2f} ms, goal < {ADDED_GOAL_MS} ms), "
@@ -268,6 +280,8 @@ async def measure(http: aiohttp.ClientSession, renter: Renter, image: str, args:
     await renter.call("DELETE", f"/services/{service['id']}")
     await until(lambda: _live(renter, service["id"], 0), timeout=60, what="the benchmark's replica stopped")
 
+    if args.scale_ups == 0:
+        return
     ready = await scale_ups(renter, image, args.scale_ups)
     engine = [await engine_start_to_health(image) for _ in range(args.scale_ups)]
     print(f"scale-up decision to a ready replica: p50 {quantile(ready, 0.5):.2f} s, max {max(ready):.2f} s "
@@ -286,7 +300,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=4000, help="requests per throughput run, each way (default 4000)")
     parser.add_argument("--concurrency", type=int, default=16, help="requests at once (default 16)")
     parser.add_argument("--round-trips", type=int, default=1000, help="sequential requests, each way (default 1000)")
-    parser.add_argument("--scale-ups", type=int, default=5, help="scale-ups from zero to time (default 5)")
+    parser.add_argument("--scale-ups", type=int, default=5, help="scale-ups from zero to time (default 5; 0: none, and no cold start)")
     parser.add_argument("--quick", action="store_true", help="small sizes: 800 requests, 200 round trips, 2 scale-ups")
     args = parser.parse_args(argv)
     if args.quick:
