@@ -113,17 +113,20 @@ class ContainerHandle(EndsOnce):
             fd = os.open(self.folder / LOG_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
             boundary = self._since  # what an earlier stream copied; entries are not in time order across stdout/stderr
             try:
-                async for frame in _frames(response.content):
-                    stamp, _, data = frame.partition(b" ")
-                    at = parse_timestamp_ns(stamp)
-                    if at is None:
-                        data = frame
-                    elif boundary and at <= boundary:
-                        continue  # ``since`` counts the last copied entry again
-                    else:
-                        self._since = max(self._since, at)
-                    if data:
-                        os.write(fd, data)
+                async for batch in _batches(response.content):
+                    out = []
+                    for frame in batch:
+                        stamp, _, data = frame.partition(b" ")
+                        at = parse_timestamp_ns(stamp)
+                        if at is None:
+                            data = frame
+                        elif boundary and at <= boundary:
+                            continue  # ``since`` counts the last copied entry again
+                        elif at > self._since:
+                            self._since = at
+                        out.append(data)
+                    if out:
+                        os.write(fd, b"".join(out))  # one write for every entry that had arrived
                     if self._since != self._saved_since and time.monotonic() - self._saved_at >= 1.0:
                         await asyncio.to_thread(self._save_since, force=True)
             finally:
@@ -145,16 +148,22 @@ class ContainerHandle(EndsOnce):
                 self._saved_since, self._saved_at = since, now
 
 
-async def _frames(stream: aiohttp.StreamReader) -> AsyncIterator[bytes]:
-    """The payloads of the engine's multiplexed stream (stdout and stderr in the order written)."""
-    while True:
-        try:
-            header = await stream.readexactly(_HEADER.size)
-        except asyncio.IncompleteReadError:
-            return
-        _, length = _HEADER.unpack(header)
-        if length:
-            try:
-                yield await stream.readexactly(length)
-            except asyncio.IncompleteReadError:
-                return
+async def _batches(stream: aiohttp.StreamReader, *, read_bytes: int = 256 << 10) -> AsyncIterator[list[bytes]]:
+    """The payloads of the engine's multiplexed stream (stdout and stderr in the order written), in batches: every
+    whole entry that has arrived, up to ``read_bytes`` a read (a chatty workload's lines cost one wake-up and one
+    write each batch, not each line). An entry cut off by the stream's end is dropped, as the engine's own clients do."""
+    buffer = bytearray()
+    while data := await stream.read(read_bytes):
+        buffer += data
+        batch, start, size = [], 0, len(buffer)
+        while size - start >= _HEADER.size:
+            _, length = _HEADER.unpack_from(buffer, start)
+            end = start + _HEADER.size + length
+            if end > size:
+                break
+            if length:
+                batch.append(bytes(buffer[start + _HEADER.size:end]))
+            start = end
+        del buffer[:start]
+        if batch:
+            yield batch
