@@ -145,9 +145,12 @@ class SqliteSpool:
 
     def close(self) -> None:
         """Fsync what is left and close (SQLite checkpoints the WAL into the file and removes it)."""
+        if self._wal < 0:
+            return  # closed already
         if self._written > self._synced:
             os.fsync(self._wal)
         os.close(self._wal)
+        self._wal = -1
         self._db.close()
 
 

@@ -98,6 +98,7 @@ class TestGroupCommit:
         await spool.sync()  # nothing new: no fsync
         assert len(calls) == 1
         spool.close()
+        spool.close()  # twice: harmless
 
     async def test_a_change_made_during_an_fsync_waits_for_the_next(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         spool = SqliteSpool(tmp_path / "spool.db")
