@@ -110,6 +110,16 @@ def record(
         os.replace(temporary, path)
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads) so far, from ``/proc``; 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def unmount_under(folder: Path) -> list[str]:
     """Unmount (lazily) every filesystem mounted at or under ``folder``, deepest first; returns the mount points.
 
