@@ -4,12 +4,20 @@ For each rental whose log the agent ships, a cursor (``log_cursors.json`` in the
 data dir, rewritten atomically) says how far it got; ``ship`` reads what is new through the
 workload manager in chunks of ``LOG_READ_BYTES`` and hands each to ``send`` as a
 ``workload_logs`` body. A rental whose workload ended is forgotten once drained.
+
+Delivery is at least once: the cursors are saved after the chunks are in the spool, in a thread
+(the fsync off the event loop), so a crash can leave them behind what was sent, never ahead. The
+agent then ships again from the older offset, in a chunk that may reach further than the one sent
+before; the master keeps the longer chunk at an offset (``master.telemetry.hosts``), so nothing is
+lost or shown twice.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +46,9 @@ class LogShipper:
         self.workloads = workloads
         self.send = send
         self.cursors: dict[str, LogCursor] = self._load()
+        self._save_lock = threading.Lock()  # one writer of the file (and its temporary) at a time
+        self._versions = 0  # snapshots taken
+        self._written = 0  # the newest snapshot on disk: an older one finishing later is not written over it
 
     def follow(self, rental_id: str, *, save: bool = False) -> None:
         """Ship this rental's log from where we got to (the start, for a new one)."""
@@ -60,13 +71,28 @@ class LogShipper:
             log.warning("%s is damaged; workload logs will be shipped again from the start", self.path)
             return {}
 
-    def _save(self) -> None:
+    def _snapshot(self) -> tuple[int, bytes]:
+        self._versions += 1
         data = {k: {"offset": c.offset, "exited": c.exited} for k, c in self.cursors.items()}
-        atomic_write(self.path, json.dumps(data).encode())
+        return self._versions, json.dumps(data).encode()
+
+    def _write(self, version: int, data: bytes) -> None:
+        with self._save_lock:
+            if version > self._written:
+                atomic_write(self.path, data)
+                self._written = version
+
+    def _save(self) -> None:
+        self._write(*self._snapshot())
+
+    async def save(self) -> None:
+        """Write the cursors as they are now, in a thread. Cancelling is safe: the write finishes
+        there, and a cursor left behind only ships some output again."""
+        await asyncio.to_thread(self._write, *self._snapshot())
 
     async def ship(self) -> int:
         """Write new output of every known workload to the spool; returns bytes shipped."""
-        shipped = 0
+        shipped, forgotten = 0, False
         for rental_id, cursor in list(self.cursors.items()):
             while True:
                 try:
@@ -76,6 +102,7 @@ class LogShipper:
                 if not chunk:
                     if cursor.exited:
                         del self.cursors[rental_id]  # drained: nothing more will come
+                        forgotten = True
                     break
                 # The log is capped: if older bytes were dropped, the chunk starts after our cursor.
                 start = next_offset - len(chunk)
@@ -87,8 +114,8 @@ class LogShipper:
                 await self.send(body)
                 cursor.offset = start + len(chunk)
                 shipped += len(chunk)
-        if shipped or not self.cursors:
-            self._save()
+        if shipped or forgotten:  # nothing new: no write (it was an fsync every interval, idle or not)
+            await self.save()
         return shipped
 
 

@@ -223,8 +223,10 @@ class Agent:
     # ---- outgoing ---------------------------------------------------------------------
 
     async def _emit(self, seq: int, frame: str) -> None:
-        """Send if connected; the frame stays in the spool either way until acknowledged."""
+        """Send if connected, once the frame is on disk (the spool's group commit, off the loop); the frame
+        stays in the spool either way until acknowledged."""
         self.lease.reserve_through(seq + 1)
+        await self.spool.sync()
         ws = self._ws
         if ws is None:
             return
@@ -432,8 +434,10 @@ class Agent:
             # Hello first, then everything the last connection left unacknowledged, in order.
             seq, hello = self.window.hello(self._hello())
             self.lease.reserve_through(seq + 1)
+            await self.spool.sync()  # what the relay sees is on disk
             await self.pacer.take()
             await ws.send(hello)
+            await self.spool.sync()  # and so is what is replayed (nothing awaits between this and the snapshot)
             for old_seq, frame in self.window.pending():
                 if old_seq != seq:
                     await self.pacer.take()  # a long outage's replay stays within the relay's budget

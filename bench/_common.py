@@ -12,6 +12,7 @@ import os
 import platform
 import secrets
 import ssl
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterable
@@ -107,6 +108,30 @@ def record(
         temporary = path.with_name(f".{path.name}.{os.getpid()}")
         temporary.write_text(json.dumps({"figures": figures}, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         os.replace(temporary, path)
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads) so far, from ``/proc``; 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def unmount_under(folder: Path) -> list[str]:
+    """Unmount (lazily) every filesystem mounted at or under ``folder``, deepest first; returns the mount points.
+
+    A rental's disk (``agent.runtimes.diskquota``) stays mounted until the rental is forgotten, which a bench's
+    teardown does not wait for: without this its temporary folder's removal fails with "Device or resource busy"."""
+    root = os.path.realpath(folder)
+    with open("/proc/self/mounts", encoding="utf-8") as mounts:
+        points = [line.split()[1].replace("\\040", " ") for line in mounts if len(line.split()) > 1]
+    inside = sorted({p for p in points if p == root or p.startswith(root + os.sep)}, key=len, reverse=True)
+    for point in inside:
+        subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+    return inside
 
 
 def quantile(values: Iterable[float], q: float) -> float:

@@ -22,11 +22,15 @@ Figures:
    Goal: p50 under 10 s.
 4. Cold start: the first request to a service asleep at zero replicas, to its answer.
 
-In this run the relay, the agents and the gateway share one process and its event loop (in production
-they are different machines), so the endpoint's figures are a lower bound; the renter's client is a
-child process, for both paths.
+Processes (``--layout``): by default (``one-process``) the relay, the agents and the gateway share one
+process and its event loop (in production they are different machines), so the endpoint's figures are a
+lower bound. ``--layout processes`` runs each of the three agents in a process of its own, on the agent's
+event loop (uvloop), as in production; the relay stays with the master (they share the embedded
+marketplace's in-process bus and registry). The renter's client is a child process, for both paths. The
+CPU per request is this process's (all its threads) and, with ``processes``, the agents' processes'.
 
-Usage: ``python bench/bench_services.py [--quick] [--requests N] [--concurrency N] [--round-trips N] [--scale-ups N]``
+Usage: ``python bench/bench_services.py [--quick] [--requests N] [--concurrency N] [--round-trips N] [--scale-ups N]
+[--layout one-process|processes]``
 (root or a docker group member, an engine answering)
 """
 
@@ -37,12 +41,14 @@ import asyncio
 import contextlib
 import multiprocessing
 import os
+import signal
 import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ProcessPoolExecutor
 from datetime import datetime
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -51,9 +57,15 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/dockerengine.py builds the image
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import describe_machine, quantile, record
+from _common import describe_machine, process_cpu_seconds, quantile, record, unmount_under
+from sqlalchemy import select
 
-from gpumarket.up import Marketplace, start_marketplace
+from agent.runtimes.containeropts import ContainerOptions
+from agent.runtimes.isolation import HostIsolation
+from gpumarket.demo import list_demo_host
+from gpumarket.up import Marketplace, demo_agent, enroll_demo_host, start_marketplace
+from master.models import Account
+from shared import eventloop
 from tests import dockerengine
 
 T = TypeVar("T")
@@ -219,21 +231,91 @@ async def cold_starts(http: aiohttp.ClientSession, renter: Renter, image: str, c
     return took
 
 
+def agent_in_child(folder: str, index: int, relay_url: str, dns: tuple[str, int], intervals: tuple[float, float],
+                   isolation: HostIsolation, ready: Connection) -> None:
+    """Run in a process of its own (``--layout processes``): the ``index``-th demo host's agent on the agent's event
+    loop, until SIGTERM; sends its host id on ``ready`` once connected and speed-tested (a listing needs one)."""
+
+    async def run() -> None:
+        agent = demo_agent(Path(folder), index, relay_url, heartbeat_interval=intervals[0], telemetry_interval=intervals[1],
+                           network_interval=3600.0, dns=dns, isolation=isolation, container=ContainerOptions())  # fmt: skip
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        task = asyncio.create_task(agent.run(), name=f"bench-agent-{index}")
+        try:
+            await agent.connected.wait()
+            await agent.measure_network()
+            ready.send(agent.host_id)
+            await stop.wait()
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await agent.close()  # its replicas stopped
+
+    eventloop.run(run())
+
+
+class AgentProcesses:
+    """The demo hosts' agents in processes of their own (``--layout processes``), enrolled and listed from here."""
+
+    def __init__(self) -> None:
+        self.processes: list[multiprocessing.process.BaseProcess] = []
+
+    async def start(self, market: Marketplace, data_dir: Path, count: int) -> None:
+        master, context = market.master, multiprocessing.get_context("spawn")
+        async with master.db.session() as session:
+            provider = await session.scalar(select(Account.id).where(Account.name == "demo-provider"))
+        assert provider is not None
+        base = market.api_url.removesuffix("/api/v1")
+        intervals = (master.settings.heartbeat_interval, master.settings.telemetry_interval)
+        for i in range(count):
+            folder = data_dir / "agents" / f"agent-{i:02d}"
+            host_id = await enroll_demo_host(master, folder, i, base, market.relay.url, provider)
+            ours, theirs = context.Pipe(duplex=False)
+            process = context.Process(target=agent_in_child, name=f"bench-agent-{i}", args=(
+                str(folder), i, market.relay.url, ("127.0.0.1", market.dns.port), intervals, market.isolation, theirs))  # fmt: skip
+            process.start()
+            self.processes.append(process)
+            if not await asyncio.to_thread(ours.poll, 120):
+                raise SystemExit(f"bench_services: agent {i} did not connect within 120 s")
+            assert ours.recv() == host_id
+            await list_demo_host(master, host_id, provider=provider, index=i)
+
+    def cpu_seconds(self) -> float:
+        return sum(process_cpu_seconds(p.pid) for p in self.processes if p.pid is not None)
+
+    async def stop(self) -> None:
+        for process in self.processes:
+            if process.is_alive() and process.pid is not None:
+                os.kill(process.pid, signal.SIGTERM)
+        for process in self.processes:
+            await asyncio.to_thread(process.join, 60)
+            if process.is_alive():
+                process.kill()
+
+
 async def main(args: argparse.Namespace) -> None:
     os.environ.update(SETTINGS)
     image = await asyncio.to_thread(dockerengine.openai_image)
     print(describe_machine())
     with tempfile.TemporaryDirectory(prefix="bench-services-") as folder:
-        market = await start_marketplace(Path(folder) / "data", agents=3, http_port=0, relay_port=0, heartbeat_interval=1.0,
-                                         telemetry_interval=5.0, missed_heartbeats_offline=30)  # fmt: skip
+        separate = args.layout == "processes"
+        market = await start_marketplace(Path(folder) / "data", agents=0 if separate else 3, http_port=0, relay_port=0,
+                                         heartbeat_interval=1.0, telemetry_interval=5.0, missed_heartbeats_offline=30)  # fmt: skip
+        agents = AgentProcesses()
         try:
+            if separate:
+                await agents.start(market, Path(folder) / "data", 3)
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-                await measure(http, Renter(http, market), image, args)
+                await measure(http, Renter(http, market), image, args, agents)
         finally:
+            await agents.stop()
             await market.stop()
+            unmount_under(Path(folder))  # the stopped replicas' disks, kept until forgotten
 
 
-async def measure(http: aiohttp.ClientSession, renter: Renter, image: str, args: argparse.Namespace) -> None:
+async def measure(http: aiohttp.ClientSession, renter: Renter, image: str, args: argparse.Namespace, agents: AgentProcesses) -> None:
     await renter.offered()
     service = await renter.service(image, "echo", low=1, high=1)
     view = await renter.ready(service["id"], 1)
@@ -246,10 +328,15 @@ async def measure(http: aiohttp.ClientSession, renter: Renter, image: str, args:
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as renter_process:
         blocks = 4
         rates: dict[str, list[float]] = {"endpoint": [], "direct": []}
+        cpu: dict[str, list[float]] = {"endpoint": [], "direct": []}  # this process's CPU (all its threads) per request
+        agents_cpu: dict[str, list[float]] = {"endpoint": [], "direct": []}  # the agents' processes' (--layout processes)
         for _ in range(blocks):
             for name, url, headers in (("direct", direct, {}), ("endpoint", endpoint, token)):
+                began, agents_began = time.process_time(), agents.cpu_seconds()
                 rates[name].append(await loop.run_in_executor(renter_process, throughput_in_child, url, headers,
                                                               args.requests // blocks, args.concurrency))  # fmt: skip
+                cpu[name].append((time.process_time() - began) / (args.requests // blocks) * 1e6)
+                agents_cpu[name].append((agents.cpu_seconds() - agents_began) / (args.requests // blocks) * 1e6)
         trips: dict[str, list[float]] = {"endpoint": [], "direct": []}
         for _ in range(10):
             for name, url, headers in (("direct", direct, {}), ("endpoint", endpoint, token)):
@@ -258,6 +345,20 @@ async def measure(http: aiohttp.ClientSession, renter: Renter, image: str, args:
     print(f"requests/s, {args.concurrency} at once: endpoint {via:,.0f}, direct {plain:,.0f} ({via / plain:.2f}×, goal ≥ {RPS_GOAL}×)")
     record("services", f"chat completions per second through the endpoint ({args.concurrency} at once)", round(via, 1), "req/s",
            "the same replica directly", round(plain, 1), note=f"goal ≥ {RPS_GOAL}× direct; median of {blocks} blocks")
+    # The marketplace's process (gateway, relay, agents, master) per request; beside the direct blocks' figure, which is
+    # what the agents spend following and shipping the replica's log lines (the request itself skips this process).
+    cpu_via, cpu_direct = quantile(cpu["endpoint"], 0.5), quantile(cpu["direct"], 0.5)
+    print(f"the marketplace process's CPU per request: endpoint {cpu_via:,.0f} µs, direct {cpu_direct:,.0f} µs "
+          f"(its logs and background loops only), blocks {' '.join(f'{v:,.0f}' for v in cpu['endpoint'])}")
+    if agents.processes:
+        agents_via, agents_direct = quantile(agents_cpu["endpoint"], 0.5), quantile(agents_cpu["direct"], 0.5)
+        print(f"the agents' processes' CPU per request: endpoint {agents_via:,.0f} µs, direct {agents_direct:,.0f} µs")
+        record("services", "the agents' processes' CPU per endpoint request", round(agents_via, 1), "µs",
+               "their CPU per direct request (the replica's logs, heartbeats)", round(agents_direct, 1),
+               note=f"--layout processes; median of {blocks} blocks")
+    record("services", "the marketplace process's CPU per endpoint request (gateway, relay, agents, master in one)",
+           round(cpu_via, 1), "µs", "the same process's CPU per direct request (the replica's logs, background loops)",
+           round(cpu_direct, 1), note=f"median of {blocks} blocks; all the process's threads")
     p50, p50_direct = quantile(trips["endpoint"], 0.5), quantile(trips["direct"], 0.5)
     p99, p99_direct = quantile(trips["endpoint"], 0.99), quantile(trips["direct"], 0.99)
     print(f"round trip p50 {p50:.2f} ms (direct {p50_direct:.2f} ms: +{p50 - p50_direct:.2f} ms, goal < {ADDED_GOAL_MS} ms), "
@@ -268,6 +369,8 @@ async def measure(http: aiohttp.ClientSession, renter: Renter, image: str, args:
     await renter.call("DELETE", f"/services/{service['id']}")
     await until(lambda: _live(renter, service["id"], 0), timeout=60, what="the benchmark's replica stopped")
 
+    if args.scale_ups == 0:
+        return
     ready = await scale_ups(renter, image, args.scale_ups)
     engine = [await engine_start_to_health(image) for _ in range(args.scale_ups)]
     print(f"scale-up decision to a ready replica: p50 {quantile(ready, 0.5):.2f} s, max {max(ready):.2f} s "
@@ -286,7 +389,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=4000, help="requests per throughput run, each way (default 4000)")
     parser.add_argument("--concurrency", type=int, default=16, help="requests at once (default 16)")
     parser.add_argument("--round-trips", type=int, default=1000, help="sequential requests, each way (default 1000)")
-    parser.add_argument("--scale-ups", type=int, default=5, help="scale-ups from zero to time (default 5)")
+    parser.add_argument("--scale-ups", type=int, default=5, help="scale-ups from zero to time (default 5; 0: none, and no cold start)")
+    parser.add_argument("--layout", choices=("one-process", "processes"), default="one-process",
+                        help="one-process (default): the agents in this process; processes: each in one of its own")
     parser.add_argument("--quick", action="store_true", help="small sizes: 800 requests, 200 round trips, 2 scale-ups")
     args = parser.parse_args(argv)
     if args.quick:

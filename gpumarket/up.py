@@ -432,6 +432,17 @@ async def _demo_agent(
     network_interval: float, dns: tuple[str, int], isolation: HostIsolation, container: ContainerOptions,
     challenge_image: str = images.CHALLENGE_LATEST,
 ) -> Agent:
+    await enroll_demo_host(master, folder, i, base_url, relay_url, provider_id)
+    return demo_agent(
+        folder, i, relay_url, heartbeat_interval=master.settings.heartbeat_interval,
+        telemetry_interval=master.settings.telemetry_interval, network_interval=network_interval, dns=dns,
+        isolation=isolation, container=container, challenge_image=challenge_image,
+    )
+
+
+async def enroll_demo_host(master: Master, folder: Path, i: int, base_url: str, relay_url: str, provider_id: str) -> str:
+    """Enroll the ``i``-th demo host in ``folder`` (once: a folder enrolled already is kept) and seed its history;
+    returns its host id."""
     state = AgentState(folder)
     spec = DEMO_FLEET[i % len(DEMO_FLEET)]
     if not state.enrolled:
@@ -439,6 +450,19 @@ async def _demo_agent(
         await enroll(base_url, token, folder, hostname=f"demo-host-{i:02d}", gpus=spec, relay_url=relay_url)
     identity = state.identity()
     await demo.seed_history(master, identity.host_id, uptime=demo.demo_uptime(i))  # once per host
+    return identity.host_id
+
+
+def demo_agent(
+    folder: Path, i: int, relay_url: str, *, heartbeat_interval: float, telemetry_interval: float,
+    network_interval: float, dns: tuple[str, int], isolation: HostIsolation, container: ContainerOptions,
+    challenge_image: str = images.CHALLENGE_LATEST,
+) -> Agent:
+    """The ``i``-th demo host's agent on its enrolled ``folder`` (no master needed: a benchmark runs it in a process of
+    its own)."""
+    state = AgentState(folder)
+    spec = DEMO_FLEET[i % len(DEMO_FLEET)]
+    identity = state.identity()
     backend = open_backend(identity.gpus or spec, seed=identity.host_id)
     return Agent(
         state,
@@ -449,9 +473,9 @@ async def _demo_agent(
         resolver_port=dns[1],
         region=("eu-west", "us-east", "ap-south")[i % 3],
         timings=AgentTimings(
-            sample_interval=min(1.0, master.settings.telemetry_interval),
-            telemetry_interval=master.settings.telemetry_interval,
-            heartbeat_interval=master.settings.heartbeat_interval,
+            sample_interval=min(1.0, telemetry_interval),
+            telemetry_interval=telemetry_interval,
+            heartbeat_interval=heartbeat_interval,
             network_interval=network_interval,
         ),
         network_max_bytes=4 << 20,

@@ -182,6 +182,27 @@ class TestLogs:
         status, _ = await world.get(f"/rentals/{rental.id}/logs", key=other_key)
         assert status == 404
 
+    async def test_a_reshipment_from_a_cursor_left_behind_loses_nothing(self, world: World) -> None:
+        """An agent whose saved cursor was behind what it sent ships again from there, in a longer chunk (its log grew):
+        the master keeps the longer chunk at that offset and reads past the shorter ones it overlaps."""
+        gpus = [gpu_info(0)]
+        host_id = await online_host(world.master, world.provider, gpus)
+        rental = await world.running_rental(host_id, gpus)
+
+        async def ship(offset: int, data: str) -> bool:
+            body = protocol.WorkloadLogsBody(rental_id=rental.id, offset=offset, length=len(data.encode()), data=data)
+            return bool(await _apply(world.master, protocol.WorkloadLogs(host_id=host_id, seq=world.next_seq(), ts=_now(), body=body)))
+
+        assert await ship(0, "one\n") and await ship(4, "two\n") and await ship(8, "three\n")
+        # Restarted with the cursor at 4: "two\nthree\n" and what came since, in one chunk; then on from its end.
+        assert await ship(4, "two\nthree\nfour\n")
+        assert not await ship(4, "two\n")  # a plain redelivery of the shorter one changes nothing
+        assert await ship(19, "five\n")
+        status, logs = await world.get(f"/rentals/{rental.id}/logs")
+        assert status == 200 and logs["data"] == "one\ntwo\nthree\nfour\nfive\n" and logs["next_offset"] == 24
+        _, tail = await world.get(f"/rentals/{rental.id}/logs?offset=9")
+        assert tail["data"] == "hree\nfour\nfive\n"
+
     async def test_logs_for_a_rental_on_another_host_are_dropped(self, world: World) -> None:
         """A host cannot write into the logs of a rental it does not run."""
         gpus = [gpu_info(0)]

@@ -9,6 +9,7 @@ import json
 import random
 import ssl
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -487,6 +488,38 @@ class TestBackoff:
             assert max(delays) - min(delays) > ceiling / 2  # spread over the range, not bunched
         fleet = [Agent.backoff(agent, 5) for _ in range(50)]
         assert len({round(d, 6) for d in fleet}) == 50
+        agent.spool.close()
+
+
+class TestSpoolDurability:
+    async def test_a_frame_reaches_the_relay_only_once_fsynced_and_the_loop_is_free_meanwhile(self, harness: Harness) -> None:
+        """``_emit`` awaits the spool's group commit (an fsync in a thread) before the send; the loop runs on."""
+        agent = harness.agent(["wss://127.0.0.1:1/v1/agent"])
+        release, fsynced = threading.Event(), threading.Event()
+        real = agent.spool._fsync
+
+        def slow_fsync(covers: int) -> int:
+            release.wait(10)
+            fsynced.set()
+            return real(covers)
+
+        agent.spool._fsync = slow_fsync  # type: ignore[method-assign]
+        sent: list[str] = []
+
+        class Link:
+            async def send(self, frame: str) -> None:
+                sent.append(frame)
+
+        agent._ws = Link()  # type: ignore[assignment]
+        body = protocol.HeartbeatBody(uptime_s=1.0, running_rentals=[])
+        emitting = asyncio.create_task(agent._emit(*agent.window.heartbeat(body)))
+        for _ in range(20):
+            await asyncio.sleep(0)  # the loop is not blocked by the fsync
+        assert not sent and not emitting.done() and not fsynced.is_set()
+        release.set()
+        await emitting
+        assert fsynced.is_set() and len(sent) == 1 and agent.spool.unsynced == 0
+        agent._ws = None
         agent.spool.close()
 
 

@@ -17,6 +17,7 @@ import os
 import secrets
 import sys
 import tarfile
+import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -26,10 +27,18 @@ import pytest
 from aiohttp import web
 from pydantic import ValidationError
 
+from agent import state
 from agent.gpu.sim import SimulatedBackend
+from agent.runtimes import containerlogs
 from agent.runtimes.base import host_capacity
 from agent.runtimes.container import ContainerRuntime
-from agent.runtimes.containeropts import OWNER_LABEL, RENTAL_LABEL, ContainerOptions, resource_name
+from agent.runtimes.containeropts import (
+    OWNER_LABEL,
+    RENTAL_LABEL,
+    SINCE_NAME,
+    ContainerOptions,
+    resource_name,
+)
 from agent.runtimes.manager import WorkloadManager
 from agent.runtimes.netguard import NetGuardStatus, install_guard, write_marker
 from agent.runtimes.registry import REGISTRY_NAME
@@ -159,6 +168,26 @@ class TestLifecycle:
         assert not exists("networks", name) and workspace_kept(manager, rental) and manager.running() == []
         await manager.forget(rental)
         assert not workspace_kept(manager, rental)
+
+    async def test_the_followed_position_is_saved_off_the_event_loop(
+        self, managers: Managers, gpus: list[str], docker_image: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """``container.since`` (where a restarted agent resumes the output) is written, fsync and all, in a thread."""
+        writers: list[int] = []
+        real = state.atomic_write
+
+        def recording(path: Path, data: bytes, *, mode: int = 0o644) -> None:
+            writers.append(threading.get_ident())
+            real(path, data, mode=mode)
+
+        monkeypatch.setattr(containerlogs, "atomic_write", recording)
+        manager, exits = managers()
+        rental = f"s{secrets.token_hex(3)}"
+        await manager.start(rental, [gpus[0]], sh("for i in 1 2 3 4 5 6; do echo line $i; sleep 0.3; done", image=docker_image))
+        assert await exits.wait_for(rental) == 0
+        await log_text(manager, rental, containing="line 6")
+        since = manager.logs.path(rental).parent / SINCE_NAME
+        assert writers and threading.get_ident() not in writers and int(since.read_text()) > 0
 
     async def test_stop_removes_the_container(self, managers: Managers, gpus: list[str], docker_image: str) -> None:
         """A stop says why in the log, ends the container (SIGTERM through its init) and removes it; no exit is reported."""

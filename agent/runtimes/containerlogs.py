@@ -2,8 +2,8 @@
 
 The engine keeps a container's output with its ``local`` log driver; the handle follows that
 stream (stdout and stderr, with timestamps), appends it to the rental's log, and keeps the
-last timestamp copied in ``container.since`` (at most a second old), so a restarted agent
-resumes from there. The stream ending and the engine's state tell the exit and its code;
+last timestamp copied in ``container.since`` (at most a second old, written in a thread: its
+fsync stays off the event loop), so a restarted agent resumes from there. The stream ending and the engine's state tell the exit and its code;
 ``wait``/``exited``/``returncode``/``close`` are the manager's ``WorkloadHandle``.
 """
 
@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import struct
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -61,6 +62,7 @@ class ContainerHandle(EndsOnce):
         self._since = self._read_since()
         self._saved_since = self._since
         self._saved_at = 0.0
+        self._save_lock = threading.Lock()  # the thread's write and close()'s share the temporary file
         self.task = self._loop.create_task(self._follow(), name=f"container-{container_id[:12]}-follow")
 
     def close(self) -> None:
@@ -97,7 +99,7 @@ class ContainerHandle(EndsOnce):
                 break
             if time.monotonic() - began < 0.05:
                 await asyncio.sleep(min(retry, 0.2))  # the stream ended at once: never spin
-        self._save_since(force=True)
+        await asyncio.to_thread(self._save_since, force=True)
         self._exited.set_result(None)
 
     async def _copy(self, *, follow: bool) -> None:
@@ -111,18 +113,22 @@ class ContainerHandle(EndsOnce):
             fd = os.open(self.folder / LOG_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
             boundary = self._since  # what an earlier stream copied; entries are not in time order across stdout/stderr
             try:
-                async for frame in _frames(response.content):
-                    stamp, _, data = frame.partition(b" ")
-                    at = parse_timestamp_ns(stamp)
-                    if at is None:
-                        data = frame
-                    elif boundary and at <= boundary:
-                        continue  # ``since`` counts the last copied entry again
-                    else:
-                        self._since = max(self._since, at)
-                    if data:
-                        os.write(fd, data)
-                    self._save_since()
+                async for batch in _batches(response.content):
+                    out = []
+                    for frame in batch:
+                        stamp, _, data = frame.partition(b" ")
+                        at = parse_timestamp_ns(stamp)
+                        if at is None:
+                            data = frame
+                        elif boundary and at <= boundary:
+                            continue  # ``since`` counts the last copied entry again
+                        elif at > self._since:
+                            self._since = at
+                        out.append(data)
+                    if out:
+                        os.write(fd, b"".join(out))  # one write for every entry that had arrived
+                    if self._since != self._saved_since and time.monotonic() - self._saved_at >= 1.0:
+                        await asyncio.to_thread(self._save_since, force=True)
             finally:
                 os.close(fd)
 
@@ -133,24 +139,31 @@ class ContainerHandle(EndsOnce):
             return 0
 
     def _save_since(self, *, force: bool = False) -> None:
-        now = time.monotonic()
-        if self._since == self._saved_since or (not force and now - self._saved_at < 1.0):
+        now, since = time.monotonic(), self._since
+        if since == self._saved_since or (not force and now - self._saved_at < 1.0):
             return
-        with contextlib.suppress(OSError):
-            atomic_write(self.folder / SINCE_NAME, str(self._since).encode(), mode=0o600)
-            self._saved_since, self._saved_at = self._since, now
+        with self._save_lock, contextlib.suppress(OSError):
+            if since > self._saved_since:  # a later value written meanwhile stays
+                atomic_write(self.folder / SINCE_NAME, str(since).encode(), mode=0o600)
+                self._saved_since, self._saved_at = since, now
 
 
-async def _frames(stream: aiohttp.StreamReader) -> AsyncIterator[bytes]:
-    """The payloads of the engine's multiplexed stream (stdout and stderr in the order written)."""
-    while True:
-        try:
-            header = await stream.readexactly(_HEADER.size)
-        except asyncio.IncompleteReadError:
-            return
-        _, length = _HEADER.unpack(header)
-        if length:
-            try:
-                yield await stream.readexactly(length)
-            except asyncio.IncompleteReadError:
-                return
+async def _batches(stream: aiohttp.StreamReader, *, read_bytes: int = 256 << 10) -> AsyncIterator[list[bytes]]:
+    """The payloads of the engine's multiplexed stream (stdout and stderr in the order written), in batches: every
+    whole entry that has arrived, up to ``read_bytes`` a read (a chatty workload's lines cost one wake-up and one
+    write each batch, not each line). An entry cut off by the stream's end is dropped, as the engine's own clients do."""
+    buffer = bytearray()
+    while data := await stream.read(read_bytes):
+        buffer += data
+        batch, start, size = [], 0, len(buffer)
+        while size - start >= _HEADER.size:
+            _, length = _HEADER.unpack_from(buffer, start)
+            end = start + _HEADER.size + length
+            if end > size:
+                break
+            if length:
+                batch.append(bytes(buffer[start + _HEADER.size:end]))
+            start = end
+        del buffer[:start]
+        if batch:
+            yield batch

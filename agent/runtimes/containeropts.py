@@ -9,6 +9,7 @@ Split from ``agent.runtimes.container`` so that the runtime, the log follower
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 import signal
@@ -121,6 +122,11 @@ def exit_code_of(state: Mapping[str, Any]) -> int | None:
 
 def parse_timestamp_ns(text: bytes) -> int | None:
     """An RFC 3339 timestamp as the engine writes it (``2024-01-02T03:04:05.123456789Z``) in ns since the epoch."""
+    fraction_z = text[20:]
+    if text[19:20] == b"." and fraction_z[-1:] == b"Z" and fraction_z[:-1].isdigit():  # the engine's own (UTC): every line's
+        utc = _utc_seconds(text[:19])
+        if utc is not None:
+            return utc * 1_000_000_000 + int((fraction_z[:-1] + b"000000000")[:9])
     try:
         raw = text.decode("ascii")
         whole, _, rest = raw.partition(".")
@@ -128,6 +134,15 @@ def parse_timestamp_ns(text: bytes) -> int | None:
         zone = rest[len(fraction):] if rest else whole[19:]
         seconds = datetime.fromisoformat(whole[:19] + (zone if zone not in ("", "Z") else "+00:00")).timestamp()
         return int(seconds) * 1_000_000_000 + int((fraction + "000000000")[:9])
+    except ValueError:
+        return None
+
+
+@functools.lru_cache(maxsize=64)
+def _utc_seconds(whole: bytes) -> int | None:
+    """``2024-01-02T03:04:05`` (UTC) in seconds since the epoch; kept, as a chatty workload's lines share their second."""
+    try:
+        return int(datetime.fromisoformat(whole.decode("ascii") + "+00:00").timestamp())
     except ValueError:
         return None
 

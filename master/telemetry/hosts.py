@@ -13,7 +13,7 @@ from collections import Counter
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
@@ -449,7 +449,15 @@ async def handle_workload_logs(session: AsyncSession, envelope: protocol.BusEnve
         log.warning("host %s sent logs for rental %s it does not run; dropped", host.id, body.rental_id)
         return False
     if not await _insert_once(session, RentalLogChunk(rental_id=rental.id, offset=body.offset, length=body.length, data=body.data)):
-        return False
+        # A redelivery, or a re-shipment from a cursor the agent saved behind what it had sent (its log grew since,
+        # so the chunk may reach further than the one kept): keep the longer, or the bytes past the old end are lost.
+        longer = await session.execute(
+            update(RentalLogChunk)
+            .where(RentalLogChunk.rental_id == rental.id, RentalLogChunk.offset == body.offset, RentalLogChunk.length < body.length)
+            .values(length=body.length, data=body.data)
+        )
+        if not longer.rowcount:  # type: ignore[attr-defined]
+            return False
     # Keep the newest MAX_LOG_BYTES_PER_RENTAL: drop chunks that end before that window.
     newest_end = body.offset + body.length
     await session.execute(

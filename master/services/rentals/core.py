@@ -185,6 +185,8 @@ async def rental_logs(session: AsyncSession, principal: Principal, rental_id: st
     start = chunks[0].offset if chunks and chunks[0].offset > offset else offset  # older bytes were pruned
     position = start
     for chunk in chunks:
+        if chunk.offset + chunk.length <= position:
+            continue  # within a longer chunk read already (a re-shipment from an earlier offset)
         if chunk.offset > position or position - start >= limit:
             break  # a gap (not shipped yet), or enough
         skip = position - chunk.offset
