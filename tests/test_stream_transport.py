@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+from typing import cast
 
 from shared.streams import ResetCode
 from shared.streams.aio import Channel, ChannelReset
@@ -114,6 +115,24 @@ class TestChannelTransport:
         assert await channel.read() == b"" and protocol.lost == [None]
         await pair.close()
 
+    async def test_a_write_while_a_kept_chunk_is_still_going_queues_behind_it(self) -> None:
+        """Regression: a write while the writer task was still sending the last kept chunk went into the stream
+        first (the chunk had left the queue): asyncssh's packets out of order, and the bench's scp ended
+        "Connection closed"."""
+        stream = SlowStream()
+        transport = ChannelTransport(cast(Channel, stream), Recorder())
+        transport.write(b"first")  # the stream's buffer is full: kept, and the writer task takes it
+        await eventually(lambda: _true(stream.writing), timeout=2, what="the writer task to send it")
+        stream.room = True  # the buffer has room again before the writer task is back
+        transport.write(b"second")
+        stream.gate.set()
+        await eventually(lambda: _true(transport.get_write_buffer_size() == 0), timeout=2, what="the kept bytes")
+        assert bytes(stream.sent) == b"firstsecond"
+        transport.abort()
+        stream.ended.set()
+        async with asyncio.timeout(5):
+            await transport.wait_closed()
+
     async def test_pause_reading_holds_the_streams_bytes_until_resumed(self) -> None:
         """A protocol that paused reading gets nothing; resumed, it gets what waited."""
         protocol = Recorder(paused=True)
@@ -200,6 +219,40 @@ class TestStreamTunnel:
         async with asyncio.timeout(5):
             await transport.wait_closed()
         await pair.close()
+
+
+class SlowStream:
+    """A stream whose buffer takes nothing until ``room``, and whose ``write`` waits for ``gate``."""
+
+    stream_id = 1
+
+    def __init__(self) -> None:
+        self.sent = bytearray()
+        self.room = False
+        self.writing = False
+        self.gate = asyncio.Event()
+        self.ended = asyncio.Event()
+
+    def write_nowait(self, data: bytes) -> int:
+        if not self.room:
+            return 0
+        self.sent += data
+        return len(data)
+
+    async def write(self, data: bytes) -> None:
+        self.writing = True
+        await self.gate.wait()
+        self.sent += data
+
+    async def read(self, max_bytes: int | None = None) -> bytes:
+        await self.ended.wait()
+        return b""
+
+    def close(self) -> None:
+        pass
+
+    def reset(self, code: int = 0) -> None:
+        self.ended.set()
 
 
 async def _true(value: bool) -> bool:

@@ -105,8 +105,9 @@ class ChannelTransport(asyncio.Transport):
                     return
                 self._has_kept.clear()
                 await self._has_kept.wait()
-            data = self._kept.popleft()
+            data = self._kept[0]  # left in the deque while it goes: a write meanwhile must queue behind it
             await self._channel.write(data)
+            self._kept.popleft()
             self._kept_size -= len(data)
             self._maybe_resume()
 
