@@ -27,7 +27,8 @@ this process on one asyncio loop (what ``bench_volumes.py`` runs).
 Each figure is the whole command's wall time (its ssh handshake and, through the relay, the ProxyCommand's start and
 its ticket included), as a user waits for it, beside the CPU time meanwhile of the relay and the agent (their child
 processes' in ``--layout processes``; in ``one-process`` this process's, the master's included): the steadier figure
-on a busy machine. Goal (issue 42): scp through the relay at least 0.5× OpenSSH's.
+on a busy machine; and the client's (scp or rsync, ssh and, through the relay, the ProxyCommand: this process's
+finished children's). Goal (issue 42): scp through the relay at least 0.5× OpenSSH's.
 
 Usage: ``python bench/bench_scp.py [--quick] [--mb N] [--paths relay,agent,openssh] [--layout processes|one-process]``
 (root; needs openssh-server, rsync, and Redis for the processes layout). Profile it with ``py-spy record
@@ -42,6 +43,7 @@ import contextlib
 import hashlib
 import json
 import os
+import resource
 import secrets
 import shutil
 import socket
@@ -88,6 +90,12 @@ LAYOUTS = {
     "one-process": "master, relay and agent in this process on one asyncio loop (gpumarket up's embedded shape)",
 }
 REDIS_URL = os.environ.get("GPUMARKET_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's finished children and theirs: a copy's scp or rsync, its ssh, the ProxyCommand."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _sha256(path: Path) -> str:
@@ -395,6 +403,7 @@ async def copies(
     size = args.mb * MB
     results: dict[tuple[str, str], float] = {}
     cpu_s: dict[tuple[str, str], float] = {}
+    client_s: dict[tuple[str, str], float] = {}
     key = home / "id_ed25519"
     await asyncio.to_thread(subprocess.run, ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     public_key = (home / "id_ed25519.pub").read_text().strip()
@@ -462,10 +471,11 @@ async def copies(
                 for op in OPS:
                     argv, remote_name, local = commands[op]
                     for _ in range(args.repeat):  # the fastest of the runs, and the least CPU of them
-                        cpu = await cpu_seconds()
+                        cpu, client = await cpu_seconds(), _children_cpu()
                         seconds = await _run(argv, env)
                         results[path, op] = min(seconds, results.get((path, op), seconds))
                         cpu_s[path, op] = min(await cpu_seconds() - cpu, cpu_s.get((path, op), float("inf")))
+                        client_s[path, op] = min(_children_cpu() - client, client_s.get((path, op), float("inf")))
                     landed = mount / remote_name if remote_name else local
                     assert landed is not None
                     if await asyncio.to_thread(_sha256, landed) != source_sha:
@@ -473,7 +483,7 @@ async def copies(
                     if local is not None:
                         local.unlink()
                     print(f"  {LABELS[path]:<20} {op:<10} {size / results[path, op] / MB:7.1f} MB/s  ({results[path, op]:.2f} s; "
-                          f"relay+agent CPU {cpu_s[path, op]:.2f} s)", flush=True)  # fmt: skip
+                          f"relay+agent CPU {cpu_s[path, op]:.2f} s; client {client_s[path, op]:.2f} s)", flush=True)  # fmt: skip
                 for name in (f"{path}-scp.bin", f"{path}-rsync.bin"):  # the volume holds a few files at a time
                     (mount / name).unlink()
     finally:
