@@ -84,6 +84,7 @@ from shared.outbound import FrameStore
 from shared.streams import CONNECT_PATH, LARGE_DATA, MAX_DATA
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _children import Child, answer, stdin_lines
 from _common import describe_machine, quantile, record
 
 MiB = 1 << 20
@@ -269,7 +270,7 @@ class RelayProcess:
 
     @classmethod
     async def start(cls, directory: Path, args: argparse.Namespace) -> RelayProcess:
-        child = await Child.spawn("--relay-process", "--loop", args.loop)
+        child = await Child.spawn(__file__, "--relay-process", "--loop", args.loop)
         await child.send({"directory": str(directory), "heartbeat_interval": args.heartbeat_interval})
         return cls(child, await child.answer("start"))
 
@@ -504,18 +505,6 @@ class Renter:
         return {"rtts": rtts, "bulk_bytes_per_s": bulk_rate}
 
 
-async def stdin_lines() -> asyncio.StreamReader:
-    """A child's commands: this process's standard input, a line each."""
-    reader = asyncio.StreamReader(limit=64 * MiB)
-    await asyncio.get_running_loop().connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    return reader
-
-
-def answer(value: Any) -> None:
-    sys.stdout.write(json.dumps(value) + "\n")
-    sys.stdout.flush()
-
-
 async def renter_main() -> None:
     """The child: read the settings, then one JSON command a line; answer each with one JSON line."""
     commands = await stdin_lines()
@@ -529,48 +518,6 @@ async def renter_main() -> None:
 
 
 # ---- the report -----------------------------------------------------------------------------------
-
-
-class Child:
-    """A child process of this script (the renter; the relay in ``--layout processes``), one JSON line each way."""
-
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
-        self.process = process
-
-    @classmethod
-    async def spawn(cls, *args: str) -> Child:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, os.path.abspath(__file__), *args,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env, limit=64 * MiB,
-        )  # fmt: skip
-        return cls(process)
-
-    async def send(self, message: dict[str, Any]) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.write((json.dumps(message) + "\n").encode())
-        await self.process.stdin.drain()
-
-    async def answer(self, op: str) -> Any:
-        assert self.process.stdout is not None
-        line = await self.process.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the child process ended during {op} (exit {await self.process.wait()})")
-        return json.loads(line)
-
-    async def ask(self, op: str, **args: Any) -> Any:
-        await self.send({"op": op, **args})
-        return await self.answer(op)
-
-    async def stop(self) -> None:
-        with contextlib.suppress(Exception):
-            await self.send({"op": "exit"})
-        try:
-            async with asyncio.timeout(10):
-                await self.process.wait()
-        except TimeoutError:
-            self.process.kill()
-            await self.process.wait()
 
 
 def percentiles(values: list[float]) -> str:
@@ -593,7 +540,7 @@ async def run(args: argparse.Namespace) -> int:
           f"the agent offers {args.stream_data // 1024} KiB DATA frames")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="gm-bench-tunnel-") as tmp:
         async with host_side(Path(tmp), args) as (settings, acks, relay):
-            child = await Child.spawn("--renter", "--loop", args.loop)
+            child = await Child.spawn(__file__, "--renter", "--loop", args.loop)
             try:
                 await child.send(settings)
                 return await report(args, child, acks, relay)

@@ -60,7 +60,7 @@ from master.context import Master
 from master.models import Account
 from master.services import hosts
 from master.services.accounts import create_account, create_api_key, key_is_valid
-from shared.bus import InProcessBus
+from shared.bus import Bus, InProcessBus
 from shared.crypto import (
     certificate_not_after,
     certificate_public_key,
@@ -69,7 +69,7 @@ from shared.crypto import (
     web_ssl_context,
 )
 from shared.errors import ConfigError
-from shared.registry import MemoryRegistry
+from shared.registry import MemoryRegistry, Registry
 from shared.settings import ENV_PREFIX, MasterSettings
 from shared.slowstop import step
 
@@ -173,6 +173,8 @@ async def start_marketplace(
     docker_url: str | None = None,
     demo_image: bool = False,
     progress: Callable[[str], None] | None = None,
+    bus: Bus | None = None,
+    registry: Registry | None = None,
 ) -> Marketplace:
     """Start it all. ``container_engine`` is what the engine probe answered (``None``: none answers); by
     default the engine at ``docker_url`` (or the system's socket) is asked. ``progress`` is told one line
@@ -181,7 +183,10 @@ async def start_marketplace(
     found) and point the ``demo`` template at it, or have the template say why there is none.
 
     Raises ``ConfigError`` saying which port and which flag when a port it must bind is taken; it checks
-    them all before it starts anything."""
+    them all before it starts anything.
+
+    ``bus`` and ``registry`` (default: in-process ones) let relays in other processes join it (``bench_scp.py
+    --layout processes`` runs its relay in a process of its own over Redis); the marketplace closes them."""
     step = progress or (lambda _line: None)
     data_dir = data_dir.resolve()
     check_ports_free(http_host, up_ports(http_port, relay_port, dns_port))
@@ -236,8 +241,8 @@ async def start_marketplace(
     if settings.metrics_token is None and not settings.metrics_open:
         # /metrics is closed without a token: the demo makes one of its own, kept across restarts, printed when up.
         settings.metrics_token = demo_secrets_key(data_dir / METRICS_TOKEN_FILE, lambda: secrets.token_urlsafe(24))
-    bus = InProcessBus()
-    registry = MemoryRegistry()
+    bus = bus or InProcessBus()
+    registry = registry or MemoryRegistry()
     try:
         master = await open_master(settings, bus=bus, registry=registry)
     except BaseException:

@@ -12,8 +12,9 @@ and what ``access.tls``'s per-connection memory savings need, which are CPython'
 CLI's relay and agent (``gpumarket access``, ``gpumarket agent run``) read it from
 ``GPUMARKET_EVENT_LOOP`` (default ``auto``); the master and ``gpumarket up`` stay on asyncio's loop
 (``master.app`` reads its server's bound port through asyncio's ``Server``). ``gpumarket tunnel``
-(ssh's ProxyCommand) stays on asyncio's too: under uvloop 0.23 it aborts (SIGABRT) when its stdout
-is a regular file, which it writes from a worker thread (``gpumarket.renter.stdio``).
+(ssh's ProxyCommand) runs on uvloop when its stdin and stdout are pipes or sockets, as ssh gives them, and on
+asyncio's otherwise (``gpumarket.renter.stdio.loop_kind``): under uvloop 0.23 it aborts (SIGABRT) when its stdout
+is a regular file, which it writes from a worker thread. ``GPUMARKET_EVENT_LOOP=asyncio`` keeps it on asyncio's.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import hashlib
 import os
 import shutil
 import signal
+import socket
 import stat
 import sys
 from collections.abc import AsyncIterator
@@ -26,6 +27,7 @@ from gpumarket.renter.api import ApiError
 from gpumarket.renter.connect import BadAnswer, parse_ticket
 from gpumarket.renter.sshcmds import Location, split_ssh_args
 from gpumarket.renter.sshfiles import update_known_hosts
+from gpumarket.renter.stdio import loop_kind
 from shared.crypto import CertificateAuthority
 from tests.tunnelharness import (
     API_KEY,
@@ -171,6 +173,34 @@ async def test_stdout_may_be_a_regular_file(gm: Gm, tmp_path: Path) -> None:
         async with asyncio.timeout(HANG_S):
             assert await process.wait() == 0
     assert (tmp_path / "out.bin").read_bytes() == SPOKEN
+
+
+class TestLoopKind:
+    def test_pipes_and_sockets_run_on_uvloop(self) -> None:
+        """ssh gives its ProxyCommand pipes (or a socket): the tunnel may run on uvloop (issue 42)."""
+        read_end, write_end = os.pipe()
+        ours, theirs = socket.socketpair()
+        try:
+            assert loop_kind(stdin_fd=read_end, stdout_fd=write_end) == "auto"
+            assert loop_kind(stdin_fd=ours.fileno(), stdout_fd=theirs.fileno()) == "auto"
+            assert loop_kind(stdin_fd=ours.fileno(), stdout_fd=write_end) == "auto"
+        finally:
+            for fd in (read_end, write_end):
+                os.close(fd)
+            ours.close()
+            theirs.close()
+
+    def test_a_regular_file_or_dev_null_keeps_asyncio(self, tmp_path: Path) -> None:
+        """uvloop aborts writing a regular file from a thread: either end being one keeps asyncio's loop."""
+        read_end, write_end = os.pipe()
+        try:
+            with (tmp_path / "out.bin").open("wb") as out, open(os.devnull, "rb") as null:
+                assert loop_kind(stdin_fd=read_end, stdout_fd=out.fileno()) == "asyncio"
+                assert loop_kind(stdin_fd=null.fileno(), stdout_fd=write_end) == "asyncio"
+            assert loop_kind(stdin_fd=read_end, stdout_fd=9999) == "asyncio"  # not open
+        finally:
+            for fd in (read_end, write_end):
+                os.close(fd)
 
 
 async def test_sighup_from_ssh_closes_the_websocket_normally(gm: Gm, market: Market) -> None:

@@ -1,7 +1,8 @@
 """SSH into rentals, served by the agent itself (asyncssh): no sshd in any image, no port on the host.
 
 ``RentalSshServer`` runs one SSH server connection per call of ``serve(rental_id, sock)`` over
-an already-connected socket (in production one end of a socketpair spliced to a relay stream).
+an already-connected socket, or over a renter's stream on the relay link itself (a ``Channel``, in production:
+``shared.streams.transport.ChannelTransport`` under asyncssh, no socket pair).
 Each rental has its own ed25519 host key, made once by ``prepare`` and kept (0600) with the
 renter's authorized keys under ``keys_dir/<rental_id>/`` until ``forget``: an agent restart
 serves the same key, which the renter's client pins.
@@ -60,6 +61,8 @@ from agent.state import atomic_write
 from agent.volumes import VolumeStore
 from shared import protocol, sshwire
 from shared.errors import BadRequest, ConfigError
+from shared.streams.aio import Channel
+from shared.streams.transport import StreamTunnel
 
 log = logging.getLogger(__name__)
 
@@ -281,24 +284,29 @@ class RentalSshServer:
 
     # ---- connections --------------------------------------------------------------------
 
-    async def serve(self, rental_id: str, sock: socket.socket) -> None:
-        """Run one SSH server connection over ``sock`` (already connected) until the client disconnects.
+    async def serve(self, rental_id: str, sock: socket.socket | Channel) -> None:
+        """Run one SSH server connection over ``sock`` (an already connected socket, or a stream of the agent's
+        link) until the client disconnects.
 
         Cancelling is safe: it closes the connection. Raises nothing for client misbehaviour
-        (logged); an unknown rental's socket is closed at once.
+        (logged); an unknown rental's socket is closed (its stream reset) at once.
         """
         if self._closed or not self.knows(rental_id):
             log.info("rental %s: SSH connection refused: %s", rental_id, "the agent is closing" if self._closed else "no such rental here")
-            sock.close()
+            _drop(sock)
             return
         if len(self._connections.get(rental_id, ())) >= self.max_connections_per_rental:
             log.info("rental %s: SSH connection refused: %d already open", rental_id, self.max_connections_per_rental)
-            sock.close()
+            _drop(sock)
             return
         connection = _Connection(self, rental_id)
+        # asyncssh's own entry for a connection it does not open: a socket, or a ``tunnel`` whose create_connection
+        # makes the transport (here over the stream itself).
+        tunnel = StreamTunnel(sock) if isinstance(sock, Channel) else None
         try:
             conn = await asyncssh.run_server(
-                sock, server_factory=lambda: connection, server_host_keys=[self._host_key(rental_id)],
+                None if isinstance(sock, Channel) else sock, **({"tunnel": tunnel} if tunnel else {}),
+                server_factory=lambda: connection, server_host_keys=[self._host_key(rental_id)],
                 public_key_auth=True, password_auth=False, kbdint_auth=False, gss_auth=False, host_based_auth=False,
                 agent_forwarding=False, x11_forwarding=False, allow_pty=True, line_editor=False, encoding=None,
                 login_timeout=self.login_timeout, connect_timeout=self.login_timeout,
@@ -310,9 +318,12 @@ class RentalSshServer:
             log.info("rental %s: SSH connection ended before login: %s", rental_id, exc)
         finally:
             if connection.conn is None:
-                sock.close()
+                _drop(sock)
             else:
                 connection.conn.abort()
+            if tunnel is not None and tunnel.transport is not None:
+                tunnel.transport.close()
+                await tunnel.transport.wait_closed()  # the stream's last bytes sent, the peer's end awaited (bounded)
 
     async def close_rental(self, rental_id: str) -> None:
         """The rental's workload stopped: end its open SSH connections and their sessions now. Cancelling is safe."""
@@ -577,6 +588,13 @@ class _Connection(asyncssh.SSHServer):
     def server_requested(self, listen_host: str, listen_port: int) -> bool:
         log.info("rental %s: remote forwarding (ssh -R) refused", self.rental_id)
         return False
+
+
+def _drop(sock: socket.socket | Channel) -> None:
+    if isinstance(sock, Channel):
+        sock.reset()
+    else:
+        sock.close()
 
 
 class _Refused(Exception):

@@ -8,8 +8,9 @@ header the rental, the port and the kind. The agent checks again what only it kn
   (``ContainerRuntime.open_port``: inside its network namespace when the agent may, else its
   address on its private network), nowhere else — never a port of the host. Process and hold
   rentals serve no ports (``NOT_OFFERED``). Nothing listening: ``CONNECT_FAILED``.
-* ``ssh``: the agent's own SSH server for the rental (``agent.reach.sshd``) over a socket pair; it keeps
-  serving SFTP after the workload exited, until the rental is released.
+* ``ssh``: the agent's own SSH server for the rental (``agent.reach.sshd``) over the stream itself (asyncssh on a
+  ``shared.streams.transport.ChannelTransport``: no socket pair); it keeps serving SFTP after the workload exited,
+  until the rental is released.
 
 Streams are counted per rental (at most ``max_streams_per_rental`` at once: ``AGENT_LIMIT``) and
 their bytes summed per rental for the master (``take_usage``, sent as ``tunnel_usage``). When a
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
 import socket
 import weakref
@@ -50,7 +50,7 @@ class SshServer(Protocol):
 
     def access_disabled(self, rental_id: str) -> bool: ...
 
-    async def serve(self, rental_id: str, sock: socket.socket) -> None: ...
+    async def serve(self, rental_id: str, sock: socket.socket | Channel) -> None: ...
 
 
 class TunnelServer:
@@ -161,21 +161,7 @@ class TunnelServer:
         if self.ssh is None or not self.ssh.knows(rental_id):
             channel.reset(TunnelCode.NOT_OFFERED)
             return
-        ours, theirs = socket.socketpair()
-        ours.setblocking(False)
-        theirs.setblocking(False)
-        server = asyncio.create_task(self.ssh.serve(rental_id, theirs), name=f"ssh-{rental_id}-{channel.stream_id}")
-        try:
-            reader, writer = await asyncio.open_connection(sock=ours)
-            await splice(channel, reader, writer)
-        finally:
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(2.0):
-                    await asyncio.shield(server)
-            server.cancel()
-            with contextlib.suppress(BaseException):
-                await server
-            theirs.close()
+        await self.ssh.serve(rental_id, channel)
 
     def close_rental(self, rental_id: str, code: int = TunnelCode.RENTAL_STOPPED) -> int:
         """Reset every stream of the rental now (it stopped); returns how many there were. ``RENTAL_STOPPED``: its

@@ -9,6 +9,10 @@ and written in a worker thread instead (they never block for long).
 
 ``aclose`` flushes what is left, then gives stdout's reader its EOF (``/dev/null`` takes the
 place of fd 1) and puts the descriptors' blocking mode back as it found it.
+
+``loop_kind`` says which event loop the process may run on: uvloop (``"auto"``) when stdin and stdout are both
+pipes or sockets (what ssh gives its ProxyCommand), asyncio's own otherwise: uvloop 0.23 aborts (SIGABRT) when
+stdout is a regular file written from a worker thread.
 """
 
 from __future__ import annotations
@@ -16,7 +20,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from typing import Protocol
+import stat
+from typing import Protocol, cast
+
+
+def loop_kind(*, stdin_fd: int = 0, stdout_fd: int = 1) -> str:
+    """``"auto"`` (uvloop where it imports) when both descriptors are pipes or sockets, else ``"asyncio"``."""
+    for fd in (stdin_fd, stdout_fd):
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError:
+            return "asyncio"
+        if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+            return "asyncio"
+    return "auto"
 
 
 class Source(Protocol):
@@ -61,8 +78,8 @@ class _PipeSink(asyncio.Protocol):
         self._lost = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.WriteTransport)
-        self._transport = transport
+        # A write pipe's transport; uvloop's is not registered as an ``asyncio.WriteTransport``, so no isinstance.
+        self._transport = cast(asyncio.WriteTransport, transport)
 
     def pause_writing(self) -> None:
         if self._resumed is None:

@@ -30,7 +30,8 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from gpumarket import __version__
 from gpumarket.renter.api import Client, CliError, load_login
 from gpumarket.renter.connect import SSH, Ticket, request_ticket
-from gpumarket.renter.stdio import Sink, Source, Stdio
+from gpumarket.renter.stdio import Sink, Source, Stdio, loop_kind
+from shared import eventloop
 
 EXIT_ERROR = 255  # what ssh exits with on its own errors
 CHUNK = 64 * 1024  # the most one binary message carries this way (the stream layer's MAX_DATA)
@@ -167,7 +168,9 @@ def run_tunnel(args: argparse.Namespace) -> None:
     """``gpumarket tunnel``: errors are one line on stderr and exit status 255."""
     try:
         login = load_login(args.config, os.environ)
-        asyncio.run(_main(args, Client(login, timeout=args.timeout)))
+        # uvloop when ssh gave us pipes or sockets (issue 42); asyncio's loop for a regular file or a terminal.
+        kind = "asyncio" if os.environ.get(eventloop.LOOP_ENV) == "asyncio" else loop_kind()
+        eventloop.run(_main(args, Client(login, timeout=args.timeout)), kind=kind)
     except CliError as exc:
         print(f"gpumarket: {exc.message}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_ERROR) from None

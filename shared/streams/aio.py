@@ -106,6 +106,20 @@ class Channel:
             self._writable.clear()
             await self._writable.wait()
 
+    def write_nowait(self, data: bytes | bytearray | memoryview) -> int:
+        """Buffer what fits of ``data`` in the stream's send buffer now, without waiting; how many bytes were taken
+        (the caller keeps the rest for ``write``). Raises as ``write`` does."""
+        if self._reset is not None:
+            raise self._reset
+        try:
+            taken = self.link.mux.send(self.stream_id, data)
+        except Exception as exc:  # StreamClosedError: closed, reset or forgotten
+            raise self._reset or BrokenPipeError(f"stream {self.stream_id} is closed for writing") from exc
+        if taken:
+            self.bytes_out += taken
+            self.link.kick()
+        return taken
+
     def close(self) -> None:
         """Finish this side's half (after what is buffered). Idempotent."""
         self.link.mux.close(self.stream_id)
