@@ -568,12 +568,9 @@ def cli_hint(executable: str | None = None, path: str | None = None) -> str:
 def try_rows(market: Marketplace) -> list[str]:
     """A newcomer's first rental from the CLI, each step one that works as printed: log in as the demo renter, register
     an SSH key (``gpumarket ssh`` says the same when there is none), rent the demo, SSH in."""
-    base = market.api_url.removesuffix("/api/v1")
-    return [
-        f"try       gpumarket login --api {base} <<< {market.credentials['renter']['api_key']}",
-        "          gpumarket ssh-key add   (~/.ssh/id_ed25519.pub; none yet? ssh-keygen -t ed25519 first)",
-        f"          gpumarket rent --template {demo.DEMO_TEMPLATE}, then gpumarket ssh RENTAL -- echo hi",
-    ]
+    return [f"try       gpumarket login --api {market.api_url.removesuffix('/api/v1')} <<< {market.credentials['renter']['api_key']}",
+            "          gpumarket ssh-key add   (~/.ssh/id_ed25519.pub; none yet? ssh-keygen -t ed25519 first)",
+            f"          gpumarket rent --template {demo.DEMO_TEMPLATE}, then gpumarket ssh RENTAL -- echo hi"]  # fmt: skip
 
 
 def _metrics_rows(market: Marketplace) -> list[str]:

@@ -42,17 +42,13 @@ import logging
 import shutil
 import socket
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 import asyncssh
-from asyncssh.stream import SSHTCPStreamSession
 
-from agent.reach.forward import EXITED, open_container_port, pump
-from agent.reach.sessions import run_as_rental_user, run_in_container
-from agent.reach.sftp import WorkspaceSFTPServer
-from agent.reach.volumefiles import run_volume_command
+from agent.reach.sshconn import VOLUME, SshConnection
 from agent.runtimes.base import WorkloadKind, check_rental_id
 from agent.runtimes.containeropts import WORKSPACE
 from agent.runtimes.manager import WorkloadManager
@@ -64,14 +60,13 @@ from shared.errors import BadRequest, ConfigError
 from shared.streams.aio import Channel
 from shared.streams.transport import StreamTunnel
 
+__all__ = ["VOLUME", "RentalSshServer"]
+
 log = logging.getLogger(__name__)
 
 HOST_KEY: Final = "host_key"
-VOLUME: Final = "volume"  # the kind of a volume's file-only session (agent.reach.volumefiles)
 RENTAL_FILE: Final = "rental.json"
-_PROHIBITED: Final = asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED
 MAX_LOGINS_KEPT: Final = 50  # fingerprints remembered per rental between two reports (an account has at most 50 keys)
-KEY_REMOVED: Final = "your SSH key was removed from this rental's account (or the account was disabled); ask its owner"
 NO_VERSION: Final = -1  # a list from before access versions (an older master or agent): any versioned list replaces it
 
 
@@ -119,11 +114,11 @@ class RentalSshServer:
         # Lists for rentals with no SSH server here yet (their start still runs): ``prepare`` takes the newer one.
         self._pending_access: OrderedDict[str, tuple[int, list[str]]] = OrderedDict()
         self._host_keys: dict[str, asyncssh.SSHKey] = {}
-        self._connections: dict[str, set[_Connection]] = {}
+        self.connections: dict[str, set[SshConnection]] = {}
         self._logins: dict[str, set[str]] = {}  # rental -> key fingerprints logged in since take_logins
         self._tasks: set[asyncio.Task[Any]] = set()  # sessions and forwards: cancelled by close_rental() and close()
         self._closed = False
-        self._setsid = shutil.which("setsid", path=TRUSTED_PATH)
+        self.setsid = shutil.which("setsid", path=TRUSTED_PATH)
 
     # ---- rentals ------------------------------------------------------------------------
 
@@ -209,7 +204,7 @@ class RentalSshServer:
     def _close_unlisted(self, rental_id: str, allowed: set[bytes]) -> int:
         """Disconnect the rental's connections whose login key (or key under check) is not in ``allowed``; how many."""
         closed = 0
-        for connection in list(self._connections.get(rental_id, ())):
+        for connection in list(self.connections.get(rental_id, ())):
             if connection.key is not None and connection.key.public_data not in allowed:
                 connection.revoke()
                 closed += 1
@@ -227,7 +222,7 @@ class RentalSshServer:
         self._host_keys.pop(rental_id, None)
         self._pending_access.pop(rental_id, None)
         shutil.rmtree(self.keys_dir / rental_id, ignore_errors=True)
-        for connection in list(self._connections.get(rental_id, ())):
+        for connection in list(self.connections.get(rental_id, ())):
             connection.close()
 
     def note_login(self, rental_id: str, fingerprint: str) -> None:
@@ -244,7 +239,7 @@ class RentalSshServer:
 
     def logged_in(self, rental_id: str) -> set[str]:
         """The key fingerprints of the rental's open connections that have logged in."""
-        return {c.fingerprint for c in self._connections.get(rental_id, ()) if c.fingerprint}
+        return {c.fingerprint for c in self.connections.get(rental_id, ()) if c.fingerprint}
 
     def knows(self, rental_id: str) -> bool:
         check_rental_id(rental_id)
@@ -295,11 +290,11 @@ class RentalSshServer:
             log.info("rental %s: SSH connection refused: %s", rental_id, "the agent is closing" if self._closed else "no such rental here")
             _drop(sock)
             return
-        if len(self._connections.get(rental_id, ())) >= self.max_connections_per_rental:
+        if len(self.connections.get(rental_id, ())) >= self.max_connections_per_rental:
             log.info("rental %s: SSH connection refused: %d already open", rental_id, self.max_connections_per_rental)
             _drop(sock)
             return
-        connection = _Connection(self, rental_id)
+        connection = SshConnection(self, rental_id)
         # asyncssh's own entry for a connection it does not open: a socket, or a ``tunnel`` whose create_connection
         # makes the transport (here over the stream itself).
         tunnel = StreamTunnel(sock) if isinstance(sock, Channel) else None
@@ -327,7 +322,7 @@ class RentalSshServer:
 
     async def close_rental(self, rental_id: str) -> None:
         """The rental's workload stopped: end its open SSH connections and their sessions now. Cancelling is safe."""
-        connections = list(self._connections.get(rental_id, ()))
+        connections = list(self.connections.get(rental_id, ()))
         tasks = {task for connection in connections for task in connection.tasks}
         for connection in connections:
             connection.close()
@@ -339,7 +334,7 @@ class RentalSshServer:
     async def close(self) -> None:
         """End every connection and wait for their sessions' tasks. Cancelling leaves them ending; call it again."""
         self._closed = True
-        for connections in list(self._connections.values()):
+        for connections in list(self.connections.values()):
             for connection in list(connections):
                 connection.close()
         tasks = set(self._tasks)
@@ -348,7 +343,7 @@ class RentalSshServer:
         if tasks:
             await asyncio.wait(tasks)
 
-    def own(self, connection: _Connection) -> Callable[[], None]:
+    def own(self, connection: SshConnection) -> Callable[[], None]:
         """Track the current task (a session or forward asyncssh started) until the returned call."""
         task = asyncio.current_task()
         assert task is not None
@@ -401,217 +396,8 @@ def _parse_key(line: str) -> asyncssh.SSHKey:
                          code="bad_authorized_key") from None
 
 
-class _Connection(asyncssh.SSHServer):
-    """One client's connection to one rental: its login, sessions and forwards, within the server's limits."""
-
-    def __init__(self, server: RentalSshServer, rental_id: str) -> None:
-        self.server = server
-        self.rental_id = rental_id
-        self.conn: asyncssh.SSHServerConnection | None = None
-        self.tasks: set[asyncio.Task[Any]] = set()
-        self.username = ""
-        self.key: asyncssh.SSHKey | None = None  # the last key accepted for this login: the one it logged in with
-        self.fingerprint = ""  # the login key's SHA256 fingerprint, once logged in
-        self.sessions = 0
-        self.channels = 0
-
-    def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
-        self.conn = conn
-        self.server._connections.setdefault(self.rental_id, set()).add(self)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        connections = self.server._connections.get(self.rental_id)
-        if connections is not None:
-            connections.discard(self)
-            if not connections:
-                del self.server._connections[self.rental_id]
-        for task in list(self.tasks):
-            task.cancel()
-        if exc is not None:
-            log.info("rental %s: SSH connection lost: %s", self.rental_id, exc)
-
-    def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-
-    def revoke(self) -> None:
-        """Its key no longer opens the rental: disconnect, telling the client why; its sessions end with it."""
-        log.info("rental %s: SSH connection with key %s closed: the key is no longer authorized", self.rental_id,
-                 self.fingerprint or (self.key.get_fingerprint("sha256") if self.key is not None else "?"))  # fmt: skip
-        if self.conn is not None:
-            self.conn.disconnect(asyncssh.DISC_BY_APPLICATION, KEY_REMOVED)
-
-    # ---- login --------------------------------------------------------------------------
-
-    def begin_auth(self, username: str) -> bool:
-        self.username = username
-        return True
-
-    def password_auth_supported(self) -> bool:
-        return False
-
-    def kbdint_auth_supported(self) -> bool:
-        return False
-
-    def public_key_auth_supported(self) -> bool:
-        return True
-
-    def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
-        if key.public_data in self.server.authorized(self.rental_id):
-            self.key = key
-            return True
-        log.info("rental %s: SSH key %s refused", self.rental_id, key.get_fingerprint("sha256"))
-        return False
-
-    def auth_completed(self) -> None:
-        fingerprint = "?" if self.key is None else self.key.get_fingerprint("sha256")
-        self.fingerprint = fingerprint
-        log.info("rental %s: SSH login as %r with key %s", self.rental_id, self.username, fingerprint)
-        if self.key is not None:
-            self.server.note_login(self.rental_id, fingerprint)
-
-    # ---- sessions -----------------------------------------------------------------------
-
-    def session_requested(self) -> asyncssh.SSHServerSession[bytes]:
-        kind: str | None = VOLUME if self.server.is_volume(self.rental_id) else self.server.kind_of(self.rental_id)
-        if kind is None or kind == "hold":
-            what = "a hold rental" if kind == "hold" else "it is not known here"
-            raise asyncssh.ChannelOpenError(_PROHIBITED, f"rental {self.rental_id} runs nothing to log into ({what})")
-        if self.sessions >= self.server.max_sessions_per_connection or self.channels >= self.server.max_channels_per_connection:
-            raise asyncssh.ChannelOpenError(
-                asyncssh.OPEN_RESOURCE_SHORTAGE,
-                f"at most {self.server.max_sessions_per_connection} sessions per connection; close one or connect again",
-            )
-        self.sessions += 1
-        self.channels += 1
-        return _Session(self, kind)
-
-    def session_ended(self) -> None:
-        self.sessions -= 1
-        self.channels -= 1
-
-    async def run(self, process: asyncssh.SSHServerProcess[bytes]) -> None:
-        """A shell or command (SFTP and scp never come here): run it where the rental's workload runs."""
-        done = self.server.own(self)
-        try:
-            process.exit(await self._run(process))
-        except _Refused as refusal:
-            process.stderr.write(f"{refusal}\r\n".encode() if process.term_type else f"{refusal}\n".encode())
-            process.exit(1)
-        except (asyncssh.Error, ConnectionError, BrokenPipeError) as exc:
-            log.info("rental %s: SSH session ended: %s", self.rental_id, exc)
-        except Exception:
-            log.exception("rental %s: SSH session failed", self.rental_id)
-            with contextlib.suppress(Exception):
-                process.stderr.write(b"the agent failed to run this session; see the host's agent log\n")
-                process.exit(255)
-        finally:
-            done()
-
-    async def _run(self, process: asyncssh.SSHServerProcess[bytes]) -> int:
-        if self.server.is_volume(self.rental_id):
-            root, _, owner = await self.server.workspace(self.rental_id, VOLUME)
-            assert self.server.volumes is not None and owner is not None
-            return await run_volume_command(process, root, owner, self.server.volumes.root / ".jail")
-        access = self.server.workloads.access(self.rental_id)
-        if access is None or not access.running:
-            raise _Refused(EXITED)
-        what = process.command if process.command is not None else "a shell"
-        log.info("rental %s: SSH session runs %s%s", self.rental_id, what[:200], " on a PTY" if process.term_type else "")
-        if access.kind == "container" and access.container_id:
-            return await run_in_container(process, self.server.workloads.containers.docker(), access.container_id, exit_timeout=self.server.exit_timeout)
-        if access.kind == "process":
-            users = self.server.workloads.processes.users
-            user = None if users is None else users.lookup(self.rental_id)
-            if users is None or user is None or access.uid is None:
-                raise _Refused(
-                    f"rental {self.rental_id} runs as the agent's own user on this host; SSH reaches only process rentals "
-                    "with a uid of their own (the provider runs the agent as root)"
-                )
-            if self._setsid is None and process.term_type:
-                raise _Refused("this host lacks util-linux's setsid for a terminal; run a command without -t")
-            return await run_as_rental_user(process, access, user, users.tools, setsid=self._setsid or "setsid")
-        raise _Refused(f"rental {self.rental_id} runs nothing to log into (a hold rental)")
-
-    @property
-    def _setsid(self) -> str | None:
-        return self.server._setsid
-
-    async def sftp(self, chan: asyncssh.SSHServerChannel[bytes], kind: str) -> asyncssh.SFTPServer:
-        try:
-            root, alias, owner = await self.server.workspace(self.rental_id, kind)
-        except BadRequest as exc:
-            log.info("rental %s: SFTP refused: %s", self.rental_id, exc.message)
-            with contextlib.suppress(OSError, asyncssh.Error):
-                chan.write_stderr(f"{exc.message}\n".encode())
-                chan.exit(1)
-            # The channel is closed: end asyncssh's task for it quietly, before any SFTP server exists.
-            raise asyncio.CancelledError from None
-        log.info("rental %s: SFTP session in %s", self.rental_id, root)
-        return WorkspaceSFTPServer(chan, root, alias=alias, owner=owner)
-
-    # ---- forwarding ---------------------------------------------------------------------
-
-    def connection_requested(self, dest_host: str, dest_port: int, orig_host: str, orig_port: int) -> Any:
-        # asyncssh awaits what this returns (channel._finish_open_request): the refusal may come after a look-up.
-        return self._forward(dest_host, dest_port)
-
-    async def _forward(self, dest_host: str, dest_port: int) -> asyncssh.SSHTCPSession[bytes]:
-        if self.server.kind_of(self.rental_id) != "container":
-            raise asyncssh.ChannelOpenError(
-                _PROHIBITED, f"rental {self.rental_id} declares no ports: only a container rental's ports can be forwarded (ssh -L)"
-            )
-        if self.channels >= self.server.max_channels_per_connection:
-            raise asyncssh.ChannelOpenError(asyncssh.OPEN_RESOURCE_SHORTAGE, f"at most {self.server.max_channels_per_connection} channels per connection")
-        reader, writer = await open_container_port(
-            self.server.workloads.containers, self.rental_id, dest_host, dest_port, timeout=self.server.login_timeout
-        )
-        self.channels += 1
-        log.info("rental %s: SSH forward to port %d of its container", self.rental_id, dest_port)
-        return SSHTCPStreamSession[bytes](lambda chan_reader, chan_writer: self._pump(reader, writer, chan_reader, chan_writer))
-
-    async def _pump(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-        chan_reader: asyncssh.SSHReader[bytes], chan_writer: asyncssh.SSHWriter[bytes],
-    ) -> None:
-        done = self.server.own(self)
-        try:
-            await pump(reader, writer, chan_reader, chan_writer)
-        except (OSError, asyncssh.Error) as exc:
-            log.info("rental %s: SSH forward ended: %s", self.rental_id, exc)
-        finally:
-            self.channels -= 1
-            writer.close()
-            chan_writer.close()
-            done()
-
-    def server_requested(self, listen_host: str, listen_port: int) -> bool:
-        log.info("rental %s: remote forwarding (ssh -R) refused", self.rental_id)
-        return False
-
-
 def _drop(sock: socket.socket | Channel) -> None:
     if isinstance(sock, Channel):
         sock.reset()
     else:
         sock.close()
-
-
-class _Refused(Exception):
-    """A session this rental cannot run, and the line that tells the client why."""
-
-
-class _Session(asyncssh.SSHServerProcess[bytes]):
-    """A session channel: a shell or command (``_Connection.run``), or SFTP/scp in the workspace."""
-
-    def __init__(self, connection: _Connection, kind: str) -> None:
-        def sftp(chan: asyncssh.SSHServerChannel[bytes]) -> Awaitable[asyncssh.SFTPServer]:
-            return connection.sftp(chan, kind)
-
-        super().__init__(connection.run, sftp, 3, True)  # type: ignore[arg-type]
-        self._connection = connection
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        super().connection_lost(exc)
-        self._connection.session_ended()
-
