@@ -16,7 +16,8 @@ Processes (``--layout``): by default the relay runs in a child process of its ow
 the rental's server in this one, as in production, where the relay and the agent are separate
 machines (the rental's program is on the agent's). ``--layout one-process`` puts the relay in this
 process and its event loop too (one core for both hops: a lower bound). The renter runs in a child
-process either way. On a 2-core machine the three processes share the two cores.
+process either way, and the keystrokes of figure 3 in a second one (an interactive ``ssh`` has a ProxyCommand of its
+own beside an ``scp``'s). On a 2-core machine the processes share the two cores.
 
 Figures:
 
@@ -27,8 +28,9 @@ Figures:
    other work shares, it says what a cut saved where the throughput swings with the load.
 2. Round trip: a 64-byte request echoed by the rental, p50/p99 over ``--round-trips``, against the
    same echo over direct TCP; blocks of 100 interleaved. Goal: p50 added under 1 ms.
-3. A keystroke (1 byte, echoed) every 10 ms while 20 bulk copies (10 each way) share the agent
-   link, p50/p99/max; the same with 20 direct TCP copies as baseline. Goal: p99 under 20 ms.
+3. A keystroke (1 byte, echoed) every 10 ms, from a renter process of its own, while 20 bulk copies (10 each way)
+   from the other share the agent link, p50/p99/max; the same with 20 direct TCP copies as baseline. Goal: p99 under
+   20 ms.
    Meanwhile the agent's heartbeats (every ``--heartbeat-interval`` s, the relay's welcome sets
    it) are timed from the spool write to the relay's ack, against the same at rest.
 
@@ -463,46 +465,53 @@ class Renter:
             got += len(await ws.recv())
         return (time.perf_counter() - started) * 1e3
 
-    async def contention(self, path: str, copies: int, seconds: float) -> dict[str, Any]:
-        """Keystrokes echoed every KEYSTROKE_EVERY while ``copies`` bulk copies (half each way) run."""
-        moved = [0]
+    async def start_copies(self, path: str, copies: int) -> None:
+        """Start ``copies`` endless bulk copies (half each way), direct or through the relay; ``stop_copies`` ends them."""
+        self.moved = [0]
         ops = []
         for i in range(copies):
             direction = "upload" if i % 2 == 0 else "download"
             if path == "direct":
-                ops.append(getattr(self, f"{direction}_direct")(ENDLESS, moved))
+                ops.append(getattr(self, f"{direction}_direct")(ENDLESS, self.moved))
             else:
-                ops.append(getattr(self, f"{direction}_tunnel")(ENDLESS, moved, i % RENTALS))
-        copiers = [asyncio.ensure_future(op) for op in ops]
+                ops.append(getattr(self, f"{direction}_tunnel")(ENDLESS, self.moved, i % RENTALS))
+        self.copiers = [asyncio.ensure_future(op) for op in ops]
+        await asyncio.sleep(0.5)  # every copy under way
+        if failed := [c for c in self.copiers if c.done()]:
+            failed[0].result()
+            raise RuntimeError("a bulk copy ended early")
+        self.copies_from = (self.moved[0], time.perf_counter())
+
+    async def stop_copies(self) -> float:
+        """End the copies ``start_copies`` began; the bytes per second they moved meanwhile."""
+        moved_before, started = self.copies_from
+        rate = (self.moved[0] - moved_before) / (time.perf_counter() - started)
+        for copier in self.copiers:
+            copier.cancel()
+        await asyncio.gather(*self.copiers, return_exceptions=True)
+        return rate
+
+    async def keystrokes(self, path: str, seconds: float) -> list[float]:
+        """A keystroke (1 byte, echoed) every KEYSTROKE_EVERY for ``seconds``: the round trips (ms). Run from a renter
+        process of its own beside the one whose copies load the link, as an interactive ``ssh`` has its own
+        ProxyCommand beside an ``scp``'s."""
         rtts: list[float] = []
-        try:
-            await asyncio.sleep(0.5)  # every copy under way
-            if (failed := [c for c in copiers if c.done()]):
-                failed[0].result()
-                raise RuntimeError("a bulk copy ended early")
-            moved_before, started = moved[0], time.perf_counter()
-            if path == "direct":
-                reader, writer = await self.direct()
-                writer.write(HEADER.pack(b"E", 0))
+        if path == "direct":
+            reader, writer = await self.direct()
+            writer.write(HEADER.pack(b"E", 0))
+            deadline = time.perf_counter() + seconds
+            while time.perf_counter() < deadline:
+                rtts.append(await self._direct_round_trip(reader, writer, b"k"))
+                await asyncio.sleep(KEYSTROKE_EVERY)
+            writer.close()
+        else:
+            async with self.tunnel(RENTALS) as ws:
+                await ws.send(HEADER.pack(b"E", 0))
                 deadline = time.perf_counter() + seconds
                 while time.perf_counter() < deadline:
-                    rtts.append(await self._direct_round_trip(reader, writer, b"k"))
+                    rtts.append(await self._tunnel_round_trip(ws, b"k"))
                     await asyncio.sleep(KEYSTROKE_EVERY)
-                writer.close()
-            else:
-                async with self.tunnel(RENTALS) as ws:
-                    await ws.send(HEADER.pack(b"E", 0))
-                    deadline = time.perf_counter() + seconds
-                    while time.perf_counter() < deadline:
-                        rtts.append(await self._tunnel_round_trip(ws, b"k"))
-                        await asyncio.sleep(KEYSTROKE_EVERY)
-            elapsed = time.perf_counter() - started
-            bulk_rate = (moved[0] - moved_before) / elapsed
-        finally:
-            for copier in copiers:
-                copier.cancel()
-            await asyncio.gather(*copiers, return_exceptions=True)
-        return {"rtts": rtts, "bulk_bytes_per_s": bulk_rate}
+        return rtts
 
 
 async def renter_main() -> None:
@@ -536,19 +545,31 @@ LAYOUTS = {
 
 async def run(args: argparse.Namespace) -> int:
     print(describe_machine(with_openssl=True))
-    print(f"layout: {LAYOUTS[args.layout]} ({loop_name()}; both hops TLS); the renter in a child process; "
+    print(f"layout: {LAYOUTS[args.layout]} ({loop_name()}; both hops TLS); the renter in a child process, its keystrokes in another; "
           f"the agent offers {args.stream_data // 1024} KiB DATA frames")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="gm-bench-tunnel-") as tmp:
         async with host_side(Path(tmp), args) as (settings, acks, relay):
             child = await Child.spawn(__file__, "--renter", "--loop", args.loop)
+            typist = await Child.spawn(__file__, "--renter", "--loop", args.loop)  # the keystrokes' own process
             try:
                 await child.send(settings)
-                return await report(args, child, acks, relay)
+                await typist.send(settings)
+                return await report(args, child, typist, acks, relay)
             finally:
-                await child.stop()
+                await asyncio.gather(child.stop(), typist.stop())
 
 
-async def report(args: argparse.Namespace, child: Child, acks: AckTimes, relay: RelayHere | RelayProcess) -> int:
+async def contention(child: Child, typist: Child, path: str, seconds: float) -> dict[str, Any]:
+    """Keystrokes from ``typist`` while ``child`` runs COPIES bulk copies (half each way), ``path`` direct or tunnel."""
+    await child.ask("start_copies", path=path, copies=COPIES)
+    try:
+        rtts = await typist.ask("keystrokes", path=path, seconds=seconds)
+    finally:
+        rate = await child.ask("stop_copies")
+    return {"rtts": rtts, "bulk_bytes_per_s": rate}
+
+
+async def report(args: argparse.Namespace, child: Child, typist: Child, acks: AckTimes, relay: RelayHere | RelayProcess) -> int:
     size = args.mb * MiB
     # 1. Bulk.
     print(f"\nbulk: {args.mb} MiB each way in {CHUNK // 1024} KiB messages/writes, one connection")
@@ -584,10 +605,10 @@ async def report(args: argparse.Namespace, child: Child, acks: AckTimes, relay: 
     idle_start = time.perf_counter()
     await asyncio.sleep(args.seconds / 2)
     idle_end = time.perf_counter()
-    direct = await child.ask("contention", path="direct", copies=COPIES, seconds=args.seconds)
+    direct = await contention(child, typist, "direct", args.seconds)
     loaded_start = time.perf_counter()
     async with LoopLag().running() as lags:
-        tunnel = await child.ask("contention", path="tunnel", copies=COPIES, seconds=args.seconds)
+        tunnel = await contention(child, typist, "tunnel", args.seconds)
     loaded_end = time.perf_counter()
     print(f"\nkeystroke: 1 byte echoed every {KEYSTROKE_EVERY * 1e3:.0f} ms for {args.seconds:g} s beside "
           f"{COPIES} bulk copies ({COPIES // 2} each way) (ms)")  # fmt: skip
