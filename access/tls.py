@@ -44,6 +44,7 @@ from websockets.asyncio.server import Server, ServerConnection
 from websockets.frames import Frame
 from websockets.server import ServerProtocol
 
+from access.keepalive import Keepalive
 from shared.crypto import host_id_from_der, serial_hex_from_der
 
 # Each loop's buffer, as the memoryview asyncio reads into (it keeps the bytearray alive).
@@ -101,12 +102,14 @@ def no_session_tickets(context: ssl.SSLContext) -> None:
     context.num_tickets = 0
 
 
-def tracking_connection_class(tracked: set[ServerConnection], tls_read_limit: int) -> type[ServerConnection]:
+def tracking_connection_class(tracked: set[ServerConnection], tls_read_limit: int,
+                              keepalive: Keepalive | None = None) -> type[ServerConnection]:
     """A ``ServerConnection`` that is in ``tracked`` from the moment its TLS handshake completes
     until it is lost, so a drain can drop one stuck before or after its websocket handshake
     (websockets' own ``all_connections`` only holds those past it). It reads through its loop's
     shared TLS read buffer, holds at most ``tls_read_limit`` received bytes not yet decrypted, keeps
-    no decoded peer certificate and parses with ``ReleasingServerProtocol``."""
+    no decoded peer certificate and parses with ``ReleasingServerProtocol``. With a ``keepalive``,
+    that is what pings it once its opening handshake is done (serve it with ``ping_interval=None``)."""
 
     class TrackedConnection(ServerConnection):
         def __init__(self, protocol: ServerProtocol, server: Server, **kwargs: Any) -> None:
@@ -121,8 +124,16 @@ def tracking_connection_class(tracked: set[ServerConnection], tls_read_limit: in
             forget_peercert_dict(transport)
             tracked.add(self)
 
+        def start_keepalive(self) -> None:  # websockets calls it once the opening handshake is done
+            if keepalive is not None:
+                keepalive.add(self)
+            else:
+                super().start_keepalive()
+
         def connection_lost(self, exc: Exception | None) -> None:
             tracked.discard(self)
+            if keepalive is not None:
+                keepalive.discard(self)
             super().connection_lost(exc)
 
     return TrackedConnection
