@@ -29,6 +29,9 @@ Limits (each a keyword argument of ``Relay`` and an ``AccessSettings`` field):
   reconnecting agent never replays what was already forwarded.
 * ``max_connections`` agents at once (4009 beyond), ``max_outbound_queue`` frames queued
   for one agent (4007 beyond), ``max_frame`` bytes per frame (1009 beyond).
+* every websocket (agent, renter, speed test) is pinged every ``ping_interval`` seconds and closed
+  with 1011 without a pong within ``ping_timeout`` seconds, by one task for the whole relay
+  (``access.keepalive``), not websockets' task per connection.
 * per connection buffers: ``max_queue`` received frames not yet read (then websockets stops
   reading), ``write_limit`` bytes written but not yet sent (then the agent's receive loop
   waits: an agent that does not read its acks stops being read, see ``access.agentlink``),
@@ -45,7 +48,7 @@ Shutdown sequence (``close``): publish ``draining`` → stop accepting (a handsh
 gets HTTP 503) → send every agent in session a ``move`` frame, after the acks already queued
 for it, then close it with 1001 (speed tests: 1001) → wait for the handlers, at most
 ``drain_timeout`` seconds, then drop whatever is left → stop the command consumer and the
-registry tasks → remove the record from the registry.
+registry tasks and the keepalive → remove the record from the registry.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ from access import speedtest
 from access.agentlink import AgentLink, StreamOptions, close_reason, forget_handshake
 from access.commands import COMMAND_GROUP, consume_commands, deliver
 from access.forwarding import decode_agent_frame, encode_ack, encode_bus_envelope
+from access.keepalive import Keepalive
 from access.registration import RegistryLink, stop_task
 from access.tls import no_session_tickets, peer_identity, tracking_connection_class
 from access.tunnels import RenterGate, refusal_response
@@ -212,6 +216,9 @@ class Relay:
         self._port: int | None = None
         self._closers: set[asyncio.Task[None]] = set()
         self._consumer: asyncio.Task[None] | None = None
+        # One task pings every websocket (agents, renters, speed tests), not one task per connection.
+        self.keepalive = Keepalive(ping_interval=ping_interval, ping_timeout=ping_timeout, close_timeout=close_timeout)
+        self._keepalive: asyncio.Task[None] | None = None
         self._registration = (
             RegistryLink(registry, relay_id=relay_id, record=self.record, on_revoked=self._close_revoked,
                          register_interval=register_interval, revocation_poll_interval=revocation_poll_interval,
@@ -237,16 +244,16 @@ class Relay:
             ssl_handshake_timeout=self.open_timeout,
             process_request=self._process_request,
             open_timeout=self.open_timeout,
-            ping_interval=self.ping_interval,
-            ping_timeout=self.ping_timeout,
+            ping_interval=None,  # self.keepalive pings them all
             close_timeout=self.close_timeout,
             max_size=self.max_frame,
             max_queue=self.max_queue,
             write_limit=self.write_limit,
             compression=None,
             server_header=None,
-            create_connection=tracking_connection_class(self._open_connections, self.tls_read_limit),
+            create_connection=tracking_connection_class(self._open_connections, self.tls_read_limit, self.keepalive),
         )
+        self._keepalive = asyncio.create_task(self.keepalive.run(), name=f"relay-{self.relay_id}-keepalive")
         self._port = int(self._server.sockets[0].getsockname()[1])
         if self.web_ports is not None:
             await self.web_ports.start()
@@ -314,7 +321,8 @@ class Relay:
             self._tell_everyone_to_move()  # 3. move, then close 1001
             await self._wait_for_handlers(self._server)  # 4. wait for handlers (bounded)
         finally:
-            await stop_task(self._consumer)  # 5. stop the command consumer
+            await stop_task(self._consumer)  # 5. stop the command consumer and the keepalive
+            await stop_task(self._keepalive)
             if self._registration is not None:  # 6. stop revocation polling, leave the registry
                 await self._registration.stop()
             log.info("relay %s closed", self.relay_id)

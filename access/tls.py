@@ -23,6 +23,12 @@
   telemetry frame is ~7 KB): an idle agent would cost the relay its last frame.
   ``ReleasingServerProtocol`` hands the rest of websockets a new ``Frame`` sharing the payload
   and empties the parser's own once it is passed on.
+* **No empty deques.** An empty ``collections.deque`` keeps a 64-slot block (760 bytes with its
+  header), and a connection has three that are nearly always empty: websockets' ``drain_waiters``
+  and its received frames' queue, asyncio's TLS ``_write_backlog``. ``use_small_queues`` swaps them
+  for lists (``SmallQueue``, a list with ``popleft``/``extendleft``: 56 bytes empty), which do what
+  their users ask of them (append, iterate, remove, index, delete the first) for the few items they
+  hold; ``tests/test_relay_memory.py`` checks they are in place and the connection still works.
 * **No session tickets.** A TLS 1.3 server sends two tickets after each handshake (each an
   encryption of the session, client certificate included) so clients can resume; agents never
   resume (they hold one long connection, and a new one is a full handshake with the client
@@ -36,14 +42,17 @@ still behaves as this module expects. The read size (``SSLProtocol.max_size``) i
 from __future__ import annotations
 
 import asyncio
+import collections
 import ssl
 import weakref
+from collections.abc import Iterable
 from typing import Any
 
 from websockets.asyncio.server import Server, ServerConnection
 from websockets.frames import Frame
 from websockets.server import ServerProtocol
 
+from access.keepalive import Keepalive
 from shared.crypto import host_id_from_der, serial_hex_from_der
 
 # Each loop's buffer, as the memoryview asyncio reads into (it keeps the bytearray alive).
@@ -83,6 +92,33 @@ def forget_peercert_dict(transport: asyncio.BaseTransport) -> bool:
     return isinstance(extra, dict) and extra.pop("peercert", None) is not None
 
 
+class SmallQueue(list[Any]):
+    """A list with the two ``deque`` methods websockets' ``SimpleQueue`` uses, for queues of a few items."""
+
+    __slots__ = ()
+
+    def popleft(self) -> Any:
+        return self.pop(0)
+
+    def extendleft(self, items: Iterable[Any]) -> None:
+        self[:0] = list(items)[::-1]  # as deque.extendleft: each item in turn to the left
+
+
+def use_small_queues(connection: ServerConnection) -> bool:
+    """Swap a connection's empty deques for ``SmallQueue``s (see the module docstring); ``False`` where one
+    is not an empty deque where expected (another websockets or asyncio), and left as it is."""
+    swapped = True
+    holders = ((connection, "drain_waiters"), (getattr(connection.recv_messages, "frames", None), "queue"),
+               (getattr(connection.transport, "_ssl_protocol", None), "_write_backlog"))
+    for holder, name in holders:
+        current = getattr(holder, name, None)
+        if isinstance(current, collections.deque) and not current:
+            setattr(holder, name, SmallQueue())
+        else:
+            swapped = False
+    return swapped
+
+
 class ReleasingServerProtocol(ServerProtocol):
     """websockets' server protocol, except that the frame its parser keeps until the next one
     arrives no longer holds its payload once passed on (see the module docstring).
@@ -101,12 +137,14 @@ def no_session_tickets(context: ssl.SSLContext) -> None:
     context.num_tickets = 0
 
 
-def tracking_connection_class(tracked: set[ServerConnection], tls_read_limit: int) -> type[ServerConnection]:
+def tracking_connection_class(tracked: set[ServerConnection], tls_read_limit: int,
+                              keepalive: Keepalive | None = None) -> type[ServerConnection]:
     """A ``ServerConnection`` that is in ``tracked`` from the moment its TLS handshake completes
     until it is lost, so a drain can drop one stuck before or after its websocket handshake
     (websockets' own ``all_connections`` only holds those past it). It reads through its loop's
     shared TLS read buffer, holds at most ``tls_read_limit`` received bytes not yet decrypted, keeps
-    no decoded peer certificate and parses with ``ReleasingServerProtocol``."""
+    no decoded peer certificate and parses with ``ReleasingServerProtocol``. With a ``keepalive``,
+    that is what pings it once its opening handshake is done (serve it with ``ping_interval=None``)."""
 
     class TrackedConnection(ServerConnection):
         def __init__(self, protocol: ServerProtocol, server: Server, **kwargs: Any) -> None:
@@ -119,10 +157,19 @@ def tracking_connection_class(tracked: set[ServerConnection], tls_read_limit: in
             share_read_buffer(transport)  # called once the TLS handshake is done
             limit_tls_reads(transport, tls_read_limit)
             forget_peercert_dict(transport)
+            use_small_queues(self)
             tracked.add(self)
+
+        def start_keepalive(self) -> None:  # websockets calls it once the opening handshake is done
+            if keepalive is not None:
+                keepalive.add(self)
+            else:
+                super().start_keepalive()
 
         def connection_lost(self, exc: Exception | None) -> None:
             tracked.discard(self)
+            if keepalive is not None:
+                keepalive.discard(self)
             super().connection_lost(exc)
 
     return TrackedConnection

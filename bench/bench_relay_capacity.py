@@ -22,8 +22,12 @@ acks they read in that window and each one's latency (frame sent → its ack rea
 
 Servers, one child each:
 
-* ``relay``: ``access.relay.Relay`` as ``gpumarket access`` runs it (TLS, client certificates,
-  16 KiB TLS reads through one shared buffer, decode, bus, acks).
+* ``relay``: ``access.relay.Relay`` as ``gpumarket access`` runs it on asyncio's own loop
+  (``GPUMARKET_EVENT_LOOP=asyncio``: TLS, client certificates, 16 KiB TLS reads through one shared
+  buffer, decode, bus, acks).
+* ``relay-uvloop``: the same on uvloop, ``gpumarket access``'s default loop (``auto``): uvloop's TLS
+  protocol has a read buffer of its own per connection (256 KiB, malloc'd: resident as far as reads
+  fill it), which ``access.tls`` cannot share.
 * ``relay-256k``: the same with CPython's 256 KiB TLS reads (the ``upload MB/s`` column, a
   speed-test upload of ``--bulk-mib`` MiB in 1 MiB frames, shows what the read size costs bulk).
 * ``echo-tls``: a plain ``websockets`` server over TLS with client certificates that answers each
@@ -86,6 +90,7 @@ from _common import (
     write_agent_key,
 )
 
+from shared import eventloop
 from shared.bus import InProcessBus
 from shared.crypto import CertificateAuthority, server_ssl_context
 from shared.settings import AccessSettings
@@ -97,7 +102,8 @@ BUS_RECORDS = 50  # what the child's InProcessBus keeps (a few KB each): Redis's
 RESERVED_FILES = 64  # a process's own files besides its sockets: listener, epoll, pipes, libraries
 ECHO_ACK = protocol.encode(protocol.Ack(body=protocol.AckBody(seq=0)))
 SERVERS = {
-    "relay": "Relay, as `gpumarket access` runs it",
+    "relay": "Relay, as `gpumarket access` runs it (asyncio)",
+    "relay-uvloop": "Relay on uvloop (`gpumarket access`'s default)",
     "relay-256k": "Relay, 256 KiB TLS reads (CPython's)",
     "echo": "websockets echo, no TLS",
     "echo-tls": "websockets echo, TLS",
@@ -143,7 +149,7 @@ def serve_child(spec: ServerSpec, control: Connection, results: Connection) -> N
     raise_open_files_limit()
     if spec.name == "relay":
         set_tls_read_buffer(AccessSettings().tls_read_buffer_kib)  # as serve_access does
-    asyncio.run(_serve(spec, control, results))
+    eventloop.run(_serve(spec, control, results), kind="uvloop" if spec.name == "relay-uvloop" else "asyncio")
 
 
 async def _echo(connection: ServerConnection) -> None:
@@ -553,17 +559,19 @@ def print_report(runs: list[ServerRun], interval: float) -> None:
         "  drain s: Relay.close() with every agent connected (move + close 1001 to each), or the echo server's close."
     )
     steps = {run.name: run.steps[-1] for run in runs if run.steps}
-    for relay in ("relay", "relay-256k"):
+    for relay in ("relay", "relay-uvloop", "relay-256k"):
         if relay in steps and "echo-tls" in steps and steps[relay].agents == steps["echo-tls"].agents:
             ratio = steps[relay].cpu_us_per_msg / steps["echo-tls"].cpu_us_per_msg
             print(f"  {relay} / echo-tls CPU per message at {steps[relay].agents:,} agents: {ratio:.2f}×")
-    if "relay" in steps:
-        step, echo = steps["relay"], steps.get("echo-tls")
+    for relay, what in (("relay", "relay process"), ("relay-uvloop", "relay process on uvloop")):
+        if relay not in steps:
+            continue
+        step, echo = steps[relay], steps.get("echo-tls")
         same = echo is not None and echo.agents == step.agents
-        record("relay_capacity", f"relay process with {step.agents:,} agents at the protocol's periods: CPU per message",
+        record("relay_capacity", f"{what} with {step.agents:,} agents at the protocol's periods: CPU per message",
                step.cpu_us_per_msg, "µs", "websockets TLS echo" if same else None, echo.cpu_us_per_msg if same and echo else None,
                f"ack p99 {step.p99_ms:.0f} ms", component="relay")  # fmt: skip
-        record("relay_capacity", f"relay process with {step.agents:,} agents: memory per agent", step.rss_per_agent_kib,
+        record("relay_capacity", f"{what} with {step.agents:,} agents: memory per agent", step.rss_per_agent_kib,
                "KiB", "websockets TLS echo" if same else None, echo.rss_per_agent_kib if same and echo else None,
                "goal ≤ 40 KiB", component="relay")  # fmt: skip
 

@@ -5,6 +5,7 @@ no TLS read buffer of its own; an agent that does not read cannot make the relay
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import fcntl
 import gc
@@ -107,6 +108,36 @@ class TestIdleAgent:
             assert not tls.share_read_buffer(writer.transport)
             writer.close()
         assert loop.is_running()
+
+    async def test_a_connection_keeps_no_empty_deque(
+        self, start_relay: StartRelay, ca: CertificateAuthority, tmp_path: Path, stack: contextlib.AsyncExitStack,
+    ) -> None:
+        """websockets' drain waiters and frame queue and asyncio's TLS write backlog are small lists (an empty
+        deque is 760 bytes), and frames still flow both ways through them."""
+        relay = await start_relay()
+        agent = await _connect(relay, ca, tmp_path, stack, "h-queues")
+        connection = relay.agents["h-queues"].connection
+        queues = (connection.drain_waiters, connection.recv_messages.frames.queue,
+                  connection.transport._ssl_protocol._write_backlog)  # type: ignore[attr-defined]
+        assert all(type(queue) is tls.SmallQueue for queue in queues)
+        for _ in range(3):
+            await agent.expect_ack(await agent.send_heartbeat())
+        for _ in range(20):  # several frames queued at once, read in order
+            await agent.ws.send(agent.heartbeat()[1])
+        seqs = []
+        for _ in range(20):
+            ack = await agent.recv()
+            assert isinstance(ack, protocol.Ack)
+            seqs.append(ack.body.seq)
+        assert seqs == sorted(seqs) and len(set(seqs)) == 20
+
+    def test_a_small_queue_behaves_as_a_deque(self) -> None:
+        ours, theirs = tls.SmallQueue([1, 2]), collections.deque([1, 2])
+        for queue in (ours, theirs):
+            queue.append(3)
+            queue.extendleft(reversed([-1, 0]))  # as websockets' SimpleQueue.put_back
+            assert queue.popleft() == -1
+        assert list(ours) == list(theirs) == [0, 1, 2, 3]
 
     async def test_the_relay_sends_no_session_tickets(self, start_relay: StartRelay) -> None:
         relay = await start_relay()

@@ -4,7 +4,7 @@ messages (``SERVER_TYPES``), ``encode``, ``decode_agent_frame`` and ``decode_ser
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 import pydantic_core
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
@@ -212,7 +212,14 @@ def decode_server_frame(data: str | bytes, *, max_frame: int = DEFAULT_MAX_FRAME
     return message
 
 
-def check_identity(message: AnyAgentMessage, certified_host_id: str) -> None:
+class ClaimsHost(Protocol):
+    """A decoded agent message: a model here, or the relay's msgspec report (``fastframe``)."""
+
+    @property
+    def host_id(self) -> str: ...
+
+
+def check_identity(message: ClaimsHost, certified_host_id: str) -> None:
     """Refuse a message that claims a host other than the one its certificate names."""
     if message.host_id != certified_host_id:
         raise ProtocolError(
