@@ -130,9 +130,9 @@ class RelayClient:
         raise AssertionError(f"expected the connection to close, got a frame: {frame!r}")
 
 
-async def wait_for(condition: Callable[[], bool | Awaitable[bool]]) -> None:
-    """Poll ``condition`` in steps of a few MS until it holds (bounded by IO_TIMEOUT)."""
-    async with asyncio.timeout(IO_TIMEOUT):
+async def wait_for(condition: Callable[[], bool | Awaitable[bool]], *, timeout: float = IO_TIMEOUT) -> None:
+    """Poll ``condition`` in steps of a few MS until it holds (bounded by ``timeout``, a hang guard)."""
+    async with asyncio.timeout(timeout):
         while True:
             result = condition()
             if await result if inspect.isawaitable(result) else result:

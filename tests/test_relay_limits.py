@@ -633,6 +633,7 @@ class TestDrain:
 
 # ---- a real agent moving between relays ----------------------------------------------------
 
+AGENT_START_S = 60.0  # a hang guard for a whole agent's start and its first samples on a loaded CI machine
 HOST = "h-mover"
 
 
@@ -670,14 +671,14 @@ class TestAgentMoves:
 
         task = asyncio.create_task(agent.run())
         try:
-            await wait_for(lambda: agent.relay_id == "relay-a" and agent.samples_taken > 5)
+            await wait_for(lambda: agent.relay_id == "relay-a" and agent.samples_taken > 5, timeout=AGENT_START_S)
             # The real agent offers larger stream frames and the relay agrees them (shared.streams.agree_max_data).
             assert agent.streams is not None and agent.streams.mux.max_data == LARGE_DATA
             assert relay_a.agents[HOST].streams.mux.max_data == LARGE_DATA
             async with asyncio.timeout(IO_TIMEOUT):
                 await relay_a.close()
-            await wait_for(lambda: agent.relay_id == "relay-b" and agent.connected.is_set())
-            await wait_for(lambda: agent.samples_taken > 20 and len(agent.window) == 0)
+            await wait_for(lambda: agent.relay_id == "relay-b" and agent.connected.is_set(), timeout=AGENT_START_S)
+            await wait_for(lambda: agent.samples_taken > 20 and len(agent.window) == 0, timeout=AGENT_START_S)
             sent = {seq for seq, kind in recorder.added.items() if kind != "hello"}
             on_bus = {e.message.seq for e in await collect()}
         finally:
@@ -748,7 +749,8 @@ class TestStreamDataSetting:
         agent.timings = fast_timings()
         task = asyncio.create_task(agent.run())
         try:
-            await wait_for(lambda: agent.streams is not None and HOST in relay.agents)
+            # A hang guard: a whole agent's start (its key, TLS, hello, welcome) took over 5 s on a CI machine at load 14.
+            await wait_for(lambda: agent.streams is not None and HOST in relay.agents, timeout=AGENT_START_S)
             assert agent.streams is not None and agent.streams.mux.max_data == kib << 10
             assert relay.agents[HOST].streams.mux.max_data == kib << 10
         finally:
