@@ -335,7 +335,8 @@ async def measure(http: aiohttp.ClientSession, renter: Renter, image: str, args:
     await renter.offered()
     service = await renter.service(image, "echo", low=1, high=1)
     view = await renter.ready(service["id"], 1)
-    [replica] = view["replica_rentals"]
+    # The ready one: on a loaded machine a replica whose health check ran late may have been replaced (still stopping).
+    [replica] = [r for r in view["replica_rentals"] if r["ready"]]
     endpoint, token = service["endpoint_url"], {"Authorization": f"Bearer {service['token']}"}
     direct = await container_url(replica["rental_id"])
     loop = asyncio.get_running_loop()
