@@ -57,24 +57,21 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import redis.asyncio as aioredis
 from sqlalchemy import select
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from access.relay import Relay
 from agent.enroll import enroll
 from agent.gpu import open_backend
 from agent.runner import Agent
 from agent.state import AgentState
 from agent.timings import AgentTimings
-from bench._children import Child, answer, stdin_lines
+from bench._children import REDIS_URL, Child, RelayProcess, answer, forget_prefix, run_prefix, stdin_lines
 from bench._common import describe_machine, record
 from gpumarket.up import Marketplace, start_marketplace
 from master.models import Account, Volume
 from master.services import hosts
 from shared.bus import open_bus
-from shared.crypto import ca_public_key, server_ssl_context
 from shared.eventloop import run as run_on_loop
 from shared.registry import open_registry
 from shared.sshwire import openssh_ciphers
@@ -89,7 +86,6 @@ LAYOUTS = {
     "processes": "the master in this process (asyncio), the relay and the agent in a child process each (uvloop), Redis bus",
     "one-process": "master, relay and agent in this process on one asyncio loop (gpumarket up's embedded shape)",
 }
-REDIS_URL = os.environ.get("GPUMARKET_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 def _children_cpu() -> float:
@@ -279,55 +275,6 @@ async def agent_main() -> None:
             await agent.close()
 
 
-class RelayProcess:
-    """The relay in a child process (``--layout processes``) on uvloop, as ``gpumarket access``: the marketplace's
-    CA and relay certificate, the Redis bus and registry under this run's prefix."""
-
-    def __init__(self, child: Child, url: str) -> None:
-        self.child = child
-        self.url = url
-
-    @classmethod
-    async def start(cls, settings: dict[str, Any]) -> RelayProcess:
-        child = await Child.spawn(__file__, "--relay-process")
-        await child.send(settings)
-        return cls(child, (await child.answer("start"))["url"])
-
-    async def cpu_seconds(self) -> float:
-        return float(await self.child.ask("cpu"))
-
-    async def close(self) -> None:
-        await self.child.stop(timeout=30)
-
-
-async def relay_main() -> None:
-    """The relay's child process: its settings line, then ``cpu`` or ``exit`` commands."""
-    commands = await stdin_lines()
-    settings = json.loads(await commands.readline())
-    relay_dir, ca_file = Path(settings["relay_dir"]), Path(settings["ca_file"])
-    bus = await open_bus(settings["redis_url"], prefix=settings["prefix"])
-    registry = await open_registry(settings["redis_url"], prefix=settings["prefix"])
-    relay = Relay(
-        relay_id="bench-relay", bus=bus, registry=registry,
-        ssl_context=server_ssl_context(relay_dir / "server.crt", relay_dir / "server.key", ca_file, require_client_cert=False),
-        host="127.0.0.1", port=0, public_host="localhost",
-        heartbeat_interval=settings["heartbeat_interval"], telemetry_interval=settings["telemetry_interval"],
-        max_connections_per_source_per_minute=100_000, connection_burst_per_source=10_000,  # every client is 127.0.0.1
-        token_key=ca_public_key(ca_file),
-    )  # fmt: skip
-    await relay.start()
-    try:
-        answer({"url": relay.url})
-        while line := await commands.readline():
-            if json.loads(line)["op"] == "exit":
-                return
-            answer(time.process_time())
-    finally:
-        await relay.close()
-        await registry.close()
-        await bus.close()
-
-
 @contextlib.asynccontextmanager
 async def host_side(
     market: Marketplace, data_dir: Path, args: argparse.Namespace, prefix: str
@@ -338,11 +285,7 @@ async def host_side(
         here = AgentHere(market.agents[0])
         yield here, here.cpu_seconds
         return
-    settings = market.master.settings
-    relay = await RelayProcess.start({
-        "relay_dir": str(data_dir / "relay"), "ca_file": str(market.master.ca.cert_path), "redis_url": REDIS_URL,
-        "prefix": prefix, "heartbeat_interval": settings.heartbeat_interval, "telemetry_interval": settings.telemetry_interval,
-    })  # fmt: skip
+    relay = await RelayProcess.beside(market, data_dir, prefix)
     agent: AgentProcess | None = None
     try:
         async with market.master.db.session() as session:
@@ -368,7 +311,7 @@ async def main(args: argparse.Namespace) -> None:
     print(f"layout: {LAYOUTS[args.layout]}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-scp-") as tmp:
         home = Path(tmp)
-        prefix = f"bench-scp-{secrets.token_hex(4)}:"
+        prefix = run_prefix("bench-scp")
         market_args: dict[str, Any] = {}
         if args.layout == "processes":  # the master and the relay talk over Redis, as in production
             market_args = {"bus": await open_bus(REDIS_URL, prefix=prefix), "registry": await open_registry(REDIS_URL, prefix=prefix)}
@@ -382,17 +325,6 @@ async def main(args: argparse.Namespace) -> None:
             if args.layout == "processes":
                 await forget_prefix(prefix)
     report(args, results, cpu_s)
-
-
-async def forget_prefix(prefix: str) -> None:
-    """Delete this run's bus and registry keys from Redis."""
-    client = aioredis.Redis.from_url(REDIS_URL)
-    try:
-        keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
-        if keys:
-            await client.delete(*keys)
-    finally:
-        await client.aclose()
 
 
 async def copies(
@@ -522,11 +454,10 @@ if __name__ == "__main__":
     parser.add_argument("--repeat", type=int, default=1, help="run each copy N times and keep the fastest (default 1)")
     parser.add_argument("--layout", choices=tuple(LAYOUTS), default="processes",
                         help="the relay and the agent in processes of their own as in production (default), or all in one")
-    parser.add_argument("--relay-process", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--agent-process", action="store_true", help=argparse.SUPPRESS)
     parsed = parser.parse_args()
-    if parsed.relay_process or parsed.agent_process:  # a child: on uvloop, as production runs the relay and the agent
-        run_on_loop(relay_main() if parsed.relay_process else agent_main(), kind="auto")
+    if parsed.agent_process:  # a child: on uvloop, as production runs the agent (the relay's: bench/_children.py)
+        run_on_loop(agent_main(), kind="auto")
         sys.exit(0)
     if parsed.quick:
         parsed.mb = 20

@@ -25,9 +25,11 @@ Figures:
 Processes (``--layout``): by default (``one-process``) the relay, the agents and the gateway share one
 process and its event loop (in production they are different machines), so the endpoint's figures are a
 lower bound. ``--layout processes`` runs each of the three agents in a process of its own, on the agent's
-event loop (uvloop), as in production; the relay stays with the master (they share the embedded
-marketplace's in-process bus and registry). The renter's client is a child process, for both paths. The
-CPU per request is this process's (all its threads) and, with ``processes``, the agents' processes'.
+event loop (uvloop), as in production, and the relay in a child process of its own (uvloop, as ``gpumarket access``),
+talking with the master over the Redis bus and registry (``GPUMARKET_REDIS_URL``, keys under a prefix of this run's
+own), as ``bench_scp.py`` runs it; this process keeps the master: its API with the gateway, and its background loops.
+The renter's client is a child process, for both paths. The CPU per request is this process's (all its threads) and,
+with ``processes``, the relay's and the agents' processes'.
 
 Usage: ``python bench/bench_services.py [--quick] [--requests N] [--concurrency N] [--round-trips N] [--scale-ups N]
 [--layout one-process|processes]``
@@ -62,10 +64,13 @@ from sqlalchemy import select
 
 from agent.runtimes.containeropts import ContainerOptions
 from agent.runtimes.isolation import HostIsolation
+from bench._children import REDIS_URL, RelayProcess, forget_prefix, run_prefix
 from gpumarket.demo import list_demo_host
 from gpumarket.up import Marketplace, demo_agent, enroll_demo_host, start_marketplace
 from master.models import Account
 from shared import eventloop
+from shared.bus import open_bus
+from shared.registry import open_registry
 from tests import dockerengine
 
 T = TypeVar("T")
@@ -231,7 +236,7 @@ async def cold_starts(http: aiohttp.ClientSession, renter: Renter, image: str, c
     return took
 
 
-def agent_in_child(folder: str, index: int, relay_url: str, dns: tuple[str, int], intervals: tuple[float, float],
+def agent_in_child(folder: str, index: int, relay_url: str, dns: tuple[str, int] | None, intervals: tuple[float, float],
                    isolation: HostIsolation, ready: Connection) -> None:
     """Run in a process of its own (``--layout processes``): the ``index``-th demo host's agent on the agent's event
     loop, until SIGTERM; sends its host id on ``ready`` once connected and speed-tested (a listing needs one)."""
@@ -257,12 +262,13 @@ def agent_in_child(folder: str, index: int, relay_url: str, dns: tuple[str, int]
 
 
 class AgentProcesses:
-    """The demo hosts' agents in processes of their own (``--layout processes``), enrolled and listed from here."""
+    """The demo hosts' agents in processes of their own (``--layout processes``), enrolled and listed from here, on
+    the relay at ``relay_url`` (no geo DNS: the embedded marketplace's own relay would answer it too)."""
 
     def __init__(self) -> None:
         self.processes: list[multiprocessing.process.BaseProcess] = []
 
-    async def start(self, market: Marketplace, data_dir: Path, count: int) -> None:
+    async def start(self, market: Marketplace, data_dir: Path, count: int, relay_url: str) -> None:
         master, context = market.master, multiprocessing.get_context("spawn")
         async with master.db.session() as session:
             provider = await session.scalar(select(Account.id).where(Account.name == "demo-provider"))
@@ -271,10 +277,10 @@ class AgentProcesses:
         intervals = (master.settings.heartbeat_interval, master.settings.telemetry_interval)
         for i in range(count):
             folder = data_dir / "agents" / f"agent-{i:02d}"
-            host_id = await enroll_demo_host(master, folder, i, base, market.relay.url, provider)
+            host_id = await enroll_demo_host(master, folder, i, base, relay_url, provider)
             ours, theirs = context.Pipe(duplex=False)
             process = context.Process(target=agent_in_child, name=f"bench-agent-{i}", args=(
-                str(folder), i, market.relay.url, ("127.0.0.1", market.dns.port), intervals, market.isolation, theirs))  # fmt: skip
+                str(folder), i, relay_url, None, intervals, market.isolation, theirs))  # fmt: skip
             process.start()
             self.processes.append(process)
             if not await asyncio.to_thread(ours.poll, 120):
@@ -300,26 +306,37 @@ async def main(args: argparse.Namespace) -> None:
     image = await asyncio.to_thread(dockerengine.openai_image)
     print(describe_machine())
     with tempfile.TemporaryDirectory(prefix="bench-services-") as folder:
-        separate = args.layout == "processes"
-        market = await start_marketplace(Path(folder) / "data", agents=0 if separate else 3, http_port=0, relay_port=0,
-                                         heartbeat_interval=1.0, telemetry_interval=5.0, missed_heartbeats_offline=30)  # fmt: skip
-        agents = AgentProcesses()
+        separate, data_dir, prefix = args.layout == "processes", Path(folder) / "data", run_prefix("bench-services")
+        shared: dict[str, Any] = {}
+        if separate:  # the master and the relay talk over Redis, as in production
+            print(f"layout processes: the relay and 3 agents in child processes, the Redis bus and registry under {prefix}")
+            shared = {"bus": await open_bus(REDIS_URL, prefix=prefix), "registry": await open_registry(REDIS_URL, prefix=prefix)}
+        market = await start_marketplace(data_dir, agents=0 if separate else 3, http_port=0, relay_port=0, heartbeat_interval=1.0,
+                                         telemetry_interval=5.0, missed_heartbeats_offline=30, **shared)  # fmt: skip
+        agents, relay = AgentProcesses(), None
         try:
             if separate:
-                await agents.start(market, Path(folder) / "data", 3)
+                relay = await RelayProcess.beside(market, data_dir, prefix)
+                await agents.start(market, data_dir, 3, relay.url)
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-                await measure(http, Renter(http, market), image, args, agents)
+                await measure(http, Renter(http, market), image, args, agents, relay)
         finally:
             await agents.stop()
+            if relay is not None:
+                await relay.close()
             await market.stop()
+            if separate:
+                await forget_prefix(prefix)
             unmount_under(Path(folder))  # the stopped replicas' disks, kept until forgotten
 
 
-async def measure(http: aiohttp.ClientSession, renter: Renter, image: str, args: argparse.Namespace, agents: AgentProcesses) -> None:
+async def measure(http: aiohttp.ClientSession, renter: Renter, image: str, args: argparse.Namespace, agents: AgentProcesses,
+                  relay: RelayProcess | None) -> None:  # fmt: skip
     await renter.offered()
     service = await renter.service(image, "echo", low=1, high=1)
     view = await renter.ready(service["id"], 1)
-    [replica] = view["replica_rentals"]
+    # The ready one: on a loaded machine a replica whose health check ran late may have been replaced (still stopping).
+    [replica] = [r for r in view["replica_rentals"] if r["ready"]]
     endpoint, token = service["endpoint_url"], {"Authorization": f"Bearer {service['token']}"}
     direct = await container_url(replica["rental_id"])
     loop = asyncio.get_running_loop()
@@ -330,13 +347,19 @@ async def measure(http: aiohttp.ClientSession, renter: Renter, image: str, args:
         rates: dict[str, list[float]] = {"endpoint": [], "direct": []}
         cpu: dict[str, list[float]] = {"endpoint": [], "direct": []}  # this process's CPU (all its threads) per request
         agents_cpu: dict[str, list[float]] = {"endpoint": [], "direct": []}  # the agents' processes' (--layout processes)
+        relay_cpu: dict[str, list[float]] = {"endpoint": [], "direct": []}  # the relay's process's (--layout processes)
+
+        def relay_seconds() -> float:
+            return process_cpu_seconds(relay.pid) if relay is not None else 0.0
+
         for _ in range(blocks):
             for name, url, headers in (("direct", direct, {}), ("endpoint", endpoint, token)):
-                began, agents_began = time.process_time(), agents.cpu_seconds()
+                began, agents_began, relay_began = time.process_time(), agents.cpu_seconds(), relay_seconds()
                 rates[name].append(await loop.run_in_executor(renter_process, throughput_in_child, url, headers,
                                                               args.requests // blocks, args.concurrency))  # fmt: skip
                 cpu[name].append((time.process_time() - began) / (args.requests // blocks) * 1e6)
                 agents_cpu[name].append((agents.cpu_seconds() - agents_began) / (args.requests // blocks) * 1e6)
+                relay_cpu[name].append((relay_seconds() - relay_began) / (args.requests // blocks) * 1e6)
         trips: dict[str, list[float]] = {"endpoint": [], "direct": []}
         for _ in range(10):
             for name, url, headers in (("direct", direct, {}), ("endpoint", endpoint, token)):
@@ -348,17 +371,25 @@ async def measure(http: aiohttp.ClientSession, renter: Renter, image: str, args:
     # The marketplace's process (gateway, relay, agents, master) per request; beside the direct blocks' figure, which is
     # what the agents spend following and shipping the replica's log lines (the request itself skips this process).
     cpu_via, cpu_direct = quantile(cpu["endpoint"], 0.5), quantile(cpu["direct"], 0.5)
-    print(f"the marketplace process's CPU per request: endpoint {cpu_via:,.0f} µs, direct {cpu_direct:,.0f} µs "
+    what = "the master's process (API, gateway, loops)" if relay is not None else "the marketplace process"
+    print(f"{what}'s CPU per request: endpoint {cpu_via:,.0f} µs, direct {cpu_direct:,.0f} µs "
           f"(its logs and background loops only), blocks {' '.join(f'{v:,.0f}' for v in cpu['endpoint'])}")
+    if relay is not None:
+        relay_via, relay_direct = quantile(relay_cpu["endpoint"], 0.5), quantile(relay_cpu["direct"], 0.5)
+        print(f"the relay's process's CPU per request: endpoint {relay_via:,.0f} µs, direct {relay_direct:,.0f} µs")
+        record("services", "the relay's process's CPU per endpoint request", round(relay_via, 1), "µs",
+               "its CPU per direct request (heartbeats, telemetry, log chunks)", round(relay_direct, 1),
+               note=f"--layout processes; median of {blocks} blocks")
     if agents.processes:
         agents_via, agents_direct = quantile(agents_cpu["endpoint"], 0.5), quantile(agents_cpu["direct"], 0.5)
         print(f"the agents' processes' CPU per request: endpoint {agents_via:,.0f} µs, direct {agents_direct:,.0f} µs")
         record("services", "the agents' processes' CPU per endpoint request", round(agents_via, 1), "µs",
                "their CPU per direct request (the replica's logs, heartbeats)", round(agents_direct, 1),
                note=f"--layout processes; median of {blocks} blocks")
-    record("services", "the marketplace process's CPU per endpoint request (gateway, relay, agents, master in one)",
+    record("services", "the master's process's CPU per endpoint request (API, gateway, background loops)" if relay is not None
+           else "the marketplace process's CPU per endpoint request (gateway, relay, agents, master in one)",
            round(cpu_via, 1), "µs", "the same process's CPU per direct request (the replica's logs, background loops)",
-           round(cpu_direct, 1), note=f"median of {blocks} blocks; all the process's threads")
+           round(cpu_direct, 1), note=f"median of {blocks} blocks; all the process's threads; layout {args.layout}")
     p50, p50_direct = quantile(trips["endpoint"], 0.5), quantile(trips["direct"], 0.5)
     p99, p99_direct = quantile(trips["endpoint"], 0.99), quantile(trips["direct"], 0.99)
     print(f"round trip p50 {p50:.2f} ms (direct {p50_direct:.2f} ms: +{p50 - p50_direct:.2f} ms, goal < {ADDED_GOAL_MS} ms), "
@@ -391,7 +422,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--round-trips", type=int, default=1000, help="sequential requests, each way (default 1000)")
     parser.add_argument("--scale-ups", type=int, default=5, help="scale-ups from zero to time (default 5; 0: none, and no cold start)")
     parser.add_argument("--layout", choices=("one-process", "processes"), default="one-process",
-                        help="one-process (default): the agents in this process; processes: each in one of its own")
+                        help="one-process (default): the relay and agents in this process; processes: each in one of its own")
     parser.add_argument("--quick", action="store_true", help="small sizes: 800 requests, 200 round trips, 2 scale-ups")
     args = parser.parse_args(argv)
     if args.quick:

@@ -460,11 +460,11 @@ async def enroll_demo_host(master: Master, folder: Path, i: int, base_url: str, 
 
 def demo_agent(
     folder: Path, i: int, relay_url: str, *, heartbeat_interval: float, telemetry_interval: float,
-    network_interval: float, dns: tuple[str, int], isolation: HostIsolation, container: ContainerOptions,
+    network_interval: float, dns: tuple[str, int] | None, isolation: HostIsolation, container: ContainerOptions,
     challenge_image: str = images.CHALLENGE_LATEST,
 ) -> Agent:
     """The ``i``-th demo host's agent on its enrolled ``folder`` (no master needed: a benchmark runs it in a process of
-    its own)."""
+    its own). ``dns``: the geo DNS that names its relays; ``None``: none, the agent stays on ``relay_url``."""
     state = AgentState(folder)
     spec = DEMO_FLEET[i % len(DEMO_FLEET)]
     identity = state.identity()
@@ -473,9 +473,9 @@ def demo_agent(
         state,
         backend,
         relay_urls=[relay_url],  # used until the geo DNS answers, and if it ever cannot
-        zone=DEMO_ZONE,
-        resolver=dns[0],
-        resolver_port=dns[1],
+        zone=DEMO_ZONE if dns is not None else None,
+        resolver=dns[0] if dns is not None else None,
+        resolver_port=dns[1] if dns is not None else 53,
         region=("eu-west", "us-east", "ap-south")[i % 3],
         timings=AgentTimings(
             sample_interval=min(1.0, telemetry_interval),

@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 
 from master.app import create_app
 from master.context import Master
-from master.models import Command, Gpu, GpuEvent, Host, Rental
+from master.models import Command, Gpu, GpuEvent, Host, Rental, RentalLogChunk
 from master.services.accounts.core import Principal
 from master.services.rentals import core as rentals
 from master.services.rentals import request as rental_request
@@ -202,6 +202,29 @@ class TestLogs:
         assert status == 200 and logs["data"] == "one\ntwo\nthree\nfour\nfive\n" and logs["next_offset"] == 24
         _, tail = await world.get(f"/rentals/{rental.id}/logs?offset=9")
         assert tail["data"] == "hree\nfour\nfive\n"
+
+    async def test_old_chunks_are_pruned_once_per_step_past_the_window(self, world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The newest MAX_LOG_BYTES_PER_RENTAL are kept; older chunks go when a chunk crosses into another LOG_PRUNE_STEP
+        of the log (not with every chunk), so at most a step more than the window is kept."""
+        monkeypatch.setattr(hosts, "MAX_LOG_BYTES_PER_RENTAL", 20)
+        monkeypatch.setattr(hosts, "LOG_PRUNE_STEP", 10)
+        gpus = [gpu_info(0)]
+        host_id = await online_host(world.master, world.provider, gpus)
+        rental = await world.running_rental(host_id, gpus)
+
+        async def ship_and_count(offset: int) -> list[int]:
+            body = protocol.WorkloadLogsBody(rental_id=rental.id, offset=offset, length=4, data="abc\n")
+            assert await _apply(world.master, protocol.WorkloadLogs(host_id=host_id, seq=world.next_seq(), ts=_now(), body=body))
+            async with world.master.db.session() as session:
+                return sorted(await session.scalars(select(RentalLogChunk.offset).where(RentalLogChunk.rental_id == rental.id)))
+
+        for offset in range(0, 28, 4):  # up to 28 bytes: the window's 20 passed, no step crossed past it (20..29)
+            kept = await ship_and_count(offset)
+        assert kept == [0, 4, 8, 12, 16, 20, 24]
+        assert await ship_and_count(28) == [8, 12, 16, 20, 24, 28]  # 28..32 crosses into 30..39: what ends before 12 goes
+        assert await ship_and_count(32) == [8, 12, 16, 20, 24, 28, 32]  # within that step: nothing pruned
+        _, logs = await world.get(f"/rentals/{rental.id}/logs?offset=8")
+        assert logs["data"] == "abc\n" * 7 and logs["next_offset"] == 36
 
     async def test_logs_for_a_rental_on_another_host_are_dropped(self, world: World) -> None:
         """A host cannot write into the logs of a rental it does not run."""

@@ -435,8 +435,11 @@ async def handle_tunnel_usage(session: AsyncSession, envelope: protocol.BusEnvel
     return counted
 
 
-# Newest log bytes kept per rental in the database; older chunks are pruned.
+# Newest log bytes kept per rental in the database; older chunks are pruned, once per LOG_PRUNE_STEP of log (so between
+# MAX_LOG_BYTES_PER_RENTAL and that plus a step are kept): a service's replica logs a line per request, and a pruning
+# DELETE with every chunk (16 KiB) was per-request work in disguise.
 MAX_LOG_BYTES_PER_RENTAL = 8 << 20
+LOG_PRUNE_STEP = 1 << 20
 
 
 async def handle_workload_logs(session: AsyncSession, envelope: protocol.BusEnvelope) -> bool:
@@ -458,8 +461,11 @@ async def handle_workload_logs(session: AsyncSession, envelope: protocol.BusEnve
         )
         if not longer.rowcount:  # type: ignore[attr-defined]
             return False
-    # Keep the newest MAX_LOG_BYTES_PER_RENTAL: drop chunks that end before that window.
+    # Keep the newest MAX_LOG_BYTES_PER_RENTAL: drop chunks that end before that window, when this chunk crosses into
+    # another LOG_PRUNE_STEP of the log (nothing is older than the window before the log has outgrown it).
     newest_end = body.offset + body.length
+    if newest_end <= MAX_LOG_BYTES_PER_RENTAL or body.offset // LOG_PRUNE_STEP == newest_end // LOG_PRUNE_STEP:
+        return True
     await session.execute(
         delete(RentalLogChunk).where(
             RentalLogChunk.rental_id == rental.id,
