@@ -17,14 +17,15 @@ Figures:
    added latency is the difference of the p50s. Goal: under 2 ms.
 3. Scale-up decision to a ready replica: a service's bounds raised from 0 to 1 ``--scale-ups`` times;
    from the replica rental's creation (the autoscaler's decision) to its ``ready_at`` (its health
-   check passed through the gateway; the autoscaler probes every ``autoscale_interval``, here 0.25 s).
+   check passed through the gateway; the autoscaler probes every ``autoscale_interval``: production's 5 s, or
+   0.25 s with ``--timers fast``).
    Baseline: the same image started with the Engine API directly until its ``/health`` answers.
    Goal: p50 under 10 s.
 4. Cold start: the first request to a service asleep at zero replicas, to its answer.
 
-Processes (``--layout``): by default (``one-process``) the relay, the agents and the gateway share one
-process and its event loop (in production they are different machines), so the endpoint's figures are a
-lower bound. ``--layout processes`` runs each of the three agents in a process of its own, on the agent's
+Processes (``--layout``): ``one-process`` puts the relay, the agents and the gateway in one process and its event
+loop (in production they are different machines), so the endpoint's figures are a lower bound. By default
+(``processes``) each of the three agents runs in a process of its own, on the agent's
 event loop (uvloop), as in production, and the relay in a child process of its own (uvloop, as ``gpumarket access``),
 talking with the master over the Redis bus and registry (``GPUMARKET_REDIS_URL``, keys under a prefix of this run's
 own), as ``bench_scp.py`` runs it; this process keeps the master: its API with the gateway, and its background loops.
@@ -75,8 +76,15 @@ from tests import dockerengine
 
 T = TypeVar("T")
 BODY = {"model": "gpumarket-echo", "messages": [{"role": "user", "content": "how fast is the endpoint"}]}
-SETTINGS = {"GPUMARKET_RATE_LIMITS_ENABLED": "false", "GPUMARKET_AUTOSCALE_INTERVAL": "0.25",
-            "GPUMARKET_SERVICE_STATS_BUCKET_S": "1", "GPUMARKET_QUEUE_INTERVAL": "1"}  # fmt: skip
+SETTINGS = {"GPUMARKET_RATE_LIMITS_ENABLED": "false", "GPUMARKET_SERVICE_STATS_BUCKET_S": "1"}
+# The master's and agents' timers (``--timers``): production's defaults (shared/settings.py: the autoscaler every 5 s,
+# heartbeats and telemetry every 10 s, queued rentals every 2 s), or the short ones earlier runs used, whose loops cost
+# the master's process more CPU per second than the requests do (docs/performance.md, "The relay in a process of its
+# own too").
+TIMERS = {
+    "production": {"autoscale": 5.0, "heartbeat": 10.0, "telemetry": 10.0, "queue": 2.0},
+    "fast": {"autoscale": 0.25, "heartbeat": 1.0, "telemetry": 5.0, "queue": 1.0},
+}
 RPS_GOAL, ADDED_GOAL_MS, READY_GOAL_S = 0.5, 2.0, 10.0
 
 
@@ -302,7 +310,8 @@ class AgentProcesses:
 
 
 async def main(args: argparse.Namespace) -> None:
-    os.environ.update(SETTINGS)
+    timers = TIMERS[args.timers]
+    os.environ.update(SETTINGS, GPUMARKET_AUTOSCALE_INTERVAL=str(timers["autoscale"]), GPUMARKET_QUEUE_INTERVAL=str(timers["queue"]))
     image = await asyncio.to_thread(dockerengine.openai_image)
     print(describe_machine())
     with tempfile.TemporaryDirectory(prefix="bench-services-") as folder:
@@ -311,8 +320,8 @@ async def main(args: argparse.Namespace) -> None:
         if separate:  # the master and the relay talk over Redis, as in production
             print(f"layout processes: the relay and 3 agents in child processes, the Redis bus and registry under {prefix}")
             shared = {"bus": await open_bus(REDIS_URL, prefix=prefix), "registry": await open_registry(REDIS_URL, prefix=prefix)}
-        market = await start_marketplace(data_dir, agents=0 if separate else 3, http_port=0, relay_port=0, heartbeat_interval=1.0,
-                                         telemetry_interval=5.0, missed_heartbeats_offline=30, **shared)  # fmt: skip
+        market = await start_marketplace(data_dir, agents=0 if separate else 3, http_port=0, relay_port=0, heartbeat_interval=timers["heartbeat"],
+                                         telemetry_interval=timers["telemetry"], missed_heartbeats_offline=30, **shared)  # fmt: skip
         agents, relay = AgentProcesses(), None
         try:
             if separate:
@@ -408,7 +417,7 @@ async def measure(http: aiohttp.ClientSession, renter: Renter, image: str, args:
           f"(the image by the Engine API to /health: p50 {quantile(engine, 0.5):.2f} s; goal p50 < {READY_GOAL_S:g} s)")
     record("services", f"scale-up decision to a ready replica, p50 of {len(ready)}", round(quantile(ready, 0.5), 3), "s",
            "the image started by the Engine API until /health answers", round(quantile(engine, 0.5), 3),
-           note=f"goal p50 under {READY_GOAL_S:g} s; ready is seen by the autoscaler's next probe (every 0.25 s here)")
+           note=f"goal p50 under {READY_GOAL_S:g} s; ready is seen by the autoscaler's next probe (every {TIMERS[args.timers]['autoscale']:g} s here)")
     cold = await cold_starts(http, renter, image, max(1, args.scale_ups // 2))
     print(f"cold start (first request to a service at zero replicas, answered): p50 {quantile(cold, 0.5):.2f} s")
     record("services", f"cold start: first request at zero replicas to its answer, p50 of {len(cold)}", round(quantile(cold, 0.5), 3), "s",
@@ -421,8 +430,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=16, help="requests at once (default 16)")
     parser.add_argument("--round-trips", type=int, default=1000, help="sequential requests, each way (default 1000)")
     parser.add_argument("--scale-ups", type=int, default=5, help="scale-ups from zero to time (default 5; 0: none, and no cold start)")
-    parser.add_argument("--layout", choices=("one-process", "processes"), default="one-process",
-                        help="one-process (default): the relay and agents in this process; processes: each in one of its own")
+    parser.add_argument("--layout", choices=("one-process", "processes"), default="processes",
+                        help="processes (default): the relay and each agent in a process of its own, as in production; one-process: all in this one")
+    parser.add_argument("--timers", choices=tuple(TIMERS), default="production",
+                        help="the master's and agents' intervals: production's defaults, or the short ones (default production)")
     parser.add_argument("--quick", action="store_true", help="small sizes: 800 requests, 200 round trips, 2 scale-ups")
     args = parser.parse_args(argv)
     if args.quick:
