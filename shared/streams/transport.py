@@ -31,7 +31,91 @@ from shared.streams.aio import Channel
 DEFAULT_HIGH_WATER = 256 * 1024
 
 
-class ChannelTransport(asyncio.Transport):
+class QueuedTransport(asyncio.Transport):
+    """What ``ChannelTransport`` and the gateway's ``WebsocketTransport`` share: the bytes written and not yet sent, kept
+    in order (``_keep``), with the protocol told ``pause_writing`` past ``high_water`` bytes kept and ``resume_writing``
+    at ``low_water`` (``_maybe_resume``, after each send); reading paused and resumed by the protocol; ``close`` (send
+    what is kept, then end) and ``abort`` (drop it first) for the subclass's tasks to act on."""
+
+    def __init__(self, protocol: asyncio.BaseProtocol, *, high_water: int, low_water: int | None = None,
+                 extra: dict[str, Any] | None = None) -> None:  # fmt: skip
+        super().__init__(extra=extra)
+        if high_water < 1:
+            raise ValueError("high_water must be positive")
+        self._protocol: Any = protocol  # an asyncio.Protocol
+        self._high_water = high_water
+        self._low_water = high_water // 4 if low_water is None else low_water
+        self._kept: collections.deque[bytes] = collections.deque()  # written, not sent yet, in order
+        self._kept_size = 0
+        self._has_kept = asyncio.Event()
+        self._may_read = asyncio.Event()
+        self._may_read.set()
+        self._writing_paused = False
+        self._closing = False
+
+    def _keep(self, data: bytes | bytearray | memoryview) -> None:
+        self._kept.append(bytes(data))
+        self._kept_size += len(data)
+        self._has_kept.set()
+        if not self._writing_paused and self._kept_size > self._high_water:
+            self._writing_paused = True
+            self._protocol.pause_writing()
+
+    def _maybe_resume(self) -> None:
+        if self._writing_paused and self._kept_size <= self._low_water:
+            self._writing_paused = False
+            self._protocol.resume_writing()
+
+    # ---- asyncio.WriteTransport ----------------------------------------------------------------
+
+    def can_write_eof(self) -> bool:
+        return False  # a stream is closed whole here
+
+    def get_write_buffer_size(self) -> int:
+        return self._kept_size
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return self._low_water, self._high_water
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self._high_water = high if high is not None else self._high_water
+        self._low_water = low if low is not None else self._high_water // 4
+        self._maybe_resume()
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        """Stop reading, send what is kept, then end (the subclass's tasks see ``_closing``). Idempotent."""
+        self._closing = True
+        self._has_kept.set()
+        self._may_read.set()
+
+    def abort(self) -> None:
+        """Drop what is kept and close as ``close`` does."""
+        self._kept.clear()
+        self._kept_size = 0
+        self.close()
+
+    # ---- asyncio.ReadTransport -----------------------------------------------------------------
+
+    def is_reading(self) -> bool:
+        return self._may_read.is_set() and not self._closing
+
+    def pause_reading(self) -> None:
+        self._may_read.clear()
+
+    def resume_reading(self) -> None:
+        self._may_read.set()
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self._protocol = protocol
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self._protocol  # type: ignore[no-any-return]
+
+
+class ChannelTransport(QueuedTransport):
     """``protocol`` over ``channel``, started at once (``connection_made``). Every limit is a keyword argument."""
 
     def __init__(
@@ -42,21 +126,11 @@ class ChannelTransport(asyncio.Transport):
         high_water: int = DEFAULT_HIGH_WATER, low_water: int | None = None,
         extra: dict[str, Any] | None = None,
     ) -> None:  # fmt: skip
-        super().__init__(extra=extra)
-        if high_water < 1 or linger < 0:
-            raise ValueError("high_water must be positive and linger not negative")
+        super().__init__(protocol, high_water=high_water, low_water=low_water, extra=extra)
+        if linger < 0:
+            raise ValueError("linger must not be negative")
         self._channel = channel
-        self._protocol: Any = protocol  # an asyncio.Protocol
         self._linger = linger
-        self._high_water = high_water
-        self._low_water = high_water // 4 if low_water is None else low_water
-        self._kept: collections.deque[bytes] = collections.deque()  # what the stream's buffer did not take yet
-        self._kept_size = 0
-        self._has_kept = asyncio.Event()
-        self._may_read = asyncio.Event()
-        self._may_read.set()
-        self._writing_paused = False
-        self._closing = False
         self._error: Exception | None = None
         protocol.connection_made(self)
         self._done = asyncio.ensure_future(self._run())
@@ -122,11 +196,6 @@ class ChannelTransport(asyncio.Transport):
         except ConnectionError:
             pass  # reset meanwhile: ended all the same
 
-    def _maybe_resume(self) -> None:
-        if self._writing_paused and self._kept_size <= self._low_water:
-            self._writing_paused = False
-            self._protocol.resume_writing()
-
     async def wait_closed(self) -> None:
         """Until the protocol has been told ``connection_lost``."""
         await asyncio.shield(self._done)
@@ -146,58 +215,7 @@ class ChannelTransport(asyncio.Transport):
             if taken == len(data):
                 return
             data = memoryview(data)[taken:]
-        self._kept.append(bytes(data))
-        self._kept_size += len(data)
-        self._has_kept.set()
-        if not self._writing_paused and self._kept_size > self._high_water:
-            self._writing_paused = True
-            self._protocol.pause_writing()
-
-    def can_write_eof(self) -> bool:
-        return False
-
-    def get_write_buffer_size(self) -> int:
-        return self._kept_size
-
-    def get_write_buffer_limits(self) -> tuple[int, int]:
-        return self._low_water, self._high_water
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        self._high_water = high if high is not None else self._high_water
-        self._low_water = low if low is not None else self._high_water // 4
-        self._maybe_resume()
-
-    def is_closing(self) -> bool:
-        return self._closing
-
-    def close(self) -> None:
-        """Stop reading, send what is kept, then close the stream's half (see the module). Idempotent."""
-        self._closing = True
-        self._has_kept.set()
-        self._may_read.set()
-
-    def abort(self) -> None:
-        """Drop what is kept and close as ``close`` does."""
-        self._kept.clear()
-        self._kept_size = 0
-        self.close()
-
-    # ---- asyncio.ReadTransport -----------------------------------------------------------------
-
-    def is_reading(self) -> bool:
-        return self._may_read.is_set() and not self._closing
-
-    def pause_reading(self) -> None:
-        self._may_read.clear()
-
-    def resume_reading(self) -> None:
-        self._may_read.set()
-
-    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
-        self._protocol = protocol
-
-    def get_protocol(self) -> asyncio.BaseProtocol:
-        return self._protocol  # type: ignore[no-any-return]
+        self._keep(data)
 
 
 class StreamTunnel:
@@ -218,4 +236,4 @@ class StreamTunnel:
         return self.transport, protocol
 
 
-__all__ = ["ChannelTransport", "StreamTunnel"]
+__all__ = ["ChannelTransport", "QueuedTransport", "StreamTunnel"]

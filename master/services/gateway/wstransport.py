@@ -21,18 +21,17 @@ told the connection is lost.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 from collections.abc import Callable
-from typing import Any
 
 from websockets.asyncio.client import ClientConnection
 
 from shared.streams import MAX_DATA
 from shared.streams.aio import first_done
+from shared.streams.transport import QueuedTransport
 
 
-class WebsocketTransport(asyncio.Transport):
+class WebsocketTransport(QueuedTransport):
     """aiohttp's end of one relay websocket (see the module docstring). Every limit is a keyword argument."""
 
     def __init__(
@@ -40,20 +39,10 @@ class WebsocketTransport(asyncio.Transport):
         # Limits
         high_water: int = 2 * MAX_DATA, max_message: int = MAX_DATA,
     ) -> None:  # fmt: skip
-        super().__init__(extra={"peername": ws.remote_address})
+        super().__init__(protocol, high_water=high_water, extra={"peername": ws.remote_address})  # aiohttp's ResponseHandler
         self._ws = ws
-        self._protocol: Any = protocol  # aiohttp's ResponseHandler: an asyncio.Protocol
         self._on_close = on_close
         self._max_message = max_message
-        self._high_water = high_water
-        self._low_water = high_water // 4
-        self._outgoing: collections.deque[bytes] = collections.deque()
-        self._buffered = 0
-        self._has_outgoing = asyncio.Event()
-        self._may_read = asyncio.Event()
-        self._may_read.set()
-        self._writing_paused = False
-        self._closing = False
         protocol.connection_made(self)
 
     # ---- the connection's task -----------------------------------------------------------------
@@ -64,7 +53,7 @@ class WebsocketTransport(asyncio.Transport):
             await first_done(self._receive(), self._send())
         finally:
             self._closing = True
-            self._outgoing.clear()
+            self._kept.clear()
             self._protocol.connection_lost(None)  # at once: aiohttp need not wait for the websocket's closing handshake
             with contextlib.suppress(Exception):
                 await self._ws.close()
@@ -81,86 +70,33 @@ class WebsocketTransport(asyncio.Transport):
 
     async def _send(self) -> None:
         while True:
-            while not self._outgoing:
+            while not self._kept:
                 if self._closing:
                     return
-                self._has_outgoing.clear()
-                await self._has_outgoing.wait()
+                self._has_kept.clear()
+                await self._has_kept.wait()
             await self._ws.send(self._take())
-            if self._writing_paused and self._buffered <= self._low_water:
-                self._writing_paused = False
-                self._protocol.resume_writing()
+            self._maybe_resume()
 
     def _take(self) -> bytes:
         """What waits, joined, up to ``max_message`` bytes."""
-        first = self._outgoing.popleft()
+        first = self._kept.popleft()
         if len(first) > self._max_message:
-            self._outgoing.appendleft(first[self._max_message :])
+            self._kept.appendleft(first[self._max_message :])
             first = first[: self._max_message]
         parts, size = [first], len(first)
-        while self._outgoing and size + len(self._outgoing[0]) <= self._max_message:
-            part = self._outgoing.popleft()
+        while self._kept and size + len(self._kept[0]) <= self._max_message:
+            part = self._kept.popleft()
             parts.append(part)
             size += len(part)
-        self._buffered -= size
+        self._kept_size -= size
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    # ---- asyncio.WriteTransport ----------------------------------------------------------------
+    # ---- asyncio.WriteTransport (the rest: ``QueuedTransport``) --------------------------------------
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        if self._closing or not data:
-            return
-        self._outgoing.append(bytes(data))
-        self._buffered += len(data)
-        self._has_outgoing.set()
-        if not self._writing_paused and self._buffered > self._high_water:
-            self._writing_paused = True
-            self._protocol.pause_writing()
-
-    def can_write_eof(self) -> bool:
-        return False  # a relay stream is closed whole; aiohttp never half-closes a connection
-
-    def get_write_buffer_size(self) -> int:
-        return self._buffered
-
-    def get_write_buffer_limits(self) -> tuple[int, int]:
-        return self._low_water, self._high_water
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        self._high_water = high if high is not None else self._high_water
-        self._low_water = low if low is not None else self._high_water // 4
-
-    def is_closing(self) -> bool:
-        return self._closing
-
-    def close(self) -> None:
-        """Send what waits, then close the websocket (``run`` ends, and tells aiohttp)."""
-        self._closing = True
-        self._has_outgoing.set()
-        self._may_read.set()
-
-    def abort(self) -> None:
-        """Drop what waits and close the websocket."""
-        self._outgoing.clear()
-        self._buffered = 0
-        self.close()
-
-    # ---- asyncio.ReadTransport -----------------------------------------------------------------
-
-    def is_reading(self) -> bool:
-        return self._may_read.is_set()
-
-    def pause_reading(self) -> None:
-        self._may_read.clear()
-
-    def resume_reading(self) -> None:
-        self._may_read.set()
-
-    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
-        self._protocol = protocol
-
-    def get_protocol(self) -> asyncio.BaseProtocol:
-        return self._protocol  # type: ignore[no-any-return]
+        if not self._closing and data:
+            self._keep(data)
 
 
 __all__ = ["WebsocketTransport"]
