@@ -9,6 +9,7 @@ import inspect
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
@@ -18,8 +19,10 @@ from websockets.frames import Close
 from access.relay import Relay
 from shared import protocol
 from shared.bus import InProcessBus
+from shared.crypto import CertificateAuthority
 from shared.outbound import OutboundWindow
 from tests.factories import MS
+from tests.pki import agent_client_context
 
 # Every network step is on loopback; a wait that runs out means a bug, not a slow network.
 IO_TIMEOUT = 5.0
@@ -128,6 +131,16 @@ class RelayClient:
             assert exc.rcvd is not None, "the relay dropped the connection without a close frame"
             return exc.rcvd
         raise AssertionError(f"expected the connection to close, got a frame: {frame!r}")
+
+
+async def connect_agent(relay: Relay, ca: CertificateAuthority, folder: Path, stack: contextlib.AsyncExitStack, host_id: str,
+                        **kwargs: Any) -> RelayClient:  # fmt: skip
+    """A simulated agent ``host_id`` (its certificate from ``ca``, its files under ``folder/agents/``) connected to
+    ``relay`` until ``stack`` closes, past the welcome; ``kwargs`` go to the websocket's ``connect``."""
+    context = agent_client_context(ca, folder / "agents" / host_id, host_id)
+    ws = await stack.enter_async_context(connect_to_relay(relay.url, context, **kwargs))
+    await read_welcome(ws)
+    return RelayClient(host_id, ws, OutboundWindow(host_id, first_seq=1))
 
 
 async def wait_for(condition: Callable[[], bool | Awaitable[bool]], *, timeout: float = IO_TIMEOUT) -> None:

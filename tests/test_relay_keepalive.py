@@ -20,15 +20,12 @@ from websockets.protocol import State
 from access import keepalive
 from access.relay import Relay
 from shared.crypto import CertificateAuthority
-from shared.outbound import OutboundWindow
 from tests.factories import MS
-from tests.pki import agent_client_context, relay_server_context
+from tests.pki import relay_server_context
 from tests.relayharness import (
-    RelayClient,
     StartRelay,
-    connect_to_relay,
+    connect_agent,
     events_bus,
-    read_welcome,
     relay_options,
     started_relays,
     wait_for,
@@ -36,6 +33,8 @@ from tests.relayharness import (
 
 RELAY_ID = "relay-keepalive"
 PING = 100 * MS
+# The client's own keepalive off: what is measured is the relay's pings and the client's automatic pongs.
+NO_CLIENT_PINGS: dict[str, Any] = {"ping_interval": None}
 
 
 @pytest.fixture
@@ -59,15 +58,6 @@ async def stack() -> AsyncIterator[contextlib.AsyncExitStack]:
         yield exits
 
 
-async def _connect(relay: Relay, ca: CertificateAuthority, tmp_path: Path, stack: contextlib.AsyncExitStack,
-                   host_id: str) -> RelayClient:
-    context = agent_client_context(ca, tmp_path / "agents" / host_id, host_id)
-    # The client's own keepalive off: what is measured is the relay's pings and the client's automatic pongs.
-    ws = await stack.enter_async_context(connect_to_relay(relay.url, context, ping_interval=None))
-    await read_welcome(ws)
-    return RelayClient(host_id, ws, OutboundWindow(host_id, first_seq=1))
-
-
 def _server_side(relay: Relay, host_id: str) -> ServerConnection:
     return relay.agents[host_id].connection
 
@@ -79,7 +69,7 @@ class TestKeepalive:
         """Pongs come back (the relay measures latency), nobody is dropped over several intervals, and no
         connection has a keepalive task of its own; a closed connection leaves the keepalive."""
         relay = await start_relay(ping_interval=PING, ping_timeout=PING)
-        agents = [await _connect(relay, ca, tmp_path, stack, f"h-live-{n}") for n in range(3)]
+        agents = [await connect_agent(relay, ca, tmp_path, stack, f"h-live-{n}", **NO_CLIENT_PINGS) for n in range(3)]
         connections = [_server_side(relay, agent.host_id) for agent in agents]
         assert len(relay.keepalive) == 3
         assert all(connection.keepalive_task is None for connection in connections)
@@ -99,8 +89,8 @@ class TestKeepalive:
         """An agent that stops reading sends no pong: ping_timeout later the relay fails it with 1011
         ("keepalive ping timeout") and forgets it; a live agent beside it is pinged and kept throughout."""
         relay = await start_relay(ping_interval=PING, ping_timeout=PING)
-        live = await _connect(relay, ca, tmp_path, stack, "h-live")
-        dead = await _connect(relay, ca, tmp_path, stack, "h-dead")
+        live = await connect_agent(relay, ca, tmp_path, stack, "h-live", **NO_CLIENT_PINGS)
+        dead = await connect_agent(relay, ca, tmp_path, stack, "h-dead", **NO_CLIENT_PINGS)
         dead_side = _server_side(relay, "h-dead")
         dead.ws.transport.pause_reading()  # a link gone quiet: the relay's pings are never answered
         await wait_for(lambda: "h-dead" not in relay.agents)
@@ -122,7 +112,7 @@ class TestKeepalive:
         """The 1011 close cannot complete with a peer that reads nothing: the relay's transport is aborted
         ``close_timeout`` later (as websockets' own keepalive does), so the connection is lost and forgotten."""
         relay = await start_relay(ping_interval=PING, ping_timeout=PING, close_timeout=200 * MS)
-        dead = await _connect(relay, ca, tmp_path, stack, "h-silent")
+        dead = await connect_agent(relay, ca, tmp_path, stack, "h-silent", **NO_CLIENT_PINGS)
         dead_side = _server_side(relay, "h-silent")
         dead.ws.transport.pause_reading()
         await wait_for(lambda: dead_side.connection_lost_waiter.done())

@@ -25,14 +25,11 @@ from access.relay import Relay
 from shared import protocol
 from shared.bus import InProcessBus
 from shared.crypto import CertificateAuthority
-from shared.outbound import OutboundWindow
-from tests.pki import agent_client_context, relay_server_context
+from tests.pki import relay_server_context
 from tests.relayharness import (
-    RelayClient,
     StartRelay,
-    connect_to_relay,
+    connect_agent,
     events_bus,
-    read_welcome,
     relay_options,
     started_relays,
     wait_for,
@@ -72,15 +69,6 @@ async def stack() -> AsyncIterator[contextlib.AsyncExitStack]:
         yield exits
 
 
-async def _connect(
-    relay: Relay, ca: CertificateAuthority, tmp_path: Path, stack: contextlib.AsyncExitStack, host_id: str, **kwargs: Any
-) -> RelayClient:
-    context = agent_client_context(ca, tmp_path / "agents" / host_id, host_id)
-    ws = await stack.enter_async_context(connect_to_relay(relay.url, context, **kwargs))
-    await read_welcome(ws)
-    return RelayClient(host_id, ws, OutboundWindow(host_id, first_seq=1))
-
-
 class TestIdleAgent:
     """An agent between two messages costs the relay its socket, its TLS session and a few objects."""
 
@@ -90,8 +78,8 @@ class TestIdleAgent:
         """Every established agent connection reads through one buffer (asyncio's SSLProtocol internals
         are as access.tls expects), and both still work."""
         relay = await start_relay()
-        first = await _connect(relay, ca, tmp_path, stack, "h-1")
-        second = await _connect(relay, ca, tmp_path, stack, "h-2")
+        first = await connect_agent(relay, ca, tmp_path, stack, "h-1")
+        second = await connect_agent(relay, ca, tmp_path, stack, "h-2")
 
         protocols = [relay.agents[h].connection.transport._ssl_protocol for h in ("h-1", "h-2")]  # type: ignore[attr-defined]
         assert protocols[0]._ssl_buffer is protocols[1]._ssl_buffer
@@ -115,7 +103,7 @@ class TestIdleAgent:
         """websockets' drain waiters and frame queue and asyncio's TLS write backlog are small lists (an empty
         deque is 760 bytes), and frames still flow both ways through them."""
         relay = await start_relay()
-        agent = await _connect(relay, ca, tmp_path, stack, "h-queues")
+        agent = await connect_agent(relay, ca, tmp_path, stack, "h-queues")
         connection = relay.agents["h-queues"].connection
         queues = (connection.drain_waiters, connection.recv_messages.frames.queue,
                   connection.transport._ssl_protocol._write_backlog)  # type: ignore[attr-defined]
@@ -150,7 +138,7 @@ class TestIdleAgent:
         """After the welcome and a few acks the link holds no task of its own, no outbox and no
         multiplexer; a command starts a writer that ends, with its outbox, once the command is out."""
         relay = await start_relay()
-        agent = await _connect(relay, ca, tmp_path, stack, "h-idle")
+        agent = await connect_agent(relay, ca, tmp_path, stack, "h-idle")
         for _ in range(3):
             await agent.expect_ack(await agent.send_heartbeat())
         link = relay.agents["h-idle"]
@@ -210,7 +198,7 @@ class TestWhatAConnectionKeeps:
         """After a frame of a few KB is acknowledged, nothing in the process (the relay, websockets'
         parser and assembler, asyncio) references its payload: an idle agent costs no last frame."""
         relay = await start_relay()
-        agent = await _connect(relay, ca, tmp_path, stack, "h-payload")
+        agent = await connect_agent(relay, ca, tmp_path, stack, "h-payload")
         marker = f"payload-{secrets.token_hex(8)}"
         rentals = [f"{marker}-{n:03d}" for n in range(100)]  # ~3 KB
         seq, frame = agent.window.heartbeat(protocol.HeartbeatBody(uptime_s=1.0, running_rentals=rentals))
@@ -227,7 +215,7 @@ class TestWhatAConnectionKeeps:
         request's and response's headers; the relay still knows its certificate's serial."""
         relay = await start_relay()
         probe = f"probe-{secrets.token_hex(8)}"  # the agent's copy is this very str, the relay's its own
-        agent = await _connect(relay, ca, tmp_path, stack, "h-lean", additional_headers={"X-Probe": probe})
+        agent = await connect_agent(relay, ca, tmp_path, stack, "h-lean", additional_headers={"X-Probe": probe})
         link = relay.agents["h-lean"]
         connection = link.connection
         assert connection.transport.get_extra_info("peercert") is None
@@ -245,7 +233,7 @@ class TestWhatAConnectionKeeps:
         """The connection handler's frames, suspended while the agent is idle, hold neither the welcome
         model nor the certificate's DER."""
         relay = await start_relay()
-        agent = await _connect(relay, ca, tmp_path, stack, "h-handler")
+        agent = await connect_agent(relay, ca, tmp_path, stack, "h-handler")
         await agent.expect_ack(await agent.send_heartbeat())
         der = relay.agents["h-handler"].connection.transport.get_extra_info("ssl_object").getpeercert(binary_form=True)
         gc.collect()
@@ -283,7 +271,7 @@ class TestAgentThatDoesNotRead:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
         sock.setblocking(False)
         await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", relay.port))
-        agent = await _connect(relay, ca, tmp_path, stack, "h-deaf", sock=sock, max_queue=1)
+        agent = await connect_agent(relay, ca, tmp_path, stack, "h-deaf", sock=sock, max_queue=1)
         agent.ws.transport.set_read_buffer_limits(high=1)  # type: ignore[attr-defined]  # stop reading the socket at once
         link = relay.agents["h-deaf"]
         transport = link.connection.transport
