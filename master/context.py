@@ -11,6 +11,7 @@ assembly (``master/app.py::open_master``) hands the master billing's implementat
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter
 from collections.abc import Sequence
@@ -84,6 +85,11 @@ class CommandSecrets(Protocol):
         """Per command id, the args to add to what the row holds."""
 
 
+AUTOSCALER_LEASE = "autoscaler"
+"""The lease the autoscaler loop runs under (``master/background/autoscaler.py``); the gateway nudges it to wake a
+service at zero replicas."""
+
+
 @dataclass
 class Master:
     settings: MasterSettings
@@ -103,3 +109,10 @@ class Master:
     gateway: Any = None
     # Secrets added to commands as they are sent, never stored with them (open_master hands the accounts' in).
     command_secrets: CommandSecrets | None = None
+    # Per leased loop (by lease name), an event that cuts its wait short (``nudge``; master/background/leases.py).
+    nudges: dict[str, asyncio.Event] = field(default_factory=dict)
+
+    def nudge(self, loop: str) -> None:
+        """Run leased loop ``loop`` (its lease name) now rather than at the end of its period, if this process runs
+        it; a loop on another master runs at its period, as before."""
+        self.nudges.setdefault(loop, asyncio.Event()).set()

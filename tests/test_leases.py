@@ -45,3 +45,33 @@ class TestLeases:
         contenders = [other(master, f"master-{i}") for i in range(5)]
         won = await asyncio.gather(*(leases.acquire(m, "fresh", ttl=60, now=T0) for m in contenders))
         assert sum(won) == 1
+
+
+class TestNudge:
+    async def test_a_nudge_runs_a_leased_loop_now_rather_than_at_the_end_of_its_period(self, master: Master) -> None:
+        """``run_leased`` waits its period unless ``Master.nudge`` names its lease: an hour-long period still runs at once
+        when nudged (the gateway nudges the autoscaler so that a service at zero replicas starts one without waiting)."""
+        passes: list[int] = []
+        ran = asyncio.Event()
+
+        async def work() -> None:
+            passes.append(len(passes))
+            ran.set()
+
+        loop = asyncio.create_task(leases.run_leased(master, "nudged", every=3600, work=work))
+        try:
+            await asyncio.sleep(0.2)
+            assert passes == []  # nothing before the period ends, or a nudge
+            master.nudge("nudged")
+            await asyncio.wait_for(ran.wait(), 30)
+            assert passes == [0]
+            ran.clear()
+            master.nudge("other loop")  # a nudge for another loop leaves this one waiting
+            await asyncio.sleep(0.2)
+            assert passes == [0]
+            master.nudge("nudged")
+            await asyncio.wait_for(ran.wait(), 30)
+            assert passes == [0, 1]
+        finally:
+            loop.cancel()
+            await asyncio.gather(loop, return_exceptions=True)

@@ -1,6 +1,7 @@
 """The autoscaler: every service's replicas health-checked, counted against its rule, rented or stopped.
 
-One master at a time, under the ``autoscaler`` lease, every ``autoscale_interval``. The pass is
+One master at a time, under the ``autoscaler`` lease, every ``autoscale_interval``, and at once when this
+master's gateway wakes a service at zero replicas (``Master.nudge``). The pass is
 ``master.services.endpoints.autoscale.autoscale_pass``; health checks go through this master's gateway
 (``master.services.gateway.probe``), the same path requests take.
 """
@@ -10,10 +11,8 @@ from __future__ import annotations
 import functools
 
 from master.background import leases
-from master.context import Master
+from master.context import AUTOSCALER_LEASE, Master
 from master.services import endpoints, gateway
-
-AUTOSCALER_LEASE = "autoscaler"
 
 
 async def autoscaler_loop(master: Master) -> None:

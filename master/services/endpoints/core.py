@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from master.context import Master
+from master.context import AUTOSCALER_LEASE, Master
 from master.models import Rental, Service, ServiceEvent
 from master.services import idempotency, rentals
 from master.services.accounts import Principal
@@ -217,7 +217,8 @@ def _iso(at: datetime | None) -> str | None:
 
 async def scale_service(master: Master, principal: Principal, service_id: str, *,
                         min_replicas: int | None, max_replicas: int | None) -> Service:  # fmt: skip
-    """New replica bounds; the autoscaler's target moves into them at once (its next pass adds or stops replicas)."""
+    """New replica bounds; the autoscaler's target moves into them at once, and this process's autoscaler is nudged to add or
+    stop replicas now (another master's at its next pass)."""
     now = master.clock.now()
     async with master.db.session() as session:
         service = await get_service(session, principal, service_id, for_update=True)
@@ -230,13 +231,16 @@ async def scale_service(master: Master, principal: Principal, service_id: str, *
             raise BadRequest(f"min_replicas ({low}) must be at most max_replicas ({high}), and not below 0", code="invalid_replica_bounds")
         if not 1 <= high <= master.settings.max_service_replicas:
             raise BadRequest(f"max_replicas must be between 1 and {master.settings.max_service_replicas}", code="invalid_replica_bounds")
-        if (low, high) != (service.min_replicas, service.max_replicas):
+        moved = (low, high) != (service.min_replicas, service.max_replicas)
+        if moved:
             desired = min(max(service.desired_replicas, low), high)
             service.min_replicas, service.max_replicas = low, high
             kind = "scale_up" if desired > service.desired_replicas else "scale_down" if desired < service.desired_replicas else "bounds"
             service.desired_replicas = desired
             session.add(ServiceEvent(service_id=service.id, at=now, kind=kind, replicas=desired,
                                      cause=f"bounds set to {low}..{high} by {principal.name}"))  # fmt: skip
+    if moved:
+        master.nudge(AUTOSCALER_LEASE)  # this process's autoscaler adds or stops replicas now, not at its next pass
     return service
 
 

@@ -45,7 +45,7 @@ from sqlalchemy import update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from master.context import Master
+from master.context import AUTOSCALER_LEASE, Master
 from master.models import Service, ServiceStat
 from master.services.gateway.routing import OPEN_STATES, KeyCache, Replica, RouteTable, ServiceRoute
 from master.services.gateway.stats import Bucket, GatewayStats
@@ -246,20 +246,22 @@ class Gateway:
             route = fresh
 
     async def wake(self, route: ServiceRoute) -> None:
-        """Ask the autoscaler for a replica: ``wake_requested_at`` set where it is unset (once a second at most)."""
-        if route.wake_requested_at is not None:
-            return
+        """Ask the autoscaler for a replica: ``wake_requested_at`` set where it is unset, and this process's autoscaler
+        nudged (``Master.nudge``) so that it starts one, then health-checks it, without waiting for its next pass — once
+        a second at most while requests wait."""
         now = self.clock()
         if now - self._woken.get(route.service_id, -1e9) < 1.0:
             return
         self._woken[route.service_id] = now
-        async with self.master.db.session() as session:
-            await session.execute(
-                update(Service)
-                .where(Service.id == route.service_id, Service.state.in_(OPEN_STATES), Service.wake_requested_at.is_(None))
-                .values(wake_requested_at=self.master.clock.now())
-            )
-        log.info("service %s: no ready replica; woken", route.service_id)
+        if route.wake_requested_at is None:
+            async with self.master.db.session() as session:
+                await session.execute(
+                    update(Service)
+                    .where(Service.id == route.service_id, Service.state.in_(OPEN_STATES), Service.wake_requested_at.is_(None))
+                    .values(wake_requested_at=self.master.clock.now())
+                )
+            log.info("service %s: no ready replica; woken", route.service_id)
+        self.master.nudge(AUTOSCALER_LEASE)
 
     # ---- every second: figures and idle pools ----------------------------------------------------
 
