@@ -8,7 +8,18 @@ from decimal import Decimal
 
 import pytest
 
-from master.scheduler import MILLI, PLACERS, Fleet, Gpu, LinkStats, NetworkLimits, Node, Placement, Request, get_placer
+from master.scheduler import (
+    MILLI,
+    PLACERS,
+    Fleet,
+    Gpu,
+    LinkStats,
+    NetworkLimits,
+    Node,
+    Placement,
+    Request,
+    get_placer,
+)
 from master.scheduler.gang import place_gang
 from master.scheduler.price import (
     PriceFirst,

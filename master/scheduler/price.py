@@ -77,6 +77,12 @@ def optional_tolerance(value: object, *, field: str = "price_tolerance") -> Deci
     return None if value is None else parse_tolerance(value, field=field)
 
 
+def tolerance_text(value: Decimal) -> str:
+    """A tolerance as the API writes and fingerprints it: "0.05", "0", "10" — one text per value, whatever its scale
+    (a column's ``0.0500`` is "0.05")."""
+    return format(value.normalize(), "f")
+
+
 def band_limit(cheapest: Decimal, tolerance: Decimal) -> Decimal:
     """The dearest price within ``tolerance`` of ``cheapest`` (exact: Decimal arithmetic)."""
     return cheapest * (1 + tolerance)
@@ -191,5 +197,5 @@ def prices_by_node(prices: Mapping[str, Decimal]) -> Callable[[Node], Decimal]:
 __all__ = [
     "MAX_TOLERANCE", "TOLERANCE_PLACES", "PriceFirst", "band_limit", "effective_tolerance", "gang_band", "optional_tolerance",
     "parse_tolerance",
-    "prices_by_node",
+    "prices_by_node", "tolerance_text",
 ]  # fmt: skip

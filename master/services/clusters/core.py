@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
 from master.models import Cluster, ClusterEvent, Rental
+from master.scheduler.price import tolerance_text
 from master.services import commands, idempotency, rentals
 from master.services.accounts import Principal
 from master.services.clusters import placement as cluster_placement
@@ -163,7 +164,7 @@ def cluster_view(cluster: Cluster, members: Sequence[Rental], events: Sequence[C
         "kind": cluster.kind,
         "bid_per_gpu_hour": money(cluster.bid_per_gpu_hour) if cluster.bid_per_gpu_hour is not None else None,
         "restart_policy": cluster.restart_policy,
-        "price_tolerance": None if cluster.price_tolerance is None else format(cluster.price_tolerance.normalize(), "f"),
+        "price_tolerance": None if cluster.price_tolerance is None else tolerance_text(cluster.price_tolerance),
         "failure_reason": cluster.failure_reason,
         "created_at": cluster.created_at.isoformat(),
         "started_at": cluster.started_at.isoformat() if cluster.started_at else None,

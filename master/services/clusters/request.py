@@ -13,6 +13,7 @@ from decimal import Decimal
 from typing import Any
 
 from master.models import Cluster, Rental
+from master.scheduler.price import tolerance_text
 from master.services.rentals import RentalRequest
 from master.services.volumes import VolumeAsk, asks_of, check_asks
 from shared.errors import ValidationFailed
@@ -108,7 +109,7 @@ class ClusterRequest:
         if self.volumes:
             fields["vol"] = [ask.to_json() for ask in self.volumes]
         if self.price_tolerance is not None:  # absent otherwise: older keys still match
-            fields["tol"] = format(self.price_tolerance.normalize(), "f")
+            fields["tol"] = tolerance_text(self.price_tolerance)
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 

@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
 from master.models import Rental, Service, ServiceEvent
+from master.scheduler.price import tolerance_text
 from master.services import idempotency, rentals
 from master.services.accounts import Principal
 from master.services.endpoints import backoff
@@ -103,7 +104,7 @@ def request_of(service: Service) -> ServiceRequest:
 
 def _tolerance(value: Decimal | None) -> str | None:
     """A kept price tolerance as the API writes it ("0.05"); None: the platform's rule."""
-    return None if value is None else format(value.normalize(), "f")
+    return None if value is None else tolerance_text(value)
 
 
 def owner_of(service: Service) -> Principal:

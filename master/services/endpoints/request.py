@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
 
+from master.scheduler.price import tolerance_text
 from master.services.rentals import RentalRequest
 from master.services.volumes import VolumeAsk, check_asks
 from shared.errors import BadRequest
@@ -84,7 +85,7 @@ class ServiceRequest:
         if self.volumes:  # absent otherwise: keys of services made before volumes still match
             fields["vol"] = [ask.to_json() for ask in self.volumes]
         if self.price_tolerance is not None:  # likewise
-            fields["tol"] = format(self.price_tolerance.normalize(), "f")
+            fields["tol"] = tolerance_text(self.price_tolerance)
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
     def replica_request(self, service_id: str, *, queue_timeout_s: float) -> RentalRequest:

@@ -15,6 +15,7 @@ from typing import Any
 from master.models import Rental
 from master.scheduler import MILLI, NetworkLimits
 from master.scheduler import Request as PlaceRequest
+from master.scheduler.price import tolerance_text
 from master.services.market import (
     PRICE_QUANTUM,
     Op,
@@ -125,7 +126,7 @@ class RentalRequest:
         if self.volumes:  # absent otherwise: specs written before volumes read the same
             spec["volumes"] = [ask.to_json() for ask in self.volumes]
         if self.price_tolerance is not None:  # absent otherwise, likewise
-            spec["price_tolerance"] = str(self.price_tolerance)
+            spec["price_tolerance"] = tolerance_text(self.price_tolerance)
         return spec
 
     @classmethod
@@ -155,7 +156,7 @@ class RentalRequest:
             "kind": self.kind if self.kind != "on_demand" else None, "bid": str(self.bid) if self.bid is not None else None,
             "net": self.network, "queue": [self.queue, self.queue_timeout_s] if self.queue else None,
             "vol": [ask.to_json() for ask in self.volumes] or None,
-            "tol": format(self.price_tolerance.normalize(), "f") if self.price_tolerance is not None else None,
+            "tol": tolerance_text(self.price_tolerance) if self.price_tolerance is not None else None,
         }  # fmt: skip
         fields.update({key: value for key, value in extra.items() if value is not None})
         blob = json.dumps(fields, sort_keys=True)
