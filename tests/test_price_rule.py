@@ -29,6 +29,9 @@ from master.scheduler.price import (
     parse_tolerance,
     prices_by_node,
 )
+from master.scheduler.price_simulate import TIER_PRICES, host_prices, simulate_prices
+from master.scheduler.simulate import simulate
+from master.scheduler.trace import TraceNode
 from shared.errors import BadRequest
 
 D = Decimal
@@ -185,3 +188,36 @@ class TestGrammar:
             parse_tolerance(value)
         assert caught.value.code == "invalid_price_tolerance" and caught.value.http_status == 400
         assert "from 0 to 10" in caught.value.message
+
+
+class TestOnTheTrace:
+    """``price_simulate``: the FGD protocol with a price per host (a small synthetic fleet, seeded)."""
+
+    NODES = [TraceNode(f"n{i}", 32_000, 128_000, 4, model) for i, model in enumerate(["T4", "V100M32", "P100", "G3"] * 6)]
+    PODS = [Request(num_gpu=1, cpu_milli=4_000), Request(num_gpu=2, cpu_milli=8_000), Request(num_gpu=1, gpu_milli=500),
+            Request(num_gpu=4, cpu_milli=8_000), Request(num_gpu=1, gpu_models=frozenset({"G3"}))]  # fmt: skip
+
+    def test_prices_are_seeded_per_host_around_the_tier(self) -> None:
+        prices = host_prices(self.NODES, seed=7)
+        assert prices == host_prices(self.NODES, seed=7) and prices != host_prices(self.NODES, seed=8)
+        for node, price in zip(self.NODES, prices, strict=True):
+            base = TIER_PRICES[node.model]
+            assert base * D("0.9") <= price <= base * D("1.1") and price == price.quantize(D("0.0001"))
+
+    def test_the_plain_run_is_the_simulator(self) -> None:
+        plain = simulate_prices(self.NODES, self.PODS, algorithm="fgd", tolerance=None, seed=3, stop_at_pct=100)
+        reference = simulate(self.NODES, self.PODS, algorithm="fgd", seed=3, stop_at_pct=100)
+        assert [p.allocated_pct for p in plain.curve] == [p.allocated_pct for p in reference.curve]
+        assert plain.ruled == 0
+
+    def test_the_rule_pays_less_while_there_is_room(self) -> None:
+        plain = simulate_prices(self.NODES, self.PODS, algorithm="fgd_net", tolerance=None, seed=3, stop_at_pct=100)
+        ruled = simulate_prices(self.NODES, self.PODS, algorithm="fgd_net", tolerance=D("0.05"), seed=3, stop_at_pct=100)
+        again = simulate_prices(self.NODES, self.PODS, algorithm="fgd_net", tolerance=D("0.05"), seed=3, stop_at_pct=100)
+        assert ruled.to_json() == again.to_json()  # deterministic
+        assert ruled.ruled > 0 and ruled.ruled < ruled.pods  # the G3-only pods name a model: the plain placer
+        half_plain, half_ruled = plain.at(40), ruled.at(40)
+        assert half_plain is not None and half_ruled is not None
+        assert half_ruled.mean_price < half_plain.mean_price
+        cheapest = min(TIER_PRICES[m] for m in ("T4", "V100M32", "P100", "G3"))
+        assert half_ruled.mean_price < float(cheapest) * 1.6
