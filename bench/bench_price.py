@@ -13,7 +13,7 @@ placed when arrived demand reached 50 % and 100 % of capacity (what renters pay 
 the plain placer. The CPU time of each run (``thread_time``) too: the rule scores a band of nodes afresh per decision.
 
 Usage: ``python bench/bench_price.py [--traces default,gpushare40,gpuspec33,multigpu50] [--seeds 42-44]
-[--placer fgd_net] [--tolerances 0,0.05,0.2] [--jobs N] [--json FILE] [--quick]``.
+[--placer fgd_net] [--tolerances 0,0.05,0.2] [--price MODEL=USD ...] [--jobs N] [--json FILE] [--quick]``.
 """
 
 from __future__ import annotations
@@ -53,16 +53,16 @@ def _trace(trace_dir: str, trace: str) -> tuple[list[TraceNode], list[Request]]:
     return _loaded[key]
 
 
-Job = tuple[str, str, str, str, int]  # trace dir, trace, placer, tolerance ("inf": plain), seed
+Job = tuple[str, str, str, str, int, tuple[tuple[str, str], ...]]  # trace dir, trace, placer, tolerance ("inf": plain), seed, prices
 Outcome = tuple[str, str, int, float, float, float, float]  # trace, tolerance, seed, alloc %, price @50, price @100, CPU s
 
 
 def job(work: Job) -> Outcome:
-    trace_dir, trace, placer, tolerance, seed = work
+    trace_dir, trace, placer, tolerance, seed, table = work
     nodes, pods = _trace(trace_dir, trace)
     started = time.thread_time()
     result = simulate_prices(nodes, pods, algorithm=placer, tolerance=None if tolerance == PLAIN else Decimal(tolerance),
-                             seed=seed, stop_at_pct=100)  # fmt: skip
+                             seed=seed, stop_at_pct=100, table={m: Decimal(p) for m, p in table})  # fmt: skip
     half, full = result.at(50), result.at(100)
     assert half is not None and full is not None
     return trace, tolerance, seed, full.allocated_pct, half.mean_price, full.mean_price, time.thread_time() - started
@@ -82,13 +82,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--trace-dir", type=Path, default=SHARED / "alibaba-gpu-v2023" / "csv")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures as JSON")
     parser.add_argument("--quick", action="store_true", help="the default trace, seed 42 only")
+    parser.add_argument("--price", action="append", default=[], metavar="MODEL=USD",
+                        help="another price for a model than TIER_PRICES' (repeatable), e.g. T4=0.45; figures are then not recorded")
     args = parser.parse_args(argv)
     traces = ["default"] if args.quick else [t for t in args.traces.split(",") if t]
     seeds = [42] if args.quick else parse_seeds(args.seeds)
     tolerances = [str(Decimal(t)) for t in args.tolerances.split(",") if t and t != PLAIN] + [PLAIN]
+    table = {model: str(price) for model, price in TIER_PRICES.items()}
+    for override in args.price:
+        model, _, price = override.partition("=")
+        table[model] = str(Decimal(price))
     print(describe_machine())
-    print(f"prices per GPU-hour: {', '.join(f'{m} ${p}' for m, p in TIER_PRICES.items())}, each host ±10 % (seeded)")
-    work: list[Job] = [(str(args.trace_dir), t, args.placer, tol, s) for t in traces for tol in tolerances for s in seeds]
+    print(f"prices per GPU-hour: {', '.join(f'{m} ${p}' for m, p in table.items())}, each host ±10 % (seeded)")
+    prices = tuple(table.items())
+    work: list[Job] = [(str(args.trace_dir), t, args.placer, tol, s, prices) for t in traces for tol in tolerances for s in seeds]
     outcomes: dict[tuple[str, str], list[Outcome]] = {}
     progress = Progress("price runs", len(work), after=0)
     started = time.perf_counter()
@@ -118,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                          "alloc_sd": statistics.pstdev(alloc), "price_at_50": statistics.fmean(half),
                          "price_at_100": statistics.fmean(full), "cpu_s": cpu})  # fmt: skip
     for tolerance in tolerances:
-        if tolerance == PLAIN:
+        if tolerance == PLAIN or args.price:
             continue
         of = [r for r in rows if r["tolerance"] == tolerance]
         base = [r for r in rows if r["tolerance"] == PLAIN]

@@ -45,7 +45,7 @@ class _Raw:
 
 PriceTolerance = Annotated[Any, _Raw({
     "anyOf": [{"type": "string", "pattern": r"^(?:[0-9]+(?:\.[0-9]{1,4})?|\.[0-9]{1,4})$", "maxLength": 16},
-              {"type": "number", "minimum": 0, "maximum": 10}],
+              {"type": "number", "minimum": 0, "maximum": 10}, {"type": "null"}],
     "examples": ["0.05"],
 })]  # fmt: skip
 PRICE_TOLERANCE_TEXT = ("The renter's price first: go to the cheapest offers that meet the request, and let the placer "

@@ -96,6 +96,7 @@ def simulate_prices(
     seed: int = 42,
     stop_at_pct: float | None = None,
     jitter: Decimal = DEFAULT_JITTER,
+    table: Mapping[str, Decimal] = TIER_PRICES,
     workload: Workload | None = None,
 ) -> PriceResult:
     """The simulator's protocol with prices (see the module docstring)."""
@@ -103,7 +104,7 @@ def simulate_prices(
     capacity = sum(node.gpu_milli_capacity for node in fleet)
     if capacity == 0:
         raise ValidationFailed("the nodes have no GPUs")
-    prices = host_prices(nodes, seed=seed, jitter=jitter)
+    prices = host_prices(nodes, seed=seed, jitter=jitter, table=table)
     order = sorted(range(len(fleet)), key=lambda p: (prices[p], p))
     workload = workload if workload is not None else Workload.from_requests(pods)
     placer = get_placer(algorithm, seed=seed, workload=workload)
