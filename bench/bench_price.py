@@ -68,6 +68,10 @@ def job(work: Job) -> Outcome:
     return trace, tolerance, seed, full.allocated_pct, half.mean_price, full.mean_price, time.thread_time() - started
 
 
+def mean(rows: Sequence[dict[str, float | str]], key: str) -> float:
+    return statistics.fmean(float(row[key]) for row in rows)
+
+
 def cell(values: Sequence[float], places: int = 2) -> str:
     return f"{statistics.fmean(values):.{places}f}±{statistics.pstdev(values):.{places}f}"
 
@@ -109,13 +113,14 @@ def main(argv: Sequence[str] | None = None) -> None:
           "(tolerance inf) of the same trace and seeds")  # fmt: skip
     print("| trace | tolerance | GPU alloc % at 100 % | Δ alloc | $/GPU-h at 50 % | Δ $ at 50 % | $/GPU-h at 100 % | Δ $ at 100 % | CPU s/run |")
     print("|---|---|---|---|---|---|---|---|---|")
-    rows: list[dict[str, object]] = []
+    rows: list[dict[str, float | str]] = []
     for trace in traces:
         plain = outcomes[(trace, PLAIN)]
-        plain_alloc, plain_half, plain_full = (statistics.fmean(o[i] for o in plain) for i in (3, 4, 5))
+        plain_alloc = statistics.fmean(o[3] for o in plain)
+        plain_half, plain_full = statistics.fmean(o[4] for o in plain), statistics.fmean(o[5] for o in plain)
         for tolerance in tolerances:
             runs = outcomes[(trace, tolerance)]
-            alloc, half, full = ([o[i] for o in runs] for i in (3, 4, 5))
+            alloc, half, full = [o[3] for o in runs], [o[4] for o in runs], [o[5] for o in runs]
             delta_half = 100 * (statistics.fmean(half) / plain_half - 1)
             delta_full = 100 * (statistics.fmean(full) / plain_full - 1)
             cpu = statistics.fmean(o[6] for o in runs)
@@ -129,7 +134,6 @@ def main(argv: Sequence[str] | None = None) -> None:
             continue
         of = [r for r in rows if r["tolerance"] == tolerance]
         base = [r for r in rows if r["tolerance"] == PLAIN]
-        mean = lambda rs, key: statistics.fmean(float(r[key]) for r in rs)  # noqa: E731
         what = f"{len(traces)} trace variants × seeds {seeds[0]}–{seeds[-1]}"
         record("price", f"{args.placer} + price rule at {tolerance}: GPU allocation at 100 % arrived, mean of {what}",
                round(mean(of, "alloc_pct"), 2), "%", f"plain {args.placer}", round(mean(base, "alloc_pct"), 2),
