@@ -50,6 +50,20 @@ def priced(placer: str, tolerance: Decimal | None, prices: dict[str, Decimal]) -
 ONE = Request(num_gpu=1)
 
 
+class Spy:
+    """fgd_net, noting the size and capacity figures of each band it is shown."""
+
+    name = "spy"
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, dict[str, int]]] = []
+
+    def place(self, request: Request, band: Sequence[Node]) -> Placement | None:
+        assert isinstance(band, Fleet)
+        self.seen.append((len(band), dict(band.capacity_by_model)))
+        return get_placer("fgd_net").place(request, band)
+
+
 class TestBand:
     def test_the_cheapest_is_the_cheapest_that_fits(self) -> None:
         """A full $0.15 host does not count: the cheapest *feasible* offer is the $0.40 one, not the free $0.90 A100."""
@@ -127,12 +141,14 @@ class TestBand:
         assert placement is not None and placement.node_id == "mid" and placement.node_index == 1
 
     def test_the_band_sees_the_whole_fleets_capacity(self) -> None:
-        """fgd_net's model pressure is the fleet's, not the band's: on a Fleet the band keeps its capacity figures."""
-        fleet = Fleet([host("t4", 2, model="T4"), host("a100", 2)])
-        placements = []
-        for tolerance in (None, D(10)):
-            placements.append(priced("fgd_net", tolerance, {"t4": D("0.2"), "a100": D("0.3")}).place(ONE, fleet))
-        assert placements[0] == placements[1]
+        """fgd_net's model pressure is the fleet's, not the band's: the band keeps the capacity figures of the nodes
+        given (a Fleet's, or a plain list's as the placer would see it)."""
+        for nodes in ([host("t4", 2, model="T4"), host("a100", 2), host("dear", 2)],
+                      Fleet([host("t4", 2, model="T4"), host("a100", 2), host("dear", 2)])):  # fmt: skip
+            spy = Spy()
+            rule = PriceFirst(spy, D("0.6"), prices_by_node({"t4": D("0.2"), "a100": D("0.3"), "dear": D("0.9")}))
+            assert rule.place(ONE, nodes) is not None
+            assert spy.seen == [(2, {"T4": 2 * MILLI, "A100": 4 * MILLI})]
 
     def test_placements_index_the_nodes_given(self) -> None:
         fleet = Fleet([host("dear", 2), host("cheap", 2)])

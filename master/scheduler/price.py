@@ -145,9 +145,9 @@ def _sub_fleet(nodes: Sequence[Node], positions: Sequence[int]) -> Fleet:
     """The band as a fleet of its own that still sees the whole fleet's capacity (``fgd_net``'s model pressure,
     the scales ``utilization`` normalises by): the band changes which nodes a placer may choose, not how it scores."""
     band = Fleet(nodes[p] for p in positions)
-    if isinstance(nodes, Fleet):
-        band.capacity_by_model = nodes.capacity_by_model
-        band.max_cpu_milli, band.max_gpu_milli = nodes.max_cpu_milli, nodes.max_gpu_milli
+    whole = nodes if isinstance(nodes, Fleet) else Fleet(nodes)  # a plain list: as the placer would see it
+    band.capacity_by_model = whole.capacity_by_model
+    band.max_cpu_milli, band.max_gpu_milli = whole.max_cpu_milli, whole.max_gpu_milli
     return band
 
 
