@@ -523,7 +523,7 @@ class TestOpenApi:
         schemas = document["components"]["schemas"]
         assert set(schemas["RentalCreate"]["properties"]) == {
             "offer_id", "requirements", "gpu_count", "gpu_model", "gpu_milli", "gpu_memory_mib", "mig_profile", "kind", "bid",
-            "network", "queue", "queue_timeout_s", "template", "workload", "restart_on_failure", "volumes",
+            "network", "queue", "queue_timeout_s", "template", "workload", "restart_on_failure", "volumes", "price_tolerance",
         }  # fmt: skip
         op = document["paths"][API + "/rentals"]["post"]
         ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]

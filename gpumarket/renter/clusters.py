@@ -25,7 +25,13 @@ from gpumarket.renter.commands import (
 )
 from gpumarket.renter.options import add_network_bounds, common_options, network_bounds, positive_int, usd
 from gpumarket.renter.output import err, event_lines, money, money_column, print_json, short_time, table
-from gpumarket.renter.renting import add_volume_option, container_workload, wait_for
+from gpumarket.renter.renting import (
+    add_price_tolerance_option,
+    add_volume_option,
+    container_workload,
+    price_tolerance_fields,
+    wait_for,
+)
 from gpumarket.renter.sshcmds import add_ssh_options, cmd_ssh
 
 ACTIVE_CLUSTER_STATES = ("pending", "starting", "running", "degraded", "stopping")
@@ -113,6 +119,7 @@ def cluster_body(args: argparse.Namespace) -> dict[str, Any]:
         if any("{rank}" not in (v.get("name") or v.get("id") or "") for v in args.volume):
             raise UsageError("a cluster's --volume names each member's own volume with {rank}, e.g. ckpt-{rank}:/ckpt")
         body["volumes"] = args.volume
+    body.update(price_tolerance_fields(args))
     return body
 
 
@@ -342,6 +349,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     what.add_argument("--image", metavar="REF", help="run this container image on every node")
     create.add_argument("--command", metavar="CMD", help="with --image: the command, replacing the image's entrypoint")
     add_volume_option(create, "each member: NAME has {rank}, member r mounts its own (ckpt-{rank}:/ckpt)")
+    add_price_tolerance_option(create, "the cluster (the set of hosts whose dearest costs least)")
     add_network_bounds(create)
     create.add_argument("--queue", action="store_true", help="wait (the whole cluster, as one) when the hosts are busy now")
     create.add_argument("--no-wait", action="store_true", help="print the cluster as created, do not wait until it runs")

@@ -45,7 +45,13 @@ from gpumarket.renter.options import (
 )
 from gpumarket.renter.outcome import ENDED_STATES, failed, print_rental_outcome
 from gpumarket.renter.output import err, money, money_column, print_json, short_time, table
-from gpumarket.renter.renting import add_interruptible_options, add_volume_option, rental_body, wait_for
+from gpumarket.renter.renting import (
+    add_interruptible_options,
+    add_price_tolerance_option,
+    add_volume_option,
+    rental_body,
+    wait_for,
+)
 
 # Rentals fetched per page, and pages at most, for `rentals`.
 PAGE_SIZE, MAX_PAGES = 500, 20
@@ -450,6 +456,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     rent.add_argument("--env", action="append", default=[], metavar="K=V", help="with --image: an environment variable (repeatable)")
     add_volume_option(rent, "the rental's container")
     add_interruptible_options(rent, "an interruptible rental")
+    add_price_tolerance_option(rent, "the rental")
     rent.add_argument("--queue", action="store_true", help="wait for GPUs (up to 10 minutes) when none are free now")
     rent.add_argument("--no-wait", action="store_true", help="print the rental as created, do not wait until it runs")
     finish(rent, cmd_rent, json="the rental's JSON (no progress lines)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from decimal import Decimal
 from pathlib import Path
 
 from shared.money import MAX_PRICE, PRICE_PLACES, amount_problem
@@ -64,6 +65,17 @@ def usd(text: str) -> str:
     if amount is None:
         raise argparse.ArgumentTypeError(problem)
     return text
+
+
+def price_tolerance(text: str) -> str:
+    """``--price-tolerance``: a fraction of the cheapest price (0.05) or a percentage (5%), 0 to 10 (1000 %), as the API
+    takes it (a plain decimal string; master/scheduler/price.py checks it again and answers 400 if not)."""
+    percent = text.endswith("%")
+    number = text[:-1] if percent else text
+    problem, amount = amount_problem(number, places=2 if percent else 4, maximum=Decimal(1000) if percent else Decimal(10))
+    if amount is None:
+        raise argparse.ArgumentTypeError(f"must be a fraction like 0.05 or a percentage like 5% (0 to 10, or 1000%): {problem}")
+    return format((amount / 100).normalize(), "f") if percent else number
 
 
 def port(text: str) -> int:

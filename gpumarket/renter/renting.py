@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpumarket.renter.api import Client, UsageError
-from gpumarket.renter.options import usd
+from gpumarket.renter.options import price_tolerance, usd
 from gpumarket.renter.outcome import ENDED_STATES
 from gpumarket.renter.output import err
 
@@ -58,6 +58,18 @@ def add_interruptible_options(parser: argparse.ArgumentParser, what: str) -> Non
     parser.add_argument("--interruptible", action="store_true", help="cheaper, but preempted by on-demand rentals and higher bids (needs --bid)")
     parser.add_argument("--bid", type=usd, metavar="USD", help=f"the most you pay per GPU-hour for {what}: "
                         "at least the host's minimum bid; you are charged the lower of the bid and the GPU's on-demand price")  # fmt: skip
+
+
+def add_price_tolerance_option(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--price-tolerance T``, read by ``price_tolerance_fields``."""
+    parser.add_argument("--price-tolerance", type=price_tolerance, metavar="T", help=f"the renter's price first: {what} "
+                        "goes to the cheapest offers that fit, and the placer chooses among those at most T above the "
+                        "cheapest (0.05 or 5%%; 0: the cheapest only). Default: the platform's (5 %%) when no --model is "
+                        "named; with a --model, the placer's choice among that model's offers")  # fmt: skip
+
+
+def price_tolerance_fields(args: argparse.Namespace) -> dict[str, str]:
+    return {} if args.price_tolerance is None else {"price_tolerance": args.price_tolerance}
 
 
 def volume_mount(text: str) -> dict[str, Any]:
@@ -112,6 +124,7 @@ def rental_body(args: argparse.Namespace) -> dict[str, Any]:
             raise UsageError("--volume mounts into a container: add --template or --image (a hold runs nothing to mount it in)")
         body["volumes"] = args.volume
     body.update(interruptible_fields(args, "an interruptible rental"))
+    body.update(price_tolerance_fields(args))
     if args.queue:
         body["queue"] = True
     return body

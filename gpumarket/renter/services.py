@@ -24,9 +24,11 @@ from gpumarket.renter.options import non_negative_int, port, positive_int, usd
 from gpumarket.renter.output import err, event_lines, money, money_column, print_json, short_time, table
 from gpumarket.renter.renting import (
     add_interruptible_options,
+    add_price_tolerance_option,
     add_volume_option,
     container_workload,
     interruptible_fields,
+    price_tolerance_fields,
 )
 
 # The rule a service gets when only cooldowns are given (the API's own default when no rule is: 4 in flight per replica).
@@ -105,6 +107,7 @@ async def service_body(args: argparse.Namespace, client: Client) -> dict[str, An
             raise UsageError("a service's replicas share their volumes read-only: write --volume NAME:/MOUNT:ro")
         body["volumes"] = args.volume
     body.update(interruptible_fields(args, "an interruptible service"))
+    body.update(price_tolerance_fields(args))
     return body
 
 
@@ -369,6 +372,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                         help="seconds between two scale-downs (default 300)")  # fmt: skip
     add_volume_option(create, "each replica, read-only (:ro; replicas then run only where one lives)")
     add_interruptible_options(create, "interruptible replicas (a preempted one is replaced)")
+    add_price_tolerance_option(create, "every replica (kept on the service)")
     create.add_argument("--idempotency-key", type=_idempotency_key, metavar="K", help="send this Idempotency-Key: the same K "
                         "with the same options makes one service however often it runs")  # fmt: skip
     finish(create, cmd_create, json="the service's JSON")

@@ -37,6 +37,7 @@ from master.api.responses import (
 )
 from master.api.schemas import EnrollCheckRequest, EnrollRequest, FairSharePut, QuotaPut, RentalCreate
 from master.api.times import time_query
+from master.scheduler.price import optional_tolerance
 from master.services import hosts, market, platform, rentals
 from master.services.rentals import RentalRequest, set_fair_share, set_quota
 from master.telemetry import series
@@ -210,6 +211,7 @@ async def create_rental(request: web.Request) -> web.Response:
         mig_profile=body.mig_profile, offer_id=body.offer_id, query=body.requirements or "", kind=body.kind, bid=body.bid,
         network=body.network.model_dump() if body.network is not None else None, queue=body.queue,
         queue_timeout_s=body.queue_timeout_s, volumes=tuple(v.ask() for v in body.volumes or ()),
+        price_tolerance=optional_tolerance(body.price_tolerance),
     )  # fmt: skip
     view, created = await money.create_rental(request.app[MASTER], principal(request), request_, idempotency_key=key)
     return web.json_response(view, status=201 if created else 200)

@@ -21,6 +21,7 @@ from master.api.base import (
 from master.api.keys import MASTER
 from master.api.middleware import principal
 from master.api.schemas import ClusterCreate
+from master.scheduler.price import optional_tolerance
 from master.services import clusters
 from master.services.clusters import ClusterRequest
 
@@ -36,6 +37,7 @@ async def create_cluster(request: web.Request) -> web.Response:
         query=body.requirements or "", kind=body.kind, bid=body.bid,
         network=body.network.model_dump() if body.network is not None else None, restart_policy=body.restart_policy,
         queue=body.queue, queue_timeout_s=body.queue_timeout_s, volumes=tuple(v.ask() for v in body.volumes or ()),
+        price_tolerance=optional_tolerance(body.price_tolerance),
     )  # fmt: skip
     cluster, created = await clusters.create_cluster(master, principal(request), wanted, idempotency_key=key)
     async with master.db.session() as session:

@@ -32,6 +32,7 @@ from master.api.keys import MASTER
 from master.api.middleware import principal
 from master.api.schemas import ServiceCreate, ServiceScale
 from master.models import Service
+from master.scheduler.price import optional_tolerance
 from master.services import endpoints
 from master.services.endpoints import ServiceRequest
 from shared.errors import BadRequest, ValidationFailed
@@ -70,7 +71,7 @@ async def create_service(request: web.Request) -> web.Response:
         name=body.name, port=body.port, min_replicas=body.min_replicas, max_replicas=body.max_replicas, scaling=scaling,
         workload=body.workload.model_dump(mode="json") if body.workload is not None else {}, template=body.template,
         health_path=body.health_path, gpu_count=body.gpu_count, gpu_model=body.gpu_model, query=query, kind=body.kind,
-        bid=body.bid, volumes=tuple(v.ask() for v in body.volumes or ()),
+        bid=body.bid, volumes=tuple(v.ask() for v in body.volumes or ()), price_tolerance=optional_tolerance(body.price_tolerance),
     )  # fmt: skip
     service, token = await endpoints.create_service(master, principal(request), wanted, idempotency_key=key)
     view = await _detail(request, service.id)

@@ -8,7 +8,8 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler
+from pydantic_core import core_schema
 
 from master.services.rentals import MAX_DESCRIPTION_CHARS, NAME_PATTERN
 from master.services.volumes import VolumeAsk
@@ -26,6 +27,32 @@ Bid = Annotated[Decimal, Amount(maximum=MAX_PRICE, positive=True)]
 GpuQuota = Annotated[Decimal, Amount(places=GPU_PLACES, maximum=Decimal("9999999.999"))]  # Numeric(10, 3)
 SpendQuota = Annotated[Decimal, Amount(maximum=Decimal("99999999.999999"))]  # Numeric(14, 6)
 Cents = Annotated[str | int, AmountText(places=CENT_PLACES, maximum=Decimal("1000000"))]  # read by billing.ledger.cents: 422 invalid_amount
+
+
+class _Raw:
+    """A field kept as sent, for a service to read under its own error code (400 ``invalid_price_tolerance``:
+    ``master.scheduler.price.parse_tolerance``), with ``schema`` as its JSON Schema."""
+
+    def __init__(self, schema: dict[str, Any]) -> None:
+        self.schema = schema
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        return core_schema.no_info_plain_validator_function(lambda value: value)
+
+    def __get_pydantic_json_schema__(self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+        return dict(self.schema)
+
+
+PriceTolerance = Annotated[Any, _Raw({
+    "anyOf": [{"type": "string", "pattern": r"^(?:[0-9]+(?:\.[0-9]{1,4})?|\.[0-9]{1,4})$", "maxLength": 16},
+              {"type": "number", "minimum": 0, "maximum": 10}, {"type": "null"}],
+    "examples": ["0.05"],
+})]  # fmt: skip
+PRICE_TOLERANCE_TEXT = ("The renter's price first: go to the cheapest offers that meet the request, and let the placer "
+                        "choose among those priced at most this fraction above the cheapest (0.05 = 5 %, 0 = the cheapest "
+                        "only, up to 10). Default: the platform's price_tolerance when no GPU model is named; with a "
+                        "model named and no tolerance, the placer chooses among that model's offers as before. A bad "
+                        "value is 400 invalid_price_tolerance.")  # fmt: skip
 
 
 class _Body(BaseModel):
@@ -72,6 +99,7 @@ class RentalCreate(_Body):
     bid: Bid | None = Field(None, description="Most USD per GPU-hour you pay for an interruptible rental: at least the host's minimum "
                             "bid; you are charged the lower of the bid and the GPU's on-demand price.")
     network: NetworkLimitsBody | None = Field(None, description="Only hosts whose measured network to your region keeps these limits.")
+    price_tolerance: PriceTolerance = Field(None, description=PRICE_TOLERANCE_TEXT)
     queue: bool = Field(False, description="Wait for GPUs instead of failing when none are free now.")
     queue_timeout_s: float = Field(600.0, ge=1, le=30 * 86400, description="How long to wait in the queue before failing.")
     template: str | None = Field(None, pattern=NAME_PATTERN, max_length=40, description="A template from GET /templates (e.g. base, "
@@ -105,6 +133,8 @@ class ClusterCreate(_Body):
     requirements: str | None = Field(None, max_length=2000, description="Offer filters every node's host meets (query language).")
     kind: Literal["on_demand", "interruptible"] = Field("on_demand", description="As for rentals; interruptible nodes need a bid.")
     bid: Bid | None = Field(None, description="Most USD per GPU-hour for an interruptible cluster.")
+    price_tolerance: PriceTolerance = Field(None, description=PRICE_TOLERANCE_TEXT + " For a cluster: the cheapest set "
+                                            "of hosts is the one whose dearest node costs least.")
     network: ClusterNetworkBody | None = Field(None, description="Bounds between any two nodes: host pairs measured outside "
                                                "them (or unreachable) are never placed together, pairs never measured are; once "
                                                "the private network is up, its figures are checked against them "
@@ -154,6 +184,8 @@ class ServiceCreate(_Body):
     kind: Literal["on_demand", "interruptible"] = Field("on_demand", description="interruptible replicas are cheaper and "
                                                        "may be preempted; a preempted replica is replaced.")
     bid: Bid | None = Field(None, description="Most USD per GPU-hour for interruptible replicas.")
+    price_tolerance: PriceTolerance = Field(None, description=PRICE_TOLERANCE_TEXT + " Kept on the service: every "
+                                            "replica is placed with it.")
     min_replicas: int = Field(1, ge=0, le=1000, description="Fewest replicas; 0 lets the service sleep (the first request waits).")
     max_replicas: int = Field(1, ge=0, le=1000, description="Most replicas.")
     scaling: ScalingBody | None = Field(None, description="The scaling rule; default: inflight with target 4.")

@@ -48,6 +48,8 @@ class Cluster(Base):
     private_network: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     kind: Mapped[str] = mapped_column(String(16), default="on_demand")  # | interruptible
     bid_per_gpu_hour: Mapped[Decimal | None] = mapped_column(Numeric(12, 6), default=None)
+    # Its placement's price tolerance (docs/placement.md, "The renter's price first"); None: the master's setting's rule.
+    price_tolerance: Mapped[Decimal | None] = mapped_column(Numeric(8, 4), default=None)
     restart_policy: Mapped[str] = mapped_column(String(16), default="stop")  # | replace
     idempotency_key: Mapped[str | None] = mapped_column(String(255), default=None)
     request_fingerprint: Mapped[str | None] = mapped_column(String(64), default=None)

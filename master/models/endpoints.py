@@ -50,6 +50,8 @@ class Service(Base):
     query: Mapped[str] = mapped_column(Text, default="")  # requirements every replica's host meets (offer query language)
     kind: Mapped[str] = mapped_column(String(16), default="on_demand")  # | interruptible
     bid_per_gpu_hour: Mapped[Decimal | None] = mapped_column(Numeric(12, 6), default=None)
+    # Every replica's price tolerance (docs/placement.md, "The renter's price first"); None: the master's setting's rule.
+    price_tolerance: Mapped[Decimal | None] = mapped_column(Numeric(8, 4), default=None)
     min_replicas: Mapped[int]
     max_replicas: Mapped[int]
     desired_replicas: Mapped[int]

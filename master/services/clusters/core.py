@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import Master
 from master.models import Cluster, ClusterEvent, Rental
+from master.scheduler.price import tolerance_text
 from master.services import commands, idempotency, rentals
 from master.services.accounts import Principal
 from master.services.clusters import placement as cluster_placement
@@ -62,7 +63,7 @@ async def _create(master: Master, renter: Principal, request: ClusterRequest, id
         gpus_per_node=request.gpus_per_node, gpu_model=request.gpu_model, allow_mixed=request.allow_mixed,
         workload=request.workload, template=request.template, network=request.network, kind=request.kind,
         bid_per_gpu_hour=request.bid, restart_policy=request.restart_policy, idempotency_key=idempotency_key,
-        request_fingerprint=request.fingerprint(), created_at=now,
+        request_fingerprint=request.fingerprint(), created_at=now, price_tolerance=request.price_tolerance,
     )  # fmt: skip
     cluster_id, renter_id = cluster.id, cluster.renter_id
     # One transaction: the cluster, every member's claim, state and start command commit together, or nothing does
@@ -163,6 +164,7 @@ def cluster_view(cluster: Cluster, members: Sequence[Rental], events: Sequence[C
         "kind": cluster.kind,
         "bid_per_gpu_hour": money(cluster.bid_per_gpu_hour) if cluster.bid_per_gpu_hour is not None else None,
         "restart_policy": cluster.restart_policy,
+        "price_tolerance": None if cluster.price_tolerance is None else tolerance_text(cluster.price_tolerance),
         "failure_reason": cluster.failure_reason,
         "created_at": cluster.created_at.isoformat(),
         "started_at": cluster.started_at.isoformat() if cluster.started_at else None,

@@ -6,7 +6,10 @@ and its request, it adds and places one member rental per node, or raises why it
 1. **Gang search.** The hosts are chosen together by ``master/scheduler/gang.py``'s ``place_gang``
    over the rental's own candidates (``rentals.find_candidates``: requirements, isolation, bid,
    spend quota), each node carrying its host's region: one region (and one model, unless
-   ``allow_mixed``) when any has room, then the placer's preference. Each chosen placement is then
+   ``allow_mixed``) when any has room, then the placer's preference. The renter's price first
+   (``master/scheduler/price.py::gang_band``, as for a rental: unless a model is named without a
+   ``price_tolerance``): only among the hosts priced at most ``price_tolerance`` above the least price
+   a whole set's dearest member can have. Each chosen placement is then
    claimed by the rental's placement pinned to that host and model (``try_place`` with the host's
    offer: quotas, credit, the atomic claim, the start command), all inside one savepoint: a claim that
    fails (a lost race) rolls the savepoint back, so no member, claim or command of it is left.
@@ -38,6 +41,7 @@ from master.context import Master
 from master.models import Cluster, Host, Rental
 from master.scheduler import MILLI, Node, Placement, get_placer
 from master.scheduler.gang import Rtt, place_gang
+from master.scheduler.price import effective_tolerance, gang_band
 from master.services import host_links, rentals, volumes
 from master.services.clusters.request import ClusterRequest
 from master.services.lifecycle import cluster_paths
@@ -119,10 +123,18 @@ async def _place_gang(
     bounds = host_links.NetworkBounds.of(request.network)
     rtt_ms, max_rtt_ms = host_links.placement_rtt(links, bounds, host_of.__getitem__)
 
+    tolerance = effective_tolerance(first.price_tolerance, master.settings.price_tolerance, names_model=first.names_model,
+                                    names_offer=False)  # fmt: skip
+
     def search(rtt: Rtt | None = None, limit: float | None = None, nodes: Sequence[Node] = found.nodes) -> list[Placement] | None:
-        # A placer of its own: the master's keeps its scores for the whole fleet it serves single rentals on.
-        return place_gang(first.place_request(), request.node_count, list(nodes), placer=get_placer(master.settings.placer),
-                          same_model=not request.allow_mixed, rtt_ms=rtt, max_rtt_ms=limit)  # fmt: skip
+        def solve(band: Sequence[Node]) -> list[Placement] | None:
+            # A placer of its own: the master's keeps its scores for the whole fleet it serves single rentals on.
+            return place_gang(first.place_request(), request.node_count, list(band), placer=get_placer(master.settings.placer),
+                              same_model=not request.allow_mixed, rtt_ms=rtt, max_rtt_ms=limit)  # fmt: skip
+
+        # The renter's price first: the cheapest band of hosts that holds a whole set (master/scheduler/price.py).
+        banded = gang_band(list(nodes), [found.hosts[node.node_id][2] for node in nodes], tolerance, solve)
+        return None if banded is None else banded[1]
 
     placements = None
     if bounds.min_mbit_s is not None and bounds.min_mbit_s > cluster_paths.TUNNEL_MAX_MBIT_S:

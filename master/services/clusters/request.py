@@ -13,6 +13,7 @@ from decimal import Decimal
 from typing import Any
 
 from master.models import Cluster, Rental
+from master.scheduler.price import tolerance_text
 from master.services.rentals import RentalRequest
 from master.services.volumes import VolumeAsk, asks_of, check_asks
 from shared.errors import ValidationFailed
@@ -41,6 +42,7 @@ class ClusterRequest:
     queue: bool = False  # True: wait (as one unit) up to queue_timeout_s when the fleet could take it but not now
     queue_timeout_s: float = 600.0
     volumes: tuple[VolumeAsk, ...] = ()  # each names {rank}: node r mounts its own volume, and goes to its host
+    price_tolerance: Decimal | None = None  # the renter's price first (clusters/placement.py); None: the setting's rule
 
     def check(self, *, max_queue_timeout_s: float) -> ClusterRequest:
         """The request normalised (model words, query), or ValidationFailed saying what is wrong."""
@@ -65,6 +67,7 @@ class ClusterRequest:
             gpu_count=self.gpus_per_node, gpu_model=model or self.gpu_model, workload=self.workload,
             kind=self.kind, bid=self.bid, query=query, avoid_hosts=avoid_hosts, template=self.template, queue=self.queue,
             queue_timeout_s=self.queue_timeout_s, volumes=tuple(ask.for_rank(rank) for ask in self.volumes),
+            price_tolerance=self.price_tolerance,
         )  # fmt: skip
 
     @classmethod
@@ -76,7 +79,7 @@ class ClusterRequest:
             allow_mixed=cluster.allow_mixed, workload=cluster.workload, template=cluster.template, query=spec.get("query") or "",
             kind=cluster.kind, bid=cluster.bid_per_gpu_hour, network=cluster.network, restart_policy=cluster.restart_policy,
             queue=True, queue_timeout_s=float(spec.get("queue_timeout_s") or 600.0),
-            volumes=asks_of({"volumes": spec.get("cluster_volumes")}),
+            volumes=asks_of({"volumes": spec.get("cluster_volumes")}), price_tolerance=cluster.price_tolerance,
         )  # fmt: skip
 
     @property
@@ -105,6 +108,8 @@ class ClusterRequest:
             fields["queue"] = self.queue_timeout_s
         if self.volumes:
             fields["vol"] = [ask.to_json() for ask in self.volumes]
+        if self.price_tolerance is not None:  # absent otherwise: older keys still match
+            fields["tol"] = tolerance_text(self.price_tolerance)
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import func, select, update
@@ -20,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.context import AUTOSCALER_LEASE, Master
 from master.models import Rental, Service, ServiceEvent
+from master.scheduler.price import tolerance_text
 from master.services import idempotency, rentals
 from master.services.accounts import Principal
 from master.services.endpoints import backoff
@@ -67,7 +69,7 @@ async def create_service(master: Master, renter: Principal, request: ServiceRequ
             min_replicas=request.min_replicas, max_replicas=request.max_replicas, desired_replicas=request.min_replicas,
             scaling=request.scaling, token_hash=secret_hash(token), token_prefix=token[:10], idempotency_key=idempotency_key,
             request_fingerprint=request.fingerprint(), created_at=now,
-            volumes=[ask.to_json() for ask in request.volumes] or None,
+            volumes=[ask.to_json() for ask in request.volumes] or None, price_tolerance=request.price_tolerance,
         )  # fmt: skip
         async with master.db.session() as session:
             session.add(service)
@@ -96,8 +98,13 @@ def request_of(service: Service) -> ServiceRequest:
         name=service.name, port=service.port, min_replicas=service.min_replicas, max_replicas=service.max_replicas,
         scaling=service.scaling, workload=service.workload, template=service.template, health_path=service.health_path,
         gpu_count=service.gpu_count, gpu_model=service.gpu_model, query=service.query, kind=service.kind,
-        bid=service.bid_per_gpu_hour, volumes=asks_of({"volumes": service.volumes}),
+        bid=service.bid_per_gpu_hour, volumes=asks_of({"volumes": service.volumes}), price_tolerance=service.price_tolerance,
     )  # fmt: skip
+
+
+def _tolerance(value: Decimal | None) -> str | None:
+    """A kept price tolerance as the API writes it ("0.05"); None: the platform's rule."""
+    return None if value is None else tolerance_text(value)
 
 
 def owner_of(service: Service) -> Principal:
@@ -192,6 +199,7 @@ def service_view(service: Service, replicas: Sequence[Rental], events: Sequence[
         "image": service.workload.get("image"), "workload": service.workload, "gpu_count": service.gpu_count,
         "gpu_model": service.gpu_model, "requirements": service.query or None, "kind": service.kind,
         "bid_per_gpu_hour": money(service.bid_per_gpu_hour) if service.bid_per_gpu_hour is not None else None,
+        "price_tolerance": _tolerance(service.price_tolerance),
         "min_replicas": service.min_replicas, "max_replicas": service.max_replicas,
         "desired_replicas": service.desired_replicas, "scaling": service.scaling, "volumes": service.volumes or [],
         "replicas": {"live": len(live), "ready": sum(1 for r in live if r.state == RentalState.RUNNING and r.ready_at is not None),

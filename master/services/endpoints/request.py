@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
 
+from master.scheduler.price import tolerance_text
 from master.services.rentals import RentalRequest
 from master.services.volumes import VolumeAsk, check_asks
 from shared.errors import BadRequest
@@ -42,6 +43,7 @@ class ServiceRequest:
     kind: str = "on_demand"
     bid: Decimal | None = None
     volumes: tuple[VolumeAsk, ...] = ()  # read-only; entries at one mount point are copies on different hosts
+    price_tolerance: Decimal | None = None  # every replica's (RentalRequest.price_tolerance); None: the setting's rule
 
     def check(self, *, replica_limit: int, max_queue_timeout_s: float) -> ServiceRequest:
         """The request normalised (scaling rule with its defaults, model words, query); BadRequest says what is wrong.
@@ -82,6 +84,8 @@ class ServiceRequest:
         }  # fmt: skip
         if self.volumes:  # absent otherwise: keys of services made before volumes still match
             fields["vol"] = [ask.to_json() for ask in self.volumes]
+        if self.price_tolerance is not None:  # likewise
+            fields["tol"] = tolerance_text(self.price_tolerance)
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
     def replica_request(self, service_id: str, *, queue_timeout_s: float) -> RentalRequest:
@@ -89,7 +93,7 @@ class ServiceRequest:
         return RentalRequest(
             gpu_count=self.gpu_count, gpu_model=self.gpu_model, workload=self.workload, query=self.query, kind=self.kind,
             bid=self.bid, queue=True, queue_timeout_s=queue_timeout_s, template=self.template, service_id=service_id or None,
-            volumes=self.volumes,
+            volumes=self.volumes, price_tolerance=self.price_tolerance,
         )  # fmt: skip
 
 

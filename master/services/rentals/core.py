@@ -230,6 +230,7 @@ def rental_view(rental: Rental, events: Sequence[RentalEvent] | None = None) -> 
         "mig_profile": rental.mig_profile,
         "offer_id": (rental.spec or {}).get("offer_id"),
         "requirements": (rental.spec or {}).get("query") or None,
+        "price_tolerance": (rental.spec or {}).get("price_tolerance"),  # the renter's own; null: the platform's rule
         "network": (rental.spec or {}).get("network"),
         "queued": rental.state == RentalState.PENDING and rental.host_id is None,
         "queue_until": rental.queue_until.isoformat() if rental.queue_until else None,

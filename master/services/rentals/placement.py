@@ -14,7 +14,10 @@
    default) price, or for an interruptible rental the lower of the bid and that price — so a
    bid is a price between the host's minimum bid and its on-demand price, wherever it lands.
 2. **Decide** with the configured placer (``settings.placer``, default ``fgd_net``); the network
-   limits are a hard filter inside every placer.
+   limits are a hard filter inside every placer. The renter's price first (``price_first``,
+   ``master/scheduler/price.py``): unless the request names an offer, or a model without a
+   ``price_tolerance`` of its own, the placer chooses only among the candidates priced at most
+   ``price_tolerance`` (the request's, else the setting's) above the cheapest that can take it.
 3. **Preempt** if nothing fits and the request outranks someone: on-demand outranks every
    interruptible rental, an interruptible one every lower bid. Interruptible rentals are
    freed cheapest bid first (newest first among equal bids) until the request fits on one
@@ -52,6 +55,7 @@ from master.context import Master
 from master.models import Account, Gpu, Host, Rental, RentalEvent
 from master.scheduler import MILLI, Node, Placement, get_placer
 from master.scheduler import Request as PlaceRequest
+from master.scheduler.price import PriceFirst, effective_tolerance
 from master.services import accounts, commands, isolation, market, volumes
 from master.services.lifecycle.rentals import ACTIVE_STATES, RentalState, advance
 from master.services.market import PRICE_QUANTUM, load_price_bounds, model_matches, money, parse
@@ -153,6 +157,15 @@ def placer_of(master: Master) -> Any:
     if master.placer is None:
         master.placer = get_placer(master.settings.placer)
     return master.placer
+
+
+def price_first(master: Master, request: RentalRequest) -> PriceFirst:
+    """The master's placer behind the renter's price first (``master/scheduler/price.py``): among the cheapest
+    feasible candidates, within the request's ``price_tolerance`` (or the setting's when it names no model); a named
+    offer or model without a tolerance of its own places as before."""
+    tolerance = effective_tolerance(request.price_tolerance, master.settings.price_tolerance,
+                                    names_model=request.names_model, names_offer=request.offer_id is not None)  # fmt: skip
+    return PriceFirst(placer_of(master), tolerance)
 
 
 @dataclass
@@ -471,12 +484,12 @@ async def try_place(
     if (beyond := await _beyond_fleet(session, request, None if tied is None else tied.hosts)) is not None:
         return [], beyond
     wanted = request.place_request()
-    placer = placer_of(master)
+    placer = price_first(master, request)
     only = None if tied is None else tied.hosts
     found = await find_candidates(master, session, request, now=now, price_cap=price_cap, only_hosts=only)
     for _round in range(MAX_PLACEMENT_ROUNDS):
         victims: list[str] = []
-        placement = placer.place(wanted, found.nodes)
+        placement = placer.place_priced(wanted, found.nodes, [found.hosts[node.node_id][2] for node in found.nodes])
         if placement is None:
             chosen = _find_victims(found, wanted, await _preemptible(session, request))
             if chosen is None:

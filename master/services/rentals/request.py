@@ -15,7 +15,15 @@ from typing import Any
 from master.models import Rental
 from master.scheduler import MILLI, NetworkLimits
 from master.scheduler import Request as PlaceRequest
-from master.services.market import PRICE_QUANTUM, format_query, model_filter_problem, normalise_name, parse
+from master.scheduler.price import tolerance_text
+from master.services.market import (
+    PRICE_QUANTUM,
+    Op,
+    format_query,
+    model_filter_problem,
+    normalise_name,
+    parse,
+)
 from master.services.rentals.allocation import mig_milli
 from master.services.volumes import VolumeAsk, asks_of, check_asks
 from shared.errors import BadRequest, ValidationFailed
@@ -53,6 +61,9 @@ class RentalRequest:
     volumes: tuple[VolumeAsk, ...] = ()
     """The renter's volumes its container mounts: placement then goes only to their host (docs/volumes.md). A service's
     replica (``service_id``): entries at one mount point are copies on different hosts, read-only."""
+    price_tolerance: Decimal | None = None
+    """How far above the cheapest feasible offer the placer may choose (0.05 = 5 %; ``master/scheduler/price.py``);
+    None: the ``price_tolerance`` setting when no model is named, else the placer's own choice."""
 
     def check(self, *, max_queue_timeout_s: float) -> RentalRequest:
         """The request with its query normalised; ValidationFailed says what is wrong."""
@@ -114,6 +125,8 @@ class RentalRequest:
         }  # fmt: skip
         if self.volumes:  # absent otherwise: specs written before volumes read the same
             spec["volumes"] = [ask.to_json() for ask in self.volumes]
+        if self.price_tolerance is not None:  # absent otherwise, likewise
+            spec["price_tolerance"] = tolerance_text(self.price_tolerance)
         return spec
 
     @classmethod
@@ -127,6 +140,7 @@ class RentalRequest:
             bid=rental.bid_per_gpu_hour, network=spec.get("network"), queue=bool(spec.get("queue")),
             queue_timeout_s=float(spec.get("queue_timeout_s") or 600.0), replaces=rental.replaces_id,
             template=spec.get("template"), service_id=rental.service_id, volumes=asks_of(spec),
+            price_tolerance=Decimal(spec["price_tolerance"]) if spec.get("price_tolerance") is not None else None,
         )  # fmt: skip
         return replace(request, **changes)
 
@@ -142,10 +156,18 @@ class RentalRequest:
             "kind": self.kind if self.kind != "on_demand" else None, "bid": str(self.bid) if self.bid is not None else None,
             "net": self.network, "queue": [self.queue, self.queue_timeout_s] if self.queue else None,
             "vol": [ask.to_json() for ask in self.volumes] or None,
+            "tol": tolerance_text(self.price_tolerance) if self.price_tolerance is not None else None,
         }  # fmt: skip
         fields.update({key: value for key, value in extra.items() if value is not None})
         blob = json.dumps(fields, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()
+
+    @property
+    def names_model(self) -> bool:
+        """Whether the renter named a GPU model (``gpu_model``, or ``gpu_name=`` in the requirements)."""
+        if self.gpu_model is not None:
+            return True
+        return bool(self.query) and any(c.field == "gpu_name" and c.op == Op.EQ for c in parse(self.query))
 
     def place_request(self) -> PlaceRequest:
         network = None
