@@ -210,6 +210,7 @@ async def create_rental(request: web.Request) -> web.Response:
         mig_profile=body.mig_profile, offer_id=body.offer_id, query=body.requirements or "", kind=body.kind, bid=body.bid,
         network=body.network.model_dump() if body.network is not None else None, queue=body.queue,
         queue_timeout_s=body.queue_timeout_s, volumes=tuple(v.ask() for v in body.volumes or ()),
+        failover_after_s=body.failover_after_s,
     )  # fmt: skip
     view, created = await money.create_rental(request.app[MASTER], principal(request), request_, idempotency_key=key)
     return web.json_response(view, status=201 if created else 200)
