@@ -229,6 +229,21 @@ class TestFailover:
         clock.advance(1)
         assert (await sweep(master))[1] == [long.id]
 
+    async def test_a_link_closed_before_the_monitor_started_counts_from_its_start(self, world: World) -> None:
+        """Regression: after `gpumarket up` was stopped for a while (its relay's closes applied), a restarted master
+        failed every rental at its first sweep, before the agents could reconnect."""
+        master, clock, _ = world
+        provider, _ = await create_principal(master, "p", "provider")
+        host_id, rental = await running_rental(master, provider, clock)
+        await apply(master, link("closed", host_id, "t1", clock.now(), relay="relay-t", draining=True))
+        clock.advance(3600)
+        started = clock.now()
+        assert (await sweep(master, watching_since=started))[1] == []
+        clock.advance(DEFAULT_S - 1)
+        assert (await sweep(master, watching_since=started))[1] == []
+        clock.advance(1)
+        assert (await sweep(master, watching_since=started))[1] == [rental.id]
+
     async def test_a_host_heard_after_its_link_closed_is_not_failed_over(self, world: World) -> None:
         """A message from the host after the close (its reconnect's open still on the way) says it is not lost."""
         master, clock, _ = world

@@ -38,11 +38,12 @@ async def ingested_until(master: Master, stream: str = protocol.AGENT_EVENTS_STR
     return min(now, datetime.fromtimestamp(backlog.oldest_published_at, UTC))
 
 
-async def sweep(master: Master) -> tuple[list[str], list[str]]:
+async def sweep(master: Master, *, watching_since: datetime | None = None) -> tuple[list[str], list[str]]:
     """One pass of the heartbeat monitor; returns (hosts marked offline, rentals failed as host lost), link first.
 
     Judged against ``ingested_until``, not the wall clock: a master whose ingestion lags
-    does not mistake its own backlog for silent hosts.
+    does not mistake its own backlog for silent hosts. ``watching_since``: when this monitor started; a link
+    closed before then counts as closed from then (after a restart of the whole platform, agents reconnect).
     """
     settings = master.settings
     deadline = timedelta(seconds=settings.heartbeat_interval * settings.missed_heartbeats_offline)
@@ -53,10 +54,11 @@ async def sweep(master: Master) -> tuple[list[str], list[str]]:
     # A link is judged down only as of what both streams have applied: a reconnect's open, or a message heard since.
     link_horizon = min(horizon, await ingested_until(master, protocol.AGENT_LINKS_STREAM))
     async with master.db.session() as session:
-        failed_over = await rentals.fail_rentals_of_closed_links(session, now=link_horizon, default_s=settings.failover_after_s)
+        failed_over = await rentals.fail_rentals_of_closed_links(session, now=link_horizon, default_s=settings.failover_after_s,
+                                                                 watching_since=watching_since)
     async with master.db.session() as session:
         unlinked = await rentals.mark_unlinked_hosts_offline(session, now=link_horizon, default_s=settings.failover_after_s,
-                                                             changed_at=master.clock.now())
+                                                             changed_at=master.clock.now(), watching_since=watching_since)
     if unlinked:
         log.warning("hosts offline after their agent link stayed closed %gs: %s", settings.failover_after_s, ", ".join(unlinked))
     await _place_again(master, failed_over)
@@ -90,8 +92,10 @@ async def heartbeat_monitor(master: Master, *, every: float | None = None) -> No
     released on the way out.
     """
 
+    started = master.clock.now()
+
     async def work() -> None:
-        await sweep(master)
+        await sweep(master, watching_since=started)
 
     every = every or min(master.settings.heartbeat_interval / 2, master.settings.failover_after_s / 10)
     await leases.run_leased(master, SWEEPER_LEASE, every=every, work=work)

@@ -70,6 +70,7 @@ class TestFailover:
         await scenario.wait_charged(rental_id)
 
         bench.agent_link.black_hole()
+        bench.cluster.expected_down.add(bench.link_agent)  # restarted by the next scenario's restore
         bench.cluster.processes.kill(bench.link_agent)
         killed = report.inject(f"{bench.link_agent}'s network black-holed, then the agent SIGKILLed",
                                failover_after_s=FAILOVER_AFTER_S, ping_interval_s=PING_S, ping_timeout_s=PING_S,

@@ -40,10 +40,18 @@ def _lost(down_since: datetime | None, last_seen: datetime | None) -> bool:
     return down_since is not None and (last_seen is None or last_seen <= down_since)
 
 
-async def fail_rentals_of_closed_links(session: AsyncSession, *, now: datetime, default_s: float) -> list[str]:
+def _counted_from(down_since: datetime, watching_since: datetime | None) -> datetime:
+    """When a link's time down starts to count: at its close, or when the judging master started watching, if later
+    (a whole platform restarted after a while: its agents get their fail-over time to reconnect)."""
+    return max(down_since, watching_since) if watching_since is not None else down_since
+
+
+async def fail_rentals_of_closed_links(session: AsyncSession, *, now: datetime, default_s: float,
+                                       watching_since: datetime | None = None) -> list[str]:
     """Fail the active rentals of hosts whose link has been down for the rentals' ``failover_after``; returns their ids.
 
-    Judged as of ``now`` (the caller's horizon: no later than what ingestion and the link events have applied).
+    Judged as of ``now`` (the caller's horizon: no later than what ingestion and the link events have applied), and
+    counted from ``watching_since`` for links closed before it.
     """
     rows = (
         await session.execute(
@@ -57,7 +65,7 @@ async def fail_rentals_of_closed_links(session: AsyncSession, *, now: datetime, 
     failed = []
     for rental, down_since, last_seen in rows:
         wait = failover_after(rental, default_s)
-        if down_since is None or not _lost(down_since, last_seen) or now < down_since + wait:
+        if down_since is None or not _lost(down_since, last_seen) or now < _counted_from(down_since, watching_since) + wait:
             continue
         lost_at = min(down_since, last_seen) if last_seen is not None else down_since
         await fail_rental(
@@ -71,7 +79,7 @@ async def fail_rentals_of_closed_links(session: AsyncSession, *, now: datetime, 
 
 
 async def mark_unlinked_hosts_offline(session: AsyncSession, *, now: datetime, default_s: float,
-                                      changed_at: datetime | None = None) -> list[str]:
+                                      changed_at: datetime | None = None, watching_since: datetime | None = None) -> list[str]:
     """Hosts whose link has been down for the master's ``failover_after_s`` go offline (nothing is placed on them;
     rentals that asked for a longer fail-over wait on, their meter paused); returns their ids."""
     hosts = (
@@ -83,9 +91,9 @@ async def mark_unlinked_hosts_offline(session: AsyncSession, *, now: datetime, d
     ).all()  # fmt: skip
     gone = []
     for host in hosts:
-        if not _lost(host.link_down_since, host.last_seen_at):
-            continue
         assert host.link_down_since is not None
+        if not _lost(host.link_down_since, host.last_seen_at) or now < _counted_from(host.link_down_since, watching_since) + timedelta(seconds=default_s):
+            continue
         transition(session, host, "offline", actor="monitor", at=changed_at,
                    cause=f"agent link closed at {host.link_down_since:%Y-%m-%dT%H:%M:%SZ}, not back within {default_s:g}s")
         await note_host_unreachable(session, host.id, since=host.link_down_since)
