@@ -63,6 +63,8 @@ class FaultCluster:
     agent_link: FaultProxy | None = None
     link_agent: str = ""
     wire: checks.Wire = field(init=False)
+    agent_deaths: list[tuple[str, datetime]] = field(default_factory=list)
+    """(host, when) a scenario killed a host's agent: the telemetry check excuses the gap around it."""
 
     def __post_init__(self) -> None:
         self.wire = checks.Wire(self.redis.url, BUS_PREFIX)
@@ -268,7 +270,7 @@ class Scenario:
         async with self.cluster.database() as db:
             self.report.verify("telemetry", await checks.check_telemetry(
                 db, self.bench.wire, hosts=hosts or self.cluster.host_ids, since=self.since, covered_after=covered_after,
-                interval=TELEMETRY_S,
+                interval=TELEMETRY_S, deaths=self.bench.agent_deaths,
             ))  # fmt: skip
             self.report.verify("allocations", await checks.check_allocations(db))
             self.report.verify("ledger", await checks.check_ledger(db))

@@ -75,6 +75,7 @@ class TestFailover:
         killed = report.inject(f"{bench.link_agent}'s network black-holed, then the agent SIGKILLed",
                                failover_after_s=FAILOVER_AFTER_S, ping_interval_s=PING_S, ping_timeout_s=PING_S,
                                heartbeat_backstop_s=OFFLINE_AFTER_S + GRACE_S, rental=rental_id)  # fmt: skip
+        bench.agent_deaths.append((host_id, killed))
         began = time.monotonic()
 
         async def running_elsewhere() -> dict[str, Any] | None:
@@ -106,6 +107,8 @@ class TestFailover:
         })  # fmt: skip
         assert any("agent link closed" in c for c in causes), causes
         assert any(c.startswith(f"placed again as rental {new['id']}") for c in causes), causes
+        # The dead host has sent nothing since the kill: the others' telemetry, allocations and the ledger are checked.
+        await scenario.invariants(covered_after=killed, hosts=[h for h in scenario.cluster.host_ids if h != host_id])
         await scenario.stop_all_rentals()
 
     @pytest.mark.scenario("agent_link_drop_short", "an agent's link reset and black-holed for 5 s, then back: nothing placed again, billed once")
