@@ -9,6 +9,9 @@ the link is what fails the rental over here, as it is in production.
   another host. The seconds from the kill to the new rental running are the figure docs/reliability.md reports.
 * ``agent_link_drop_short``: the agent's link is reset and black-holed for 5 s, then heals; the agent reconnects.
   Nothing is placed again, the rental runs on, and it is billed exactly what rating owes.
+* ``relay_restart_no_failover``: a relay is stopped cleanly (SIGTERM: it tells its agents to move) and started again
+  5 s later; its agents' links close there (``draining``) and open at the other relay, in whatever order the masters
+  read them. A rental on one of those hosts is never failed nor placed again, and is billed what rating owes.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
+from gpumarket.cluster import REGIONS
 from master.models import Host
 from tests.faults.harness import GRACE_S, OFFLINE_AFTER_S, Scenario
 from tests.faults.test_agents import billed_as_rated, host_changes, rental_row
+from tests.faults.test_relays import registered, relays_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
 
@@ -159,3 +164,68 @@ class TestFailover:
         })  # fmt: skip
         await scenario.invariants(covered_after=healed, hosts=[host_id])
         await scenario.stop_all_rentals()
+
+    @pytest.mark.scenario("relay_restart_no_failover", "a relay stopped cleanly and started 5 s later: its agents move, nothing is placed again")
+    @pytest.mark.timeout(180, func_only=True)
+    async def test_a_relay_restart_moves_agents_without_failing_their_rentals_over(self, scenario: Scenario) -> None:
+        """A relay with DNS-discovered agents is stopped with SIGTERM (move, then close 1001) and restarted 5 s later:
+        the agents reconnect through the other relay at once; the master reads relay A's draining closes and relay B's
+        opens; the rental on one of those hosts runs on, is not placed again past the fail-over time, and is billed
+        exactly what rating owes."""
+        bench, cluster, report = scenario.bench, scenario.cluster, scenario.report
+        dns_hosts = [bench.host_of(a) for a in bench.dns_agents]
+        where = await relays_of(scenario, dns_hosts)
+        # The second region's relay if it holds DNS agents: the pinned link agent stays out of it.
+        victim = max((r.relay_id for r in REGIONS), key=lambda r: (sum(v == r for v in where.values()), r == REGIONS[1].relay_id))
+        survivor = next(r.relay_id for r in REGIONS if r.relay_id != victim)
+        moving = [h for h, relay in where.items() if relay == victim]
+        assert moving, f"no DNS agent on {victim}: {where}"
+        host_id = moving[0]
+        status, rental = await scenario.rent(offer_id=await scenario.offer(host_id), restart_on_failure=True)
+        assert status == 201, rental
+        rental_id = rental["id"]
+        await scenario.wait_rental(rental_id, "running")
+        await scenario.wait_charged(rental_id)
+        before = await host_row(scenario, host_id)
+
+        cluster.expected_down.add(victim)
+        stopped = report.inject(f"SIGTERM {victim} (drain: move, close 1001)", agents_on_it=len(moving))
+        code = cluster.processes.stop(victim)
+        report.verify("relay_stopped", {"exit_status": code, "took_s": _seconds(stopped, datetime.now(UTC))})
+
+        async def linked_elsewhere() -> Host | None:
+            host = await host_row(scenario, host_id)
+            moved = host.link_connection_id != before.link_connection_id and host.link_down_since is None
+            return host if moved and host.relay_id == survivor else None
+
+        after = await scenario.until(linked_elsewhere, f"the host's link open at {survivor}", timeout=30)
+        await asyncio.sleep(max(0.0, 5.0 - (datetime.now(UTC) - stopped).total_seconds()))
+        cluster.processes.restart(victim)
+        cluster.expected_down.discard(victim)
+        await scenario.until(lambda: _registered(scenario, victim), f"{victim} registered again", timeout=60)
+        restarted = report.inject(f"restarted {victim}")
+        await asyncio.sleep(max(0.0, FAILOVER_AFTER_S + 3 - (datetime.now(UTC) - stopped).total_seconds()))
+        view = await scenario.rental(rental_id)
+        assert view["state"] == "running", view
+        assert await replacement_of(scenario, rental_id) is None
+        await cluster.wait_healthy()
+        await scenario.wait_charged(rental_id, after=datetime.now(UTC))
+        row = await rental_row(scenario, rental_id)
+        expected = await billed_as_rated(scenario, row)
+        assert row.billed_seconds == expected, (row.billed_seconds, expected)
+        changes = await host_changes(scenario, host_id, stopped - timedelta(seconds=1))
+        assert "offline" not in [s for _, s in changes], changes  # back within a second: not even a missed heartbeat's worth
+        report.verify("nothing_failed_over", {
+            "rental": view["state"], "replacement": None, "moved_to": after.relay_id,
+            "link_reopened_after_stop_s": _seconds(stopped, after.link_opened_at),
+            "host_state_changes": [s for _, s in changes], "charge_gap": bool([s for _, s in changes if s == "offline"]),
+            "billed_seconds": row.billed_seconds,
+            "billed_seconds_expected": expected,
+            "renter_told": [e["cause"] for e in view["events"] if "agent link" in e["cause"]],
+        })  # fmt: skip
+        await scenario.invariants(covered_after=restarted)
+        await scenario.stop_all_rentals()
+
+
+async def _registered(scenario: Scenario, relay_id: str) -> bool:
+    return relay_id in await registered(scenario)
