@@ -4,8 +4,9 @@ connection, and since when its link is down.
 A host's link is *down since T* when the relay holding its current connection said that connection closed at T and
 no newer connection has opened since. Only the current connection's close counts: an agent may reconnect through
 relay B before relay A notices that its old link closed, and A's late close (another ``connection_id``) changes
-nothing. An open older than the one held (a relay that was slow to publish) changes nothing either. Every handler
-is idempotent: the bus delivers at least once. A host heard from after T is not lost, whatever the events say
+nothing. An open older than the one held (a relay that was slow to publish) changes nothing either (the relays'
+clocks are taken to be NTP-synchronised; a skewed one is caught by the host's messages heard after the close). Every
+handler is idempotent: the bus delivers at least once. A host heard from after T is not lost, whatever the events say
 (``master.services.rentals.failover`` checks ``last_seen_at``): the events are advice, and the heartbeats the
 backstop.
 
