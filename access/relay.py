@@ -61,6 +61,7 @@ import logging
 import math
 import ssl
 from http import HTTPStatus
+from typing import Literal
 from urllib.parse import urlsplit
 
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -73,6 +74,7 @@ from access.agentlink import AgentLink, StreamOptions, close_reason, forget_hand
 from access.commands import COMMAND_GROUP, consume_commands, deliver
 from access.forwarding import decode_agent_frame, encode_ack, encode_bus_envelope
 from access.keepalive import Keepalive
+from access.linkevents import announce, new_connection_id
 from access.registration import RegistryLink, stop_task
 from access.tls import no_session_tickets, peer_identity, tracking_connection_class
 from access.tunnels import RenterGate, refusal_response
@@ -113,13 +115,14 @@ class Relay:
         telemetry_interval: float = 10.0,
         # Timeouts
         open_timeout: float = 10.0,
-        ping_interval: float = 20.0,
-        ping_timeout: float = 20.0,
+        ping_interval: float = 10.0,
+        ping_timeout: float = 10.0,
         close_timeout: float = 2.0,
         drain_timeout: float = 5.0,
         register_interval: float = 5.0,
         revocation_poll_interval: float = 2.0,
         registry_timeout: float = 2.0,
+        link_event_timeout: float = 2.0,
         # Limits
         max_frame: int = protocol.DEFAULT_MAX_FRAME,
         max_outbound_queue: int = 256,
@@ -150,7 +153,7 @@ class Relay:
         ports_public_port: int | None = None,
     ) -> None:
         timeouts = (open_timeout, ping_interval, ping_timeout, close_timeout, drain_timeout,
-                    register_interval, revocation_poll_interval, registry_timeout)
+                    register_interval, revocation_poll_interval, registry_timeout, link_event_timeout)
         if min(timeouts) <= 0:
             raise ConfigError("relay timeouts and intervals must be positive")
         if min(max_frame, max_outbound_queue, max_connections, message_burst, connection_burst_per_source,
@@ -178,6 +181,7 @@ class Relay:
         self.register_interval = register_interval
         self.revocation_poll_interval = revocation_poll_interval
         self.registry_timeout = registry_timeout
+        self.link_event_timeout = link_event_timeout
         self.max_frame = max_frame
         self.max_queue = max_queue
         self.write_limit = write_limit
@@ -483,14 +487,24 @@ class Relay:
             log.info("host %s reconnected; closing its previous connection", host_id)
             self._request_close(previous, protocol.CLOSE_REPLACED, "replaced by a newer connection of this host")
         log.info("host %s connected from %s", host_id, connection.remote_address)
+        connection_id = new_connection_id()
         try:
+            await self._announce("open", host_id, connection_id)
             await self._receive(link)
         except ConnectionClosed as exc:
             log.info("host %s disconnected (%s)", host_id, exc)
         finally:
-            if self.agents.get(host_id) is link:
+            current = self.agents.get(host_id) is link
+            if current:
                 del self.agents[host_id]
+                # A link replaced by a newer one here says nothing: the newer one's open already did.
+                await self._announce("closed", host_id, connection_id, code=connection.close_code)
             await link.finish(self.close_timeout)
+
+    async def _announce(self, event: Literal["open", "closed"], host_id: str, connection_id: str, *, code: int | None = None) -> None:
+        """Tell the master (``access.linkevents``) that the host's link here opened or closed; bounded, never raises."""
+        await announce(self.bus, event=event, relay_id=self.relay_id, host_id=host_id, connection_id=connection_id,
+                       at=self.clock.now(), draining=self._closing, code=code, timeout=self.link_event_timeout)
 
     def _welcome(self, host_id: str, max_stream_data: int | None) -> str:
         """The welcome frame (built here, so that its model is not held by the handler for the connection's

@@ -46,6 +46,7 @@ def relay_from_settings(settings: AccessSettings, bus: Bus, registry: Registry |
         register_interval=settings.register_interval,
         revocation_poll_interval=settings.revocation_poll_interval,
         registry_timeout=settings.registry_timeout,
+        link_event_timeout=settings.link_event_timeout,
         max_frame=settings.max_frame,
         max_outbound_queue=settings.max_outbound_queue,
         max_connections=settings.max_connections,

@@ -117,8 +117,14 @@ class TestErrors:
             ({"gpu_count": 1, "workload": {"kind": "bogus"}}, "workload"),
             ({"gpu_count": "many"}, "gpu_count"),
             ([1, 2], ""),
+            ({"gpu_count": 1, "failover_after_s": 9}, "failover_after_s"),
+            ({"gpu_count": 1, "failover_after_s": 86401}, "failover_after_s"),
+            ({"gpu_count": 1, "failover_after_s": "30"}, "failover_after_s"),
+            ({"gpu_count": 1, "failover_after_s": 30.5}, "failover_after_s"),
+            ({"gpu_count": 1, "failover_after_s": True}, "failover_after_s"),
         ],
-        ids=["gpu_count_zero", "unknown_field", "bogus_workload_kind", "gpu_count_not_int", "not_an_object"],
+        ids=["gpu_count_zero", "unknown_field", "bogus_workload_kind", "gpu_count_not_int", "not_an_object",
+             "failover_under_10_s", "failover_over_a_day", "failover_a_string", "failover_not_whole", "failover_a_bool"],
     )
     async def test_invalid_body_is_422_with_problems(self, api: Api, payload: Any, field: str) -> None:
         """A body that fails validation is refused with 422 ``validation_failed`` listing each problem."""
@@ -468,6 +474,20 @@ class TestRentals:
         assert await api.count(Rental) == 1
         assert await api.count(Command) == 1
 
+    async def test_a_renter_asks_for_its_own_failover_time(self, api: Api) -> None:
+        """failover_after_s is stored on the rental and shown; unset, the view says null (the master's default)."""
+        await api.host(2)
+        status, own = await api.as_renter("POST", "/rentals", json={"gpu_count": 1, "failover_after_s": 300})
+        assert status == 201, own
+        status, default = await api.as_renter("POST", "/rentals", json={"gpu_count": 1})
+        assert status == 201, default
+        assert (own["failover_after_s"], default["failover_after_s"]) == (300, None)
+        status, again = await api.as_renter("GET", f"/rentals/{own['id']}")
+        assert status == 200 and again["failover_after_s"] == 300
+        async with api.master.db.session() as session:
+            row = await session.get(Rental, own["id"])
+        assert row is not None and row.failover_after_s == 300
+
     async def test_concurrent_rentals_never_share_a_gpu(self, api: Api) -> None:
         """Six concurrent one-GPU rentals on a four-GPU host: four win distinct GPUs, two get 409."""
         _, uuids = await api.host(4)
@@ -523,7 +543,8 @@ class TestOpenApi:
         schemas = document["components"]["schemas"]
         assert set(schemas["RentalCreate"]["properties"]) == {
             "offer_id", "requirements", "gpu_count", "gpu_model", "gpu_milli", "gpu_memory_mib", "mig_profile", "kind", "bid",
-            "network", "queue", "queue_timeout_s", "template", "workload", "restart_on_failure", "volumes", "price_tolerance",
+            "network", "queue", "queue_timeout_s", "template", "workload", "restart_on_failure", "failover_after_s", "volumes",
+            "price_tolerance",
         }  # fmt: skip
         op = document["paths"][API + "/rentals"]["post"]
         ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]

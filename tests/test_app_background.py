@@ -120,7 +120,7 @@ class TestApp:
         try:
             supervisor = app[SUPERVISOR]
             assert supervisor.running == [
-                "ingest", "heartbeat-monitor", "command-resender", "revocation-publisher", "telemetry-maintenance",
+                "ingest", "link-events", "heartbeat-monitor", "command-resender", "revocation-publisher", "telemetry-maintenance",
                 "alerts", "host-scoring", "rental-queue", "autoscaler", "gateway-stats", "power-policy", "gpu-verification", "billing-rate", "billing-enforce", "billing-payouts",
             ]  # fmt: skip
         finally:

@@ -82,7 +82,7 @@ class FailingBus(InProcessBus):
 
 
 class GatedBus(InProcessBus):
-    """An in-process bus whose publish waits until the test opens the gate."""
+    """An in-process bus whose publish of agent messages waits until the test opens the gate."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -90,8 +90,9 @@ class GatedBus(InProcessBus):
         self.gate = asyncio.Event()
 
     async def publish(self, stream: str, payload: bytes) -> str:
-        self.entered.set()
-        await self.gate.wait()
+        if stream == protocol.AGENT_EVENTS_STREAM:  # the agents' messages; link events pass
+            self.entered.set()
+            await self.gate.wait()
         return await super().publish(stream, payload)
 
 
@@ -282,6 +283,72 @@ class TestForwarding:
         assert close.reason
         await second.expect_ack(await second.send_heartbeat())
         assert list(relay.agents) == ["h-1"]
+
+
+async def _link_events(bus: InProcessBus, count: int) -> list[protocol.LinkEvent]:
+    """The first ``count`` link events on the bus, once there are that many."""
+    await wait_for(lambda: _stream_has(bus, protocol.AGENT_LINKS_STREAM, count))
+    await bus.ensure_group(protocol.AGENT_LINKS_STREAM, "links-test")
+    batch = await bus.read(protocol.AGENT_LINKS_STREAM, "links-test", "test", count=count, block=None)
+    return [protocol.decode_link_event(m.payload) for m in batch]
+
+
+async def _stream_has(bus: InProcessBus, stream: str, count: int) -> bool:
+    return await bus.stream_length(stream) >= count
+
+
+class TestLinkEvents:
+    """The relay tells the master when an agent's link opens and closes (access.linkevents), one id per connection."""
+
+    async def test_an_agent_link_is_announced_open_then_closed_with_one_connection_id(
+        self, relay: Relay, bus: InProcessBus, connect_agent: ConnectAgent
+    ) -> None:
+        agent = await connect_agent(relay, "h-1")
+        await agent.ws.close()
+        opened, closed = await _link_events(bus, 2)
+        assert (opened.event, closed.event) == ("open", "closed")
+        assert opened.host_id == closed.host_id == "h-1" and opened.relay_id == closed.relay_id == RELAY_ID
+        assert opened.connection_id == closed.connection_id
+        assert opened.at <= closed.at and not closed.draining
+        assert closed.code == 1000
+
+    async def test_a_connection_replaced_by_a_newer_one_announces_no_close(
+        self, relay: Relay, bus: InProcessBus, connect_agent: ConnectAgent
+    ) -> None:
+        """The old link's close says nothing the newer link's open did not: only the current link's close is announced."""
+        first = await connect_agent(relay, "h-1")
+        second = await connect_agent(relay, "h-1")
+        assert (await first.closed()).code == protocol.CLOSE_REPLACED
+        await second.ws.close()
+        events = await _link_events(bus, 3)
+        assert [e.event for e in events] == ["open", "open", "closed"]
+        assert events[0].connection_id != events[1].connection_id == events[2].connection_id
+        assert await bus.stream_length(protocol.AGENT_LINKS_STREAM) == 3
+
+    async def test_a_draining_relay_says_so_in_the_closes(
+        self, start_relay: StartRelay, bus: InProcessBus, connect_agent: ConnectAgent
+    ) -> None:
+        relay = await start_relay(bus)
+        await connect_agent(relay, "h-1")
+        await relay.close()
+        opened, closed = await _link_events(bus, 2)
+        assert closed.event == "closed" and closed.draining and closed.code == protocol.CLOSE_GOING_AWAY
+        assert closed.connection_id == opened.connection_id
+
+    async def test_a_bus_that_refuses_link_events_does_not_stop_the_agent(
+        self, start_relay: StartRelay, connect_agent: ConnectAgent
+    ) -> None:
+        """Link events are advice: one the bus refuses is logged and dropped, and the agent is served as before."""
+
+        class NoLinks(InProcessBus):
+            async def publish(self, stream: str, payload: bytes) -> str:
+                if stream == protocol.AGENT_LINKS_STREAM:
+                    raise BusError("links refused (test)")
+                return await super().publish(stream, payload)
+
+        relay = await start_relay(NoLinks())
+        agent = await connect_agent(relay, "h-1")
+        await agent.expect_ack(await agent.send_heartbeat())
 
 
 class TestBadInput:

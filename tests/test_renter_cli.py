@@ -321,6 +321,18 @@ class TestRent:
             assert got == status
         assert await api.count(Rental) == 3
 
+    async def test_failover_after_and_restart_on_failure_go_into_the_request(self, cli: Cli, api: Api) -> None:
+        """--failover-after 120 --restart-on-failure: the rental asks for both; a value outside 10..86400 is refused first."""
+        await api.host(1)
+        code, out, err = await cli("rent", "--no-wait", "--json", "--restart-on-failure", "--failover-after", "120")
+        assert code == 0, err
+        rental = json.loads(out)
+        assert (rental["failover_after_s"], rental["restart_on_failure"]) == (120, True)
+        for value in ("9", "86401", "1.5", "soon"):
+            code, _, err = await cli("rent", "--no-wait", "--failover-after", value)
+            assert code == 2 and "--failover-after" in err, (value, err)
+        assert await api.count(Rental) == 1
+
     async def test_a_lost_answer_is_retried_with_the_same_key_and_rents_once(self, cli: Cli, api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
         """The first POST /rentals is made but its answer is lost: the retry sends the same Idempotency-Key and gets that rental."""
         await api.host(2)

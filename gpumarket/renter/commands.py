@@ -37,6 +37,7 @@ from gpumarket.renter.offers import OFFERS_EPILOG, cmd_offers
 from gpumarket.renter.options import (
     add_network_bounds,
     common_options,
+    failover_seconds,
     limit,
     non_negative_int,
     port,
@@ -383,6 +384,7 @@ examples:
   gpumarket rent --image python:3.12 --command 'python -m http.server 8000' --port 8000 --env DEBUG=1
   gpumarket rent --interruptible --bid 0.20 --max-price 0.30 --no-wait
   gpumarket rent --model A100 --mig 3g.40gb
+  gpumarket rent --template pytorch --restart-on-failure --failover-after 120
   gpumarket rent --template demo --volume data:/data   (on the volume's host; docs/volumes.md)"""
 
 
@@ -458,6 +460,11 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     add_interruptible_options(rent, "an interruptible rental")
     add_price_tolerance_option(rent, "the rental")
     rent.add_argument("--queue", action="store_true", help="wait for GPUs (up to 10 minutes) when none are free now")
+    rent.add_argument("--restart-on-failure", action="store_true",
+                      help="if the host is lost, start the workload again on another host (a new rental)")
+    rent.add_argument("--failover-after", type=failover_seconds, metavar="SECONDS",
+                      help="how long the host may stay unreachable (its agent link closed) before the rental fails as "
+                      "host lost, and with --restart-on-failure is placed again: 10 to 86400 (default: the master's, 20 s)")  # fmt: skip
     rent.add_argument("--no-wait", action="store_true", help="print the rental as created, do not wait until it runs")
     finish(rent, cmd_rent, json="the rental's JSON (no progress lines)")
 

@@ -18,6 +18,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def failover_seconds(text: str) -> int:
+    """``--failover-after``: whole seconds, 10 to 86400 (the API's bounds on ``failover_after_s``)."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"must be whole seconds (10 to 86400), not {text[:20]!r}")
+    value = int(text)
+    if not 10 <= value <= 86400:
+        raise argparse.ArgumentTypeError(f"must be between 10 and 86400 seconds, not {value}")
+    return value
+
+
 def bound(text: str) -> float:
     """A network bound: a finite number, not negative (the API checks each bound's own range and says which)."""
     try:

@@ -127,6 +127,10 @@ def rental_body(args: argparse.Namespace) -> dict[str, Any]:
     body.update(price_tolerance_fields(args))
     if args.queue:
         body["queue"] = True
+    if getattr(args, "restart_on_failure", False):
+        body["restart_on_failure"] = True
+    if getattr(args, "failover_after", None) is not None:
+        body["failover_after_s"] = args.failover_after
     return body
 
 

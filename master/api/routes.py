@@ -212,6 +212,7 @@ async def create_rental(request: web.Request) -> web.Response:
         network=body.network.model_dump() if body.network is not None else None, queue=body.queue,
         queue_timeout_s=body.queue_timeout_s, volumes=tuple(v.ask() for v in body.volumes or ()),
         price_tolerance=optional_tolerance(body.price_tolerance),
+        failover_after_s=body.failover_after_s,
     )  # fmt: skip
     view, created = await money.create_rental(request.app[MASTER], principal(request), request_, idempotency_key=key)
     return web.json_response(view, status=201 if created else 200)

@@ -108,6 +108,10 @@ class RentalCreate(_Body):
                                    "with neither this nor template, a hold (GPUs reserved, nothing run).")
     restart_on_failure: bool = Field(False, description="If the host is lost, start the workload again on another host "
                                                           "(a new rental, named in this one's events).")
+    failover_after_s: int | None = Field(None, ge=10, le=86400, strict=True, description="Whole seconds the host's agent "
+                                         "link may stay closed (or, for a host still looking connected, silent) before the "
+                                         "rental fails as host lost (and, with restart_on_failure, is placed again); at "
+                                         "least 10, at most 86400. Unset: the master's failover_after_s (20 s by default).")
     volumes: VolumeMounts | None = Field(None, max_length=MAX_VOLUMES_PER_RENTAL, description="Your volumes the container "
                                          "mounts; the rental then goes only to their host (docs/volumes.md).")  # fmt: skip
 

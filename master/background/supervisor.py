@@ -44,6 +44,7 @@ from master.background.commands import command_resender
 from master.background.gateway import gateway_stats_loop
 from master.background.heartbeats import heartbeat_monitor
 from master.background.ingest import ingest_loop
+from master.background.links import link_events_loop
 from master.background.power import power_loop
 from master.background.rental_queue import queue_loop
 from master.background.revocations import revocation_publisher
@@ -67,6 +68,7 @@ def master_loops(master: Master, *, webhook_http: aiohttp.ClientSession) -> list
     """Every background loop of one master process, in start order (they stop in reverse)."""
     loops = [
         Loop("ingest", functools.partial(ingest_loop, master)),
+        Loop("link-events", functools.partial(link_events_loop, master)),
         Loop("heartbeat-monitor", functools.partial(heartbeat_monitor, master)),
         Loop("command-resender", functools.partial(command_resender, master)),
         Loop("revocation-publisher", functools.partial(revocation_publisher, master)),

@@ -49,6 +49,11 @@ class Host(Base):
     gpu_backend: Mapped[str | None] = mapped_column(String(16), default=None)
     facts: Mapped[dict[str, Any]] = mapped_column(default=dict)
     last_seen_at: Mapped[datetime | None] = mapped_column(default=None)
+    # The agent's link as the relays report it (master.telemetry.links): the current connection, when it opened,
+    # and since when it is closed with no newer one open (None: open, or never reported).
+    link_connection_id: Mapped[str | None] = mapped_column(String(64), default=None)
+    link_opened_at: Mapped[datetime | None] = mapped_column(default=None)
+    link_down_since: Mapped[datetime | None] = mapped_column(default=None)
     last_seq: Mapped[int] = mapped_column(BigInteger, default=-1)
     latest_telemetry: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     latest_telemetry_seq: Mapped[int] = mapped_column(BigInteger, default=-1)

@@ -78,6 +78,8 @@ class Rental(Base):
     host_lost_at: Mapped[datetime | None] = mapped_column(default=None)
     # Re-place the rental on another host if its host is lost (the new rental names this one).
     restart_on_failure: Mapped[bool] = mapped_column(default=False)
+    # Seconds its host's link may stay closed before the rental fails as host lost (None: the master's failover_after_s).
+    failover_after_s: Mapped[int | None] = mapped_column(default=None)
     replaces_id: Mapped[str | None] = mapped_column(ForeignKey("rentals.id", name="fk_rentals_replaces_id"), default=None)
     # A member of a cluster (master/services/clusters/core.py): the cluster and the member's rank, 0 to node_count - 1.
     cluster_id: Mapped[str | None] = mapped_column(ForeignKey("clusters.id", name="fk_rentals_cluster_id"), default=None, index=True)

@@ -88,13 +88,17 @@ from shared.protocol.bodies import (
 )
 from shared.protocol.bus import (
     AGENT_EVENTS_STREAM,
+    AGENT_LINKS_STREAM,
     INGEST_GROUP,
     BusEnvelope,
     CommandDelivery,
+    LinkEvent,
     commands_stream,
     decode_bus_envelope,
     decode_command_delivery,
+    decode_link_event,
     encode_bus_envelope,
+    encode_link_event,
 )
 from shared.protocol.clusterpaths import (
     ClusterNetworkFacts,
@@ -235,6 +239,7 @@ from shared.protocol.workloads import (
 
 __all__ = [
     "AGENT_EVENTS_STREAM",
+    "AGENT_LINKS_STREAM",
     "AGENT_TYPES",
     "CHALLENGE_ID_PATTERN",
     "CHALLENGE_WORKLOAD_PREFIX",
@@ -348,6 +353,7 @@ __all__ = [
     "InstallCertificate",
     "IsolationFacts",
     "LenientModel",
+    "LinkEvent",
     "MeasureNetwork",
     "MemoryMib",
     "MountPath",
@@ -410,9 +416,11 @@ __all__ = [
     "decode_bus_envelope",
     "decode_command",
     "decode_command_delivery",
+    "decode_link_event",
     "decode_server_frame",
     "encode",
     "encode_bus_envelope",
+    "encode_link_event",
     "mount_problem",
     "registry_auth_context",
     "volume_copy_context",

@@ -13,7 +13,7 @@ What it can do, each from the controlling thread at any time:
   seconds, and with ``stall_probability`` a chunk is held ``stall_s`` longer, as TCP holds a
   stream behind a lost segment until it is retransmitted (loss, as the application sees it).
   Order is kept: a chunk never overtakes the one before it.
-* ``black_hole()`` / ``heal()``: nothing is read or forwarded in either direction, open
+* ``black_hole()`` / ``heal()``: nothing is read or forwarded in either direction (a connection's end included), open
   connections stay open and new ones are accepted but not connected onward: a partition.
   On ``heal`` what was held goes through, as a TCP stream does once a short partition ends.
 * ``cut()``: every open connection is reset (RST) at once, as a long outage ends once
@@ -189,6 +189,8 @@ class FaultProxy:
                 await self._open.wait()
                 data = await reader.read(CHUNK)
                 if not data:
+                    # A black hole holds the end of the connection too: a dead network carries no FIN.
+                    await self._open.wait()
                     with contextlib.suppress(OSError):
                         if writer.can_write_eof():
                             writer.write_eof()

@@ -4,7 +4,8 @@
   request.
 * ``placement.py``: choosing the GPUs (quotas, fair use, the placer), ``allocation.py``: holding them (GPU
   allocations, shares); ``quotas.py``: an admin's quota and fair-share writes.
-* ``lifecycle.py``: what happens to rentals when their host goes silent, comes back or fails.
+* ``lifecycle.py``: what happens to rentals when their host goes silent, comes back or fails; ``failover.py``: the
+  fail-over of rentals whose host's agent link closed and stayed closed (``failover_after_s``).
 * ``connect.py``: the renter's way in (connect tokens for SSH, ports, web ports).
 * ``templates.py``: the workload templates a rental may name.
 
@@ -24,6 +25,13 @@ from master.services.rentals.core import (
     rental_logs,
     rental_view,
     stop_rental,
+)
+from master.services.rentals.failover import (
+    MAX_FAILOVER_AFTER_S,
+    MIN_FAILOVER_AFTER_S,
+    fail_rentals_of_closed_links,
+    failover_after,
+    mark_unlinked_hosts_offline,
 )
 from master.services.rentals.lifecycle import (
     apply_command_result,
@@ -54,6 +62,8 @@ from master.services.rentals.templates import (
 
 __all__ = [
     "MAX_DESCRIPTION_CHARS",
+    "MAX_FAILOVER_AFTER_S",
+    "MIN_FAILOVER_AFTER_S",
     "NAME_PATTERN",
     "RentalRequest",
     "apply_command_result",
@@ -68,7 +78,9 @@ __all__ = [
     "current_relay_id",
     "delete_template",
     "fail_rental",
+    "fail_rentals_of_closed_links",
     "fail_rentals_of_lost_hosts",
+    "failover_after",
     "failure_code",
     "find_candidates",
     "get_rental",
@@ -76,6 +88,7 @@ __all__ = [
     "list_rentals",
     "list_templates",
     "live_relays",
+    "mark_unlinked_hosts_offline",
     "note_host_back",
     "note_host_unreachable",
     "put_template",

@@ -62,7 +62,7 @@ async def _create(master: Master, renter: Principal, request: RentalRequest, ide
         id=new_id("r"), renter_id=renter.account_id, host_id=None, gpu_model=request.gpu_model, gpu_count=request.gpu_count,
         gpu_uuids=[], state=RentalState.PENDING.value, workload=request.workload, idempotency_key=idempotency_key,
         request_fingerprint=request.fingerprint(), restart_on_failure=request.restart_on_failure,
-        replaces_id=request.replaces, kind=request.kind, gpu_milli=request.share, gpu_memory_mib=request.gpu_memory_mib,
+        failover_after_s=request.failover_after_s, replaces_id=request.replaces, kind=request.kind, gpu_milli=request.share, gpu_memory_mib=request.gpu_memory_mib,
         mig_profile=request.mig_profile, bid_per_gpu_hour=request.bid, spec=request.spec(), created_at=now,
         service_id=request.service_id,
     )  # fmt: skip
@@ -221,6 +221,7 @@ def rental_view(rental: Rental, events: Sequence[RentalEvent] | None = None) -> 
         "stopped_at": rental.stopped_at.isoformat() if rental.stopped_at else None,
         "host_lost_at": rental.host_lost_at.isoformat() if rental.host_lost_at else None,
         "restart_on_failure": rental.restart_on_failure,
+        "failover_after_s": rental.failover_after_s,  # None: the master's failover_after_s
         "replaces": rental.replaces_id,
         "kind": rental.kind,
         "bid_per_gpu_hour": money(rental.bid_per_gpu_hour) if rental.bid_per_gpu_hour is not None else None,

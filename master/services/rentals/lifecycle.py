@@ -220,6 +220,7 @@ async def fail_rentals_of_lost_hosts(session: AsyncSession, *, now: datetime, gr
 
     Billing stops at ``host_lost_at``, the last time the host was heard from, not at the
     moment the grace period ran out. A host back within the grace period resumes its rentals.
+    A rental that asked for a longer ``failover_after_s`` waits that long from when the host was last heard.
     """
     rows = (
         await session.execute(
@@ -229,7 +230,9 @@ async def fail_rentals_of_lost_hosts(session: AsyncSession, *, now: datetime, gr
             .with_for_update(of=Rental, skip_locked=True)
         )
     ).all()
-    for rental, last_seen in rows:
+    due = [(rental, last_seen) for rental, last_seen in rows
+           if rental.failover_after_s is None or last_seen is None or now >= last_seen + timedelta(seconds=rental.failover_after_s)]
+    for rental, last_seen in due:
         lost_at = last_seen or now
         rental.host_lost_at = lost_at
         await fail_rental(
@@ -237,7 +240,7 @@ async def fail_rentals_of_lost_hosts(session: AsyncSession, *, now: datetime, gr
             reason=f"host {rental.host_id} lost: silent since {lost_at:%Y-%m-%dT%H:%M:%SZ}, past the {grace.total_seconds():g}s grace period",
         )
         log.warning("rental %s failed: host %s lost", rental.id, rental.host_id)
-    return [rental.id for rental, _ in rows]
+    return [rental.id for rental, _ in due]
 
 
 async def replace_lost(master: Master, rental_id: str) -> Rental | None:

@@ -30,6 +30,10 @@ from shared.errors import BadRequest, ValidationFailed
 
 KINDS = ("on_demand", "interruptible")
 MAX_GPUS_PER_RENTAL = 64
+MIN_FAILOVER_AFTER_S = 10
+"""No rental fails over sooner: a link that drops for under 10 s (an agent moving to another relay, a relay's
+restart) never re-places anything (``failover.py``)."""
+MAX_FAILOVER_AFTER_S = 86400
 MIG_PROFILE = re.compile(r"[1-7]g\.[0-9]{1,3}gb(?:\+me)?")
 
 
@@ -41,6 +45,8 @@ class RentalRequest:
     gpu_model: str | None = None
     workload: dict[str, Any] = field(default_factory=dict)
     restart_on_failure: bool = False
+    failover_after_s: int | None = None
+    """Seconds its host may stay unreachable before it fails over (None: the master's ``failover_after_s``)."""
     gpu_milli: int = MILLI  # per GPU; below 1000: a fractional share of one GPU
     gpu_memory_mib: int = 0  # of a share; 0: in proportion to gpu_milli
     mig_profile: str | None = None
@@ -101,6 +107,9 @@ class RentalRequest:
                 "offer_id is an offer's id from GET /offers (host_id:gpu_name), and excludes requirements and gpu_model",
                 code="invalid_offer",
             )
+        if self.failover_after_s is not None and not MIN_FAILOVER_AFTER_S <= self.failover_after_s <= MAX_FAILOVER_AFTER_S:
+            raise ValidationFailed(f"failover_after_s must be whole seconds between {MIN_FAILOVER_AFTER_S} and {MAX_FAILOVER_AFTER_S}",
+                                   code="invalid_failover_after")
         if self.queue and not 1 <= self.queue_timeout_s <= max_queue_timeout_s:
             raise ValidationFailed(f"queue_timeout_s must be between 1 and {max_queue_timeout_s:g} seconds", code="invalid_queue_timeout")
         query = format_query(parse(self.query)) if self.query else ""
@@ -141,6 +150,7 @@ class RentalRequest:
             queue_timeout_s=float(spec.get("queue_timeout_s") or 600.0), replaces=rental.replaces_id,
             template=spec.get("template"), service_id=rental.service_id, volumes=asks_of(spec),
             price_tolerance=Decimal(spec["price_tolerance"]) if spec.get("price_tolerance") is not None else None,
+            failover_after_s=rental.failover_after_s,
         )  # fmt: skip
         return replace(request, **changes)
 
@@ -155,7 +165,7 @@ class RentalRequest:
             "mig": self.mig_profile, "offer": self.offer_id, "q": self.query or None,
             "kind": self.kind if self.kind != "on_demand" else None, "bid": str(self.bid) if self.bid is not None else None,
             "net": self.network, "queue": [self.queue, self.queue_timeout_s] if self.queue else None,
-            "vol": [ask.to_json() for ask in self.volumes] or None,
+            "vol": [ask.to_json() for ask in self.volumes] or None, "fo": self.failover_after_s,
             "tol": tolerance_text(self.price_tolerance) if self.price_tolerance is not None else None,
         }  # fmt: skip
         fields.update({key: value for key, value in extra.items() if value is not None})
