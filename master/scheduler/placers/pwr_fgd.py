@@ -1,0 +1,54 @@
+"""``pwr_fgd``: FGD (with fgd_net's model scarcity) less a weighted penalty for the power a placement adds.
+
+After PWR+FGD (Lettich et al., "Power- and Fragmentation-aware Online Scheduling for GPU Datacenters", CCGrid 2025,
+arXiv 2412.17484), which adds a power score (PWR: the power increase a placement causes) to FGD's.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from master.scheduler.fleet import Fleet, Node, Request
+from master.scheduler.fragmentation import Workload
+from master.scheduler.placers.base import Scored
+from master.scheduler.placers.fgd_net import FgdNet
+from master.scheduler.power import TRACE_POWER, PowerModel
+
+# Score points per 100 W a placement adds (chosen on tuning seeds 1000–1019: docs/power.md, "Power-aware placement").
+PWR_WEIGHT = 2.0
+
+
+class PwrFgd(FgdNet):
+    """Score = fgd_net's score − ``alpha`` · ΔP / 100 W, ΔP = ``PowerModel.delta_w`` (watts the placement adds).
+
+    One FGD score point is about 40 milli-GPU of expected fragment (``fgd_score``'s slope near 0); with
+    ``alpha`` = 2, a whole V100-class GPU (+273 W) costs 5.5 points and a whole T4 (+60 W) 1.2, and a share that
+    wakes an idle GPU pays its step (30 W on a V100-class board: 0.6 points) on top of its slope: between
+    placements FGD rates alike, the one that adds fewer watts wins, while a fragmentation difference of a few
+    points still decides. ΔP reads only the node's model, CPU and free GPU milli, so scores stay a function of
+    ``Node.state`` and the shared machinery's caches and heaps apply unchanged.
+    """
+
+    name = "pwr_fgd"
+    # The weight a placer built without one gets (``get_placer``); the bench sets it per process when it tunes.
+    default_alpha: ClassVar[float] = PWR_WEIGHT
+
+    def __init__(
+        self, *, seed: int = 0, workload: Workload | None = None, power: PowerModel = TRACE_POWER,
+        alpha: float | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(seed=seed, workload=workload)
+        self.power = power
+        self.alpha = self.default_alpha if alpha is None else alpha
+
+    def score(self, node: Node, position: int, request: Request, fleet: Fleet) -> Scored | None:
+        scored = super().score(node, position, request, fleet)
+        if scored is None:
+            return None
+        choice = scored[1]
+        # A single share goes to the GPU FGD chose (its free milli); otherwise as ``delta_w`` assumes (best fit).
+        taken = (choice,) if isinstance(choice, int) and request.num_gpu == 1 else ()
+        return scored[0] - self.alpha * self.power.delta_w(node, request, taken) / 100.0, choice
+
+
+__all__ = ["PWR_WEIGHT", "PwrFgd"]
