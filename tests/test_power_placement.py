@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 
 from master.scheduler import MILLI, Gpu, Node, Request, TaskType, Workload, get_placer
@@ -23,7 +25,9 @@ from shared.errors import ValidationFailed
 TRACE_MODELS = ("V100M16", "V100M32", "P100", "T4", "A10", "G2", "G3")
 
 
-def node(node_id: str, model: str, free: tuple[int, ...], *, cpu: int = 32_000, cpu_free: int | None = None) -> Node:
+def node(
+    node_id: str, model: str, free: tuple[int, ...], *, cpu: int = 32_000, cpu_free: int | None = None
+) -> Node:
     gpus = [Gpu(i, uuid=f"{node_id}-{i}", milli_free=milli) for i, milli in enumerate(free)]
     return Node(node_id, model, gpus, cpu_milli=cpu, memory_mib=65_536, cpu_milli_free=cpu_free)
 
@@ -41,7 +45,8 @@ class TestPowerModel:
             "V100M16": 300.0, "P100": 250.0, "T4": 70.0, "A10": 150.0,
         }  # fmt: skip
         assert (TRACE_GPUS["V100M32"].idle_w, TRACE_GPUS["P100"].idle_w) == (27.3, 28.5)
-        assert TRACE_GPUS["T4"].active_w == pytest.approx(7.0) and TRACE_GPUS["G3"].active_w == pytest.approx(40.0)
+        assert TRACE_GPUS["T4"].active_w == pytest.approx(7.0)
+        assert TRACE_GPUS["G3"].active_w == pytest.approx(40.0)
 
     def test_a_gpu_is_idle_at_zero_then_steps_and_rises_linearly_to_its_board_power(self) -> None:
         v100 = TRACE_GPUS["V100M16"]
@@ -53,7 +58,7 @@ class TestPowerModel:
     def test_power_never_falls_as_utilisation_grows(self, model: str) -> None:
         curve = TRACE_GPUS[model]
         watts = [curve.at(u / 100) for u in range(101)]
-        assert all(a < b for a, b in zip(watts, watts[1:], strict=False))
+        assert all(a < b for a, b in pairwise(watts))
         assert watts[0] == curve.idle_w and watts[-1] == pytest.approx(curve.max_w)
 
     def test_bad_figures_are_refused(self) -> None:
@@ -91,7 +96,9 @@ class TestPowerModel:
         ],
     )
     @pytest.mark.parametrize("model", [TRACE_POWER, TRACE_POWER.capped(), TRACE_POWER.linear()])
-    def test_delta_is_what_the_placement_adds(self, free: tuple[int, ...], request_: Request, model: PowerModel) -> None:
+    def test_delta_is_what_the_placement_adds(
+        self, free: tuple[int, ...], request_: Request, model: PowerModel
+    ) -> None:
         """``delta_w`` equals the node's watts after the placement less before, for the GPUs the placement takes."""
         host = node("n", "V100M32", free)
         before = model.node_w(host)
@@ -99,7 +106,9 @@ class TestPowerModel:
         assert placement is not None
         taken = tuple(host.gpus[i].milli_free for i in placement.gpu_indices)
         host.allocate(placement)
-        assert model.node_w(host) - before == pytest.approx(model.delta_w(node("n", "V100M32", free), request_, taken))
+        assert model.node_w(host) - before == pytest.approx(
+            model.delta_w(node("n", "V100M32", free), request_, taken)
+        )
 
 
 class TestPwrFgd:
