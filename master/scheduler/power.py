@@ -90,9 +90,10 @@ TRACE_GPUS: Mapping[str, GpuPower] = MappingProxyType({
         ("G3", 55.0, 400.0),
     )
 })  # fmt: skip
-# Intel Xeon Platinum 8163 class (24 cores, 48 threads, 165 W TDP per socket): 3.44 W per vCPU at full load; idle
-# taken as 30 % of it (assumed; SPECpower idle figures of Xeon servers lie around a quarter to a third of full load).
-TRACE_CPU = CpuPower(idle_w=round(0.3 * 165.0 / 48, 4), max_w=round(165.0 / 48, 4))
+# Intel Xeon Platinum 8160 class (Skylake-SP, 24 cores, 48 threads, 150 W TDP per socket, Intel ARK): 3.125 W per
+# vCPU at full load; idle taken as 30 % of it (assumed: a server's idle CPU draw is commonly a quarter to a third of
+# its full load).
+TRACE_CPU = CpuPower(idle_w=round(0.3 * 150.0 / 48, 4), max_w=round(150.0 / 48, 4))
 # A GPU model missing from the table (none in the trace): the V100-class figures.
 FALLBACK_GPU = GpuPower("unknown", 27.3, 300.0, ACTIVE_FRACTION * 300.0)
 # Off-peak caps: an idle GPU lowered to 60 % of its default limit draws 0.7 + 0.3 × 0.6 = 0.88 of its idle power —
