@@ -163,7 +163,8 @@ def simulate(
 
     node_frag = [frag_model.node_frag(node) for node in fleet]
     frag_total = sum(node_frag)
-    node_power = [power.node_w(node) for node in fleet]
+    power_by_state: dict[str, float] = {}  # node states recur: their watts once each
+    node_power = [_node_w(power, node, power_by_state) for node in fleet]
     power_total = sum(node_power)
     used = arrived = 0
     next_pct = 1
@@ -181,7 +182,7 @@ def simulate(
             after = frag_model.node_frag(fleet[position])
             frag_total += after - node_frag[position]
             node_frag[position] = after
-            watts = power.node_w(fleet[position])
+            watts = _node_w(power, fleet[position], power_by_state)
             power_total += watts - node_power[position]
             node_power[position] = watts
         arrived += request.gpu_milli_total
@@ -202,6 +203,16 @@ def simulate(
                 progress(total, total)
             break
     return result
+
+
+def _node_w(power: PowerModel, node: Node, by_state: dict[str, float]) -> float:
+    state = node.state  # model, CPU, free CPU and free GPU milli: all the power model reads (None: MIG or memory)
+    if state is None:
+        return power.node_w(node)
+    watts = by_state.get(state)
+    if watts is None:
+        watts = by_state[state] = power.node_w(node)
+    return watts
 
 
 def fresh_node(node: TraceNode | Node) -> Node:

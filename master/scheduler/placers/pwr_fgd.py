@@ -39,6 +39,8 @@ class PwrFgd(FgdNet):
     ) -> None:  # fmt: skip
         super().__init__(seed=seed, workload=workload)
         self.power = power
+        # ΔP by node state and request (states recur, as FGD's scores do).
+        self._deltas: dict[tuple[object, ...], float] = {}
         self.alpha = self.default_alpha if alpha is None else alpha
 
     def score(self, node: Node, position: int, request: Request, fleet: Fleet) -> Scored | None:
@@ -48,7 +50,16 @@ class PwrFgd(FgdNet):
         choice = scored[1]
         # A single share goes to the GPU FGD chose (its free milli); otherwise as ``delta_w`` assumes (best fit).
         taken = (choice,) if isinstance(choice, int) and request.num_gpu == 1 else ()
-        return scored[0] - self.alpha * self.power.delta_w(node, request, taken) / 100.0, choice
+        state = node.state
+        if state is None:
+            return scored[0] - self.alpha * self.power.delta_w(node, request, taken) / 100.0, choice
+        key = (state, request.cpu_milli, request.num_gpu, request.gpu_milli, taken)
+        delta = self._deltas.get(key)
+        if delta is None:
+            if len(self._deltas) >= self.max_cached_scores:
+                self._deltas.clear()
+            delta = self._deltas[key] = self.power.delta_w(node, request, taken)
+        return scored[0] - self.alpha * delta / 100.0, choice
 
 
 __all__ = ["PWR_WEIGHT", "PwrFgd"]
