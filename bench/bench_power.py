@@ -12,15 +12,15 @@ Per trace variant and seed, ``fgd`` and ``pwr_fgd`` run on the same arrivals, an
 * **ceiling**: the most any placement could save at fgd's allocation: fgd's GPU power against every allocated
   milli-GPU put on the GPUs that add the fewest watts per GPU (no shapes, no fragmentation, CPUs as fgd's).
 
-1. **Tuning** (``--tune-seeds``, default 1000–1019): every ``--alphas`` weight on every trace; the chosen weight
-   saves the most energy while losing at most ``--max-lost`` (0.5) points of allocation on every trace (mean over
-   the tuning seeds).
-2. **Test** (``--test-seeds``, default 3000–3009, seeds the tuning never saw): the chosen weight, each trace's
-   mean ± σ over the seeds.
+1. **Tuning**, with ``--tune`` (``--tune-seeds``, default 1000–1019): every ``--alphas`` weight on every trace; the
+   chosen weight saves the most energy while losing at most ``--max-lost`` (0.5) points of allocation on every trace
+   (mean over the tuning seeds). Without ``--tune``: ``pwr_fgd``'s weight (``PWR_WEIGHT``, chosen so), or ``--alpha``.
+2. **Test** (``--test-seeds``, default 3000–3009, seeds the tuning never saw): the weight, each trace's mean ± σ over
+   the seeds.
 
-Usage: ``python bench/bench_power.py [--traces default,gpushare40,...|all] [--alphas 2,5,10,20] [--alpha A (skip
-tuning)] [--tune-seeds 1000-1019] [--test-seeds 3000-3009] [--jobs 2] [--quick]``. Figures go to bench/results.json
-(component ``placement``) beside fgd's.
+Usage: ``python bench/bench_power.py [--traces default,gpushare40,...|all] [--tune [--alphas 2,5,10,20]
+[--tune-seeds 1000-1019]] [--alpha A] [--test-seeds 3000-3009] [--jobs 2] [--quick]``. The default (13 variants, no
+tuning) takes a few minutes on 2 quiet cores. Figures go to bench/results.json (component ``placement``) beside fgd's.
 """
 
 from __future__ import annotations
@@ -250,8 +250,9 @@ def record_test(pairs: Sequence[Pair], alpha: float, traces: Sequence[str], seed
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--traces", default=",".join(DEFAULT_TRACES), help="'all' or comma-separated names")
-    parser.add_argument("--alphas", default="1,2,5,10,20,40", help="weights tried in tuning")
-    parser.add_argument("--alpha", type=float, help="skip tuning: test this weight")
+    parser.add_argument("--tune", action="store_true", help="choose the weight on the tuning seeds first")
+    parser.add_argument("--alphas", default="2,5,10,20", help="weights tried in tuning")
+    parser.add_argument("--alpha", type=float, help="test this weight (default: pwr_fgd's)")
     parser.add_argument("--tune-seeds", default="1000-1019")
     parser.add_argument("--test-seeds", default="3000-3009")
     parser.add_argument(
@@ -273,9 +274,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"unknown traces: {', '.join(unknown)} (choose from {', '.join(ALL_TRACES)})")
     print(describe_machine())
     started = time.perf_counter()
-    if args.alpha is not None:
-        alpha = args.alpha
-        print(f"alpha = {alpha:g} (given; pwr_fgd's default is {PWR_WEIGHT:g})")
+    if not args.tune:
+        alpha = PWR_WEIGHT if args.alpha is None else args.alpha
+        print(f"alpha = {alpha:g} (pwr_fgd's default: {PWR_WEIGHT:g}; --tune chooses one)")
     else:
         alphas = [float(a) for a in args.alphas.split(",") if a.strip()]
         alpha = tune(
