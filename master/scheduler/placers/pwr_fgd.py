@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from master.scheduler.fleet import Fleet, Node, Request
+from master.scheduler.fleet import MILLI, Fleet, Node, Request
 from master.scheduler.fragmentation import Workload
 from master.scheduler.placers.base import Scored
 from master.scheduler.placers.fgd_net import FgdNet
@@ -41,7 +41,29 @@ class PwrFgd(FgdNet):
         self.power = power
         # ΔP by node state and request (states recur, as FGD's scores do).
         self._deltas: dict[tuple[object, ...], float] = {}
+        self._surcharge: dict[str, float] = {}
         self.alpha = self.default_alpha if alpha is None else alpha
+
+    def _bind(self, fleet: Fleet) -> None:
+        if self._fleet is not fleet:
+            super()._bind(fleet)  # the models' pressure first
+            slopes = {model: self.power.gpu(model).slope_w for model in fleet.capacity_by_model}
+            top = max(slopes.values(), default=0.0)
+            # A model constrained tasks need loses its power advantage in proportion to its pressure (all of it at 1
+            # and above): its cheap watts would go to tasks that could run elsewhere, and the ones that cannot fail.
+            self._surcharge = {
+                model: min(1.0, self._pressure.get(model, 0.0)) * (top - slope) for model, slope in slopes.items()
+            }
+            self._deltas.clear()
+            return
+        super()._bind(fleet)
+
+    def delta_w(self, node: Node, request: Request, taken: tuple[int, ...]) -> float:
+        """The watts the placement adds, plus the surcharge of a model constrained tasks need."""
+        delta = self.power.delta_w(node, request, taken)
+        if request.num_gpu and request.mig_profile is None:
+            delta += self._surcharge.get(node.model, 0.0) * request.gpu_milli_total / MILLI
+        return delta
 
     def score(self, node: Node, position: int, request: Request, fleet: Fleet) -> Scored | None:
         scored = super().score(node, position, request, fleet)
@@ -52,13 +74,13 @@ class PwrFgd(FgdNet):
         taken = (choice,) if isinstance(choice, int) and request.num_gpu == 1 else ()
         state = node.state
         if state is None:
-            return scored[0] - self.alpha * self.power.delta_w(node, request, taken) / 100.0, choice
+            return scored[0] - self.alpha * self.delta_w(node, request, taken) / 100.0, choice
         key = (state, request.cpu_milli, request.num_gpu, request.gpu_milli, taken)
         delta = self._deltas.get(key)
         if delta is None:
             if len(self._deltas) >= self.max_cached_scores:
                 self._deltas.clear()
-            delta = self._deltas[key] = self.power.delta_w(node, request, taken)
+            delta = self._deltas[key] = self.delta_w(node, request, taken)
         return scored[0] - self.alpha * delta / 100.0, choice
 
 
