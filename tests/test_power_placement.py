@@ -140,6 +140,21 @@ class TestPwrFgd:
         heavy = PwrFgd(seed=7, workload=wl, alpha=50.0).place(share, nodes)
         assert heavy is not None and heavy.node_id == "t"
 
+    def test_a_model_constrained_tasks_need_loses_its_power_advantage(self) -> None:
+        """An empty T4 host and an empty V100 host, 2 GPUs each; a whole GPU, alpha 10. With no constrained tasks the T4
+        adds 60 W against 272.7 W: 6.0 points against 27.3, the T4 wins. When T4-only tasks are half the demand (T4
+        pressure 0.5 · 4 / 2 = 1), fgd_net's scarcity costs the T4 10 points and pwr_fgd prices its GPUs at the fleet's
+        highest slope: 7 + 242.7 = 249.7 W, 25.0 points; 35.0 against 27.3, the V100 wins."""
+        nodes = [node("t", "T4", (MILLI, MILLI)), node("v", "V100M16", (MILLI, MILLI))]
+        free = Workload((TaskType(0, 1, MILLI, frozenset(), 1.0),))
+        placed = PwrFgd(seed=7, workload=free, alpha=10.0).place(Request(), nodes)
+        assert placed is not None and placed.node_id == "t"
+        constrained = Workload((TaskType(0, 1, MILLI, frozenset(), 1.0),), ((frozenset({"T4"}), 0.5),))
+        placer = PwrFgd(seed=7, workload=constrained, alpha=10.0)
+        placed = placer.place(Request(), nodes)
+        assert placed is not None and placed.node_id == "v"
+        assert placer.delta_w(nodes[0], Request(), ()) == pytest.approx(7.0 + 242.7)
+
     def test_waking_an_idle_gpu_costs_its_step(self) -> None:
         """A 200 share adds 30 W more on an idle V100 than on one already at work (its step), and a capped idle GPU
         also gives back its cap (12 % of 27.3 W)."""
