@@ -25,8 +25,10 @@ class PwrFgd(FgdNet):
     ``alpha`` = 2, a whole V100-class GPU (+273 W) costs 5.5 points and a whole T4 (+60 W) 1.2, and a share that
     wakes an idle GPU pays its step (30 W on a V100-class board: 0.6 points) on top of its slope: between
     placements FGD rates alike, the one that adds fewer watts wins, while a fragmentation difference of a few
-    points still decides. ΔP reads only the node's model, CPU and free GPU milli, so scores stay a function of
-    ``Node.state`` and the shared machinery's caches and heaps apply unchanged.
+    points still decides. A model that tasks restricted to few models need (``model_pressure``) loses its power
+    advantage in proportion to its pressure: its slope is raised toward the fleet's highest, so the power term does
+    not undo fgd_net's scarcity term. ΔP reads only the node's model, CPU and free GPU milli, so scores stay a
+    function of ``Node.state`` and the shared machinery's caches and heaps apply unchanged.
     """
 
     name = "pwr_fgd"
