@@ -125,20 +125,22 @@ class TestPwrFgd:
 
     def test_a_small_power_difference_does_not_override_a_fragmentation_difference(self) -> None:
         """500-milli tasks only; a 250-milli share. On v (V100, idle 1000/1000) it leaves 750: no fragment, score 50,
-        and adds the step and a quarter of the slope, 30 + 242.7/4 = 90.7 W. On t (T4, one GPU at 700) it leaves 450,
-        a fragment to every task: score 38, and adds 53/4 = 13.3 W. With alpha 2 the 77 W difference is worth 1.5
-        points against FGD's 12: pwr_fgd keeps FGD's choice, v. With alpha 50 (38 points) power wins: t."""
+        and adds the step and a quarter of the slope, 30 + 242.7/4 = 90.7 W. On p (P100, one GPU at 700) it leaves 450,
+        a fragment to every task: score 38, and adds 196.5/4 = 49.1 W. At the default weight (20) the 41.5 W
+        difference is worth 8.3 points against FGD's 12: pwr_fgd keeps FGD's choice, v. At 50 (20.8 points) power
+        wins: p."""
         wl = workload((0, 1, 500, 1.0))
         share = Request(gpu_milli=250)
-        nodes = [node("v", "V100M16", (MILLI, MILLI)), node("t", "T4", (700,))]
+        nodes = [node("v", "V100M16", (MILLI, MILLI)), node("p", "P100", (700,))]
         assert TRACE_POWER.delta_w(nodes[0], share) == pytest.approx(30.0 + 242.7 / 4)
-        assert TRACE_POWER.delta_w(nodes[1], share) == pytest.approx(53.0 / 4)
+        assert TRACE_POWER.delta_w(nodes[1], share) == pytest.approx(196.5 / 4)
         fgd = get_placer("fgd", seed=7, workload=wl).place(share, nodes)
         assert fgd is not None and fgd.node_id == "v"
-        default = PwrFgd(seed=7, workload=wl, alpha=2.0).place(share, nodes)
+        assert PwrFgd.default_alpha == 20.0
+        default = get_placer("pwr_fgd", seed=7, workload=wl).place(share, nodes)
         assert default is not None and default.node_id == "v"
         heavy = PwrFgd(seed=7, workload=wl, alpha=50.0).place(share, nodes)
-        assert heavy is not None and heavy.node_id == "t"
+        assert heavy is not None and heavy.node_id == "p"
 
     def test_a_model_constrained_tasks_need_loses_its_power_advantage(self) -> None:
         """An empty T4 host and an empty V100 host, 2 GPUs each; a whole GPU, alpha 10. With no constrained tasks the T4
