@@ -182,7 +182,7 @@ class MasterSettings(ServiceSettings):
     metrics_per_gpu: bool = Field(True, description="Export per-GPU series on /metrics (about 90 % of a large fleet's scrape; turn off for very large fleets: fleet, host and pipeline figures stay).")
     metrics_cache_seconds: float = Field(5.0, ge=0, le=600, description="Seconds one fleet snapshot for /metrics and /api/v1/metrics is reused.")
     alert_event_window_minutes: float = Field(15.0, gt=0, le=7 * 24 * 60, description="An XID or ECC alert fires while such an event is this recent.")
-    placer: str = Field("fgd_net", description="Placement algorithm for rentals: first_fit, best_fit, random, utilization, gpu_packing, gpu_clustering, fgd, fgd_net, or a learned one: learned_ppo, learned_ddpg, learned_ppo_trace, learned_ddpg_trace (see docs/placement.md).")
+    placer: str = Field("fgd_net", description="Placement algorithm for rentals: first_fit, best_fit, random, utilization, gpu_packing, gpu_clustering, fgd, fgd_net, pwr_fgd (power-aware, docs/power.md), or a learned one: learned_ppo, learned_ddpg, learned_ppo_trace, learned_ddpg_trace (see docs/placement.md).")
     preemption_grace_s: float = Field(30.0, ge=0, le=600, description="Seconds a preempted workload has between SIGTERM and SIGKILL.")
     queue_interval: float = Field(2.0, gt=0, le=600, description="Seconds between passes over queued rentals (a release of GPUs also starts one).")
     placement_pause_after_claim_s: float = Field(0.0, ge=0, le=60, description="Fault injection for the fault suite (tests/faults), never for production: seconds every placement waits after claiming its GPUs, inside its transaction, so a test can kill the master mid-placement.")
