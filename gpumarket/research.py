@@ -35,11 +35,11 @@ def cmd_simulate(args: argparse.Namespace) -> None:
         return
     print(f"{result.algorithm} (seed {result.seed}): {result.nodes:,} nodes, {result.gpus:,} GPUs, "
           f"{result.pods:,} pods arriving: {result.placed:,} placed, {result.failed:,} failed")  # fmt: skip
-    print("arrived %  GPU allocated %  fragmented %")
+    print("arrived %  GPU allocated %  fragmented %  power kW")
     for pct in (50, 80, 90, 95, 100, 110, 120, 130):
-        allocated, fragmented = result.allocated_at(pct), result.fragmented_at(pct)
-        if allocated is not None and fragmented is not None:
-            print(f"{pct:9d}  {allocated:15.2f}  {fragmented:12.2f}")
+        allocated, fragmented, watts = result.allocated_at(pct), result.fragmented_at(pct), result.power_at(pct)
+        if allocated is not None and fragmented is not None and watts is not None:
+            print(f"{pct:9d}  {allocated:15.2f}  {fragmented:12.2f}  {watts / 1000:8.1f}")
 
 
 def _seed_list(text: str) -> list[int]:

@@ -11,6 +11,7 @@ from master.scheduler.placers.first_fit import FirstFit
 from master.scheduler.placers.gpu_clustering import GpuClustering
 from master.scheduler.placers.gpu_packing import GpuPacking
 from master.scheduler.placers.learned import LearnedDdpg, LearnedDdpgTrace, LearnedPpo, LearnedPpoTrace
+from master.scheduler.placers.pwr_fgd import PwrFgd
 from master.scheduler.placers.random_fit import RandomFit
 from master.scheduler.placers.utilization import Utilization
 from shared.errors import ConfigError
@@ -29,6 +30,8 @@ PLACERS: dict[str, PlacerFactory] = {
     "gpu_clustering": GpuClustering,
     "fgd": Fgd,
     "fgd_net": FgdNet,
+    # FGD + model scarcity + a power term (issue 43): docs/power.md, "Power-aware placement".
+    "pwr_fgd": PwrFgd,
     # Trained by reinforcement learning (issue 26): a shipped numpy policy each, loaded when built.
     "learned_ppo": LearnedPpo,
     "learned_ddpg": LearnedDdpg,

@@ -13,6 +13,8 @@ The protocol (Weng et al., USENIX ATC 2023, and their kubernetes-scheduler-simul
    ``fragmented_pct`` = Σ over nodes of FGD's expected fragmentation against the
    target workload / total GPU milli (the paper's *fragmentation amount*; as in the
    artifact, CPU-only task types count a node's whole idle GPU as fragment to them).
+   ``power_w`` = the datacenter's power draw under ``master.scheduler.power`` (every host on, each GPU linear
+   from idle to its board power in its allocated share, CPUs likewise per vCPU).
 
 The target workload is the trace's own pods: their most popular shapes covering
 95 % (``Workload.from_requests``) — what FGD optimises against and what the
@@ -33,6 +35,7 @@ from typing import Any, TextIO
 from master.scheduler.fleet import MILLI, Fleet, Gpu, Node, Request
 from master.scheduler.fragmentation import FragModel, Workload
 from master.scheduler.placers.fgd import Fgd
+from master.scheduler.power import TRACE_POWER, PowerModel
 from master.scheduler.registry import get_placer
 from master.scheduler.trace import TraceNode
 from shared.errors import ValidationFailed
@@ -45,6 +48,7 @@ class CurvePoint:
     arrived_pct: int
     allocated_pct: float
     fragmented_pct: float
+    power_w: float = 0.0
 
 
 @dataclass(slots=True)
@@ -81,10 +85,22 @@ class SimulationResult:
             "placed": self.placed,
             "failed": self.failed,
             "curve": [
-                {"arrived_pct": p.arrived_pct, "allocated_pct": p.allocated_pct, "fragmented_pct": p.fragmented_pct}
+                {
+                    "arrived_pct": p.arrived_pct,
+                    "allocated_pct": p.allocated_pct,
+                    "fragmented_pct": p.fragmented_pct,
+                    "power_w": p.power_w,
+                }
                 for p in self.curve
             ],
         }
+
+    def power_at(self, arrived_pct: int) -> float | None:
+        """The datacenter's watts when arrived demand first reached ``arrived_pct`` % (None if it never did)."""
+        for point in self.curve:
+            if point.arrived_pct == arrived_pct:
+                return point.power_w
+        return None
 
 
 def arrivals(pods: Sequence[Request], capacity_milli: int, *, inflate: float, seed: int) -> list[Request]:
@@ -125,12 +141,14 @@ def simulate(
     seed: int = 42,
     stop_at_pct: float | None = None,
     workload: Workload | None = None,
+    power: PowerModel = TRACE_POWER,
     progress: Progress | None = None,
     progress_every: int = 200,
 ) -> SimulationResult:
     """Run the protocol of the module docstring; ``stop_at_pct`` ends it once that much demand has arrived.
 
     ``nodes`` are copied (``TraceNode``s become fresh nodes), so one list serves many runs.
+    ``power`` is the model ``power_w`` is measured with (``PowerModel.capped()``: idle GPUs capped off-peak).
     ``progress(done, total)`` is called every ``progress_every`` pods and at the end.
     """
     fleet = Fleet(fresh_node(node) for node in nodes)
@@ -145,6 +163,9 @@ def simulate(
 
     node_frag = [frag_model.node_frag(node) for node in fleet]
     frag_total = sum(node_frag)
+    power_by_state: dict[str, float] = {}  # node states recur: their watts once each
+    node_power = [_node_w(power, node, power_by_state) for node in fleet]
+    power_total = sum(node_power)
     used = arrived = 0
     next_pct = 1
     stop = None if stop_at_pct is None else stop_at_pct * capacity / 100
@@ -161,10 +182,18 @@ def simulate(
             after = frag_model.node_frag(fleet[position])
             frag_total += after - node_frag[position]
             node_frag[position] = after
+            watts = _node_w(power, fleet[position], power_by_state)
+            power_total += watts - node_power[position]
+            node_power[position] = watts
         arrived += request.gpu_milli_total
         while arrived * 100 >= next_pct * capacity:
             result.curve.append(
-                CurvePoint(next_pct, round(100 * used / capacity, 4), round(100 * frag_total / capacity, 4))
+                CurvePoint(
+                    next_pct,
+                    round(100 * used / capacity, 4),
+                    round(100 * frag_total / capacity, 4),
+                    round(power_total, 1),
+                )
             )
             next_pct += 1
         if progress is not None and (done % progress_every == 0 or done == total):
@@ -174,6 +203,16 @@ def simulate(
                 progress(total, total)
             break
     return result
+
+
+def _node_w(power: PowerModel, node: Node, by_state: dict[str, float]) -> float:
+    state = node.state  # model, CPU, free CPU and free GPU milli: all the power model reads (None: MIG or memory)
+    if state is None:
+        return power.node_w(node)
+    watts = by_state.get(state)
+    if watts is None:
+        watts = by_state[state] = power.node_w(node)
+    return watts
 
 
 def fresh_node(node: TraceNode | Node) -> Node:
