@@ -101,6 +101,12 @@ class TestServices:
         await expect(dialog.locator(".field-error").first).to_contain_text("lower-case letters")
         await expect(dialog.locator("#service-token")).to_have_count(0)
         await name.fill("echo")
+        tolerance = dialog.get_by_label("Price tolerance, % (optional)")
+        await tolerance.fill("5.555")  # percent with two decimals at most
+        await dialog.locator("#make-service").click()
+        await expect(tolerance).to_have_attribute("aria-invalid", "true")
+        await expect(dialog.locator(".field-error:not([hidden])")).to_contain_text("price tolerance in percent")
+        await tolerance.fill("7.5")
         await dialog.locator("#make-service").click()
 
         token_el = dialog.locator("#service-token")
@@ -113,6 +119,7 @@ class TestServices:
         assert {k: service["workload"].get(k) for k in ("kind", "image", "ports", "command")} == {"kind": "container", "image": docker_image, "ports": [8000],
                                        "command": ["sh", "-c", "echo ok > /tmp/health && httpd -f -p 8000 -h /tmp"]}  # fmt: skip
         assert (service["min_replicas"], service["max_replicas"], service["scaling"]["target"]) == (1, 2, 2.0)
+        assert service["price_tolerance"] == "0.075"  # 7.5 % as the API's fraction
         await expect(dialog.locator("#token-endpoint")).to_have_text(service["endpoint_url"])
         await expect(dialog.locator("#token-base-url")).to_have_text(service["endpoint_url"] + "v1")
         await dialog.get_by_role("button", name="Copy the service token").click()
@@ -127,6 +134,7 @@ class TestServices:
         await expect(page.locator(".service-summary .badge").first).to_have_text("active")
         await expect(page.locator("#service-endpoint")).to_have_text(service["endpoint_url"])
         await expect(page.locator("#service-token-prefix")).to_have_text(f"{service['token_prefix']}…")
+        await expect(page.locator("main")).to_contain_text("any model per replica, the cheapest within 7.5 %")
         requests = seed_stats(market, service_id, since=datetime.fromisoformat(service["created_at"]))
         await expect(page.locator("#stats-note")).to_contain_text(f"{requests} requests", timeout=WAIT_MS)
         stats = await console.api("renter", f"/services/{service_id}/stats?minutes=60")

@@ -52,7 +52,8 @@ function ruleLine(scaling) {
 }
 
 function gpusLine(service) {
-  const gpus = `${service.gpu_count} × ${service.gpu_model || "any model"} per replica`;
+  const tolerance = service.price_tolerance == null ? "" : `, the cheapest within ${Math.round(Number(service.price_tolerance) * 10000) / 100} %`;
+  const gpus = `${service.gpu_count} × ${service.gpu_model || "any model"} per replica${tolerance}`;
   return service.kind === "interruptible" ? `${gpus}, interruptible, bid ${usdRate(service.bid_per_gpu_hour)} per GPU-hour` : `${gpus}, on demand`;
 }
 
@@ -129,6 +130,8 @@ function serviceDialog(ctx, onMade) {
     const gpus = withError(field({ label: "GPUs per replica", name: "gpu_count", type: "number", min: 1, max: MAX_GPUS, step: 1, value: 1, inputmode: "numeric" }));
     const model = field({ label: "GPU model (optional)", name: "gpu_model", placeholder: "e.g. A100", autocomplete: "off",
       hint: "Every word must be in the model name. Empty: any model." });
+    const tolerance = withError(field({ label: "Price tolerance, % (optional)", name: "price_tolerance", inputmode: "decimal", autocomplete: "off",
+      placeholder: "e.g. 5", hint: "Replicas go to the cheapest GPUs that fit; the placer may pick ones up to this much dearer. Empty: the marketplace's default (5 % without a model)." }));
     const low = withError(field({ label: "Fewest replicas", name: "min_replicas", type: "number", min: 0, max: MAX_REPLICAS, step: 1, value: 1,
       inputmode: "numeric", hint: "0 lets it sleep: the first request then waits for a replica." }));
     const high = withError(field({ label: "Most replicas", name: "max_replicas", type: "number", min: 1, max: MAX_REPLICAS, step: 1, value: 2, inputmode: "numeric" }));
@@ -139,7 +142,7 @@ function serviceDialog(ctx, onMade) {
     cancel.addEventListener("click", close);
     const form = h("form", { class: "rent-form service-form", novalidate: true, method: "dialog" },
       name.row, run.el, h("div", { class: "fieldset-pair" }, port.row, health.row),
-      h("fieldset", {}, h("legend", {}, "Each replica"), h("div", { class: "fieldset-pair" }, gpus.row, model.row)),
+      h("fieldset", {}, h("legend", {}, "Each replica"), h("div", { class: "fieldset-pair" }, gpus.row, model.row), tolerance.row),
       h("fieldset", {}, h("legend", {}, "Scaling"), h("div", { class: "fieldset-pair" }, low.row, high.row), target.row),
       h("p", { class: "hint" }, "Each replica is a rental, billed per second while it runs; it waits in the queue while no host is free."),
       h("div", { class: "actions" }, submit, cancel));
@@ -174,6 +177,14 @@ function serviceDialog(ctx, onMade) {
       request.gpu_count = whole(gpus, 1, MAX_GPUS, "the GPUs per replica");
       const words = model.input.value.trim();
       if (words) request.gpu_model = words;
+      const percent = tolerance.input.value.trim().replace(/\s*%$/, "");
+      if (percent !== "") {
+        // Percent with up to two decimals, 0 to 1000, sent as the API's fraction ("5" → "0.05"): exact, no float.
+        const m = /^(\d{1,4})(?:\.(\d{1,2}))?$/.exec(percent);
+        const hundredths = m ? Number(m[1]) * 100 + Number((m[2] || "").padEnd(2, "0")) : NaN;
+        if (!m || hundredths > 100000) throw fail(tolerance, "Enter the price tolerance in percent: 0 to 1000, at most two decimals, e.g. 5.");
+        request.price_tolerance = (hundredths / 10000).toFixed(4).replace(/0+$/, "").replace(/\.$/, "");
+      }
       request.min_replicas = whole(low, 0, MAX_REPLICAS, "the fewest replicas");
       request.max_replicas = whole(high, 1, MAX_REPLICAS, "the most replicas");
       if (request.min_replicas > request.max_replicas) throw fail(high, "The most replicas must be at least the fewest.");
@@ -188,7 +199,7 @@ function serviceDialog(ctx, onMade) {
       await run.ready;
       errors.clear();
       run.clear();
-      for (const f of [name, port, health, gpus, low, high, target]) f.clear();
+      for (const f of [name, port, health, gpus, tolerance, low, high, target]) f.clear();
       let request;
       try {
         request = readRequest();
