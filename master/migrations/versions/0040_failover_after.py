@@ -22,18 +22,16 @@ depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("hosts", schema=None) as batch_op:
-        batch_op.add_column(sa.Column("link_connection_id", sa.String(length=64), nullable=True))
-        batch_op.add_column(sa.Column("link_opened_at", sa.DateTime(timezone=True), nullable=True))
-        batch_op.add_column(sa.Column("link_down_since", sa.DateTime(timezone=True), nullable=True))
-    with op.batch_alter_table("rentals", schema=None) as batch_op:
-        batch_op.add_column(sa.Column("failover_after_s", sa.Integer(), nullable=True))
+    # Plain ALTER TABLE on both databases (SQLite >= 3.35 drops columns itself): a batch copy of ``hosts`` on SQLite
+    # would trip over the offer-summary triggers that name it (0018).
+    op.add_column("hosts", sa.Column("link_connection_id", sa.String(length=64), nullable=True))
+    op.add_column("hosts", sa.Column("link_opened_at", sa.DateTime(timezone=True), nullable=True))
+    op.add_column("hosts", sa.Column("link_down_since", sa.DateTime(timezone=True), nullable=True))
+    op.add_column("rentals", sa.Column("failover_after_s", sa.Integer(), nullable=True))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("rentals", schema=None) as batch_op:
-        batch_op.drop_column("failover_after_s")
-    with op.batch_alter_table("hosts", schema=None) as batch_op:
-        batch_op.drop_column("link_down_since")
-        batch_op.drop_column("link_opened_at")
-        batch_op.drop_column("link_connection_id")
+    op.drop_column("rentals", "failover_after_s")
+    op.drop_column("hosts", "link_down_since")
+    op.drop_column("hosts", "link_opened_at")
+    op.drop_column("hosts", "link_connection_id")
