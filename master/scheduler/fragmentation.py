@@ -27,7 +27,7 @@ import math
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from master.scheduler.fleet import MILLI, Node, Request
@@ -65,6 +65,10 @@ class Workload:
 
     tasks: tuple[TaskType, ...]
     constraints: tuple[tuple[frozenset[str], float], ...] = ()
+    # The shapes left out of ``tasks`` by the popularity threshold, each with its share of *all* the tasks, and the
+    # share of all the tasks that ``tasks`` covers (``complete`` puts them back together; ``fgd_plus`` uses it).
+    tail: tuple[TaskType, ...] = ()
+    coverage: float = 1.0
 
     @classmethod
     def from_requests(
@@ -103,7 +107,17 @@ class Workload:
             chosen.append((shape, count))
             covered += count
         tasks = tuple(TaskType(cpu, num, milli, models, count / covered) for (cpu, num, milli, models), count in chosen)
-        return cls(tasks, constraints)
+        tail = tuple(
+            TaskType(cpu, num, milli, models, count / total) for (cpu, num, milli, models), count in ranked[len(chosen) :]
+        )
+        return cls(tasks, constraints, tail, covered / total)
+
+    def complete(self) -> Workload:
+        """Every task shape, each with its share of all the tasks (no popularity threshold)."""
+        if not self.tail:
+            return self
+        scaled = tuple(replace(task, popularity=task.popularity * self.coverage) for task in self.tasks)
+        return Workload(scaled + self.tail, self.constraints)
 
 
 class FragModel:

@@ -25,12 +25,16 @@ class Fgd(IndexedPlacer):
         super().__init__(seed=seed, workload=workload)
         self._learn = workload is None
         self._seen: Counter[TaskShape] = Counter()
-        self.frag_model = FragModel(Workload(())) if workload is None else FragModel.shared(workload)
+        self.frag_model = FragModel(Workload(())) if workload is None else FragModel.shared(self.target(workload))
+
+    def target(self, workload: Workload) -> Workload:
+        """The workload FGD measures fragmentation against (``fgd``: the given one, its typical shapes)."""
+        return workload
 
     def place(self, request: Request, nodes: Sequence[Node]) -> Placement | None:
         if self._learn and request.mig_profile is None:
             self._seen[task_shape(request)] += 1
-            self.frag_model = FragModel(Workload.from_counts(self._seen))
+            self.frag_model = FragModel(self.target(Workload.from_counts(self._seen)))
             self._fleet = None  # scores against the old workload are stale
         return super().place(request, nodes)
 
