@@ -10,9 +10,12 @@ from master.scheduler import MILLI, Gpu, Node, Placement, Request, TaskType, Wor
 from master.scheduler.placers.fgd_plus import FILL_WEIGHT
 
 
-def node(node_id: str, free: Sequence[int], *, cpu: int = 96_000, cpu_free: int | None = None) -> Node:
+def node(
+    node_id: str, free: Sequence[int], *, cpu: int = 96_000, cpu_free: int | None = None, memory_free: int | None = None
+) -> Node:
     gpus = [Gpu(i, uuid=f"{node_id}-gpu{i}", milli_free=milli) for i, milli in enumerate(free)]
-    return Node(node_id, "G2", gpus, cpu_milli=cpu, memory_mib=393_216, cpu_milli_free=cpu_free)
+    return Node(node_id, "G2", gpus, cpu_milli=cpu, memory_mib=393_216, cpu_milli_free=cpu_free,
+                memory_mib_free=memory_free)  # fmt: skip
 
 
 def place(name: str, request: Request, nodes: Sequence[Node], workload: Workload) -> Placement | None:
@@ -25,11 +28,20 @@ class TestCompleteWorkload:
         x, y, z, w = Request(), Request(gpu_milli=500), Request(num_gpu=2), Request(num_gpu=8)
         built = Workload.from_requests([x] * 10 + [y] * 6 + [z] * 3 + [w])
         assert [(t.num_gpu, t.gpu_milli) for t in built.tasks] == [(1, 1000), (1, 500), (2, 1000)]
-        assert built.coverage == pytest.approx(19 / 20)
         complete = built.complete()
         assert [(t.num_gpu, t.gpu_milli) for t in complete.tasks] == [(1, 1000), (1, 500), (2, 1000), (8, 1000)]
         assert [t.popularity for t in complete.tasks] == pytest.approx([10 / 20, 6 / 20, 3 / 20, 1 / 20])
         assert complete.constraints == built.constraints
+
+    def test_complete_keeps_each_shapes_host_memory_and_the_typical_set_does_not(self) -> None:
+        """10 + 9 one-GPU tasks of 1 and 2 GiB, one 8-GPU task: FGD's typical set is the one-GPU shape (19 of 20,
+        memory not counted); complete() has three shapes, each with its memory."""
+        requests = [Request(memory_mib=1_024)] * 10 + [Request(memory_mib=2_048)] * 9 + [Request(num_gpu=8)]
+        built = Workload.from_requests(requests)
+        assert [(t.num_gpu, t.memory_mib, t.popularity) for t in built.tasks] == [(1, 0, 1.0)]
+        complete = built.complete()
+        assert [(t.num_gpu, t.memory_mib) for t in complete.tasks] == [(1, 1_024), (1, 2_048), (8, 0)]
+        assert [t.popularity for t in complete.tasks] == pytest.approx([10 / 20, 9 / 20, 1 / 20])
 
     def test_a_workload_without_a_tail_is_already_complete(self) -> None:
         built = Workload((TaskType(0, 1, 500, frozenset(), 1.0),))
@@ -64,6 +76,22 @@ class TestFgdPlus:
         nodes = [node("a", (MILLI,) * 4), node("b", (500, 0, 0, 0), cpu_free=0)]
         fgd = place("fgd", Request(gpu_milli=480), nodes, workload)
         plus = place("fgd_plus", Request(gpu_milli=480), nodes, workload)
+        assert fgd is not None and fgd.node_id == "a"
+        assert plus is not None and plus.node_id == "b"
+
+    def test_does_not_strand_gpus_for_want_of_host_memory(self) -> None:
+        """Workload: 1-GPU tasks asking 64 GiB of host memory. A CPU-only task asking 40 GiB: FGD does not count
+        memory, sees Δ = 0 on both nodes and takes the fuller a (half its CPU used), leaving a 60 GiB for its two
+        idle GPUs — both now fragment to every task of the workload (Δ = +2000, score 11). fgd_plus counts it and
+        takes b (200 GiB free: Δ = 0, score 50; less the fill term, 48 against a's 9.5)."""
+        workload = Workload.from_requests([Request(memory_mib=65_536)])
+        nodes = [
+            node("a", (MILLI, MILLI), cpu_free=48_000, memory_free=102_400),
+            node("b", (MILLI, MILLI), memory_free=204_800),
+        ]
+        cpu_task = Request(num_gpu=0, cpu_milli=4_000, memory_mib=40_960)
+        fgd = place("fgd", cpu_task, nodes, workload)
+        plus = place("fgd_plus", cpu_task, nodes, workload)
         assert fgd is not None and fgd.node_id == "a"
         assert plus is not None and plus.node_id == "b"
 

@@ -27,7 +27,7 @@ import math
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import ClassVar
 
 from master.scheduler.fleet import MILLI, Node, Request
@@ -36,11 +36,11 @@ from master.scheduler.fleet import MILLI, Node, Request
 DEFAULT_POPULARITY_THRESHOLD = 0.95
 
 
-TaskShape = tuple[int, int, int, frozenset[str]]  # (cpu_milli, num_gpu, gpu_milli, gpu_models)
+TaskShape = tuple[int, int, int, frozenset[str], int]  # (cpu_milli, num_gpu, gpu_milli, gpu_models, memory_mib)
 
 
 def task_shape(request: Request) -> TaskShape:
-    return (request.cpu_milli, request.num_gpu, request.gpu_milli, request.gpu_models)
+    return (request.cpu_milli, request.num_gpu, request.gpu_milli, request.gpu_models, request.memory_mib)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +52,8 @@ class TaskType:
     gpu_milli: int
     gpu_models: frozenset[str]
     popularity: float
+    # Host memory (MiB) the task asks for; 0 = not counted (FGD's typical set counts CPU and GPU only).
+    memory_mib: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,10 +67,9 @@ class Workload:
 
     tasks: tuple[TaskType, ...]
     constraints: tuple[tuple[frozenset[str], float], ...] = ()
-    # The shapes left out of ``tasks`` by the popularity threshold, each with its share of *all* the tasks, and the
-    # share of all the tasks that ``tasks`` covers (``complete`` puts them back together; ``fgd_plus`` uses it).
-    tail: tuple[TaskType, ...] = ()
-    coverage: float = 1.0
+    # Every task shape, host memory included, each with its share of *all* the tasks — no popularity threshold
+    # (``complete``; ``fgd_plus`` measures against it).
+    every: tuple[TaskType, ...] = ()
 
     @classmethod
     def from_requests(
@@ -77,7 +78,8 @@ class Workload:
         """The most popular shapes covering ``popularity_threshold`` of ``requests``, renormalised.
 
         Shapes are ``(cpu, num_gpu, gpu_milli, models)``, as the FGD artifact's
-        ``GetTypicalPods`` counts them (memory plays no part in fragmentation).
+        ``GetTypicalPods`` counts them (memory plays no part in FGD's fragmentation); ``every`` keeps
+        all the shapes with their host memory.
         """
         counts: Counter[TaskShape] = Counter(task_shape(r) for r in requests if r.mig_profile is None)
         return cls.from_counts(counts, popularity_threshold=popularity_threshold)
@@ -86,20 +88,22 @@ class Workload:
     def from_counts(
         cls, counts: Mapping[TaskShape, int], *, popularity_threshold: float = DEFAULT_POPULARITY_THRESHOLD
     ) -> Workload:
-        """As ``from_requests``, from how many tasks of each shape there were."""
+        """As ``from_requests``, from how many tasks of each shape (host memory included) there were."""
         total = sum(counts.values())
         if total == 0:
             return cls(())
         demand: Counter[frozenset[str]] = Counter()
-        for (_, num_gpu, milli, models), count in counts.items():
+        typical: Counter[tuple[int, int, int, frozenset[str]]] = Counter()
+        for (cpu, num_gpu, milli, models, _), count in counts.items():
             demand[models] += num_gpu * milli * count
+            typical[cpu, num_gpu, milli, models] += count
         all_demand = sum(demand.values())
         constraints = tuple(
             sorted(((models, gpu / all_demand) for models, gpu in demand.items() if models and gpu), key=lambda c: sorted(c[0]))
         )
         # Most popular first; equal counts in a fixed order so the workload does not depend on input order.
-        ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0][0], item[0][2], item[0][1], sorted(item[0][3])))
-        chosen: list[tuple[TaskShape, int]] = []
+        ranked = sorted(typical.items(), key=lambda item: (-item[1], item[0][0], item[0][2], item[0][1], sorted(item[0][3])))
+        chosen: list[tuple[tuple[int, int, int, frozenset[str]], int]] = []
         covered = 0
         for shape, count in ranked:
             if covered >= popularity_threshold * total:
@@ -107,17 +111,24 @@ class Workload:
             chosen.append((shape, count))
             covered += count
         tasks = tuple(TaskType(cpu, num, milli, models, count / covered) for (cpu, num, milli, models), count in chosen)
-        tail = tuple(
-            TaskType(cpu, num, milli, models, count / total) for (cpu, num, milli, models), count in ranked[len(chosen) :]
-        )
-        return cls(tasks, constraints, tail, covered / total)
+        every = tuple(
+            TaskType(cpu, num, milli, models, count / total, memory)
+            for (cpu, num, milli, models, memory), count in sorted(
+                counts.items(), key=lambda item: (-item[1], item[0][0], item[0][2], item[0][1], sorted(item[0][3]), item[0][4])
+            )
+        )  # fmt: skip
+        return cls(tasks, constraints, every)
 
     def complete(self) -> Workload:
-        """Every task shape, each with its share of all the tasks (no popularity threshold)."""
-        if not self.tail:
+        """Every task shape with its host memory, each with its share of all the tasks (no popularity threshold);
+        a workload built without them (``Workload(tasks)``) is returned as it is."""
+        if not self.every:
             return self
-        scaled = tuple(replace(task, popularity=task.popularity * self.coverage) for task in self.tasks)
-        return Workload(scaled + self.tail, self.constraints)
+        return Workload(self.every, self.constraints)
+
+
+# A task type as the memory-aware fragmentation reads it: (cpu_milli, memory_mib, num_gpu, popularity).
+_MemoryTask = tuple[int, int, int, float]
 
 
 class FragModel:
@@ -125,7 +136,9 @@ class FragModel:
 
     A node's fragmentation depends only on its model, which task types its free CPU
     can hold (a bucket among the types' CPU needs) and its sorted free GPU milli, so
-    that triple is the cache key.
+    that triple is the cache key. Where task types ask for host memory (``memory_aware``:
+    ``Workload.complete``), a task also finds all free GPU fragment on a node short of
+    its memory, and the bucket of the node's free memory joins the key.
     """
 
     # A few models per process, by workload, so runs against one workload share the caches
@@ -136,10 +149,12 @@ class FragModel:
     def __init__(self, workload: Workload, *, max_cache: int = 2_000_000) -> None:
         self.workload = workload
         self._max_cache = max_cache
-        self._cache: dict[tuple[str, int, tuple[int, ...]], float] = {}
+        self._cache: dict[tuple[object, ...], float] = {}
         # FGD's scores by (model, free CPU, sorted free GPU, request CPU, GPUs, milli).
         self.scores: dict[tuple[object, ...], tuple[int, int | None] | None] = {}
         self._per_model: dict[str, tuple[float, list[int], list[tuple[int, list[tuple[int, int, float]]]]]] = {}
+        self.memory_aware = any(task.memory_mib for task in workload.tasks)
+        self._per_model_memory: dict[str, tuple[float, list[int], list[int], list[tuple[int, list[_MemoryTask]]]]] = {}
 
     def _tasks(self, model: str) -> tuple[float, list[int], list[tuple[int, list[tuple[int, int, float]]]]]:
         """(share of tasks for which all free GPU is fragment, CPU thresholds, tasks grouped by GPU milli)."""
@@ -158,8 +173,52 @@ class FragModel:
         self._per_model[model] = found
         return found
 
-    def frag(self, model: str, cpu_free: int, free_desc: tuple[int, ...]) -> float:
-        """Expected fragmented milli-GPU of a node in this state (``free_desc`` sorted, largest first)."""
+    def _memory_tasks(self, model: str) -> tuple[float, list[int], list[int], list[tuple[int, list[_MemoryTask]]]]:
+        """As ``_tasks`` with each task's host memory: (always, CPU thresholds, memory thresholds, groups)."""
+        found = self._per_model_memory.get(model)
+        if found is not None:
+            return found
+        always = 0.0
+        groups: dict[int, list[_MemoryTask]] = {}
+        for task in self.workload.tasks:
+            if task.gpu_milli == 0 or (task.gpu_models and model not in task.gpu_models):
+                always += task.popularity
+            else:
+                groups.setdefault(task.gpu_milli, []).append((task.cpu_milli, task.memory_mib, task.num_gpu, task.popularity))
+        tasks = [task for group in groups.values() for task in group]
+        found = (always, sorted({t[0] for t in tasks}), sorted({t[1] for t in tasks}), sorted(groups.items()))
+        self._per_model_memory[model] = found
+        return found
+
+    def _frag_memory(self, model: str, cpu_free: int, free_desc: tuple[int, ...], memory_free: int) -> float:
+        always, cpu_thresholds, memory_thresholds, groups = self._memory_tasks(model)
+        key = (model, bisect_right(cpu_thresholds, cpu_free), bisect_right(memory_thresholds, memory_free), free_desc)
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        total = sum(free_desc)
+        value = always * total
+        for milli, tasks in groups:
+            fitting = 0
+            unusable = 0
+            for free in free_desc:
+                if free >= milli:
+                    fitting += 1
+                else:
+                    unusable += free
+            for cpu, memory, count, popularity in tasks:
+                usable = cpu <= cpu_free and memory <= memory_free and fitting >= count
+                value += popularity * (unusable if usable else total)
+        if len(self._cache) >= self._max_cache:
+            self._cache.clear()
+        self._cache[key] = value
+        return value
+
+    def frag(self, model: str, cpu_free: int, free_desc: tuple[int, ...], memory_free: int = 0) -> float:
+        """Expected fragmented milli-GPU of a node in this state (``free_desc`` sorted, largest first; its free host
+        memory counts only where the model is ``memory_aware``)."""
+        if self.memory_aware:
+            return self._frag_memory(model, cpu_free, free_desc, memory_free)
         always, thresholds, groups = self._tasks(model)
         key = (model, bisect_right(thresholds, cpu_free), free_desc)
         cached = self._cache.get(key)
@@ -183,7 +242,7 @@ class FragModel:
         return value
 
     def node_frag(self, node: Node) -> float:
-        return self.frag(node.model, node.cpu_milli_free, node.free_desc)
+        return self.frag(node.model, node.cpu_milli_free, node.free_desc, node.memory_mib_free)
 
     @classmethod
     def forget_shared(cls) -> None:

@@ -24,8 +24,8 @@ scale of the FGD authors' Kubernetes plugins, whose steps make near-equal placem
 ``fgd_net``         our default: ``fgd`` less a penalty for GPU models that tasks restricted to
                     few models crowd (:func:`model_pressure`), and among equally scored
                     placements the host with the lowest latency to the renter's region.
-``fgd_plus``        ``fgd_net`` measured against every task shape of the workload (not only the 95 %
-                    most popular) and pulled a little towards fuller nodes (issue 43).
+``fgd_plus``        ``fgd_net`` measured against every task shape of the workload with its host memory
+                    (not only the 95 % most popular, by CPU and GPU), pulled towards fuller nodes (issue 43).
 ``learned_ppo``,    a small MLP shared across candidate nodes, trained by reinforcement learning
 ``learned_ddpg``    (MaskablePPO, DDPG) on the heterogeneous-clusters experiment, scoring features the
 (``…_trace``)       heuristics compute (``master.scheduler.learned``); ``…_trace``: trained on the trace.

@@ -70,6 +70,8 @@ class IndexedPlacer:
     max_indexes: ClassVar[int] = 4096
     # True where ``score`` reads nothing of a node but its ``Node.state`` (and the request and fleet).
     scores_by_state: ClassVar[bool] = False
+    # True where that score also reads the node's free host memory (which ``Node.state`` leaves out).
+    state_with_memory: ClassVar[bool] = False
     # Entries one decision may pop (stale, or short of host memory) however small the heap, before it looks
     # at the whole heap at once.
     min_pops: ClassVar[int] = 256
@@ -120,6 +122,7 @@ class IndexedPlacer:
         # Nodes in equal states score alike (``Node.state``): score each state once per call — a new
         # shape's first heap scores every node, and most of a fleet's nodes share a few states.
         by_state: dict[object, float | None] | None = None
+        with_memory = self.state_with_memory
         if self.scores_by_state and request.network is None and request.mig_profile is None:
             by_state = {}
         for position in positions:
@@ -127,7 +130,9 @@ class IndexedPlacer:
             # The cheap part of ``fits_shape`` first: most nodes a busy fleet has fail it.
             if node.free_total < gpu or node.cpu_milli_free < cpu or (models and node.model not in models):
                 continue
-            state = node.state
+            state: object = node.state
+            if with_memory and state is not None:
+                state = (state, node.memory_mib_free)
             if by_state is not None and state is not None:
                 negated = by_state.get(state, _UNSCORED)
                 if negated is _UNSCORED:
