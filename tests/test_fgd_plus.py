@@ -7,14 +7,15 @@ from collections.abc import Sequence
 import pytest
 
 from master.scheduler import MILLI, Gpu, Node, Placement, Request, TaskType, Workload, get_placer
-from master.scheduler.placers.fgd_plus import FILL_WEIGHT
+from master.scheduler.placers.fgd_plus import CPU_WEIGHT, FILL_WEIGHT, MEMORY_WEIGHT
 
 
 def node(
-    node_id: str, free: Sequence[int], *, cpu: int = 96_000, cpu_free: int | None = None, memory_free: int | None = None
+    node_id: str, free: Sequence[int], *, cpu: int = 96_000, cpu_free: int | None = None, memory: int = 393_216,
+    memory_free: int | None = None,
 ) -> Node:
     gpus = [Gpu(i, uuid=f"{node_id}-gpu{i}", milli_free=milli) for i, milli in enumerate(free)]
-    return Node(node_id, "G2", gpus, cpu_milli=cpu, memory_mib=393_216, cpu_milli_free=cpu_free,
+    return Node(node_id, "G2", gpus, cpu_milli=cpu, memory_mib=memory, cpu_milli_free=cpu_free,
                 memory_mib_free=memory_free)  # fmt: skip
 
 
@@ -92,6 +93,24 @@ class TestFgdPlus:
         cpu_task = Request(num_gpu=0, cpu_milli=4_000, memory_mib=40_960)
         fgd = place("fgd", cpu_task, nodes, workload)
         plus = place("fgd_plus", cpu_task, nodes, workload)
+        assert fgd is not None and fgd.node_id == "a"
+        assert plus is not None and plus.node_id == "b"
+
+    def test_a_task_heavy_in_memory_for_its_gpu_goes_where_memory_is_plentiful(self) -> None:
+        """Workload: 1-GPU tasks (no memory counted). A 1-GPU task asking 128 GiB: FGD sees Δ = 0 on both and
+        takes the fuller a (8 GPUs, 384 GiB, half used). fgd_plus: on a it takes 1/8 of the GPU but 1/3 of the
+        memory — 10 × 0.208 = 2.08 points off, with the fill term 50 − 1 − 2.08 = 46.9; on b (2 GPUs, 512 GiB) a
+        quarter of the memory for half the GPU costs nothing: 50 − 2 = 48. It takes b, leaving a's 48 GiB per
+        GPU to tasks that need no more."""
+        assert (MEMORY_WEIGHT, CPU_WEIGHT) == (10.0, 10.0)
+        workload = Workload((TaskType(0, 1, MILLI, frozenset(), 1.0),))
+        nodes = [
+            node("a", (MILLI,) * 4 + (0,) * 4, cpu_free=48_000),
+            node("b", (MILLI, MILLI), memory=524_288),
+        ]
+        heavy = Request(memory_mib=131_072)
+        fgd = place("fgd", heavy, nodes, workload)
+        plus = place("fgd_plus", heavy, nodes, workload)
         assert fgd is not None and fgd.node_id == "a"
         assert plus is not None and plus.node_id == "b"
 

@@ -70,8 +70,9 @@ class IndexedPlacer:
     max_indexes: ClassVar[int] = 4096
     # True where ``score`` reads nothing of a node but its ``Node.state`` (and the request and fleet).
     scores_by_state: ClassVar[bool] = False
-    # True where that score also reads the node's free host memory (which ``Node.state`` leaves out).
-    state_with_memory: ClassVar[bool] = False
+    # True where the score reads host memory — the node's, total and free (which ``Node.state`` leaves out), and
+    # the request's (which ``Request.shape_key`` leaves out): states and heaps are then told apart by them too.
+    scores_memory: ClassVar[bool] = False
     # Entries one decision may pop (stale, or short of host memory) however small the heap, before it looks
     # at the whole heap at once.
     min_pops: ClassVar[int] = 256
@@ -122,7 +123,7 @@ class IndexedPlacer:
         # Nodes in equal states score alike (``Node.state``): score each state once per call — a new
         # shape's first heap scores every node, and most of a fleet's nodes share a few states.
         by_state: dict[object, float | None] | None = None
-        with_memory = self.state_with_memory
+        with_memory = self.scores_memory
         if self.scores_by_state and request.network is None and request.mig_profile is None:
             by_state = {}
         for position in positions:
@@ -132,7 +133,7 @@ class IndexedPlacer:
                 continue
             state: object = node.state
             if with_memory and state is not None:
-                state = (state, node.memory_mib_free)
+                state = (state, node.memory_mib, node.memory_mib_free)
             if by_state is not None and state is not None:
                 negated = by_state.get(state, _UNSCORED)
                 if negated is _UNSCORED:
@@ -152,7 +153,7 @@ class IndexedPlacer:
 
     def _refresh(self, request: Request, fleet: Fleet) -> _Heap:
         """The heap for the request's shape (host memory aside), brought up to date with the fleet."""
-        key = request.shape_key
+        key = (request.shape_key, request.memory_mib) if self.scores_memory else request.shape_key
         index = self._heaps.get(key)
         nodes = fleet.nodes
         count = fleet.change_count

@@ -6,8 +6,10 @@ nearly full fails for want of *host memory*: nodes with a free GPU and the CPU f
 which FGD never looks at. ``fgd_plus`` measures fragmentation against every shape of the workload, host memory
 included (:meth:`Workload.complete`; a GPU is fragment to a task on a node short of its memory, as for CPU), keeps
 ``fgd_net``'s model-scarcity penalty, and subtracts ``FILL_WEIGHT`` score points per unit of the node's free share
-(``Node.free_share``), so a node a little fuller can win over one a step better by FGD. docs/placement.md
-("Scheduler, round 2") has the measurements behind each choice.
+(``Node.free_share``), so a node a little fuller can win over one a step better by FGD, and ``MEMORY_WEIGHT``
+(``CPU_WEIGHT``) points per unit by which the request's share of the node's host memory (CPU) exceeds its share of
+the node's GPU — a task heavy in memory or CPU for its GPU goes where that leaves the node's remaining GPUs their
+memory and CPU. docs/placement.md ("Scheduler, round 2") has the measurements behind each choice.
 """
 
 from __future__ import annotations
@@ -19,13 +21,18 @@ from master.scheduler.placers.fgd_net import FgdNet
 
 # fgd_plus: FGD score points per unit of the node's free share (0 = full … 1 = idle: at most this many points).
 FILL_WEIGHT = 2.0
+# fgd_plus: score points per unit by which a request's share of the node's host memory (of its CPU) exceeds its
+# share of the node's GPU.
+MEMORY_WEIGHT = 10.0
+CPU_WEIGHT = 10.0
 
 
 class FgdPlus(FgdNet):
-    """``fgd_net`` against the complete, memory-aware workload, less ``FILL_WEIGHT`` × the node's free share."""
+    """``fgd_net`` against the complete, memory-aware workload, less ``FILL_WEIGHT`` × the node's free share and
+    the memory and CPU the request takes beyond its GPU share of the node."""
 
     name = "fgd_plus"
-    state_with_memory = True  # the score reads the node's free host memory, which ``Node.state`` leaves out
+    scores_memory = True  # the score reads host memory, the node's and the request's
 
     def target(self, workload: Workload) -> Workload:
         return workload.complete()
@@ -34,7 +41,13 @@ class FgdPlus(FgdNet):
         scored = super().score(node, position, request, fleet)
         if scored is None:
             return None
-        return scored[0] - FILL_WEIGHT * node.free_share, scored[1]
+        value = scored[0] - FILL_WEIGHT * node.free_share
+        gpu_share = request.gpu_milli_total / (node.gpu_milli_capacity or 1)
+        if request.memory_mib and node.memory_mib:
+            value -= MEMORY_WEIGHT * max(0.0, request.memory_mib / node.memory_mib - gpu_share)
+        if request.cpu_milli and node.cpu_milli:
+            value -= CPU_WEIGHT * max(0.0, request.cpu_milli / node.cpu_milli - gpu_share)
+        return value, scored[1]
 
 
 __all__ = ["FILL_WEIGHT", "FgdPlus"]
