@@ -190,6 +190,11 @@ class FragModel:
         self._per_model_memory[model] = found
         return found
 
+    def memory_bucket(self, model: str, memory_free: int) -> int:
+        """Which of the workload's memory needs ``memory_free`` covers on a node of ``model``: nodes in one bucket
+        (and otherwise alike) fragment alike."""
+        return bisect_right(self._memory_tasks(model)[2], memory_free)
+
     def _frag_memory(self, model: str, cpu_free: int, free_desc: tuple[int, ...], memory_free: int) -> float:
         always, cpu_thresholds, memory_thresholds, groups = self._memory_tasks(model)
         key = (model, bisect_right(cpu_thresholds, cpu_free), bisect_right(memory_thresholds, memory_free), free_desc)

@@ -81,8 +81,9 @@ class Fgd(IndexedPlacer):
             (state, request.cpu_milli, request.num_gpu, request.gpu_milli) if state is not None
             else (node.model, node.cpu_milli_free, node.free_desc, request.cpu_milli, request.num_gpu, request.gpu_milli)
         )  # fmt: skip
-        if self.frag_model.memory_aware:
-            key = (*key, node.memory_mib_free, request.memory_mib)
+        if self.frag_model.memory_aware:  # the free memory's bucket before and after, not its exact value
+            bucket, free = self.frag_model.memory_bucket, node.memory_mib_free
+            key = (*key, bucket(node.model, free), bucket(node.model, free - request.memory_mib))
         try:
             return scores[key]
         except KeyError:

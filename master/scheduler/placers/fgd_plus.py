@@ -34,6 +34,14 @@ class FgdPlus(FgdNet):
     name = "fgd_plus"
     scores_memory = True  # the score reads host memory, the node's and the request's
 
+    def memory_key(self, node: Node, request: Request) -> object:
+        # The score reads the node's total memory (the alignment term) and, through FGD, only the bucket of its free
+        # memory before and after: nodes alike in these share a score, as most do.
+        if not self.frag_model.memory_aware:
+            return node.memory_mib
+        bucket, free = self.frag_model.memory_bucket, node.memory_mib_free
+        return (node.memory_mib, bucket(node.model, free), bucket(node.model, free - request.memory_mib))
+
     def target(self, workload: Workload) -> Workload:
         return workload.complete()
 
