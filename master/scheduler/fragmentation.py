@@ -15,6 +15,9 @@ share, each GPU) FGD computes ``Δ = F_n(after) − F_n(before)`` and scores it
 workload is the most popular task types covering 95 % of the tasks, renormalised (the
 artifact's ``typicalPodsConfig``); :class:`Workload` builds it from requests.
 
+``Workload.every`` keeps every task shape with its host memory; against it (``complete()``, ``fgd_plus``)
+``FragModel`` is *memory-aware*: a node short of a task's memory is all fragment to it, as for CPU.
+
 :func:`model_pressure` measures how much the tasks restricted to a few GPU models crowd
 each model (``fgd_net``'s penalty). ``FragModel`` caches fragmentation by node state, which recurs.
 
