@@ -119,11 +119,15 @@ TRACES = (
     "default", "cpu050", "cpu100", "cpu200", "cpu250", "gpushare40", "gpushare60", "gpushare80", "gpushare100",
     "gpuspec10", "gpuspec20", "gpuspec25", "gpuspec33", "multigpu20", "multigpu30", "multigpu40", "multigpu50",
 )  # fmt: skip
-DEFAULT_ALGORITHMS = ("first_fit", "best_fit", "random", "utilization", "gpu_packing", "gpu_clustering", "fgd", "fgd_net")
+DEFAULT_ALGORITHMS = (
+    "first_fit", "best_fit", "random", "utilization", "gpu_packing", "gpu_clustering", "fgd", "fgd_net", "fgd_plus",
+)  # fmt: skip
+OURS = ("fgd", "fgd_net", "fgd_plus")  # compared with the published FGD
 # Our algorithm → the anchors' policy it reproduces.
 PUBLISHED = {
     "random": "01-Random", "utilization": "02-DotProd", "gpu_clustering": "03-GpuClustering",
     "gpu_packing": "04-GpuPacking", "best_fit": "05-BestFit", "fgd": "06-FGD", "fgd_net": "06-FGD",
+    "fgd_plus": "06-FGD",
 }  # fmt: skip
 SCALE_COPIES = 16  # 1,213 hosts × 16 = 19,408 hosts, 99,392 GPUs
 
@@ -202,7 +206,7 @@ def print_quality(
     print(f"\nGPU allocation % at 100 % arrived demand, mean±σ over seeds {seeds[0]}–{seeds[-1]} ({len(seeds)} runs each)")
     header = ["trace", *algorithms]
     if anchors:
-        header += ["FGD pub.", "BestFit pub.", "fgd − FGD", "fgd_net − FGD"]
+        header += ["FGD pub.", "BestFit pub.", *(f"{a} − FGD" for a in OURS if a in algorithms)]
     print("| " + " | ".join(header) + " |")
     print("|" + "|".join("---" for _ in header) + "|")
     for trace in traces:
@@ -210,11 +214,12 @@ def print_quality(
         if anchors:
             fgd_pub, fgd_sd = anchors.get((trace, "06-FGD"), (float("nan"), 0.0))
             bf_pub, bf_sd = anchors.get((trace, "05-BestFit"), (float("nan"), 0.0))
-            versus = [f"{cells[(trace, a)].mean - fgd_pub:+.2f}" if (trace, a) in cells else "—" for a in ("fgd", "fgd_net")]
+            versus = [f"{cells[(trace, a)].mean - fgd_pub:+.2f}" for a in OURS if a in algorithms]
             row += [f"{fgd_pub:5.2f}±{fgd_sd:4.2f}", f"{bf_pub:5.2f}±{bf_sd:4.2f}", *versus]
         print("| " + " | ".join(row) + " |")
     means = {a: statistics.fmean(cells[(t, a)].mean for t in traces) for a in algorithms}
-    print("| mean | " + " | ".join(f"{means[a]:5.2f}" for a in algorithms) + (" | | | | |" if anchors else " |"))
+    blanks = 2 + sum(a in algorithms for a in OURS) if anchors else 0
+    print("| mean | " + " | ".join(f"{means[a]:5.2f}" for a in algorithms) + " |" + " |" * blanks)
     if not anchors:
         return
     print("\nours − published, over the traces (mean, min … max):")
@@ -228,7 +233,7 @@ def print_quality(
     for ours in ("fgd_net", "fgd"):
         if ours not in algorithms:
             continue
-        others = [a for a in algorithms if a not in ("fgd", "fgd_net")]
+        others = [a for a in algorithms if a not in OURS]
         wins = [t for t in traces if all(cells[(t, ours)].mean >= cells[(t, a)].mean for a in others)]
         print(f"\n{ours} beats every other algorithm ({', '.join(others)}) on {len(wins)} of {len(traces)} traces")
         for trace in traces:

@@ -15,6 +15,9 @@ share, each GPU) FGD computes ``Δ = F_n(after) − F_n(before)`` and scores it
 workload is the most popular task types covering 95 % of the tasks, renormalised (the
 artifact's ``typicalPodsConfig``); :class:`Workload` builds it from requests.
 
+``Workload.every`` keeps every task shape with its host memory; against it (``complete()``, ``fgd_plus``)
+``FragModel`` is *memory-aware*: a node short of a task's memory is all fragment to it, as for CPU.
+
 :func:`model_pressure` measures how much the tasks restricted to a few GPU models crowd
 each model (``fgd_net``'s penalty). ``FragModel`` caches fragmentation by node state, which recurs.
 
@@ -36,11 +39,11 @@ from master.scheduler.fleet import MILLI, Node, Request
 DEFAULT_POPULARITY_THRESHOLD = 0.95
 
 
-TaskShape = tuple[int, int, int, frozenset[str]]  # (cpu_milli, num_gpu, gpu_milli, gpu_models)
+TaskShape = tuple[int, int, int, frozenset[str], int]  # (cpu_milli, num_gpu, gpu_milli, gpu_models, memory_mib)
 
 
 def task_shape(request: Request) -> TaskShape:
-    return (request.cpu_milli, request.num_gpu, request.gpu_milli, request.gpu_models)
+    return (request.cpu_milli, request.num_gpu, request.gpu_milli, request.gpu_models, request.memory_mib)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +55,8 @@ class TaskType:
     gpu_milli: int
     gpu_models: frozenset[str]
     popularity: float
+    # Host memory (MiB) the task asks for; 0 = not counted (FGD's typical set counts CPU and GPU only).
+    memory_mib: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +70,9 @@ class Workload:
 
     tasks: tuple[TaskType, ...]
     constraints: tuple[tuple[frozenset[str], float], ...] = ()
+    # Every task shape, host memory included, each with its share of *all* the tasks — no popularity threshold
+    # (``complete``; ``fgd_plus`` measures against it).
+    every: tuple[TaskType, ...] = ()
 
     @classmethod
     def from_requests(
@@ -73,7 +81,8 @@ class Workload:
         """The most popular shapes covering ``popularity_threshold`` of ``requests``, renormalised.
 
         Shapes are ``(cpu, num_gpu, gpu_milli, models)``, as the FGD artifact's
-        ``GetTypicalPods`` counts them (memory plays no part in fragmentation).
+        ``GetTypicalPods`` counts them (memory plays no part in FGD's fragmentation); ``every`` keeps
+        all the shapes with their host memory.
         """
         counts: Counter[TaskShape] = Counter(task_shape(r) for r in requests if r.mig_profile is None)
         return cls.from_counts(counts, popularity_threshold=popularity_threshold)
@@ -82,20 +91,22 @@ class Workload:
     def from_counts(
         cls, counts: Mapping[TaskShape, int], *, popularity_threshold: float = DEFAULT_POPULARITY_THRESHOLD
     ) -> Workload:
-        """As ``from_requests``, from how many tasks of each shape there were."""
+        """As ``from_requests``, from how many tasks of each shape (host memory included) there were."""
         total = sum(counts.values())
         if total == 0:
             return cls(())
         demand: Counter[frozenset[str]] = Counter()
-        for (_, num_gpu, milli, models), count in counts.items():
+        typical: Counter[tuple[int, int, int, frozenset[str]]] = Counter()
+        for (cpu, num_gpu, milli, models, _), count in counts.items():
             demand[models] += num_gpu * milli * count
+            typical[cpu, num_gpu, milli, models] += count
         all_demand = sum(demand.values())
         constraints = tuple(
             sorted(((models, gpu / all_demand) for models, gpu in demand.items() if models and gpu), key=lambda c: sorted(c[0]))
         )
         # Most popular first; equal counts in a fixed order so the workload does not depend on input order.
-        ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0][0], item[0][2], item[0][1], sorted(item[0][3])))
-        chosen: list[tuple[TaskShape, int]] = []
+        ranked = sorted(typical.items(), key=lambda item: (-item[1], item[0][0], item[0][2], item[0][1], sorted(item[0][3])))
+        chosen: list[tuple[tuple[int, int, int, frozenset[str]], int]] = []
         covered = 0
         for shape, count in ranked:
             if covered >= popularity_threshold * total:
@@ -103,7 +114,24 @@ class Workload:
             chosen.append((shape, count))
             covered += count
         tasks = tuple(TaskType(cpu, num, milli, models, count / covered) for (cpu, num, milli, models), count in chosen)
-        return cls(tasks, constraints)
+        every = tuple(
+            TaskType(cpu, num, milli, models, count / total, memory)
+            for (cpu, num, milli, models, memory), count in sorted(
+                counts.items(), key=lambda item: (-item[1], item[0][0], item[0][2], item[0][1], sorted(item[0][3]), item[0][4])
+            )
+        )  # fmt: skip
+        return cls(tasks, constraints, every)
+
+    def complete(self) -> Workload:
+        """Every task shape with its host memory, each with its share of all the tasks (no popularity threshold);
+        a workload built without them (``Workload(tasks)``) is returned as it is."""
+        if not self.every:
+            return self
+        return Workload(self.every, self.constraints)
+
+
+# A task type as the memory-aware fragmentation reads it: (cpu_milli, memory_mib, num_gpu, popularity).
+_MemoryTask = tuple[int, int, int, float]
 
 
 class FragModel:
@@ -111,7 +139,9 @@ class FragModel:
 
     A node's fragmentation depends only on its model, which task types its free CPU
     can hold (a bucket among the types' CPU needs) and its sorted free GPU milli, so
-    that triple is the cache key.
+    that triple is the cache key. Where task types ask for host memory (``memory_aware``:
+    ``Workload.complete``), a task also finds all free GPU fragment on a node short of
+    its memory, and the bucket of the node's free memory joins the key.
     """
 
     # A few models per process, by workload, so runs against one workload share the caches
@@ -122,10 +152,12 @@ class FragModel:
     def __init__(self, workload: Workload, *, max_cache: int = 2_000_000) -> None:
         self.workload = workload
         self._max_cache = max_cache
-        self._cache: dict[tuple[str, int, tuple[int, ...]], float] = {}
+        self._cache: dict[tuple[object, ...], float] = {}
         # FGD's scores by (model, free CPU, sorted free GPU, request CPU, GPUs, milli).
         self.scores: dict[tuple[object, ...], tuple[int, int | None] | None] = {}
         self._per_model: dict[str, tuple[float, list[int], list[tuple[int, list[tuple[int, int, float]]]]]] = {}
+        self.memory_aware = any(task.memory_mib for task in workload.tasks)
+        self._per_model_memory: dict[str, tuple[float, list[int], list[int], list[tuple[int, list[_MemoryTask]]]]] = {}
 
     def _tasks(self, model: str) -> tuple[float, list[int], list[tuple[int, list[tuple[int, int, float]]]]]:
         """(share of tasks for which all free GPU is fragment, CPU thresholds, tasks grouped by GPU milli)."""
@@ -144,8 +176,57 @@ class FragModel:
         self._per_model[model] = found
         return found
 
-    def frag(self, model: str, cpu_free: int, free_desc: tuple[int, ...]) -> float:
-        """Expected fragmented milli-GPU of a node in this state (``free_desc`` sorted, largest first)."""
+    def _memory_tasks(self, model: str) -> tuple[float, list[int], list[int], list[tuple[int, list[_MemoryTask]]]]:
+        """As ``_tasks`` with each task's host memory: (always, CPU thresholds, memory thresholds, groups)."""
+        found = self._per_model_memory.get(model)
+        if found is not None:
+            return found
+        always = 0.0
+        groups: dict[int, list[_MemoryTask]] = {}
+        for task in self.workload.tasks:
+            if task.gpu_milli == 0 or (task.gpu_models and model not in task.gpu_models):
+                always += task.popularity
+            else:
+                groups.setdefault(task.gpu_milli, []).append((task.cpu_milli, task.memory_mib, task.num_gpu, task.popularity))
+        tasks = [task for group in groups.values() for task in group]
+        found = (always, sorted({t[0] for t in tasks}), sorted({t[1] for t in tasks}), sorted(groups.items()))
+        self._per_model_memory[model] = found
+        return found
+
+    def memory_bucket(self, model: str, memory_free: int) -> int:
+        """Which of the workload's memory needs ``memory_free`` covers on a node of ``model``: nodes in one bucket
+        (and otherwise alike) fragment alike."""
+        return bisect_right(self._memory_tasks(model)[2], memory_free)
+
+    def _frag_memory(self, model: str, cpu_free: int, free_desc: tuple[int, ...], memory_free: int) -> float:
+        always, cpu_thresholds, memory_thresholds, groups = self._memory_tasks(model)
+        key = (model, bisect_right(cpu_thresholds, cpu_free), bisect_right(memory_thresholds, memory_free), free_desc)
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        total = sum(free_desc)
+        value = always * total
+        for milli, tasks in groups:
+            fitting = 0
+            unusable = 0
+            for free in free_desc:
+                if free >= milli:
+                    fitting += 1
+                else:
+                    unusable += free
+            for cpu, memory, count, popularity in tasks:
+                usable = cpu <= cpu_free and memory <= memory_free and fitting >= count
+                value += popularity * (unusable if usable else total)
+        if len(self._cache) >= self._max_cache:
+            self._cache.clear()
+        self._cache[key] = value
+        return value
+
+    def frag(self, model: str, cpu_free: int, free_desc: tuple[int, ...], memory_free: int = 0) -> float:
+        """Expected fragmented milli-GPU of a node in this state (``free_desc`` sorted, largest first; its free host
+        memory counts only where the model is ``memory_aware``)."""
+        if self.memory_aware:
+            return self._frag_memory(model, cpu_free, free_desc, memory_free)
         always, thresholds, groups = self._tasks(model)
         key = (model, bisect_right(thresholds, cpu_free), free_desc)
         cached = self._cache.get(key)
@@ -169,7 +250,7 @@ class FragModel:
         return value
 
     def node_frag(self, node: Node) -> float:
-        return self.frag(node.model, node.cpu_milli_free, node.free_desc)
+        return self.frag(node.model, node.cpu_milli_free, node.free_desc, node.memory_mib_free)
 
     @classmethod
     def forget_shared(cls) -> None:

@@ -131,7 +131,10 @@ def simulate_clusters(
     placer = get_placer(algorithm, seed=seed, workload=workload)
     # A second instance for the placements over a part of the fleet, so ``placer`` keeps its scores.
     side_placer = get_placer(algorithm, seed=seed, workload=workload)
-    frag_model = placer.frag_model if isinstance(placer, Fgd) else FragModel.shared(workload)
+    # The metric is against the trace's workload for every placer (fgd_plus measures against its own).
+    frag_model = FragModel.shared(workload)
+    if isinstance(placer, Fgd) and placer.frag_model.workload is workload:
+        frag_model = placer.frag_model
     tasks = with_clusters(arrivals(pods, capacity, inflate=inflate, seed=seed), share=share, seed=seed + 1)
     result = ClusterResult(mode, algorithm, seed, len(fleet), capacity // MILLI, regions)
 

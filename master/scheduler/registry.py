@@ -7,6 +7,7 @@ from master.scheduler.placers.base import Placer, PlacerFactory
 from master.scheduler.placers.best_fit import BestFit
 from master.scheduler.placers.fgd import Fgd
 from master.scheduler.placers.fgd_net import FgdNet
+from master.scheduler.placers.fgd_plus import FgdPlus
 from master.scheduler.placers.first_fit import FirstFit
 from master.scheduler.placers.gpu_clustering import GpuClustering
 from master.scheduler.placers.gpu_packing import GpuPacking
@@ -32,6 +33,7 @@ PLACERS: dict[str, PlacerFactory] = {
     "fgd_net": FgdNet,
     # FGD + model scarcity + a power term (issue 43): docs/power.md, "Power-aware placement".
     "pwr_fgd": PwrFgd,
+    "fgd_plus": FgdPlus,
     # Trained by reinforcement learning (issue 26): a shipped numpy policy each, loaded when built.
     "learned_ppo": LearnedPpo,
     "learned_ddpg": LearnedDdpg,
@@ -42,7 +44,7 @@ DEFAULT_PLACER = "fgd_net"
 
 
 def get_placer(name: str, *, seed: int = 0, workload: Workload | None = None) -> Placer:
-    """A new placer of algorithm ``name`` (see ``PLACERS``); ``workload`` matters to ``fgd``, ``fgd_net`` and the
+    """A new placer of algorithm ``name`` (see ``PLACERS``); ``workload`` matters to ``fgd``, ``fgd_net``, ``fgd_plus`` and the
     ``learned_*`` placers only. A ``learned_*`` placer whose policy file is missing or damaged raises ``PolicyError``."""
     factory = PLACERS.get(name)
     if factory is None:

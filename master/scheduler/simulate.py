@@ -157,7 +157,10 @@ def simulate(
         raise ValidationFailed("the nodes have no GPUs")
     workload = workload if workload is not None else Workload.from_requests(pods)
     placer = get_placer(algorithm, seed=seed, workload=workload)
-    frag_model = placer.frag_model if isinstance(placer, Fgd) else FragModel.shared(workload)
+    # The metric is against the trace's workload for every placer (fgd_plus measures against its own).
+    frag_model = FragModel.shared(workload)
+    if isinstance(placer, Fgd) and placer.frag_model.workload is workload:
+        frag_model = placer.frag_model
     queue = arrivals(pods, capacity, inflate=inflate, seed=seed)
     result = SimulationResult(algorithm, seed, len(fleet), capacity // MILLI, len(queue))
 

@@ -26,6 +26,8 @@ scale of the FGD authors' Kubernetes plugins, whose steps make near-equal placem
                     placements the host with the lowest latency to the renter's region.
 ``pwr_fgd``         ``fgd_net`` less a weighted penalty for the watts a placement adds
                     (``master.scheduler.power``), after PWR+FGD (Lettich et al., CCGrid 2025).
+``fgd_plus``        ``fgd_net`` measured against every task shape of the workload with its host memory
+                    (not only the 95 % most popular, by CPU and GPU), pulled towards fuller nodes (issue 43).
 ``learned_ppo``,    a small MLP shared across candidate nodes, trained by reinforcement learning
 ``learned_ddpg``    (MaskablePPO, DDPG) on the heterogeneous-clusters experiment, scoring features the
 (``…_trace``)       heuristics compute (``master.scheduler.learned``); ``…_trace``: trained on the trace.

@@ -70,6 +70,9 @@ class IndexedPlacer:
     max_indexes: ClassVar[int] = 4096
     # True where ``score`` reads nothing of a node but its ``Node.state`` (and the request and fleet).
     scores_by_state: ClassVar[bool] = False
+    # True where the score reads host memory — the node's (which ``Node.state`` leaves out; ``memory_key`` says
+    # what of it) and the request's (which ``Request.shape_key`` leaves out): states and heaps are told apart by them.
+    scores_memory: ClassVar[bool] = False
     # Entries one decision may pop (stale, or short of host memory) however small the heap, before it looks
     # at the whole heap at once.
     min_pops: ClassVar[int] = 256
@@ -87,6 +90,10 @@ class IndexedPlacer:
     def score(self, node: Node, position: int, request: Request, fleet: Fleet) -> Scored | None:
         """How much this algorithm likes placing ``request`` on the feasible ``node`` (None: not at all)."""
         raise NotImplementedError
+
+    def memory_key(self, node: Node, request: Request) -> object:
+        """What of the node's host memory the score of ``request`` reads (``scores_memory`` placers)."""
+        return (node.memory_mib, node.memory_mib_free)
 
     def choose_gpus(self, node: Node, request: Request, choice: object) -> list[Gpu]:
         """The GPUs of ``node`` that ``request`` gets (default: best fit for shares, lowest index for whole)."""
@@ -120,6 +127,7 @@ class IndexedPlacer:
         # Nodes in equal states score alike (``Node.state``): score each state once per call — a new
         # shape's first heap scores every node, and most of a fleet's nodes share a few states.
         by_state: dict[object, float | None] | None = None
+        memory_key = self.memory_key if self.scores_memory else None
         if self.scores_by_state and request.network is None and request.mig_profile is None:
             by_state = {}
         for position in positions:
@@ -127,7 +135,9 @@ class IndexedPlacer:
             # The cheap part of ``fits_shape`` first: most nodes a busy fleet has fail it.
             if node.free_total < gpu or node.cpu_milli_free < cpu or (models and node.model not in models):
                 continue
-            state = node.state
+            state: object = node.state
+            if memory_key is not None and state is not None:
+                state = (state, memory_key(node, request))
             if by_state is not None and state is not None:
                 negated = by_state.get(state, _UNSCORED)
                 if negated is _UNSCORED:
@@ -147,7 +157,7 @@ class IndexedPlacer:
 
     def _refresh(self, request: Request, fleet: Fleet) -> _Heap:
         """The heap for the request's shape (host memory aside), brought up to date with the fleet."""
-        key = request.shape_key
+        key = (request.shape_key, request.memory_mib) if self.scores_memory else request.shape_key
         index = self._heaps.get(key)
         nodes = fleet.nodes
         count = fleet.change_count

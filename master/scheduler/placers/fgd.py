@@ -25,40 +25,46 @@ class Fgd(IndexedPlacer):
         super().__init__(seed=seed, workload=workload)
         self._learn = workload is None
         self._seen: Counter[TaskShape] = Counter()
-        self.frag_model = FragModel(Workload(())) if workload is None else FragModel.shared(workload)
+        self.frag_model = FragModel(Workload(())) if workload is None else FragModel.shared(self.target(workload))
+
+    def target(self, workload: Workload) -> Workload:
+        """The workload FGD measures fragmentation against (``fgd``: the given one, its typical shapes)."""
+        return workload
 
     def place(self, request: Request, nodes: Sequence[Node]) -> Placement | None:
         if self._learn and request.mig_profile is None:
             self._seen[task_shape(request)] += 1
-            self.frag_model = FragModel(Workload.from_counts(self._seen))
+            self.frag_model = FragModel(self.target(Workload.from_counts(self._seen)))
             self._fleet = None  # scores against the old workload are stale
         return super().place(request, nodes)
 
     def frag_delta(self, node: Node, request: Request) -> tuple[float, int | None] | None:
         """The least fragmentation increase ``request`` can cause on ``node``, and the GPU free value it uses."""
         model = self.frag_model
-        before = model.frag(node.model, node.cpu_milli_free, node.free_desc)
+        memory = node.memory_mib_free  # counts only where the model is memory-aware (``fgd_plus``)
+        before = model.frag(node.model, node.cpu_milli_free, node.free_desc, memory)
         cpu_after = node.cpu_milli_free - request.cpu_milli
+        memory -= request.memory_mib
         if request.num_gpu == 0:
-            return model.frag(node.model, cpu_after, node.free_desc) - before, None
+            return model.frag(node.model, cpu_after, node.free_desc, memory) - before, None
         milli = request.gpu_milli
         free_desc = node.free_desc
         if milli >= MILLI:
             count = request.num_gpu
             after = free_desc[count:] + (0,) * count
-            return model.frag(node.model, cpu_after, after) - before, None
+            return model.frag(node.model, cpu_after, after, memory) - before, None
         if request.num_gpu > 1:  # several shares: best fit for all of them
             after = free_desc
             for gpu in best_fit_gpus(node, request):
                 after = take_one(after, gpu.milli_free, milli)
-            return model.frag(node.model, cpu_after, after) - before, None
+            return model.frag(node.model, cpu_after, after, memory) - before, None
         if node.memory_tracked:
             values = sorted({gpu.milli_free for gpu in node.gpus if node.gpu_takes(request, gpu)}, reverse=True)
         else:
             values = sorted({free for free in free_desc if free >= milli}, reverse=True)
         best: tuple[float, int | None] | None = None
         for value in values:
-            delta = model.frag(node.model, cpu_after, take_one(free_desc, value, milli)) - before
+            delta = model.frag(node.model, cpu_after, take_one(free_desc, value, milli), memory) - before
             if best is None or delta < best[0]:
                 best = (delta, value)
         return best
@@ -75,6 +81,9 @@ class Fgd(IndexedPlacer):
             (state, request.cpu_milli, request.num_gpu, request.gpu_milli) if state is not None
             else (node.model, node.cpu_milli_free, node.free_desc, request.cpu_milli, request.num_gpu, request.gpu_milli)
         )  # fmt: skip
+        if self.frag_model.memory_aware:  # the free memory's bucket before and after, not its exact value
+            bucket, free = self.frag_model.memory_bucket, node.memory_mib_free
+            key = (*key, bucket(node.model, free), bucket(node.model, free - request.memory_mib))
         try:
             return scores[key]
         except KeyError:
