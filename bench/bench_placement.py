@@ -111,7 +111,7 @@ from _common import Progress, describe_machine, parse_seeds, quantile, record
 
 from master.scheduler import PLACERS, Fleet, FragModel, Request, Workload, get_placer
 from master.scheduler.simulate import arrivals, simulate
-from master.scheduler.trace import TraceNode, load_nodes, load_pods
+from master.scheduler.trace import TraceNode, load_variant
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
@@ -134,22 +134,12 @@ SCALE_COPIES = 16  # 1,213 hosts × 16 = 19,408 hosts, 99,392 GPUs
 
 # ---- quality -------------------------------------------------------------------------------------
 
-_loaded: dict[tuple[str, str], tuple[list[TraceNode], list[Request]]] = {}
-
-
-def _trace(trace_dir: str, trace: str) -> tuple[list[TraceNode], list[Request]]:
-    key = (trace_dir, trace)
-    if key not in _loaded:
-        nodes = load_nodes(Path(trace_dir) / "openb_node_list_gpu_node.csv")
-        pods = [pod.request for pod in load_pods(Path(trace_dir) / f"openb_pod_list_{trace}.csv")]
-        _loaded[key] = (nodes, pods)
-    return _loaded[key]
 
 
 def quality_job(job: tuple[str, str, str, int]) -> tuple[str, str, int, float, float]:
     """One simulation up to 100 % arrived: (trace, algorithm, seed, GPU alloc %, seconds)."""
     trace_dir, trace, algorithm, seed = job
-    nodes, pods = _trace(trace_dir, trace)
+    nodes, pods = load_variant(trace_dir, trace)
     started = time.perf_counter()
     result = simulate(nodes, pods, algorithm=algorithm, seed=seed, stop_at_pct=100)
     allocated = result.allocated_at(100)
@@ -350,7 +340,7 @@ def time_cold(nodes: Sequence[TraceNode], pods: Sequence[Request], algorithm: st
 def run_speed(
     trace_dir: Path, algorithms: Sequence[str], scale_algorithms: Sequence[str]
 ) -> dict[str, dict[str, dict[str, float]]]:
-    nodes, pods = _trace(str(trace_dir), "default")
+    nodes, pods = load_variant(trace_dir, "default")
     big = scaled(nodes, SCALE_COPIES)
     big_pods = [pod for pod in pods for _ in range(SCALE_COPIES)]
     results: dict[str, dict[str, dict[str, float]]] = {}

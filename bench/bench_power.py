@@ -39,11 +39,11 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import Progress, describe_machine, parse_seeds, record
 
-from master.scheduler.fleet import MILLI, Request
+from master.scheduler.fleet import MILLI
 from master.scheduler.placers.pwr_fgd import PWR_WEIGHT, PwrFgd
 from master.scheduler.power import TRACE_POWER, CpuPower, PowerModel
 from master.scheduler.simulate import SimulationResult, simulate
-from master.scheduler.trace import TraceNode, load_nodes, load_pods
+from master.scheduler.trace import TraceNode, load_variant
 
 REPO = Path(__file__).resolve().parent.parent
 TRACE_DIR = REPO.parent / "shared" / "alibaba-gpu-v2023" / "csv"
@@ -55,19 +55,10 @@ DEFAULT_TRACES = tuple(t for t in ALL_TRACES if not t.startswith("gpuspec"))
 CAPPED = TRACE_POWER.capped()
 GPU_ONLY = PowerModel(cpu=CpuPower(0.0, 0.0))
 
-_loaded: dict[str, tuple[list[TraceNode], list[Request]]] = {}
-
-
-def _trace(trace_dir: str, trace: str) -> tuple[list[TraceNode], list[Request]]:
-    if trace not in _loaded:
-        nodes = load_nodes(Path(trace_dir) / "openb_node_list_gpu_node.csv")
-        pods = [pod.request for pod in load_pods(Path(trace_dir) / f"openb_pod_list_{trace}.csv")]
-        _loaded[trace] = (nodes, pods)
-    return _loaded[trace]
 
 
 def _run(trace_dir: str, trace: str, algorithm: str, seed: int, power: PowerModel) -> SimulationResult:
-    nodes, pods = _trace(trace_dir, trace)
+    nodes, pods = load_variant(trace_dir, trace)
     return simulate(nodes, pods, algorithm=algorithm, seed=seed, stop_at_pct=100, power=power)
 
 
@@ -140,7 +131,7 @@ def test_job(job: tuple[str, str, int, float]) -> Pair:
     ours_capped = _run(trace_dir, trace, "pwr_fgd", seed, CAPPED)
     base_capped = _run(trace_dir, trace, "fgd", seed, CAPPED)
     base_gpu = _run(trace_dir, trace, "fgd", seed, GPU_ONLY)
-    nodes, _ = _trace(trace_dir, trace)
+    nodes, _ = load_variant(trace_dir, trace)
     capacity = sum(node.gpus for node in nodes) * MILLI
     best = 0.0
     for point, gpu_point in zip(base.curve, base_gpu.curve, strict=True):

@@ -32,25 +32,14 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import Progress, describe_machine, parse_seeds, record
 
-from master.scheduler import Request
 from master.scheduler.price_simulate import TIER_PRICES, simulate_prices
-from master.scheduler.trace import TraceNode, load_nodes, load_pods
+from master.scheduler.trace import load_variant
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 DEFAULT_TRACES = ("default", "gpushare40", "gpuspec33", "multigpu50")
 PLAIN = "inf"
 
-_loaded: dict[tuple[str, str], tuple[list[TraceNode], list[Request]]] = {}
-
-
-def _trace(trace_dir: str, trace: str) -> tuple[list[TraceNode], list[Request]]:
-    key = (trace_dir, trace)
-    if key not in _loaded:
-        nodes = load_nodes(Path(trace_dir) / "openb_node_list_gpu_node.csv")
-        pods = [pod.request for pod in load_pods(Path(trace_dir) / f"openb_pod_list_{trace}.csv")]
-        _loaded[key] = (nodes, pods)
-    return _loaded[key]
 
 
 Job = tuple[str, str, str, str, int, tuple[tuple[str, str], ...]]  # trace dir, trace, placer, tolerance ("inf": plain), seed, prices
@@ -59,7 +48,7 @@ Outcome = tuple[str, str, int, float, float, float, float]  # trace, tolerance, 
 
 def job(work: Job) -> Outcome:
     trace_dir, trace, placer, tolerance, seed, table = work
-    nodes, pods = _trace(trace_dir, trace)
+    nodes, pods = load_variant(trace_dir, trace)
     started = time.thread_time()
     result = simulate_prices(nodes, pods, algorithm=placer, tolerance=None if tolerance == PLAIN else Decimal(tolerance),
                              seed=seed, stop_at_pct=100, table={m: Decimal(p) for m, p in table})  # fmt: skip

@@ -15,6 +15,7 @@ the line and the column, never with a bare ``KeyError`` or ``ValueError`` from d
 from __future__ import annotations
 
 import csv
+import functools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -148,3 +149,15 @@ def load_pods(path: str | Path) -> list[TracePod]:
     if not pods:
         raise TraceError(f"{path}: no pods in it")
     return pods
+
+
+NODE_LIST = "openb_node_list_gpu_node.csv"
+
+
+@functools.cache
+def load_variant(trace_dir: str | Path, variant: str) -> tuple[list[TraceNode], list[Request]]:
+    """A trace variant as the simulator takes it: the directory's node list and the pods of ``openb_pod_list_<variant>.csv``
+    as requests, read once per process (the benches run many seeds and placers over one variant). The lists are
+    shared: callers must not change them."""
+    trace_dir = Path(trace_dir)
+    return load_nodes(trace_dir / NODE_LIST), [pod.request for pod in load_pods(trace_dir / f"openb_pod_list_{variant}.csv")]
