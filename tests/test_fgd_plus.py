@@ -123,3 +123,35 @@ class TestFgdPlus:
         tasks = placer.frag_model.workload.tasks  # type: ignore[attr-defined]
         assert sorted((t.num_gpu, t.gpu_milli) for t in tasks) == [(1, 300), (8, 1000)]
         assert sorted(t.popularity for t in tasks) == pytest.approx([1 / 20, 19 / 20])
+
+
+def test_memory_aware_fragmentation_matches_the_definition() -> None:
+    # The tabulated memory-aware fragmentation (groups by GPU milli, a table per CPU and memory bucket) equals the
+    # sum over task types it stands for, on states across the thresholds.
+    import random
+
+    from master.scheduler.fragmentation import FragModel
+
+    tasks = (
+        TaskType(0, 0, 0, frozenset(), 0.1, 4_096), TaskType(4_000, 1, MILLI, frozenset(), 0.2, 48_000),
+        TaskType(8_000, 2, MILLI, frozenset(), 0.1, 16_000), TaskType(2_000, 1, 500, frozenset(), 0.15, 8_000),
+        TaskType(2_000, 1, 500, frozenset(), 0.05, 64_000), TaskType(1_000, 1, 250, frozenset({"T4"}), 0.1, 2_000),
+        TaskType(16_000, 8, MILLI, frozenset(), 0.05, 300_000), TaskType(6_000, 1, 800, frozenset(), 0.25, 30_000),
+    )  # fmt: skip
+    model = FragModel(Workload(tasks))
+    assert model.memory_aware
+    rng = random.Random(7)
+    for _ in range(400):
+        gpu_model = rng.choice(("T4", "A10"))
+        free_desc = tuple(sorted((rng.choice((0, 100, 250, 499, 500, 800, MILLI)) for _ in range(rng.choice((1, 2, 8)))), reverse=True))
+        cpu_free, memory_free = rng.randrange(0, 20_000), rng.randrange(-1_000, 400_000)
+        expected = 0.0
+        for task in tasks:
+            total = sum(free_desc)
+            if task.gpu_milli == 0 or (task.gpu_models and gpu_model not in task.gpu_models):
+                expected += task.popularity * total
+                continue
+            fitting = sum(1 for free in free_desc if free >= task.gpu_milli)
+            usable = task.cpu_milli <= cpu_free and task.memory_mib <= memory_free and fitting >= task.num_gpu
+            expected += task.popularity * (sum(f for f in free_desc if f < task.gpu_milli) if usable else total)
+        assert model.frag(gpu_model, cpu_free, free_desc, memory_free) == pytest.approx(expected, abs=1e-9)

@@ -14,6 +14,8 @@ memory and CPU. docs/placement.md ("Scheduler, round 2") has the measurements be
 
 from __future__ import annotations
 
+from bisect import bisect_right
+
 from master.scheduler.fleet import Fleet, Node, Request
 from master.scheduler.fragmentation import Workload
 from master.scheduler.placers.base import Scored
@@ -39,8 +41,8 @@ class FgdPlus(FgdNet):
         # memory before and after: nodes alike in these share a score, as most do.
         if not self.frag_model.memory_aware:
             return node.memory_mib
-        bucket, free = self.frag_model.memory_bucket, node.memory_mib_free
-        return (node.memory_mib, bucket(node.model, free), bucket(node.model, free - request.memory_mib))
+        thresholds, free = self.frag_model.memory_thresholds, node.memory_mib_free
+        return (node.memory_mib, bisect_right(thresholds, free), bisect_right(thresholds, free - request.memory_mib))
 
     def target(self, workload: Workload) -> Workload:
         return workload.complete()
