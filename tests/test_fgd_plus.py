@@ -71,8 +71,8 @@ class TestFgdPlus:
     def test_a_fuller_node_wins_over_one_a_step_better_by_fgd(self) -> None:
         """Workload: 500-milli tasks. A 480 share on idle a (4 GPUs, all CPU free) leaves 520: Δ = 0, score 50;
         on b (free 500/0/0/0, no CPU free) it leaves 20 under 500: Δ = 20, score 49. FGD takes a. fgd_plus
-        subtracts FILL_WEIGHT (2) × the free share: a 50 − 2·1 = 48, b 49 − 2·0.0625 = 48.875 — it takes b."""
-        assert FILL_WEIGHT == 2.0
+        subtracts FILL_WEIGHT (5) × the free share: a 50 − 5·1 = 45, b 49 − 5·0.0625 = 48.69 — it takes b."""
+        assert FILL_WEIGHT == 5.0
         workload = Workload((TaskType(0, 1, 500, frozenset(), 1.0),))
         nodes = [node("a", (MILLI,) * 4), node("b", (500, 0, 0, 0), cpu_free=0)]
         fgd = place("fgd", Request(gpu_milli=480), nodes, workload)
@@ -99,14 +99,14 @@ class TestFgdPlus:
     def test_a_task_heavy_in_memory_for_its_gpu_goes_where_memory_is_plentiful(self) -> None:
         """Workload: 1-GPU tasks (no memory counted). A 1-GPU task asking 128 GiB: FGD sees Δ = 0 on both and
         takes the fuller a (8 GPUs, 384 GiB, half used). fgd_plus: on a it takes 1/8 of the GPU but 1/3 of the
-        memory — 10 × 0.208 = 2.08 points off, with the fill term 50 − 1 − 2.08 = 46.9; on b (2 GPUs, 512 GiB) a
-        quarter of the memory for half the GPU costs nothing: 50 − 2 = 48. It takes b, leaving a's 48 GiB per
-        GPU to tasks that need no more."""
+        memory — 10 × 0.208 = 2.08 points off, with the fill term (5 × free share 0.5) 50 − 2.5 − 2.08 = 45.4; on
+        b (2 GPUs, 512 GiB, half its CPU used: free share 0.75) a quarter of the memory for half the GPU costs
+        nothing: 50 − 3.75 = 46.25. It takes b, leaving a's 48 GiB per GPU to tasks that need no more."""
         assert (MEMORY_WEIGHT, CPU_WEIGHT) == (10.0, 10.0)
         workload = Workload((TaskType(0, 1, MILLI, frozenset(), 1.0),))
         nodes = [
             node("a", (MILLI,) * 4 + (0,) * 4, cpu_free=48_000),
-            node("b", (MILLI, MILLI), memory=524_288),
+            node("b", (MILLI, MILLI), cpu_free=48_000, memory=524_288),
         ]
         heavy = Request(memory_mib=131_072)
         fgd = place("fgd", heavy, nodes, workload)

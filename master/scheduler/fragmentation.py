@@ -157,7 +157,9 @@ class FragModel:
     can hold (a bucket among the types' CPU needs) and its sorted free GPU milli, so
     that triple is the cache key. Where task types ask for host memory (``memory_aware``:
     ``Workload.complete``), a task also finds all free GPU fragment on a node short of
-    its memory, and the bucket of the node's free memory joins the key.
+    its memory, and the bucket of the node's free memory joins the key; there the task types are grouped by GPU
+    milli and each (CPU bucket, memory bucket) gets a table of the group's popularity that fits by GPUs that fit,
+    so a new state costs O(groups) (21 on the trace), not O(task types) (151).
     """
 
     # A few models per process, by workload, so runs against one workload share the caches

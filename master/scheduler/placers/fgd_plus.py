@@ -22,7 +22,10 @@ from master.scheduler.placers.base import Scored
 from master.scheduler.placers.fgd_net import FgdNet
 
 # fgd_plus: FGD score points per unit of the node's free share (0 = full … 1 = idle: at most this many points).
-FILL_WEIGHT = 2.0
+FILL_WEIGHT = 5.0
+# fgd_plus: score points per unit of the node's model pressure (``fgd_net``'s term, weighed more: the stronger pull
+# towards fuller nodes would otherwise fill the crowded models' nodes).
+PLUS_SCARCITY_WEIGHT = 15.0
 # fgd_plus: score points per unit by which a request's share of the node's host memory (of its CPU) exceeds its
 # share of the node's GPU.
 MEMORY_WEIGHT = 10.0
@@ -34,6 +37,7 @@ class FgdPlus(FgdNet):
     the memory and CPU the request takes beyond its GPU share of the node."""
 
     name = "fgd_plus"
+    scarcity_weight = PLUS_SCARCITY_WEIGHT
     scores_memory = True  # the score reads host memory, the node's and the request's
 
     def memory_key(self, node: Node, request: Request) -> object:
@@ -60,4 +64,4 @@ class FgdPlus(FgdNet):
         return value, scored[1]
 
 
-__all__ = ["FILL_WEIGHT", "FgdPlus"]
+__all__ = ["CPU_WEIGHT", "FILL_WEIGHT", "MEMORY_WEIGHT", "PLUS_SCARCITY_WEIGHT", "FgdPlus"]
