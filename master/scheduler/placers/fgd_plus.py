@@ -5,7 +5,7 @@ Issue 43. FGD's target workload is the most popular task shapes covering 95 % of
 nearly full fails for want of *host memory*: nodes with a free GPU and the CPU for a task but not its memory —
 which FGD never looks at. ``fgd_plus`` measures fragmentation against every shape of the workload, host memory
 included (:meth:`Workload.complete`; a GPU is fragment to a task on a node short of its memory, as for CPU), keeps
-``fgd_net``'s model-scarcity penalty, and subtracts ``FILL_WEIGHT`` score points per unit of the node's free share
+``fgd_net``'s model-scarcity penalty (weighed ``PLUS_SCARCITY_WEIGHT``, not 10), and subtracts ``FILL_WEIGHT`` score points per unit of the node's free share
 (``Node.free_share``), so a node a little fuller can win over one a step better by FGD, and ``MEMORY_WEIGHT``
 (``CPU_WEIGHT``) points per unit by which the request's share of the node's host memory (CPU) exceeds its share of
 the node's GPU — a task heavy in memory or CPU for its GPU goes where that leaves the node's remaining GPUs their
