@@ -71,8 +71,8 @@ class TestFgdPlus:
     def test_a_fuller_node_wins_over_one_a_step_better_by_fgd(self) -> None:
         """Workload: 500-milli tasks. A 480 share on idle a (4 GPUs, all CPU free) leaves 520: Δ = 0, score 50;
         on b (free 500/0/0/0, no CPU free) it leaves 20 under 500: Δ = 20, score 49. FGD takes a. fgd_plus
-        subtracts FILL_WEIGHT (2) × the free share: a 50 − 2·1 = 48, b 49 − 2·0.0625 = 48.875 — it takes b."""
-        assert FILL_WEIGHT == 2.0
+        subtracts FILL_WEIGHT (5) × the free share: a 50 − 5·1 = 45, b 49 − 5·0.0625 = 48.69 — it takes b."""
+        assert FILL_WEIGHT == 5.0
         workload = Workload((TaskType(0, 1, 500, frozenset(), 1.0),))
         nodes = [node("a", (MILLI,) * 4), node("b", (500, 0, 0, 0), cpu_free=0)]
         fgd = place("fgd", Request(gpu_milli=480), nodes, workload)
@@ -99,14 +99,14 @@ class TestFgdPlus:
     def test_a_task_heavy_in_memory_for_its_gpu_goes_where_memory_is_plentiful(self) -> None:
         """Workload: 1-GPU tasks (no memory counted). A 1-GPU task asking 128 GiB: FGD sees Δ = 0 on both and
         takes the fuller a (8 GPUs, 384 GiB, half used). fgd_plus: on a it takes 1/8 of the GPU but 1/3 of the
-        memory — 10 × 0.208 = 2.08 points off, with the fill term 50 − 1 − 2.08 = 46.9; on b (2 GPUs, 512 GiB) a
-        quarter of the memory for half the GPU costs nothing: 50 − 2 = 48. It takes b, leaving a's 48 GiB per
-        GPU to tasks that need no more."""
+        memory — 10 × 0.208 = 2.08 points off, with the fill term (5 × free share 0.5) 50 − 2.5 − 2.08 = 45.4; on
+        b (2 GPUs, 512 GiB, half its CPU used: free share 0.75) a quarter of the memory for half the GPU costs
+        nothing: 50 − 3.75 = 46.25. It takes b, leaving a's 48 GiB per GPU to tasks that need no more."""
         assert (MEMORY_WEIGHT, CPU_WEIGHT) == (10.0, 10.0)
         workload = Workload((TaskType(0, 1, MILLI, frozenset(), 1.0),))
         nodes = [
             node("a", (MILLI,) * 4 + (0,) * 4, cpu_free=48_000),
-            node("b", (MILLI, MILLI), memory=524_288),
+            node("b", (MILLI, MILLI), cpu_free=48_000, memory=524_288),
         ]
         heavy = Request(memory_mib=131_072)
         fgd = place("fgd", heavy, nodes, workload)
@@ -123,3 +123,35 @@ class TestFgdPlus:
         tasks = placer.frag_model.workload.tasks  # type: ignore[attr-defined]
         assert sorted((t.num_gpu, t.gpu_milli) for t in tasks) == [(1, 300), (8, 1000)]
         assert sorted(t.popularity for t in tasks) == pytest.approx([1 / 20, 19 / 20])
+
+
+def test_memory_aware_fragmentation_matches_the_definition() -> None:
+    # The tabulated memory-aware fragmentation (groups by GPU milli, a table per CPU and memory bucket) equals the
+    # sum over task types it stands for, on states across the thresholds.
+    import random
+
+    from master.scheduler.fragmentation import FragModel
+
+    tasks = (
+        TaskType(0, 0, 0, frozenset(), 0.1, 4_096), TaskType(4_000, 1, MILLI, frozenset(), 0.2, 48_000),
+        TaskType(8_000, 2, MILLI, frozenset(), 0.1, 16_000), TaskType(2_000, 1, 500, frozenset(), 0.15, 8_000),
+        TaskType(2_000, 1, 500, frozenset(), 0.05, 64_000), TaskType(1_000, 1, 250, frozenset({"T4"}), 0.1, 2_000),
+        TaskType(16_000, 8, MILLI, frozenset(), 0.05, 300_000), TaskType(6_000, 1, 800, frozenset(), 0.25, 30_000),
+    )  # fmt: skip
+    model = FragModel(Workload(tasks))
+    assert model.memory_aware
+    rng = random.Random(7)
+    for _ in range(400):
+        gpu_model = rng.choice(("T4", "A10"))
+        free_desc = tuple(sorted((rng.choice((0, 100, 250, 499, 500, 800, MILLI)) for _ in range(rng.choice((1, 2, 8)))), reverse=True))
+        cpu_free, memory_free = rng.randrange(0, 20_000), rng.randrange(-1_000, 400_000)
+        expected = 0.0
+        for task in tasks:
+            total = sum(free_desc)
+            if task.gpu_milli == 0 or (task.gpu_models and gpu_model not in task.gpu_models):
+                expected += task.popularity * total
+                continue
+            fitting = sum(1 for free in free_desc if free >= task.gpu_milli)
+            usable = task.cpu_milli <= cpu_free and task.memory_mib <= memory_free and fitting >= task.num_gpu
+            expected += task.popularity * (sum(f for f in free_desc if f < task.gpu_milli) if usable else total)
+        assert model.frag(gpu_model, cpu_free, free_desc, memory_free) == pytest.approx(expected, abs=1e-9)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Sequence
 from typing import ClassVar
@@ -82,8 +83,8 @@ class Fgd(IndexedPlacer):
             else (node.model, node.cpu_milli_free, node.free_desc, request.cpu_milli, request.num_gpu, request.gpu_milli)
         )  # fmt: skip
         if self.frag_model.memory_aware:  # the free memory's bucket before and after, not its exact value
-            bucket, free = self.frag_model.memory_bucket, node.memory_mib_free
-            key = (*key, bucket(node.model, free), bucket(node.model, free - request.memory_mib))
+            thresholds, free = self.frag_model.memory_thresholds, node.memory_mib_free
+            key = (*key, bisect_right(thresholds, free), bisect_right(thresholds, free - request.memory_mib))
         try:
             return scores[key]
         except KeyError:

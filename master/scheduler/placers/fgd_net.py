@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from master.scheduler.fleet import Fleet, Node, Request
 from master.scheduler.fragmentation import Workload, model_pressure
 from master.scheduler.placers.base import Scored
@@ -27,6 +29,8 @@ class FgdNet(Fgd):
     """
 
     name = "fgd_net"
+    # Score points per unit of the node's model pressure (``fgd_plus`` weighs it more).
+    scarcity_weight: ClassVar[float] = SCARCITY_WEIGHT
 
     def __init__(self, *, seed: int = 0, workload: Workload | None = None) -> None:
         super().__init__(seed=seed, workload=workload)
@@ -43,7 +47,7 @@ class FgdNet(Fgd):
             return None
         value = float(found[0])
         if request.num_gpu:
-            value -= SCARCITY_WEIGHT * self._pressure.get(node.model, 0.0)
+            value -= self.scarcity_weight * self._pressure.get(node.model, 0.0)
         if request.network is not None:
             link = node.links.get(request.network.region)
             # Less than one step of the integer FGD score: latency only decides between equals.

@@ -5,7 +5,7 @@ Issue 43. FGD's target workload is the most popular task shapes covering 95 % of
 nearly full fails for want of *host memory*: nodes with a free GPU and the CPU for a task but not its memory —
 which FGD never looks at. ``fgd_plus`` measures fragmentation against every shape of the workload, host memory
 included (:meth:`Workload.complete`; a GPU is fragment to a task on a node short of its memory, as for CPU), keeps
-``fgd_net``'s model-scarcity penalty, and subtracts ``FILL_WEIGHT`` score points per unit of the node's free share
+``fgd_net``'s model-scarcity penalty (weighed ``PLUS_SCARCITY_WEIGHT``, not 10), and subtracts ``FILL_WEIGHT`` score points per unit of the node's free share
 (``Node.free_share``), so a node a little fuller can win over one a step better by FGD, and ``MEMORY_WEIGHT``
 (``CPU_WEIGHT``) points per unit by which the request's share of the node's host memory (CPU) exceeds its share of
 the node's GPU — a task heavy in memory or CPU for its GPU goes where that leaves the node's remaining GPUs their
@@ -14,13 +14,18 @@ memory and CPU. docs/placement.md ("Scheduler, round 2") has the measurements be
 
 from __future__ import annotations
 
+from bisect import bisect_right
+
 from master.scheduler.fleet import Fleet, Node, Request
 from master.scheduler.fragmentation import Workload
 from master.scheduler.placers.base import Scored
 from master.scheduler.placers.fgd_net import FgdNet
 
 # fgd_plus: FGD score points per unit of the node's free share (0 = full … 1 = idle: at most this many points).
-FILL_WEIGHT = 2.0
+FILL_WEIGHT = 5.0
+# fgd_plus: score points per unit of the node's model pressure (``fgd_net``'s term, weighed more: the stronger pull
+# towards fuller nodes would otherwise fill the crowded models' nodes).
+PLUS_SCARCITY_WEIGHT = 15.0
 # fgd_plus: score points per unit by which a request's share of the node's host memory (of its CPU) exceeds its
 # share of the node's GPU.
 MEMORY_WEIGHT = 10.0
@@ -32,6 +37,7 @@ class FgdPlus(FgdNet):
     the memory and CPU the request takes beyond its GPU share of the node."""
 
     name = "fgd_plus"
+    scarcity_weight = PLUS_SCARCITY_WEIGHT
     scores_memory = True  # the score reads host memory, the node's and the request's
 
     def memory_key(self, node: Node, request: Request) -> object:
@@ -39,8 +45,8 @@ class FgdPlus(FgdNet):
         # memory before and after: nodes alike in these share a score, as most do.
         if not self.frag_model.memory_aware:
             return node.memory_mib
-        bucket, free = self.frag_model.memory_bucket, node.memory_mib_free
-        return (node.memory_mib, bucket(node.model, free), bucket(node.model, free - request.memory_mib))
+        thresholds, free = self.frag_model.memory_thresholds, node.memory_mib_free
+        return (node.memory_mib, bisect_right(thresholds, free), bisect_right(thresholds, free - request.memory_mib))
 
     def target(self, workload: Workload) -> Workload:
         return workload.complete()
@@ -58,4 +64,4 @@ class FgdPlus(FgdNet):
         return value, scored[1]
 
 
-__all__ = ["FILL_WEIGHT", "FgdPlus"]
+__all__ = ["CPU_WEIGHT", "FILL_WEIGHT", "MEMORY_WEIGHT", "PLUS_SCARCITY_WEIGHT", "FgdPlus"]
