@@ -31,7 +31,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -227,6 +227,16 @@ class Scenario:
             body["offer_id"] = offer_id
         return await self.call("POST", "/rentals", "renter", master=master, json=body,
                                headers={"Idempotency-Key": key or str(uuid.uuid4())})  # fmt: skip
+
+    async def rent_running_on(self, host_id: str, *, rated_after_s: float | None = None) -> dict[str, Any]:
+        """A rental with ``restart_on_failure`` on ``host_id``'s offer, once it runs and the workers have rated it (up to
+        ``rated_after_s`` past its start when given); returns its view as it runs."""
+        status, rental = await self.rent(offer_id=await self.offer(host_id), restart_on_failure=True)
+        assert status == 201, rental
+        running = await self.wait_rental(rental["id"], "running")
+        after = None if rated_after_s is None else datetime.fromisoformat(running["started_at"]) + timedelta(seconds=rated_after_s)
+        await self.wait_charged(rental["id"], after=after)
+        return running
 
     async def rental(self, rental_id: str) -> dict[str, Any]:
         status, body = await self.call("GET", f"/rentals/{rental_id}", "renter")

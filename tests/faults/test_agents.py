@@ -115,11 +115,8 @@ class TestAgentNetwork:
         bench, report = scenario.bench, scenario.report
         assert bench.agent_link is not None
         host_id = bench.host_of(bench.link_agent)
-        status, rental = await scenario.rent(offer_id=await scenario.offer(host_id), restart_on_failure=True)
-        assert status == 201, rental
-        rental_id = rental["id"]
-        running = await scenario.wait_rental(rental_id, "running")
-        await scenario.wait_charged(rental_id, after=datetime.fromisoformat(running["started_at"]) + timedelta(seconds=3))
+        running = await scenario.rent_running_on(host_id, rated_after_s=3)
+        rental_id = running["id"]
 
         bench.agent_link.black_hole()
         cut = report.inject(f"black hole on {bench.link_agent}'s link to its relay", seconds=LONG_OUTAGE_S,

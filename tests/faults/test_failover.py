@@ -68,11 +68,7 @@ class TestFailover:
         bench, report = scenario.bench, scenario.report
         assert bench.agent_link is not None
         host_id = bench.host_of(bench.link_agent)
-        status, rental = await scenario.rent(offer_id=await scenario.offer(host_id), restart_on_failure=True)
-        assert status == 201, rental
-        rental_id = rental["id"]
-        await scenario.wait_rental(rental_id, "running")
-        await scenario.wait_charged(rental_id)
+        rental_id = (await scenario.rent_running_on(host_id))["id"]
 
         bench.agent_link.black_hole()
         bench.cluster.expected_down.add(bench.link_agent)  # restarted by the next scenario's restore
@@ -126,11 +122,7 @@ class TestFailover:
         bench, report = scenario.bench, scenario.report
         assert bench.agent_link is not None
         host_id = bench.host_of(bench.link_agent)
-        status, rental = await scenario.rent(offer_id=await scenario.offer(host_id), restart_on_failure=True)
-        assert status == 201, rental
-        rental_id = rental["id"]
-        await scenario.wait_rental(rental_id, "running")
-        await scenario.wait_charged(rental_id)
+        rental_id = (await scenario.rent_running_on(host_id))["id"]
         before = await host_row(scenario, host_id)
 
         bench.agent_link.black_hole()
@@ -181,11 +173,7 @@ class TestFailover:
         moving = [h for h, relay in where.items() if relay == victim]
         assert moving, f"no DNS agent on {victim}: {where}"
         host_id = moving[0]
-        status, rental = await scenario.rent(offer_id=await scenario.offer(host_id), restart_on_failure=True)
-        assert status == 201, rental
-        rental_id = rental["id"]
-        await scenario.wait_rental(rental_id, "running")
-        await scenario.wait_charged(rental_id)
+        rental_id = (await scenario.rent_running_on(host_id))["id"]
         before = await host_row(scenario, host_id)
 
         cluster.expected_down.add(victim)
