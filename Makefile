@@ -120,7 +120,7 @@ test: install learn chromium docker lint typecheck
 # ~7 min, billing and offers a few minutes each); QUICK=1 runs every bench at a small size (~5 min);
 # BENCHES="protocol bus" runs only those. A bench that fails does not stop the others; the target fails
 # at the end. The workloads bench needs a Docker engine (make docker) and root.
-BENCHES ?= protocol jsonbody streams tunnel bus relay relay_capacity pipeline agent ingest placement power learned clusters offers billing workloads services webports verification volumes scp
+BENCHES ?= protocol jsonbody streams tunnel bus relay relay_capacity pipeline agent ingest placement power price learned clusters offers billing workloads services webports verification volumes scp
 QUICK ?=
 # Small sizes for the benches that have no --quick of their own.
 QUICK_ARGS_relay := --agents 10 --messages 100
